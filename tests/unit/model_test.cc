@@ -1,0 +1,163 @@
+// Model specs, parameter layout and safetensors files.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "runtime/model.h"
+
+namespace {
+
+using namespace edgetrain::runtime;
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/" + name + "-" + std::to_string(::getpid());
+}
+
+TEST(ModelSpec, PaperCnnHasThePapersParameterCountAndLayout) {
+  Model model(builtin_model_spec("paper-cnn"));
+  EXPECT_EQ(model.parameter_count(), 421642u);
+  ASSERT_EQ(model.tensors().size(), 8u);
+  const std::vector<std::pair<std::string, std::vector<int>>> expected = {
+      {"conv1.weight", {32, 3, 3, 1}}, {"conv1.bias", {32}},  {"conv2.weight", {64, 3, 3, 32}}, {"conv2.bias", {64}},
+      {"fc1.weight", {128, 3136}},     {"fc1.bias", {128}},   {"fc2.weight", {10, 128}},        {"fc2.bias", {10}}};
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < expected.size(); i++) {
+    EXPECT_EQ(model.tensors()[i].name, expected[i].first);
+    EXPECT_EQ(model.tensors()[i].shape, expected[i].second);
+    EXPECT_EQ(model.tensors()[i].offset, offset);
+    offset += model.tensors()[i].size;
+  }
+  EXPECT_EQ(model.num_classes(), 10);
+  // conv, relu, pool, conv, relu, pool, fc, relu, fc
+  ASSERT_EQ(model.layers().size(), 9u);
+  EXPECT_EQ(model.layers()[2].out, (ExampleShape{14, 14, 32}));
+  EXPECT_EQ(model.layers()[5].out, (ExampleShape{7, 7, 64}));
+}
+
+TEST(ModelSpec, MlpAndCustomSpecs) {
+  Model mlp(builtin_model_spec("mlp"));
+  EXPECT_EQ(mlp.parameter_count(), 784u * 128 + 128 + 128 * 10 + 10);
+  Model custom(parse_model_spec("# a tiny net\ninput 8x8x3\nconv 4 3x3 valid relu; maxpool 2\nfc 5"));
+  EXPECT_EQ(custom.layers()[0].out, (ExampleShape{6, 6, 4}));
+  EXPECT_EQ(custom.layers()[2].out, (ExampleShape{3, 3, 4}));
+  EXPECT_EQ(custom.num_classes(), 5);
+  EXPECT_EQ(custom.parameter_count(), (4u * 27 + 4) + (5u * 36 + 5));
+  EXPECT_EQ(model_spec_from_argument("mlp").name, "mlp");
+  EXPECT_EQ(model_spec_from_argument("input 4x4x1; fc 2").layers.size(), 1u);
+}
+
+TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
+  const char* bad[] = {
+      "",                                   // nothing
+      "fc 10",                              // no input
+      "input 28x28; fc 10",                 // input needs 3 sizes
+      "input 28x28x1; conv 32 3x2; fc 10",  // non-square kernel
+      "input 28x28x1; conv 32 4x4 same; fc 10",
+      "input 28x28x1; pool 2; fc 10",       // unknown layer
+      "input 28x28x1; fc 0",                // zero size
+      "input 28x28x1; fc -3",
+      "input 28x28x1; fc 10 sigmoid",
+      "input 28x28x1; maxpool 3; fc 10",
+      "input 28x28x1; fc 10; relu",         // last layer is not fc/conv
+      "input 28x28x1; fc 1",                // one class
+      "input 2x2x1; conv 4 5x5 valid; fc 2",  // kernel larger than input
+      "input 4096x4096x4096; fc 10",        // too many parameters
+      "input 28x28x1; fc 99999999999999999999",
+  };
+  for (const char* spec : bad) {
+    EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;
+  }
+  EXPECT_THROW(builtin_model_spec("resnet"), ModelError);
+  try {
+    parse_model_spec("input 28x28x1; pool 2");
+    FAIL();
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("pool"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Model, InitializationIsDeterministicAndScaled) {
+  Model a(builtin_model_spec("paper-cnn")), b(builtin_model_spec("paper-cnn")), c(builtin_model_spec("paper-cnn"));
+  a.initialize(7);
+  b.initialize(7);
+  c.initialize(8);
+  EXPECT_TRUE(std::equal(a.parameters().begin(), a.parameters().end(), b.parameters().begin()));
+  EXPECT_FALSE(std::equal(a.parameters().begin(), a.parameters().end(), c.parameters().begin()));
+  auto fc1 = a.tensor(a.tensor_index("fc1.weight"));
+  const float bound = std::sqrt(6.0f / 3136.0f);
+  float max_abs = 0;
+  for (float v : fc1) max_abs = std::max(max_abs, std::fabs(v));
+  EXPECT_LE(max_abs, bound);
+  EXPECT_GT(max_abs, 0.9f * bound);
+  for (float v : a.tensor(a.tensor_index("fc1.bias"))) EXPECT_EQ(v, 0.0f);
+}
+
+TEST(Model, LayoutIdSeparatesIncompatibleModels) {
+  Model cnn(builtin_model_spec("paper-cnn")), cnn2(builtin_model_spec("paper-cnn")), mlp(builtin_model_spec("mlp"));
+  EXPECT_EQ(cnn.layout_id(), cnn2.layout_id());
+  EXPECT_NE(cnn.layout_id(), mlp.layout_id());
+  EXPECT_NE(Model(parse_model_spec("input 28x28x1; fc 10")).layout_id(),
+            Model(parse_model_spec("input 28x28x1; fc 11")).layout_id());
+}
+
+TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
+  Model a(builtin_model_spec("paper-cnn"));
+  a.initialize(3);
+  const std::string path = temp_path("roundtrip.safetensors");
+  a.save_safetensors(path, {{"version", "42"}});
+  Model b(builtin_model_spec("paper-cnn"));
+  auto metadata = b.load_safetensors(path);
+  EXPECT_EQ(metadata["version"], "42");
+  EXPECT_EQ(0, std::memcmp(a.parameters().data(), b.parameters().data(), a.parameter_count() * sizeof(float)));
+  // The header is readable by other tools: 8-byte length, JSON, aligned data.
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t length = 0;
+  in.read(reinterpret_cast<char*>(&length), 8);
+  EXPECT_EQ(length % 8, 0u);
+  std::string json(length, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(length));
+  EXPECT_NE(json.find("\"conv1.weight\":{\"dtype\":\"F32\",\"shape\":[32,3,3,1],\"data_offsets\":[0,1152]}"), std::string::npos)
+      << json.substr(0, 300);
+  std::remove(path.c_str());
+}
+
+TEST(Safetensors, BadFilesAreRefusedAndLeaveTheModelUnchanged) {
+  Model cnn(builtin_model_spec("paper-cnn"));
+  cnn.initialize(1);
+  Model mlp(builtin_model_spec("mlp"));
+  mlp.initialize(2);
+  const std::string path = temp_path("bad.safetensors");
+  mlp.save_safetensors(path);
+  const std::vector<float> before(cnn.parameters().begin(), cnn.parameters().end());
+  EXPECT_THROW(cnn.load_safetensors(path), ModelError);  // another model's tensors
+  EXPECT_THROW(cnn.load_safetensors(path + ".missing"), ModelError);
+
+  cnn.save_safetensors(path);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto write = [&](const std::string& content) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << content;
+  };
+  write(bytes.substr(0, bytes.size() - 4));  // truncated data
+  EXPECT_THROW(cnn.load_safetensors(path), ModelError);
+  write(bytes.substr(0, 5));  // truncated length
+  EXPECT_THROW(cnn.load_safetensors(path), ModelError);
+  std::string huge = bytes;
+  huge[7] = '\x7f';  // absurd header length
+  write(huge);
+  EXPECT_THROW(cnn.load_safetensors(path), ModelError);
+  std::string garbage = bytes;
+  garbage[8] = '[';  // header not an object
+  write(garbage);
+  EXPECT_THROW(cnn.load_safetensors(path), ModelError);
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), cnn.parameters().begin()));
+  std::remove(path.c_str());
+}
+
+}  // namespace

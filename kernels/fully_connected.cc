@@ -8,19 +8,6 @@
 
 namespace edgetrain::kernels {
 
-void fully_connected_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
-                                       std::size_t B, std::size_t C, std::size_t OC) {
-  for (std::size_t b = 0; b < B; b++) {
-    const float* x = inp + b * C;
-    for (std::size_t o = 0; o < OC; o++) {
-      const float* w = weight + o * C;
-      float sum = bias ? bias[o] : 0.0f;
-      for (std::size_t c = 0; c < C; c++) sum += x[c] * w[c];
-      out[b * OC + o] = sum;
-    }
-  }
-}
-
 FullyConnectedXnn::FullyConnectedXnn(std::size_t C, std::size_t OC, const float* weight, const float* bias,
                                      pthreadpool_t pool)
     : pool_(pool) {

@@ -10,10 +10,9 @@
 
 #include <cstddef>
 
-namespace edgetrain::kernels {
+#include "kernels/reference.h"  // fully_connected_forward_reference
 
-void fully_connected_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
-                                       std::size_t B, std::size_t C, std::size_t OC);
+namespace edgetrain::kernels {
 
 // An XNNPACK fully-connected operator. XNNPACK packs the weights when the operator is
 // created, so create it once per set of weights and call forward() many times.

@@ -1,0 +1,224 @@
+// The reference ops against their definitions: known values for the forward ops, and
+// every backward op against central finite differences of a scalar loss
+// L = sum(out * probe) with a fixed random probe. Inputs are nudged away from ReLU kinks
+// and max-pool ties, where the derivative does not exist and finite differences lie.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/reference.h"
+
+namespace ek = edgetrain::kernels;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); i++) s += static_cast<double>(a[i]) * b[i];
+  return s;
+}
+
+// Checks analytic[i] against (loss(x+eps) - loss(x-eps)) / 2eps at up to `samples` indices of x.
+void expect_matches_finite_differences(std::vector<float>& x, const std::vector<float>& analytic,
+                                       const std::function<double()>& loss, float eps, std::size_t samples,
+                                       double tolerance, const char* what) {
+  ASSERT_EQ(x.size(), analytic.size());
+  const std::size_t step = std::max<std::size_t>(1, x.size() / samples);
+  for (std::size_t i = 0; i < x.size(); i += step) {
+    const float saved = x[i];
+    x[i] = saved + eps;
+    const double up = loss();
+    x[i] = saved - eps;
+    const double down = loss();
+    x[i] = saved;
+    const double numeric = (up - down) / (2.0 * eps);
+    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::fabs(numeric))) << what << " at " << i;
+  }
+}
+
+class Conv2dReferenceTest : public ::testing::TestWithParam<ek::Conv2dShape> {};
+
+TEST_P(Conv2dReferenceTest, BackwardMatchesFiniteDifferences) {
+  const ek::Conv2dShape s = GetParam();
+  std::mt19937 rng(42 + s.C * 7 + s.OC);
+  const std::size_t n_out = static_cast<std::size_t>(s.B) * s.OH() * s.OW() * s.OC;
+  auto inp = random_vector(static_cast<std::size_t>(s.B) * s.H * s.W * s.C, rng);
+  auto weight = random_vector(static_cast<std::size_t>(s.OC) * s.KH * s.KW * s.C, rng);
+  auto bias = random_vector(s.OC, rng);
+  auto probe = random_vector(n_out, rng);
+  std::vector<float> out(n_out), dinp(inp.size()), dweight(weight.size()), dbias(bias.size());
+  auto loss = [&] {
+    ek::conv2d_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), s);
+    return dot(out, probe);
+  };
+  // dweight/dbias must be overwritten, so poison them first.
+  std::fill(dweight.begin(), dweight.end(), 1e9f);
+  std::fill(dbias.begin(), dbias.end(), 1e9f);
+  std::fill(dinp.begin(), dinp.end(), 1e9f);
+  ek::conv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(), weight.data(), s);
+  // The loss is linear in each argument, so only float rounding separates the two.
+  expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 40, 2e-3, "dinp");
+  expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 40, 2e-3, "dweight");
+  expect_matches_finite_differences(bias, dbias, loss, 1e-2f, 40, 2e-3, "dbias");
+
+  // A null dinp (first layer) leaves the weight gradient unchanged.
+  std::vector<float> dweight2(weight.size());
+  ek::conv2d_backward_reference(nullptr, dweight2.data(), nullptr, probe.data(), inp.data(), weight.data(), s);
+  EXPECT_EQ(dweight, dweight2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Conv2dReferenceTest,
+                         ::testing::Values(ek::Conv2dShape{1, 5, 5, 1, 2}, ek::Conv2dShape{2, 4, 7, 3, 5},
+                                           ek::Conv2dShape{2, 6, 5, 2, 3, 3, 3, 2, 1},
+                                           ek::Conv2dShape{1, 5, 4, 2, 2, 2, 3, 1, 0}));
+
+TEST(Conv2dReference, ComputesKnownValues) {
+  // 3x3 image 1..9, all-ones 3x3 kernel, SAME padding: each output is the sum of its neighbourhood.
+  const float inp[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  float weight[9];
+  std::fill(weight, weight + 9, 1.0f);
+  const float bias[] = {0.5f};
+  float out[9];
+  ek::conv2d_forward_reference(out, inp, weight, bias, ek::Conv2dShape{1, 3, 3, 1, 1});
+  const float expected[] = {12, 21, 16, 27, 45, 33, 24, 39, 28};
+  for (int i = 0; i < 9; i++) EXPECT_FLOAT_EQ(out[i], expected[i] + 0.5f) << i;
+  EXPECT_EQ((ek::Conv2dShape{1, 28, 28, 1, 32}.OH()), 28);
+  EXPECT_EQ((ek::Conv2dShape{1, 7, 7, 1, 1, 3, 3, 2, 1}.OW()), 4);
+}
+
+TEST(FullyConnectedReference, BackwardMatchesFiniteDifferences) {
+  for (auto [B, C, OC] : {std::array<std::size_t, 3>{1, 1, 1}, {3, 7, 5}, {4, 13, 2}}) {
+    std::mt19937 rng(static_cast<unsigned>(B * 100 + C * 10 + OC));
+    auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng), bias = random_vector(OC, rng);
+    auto probe = random_vector(B * OC, rng);
+    std::vector<float> out(B * OC), dinp(B * C, 1e9f), dweight(OC * C, 1e9f), dbias(OC, 1e9f);
+    auto loss = [&] {
+      ek::fully_connected_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), B, C, OC);
+      return dot(out, probe);
+    };
+    ek::fully_connected_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(),
+                                           weight.data(), B, C, OC);
+    expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 50, 2e-3, "dinp");
+    expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 50, 2e-3, "dweight");
+    expect_matches_finite_differences(bias, dbias, loss, 1e-2f, 50, 2e-3, "dbias");
+  }
+}
+
+TEST(ReluReference, ForwardAndBackwardAwayFromTheKink) {
+  std::mt19937 rng(3);
+  auto inp = random_vector(64, rng);
+  // Keep every input at least 0.05 from 0 so a +-0.01 nudge never crosses the kink.
+  for (auto& x : inp) x = x >= 0 ? x + 0.05f : x - 0.05f;
+  auto probe = random_vector(64, rng);
+  std::vector<float> out(64), dinp(64);
+  auto loss = [&] {
+    ek::relu_forward(out.data(), inp.data(), inp.size());
+    return dot(out, probe);
+  };
+  loss();
+  for (std::size_t i = 0; i < inp.size(); i++) EXPECT_EQ(out[i], inp[i] > 0 ? inp[i] : 0.0f);
+  ek::relu_backward(dinp.data(), probe.data(), out.data(), out.size());
+  expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 64, 1e-3, "relu dinp");
+  // In place: dinp aliases dout.
+  std::vector<float> inplace = probe;
+  ek::relu_backward(inplace.data(), inplace.data(), out.data(), out.size());
+  EXPECT_EQ(inplace, dinp);
+}
+
+TEST(MaxPoolReference, ForwardAndBackwardAwayFromTies) {
+  for (auto [B, H, W, C] : {std::array<int, 4>{1, 2, 2, 1}, {2, 5, 6, 3}, {1, 7, 7, 2}}) {
+    std::mt19937 rng(static_cast<unsigned>(B + H * 10 + W * 100 + C));
+    // A shuffled ladder with steps of 0.1: no two values within 2*eps of each other.
+    std::vector<float> inp(static_cast<std::size_t>(B) * H * W * C);
+    for (std::size_t i = 0; i < inp.size(); i++) inp[i] = 0.1f * static_cast<float>(i) - 3.0f;
+    std::shuffle(inp.begin(), inp.end(), rng);
+    const std::size_t n_out = static_cast<std::size_t>(B) * (H / 2) * (W / 2) * C;
+    auto probe = random_vector(n_out, rng);
+    std::vector<float> out(n_out), dinp(inp.size(), 1e9f);
+    std::vector<std::uint32_t> argmax(n_out);
+    auto loss = [&] {
+      ek::maxpool2x2_forward_reference(out.data(), argmax.data(), inp.data(), B, H, W, C);
+      return dot(out, probe);
+    };
+    loss();
+    for (std::size_t i = 0; i < n_out; i++) EXPECT_EQ(out[i], inp[argmax[i]]);
+    ek::maxpool2x2_backward_reference(dinp.data(), probe.data(), argmax.data(), B, H, W, C);
+    expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 1000, 1e-3, "maxpool dinp");
+  }
+}
+
+TEST(MaxPoolReference, FirstMaxWinsOnTies) {
+  const float inp[] = {1, 1, 1, 1};
+  float out;
+  std::uint32_t argmax = 99;
+  ek::maxpool2x2_forward_reference(&out, &argmax, inp, 1, 2, 2, 1);
+  EXPECT_EQ(argmax, 0u);
+}
+
+TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences) {
+  const int B = 3, NC = 5;
+  std::mt19937 rng(5);
+  auto logits = random_vector(B * NC, rng, -3, 3);
+  const std::int32_t labels[] = {4, 0, 2};
+  std::vector<float> probs(B * NC), dlogits(B * NC);
+  int correct = -1;
+  auto loss = [&] { return static_cast<double>(ek::softmax_cross_entropy_forward(probs.data(), logits.data(), labels, B, NC, &correct)); };
+  const double l = loss();
+  double expected = 0;
+  int expected_correct = 0;
+  for (int b = 0; b < B; b++) {
+    double z = 0;
+    for (int k = 0; k < NC; k++) z += std::exp(logits[b * NC + k]);
+    expected -= std::log(std::exp(logits[b * NC + labels[b]]) / z) / B;
+    const int best = static_cast<int>(std::max_element(&logits[b * NC], &logits[b * NC] + NC) - &logits[b * NC]);
+    expected_correct += best == labels[b];
+  }
+  EXPECT_NEAR(l, expected, 1e-5);
+  EXPECT_EQ(correct, expected_correct);
+  ek::softmax_cross_entropy_backward(dlogits.data(), probs.data(), labels, B, NC);
+  expect_matches_finite_differences(logits, dlogits, loss, 1e-2f, 100, 2e-3, "dlogits");
+  // Huge logits stay finite.
+  std::vector<float> big(NC, 1000.0f);
+  big[1] = 1010.0f;
+  const float big_loss = ek::softmax_cross_entropy_forward(probs.data(), big.data(), labels, 1, NC, nullptr);
+  EXPECT_TRUE(std::isfinite(big_loss));
+  EXPECT_NEAR(big_loss, 10.0, 1e-3);
+}
+
+TEST(StandardizePerImage, ZeroMeanUnitVarianceAndConstantImages) {
+  std::mt19937 rng(9);
+  const int B = 2, N = 50;
+  auto inp = random_vector(B * N, rng, 0, 1);
+  std::fill(inp.begin() + N, inp.end(), 0.7f);  // second image is constant
+  std::vector<float> out(B * N);
+  ek::standardize_per_image(out.data(), inp.data(), B, N);
+  double mean = 0, sq = 0;
+  for (int i = 0; i < N; i++) mean += out[i] / N;
+  for (int i = 0; i < N; i++) sq += (out[i] - mean) * (out[i] - mean) / N;
+  EXPECT_NEAR(mean, 0, 1e-5);
+  EXPECT_NEAR(sq, 1, 1e-4);
+  for (int i = N; i < 2 * N; i++) EXPECT_EQ(out[i], 0.0f);
+}
+
+TEST(SgdUpdate, SubtractsScaledGradient) {
+  float param[] = {1, 2, 3};
+  const float grad[] = {1, -1, 0.5f};
+  ek::sgd_update(param, grad, 0.1f, 3);
+  EXPECT_FLOAT_EQ(param[0], 0.9f);
+  EXPECT_FLOAT_EQ(param[1], 2.1f);
+  EXPECT_FLOAT_EQ(param[2], 2.95f);
+}
+
+}  // namespace

@@ -185,6 +185,11 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
     return static_cast<int>(tensors_.size() - 1);
   };
   for (const LayerSpec& spec : spec_.layers) {
+    // Activations are held per example for a whole batch: bound them like parameters.
+    if (shape.size() > static_cast<std::size_t>(kMaxParameters)) {
+      throw ModelError("model: a layer input of " + std::to_string(shape.H) + "x" + std::to_string(shape.W) + "x" +
+                       std::to_string(shape.C) + " values is too large");
+    }
     ResolvedLayer layer{spec.kind, shape, shape};
     switch (spec.kind) {
       case LayerKind::kConv: {
@@ -198,6 +203,7 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
                            std::to_string(shape.H) + "x" + std::to_string(shape.W) + " input");
         }
         layer.out = {oh, ow, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: conv output too large");
         const std::string name = "conv" + std::to_string(++conv_count);
         layer.weight_tensor = add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
         layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});

@@ -1,7 +1,11 @@
 // Model specs, parameter layout and safetensors files.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <unistd.h>
 #include <fstream>
 #include <string>
 

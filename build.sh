@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # edgetrain's one entry point for people and CI.
 #   ./build.sh demo    set everything up, build host and aarch64, run the main job
-#   ./build.sh test    set everything up, build, run all tests: host, host-asan, aarch64 (QEMU)
+#   ./build.sh test    set everything up, build, fuzz the codec (60 s), run all tests: host, host-asan, aarch64 (QEMU)
 #   ./build.sh setup   only install/build the dependencies (toolchains/setup-deps.sh)
 #   ./build.sh build [PRESET...]   configure and build presets (default: host aarch64)
 #   ./build.sh clean   remove build/ (dependency caches stay; see toolchains/README.md)
@@ -44,6 +44,14 @@ run_tests() {
   done
 }
 
+# The codec's libFuzzer target (clang), before the ctest runs so that their summary stays
+# the last output. EDGETRAIN_FUZZ_SECONDS sets the time (default 60).
+fuzz() {
+  phase "fuzz: transport codec decoders (libFuzzer, ${EDGETRAIN_FUZZ_SECONDS:-60} s)"
+  bash tests/fuzz/run-fuzz.sh
+  phase_done
+}
+
 demo() {
   local host=build/host/tests/edgetrain-smoke cross=build/aarch64/tests/edgetrain-smoke
   local qemu=(qemu-aarch64 -L "${EDGETRAIN_DEPS:-/var/cache/edgetrain}/sysroot-aarch64")
@@ -61,7 +69,7 @@ demo() {
 
 case "${1:-help}" in
   demo) setup; build host aarch64; demo ;;
-  test) setup; build host host-asan aarch64; run_tests host host-asan aarch64 ;;
+  test) setup; build host host-asan aarch64; fuzz; run_tests host host-asan aarch64 ;;
   setup) setup ;;
   build) shift; setup; if [ $# -eq 0 ]; then build host aarch64; else build "$@"; fi ;;
   clean) rm -rf build ;;

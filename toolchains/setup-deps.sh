@@ -51,6 +51,7 @@ HOST_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist
+  clang libclang-rt-14-dev
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

@@ -1,0 +1,150 @@
+#include "runtime/compressor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace edgetrain::runtime {
+
+std::uint32_t Compressor::top_k_count(std::uint32_t n, double rate) {
+  const double product = std::floor(static_cast<double>(n) * rate);
+  if (product < 1.0) return std::min<std::uint32_t>(1, n);
+  if (product >= static_cast<double>(n)) return n;
+  return static_cast<std::uint32_t>(product);
+}
+
+Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions options)
+    : layout_(std::move(layout)), options_(options),
+      keeps_residual_(options.error_feedback || options.method == CompressionMethod::kBinLocal) {
+  if (!(options_.compression_rate > 0.0 && options_.compression_rate <= 1.0))
+    throw std::invalid_argument("compressor: compression rate must lie in (0, 1]");
+  if (options_.method == CompressionMethod::kBinLocal && options_.bin_size == 0)
+    throw std::invalid_argument("compressor: bin_size must be at least 1");
+  std::size_t largest = 0;
+  for (const TensorSlice& t : layout_) {
+    if (t.size == 0) throw std::invalid_argument("compressor: empty tensor in the layout");
+    arena_size_ = std::max(arena_size_, t.offset + t.size);
+    largest = std::max<std::size_t>(largest, t.size);
+  }
+  if (keeps_residual_) {
+    residual_.assign(arena_size_, 0.0f);
+    accumulated_.resize(largest);
+  }
+  magnitudes_.resize(largest);
+}
+
+float Compressor::sent_value(float v) const { return options_.fp16_values ? transport::round_to_fp16(v) : v; }
+
+void Compressor::compress(std::span<const float> gradient, transport::SparseUpdate& update) {
+  if (gradient.size() != arena_size_)
+    throw std::invalid_argument("compressor: gradient has " + std::to_string(gradient.size()) + " entries, the layout " + std::to_string(arena_size_));
+  update.tensors.resize(layout_.size());
+  for (std::size_t t = 0; t < layout_.size(); ++t) {
+    const TensorSlice slice = layout_[t];
+    std::span<const float> g = gradient.subspan(slice.offset, slice.size);
+    transport::SparseTensor& out = update.tensors[t];
+    out.tensor = static_cast<std::uint32_t>(t);
+    out.size = slice.size;
+    out.indices.clear();
+    out.values.clear();
+
+    std::span<const float> values = g;
+    std::span<float> residual;
+    if (keeps_residual_) {
+      residual = std::span(residual_).subspan(slice.offset, slice.size);
+      for (std::uint32_t i = 0; i < slice.size; ++i) accumulated_[i] = residual[i] + g[i];
+      values = std::span<const float>(accumulated_).first(slice.size);
+    }
+    for (float v : values)
+      if (!std::isfinite(v)) throw std::invalid_argument("compressor: non-finite gradient in tensor " + std::to_string(t));
+
+    switch (options_.method) {
+      case CompressionMethod::kNone: compress_dense(values, out, residual); break;
+      case CompressionMethod::kTopK: compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual); break;
+      case CompressionMethod::kBinLocal: compress_bin_local(g, values, out, residual); break;
+    }
+  }
+}
+
+void Compressor::compress_dense(std::span<const float> values, transport::SparseTensor& out, std::span<float> residual) {
+  out.indices.resize(values.size());
+  out.values.resize(values.size());
+  for (std::uint32_t i = 0; i < values.size(); ++i) {
+    out.indices[i] = i;
+    out.values[i] = sent_value(values[i]);
+    if (!residual.empty()) residual[i] = values[i] - out.values[i];
+  }
+}
+
+// The k entries of largest magnitude, ties broken towards the lower index, so the result
+// is a function of the values alone (the reference test relies on it).
+void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, transport::SparseTensor& out,
+                                std::span<float> residual) {
+  const std::size_t n = values.size();
+  if (k >= n) {
+    compress_dense(values, out, residual);
+    return;
+  }
+  float* magnitudes = magnitudes_.data();
+  for (std::size_t i = 0; i < n; ++i) magnitudes[i] = std::fabs(values[i]);
+  std::nth_element(magnitudes, magnitudes + (k - 1), magnitudes + n, std::greater<float>());
+  const float threshold = magnitudes[k - 1];
+  // Entries before k−1 are ≥ threshold; those strictly above are all taken, the rest of
+  // the k slots go to entries equal to the threshold, lowest index first.
+  std::uint32_t above = 0;
+  for (std::uint32_t j = 0; j + 1 < k; ++j) above += magnitudes[j] > threshold;
+  std::uint32_t ties_left = k - above;
+  out.indices.resize(k);
+  out.values.resize(k);
+  std::uint32_t taken = 0;
+  for (std::uint32_t i = 0; i < n && taken < k; ++i) {
+    const float magnitude = std::fabs(values[i]);
+    bool take = magnitude > threshold;
+    if (!take && magnitude == threshold && ties_left > 0) {
+      take = true;
+      --ties_left;
+    }
+    if (take) {
+      out.indices[taken] = i;
+      out.values[taken] = sent_value(values[i]);
+      ++taken;
+    }
+  }
+  if (!residual.empty()) {
+    // Unsent entries keep their accumulated value; sent ones keep only the fp16 rounding error.
+    std::copy(values.begin(), values.end(), residual.begin());
+    for (std::uint32_t j = 0; j < k; ++j) residual[out.indices[j]] = values[out.indices[j]] - out.values[j];
+  }
+}
+
+// Chen et al. 2018, "AdaComp: Adaptive Residual Gradient Compression for Data-Parallel
+// Distributed Training" (AAAI). With G = residual + g (accumulated) and H = G + g, the
+// tensor is cut into bins of bin_size entries; in each bin, with m = max |G| over the bin,
+// every entry with |H| ≥ m and G ≠ 0 is sent (its value G), the rest stays in the residual.
+// H gives entries whose latest gradient pushes the same way as their backlog a head start.
+// Not implemented: their quantisation of the sent values to ±(per-layer scale).
+void Compressor::compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated,
+                                    transport::SparseTensor& out, std::span<float> residual) {
+  const std::size_t n = accumulated.size();
+  const std::size_t bin = options_.bin_size;
+  for (std::size_t start = 0; start < n; start += bin) {
+    const std::size_t end = std::min(n, start + bin);
+    float bin_max = 0.0f;
+    for (std::size_t i = start; i < end; ++i) bin_max = std::max(bin_max, std::fabs(accumulated[i]));
+    for (std::size_t i = start; i < end; ++i) {
+      const float g_acc = accumulated[i];
+      if (g_acc != 0.0f && std::fabs(g_acc + gradient[i]) >= bin_max) {
+        const float sent = sent_value(g_acc);
+        out.indices.push_back(static_cast<std::uint32_t>(i));
+        out.values.push_back(sent);
+        residual[i] = g_acc - sent;
+      } else {
+        residual[i] = g_acc;
+      }
+    }
+  }
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,148 @@
+#include "server/parameter_store.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace edgetrain::server {
+
+const char* apply_status_name(ApplyStatus status) {
+  switch (status) {
+    case ApplyStatus::kApplied: return "applied";
+    case ApplyStatus::kWrongModel: return "wrong model";
+    case ApplyStatus::kTooStale: return "too stale";
+    case ApplyStatus::kFromTheFuture: return "from the future";
+    case ApplyStatus::kMalformed: return "malformed";
+  }
+  return "unknown";
+}
+
+ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, std::vector<float> initial,
+                               ParameterStoreOptions options)
+    : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), parameters_(std::move(initial)), options_(options) {
+  std::size_t total = 0;
+  for (std::uint32_t n : tensor_sizes_) {
+    if (n == 0) throw std::invalid_argument("parameter store: empty tensor");
+    tensor_offsets_.push_back(total);
+    total += n;
+  }
+  if (total != parameters_.size())
+    throw std::invalid_argument("parameter store: tensor sizes add up to " + std::to_string(total) + ", " +
+                                std::to_string(parameters_.size()) + " initial values given");
+  if (total > UINT32_MAX) throw std::invalid_argument("parameter store: more than 2^32 parameters");
+  if (options_.rule == StalenessRule::kPerParameterSigma) {
+    ring_.resize(options_.max_staleness);
+    window_count_.assign(total, 0);
+    marked_.assign(total, 0);
+    hits_.assign(total, 0);
+  }
+}
+
+std::string ParameterStore::check(const transport::SparseUpdate& update) const {
+  std::vector<bool> seen(tensor_sizes_.size(), false);
+  for (const auto& t : update.tensors) {
+    const std::string where = "tensor " + std::to_string(t.tensor) + ": ";
+    if (t.tensor >= tensor_sizes_.size()) return where + "the model has " + std::to_string(tensor_sizes_.size()) + " tensors";
+    if (seen[t.tensor]) return where + "appears twice";
+    seen[t.tensor] = true;
+    if (t.size != tensor_sizes_[t.tensor]) return where + "size " + std::to_string(t.size) + ", the model's is " + std::to_string(tensor_sizes_[t.tensor]);
+    if (t.indices.size() != t.values.size()) return where + "index and value counts differ";
+    for (std::size_t j = 0; j < t.indices.size(); ++j) {
+      if (t.indices[j] >= t.size) return where + "index " + std::to_string(t.indices[j]) + " beyond the tensor";
+      if (j > 0 && t.indices[j] <= t.indices[j - 1]) return where + "indices not strictly increasing";
+      if (!std::isfinite(t.values[j])) return where + "non-finite value";
+    }
+  }
+  return {};
+}
+
+const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) const {
+  const std::size_t d = ring_.size();
+  return ring_[static_cast<std::size_t>((version_ - 1 - age) % d)];
+}
+
+// Leaves in hits_[i] (for every i in touched_) σ_i, the number of the last `delay` updates
+// that touched i.
+void ParameterStore::compute_sigma(std::uint64_t delay) {
+  for (std::uint32_t i : touched_) marked_[i] = 1;
+  // Which side of the window is cheaper to scan: the `delay` newest sets or the older rest.
+  std::size_t newest_entries = 0, older_entries = 0;
+  for (std::size_t age = 0; age < ring_length_; ++age) {
+    const TouchedSet& set = set_at_age(age);
+    (age < delay ? newest_entries : older_entries) += set.dense ? 0 : set.indices.size();
+  }
+  const bool scan_newest = newest_entries <= older_entries;
+  const std::size_t first = scan_newest ? 0 : static_cast<std::size_t>(delay);
+  const std::size_t last = scan_newest ? static_cast<std::size_t>(delay) : ring_length_;
+  std::uint32_t dense_scanned = 0;
+  for (std::size_t age = first; age < last; ++age) {
+    const TouchedSet& set = set_at_age(age);
+    if (set.dense) {
+      ++dense_scanned;
+      continue;
+    }
+    for (std::uint32_t i : set.indices) hits_[i] += marked_[i];
+  }
+  for (std::uint32_t i : touched_) {
+    marked_[i] = 0;
+    hits_[i] = scan_newest ? hits_[i] + dense_scanned : window_count_[i] + dense_in_window_ - hits_[i] - dense_scanned;
+  }
+}
+
+// Pushes touched_ as the newest set, evicting the oldest when the ring is full.
+void ParameterStore::remember_touched() {
+  if (ring_.empty()) return;
+  TouchedSet& slot = ring_[static_cast<std::size_t>(version_ % ring_.size())];  // the set of version t+1
+  if (ring_length_ == ring_.size()) {
+    if (slot.dense) --dense_in_window_;
+    else
+      for (std::uint32_t i : slot.indices) --window_count_[i];
+  } else {
+    ++ring_length_;
+  }
+  slot.dense = touched_.size() == parameters_.size();
+  slot.indices.clear();
+  if (slot.dense) {
+    ++dense_in_window_;
+  } else {
+    slot.indices.assign(touched_.begin(), touched_.end());
+    for (std::uint32_t i : touched_) ++window_count_[i];
+  }
+}
+
+ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
+  if (update.model_id != model_id_)
+    return {ApplyStatus::kWrongModel, version_, "update is for model " + std::to_string(update.model_id) + ", this is " + std::to_string(model_id_)};
+  if (update.fetched_version > version_)
+    return {ApplyStatus::kFromTheFuture, version_, "fetched version " + std::to_string(update.fetched_version) + " is ahead of the server's " + std::to_string(version_)};
+  const std::uint64_t delay = version_ - update.fetched_version;
+  if (delay > options_.max_staleness)
+    return {ApplyStatus::kTooStale, version_, "delay " + std::to_string(delay) + " exceeds the maximum staleness " + std::to_string(options_.max_staleness)};
+  if (std::string problem = check(update); !problem.empty()) return {ApplyStatus::kMalformed, version_, problem};
+
+  touched_.clear();
+  for (const auto& t : update.tensors)
+    for (std::uint32_t i : t.indices) touched_.push_back(static_cast<std::uint32_t>(tensor_offsets_[t.tensor] + i));
+
+  last_divisors_.resize(touched_.size());
+  if (options_.rule == StalenessRule::kPerParameterSigma) {
+    compute_sigma(delay);
+    for (std::size_t j = 0; j < touched_.size(); ++j) last_divisors_[j] = std::max<std::uint32_t>(1, hits_[touched_[j]]);
+    for (std::uint32_t i : touched_) hits_[i] = 0;
+  } else {
+    const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+    std::fill(last_divisors_.begin(), last_divisors_.end(), divisor);
+  }
+
+  std::size_t j = 0;
+  for (const auto& t : update.tensors) {
+    float* tensor = parameters_.data() + tensor_offsets_[t.tensor];
+    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j)
+      tensor[t.indices[e]] -= options_.learning_rate * t.values[e] / static_cast<float>(last_divisors_[j]);
+  }
+  remember_touched();
+  ++version_;
+  return {ApplyStatus::kApplied, version_, {}};
+}
+
+}  // namespace edgetrain::server

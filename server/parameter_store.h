@@ -1,0 +1,104 @@
+// The server's parameters and the staleness-aware apply of DESIGN.md (AdaComp paper):
+//
+//   delay = t − t_fetch
+//   σ_i   = how many of the last `delay` applied updates touched index i
+//   W_i  ← W_i − lr · g_i / max(1, σ_i)   for every sent index i;   t ← t + 1
+//
+// Memory is bounded by the maximum staleness D: the indices touched by the last D updates
+// are kept in a ring, with a per-parameter count of how many of them touch each parameter,
+// and updates with delay > D are refused (the worker must re-pull). σ is then found by
+// scanning either the `delay` newest sets or the complement (the older sets, subtracted
+// from the window count), whichever holds fewer entries; a dense update is stored as a flag
+// and counts for every parameter without being scanned.
+//
+// Option: Zhang et al. 2016 ("Staleness-aware async-SGD"), one divisor per update:
+// W_i ← W_i − lr · g_i / max(1, delay). No history is kept for it.
+//
+// No networking, no durability here: the server wraps this with its WAL and CoAP handlers.
+// Not thread-safe; the server applies updates one at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transport/codec.h"
+
+namespace edgetrain::server {
+
+enum class StalenessRule {
+  kPerParameterSigma,  // the AdaComp paper (default)
+  kPerUpdateDelay,     // Zhang et al.: lr / max(1, delay)
+};
+
+struct ParameterStoreOptions {
+  float learning_rate = 0.1f;        // the paper's
+  std::uint32_t max_staleness = 64;  // D: largest delay accepted
+  StalenessRule rule = StalenessRule::kPerParameterSigma;
+};
+
+enum class ApplyStatus {
+  kApplied,
+  kWrongModel,     // model id differs          → CoAP 4.09, re-pull
+  kTooStale,       // delay > D                 → CoAP 4.09, re-pull
+  kFromTheFuture,  // t_fetch > t               → CoAP 4.00
+  kMalformed,      // layout, index or value problem → CoAP 4.00
+};
+const char* apply_status_name(ApplyStatus status);
+
+struct ApplyResult {
+  ApplyStatus status = ApplyStatus::kApplied;
+  std::uint64_t version = 0;  // t after the call (unchanged when refused)
+  std::string reason;         // empty when applied
+  bool applied() const { return status == ApplyStatus::kApplied; }
+};
+
+class ParameterStore {
+ public:
+  // `initial` holds all tensors back to back; throws std::invalid_argument when its length
+  // differs from the sum of `tensor_sizes` or a size is zero.
+  ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, std::vector<float> initial,
+                 ParameterStoreOptions options = {});
+
+  // Checks the whole update first, so a refused update changes nothing.
+  ApplyResult apply(const transport::SparseUpdate& update);
+
+  std::uint64_t version() const { return version_; }
+  std::uint64_t model_id() const { return model_id_; }
+  std::span<const float> parameters() const { return parameters_; }
+  std::span<const std::uint32_t> tensor_sizes() const { return tensor_sizes_; }
+  const ParameterStoreOptions& options() const { return options_; }
+  // The divisor used for each sent entry by the last applied update, in the update's order
+  // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay.
+  std::span<const std::uint32_t> last_divisors() const { return last_divisors_; }
+
+ private:
+  struct TouchedSet {
+    bool dense = false;
+    std::vector<std::uint32_t> indices;  // flat arena indices, when !dense
+  };
+  std::string check(const transport::SparseUpdate& update) const;
+  void compute_sigma(std::uint64_t delay);
+  void remember_touched();
+  const TouchedSet& set_at_age(std::size_t age) const;  // age 0 = newest
+
+  std::uint64_t model_id_;
+  std::vector<std::uint32_t> tensor_sizes_;
+  std::vector<std::size_t> tensor_offsets_;
+  std::vector<float> parameters_;
+  ParameterStoreOptions options_;
+  std::uint64_t version_ = 0;
+
+  std::vector<TouchedSet> ring_;              // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
+  std::size_t ring_length_ = 0;               // min(t, D)
+  std::vector<std::uint32_t> window_count_;   // per parameter: sparse sets in the ring touching it
+  std::uint32_t dense_in_window_ = 0;
+  std::vector<std::uint8_t> marked_;          // scratch: parameters in the current update
+  std::vector<std::uint32_t> hits_;           // scratch: touches found by the scan
+  std::vector<std::uint32_t> touched_;        // the current update's flat indices
+  std::vector<std::uint32_t> last_divisors_;
+};
+
+}  // namespace edgetrain::server

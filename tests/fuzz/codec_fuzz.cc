@@ -1,0 +1,70 @@
+// libFuzzer target for the wire decoders (transport/codec.cc). The first input byte picks the
+// expected layout so that both small tensors (bitmaps, k = n) and the paper CNN's sizes are
+// reached; the rest is the message. Whatever a decoder accepts must satisfy the documented
+// invariants and re-encode to something that decodes to the same value.
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "transport/codec.h"
+
+using namespace edgetrain::transport;
+
+namespace {
+
+const std::vector<std::uint32_t> kLayouts[] = {
+    {1},
+    {300, 20},
+    {8, 9, 1, 64},
+    {288, 32, 18432, 64, 401408, 128, 1280, 10},
+};
+constexpr std::uint64_t kModel = 1;
+
+void require(bool condition) {
+  if (!condition) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size == 0) return 0;
+  const auto& sizes = kLayouts[data[0] % 4];
+  const ModelLayout layout{kModel, sizes};
+  DecodeLimits limits;
+  limits.max_message_bytes = 1 << 20;
+  std::span<const std::uint8_t> message(data + 1, size - 1);
+
+  auto update = decode_sparse_update(message, layout, limits);
+  if (update.ok()) {
+    const SparseUpdate& u = update.value();
+    std::vector<bool> seen(sizes.size(), false);
+    for (const auto& t : u.tensors) {
+      require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
+      seen[t.tensor] = true;
+      require(t.indices.size() == t.values.size() && t.indices.size() <= t.size);
+      for (std::size_t j = 0; j < t.indices.size(); ++j) {
+        require(t.indices[j] < t.size && (j == 0 || t.indices[j - 1] < t.indices[j]));
+        require(std::isfinite(t.values[j]));
+      }
+    }
+    // fp32 re-encoding is lossless for any decoded value (fp16 values widen exactly).
+    auto again = encode_sparse_update(u);
+    require(again.ok());
+    auto back = decode_sparse_update(again.value(), layout, limits);
+    require(back.ok());
+    require(back.value().tensors.size() == u.tensors.size());
+    for (std::size_t i = 0; i < u.tensors.size(); ++i) {
+      require(back.value().tensors[i].indices == u.tensors[i].indices);
+      require(back.value().tensors[i].values == u.tensors[i].values);
+    }
+  }
+
+  auto model = decode_dense_model(message, layout, limits);
+  if (model.ok()) {
+    auto again = encode_dense_model(model.value().model_id, model.value().version, model.value().tensor_sizes, model.value().values);
+    require(again.ok());
+    require(again.value().size() == message.size());
+  }
+  return 0;
+}

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the codec fuzz target with clang/libFuzzer (ASan + UBSan) in build/fuzz and runs it
+# for a bounded time (default 60 s; first argument or EDGETRAIN_FUZZ_SECONDS). Prints one
+# summary line; on a crash it prints the end of the log and the reproducer's path and fails.
+#   tests/fuzz/run-fuzz.sh [SECONDS]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+seconds="${1:-${EDGETRAIN_FUZZ_SECONDS:-60}}"
+build=build/fuzz
+command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (Debian packages clang and libclang-rt-14-dev; run ./build.sh setup)" >&2; exit 1; }
+mkdir -p "$build"
+cmake -S tests/fuzz -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$build/configure.log" 2>&1 \
+  || { cat "$build/configure.log" >&2; echo "fuzz: configure failed" >&2; exit 1; }
+cmake --build "$build" -j2 >"$build/build.log" 2>&1 || { tail -n 30 "$build/build.log" >&2; echo "fuzz: build failed" >&2; exit 1; }
+
+corpus="$build/corpus"; artifacts="$build/artifacts"
+mkdir -p "$corpus" "$artifacts"
+"$build/codec_fuzz_seeds" "$corpus" >/dev/null
+log="$build/codec_fuzz.log"
+if "$build/codec_fuzz" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+     -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+  echo "fuzz: codec_fuzz ran ${runs:-?} inputs in ${seconds} s without a failure (corpus: $(ls "$corpus" | wc -l) files, log: $log)"
+else
+  tail -n 40 "$log" >&2
+  echo "fuzz: codec_fuzz FAILED; reproducer(s) in $artifacts, log: $log" >&2
+  exit 1
+fi

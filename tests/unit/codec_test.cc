@@ -1,0 +1,361 @@
+// Wire codec: random updates and models survive a round trip in every encoding, the encoder
+// picks the smaller index encoding, and malformed bytes of every kind are refused with the
+// right error code (never a crash: this file also runs under ASan/UBSan).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "transport/codec.h"
+
+using namespace edgetrain::transport;
+
+namespace {
+
+constexpr std::uint64_t kModel = 0x5eed'0000'cafe'0001ULL;
+
+SparseTensor random_tensor(std::mt19937& rng, std::uint32_t tensor, std::uint32_t size, std::uint32_t count) {
+  std::vector<std::uint32_t> all(size);
+  for (std::uint32_t i = 0; i < size; ++i) all[i] = i;
+  std::shuffle(all.begin(), all.end(), rng);
+  SparseTensor t{tensor, size, {all.begin(), all.begin() + count}, {}};
+  std::sort(t.indices.begin(), t.indices.end());
+  std::normal_distribution<float> value(0.0f, 1.0f);
+  for (std::uint32_t j = 0; j < count; ++j) t.values.push_back(value(rng));
+  return t;
+}
+
+struct Fixture {
+  std::vector<std::uint32_t> sizes;
+  SparseUpdate update;
+  ModelLayout layout() const { return {kModel, sizes}; }
+};
+
+Fixture random_update(std::mt19937& rng) {
+  Fixture f;
+  const std::uint32_t tensors = 1 + rng() % 6;
+  for (std::uint32_t i = 0; i < tensors; ++i) f.sizes.push_back(1 + rng() % (rng() % 2 ? 40 : 3000));
+  f.update = {kModel, rng(), rng() % 1000, {}};
+  for (std::uint32_t i = 0; i < tensors; ++i) {
+    if (rng() % 4 == 0) continue;  // a tensor may be absent
+    const std::uint32_t n = f.sizes[i];
+    const std::uint32_t mode = rng() % 4;
+    const std::uint32_t k = mode == 0 ? 0 : mode == 1 ? n : static_cast<std::uint32_t>(rng() % (n + 1));
+    f.update.tensors.push_back(random_tensor(rng, i, n, k));
+  }
+  std::shuffle(f.update.tensors.begin(), f.update.tensors.end(), rng);
+  return f;
+}
+
+void expect_same(const SparseUpdate& a, const SparseUpdate& b, bool fp16) {
+  EXPECT_EQ(a.model_id, b.model_id);
+  EXPECT_EQ(a.sequence, b.sequence);
+  EXPECT_EQ(a.fetched_version, b.fetched_version);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_EQ(a.tensors[i].tensor, b.tensors[i].tensor);
+    EXPECT_EQ(a.tensors[i].size, b.tensors[i].size);
+    EXPECT_EQ(a.tensors[i].indices, b.tensors[i].indices);
+    ASSERT_EQ(a.tensors[i].values.size(), b.tensors[i].values.size());
+    for (std::size_t j = 0; j < a.tensors[i].values.size(); ++j) {
+      const float expected = fp16 ? round_to_fp16(a.tensors[i].values[j]) : a.tensors[i].values[j];
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(expected), std::bit_cast<std::uint32_t>(b.tensors[i].values[j]));
+    }
+  }
+}
+
+TEST(SparseCodec, RandomUpdatesRoundTripInBothValueEncodings) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 300; ++trial) {
+    Fixture f = random_update(rng);
+    for (ValueEncoding values : {ValueEncoding::kFp32, ValueEncoding::kFp16}) {
+      auto bytes = encode_sparse_update(f.update, {values});
+      ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+      auto decoded = decode_sparse_update(bytes.value(), f.layout());
+      ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+      expect_same(f.update, decoded.value(), values == ValueEncoding::kFp16);
+    }
+  }
+}
+
+// Byte offset of the first tensor's index-encoding byte (header 36 + tensor, size, count, value enc).
+constexpr std::size_t kFirstIndexEncoding = 36 + 13;
+
+TEST(SparseCodec, PicksTheSmallerIndexEncoding) {
+  std::mt19937 rng(2);
+  std::vector<std::uint32_t> sizes = {1000};
+  for (std::uint32_t k : {0u, 1u, 10u, 100u, 125u, 300u, 1000u}) {
+    SparseUpdate u{kModel, 0, 0, {random_tensor(rng, 0, 1000, k)}};
+    auto bytes = encode_sparse_update(u).value();
+    const std::size_t varint = delta_varint_bytes(u.tensors[0].indices);
+    const std::size_t bitmap = bitmap_bytes(1000);
+    const std::size_t index_section = std::min(varint, bitmap);
+    EXPECT_EQ(bytes.size(), 36 + 14 + index_section + 4 * k) << "k=" << k;
+    EXPECT_EQ(bytes[kFirstIndexEncoding], bitmap < varint ? 1 : 0) << "k=" << k;
+    auto back = decode_sparse_update(bytes, {kModel, sizes});
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(back.value().tensors[0].indices, u.tensors[0].indices);
+  }
+}
+
+TEST(SparseCodec, EdgeCasesSizeOneAndFullAndEmpty) {
+  std::vector<std::uint32_t> sizes = {1, 8, 9};
+  SparseUpdate u{kModel, 7, 3, {}};
+  u.tensors.push_back({0, 1, {0}, {-2.5f}});
+  u.tensors.push_back({1, 8, {0, 1, 2, 3, 4, 5, 6, 7}, {1, 2, 3, 4, 5, 6, 7, 8}});
+  u.tensors.push_back({2, 9, {}, {}});
+  auto bytes = encode_sparse_update(u).value();
+  auto back = decode_sparse_update(bytes, {kModel, sizes});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  expect_same(u, back.value(), false);
+  // An update with no tensors at all is well-formed.
+  SparseUpdate empty{kModel, 1, 0, {}};
+  auto empty_back = decode_sparse_update(encode_sparse_update(empty).value(), {kModel, sizes});
+  ASSERT_TRUE(empty_back.ok());
+  EXPECT_TRUE(empty_back.value().tensors.empty());
+  // The largest index a varint must carry.
+  std::vector<std::uint32_t> huge = {std::numeric_limits<std::uint32_t>::max()};
+  SparseUpdate far{kModel, 0, 0, {{0, huge[0], {huge[0] - 1}, {1.0f}}}};
+  auto far_back = decode_sparse_update(encode_sparse_update(far).value(), {kModel, huge});
+  ASSERT_TRUE(far_back.ok()) << far_back.error().message;
+  EXPECT_EQ(far_back.value().tensors[0].indices[0], huge[0] - 1);
+}
+
+TEST(SparseCodec, MatchesTheExampleInCodecMd) {
+  SparseUpdate u{1, 2, 3, {{0, 300, {3, 200}, {0.5f, -1.0f}}}};
+  const std::vector<std::uint8_t> documented = {
+      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0,
+      0x03, 0, 0, 0, 0, 0, 0, 0, 0x01, 0, 0, 0, 0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0, 0x00, 0x00,
+      0x03, 0xc4, 0x01, 0x00, 0x00, 0x00, 0x3f, 0x00, 0x00, 0x80, 0xbf};
+  EXPECT_EQ(encode_sparse_update(u).value(), documented);
+}
+
+TEST(Fp16, ConversionMatchesIeeeBinary16) {
+  // Every half converts to a float and back to the same bits (NaNs aside).
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    EXPECT_EQ(float_to_half(half_to_float(static_cast<std::uint16_t>(h))), h) << std::hex << h;
+  }
+  EXPECT_EQ(half_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(half_to_float(0x7bff), 65504.0f);
+  // Halfway between 1 and the next half (1 + 2^-10) rounds to even (1); a hair above rounds up.
+  EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(float_to_half(std::nextafter(1.0f + std::ldexp(1.0f, -11), 2.0f)), 0x3c01);
+  // Out of range clamps instead of producing Inf.
+  EXPECT_EQ(float_to_half(1e9f), 0x7bff);
+  EXPECT_EQ(float_to_half(-70000.0f), 0xfbff);
+  EXPECT_EQ(float_to_half(std::ldexp(1.0f, -26)), 0x0000);
+  // Rounding error is within half a unit in the last place for random normal values.
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
+  for (int i = 0; i < 10000; ++i) {
+    const float v = dist(rng);
+    if (std::fabs(v) < 1e-3f) continue;
+    const float r = round_to_fp16(v);
+    EXPECT_LE(std::fabs(r - v), std::ldexp(std::fabs(v), -11)) << v;
+  }
+}
+
+TEST(SparseCodec, EncoderRefusesWhatItMustNotSend) {
+  auto refused = [](SparseUpdate u) {
+    auto r = encode_sparse_update(u);
+    EXPECT_FALSE(r.ok());
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
+    }
+  };
+  refused({kModel, 0, 0, {{0, 4, {1, 1}, {1, 2}}}});                                        // not strictly increasing
+  refused({kModel, 0, 0, {{0, 4, {4}, {1}}}});                                              // index ≥ size
+  refused({kModel, 0, 0, {{0, 4, {1}, {}}}});                                               // length mismatch
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::quiet_NaN()}}}});      // NaN
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::infinity()}}}});        // Inf
+  refused({kModel, 0, 0, {{0, 4, {1}, {1}}, {0, 4, {2}, {1}}}});                            // duplicate tensor
+  refused({kModel, 0, 0, {{0, 0, {}, {}}}});                                                // empty tensor
+}
+
+// A valid message to corrupt: two tensors, the first delta-varint, the second bitmap.
+struct Sample {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  SparseUpdate update{kModel, 9, 4, {{0, 300, {3, 200, 299}, {0.5f, -1.0f, 2.0f}}, {1, 20, {0, 2, 4, 6, 8, 10, 12, 14, 16, 18}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}}};
+  std::vector<std::uint8_t> bytes = encode_sparse_update(update).value();
+  ModelLayout layout() const { return {kModel, sizes}; }
+  // Offsets inside `bytes`: first tensor header at 36, its 3 varints (3, 196, 98 → 1+2+1 bytes)
+  // at 50, values at 54; second tensor header at 66, bitmap (3 bytes) at 80, values at 83.
+};
+
+void expect_decode_error(std::span<const std::uint8_t> bytes, const ModelLayout& layout, CodecErrorCode code,
+                         const DecodeLimits& limits = {}) {
+  auto r = decode_sparse_update(bytes, layout, limits);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, code) << codec_error_name(r.error().code) << ": " << r.error().message;
+  EXPECT_FALSE(r.error().message.empty());
+}
+
+TEST(SparseCodec, SampleLayoutIsWhatTheTestsAssume) {
+  Sample s;
+  ASSERT_EQ(s.bytes.size(), 83u + 40u);
+  EXPECT_EQ(s.bytes[kFirstIndexEncoding], 0);  // delta-varint
+  EXPECT_EQ(s.bytes[66 + 13], 1);              // bitmap
+  EXPECT_EQ(s.bytes[80], 0x55);                // indices 0, 2, 4, 6
+  ASSERT_TRUE(decode_sparse_update(s.bytes, s.layout()).ok());
+}
+
+TEST(SparseCodec, RefusesBadHeaders) {
+  Sample s;
+  auto with = [&](std::size_t offset, std::uint8_t value) {
+    auto b = s.bytes;
+    b[offset] = value;
+    return b;
+  };
+  expect_decode_error(with(0, 'X'), s.layout(), CodecErrorCode::kBadMagic);
+  expect_decode_error(with(4, 2), s.layout(), CodecErrorCode::kUnsupportedVersion);
+  expect_decode_error(with(6, 1), s.layout(), CodecErrorCode::kBadEncoding);
+  expect_decode_error(with(8, 0), s.layout(), CodecErrorCode::kWrongModel);
+  expect_decode_error(with(32, 3), s.layout(), CodecErrorCode::kLayoutMismatch);      // 3 tensors, model has 2
+  expect_decode_error(with(32, 0xff), s.layout(), CodecErrorCode::kLayoutMismatch);
+  DecodeLimits few;
+  few.max_tensors = 1;
+  expect_decode_error(s.bytes, s.layout(), CodecErrorCode::kTooLarge, few);
+  DecodeLimits small;
+  small.max_message_bytes = 100;
+  expect_decode_error(s.bytes, s.layout(), CodecErrorCode::kTooLarge, small);
+  DecodeLimits few_entries;
+  few_entries.max_total_entries = 12;
+  expect_decode_error(s.bytes, s.layout(), CodecErrorCode::kTooLarge, few_entries);
+}
+
+TEST(SparseCodec, RefusesBadTensors) {
+  Sample s;
+  auto with = [&](std::size_t offset, std::uint8_t value) {
+    auto b = s.bytes;
+    b[offset] = value;
+    return b;
+  };
+  expect_decode_error(with(36, 5), s.layout(), CodecErrorCode::kLayoutMismatch);       // tensor number beyond model
+  expect_decode_error(with(40, 45), s.layout(), CodecErrorCode::kLayoutMismatch);      // size differs from model
+  expect_decode_error(with(66, 0), s.layout(), CodecErrorCode::kDuplicateTensor);      // second tensor says 0 again
+  expect_decode_error(with(48, 9), s.layout(), CodecErrorCode::kBadEncoding);          // value encoding
+  expect_decode_error(with(49, 9), s.layout(), CodecErrorCode::kBadEncoding);          // index encoding
+  expect_decode_error(with(70 + 4, 21), s.layout(), CodecErrorCode::kBadCount);        // k > n
+  expect_decode_error(with(70 + 4, 9), s.layout(), CodecErrorCode::kBadCount);         // bitmap has 10 bits, k says 9
+  expect_decode_error(with(82, 0x15), s.layout(), CodecErrorCode::kBadIndex);          // bit 20 of a 20-entry tensor
+  expect_decode_error(with(52, 0x7f), s.layout(), CodecErrorCode::kBadIndex);          // gap pushes an index past 299
+  expect_decode_error(with(50, 0x80), s.layout(), CodecErrorCode::kBadIndex);          // first varint becomes 80 c4 01 = 25088
+}
+
+TEST(SparseCodec, RefusesNonCanonicalAndOverlongVarints) {
+  std::vector<std::uint32_t> sizes = {100};
+  SparseUpdate u{kModel, 0, 0, {{0, 100, {5}, {1.0f}}}};
+  auto good = encode_sparse_update(u).value();
+  ASSERT_EQ(good[50], 5);
+  // 5 as two bytes (0x85 0x00): same value, longer encoding.
+  std::vector<std::uint8_t> padded(good.begin(), good.begin() + 50);
+  padded.insert(padded.end(), {0x85, 0x00});
+  padded.insert(padded.end(), good.begin() + 51, good.end());
+  expect_decode_error(padded, {kModel, sizes}, CodecErrorCode::kBadIndex);
+  std::vector<std::uint32_t> huge = {std::numeric_limits<std::uint32_t>::max()};
+  std::vector<std::uint8_t> too_wide(good.begin(), good.begin() + 50);
+  too_wide[40] = too_wide[41] = too_wide[42] = too_wide[43] = 0xff;  // size = 2^32 − 1
+  too_wide.insert(too_wide.end(), {0xff, 0xff, 0xff, 0xff, 0x1f});       // 5th byte > 0x0f
+  too_wide.insert(too_wide.end(), good.begin() + 51, good.end());
+  expect_decode_error(too_wide, {kModel, huge}, CodecErrorCode::kBadIndex);
+}
+
+TEST(SparseCodec, RefusesNonFiniteValues) {
+  Sample s;
+  for (std::uint32_t bits : {0x7fc00000u, 0x7f800000u, 0xff800000u}) {
+    auto b = s.bytes;
+    for (int i = 0; i < 4; ++i) b[54 + 4 + i] = static_cast<std::uint8_t>(bits >> (8 * i));
+    expect_decode_error(b, s.layout(), CodecErrorCode::kNonFiniteValue);
+  }
+  SparseUpdate half{kModel, 0, 0, {{0, 300, {1}, {1.0f}}}};
+  auto b = encode_sparse_update(half, {ValueEncoding::kFp16}).value();
+  b[b.size() - 2] = 0x00;
+  b[b.size() - 1] = 0x7c;  // half +Inf
+  expect_decode_error(b, s.layout(), CodecErrorCode::kNonFiniteValue);
+}
+
+TEST(SparseCodec, RefusesEveryTruncationAndTrailingBytes) {
+  Sample s;
+  for (std::size_t length = 0; length < s.bytes.size(); ++length) {
+    auto r = decode_sparse_update(std::span(s.bytes).first(length), s.layout());
+    ASSERT_FALSE(r.ok()) << "prefix of " << length << " bytes accepted";
+    EXPECT_EQ(r.error().code, CodecErrorCode::kTruncated) << length << ": " << r.error().message;
+  }
+  auto longer = s.bytes;
+  longer.push_back(0);
+  expect_decode_error(longer, s.layout(), CodecErrorCode::kTrailingBytes);
+}
+
+TEST(SparseCodec, RandomCorruptionNeverCrashes) {
+  // Whatever the decoder accepts must satisfy the documented invariants.
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 3000; ++trial) {
+    Fixture f = random_update(rng);
+    auto bytes = encode_sparse_update(f.update).value();
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    auto r = decode_sparse_update(bytes, f.layout());
+    if (!r.ok()) continue;
+    for (const auto& t : r.value().tensors) {
+      ASSERT_LT(t.tensor, f.sizes.size());
+      ASSERT_EQ(t.size, f.sizes[t.tensor]);
+      ASSERT_EQ(t.indices.size(), t.values.size());
+      for (std::size_t j = 0; j < t.indices.size(); ++j) {
+        ASSERT_LT(t.indices[j], t.size);
+        if (j) {
+          ASSERT_LT(t.indices[j - 1], t.indices[j]);
+        }
+        ASSERT_TRUE(std::isfinite(t.values[j]));
+      }
+    }
+  }
+}
+
+TEST(DenseCodec, RoundTripsAndChecksLayout) {
+  std::mt19937 rng(5);
+  std::vector<std::uint32_t> sizes = {288, 32, 1, 7};
+  std::vector<float> values(328);
+  std::normal_distribution<float> dist;
+  for (auto& v : values) v = dist(rng);
+  auto bytes = encode_dense_model(kModel, 1234, sizes, values);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes.value().size(), 28 + 4 * sizes.size() + 4 * values.size());
+  auto model = decode_dense_model(bytes.value(), {kModel, sizes});
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  EXPECT_EQ(model.value().version, 1234u);
+  EXPECT_EQ(model.value().tensor_sizes, sizes);
+  EXPECT_EQ(model.value().values, values);
+
+  auto error_of = [&](std::vector<std::uint8_t> b, std::vector<std::uint32_t> layout_sizes = {288, 32, 1, 7}, std::uint64_t id = kModel) {
+    auto r = decode_dense_model(b, {id, layout_sizes});
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? CodecErrorCode::kInvalidInput : r.error().code;
+  };
+  const auto& good = bytes.value();
+  EXPECT_EQ(error_of(good, {288, 32, 1}), CodecErrorCode::kLayoutMismatch);
+  EXPECT_EQ(error_of(good, {288, 32, 1, 8}), CodecErrorCode::kLayoutMismatch);
+  EXPECT_EQ(error_of(good, sizes, kModel + 1), CodecErrorCode::kWrongModel);
+  EXPECT_EQ(error_of({good.begin(), good.end() - 1}), CodecErrorCode::kTruncated);
+  EXPECT_EQ(error_of({good.begin(), good.begin() + 27}), CodecErrorCode::kTruncated);
+  auto longer = good;
+  longer.push_back(1);
+  EXPECT_EQ(error_of(longer), CodecErrorCode::kTrailingBytes);
+  auto nan = good;
+  nan[nan.size() - 1] = 0x7f;
+  nan[nan.size() - 2] = 0xc0;
+  EXPECT_EQ(error_of(nan), CodecErrorCode::kNonFiniteValue);
+  auto magic = good;
+  magic[3] = 'U';
+  EXPECT_EQ(error_of(magic), CodecErrorCode::kBadMagic);
+
+  EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, std::span(values).first(10)).ok());
+  values[5] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, values).ok());
+}
+
+}  // namespace

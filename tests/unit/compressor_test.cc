@@ -1,0 +1,247 @@
+// Compressor: exact top-k against a sort-based reference (ties included), the paper's k
+// rule, dense ASGD, error-feedback conservation, bin-local selection against a direct
+// reading of its rule, and that what comes out is something the codec will send.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "runtime/compressor.h"
+
+using namespace edgetrain::runtime;
+using edgetrain::transport::SparseUpdate;
+
+namespace {
+
+// The paper CNN's tensors: conv1 w/b, conv2 w/b, fc1 w/b, fc2 w/b.
+const std::vector<std::uint32_t> kPaperSizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};
+
+std::vector<TensorSlice> layout_of(const std::vector<std::uint32_t>& sizes) {
+  std::vector<TensorSlice> layout;
+  std::size_t offset = 0;
+  for (auto n : sizes) {
+    layout.push_back({offset, n});
+    offset += n;
+  }
+  return layout;
+}
+
+std::size_t total(const std::vector<std::uint32_t>& sizes) { return std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}); }
+
+// Values on a coarse grid of multiples of 1/8 so that ties are frequent and sums exact.
+std::vector<float> grid_gradient(std::size_t n, std::mt19937& rng, int levels = 9) {
+  std::vector<float> g(n);
+  for (auto& v : g) v = static_cast<float>(static_cast<int>(rng() % (2 * levels + 1)) - levels) / 8.0f;
+  return g;
+}
+
+// Top-k by sorting everything: |v| descending, index ascending on ties.
+std::vector<std::uint32_t> reference_top_k(std::span<const float> v, std::uint32_t k) {
+  std::vector<std::uint32_t> order(v.size());
+  std::iota(order.begin(), order.end(), 0u);
+  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+TEST(TopKCount, FollowsThePaperRule) {
+  // max(1, floor(n·0.01)) for the paper CNN, worked by hand.
+  const std::vector<std::uint32_t> expected = {2, 1, 184, 1, 4014, 1, 12, 1};
+  for (std::size_t i = 0; i < kPaperSizes.size(); ++i) EXPECT_EQ(Compressor::top_k_count(kPaperSizes[i], 0.01), expected[i]);
+  EXPECT_EQ(Compressor::top_k_count(1, 0.01), 1u);
+  EXPECT_EQ(Compressor::top_k_count(1000, 1.0), 1000u);
+  EXPECT_EQ(Compressor::top_k_count(1000, 0.5), 500u);
+  EXPECT_EQ(Compressor::top_k_count(199, 0.01), 1u);
+  EXPECT_EQ(Compressor::top_k_count(200, 0.01), 2u);
+}
+
+TEST(Compressor, TopKMatchesSortReferenceIncludingTies) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::uint32_t> sizes;
+    for (int t = 0; t < 1 + static_cast<int>(rng() % 4); ++t) sizes.push_back(1 + rng() % 2000);
+    const double rate = std::vector<double>{0.001, 0.01, 0.1, 0.37, 1.0}[rng() % 5];
+    const int levels = trial % 2 ? 2 : 1000;  // many ties, or few
+    CompressorOptions options;
+    options.compression_rate = rate;
+    Compressor compressor(layout_of(sizes), options);
+    auto g = grid_gradient(total(sizes), rng, levels);
+    SparseUpdate update;
+    compressor.compress(g, update);
+    ASSERT_EQ(update.tensors.size(), sizes.size());
+    std::size_t offset = 0;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      std::span<const float> tensor(g.data() + offset, sizes[t]);
+      const auto k = Compressor::top_k_count(sizes[t], rate);
+      const auto expected = reference_top_k(tensor, k);
+      ASSERT_EQ(update.tensors[t].tensor, t);
+      ASSERT_EQ(update.tensors[t].size, sizes[t]);
+      ASSERT_EQ(update.tensors[t].indices, expected) << "trial " << trial << " tensor " << t;
+      for (std::size_t j = 0; j < k; ++j) EXPECT_EQ(update.tensors[t].values[j], tensor[expected[j]]);
+      offset += sizes[t];
+    }
+    // The paper's method keeps nothing.
+    EXPECT_TRUE(std::all_of(compressor.residual().begin(), compressor.residual().end(), [](float r) { return r == 0.0f; }));
+  }
+}
+
+TEST(Compressor, OutputIsAcceptedByTheCodec) {
+  std::mt19937 rng(2);
+  Compressor compressor(layout_of(kPaperSizes));
+  auto g = grid_gradient(total(kPaperSizes), rng, 1000);
+  SparseUpdate update;
+  update.model_id = 7;
+  compressor.compress(g, update);
+  auto bytes = edgetrain::transport::encode_sparse_update(update);
+  ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+  auto back = edgetrain::transport::decode_sparse_update(bytes.value(), {7, kPaperSizes});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  std::size_t sent = 0;
+  for (const auto& t : back.value().tensors) sent += t.indices.size();
+  EXPECT_EQ(sent, 2u + 1 + 184 + 1 + 4014 + 1 + 12 + 1);
+}
+
+TEST(Compressor, DenseSendsEveryEntry) {
+  std::mt19937 rng(3);
+  const std::vector<std::uint32_t> sizes = {5, 1, 300};
+  CompressorOptions options;
+  options.method = CompressionMethod::kNone;
+  Compressor compressor(layout_of(sizes), options);
+  auto g = grid_gradient(total(sizes), rng);
+  SparseUpdate update;
+  compressor.compress(g, update);
+  std::size_t offset = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    ASSERT_EQ(update.tensors[t].indices.size(), sizes[t]);
+    for (std::uint32_t i = 0; i < sizes[t]; ++i) {
+      EXPECT_EQ(update.tensors[t].indices[i], i);
+      EXPECT_EQ(update.tensors[t].values[i], g[offset + i]);
+    }
+    offset += sizes[t];
+  }
+}
+
+// Adds what `update` sends into `sum` (arena layout).
+void scatter_add(const SparseUpdate& update, const std::vector<TensorSlice>& layout, std::vector<double>& sum) {
+  for (const auto& t : update.tensors)
+    for (std::size_t j = 0; j < t.indices.size(); ++j) sum[layout[t.tensor].offset + t.indices[j]] += t.values[j];
+}
+
+// With residuals, nothing is lost: everything sent plus what is left equals every gradient
+// summed. Grid values keep all float arithmetic exact, so the check is equality.
+void expect_conservation(CompressorOptions options, int steps) {
+  std::mt19937 rng(4);
+  const std::vector<std::uint32_t> sizes = {288, 32, 1000, 10};
+  const auto layout = layout_of(sizes);
+  Compressor compressor(layout, options);
+  std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
+  SparseUpdate update;
+  std::size_t sent_entries = 0;
+  for (int step = 0; step < steps; ++step) {
+    auto g = grid_gradient(total(sizes), rng);
+    for (std::size_t i = 0; i < g.size(); ++i) gradients[i] += g[i];
+    compressor.compress(g, update);
+    scatter_add(update, layout, sent);
+    for (const auto& t : update.tensors) sent_entries += t.indices.size();
+  }
+  for (std::size_t i = 0; i < gradients.size(); ++i) ASSERT_EQ(sent[i] + compressor.residual()[i], gradients[i]) << "entry " << i;
+  // And it did leave entries out (top-k sends a fixed share; bin-local's share depends on
+  // the data and is large for this uniform noise).
+  EXPECT_LT(sent_entries, static_cast<std::size_t>(steps) * total(sizes));
+  if (options.method == CompressionMethod::kTopK) {
+    std::size_t per_step = 0;
+    for (auto n : sizes) per_step += Compressor::top_k_count(n, options.compression_rate);
+    EXPECT_EQ(sent_entries, per_step * static_cast<std::size_t>(steps));
+  }
+  EXPECT_GT(sent_entries, 0u);
+}
+
+TEST(Compressor, ErrorFeedbackConservesTheGradientSum) {
+  CompressorOptions options;
+  options.error_feedback = true;
+  expect_conservation(options, 30);
+  options.compression_rate = 0.1;
+  expect_conservation(options, 30);
+}
+
+TEST(Compressor, BinLocalConservesTheGradientSum) {
+  CompressorOptions options;
+  options.method = CompressionMethod::kBinLocal;
+  expect_conservation(options, 30);
+  options.bin_size = 7;
+  expect_conservation(options, 30);
+}
+
+TEST(Compressor, Fp16RoundingErrorIsFedBack) {
+  // Values that fp16 cannot hold exactly, accumulated with error feedback: the rounding
+  // error stays in the residual, so sent + residual still equals the float sum.
+  const std::vector<std::uint32_t> sizes = {64};
+  CompressorOptions options;
+  options.error_feedback = true;
+  options.fp16_values = true;
+  options.compression_rate = 0.25;
+  Compressor compressor(layout_of(sizes), options);
+  std::vector<float> g(64);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1.0f + static_cast<float>(i) * std::ldexp(1.0f, -18);  // below fp16 resolution
+  SparseUpdate update;
+  compressor.compress(g, update);
+  for (std::size_t j = 0; j < update.tensors[0].indices.size(); ++j) {
+    const auto i = update.tensors[0].indices[j];
+    EXPECT_EQ(update.tensors[0].values[j], edgetrain::transport::round_to_fp16(g[i]));
+    EXPECT_EQ(update.tensors[0].values[j] + compressor.residual()[i], g[i]);
+  }
+}
+
+TEST(Compressor, BinLocalSelectsByTheBinRule) {
+  std::mt19937 rng(5);
+  const std::vector<std::uint32_t> sizes = {1000, 37};
+  const auto layout = layout_of(sizes);
+  CompressorOptions options;
+  options.method = CompressionMethod::kBinLocal;
+  options.bin_size = 50;
+  Compressor compressor(layout, options);
+  std::vector<float> residual(total(sizes), 0.0f);
+  SparseUpdate update;
+  for (int step = 0; step < 5; ++step) {
+    auto g = grid_gradient(total(sizes), rng, 50);
+    compressor.compress(g, update);
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      const auto& sent = update.tensors[t].indices;
+      for (std::size_t start = 0; start < sizes[t]; start += options.bin_size) {
+        const std::size_t end = std::min<std::size_t>(sizes[t], start + options.bin_size);
+        float bin_max = 0.0f;
+        for (std::size_t i = start; i < end; ++i) bin_max = std::max(bin_max, std::fabs(residual[layout[t].offset + i] + g[layout[t].offset + i]));
+        for (std::size_t i = start; i < end; ++i) {
+          const std::size_t a = layout[t].offset + i;
+          const float accumulated = residual[a] + g[a];
+          const bool expect_sent = accumulated != 0.0f && std::fabs(accumulated + g[a]) >= bin_max;
+          const bool was_sent = std::binary_search(sent.begin(), sent.end(), static_cast<std::uint32_t>(i));
+          ASSERT_EQ(was_sent, expect_sent) << "step " << step << " tensor " << t << " index " << i;
+          residual[a] = was_sent ? 0.0f : accumulated;
+        }
+      }
+    }
+  }
+}
+
+TEST(Compressor, RefusesBadInput) {
+  Compressor compressor(layout_of({10, 10}));
+  SparseUpdate update;
+  std::vector<float> short_gradient(19, 0.0f);
+  EXPECT_THROW(compressor.compress(short_gradient, update), std::invalid_argument);
+  std::vector<float> g(20, 1.0f);
+  g[13] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(compressor.compress(g, update), std::invalid_argument);
+  g[13] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(compressor.compress(g, update), std::invalid_argument);
+  CompressorOptions zero_rate;
+  zero_rate.compression_rate = 0.0;
+  EXPECT_THROW(Compressor(layout_of({10}), zero_rate), std::invalid_argument);
+  EXPECT_THROW(Compressor(layout_of({10, 0})), std::invalid_argument);
+}
+
+}  // namespace

@@ -1,0 +1,203 @@
+// IDX reading: valid files (raw and gzip) round-trip, and every kind of broken file is
+// refused with a DataError that names the file. The files are made here, in a temp dir.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "runtime/dataset.h"
+#include "runtime/idx.h"
+
+namespace fs = std::filesystem;
+using edgetrain::runtime::DataError;
+using edgetrain::runtime::IdxLimits;
+using edgetrain::runtime::load_dataset;
+using edgetrain::runtime::read_idx_file;
+
+namespace {
+
+std::vector<std::uint8_t> idx_bytes(std::vector<std::uint32_t> dims, const std::vector<std::uint8_t>& payload,
+                                    std::uint8_t type = 0x08) {
+  std::vector<std::uint8_t> out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
+  for (std::uint32_t d : dims) {
+    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(d >> shift));
+  }
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+std::vector<std::uint8_t> gzip(const std::vector<std::uint8_t>& raw) {
+  uLongf size = compressBound(static_cast<uLong>(raw.size())) + 64;
+  std::vector<std::uint8_t> out(size);
+  z_stream s{};
+  EXPECT_EQ(deflateInit2(&s, 6, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  s.next_in = const_cast<Bytef*>(raw.data());
+  s.avail_in = static_cast<uInt>(raw.size());
+  s.next_out = out.data();
+  s.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&s, Z_FINISH), Z_STREAM_END);
+  out.resize(s.total_out);
+  deflateEnd(&s);
+  return out;
+}
+
+std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint32_t seed, int modulo = 256) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint8_t> out(n);
+  for (auto& b : out) b = static_cast<std::uint8_t>(rng() % modulo);
+  return out;
+}
+
+class IdxFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("edgetrain_idx_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path write(const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    fs::path p = dir_ / name;
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return p;
+  }
+  // Expects read_idx_file to throw a DataError naming the file whose reason contains `needle`.
+  void expect_refused(const fs::path& p, const std::string& needle, const IdxLimits& limits = {}) {
+    try {
+      read_idx_file(p, limits);
+      ADD_FAILURE() << p << " was accepted; expected an error containing '" << needle << "'";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.file(), p.string());
+      EXPECT_NE(e.reason().find(needle), std::string::npos) << "reason: " << e.reason();
+      EXPECT_NE(std::string(e.what()).find(p.filename().string()), std::string::npos);
+    }
+  }
+  fs::path dir_;
+};
+
+TEST_F(IdxFiles, RawAndGzipReadTheSameContent) {
+  const auto payload = random_bytes(3 * 5 * 4, 1);
+  const auto raw = idx_bytes({3, 5, 4}, payload);
+  for (const auto& p : {write("a-idx3-ubyte", raw), write("a-idx3-ubyte.gz", gzip(raw))}) {
+    auto array = read_idx_file(p);
+    EXPECT_EQ(array.dims, (std::vector<std::uint32_t>{3, 5, 4})) << p;
+    EXPECT_EQ(array.data, payload) << p;
+  }
+}
+
+TEST_F(IdxFiles, WrongMagicIsRefused) {
+  auto bytes = idx_bytes({2}, {1, 2});
+  bytes[1] = 7;
+  expect_refused(write("magic", bytes), "magic");
+  expect_refused(write("float-type", idx_bytes({1}, {0, 0, 0, 0}, 0x0D)), "type byte 0x0d");
+  expect_refused(write("zero-dims", idx_bytes({}, {})), "dimensions");
+}
+
+TEST_F(IdxFiles, TruncatedFilesAreRefused) {
+  const auto full = idx_bytes({4, 3}, random_bytes(12, 2));
+  expect_refused(write("payload", {full.begin(), full.end() - 1}), "truncated");
+  expect_refused(write("header", {full.begin(), full.begin() + 6}), "truncated header");
+  expect_refused(write("short-magic", {0, 0}), "shorter than");
+  auto gz = gzip(full);
+  expect_refused(write("cut.gz", {gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)}), "truncated");
+}
+
+TEST_F(IdxFiles, TrailingBytesAreRefused) {
+  auto bytes = idx_bytes({2}, {1, 2});
+  bytes.push_back(9);
+  expect_refused(write("trailing", bytes), "after the 2 data bytes");
+  auto gz = gzip(idx_bytes({2}, {1, 2}));
+  gz.push_back(0);
+  expect_refused(write("trailing.gz", gz), "after the end of the gzip stream");
+}
+
+TEST_F(IdxFiles, BadGzipIsRefused) {
+  auto gz = gzip(idx_bytes({64}, random_bytes(64, 3)));
+  for (std::size_t i = 10; i < gz.size() - 8; ++i) gz[i] ^= 0x5a;  // corrupt the deflate body
+  expect_refused(write("bad.gz", gz), "gzip");
+  expect_refused(write("header-only.gz", {0x1f, 0x8b, 8, 0}), "gzip");
+}
+
+TEST_F(IdxFiles, OversizedDimensionsAreRefusedBeforeAllocating) {
+  expect_refused(write("huge", idx_bytes({0xffffffffu, 0xffffffffu, 0xffffffffu}, {1})), "cap");
+  IdxLimits small;
+  small.max_payload_bytes = 100;
+  expect_refused(write("over-cap", idx_bytes({11, 10}, random_bytes(110, 4))), "cap", small);
+  expect_refused(write("zero-dim", idx_bytes({0, 28}, {})), "zero");
+  // A gzip bomb: tiny file, content beyond the cap.
+  expect_refused(write("bomb.gz", gzip(idx_bytes({1000}, std::vector<std::uint8_t>(1000, 0)))), "cap", small);
+}
+
+TEST_F(IdxFiles, EmptyAndMissingFilesAreRefused) {
+  expect_refused(write("empty", {}), "empty");
+  expect_refused(dir_ / "does-not-exist", "cannot read");
+}
+
+TEST_F(IdxFiles, DatasetChecksThatImagesAndLabelsAgree) {
+  const auto pixels = random_bytes(5 * 2 * 3, 5);
+  const auto labels = random_bytes(5, 6, 10);
+  auto images_path = write("img", idx_bytes({5, 2, 3}, pixels));
+  auto labels_path = write("lab.gz", gzip(idx_bytes({5}, labels)));
+  auto data = load_dataset(images_path, labels_path);
+  ASSERT_EQ(data.size(), 5u);
+  EXPECT_EQ(data.height, 2u);
+  EXPECT_EQ(data.width, 3u);
+  EXPECT_EQ(data.channels, 1u);
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(data.labels[i], labels[i]);
+    EXPECT_TRUE(std::equal(data.image(i).begin(), data.image(i).end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * 6)));
+  }
+
+  auto six_labels = write("lab6", idx_bytes({6}, random_bytes(6, 7, 10)));
+  EXPECT_THROW(
+      {
+        try {
+          load_dataset(images_path, six_labels);
+        } catch (const DataError& e) {
+          EXPECT_EQ(e.file(), six_labels.string());
+          EXPECT_NE(e.reason().find("6 labels for 5 images"), std::string::npos) << e.reason();
+          throw;
+        }
+      },
+      DataError);
+  auto big_label = write("lab-big", idx_bytes({5}, {0, 1, 2, 10, 3}));
+  EXPECT_THROW(load_dataset(images_path, big_label), DataError);
+  EXPECT_THROW(load_dataset(labels_path, labels_path), DataError);   // labels as images: 1-D
+  EXPECT_THROW(load_dataset(images_path, images_path), DataError);   // images as labels: 3-D
+}
+
+fs::path deps_dir() {
+  const char* env = std::getenv("EDGETRAIN_DEPS");
+  return env ? fs::path(env) : fs::path("/var/cache/edgetrain");
+}
+
+void expect_real_dataset(const fs::path& images, const fs::path& labels, std::size_t expected_count) {
+  if (!fs::exists(images) || !fs::exists(labels)) GTEST_SKIP() << images << " not present";
+  auto data = load_dataset(images, labels);
+  EXPECT_EQ(data.size(), expected_count);
+  EXPECT_EQ(data.height, 28u);
+  EXPECT_EQ(data.width, 28u);
+  EXPECT_EQ(data.channels, 1u);
+  // Every class appears, and images are not blank.
+  std::vector<std::size_t> per_class(10, 0);
+  for (auto label : data.labels) ++per_class[static_cast<std::size_t>(label)];
+  for (std::size_t c = 0; c < 10; ++c) EXPECT_GT(per_class[c], expected_count / 50) << "class " << c;
+  std::size_t nonzero = 0;
+  for (auto p : data.image(0)) nonzero += p != 0;
+  EXPECT_GT(nonzero, 20u);
+}
+
+TEST(RealData, MnistFromSetUp) {
+  expect_real_dataset(deps_dir() / "mnist/train-images-idx3-ubyte", deps_dir() / "mnist/train-labels-idx1-ubyte", 8000);
+  expect_real_dataset(deps_dir() / "mnist/t10k-images-idx3-ubyte", deps_dir() / "mnist/t10k-labels-idx1-ubyte", 2000);
+}
+
+TEST(RealData, FashionMnistGzip) {
+  const fs::path dir = "/usr/share/datasets/fashion-mnist";
+  expect_real_dataset(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz", 10000);
+}
+
+}  // namespace

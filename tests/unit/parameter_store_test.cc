@@ -1,0 +1,220 @@
+// Parameter store: σ_i and the applied parameters against a brute-force reference that keeps
+// the whole history, over random update histories (random delays, overlapping indices,
+// dense updates mixed in); Zhang et al.'s rule; every refusal leaves the store untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "server/parameter_store.h"
+
+using namespace edgetrain::server;
+using edgetrain::transport::SparseTensor;
+using edgetrain::transport::SparseUpdate;
+
+namespace {
+
+constexpr std::uint64_t kModel = 99;
+
+// Keeps every update's touched flat indices and applies the rule literally.
+class ReferenceStore {
+ public:
+  ReferenceStore(std::vector<std::uint32_t> sizes, std::vector<float> params, ParameterStoreOptions options)
+      : sizes_(std::move(sizes)), params_(std::move(params)), options_(options) {
+    std::size_t offset = 0;
+    for (auto n : sizes_) {
+      offsets_.push_back(offset);
+      offset += n;
+    }
+  }
+  // Returns the divisor per sent entry, in the update's order.
+  std::vector<std::uint32_t> apply(const SparseUpdate& u) {
+    const std::uint64_t delay = history_.size() - u.fetched_version;
+    std::vector<std::uint32_t> divisors;
+    std::vector<bool> touched(params_.size(), false);
+    for (const auto& t : u.tensors)
+      for (std::size_t e = 0; e < t.indices.size(); ++e) {
+        const std::size_t i = offsets_[t.tensor] + t.indices[e];
+        std::uint32_t sigma = 0;
+        for (std::uint64_t back = 1; back <= delay; ++back) sigma += history_[history_.size() - back][i];
+        const std::uint32_t divisor = options_.rule == StalenessRule::kPerParameterSigma
+                                          ? std::max<std::uint32_t>(1, sigma)
+                                          : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+        divisors.push_back(divisor);
+        params_[i] -= options_.learning_rate * t.values[e] / static_cast<float>(divisor);
+        touched[i] = true;
+      }
+    history_.push_back(touched);
+    return divisors;
+  }
+  const std::vector<float>& params() const { return params_; }
+  std::uint64_t version() const { return history_.size(); }
+
+ private:
+  std::vector<std::uint32_t> sizes_;
+  std::vector<std::size_t> offsets_;
+  std::vector<float> params_;
+  ParameterStoreOptions options_;
+  std::vector<std::vector<bool>> history_;
+};
+
+SparseUpdate random_update(std::mt19937& rng, const std::vector<std::uint32_t>& sizes, std::uint64_t version,
+                           std::uint32_t max_staleness) {
+  SparseUpdate u;
+  u.model_id = kModel;
+  const std::uint64_t max_delay = std::min<std::uint64_t>(version, max_staleness);
+  u.fetched_version = version - rng() % (max_delay + 1);
+  const bool dense = rng() % 6 == 0;
+  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+    if (!dense && rng() % 3 == 0) continue;
+    SparseTensor tensor{t, sizes[t], {}, {}};
+    // Small tensors and few entries make overlaps between updates common.
+    for (std::uint32_t i = 0; i < sizes[t]; ++i)
+      if (dense || rng() % 3 == 0) {
+        tensor.indices.push_back(i);
+        tensor.values.push_back(static_cast<float>(static_cast<int>(rng() % 17) - 8) * 0.25f);
+      }
+    u.tensors.push_back(std::move(tensor));
+  }
+  std::shuffle(u.tensors.begin(), u.tensors.end(), rng);
+  return u;
+}
+
+void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, int updates) {
+  std::mt19937 rng(seed);
+  const std::vector<std::uint32_t> sizes = {7, 30, 3};
+  const std::size_t total = 40;
+  std::vector<float> initial(total);
+  for (auto& w : initial) w = static_cast<float>(static_cast<int>(rng() % 100)) / 16.0f;
+  ParameterStore store(kModel, sizes, initial, options);
+  ReferenceStore reference(sizes, initial, options);
+  for (int n = 0; n < updates; ++n) {
+    SparseUpdate u = random_update(rng, sizes, store.version(), options.max_staleness);
+    auto result = store.apply(u);
+    ASSERT_TRUE(result.applied()) << result.reason;
+    auto expected = reference.apply(u);
+    ASSERT_EQ(result.version, reference.version());
+    ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected)
+        << "update " << n << " delay " << (reference.version() - 1 - u.fetched_version);
+    ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params()) << "update " << n;
+  }
+}
+
+TEST(ParameterStore, SigmaMatchesBruteForceOverRandomHistories) {
+  for (std::uint32_t d : {1u, 2u, 5u, 16u}) {
+    ParameterStoreOptions options;
+    options.max_staleness = d;
+    run_against_reference(options, 10 + d, 400);
+  }
+}
+
+TEST(ParameterStore, SigmaIsAtMostTheDelayAndSometimesAboveOne) {
+  // Guards the reference test against vacuous histories: σ > 1 must actually occur.
+  std::mt19937 rng(3);
+  const std::vector<std::uint32_t> sizes = {7, 30, 3};
+  ParameterStoreOptions options;
+  options.max_staleness = 8;
+  ParameterStore store(kModel, sizes, std::vector<float>(40, 0.0f), options);
+  std::uint32_t largest = 0;
+  for (int n = 0; n < 200; ++n) {
+    SparseUpdate u = random_update(rng, sizes, store.version(), options.max_staleness);
+    const std::uint64_t delay = store.version() - u.fetched_version;
+    ASSERT_TRUE(store.apply(u).applied());
+    for (auto divisor : store.last_divisors()) {
+      ASSERT_LE(divisor, std::max<std::uint64_t>(1, delay));
+      largest = std::max(largest, divisor);
+    }
+  }
+  EXPECT_GE(largest, 4u);
+}
+
+TEST(ParameterStore, ZhangRuleDividesByTheDelay) {
+  ParameterStoreOptions options;
+  options.rule = StalenessRule::kPerUpdateDelay;
+  options.max_staleness = 6;
+  run_against_reference(options, 7, 300);
+}
+
+TEST(ParameterStore, DenseUpdatesOnly) {
+  // Dense ASGD: every update touches everything, so σ_i = delay for all i.
+  std::mt19937 rng(8);
+  const std::vector<std::uint32_t> sizes = {4, 5};
+  ParameterStoreOptions options;
+  options.max_staleness = 5;
+  ParameterStore store(kModel, sizes, std::vector<float>(9, 1.0f), options);
+  ReferenceStore reference(sizes, std::vector<float>(9, 1.0f), options);
+  for (int n = 0; n < 100; ++n) {
+    SparseUpdate u{kModel, 0, store.version() - rng() % (std::min<std::uint64_t>(store.version(), 5) + 1), {}};
+    for (std::uint32_t t = 0; t < 2; ++t) {
+      SparseTensor tensor{t, sizes[t], {}, {}};
+      for (std::uint32_t i = 0; i < sizes[t]; ++i) {
+        tensor.indices.push_back(i);
+        tensor.values.push_back(0.5f);
+      }
+      u.tensors.push_back(tensor);
+    }
+    const std::uint64_t delay = store.version() - u.fetched_version;
+    ASSERT_TRUE(store.apply(u).applied());
+    auto expected = reference.apply(u);
+    ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected);
+    for (auto divisor : store.last_divisors()) ASSERT_EQ(divisor, std::max<std::uint64_t>(1, delay));
+  }
+  EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params());
+}
+
+TEST(ParameterStore, DelayZeroAppliesTheFullStep) {
+  ParameterStore store(kModel, {3}, {1.0f, 2.0f, 3.0f}, {});
+  SparseUpdate u{kModel, 0, 0, {{0, 3, {1}, {5.0f}}}};
+  ASSERT_TRUE(store.apply(u).applied());
+  EXPECT_EQ(store.parameters()[1], 2.0f - 0.1f * 5.0f);
+  EXPECT_EQ(store.parameters()[0], 1.0f);
+  EXPECT_EQ(store.version(), 1u);
+}
+
+TEST(ParameterStore, RefusalsChangeNothing) {
+  ParameterStoreOptions options;
+  options.max_staleness = 2;
+  ParameterStore store(kModel, {4, 2}, {1, 2, 3, 4, 5, 6}, options);
+  for (int n = 0; n < 3; ++n) ASSERT_TRUE(store.apply({kModel, 0, store.version(), {{0, 4, {0}, {1.0f}}}}).applied());
+  const std::vector<float> before(store.parameters().begin(), store.parameters().end());
+  const std::uint64_t version = store.version();  // 3
+
+  auto expect_refused = [&](const SparseUpdate& u, ApplyStatus status) {
+    auto r = store.apply(u);
+    EXPECT_EQ(r.status, status) << apply_status_name(r.status) << ": " << r.reason;
+    EXPECT_FALSE(r.reason.empty());
+    EXPECT_EQ(r.version, version);
+    EXPECT_EQ(store.version(), version);
+    EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), before);
+  };
+  expect_refused({kModel + 1, 0, 3, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kWrongModel);
+  expect_refused({kModel, 0, 0, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kTooStale);   // delay 3 > D = 2
+  expect_refused({kModel, 0, 4, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kFromTheFuture);
+  expect_refused({kModel, 0, 3, {{2, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);   // no tensor 2
+  expect_refused({kModel, 0, 3, {{1, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);   // size
+  expect_refused({kModel, 0, 3, {{1, 2, {2}, {1.0f}}}}, ApplyStatus::kMalformed);   // index
+  expect_refused({kModel, 0, 3, {{0, 4, {2, 1}, {1.0f, 1.0f}}}}, ApplyStatus::kMalformed);
+  expect_refused({kModel, 0, 3, {{0, 4, {1}, {NAN}}}}, ApplyStatus::kMalformed);
+  // A valid first tensor followed by a bad one must not be half-applied.
+  expect_refused({kModel, 0, 3, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}}, ApplyStatus::kMalformed);
+  // Delay exactly D is accepted.
+  EXPECT_TRUE(store.apply({kModel, 0, 1, {{1, 2, {1}, {1.0f}}}}).applied());
+}
+
+TEST(ParameterStore, MaxStalenessZeroAcceptsOnlyFreshUpdates) {
+  ParameterStoreOptions options;
+  options.max_staleness = 0;
+  ParameterStore store(kModel, {2}, {0, 0}, options);
+  EXPECT_TRUE(store.apply({kModel, 0, 0, {{0, 2, {0, 1}, {1, 1}}}}).applied());
+  EXPECT_EQ(store.apply({kModel, 0, 0, {{0, 2, {0}, {1}}}}).status, ApplyStatus::kTooStale);
+  EXPECT_TRUE(store.apply({kModel, 0, 1, {{0, 2, {0}, {1}}}}).applied());
+  EXPECT_EQ(store.last_divisors()[0], 1u);
+}
+
+TEST(ParameterStore, RejectsBadConstruction) {
+  EXPECT_THROW(ParameterStore(kModel, {2, 3}, std::vector<float>(4), {}), std::invalid_argument);
+  EXPECT_THROW(ParameterStore(kModel, {2, 0}, std::vector<float>(2), {}), std::invalid_argument);
+}
+
+}  // namespace

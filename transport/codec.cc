@@ -1,0 +1,402 @@
+#include "transport/codec.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+namespace edgetrain::transport {
+
+namespace {
+
+constexpr std::uint8_t kSparseMagic[4] = {'E', 'T', 'S', 'U'};
+constexpr std::uint8_t kDenseMagic[4] = {'E', 'T', 'D', 'M'};
+constexpr std::size_t kSparseHeaderBytes = 36;
+constexpr std::size_t kTensorHeaderBytes = 14;
+constexpr std::size_t kDenseHeaderBytes = 28;
+constexpr std::uint16_t kLargestFiniteHalf = 0x7bff;
+
+CodecError fail(CodecErrorCode code, std::string message) { return CodecError{code, std::move(message)}; }
+std::string str(std::uint64_t v) { return std::to_string(v); }
+
+// Little-endian appends.
+class Writer {
+ public:
+  void u8(std::uint8_t v) { out_.push_back(v); }
+  void u16(std::uint16_t v) { put(v, 2); }
+  void u32(std::uint32_t v) { put(v, 4); }
+  void u64(std::uint64_t v) { put(v, 8); }
+  void f32(float v) { u32(std::bit_cast<std::uint32_t>(v)); }
+  void bytes(const std::uint8_t* p, std::size_t n) { out_.insert(out_.end(), p, p + n); }
+  void varint(std::uint32_t v) {
+    while (v >= 0x80) {
+      out_.push_back(static_cast<std::uint8_t>(v | 0x80));
+      v >>= 7;
+    }
+    out_.push_back(static_cast<std::uint8_t>(v));
+  }
+  void reserve(std::size_t n) { out_.reserve(n); }
+  std::vector<std::uint8_t>& buffer() { return out_; }
+  std::vector<std::uint8_t> take() { return std::move(out_); }
+
+ private:
+  void put(std::uint64_t v, int n) {
+    for (int i = 0; i < n; ++i) out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  std::vector<std::uint8_t> out_;
+};
+
+// Little-endian reads that never go past the end: each returns false when the bytes run out.
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> bytes) : bytes_(bytes) {}
+  std::size_t remaining() const { return bytes_.size() - pos_; }
+  std::size_t position() const { return pos_; }
+  bool u8(std::uint8_t& v) { return get(v, 1); }
+  bool u16(std::uint16_t& v) { return get(v, 2); }
+  bool u32(std::uint32_t& v) { return get(v, 4); }
+  bool u64(std::uint64_t& v) { return get(v, 8); }
+  bool span(std::size_t n, std::span<const std::uint8_t>& out) {
+    if (remaining() < n) return false;
+    out = bytes_.subspan(pos_, n);
+    pos_ += n;
+    return true;
+  }
+  // LEB128, at most 5 bytes, value < 2^32, and canonical (no redundant trailing zero group)
+  // so every index list has exactly one encoding. Returns an empty string or the reason.
+  const char* varint(std::uint32_t& v) {
+    std::uint32_t result = 0;
+    for (int i = 0; i < 5; ++i) {
+      if (pos_ >= bytes_.size()) return "message ends inside a varint";
+      const std::uint8_t byte = bytes_[pos_++];
+      if (i == 4 && byte > 0x0f) return "varint exceeds 32 bits";
+      result |= std::uint32_t{byte & 0x7fu} << (7 * i);
+      if ((byte & 0x80) == 0) {
+        if (i > 0 && byte == 0) return "varint is not in its shortest form";
+        v = result;
+        return "";
+      }
+    }
+    return "varint longer than 5 bytes";
+  }
+
+ private:
+  template <class T>
+  bool get(T& v, int n) {
+    if (remaining() < static_cast<std::size_t>(n)) return false;
+    std::uint64_t acc = 0;
+    for (int i = 0; i < n; ++i) acc |= std::uint64_t{bytes_[pos_ + i]} << (8 * i);
+    v = static_cast<T>(acc);
+    pos_ += n;
+    return true;
+  }
+  std::span<const std::uint8_t> bytes_;
+  std::size_t pos_ = 0;
+};
+
+bool finite(float v) { return std::isfinite(v); }
+
+std::size_t varint_length(std::uint32_t v) {
+  std::size_t n = 1;
+  while (v >= 0x80) {
+    v >>= 7;
+    ++n;
+  }
+  return n;
+}
+
+// Shared by the encoder (on what it is asked to send) and, through the decoder's own
+// checks, the rules in CODEC.md.
+std::optional<CodecError> check_tensor(const SparseTensor& t) {
+  const std::string where = "tensor " + str(t.tensor) + ": ";
+  if (t.size == 0) return fail(CodecErrorCode::kInvalidInput, where + "size is zero");
+  if (t.indices.size() != t.values.size())
+    return fail(CodecErrorCode::kInvalidInput, where + str(t.indices.size()) + " indices but " + str(t.values.size()) + " values");
+  if (t.indices.size() > t.size) return fail(CodecErrorCode::kInvalidInput, where + "more entries than its size");
+  for (std::size_t j = 0; j < t.indices.size(); ++j) {
+    if (t.indices[j] >= t.size) return fail(CodecErrorCode::kInvalidInput, where + "index " + str(t.indices[j]) + " ≥ size " + str(t.size));
+    if (j > 0 && t.indices[j] <= t.indices[j - 1]) return fail(CodecErrorCode::kInvalidInput, where + "indices not strictly increasing");
+    if (!finite(t.values[j])) return fail(CodecErrorCode::kInvalidInput, where + "non-finite value at index " + str(t.indices[j]));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+const char* codec_error_name(CodecErrorCode code) {
+  switch (code) {
+    case CodecErrorCode::kTooLarge: return "too large";
+    case CodecErrorCode::kTruncated: return "truncated";
+    case CodecErrorCode::kBadMagic: return "bad magic";
+    case CodecErrorCode::kUnsupportedVersion: return "unsupported version";
+    case CodecErrorCode::kWrongModel: return "wrong model";
+    case CodecErrorCode::kLayoutMismatch: return "layout mismatch";
+    case CodecErrorCode::kDuplicateTensor: return "duplicate tensor";
+    case CodecErrorCode::kBadCount: return "bad count";
+    case CodecErrorCode::kBadIndex: return "bad index";
+    case CodecErrorCode::kBadEncoding: return "bad encoding";
+    case CodecErrorCode::kNonFiniteValue: return "non-finite value";
+    case CodecErrorCode::kTrailingBytes: return "trailing bytes";
+    case CodecErrorCode::kInvalidInput: return "invalid input";
+  }
+  return "unknown";
+}
+
+std::uint16_t float_to_half(float value) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000);
+  const std::uint32_t magnitude = bits & 0x7fffffff;
+  if (magnitude > 0x7f800000) return sign | 0x7e00;                // NaN
+  if (magnitude >= 0x477ff000) return sign | kLargestFiniteHalf;   // ≥ 65520 (or Inf) would round to Inf
+  if (magnitude < 0x33000000) return sign;                         // ≤ 2^-25 rounds to zero
+  std::uint32_t result, remainder, halfway;
+  if (magnitude < 0x38800000) {  // below 2^-14: a subnormal half, in units of 2^-24
+    const std::uint32_t mantissa = (magnitude & 0x7fffff) | 0x800000;
+    const std::uint32_t shift = 126 - (magnitude >> 23);  // 14..24
+    result = mantissa >> shift;
+    remainder = mantissa & ((1u << shift) - 1);
+    halfway = 1u << (shift - 1);
+  } else {  // re-bias the exponent from 127 to 15 and drop 13 mantissa bits
+    const std::uint32_t rebased = magnitude - 0x38000000;
+    result = rebased >> 13;
+    remainder = rebased & 0x1fff;
+    halfway = 0x1000;
+  }
+  if (remainder > halfway || (remainder == halfway && (result & 1))) ++result;  // carries into the exponent correctly
+  return static_cast<std::uint16_t>(sign | result);
+}
+
+float half_to_float(std::uint16_t half) {
+  const std::uint32_t sign = std::uint32_t{half & 0x8000u} << 16;
+  const std::uint32_t exponent = (half >> 10) & 0x1f;
+  const std::uint32_t mantissa = half & 0x3ff;
+  if (exponent == 0) {
+    const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+    return sign ? -magnitude : magnitude;
+  }
+  if (exponent == 31) return std::bit_cast<float>(sign | 0x7f800000 | (mantissa << 13));
+  return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices) {
+  std::size_t total = 0;
+  for (std::size_t j = 0; j < indices.size(); ++j) total += varint_length(j == 0 ? indices[0] : indices[j] - indices[j - 1] - 1);
+  return total;
+}
+
+CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options) {
+  if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16)
+    return fail(CodecErrorCode::kInvalidInput, "unknown value encoding");
+  if (update.tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
+  std::vector<std::uint32_t> seen;
+  for (const SparseTensor& t : update.tensors) {
+    if (auto error = check_tensor(t)) return *error;
+    for (std::uint32_t s : seen)
+      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
+    seen.push_back(t.tensor);
+  }
+  Writer w;
+  w.bytes(kSparseMagic, 4);
+  w.u16(kCodecFormatVersion);
+  w.u16(0);
+  w.u64(update.model_id);
+  w.u64(update.sequence);
+  w.u64(update.fetched_version);
+  w.u32(static_cast<std::uint32_t>(update.tensors.size()));
+  for (const SparseTensor& t : update.tensors) {
+    const std::size_t varint_bytes = delta_varint_bytes(t.indices);
+    const IndexEncoding index_encoding = bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap : IndexEncoding::kDeltaVarint;
+    w.u32(t.tensor);
+    w.u32(t.size);
+    w.u32(static_cast<std::uint32_t>(t.indices.size()));
+    w.u8(static_cast<std::uint8_t>(options.values));
+    w.u8(static_cast<std::uint8_t>(index_encoding));
+    if (index_encoding == IndexEncoding::kBitmap) {
+      const std::size_t start = w.buffer().size();
+      w.buffer().resize(start + bitmap_bytes(t.size), 0);
+      for (std::uint32_t i : t.indices) w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
+    } else {
+      for (std::size_t j = 0; j < t.indices.size(); ++j) w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
+    }
+    for (float v : t.values) {
+      if (options.values == ValueEncoding::kFp16) w.u16(float_to_half(v));
+      else w.f32(v);
+    }
+  }
+  return w.take();
+}
+
+CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                               const DecodeLimits& limits) {
+  using E = CodecErrorCode;
+  if (bytes.size() > limits.max_message_bytes)
+    return fail(E::kTooLarge, "update of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
+  if (bytes.size() < kSparseHeaderBytes) return fail(E::kTruncated, "update of " + str(bytes.size()) + " bytes is shorter than its 36-byte header");
+  Reader r(bytes);
+  std::span<const std::uint8_t> magic;
+  r.span(4, magic);
+  if (std::memcmp(magic.data(), kSparseMagic, 4) != 0) return fail(E::kBadMagic, "not a sparse update (magic is not ETSU)");
+  std::uint16_t version = 0, reserved = 0;
+  r.u16(version);
+  r.u16(reserved);
+  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
+  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+  SparseUpdate update;
+  std::uint32_t tensor_count = 0;
+  r.u64(update.model_id);
+  r.u64(update.sequence);
+  r.u64(update.fetched_version);
+  r.u32(tensor_count);
+  if (update.model_id != expected.model_id)
+    return fail(E::kWrongModel, "update is for model " + str(update.model_id) + ", this is model " + str(expected.model_id));
+  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
+  if (tensor_count > expected.tensor_sizes.size())
+    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, the model has " + str(expected.tensor_sizes.size()));
+  if (r.remaining() < tensor_count * kTensorHeaderBytes) return fail(E::kTruncated, "message too short for " + str(tensor_count) + " tensor headers");
+
+  std::vector<bool> seen(expected.tensor_sizes.size(), false);
+  std::uint64_t total_entries = 0;
+  update.tensors.resize(tensor_count);
+  for (SparseTensor& t : update.tensors) {
+    std::uint32_t count = 0;
+    std::uint8_t value_encoding = 0, index_encoding = 0;
+    if (!(r.u32(t.tensor) && r.u32(t.size) && r.u32(count) && r.u8(value_encoding) && r.u8(index_encoding)))
+      return fail(E::kTruncated, "message ends inside a tensor header");
+    const std::string where = "tensor " + str(t.tensor) + ": ";
+    if (t.tensor >= expected.tensor_sizes.size()) return fail(E::kLayoutMismatch, where + "the model has " + str(expected.tensor_sizes.size()) + " tensors");
+    if (seen[t.tensor]) return fail(E::kDuplicateTensor, where + "appears twice");
+    seen[t.tensor] = true;
+    if (t.size != expected.tensor_sizes[t.tensor])
+      return fail(E::kLayoutMismatch, where + "size " + str(t.size) + ", the model's is " + str(expected.tensor_sizes[t.tensor]));
+    if (count > t.size) return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
+    total_entries += count;
+    if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
+    if (value_encoding > 1) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
+    if (index_encoding > 1) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
+    const std::size_t value_bytes = value_encoding == 1 ? 2 : 4;
+    // Every entry costs at least one index byte (varint) plus its value: checking that before
+    // allocating keeps allocations proportional to the message.
+    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : count;
+    if (r.remaining() < index_minimum + std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
+
+    t.indices.resize(count);
+    if (index_encoding == 1) {
+      std::span<const std::uint8_t> bitmap;
+      r.span(bitmap_bytes(t.size), bitmap);
+      std::size_t found = 0;
+      for (std::size_t b = 0; b < bitmap.size(); ++b) {
+        std::uint8_t byte = bitmap[b];
+        if (b == bitmap.size() - 1 && t.size % 8 != 0 && (byte >> (t.size % 8)) != 0)
+          return fail(E::kBadIndex, where + "bitmap has bits set beyond size " + str(t.size));
+        while (byte != 0) {
+          const int bit = std::countr_zero(byte);
+          byte = static_cast<std::uint8_t>(byte & (byte - 1));
+          if (found == count) return fail(E::kBadCount, where + "bitmap has more than " + str(count) + " bits set");
+          t.indices[found++] = static_cast<std::uint32_t>(b * 8 + static_cast<std::size_t>(bit));
+        }
+      }
+      if (found != count) return fail(E::kBadCount, where + "bitmap has " + str(found) + " bits set, count is " + str(count));
+    } else {
+      std::uint64_t next = 0;  // smallest index the next entry may take
+      for (std::uint32_t j = 0; j < count; ++j) {
+        std::uint32_t gap = 0;
+        const char* problem = r.varint(gap);
+        if (*problem) return fail(E::kBadIndex, where + problem);
+        const std::uint64_t index = next + gap;
+        if (index >= t.size) return fail(E::kBadIndex, where + "index " + str(index) + " ≥ size " + str(t.size));
+        t.indices[j] = static_cast<std::uint32_t>(index);
+        next = index + 1;
+      }
+    }
+    if (r.remaining() < std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
+    t.values.resize(count);
+    for (std::uint32_t j = 0; j < count; ++j) {
+      float v;
+      if (value_encoding == 1) {
+        std::uint16_t half = 0;
+        r.u16(half);
+        v = half_to_float(half);
+      } else {
+        std::uint32_t word = 0;
+        r.u32(word);
+        v = std::bit_cast<float>(word);
+      }
+      if (!finite(v)) return fail(E::kNonFiniteValue, where + "value at index " + str(t.indices[j]) + " is not finite");
+      t.values[j] = v;
+    }
+  }
+  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
+  return update;
+}
+
+CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id, std::uint64_t version,
+                                                          std::span<const std::uint32_t> tensor_sizes,
+                                                          std::span<const float> values) {
+  std::uint64_t total = 0;
+  for (std::uint32_t n : tensor_sizes) total += n;
+  if (total != values.size())
+    return fail(CodecErrorCode::kInvalidInput, "tensor sizes add up to " + str(total) + ", " + str(values.size()) + " values given");
+  if (tensor_sizes.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!finite(values[i])) return fail(CodecErrorCode::kInvalidInput, "non-finite parameter at flat index " + str(i));
+  Writer w;
+  w.reserve(kDenseHeaderBytes + 4 * tensor_sizes.size() + 4 * values.size());
+  w.bytes(kDenseMagic, 4);
+  w.u16(kCodecFormatVersion);
+  w.u16(0);
+  w.u64(model_id);
+  w.u64(version);
+  w.u32(static_cast<std::uint32_t>(tensor_sizes.size()));
+  for (std::uint32_t n : tensor_sizes) w.u32(n);
+  for (float v : values) w.f32(v);
+  return w.take();
+}
+
+CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                           const DecodeLimits& limits) {
+  using E = CodecErrorCode;
+  if (bytes.size() > limits.max_message_bytes)
+    return fail(E::kTooLarge, "model of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
+  if (bytes.size() < kDenseHeaderBytes) return fail(E::kTruncated, "model of " + str(bytes.size()) + " bytes is shorter than its 28-byte header");
+  Reader r(bytes);
+  std::span<const std::uint8_t> magic;
+  r.span(4, magic);
+  if (std::memcmp(magic.data(), kDenseMagic, 4) != 0) return fail(E::kBadMagic, "not a dense model (magic is not ETDM)");
+  std::uint16_t version = 0, reserved = 0;
+  r.u16(version);
+  r.u16(reserved);
+  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
+  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+  DenseModel model;
+  std::uint32_t tensor_count = 0;
+  r.u64(model.model_id);
+  r.u64(model.version);
+  r.u32(tensor_count);
+  if (model.model_id != expected.model_id)
+    return fail(E::kWrongModel, "model " + str(model.model_id) + " received, expected model " + str(expected.model_id));
+  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
+  if (tensor_count != expected.tensor_sizes.size())
+    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, expected " + str(expected.tensor_sizes.size()));
+  if (r.remaining() < std::size_t{tensor_count} * 4) return fail(E::kTruncated, "message ends inside the tensor sizes");
+  std::uint64_t total = 0;
+  model.tensor_sizes.resize(tensor_count);
+  for (std::uint32_t i = 0; i < tensor_count; ++i) {
+    r.u32(model.tensor_sizes[i]);
+    if (model.tensor_sizes[i] != expected.tensor_sizes[i])
+      return fail(E::kLayoutMismatch, "tensor " + str(i) + ": size " + str(model.tensor_sizes[i]) + ", expected " + str(expected.tensor_sizes[i]));
+    total += model.tensor_sizes[i];
+  }
+  if (total > limits.max_total_entries) return fail(E::kTooLarge, str(total) + " parameters exceed the cap of " + str(limits.max_total_entries));
+  if (r.remaining() < total * 4) return fail(E::kTruncated, "message too short for " + str(total) + " parameters");
+  if (r.remaining() > total * 4) return fail(E::kTrailingBytes, str(r.remaining() - total * 4) + " bytes after the parameters");
+  model.values.resize(total);
+  for (std::size_t i = 0; i < total; ++i) {
+    std::uint32_t word = 0;
+    r.u32(word);
+    model.values[i] = std::bit_cast<float>(word);
+    if (!finite(model.values[i])) return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
+  }
+  return model;
+}
+
+}  // namespace edgetrain::transport

@@ -1,0 +1,134 @@
+// The wire formats of edgetrain: a sparse gradient update (worker → server) and a dense
+// model (server → worker). Pure functions over byte spans: no I/O, no libcoap, no
+// allocation beyond the returned objects. The byte-by-byte layout is in CODEC.md.
+//
+// Decoding treats its input as hostile. Every count, length and index is checked against
+// caps and against the model layout the caller expects before anything is allocated or
+// written, values must be finite, and bytes after the message are an error. Failure is a
+// value (CodecResult holding a CodecError), never an exception or undefined behaviour, so
+// a server can answer 4.00 and carry on.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace edgetrain::transport {
+
+// One tensor's share of an update: `values[j]` belongs at flat index `indices[j]` of tensor
+// number `tensor`, whose size is `size`.
+struct SparseTensor {
+  std::uint32_t tensor = 0;
+  std::uint32_t size = 0;
+  std::vector<std::uint32_t> indices;  // strictly increasing, each < size
+  std::vector<float> values;           // same length as indices, finite
+};
+
+struct SparseUpdate {
+  std::uint64_t model_id = 0;
+  std::uint64_t sequence = 0;         // per worker, for replay detection
+  std::uint64_t fetched_version = 0;  // t_fetch: the model version the gradient was computed on
+  std::vector<SparseTensor> tensors;  // each tensor at most once
+};
+
+struct DenseModel {
+  std::uint64_t model_id = 0;
+  std::uint64_t version = 0;  // t: updates applied
+  std::vector<std::uint32_t> tensor_sizes;
+  std::vector<float> values;  // all tensors back to back, in tensor order
+};
+
+enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1 };
+enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1 };
+
+enum class CodecErrorCode {
+  kTooLarge,            // message or a count above a cap
+  kTruncated,           // the message ends inside a field
+  kBadMagic,
+  kUnsupportedVersion,
+  kWrongModel,          // model id differs from the expected one
+  kLayoutMismatch,      // tensor number or size does not match the expected layout
+  kDuplicateTensor,
+  kBadCount,            // k > n, or a bitmap's population differs from k
+  kBadIndex,            // index ≥ size, not strictly increasing, or a malformed varint
+  kBadEncoding,         // unknown encoding byte, nonzero reserved field
+  kNonFiniteValue,      // NaN or ±Inf
+  kTrailingBytes,
+  kInvalidInput,        // the encoder was handed something it must not send
+};
+const char* codec_error_name(CodecErrorCode code);
+
+struct CodecError {
+  CodecErrorCode code;
+  std::string message;  // one line a person can act on, e.g. "tensor 3: index 7 ≥ size 5"
+};
+
+// A value or the reason there is none.
+template <class T>
+class CodecResult {
+ public:
+  CodecResult(T value) : state_(std::move(value)) {}
+  CodecResult(CodecError error) : state_(std::move(error)) {}
+  bool ok() const { return state_.index() == 0; }
+  explicit operator bool() const { return ok(); }
+  // Only when ok().
+  const T& value() const& { return std::get<0>(state_); }
+  T& value() & { return std::get<0>(state_); }
+  T&& value() && { return std::get<0>(std::move(state_)); }
+  // Only when !ok().
+  const CodecError& error() const { return std::get<1>(state_); }
+
+ private:
+  std::variant<T, CodecError> state_;
+};
+
+// What the receiver expects: updates and models for another model are refused, and every
+// tensor must have the size the receiver's model gives it.
+struct ModelLayout {
+  std::uint64_t model_id = 0;
+  std::span<const std::uint32_t> tensor_sizes;
+};
+
+struct DecodeLimits {
+  std::size_t max_message_bytes = std::size_t{16} << 20;
+  std::uint32_t max_tensors = 4096;
+  std::uint64_t max_total_entries = std::uint64_t{1} << 26;  // sum of k (sparse) or n (dense)
+};
+
+struct EncodeOptions {
+  // kFp16 halves the value bytes. Values are rounded to nearest-even; magnitudes beyond the
+  // largest finite half (65504) are clamped to it rather than becoming infinities the
+  // decoder would refuse.
+  ValueEncoding values = ValueEncoding::kFp32;
+};
+
+inline constexpr std::uint16_t kCodecFormatVersion = 1;
+
+// Checks `update` the way the decoder would (without a layout) and encodes it; each tensor
+// gets whichever index encoding is smaller (delta-varint on a tie).
+CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options = {});
+CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                               const DecodeLimits& limits = {});
+
+// `values` holds all tensors back to back; its length must be the sum of `tensor_sizes`.
+CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id, std::uint64_t version,
+                                                          std::span<const std::uint32_t> tensor_sizes,
+                                                          std::span<const float> values);
+CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                           const DecodeLimits& limits = {});
+
+// IEEE 754 binary16 conversions used by the fp16 value encoding (exposed so a compressor
+// can account for the rounding in its residuals).
+std::uint16_t float_to_half(float value);  // round to nearest even; clamps to ±65504, NaN stays NaN
+float half_to_float(std::uint16_t half);
+inline float round_to_fp16(float value) { return half_to_float(float_to_half(value)); }
+
+// Bytes the index section of one tensor takes in each encoding (CODEC.md).
+std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices);
+inline std::size_t bitmap_bytes(std::uint32_t size) { return (std::size_t{size} + 7) / 8; }
+
+}  // namespace edgetrain::transport

@@ -1,0 +1,280 @@
+#include "kernels/training_xnn.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/xnnpack_setup.h"
+
+namespace edgetrain::kernels {
+namespace {
+
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
+
+void check(xnn_status status, const char* what) {
+  if (status != xnn_status_success) {
+    throw std::runtime_error(std::string(what) + " failed with XNNPACK status " + std::to_string(status));
+  }
+}
+
+float output_min(Activation activation) { return activation == Activation::relu ? 0.0f : -kInfinity; }
+
+// out[rows][N] = inp[rows][K] · W + bias, where W is `kernel` as [N][K] (kernel_is_k_by_n
+// false) or [K][N] (true). The operator packs `kernel`, so it is rebuilt on every call.
+void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::size_t rows, std::size_t K,
+                         std::size_t N, const float* kernel, bool kernel_is_k_by_n, const float* bias, float min,
+                         pthreadpool_t pool) {
+  check(xnn_create_fully_connected_nc_f32(K, N, K, N, kernel, bias, min, kInfinity,
+                                          kernel_is_k_by_n ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, op.out_param()),
+        "xnn_create_fully_connected_nc_f32");
+  check(xnn_setup_fully_connected_nc_f32(op.get(), rows, inp, out, pool), "xnn_setup_fully_connected_nc_f32");
+  check(xnn_run_operator(op.get(), pool), "xnn_run_operator (fully connected)");
+}
+
+// Returns dout, or dout times the ReLU mask (out > 0) written to `masked`.
+const float* apply_relu_mask(Activation activation, float* masked, const float* dout, const float* out,
+                             std::size_t n) {
+  if (activation == Activation::none) return dout;
+  relu_backward(masked, dout, out, n);
+  return masked;
+}
+
+// patches [M][K]: row m holds the KH x KW x C input patch under output pixel m (zeros in the padding).
+void im2col(float* patches, const float* inp, const Conv2dShape& s) {
+  const int OH = s.OH(), OW = s.OW();
+  const std::size_t K = static_cast<std::size_t>(s.KH) * s.KW * s.C;
+  float* row = patches;
+  for (int b = 0; b < s.B; b++) {
+    for (int oh = 0; oh < OH; oh++) {
+      for (int ow = 0; ow < OW; ow++, row += K) {
+        for (int kh = 0; kh < s.KH; kh++) {
+          const int ih = oh * s.stride - s.pad + kh;
+          for (int kw = 0; kw < s.KW; kw++) {
+            const int iw = ow * s.stride - s.pad + kw;
+            float* dst = row + (kh * s.KW + kw) * s.C;
+            if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) {
+              std::memset(dst, 0, sizeof(float) * s.C);
+            } else {
+              std::memcpy(dst, inp + ((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C,
+                          sizeof(float) * s.C);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// patches_transposed [K][M]: im2col written transposed directly, which saves a pass over
+// the largest buffer of the step when the weight gradient packs dout instead of patches.
+void im2col_transposed(float* patches_transposed, const float* inp, const Conv2dShape& s) {
+  const int OH = s.OH(), OW = s.OW();
+  const std::size_t M = static_cast<std::size_t>(s.B) * OH * OW;
+  for (int kh = 0; kh < s.KH; kh++) {
+    for (int kw = 0; kw < s.KW; kw++) {
+      float* base = patches_transposed + static_cast<std::size_t>(kh * s.KW + kw) * s.C * M;
+      std::size_t m = 0;
+      for (int b = 0; b < s.B; b++) {
+        for (int oh = 0; oh < OH; oh++) {
+          const int ih = oh * s.stride - s.pad + kh;
+          for (int ow = 0; ow < OW; ow++, m++) {
+            const int iw = ow * s.stride - s.pad + kw;
+            if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) {
+              for (int c = 0; c < s.C; c++) base[c * M + m] = 0.0f;
+            } else {
+              const float* x = inp + ((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C;
+              for (int c = 0; c < s.C; c++) base[c * M + m] = x[c];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void XnnOperator::reset() {
+  if (op_) xnn_delete_operator(op_);
+  op_ = nullptr;
+}
+
+void bias_backward(float* dbias, const float* dout, std::size_t rows, std::size_t OC) {
+  if (!dbias) return;
+  std::memset(dbias, 0, sizeof(float) * OC);
+  for (std::size_t r = 0; r < rows; r++) {
+    const float* d = dout + r * OC;
+    for (std::size_t o = 0; o < OC; o++) dbias[o] += d[o];
+  }
+}
+
+void transpose(float* out, const float* inp, std::size_t rows, std::size_t cols) {
+  // 32x32 tiles keep both the reads and the strided writes in L1.
+  constexpr std::size_t kTile = 32;
+  for (std::size_t r0 = 0; r0 < rows; r0 += kTile) {
+    const std::size_t r1 = std::min(rows, r0 + kTile);
+    for (std::size_t c0 = 0; c0 < cols; c0 += kTile) {
+      const std::size_t c1 = std::min(cols, c0 + kTile);
+      for (std::size_t r = r0; r < r1; r++)
+        for (std::size_t c = c0; c < c1; c++) out[c * rows + r] = inp[r * cols + c];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+FullyConnectedTrainXnn::FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation,
+                                               pthreadpool_t pool)
+    : B_(B), C_(C), OC_(OC), activation_(activation), pool_(pool), out_transposed_(B < OC ? B * OC : 0),
+      dout_masked_(activation == Activation::relu ? B * OC : 0), dout_transposed_(B * OC) {
+  ensure_xnnpack_initialized();
+}
+
+void FullyConnectedTrainXnn::forward(float* out, const float* inp, const float* weight, const float* bias) {
+  if (B_ < OC_) {
+    // Pack the activations (B*C values) rather than the weights (OC*C): out^T = weight · inp^T.
+    run_fully_connected(forward_op_, out_transposed_.data(), weight, OC_, C_, B_, inp, false, nullptr, -kInfinity,
+                        pool_);
+    const bool relu = activation_ == Activation::relu;
+    for (std::size_t b = 0; b < B_; b++) {
+      for (std::size_t o = 0; o < OC_; o++) {
+        const float v = out_transposed_[o * B_ + b] + (bias ? bias[o] : 0.0f);
+        out[b * OC_ + o] = relu && v < 0.0f ? 0.0f : v;
+      }
+    }
+  } else {
+    run_fully_connected(forward_op_, out, inp, B_, C_, OC_, weight, false, bias, output_min(activation_), pool_);
+  }
+}
+
+void FullyConnectedTrainXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                      const float* out, const float* inp, const float* weight) {
+  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, B_ * OC_);
+  bias_backward(dbias, d, B_, OC_);
+  // dinp [B][C] = d [B][OC] · weight [OC][C]: weight is already the K x N operand.
+  if (dinp) run_fully_connected(dinp_op_, dinp, d, B_, OC_, C_, weight, true, nullptr, -kInfinity, pool_);
+  // dweight [OC][C] = d^T [OC][B] · inp [B][C]: packs the activations (B*C), the smaller
+  // operand for a batch smaller than OC, and writes dweight in place.
+  transpose(dout_transposed_.data(), d, B_, OC_);
+  run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC_, B_, C_, inp, true, nullptr, -kInfinity,
+                      pool_);
+}
+
+// ---------------------------------------------------------------------------------------
+Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool)
+    : s_(shape), activation_(activation), pool_(pool),
+      M_(static_cast<std::size_t>(shape.B) * shape.OH() * shape.OW()),
+      K_(static_cast<std::size_t>(shape.KH) * shape.KW * shape.C),
+      pack_patches_(K_ <= static_cast<std::size_t>(shape.OC)),
+      weight_swapped_(K_ * shape.OC),
+      dout_masked_(activation == Activation::relu ? M_ * shape.OC : 0),
+      patches_(M_ * K_),
+      dout_transposed_(pack_patches_ ? M_ * shape.OC : 0),
+      dweight_transposed_(pack_patches_ ? 0 : K_ * shape.OC) {
+  ensure_xnnpack_initialized();
+  if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("Conv2dXnn: empty output");
+}
+
+void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const float* bias) {
+  const auto p = static_cast<std::uint32_t>(s_.pad);
+  check(xnn_create_convolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1, /*groups=*/1, s_.C,
+                                          s_.OC, s_.C, s_.OC, weight, bias, output_min(activation_), kInfinity, 0,
+                                          forward_op_.out_param()),
+        "xnn_create_convolution2d_nhwc_f32");
+  check(xnn_setup_convolution2d_nhwc_f32(forward_op_.get(), s_.B, s_.H, s_.W, inp, out, pool_),
+        "xnn_setup_convolution2d_nhwc_f32");
+  check(xnn_run_operator(forward_op_.get(), pool_), "xnn_run_operator (convolution)");
+}
+
+void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
+                         const float* inp, const float* weight) {
+  const std::size_t OC = s_.OC;
+  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, M_ * OC);
+  bias_backward(dbias, d, M_, OC);
+
+  if (dinp) {
+    // The input gradient is the transposed convolution of d with the same taps; XNNPACK's
+    // deconvolution maps OC -> C, so its kernel is the weight with O and I swapped.
+    // weight [OC][taps][C] -> [C][taps][OC]; a small tensor, so a plain loop.
+    const std::size_t taps = static_cast<std::size_t>(s_.KH) * s_.KW, C = s_.C;
+    for (std::size_t oc = 0; oc < OC; oc++)
+      for (std::size_t t = 0; t < taps; t++)
+        for (std::size_t c = 0; c < C; c++) weight_swapped_[(c * taps + t) * OC + oc] = weight[(oc * taps + t) * C + c];
+    const auto p = static_cast<std::uint32_t>(s_.pad);
+    const std::uint32_t adjust_h = s_.H - ((s_.OH() - 1) * s_.stride + s_.KH - 2 * s_.pad);
+    const std::uint32_t adjust_w = s_.W - ((s_.OW() - 1) * s_.stride + s_.KW - 2 * s_.pad);
+    check(xnn_create_deconvolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1, /*groups=*/1,
+                                              s_.OC, s_.C, s_.OC, s_.C, weight_swapped_.data(), nullptr, -kInfinity,
+                                              kInfinity, 0, dinp_op_.out_param()),
+          "xnn_create_deconvolution2d_nhwc_f32");
+    check(xnn_setup_deconvolution2d_nhwc_f32(dinp_op_.get(), s_.B, s_.OH(), s_.OW(), adjust_h, adjust_w, d, dinp,
+                                             pool_),
+          "xnn_setup_deconvolution2d_nhwc_f32");
+    check(xnn_run_operator(dinp_op_.get(), pool_), "xnn_run_operator (deconvolution)");
+  }
+
+  // dweight [OC][K] = d^T [OC][M] · patches [M][K], packing whichever of patches (M*K)
+  // and d (M*OC) is smaller.
+  if (pack_patches_) {
+    im2col(patches_.data(), inp, s_);
+    transpose(dout_transposed_.data(), d, M_, OC);
+    run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC, M_, K_, patches_.data(), true, nullptr,
+                        -kInfinity, pool_);
+  } else {
+    im2col_transposed(patches_.data(), inp, s_);
+    run_fully_connected(dweight_op_, dweight_transposed_.data(), patches_.data(), K_, M_, OC, d, true, nullptr,
+                        -kInfinity, pool_);
+    transpose(dweight, dweight_transposed_.data(), K_, OC);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+MaxPool2x2Xnn::MaxPool2x2Xnn(int B, int H, int W, int C, pthreadpool_t pool)
+    : B_(B), H_(H), W_(W), C_(C), pool_(pool),
+      unpooled_((H % 2 || W % 2) ? static_cast<std::size_t>(B) * (H / 2 * 2) * (W / 2 * 2) * C : 0) {
+  ensure_xnnpack_initialized();
+  if (H < 2 || W < 2) throw std::invalid_argument("MaxPool2x2Xnn: input smaller than the window");
+  check(xnn_create_argmax_pooling2d_nhwc_f32(0, 0, 0, 0, 2, 2, C, C, C, 0, pool_op_.out_param()),
+        "xnn_create_argmax_pooling2d_nhwc_f32");
+  check(xnn_create_unpooling2d_nhwc_x32(0, 0, 0, 0, 2, 2, C, C, C, 0, unpool_op_.out_param()),
+        "xnn_create_unpooling2d_nhwc_x32");
+}
+
+void MaxPool2x2Xnn::forward(float* out, std::uint32_t* window_index, const float* inp) {
+  check(xnn_setup_argmax_pooling2d_nhwc_f32(pool_op_.get(), B_, H_, W_, inp, out, window_index, pool_),
+        "xnn_setup_argmax_pooling2d_nhwc_f32");
+  check(xnn_run_operator(pool_op_.get(), pool_), "xnn_run_operator (argmax pooling)");
+}
+
+void MaxPool2x2Xnn::backward(float* dinp, const float* dout, const std::uint32_t* window_index) {
+  const int OH = H_ / 2, OW = W_ / 2;
+  float* target = unpooled_.empty() ? dinp : unpooled_.data();
+  check(xnn_setup_unpooling2d_nhwc_x32(unpool_op_.get(), B_, OH, OW, dout, window_index, target, pool_),
+        "xnn_setup_unpooling2d_nhwc_x32");
+  check(xnn_run_operator(unpool_op_.get(), pool_), "xnn_run_operator (unpooling)");
+  if (unpooled_.empty()) return;
+  // Odd H or W: the last row/column never wins, so its gradient is zero.
+  const std::size_t row_in = static_cast<std::size_t>(2 * OW) * C_, row_out = static_cast<std::size_t>(W_) * C_;
+  for (int b = 0; b < B_; b++) {
+    for (int h = 0; h < H_; h++) {
+      float* dst = dinp + (static_cast<std::size_t>(b) * H_ + h) * row_out;
+      if (h < 2 * OH) {
+        std::memcpy(dst, unpooled_.data() + (static_cast<std::size_t>(b) * 2 * OH + h) * row_in,
+                    sizeof(float) * row_in);
+        std::memset(dst + row_in, 0, sizeof(float) * (row_out - row_in));
+      } else {
+        std::memset(dst, 0, sizeof(float) * row_out);
+      }
+    }
+  }
+}
+
+std::uint32_t MaxPool2x2Xnn::window_index_to_flat(std::size_t i, std::uint32_t window_index) const {
+  const std::size_t OW = W_ / 2, OH = H_ / 2;
+  const std::size_t c = i % C_, ow = (i / C_) % OW, oh = (i / C_ / OW) % OH, b = i / C_ / OW / OH;
+  const std::size_t dy = window_index % 2, dx = window_index / 2;  // XNNPACK scans windows column by column
+  return static_cast<std::uint32_t>(((b * H_ + 2 * oh + dy) * W_ + 2 * ow + dx) * C_ + c);
+}
+
+}  // namespace edgetrain::kernels

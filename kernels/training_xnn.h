@@ -1,0 +1,122 @@
+// Fast training ops on XNNPACK 2022-02 operators, forward and backward, taking the same
+// pointers as the reference ops in kernels/reference.h (which define what they compute).
+//
+// XNNPACK is an inference library; the backward passes are composed from its operators:
+//   FC forward           fully-connected operator
+//   FC input gradient    fully-connected on the transposed weights (XNN_FLAG_TRANSPOSE_WEIGHTS)
+//   FC weight gradient   fully-connected whose packed "weights" are the activations
+//   conv forward         convolution operator (ReLU optionally fused as an output clamp)
+//   conv input gradient  deconvolution with the weights' O and I swapped
+//   conv weight gradient im2col (ours) + fully-connected, packing the smaller operand
+//   max pooling          argmax pooling / unpooling
+// plus small loops of our own (transposes, im2col, bias gradients).
+//
+// XNNPACK packs an operator's weights when it is created. Weights change every step in
+// training, so operators with a changing packed operand are recreated on every call; the
+// recycling allocator (kernels/xnnpack_setup.h) makes that allocation-free after the first
+// step. Operators without weights (pooling) are created once. Each class is built for one
+// shape and batch; all scratch memory is allocated in the constructor, so forward/backward
+// never allocate. `pool` may be null (run on the calling thread) and is not owned.
+// Errors from XNNPACK throw std::runtime_error.
+#pragma once
+
+#include <pthreadpool.h>
+#include <xnnpack.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/reference.h"
+
+namespace edgetrain::kernels {
+
+// Owns one xnn_operator_t; reset() deletes the current one.
+class XnnOperator {
+ public:
+  XnnOperator() = default;
+  ~XnnOperator() { reset(); }
+  XnnOperator(const XnnOperator&) = delete;
+  XnnOperator& operator=(const XnnOperator&) = delete;
+  void reset();
+  xnn_operator_t* out_param() {
+    reset();
+    return &op_;
+  }
+  xnn_operator_t get() const { return op_; }
+
+ private:
+  xnn_operator_t op_ = nullptr;
+};
+
+enum class Activation { none, relu };
+
+// out [B][OC] = act(inp [B][C] · weight [OC][C]^T + bias [OC]).
+class FullyConnectedTrainXnn {
+ public:
+  FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation, pthreadpool_t pool);
+  void forward(float* out, const float* inp, const float* weight, const float* bias);
+  // Same contract as fully_connected_backward_reference: dinp and dbias may be null.
+  // With Activation::relu, `dout` is the gradient after the ReLU and `out` the forward output
+  // (the ReLU mask); pass out = nullptr for Activation::none.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out, const float* inp,
+                const float* weight);
+
+ private:
+  std::size_t B_, C_, OC_;
+  Activation activation_;
+  pthreadpool_t pool_;
+  XnnOperator forward_op_, dinp_op_, dweight_op_;
+  std::vector<float> out_transposed_;   // [OC][B] when forward packs the activations
+  std::vector<float> dout_masked_;      // [B][OC] gradient before the ReLU
+  std::vector<float> dout_transposed_;  // [OC][B]
+};
+
+// out [B][OH][OW][OC] = act(conv(inp, weight [OC][KH][KW][C]) + bias).
+class Conv2dXnn {
+ public:
+  Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
+  void forward(float* out, const float* inp, const float* weight, const float* bias);
+  // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in FullyConnectedTrainXnn.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out, const float* inp,
+                const float* weight);
+  const Conv2dShape& shape() const { return s_; }
+
+ private:
+  Conv2dShape s_;
+  Activation activation_;
+  pthreadpool_t pool_;
+  std::size_t M_, K_;  // M = B*OH*OW output pixels, K = KH*KW*C values per patch
+  bool pack_patches_;  // weight gradient packs im2col (K <= OC) or dout (K > OC)
+  XnnOperator forward_op_, dinp_op_, dweight_op_;
+  std::vector<float> weight_swapped_;  // [C][KH][KW][OC] deconvolution kernel
+  std::vector<float> dout_masked_;     // [M][OC]
+  std::vector<float> patches_;         // im2col, [M][K] or transposed [K][M]
+  std::vector<float> dout_transposed_; // [OC][M] when packing patches
+  std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
+};
+
+// 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.
+// Unlike the reference, `window_index` holds XNNPACK's index within each 2x2 window
+// (0..3, see window_index_to_flat), which is what XNNPACK's unpooling consumes.
+class MaxPool2x2Xnn {
+ public:
+  MaxPool2x2Xnn(int B, int H, int W, int C, pthreadpool_t pool);
+  void forward(float* out, std::uint32_t* window_index, const float* inp);
+  void backward(float* dinp, const float* dout, const std::uint32_t* window_index);
+  // The flat index into inp (as maxpool2x2_forward_reference's argmax) of output element i.
+  std::uint32_t window_index_to_flat(std::size_t i, std::uint32_t window_index) const;
+
+ private:
+  int B_, H_, W_, C_;
+  pthreadpool_t pool_;
+  XnnOperator pool_op_, unpool_op_;
+  std::vector<float> unpooled_;  // [B][2*OH][2*OW][C] when H or W is odd
+};
+
+// Column sums: dbias[OC] = sum over rows of dout [rows][OC].
+void bias_backward(float* dbias, const float* dout, std::size_t rows, std::size_t OC);
+// out [cols][rows] = inp [rows][cols]^T, cache-blocked.
+void transpose(float* out, const float* inp, std::size_t rows, std::size_t cols);
+
+}  // namespace edgetrain::kernels

@@ -1,0 +1,172 @@
+// Benchmark program (prints figures; not a test): one training step (forward, backward,
+// SGD) of the paper CNN, fast or reference path, at a given batch and thread count, and
+// the GEMM peak of this machine measured with a large XNNPACK fully-connected operator.
+// One configuration per process, so the peak RSS printed belongs to that configuration.
+// tests/bench/run_kernel_bench.sh runs it next to PyTorch.
+#include <pthreadpool.h>
+#include <sys/resource.h>
+#include <xnnpack.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/xnnpack_setup.h"
+#include "tests/support/paper_cnn.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using edgetrain::testing::PaperCnn;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss / 1024.0;  // Linux reports KiB
+}
+
+// Multiply-adds x2 of one step: every layer's forward GEMM, and the same again for each of
+// its input and weight gradients (conv1 has no input gradient). Pooling, ReLU, softmax and
+// SGD are not counted.
+double step_flops(int B) {
+  const double conv1 = 2.0 * B * 28 * 28 * 32 * 9, conv2 = 2.0 * B * 14 * 14 * 64 * 288;
+  const double fc1 = 2.0 * B * 3136 * 128, fc2 = 2.0 * B * 128 * 10;
+  return 2 * conv1 + 3 * (conv2 + fc1 + fc2);
+}
+
+// Best GFLOP/s of a 512 x 1024 x 1024 XNNPACK fully-connected run (weights packed once).
+double gemm_peak_gflops(pthreadpool_t pool) {
+  edgetrain::kernels::ensure_xnnpack_initialized();
+  const std::size_t M = 512, K = 1024, N = 1024;
+  std::vector<float> a(M * K, 0.5f), w(N * K, 0.25f), c(M * N);
+  xnn_operator_t op = nullptr;
+  const float inf = std::numeric_limits<float>::infinity();
+  if (xnn_create_fully_connected_nc_f32(K, N, K, N, w.data(), nullptr, -inf, inf, 0, &op) != xnn_status_success ||
+      xnn_setup_fully_connected_nc_f32(op, M, a.data(), c.data(), pool) != xnn_status_success) {
+    std::fprintf(stderr, "GEMM peak: XNNPACK set-up failed\n");
+    return 0;
+  }
+  double best = 1e9;
+  for (int rep = 0; rep < 8; rep++) {
+    const auto start = Clock::now();
+    xnn_run_operator(op, pool);
+    best = std::min(best, seconds_since(start));
+  }
+  xnn_delete_operator(op);
+  return 2.0 * M * K * N / best / 1e9;
+}
+
+// Time to create (= pack) and delete, once each, every operator the fast paper-CNN step
+// recreates because its packed operand changed; conv/deconv set-up (indirection buffer)
+// included. The recycling allocator is warm after the first round, as in training.
+double repack_ms_per_step(int B) {
+  edgetrain::kernels::ensure_xnnpack_initialized();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::size_t M1 = std::size_t(B) * 784, M2 = std::size_t(B) * 196;
+  std::vector<float> big(std::max<std::size_t>(M1 * 32, 128 * 3136), 0.01f), out(M1 * 32 * 2);
+  auto fc = [&](std::size_t K, std::size_t N, bool transposed) {
+    xnn_operator_t op = nullptr;
+    xnn_create_fully_connected_nc_f32(K, N, K, N, big.data(), nullptr, -inf, inf,
+                                      transposed ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, &op);
+    xnn_delete_operator(op);
+  };
+  auto conv = [&](std::size_t H, std::size_t C, std::size_t OC, bool deconv) {
+    xnn_operator_t op = nullptr;
+    if (deconv) {
+      xnn_create_deconvolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(), nullptr, -inf,
+                                          inf, 0, &op);
+      xnn_setup_deconvolution2d_nhwc_f32(op, B, H, H, 0, 0, big.data(), out.data(), nullptr);
+    } else {
+      xnn_create_convolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(), nullptr, 0, inf, 0,
+                                        &op);
+      xnn_setup_convolution2d_nhwc_f32(op, B, H, H, big.data(), out.data(), nullptr);
+    }
+    xnn_delete_operator(op);
+  };
+  auto one_step = [&] {
+    conv(28, 1, 32, false);                  // conv1 forward: weights
+    conv(14, 32, 64, false);                 // conv2 forward: weights
+    conv(14, 64, 32, true);                  // conv2 input gradient: swapped weights
+    fc(M1, 9, true);                         // conv1 weight gradient: patches
+    fc(M2, 64, true);                        // conv2 weight gradient: dout
+    fc(3136, std::size_t(B) < 128 ? B : 128, false);  // fc1 forward: activations (or weights)
+    fc(128, 3136, true);                     // fc1 input gradient: weights
+    fc(B, 3136, true);                       // fc1 weight gradient: activations
+    fc(128, std::size_t(B) < 10 ? B : 10, false);     // fc2 forward
+    fc(10, 128, true);                       // fc2 input gradient
+    fc(B, 128, true);                        // fc2 weight gradient
+  };
+  one_step();
+  std::vector<double> times;
+  for (int i = 0; i < 11; i++) {
+    const auto start = Clock::now();
+    one_step();
+    times.push_back(seconds_since(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] * 1e3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"edgetrain kernel benchmark: paper CNN train step"};
+  int batch = 10, threads = 1, steps = 20, warmup = 3;
+  std::string path = "fast";
+  bool peak = false, repack = false;
+  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads (1 = calling thread, no pool)")->check(CLI::PositiveNumber);
+  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed steps first");
+  app.add_option("--path", path, "fast or reference")->check(CLI::IsMember({"fast", "reference"}));
+  app.add_flag("--gemm-peak", peak, "print the XNNPACK GEMM peak instead");
+  app.add_flag("--repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
+  CLI11_PARSE(app, argc, argv);
+  if (repack) {
+    std::printf("repack batch=%d ms_per_step=%.3f\n", batch, repack_ms_per_step(batch));
+    return 0;
+  }
+
+  pthreadpool_t pool = threads > 1 ? pthreadpool_create(threads) : nullptr;
+  if (peak) {
+    std::printf("gemm_peak threads=%d gflops=%.1f\n", threads, gemm_peak_gflops(pool));
+    if (pool) pthreadpool_destroy(pool);
+    return 0;
+  }
+
+  PaperCnn model(batch, path == "fast" ? PaperCnn::Path::fast : PaperCnn::Path::reference, pool);
+  model.init_parameters(1);
+  edgetrain::testing::SyntheticDigits data(1);
+  std::vector<float> images(static_cast<std::size_t>(batch) * 784);
+  std::vector<std::int32_t> labels(batch);
+  data.batch(images.data(), labels.data(), batch);
+
+  float loss = 0;
+  for (int i = 0; i < warmup; i++) {
+    loss = model.forward_backward(images.data(), labels.data(), nullptr);
+    model.sgd_step(0.01f);
+  }
+  // Median of per-step times: robust to the other engineer's build on a 2-core machine.
+  std::vector<double> times;
+  for (int i = 0; i < steps; i++) {
+    const auto start = Clock::now();
+    loss = model.forward_backward(images.data(), labels.data(), nullptr);
+    model.sgd_step(0.01f);
+    times.push_back(seconds_since(start));
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  std::printf("edgetrain-%s batch=%d threads=%d ms_per_step=%.3f min_ms=%.3f gflops=%.2f peak_rss_mib=%.1f loss=%.4f\n",
+              path.c_str(), batch, threads, median * 1e3, times.front() * 1e3, step_flops(batch) / median / 1e9,
+              peak_rss_mib(), loss);
+  if (pool) pthreadpool_destroy(pool);
+  return 0;
+}

@@ -1,0 +1,78 @@
+// Proves the train step of constructed fast ops does not touch the heap: this binary
+// replaces the global operator new (counting every call), and XNNPACK's allocator counts
+// its trips to the system (kernels/xnnpack_setup.h). After one warm-up step, whose
+// recreated operators fill the recycling allocator, further steps must leave both unchanged.
+#include <gtest/gtest.h>
+#include <pthreadpool.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include "kernels/xnnpack_setup.h"
+#include "tests/support/paper_cnn.h"
+
+namespace {
+std::atomic<long> g_operator_new_calls{0};
+}
+
+void* operator new(std::size_t size) {
+  g_operator_new_calls.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(size ? size : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t size) { return operator new(size); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace {
+
+using edgetrain::testing::PaperCnn;
+
+void expect_steps_do_not_allocate(pthreadpool_t pool) {
+  const int B = 4;
+  PaperCnn model(B, PaperCnn::Path::fast, pool);
+  model.init_parameters(1);
+  edgetrain::testing::SyntheticDigits data(2);
+  std::vector<float> images(B * 784);
+  std::vector<std::int32_t> labels(B);
+  data.batch(images.data(), labels.data(), B);
+  model.forward_backward(images.data(), labels.data(), nullptr);  // warm-up
+  model.sgd_step(0.01f);
+
+  const long new_before = g_operator_new_calls.load();
+  const std::size_t xnn_before = edgetrain::kernels::xnnpack_system_allocations();
+  for (int step = 0; step < 3; step++) {
+    model.forward_backward(images.data(), labels.data(), nullptr);
+    model.sgd_step(0.01f);
+  }
+  const long new_after = g_operator_new_calls.load();
+  const std::size_t xnn_after = edgetrain::kernels::xnnpack_system_allocations();
+  EXPECT_EQ(new_after, new_before) << "operator new called during train steps";
+  EXPECT_EQ(xnn_after, xnn_before) << "XNNPACK asked the system for memory during train steps";
+}
+
+TEST(NoAllocation, CountersSeeAllocations) {
+  // The instruments work: a vector allocates, and constructing a fast model creates operators.
+  const long before = g_operator_new_calls.load();
+  auto* v = new std::vector<int>(10);
+  delete v;
+  EXPECT_GE(g_operator_new_calls.load(), before + 2);
+  const std::size_t xnn_before = edgetrain::kernels::xnnpack_system_allocations();
+  { PaperCnn model(2, PaperCnn::Path::fast, nullptr); }
+  EXPECT_GT(edgetrain::kernels::xnnpack_system_allocations(), xnn_before);
+}
+
+TEST(NoAllocation, PaperCnnTrainStepOnCallingThread) { expect_steps_do_not_allocate(nullptr); }
+
+TEST(NoAllocation, PaperCnnTrainStepOnTwoThreads) {
+  pthreadpool_t pool = pthreadpool_create(2);
+  ASSERT_NE(pool, nullptr);
+  expect_steps_do_not_allocate(pool);
+  pthreadpool_destroy(pool);
+}
+
+}  // namespace

@@ -1,0 +1,201 @@
+// Every XNNPACK-backed training op against its reference (kernels/reference.h), forward
+// and backward, on shapes that exercise XNNPACK's tails: odd sizes, batch 1, both packing
+// choices (activations vs weights, patches vs output gradient), stride 2, no padding.
+// Runs on x86 and under QEMU on aarch64, where XNNPACK takes its NEON paths.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/reference.h"
+#include "kernels/training_xnn.h"
+
+namespace ek = edgetrain::kernels;
+
+namespace {
+
+std::vector<float> random_vector(std::size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+// Both sides sum `terms` products of magnitude <= 1 in different orders (and XNNPACK with FMA).
+void expect_near_all(const std::vector<float>& fast, const std::vector<float>& ref, std::size_t terms,
+                     const char* what) {
+  ASSERT_EQ(fast.size(), ref.size());
+  const float tolerance = 2e-6f * static_cast<float>(terms) + 1e-5f;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < ref.size() && bad < 5; i++) {
+    if (!(std::fabs(fast[i] - ref[i]) <= tolerance)) {
+      ADD_FAILURE() << what << "[" << i << "]: fast " << fast[i] << " ref " << ref[i] << " tolerance " << tolerance;
+      bad++;
+    }
+  }
+}
+
+struct FcCase {
+  std::size_t B, C, OC;
+  ek::Activation activation;
+};
+
+class FullyConnectedTrainXnnTest : public ::testing::TestWithParam<FcCase> {};
+
+TEST_P(FullyConnectedTrainXnnTest, MatchesReference) {
+  const auto [B, C, OC, activation] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B * 7919 + C * 31 + OC));
+  auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng), bias = random_vector(OC, rng);
+  auto dout = random_vector(B * OC, rng);
+  std::vector<float> out_ref(B * OC), out_fast(B * OC, NAN);
+  ek::fully_connected_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), B, C, OC);
+  const bool relu = activation == ek::Activation::relu;
+  if (relu) ek::relu_forward(out_ref.data(), out_ref.data(), out_ref.size());
+
+  ek::FullyConnectedTrainXnn fc(B, C, OC, activation, nullptr);
+  // Twice: the second call runs on recycled operator memory.
+  for (int round = 0; round < 2; round++) {
+    fc.forward(out_fast.data(), inp.data(), weight.data(), bias.data());
+    expect_near_all(out_fast, out_ref, C, "out");
+
+    std::vector<float> d = dout;
+    if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), d.size());
+    std::vector<float> dinp_ref(B * C), dweight_ref(OC * C), dbias_ref(OC);
+    ek::fully_connected_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), d.data(),
+                                           inp.data(), weight.data(), B, C, OC);
+    std::vector<float> dinp(B * C, NAN), dweight(OC * C, NAN), dbias(OC, NAN);
+    fc.backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), relu ? out_fast.data() : nullptr,
+                inp.data(), weight.data());
+    expect_near_all(dinp, dinp_ref, OC, "dinp");
+    expect_near_all(dweight, dweight_ref, B, "dweight");
+    expect_near_all(dbias, dbias_ref, B, "dbias");
+    // First layer: no input gradient; the others must not change.
+    std::vector<float> dweight2(OC * C, NAN);
+    fc.backward(nullptr, dweight2.data(), nullptr, dout.data(), relu ? out_fast.data() : nullptr, inp.data(),
+                weight.data());
+    EXPECT_EQ(dweight, dweight2);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, FullyConnectedTrainXnnTest,
+    ::testing::Values(FcCase{1, 1, 1, ek::Activation::none}, FcCase{3, 37, 11, ek::Activation::relu},
+                      FcCase{7, 129, 65, ek::Activation::none}, FcCase{5, 20, 5, ek::Activation::relu},
+                      FcCase{32, 128, 10, ek::Activation::none}, FcCase{10, 3136, 128, ek::Activation::relu},
+                      FcCase{1, 784, 10, ek::Activation::none}),
+    [](const ::testing::TestParamInfo<FcCase>& info) {
+      const auto& p = info.param;
+      return "B" + std::to_string(p.B) + "_C" + std::to_string(p.C) + "_OC" + std::to_string(p.OC) +
+             (p.activation == ek::Activation::relu ? "_relu" : "");
+    });
+
+struct ConvCase {
+  ek::Conv2dShape s;
+  ek::Activation activation;
+};
+
+class Conv2dXnnTest : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(Conv2dXnnTest, MatchesReference) {
+  const auto [s, activation] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(s.B * 7 + s.H * 13 + s.C * 17 + s.OC * 19 + s.stride));
+  const std::size_t n_in = static_cast<std::size_t>(s.B) * s.H * s.W * s.C;
+  const std::size_t n_out = static_cast<std::size_t>(s.B) * s.OH() * s.OW() * s.OC;
+  const std::size_t K = static_cast<std::size_t>(s.KH) * s.KW * s.C;
+  auto inp = random_vector(n_in, rng), weight = random_vector(s.OC * K, rng), bias = random_vector(s.OC, rng);
+  auto dout = random_vector(n_out, rng);
+  const bool relu = activation == ek::Activation::relu;
+
+  std::vector<float> out_ref(n_out), out_fast(n_out, NAN);
+  ek::conv2d_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), s);
+  if (relu) ek::relu_forward(out_ref.data(), out_ref.data(), n_out);
+  std::vector<float> d = dout;
+  if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), n_out);
+  std::vector<float> dinp_ref(n_in), dweight_ref(s.OC * K), dbias_ref(s.OC);
+  ek::conv2d_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), d.data(), inp.data(),
+                                weight.data(), s);
+
+  ek::Conv2dXnn conv(s, activation, nullptr);
+  for (int round = 0; round < 2; round++) {
+    fill(out_fast.begin(), out_fast.end(), NAN);
+    conv.forward(out_fast.data(), inp.data(), weight.data(), bias.data());
+    expect_near_all(out_fast, out_ref, K, "out");
+    std::vector<float> dinp(n_in, NAN), dweight(s.OC * K, NAN), dbias(s.OC, NAN);
+    conv.backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), relu ? out_fast.data() : nullptr,
+                  inp.data(), weight.data());
+    expect_near_all(dinp, dinp_ref, static_cast<std::size_t>(s.OC) * s.KH * s.KW, "dinp");
+    const std::size_t M = static_cast<std::size_t>(s.B) * s.OH() * s.OW();
+    expect_near_all(dweight, dweight_ref, M, "dweight");
+    expect_near_all(dbias, dbias_ref, M, "dbias");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, Conv2dXnnTest,
+    ::testing::Values(ConvCase{{1, 5, 5, 1, 2}, ek::Activation::none},
+                      ConvCase{{2, 7, 6, 3, 5}, ek::Activation::relu},
+                      ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},  // K = 36 > OC: packs dout
+                      ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},  // paper conv1, batch 1
+                      ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},  // paper conv2
+                      ConvCase{{2, 7, 7, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd size
+                      ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
+                      ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu}),  // 2x3 kernel, no padding
+    [](const ::testing::TestParamInfo<ConvCase>& info) {
+      const auto& s = info.param.s;
+      return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) + "_C" +
+             std::to_string(s.C) + "_OC" + std::to_string(s.OC) + "_K" + std::to_string(s.KH) +
+             std::to_string(s.KW) + "_S" + std::to_string(s.stride) + "_P" + std::to_string(s.pad) +
+             (info.param.activation == ek::Activation::relu ? "_relu" : "");
+    });
+
+class MaxPool2x2XnnTest : public ::testing::TestWithParam<std::array<int, 4>> {};
+
+TEST_P(MaxPool2x2XnnTest, MatchesReference) {
+  const auto [B, H, W, C] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B + H * 10 + W * 100 + C * 1000));
+  // Distinct values, so the maximum of every window is unique (tie order is not compared).
+  std::vector<float> inp(static_cast<std::size_t>(B) * H * W * C);
+  for (std::size_t i = 0; i < inp.size(); i++) inp[i] = static_cast<float>(i) * 0.25f - 7.0f;
+  std::shuffle(inp.begin(), inp.end(), rng);
+  const std::size_t n_out = static_cast<std::size_t>(B) * (H / 2) * (W / 2) * C;
+  std::vector<float> out_ref(n_out), out_fast(n_out, NAN);
+  std::vector<std::uint32_t> argmax(n_out), window(n_out, 99);
+  ek::maxpool2x2_forward_reference(out_ref.data(), argmax.data(), inp.data(), B, H, W, C);
+  ek::MaxPool2x2Xnn pool(B, H, W, C, nullptr);
+  pool.forward(out_fast.data(), window.data(), inp.data());
+  EXPECT_EQ(out_fast, out_ref);
+  for (std::size_t i = 0; i < n_out; i++) ASSERT_EQ(pool.window_index_to_flat(i, window[i]), argmax[i]) << i;
+
+  auto dout = random_vector(n_out, rng);
+  std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size(), NAN);
+  ek::maxpool2x2_backward_reference(dinp_ref.data(), dout.data(), argmax.data(), B, H, W, C);
+  pool.backward(dinp_fast.data(), dout.data(), window.data());
+  EXPECT_EQ(dinp_fast, dinp_ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, MaxPool2x2XnnTest,
+                         ::testing::Values(std::array<int, 4>{1, 2, 2, 1}, std::array<int, 4>{2, 5, 6, 3},
+                                           std::array<int, 4>{1, 7, 7, 5}, std::array<int, 4>{3, 28, 28, 32},
+                                           std::array<int, 4>{2, 14, 14, 64}));
+
+TEST(OwnKernels, TransposeAndBiasBackward) {
+  std::mt19937 rng(1);
+  const std::size_t rows = 37, cols = 70;
+  auto a = random_vector(rows * cols, rng);
+  std::vector<float> t(rows * cols);
+  ek::transpose(t.data(), a.data(), rows, cols);
+  for (std::size_t r = 0; r < rows; r++)
+    for (std::size_t c = 0; c < cols; c++) ASSERT_EQ(t[c * rows + r], a[r * cols + c]);
+  std::vector<float> dbias(cols, NAN);
+  ek::bias_backward(dbias.data(), a.data(), rows, cols);
+  for (std::size_t c = 0; c < cols; c++) {
+    double sum = 0;
+    for (std::size_t r = 0; r < rows; r++) sum += a[r * cols + c];
+    EXPECT_NEAR(dbias[c], sum, 1e-4);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,95 @@
+// edgetrain's in-process asynchronous simulator: N virtual workers running the real
+// trainer, compressor and codec against the real server core (parameter store with the
+// staleness rule), on a virtual clock.
+//
+// Each worker loops: pull the model (version t_fetch), compute the gradient of one
+// minibatch of its shard, compress, encode; the encoded update reaches the server after the
+// worker's step time. Step times differ per worker (a log-normal speed factor drawn once,
+// plus per-step jitter), so updates arrive out of order and with realistic staleness.
+// Events are processed in virtual-time order (ties by worker id), which makes a run
+// deterministic for a seed. Optional failures: a worker crashes mid-step with some
+// probability, loses that update, and comes back after a downtime.
+//
+// What is measured: the encoded bytes of every update that reaches the server (ingress),
+// the dense-model bytes the workers pull, and test accuracy at regular intervals.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/compressor.h"
+#include "runtime/dataset.h"
+#include "runtime/model.h"
+#include "server/parameter_store.h"
+#include "transport/codec.h"
+
+namespace edgetrain::sim {
+
+struct SimConfig {
+  std::string model = "paper-cnn";  // built-in name or spec text
+  int workers = 10;
+  int batch = 10;
+  float learning_rate = 0.1f;
+  runtime::CompressorOptions compressor;  // default: the paper's top-k, c = 0.01
+  transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
+  server::StalenessRule staleness_rule = server::StalenessRule::kPerParameterSigma;
+  std::uint32_t max_staleness = 256;  // D: older updates are refused and the worker re-pulls
+  bool label_skewed = false;          // shards: i.i.d. (default) or label-skewed
+  runtime::LabelSkew skew;
+  double speed_spread = 0.5;   // sigma of the log-normal per-worker speed factor (0: identical)
+  double step_jitter = 0.1;    // sigma of the log-normal per-step jitter
+  double failure_probability = 0;  // per step: the worker crashes and loses this update
+  double downtime_steps = 10;      // mean downtime after a crash, in step times
+  std::uint64_t max_updates = 2000;      // updates applied by the server
+  std::uint64_t eval_every = 100;        // applied updates between evaluations
+  std::size_t eval_examples = 0;         // 0: the whole test set
+  std::optional<double> stop_at_accuracy;  // stop once the test accuracy reaches this
+  std::uint64_t seed = 1;
+  int threads = 1;  // for the trainer's kernels (ignored by the reference backend)
+};
+
+struct EvalPoint {
+  std::uint64_t updates = 0;        // applied by the server so far
+  double time = 0;                  // virtual time, in mean step times
+  std::uint64_t ingress_bytes = 0;  // encoded updates that reached the server, cumulative
+  std::uint64_t pull_bytes = 0;     // encoded dense models sent to workers, cumulative
+  double accuracy = 0;
+  double loss = 0;
+};
+
+struct SimResult {
+  std::string label;
+  std::vector<EvalPoint> curve;
+  std::uint64_t updates_applied = 0;
+  std::uint64_t updates_refused = 0;  // too stale
+  std::uint64_t updates_lost = 0;     // worker crashed mid-step
+  std::uint64_t ingress_bytes = 0;
+  std::uint64_t pull_bytes = 0;
+  double mean_delay = 0;   // t − t_fetch over applied updates
+  std::uint64_t max_delay = 0;
+  double mean_update_bytes = 0;
+  double wall_seconds = 0;
+  double final_accuracy() const { return curve.empty() ? 0 : curve.back().accuracy; }
+  double best_accuracy() const;
+  // Ingress bytes at the first evaluation whose accuracy reaches `target`, if any.
+  std::optional<std::uint64_t> ingress_bytes_to(double target) const;
+  std::optional<std::uint64_t> updates_to(double target) const;
+};
+
+struct Progress {
+  std::uint64_t updates, max_updates;
+  double accuracy;  // last evaluated, -1 before the first
+  std::uint64_t ingress_bytes;
+  double mean_delay;
+};
+using ProgressCallback = std::function<void(const Progress&)>;
+
+// Runs one simulation. Throws std::invalid_argument on a bad configuration and
+// runtime::ModelError if the model does not fit the data.
+SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
+                         const std::string& label, const ProgressCallback& progress = {});
+
+}  // namespace edgetrain::sim

@@ -205,13 +205,17 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
   w.u32(static_cast<std::uint32_t>(update.tensors.size()));
   for (const SparseTensor& t : update.tensors) {
     const std::size_t varint_bytes = delta_varint_bytes(t.indices);
-    const IndexEncoding index_encoding = bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap : IndexEncoding::kDeltaVarint;
+    const IndexEncoding index_encoding = t.indices.size() == t.size        ? IndexEncoding::kAll
+                                         : bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap
+                                                                               : IndexEncoding::kDeltaVarint;
     w.u32(t.tensor);
     w.u32(t.size);
     w.u32(static_cast<std::uint32_t>(t.indices.size()));
     w.u8(static_cast<std::uint8_t>(options.values));
     w.u8(static_cast<std::uint8_t>(index_encoding));
-    if (index_encoding == IndexEncoding::kBitmap) {
+    if (index_encoding == IndexEncoding::kAll) {
+      // check_tensor() guarantees strictly increasing indices < n, so k == n means 0..n-1.
+    } else if (index_encoding == IndexEncoding::kBitmap) {
       const std::size_t start = w.buffer().size();
       w.buffer().resize(start + bitmap_bytes(t.size), 0);
       for (std::uint32_t i : t.indices) w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
@@ -272,15 +276,19 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
     total_entries += count;
     if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
     if (value_encoding > 1) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
-    if (index_encoding > 1) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
+    if (index_encoding > 2) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
+    if (index_encoding == 2 && count != t.size)
+      return fail(E::kBadCount, where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
     const std::size_t value_bytes = value_encoding == 1 ? 2 : 4;
     // Every entry costs at least one index byte (varint) plus its value: checking that before
     // allocating keeps allocations proportional to the message.
-    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : count;
+    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : index_encoding == 2 ? 0 : count;
     if (r.remaining() < index_minimum + std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
 
     t.indices.resize(count);
-    if (index_encoding == 1) {
+    if (index_encoding == 2) {
+      for (std::uint32_t j = 0; j < count; ++j) t.indices[j] = j;
+    } else if (index_encoding == 1) {
       std::span<const std::uint8_t> bitmap;
       r.span(bitmap_bytes(t.size), bitmap);
       std::size_t found = 0;

@@ -43,7 +43,9 @@ struct DenseModel {
 };
 
 enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1 };
-enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1 };
+// kAll: k == n, every entry in index order, no index bytes (a dense update must not pay
+// for indices it does not need, or the ASGD baseline would look worse than it is).
+enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1, kAll = 2 };
 
 enum class CodecErrorCode {
   kTooLarge,            // message or a count above a cap

@@ -92,13 +92,35 @@ TEST(SparseCodec, PicksTheSmallerIndexEncoding) {
     auto bytes = encode_sparse_update(u).value();
     const std::size_t varint = delta_varint_bytes(u.tensors[0].indices);
     const std::size_t bitmap = bitmap_bytes(1000);
-    const std::size_t index_section = std::min(varint, bitmap);
+    const bool all = k == 1000;  // a full tensor needs no index bytes at all
+    const std::size_t index_section = all ? 0 : std::min(varint, bitmap);
     EXPECT_EQ(bytes.size(), 36 + 14 + index_section + 4 * k) << "k=" << k;
-    EXPECT_EQ(bytes[kFirstIndexEncoding], bitmap < varint ? 1 : 0) << "k=" << k;
+    EXPECT_EQ(bytes[kFirstIndexEncoding], all ? 2 : bitmap < varint ? 1 : 0) << "k=" << k;
     auto back = decode_sparse_update(bytes, {kModel, sizes});
     ASSERT_TRUE(back.ok()) << back.error().message;
     EXPECT_EQ(back.value().tensors[0].indices, u.tensors[0].indices);
   }
+}
+
+TEST(SparseCodec, IndexEncodingAllNeedsEveryEntry) {
+  std::vector<std::uint32_t> sizes = {4};
+  SparseUpdate full{kModel, 0, 0, {{0, 4, {0, 1, 2, 3}, {1, 2, 3, 4}}}};
+  auto bytes = encode_sparse_update(full).value();
+  ASSERT_EQ(bytes[kFirstIndexEncoding], 2);
+  ASSERT_EQ(bytes.size(), 36u + 14u + 16u);
+  auto back = decode_sparse_update(bytes, {kModel, sizes});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().tensors[0].indices, (std::vector<std::uint32_t>{0, 1, 2, 3}));
+  // 'all' with a count below n is a lie about the indices: refused.
+  auto lying = bytes;
+  lying[36 + 8] = 3;  // count k = 3
+  lying.resize(lying.size() - 4);
+  auto r = decode_sparse_update(lying, {kModel, sizes});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, CodecErrorCode::kBadCount);
+  auto unknown = bytes;
+  unknown[kFirstIndexEncoding] = 3;
+  EXPECT_EQ(decode_sparse_update(unknown, {kModel, sizes}).error().code, CodecErrorCode::kBadEncoding);
 }
 
 TEST(SparseCodec, EdgeCasesSizeOneAndFullAndEmpty) {

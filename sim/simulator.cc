@@ -6,6 +6,7 @@
 #include <queue>
 #include <stdexcept>
 
+#include "runtime/shard_sampler.h"
 #include "runtime/trainer.h"
 
 namespace edgetrain::sim {
@@ -28,16 +29,13 @@ class Random {
   }
   double log_normal(double sigma) { return sigma > 0 ? std::exp(sigma * normal() - 0.5 * sigma * sigma) : 1.0; }
   double exponential(double mean) { return -mean * std::log(1.0 - uniform()); }
-  std::size_t below(std::size_t n) { return static_cast<std::size_t>(next() % n); }
 
  private:
   std::uint64_t state_;
 };
 
 struct Worker {
-  std::vector<std::uint32_t> shard;
-  std::size_t cursor = 0;
-  Random rng{0};
+  runtime::ShardSampler sampler;
   double speed = 1;  // mean step time of this worker
   runtime::Compressor compressor;
   std::uint64_t sequence = 0;
@@ -137,12 +135,12 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   workers.reserve(config.workers);
   for (int w = 0; w < config.workers; w++) {
     runtime::ShardSpec shard_spec{static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(config.workers), config.seed};
-    Worker worker{config.label_skewed ? runtime::shard_label_skewed(train.labels, train.num_classes, shard_spec, config.skew)
-                                      : runtime::shard_iid(train.size(), shard_spec),
-                  0, Random(config.seed + 1000003ULL * (w + 1)), random.log_normal(config.speed_spread),
-                  runtime::Compressor(layout, config.compressor), 0, {}};
-    if (worker.shard.empty()) throw std::invalid_argument("sim: worker " + std::to_string(w) + " got an empty shard");
-    workers.push_back(std::move(worker));
+    auto shard = config.label_skewed ? runtime::shard_label_skewed(train.labels, train.num_classes, shard_spec, config.skew)
+                                     : runtime::shard_iid(train.size(), shard_spec);
+    if (shard.empty()) throw std::invalid_argument("sim: worker " + std::to_string(w) + " got an empty shard");
+    workers.push_back(Worker{runtime::ShardSampler(train, std::move(shard), config.seed + 1000003ULL * (w + 1)),
+                             random.log_normal(config.speed_spread), runtime::Compressor(layout, config.compressor), 0,
+                             {}});
   }
 
   const std::size_t eval_count = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
@@ -178,18 +176,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
       // Pull, then compute on the model as pulled.
       fetched[event.worker] = store.version();
       result.pull_bytes += model_bytes;
-      for (int i = 0; i < config.batch; i++) {
-        if (worker.cursor == worker.shard.size()) {
-          worker.cursor = 0;
-          for (std::size_t j = worker.shard.size() - 1; j > 0; j--) {
-            std::swap(worker.shard[j], worker.shard[worker.rng.below(j + 1)]);
-          }
-        }
-        const std::uint32_t example = worker.shard[worker.cursor++];
-        std::copy_n(train.pixels.data() + example * train.image_bytes(), train.image_bytes(),
-                    batch_pixels.data() + static_cast<std::size_t>(i) * train.image_bytes());
-        batch_labels[i] = train.labels[example];
-      }
+      worker.sampler.next_batch(config.batch, batch_pixels, batch_labels);
       trainer.compute_gradient(store.parameters(), batch_pixels.data(), batch_labels.data(), config.batch, gradient);
       transport::SparseUpdate update;
       update.model_id = model.layout_id();

@@ -1,0 +1,35 @@
+// Minibatches from one worker's shard: walks the shard in order, reshuffling it (seeded)
+// at the start of every pass after the first, so a worker sees all of its data once per
+// epoch and the order is the same on every platform for a seed.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "runtime/dataset.h"
+
+namespace edgetrain::runtime {
+
+class ShardSampler {
+ public:
+  // Throws std::invalid_argument for an empty shard or an index outside `data`.
+  ShardSampler(const Dataset& data, std::vector<std::uint32_t> shard, std::uint64_t seed);
+
+  // Copies the next `count` examples into `pixels` (count × image bytes) and `labels`.
+  void next_batch(int count, std::span<std::uint8_t> pixels, std::span<std::int32_t> labels);
+
+  std::size_t shard_size() const { return shard_.size(); }
+  std::uint64_t epoch() const { return epoch_; }
+
+ private:
+  std::uint64_t next_random();
+
+  const Dataset& data_;
+  std::vector<std::uint32_t> shard_;
+  std::size_t cursor_ = 0;
+  std::uint64_t epoch_ = 0;
+  std::uint64_t state_;
+};
+
+}  // namespace edgetrain::runtime

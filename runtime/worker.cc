@@ -1,0 +1,216 @@
+#include "runtime/worker.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/backoff.h"
+#include "runtime/model.h"
+#include "runtime/shard_sampler.h"
+#include "runtime/trainer.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Sleeps up to `duration`, returning early once `stop` is set.
+void sleep_unless_stopped(std::chrono::milliseconds duration, const std::atomic<bool>& stop) {
+  const auto until = Clock::now() + duration;
+  while (!stop && Clock::now() < until) {
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
+  }
+}
+
+std::string payload_text(const std::vector<std::uint8_t>& payload) {
+  std::string text(payload.begin(), payload.end());
+  if (text.size() > 200) text.resize(200);
+  return text;
+}
+
+}  // namespace
+
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port) {
+  const std::string scheme = "coaps://";
+  if (uri.rfind(scheme, 0) != 0) throw std::invalid_argument("server URI must start with coaps:// (got '" + uri + "')");
+  std::string rest = uri.substr(scheme.size());
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest.resize(slash);
+  port = 5684;
+  if (!rest.empty() && rest[0] == '[') {  // [IPv6]:port
+    const auto close = rest.find(']');
+    if (close == std::string::npos) throw std::invalid_argument("bad IPv6 address in '" + uri + "'");
+    host = rest.substr(1, close - 1);
+    rest = rest.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':') throw std::invalid_argument("bad server URI '" + uri + "'");
+    if (!rest.empty()) rest = rest.substr(1);
+    else rest.clear();
+  } else {
+    const auto colon = rest.rfind(':');
+    host = rest.substr(0, colon);
+    rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  }
+  if (host.empty()) throw std::invalid_argument("server URI '" + uri + "' has no host");
+  if (!rest.empty()) {
+    std::size_t used = 0;
+    int value = -1;
+    try {
+      value = std::stoi(rest, &used);
+    } catch (...) {
+    }
+    if (used != rest.size() || value < 1 || value > 65535) throw std::invalid_argument("bad port in '" + uri + "'");
+    port = static_cast<std::uint16_t>(value);
+  }
+}
+
+std::vector<std::uint8_t> parse_hex_key(const std::string& text) {
+  std::string digits;
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) continue;
+    if (!std::isxdigit(static_cast<unsigned char>(c))) throw std::invalid_argument("key is not hexadecimal");
+    digits += c;
+  }
+  if (digits.empty() || digits.size() % 2 != 0) throw std::invalid_argument("key must be an even number of hex digits");
+  if (digits.size() > 128) throw std::invalid_argument("key longer than 64 bytes");
+  std::vector<std::uint8_t> key;
+  for (std::size_t i = 0; i < digits.size(); i += 2) key.push_back(static_cast<std::uint8_t>(std::stoi(digits.substr(i, 2), nullptr, 16)));
+  return key;
+}
+
+WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                       const WorkerLog& log, const std::function<void(const WorkerStats&)>& progress) {
+  auto say = [&](const std::string& line) {
+    if (log) log(line);
+  };
+  if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
+  if (config.pull_every < 1) throw std::invalid_argument("worker: pull interval must be at least 1");
+  if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
+    throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) + " is not below the worker count " +
+                                std::to_string(config.worker_count));
+  }
+  Model model(model_spec_from_argument(config.model));
+  const ExampleShape in = model.input_shape();
+  if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
+      static_cast<std::uint32_t>(in.C) != train.channels) {
+    throw ModelError("worker: model input does not match the data's image shape");
+  }
+  std::vector<std::uint32_t> tensor_sizes;
+  std::vector<TensorSlice> layout;
+  for (const auto& t : model.tensors()) {
+    tensor_sizes.push_back(static_cast<std::uint32_t>(t.size));
+    layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  }
+  const transport::ModelLayout expected{model.layout_id(), tensor_sizes};
+  ShardSpec shard_spec{config.worker_id, config.worker_count, config.seed};
+  ShardSampler sampler(train,
+                       config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, shard_spec)
+                                           : shard_iid(train.size(), shard_spec),
+                       config.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker_id + 1)));
+  Trainer trainer(model, config.batch);
+  Compressor compressor(layout, config.compressor);
+  std::vector<float> parameters(model.parameter_count()), gradient(model.parameter_count());
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
+  std::vector<std::int32_t> labels(config.batch);
+  Backoff backoff(std::chrono::milliseconds(250), std::chrono::milliseconds(30000), config.seed + config.worker_id);
+  transport::CoapDtlsClient client(
+      {config.server_host, config.server_port, {config.identity, config.key}, config.request_timeout_ms});
+  // Sequence numbers must keep growing across restarts of this worker, or the server
+  // would take a new update for a replay: start from the wall clock in microseconds.
+  std::uint64_t sequence = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+
+  WorkerStats stats;
+  std::uint64_t model_version = 0;
+  bool have_model = false;
+  std::uint64_t steps_since_pull = 0;
+  const auto started = Clock::now();
+  auto out_of_time = [&] {
+    return config.max_seconds > 0 && std::chrono::duration<double>(Clock::now() - started).count() >= config.max_seconds;
+  };
+  auto transport_trouble = [&](const std::string& what) {
+    stats.retries++;
+    const auto delay = backoff.next_delay();
+    say(what + "; retrying in " + std::to_string(delay.count()) + " ms");
+    sleep_unless_stopped(delay, stop);
+  };
+
+  while (!stop && (config.max_steps == 0 || stats.steps < config.max_steps) && !out_of_time()) {
+    if (!have_model || steps_since_pull >= static_cast<std::uint64_t>(config.pull_every)) {
+      transport::CoapResponse response;
+      try {
+        response = client.request(transport::Method::kGet, "model");
+      } catch (const transport::TransportError& e) {
+        transport_trouble(std::string("pull failed: ") + e.what());
+        continue;
+      }
+      if (response.code != transport::CoapCode::kContent) {
+        // The server is up but will not serve us: say why and back off (it may be starting).
+        transport_trouble("GET /model answered " + transport::coap_code_string(response.code) + " " +
+                          payload_text(response.payload));
+        continue;
+      }
+      auto decoded = transport::decode_dense_model(response.payload, expected);
+      if (!decoded) {
+        throw std::runtime_error("the server's model does not match model '" + config.model +
+                                 "': " + decoded.error().message);
+      }
+      parameters = std::move(decoded.value().values);
+      model_version = decoded.value().version;
+      stats.pulls++;
+      stats.bytes_received += response.payload.size();
+      have_model = true;
+      steps_since_pull = 0;
+      backoff.reset();
+    }
+
+    sampler.next_batch(config.batch, pixels, labels);
+    const BatchResult batch = trainer.compute_gradient(parameters, pixels.data(), labels.data(), config.batch, gradient);
+    stats.steps++;
+    steps_since_pull++;
+    stats.last_loss = batch.loss;
+    transport::SparseUpdate update;
+    update.model_id = model.layout_id();
+    update.sequence = ++sequence;
+    update.fetched_version = model_version;
+    compressor.compress(gradient, update);
+    auto encoded = transport::encode_sparse_update(update, {config.value_encoding});
+    if (!encoded) throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
+    const std::vector<std::uint8_t>& body = encoded.value();
+
+    // Push. A retry sends the same bytes (same sequence): the server applies it once.
+    for (int attempt = 0; attempt < 2 && !stop; attempt++) {
+      transport::CoapResponse response;
+      try {
+        response = client.request(transport::Method::kPost, "update", body);
+      } catch (const transport::TransportError& e) {
+        transport_trouble(std::string("push failed: ") + e.what());
+        have_model = attempt == 0 && have_model;  // after a second failure, pull again
+        continue;
+      }
+      stats.bytes_sent += body.size();
+      backoff.reset();
+      if (response.code == transport::CoapCode::kChanged) {
+        stats.updates_accepted++;
+        if (response.payload.size() == 8) {
+          std::uint64_t version = 0;
+          for (int i = 7; i >= 0; i--) version = (version << 8) | response.payload[i];
+          stats.server_version = version;
+        }
+      } else if (response.code == transport::CoapCode::kConflict) {
+        stats.updates_refused++;  // too stale or another model: pull before the next step
+        have_model = false;
+      } else {
+        stats.updates_rejected++;
+        say("update refused with " + transport::coap_code_string(response.code) + ": " + payload_text(response.payload));
+      }
+      break;
+    }
+    if (progress) progress(stats);
+  }
+  return stats;
+}
+
+}  // namespace edgetrain::runtime

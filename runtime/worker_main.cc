@@ -1,0 +1,159 @@
+// edgetrain-worker: trains on this device's shard and sends AdaComp updates to an
+// edgetrain-server over CoAP/DTLS. Settings come from a TOML file (--config), overridden
+// by flags; see runtime/README.md.
+#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/worker.h"
+
+namespace {
+
+std::atomic<bool> stop_requested{false};
+extern "C" void on_signal(int) { stop_requested = true; }
+
+void log_line(const std::string& line) {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
+  std::fprintf(stderr, "%s edgetrain-worker: %s\n", stamp, line.c_str());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace edgetrain;
+  CLI::App app{"edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed\n"
+               "gradients to an edgetrain-server over CoAP/DTLS (PSK). Flags override the --config file."};
+  std::string config_file, server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist",
+                           compressor = "adacomp", data_dir;
+  runtime::WorkerConfig config;
+  double rate = 0.01;
+  bool error_feedback = false, fp16 = false, quiet = false, version = false;
+  app.add_option("--config", config_file, "TOML file with any of the settings below (same names, '-' as '_')");
+  app.add_option("--server", server, "coaps://HOST[:PORT]")->capture_default_str();
+  app.add_option("--identity", identity, "this device's PSK identity");
+  app.add_option("--key-file", key_file, "file holding this device's PSK as hex");
+  app.add_option("--data", data, "mnist, fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels")
+      ->capture_default_str();
+  app.add_option("--worker-id", config.worker_id, "this worker's shard number")->capture_default_str();
+  app.add_option("--workers", config.worker_count, "number of shards")->capture_default_str();
+  app.add_flag("--label-skew", config.label_skewed, "label-skewed shard instead of i.i.d.");
+  app.add_option("--model", config.model, "paper-cnn, mlp or a spec; must match the server's")->capture_default_str();
+  app.add_option("--batch", config.batch, "minibatch size")->capture_default_str()->check(CLI::Range(1, 4096));
+  app.add_option("--threads", config.threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 64));
+  app.add_option("--compressor", compressor, "adacomp (the paper's top-k) or none (dense ASGD)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"adacomp", "none"}));
+  app.add_option("--rate", rate, "AdaComp compression rate c")->capture_default_str()->check(CLI::Range(1e-6, 1.0));
+  app.add_flag("--error-feedback", error_feedback, "keep unsent values for the next step (option)");
+  app.add_flag("--fp16", fp16, "send values as fp16 (option)");
+  app.add_option("--pull-every", config.pull_every, "steps per model pull (1: the paper's)")->capture_default_str();
+  app.add_option("--steps", config.max_steps, "stop after this many steps (0: run until stopped)")->capture_default_str();
+  app.add_option("--duration", config.max_seconds, "stop after this many seconds (0: run until stopped)")
+      ->capture_default_str();
+  app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
+  app.add_flag("--quiet", quiet, "no progress line");
+  app.add_flag("--version", version, "print the version and exit");
+  CLI11_PARSE(app, argc, argv);
+  if (version) {
+    std::printf("edgetrain-worker 0.1.0\n");
+    return 0;
+  }
+
+  try {
+    if (!config_file.empty()) {
+      toml::table t = toml::parse_file(config_file);
+      // A setting from the file applies unless the same setting was given as a flag.
+      auto str = [&](const char* key, const char* flag, std::string& into) {
+        if (auto v = t[key].value<std::string>(); v && app.count(flag) == 0) into = *v;
+      };
+      str("server", "--server", server);
+      str("identity", "--identity", identity);
+      str("key_file", "--key-file", key_file);
+      if (auto v = t["key"].value<std::string>()) key_hex = *v;
+      str("data", "--data", data);
+      str("model", "--model", config.model);
+      str("compressor", "--compressor", compressor);
+      if (auto v = t["worker_id"].value<std::int64_t>(); v && !app.count("--worker-id")) config.worker_id = static_cast<std::uint32_t>(*v);
+      if (auto v = t["workers"].value<std::int64_t>(); v && !app.count("--workers")) config.worker_count = static_cast<std::uint32_t>(*v);
+      if (auto v = t["batch"].value<std::int64_t>(); v && !app.count("--batch")) config.batch = static_cast<int>(*v);
+      if (auto v = t["threads"].value<std::int64_t>(); v && !app.count("--threads")) config.threads = static_cast<int>(*v);
+      if (auto v = t["rate"].value<double>(); v && !app.count("--rate")) rate = *v;
+      if (auto v = t["pull_every"].value<std::int64_t>(); v && !app.count("--pull-every")) config.pull_every = static_cast<int>(*v);
+      if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
+      if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
+    }
+    runtime::parse_server_uri(server, config.server_host, config.server_port);
+    if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
+    if (!key_file.empty()) key_hex = read_file(key_file);
+    if (key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or key/key_file in --config");
+    config.identity = identity;
+    config.key = runtime::parse_hex_key(key_hex);
+    config.compressor.method = compressor == "none" ? runtime::CompressionMethod::kNone : runtime::CompressionMethod::kTopK;
+    config.compressor.compression_rate = rate;
+    config.compressor.error_feedback = error_feedback;
+    config.compressor.fp16_values = fp16;
+    config.value_encoding = fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+
+    std::string images, labels;
+    const char* deps = std::getenv("EDGETRAIN_DEPS");
+    if (data == "mnist") data_dir = std::string(deps ? deps : "/var/cache/edgetrain") + "/mnist";
+    else if (data == "fashion-mnist") data_dir = "/usr/share/datasets/fashion-mnist";
+    else data_dir = data;
+    images = data_dir + "/train-images-idx3-ubyte";
+    labels = data_dir + "/train-labels-idx1-ubyte";
+    if (access(images.c_str(), R_OK) != 0) images += ".gz", labels += ".gz";
+    runtime::Dataset train = runtime::load_dataset(images, labels);
+
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGINT, on_signal);
+    log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" + identity +
+             ") -> " + server + ", model " + config.model + ", " + compressor + ", " + std::to_string(train.size()) +
+             " examples in the data set");
+    const bool tty = isatty(STDERR_FILENO);
+    auto last_report = std::chrono::steady_clock::now();
+    auto progress = [&](const runtime::WorkerStats& s) {
+      if (quiet) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report < std::chrono::seconds(tty ? 1 : 10)) return;
+      last_report = now;
+      char line[240];
+      std::snprintf(line, sizeof line,
+                    "step %llu  loss %.3f  server version %llu  accepted %llu  refused %llu  sent %.2f MB  pulled %.1f MB",
+                    static_cast<unsigned long long>(s.steps), s.last_loss,
+                    static_cast<unsigned long long>(s.server_version),
+                    static_cast<unsigned long long>(s.updates_accepted), static_cast<unsigned long long>(s.updates_refused),
+                    s.bytes_sent / 1e6, s.bytes_received / 1e6);
+      if (tty) std::fprintf(stderr, "\r%-120s", line);
+      else log_line(line);
+    };
+    runtime::WorkerStats stats = runtime::run_worker(config, train, stop_requested, log_line, progress);
+    if (tty && !quiet) std::fprintf(stderr, "\n");
+    log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
+             " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +
+             std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries");
+    return 0;
+  } catch (const toml::parse_error& e) {
+    std::fprintf(stderr, "edgetrain-worker: %s: %s\n", config_file.c_str(), std::string(e.description()).c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
+  }
+  return 1;
+}

@@ -300,6 +300,7 @@ struct CoapDtlsClient::Impl {
       case COAP_NACK_NOT_DELIVERABLE: self->failure = "request not deliverable"; break;
       case COAP_NACK_RST: self->failure = "server reset the exchange"; break;
       case COAP_NACK_TLS_FAILED: self->failure = "DTLS handshake failed (wrong identity or key?)"; break;
+      case COAP_NACK_ICMP_ISSUE: self->failure = "server unreachable (nothing listening on that port?)"; break;
       default: self->failure = "network error"; break;
     }
   }

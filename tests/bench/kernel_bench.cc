@@ -1,5 +1,7 @@
 // Benchmark program (prints figures; not a test): one training step (forward, backward,
-// SGD) of the paper CNN, fast or reference path, at a given batch and thread count, and
+// SGD) of the paper CNN, fast or reference path of the kernel-level composition
+// (tests/support/paper_cnn.h) or runtime::Trainer (`--path trainer`, XNNPACK backend, from
+// raw pixels as the worker calls it), at a given batch and thread count, and
 // the GEMM peak of this machine measured with a large XNNPACK fully-connected operator.
 // One configuration per process, so the peak RSS printed belongs to that configuration.
 // tests/bench/run_kernel_bench.sh runs it next to PyTorch.
@@ -12,10 +14,14 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/reference.h"
 #include "kernels/xnnpack_setup.h"
+#include "runtime/model.h"
+#include "runtime/trainer.h"
 #include "tests/support/paper_cnn.h"
 
 namespace {
@@ -126,7 +132,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "threads (1 = calling thread, no pool)")->check(CLI::PositiveNumber);
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first");
-  app.add_option("--path", path, "fast or reference")->check(CLI::IsMember({"fast", "reference"}));
+  app.add_option("--path", path, "fast or reference (kernel composition), or trainer (runtime::Trainer)")
+      ->check(CLI::IsMember({"fast", "reference", "trainer"}));
   app.add_flag("--gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   app.add_flag("--repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
   CLI11_PARSE(app, argc, argv);
@@ -142,25 +149,46 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  PaperCnn model(batch, path == "fast" ? PaperCnn::Path::fast : PaperCnn::Path::reference, pool);
-  model.init_parameters(1);
-  edgetrain::testing::SyntheticDigits data(1);
-  std::vector<float> images(static_cast<std::size_t>(batch) * 784);
-  std::vector<std::int32_t> labels(batch);
-  data.batch(images.data(), labels.data(), batch);
-
-  float loss = 0;
-  for (int i = 0; i < warmup; i++) {
-    loss = model.forward_backward(images.data(), labels.data(), nullptr);
-    model.sgd_step(0.01f);
-  }
-  // Median of per-step times: robust to the other engineer's build on a 2-core machine.
   std::vector<double> times;
-  for (int i = 0; i < steps; i++) {
-    const auto start = Clock::now();
-    loss = model.forward_backward(images.data(), labels.data(), nullptr);
-    model.sgd_step(0.01f);
-    times.push_back(seconds_since(start));
+  float loss = 0;
+  auto time_steps = [&](auto&& step) {
+    for (int i = 0; i < warmup; i++) loss = step();
+    // Median of per-step times: robust to the other engineer's build on a 2-core machine.
+    for (int i = 0; i < steps; i++) {
+      const auto start = Clock::now();
+      loss = step();
+      times.push_back(seconds_since(start));
+    }
+  };
+  if (path == "trainer") {
+    namespace rt = edgetrain::runtime;
+    rt::Model model(rt::builtin_model_spec("paper-cnn"));
+    model.initialize(1);
+    rt::Trainer trainer(model, batch, rt::KernelBackend::kXnnpack, pool);
+    std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * 784);
+    std::vector<std::int32_t> labels(batch);
+    std::mt19937 rng(1);
+    for (auto& p : pixels) p = static_cast<std::uint8_t>(rng() % 256);
+    for (auto& l : labels) l = static_cast<std::int32_t>(rng() % 10);
+    std::vector<float> grad(model.parameter_count());
+    auto params = model.parameters();
+    time_steps([&] {
+      const float step_loss = trainer.compute_gradient(params, pixels.data(), labels.data(), batch, grad).loss;
+      edgetrain::kernels::sgd_update(params.data(), grad.data(), 0.01f, params.size());
+      return step_loss;
+    });
+  } else {
+    PaperCnn model(batch, path == "fast" ? PaperCnn::Path::fast : PaperCnn::Path::reference, pool);
+    model.init_parameters(1);
+    edgetrain::testing::SyntheticDigits data(1);
+    std::vector<float> images(static_cast<std::size_t>(batch) * 784);
+    std::vector<std::int32_t> labels(batch);
+    data.batch(images.data(), labels.data(), batch);
+    time_steps([&] {
+      const float step_loss = model.forward_backward(images.data(), labels.data(), nullptr);
+      model.sgd_step(0.01f);
+      return step_loss;
+    });
   }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Paper-CNN train step: edgetrain fast vs reference vs PyTorch CPU, side by side, plus the
+# Paper-CNN train step: edgetrain fast (kernel composition), runtime::Trainer (XNNPACK
+# backend, from raw pixels), reference vs PyTorch CPU, side by side, plus the
 # XNNPACK GEMM peak of this machine and, when an aarch64 tree exists, the step under QEMU.
 # Installs python3-torch with apt-get if /usr/bin/python3 cannot import torch (benchmark
 # only; never a runtime or test dependency).
@@ -28,6 +29,7 @@ for threads in 1 2; do
   for batch in 10 32; do
     runs=()
     runs+=("$("$bench" --path fast --batch "$batch" --threads "$threads" --steps "$steps")")
+    runs+=("$("$bench" --path trainer --batch "$batch" --threads "$threads" --steps "$steps")")
     if [[ $threads -eq 1 ]]; then  # the reference loops are single-threaded
       runs+=("$("$bench" --path reference --batch "$batch" --threads 1 --steps 3 --warmup 1)")
     fi
@@ -38,9 +40,10 @@ for threads in 1 2; do
       pct=$(awk -v g="$gf" -v p="$peak" 'BEGIN { printf "%.0f", 100 * g / p }')
       printf '%-28s %6s %8s %10s %8s %8s %10s\n' "$name" "$batch" "$threads" "$ms" "$gf" "$pct" "$rss"
     done
-    fast_ms=$(field ms_per_step <<<"${runs[0]}"); torch_ms=$(field ms_per_step <<<"${runs[-1]}")
-    awk -v f="$fast_ms" -v t="$torch_ms" -v b="$batch" -v n="$threads" \
-      'BEGIN { printf "  -> batch %s, %s thread(s): edgetrain fast is %.2fx PyTorch\n", b, n, t / f }'
+    fast_ms=$(field ms_per_step <<<"${runs[0]}"); trainer_ms=$(field ms_per_step <<<"${runs[1]}")
+    torch_ms=$(field ms_per_step <<<"${runs[-1]}")
+    awk -v f="$fast_ms" -v r="$trainer_ms" -v t="$torch_ms" -v b="$batch" -v n="$threads" \
+      'BEGIN { printf "  -> batch %s, %s thread(s): edgetrain fast is %.2fx PyTorch, the Trainer %.2fx\n", b, n, t / f, t / r }'
   done
 done
 
@@ -49,4 +52,5 @@ sysroot="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/sysroot-aarch64"
 if [[ -x "$aarch64_bench" ]] && command -v qemu-aarch64 >/dev/null; then
   echo "under qemu-aarch64 (sanity only: emulation, not board speed):"
   qemu-aarch64 -L "$sysroot" "$aarch64_bench" --path fast --batch 10 --threads 1 --steps 5 --warmup 1
+  qemu-aarch64 -L "$sysroot" "$aarch64_bench" --path trainer --batch 10 --threads 1 --steps 5 --warmup 1
 fi

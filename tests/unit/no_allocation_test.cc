@@ -1,4 +1,5 @@
-// Proves the train step of constructed fast ops does not touch the heap: this binary
+// Proves the train step does not touch the heap, both the paper CNN composed from the fast
+// ops (tests/support) and runtime::Trainer on either backend: this binary
 // replaces the global operator new (counting every call), and XNNPACK's allocator counts
 // its trips to the system (kernels/xnnpack_setup.h). After one warm-up step, whose
 // recreated operators fill the recycling allocator, further steps must leave both unchanged.
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "kernels/xnnpack_setup.h"
+#include "runtime/model.h"
+#include "runtime/trainer.h"
 #include "tests/support/paper_cnn.h"
 
 namespace {
@@ -74,5 +77,42 @@ TEST(NoAllocation, PaperCnnTrainStepOnTwoThreads) {
   expect_steps_do_not_allocate(pool);
   pthreadpool_destroy(pool);
 }
+
+using edgetrain::runtime::KernelBackend;
+
+// Trainer::compute_gradient on the paper CNN after one warm-up call, with a full batch
+// and a partial (zero-padded) one.
+void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t pool) {
+  const int max_batch = 4;
+  edgetrain::runtime::Model model(edgetrain::runtime::builtin_model_spec("paper-cnn"));
+  model.initialize(1);
+  edgetrain::runtime::Trainer trainer(model, max_batch, backend, pool);
+  std::vector<std::uint8_t> pixels(max_batch * model.input_shape().size());
+  for (std::size_t i = 0; i < pixels.size(); i++) pixels[i] = static_cast<std::uint8_t>(i * 37);
+  std::vector<std::int32_t> labels = {1, 7, 3, 0};
+  std::vector<float> grad(model.parameter_count());
+  trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), max_batch, grad);  // warm-up
+
+  const long new_before = g_operator_new_calls.load();
+  const std::size_t xnn_before = edgetrain::kernels::xnnpack_system_allocations();
+  for (int count : {max_batch, max_batch - 1, max_batch}) {
+    trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad);
+    trainer.evaluate(model.parameters(), pixels.data(), labels.data(), count);
+  }
+  EXPECT_EQ(g_operator_new_calls.load(), new_before) << "operator new called by Trainer::compute_gradient";
+  EXPECT_EQ(edgetrain::kernels::xnnpack_system_allocations(), xnn_before)
+      << "XNNPACK asked the system for memory during Trainer::compute_gradient";
+}
+
+TEST(NoAllocation, TrainerXnnpackOnCallingThread) { expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr); }
+
+TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
+  pthreadpool_t pool = pthreadpool_create(2);
+  ASSERT_NE(pool, nullptr);
+  expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, pool);
+  pthreadpool_destroy(pool);
+}
+
+TEST(NoAllocation, TrainerReference) { expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr); }
 
 }  // namespace

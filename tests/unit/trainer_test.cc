@@ -1,12 +1,22 @@
-// The trainer's gradient against central finite differences of its own loss, and
-// learning on synthetic data.
+// The trainer on both kernel backends: its gradient against central finite differences of
+// its own loss, learning on synthetic data, and the XNNPACK backend's gradients against the
+// reference backend's on several models, for full and partial (zero-padded) batches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "runtime/model.h"
 #include "runtime/trainer.h"
+
+namespace edgetrain::runtime {
+// Names the backend in test listings instead of a byte dump.
+void PrintTo(KernelBackend backend, std::ostream* os) {
+  *os << (backend == KernelBackend::kXnnpack ? "kXnnpack" : "kReference");
+}
+}  // namespace edgetrain::runtime
 
 namespace {
 
@@ -32,7 +42,16 @@ void synthetic_batch(std::mt19937& rng, const ExampleShape& shape, int count, st
   }
 }
 
-TEST(Trainer, GradientMatchesFiniteDifferences) {
+class TrainerOnBackend : public ::testing::TestWithParam<KernelBackend> {};
+
+std::string backend_name(const ::testing::TestParamInfo<KernelBackend>& info) {
+  return info.param == KernelBackend::kXnnpack ? "Xnnpack" : "Reference";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, TrainerOnBackend, ::testing::Values(KernelBackend::kXnnpack, KernelBackend::kReference),
+                         backend_name);
+
+TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferences) {
   // Every layer kind; odd sizes so pooling floors.
   Model model(parse_model_spec("input 9x9x2; conv 3 3x3 same relu; maxpool 2; conv 4 3x3 valid; relu; fc 6 relu; fc 4"));
   model.initialize(11);
@@ -41,7 +60,7 @@ TEST(Trainer, GradientMatchesFiniteDifferences) {
   std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;
   synthetic_batch(rng, model.input_shape(), 3, pixels, labels);
-  Trainer trainer(model, 3);
+  Trainer trainer(model, 3, GetParam());
   std::vector<float> grad(model.parameter_count());
   trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), 3, grad);
 
@@ -65,10 +84,10 @@ TEST(Trainer, GradientMatchesFiniteDifferences) {
   EXPECT_GT(checked, 40);
 }
 
-TEST(Trainer, SgdOnSyntheticDataDrivesTheLossDown) {
+TEST_P(TrainerOnBackend, SgdOnSyntheticDataDrivesTheLossDown) {
   Model model(parse_model_spec("input 12x12x1; conv 4 3x3 same relu; maxpool 2; fc 16 relu; fc 4"));
   model.initialize(2);
-  Trainer trainer(model, 16);
+  Trainer trainer(model, 16, GetParam());
   std::mt19937 rng(9);
   std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;
@@ -87,14 +106,74 @@ TEST(Trainer, SgdOnSyntheticDataDrivesTheLossDown) {
   EXPECT_GE(trainer.evaluate(params, pixels.data(), labels.data(), 16).correct, 14);
 }
 
-TEST(Trainer, RefusesBadBatchSizes) {
+TEST_P(TrainerOnBackend, RefusesBadBatchSizes) {
   Model model(builtin_model_spec("mlp"));
-  Trainer trainer(model, 4);
+  Trainer trainer(model, 4, GetParam());
   std::vector<std::uint8_t> pixels(5 * 784);
   std::vector<std::int32_t> labels(5);
   EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 5), std::invalid_argument);
   EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 0), std::invalid_argument);
-  EXPECT_THROW(Trainer(model, 0), std::invalid_argument);
+  EXPECT_THROW(Trainer(model, 0, GetParam()), std::invalid_argument);
+}
+
+TEST(Trainer, XnnpackIsTheDefaultBackend) {
+  Model model(builtin_model_spec("mlp"));
+  EXPECT_EQ(Trainer(model, 2).backend(), KernelBackend::kXnnpack);
+}
+
+// Every layer kind and the trainer's special cases: a strided first conv (no input
+// gradient) with a fused ReLU, a conv whose ReLU is a separate statement (fused too),
+// pooling with odd sizes, a ReLU after pooling (not fused), a valid conv, fc with and
+// without ReLU; 4 classes to match synthetic_batch's labels.
+constexpr const char* kOddSpec =
+    "input 13x11x2; conv 4 3x3 stride 2 same relu; conv 3 3x3 same; relu; maxpool 2; relu; conv 5 3x3 valid relu; "
+    "fc 7 relu; fc 4";
+
+// The XNNPACK backend (built for max_batch, padding smaller batches) gives the reference
+// backend's loss, count correct and gradients. The fast trainer runs a full batch first so
+// that its partial batches would show any leftover of it.
+void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) {
+  SCOPED_TRACE(spec.name);
+  Model model(spec);
+  model.initialize(seed);
+  Trainer fast(model, max_batch, KernelBackend::kXnnpack);
+  Trainer reference(model, max_batch, KernelBackend::kReference);
+  std::mt19937 rng(seed);
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  std::vector<float> grad_fast(model.parameter_count()), grad_reference(model.parameter_count());
+  for (int count : {max_batch, max_batch - 1, 1}) {
+    SCOPED_TRACE("count " + std::to_string(count) + " of " + std::to_string(max_batch));
+    synthetic_batch(rng, model.input_shape(), count, pixels, labels);
+    std::fill(grad_fast.begin(), grad_fast.end(), 1e9f);  // must be fully overwritten
+    const BatchResult r_fast = fast.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad_fast);
+    const BatchResult r_ref =
+        reference.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad_reference);
+    EXPECT_EQ(r_fast.count, count);
+    EXPECT_EQ(r_fast.correct, r_ref.correct);
+    EXPECT_NEAR(r_fast.loss, r_ref.loss, 1e-5f * std::max(1.0f, r_ref.loss));
+    const BatchResult e_fast = fast.evaluate(model.parameters(), pixels.data(), labels.data(), count);
+    EXPECT_FLOAT_EQ(e_fast.loss, r_fast.loss);
+    for (const TensorInfo& t : model.tensors()) {
+      float scale = 0;
+      for (std::size_t i = 0; i < t.size; i++) scale = std::max(scale, std::fabs(grad_reference[t.offset + i]));
+      ASSERT_GT(scale, 0.0f) << t.name << " has an all-zero reference gradient";
+      // Relative to the tensor's largest entry: only the summation order differs.
+      for (std::size_t i = 0; i < t.size; i++) {
+        ASSERT_NEAR(grad_fast[t.offset + i], grad_reference[t.offset + i], 1e-4f * scale) << t.name << "[" << i << "]";
+      }
+    }
+  }
+}
+
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnPaperCnn) {
+  expect_backends_agree(builtin_model_spec("paper-cnn"), 4, 3);
+}
+
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMlp) { expect_backends_agree(builtin_model_spec("mlp"), 5, 4); }
+
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnOddSizedModel) {
+  expect_backends_agree(parse_model_spec(kOddSpec, "odd"), 5, 6);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "runtime/backoff.h"
 #include "runtime/model.h"
 #include "runtime/shard_sampler.h"
+#include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 #include "transport/coap_dtls.h"
 
@@ -109,7 +110,8 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
                        config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, shard_spec)
                                            : shard_iid(train.size(), shard_spec),
                        config.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker_id + 1)));
-  Trainer trainer(model, config.batch);
+  ThreadPool pool(config.threads);
+  Trainer trainer(model, config.batch, KernelBackend::kXnnpack, pool.get());
   Compressor compressor(layout, config.compressor);
   std::vector<float> parameters(model.parameter_count()), gradient(model.parameter_count());
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());

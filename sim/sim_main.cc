@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-examples", config.eval_examples, "test examples per evaluation (0: all)")->capture_default_str();
   app.add_option("--target", target, "accuracy for the traffic ratio (0: auto, half a point below the lower best)")
       ->capture_default_str();
+  app.add_option("--threads", config.threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 64));
   app.add_option("--seed", config.seed, "same seed, same run")->capture_default_str();
   app.add_option("--out", out_dir, "directory for sim.csv, plots and summary.md")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");

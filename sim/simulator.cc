@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "runtime/shard_sampler.h"
+#include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 
 namespace edgetrain::sim {
@@ -123,9 +124,10 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   if (!model_message) throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
   const std::uint64_t model_bytes = model_message.value().size();
 
-  runtime::Trainer trainer(model, config.batch);
+  runtime::ThreadPool pool(config.threads);
+  runtime::Trainer trainer(model, config.batch, runtime::KernelBackend::kXnnpack, pool.get());
   const int eval_batch = 100;
-  runtime::Trainer evaluator(model, eval_batch);
+  runtime::Trainer evaluator(model, eval_batch, runtime::KernelBackend::kXnnpack, pool.get());
   std::vector<float> gradient(model.parameter_count());
   std::vector<std::uint8_t> batch_pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
   std::vector<std::int32_t> batch_labels(config.batch);

@@ -48,7 +48,7 @@ struct SimConfig {
   std::size_t eval_examples = 0;         // 0: the whole test set
   std::optional<double> stop_at_accuracy;  // stop once the test accuracy reaches this
   std::uint64_t seed = 1;
-  int threads = 1;  // for the trainer's kernels (ignored by the reference backend)
+  int threads = 1;  // compute threads for the trainer's kernels
 };
 
 struct EvalPoint {

@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
       str("server", "--server", server);
       str("identity", "--identity", identity);
       str("key_file", "--key-file", key_file);
+      if (auto v = t["key_hex"].value<std::string>()) key_hex = *v;  // what edgetrain-server add-device prints
       if (auto v = t["key"].value<std::string>()) key_hex = *v;
       str("data", "--data", data);
       str("model", "--model", config.model);

@@ -258,8 +258,13 @@ void Model::initialize(std::uint64_t seed) {
   for (const ResolvedLayer& layer : layers_) {
     if (layer.weight_tensor < 0) continue;
     const TensorInfo& w = tensors_[layer.weight_tensor];
+    // Glorot (Xavier) uniform, TensorFlow's default and so what the paper's reference code
+    // trained with. He init made the paper CNN's first logits large (initial loss ~3.7
+    // instead of ln 10) and early asynchronous steps at lr 0.1 could diverge.
     const std::size_t fan_in = w.size / static_cast<std::size_t>(w.shape[0]);
-    const float bound = std::sqrt(6.0f / static_cast<float>(fan_in));  // He uniform, suits ReLU
+    const std::size_t receptive = layer.kind == LayerKind::kConv ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
+    const std::size_t fan_out = static_cast<std::size_t>(w.shape[0]) * receptive;
+    const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
     for (std::size_t i = 0; i < w.size; i++) parameters_[w.offset + i] = (2.0f * rng.uniform() - 1.0f) * bound;
     const TensorInfo& b = tensors_[layer.bias_tensor];
     std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(b.offset), b.size, 0.0f);

@@ -96,7 +96,7 @@ class Model {
   // layout_id() can exchange parameters and updates.
   std::uint64_t layout_id() const { return layout_id_; }
 
-  // He-uniform weights (fan-in), zero biases; the same on every platform for a seed.
+  // Glorot-uniform weights, zero biases; the same on every platform for a seed.
   void initialize(std::uint64_t seed);
 
   // safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian header

@@ -90,7 +90,7 @@ TEST(Model, InitializationIsDeterministicAndScaled) {
   EXPECT_TRUE(std::equal(a.parameters().begin(), a.parameters().end(), b.parameters().begin()));
   EXPECT_FALSE(std::equal(a.parameters().begin(), a.parameters().end(), c.parameters().begin()));
   auto fc1 = a.tensor(a.tensor_index("fc1.weight"));
-  const float bound = std::sqrt(6.0f / 3136.0f);
+  const float bound = std::sqrt(6.0f / (3136.0f + 128.0f));  // Glorot: fan in + fan out
   float max_abs = 0;
   for (float v : fc1) max_abs = std::max(max_abs, std::fabs(v));
   EXPECT_LE(max_abs, bound);

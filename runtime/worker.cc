@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <thread>
@@ -128,6 +129,7 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
   std::uint64_t model_version = 0;
   bool have_model = false;
   std::uint64_t steps_since_pull = 0;
+  int consecutive_non_finite = 0;
   const auto started = Clock::now();
   auto out_of_time = [&] {
     return config.max_seconds > 0 && std::chrono::duration<double>(Clock::now() - started).count() >= config.max_seconds;
@@ -177,7 +179,26 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
     update.model_id = model.layout_id();
     update.sequence = ++sequence;
     update.fetched_version = model_version;
-    compressor.compress(gradient, update);
+    // A non-finite gradient (a diverged model, or a corrupt pull) must not reach the server:
+    // skip the step and pull again; give up only if it keeps happening.
+    bool finite = std::isfinite(batch.loss);
+    if (finite) {
+      try {
+        compressor.compress(gradient, update);
+      } catch (const std::invalid_argument&) {
+        finite = false;
+      }
+    }
+    if (!finite) {
+      stats.non_finite_steps++;
+      if (++consecutive_non_finite >= 10) {
+        throw std::runtime_error("10 steps in a row gave a non-finite gradient: the server's model has diverged");
+      }
+      say("non-finite gradient at model version " + std::to_string(model_version) + "; skipping the step and pulling again");
+      have_model = false;
+      continue;
+    }
+    consecutive_non_finite = 0;
     auto encoded = transport::encode_sparse_update(update, {config.value_encoding});
     if (!encoded) throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
     const std::vector<std::uint8_t>& body = encoded.value();

@@ -51,6 +51,7 @@ struct WorkerStats {
   std::uint64_t bytes_received = 0;   // encoded model payloads
   std::uint64_t server_version = 0;   // as last reported by the server
   std::uint64_t retries = 0;          // transport failures survived
+  std::uint64_t non_finite_steps = 0; // skipped: the gradient was NaN or infinite
   float last_loss = 0;
 };
 

@@ -87,7 +87,8 @@ class Conv2dXnn {
   Activation activation_;
   pthreadpool_t pool_;
   std::size_t M_, K_;  // M = B*OH*OW output pixels, K = KH*KW*C values per patch
-  bool pack_patches_;  // weight gradient packs im2col (K <= OC) or dout (K > OC)
+  bool single_channel_;  // C == 1: weight gradient by a direct loop (when no input gradient is asked)
+  bool pack_patches_;  // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
   XnnOperator forward_op_, dinp_op_, dweight_op_;
   std::vector<float> weight_swapped_;  // [C][KH][KW][OC] deconvolution kernel
   std::vector<float> dout_masked_;     // [M][OC]

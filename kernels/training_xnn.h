@@ -3,11 +3,13 @@
 //
 // XNNPACK is an inference library; the backward passes are composed from its operators:
 //   FC forward           fully-connected operator
-//   FC input gradient    fully-connected on the transposed weights (XNN_FLAG_TRANSPOSE_WEIGHTS)
+//   FC input gradient    batch < OC: our loop over the unpacked weights; else fully-connected
+//                        on the transposed weights (XNN_FLAG_TRANSPOSE_WEIGHTS)
 //   FC weight gradient   fully-connected whose packed "weights" are the activations
 //   conv forward         convolution operator (ReLU optionally fused as an output clamp)
 //   conv input gradient  deconvolution with the weights' O and I swapped
-//   conv weight gradient im2col (ours) + fully-connected, packing the smaller operand
+//   conv weight gradient one input channel: our direct loop; else im2col (ours) +
+//                        fully-connected, packing the smaller operand
 //   max pooling          argmax pooling / unpooling
 // plus small loops of our own (transposes, im2col, bias gradients).
 //
@@ -87,7 +89,8 @@ class Conv2dXnn {
   Activation activation_;
   pthreadpool_t pool_;
   std::size_t M_, K_;  // M = B*OH*OW output pixels, K = KH*KW*C values per patch
-  bool pack_patches_;  // weight gradient packs im2col (K <= OC) or dout (K > OC)
+  bool single_channel_;  // C == 1: weight gradient by a direct loop (when no input gradient is asked)
+  bool pack_patches_;  // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
   XnnOperator forward_op_, dinp_op_, dweight_op_;
   std::vector<float> weight_swapped_;  // [C][KH][KW][OC] deconvolution kernel
   std::vector<float> dout_masked_;     // [M][OC]

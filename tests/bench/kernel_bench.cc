@@ -101,10 +101,10 @@ double repack_ms_per_step(int B) {
     conv(28, 1, 32, false);                  // conv1 forward: weights
     conv(14, 32, 64, false);                 // conv2 forward: weights
     conv(14, 64, 32, true);                  // conv2 input gradient: swapped weights
-    fc(M1, 9, true);                         // conv1 weight gradient: patches
+    // conv1 weight gradient: a direct loop (one input channel), no operator
     fc(M2, 64, true);                        // conv2 weight gradient: dout
     fc(3136, std::size_t(B) < 128 ? B : 128, false);  // fc1 forward: activations (or weights)
-    fc(128, 3136, true);                     // fc1 input gradient: weights
+    if (B >= 128) fc(128, 3136, true);       // fc1 input gradient: weights (a loop of ours below OC = 128)
     fc(B, 3136, true);                       // fc1 weight gradient: activations
     fc(128, std::size_t(B) < 10 ? B : 10, false);     // fc2 forward
     fc(10, 128, true);                       // fc2 input gradient

@@ -110,7 +110,7 @@ void ParameterStore::remember_touched() {
   }
 }
 
-ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
+ApplyResult ParameterStore::admissible(const transport::SparseUpdate& update) const {
   if (update.model_id != model_id_)
     return {ApplyStatus::kWrongModel, version_, "update is for model " + std::to_string(update.model_id) + ", this is " + std::to_string(model_id_)};
   if (update.fetched_version > version_)
@@ -119,10 +119,41 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
   if (delay > options_.max_staleness)
     return {ApplyStatus::kTooStale, version_, "delay " + std::to_string(delay) + " exceeds the maximum staleness " + std::to_string(options_.max_staleness)};
   if (std::string problem = check(update); !problem.empty()) return {ApplyStatus::kMalformed, version_, problem};
+  return {ApplyStatus::kApplied, version_, {}};
+}
 
+void ParameterStore::collect_touched(const transport::SparseUpdate& update) {
   touched_.clear();
   for (const auto& t : update.tensors)
     for (std::uint32_t i : t.indices) touched_.push_back(static_cast<std::uint32_t>(tensor_offsets_[t.tensor] + i));
+}
+
+void ParameterStore::restore(std::uint64_t version, std::span<const float> parameters,
+                             std::span<const transport::SparseUpdate> recent) {
+  if (parameters.size() != parameters_.size())
+    throw std::invalid_argument("parameter store: restoring " + std::to_string(parameters.size()) + " parameters into " +
+                                std::to_string(parameters_.size()));
+  if (recent.size() > version) throw std::invalid_argument("parameter store: more recent updates than the version");
+  for (const auto& update : recent)
+    if (std::string problem = check(update); !problem.empty())
+      throw std::invalid_argument("parameter store: recent update: " + problem);
+  for (auto& slot : ring_) slot = {};
+  ring_length_ = 0;
+  std::fill(window_count_.begin(), window_count_.end(), 0u);
+  dense_in_window_ = 0;
+  version_ = version - recent.size();
+  for (const auto& update : recent) {
+    collect_touched(update);
+    remember_touched();
+    ++version_;
+  }
+  std::copy(parameters.begin(), parameters.end(), parameters_.begin());
+}
+
+ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
+  if (ApplyResult verdict = admissible(update); !verdict.applied()) return verdict;
+  const std::uint64_t delay = version_ - update.fetched_version;
+  collect_touched(update);
 
   last_divisors_.resize(touched_.size());
   if (options_.rule == StalenessRule::kPerParameterSigma) {

@@ -64,6 +64,20 @@ class ParameterStore {
 
   // Checks the whole update first, so a refused update changes nothing.
   ApplyResult apply(const transport::SparseUpdate& update);
+  // What apply() would answer, without applying: the server logs an update durably only
+  // once it knows the update will be applied. Status kApplied means "would apply".
+  ApplyResult admissible(const transport::SparseUpdate& update) const;
+
+  // Puts the store in the state of an uninterrupted run that had reached `version` with
+  // `parameters` (from a checkpoint): `recent` holds the updates that produced the last
+  // versions (oldest first, the last one produced `version`). Their touched sets refill the
+  // staleness history, so σ for the next updates is what it would have been without the
+  // restart; their values are not applied again. Under kPerParameterSigma, fewer than
+  // min(version, D) recent updates leave σ too small; the caller checks. Throws
+  // std::invalid_argument for a parameter count that differs, more recent updates than
+  // `version`, or a recent update apply() would call malformed.
+  void restore(std::uint64_t version, std::span<const float> parameters,
+               std::span<const transport::SparseUpdate> recent);
 
   std::uint64_t version() const { return version_; }
   std::uint64_t model_id() const { return model_id_; }
@@ -82,6 +96,7 @@ class ParameterStore {
   std::string check(const transport::SparseUpdate& update) const;
   void compute_sigma(std::uint64_t delay);
   void remember_touched();
+  void collect_touched(const transport::SparseUpdate& update);
   const TouchedSet& set_at_age(std::size_t age) const;  // age 0 = newest
 
   std::uint64_t model_id_;

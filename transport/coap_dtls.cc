@@ -192,11 +192,18 @@ struct CoapDtlsServer::Impl {
       reply.code = CoapCode::kInternalServerError;
     }
     coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
+    if (reply.etag) {
+      // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap
+      // replaces this option with its `etag` argument below, in every block.
+      std::uint8_t buffer[8];
+      coap_add_option(response, COAP_OPTION_ETAG, coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag),
+                         buffer);
+    }
     if (!reply.payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));
       coap_add_data_large_response(resource, session, request, response, query,
-                                   COAP_MEDIATYPE_APPLICATION_OCTET_STREAM, -1, 0, body->size(), body->data(),
-                                   release_payload, body);
+                                   COAP_MEDIATYPE_APPLICATION_OCTET_STREAM, -1, reply.etag.value_or(0), body->size(),
+                                   body->data(), release_payload, body);
     }
   }
 };
@@ -282,6 +289,10 @@ struct CoapDtlsClient::Impl {
       return COAP_RESPONSE_OK;  // a late answer to an earlier request: ignore it
     }
     self->response.code = code_from_pdu(coap_pdu_get_code(received));
+    coap_opt_iterator_t options;
+    if (coap_opt_t* etag = coap_check_option(received, COAP_OPTION_ETAG, &options)) {
+      self->response.etag = coap_decode_var_bytes8(coap_opt_value(etag), coap_opt_length(etag));
+    }
     size_t length = 0, offset = 0, total = 0;
     const uint8_t* data = nullptr;
     self->response.payload.clear();

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace edgetrain::transport {
@@ -61,8 +62,16 @@ struct CoapRequest {
 };
 
 struct CoapResponse {
+  CoapResponse() = default;
+  CoapResponse(int code, std::vector<std::uint8_t> payload = {}, std::optional<std::uint64_t> etag = {})
+      : code(code), payload(std::move(payload)), etag(etag) {}
   int code = 0;
   std::vector<std::uint8_t> payload;
+  // The ETag option (RFC 7252 5.10.6) as an unsigned integer. Set by a handler, the server
+  // sends it; the client fills it from the response. libcoap 4.3.1 reserves 0 for block-wise
+  // bodies (it substitutes a value of its own), so an ETag of 0 is only kept on single-block
+  // bodies.
+  std::optional<std::uint64_t> etag;
 };
 
 using RequestHandler = std::function<CoapResponse(const CoapRequest&)>;

@@ -218,3 +218,46 @@ TEST(ParameterStore, RejectsBadConstruction) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ParameterStore, RestoreWithRecentUpdatesContinuesLikeAnUninterruptedRun) {
+  // A restart from a checkpoint at version c plus the last D updates must give the same
+  // divisors and parameters afterwards as a store that never stopped.
+  std::mt19937 rng(21);
+  const std::vector<std::uint32_t> sizes = {7, 30, 3};
+  ParameterStoreOptions options;
+  options.max_staleness = 5;
+  std::vector<float> initial(40, 1.0f);
+  ParameterStore uninterrupted(kModel, sizes, initial, options);
+  std::vector<SparseUpdate> history;
+  for (int n = 0; n < 40; ++n) {
+    history.push_back(random_update(rng, sizes, uninterrupted.version(), options.max_staleness));
+    ASSERT_TRUE(uninterrupted.apply(history.back()).applied());
+  }
+  ParameterStore restarted(kModel, sizes, initial, options);
+  std::span<const SparseUpdate> recent(history.data() + history.size() - options.max_staleness, options.max_staleness);
+  restarted.restore(uninterrupted.version(), uninterrupted.parameters(), recent);
+  ASSERT_EQ(restarted.version(), 40u);
+  for (int n = 0; n < 60; ++n) {
+    SparseUpdate u = random_update(rng, sizes, uninterrupted.version(), options.max_staleness);
+    ASSERT_TRUE(uninterrupted.apply(u).applied());
+    ASSERT_TRUE(restarted.apply(u).applied());
+    ASSERT_EQ(std::vector<std::uint32_t>(restarted.last_divisors().begin(), restarted.last_divisors().end()),
+              std::vector<std::uint32_t>(uninterrupted.last_divisors().begin(), uninterrupted.last_divisors().end()));
+  }
+  EXPECT_EQ(std::vector<float>(restarted.parameters().begin(), restarted.parameters().end()),
+            std::vector<float>(uninterrupted.parameters().begin(), uninterrupted.parameters().end()));
+}
+
+TEST(ParameterStore, AdmissibleAgreesWithApplyAndChangesNothing) {
+  ParameterStore store(kModel, {4}, std::vector<float>(4, 0.0f));
+  SparseUpdate good{kModel, 0, 0, {SparseTensor{0, 4, {1}, {1.0f}}}};
+  SparseUpdate future{kModel, 0, 5, {}};
+  EXPECT_TRUE(store.admissible(good).applied());
+  EXPECT_EQ(store.admissible(future).status, ApplyStatus::kFromTheFuture);
+  EXPECT_EQ(store.version(), 0u);
+  EXPECT_EQ(store.parameters()[1], 0.0f);
+}
+
+}  // namespace

@@ -1,0 +1,133 @@
+#include "server/keystore.h"
+
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "server/durable_file.h"
+
+namespace edgetrain::server {
+namespace {
+
+constexpr std::size_t kMinimumKeyBytes = 16;
+
+std::optional<std::vector<std::uint8_t>> from_hex(std::string_view hex) {
+  if (hex.size() % 2) return std::nullopt;
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::vector<std::uint8_t> bytes;
+  for (std::size_t i = 0; i < hex.size(); i += 2) {
+    const int high = nibble(hex[i]), low = nibble(hex[i + 1]);
+    if (high < 0 || low < 0) return std::nullopt;
+    bytes.push_back(static_cast<std::uint8_t>(high * 16 + low));
+  }
+  return bytes;
+}
+
+void check_private(const std::filesystem::path& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) throw KeystoreError("cannot stat the keystore " + path.string());
+  if (info.st_mode & (S_IRWXG | S_IRWXO)) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(info.st_mode & 07777));
+    throw KeystoreError("the keystore " + path.string() + " has mode " + mode +
+                        ": group or others may access it; run chmod 600 " + path.string());
+  }
+}
+
+std::vector<std::uint8_t> random_bytes(std::size_t count) {
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  std::vector<std::uint8_t> bytes(count);
+  if (!urandom.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(count)))
+    throw KeystoreError("cannot read /dev/urandom");
+  return bytes;
+}
+
+}  // namespace
+
+std::string to_hex(const std::vector<std::uint8_t>& bytes) {
+  static const char digits[] = "0123456789abcdef";
+  std::string hex;
+  for (std::uint8_t b : bytes) {
+    hex += digits[b >> 4];
+    hex += digits[b & 15];
+  }
+  return hex;
+}
+
+bool is_valid_device_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+Keystore Keystore::load(const std::filesystem::path& path) {
+  if (!std::filesystem::exists(path)) throw KeystoreError("no keystore at " + path.string());
+  check_private(path);
+  toml::table table;
+  try {
+    table = toml::parse_file(path.string());
+  } catch (const toml::parse_error& e) {
+    throw KeystoreError("the keystore " + path.string() + " is not valid TOML: " + std::string(e.description()));
+  }
+  Keystore keystore;
+  const toml::table* devices = table["devices"].as_table();
+  if (!devices) return keystore;  // no [devices] yet: nobody may connect
+  for (const auto& [name, value] : *devices) {
+    const std::string identity(name.str());
+    if (!is_valid_device_name(identity)) throw KeystoreError("keystore: invalid device name '" + identity + "'");
+    const auto hex = value.value<std::string>();
+    auto key = hex ? from_hex(*hex) : std::nullopt;
+    if (!key || key->size() < kMinimumKeyBytes)
+      throw KeystoreError("keystore: the key of '" + identity + "' is not at least " + std::to_string(kMinimumKeyBytes) +
+                          " bytes of hex");
+    keystore.keys_[identity] = std::move(*key);
+  }
+  return keystore;
+}
+
+std::optional<std::vector<std::uint8_t>> Keystore::key_for(std::string_view identity) const {
+  auto it = keys_.find(identity);
+  if (it == keys_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name, std::size_t key_bytes) {
+  if (!is_valid_device_name(name))
+    throw KeystoreError("invalid device name '" + name + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
+  if (key_bytes < kMinimumKeyBytes) throw KeystoreError("keys must have at least 16 bytes");
+  toml::table table;
+  if (std::filesystem::exists(path)) {
+    check_private(path);
+    Keystore::load(path);  // refuse to rewrite a file that is not a valid keystore
+    table = toml::parse_file(path.string());
+  }
+  if (!table.contains("devices")) table.insert("devices", toml::table{});
+  toml::table& devices = *table["devices"].as_table();
+  if (devices.contains(name)) throw KeystoreError("device '" + name + "' is already in " + path.string());
+  const std::vector<std::uint8_t> key = random_bytes(key_bytes);
+  devices.insert(name, to_hex(key));
+  std::ostringstream text;
+  text << "# edgetrain keystore: device name = PSK as hex. Keep it mode 0600.\n" << table << "\n";
+  const std::string bytes = text.str();
+  write_file_atomically(path, std::span(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()), 0600);
+  return key;
+}
+
+std::string worker_config_toml(const std::string& server_uri, const std::string& identity,
+                               const std::vector<std::uint8_t>& key) {
+  toml::table table{{"server", server_uri}, {"identity", identity}, {"key_hex", to_hex(key)}};
+  std::ostringstream text;
+  text << "# edgetrain worker configuration for device '" << identity << "' (keep it private: it holds the key)\n"
+       << table << "\n";
+  return text.str();
+}
+
+}  // namespace edgetrain::server

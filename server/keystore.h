@@ -1,0 +1,56 @@
+// Per-device pre-shared keys for DTLS-PSK, in a TOML file the server refuses to use when
+// group or others can read it (a leaked key lets anyone post updates as that device):
+//
+//   # edgetrain keystore (mode 0600)
+//   [devices]
+//   pi-kitchen = "3f9a…"   # 32 random bytes as 64 hex digits
+//
+// Device names (= PSK identities) are 1–64 characters of [A-Za-z0-9._-].
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace edgetrain::server {
+
+class KeystoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+bool is_valid_device_name(std::string_view name);
+
+class Keystore {
+ public:
+  Keystore() = default;
+  // Throws KeystoreError when the file is missing, readable by group or others, or not a
+  // keystore (bad TOML, bad name, key not hex or shorter than 16 bytes).
+  static Keystore load(const std::filesystem::path& path);
+
+  std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity) const;
+  bool contains(std::string_view identity) const { return keys_.find(identity) != keys_.end(); }
+  std::size_t size() const { return keys_.size(); }
+
+ private:
+  std::map<std::string, std::vector<std::uint8_t>, std::less<>> keys_;
+};
+
+// Adds `name` with `key_bytes` random bytes from /dev/urandom to the keystore at `path`
+// (created with mode 0600 when missing; rewritten atomically) and returns the key. Throws
+// KeystoreError for an invalid or already present name or an unsafe existing file.
+std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name,
+                                     std::size_t key_bytes = 32);
+
+// The worker's configuration for that device, as TOML.
+std::string worker_config_toml(const std::string& server_uri, const std::string& identity,
+                               const std::vector<std::uint8_t>& key);
+
+std::string to_hex(const std::vector<std::uint8_t>& bytes);
+
+}  // namespace edgetrain::server

@@ -1,0 +1,148 @@
+#include "server/resources.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+namespace edgetrain::server {
+namespace {
+
+using transport::CoapCode;
+using transport::CoapRequest;
+using transport::CoapResponse;
+
+CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+
+int coap_code_for(SubmitOutcome outcome) {
+  switch (outcome) {
+    case SubmitOutcome::kApplied:
+    case SubmitOutcome::kDuplicate: return CoapCode::kChanged;
+    case SubmitOutcome::kTooLarge: return CoapCode::kRequestEntityTooLarge;
+    case SubmitOutcome::kMalformed: return CoapCode::kBadRequest;
+    case SubmitOutcome::kWrongModel:
+    case SubmitOutcome::kTooStale:
+    case SubmitOutcome::kOldSequence: return CoapCode::kConflict;
+    case SubmitOutcome::kNotDurable: return CoapCode::kInternalServerError;
+  }
+  return CoapCode::kInternalServerError;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload) {
+  if (payload.size() != 8) return std::nullopt;
+  std::uint64_t version = 0;
+  for (int i = 0; i < 8; ++i) version |= std::uint64_t{payload[i]} << (8 * i);
+  return version;
+}
+
+ServerResources::ServerResources(ServerState& state, ResourceOptions options)
+    : state_(state), options_(std::move(options)) {}
+
+void ServerResources::log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+void ServerResources::note_request(const CoapRequest& request) {
+  ++requests_;
+  ingress_payload_bytes_ += request.payload.size();
+  if (!request.identity.empty() && workers_seen_.find(request.identity) == workers_seen_.end()) {
+    workers_seen_.insert(request.identity);
+    log("first request from '" + request.identity + "'");
+  }
+}
+
+CoapResponse ServerResources::get_model(const CoapRequest& request) {
+  note_request(request);
+  ++model_pulls_;
+  const auto bytes = state_.encoded_model();
+  return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
+}
+
+CoapResponse ServerResources::post_update(const CoapRequest& request) {
+  note_request(request);
+  if (request.identity.empty()) {
+    ++refused_["no identity"];
+    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS-PSK");
+  }
+  if (options_.is_authorized && !options_.is_authorized(request.identity)) {
+    ++refused_["not authorized"];
+    log("refused an update from '" + request.identity + "': no longer in the keystore");
+    return text_response(CoapCode::kForbidden, "identity '" + request.identity + "' is not authorized");
+  }
+  const SubmitResult result = state_.submit(request.identity, request.payload);
+  const int code = coap_code_for(result.outcome);
+  if (result.acknowledged()) {
+    if (result.outcome == SubmitOutcome::kApplied) {
+      ++applied_;
+      if (options_.log_every_applied && result.version % options_.log_every_applied == 0)
+        log("version " + std::to_string(result.version) + " (" + std::to_string(applied_) + " updates applied since start)");
+    } else {
+      ++duplicates_;
+      log("duplicate update from '" + request.identity + "' answered with version " + std::to_string(result.version));
+    }
+    CoapResponse response{code, std::vector<std::uint8_t>(8), {}};
+    for (int i = 0; i < 8; ++i) response.payload[i] = static_cast<std::uint8_t>(result.version >> (8 * i));
+    return response;
+  }
+  ++refused_[submit_outcome_name(result.outcome)];
+  log("refused an update from '" + request.identity + "' (" + transport::coap_code_string(code) + " " +
+      submit_outcome_name(result.outcome) + "): " + result.diagnostic);
+  return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
+}
+
+std::string ServerResources::status_json() const {
+  using nlohmann::json;
+  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  json refused = json::object();
+  std::uint64_t refused_total = 0;
+  for (const auto& [reason, count] : refused_) {
+    refused[reason] = count;
+    refused_total += count;
+  }
+  json status = {
+      {"version", state_.version()},
+      {"model", state_.model().spec().name},
+      {"parameters", state_.model().parameter_count()},
+      {"updates_applied_since_start", applied_},
+      {"duplicates_answered", duplicates_},
+      {"updates_refused", refused_total},
+      {"updates_refused_by_reason", refused},
+      {"workers_seen", json(std::vector<std::string>(workers_seen_.begin(), workers_seen_.end()))},
+      {"workers_known", state_.sequences().size()},
+      {"requests", requests_},
+      {"model_pulls", model_pulls_},
+      {"ingress_payload_bytes", ingress_payload_bytes_},
+      {"uptime_seconds", std::round(uptime * 10) / 10},
+      {"checkpoint_version", state_.checkpoint_version()},
+      {"updates_since_checkpoint", state_.updates_since_checkpoint()},
+  };
+  if (!state_.checkpoint_error().empty()) status["checkpoint_error"] = state_.checkpoint_error();
+  {
+    std::lock_guard lock(accuracy_mutex_);
+    if (last_accuracy_)
+      status["last_test_accuracy"] = {{"version", last_accuracy_->first}, {"accuracy", last_accuracy_->second}};
+    else
+      status["last_test_accuracy"] = nullptr;
+  }
+  for (const auto& [key, value] : options_.facts) status[key] = value;
+  return status.dump(2) + "\n";
+}
+
+CoapResponse ServerResources::get_status(const CoapRequest& request) {
+  note_request(request);
+  return text_response(CoapCode::kContent, status_json());
+}
+
+void ServerResources::report_accuracy(std::uint64_t version, double accuracy) {
+  std::lock_guard lock(accuracy_mutex_);
+  last_accuracy_ = {version, accuracy};
+}
+
+void ServerResources::attach(transport::CoapDtlsServer& server) {
+  server.add_resource("model", transport::Method::kGet, [this](const CoapRequest& r) { return get_model(r); });
+  server.add_resource("update", transport::Method::kPost, [this](const CoapRequest& r) { return post_update(r); });
+  server.add_resource("status", transport::Method::kGet, [this](const CoapRequest& r) { return get_status(r); });
+}
+
+}  // namespace edgetrain::server

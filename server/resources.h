@@ -1,0 +1,77 @@
+// The server's CoAP resources on top of ServerState (DESIGN.md, "Protocol"):
+//
+//   GET  /model   2.05, the dense model (codec), ETag = version
+//   POST /update  2.04 + the version the update produced (8 bytes, little-endian) once the
+//                 update is durable; 4.00 malformed, 4.13 too large, 4.09 wrong model / too
+//                 stale / old sequence (re-pull), 4.01 no DTLS identity, 4.03 identity no
+//                 longer authorized, 5.00 the WAL write failed. Errors carry one line of
+//                 text saying why.
+//   GET  /status  2.05, JSON a person can read
+//
+// Handlers are plain functions of a CoapRequest, so tests can call them without a network.
+// Like ServerState, the handlers run on the CoAP thread; report_accuracy() may be called
+// from any thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+
+#include "server/server_state.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::server {
+
+struct ResourceOptions {
+  // Whether an identity that passed the handshake may still post (e.g. it is still in the
+  // keystore); unset: every proven identity may.
+  std::function<bool(std::string_view identity)> is_authorized;
+  // One line per notable event (refusals, duplicates, every `log_every_applied`th update).
+  std::function<void(const std::string& line)> log;
+  std::uint64_t log_every_applied = 100;
+  // Fixed facts shown by /status (model name, data set, ...).
+  std::map<std::string, std::string> facts;
+};
+
+// Decodes the POST /update success payload: the version as 8 bytes, little-endian.
+std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload);
+
+class ServerResources {
+ public:
+  ServerResources(ServerState& state, ResourceOptions options = {});
+
+  transport::CoapResponse get_model(const transport::CoapRequest& request);
+  transport::CoapResponse post_update(const transport::CoapRequest& request);
+  transport::CoapResponse get_status(const transport::CoapRequest& request);
+  // Registers the three resources on `server`.
+  void attach(transport::CoapDtlsServer& server);
+
+  // From the evaluator thread: test accuracy of the parameters at `version`.
+  void report_accuracy(std::uint64_t version, double accuracy);
+  // Request payload bytes received by all resources (CoAP payloads after block-wise
+  // reassembly; DTLS, CoAP headers and retransmissions are not visible here).
+  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_; }
+  std::string status_json() const;
+
+ private:
+  void note_request(const transport::CoapRequest& request);
+  void log(const std::string& line) const;
+
+  ServerState& state_;
+  ResourceOptions options_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::uint64_t ingress_payload_bytes_ = 0;
+  std::uint64_t requests_ = 0, model_pulls_ = 0, applied_ = 0, duplicates_ = 0;
+  std::map<std::string, std::uint64_t> refused_;  // by reason
+  std::set<std::string, std::less<>> workers_seen_;
+  mutable std::mutex accuracy_mutex_;
+  std::optional<std::pair<std::uint64_t, double>> last_accuracy_;  // version, accuracy
+};
+
+}  // namespace edgetrain::server

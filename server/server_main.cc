@@ -1,0 +1,289 @@
+// edgetrain-server: the parameter server executable.
+//
+//   edgetrain-server --state-dir DIR --keystore KEYS [--config server.toml] [flags]
+//   edgetrain-server add-device NAME --keystore KEYS [--server-uri coaps://host:5684]
+//
+// Flags override the TOML config file, which overrides the defaults. SIGTERM/SIGINT: the
+// request being handled finishes, a checkpoint is written, exit status 0.
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <toml++/toml.h>
+
+#include "runtime/dataset.h"
+#include "server/evaluator.h"
+#include "server/keystore.h"
+#include "server/resources.h"
+#include "server/server_state.h"
+#include "transport/coap_dtls.h"
+
+namespace {
+
+using namespace edgetrain;
+
+std::atomic<bool> g_stop_requested = false;
+void request_stop(int) { g_stop_requested = true; }
+
+std::mutex g_log_mutex;
+// "2024-05-01T12:34:56.789Z message" on stderr; callable from any thread.
+void log_line(const std::string& message) {
+  const auto now = std::chrono::system_clock::now();
+  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
+  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
+  std::lock_guard lock(g_log_mutex);
+  std::fprintf(stderr, "%s.%03dZ %s\n", stamp, static_cast<int>(millis), message.c_str());
+}
+
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+struct Settings {
+  std::string listen = "0.0.0.0";
+  int port = 5684;
+  std::string model = "paper-cnn";
+  std::string state_dir;
+  std::string keystore;
+  double lr = 0.1;
+  std::uint32_t max_staleness = 64;
+  std::uint64_t checkpoint_every = 1000;
+  std::string eval_data = "none";
+  double eval_interval_seconds = 30;
+  std::size_t max_update_bytes = std::size_t{4} << 20;
+  std::uint64_t seed = 1;
+};
+
+// Values from the TOML file for every setting not given on the command line.
+void apply_config_file(const std::string& path, const CLI::App& app, Settings& s) {
+  toml::table config;
+  try {
+    config = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw std::runtime_error("config " + path + ": " + std::string(e.description()));
+  }
+  static const std::set<std::string> known = {"listen", "port", "model", "state_dir", "keystore", "lr", "max_staleness",
+                                              "checkpoint_every", "eval_data", "eval_interval_seconds",
+                                              "max_update_bytes", "seed"};
+  for (const auto& [key, value] : config)
+    if (!known.count(std::string(key.str())))
+      throw std::runtime_error("config " + path + ": unknown key '" + std::string(key.str()) + "'");
+  auto take = [&](const char* key, const char* flag, auto& target) {
+    if (app.count(flag) || !config.contains(key)) return;
+    using T = std::decay_t<decltype(target)>;
+    std::optional<T> value;
+    if constexpr (std::is_same_v<T, std::string>) value = config[key].value<std::string>();
+    else if constexpr (std::is_floating_point_v<T>) value = config[key].value<double>();
+    else {
+      auto number = config[key].value<std::int64_t>();
+      if (number && *number >= 0) value = static_cast<T>(*number);
+    }
+    if (!value) throw std::runtime_error("config " + path + ": '" + key + "' has the wrong type or is negative");
+    target = *value;
+  };
+  take("listen", "--listen", s.listen);
+  take("port", "--port", s.port);
+  take("model", "--model", s.model);
+  take("state_dir", "--state-dir", s.state_dir);
+  take("keystore", "--keystore", s.keystore);
+  take("lr", "--lr", s.lr);
+  take("max_staleness", "--max-staleness", s.max_staleness);
+  take("checkpoint_every", "--checkpoint-every", s.checkpoint_every);
+  take("eval_data", "--eval-data", s.eval_data);
+  take("eval_interval_seconds", "--eval-interval", s.eval_interval_seconds);
+  take("max_update_bytes", "--max-update-bytes", s.max_update_bytes);
+  take("seed", "--seed", s.seed);
+}
+
+std::optional<runtime::Dataset> load_test_set(const std::string& name) {
+  if (name == "none") return std::nullopt;
+  const char* deps_env = std::getenv("EDGETRAIN_DEPS");
+  const std::string deps = deps_env ? deps_env : "/var/cache/edgetrain";
+  if (name == "mnist")
+    return runtime::load_dataset(deps + "/mnist/t10k-images-idx3-ubyte", deps + "/mnist/t10k-labels-idx1-ubyte");
+  if (name == "fashion-mnist")
+    return runtime::load_dataset("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz",
+                                 "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz");
+  throw std::invalid_argument("unknown --eval-data '" + name + "' (mnist, fashion-mnist or none)");
+}
+
+// The keystore, re-read when its file changes, so add-device takes effect without a restart.
+class LiveKeystore {
+ public:
+  explicit LiveKeystore(std::string path) : path_(std::move(path)) { reload(); }
+  std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity) {
+    reload_if_changed();
+    return keystore_.key_for(identity);
+  }
+  bool contains(std::string_view identity) {
+    reload_if_changed();
+    return keystore_.contains(identity);
+  }
+  std::size_t size() const { return keystore_.size(); }
+
+ private:
+  void reload() {
+    struct stat info {};
+    if (::stat(path_.c_str(), &info) == 0) modified_ = info.st_mtim.tv_sec * 1000000000LL + info.st_mtim.tv_nsec;
+    keystore_ = server::Keystore::load(path_);
+  }
+  void reload_if_changed() {
+    struct stat info {};
+    if (::stat(path_.c_str(), &info) != 0) return;
+    if (info.st_mtim.tv_sec * 1000000000LL + info.st_mtim.tv_nsec == modified_) return;
+    try {
+      reload();
+      log_line("keystore reloaded: " + std::to_string(keystore_.size()) + " devices");
+    } catch (const std::exception& e) {
+      log_line(std::string("keystore not reloaded, keeping the previous one: ") + e.what());
+    }
+  }
+  std::string path_;
+  long long modified_ = 0;
+  server::Keystore keystore_;
+};
+
+int run_server(const Settings& s) {
+  if (s.state_dir.empty()) throw std::invalid_argument("--state-dir (or state_dir in the config) is required");
+  if (s.keystore.empty()) throw std::invalid_argument("--keystore (or keystore in the config) is required");
+  if (s.port < 0 || s.port > 65535) throw std::invalid_argument("--port must be 0..65535");
+
+  LiveKeystore keystore(s.keystore);
+  log_line("keystore " + s.keystore + ": " + std::to_string(keystore.size()) + " devices");
+
+  runtime::Model model(runtime::model_spec_from_argument(s.model));
+  model.initialize(s.seed);
+  server::ServerStateOptions options;
+  options.state_dir = s.state_dir;
+  options.store.learning_rate = static_cast<float>(s.lr);
+  options.store.max_staleness = s.max_staleness;
+  options.checkpoint_every = s.checkpoint_every;
+  options.max_update_bytes = s.max_update_bytes;
+  const runtime::Model evaluation_model = model;
+  server::ServerState state(std::move(model), options);
+  const auto& recovery = state.recovery();
+  if (recovery.fresh) {
+    log_line("new state in " + s.state_dir + ": model " + state.model().spec().name + ", " +
+             std::to_string(state.model().parameter_count()) + " parameters, seed " + std::to_string(s.seed));
+  } else {
+    log_line("recovered from " + s.state_dir + ": checkpoint at version " + std::to_string(recovery.checkpoint_version) +
+             ", " + std::to_string(recovery.replayed_updates) + " updates replayed from the WAL" +
+             (recovery.dropped_wal_bytes ? ", a torn tail of " + std::to_string(recovery.dropped_wal_bytes) +
+                                               " bytes dropped"
+                                         : std::string()) +
+             "; version " + std::to_string(state.version()));
+  }
+
+  server::ResourceOptions resource_options;
+  resource_options.is_authorized = [&keystore](std::string_view identity) { return keystore.contains(identity); };
+  resource_options.log = log_line;
+  resource_options.facts = {{"eval_data", s.eval_data}, {"state_dir", s.state_dir}};
+  server::ServerResources resources(state, resource_options);
+
+  transport::CoapDtlsServer::Options server_options;
+  server_options.bind_address = s.listen;
+  server_options.port = static_cast<std::uint16_t>(s.port);
+  server_options.psk_lookup = [&keystore](std::string_view identity) {
+    auto key = keystore.key_for(identity);
+    if (!key) log_line("refused a DTLS handshake from unknown identity '" + std::string(identity) + "'");
+    return key;
+  };
+  transport::CoapDtlsServer server(server_options);
+  resources.attach(server);
+  log_line("listening on " + s.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS-PSK), lr " +
+           number(s.lr) + ", max staleness " + std::to_string(s.max_staleness) + ", checkpoint every " +
+           std::to_string(s.checkpoint_every) + " updates");
+
+  std::unique_ptr<server::BackgroundEvaluator> evaluator;
+  if (auto test = load_test_set(s.eval_data)) {
+    log_line("evaluating on " + s.eval_data + " (" + std::to_string(test->size()) + " test images) every " +
+             number(s.eval_interval_seconds) + " s when the version changed");
+    evaluator = std::make_unique<server::BackgroundEvaluator>(
+        evaluation_model, std::move(*test), [&state] { return state.snapshot(); },
+        [&resources](const server::EvaluationResult& r) {
+          resources.report_accuracy(r.version, r.accuracy);
+          char line[160];
+          std::snprintf(line, sizeof(line), "test accuracy %.4f, loss %.4f at version %llu (%.1f s)", r.accuracy,
+                        r.loss, static_cast<unsigned long long>(r.version), r.seconds);
+          log_line(line);
+        },
+        std::chrono::milliseconds(static_cast<long long>(s.eval_interval_seconds * 1000)));
+  }
+
+  struct sigaction action {};
+  action.sa_handler = request_stop;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
+  // Handlers run to completion inside run_once, so a stop request is seen between requests.
+  while (!g_stop_requested) server.run_once(200);
+
+  log_line("stopping: writing a checkpoint at version " + std::to_string(state.version()));
+  evaluator.reset();
+  state.checkpoint();
+  log_line("checkpoint written to " + state.checkpoint_path().string() + "; bye");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"edgetrain-server: the parameter server (CoAP over DTLS-PSK, WAL, checkpoints, evaluator)"};
+  Settings s;
+  std::string config_path;
+  app.add_option("--config", config_path, "TOML file with any of the settings below (flags win)")->check(CLI::ExistingFile);
+  app.add_option("--listen", s.listen, "address to bind")->capture_default_str();
+  app.add_option("--port", s.port, "UDP port")->capture_default_str();
+  app.add_option("--model", s.model, "built-in model name or model spec")->capture_default_str();
+  app.add_option("--state-dir", s.state_dir, "directory for the WAL and checkpoints");
+  app.add_option("--keystore", s.keystore, "TOML file of device PSKs (mode 0600)");
+  app.add_option("--lr", s.lr, "learning rate")->capture_default_str();
+  app.add_option("--max-staleness", s.max_staleness, "largest delay accepted (D)")->capture_default_str();
+  app.add_option("--checkpoint-every", s.checkpoint_every, "updates between checkpoints (0: only at exit)")
+      ->capture_default_str();
+  app.add_option("--eval-data", s.eval_data, "test set for the background evaluator: mnist, fashion-mnist, none")
+      ->capture_default_str();
+  app.add_option("--eval-interval", s.eval_interval_seconds, "seconds between evaluations")->capture_default_str();
+  app.add_option("--max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13")->capture_default_str();
+  app.add_option("--seed", s.seed, "initial parameters of a new state directory")->capture_default_str();
+
+  auto* add = app.add_subcommand("add-device", "add a device with a random key to the keystore and print its worker configuration");
+  std::string device, add_keystore, server_uri;
+  add->add_option("name", device, "device name = PSK identity ([A-Za-z0-9._-], up to 64)")->required();
+  add->add_option("--keystore", add_keystore, "keystore file (created mode 0600 if missing)")->required();
+  add->add_option("--server-uri", server_uri, "URI the worker should use (default coaps://<this host>:5684)");
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (add->parsed()) {
+      if (server_uri.empty()) {
+        char host[256] = "localhost";
+        gethostname(host, sizeof(host) - 1);
+        server_uri = std::string("coaps://") + host + ":5684";
+      }
+      const auto key = server::add_device(add_keystore, device, 32);
+      std::cout << server::worker_config_toml(server_uri, device, key);
+      log_line("added '" + device + "' to " + add_keystore);
+      return 0;
+    }
+    if (!config_path.empty()) apply_config_file(config_path, app, s);
+    return run_server(s);
+  } catch (const std::exception& e) {
+    log_line(std::string("error: ") + e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,303 @@
+#include "server/server_state.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <system_error>
+
+#include "server/durable_file.h"
+
+namespace edgetrain::server {
+namespace {
+
+constexpr const char* kVersionKey = "edgetrain.version";
+constexpr const char* kModelIdKey = "edgetrain.model_id";
+constexpr const char* kSequencesKey = "edgetrain.sequences";
+constexpr const char* kStateFormatKey = "edgetrain.state_format";
+
+std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+std::vector<float> parameters_of(const runtime::Model& model) {
+  return {model.parameters().begin(), model.parameters().end()};
+}
+
+std::uint64_t parse_u64(const std::map<std::string, std::string>& metadata, const char* key,
+                        const std::filesystem::path& path) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) throw StateError(path.string() + " has no " + key + " in its metadata");
+  try {
+    std::size_t used = 0;
+    const std::uint64_t value = std::stoull(it->second, &used);
+    if (used != it->second.size()) throw std::invalid_argument("trailing characters");
+    return value;
+  } catch (const std::exception&) {
+    throw StateError(path.string() + ": " + key + " is not a number: '" + it->second + "'");
+  }
+}
+
+}  // namespace
+
+const char* submit_outcome_name(SubmitOutcome outcome) {
+  switch (outcome) {
+    case SubmitOutcome::kApplied: return "applied";
+    case SubmitOutcome::kDuplicate: return "duplicate";
+    case SubmitOutcome::kTooLarge: return "too large";
+    case SubmitOutcome::kMalformed: return "malformed";
+    case SubmitOutcome::kWrongModel: return "wrong model";
+    case SubmitOutcome::kTooStale: return "too stale";
+    case SubmitOutcome::kOldSequence: return "old sequence";
+    case SubmitOutcome::kNotDurable: return "not durable";
+  }
+  return "unknown";
+}
+
+ServerState::ServerState(runtime::Model model, ServerStateOptions options)
+    : model_(std::move(model)),
+      options_(std::move(options)),
+      checkpoint_path_(options_.state_dir / "checkpoint.safetensors"),
+      wal_path_(options_.state_dir / "wal.log"),
+      tensor_sizes_(tensor_sizes_of(model_)),
+      store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store) {
+  recover();
+}
+
+WalHeader ServerState::wal_header() const {
+  return {model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
+          static_cast<std::uint32_t>(options_.store.rule)};
+}
+
+std::size_t ServerState::history_length() const {
+  return options_.store.rule == StalenessRule::kPerParameterSigma ? options_.store.max_staleness : 0;
+}
+
+void ServerState::remember_recent(WalRecord record) {
+  if (history_length() == 0) return;
+  recent_.push_back(std::move(record));
+  while (recent_.size() > history_length()) recent_.pop_front();
+}
+
+transport::SparseUpdate ServerState::decode_logged(const WalRecord& record) const {
+  // A logged update passed the limits in force when it arrived; replay must not refuse it
+  // because a limit was lowered since.
+  transport::DecodeLimits limits;
+  limits.max_message_bytes = std::max(limits.max_message_bytes, record.update.size());
+  auto decoded = transport::decode_sparse_update(record.update, {model_.layout_id(), tensor_sizes_}, limits);
+  if (!decoded)
+    throw StateError("WAL record for version " + std::to_string(record.version) +
+                     " does not decode: " + decoded.error().message);
+  return std::move(decoded).value();
+}
+
+void ServerState::recover() {
+  std::error_code ignored;
+  std::filesystem::create_directories(options_.state_dir);
+  // Leftovers of a checkpoint or WAL rotation interrupted by a crash: never renamed into
+  // place, so never part of the state.
+  std::filesystem::remove(checkpoint_path_.string() + ".tmp", ignored);
+  std::filesystem::remove(wal_path_.string() + ".tmp", ignored);
+
+  std::uint64_t checkpoint_version = 0;
+  if (std::filesystem::exists(checkpoint_path_)) {
+    std::map<std::string, std::string> metadata;
+    try {
+      metadata = model_.load_safetensors(checkpoint_path_.string());
+    } catch (const std::exception& e) {
+      throw StateError("cannot load the checkpoint " + checkpoint_path_.string() + ": " + e.what());
+    }
+    if (parse_u64(metadata, kModelIdKey, checkpoint_path_) != model_.layout_id())
+      throw StateError(checkpoint_path_.string() + " holds another model than '" + model_.spec().name + "'");
+    checkpoint_version = parse_u64(metadata, kVersionKey, checkpoint_path_);
+    try {
+      const nlohmann::json table = nlohmann::json::parse(metadata.at(kSequencesKey));
+      for (const auto& [identity, entry] : table.items())
+        sequences_[identity] = {entry.at("sequence").get<std::uint64_t>(), entry.at("version").get<std::uint64_t>()};
+    } catch (const std::exception& e) {
+      throw StateError(checkpoint_path_.string() + ": unreadable sequence table: " + e.what());
+    }
+  } else {
+    if (std::filesystem::exists(wal_path_))
+      throw StateError(wal_path_.string() + " exists without " + checkpoint_path_.string() +
+                       ": refusing to start from fresh parameters and lose the logged updates");
+    recovery_.fresh = true;
+    checkpoint();  // version 0: from now on every start has a checkpoint to load
+    return;
+  }
+  checkpoint_version_ = checkpoint_version;
+  recovery_.checkpoint_version = checkpoint_version;
+
+  if (!std::filesystem::exists(wal_path_)) {
+    // Only a crash between the first checkpoint and the first WAL leaves this state.
+    if (checkpoint_version != 0 && history_length() > 0)
+      throw StateError(wal_path_.string() + " is missing: the staleness history after the checkpoint is lost");
+    wal_ = WalWriter::replace(wal_path_, wal_header(), {});
+    store_.restore(checkpoint_version, model_.parameters(), {});
+    return;
+  }
+
+  WalContents wal;
+  try {
+    wal = read_wal(wal_path_);
+  } catch (const WalError& e) {
+    throw StateError(e.what());
+  }
+  if (!(wal.header == wal_header()))
+    throw StateError(wal_path_.string() + " was written with another model or other settings (learning rate " +
+                     std::to_string(wal.header.learning_rate) + ", max staleness " +
+                     std::to_string(wal.header.max_staleness) + ", rule " + std::to_string(wal.header.staleness_rule) +
+                     "): start with the same settings or a new state directory");
+  for (std::size_t i = 1; i < wal.records.size(); ++i)
+    if (wal.records[i].version != wal.records[i - 1].version + 1)
+      throw StateError(wal_path_.string() + ": versions jump from " + std::to_string(wal.records[i - 1].version) +
+                       " to " + std::to_string(wal.records[i].version));
+  recovery_.dropped_wal_bytes = wal.dropped_bytes;
+
+  // Records up to the checkpoint are history (already in the parameters); the rest replay.
+  auto first_new = std::find_if(wal.records.begin(), wal.records.end(),
+                                [&](const WalRecord& r) { return r.version > checkpoint_version; });
+  if (first_new != wal.records.end() && first_new->version != checkpoint_version + 1)
+    throw StateError(wal_path_.string() + " continues at version " + std::to_string(first_new->version) +
+                     ", the checkpoint is at " + std::to_string(checkpoint_version));
+  const std::size_t history_available = static_cast<std::size_t>(first_new - wal.records.begin());
+  const std::size_t history_needed =
+      static_cast<std::size_t>(std::min<std::uint64_t>(checkpoint_version, history_length()));
+  if (history_available < history_needed)
+    throw StateError(wal_path_.string() + " holds " + std::to_string(history_available) +
+                     " updates before the checkpoint, replay needs " + std::to_string(history_needed));
+  std::vector<transport::SparseUpdate> history;
+  for (auto it = first_new - static_cast<std::ptrdiff_t>(history_needed); it != first_new; ++it) {
+    history.push_back(decode_logged(*it));
+    remember_recent(*it);
+  }
+  try {
+    store_.restore(checkpoint_version, model_.parameters(), history);
+  } catch (const std::invalid_argument& e) {
+    throw StateError(std::string("cannot restore the staleness history: ") + e.what());
+  }
+
+  for (auto it = first_new; it != wal.records.end(); ++it) {
+    const ApplyResult result = store_.apply(decode_logged(*it));
+    if (!result.applied() || result.version != it->version)
+      throw StateError("replaying the update logged as version " + std::to_string(it->version) + " gave " +
+                       apply_status_name(result.status) + " at version " + std::to_string(result.version) + " " +
+                       result.reason);
+    sequences_[it->identity] = {it->sequence, it->version};
+    remember_recent(std::move(*it));
+    ++recovery_.replayed_updates;
+  }
+  updates_since_checkpoint_ = recovery_.replayed_updates;
+  wal_ = WalWriter::append_to(wal_path_, wal.valid_bytes);
+}
+
+SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
+  const std::uint64_t now = store_.version();
+  if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
+  if (body.size() > options_.max_update_bytes)
+    return {SubmitOutcome::kTooLarge, now,
+            "update of " + std::to_string(body.size()) + " bytes, the limit is " + std::to_string(options_.max_update_bytes)};
+  transport::DecodeLimits limits;
+  limits.max_message_bytes = options_.max_update_bytes;
+  auto decoded = transport::decode_sparse_update(body, {model_.layout_id(), tensor_sizes_}, limits);
+  if (!decoded) {
+    const auto& error = decoded.error();
+    SubmitOutcome outcome = error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
+                            : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
+                                                                                  : SubmitOutcome::kMalformed;
+    return {outcome, now, std::string(transport::codec_error_name(error.code)) + ": " + error.message};
+  }
+  const transport::SparseUpdate& update = decoded.value();
+
+  if (auto it = sequences_.find(identity); it != sequences_.end()) {
+    if (update.sequence == it->second.sequence) return {SubmitOutcome::kDuplicate, it->second.version, {}};
+    if (update.sequence < it->second.sequence)
+      return {SubmitOutcome::kOldSequence, now,
+              "sequence " + std::to_string(update.sequence) + " is below the last applied " +
+                  std::to_string(it->second.sequence) + " of this identity"};
+  }
+
+  const ApplyResult verdict = store_.admissible(update);
+  switch (verdict.status) {
+    case ApplyStatus::kApplied: break;
+    case ApplyStatus::kWrongModel: return {SubmitOutcome::kWrongModel, now, verdict.reason};
+    case ApplyStatus::kTooStale: return {SubmitOutcome::kTooStale, now, verdict.reason};
+    case ApplyStatus::kFromTheFuture:
+    case ApplyStatus::kMalformed: return {SubmitOutcome::kMalformed, now, verdict.reason};
+  }
+
+  WalRecord record{now + 1, std::string(identity), update.sequence, {body.begin(), body.end()}};
+  try {
+    wal_->append(record);
+  } catch (const WalError& e) {
+    return {SubmitOutcome::kNotDurable, now, e.what()};
+  }
+  ApplyResult result;
+  {
+    std::lock_guard lock(parameters_mutex_);
+    result = store_.apply(update);
+  }
+  // admissible() said yes and nothing ran in between: anything else is a bug, and the
+  // logged record would replay to a version this process never reached.
+  if (!result.applied() || result.version != record.version)
+    throw std::logic_error("parameter store refused an admissible update: " + result.reason);
+  sequences_[record.identity] = {update.sequence, result.version};
+  remember_recent(std::move(record));
+  ++updates_since_checkpoint_;
+
+  if (options_.checkpoint_every && updates_since_checkpoint_ >= options_.checkpoint_every) {
+    try {
+      checkpoint();
+      checkpoint_error_.clear();
+    } catch (const std::exception& e) {
+      checkpoint_error_ = e.what();  // the update is durable in the WAL all the same
+    }
+  }
+  return {SubmitOutcome::kApplied, result.version, {}};
+}
+
+void ServerState::checkpoint() {
+  std::copy(store_.parameters().begin(), store_.parameters().end(), model_.parameters().begin());
+  nlohmann::json sequences = nlohmann::json::object();
+  for (const auto& [identity, entry] : sequences_)
+    sequences[identity] = {{"sequence", entry.sequence}, {"version", entry.version}};
+  const std::map<std::string, std::string> metadata = {
+      {kStateFormatKey, "1"},
+      {kVersionKey, std::to_string(store_.version())},
+      {kModelIdKey, std::to_string(model_.layout_id())},
+      {kSequencesKey, sequences.dump()},
+      {"edgetrain.model", model_.spec().name},
+  };
+  const std::filesystem::path temporary = checkpoint_path_.string() + ".tmp";
+  try {
+    model_.save_safetensors(temporary.string(), metadata);
+    sync_path(temporary);
+    durable_rename(temporary, checkpoint_path_);
+  } catch (const std::exception& e) {
+    throw StateError("cannot write the checkpoint " + checkpoint_path_.string() + ": " + e.what());
+  }
+  // The checkpoint is in place; a crash from here on replays the old WAL's records up to
+  // the checkpoint as history, so rotating the WAL is an optimisation, not a requirement.
+  const std::vector<WalRecord> history(recent_.begin(), recent_.end());
+  wal_ = WalWriter::replace(wal_path_, wal_header(), history);
+  checkpoint_version_ = store_.version();
+  updates_since_checkpoint_ = 0;
+}
+
+ServerState::Snapshot ServerState::snapshot() const {
+  std::lock_guard lock(parameters_mutex_);
+  return {store_.version(), {store_.parameters().begin(), store_.parameters().end()}};
+}
+
+std::span<const std::uint8_t> ServerState::encoded_model() {
+  if (encoded_version_ != store_.version()) {
+    auto encoded = transport::encode_dense_model(model_.layout_id(), store_.version(), tensor_sizes_, store_.parameters());
+    if (!encoded) throw std::logic_error("cannot encode the model: " + encoded.error().message);
+    encoded_model_ = std::move(encoded).value();
+    encoded_version_ = store_.version();
+  }
+  return encoded_model_;
+}
+
+}  // namespace edgetrain::server

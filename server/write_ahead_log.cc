@@ -1,0 +1,185 @@
+#include "server/write_ahead_log.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+
+#include "server/durable_file.h"
+
+namespace edgetrain::server {
+namespace {
+
+constexpr char kMagic[4] = {'E', 'T', 'W', 'L'};
+constexpr std::uint16_t kFormat = 1;
+// version, sequence, identity length
+constexpr std::size_t kRecordFixedBody = 8 + 8 + 2;
+
+std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
+  return static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
+}
+
+void put_le(std::vector<std::uint8_t>& out, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+}
+
+std::uint64_t get_le(const std::uint8_t* in, int bytes) {
+  std::uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i) value |= std::uint64_t{in[i]} << (8 * i);
+  return value;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+bool write_all(int fd, std::span<const std::uint8_t> bytes) {
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> encode_wal_header(const WalHeader& header) {
+  std::vector<std::uint8_t> out(kMagic, kMagic + 4);
+  put_le(out, kFormat, 2);
+  put_le(out, 0, 2);
+  put_le(out, header.model_id, 8);
+  put_le(out, std::bit_cast<std::uint32_t>(header.learning_rate), 4);
+  put_le(out, header.max_staleness, 4);
+  put_le(out, header.staleness_rule, 4);
+  put_le(out, crc_of(out), 4);
+  return out;
+}
+
+std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
+  if (record.identity.size() > UINT16_MAX) throw WalError("WAL: identity longer than 65535 bytes");
+  const std::size_t body = kRecordFixedBody + record.identity.size() + record.update.size();
+  if (body > kWalMaxRecordBody) throw WalError("WAL: record of " + std::to_string(body) + " bytes is above the cap");
+  std::vector<std::uint8_t> out;
+  out.reserve(8 + body);
+  put_le(out, body, 4);
+  put_le(out, 0, 4);  // CRC, filled in below
+  put_le(out, record.version, 8);
+  put_le(out, record.sequence, 8);
+  put_le(out, record.identity.size(), 2);
+  out.insert(out.end(), record.identity.begin(), record.identity.end());
+  out.insert(out.end(), record.update.begin(), record.update.end());
+  const std::uint32_t crc = crc_of(std::span<const std::uint8_t>(out).subspan(8));
+  for (int i = 0; i < 4; ++i) out[4 + i] = static_cast<std::uint8_t>(crc >> (8 * i));
+  return out;
+}
+
+WalContents read_wal(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw WalError("cannot open the WAL " + path.string());
+  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) throw WalError("cannot read the WAL " + path.string());
+
+  WalContents contents;
+  if (bytes.size() < kWalHeaderBytes || std::memcmp(bytes.data(), kMagic, 4) != 0)
+    throw WalError(path.string() + " is not an edgetrain WAL");
+  if (get_le(bytes.data() + 28, 4) != crc_of(std::span(bytes.data(), 28)))
+    throw WalError(path.string() + ": the WAL header is damaged (CRC mismatch)");
+  if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(path.string() + ": unknown WAL format version");
+  contents.header.model_id = get_le(bytes.data() + 8, 8);
+  contents.header.learning_rate = std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
+  contents.header.max_staleness = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
+  contents.header.staleness_rule = static_cast<std::uint32_t>(get_le(bytes.data() + 24, 4));
+
+  std::size_t at = kWalHeaderBytes;
+  while (bytes.size() - at >= 8) {
+    const std::uint64_t body = get_le(bytes.data() + at, 4);
+    const std::uint32_t crc = static_cast<std::uint32_t>(get_le(bytes.data() + at + 4, 4));
+    if (body < kRecordFixedBody || body > kWalMaxRecordBody || body > bytes.size() - at - 8) break;
+    const std::uint8_t* b = bytes.data() + at + 8;
+    if (crc_of(std::span(b, body)) != crc) break;
+    const std::size_t identity_length = get_le(b + 16, 2);
+    if (kRecordFixedBody + identity_length > body) break;
+    WalRecord record;
+    record.version = get_le(b, 8);
+    record.sequence = get_le(b + 8, 8);
+    record.identity.assign(reinterpret_cast<const char*>(b + kRecordFixedBody), identity_length);
+    record.update.assign(b + kRecordFixedBody + identity_length, b + body);
+    contents.records.push_back(std::move(record));
+    at += 8 + body;
+  }
+  contents.valid_bytes = at;
+  contents.dropped_bytes = bytes.size() - at;
+  return contents;
+}
+
+WalWriter WalWriter::append_to(const std::filesystem::path& path, std::uint64_t valid_bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) throw WalError("cannot open the WAL " + path.string() + ": " + errno_text());
+  // The torn tail goes before anything new is written after it, and durably so: a later
+  // crash must not resurrect it in the middle of the log.
+  if (::ftruncate(fd, static_cast<off_t>(valid_bytes)) != 0 || ::fsync(fd) != 0 ||
+      ::lseek(fd, static_cast<off_t>(valid_bytes), SEEK_SET) < 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    throw WalError("cannot prepare the WAL " + path.string() + " for appending: " + why);
+  }
+  return WalWriter(fd, path, valid_bytes);
+}
+
+WalWriter WalWriter::replace(const std::filesystem::path& path, const WalHeader& header,
+                             std::span<const WalRecord> records) {
+  std::vector<std::uint8_t> bytes = encode_wal_header(header);
+  for (const WalRecord& record : records) {
+    std::vector<std::uint8_t> encoded = encode_wal_record(record);
+    bytes.insert(bytes.end(), encoded.begin(), encoded.end());
+  }
+  try {
+    write_file_atomically(path, bytes, 0600);
+  } catch (const std::exception& e) {
+    throw WalError(std::string("cannot write the WAL: ") + e.what());
+  }
+  return append_to(path, bytes.size());
+}
+
+WalWriter::WalWriter(WalWriter&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)), size_(other.size_) {
+  other.fd_ = -1;
+}
+
+WalWriter& WalWriter::operator=(WalWriter&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    size_ = other.size_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+WalWriter::~WalWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void WalWriter::append(const WalRecord& record) {
+  if (fd_ < 0) throw WalError("WAL writer is closed");
+  const std::vector<std::uint8_t> bytes = encode_wal_record(record);
+  // fdatasync: the data and the file size are what replay needs; timestamps are not.
+  if (!write_all(fd_, bytes) || ::fdatasync(fd_) != 0) {
+    const std::string why = errno_text();
+    // Leave no half record for the next append to follow; if even this fails, reading
+    // will drop the tail as torn.
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
+    throw WalError("cannot append to the WAL " + path_.string() + ": " + why);
+  }
+  size_ += bytes.size();
+}
+
+}  // namespace edgetrain::server

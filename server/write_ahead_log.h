@@ -1,0 +1,97 @@
+// The write-ahead log: every accepted update, appended and fsynced before the server
+// acknowledges it, so that after a crash the server can replay to exactly the version it
+// acknowledged. Layout (all integers little-endian; see server/README.md):
+//
+//   header (32 bytes): "ETWL", u16 format 1, u16 reserved 0, u64 model id,
+//                      f32 learning rate, u32 max staleness, u32 staleness rule,
+//                      u32 crc32 of the previous 28 bytes
+//   record:            u32 body length, u32 crc32 of the body, body:
+//                      u64 version it produced, u64 sequence, u16 identity length,
+//                      identity bytes, the update exactly as received (codec bytes)
+//
+// The settings in the header are the ones replay needs to reproduce the same parameters:
+// a server started with other settings on the same state refuses to start rather than
+// silently replaying to different parameters.
+//
+// A crash can leave a torn last record (short, or with a wrong CRC). Reading stops at the
+// first record that does not check out and reports the bytes after it as dropped; the
+// writer then truncates them away before appending. (A damaged record in the middle of
+// the log is indistinguishable from a torn tail: what follows it is dropped too.)
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace edgetrain::server {
+
+class WalError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct WalHeader {
+  std::uint64_t model_id = 0;
+  float learning_rate = 0;
+  std::uint32_t max_staleness = 0;
+  std::uint32_t staleness_rule = 0;  // StalenessRule as a number
+  bool operator==(const WalHeader&) const = default;
+};
+
+struct WalRecord {
+  std::uint64_t version = 0;   // the model version this update produced
+  std::string identity;        // DTLS identity that sent it
+  std::uint64_t sequence = 0;  // the worker's sequence number
+  std::vector<std::uint8_t> update;  // the update's codec bytes
+};
+
+inline constexpr std::size_t kWalHeaderBytes = 32;
+// A record body above this is treated as damage, never allocated.
+inline constexpr std::uint32_t kWalMaxRecordBody = 256u << 20;
+
+struct WalContents {
+  WalHeader header;
+  std::vector<WalRecord> records;
+  std::uint64_t valid_bytes = 0;    // header + the records that checked out
+  std::uint64_t dropped_bytes = 0;  // after them: a torn or damaged tail
+};
+
+// Throws WalError when the file cannot be read or its header is not a valid WAL header
+// (a log whose header is damaged cannot be trusted at all).
+WalContents read_wal(const std::filesystem::path& path);
+
+std::vector<std::uint8_t> encode_wal_header(const WalHeader& header);
+std::vector<std::uint8_t> encode_wal_record(const WalRecord& record);
+
+// Appends records durably. Not thread-safe.
+class WalWriter {
+ public:
+  // Opens an existing log for appending after its first `valid_bytes` bytes (what
+  // read_wal found), cutting off a torn tail first.
+  static WalWriter append_to(const std::filesystem::path& path, std::uint64_t valid_bytes);
+  // Replaces the log at `path` with one holding `header` and `records` (written to a
+  // temporary file, fsynced, renamed over it) and opens it for appending.
+  static WalWriter replace(const std::filesystem::path& path, const WalHeader& header,
+                           std::span<const WalRecord> records);
+  WalWriter(WalWriter&& other) noexcept;
+  WalWriter& operator=(WalWriter&& other) noexcept;
+  WalWriter(const WalWriter&) = delete;
+  WalWriter& operator=(const WalWriter&) = delete;
+  ~WalWriter();
+
+  // Writes the record and fdatasyncs; when this returns the record survives a crash. On
+  // failure the file is cut back to where it was and WalError is thrown.
+  void append(const WalRecord& record);
+  std::uint64_t size_bytes() const { return size_; }
+
+ private:
+  WalWriter(int fd, std::filesystem::path path, std::uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  int fd_ = -1;
+  std::filesystem::path path_;
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace edgetrain::server

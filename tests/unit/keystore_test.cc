@@ -1,0 +1,88 @@
+// Keystore: add-device writes a private file with a fresh random key, load refuses files
+// that group or others can read, bad names and duplicates are refused, and the printed
+// worker configuration is TOML holding the same identity and key.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "server/keystore.h"
+
+namespace {
+
+using namespace edgetrain::server;
+
+class KeystoreFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("edgetrain-keys-" + std::to_string(::getpid()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ / "keys.toml";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_, path_;
+};
+
+TEST_F(KeystoreFile, AddDeviceCreatesAPrivateFileWithDistinctRandomKeys) {
+  const auto key1 = add_device(path_, "pi-01");
+  const auto key2 = add_device(path_, "pi.kitchen_2");
+  EXPECT_EQ(key1.size(), 32u);
+  EXPECT_NE(key1, key2);
+  struct stat info {};
+  ASSERT_EQ(::stat(path_.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  const Keystore keystore = Keystore::load(path_);
+  EXPECT_EQ(keystore.size(), 2u);
+  EXPECT_EQ(keystore.key_for("pi-01"), key1);
+  EXPECT_EQ(keystore.key_for("pi.kitchen_2"), key2);
+  EXPECT_FALSE(keystore.key_for("pi-03").has_value());  // what the handshake refuses
+}
+
+TEST_F(KeystoreFile, DuplicateAndInvalidNamesAreRefused) {
+  add_device(path_, "pi-01");
+  EXPECT_THROW(add_device(path_, "pi-01"), KeystoreError);
+  EXPECT_THROW(add_device(path_, ""), KeystoreError);
+  EXPECT_THROW(add_device(path_, "has space"), KeystoreError);
+  EXPECT_THROW(add_device(path_, "quote\""), KeystoreError);
+  EXPECT_EQ(Keystore::load(path_).size(), 1u);
+}
+
+TEST_F(KeystoreFile, ReadableByGroupOrOthersIsRefused) {
+  add_device(path_, "pi-01");
+  for (unsigned mode : {0640u, 0604u, 0660u}) {
+    std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(mode));
+    EXPECT_THROW(Keystore::load(path_), KeystoreError) << std::oct << mode;
+    EXPECT_THROW(add_device(path_, "pi-02"), KeystoreError) << std::oct << mode;
+  }
+  std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
+  EXPECT_NO_THROW(Keystore::load(path_));
+}
+
+TEST_F(KeystoreFile, ShortOrNonHexKeysAreRefused) {
+  for (const char* text : {"[devices]\na = \"00ff\"\n", "[devices]\na = \"zz00112233445566778899aabbccddeeff\"\n",
+                           "[devices\n"}) {
+    {
+      std::ofstream out(path_);
+      out << text;
+    }
+    std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
+    EXPECT_THROW(Keystore::load(path_), KeystoreError) << text;
+  }
+}
+
+TEST_F(KeystoreFile, WorkerConfigurationIsTomlWithTheSameKey) {
+  const auto key = add_device(path_, "pi-01");
+  const std::string text = worker_config_toml("coaps://192.0.2.1:5684", "pi-01", key);
+  const toml::table config = toml::parse(text);
+  EXPECT_EQ(config["server"].value<std::string>(), "coaps://192.0.2.1:5684");
+  EXPECT_EQ(config["identity"].value<std::string>(), "pi-01");
+  EXPECT_EQ(config["key_hex"].value<std::string>(), to_hex(key));
+}
+
+}  // namespace

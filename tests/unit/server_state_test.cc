@@ -1,0 +1,282 @@
+// The server's durable state: crash (no checkpoint, torn WAL tail, a crash between
+// checkpoint and WAL rotation) and restart must resume at the acknowledged version with
+// parameters bit-identical to an uninterrupted run; replays apply once; refusals change
+// nothing, not even the WAL.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <random>
+
+#include "server/server_state.h"
+
+namespace {
+
+using namespace edgetrain;
+using server::ServerState;
+using server::ServerStateOptions;
+using server::SubmitOutcome;
+
+runtime::Model small_model() {
+  runtime::Model model(runtime::parse_model_spec("input 4x4x1; fc 8 relu; fc 3", "tiny"));
+  model.initialize(5);
+  return model;
+}
+
+std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("edgetrain-state-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    std::filesystem::remove_all(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+// A random sparse update with a random delay up to `max_delay`, encoded.
+std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
+                                        std::uint64_t version, std::uint64_t max_delay) {
+  transport::SparseUpdate u;
+  u.model_id = model.layout_id();
+  u.sequence = sequence;
+  u.fetched_version = version - rng() % (std::min(version, max_delay) + 1);
+  const auto sizes = sizes_of(model);
+  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+    transport::SparseTensor tensor{t, sizes[t], {}, {}};
+    for (std::uint32_t i = 0; i < sizes[t]; ++i)
+      if (rng() % 4 == 0) {
+        tensor.indices.push_back(i);
+        tensor.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+      }
+    if (!tensor.indices.empty()) u.tensors.push_back(std::move(tensor));
+  }
+  return transport::encode_sparse_update(u).value();
+}
+
+struct Sent {
+  std::string identity;
+  std::vector<std::uint8_t> bytes;
+};
+
+// Generates `count` updates from three identities and the parameters an uninterrupted
+// store (no WAL, no checkpoints) reaches after each prefix.
+class History {
+ public:
+  History(const ServerStateOptions& options, int count, std::uint32_t seed) : model_(small_model()) {
+    std::mt19937 rng(seed);
+    server::ParameterStore reference(model_.layout_id(), sizes_of(model_),
+                                     {model_.parameters().begin(), model_.parameters().end()}, options.store);
+    std::uint64_t sequences[3] = {0, 0, 0};
+    for (int n = 0; n < count; ++n) {
+      const int w = static_cast<int>(rng() % 3);
+      Sent sent{"device-" + std::to_string(w),
+                random_update(rng, model_, ++sequences[w], reference.version(), options.store.max_staleness)};
+      auto decoded = transport::decode_sparse_update(sent.bytes, {model_.layout_id(), sizes_of(model_)});
+      EXPECT_TRUE(reference.apply(decoded.value()).applied());
+      updates_.push_back(std::move(sent));
+      parameters_after_.emplace_back(reference.parameters().begin(), reference.parameters().end());
+    }
+  }
+  const std::vector<Sent>& updates() const { return updates_; }
+  // Parameters after the first `n` updates (n ≥ 1).
+  const std::vector<float>& parameters_after(std::size_t n) const { return parameters_after_.at(n - 1); }
+
+ private:
+  runtime::Model model_;
+  std::vector<Sent> updates_;
+  std::vector<std::vector<float>> parameters_after_;
+};
+
+ServerStateOptions options_for(const TempDir& dir, std::uint64_t checkpoint_every) {
+  ServerStateOptions options;
+  options.state_dir = dir.path();
+  options.store.learning_rate = 0.05f;
+  options.store.max_staleness = 4;
+  options.checkpoint_every = checkpoint_every;
+  return options;
+}
+
+std::vector<float> parameters_of(const ServerState& state) { return state.snapshot().parameters; }
+
+void submit_all(ServerState& state, const History& history, std::size_t from, std::size_t to) {
+  for (std::size_t n = from; n < to; ++n) {
+    auto result = state.submit(history.updates()[n].identity, history.updates()[n].bytes);
+    ASSERT_EQ(result.outcome, SubmitOutcome::kApplied) << n << ": " << result.diagnostic;
+    ASSERT_EQ(result.version, n + 1);
+  }
+}
+
+TEST(ServerState, CrashWithoutCheckpointResumesBitExact) {
+  TempDir dir;
+  const auto options = options_for(dir, 7);  // checkpoints at 7, 14, 21, 28; 30 sits in the WAL
+  History history(options, 45, 1);
+  {
+    ServerState state(small_model(), options);
+    EXPECT_TRUE(state.recovery().fresh);
+    submit_all(state, history, 0, 30);
+    EXPECT_EQ(state.checkpoint_version(), 28u);
+  }  // "crash": destroyed without a final checkpoint
+  ServerState restarted(small_model(), options);
+  EXPECT_FALSE(restarted.recovery().fresh);
+  EXPECT_EQ(restarted.recovery().checkpoint_version, 28u);
+  EXPECT_EQ(restarted.recovery().replayed_updates, 2u);
+  ASSERT_EQ(restarted.version(), 30u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(30));
+  // The staleness history came back too: later updates (with delays reaching across the
+  // checkpoint) land exactly where the uninterrupted run puts them.
+  submit_all(restarted, history, 30, 45);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(45));
+}
+
+TEST(ServerState, TornLastRecordIsDroppedAndTheLogStaysAppendable) {
+  TempDir dir;
+  const auto options = options_for(dir, 0);  // no automatic checkpoints: all in the WAL
+  History history(options, 12, 2);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 10);
+  }
+  const auto wal = dir.path() / "wal.log";
+  std::filesystem::resize_file(wal, std::filesystem::file_size(wal) - 5);  // cut into record 10
+  {
+    ServerState restarted(small_model(), options);
+    EXPECT_GT(restarted.recovery().dropped_wal_bytes, 0u);
+    ASSERT_EQ(restarted.version(), 9u);
+    EXPECT_EQ(parameters_of(restarted), history.parameters_after(9));
+    submit_all(restarted, history, 9, 12);  // appended after the cut, not after the garbage
+  }
+  ServerState again(small_model(), options);
+  EXPECT_EQ(again.recovery().dropped_wal_bytes, 0u);
+  ASSERT_EQ(again.version(), 12u);
+  EXPECT_EQ(parameters_of(again), history.parameters_after(12));
+}
+
+TEST(ServerState, CrashBetweenCheckpointAndWalRotationResumesBitExact) {
+  TempDir dir;
+  const auto options = options_for(dir, 0);
+  History history(options, 16, 3);
+  const auto wal = dir.path() / "wal.log";
+  const auto old_wal = dir.path() / "wal.before-rotation";
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 12);
+    std::filesystem::copy_file(wal, old_wal);
+    state.checkpoint();
+  }
+  // As if the process died after renaming the checkpoint but before replacing the WAL.
+  std::filesystem::rename(old_wal, wal);
+  ServerState restarted(small_model(), options);
+  EXPECT_EQ(restarted.recovery().checkpoint_version, 12u);
+  EXPECT_EQ(restarted.recovery().replayed_updates, 0u);
+  ASSERT_EQ(restarted.version(), 12u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(12));
+  submit_all(restarted, history, 12, 16);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(16));
+}
+
+TEST(ServerState, ReplayedSequenceAppliesOnceAcrossRestarts) {
+  TempDir dir;
+  const auto options = options_for(dir, 3);
+  History history(options, 5, 4);
+  const Sent& first = history.updates()[0];
+  {
+    ServerState state(small_model(), options);
+    auto applied = state.submit(first.identity, first.bytes);
+    ASSERT_EQ(applied.outcome, SubmitOutcome::kApplied);
+    auto again = state.submit(first.identity, first.bytes);
+    EXPECT_EQ(again.outcome, SubmitOutcome::kDuplicate);
+    EXPECT_EQ(again.version, applied.version);
+    EXPECT_EQ(state.version(), 1u);
+    // The same bytes under another identity are that identity's update, not a replay.
+    EXPECT_EQ(state.submit("someone-else", first.bytes).outcome, SubmitOutcome::kApplied);
+    EXPECT_EQ(state.version(), 2u);
+  }
+  ServerState restarted(small_model(), options);
+  auto after_restart = restarted.submit(first.identity, first.bytes);
+  EXPECT_EQ(after_restart.outcome, SubmitOutcome::kDuplicate);
+  EXPECT_EQ(after_restart.version, 1u);
+  restarted.checkpoint();  // the table must survive in the checkpoint's metadata as well
+  ServerState from_checkpoint(small_model(), options);
+  EXPECT_EQ(from_checkpoint.submit(first.identity, first.bytes).outcome, SubmitOutcome::kDuplicate);
+  EXPECT_EQ(from_checkpoint.version(), 2u);
+}
+
+TEST(ServerState, RefusedUpdatesChangeNothingNotEvenTheLog) {
+  TempDir dir;
+  auto options = options_for(dir, 0);
+  options.max_update_bytes = 2000;
+  ServerState state(small_model(), options);
+  const runtime::Model model = small_model();
+  std::mt19937 rng(9);
+  ASSERT_EQ(state.submit("a", random_update(rng, model, 5, 0, 0)).outcome, SubmitOutcome::kApplied);
+  const auto wal_bytes = std::filesystem::file_size(state.wal_path());
+  const auto before = parameters_of(state);
+
+  auto expect_refused = [&](std::vector<std::uint8_t> bytes, SubmitOutcome outcome) {
+    auto result = state.submit("a", bytes);
+    EXPECT_EQ(result.outcome, outcome) << result.diagnostic;
+    EXPECT_FALSE(result.diagnostic.empty());
+    EXPECT_EQ(state.version(), 1u);
+  };
+  auto good = random_update(rng, model, 6, 1, 0);
+  expect_refused({good.begin(), good.begin() + 20}, SubmitOutcome::kMalformed);
+  expect_refused(std::vector<std::uint8_t>(3000, 0), SubmitOutcome::kTooLarge);
+  transport::SparseUpdate u{model.layout_id(), 7, 1, {{0, 128, {3}, {1.0f}}}};
+  u.model_id ^= 1;
+  expect_refused(transport::encode_sparse_update(u).value(), SubmitOutcome::kWrongModel);
+  u.model_id ^= 1;
+  u.fetched_version = 2;  // ahead of the server
+  expect_refused(transport::encode_sparse_update(u).value(), SubmitOutcome::kMalformed);
+  u.fetched_version = 1;
+  u.sequence = 4;  // below the last applied 5
+  expect_refused(transport::encode_sparse_update(u).value(), SubmitOutcome::kOldSequence);
+  // NaN written straight into the bytes (the encoder refuses to produce it).
+  u.sequence = 8;
+  auto nan_bytes = transport::encode_sparse_update(u).value();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(nan_bytes.data() + nan_bytes.size() - 4, &nan, 4);
+  expect_refused(nan_bytes, SubmitOutcome::kMalformed);
+
+  EXPECT_EQ(parameters_of(state), before);
+  EXPECT_EQ(std::filesystem::file_size(state.wal_path()), wal_bytes);
+}
+
+TEST(ServerState, TooStaleUpdatesAreRefused) {
+  TempDir dir;
+  const auto options = options_for(dir, 0);  // max staleness 4
+  History history(options, 6, 5);
+  ServerState state(small_model(), options);
+  submit_all(state, history, 0, 6);
+  transport::SparseUpdate u{state.model_id(), 100, 1, {{0, 128, {3}, {1.0f}}}};  // delay 5
+  auto result = state.submit("late", transport::encode_sparse_update(u).value());
+  EXPECT_EQ(result.outcome, SubmitOutcome::kTooStale) << result.diagnostic;
+  EXPECT_EQ(state.version(), 6u);
+}
+
+TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
+  TempDir dir;
+  auto options = options_for(dir, 0);
+  { ServerState state(small_model(), options); }
+  options.store.learning_rate = 0.1f;
+  EXPECT_THROW(ServerState(small_model(), options), server::StateError);
+  options = options_for(dir, 0);
+  runtime::Model other(runtime::parse_model_spec("input 4x4x1; fc 5", "other"));
+  EXPECT_THROW(ServerState(std::move(other), options), server::StateError);
+}
+
+}  // namespace

@@ -13,6 +13,7 @@
 // from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -57,6 +58,8 @@ class ServerResources {
   // Request payload bytes received by all resources (CoAP payloads after block-wise
   // reassembly; DTLS, CoAP headers and retransmissions are not visible here).
   std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_; }
+  // Updates applied since this process started (not counting duplicates); any thread.
+  std::uint64_t updates_applied() const { return applied_; }
   std::string status_json() const;
 
  private:
@@ -66,8 +69,9 @@ class ServerResources {
   ServerState& state_;
   ResourceOptions options_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  std::uint64_t ingress_payload_bytes_ = 0;
-  std::uint64_t requests_ = 0, model_pulls_ = 0, applied_ = 0, duplicates_ = 0;
+  // Atomic: the evaluator thread reads them for its progress line.
+  std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
+  std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;
   std::map<std::string, std::uint64_t> refused_;  // by reason
   std::set<std::string, std::less<>> workers_seen_;
   mutable std::mutex accuracy_mutex_;

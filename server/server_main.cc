@@ -13,6 +13,8 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <ctime>
 #include <iostream>
 #include <memory>
@@ -24,6 +26,7 @@
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/server_state.h"
+#include "server/svg_plot.h"
 #include "transport/coap_dtls.h"
 
 namespace {
@@ -208,18 +211,54 @@ int run_server(const Settings& s) {
            number(s.lr) + ", max staleness " + std::to_string(s.max_staleness) + ", checkpoint every " +
            std::to_string(s.checkpoint_every) + " updates");
 
+  // What one dense (ASGD) update of this model costs on the wire, to show how much less
+  // the updates actually received carried.
+  const std::uint64_t dense_update_bytes = [&] {
+    transport::SparseUpdate dense;
+    dense.model_id = state.model().layout_id();
+    for (std::size_t t = 0; t < state.model().tensors().size(); t++) {
+      const auto n = static_cast<std::uint32_t>(state.model().tensors()[t].size);
+      transport::SparseTensor tensor{static_cast<std::uint32_t>(t), n, std::vector<std::uint32_t>(n), std::vector<float>(n)};
+      for (std::uint32_t i = 0; i < n; i++) tensor.indices[i] = i;
+      dense.tensors.push_back(std::move(tensor));
+    }
+    auto encoded = transport::encode_sparse_update(dense);
+    return encoded ? static_cast<std::uint64_t>(encoded.value().size()) : 0;
+  }();
+  // One row per evaluation in <state-dir>/metrics.csv; the rows of this run are plotted at exit.
+  const std::filesystem::path metrics_path = std::filesystem::path(s.state_dir) / "metrics.csv";
+  const bool new_metrics = !std::filesystem::exists(metrics_path);
+  std::ofstream metrics(metrics_path, std::ios::app);
+  if (new_metrics) {
+    metrics << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,dense_equivalent_bytes,test_accuracy,test_loss\n";
+  }
+  std::mutex metrics_mutex;
+  server::PlotSeries accuracy_by_ingress{"this run", {}, {}};
+  const auto started = std::chrono::steady_clock::now();
+
   std::unique_ptr<server::BackgroundEvaluator> evaluator;
   if (auto test = load_test_set(s.eval_data)) {
     log_line("evaluating on " + s.eval_data + " (" + std::to_string(test->size()) + " test images) every " +
              number(s.eval_interval_seconds) + " s when the version changed");
     evaluator = std::make_unique<server::BackgroundEvaluator>(
         evaluation_model, std::move(*test), [&state] { return state.snapshot(); },
-        [&resources](const server::EvaluationResult& r) {
+        [&](const server::EvaluationResult& r) {
           resources.report_accuracy(r.version, r.accuracy);
-          char line[160];
-          std::snprintf(line, sizeof(line), "test accuracy %.4f, loss %.4f at version %llu (%.1f s)", r.accuracy,
-                        r.loss, static_cast<unsigned long long>(r.version), r.seconds);
+          const std::uint64_t applied = resources.updates_applied();
+          const std::uint64_t ingress = resources.ingress_payload_bytes();
+          const double dense = static_cast<double>(applied) * static_cast<double>(dense_update_bytes);
+          char line[240];
+          std::snprintf(line, sizeof(line),
+                        "version %llu  test accuracy %.2f%% (loss %.3f, %.1f s)  ingress %.2f MB  dense would be %.1f MB: "
+                        "%.0fx less",
+                        static_cast<unsigned long long>(r.version), r.accuracy * 100, r.loss, r.seconds, ingress / 1e6,
+                        dense / 1e6, ingress ? dense / static_cast<double>(ingress) : 0.0);
           log_line(line);
+          std::lock_guard lock(metrics_mutex);
+          metrics << std::time(nullptr) << ',' << r.version << ',' << applied << ',' << ingress << ','
+                  << static_cast<std::uint64_t>(dense) << ',' << r.accuracy << ',' << r.loss << std::endl;
+          accuracy_by_ingress.x.push_back(static_cast<double>(ingress));
+          accuracy_by_ingress.y.push_back(r.accuracy);
         },
         std::chrono::milliseconds(static_cast<long long>(s.eval_interval_seconds * 1000)));
   }
@@ -234,6 +273,18 @@ int run_server(const Settings& s) {
 
   log_line("stopping: writing a checkpoint at version " + std::to_string(state.version()));
   evaluator.reset();
+  if (!accuracy_by_ingress.x.empty()) {
+    server::PlotOptions plot;
+    plot.title = "edgetrain-server: test accuracy against ingress (" + state.model().spec().name + ", " +
+                 std::to_string(static_cast<int>(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count())) +
+                 " s)";
+    plot.x_label = "update payload bytes received";
+    plot.y_label = "test accuracy";
+    plot.log_x = true;
+    const auto svg_path = std::filesystem::path(s.state_dir) / "accuracy-vs-ingress.svg";
+    std::ofstream(svg_path) << server::render_svg_line_chart({accuracy_by_ingress}, plot);
+    log_line("plot written to " + svg_path.string());
+  }
   state.checkpoint();
   log_line("checkpoint written to " + state.checkpoint_path().string() + "; bye");
   return 0;

@@ -1,4 +1,4 @@
-#include "sim/svg_plot.h"
+#include "server/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-namespace edgetrain::sim {
+namespace edgetrain::server {
 namespace {
 
 std::string escape(const std::string& text) {
@@ -132,4 +132,4 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
   return svg.str();
 }
 
-}  // namespace edgetrain::sim
+}  // namespace edgetrain::server

@@ -123,7 +123,8 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
       svg << px(s.x[j]) << "," << py(std::clamp(s.y[j], o.y_min, o.y_max)) << " ";
     }
     svg << "\"/>\n";
-    const double ly = top + 16 + 18.0 * i;
+    // Bottom right: accuracy curves end high, so the top right is where they are.
+    const double ly = top + plot_h - 12 - 18.0 * static_cast<double>(series.size() - 1 - i);
     svg << "<line x1=\"" << left + plot_w - 190 << "\" x2=\"" << left + plot_w - 165 << "\" y1=\"" << ly - 4
         << "\" y2=\"" << ly - 4 << "\" stroke=\"" << color << "\" stroke-width=\"3\"/>\n<text x=\""
         << left + plot_w - 158 << "\" y=\"" << ly << "\">" << escape(s.label) << "</text>\n";

@@ -13,6 +13,7 @@
 // from any thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -55,8 +56,12 @@ class ServerResources {
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);
   // Request payload bytes received by all resources (CoAP payloads after block-wise
-  // reassembly; DTLS, CoAP headers and retransmissions are not visible here).
-  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_; }
+  // reassembly; DTLS, CoAP headers and retransmissions are not visible here). Any thread.
+  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_.load(std::memory_order_relaxed); }
+  // "ingress 1830 payload bytes, 5120 socket bytes in 14 datagrams": the payload count next
+  // to what reached the attached server's UDP socket (DESIGN.md's figure of merit). Any
+  // thread.
+  std::string ingress_summary() const;
   std::string status_json() const;
 
  private:
@@ -66,7 +71,8 @@ class ServerResources {
   ServerState& state_;
   ResourceOptions options_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  std::uint64_t ingress_payload_bytes_ = 0;
+  const transport::CoapDtlsServer* server_ = nullptr;  // set by attach(); socket counters
+  std::atomic<std::uint64_t> ingress_payload_bytes_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, applied_ = 0, duplicates_ = 0;
   std::map<std::string, std::uint64_t> refused_;  // by reason
   std::set<std::string, std::less<>> workers_seen_;

@@ -217,9 +217,9 @@ int run_server(const Settings& s) {
         [&resources](const server::EvaluationResult& r) {
           resources.report_accuracy(r.version, r.accuracy);
           char line[160];
-          std::snprintf(line, sizeof(line), "test accuracy %.4f, loss %.4f at version %llu (%.1f s)", r.accuracy,
+          std::snprintf(line, sizeof(line), "test accuracy %.4f, loss %.4f at version %llu (%.1f s); ", r.accuracy,
                         r.loss, static_cast<unsigned long long>(r.version), r.seconds);
-          log_line(line);
+          log_line(line + resources.ingress_summary());
         },
         std::chrono::milliseconds(static_cast<long long>(s.eval_interval_seconds * 1000)));
   }
@@ -232,7 +232,8 @@ int run_server(const Settings& s) {
   // Handlers run to completion inside run_once, so a stop request is seen between requests.
   while (!g_stop_requested) server.run_once(200);
 
-  log_line("stopping: writing a checkpoint at version " + std::to_string(state.version()));
+  log_line("stopping: " + resources.ingress_summary() + " since start; writing a checkpoint at version " +
+           std::to_string(state.version()));
   evaluator.reset();
   state.checkpoint();
   log_line("checkpoint written to " + state.checkpoint_path().string() + "; bye");

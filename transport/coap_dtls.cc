@@ -346,6 +346,10 @@ struct CoapDtlsClient::Impl {
   void drop_session() {
     if (session) {
       coap_session_set_app_data(session, nullptr);
+      // Cancel what is still queued for this session first: after an ICMP error libcoap
+      // keeps the request queued for retransmission, holding a reference to the session,
+      // and those entries were never freed (LeakSanitizer in e2e_server_crash_recovery).
+      coap_session_disconnected(session, COAP_NACK_NOT_DELIVERABLE);
       coap_session_release(session);
       session = nullptr;
     }

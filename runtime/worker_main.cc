@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
                            compressor = "adacomp", data_dir;
   runtime::WorkerConfig config;
   double rate = 0.01;
-  bool error_feedback = false, fp16 = false, quiet = false, version = false;
+  bool error_feedback = false, fp16 = false, quiet = false, log_acks = false, version = false;
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, '-' as '_')");
   app.add_option("--server", server, "coaps://HOST[:PORT]")->capture_default_str();
   app.add_option("--identity", identity, "this device's PSK identity");
@@ -70,6 +70,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
+  app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
   app.add_flag("--version", version, "print the version and exit");
   CLI11_PARSE(app, argc, argv);
   if (version) {
@@ -130,7 +131,15 @@ int main(int argc, char** argv) {
              " examples in the data set");
     const bool tty = isatty(STDERR_FILENO);
     auto last_report = std::chrono::steady_clock::now();
+    std::uint64_t acks_logged = 0;
     auto progress = [&](const runtime::WorkerStats& s) {
+      // One push per step, so at most one new acknowledgement per call. The line lets
+      // anyone check afterwards that the server never went back behind a version it
+      // acknowledged (tests/integration/server_crash_recovery.sh does).
+      if (log_acks && s.updates_accepted > acks_logged) {
+        acks_logged = s.updates_accepted;
+        log_line("acknowledged: server version " + std::to_string(s.server_version));
+      }
       if (quiet) return;
       const auto now = std::chrono::steady_clock::now();
       if (now - last_report < std::chrono::seconds(tty ? 1 : 10)) return;

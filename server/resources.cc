@@ -76,7 +76,8 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
     if (result.outcome == SubmitOutcome::kApplied) {
       ++applied_;
       if (options_.log_every_applied && result.version % options_.log_every_applied == 0)
-        log("version " + std::to_string(result.version) + " (" + std::to_string(applied_) + " updates applied since start)");
+        log("version " + std::to_string(result.version) + " (" + std::to_string(applied_) +
+            " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
       log("duplicate update from '" + request.identity + "' answered with version " + std::to_string(result.version));
@@ -112,7 +113,9 @@ std::string ServerResources::status_json() const {
       {"workers_known", state_.sequences().size()},
       {"requests", requests_},
       {"model_pulls", model_pulls_},
-      {"ingress_payload_bytes", ingress_payload_bytes_.load()},
+      {"ingress_payload_bytes", ingress_payload_bytes()},
+      {"ingress_socket_bytes", server_ ? server_->bytes_received() : 0},
+      {"ingress_socket_datagrams", server_ ? server_->datagrams_received() : 0},
       {"uptime_seconds", std::round(uptime * 10) / 10},
       {"checkpoint_version", state_.checkpoint_version()},
       {"updates_since_checkpoint", state_.updates_since_checkpoint()},
@@ -139,7 +142,17 @@ void ServerResources::report_accuracy(std::uint64_t version, double accuracy) {
   last_accuracy_ = {version, accuracy};
 }
 
+std::string ServerResources::ingress_summary() const {
+  std::string summary = "ingress " + std::to_string(ingress_payload_bytes()) + " payload bytes";
+  if (server_) {
+    summary += ", " + std::to_string(server_->bytes_received()) + " socket bytes in " +
+               std::to_string(server_->datagrams_received()) + " datagrams";
+  }
+  return summary;
+}
+
 void ServerResources::attach(transport::CoapDtlsServer& server) {
+  server_ = &server;
   server.add_resource("model", transport::Method::kGet, [this](const CoapRequest& r) { return get_model(r); });
   server.add_resource("update", transport::Method::kPost, [this](const CoapRequest& r) { return post_update(r); });
   server.add_resource("status", transport::Method::kGet, [this](const CoapRequest& r) { return get_status(r); });

@@ -56,10 +56,16 @@ class ServerResources {
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);
   // Request payload bytes received by all resources (CoAP payloads after block-wise
-  // reassembly; DTLS, CoAP headers and retransmissions are not visible here).
-  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_; }
+  // reassembly; DTLS, CoAP headers and retransmissions are not visible here). Any thread.
+  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_.load(std::memory_order_relaxed); }
+  // "ingress 1830 payload bytes, 5120 socket bytes in 14 datagrams": the payload count next
+  // to what reached the attached server's UDP socket (DESIGN.md's figure of merit). Any
+  // thread.
+  std::string ingress_summary() const;
   // Updates applied since this process started (not counting duplicates); any thread.
-  std::uint64_t updates_applied() const { return applied_; }
+  std::uint64_t updates_applied() const { return applied_.load(std::memory_order_relaxed); }
+  // Bytes that reached the attached server's UDP socket (0 before attach()); any thread.
+  std::uint64_t ingress_socket_bytes() const { return server_ ? server_->bytes_received() : 0; }
   std::string status_json() const;
 
  private:
@@ -69,6 +75,7 @@ class ServerResources {
   ServerState& state_;
   ResourceOptions options_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  const transport::CoapDtlsServer* server_ = nullptr;  // set by attach(); socket counters
   // Atomic: the evaluator thread reads them for its progress line.
   std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;

@@ -230,7 +230,7 @@ int run_server(const Settings& s) {
   const bool new_metrics = !std::filesystem::exists(metrics_path);
   std::ofstream metrics(metrics_path, std::ios::app);
   if (new_metrics) {
-    metrics << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,dense_equivalent_bytes,test_accuracy,test_loss\n";
+    metrics << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,dense_equivalent_bytes,test_accuracy,test_loss\n";
   }
   std::mutex metrics_mutex;
   server::PlotSeries accuracy_by_ingress{"this run", {}, {}};
@@ -246,16 +246,18 @@ int run_server(const Settings& s) {
           resources.report_accuracy(r.version, r.accuracy);
           const std::uint64_t applied = resources.updates_applied();
           const std::uint64_t ingress = resources.ingress_payload_bytes();
+          const std::uint64_t socket = resources.ingress_socket_bytes();
           const double dense = static_cast<double>(applied) * static_cast<double>(dense_update_bytes);
-          char line[240];
+          char line[320];
           std::snprintf(line, sizeof(line),
-                        "version %llu  test accuracy %.2f%% (loss %.3f, %.1f s)  ingress %.2f MB  dense would be %.1f MB: "
-                        "%.0fx less",
-                        static_cast<unsigned long long>(r.version), r.accuracy * 100, r.loss, r.seconds, ingress / 1e6,
-                        dense / 1e6, ingress ? dense / static_cast<double>(ingress) : 0.0);
+                        "test accuracy %.4f, loss %.4f at version %llu (%.1f s); %s; dense updates would be %.1f MB: "
+                        "%.0fx the payload",
+                        r.accuracy, r.loss, static_cast<unsigned long long>(r.version), r.seconds,
+                        resources.ingress_summary().c_str(), dense / 1e6,
+                        ingress ? dense / static_cast<double>(ingress) : 0.0);
           log_line(line);
           std::lock_guard lock(metrics_mutex);
-          metrics << std::time(nullptr) << ',' << r.version << ',' << applied << ',' << ingress << ','
+          metrics << std::time(nullptr) << ',' << r.version << ',' << applied << ',' << ingress << ',' << socket << ','
                   << static_cast<std::uint64_t>(dense) << ',' << r.accuracy << ',' << r.loss << std::endl;
           accuracy_by_ingress.x.push_back(static_cast<double>(ingress));
           accuracy_by_ingress.y.push_back(r.accuracy);
@@ -271,7 +273,8 @@ int run_server(const Settings& s) {
   // Handlers run to completion inside run_once, so a stop request is seen between requests.
   while (!g_stop_requested) server.run_once(200);
 
-  log_line("stopping: writing a checkpoint at version " + std::to_string(state.version()));
+  log_line("stopping: " + resources.ingress_summary() + " since start; writing a checkpoint at version " +
+           std::to_string(state.version()));
   evaluator.reset();
   if (!accuracy_by_ingress.x.empty()) {
     server::PlotOptions plot;

@@ -52,6 +52,7 @@ HOST_PACKAGES=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist
   clang libclang-rt-14-dev
+  libcoap3-bin
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

@@ -93,6 +93,12 @@ class CoapDtlsServer {
   // Registers `handler` for `method` on the resource at `path` (no leading slash).
   void add_resource(const std::string& path, Method method, RequestHandler handler);
   std::uint16_t port() const;
+  // What reached the server's UDP socket since construction: every datagram libcoap read
+  // from it (DTLS handshakes and records, CoAP headers, block-wise overhead,
+  // retransmissions, and datagrams it then dropped), counted as UDP payload bytes (IP and
+  // UDP headers excluded). Safe to call from any thread.
+  std::uint64_t bytes_received() const;
+  std::uint64_t datagrams_received() const;
   // Handles network events for at most `timeout_ms` milliseconds.
   void run_once(int timeout_ms);
 

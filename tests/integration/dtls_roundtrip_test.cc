@@ -112,4 +112,66 @@ TEST_F(DtlsRoundTrip, ClientRecoversAfterAFailedRequest) {
   EXPECT_EQ(c.request(Method::kGet, "whoami").code, CoapCode::kContent);
 }
 
+struct Ingress {
+  std::uint64_t bytes, datagrams;
+};
+Ingress ingress_of(const CoapDtlsServer& server) { return {server.bytes_received(), server.datagrams_received()}; }
+Ingress operator-(Ingress a, Ingress b) { return {a.bytes - b.bytes, a.datagrams - b.datagrams}; }
+
+TEST_F(DtlsRoundTrip, SocketIngressCountsRecordsAndHandshakesBeyondThePayload) {
+  EXPECT_EQ(server_->bytes_received(), 0u);
+  EXPECT_EQ(server_->datagrams_received(), 0u);
+  // Every datagram of a request reaches the server before it answers, so once request()
+  // returns the counters hold the whole exchange.
+  const std::vector<std::uint8_t> body(3000, 0x5a);
+  auto c = client("device-1", "key-one-0123456789");
+  Ingress before = ingress_of(*server_);
+  ASSERT_EQ(c.request(Method::kPost, "echo", body).code, CoapCode::kChanged);
+  const Ingress fresh_session = ingress_of(*server_) - before;
+  before = ingress_of(*server_);
+  ASSERT_EQ(c.request(Method::kPost, "echo", body).code, CoapCode::kChanged);
+  const Ingress open_session = ingress_of(*server_) - before;
+
+  // Three Block1 datagrams carry the body; each adds a DTLS record header, nonce, tag and
+  // the CoAP header and options; the reply's later Block2 blocks are asked for by more
+  // (small) requests.
+  EXPECT_GT(open_session.bytes, body.size() + 3 * 13);
+  EXPECT_LT(open_session.bytes, body.size() + 8 * 120);
+  EXPECT_GE(open_session.datagrams, 3u);
+  // The same exchange on a fresh session adds the handshake: ClientHello twice (the cookie
+  // exchange), then ClientKeyExchange, ChangeCipherSpec and Finished.
+  EXPECT_GE(fresh_session.datagrams, open_session.datagrams + 3)
+      << fresh_session.datagrams << " vs " << open_session.datagrams;
+  EXPECT_GT(fresh_session.bytes, open_session.bytes + 150);
+
+  // A request that fits one datagram is one datagram.
+  before = ingress_of(*server_);
+  ASSERT_EQ(c.request(Method::kGet, "whoami").code, CoapCode::kContent);
+  const Ingress small = ingress_of(*server_) - before;
+  EXPECT_EQ(small.datagrams, 1u);
+  EXPECT_GT(small.bytes, 13u + 4u);  // record header + CoAP header at least
+  EXPECT_LT(small.bytes, 120u);
+}
+
+TEST_F(DtlsRoundTrip, SocketIngressIsCountedPerServer) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of("other-key-000000")); };
+  CoapDtlsServer other(options);
+  other.add_resource("ping", Method::kGet, [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
+  std::atomic<bool> stop_other = false;
+  std::thread other_thread([&] {
+    while (!stop_other) other.run_once(10);
+  });
+  CoapDtlsClient to_other({"127.0.0.1", other.port(), {"anyone", bytes_of("other-key-000000")}, 10000});
+  const CoapResponse reply = to_other.request(Method::kGet, "ping");
+  stop_other = true;
+  other_thread.join();
+  EXPECT_EQ(reply.code, CoapCode::kContent);
+  EXPECT_GT(other.bytes_received(), 0u);
+  EXPECT_GE(other.datagrams_received(), 4u);  // handshake and request
+  // Neither this server's socket nor the clients' sockets (whose replies are read with
+  // recv) are charged with that exchange.
+  EXPECT_EQ(server_->bytes_received(), 0u);
+}
+
 }  // namespace

@@ -202,4 +202,33 @@ TEST_F(ServerOverDtls, StatusIsReadableJson) {
   EXPECT_TRUE(status.contains("uptime_seconds"));
 }
 
+TEST_F(ServerOverDtls, StatusCountsSocketBytesBeyondPayloadsIncludingHandshakes) {
+  auto c = device1();
+  std::uint64_t payload = 0;
+  for (std::uint64_t s = 1; s <= 3; ++s) {
+    const auto body = encode(update(s, s - 1));
+    payload += body.size();
+    ASSERT_EQ(c.request(Method::kPost, "update", body).code, CoapCode::kChanged);
+  }
+  // A status request is counted before it is answered, so each reading includes itself.
+  const auto first = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
+  EXPECT_EQ(first["ingress_payload_bytes"].get<std::uint64_t>(), payload);
+  EXPECT_GT(first["ingress_socket_bytes"].get<std::uint64_t>(), payload + 4 * 13);  // + a record header each
+  EXPECT_GE(first["ingress_socket_datagrams"].get<std::uint64_t>(), 3u + 4u);       // handshake + 4 requests
+
+  const auto open_session = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
+  auto fresh = client("device-2", "key-two-9876543210");
+  const auto fresh_session = nlohmann::json::parse(text_of(fresh.request(Method::kGet, "status")));
+  auto delta = [](const nlohmann::json& later, const nlohmann::json& earlier, const char* key) {
+    return later[key].get<std::uint64_t>() - earlier[key].get<std::uint64_t>();
+  };
+  // On an open session a status request is one datagram; on a fresh one the handshake
+  // comes first (ClientHello twice for the cookie, then the key exchange and Finished).
+  EXPECT_EQ(delta(open_session, first, "ingress_socket_datagrams"), 1u);
+  EXPECT_GE(delta(fresh_session, open_session, "ingress_socket_datagrams"), 1u + 3u);
+  EXPECT_GT(delta(fresh_session, open_session, "ingress_socket_bytes"),
+            delta(open_session, first, "ingress_socket_bytes") + 150);
+  EXPECT_EQ(delta(fresh_session, first, "ingress_payload_bytes"), 0u);
+}
+
 }  // namespace

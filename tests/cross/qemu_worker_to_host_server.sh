@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The aarch64 edgetrain-worker, run under qemu-aarch64, trains the MLP against the host
+# build's edgetrain-server over DTLS-PSK on loopback: every step's update is accepted (2.04)
+# and the server's version grows by as many.
+# usage: qemu_worker_to_host_server.sh HOST_SERVER CROSS_WORKER EMULATOR...
+server="$1"; cross_worker="$2"; shift 2
+[ -x "$server" ] || { echo "host server $server not built: build the host preset first" >&2; exit 1; }
+source "$(dirname "$0")/../integration/process_test_lib.sh"
+require_mnist
+steps=12
+# e_machine at offset 18 of the ELF header: 183 is aarch64, so QEMU really runs the worker.
+[ "$(od -An -tu2 -j18 -N2 "$cross_worker" | tr -d ' ')" = 183 ] || fail "$cross_worker is not an aarch64 program"
+
+add_device "$work/keys.toml" pi-under-qemu
+start_server "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
+echo "running: $* $cross_worker ... --steps $steps"
+start_program "$work/worker.log" "$@" "$cross_worker" --config "$work/pi-under-qemu.toml" \
+  --server "coaps://127.0.0.1:$server_port" --model mlp --steps "$steps" --log-acks --quiet
+wait_for_exit "$last_pid" 150 || fail "the aarch64 worker exited with status $?"
+cat "$work/worker.log"
+
+grep -q "stopped after $steps steps: $steps updates accepted" "$work/worker.log" || fail "not every update was accepted"
+# One worker, nothing stale: its updates are versions 1..steps, in order.
+[ "$(acked_versions "$work/worker.log" | tr '\n' ' ')" = "$(seq -s ' ' 1 "$steps") " ] ||
+  fail "acknowledged versions are not 1..$steps"
+kill -TERM "$server_pid"
+wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
+grep -q "writing a checkpoint at version $steps\$" "$work/server.log" || fail "the server did not end at version $steps"
+grep -q "first request from 'pi-under-qemu'" "$work/server.log" || fail "the server did not see the device"
+echo "aarch64 worker under QEMU trained against the host server: versions 1..$steps acknowledged"

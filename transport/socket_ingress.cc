@@ -1,0 +1,121 @@
+// recvmsg() wrapper and registry behind socket_ingress.h. The registry is a short list
+// under a mutex: a server process has one or two endpoints, and one uncontended lock per
+// datagram costs nothing next to the DTLS record it guards.
+#include "transport/socket_ingress.h"
+
+#include <dirent.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace edgetrain::transport::detail {
+namespace {
+
+struct Registration {
+  int fd;
+  IngressCounters* counters;
+};
+
+std::mutex& registry_mutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::vector<Registration>& registry() {
+  static std::vector<Registration> registrations;
+  return registrations;
+}
+
+bool is_registered(int fd) {
+  std::lock_guard lock(registry_mutex());
+  for (const Registration& r : registry())
+    if (r.fd == fd) return true;
+  return false;
+}
+
+bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, socklen_t b_length) {
+  if (a->sa_family != b->sa_family) return false;
+  if (a->sa_family == AF_INET) {
+    if (a_length < sizeof(sockaddr_in) || b_length < sizeof(sockaddr_in)) return false;
+    const auto* x = reinterpret_cast<const sockaddr_in*>(a);
+    const auto* y = reinterpret_cast<const sockaddr_in*>(b);
+    return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+  }
+  if (a->sa_family == AF_INET6) {
+    if (a_length < sizeof(sockaddr_in6) || b_length < sizeof(sockaddr_in6)) return false;
+    const auto* x = reinterpret_cast<const sockaddr_in6*>(a);
+    const auto* y = reinterpret_cast<const sockaddr_in6*>(b);
+    return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+}  // namespace
+
+void count_ingress(int fd, IngressCounters* counters) {
+  std::lock_guard lock(registry_mutex());
+  for (Registration& r : registry()) {
+    if (r.fd == fd) {
+      r.counters = counters;
+      return;
+    }
+  }
+  registry().push_back({fd, counters});
+}
+
+void stop_counting_ingress(int fd) {
+  std::lock_guard lock(registry_mutex());
+  auto& all = registry();
+  for (auto it = all.begin(); it != all.end(); ++it) {
+    if (it->fd == fd) {
+      all.erase(it);
+      return;
+    }
+  }
+}
+
+int find_bound_udp_socket(const sockaddr* address, socklen_t length) {
+  DIR* directory = opendir("/proc/self/fd");
+  if (!directory) return -1;
+  int found = -1;
+  while (dirent* entry = readdir(directory)) {
+    char* end = nullptr;
+    const long fd = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || fd == dirfd(directory)) continue;
+    int type = 0;
+    socklen_t type_length = sizeof(type);
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_DGRAM) continue;
+    sockaddr_storage bound{};
+    socklen_t bound_length = sizeof(bound);
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&bound), &bound_length) != 0) continue;
+    if (!same_address(reinterpret_cast<const sockaddr*>(&bound), bound_length, address, length)) continue;
+    if (is_registered(static_cast<int>(fd))) continue;
+    found = static_cast<int>(fd);
+    break;
+  }
+  closedir(directory);
+  return found;
+}
+
+}  // namespace edgetrain::transport::detail
+
+// The link maps libcoap's calls of recvmsg() here (--wrap=recvmsg); __real_recvmsg is the
+// C library's. Only objects in the link are redirected, never the C library itself.
+extern "C" ssize_t __real_recvmsg(int fd, msghdr* message, int flags);
+extern "C" ssize_t __wrap_recvmsg(int fd, msghdr* message, int flags) {
+  const ssize_t received = __real_recvmsg(fd, message, flags);
+  if (received > 0) {
+    using namespace edgetrain::transport::detail;
+    std::lock_guard lock(registry_mutex());
+    for (const Registration& r : registry()) {
+      if (r.fd == fd) {
+        r.counters->bytes.fetch_add(static_cast<std::uint64_t>(received), std::memory_order_relaxed);
+        r.counters->datagrams.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+  }
+  return received;
+}

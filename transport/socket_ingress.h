@@ -1,0 +1,34 @@
+// Counting the UDP bytes that reach a server socket (transport-internal; not for use
+// outside transport/).
+//
+// DESIGN.md's figure of merit is every byte that reaches the server's UDP socket: DTLS
+// records, CoAP headers, block-wise overhead, retransmissions and handshakes. libcoap
+// 4.3.1 has no hook on the datagrams its endpoint receives, and it keeps the endpoint's
+// socket private. So the link wraps recvmsg() (`-Wl,--wrap=recvmsg`, set on the transport
+// library): libcoap reads every datagram of an unconnected (server) socket with recvmsg(),
+// and the wrapper adds the bytes to the counters registered for that descriptor. Client
+// sockets are connected and read with recv(), so they are never counted.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace edgetrain::transport::detail {
+
+struct IngressCounters {
+  std::atomic<std::uint64_t> bytes{0};      // UDP payload bytes as recvmsg() returned them
+  std::atomic<std::uint64_t> datagrams{0};
+};
+
+// From now on, datagrams that libcoap reads from `fd` are added to `counters`, which must
+// outlive the registration (stop_counting_ingress() before destroying them).
+void count_ingress(int fd, IngressCounters* counters);
+void stop_counting_ingress(int fd);
+
+// The descriptor of this process's UDP socket bound to exactly `address`, skipping those
+// already registered with count_ingress(); -1 if there is none. Scans /proc/self/fd.
+int find_bound_udp_socket(const sockaddr* address, socklen_t length);
+
+}  // namespace edgetrain::transport::detail

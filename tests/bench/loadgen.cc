@@ -245,6 +245,16 @@ int run_load(const LoadSettings& s) {
     std::printf("server→client datagrams         %.1f per update, %.0f B per update\n",
                 traffic.received_datagrams / applied, traffic.received_bytes / applied);
   }
+  // One machine-readable line for run_server_bench.sh's table.
+  std::string summary = "summary load devices=" + std::to_string(s.devices) +
+                        " established=" + std::to_string(report.sessions_established) +
+                        " in_flight=" + std::to_string(s.posts_in_flight) +
+                        " applied=" + std::to_string(report.posts_acknowledged) +
+                        " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
+  if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (cpu_after - cpu_before) / applied);
+  if (applied > 0 && report.posted_body_bytes > 0)
+    summary += " overhead_pct=" + std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
+                                                          static_cast<double>(report.posted_body_bytes) - 1));
   const auto& t0 = status_before["submit_seconds"];
   const auto& t1 = status_after["submit_seconds"];
   const double timed = t1["applied_updates"].get<double>() - t0["applied_updates"].get<double>();
@@ -262,7 +272,10 @@ int run_load(const LoadSettings& s) {
                   "(DTLS, CoAP, %zu-block reassembly, loop) %.0f us\n",
                   wall_per_update_us, submit_us, (update_bytes + 1023) / 1024, wall_per_update_us - submit_us);
     }
+    for (const char* key : {"decode", "wal_append_fdatasync", "apply"})
+      summary += std::string(" ") + key + "_us=" + std::to_string(per_update_us(key));
   }
+  std::printf("%s\n", summary.c_str());
   return 0;
 }
 
@@ -295,8 +308,9 @@ int run_transfer(const TransferSettings& s) {
   std::uint64_t datagrams = proxy.datagrams_to_server();
   started = Clock::now();
   const auto posted = client.request(transport::Method::kPost, "update", body);
+  const double post_seconds = seconds_since(started);
   std::printf("POST /update (%zu B, %zu blocks) %8.3f s  answer %s, %llu datagrams to the server\n", body.size(),
-              (body.size() + 1023) / 1024, seconds_since(started), transport::coap_code_string(posted.code).c_str(),
+              (body.size() + 1023) / 1024, post_seconds, transport::coap_code_string(posted.code).c_str(),
               static_cast<unsigned long long>(proxy.datagrams_to_server() - datagrams));
 
   const std::vector<std::uint32_t> sizes = [&] {
@@ -314,14 +328,19 @@ int run_transfer(const TransferSettings& s) {
   started = Clock::now();
   try {
     const auto pulled = puller.request(transport::Method::kGet, "model");
-    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s\n", model_bytes, model_blocks, seconds_since(started),
+    const double pull_seconds = seconds_since(started);
+    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s\n", model_bytes, model_blocks, pull_seconds,
                 transport::coap_code_string(pulled.code).c_str());
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured\n", s.delay_ms, post_seconds,
+                pull_seconds);
   } catch (const transport::TransportError&) {
     const double elapsed = seconds_since(started);
     const auto blocks = proxy.datagrams_to_client() - datagrams;
+    const double extrapolated = elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks);
     std::printf("GET /model (%zu B, %zu blocks) %8.3f s  EXTRAPOLATED: %llu blocks arrived within the %.0f s budget\n",
-                model_bytes, model_blocks, elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks),
-                static_cast<unsigned long long>(blocks), s.pull_budget_seconds);
+                model_bytes, model_blocks, extrapolated, static_cast<unsigned long long>(blocks), s.pull_budget_seconds);
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated\n", s.delay_ms, post_seconds,
+                extrapolated);
   }
   return 0;
 }

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,6 +113,15 @@ double process_cpu_seconds(int pid) {
   return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// This process's own CPU time (user + system), to tell whether the load generator or the
+// server is the one that limits a run.
+double own_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 nlohmann::json server_status(transport::CoapDtlsClient& client) {
   const auto reply = client.request(transport::Method::kGet, "status");
   if (reply.code != transport::CoapCode::kContent)
@@ -192,13 +202,15 @@ int run_load(const LoadSettings& s) {
     if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
       latest_version = *version;
   };
-  double cpu_before = 0, cpu_after = 0;
+  double cpu_before = 0, cpu_after = 0, own_cpu_before = 0, own_cpu_after = 0;
   nlohmann::json status_before, status_after;
   options.on_posts_starting = [&] {
     status_before = server_status(probe);
     if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
+    own_cpu_before = own_cpu_seconds();
   };
   options.on_posts_finished = [&] {
+    own_cpu_after = own_cpu_seconds();
     if (s.server_pid) cpu_after = process_cpu_seconds(s.server_pid);
     status_after = server_status(probe);
   };
@@ -236,6 +248,11 @@ int run_load(const LoadSettings& s) {
   }
   std::uint64_t posts_sent = report.posts_acknowledged + report.posts_unanswered;
   for (const auto& [code, count] : report.posts_refused_by_code) posts_sent += count;
+  if (applied > 0) {
+    const double own = own_cpu_after - own_cpu_before;
+    std::printf("load generator CPU              %.2f s = %.0f%% of a core; %.0f us per update\n", own,
+                100 * own / std::max(1e-9, report.post_seconds), 1e6 * own / applied);
+  }
   if (applied > 0 && report.posted_body_bytes > 0) {
     // Bytes on the wire per codec byte, over every post sent (retransmissions included).
     const double wire_per_body = static_cast<double>(traffic.sent_bytes) / static_cast<double>(report.posted_body_bytes);
@@ -252,6 +269,7 @@ int run_load(const LoadSettings& s) {
                         " applied=" + std::to_string(report.posts_acknowledged) +
                         " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
   if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (cpu_after - cpu_before) / applied);
+  if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (own_cpu_after - own_cpu_before) / applied);
   if (applied > 0 && report.posted_body_bytes > 0)
     summary += " overhead_pct=" + std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
                                                           static_cast<double>(report.posted_body_bytes) - 1));

@@ -120,6 +120,12 @@ std::string ServerResources::status_json() const {
       {"checkpoint_version", state_.checkpoint_version()},
       {"updates_since_checkpoint", state_.updates_since_checkpoint()},
   };
+  const SubmitTimings& timings = state_.submit_timings();
+  status["submit_seconds"] = {{"applied_updates", timings.applied_updates},
+                              {"decode", timings.decode_seconds},
+                              {"wal_append_fdatasync", timings.wal_seconds},
+                              {"apply", timings.apply_seconds},
+                              {"checkpoints", timings.checkpoint_seconds}};
   if (!state_.checkpoint_error().empty()) status["checkpoint_error"] = state_.checkpoint_error();
   {
     std::lock_guard lock(accuracy_mutex_);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <system_error>
 
 #include "server/durable_file.h"
@@ -23,6 +24,10 @@ std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
 
 std::vector<float> parameters_of(const runtime::Model& model) {
   return {model.parameters().begin(), model.parameters().end()};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 std::uint64_t parse_u64(const std::map<std::string, std::string>& metadata, const char* key,
@@ -193,6 +198,7 @@ void ServerState::recover() {
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
+  const auto decode_started = std::chrono::steady_clock::now();
   const std::uint64_t now = store_.version();
   if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
   if (body.size() > options_.max_update_bytes)
@@ -227,17 +233,25 @@ SubmitResult ServerState::submit(std::string_view identity, std::span<const std:
     case ApplyStatus::kMalformed: return {SubmitOutcome::kMalformed, now, verdict.reason};
   }
 
+  const double decode_seconds = seconds_since(decode_started);
+  const auto wal_started = std::chrono::steady_clock::now();
   WalRecord record{now + 1, std::string(identity), update.sequence, {body.begin(), body.end()}};
   try {
     wal_->append(record);
   } catch (const WalError& e) {
     return {SubmitOutcome::kNotDurable, now, e.what()};
   }
+  const double wal_seconds = seconds_since(wal_started);
+  const auto apply_started = std::chrono::steady_clock::now();
   ApplyResult result;
   {
     std::lock_guard lock(parameters_mutex_);
     result = store_.apply(update);
   }
+  submit_timings_.applied_updates += 1;
+  submit_timings_.decode_seconds += decode_seconds;
+  submit_timings_.wal_seconds += wal_seconds;
+  submit_timings_.apply_seconds += seconds_since(apply_started);
   // admissible() said yes and nothing ran in between: anything else is a bug, and the
   // logged record would replay to a version this process never reached.
   if (!result.applied() || result.version != record.version)
@@ -247,12 +261,14 @@ SubmitResult ServerState::submit(std::string_view identity, std::span<const std:
   ++updates_since_checkpoint_;
 
   if (options_.checkpoint_every && updates_since_checkpoint_ >= options_.checkpoint_every) {
+    const auto checkpoint_started = std::chrono::steady_clock::now();
     try {
       checkpoint();
       checkpoint_error_.clear();
     } catch (const std::exception& e) {
       checkpoint_error_ = e.what();  // the update is durable in the WAL all the same
     }
+    submit_timings_.checkpoint_seconds += seconds_since(checkpoint_started);
   }
   return {SubmitOutcome::kApplied, result.version, {}};
 }

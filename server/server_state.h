@@ -75,6 +75,17 @@ struct RecoveryReport {
   std::uint64_t dropped_wal_bytes = 0; // a torn tail cut off
 };
 
+// Where submit() spends its time, summed over the updates it applied (refused ones are not
+// counted). Wall-clock time on the CoAP thread, so the WAL figure includes waiting for the
+// disk. Kept so that a benchmark can tell decoding, durability and applying apart.
+struct SubmitTimings {
+  std::uint64_t applied_updates = 0;
+  double decode_seconds = 0;      // codec decode, sequence lookup, admissibility check
+  double wal_seconds = 0;         // WAL record encode, write and fdatasync
+  double apply_seconds = 0;       // the staleness-aware apply
+  double checkpoint_seconds = 0;  // automatic checkpoints triggered by updates
+};
+
 struct SequenceEntry {
   std::uint64_t sequence = 0;  // last applied sequence of this identity
   std::uint64_t version = 0;   // the version that update produced
@@ -111,6 +122,7 @@ class ServerState {
   const RecoveryReport& recovery() const { return recovery_; }
   const std::map<std::string, SequenceEntry, std::less<>>& sequences() const { return sequences_; }
   std::uint64_t updates_since_checkpoint() const { return updates_since_checkpoint_; }
+  const SubmitTimings& submit_timings() const { return submit_timings_; }
   std::uint64_t checkpoint_version() const { return checkpoint_version_; }
   // Empty unless the last automatic checkpoint failed (the WAL still holds everything).
   const std::string& checkpoint_error() const { return checkpoint_error_; }
@@ -137,6 +149,7 @@ class ServerState {
   std::uint64_t updates_since_checkpoint_ = 0;
   std::uint64_t checkpoint_version_ = 0;
   std::string checkpoint_error_;
+  SubmitTimings submit_timings_;
   std::vector<std::uint8_t> encoded_model_;
   std::optional<std::uint64_t> encoded_version_;
 };

@@ -200,6 +200,9 @@ TEST_F(ServerOverDtls, StatusIsReadableJson) {
   EXPECT_GT(status["ingress_payload_bytes"].get<std::uint64_t>(), 4u);
   EXPECT_EQ(status["last_test_accuracy"]["accuracy"], 0.5);
   EXPECT_TRUE(status.contains("uptime_seconds"));
+  // The refused update is not part of the time breakdown.
+  EXPECT_EQ(status["submit_seconds"]["applied_updates"], 1);
+  EXPECT_GT(status["submit_seconds"]["wal_append_fdatasync"].get<double>(), 0.0);
 }
 
 TEST_F(ServerOverDtls, StatusCountsSocketBytesBeyondPayloadsIncludingHandshakes) {

@@ -1,0 +1,410 @@
+// edgetrain-loadgen: load and latency figures for a running edgetrain-server (issue 5).
+// A benchmark program that prints figures; never a test. tests/bench/run_server_bench.sh
+// starts a real edgetrain-server process on 127.0.0.1 and runs the subcommands:
+//
+//   keystore  writes a keystore of N load devices (+ one for status and transfer probes)
+//   load      holds N DTLS-PSK sessions open in one libcoap context and posts paper-CNN
+//             AdaComp updates (c = 0.01, ~21 kB, ~21 Block1 blocks) with a bounded number
+//             in flight, for a bounded count and time; prints sessions, updates/s, server
+//             CPU per update, datagram bytes per update vs. the codec bytes, and where the
+//             server's submit time went (its /status breakdown)
+//   transfer  through a user-space UDP relay that delays every datagram by D ms one way:
+//             time of one update post and of one model pull (lock-step Block2)
+//
+// The updates are the paper's top-k of a Gaussian random gradient (the index pattern of a
+// real gradient differs, the sizes hardly: k per tensor is fixed by c). The gradient is
+// computed once per pattern, not per post: the load generator must not be the bottleneck.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "runtime/compressor.h"
+#include "runtime/model.h"
+#include "server/keystore.h"
+#include "server/resources.h"
+#include "tests/bench/udp_delay_proxy.h"
+#include "transport/bench_load.h"
+#include "transport/codec.h"
+#include "transport/coap_dtls.h"
+
+namespace {
+
+using namespace edgetrain;
+using Clock = std::chrono::steady_clock;
+
+// Identity of the extra device used for /status and the transfer probes, so that the load
+// devices' sequence numbers stay theirs alone.
+constexpr const char* kProbeDevice = "loadgen-probe";
+
+std::string load_device_name(std::size_t i) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "loadgen-%05zu", i);
+  return name;
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// ---- keystore -----------------------------------------------------------------------
+int write_keystore(const std::string& path, std::size_t devices) {
+  // server::add_device rewrites and fsyncs the whole file per device (quadratic, and slow
+  // for thousands); the format is two lines of TOML, checked by Keystore::load below.
+  std::ifstream urandom("/dev/urandom", std::ios::binary);
+  std::ostringstream text;
+  text << "# edgetrain keystore written by edgetrain-loadgen (benchmark devices)\n[devices]\n";
+  auto add = [&](const std::string& name) {
+    std::vector<std::uint8_t> key(32);
+    urandom.read(reinterpret_cast<char*>(key.data()), static_cast<std::streamsize>(key.size()));
+    if (!urandom) throw std::runtime_error("cannot read /dev/urandom");
+    text << name << " = \"" << server::to_hex(key) << "\"\n";
+  };
+  add(kProbeDevice);
+  for (std::size_t i = 0; i < devices; ++i) add(load_device_name(i));
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  if (fd < 0) throw std::runtime_error("cannot create " + path);
+  ::fchmod(fd, 0600);
+  const std::string bytes = text.str();
+  const bool written = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  ::close(fd);
+  if (!written) throw std::runtime_error("cannot write " + path);
+  const auto keystore = server::Keystore::load(path);
+  std::printf("keystore %s: %zu devices (%zu load devices + %s)\n", path.c_str(), keystore.size(), devices,
+              kProbeDevice);
+  return 0;
+}
+
+transport::PskCredentials credentials(const server::Keystore& keystore, const std::string& name) {
+  auto key = keystore.key_for(name);
+  if (!key) throw std::runtime_error("device '" + name + "' is not in the keystore (run the keystore subcommand)");
+  return {name, *key};
+}
+
+// ---- server process figures -----------------------------------------------------------
+// utime + stime of a process in seconds, from /proc/<pid>/stat (fields 14 and 15).
+double process_cpu_seconds(int pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close_paren = content.rfind(')');  // the command name may contain spaces
+  if (close_paren == std::string::npos) throw std::runtime_error("cannot read /proc/" + std::to_string(pid) + "/stat");
+  std::istringstream fields(content.substr(close_paren + 2));
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int index = 3; fields >> field; ++index) {  // the field after ")" is number 3 (state)
+    if (index == 14) utime = std::stoull(field);
+    if (index == 15) {
+      stime = std::stoull(field);
+      break;
+    }
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// This process's own CPU time (user + system), to tell whether the load generator or the
+// server is the one that limits a run.
+double own_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+nlohmann::json server_status(transport::CoapDtlsClient& client) {
+  const auto reply = client.request(transport::Method::kGet, "status");
+  if (reply.code != transport::CoapCode::kContent)
+    throw std::runtime_error("GET /status answered " + transport::coap_code_string(reply.code));
+  return nlohmann::json::parse(std::string(reply.payload.begin(), reply.payload.end()));
+}
+
+// ---- updates ---------------------------------------------------------------------------
+struct UpdateFactory {
+  runtime::Model model;
+  std::vector<transport::SparseUpdate> patterns;
+
+  UpdateFactory(const std::string& model_name, double compression_rate, std::size_t pattern_count)
+      : model(runtime::model_spec_from_argument(model_name)) {
+    std::vector<runtime::TensorSlice> layout;
+    for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+    runtime::CompressorOptions options;
+    options.compression_rate = compression_rate;
+    runtime::Compressor compressor(layout, options);
+    std::mt19937_64 random(42);
+    std::normal_distribution<float> gradient_value(0.0f, 1e-3f);
+    std::vector<float> gradient(model.parameter_count());
+    for (std::size_t p = 0; p < pattern_count; ++p) {
+      for (float& g : gradient) g = gradient_value(random);
+      transport::SparseUpdate update;
+      compressor.compress(gradient, update);
+      update.model_id = model.layout_id();
+      patterns.push_back(std::move(update));
+    }
+  }
+
+  std::vector<std::uint8_t> encode(std::size_t pattern, std::uint64_t sequence, std::uint64_t fetched_version) {
+    transport::SparseUpdate& update = patterns[pattern % patterns.size()];
+    update.sequence = sequence;
+    update.fetched_version = fetched_version;
+    auto encoded = transport::encode_sparse_update(update);
+    if (!encoded) throw std::runtime_error("cannot encode an update: " + encoded.error().message);
+    return std::move(encoded).value();
+  }
+};
+
+// ---- load -----------------------------------------------------------------------------
+struct LoadSettings {
+  std::uint16_t port = 0;
+  std::string keystore;
+  std::size_t devices = 1000;
+  std::size_t posts_in_flight = 32;
+  std::uint64_t max_posts = 200000;
+  double seconds = 30;
+  int server_pid = 0;
+  std::string model = "paper-cnn";
+  double compression_rate = 0.01;
+};
+
+int run_load(const LoadSettings& s) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  UpdateFactory factory(s.model, s.compression_rate, 16);
+  const std::size_t update_bytes = factory.encode(0, 1, 0).size();
+  std::size_t update_entries = 0;
+  for (const auto& t : factory.patterns[0].tensors) update_entries += t.indices.size();
+
+  transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
+  const nlohmann::json status_before_handshakes = server_status(probe);
+  std::atomic<std::uint64_t> latest_version{status_before_handshakes["version"].get<std::uint64_t>()};
+
+  transport::bench::UpdateLoadOptions options;
+  options.port = s.port;
+  for (std::size_t i = 0; i < s.devices; ++i) options.devices.push_back(credentials(keystore, load_device_name(i)));
+  options.max_posts_in_flight = s.posts_in_flight;
+  options.max_posts = s.max_posts;
+  options.max_post_seconds = s.seconds;
+  // A worker computes its gradient on the newest model it knows; with W posts in flight
+  // the server sees delays of about W (below the default max staleness of 64).
+  options.make_body = [&](std::size_t device, std::uint64_t sequence) {
+    return factory.encode(device + sequence, sequence, latest_version.load());
+  };
+  options.on_success = [&](std::span<const std::uint8_t> payload) {
+    if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
+      latest_version = *version;
+  };
+  double cpu_before = 0, cpu_after = 0, own_cpu_before = 0, own_cpu_after = 0;
+  nlohmann::json status_before, status_after;
+  options.on_posts_starting = [&] {
+    status_before = server_status(probe);
+    if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
+    own_cpu_before = own_cpu_seconds();
+  };
+  options.on_posts_finished = [&] {
+    own_cpu_after = own_cpu_seconds();
+    if (s.server_pid) cpu_after = process_cpu_seconds(s.server_pid);
+    status_after = server_status(probe);
+  };
+  const double cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
+  const auto report = transport::bench::run_update_load(options);
+
+  const double applied = static_cast<double>(report.posts_acknowledged);
+  const auto& traffic = report.post_traffic;
+  std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g ==\n", s.devices,
+              s.posts_in_flight, s.model.c_str(), factory.model.parameter_count(), s.compression_rate);
+  std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", update_bytes,
+              update_entries, (update_bytes + 1023) / 1024);
+  std::printf("sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu datagrams, %.1f kB\n",
+              report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
+              static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
+              report.handshake_traffic.sent_bytes / 1e3);
+  if (s.server_pid)
+    std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n", cpu_before - cpu_at_start,
+                1e3 * (cpu_before - cpu_at_start) / std::max<std::size_t>(1, report.sessions_established));
+  std::string refused;
+  for (const auto& [code, count] : report.posts_refused_by_code)
+    refused += " " + transport::coap_code_string(code) + "×" + std::to_string(count);
+  std::printf("updates acknowledged (2.04)     %llu in %.2f s = %.0f durable updates/s (refused:%s; unanswered %llu)\n",
+              static_cast<unsigned long long>(report.posts_acknowledged), report.post_seconds,
+              applied / std::max(1e-9, report.post_seconds), refused.empty() ? " none" : refused.c_str(),
+              static_cast<unsigned long long>(report.posts_unanswered));
+  const std::uint64_t versions = status_after["version"].get<std::uint64_t>() - status_before["version"].get<std::uint64_t>();
+  std::printf("server versions advanced        %llu\n", static_cast<unsigned long long>(versions));
+  if (s.server_pid && applied > 0) {
+    const double cpu = cpu_after - cpu_before;
+    std::printf("server CPU (utime+stime)        %.2f s over %.2f s = %.0f%% of a core; %.0f us per update "
+                "(bound with a whole core: %.0f updates/s)\n",
+                cpu, report.post_seconds, 100 * cpu / std::max(1e-9, report.post_seconds), 1e6 * cpu / applied,
+                applied / std::max(1e-9, cpu));
+  }
+  std::uint64_t posts_sent = report.posts_acknowledged + report.posts_unanswered;
+  for (const auto& [code, count] : report.posts_refused_by_code) posts_sent += count;
+  if (applied > 0) {
+    const double own = own_cpu_after - own_cpu_before;
+    std::printf("load generator CPU              %.2f s = %.0f%% of a core; %.0f us per update\n", own,
+                100 * own / std::max(1e-9, report.post_seconds), 1e6 * own / applied);
+  }
+  if (applied > 0 && report.posted_body_bytes > 0) {
+    // Bytes on the wire per codec byte, over every post sent (retransmissions included).
+    const double wire_per_body = static_cast<double>(traffic.sent_bytes) / static_cast<double>(report.posted_body_bytes);
+    std::printf("client→server datagrams         %.1f per update, %.0f B per update for %.0f codec bytes: overhead %.1f%%\n",
+                traffic.sent_datagrams / applied, traffic.sent_bytes / applied,
+                static_cast<double>(report.posted_body_bytes) / static_cast<double>(posts_sent), 100 * (wire_per_body - 1));
+    std::printf("server→client datagrams         %.1f per update, %.0f B per update\n",
+                traffic.received_datagrams / applied, traffic.received_bytes / applied);
+  }
+  // One machine-readable line for run_server_bench.sh's table.
+  std::string summary = "summary load devices=" + std::to_string(s.devices) +
+                        " established=" + std::to_string(report.sessions_established) +
+                        " in_flight=" + std::to_string(s.posts_in_flight) +
+                        " applied=" + std::to_string(report.posts_acknowledged) +
+                        " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
+  if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (cpu_after - cpu_before) / applied);
+  if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (own_cpu_after - own_cpu_before) / applied);
+  if (applied > 0 && report.posted_body_bytes > 0)
+    summary += " overhead_pct=" + std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
+                                                          static_cast<double>(report.posted_body_bytes) - 1));
+  const auto& t0 = status_before["submit_seconds"];
+  const auto& t1 = status_after["submit_seconds"];
+  const double timed = t1["applied_updates"].get<double>() - t0["applied_updates"].get<double>();
+  if (timed > 0) {
+    auto per_update_us = [&](const char* key) { return 1e6 * (t1[key].get<double>() - t0[key].get<double>()) / timed; };
+    std::printf("server submit() per update      decode+checks %.0f us, WAL write+fdatasync %.0f us, apply %.0f us, "
+                "checkpoints %.0f us (amortized)\n",
+                per_update_us("decode"), per_update_us("wal_append_fdatasync"), per_update_us("apply"),
+                per_update_us("checkpoints"));
+    if (s.server_pid && applied > 0) {
+      const double submit_us = per_update_us("decode") + per_update_us("wal_append_fdatasync") +
+                               per_update_us("apply") + per_update_us("checkpoints");
+      const double wall_per_update_us = 1e6 * report.post_seconds / applied;
+      std::printf("server event loop per update    %.0f us of wall time, of which submit() %.0f us; the rest "
+                  "(DTLS, CoAP, %zu-block reassembly, loop) %.0f us\n",
+                  wall_per_update_us, submit_us, (update_bytes + 1023) / 1024, wall_per_update_us - submit_us);
+    }
+    for (const char* key : {"decode", "wal_append_fdatasync", "apply"})
+      summary += std::string(" ") + key + "_us=" + std::to_string(per_update_us(key));
+  }
+  std::printf("%s\n", summary.c_str());
+  return 0;
+}
+
+// ---- transfer under added latency --------------------------------------------------------
+struct TransferSettings {
+  std::uint16_t port = 0;
+  std::string keystore;
+  int delay_ms = 0;
+  double pull_budget_seconds = 40;
+  std::string model = "paper-cnn";
+  double compression_rate = 0.01;
+};
+
+int run_transfer(const TransferSettings& s) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  UpdateFactory factory(s.model, s.compression_rate, 1);
+  edgetrain::bench::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms));
+  const auto psk = credentials(keystore, kProbeDevice);
+  std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
+
+  transport::CoapDtlsClient client({"127.0.0.1", proxy.port(), psk, 30000});
+  auto started = Clock::now();
+  const nlohmann::json status = server_status(client);
+  std::printf("handshake + GET /status          %8.3f s\n", seconds_since(started));
+
+  // The wall clock in microseconds keeps this identity's sequence increasing across runs.
+  const auto sequence = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  const auto body = factory.encode(0, sequence, status["version"].get<std::uint64_t>());
+  std::uint64_t datagrams = proxy.datagrams_to_server();
+  started = Clock::now();
+  const auto posted = client.request(transport::Method::kPost, "update", body);
+  const double post_seconds = seconds_since(started);
+  std::printf("POST /update (%zu B, %zu blocks) %8.3f s  answer %s, %llu datagrams to the server\n", body.size(),
+              (body.size() + 1023) / 1024, post_seconds, transport::coap_code_string(posted.code).c_str(),
+              static_cast<unsigned long long>(proxy.datagrams_to_server() - datagrams));
+
+  const std::vector<std::uint32_t> sizes = [&] {
+    std::vector<std::uint32_t> v;
+    for (const auto& t : factory.model.tensors()) v.push_back(static_cast<std::uint32_t>(t.size));
+    return v;
+  }();
+  const std::vector<float> zeros(factory.model.parameter_count());
+  const std::size_t model_bytes = transport::encode_dense_model(factory.model.layout_id(), 0, sizes, zeros).value().size();
+  const std::size_t model_blocks = (model_bytes + 1023) / 1024;
+  transport::CoapDtlsClient puller(
+      {"127.0.0.1", proxy.port(), psk, static_cast<int>(std::lround(s.pull_budget_seconds * 1000))});
+  server_status(puller);  // handshake outside the timed pull
+  datagrams = proxy.datagrams_to_client();
+  started = Clock::now();
+  try {
+    const auto pulled = puller.request(transport::Method::kGet, "model");
+    const double pull_seconds = seconds_since(started);
+    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s\n", model_bytes, model_blocks, pull_seconds,
+                transport::coap_code_string(pulled.code).c_str());
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured\n", s.delay_ms, post_seconds,
+                pull_seconds);
+  } catch (const transport::TransportError&) {
+    const double elapsed = seconds_since(started);
+    const auto blocks = proxy.datagrams_to_client() - datagrams;
+    const double extrapolated = elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks);
+    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  EXTRAPOLATED: %llu blocks arrived within the %.0f s budget\n",
+                model_bytes, model_blocks, extrapolated, static_cast<unsigned long long>(blocks), s.pull_budget_seconds);
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated\n", s.delay_ms, post_seconds,
+                extrapolated);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"edgetrain-loadgen: load and latency figures for a running edgetrain-server (a benchmark, not a test)"};
+  app.require_subcommand(1);
+
+  std::string keystore_path;
+  std::size_t keystore_devices = 1000;
+  auto* keystore = app.add_subcommand("keystore", "write a keystore of load devices (mode 0600)");
+  keystore->add_option("--out", keystore_path, "keystore file")->required();
+  keystore->add_option("--devices", keystore_devices, "load devices")->capture_default_str();
+
+  LoadSettings load_settings;
+  auto* load = app.add_subcommand("load", "many sessions posting paper-CNN AdaComp updates");
+  load->add_option("--port", load_settings.port, "server UDP port on 127.0.0.1")->required();
+  load->add_option("--keystore", load_settings.keystore, "the keystore the server uses")->required();
+  load->add_option("--devices", load_settings.devices, "concurrent DTLS sessions, one per device")->capture_default_str();
+  load->add_option("--posts-in-flight", load_settings.posts_in_flight, "posts in progress at once")->capture_default_str();
+  load->add_option("--max-posts", load_settings.max_posts, "stop after this many posts")->capture_default_str();
+  load->add_option("--seconds", load_settings.seconds, "stop posting after this long")->capture_default_str();
+  load->add_option("--server-pid", load_settings.server_pid, "server process for CPU time (/proc/PID/stat)");
+  load->add_option("--model", load_settings.model, "model the server runs")->capture_default_str();
+  load->add_option("--compression-rate", load_settings.compression_rate, "AdaComp c")->capture_default_str();
+
+  TransferSettings transfer_settings;
+  auto* transfer = app.add_subcommand("transfer", "one update post and one model pull through a delaying UDP relay");
+  transfer->add_option("--port", transfer_settings.port, "server UDP port on 127.0.0.1")->required();
+  transfer->add_option("--keystore", transfer_settings.keystore, "the keystore the server uses")->required();
+  transfer->add_option("--delay-ms", transfer_settings.delay_ms, "added one-way delay")->capture_default_str();
+  transfer->add_option("--pull-budget", transfer_settings.pull_budget_seconds,
+                       "seconds the model pull may take before its time is extrapolated")
+      ->capture_default_str();
+  transfer->add_option("--model", transfer_settings.model, "model the server runs")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    if (keystore->parsed()) return write_keystore(keystore_path, keystore_devices);
+    if (load->parsed()) return run_load(load_settings);
+    if (transfer->parsed()) return run_transfer(transfer_settings);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-loadgen: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

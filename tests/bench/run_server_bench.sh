@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Server benchmark (issue 5): starts a real edgetrain-server on 127.0.0.1 with a fresh
+# state directory on disk (so fdatasync costs what it costs), then runs edgetrain-loadgen:
+#   1. load: many concurrent DTLS-PSK sessions posting paper-CNN AdaComp updates;
+#   2. transfer: one update post and one model pull through a UDP relay adding 0, 10, 50 ms
+#      each way.
+# Prints each run's figures and a table at the end. Builds nothing: assumes build/host
+# (cmake --preset host && cmake --build --preset host -j2). Prints figures; not a test.
+#
+# Settings (environment): EDGETRAIN_BUILD (build/host), BENCH_DEVICES (1000),
+# BENCH_IN_FLIGHT (32), BENCH_SECONDS (30, posting time), BENCH_DELAYS ("0 10 50"),
+# BENCH_PULL_BUDGET (40 s; a slower model pull is stopped and its time extrapolated from
+# the blocks that arrived), BENCH_STATE_PARENT (the build tree; /dev/shm puts the WAL on
+# tmpfs, where fdatasync costs nothing: not durable, only to see the ceiling without the
+# per-update sync). Every run is bounded by `timeout`, none longer than 2 minutes.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+build=${EDGETRAIN_BUILD:-build/host}
+devices=${BENCH_DEVICES:-1000}
+in_flight=${BENCH_IN_FLIGHT:-32}
+post_seconds=${BENCH_SECONDS:-30}
+delays=${BENCH_DELAYS:-"0 10 50"}
+pull_budget=${BENCH_PULL_BUDGET:-40}
+
+server=$build/server/edgetrain-server
+loadgen=$build/tests/edgetrain-loadgen
+for program in "$server" "$loadgen"; do
+  [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }
+done
+
+# One socket per client session in the load generator.
+if (( $(ulimit -n) < devices + 256 )); then ulimit -n "$(ulimit -Hn)"; fi
+
+# By default on the build tree's disk, not tmpfs: the WAL's fdatasync must reach a device.
+work=$(mktemp -d "${BENCH_STATE_PARENT:-$PWD/$build}/server-bench.XXXXXX")
+server_pid=""
+cleanup() {
+  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
+    kill -TERM "$server_pid"
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$loadgen" keystore --out "$work/keys.toml" --devices "$devices"
+
+start_server() {
+  rm -rf "$work/state"
+  # Removed first: the background start may open (and truncate) the log only after the
+  # loop below has read the previous server's port from it.
+  rm -f "$work/server.log"
+  "$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
+            --eval-data none 2> "$work/server.log" &
+  server_pid=$!
+  port=""
+  for _ in $(seq 100); do
+    port=$(grep -so 'listening on 127.0.0.1:[0-9]*' "$work/server.log" | sed 's/.*://' || true)
+    [[ -n $port ]] && break
+    sleep 0.1
+  done
+  [[ -n $port ]] || { cat "$work/server.log" >&2; echo "the server did not start" >&2; exit 1; }
+}
+
+stop_server() {
+  kill -TERM "$server_pid"
+  wait "$server_pid" || true
+  server_pid=""
+}
+
+echo "server state on $(stat -f -c %T "$work"), $(nproc) cores, $(uname -r)"
+start_server
+timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
+  --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" | tee "$work/load.txt"
+stop_server
+
+: > "$work/transfer.txt"
+for delay in $delays; do
+  start_server  # a fresh server each time: version 0, same model bytes
+  timeout 115 "$loadgen" transfer --port "$port" --keystore "$work/keys.toml" --delay-ms "$delay" \
+    --pull-budget "$pull_budget" | tee -a "$work/transfer.txt" || { echo "transfer at $delay ms failed; server log:"; cat "$work/server.log"; }
+  stop_server
+done
+
+# The table, from the loadgen's "summary" lines.
+field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
+load=$(grep '^summary load' "$work/load.txt" || true)
+echo
+echo "| figure | value | goal |"
+echo "|---|---|---|"
+printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(field devices "$load")"
+printf '| durable updates applied per second (paper CNN, c = 0.01, %s in flight) | %.0f | ≥ 5,000 |\n' \
+  "$(field in_flight "$load")" "$(field updates_per_s "$load")"
+printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(field server_cpu_us "$load")" \
+  "$(field loadgen_cpu_us "$load")"
+printf '| client→server datagram bytes over codec bytes | +%.1f %% | ≤ 10 %% |\n' "$(field overhead_pct "$load")"
+printf '| server submit(): decode / WAL write+fdatasync / apply | %.0f / %.0f / %.0f µs | |\n' \
+  "$(field decode_us "$load")" "$(field wal_append_fdatasync_us "$load")" "$(field apply_us "$load")"
+while read -r line; do
+  printf '| one-way delay %s ms: one update post / one model pull | %.3f s / %.1f s (%s) | |\n' \
+    "$(field delay_ms "$line")" "$(field update_s "$line")" "$(field pull_s "$line")" "$(field pull "$line")"
+done < <(grep '^summary transfer' "$work/transfer.txt" || true)

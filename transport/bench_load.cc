@@ -1,0 +1,379 @@
+// libcoap-backed implementation of bench_load.h (benchmark-only; see the header).
+#include "transport/bench_load.h"
+
+#include <coap3/coap.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+
+// ---- datagram counting through the linker's --wrap (see CMakeLists.txt) -----------------
+namespace {
+std::atomic<std::uint64_t> g_sent_datagrams{0}, g_sent_bytes{0}, g_received_datagrams{0}, g_received_bytes{0};
+
+void count_sent(ssize_t bytes) {
+  if (bytes < 0) return;
+  g_sent_datagrams.fetch_add(1, std::memory_order_relaxed);
+  g_sent_bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+}
+void count_received(ssize_t bytes) {
+  if (bytes < 0) return;
+  g_received_datagrams.fetch_add(1, std::memory_order_relaxed);
+  g_received_bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+}
+}  // namespace
+
+extern "C" {
+ssize_t __real_send(int fd, const void* data, size_t length, int flags);
+ssize_t __real_sendmsg(int fd, const struct msghdr* message, int flags);
+ssize_t __real_recv(int fd, void* data, size_t length, int flags);
+
+ssize_t __wrap_send(int fd, const void* data, size_t length, int flags) {
+  const ssize_t sent = __real_send(fd, data, length, flags);
+  count_sent(sent);
+  return sent;
+}
+ssize_t __wrap_sendmsg(int fd, const struct msghdr* message, int flags) {
+  const ssize_t sent = __real_sendmsg(fd, message, flags);
+  count_sent(sent);
+  return sent;
+}
+ssize_t __wrap_recv(int fd, void* data, size_t length, int flags) {
+  const ssize_t received = __real_recv(fd, data, length, flags);
+  count_received(received);
+  return received;
+}
+// No recvmsg wrapper here: edgetrain_transport already wraps recvmsg for the server's
+// socket counter (socket_ingress.cc), and the load client's connected sockets use recv().
+}
+
+namespace edgetrain::transport::bench {
+
+DatagramCounts DatagramCounts::operator-(const DatagramCounts& earlier) const {
+  return {sent_datagrams - earlier.sent_datagrams, sent_bytes - earlier.sent_bytes,
+          received_datagrams - earlier.received_datagrams, received_bytes - earlier.received_bytes};
+}
+
+DatagramCounts datagram_counts() {
+  return {g_sent_datagrams.load(), g_sent_bytes.load(), g_received_datagrams.load(), g_received_bytes.load()};
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+coap_address_t resolve_numeric(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found)
+    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
+  coap_address_t address;
+  coap_address_init(&address);
+  address.size = found->ai_addrlen;
+  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return address;
+}
+
+void release_body(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
+
+class LoadRunner;
+
+struct DeviceSession {
+  enum class State { kNotStarted, kHandshake, kIdle, kPosting, kFailed };
+  LoadRunner* runner = nullptr;
+  std::size_t device = 0;
+  coap_session_t* session = nullptr;
+  State state = State::kNotStarted;
+  std::uint64_t next_sequence = 1;
+  std::vector<std::uint8_t> token;  // of the post in progress
+  std::size_t body_bytes = 0;
+};
+
+class LoadRunner {
+ public:
+  explicit LoadRunner(const UpdateLoadOptions& options) : options_(options) {
+    coap_startup();
+    // Handshake failures are counted in the report; libcoap's own log stays at errors.
+    const char* env = std::getenv("EDGETRAIN_COAP_LOG");
+    coap_set_log_level(env ? std::atoi(env) : LOG_ERR);
+    coap_dtls_set_log_level(env ? std::atoi(env) : LOG_WARNING);
+    server_address_ = resolve_numeric(options.host, options.port);
+    context_ = coap_new_context(nullptr);
+    if (!context_) throw TransportError("coap_new_context failed");
+    coap_context_set_block_mode(context_, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+    coap_register_response_handler(context_, &LoadRunner::on_response);
+    coap_register_nack_handler(context_, &LoadRunner::on_nack);
+    coap_register_event_handler(context_, &LoadRunner::on_event);
+    for (std::size_t i = 0; i < options.devices.size(); ++i) {
+      auto device = std::make_unique<DeviceSession>();
+      device->runner = this;
+      device->device = i;
+      devices_.push_back(std::move(device));
+    }
+  }
+  ~LoadRunner() {
+    for (auto& device : devices_) {
+      if (device->session) {
+        coap_session_set_app_data(device->session, nullptr);
+        coap_session_release(device->session);
+      }
+    }
+    if (context_) coap_free_context(context_);
+  }
+
+  UpdateLoadReport run() {
+    establish_sessions();
+    post_updates();
+    return report_;
+  }
+
+ private:
+  static DeviceSession* of(coap_session_t* session) {
+    return static_cast<DeviceSession*>(coap_session_get_app_data(session));
+  }
+
+  void establish_sessions() {
+    const DatagramCounts before = datagram_counts();
+    const auto started = Clock::now();
+    const auto deadline = started + std::chrono::duration<double>(options_.handshake_budget_seconds);
+    std::size_t next = 0;
+    while (report_.sessions_established + report_.sessions_failed < devices_.size()) {
+      while (next < devices_.size() && handshakes_in_flight_ < options_.max_handshakes_in_flight) {
+        start_handshake(*devices_[next++]);
+      }
+      if (Clock::now() >= deadline) break;
+      coap_io_process(context_, 10);
+      // libcoap 4.3.1 raises COAP_EVENT_DTLS_CONNECTED on a client only when a datagram
+      // arrives after the handshake, so the end of a handshake is seen in the session state.
+      for (std::size_t i = first_handshaking_; i < next; ++i) {
+        DeviceSession& device = *devices_[i];
+        if (device.state == DeviceSession::State::kHandshake &&
+            coap_session_get_state(device.session) == COAP_SESSION_STATE_ESTABLISHED)
+          mark_established(device);
+      }
+      while (first_handshaking_ < next && devices_[first_handshaking_]->state != DeviceSession::State::kHandshake)
+        ++first_handshaking_;
+    }
+    // Whatever is still half-open after the budget counts as failed.
+    for (auto& device : devices_) {
+      if (device->state == DeviceSession::State::kHandshake || device->state == DeviceSession::State::kNotStarted) {
+        device->state = DeviceSession::State::kFailed;
+        ++report_.sessions_failed;
+      }
+    }
+    handshakes_in_flight_ = 0;
+    report_.handshake_seconds = seconds_between(started, Clock::now());
+    report_.handshake_traffic = datagram_counts() - before;
+  }
+
+  void start_handshake(DeviceSession& device) {
+    const PskCredentials& psk_credentials = options_.devices[device.device];
+    coap_dtls_cpsk_t psk{};
+    psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
+    psk.psk_info.identity.s = reinterpret_cast<const uint8_t*>(psk_credentials.identity.data());
+    psk.psk_info.identity.length = psk_credentials.identity.size();
+    psk.psk_info.key.s = psk_credentials.key.data();
+    psk.psk_info.key.length = psk_credentials.key.size();
+    // The ClientHello goes out here; COAP_EVENT_DTLS_CONNECTED reports the end.
+    device.state = DeviceSession::State::kHandshake;
+    ++handshakes_in_flight_;
+    device.session = coap_new_client_session_psk2(context_, nullptr, &server_address_, COAP_PROTO_DTLS, &psk);
+    if (!device.session) {
+      fail(device);
+      return;
+    }
+    coap_session_set_app_data(device.session, &device);
+  }
+
+  void post_updates() {
+    for (auto& device : devices_)
+      if (device->state == DeviceSession::State::kIdle) idle_.push_back(device.get());
+    if (options_.on_posts_starting) options_.on_posts_starting();
+    const DatagramCounts before = datagram_counts();
+    const auto started = Clock::now();
+    const auto stop_posting = started + std::chrono::duration<double>(options_.max_post_seconds);
+    // Posts in progress at the stop get a bounded grace period for their answers (a CoAP
+    // exchange gives up after ~45 s of retransmissions; we do not wait that long).
+    const auto give_up = stop_posting + std::chrono::seconds(10);
+    auto last_answer = started;
+    std::uint64_t posts_started = 0;
+    while (true) {
+      const auto now = Clock::now();
+      const bool may_post = now < stop_posting && posts_started < options_.max_posts;
+      while (may_post && posts_in_flight_ < options_.max_posts_in_flight && !idle_.empty() &&
+             posts_started < options_.max_posts) {
+        DeviceSession* device = idle_.front();
+        idle_.pop_front();
+        if (device->state != DeviceSession::State::kIdle) continue;  // failed while idle
+        if (start_post(*device)) ++posts_started;
+      }
+      if (posts_in_flight_ == 0 && (!may_post || idle_.empty())) break;
+      if (now >= give_up) break;
+      const std::uint64_t answered_before = answers_;
+      coap_io_process(context_, 5);
+      if (answers_ != answered_before) last_answer = Clock::now();
+    }
+    report_.posts_unanswered += posts_in_flight_;
+    report_.post_seconds = seconds_between(started, last_answer);
+    report_.post_traffic = datagram_counts() - before;
+    if (options_.on_posts_finished) options_.on_posts_finished();
+  }
+
+  bool start_post(DeviceSession& device) {
+    std::vector<std::uint8_t> body = options_.make_body(device.device, device.next_sequence);
+    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, COAP_REQUEST_CODE_POST, device.session);
+    if (!pdu) {
+      fail(device);
+      return false;
+    }
+    std::uint8_t token[8];
+    std::size_t token_length = 0;
+    coap_session_new_token(device.session, &token_length, token);
+    coap_add_token(pdu, token_length, token);
+    device.token.assign(token, token + token_length);
+    coap_add_option(pdu, COAP_OPTION_URI_PATH, options_.path.size(),
+                    reinterpret_cast<const uint8_t*>(options_.path.data()));
+    auto* owned = new std::vector<std::uint8_t>(std::move(body));
+    device.body_bytes = owned->size();
+    // libcoap owns `owned` from here on (release_body), whether or not the call succeeds.
+    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(), release_body, owned)) {
+      coap_delete_pdu(pdu);
+      fail(device);
+      return false;
+    }
+    if (coap_send(device.session, pdu) == COAP_INVALID_MID) {
+      fail(device);
+      return false;
+    }
+    device.state = DeviceSession::State::kPosting;
+    ++device.next_sequence;
+    ++posts_in_flight_;
+    report_.posted_body_bytes += device.body_bytes;
+    return true;
+  }
+
+  void mark_established(DeviceSession& device) {
+    device.state = DeviceSession::State::kIdle;
+    --handshakes_in_flight_;
+    ++report_.sessions_established;
+  }
+
+  void finish_post(DeviceSession& device) {
+    device.state = DeviceSession::State::kIdle;
+    --posts_in_flight_;
+    ++answers_;
+    idle_.push_back(&device);
+  }
+
+  void fail(DeviceSession& device) {
+    switch (device.state) {
+      case DeviceSession::State::kNotStarted:
+      case DeviceSession::State::kHandshake:
+        --handshakes_in_flight_;
+        ++report_.sessions_failed;
+        break;
+      case DeviceSession::State::kPosting:
+        --posts_in_flight_;
+        ++answers_;
+        ++report_.posts_unanswered;
+        break;
+      case DeviceSession::State::kIdle:
+      case DeviceSession::State::kFailed:
+        break;
+    }
+    device.state = DeviceSession::State::kFailed;
+  }
+
+  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*, const coap_pdu_t* received,
+                                     const coap_mid_t) {
+    DeviceSession* device = of(session);
+    if (!device || device->state != DeviceSession::State::kPosting) return COAP_RESPONSE_OK;
+    const coap_bin_const_t token = coap_pdu_get_token(received);
+    if (token.length != device->token.size() ||
+        (token.length && std::memcmp(token.s, device->token.data(), token.length) != 0))
+      return COAP_RESPONSE_OK;  // not the post in progress
+    LoadRunner& self = *device->runner;
+    const coap_pdu_code_t code = coap_pdu_get_code(received);
+    const int code_number = (code >> 5) * 100 + (code & 0x1f);
+    if (code_number / 100 == 2) {
+      ++self.report_.posts_acknowledged;
+      self.report_.acknowledged_body_bytes += device->body_bytes;
+      if (self.options_.on_success) {
+        size_t length = 0, offset = 0, total = 0;
+        const uint8_t* data = nullptr;
+        if (coap_get_data_large(received, &length, &data, &offset, &total) && data)
+          self.options_.on_success(std::span<const std::uint8_t>(data, length));
+        else
+          self.options_.on_success({});
+      }
+    } else {
+      ++self.report_.posts_refused_by_code[code_number];
+    }
+    self.finish_post(*device);
+    return COAP_RESPONSE_OK;
+  }
+
+  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t, const coap_mid_t) {
+    DeviceSession* device = of(session);
+    if (!device || device->state != DeviceSession::State::kPosting) return;
+    LoadRunner& self = *device->runner;
+    ++self.report_.posts_unanswered;
+    --self.posts_in_flight_;
+    ++self.answers_;
+    // The session may still be usable (a lost exchange); a broken one reports an event too.
+    if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) {
+      device->state = DeviceSession::State::kIdle;
+      self.idle_.push_back(device);
+    } else {
+      device->state = DeviceSession::State::kFailed;
+    }
+  }
+
+  static int on_event(coap_session_t* session, const coap_event_t event) {
+    DeviceSession* device = of(session);
+    if (!device) return 0;
+    LoadRunner& self = *device->runner;
+    if (event == COAP_EVENT_DTLS_CONNECTED && device->state == DeviceSession::State::kHandshake) {
+      self.mark_established(*device);
+    } else if (event == COAP_EVENT_DTLS_ERROR || event == COAP_EVENT_DTLS_CLOSED || event == COAP_EVENT_SESSION_FAILED) {
+      self.fail(*device);
+    }
+    return 0;
+  }
+
+  const UpdateLoadOptions& options_;
+  coap_address_t server_address_{};
+  coap_context_t* context_ = nullptr;
+  std::vector<std::unique_ptr<DeviceSession>> devices_;
+  std::deque<DeviceSession*> idle_;
+  std::size_t handshakes_in_flight_ = 0;
+  std::size_t first_handshaking_ = 0;  // devices before it are past their handshake
+  std::size_t posts_in_flight_ = 0;
+  std::uint64_t answers_ = 0;  // posts finished one way or another
+  UpdateLoadReport report_;
+};
+
+}  // namespace
+
+UpdateLoadReport run_update_load(const UpdateLoadOptions& options) {
+  if (!options.make_body) throw TransportError("run_update_load needs make_body");
+  if (options.devices.empty()) throw TransportError("run_update_load needs at least one device");
+  LoadRunner runner(options);
+  return runner.run();
+}
+
+}  // namespace edgetrain::transport::bench

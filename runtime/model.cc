@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "runtime/splitmix64.h"
+
 namespace edgetrain::runtime {
 namespace {
 
@@ -69,18 +71,6 @@ std::uint64_t fnv1a(std::uint64_t hash, std::string_view bytes) {
   }
   return hash;
 }
-
-// splitmix64: a tiny generator whose output is identical on every platform.
-struct SplitMix64 {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }  // [0, 1)
-};
 
 }  // namespace
 
@@ -265,7 +255,7 @@ void Model::initialize(std::uint64_t seed) {
     const std::size_t receptive = layer.kind == LayerKind::kConv ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
     const std::size_t fan_out = static_cast<std::size_t>(w.shape[0]) * receptive;
     const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
-    for (std::size_t i = 0; i < w.size; i++) parameters_[w.offset + i] = (2.0f * rng.uniform() - 1.0f) * bound;
+    for (std::size_t i = 0; i < w.size; i++) parameters_[w.offset + i] = (2.0f * rng.uniform_float() - 1.0f) * bound;
     const TensorInfo& b = tensors_[layer.bias_tensor];
     std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(b.offset), b.size, 0.0f);
   }

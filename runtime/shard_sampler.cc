@@ -7,18 +7,11 @@
 namespace edgetrain::runtime {
 
 ShardSampler::ShardSampler(const Dataset& data, std::vector<std::uint32_t> shard, std::uint64_t seed)
-    : data_(data), shard_(std::move(shard)), state_(seed) {
+    : data_(data), shard_(std::move(shard)), random_{seed} {
   if (shard_.empty()) throw std::invalid_argument("ShardSampler: empty shard");
   for (std::uint32_t i : shard_) {
     if (i >= data.size()) throw std::invalid_argument("ShardSampler: example " + std::to_string(i) + " not in the data set");
   }
-}
-
-std::uint64_t ShardSampler::next_random() {  // splitmix64
-  std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 void ShardSampler::next_batch(int count, std::span<std::uint8_t> pixels, std::span<std::int32_t> labels) {
@@ -30,7 +23,7 @@ void ShardSampler::next_batch(int count, std::span<std::uint8_t> pixels, std::sp
     if (cursor_ == shard_.size()) {
       cursor_ = 0;
       epoch_++;
-      for (std::size_t j = shard_.size() - 1; j > 0; j--) std::swap(shard_[j], shard_[next_random() % (j + 1)]);
+      for (std::size_t j = shard_.size() - 1; j > 0; j--) std::swap(shard_[j], shard_[random_.next() % (j + 1)]);
     }
     const std::uint32_t example = shard_[cursor_++];
     std::copy_n(data_.pixels.data() + example * image, image, pixels.data() + static_cast<std::size_t>(i) * image);

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/dataset.h"
+#include "runtime/splitmix64.h"
 
 namespace edgetrain::runtime {
 
@@ -23,13 +24,11 @@ class ShardSampler {
   std::uint64_t epoch() const { return epoch_; }
 
  private:
-  std::uint64_t next_random();
-
   const Dataset& data_;
   std::vector<std::uint32_t> shard_;
   std::size_t cursor_ = 0;
   std::uint64_t epoch_ = 0;
-  std::uint64_t state_;
+  SplitMix64 random_;
 };
 
 }  // namespace edgetrain::runtime

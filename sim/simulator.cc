@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "runtime/shard_sampler.h"
+#include "runtime/splitmix64.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 
@@ -16,14 +17,8 @@ namespace {
 // splitmix64 with Box-Muller: the same numbers on every platform for a seed.
 class Random {
  public:
-  explicit Random(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  explicit Random(std::uint64_t seed) : generator_{seed} {}
+  double uniform() { return generator_.uniform_double(); }  // [0, 1)
   double normal() {
     const double u1 = 1.0 - uniform(), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
@@ -32,7 +27,7 @@ class Random {
   double exponential(double mean) { return -mean * std::log(1.0 - uniform()); }
 
  private:
-  std::uint64_t state_;
+  runtime::SplitMix64 generator_;
 };
 
 struct Worker {

@@ -1,6 +1,8 @@
 // libcoap-backed implementation of bench_load.h (benchmark-only; see the header).
 #include "transport/bench_load.h"
 
+#include "transport/coap_address_internal.h"
+
 #include <coap3/coap.h>
 #include <netdb.h>
 #include <sys/socket.h>
@@ -71,23 +73,6 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-coap_address_t resolve_numeric(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found)
-    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
-  coap_address_t address;
-  coap_address_init(&address);
-  address.size = found->ai_addrlen;
-  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
-  freeaddrinfo(found);
-  return address;
-}
-
 void release_body(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
 
 class LoadRunner;
@@ -111,7 +96,7 @@ class LoadRunner {
     const char* env = std::getenv("EDGETRAIN_COAP_LOG");
     coap_set_log_level(env ? std::atoi(env) : LOG_ERR);
     coap_dtls_set_log_level(env ? std::atoi(env) : LOG_WARNING);
-    server_address_ = resolve_numeric(options.host, options.port);
+    server_address_ = resolve_udp_address(options.host, options.port);
     context_ = coap_new_context(nullptr);
     if (!context_) throw TransportError("coap_new_context failed");
     coap_context_set_block_mode(context_, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);

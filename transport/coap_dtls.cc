@@ -3,6 +3,8 @@
 // no exception ever crosses back into libcoap.
 #include "transport/coap_dtls.h"
 
+#include "transport/coap_address_internal.h"
+
 #include <coap3/coap.h>
 #include <netdb.h>
 
@@ -64,24 +66,6 @@ Method from_request_code(coap_pdu_code_t code) {
 
 int code_from_pdu(coap_pdu_code_t code) { return (code >> 5) * 100 + (code & 0x1f); }
 
-coap_address_t resolve(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found) {
-    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
-  }
-  coap_address_t address;
-  coap_address_init(&address);
-  address.size = found->ai_addrlen;
-  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
-  freeaddrinfo(found);
-  return address;
-}
-
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> segments;
   std::string current;
@@ -101,6 +85,24 @@ std::vector<std::string> split_path(const std::string& path) {
 void release_payload(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
 
 }  // namespace
+
+coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found) {
+    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  coap_address_t address;
+  coap_address_init(&address);
+  address.size = found->ai_addrlen;
+  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return address;
+}
 
 std::string tls_library_description() {
   coap_library_startup();
@@ -227,7 +229,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
     coap_free_context(impl_->context);
     throw TransportError("DTLS-PSK set-up failed (is libcoap built with a DTLS library?)");
   }
-  coap_address_t address = resolve(impl_->options.bind_address, impl_->options.port);
+  coap_address_t address = resolve_udp_address(impl_->options.bind_address, impl_->options.port);
   impl_->endpoint = coap_new_endpoint(impl_->context, &address, COAP_PROTO_DTLS);
   if (!impl_->endpoint) {
     coap_free_context(impl_->context);
@@ -240,7 +242,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
   auto colon = description.rfind(':', space);
   impl_->bound_port = static_cast<std::uint16_t>(std::stoi(description.substr(colon + 1, space - colon - 1)));
 
-  const coap_address_t bound = resolve(impl_->options.bind_address, impl_->bound_port);
+  const coap_address_t bound = resolve_udp_address(impl_->options.bind_address, impl_->bound_port);
   impl_->endpoint_fd = detail::find_bound_udp_socket(&bound.addr.sa, bound.size);
   if (impl_->endpoint_fd < 0) {
     coap_free_context(impl_->context);
@@ -374,7 +376,7 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
     throw TransportError("a DTLS-PSK client needs an identity and a key");
   }
   impl_->options = std::move(options);
-  impl_->server_address = resolve(impl_->options.host, impl_->options.port);
+  impl_->server_address = resolve_udp_address(impl_->options.host, impl_->options.port);
   impl_->context = coap_new_context(nullptr);
   if (!impl_->context) throw TransportError("coap_new_context failed");
   coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);

@@ -3,7 +3,7 @@
 #   ./build.sh demo [--duration S]   set everything up, build host and aarch64, run the main job
 #   ./build.sh test    set everything up, build, fuzz the codec (60 s), run all tests: host, host-asan, aarch64 (QEMU)
 #   ./build.sh setup   only install/build the dependencies (toolchains/setup-deps.sh)
-#   ./build.sh build [PRESET...]   configure and build presets (default: host aarch64)
+#   ./build.sh build [PRESET...] [-- TARGET...]   configure and build presets (default: host aarch64)
 #   ./build.sh clean   remove build/ (dependency caches stay; see toolchains/README.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -27,11 +27,25 @@ setup() {
   phase_done
 }
 
+# ccache (installed by setup) makes rebuilds and fresh clones cheap. CCACHE_BASEDIR and
+# CCACHE_NOHASHDIR let two clones in different directories share cached objects.
+launcher=()
+if command -v ccache >/dev/null; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+fi
+
+# build PRESET... [-- TARGET...]: configure and build the presets (all targets by default).
 build() {
-  for preset in "$@"; do
-    phase "configure and build: $preset"
-    cmake --preset "$preset" >/dev/null || { echo "build.sh: cmake configure of preset '$preset' failed" >&2; exit 1; }
-    cmake --build --preset "$preset"
+  local presets=() targets=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do presets+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && targets=("$@")
+  [ ${#presets[@]} -gt 0 ] || presets=(host aarch64)
+  for preset in "${presets[@]}"; do
+    phase "configure and build: $preset${targets[*]:+ (${targets[*]})}"
+    cmake --preset "$preset" "${launcher[@]}" >/dev/null \
+      || { echo "build.sh: cmake configure of preset '$preset' failed" >&2; exit 1; }
+    cmake --build --preset "$preset" ${targets[@]:+--target "${targets[@]}"}
     phase_done
   done
 }
@@ -63,7 +77,9 @@ demo() {
 }
 
 case "${1:-help}" in
-  demo) shift; setup; build host aarch64; demo "$@" ;;
+  # The demo needs only its programs, not the test binaries.
+  demo) shift; setup; build host -- edgetrain-server edgetrain-worker edgetrain-smoke
+        build aarch64 -- edgetrain-worker edgetrain-smoke; demo "$@" ;;
   test) setup; build host host-asan aarch64; fuzz; run_tests host host-asan aarch64 ;;
   setup) setup ;;
   build) shift; setup; if [ $# -eq 0 ]; then build host aarch64; else build "$@"; fi ;;

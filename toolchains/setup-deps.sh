@@ -44,7 +44,7 @@ done
 # ---------------------------------------------------------------------------------
 # What we depend on. Changing a list changes the stamp, so the step re-runs.
 HOST_PACKAGES=(
-  build-essential cmake ninja-build pkg-config file dpkg-dev
+  build-essential cmake ninja-build ccache pkg-config file dpkg-dev
   g++-aarch64-linux-gnu qemu-user
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libmbedtls-dev

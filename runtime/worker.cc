@@ -127,7 +127,8 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
 
   WorkerStats stats;
   std::uint64_t model_version = 0;
-  bool have_model = false;
+  bool have_model = false;  // false: pull before the next step
+  bool copy_exact = false;  // `parameters` is the server's model at model_version
   std::uint64_t steps_since_pull = 0;
   int consecutive_non_finite = 0;
   const auto started = Clock::now();
@@ -144,8 +145,12 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
   while (!stop && (config.max_steps == 0 || stats.steps < config.max_steps) && !out_of_time()) {
     if (!have_model || steps_since_pull >= static_cast<std::uint64_t>(config.pull_every)) {
       transport::CoapResponse response;
+      // `parameters` is exactly the server's model at model_version (nothing else writes it),
+      // so only what changed since then needs to travel.
+      const bool ask_delta = !config.dense_pull && copy_exact;
       try {
-        response = client.request(transport::Method::kGet, "model");
+        response = client.request(transport::Method::kGet,
+                                  ask_delta ? "model?since=" + std::to_string(model_version) : std::string("model"));
       } catch (const transport::TransportError& e) {
         transport_trouble(std::string("pull failed: ") + e.what());
         continue;
@@ -156,13 +161,36 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
                           payload_text(response.payload));
         continue;
       }
-      auto decoded = transport::decode_dense_model(response.payload, expected);
-      if (!decoded) {
-        throw std::runtime_error("the server's model does not match model '" + config.model +
-                                 "': " + decoded.error().message);
+      if (ask_delta && transport::model_message_kind(response.payload) == transport::ModelMessageKind::kDelta) {
+        auto delta = transport::decode_model_delta(response.payload, expected);
+        if (!delta) {
+          throw std::runtime_error("the server's model delta does not match model '" + config.model +
+                                   "': " + delta.error().message);
+        }
+        bool exact = delta.value().base_version == model_version &&
+                     transport::apply_model_delta(delta.value(), tensor_sizes, parameters);
+        exact = exact && transport::parameter_digest(parameters) == delta.value().digest;
+        if (!exact) {
+          // Our copy is not the server's model (e.g. its state directory was replaced):
+          // fetch the whole model before training on it.
+          stats.digest_mismatches++;
+          say("model delta " + std::to_string(delta.value().base_version) + " -> " +
+              std::to_string(delta.value().version) + " did not reproduce the server's model; pulling it whole");
+          copy_exact = false;
+          continue;
+        }
+        model_version = delta.value().version;
+        stats.delta_pulls++;
+      } else {
+        auto decoded = transport::decode_dense_model(response.payload, expected);
+        if (!decoded) {
+          throw std::runtime_error("the server's model does not match model '" + config.model +
+                                   "': " + decoded.error().message);
+        }
+        parameters = std::move(decoded.value().values);
+        model_version = decoded.value().version;
       }
-      parameters = std::move(decoded.value().values);
-      model_version = decoded.value().version;
+      copy_exact = true;
       stats.pulls++;
       stats.bytes_received += response.payload.size();
       have_model = true;

@@ -52,7 +52,7 @@ struct WorkerStats {
   std::uint64_t updates_rejected = 0; // other 4.xx: a bug or a misconfiguration, logged
   std::uint64_t pulls = 0;
   std::uint64_t delta_pulls = 0;      // pulls answered with a model delta
-  std::uint64_t digest_mismatches = 0;// deltas that did not reproduce the server's model (re-pulled dense)
+  std::uint64_t delta_mismatches = 0; // deltas that did not reproduce the server's model (re-pulled dense)
   std::uint64_t bytes_sent = 0;       // encoded update payloads
   std::uint64_t bytes_received = 0;   // encoded model payloads
   std::uint64_t server_version = 0;   // as last reported by the server

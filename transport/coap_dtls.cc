@@ -203,8 +203,12 @@ struct CoapDtlsServer::Impl {
       // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap
       // replaces this option with its `etag` argument below, in every block.
       std::uint8_t buffer[8];
-      coap_add_option(response, COAP_OPTION_ETAG, coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag),
-                         buffer);
+      std::size_t length = coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag);
+      if (length == 0) {  // 0 encodes as no bytes, but an ETag has 1 to 8 (RFC 7252 5.10.6): peers drop the PDU
+        buffer[0] = 0;
+        length = 1;
+      }
+      coap_add_option(response, COAP_OPTION_ETAG, length, buffer);
     }
     if (!reply.payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));

@@ -10,6 +10,7 @@
 
 #include "runtime/backoff.h"
 #include "runtime/model.h"
+#include "runtime/model_replica.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
@@ -105,7 +106,6 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
     tensor_sizes.push_back(static_cast<std::uint32_t>(t.size));
     layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
   }
-  const transport::ModelLayout expected{model.layout_id(), tensor_sizes};
   ShardSpec shard_spec{config.worker_id, config.worker_count, config.seed};
   ShardSampler sampler(train,
                        config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, shard_spec)
@@ -114,7 +114,7 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
   ThreadPool pool(config.threads);
   Trainer trainer(model, config.batch, KernelBackend::kXnnpack, pool.get());
   Compressor compressor(layout, config.compressor);
-  std::vector<float> parameters(model.parameter_count()), gradient(model.parameter_count());
+  std::vector<float> gradient(model.parameter_count());
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
   std::vector<std::int32_t> labels(config.batch);
   Backoff backoff(std::chrono::milliseconds(250), std::chrono::milliseconds(30000), config.seed + config.worker_id);
@@ -127,7 +127,9 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
 
   WorkerStats stats;
   std::uint64_t model_version = 0;
-  bool have_model = false;
+  bool have_model = false;  // false: pull before the next step
+  ModelReplica replica(model.layout_id(), tensor_sizes, config.dense_pull);
+  int consecutive_mismatches = 0;
   std::uint64_t steps_since_pull = 0;
   int consecutive_non_finite = 0;
   const auto started = Clock::now();
@@ -145,7 +147,7 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
     if (!have_model || steps_since_pull >= static_cast<std::uint64_t>(config.pull_every)) {
       transport::CoapResponse response;
       try {
-        response = client.request(transport::Method::kGet, "model");
+        response = client.request(transport::Method::kGet, replica.pull_path());
       } catch (const transport::TransportError& e) {
         transport_trouble(std::string("pull failed: ") + e.what());
         continue;
@@ -156,22 +158,32 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
                           payload_text(response.payload));
         continue;
       }
-      auto decoded = transport::decode_dense_model(response.payload, expected);
-      if (!decoded) {
-        throw std::runtime_error("the server's model does not match model '" + config.model +
-                                 "': " + decoded.error().message);
+      ModelReplica::PullOutcome outcome;
+      try {
+        outcome = replica.take(response.payload);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error("the server's model does not match model '" + config.model + "': " + e.what());
       }
-      parameters = std::move(decoded.value().values);
-      model_version = decoded.value().version;
-      stats.pulls++;
       stats.bytes_received += response.payload.size();
+      if (outcome == ModelReplica::PullOutcome::kMismatch) {
+        stats.delta_mismatches++;
+        // The next pull asks for the dense model, which cannot mismatch: a server that
+        // keeps answering with deltas anyway is broken.
+        if (++consecutive_mismatches >= 3) throw std::runtime_error("the server keeps sending unusable model deltas: " + replica.mismatch());
+        say(replica.mismatch() + "; pulling the whole model");
+        continue;
+      }
+      consecutive_mismatches = 0;
+      if (outcome == ModelReplica::PullOutcome::kDelta) stats.delta_pulls++;
+      model_version = replica.version();
+      stats.pulls++;
       have_model = true;
       steps_since_pull = 0;
       backoff.reset();
     }
 
     sampler.next_batch(config.batch, pixels, labels);
-    const BatchResult batch = trainer.compute_gradient(parameters, pixels.data(), labels.data(), config.batch, gradient);
+    const BatchResult batch = trainer.compute_gradient(replica.parameters(), pixels.data(), labels.data(), config.batch, gradient);
     stats.steps++;
     steps_since_pull++;
     stats.last_loss = batch.loss;

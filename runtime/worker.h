@@ -30,6 +30,10 @@ struct WorkerConfig {
   CompressorOptions compressor;  // the paper's AdaComp by default
   transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
   int pull_every = 1;           // steps per model pull; 1 is the paper's (pull before every step)
+  // false (default): after the first pull, ask only for the parameters changed since the
+  // version held (GET /model?since=V) and overwrite those; the result is the server's model
+  // bit for bit, checked by its digest. true: always download the dense model.
+  bool dense_pull = false;
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;
@@ -47,6 +51,8 @@ struct WorkerStats {
   std::uint64_t updates_refused = 0;  // 4.09: re-pulled
   std::uint64_t updates_rejected = 0; // other 4.xx: a bug or a misconfiguration, logged
   std::uint64_t pulls = 0;
+  std::uint64_t delta_pulls = 0;      // pulls answered with a model delta
+  std::uint64_t delta_mismatches = 0; // deltas that did not reproduce the server's model (re-pulled dense)
   std::uint64_t bytes_sent = 0;       // encoded update payloads
   std::uint64_t bytes_received = 0;   // encoded model payloads
   std::uint64_t server_version = 0;   // as last reported by the server

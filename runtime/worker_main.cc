@@ -65,6 +65,9 @@ int main(int argc, char** argv) {
   app.add_flag("--error-feedback", error_feedback, "keep unsent values for the next step (option)");
   app.add_flag("--fp16", fp16, "send values as fp16 (option)");
   app.add_option("--pull-every", config.pull_every, "steps per model pull (1: the paper's)")->capture_default_str();
+  app.add_flag("--dense-pull", config.dense_pull,
+               "always download the whole model (default: only the parameters changed since the version held, "
+               "GET /model?since=V; same parameters bit for bit)");
   app.add_option("--steps", config.max_steps, "stop after this many steps (0: run until stopped)")->capture_default_str();
   app.add_option("--duration", config.max_seconds, "stop after this many seconds (0: run until stopped)")
       ->capture_default_str();
@@ -101,6 +104,7 @@ int main(int argc, char** argv) {
       if (auto v = t["pull_every"].value<std::int64_t>(); v && !app.count("--pull-every")) config.pull_every = static_cast<int>(*v);
       if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
       if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
+      if (auto v = t["dense_pull"].value<bool>(); v && !app.count("--dense-pull")) config.dense_pull = *v;
     }
     runtime::parse_server_uri(server, config.server_host, config.server_port);
     if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
@@ -158,7 +162,9 @@ int main(int argc, char** argv) {
     if (tty && !quiet) std::fprintf(stderr, "\n");
     log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
              " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +
-             std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries");
+             std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries; " +
+             std::to_string(stats.pulls) + " pulls (" + std::to_string(stats.delta_pulls) + " as deltas), " +
+             std::to_string(stats.bytes_received) + " bytes pulled");
     return 0;
   } catch (const toml::parse_error& e) {
     std::fprintf(stderr, "edgetrain-worker: %s: %s\n", config_file.c_str(), std::string(e.description()).c_str());

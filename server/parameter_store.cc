@@ -30,6 +30,7 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
     throw std::invalid_argument("parameter store: tensor sizes add up to " + std::to_string(total) + ", " +
                                 std::to_string(parameters_.size()) + " initial values given");
   if (total > UINT32_MAX) throw std::invalid_argument("parameter store: more than 2^32 parameters");
+  last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
     window_count_.assign(total, 0);
@@ -142,9 +143,14 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   std::fill(window_count_.begin(), window_count_.end(), 0u);
   dense_in_window_ = 0;
   version_ = version - recent.size();
+  // The parameters before the recent updates are not known, so the change record starts
+  // there: what the recent updates touched changed at their versions, the rest earlier.
+  changes_known_since_ = version_;
+  std::fill(last_changed_.begin(), last_changed_.end(), changes_known_since_);
   for (const auto& update : recent) {
     collect_touched(update);
     remember_touched();
+    for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
     ++version_;
   }
   std::copy(parameters.begin(), parameters.end(), parameters_.begin());
@@ -172,6 +178,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
       tensor[t.indices[e]] -= options_.learning_rate * t.values[e] / static_cast<float>(last_divisors_[j]);
   }
   remember_touched();
+  for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
   ++version_;
   return {ApplyStatus::kApplied, version_, {}};
 }

@@ -84,6 +84,14 @@ class ParameterStore {
   std::span<const float> parameters() const { return parameters_; }
   std::span<const std::uint32_t> tensor_sizes() const { return tensor_sizes_; }
   const ParameterStoreOptions& options() const { return options_; }
+  // Per parameter (flat index), the version whose update last touched it, for the sparse
+  // model download (GET /model?since=V): the entries with last_changed()[i] > V are all
+  // that differ between the parameters at V and now, for every V ≥ changes_known_since().
+  // Conservative: an entry counts as changed when an update sent it, even if its value
+  // came out the same. Kept in O(k) per update. Before changes_known_since() (a restart
+  // knows only the history restore() was given) every entry counts as changed then.
+  std::span<const std::uint64_t> last_changed() const { return last_changed_; }
+  std::uint64_t changes_known_since() const { return changes_known_since_; }
   // The divisor used for each sent entry by the last applied update, in the update's order
   // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay.
   std::span<const std::uint32_t> last_divisors() const { return last_divisors_; }
@@ -114,6 +122,8 @@ class ParameterStore {
   std::vector<std::uint32_t> hits_;           // scratch: touches found by the scan
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
+  std::vector<std::uint64_t> last_changed_;  // see last_changed()
+  std::uint64_t changes_known_since_ = 0;
 };
 
 }  // namespace edgetrain::server

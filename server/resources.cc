@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <charconv>
 #include <cmath>
+#include <variant>
 
 namespace edgetrain::server {
 namespace {
@@ -52,9 +54,44 @@ void ServerResources::note_request(const CoapRequest& request) {
   }
 }
 
+std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query) {
+  if (query.empty()) return std::optional<std::uint64_t>{};
+  std::optional<std::uint64_t> since;
+  for (std::size_t start = 0; start <= query.size();) {
+    std::size_t end = query.find('&', start);
+    if (end == std::string_view::npos) end = query.size();
+    const std::string_view part = query.substr(start, end - start);
+    start = end + 1;
+    constexpr std::string_view kSince = "since=";
+    if (part.substr(0, kSince.size()) != kSince)
+      return "unknown query parameter '" + std::string(part.substr(0, 40)) + "' (only since=VERSION is known)";
+    if (since) return std::string("since= given twice");
+    const std::string_view digits = part.substr(kSince.size());
+    std::uint64_t value = 0;
+    const auto [rest, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() || digits[0] == '+')
+      return "since= needs a decimal version below 2^64, got '" + std::string(digits.substr(0, 40)) + "'";
+    since = value;
+  }
+  return since;
+}
+
 CoapResponse ServerResources::get_model(const CoapRequest& request) {
   note_request(request);
+  const auto parsed = parse_model_query(request.query);
+  if (const auto* problem = std::get_if<std::string>(&parsed)) {
+    ++bad_model_queries_;
+    return text_response(CoapCode::kBadRequest, "bad query: " + *problem);
+  }
   ++model_pulls_;
+  const std::optional<std::uint64_t> since = std::get<std::optional<std::uint64_t>>(parsed);
+  if (since) {
+    const ServerState::ModelReply reply = state_.encoded_model_since(*since);
+    if (reply.delta) {
+      ++model_delta_pulls_;
+      return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
+    }
+  }
   const auto bytes = state_.encoded_model();
   return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
 }
@@ -113,6 +150,8 @@ std::string ServerResources::status_json() const {
       {"workers_known", state_.sequences().size()},
       {"requests", requests_},
       {"model_pulls", model_pulls_},
+      {"model_delta_pulls", model_delta_pulls_},
+      {"model_queries_refused", bad_model_queries_},
       {"ingress_payload_bytes", ingress_payload_bytes()},
       {"ingress_socket_bytes", server_ ? server_->bytes_received() : 0},
       {"ingress_socket_datagrams", server_ ? server_->datagrams_received() : 0},

@@ -1,6 +1,13 @@
 // The server's CoAP resources on top of ServerState (DESIGN.md, "Protocol"):
 //
 //   GET  /model   2.05, the dense model (codec), ETag = version
+//   GET  /model?since=V
+//                 2.05, a model delta (codec: the parameters whose value may have changed
+//                 after version V, with their current values, and the current version),
+//                 ETag = version; the dense model instead when V is ahead of the server,
+//                 older than its change record (the history before its last restart), or
+//                 the delta would not be smaller. V is decimal (0 ≤ V < 2^64); any other
+//                 query, a second since= or an unknown parameter gets 4.00 with a reason.
 //   POST /update  2.04 + the version the update produced (8 bytes, little-endian) once the
 //                 update is durable; 4.00 malformed, 4.13 too large, 4.09 wrong model / too
 //                 stale / old sequence (re-pull), 4.01 no DTLS identity, 4.03 identity no
@@ -23,6 +30,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "server/server_state.h"
 #include "transport/coap_dtls.h"
@@ -39,6 +47,9 @@ struct ResourceOptions {
   // Fixed facts shown by /status (model name, data set, ...).
   std::map<std::string, std::string> facts;
 };
+
+// The query of GET /model: no since (empty query), since = V, or why the query is refused.
+std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query);
 
 // Decodes the POST /update success payload: the version as 8 bytes, little-endian.
 std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload);
@@ -79,6 +90,7 @@ class ServerResources {
   // Atomic: the evaluator thread reads them for its progress line.
   std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;
+  std::uint64_t model_delta_pulls_ = 0, bad_model_queries_ = 0;
   std::map<std::string, std::uint64_t> refused_;  // by reason
   std::set<std::string, std::less<>> workers_seen_;
   mutable std::mutex accuracy_mutex_;

@@ -316,4 +316,44 @@ std::span<const std::uint8_t> ServerState::encoded_model() {
   return encoded_model_;
 }
 
+ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
+  const std::uint64_t now = store_.version();
+  if (since > now || since < store_.changes_known_since()) return {encoded_model(), false};
+  const std::size_t dense_bytes = transport::dense_model_bytes(tensor_sizes_);
+  const std::span<const std::uint64_t> last_changed = store_.last_changed();
+  const std::span<const float> parameters = store_.parameters();
+  transport::ModelDelta delta;
+  delta.model_id = model_.layout_id();
+  delta.base_version = since;
+  delta.version = now;
+  // Stop collecting once the delta cannot beat the dense model: every entry costs at least
+  // its 4 value bytes plus (bitmap) n/8 bytes per tensor or (varint) one byte.
+  std::size_t lower_bound = 44, offset = 0;
+  for (std::uint32_t t = 0; t < tensor_sizes_.size(); ++t) {
+    transport::SparseTensor changed{t, tensor_sizes_[t], {}, {}};
+    for (std::uint32_t i = 0; i < tensor_sizes_[t]; ++i) {
+      if (last_changed[offset + i] > since) {
+        changed.indices.push_back(i);
+        changed.values.push_back(parameters[offset + i]);
+      }
+    }
+    offset += tensor_sizes_[t];
+    if (changed.indices.empty()) continue;
+    lower_bound += 14 + 4 * changed.indices.size() +
+                   std::min(transport::bitmap_bytes(changed.size), changed.indices.size() == changed.size ? 0 : changed.indices.size());
+    if (lower_bound >= dense_bytes) return {encoded_model(), false};
+    delta.tensors.push_back(std::move(changed));
+  }
+  if (digest_version_ != now) {
+    digest_ = transport::parameter_digest(parameters);
+    digest_version_ = now;
+  }
+  delta.digest = digest_;
+  auto encoded = transport::encode_model_delta(delta);
+  if (!encoded) throw std::logic_error("cannot encode a model delta: " + encoded.error().message);
+  if (encoded.value().size() >= dense_bytes) return {encoded_model(), false};
+  encoded_delta_ = std::move(encoded).value();
+  return {encoded_delta_, true};
+}
+
 }  // namespace edgetrain::server

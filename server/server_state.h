@@ -116,6 +116,15 @@ class ServerState {
   Snapshot snapshot() const;
   // The dense model message (codec) at the current version, encoded once per version.
   std::span<const std::uint8_t> encoded_model();
+  // GET /model?since=V: a model delta (codec) with the parameters that changed after
+  // `since`, or the dense model when `since` is ahead of the current version, older than
+  // the parameter store's change record (e.g. before the last restart's history), or the
+  // delta would not be smaller. `bytes` stays valid until the next call of either method.
+  struct ModelReply {
+    std::span<const std::uint8_t> bytes;
+    bool delta = false;
+  };
+  ModelReply encoded_model_since(std::uint64_t since);
 
   const runtime::Model& model() const { return model_; }
   std::uint64_t model_id() const { return model_.layout_id(); }
@@ -152,6 +161,9 @@ class ServerState {
   SubmitTimings submit_timings_;
   std::vector<std::uint8_t> encoded_model_;
   std::optional<std::uint64_t> encoded_version_;
+  std::vector<std::uint8_t> encoded_delta_;
+  std::uint64_t digest_ = 0;  // parameter_digest() at digest_version_
+  std::optional<std::uint64_t> digest_version_;
 };
 
 }  // namespace edgetrain::server

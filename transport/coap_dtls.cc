@@ -185,6 +185,7 @@ struct CoapDtlsServer::Impl {
       if (coap_get_data_large(request, &length, &data, &offset, &total) && data) {
         req.payload = std::span<const std::uint8_t>(data, length);
       }
+      if (query && query->s) req.query.assign(reinterpret_cast<const char*>(query->s), query->length);
       auto it = entry->handlers.find(req.method);
       if (it == entry->handlers.end()) {
         reply.code = 405;
@@ -202,8 +203,12 @@ struct CoapDtlsServer::Impl {
       // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap
       // replaces this option with its `etag` argument below, in every block.
       std::uint8_t buffer[8];
-      coap_add_option(response, COAP_OPTION_ETAG, coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag),
-                         buffer);
+      std::size_t length = coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag);
+      if (length == 0) {  // 0 encodes as no bytes, but an ETag has 1 to 8 (RFC 7252 5.10.6): peers drop the PDU
+        buffer[0] = 0;
+        length = 1;
+      }
+      coap_add_option(response, COAP_OPTION_ETAG, length, buffer);
     }
     if (!reply.payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));
@@ -400,8 +405,19 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
   coap_session_new_token(s.session, &token_length, token);
   coap_add_token(pdu, token_length, token);
   s.token.assign(token, token + token_length);
-  for (const std::string& segment : split_path(path)) {
+  const std::size_t question_mark = path.find('?');
+  for (const std::string& segment : split_path(path.substr(0, question_mark))) {
     coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
+  }
+  if (question_mark != std::string::npos) {
+    std::string query = path.substr(question_mark + 1);
+    for (std::size_t start = 0; start <= query.size();) {
+      std::size_t end = query.find('&', start);
+      if (end == std::string::npos) end = query.size();
+      if (end > start)
+        coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start, reinterpret_cast<const uint8_t*>(query.data() + start));
+      start = end + 1;
+    }
   }
   if (!payload.empty()) {
     auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());

@@ -59,6 +59,8 @@ struct CoapRequest {
   // The PSK identity the peer proved in the DTLS handshake; never taken from the payload.
   std::string identity;
   std::span<const std::uint8_t> payload;
+  // The Uri-Query options joined with '&' ("since=42"); empty when there are none.
+  std::string query;
 };
 
 struct CoapResponse {
@@ -120,7 +122,8 @@ class CoapDtlsClient {
   CoapDtlsClient(const CoapDtlsClient&) = delete;
   CoapDtlsClient& operator=(const CoapDtlsClient&) = delete;
 
-  // Sends one confirmable request and waits for its response. Throws TransportError if
+  // Sends one confirmable request and waits for its response. `path` may end in a query
+  // ("model?since=42"): each '&'-separated part becomes one Uri-Query option. Throws TransportError if
   // none arrives in time or the DTLS session fails.
   CoapResponse request(Method method, const std::string& path, std::span<const std::uint8_t> payload = {});
 

@@ -14,6 +14,8 @@ constexpr std::uint8_t kDenseMagic[4] = {'E', 'T', 'D', 'M'};
 constexpr std::size_t kSparseHeaderBytes = 36;
 constexpr std::size_t kTensorHeaderBytes = 14;
 constexpr std::size_t kDenseHeaderBytes = 28;
+constexpr std::uint8_t kDeltaMagic[4] = {'E', 'T', 'M', 'D'};
+constexpr std::size_t kDeltaHeaderBytes = 44;
 constexpr std::uint16_t kLargestFiniteHalf = 0x7bff;
 
 CodecError fail(CodecErrorCode code, std::string message) { return CodecError{code, std::move(message)}; }
@@ -121,6 +123,124 @@ std::optional<CodecError> check_tensor(const SparseTensor& t) {
   return std::nullopt;
 }
 
+// One tensor record (CODEC.md), shared by sparse updates and model deltas. `t` has passed
+// check_tensor().
+void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values) {
+  const std::size_t varint_bytes = delta_varint_bytes(t.indices);
+  const IndexEncoding index_encoding = t.indices.size() == t.size        ? IndexEncoding::kAll
+                                       : bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap
+                                                                             : IndexEncoding::kDeltaVarint;
+  w.u32(t.tensor);
+  w.u32(t.size);
+  w.u32(static_cast<std::uint32_t>(t.indices.size()));
+  w.u8(static_cast<std::uint8_t>(values));
+  w.u8(static_cast<std::uint8_t>(index_encoding));
+  if (index_encoding == IndexEncoding::kAll) {
+    // check_tensor() guarantees strictly increasing indices < n, so k == n means 0..n-1.
+  } else if (index_encoding == IndexEncoding::kBitmap) {
+    const std::size_t start = w.buffer().size();
+    w.buffer().resize(start + bitmap_bytes(t.size), 0);
+    for (std::uint32_t i : t.indices) w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
+  } else {
+    for (std::size_t j = 0; j < t.indices.size(); ++j) w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
+  }
+  for (float v : t.values) {
+    if (values == ValueEncoding::kFp16) w.u16(float_to_half(v));
+    else w.f32(v);
+  }
+}
+
+// The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
+// layout and caps before anything sized by the message is allocated. `allow_fp16` is false
+// for model deltas, which must carry the server's values bit for bit.
+std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count, const ModelLayout& expected,
+                                              const DecodeLimits& limits, bool allow_fp16,
+                                              std::vector<SparseTensor>& tensors) {
+  using E = CodecErrorCode;
+  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
+  if (tensor_count > expected.tensor_sizes.size())
+    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, the model has " + str(expected.tensor_sizes.size()));
+  if (r.remaining() < tensor_count * kTensorHeaderBytes) return fail(E::kTruncated, "message too short for " + str(tensor_count) + " tensor headers");
+
+  std::vector<bool> seen(expected.tensor_sizes.size(), false);
+  std::uint64_t total_entries = 0;
+  tensors.resize(tensor_count);
+  for (SparseTensor& t : tensors) {
+    std::uint32_t count = 0;
+    std::uint8_t value_encoding = 0, index_encoding = 0;
+    if (!(r.u32(t.tensor) && r.u32(t.size) && r.u32(count) && r.u8(value_encoding) && r.u8(index_encoding)))
+      return fail(E::kTruncated, "message ends inside a tensor header");
+    const std::string where = "tensor " + str(t.tensor) + ": ";
+    if (t.tensor >= expected.tensor_sizes.size()) return fail(E::kLayoutMismatch, where + "the model has " + str(expected.tensor_sizes.size()) + " tensors");
+    if (seen[t.tensor]) return fail(E::kDuplicateTensor, where + "appears twice");
+    seen[t.tensor] = true;
+    if (t.size != expected.tensor_sizes[t.tensor])
+      return fail(E::kLayoutMismatch, where + "size " + str(t.size) + ", the model's is " + str(expected.tensor_sizes[t.tensor]));
+    if (count > t.size) return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
+    total_entries += count;
+    if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
+    if (value_encoding > 1) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
+    if (value_encoding == 1 && !allow_fp16) return fail(E::kBadEncoding, where + "fp16 values where exact fp32 values are required");
+    if (index_encoding > 2) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
+    if (index_encoding == 2 && count != t.size)
+      return fail(E::kBadCount, where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
+    const std::size_t value_bytes = value_encoding == 1 ? 2 : 4;
+    // Every entry costs at least one index byte (varint) plus its value: checking that before
+    // allocating keeps allocations proportional to the message.
+    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : index_encoding == 2 ? 0 : count;
+    if (r.remaining() < index_minimum + std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
+
+    t.indices.resize(count);
+    if (index_encoding == 2) {
+      for (std::uint32_t j = 0; j < count; ++j) t.indices[j] = j;
+    } else if (index_encoding == 1) {
+      std::span<const std::uint8_t> bitmap;
+      r.span(bitmap_bytes(t.size), bitmap);
+      std::size_t found = 0;
+      for (std::size_t b = 0; b < bitmap.size(); ++b) {
+        std::uint8_t byte = bitmap[b];
+        if (b == bitmap.size() - 1 && t.size % 8 != 0 && (byte >> (t.size % 8)) != 0)
+          return fail(E::kBadIndex, where + "bitmap has bits set beyond size " + str(t.size));
+        while (byte != 0) {
+          const int bit = std::countr_zero(byte);
+          byte = static_cast<std::uint8_t>(byte & (byte - 1));
+          if (found == count) return fail(E::kBadCount, where + "bitmap has more than " + str(count) + " bits set");
+          t.indices[found++] = static_cast<std::uint32_t>(b * 8 + static_cast<std::size_t>(bit));
+        }
+      }
+      if (found != count) return fail(E::kBadCount, where + "bitmap has " + str(found) + " bits set, count is " + str(count));
+    } else {
+      std::uint64_t next = 0;  // smallest index the next entry may take
+      for (std::uint32_t j = 0; j < count; ++j) {
+        std::uint32_t gap = 0;
+        const char* problem = r.varint(gap);
+        if (*problem) return fail(E::kBadIndex, where + problem);
+        const std::uint64_t index = next + gap;
+        if (index >= t.size) return fail(E::kBadIndex, where + "index " + str(index) + " ≥ size " + str(t.size));
+        t.indices[j] = static_cast<std::uint32_t>(index);
+        next = index + 1;
+      }
+    }
+    if (r.remaining() < std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
+    t.values.resize(count);
+    for (std::uint32_t j = 0; j < count; ++j) {
+      float v;
+      if (value_encoding == 1) {
+        std::uint16_t half = 0;
+        r.u16(half);
+        v = half_to_float(half);
+      } else {
+        std::uint32_t word = 0;
+        r.u32(word);
+        v = std::bit_cast<float>(word);
+      }
+      if (!finite(v)) return fail(E::kNonFiniteValue, where + "value at index " + str(t.indices[j]) + " is not finite");
+      t.values[j] = v;
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 const char* codec_error_name(CodecErrorCode code) {
@@ -203,30 +323,7 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
   w.u64(update.sequence);
   w.u64(update.fetched_version);
   w.u32(static_cast<std::uint32_t>(update.tensors.size()));
-  for (const SparseTensor& t : update.tensors) {
-    const std::size_t varint_bytes = delta_varint_bytes(t.indices);
-    const IndexEncoding index_encoding = t.indices.size() == t.size        ? IndexEncoding::kAll
-                                         : bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap
-                                                                               : IndexEncoding::kDeltaVarint;
-    w.u32(t.tensor);
-    w.u32(t.size);
-    w.u32(static_cast<std::uint32_t>(t.indices.size()));
-    w.u8(static_cast<std::uint8_t>(options.values));
-    w.u8(static_cast<std::uint8_t>(index_encoding));
-    if (index_encoding == IndexEncoding::kAll) {
-      // check_tensor() guarantees strictly increasing indices < n, so k == n means 0..n-1.
-    } else if (index_encoding == IndexEncoding::kBitmap) {
-      const std::size_t start = w.buffer().size();
-      w.buffer().resize(start + bitmap_bytes(t.size), 0);
-      for (std::uint32_t i : t.indices) w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
-    } else {
-      for (std::size_t j = 0; j < t.indices.size(); ++j) w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
-    }
-    for (float v : t.values) {
-      if (options.values == ValueEncoding::kFp16) w.u16(float_to_half(v));
-      else w.f32(v);
-    }
-  }
+  for (const SparseTensor& t : update.tensors) write_tensor_record(w, t, options.values);
   return w.take();
 }
 
@@ -253,86 +350,7 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
   r.u32(tensor_count);
   if (update.model_id != expected.model_id)
     return fail(E::kWrongModel, "update is for model " + str(update.model_id) + ", this is model " + str(expected.model_id));
-  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
-  if (tensor_count > expected.tensor_sizes.size())
-    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, the model has " + str(expected.tensor_sizes.size()));
-  if (r.remaining() < tensor_count * kTensorHeaderBytes) return fail(E::kTruncated, "message too short for " + str(tensor_count) + " tensor headers");
-
-  std::vector<bool> seen(expected.tensor_sizes.size(), false);
-  std::uint64_t total_entries = 0;
-  update.tensors.resize(tensor_count);
-  for (SparseTensor& t : update.tensors) {
-    std::uint32_t count = 0;
-    std::uint8_t value_encoding = 0, index_encoding = 0;
-    if (!(r.u32(t.tensor) && r.u32(t.size) && r.u32(count) && r.u8(value_encoding) && r.u8(index_encoding)))
-      return fail(E::kTruncated, "message ends inside a tensor header");
-    const std::string where = "tensor " + str(t.tensor) + ": ";
-    if (t.tensor >= expected.tensor_sizes.size()) return fail(E::kLayoutMismatch, where + "the model has " + str(expected.tensor_sizes.size()) + " tensors");
-    if (seen[t.tensor]) return fail(E::kDuplicateTensor, where + "appears twice");
-    seen[t.tensor] = true;
-    if (t.size != expected.tensor_sizes[t.tensor])
-      return fail(E::kLayoutMismatch, where + "size " + str(t.size) + ", the model's is " + str(expected.tensor_sizes[t.tensor]));
-    if (count > t.size) return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
-    total_entries += count;
-    if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
-    if (value_encoding > 1) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
-    if (index_encoding > 2) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
-    if (index_encoding == 2 && count != t.size)
-      return fail(E::kBadCount, where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
-    const std::size_t value_bytes = value_encoding == 1 ? 2 : 4;
-    // Every entry costs at least one index byte (varint) plus its value: checking that before
-    // allocating keeps allocations proportional to the message.
-    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : index_encoding == 2 ? 0 : count;
-    if (r.remaining() < index_minimum + std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
-
-    t.indices.resize(count);
-    if (index_encoding == 2) {
-      for (std::uint32_t j = 0; j < count; ++j) t.indices[j] = j;
-    } else if (index_encoding == 1) {
-      std::span<const std::uint8_t> bitmap;
-      r.span(bitmap_bytes(t.size), bitmap);
-      std::size_t found = 0;
-      for (std::size_t b = 0; b < bitmap.size(); ++b) {
-        std::uint8_t byte = bitmap[b];
-        if (b == bitmap.size() - 1 && t.size % 8 != 0 && (byte >> (t.size % 8)) != 0)
-          return fail(E::kBadIndex, where + "bitmap has bits set beyond size " + str(t.size));
-        while (byte != 0) {
-          const int bit = std::countr_zero(byte);
-          byte = static_cast<std::uint8_t>(byte & (byte - 1));
-          if (found == count) return fail(E::kBadCount, where + "bitmap has more than " + str(count) + " bits set");
-          t.indices[found++] = static_cast<std::uint32_t>(b * 8 + static_cast<std::size_t>(bit));
-        }
-      }
-      if (found != count) return fail(E::kBadCount, where + "bitmap has " + str(found) + " bits set, count is " + str(count));
-    } else {
-      std::uint64_t next = 0;  // smallest index the next entry may take
-      for (std::uint32_t j = 0; j < count; ++j) {
-        std::uint32_t gap = 0;
-        const char* problem = r.varint(gap);
-        if (*problem) return fail(E::kBadIndex, where + problem);
-        const std::uint64_t index = next + gap;
-        if (index >= t.size) return fail(E::kBadIndex, where + "index " + str(index) + " ≥ size " + str(t.size));
-        t.indices[j] = static_cast<std::uint32_t>(index);
-        next = index + 1;
-      }
-    }
-    if (r.remaining() < std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
-    t.values.resize(count);
-    for (std::uint32_t j = 0; j < count; ++j) {
-      float v;
-      if (value_encoding == 1) {
-        std::uint16_t half = 0;
-        r.u16(half);
-        v = half_to_float(half);
-      } else {
-        std::uint32_t word = 0;
-        r.u32(word);
-        v = std::bit_cast<float>(word);
-      }
-      if (!finite(v)) return fail(E::kNonFiniteValue, where + "value at index " + str(t.indices[j]) + " is not finite");
-      t.values[j] = v;
-    }
-  }
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*allow_fp16=*/true, update.tensors)) return *error;
   if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return update;
 }
@@ -405,6 +423,113 @@ CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, 
     if (!finite(model.values[i])) return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
   }
   return model;
+}
+
+std::size_t dense_model_bytes(std::span<const std::uint32_t> tensor_sizes) {
+  std::size_t total = kDenseHeaderBytes + 4 * tensor_sizes.size();
+  for (std::uint32_t n : tensor_sizes) total += 4 * std::size_t{n};
+  return total;
+}
+
+ModelMessageKind model_message_kind(std::span<const std::uint8_t> bytes) {
+  if (bytes.size() < 4) return ModelMessageKind::kUnknown;
+  if (std::memcmp(bytes.data(), kDenseMagic, 4) == 0) return ModelMessageKind::kDense;
+  if (std::memcmp(bytes.data(), kDeltaMagic, 4) == 0) return ModelMessageKind::kDelta;
+  return ModelMessageKind::kUnknown;
+}
+
+std::uint64_t parameter_digest(std::span<const float> parameters) {
+  // FNV-1a over 32-bit words in four interleaved lanes (word i goes to lane i mod 4), so the
+  // multiplications of neighbouring words do not wait on each other; the lanes and the
+  // count are then folded in with the same step. ~4x faster than byte-wise FNV-1a on 1.7 MB.
+  constexpr std::uint64_t kOffset = 0xcbf29ce484222325ULL, kPrime = 0x100000001b3ULL;
+  std::uint64_t lane[4] = {kOffset, kOffset ^ 1, kOffset ^ 2, kOffset ^ 3};
+  const std::size_t n = parameters.size();
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4)
+    for (int l = 0; l < 4; ++l) lane[l] = (lane[l] ^ std::bit_cast<std::uint32_t>(parameters[i + l])) * kPrime;
+  for (; i < n; ++i) lane[i % 4] = (lane[i % 4] ^ std::bit_cast<std::uint32_t>(parameters[i])) * kPrime;
+  std::uint64_t digest = kOffset;
+  for (std::uint64_t v : lane) digest = (digest ^ v) * kPrime;
+  return (digest ^ static_cast<std::uint64_t>(n)) * kPrime;
+}
+
+CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta) {
+  if (delta.version < delta.base_version) return fail(CodecErrorCode::kInvalidInput, "version below the base version");
+  if (delta.tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
+  std::vector<std::uint32_t> seen;
+  std::size_t entries = 0;
+  for (const SparseTensor& t : delta.tensors) {
+    if (auto error = check_tensor(t)) return *error;
+    for (std::uint32_t s : seen)
+      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
+    seen.push_back(t.tensor);
+    entries += t.indices.size();
+  }
+  Writer w;
+  w.reserve(kDeltaHeaderBytes + delta.tensors.size() * kTensorHeaderBytes + entries * 6);
+  w.bytes(kDeltaMagic, 4);
+  w.u16(kCodecFormatVersion);
+  w.u16(0);
+  w.u64(delta.model_id);
+  w.u64(delta.base_version);
+  w.u64(delta.version);
+  w.u64(delta.digest);
+  w.u32(static_cast<std::uint32_t>(delta.tensors.size()));
+  for (const SparseTensor& t : delta.tensors) write_tensor_record(w, t, ValueEncoding::kFp32);
+  return w.take();
+}
+
+CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                           const DecodeLimits& limits) {
+  using E = CodecErrorCode;
+  if (bytes.size() > limits.max_message_bytes)
+    return fail(E::kTooLarge, "model delta of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
+  if (bytes.size() < kDeltaHeaderBytes)
+    return fail(E::kTruncated, "model delta of " + str(bytes.size()) + " bytes is shorter than its 44-byte header");
+  Reader r(bytes);
+  std::span<const std::uint8_t> magic;
+  r.span(4, magic);
+  if (std::memcmp(magic.data(), kDeltaMagic, 4) != 0) return fail(E::kBadMagic, "not a model delta (magic is not ETMD)");
+  std::uint16_t version = 0, reserved = 0;
+  r.u16(version);
+  r.u16(reserved);
+  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
+  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+  ModelDelta delta;
+  std::uint32_t tensor_count = 0;
+  r.u64(delta.model_id);
+  r.u64(delta.base_version);
+  r.u64(delta.version);
+  r.u64(delta.digest);
+  r.u32(tensor_count);
+  if (delta.model_id != expected.model_id)
+    return fail(E::kWrongModel, "model delta for model " + str(delta.model_id) + ", expected model " + str(expected.model_id));
+  if (delta.version < delta.base_version)
+    return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " + str(delta.base_version));
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*allow_fp16=*/false, delta.tensors)) return *error;
+  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
+  return delta;
+}
+
+bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes, std::span<float> parameters) {
+  std::vector<std::size_t> offsets(tensor_sizes.size());
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < tensor_sizes.size(); ++i) {
+    offsets[i] = total;
+    total += tensor_sizes[i];
+  }
+  if (total != parameters.size()) return false;
+  for (const SparseTensor& t : delta.tensors) {
+    if (t.tensor >= tensor_sizes.size() || t.size != tensor_sizes[t.tensor] || t.indices.size() != t.values.size()) return false;
+    for (std::uint32_t i : t.indices)
+      if (i >= t.size) return false;
+  }
+  for (const SparseTensor& t : delta.tensors) {
+    float* tensor = parameters.data() + offsets[t.tensor];
+    for (std::size_t j = 0; j < t.indices.size(); ++j) tensor[t.indices[j]] = t.values[j];
+  }
+  return true;
 }
 
 }  // namespace edgetrain::transport

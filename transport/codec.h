@@ -1,5 +1,5 @@
-// The wire formats of edgetrain: a sparse gradient update (worker → server) and a dense
-// model (server → worker). Pure functions over byte spans: no I/O, no libcoap, no
+// The wire formats of edgetrain: a sparse gradient update (worker → server), a dense model
+// and a model delta (the parameters changed since a version; server → worker). Pure functions over byte spans: no I/O, no libcoap, no
 // allocation beyond the returned objects. The byte-by-byte layout is in CODEC.md.
 //
 // Decoding treats its input as hostile. Every count, length and index is checked against
@@ -40,6 +40,18 @@ struct DenseModel {
   std::uint64_t version = 0;  // t: updates applied
   std::vector<std::uint32_t> tensor_sizes;
   std::vector<float> values;  // all tensors back to back, in tensor order
+};
+
+// The parameters that changed after `base_version`, with their values at `version`: a
+// worker holding the model at `base_version` that overwrites these entries holds the model
+// at `version`, bit for bit. `digest` is parameter_digest() of the whole model at `version`,
+// so the worker can check that it does.
+struct ModelDelta {
+  std::uint64_t model_id = 0;
+  std::uint64_t base_version = 0;
+  std::uint64_t version = 0;  // ≥ base_version
+  std::uint64_t digest = 0;
+  std::vector<SparseTensor> tensors;  // new values (not differences), fp32; each tensor at most once
 };
 
 enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1 };
@@ -122,6 +134,26 @@ CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id
                                                           std::span<const float> values);
 CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
                                            const DecodeLimits& limits = {});
+
+// Model delta (CODEC.md). The encoder picks each tensor's index encoding like
+// encode_sparse_update() and always sends fp32 values; the decoder refuses fp16 values and a
+// version below the base version.
+CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta);
+CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+                                           const DecodeLimits& limits = {});
+// Overwrites the delta's entries in `parameters` (all tensors back to back, laid out as
+// `tensor_sizes`, which the delta was decoded against). Returns false, changing nothing,
+// when `parameters` has another length or a tensor does not fit.
+bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes, std::span<float> parameters);
+// A 64-bit fingerprint of a parameter vector (CODEC.md): detects a worker copy that is not
+// the server's (a bug, or a server whose state was replaced); not cryptographic.
+std::uint64_t parameter_digest(std::span<const float> parameters);
+
+// What a GET /model body holds, from its magic: a dense model, a model delta, or neither.
+enum class ModelMessageKind { kDense, kDelta, kUnknown };
+ModelMessageKind model_message_kind(std::span<const std::uint8_t> bytes);
+// Size of encode_dense_model()'s message for this layout.
+std::size_t dense_model_bytes(std::span<const std::uint32_t> tensor_sizes);
 
 // IEEE 754 binary16 conversions used by the fp16 value encoding (exposed so a compressor
 // can account for the rounding in its residuals).

@@ -9,7 +9,10 @@
 //             CPU per update, datagram bytes per update vs. the codec bytes, and where the
 //             server's submit time went (its /status breakdown)
 //   transfer  through a user-space UDP relay that delays every datagram by D ms one way:
-//             time of one update post and of one model pull (lock-step Block2)
+//             time of one update post and of one dense model pull (lock-step Block2),
+//             then of sparse pulls (GET /model?since=V) after N updates by others
+//             (--delta-after, default 3 and 10: a worker's typical delta with N workers
+//             pulling before every step), with bytes and datagrams each way
 //
 // The updates are the paper's top-k of a Gaussian random gradient (the index pattern of a
 // real gradient differs, the sizes hardly: k per tensor is fixed by c). The gradient is
@@ -35,6 +38,7 @@
 
 #include "runtime/compressor.h"
 #include "runtime/model.h"
+#include "runtime/model_replica.h"
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "tests/bench/udp_delay_proxy.h"
@@ -305,11 +309,16 @@ struct TransferSettings {
   double pull_budget_seconds = 40;
   std::string model = "paper-cnn";
   double compression_rate = 0.01;
+  std::vector<int> delta_after = {3, 10};
 };
 
 int run_transfer(const TransferSettings& s) {
   const auto keystore = server::Keystore::load(s.keystore);
-  UpdateFactory factory(s.model, s.compression_rate, 1);
+  int most_updates = 0;
+  for (int n : s.delta_after) most_updates = std::max(most_updates, n);
+  // One random gradient per update: independent top-k sets, so the deltas measured are
+  // about as large as N updates can make them (real gradients' top-k sets overlap more).
+  UpdateFactory factory(s.model, s.compression_rate, static_cast<std::size_t>(most_updates) + 1);
   edgetrain::bench::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms));
   const auto psk = credentials(keystore, kProbeDevice);
   std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
@@ -343,22 +352,74 @@ int run_transfer(const TransferSettings& s) {
       {"127.0.0.1", proxy.port(), psk, static_cast<int>(std::lround(s.pull_budget_seconds * 1000))});
   server_status(puller);  // handshake outside the timed pull
   datagrams = proxy.datagrams_to_client();
+  std::uint64_t request_datagrams = proxy.datagrams_to_server(), request_bytes = proxy.bytes_to_server();
   started = Clock::now();
   try {
     const auto pulled = puller.request(transport::Method::kGet, "model");
     const double pull_seconds = seconds_since(started);
-    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s\n", model_bytes, model_blocks, pull_seconds,
-                transport::coap_code_string(pulled.code).c_str());
-    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured\n", s.delay_ms, post_seconds,
-                pull_seconds);
+    request_datagrams = proxy.datagrams_to_server() - request_datagrams;
+    request_bytes = proxy.bytes_to_server() - request_bytes;
+    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s; to the server %llu datagrams, %llu B\n", model_bytes,
+                model_blocks, pull_seconds, transport::coap_code_string(pulled.code).c_str(),
+                static_cast<unsigned long long>(request_datagrams), static_cast<unsigned long long>(request_bytes));
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured pull_bytes=%zu "
+                "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
+                s.delay_ms, post_seconds, pull_seconds, model_bytes, static_cast<unsigned long long>(request_datagrams),
+                static_cast<unsigned long long>(request_bytes));
   } catch (const transport::TransportError&) {
     const double elapsed = seconds_since(started);
     const auto blocks = proxy.datagrams_to_client() - datagrams;
     const double extrapolated = elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks);
+    // One request datagram per block, of the size the ones that went out had.
+    request_bytes = (proxy.bytes_to_server() - request_bytes) * model_blocks / std::max<std::uint64_t>(1, blocks);
     std::printf("GET /model (%zu B, %zu blocks) %8.3f s  EXTRAPOLATED: %llu blocks arrived within the %.0f s budget\n",
                 model_bytes, model_blocks, extrapolated, static_cast<unsigned long long>(blocks), s.pull_budget_seconds);
-    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated\n", s.delay_ms, post_seconds,
-                extrapolated);
+    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated pull_bytes=%zu "
+                "pull_request_datagrams=%zu pull_request_bytes=%llu\n",
+                s.delay_ms, post_seconds, extrapolated, model_bytes, model_blocks,
+                static_cast<unsigned long long>(request_bytes));
+  }
+
+  // Sparse pulls. The copy a worker holds (a dense pull straight from the server, not
+  // timed), N updates by others (straight to the server), then the timed
+  // GET /model?since=V through the relay; the copy must come out as the server's model.
+  transport::CoapDtlsClient direct({"127.0.0.1", s.port, psk, 60000});
+  std::uint64_t next_sequence = sequence + 1;
+  std::size_t next_pattern = 1;
+  for (int updates : s.delta_after) {
+    runtime::ModelReplica replica(factory.model.layout_id(), sizes);
+    const auto dense = direct.request(transport::Method::kGet, "model");
+    if (dense.code != transport::CoapCode::kContent || replica.take(dense.payload) != runtime::ModelReplica::PullOutcome::kDense)
+      throw std::runtime_error("no dense model to start from");
+    std::uint64_t version = replica.version();
+    for (int i = 0; i < updates; ++i) {
+      const auto reply = direct.request(transport::Method::kPost, "update", factory.encode(next_pattern++, next_sequence++, version));
+      const auto produced = server::decode_update_reply(reply.payload);
+      if (reply.code != transport::CoapCode::kChanged || !produced)
+        throw std::runtime_error("update refused: " + transport::coap_code_string(reply.code));
+      version = *produced;
+    }
+    const std::string path = replica.pull_path();
+    const std::uint64_t datagrams_before = proxy.datagrams_to_server(), bytes_before = proxy.bytes_to_server();
+    const std::uint64_t datagrams_back = proxy.datagrams_to_client();
+    started = Clock::now();
+    const auto pulled = puller.request(transport::Method::kGet, path);
+    const double seconds = seconds_since(started);
+    const auto outcome = replica.take(pulled.payload);
+    if (outcome != runtime::ModelReplica::PullOutcome::kDelta)
+      throw std::runtime_error("GET /" + path + " did not give a usable delta: " + replica.mismatch());
+    const auto to_server = proxy.datagrams_to_server() - datagrams_before;
+    const auto bytes_to_server = proxy.bytes_to_server() - bytes_before;
+    std::printf("GET /%s after %d updates (%zu B, %zu blocks) %8.3f s  answer %s, copy = server's (digest); to the "
+                "server %llu datagrams, %llu B; %llu datagrams back\n",
+                path.c_str(), updates, pulled.payload.size(), (pulled.payload.size() + 1023) / 1024, seconds,
+                transport::coap_code_string(pulled.code).c_str(), static_cast<unsigned long long>(to_server),
+                static_cast<unsigned long long>(bytes_to_server),
+                static_cast<unsigned long long>(proxy.datagrams_to_client() - datagrams_back));
+    std::printf("summary delta delay_ms=%d updates=%d delta_bytes=%zu dense_bytes=%zu pull_s=%.3f "
+                "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
+                s.delay_ms, updates, pulled.payload.size(), model_bytes, seconds,
+                static_cast<unsigned long long>(to_server), static_cast<unsigned long long>(bytes_to_server));
   }
   return 0;
 }
@@ -396,6 +457,10 @@ int main(int argc, char** argv) {
                        "seconds the model pull may take before its time is extrapolated")
       ->capture_default_str();
   transfer->add_option("--model", transfer_settings.model, "model the server runs")->capture_default_str();
+  transfer->add_option("--delta-after", transfer_settings.delta_after,
+                       "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
+                       "updates by others")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   try {

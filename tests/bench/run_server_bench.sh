@@ -3,7 +3,7 @@
 # state directory on disk (so fdatasync costs what it costs), then runs edgetrain-loadgen:
 #   1. load: many concurrent DTLS-PSK sessions posting paper-CNN AdaComp updates;
 #   2. transfer: one update post and one model pull through a UDP relay adding 0, 10, 50 ms
-#      each way.
+#      each way, then sparse pulls (GET /model?since=V) after 3 and 10 updates by others.
 # Prints each run's figures and a table at the end. Builds nothing: assumes build/host
 # (cmake --preset host && cmake --build --preset host -j2). Prints figures; not a test.
 #
@@ -12,7 +12,9 @@
 # BENCH_PULL_BUDGET (40 s; a slower model pull is stopped and its time extrapolated from
 # the blocks that arrived), BENCH_STATE_PARENT (the build tree; /dev/shm puts the WAL on
 # tmpfs, where fdatasync costs nothing: not durable, only to see the ceiling without the
-# per-update sync). Every run is bounded by `timeout`, none longer than 2 minutes.
+# per-update sync), BENCH_DELTA_AFTER ("3 10": updates between the version a sparse pull
+# starts from and the current one), BENCH_RUNS ("load transfer": which runs). Every run is
+# bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -22,6 +24,8 @@ in_flight=${BENCH_IN_FLIGHT:-32}
 post_seconds=${BENCH_SECONDS:-30}
 delays=${BENCH_DELAYS:-"0 10 50"}
 pull_budget=${BENCH_PULL_BUDGET:-40}
+delta_after=${BENCH_DELTA_AFTER:-"3 10"}
+runs=${BENCH_RUNS:-"load transfer"}
 
 server=$build/server/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
@@ -70,16 +74,22 @@ stop_server() {
 }
 
 echo "server state on $(stat -f -c %T "$work"), $(nproc) cores, $(uname -r)"
-start_server
-timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
-  --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" | tee "$work/load.txt"
-stop_server
+: > "$work/load.txt"
+if [[ " $runs " == *" load "* ]]; then
+  start_server
+  timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
+    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" | tee "$work/load.txt"
+  stop_server
+fi
 
 : > "$work/transfer.txt"
+delta_args=()
+for n in $delta_after; do delta_args+=(--delta-after "$n"); done
 for delay in $delays; do
+  [[ " $runs " == *" transfer "* ]] || break
   start_server  # a fresh server each time: version 0, same model bytes
   timeout 115 "$loadgen" transfer --port "$port" --keystore "$work/keys.toml" --delay-ms "$delay" \
-    --pull-budget "$pull_budget" | tee -a "$work/transfer.txt" || { echo "transfer at $delay ms failed; server log:"; cat "$work/server.log"; }
+    --pull-budget "$pull_budget" "${delta_args[@]}" | tee -a "$work/transfer.txt" || { echo "transfer at $delay ms failed; server log:"; cat "$work/server.log"; }
   stop_server
 done
 
@@ -89,6 +99,7 @@ load=$(grep '^summary load' "$work/load.txt" || true)
 echo
 echo "| figure | value | goal |"
 echo "|---|---|---|"
+if [[ -n $load ]]; then
 printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(field devices "$load")"
 printf '| durable updates applied per second (paper CNN, c = 0.01, %s in flight) | %.0f | ≥ 5,000 |\n' \
   "$(field in_flight "$load")" "$(field updates_per_s "$load")"
@@ -97,7 +108,17 @@ printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(fi
 printf '| client→server datagram bytes over codec bytes | +%.1f %% | ≤ 10 %% |\n' "$(field overhead_pct "$load")"
 printf '| server submit(): decode / WAL write+fdatasync / apply | %.0f / %.0f / %.0f µs | |\n' \
   "$(field decode_us "$load")" "$(field wal_append_fdatasync_us "$load")" "$(field apply_us "$load")"
+fi
 while read -r line; do
   printf '| one-way delay %s ms: one update post / one model pull | %.3f s / %.1f s (%s) | |\n' \
     "$(field delay_ms "$line")" "$(field update_s "$line")" "$(field pull_s "$line")" "$(field pull "$line")"
+done < <(grep '^summary transfer' "$work/transfer.txt" || true)
+while read -r line; do
+  printf '| one-way delay %s ms: sparse pull after %s updates (GET /model?since=V) | %.3f s, %s B (dense %s B); %s datagrams, %s B to the server | |\n' \
+    "$(field delay_ms "$line")" "$(field updates "$line")" "$(field pull_s "$line")" "$(field delta_bytes "$line")" \
+    "$(field dense_bytes "$line")" "$(field pull_request_datagrams "$line")" "$(field pull_request_bytes "$line")"
+done < <(grep '^summary delta' "$work/transfer.txt" || true)
+while read -r line; do
+  printf '| one-way delay %s ms: dense pull, to the server | %s datagrams, %s B | |\n' \
+    "$(field delay_ms "$line")" "$(field pull_request_datagrams "$line")" "$(field pull_request_bytes "$line")"
 done < <(grep '^summary transfer' "$work/transfer.txt" || true)

@@ -71,10 +71,12 @@ void UdpDelayProxy::relay() {
       if (next.to_server) {
         ::sendto(server_side_, next.bytes.data(), next.bytes.size(), 0, nullptr, 0);
         ++to_server_;
+        bytes_to_server_ += next.bytes.size();
       } else if (have_client) {
         ::sendto(client_side_, next.bytes.data(), next.bytes.size(), 0, reinterpret_cast<sockaddr*>(&client),
                  sizeof(client));
         ++to_client_;
+        bytes_to_client_ += next.bytes.size();
       }
       held.pop_front();
     }

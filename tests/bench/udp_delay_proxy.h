@@ -29,6 +29,9 @@ class UdpDelayProxy {
   std::uint16_t port() const { return port_; }
   std::uint64_t datagrams_to_server() const { return to_server_; }
   std::uint64_t datagrams_to_client() const { return to_client_; }
+  // UDP payload bytes relayed each way (what reached the server's socket, and the client's).
+  std::uint64_t bytes_to_server() const { return bytes_to_server_; }
+  std::uint64_t bytes_to_client() const { return bytes_to_client_; }
 
  private:
   void relay();
@@ -39,6 +42,7 @@ class UdpDelayProxy {
   std::chrono::milliseconds delay_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> to_server_{0}, to_client_{0};
+  std::atomic<std::uint64_t> bytes_to_server_{0}, bytes_to_client_{0};
   std::thread thread_;
 };
 

@@ -1,10 +1,12 @@
-// libFuzzer target for the wire decoders (transport/codec.cc). The first input byte picks the
+// libFuzzer target for the wire decoders (transport/codec.cc): sparse updates, dense models
+// and model deltas. The first input byte picks the
 // expected layout so that both small tensors (bitmaps, k = n) and the paper CNN's sizes are
 // reached; the rest is the message. Whatever a decoder accepts must satisfy the documented
 // invariants and re-encode to something that decodes to the same value.
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "transport/codec.h"
@@ -58,6 +60,36 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       require(back.value().tensors[i].indices == u.tensors[i].indices);
       require(back.value().tensors[i].values == u.tensors[i].values);
     }
+  }
+
+  auto delta = decode_model_delta(message, layout, limits);
+  if (delta.ok()) {
+    const ModelDelta& d = delta.value();
+    require(d.version >= d.base_version);
+    std::vector<bool> seen(sizes.size(), false);
+    for (const auto& t : d.tensors) {
+      require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
+      seen[t.tensor] = true;
+      require(t.indices.size() == t.values.size() && t.indices.size() <= t.size);
+      for (std::size_t j = 0; j < t.indices.size(); ++j) {
+        require(t.indices[j] < t.size && (j == 0 || t.indices[j - 1] < t.indices[j]));
+        require(std::isfinite(t.values[j]));
+      }
+    }
+    // Deltas carry exact fp32 values: re-encoding gives back the same entries bit for bit.
+    auto again = encode_model_delta(d);
+    require(again.ok());
+    auto back = decode_model_delta(again.value(), layout, limits);
+    require(back.ok() && back.value().digest == d.digest && back.value().tensors.size() == d.tensors.size());
+    for (std::size_t i = 0; i < d.tensors.size(); ++i) {
+      require(back.value().tensors[i].indices == d.tensors[i].indices);
+      require(std::memcmp(back.value().tensors[i].values.data(), d.tensors[i].values.data(),
+                          d.tensors[i].values.size() * sizeof(float)) == 0);
+    }
+    std::size_t total = 0;
+    for (auto n : sizes) total += n;
+    std::vector<float> parameters(total, 0.0f);
+    require(apply_model_delta(d, sizes, parameters));
   }
 
   auto model = decode_dense_model(message, layout, limits);

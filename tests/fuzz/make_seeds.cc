@@ -1,5 +1,6 @@
 // Writes valid messages for codec_fuzz's layouts into a directory, as its seed corpus:
-// starting from well-formed updates (both index encodings, fp32 and fp16) and models gets
+// starting from well-formed updates (both index encodings, fp32 and fp16), models and model
+// deltas gets
 // the fuzzer past the header checks at once.
 #include <cstdio>
 #include <random>
@@ -47,6 +48,21 @@ int main(int argc, char** argv) {
     std::vector<float> values(total, 0.25f);
     auto model = encode_dense_model(1, 5, sizes, values);
     if (!model.ok() || !write(selector, model.value())) return 1;
+    // Model deltas: a few entries (delta-varint), most (bitmap), every entry (all), none.
+    for (int variant = 0; variant < 4; ++variant) {
+      ModelDelta delta{1, 5, 9, parameter_digest(values), {}};
+      for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+        SparseTensor tensor{t, sizes[t], {}, {}};
+        for (std::uint32_t i = 0; i < sizes[t] && variant != 3; ++i)
+          if (variant == 2 || rng() % (variant == 0 ? 20 : 2) == 0) {
+            tensor.indices.push_back(i);
+            tensor.values.push_back(static_cast<float>(rng() % 200) / 7.0f - 14.0f);
+          }
+        if (!tensor.indices.empty()) delta.tensors.push_back(tensor);
+      }
+      auto bytes = encode_model_delta(delta);
+      if (!bytes.ok() || !write(selector, bytes.value())) return 1;
+    }
   }
   std::printf("%d seeds\n", written);
   return 0;

@@ -10,9 +10,11 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "runtime/model_replica.h"
 #include "server/resources.h"
 #include "transport/coap_dtls.h"
 
@@ -232,6 +234,104 @@ TEST_F(ServerOverDtls, StatusCountsSocketBytesBeyondPayloadsIncludingHandshakes)
   EXPECT_GT(delta(fresh_session, open_session, "ingress_socket_bytes"),
             delta(open_session, first, "ingress_socket_bytes") + 150);
   EXPECT_EQ(delta(fresh_session, first, "ingress_payload_bytes"), 0u);
+}
+
+TEST_F(ServerOverDtls, SparsePullsGiveTheServersParametersBitForBitDuringConcurrentUpdates) {
+  // Two devices post updates as fast as the server takes them while a third client keeps a
+  // ModelReplica (the worker's copy) current with GET /model?since=V.
+  constexpr int kUpdatesPerDevice = 25;
+  std::atomic<int> posters_done = 0;
+  std::atomic<bool> first_pull_done = false;  // so that pulls and posts really overlap
+  auto post_updates = [&](const std::string& identity, const std::string& key, std::uint32_t seed) {
+    auto c = client(identity, key);
+    while (!first_pull_done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::mt19937 rng(seed);
+    std::uint64_t sequence = 0;
+    for (int applied = 0; applied < kUpdatesPerDevice;) {
+      transport::SparseTensor weights{0, sizes_[0], {}, {}};
+      for (std::uint32_t i = 0; i < sizes_[0]; ++i)
+        if (rng() % 40 == 0) {
+          weights.indices.push_back(i);
+          weights.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+        }
+      transport::SparseUpdate u{state_->model_id(), ++sequence, state_->snapshot().version, {weights}};
+      const CoapResponse r = c.request(Method::kPost, "update", encode(u));
+      if (r.code == CoapCode::kChanged) ++applied;
+      else ASSERT_EQ(r.code, CoapCode::kConflict) << text_of(r);  // too stale: try again
+    }
+    ++posters_done;
+  };
+  std::thread first(post_updates, "device-1", "key-one-0123456789", 1);
+  std::thread second(post_updates, "device-2", "key-two-9876543210", 2);
+
+  runtime::ModelReplica replica(state_->model_id(), sizes_);
+  auto puller = client("device-1", "key-one-0123456789");
+  int deltas = 0, compared = 0;
+  auto pull = [&] {
+    const CoapResponse r = puller.request(Method::kGet, replica.pull_path());
+    ASSERT_EQ(r.code, CoapCode::kContent) << text_of(r);
+    const auto outcome = replica.take(r.payload);
+    ASSERT_NE(outcome, runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
+    if (outcome == runtime::ModelReplica::PullOutcome::kDelta) {
+      ++deltas;
+      EXPECT_LT(r.payload.size(), transport::dense_model_bytes(sizes_));
+    }
+    const auto snapshot = state_->snapshot();
+    if (snapshot.version == replica.version()) {
+      ++compared;
+      ASSERT_EQ(std::memcmp(snapshot.parameters.data(), replica.parameters().data(),
+                            snapshot.parameters.size() * sizeof(float)), 0) << "at version " << snapshot.version;
+    }
+  };
+  pull();
+  first_pull_done = true;
+  while (posters_done < 2 && !HasFatalFailure()) pull();
+  first.join();
+  second.join();
+  ASSERT_FALSE(HasFatalFailure());
+  pull();
+  ASSERT_EQ(replica.version(), 2u * kUpdatesPerDevice);
+  std::printf("%d pulls were deltas, %d compared with the server's parameters at the same version\n", deltas, compared);
+  EXPECT_GE(deltas, 2);
+  EXPECT_GE(compared, 1);
+  // The final copy is what a dense pull gives, bit for bit.
+  const CoapResponse dense = puller.request(Method::kGet, "model");
+  auto decoded = transport::decode_dense_model(dense.payload, {state_->model_id(), sizes_});
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_EQ(decoded.value().version, replica.version());
+  ASSERT_EQ(std::memcmp(decoded.value().values.data(), replica.parameters().data(),
+                        decoded.value().values.size() * sizeof(float)), 0);
+  const auto status = nlohmann::json::parse(text_of(puller.request(Method::kGet, "status")));
+  EXPECT_EQ(status["model_delta_pulls"].get<int>(), deltas);
+}
+
+TEST_F(ServerOverDtls, BadModelQueriesGet400AndOtherBasesTheDenseModel) {
+  auto c = device1();
+  for (const char* query : {"since=abc", "since=", "since=-1", "since=+5", "since=1&since=2", "since=1x", "foo=1",
+                            "since=18446744073709551616"}) {
+    const CoapResponse r = c.request(Method::kGet, std::string("model?") + query);
+    EXPECT_EQ(r.code, CoapCode::kBadRequest) << query;
+    EXPECT_NE(text_of(r).find("bad query"), std::string::npos) << query << ": " << text_of(r);
+  }
+  ASSERT_EQ(c.request(Method::kPost, "update", encode(update(1, 0))).code, CoapCode::kChanged);
+  // A base the server has not reached: the dense model.
+  for (const char* query : {"since=2", "since=18446744073709551615"}) {
+    const CoapResponse r = c.request(Method::kGet, std::string("model?") + query);
+    ASSERT_EQ(r.code, CoapCode::kContent) << query;
+    EXPECT_EQ(transport::model_message_kind(r.payload), transport::ModelMessageKind::kDense) << query;
+  }
+  // Version 0 → 1 changed three entries: a delta of one tensor record.
+  const CoapResponse r = c.request(Method::kGet, "model?since=0");
+  ASSERT_EQ(r.code, CoapCode::kContent);
+  ASSERT_EQ(transport::model_message_kind(r.payload), transport::ModelMessageKind::kDelta);
+  auto delta = transport::decode_model_delta(r.payload, {state_->model_id(), sizes_});
+  ASSERT_TRUE(delta.ok()) << delta.error().message;
+  ASSERT_EQ(delta.value().tensors.size(), 1u);
+  EXPECT_EQ(delta.value().tensors[0].indices, (std::vector<std::uint32_t>{0, 5, 31}));
+  EXPECT_EQ(r.etag, 1u);
+  const auto status = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
+  EXPECT_EQ(status["model_queries_refused"], 8);
+  EXPECT_EQ(status["model_delta_pulls"], 1);
 }
 
 }  // namespace

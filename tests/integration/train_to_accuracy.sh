@@ -43,6 +43,10 @@ for pid in "${worker_pids[@]}"; do kill -TERM "$pid"; done
 for i in 0 1 2; do
   wait_for_exit "${worker_pids[$i]}" 30 || fail "worker $i exited with status $?"
   grep -qE 'stopped after [0-9]+ steps: [1-9][0-9]* updates accepted' "$work/w$i.log" || fail "worker $i got no update accepted"
+  # Pulls after the first are model deltas (the default), each checked against the digest
+  # of the server's parameters; a mismatch would be logged.
+  grep -qE 'pulls \([1-9][0-9]* as deltas\)' "$work/w$i.log" || fail "worker $i pulled no model delta"
+  ! grep -qE 'did not reproduce|undecodable model delta|model delta from version' "$work/w$i.log" || fail "worker $i got an unusable model delta"
 done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -378,6 +379,212 @@ TEST(DenseCodec, RoundTripsAndChecksLayout) {
   EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, std::span(values).first(10)).ok());
   values[5] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, values).ok());
+}
+
+// ---- Model delta (GET /model?since=V) ----
+
+std::size_t total_of(const std::vector<std::uint32_t>& sizes) {
+  std::size_t total = 0;
+  for (auto n : sizes) total += n;
+  return total;
+}
+
+// Parameters at a base version, parameters at a later version that differ in some entries,
+// and the delta between them as the server builds it.
+struct DeltaSample {
+  std::vector<std::uint32_t> sizes = {288, 32, 1, 7};
+  std::vector<float> before, after;
+  ModelDelta delta;
+  std::vector<std::uint8_t> bytes;
+  ModelLayout layout() const { return {kModel, sizes}; }
+
+  explicit DeltaSample(std::uint32_t seed, int change_one_in = 5) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist;
+    before.resize(total_of(sizes));
+    for (auto& v : before) v = dist(rng);
+    after = before;
+    delta = {kModel, 17, 23, 0, {}};
+    std::size_t offset = 0;
+    for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+      SparseTensor changed{t, sizes[t], {}, {}};
+      for (std::uint32_t i = 0; i < sizes[t]; ++i)
+        if (rng() % change_one_in == 0) {
+          after[offset + i] = dist(rng);
+          changed.indices.push_back(i);
+          changed.values.push_back(after[offset + i]);
+        }
+      if (!changed.indices.empty()) delta.tensors.push_back(changed);
+      offset += sizes[t];
+    }
+    delta.digest = parameter_digest(after);
+    bytes = encode_model_delta(delta).value();
+  }
+};
+
+TEST(DeltaCodec, AppliedToTheBaseItReproducesTheNewParametersBitForBit) {
+  for (std::uint32_t seed = 1; seed <= 20; ++seed) {
+    DeltaSample s(seed, 1 + seed % 7);  // seed % 7 == 0: every entry ("all" encoding)
+    ASSERT_EQ(model_message_kind(s.bytes), ModelMessageKind::kDelta);
+    auto decoded = decode_model_delta(s.bytes, s.layout());
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    EXPECT_EQ(decoded.value().base_version, 17u);
+    EXPECT_EQ(decoded.value().version, 23u);
+    std::vector<float> copy = s.before;
+    ASSERT_TRUE(apply_model_delta(decoded.value(), s.sizes, copy));
+    ASSERT_EQ(std::memcmp(copy.data(), s.after.data(), copy.size() * sizeof(float)), 0) << seed;
+    EXPECT_EQ(parameter_digest(copy), decoded.value().digest);
+  }
+}
+
+TEST(DeltaCodec, SignedZeroAndTinyValuesTravelExactly) {
+  std::vector<std::uint32_t> sizes = {4};
+  const float values[] = {-0.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::max(), 1.0f};
+  ModelDelta delta{kModel, 0, 1, 0, {{0, 4, {0, 1, 2, 3}, {values, values + 4}}}};
+  auto decoded = decode_model_delta(encode_model_delta(delta).value(), {kModel, sizes});
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  std::vector<float> copy(4, 7.0f);
+  ASSERT_TRUE(apply_model_delta(decoded.value(), sizes, copy));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(copy[i]), std::bit_cast<std::uint32_t>(values[i]));
+}
+
+TEST(DeltaCodec, EmptyDeltaIsTheHeaderAlone) {
+  std::vector<std::uint32_t> sizes = {3};
+  ModelDelta delta{kModel, 5, 5, 99, {}};
+  auto bytes = encode_model_delta(delta).value();
+  EXPECT_EQ(bytes.size(), 44u);
+  auto decoded = decode_model_delta(bytes, {kModel, sizes});
+  ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+  EXPECT_TRUE(decoded.value().tensors.empty());
+  EXPECT_EQ(decoded.value().digest, 99u);
+}
+
+TEST(DeltaCodec, DigestSeesEveryBitAndTheLength) {
+  std::vector<float> values(1001, 0.5f);
+  const std::uint64_t digest = parameter_digest(values);
+  for (std::size_t i : {0, 1, 2, 3, 500, 1000}) {
+    for (int bit : {0, 13, 31}) {
+      auto changed = values;
+      changed[i] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(changed[i]) ^ (1u << bit));
+      EXPECT_NE(parameter_digest(changed), digest) << i << " " << bit;
+    }
+  }
+  EXPECT_NE(parameter_digest(std::span(values).first(1000)), digest);
+  auto swapped = values;
+  swapped[0] = 1.0f;
+  auto swapped_other = values;
+  swapped_other[4] = 1.0f;  // same lane, other position
+  EXPECT_NE(parameter_digest(swapped), parameter_digest(swapped_other));
+}
+
+TEST(DeltaCodec, RefusesEveryTruncationAndTrailingBytes) {
+  DeltaSample s(3);
+  for (std::size_t length = 0; length < s.bytes.size(); ++length) {
+    auto r = decode_model_delta(std::span(s.bytes).first(length), s.layout());
+    ASSERT_FALSE(r.ok()) << "prefix of " << length << " bytes accepted";
+    EXPECT_EQ(r.error().code, CodecErrorCode::kTruncated) << length << ": " << r.error().message;
+  }
+  auto longer = s.bytes;
+  longer.push_back(0);
+  auto r = decode_model_delta(longer, s.layout());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, CodecErrorCode::kTrailingBytes);
+}
+
+TEST(DeltaCodec, RefusesBadHeadersOutOfRangeIndicesNanAndFp16) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  const ModelLayout layout{kModel, sizes};
+  auto error_of = [&](const std::vector<std::uint8_t>& b, const ModelLayout& l) {
+    auto r = decode_model_delta(b, l);
+    EXPECT_FALSE(r.ok());
+    return r.ok() ? CodecErrorCode::kInvalidInput : r.error().code;
+  };
+  // One tensor (0, n = 300) with entries {3: 0.5, 200: -1.0}, delta-varint: header 44
+  // bytes, tensor header at 44, indices at 58 (03 c4 01), values at 61.
+  ModelDelta delta{kModel, 2, 9, 1234, {{0, 300, {3, 200}, {0.5f, -1.0f}}}};
+  const auto good = encode_model_delta(delta).value();
+  ASSERT_EQ(good.size(), 44u + 14 + 3 + 8);
+  ASSERT_TRUE(decode_model_delta(good, layout).ok());
+
+  auto b = good;
+  b[3] = 'M';  // ETMM
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadMagic);
+  EXPECT_EQ(error_of(encode_dense_model(kModel, 1, sizes, std::vector<float>(320, 0.0f)).value(), layout),
+            CodecErrorCode::kBadMagic);
+  b = good;
+  b[4] = 2;
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kUnsupportedVersion);
+  b = good;
+  b[6] = 1;
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
+  EXPECT_EQ(error_of(good, {kModel + 1, sizes}), CodecErrorCode::kWrongModel);
+  EXPECT_EQ(error_of(good, {kModel, std::vector<std::uint32_t>{301, 20}}), CodecErrorCode::kLayoutMismatch);
+  b = good;
+  b[16] = 10;  // base version 10 > version 9
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
+  b = good;
+  b[44] = 2;  // tensor 2 of a 2-tensor model
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kLayoutMismatch);
+  b = good;
+  b[60] = 0x02;  // second gap 0xc4 0x02 = 324: index 328 ≥ 300
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadIndex);
+  b = good;
+  b[52] = 3;  // count 3 > the 2 entries the bytes hold
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kTruncated);
+  b = good;
+  b[52] = 0xff, b[53] = 0xff;  // count above n
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadCount);
+  b = good;
+  b[56] = 1;  // fp16 values: a delta must be exact
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
+  b = good;
+  b[57] = 3;  // unknown index encoding
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
+  for (std::uint32_t bits : {0x7fc00000u, 0x7f800000u, 0xff800000u}) {
+    b = good;
+    for (int i = 0; i < 4; ++i) b[65 + i] = static_cast<std::uint8_t>(bits >> (8 * i));
+    EXPECT_EQ(error_of(b, layout), CodecErrorCode::kNonFiniteValue);
+  }
+  DecodeLimits small;
+  small.max_message_bytes = good.size() - 1;
+  auto r = decode_model_delta(good, layout, small);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, CodecErrorCode::kTooLarge);
+  // Twice the same tensor: records at 44 and 44 + 14 + 1 + 4 = 63, the second renamed to 0.
+  ModelDelta twice{kModel, 2, 9, 0, {{0, 300, {1}, {1.0f}}, {1, 300, {2}, {1.0f}}}};
+  b = encode_model_delta(twice).value();
+  ASSERT_EQ(b[63], 1);
+  b[63] = 0;
+  EXPECT_EQ(error_of(b, layout), CodecErrorCode::kDuplicateTensor);
+}
+
+TEST(DeltaCodec, EncoderAndApplyRefuseWhatDoesNotFit) {
+  std::vector<std::uint32_t> sizes = {4, 2};
+  EXPECT_FALSE(encode_model_delta({kModel, 5, 4, 0, {}}).ok());  // version below base
+  EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {2, 1}, {1.0f, 2.0f}}}}).ok());
+  EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {std::nanf("")}}}}).ok());
+  EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}}).ok());
+  std::vector<float> copy(6, 3.0f);
+  const std::vector<float> unchanged = copy;
+  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}}}, sizes, std::span(copy).first(5)));
+  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {2, 4, {1}, {1.0f}}}}, sizes, copy));
+  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {1, 2, {2}, {1.0f}}}}, sizes, copy));
+  EXPECT_EQ(copy, unchanged);  // nothing written by a refused delta
+}
+
+TEST(DeltaCodec, RandomCorruptionNeverCrashes) {
+  std::mt19937 rng(6);
+  for (int trial = 0; trial < 2000; ++trial) {
+    DeltaSample s(trial % 10 + 1, 2 + trial % 9);
+    auto bytes = s.bytes;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    auto r = decode_model_delta(bytes, s.layout());
+    if (!r.ok()) continue;
+    std::vector<float> copy = s.before;
+    ASSERT_TRUE(apply_model_delta(r.value(), s.sizes, copy));
+    for (float v : copy) ASSERT_TRUE(std::isfinite(v));
+  }
 }
 
 }  // namespace

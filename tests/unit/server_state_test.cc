@@ -143,6 +143,70 @@ TEST(ServerState, CrashWithoutCheckpointResumesBitExact) {
   EXPECT_EQ(parameters_of(restarted), history.parameters_after(45));
 }
 
+// GET /model?since=V for every V from `oldest` to beyond the current version: a delta,
+// applied to the parameters at V, must give the current parameters bit for bit (and their
+// digest); otherwise the answer must be the dense model. Returns how many were deltas.
+int check_deltas(ServerState& state, const History& history, std::uint64_t oldest) {
+  const runtime::Model initial = small_model();
+  const auto sizes = sizes_of(initial);
+  const std::vector<float> now = parameters_of(state);
+  int deltas = 0;
+  for (std::uint64_t since = oldest; since <= state.version() + 2; ++since) {
+    const ServerState::ModelReply reply = state.encoded_model_since(since);
+    if (!reply.delta) {
+      auto dense = transport::decode_dense_model(reply.bytes, {initial.layout_id(), sizes});
+      EXPECT_TRUE(dense.ok());
+      if (dense.ok()) {
+        EXPECT_EQ(dense.value().values, now) << "dense answer for since=" << since;
+      }
+      continue;
+    }
+    ++deltas;
+    EXPECT_LE(since, state.version()) << "a delta from a version the server has not reached";
+    auto delta = transport::decode_model_delta(reply.bytes, {initial.layout_id(), sizes});
+    EXPECT_TRUE(delta.ok()) << (delta.ok() ? "" : delta.error().message);
+    if (!delta.ok()) continue;
+    EXPECT_EQ(delta.value().base_version, since);
+    EXPECT_EQ(delta.value().version, state.version());
+    EXPECT_LT(reply.bytes.size(), transport::dense_model_bytes(sizes));
+    std::vector<float> copy = since == 0 ? std::vector<float>(initial.parameters().begin(), initial.parameters().end())
+                                         : history.parameters_after(since);
+    EXPECT_TRUE(transport::apply_model_delta(delta.value(), sizes, copy));
+    EXPECT_EQ(std::memcmp(copy.data(), now.data(), now.size() * sizeof(float)), 0) << "since=" << since;
+    EXPECT_EQ(transport::parameter_digest(copy), delta.value().digest);
+  }
+  return deltas;
+}
+
+TEST(ServerState, ModelDeltaSinceAnyKnownVersionIsExactAcrossCrashes) {
+  TempDir dir;
+  const auto options = options_for(dir, 7);  // checkpoints at 7, 14, 21, 28; 29, 30 in the WAL
+  History history(options, 45, 11);
+  {
+    ServerState state(small_model(), options);
+    for (std::size_t n = 0; n < 30; ++n) {
+      submit_all(state, history, n, n + 1);
+      EXPECT_GE(check_deltas(state, history, 0), 1) << "version " << n + 1;  // at least since = now
+    }
+  }  // "crash": destroyed without a final checkpoint
+  ServerState restarted(small_model(), options);
+  ASSERT_EQ(restarted.recovery().checkpoint_version, 28u);
+  ASSERT_EQ(restarted.version(), 30u);
+  // The change record restarts at the oldest update the WAL keeps as history (28 − D = 24):
+  // older bases get the dense model, newer ones an exact delta.
+  for (std::uint64_t since = 0; since < 24; ++since) EXPECT_FALSE(restarted.encoded_model_since(since).delta) << since;
+  EXPECT_TRUE(restarted.encoded_model_since(29).delta);
+  EXPECT_TRUE(restarted.encoded_model_since(30).delta);
+  EXPECT_FALSE(restarted.encoded_model_since(31).delta);
+  EXPECT_FALSE(restarted.encoded_model_since(std::numeric_limits<std::uint64_t>::max()).delta);
+  EXPECT_GE(check_deltas(restarted, history, 0), 2);
+  for (std::size_t n = 30; n < 45; ++n) {
+    submit_all(restarted, history, n, n + 1);
+    EXPECT_GE(check_deltas(restarted, history, 0), 1) << "version " << n + 1;
+  }
+  EXPECT_EQ(restarted.encoded_model_since(45).bytes.size(), 44u);  // nothing changed: the header alone
+}
+
 TEST(ServerState, TornLastRecordIsDroppedAndTheLogStaysAppendable) {
   TempDir dir;
   const auto options = options_for(dir, 0);  // no automatic checkpoints: all in the WAL

@@ -110,16 +110,17 @@ void ParameterStore::remember_touched() {
   }
 }
 
-ApplyResult ParameterStore::admissible(const transport::SparseUpdate& update) const {
+ApplyResult ParameterStore::admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const {
+  const std::uint64_t t = version_ + pending;
   if (update.model_id != model_id_)
-    return {ApplyStatus::kWrongModel, version_, "update is for model " + std::to_string(update.model_id) + ", this is " + std::to_string(model_id_)};
-  if (update.fetched_version > version_)
-    return {ApplyStatus::kFromTheFuture, version_, "fetched version " + std::to_string(update.fetched_version) + " is ahead of the server's " + std::to_string(version_)};
-  const std::uint64_t delay = version_ - update.fetched_version;
+    return {ApplyStatus::kWrongModel, t, "update is for model " + std::to_string(update.model_id) + ", this is " + std::to_string(model_id_)};
+  if (update.fetched_version > t)
+    return {ApplyStatus::kFromTheFuture, t, "fetched version " + std::to_string(update.fetched_version) + " is ahead of the server's " + std::to_string(t)};
+  const std::uint64_t delay = t - update.fetched_version;
   if (delay > options_.max_staleness)
-    return {ApplyStatus::kTooStale, version_, "delay " + std::to_string(delay) + " exceeds the maximum staleness " + std::to_string(options_.max_staleness)};
-  if (std::string problem = check(update); !problem.empty()) return {ApplyStatus::kMalformed, version_, problem};
-  return {ApplyStatus::kApplied, version_, {}};
+    return {ApplyStatus::kTooStale, t, "delay " + std::to_string(delay) + " exceeds the maximum staleness " + std::to_string(options_.max_staleness)};
+  if (std::string problem = check(update); !problem.empty()) return {ApplyStatus::kMalformed, t, problem};
+  return {ApplyStatus::kApplied, t, {}};
 }
 
 void ParameterStore::collect_touched(const transport::SparseUpdate& update) {

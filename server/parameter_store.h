@@ -66,7 +66,11 @@ class ParameterStore {
   ApplyResult apply(const transport::SparseUpdate& update);
   // What apply() would answer, without applying: the server logs an update durably only
   // once it knows the update will be applied. Status kApplied means "would apply".
-  ApplyResult admissible(const transport::SparseUpdate& update) const;
+  ApplyResult admissible(const transport::SparseUpdate& update) const { return admissible_after(update, 0); }
+  // admissible() as it will answer once `pending` more updates have been applied: group
+  // commit logs an update while the ones ahead of it still wait for their fdatasync, and
+  // applies them all in log order afterwards. The returned version is t + pending.
+  ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
 
   // Puts the store in the state of an uninterrupted run that had reached `version` with
   // `parameters` (from a checkpoint): `recent` holds the updates that produced the last

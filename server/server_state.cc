@@ -369,7 +369,10 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
 
 std::vector<SettledSubmit> ServerState::finish_commit(bool wait) {
   std::vector<SettledSubmit> settled;
-  if (!collect_sync(wait, settled)) return settled;
+  if (!collect_sync(wait, settled)) {
+    start_commit();
+    return settled;
+  }
   if (options_.checkpoint_every && updates_since_checkpoint_ >= options_.checkpoint_every) {
     // The new WAL holds only applied records: settle what is staged first.
     while (!staged_.empty()) {

@@ -107,26 +107,55 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
     log("refused an update from '" + request.identity + "': no longer in the keystore");
     return text_response(CoapCode::kForbidden, "identity '" + request.identity + "' is not authorized");
   }
-  const SubmitResult result = state_.submit(request.identity, request.payload);
+  if (request.defer) {
+    StagedSubmit staged = state_.stage(request.identity, request.payload);
+    if (staged.settled) return update_response(*staged.settled, request.identity, true);
+    awaiting_sync_[staged.ticket].emplace_back(request.identity, request.defer());
+    state_.start_commit();
+    return {};  // ignored: the answer leaves from answer_durable_updates()
+  }
+  if (state_.staged_updates() > 0) answer_durable_updates(true);  // submit() needs nothing staged
+  return update_response(state_.submit(request.identity, request.payload), request.identity, true);
+}
+
+CoapResponse ServerResources::update_response(const SubmitResult& result, const std::string& identity, bool original) {
   const int code = coap_code_for(result.outcome);
   if (result.acknowledged()) {
-    if (result.outcome == SubmitOutcome::kApplied) {
+    if (result.outcome == SubmitOutcome::kApplied && original) {
       ++applied_;
       if (options_.log_every_applied && result.version % options_.log_every_applied == 0)
         log("version " + std::to_string(result.version) + " (" + std::to_string(applied_) +
             " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
-      log("duplicate update from '" + request.identity + "' answered with version " + std::to_string(result.version));
+      log("duplicate update from '" + identity + "' answered with version " + std::to_string(result.version));
     }
     CoapResponse response{code, std::vector<std::uint8_t>(8), {}};
     for (int i = 0; i < 8; ++i) response.payload[i] = static_cast<std::uint8_t>(result.version >> (8 * i));
     return response;
   }
   ++refused_[submit_outcome_name(result.outcome)];
-  log("refused an update from '" + request.identity + "' (" + transport::coap_code_string(code) + " " +
+  log("refused an update from '" + identity + "' (" + transport::coap_code_string(code) + " " +
       submit_outcome_name(result.outcome) + "): " + result.diagnostic);
   return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
+}
+
+std::size_t ServerResources::answer_durable_updates(bool wait) {
+  std::size_t answered = 0;
+  do {
+    for (const SettledSubmit& settled : state_.finish_commit(wait)) {
+      auto it = awaiting_sync_.find(settled.ticket);
+      if (it == awaiting_sync_.end()) continue;
+      bool original = true;
+      for (auto& [identity, answer] : it->second) {
+        answer.send(update_response(settled.result, identity, original));
+        original = false;
+        ++answered;
+      }
+      awaiting_sync_.erase(it);
+    }
+  } while (wait && state_.staged_updates() > 0);
+  return answered;
 }
 
 std::string ServerResources::status_json() const {

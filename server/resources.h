@@ -15,7 +15,11 @@
 //                 text saying why.
 //   GET  /status  2.05, JSON a person can read
 //
-// Handlers are plain functions of a CoapRequest, so tests can call them without a network.
+// Handlers are plain functions of a CoapRequest, so tests can call them without a network
+// (then POST /update syncs the WAL for each update). Over the network (a request that can be
+// deferred) POST /update is group-committed: the update is staged, and its 2.04 (or 5.00)
+// leaves from answer_durable_updates() once the fdatasync covering it has finished; a
+// duplicate of a staged update waits for the same sync.
 // Like ServerState, the handlers run on the CoAP thread; report_accuracy() may be called
 // from any thread.
 #pragma once
@@ -31,6 +35,8 @@
 #include <string>
 #include <string_view>
 #include <variant>
+#include <utility>
+#include <vector>
 
 #include "server/server_state.h"
 #include "transport/coap_dtls.h"
@@ -63,6 +69,13 @@ class ServerResources {
   transport::CoapResponse get_status(const transport::CoapRequest& request);
   // Registers the three resources on `server`.
   void attach(transport::CoapDtlsServer& server);
+  // Sends the answers of staged updates whose WAL sync has finished (wait = true: waits for
+  // the running sync, and for the next ones until nothing is staged). The loop that drives
+  // the server calls it after every run_once(), and with wait = true before it stops.
+  // Returns how many updates it answered.
+  std::size_t answer_durable_updates(bool wait);
+  // Updates staged and not yet answered; the loop polls more often while there are some.
+  std::size_t updates_awaiting_sync() const { return state_.staged_updates(); }
 
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);
@@ -81,6 +94,9 @@ class ServerResources {
 
  private:
   void note_request(const transport::CoapRequest& request);
+  // The answer to a settled update, with its counters and log lines; `original`: not a
+  // duplicate answered along with it.
+  transport::CoapResponse update_response(const SubmitResult& result, const std::string& identity, bool original);
   void log(const std::string& line) const;
 
   ServerState& state_;
@@ -93,6 +109,9 @@ class ServerResources {
   std::uint64_t model_delta_pulls_ = 0, bad_model_queries_ = 0;
   std::map<std::string, std::uint64_t> refused_;  // by reason
   std::set<std::string, std::less<>> workers_seen_;
+  // Staged updates by ticket: who asked (the original first, then duplicates) and where
+  // the answer goes.
+  std::map<std::uint64_t, std::vector<std::pair<std::string, transport::DeferredResponse>>> awaiting_sync_;
   mutable std::mutex accuracy_mutex_;
   std::optional<std::pair<std::uint64_t, double>> last_accuracy_;  // version, accuracy
 };

@@ -271,7 +271,13 @@ int run_server(const Settings& s) {
   sigaction(SIGTERM, &action, nullptr);
   sigaction(SIGINT, &action, nullptr);
   // Handlers run to completion inside run_once, so a stop request is seen between requests.
-  while (!g_stop_requested) server.run_once(200);
+  // Updates are group-committed: while some wait for their WAL sync (on the sync thread),
+  // the loop looks for finished syncs every millisecond and sends their answers.
+  while (!g_stop_requested) {
+    server.run_once(resources.updates_awaiting_sync() > 0 ? 1 : 200);
+    resources.answer_durable_updates(false);
+  }
+  resources.answer_durable_updates(true);  // staged updates are answered before the checkpoint
 
   log_line("stopping: " + resources.ingress_summary() + " since start; writing a checkpoint at version " +
            std::to_string(state.version()));

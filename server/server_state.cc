@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "server/durable_file.h"
+
+#include <unistd.h>
 
 namespace edgetrain::server {
 namespace {
@@ -198,12 +202,28 @@ void ServerState::recover() {
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
+  if (!staged_.empty()) throw std::logic_error("submit() while updates are staged: finish_commit() first");
+  StagedSubmit staged = stage(identity, body);
+  if (staged.settled) return std::move(*staged.settled);
+  for (;;) {
+    start_commit();
+    for (SettledSubmit& settled : finish_commit(true))
+      if (settled.ticket == staged.ticket) return std::move(settled.result);
+  }
+}
+
+StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body) {
   const auto decode_started = std::chrono::steady_clock::now();
-  const std::uint64_t now = store_.version();
+  const std::uint64_t now = store_.version();  // the durable version, which refusals report
+  auto settle = [&](SubmitOutcome outcome, std::uint64_t version, std::string diagnostic) {
+    return StagedSubmit{SubmitResult{outcome, version, std::move(diagnostic)}, 0};
+  };
   if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
+  if (!wal_broken_.empty()) return settle(SubmitOutcome::kNotDurable, now, wal_broken_);
   if (body.size() > options_.max_update_bytes)
-    return {SubmitOutcome::kTooLarge, now,
-            "update of " + std::to_string(body.size()) + " bytes, the limit is " + std::to_string(options_.max_update_bytes)};
+    return settle(SubmitOutcome::kTooLarge, now,
+                  "update of " + std::to_string(body.size()) + " bytes, the limit is " +
+                      std::to_string(options_.max_update_bytes));
   transport::DecodeLimits limits;
   limits.max_message_bytes = options_.max_update_bytes;
   auto decoded = transport::decode_sparse_update(body, {model_.layout_id(), tensor_sizes_}, limits);
@@ -212,68 +232,180 @@ SubmitResult ServerState::submit(std::string_view identity, std::span<const std:
     SubmitOutcome outcome = error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
                             : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
                                                                                   : SubmitOutcome::kMalformed;
-    return {outcome, now, std::string(transport::codec_error_name(error.code)) + ": " + error.message};
+    return settle(outcome, now, std::string(transport::codec_error_name(error.code)) + ": " + error.message);
   }
-  const transport::SparseUpdate& update = decoded.value();
+  transport::SparseUpdate& update = decoded.value();
 
-  if (auto it = sequences_.find(identity); it != sequences_.end()) {
-    if (update.sequence == it->second.sequence) return {SubmitOutcome::kDuplicate, it->second.version, {}};
-    if (update.sequence < it->second.sequence)
-      return {SubmitOutcome::kOldSequence, now,
-              "sequence " + std::to_string(update.sequence) + " is below the last applied " +
-                  std::to_string(it->second.sequence) + " of this identity"};
-  }
+  // The same (identity, sequence) again: a staged original is answered when it is durable,
+  // an applied one at once. Below the identity's latest accepted sequence: refused.
+  const auto staged_entry = staged_sequences_.find(identity);
+  const auto applied_entry = sequences_.find(identity);
+  if (staged_entry != staged_sequences_.end() && update.sequence == staged_entry->second.sequence)
+    return {std::nullopt, staged_entry->second.version};
+  if (applied_entry != sequences_.end() && update.sequence == applied_entry->second.sequence)
+    return settle(SubmitOutcome::kDuplicate, applied_entry->second.version, {});
+  const SequenceEntry* latest = staged_entry != staged_sequences_.end() ? &staged_entry->second
+                               : applied_entry != sequences_.end()       ? &applied_entry->second
+                                                                         : nullptr;
+  if (latest && update.sequence < latest->sequence)
+    return settle(SubmitOutcome::kOldSequence, now,
+                  "sequence " + std::to_string(update.sequence) + " is below the last applied " +
+                      std::to_string(latest->sequence) + " of this identity");
 
-  const ApplyResult verdict = store_.admissible(update);
+  const ApplyResult verdict = store_.admissible_after(update, staged_.size());
   switch (verdict.status) {
     case ApplyStatus::kApplied: break;
-    case ApplyStatus::kWrongModel: return {SubmitOutcome::kWrongModel, now, verdict.reason};
-    case ApplyStatus::kTooStale: return {SubmitOutcome::kTooStale, now, verdict.reason};
+    case ApplyStatus::kWrongModel: return settle(SubmitOutcome::kWrongModel, now, verdict.reason);
+    case ApplyStatus::kTooStale: return settle(SubmitOutcome::kTooStale, now, verdict.reason);
     case ApplyStatus::kFromTheFuture:
-    case ApplyStatus::kMalformed: return {SubmitOutcome::kMalformed, now, verdict.reason};
+    case ApplyStatus::kMalformed: return settle(SubmitOutcome::kMalformed, now, verdict.reason);
   }
 
   const double decode_seconds = seconds_since(decode_started);
-  const auto wal_started = std::chrono::steady_clock::now();
-  WalRecord record{now + 1, std::string(identity), update.sequence, {body.begin(), body.end()}};
+  const auto write_started = std::chrono::steady_clock::now();
+  const std::uint64_t version = now + staged_.size() + 1;
+  const std::uint64_t offset = wal_->size_bytes();
+  WalRecord record{version, std::string(identity), update.sequence, {body.begin(), body.end()}};
   try {
-    wal_->append(record);
+    wal_->write(record);
   } catch (const WalError& e) {
-    return {SubmitOutcome::kNotDurable, now, e.what()};
+    return settle(SubmitOutcome::kNotDurable, now, e.what());
   }
-  const double wal_seconds = seconds_since(wal_started);
-  const auto apply_started = std::chrono::steady_clock::now();
-  ApplyResult result;
-  {
-    std::lock_guard lock(parameters_mutex_);
-    result = store_.apply(update);
-  }
-  submit_timings_.applied_updates += 1;
-  submit_timings_.decode_seconds += decode_seconds;
-  submit_timings_.wal_seconds += wal_seconds;
-  submit_timings_.apply_seconds += seconds_since(apply_started);
-  // admissible() said yes and nothing ran in between: anything else is a bug, and the
-  // logged record would replay to a version this process never reached.
-  if (!result.applied() || result.version != record.version)
-    throw std::logic_error("parameter store refused an admissible update: " + result.reason);
-  sequences_[record.identity] = {update.sequence, result.version};
-  remember_recent(std::move(record));
-  ++updates_since_checkpoint_;
+  staged_sequences_[record.identity] = {update.sequence, version};
+  staged_.push_back({std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
+  return {std::nullopt, version};
+}
 
+void ServerState::start_commit() {
+  if (sync_running_ || staged_.empty()) return;
+  if (!sync_thread_.joinable()) sync_thread_ = std::thread([this] { run_sync_thread(); });
+  syncing_ = staged_.size();
+  {
+    std::lock_guard lock(sync_mutex_);
+    sync_fd_ = wal_->descriptor();
+    sync_requested_ = true;
+  }
+  sync_changed_.notify_all();
+  sync_running_ = true;
+}
+
+void ServerState::run_sync_thread() {
+  std::unique_lock lock(sync_mutex_);
+  for (;;) {
+    sync_changed_.wait(lock, [this] { return sync_requested_ || sync_thread_stop_; });
+    if (!sync_requested_) return;
+    sync_requested_ = false;
+    const int fd = sync_fd_;
+    lock.unlock();
+    const auto started = std::chrono::steady_clock::now();
+    // fdatasync: the data and the file size are what replay needs; timestamps are not.
+    const int error = options_.wal_sync ? options_.wal_sync(fd) : (::fdatasync(fd) == 0 ? 0 : errno);
+    const double seconds = seconds_since(started);
+    lock.lock();
+    sync_error_ = error;
+    sync_seconds_ = seconds;
+    sync_finished_ = true;
+    sync_changed_.notify_all();
+  }
+}
+
+bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
+  if (!sync_running_) return false;
+  int error = 0;
+  double sync_seconds = 0;
+  {
+    std::unique_lock lock(sync_mutex_);
+    if (wait) sync_changed_.wait(lock, [this] { return sync_finished_; });
+    if (!sync_finished_) return false;
+    sync_finished_ = false;
+    error = sync_error_;
+    sync_seconds = sync_seconds_;
+  }
+  sync_running_ = false;
+  if (error != 0) {
+    // Not durable, so never acknowledged: cut every staged record off the log (replay must
+    // not apply what the workers were told failed) and refuse them all.
+    const std::string why = "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(error);
+    for (const StagedUpdate& staged : staged_)
+      out.push_back({staged.record.version, {SubmitOutcome::kNotDurable, store_.version(), why}});
+    try {
+      wal_->truncate_to(staged_.front().wal_offset);
+    } catch (const WalError& e) {
+      wal_broken_ = std::string(e.what()) + " after a failed sync: refusing updates until a restart";
+    }
+    staged_.clear();
+    staged_sequences_.clear();
+    return true;
+  }
+  for (std::size_t n = 0; n < syncing_; ++n) {
+    StagedUpdate staged = std::move(staged_.front());
+    staged_.pop_front();
+    const auto apply_started = std::chrono::steady_clock::now();
+    ApplyResult result;
+    {
+      std::lock_guard lock(parameters_mutex_);
+      result = store_.apply(staged.update);
+    }
+    // stage() checked it against exactly this version and only staged updates, applied in
+    // order, ran in between: anything else is a bug, and the logged record would replay to
+    // a version this process never reached.
+    if (!result.applied() || result.version != staged.record.version)
+      throw std::logic_error("parameter store refused a staged update: " + result.reason);
+    submit_timings_.applied_updates += 1;
+    submit_timings_.decode_seconds += staged.decode_seconds;
+    submit_timings_.wal_seconds += staged.write_seconds + sync_seconds / static_cast<double>(syncing_);
+    submit_timings_.apply_seconds += seconds_since(apply_started);
+    sequences_[staged.record.identity] = {staged.record.sequence, result.version};
+    if (auto it = staged_sequences_.find(staged.record.identity);
+        it != staged_sequences_.end() && it->second.version == result.version)
+      staged_sequences_.erase(it);
+    out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}}});
+    remember_recent(std::move(staged.record));
+    ++updates_since_checkpoint_;
+  }
+  syncing_ = 0;
+  return true;
+}
+
+std::vector<SettledSubmit> ServerState::finish_commit(bool wait) {
+  std::vector<SettledSubmit> settled;
+  if (!collect_sync(wait, settled)) {
+    start_commit();
+    return settled;
+  }
   if (options_.checkpoint_every && updates_since_checkpoint_ >= options_.checkpoint_every) {
+    // The new WAL holds only applied records: settle what is staged first.
+    while (!staged_.empty()) {
+      start_commit();
+      collect_sync(true, settled);
+    }
     const auto checkpoint_started = std::chrono::steady_clock::now();
     try {
       checkpoint();
       checkpoint_error_.clear();
     } catch (const std::exception& e) {
-      checkpoint_error_ = e.what();  // the update is durable in the WAL all the same
+      checkpoint_error_ = e.what();  // the updates are durable in the WAL all the same
     }
     submit_timings_.checkpoint_seconds += seconds_since(checkpoint_started);
   }
-  return {SubmitOutcome::kApplied, result.version, {}};
+  start_commit();
+  return settled;
+}
+
+ServerState::~ServerState() {
+  if (!sync_thread_.joinable()) return;
+  {
+    std::unique_lock lock(sync_mutex_);
+    sync_changed_.wait(lock, [this] { return !sync_running_ || sync_finished_; });
+    sync_thread_stop_ = true;
+  }
+  sync_changed_.notify_all();
+  sync_thread_.join();
 }
 
 void ServerState::checkpoint() {
+  if (!staged_.empty() || sync_running_)
+    throw std::logic_error("checkpoint() while updates are staged: finish_commit() first");
   std::copy(store_.parameters().begin(), store_.parameters().end(), model_.parameters().begin());
   nlohmann::json sequences = nlohmann::json::object();
   for (const auto& [identity, entry] : sequences_)

@@ -12,14 +12,22 @@
 // checkpoint, refills the staleness history, replays the rest and resumes at exactly the
 // last acknowledged version with bit-identical parameters.
 //
+// Group commit: submit() syncs once per update. The CoAP server instead stage()s each
+// update (checked, WAL record written, not yet synced, not yet applied) and lets one
+// fdatasync on a background thread cover every update staged meanwhile; finish_commit()
+// then applies the covered updates in log order (the single writer replay relies on) and
+// hands back their results, which are the only ones that may be acknowledged.
+//
 // No networking here (server/resources.h maps this onto CoAP). Thread safety: submit(),
 // checkpoint() and encoded_model() belong to one thread (the CoAP loop); snapshot() may be
 // called from any thread (the evaluator) and copies under a mutex.
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -27,6 +35,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "runtime/model.h"
@@ -47,6 +56,9 @@ struct ServerStateOptions {
   ParameterStoreOptions store;
   std::uint64_t checkpoint_every = 1000;  // updates between checkpoints; 0: only checkpoint() makes one
   std::size_t max_update_bytes = std::size_t{4} << 20;  // larger bodies are refused as too large
+  // Makes the WAL records written so far durable; returns 0 or an errno value. Unset:
+  // fdatasync(fd). Runs on the WAL sync thread. Tests inject slow or failing disks here.
+  std::function<int(int fd)> wal_sync;
 };
 
 enum class SubmitOutcome {
@@ -68,6 +80,21 @@ struct SubmitResult {
   bool acknowledged() const { return outcome == SubmitOutcome::kApplied || outcome == SubmitOutcome::kDuplicate; }
 };
 
+// What stage() decided: either an answer right away, or a ticket to wait for.
+struct StagedSubmit {
+  // Set when the answer does not depend on a sync: refusals, a duplicate of an applied
+  // update, a failed WAL write.
+  std::optional<SubmitResult> settled;
+  // Otherwise: the version the update will produce once durable. A duplicate of a staged
+  // update gets the ticket of the original. finish_commit() reports results by ticket.
+  std::uint64_t ticket = 0;
+};
+
+struct SettledSubmit {
+  std::uint64_t ticket = 0;
+  SubmitResult result;  // kApplied, or kNotDurable when the sync (or the WAL) failed
+};
+
 struct RecoveryReport {
   bool fresh = false;                  // the state directory was new
   std::uint64_t checkpoint_version = 0;
@@ -81,7 +108,7 @@ struct RecoveryReport {
 struct SubmitTimings {
   std::uint64_t applied_updates = 0;
   double decode_seconds = 0;      // codec decode, sequence lookup, admissibility check
-  double wal_seconds = 0;         // WAL record encode, write and fdatasync
+  double wal_seconds = 0;         // WAL record encode and write, and its share of the fdatasync that covered it
   double apply_seconds = 0;       // the staleness-aware apply
   double checkpoint_seconds = 0;  // automatic checkpoints triggered by updates
 };
@@ -100,12 +127,37 @@ class ServerState {
   ServerState(runtime::Model model, ServerStateOptions options);
   ServerState(const ServerState&) = delete;
   ServerState& operator=(const ServerState&) = delete;
+  // Waits for a running sync; staged updates that were never reported are not applied here
+  // (if their records reached the disk, the next start replays them: unacknowledged, but
+  // durable, like a crash right after the sync).
+  ~ServerState();
 
-  // One POST /update from `identity` (the DTLS identity, non-empty).
+  // One POST /update from `identity` (the DTLS identity, non-empty), durable and applied
+  // when it returns (one fdatasync of its own). Throws std::logic_error while updates are
+  // staged.
   SubmitResult submit(std::string_view identity, std::span<const std::uint8_t> body);
+
+  // Group commit, on the same thread as submit(). stage() checks the update as submit()
+  // does, against the version it will land on (after the staged ones), and writes its WAL
+  // record without syncing. Nothing is applied and nothing may be acknowledged until
+  // finish_commit() reports the ticket.
+  StagedSubmit stage(std::string_view identity, std::span<const std::uint8_t> body);
+  // Starts one fdatasync on the sync thread covering every update staged so far, unless a
+  // sync is already running (the updates staged meanwhile wait for the next one).
+  void start_commit();
+  // Once the running sync has finished (wait = true: blocks until then; false: returns
+  // nothing if it is still running), applies the updates it covered, in log order, and
+  // returns their results. If the sync failed, every staged update (also those staged
+  // after it started) is cut off the WAL and reported kNotDurable; nothing is applied.
+  // Runs an automatic checkpoint when one is due (syncing what is staged first), then
+  // starts the next sync if updates are staged.
+  std::vector<SettledSubmit> finish_commit(bool wait);
+  // Updates staged and not yet reported by finish_commit().
+  std::size_t staged_updates() const { return staged_.size(); }
+
   // Writes a checkpoint at the current version (atomic rename) and starts a new WAL that
   // keeps only the records replay needs as staleness history. Throws on I/O failure (the
-  // old checkpoint and WAL stay valid).
+  // old checkpoint and WAL stay valid), std::logic_error while updates are staged.
   void checkpoint();
 
   std::uint64_t version() const { return store_.version(); }
@@ -144,6 +196,16 @@ class ServerState {
   std::size_t history_length() const;  // updates the WAL must keep before a checkpoint
   void remember_recent(WalRecord record);
   transport::SparseUpdate decode_logged(const WalRecord& record) const;
+  // Waits for (or polls) the running sync and settles the updates it covered into `out`.
+  bool collect_sync(bool wait, std::vector<SettledSubmit>& out);
+  void run_sync_thread();
+
+  struct StagedUpdate {
+    WalRecord record;  // record.version: the version it will produce
+    transport::SparseUpdate update;
+    std::uint64_t wal_offset = 0;  // where its record starts in the WAL
+    double decode_seconds = 0, write_seconds = 0;
+  };
 
   runtime::Model model_;
   ServerStateOptions options_;
@@ -164,6 +226,20 @@ class ServerState {
   std::vector<std::uint8_t> encoded_delta_;
   std::uint64_t digest_ = 0;  // parameter_digest() at digest_version_
   std::optional<std::uint64_t> digest_version_;
+
+  // Group commit (CoAP thread): staged updates in log order, and per identity the latest.
+  std::deque<StagedUpdate> staged_;
+  std::map<std::string, SequenceEntry, std::less<>> staged_sequences_;
+  bool sync_running_ = false;
+  std::size_t syncing_ = 0;  // the first syncing_ of staged_ are covered by the running sync
+  std::string wal_broken_;   // set when a failed sync could not be cut off: refuse all updates
+  // The sync thread and what it shares with the CoAP thread (under sync_mutex_).
+  std::thread sync_thread_;
+  std::mutex sync_mutex_;
+  std::condition_variable sync_changed_;
+  bool sync_requested_ = false, sync_finished_ = false, sync_thread_stop_ = false;
+  int sync_fd_ = -1, sync_error_ = 0;
+  double sync_seconds_ = 0;
 };
 
 }  // namespace edgetrain::server

@@ -182,4 +182,23 @@ void WalWriter::append(const WalRecord& record) {
   size_ += bytes.size();
 }
 
+void WalWriter::write(const WalRecord& record) {
+  if (fd_ < 0) throw WalError("WAL writer is closed");
+  const std::vector<std::uint8_t> bytes = encode_wal_record(record);
+  if (!write_all(fd_, bytes)) {
+    const std::string why = errno_text();
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
+    throw WalError("cannot write to the WAL " + path_.string() + ": " + why);
+  }
+  size_ += bytes.size();
+}
+
+void WalWriter::truncate_to(std::uint64_t size) {
+  if (fd_ < 0) throw WalError("WAL writer is closed");
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0 || ::fdatasync(fd_) != 0 ||
+      ::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0)
+    throw WalError("cannot cut the WAL " + path_.string() + " back to " + std::to_string(size) + " bytes: " + errno_text());
+  size_ = size;
+}
+
 }  // namespace edgetrain::server

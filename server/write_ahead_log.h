@@ -87,6 +87,16 @@ class WalWriter {
   void append(const WalRecord& record);
   std::uint64_t size_bytes() const { return size_; }
 
+  // Group commit uses the two halves of append() separately. write() puts the record after
+  // the others without syncing (on failure the file is cut back and WalError thrown);
+  // descriptor() is then fdatasync()ed, possibly on another thread while write() goes on:
+  // a completed fdatasync covers every record written before it started. After a failed
+  // sync, truncate_to() cuts off the records it was meant to cover (and all later ones) and
+  // syncs the cut; WalError if that fails too.
+  void write(const WalRecord& record);
+  int descriptor() const { return fd_; }
+  void truncate_to(std::uint64_t size);
+
  private:
   WalWriter(int fd, std::filesystem::path path, std::uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
   int fd_ = -1;

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "transport/socket_ingress.h"
 
@@ -136,6 +137,57 @@ std::string coap_code_string(int code) {
 }
 
 // ------------------------------------------------------------------------------------
+// What a separate response needs from its request: the session (referenced, so libcoap
+// keeps it while the answer is pending), the token, and the Block1 option to echo (RFC 7959
+// 2.3: the answer to the last block of a body carries its Block1 option).
+struct DeferredResponse::State {
+  std::set<State*>* registry = nullptr;  // the server's; null once the server is gone
+  coap_session_t* session = nullptr;
+  std::vector<std::uint8_t> token;
+  std::vector<std::uint8_t> block1;
+  bool has_block1 = false;
+
+  void detach() {
+    if (session) coap_session_release(session);
+    session = nullptr;
+    if (registry) registry->erase(this);
+    registry = nullptr;
+  }
+  ~State() { detach(); }
+};
+
+DeferredResponse::DeferredResponse() = default;
+DeferredResponse::DeferredResponse(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DeferredResponse::DeferredResponse(DeferredResponse&&) noexcept = default;
+DeferredResponse& DeferredResponse::operator=(DeferredResponse&&) noexcept = default;
+DeferredResponse::~DeferredResponse() = default;
+
+void DeferredResponse::send(const CoapResponse& response) {
+  std::unique_ptr<State> state = std::move(state_);
+  if (!state || !state->session) return;
+  coap_session_t* session = state->session;
+  if (coap_session_get_state(session) != COAP_SESSION_STATE_ESTABLISHED) return;
+  coap_pdu_t* pdu = coap_pdu_init(COAP_MESSAGE_CON, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(response.code)),
+                                  coap_new_message_id(session), coap_session_max_pdu_size(session));
+  if (!pdu) return;
+  coap_add_token(pdu, state->token.size(), state->token.data());
+  // Options in ascending number: ETag (4), Content-Format (12), Block1 (27).
+  if (response.etag) {
+    std::uint8_t buffer[8];
+    coap_add_option(pdu, COAP_OPTION_ETAG, coap_encode_var_safe8(buffer, sizeof(buffer), *response.etag), buffer);
+  }
+  if (!response.payload.empty()) {
+    std::uint8_t buffer[4];
+    coap_add_option(pdu, COAP_OPTION_CONTENT_FORMAT,
+                    coap_encode_var_safe(buffer, sizeof(buffer), COAP_MEDIATYPE_APPLICATION_OCTET_STREAM), buffer);
+  }
+  if (state->has_block1 && response.code / 100 == 2)
+    coap_add_option(pdu, COAP_OPTION_BLOCK1, state->block1.size(), state->block1.data());
+  if (!response.payload.empty())
+    coap_add_data(pdu, std::min<std::size_t>(response.payload.size(), 512), response.payload.data());
+  coap_send(session, pdu);  // libcoap owns the pdu now, and retransmits it until ACKed
+}
+
 struct CoapDtlsServer::Impl {
   struct Resource {
     Impl* server = nullptr;
@@ -153,6 +205,8 @@ struct CoapDtlsServer::Impl {
   // callback's caller returns, so one buffer suffices.
   std::vector<std::uint8_t> current_key;
   coap_bin_const_t current_key_view{};
+  // Deferred responses not yet sent: cut loose from their sessions before the context goes.
+  std::set<DeferredResponse::State*> deferred;
 
   static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t*, void* arg) {
     auto* self = static_cast<Impl*>(arg);
@@ -174,9 +228,27 @@ struct CoapDtlsServer::Impl {
                      const coap_string_t* query, coap_pdu_t* response) {
     auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
     CoapResponse reply;
+    bool deferred = false;
     try {
       CoapRequest req;
       req.method = from_request_code(coap_pdu_get_code(request));
+      if (coap_pdu_get_type(request) == COAP_MESSAGE_CON) {
+        req.defer = [&deferred, entry, session, request] {
+          auto state = std::make_unique<DeferredResponse::State>();
+          state->session = coap_session_reference(session);
+          const coap_bin_const_t token = coap_pdu_get_token(request);
+          state->token.assign(token.s, token.s + token.length);
+          coap_opt_iterator_t options;
+          if (coap_opt_t* block1 = coap_check_option(request, COAP_OPTION_BLOCK1, &options)) {
+            state->has_block1 = true;
+            state->block1.assign(coap_opt_value(block1), coap_opt_value(block1) + coap_opt_length(block1));
+          }
+          state->registry = &entry->server->deferred;
+          state->registry->insert(state.get());
+          deferred = true;
+          return DeferredResponse(std::move(state));
+        };
+      }
       if (const coap_bin_const_t* id = coap_session_get_psk_identity(session)) {
         req.identity.assign(reinterpret_cast<const char*>(id->s), id->length);
       }
@@ -193,11 +265,15 @@ struct CoapDtlsServer::Impl {
         reply = it->second(req);
       }
     } catch (const std::exception& e) {
+      deferred = false;  // answered now; a handle the handler kept can only send a late duplicate
       reply.code = CoapCode::kInternalServerError;
       reply.payload.assign(e.what(), e.what() + std::strlen(e.what()));
     } catch (...) {
+      deferred = false;
       reply.code = CoapCode::kInternalServerError;
     }
+    // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
+    if (deferred) return;
     coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
     if (reply.etag) {
       // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap
@@ -257,6 +333,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
 }
 
 CoapDtlsServer::~CoapDtlsServer() {
+  while (!impl_->deferred.empty()) (*impl_->deferred.begin())->detach();
   if (impl_->endpoint_fd >= 0) detail::stop_counting_ingress(impl_->endpoint_fd);
   if (impl_->context) coap_free_context(impl_->context);
 }

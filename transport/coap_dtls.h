@@ -54,6 +54,30 @@ struct PskCredentials {
   std::vector<std::uint8_t> key;
 };
 
+struct CoapResponse;
+
+// The answer to a request, sent after its handler has returned: a CoAP separate response
+// (RFC 7252 5.2.2) as a confirmable message of its own. The server uses it to acknowledge
+// an update only once it is durable. Move-only; used on the thread that drives the server.
+// Only small payloads (up to 512 bytes are sent; no block-wise transfer). Sending after the
+// peer's session ended, or after the server was destroyed, does nothing; destroying it
+// unsent sends nothing (the client times out or retransmits).
+class DeferredResponse {
+ public:
+  struct State;
+  DeferredResponse();
+  explicit DeferredResponse(std::unique_ptr<State> state);
+  DeferredResponse(DeferredResponse&&) noexcept;
+  DeferredResponse& operator=(DeferredResponse&&) noexcept;
+  ~DeferredResponse();
+  // Sends `response` (at most once; later calls do nothing).
+  void send(const CoapResponse& response);
+  bool sent_or_empty() const { return !state_; }
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
 struct CoapRequest {
   Method method = Method::kGet;
   // The PSK identity the peer proved in the DTLS handshake; never taken from the payload.
@@ -61,6 +85,12 @@ struct CoapRequest {
   std::span<const std::uint8_t> payload;
   // The Uri-Query options joined with '&' ("since=42"); empty when there are none.
   std::string query;
+  // Set by CoapDtlsServer for confirmable requests. A handler that calls it answers later
+  // through the returned handle: the value it returns is then ignored and the request is
+  // acknowledged at once with an empty ACK (so the client stops retransmitting it). Empty
+  // when there is no network (handlers called directly) or the request is non-confirmable:
+  // the handler must answer in its return value.
+  std::function<DeferredResponse()> defer;
 };
 
 struct CoapResponse {

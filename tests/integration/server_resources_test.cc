@@ -58,7 +58,11 @@ class ServerOverDtls : public ::testing::Test {
     server_ = std::make_unique<transport::CoapDtlsServer>(server_options);
     resources_->attach(*server_);
     thread_ = std::thread([this] {
-      while (!stop_) server_->run_once(10);
+      while (!stop_) {
+        server_->run_once(resources_->updates_awaiting_sync() > 0 ? 1 : 10);
+        resources_->answer_durable_updates(false);
+      }
+      resources_->answer_durable_updates(true);
     });
   }
   void TearDown() override {

@@ -1,0 +1,341 @@
+// Group commit (server/server_state.h, server/resources.h): many updates share one
+// fdatasync, and none is applied or acknowledged before the sync that covers its WAL
+// record has finished. A failed sync refuses every update it was to cover (and the ones
+// staged after it), cuts their records off the log and loses nothing acknowledged before.
+// The WAL sync is injected (ServerStateOptions::wal_sync) to observe, slow down or fail it;
+// it still calls the real fdatasync when it succeeds.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "server/resources.h"
+#include "server/server_state.h"
+#include "server/write_ahead_log.h"
+#include "transport/coap_dtls.h"
+
+namespace {
+
+using namespace edgetrain;
+using server::ServerState;
+using server::ServerStateOptions;
+using server::SubmitOutcome;
+
+runtime::Model test_model() {
+  runtime::Model model(runtime::parse_model_spec("input 8x8x1; fc 32 relu; fc 10", "test-mlp"));
+  model.initialize(7);
+  return model;
+}
+
+std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("edgetrain-group-commit-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
+    std::filesystem::remove_all(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+// Roughly a quarter of all parameters, so an encoded update spans several 1,024-byte
+// blocks on the wire (Block1).
+std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
+                                        std::uint64_t fetched_version) {
+  transport::SparseUpdate u{model.layout_id(), sequence, fetched_version, {}};
+  const auto sizes = sizes_of(model);
+  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+    transport::SparseTensor tensor{t, sizes[t], {}, {}};
+    for (std::uint32_t i = 0; i < sizes[t]; ++i)
+      if (rng() % 4 == 0) {
+        tensor.indices.push_back(i);
+        tensor.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+      }
+    if (!tensor.indices.empty()) u.tensors.push_back(std::move(tensor));
+  }
+  return transport::encode_sparse_update(u).value();
+}
+
+// Wraps fdatasync: remembers how many WAL bytes the last successful sync covered (the
+// file's size when it started), counts syncs, can be slowed down and made to fail.
+struct SyncProbe {
+  std::atomic<std::uint64_t> synced_bytes = 0;
+  std::atomic<int> syncs = 0, failures = 0;
+  std::atomic<bool> fail = false;
+  std::atomic<int> delay_ms = 0;
+
+  std::function<int(int)> hook() {
+    return [this](int fd) {
+      struct stat info {};
+      if (::fstat(fd, &info) != 0) return errno;
+      if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms.load()));
+      ++syncs;
+      if (fail) {
+        ++failures;
+        return EIO;
+      }
+      if (::fdatasync(fd) != 0) return errno;
+      synced_bytes = static_cast<std::uint64_t>(info.st_size);
+      return 0;
+    };
+  }
+};
+
+// The versions of the records in the first `bytes` bytes of the WAL at `path`: what a
+// crash right now would keep of what the probe saw synced.
+std::vector<std::uint64_t> versions_in_synced_prefix(const std::filesystem::path& path, std::uint64_t bytes,
+                                                     const std::filesystem::path& scratch) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> prefix(bytes);
+  in.read(prefix.data(), static_cast<std::streamsize>(bytes));
+  std::ofstream(scratch, std::ios::binary | std::ios::trunc).write(prefix.data(), in.gcount());
+  std::vector<std::uint64_t> versions;
+  for (const auto& record : server::read_wal(scratch).records) versions.push_back(record.version);
+  return versions;
+}
+
+ServerStateOptions options_for(const TempDir& dir, SyncProbe& probe) {
+  ServerStateOptions options;
+  options.state_dir = dir.path();
+  options.store.max_staleness = 64;
+  options.checkpoint_every = 0;
+  options.wal_sync = probe.hook();
+  return options;
+}
+
+TEST(GroupCommit, OneSyncCoversManyUpdatesAppliedOnlyAfterItAndBitExactWithSyncPerUpdate) {
+  TempDir grouped_dir, reference_dir;
+  SyncProbe probe, reference_probe;
+  ServerState grouped(test_model(), options_for(grouped_dir, probe));
+  ServerState reference(test_model(), options_for(reference_dir, reference_probe));
+  std::mt19937 rng(11);
+  const runtime::Model model = test_model();
+
+  std::uint64_t sequence = 0;
+  for (int batch = 0; batch < 5; ++batch) {
+    const std::uint64_t version_before = grouped.version();
+    std::vector<std::uint64_t> tickets;
+    for (int n = 0; n < 4; ++n) {
+      // fetched at the durable version: delays grow inside the batch as in a real server
+      const auto bytes = random_update(rng, model, ++sequence, version_before);
+      const std::string identity = "device-" + std::to_string(n);
+      auto staged = grouped.stage(identity, bytes);
+      ASSERT_FALSE(staged.settled) << staged.settled->diagnostic;
+      tickets.push_back(staged.ticket);
+      auto direct = reference.submit(identity, bytes);
+      ASSERT_EQ(direct.outcome, SubmitOutcome::kApplied) << direct.diagnostic;
+      ASSERT_EQ(direct.version, staged.ticket);
+    }
+    EXPECT_EQ(grouped.version(), version_before) << "nothing is applied before its sync";
+    const int syncs_before = probe.syncs;
+    grouped.start_commit();
+    const auto settled = grouped.finish_commit(true);
+    EXPECT_EQ(probe.syncs, syncs_before + 1) << "one fdatasync for the whole batch";
+    ASSERT_EQ(settled.size(), tickets.size());
+    const auto synced = versions_in_synced_prefix(grouped.wal_path(), probe.synced_bytes,
+                                                  grouped_dir.path() / "prefix.log");
+    for (std::size_t i = 0; i < settled.size(); ++i) {
+      EXPECT_EQ(settled[i].ticket, tickets[i]);
+      EXPECT_EQ(settled[i].result.outcome, SubmitOutcome::kApplied);
+      EXPECT_EQ(settled[i].result.version, tickets[i]);
+      EXPECT_NE(std::find(synced.begin(), synced.end(), settled[i].result.version), synced.end())
+          << "version " << settled[i].result.version << " reported before its record was synced";
+    }
+  }
+  EXPECT_EQ(grouped.version(), reference.version());
+  EXPECT_EQ(grouped.snapshot().parameters, reference.snapshot().parameters);
+  EXPECT_EQ(grouped.submit_timings().applied_updates, 20u);
+
+  const auto expected = grouped.snapshot();
+  SyncProbe restart_probe;
+  ServerState restarted(test_model(), options_for(grouped_dir, restart_probe));
+  EXPECT_EQ(restarted.version(), expected.version);
+  EXPECT_EQ(restarted.snapshot().parameters, expected.parameters);
+}
+
+TEST(GroupCommit, AFailedSyncRefusesEveryUpdateOfItsBatchAndTheLogKeepsOnlyAcknowledgedOnes) {
+  TempDir dir, reference_dir;
+  SyncProbe probe, reference_probe;
+  ServerState state(test_model(), options_for(dir, probe));
+  ServerState reference(test_model(), options_for(reference_dir, reference_probe));
+  std::mt19937 rng(12);
+  const runtime::Model model = test_model();
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates;
+  for (std::uint64_t n = 1; n <= 8; ++n) updates.push_back({"device-" + std::to_string(n % 3), random_update(rng, model, n, 0)});
+
+  for (int n = 0; n < 3; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  state.start_commit();
+  for (const auto& s : state.finish_commit(true)) ASSERT_EQ(s.result.outcome, SubmitOutcome::kApplied);
+  ASSERT_EQ(state.version(), 3u);
+  const auto acknowledged = state.snapshot();
+
+  // The failing batch: three staged before its sync starts, two more while it runs.
+  probe.fail = true;
+  probe.delay_ms = 50;
+  for (int n = 3; n < 6; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  state.start_commit();
+  for (int n = 6; n < 8; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  std::vector<server::SettledSubmit> settled;
+  while (state.staged_updates() > 0)
+    for (auto& s : state.finish_commit(true)) settled.push_back(std::move(s));
+  ASSERT_EQ(settled.size(), 5u);
+  for (const auto& s : settled) {
+    EXPECT_EQ(s.result.outcome, SubmitOutcome::kNotDurable) << "ticket " << s.ticket;
+    EXPECT_NE(s.result.diagnostic.find("Input/output error"), std::string::npos) << s.result.diagnostic;
+  }
+  EXPECT_EQ(state.version(), 3u);
+  EXPECT_EQ(state.snapshot().parameters, acknowledged.parameters);
+  const auto logged = server::read_wal(state.wal_path());
+  ASSERT_EQ(logged.records.size(), 3u) << "the refused records are cut off the log";
+  EXPECT_EQ(logged.dropped_bytes, 0u);
+
+  // The disk recovers: the workers retry with the same sequences and nothing is lost.
+  probe.fail = false;
+  probe.delay_ms = 0;
+  for (int n = 3; n < 8; ++n) {
+    auto result = state.submit(updates[n].first, updates[n].second);
+    ASSERT_EQ(result.outcome, SubmitOutcome::kApplied) << result.diagnostic;
+    ASSERT_EQ(result.version, static_cast<std::uint64_t>(n + 1));
+  }
+  for (const auto& [identity, bytes] : updates) ASSERT_TRUE(reference.submit(identity, bytes).acknowledged());
+  EXPECT_EQ(state.snapshot().parameters, reference.snapshot().parameters);
+  SyncProbe restart_probe;
+  ServerState restarted(test_model(), options_for(dir, restart_probe));
+  EXPECT_EQ(restarted.version(), 8u);
+  EXPECT_EQ(restarted.snapshot().parameters, reference.snapshot().parameters);
+}
+
+TEST(GroupCommit, ADuplicateOfAStagedUpdateIsAnsweredOnlyWithItsOriginal) {
+  TempDir dir;
+  SyncProbe probe;
+  ServerState state(test_model(), options_for(dir, probe));
+  std::mt19937 rng(13);
+  const auto bytes = random_update(rng, test_model(), 1, 0);
+  auto original = state.stage("device-1", bytes);
+  ASSERT_FALSE(original.settled);
+  auto duplicate = state.stage("device-1", bytes);
+  EXPECT_FALSE(duplicate.settled) << "a duplicate must not be acknowledged before the original is durable";
+  EXPECT_EQ(duplicate.ticket, original.ticket);
+  EXPECT_EQ(state.staged_updates(), 1u) << "the duplicate is not logged again";
+  state.start_commit();
+  const auto settled = state.finish_commit(true);
+  ASSERT_EQ(settled.size(), 1u);
+  EXPECT_EQ(settled[0].result.outcome, SubmitOutcome::kApplied);
+  auto later = state.stage("device-1", bytes);
+  ASSERT_TRUE(later.settled);
+  EXPECT_EQ(later.settled->outcome, SubmitOutcome::kDuplicate);
+  EXPECT_EQ(later.settled->version, 1u);
+}
+
+// The same over loopback DTLS-PSK with block-wise bodies: concurrent workers, every 2.04's
+// version already in the synced part of the WAL when the worker receives it; then a disk
+// that fails every sync: every update gets 5.00, none is applied or left in the log.
+TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsAnswer500) {
+  TempDir dir;
+  SyncProbe probe;
+  probe.delay_ms = 40;  // slow disk: updates pile up behind each sync
+  ServerState state(test_model(), options_for(dir, probe));
+  server::ServerResources resources(state);
+  transport::CoapDtlsServer::Options server_options;
+  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
+    return std::nullopt;
+  };
+  transport::CoapDtlsServer server(server_options);
+  resources.attach(server);
+  std::atomic<bool> stop = false;
+  std::thread loop([&] {
+    while (!stop) {
+      server.run_once(resources.updates_awaiting_sync() > 0 ? 1 : 10);
+      resources.answer_durable_updates(false);
+    }
+    resources.answer_durable_updates(true);
+  });
+
+  constexpr int kWorkers = 6, kPostsEach = 4;
+  std::atomic<int> acknowledged = 0, refused = 0;
+  std::mutex failures_mutex;
+  std::vector<std::string> failures;
+  auto run_workers = [&](std::uint64_t first_sequence, int expected_code) {
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w)
+      workers.emplace_back([&, w] {
+        std::mt19937 rng(100 + w);
+        const runtime::Model model = test_model();
+        transport::CoapDtlsClient client(
+            {"127.0.0.1", server.port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 60000});
+        for (int p = 0; p < kPostsEach; ++p) {
+          const auto body = random_update(rng, model, first_sequence + p, 0);
+          EXPECT_GT(body.size(), 1024u) << "the body must need Block1";
+          transport::CoapResponse response;
+          try {
+            response = client.request(transport::Method::kPost, "update", body);
+          } catch (const std::exception& e) {
+            std::lock_guard lock(failures_mutex);
+            failures.push_back(e.what());
+            return;
+          }
+          if (response.code != expected_code) {
+            std::lock_guard lock(failures_mutex);
+            failures.push_back("got " + transport::coap_code_string(response.code) + " " +
+                               std::string(response.payload.begin(), response.payload.end()));
+            continue;
+          }
+          if (response.code == transport::CoapCode::kChanged) {
+            const auto version = server::decode_update_reply(response.payload);
+            ASSERT_TRUE(version);
+            // What a kill -9 at this moment would keep: the synced prefix of the log.
+            const auto synced = versions_in_synced_prefix(state.wal_path(), probe.synced_bytes,
+                                                          dir.path() / ("prefix-" + std::to_string(w) + ".log"));
+            if (std::find(synced.begin(), synced.end(), *version) == synced.end()) {
+              std::lock_guard lock(failures_mutex);
+              failures.push_back("version " + std::to_string(*version) + " acknowledged before it was synced");
+            }
+            ++acknowledged;
+          } else {
+            ++refused;
+          }
+        }
+      });
+    for (auto& t : workers) t.join();
+  };
+
+  run_workers(1, transport::CoapCode::kChanged);
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_EQ(acknowledged, kWorkers * kPostsEach);
+  EXPECT_LT(probe.syncs, acknowledged) << "group commit: fewer syncs than acknowledged updates";
+  const std::uint64_t acknowledged_version = kWorkers * kPostsEach;
+
+  probe.fail = true;
+  run_workers(1 + kPostsEach, transport::CoapCode::kInternalServerError);
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_EQ(refused, kWorkers * kPostsEach);
+  EXPECT_GT(probe.failures, 0);
+
+  stop = true;
+  loop.join();
+  EXPECT_EQ(state.version(), acknowledged_version);
+  EXPECT_EQ(server::read_wal(state.wal_path()).records.size(), acknowledged_version)
+      << "records of refused updates are cut off the log";
+}
+
+}  // namespace

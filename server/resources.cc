@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <cmath>
 
 namespace edgetrain::server {
@@ -12,6 +13,13 @@ using transport::CoapRequest;
 using transport::CoapResponse;
 
 CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+
+bool is_plain_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
 
 int coap_code_for(SubmitOutcome outcome) {
   switch (outcome) {
@@ -43,12 +51,27 @@ void ServerResources::log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
+namespace {
+// The identity an update is keyed on (sequence numbers, WAL, /status); empty if none.
+std::string identity_key(const CoapRequest& request) {
+  if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
+  if (!is_plain_name(request.identity)) return {};
+  return kUnauthenticatedPrefix + request.identity;
+}
+}  // namespace
+
 void ServerResources::note_request(const CoapRequest& request) {
   ++requests_;
   ingress_payload_bytes_ += request.payload.size();
-  if (!request.identity.empty() && workers_seen_.find(request.identity) == workers_seen_.end()) {
-    workers_seen_.insert(request.identity);
-    log("first request from '" + request.identity + "'");
+  const std::string identity = identity_key(request);
+  if (!identity.empty() && workers_seen_.find(identity) == workers_seen_.end()) {
+    workers_seen_.insert(identity);
+    if (request.authentication == transport::PeerAuthentication::kNone) {
+      log("first request from '" + identity + "' over plain CoAP from " + request.peer_address +
+          ": the identity is declared, NOT authenticated");
+    } else {
+      log("first request from '" + identity + "'");
+    }
   }
 }
 
@@ -61,16 +84,24 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
 
 CoapResponse ServerResources::post_update(const CoapRequest& request) {
   note_request(request);
-  if (request.identity.empty()) {
+  // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
+  // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
+  // device nor block one with a high sequence number, while replays are still dropped.
+  const std::string identity = identity_key(request);
+  if (identity.empty()) {
     ++refused_["no identity"];
-    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS-PSK");
+    if (request.authentication == transport::PeerAuthentication::kNone)
+      return text_response(CoapCode::kUnauthorized,
+                           "plain CoAP updates must declare an identity: ?id=NAME (1..64 of [A-Za-z0-9._-])");
+    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS (PSK or certificate)");
   }
-  if (options_.is_authorized && !options_.is_authorized(request.identity)) {
+  if (request.authentication == transport::PeerAuthentication::kPsk && options_.is_authorized &&
+      !options_.is_authorized(identity)) {
     ++refused_["not authorized"];
-    log("refused an update from '" + request.identity + "': no longer in the keystore");
-    return text_response(CoapCode::kForbidden, "identity '" + request.identity + "' is not authorized");
+    log("refused an update from '" + identity + "': no longer in the keystore");
+    return text_response(CoapCode::kForbidden, "identity '" + identity + "' is not authorized");
   }
-  const SubmitResult result = state_.submit(request.identity, request.payload);
+  const SubmitResult result = state_.submit(identity, request.payload);
   const int code = coap_code_for(result.outcome);
   if (result.acknowledged()) {
     if (result.outcome == SubmitOutcome::kApplied) {
@@ -80,14 +111,14 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
             " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
-      log("duplicate update from '" + request.identity + "' answered with version " + std::to_string(result.version));
+      log("duplicate update from '" + identity + "' answered with version " + std::to_string(result.version));
     }
     CoapResponse response{code, std::vector<std::uint8_t>(8), {}};
     for (int i = 0; i < 8; ++i) response.payload[i] = static_cast<std::uint8_t>(result.version >> (8 * i));
     return response;
   }
   ++refused_[submit_outcome_name(result.outcome)];
-  log("refused an update from '" + request.identity + "' (" + transport::coap_code_string(code) + " " +
+  log("refused an update from '" + identity + "' (" + transport::coap_code_string(code) + " " +
       submit_outcome_name(result.outcome) + "): " + result.diagnostic);
   return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
 }

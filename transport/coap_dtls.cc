@@ -297,7 +297,7 @@ struct CoapDtlsServer::Impl {
     while (!text.empty()) {
       const auto amp = text.find('&');
       const std::string_view item = text.substr(0, amp);
-      if (item.substr(0, 3) == "id=") return std::string(item.substr(3, 64));
+      if (item.substr(0, 3) == "id=") return std::string(item.substr(3));  // a CoAP option: at most 255 bytes
       if (amp == std::string_view::npos) break;
       text.remove_prefix(amp + 1);
     }

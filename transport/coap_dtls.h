@@ -92,7 +92,7 @@ struct CoapRequest {
   Method method = Method::kGet;
   // DTLS: the identity the peer proved in the handshake (PSK identity or certificate CN);
   // never taken from the payload. Plain CoAP: the identity the peer declared with the
-  // `id` URI query (?id=NAME, at most 64 bytes), unproven; empty if it declared none.
+  // `id` URI query (?id=NAME, as sent: up to 255 bytes), unproven; empty if it declared none.
   std::string identity;
   std::span<const std::uint8_t> payload;
   PeerAuthentication authentication = PeerAuthentication::kNone;

@@ -76,11 +76,17 @@ wait_for_exit "$server_pid" 30 || fail "the insecure server exited with status $
 # ---- 3. X.509 certificates ----------------------------------------------------------------
 bash "$(dirname "$0")/make_test_certificates.sh" "$work/pki" w-cert || fail "could not make certificates"
 pki="$work/pki"
-start_server "$work/x509.log" --port 0 --state-dir "$work/state-x509" --model mlp \
-  --cert "$pki/server.crt" --key "$pki/server.key" --ca "$pki/ca.crt"
+# Server and worker take the certificate settings from their TOML files here, the
+# stranger below from flags.
+printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\ncoap_ack_timeout = 2.0\n' \
+  "$pki/server.crt" "$pki/server.key" "$pki/ca.crt" >"$work/server-x509.toml"
+printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\n' \
+  "$pki/w-cert.crt" "$pki/w-cert.key" "$pki/ca.crt" >"$work/w-cert.toml"
+start_server "$work/x509.log" --port 0 --state-dir "$work/state-x509" --model mlp --config "$work/server-x509.toml"
 grep -q "(CoAP over DTLS, X.509)" "$work/x509.log" || fail "the server does not say it serves X.509"
-start_program "$work/w-cert.log" "$worker" --server "coaps://127.0.0.1:$server_port" \
-  --cert "$pki/w-cert.crt" --key "$pki/w-cert.key" --ca "$pki/ca.crt" "${common_worker_flags[@]}" --steps 15
+grep -q "CoAP timing: ACK_TIMEOUT 2 s" "$work/x509.log" || fail "coap_ack_timeout from the config was not applied"
+start_program "$work/w-cert.log" "$worker" --config "$work/w-cert.toml" --server "coaps://127.0.0.1:$server_port" \
+  "${common_worker_flags[@]}" --steps 15
 wait_for_exit "$last_pid" 60 || fail "the certificate worker exited with status $?"
 check_trained "$work/w-cert.log" 15
 grep -q "first request from 'w-cert'$" "$work/x509.log" || fail "the server did not see the certificate's CN as identity"

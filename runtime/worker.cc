@@ -38,11 +38,19 @@ std::string payload_text(const std::vector<std::uint8_t>& payload) {
 }  // namespace
 
 void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port) {
-  const std::string scheme = "coaps://";
-  if (uri.rfind(scheme, 0) != 0) throw std::invalid_argument("server URI must start with coaps:// (got '" + uri + "')");
+  bool plaintext = false;
+  if (uri.rfind("coap://", 0) == 0) throw std::invalid_argument("server URI must start with coaps:// (got '" + uri + "')");
+  parse_server_uri(uri, host, port, plaintext);
+}
+
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port, bool& plaintext) {
+  plaintext = uri.rfind("coap://", 0) == 0;
+  const std::string scheme = plaintext ? "coap://" : "coaps://";
+  if (uri.rfind(scheme, 0) != 0)
+    throw std::invalid_argument("server URI must start with coaps:// (or coap://) (got '" + uri + "')");
   std::string rest = uri.substr(scheme.size());
   if (auto slash = rest.find('/'); slash != std::string::npos) rest.resize(slash);
-  port = 5684;
+  port = plaintext ? 5683 : 5684;
   if (!rest.empty() && rest[0] == '[') {  // [IPv6]:port
     const auto close = rest.find(']');
     if (close == std::string::npos) throw std::invalid_argument("bad IPv6 address in '" + uri + "'");
@@ -118,8 +126,12 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
   std::vector<std::int32_t> labels(config.batch);
   Backoff backoff(std::chrono::milliseconds(250), std::chrono::milliseconds(30000), config.seed + config.worker_id);
-  transport::CoapDtlsClient client(
-      {config.server_host, config.server_port, {config.identity, config.key}, config.request_timeout_ms});
+  transport::CoapDtlsClient::Options client_options{
+      config.server_host, config.server_port, {config.identity, config.key}, config.request_timeout_ms};
+  client_options.certificates = config.certificates;
+  client_options.plaintext = config.insecure_plaintext;
+  client_options.timing = config.timing;
+  transport::CoapDtlsClient client(client_options);
   // Sequence numbers must keep growing across restarts of this worker, or the server
   // would take a new update for a replay: start from the wall clock in microseconds.
   std::uint64_t sequence = static_cast<std::uint64_t>(

@@ -7,12 +7,14 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
 #include "transport/codec.h"
+#include "transport/coap_dtls.h"
 
 namespace edgetrain::runtime {
 
@@ -38,10 +40,18 @@ struct WorkerConfig {
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;
   std::uint64_t seed = 1;
+  // Transport: X.509 instead of PSK (identity = the certificate's CN; `identity` is then
+  // only for logs); or INSECURE plain CoAP (`identity` declared, unproven; no key).
+  std::optional<transport::CertificateFiles> certificates;
+  bool insecure_plaintext = false;
+  transport::CoapTiming timing = transport::CoapTiming::wan();
 };
 
 // "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
 void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port);
+// The same, also accepting "coap://host:port" (plain CoAP, port defaults to 5683), which
+// sets `plaintext`.
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port, bool& plaintext);
 // Hex text (whitespace ignored) into bytes; throws std::invalid_argument.
 std::vector<std::uint8_t> parse_hex_key(const std::string& text);
 

@@ -40,15 +40,20 @@ std::string read_file(const std::string& path) {
 int main(int argc, char** argv) {
   using namespace edgetrain;
   CLI::App app{"edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed\n"
-               "gradients to an edgetrain-server over CoAP/DTLS (PSK). Flags override the --config file."};
+               "gradients to an edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--key/--ca).\n"
+               "Flags override the --config file."};
   std::string config_file, server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist",
                            compressor = "adacomp", data_dir;
   runtime::WorkerConfig config;
   double rate = 0.01;
   bool error_feedback = false, fp16 = false, quiet = false, log_acks = false, version = false;
+  bool insecure = false;
+  std::string cert_file, cert_key_file, ca_file;
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, '-' as '_')");
-  app.add_option("--server", server, "coaps://HOST[:PORT]")->capture_default_str();
-  app.add_option("--identity", identity, "this device's PSK identity");
+  app.add_option("--server", server, "coaps://HOST[:PORT] (coap://HOST[:PORT] only with --insecure)")
+      ->capture_default_str();
+  app.add_option("--identity", identity,
+                 "this device's PSK identity (with --cert: only for logs; with --insecure: declared, unproven)");
   app.add_option("--key-file", key_file, "file holding this device's PSK as hex");
   app.add_option("--data", data, "mnist, fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels")
       ->capture_default_str();
@@ -75,6 +80,18 @@ int main(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
   app.add_flag("--version", version, "print the version and exit");
+  app.add_flag("--insecure", insecure,
+               "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must run --insecure)");
+  app.add_option("--cert", cert_file, "X.509 instead of PSK: this device's certificate (PEM); with --key and --ca");
+  app.add_option("--key", cert_key_file, "X.509: the certificate's private key (PEM)");
+  app.add_option("--ca", ca_file, "X.509: CA (PEM) that must have signed the server's certificate");
+  app.add_option("--coap-ack-timeout", config.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT in seconds (1..60)")
+      ->capture_default_str();
+  app.add_option("--coap-ack-random-factor", config.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR (1..4)")
+      ->capture_default_str();
+  app.add_option("--coap-max-retransmit", config.timing.max_retransmit, "CoAP MAX_RETRANSMIT (1..10)")
+      ->capture_default_str();
+  app.add_option("--coap-nstart", config.timing.nstart, "CoAP NSTART (1..16)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (version) {
     std::printf("edgetrain-worker 0.1.0\n");
@@ -105,13 +122,44 @@ int main(int argc, char** argv) {
       if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
       if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
       if (auto v = t["dense_pull"].value<bool>(); v && !app.count("--dense-pull")) config.dense_pull = *v;
+      if (auto v = t["insecure"].value<bool>(); v && !app.count("--insecure")) insecure = *v;
+      str("cert_file", "--cert", cert_file);
+      str("cert_key_file", "--key", cert_key_file);
+      str("ca_file", "--ca", ca_file);
+      if (auto v = t["coap_ack_timeout"].value<double>(); v && !app.count("--coap-ack-timeout")) config.timing.ack_timeout_seconds = *v;
+      if (auto v = t["coap_ack_random_factor"].value<double>(); v && !app.count("--coap-ack-random-factor")) config.timing.ack_random_factor = *v;
+      if (auto v = t["coap_max_retransmit"].value<std::int64_t>(); v && !app.count("--coap-max-retransmit")) config.timing.max_retransmit = static_cast<int>(*v);
+      if (auto v = t["coap_nstart"].value<std::int64_t>(); v && !app.count("--coap-nstart")) config.timing.nstart = static_cast<int>(*v);
     }
-    runtime::parse_server_uri(server, config.server_host, config.server_port);
-    if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
-    if (!key_file.empty()) key_hex = read_file(key_file);
-    if (key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or key/key_file in --config");
+    bool plaintext = false;
+    runtime::parse_server_uri(server, config.server_host, config.server_port, plaintext);
+    if (plaintext && !insecure)
+      throw std::invalid_argument("refusing plain CoAP to " + server +
+                                  ": no encryption, no authentication. Use a coaps:// URI, or give --insecure "
+                                  "(insecure = true in --config) if you really mean it");
+    if (insecure && !plaintext)
+      throw std::invalid_argument("--insecure is only for coap:// server URIs; " + server + " is DTLS");
+    transport::check_timing(config.timing);
+    const bool certificates = !cert_file.empty() || !cert_key_file.empty() || !ca_file.empty();
+    if (certificates && (cert_file.empty() || cert_key_file.empty() || ca_file.empty()))
+      throw std::invalid_argument("X.509 needs all three of --cert, --key and --ca (or cert_file, cert_key_file, ca_file)");
+    if (plaintext && certificates) throw std::invalid_argument("--cert/--key/--ca are for coaps://, not coap://");
+    if (certificates) {
+      config.certificates = transport::CertificateFiles{cert_file, cert_key_file, ca_file};
+      if (identity.empty()) identity = "(certificate)";
+    } else if (plaintext) {
+      if (identity.empty()) throw std::invalid_argument("plain CoAP needs a name to declare: give --identity");
+      config.insecure_plaintext = true;
+      log_line("WARNING: --insecure: plain CoAP to " + server +
+               ", NO encryption and NO authentication; the server keys this worker's updates on the declared "
+               "name 'unauthenticated:" + identity + "'");
+    } else {
+      if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
+      if (!key_file.empty()) key_hex = read_file(key_file);
+      if (key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or key/key_file in --config");
+      config.key = runtime::parse_hex_key(key_hex);
+    }
     config.identity = identity;
-    config.key = runtime::parse_hex_key(key_hex);
     config.compressor.method = compressor == "none" ? runtime::CompressionMethod::kNone : runtime::CompressionMethod::kTopK;
     config.compressor.compression_rate = rate;
     config.compressor.error_feedback = error_feedback;

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <variant>
@@ -14,6 +15,13 @@ using transport::CoapRequest;
 using transport::CoapResponse;
 
 CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+
+bool is_plain_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
 
 int coap_code_for(SubmitOutcome outcome) {
   switch (outcome) {
@@ -45,12 +53,27 @@ void ServerResources::log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
+namespace {
+// The identity an update is keyed on (sequence numbers, WAL, /status); empty if none.
+std::string identity_key(const CoapRequest& request) {
+  if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
+  if (!is_plain_name(request.identity)) return {};
+  return kUnauthenticatedPrefix + request.identity;
+}
+}  // namespace
+
 void ServerResources::note_request(const CoapRequest& request) {
   ++requests_;
   ingress_payload_bytes_ += request.payload.size();
-  if (!request.identity.empty() && workers_seen_.find(request.identity) == workers_seen_.end()) {
-    workers_seen_.insert(request.identity);
-    log("first request from '" + request.identity + "'");
+  const std::string identity = identity_key(request);
+  if (!identity.empty() && workers_seen_.find(identity) == workers_seen_.end()) {
+    workers_seen_.insert(identity);
+    if (request.authentication == transport::PeerAuthentication::kNone) {
+      log("first request from '" + identity + "' over plain CoAP from " + request.peer_address +
+          ": the identity is declared, NOT authenticated");
+    } else {
+      log("first request from '" + identity + "'");
+    }
   }
 }
 
@@ -62,9 +85,11 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
     if (end == std::string_view::npos) end = query.size();
     const std::string_view part = query.substr(start, end - start);
     start = end + 1;
+    // id=NAME is the declared identity of plain CoAP requests (transport/), not ours.
+    if (part.substr(0, 3) == "id=") continue;
     constexpr std::string_view kSince = "since=";
     if (part.substr(0, kSince.size()) != kSince)
-      return "unknown query parameter '" + std::string(part.substr(0, 40)) + "' (only since=VERSION is known)";
+      return "unknown query parameter '" + std::string(part.substr(0, 40)) + "' (only since=VERSION is known, and id=NAME on plain CoAP)";
     if (since) return std::string("since= given twice");
     const std::string_view digits = part.substr(kSince.size());
     std::uint64_t value = 0;
@@ -98,24 +123,32 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
 
 CoapResponse ServerResources::post_update(const CoapRequest& request) {
   note_request(request);
-  if (request.identity.empty()) {
+  // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
+  // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
+  // device nor block one with a high sequence number, while replays are still dropped.
+  const std::string identity = identity_key(request);
+  if (identity.empty()) {
     ++refused_["no identity"];
-    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS-PSK");
+    if (request.authentication == transport::PeerAuthentication::kNone)
+      return text_response(CoapCode::kUnauthorized,
+                           "plain CoAP updates must declare an identity: ?id=NAME (1..64 of [A-Za-z0-9._-])");
+    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS (PSK or certificate)");
   }
-  if (options_.is_authorized && !options_.is_authorized(request.identity)) {
+  if (request.authentication == transport::PeerAuthentication::kPsk && options_.is_authorized &&
+      !options_.is_authorized(identity)) {
     ++refused_["not authorized"];
-    log("refused an update from '" + request.identity + "': no longer in the keystore");
-    return text_response(CoapCode::kForbidden, "identity '" + request.identity + "' is not authorized");
+    log("refused an update from '" + identity + "': no longer in the keystore");
+    return text_response(CoapCode::kForbidden, "identity '" + identity + "' is not authorized");
   }
   if (request.defer) {
-    StagedSubmit staged = state_.stage(request.identity, request.payload);
-    if (staged.settled) return update_response(*staged.settled, request.identity, true);
-    awaiting_sync_[staged.ticket].emplace_back(request.identity, request.defer());
+    StagedSubmit staged = state_.stage(identity, request.payload);
+    if (staged.settled) return update_response(*staged.settled, identity, true);
+    awaiting_sync_[staged.ticket].emplace_back(identity, request.defer());
     state_.start_commit();
     return {};  // ignored: the answer leaves from answer_durable_updates()
   }
   if (state_.staged_updates() > 0) answer_durable_updates(true);  // submit() needs nothing staged
-  return update_response(state_.submit(request.identity, request.payload), request.identity, true);
+  return update_response(state_.submit(identity, request.payload), identity, true);
 }
 
 CoapResponse ServerResources::update_response(const SubmitResult& result, const std::string& identity, bool original) {

@@ -10,9 +10,9 @@
 //                 query, a second since= or an unknown parameter gets 4.00 with a reason.
 //   POST /update  2.04 + the version the update produced (8 bytes, little-endian) once the
 //                 update is durable; 4.00 malformed, 4.13 too large, 4.09 wrong model / too
-//                 stale / old sequence (re-pull), 4.01 no DTLS identity, 4.03 identity no
-//                 longer authorized, 5.00 the WAL write failed. Errors carry one line of
-//                 text saying why.
+//                 stale / old sequence (re-pull), 4.01 no DTLS identity (plain CoAP: no
+//                 declared ?id=NAME), 4.03 identity no longer authorized, 5.00 the WAL
+//                 write failed. Errors carry one line of text saying why.
 //   GET  /status  2.05, JSON a person can read
 //
 // Handlers are plain functions of a CoapRequest, so tests can call them without a network
@@ -43,9 +43,14 @@
 
 namespace edgetrain::server {
 
+// Identities of plain CoAP requests (edgetrain-server --insecure) are the name the peer
+// declared (?id=NAME) behind this prefix: unproven, and apart from every DTLS identity.
+inline constexpr const char* kUnauthenticatedPrefix = "unauthenticated:";
+
 struct ResourceOptions {
-  // Whether an identity that passed the handshake may still post (e.g. it is still in the
-  // keystore); unset: every proven identity may.
+  // Whether a PSK identity that passed the handshake may still post (e.g. it is still in
+  // the keystore); unset: every proven identity may. Not asked for certificate identities
+  // (the CA vouches for them) nor for plain CoAP ones.
   std::function<bool(std::string_view identity)> is_authorized;
   // One line per notable event (refusals, duplicates, every `log_every_applied`th update).
   std::function<void(const std::string& line)> log;

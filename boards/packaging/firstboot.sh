@@ -13,7 +13,7 @@ root="${EDGETRAIN_FIRSTBOOT_ROOT:-}"
 boot="$root/boot/firmware"
 here="$boot/edgetrain"
 exec >>"$here/firstboot.log" 2>&1
-echo "$(date -u '+%F %T') edgetrain first boot on $(tr -d '\0' < "$root/proc/device-tree/model" 2>/dev/null || echo 'an unknown board')"
+echo "$(date -u '+%F %T') edgetrain first boot on $( (tr -d '\0' < "$root/proc/device-tree/model") 2>/dev/null || echo 'an unknown board')"
 failed=""
 step() { # step DESCRIPTION COMMAND...: runs COMMAND, logs the outcome
   local what="$1"; shift

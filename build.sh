@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # edgetrain's one entry point for people and CI.
 #   ./build.sh demo [--duration S]   set everything up, build host and aarch64, run the main job
-#   ./build.sh test    set everything up, build, fuzz the codec (60 s), run all tests: host, host-asan, aarch64 (QEMU)
+#   ./build.sh test    set everything up, build, fuzz the codec (60 s), run all tests: host, host-asan, aarch64 (QEMU), rpi4 (packages)
 #   ./build.sh setup   only install/build the dependencies (toolchains/setup-deps.sh)
 #   ./build.sh build [PRESET...] [-- TARGET...]   configure and build presets (default: host aarch64)
+#   ./build.sh package [BOARD...]  the server .deb (amd64) and each board's worker .deb (arm64; default: all boards)
 #   ./build.sh clean   remove build/ (dependency caches stay; see toolchains/README.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-usage() { sed -n '2,7s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
 
 phase_start=0
 phase() { phase_start=$SECONDS; echo "==> $*"; }
@@ -76,13 +77,37 @@ demo() {
   bash demo/run-demo.sh "$@"
 }
 
+BOARDS=(rpi3 rpi4 rpi5 rpi-zero2w)
+
+# Debian packages (boards/README.md): edgetrain-server from the host tree, and per board the
+# worker built with that board's CPU flags, each made by cpack into build/<tree>/packages/.
+package() {
+  local board boards=("$@")
+  [ ${#boards[@]} -gt 0 ] || boards=("${BOARDS[@]}")
+  for board in "${boards[@]}"; do
+    [[ " ${BOARDS[*]} " == *" $board "* ]] || { echo "build.sh: unknown board '$board' (boards: ${BOARDS[*]})" >&2; exit 2; }
+  done
+  phase "package: edgetrain-server (amd64)"
+  cmake --preset host "${launcher[@]}" >/dev/null || { echo "build.sh: cmake configure of preset 'host' failed" >&2; exit 1; }
+  cmake --build --preset host --target edgetrain-server
+  (cd build/host && cpack --config CPackConfig.cmake | grep 'generated')
+  phase_done
+  for board in "${boards[@]}"; do
+    build "$board"
+    phase "package: edgetrain-worker-$board (arm64)"
+    (cd "build/$board" && cpack --config CPackConfig.cmake | grep 'generated')
+    phase_done
+  done
+}
+
 case "${1:-help}" in
   # The demo needs only its programs, not the test binaries.
   demo) shift; setup; build host -- edgetrain-server edgetrain-worker edgetrain-smoke
         build aarch64 -- edgetrain-worker edgetrain-smoke; demo "$@" ;;
-  test) setup; build host host-asan aarch64; fuzz; run_tests host host-asan aarch64 ;;
+  test) setup; build host host-asan aarch64 rpi4; fuzz; run_tests host host-asan aarch64 rpi4 ;;
   setup) setup ;;
   build) shift; setup; if [ $# -eq 0 ]; then build host aarch64; else build "$@"; fi ;;
+  package) shift; setup; package "$@" ;;
   clean) rm -rf build ;;
   help|-h|--help) usage ;;
   *) echo "build.sh: unknown command '$1'" >&2; usage >&2; exit 2 ;;

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Prints the figures each boards/<board>/README.md lists: the size of the stripped worker
+# binary inside the board's .deb, and the worker's peak resident memory while it trains the
+# paper CNN against a host edgetrain-server on 127.0.0.1, run under qemu-aarch64.
+#
+# How the guest's memory is told apart from QEMU's own: qemu-aarch64 runs with a reserved
+# guest address space (-R 4 GiB) at a fixed host address (-B), so every page the worker
+# maps (its program, shared libraries, heap, stacks, thread stacks) lies inside that window,
+# while QEMU's translator, code cache and own libraries lie outside it. A sampler reads
+# /proc/PID/smaps every 0.2 s and sums Rss inside the window (the guest's RSS) and over
+# everything (what `ps` shows for the qemu process). The peak of the first is the figure.
+# It counts resident pages of the worker's shared libraries as the board's RSS would.
+#
+# usage: boards/measure-worker.sh BOARD [STEPS]   (default 20 steps; needs build/host and build/BOARD)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+board="${1:?usage: boards/measure-worker.sh BOARD [STEPS]}"
+steps="${2:-20}"
+[ -f "boards/$board/board.cmake" ] || { echo "measure-worker: unknown board '$board'" >&2; exit 2; }
+[[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "measure-worker: STEPS must be a positive number" >&2; exit 2; }
+deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
+server=build/host/server/edgetrain-server
+[ -x "$server" ] || { echo "measure-worker: build the host server first (cmake --build build/host --target edgetrain-server)" >&2; exit 1; }
+[ -f "build/$board/CPackConfig.cmake" ] || { echo "measure-worker: configure and build build/$board first (./build.sh package $board)" >&2; exit 1; }
+
+work=$(mktemp -d)
+pids=()
+trap 'for p in ${pids[@]+"${pids[@]}"}; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"' EXIT
+cpack --config "build/$board/CPackConfig.cmake" -B "$work/pkg" -D CPACK_OUTPUT_FILE_PREFIX="$work/pkg" >/dev/null
+deb=$(ls "$work"/pkg/edgetrain-worker-"$board"_*_arm64.deb)
+dpkg-deb -x "$deb" "$work/root"
+worker="$work/root/usr/bin/edgetrain-worker"
+size=$(stat -c %s "$worker")
+
+"$server" add-device measure --keystore "$work/keys.toml" --server-uri coaps://127.0.0.1:0 >"$work/device.toml" 2>/dev/null
+"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model paper-cnn \
+  >"$work/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do grep -q 'listening on' "$work/server.log" && break; sleep 0.1; done
+port=$(grep -oE 'listening on 127\.0\.0\.1:[0-9]+' "$work/server.log" | cut -d: -f2)
+[ -n "$port" ] || { cat "$work/server.log" >&2; exit 1; }
+
+sed -nE "s/^key_hex = '(.*)'/\1/p" "$work/device.toml" >"$work/worker.psk"
+guest_base=0x200000000000 guest_size=0x100000000
+# The board's packaged configuration (threads, batch, model) and the unit's Environment=,
+# with this run's server and key.
+unit_env=$(sed -n 's/^Environment=//p' "$work/root/lib/systemd/system/edgetrain-worker.service" | tr '\n' ' ')
+env $unit_env qemu-aarch64 -R "$guest_size" -B "$guest_base" -L "$deps/sysroot-aarch64" "$worker" \
+  --config "$work/root/etc/edgetrain/worker.toml" --identity measure \
+  --key-file "$work/worker.psk" \
+  --server "coaps://127.0.0.1:$port" --data "$deps/mnist" --steps "$steps" --quiet >"$work/worker.log" 2>&1 &
+worker_pid=$!
+pids+=($worker_pid)
+read -r guest_kib total_kib < <(/usr/bin/python3 - "$worker_pid" "$guest_base" "$guest_size" <<'PY'
+import sys, time
+pid, lo, size = int(sys.argv[1]), int(sys.argv[2], 16), int(sys.argv[3], 16)
+hi = lo + size
+peak_guest = peak_total = 0
+while True:
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            guest = total = 0
+            inside = False
+            for line in f:
+                if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
+                    start = int(line.split("-", 1)[0], 16)
+                    inside = lo <= start < hi
+                elif line.startswith("Rss:"):
+                    kib = int(line.split()[1])
+                    total += kib
+                    if inside:
+                        guest += kib
+    except (FileNotFoundError, ProcessLookupError):
+        break
+    peak_guest, peak_total = max(peak_guest, guest), max(peak_total, total)
+    with open(f"/proc/{pid}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+    time.sleep(0.2)
+print(peak_guest, peak_total)
+PY
+)
+status=0; wait "$worker_pid" || status=$?
+if [ "$status" != 0 ] || ! grep -q "stopped after $steps steps" "$work/worker.log"; then
+  echo "measure-worker: the worker did not finish its $steps steps (exit $status):" >&2; tail -n 20 "$work/worker.log" >&2; exit 1
+fi
+threads=$(sed -nE 's/^threads = ([0-9]+)/\1/p' "$work/root/etc/edgetrain/worker.toml")
+awk -v b="$board" -v s="$size" -v t="$threads" -v n="$steps" -v g="$guest_kib" -v q="$total_kib" 'BEGIN {
+  printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB); paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, t, n
+  printf "  peak RSS: worker (guest pages) %.1f MiB = %.1f MB; whole qemu process %.1f MiB\n", g / 1024, g * 1.024 / 1000, q / 1024 }'
+echo "  unit environment: ${unit_env:-none}"
+grep -E "stopped after" "$work/worker.log" | sed 's/^/  /'

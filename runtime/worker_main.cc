@@ -68,6 +68,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", config.max_steps, "stop after this many steps (0: run until stopped)")->capture_default_str();
   app.add_option("--duration", config.max_seconds, "stop after this many seconds (0: run until stopped)")
       ->capture_default_str();
+  app.add_option("--slowdown", config.slowdown,
+                 "emulate a slower device: sleep F times each step's compute time (0: full speed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
   app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");

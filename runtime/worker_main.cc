@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
                  "emulate a slower device: sleep F times each step's compute time (0: full speed)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1000.0));
+  double request_timeout_seconds = config.request_timeout_ms / 1000.0;
+  app.add_option("--request-timeout", request_timeout_seconds,
+                 "seconds one request (handshake and every block included) may take before the worker retries;\n"
+                 "behind a WAN that drops the server's ICMP errors this is how long a restarted server goes unnoticed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.5, 3600.0));
   app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
@@ -106,6 +112,7 @@ int main(int argc, char** argv) {
       if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
       if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
     }
+    config.request_timeout_ms = static_cast<int>(request_timeout_seconds * 1000);
     runtime::parse_server_uri(server, config.server_host, config.server_port);
     if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
     if (!key_file.empty()) key_hex = read_file(key_file);

@@ -32,6 +32,9 @@ mkdir -p "$out"
 # interrupted matrix resumes).
 run() {
   local name=$1; shift
+  # The command of the table, quoted for a shell (also for a run done earlier).
+  mkdir -p "$out/$name"
+  echo "emulation/edgetrain-emulate --out $(printf '%q' "$out/$name")$(printf ' %q' "$@")" >"$out/$name.command"
   if [ -s "$out/$name/timeline.csv" ] && [ -s "$out/$name/workers.csv" ]; then
     echo "== $name: already done"
     return
@@ -55,7 +58,7 @@ group_section() {
   echo "Commands (from the repository root, after \`cmake --build build/host\`):"
   echo
   echo '```sh'
-  for r in "$@"; do sed -n 's/^Command: `\(.*\)`$/\1/p' "$out/$r/summary.md"; done
+  for r in "$@"; do cat "$out/$r.command"; done
   echo '```'
   echo
   echo "Plots: \`$out/group-$title/accuracy-vs-ingress.svg\`, \`$out/group-$title/accuracy-vs-time.svg\`;"

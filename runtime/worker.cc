@@ -22,7 +22,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // Sleeps up to `duration`, returning early once `stop` is set.
-void sleep_unless_stopped(std::chrono::milliseconds duration, const std::atomic<bool>& stop) {
+void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
   const auto until = Clock::now() + duration;
   while (!stop && Clock::now() < until) {
     std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
@@ -98,6 +98,7 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
   };
   if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
   if (config.pull_every < 1) throw std::invalid_argument("worker: pull interval must be at least 1");
+  if (!(config.slowdown >= 0 && config.slowdown <= 1000)) throw std::invalid_argument("worker: slowdown must be 0..1000");
   if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
     throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) + " is not below the worker count " +
                                 std::to_string(config.worker_count));
@@ -195,7 +196,12 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
     }
 
     sampler.next_batch(config.batch, pixels, labels);
+    const auto step_started = Clock::now();
     const BatchResult batch = trainer.compute_gradient(replica.parameters(), pixels.data(), labels.data(), config.batch, gradient);
+    if (config.slowdown > 0) {
+      const auto compute_time = Clock::now() - step_started;
+      sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), stop);
+    }
     stats.steps++;
     steps_since_pull++;
     stats.last_loss = batch.loss;

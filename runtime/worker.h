@@ -39,6 +39,9 @@ struct WorkerConfig {
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;
+  // Emulates a slower device: after each step, sleep this many times the step's own
+  // compute time (0: full speed; 3: a device four times slower).
+  double slowdown = 0;
   std::uint64_t seed = 1;
   // Transport: X.509 instead of PSK (identity = the certificate's CN; `identity` is then
   // only for logs); or INSECURE plain CoAP (`identity` declared, unproven; no key).

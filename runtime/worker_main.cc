@@ -76,6 +76,16 @@ int main(int argc, char** argv) {
   app.add_option("--steps", config.max_steps, "stop after this many steps (0: run until stopped)")->capture_default_str();
   app.add_option("--duration", config.max_seconds, "stop after this many seconds (0: run until stopped)")
       ->capture_default_str();
+  app.add_option("--slowdown", config.slowdown,
+                 "emulate a slower device: sleep F times each step's compute time (0: full speed)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1000.0));
+  double request_timeout_seconds = config.request_timeout_ms / 1000.0;
+  app.add_option("--request-timeout", request_timeout_seconds,
+                 "seconds one request (handshake and every block included) may take before the worker retries;\n"
+                 "behind a WAN that drops the server's ICMP errors this is how long a restarted server goes unnoticed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.5, 3600.0));
   app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
@@ -159,6 +169,7 @@ int main(int argc, char** argv) {
       if (key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or key/key_file in --config");
       config.key = runtime::parse_hex_key(key_hex);
     }
+    config.request_timeout_ms = static_cast<int>(request_timeout_seconds * 1000);
     config.identity = identity;
     config.compressor.method = compressor == "none" ? runtime::CompressionMethod::kNone : runtime::CompressionMethod::kTopK;
     config.compressor.compression_rate = rate;

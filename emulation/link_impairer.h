@@ -1,0 +1,118 @@
+// A user-space UDP link impairer: the emulator's stand-in for netem (not available on our
+// machines). Each link relays one worker's datagrams to the server and back through a
+// queue that adds delay, jitter, random loss and a bandwidth cap, in both directions:
+//
+//   worker ──▶ listen address ──[loss, bandwidth, delay+jitter]──▶ upstream (server)
+//   worker ◀────────────────────[loss, bandwidth, delay+jitter]──── upstream
+//
+// One epoll thread serves every link. Each link has its own upstream socket, so the server
+// sees one source address per worker. Datagrams stay in order on a link (jitter never
+// reorders: a datagram leaves no earlier than the one before it). Loss draws come from a
+// seeded generator per link and direction, so a seed gives the same drop pattern for the
+// same sequence of datagrams. A full queue (queue_limit_bytes) drops the datagram (tail
+// drop), as a router's buffer would.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/splitmix64.h"
+
+namespace edgetrain::emulation {
+
+struct LinkProfile {
+  double delay_ms = 0;            // one-way, added in each direction
+  double jitter_ms = 0;           // uniform extra delay in [0, jitter_ms]
+  double loss = 0;                // probability a datagram is dropped, each direction
+  double bandwidth_kbps = 0;      // serialization rate of each direction; 0: unlimited
+  std::size_t queue_limit_bytes = 256 * 1024;
+};
+
+struct LinkSpec {
+  std::string name;
+  std::string listen_host = "127.0.0.1";
+  std::uint16_t listen_port = 0;  // 0: any free port
+  std::string upstream_host = "127.0.0.1";
+  std::uint16_t upstream_port = 0;
+  LinkProfile profile;
+  std::uint64_t seed = 1;
+};
+
+struct DirectionCounters {
+  std::uint64_t datagrams_in = 0, bytes_in = 0;            // arrived at the impairer
+  std::uint64_t datagrams_out = 0, bytes_out = 0;          // delivered onwards
+  std::uint64_t dropped_loss = 0, dropped_queue_full = 0;  // datagrams
+};
+
+struct LinkCounters {
+  DirectionCounters to_server, to_worker;
+};
+
+// Parses "host:port" (IPv4) into a sockaddr; throws std::invalid_argument.
+sockaddr_in parse_ipv4_endpoint(const std::string& host, std::uint16_t port);
+
+class LinkImpairer {
+ public:
+  // Binds every link's listen socket (throws std::runtime_error naming the link on failure)
+  // and starts the relay thread.
+  explicit LinkImpairer(const std::vector<LinkSpec>& links);
+  ~LinkImpairer();  // stops the thread; datagrams still queued are dropped
+  LinkImpairer(const LinkImpairer&) = delete;
+  LinkImpairer& operator=(const LinkImpairer&) = delete;
+
+  std::size_t size() const { return links_.size(); }
+  const LinkSpec& spec(std::size_t link) const { return links_[link]->spec; }
+  std::uint16_t listen_port(std::size_t link) const { return links_[link]->bound_port; }
+  // A consistent copy of one link's counters (taken from the relay thread's atomics).
+  LinkCounters counters(std::size_t link) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Datagram {
+    Clock::time_point release;
+    std::vector<std::uint8_t> bytes;
+  };
+  struct AtomicCounters {
+    std::atomic<std::uint64_t> datagrams_in{0}, bytes_in{0}, datagrams_out{0}, bytes_out{0}, dropped_loss{0},
+        dropped_queue_full{0};
+  };
+  struct Direction {
+    std::deque<Datagram> queue;
+    std::size_t queued_bytes = 0;
+    Clock::time_point line_free;     // when the bandwidth cap lets the next datagram start
+    Clock::time_point last_release;  // keeps the link in order
+    runtime::SplitMix64 random{0};
+    AtomicCounters counters;
+  };
+  struct Link {
+    LinkSpec spec;
+    int worker_side = -1;    // bound to the listen address
+    int upstream_side = -1;  // connected to the server
+    std::uint16_t bound_port = 0;
+    sockaddr_in worker_address{};
+    bool worker_known = false;
+    Direction to_server, to_worker;
+  };
+
+  void relay();
+  void receive(Link& link, bool from_worker);
+  void enqueue(const LinkProfile& profile, Direction& direction, std::vector<std::uint8_t> bytes);
+  // Sends every datagram whose time has come; returns the earliest pending release.
+  Clock::time_point flush(Link& link, Clock::time_point now);
+
+  std::vector<std::unique_ptr<Link>> links_;
+  int epoll_ = -1;
+  int wake_ = -1;  // eventfd that stops the thread
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace edgetrain::emulation

@@ -1,0 +1,154 @@
+// edgetrain-link-impairer: serves the links of a TOML file (one [[link]] table per worker)
+// from one thread until SIGTERM/SIGINT, and writes every link's counters to a CSV file
+// every few seconds and at exit. edgetrain-emulate starts one; see emulation/README.md.
+#include <CLI/CLI.hpp>
+#include <toml++/toml.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "emulation/link_impairer.h"
+
+namespace {
+
+using namespace edgetrain::emulation;
+
+std::atomic<bool> g_stop{false};
+extern "C" void on_signal(int) { g_stop = true; }
+
+// "host:port" → (host, port); throws std::invalid_argument.
+std::pair<std::string, std::uint16_t> split_endpoint(const std::string& text, const std::string& what) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos) throw std::invalid_argument(what + " '" + text + "' is not HOST:PORT");
+  const std::string port_text = text.substr(colon + 1);
+  std::size_t used = 0;
+  int port = -1;
+  try {
+    port = std::stoi(port_text, &used);
+  } catch (...) {
+  }
+  if (port_text.empty() || used != port_text.size() || port < 0 || port > 65535) {
+    throw std::invalid_argument(what + " '" + text + "' has a bad port");
+  }
+  return {text.substr(0, colon), static_cast<std::uint16_t>(port)};
+}
+
+std::vector<LinkSpec> read_links(const std::string& path) {
+  toml::table file;
+  try {
+    file = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    throw std::invalid_argument(path + ": " + std::string(e.description()));
+  }
+  const toml::array* tables = file["link"].as_array();
+  if (!tables || tables->empty()) throw std::invalid_argument(path + ": no [[link]] tables");
+  std::vector<LinkSpec> links;
+  for (const auto& node : *tables) {
+    const toml::table* t = node.as_table();
+    if (!t) throw std::invalid_argument(path + ": 'link' must be an array of tables");
+    LinkSpec spec;
+    spec.name = (*t)["name"].value_or(std::string("link") + std::to_string(links.size()));
+    const std::string where = path + ": link " + spec.name;
+    for (const auto& [key, value] : *t) {
+      static const std::set<std::string> known = {"name", "listen", "upstream", "delay_ms", "jitter_ms", "loss",
+                                                  "bandwidth_kbps", "queue_limit_bytes", "seed"};
+      if (!known.count(std::string(key.str()))) throw std::invalid_argument(where + ": unknown key '" + std::string(key.str()) + "'");
+    }
+    const auto listen = (*t)["listen"].value<std::string>();
+    const auto upstream = (*t)["upstream"].value<std::string>();
+    if (!listen || !upstream) throw std::invalid_argument(where + ": 'listen' and 'upstream' (HOST:PORT) are required");
+    std::tie(spec.listen_host, spec.listen_port) = split_endpoint(*listen, where + ": listen");
+    std::tie(spec.upstream_host, spec.upstream_port) = split_endpoint(*upstream, where + ": upstream");
+    if (spec.upstream_port == 0) throw std::invalid_argument(where + ": the upstream port must not be 0");
+    spec.profile.delay_ms = (*t)["delay_ms"].value_or(0.0);
+    spec.profile.jitter_ms = (*t)["jitter_ms"].value_or(0.0);
+    spec.profile.loss = (*t)["loss"].value_or(0.0);
+    spec.profile.bandwidth_kbps = (*t)["bandwidth_kbps"].value_or(0.0);
+    const std::int64_t queue = (*t)["queue_limit_bytes"].value_or(std::int64_t{256 * 1024});
+    if (queue < 1500) throw std::invalid_argument(where + ": queue_limit_bytes must be at least 1500");
+    spec.profile.queue_limit_bytes = static_cast<std::size_t>(queue);
+    spec.seed = static_cast<std::uint64_t>((*t)["seed"].value_or(std::int64_t{1}));
+    links.push_back(spec);
+  }
+  return links;
+}
+
+void write_stats(const LinkImpairer& impairer, const std::string& path) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << "link,listen,delay_ms,jitter_ms,loss,bandwidth_kbps";
+    for (const char* d : {"to_server", "to_worker"}) {
+      for (const char* c : {"datagrams_in", "bytes_in", "datagrams_out", "bytes_out", "dropped_loss", "dropped_queue_full"}) {
+        out << ',' << d << '_' << c;
+      }
+    }
+    out << '\n';
+    for (std::size_t i = 0; i < impairer.size(); i++) {
+      const LinkSpec& s = impairer.spec(i);
+      const LinkCounters c = impairer.counters(i);
+      out << s.name << ',' << s.listen_host << ':' << impairer.listen_port(i) << ',' << s.profile.delay_ms << ','
+          << s.profile.jitter_ms << ',' << s.profile.loss << ',' << s.profile.bandwidth_kbps;
+      for (const DirectionCounters& d : {c.to_server, c.to_worker}) {
+        out << ',' << d.datagrams_in << ',' << d.bytes_in << ',' << d.datagrams_out << ',' << d.bytes_out << ','
+            << d.dropped_loss << ',' << d.dropped_queue_full;
+      }
+      out << '\n';
+    }
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "edgetrain-link-impairer: relays UDP between workers and a server with per-link delay, jitter, loss and a\n"
+      "bandwidth cap (a user-space netem), all links served by one thread.\n\n"
+      "The --links file holds one table per link:\n"
+      "  [[link]]\n"
+      "  name = \"w0\"                      # used in messages and the stats CSV\n"
+      "  listen = \"10.77.0.1:5684\"        # where the worker sends (port 0: any free port)\n"
+      "  upstream = \"127.0.0.1:5684\"      # the server\n"
+      "  delay_ms = 50                    # one-way delay, each direction\n"
+      "  jitter_ms = 10                   # plus a uniform draw in [0, jitter_ms]; order is kept\n"
+      "  loss = 0.01                      # drop probability per datagram, each direction\n"
+      "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
+      "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
+      "  seed = 1                         # loss and jitter draws\n"
+      "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'."};
+  std::string links_path, stats_path;
+  double stats_interval = 2;
+  app.add_option("--links", links_path, "TOML file of [[link]] tables")->required()->check(CLI::ExistingFile);
+  app.add_option("--stats", stats_path, "CSV file of per-link counters, rewritten every --stats-interval and at exit");
+  app.add_option("--stats-interval", stats_interval, "seconds between stats writes")->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::vector<LinkSpec> links = read_links(links_path);
+    std::signal(SIGTERM, on_signal);
+    std::signal(SIGINT, on_signal);
+    LinkImpairer impairer(links);
+    for (std::size_t i = 0; i < impairer.size(); i++) {
+      std::printf("link %s listening on %s:%u\n", links[i].name.c_str(), links[i].listen_host.c_str(), impairer.listen_port(i));
+    }
+    std::printf("relaying %zu links\n", impairer.size());
+    std::fflush(stdout);
+    auto next_write = std::chrono::steady_clock::now();
+    while (!g_stop) {
+      if (!stats_path.empty() && std::chrono::steady_clock::now() >= next_write) {
+        write_stats(impairer, stats_path);
+        next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(stats_interval));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!stats_path.empty()) write_stats(impairer, stats_path);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-link-impairer: %s\n", e.what());
+    return 1;
+  }
+}

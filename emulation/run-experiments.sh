@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The emulation experiment matrix of docs/results.md: every run is one edgetrain-emulate
+# call (real server, real workers, DTLS, link impairer); every group is compared by
+# edgetrain-emulation-report (ratio against the group's first run, ASGD). Writes one
+# directory per run and per group under OUT (default emulation-results/), and with
+# --update-docs replaces the emulation section of docs/results.md (between the
+# "emulation:begin" and "emulation:end" markers) with the tables and their commands.
+#
+# usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
+#   groups: paper rates failures scale50 scale100 (default: all, in that order)
+# Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
+# its time limit).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+emulate="$repo/emulation/edgetrain-emulate"
+report="$repo/build/host/emulation/edgetrain-emulation-report"
+out=emulation-results update_docs=0 groups=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift ;;
+    --update-docs) update_docs=1 ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    paper|rates|failures|scale50|scale100) groups+=("$1") ;;
+    *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
+  esac
+  shift
+done
+[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100)
+mkdir -p "$out"
+
+# run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
+# interrupted matrix resumes).
+run() {
+  local name=$1; shift
+  # The command of the table, quoted for a shell (also for a run done earlier).
+  mkdir -p "$out/$name"
+  echo "emulation/edgetrain-emulate --out $(printf '%q' "$out/$name")$(printf ' %q' "$@")" >"$out/$name.command"
+  if [ -s "$out/$name/timeline.csv" ] && [ -s "$out/$name/workers.csv" ]; then
+    echo "== $name: already done"
+    return
+  fi
+  echo "== $name: edgetrain-emulate $*"
+  "$emulate" --out "$out/$name" --quiet "$@" || echo "== $name: edgetrain-emulate exited with status $?"
+}
+# group_section TITLE TARGET|auto RUN...: the group's table (ratio against the first run) and plots.
+group_section() {
+  local title=$1 target=$2; shift 2
+  local dirs=() r
+  for r in "$@"; do dirs+=("$out/$r"); done
+  # auto: half a point below the lowest best accuracy of the group (the report's default)
+  local target_flag=(--target "$target")
+  [ "$target" = auto ] && target_flag=()
+  "$report" "${dirs[@]}" --out "$out/group-$title" "${target_flag[@]}" >/dev/null
+  echo "### $title"
+  echo
+  cat "$out/group-$title/summary.md"
+  echo
+  echo "Commands (from the repository root, after \`cmake --build build/host\`):"
+  echo
+  echo '```sh'
+  for r in "$@"; do cat "$out/$r.command"; done
+  echo '```'
+  echo
+  echo "Plots: \`$out/group-$title/accuracy-vs-ingress.svg\`, \`$out/group-$title/accuracy-vs-time.svg\`;"
+  echo "per-run details (workers.csv, links.csv, events.log, summary.md) in \`$out/<run>/\`."
+  echo
+}
+
+# The paper's setting: paper CNN, 10 workers, batch 10, lr 0.1, c = 0.01, a pull before
+# every step (the paper's worker), clean links in namespaces.
+paper_common=(--workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 480 --request-timeout 60)
+# The MLP matrix: cheap enough for 100 worker processes on 2 cores. A pull every 10 steps
+# (a dense MLP pull is 400 blocks); the staleness bound grows with the fleet.
+mlp_common=(--model mlp --pull-every 10 --target-accuracy 0.85 --duration 180)
+hetero=(--slowdown 0:3 --link delay=1:20,jitter=2,loss=0.001,bandwidth=5000:50000)
+for g in "${groups[@]}"; do
+  case "$g" in
+    paper)
+      run paper-asgd "${paper_common[@]}" --compressor none --label "ASGD (paper CNN, 10 workers)"
+      run paper-adacomp "${paper_common[@]}" --compressor adacomp --rate 0.01 --label "AdaComp c=0.01 (paper CNN, 10 workers)"
+      run paper-options "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 \
+        --label "AdaComp c=0.004 + EF + fp16 (paper CNN, 10 workers)"
+      run paper-options-pull10 "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 --pull-every 10 \
+        --label "AdaComp c=0.004 + EF + fp16, pull every 10 (paper CNN, 10 workers)"
+      run paper-options-pull50 "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 --pull-every 50 \
+        --label "AdaComp c=0.004 + EF + fp16, pull every 50 (paper CNN, 10 workers)" ;;
+    rates)
+      run rates-asgd "${mlp_common[@]}" --workers 10 --compressor none --label "ASGD (MLP, 10)"
+      for c in 0.1 0.01 0.001; do
+        run "rates-adacomp-$c" "${mlp_common[@]}" --workers 10 --compressor adacomp --rate "$c" --label "AdaComp c=$c (MLP, 10)"
+      done ;;
+    failures)
+      fail=(--fail kill-worker:3@20+5,kill-worker:7@40+5,kill-server@60+3)
+      run fh-asgd "${mlp_common[@]}" --workers 10 --compressor none "${hetero[@]}" "${fail[@]}" --label "ASGD, heterogeneous + failures (MLP, 10)"
+      run fh-adacomp "${mlp_common[@]}" --workers 10 --rate 0.01 --label "AdaComp c=0.01, homogeneous (MLP, 10)"
+      run fh-adacomp-hetero "${mlp_common[@]}" --workers 10 --rate 0.01 "${hetero[@]}" --label "AdaComp c=0.01, heterogeneous (MLP, 10)"
+      run fh-adacomp-fail "${mlp_common[@]}" --workers 10 --rate 0.01 "${fail[@]}" --label "AdaComp c=0.01, failures (MLP, 10)"
+      run fh-adacomp-both "${mlp_common[@]}" --workers 10 --rate 0.01 "${hetero[@]}" "${fail[@]}" --label "AdaComp c=0.01, heterogeneous + failures (MLP, 10)" ;;
+    scale50)
+      run s50-asgd "${mlp_common[@]}" --workers 50 --max-staleness 200 --compressor none --label "ASGD (MLP, 50)"
+      run s50-adacomp "${mlp_common[@]}" --workers 50 --max-staleness 200 --rate 0.01 --label "AdaComp c=0.01 (MLP, 50)" ;;
+    scale100)
+      fail100=(--fail kill-worker:10@30+10,kill-worker:55@60+10,kill-server@90+3)
+      run s100-asgd "${mlp_common[@]}" --workers 100 --max-staleness 400 --compressor none "${hetero[@]}" "${fail100[@]}" \
+        --duration 300 --label "ASGD, heterogeneous + failures (MLP, 100)"
+      run s100-adacomp "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 "${hetero[@]}" "${fail100[@]}" \
+        --duration 300 --label "AdaComp c=0.01, heterogeneous + failures (MLP, 100)" ;;
+  esac
+done
+
+# Tables of every group whose runs exist.
+section="$out/results-section.md"
+{
+  echo "<!-- emulation:begin (written by emulation/run-experiments.sh --update-docs) -->"
+  [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-options-pull10 paper-options-pull50
+  [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
+  [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
+  [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
+  [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp
+  echo "<!-- emulation:end -->"
+} >"$section" 2>"$out/report-errors.log" || true
+echo "tables: $section"
+if [ "$update_docs" = 1 ]; then
+  results="$repo/docs/results.md"
+  grep -q '<!-- emulation:begin' "$results" || printf '\n<!-- emulation:begin -->\n<!-- emulation:end -->\n' >>"$results"
+  awk -v f="$section" '
+    /<!-- emulation:begin/ { while ((getline line < f) > 0) print line; skip = 1; next }
+    /<!-- emulation:end/ { skip = 0; next }
+    !skip' "$results" >"$results.tmp" && mv "$results.tmp" "$results"
+  echo "updated $results"
+fi

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# edgetrain-emulate where network namespaces are unavailable: an `ip` earlier on PATH fails
+# `ip netns add` as an unprivileged user's would. The launcher must say so, fall back to
+# loopback (every worker on its own impairer port on 127.0.0.1), create no namespace, and
+# the workers must still train through the impairer: test accuracy reaches FLOOR, and every
+# link relayed traffic.
+# usage: emulate_loopback_fallback.sh BUILD_DIR [FLOOR]
+build_dir="$1"; floor="${2:-0.75}"
+emulate="$(dirname "$0")/../../emulation/edgetrain-emulate"
+source "$(dirname "$0")/../integration/process_test_lib.sh"
+require_mnist
+
+real_ip=$(command -v ip || true)
+mkdir -p "$work/bin"
+cat >"$work/bin/ip" <<EOS
+#!/bin/sh
+if [ "\$1" = netns ] && [ "\$2" = add ]; then
+  echo "mount --make-shared /run/netns failed: Operation not permitted" >&2
+  exit 1
+fi
+touch "$work/ip-called-otherwise"
+exec ${real_ip:-false} "\$@"
+EOS
+chmod +x "$work/bin/ip"
+
+status=0
+PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \
+  --link delay=2,bandwidth=20000 --impaired 1 --duration 80 --target-accuracy "$floor" --eval-interval 1 --quiet \
+  >"$work/emulate.log" 2>&1 || status=$?
+watched_logs+=("$work/emulate.log" "$work/run/logs/server-1.log" "$work/run/logs/worker-0.log")
+[ "$status" -eq 0 ] || fail "edgetrain-emulate exited with status $status"
+grep -q "network namespaces unavailable ('ip netns add' failed: mount --make-shared" "$work/emulate.log" ||
+  fail "no message about the fallback"
+grep -q 'network: loopback' "$work/run/summary.md" || fail "the summary does not say loopback"
+[ ! -e "$work/ip-called-otherwise" ] || fail "the loopback fallback still ran ip for namespaces or links"
+awk -F, 'NR > 1 && $2 !~ /^127\.0\.0\.1:[1-9]/ { bad = 1 } NR > 1 && $10 == 0 { bad = 1 } END { exit bad }' "$work/run/links.csv" ||
+  fail "links not on loopback or without traffic: $(cat "$work/run/links.csv")"
+grep -qE "target accuracy $floor reached" "$work/run/events.log" || fail "test accuracy never reached $floor"
+echo "namespaces unavailable: fell back to loopback and trained past $floor through the impairer"

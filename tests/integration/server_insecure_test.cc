@@ -43,8 +43,13 @@ class InsecureServer : public ::testing::Test {
     server_options.plaintext_port = 0;
     server_ = std::make_unique<transport::CoapDtlsServer>(server_options);
     resources_->attach(*server_);
+    // The same loop as edgetrain-server's: group-committed updates are answered after each pass.
     thread_ = std::thread([this] {
-      while (!stop_) server_->run_once(10);
+      while (!stop_) {
+        server_->run_once(resources_->updates_awaiting_sync() > 0 ? 1 : 10);
+        resources_->answer_durable_updates(false);
+      }
+      resources_->answer_durable_updates(true);
     });
   }
   void TearDown() override {

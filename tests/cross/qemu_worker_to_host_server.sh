@@ -20,6 +20,8 @@ wait_for_exit "$last_pid" 150 || fail "the aarch64 worker exited with status $?"
 cat "$work/worker.log"
 
 grep -q "stopped after $steps steps: $steps updates accepted" "$work/worker.log" || fail "not every update was accepted"
+# Every pull after the first is a model delta whose digest the aarch64 worker reproduced.
+grep -q "$steps pulls ($((steps - 1)) as deltas)" "$work/worker.log" || fail "the pulls after the first were not all model deltas"
 # One worker, nothing stale: its updates are versions 1..steps, in order.
 [ "$(acked_versions "$work/worker.log" | tr '\n' ' ')" = "$(seq -s ' ' 1 "$steps") " ] ||
   fail "acknowledged versions are not 1..$steps"

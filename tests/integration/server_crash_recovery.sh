@@ -89,6 +89,11 @@ for i in 0 1; do
   # A server that lost acknowledged updates would hand out a version again.
   acked_versions "$work/w$i.log" | awk -v w="$i" 'NR > 1 && $1 <= prev { print "worker " w ": version " $1 " acknowledged after " prev; bad = 1 } { prev = $1 } END { exit bad }' ||
     fail "worker $i saw an acknowledged version repeat or go back"
+  # Sparse pulls (the default) across both restarts: every model delta reproduced the
+  # digest of the restarted server's parameters (the change record survived the replay).
+  grep -qE 'pulls \([1-9][0-9]* as deltas\)' "$work/w$i.log" || fail "worker $i pulled no model delta"
+  ! grep -qE 'did not reproduce|undecodable model delta|model delta from version' "$work/w$i.log" ||
+    fail "worker $i got a model delta that did not give the server's parameters"
 done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"

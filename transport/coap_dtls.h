@@ -83,7 +83,8 @@ struct CoapRequest {
   // The PSK identity the peer proved in the DTLS handshake; never taken from the payload.
   std::string identity;
   std::span<const std::uint8_t> payload;
-  // Set by CoapDtlsServer for confirmable requests. A handler that calls it answers later
+  // Set by CoapDtlsServer for confirmable requests; callable only while the handler runs.
+  // A handler that calls it answers later
   // through the returned handle: the value it returns is then ignored and the request is
   // acknowledged at once with an empty ACK (so the client stops retransmitting it). Empty
   // when there is no network (handlers called directly) or the request is non-confirmable:

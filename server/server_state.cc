@@ -284,8 +284,8 @@ void ServerState::start_commit() {
     std::lock_guard lock(sync_mutex_);
     sync_fd_ = wal_->descriptor();
     sync_requested_ = true;
+    sync_changed_.notify_all();
   }
-  sync_changed_.notify_all();
   sync_running_ = true;
 }
 
@@ -398,8 +398,8 @@ ServerState::~ServerState() {
     std::unique_lock lock(sync_mutex_);
     sync_changed_.wait(lock, [this] { return !sync_running_ || sync_finished_; });
     sync_thread_stop_ = true;
+    sync_changed_.notify_all();
   }
-  sync_changed_.notify_all();
   sync_thread_.join();
 }
 

@@ -709,6 +709,12 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     throw TransportError("coap_send failed");
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
+  // A server may acknowledge a request with an empty ACK and answer later (the update
+  // server does once the update is durable); after that ACK nothing is retransmitted, so a
+  // server that died meanwhile would go unnoticed until the deadline. Pinging a session
+  // that has been silent for a second during a request finds that out (ICMP unreachable, or
+  // no pong before the next ping); between requests nothing is pinged.
+  coap_context_set_keepalive(s.context, 1);
   while (!s.done && s.failure.empty()) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
@@ -717,6 +723,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     }
     coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
   }
+  coap_context_set_keepalive(s.context, 0);
   if (!s.done) {
     std::string why = s.failure;
     s.drop_session();  // the next request starts over with a fresh handshake

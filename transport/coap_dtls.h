@@ -121,7 +121,8 @@ struct CoapRequest {
   std::span<const std::uint8_t> payload;
   // The Uri-Query options joined with '&' ("since=42"); empty when there are none.
   std::string query;
-  // Set by CoapDtlsServer for confirmable requests. A handler that calls it answers later
+  // Set by CoapDtlsServer for confirmable requests; callable only while the handler runs.
+  // A handler that calls it answers later
   // through the returned handle: the value it returns is then ignored and the request is
   // acknowledged at once with an empty ACK (so the client stops retransmitting it). Empty
   // when there is no network (handlers called directly) or the request is non-confirmable:

@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -336,6 +338,96 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
   EXPECT_EQ(state.version(), acknowledged_version);
   EXPECT_EQ(server::read_wal(state.wal_path()).records.size(), acknowledged_version)
       << "records of refused updates are cut off the log";
+}
+
+// The transport's deferred answer on its own: it arrives after the empty ACK even when the
+// handler answers seconds later (the client's keepalive pings are answered meanwhile).
+TEST(DeferredResponseOverDtls, ArrivesSecondsLaterWhileTheClientPings) {
+  transport::CoapDtlsServer::Options server_options;
+  server_options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> {
+    return std::vector<std::uint8_t>(16, 0x42);
+  };
+  auto server = std::make_unique<transport::CoapDtlsServer>(server_options);
+  std::vector<transport::DeferredResponse> waiting;  // loop thread only
+  std::atomic<int> deferred = 0;
+  std::atomic<bool> answer_now = false, stop = false;
+  server->add_resource("slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
+    EXPECT_TRUE(request.defer) << "a confirmable request can be answered later";
+    waiting.push_back(request.defer());
+    ++deferred;
+    return transport::CoapResponse{transport::CoapCode::kBadRequest};  // ignored once deferred
+  });
+  std::thread loop([&] {
+    while (!stop) {
+      server->run_once(10);
+      if (answer_now.exchange(false))
+        for (auto& answer : waiting) answer.send({transport::CoapCode::kChanged, {1, 2, 3}});
+    }
+  });
+  const std::uint16_t port = server->port();
+  auto client_for = [&] {
+    return transport::CoapDtlsClient({"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
+  };
+  const std::vector<std::uint8_t> body(3000, 7);  // three Block1 blocks
+
+  {
+    auto client = client_for();
+    std::thread answer_later([&] {
+      while (deferred < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two keepalive periods
+      answer_now = true;
+    });
+    const auto response = client.request(transport::Method::kPost, "slow", body);
+    answer_later.join();
+    EXPECT_EQ(response.code, transport::CoapCode::kChanged);
+    EXPECT_EQ(response.payload, (std::vector<std::uint8_t>{1, 2, 3}));
+  }
+
+  stop = true;
+  loop.join();
+}
+
+// A server process killed (SIGKILL: no DTLS close_notify, nothing more on the wire) while
+// a client waits for its deferred answer: the client's keepalive ping meets ICMP port
+// unreachable and the request fails long before its 30 s deadline.
+TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledServer) {
+  int port_pipe[2];
+  ASSERT_EQ(::pipe(port_pipe), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the server: defers every answer, forever
+    transport::CoapDtlsServer::Options server_options;
+    server_options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> {
+      return std::vector<std::uint8_t>(16, 0x42);
+    };
+    transport::CoapDtlsServer server(server_options);
+    std::vector<transport::DeferredResponse> never_answered;
+    server.add_resource("slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
+      never_answered.push_back(request.defer());
+      return transport::CoapResponse{};
+    });
+    const std::uint16_t port = server.port();
+    if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(1);
+    for (;;) server.run_once(100);
+  }
+  ::close(port_pipe[1]);
+  std::uint16_t port = 0;
+  ASSERT_EQ(::read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
+  ::close(port_pipe[0]);
+
+  transport::CoapDtlsClient client({"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
+  std::thread kill_server([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the request is deferred by now
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  });
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(client.request(transport::Method::kPost, "slow", std::vector<std::uint8_t>(3000, 7)),
+               transport::TransportError);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  kill_server.join();
+  EXPECT_GT(waited, 1.0) << "the request failed before the server was killed";
+  EXPECT_LT(waited, 15.0) << "the client waited for its deadline instead of noticing the server was gone";
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ deb=$(ls "$work"/pkg/edgetrain-worker-"$board"_*_arm64.deb)
 dpkg-deb -x "$deb" "$work/root"
 worker="$work/root/usr/bin/edgetrain-worker"
 size=$(stat -c %s "$worker")
+code=$(aarch64-linux-gnu-size "$worker" | awk 'NR == 2 { print $1 + $2 }')   # text + data; the file adds segment padding
 
 "$server" add-device measure --keystore "$work/keys.toml" --server-uri coaps://127.0.0.1:0 >"$work/device.toml" 2>/dev/null
 "$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model paper-cnn \
@@ -85,8 +86,8 @@ if [ "$status" != 0 ] || ! grep -q "stopped after $steps steps" "$work/worker.lo
   echo "measure-worker: the worker did not finish its $steps steps (exit $status):" >&2; tail -n 20 "$work/worker.log" >&2; exit 1
 fi
 threads=$(sed -nE 's/^threads = ([0-9]+)/\1/p' "$work/root/etc/edgetrain/worker.toml")
-awk -v b="$board" -v s="$size" -v t="$threads" -v n="$steps" -v g="$guest_kib" -v q="$total_kib" 'BEGIN {
-  printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB); paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, t, n
+awk -v b="$board" -v s="$size" -v c="$code" -v t="$threads" -v n="$steps" -v g="$guest_kib" -v q="$total_kib" 'BEGIN {
+  printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB), code %d bytes; paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, c, t, n
   printf "  peak RSS: worker (guest pages) %.1f MiB = %.1f MB; whole qemu process %.1f MiB\n", g / 1024, g * 1.024 / 1000, q / 1024 }'
 echo "  unit environment: ${unit_env:-none}"
 grep -E "stopped after" "$work/worker.log" | sed 's/^/  /'

@@ -7,7 +7,7 @@
 # guest address space (-R 4 GiB) at a fixed host address (-B), so every page the worker
 # maps (its program, shared libraries, heap, stacks, thread stacks) lies inside that window,
 # while QEMU's translator, code cache and own libraries lie outside it. A sampler reads
-# /proc/PID/smaps every 0.2 s and sums Rss inside the window (the guest's RSS) and over
+# /proc/PID/smaps every 0.05 s and sums Rss inside the window (the guest's RSS) and over
 # everything (what `ps` shows for the qemu process). The peak of the first is the figure.
 # It counts resident pages of the worker's shared libraries as the board's RSS would.
 #
@@ -20,6 +20,7 @@ steps="${2:-20}"
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "measure-worker: STEPS must be a positive number" >&2; exit 2; }
 deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
 server=build/host/server/edgetrain-server
+[ -x /usr/bin/python3 ] || { echo "measure-worker: needs /usr/bin/python3 (Debian package python3) for its sampler" >&2; exit 1; }
 [ -x "$server" ] || { echo "measure-worker: build the host server first (cmake --build build/host --target edgetrain-server)" >&2; exit 1; }
 [ -f "build/$board/CPackConfig.cmake" ] || { echo "measure-worker: configure and build build/$board first (./build.sh package $board)" >&2; exit 1; }
 
@@ -77,7 +78,7 @@ while True:
     with open(f"/proc/{pid}/stat") as f:
         if f.read().rsplit(")", 1)[1].split()[0] == "Z":
             break
-    time.sleep(0.2)
+    time.sleep(0.05)
 print(peak_guest, peak_total)
 PY
 )

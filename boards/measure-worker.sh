@@ -7,7 +7,7 @@
 # guest address space (-R 4 GiB) at a fixed host address (-B), so every page the worker
 # maps (its program, shared libraries, heap, stacks, thread stacks) lies inside that window,
 # while QEMU's translator, code cache and own libraries lie outside it. A sampler reads
-# /proc/PID/smaps every 0.2 s and sums Rss inside the window (the guest's RSS) and over
+# /proc/PID/smaps every 0.05 s and sums Rss inside the window (the guest's RSS) and over
 # everything (what `ps` shows for the qemu process). The peak of the first is the figure.
 # It counts resident pages of the worker's shared libraries as the board's RSS would.
 #
@@ -20,6 +20,7 @@ steps="${2:-20}"
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "measure-worker: STEPS must be a positive number" >&2; exit 2; }
 deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
 server=build/host/server/edgetrain-server
+[ -x /usr/bin/python3 ] || { echo "measure-worker: needs /usr/bin/python3 (Debian package python3) for its sampler" >&2; exit 1; }
 [ -x "$server" ] || { echo "measure-worker: build the host server first (cmake --build build/host --target edgetrain-server)" >&2; exit 1; }
 [ -f "build/$board/CPackConfig.cmake" ] || { echo "measure-worker: configure and build build/$board first (./build.sh package $board)" >&2; exit 1; }
 
@@ -31,6 +32,7 @@ deb=$(ls "$work"/pkg/edgetrain-worker-"$board"_*_arm64.deb)
 dpkg-deb -x "$deb" "$work/root"
 worker="$work/root/usr/bin/edgetrain-worker"
 size=$(stat -c %s "$worker")
+code=$(aarch64-linux-gnu-size "$worker" | awk 'NR == 2 { print $1 + $2 }')   # text + data; the file adds segment padding
 
 "$server" add-device measure --keystore "$work/keys.toml" --server-uri coaps://127.0.0.1:0 >"$work/device.toml" 2>/dev/null
 "$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model paper-cnn \
@@ -76,7 +78,7 @@ while True:
     with open(f"/proc/{pid}/stat") as f:
         if f.read().rsplit(")", 1)[1].split()[0] == "Z":
             break
-    time.sleep(0.2)
+    time.sleep(0.05)
 print(peak_guest, peak_total)
 PY
 )
@@ -85,8 +87,8 @@ if [ "$status" != 0 ] || ! grep -q "stopped after $steps steps" "$work/worker.lo
   echo "measure-worker: the worker did not finish its $steps steps (exit $status):" >&2; tail -n 20 "$work/worker.log" >&2; exit 1
 fi
 threads=$(sed -nE 's/^threads = ([0-9]+)/\1/p' "$work/root/etc/edgetrain/worker.toml")
-awk -v b="$board" -v s="$size" -v t="$threads" -v n="$steps" -v g="$guest_kib" -v q="$total_kib" 'BEGIN {
-  printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB); paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, t, n
+awk -v b="$board" -v s="$size" -v c="$code" -v t="$threads" -v n="$steps" -v g="$guest_kib" -v q="$total_kib" 'BEGIN {
+  printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB), code %d bytes; paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, c, t, n
   printf "  peak RSS: worker (guest pages) %.1f MiB = %.1f MB; whole qemu process %.1f MiB\n", g / 1024, g * 1.024 / 1000, q / 1024 }'
 echo "  unit environment: ${unit_env:-none}"
 grep -E "stopped after" "$work/worker.log" | sed 's/^/  /'

@@ -21,7 +21,11 @@ lintian_clean() {
   local justified tags
   justified="$(dirname "${BASH_SOURCE[0]}")/../../boards/packaging/lintian-justified.txt"
   command -v lintian >/dev/null || fail "lintian is not installed (toolchains/setup-deps.sh installs it)"
-  tags=$(lintian --pedantic --no-tag-display-limit "$1" 2>/dev/null | grep -E '^[EWIPX]: ' || true)
+  local out status=0
+  out=$(lintian --pedantic --tag-display-limit 0 "$1" 2>"$work/lintian.err") || status=$?
+  tags=$(printf '%s\n' "$out" | grep -E '^[EWIPX]: ' || true)
+  # bookworm's lintian exits non-zero for error tags too; without any tag it failed itself.
+  [ "$status" = 0 ] || [ -n "$tags" ] || fail "lintian failed (exit $status): $(cat "$work/lintian.err")"
   if [ -f "$justified" ]; then
     tags=$(printf '%s\n' "$tags" | grep -vF -f <(sed -n 's/^\([a-z0-9-]*\):.*/\1/p' "$justified" | sed 's/.*/: &/') || true)
   fi

@@ -61,8 +61,14 @@ group_section() {
   for r in "$@"; do cat "$out/$r.command"; done
   echo '```'
   echo
-  echo "Plots: \`$out/group-$title/accuracy-vs-ingress.svg\`, \`$out/group-$title/accuracy-vs-time.svg\`;"
-  echo "per-run details (workers.csv, links.csv, events.log, summary.md) in \`$out/<run>/\`."
+  if [ "$update_docs" = 1 ]; then
+    cp "$out/group-$title/accuracy-vs-ingress.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-ingress.svg"
+    cp "$out/group-$title/accuracy-vs-time.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-time.svg"
+    echo "![$title: accuracy against socket ingress](figures/emulation-$title-accuracy-vs-ingress.svg)"
+    echo "![$title: accuracy against time](figures/emulation-$title-accuracy-vs-time.svg)"
+    echo
+  fi
+  echo "Per-run details (workers.csv, links.csv, events.log, summary.md, logs) in \`$out/<run>/\`."
   echo
 }
 

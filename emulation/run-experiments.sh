@@ -110,7 +110,11 @@ for g in "${groups[@]}"; do
       run s100-asgd "${mlp_common[@]}" --workers 100 --max-staleness 400 --compressor none "${hetero[@]}" "${fail100[@]}" \
         --duration 300 --label "ASGD, heterogeneous + failures (MLP, 100)"
       run s100-adacomp "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 "${hetero[@]}" "${fail100[@]}" \
-        --duration 300 --label "AdaComp c=0.01, heterogeneous + failures (MLP, 100)" ;;
+        --duration 300 --label "AdaComp c=0.01, heterogeneous + failures (MLP, 100)"
+      run s100-asgd-clean "${mlp_common[@]}" --workers 100 --max-staleness 400 --compressor none --duration 300 \
+        --label "ASGD, homogeneous, no failures (MLP, 100)"
+      run s100-adacomp-clean "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 --duration 300 \
+        --label "AdaComp c=0.01, homogeneous, no failures (MLP, 100)" ;;
   esac
 done
 
@@ -122,7 +126,7 @@ section="$out/results-section.md"
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
-  [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp
+  [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp s100-asgd-clean s100-adacomp-clean
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -125,6 +125,8 @@ section="$out/results-section.md"
   [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
+  # ASGD reaches only ~50% in those conditions: the AdaComp runs among themselves at 84.5%.
+  [ -d "$out/fh-adacomp" ] && group_section failures-adacomp 0.845 fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
   [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp s100-asgd-clean s100-adacomp-clean
   echo "<!-- emulation:end -->"

@@ -14,8 +14,8 @@ run=$1 sim=${2:-} model=${3:-} pull_every=${4:-1}
 read -r payload socket datagrams < <(for log in "$run"/logs/server-*.log; do
     grep -E 'payload bytes, [0-9]+ socket bytes in [0-9]+ datagrams' "$log" | tail -n1
   done | sed -nE 's/.*ingress ([0-9]+) payload bytes, ([0-9]+) socket bytes in ([0-9]+) datagrams.*/\1 \2 \3/p' |
-  awk '{ p += $1; s += $2; d += $3 } END { print p, s, d }')
-updates=$(awk -F, 'NR > 1 { a += $9 } END { print a }' "$run/workers.csv")
+  awk '{ p += $1; s += $2; d += $3 } END { printf "%.0f %.0f %.0f\n", p, s, d }')
+updates=$(awk -F, 'NR > 1 { a += $9 } END { printf "%.0f\n", a }' "$run/workers.csv")
 awk -v p="$payload" -v s="$socket" -v d="$datagrams" -v u="$updates" -v sim="$sim" -v m="$model" -v k="$pull_every" 'BEGIN {
   h = (s - p) / d
   printf "updates %d, payload %.0f B (%.0f B/update), socket %.0f B, %d datagrams; overhead %.1f B/datagram, socket/payload %.3f\n", u, p, p / u, s, d, h, s / p

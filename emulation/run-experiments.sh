@@ -51,7 +51,16 @@ group_section() {
   local target_flag=(--target "$target")
   [ "$target" = auto ] && target_flag=()
   "$report" "${dirs[@]}" --out "$out/group-$title" "${target_flag[@]}" >/dev/null
-  echo "### $title"
+  case "$title" in
+    paper) echo "### The paper's setting: paper CNN, 10 workers, a pull before every step, clean links" ;;
+    rates) echo "### Compression rates: MLP, 10 workers, clean links" ;;
+    failures) echo "### Heterogeneity and failures: MLP, 10 workers" ;;
+    failures-adacomp) echo "### Heterogeneity and failures, AdaComp runs among themselves: MLP, 10 workers" ;;
+    scale50) echo "### Scale: MLP, 50 workers, clean links" ;;
+    scale100) echo "### Scale: MLP, 100 workers, heterogeneous + failures" ;;
+    scale100-clean) echo "### Scale: MLP, 100 workers, homogeneous, no failures" ;;
+    *) echo "### $title" ;;
+  esac
   echo
   cat "$out/group-$title/summary.md"
   echo
@@ -128,7 +137,8 @@ section="$out/results-section.md"
   # ASGD reaches only ~50% in those conditions: the AdaComp runs among themselves at 84.5%.
   [ -d "$out/fh-adacomp" ] && group_section failures-adacomp 0.845 fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
-  [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp s100-asgd-clean s100-adacomp-clean
+  [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp
+  [ -d "$out/s100-asgd-clean" ] && group_section scale100-clean auto s100-asgd-clean s100-adacomp-clean
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -6,7 +6,8 @@
 # handshakes and retransmissions. Reads the server logs of an edgetrain-emulate run
 # directory (every incarnation's last "socket bytes in N datagrams" line) and prints one
 # line of figures; with SIM_BYTES_PER_UPDATE (from docs/results.md's simulator table) also
-# the socket bytes that simulator bytes plus the measured overhead predict.
+# the socket bytes that simulator bytes plus 63.9 B per push datagram and 49.8 B per pull
+# request (constants fitted on the paper runs of docs/results.md) predict.
 # usage: emulation/ingress-accounting.sh RUN_DIR [SIM_BYTES_PER_UPDATE MODEL_BYTES PULL_EVERY]
 set -euo pipefail
 run=$1 sim=${2:-} model=${3:-} pull_every=${4:-1}
@@ -14,14 +15,16 @@ run=$1 sim=${2:-} model=${3:-} pull_every=${4:-1}
 read -r payload socket datagrams < <(for log in "$run"/logs/server-*.log; do
     grep -E 'payload bytes, [0-9]+ socket bytes in [0-9]+ datagrams' "$log" | tail -n1
   done | sed -nE 's/.*ingress ([0-9]+) payload bytes, ([0-9]+) socket bytes in ([0-9]+) datagrams.*/\1 \2 \3/p' |
-  awk '{ p += $1; s += $2; d += $3 } END { print p, s, d }')
-updates=$(awk -F, 'NR > 1 { a += $9 } END { print a }' "$run/workers.csv")
+  awk '{ p += $1; s += $2; d += $3 } END { printf "%.0f %.0f %.0f\n", p, s, d }')
+updates=$(awk -F, 'NR > 1 { a += $9 } END { printf "%.0f\n", a }' "$run/workers.csv")
 awk -v p="$payload" -v s="$socket" -v d="$datagrams" -v u="$updates" -v sim="$sim" -v m="$model" -v k="$pull_every" 'BEGIN {
   h = (s - p) / d
   printf "updates %d, payload %.0f B (%.0f B/update), socket %.0f B, %d datagrams; overhead %.1f B/datagram, socket/payload %.3f\n", u, p, p / u, s, d, h, s / p
   if (sim != "") {
+    # 63.9 B per Block1 datagram and 49.8 B per Block2 request: fitted on the paper runs
+    # (docs/results.md), so a prediction for another run is a check of the model.
     blocks_push = int((sim + 1023) / 1024); blocks_pull = int((m + 1023) / 1024)
     predicted_d = u * (blocks_push + blocks_pull / k)
-    predicted = u * sim + predicted_d * h
+    predicted = u * sim + u * blocks_push * 63.9 + u * blocks_pull / k * 49.8
     printf "simulator: %.0f B/update (emulator payload differs by %+.1f%%); predicted datagrams %.0f (%+.1f%% vs measured); predicted socket bytes %.0f (%+.1f%% vs measured)\n", sim, 100 * (p / u / sim - 1), predicted_d, 100 * (predicted_d / d - 1), predicted, 100 * (predicted / s - 1)
   } }'

@@ -102,7 +102,11 @@ int main(int argc, char** argv) {
     std::filesystem::create_directories(out);
     std::vector<server::PlotSeries> by_ingress, by_time;
     for (const Run& run : runs) {
-      server::PlotSeries ingress{run.label, {}, {}}, time{run.label, {}, {}};
+      // The legend has room for ~20 characters: the label without its parenthesized
+      // setting ("(MLP, 10)"), or else the run directory's name (the table has the label).
+      std::string legend = run.label.substr(0, run.label.find(" ("));
+      if (legend.size() > 20) legend = std::filesystem::path(run.directory).filename().string();
+      server::PlotSeries ingress{legend, {}, {}}, time{legend, {}, {}};
       for (const Row& r : run.rows) {
         if (r.socket_bytes > 0) ingress.x.push_back(static_cast<double>(r.socket_bytes)), ingress.y.push_back(r.accuracy);
         time.x.push_back(r.seconds), time.y.push_back(r.accuracy);

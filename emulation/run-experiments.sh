@@ -51,7 +51,16 @@ group_section() {
   local target_flag=(--target "$target")
   [ "$target" = auto ] && target_flag=()
   "$report" "${dirs[@]}" --out "$out/group-$title" "${target_flag[@]}" >/dev/null
-  echo "### $title"
+  case "$title" in
+    paper) echo "### The paper's setting: paper CNN, 10 workers, a pull before every step, clean links" ;;
+    rates) echo "### Compression rates: MLP, 10 workers, clean links" ;;
+    failures) echo "### Heterogeneity and failures: MLP, 10 workers" ;;
+    failures-adacomp) echo "### Heterogeneity and failures, AdaComp runs among themselves: MLP, 10 workers" ;;
+    scale50) echo "### Scale: MLP, 50 workers, clean links" ;;
+    scale100) echo "### Scale: MLP, 100 workers, heterogeneous + failures" ;;
+    scale100-clean) echo "### Scale: MLP, 100 workers, homogeneous, no failures" ;;
+    *) echo "### $title" ;;
+  esac
   echo
   cat "$out/group-$title/summary.md"
   echo
@@ -61,8 +70,14 @@ group_section() {
   for r in "$@"; do cat "$out/$r.command"; done
   echo '```'
   echo
-  echo "Plots: \`$out/group-$title/accuracy-vs-ingress.svg\`, \`$out/group-$title/accuracy-vs-time.svg\`;"
-  echo "per-run details (workers.csv, links.csv, events.log, summary.md) in \`$out/<run>/\`."
+  if [ "$update_docs" = 1 ]; then
+    cp "$out/group-$title/accuracy-vs-ingress.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-ingress.svg"
+    cp "$out/group-$title/accuracy-vs-time.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-time.svg"
+    echo "![$title: accuracy against socket ingress](figures/emulation-$title-accuracy-vs-ingress.svg)"
+    echo "![$title: accuracy against time](figures/emulation-$title-accuracy-vs-time.svg)"
+    echo
+  fi
+  echo "Per-run details (workers.csv, links.csv, events.log, summary.md, logs) in \`$out/<run>/\`."
   echo
 }
 
@@ -80,10 +95,10 @@ for g in "${groups[@]}"; do
       run paper-adacomp "${paper_common[@]}" --compressor adacomp --rate 0.01 --label "AdaComp c=0.01 (paper CNN, 10 workers)"
       run paper-options "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 \
         --label "AdaComp c=0.004 + EF + fp16 (paper CNN, 10 workers)"
-      run paper-options-pull10 "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 --pull-every 10 \
-        --label "AdaComp c=0.004 + EF + fp16, pull every 10 (paper CNN, 10 workers)"
-      run paper-options-pull50 "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 --pull-every 50 \
-        --label "AdaComp c=0.004 + EF + fp16, pull every 50 (paper CNN, 10 workers)" ;;
+      # A pull every 10 steps with plain AdaComp (no error feedback: with EF the residual
+      # re-sends the same gradient at the same stale parameters and the run diverged).
+      run paper-adacomp-pull10 "${paper_common[@]}" --compressor adacomp --rate 0.01 --pull-every 10 \
+        --label "AdaComp c=0.01, pull every 10 (paper CNN, 10 workers)" ;;
     rates)
       run rates-asgd "${mlp_common[@]}" --workers 10 --compressor none --label "ASGD (MLP, 10)"
       for c in 0.1 0.01 0.001; do
@@ -104,7 +119,11 @@ for g in "${groups[@]}"; do
       run s100-asgd "${mlp_common[@]}" --workers 100 --max-staleness 400 --compressor none "${hetero[@]}" "${fail100[@]}" \
         --duration 300 --label "ASGD, heterogeneous + failures (MLP, 100)"
       run s100-adacomp "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 "${hetero[@]}" "${fail100[@]}" \
-        --duration 300 --label "AdaComp c=0.01, heterogeneous + failures (MLP, 100)" ;;
+        --duration 300 --label "AdaComp c=0.01, heterogeneous + failures (MLP, 100)"
+      run s100-asgd-clean "${mlp_common[@]}" --workers 100 --max-staleness 400 --compressor none --duration 300 \
+        --label "ASGD, homogeneous, no failures (MLP, 100)"
+      run s100-adacomp-clean "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 --duration 300 \
+        --label "AdaComp c=0.01, homogeneous, no failures (MLP, 100)" ;;
   esac
 done
 
@@ -112,11 +131,14 @@ done
 section="$out/results-section.md"
 {
   echo "<!-- emulation:begin (written by emulation/run-experiments.sh --update-docs) -->"
-  [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-options-pull10 paper-options-pull50
+  [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
+  # ASGD reaches only ~50% in those conditions: the AdaComp runs among themselves at 84.5%.
+  [ -d "$out/fh-adacomp" ] && group_section failures-adacomp 0.845 fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
   [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp
+  [ -d "$out/s100-asgd-clean" ] && group_section scale100-clean auto s100-asgd-clean s100-adacomp-clean
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -3,7 +3,8 @@
 # `ip netns add` as an unprivileged user's would. The launcher must say so, fall back to
 # loopback (every worker on its own impairer port on 127.0.0.1), create no namespace, and
 # the workers must still train through the impairer: test accuracy reaches FLOOR, and every
-# link relayed traffic.
+# link relayed traffic. Before that, bad options must fail with a clear message and an --out
+# directory holding anything but an earlier run must be left alone.
 # usage: emulate_loopback_fallback.sh BUILD_DIR [FLOOR]
 build_dir="$1"; floor="${2:-0.75}"
 emulate="$(dirname "$0")/../../emulation/edgetrain-emulate"
@@ -22,6 +23,21 @@ touch "$work/ip-called-otherwise"
 exec ${real_ip:-false} "\$@"
 EOS
 chmod +x "$work/bin/ip"
+
+# Bad input first: a clear error, exit 1, and nothing lost.
+mkdir -p "$work/precious" && echo keep >"$work/precious/file"
+if "$emulate" --build-dir "$build_dir" --out "$work/precious" --workers 2 >"$work/refused.log" 2>&1; then
+  fail "an --out directory holding other files was accepted"
+fi
+grep -q "refusing to empty --out" "$work/refused.log" && [ -f "$work/precious/file" ] ||
+  fail "no clear refusal, or the directory was emptied: $(cat "$work/refused.log")"
+for bad in "--workers 0" "--link delay=fast" "--fail kill-worker:9@5" "--no-such-option"; do
+  # shellcheck disable=SC2086
+  if "$emulate" --build-dir "$build_dir" --out "$work/bad" --workers 2 $bad >"$work/bad.log" 2>&1; then
+    fail "'$bad' was accepted"
+  fi
+  grep -q "^edgetrain-emulate: " "$work/bad.log" || fail "'$bad' gave no clear error: $(cat "$work/bad.log")"
+done
 
 status=0
 PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \

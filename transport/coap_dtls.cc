@@ -261,6 +261,18 @@ struct CoapDtlsServer::Impl {
   std::uint16_t bound_plaintext_port = 0;
   std::vector<int> endpoint_fds;  // found after the fact: libcoap 4.3.1 keeps them private
   detail::IngressCounters ingress;
+  // Per session, the answer to the last non-idempotent request a handler saw, by CoAP
+  // message id. libcoap 4.3.1 keeps no such cache: when the ACK of a request is lost, the
+  // client's retransmission (same message id) reaches the handler again; with this it
+  // gets the first answer back instead (RFC 7252, 4.5). The client has one request in
+  // flight (NSTART 1), so one answer per session is enough. Entries go with the session.
+  struct LastAnswer {
+    coap_mid_t mid;
+    CoapResponse reply;
+  };
+  std::map<const coap_session_t*, LastAnswer> last_answers;
+  static constexpr std::size_t kMaxRememberedAnswerBytes = 1024;
+  static constexpr int kRequestEntityIncomplete = 408;
   std::map<std::string, std::unique_ptr<Resource>> resources;
   // The key handed to libcoap by the identity callback; Mbed TLS copies it before the
   // callback's caller returns, so one buffer suffices.
@@ -287,6 +299,7 @@ struct CoapDtlsServer::Impl {
     auto* self = static_cast<Impl*>(coap_get_app_data(coap_session_get_context(session)));
     if (!self) return 0;
     if (event == COAP_EVENT_SERVER_SESSION_NEW) apply_timing(session, self->options.timing);
+    if (event == COAP_EVENT_SERVER_SESSION_DEL) self->last_answers.erase(session);
     return 0;
   }
 
@@ -307,8 +320,14 @@ struct CoapDtlsServer::Impl {
   static void handle(coap_resource_t* resource, coap_session_t* session, const coap_pdu_t* request,
                      const coap_string_t* query, coap_pdu_t* response) {
     auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
+    Impl& server = *entry->server;
     CoapResponse reply;
-    try {
+    const coap_mid_t mid = coap_pdu_get_mid(request);
+    const bool idempotent = coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET;
+    const auto last = server.last_answers.find(session);
+    if (!idempotent && last != server.last_answers.end() && last->second.mid == mid) {
+      reply = last->second.reply;  // a retransmission of a request the handler already answered
+    } else try {
       CoapRequest req;
       req.method = from_request_code(coap_pdu_get_code(request));
       req.peer_address = address_string(coap_session_get_addr_remote(session));
@@ -328,7 +347,13 @@ struct CoapDtlsServer::Impl {
         req.payload = std::span<const std::uint8_t>(data, length);
       }
       auto it = entry->handlers.find(req.method);
-      if (req.authentication == PeerAuthentication::kCertificate && !is_plain_name(req.identity)) {
+      if (data && (offset != 0 || length != total)) {
+        // Only part of a block-wise body (seen: libcoap 4.3.1 hands a retransmitted last
+        // Block1 block, whose ACK was lost, to the handler again on its own).
+        reply.code = kRequestEntityIncomplete;
+        const std::string why = "incomplete block-wise body";
+        reply.payload.assign(why.begin(), why.end());
+      } else if (req.authentication == PeerAuthentication::kCertificate && !is_plain_name(req.identity)) {
         // Identities end up in logs, the WAL and /status: only plain names, as in keystores.
         reply.code = CoapCode::kForbidden;
         const std::string why = "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])";
@@ -343,6 +368,12 @@ struct CoapDtlsServer::Impl {
       reply.payload.assign(e.what(), e.what() + std::strlen(e.what()));
     } catch (...) {
       reply.code = CoapCode::kInternalServerError;
+    }
+    if (!idempotent && reply.payload.size() <= kMaxRememberedAnswerBytes) {
+      try {
+        server.last_answers[session] = {mid, reply};
+      } catch (...) {
+      }
     }
     coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
     if (reply.etag) {

@@ -22,6 +22,8 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <random>
+#include <thread>
 
 #include "transport/socket_ingress.h"
 
@@ -501,6 +503,8 @@ struct CoapDtlsClient::Impl {
   coap_session_t* session = nullptr;
   coap_address_t server_address{};
   std::uint64_t sessions_started = 0;
+  std::uint64_t reconnections = 0;  // fresh sessions started inside a request, after a reused one failed
+  bool session_answered = false;    // the current session carried a complete exchange
 
   // State of the one request in flight.
   std::vector<std::uint8_t> token;
@@ -564,6 +568,7 @@ struct CoapDtlsClient::Impl {
       coap_session_disconnected(session, COAP_NACK_NOT_DELIVERABLE);
       coap_session_release(session);
       session = nullptr;
+      session_answered = false;
     }
   }
 
@@ -617,43 +622,71 @@ CoapDtlsClient::~CoapDtlsClient() {
 
 CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std::span<const std::uint8_t> payload) {
   Impl& s = *impl_;
-  if (!s.session) s.connect();
-  coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
-  if (!pdu) throw TransportError("cannot allocate a CoAP request");
-  uint8_t token[8];
-  size_t token_length = 0;
-  coap_session_new_token(s.session, &token_length, token);
-  coap_add_token(pdu, token_length, token);
-  s.token.assign(token, token + token_length);
-  for (const std::string& segment : split_path(path)) {
-    coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
-  }
-  if (s.options.plaintext && !s.options.psk.identity.empty()) {
-    const std::string declared = "id=" + s.options.psk.identity;
-    coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
-  }
-  if (!payload.empty()) {
-    auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
-    if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
-      coap_delete_pdu(pdu);
-      throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
-    }
-  }
-  s.done = false;
-  s.failure.clear();
-  s.response = {};
-  if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
-    s.drop_session();
-    throw TransportError("coap_send failed");
-  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
-  while (!s.done && s.failure.empty()) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
-      break;
+  auto send = [&] {
+    if (!s.session) s.connect();
+    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
+    if (!pdu) throw TransportError("cannot allocate a CoAP request");
+    uint8_t token[8];
+    size_t token_length = 0;
+    coap_session_new_token(s.session, &token_length, token);
+    coap_add_token(pdu, token_length, token);
+    s.token.assign(token, token + token_length);
+    for (const std::string& segment : split_path(path)) {
+      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
     }
-    coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
+    if (s.options.plaintext && !s.options.psk.identity.empty()) {
+      const std::string declared = "id=" + s.options.psk.identity;
+      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
+    }
+    if (!payload.empty()) {
+      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
+      if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
+        coap_delete_pdu(pdu);
+        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
+      }
+    }
+    s.done = false;
+    s.failure.clear();
+    s.response = {};
+    if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
+      s.drop_session();
+      throw TransportError("coap_send failed");
+    }
+  };
+  auto wait = [&] {
+    while (!s.done && s.failure.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
+        return false;  // no time left for anything else
+      }
+      coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
+    }
+    return true;
+  };
+
+  // A session that already carried an exchange and now fails before the deadline (the
+  // server closed it, or lost it and libcoap gave up retransmitting) is most likely gone
+  // on the server's side, e.g. after a restart: start one fresh session after a short,
+  // jittered pause and send the request again (requests are idempotent here: updates carry
+  // a sequence number the server deduplicates). A new session failing is the caller's
+  // problem (it backs off longer).
+  const bool reused_session = s.session && s.session_answered;
+  send();
+  const bool time_left = wait();
+  if (!s.done && reused_session && time_left) {
+    const std::string first_failure = s.failure;
+    s.drop_session();
+    std::minstd_rand jitter(static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    const auto pause = std::chrono::milliseconds(100 + jitter() % 200);
+    if (std::chrono::steady_clock::now() + pause < deadline) {
+      std::this_thread::sleep_for(pause);
+      ++s.reconnections;
+      send();
+      wait();
+      if (!s.done) s.failure = first_failure + "; then, on a new session: " + s.failure;
+    }
   }
   if (!s.done) {
     std::string why = s.failure;
@@ -661,9 +694,12 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     throw TransportError("request to " + s.options.host + ":" + std::to_string(s.options.port) + "/" + path +
                          " failed: " + why);
   }
+  s.session_answered = true;
   return std::move(s.response);
 }
 
 std::uint64_t CoapDtlsClient::sessions_started() const { return impl_->sessions_started; }
+
+std::uint64_t CoapDtlsClient::reconnections() const { return impl_->reconnections; }
 
 }  // namespace edgetrain::transport

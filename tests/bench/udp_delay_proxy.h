@@ -33,7 +33,7 @@ class UdpDelayProxy {
   std::uint64_t datagrams_to_client() const { return to_client_; }
   std::uint64_t datagrams_dropped() const { return dropped_; }
   // Changes the loss rate from now on (e.g. a lossless handshake, then a lossy transfer).
-  void set_loss_rate(double loss_rate) { loss_rate_ = loss_rate; }
+  void set_loss_rate(double loss_rate) { loss_rate_ = loss_rate; }  // 1: drop everything
 
  private:
   void relay();

@@ -159,10 +159,15 @@ class CoapDtlsServer {
 class CoapDtlsClient {
  public:
   struct Options {
-    std::string host = "127.0.0.1";
-    std::uint16_t port = 5684;
+    // The four settings every client names, so that {host, port, psk, timeout} keeps
+    // working (and -Wextra quiet) now that the rest have defaults.
+    Options(std::string host = "127.0.0.1", std::uint16_t port = 5684, PskCredentials psk = {},
+            int timeout_ms = 10000)
+        : host(std::move(host)), port(port), psk(std::move(psk)), timeout_ms(timeout_ms) {}
+    std::string host;
+    std::uint16_t port;
     PskCredentials psk;
-    int timeout_ms = 10000;  // for one whole request, handshake and blocks included
+    int timeout_ms;  // for one whole request, handshake and blocks included
     // DTLS with this certificate instead of PSK; the server's certificate must be signed
     // by `ca_file`. (The server's name is not checked against its certificate.)
     std::optional<CertificateFiles> certificates;

@@ -231,7 +231,9 @@ int run_server(const Settings& s) {
       std::string(keystore ? "PSK" : "") + (keystore && certificates ? " and " : "") + (certificates ? "X.509" : "");
   resource_options.facts["security"] =
       "DTLS (" + dtls_modes + ")" +
-      (s.insecure ? " and INSECURE plain CoAP on port " + std::to_string(s.insecure_port) : std::string());
+      (!s.insecure         ? std::string()
+       : s.insecure_port  ? " and INSECURE plain CoAP on port " + std::to_string(s.insecure_port)
+                          : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
   server::ServerResources resources(state, resource_options);
 
   transport::CoapDtlsServer::Options server_options;

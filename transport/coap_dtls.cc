@@ -23,6 +23,8 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <random>
+#include <thread>
 
 #include "transport/socket_ingress.h"
 
@@ -313,6 +315,18 @@ struct CoapDtlsServer::Impl {
   std::uint16_t bound_plaintext_port = 0;
   std::vector<int> endpoint_fds;  // found after the fact: libcoap 4.3.1 keeps them private
   detail::IngressCounters ingress;
+  // Per session, the answer to the last non-idempotent request a handler saw, by CoAP
+  // message id. libcoap 4.3.1 keeps no such cache: when the ACK of a request is lost, the
+  // client's retransmission (same message id) reaches the handler again; with this it
+  // gets the first answer back instead (RFC 7252, 4.5). The client has one request in
+  // flight (NSTART 1), so one answer per session is enough. Entries go with the session.
+  struct LastAnswer {
+    coap_mid_t mid;
+    CoapResponse reply;
+  };
+  std::map<const coap_session_t*, LastAnswer> last_answers;
+  static constexpr std::size_t kMaxRememberedAnswerBytes = 1024;
+  static constexpr int kRequestEntityIncomplete = 408;
   std::map<std::string, std::unique_ptr<Resource>> resources;
   // The key handed to libcoap by the identity callback; Mbed TLS copies it before the
   // callback's caller returns, so one buffer suffices.
@@ -341,6 +355,7 @@ struct CoapDtlsServer::Impl {
     auto* self = static_cast<Impl*>(coap_get_app_data(coap_session_get_context(session)));
     if (!self) return 0;
     if (event == COAP_EVENT_SERVER_SESSION_NEW) apply_timing(session, self->options.timing);
+    if (event == COAP_EVENT_SERVER_SESSION_DEL) self->last_answers.erase(session);
     return 0;
   }
 
@@ -361,9 +376,15 @@ struct CoapDtlsServer::Impl {
   static void handle(coap_resource_t* resource, coap_session_t* session, const coap_pdu_t* request,
                      const coap_string_t* query, coap_pdu_t* response) {
     auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
+    Impl& server = *entry->server;
     CoapResponse reply;
     bool deferred = false;
-    try {
+    const coap_mid_t mid = coap_pdu_get_mid(request);
+    const bool idempotent = coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET;
+    const auto last = server.last_answers.find(session);
+    if (!idempotent && last != server.last_answers.end() && last->second.mid == mid) {
+      reply = last->second.reply;  // a retransmission of a request the handler already answered
+    } else try {
       CoapRequest req;
       req.method = from_request_code(coap_pdu_get_code(request));
       if (coap_pdu_get_type(request) == COAP_MESSAGE_CON) {
@@ -401,7 +422,13 @@ struct CoapDtlsServer::Impl {
       }
       if (query && query->s) req.query.assign(reinterpret_cast<const char*>(query->s), query->length);
       auto it = entry->handlers.find(req.method);
-      if (req.authentication == PeerAuthentication::kCertificate && !is_plain_name(req.identity)) {
+      if (data && (offset != 0 || length != total)) {
+        // Only part of a block-wise body (seen: libcoap 4.3.1 hands a retransmitted last
+        // Block1 block, whose ACK was lost, to the handler again on its own).
+        reply.code = kRequestEntityIncomplete;
+        const std::string why = "incomplete block-wise body";
+        reply.payload.assign(why.begin(), why.end());
+      } else if (req.authentication == PeerAuthentication::kCertificate && !is_plain_name(req.identity)) {
         // Identities end up in logs, the WAL and /status: only plain names, as in keystores.
         reply.code = CoapCode::kForbidden;
         const std::string why = "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])";
@@ -421,6 +448,12 @@ struct CoapDtlsServer::Impl {
     }
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
     if (deferred) return;
+    if (!idempotent && reply.payload.size() <= kMaxRememberedAnswerBytes) {
+      try {
+        server.last_answers[session] = {mid, reply};
+      } catch (...) {
+      }
+    }
     coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
     if (reply.etag) {
       // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap
@@ -552,6 +585,8 @@ struct CoapDtlsClient::Impl {
   coap_session_t* session = nullptr;
   coap_address_t server_address{};
   std::uint64_t sessions_started = 0;
+  std::uint64_t reconnections = 0;  // fresh sessions started inside a request, after a reused one failed
+  bool session_answered = false;    // the current session carried a complete exchange
 
   // State of the one request in flight.
   std::vector<std::uint8_t> token;
@@ -615,6 +650,7 @@ struct CoapDtlsClient::Impl {
       coap_session_disconnected(session, COAP_NACK_NOT_DELIVERABLE);
       coap_session_release(session);
       session = nullptr;
+      session_answered = false;
     }
   }
 
@@ -668,60 +704,88 @@ CoapDtlsClient::~CoapDtlsClient() {
 
 CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std::span<const std::uint8_t> payload) {
   Impl& s = *impl_;
-  if (!s.session) s.connect();
-  coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
-  if (!pdu) throw TransportError("cannot allocate a CoAP request");
-  uint8_t token[8];
-  size_t token_length = 0;
-  coap_session_new_token(s.session, &token_length, token);
-  coap_add_token(pdu, token_length, token);
-  s.token.assign(token, token + token_length);
-  const std::size_t question_mark = path.find('?');
-  for (const std::string& segment : split_path(path.substr(0, question_mark))) {
-    coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
-  }
-  if (question_mark != std::string::npos) {
-    std::string query = path.substr(question_mark + 1);
-    for (std::size_t start = 0; start <= query.size();) {
-      std::size_t end = query.find('&', start);
-      if (end == std::string::npos) end = query.size();
-      if (end > start)
-        coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start, reinterpret_cast<const uint8_t*>(query.data() + start));
-      start = end + 1;
-    }
-  }
-  if (s.options.plaintext && !s.options.psk.identity.empty()) {
-    const std::string declared = "id=" + s.options.psk.identity;
-    coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
-  }
-  if (!payload.empty()) {
-    auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
-    if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
-      coap_delete_pdu(pdu);
-      throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
-    }
-  }
-  s.done = false;
-  s.failure.clear();
-  s.response = {};
-  if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
-    s.drop_session();
-    throw TransportError("coap_send failed");
-  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
+  auto send = [&] {
+    if (!s.session) s.connect();
+    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
+    if (!pdu) throw TransportError("cannot allocate a CoAP request");
+    uint8_t token[8];
+    size_t token_length = 0;
+    coap_session_new_token(s.session, &token_length, token);
+    coap_add_token(pdu, token_length, token);
+    s.token.assign(token, token + token_length);
+    const std::size_t question_mark = path.find('?');
+    for (const std::string& segment : split_path(path.substr(0, question_mark))) {
+      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
+    }
+    if (question_mark != std::string::npos) {
+      const std::string query = path.substr(question_mark + 1);
+      for (std::size_t start = 0; start <= query.size();) {
+        std::size_t end = query.find('&', start);
+        if (end == std::string::npos) end = query.size();
+        if (end > start)
+          coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start, reinterpret_cast<const uint8_t*>(query.data() + start));
+        start = end + 1;
+      }
+    }
+    if (s.options.plaintext && !s.options.psk.identity.empty()) {
+      const std::string declared = "id=" + s.options.psk.identity;
+      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
+    }
+    if (!payload.empty()) {
+      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
+      if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
+        coap_delete_pdu(pdu);
+        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
+      }
+    }
+    s.done = false;
+    s.failure.clear();
+    s.response = {};
+    if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
+      s.drop_session();
+      throw TransportError("coap_send failed");
+    }
+  };
+  auto wait = [&] {
+    while (!s.done && s.failure.empty()) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
+        return false;  // no time left for anything else
+      }
+      coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
+    }
+    return true;
+  };
+
+  // A session that already carried an exchange and now fails before the deadline (the
+  // server closed it, or lost it and libcoap gave up retransmitting) is most likely gone
+  // on the server's side, e.g. after a restart: start one fresh session after a short,
+  // jittered pause and send the request again (requests are idempotent here: updates carry
+  // a sequence number the server deduplicates). A new session failing is the caller's
+  // problem (it backs off longer).
   // A server may acknowledge a request with an empty ACK and answer later (the update
   // server does once the update is durable); after that ACK nothing is retransmitted, so a
   // server that died meanwhile would go unnoticed until the deadline. Pinging a session
   // that has been silent for a second during a request finds that out (ICMP unreachable, or
   // no pong before the next ping); between requests nothing is pinged.
   coap_context_set_keepalive(s.context, 1);
-  while (!s.done && s.failure.empty()) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
-      s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
-      break;
+  const bool reused_session = s.session && s.session_answered;
+  send();
+  const bool time_left = wait();
+  if (!s.done && reused_session && time_left) {
+    const std::string first_failure = s.failure;
+    s.drop_session();
+    std::minstd_rand jitter(static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    const auto pause = std::chrono::milliseconds(100 + jitter() % 200);
+    if (std::chrono::steady_clock::now() + pause < deadline) {
+      std::this_thread::sleep_for(pause);
+      ++s.reconnections;
+      send();
+      wait();
+      if (!s.done) s.failure = first_failure + "; then, on a new session: " + s.failure;
     }
-    coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
   }
   coap_context_set_keepalive(s.context, 0);
   if (!s.done) {
@@ -730,9 +794,12 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     throw TransportError("request to " + s.options.host + ":" + std::to_string(s.options.port) + "/" + path +
                          " failed: " + why);
   }
+  s.session_answered = true;
   return std::move(s.response);
 }
 
 std::uint64_t CoapDtlsClient::sessions_started() const { return impl_->sessions_started; }
+
+std::uint64_t CoapDtlsClient::reconnections() const { return impl_->reconnections; }
 
 }  // namespace edgetrain::transport

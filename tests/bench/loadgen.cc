@@ -13,6 +13,11 @@
 //             then of sparse pulls (GET /model?since=V) after N updates by others
 //             (--delta-after, default 3 and 10: a worker's typical delta with N workers
 //             pulling before every step), with bytes and datagrams each way
+//             time of one update post and of one model pull (lock-step Block2)
+//   wan       through the relay with D ms one way and a loss rate, with given CoAP timing
+//             parameters: per trial, a fresh session's first small request (handshake
+//             included), a small request on the open session, and one update post;
+//             prints each trial and the median / mean / 90th percentile / max
 //
 // The updates are the paper's top-k of a Gaussian random gradient (the index pattern of a
 // real gradient differs, the sizes hardly: k per tensor is fixed by c). The gradient is
@@ -25,6 +30,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -424,6 +430,98 @@ int run_transfer(const TransferSettings& s) {
   return 0;
 }
 
+
+// ---- WAN: delay, loss and CoAP timing ---------------------------------------------------
+struct WanSettings {
+  std::uint16_t port = 0;
+  std::string keystore;
+  int delay_ms = 50;
+  double loss = 0.05;
+  int trials = 20;
+  std::uint64_t seed = 1;
+  std::string model = "paper-cnn";
+  transport::CoapTiming timing = transport::CoapTiming::wan();
+  std::string label = "wan";
+};
+
+struct Spread {
+  double median = 0, mean = 0, p90 = 0, max = 0;
+};
+Spread spread_of(std::vector<double> values) {
+  Spread s;
+  if (values.empty()) return s;
+  std::sort(values.begin(), values.end());
+  s.median = values[values.size() / 2];
+  s.p90 = values[std::min(values.size() - 1, static_cast<std::size_t>(std::ceil(0.9 * values.size())) - 1)];
+  s.max = values.back();
+  for (double v : values) s.mean += v / static_cast<double>(values.size());
+  return s;
+}
+
+int run_wan(const WanSettings& s) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  UpdateFactory factory(s.model, 0.01, 1);
+  edgetrain::bench::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms), s.loss, s.seed);
+  const auto psk = credentials(keystore, kProbeDevice);
+  std::printf("\n== WAN: %d ms each way, %.1f%% loss each way; CoAP ACK_TIMEOUT %.2f s, ACK_RANDOM_FACTOR %.2f, "
+              "MAX_RETRANSMIT %d, NSTART %d (%s) ==\n",
+              s.delay_ms, 100 * s.loss, s.timing.ack_timeout_seconds, s.timing.ack_random_factor, s.timing.max_retransmit,
+              s.timing.nstart, s.label.c_str());
+  std::vector<double> first_request, small_request, update;
+  int failures = 0;
+  std::uint64_t sequence = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  std::size_t body_bytes = 0;
+  for (int trial = 0; trial < s.trials; ++trial) {
+    transport::CoapDtlsClient::Options options{"127.0.0.1", proxy.port(), psk, 120000};
+    options.timing = s.timing;
+    transport::CoapDtlsClient client(options);
+    try {
+      // A resource that does not exist: 4.04 fits one datagram, so the request is one
+      // round trip and the rest of the first one is the handshake.
+      auto started = Clock::now();
+      client.request(transport::Method::kGet, "probe");
+      const double first = seconds_since(started);
+      started = Clock::now();
+      client.request(transport::Method::kGet, "probe");
+      const double small = seconds_since(started);
+      const std::uint64_t version = server_status(client)["version"].get<std::uint64_t>();
+      const auto body = factory.encode(0, ++sequence, version);
+      body_bytes = body.size();
+      started = Clock::now();
+      const auto posted = client.request(transport::Method::kPost, "update", body);
+      const double post = seconds_since(started);
+      if (posted.code != transport::CoapCode::kChanged)
+        throw std::runtime_error("POST /update answered " + transport::coap_code_string(posted.code));
+      first_request.push_back(first);
+      small_request.push_back(small);
+      update.push_back(post);
+      std::printf("trial %2d  handshake + small request %6.3f s  small request %6.3f s  update %6.3f s\n", trial, first,
+                  small, post);
+    } catch (const std::exception& e) {
+      ++failures;
+      std::printf("trial %2d  FAILED: %s\n", trial, e.what());
+    }
+    std::fflush(stdout);
+  }
+  const Spread a = spread_of(first_request), b = spread_of(small_request), c = spread_of(update);
+  std::printf("%-34s %8s %8s %8s %8s\n", "seconds over the trials", "median", "mean", "p90", "max");
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "handshake + small request", a.median, a.mean, a.p90, a.max);
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "small request (open session)", b.median, b.mean, b.p90, b.max);
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", ("update (" + std::to_string(body_bytes) + " B)").c_str(), c.median,
+              c.mean, c.p90, c.max);
+  std::printf("datagrams dropped by the relay: %llu of %llu; failed trials: %d\n",
+              static_cast<unsigned long long>(proxy.datagrams_dropped()),
+              static_cast<unsigned long long>(proxy.datagrams_dropped() + proxy.datagrams_to_server() +
+                                              proxy.datagrams_to_client()),
+              failures);
+  std::printf("summary wan label=%s delay_ms=%d loss=%.3f trials=%zu handshake_median_s=%.3f handshake_mean_s=%.3f "
+              "update_median_s=%.3f update_mean_s=%.3f update_p90_s=%.3f failed=%d\n",
+              s.label.c_str(), s.delay_ms, s.loss, update.size(), a.median - b.median, a.mean - b.mean, c.median, c.mean,
+              c.p90, failures);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -461,9 +559,28 @@ int main(int argc, char** argv) {
                        "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
                        "updates by others")
       ->capture_default_str();
+  WanSettings wan_settings;
+  std::string wan_preset = "wan";
+  auto* wan = app.add_subcommand("wan", "handshake, small request and update times through a delaying, lossy relay");
+  wan->add_option("--port", wan_settings.port, "server UDP port on 127.0.0.1")->required();
+  wan->add_option("--keystore", wan_settings.keystore, "the keystore the server uses")->required();
+  wan->add_option("--delay-ms", wan_settings.delay_ms, "added one-way delay")->capture_default_str();
+  wan->add_option("--loss", wan_settings.loss, "probability that the relay drops a datagram (each way)")
+      ->capture_default_str();
+  wan->add_option("--trials", wan_settings.trials, "fresh sessions to time")->capture_default_str();
+  wan->add_option("--seed", wan_settings.seed, "seed of the relay's losses")->capture_default_str();
+  wan->add_option("--model", wan_settings.model, "model the server runs")->capture_default_str();
+  wan->add_option("--timing", wan_preset, "CoAP timing: wan (edgetrain's default) or rfc7252")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"wan", "rfc7252"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (wan->parsed()) {
+      wan_settings.timing = wan_preset == "rfc7252" ? transport::CoapTiming::rfc7252() : transport::CoapTiming::wan();
+      wan_settings.label = wan_preset;
+      return run_wan(wan_settings);
+    }
     if (keystore->parsed()) return write_keystore(keystore_path, keystore_devices);
     if (load->parsed()) return run_load(load_settings);
     if (transfer->parsed()) return run_transfer(transfer_settings);

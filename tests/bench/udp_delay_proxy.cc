@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,8 +31,10 @@ sockaddr_in loopback(std::uint16_t port) {
 
 }  // namespace
 
-UdpDelayProxy::UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay)
-    : delay_(one_way_delay) {
+UdpDelayProxy::UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay, double loss_rate,
+                             std::uint64_t seed)
+    : delay_(one_way_delay), loss_rate_(loss_rate), seed_(seed) {
+  if (!(loss_rate >= 0 && loss_rate < 1)) throw std::invalid_argument("udp delay proxy: loss rate must be in [0, 1)");
   client_side_ = ::socket(AF_INET, SOCK_DGRAM, 0);
   server_side_ = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (client_side_ < 0 || server_side_ < 0) fail("socket");
@@ -64,6 +67,16 @@ void UdpDelayProxy::relay() {
   sockaddr_in client{};
   bool have_client = false;
   std::vector<std::uint8_t> buffer(65536);
+  std::mt19937_64 random(seed_);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  auto hold = [&](bool to_server, ssize_t n) {
+    const double loss_rate = loss_rate_;
+    if (loss_rate > 0 && uniform(random) < loss_rate) {
+      ++dropped_;
+      return;
+    }
+    held.push_back({Clock::now() + delay_, to_server, {buffer.begin(), buffer.begin() + n}});
+  };
   while (!stop_) {
     const auto now = Clock::now();
     while (!held.empty() && held.front().due <= now) {
@@ -95,12 +108,12 @@ void UdpDelayProxy::relay() {
       if (n >= 0) {
         client = from;
         have_client = true;
-        held.push_back({Clock::now() + delay_, true, {buffer.begin(), buffer.begin() + n}});
+        hold(true, n);
       }
     }
     if (fds[1].revents & POLLIN) {
       const ssize_t n = ::recvfrom(server_side_, buffer.data(), buffer.size(), 0, nullptr, nullptr);
-      if (n >= 0) held.push_back({Clock::now() + delay_, false, {buffer.begin(), buffer.begin() + n}});
+      if (n >= 0) hold(false, n);
     }
   }
 }

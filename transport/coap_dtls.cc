@@ -384,6 +384,7 @@ struct CoapDtlsServer::Impl {
     const auto last = server.last_answers.find(session);
     if (!idempotent && last != server.last_answers.end() && last->second.mid == mid) {
       reply = last->second.reply;  // a retransmission of a request the handler already answered
+      deferred = reply.code == 0;  // or will answer later: acknowledge it empty again
     } else try {
       CoapRequest req;
       req.method = from_request_code(coap_pdu_get_code(request));
@@ -446,14 +447,15 @@ struct CoapDtlsServer::Impl {
       deferred = false;
       reply.code = CoapCode::kInternalServerError;
     }
-    // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
-    if (deferred) return;
+    if (deferred) reply = {};  // remembered as "answered later" (code 0)
     if (!idempotent && reply.payload.size() <= kMaxRememberedAnswerBytes) {
       try {
         server.last_answers[session] = {mid, reply};
       } catch (...) {
       }
     }
+    // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
+    if (deferred) return;
     coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(reply.code)));
     if (reply.etag) {
       // Single-block bodies: libcoap adds no ETag itself. Block-wise bodies: libcoap

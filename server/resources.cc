@@ -173,6 +173,11 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
   return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
 }
 
+void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms) {
+  server.run_once(updates_awaiting_sync() > 0 ? 1 : idle_timeout_ms);
+  answer_durable_updates(false);
+}
+
 std::size_t ServerResources::answer_durable_updates(bool wait) {
   std::size_t answered = 0;
   do {

@@ -81,6 +81,10 @@ class ServerResources {
   std::size_t answer_durable_updates(bool wait);
   // Updates staged and not yet answered; the loop polls more often while there are some.
   std::size_t updates_awaiting_sync() const { return state_.staged_updates(); }
+  // One pass of the event loop every user of attach() runs: network events for at most
+  // `idle_timeout_ms` (1 ms while updates wait for their sync), then the finished answers.
+  // Before stopping, call answer_durable_updates(true).
+  void serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms);
 
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);

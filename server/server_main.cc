@@ -325,8 +325,7 @@ int run_server(const Settings& s) {
   // Updates are group-committed: while some wait for their WAL sync (on the sync thread),
   // the loop looks for finished syncs every millisecond and sends their answers.
   while (!g_stop_requested) {
-    server.run_once(resources.updates_awaiting_sync() > 0 ? 1 : 200);
-    resources.answer_durable_updates(false);
+    resources.serve_once(server, 200);
   }
   resources.answer_durable_updates(true);  // staged updates are answered before the checkpoint
 

@@ -267,8 +267,7 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
   std::atomic<bool> stop = false;
   std::thread loop([&] {
     while (!stop) {
-      server.run_once(resources.updates_awaiting_sync() > 0 ? 1 : 10);
-      resources.answer_durable_updates(false);
+      resources.serve_once(server, 10);
     }
     resources.answer_durable_updates(true);
   });

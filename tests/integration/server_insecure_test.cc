@@ -46,8 +46,7 @@ class InsecureServer : public ::testing::Test {
     // The same loop as edgetrain-server's: group-committed updates are answered after each pass.
     thread_ = std::thread([this] {
       while (!stop_) {
-        server_->run_once(resources_->updates_awaiting_sync() > 0 ? 1 : 10);
-        resources_->answer_durable_updates(false);
+        resources_->serve_once(*server_, 10);
       }
       resources_->answer_durable_updates(true);
     });

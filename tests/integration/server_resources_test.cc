@@ -59,8 +59,7 @@ class ServerOverDtls : public ::testing::Test {
     resources_->attach(*server_);
     thread_ = std::thread([this] {
       while (!stop_) {
-        server_->run_once(resources_->updates_awaiting_sync() > 0 ? 1 : 10);
-        resources_->answer_durable_updates(false);
+        resources_->serve_once(*server_, 10);
       }
       resources_->answer_durable_updates(true);
     });

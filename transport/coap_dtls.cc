@@ -767,12 +767,18 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
   // jittered pause and send the request again (requests are idempotent here: updates carry
   // a sequence number the server deduplicates). A new session failing is the caller's
   // problem (it backs off longer).
+  //
   // A server may acknowledge a request with an empty ACK and answer later (the update
   // server does once the update is durable); after that ACK nothing is retransmitted, so a
   // server that died meanwhile would go unnoticed until the deadline. Pinging a session
-  // that has been silent for a second during a request finds that out (ICMP unreachable, or
-  // no pong before the next ping); between requests nothing is pinged.
-  coap_context_set_keepalive(s.context, 1);
+  // that has been silent (no datagram either way) for kKeepaliveSeconds during a request
+  // finds that out (ICMP unreachable, or no pong before the next ping); between requests
+  // nothing is pinged. libcoap drops a session whose ping got no pong by the next silent
+  // interval, so the interval must exceed the usual retransmission gaps: at 1 s it cut
+  // healthy block-wise transfers on a lossy link (a lost ping or pong during a 1-3 s
+  // retransmission wait).
+  constexpr unsigned kKeepaliveSeconds = 5;
+  coap_context_set_keepalive(s.context, kKeepaliveSeconds);
   const bool reused_session = s.session && s.session_answered;
   send();
   const bool time_left = wait();

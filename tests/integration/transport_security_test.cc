@@ -353,7 +353,9 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
               static_cast<unsigned long long>(relay.datagrams_to_client() - to_client),
               static_cast<unsigned long long>(server->bytes_received()));
   EXPECT_EQ(client.reconnections(), 1u);
-  EXPECT_GE(seconds, 3.0);  // libcoap's 1 + 2 ACK timeouts (1 s each, ×1..1.5) came first
+  // How long it took is printed, not asserted: usually libcoap's 1 + 2 ACK timeouts (~3 s)
+  // pass first, but when the new server answers the stale session's records the loss shows
+  // at once (seen: 0.16 s under ASan), which is the better outcome.
   std::printf("silent session loss: the request got through after %.2f s\n", seconds);
 }
 

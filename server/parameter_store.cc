@@ -33,9 +33,8 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
-    window_count_.assign(total, 0);
-    marked_.assign(total, 0);
-    hits_.assign(total, 0);
+    last_touch_version_.assign(total, 0);
+    last_touch_position_.assign(total, 0);
   }
 }
 
@@ -62,52 +61,51 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
   return ring_[static_cast<std::size_t>((version_ - 1 - age) % d)];
 }
 
-// Leaves in hits_[i] (for every i in touched_) σ_i, the number of the last `delay` updates
-// that touched i.
+// Leaves in sigma_[j] σ of touched_[j]: how many of the updates that produced versions
+// t − delay + 1 … t touched it. Sparse ones are found by walking the parameter's chain of
+// touches from the newest back until it leaves that window; dense ones touch everything.
 void ParameterStore::compute_sigma(std::uint64_t delay) {
-  for (std::uint32_t i : touched_) marked_[i] = 1;
-  // Which side of the window is cheaper to scan: the `delay` newest sets or the older rest.
-  std::size_t newest_entries = 0, older_entries = 0;
-  for (std::size_t age = 0; age < ring_length_; ++age) {
-    const TouchedSet& set = set_at_age(age);
-    (age < delay ? newest_entries : older_entries) += set.dense ? 0 : set.indices.size();
-  }
-  const bool scan_newest = newest_entries <= older_entries;
-  const std::size_t first = scan_newest ? 0 : static_cast<std::size_t>(delay);
-  const std::size_t last = scan_newest ? static_cast<std::size_t>(delay) : ring_length_;
-  std::uint32_t dense_scanned = 0;
-  for (std::size_t age = first; age < last; ++age) {
-    const TouchedSet& set = set_at_age(age);
-    if (set.dense) {
-      ++dense_scanned;
-      continue;
+  const std::uint64_t window_start = version_ - delay;  // versions above this one count
+  const std::size_t d = ring_.size();
+  std::uint32_t dense_in_window = 0;
+  for (std::size_t age = 0; age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
+    dense_in_window += set_at_age(age).dense ? 1 : 0;
+  sigma_.resize(touched_.size());
+  for (std::size_t j = 0; j < touched_.size(); ++j) {
+    std::uint32_t sigma = dense_in_window;
+    std::uint64_t version = last_touch_version_[touched_[j]];
+    std::uint32_t position = last_touch_position_[touched_[j]];
+    // A version inside the window is at most D old, so its slot still holds its set.
+    while (version > window_start) {
+      ++sigma;
+      const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
+      version = set.previous_version[position];
+      position = set.previous_position[position];
     }
-    for (std::uint32_t i : set.indices) hits_[i] += marked_[i];
-  }
-  for (std::uint32_t i : touched_) {
-    marked_[i] = 0;
-    hits_[i] = scan_newest ? hits_[i] + dense_scanned : window_count_[i] + dense_in_window_ - hits_[i] - dense_scanned;
+    sigma_[j] = sigma;
   }
 }
 
-// Pushes touched_ as the newest set, evicting the oldest when the ring is full.
+// Pushes touched_ as the set of version t + 1, overwriting the one of version t + 1 − D,
+// and chains each entry to the previous touch of its parameter.
 void ParameterStore::remember_touched() {
   if (ring_.empty()) return;
-  TouchedSet& slot = ring_[static_cast<std::size_t>(version_ % ring_.size())];  // the set of version t+1
-  if (ring_length_ == ring_.size()) {
-    if (slot.dense) --dense_in_window_;
-    else
-      for (std::uint32_t i : slot.indices) --window_count_[i];
-  } else {
-    ++ring_length_;
-  }
+  TouchedSet& slot = ring_[static_cast<std::size_t>(version_ % ring_.size())];
+  if (ring_length_ < ring_.size()) ++ring_length_;
   slot.dense = touched_.size() == parameters_.size();
   slot.indices.clear();
-  if (slot.dense) {
-    ++dense_in_window_;
-  } else {
-    slot.indices.assign(touched_.begin(), touched_.end());
-    for (std::uint32_t i : touched_) ++window_count_[i];
+  slot.previous_version.clear();
+  slot.previous_position.clear();
+  if (slot.dense) return;
+  slot.indices.assign(touched_.begin(), touched_.end());
+  slot.previous_version.resize(touched_.size());
+  slot.previous_position.resize(touched_.size());
+  for (std::size_t j = 0; j < touched_.size(); ++j) {
+    const std::uint32_t i = touched_[j];
+    slot.previous_version[j] = last_touch_version_[i];
+    slot.previous_position[j] = last_touch_position_[i];
+    last_touch_version_[i] = version_ + 1;
+    last_touch_position_[i] = static_cast<std::uint32_t>(j);
   }
 }
 
@@ -141,8 +139,8 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
       throw std::invalid_argument("parameter store: recent update: " + problem);
   for (auto& slot : ring_) slot = {};
   ring_length_ = 0;
-  std::fill(window_count_.begin(), window_count_.end(), 0u);
-  dense_in_window_ = 0;
+  std::fill(last_touch_version_.begin(), last_touch_version_.end(), std::uint64_t{0});
+  std::fill(last_touch_position_.begin(), last_touch_position_.end(), 0u);
   version_ = version - recent.size();
   // The parameters before the recent updates are not known, so the change record starts
   // there: what the recent updates touched changed at their versions, the rest earlier.
@@ -165,8 +163,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
   last_divisors_.resize(touched_.size());
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     compute_sigma(delay);
-    for (std::size_t j = 0; j < touched_.size(); ++j) last_divisors_[j] = std::max<std::uint32_t>(1, hits_[touched_[j]]);
-    for (std::uint32_t i : touched_) hits_[i] = 0;
+    for (std::size_t j = 0; j < touched_.size(); ++j) last_divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
   } else {
     const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
     std::fill(last_divisors_.begin(), last_divisors_.end(), divisor);

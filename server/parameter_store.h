@@ -4,12 +4,13 @@
 //   σ_i   = how many of the last `delay` applied updates touched index i
 //   W_i  ← W_i − lr · g_i / max(1, σ_i)   for every sent index i;   t ← t + 1
 //
-// Memory is bounded by the maximum staleness D: the indices touched by the last D updates
-// are kept in a ring, with a per-parameter count of how many of them touch each parameter,
-// and updates with delay > D are refused (the worker must re-pull). σ is then found by
-// scanning either the `delay` newest sets or the complement (the older sets, subtracted
-// from the window count), whichever holds fewer entries; a dense update is stored as a flag
-// and counts for every parameter without being scanned.
+// Memory is bounded by the maximum staleness D: updates with delay > D are refused (the
+// worker must re-pull), and the indices touched by the last D updates are kept in a ring.
+// Each touched entry also records the previous version that touched the same parameter,
+// and each parameter the newest version that touched it: σ_i is found by following that
+// chain back until it leaves the window, so an update costs O(k + Σσ_i) for its k entries,
+// not O(delay · k). A dense update is stored as a flag and counts for every parameter
+// without being chained.
 //
 // Option: Zhang et al. 2016 ("Staleness-aware async-SGD"), one divisor per update:
 // W_i ← W_i − lr · g_i / max(1, delay). No history is kept for it.
@@ -104,6 +105,10 @@ class ParameterStore {
   struct TouchedSet {
     bool dense = false;
     std::vector<std::uint32_t> indices;  // flat arena indices, when !dense
+    // Per entry: the previous sparse update that touched the same parameter (its version,
+    // 0 for none, and the entry's position in that update's set).
+    std::vector<std::uint64_t> previous_version;
+    std::vector<std::uint32_t> previous_position;
   };
   std::string check(const transport::SparseUpdate& update) const;
   void compute_sigma(std::uint64_t delay);
@@ -120,10 +125,9 @@ class ParameterStore {
 
   std::vector<TouchedSet> ring_;              // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
   std::size_t ring_length_ = 0;               // min(t, D)
-  std::vector<std::uint32_t> window_count_;   // per parameter: sparse sets in the ring touching it
-  std::uint32_t dense_in_window_ = 0;
-  std::vector<std::uint8_t> marked_;          // scratch: parameters in the current update
-  std::vector<std::uint32_t> hits_;           // scratch: touches found by the scan
+  std::vector<std::uint64_t> last_touch_version_;   // per parameter: newest sparse update touching it (0: none)
+  std::vector<std::uint32_t> last_touch_position_;  // its entry in that update's set
+  std::vector<std::uint32_t> sigma_;          // scratch: σ of each entry of the current update
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
   std::vector<std::uint64_t> last_changed_;  // see last_changed()

@@ -109,6 +109,71 @@ TEST(ParameterStore, SigmaMatchesBruteForceOverRandomHistories) {
   }
 }
 
+// The paper CNN's sizes, k = 1% per tensor with half the picks from a hot 5% of each tensor
+// (so σ is often well above 1), delays at or near D = 64 a third of the time, a dense update
+// now and then, and a restart (restore from the last D updates) every 150 updates: the
+// setting in which the σ chains walk their longest. Each update's divisors are checked
+// against a brute-force count over the kept history.
+TEST(ParameterStore, SigmaMatchesBruteForceAtPaperCnnScale) {
+  const std::vector<std::uint32_t> sizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};
+  const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+  std::vector<std::size_t> offsets;
+  for (std::size_t t = 0, offset = 0; t < sizes.size(); offset += sizes[t++]) offsets.push_back(offset);
+  ParameterStoreOptions options;
+  options.max_staleness = 64;
+  ParameterStore store(kModel, sizes, std::vector<float>(total, 0.0f), options);
+  std::vector<SparseUpdate> applied;
+  std::vector<std::vector<bool>> touched_by;  // per applied update, its flat indices
+  std::mt19937 rng(64);
+  std::uint32_t largest = 0;
+  for (int n = 0; n < 450; ++n) {
+    if (n > 0 && n % 150 == 0) {
+      const std::size_t keep = std::min<std::size_t>(applied.size(), options.max_staleness);
+      std::vector<float> parameters(store.parameters().begin(), store.parameters().end());
+      store.restore(store.version(), parameters, std::span(applied).subspan(applied.size() - keep));
+    }
+    SparseUpdate u;
+    u.model_id = kModel;
+    const std::uint64_t max_delay = std::min<std::uint64_t>(store.version(), options.max_staleness);
+    u.fetched_version = store.version() - (rng() % 3 == 0 ? max_delay - rng() % 2 * (max_delay > 0) : rng() % (max_delay + 1));
+    const bool dense = rng() % 100 == 0;
+    for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+      SparseTensor tensor{t, sizes[t], {}, {}};
+      if (dense) {
+        tensor.indices.resize(sizes[t]);
+        std::iota(tensor.indices.begin(), tensor.indices.end(), 0u);
+      } else {
+        const std::uint32_t k = std::max<std::uint32_t>(1, sizes[t] / 100);
+        const std::uint32_t hot = std::max<std::uint32_t>(1, sizes[t] / 20);
+        for (std::uint32_t j = 0; j < k; ++j) tensor.indices.push_back(rng() % 2 ? rng() % hot : rng() % sizes[t]);
+        std::sort(tensor.indices.begin(), tensor.indices.end());
+        tensor.indices.erase(std::unique(tensor.indices.begin(), tensor.indices.end()), tensor.indices.end());
+      }
+      tensor.values.assign(tensor.indices.size(), 0.5f);
+      u.tensors.push_back(std::move(tensor));
+    }
+    const std::uint64_t delay = store.version() - u.fetched_version;
+    auto result = store.apply(u);
+    ASSERT_TRUE(result.applied()) << result.reason;
+    std::vector<bool> touched(total, false);
+    std::size_t j = 0;
+    for (const auto& t : u.tensors)
+      for (std::uint32_t i : t.indices) {
+        const std::size_t flat = offsets[t.tensor] + i;
+        std::uint32_t sigma = 0;
+        for (std::uint64_t back = 1; back <= delay; ++back) sigma += touched_by[touched_by.size() - back][flat];
+        ASSERT_EQ(store.last_divisors()[j], std::max<std::uint32_t>(1, sigma))
+            << "update " << n << ", delay " << delay << ", tensor " << t.tensor << ", index " << i;
+        largest = std::max(largest, sigma);
+        touched[flat] = true;
+        ++j;
+      }
+    touched_by.push_back(std::move(touched));
+    applied.push_back(std::move(u));
+  }
+  EXPECT_GE(largest, 8u);  // the hot regions do pile up
+}
+
 TEST(ParameterStore, SigmaIsAtMostTheDelayAndSometimesAboveOne) {
   // Guards the reference test against vacuous histories: σ > 1 must actually occur.
   std::mt19937 rng(3);

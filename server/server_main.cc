@@ -76,6 +76,7 @@ struct Settings {
   int insecure_port = 5683;
   std::string cert_file, cert_key_file, ca_file;
   transport::CoapTiming timing = transport::CoapTiming::wan();
+  std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
 };
 
 // Values from the TOML file for every setting not given on the command line.
@@ -130,6 +131,7 @@ void apply_config_file(const std::string& path, const CLI::App& app, Settings& s
   take("coap_ack_random_factor", "--coap-ack-random-factor", s.timing.ack_random_factor);
   take("coap_max_retransmit", "--coap-max-retransmit", s.timing.max_retransmit);
   take("coap_nstart", "--coap-nstart", s.timing.nstart);
+  take("datagrams_per_pass", "--datagrams-per-pass", s.datagrams_per_pass);
 }
 
 std::optional<runtime::Dataset> load_test_set(const std::string& name) {
@@ -247,6 +249,7 @@ int run_server(const Settings& s) {
   if (certificates) server_options.certificates = transport::CertificateFiles{s.cert_file, s.cert_key_file, s.ca_file};
   if (s.insecure) server_options.plaintext_port = static_cast<std::uint16_t>(s.insecure_port);
   server_options.timing = s.timing;
+  server_options.datagrams_per_pass = s.datagrams_per_pass;
   transport::CoapDtlsServer server(server_options);
   resources.attach(server);
   log_line("listening on " + s.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes +
@@ -383,6 +386,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--coap-max-retransmit", s.timing.max_retransmit, "CoAP MAX_RETRANSMIT (1..10)")->capture_default_str();
   app.add_option("--coap-nstart", s.timing.nstart, "CoAP NSTART (1..16)")->capture_default_str();
+  app.add_option("--datagrams-per-pass", s.datagrams_per_pass,
+                 "most datagrams read per pass of the event loop, which walks every session once per pass "
+                 "(1..1024; 1 = libcoap's own loop)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
 
   auto* add = app.add_subcommand("add-device", "add a device with a random key to the keystore and print its worker configuration");
   std::string device, add_keystore, server_uri;

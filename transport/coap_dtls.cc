@@ -10,9 +10,11 @@
 #include <mbedtls/ssl.h>
 #include <mbedtls/x509_crt.h>
 #include <netdb.h>
+#include <sys/epoll.h>
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <cmath>
@@ -314,6 +316,12 @@ struct CoapDtlsServer::Impl {
   std::uint16_t bound_port = 0;
   std::uint16_t bound_plaintext_port = 0;
   std::vector<int> endpoint_fds;  // found after the fact: libcoap 4.3.1 keeps them private
+  // run_once's batched reads (Options::datagrams_per_pass): libcoap's epoll descriptor (-1
+  // when libcoap was built without epoll), the events handed to coap_io_do_epoll(), and
+  // how many reads per ready endpoint the next pass tries.
+  int coap_fd = -1;
+  std::vector<epoll_event> batch;
+  std::uint32_t reads_per_ready_endpoint = 1;
   detail::IngressCounters ingress;
   // Per session, the answer to the last non-idempotent request a handler saw, by CoAP
   // message id. libcoap 4.3.1 keeps no such cache: when the ACK of a request is lost, the
@@ -480,6 +488,8 @@ struct CoapDtlsServer::Impl {
 CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()) {
   coap_library_startup();
   check_timing(options.timing);
+  if (options.datagrams_per_pass < 1 || options.datagrams_per_pass > 1024)
+    throw std::invalid_argument("datagrams per pass must be 1..1024");
   if (options.certificates) check_certificate_files(*options.certificates);
   impl_->options = std::move(options);
   Impl& s = *impl_;
@@ -536,6 +546,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
       detail::count_ingress(fd, &s.ingress);
       s.endpoint_fds.push_back(fd);
     }
+    s.coap_fd = coap_context_get_coap_fd(s.context);
   } catch (...) {
     for (int fd : s.endpoint_fds) detail::stop_counting_ingress(fd);
     coap_free_context(s.context);
@@ -576,8 +587,49 @@ std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);
 }
 
+// coap_io_process() as libcoap 4.3.1 does it with epoll (prepare: timeouts and
+// retransmissions of every session; epoll_wait; coap_io_do_epoll, which reads ONE datagram
+// per ready socket and then prepares again), except that a ready endpoint is handed to
+// coap_io_do_epoll() several times in one call, so that several datagrams share the two
+// walks over all sessions. A server has one socket per endpoint for all its sessions,
+// which is why this matters: at 1000 sessions the walks were 44 % of its CPU. How many
+// reads adapts to the load: twice what the previous pass found while every read finds a
+// datagram, else one more than it found, so an idle server pays at most one read that
+// finds nothing (EAGAIN, which libcoap logs only at LOG_WARNING and above).
 void CoapDtlsServer::run_once(int timeout_ms) {
-  coap_io_process(impl_->context, static_cast<uint32_t>(timeout_ms < 0 ? 0 : timeout_ms));
+  Impl& s = *impl_;
+  const auto wait_ms = static_cast<std::uint32_t>(timeout_ms < 0 ? 0 : timeout_ms);
+  if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0) {
+    coap_io_process(s.context, wait_ms);
+    return;
+  }
+  coap_tick_t now;
+  coap_ticks(&now);
+  const unsigned int libcoap_timeout = coap_io_prepare_epoll(s.context, now);
+  const unsigned int wait = libcoap_timeout == 0 ? wait_ms : std::min(libcoap_timeout, wait_ms);
+  epoll_event ready[16];
+  const int count = epoll_wait(s.coap_fd, ready, 16, static_cast<int>(wait));
+  s.batch.clear();
+  std::size_t ready_endpoints = 0;
+  for (int i = 0; i < count; ++i) {
+    s.batch.push_back(ready[i]);
+    // libcoap's event data is its coap_socket_t, whose first member is the descriptor
+    // (coap_io_internal.h of 4.3.1). Were that to change, no event would match and every
+    // pass would read one datagram, as libcoap's own loop does.
+    const int* socket = static_cast<const int*>(ready[i].data.ptr);
+    if (socket == nullptr || !(ready[i].events & EPOLLIN) ||
+        std::find(s.endpoint_fds.begin(), s.endpoint_fds.end(), *socket) == s.endpoint_fds.end())
+      continue;
+    ++ready_endpoints;
+    for (std::uint32_t extra = 1; extra < s.reads_per_ready_endpoint; ++extra) s.batch.push_back(ready[i]);
+  }
+  const std::uint64_t datagrams_before = s.ingress.datagrams.load(std::memory_order_relaxed);
+  coap_io_do_epoll(s.context, s.batch.data(), s.batch.size());
+  if (ready_endpoints == 0) return;
+  const std::uint64_t read = s.ingress.datagrams.load(std::memory_order_relaxed) - datagrams_before;
+  const std::uint64_t tried = std::uint64_t{s.reads_per_ready_endpoint} * ready_endpoints;
+  const std::uint64_t next = read >= tried ? 2 * std::uint64_t{s.reads_per_ready_endpoint} : read / ready_endpoints + 1;
+  s.reads_per_ready_endpoint = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(next, 1, s.options.datagrams_per_pass));
 }
 
 // ------------------------------------------------------------------------------------

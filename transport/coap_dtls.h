@@ -162,9 +162,15 @@ class CoapDtlsServer {
     // bind_address (0: any free port, see plaintext_port()). Unset: no plaintext endpoint.
     std::optional<std::uint16_t> plaintext_port;
     CoapTiming timing = CoapTiming::wan();
+    // At most this many datagrams are read from a ready endpoint per pass of the event
+    // loop (run_once). libcoap 4.3.1 reads one per pass and, around every pass, walks all
+    // sessions for their timeouts: at 1000 sessions that walk is most of the server's CPU.
+    // 1 gives libcoap's own loop (coap_io_process) back.
+    std::uint32_t datagrams_per_pass = 32;
   };
   // Throws TransportError if an endpoint cannot be opened or a certificate file is
-  // unreadable, std::invalid_argument for bad timing values.
+  // unreadable, std::invalid_argument for bad timing values or datagrams_per_pass outside
+  // 1..1024.
   explicit CoapDtlsServer(Options options);
   ~CoapDtlsServer();
   CoapDtlsServer(const CoapDtlsServer&) = delete;

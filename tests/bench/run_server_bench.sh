@@ -13,8 +13,10 @@
 # the blocks that arrived), BENCH_STATE_PARENT (the build tree; /dev/shm puts the WAL on
 # tmpfs, where fdatasync costs nothing: not durable, only to see the ceiling without the
 # per-update sync), BENCH_DELTA_AFTER ("3 10": updates between the version a sparse pull
-# starts from and the current one), BENCH_RUNS ("load transfer": which runs). Every run is
-# bounded by `timeout`, none longer than 2 minutes.
+# starts from and the current one), BENCH_RUNS ("load transfer": which runs),
+# BENCH_COMPARE (server flags, e.g. "--datagrams-per-pass 1": the load run is then made
+# BENCH_ROUNDS times (2) with those flags and with the defaults, alternating, and the table
+# has a row per run). Every run is bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -56,7 +58,7 @@ start_server() {
   # loop below has read the previous server's port from it.
   rm -f "$work/server.log"
   "$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
-            --eval-data none 2> "$work/server.log" &
+            --eval-data none "$@" 2> "$work/server.log" &
   server_pid=$!
   port=""
   for _ in $(seq 100); do
@@ -75,11 +77,28 @@ stop_server() {
 
 echo "server state on $(stat -f -c %T "$work"), $(nproc) cores, $(uname -r)"
 : > "$work/load.txt"
-if [[ " $runs " == *" load "* ]]; then
-  start_server
+compare=${BENCH_COMPARE:-}
+rounds=${BENCH_ROUNDS:-2}
+load_run() {  # label, server flags...
+  local label=$1; shift
+  echo "== load run: $label"
+  start_server "$@"
   timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
-    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" | tee "$work/load.txt"
+    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" \
+    | tee "$work/load.out" | sed "s/^summary load/summary load label=${label// /_}/" >> "$work/load.txt"
+  cat "$work/load.out"
   stop_server
+}
+if [[ " $runs " == *" load "* ]]; then
+  if [[ -n $compare ]]; then
+    read -r -a compare_flags <<<"$compare"
+    for round in $(seq "$rounds"); do
+      load_run "$compare (round $round)" "${compare_flags[@]}"
+      load_run "defaults (round $round)"
+    done
+  else
+    load_run defaults
+  fi
 fi
 
 : > "$work/transfer.txt"
@@ -95,11 +114,13 @@ done
 
 # The table, from the loadgen's "summary" lines.
 field() { grep -o "$1=[^ ]*" <<<"$2" | head -1 | cut -d= -f2; }
-load=$(grep '^summary load' "$work/load.txt" || true)
 echo
 echo "| figure | value | goal |"
 echo "|---|---|---|"
-if [[ -n $load ]]; then
+while read -r load; do
+[[ -n $load ]] || continue
+label=$(field label "$load" | tr _ ' ')
+[[ $label == defaults ]] || printf '| **server %s** | | |\n' "$label"
 printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(field devices "$load")"
 printf '| durable updates applied per second (paper CNN, c = 0.01, %s in flight) | %.0f | ≥ 5,000 |\n' \
   "$(field in_flight "$load")" "$(field updates_per_s "$load")"
@@ -108,7 +129,7 @@ printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(fi
 printf '| client→server datagram bytes over codec bytes | +%.1f %% | ≤ 10 %% |\n' "$(field overhead_pct "$load")"
 printf '| server submit(): decode / WAL write+fdatasync / apply | %.0f / %.0f / %.0f µs | |\n' \
   "$(field decode_us "$load")" "$(field wal_append_fdatasync_us "$load")" "$(field apply_us "$load")"
-fi
+done < <(grep '^summary load' "$work/load.txt" || true)
 while read -r line; do
   printf '| one-way delay %s ms: one update post / one model pull | %.3f s / %.1f s (%s) | |\n' \
     "$(field delay_ms "$line")" "$(field update_s "$line")" "$(field pull_s "$line")" "$(field pull "$line")"

@@ -3,7 +3,11 @@
 // PSK (identity = certificate CN, certificates from another CA refused in the handshake),
 // CoAP timing parameters checked, and what a reconnection after the server lost the
 // session costs. Certificates are made at test time by make_test_certificates.sh.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -357,6 +361,64 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
   // pass first, but when the new server answers the stale session's records the loss shows
   // at once (seen: 0.16 s under ASan), which is the better outcome.
   std::printf("silent session loss: the request got through after %.2f s\n", seconds);
+}
+
+// The server's event loop reads several datagrams per pass (Options::datagrams_per_pass)
+// instead of libcoap's one: a burst of 60 plain CoAP GETs queued on the socket before the
+// loop runs is answered in a few passes, and in 60 with datagrams_per_pass = 1.
+int passes_to_answer_a_burst(std::uint32_t datagrams_per_pass) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> { return std::nullopt; };
+  options.plaintext_port = 0;
+  options.datagrams_per_pass = datagrams_per_pass;
+  CoapDtlsServer server(options);
+  server.add_resource("whoami", Method::kGet, [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
+  const int client = ::socket(AF_INET, SOCK_DGRAM, 0);
+  EXPECT_GE(client, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(server.plaintext_port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  constexpr int kBurst = 60;
+  for (int i = 0; i < kBurst; ++i) {
+    // CON GET /whoami, no token, message id 0x1000 + i (RFC 7252 3, option delta 11 = Uri-Path).
+    const std::uint8_t get[] = {0x40, 0x01, 0x10, static_cast<std::uint8_t>(i), 0xB6, 'w', 'h', 'o', 'a', 'm', 'i'};
+    EXPECT_EQ(::sendto(client, get, sizeof get, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to),
+              static_cast<ssize_t>(sizeof get));
+  }
+  int answered = 0, passes = 0;
+  while (answered < kBurst && passes < 500) {
+    server.run_once(0);
+    ++passes;
+    std::uint8_t reply[64];
+    ssize_t n;
+    while ((n = ::recv(client, reply, sizeof reply, MSG_DONTWAIT)) > 0) {
+      EXPECT_EQ(reply[0] & 0x30, 0x20) << "not an ACK";
+      EXPECT_EQ(reply[1], 0x45) << "not 2.05";
+      ++answered;
+    }
+  }
+  ::close(client);
+  EXPECT_EQ(answered, kBurst);
+  return passes;
+}
+
+TEST(ServerEventLoop, ABurstOfDatagramsIsReadInAFewPasses) {
+  const int batched = passes_to_answer_a_burst(32);
+  const int one_by_one = passes_to_answer_a_burst(1);
+  std::printf("60 queued requests answered in %d passes (32 per pass at most) and %d (1 per pass)\n", batched,
+              one_by_one);
+  EXPECT_LE(batched, 10);  // 1 + 2 + 4 + 8 + 16 + 29 reads: 6 passes
+  EXPECT_GE(one_by_one, 60);
+}
+
+TEST(ServerEventLoop, DatagramsPerPassOutOfRangeIsAClearError) {
+  for (std::uint32_t bad : {0u, 1025u}) {
+    CoapDtlsServer::Options options;
+    options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> { return std::nullopt; };
+    options.datagrams_per_pass = bad;
+    EXPECT_THROW(CoapDtlsServer{options}, std::invalid_argument) << bad;
+  }
 }
 
 }  // namespace

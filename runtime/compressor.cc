@@ -22,6 +22,8 @@ Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions option
     throw std::invalid_argument("compressor: compression rate must lie in (0, 1]");
   if (options_.method == CompressionMethod::kBinLocal && options_.bin_size == 0)
     throw std::invalid_argument("compressor: bin_size must be at least 1");
+  if (options_.fp16_values && options_.sign_scale_values)
+    throw std::invalid_argument("compressor: fp16_values and sign_scale_values exclude each other (choose one value encoding)");
   std::size_t largest = 0;
   for (const TensorSlice& t : layout_) {
     if (t.size == 0) throw std::invalid_argument("compressor: empty tensor in the layout");
@@ -65,6 +67,36 @@ void Compressor::compress(std::span<const float> gradient, transport::SparseUpda
       case CompressionMethod::kTopK: compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual); break;
       case CompressionMethod::kBinLocal: compress_bin_local(g, values, out, residual); break;
     }
+    if (options_.sign_scale_values) quantize_sign_scale(values, out, residual);
+  }
+}
+
+// Runs after selection, which sent the values unrounded (sent_value() is the identity here)
+// and left a zero residual on the sent entries. Shrinking `out` keeps its capacity, so this
+// allocates nothing.
+void Compressor::quantize_sign_scale(std::span<const float> values, transport::SparseTensor& out,
+                                     std::span<float> residual) const {
+  double magnitude_sum = 0.0;  // double: 400k float magnitudes would lose low bits
+  std::size_t kept = 0;
+  for (std::size_t j = 0; j < out.values.size(); ++j) {
+    if (out.values[j] == 0.0f) continue;  // its residual, if kept, is already 0
+    magnitude_sum += std::fabs(out.values[j]);
+    out.indices[kept] = out.indices[j];
+    out.values[kept] = out.values[j];
+    ++kept;
+  }
+  out.indices.resize(kept);
+  out.values.resize(kept);
+  if (kept == 0) return;
+  // The mean of finite nonzero magnitudes lies between their minimum and maximum, so the
+  // float scale is finite and > 0 as the wire encoding requires.
+  const float scale = static_cast<float>(magnitude_sum / static_cast<double>(kept));
+  for (std::size_t j = 0; j < kept; ++j) {
+    const float sent = std::signbit(out.values[j]) ? -scale : scale;
+    out.values[j] = sent;
+    // One float subtraction: exact whenever scale/2 ≤ |v| ≤ 2·scale (Sterbenz), else within
+    // half an ulp of the residual.
+    if (!residual.empty()) residual[out.indices[j]] = values[out.indices[j]] - sent;
   }
 }
 
@@ -124,7 +156,8 @@ void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, 
 // tensor is cut into bins of bin_size entries; in each bin, with m = max |G| over the bin,
 // every entry with |H| ≥ m and G ≠ 0 is sent (its value G), the rest stays in the residual.
 // H gives entries whose latest gradient pushes the same way as their backlog a head start.
-// Not implemented: their quantisation of the sent values to ±(per-layer scale).
+// They also quantise the sent values to ±(per-layer scale); sign_scale_values does that
+// with our choice of scale, the mean |G| of the sent entries (not checked against theirs).
 void Compressor::compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated,
                                     transport::SparseTensor& out, std::span<float> residual) {
   const std::size_t n = accumulated.size();

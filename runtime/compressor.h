@@ -9,7 +9,11 @@
 //     (Aji & Heafield 2017; DGC, Lin et al. 2018);
 //   - kBinLocal: the bin-local selection of Chen et al. 2018 (IBM's "AdaComp"), see below;
 //   - fp16_values: values rounded to what the fp16 wire encoding carries, so that with
-//     error feedback the rounding error is fed back too.
+//     error feedback the rounding error is fed back too;
+//   - sign_scale_values: each tensor's sent values replaced by sign(v)·s, s = mean |v| over
+//     its sent entries, for the sign + scale wire encoding (Chen et al. 2018 quantise their
+//     selected residuals this way; Sattler et al.'s sparse ternary compression likewise);
+//     with error feedback v − sign(v)·s stays in the residual.
 //
 // Selection is O(n) per tensor (std::nth_element on a scratch copy of the magnitudes, then
 // one pass), never a full sort. All buffers are sized at construction; compress() only
@@ -48,11 +52,17 @@ struct CompressorOptions {
   std::uint32_t bin_size = 50;
   // Round sent values to fp16 precision (pair with transport::ValueEncoding::kFp16).
   bool fp16_values = false;
+  // Send each tensor's selected entries as ±(mean |v| over them), which keeps the update's
+  // L1 mass (pair with transport::ValueEncoding::kSignScale). Selected entries that are
+  // exactly zero are left out: the encoding has no zero, and ±s would add a value that was
+  // not there. Excludes fp16_values.
+  bool sign_scale_values = false;
 };
 
 class Compressor {
  public:
-  // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1] or bin_size 0.
+  // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1], bin_size 0, or
+  // fp16_values together with sign_scale_values.
   Compressor(std::vector<TensorSlice> layout, CompressorOptions options = {});
 
   // Fills update.tensors (one entry per tensor, in layout order, indices increasing); the
@@ -75,6 +85,7 @@ class Compressor {
   void compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated, transport::SparseTensor& out,
                           std::span<float> residual);
   float sent_value(float v) const;
+  void quantize_sign_scale(std::span<const float> values, transport::SparseTensor& out, std::span<float> residual) const;
 
   std::vector<TensorSlice> layout_;
   CompressorOptions options_;

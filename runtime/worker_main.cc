@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
                            compressor = "adacomp", data_dir;
   runtime::WorkerConfig config;
   double rate = 0.01;
-  bool error_feedback = false, fp16 = false, quiet = false, log_acks = false, version = false;
+  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false, log_acks = false, version = false;
   bool insecure = false;
   std::string cert_file, cert_key_file, ca_file;
   app.add_option("--config", config_file, "TOML file with any of the settings below (same names, '-' as '_')");
@@ -68,7 +68,11 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"adacomp", "none"}));
   app.add_option("--rate", rate, "AdaComp compression rate c")->capture_default_str()->check(CLI::Range(1e-6, 1.0));
   app.add_flag("--error-feedback", error_feedback, "keep unsent values for the next step (option)");
-  app.add_flag("--fp16", fp16, "send values as fp16 (option)");
+  auto* fp16_flag = app.add_flag("--fp16", fp16, "send values as fp16 (option)");
+  app.add_flag("--sign-scale", sign_scale,
+               "send each tensor's values as one fp32 scale (their mean |v|) and one sign bit per entry\n"
+               "(option; with --error-feedback the quantization error is fed back; excludes --fp16)")
+      ->excludes(fp16_flag);
   app.add_option("--pull-every", config.pull_every, "steps per model pull (1: the paper's)")->capture_default_str();
   app.add_flag("--dense-pull", config.dense_pull,
                "always download the whole model (default: only the parameters changed since the version held, "
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
       if (auto v = t["pull_every"].value<std::int64_t>(); v && !app.count("--pull-every")) config.pull_every = static_cast<int>(*v);
       if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
       if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
+      if (auto v = t["sign_scale"].value<bool>(); v && !app.count("--sign-scale")) sign_scale = *v;
       if (auto v = t["dense_pull"].value<bool>(); v && !app.count("--dense-pull")) config.dense_pull = *v;
       if (auto v = t["insecure"].value<bool>(); v && !app.count("--insecure")) insecure = *v;
       str("cert_file", "--cert", cert_file);
@@ -141,6 +146,9 @@ int main(int argc, char** argv) {
       if (auto v = t["coap_max_retransmit"].value<std::int64_t>(); v && !app.count("--coap-max-retransmit")) config.timing.max_retransmit = static_cast<int>(*v);
       if (auto v = t["coap_nstart"].value<std::int64_t>(); v && !app.count("--coap-nstart")) config.timing.nstart = static_cast<int>(*v);
     }
+    if (fp16 && sign_scale)
+      throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
+                                  "sign_scale in --config): choose one value encoding");
     bool plaintext = false;
     runtime::parse_server_uri(server, config.server_host, config.server_port, plaintext);
     if (plaintext && !insecure)
@@ -175,7 +183,10 @@ int main(int argc, char** argv) {
     config.compressor.compression_rate = rate;
     config.compressor.error_feedback = error_feedback;
     config.compressor.fp16_values = fp16;
-    config.value_encoding = fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+    config.compressor.sign_scale_values = sign_scale;
+    config.value_encoding = fp16         ? transport::ValueEncoding::kFp16
+                            : sign_scale ? transport::ValueEncoding::kSignScale
+                                         : transport::ValueEncoding::kFp32;
 
     std::string images, labels;
     const char* deps = std::getenv("EDGETRAIN_DEPS");

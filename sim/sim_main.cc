@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   const char* deps_env = std::getenv("EDGETRAIN_DEPS");
   std::string deps = deps_env ? deps_env : "/var/cache/edgetrain";
   double rate = 0.01, target = 0;
-  bool error_feedback = false, bin_local = false, fp16 = false, quiet = false;
+  bool error_feedback = false, bin_local = false, fp16 = false, sign_scale = false, quiet = false;
   std::uint32_t bin_size = 50;
 
   app.add_option("--data", data, "mnist (10k digits converted at set-up) or fashion-mnist (Debian's 70k)")
@@ -80,7 +80,10 @@ int main(int argc, char** argv) {
   app.add_flag("--error-feedback", error_feedback, "option: keep unsent gradient values and add them next step");
   app.add_flag("--bin-local", bin_local, "option: IBM's bin-local selection (Chen et al. 2018) instead of top-k");
   app.add_option("--bin-size", bin_size, "entries per bin for --bin-local")->capture_default_str();
-  app.add_flag("--fp16", fp16, "option: send values as fp16");
+  auto* fp16_flag = app.add_flag("--fp16", fp16, "option: send values as fp16");
+  app.add_flag("--sign-scale", sign_scale,
+               "option: send each tensor's values as one fp32 scale (mean |v|) and one sign bit per entry")
+      ->excludes(fp16_flag);
   app.add_option("--staleness", staleness, "sigma (the paper: per parameter) or delay (Zhang et al.: lr/delay)")
       ->capture_default_str()
       ->check(CLI::IsMember({"sigma", "delay"}));
@@ -131,10 +134,13 @@ int main(int argc, char** argv) {
       c.compressor.error_feedback = error_feedback;
       c.compressor.bin_size = bin_size;
       c.compressor.fp16_values = fp16;
-      c.value_encoding = fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+      c.compressor.sign_scale_values = sign_scale;
+      c.value_encoding = fp16         ? transport::ValueEncoding::kFp16
+                         : sign_scale ? transport::ValueEncoding::kSignScale
+                                      : transport::ValueEncoding::kFp32;
       std::ostringstream label;
       label << "AdaComp c=" << rate << (bin_local ? " bin-local" : "") << (error_feedback ? " +ef" : "")
-            << (fp16 ? " fp16" : "");
+            << (fp16 ? " fp16" : "") << (sign_scale ? " sign-scale" : "");
       runs.push_back({label.str(), c});
     }
 

@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
@@ -20,6 +21,11 @@ constexpr std::uint16_t kLargestFiniteHalf = 0x7bff;
 
 CodecError fail(CodecErrorCode code, std::string message) { return CodecError{code, std::move(message)}; }
 std::string str(std::uint64_t v) { return std::to_string(v); }
+std::string num(float v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.9g", static_cast<double>(v));
+  return text;
+}
 
 // Little-endian appends.
 class Writer {
@@ -123,8 +129,23 @@ std::optional<CodecError> check_tensor(const SparseTensor& t) {
   return std::nullopt;
 }
 
+// Sign + scale carries every value as ±s: only a tensor that already holds nothing else can
+// be sent exactly, and an encoder that rounded here would hide a compressor bug.
+std::optional<CodecError> check_sign_scale(const SparseTensor& t) {
+  if (t.values.empty()) return std::nullopt;
+  const float scale = std::fabs(t.values[0]);
+  const std::string where = "tensor " + str(t.tensor) + ": ";
+  if (!(scale > 0.0f))
+    return fail(CodecErrorCode::kInvalidInput, where + "sign-scale values cannot carry a zero value (index " + str(t.indices[0]) + ")");
+  for (std::size_t j = 1; j < t.values.size(); ++j)
+    if (std::fabs(t.values[j]) != scale)
+      return fail(CodecErrorCode::kInvalidInput, where + "sign-scale values must all be ±" + num(scale) + ", index " +
+                                                     str(t.indices[j]) + " holds " + num(t.values[j]));
+  return std::nullopt;
+}
+
 // One tensor record (CODEC.md), shared by sparse updates and model deltas. `t` has passed
-// check_tensor().
+// check_tensor() (and check_sign_scale() for kSignScale).
 void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values) {
   const std::size_t varint_bytes = delta_varint_bytes(t.indices);
   const IndexEncoding index_encoding = t.indices.size() == t.size        ? IndexEncoding::kAll
@@ -144,6 +165,15 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
   } else {
     for (std::size_t j = 0; j < t.indices.size(); ++j) w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
   }
+  if (values == ValueEncoding::kSignScale) {
+    if (t.values.empty()) return;  // no entries, no scale
+    w.f32(std::fabs(t.values[0]));
+    const std::size_t start = w.buffer().size();
+    w.buffer().resize(start + value_section_bytes(values, static_cast<std::uint32_t>(t.values.size())) - 4, 0);
+    for (std::size_t j = 0; j < t.values.size(); ++j)
+      if (std::signbit(t.values[j])) w.buffer()[start + j / 8] |= static_cast<std::uint8_t>(1u << (j % 8));
+    return;
+  }
   for (float v : t.values) {
     if (values == ValueEncoding::kFp16) w.u16(float_to_half(v));
     else w.f32(v);
@@ -151,10 +181,10 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
 }
 
 // The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
-// layout and caps before anything sized by the message is allocated. `allow_fp16` is false
-// for model deltas, which must carry the server's values bit for bit.
+// layout and caps before anything sized by the message is allocated. `exact_values_only` is
+// true for model deltas, which must carry the server's values bit for bit (f32 only).
 std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count, const ModelLayout& expected,
-                                              const DecodeLimits& limits, bool allow_fp16,
+                                              const DecodeLimits& limits, bool exact_values_only,
                                               std::vector<SparseTensor>& tensors) {
   using E = CodecErrorCode;
   if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
@@ -179,16 +209,18 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
     if (count > t.size) return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
     total_entries += count;
     if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
-    if (value_encoding > 1) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
-    if (value_encoding == 1 && !allow_fp16) return fail(E::kBadEncoding, where + "fp16 values where exact fp32 values are required");
+    if (value_encoding > 2) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
+    if (value_encoding != 0 && exact_values_only)
+      return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") + " values where exact fp32 values are required");
+    const auto values_as = static_cast<ValueEncoding>(value_encoding);
     if (index_encoding > 2) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
     if (index_encoding == 2 && count != t.size)
       return fail(E::kBadCount, where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
-    const std::size_t value_bytes = value_encoding == 1 ? 2 : 4;
-    // Every entry costs at least one index byte (varint) plus its value: checking that before
-    // allocating keeps allocations proportional to the message.
+    const std::size_t value_bytes = value_section_bytes(values_as, count);
+    // Every entry costs at least one index byte (varint) or one bit (sign) plus its value:
+    // checking that before allocating keeps allocations proportional to the message.
     const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : index_encoding == 2 ? 0 : count;
-    if (r.remaining() < index_minimum + std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
+    if (r.remaining() < index_minimum + value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
 
     t.indices.resize(count);
     if (index_encoding == 2) {
@@ -221,8 +253,24 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
         next = index + 1;
       }
     }
-    if (r.remaining() < std::size_t{count} * value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
+    if (r.remaining() < value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
     t.values.resize(count);
+    if (values_as == ValueEncoding::kSignScale) {
+      if (count == 0) continue;
+      std::uint32_t word = 0;
+      r.u32(word);
+      const float scale = std::bit_cast<float>(word);
+      if (!finite(scale)) return fail(E::kNonFiniteValue, where + "sign-scale scale is not finite");
+      // Zero would decode to k zeros the encoder cannot have meant (it sends k = 0 instead);
+      // a negative scale would give the sign two encodings.
+      if (!(scale > 0.0f)) return fail(E::kBadEncoding, where + "sign-scale scale " + num(scale) + " is not > 0");
+      std::span<const std::uint8_t> signs;
+      r.span(value_bytes - 4, signs);
+      if (count % 8 != 0 && (signs.back() >> (count % 8)) != 0)
+        return fail(E::kBadEncoding, where + "sign bits set beyond entry " + str(count - 1));
+      for (std::uint32_t j = 0; j < count; ++j) t.values[j] = (signs[j / 8] >> (j % 8)) & 1 ? -scale : scale;
+      continue;
+    }
     for (std::uint32_t j = 0; j < count; ++j) {
       float v;
       if (value_encoding == 1) {
@@ -298,6 +346,15 @@ float half_to_float(std::uint16_t half) {
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
 }
 
+std::size_t value_section_bytes(ValueEncoding encoding, std::uint32_t count) {
+  switch (encoding) {
+    case ValueEncoding::kFp32: return 4 * std::size_t{count};
+    case ValueEncoding::kFp16: return 2 * std::size_t{count};
+    case ValueEncoding::kSignScale: return count == 0 ? 0 : 4 + (std::size_t{count} + 7) / 8;
+  }
+  return 4 * std::size_t{count};
+}
+
 std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices) {
   std::size_t total = 0;
   for (std::size_t j = 0; j < indices.size(); ++j) total += varint_length(j == 0 ? indices[0] : indices[j] - indices[j - 1] - 1);
@@ -305,12 +362,14 @@ std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices) {
 }
 
 CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options) {
-  if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16)
+  if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16 && options.values != ValueEncoding::kSignScale)
     return fail(CodecErrorCode::kInvalidInput, "unknown value encoding");
   if (update.tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
   std::vector<std::uint32_t> seen;
   for (const SparseTensor& t : update.tensors) {
     if (auto error = check_tensor(t)) return *error;
+    if (options.values == ValueEncoding::kSignScale)
+      if (auto error = check_sign_scale(t)) return *error;
     for (std::uint32_t s : seen)
       if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
     seen.push_back(t.tensor);
@@ -350,7 +409,7 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
   r.u32(tensor_count);
   if (update.model_id != expected.model_id)
     return fail(E::kWrongModel, "update is for model " + str(update.model_id) + ", this is model " + str(expected.model_id));
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*allow_fp16=*/true, update.tensors)) return *error;
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/false, update.tensors)) return *error;
   if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return update;
 }
@@ -507,7 +566,7 @@ CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, 
     return fail(E::kWrongModel, "model delta for model " + str(delta.model_id) + ", expected model " + str(expected.model_id));
   if (delta.version < delta.base_version)
     return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " + str(delta.base_version));
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*allow_fp16=*/false, delta.tensors)) return *error;
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/true, delta.tensors)) return *error;
   if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return delta;
 }

@@ -54,7 +54,9 @@ struct ModelDelta {
   std::vector<SparseTensor> tensors;  // new values (not differences), fp32; each tensor at most once
 };
 
-enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1 };
+// kSignScale (sparse updates only): one f32 scale s per tensor record and one sign bit per
+// entry; every value is +s or −s (sign + scale, "ternary" with the unsent entries as 0).
+enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2 };
 // kAll: k == n, every entry in index order, no index bytes (a dense update must not pay
 // for indices it does not need, or the ASGD baseline would look worse than it is).
 enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1, kAll = 2 };
@@ -117,6 +119,11 @@ struct EncodeOptions {
   // kFp16 halves the value bytes. Values are rounded to nearest-even; magnitudes beyond the
   // largest finite half (65504) are clamped to it rather than becoming infinities the
   // decoder would refuse.
+  //
+  // kSignScale sends one f32 scale s per tensor and one sign bit per entry, so the encoder
+  // only accepts tensors whose values are all exactly +s or −s for one finite s > 0 (the
+  // compressor's sign_scale_values produces them); anything else is kInvalidInput rather
+  // than a silent rounding. A tensor with no entries carries no scale.
   ValueEncoding values = ValueEncoding::kFp32;
 };
 
@@ -160,6 +167,10 @@ std::size_t dense_model_bytes(std::span<const std::uint32_t> tensor_sizes);
 std::uint16_t float_to_half(float value);  // round to nearest even; clamps to ±65504, NaN stays NaN
 float half_to_float(std::uint16_t half);
 inline float round_to_fp16(float value) { return half_to_float(float_to_half(value)); }
+
+// Bytes the value section of a tensor record with `count` entries takes (CODEC.md): 4k, 2k,
+// or for kSignScale 4 + ⌈k/8⌉ (0 when k = 0).
+std::size_t value_section_bytes(ValueEncoding encoding, std::uint32_t count);
 
 // Bytes the index section of one tensor takes in each encoding (CODEC.md).
 std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices);

@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
       {"top-k c=0.1", with([](auto& o) { o.compression_rate = 0.1; })},
       {"top-k c=0.01 + error feedback", with([](auto& o) { o.error_feedback = true; })},
       {"top-k c=0.01 + error feedback + fp16", with([](auto& o) { o.error_feedback = true; o.fp16_values = true; })},
+      {"top-k c=0.01 + EF + sign-scale", with([](auto& o) { o.error_feedback = true; o.sign_scale_values = true; })},
       {"bin-local T=50 (Chen et al.)", with([](auto& o) { o.method = CompressionMethod::kBinLocal; })},
       {"bin-local T=500", with([](auto& o) { o.method = CompressionMethod::kBinLocal; o.bin_size = 500; })},
       {"none (dense ASGD)", with([](auto& o) { o.method = CompressionMethod::kNone; })},

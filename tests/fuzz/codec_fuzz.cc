@@ -27,6 +27,14 @@ void require(bool condition) {
   if (!condition) std::abort();
 }
 
+// What the sign + scale encoder accepts: in every tensor, all values ±s for one s > 0.
+bool all_plus_minus_one_scale(const SparseUpdate& u) {
+  for (const auto& t : u.tensors)
+    for (float v : t.values)
+      if (!(std::fabs(v) > 0.0f) || std::fabs(v) != std::fabs(t.values[0])) return false;
+  return true;
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -50,7 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         require(std::isfinite(t.values[j]));
       }
     }
-    // fp32 re-encoding is lossless for any decoded value (fp16 values widen exactly).
+    // fp32 re-encoding is lossless for any decoded value (fp16 values widen exactly, and
+    // sign + scale values are ±an f32 scale).
     auto again = encode_sparse_update(u);
     require(again.ok());
     auto back = decode_sparse_update(again.value(), layout, limits);
@@ -59,6 +68,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (std::size_t i = 0; i < u.tensors.size(); ++i) {
       require(back.value().tensors[i].indices == u.tensors[i].indices);
       require(back.value().tensors[i].values == u.tensors[i].values);
+    }
+    // Sign + scale takes exactly the updates whose tensors are each ±s (every update decoded
+    // from that encoding among them) and gives them back bit for bit.
+    auto signs = encode_sparse_update(u, {ValueEncoding::kSignScale});
+    require(signs.ok() == all_plus_minus_one_scale(u));
+    if (signs.ok()) {
+      auto signs_back = decode_sparse_update(signs.value(), layout, limits);
+      require(signs_back.ok() && signs_back.value().tensors.size() == u.tensors.size());
+      for (std::size_t i = 0; i < u.tensors.size(); ++i) {
+        require(signs_back.value().tensors[i].indices == u.tensors[i].indices);
+        const auto& a = signs_back.value().tensors[i].values;
+        const auto& b = u.tensors[i].values;
+        require(a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0));
+      }
     }
   }
 

@@ -1,5 +1,6 @@
 // Writes valid messages for codec_fuzz's layouts into a directory, as its seed corpus:
-// starting from well-formed updates (both index encodings, fp32 and fp16), models and model
+// starting from well-formed updates (every index encoding; fp32, fp16 and sign + scale
+// values), models and model
 // deltas gets
 // the fuzzer past the header checks at once.
 #include <cstdio>
@@ -41,6 +42,14 @@ int main(int argc, char** argv) {
         u.tensors.push_back(tensor);
       }
       auto bytes = encode_sparse_update(u, {variant % 2 ? ValueEncoding::kFp16 : ValueEncoding::kFp32});
+      if (!bytes.ok() || !write(selector, bytes.value())) return 1;
+      // The same entries as sign + scale: each tensor's values become ±(a scale of its own),
+      // and the first entry of every byte of signs negative so the sign bits vary.
+      for (auto& tensor : u.tensors) {
+        const float scale = static_cast<float>(1 + rng() % 400) / 64.0f;
+        for (std::size_t j = 0; j < tensor.values.size(); ++j) tensor.values[j] = j % 8 == 0 || rng() % 2 ? -scale : scale;
+      }
+      bytes = encode_sparse_update(u, {ValueEncoding::kSignScale});
       if (!bytes.ok() || !write(selector, bytes.value())) return 1;
     }
     std::uint64_t total = 0;

@@ -339,6 +339,168 @@ TEST(SparseCodec, RandomCorruptionNeverCrashes) {
   }
 }
 
+// Sign + scale (ValueEncoding::kSignScale): one f32 scale per tensor record and one sign
+// bit per entry. The encoder only takes values that are all ±s, so the round trip is exact.
+void make_sign_scale(SparseUpdate& u, std::mt19937& rng) {
+  std::uniform_real_distribution<float> scale(1e-6f, 10.0f);
+  for (auto& t : u.tensors) {
+    const float s = scale(rng);
+    for (auto& v : t.values) v = rng() % 2 ? -s : s;
+  }
+}
+
+TEST(SignScaleCodec, RandomUpdatesRoundTripBitForBit) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    Fixture f = random_update(rng);
+    make_sign_scale(f.update, rng);
+    auto bytes = encode_sparse_update(f.update, {ValueEncoding::kSignScale});
+    ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+    auto decoded = decode_sparse_update(bytes.value(), f.layout());
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    expect_same(f.update, decoded.value(), false);
+    // ±s is an fp32 value: re-encoding as fp32 keeps it, and a sign-scale re-encoding of the
+    // decoded update is the same message.
+    auto as_fp32 = decode_sparse_update(encode_sparse_update(decoded.value()).value(), f.layout());
+    ASSERT_TRUE(as_fp32.ok());
+    expect_same(f.update, as_fp32.value(), false);
+    EXPECT_EQ(encode_sparse_update(decoded.value(), {ValueEncoding::kSignScale}).value(), bytes.value());
+  }
+}
+
+TEST(SignScaleCodec, CostsAScaleAndOneBitPerEntry) {
+  std::mt19937 rng(12);
+  const std::vector<std::uint32_t> sizes = {1000};
+  for (std::uint32_t k : {0u, 1u, 7u, 8u, 9u, 100u, 125u, 1000u}) {
+    SparseUpdate u{kModel, 0, 0, {random_tensor(rng, 0, 1000, k)}};
+    make_sign_scale(u, rng);
+    const std::size_t value_bytes = k == 0 ? 0 : 4 + (k + 7) / 8;
+    EXPECT_EQ(value_section_bytes(ValueEncoding::kSignScale, k), value_bytes);
+    const auto fp32 = encode_sparse_update(u).value();
+    const auto signs = encode_sparse_update(u, {ValueEncoding::kSignScale}).value();
+    EXPECT_EQ(signs.size(), fp32.size() - 4 * k + value_bytes) << "k=" << k;
+    EXPECT_EQ(signs[kFirstIndexEncoding - 1], 2) << "k=" << k;  // the record's value-encoding byte
+  }
+  EXPECT_EQ(value_section_bytes(ValueEncoding::kFp32, 10), 40u);
+  EXPECT_EQ(value_section_bytes(ValueEncoding::kFp16, 10), 20u);
+}
+
+TEST(SignScaleCodec, MatchesTheExampleInCodecMd) {
+  // The f32 example of CODEC.md with values {3: 0.75, 200: −0.75}.
+  SparseUpdate u{1, 2, 3, {{0, 300, {3, 200}, {0.75f, -0.75f}}}};
+  const std::vector<std::uint8_t> documented = {
+      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0,
+      0x03, 0, 0, 0, 0, 0, 0, 0, 0x01, 0, 0, 0, 0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0, 0x02, 0x00,
+      0x03, 0xc4, 0x01, 0x00, 0x00, 0x40, 0x3f, 0x02};
+  EXPECT_EQ(encode_sparse_update(u, {ValueEncoding::kSignScale}).value(), documented);
+}
+
+TEST(SignScaleCodec, EncoderRefusesValuesThatAreNotAllPlusOrMinusOneScale) {
+  auto refused = [](SparseUpdate u) {
+    auto r = encode_sparse_update(u, {ValueEncoding::kSignScale});
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
+    EXPECT_FALSE(r.error().message.empty());
+  };
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, -2.0f}}}});                                  // two magnitudes
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, std::nextafter(1.0f, 2.0f)}}}});             // one ulp apart
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {0.0f, 0.0f}}}});                                   // zero scale
+  refused({kModel, 0, 0, {{0, 4, {1}, {-0.0f}}}});
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, 0.0f}}}});
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::infinity()}}}});
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::quiet_NaN()}}}});
+  // The check is per tensor: each may have its own scale, and an empty one needs none.
+  SparseUpdate fine{kModel, 0, 0, {{0, 4, {0, 3}, {-2.0f, 2.0f}}, {1, 4, {}, {}}, {2, 4, {1}, {0.125f}}}};
+  EXPECT_TRUE(encode_sparse_update(fine, {ValueEncoding::kSignScale}).ok());
+}
+
+TEST(SignScaleCodec, DecoderRefusesBadScalesPaddingAndTruncation) {
+  // One tensor (n = 300) with 10 entries at 0, 20, ..., 180: delta-varint indices at 50..59
+  // (one byte each), scale at 60, signs at 64..65 (bits 8 and 9 in the second byte).
+  const std::vector<std::uint32_t> sizes = {300};
+  const ModelLayout layout{kModel, sizes};
+  SparseTensor t{0, 300, {}, {}};
+  for (std::uint32_t j = 0; j < 10; ++j) {
+    t.indices.push_back(20 * j);
+    t.values.push_back(j % 3 ? 1.5f : -1.5f);
+  }
+  SparseUpdate u{kModel, 0, 0, {t}};
+  const auto good = encode_sparse_update(u, {ValueEncoding::kSignScale}).value();
+  ASSERT_EQ(good.size(), 36u + 14 + 10 + 4 + 2);
+  ASSERT_EQ(good[64], 0x49);  // entries 0, 3, 6 negative
+  ASSERT_EQ(good[65], 0x02);  // entry 9 negative
+  ASSERT_TRUE(decode_sparse_update(good, layout).ok());
+  auto with_scale = [&](float scale) {
+    auto b = good;
+    const auto bits = std::bit_cast<std::uint32_t>(scale);
+    for (int i = 0; i < 4; ++i) b[60 + i] = static_cast<std::uint8_t>(bits >> (8 * i));
+    return b;
+  };
+  expect_decode_error(with_scale(std::numeric_limits<float>::quiet_NaN()), layout, CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(std::numeric_limits<float>::infinity()), layout, CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(-std::numeric_limits<float>::infinity()), layout, CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(-1.5f), layout, CodecErrorCode::kBadEncoding);
+  expect_decode_error(with_scale(0.0f), layout, CodecErrorCode::kBadEncoding);
+  expect_decode_error(with_scale(-0.0f), layout, CodecErrorCode::kBadEncoding);
+  auto tiny = decode_sparse_update(with_scale(std::numeric_limits<float>::denorm_min()), layout);
+  ASSERT_TRUE(tiny.ok()) << tiny.error().message;  // a subnormal scale is still > 0
+  EXPECT_EQ(tiny.value().tensors[0].values[0], -std::numeric_limits<float>::denorm_min());
+  // Padding: the six unused high bits of the last sign byte must be zero.
+  for (int bit = 2; bit < 8; ++bit) {
+    auto b = good;
+    b[65] |= static_cast<std::uint8_t>(1u << bit);
+    expect_decode_error(b, layout, CodecErrorCode::kBadEncoding);
+  }
+  for (std::size_t length = 0; length < good.size(); ++length)
+    expect_decode_error(std::span(good).first(length), layout, CodecErrorCode::kTruncated);
+  auto longer = good;
+  longer.push_back(0);
+  expect_decode_error(longer, layout, CodecErrorCode::kTrailingBytes);
+  auto unknown = good;
+  unknown[48] = 3;
+  expect_decode_error(unknown, layout, CodecErrorCode::kBadEncoding);
+  // A count the sign bytes cannot hold is refused before anything is allocated.
+  auto more = good;
+  more[44] = 200;
+  expect_decode_error(more, layout, CodecErrorCode::kTruncated);
+  // No entries: no scale and no sign bytes.
+  SparseUpdate empty{kModel, 0, 0, {{0, 300, {}, {}}}};
+  const auto empty_bytes = encode_sparse_update(empty, {ValueEncoding::kSignScale}).value();
+  EXPECT_EQ(empty_bytes.size(), 36u + 14);
+  ASSERT_TRUE(decode_sparse_update(empty_bytes, layout).ok());
+}
+
+TEST(SignScaleCodec, ModelDeltasRefuseIt) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  ModelDelta delta{kModel, 2, 9, 1234, {{0, 300, {3, 200}, {0.5f, -0.5f}}}};
+  auto b = encode_model_delta(delta).value();
+  b[56] = 2;  // value encoding of the first record (header 44 + 12)
+  auto r = decode_model_delta(b, {kModel, sizes});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, CodecErrorCode::kBadEncoding);
+}
+
+TEST(SignScaleCodec, RandomCorruptionNeverCrashes) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 3000; ++trial) {
+    Fixture f = random_update(rng);
+    make_sign_scale(f.update, rng);
+    auto bytes = encode_sparse_update(f.update, {ValueEncoding::kSignScale}).value();
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    auto r = decode_sparse_update(bytes, f.layout());
+    if (!r.ok()) continue;
+    for (const auto& t : r.value().tensors) {
+      ASSERT_LT(t.tensor, f.sizes.size());
+      ASSERT_EQ(t.indices.size(), t.values.size());
+      for (std::size_t j = 0; j < t.indices.size(); ++j) {
+        ASSERT_LT(t.indices[j], t.size);
+        ASSERT_TRUE(std::isfinite(t.values[j]));
+      }
+    }
+  }
+}
+
 TEST(DenseCodec, RoundTripsAndChecksLayout) {
   std::mt19937 rng(5);
   std::vector<std::uint32_t> sizes = {288, 32, 1, 7};

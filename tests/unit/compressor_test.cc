@@ -196,6 +196,127 @@ TEST(Compressor, Fp16RoundingErrorIsFedBack) {
   }
 }
 
+// Sign + scale: the entries top-k would send (minus exact zeros), each as ±(their mean |v|).
+TEST(Compressor, SignScaleSendsPlusOrMinusTheMeanMagnitude) {
+  std::mt19937 rng(6);
+  const std::vector<std::uint32_t> sizes = {288, 32, 1000, 10};
+  const auto layout = layout_of(sizes);
+  for (auto method : {CompressionMethod::kTopK, CompressionMethod::kBinLocal}) {
+    CompressorOptions plain;
+    plain.method = method;
+    plain.compression_rate = 0.05;
+    CompressorOptions signs = plain;
+    signs.sign_scale_values = true;
+    Compressor reference(layout, plain), compressor(layout, signs);
+    SparseUpdate expected, update;
+    for (int step = 0; step < 3; ++step) {
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> g(total(sizes));
+      for (auto& v : g) v = rng() % 5 == 0 ? 0.0f : normal(rng);  // zeros: some get selected
+      reference.compress(g, expected);
+      compressor.compress(g, update);
+      if (method == CompressionMethod::kBinLocal) break;  // the residuals differ from here on
+      for (std::size_t t = 0; t < sizes.size(); ++t) {
+        const auto& want = expected.tensors[t];
+        const auto& got = update.tensors[t];
+        std::vector<std::uint32_t> nonzero;
+        double sum = 0.0;
+        for (std::size_t j = 0; j < want.indices.size(); ++j)
+          if (want.values[j] != 0.0f) {
+            nonzero.push_back(want.indices[j]);
+            sum += std::fabs(want.values[j]);
+          }
+        ASSERT_EQ(got.indices, nonzero) << "tensor " << t;
+        if (nonzero.empty()) continue;
+        const float scale = static_cast<float>(sum / static_cast<double>(nonzero.size()));
+        ASSERT_GT(scale, 0.0f);
+        for (std::size_t j = 0, w = 0; j < got.indices.size(); ++j, ++w) {
+          while (want.indices[w] != got.indices[j]) ++w;
+          EXPECT_EQ(got.values[j], want.values[w] < 0 ? -scale : scale) << "tensor " << t << " index " << got.indices[j];
+        }
+      }
+      // What it sends is what the sign + scale encoding carries, bit for bit.
+      auto bytes = edgetrain::transport::encode_sparse_update(update, {edgetrain::transport::ValueEncoding::kSignScale});
+      ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+      auto back = edgetrain::transport::decode_sparse_update(bytes.value(), {0, sizes});
+      ASSERT_TRUE(back.ok()) << back.error().message;
+      for (std::size_t t = 0; t < sizes.size(); ++t) EXPECT_EQ(back.value().tensors[t].values, update.tensors[t].values);
+    }
+  }
+}
+
+TEST(Compressor, SignScaleErrorIsFedBackExactly) {
+  // Grid values (multiples of 1/8) and power-of-two k per tensor keep every mean and every
+  // v − sign(v)·s exact for a few steps, so sent + residual equals the gradients' sum in
+  // exact arithmetic. (Bin-local's k depends on the data, so its means are not exact:
+  // SignScaleFeedsTheErrorBackOverManySteps covers it.)
+  const std::vector<std::uint32_t> sizes = {256, 32, 1024, 4};
+  const auto layout = layout_of(sizes);
+  {
+    std::mt19937 rng(7);
+    CompressorOptions options;
+    options.error_feedback = true;
+    options.compression_rate = 1.0 / 64;  // k = 4, 1 (at least one), 16, 1
+    options.sign_scale_values = true;
+    Compressor compressor(layout, options);
+    std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
+    SparseUpdate update;
+    std::vector<float> residual_before(total(sizes), 0.0f);
+    for (int step = 0; step < 4; ++step) {
+      auto g = grid_gradient(total(sizes), rng);
+      for (std::size_t i = 0; i < g.size(); ++i) gradients[i] += g[i];
+      compressor.compress(g, update);
+      scatter_add(update, layout, sent);
+      // Per step, per sent entry: residual + sent == residual before + gradient.
+      for (const auto& t : update.tensors)
+        for (std::size_t j = 0; j < t.indices.size(); ++j) {
+          const std::size_t a = layout[t.tensor].offset + t.indices[j];
+          EXPECT_EQ(double{compressor.residual()[a]} + double{t.values[j]}, double{residual_before[a] + g[a]})
+              << "step " << step << " entry " << a;
+          EXPECT_EQ(std::fabs(t.values[j]), std::fabs(t.values[0]));
+        }
+      std::copy(compressor.residual().begin(), compressor.residual().end(), residual_before.begin());
+    }
+    for (std::size_t i = 0; i < gradients.size(); ++i)
+      ASSERT_EQ(sent[i] + compressor.residual()[i], gradients[i]) << "entry " << i;
+  }
+}
+
+TEST(Compressor, SignScaleFeedsTheErrorBackOverManySteps) {
+  // Ordinary float gradients: v − sign(v)·s and residual + g are rounded float operations,
+  // so over 50 steps sent + residual stays within float rounding of the gradients' sum.
+  const std::vector<std::uint32_t> sizes = {288, 32, 18432, 64};
+  const auto layout = layout_of(sizes);
+  for (auto method : {CompressionMethod::kTopK, CompressionMethod::kBinLocal}) {
+    std::mt19937 rng(8);
+    CompressorOptions options;
+    options.method = method;
+    options.error_feedback = true;
+    options.sign_scale_values = true;
+    Compressor compressor(layout, options);
+    std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    SparseUpdate update;
+    for (int step = 0; step < 50; ++step) {
+      std::vector<float> g(total(sizes));
+      for (auto& v : g) v = normal(rng);
+      for (std::size_t i = 0; i < g.size(); ++i) gradients[i] += g[i];
+      compressor.compress(g, update);
+      scatter_add(update, layout, sent);
+    }
+    for (std::size_t i = 0; i < gradients.size(); ++i)
+      ASSERT_NEAR(sent[i] + compressor.residual()[i], gradients[i], 1e-4 * (1.0 + std::fabs(gradients[i])))
+          << "method " << static_cast<int>(method) << " entry " << i;
+  }
+}
+
+TEST(Compressor, SignScaleAndFp16ExcludeEachOther) {
+  CompressorOptions both;
+  both.fp16_values = true;
+  both.sign_scale_values = true;
+  EXPECT_THROW(Compressor(layout_of({10}), both), std::invalid_argument);
+}
+
 TEST(Compressor, BinLocalSelectsByTheBinRule) {
   std::mt19937 rng(5);
   const std::vector<std::uint32_t> sizes = {1000, 37};

@@ -1,5 +1,6 @@
 // Proves the train step does not touch the heap, both the paper CNN composed from the fast
-// ops (tests/support) and runtime::Trainer on either backend: this binary
+// ops (tests/support) and runtime::Trainer on either backend, nor does the top-k
+// compressor after its first call (every value option): this binary
 // replaces the global operator new (counting every call), and XNNPACK's allocator counts
 // its trips to the system (kernels/xnnpack_setup.h). After one warm-up step, whose
 // recreated operators fill the recycling allocator, further steps must leave both unchanged.
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "kernels/xnnpack_setup.h"
+#include "runtime/compressor.h"
 #include "runtime/model.h"
 #include "runtime/trainer.h"
 #include "tests/support/paper_cnn.h"
@@ -114,5 +116,30 @@ TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
 }
 
 TEST(NoAllocation, TrainerReference) { expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr); }
+
+// Compressor::compress on the paper CNN's layout at c = 0.01 with each value option: after
+// the first call has sized the update's vectors, further calls reuse them. (Bin-local is
+// left out: how many entries it sends depends on the data, so a later call may need more
+// room than any before.)
+TEST(NoAllocation, TopKCompressorAfterTheFirstCall) {
+  using namespace edgetrain::runtime;
+  edgetrain::runtime::Model model(edgetrain::runtime::builtin_model_spec("paper-cnn"));
+  std::vector<TensorSlice> layout;
+  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  std::vector<float> gradient(model.parameter_count());
+  for (std::size_t i = 0; i < gradient.size(); i++) gradient[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 997.0f;
+  for (int variant = 0; variant < 4; variant++) {
+    CompressorOptions options;
+    options.error_feedback = variant > 0;
+    options.fp16_values = variant == 2;
+    options.sign_scale_values = variant == 3;
+    Compressor compressor(layout, options);
+    edgetrain::transport::SparseUpdate update;
+    compressor.compress(gradient, update);
+    const long new_before = g_operator_new_calls.load();
+    for (int step = 0; step < 3; step++) compressor.compress(gradient, update);
+    EXPECT_EQ(g_operator_new_calls.load(), new_before) << "operator new called by Compressor::compress, variant " << variant;
+  }
+}
 
 }  // namespace

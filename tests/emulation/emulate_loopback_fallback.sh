@@ -3,8 +3,9 @@
 # `ip netns add` as an unprivileged user's would. The launcher must say so, fall back to
 # loopback (every worker on its own impairer port on 127.0.0.1), create no namespace, and
 # the workers must still train through the impairer: test accuracy reaches FLOOR, and every
-# link relayed traffic. Before that, bad options must fail with a clear message and an --out
-# directory holding anything but an earlier run must be left alone.
+# link relayed traffic. Before that, bad options must fail with a clear message, an --out
+# directory holding anything but an earlier run must be left alone, and a run whose workers
+# all exit must stop at once with status 4.
 # usage: emulate_loopback_fallback.sh BUILD_DIR [FLOOR]
 build_dir="$1"; floor="${2:-0.75}"
 emulate="$(dirname "$0")/../../emulation/edgetrain-emulate"
@@ -38,6 +39,17 @@ for bad in "--workers 0" "--link delay=fast" "--fail kill-worker:9@5" "--no-such
   fi
   grep -q "^edgetrain-emulate: " "$work/bad.log" || fail "'$bad' gave no clear error: $(cat "$work/bad.log")"
 done
+
+# A run whose every worker gives up (here: a learning rate that makes the model diverge at
+# once) stops then, not at --duration, with exit status 4 and its summary written.
+status=0
+started=$SECONDS
+"$emulate" --build-dir "$build_dir" --out "$work/diverged" --workers 2 --model mlp --lr 1e30 --duration 120 --quiet \
+  >"$work/diverged.log" 2>&1 || status=$?
+[ "$status" -eq 4 ] || fail "a run whose workers all exited gave status $status, not 4: $(tail -n 5 "$work/diverged.log")"
+(( SECONDS - started < 60 )) || fail "a run whose workers all exited went on for $((SECONDS - started)) s"
+grep -q "stopped: every worker exited on its own" "$work/diverged/summary.md" ||
+  fail "the summary does not say why the run stopped: $(cat "$work/diverged/summary.md")"
 
 status=0
 PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \

@@ -27,6 +27,27 @@ void require(bool condition) {
   if (!condition) std::abort();
 }
 
+// The invariants every decoder documents for what it accepts: each tensor of the layout at
+// most once and with its size, indices strictly increasing and < n, one finite value each.
+void require_documented_tensors(const std::vector<SparseTensor>& tensors, const std::vector<std::uint32_t>& sizes) {
+  std::vector<bool> seen(sizes.size(), false);
+  for (const auto& t : tensors) {
+    require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
+    seen[t.tensor] = true;
+    require(t.indices.size() == t.values.size() && t.indices.size() <= t.size);
+    for (std::size_t j = 0; j < t.indices.size(); ++j) {
+      require(t.indices[j] < t.size && (j == 0 || t.indices[j - 1] < t.indices[j]));
+      require(std::isfinite(t.values[j]));
+    }
+  }
+}
+
+// Bit for bit, so -0 differs from +0. memcmp must not see the null data() of an empty
+// vector (a tensor with no entries).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0);
+}
+
 // What the sign + scale encoder accepts: in every tensor, all values ±s for one s > 0.
 bool all_plus_minus_one_scale(const SparseUpdate& u) {
   for (const auto& t : u.tensors)
@@ -48,16 +69,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto update = decode_sparse_update(message, layout, limits);
   if (update.ok()) {
     const SparseUpdate& u = update.value();
-    std::vector<bool> seen(sizes.size(), false);
-    for (const auto& t : u.tensors) {
-      require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
-      seen[t.tensor] = true;
-      require(t.indices.size() == t.values.size() && t.indices.size() <= t.size);
-      for (std::size_t j = 0; j < t.indices.size(); ++j) {
-        require(t.indices[j] < t.size && (j == 0 || t.indices[j - 1] < t.indices[j]));
-        require(std::isfinite(t.values[j]));
-      }
-    }
+    require_documented_tensors(u.tensors, sizes);
     // fp32 re-encoding is lossless for any decoded value (fp16 values widen exactly, and
     // sign + scale values are ±an f32 scale).
     auto again = encode_sparse_update(u);
@@ -78,9 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       require(signs_back.ok() && signs_back.value().tensors.size() == u.tensors.size());
       for (std::size_t i = 0; i < u.tensors.size(); ++i) {
         require(signs_back.value().tensors[i].indices == u.tensors[i].indices);
-        const auto& a = signs_back.value().tensors[i].values;
-        const auto& b = u.tensors[i].values;
-        require(a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0));
+        require(same_bits(signs_back.value().tensors[i].values, u.tensors[i].values));
       }
     }
   }
@@ -89,16 +99,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (delta.ok()) {
     const ModelDelta& d = delta.value();
     require(d.version >= d.base_version);
-    std::vector<bool> seen(sizes.size(), false);
-    for (const auto& t : d.tensors) {
-      require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
-      seen[t.tensor] = true;
-      require(t.indices.size() == t.values.size() && t.indices.size() <= t.size);
-      for (std::size_t j = 0; j < t.indices.size(); ++j) {
-        require(t.indices[j] < t.size && (j == 0 || t.indices[j - 1] < t.indices[j]));
-        require(std::isfinite(t.values[j]));
-      }
-    }
+    require_documented_tensors(d.tensors, sizes);
     // Deltas carry exact fp32 values: re-encoding gives back the same entries bit for bit.
     auto again = encode_model_delta(d);
     require(again.ok());
@@ -106,10 +107,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     require(back.ok() && back.value().digest == d.digest && back.value().tensors.size() == d.tensors.size());
     for (std::size_t i = 0; i < d.tensors.size(); ++i) {
       require(back.value().tensors[i].indices == d.tensors[i].indices);
-      // memcmp must not see the null data() of an empty vector (a tensor with no entries).
-      const auto& a = back.value().tensors[i].values;
-      const auto& b = d.tensors[i].values;
-      require(a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0));
+      require(same_bits(back.value().tensors[i].values, d.tensors[i].values));
     }
     std::size_t total = 0;
     for (auto n : sizes) total += n;

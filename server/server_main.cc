@@ -92,7 +92,7 @@ void apply_config_file(const std::string& path, const CLI::App& app, Settings& s
                                               "max_update_bytes", "seed"};
   static const std::set<std::string> transport_keys = {
       "insecure", "insecure_port", "cert_file", "cert_key_file", "ca_file",
-      "coap_ack_timeout", "coap_ack_random_factor", "coap_max_retransmit", "coap_nstart"};
+      "coap_ack_timeout", "coap_ack_random_factor", "coap_max_retransmit", "coap_nstart", "datagrams_per_pass"};
   for (const auto& [key, value] : config)
     if (!known.count(std::string(key.str())) && !transport_keys.count(std::string(key.str())))
       throw std::runtime_error("config " + path + ": unknown key '" + std::string(key.str()) + "'");
@@ -192,6 +192,8 @@ int run_server(const Settings& s) {
   if (s.port < 0 || s.port > 65535) throw std::invalid_argument("--port must be 0..65535");
   if (s.insecure_port < 0 || s.insecure_port > 65535) throw std::invalid_argument("--insecure-port must be 0..65535");
   transport::check_timing(s.timing);
+  if (s.datagrams_per_pass < 1 || s.datagrams_per_pass > 1024)
+    throw std::invalid_argument("--datagrams-per-pass (datagrams_per_pass) must be 1..1024");
 
   // Without a keystore (certificates only) every PSK handshake is refused.
   std::optional<LiveKeystore> keystore;

@@ -43,7 +43,19 @@ if "$worker" --server coaps://127.0.0.1:5684 --insecure --identity w-plain "${co
   fail "the worker accepted --insecure with a coaps:// URI"
 fi
 
-start_server "$work/dtls-only.log" --port 0 --state-dir "$work/state-dtls" --keystore "$work/keys.toml" --model mlp
+# The event loop's datagrams per pass comes from a flag or the config file; out of range,
+# either way, is a clear error before any state is made.
+printf 'datagrams_per_pass = 5000\n' >"$work/bad-pass.toml"
+if "$server" --config "$work/bad-pass.toml" --state-dir "$work/state-bad" --keystore "$work/keys.toml" --model mlp \
+     >"$work/bad-pass.log" 2>&1; then
+  fail "the server accepted datagrams_per_pass = 5000"
+fi
+grep -q "datagrams_per_pass) must be 1..1024" "$work/bad-pass.log" && [ ! -e "$work/state-bad" ] ||
+  fail "no clear error for datagrams_per_pass = 5000, or state was made: $(cat "$work/bad-pass.log")"
+
+printf 'datagrams_per_pass = 4\n' >"$work/pass.toml"
+start_server "$work/dtls-only.log" --port 0 --state-dir "$work/state-dtls" --keystore "$work/keys.toml" --model mlp \
+  --config "$work/pass.toml"
 [ "$(udp_sockets "$server_pid")" -eq 1 ] || fail "a DTLS-only server holds $(udp_sockets "$server_pid") UDP sockets, not 1"
 ! grep -q "plain CoAP" "$work/dtls-only.log" || fail "a DTLS-only server mentions plain CoAP"
 kill -TERM "$server_pid"

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "server/svg_plot.h"
+#include "common/svg_plot.h"
 
 namespace {
 
@@ -100,13 +100,13 @@ int main(int argc, char** argv) {
       target = std::floor((lowest_best - 0.005) * 1000) / 1000;
     }
     std::filesystem::create_directories(out);
-    std::vector<server::PlotSeries> by_ingress, by_time;
+    std::vector<plot::PlotSeries> by_ingress, by_time;
     for (const Run& run : runs) {
       // The legend has room for ~20 characters: the label without its parenthesized
       // setting ("(MLP, 10)"), or else the run directory's name (the table has the label).
       std::string legend = run.label.substr(0, run.label.find(" ("));
       if (legend.size() > 20) legend = std::filesystem::path(run.directory).filename().string();
-      server::PlotSeries ingress{legend, {}, {}}, time{legend, {}, {}};
+      plot::PlotSeries ingress{legend, {}, {}}, time{legend, {}, {}};
       for (const Row& r : run.rows) {
         if (r.socket_bytes > 0) ingress.x.push_back(static_cast<double>(r.socket_bytes)), ingress.y.push_back(r.accuracy);
         time.x.push_back(r.seconds), time.y.push_back(r.accuracy);
@@ -114,17 +114,17 @@ int main(int argc, char** argv) {
       by_ingress.push_back(std::move(ingress));
       by_time.push_back(std::move(time));
     }
-    server::PlotOptions plot;
+    plot::PlotOptions plot;
     plot.y_label = "test accuracy";
     plot.reference_y = target;
     plot.title = "edgetrain-emulate: test accuracy against bytes at the server's socket";
     plot.x_label = "UDP bytes received by the server (DTLS, CoAP, handshakes, retransmissions)";
     plot.log_x = true;
-    std::ofstream(out + "/accuracy-vs-ingress.svg") << server::render_svg_line_chart(by_ingress, plot);
+    std::ofstream(out + "/accuracy-vs-ingress.svg") << plot::render_svg_line_chart(by_ingress, plot);
     plot.title = "edgetrain-emulate: test accuracy against time";
     plot.x_label = "seconds since the server started";
     plot.log_x = false;
-    std::ofstream(out + "/accuracy-vs-time.svg") << server::render_svg_line_chart(by_time, plot);
+    std::ofstream(out + "/accuracy-vs-time.svg") << plot::render_svg_line_chart(by_time, plot);
 
     std::ostringstream table;
     char target_text[32];

@@ -27,7 +27,7 @@
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/server_state.h"
-#include "server/svg_plot.h"
+#include "common/svg_plot.h"
 #include "transport/coap_dtls.h"
 
 namespace {
@@ -289,7 +289,7 @@ int run_server(const Settings& s) {
     metrics << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,dense_equivalent_bytes,test_accuracy,test_loss\n";
   }
   std::mutex metrics_mutex;
-  server::PlotSeries accuracy_by_ingress{"this run", {}, {}};
+  plot::PlotSeries accuracy_by_ingress{"this run", {}, {}};
   const auto started = std::chrono::steady_clock::now();
 
   std::unique_ptr<server::BackgroundEvaluator> evaluator;
@@ -338,7 +338,7 @@ int run_server(const Settings& s) {
            std::to_string(state.version()));
   evaluator.reset();
   if (!accuracy_by_ingress.x.empty()) {
-    server::PlotOptions plot;
+    plot::PlotOptions plot;
     plot.title = "edgetrain-server: test accuracy against ingress (" + state.model().spec().name + ", " +
                  std::to_string(static_cast<int>(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count())) +
                  " s)";
@@ -346,7 +346,7 @@ int run_server(const Settings& s) {
     plot.y_label = "test accuracy";
     plot.log_x = true;
     const auto svg_path = std::filesystem::path(s.state_dir) / "accuracy-vs-ingress.svg";
-    std::ofstream(svg_path) << server::render_svg_line_chart({accuracy_by_ingress}, plot);
+    std::ofstream(svg_path) << plot::render_svg_line_chart({accuracy_by_ingress}, plot);
     log_line("plot written to " + svg_path.string());
   }
   state.checkpoint();

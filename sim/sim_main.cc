@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "sim/simulator.h"
-#include "server/svg_plot.h"
+#include "common/svg_plot.h"
 
 namespace {
 
@@ -183,9 +183,9 @@ int main(int argc, char** argv) {
       for (const auto& r : results) lowest_best = std::min(lowest_best, r.best_accuracy());
       target_accuracy = std::floor((lowest_best - 0.005) * 1000) / 1000;
     }
-    std::vector<server::PlotSeries> by_bytes, by_updates;
+    std::vector<plot::PlotSeries> by_bytes, by_updates;
     for (const auto& r : results) {
-      server::PlotSeries b{r.label, {}, {}}, u{r.label, {}, {}};
+      plot::PlotSeries b{r.label, {}, {}}, u{r.label, {}, {}};
       for (const auto& p : r.curve) {
         b.x.push_back(static_cast<double>(p.ingress_bytes));
         b.y.push_back(p.accuracy);
@@ -195,18 +195,18 @@ int main(int argc, char** argv) {
       by_bytes.push_back(b);
       by_updates.push_back(u);
     }
-    server::PlotOptions plot;
+    plot::PlotOptions plot;
     plot.title = "Test accuracy against server ingress (" + data + ", " + config.model + ", " +
                  std::to_string(config.workers) + " workers)";
     plot.x_label = "bytes ingested by the server";
     plot.y_label = "test accuracy";
     plot.log_x = true;
     plot.reference_y = target_accuracy;
-    std::ofstream(out_dir + "/accuracy-vs-ingress.svg") << server::render_svg_line_chart(by_bytes, plot);
+    std::ofstream(out_dir + "/accuracy-vs-ingress.svg") << plot::render_svg_line_chart(by_bytes, plot);
     plot.title = "Test accuracy against applied updates";
     plot.x_label = "updates applied";
     plot.log_x = false;
-    std::ofstream(out_dir + "/accuracy-vs-updates.svg") << server::render_svg_line_chart(by_updates, plot);
+    std::ofstream(out_dir + "/accuracy-vs-updates.svg") << plot::render_svg_line_chart(by_updates, plot);
 
     std::ostringstream summary;
     summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | "

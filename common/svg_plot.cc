@@ -1,4 +1,4 @@
-#include "server/svg_plot.h"
+#include "common/svg_plot.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <limits>
 #include <sstream>
 
-namespace edgetrain::server {
+namespace edgetrain::plot {
 namespace {
 
 std::string escape(const std::string& text) {
@@ -133,4 +133,4 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
   return svg.str();
 }
 
-}  // namespace edgetrain::server
+}  // namespace edgetrain::plot

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace edgetrain::server {
+namespace edgetrain::plot {
 
 struct PlotSeries {
   std::string label;
@@ -25,4 +25,4 @@ struct PlotOptions {
 // Renders the chart as an SVG document.
 std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const PlotOptions& options);
 
-}  // namespace edgetrain::server
+}  // namespace edgetrain::plot

@@ -14,6 +14,8 @@
 # usage: boards/measure-worker.sh BOARD [STEPS]   (default 20 steps; needs build/host and build/BOARD)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+fail_prefix="measure-worker: "
+source common/processes.sh
 board="${1:?usage: boards/measure-worker.sh BOARD [STEPS]}"
 steps="${2:-20}"
 [ -f "boards/$board/board.cmake" ] || { echo "measure-worker: unknown board '$board'" >&2; exit 2; }
@@ -25,8 +27,7 @@ server=build/host/server/edgetrain-server
 [ -f "build/$board/CPackConfig.cmake" ] || { echo "measure-worker: configure and build build/$board first (./build.sh package $board)" >&2; exit 1; }
 
 work=$(mktemp -d)
-pids=()
-trap 'for p in ${pids[@]+"${pids[@]}"}; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'stop_started_programs; rm -rf "$work"' EXIT
 cpack --config "build/$board/CPackConfig.cmake" -B "$work/pkg" -D CPACK_OUTPUT_FILE_PREFIX="$work/pkg" >/dev/null
 deb=$(ls "$work"/pkg/edgetrain-worker-"$board"_*_arm64.deb)
 dpkg-deb -x "$deb" "$work/root"
@@ -34,25 +35,20 @@ worker="$work/root/usr/bin/edgetrain-worker"
 size=$(stat -c %s "$worker")
 code=$(aarch64-linux-gnu-size "$worker" | awk 'NR == 2 { print $1 + $2 }')   # text + data; the file adds segment padding
 
-"$server" add-device measure --keystore "$work/keys.toml" --server-uri coaps://127.0.0.1:0 >"$work/device.toml" 2>/dev/null
-"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model paper-cnn \
-  >"$work/server.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 300); do grep -q 'listening on' "$work/server.log" && break; sleep 0.1; done
-port=$(grep -oE 'listening on 127\.0\.0\.1:[0-9]+' "$work/server.log" | cut -d: -f2)
-[ -n "$port" ] || { cat "$work/server.log" >&2; exit 1; }
+add_device "$server" "$work/keys.toml" measure "$work/device.toml"
+start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model paper-cnn
+port=$server_port
 
 sed -nE "s/^key_hex = '(.*)'/\1/p" "$work/device.toml" >"$work/worker.psk"
 guest_base=0x200000000000 guest_size=0x100000000
 # The board's packaged configuration (threads, batch, model) and the unit's Environment=,
 # with this run's server and key.
 unit_env=$(sed -n 's/^Environment=//p' "$work/root/lib/systemd/system/edgetrain-worker.service" | tr '\n' ' ')
-env $unit_env qemu-aarch64 -R "$guest_size" -B "$guest_base" -L "$deps/sysroot-aarch64" "$worker" \
-  --config "$work/root/etc/edgetrain/worker.toml" --identity measure \
-  --key-file "$work/worker.psk" \
-  --server "coaps://127.0.0.1:$port" --data "$deps/mnist" --steps "$steps" --quiet >"$work/worker.log" 2>&1 &
-worker_pid=$!
-pids+=($worker_pid)
+stats="$work/worker.stats.json"
+start_worker "$work/worker.log" "$stats" env $unit_env qemu-aarch64 -R "$guest_size" -B "$guest_base" \
+  -L "$deps/sysroot-aarch64" "$worker" --config "$work/root/etc/edgetrain/worker.toml" --identity measure \
+  --key-file "$work/worker.psk" --server "coaps://127.0.0.1:$port" --data "$deps/mnist" --steps "$steps" --quiet
+worker_pid=$last_pid
 read -r guest_kib total_kib < <(/usr/bin/python3 - "$worker_pid" "$guest_base" "$guest_size" <<'PY'
 import sys, time
 pid, lo, size = int(sys.argv[1]), int(sys.argv[2], 16), int(sys.argv[3], 16)
@@ -83,7 +79,7 @@ print(peak_guest, peak_total)
 PY
 )
 status=0; wait "$worker_pid" || status=$?
-if [ "$status" != 0 ] || ! grep -q "stopped after $steps steps" "$work/worker.log"; then
+if [ "$status" != 0 ] || [ "$(json_get "$stats" steps)" != "$steps" ]; then
   echo "measure-worker: the worker did not finish its $steps steps (exit $status):" >&2; tail -n 20 "$work/worker.log" >&2; exit 1
 fi
 threads=$(sed -nE 's/^threads = ([0-9]+)/\1/p' "$work/root/etc/edgetrain/worker.toml")
@@ -91,4 +87,5 @@ awk -v b="$board" -v s="$size" -v c="$code" -v t="$threads" -v n="$steps" -v g="
   printf "board %s: stripped edgetrain-worker %d bytes (%.2f MB), code %d bytes; paper-cnn, %s threads, %d steps under qemu-aarch64\n", b, s, s / 1e6, c, t, n
   printf "  peak RSS: worker (guest pages) %.1f MiB = %.1f MB; whole qemu process %.1f MiB\n", g / 1024, g * 1.024 / 1000, q / 1024 }'
 echo "  unit environment: ${unit_env:-none}"
-grep -E "stopped after" "$work/worker.log" | sed 's/^/  /'
+echo "  worker: $(json_get "$stats" steps) steps, $(json_get "$stats" updates_accepted) updates accepted," \
+  "$(json_get "$stats" pulls) pulls ($(json_get "$stats" delta_pulls) as deltas), $(json_get "$stats" bytes_received) bytes pulled"

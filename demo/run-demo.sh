@@ -9,6 +9,8 @@
 # Needs build/host and build/aarch64 (./build.sh demo builds both first).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+fail_prefix="run-demo.sh: "
+source common/processes.sh
 
 duration="${EDGETRAIN_DEMO_SECONDS:-150}"
 out="demo-results"
@@ -33,61 +35,49 @@ done
 rm -rf "$out"
 mkdir -p "$out"
 pids=()
-server_pid=""
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null || true
-}
-trap cleanup EXIT
+trap stop_started_programs EXIT
 
 workers=4
-for i in $(seq 1 $workers); do
-  "$server_bin" add-device "worker-$i" --keystore "$out/keys.toml" --server-uri coaps://127.0.0.1:5684 \
-    > "$out/worker-$i.toml" 2>> "$out/setup.log"
-done
+for i in $(seq 1 $workers); do add_device "$server_bin" "$out/keys.toml" "worker-$i" "$out/worker-$i.toml"; done
 
 # D = 512 instead of the default 64: the host workers apply ~70 updates/s between two steps of
 # the aarch64 worker under QEMU (~1.5 s each), so with D = 64 every one of its updates would be
 # refused as too stale; σ scales them down instead, as the paper intends for slow devices.
-"$server_bin" --state-dir "$out/state" --keystore "$out/keys.toml" --listen 127.0.0.1 --port 0 \
-  --model paper-cnn --eval-data mnist --eval-interval 10 --max-staleness 512 > "$out/server.log" 2>&1 &
-server_pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$out/server.log" | head -n1)
-  [ -n "$port" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$out/server.log" >&2; echo "run-demo.sh: the server did not start" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$port" ] || { echo "run-demo.sh: the server did not report its port" >&2; exit 1; }
+# The server writes its port to server.port once bound and its counters to server.stats.json.
+start_server "$server_bin" "$out/server.log" --state-dir "$out/state" --keystore "$out/keys.toml" --port 0 \
+  --model paper-cnn --eval-data mnist --eval-interval 10 --max-staleness 512
+port=$server_port
 echo "server: coaps://127.0.0.1:$port (log: $out/server.log)"
 
 common=(--server "coaps://127.0.0.1:$port" --workers $workers --duration "$duration" --model paper-cnn --data mnist)
 for i in 1 2 3; do
-  "$worker_bin" --config "$out/worker-$i.toml" --worker-id $((i - 1)) "${common[@]}" > "$out/worker-$i.log" 2>&1 &
-  pids+=($!)
+  start_worker "$out/worker-$i.log" "$out/worker-$i.stats.json" "$worker_bin" --config "$out/worker-$i.toml" \
+    --worker-id $((i - 1)) "${common[@]}"
+  pids+=("$last_pid")
   echo "worker $i: x86_64 (log: $out/worker-$i.log)"
 done
-qemu-aarch64 -L "$deps/sysroot-aarch64" "$cross_worker_bin" --config "$out/worker-4.toml" --worker-id 3 "${common[@]}" \
-  > "$out/worker-4.log" 2>&1 &
-pids+=($!)
+start_worker "$out/worker-4.log" "$out/worker-4.stats.json" qemu-aarch64 -L "$deps/sysroot-aarch64" "$cross_worker_bin" \
+  --config "$out/worker-4.toml" --worker-id 3 "${common[@]}"
+pids+=("$last_pid")
 echo "worker 4: aarch64 under qemu-aarch64 (log: $out/worker-4.log)"
 echo "training for $duration s ..."
 
-# "test accuracy 0.9145, loss 0.279 at version 346 (1.4 s); ingress 7460000 payload bytes, 30100000 socket
-# bytes in 90000 datagrams; dense updates would be 583.6 MB: 78x the payload" -> one short line.
+# The latest row of the server's metrics.csv (one per evaluation) as one short line.
 summarize() {
-  awk '{
-    for (i = 1; i <= NF; i++) {
-      if ($i == "accuracy") acc = $(i + 1) * 100
-      if ($i == "version") version = $(i + 1)
-      if ($i == "payload" && $(i + 1) ~ /^bytes/) payload = $(i - 1)
-      if ($i == "socket") socket = $(i - 1)
-      if ($i ~ /x$/ && $(i + 1) == "the") ratio = $i
-    }
-    printf "version %s  test accuracy %.2f%%  update payload %.2f MB (dense: %s as much)  socket ingress %.1f MB",
-           version, acc, payload / 1e6, ratio, socket / 1e6
-  }'
+  awk -F, 'NR > 1 { row = $0; v = $2; payload = $4; socket = $5; dense = $6; acc = $7 } END {
+    if (row == "") exit 1
+    printf "version %s  test accuracy %.2f%%  update payload %.2f MB (dense: %.0fx as much)  socket ingress %.1f MB",
+           v, acc * 100, payload / 1e6, (payload > 0 ? dense / payload : 0), socket / 1e6
+  }' "$out/state/metrics.csv" 2>/dev/null
+}
+# One worker's final counters (its --stats-file) as one short line.
+worker_summary() {
+  local stats="$1"
+  [ "$(json_get "$stats" state)" = stopped ] || { echo "no final stats"; return; }
+  echo "$(json_get "$stats" steps) steps, $(json_get "$stats" updates_accepted) updates accepted," \
+    "$(json_get "$stats" updates_refused) refused as stale, $(json_get "$stats" bytes_sent) bytes sent," \
+    "$(json_get "$stats" retries) retries; $(json_get "$stats" pulls) pulls ($(json_get "$stats" delta_pulls) as deltas)," \
+    "$(json_get "$stats" bytes_received) bytes pulled"
 }
 
 started=$SECONDS
@@ -96,7 +86,7 @@ while :; do
   alive=0
   for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=$((alive + 1)); done
   [ $alive -eq 0 ] && break
-  status=$(grep 'test accuracy' "$out/server.log" | tail -n1 | summarize || true)
+  status=$(summarize || true)
   line=$(printf '[%3d s] %d workers  %s' $((SECONDS - started)) $alive "${status:-waiting for the first evaluation}")
   if [ -t 1 ]; then
     printf '\r%-150s' "$line"
@@ -114,14 +104,13 @@ pids=()
 sleep 11
 kill -TERM "$server_pid"
 wait "$server_pid" || { echo "run-demo.sh: the server exited with an error" >&2; failed=$((failed + 1)); }
-server_pid=""
 
 echo
 echo "== summary =="
-final=$(grep 'test accuracy' "$out/server.log" | tail -n1 | summarize || true)
+final=$(summarize || true)
 echo "final: ${final:-no evaluation was logged}"
 for i in $(seq 1 $workers); do
-  echo "worker $i: $(grep 'stopped after' "$out/worker-$i.log" | sed 's/.*stopped after/stopped after/' || true)"
+  echo "worker $i: $(worker_summary "$out/worker-$i.stats.json")"
 done
 echo "server log: $out/server.log; metrics: $out/state/metrics.csv; plot: $out/state/accuracy-vs-ingress.svg"
 [ $failed -eq 0 ] || { echo "run-demo.sh: $failed process(es) failed" >&2; exit 1; }

@@ -3,19 +3,22 @@
 # as an update's encoded size) plus a per-datagram transport overhead (DTLS record header,
 # nonce and tag, CoAP header, token and options) on every datagram the server received:
 # Block1 blocks of the pushes, Block2 requests of the pulls (they carry no payload),
-# handshakes and retransmissions. Reads the server logs of an edgetrain-emulate run
-# directory (every incarnation's last "socket bytes in N datagrams" line) and prints one
+# handshakes and retransmissions. Reads the stats files of an edgetrain-emulate run
+# directory's servers (logs/server-N.stats.json: every incarnation's last counters; one
+# killed with SIGKILL counts up to its last write, at most a second before) and prints one
 # line of figures; with SIM_BYTES_PER_UPDATE (from docs/results.md's simulator table) also
 # the socket bytes that simulator bytes plus 63.9 B per push datagram and 49.8 B per pull
 # request (constants fitted on the paper runs of docs/results.md) predict.
 # usage: emulation/ingress-accounting.sh RUN_DIR [SIM_BYTES_PER_UPDATE MODEL_BYTES PULL_EVERY]
 set -euo pipefail
+source "$(dirname "$0")/../common/processes.sh"
 run=$1 sim=${2:-} model=${3:-} pull_every=${4:-1}
-# Totals over server incarnations: the last counter line of each log.
-read -r payload socket datagrams < <(for log in "$run"/logs/server-*.log; do
-    grep -E 'payload bytes, [0-9]+ socket bytes in [0-9]+ datagrams' "$log" | tail -n1
-  done | sed -nE 's/.*ingress ([0-9]+) payload bytes, ([0-9]+) socket bytes in ([0-9]+) datagrams.*/\1 \2 \3/p' |
-  awk '{ p += $1; s += $2; d += $3 } END { printf "%.0f %.0f %.0f\n", p, s, d }')
+# Totals over server incarnations.
+read -r payload socket datagrams < <(for stats in "$run"/logs/server-*.stats.json; do
+    echo "$(json_get "$stats" ingress_payload_bytes) $(json_get "$stats" ingress_socket_bytes)" \
+      "$(json_get "$stats" ingress_socket_datagrams || echo 0)"
+  done | awk '{ p += $1; s += $2; d += $3 } END { printf "%.0f %.0f %.0f\n", p, s, d }')
+[ "$datagrams" != 0 ] || { echo "ingress-accounting: the server stats files count no datagrams (ingress_socket_datagrams)" >&2; exit 1; }
 updates=$(awk -F, 'NR > 1 { a += $9 } END { printf "%.0f\n", a }' "$run/workers.csv")
 awk -v p="$payload" -v s="$socket" -v d="$datagrams" -v u="$updates" -v sim="$sim" -v m="$model" -v k="$pull_every" 'BEGIN {
   h = (s - p) / d

@@ -1,19 +1,239 @@
-// edgetrain-emulation-report: turns the timelines of one or more emulation runs into plots
-// (accuracy against socket ingress, accuracy against time; one line per run) and a markdown
-// table with the traffic ratio to a target accuracy. The first run is the reference of the
-// ratio (give the ASGD run first).
+// edgetrain-emulation-report: the numbers of edgetrain-emulate, which is a bash launcher and
+// so does no arithmetic and reads no program output itself:
+//   plan        the seeded draws of a run (link profile and slowdown of every worker, with
+//               splitmix64) and its address plan, as CSV for the launcher;
+//   acknowledged  the highest server version any worker of a run got in a 2.04 (from the
+//               workers' --stats-file), checked against a restarted server's recovery;
+//   summarize   a finished run's workers.csv, outcome.json and summary.md, from the plan,
+//               the workers' and servers' stats files, timeline.csv and links.csv;
+//   compare     plots (accuracy against socket ingress and against time, one line per run)
+//               and a markdown table with the traffic ratio to a target accuracy; the first
+//               run is the reference of the ratio (give the ASGD run first). Also the
+//               default: `edgetrain-emulation-report RUN_DIR... --out DIR`.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 #include "common/svg_plot.h"
+#include "runtime/splitmix64.h"
 
 namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// ------------------------------------------------------------------------------ CSV files
+
+struct CsvTable {
+  std::vector<std::string> header;
+  std::vector<std::vector<std::string>> rows;
+  std::size_t column(const std::string& name) const {
+    const auto it = std::find(header.begin(), header.end(), name);
+    if (it == header.end()) throw std::invalid_argument("no column '" + name + "'");
+    return static_cast<std::size_t>(it - header.begin());
+  }
+  double number(std::size_t row, const std::string& name) const { return std::stod(rows.at(row).at(column(name))); }
+};
+
+std::vector<std::string> split_fields(const std::string& line) {
+  std::vector<std::string> fields;
+  std::istringstream in(line);
+  for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
+  return fields;
+}
+
+// Missing file: an empty table (a run stopped before the file was written).
+CsvTable read_csv(const fs::path& path) {
+  CsvTable table;
+  std::ifstream in(path);
+  std::string line;
+  if (!std::getline(in, line)) return table;
+  table.header = split_fields(line);
+  while (std::getline(in, line)) {
+    if (!line.empty()) table.rows.push_back(split_fields(line));
+  }
+  return table;
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The programs write their stats files atomically, so a file is whole or absent.
+json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read " + path.string());
+  return json::parse(in);
+}
+
+// ------------------------------------------------------------------------------ plan
+
+// "A" or "A:B", numbers >= 0: a value drawn uniformly in [A, B] per worker.
+struct Range {
+  double lo = 0, hi = 0;
+};
+
+Range parse_range(const std::string& text, const std::string& what) {
+  static const std::regex form(R"(^([0-9]*\.?[0-9]+)(:([0-9]*\.?[0-9]+))?$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, form)) throw std::invalid_argument(what + " must be a number or A:B");
+  Range r;
+  r.lo = std::stod(m[1].str());
+  r.hi = m[3].matched ? std::stod(m[3].str()) : r.lo;
+  return r;
+}
+
+struct LinkProfile {
+  Range delay, jitter, loss, bandwidth;
+};
+
+// "delay=20:80,jitter=5,loss=0.01,bandwidth=1000:5000"; a key given twice: the first counts.
+LinkProfile parse_link_profile(const std::string& text) {
+  LinkProfile profile;
+  std::map<std::string, Range*> keys = {{"delay", &profile.delay}, {"jitter", &profile.jitter},
+                                        {"loss", &profile.loss}, {"bandwidth", &profile.bandwidth}};
+  std::map<std::string, bool> seen;
+  for (const std::string& item : split_fields(text)) {
+    const auto equals = item.find('=');
+    const std::string key = item.substr(0, equals);
+    if (equals == std::string::npos || !keys.count(key)) {
+      throw std::invalid_argument("--link: unknown item '" + item + "' (delay, jitter, loss, bandwidth)");
+    }
+    const Range value = parse_range(item.substr(equals + 1), "--link: " + key);
+    if (!seen[key]) *keys[key] = value;
+    seen[key] = true;
+  }
+  return profile;
+}
+
+// One draw for (seed, worker, key): splitmix64 of seed·φ + (worker+1)·c1 + hash(key)·c2,
+// the top 52 bits as the fraction of [lo, hi]. These are the numbers of the bash draws the
+// launcher used before (tests/emulation/emulate_plan_draws.sh keeps them): a seed gives
+// every experiment the same devices it always had.
+double draw(const Range& range, std::uint64_t seed, std::uint64_t worker, const std::string& key) {
+  constexpr std::uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+  std::uint64_t key_hash = 0;
+  for (const char c : key) key_hash = key_hash * 31 + static_cast<unsigned char>(c);
+  const std::uint64_t mixed = seed * kGolden + (worker + 1) * 0xbf58476d1ce4e5b9ULL + key_hash * 0x94d049bb133111ebULL;
+  edgetrain::runtime::SplitMix64 generator{mixed - kGolden};  // next() adds φ back before mixing
+  const std::uint64_t fraction_bits = generator.next() >> 12;
+  return range.lo + (range.hi - range.lo) * static_cast<double>(fraction_bits) / 4503599627370496.0;
+}
+
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", value);
+  return text;
+}
+
+struct PlanOptions {
+  std::uint64_t seed = 1;
+  unsigned workers = 1;
+  std::string link, slowdown = "0", network = "loopback";
+  unsigned impaired = 0;
+  bool all_impaired = true;
+  int subnet = 100;
+};
+
+// Each worker's address and the impairer's listen address for it: on loopback 127.0.0.1
+// and any port; in namespaces a /30 per worker in 10.S.0.0/16 (host side .1, worker .2).
+std::pair<std::string, std::string> worker_addresses(const PlanOptions& o, unsigned worker) {
+  if (o.network != "netns") return {"127.0.0.1", "127.0.0.1:0"};
+  const unsigned base = worker * 4;
+  const std::string prefix = "10." + std::to_string(o.subnet) + "." + std::to_string(base / 256) + ".";
+  return {prefix + std::to_string(base % 256 + 2), prefix + std::to_string(base % 256 + 1) + ":5684"};
+}
+
+void print_plan(const PlanOptions& o) {
+  const LinkProfile link = parse_link_profile(o.link);
+  const Range slowdown = parse_range(o.slowdown, "--slowdown");
+  const unsigned impaired = o.all_impaired ? o.workers : o.impaired;
+  std::printf("worker,address,listen,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,link_seed\n");
+  for (unsigned i = 0; i < o.workers; i++) {
+    const auto [address, listen] = worker_addresses(o, i);
+    std::string delay = "0", jitter = "0", loss = "0", bandwidth = "0";
+    if (i < impaired) {
+      delay = number_text(draw(link.delay, o.seed, i, "delay"));
+      jitter = number_text(draw(link.jitter, o.seed, i, "jitter"));
+      loss = number_text(draw(link.loss, o.seed, i, "loss"));
+      bandwidth = number_text(draw(link.bandwidth, o.seed, i, "bandwidth"));
+    }
+    std::printf("%u,%s,%s,%s,%s,%s,%s,%s,%llu\n", i, address.c_str(), listen.c_str(), delay.c_str(), jitter.c_str(),
+                loss.c_str(), bandwidth.c_str(), number_text(draw(slowdown, o.seed, i, "slowdown")).c_str(),
+                static_cast<unsigned long long>(o.seed * 100003 + i));
+  }
+}
+
+// ------------------------------------------------------------------------------ stats files
+
+// logs/worker-I.K.stats.json: worker I's K-th incarnation (K = 0, then one per restart),
+// in incarnation order.
+std::vector<fs::path> worker_stats_files(const fs::path& run, unsigned worker) {
+  std::vector<std::pair<int, fs::path>> found;
+  const std::regex name("worker-" + std::to_string(worker) + R"(\.([0-9]+)\.stats\.json)");
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(run / "logs", error)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (std::regex_match(file, m, name)) found.emplace_back(std::stoi(m[1].str()), entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<fs::path> files;
+  for (auto& f : found) files.push_back(f.second);
+  return files;
+}
+
+std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers) {
+  std::uint64_t highest = 0;
+  for (unsigned i = 0; i < workers; i++) {
+    for (const fs::path& file : worker_stats_files(run, i)) {
+      const json stats = read_json(file);
+      for (const auto& version : stats.at("acknowledged_versions")) highest = std::max(highest, version.get<std::uint64_t>());
+    }
+  }
+  return highest;
+}
+
+// A worker's counters summed over its incarnations (one killed with SIGKILL counts up to
+// its last stats write), and whether its acknowledged versions kept increasing.
+struct WorkerTotals {
+  std::uint64_t steps = 0, accepted = 0, refused = 0, bytes_sent = 0, retries = 0, incarnations = 0;
+  bool versions_increase = true;
+};
+
+WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
+  WorkerTotals t;
+  std::optional<std::uint64_t> previous;
+  for (const fs::path& file : worker_stats_files(run, worker)) {
+    const json stats = read_json(file);
+    t.incarnations++;
+    t.steps += stats.at("steps").get<std::uint64_t>();
+    t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
+    t.refused += stats.at("updates_refused").get<std::uint64_t>();
+    t.bytes_sent += stats.at("bytes_sent").get<std::uint64_t>();
+    t.retries += stats.at("retries").get<std::uint64_t>();
+    for (const auto& v : stats.at("acknowledged_versions")) {
+      const auto version = v.get<std::uint64_t>();
+      if (previous && version <= *previous) t.versions_increase = false;
+      previous = version;
+    }
+  }
+  return t;
+}
+
+// ------------------------------------------------------------------------------ compare
 
 struct Row {
   double seconds = 0;
@@ -30,7 +250,7 @@ struct Run {
 // timeline.csv, written by edgetrain-emulate: elapsed_s,version,test_accuracy,
 // ingress_payload_bytes,ingress_socket_bytes (cumulative over server restarts).
 Run read_run(const std::string& directory) {
-  Run run{directory, std::filesystem::path(directory).filename().string(), {}};
+  Run run{directory, fs::path(directory).filename().string(), {}};
   if (std::ifstream label(directory + "/run.label"); label) std::getline(label, run.label);
   std::ifstream in(directory + "/timeline.csv");
   if (!in) throw std::invalid_argument("no timeline.csv in " + directory);
@@ -39,9 +259,7 @@ Run read_run(const std::string& directory) {
   if (line.rfind("elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes", 0) != 0) {
     throw std::invalid_argument(directory + "/timeline.csv: unexpected header '" + line + "'");
   }
-  int number = 1;
-  while (std::getline(in, line)) {
-    number++;
+  for (int number = 2; std::getline(in, line); number++) {
     Row r;
     char comma;
     std::istringstream fields(line);
@@ -75,90 +293,284 @@ double best_accuracy(const Run& run) {
   return best;
 }
 
+// Half a point below the lowest best accuracy of the runs.
+double default_target(const std::vector<Run>& runs) {
+  double lowest_best = 1;
+  for (const Run& r : runs) lowest_best = std::min(lowest_best, best_accuracy(r));
+  return std::floor((lowest_best - 0.005) * 1000) / 1000;
+}
+
+void write_plots(const std::vector<Run>& runs, double target, const std::string& out) {
+  std::vector<edgetrain::plot::PlotSeries> by_ingress, by_time;
+  for (const Run& run : runs) {
+    // The legend has room for ~20 characters: the label without its parenthesized
+    // setting ("(MLP, 10)"), or else the run directory's name (the table has the label).
+    std::string legend = run.label.substr(0, run.label.find(" ("));
+    if (legend.size() > 20) legend = fs::path(run.directory).filename().string();
+    edgetrain::plot::PlotSeries ingress{legend, {}, {}}, time{legend, {}, {}};
+    for (const Row& r : run.rows) {
+      if (r.socket_bytes > 0) ingress.x.push_back(static_cast<double>(r.socket_bytes)), ingress.y.push_back(r.accuracy);
+      time.x.push_back(r.seconds), time.y.push_back(r.accuracy);
+    }
+    by_ingress.push_back(std::move(ingress));
+    by_time.push_back(std::move(time));
+  }
+  edgetrain::plot::PlotOptions plot;
+  plot.y_label = "test accuracy";
+  plot.reference_y = target;
+  plot.title = "edgetrain-emulate: test accuracy against bytes at the server's socket";
+  plot.x_label = "UDP bytes received by the server (DTLS, CoAP, handshakes, retransmissions)";
+  plot.log_x = true;
+  std::ofstream(out + "/accuracy-vs-ingress.svg") << edgetrain::plot::render_svg_line_chart(by_ingress, plot);
+  plot.title = "edgetrain-emulate: test accuracy against time";
+  plot.x_label = "seconds since the server started";
+  plot.log_x = false;
+  std::ofstream(out + "/accuracy-vs-time.svg") << edgetrain::plot::render_svg_line_chart(by_time, plot);
+}
+
+std::string table_row(const Run& run, double target, const Row* reference) {
+  const Row last = run.rows.empty() ? Row{} : run.rows.back();
+  const Row* reached = first_reaching(run, target);
+  std::string ratio = "—";
+  if (reached && reference && reached->socket_bytes) {
+    char r[32];
+    std::snprintf(r, sizeof r, "**%.1fx**", static_cast<double>(reference->socket_bytes) / reached->socket_bytes);
+    ratio = r;
+  }
+  const std::string time = reached ? std::to_string(static_cast<int>(reached->seconds)) + " s" : "not reached";
+  const std::string bytes = reached ? bytes_text(reached->socket_bytes) : "—";
+  const double overhead = last.payload_bytes ? 100.0 * (static_cast<double>(last.socket_bytes) / last.payload_bytes - 1) : 0;
+  char line[512];
+  std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s |\n",
+                run.label.c_str(), best_accuracy(run) * 100, last.accuracy * 100,
+                static_cast<unsigned long long>(last.version), bytes_text(last.socket_bytes).c_str(),
+                bytes_text(last.payload_bytes).c_str(), overhead, time.c_str(), bytes.c_str(), ratio.c_str());
+  return line;
+}
+
+std::string comparison_table(const std::vector<Run>& runs, double target) {
+  std::ostringstream table;
+  char target_text[32];
+  std::snprintf(target_text, sizeof target_text, "%.1f%%", target * 100);
+  table << "| run | best test acc | final | updates | socket ingress | payload ingress | transport overhead | time to "
+        << target_text << " | socket bytes to " << target_text << " | ratio " << runs.front().label << " / this |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|\n";
+  const Row* reference = first_reaching(runs.front(), target);
+  for (const Run& run : runs) table << table_row(run, target, reference);
+  return table.str();
+}
+
+// Plots in OUT and the table, returned (and written to OUT/summary.md when asked).
+std::string compare_runs(const std::vector<std::string>& directories, const std::string& out, double target,
+                         bool write_summary) {
+  std::vector<Run> runs;
+  for (const auto& d : directories) runs.push_back(read_run(d));
+  if (target < 0) target = default_target(runs);
+  fs::create_directories(out);
+  write_plots(runs, target, out);
+  const std::string table = comparison_table(runs, target);
+  if (write_summary) std::ofstream(out + "/summary.md") << table;
+  return table;
+}
+
+// ------------------------------------------------------------------------------ summarize
+
+struct SummarizeOptions {
+  std::string run, stop_kind, stopped, network;
+  std::string reached;  // the timeline row that met the target: elapsed_s,version,accuracy,...
+  double target = -1;
+};
+
+// workers.csv: the plan's columns and each worker's counters over its incarnations.
+std::vector<WorkerTotals> write_workers_csv(const fs::path& run, const CsvTable& plan) {
+  std::vector<WorkerTotals> totals;
+  std::ofstream out(run / "workers.csv");
+  out << "worker,address,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,steps,updates_accepted,refused_stale,"
+         "payload_bytes_sent,retries,restarts\n";
+  for (std::size_t i = 0; i < plan.rows.size(); i++) {
+    const auto& p = plan.rows[i];
+    const WorkerTotals t = worker_totals(run, static_cast<unsigned>(i));
+    out << i;
+    for (const char* column : {"address", "delay_ms", "jitter_ms", "loss", "bandwidth_kbps", "slowdown"}) {
+      out << ',' << p.at(plan.column(column));
+    }
+    out << ',' << t.steps << ',' << t.accepted << ',' << t.refused << ',' << t.bytes_sent << ',' << t.retries << ','
+        << (t.incarnations ? t.incarnations - 1 : 0) << '\n';
+    totals.push_back(t);
+  }
+  return totals;
+}
+
+// restarts.csv (elapsed_s,highest_acknowledged,recovered_version), one row per server restart.
+json restart_checks(const fs::path& run) {
+  const CsvTable restarts = read_csv(run / "restarts.csv");
+  json checks = json::array();
+  for (std::size_t r = 0; r < restarts.rows.size(); r++) {
+    const auto acknowledged = static_cast<std::uint64_t>(restarts.number(r, "highest_acknowledged"));
+    const std::string recovered_text = restarts.rows[r].at(restarts.column("recovered_version"));
+    json check = {{"elapsed_s", restarts.number(r, "elapsed_s")}, {"highest_acknowledged", acknowledged}};
+    check["recovered_version"] = recovered_text.empty() ? json(nullptr) : json(std::stoull(recovered_text));
+    check["lost"] = recovered_text.empty() || std::stoull(recovered_text) < acknowledged;
+    checks.push_back(check);
+  }
+  return checks;
+}
+
+json outcome_json(const SummarizeOptions& o, const std::vector<WorkerTotals>& totals, const json& restarts) {
+  json outcome = {{"stop", o.stop_kind}, {"stopped", o.stopped}, {"network", o.network}, {"server_restarts", restarts}};
+  outcome["target_reached"] = nullptr;
+  if (const auto f = split_fields(o.reached); f.size() >= 3) {
+    outcome["target_reached"] = {{"elapsed_s", std::stod(f[0])}, {"version", std::stoull(f[1])}, {"accuracy", std::stod(f[2])}};
+  }
+  json increasing = json::array();
+  bool lost = false;
+  for (const auto& check : restarts) lost = lost || check.at("lost").get<bool>();
+  for (const WorkerTotals& t : totals) {
+    increasing.push_back(t.versions_increase);
+    lost = lost || !t.versions_increase;
+  }
+  outcome["acknowledged_versions_increase"] = increasing;
+  outcome["lost_acknowledged_updates"] = lost;
+  return outcome;
+}
+
+std::string integer_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f", value);
+  return text;
+}
+
+// The sum of COLUMNS over every row of TABLE (0 for a missing file).
+double column_sum(const CsvTable& table, std::initializer_list<const char*> columns) {
+  double sum = 0;
+  for (std::size_t r = 0; r < table.rows.size(); r++)
+    for (const char* c : columns) sum += table.number(r, c);
+  return sum;
+}
+
+// The lines of summary.md after the launcher's settings: outcome and where the bytes went.
+std::string outcome_lines(const SummarizeOptions& o, const json& outcome, const std::vector<WorkerTotals>& totals) {
+  const fs::path run = o.run;
+  const CsvTable timeline = read_csv(run / "timeline.csv"), links = read_csv(run / "links.csv");
+  double accepted = 0, worker_payload = 0;
+  for (const WorkerTotals& t : totals) accepted += t.accepted, worker_payload += t.bytes_sent;
+  const auto last = [&](const char* column) {
+    return timeline.rows.empty() ? std::string("0") : timeline.rows.back().at(timeline.column(column));
+  };
+  std::ostringstream text;
+  text << "- stopped: " << o.stopped << "\n- acknowledged updates lost: ";
+  if (outcome.at("lost_acknowledged_updates").get<bool>()) text << "YES (see events.log)\n";
+  else text << "none (" << outcome.at("server_restarts").size()
+            << " server restarts checked; every worker's acknowledged versions increase)\n";
+  text << "- updates accepted (workers' count): " << integer_text(accepted)
+       << "; the server's last evaluated version: " << (timeline.rows.empty() ? "" : last("version")) << "\n"
+       << "- bytes: socket ingress " << integer_text(std::stod(last("ingress_socket_bytes")))
+       << " (server, up to its last evaluation), relayed to the server by the impairer "
+       << integer_text(column_sum(links, {"to_server_bytes_out"})) << ", update payload accepted by the server "
+       << integer_text(std::stod(last("ingress_payload_bytes"))) << ", update payload sent by the workers "
+       << integer_text(worker_payload) << "; datagrams dropped by the impairer "
+       << integer_text(column_sum(links, {"to_server_dropped_loss", "to_server_dropped_queue_full",
+                                          "to_worker_dropped_loss", "to_worker_dropped_queue_full"}))
+       << "\n";
+  return text.str();
+}
+
+// workers.csv, outcome.json, plots and summary.md of one run; the status is 3 when an
+// acknowledged update was lost (a restart check failed or a worker's versions went back).
+int summarize(const SummarizeOptions& o) {
+  const fs::path run = o.run;
+  const CsvTable plan = read_csv(run / "plan.csv");
+  if (plan.rows.empty()) throw std::invalid_argument("no plan.csv in " + o.run);
+  const std::vector<WorkerTotals> totals = write_workers_csv(run, plan);
+  const json outcome = outcome_json(o, totals, restart_checks(run));
+  std::ofstream(run / "outcome.json") << outcome.dump(2) << "\n";
+  for (std::size_t i = 0; i < totals.size(); i++) {
+    if (!totals[i].versions_increase)
+      std::printf("LOST ACKNOWLEDGED UPDATES: worker %zu saw an acknowledged version repeat or go back\n", i);
+  }
+  std::string label = read_text(run / "run.label");
+  if (!label.empty() && label.back() == '\n') label.pop_back();
+  std::string table;
+  try {
+    table = compare_runs({o.run}, o.run, o.target, false);
+  } catch (const std::exception& e) {
+    table = std::string("(no table: ") + e.what() + ")\n";
+  }
+  std::ofstream(run / "summary.md") << "# " << label << "\n\n"
+                                    << read_text(run / "settings.md") << outcome_lines(o, outcome, totals) << "\n"
+                                    << table;
+  return outcome.at("lost_acknowledged_updates").get<bool>() ? 3 : 0;
+}
+
+// ------------------------------------------------------------------------------ command line
+
+void add_plan_command(CLI::App& app, PlanOptions& o) {
+  CLI::App* plan = app.add_subcommand("plan", "print a run's per-worker plan as CSV: address, the impairer's listen "
+                                               "address, link profile and slowdown drawn for the seed, link seed");
+  plan->add_option("--seed", o.seed, "seed of the draws")->capture_default_str();
+  plan->add_option("--workers", o.workers, "number of workers")->required()->check(CLI::Range(1u, 4000u));
+  plan->add_option("--link", o.link, "impaired link, e.g. delay=20:80,jitter=5,loss=0.01,bandwidth=1000:5000");
+  plan->add_option("--impaired", o.impaired, "how many workers (the first K) get --link (default: all)")
+      ->each([&o](const std::string&) { o.all_impaired = false; });
+  plan->add_option("--slowdown", o.slowdown, "A or A:B, drawn per worker")->capture_default_str();
+  plan->add_option("--network", o.network, "loopback or netns")->check(CLI::IsMember({"loopback", "netns"}))->capture_default_str();
+  plan->add_option("--subnet", o.subnet, "S of 10.S.0.0/16 (netns)")->check(CLI::Range(0, 255))->capture_default_str();
+  plan->callback([&o] { print_plan(o); });
+}
+
+void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
+  CLI::App* acknowledged = app.add_subcommand("acknowledged", "print the highest server version any worker of RUN_DIR "
+                                                              "got in a 2.04 (from logs/worker-*.stats.json)");
+  acknowledged->add_option("run", run, "run directory")->required()->check(CLI::ExistingDirectory);
+  acknowledged->callback([&run] {
+    const CsvTable plan = read_csv(fs::path(run) / "plan.csv");
+    std::printf("%llu\n", static_cast<unsigned long long>(highest_acknowledged(run, static_cast<unsigned>(plan.rows.size()))));
+  });
+  CLI::App* summary = app.add_subcommand("summarize", "write workers.csv, outcome.json, the plots and summary.md of a "
+                                                      "finished run; exit status 3 if an acknowledged update was lost");
+  summary->add_option("run", s.run, "run directory")->required()->check(CLI::ExistingDirectory);
+  summary->add_option("--stop-kind", s.stop_kind, "why the run stopped")
+      ->required()->check(CLI::IsMember({"target", "time", "workers-gone"}));
+  summary->add_option("--stopped", s.stopped, "the stop, in words")->required();
+  summary->add_option("--network", s.network, "loopback or netns")->required();
+  summary->add_option("--reached", s.reached, "the timeline.csv row that met the target (elapsed_s,version,test_accuracy,...)");
+  summary->add_option("--target", s.target, "target accuracy of the table (default: the report's)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace edgetrain;
-  CLI::App app{"edgetrain-emulation-report: plots and a markdown table from edgetrain-emulate run directories.\n"
-               "The first run is the reference of the traffic ratio (give the ASGD run first)."};
+  CLI::App app{"edgetrain-emulation-report: the plan, checks and reports of edgetrain-emulate runs.\n"
+               "Without a subcommand (or with `compare`): plots and a markdown table from run directories; the\n"
+               "first run is the reference of the traffic ratio (give the ASGD run first)."};
+  PlanOptions plan;
+  std::string run;
+  SummarizeOptions summary;
   std::vector<std::string> directories;
   std::string out;
   double target = -1;
-  app.add_option("runs", directories, "run directories (each with timeline.csv, written by edgetrain-emulate)")
-      ->required()
-      ->check(CLI::ExistingDirectory);
-  app.add_option("--out", out, "directory for accuracy-vs-ingress.svg, accuracy-vs-time.svg and summary.md")->required();
-  app.add_option("--target", target,
-                 "target test accuracy of the ratio (default: half a point below the lowest best accuracy)");
-  CLI11_PARSE(app, argc, argv);
+  add_plan_command(app, plan);
+  add_run_commands(app, run, summary);
+  CLI::App* compare = app.add_subcommand("compare", "plots and a markdown table from run directories (the default)");
+  for (CLI::App* command : {&app, compare}) {
+    command->add_option("runs", directories, "run directories (each with timeline.csv, written by edgetrain-emulate)")
+        ->check(CLI::ExistingDirectory);
+    command->add_option("--out", out, "directory for accuracy-vs-ingress.svg, accuracy-vs-time.svg and summary.md");
+    command->add_option("--target", target,
+                        "target test accuracy of the ratio (default: half a point below the lowest best accuracy)");
+  }
+  app.require_subcommand(0, 1);
   try {
-    std::vector<Run> runs;
-    for (const auto& d : directories) runs.push_back(read_run(d));
-    if (target < 0) {
-      double lowest_best = 1;
-      for (const Run& r : runs) lowest_best = std::min(lowest_best, best_accuracy(r));
-      target = std::floor((lowest_best - 0.005) * 1000) / 1000;
+    app.parse(argc, argv);
+    if (app.got_subcommand("summarize")) return summarize(summary);
+    if (app.get_subcommands().empty() || app.got_subcommand("compare")) {
+      if (directories.empty() || out.empty()) throw CLI::ValidationError("compare needs run directories and --out");
+      std::fputs(compare_runs(directories, out, target, true).c_str(), stdout);
+      std::printf("plots: %s/accuracy-vs-ingress.svg, %s/accuracy-vs-time.svg\n", out.c_str(), out.c_str());
     }
-    std::filesystem::create_directories(out);
-    std::vector<plot::PlotSeries> by_ingress, by_time;
-    for (const Run& run : runs) {
-      // The legend has room for ~20 characters: the label without its parenthesized
-      // setting ("(MLP, 10)"), or else the run directory's name (the table has the label).
-      std::string legend = run.label.substr(0, run.label.find(" ("));
-      if (legend.size() > 20) legend = std::filesystem::path(run.directory).filename().string();
-      plot::PlotSeries ingress{legend, {}, {}}, time{legend, {}, {}};
-      for (const Row& r : run.rows) {
-        if (r.socket_bytes > 0) ingress.x.push_back(static_cast<double>(r.socket_bytes)), ingress.y.push_back(r.accuracy);
-        time.x.push_back(r.seconds), time.y.push_back(r.accuracy);
-      }
-      by_ingress.push_back(std::move(ingress));
-      by_time.push_back(std::move(time));
-    }
-    plot::PlotOptions plot;
-    plot.y_label = "test accuracy";
-    plot.reference_y = target;
-    plot.title = "edgetrain-emulate: test accuracy against bytes at the server's socket";
-    plot.x_label = "UDP bytes received by the server (DTLS, CoAP, handshakes, retransmissions)";
-    plot.log_x = true;
-    std::ofstream(out + "/accuracy-vs-ingress.svg") << plot::render_svg_line_chart(by_ingress, plot);
-    plot.title = "edgetrain-emulate: test accuracy against time";
-    plot.x_label = "seconds since the server started";
-    plot.log_x = false;
-    std::ofstream(out + "/accuracy-vs-time.svg") << plot::render_svg_line_chart(by_time, plot);
-
-    std::ostringstream table;
-    char target_text[32];
-    std::snprintf(target_text, sizeof target_text, "%.1f%%", target * 100);
-    table << "| run | best test acc | final | updates | socket ingress | payload ingress | transport overhead | time to "
-          << target_text << " | socket bytes to " << target_text << " | ratio " << runs.front().label << " / this |\n"
-          << "|---|---|---|---|---|---|---|---|---|---|\n";
-    const Row* reference = first_reaching(runs.front(), target);
-    for (const Run& run : runs) {
-      const Row last = run.rows.empty() ? Row{} : run.rows.back();
-      const Row* reached = first_reaching(run, target);
-      char line[512];
-      const double overhead = last.payload_bytes ? 100.0 * (static_cast<double>(last.socket_bytes) / last.payload_bytes - 1) : 0;
-      std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s |\n",
-                    run.label.c_str(), best_accuracy(run) * 100, last.accuracy * 100,
-                    static_cast<unsigned long long>(last.version), bytes_text(last.socket_bytes).c_str(),
-                    bytes_text(last.payload_bytes).c_str(), overhead,
-                    reached ? (std::to_string(static_cast<int>(reached->seconds)) + " s").c_str() : "not reached",
-                    reached ? bytes_text(reached->socket_bytes).c_str() : "—",
-                    reached && reference && reached->socket_bytes
-                        ? ([&] {
-                            char r[32];
-                            std::snprintf(r, sizeof r, "**%.1fx**",
-                                          static_cast<double>(reference->socket_bytes) / reached->socket_bytes);
-                            return std::string(r);
-                          })()
-                              .c_str()
-                        : "—");
-      table << line;
-    }
-    std::ofstream(out + "/summary.md") << table.str();
-    std::fputs(table.str().c_str(), stdout);
-    std::printf("plots: %s/accuracy-vs-ingress.svg, %s/accuracy-vs-time.svg\n", out.c_str(), out.c_str());
     return 0;
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-emulation-report: %s\n", e.what());
     return 1;

@@ -55,6 +55,7 @@ HOST_PACKAGES=(
   libcoap3-bin
   openssl
   lintian systemd
+  python3  # the scripts read the programs' JSON stats files with it (common/processes.sh)
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

@@ -2,16 +2,17 @@
 # Socket ingress per update with dense and with sparse model pulls (issue 5): two short runs
 # of a real edgetrain-server on 127.0.0.1 and 3 edgetrain-worker processes (paper CNN,
 # AdaComp c = 0.01, MNIST, pulling before every step): one with --dense-pull, one with the
-# default (GET /model?since=V). Prints, from the server's stop line ("ingress ... payload
-# bytes, ... socket bytes in ... datagrams") and version, the socket bytes and datagrams per
-# applied update, and from the workers' stop lines the pulls and bytes pulled. Builds
-# nothing: assumes build/host. Prints figures; not a test.
+# default (GET /model?since=V). Prints, from the server's final --stats-file (version,
+# ingress counters), the socket bytes and datagrams per applied update, and from the
+# workers' final --stats-file the pulls and bytes pulled. Builds nothing: assumes
+# build/host. Prints figures; not a test.
 #
 # Settings (environment): EDGETRAIN_BUILD (build/host), BENCH_SECONDS (60 per run),
 # BENCH_WORKERS (3), BENCH_MODEL (paper-cnn). Every program is stopped by the script.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
+source common/processes.sh
 build=${EDGETRAIN_BUILD:-build/host}
 seconds=${BENCH_SECONDS:-60}
 workers=${BENCH_WORKERS:-3}
@@ -26,54 +27,35 @@ done
   { echo "MNIST is missing (./build.sh setup)" >&2; exit 1; }
 
 work=$(mktemp -d "$PWD/$build/pull-ingress-bench.XXXXXX")
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap 'stop_started_programs 5; rm -rf "$work"' EXIT
 
-for i in $(seq 0 $((workers - 1))); do
-  "$server" add-device "w$i" --keystore "$work/keys.toml" --server-uri coaps://127.0.0.1:0 > "$work/w$i.toml" 2>/dev/null
-done
+for i in $(seq 0 $((workers - 1))); do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 
-field() { grep -o "$1" <<<"$2" | head -1 | grep -o '[0-9]*' | head -1; }
 run() {  # run NAME [WORKER FLAGS...]
   local name=$1; shift
   local dir="$work/$name"
   mkdir -p "$dir"
-  "$server" --listen 127.0.0.1 --port 0 --state-dir "$dir/state" --keystore "$work/keys.toml" --model "$model" \
-    --eval-data none 2> "$dir/server.log" &
-  local server_pid=$!
-  pids+=("$server_pid")
-  local port=""
-  for _ in $(seq 100); do
-    port=$(grep -so 'listening on 127.0.0.1:[0-9]*' "$dir/server.log" | sed 's/.*://' || true)
-    [[ -n $port ]] && break
-    sleep 0.1
-  done
-  [[ -n $port ]] || { cat "$dir/server.log" >&2; echo "the server did not start" >&2; exit 1; }
+  start_server "$server" "$dir/server.log" --port 0 --state-dir "$dir/state" --keystore "$work/keys.toml" \
+    --model "$model" --eval-data none
   local worker_pids=()
   for i in $(seq 0 $((workers - 1))); do
-    "$worker" --config "$work/w$i.toml" --server "coaps://127.0.0.1:$port" --model "$model" --data mnist \
-      --worker-id "$i" --workers "$workers" --duration "$seconds" --quiet "$@" 2> "$dir/w$i.log" &
-    worker_pids+=($!)
-    pids+=($!)
+    start_worker "$dir/w$i.log" "$dir/w$i.stats.json" "$worker" --config "$work/w$i.toml" \
+      --server "coaps://127.0.0.1:$server_port" --model "$model" --data mnist \
+      --worker-id "$i" --workers "$workers" --duration "$seconds" --quiet "$@"
+    worker_pids+=("$last_pid")
   done
   for pid in "${worker_pids[@]}"; do wait "$pid" || true; done
   kill -TERM "$server_pid"
   wait "$server_pid" || true
-  local stop version payload socket datagrams pulls pulled=0 pull_count=0
-  stop=$(grep 'stopping:' "$dir/server.log" | tail -1)
-  version=$(grep -o 'checkpoint at version [0-9]*' <<<"$stop" | grep -o '[0-9]*$')
-  payload=$(grep -o 'ingress [0-9]* payload bytes' <<<"$stop" | grep -o '[0-9]*')
-  socket=$(grep -o '[0-9]* socket bytes' <<<"$stop" | grep -o '[0-9]*')
-  datagrams=$(grep -o 'in [0-9]* datagrams' <<<"$stop" | grep -o '[0-9]*')
+  local version payload socket datagrams pulled=0 pull_count=0
+  version=$(json_get "$server_stats" version)
+  payload=$(json_get "$server_stats" ingress_payload_bytes)
+  socket=$(json_get "$server_stats" ingress_socket_bytes)
+  # Datagrams: only from a server whose stats file counts them.
+  datagrams=$(json_get "$server_stats" ingress_socket_datagrams || echo 0)
   for i in $(seq 0 $((workers - 1))); do
-    line=$(grep 'stopped after' "$dir/w$i.log" | tail -1)
-    pull_count=$((pull_count + $(grep -o '[0-9]* pulls' <<<"$line" | grep -o '[0-9]*')))
-    pulled=$((pulled + $(grep -o '[0-9]* bytes pulled' <<<"$line" | grep -o '[0-9]*')))
+    pull_count=$((pull_count + $(json_get "$dir/w$i.stats.json" pulls)))
+    pulled=$((pulled + $(json_get "$dir/w$i.stats.json" bytes_received)))
   done
   echo "$name: $version updates in ${seconds} s; server ingress $payload payload B, $socket socket B in $datagrams datagrams;" \
        "$pull_count pulls, $pulled B pulled"

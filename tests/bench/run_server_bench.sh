@@ -20,6 +20,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
+source common/processes.sh
 build=${EDGETRAIN_BUILD:-build/host}
 devices=${BENCH_DEVICES:-1000}
 in_flight=${BENCH_IN_FLIGHT:-32}
@@ -52,21 +53,12 @@ trap cleanup EXIT
 
 "$loadgen" keystore --out "$work/keys.toml" --devices "$devices"
 
-start_server() {
-  rm -rf "$work/state"
-  # Removed first: the background start may open (and truncate) the log only after the
-  # loop below has read the previous server's port from it.
-  rm -f "$work/server.log"
-  "$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
-            --eval-data none "$@" 2> "$work/server.log" &
-  server_pid=$!
-  port=""
-  for _ in $(seq 100); do
-    port=$(grep -so 'listening on 127.0.0.1:[0-9]*' "$work/server.log" | sed 's/.*://' || true)
-    [[ -n $port ]] && break
-    sleep 0.1
-  done
-  [[ -n $port ]] || { cat "$work/server.log" >&2; echo "the server did not start" >&2; exit 1; }
+# A fresh server (state removed), its port from its --port-file (common/processes.sh).
+start_bench_server() {
+  rm -rf "$work/state" "$work/server.log"
+  start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
+    --eval-data none "$@"
+  port=$server_port
 }
 
 stop_server() {
@@ -82,7 +74,7 @@ rounds=${BENCH_ROUNDS:-2}
 load_run() {  # label, server flags...
   local label=$1; shift
   echo "== load run: $label"
-  start_server "$@"
+  start_bench_server "$@"
   timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
     --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" \
     | tee "$work/load.out" | sed "s/^summary load/summary load label=${label// /_}/" >> "$work/load.txt"
@@ -106,7 +98,7 @@ delta_args=()
 for n in $delta_after; do delta_args+=(--delta-after "$n"); done
 for delay in $delays; do
   [[ " $runs " == *" transfer "* ]] || break
-  start_server  # a fresh server each time: version 0, same model bytes
+  start_bench_server  # a fresh server each time: version 0, same model bytes
   timeout 115 "$loadgen" transfer --port "$port" --keystore "$work/keys.toml" --delay-ms "$delay" \
     --pull-budget "$pull_budget" "${delta_args[@]}" | tee -a "$work/transfer.txt" || { echo "transfer at $delay ms failed; server log:"; cat "$work/server.log"; }
   stop_server

@@ -11,6 +11,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
+source common/processes.sh
 build=${EDGETRAIN_BUILD:-build/host}
 delay=${WAN_DELAY_MS:-50}
 loss=${WAN_LOSS:-0.05}
@@ -34,16 +35,8 @@ cleanup() {
 trap cleanup EXIT
 
 "$loadgen" keystore --out "$work/keys.toml" --devices 0 >/dev/null
-"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --eval-data none \
-  2>"$work/server.log" &
-server_pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(grep -so 'listening on 127.0.0.1:[0-9]*' "$work/server.log" | sed 's/.*://' || true)
-  [[ -n $port ]] && break
-  sleep 0.1
-done
-[[ -n $port ]] || { cat "$work/server.log" >&2; echo "the server did not start" >&2; exit 1; }
+start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --eval-data none
+port=$server_port
 
 : >"$work/wan.txt"
 for timing in rfc7252 wan; do

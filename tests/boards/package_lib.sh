@@ -1,10 +1,11 @@
-# Sourced by the package tests: a private work directory (removed on exit), `fail`, and
-# make_package TREE, which runs cpack in a build tree into $work/pkg and sets $deb.
+# Sourced by the package tests: common/processes.sh (fail, programs started in the
+# background, their port and stats files), a private work directory (removed on exit, every
+# started program killed), and make_package TREE, which runs cpack in a build tree into
+# $work/pkg and sets $deb.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../common/processes.sh"
 work=$(mktemp -d)
-started_pids=()
-trap 'for p in ${started_pids[@]+"${started_pids[@]}"}; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+trap 'stop_started_programs; rm -rf "$work"' EXIT
 
 make_package() {
   [ -f "$1/CPackConfig.cmake" ] || fail "$1 has no CPackConfig.cmake"

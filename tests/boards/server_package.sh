@@ -38,14 +38,12 @@ install -m 0600 /dev/null "$work/keys.toml"
 "$server" add-device pi-01 --keystore "$work/keys.toml" --server-uri coaps://192.0.2.10:5684 >"$work/pi-01.toml" 2>/dev/null ||
   fail "add-device on the empty keystore failed"
 grep -q "^identity = 'pi-01'" "$work/pi-01.toml" || fail "add-device printed no configuration"
-"$server" --config "$root/etc/edgetrain/server.toml" --listen 127.0.0.1 --port 0 --state-dir "$work/state" \
-  --keystore "$work/keys.toml" --eval-data none >"$work/server.log" 2>&1 &
-pid=$!; started_pids+=("$pid")
-for _ in $(seq 300); do grep -q 'listening on 127\.0\.0\.1:' "$work/server.log" && break; sleep 0.1; done
-grep -q 'keystore .*: 1 devices' "$work/server.log" || { cat "$work/server.log" >&2; fail "the server did not load the keystore"; }
-grep -q 'model paper-cnn' "$work/server.log" || { cat "$work/server.log" >&2; fail "the packaged server.toml was not used"; }
-kill -TERM "$pid"
-status=0; wait "$pid" || status=$?
-[ "$status" = 0 ] || { cat "$work/server.log" >&2; fail "SIGTERM: exit status $status"; }
-grep -q 'checkpoint written' "$work/server.log" || fail "no checkpoint at exit"
+start_server "$server" "$work/server.log" --config "$root/etc/edgetrain/server.toml" --port 0 --state-dir "$work/state" \
+  --keystore "$work/keys.toml" --eval-data none
+grep -q 'keystore .*: 1 devices' "$work/server.log" || fail "the server did not load the keystore"
+grep -q 'model paper-cnn' "$work/server.log" || fail "the packaged server.toml was not used"
+kill -TERM "$server_pid"
+wait_for_exit "$server_pid" 30 || fail "SIGTERM: exit status $?"
+# "stopped" is written after the checkpoint at exit.
+[ "$(json_get "$server_stats" state)" = stopped ] || fail "no checkpoint and final stats at exit"
 echo "server package: all checks passed"

@@ -11,22 +11,27 @@ steps=12
 # e_machine at offset 18 of the ELF header: 183 is aarch64, so QEMU really runs the worker.
 [ "$(od -An -tu2 -j18 -N2 "$cross_worker" | tr -d ' ')" = 183 ] || fail "$cross_worker is not an aarch64 program"
 
-add_device "$work/keys.toml" pi-under-qemu
-start_server "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
+add_device "$server" "$work/keys.toml" pi-under-qemu "$work/pi-under-qemu.toml"
+start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
 echo "running: $* $cross_worker ... --steps $steps"
-start_program "$work/worker.log" "$@" "$cross_worker" --config "$work/pi-under-qemu.toml" \
-  --server "coaps://127.0.0.1:$server_port" --model mlp --steps "$steps" --log-acks --quiet
+stats="$work/worker.stats.json"
+start_worker "$work/worker.log" "$stats" "$@" "$cross_worker" --config "$work/pi-under-qemu.toml" \
+  --server "coaps://127.0.0.1:$server_port" --model mlp --steps "$steps" --quiet
 wait_for_exit "$last_pid" 150 || fail "the aarch64 worker exited with status $?"
 cat "$work/worker.log"
+cat "$stats"
 
-grep -q "stopped after $steps steps: $steps updates accepted" "$work/worker.log" || fail "not every update was accepted"
+[ "$(json_get "$stats" state)" = stopped ] && [ "$(json_get "$stats" steps)" -eq "$steps" ] &&
+  [ "$(json_get "$stats" updates_accepted)" -eq "$steps" ] || fail "not every update was accepted"
 # Every pull after the first is a model delta whose digest the aarch64 worker reproduced.
-grep -q "$steps pulls ($((steps - 1)) as deltas)" "$work/worker.log" || fail "the pulls after the first were not all model deltas"
+[ "$(json_get "$stats" pulls)" -eq "$steps" ] && [ "$(json_get "$stats" delta_pulls)" -eq $((steps - 1)) ] &&
+  [ "$(json_get "$stats" delta_mismatches)" -eq 0 ] || fail "the pulls after the first were not all model deltas"
 # One worker, nothing stale: its updates are versions 1..steps, in order.
-[ "$(acked_versions "$work/worker.log" | tr '\n' ' ')" = "$(seq -s ' ' 1 "$steps") " ] ||
+[ "$(acknowledged_versions "$stats" | tr '\n' ' ')" = "$(seq -s ' ' 1 "$steps") " ] ||
   fail "acknowledged versions are not 1..$steps"
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
-grep -q "writing a checkpoint at version $steps\$" "$work/server.log" || fail "the server did not end at version $steps"
+[ "$(json_get "$server_stats" state)" = stopped ] && [ "$(json_get "$server_stats" version)" -eq "$steps" ] ||
+  fail "the server did not end at version $steps"
 grep -q "first request from 'pi-under-qemu'" "$work/server.log" || fail "the server did not see the device"
 echo "aarch64 worker under QEMU trained against the host server: versions 1..$steps acknowledged"

@@ -48,8 +48,9 @@ started=$SECONDS
   >"$work/diverged.log" 2>&1 || status=$?
 [ "$status" -eq 4 ] || fail "a run whose workers all exited gave status $status, not 4: $(tail -n 5 "$work/diverged.log")"
 (( SECONDS - started < 60 )) || fail "a run whose workers all exited went on for $((SECONDS - started)) s"
-grep -q "stopped: every worker exited on its own" "$work/diverged/summary.md" ||
-  fail "the summary does not say why the run stopped: $(cat "$work/diverged/summary.md")"
+[ "$(json_get "$work/diverged/outcome.json" stop)" = workers-gone ] ||
+  fail "the outcome does not say why the run stopped: $(cat "$work/diverged/outcome.json")"
+[ -s "$work/diverged/summary.md" ] || fail "no summary of the diverged run"
 
 status=0
 PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \
@@ -59,9 +60,11 @@ watched_logs+=("$work/emulate.log" "$work/run/logs/server-1.log" "$work/run/logs
 [ "$status" -eq 0 ] || fail "edgetrain-emulate exited with status $status"
 grep -q "network namespaces unavailable ('ip netns add' failed: mount --make-shared" "$work/emulate.log" ||
   fail "no message about the fallback"
-grep -q 'network: loopback' "$work/run/summary.md" || fail "the summary does not say loopback"
+[ "$(json_get "$work/run/outcome.json" network)" = loopback ] || fail "the outcome does not say loopback"
 [ ! -e "$work/ip-called-otherwise" ] || fail "the loopback fallback still ran ip for namespaces or links"
 awk -F, 'NR > 1 && $2 !~ /^127\.0\.0\.1:[1-9]/ { bad = 1 } NR > 1 && $10 == 0 { bad = 1 } END { exit bad }' "$work/run/links.csv" ||
   fail "links not on loopback or without traffic: $(cat "$work/run/links.csv")"
-grep -qE "target accuracy $floor reached" "$work/run/events.log" || fail "test accuracy never reached $floor"
+[ "$(json_get "$work/run/outcome.json" stop)" = target ] &&
+  json_compare "$(json_get "$work/run/outcome.json" target_reached.accuracy)" -ge "$floor" ||
+  fail "test accuracy never reached $floor"
 echo "namespaces unavailable: fell back to loopback and trained past $floor through the impairer"

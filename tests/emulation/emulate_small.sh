@@ -5,7 +5,7 @@
 # learns (test accuracy reaches FLOOR after the restart), no acknowledged update is lost
 # (exit status 0, the restart check in events.log), the restarted server accepts updates,
 # the impairer dropped datagrams on the impaired link only, and the server's socket saw more
-# bytes than the update payloads.
+# bytes than the update payloads. The outcome comes from the run's outcome.json.
 # usage: emulate_small.sh BUILD_DIR [FLOOR]
 build_dir="$1"; floor="${2:-0.85}"
 emulate="$(dirname "$0")/../../emulation/edgetrain-emulate"
@@ -23,14 +23,19 @@ watched_logs+=("$work/emulate.log" "$work/run/logs/server-1.log" "$work/run/logs
 [ "$status" -eq 0 ] || fail "edgetrain-emulate exited with status $status"
 cat "$work/run/events.log"
 
-grep -qE 'restarted server: recovered version [0-9]+ >= highest acknowledged version [0-9]+: no acknowledged update lost' \
-  "$work/run/events.log" || fail "no successful restart check after the server's SIGKILL"
-recovered=$(sed -nE 's/.*recovered version ([0-9]+) >=.*/\1/p' "$work/run/events.log")
+outcome="$work/run/outcome.json"
+cat "$outcome"
+[ "$(json_get "$outcome" server_restarts | wc -l)" -eq 1 ] && [ "$(json_get "$outcome" server_restarts.0.lost)" = false ] &&
+  [ "$(json_get "$outcome" lost_acknowledged_updates)" = false ] ||
+  fail "no successful restart check after the server's SIGKILL"
+recovered=$(json_get "$outcome" server_restarts.0.recovered_version)
+[ "$recovered" -ge "$(json_get "$outcome" server_restarts.0.highest_acknowledged)" ] || fail "the restart check is wrong"
 [ "$recovered" -gt 0 ] || fail "the server was killed before any update was applied"
-grep -qE "target accuracy $floor reached" "$work/run/events.log" || fail "test accuracy never reached $floor"
+[ "$(json_get "$outcome" stop)" = target ] && json_compare "$(json_get "$outcome" target_reached.accuracy)" -ge "$floor" ||
+  fail "test accuracy never reached $floor"
 # Learning continued after the restart: the accuracy row that met the floor comes from a
 # version past the recovered one.
-reached_version=$(sed -nE 's/.*target accuracy .* reached at .* \(version ([0-9]+),.*/\1/p' "$work/run/events.log")
+reached_version=$(json_get "$outcome" target_reached.version)
 [ "$reached_version" -gt "$recovered" ] || fail "the floor was met at version $reached_version, not after the restart ($recovered)"
 
 # links.csv: link, listen, delay, jitter, loss, bandwidth, then 6 counters per direction.

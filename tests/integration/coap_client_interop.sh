@@ -16,7 +16,7 @@ identity=interop-client
 key=edgetrain-interop-psk-0123456789
 (umask 077 && printf '[devices]\n%s = "%s"\n' "$identity" "$(printf '%s' "$key" | od -An -tx1 | tr -d ' \n')" \
   >"$work/keys.toml")
-start_server "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
+start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
 
 # -B bounds the wait; -v 4 keeps its log to warnings. The server answers /status in one
 # block-wise body that coap-client reassembles.

@@ -1,83 +1,13 @@
 # Sourced by the process-level tests (edgetrain-server and edgetrain-worker as separate
-# programs on loopback). Gives them a private work directory, background programs that are
-# killed when the test exits however it exits, bounded waits on log lines instead of
-# sleeps, and the server's logs printed when a check fails.
+# programs on loopback): common/processes.sh (start, wait on port and stats files, read
+# JSON, logs printed on failure), plus what only tests want: strict bash, a private work
+# directory, every started program killed when the test exits however it exits, and the
+# skip when MNIST is missing.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../../common/processes.sh"
 
 work=$(mktemp -d)
-started_pids=()
-watched_logs=()
-
-stop_everything() {
-  local pid
-  for pid in ${started_pids[@]+"${started_pids[@]}"}; do kill -9 "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap stop_everything EXIT
-
-fail() {
-  echo "FAIL: $*" >&2
-  local log
-  for log in ${watched_logs[@]+"${watched_logs[@]}"}; do
-    echo "---- last lines of $log" >&2
-    tail -n 25 "$log" >&2 || true
-  done
-  exit 1
-}
-
-# start_program LOG COMMAND...: runs COMMAND in the background with stdout and stderr in
-# LOG; sets $last_pid.
-start_program() {
-  local log="$1"; shift
-  "$@" >"$log" 2>&1 &
-  last_pid=$!
-  started_pids+=("$last_pid")
-  watched_logs+=("$log")
-}
-
-# wait_for_line FILE REGEX SECONDS: returns 0 once a line of FILE matches REGEX (grep -E),
-# 1 if none did within SECONDS.
-wait_for_line() {
-  local deadline=$((SECONDS + $3))
-  until grep -qE -- "$2" "$1" 2>/dev/null; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.1
-  done
-}
-
-# wait_for_exit PID SECONDS: the program's exit status, or fails the test if it is still
-# running after SECONDS.
-wait_for_exit() {
-  local pid="$1" deadline=$((SECONDS + $2))
-  while kill -0 "$pid" 2>/dev/null && [ -z "$(ps -o stat= -p "$pid" | grep Z)" ]; do
-    [ "$SECONDS" -lt "$deadline" ] || fail "process $pid still running after $2 s"
-    sleep 0.1
-  done
-  local status=0
-  wait "$pid" || status=$?
-  return "$status"
-}
-
-# add_device KEYSTORE NAME: adds NAME to the keystore; the worker configuration goes to
-# $work/NAME.toml.
-add_device() {
-  "$server" add-device "$2" --keystore "$1" --server-uri coaps://127.0.0.1:0 >"$work/$2.toml" 2>>"$work/add-device.log" ||
-    fail "add-device $2 failed: $(cat "$work/add-device.log")"
-}
-
-# start_server LOG ARGS...: edgetrain-server on 127.0.0.1 with ARGS; waits until it
-# listens and sets $server_pid and $server_port (pass --port 0 for any free port).
-start_server() {
-  local log="$1"; shift
-  start_program "$log" "$server" --listen 127.0.0.1 "$@"
-  server_pid=$last_pid
-  wait_for_line "$log" 'listening on 127\.0\.0\.1:[0-9]+' 30 || fail "the server did not start listening"
-  server_port=$(grep -oE 'listening on 127\.0\.0\.1:[0-9]+' "$log" | head -n1 | cut -d: -f2)
-}
-
-# acked_versions LOG: the server versions a worker logged with --log-acks, one a line.
-acked_versions() { sed -nE 's/.*acknowledged: server version ([0-9]+).*/\1/p' "$1"; }
+trap 'stop_started_programs; rm -rf "$work"' EXIT
 
 mnist_dir="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist"
 require_mnist() {

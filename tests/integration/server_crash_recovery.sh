@@ -3,81 +3,76 @@
 # stopped with SIGTERM and restarted again, while the same two worker processes keep going.
 # Checks: no acknowledged update is lost (the recovered version is at least every version a
 # worker got in a 2.04, and each worker's acknowledged versions keep increasing over the
-# whole run), recovery is clean (its log line, no error), and the workers reconnect and get
-# updates accepted after each restart.
+# whole run), recovery is clean (the restarted server's --stats-file: recovery from a
+# checkpoint, replayed the WAL, no error in its log), and the workers reconnect and get
+# updates accepted after each restart. Versions come from the workers' --stats-file.
 # usage: server_crash_recovery.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 
-for i in 0 1; do add_device "$work/keys.toml" "w$i"; done
+for i in 0 1; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 # Checkpoints every 40 updates: the kill lands after a few, so recovery loads a checkpoint
 # and replays the WAL records after it.
 server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 40)
-start_server "$work/server-1.log" --port 0 "${server_args[@]}"
+start_server "$server" "$work/server-1.log" --port 0 "${server_args[@]}"
 port=$server_port
 
 worker_pids=()
+worker_stats=("$work/w0.stats.json" "$work/w1.stats.json")
 for i in 0 1; do
-  start_program "$work/w$i.log" "$worker" --config "$work/w$i.toml" --server "coaps://127.0.0.1:$port" \
-    --model mlp --worker-id "$i" --workers 2 --log-acks --quiet --duration 80
+  start_worker "$work/w$i.log" "${worker_stats[$i]}" "$worker" --config "$work/w$i.toml" \
+    --server "coaps://127.0.0.1:$port" --model mlp --worker-id "$i" --workers 2 --quiet --duration 80
   worker_pids+=("$last_pid")
 done
 
-max_acked() { cat "$work/w0.log" "$work/w1.log" | sed -nE 's/.*acknowledged: server version ([0-9]+).*/\1/p' | sort -n | tail -n1; }
-# wait_for_acks_above VERSION SECONDS: until some worker logs an acknowledgement above VERSION.
+max_acked() { highest_acknowledged "${worker_stats[@]}"; }
+# wait_for_acks_above VERSION SECONDS: until some worker got an acknowledgement above VERSION.
 wait_for_acks_above() {
   local deadline=$((SECONDS + $2))
-  until [ "$(max_acked)" -gt "$1" ] 2>/dev/null; do
+  until [ "$(max_acked)" -gt "$1" ]; do
     [ "$SECONDS" -lt "$deadline" ] || fail "no update acknowledged above version $1 within $2 s"
-    sleep 0.1
+    sleep 0.2
   done
 }
-# wait_until_workers_notice LOG_LINE_COUNT_BEFORE...: each worker has logged a failed
-# request since, so every acknowledgement it received before the server went away is in
-# its log.
-wait_until_workers_notice() {
-  local i
-  for i in 0 1; do
-    local deadline=$((SECONDS + 30))
-    until tail -n "+$(( ${lines_before[$i]} + 1 ))" "$work/w$i.log" | grep -qE '(push|pull) failed'; do
-      [ "$SECONDS" -lt "$deadline" ] || fail "worker $i did not notice the server was gone"
-      sleep 0.1
-    done
-  done
-}
+# settle_worker_stats: once the server is dead no 2.04 can arrive, and a worker rewrites its
+# stats file within 0.2 s of its last acknowledgement: after a second every acknowledgement
+# received before the server went away is in the files.
+settle_worker_stats() { sleep 1; }
 
 wait_for_acks_above 100 40
-lines_before=("$(wc -l <"$work/w0.log")" "$(wc -l <"$work/w1.log")")
 kill -KILL "$server_pid"
 wait "$server_pid" 2>/dev/null || true
-wait_until_workers_notice
+settle_worker_stats
 acked_before_crash=$(max_acked)
 echo "killed the server (SIGKILL); highest acknowledged version: $acked_before_crash"
 
-start_server "$work/server-2.log" --port "$port" "${server_args[@]}"
-recovered_line=$(grep -E 'recovered from .*; version [0-9]+' "$work/server-2.log") || fail "no recovery line"
-recovered=$(sed -nE 's/.*; version ([0-9]+)$/\1/p' <<<"$recovered_line")
-echo "after SIGKILL: $recovered_line"
+start_server "$server" "$work/server-2.log" --port "$port" "${server_args[@]}"
+recovery() { json_get "$server_stats" "recovery.$1"; }
+recovered=$(recovery version)
+echo "after SIGKILL: recovered version $recovered (checkpoint at version $(recovery checkpoint_version)," \
+  "$(recovery replayed_updates) updates replayed, $(recovery dropped_wal_bytes) WAL bytes dropped)"
 [ "$recovered" -ge "$acked_before_crash" ] ||
   fail "recovered version $recovered is behind the acknowledged version $acked_before_crash: updates were lost"
-grep -qE 'checkpoint at version [1-9][0-9]*, [0-9]+ updates replayed' <<<"$recovered_line" ||
-  fail "expected recovery from a checkpoint after version 0: $recovered_line"
+[ "$(recovery fresh)" = false ] && [ "$(recovery checkpoint_version)" -gt 0 ] && [ "$(recovery replayed_updates)" -ge 0 ] ||
+  fail "expected recovery from a checkpoint after version 0: $(json_get "$server_stats" recovery | tr '\n' ' ')"
+[ "$(recovery checkpoint_version)" -eq $((recovered - $(recovery replayed_updates))) ] ||
+  fail "the checkpoint and the replayed updates do not add up to the recovered version"
 if grep -qiE 'error' "$work/server-2.log"; then fail "errors in the log of the recovered server"; fi
 wait_for_acks_above "$recovered" 40
 echo "the same workers got updates accepted after the restart (version > $recovered)"
 
 # A clean stop: the final checkpoint holds everything, nothing is left to replay.
-lines_before=("$(wc -l <"$work/w0.log")" "$(wc -l <"$work/w1.log")")
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $? on SIGTERM"
-stopped_at=$(sed -nE 's/.*writing a checkpoint at version ([0-9]+).*/\1/p' "$work/server-2.log")
-[ -n "$stopped_at" ] || fail "no final checkpoint line"
-wait_until_workers_notice
+[ "$(json_get "$server_stats" state)" = stopped ] || fail "no final stats (written after the final checkpoint)"
+stopped_at=$(json_get "$server_stats" version)
+settle_worker_stats
 acked_before_stop=$(max_acked)
-start_server "$work/server-3.log" --port "$port" "${server_args[@]}"
-grep -qE "recovered from .*: checkpoint at version $stopped_at, 0 updates replayed from the WAL; version $stopped_at\$" \
-  "$work/server-3.log" || fail "after SIGTERM the server should resume at its checkpoint $stopped_at with nothing to replay"
+start_server "$server" "$work/server-3.log" --port "$port" "${server_args[@]}"
+[ "$(recovery checkpoint_version)" -eq "$stopped_at" ] && [ "$(recovery replayed_updates)" -eq 0 ] &&
+  [ "$(recovery version)" -eq "$stopped_at" ] ||
+  fail "after SIGTERM the server should resume at its checkpoint $stopped_at with nothing to replay: $(json_get "$server_stats" recovery | tr '\n' ' ')"
 [ "$stopped_at" -ge "$acked_before_stop" ] ||
   fail "the checkpoint at $stopped_at is behind the acknowledged version $acked_before_stop"
 wait_for_acks_above "$stopped_at" 40
@@ -86,13 +81,17 @@ echo "after SIGTERM: resumed at checkpoint $stopped_at; the workers got updates 
 for pid in "${worker_pids[@]}"; do kill -TERM "$pid"; done
 for i in 0 1; do
   wait_for_exit "${worker_pids[$i]}" 30 || fail "worker $i exited with status $?"
+  stats="${worker_stats[$i]}"
+  [ "$(json_get "$stats" state)" = stopped ] || fail "worker $i did not write its final stats"
   # A server that lost acknowledged updates would hand out a version again.
-  acked_versions "$work/w$i.log" | awk -v w="$i" 'NR > 1 && $1 <= prev { print "worker " w ": version " $1 " acknowledged after " prev; bad = 1 } { prev = $1 } END { exit bad }' ||
-    fail "worker $i saw an acknowledged version repeat or go back"
+  problem=$(acknowledged_versions "$stats" | strictly_increasing) ||
+    fail "worker $i saw an acknowledged version repeat or go back: $problem"
+  [ "$(acknowledged_versions "$stats" | wc -l)" -eq "$(json_get "$stats" updates_accepted)" ] ||
+    fail "worker $i: its acknowledged versions do not match its count of accepted updates"
   # Sparse pulls (the default) across both restarts: every model delta reproduced the
   # digest of the restarted server's parameters (the change record survived the replay).
-  grep -qE 'pulls \([1-9][0-9]* as deltas\)' "$work/w$i.log" || fail "worker $i pulled no model delta"
-  ! grep -qE 'did not reproduce|undecodable model delta|model delta from version' "$work/w$i.log" ||
+  [ "$(json_get "$stats" delta_pulls)" -gt 0 ] || fail "worker $i pulled no model delta"
+  [ "$(json_get "$stats" delta_mismatches)" -eq 0 ] ||
     fail "worker $i got a model delta that did not give the server's parameters"
 done
 kill -TERM "$server_pid"

@@ -11,7 +11,7 @@
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
-common_worker_flags=(--model mlp --data mnist --worker-id 0 --workers 1 --log-acks --quiet)
+common_worker_flags=(--model mlp --data mnist --worker-id 0 --workers 1 --quiet)
 
 # udp_sockets PID: how many UDP sockets the process holds (from /proc, no root needed).
 udp_sockets() {
@@ -25,14 +25,16 @@ udp_sockets() {
   echo "$count"
 }
 
-# check_trained LOG STEPS: the worker stopped normally with every one of STEPS updates acknowledged.
+# check_trained STATS STEPS: the worker stopped normally with every one of STEPS updates acknowledged.
 check_trained() {
-  grep -qE "stopped after $2 steps: $2 updates accepted" "$1" || fail "worker in $1 did not get all $2 updates accepted"
-  [ "$(acked_versions "$1" | wc -l)" -eq "$2" ] || fail "worker in $1 logged $(acked_versions "$1" | wc -l) acks, not $2"
+  [ "$(json_get "$1" state)" = stopped ] && [ "$(json_get "$1" steps)" -eq "$2" ] &&
+    [ "$(json_get "$1" updates_accepted)" -eq "$2" ] || fail "worker of $1 did not get all $2 updates accepted"
+  [ "$(acknowledged_versions "$1" | wc -l)" -eq "$2" ] ||
+    fail "worker of $1 has $(acknowledged_versions "$1" | wc -l) acknowledged versions, not $2"
 }
 
 # ---- 1. the flag is required on both sides ------------------------------------------------
-add_device "$work/keys.toml" w-psk
+add_device "$server" "$work/keys.toml" w-psk "$work/w-psk.toml"
 if "$worker" --server coap://127.0.0.1:5683 --identity w-plain "${common_worker_flags[@]}" --steps 1 \
   >"$work/no-flag.log" 2>&1; then
   fail "the worker accepted a coap:// URI without --insecure"
@@ -54,34 +56,35 @@ grep -q "datagrams_per_pass) must be 1..1024" "$work/bad-pass.log" && [ ! -e "$w
   fail "no clear error for datagrams_per_pass = 5000, or state was made: $(cat "$work/bad-pass.log")"
 
 printf 'datagrams_per_pass = 4\n' >"$work/pass.toml"
-start_server "$work/dtls-only.log" --port 0 --state-dir "$work/state-dtls" --keystore "$work/keys.toml" --model mlp \
+start_server "$server" "$work/dtls-only.log" --port 0 --state-dir "$work/state-dtls" --keystore "$work/keys.toml" --model mlp \
   --config "$work/pass.toml"
 [ "$(udp_sockets "$server_pid")" -eq 1 ] || fail "a DTLS-only server holds $(udp_sockets "$server_pid") UDP sockets, not 1"
+[ "$(json_get "$server_stats" insecure_port)" = null ] || fail "a DTLS-only server reports a plain CoAP port"
 ! grep -q "plain CoAP" "$work/dtls-only.log" || fail "a DTLS-only server mentions plain CoAP"
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the DTLS-only server exited with status $?"
 
 # ---- 2. a worker trains against an --insecure server over plain CoAP -----------------------
-start_server "$work/insecure.log" --port 0 --insecure --insecure-port 0 --state-dir "$work/state-insecure" \
+start_server "$server" "$work/insecure.log" --port 0 --insecure --insecure-port 0 --state-dir "$work/state-insecure" \
   --keystore "$work/keys.toml" --model mlp
 grep -q "WARNING: --insecure: plain CoAP on 127.0.0.1:[0-9]* with NO encryption" "$work/insecure.log" ||
   fail "no start-up warning for --insecure"
-plain_port=$(grep -oE 'plain CoAP on 127\.0\.0\.1:[0-9]+' "$work/insecure.log" | head -n1 | cut -d: -f2)
-[ "$plain_port" != "$server_port" ] || fail "plain CoAP on the DTLS port"
+plain_port=$(json_get "$server_stats" insecure_port)
+[[ "$plain_port" =~ ^[1-9][0-9]*$ ]] && [ "$plain_port" != "$server_port" ] || fail "plain CoAP on the DTLS port"
 [ "$(udp_sockets "$server_pid")" -eq 2 ] || fail "an --insecure server holds $(udp_sockets "$server_pid") UDP sockets, not 2"
-start_program "$work/w-plain.log" "$worker" --server "coap://127.0.0.1:$plain_port" --insecure --identity w-plain \
+start_worker "$work/w-plain.log" "$work/w-plain.stats.json" "$worker" --server "coap://127.0.0.1:$plain_port" --insecure --identity w-plain \
   "${common_worker_flags[@]}" --steps 15
 wait_for_exit "$last_pid" 60 || fail "the plain CoAP worker exited with status $?"
-check_trained "$work/w-plain.log" 15
+check_trained "$work/w-plain.stats.json" 15
 grep -q "WARNING: --insecure" "$work/w-plain.log" || fail "the worker gave no warning for --insecure"
 grep -q "first request from 'unauthenticated:w-plain' over plain CoAP from 127.0.0.1:[0-9]*: the identity is declared, NOT authenticated" \
   "$work/insecure.log" || fail "the server did not log the plain CoAP worker as unauthenticated"
 # The DTLS endpoint of the same server keeps working next to it.
-start_program "$work/w-psk.log" "$worker" --config "$work/w-psk.toml" --server "coaps://127.0.0.1:$server_port" \
+start_worker "$work/w-psk.log" "$work/w-psk.stats.json" "$worker" --config "$work/w-psk.toml" --server "coaps://127.0.0.1:$server_port" \
   "${common_worker_flags[@]}" --steps 5
 wait_for_exit "$last_pid" 60 || fail "the PSK worker exited with status $?"
-check_trained "$work/w-psk.log" 5
-[ "$(acked_versions "$work/w-psk.log" | tail -n1)" -eq 20 ] || fail "the server did not reach version 20"
+check_trained "$work/w-psk.stats.json" 5
+[ "$(acknowledged_versions "$work/w-psk.stats.json" | tail -n1)" -eq 20 ] || fail "the server did not reach version 20"
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the insecure server exited with status $?"
 
@@ -94,19 +97,19 @@ printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\ncoap_ack_timeout
   "$pki/server.crt" "$pki/server.key" "$pki/ca.crt" >"$work/server-x509.toml"
 printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\n' \
   "$pki/w-cert.crt" "$pki/w-cert.key" "$pki/ca.crt" >"$work/w-cert.toml"
-start_server "$work/x509.log" --port 0 --state-dir "$work/state-x509" --model mlp --config "$work/server-x509.toml"
+start_server "$server" "$work/x509.log" --port 0 --state-dir "$work/state-x509" --model mlp --config "$work/server-x509.toml"
 grep -q "(CoAP over DTLS, X.509)" "$work/x509.log" || fail "the server does not say it serves X.509"
 grep -q "CoAP timing: ACK_TIMEOUT 2 s" "$work/x509.log" || fail "coap_ack_timeout from the config was not applied"
-start_program "$work/w-cert.log" "$worker" --config "$work/w-cert.toml" --server "coaps://127.0.0.1:$server_port" \
+start_worker "$work/w-cert.log" "$work/w-cert.stats.json" "$worker" --config "$work/w-cert.toml" --server "coaps://127.0.0.1:$server_port" \
   "${common_worker_flags[@]}" --steps 15
 wait_for_exit "$last_pid" 60 || fail "the certificate worker exited with status $?"
-check_trained "$work/w-cert.log" 15
+check_trained "$work/w-cert.stats.json" 15
 grep -q "first request from 'w-cert'$" "$work/x509.log" || fail "the server did not see the certificate's CN as identity"
 # A certificate from another CA: handshakes refused, nothing accepted, the worker stops on time.
-start_program "$work/stranger.log" "$worker" --server "coaps://127.0.0.1:$server_port" \
+start_worker "$work/stranger.log" "$work/stranger.stats.json" "$worker" --server "coaps://127.0.0.1:$server_port" \
   --cert "$pki/stranger.crt" --key "$pki/stranger.key" --ca "$pki/ca.crt" "${common_worker_flags[@]}" --duration 6
 wait_for_exit "$last_pid" 60 || fail "the stranger worker exited with status $?"
-grep -qE "stopped after [0-9]+ steps: 0 updates accepted" "$work/stranger.log" ||
+[ "$(json_get "$work/stranger.stats.json" state)" = stopped ] && [ "$(json_get "$work/stranger.stats.json" updates_accepted)" -eq 0 ] ||
   fail "a certificate from another CA got updates accepted"
 ! grep -q "first request from 'stranger'" "$work/x509.log" || fail "the server served the stranger"
 kill -TERM "$server_pid"

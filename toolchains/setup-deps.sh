@@ -54,6 +54,7 @@ HOST_PACKAGES=(
   clang libclang-rt-14-dev
   libcoap3-bin
   openssl
+  jq
   lintian systemd
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with

@@ -5,8 +5,8 @@
 # bound instead of sleeping or reading log wording, reads those JSON files, and prints the
 # programs' logs when something fails. It sets no trap: the caller decides (tests kill
 # everything with `trap stop_started_programs EXIT`, the emulator also deletes namespaces).
-# JSON is read with python3 (standard library only; toolchains/setup-deps.sh installs it;
-# jq is no Debian default and would be one more dependency for the same job).
+# JSON is read with jq (a Debian package that toolchains/setup-deps.sh installs; it starts in
+# milliseconds, which matters to loops that poll a stats file ten times a second).
 #
 # Variables: started_pids (every program started), watched_logs (printed by fail),
 # fail_prefix (what fail puts before its message; default "FAIL: "), last_pid,
@@ -14,9 +14,6 @@
 
 started_pids=()
 watched_logs=()
-# Debian's python3 (toolchains/setup-deps.sh installs it) when there, else the first on
-# PATH: a version manager's shim there can take seconds to start, and json_get polls.
-json_python=$(command -v /usr/bin/python3 || command -v python3 || echo python3)
 : "${fail_prefix=FAIL: }"
 
 # fail MESSAGE: prints MESSAGE and the last lines of every watched log, exits 1.
@@ -77,29 +74,14 @@ wait_for_exit() {
 # true/false), a list one element a line, an object one "key value" line per entry.
 # Returns 1, printing nothing, if the file is missing or unreadable or has no such key.
 json_get() {
-  "$json_python" -c '
-import json, sys
-def text(v):
-    if v is None: return "null"
-    if isinstance(v, bool): return "true" if v else "false"
-    if isinstance(v, (dict, list)): return json.dumps(v, separators=(",", ":"))
-    return str(v)
-try:
-    with open(sys.argv[1]) as f:
-        value = json.load(f)
-    for key in (sys.argv[2].split(".") if len(sys.argv) > 2 and sys.argv[2] else []):
-        value = value[int(key)] if isinstance(value, list) else value[key]
-except (OSError, ValueError, LookupError, TypeError):
-    sys.exit(1)
-if isinstance(value, list):
-    lines = [text(v) for v in value]
-elif isinstance(value, dict):
-    lines = [k + " " + text(v) for k, v in value.items()]
-else:
-    lines = [text(value)]
-if lines:
-    print("\n".join(lines))
-' "$@"
+  [ $# -ge 1 ] && [ $# -le 2 ] || fail "json_get FILE [KEY]"
+  jq -r --arg key "${2:-}" '
+    ($key | if . == "" then [] else split(".") | map(if test("^[0-9]+$") then tonumber else . end) end) as $path
+    | if ($path | length) > 0 and ((try (getpath($path[:-1]) | has($path[-1])) catch false) | not)
+      then error("no such key") else getpath($path) end
+    | if type == "array" then .[] | tostring
+      elif type == "object" then to_entries[] | "\(.key) \(.value | tostring)"
+      else tostring end' "$1" 2>/dev/null
 }
 
 # json_compare VALUE OP EXPECTED: OP is = or != (as text), or -eq -ne -gt -ge -lt -le

@@ -2,6 +2,7 @@
 // from one thread until SIGTERM/SIGINT, and writes every link's counters to a CSV file
 // every few seconds and at exit. edgetrain-emulate starts one; see emulation/README.md.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/atomic_file.h"
 #include "emulation/link_impairer.h"
 
 namespace {
@@ -103,6 +105,15 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
   std::filesystem::rename(temporary, path);
 }
 
+// {"links": {"NAME": "HOST:PORT", ...}}: where each link listens (its bound port when the
+// file asked for port 0).
+std::string listen_endpoints_json(const LinkImpairer& impairer) {
+  nlohmann::json links = nlohmann::json::object();
+  for (std::size_t i = 0; i < impairer.size(); i++)
+    links[impairer.spec(i).name] = impairer.spec(i).listen_host + ":" + std::to_string(impairer.listen_port(i));
+  return nlohmann::json{{"links", links}}.dump(2) + "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,11 +132,13 @@ int main(int argc, char** argv) {
       "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
       "  seed = 1                         # loss and jitter draws\n"
       "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'."};
-  std::string links_path, stats_path;
+  std::string links_path, stats_path, port_file;
   double stats_interval = 2;
   app.add_option("--links", links_path, "TOML file of [[link]] tables")->required()->check(CLI::ExistingFile);
   app.add_option("--stats", stats_path, "CSV file of per-link counters, rewritten every --stats-interval and at exit");
   app.add_option("--stats-interval", stats_interval, "seconds between stats writes")->capture_default_str()->check(CLI::Range(0.1, 3600.0));
+  app.add_option("--port-file", port_file,
+                 "once every link listens: write {\"links\": {\"NAME\": \"HOST:PORT\", ...}} (JSON) to this file, atomically");
   CLI11_PARSE(app, argc, argv);
   try {
     const std::vector<LinkSpec> links = read_links(links_path);
@@ -135,6 +148,7 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < impairer.size(); i++) {
       std::printf("link %s listening on %s:%u\n", links[i].name.c_str(), links[i].listen_host.c_str(), impairer.listen_port(i));
     }
+    if (!port_file.empty()) edgetrain::common::write_file_atomically(port_file, listen_endpoints_json(impairer));
     std::printf("relaying %zu links\n", impairer.size());
     std::fflush(stdout);
     auto next_write = std::chrono::steady_clock::now();

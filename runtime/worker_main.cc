@@ -2,17 +2,22 @@
 // edgetrain-server over CoAP/DTLS. Settings come from a TOML file (--config), overridden
 // by flags; see runtime/README.md.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 #include <sstream>
+#include <thread>
 
+#include "common/atomic_file.h"
 #include "runtime/worker.h"
 
 namespace {
@@ -34,6 +39,96 @@ std::string read_file(const std::string& path) {
   s << in.rdbuf();
   return s.str();
 }
+
+// The --stats-file object (runtime/README.md): every WorkerStats field by its name, the
+// server versions acknowledged (2.04) in this run in order, and whether the worker runs.
+std::string stats_json(const edgetrain::runtime::WorkerStats& s, const std::vector<std::uint64_t>& acknowledged,
+                       bool running) {
+  nlohmann::json j;
+  j["state"] = running ? "running" : "stopped";
+  j["steps"] = s.steps;
+  j["updates_accepted"] = s.updates_accepted;
+  j["updates_refused"] = s.updates_refused;
+  j["updates_rejected"] = s.updates_rejected;
+  j["pulls"] = s.pulls;
+  j["delta_pulls"] = s.delta_pulls;
+  j["delta_mismatches"] = s.delta_mismatches;
+  j["bytes_sent"] = s.bytes_sent;
+  j["bytes_received"] = s.bytes_received;
+  j["server_version"] = s.server_version;
+  j["retries"] = s.retries;
+  j["non_finite_steps"] = s.non_finite_steps;
+  j["last_loss"] = s.last_loss;
+  j["acknowledged_versions"] = acknowledged;
+  return j.dump(2) + "\n";
+}
+
+// Keeps the --stats-file current: the worker loop hands over its stats after every step
+// (update()), a thread rewrites the file at most every 0.2 s when they changed, so a worker
+// stuck in retries still has a fresh file; finish() writes the last state, "stopped".
+class StatsFileWriter {
+ public:
+  explicit StatsFileWriter(std::string path) : path_(std::move(path)) {
+    if (path_.empty()) return;
+    edgetrain::common::write_file_atomically(path_, stats_json(stats_, acknowledged_, true));  // fails early on a bad path
+    thread_ = std::thread([this] { run(); });
+  }
+  ~StatsFileWriter() { finish(std::nullopt); }
+  StatsFileWriter(const StatsFileWriter&) = delete;
+  StatsFileWriter& operator=(const StatsFileWriter&) = delete;
+
+  // From the worker loop. One push per step, so at most one new acknowledgement per call.
+  void update(const edgetrain::runtime::WorkerStats& s) {
+    std::lock_guard lock(mutex_);
+    if (s.updates_accepted > stats_.updates_accepted) acknowledged_.push_back(s.server_version);
+    stats_ = s;
+    changed_ = true;
+  }
+  // Stops the thread and writes the final stats (the last update()'s when none are given).
+  void finish(const std::optional<edgetrain::runtime::WorkerStats>& final_stats) {
+    if (path_.empty() || finished_) return;
+    {
+      std::lock_guard lock(mutex_);
+      finished_ = true;
+      if (final_stats && final_stats->updates_accepted > stats_.updates_accepted)
+        acknowledged_.push_back(final_stats->server_version);
+      if (final_stats) stats_ = *final_stats;
+    }
+    wake_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    try {
+      edgetrain::common::write_file_atomically(path_, stats_json(stats_, acknowledged_, false));
+    } catch (const std::exception& e) {
+      log_line(e.what());
+    }
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    while (!finished_) {
+      wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return finished_; });
+      if (finished_ || !changed_) continue;
+      changed_ = false;
+      const std::string text = stats_json(stats_, acknowledged_, true);
+      lock.unlock();
+      try {
+        edgetrain::common::write_file_atomically(path_, text);
+      } catch (const std::exception& e) {
+        log_line(e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  std::string path_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  edgetrain::runtime::WorkerStats stats_;
+  std::vector<std::uint64_t> acknowledged_;
+  bool changed_ = false, finished_ = false;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -93,6 +188,10 @@ int main(int argc, char** argv) {
   app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
+  std::string stats_file;
+  app.add_option("--stats-file", stats_file,
+                 "JSON file of this worker's counters and every acknowledged server version, rewritten atomically\n"
+                 "at most every 0.2 s while they change, and at exit");
   app.add_flag("--version", version, "print the version and exit");
   app.add_flag("--insecure", insecure,
                "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must run --insecure)");
@@ -206,7 +305,9 @@ int main(int argc, char** argv) {
     const bool tty = isatty(STDERR_FILENO);
     auto last_report = std::chrono::steady_clock::now();
     std::uint64_t acks_logged = 0;
+    StatsFileWriter stats_file_writer(stats_file);
     auto progress = [&](const runtime::WorkerStats& s) {
+      stats_file_writer.update(s);
       // One push per step, so at most one new acknowledgement per call. The line lets
       // anyone check afterwards that the server never went back behind a version it
       // acknowledged (tests/integration/server_crash_recovery.sh does).
@@ -229,6 +330,7 @@ int main(int argc, char** argv) {
       else log_line(line);
     };
     runtime::WorkerStats stats = runtime::run_worker(config, train, stop_requested, log_line, progress);
+    stats_file_writer.finish(stats);
     if (tty && !quiet) std::fprintf(stderr, "\n");
     log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
              " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +

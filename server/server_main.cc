@@ -20,8 +20,10 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include "common/atomic_file.h"
 #include "runtime/dataset.h"
 #include "server/evaluator.h"
 #include "server/keystore.h"
@@ -77,7 +79,34 @@ struct Settings {
   std::string cert_file, cert_key_file, ca_file;
   transport::CoapTiming timing = transport::CoapTiming::wan();
   std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
+  // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
+  std::string port_file, stats_file;
 };
+
+// The --stats-file object (server/README.md documents its keys).
+std::string stats_json(bool running, const server::ServerState& state, const server::RecoveryReport& recovery,
+                       std::uint64_t version_after_recovery, const server::ServerResources& resources,
+                       const transport::CoapDtlsServer& server, bool insecure,
+                       const std::optional<server::EvaluationResult>& last_evaluation) {
+  nlohmann::json j;
+  j["state"] = running ? "running" : "stopped";
+  j["version"] = state.version();
+  j["port"] = server.port();
+  j["insecure_port"] = insecure ? nlohmann::json(server.plaintext_port()) : nlohmann::json(nullptr);
+  j["recovery"] = {{"fresh", recovery.fresh},
+                   {"checkpoint_version", recovery.checkpoint_version},
+                   {"replayed_updates", recovery.replayed_updates},
+                   {"dropped_wal_bytes", recovery.dropped_wal_bytes},
+                   {"version", version_after_recovery}};
+  j["updates_applied"] = resources.updates_applied();
+  j["ingress_payload_bytes"] = resources.ingress_payload_bytes();
+  j["ingress_socket_bytes"] = resources.ingress_socket_bytes();
+  j["last_evaluation"] = last_evaluation ? nlohmann::json{{"version", last_evaluation->version},
+                                                          {"accuracy", last_evaluation->accuracy},
+                                                          {"loss", last_evaluation->loss}}
+                                         : nlohmann::json(nullptr);
+  return j.dump(2) + "\n";
+}
 
 // Values from the TOML file for every setting not given on the command line.
 void apply_config_file(const std::string& path, const CLI::App& app, Settings& s) {
@@ -213,6 +242,7 @@ int run_server(const Settings& s) {
   const runtime::Model evaluation_model = model;
   server::ServerState state(std::move(model), options);
   const auto& recovery = state.recovery();
+  const std::uint64_t version_after_recovery = state.version();
   if (recovery.fresh) {
     log_line("new state in " + s.state_dir + ": model " + state.model().spec().name + ", " +
              std::to_string(state.model().parameter_count()) + " parameters, seed " + std::to_string(s.seed));
@@ -254,6 +284,7 @@ int run_server(const Settings& s) {
   server_options.datagrams_per_pass = s.datagrams_per_pass;
   transport::CoapDtlsServer server(server_options);
   resources.attach(server);
+  if (!s.port_file.empty()) common::write_file_atomically(s.port_file, std::to_string(server.port()) + "\n");
   log_line("listening on " + s.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes +
            "), lr " + number(s.lr) + ", max staleness " + std::to_string(s.max_staleness) + ", checkpoint every " +
            std::to_string(s.checkpoint_every) + " updates");
@@ -288,7 +319,8 @@ int run_server(const Settings& s) {
   if (new_metrics) {
     metrics << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,dense_equivalent_bytes,test_accuracy,test_loss\n";
   }
-  std::mutex metrics_mutex;
+  std::mutex metrics_mutex;  // also guards last_evaluation
+  std::optional<server::EvaluationResult> last_evaluation;
   plot::PlotSeries accuracy_by_ingress{"this run", {}, {}};
   const auto started = std::chrono::steady_clock::now();
 
@@ -317,6 +349,7 @@ int run_server(const Settings& s) {
                   << static_cast<std::uint64_t>(dense) << ',' << r.accuracy << ',' << r.loss << std::endl;
           accuracy_by_ingress.x.push_back(static_cast<double>(ingress));
           accuracy_by_ingress.y.push_back(r.accuracy);
+          last_evaluation = r;
         },
         std::chrono::milliseconds(static_cast<long long>(s.eval_interval_seconds * 1000)));
   }
@@ -329,8 +362,28 @@ int run_server(const Settings& s) {
   // Handlers run to completion inside run_once, so a stop request is seen between requests.
   // Updates are group-committed: while some wait for their WAL sync (on the sync thread),
   // the loop looks for finished syncs every millisecond and sends their answers.
+  auto write_stats = [&](bool running) {
+    if (s.stats_file.empty()) return;
+    std::optional<server::EvaluationResult> evaluation;
+    {
+      std::lock_guard lock(metrics_mutex);
+      evaluation = last_evaluation;
+    }
+    common::write_file_atomically(s.stats_file, stats_json(running, state, recovery, version_after_recovery, resources,
+                                                           server, s.insecure, evaluation));
+  };
+  write_stats(true);
+  auto next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (!g_stop_requested) {
-    resources.serve_once(server, 200);
+    resources.serve_once(server, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+    if (std::chrono::steady_clock::now() >= next_stats) {
+      try {
+        write_stats(true);
+      } catch (const std::exception& e) {  // a full disk must not stop training; the start-up write proved the path
+        log_line(std::string("stats file not updated: ") + e.what());
+      }
+      next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
   }
   resources.answer_durable_updates(true);  // staged updates are answered before the checkpoint
 
@@ -350,6 +403,7 @@ int run_server(const Settings& s) {
     log_line("plot written to " + svg_path.string());
   }
   state.checkpoint();
+  write_stats(false);
   log_line("checkpoint written to " + state.checkpoint_path().string() + "; bye");
   return 0;
 }
@@ -393,6 +447,11 @@ int main(int argc, char** argv) {
                  "(1..1024; 1 = libcoap's own loop)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  app.add_option("--port-file", s.port_file,
+                 "once the DTLS port is bound: write it (decimal digits and a newline) to this file, atomically");
+  app.add_option("--stats-file", s.stats_file,
+                 "JSON object (state, version, ports, recovery, updates, ingress, last evaluation) rewritten "
+                 "atomically at start, every second and at exit");
 
   auto* add = app.add_subcommand("add-device", "add a device with a random key to the keystore and print its worker configuration");
   std::string device, add_keystore, server_uri;

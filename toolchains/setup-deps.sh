@@ -54,8 +54,8 @@ HOST_PACKAGES=(
   clang libclang-rt-14-dev
   libcoap3-bin
   openssl
+  jq
   lintian systemd
-  python3  # the scripts read the programs' JSON stats files with it (common/processes.sh)
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

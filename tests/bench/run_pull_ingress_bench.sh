@@ -51,8 +51,8 @@ run() {  # run NAME [WORKER FLAGS...]
   version=$(json_get "$server_stats" version)
   payload=$(json_get "$server_stats" ingress_payload_bytes)
   socket=$(json_get "$server_stats" ingress_socket_bytes)
-  # Datagrams: only from a server whose stats file counts them.
-  datagrams=$(json_get "$server_stats" ingress_socket_datagrams || echo 0)
+  # Datagrams: only from a server whose stats file counts them ("n/a" otherwise).
+  datagrams=$(json_get "$server_stats" ingress_socket_datagrams || echo n/a)
   for i in $(seq 0 $((workers - 1))); do
     pull_count=$((pull_count + $(json_get "$dir/w$i.stats.json" pulls)))
     pulled=$((pulled + $(json_get "$dir/w$i.stats.json" bytes_received)))
@@ -60,7 +60,7 @@ run() {  # run NAME [WORKER FLAGS...]
   echo "$name: $version updates in ${seconds} s; server ingress $payload payload B, $socket socket B in $datagrams datagrams;" \
        "$pull_count pulls, $pulled B pulled"
   awk -v n="$name" -v u="$version" -v p="$payload" -v s="$socket" -v d="$datagrams" -v pc="$pull_count" -v pb="$pulled" \
-    'BEGIN { printf "summary %s updates=%d socket_bytes_per_update=%.0f datagrams_per_update=%.1f payload_bytes_per_update=%.0f bytes_per_pull=%.0f\n", n, u, s / u, d / u, p / u, pb / pc }'
+    'BEGIN { printf "summary %s updates=%d socket_bytes_per_update=%.0f datagrams_per_update=%s payload_bytes_per_update=%.0f bytes_per_pull=%.0f\n", n, u, s / u, (d == "n/a" ? d : sprintf("%.1f", d / u)), p / u, pb / pc }'
 }
 
 echo "$workers workers, model $model, $seconds s per run, $(nproc) cores"
@@ -74,7 +74,7 @@ for name in dense sparse; do
   line=$(grep '^summary' "$work/$name.txt")
   printf '| %s | %s | %s | %s | %s | %s |\n' "$name" "$(grep -o 'updates=[0-9]*' <<<"$line" | cut -d= -f2)" \
     "$(grep -o 'socket_bytes_per_update=[0-9.]*' <<<"$line" | cut -d= -f2)" \
-    "$(grep -o 'datagrams_per_update=[0-9.]*' <<<"$line" | cut -d= -f2)" \
+    "$(grep -o 'datagrams_per_update=[0-9.na/]*' <<<"$line" | cut -d= -f2)" \
     "$(grep -o 'payload_bytes_per_update=[0-9.]*' <<<"$line" | cut -d= -f2)" \
     "$(grep -o 'bytes_per_pull=[0-9.]*' <<<"$line" | cut -d= -f2)"
 done

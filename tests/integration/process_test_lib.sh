@@ -79,9 +79,13 @@ start_server() {
 # acked_versions LOG: the server versions a worker logged with --log-acks, one a line.
 acked_versions() { sed -nE 's/.*acknowledged: server version ([0-9]+).*/\1/p' "$1"; }
 
+# require_mnist: without MNIST, skips the test (exit 77) on a developer's machine and
+# fails it under CI (CI set), where set-up always provides the data; the C++ tests follow
+# the same rule (EDGETRAIN_REQUIRE_DATA in tests/support/test_data.h).
 mnist_dir="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist"
 require_mnist() {
   if ! ls "$mnist_dir"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+    [ -z "${CI:-}" ] || fail "no MNIST in $mnist_dir under CI (toolchains/setup-deps.sh converts it)"
     echo "SKIP: no MNIST in $mnist_dir (toolchains/setup-deps.sh converts it)"
     exit 77
   fi

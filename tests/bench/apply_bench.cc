@@ -1,21 +1,29 @@
-// The parameter store's apply (σ + update + history) on the paper CNN, per update, for the
+// The parameter store's apply (σ + update + history) on the paper CNN, per update, for each
+// staleness rule of tests/support/staleness_rules.h (the list the unit test checks): the
 // AdaComp rule (per-parameter σ) next to Zhang et al.'s per-update delay rule (no history:
 // the cost of applying the values alone), on the same stream of updates.
 //
 // The stream: each tensor's k = ⌊n·c⌋ entries (at least one), half drawn from a hot 5 % of
 // the tensor (top-k sets of workers overlap in practice, and overlap is what makes σ > 1),
-// delays uniform in 0..D. Prints µs per update and σ's mean. Host trees only; not a test.
-//   edgetrain-apply-bench [--updates N] [--rate C] [--max-staleness D] [--repeat R]
+// delays uniform in 0..D. One iteration applies the whole stream to a fresh store; prints
+// the time per update (s_per_update) and the divisor's mean (mean_divisor: σ's mean for
+// the σ rule). Host trees only; a program that prints figures, not a test.
+//   edgetrain-apply-bench [--updates N] [--rate C] [--max-staleness D] [--benchmark_repetitions=R] ...
+//   (Google Benchmark's --benchmark_* flags are taken first; --help lists the others)
+#include <benchmark/benchmark.h>
+
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
+#include <string>
 #include <cstdio>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "server/parameter_store.h"
+#include "tests/support/paper_cnn_tensor_sizes.h"
+#include "tests/support/staleness_rules.h"
 
 using namespace edgetrain;
 
@@ -46,52 +54,66 @@ std::vector<transport::SparseUpdate> make_stream(const std::vector<std::uint32_t
   return stream;
 }
 
-// µs per update over the stream (every update must apply), and the mean divisor.
-std::pair<double, double> run(const std::vector<std::uint32_t>& sizes, const std::vector<transport::SparseUpdate>& stream,
-                              server::ParameterStoreOptions options) {
+// Applies the whole stream to a fresh store per iteration (every update must apply).
+void apply_stream(benchmark::State& state, const std::vector<transport::SparseUpdate>& stream,
+                  server::ParameterStoreOptions options, const std::string& description) {
+  state.SetLabel(description);
+  const auto& sizes = testing::kPaperCnnTensorSizes;
   const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
-  server::ParameterStore store(1, sizes, std::vector<float>(total, 0.0f), options);
   double divisor_sum = 0, entries = 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (const auto& update : stream) {
-    if (!store.apply(update).applied()) {
-      std::fprintf(stderr, "apply-bench: an update was refused\n");
-      std::exit(1);
+  bool refused = false;
+  for (auto _ : state) {
+    state.PauseTiming();
+    server::ParameterStore store(1, sizes, std::vector<float>(total, 0.0f), options);
+    divisor_sum = entries = 0;
+    state.ResumeTiming();
+    for (const auto& update : stream) {
+      if (!store.apply(update).applied()) {
+        refused = true;
+        break;
+      }
+      for (auto d : store.last_divisors()) divisor_sum += d;
+      entries += static_cast<double>(store.last_divisors().size());
     }
-    for (auto d : store.last_divisors()) divisor_sum += d;
-    entries += static_cast<double>(store.last_divisors().size());
+    if (refused) {
+      state.SkipWithError("an update was refused");
+      break;
+    }
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {seconds * 1e6 / static_cast<double>(stream.size()), divisor_sum / entries};
+  state.counters["s_per_update"] = benchmark::Counter(static_cast<double>(stream.size()),
+                                                      benchmark::Counter::kIsIterationInvariantRate |
+                                                          benchmark::Counter::kInvert);
+  state.counters["mean_divisor"] = divisor_sum / entries;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Parameter-store apply per update on the paper CNN: AdaComp's σ rule next to the per-update delay rule"};
-  int updates = 3000, repeat = 3;
+  benchmark::Initialize(&argc, argv);
+  CLI::App app{"Parameter-store apply per update on the paper CNN, per staleness rule"};
+  int updates = 3000;
   double rate = 0.01;
   std::uint32_t max_staleness = 64;
   app.add_option("--updates", updates, "updates per run")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--rate", rate, "compression rate c")->check(CLI::Range(1e-6, 1.0))->capture_default_str();
   app.add_option("--max-staleness", max_staleness, "D; delays are drawn from 0..D")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--repeat", repeat, "runs of each rule, alternating")->check(CLI::Range(1, 100))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  const std::vector<std::uint32_t> sizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};  // the paper CNN
-  const auto stream = make_stream(sizes, updates, rate, max_staleness);
+  const auto stream = make_stream(testing::kPaperCnnTensorSizes, updates, rate, max_staleness);
   std::size_t entries = 0;
   for (const auto& t : stream.back().tensors) entries += t.indices.size();
   std::printf("paper CNN, %d updates of ~%zu entries (c = %g), delays 0..%u\n", updates, entries, rate, max_staleness);
-  std::printf("| run | σ rule (AdaComp) µs/update | delay rule (Zhang) µs/update | mean σ |\n|---|---|---|---|\n");
-  for (int r = 1; r <= repeat; ++r) {
-    server::ParameterStoreOptions sigma_rule;
-    sigma_rule.max_staleness = max_staleness;
-    server::ParameterStoreOptions delay_rule = sigma_rule;
-    delay_rule.rule = server::StalenessRule::kPerUpdateDelay;
-    const auto [sigma_us, mean_sigma] = run(sizes, stream, sigma_rule);
-    const auto [delay_us, unused] = run(sizes, stream, delay_rule);
-    std::printf("| %d | %.1f | %.1f | %.2f |\n", r, sigma_us, delay_us, mean_sigma);
+  for (const auto& variant : testing::staleness_rules()) {
+    server::ParameterStoreOptions options;
+    options.max_staleness = max_staleness;
+    options.rule = variant.setting;
+    benchmark::RegisterBenchmark(("apply/" + variant.name).c_str(),
+                                 [&stream, options, &variant](benchmark::State& state) {
+                                   apply_stream(state, stream, options, variant.description);
+                                 })
+        ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
   return 0;
 }

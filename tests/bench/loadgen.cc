@@ -47,7 +47,7 @@
 #include "runtime/model_replica.h"
 #include "server/keystore.h"
 #include "server/resources.h"
-#include "tests/bench/udp_delay_proxy.h"
+#include "tests/support/udp_delay_proxy.h"
 #include "transport/bench_load.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"
@@ -325,7 +325,7 @@ int run_transfer(const TransferSettings& s) {
   // One random gradient per update: independent top-k sets, so the deltas measured are
   // about as large as N updates can make them (real gradients' top-k sets overlap more).
   UpdateFactory factory(s.model, s.compression_rate, static_cast<std::size_t>(most_updates) + 1);
-  edgetrain::bench::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms));
+  edgetrain::testing::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms));
   const auto psk = credentials(keystore, kProbeDevice);
   std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
 
@@ -461,7 +461,7 @@ Spread spread_of(std::vector<double> values) {
 int run_wan(const WanSettings& s) {
   const auto keystore = server::Keystore::load(s.keystore);
   UpdateFactory factory(s.model, 0.01, 1);
-  edgetrain::bench::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms), s.loss, s.seed);
+  edgetrain::testing::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms), s.loss, s.seed);
   const auto psk = credentials(keystore, kProbeDevice);
   std::printf("\n== WAN: %d ms each way, %.1f%% loss each way; CoAP ACK_TIMEOUT %.2f s, ACK_RANDOM_FACTOR %.2f, "
               "MAX_RETRANSMIT %d, NSTART %d (%s) ==\n",

@@ -6,6 +6,7 @@
 // it still calls the real fdatasync when it succeeds.
 #include <gtest/gtest.h>
 
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,58 +24,18 @@
 #include "server/resources.h"
 #include "server/server_state.h"
 #include "server/write_ahead_log.h"
+#include "tests/support/served_resources.h"
 #include "transport/coap_dtls.h"
 
 namespace {
 
 using namespace edgetrain;
-using server::ServerState;
-using server::ServerStateOptions;
-using server::SubmitOutcome;
+using namespace edgetrain::server;
+using edgetrain::testing::random_sparse_update;
+using edgetrain::testing::TempDir;
 
 runtime::Model test_model() {
-  runtime::Model model(runtime::parse_model_spec("input 8x8x1; fc 32 relu; fc 10", "test-mlp"));
-  model.initialize(7);
-  return model;
-}
-
-std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("edgetrain-group-commit-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
-    std::filesystem::remove_all(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
-
-// Roughly a quarter of all parameters, so an encoded update spans several 1,024-byte
-// blocks on the wire (Block1).
-std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
-                                        std::uint64_t fetched_version) {
-  transport::SparseUpdate u{model.layout_id(), sequence, fetched_version, {}};
-  const auto sizes = sizes_of(model);
-  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
-    transport::SparseTensor tensor{t, sizes[t], {}, {}};
-    for (std::uint32_t i = 0; i < sizes[t]; ++i)
-      if (rng() % 4 == 0) {
-        tensor.indices.push_back(i);
-        tensor.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
-      }
-    if (!tensor.indices.empty()) u.tensors.push_back(std::move(tensor));
-  }
-  return transport::encode_sparse_update(u).value();
+  return edgetrain::testing::initialized_model("input 8x8x1; fc 32 relu; fc 10", "test-mlp", 7);
 }
 
 // Wraps fdatasync: remembers how many WAL bytes the last successful sync covered (the
@@ -115,17 +76,23 @@ std::vector<std::uint64_t> versions_in_synced_prefix(const std::filesystem::path
   return versions;
 }
 
-ServerStateOptions options_for(const TempDir& dir, SyncProbe& probe) {
+// Every WAL sync through `probe`; no checkpoints, so everything stays in the WAL.
+ServerStateOptions options_for(SyncProbe& probe) {
   ServerStateOptions options;
-  options.state_dir = dir.path();
   options.store.max_staleness = 64;
   options.checkpoint_every = 0;
   options.wal_sync = probe.hook();
   return options;
 }
 
+ServerStateOptions options_for(const TempDir& dir, SyncProbe& probe) {
+  ServerStateOptions options = options_for(probe);
+  options.state_dir = dir.path();
+  return options;
+}
+
 TEST(GroupCommit, OneSyncCoversManyUpdatesAppliedOnlyAfterItAndBitExactWithSyncPerUpdate) {
-  TempDir grouped_dir, reference_dir;
+  TempDir grouped_dir("edgetrain-group-commit"), reference_dir("edgetrain-group-commit");
   SyncProbe probe, reference_probe;
   ServerState grouped(test_model(), options_for(grouped_dir, probe));
   ServerState reference(test_model(), options_for(reference_dir, reference_probe));
@@ -138,7 +105,7 @@ TEST(GroupCommit, OneSyncCoversManyUpdatesAppliedOnlyAfterItAndBitExactWithSyncP
     std::vector<std::uint64_t> tickets;
     for (int n = 0; n < 4; ++n) {
       // fetched at the durable version: delays grow inside the batch as in a real server
-      const auto bytes = random_update(rng, model, ++sequence, version_before);
+      const auto bytes = random_sparse_update(rng, model, ++sequence, version_before);
       const std::string identity = "device-" + std::to_string(n);
       auto staged = grouped.stage(identity, bytes);
       ASSERT_FALSE(staged.settled) << staged.settled->diagnostic;
@@ -175,14 +142,14 @@ TEST(GroupCommit, OneSyncCoversManyUpdatesAppliedOnlyAfterItAndBitExactWithSyncP
 }
 
 TEST(GroupCommit, AFailedSyncRefusesEveryUpdateOfItsBatchAndTheLogKeepsOnlyAcknowledgedOnes) {
-  TempDir dir, reference_dir;
+  TempDir dir("edgetrain-group-commit"), reference_dir("edgetrain-group-commit");
   SyncProbe probe, reference_probe;
   ServerState state(test_model(), options_for(dir, probe));
   ServerState reference(test_model(), options_for(reference_dir, reference_probe));
   std::mt19937 rng(12);
   const runtime::Model model = test_model();
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates;
-  for (std::uint64_t n = 1; n <= 8; ++n) updates.push_back({"device-" + std::to_string(n % 3), random_update(rng, model, n, 0)});
+  for (std::uint64_t n = 1; n <= 8; ++n) updates.push_back({"device-" + std::to_string(n % 3), random_sparse_update(rng, model, n, 0)});
 
   for (int n = 0; n < 3; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
   state.start_commit();
@@ -227,11 +194,11 @@ TEST(GroupCommit, AFailedSyncRefusesEveryUpdateOfItsBatchAndTheLogKeepsOnlyAckno
 }
 
 TEST(GroupCommit, ADuplicateOfAStagedUpdateIsAnsweredOnlyWithItsOriginal) {
-  TempDir dir;
+  TempDir dir("edgetrain-group-commit");
   SyncProbe probe;
   ServerState state(test_model(), options_for(dir, probe));
   std::mt19937 rng(13);
-  const auto bytes = random_update(rng, test_model(), 1, 0);
+  const auto bytes = random_sparse_update(rng, test_model(), 1, 0);
   auto original = state.stage("device-1", bytes);
   ASSERT_FALSE(original.settled);
   auto duplicate = state.stage("device-1", bytes);
@@ -252,25 +219,16 @@ TEST(GroupCommit, ADuplicateOfAStagedUpdateIsAnsweredOnlyWithItsOriginal) {
 // version already in the synced part of the WAL when the worker receives it; then a disk
 // that fails every sync: every update gets 5.00, none is applied or left in the log.
 TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsAnswer500) {
-  TempDir dir;
   SyncProbe probe;
   probe.delay_ms = 40;  // slow disk: updates pile up behind each sync
-  ServerState state(test_model(), options_for(dir, probe));
-  server::ServerResources resources(state);
   transport::CoapDtlsServer::Options server_options;
   server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
     if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
     return std::nullopt;
   };
-  transport::CoapDtlsServer server(server_options);
-  resources.attach(server);
-  std::atomic<bool> stop = false;
-  std::thread loop([&] {
-    while (!stop) {
-      resources.serve_once(server, 10);
-    }
-    resources.answer_durable_updates(true);
-  });
+  edgetrain::testing::ServedResources served("group-commit", test_model(), options_for(probe), server_options);
+  ServerState& state = served.state();
+  transport::CoapDtlsServer& server = served.server();
 
   constexpr int kWorkers = 6, kPostsEach = 4;
   std::atomic<int> acknowledged = 0, refused = 0;
@@ -285,7 +243,7 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
         transport::CoapDtlsClient client(
             {"127.0.0.1", server.port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 60000});
         for (int p = 0; p < kPostsEach; ++p) {
-          const auto body = random_update(rng, model, first_sequence + p, 0);
+          const auto body = random_sparse_update(rng, model, first_sequence + p, 0);
           EXPECT_GT(body.size(), 1024u) << "the body must need Block1";
           transport::CoapResponse response;
           try {
@@ -306,7 +264,7 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
             ASSERT_TRUE(version);
             // What a kill -9 at this moment would keep: the synced prefix of the log.
             const auto synced = versions_in_synced_prefix(state.wal_path(), probe.synced_bytes,
-                                                          dir.path() / ("prefix-" + std::to_string(w) + ".log"));
+                                                          served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
             if (std::find(synced.begin(), synced.end(), *version) == synced.end()) {
               std::lock_guard lock(failures_mutex);
               failures.push_back("version " + std::to_string(*version) + " acknowledged before it was synced");
@@ -332,8 +290,7 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
   EXPECT_EQ(refused, kWorkers * kPostsEach);
   EXPECT_GT(probe.failures, 0);
 
-  stop = true;
-  loop.join();
+  served.stop();
   EXPECT_EQ(state.version(), acknowledged_version);
   EXPECT_EQ(server::read_wal(state.wal_path()).records.size(), acknowledged_version)
       << "records of refused updates are cut off the log";
@@ -388,13 +345,17 @@ TEST(DeferredResponseOverDtls, ArrivesSecondsLaterWhileTheClientPings) {
 
 // A server process killed (SIGKILL: no DTLS close_notify, nothing more on the wire) while
 // a client waits for its deferred answer: the client's keepalive ping meets ICMP port
-// unreachable and the request fails long before its 30 s deadline.
+// unreachable and the request fails long before its 30 s deadline. The server says on a
+// pipe when it has deferred the request; only then is it killed.
 TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledServer) {
-  int port_pipe[2];
+  int port_pipe[2], deferred_pipe[2];
   ASSERT_EQ(::pipe(port_pipe), 0);
+  ASSERT_EQ(::pipe(deferred_pipe), 0);
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {  // the server: defers every answer, forever
+    ::close(port_pipe[0]);
+    ::close(deferred_pipe[0]);
     transport::CoapDtlsServer::Options server_options;
     server_options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> {
       return std::vector<std::uint8_t>(16, 0x42);
@@ -403,6 +364,8 @@ TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledSer
     std::vector<transport::DeferredResponse> never_answered;
     server.add_resource("slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
       never_answered.push_back(request.defer());
+      const char deferred = 'd';
+      if (::write(deferred_pipe[1], &deferred, 1) != 1) ::_exit(1);
       return transport::CoapResponse{};
     });
     const std::uint16_t port = server.port();
@@ -410,22 +373,32 @@ TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledSer
     for (;;) server.run_once(100);
   }
   ::close(port_pipe[1]);
+  ::close(deferred_pipe[1]);
   std::uint16_t port = 0;
   ASSERT_EQ(::read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
   ::close(port_pipe[0]);
 
   transport::CoapDtlsClient client({"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
+  std::atomic<bool> was_deferred = false;
+  std::chrono::steady_clock::time_point killed_at;
   std::thread kill_server([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the request is deferred by now
+    // Bounded: a server that never defers is killed after 10 s and the test fails below.
+    pollfd deferred{deferred_pipe[0], POLLIN, 0};
+    char byte = 0;
+    was_deferred = ::poll(&deferred, 1, 10'000) == 1 && ::read(deferred_pipe[0], &byte, 1) == 1;
+    killed_at = std::chrono::steady_clock::now();
     ::kill(child, SIGKILL);
     ::waitpid(child, nullptr, 0);
   });
   const auto started = std::chrono::steady_clock::now();
   EXPECT_THROW(client.request(transport::Method::kPost, "slow", std::vector<std::uint8_t>(3000, 7)),
                transport::TransportError);
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const auto failed_at = std::chrono::steady_clock::now();
   kill_server.join();
-  EXPECT_GT(waited, 1.0) << "the request failed before the server was killed";
+  ::close(deferred_pipe[0]);
+  ASSERT_TRUE(was_deferred) << "the server never deferred the request";
+  EXPECT_GT(failed_at, killed_at) << "the request failed before the server was killed";
+  const double waited = std::chrono::duration<double>(failed_at - started).count();
   EXPECT_LT(waited, 15.0) << "the client waited for its deadline instead of noticing the server was gone";
 }
 

@@ -3,62 +3,32 @@
 // identity; replays are still applied once; without a usable declared name it is refused.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
-#include <atomic>
-#include <filesystem>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "server/resources.h"
+#include "tests/support/served_resources.h"
 #include "transport/coap_dtls.h"
 
 namespace {
 
 using namespace edgetrain;
-using transport::CoapCode;
-using transport::CoapDtlsClient;
-using transport::CoapResponse;
-using transport::Method;
-
-std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text_of(const CoapResponse& r) { return {r.payload.begin(), r.payload.end()}; }
+using namespace edgetrain::transport;
+using edgetrain::testing::bytes_of;
+using edgetrain::testing::text_of;
 
 class InsecureServer : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = std::filesystem::temp_directory_path() / ("edgetrain-insecure-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(state_dir_);
-    runtime::Model model(runtime::parse_model_spec("input 8x8x1; fc 10", "tiny"));
-    model.initialize(3);
-    server::ServerStateOptions options;
-    options.state_dir = state_dir_;
-    state_ = std::make_unique<server::ServerState>(std::move(model), options);
-    resources_ = std::make_unique<server::ServerResources>(*state_);
-    transport::CoapDtlsServer::Options server_options;
-    server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-      if (id == "device-1") return bytes_of("key-one-0123456789");
-      return std::nullopt;
-    };
+    auto server_options = edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}});
     server_options.plaintext_port = 0;
-    server_ = std::make_unique<transport::CoapDtlsServer>(server_options);
-    resources_->attach(*server_);
-    // The same loop as edgetrain-server's: group-committed updates are answered after each pass.
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        resources_->serve_once(*server_, 10);
-      }
-      resources_->answer_durable_updates(true);
-    });
+    served_ = std::make_unique<edgetrain::testing::ServedResources>(
+        "insecure", edgetrain::testing::initialized_model("input 8x8x1; fc 10", "tiny", 3), server::ServerStateOptions{},
+        server_options);
+    state_ = &served_->state();
+    resources_ = &served_->resources();
+    server_ = &served_->server();
   }
-  void TearDown() override {
-    stop_ = true;
-    thread_.join();
-    server_.reset();
-    resources_.reset();
-    state_.reset();
-    std::filesystem::remove_all(state_dir_);
-  }
+  void TearDown() override { served_.reset(); }
   CoapDtlsClient plain(const std::string& declared) {
     CoapDtlsClient::Options options;
     options.port = server_->plaintext_port();
@@ -74,12 +44,10 @@ class InsecureServer : public ::testing::Test {
   }
   nlohmann::json status() { return nlohmann::json::parse(resources_->status_json()); }
 
-  std::filesystem::path state_dir_;
-  std::unique_ptr<server::ServerState> state_;
-  std::unique_ptr<server::ServerResources> resources_;
-  std::unique_ptr<transport::CoapDtlsServer> server_;
-  std::thread thread_;
-  std::atomic<bool> stop_ = false;
+  std::unique_ptr<edgetrain::testing::ServedResources> served_;
+  server::ServerState* state_ = nullptr;
+  server::ServerResources* resources_ = nullptr;
+  transport::CoapDtlsServer* server_ = nullptr;
 };
 
 TEST_F(InsecureServer, PlainUpdatesAreKeyedOnTheDeclaredNameApartFromProvenOnes) {

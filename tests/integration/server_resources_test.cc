@@ -4,11 +4,8 @@
 // unknown identities fail the handshake, a replayed update applies once, /status is JSON.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <random>
 #include <nlohmann/json.hpp>
@@ -16,62 +13,39 @@
 
 #include "runtime/model_replica.h"
 #include "server/resources.h"
+#include "tests/support/served_resources.h"
 #include "transport/coap_dtls.h"
 
 namespace {
 
 using namespace edgetrain;
+using edgetrain::testing::bytes_of;
+using edgetrain::testing::text_of;
 using transport::CoapCode;
 using transport::CoapDtlsClient;
 using transport::CoapResponse;
 using transport::Method;
 
-std::vector<std::uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-std::string text_of(const CoapResponse& r) { return {r.payload.begin(), r.payload.end()}; }
-
+// ~9.6 kB as a dense model: GET /model needs block-wise transfer.
 runtime::Model test_model() {
-  // ~9.6 kB as a dense model: GET /model needs block-wise transfer.
-  runtime::Model model(runtime::parse_model_spec("input 8x8x1; fc 32 relu; fc 10", "test-mlp"));
-  model.initialize(3);
-  return model;
+  return edgetrain::testing::initialized_model("input 8x8x1; fc 32 relu; fc 10", "test-mlp", 3);
 }
 
 class ServerOverDtls : public ::testing::Test {
  protected:
   void SetUp() override {
-    state_dir_ = std::filesystem::temp_directory_path() / ("edgetrain-resources-" + std::to_string(::getpid()));
-    std::filesystem::remove_all(state_dir_);
     server::ServerStateOptions options;
-    options.state_dir = state_dir_;
     options.store.max_staleness = 2;
     options.max_update_bytes = 4096;
-    state_ = std::make_unique<server::ServerState>(test_model(), options);
-    for (const auto& t : state_->model().tensors()) sizes_.push_back(static_cast<std::uint32_t>(t.size));
-    resources_ = std::make_unique<server::ServerResources>(*state_);
-
-    transport::CoapDtlsServer::Options server_options;
-    server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-      if (id == "device-1") return bytes_of("key-one-0123456789");
-      if (id == "device-2") return bytes_of("key-two-9876543210");
-      return std::nullopt;
-    };
-    server_ = std::make_unique<transport::CoapDtlsServer>(server_options);
-    resources_->attach(*server_);
-    thread_ = std::thread([this] {
-      while (!stop_) {
-        resources_->serve_once(*server_, 10);
-      }
-      resources_->answer_durable_updates(true);
-    });
+    served_ = std::make_unique<edgetrain::testing::ServedResources>(
+        "resources", test_model(), options,
+        edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+    state_ = &served_->state();
+    resources_ = &served_->resources();
+    server_ = &served_->server();
+    sizes_ = edgetrain::testing::tensor_sizes(state_->model());
   }
-  void TearDown() override {
-    stop_ = true;
-    thread_.join();
-    server_.reset();
-    resources_.reset();
-    state_.reset();
-    std::filesystem::remove_all(state_dir_);
-  }
+  void TearDown() override { served_.reset(); }
   CoapDtlsClient client(const std::string& identity, const std::string& key) {
     return CoapDtlsClient({"127.0.0.1", server_->port(), {identity, bytes_of(key)}, 5000});
   }
@@ -84,13 +58,11 @@ class ServerOverDtls : public ::testing::Test {
     return transport::encode_sparse_update(u).value();
   }
 
-  std::filesystem::path state_dir_;
   std::vector<std::uint32_t> sizes_;
-  std::unique_ptr<server::ServerState> state_;
-  std::unique_ptr<server::ServerResources> resources_;
-  std::unique_ptr<transport::CoapDtlsServer> server_;
-  std::thread thread_;
-  std::atomic<bool> stop_ = false;
+  std::unique_ptr<edgetrain::testing::ServedResources> served_;
+  server::ServerState* state_ = nullptr;
+  server::ServerResources* resources_ = nullptr;
+  transport::CoapDtlsServer* server_ = nullptr;
 };
 
 TEST_F(ServerOverDtls, BadUpdatesGetTheirCodeAndLeaveTheModelUnchanged) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,9 +15,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <string>
 #include <thread>
 
-#include "tests/bench/udp_delay_proxy.h"
+#include "tests/support/udp_delay_proxy.h"
 #include "transport/coap_dtls.h"
 
 #ifndef EDGETRAIN_TEST_SCRIPTS_DIR
@@ -75,15 +77,31 @@ std::unique_ptr<CoapDtlsServer> make_server(const fs::path& certificates, bool p
 
 class TransportSecurity : public ::testing::Test {
  protected:
+  // Skips only when the openssl CLI is missing (the script's exit status 77); any other
+  // failure to make the certificates (a script error, a file it did not leave) fails.
   static void SetUpTestSuite() {
     certificates_ = fs::temp_directory_path() / ("edgetrain-certs-" + std::to_string(::getpid()));
     const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR +
                                 "/make_test_certificates.sh " + certificates_.string() + " device-7 'bad name'";
-    certificates_made_ = std::system(command.c_str()) == 0;
+    const int status = std::system(command.c_str());
+    if (status == -1 || !WIFEXITED(status)) {
+      setup_failure_ = "could not run " + command;
+    } else if (WEXITSTATUS(status) == 77) {
+      openssl_missing_ = true;
+    } else if (WEXITSTATUS(status) != 0) {
+      setup_failure_ = "make_test_certificates.sh failed (exit status " + std::to_string(WEXITSTATUS(status)) +
+                       "; its messages are above)";
+    } else {
+      for (const char* name : {"ca", "server", "device-7", "bad name", "other-ca", "stranger"})
+        for (const char* extension : {".crt", ".key"})
+          if (!fs::exists(certificates_ / (std::string(name) + extension)))
+            setup_failure_ += "make_test_certificates.sh left no " + std::string(name) + extension + "; ";
+    }
   }
   static void TearDownTestSuite() { fs::remove_all(certificates_); }
   void SetUp() override {
-    if (!certificates_made_) GTEST_SKIP() << "could not make test certificates (is openssl installed?)";
+    if (openssl_missing_) GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
+    ASSERT_TRUE(setup_failure_.empty()) << setup_failure_;
   }
   static CertificateFiles device(const std::string& name, const std::string& ca = "ca.crt") {
     return {certificates_ / (name + ".crt"), certificates_ / (name + ".key"), certificates_ / ca};
@@ -96,7 +114,8 @@ class TransportSecurity : public ::testing::Test {
   }
 
   static inline fs::path certificates_;
-  static inline bool certificates_made_ = false;
+  static inline bool openssl_missing_ = false;
+  static inline std::string setup_failure_;
 };
 
 TEST_F(TransportSecurity, PlaintextEndpointOnlyWhenAskedFor) {
@@ -241,7 +260,7 @@ TEST(TransportOverLoss, EveryPostReachesTheHandlerOnceAndWhole) {
     return CoapResponse{CoapCode::kChanged, {static_cast<std::uint8_t>(calls)}};
   });
   ServerThread running(server);
-  edgetrain::bench::UdpDelayProxy lossy(server.port(), std::chrono::milliseconds(0), 0, /*seed=*/6);
+  edgetrain::testing::UdpDelayProxy lossy(server.port(), std::chrono::milliseconds(0), 0, /*seed=*/6);
   CoapDtlsClient::Options client_options;
   client_options.port = lossy.port();
   client_options.psk = {"device-1", bytes_of(kDeviceKey)};
@@ -267,16 +286,24 @@ TEST(TransportOverLoss, EveryPostReachesTheHandlerOnceAndWhole) {
 
 namespace {
 
+// A server that answers GET /ping for device-1 on `port` (0: any free port). A restart
+// with the port of the first one is a server that has lost every session.
+std::unique_ptr<CoapDtlsServer> ping_server(std::uint16_t port = 0) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kDeviceKey)); };
+  options.port = port;
+  auto server = std::make_unique<CoapDtlsServer>(options);
+  server->add_resource("ping", Method::kGet,
+                       [](const CoapRequest&) { return CoapResponse{CoapCode::kContent, bytes_of("pong")}; });
+  return server;
+}
+
 // The server loses every session (it restarts on the same port). The client's next
 // request on its old session cannot be answered; the client must notice, handshake again
 // and get through. The cost of that full handshake is counted at the new server's socket.
 TEST(TransportReconnection, ClientHandshakesAgainAfterTheServerLostItsSession) {
-  CoapDtlsServer::Options options;
-  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kDeviceKey)); };
-  auto ping = [](const CoapRequest&) { return CoapResponse{CoapCode::kContent, bytes_of("pong")}; };
-  auto server = std::make_unique<CoapDtlsServer>(options);
-  server->add_resource("ping", Method::kGet, ping);
-  options.port = server->port();
+  auto server = ping_server();
+  const std::uint16_t port = server->port();
   CoapDtlsClient::Options client_options;
   client_options.port = server->port();
   client_options.psk = {"device-1", bytes_of(kDeviceKey)};
@@ -297,8 +324,7 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterTheServerLostItsSession) {
                 static_cast<unsigned long long>(request_bytes));
   }
   server.reset();  // every DTLS session state of the server is gone
-  server = std::make_unique<CoapDtlsServer>(options);
-  server->add_resource("ping", Method::kGet, ping);
+  server = ping_server(port);
   ServerThread running(*server);
   const auto started = std::chrono::steady_clock::now();
   const CoapResponse response = client.request(Method::kGet, "ping");
@@ -324,13 +350,9 @@ namespace {
 // client's records reach a server that knows nothing of them and answers nothing; once
 // libcoap gives up retransmitting, the client handshakes again within the same request.
 TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
-  CoapDtlsServer::Options options;
-  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kDeviceKey)); };
-  auto ping = [](const CoapRequest&) { return CoapResponse{CoapCode::kContent, bytes_of("pong")}; };
-  auto server = std::make_unique<CoapDtlsServer>(options);
-  server->add_resource("ping", Method::kGet, ping);
-  options.port = server->port();
-  edgetrain::bench::UdpDelayProxy relay(server->port(), std::chrono::milliseconds(0));
+  auto server = ping_server();
+  const std::uint16_t port = server->port();
+  edgetrain::testing::UdpDelayProxy relay(server->port(), std::chrono::milliseconds(0));
   CoapDtlsClient::Options client_options;
   client_options.port = relay.port();
   client_options.psk = {"device-1", bytes_of(kDeviceKey)};
@@ -343,8 +365,7 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
     relay.set_loss_rate(1.0);  // the old server's close_notify never arrives
   }
   server.reset();
-  server = std::make_unique<CoapDtlsServer>(options);
-  server->add_resource("ping", Method::kGet, ping);
+  server = ping_server(port);
   ServerThread running(*server);
   relay.set_loss_rate(0);
   const auto to_server = relay.datagrams_to_server(), to_client = relay.datagrams_to_client();

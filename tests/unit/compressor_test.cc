@@ -1,23 +1,25 @@
 // Compressor: exact top-k against a sort-based reference (ties included), the paper's k
 // rule, dense ASGD, error-feedback conservation, bin-local selection against a direct
-// reading of its rule, and that what comes out is something the codec will send.
+// reading of its rule, and that what comes out is something the codec will send; and for
+// every setting of tests/support/compressor_variants.h, the properties all settings share.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <random>
 
 #include "runtime/compressor.h"
+#include "tests/support/compressor_variants.h"
 
 using namespace edgetrain::runtime;
 using edgetrain::transport::SparseUpdate;
 
 namespace {
 
-// The paper CNN's tensors: conv1 w/b, conv2 w/b, fc1 w/b, fc2 w/b.
-const std::vector<std::uint32_t> kPaperSizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};
+const std::vector<std::uint32_t>& kPaperSizes = edgetrain::testing::kPaperCnnTensorSizes;
 
 std::vector<TensorSlice> layout_of(const std::vector<std::uint32_t>& sizes) {
   std::vector<TensorSlice> layout;
@@ -364,5 +366,76 @@ TEST(Compressor, RefusesBadInput) {
   EXPECT_THROW(Compressor(layout_of({10}), zero_rate), std::invalid_argument);
   EXPECT_THROW(Compressor(layout_of({10, 0})), std::invalid_argument);
 }
+
+// What every setting of the shared list must do, on the paper CNN's tensors over a few
+// steps of Gaussian gradients (no exact zeros, so sign + scale leaves nothing out): one
+// entry per tensor in layout order with increasing indices in range, the paper's k for
+// top-k and every entry for dense, values that the setting's wire encoding carries bit for
+// bit, and nothing lost: with a residual, sent + residual is the sum of the gradients;
+// without one, the residual stays zero and plain values are the gradient's own.
+class EveryCompressorVariant : public ::testing::TestWithParam<edgetrain::testing::CompressorVariant> {};
+
+TEST_P(EveryCompressorVariant, SendsWhatTheWireCarriesAndLosesNothing) {
+  const CompressorOptions& options = GetParam().setting;
+  const auto& sizes = kPaperSizes;
+  const auto layout = layout_of(sizes);
+  Compressor compressor(layout, options);
+  const bool keeps_residual = options.error_feedback || options.method == CompressionMethod::kBinLocal;
+  const bool plain_values = !options.fp16_values && !options.sign_scale_values;
+  const edgetrain::transport::EncodeOptions encoding{edgetrain::testing::wire_encoding_of(options)};
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
+  SparseUpdate update;
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> g(total(sizes));
+    for (auto& v : g) v = normal(rng);
+    for (std::size_t i = 0; i < g.size(); ++i) gradients[i] += g[i];
+    compressor.compress(g, update);
+    ASSERT_EQ(update.tensors.size(), sizes.size());
+    for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+      const auto& tensor = update.tensors[t];
+      ASSERT_EQ(tensor.tensor, t);
+      ASSERT_EQ(tensor.size, sizes[t]);
+      ASSERT_EQ(tensor.values.size(), tensor.indices.size());
+      ASSERT_EQ(std::adjacent_find(tensor.indices.begin(), tensor.indices.end(), std::greater_equal<>()),
+                tensor.indices.end())
+          << "tensor " << t << ": indices not strictly increasing";
+      ASSERT_TRUE(tensor.indices.empty() || tensor.indices.back() < sizes[t]) << "tensor " << t;
+      if (options.method == CompressionMethod::kTopK) {
+        EXPECT_EQ(tensor.indices.size(), Compressor::top_k_count(sizes[t], options.compression_rate)) << "tensor " << t;
+      }
+      if (options.method == CompressionMethod::kNone) {
+        EXPECT_EQ(tensor.indices.size(), sizes[t]) << "tensor " << t;
+      }
+      if (!keeps_residual && plain_values) {
+        for (std::size_t j = 0; j < tensor.indices.size(); ++j)
+          ASSERT_EQ(tensor.values[j], g[layout[t].offset + tensor.indices[j]]) << "tensor " << t;
+      }
+    }
+    auto bytes = edgetrain::transport::encode_sparse_update(update, encoding);
+    ASSERT_TRUE(bytes.ok()) << bytes.error().message;
+    auto back = edgetrain::transport::decode_sparse_update(bytes.value(), {0, sizes});
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    for (std::size_t t = 0; t < sizes.size(); ++t) {
+      EXPECT_EQ(back.value().tensors[t].indices, update.tensors[t].indices) << "tensor " << t;
+      EXPECT_EQ(back.value().tensors[t].values, update.tensors[t].values) << "tensor " << t;
+    }
+    scatter_add(update, layout, sent);
+  }
+  const auto residual = compressor.residual();
+  if (!keeps_residual) {
+    // Nothing kept (the residual may be left unallocated), so everything selected was sent.
+    EXPECT_TRUE(std::all_of(residual.begin(), residual.end(), [](float r) { return r == 0.0f; }));
+    return;
+  }
+  ASSERT_EQ(residual.size(), gradients.size());
+  for (std::size_t i = 0; i < gradients.size(); ++i)
+    ASSERT_NEAR(sent[i] + residual[i], gradients[i], 1e-5 * (1.0 + std::fabs(gradients[i]))) << "entry " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(CompressorVariants, EveryCompressorVariant,
+                         ::testing::ValuesIn(edgetrain::testing::compressor_variants()),
+                         edgetrain::testing::VariantName());
 
 }  // namespace

@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
 
 #include "runtime/dataset.h"
 #include "runtime/idx.h"
+#include "tests/support/test_data.h"
 
 namespace fs = std::filesystem;
 using edgetrain::runtime::DataError;
@@ -169,13 +169,8 @@ TEST_F(IdxFiles, DatasetChecksThatImagesAndLabelsAgree) {
   EXPECT_THROW(load_dataset(images_path, images_path), DataError);   // images as labels: 3-D
 }
 
-fs::path deps_dir() {
-  const char* env = std::getenv("EDGETRAIN_DEPS");
-  return env ? fs::path(env) : fs::path("/var/cache/edgetrain");
-}
-
 void expect_real_dataset(const fs::path& images, const fs::path& labels, std::size_t expected_count) {
-  if (!fs::exists(images) || !fs::exists(labels)) GTEST_SKIP() << images << " not present";
+  EDGETRAIN_REQUIRE_DATA(images, labels);
   auto data = load_dataset(images, labels);
   EXPECT_EQ(data.size(), expected_count);
   EXPECT_EQ(data.height, 28u);
@@ -191,12 +186,13 @@ void expect_real_dataset(const fs::path& images, const fs::path& labels, std::si
 }
 
 TEST(RealData, MnistFromSetUp) {
-  expect_real_dataset(deps_dir() / "mnist/train-images-idx3-ubyte", deps_dir() / "mnist/train-labels-idx1-ubyte", 8000);
-  expect_real_dataset(deps_dir() / "mnist/t10k-images-idx3-ubyte", deps_dir() / "mnist/t10k-labels-idx1-ubyte", 2000);
+  const fs::path dir = edgetrain::testing::mnist_dir();
+  expect_real_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte", 8000);
+  expect_real_dataset(dir / "t10k-images-idx3-ubyte", dir / "t10k-labels-idx1-ubyte", 2000);
 }
 
 TEST(RealData, FashionMnistGzip) {
-  const fs::path dir = "/usr/share/datasets/fashion-mnist";
+  const fs::path dir = edgetrain::testing::fashion_mnist_dir();
   expect_real_dataset(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz", 10000);
 }
 

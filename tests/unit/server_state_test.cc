@@ -4,8 +4,6 @@
 // nothing, not even the WAL.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,6 +11,7 @@
 #include <random>
 
 #include "server/server_state.h"
+#include "tests/support/served_resources.h"
 
 namespace {
 
@@ -20,52 +19,19 @@ using namespace edgetrain;
 using server::ServerState;
 using server::ServerStateOptions;
 using server::SubmitOutcome;
+using edgetrain::testing::random_sparse_update;
+using edgetrain::testing::TempDir;
+using edgetrain::testing::tensor_sizes;
 
 runtime::Model small_model() {
-  runtime::Model model(runtime::parse_model_spec("input 4x4x1; fc 8 relu; fc 3", "tiny"));
-  model.initialize(5);
-  return model;
+  return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
 }
 
-std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    path_ = std::filesystem::temp_directory_path() /
-            ("edgetrain-state-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
-    std::filesystem::remove_all(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  static inline int counter_ = 0;
-  std::filesystem::path path_;
-};
-
-// A random sparse update with a random delay up to `max_delay`, encoded.
+// A random sparse update fetched at a random version up to `max_delay` before `version`.
 std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
                                         std::uint64_t version, std::uint64_t max_delay) {
-  transport::SparseUpdate u;
-  u.model_id = model.layout_id();
-  u.sequence = sequence;
-  u.fetched_version = version - rng() % (std::min(version, max_delay) + 1);
-  const auto sizes = sizes_of(model);
-  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
-    transport::SparseTensor tensor{t, sizes[t], {}, {}};
-    for (std::uint32_t i = 0; i < sizes[t]; ++i)
-      if (rng() % 4 == 0) {
-        tensor.indices.push_back(i);
-        tensor.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
-      }
-    if (!tensor.indices.empty()) u.tensors.push_back(std::move(tensor));
-  }
-  return transport::encode_sparse_update(u).value();
+  const std::uint64_t fetched_version = version - rng() % (std::min(version, max_delay) + 1);
+  return random_sparse_update(rng, model, sequence, fetched_version);
 }
 
 struct Sent {
@@ -79,14 +45,14 @@ class History {
  public:
   History(const ServerStateOptions& options, int count, std::uint32_t seed) : model_(small_model()) {
     std::mt19937 rng(seed);
-    server::ParameterStore reference(model_.layout_id(), sizes_of(model_),
+    server::ParameterStore reference(model_.layout_id(), tensor_sizes(model_),
                                      {model_.parameters().begin(), model_.parameters().end()}, options.store);
     std::uint64_t sequences[3] = {0, 0, 0};
     for (int n = 0; n < count; ++n) {
       const int w = static_cast<int>(rng() % 3);
       Sent sent{"device-" + std::to_string(w),
                 random_update(rng, model_, ++sequences[w], reference.version(), options.store.max_staleness)};
-      auto decoded = transport::decode_sparse_update(sent.bytes, {model_.layout_id(), sizes_of(model_)});
+      auto decoded = transport::decode_sparse_update(sent.bytes, {model_.layout_id(), tensor_sizes(model_)});
       EXPECT_TRUE(reference.apply(decoded.value()).applied());
       updates_.push_back(std::move(sent));
       parameters_after_.emplace_back(reference.parameters().begin(), reference.parameters().end());
@@ -122,7 +88,7 @@ void submit_all(ServerState& state, const History& history, std::size_t from, st
 }
 
 TEST(ServerState, CrashWithoutCheckpointResumesBitExact) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 7);  // checkpoints at 7, 14, 21, 28; 30 sits in the WAL
   History history(options, 45, 1);
   {
@@ -148,7 +114,7 @@ TEST(ServerState, CrashWithoutCheckpointResumesBitExact) {
 // digest); otherwise the answer must be the dense model. Returns how many were deltas.
 int check_deltas(ServerState& state, const History& history, std::uint64_t oldest) {
   const runtime::Model initial = small_model();
-  const auto sizes = sizes_of(initial);
+  const auto sizes = tensor_sizes(initial);
   const std::vector<float> now = parameters_of(state);
   int deltas = 0;
   for (std::uint64_t since = oldest; since <= state.version() + 2; ++since) {
@@ -179,7 +145,7 @@ int check_deltas(ServerState& state, const History& history, std::uint64_t oldes
 }
 
 TEST(ServerState, ModelDeltaSinceAnyKnownVersionIsExactAcrossCrashes) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 7);  // checkpoints at 7, 14, 21, 28; 29, 30 in the WAL
   History history(options, 45, 11);
   {
@@ -208,7 +174,7 @@ TEST(ServerState, ModelDeltaSinceAnyKnownVersionIsExactAcrossCrashes) {
 }
 
 TEST(ServerState, TornLastRecordIsDroppedAndTheLogStaysAppendable) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 0);  // no automatic checkpoints: all in the WAL
   History history(options, 12, 2);
   {
@@ -231,7 +197,7 @@ TEST(ServerState, TornLastRecordIsDroppedAndTheLogStaysAppendable) {
 }
 
 TEST(ServerState, CrashBetweenCheckpointAndWalRotationResumesBitExact) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 0);
   History history(options, 16, 3);
   const auto wal = dir.path() / "wal.log";
@@ -254,7 +220,7 @@ TEST(ServerState, CrashBetweenCheckpointAndWalRotationResumesBitExact) {
 }
 
 TEST(ServerState, ReplayedSequenceAppliesOnceAcrossRestarts) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 3);
   History history(options, 5, 4);
   const Sent& first = history.updates()[0];
@@ -281,7 +247,7 @@ TEST(ServerState, ReplayedSequenceAppliesOnceAcrossRestarts) {
 }
 
 TEST(ServerState, RefusedUpdatesChangeNothingNotEvenTheLog) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   auto options = options_for(dir, 0);
   options.max_update_bytes = 2000;
   ServerState state(small_model(), options);
@@ -321,7 +287,7 @@ TEST(ServerState, RefusedUpdatesChangeNothingNotEvenTheLog) {
 }
 
 TEST(ServerState, TooStaleUpdatesAreRefused) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   const auto options = options_for(dir, 0);  // max staleness 4
   History history(options, 6, 5);
   ServerState state(small_model(), options);
@@ -333,7 +299,7 @@ TEST(ServerState, TooStaleUpdatesAreRefused) {
 }
 
 TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
-  TempDir dir;
+  TempDir dir("edgetrain-state");
   auto options = options_for(dir, 0);
   { ServerState state(small_model(), options); }
   options.store.learning_rate = 0.1f;

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <thread>
 
-namespace edgetrain::bench {
+namespace edgetrain::testing {
 
 class UdpDelayProxy {
  public:
@@ -53,4 +53,4 @@ class UdpDelayProxy {
   std::thread thread_;
 };
 
-}  // namespace edgetrain::bench
+}  // namespace edgetrain::testing

@@ -1,4 +1,4 @@
-#include "tests/bench/udp_delay_proxy.h"
+#include "tests/support/udp_delay_proxy.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace edgetrain::bench {
+namespace edgetrain::testing {
 namespace {
 
 sockaddr_in loopback(std::uint16_t port) {
@@ -118,4 +118,4 @@ void UdpDelayProxy::relay() {
   }
 }
 
-}  // namespace edgetrain::bench
+}  // namespace edgetrain::testing

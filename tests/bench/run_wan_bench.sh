@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # WAN timing benchmark: a real edgetrain-server on 127.0.0.1 (paper CNN, fresh state), and
-# edgetrain-loadgen wan through the user-space UDP relay (bench/udp_delay_proxy.h) with a
+# edgetrain-loadgen wan through the user-space UDP relay (tests/support/udp_delay_proxy.h) with a
 # one-way delay and a loss rate in each direction, once with RFC 7252's CoAP timing and
 # once with edgetrain's WAN default (transport/README.md, "Timing"). The relay's losses are
 # seeded, the same seed for both. Prints every trial and a table. Builds nothing: assumes

@@ -110,10 +110,15 @@ struct MessageFormat {
   const char* kind;             // "a sparse update": the bad-magic message
   const std::uint8_t* magic;    // 4 bytes
   std::size_t header_bytes;     // the fixed header, before any tensor
+  // The wrong-model message: before[0] + the message's model id + before[1] + the expected one.
+  const char* wrong_model[2];
 };
-constexpr MessageFormat kSparseFormat{"update", "a sparse update", kSparseMagic, kSparseHeaderBytes};
-constexpr MessageFormat kDenseFormat{"model", "a dense model", kDenseMagic, kDenseHeaderBytes};
-constexpr MessageFormat kDeltaFormat{"model delta", "a model delta", kDeltaMagic, kDeltaHeaderBytes};
+constexpr MessageFormat kSparseFormat{"update", "a sparse update", kSparseMagic, kSparseHeaderBytes,
+                                      {"update is for model ", ", this is model "}};
+constexpr MessageFormat kDenseFormat{"model", "a dense model", kDenseMagic, kDenseHeaderBytes,
+                                     {"model ", " received, expected model "}};
+constexpr MessageFormat kDeltaFormat{"model delta", "a model delta", kDeltaMagic, kDeltaHeaderBytes,
+                                     {"model delta for model ", ", expected model "}};
 
 void write_message_header(Writer& w, const MessageFormat& format) {
   w.bytes(format.magic, 4);
@@ -121,10 +126,12 @@ void write_message_header(Writer& w, const MessageFormat& format) {
   w.u16(0);
 }
 
-// The size cap, the fixed header's length, magic, format version and reserved field; on
-// success `r` stands after those 8 bytes with at least the rest of the fixed header left.
+// The size cap, the fixed header's length, magic, format version, reserved field and the
+// model id every format carries next (into `model_id`, checked against the expected one);
+// on success `r` stands after those 16 bytes with the rest of the fixed header left.
 std::optional<CodecError> read_message_header(Reader& r, std::span<const std::uint8_t> bytes, const MessageFormat& format,
-                                              const DecodeLimits& limits) {
+                                              const DecodeLimits& limits, std::uint64_t expected_model_id,
+                                              std::uint64_t& model_id) {
   using E = CodecErrorCode;
   if (bytes.size() > limits.max_message_bytes)
     return fail(E::kTooLarge, std::string(format.name) + " of " + str(bytes.size()) + " bytes exceeds the cap of " +
@@ -143,6 +150,9 @@ std::optional<CodecError> read_message_header(Reader& r, std::span<const std::ui
   if (version != kCodecFormatVersion)
     return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
   if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+  r.u64(model_id);
+  if (model_id != expected_model_id)
+    return fail(E::kWrongModel, format.wrong_model[0] + str(model_id) + format.wrong_model[1] + str(expected_model_id));
   return std::nullopt;
 }
 
@@ -241,8 +251,9 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
 }
 
 // The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
-// layout and caps before anything sized by the message is allocated. `exact_values_only` is
-// true for model deltas, which must carry the server's values bit for bit (f32 only).
+// layout and caps before anything sized by the message is allocated; nothing may follow
+// them. `exact_values_only` is true for model deltas, which must carry the server's values
+// bit for bit (f32 only).
 std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count, const ModelLayout& expected,
                                               const DecodeLimits& limits, bool exact_values_only,
                                               std::vector<SparseTensor>& tensors) {
@@ -346,6 +357,7 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
       t.values[j] = v;
     }
   }
+  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return std::nullopt;
 }
 
@@ -437,19 +449,14 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
 
 CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
                                                const DecodeLimits& limits) {
-  using E = CodecErrorCode;
   Reader r(bytes);
-  if (auto error = read_message_header(r, bytes, kSparseFormat, limits)) return *error;
   SparseUpdate update;
+  if (auto error = read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(update.model_id);
   r.u64(update.sequence);
   r.u64(update.fetched_version);
   r.u32(tensor_count);
-  if (update.model_id != expected.model_id)
-    return fail(E::kWrongModel, "update is for model " + str(update.model_id) + ", this is model " + str(expected.model_id));
   if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/false, update.tensors)) return *error;
-  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return update;
 }
 
@@ -478,14 +485,11 @@ CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, 
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
   Reader r(bytes);
-  if (auto error = read_message_header(r, bytes, kDenseFormat, limits)) return *error;
   DenseModel model;
+  if (auto error = read_message_header(r, bytes, kDenseFormat, limits, expected.model_id, model.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(model.model_id);
   r.u64(model.version);
   r.u32(tensor_count);
-  if (model.model_id != expected.model_id)
-    return fail(E::kWrongModel, "model " + str(model.model_id) + " received, expected model " + str(expected.model_id));
   if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
   if (tensor_count != expected.tensor_sizes.size())
     return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, expected " + str(expected.tensor_sizes.size()));
@@ -561,20 +565,16 @@ CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, 
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
   Reader r(bytes);
-  if (auto error = read_message_header(r, bytes, kDeltaFormat, limits)) return *error;
   ModelDelta delta;
+  if (auto error = read_message_header(r, bytes, kDeltaFormat, limits, expected.model_id, delta.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(delta.model_id);
   r.u64(delta.base_version);
   r.u64(delta.version);
   r.u64(delta.digest);
   r.u32(tensor_count);
-  if (delta.model_id != expected.model_id)
-    return fail(E::kWrongModel, "model delta for model " + str(delta.model_id) + ", expected model " + str(expected.model_id));
   if (delta.version < delta.base_version)
     return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " + str(delta.base_version));
   if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/true, delta.tensors)) return *error;
-  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return delta;
 }
 

@@ -71,7 +71,9 @@ TEST(ModelDeltaSize, LowerBoundsNeverExceedTheEncodedSize) {
     ASSERT_TRUE(encoded) << encoded.error().message;
     const std::size_t bound = kModelDeltaHeaderBytes + model_delta_record_min_bytes(size, count);
     EXPECT_LE(bound, encoded.value().size()) << count << " entries";
-    if (count == size) EXPECT_EQ(bound, encoded.value().size()) << "all entries: no index bytes";
+    if (count == size) {
+      EXPECT_EQ(bound, encoded.value().size()) << "all entries: no index bytes";
+    }
   }
   ModelDelta empty{7, 1, 2, 0, {}};
   EXPECT_EQ(encode_model_delta(empty).value().size(), kModelDeltaHeaderBytes);

@@ -1,18 +1,23 @@
-// The worker loop of DESIGN.md, over CoAP/DTLS: pull the model, train one minibatch,
-// compress, push; repeat. Survives a server that goes away (exponential backoff with
-// jitter, then a fresh DTLS handshake), re-pulls when the server answers 4.09 (wrong model
-// or too stale), and stops cleanly when asked.
+// The worker loop of DESIGN.md: pull the model, train one minibatch, compress, push;
+// repeat. Survives a server that goes away (exponential backoff with jitter, then a fresh
+// DTLS handshake), re-pulls when the server answers 4.09 (wrong model or too stale), and
+// stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
+// step(), push() can be driven one by one, against a fake server in tests);
+// `run_worker()` runs it over CoAP/DTLS.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
+#include "runtime/server_channel.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"
 
@@ -48,6 +53,10 @@ struct WorkerConfig {
   std::optional<transport::CertificateFiles> certificates;
   bool insecure_plaintext = false;
   transport::CoapTiming timing = transport::CoapTiming::wan();
+  // Backoff after a failed request (runtime/backoff.h): the first wait is at most
+  // backoff_initial, doubling per failure up to backoff_max. Tests shorten them.
+  std::chrono::milliseconds backoff_initial{250};
+  std::chrono::milliseconds backoff_max{30000};
 };
 
 // "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
@@ -76,10 +85,59 @@ struct WorkerStats {
 
 using WorkerLog = std::function<void(const std::string& line)>;
 
-// Runs until `stop` becomes true, max_steps or max_seconds is reached. Throws only for
-// problems retrying cannot fix (bad configuration, data, a model the server does not
-// serve); network trouble is retried forever (with backoff) until stopped.
+using WorkerProgress = std::function<void(const WorkerStats&)>;
+
+// One worker: its model, trainer, shard, compressor and copy of the server's model, and
+// the server behind `channel`. Used from one thread. Sequence numbers start from the wall
+// clock in µs, so they keep growing across restarts (the server drops replays).
+class Worker {
+ public:
+  // Checks `config` (std::invalid_argument; ModelError when the model does not fit the
+  // data) and builds everything a step needs. `train`, `channel` and `stop` are not owned
+  // and must outlive the worker; `stop` cuts backoff and slowdown sleeps short.
+  Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel, const std::atomic<bool>& stop,
+         WorkerLog log = {});
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Whether the next step must pull first: no model yet, the pull interval is reached, or
+  // the last push was refused with 4.09, failed twice, or the last step was not finite.
+  bool needs_pull() const;
+  // GET the model (the whole model, or the delta since the version held). Returns true
+  // when the worker now holds the server's model. False, to be tried again, after a
+  // transport failure or an answer other than 2.05 (stats().retries; waits the backoff
+  // first) and after a delta that did not reproduce the server's model
+  // (stats().delta_mismatches; the next pull asks for the whole model, without waiting).
+  // Throws std::runtime_error for a model of another layout, and after three mismatches in
+  // a row (a server that keeps sending unusable deltas is broken).
+  bool pull();
+  // Trains one minibatch on the model held and compresses its gradient into the next
+  // update. Returns false when the gradient was not finite (NaN or infinite: a diverged
+  // model, or a corrupt pull): nothing to push, and the next step pulls first
+  // (stats().non_finite_steps); throws std::runtime_error after 10 such steps in a row.
+  bool step();
+  // POST /update with the last step's update; after a transport failure once more, with the
+  // same bytes and sequence number (the server applies it once). 2.04: accepted, and the
+  // server's version noted; 4.09: refused, the next step pulls first; any other code:
+  // rejected and logged.
+  void push();
+  // pull() when needed, step(), push(), until `stop`, max_steps or max_seconds; `progress`
+  // after every push.
+  WorkerStats run(const WorkerProgress& progress = {});
+
+  const WorkerStats& stats() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A Worker over CoAP/DTLS to config.server_host (CoapServerChannel). Runs until `stop`
+// becomes true, max_steps or max_seconds is reached. Throws only for problems retrying
+// cannot fix (bad configuration, data, a model the server does not serve); network trouble
+// is retried forever (with backoff) until stopped.
 WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                       const WorkerLog& log = {}, const std::function<void(const WorkerStats&)>& progress = {});
+                       const WorkerLog& log = {}, const WorkerProgress& progress = {});
 
 }  // namespace edgetrain::runtime

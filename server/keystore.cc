@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 
 #include "server/durable_file.h"
+#include "transport/identity.h"
 
 namespace edgetrain::server {
 namespace {
@@ -61,13 +62,6 @@ std::string to_hex(const std::vector<std::uint8_t>& bytes) {
   return hex;
 }
 
-bool is_valid_device_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
-  return true;
-}
-
 Keystore Keystore::load(const std::filesystem::path& path) {
   if (!std::filesystem::exists(path)) throw KeystoreError("no keystore at " + path.string());
   check_private(path);
@@ -82,7 +76,7 @@ Keystore Keystore::load(const std::filesystem::path& path) {
   if (!devices) return keystore;  // no [devices] yet: nobody may connect
   for (const auto& [name, value] : *devices) {
     const std::string identity(name.str());
-    if (!is_valid_device_name(identity)) throw KeystoreError("keystore: invalid device name '" + identity + "'");
+    if (!transport::is_plain_identity(identity)) throw KeystoreError("keystore: invalid device name '" + identity + "'");
     const auto hex = value.value<std::string>();
     auto key = hex ? from_hex(*hex) : std::nullopt;
     if (!key || key->size() < kMinimumKeyBytes)
@@ -100,7 +94,7 @@ std::optional<std::vector<std::uint8_t>> Keystore::key_for(std::string_view iden
 }
 
 std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name, std::size_t key_bytes) {
-  if (!is_valid_device_name(name))
+  if (!transport::is_plain_identity(name))
     throw KeystoreError("invalid device name '" + name + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
   if (key_bytes < kMinimumKeyBytes) throw KeystoreError("keys must have at least 16 bytes");
   toml::table table;

@@ -5,7 +5,8 @@
 //   [devices]
 //   pi-kitchen = "3f9a…"   # 32 random bytes as 64 hex digits
 //
-// Device names (= PSK identities) are 1–64 characters of [A-Za-z0-9._-].
+// Device names (= PSK identities) are 1–64 characters of [A-Za-z0-9._-]
+// (transport::is_plain_identity, the one rule for identities).
 #pragma once
 
 #include <cstdint>
@@ -23,8 +24,6 @@ class KeystoreError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
-
-bool is_valid_device_name(std::string_view name);
 
 class Keystore {
  public:

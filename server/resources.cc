@@ -2,10 +2,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <variant>
+
+#include "transport/codec.h"
+#include "transport/identity.h"
 
 namespace edgetrain::server {
 namespace {
@@ -15,13 +17,6 @@ using transport::CoapRequest;
 using transport::CoapResponse;
 
 CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
-
-bool is_plain_name(std::string_view name) {
-  if (name.empty() || name.size() > 64) return false;
-  for (char c : name)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
-  return true;
-}
 
 int coap_code_for(SubmitOutcome outcome) {
   switch (outcome) {
@@ -39,13 +34,6 @@ int coap_code_for(SubmitOutcome outcome) {
 
 }  // namespace
 
-std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload) {
-  if (payload.size() != 8) return std::nullopt;
-  std::uint64_t version = 0;
-  for (int i = 0; i < 8; ++i) version |= std::uint64_t{payload[i]} << (8 * i);
-  return version;
-}
-
 ServerResources::ServerResources(ServerState& state, ResourceOptions options)
     : state_(state), options_(std::move(options)) {}
 
@@ -57,7 +45,7 @@ namespace {
 // The identity an update is keyed on (sequence numbers, WAL, /status); empty if none.
 std::string identity_key(const CoapRequest& request) {
   if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
-  if (!is_plain_name(request.identity)) return {};
+  if (!transport::is_plain_identity(request.identity)) return {};
   return kUnauthenticatedPrefix + request.identity;
 }
 }  // namespace
@@ -163,9 +151,7 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
       ++duplicates_;
       log("duplicate update from '" + identity + "' answered with version " + std::to_string(result.version));
     }
-    CoapResponse response{code, std::vector<std::uint8_t>(8), {}};
-    for (int i = 0; i < 8; ++i) response.payload[i] = static_cast<std::uint8_t>(result.version >> (8 * i));
-    return response;
+    return {code, transport::encode_update_reply(result.version), {}};
   }
   ++refused_[submit_outcome_name(result.outcome)];
   log("refused an update from '" + identity + "' (" + transport::coap_code_string(code) + " " +

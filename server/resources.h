@@ -40,6 +40,7 @@
 
 #include "server/server_state.h"
 #include "transport/coap_dtls.h"
+#include "transport/codec.h"
 
 namespace edgetrain::server {
 
@@ -62,8 +63,9 @@ struct ResourceOptions {
 // The query of GET /model: no since (empty query), since = V, or why the query is refused.
 std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query);
 
-// Decodes the POST /update success payload: the version as 8 bytes, little-endian.
-std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload);
+// The POST /update success payload (the version, 8 bytes little-endian) is a wire
+// contract of transport/codec.h; named here too for the server's callers.
+using transport::decode_update_reply;
 
 class ServerResources {
  public:

@@ -10,8 +10,6 @@
 
 #include "server/durable_file.h"
 
-#include <unistd.h>
-
 namespace edgetrain::server {
 namespace {
 
@@ -70,7 +68,8 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
       checkpoint_path_(options_.state_dir / "checkpoint.safetensors"),
       wal_path_(options_.state_dir / "wal.log"),
       tensor_sizes_(tensor_sizes_of(model_)),
-      store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store) {
+      store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store),
+      commit_(options_.wal_sync, options_.on_staged) {
   recover();
 }
 
@@ -202,7 +201,7 @@ void ServerState::recover() {
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
-  if (!staged_.empty()) throw std::logic_error("submit() while updates are staged: finish_commit() first");
+  if (commit_.staged() > 0) throw std::logic_error("submit() while updates are staged: finish_commit() first");
   StagedSubmit staged = stage(identity, body);
   if (staged.settled) return std::move(*staged.settled);
   for (;;) {
@@ -238,21 +237,20 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
 
   // The same (identity, sequence) again: a staged original is answered when it is durable,
   // an applied one at once. Below the identity's latest accepted sequence: refused.
-  const auto staged_entry = staged_sequences_.find(identity);
+  const SequenceEntry* staged_entry = commit_.staged_sequence(identity);
   const auto applied_entry = sequences_.find(identity);
-  if (staged_entry != staged_sequences_.end() && update.sequence == staged_entry->second.sequence)
-    return {std::nullopt, staged_entry->second.version};
+  if (staged_entry && update.sequence == staged_entry->sequence) return {std::nullopt, staged_entry->version};
   if (applied_entry != sequences_.end() && update.sequence == applied_entry->second.sequence)
     return settle(SubmitOutcome::kDuplicate, applied_entry->second.version, {});
-  const SequenceEntry* latest = staged_entry != staged_sequences_.end() ? &staged_entry->second
-                               : applied_entry != sequences_.end()       ? &applied_entry->second
-                                                                         : nullptr;
+  const SequenceEntry* latest = staged_entry                         ? staged_entry
+                               : applied_entry != sequences_.end() ? &applied_entry->second
+                                                                   : nullptr;
   if (latest && update.sequence < latest->sequence)
     return settle(SubmitOutcome::kOldSequence, now,
                   "sequence " + std::to_string(update.sequence) + " is below the last applied " +
                       std::to_string(latest->sequence) + " of this identity");
 
-  const ApplyResult verdict = store_.admissible_after(update, staged_.size());
+  const ApplyResult verdict = store_.admissible_after(update, commit_.staged());
   switch (verdict.status) {
     case ApplyStatus::kApplied: break;
     case ApplyStatus::kWrongModel: return settle(SubmitOutcome::kWrongModel, now, verdict.reason);
@@ -263,7 +261,7 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
 
   const double decode_seconds = seconds_since(decode_started);
   const auto write_started = std::chrono::steady_clock::now();
-  const std::uint64_t version = now + staged_.size() + 1;
+  const std::uint64_t version = now + commit_.staged() + 1;
   const std::uint64_t offset = wal_->size_bytes();
   WalRecord record{version, std::string(identity), update.sequence, {body.begin(), body.end()}};
   try {
@@ -271,75 +269,30 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
   } catch (const WalError& e) {
     return settle(SubmitOutcome::kNotDurable, now, e.what());
   }
-  staged_sequences_[record.identity] = {update.sequence, version};
-  staged_.push_back({std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
+  commit_.stage({std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
   return {std::nullopt, version};
 }
 
-void ServerState::start_commit() {
-  if (sync_running_ || staged_.empty()) return;
-  if (!sync_thread_.joinable()) sync_thread_ = std::thread([this] { run_sync_thread(); });
-  syncing_ = staged_.size();
-  {
-    std::lock_guard lock(sync_mutex_);
-    sync_fd_ = wal_->descriptor();
-    sync_requested_ = true;
-    sync_changed_.notify_all();
-  }
-  sync_running_ = true;
-}
-
-void ServerState::run_sync_thread() {
-  std::unique_lock lock(sync_mutex_);
-  for (;;) {
-    sync_changed_.wait(lock, [this] { return sync_requested_ || sync_thread_stop_; });
-    if (!sync_requested_) return;
-    sync_requested_ = false;
-    const int fd = sync_fd_;
-    lock.unlock();
-    const auto started = std::chrono::steady_clock::now();
-    // fdatasync: the data and the file size are what replay needs; timestamps are not.
-    const int error = options_.wal_sync ? options_.wal_sync(fd) : (::fdatasync(fd) == 0 ? 0 : errno);
-    const double seconds = seconds_since(started);
-    lock.lock();
-    sync_error_ = error;
-    sync_seconds_ = seconds;
-    sync_finished_ = true;
-    sync_changed_.notify_all();
-  }
-}
+void ServerState::start_commit() { commit_.start_sync(wal_->descriptor()); }
 
 bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
-  if (!sync_running_) return false;
-  int error = 0;
-  double sync_seconds = 0;
-  {
-    std::unique_lock lock(sync_mutex_);
-    if (wait) sync_changed_.wait(lock, [this] { return sync_finished_; });
-    if (!sync_finished_) return false;
-    sync_finished_ = false;
-    error = sync_error_;
-    sync_seconds = sync_seconds_;
-  }
-  sync_running_ = false;
-  if (error != 0) {
+  std::optional<GroupCommit::SyncResult> synced = commit_.finish_sync(wait);
+  if (!synced) return false;
+  if (synced->error != 0) {
     // Not durable, so never acknowledged: cut every staged record off the log (replay must
     // not apply what the workers were told failed) and refuse them all.
-    const std::string why = "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(error);
-    for (const StagedUpdate& staged : staged_)
+    const std::string why = "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(synced->error);
+    for (const StagedUpdate& staged : synced->updates)
       out.push_back({staged.record.version, {SubmitOutcome::kNotDurable, store_.version(), why}});
     try {
-      wal_->truncate_to(staged_.front().wal_offset);
+      wal_->truncate_to(synced->updates.front().wal_offset);
     } catch (const WalError& e) {
       wal_broken_ = std::string(e.what()) + " after a failed sync: refusing updates until a restart";
     }
-    staged_.clear();
-    staged_sequences_.clear();
     return true;
   }
-  for (std::size_t n = 0; n < syncing_; ++n) {
-    StagedUpdate staged = std::move(staged_.front());
-    staged_.pop_front();
+  const double sync_share = synced->seconds / static_cast<double>(synced->updates.size());
+  for (StagedUpdate& staged : synced->updates) {
     const auto apply_started = std::chrono::steady_clock::now();
     ApplyResult result;
     {
@@ -353,17 +306,13 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
       throw std::logic_error("parameter store refused a staged update: " + result.reason);
     submit_timings_.applied_updates += 1;
     submit_timings_.decode_seconds += staged.decode_seconds;
-    submit_timings_.wal_seconds += staged.write_seconds + sync_seconds / static_cast<double>(syncing_);
+    submit_timings_.wal_seconds += staged.write_seconds + sync_share;
     submit_timings_.apply_seconds += seconds_since(apply_started);
     sequences_[staged.record.identity] = {staged.record.sequence, result.version};
-    if (auto it = staged_sequences_.find(staged.record.identity);
-        it != staged_sequences_.end() && it->second.version == result.version)
-      staged_sequences_.erase(it);
     out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}}});
     remember_recent(std::move(staged.record));
     ++updates_since_checkpoint_;
   }
-  syncing_ = 0;
   return true;
 }
 
@@ -375,7 +324,7 @@ std::vector<SettledSubmit> ServerState::finish_commit(bool wait) {
   }
   if (options_.checkpoint_every && updates_since_checkpoint_ >= options_.checkpoint_every) {
     // The new WAL holds only applied records: settle what is staged first.
-    while (!staged_.empty()) {
+    while (commit_.staged() > 0) {
       start_commit();
       collect_sync(true, settled);
     }
@@ -392,19 +341,8 @@ std::vector<SettledSubmit> ServerState::finish_commit(bool wait) {
   return settled;
 }
 
-ServerState::~ServerState() {
-  if (!sync_thread_.joinable()) return;
-  {
-    std::unique_lock lock(sync_mutex_);
-    sync_changed_.wait(lock, [this] { return !sync_running_ || sync_finished_; });
-    sync_thread_stop_ = true;
-    sync_changed_.notify_all();
-  }
-  sync_thread_.join();
-}
-
 void ServerState::checkpoint() {
-  if (!staged_.empty() || sync_running_)
+  if (commit_.staged() > 0 || commit_.sync_running())
     throw std::logic_error("checkpoint() while updates are staged: finish_commit() first");
   std::copy(store_.parameters().begin(), store_.parameters().end(), model_.parameters().begin());
   nlohmann::json sequences = nlohmann::json::object();
@@ -458,9 +396,9 @@ ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
   delta.model_id = model_.layout_id();
   delta.base_version = since;
   delta.version = now;
-  // Stop collecting once the delta cannot beat the dense model: every entry costs at least
-  // its 4 value bytes plus (bitmap) n/8 bytes per tensor or (varint) one byte.
-  std::size_t lower_bound = 44, offset = 0;
+  // Stop collecting once the delta cannot beat the dense model (the codec's least size of
+  // each tensor record).
+  std::size_t lower_bound = transport::kModelDeltaHeaderBytes, offset = 0;
   for (std::uint32_t t = 0; t < tensor_sizes_.size(); ++t) {
     transport::SparseTensor changed{t, tensor_sizes_[t], {}, {}};
     for (std::uint32_t i = 0; i < tensor_sizes_[t]; ++i) {
@@ -471,8 +409,7 @@ ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
     }
     offset += tensor_sizes_[t];
     if (changed.indices.empty()) continue;
-    lower_bound += 14 + 4 * changed.indices.size() +
-                   std::min(transport::bitmap_bytes(changed.size), changed.indices.size() == changed.size ? 0 : changed.indices.size());
+    lower_bound += transport::model_delta_record_min_bytes(changed.size, changed.indices.size());
     if (lower_bound >= dense_bytes) return {encoded_model(), false};
     delta.tensors.push_back(std::move(changed));
   }

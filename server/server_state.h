@@ -14,9 +14,10 @@
 //
 // Group commit: submit() syncs once per update. The CoAP server instead stage()s each
 // update (checked, WAL record written, not yet synced, not yet applied) and lets one
-// fdatasync on a background thread cover every update staged meanwhile; finish_commit()
-// then applies the covered updates in log order (the single writer replay relies on) and
-// hands back their results, which are the only ones that may be acknowledged.
+// fdatasync on a background thread cover every update staged meanwhile (GroupCommit,
+// server/group_commit.h); finish_commit() then applies the covered updates in log order
+// (the single writer replay relies on) and hands back their results, which are the only
+// ones that may be acknowledged.
 //
 // No networking here (server/resources.h maps this onto CoAP). Thread safety: submit(),
 // checkpoint() and encoded_model() belong to one thread (the CoAP loop); snapshot() may be
@@ -24,7 +25,6 @@
 #pragma once
 
 #include <cstdint>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -35,10 +35,10 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "runtime/model.h"
+#include "server/group_commit.h"
 #include "server/parameter_store.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
@@ -59,6 +59,9 @@ struct ServerStateOptions {
   // Makes the WAL records written so far durable; returns 0 or an errno value. Unset:
   // fdatasync(fd). Runs on the WAL sync thread. Tests inject slow or failing disks here.
   std::function<int(int fd)> wal_sync;
+  // Called on the CoAP thread each time an update has been staged and waits for its sync
+  // (GroupCommit::StagedHook): a test's signal that a request is now deferred.
+  GroupCommit::StagedHook on_staged;
 };
 
 enum class SubmitOutcome {
@@ -113,11 +116,6 @@ struct SubmitTimings {
   double checkpoint_seconds = 0;  // automatic checkpoints triggered by updates
 };
 
-struct SequenceEntry {
-  std::uint64_t sequence = 0;  // last applied sequence of this identity
-  std::uint64_t version = 0;   // the version that update produced
-};
-
 class ServerState {
  public:
   // Opens (or creates) the state in options.state_dir. A new directory starts from
@@ -130,7 +128,7 @@ class ServerState {
   // Waits for a running sync; staged updates that were never reported are not applied here
   // (if their records reached the disk, the next start replays them: unacknowledged, but
   // durable, like a crash right after the sync).
-  ~ServerState();
+  ~ServerState() = default;
 
   // One POST /update from `identity` (the DTLS identity, non-empty), durable and applied
   // when it returns (one fdatasync of its own). Throws std::logic_error while updates are
@@ -153,7 +151,7 @@ class ServerState {
   // starts the next sync if updates are staged.
   std::vector<SettledSubmit> finish_commit(bool wait);
   // Updates staged and not yet reported by finish_commit().
-  std::size_t staged_updates() const { return staged_.size(); }
+  std::size_t staged_updates() const { return commit_.staged(); }
 
   // Writes a checkpoint at the current version (atomic rename) and starts a new WAL that
   // keeps only the records replay needs as staleness history. Throws on I/O failure (the
@@ -198,14 +196,6 @@ class ServerState {
   transport::SparseUpdate decode_logged(const WalRecord& record) const;
   // Waits for (or polls) the running sync and settles the updates it covered into `out`.
   bool collect_sync(bool wait, std::vector<SettledSubmit>& out);
-  void run_sync_thread();
-
-  struct StagedUpdate {
-    WalRecord record;  // record.version: the version it will produce
-    transport::SparseUpdate update;
-    std::uint64_t wal_offset = 0;  // where its record starts in the WAL
-    double decode_seconds = 0, write_seconds = 0;
-  };
 
   runtime::Model model_;
   ServerStateOptions options_;
@@ -227,19 +217,9 @@ class ServerState {
   std::uint64_t digest_ = 0;  // parameter_digest() at digest_version_
   std::optional<std::uint64_t> digest_version_;
 
-  // Group commit (CoAP thread): staged updates in log order, and per identity the latest.
-  std::deque<StagedUpdate> staged_;
-  std::map<std::string, SequenceEntry, std::less<>> staged_sequences_;
-  bool sync_running_ = false;
-  std::size_t syncing_ = 0;  // the first syncing_ of staged_ are covered by the running sync
-  std::string wal_broken_;   // set when a failed sync could not be cut off: refuse all updates
-  // The sync thread and what it shares with the CoAP thread (under sync_mutex_).
-  std::thread sync_thread_;
-  std::mutex sync_mutex_;
-  std::condition_variable sync_changed_;
-  bool sync_requested_ = false, sync_finished_ = false, sync_thread_stop_ = false;
-  int sync_fd_ = -1, sync_error_ = 0;
-  double sync_seconds_ = 0;
+  std::string wal_broken_;  // set when a failed sync could not be cut off: refuse all updates
+  // Declared after wal_, so destroyed first: its destructor waits for a sync of wal_'s file.
+  GroupCommit commit_;
 };
 
 }  // namespace edgetrain::server

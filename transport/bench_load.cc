@@ -1,7 +1,7 @@
 // libcoap-backed implementation of bench_load.h (benchmark-only; see the header).
 #include "transport/bench_load.h"
 
-#include "transport/coap_address_internal.h"
+#include "transport/coap_internal.h"
 
 #include <coap3/coap.h>
 #include <netdb.h>
@@ -75,8 +75,6 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-void release_body(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
-
 // coap_io_process() with up to 256 ready sockets per coap_io_do_epoll() instead of
 // libcoap 4.3.1's 10: every do_epoll ends by walking all sessions (coap_io_prepare_io),
 // and the load generator has one socket per device, so with 1000 devices its own walks
@@ -112,11 +110,8 @@ struct DeviceSession {
 class LoadRunner {
  public:
   explicit LoadRunner(const UpdateLoadOptions& options) : options_(options) {
-    coap_startup();
     // Handshake failures are counted in the report; libcoap's own log stays at errors.
-    const char* env = std::getenv("EDGETRAIN_COAP_LOG");
-    coap_set_log_level(env ? std::atoi(env) : LOG_ERR);
-    coap_dtls_set_log_level(env ? std::atoi(env) : LOG_WARNING);
+    coap_library_startup();
     server_address_ = resolve_udp_address(options.host, options.port);
     context_ = coap_new_context(nullptr);
     if (!context_) throw TransportError("coap_new_context failed");
@@ -255,8 +250,8 @@ class LoadRunner {
                     reinterpret_cast<const uint8_t*>(options_.path.data()));
     auto* owned = new std::vector<std::uint8_t>(std::move(body));
     device.body_bytes = owned->size();
-    // libcoap owns `owned` from here on (release_body), whether or not the call succeeds.
-    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(), release_body, owned)) {
+    // libcoap owns `owned` from here on (release_payload), whether or not the call succeeds.
+    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(), release_payload, owned)) {
       coap_delete_pdu(pdu);
       fail(device);
       return false;

@@ -1,5 +1,6 @@
 #include "transport/codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -16,7 +17,7 @@ constexpr std::size_t kSparseHeaderBytes = 36;
 constexpr std::size_t kTensorHeaderBytes = 14;
 constexpr std::size_t kDenseHeaderBytes = 28;
 constexpr std::uint8_t kDeltaMagic[4] = {'E', 'T', 'M', 'D'};
-constexpr std::size_t kDeltaHeaderBytes = 44;
+constexpr std::size_t kDeltaHeaderBytes = kModelDeltaHeaderBytes;
 constexpr std::uint16_t kLargestFiniteHalf = 0x7bff;
 
 CodecError fail(CodecErrorCode code, std::string message) { return CodecError{code, std::move(message)}; }
@@ -102,6 +103,59 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
+// The three message formats share their first 8 bytes (CODEC.md): magic, format version,
+// a reserved u16 that must be 0. What differs is named here.
+struct MessageFormat {
+  const char* name;             // "update", "model", "model delta": the size messages
+  const char* kind;             // "a sparse update": the bad-magic message
+  const std::uint8_t* magic;    // 4 bytes
+  std::size_t header_bytes;     // the fixed header, before any tensor
+  // The wrong-model message: before[0] + the message's model id + before[1] + the expected one.
+  const char* wrong_model[2];
+};
+constexpr MessageFormat kSparseFormat{"update", "a sparse update", kSparseMagic, kSparseHeaderBytes,
+                                      {"update is for model ", ", this is model "}};
+constexpr MessageFormat kDenseFormat{"model", "a dense model", kDenseMagic, kDenseHeaderBytes,
+                                     {"model ", " received, expected model "}};
+constexpr MessageFormat kDeltaFormat{"model delta", "a model delta", kDeltaMagic, kDeltaHeaderBytes,
+                                     {"model delta for model ", ", expected model "}};
+
+void write_message_header(Writer& w, const MessageFormat& format) {
+  w.bytes(format.magic, 4);
+  w.u16(kCodecFormatVersion);
+  w.u16(0);
+}
+
+// The size cap, the fixed header's length, magic, format version, reserved field and the
+// model id every format carries next (into `model_id`, checked against the expected one);
+// on success `r` stands after those 16 bytes with the rest of the fixed header left.
+std::optional<CodecError> read_message_header(Reader& r, std::span<const std::uint8_t> bytes, const MessageFormat& format,
+                                              const DecodeLimits& limits, std::uint64_t expected_model_id,
+                                              std::uint64_t& model_id) {
+  using E = CodecErrorCode;
+  if (bytes.size() > limits.max_message_bytes)
+    return fail(E::kTooLarge, std::string(format.name) + " of " + str(bytes.size()) + " bytes exceeds the cap of " +
+                                  str(limits.max_message_bytes));
+  if (bytes.size() < format.header_bytes)
+    return fail(E::kTruncated, std::string(format.name) + " of " + str(bytes.size()) + " bytes is shorter than its " +
+                                   str(format.header_bytes) + "-byte header");
+  std::span<const std::uint8_t> magic;
+  r.span(4, magic);
+  if (std::memcmp(magic.data(), format.magic, 4) != 0)
+    return fail(E::kBadMagic, std::string("not ") + format.kind + " (magic is not " +
+                                  std::string(reinterpret_cast<const char*>(format.magic), 4) + ")");
+  std::uint16_t version = 0, reserved = 0;
+  r.u16(version);
+  r.u16(reserved);
+  if (version != kCodecFormatVersion)
+    return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
+  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+  r.u64(model_id);
+  if (model_id != expected_model_id)
+    return fail(E::kWrongModel, format.wrong_model[0] + str(model_id) + format.wrong_model[1] + str(expected_model_id));
+  return std::nullopt;
+}
+
 bool finite(float v) { return std::isfinite(v); }
 
 std::size_t varint_length(std::uint32_t v) {
@@ -144,6 +198,22 @@ std::optional<CodecError> check_sign_scale(const SparseTensor& t) {
   return std::nullopt;
 }
 
+// What an encoder checks of the tensor records it is asked to send (sparse updates and
+// model deltas alike): each one valid for `values`, each tensor at most once.
+std::optional<CodecError> check_tensor_records(const std::vector<SparseTensor>& tensors, ValueEncoding values) {
+  if (tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
+  std::vector<std::uint32_t> seen;
+  for (const SparseTensor& t : tensors) {
+    if (auto error = check_tensor(t)) return *error;
+    if (values == ValueEncoding::kSignScale)
+      if (auto error = check_sign_scale(t)) return *error;
+    for (std::uint32_t s : seen)
+      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
+    seen.push_back(t.tensor);
+  }
+  return std::nullopt;
+}
+
 // One tensor record (CODEC.md), shared by sparse updates and model deltas. `t` has passed
 // check_tensor() (and check_sign_scale() for kSignScale).
 void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values) {
@@ -181,8 +251,9 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
 }
 
 // The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
-// layout and caps before anything sized by the message is allocated. `exact_values_only` is
-// true for model deltas, which must carry the server's values bit for bit (f32 only).
+// layout and caps before anything sized by the message is allocated; nothing may follow
+// them. `exact_values_only` is true for model deltas, which must carry the server's values
+// bit for bit (f32 only).
 std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count, const ModelLayout& expected,
                                               const DecodeLimits& limits, bool exact_values_only,
                                               std::vector<SparseTensor>& tensors) {
@@ -286,6 +357,7 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
       t.values[j] = v;
     }
   }
+  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return std::nullopt;
 }
 
@@ -364,20 +436,9 @@ std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices) {
 CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options) {
   if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16 && options.values != ValueEncoding::kSignScale)
     return fail(CodecErrorCode::kInvalidInput, "unknown value encoding");
-  if (update.tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
-  std::vector<std::uint32_t> seen;
-  for (const SparseTensor& t : update.tensors) {
-    if (auto error = check_tensor(t)) return *error;
-    if (options.values == ValueEncoding::kSignScale)
-      if (auto error = check_sign_scale(t)) return *error;
-    for (std::uint32_t s : seen)
-      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
-    seen.push_back(t.tensor);
-  }
+  if (auto error = check_tensor_records(update.tensors, options.values)) return *error;
   Writer w;
-  w.bytes(kSparseMagic, 4);
-  w.u16(kCodecFormatVersion);
-  w.u16(0);
+  write_message_header(w, kSparseFormat);
   w.u64(update.model_id);
   w.u64(update.sequence);
   w.u64(update.fetched_version);
@@ -388,29 +449,14 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
 
 CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
                                                const DecodeLimits& limits) {
-  using E = CodecErrorCode;
-  if (bytes.size() > limits.max_message_bytes)
-    return fail(E::kTooLarge, "update of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
-  if (bytes.size() < kSparseHeaderBytes) return fail(E::kTruncated, "update of " + str(bytes.size()) + " bytes is shorter than its 36-byte header");
   Reader r(bytes);
-  std::span<const std::uint8_t> magic;
-  r.span(4, magic);
-  if (std::memcmp(magic.data(), kSparseMagic, 4) != 0) return fail(E::kBadMagic, "not a sparse update (magic is not ETSU)");
-  std::uint16_t version = 0, reserved = 0;
-  r.u16(version);
-  r.u16(reserved);
-  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
-  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
   SparseUpdate update;
+  if (auto error = read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(update.model_id);
   r.u64(update.sequence);
   r.u64(update.fetched_version);
   r.u32(tensor_count);
-  if (update.model_id != expected.model_id)
-    return fail(E::kWrongModel, "update is for model " + str(update.model_id) + ", this is model " + str(expected.model_id));
   if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/false, update.tensors)) return *error;
-  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return update;
 }
 
@@ -426,9 +472,7 @@ CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id
     if (!finite(values[i])) return fail(CodecErrorCode::kInvalidInput, "non-finite parameter at flat index " + str(i));
   Writer w;
   w.reserve(kDenseHeaderBytes + 4 * tensor_sizes.size() + 4 * values.size());
-  w.bytes(kDenseMagic, 4);
-  w.u16(kCodecFormatVersion);
-  w.u16(0);
+  write_message_header(w, kDenseFormat);
   w.u64(model_id);
   w.u64(version);
   w.u32(static_cast<std::uint32_t>(tensor_sizes.size()));
@@ -440,25 +484,12 @@ CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id
 CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
-  if (bytes.size() > limits.max_message_bytes)
-    return fail(E::kTooLarge, "model of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
-  if (bytes.size() < kDenseHeaderBytes) return fail(E::kTruncated, "model of " + str(bytes.size()) + " bytes is shorter than its 28-byte header");
   Reader r(bytes);
-  std::span<const std::uint8_t> magic;
-  r.span(4, magic);
-  if (std::memcmp(magic.data(), kDenseMagic, 4) != 0) return fail(E::kBadMagic, "not a dense model (magic is not ETDM)");
-  std::uint16_t version = 0, reserved = 0;
-  r.u16(version);
-  r.u16(reserved);
-  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
-  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
   DenseModel model;
+  if (auto error = read_message_header(r, bytes, kDenseFormat, limits, expected.model_id, model.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(model.model_id);
   r.u64(model.version);
   r.u32(tensor_count);
-  if (model.model_id != expected.model_id)
-    return fail(E::kWrongModel, "model " + str(model.model_id) + " received, expected model " + str(expected.model_id));
   if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
   if (tensor_count != expected.tensor_sizes.size())
     return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, expected " + str(expected.tensor_sizes.size()));
@@ -515,21 +546,12 @@ std::uint64_t parameter_digest(std::span<const float> parameters) {
 
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta) {
   if (delta.version < delta.base_version) return fail(CodecErrorCode::kInvalidInput, "version below the base version");
-  if (delta.tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
-  std::vector<std::uint32_t> seen;
+  if (auto error = check_tensor_records(delta.tensors, ValueEncoding::kFp32)) return *error;
   std::size_t entries = 0;
-  for (const SparseTensor& t : delta.tensors) {
-    if (auto error = check_tensor(t)) return *error;
-    for (std::uint32_t s : seen)
-      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
-    seen.push_back(t.tensor);
-    entries += t.indices.size();
-  }
+  for (const SparseTensor& t : delta.tensors) entries += t.indices.size();
   Writer w;
   w.reserve(kDeltaHeaderBytes + delta.tensors.size() * kTensorHeaderBytes + entries * 6);
-  w.bytes(kDeltaMagic, 4);
-  w.u16(kCodecFormatVersion);
-  w.u16(0);
+  write_message_header(w, kDeltaFormat);
   w.u64(delta.model_id);
   w.u64(delta.base_version);
   w.u64(delta.version);
@@ -542,33 +564,37 @@ CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delt
 CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
-  if (bytes.size() > limits.max_message_bytes)
-    return fail(E::kTooLarge, "model delta of " + str(bytes.size()) + " bytes exceeds the cap of " + str(limits.max_message_bytes));
-  if (bytes.size() < kDeltaHeaderBytes)
-    return fail(E::kTruncated, "model delta of " + str(bytes.size()) + " bytes is shorter than its 44-byte header");
   Reader r(bytes);
-  std::span<const std::uint8_t> magic;
-  r.span(4, magic);
-  if (std::memcmp(magic.data(), kDeltaMagic, 4) != 0) return fail(E::kBadMagic, "not a model delta (magic is not ETMD)");
-  std::uint16_t version = 0, reserved = 0;
-  r.u16(version);
-  r.u16(reserved);
-  if (version != kCodecFormatVersion) return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
-  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
   ModelDelta delta;
+  if (auto error = read_message_header(r, bytes, kDeltaFormat, limits, expected.model_id, delta.model_id)) return *error;
   std::uint32_t tensor_count = 0;
-  r.u64(delta.model_id);
   r.u64(delta.base_version);
   r.u64(delta.version);
   r.u64(delta.digest);
   r.u32(tensor_count);
-  if (delta.model_id != expected.model_id)
-    return fail(E::kWrongModel, "model delta for model " + str(delta.model_id) + ", expected model " + str(expected.model_id));
   if (delta.version < delta.base_version)
     return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " + str(delta.base_version));
   if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/true, delta.tensors)) return *error;
-  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return delta;
+}
+
+std::size_t model_delta_record_min_bytes(std::uint32_t size, std::size_t count) {
+  const std::size_t index_bytes = count == size ? 0 : std::min(bitmap_bytes(size), count);
+  return kTensorHeaderBytes + value_section_bytes(ValueEncoding::kFp32, static_cast<std::uint32_t>(count)) + index_bytes;
+}
+
+std::vector<std::uint8_t> encode_update_reply(std::uint64_t version) {
+  Writer w;
+  w.u64(version);
+  return w.take();
+}
+
+std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload) {
+  if (payload.size() != 8) return std::nullopt;
+  Reader r(payload);
+  std::uint64_t version = 0;
+  r.u64(version);
+  return version;
 }
 
 bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes, std::span<float> parameters) {

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -155,6 +156,20 @@ bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> t
 // A 64-bit fingerprint of a parameter vector (CODEC.md): detects a worker copy that is not
 // the server's (a bug, or a server whose state was replaced); not cryptographic.
 std::uint64_t parameter_digest(std::span<const float> parameters);
+
+// The least bytes one tensor record of a model delta with `count` of a tensor's `size`
+// entries takes (CODEC.md): its header, fp32 values, and the smallest index encoding the
+// encoder could pick (none for all entries, else at most the bitmap, at least one varint
+// byte per entry). With kModelDeltaHeaderBytes, what a server can add up to stop building
+// a delta that cannot beat the dense model.
+inline constexpr std::size_t kModelDeltaHeaderBytes = 44;
+std::size_t model_delta_record_min_bytes(std::uint32_t size, std::size_t count);
+
+// The payload of POST /update's 2.04: the version the update produced, 8 bytes
+// little-endian (CODEC.md, "Update acknowledgement"). decode_update_reply() gives nullopt
+// for any other length.
+std::vector<std::uint8_t> encode_update_reply(std::uint64_t version);
+std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> payload);
 
 // What a GET /model body holds, from its magic: a dense model, a model delta, or neither.
 enum class ModelMessageKind { kDense, kDelta, kUnknown };

@@ -1,0 +1,13 @@
+#include "runtime/server_channel.h"
+
+namespace edgetrain::runtime {
+
+transport::CoapResponse CoapServerChannel::get_model(const std::string& path) {
+  return client_.request(transport::Method::kGet, path);
+}
+
+transport::CoapResponse CoapServerChannel::post_update(std::span<const std::uint8_t> body) {
+  return client_.request(transport::Method::kPost, "update", body);
+}
+
+}  // namespace edgetrain::runtime

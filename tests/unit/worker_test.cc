@@ -1,0 +1,291 @@
+// The worker loop (runtime/worker.h) against a fake server channel: no network, no
+// sleeping beyond a millisecond of backoff. Each path of DESIGN.md's worker that a real
+// server cannot be made to take on demand: a transport failure retried with backoff, a
+// push retried with the same bytes, 4.09 answered by a re-pull, a model delta that does not
+// reproduce the server's model (dense re-pull), and a non-finite gradient skipped.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "runtime/model.h"
+#include "runtime/server_channel.h"
+#include "runtime/worker.h"
+#include "transport/codec.h"
+
+namespace {
+
+using namespace edgetrain;
+using transport::CoapCode;
+using transport::CoapResponse;
+
+constexpr const char* kModelSpec = "input 8x8x1; fc 10";
+
+std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+// 40 images of 8x8: bright, with one dark pixel that moves (so per-image standardization is
+// well defined, and no sum over an image's pixels cancels), labels 0..9.
+runtime::Dataset small_dataset() {
+  runtime::Dataset data;
+  data.height = data.width = 8;
+  data.channels = 1;
+  data.num_classes = 10;
+  for (int i = 0; i < 40; ++i) {
+    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
+    data.labels.push_back(i % 10);
+  }
+  return data;
+}
+
+runtime::WorkerConfig test_config() {
+  runtime::WorkerConfig config;
+  config.model = kModelSpec;
+  config.batch = 4;
+  config.backoff_initial = std::chrono::milliseconds(1);
+  config.backoff_max = std::chrono::milliseconds(2);
+  return config;
+}
+
+// The server's side: a model at a version, served dense or as a delta, and scripted answers.
+class FakeServer : public runtime::ServerChannel {
+ public:
+  FakeServer() : model_(runtime::model_spec_from_argument(kModelSpec)) { model_.initialize(3); }
+
+  CoapResponse get_model(const std::string& path) override {
+    gets.push_back(path);
+    return on_get ? on_get(path) : dense();
+  }
+  CoapResponse post_update(std::span<const std::uint8_t> body) override {
+    posts.emplace_back(body.begin(), body.end());
+    return on_post ? on_post(body) : accepted();
+  }
+
+  CoapResponse dense() const {
+    auto bytes = transport::encode_dense_model(model_.layout_id(), version, sizes_of(model_), model_.parameters());
+    return {CoapCode::kContent, std::move(bytes).value()};
+  }
+  // The change of parameter 0 from `base` to `version`, with the digest of the server's
+  // parameters or `digest` instead.
+  CoapResponse delta(std::uint64_t base, std::optional<std::uint64_t> digest = {}) const {
+    transport::ModelDelta d{model_.layout_id(), base, version, digest.value_or(transport::parameter_digest(model_.parameters())),
+                            {{0, sizes_of(model_)[0], {0}, {model_.parameters()[0]}}}};
+    return {CoapCode::kContent, transport::encode_model_delta(d).value()};
+  }
+  CoapResponse accepted() const { return {CoapCode::kChanged, transport::encode_update_reply(version + 1)}; }
+
+  runtime::Model& model() { return model_; }
+  transport::ModelLayout layout() {
+    sizes_ = sizes_of(model_);
+    return {model_.layout_id(), sizes_};
+  }
+
+  std::uint64_t version = 3;
+  std::vector<std::string> gets;
+  std::vector<std::vector<std::uint8_t>> posts;
+  std::function<CoapResponse(const std::string&)> on_get;
+  std::function<CoapResponse(std::span<const std::uint8_t>)> on_post;
+
+ private:
+  runtime::Model model_;
+  std::vector<std::uint32_t> sizes_;
+};
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  runtime::Dataset data = small_dataset();
+  FakeServer server;
+  std::atomic<bool> stop = false;
+  std::vector<std::string> log;
+  runtime::Worker make_worker(runtime::WorkerConfig config = test_config()) {
+    return runtime::Worker(config, data, server, stop, [this](const std::string& line) { log.push_back(line); });
+  }
+};
+
+TEST_F(WorkerTest, PullStepPushSendsAnUpdateComputedOnThePulledVersion) {
+  auto worker = make_worker();
+  EXPECT_TRUE(worker.needs_pull());
+  ASSERT_TRUE(worker.pull());
+  EXPECT_FALSE(worker.needs_pull());
+  ASSERT_TRUE(worker.step());
+  worker.push();
+  ASSERT_EQ(server.posts.size(), 1u);
+  const auto update = transport::decode_sparse_update(server.posts[0], server.layout());
+  ASSERT_TRUE(update) << update.error().message;
+  EXPECT_EQ(update.value().fetched_version, 3u);
+  EXPECT_EQ(worker.stats().updates_accepted, 1u);
+  EXPECT_EQ(worker.stats().server_version, 4u) << "read from the 2.04's payload";
+  EXPECT_EQ(worker.stats().pulls, 1u);
+  EXPECT_EQ(worker.stats().retries, 0u);
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model"}));
+}
+
+TEST_F(WorkerTest, TransportFailuresAndRefusedPullsAreRetriedWithBackoff) {
+  int calls = 0;
+  server.on_get = [&](const std::string&) -> CoapResponse {
+    ++calls;
+    if (calls == 1) throw transport::TransportError("no answer from the server");
+    if (calls == 2) return {503, {}};  // up, but not serving yet
+    return server.dense();
+  };
+  auto config = test_config();
+  config.max_steps = 1;
+  auto worker = make_worker(config);
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_EQ(stats.retries, 2u);
+  EXPECT_EQ(stats.pulls, 1u);
+  EXPECT_EQ(stats.steps, 1u);
+  EXPECT_EQ(stats.updates_accepted, 1u);
+  EXPECT_EQ(server.gets.size(), 3u);
+  ASSERT_GE(log.size(), 2u);
+  EXPECT_NE(log[0].find("pull failed: no answer from the server; retrying in"), std::string::npos) << log[0];
+  EXPECT_NE(log[1].find("GET /model answered 5.03"), std::string::npos) << log[1];
+}
+
+TEST_F(WorkerTest, AFailedPushIsRetriedOnceWithTheSameBytes) {
+  int calls = 0;
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    if (++calls == 1) throw transport::TransportError("timed out");
+    return server.accepted();
+  };
+  auto config = test_config();
+  config.pull_every = 100;  // the paper's 1 pulls before every step anyway
+  auto worker = make_worker(config);
+  ASSERT_TRUE(worker.pull());
+  ASSERT_TRUE(worker.step());
+  worker.push();
+  ASSERT_EQ(server.posts.size(), 2u);
+  EXPECT_EQ(server.posts[0], server.posts[1]) << "same sequence number: the server applies it once";
+  EXPECT_EQ(worker.stats().retries, 1u);
+  EXPECT_EQ(worker.stats().updates_accepted, 1u);
+  EXPECT_FALSE(worker.needs_pull()) << "one failure keeps the model";
+}
+
+TEST_F(WorkerTest, APushFailingTwiceIsDroppedAndTheNextStepPullsFirst) {
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse { throw transport::TransportError("timed out"); };
+  auto config = test_config();
+  config.pull_every = 100;
+  auto worker = make_worker(config);
+  ASSERT_TRUE(worker.pull());
+  ASSERT_TRUE(worker.step());
+  worker.push();
+  EXPECT_EQ(server.posts.size(), 2u);
+  EXPECT_EQ(worker.stats().retries, 2u);
+  EXPECT_EQ(worker.stats().updates_accepted, 0u);
+  EXPECT_TRUE(worker.needs_pull());
+}
+
+TEST_F(WorkerTest, AConflictIsAnsweredByARePullBeforeTheNextStep) {
+  int posts = 0;
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    if (++posts == 1) return {CoapCode::kConflict, {'s', 't', 'a', 'l', 'e'}};
+    return server.accepted();
+  };
+  auto config = test_config();
+  config.max_steps = 2;
+  config.pull_every = 100;  // without the 4.09, one pull would do for both steps
+  auto worker = make_worker(config);
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_EQ(stats.updates_refused, 1u);
+  EXPECT_EQ(stats.updates_accepted, 1u);
+  EXPECT_EQ(stats.pulls, 2u);
+  EXPECT_EQ(stats.retries, 0u) << "a refusal is no transport trouble";
+  // The copy is still exact, so the re-pull asks only for what changed.
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model", "model?since=3"}));
+  const auto first = transport::decode_sparse_update(server.posts[0], server.layout());
+  const auto second = transport::decode_sparse_update(server.posts[1], server.layout());
+  ASSERT_TRUE(first && second);
+  EXPECT_GT(second.value().sequence, first.value().sequence);
+}
+
+TEST_F(WorkerTest, ADeltaThatDoesNotReproduceTheServersModelIsFollowedByADensePull) {
+  auto worker = make_worker();
+  ASSERT_TRUE(worker.pull());  // dense, version 3
+  server.model().parameters()[0] += 1.0f;
+  server.version = 4;
+  server.on_get = [&](const std::string& path) {
+    return path == "model" ? server.dense() : server.delta(3, /*digest=*/12345);
+  };
+  EXPECT_FALSE(worker.pull()) << "the delta's digest differs";
+  EXPECT_EQ(worker.stats().delta_mismatches, 1u);
+  EXPECT_EQ(worker.stats().retries, 0u) << "no backoff: the next pull is dense at once";
+  ASSERT_TRUE(worker.pull());
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model", "model?since=3", "model"}));
+  EXPECT_EQ(worker.stats().delta_pulls, 0u);
+  ASSERT_TRUE(worker.step());
+  worker.push();
+  EXPECT_EQ(transport::decode_sparse_update(server.posts.at(0), server.layout()).value().fetched_version, 4u);
+
+  // A good delta is taken, and counted.
+  server.model().parameters()[0] += 1.0f;
+  server.version = 5;
+  server.on_get = [&](const std::string&) { return server.delta(4); };
+  ASSERT_TRUE(worker.pull());
+  EXPECT_EQ(server.gets.back(), "model?since=4");
+  EXPECT_EQ(worker.stats().delta_pulls, 1u);
+}
+
+TEST_F(WorkerTest, AServerThatKeepsSendingUnusableDeltasIsAnError) {
+  auto worker = make_worker();
+  ASSERT_TRUE(worker.pull());
+  server.version = 4;
+  server.on_get = [&](const std::string&) { return server.delta(3, /*digest=*/1); };
+  EXPECT_FALSE(worker.pull());
+  EXPECT_FALSE(worker.pull());  // a delta from 3 to a copy that was dropped: a mismatch too
+  EXPECT_THROW(worker.pull(), std::runtime_error);
+}
+
+TEST_F(WorkerTest, ANonFiniteGradientIsSkippedAndTheModelPulledAgain) {
+  // Parameters at the largest float: the logits overflow, so loss and gradient are not finite.
+  const std::span<float> parameters = server.model().parameters();
+  std::fill(parameters.begin(), parameters.end(), std::numeric_limits<float>::max());
+  auto worker = make_worker();
+  ASSERT_TRUE(worker.pull());
+  EXPECT_FALSE(worker.step());
+  EXPECT_EQ(worker.stats().non_finite_steps, 1u);
+  EXPECT_EQ(worker.stats().steps, 1u);
+  EXPECT_TRUE(worker.needs_pull());
+  EXPECT_TRUE(server.posts.empty()) << "nothing non-finite reaches the server";
+
+  auto config = test_config();
+  config.max_steps = 100;
+  auto persistent = make_worker(config);
+  EXPECT_THROW(persistent.run(), std::runtime_error) << "10 non-finite steps in a row: the model has diverged";
+  EXPECT_EQ(persistent.stats().non_finite_steps, 10u);
+  EXPECT_TRUE(server.posts.empty());
+}
+
+TEST_F(WorkerTest, StopEndsTheLoopBeforeTheNextRequest) {
+  server.on_get = [&](const std::string&) -> CoapResponse {
+    stop = true;
+    throw transport::TransportError("no answer");
+  };
+  auto worker = make_worker();
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_EQ(server.gets.size(), 1u);
+  EXPECT_EQ(stats.steps, 0u);
+}
+
+TEST(WorkerConfigCheck, RefusesWhatNoRetryCouldFix) {
+  const runtime::Dataset data = small_dataset();
+  FakeServer server;
+  std::atomic<bool> stop = false;
+  auto config = test_config();
+  config.batch = 0;
+  EXPECT_THROW(runtime::Worker(config, data, server, stop), std::invalid_argument);
+  config = test_config();
+  config.worker_id = 2;
+  config.worker_count = 2;
+  EXPECT_THROW(runtime::Worker(config, data, server, stop), std::invalid_argument);
+  config = test_config();
+  config.model = "input 28x28x1; fc 10";
+  EXPECT_THROW(runtime::Worker(config, data, server, stop), runtime::ModelError);
+}
+
+}  // namespace

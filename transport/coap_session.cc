@@ -1,0 +1,151 @@
+// What the CoAP server and client of coap_dtls.h share (coap_internal.h): libcoap start-up
+// and logging, CoAP timing, DTLS-PSK and X.509 set-up, addresses; and the small public
+// functions of coap_dtls.h that belong to neither side. With coap_server.cc and
+// coap_client.cc, the only files that include libcoap and Mbed TLS (with bench_load.cc).
+#include "transport/coap_internal.h"
+
+#include <netdb.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+
+namespace edgetrain::transport {
+namespace {
+
+coap_fixed_point_t to_fixed_point(double value) {
+  const long thousandths = std::lround(value * 1000);
+  return {static_cast<uint16_t>(thousandths / 1000), static_cast<uint16_t>(thousandths % 1000)};
+}
+
+}  // namespace
+
+void coap_library_startup() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    coap_startup();
+    // libcoap logs to stderr. Keep it to real problems unless EDGETRAIN_COAP_LOG asks
+    // for more (syslog levels, 7 = debug). Mbed TLS's own debug output reports a peer's
+    // ordinary close_notify as an error; handshake failures reach callers as exceptions
+    // anyway. libcoap 4.3.1 switches Mbed TLS's debug output off only for levels
+    // between LOG_WARNING and LOG_INFO (LOG_ERR and below map to Mbed TLS level 1).
+    int level = LOG_ERR, dtls_level = LOG_WARNING;
+    if (const char* env = std::getenv("EDGETRAIN_COAP_LOG")) level = dtls_level = std::atoi(env);
+    coap_set_log_level(level);
+    coap_dtls_set_log_level(dtls_level);
+  });
+}
+
+void release_payload(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
+
+void apply_timing(coap_session_t* session, const CoapTiming& timing) {
+  coap_session_set_ack_timeout(session, to_fixed_point(timing.ack_timeout_seconds));
+  coap_session_set_ack_random_factor(session, to_fixed_point(timing.ack_random_factor));
+  coap_session_set_max_retransmit(session, static_cast<uint16_t>(timing.max_retransmit));
+  coap_session_set_nstart(session, static_cast<uint16_t>(timing.nstart));
+}
+
+void check_certificate_files(const CertificateFiles& files) {
+  const std::pair<const char*, const std::string*> named[] = {
+      {"certificate", &files.certificate_file}, {"private key", &files.private_key_file}, {"CA", &files.ca_file}};
+  for (const auto& [what, path] : named) {
+    if (path->empty()) throw TransportError(std::string("X.509: no ") + what + " file given");
+    std::ifstream in(*path);
+    if (!in) throw TransportError(std::string("X.509: cannot read the ") + what + " file '" + *path + "'");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find("-----BEGIN ") == std::string::npos)
+      throw TransportError(std::string("X.509: the ") + what + " file '" + *path + "' is not PEM");
+  }
+}
+
+coap_dtls_pki_t pki_setup(const CertificateFiles& files) {
+  coap_dtls_pki_t pki{};
+  pki.version = COAP_DTLS_PKI_SETUP_VERSION;
+  pki.verify_peer_cert = 1;
+  pki.check_common_ca = 1;
+  pki.allow_self_signed = 0;
+  pki.allow_expired_certs = 0;
+  pki.cert_chain_validation = 1;
+  pki.cert_chain_verify_depth = 2;
+  pki.check_cert_revocation = 0;
+  pki.pki_key.key_type = COAP_PKI_KEY_PEM;
+  pki.pki_key.key.pem.public_cert = files.certificate_file.c_str();
+  pki.pki_key.key.pem.private_key = files.private_key_file.c_str();
+  pki.pki_key.key.pem.ca_file = files.ca_file.c_str();
+  return pki;
+}
+
+const char* peer_authentication_name(PeerAuthentication authentication) {
+  switch (authentication) {
+    case PeerAuthentication::kNone: return "none";
+    case PeerAuthentication::kPsk: return "psk";
+    case PeerAuthentication::kCertificate: return "certificate";
+  }
+  return "none";
+}
+
+void check_timing(const CoapTiming& timing) {
+  // libcoap ignores values it does not accept (an ACK_TIMEOUT below 1 s among them)
+  // without a word, so they are refused here.
+  if (!(timing.ack_timeout_seconds >= 1.0 && timing.ack_timeout_seconds <= 60.0))
+    throw std::invalid_argument("CoAP ACK_TIMEOUT must be 1..60 seconds (libcoap 4.3.1 takes nothing below 1 s)");
+  if (!(timing.ack_random_factor >= 1.0 && timing.ack_random_factor <= 4.0))
+    throw std::invalid_argument("CoAP ACK_RANDOM_FACTOR must be 1..4");
+  if (timing.max_retransmit < 1 || timing.max_retransmit > 10)
+    throw std::invalid_argument("CoAP MAX_RETRANSMIT must be 1..10");
+  if (timing.nstart < 1 || timing.nstart > 16) throw std::invalid_argument("CoAP NSTART must be 1..16");
+}
+
+coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0 || !found) {
+    throw TransportError("cannot resolve '" + host + "': " + gai_strerror(rc));
+  }
+  coap_address_t address;
+  coap_address_init(&address);
+  address.size = found->ai_addrlen;
+  std::memcpy(&address.addr.sa, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return address;
+}
+
+std::string tls_library_description() {
+  coap_library_startup();
+  const coap_tls_version_t* version = coap_get_tls_library_version();
+  std::string name;
+  switch (version->type) {
+    case COAP_TLS_LIBRARY_MBEDTLS: name = "Mbed TLS"; break;
+    case COAP_TLS_LIBRARY_OPENSSL: name = "OpenSSL"; break;
+    case COAP_TLS_LIBRARY_GNUTLS: name = "GnuTLS"; break;
+    case COAP_TLS_LIBRARY_TINYDTLS: name = "TinyDTLS"; break;
+    default: return "no (D)TLS";
+  }
+  if (version->type == COAP_TLS_LIBRARY_MBEDTLS) {
+    // Mbed TLS encodes its version as 0xMMmmpp00.
+    const auto v = version->version;
+    name += " " + std::to_string((v >> 24) & 0xff) + "." + std::to_string((v >> 16) & 0xff) + "." +
+            std::to_string((v >> 8) & 0xff);
+  }
+  return name;
+}
+
+bool tls_library_is_mbedtls() {
+  coap_library_startup();
+  return coap_get_tls_library_version()->type == COAP_TLS_LIBRARY_MBEDTLS;
+}
+
+std::string coap_code_string(int code) {
+  std::string detail = std::to_string(code % 100);
+  if (detail.size() < 2) detail.insert(0, "0");
+  return std::to_string(code / 100) + "." + detail;
+}
+
+}  // namespace edgetrain::transport

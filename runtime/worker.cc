@@ -229,7 +229,7 @@ WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const s
       continue;
     }
     consecutive_non_finite = 0;
-    auto encoded = transport::encode_sparse_update(update, {config.value_encoding});
+    auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
     if (!encoded) throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
     const std::vector<std::uint8_t>& body = encoded.value();
 

@@ -155,6 +155,11 @@ Setting& Setting::choices(std::initializer_list<std::string_view> allowed) {
   return *this;
 }
 
+Setting& Setting::required() {
+  required_ = true;
+  return *this;
+}
+
 Setting& Setting::unit(std::string unit) {
   unit_ = std::move(unit);
   return *this;
@@ -272,6 +277,10 @@ void Table::load_file(const std::string& path) {
 }
 
 void Table::check_all() const {
+  for (const auto& s : settings_)
+    if (s->required_ && s->origin() == "the default")
+      throw SettingsError("--" + s->flag_ + " is required" +
+                          (app_->get_parent() ? std::string() : " (or " + s->key_ + " in --config)"));
   for (const auto& s : settings_)
     if (auto problem = s->check_value(); !problem.empty()) throw SettingsError(s->origin() + ": " + s->flag_ + " " + problem);
 }

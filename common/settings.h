@@ -79,6 +79,8 @@ class Setting {
   Setting& choices(std::initializer_list<std::string_view> allowed);
   // Shown in --help as the flag's value ("seconds": --request-timeout SECONDS=60).
   Setting& unit(std::string unit);
+  // Must be given (as a flag or in the file); parse() refuses to go on without it.
+  Setting& required();
 
   const std::string& flag() const { return flag_; }      // without the dashes: "request-timeout"
   const std::string& key() const { return key_; }        // TOML key: "request_timeout"
@@ -102,6 +104,7 @@ class Setting {
   std::string flag_, key_, help_, group_, unit_, default_text_, origin_ = "the default";
   Field field_;
   std::optional<std::pair<double, double>> range_;
+  bool required_ = false;
   std::vector<std::string> choices_;
 };
 

@@ -332,14 +332,19 @@ std::optional<int> Table::parse(int argc, const char* const* argv) {
     note_flags_given();
     if (!config_path_.empty()) load_file(config_path_);
     check_all();
-    for (auto& sub : subcommands_) {
-      if (!sub->parsed()) continue;
-      sub->note_flags_given();
-      sub->check_all();
-    }
   } catch (const SettingsError& e) {
     std::fprintf(stderr, "%s: %s\n", program_.c_str(), e.what());
     return 2;
+  }
+  for (auto& sub : subcommands_) {
+    if (!sub->parsed()) continue;
+    try {
+      sub->note_flags_given();
+      sub->check_all();
+    } catch (const SettingsError& e) {
+      std::fprintf(stderr, "%s: %s\n", sub->program_.c_str(), e.what());
+      return 2;
+    }
   }
   return std::nullopt;
 }

@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <CLI/CLI.hpp>
+
 #include "common/settings.h"
 
 namespace {
@@ -163,6 +165,37 @@ TEST_F(SettingsTable, VersionAndHelpExitWithZero) {
   EXPECT_NE(help.find("--batch INT=10"), std::string::npos) << help;
   EXPECT_NE(help.find("(1..4096)"), std::string::npos) << help;
   EXPECT_NE(help.find("(adacomp|none)"), std::string::npos) << help;
+}
+
+TEST(SettingsSubcommand, HasItsOwnFlagsChecksAndRequiredSettings) {
+  Table table("program", "with a subcommand");
+  int port = 0;
+  std::string keystore, name;
+  double seconds = 30;
+  Table& add = table.subcommand("add", "add something");
+  add.cli().add_option("name", name)->required();
+  add.add("keystore", keystore, "file").required();
+  add.add("seconds", seconds, "time").range(0, 60).unit("seconds");
+  table.add("port", port, "port").range(0, 65535);
+  auto parse = [&](std::vector<const char*> argv) {
+    argv.insert(argv.begin(), "program");
+    const auto status = table.parse(static_cast<int>(argv.size()), argv.data());
+    return status ? *status : -1;
+  };
+  EXPECT_EQ(parse({"--port", "80"}), -1);  // the subcommand's required settings do not apply
+  EXPECT_FALSE(add.parsed());
+  EXPECT_TRUE(table.parsed());
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(parse({"add", "pi-01"}), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("program add: --keystore is required"), std::string::npos);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(parse({"add", "pi-01", "--keystore", "k.toml", "--seconds", "61"}), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("seconds must be in 0..60, not 61"), std::string::npos);
+  EXPECT_EQ(parse({"add", "pi-02", "--keystore", "k.toml", "--seconds", "5"}), -1);
+  EXPECT_TRUE(add.parsed());
+  EXPECT_EQ(name, "pi-02");
+  EXPECT_EQ(keystore, "k.toml");
+  EXPECT_DOUBLE_EQ(seconds, 5);
 }
 
 TEST(ClosestMatch, SuggestsOnlyNearWords) {

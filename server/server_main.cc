@@ -32,7 +32,7 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.group("Model and training");
   t.add("model", s.model, "built-in model name (paper-cnn, mlp) or model spec");
   t.add("state-dir", s.state_dir, "directory for the WAL, checkpoints and metrics (required)");
-  t.add("lr", s.lr, "learning rate").range(0, 1e6);
+  t.add("lr", s.lr, "learning rate");
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09").unit("updates");
   t.add("checkpoint-every", s.checkpoint_every, "updates between checkpoints (0: only at exit)").unit("updates");
   t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13").range(1, 1u << 30).unit("bytes");

@@ -49,14 +49,14 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.group("Workers and server");
   t.add("workers", c.workers, "virtual workers").range(1, 10000);
   t.add("batch", c.batch, "minibatch per step").range(1, 4096);
-  t.add("lr", c.learning_rate, "server learning rate").range(0, 1e6);
+  t.add("lr", c.learning_rate, "server learning rate");
   t.add("staleness", s.staleness, "sigma (the paper: per parameter) or delay (Zhang et al.: lr/delay)")
       .choices({"sigma", "delay"});
   t.add("max-staleness", c.max_staleness, "updates older than this are refused").unit("updates");
   t.add("label-skew", c.label_skewed, "label-skewed shards instead of i.i.d.");
   t.add("classes-per-worker", c.skew.classes_per_worker, "with --label-skew");
   t.add("preferred-fraction", c.skew.preferred_fraction, "with --label-skew").range(0, 1);
-  t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 10);
+  t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 1e9);
   t.add("failure-probability", c.failure_probability, "per step: worker crashes, loses the update").range(0, 1);
   t.add("threads", c.threads, "compute threads").range(1, 64);
   t.add("seed", c.seed, "same seed, same run");

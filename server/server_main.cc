@@ -60,12 +60,11 @@ struct AddDevice {
 
 void declare_add_device(settings::Table& t, AddDevice& a) {
   t.cli().add_option("name", a.name, "device name = PSK identity ([A-Za-z0-9._-], up to 64)")->required();
-  t.add("keystore", a.keystore, "keystore file (created mode 0600 if missing)");
+  t.add("keystore", a.keystore, "keystore file (created mode 0600 if missing)").required();
   t.add("server-uri", a.server_uri, "URI the worker should use (default coaps://<this host>:5684)");
 }
 
 int add_device(AddDevice a) {
-  if (a.keystore.empty()) throw std::invalid_argument("add-device needs --keystore");
   if (a.server_uri.empty()) {
     char host[256] = "localhost";
     gethostname(host, sizeof(host) - 1);

@@ -1,10 +1,10 @@
 // edgetrain-link-impairer: serves the links of a TOML file (one [[link]] table per worker)
 // from one thread until SIGTERM/SIGINT, and writes every link's counters to a CSV file
 // every few seconds and at exit. edgetrain-emulate starts one; see emulation/README.md.
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/settings.h"
 #include "emulation/link_impairer.h"
 
 namespace {
@@ -44,7 +45,8 @@ std::vector<LinkSpec> read_links(const std::string& path) {
   try {
     file = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
-    throw std::invalid_argument(path + ": " + std::string(e.description()));
+    throw std::invalid_argument(path + ":" + std::to_string(e.source().begin.line) + ":" +
+                                std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
   }
   const toml::array* tables = file["link"].as_array();
   if (!tables || tables->empty()) throw std::invalid_argument(path + ": no [[link]] tables");
@@ -56,9 +58,13 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     spec.name = (*t)["name"].value_or(std::string("link") + std::to_string(links.size()));
     const std::string where = path + ": link " + spec.name;
     for (const auto& [key, value] : *t) {
-      static const std::set<std::string> known = {"name", "listen", "upstream", "delay_ms", "jitter_ms", "loss",
-                                                  "bandwidth_kbps", "queue_limit_bytes", "seed"};
-      if (!known.count(std::string(key.str()))) throw std::invalid_argument(where + ": unknown key '" + std::string(key.str()) + "'");
+      static const std::vector<std::string> known = {"name", "listen", "upstream", "delay_ms", "jitter_ms", "loss",
+                                                     "bandwidth_kbps", "queue_limit_bytes", "seed"};
+      const std::string name(key.str());
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      const std::string near = edgetrain::settings::closest_match(name, known);
+      throw std::invalid_argument(path + ":" + std::to_string(key.source().begin.line) + ": link " + spec.name +
+                                  ": unknown key '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
     }
     const auto listen = (*t)["listen"].value<std::string>();
     const auto upstream = (*t)["upstream"].value<std::string>();
@@ -114,55 +120,69 @@ std::string listen_endpoints_json(const LinkImpairer& impairer) {
   return nlohmann::json{{"links", links}}.dump(2) + "\n";
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{
-      "edgetrain-link-impairer: relays UDP between workers and a server with per-link delay, jitter, loss and a\n"
-      "bandwidth cap (a user-space netem), all links served by one thread.\n\n"
-      "The --links file holds one table per link:\n"
-      "  [[link]]\n"
-      "  name = \"w0\"                      # used in messages and the stats CSV\n"
-      "  listen = \"10.77.0.1:5684\"        # where the worker sends (port 0: any free port)\n"
-      "  upstream = \"127.0.0.1:5684\"      # the server\n"
-      "  delay_ms = 50                    # one-way delay, each direction\n"
-      "  jitter_ms = 10                   # plus a uniform draw in [0, jitter_ms]; order is kept\n"
-      "  loss = 0.01                      # drop probability per datagram, each direction\n"
-      "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
-      "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
-      "  seed = 1                         # loss and jitter draws\n"
-      "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'."};
-  std::string links_path, stats_path, port_file;
+struct ImpairerSettings {
+  std::string links, stats, port_file;
   double stats_interval = 2;
-  app.add_option("--links", links_path, "TOML file of [[link]] tables")->required()->check(CLI::ExistingFile);
-  app.add_option("--stats", stats_path, "CSV file of per-link counters, rewritten every --stats-interval and at exit");
-  app.add_option("--stats-interval", stats_interval, "seconds between stats writes")->capture_default_str()->check(CLI::Range(0.1, 3600.0));
-  app.add_option("--port-file", port_file,
-                 "once every link listens: write {\"links\": {\"NAME\": \"HOST:PORT\", ...}} (JSON) to this file, atomically");
-  CLI11_PARSE(app, argc, argv);
+};
+
+int run(const ImpairerSettings& s) {
   try {
-    const std::vector<LinkSpec> links = read_links(links_path);
+    const std::vector<LinkSpec> links = read_links(s.links);
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
     LinkImpairer impairer(links);
     for (std::size_t i = 0; i < impairer.size(); i++) {
       std::printf("link %s listening on %s:%u\n", links[i].name.c_str(), links[i].listen_host.c_str(), impairer.listen_port(i));
     }
-    if (!port_file.empty()) edgetrain::common::write_file_atomically(port_file, listen_endpoints_json(impairer));
+    if (!s.port_file.empty()) edgetrain::common::write_file_atomically(s.port_file, listen_endpoints_json(impairer));
     std::printf("relaying %zu links\n", impairer.size());
     std::fflush(stdout);
     auto next_write = std::chrono::steady_clock::now();
     while (!g_stop) {
-      if (!stats_path.empty() && std::chrono::steady_clock::now() >= next_write) {
-        write_stats(impairer, stats_path);
-        next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(stats_interval));
+      if (!s.stats.empty() && std::chrono::steady_clock::now() >= next_write) {
+        write_stats(impairer, s.stats);
+        next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s.stats_interval));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    if (!stats_path.empty()) write_stats(impairer, stats_path);
+    if (!s.stats.empty()) write_stats(impairer, s.stats);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-link-impairer: %s\n", e.what());
     return 1;
   }
+}
+
+constexpr const char* kDescription =
+    "edgetrain-link-impairer: relays UDP between workers and a server with per-link delay, jitter, loss and a\n"
+    "bandwidth cap (a user-space netem), all links served by one thread.\n\n"
+    "The --links file holds one table per link:\n"
+    "  [[link]]\n"
+    "  name = \"w0\"                      # used in messages and the stats CSV\n"
+    "  listen = \"10.77.0.1:5684\"        # where the worker sends (port 0: any free port)\n"
+    "  upstream = \"127.0.0.1:5684\"      # the server\n"
+    "  delay_ms = 50                    # one-way delay, each direction\n"
+    "  jitter_ms = 10                   # plus a uniform draw in [0, jitter_ms]; order is kept\n"
+    "  loss = 0.01                      # drop probability per datagram, each direction\n"
+    "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
+    "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
+    "  seed = 1                         # loss and jitter draws\n"
+    "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ImpairerSettings settings;
+  edgetrain::settings::Table table("edgetrain-link-impairer", kDescription);
+  table.add("links", settings.links, "TOML file of [[link]] tables (required)");
+  table.add("stats", settings.stats, "CSV file of per-link counters, rewritten every --stats-interval and at exit");
+  table.add("stats-interval", settings.stats_interval, "time between stats writes").range(0.1, 3600).unit("seconds");
+  table.add("port-file", settings.port_file, "once every link listens: write {\"links\": {\"NAME\": \"HOST:PORT\", "
+            "...}} (JSON) here, atomically");
+  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
+  if (settings.links.empty()) {
+    std::fprintf(stderr, "edgetrain-link-impairer: --links is required\n");
+    return 2;
+  }
+  return run(settings);
 }

@@ -22,8 +22,6 @@ Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions option
     throw std::invalid_argument("compressor: compression rate must lie in (0, 1]");
   if (options_.method == CompressionMethod::kBinLocal && options_.bin_size == 0)
     throw std::invalid_argument("compressor: bin_size must be at least 1");
-  if (options_.fp16_values && options_.sign_scale_values)
-    throw std::invalid_argument("compressor: fp16_values and sign_scale_values exclude each other (choose one value encoding)");
   std::size_t largest = 0;
   for (const TensorSlice& t : layout_) {
     if (t.size == 0) throw std::invalid_argument("compressor: empty tensor in the layout");
@@ -37,7 +35,7 @@ Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions option
   magnitudes_.resize(largest);
 }
 
-float Compressor::sent_value(float v) const { return options_.fp16_values ? transport::round_to_fp16(v) : v; }
+float Compressor::sent_value(float v) const { return options_.value_encoding == transport::ValueEncoding::kFp16 ? transport::round_to_fp16(v) : v; }
 
 void Compressor::compress(std::span<const float> gradient, transport::SparseUpdate& update) {
   if (gradient.size() != arena_size_)
@@ -67,7 +65,7 @@ void Compressor::compress(std::span<const float> gradient, transport::SparseUpda
       case CompressionMethod::kTopK: compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual); break;
       case CompressionMethod::kBinLocal: compress_bin_local(g, values, out, residual); break;
     }
-    if (options_.sign_scale_values) quantize_sign_scale(values, out, residual);
+    if (options_.value_encoding == transport::ValueEncoding::kSignScale) quantize_sign_scale(values, out, residual);
   }
 }
 
@@ -156,7 +154,7 @@ void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, 
 // tensor is cut into bins of bin_size entries; in each bin, with m = max |G| over the bin,
 // every entry with |H| ≥ m and G ≠ 0 is sent (its value G), the rest stays in the residual.
 // H gives entries whose latest gradient pushes the same way as their backlog a head start.
-// They also quantise the sent values to ±(per-layer scale); sign_scale_values does that
+// They also quantise the sent values to ±(per-layer scale); the kSignScale value encoding does that
 // with our choice of scale, the mean |G| of the sent entries (not checked against theirs).
 void Compressor::compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated,
                                     transport::SparseTensor& out, std::span<float> residual) {

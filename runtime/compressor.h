@@ -8,9 +8,9 @@
 //   - error_feedback: unsent values are kept in a residual and added to the next gradient
 //     (Aji & Heafield 2017; DGC, Lin et al. 2018);
 //   - kBinLocal: the bin-local selection of Chen et al. 2018 (IBM's "AdaComp"), see below;
-//   - fp16_values: values rounded to what the fp16 wire encoding carries, so that with
-//     error feedback the rounding error is fed back too;
-//   - sign_scale_values: each tensor's sent values replaced by sign(v)·s, s = mean |v| over
+//   - value_encoding kFp16: values rounded to what the fp16 wire encoding carries, so that
+//     with error feedback the rounding error is fed back too;
+//   - value_encoding kSignScale: each tensor's sent values replaced by sign(v)·s, s = mean |v| over
 //     its sent entries, for the sign + scale wire encoding (Chen et al. 2018 quantise their
 //     selected residuals this way; Sattler et al.'s sparse ternary compression likewise);
 //     with error feedback v − sign(v)·s stays in the residual.
@@ -50,19 +50,18 @@ struct CompressorOptions {
   // kBinLocal: entries per bin (Chen et al. use 50 for convolutional and 500 for
   // fully-connected layers).
   std::uint32_t bin_size = 50;
-  // Round sent values to fp16 precision (pair with transport::ValueEncoding::kFp16).
-  bool fp16_values = false;
-  // Send each tensor's selected entries as ±(mean |v| over them), which keeps the update's
-  // L1 mass (pair with transport::ValueEncoding::kSignScale). Selected entries that are
-  // exactly zero are left out: the encoding has no zero, and ±s would add a value that was
-  // not there. Excludes fp16_values.
-  bool sign_scale_values = false;
+  // How the update's values go on the wire, and so what the compressor sends (the one
+  // place the choice is stored: the caller encodes with this same value). kFp32: exact.
+  // kFp16: sent values rounded to fp16 precision. kSignScale: each tensor's selected
+  // entries sent as ±(mean |v| over them), which keeps the update's L1 mass; selected
+  // entries that are exactly zero are left out (the encoding has no zero, and ±s would
+  // add a value that was not there).
+  transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
 };
 
 class Compressor {
  public:
-  // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1], bin_size 0, or
-  // fp16_values together with sign_scale_values.
+  // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1] or bin_size 0.
   Compressor(std::vector<TensorSlice> layout, CompressorOptions options = {});
 
   // Fills update.tensors (one entry per tensor, in layout order, indices increasing); the

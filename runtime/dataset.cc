@@ -1,6 +1,7 @@
 #include "runtime/dataset.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -132,6 +133,25 @@ std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labe
     if (owner == spec.worker_id) mine.push_back(item);
   }
   return mine;
+}
+
+DatasetFiles dataset_files(const std::string& name, DataSplit split) {
+  std::filesystem::path directory;
+  if (name == "mnist") {
+    const char* deps = std::getenv("EDGETRAIN_DEPS");
+    directory = std::filesystem::path(deps && *deps ? deps : "/var/cache/edgetrain") / "mnist";
+  } else if (name == "fashion-mnist") {
+    directory = "/usr/share/datasets/fashion-mnist";
+  } else {
+    directory = name;
+  }
+  const std::string prefix = split == DataSplit::kTrain ? "train" : "t10k";
+  auto file = [&](const std::string& stem) {
+    const std::filesystem::path raw = directory / (prefix + stem);
+    std::error_code ignored;
+    return std::filesystem::exists(raw, ignored) ? raw : std::filesystem::path(raw.string() + ".gz");
+  };
+  return {file("-images-idx3-ubyte"), file("-labels-idx1-ubyte")};
 }
 
 }  // namespace edgetrain::runtime

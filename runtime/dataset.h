@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "runtime/idx.h"
@@ -34,6 +35,17 @@ struct Dataset {
 // file at fault.
 Dataset load_dataset(const std::filesystem::path& images, const std::filesystem::path& labels,
                      std::uint32_t num_classes = 10, const IdxLimits& limits = {});
+
+// Where a named data set's IDX files are. `name` is "mnist" (converted at set-up into
+// $EDGETRAIN_DEPS/mnist, default /var/cache/edgetrain/mnist), "fashion-mnist" (Debian's
+// dataset-fashion-mnist, /usr/share/datasets/fashion-mnist) or a directory holding
+// {train,t10k}-{images-idx3,labels-idx1}-ubyte, each raw or gzipped (.gz): the raw file
+// when it exists, else the .gz one. Does not check that the files exist (load_dataset does).
+enum class DataSplit { kTrain, kTest };
+struct DatasetFiles {
+  std::filesystem::path images, labels;
+};
+DatasetFiles dataset_files(const std::string& name, DataSplit split);
 
 // The images and labels at `indices`, in that order.
 Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices);

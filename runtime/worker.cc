@@ -277,7 +277,7 @@ bool Worker::step() {
     return false;
   }
   s.consecutive_non_finite = 0;
-  auto encoded = transport::encode_sparse_update(update, {config.value_encoding});
+  auto encoded = transport::encode_sparse_update(update, {s.config.compressor.value_encoding});
   if (!encoded) throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
   s.body = std::move(encoded).value();
   return true;

@@ -34,8 +34,7 @@ struct WorkerConfig {
   bool label_skewed = false;
   int batch = 10;
   int threads = 1;
-  CompressorOptions compressor;  // the paper's AdaComp by default
-  transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
+  CompressorOptions compressor;  // the paper's AdaComp by default; its value_encoding is the wire's
   int pull_every = 1;           // steps per model pull; 1 is the paper's (pull before every step)
   // false (default): after the first pull, ask only for the parameters changed since the
   // version held (GET /model?since=V) and overwrite those; the result is the server's model

@@ -1,9 +1,7 @@
 // edgetrain-worker: trains on this device's shard and sends AdaComp updates to an
-// edgetrain-server over CoAP/DTLS. Settings come from a TOML file (--config), overridden
-// by flags; see runtime/README.md.
-#include <CLI/CLI.hpp>
+// edgetrain-server over CoAP/DTLS. Its settings are one table (common/settings.h): flags,
+// or the same names in a TOML file (--config); see runtime/README.md.
 #include <nlohmann/json.hpp>
-#include <toml++/toml.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,6 +16,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/settings.h"
 #include "runtime/worker.h"
 
 namespace {
@@ -32,7 +31,7 @@ void log_line(const std::string& line) {
   std::fprintf(stderr, "%s edgetrain-worker: %s\n", stamp, line.c_str());
 }
 
-std::string read_file(const std::string& path) {
+std::string read_text_file(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::invalid_argument("cannot read " + path);
   std::stringstream s;
@@ -130,216 +129,189 @@ class StatsFileWriter {
   std::thread thread_;
 };
 
+// What the settings table fills: runtime::WorkerConfig's own fields where they fit, and
+// the settings that worker_config() turns into the rest.
+struct WorkerSettings {
+  edgetrain::runtime::WorkerConfig config;
+  std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist", compressor = "adacomp";
+  bool fp16 = false, sign_scale = false, insecure = false, quiet = false, log_acks = false;
+  std::string cert, cert_key, ca, stats_file;
+  double request_timeout = 60;
+};
+
+void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
+  edgetrain::runtime::WorkerConfig& c = s.config;
+  t.group("Server and identity");
+  t.add("server", s.server, "coaps://HOST[:PORT] (coap://HOST[:PORT] only with --insecure)");
+  t.add("identity", s.identity, "this device's PSK identity (with --cert: only for logs; with --insecure: declared, unproven)");
+  t.add("key-file", s.key_file, "file holding this device's PSK as hex");
+  t.add("key-hex", s.key_hex, "this device's PSK as hex (what edgetrain-server add-device prints); --key-file wins");
+  t.add("cert", s.cert, "X.509 instead of PSK: this device's certificate (PEM); with --cert-key and --ca");
+  t.add("cert-key", s.cert_key, "X.509: the certificate's private key (PEM)");
+  t.add("ca", s.ca, "X.509: CA (PEM) that must have signed the server's certificate");
+  t.add("insecure", s.insecure, "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must run --insecure)");
+  t.group("Data and model");
+  t.add("data", s.data, "mnist, fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels");
+  t.add("worker-id", c.worker_id, "this worker's shard number");
+  t.add("workers", c.worker_count, "number of shards").range(1, 1e6);
+  t.add("label-skew", c.label_skewed, "label-skewed shard instead of i.i.d.");
+  t.add("seed", c.seed, "shuffling seed (same on every worker of a run)");
+  t.add("model", c.model, "paper-cnn, mlp or a spec; must match the server's");
+  t.group("Training and compression");
+  t.add("batch", c.batch, "minibatch size").range(1, 4096);
+  t.add("threads", c.threads, "compute threads").range(1, 64);
+  t.add("compressor", s.compressor, "adacomp (the paper's top-k) or none (dense ASGD)").choices({"adacomp", "none"});
+  t.add("rate", c.compressor.compression_rate, "AdaComp compression rate c").range(1e-6, 1.0);
+  t.add("error-feedback", c.compressor.error_feedback, "keep unsent values for the next step (option)");
+  t.add("fp16", s.fp16, "send values as fp16 (option; excludes --sign-scale)");
+  t.add("sign-scale", s.sign_scale, "send each tensor's values as one fp32 scale (their mean |v|) and one sign bit "
+        "per entry (option; with --error-feedback the quantization error is fed back; excludes --fp16)");
+  t.add("pull-every", c.pull_every, "steps per model pull (1: the paper's)").range(1, 1e6).unit("steps");
+  t.add("dense-pull", c.dense_pull, "always download the whole model (default: only the parameters changed since "
+        "the version held, GET /model?since=V; same parameters bit for bit)");
+  t.add("steps", c.max_steps, "stop after this many steps (0: run until stopped)").unit("steps");
+  t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)").range(0, 1e9).unit("seconds");
+  t.add("slowdown", c.slowdown, "emulate a slower device: sleep F times each step's compute time (0: full speed)")
+      .range(0, 1000);
+  t.group("Network");
+  t.add("request-timeout", s.request_timeout, "time one request (handshake and every block included) may take before "
+        "the worker retries; behind a WAN that drops the server's ICMP errors, how long a restarted server goes "
+        "unnoticed").range(0.5, 3600).unit("seconds");
+  t.add("coap-ack-timeout", c.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT").range(1, 60).unit("seconds");
+  t.add("coap-ack-random-factor", c.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR").range(1, 4);
+  t.add("coap-max-retransmit", c.timing.max_retransmit, "CoAP MAX_RETRANSMIT").range(1, 10);
+  t.add("coap-nstart", c.timing.nstart, "CoAP NSTART").range(1, 16);
+  t.group("Output");
+  t.add("quiet", s.quiet, "no progress line");
+  t.add("log-acks", s.log_acks, "log the server version of every acknowledged (2.04) update");
+  t.add("stats-file", s.stats_file, "JSON file of this worker's counters and every acknowledged server version, "
+        "rewritten atomically at most every 0.2 s while they change, and at exit");
+}
+
+// The transport part of the configuration: PSK, X.509 or (declared) plain CoAP.
+void set_security(WorkerSettings& s, edgetrain::runtime::WorkerConfig& config) {
+  bool plaintext = false;
+  edgetrain::runtime::parse_server_uri(s.server, config.server_host, config.server_port, plaintext);
+  if (plaintext && !s.insecure)
+    throw std::invalid_argument("refusing plain CoAP to " + s.server +
+                                ": no encryption, no authentication. Use a coaps:// URI, or give --insecure "
+                                "(insecure = true in --config) if you really mean it");
+  if (s.insecure && !plaintext)
+    throw std::invalid_argument("--insecure is only for coap:// server URIs; " + s.server + " is DTLS");
+  const bool certificates = !s.cert.empty() || !s.cert_key.empty() || !s.ca.empty();
+  if (certificates && (s.cert.empty() || s.cert_key.empty() || s.ca.empty()))
+    throw std::invalid_argument("X.509 needs all three of --cert, --cert-key and --ca (cert, cert_key, ca in --config)");
+  if (plaintext && certificates) throw std::invalid_argument("--cert/--cert-key/--ca are for coaps://, not coap://");
+  if (certificates) {
+    config.certificates = edgetrain::transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+    if (s.identity.empty()) s.identity = "(certificate)";
+  } else if (plaintext) {
+    if (s.identity.empty()) throw std::invalid_argument("plain CoAP needs a name to declare: give --identity");
+    config.insecure_plaintext = true;
+    log_line("WARNING: --insecure: plain CoAP to " + s.server +
+             ", NO encryption and NO authentication; the server keys this worker's updates on the declared "
+             "name 'unauthenticated:" + s.identity + "'");
+  } else {
+    if (s.identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
+    if (!s.key_file.empty()) s.key_hex = read_text_file(s.key_file);
+    if (s.key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or --key-hex (key_file, key_hex in --config)");
+    config.key = edgetrain::runtime::parse_hex_key(s.key_hex);
+  }
+  config.identity = s.identity;
+}
+
+// The worker's configuration from its settings; throws std::invalid_argument.
+edgetrain::runtime::WorkerConfig worker_config(WorkerSettings& s) {
+  using edgetrain::transport::ValueEncoding;
+  if (s.fp16 && s.sign_scale)
+    throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
+                                "sign_scale in --config): choose one value encoding");
+  edgetrain::runtime::WorkerConfig config = s.config;
+  set_security(s, config);
+  edgetrain::transport::check_timing(config.timing);
+  config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  config.compressor.method =
+      s.compressor == "none" ? edgetrain::runtime::CompressionMethod::kNone : edgetrain::runtime::CompressionMethod::kTopK;
+  config.compressor.value_encoding = s.fp16 ? ValueEncoding::kFp16 : s.sign_scale ? ValueEncoding::kSignScale : ValueEncoding::kFp32;
+  return config;
+}
+
+// The progress line (every second on a terminal, every 10 s in a log) and --log-acks.
+class ProgressReport {
+ public:
+  ProgressReport(bool quiet, bool log_acks) : quiet_(quiet), log_acks_(log_acks), tty_(isatty(STDERR_FILENO)) {}
+  ~ProgressReport() {
+    if (tty_ && !quiet_) std::fprintf(stderr, "\n");
+  }
+  void operator()(const edgetrain::runtime::WorkerStats& s) {
+    // One push per step, so at most one new acknowledgement per call. The line lets
+    // anyone check afterwards that the server never went back behind a version it
+    // acknowledged.
+    if (log_acks_ && s.updates_accepted > acks_logged_) {
+      acks_logged_ = s.updates_accepted;
+      log_line("acknowledged: server version " + std::to_string(s.server_version));
+    }
+    if (quiet_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report_ < std::chrono::seconds(tty_ ? 1 : 10)) return;
+    last_report_ = now;
+    char line[240];
+    std::snprintf(line, sizeof line,
+                  "step %llu  loss %.3f  server version %llu  accepted %llu  refused %llu  sent %.2f MB  pulled %.1f MB",
+                  static_cast<unsigned long long>(s.steps), s.last_loss, static_cast<unsigned long long>(s.server_version),
+                  static_cast<unsigned long long>(s.updates_accepted), static_cast<unsigned long long>(s.updates_refused),
+                  s.bytes_sent / 1e6, s.bytes_received / 1e6);
+    if (tty_) std::fprintf(stderr, "\r%-120s", line);
+    else log_line(line);
+  }
+
+ private:
+  bool quiet_, log_acks_, tty_;
+  std::uint64_t acks_logged_ = 0;
+  std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();
+};
+
+int run(WorkerSettings& s) {
+  using namespace edgetrain;
+  runtime::WorkerConfig config = worker_config(s);
+  const runtime::DatasetFiles files = runtime::dataset_files(s.data, runtime::DataSplit::kTrain);
+  runtime::Dataset train = runtime::load_dataset(files.images, files.labels);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGINT, on_signal);
+  log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
+           config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compressor + ", " +
+           std::to_string(train.size()) + " examples in the data set");
+  StatsFileWriter stats_file(s.stats_file);
+  runtime::WorkerStats stats;
+  {
+    ProgressReport report(s.quiet, s.log_acks);
+    auto progress = [&](const runtime::WorkerStats& current) {
+      stats_file.update(current);
+      report(current);
+    };
+    stats = runtime::run_worker(config, train, stop_requested, log_line, progress);
+  }
+  stats_file.finish(stats);
+  log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
+           " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +
+           std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries; " +
+           std::to_string(stats.pulls) + " pulls (" + std::to_string(stats.delta_pulls) + " as deltas), " +
+           std::to_string(stats.bytes_received) + " bytes pulled");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace edgetrain;
-  CLI::App app{"edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed\n"
-               "gradients to an edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--key/--ca).\n"
-               "Flags override the --config file."};
-  std::string config_file, server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist",
-                           compressor = "adacomp", data_dir;
-  runtime::WorkerConfig config;
-  double rate = 0.01;
-  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false, log_acks = false, version = false;
-  bool insecure = false;
-  std::string cert_file, cert_key_file, ca_file;
-  app.add_option("--config", config_file, "TOML file with any of the settings below (same names, '-' as '_')");
-  app.add_option("--server", server, "coaps://HOST[:PORT] (coap://HOST[:PORT] only with --insecure)")
-      ->capture_default_str();
-  app.add_option("--identity", identity,
-                 "this device's PSK identity (with --cert: only for logs; with --insecure: declared, unproven)");
-  app.add_option("--key-file", key_file, "file holding this device's PSK as hex");
-  app.add_option("--data", data, "mnist, fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels")
-      ->capture_default_str();
-  app.add_option("--worker-id", config.worker_id, "this worker's shard number")->capture_default_str();
-  app.add_option("--workers", config.worker_count, "number of shards")->capture_default_str();
-  app.add_flag("--label-skew", config.label_skewed, "label-skewed shard instead of i.i.d.");
-  app.add_option("--model", config.model, "paper-cnn, mlp or a spec; must match the server's")->capture_default_str();
-  app.add_option("--batch", config.batch, "minibatch size")->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_option("--threads", config.threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--compressor", compressor, "adacomp (the paper's top-k) or none (dense ASGD)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"adacomp", "none"}));
-  app.add_option("--rate", rate, "AdaComp compression rate c")->capture_default_str()->check(CLI::Range(1e-6, 1.0));
-  app.add_flag("--error-feedback", error_feedback, "keep unsent values for the next step (option)");
-  auto* fp16_flag = app.add_flag("--fp16", fp16, "send values as fp16 (option)");
-  app.add_flag("--sign-scale", sign_scale,
-               "send each tensor's values as one fp32 scale (their mean |v|) and one sign bit per entry\n"
-               "(option; with --error-feedback the quantization error is fed back; excludes --fp16)")
-      ->excludes(fp16_flag);
-  app.add_option("--pull-every", config.pull_every, "steps per model pull (1: the paper's)")->capture_default_str();
-  app.add_flag("--dense-pull", config.dense_pull,
-               "always download the whole model (default: only the parameters changed since the version held, "
-               "GET /model?since=V; same parameters bit for bit)");
-  app.add_option("--steps", config.max_steps, "stop after this many steps (0: run until stopped)")->capture_default_str();
-  app.add_option("--duration", config.max_seconds, "stop after this many seconds (0: run until stopped)")
-      ->capture_default_str();
-  app.add_option("--slowdown", config.slowdown,
-                 "emulate a slower device: sleep F times each step's compute time (0: full speed)")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 1000.0));
-  double request_timeout_seconds = config.request_timeout_ms / 1000.0;
-  app.add_option("--request-timeout", request_timeout_seconds,
-                 "seconds one request (handshake and every block included) may take before the worker retries;\n"
-                 "behind a WAN that drops the server's ICMP errors this is how long a restarted server goes unnoticed")
-      ->capture_default_str()
-      ->check(CLI::Range(0.5, 3600.0));
-  app.add_option("--seed", config.seed, "shuffling seed (same on every worker of a run)")->capture_default_str();
-  app.add_flag("--quiet", quiet, "no progress line");
-  app.add_flag("--log-acks", log_acks, "log the server version of every acknowledged (2.04) update");
-  std::string stats_file;
-  app.add_option("--stats-file", stats_file,
-                 "JSON file of this worker's counters and every acknowledged server version, rewritten atomically\n"
-                 "at most every 0.2 s while they change, and at exit");
-  app.add_flag("--version", version, "print the version and exit");
-  app.add_flag("--insecure", insecure,
-               "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must run --insecure)");
-  app.add_option("--cert", cert_file, "X.509 instead of PSK: this device's certificate (PEM); with --key and --ca");
-  app.add_option("--key", cert_key_file, "X.509: the certificate's private key (PEM)");
-  app.add_option("--ca", ca_file, "X.509: CA (PEM) that must have signed the server's certificate");
-  app.add_option("--coap-ack-timeout", config.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT in seconds (1..60)")
-      ->capture_default_str();
-  app.add_option("--coap-ack-random-factor", config.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR (1..4)")
-      ->capture_default_str();
-  app.add_option("--coap-max-retransmit", config.timing.max_retransmit, "CoAP MAX_RETRANSMIT (1..10)")
-      ->capture_default_str();
-  app.add_option("--coap-nstart", config.timing.nstart, "CoAP NSTART (1..16)")->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-  if (version) {
-    std::printf("edgetrain-worker 0.1.0\n");
-    return 0;
-  }
-
+  WorkerSettings settings;
+  edgetrain::settings::Table table(
+      "edgetrain-worker",
+      "edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed gradients to an\n"
+      "edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--cert-key/--ca).");
+  declare_settings(table, settings);
+  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
-    if (!config_file.empty()) {
-      toml::table t = toml::parse_file(config_file);
-      // A setting from the file applies unless the same setting was given as a flag.
-      auto str = [&](const char* key, const char* flag, std::string& into) {
-        if (auto v = t[key].value<std::string>(); v && app.count(flag) == 0) into = *v;
-      };
-      str("server", "--server", server);
-      str("identity", "--identity", identity);
-      str("key_file", "--key-file", key_file);
-      if (auto v = t["key_hex"].value<std::string>()) key_hex = *v;  // what edgetrain-server add-device prints
-      if (auto v = t["key"].value<std::string>()) key_hex = *v;
-      str("data", "--data", data);
-      str("model", "--model", config.model);
-      str("compressor", "--compressor", compressor);
-      if (auto v = t["worker_id"].value<std::int64_t>(); v && !app.count("--worker-id")) config.worker_id = static_cast<std::uint32_t>(*v);
-      if (auto v = t["workers"].value<std::int64_t>(); v && !app.count("--workers")) config.worker_count = static_cast<std::uint32_t>(*v);
-      if (auto v = t["batch"].value<std::int64_t>(); v && !app.count("--batch")) config.batch = static_cast<int>(*v);
-      if (auto v = t["threads"].value<std::int64_t>(); v && !app.count("--threads")) config.threads = static_cast<int>(*v);
-      if (auto v = t["rate"].value<double>(); v && !app.count("--rate")) rate = *v;
-      if (auto v = t["pull_every"].value<std::int64_t>(); v && !app.count("--pull-every")) config.pull_every = static_cast<int>(*v);
-      if (auto v = t["error_feedback"].value<bool>(); v && !app.count("--error-feedback")) error_feedback = *v;
-      if (auto v = t["fp16"].value<bool>(); v && !app.count("--fp16")) fp16 = *v;
-      if (auto v = t["sign_scale"].value<bool>(); v && !app.count("--sign-scale")) sign_scale = *v;
-      if (auto v = t["dense_pull"].value<bool>(); v && !app.count("--dense-pull")) config.dense_pull = *v;
-      if (auto v = t["insecure"].value<bool>(); v && !app.count("--insecure")) insecure = *v;
-      str("cert_file", "--cert", cert_file);
-      str("cert_key_file", "--key", cert_key_file);
-      str("ca_file", "--ca", ca_file);
-      if (auto v = t["coap_ack_timeout"].value<double>(); v && !app.count("--coap-ack-timeout")) config.timing.ack_timeout_seconds = *v;
-      if (auto v = t["coap_ack_random_factor"].value<double>(); v && !app.count("--coap-ack-random-factor")) config.timing.ack_random_factor = *v;
-      if (auto v = t["coap_max_retransmit"].value<std::int64_t>(); v && !app.count("--coap-max-retransmit")) config.timing.max_retransmit = static_cast<int>(*v);
-      if (auto v = t["coap_nstart"].value<std::int64_t>(); v && !app.count("--coap-nstart")) config.timing.nstart = static_cast<int>(*v);
-    }
-    if (fp16 && sign_scale)
-      throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
-                                  "sign_scale in --config): choose one value encoding");
-    bool plaintext = false;
-    runtime::parse_server_uri(server, config.server_host, config.server_port, plaintext);
-    if (plaintext && !insecure)
-      throw std::invalid_argument("refusing plain CoAP to " + server +
-                                  ": no encryption, no authentication. Use a coaps:// URI, or give --insecure "
-                                  "(insecure = true in --config) if you really mean it");
-    if (insecure && !plaintext)
-      throw std::invalid_argument("--insecure is only for coap:// server URIs; " + server + " is DTLS");
-    transport::check_timing(config.timing);
-    const bool certificates = !cert_file.empty() || !cert_key_file.empty() || !ca_file.empty();
-    if (certificates && (cert_file.empty() || cert_key_file.empty() || ca_file.empty()))
-      throw std::invalid_argument("X.509 needs all three of --cert, --key and --ca (or cert_file, cert_key_file, ca_file)");
-    if (plaintext && certificates) throw std::invalid_argument("--cert/--key/--ca are for coaps://, not coap://");
-    if (certificates) {
-      config.certificates = transport::CertificateFiles{cert_file, cert_key_file, ca_file};
-      if (identity.empty()) identity = "(certificate)";
-    } else if (plaintext) {
-      if (identity.empty()) throw std::invalid_argument("plain CoAP needs a name to declare: give --identity");
-      config.insecure_plaintext = true;
-      log_line("WARNING: --insecure: plain CoAP to " + server +
-               ", NO encryption and NO authentication; the server keys this worker's updates on the declared "
-               "name 'unauthenticated:" + identity + "'");
-    } else {
-      if (identity.empty()) throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
-      if (!key_file.empty()) key_hex = read_file(key_file);
-      if (key_hex.empty()) throw std::invalid_argument("no PSK: give --key-file or key/key_file in --config");
-      config.key = runtime::parse_hex_key(key_hex);
-    }
-    config.request_timeout_ms = static_cast<int>(request_timeout_seconds * 1000);
-    config.identity = identity;
-    config.compressor.method = compressor == "none" ? runtime::CompressionMethod::kNone : runtime::CompressionMethod::kTopK;
-    config.compressor.compression_rate = rate;
-    config.compressor.error_feedback = error_feedback;
-    config.compressor.fp16_values = fp16;
-    config.compressor.sign_scale_values = sign_scale;
-    config.value_encoding = fp16         ? transport::ValueEncoding::kFp16
-                            : sign_scale ? transport::ValueEncoding::kSignScale
-                                         : transport::ValueEncoding::kFp32;
-
-    std::string images, labels;
-    const char* deps = std::getenv("EDGETRAIN_DEPS");
-    if (data == "mnist") data_dir = std::string(deps ? deps : "/var/cache/edgetrain") + "/mnist";
-    else if (data == "fashion-mnist") data_dir = "/usr/share/datasets/fashion-mnist";
-    else data_dir = data;
-    images = data_dir + "/train-images-idx3-ubyte";
-    labels = data_dir + "/train-labels-idx1-ubyte";
-    if (access(images.c_str(), R_OK) != 0) images += ".gz", labels += ".gz";
-    runtime::Dataset train = runtime::load_dataset(images, labels);
-
-    std::signal(SIGTERM, on_signal);
-    std::signal(SIGINT, on_signal);
-    log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" + identity +
-             ") -> " + server + ", model " + config.model + ", " + compressor + ", " + std::to_string(train.size()) +
-             " examples in the data set");
-    const bool tty = isatty(STDERR_FILENO);
-    auto last_report = std::chrono::steady_clock::now();
-    std::uint64_t acks_logged = 0;
-    StatsFileWriter stats_file_writer(stats_file);
-    auto progress = [&](const runtime::WorkerStats& s) {
-      stats_file_writer.update(s);
-      // One push per step, so at most one new acknowledgement per call. The line lets
-      // anyone check afterwards that the server never went back behind a version it
-      // acknowledged (tests/integration/server_crash_recovery.sh does).
-      if (log_acks && s.updates_accepted > acks_logged) {
-        acks_logged = s.updates_accepted;
-        log_line("acknowledged: server version " + std::to_string(s.server_version));
-      }
-      if (quiet) return;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_report < std::chrono::seconds(tty ? 1 : 10)) return;
-      last_report = now;
-      char line[240];
-      std::snprintf(line, sizeof line,
-                    "step %llu  loss %.3f  server version %llu  accepted %llu  refused %llu  sent %.2f MB  pulled %.1f MB",
-                    static_cast<unsigned long long>(s.steps), s.last_loss,
-                    static_cast<unsigned long long>(s.server_version),
-                    static_cast<unsigned long long>(s.updates_accepted), static_cast<unsigned long long>(s.updates_refused),
-                    s.bytes_sent / 1e6, s.bytes_received / 1e6);
-      if (tty) std::fprintf(stderr, "\r%-120s", line);
-      else log_line(line);
-    };
-    runtime::WorkerStats stats = runtime::run_worker(config, train, stop_requested, log_line, progress);
-    stats_file_writer.finish(stats);
-    if (tty && !quiet) std::fprintf(stderr, "\n");
-    log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
-             " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +
-             std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries; " +
-             std::to_string(stats.pulls) + " pulls (" + std::to_string(stats.delta_pulls) + " as deltas), " +
-             std::to_string(stats.bytes_received) + " bytes pulled");
-    return 0;
-  } catch (const toml::parse_error& e) {
-    std::fprintf(stderr, "edgetrain-worker: %s: %s\n", config_file.c_str(), std::string(e.description()).c_str());
+    return run(settings);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
   }

@@ -124,4 +124,39 @@ std::string worker_config_toml(const std::string& server_uri, const std::string&
   return text.str();
 }
 
+LiveKeystore::LiveKeystore(std::filesystem::path path, Log log) : path_(std::move(path)), log_(std::move(log)) {
+  loaded_ = version_of(path_);
+  keystore_ = Keystore::load(path_);
+}
+
+LiveKeystore::FileVersion LiveKeystore::version_of(const std::filesystem::path& path) {
+  struct stat info {};
+  if (::stat(path.c_str(), &info) != 0) return {};
+  return {info.st_mtim.tv_sec * 1000000000LL + info.st_mtim.tv_nsec,
+          info.st_ctim.tv_sec * 1000000000LL + info.st_ctim.tv_nsec, static_cast<long long>(info.st_size),
+          static_cast<long long>(info.st_ino)};
+}
+
+void LiveKeystore::reload_if_changed() {
+  const FileVersion now = version_of(path_);
+  if (now.modified_ns < 0 || now == loaded_) return;  // gone for a moment, or unchanged
+  loaded_ = now;  // a bad file is reported once, not at every lookup
+  try {
+    keystore_ = Keystore::load(path_);
+    if (log_) log_("keystore reloaded: " + std::to_string(keystore_.size()) + " devices");
+  } catch (const std::exception& e) {
+    if (log_) log_(std::string("keystore not reloaded, keeping the previous one: ") + e.what());
+  }
+}
+
+std::optional<std::vector<std::uint8_t>> LiveKeystore::key_for(std::string_view identity) {
+  reload_if_changed();
+  return keystore_.key_for(identity);
+}
+
+bool LiveKeystore::contains(std::string_view identity) {
+  reload_if_changed();
+  return keystore_.contains(identity);
+}
+
 }  // namespace edgetrain::server

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -38,6 +39,33 @@ class Keystore {
 
  private:
   std::map<std::string, std::vector<std::uint8_t>, std::less<>> keys_;
+};
+
+// The keystore the running server uses: re-read when its file changes (modification or
+// status-change time, size or inode), so that add-device takes effect without a restart. A file that no
+// longer loads (half edited by hand, made readable by others) is reported to `log` and the
+// previous keystore stays in force. Lookups stat the file; call them from one thread.
+class LiveKeystore {
+ public:
+  using Log = std::function<void(const std::string& line)>;
+  // Throws KeystoreError when the file does not load now.
+  explicit LiveKeystore(std::filesystem::path path, Log log = {});
+  std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity);
+  bool contains(std::string_view identity);
+  std::size_t size() const { return keystore_.size(); }
+
+ private:
+  struct FileVersion {
+    long long modified_ns = -1, changed_ns = -1, size = -1, inode = -1;  // changed: chmod too
+    bool operator==(const FileVersion&) const = default;
+  };
+  static FileVersion version_of(const std::filesystem::path& path);
+  void reload_if_changed();
+
+  std::filesystem::path path_;
+  Log log_;
+  FileVersion loaded_;
+  Keystore keystore_;
 };
 
 // Adds `name` with `key_bytes` random bytes from /dev/urandom to the keystore at `path`

@@ -34,9 +34,13 @@ enum class StalenessRule {
   kPerUpdateDelay,     // Zhang et al.: lr / max(1, delay)
 };
 
+// D, the largest delay an update may have, unless a program's --max-staleness says
+// otherwise: one default for the server and the simulator.
+inline constexpr std::uint32_t kDefaultMaxStaleness = 64;
+
 struct ParameterStoreOptions {
   float learning_rate = 0.1f;        // the paper's
-  std::uint32_t max_staleness = 64;  // D: largest delay accepted
+  std::uint32_t max_staleness = kDefaultMaxStaleness;  // D: largest delay accepted
   StalenessRule rule = StalenessRule::kPerParameterSigma;
 };
 

@@ -1,6 +1,6 @@
 // edgetrain-sim: dense ASGD against AdaComp with N virtual workers in one process.
-// See sim/README.md and `edgetrain-sim --help`.
-#include <CLI/CLI.hpp>
+// See sim/README.md and `edgetrain-sim --help`; its settings are one table
+// (common/settings.h): flags, or the same names in a TOML file (--config).
 #include <unistd.h>
 
 #include <cmath>
@@ -10,8 +10,10 @@
 #include <iostream>
 #include <sstream>
 
-#include "sim/simulator.h"
+#include "common/settings.h"
 #include "common/svg_plot.h"
+#include "runtime/dataset.h"
+#include "sim/simulator.h"
 
 namespace {
 
@@ -26,224 +28,222 @@ std::string human_bytes(double bytes) {
   return buffer;
 }
 
-struct DataPaths {
+// What the settings table fills besides sim::SimConfig's own fields.
+struct SimSettings {
+  sim::SimConfig config;
+  std::string data = "mnist", compressor = "both", staleness = "sigma", out_dir = "sim-results";
   std::string train_images, train_labels, test_images, test_labels;
+  double target_accuracy = 0;
+  bool bin_local = false, fp16 = false, sign_scale = false, quiet = false;
 };
 
-DataPaths data_paths(const std::string& name, const std::string& deps) {
-  if (name == "mnist") {
-    const std::string d = deps + "/mnist/";
-    return {d + "train-images-idx3-ubyte", d + "train-labels-idx1-ubyte", d + "t10k-images-idx3-ubyte",
-            d + "t10k-labels-idx1-ubyte"};
+void declare_settings(settings::Table& t, SimSettings& s) {
+  sim::SimConfig& c = s.config;
+  t.group("Data and model");
+  t.add("data", s.data, "mnist (10k digits converted at set-up), fashion-mnist (Debian's 70k) or a directory");
+  t.add("train-images", s.train_images, "IDX file (raw or .gz); overrides --data");
+  t.add("train-labels", s.train_labels, "IDX file");
+  t.add("test-images", s.test_images, "IDX file");
+  t.add("test-labels", s.test_labels, "IDX file");
+  t.add("model", c.model, "paper-cnn, mlp, or a spec such as 'input 28x28x1; fc 64 relu; fc 10'");
+  t.group("Workers and server");
+  t.add("workers", c.workers, "virtual workers").range(1, 10000);
+  t.add("batch", c.batch, "minibatch per step").range(1, 4096);
+  t.add("lr", c.learning_rate, "server learning rate");
+  t.add("staleness", s.staleness, "sigma (the paper: per parameter) or delay (Zhang et al.: lr/delay)")
+      .choices({"sigma", "delay"});
+  t.add("max-staleness", c.max_staleness, "updates older than this are refused").unit("updates");
+  t.add("label-skew", c.label_skewed, "label-skewed shards instead of i.i.d.");
+  t.add("classes-per-worker", c.skew.classes_per_worker, "with --label-skew");
+  t.add("preferred-fraction", c.skew.preferred_fraction, "with --label-skew").range(0, 1);
+  t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 1e9);
+  t.add("failure-probability", c.failure_probability, "per step: worker crashes, loses the update").range(0, 1);
+  t.add("threads", c.threads, "compute threads").range(1, 64);
+  t.add("seed", c.seed, "same seed, same run");
+  t.group("Compression");
+  t.add("compressor", s.compressor, "none (dense ASGD), adacomp, or both (compare; labelled ASGD and AdaComp)")
+      .choices({"none", "adacomp", "both"});
+  t.add("rate", c.compressor.compression_rate, "AdaComp compression rate c: k = max(1, floor(n*c)) per tensor")
+      .range(1e-6, 1.0);
+  t.add("error-feedback", c.compressor.error_feedback, "option: keep unsent gradient values and add them next step");
+  t.add("bin-local", s.bin_local, "option: IBM's bin-local selection (Chen et al. 2018) instead of top-k");
+  t.add("bin-size", c.compressor.bin_size, "entries per bin for --bin-local").range(1, 1e9);
+  t.add("fp16", s.fp16, "option: send values as fp16 (excludes --sign-scale)");
+  t.add("sign-scale", s.sign_scale, "option: send each tensor's values as one fp32 scale (mean |v|) and one sign bit "
+        "per entry (excludes --fp16)");
+  t.group("Run and output");
+  t.add("updates", c.max_updates, "stop after this many applied updates").unit("updates");
+  t.add("eval-every", c.eval_every, "applied updates between test evaluations").range(1, 1e12).unit("updates");
+  t.add("eval-examples", c.eval_examples, "test examples per evaluation (0: all)");
+  t.add("target-accuracy", s.target_accuracy, "accuracy for the traffic ratio (0: auto, half a point below the "
+        "lower best)").range(0, 1);
+  t.add("out", s.out_dir, "directory for sim.csv, plots and summary.md");
+  t.add("quiet", s.quiet, "no progress line");
+}
+
+struct Data {
+  runtime::Dataset train, test;
+};
+
+Data load_data(const SimSettings& s) {
+  runtime::DatasetFiles train{s.train_images, s.train_labels}, test{s.test_images, s.test_labels};
+  if (s.train_images.empty()) {
+    train = runtime::dataset_files(s.data, runtime::DataSplit::kTrain);
+    test = runtime::dataset_files(s.data, runtime::DataSplit::kTest);
+  } else if (s.train_labels.empty() || s.test_images.empty() || s.test_labels.empty()) {
+    throw std::invalid_argument("--train-images needs --train-labels, --test-images and --test-labels too");
   }
-  if (name == "fashion-mnist") {
-    const std::string d = "/usr/share/datasets/fashion-mnist/";
-    return {d + "train-images-idx3-ubyte.gz", d + "train-labels-idx1-ubyte.gz", d + "t10k-images-idx3-ubyte.gz",
-            d + "t10k-labels-idx1-ubyte.gz"};
+  return {runtime::load_dataset(train.images, train.labels), runtime::load_dataset(test.images, test.labels)};
+}
+
+// The runs to compare: dense ASGD, AdaComp with the options, or both (in that order).
+std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings& s) {
+  if (s.fp16 && s.sign_scale) throw std::invalid_argument("--fp16 and --sign-scale exclude each other");
+  sim::SimConfig config = s.config;
+  config.staleness_rule =
+      s.staleness == "sigma" ? server::StalenessRule::kPerParameterSigma : server::StalenessRule::kPerUpdateDelay;
+  std::vector<std::pair<std::string, sim::SimConfig>> runs;
+  if (s.compressor == "none" || s.compressor == "both") {
+    sim::SimConfig c = config;
+    c.compressor = runtime::CompressorOptions{};
+    c.compressor.method = runtime::CompressionMethod::kNone;
+    runs.push_back({"ASGD", c});
   }
-  throw std::invalid_argument("unknown data set '" + name + "' (mnist, fashion-mnist, or give --train-images etc.)");
+  if (s.compressor == "adacomp" || s.compressor == "both") {
+    sim::SimConfig c = config;
+    c.compressor.method = s.bin_local ? runtime::CompressionMethod::kBinLocal : runtime::CompressionMethod::kTopK;
+    c.compressor.value_encoding = s.fp16         ? transport::ValueEncoding::kFp16
+                                  : s.sign_scale ? transport::ValueEncoding::kSignScale
+                                                 : transport::ValueEncoding::kFp32;
+    std::ostringstream label;
+    label << "AdaComp c=" << c.compressor.compression_rate << (s.bin_local ? " bin-local" : "")
+          << (c.compressor.error_feedback ? " +ef" : "") << (s.fp16 ? " fp16" : "") << (s.sign_scale ? " sign-scale" : "");
+    runs.push_back({label.str(), c});
+  }
+  return runs;
+}
+
+std::vector<sim::SimResult> simulate(const SimSettings& s, const Data& data) {
+  const bool tty = isatty(STDERR_FILENO);
+  std::vector<sim::SimResult> results;
+  for (auto& [label, c] : make_runs(s)) {
+    std::uint64_t last_printed = 0;
+    auto progress = [&, label = label](const sim::Progress& p) {
+      if (s.quiet) return;
+      char line[200];
+      std::snprintf(line, sizeof line, "[%s] update %llu/%llu  test acc %s  ingress %s  mean delay %.1f", label.c_str(),
+                    static_cast<unsigned long long>(p.updates), static_cast<unsigned long long>(p.max_updates),
+                    p.accuracy < 0 ? "  -  " : (std::to_string(p.accuracy * 100).substr(0, 5) + "%").c_str(),
+                    human_bytes(static_cast<double>(p.ingress_bytes)).c_str(), p.mean_delay);
+      if (tty) {
+        std::fprintf(stderr, "\r%-100s", line);
+      } else if (p.updates >= last_printed + p.max_updates / 10 || p.updates == p.max_updates) {
+        std::fprintf(stderr, "%s\n", line);
+        last_printed = p.updates;
+      }
+    };
+    results.push_back(sim::run_simulation(c, data.train, data.test, label, progress));
+    if (tty && !s.quiet) std::fprintf(stderr, "\n");
+  }
+  return results;
+}
+
+void write_curves(const SimSettings& s, const std::vector<sim::SimResult>& results, double target_accuracy) {
+  std::ofstream csv(s.out_dir + "/sim.csv");
+  csv << "method,updates,virtual_time,ingress_bytes,pull_bytes,test_accuracy,test_loss\n";
+  std::vector<plot::PlotSeries> by_bytes, by_updates;
+  for (const auto& r : results) {
+    plot::PlotSeries b{r.label, {}, {}}, u{r.label, {}, {}};
+    for (const auto& p : r.curve) {
+      csv << '"' << r.label << "\"," << p.updates << ',' << p.time << ',' << p.ingress_bytes << ',' << p.pull_bytes << ','
+          << p.accuracy << ',' << p.loss << '\n';
+      b.x.push_back(static_cast<double>(p.ingress_bytes));
+      b.y.push_back(p.accuracy);
+      u.x.push_back(static_cast<double>(p.updates));
+      u.y.push_back(p.accuracy);
+    }
+    by_bytes.push_back(b);
+    by_updates.push_back(u);
+  }
+  plot::PlotOptions plot;
+  plot.title = "Test accuracy against server ingress (" + s.data + ", " + s.config.model + ", " +
+               std::to_string(s.config.workers) + " workers)";
+  plot.x_label = "bytes ingested by the server";
+  plot.y_label = "test accuracy";
+  plot.log_x = true;
+  plot.reference_y = target_accuracy;
+  std::ofstream(s.out_dir + "/accuracy-vs-ingress.svg") << plot::render_svg_line_chart(by_bytes, plot);
+  plot.title = "Test accuracy against applied updates";
+  plot.x_label = "updates applied";
+  plot.log_x = false;
+  std::ofstream(s.out_dir + "/accuracy-vs-updates.svg") << plot::render_svg_line_chart(by_updates, plot);
+}
+
+std::string summary_table(const std::vector<sim::SimResult>& results, double target_accuracy) {
+  std::ostringstream summary;
+  summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | "
+             "updates to target | ingress to target |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& r : results) {
+    auto to_bytes = r.ingress_bytes_to(target_accuracy);
+    auto to_updates = r.updates_to(target_accuracy);
+    char row[400];
+    std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %s | %s |\n",
+                  r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
+                  static_cast<unsigned long long>(r.updates_applied), human_bytes(r.ingress_bytes).c_str(),
+                  human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
+                  static_cast<unsigned long long>(r.updates_refused), static_cast<unsigned long long>(r.updates_lost),
+                  to_updates ? std::to_string(*to_updates).c_str() : "never",
+                  to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never");
+    summary << row;
+  }
+  summary << "\ntarget accuracy: " << target_accuracy * 100 << "%\n";
+  if (results.size() != 2) return summary.str();
+  auto a = results[0].ingress_bytes_to(target_accuracy), b = results[1].ingress_bytes_to(target_accuracy);
+  if (!a || !b || *b == 0) return summary.str() + "traffic ratio: not available (a run never reached the target)\n";
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "traffic ratio ASGD / AdaComp to %.1f%%: %.1fx (%s vs %s); per update: %.1fx; accuracy gap "
+                "(best): %+.2f points\n",
+                target_accuracy * 100, static_cast<double>(*a) / static_cast<double>(*b),
+                human_bytes(static_cast<double>(*a)).c_str(), human_bytes(static_cast<double>(*b)).c_str(),
+                results[0].mean_update_bytes / results[1].mean_update_bytes,
+                (results[1].best_accuracy() - results[0].best_accuracy()) * 100);
+  return summary.str() + line;
+}
+
+int run(const SimSettings& s) {
+  const Data data = load_data(s);
+  std::fprintf(stderr, "edgetrain-sim: %s, %zu train / %zu test examples, model %s, %d workers, batch %d, lr %g\n",
+               s.data.c_str(), data.train.size(), data.test.size(), s.config.model.c_str(), s.config.workers,
+               s.config.batch, s.config.learning_rate);
+  const std::vector<sim::SimResult> results = simulate(s, data);
+  std::filesystem::create_directories(s.out_dir);
+  double target_accuracy = s.target_accuracy;
+  if (target_accuracy <= 0) {
+    double lowest_best = 1;
+    for (const auto& r : results) lowest_best = std::min(lowest_best, r.best_accuracy());
+    target_accuracy = std::floor((lowest_best - 0.005) * 1000) / 1000;
+  }
+  write_curves(s, results, target_accuracy);
+  const std::string summary = summary_table(results, target_accuracy);
+  std::ofstream(s.out_dir + "/summary.md") << summary;
+  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md,accuracy-vs-ingress.svg,accuracy-vs-updates.svg}\n";
+  return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{
+  SimSettings settings;
+  settings::Table table(
+      "edgetrain-sim",
       "edgetrain-sim: N virtual workers train a model asynchronously in one process, with the real trainer,\n"
       "compressor, codec and server staleness rule, and compare dense ASGD with AdaComp by test accuracy\n"
-      "against the bytes the server ingests. Writes a CSV, SVG plots and a summary to --out."};
-  sim::SimConfig config;
-  std::string data = "mnist", method = "both", staleness = "sigma", out_dir = "sim-results";
-  DataPaths paths;
-  const char* deps_env = std::getenv("EDGETRAIN_DEPS");
-  std::string deps = deps_env ? deps_env : "/var/cache/edgetrain";
-  double rate = 0.01, target = 0;
-  bool error_feedback = false, bin_local = false, fp16 = false, sign_scale = false, quiet = false;
-  std::uint32_t bin_size = 50;
-
-  app.add_option("--data", data, "mnist (10k digits converted at set-up) or fashion-mnist (Debian's 70k)")
-      ->capture_default_str();
-  app.add_option("--train-images", paths.train_images, "IDX file (raw or .gz); overrides --data");
-  app.add_option("--train-labels", paths.train_labels, "IDX file");
-  app.add_option("--test-images", paths.test_images, "IDX file");
-  app.add_option("--test-labels", paths.test_labels, "IDX file");
-  app.add_option("--model", config.model, "paper-cnn, mlp, or a spec such as 'input 28x28x1; fc 64 relu; fc 10'")
-      ->capture_default_str();
-  app.add_option("--workers", config.workers, "virtual workers")->capture_default_str()->check(CLI::Range(1, 10000));
-  app.add_option("--batch", config.batch, "minibatch per step")->capture_default_str()->check(CLI::Range(1, 4096));
-  app.add_option("--lr", config.learning_rate, "server learning rate")->capture_default_str();
-  app.add_option("--method", method, "asgd, adacomp, or both (compare)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"asgd", "adacomp", "both"}));
-  app.add_option("--rate", rate, "AdaComp compression rate c: k = max(1, floor(n*c)) per tensor")
-      ->capture_default_str()
-      ->check(CLI::Range(1e-6, 1.0));
-  app.add_flag("--error-feedback", error_feedback, "option: keep unsent gradient values and add them next step");
-  app.add_flag("--bin-local", bin_local, "option: IBM's bin-local selection (Chen et al. 2018) instead of top-k");
-  app.add_option("--bin-size", bin_size, "entries per bin for --bin-local")->capture_default_str();
-  auto* fp16_flag = app.add_flag("--fp16", fp16, "option: send values as fp16");
-  app.add_flag("--sign-scale", sign_scale,
-               "option: send each tensor's values as one fp32 scale (mean |v|) and one sign bit per entry")
-      ->excludes(fp16_flag);
-  app.add_option("--staleness", staleness, "sigma (the paper: per parameter) or delay (Zhang et al.: lr/delay)")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"sigma", "delay"}));
-  app.add_option("--max-staleness", config.max_staleness, "updates older than this are refused")->capture_default_str();
-  app.add_flag("--label-skew", config.label_skewed, "label-skewed shards instead of i.i.d.");
-  app.add_option("--classes-per-worker", config.skew.classes_per_worker, "with --label-skew")->capture_default_str();
-  app.add_option("--preferred-fraction", config.skew.preferred_fraction, "with --label-skew")->capture_default_str();
-  app.add_option("--speed-spread", config.speed_spread, "log-normal sigma of worker speeds (0: all equal)")
-      ->capture_default_str();
-  app.add_option("--failure-probability", config.failure_probability, "per step: worker crashes, loses the update")
-      ->capture_default_str();
-  app.add_option("--updates", config.max_updates, "stop after this many applied updates")->capture_default_str();
-  app.add_option("--eval-every", config.eval_every, "applied updates between test evaluations")->capture_default_str();
-  app.add_option("--eval-examples", config.eval_examples, "test examples per evaluation (0: all)")->capture_default_str();
-  app.add_option("--target", target, "accuracy for the traffic ratio (0: auto, half a point below the lower best)")
-      ->capture_default_str();
-  app.add_option("--threads", config.threads, "compute threads")->capture_default_str()->check(CLI::Range(1, 64));
-  app.add_option("--seed", config.seed, "same seed, same run")->capture_default_str();
-  app.add_option("--out", out_dir, "directory for sim.csv, plots and summary.md")->capture_default_str();
-  app.add_flag("--quiet", quiet, "no progress line");
-  CLI11_PARSE(app, argc, argv);
-
+      "against the bytes the server ingests. Writes a CSV, SVG plots and a summary to --out.");
+  declare_settings(table, settings);
+  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
-    if (paths.train_images.empty()) {
-      DataPaths d = data_paths(data, deps);
-      paths = d;
-    } else if (paths.train_labels.empty() || paths.test_images.empty() || paths.test_labels.empty()) {
-      throw std::invalid_argument("--train-images needs --train-labels, --test-images and --test-labels too");
-    }
-    runtime::Dataset train = runtime::load_dataset(paths.train_images, paths.train_labels);
-    runtime::Dataset test = runtime::load_dataset(paths.test_images, paths.test_labels);
-    config.staleness_rule =
-        staleness == "sigma" ? server::StalenessRule::kPerParameterSigma : server::StalenessRule::kPerUpdateDelay;
-    std::fprintf(stderr, "edgetrain-sim: %s, %zu train / %zu test examples, model %s, %d workers, batch %d, lr %g\n",
-                 data.c_str(), train.size(), test.size(), config.model.c_str(), config.workers, config.batch,
-                 config.learning_rate);
-
-    std::vector<std::pair<std::string, sim::SimConfig>> runs;
-    if (method == "asgd" || method == "both") {
-      sim::SimConfig c = config;
-      c.compressor.method = runtime::CompressionMethod::kNone;
-      runs.push_back({"ASGD", c});
-    }
-    if (method == "adacomp" || method == "both") {
-      sim::SimConfig c = config;
-      c.compressor.method = bin_local ? runtime::CompressionMethod::kBinLocal : runtime::CompressionMethod::kTopK;
-      c.compressor.compression_rate = rate;
-      c.compressor.error_feedback = error_feedback;
-      c.compressor.bin_size = bin_size;
-      c.compressor.fp16_values = fp16;
-      c.compressor.sign_scale_values = sign_scale;
-      c.value_encoding = fp16         ? transport::ValueEncoding::kFp16
-                         : sign_scale ? transport::ValueEncoding::kSignScale
-                                      : transport::ValueEncoding::kFp32;
-      std::ostringstream label;
-      label << "AdaComp c=" << rate << (bin_local ? " bin-local" : "") << (error_feedback ? " +ef" : "")
-            << (fp16 ? " fp16" : "") << (sign_scale ? " sign-scale" : "");
-      runs.push_back({label.str(), c});
-    }
-
-    const bool tty = isatty(STDERR_FILENO);
-    std::vector<sim::SimResult> results;
-    for (auto& [label, c] : runs) {
-      std::uint64_t last_printed = 0;
-      auto progress = [&, label = label](const sim::Progress& p) {
-        if (quiet) return;
-        char line[200];
-        std::snprintf(line, sizeof line, "[%s] update %llu/%llu  test acc %s  ingress %s  mean delay %.1f", label.c_str(),
-                      static_cast<unsigned long long>(p.updates), static_cast<unsigned long long>(p.max_updates),
-                      p.accuracy < 0 ? "  -  " : (std::to_string(p.accuracy * 100).substr(0, 5) + "%").c_str(),
-                      human_bytes(static_cast<double>(p.ingress_bytes)).c_str(), p.mean_delay);
-        if (tty) {
-          std::fprintf(stderr, "\r%-100s", line);
-        } else if (p.updates >= last_printed + p.max_updates / 10 || p.updates == p.max_updates) {
-          std::fprintf(stderr, "%s\n", line);
-          last_printed = p.updates;
-        }
-      };
-      results.push_back(sim::run_simulation(c, train, test, label, progress));
-      if (tty && !quiet) std::fprintf(stderr, "\n");
-    }
-
-    std::filesystem::create_directories(out_dir);
-    {
-      std::ofstream csv(out_dir + "/sim.csv");
-      csv << "method,updates,virtual_time,ingress_bytes,pull_bytes,test_accuracy,test_loss\n";
-      for (const auto& r : results) {
-        for (const auto& p : r.curve) {
-          csv << '"' << r.label << "\"," << p.updates << ',' << p.time << ',' << p.ingress_bytes << ',' << p.pull_bytes
-              << ',' << p.accuracy << ',' << p.loss << '\n';
-        }
-      }
-    }
-    double target_accuracy = target;
-    if (target_accuracy <= 0) {
-      double lowest_best = 1;
-      for (const auto& r : results) lowest_best = std::min(lowest_best, r.best_accuracy());
-      target_accuracy = std::floor((lowest_best - 0.005) * 1000) / 1000;
-    }
-    std::vector<plot::PlotSeries> by_bytes, by_updates;
-    for (const auto& r : results) {
-      plot::PlotSeries b{r.label, {}, {}}, u{r.label, {}, {}};
-      for (const auto& p : r.curve) {
-        b.x.push_back(static_cast<double>(p.ingress_bytes));
-        b.y.push_back(p.accuracy);
-        u.x.push_back(static_cast<double>(p.updates));
-        u.y.push_back(p.accuracy);
-      }
-      by_bytes.push_back(b);
-      by_updates.push_back(u);
-    }
-    plot::PlotOptions plot;
-    plot.title = "Test accuracy against server ingress (" + data + ", " + config.model + ", " +
-                 std::to_string(config.workers) + " workers)";
-    plot.x_label = "bytes ingested by the server";
-    plot.y_label = "test accuracy";
-    plot.log_x = true;
-    plot.reference_y = target_accuracy;
-    std::ofstream(out_dir + "/accuracy-vs-ingress.svg") << plot::render_svg_line_chart(by_bytes, plot);
-    plot.title = "Test accuracy against applied updates";
-    plot.x_label = "updates applied";
-    plot.log_x = false;
-    std::ofstream(out_dir + "/accuracy-vs-updates.svg") << plot::render_svg_line_chart(by_updates, plot);
-
-    std::ostringstream summary;
-    summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | "
-               "updates to target | ingress to target |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for (const auto& r : results) {
-      auto to_bytes = r.ingress_bytes_to(target_accuracy);
-      auto to_updates = r.updates_to(target_accuracy);
-      char row[400];
-      std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %s | %s |\n",
-                    r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
-                    static_cast<unsigned long long>(r.updates_applied), human_bytes(r.ingress_bytes).c_str(),
-                    human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
-                    static_cast<unsigned long long>(r.updates_refused), static_cast<unsigned long long>(r.updates_lost),
-                    to_updates ? std::to_string(*to_updates).c_str() : "never",
-                    to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never");
-      summary << row;
-    }
-    summary << "\ntarget accuracy: " << target_accuracy * 100 << "%\n";
-    if (results.size() == 2) {
-      auto a = results[0].ingress_bytes_to(target_accuracy), b = results[1].ingress_bytes_to(target_accuracy);
-      if (a && b && *b > 0) {
-        char line[200];
-        std::snprintf(line, sizeof line,
-                      "traffic ratio ASGD / AdaComp to %.1f%%: %.1fx (%s vs %s); per update: %.1fx; accuracy gap "
-                      "(best): %+.2f points\n",
-                      target_accuracy * 100, static_cast<double>(*a) / static_cast<double>(*b),
-                      human_bytes(static_cast<double>(*a)).c_str(), human_bytes(static_cast<double>(*b)).c_str(),
-                      results[0].mean_update_bytes / results[1].mean_update_bytes,
-                      (results[1].best_accuracy() - results[0].best_accuracy()) * 100);
-        summary << line;
-      } else {
-        summary << "traffic ratio: not available (a run never reached the target)\n";
-      }
-    }
-    std::ofstream(out_dir + "/summary.md") << summary.str();
-    std::cout << summary.str() << "written: " << out_dir << "/{sim.csv,summary.md,accuracy-vs-ingress.svg,accuracy-vs-updates.svg}\n";
-    return 0;
+    return run(settings);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-sim: %s\n", e.what());
     return 1;

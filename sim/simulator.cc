@@ -180,7 +180,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
       update.sequence = ++worker.sequence;
       update.fetched_version = fetched[event.worker];
       worker.compressor.compress(gradient, update);
-      auto encoded = transport::encode_sparse_update(update, {config.value_encoding});
+      auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
       if (!encoded) throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
       worker.pending = std::move(encoded).value();
       const double step = worker.speed * random.log_normal(config.step_jitter);

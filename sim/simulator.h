@@ -33,10 +33,9 @@ struct SimConfig {
   int workers = 10;
   int batch = 10;
   float learning_rate = 0.1f;
-  runtime::CompressorOptions compressor;  // default: the paper's top-k, c = 0.01
-  transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
+  runtime::CompressorOptions compressor;  // default: the paper's top-k, c = 0.01; its value_encoding is the wire's
   server::StalenessRule staleness_rule = server::StalenessRule::kPerParameterSigma;
-  std::uint32_t max_staleness = 256;  // D: older updates are refused and the worker re-pulls
+  std::uint32_t max_staleness = server::kDefaultMaxStaleness;  // D: older updates are refused, the worker re-pulls
   bool label_skewed = false;          // shards: i.i.d. (default) or label-skewed
   runtime::LabelSkew skew;
   double speed_spread = 0.5;   // sigma of the log-normal per-worker speed factor (0: identical)

@@ -123,7 +123,7 @@ struct EncodeOptions {
   //
   // kSignScale sends one f32 scale s per tensor and one sign bit per entry, so the encoder
   // only accepts tensors whose values are all exactly +s or −s for one finite s > 0 (the
-  // compressor's sign_scale_values produces them); anything else is kInvalidInput rather
+  // compressor's kSignScale value encoding produces them); anything else is kInvalidInput rather
   // than a silent rounding. A tensor with no entries carries no scale.
   ValueEncoding values = ValueEncoding::kFp32;
 };

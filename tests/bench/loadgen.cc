@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -42,6 +43,7 @@
 #include <string>
 #include <vector>
 
+#include "common/settings.h"
 #include "runtime/compressor.h"
 #include "runtime/model.h"
 #include "runtime/model_replica.h"
@@ -186,12 +188,22 @@ struct LoadSettings {
   double compression_rate = 0.01;
 };
 
-int run_load(const LoadSettings& s) {
+// What one load run measured, for the report.
+struct LoadMeasurement {
+  transport::bench::UpdateLoadReport report;
+  std::size_t update_bytes = 0, update_entries = 0, parameter_count = 0;
+  nlohmann::json status_before, status_after;  // /status around the posts
+  double cpu_at_start = 0, cpu_before = 0, cpu_after = 0;  // the server's, around handshakes and posts
+  double own_cpu_before = 0, own_cpu_after = 0;
+};
+
+LoadMeasurement measure_load(const LoadSettings& s) {
   const auto keystore = server::Keystore::load(s.keystore);
   UpdateFactory factory(s.model, s.compression_rate, 16);
-  const std::size_t update_bytes = factory.encode(0, 1, 0).size();
-  std::size_t update_entries = 0;
-  for (const auto& t : factory.patterns[0].tensors) update_entries += t.indices.size();
+  LoadMeasurement m;
+  m.update_bytes = factory.encode(0, 1, 0).size();
+  for (const auto& t : factory.patterns[0].tensors) m.update_entries += t.indices.size();
+  m.parameter_count = factory.model.parameter_count();
 
   transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
   const nlohmann::json status_before_handshakes = server_status(probe);
@@ -212,34 +224,37 @@ int run_load(const LoadSettings& s) {
     if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
       latest_version = *version;
   };
-  double cpu_before = 0, cpu_after = 0, own_cpu_before = 0, own_cpu_after = 0;
-  nlohmann::json status_before, status_after;
   options.on_posts_starting = [&] {
-    status_before = server_status(probe);
-    if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
-    own_cpu_before = own_cpu_seconds();
+    m.status_before = server_status(probe);
+    if (s.server_pid) m.cpu_before = process_cpu_seconds(s.server_pid);
+    m.own_cpu_before = own_cpu_seconds();
   };
   options.on_posts_finished = [&] {
-    own_cpu_after = own_cpu_seconds();
-    if (s.server_pid) cpu_after = process_cpu_seconds(s.server_pid);
-    status_after = server_status(probe);
+    m.own_cpu_after = own_cpu_seconds();
+    if (s.server_pid) m.cpu_after = process_cpu_seconds(s.server_pid);
+    m.status_after = server_status(probe);
   };
-  const double cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
-  const auto report = transport::bench::run_update_load(options);
+  m.cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
+  m.report = transport::bench::run_update_load(options);
+  return m;
+}
 
+// Sessions, acknowledged updates, CPU and traffic per update, for a person.
+void print_load(const LoadSettings& s, const LoadMeasurement& m) {
+  const auto& report = m.report;
   const double applied = static_cast<double>(report.posts_acknowledged);
   const auto& traffic = report.post_traffic;
   std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g ==\n", s.devices,
-              s.posts_in_flight, s.model.c_str(), factory.model.parameter_count(), s.compression_rate);
-  std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", update_bytes,
-              update_entries, (update_bytes + 1023) / 1024);
+              s.posts_in_flight, s.model.c_str(), m.parameter_count, s.compression_rate);
+  std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", m.update_bytes,
+              m.update_entries, (m.update_bytes + 1023) / 1024);
   std::printf("sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu datagrams, %.1f kB\n",
               report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
               static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
               report.handshake_traffic.sent_bytes / 1e3);
   if (s.server_pid)
-    std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n", cpu_before - cpu_at_start,
-                1e3 * (cpu_before - cpu_at_start) / std::max<std::size_t>(1, report.sessions_established));
+    std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n", m.cpu_before - m.cpu_at_start,
+                1e3 * (m.cpu_before - m.cpu_at_start) / std::max<std::size_t>(1, report.sessions_established));
   std::string refused;
   for (const auto& [code, count] : report.posts_refused_by_code)
     refused += " " + transport::coap_code_string(code) + "×" + std::to_string(count);
@@ -247,10 +262,11 @@ int run_load(const LoadSettings& s) {
               static_cast<unsigned long long>(report.posts_acknowledged), report.post_seconds,
               applied / std::max(1e-9, report.post_seconds), refused.empty() ? " none" : refused.c_str(),
               static_cast<unsigned long long>(report.posts_unanswered));
-  const std::uint64_t versions = status_after["version"].get<std::uint64_t>() - status_before["version"].get<std::uint64_t>();
+  const std::uint64_t versions =
+      m.status_after["version"].get<std::uint64_t>() - m.status_before["version"].get<std::uint64_t>();
   std::printf("server versions advanced        %llu\n", static_cast<unsigned long long>(versions));
   if (s.server_pid && applied > 0) {
-    const double cpu = cpu_after - cpu_before;
+    const double cpu = m.cpu_after - m.cpu_before;
     std::printf("server CPU (utime+stime)        %.2f s over %.2f s = %.0f%% of a core; %.0f us per update "
                 "(bound with a whole core: %.0f updates/s)\n",
                 cpu, report.post_seconds, 100 * cpu / std::max(1e-9, report.post_seconds), 1e6 * cpu / applied,
@@ -259,7 +275,7 @@ int run_load(const LoadSettings& s) {
   std::uint64_t posts_sent = report.posts_acknowledged + report.posts_unanswered;
   for (const auto& [code, count] : report.posts_refused_by_code) posts_sent += count;
   if (applied > 0) {
-    const double own = own_cpu_after - own_cpu_before;
+    const double own = m.own_cpu_after - m.own_cpu_before;
     std::printf("load generator CPU              %.2f s = %.0f%% of a core; %.0f us per update\n", own,
                 100 * own / std::max(1e-9, report.post_seconds), 1e6 * own / applied);
   }
@@ -272,19 +288,26 @@ int run_load(const LoadSettings& s) {
     std::printf("server→client datagrams         %.1f per update, %.0f B per update\n",
                 traffic.received_datagrams / applied, traffic.received_bytes / applied);
   }
-  // One machine-readable line for run_server_bench.sh's table.
+}
+
+// Where the server's submit() time went, and one machine-readable line for
+// run_server_bench.sh's table.
+void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
+  const auto& report = m.report;
+  const auto& traffic = report.post_traffic;
+  const double applied = static_cast<double>(report.posts_acknowledged);
   std::string summary = "summary load devices=" + std::to_string(s.devices) +
                         " established=" + std::to_string(report.sessions_established) +
                         " in_flight=" + std::to_string(s.posts_in_flight) +
                         " applied=" + std::to_string(report.posts_acknowledged) +
                         " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
-  if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (cpu_after - cpu_before) / applied);
-  if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (own_cpu_after - own_cpu_before) / applied);
+  if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
+  if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (m.own_cpu_after - m.own_cpu_before) / applied);
   if (applied > 0 && report.posted_body_bytes > 0)
     summary += " overhead_pct=" + std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
                                                           static_cast<double>(report.posted_body_bytes) - 1));
-  const auto& t0 = status_before["submit_seconds"];
-  const auto& t1 = status_after["submit_seconds"];
+  const auto& t0 = m.status_before["submit_seconds"];
+  const auto& t1 = m.status_after["submit_seconds"];
   const double timed = t1["applied_updates"].get<double>() - t0["applied_updates"].get<double>();
   if (timed > 0) {
     auto per_update_us = [&](const char* key) { return 1e6 * (t1[key].get<double>() - t0[key].get<double>()) / timed; };
@@ -298,12 +321,18 @@ int run_load(const LoadSettings& s) {
       const double wall_per_update_us = 1e6 * report.post_seconds / applied;
       std::printf("server event loop per update    %.0f us of wall time, of which submit() %.0f us; the rest "
                   "(DTLS, CoAP, %zu-block reassembly, loop) %.0f us\n",
-                  wall_per_update_us, submit_us, (update_bytes + 1023) / 1024, wall_per_update_us - submit_us);
+                  wall_per_update_us, submit_us, (m.update_bytes + 1023) / 1024, wall_per_update_us - submit_us);
     }
     for (const char* key : {"decode", "wal_append_fdatasync", "apply"})
       summary += std::string(" ") + key + "_us=" + std::to_string(per_update_us(key));
   }
   std::printf("%s\n", summary.c_str());
+}
+
+int run_load(const LoadSettings& s) {
+  const LoadMeasurement m = measure_load(s);
+  print_load(s, m);
+  print_load_summary(s, m);
   return 0;
 }
 
@@ -318,50 +347,62 @@ struct TransferSettings {
   std::vector<int> delta_after = {3, 10};
 };
 
-int run_transfer(const TransferSettings& s) {
-  const auto keystore = server::Keystore::load(s.keystore);
-  int most_updates = 0;
-  for (int n : s.delta_after) most_updates = std::max(most_updates, n);
-  // One random gradient per update: independent top-k sets, so the deltas measured are
-  // about as large as N updates can make them (real gradients' top-k sets overlap more).
-  UpdateFactory factory(s.model, s.compression_rate, static_cast<std::size_t>(most_updates) + 1);
-  edgetrain::testing::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms));
-  const auto psk = credentials(keystore, kProbeDevice);
-  std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
+// The relay, the clients and the model sizes one transfer run shares between its steps.
+struct TransferRun {
+  TransferRun(const TransferSettings& settings, const server::Keystore& keystore, int most_updates)
+      : s(settings),
+        // One random gradient per update: independent top-k sets, so the deltas measured are
+        // about as large as N updates can make them (real gradients' top-k sets overlap more).
+        factory(s.model, s.compression_rate, static_cast<std::size_t>(most_updates) + 1),
+        proxy(s.port, std::chrono::milliseconds(s.delay_ms)),
+        psk(credentials(keystore, kProbeDevice)),
+        puller({"127.0.0.1", proxy.port(), psk, static_cast<int>(std::lround(s.pull_budget_seconds * 1000))}) {
+    for (const auto& t : factory.model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+    const std::vector<float> zeros(factory.model.parameter_count());
+    model_bytes = transport::encode_dense_model(factory.model.layout_id(), 0, sizes, zeros).value().size();
+  }
+  const TransferSettings& s;
+  UpdateFactory factory;
+  edgetrain::testing::UdpDelayProxy proxy;
+  transport::PskCredentials psk;
+  transport::CoapDtlsClient puller;
+  std::vector<std::uint32_t> sizes;
+  std::size_t model_bytes = 0;
+  std::uint64_t sequence = 0;  // of the timed update post
+  double post_seconds = 0;
+};
 
-  transport::CoapDtlsClient client({"127.0.0.1", proxy.port(), psk, 30000});
+// Handshake, then one timed update post through the relay.
+void time_update_post(TransferRun& run) {
+  transport::CoapDtlsClient client({"127.0.0.1", run.proxy.port(), run.psk, 30000});
   auto started = Clock::now();
   const nlohmann::json status = server_status(client);
   std::printf("handshake + GET /status          %8.3f s\n", seconds_since(started));
-
   // The wall clock in microseconds keeps this identity's sequence increasing across runs.
-  const auto sequence = static_cast<std::uint64_t>(
+  run.sequence = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  const auto body = factory.encode(0, sequence, status["version"].get<std::uint64_t>());
-  std::uint64_t datagrams = proxy.datagrams_to_server();
+  const auto body = run.factory.encode(0, run.sequence, status["version"].get<std::uint64_t>());
+  const std::uint64_t datagrams = run.proxy.datagrams_to_server();
   started = Clock::now();
   const auto posted = client.request(transport::Method::kPost, "update", body);
-  const double post_seconds = seconds_since(started);
+  run.post_seconds = seconds_since(started);
   std::printf("POST /update (%zu B, %zu blocks) %8.3f s  answer %s, %llu datagrams to the server\n", body.size(),
-              (body.size() + 1023) / 1024, post_seconds, transport::coap_code_string(posted.code).c_str(),
-              static_cast<unsigned long long>(proxy.datagrams_to_server() - datagrams));
+              (body.size() + 1023) / 1024, run.post_seconds, transport::coap_code_string(posted.code).c_str(),
+              static_cast<unsigned long long>(run.proxy.datagrams_to_server() - datagrams));
+}
 
-  const std::vector<std::uint32_t> sizes = [&] {
-    std::vector<std::uint32_t> v;
-    for (const auto& t : factory.model.tensors()) v.push_back(static_cast<std::uint32_t>(t.size));
-    return v;
-  }();
-  const std::vector<float> zeros(factory.model.parameter_count());
-  const std::size_t model_bytes = transport::encode_dense_model(factory.model.layout_id(), 0, sizes, zeros).value().size();
-  const std::size_t model_blocks = (model_bytes + 1023) / 1024;
-  transport::CoapDtlsClient puller(
-      {"127.0.0.1", proxy.port(), psk, static_cast<int>(std::lround(s.pull_budget_seconds * 1000))});
-  server_status(puller);  // handshake outside the timed pull
-  datagrams = proxy.datagrams_to_client();
+// One timed dense pull (lock-step Block2), extrapolated when it overruns the budget.
+void time_dense_pull(TransferRun& run) {
+  const TransferSettings& s = run.s;
+  auto& proxy = run.proxy;
+  const std::size_t model_bytes = run.model_bytes, model_blocks = (model_bytes + 1023) / 1024;
+  const double post_seconds = run.post_seconds;
+  server_status(run.puller);  // handshake outside the timed pull
+  const std::uint64_t datagrams = proxy.datagrams_to_client();
   std::uint64_t request_datagrams = proxy.datagrams_to_server(), request_bytes = proxy.bytes_to_server();
-  started = Clock::now();
+  const auto started = Clock::now();
   try {
-    const auto pulled = puller.request(transport::Method::kGet, "model");
+    const auto pulled = run.puller.request(transport::Method::kGet, "model");
     const double pull_seconds = seconds_since(started);
     request_datagrams = proxy.datagrams_to_server() - request_datagrams;
     request_bytes = proxy.bytes_to_server() - request_bytes;
@@ -385,15 +426,49 @@ int run_transfer(const TransferSettings& s) {
                 s.delay_ms, post_seconds, extrapolated, model_bytes, model_blocks,
                 static_cast<unsigned long long>(request_bytes));
   }
+}
 
-  // Sparse pulls. The copy a worker holds (a dense pull straight from the server, not
-  // timed), N updates by others (straight to the server), then the timed
-  // GET /model?since=V through the relay; the copy must come out as the server's model.
-  transport::CoapDtlsClient direct({"127.0.0.1", s.port, psk, 60000});
-  std::uint64_t next_sequence = sequence + 1;
+// One timed GET /model?since=V through the relay; the copy must reproduce the server's model.
+void print_sparse_pull(TransferRun& run, runtime::ModelReplica& replica, int updates) {
+  const TransferSettings& s = run.s;
+  auto& proxy = run.proxy;
+  auto& puller = run.puller;
+  const std::size_t model_bytes = run.model_bytes;
+  const std::string path = replica.pull_path();
+  const std::uint64_t datagrams_before = proxy.datagrams_to_server(), bytes_before = proxy.bytes_to_server();
+  const std::uint64_t datagrams_back = proxy.datagrams_to_client();
+  const auto started = Clock::now();
+  const auto pulled = puller.request(transport::Method::kGet, path);
+  const double seconds = seconds_since(started);
+  const auto outcome = replica.take(pulled.payload);
+  if (outcome != runtime::ModelReplica::PullOutcome::kDelta)
+    throw std::runtime_error("GET /" + path + " did not give a usable delta: " + replica.mismatch());
+  const auto to_server = proxy.datagrams_to_server() - datagrams_before;
+  const auto bytes_to_server = proxy.bytes_to_server() - bytes_before;
+  std::printf("GET /%s after %d updates (%zu B, %zu blocks) %8.3f s  answer %s, copy = server's (digest); to the "
+              "server %llu datagrams, %llu B; %llu datagrams back\n",
+              path.c_str(), updates, pulled.payload.size(), (pulled.payload.size() + 1023) / 1024, seconds,
+              transport::coap_code_string(pulled.code).c_str(), static_cast<unsigned long long>(to_server),
+              static_cast<unsigned long long>(bytes_to_server),
+              static_cast<unsigned long long>(proxy.datagrams_to_client() - datagrams_back));
+  std::printf("summary delta delay_ms=%d updates=%d delta_bytes=%zu dense_bytes=%zu pull_s=%.3f "
+              "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
+              s.delay_ms, updates, pulled.payload.size(), model_bytes, seconds,
+              static_cast<unsigned long long>(to_server), static_cast<unsigned long long>(bytes_to_server));
+}
+
+// Sparse pulls. The copy a worker holds (a dense pull straight from the server, not
+// timed), N updates by others (straight to the server), then the timed
+// GET /model?since=V through the relay; the copy must come out as the server's model.
+void time_sparse_pulls(TransferRun& run) {
+  const TransferSettings& s = run.s;
+  auto& proxy = run.proxy;
+  auto& factory = run.factory;
+  transport::CoapDtlsClient direct({"127.0.0.1", s.port, run.psk, 60000});
+  std::uint64_t next_sequence = run.sequence + 1;
   std::size_t next_pattern = 1;
   for (int updates : s.delta_after) {
-    runtime::ModelReplica replica(factory.model.layout_id(), sizes);
+    runtime::ModelReplica replica(factory.model.layout_id(), run.sizes);
     const auto dense = direct.request(transport::Method::kGet, "model");
     if (dense.code != transport::CoapCode::kContent || replica.take(dense.payload) != runtime::ModelReplica::PullOutcome::kDense)
       throw std::runtime_error("no dense model to start from");
@@ -405,28 +480,19 @@ int run_transfer(const TransferSettings& s) {
         throw std::runtime_error("update refused: " + transport::coap_code_string(reply.code));
       version = *produced;
     }
-    const std::string path = replica.pull_path();
-    const std::uint64_t datagrams_before = proxy.datagrams_to_server(), bytes_before = proxy.bytes_to_server();
-    const std::uint64_t datagrams_back = proxy.datagrams_to_client();
-    started = Clock::now();
-    const auto pulled = puller.request(transport::Method::kGet, path);
-    const double seconds = seconds_since(started);
-    const auto outcome = replica.take(pulled.payload);
-    if (outcome != runtime::ModelReplica::PullOutcome::kDelta)
-      throw std::runtime_error("GET /" + path + " did not give a usable delta: " + replica.mismatch());
-    const auto to_server = proxy.datagrams_to_server() - datagrams_before;
-    const auto bytes_to_server = proxy.bytes_to_server() - bytes_before;
-    std::printf("GET /%s after %d updates (%zu B, %zu blocks) %8.3f s  answer %s, copy = server's (digest); to the "
-                "server %llu datagrams, %llu B; %llu datagrams back\n",
-                path.c_str(), updates, pulled.payload.size(), (pulled.payload.size() + 1023) / 1024, seconds,
-                transport::coap_code_string(pulled.code).c_str(), static_cast<unsigned long long>(to_server),
-                static_cast<unsigned long long>(bytes_to_server),
-                static_cast<unsigned long long>(proxy.datagrams_to_client() - datagrams_back));
-    std::printf("summary delta delay_ms=%d updates=%d delta_bytes=%zu dense_bytes=%zu pull_s=%.3f "
-                "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
-                s.delay_ms, updates, pulled.payload.size(), model_bytes, seconds,
-                static_cast<unsigned long long>(to_server), static_cast<unsigned long long>(bytes_to_server));
+    print_sparse_pull(run, replica, updates);
   }
+}
+
+int run_transfer(const TransferSettings& s) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  int most_updates = 0;
+  for (int n : s.delta_after) most_updates = std::max(most_updates, n);
+  TransferRun run(s, keystore, most_updates);
+  std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
+  time_update_post(run);
+  time_dense_pull(run);
+  time_sparse_pulls(run);
   return 0;
 }
 
@@ -458,6 +524,30 @@ Spread spread_of(std::vector<double> values) {
   return s;
 }
 
+// One trial on a fresh session: its first small request (handshake included), a second
+// one, and one update post; seconds each. Throws when the post is not acknowledged.
+std::array<double, 3> time_wan_trial(const transport::CoapDtlsClient::Options& options, UpdateFactory& factory,
+                                     std::uint64_t sequence, std::size_t& body_bytes) {
+  transport::CoapDtlsClient client(options);
+  // A resource that does not exist: 4.04 fits one datagram, so the request is one round
+  // trip and the rest of the first one is the handshake.
+  auto started = Clock::now();
+  client.request(transport::Method::kGet, "probe");
+  const double first = seconds_since(started);
+  started = Clock::now();
+  client.request(transport::Method::kGet, "probe");
+  const double small = seconds_since(started);
+  const std::uint64_t version = server_status(client)["version"].get<std::uint64_t>();
+  const auto body = factory.encode(0, sequence, version);
+  body_bytes = body.size();
+  started = Clock::now();
+  const auto posted = client.request(transport::Method::kPost, "update", body);
+  const double post = seconds_since(started);
+  if (posted.code != transport::CoapCode::kChanged)
+    throw std::runtime_error("POST /update answered " + transport::coap_code_string(posted.code));
+  return {first, small, post};
+}
+
 int run_wan(const WanSettings& s) {
   const auto keystore = server::Keystore::load(s.keystore);
   UpdateFactory factory(s.model, 0.01, 1);
@@ -475,24 +565,8 @@ int run_wan(const WanSettings& s) {
   for (int trial = 0; trial < s.trials; ++trial) {
     transport::CoapDtlsClient::Options options{"127.0.0.1", proxy.port(), psk, 120000};
     options.timing = s.timing;
-    transport::CoapDtlsClient client(options);
     try {
-      // A resource that does not exist: 4.04 fits one datagram, so the request is one
-      // round trip and the rest of the first one is the handshake.
-      auto started = Clock::now();
-      client.request(transport::Method::kGet, "probe");
-      const double first = seconds_since(started);
-      started = Clock::now();
-      client.request(transport::Method::kGet, "probe");
-      const double small = seconds_since(started);
-      const std::uint64_t version = server_status(client)["version"].get<std::uint64_t>();
-      const auto body = factory.encode(0, ++sequence, version);
-      body_bytes = body.size();
-      started = Clock::now();
-      const auto posted = client.request(transport::Method::kPost, "update", body);
-      const double post = seconds_since(started);
-      if (posted.code != transport::CoapCode::kChanged)
-        throw std::runtime_error("POST /update answered " + transport::coap_code_string(posted.code));
+      const auto [first, small, post] = time_wan_trial(options, factory, ++sequence, body_bytes);
       first_request.push_back(first);
       small_request.push_back(small);
       update.push_back(post);
@@ -522,71 +596,75 @@ int run_wan(const WanSettings& s) {
   return 0;
 }
 
+void declare_load(settings::Table& t, LoadSettings& s) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("keystore", s.keystore, "the keystore the server uses").required();
+  t.add("devices", s.devices, "concurrent DTLS sessions, one per device").range(1, 1e6);
+  t.add("posts-in-flight", s.posts_in_flight, "posts in progress at once").range(1, 1e6);
+  t.add("max-posts", s.max_posts, "stop after this many posts");
+  t.add("seconds", s.seconds, "stop posting after this long").range(0, 1e6).unit("seconds");
+  t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
+  t.add("model", s.model, "model the server runs");
+  t.add("rate", s.compression_rate, "AdaComp compression rate c").range(1e-6, 1);
+}
+
+void declare_transfer(settings::Table& t, TransferSettings& s) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("keystore", s.keystore, "the keystore the server uses").required();
+  t.add("delay-ms", s.delay_ms, "added one-way delay").range(0, 1e6).unit("ms");
+  t.add("pull-budget", s.pull_budget_seconds, "time the model pull may take before its time is extrapolated")
+      .range(0, 1e6).unit("seconds");
+  t.add("model", s.model, "model the server runs");
+  t.cli().add_option("--delta-after", s.delta_after,
+                     "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
+                     "updates by others")
+      ->capture_default_str();
+}
+
+void declare_wan(settings::Table& t, WanSettings& s, std::string& timing) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("keystore", s.keystore, "the keystore the server uses").required();
+  t.add("delay-ms", s.delay_ms, "added one-way delay").range(0, 1e6).unit("ms");
+  t.add("loss", s.loss, "probability that the relay drops a datagram (each way)").range(0, 0.999);
+  t.add("trials", s.trials, "fresh sessions to time").range(1, 1e6);
+  t.add("seed", s.seed, "seed of the relay's losses");
+  t.add("model", s.model, "model the server runs");
+  t.add("timing", timing, "CoAP timing: wan (edgetrain's default) or rfc7252").choices({"wan", "rfc7252"});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"edgetrain-loadgen: load and latency figures for a running edgetrain-server (a benchmark, not a test)"};
-  app.require_subcommand(1);
-
-  std::string keystore_path;
+  settings::Table table("edgetrain-loadgen",
+                        "edgetrain-loadgen: load and latency figures for a running edgetrain-server (a benchmark, not a test)");
+  table.cli().require_subcommand(1);
+  std::string keystore_path, wan_timing = "wan";
   std::size_t keystore_devices = 1000;
-  auto* keystore = app.add_subcommand("keystore", "write a keystore of load devices (mode 0600)");
-  keystore->add_option("--out", keystore_path, "keystore file")->required();
-  keystore->add_option("--devices", keystore_devices, "load devices")->capture_default_str();
-
+  settings::Table& keystore = table.subcommand("keystore", "write a keystore of load devices (mode 0600)");
+  keystore.add("out", keystore_path, "keystore file").required();
+  keystore.add("devices", keystore_devices, "load devices").range(1, 1e6);
   LoadSettings load_settings;
-  auto* load = app.add_subcommand("load", "many sessions posting paper-CNN AdaComp updates");
-  load->add_option("--port", load_settings.port, "server UDP port on 127.0.0.1")->required();
-  load->add_option("--keystore", load_settings.keystore, "the keystore the server uses")->required();
-  load->add_option("--devices", load_settings.devices, "concurrent DTLS sessions, one per device")->capture_default_str();
-  load->add_option("--posts-in-flight", load_settings.posts_in_flight, "posts in progress at once")->capture_default_str();
-  load->add_option("--max-posts", load_settings.max_posts, "stop after this many posts")->capture_default_str();
-  load->add_option("--seconds", load_settings.seconds, "stop posting after this long")->capture_default_str();
-  load->add_option("--server-pid", load_settings.server_pid, "server process for CPU time (/proc/PID/stat)");
-  load->add_option("--model", load_settings.model, "model the server runs")->capture_default_str();
-  load->add_option("--compression-rate", load_settings.compression_rate, "AdaComp c")->capture_default_str();
-
+  declare_load(table.subcommand("load", "many sessions posting paper-CNN AdaComp updates"), load_settings);
   TransferSettings transfer_settings;
-  auto* transfer = app.add_subcommand("transfer", "one update post and one model pull through a delaying UDP relay");
-  transfer->add_option("--port", transfer_settings.port, "server UDP port on 127.0.0.1")->required();
-  transfer->add_option("--keystore", transfer_settings.keystore, "the keystore the server uses")->required();
-  transfer->add_option("--delay-ms", transfer_settings.delay_ms, "added one-way delay")->capture_default_str();
-  transfer->add_option("--pull-budget", transfer_settings.pull_budget_seconds,
-                       "seconds the model pull may take before its time is extrapolated")
-      ->capture_default_str();
-  transfer->add_option("--model", transfer_settings.model, "model the server runs")->capture_default_str();
-  transfer->add_option("--delta-after", transfer_settings.delta_after,
-                       "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
-                       "updates by others")
-      ->capture_default_str();
+  settings::Table& transfer =
+      table.subcommand("transfer", "one update post and one model pull through a delaying UDP relay");
+  declare_transfer(transfer, transfer_settings);
   WanSettings wan_settings;
-  std::string wan_preset = "wan";
-  auto* wan = app.add_subcommand("wan", "handshake, small request and update times through a delaying, lossy relay");
-  wan->add_option("--port", wan_settings.port, "server UDP port on 127.0.0.1")->required();
-  wan->add_option("--keystore", wan_settings.keystore, "the keystore the server uses")->required();
-  wan->add_option("--delay-ms", wan_settings.delay_ms, "added one-way delay")->capture_default_str();
-  wan->add_option("--loss", wan_settings.loss, "probability that the relay drops a datagram (each way)")
-      ->capture_default_str();
-  wan->add_option("--trials", wan_settings.trials, "fresh sessions to time")->capture_default_str();
-  wan->add_option("--seed", wan_settings.seed, "seed of the relay's losses")->capture_default_str();
-  wan->add_option("--model", wan_settings.model, "model the server runs")->capture_default_str();
-  wan->add_option("--timing", wan_preset, "CoAP timing: wan (edgetrain's default) or rfc7252")
-      ->capture_default_str()
-      ->check(CLI::IsMember({"wan", "rfc7252"}));
-  CLI11_PARSE(app, argc, argv);
-
+  settings::Table& wan =
+      table.subcommand("wan", "handshake, small request and update times through a delaying, lossy relay");
+  declare_wan(wan, wan_settings, wan_timing);
+  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
-    if (wan->parsed()) {
-      wan_settings.timing = wan_preset == "rfc7252" ? transport::CoapTiming::rfc7252() : transport::CoapTiming::wan();
-      wan_settings.label = wan_preset;
+    if (wan.parsed()) {
+      wan_settings.timing = wan_timing == "rfc7252" ? transport::CoapTiming::rfc7252() : transport::CoapTiming::wan();
+      wan_settings.label = wan_timing;
       return run_wan(wan_settings);
     }
-    if (keystore->parsed()) return write_keystore(keystore_path, keystore_devices);
-    if (load->parsed()) return run_load(load_settings);
-    if (transfer->parsed()) return run_transfer(transfer_settings);
+    if (keystore.parsed()) return write_keystore(keystore_path, keystore_devices);
+    if (transfer.parsed()) return run_transfer(transfer_settings);
+    return run_load(load_settings);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-loadgen: %s\n", e.what());
     return 1;
   }
-  return 1;
 }

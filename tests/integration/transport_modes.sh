@@ -4,7 +4,7 @@
 #     without it, and a server without it opens no plaintext socket at all;
 #  2. a worker trains the MLP against an --insecure server over plain CoAP, its updates
 #     keyed on 'unauthenticated:NAME';
-#  3. X.509: a server with --cert/--key/--ca and no keystore, a worker with a certificate
+#  3. X.509: a server with --cert/--cert-key/--ca and no keystore, a worker with a certificate
 #     from the same CA trains (identity = the certificate's CN); a worker whose
 #     certificate comes from another CA gets nothing accepted.
 # usage: transport_modes.sh SERVER WORKER
@@ -52,7 +52,7 @@ if "$server" --config "$work/bad-pass.toml" --state-dir "$work/state-bad" --keys
      >"$work/bad-pass.log" 2>&1; then
   fail "the server accepted datagrams_per_pass = 5000"
 fi
-grep -q "datagrams_per_pass) must be 1..1024" "$work/bad-pass.log" && [ ! -e "$work/state-bad" ] ||
+grep -q "datagrams_per_pass): datagrams-per-pass must be in 1..1024" "$work/bad-pass.log" && [ ! -e "$work/state-bad" ] ||
   fail "no clear error for datagrams_per_pass = 5000, or state was made: $(cat "$work/bad-pass.log")"
 
 printf 'datagrams_per_pass = 4\n' >"$work/pass.toml"
@@ -93,9 +93,9 @@ bash "$(dirname "$0")/make_test_certificates.sh" "$work/pki" w-cert || fail "cou
 pki="$work/pki"
 # Server and worker take the certificate settings from their TOML files here, the
 # stranger below from flags.
-printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\ncoap_ack_timeout = 2.0\n' \
+printf 'cert = "%s"\ncert_key = "%s"\nca = "%s"\ncoap_ack_timeout = 2.0\n' \
   "$pki/server.crt" "$pki/server.key" "$pki/ca.crt" >"$work/server-x509.toml"
-printf 'cert_file = "%s"\ncert_key_file = "%s"\nca_file = "%s"\n' \
+printf 'cert = "%s"\ncert_key = "%s"\nca = "%s"\n' \
   "$pki/w-cert.crt" "$pki/w-cert.key" "$pki/ca.crt" >"$work/w-cert.toml"
 start_server "$server" "$work/x509.log" --port 0 --state-dir "$work/state-x509" --model mlp --config "$work/server-x509.toml"
 grep -q "(CoAP over DTLS, X.509)" "$work/x509.log" || fail "the server does not say it serves X.509"
@@ -107,7 +107,7 @@ check_trained "$work/w-cert.stats.json" 15
 grep -q "first request from 'w-cert'$" "$work/x509.log" || fail "the server did not see the certificate's CN as identity"
 # A certificate from another CA: handshakes refused, nothing accepted, the worker stops on time.
 start_worker "$work/stranger.log" "$work/stranger.stats.json" "$worker" --server "coaps://127.0.0.1:$server_port" \
-  --cert "$pki/stranger.crt" --key "$pki/stranger.key" --ca "$pki/ca.crt" "${common_worker_flags[@]}" --duration 6
+  --cert "$pki/stranger.crt" --cert-key "$pki/stranger.key" --ca "$pki/ca.crt" "${common_worker_flags[@]}" --duration 6
 wait_for_exit "$last_pid" 60 || fail "the stranger worker exited with status $?"
 [ "$(json_get "$work/stranger.stats.json" state)" = stopped ] && [ "$(json_get "$work/stranger.stats.json" updates_accepted)" -eq 0 ] ||
   fail "a certificate from another CA got updates accepted"

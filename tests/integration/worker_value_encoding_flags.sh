@@ -18,7 +18,7 @@ expect_refused() {  # DESCRIPTION PATTERN ARGS...
   echo "ok: $what refused: $(grep -m1 -- "$pattern" <<<"$out")"
 }
 
-expect_refused "--fp16 --sign-scale" "excludes" --fp16 --sign-scale
+expect_refused "--fp16 --sign-scale" "exclude each other" --fp16 --sign-scale
 printf 'fp16 = true\nsign_scale = true\n' >"$work/both.toml"
 expect_refused "fp16 and sign_scale in --config" "exclude each other" --config "$work/both.toml"
 printf 'fp16 = true\n' >"$work/fp16.toml"

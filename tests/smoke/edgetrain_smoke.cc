@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/settings.h"
 #include "kernels/fully_connected.h"
 #include "transport/coap_dtls.h"
 
@@ -153,6 +154,9 @@ int main(int argc, char** argv) {
     sub->add_option("--identity", identity, "PSK identity")->capture_default_str();
     sub->add_option("--key", key, "PSK key")->capture_default_str();
   }
+  // The one version string of the project, as every program prints it (common/settings.h).
+  app.set_version_flag("--version", "edgetrain-smoke " + std::string(edgetrain::settings::project_version()),
+                       "print the version and exit");
   CLI11_PARSE(app, argc, argv);
 
   try {

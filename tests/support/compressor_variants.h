@@ -26,9 +26,9 @@ inline const std::vector<CompressorVariant>& compressor_variants() {
       {"TopKRate0_1", "top-k c=0.1", with([](auto& o) { o.compression_rate = 0.1; })},
       {"TopKErrorFeedback", "top-k c=0.01 + error feedback", with([](auto& o) { o.error_feedback = true; })},
       {"TopKErrorFeedbackFp16", "top-k c=0.01 + error feedback + fp16",
-       with([](auto& o) { o.error_feedback = true; o.fp16_values = true; })},
+       with([](auto& o) { o.error_feedback = true; o.value_encoding = transport::ValueEncoding::kFp16; })},
       {"TopKErrorFeedbackSignScale", "top-k c=0.01 + EF + sign-scale",
-       with([](auto& o) { o.error_feedback = true; o.sign_scale_values = true; })},
+       with([](auto& o) { o.error_feedback = true; o.value_encoding = transport::ValueEncoding::kSignScale; })},
       {"BinLocal", "bin-local T=50 (Chen et al.)", with([](auto& o) { o.method = CompressionMethod::kBinLocal; })},
       {"BinLocalBin500", "bin-local T=500",
        with([](auto& o) { o.method = CompressionMethod::kBinLocal; o.bin_size = 500; })},
@@ -39,9 +39,7 @@ inline const std::vector<CompressorVariant>& compressor_variants() {
 
 // The wire encoding a setting's values are made for (what the worker pairs it with).
 inline transport::ValueEncoding wire_encoding_of(const runtime::CompressorOptions& options) {
-  if (options.sign_scale_values) return transport::ValueEncoding::kSignScale;
-  if (options.fp16_values) return transport::ValueEncoding::kFp16;
-  return transport::ValueEncoding::kFp32;
+  return options.value_encoding;
 }
 
 }  // namespace edgetrain::testing

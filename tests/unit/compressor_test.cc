@@ -184,7 +184,7 @@ TEST(Compressor, Fp16RoundingErrorIsFedBack) {
   const std::vector<std::uint32_t> sizes = {64};
   CompressorOptions options;
   options.error_feedback = true;
-  options.fp16_values = true;
+  options.value_encoding = edgetrain::transport::ValueEncoding::kFp16;
   options.compression_rate = 0.25;
   Compressor compressor(layout_of(sizes), options);
   std::vector<float> g(64);
@@ -208,7 +208,7 @@ TEST(Compressor, SignScaleSendsPlusOrMinusTheMeanMagnitude) {
     plain.method = method;
     plain.compression_rate = 0.05;
     CompressorOptions signs = plain;
-    signs.sign_scale_values = true;
+    signs.value_encoding = edgetrain::transport::ValueEncoding::kSignScale;
     Compressor reference(layout, plain), compressor(layout, signs);
     SparseUpdate expected, update;
     for (int step = 0; step < 3; ++step) {
@@ -259,7 +259,7 @@ TEST(Compressor, SignScaleErrorIsFedBackExactly) {
     CompressorOptions options;
     options.error_feedback = true;
     options.compression_rate = 1.0 / 64;  // k = 4, 1 (at least one), 16, 1
-    options.sign_scale_values = true;
+    options.value_encoding = edgetrain::transport::ValueEncoding::kSignScale;
     Compressor compressor(layout, options);
     std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
     SparseUpdate update;
@@ -294,7 +294,7 @@ TEST(Compressor, SignScaleFeedsTheErrorBackOverManySteps) {
     CompressorOptions options;
     options.method = method;
     options.error_feedback = true;
-    options.sign_scale_values = true;
+    options.value_encoding = edgetrain::transport::ValueEncoding::kSignScale;
     Compressor compressor(layout, options);
     std::vector<double> gradients(total(sizes), 0.0), sent(total(sizes), 0.0);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -310,13 +310,6 @@ TEST(Compressor, SignScaleFeedsTheErrorBackOverManySteps) {
       ASSERT_NEAR(sent[i] + compressor.residual()[i], gradients[i], 1e-4 * (1.0 + std::fabs(gradients[i])))
           << "method " << static_cast<int>(method) << " entry " << i;
   }
-}
-
-TEST(Compressor, SignScaleAndFp16ExcludeEachOther) {
-  CompressorOptions both;
-  both.fp16_values = true;
-  both.sign_scale_values = true;
-  EXPECT_THROW(Compressor(layout_of({10}), both), std::invalid_argument);
 }
 
 TEST(Compressor, BinLocalSelectsByTheBinRule) {
@@ -381,7 +374,7 @@ TEST_P(EveryCompressorVariant, SendsWhatTheWireCarriesAndLosesNothing) {
   const auto layout = layout_of(sizes);
   Compressor compressor(layout, options);
   const bool keeps_residual = options.error_feedback || options.method == CompressionMethod::kBinLocal;
-  const bool plain_values = !options.fp16_values && !options.sign_scale_values;
+  const bool plain_values = options.value_encoding == edgetrain::transport::ValueEncoding::kFp32;
   const edgetrain::transport::EncodeOptions encoding{edgetrain::testing::wire_encoding_of(options)};
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -2,7 +2,12 @@
 // promises (balanced for i.i.d., concentrated on preferred classes for label skew).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <set>
 
@@ -109,6 +114,47 @@ TEST(Subset, CopiesImagesAndLabelsInOrder) {
   EXPECT_EQ(s.labels, (std::vector<std::int32_t>{5, 3}));
   std::vector<std::uint32_t> bad = {3};
   EXPECT_THROW(subset(data, bad), std::out_of_range);
+}
+
+}  // namespace
+
+// dataset_files: one place maps a data set's name and split to its files.
+namespace {
+
+class DatasetFilesIn : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("edgetrain-dataset-files-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void touch(const std::string& name) { std::ofstream(dir_ / name) << ""; }
+  std::filesystem::path dir_;
+};
+
+TEST_F(DatasetFilesIn, ADirectoryPrefersRawFilesAndFallsBackToGzip) {
+  touch("train-images-idx3-ubyte");
+  touch("train-labels-idx1-ubyte.gz");
+  const DatasetFiles train = dataset_files(dir_.string(), DataSplit::kTrain);
+  EXPECT_EQ(train.images, dir_ / "train-images-idx3-ubyte");
+  EXPECT_EQ(train.labels, dir_ / "train-labels-idx1-ubyte.gz");
+  // Neither exists: the .gz name, which load_dataset's error then names.
+  const DatasetFiles test = dataset_files(dir_.string(), DataSplit::kTest);
+  EXPECT_EQ(test.images, dir_ / "t10k-images-idx3-ubyte.gz");
+  EXPECT_EQ(test.labels, dir_ / "t10k-labels-idx1-ubyte.gz");
+}
+
+TEST_F(DatasetFilesIn, NamedDataSetsLiveWhereSetUpPutsThem) {
+  // Restored afterwards: the environment outlives this test.
+  const char* before = std::getenv("EDGETRAIN_DEPS");
+  const std::string saved = before ? before : "";
+  ::setenv("EDGETRAIN_DEPS", dir_.parent_path().c_str(), 1);
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist");
+  ::unsetenv("EDGETRAIN_DEPS");
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist");
+  EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.parent_path(), "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.filename().string().substr(0, 4), "t10k");
+  if (before) ::setenv("EDGETRAIN_DEPS", saved.c_str(), 1);
 }
 
 }  // namespace

@@ -85,4 +85,56 @@ TEST_F(KeystoreFile, WorkerConfigurationIsTomlWithTheSameKey) {
   EXPECT_EQ(config["key_hex"].value<std::string>(), to_hex(key));
 }
 
+// The server's LiveKeystore: a device added while it runs is known at the next lookup;
+// a file that stops loading leaves the previous keys in force, and is reported.
+TEST_F(KeystoreFile, LiveKeystoreReloadsWhenTheFileChanges) {
+  add_device(path_, "pi-01");
+  std::vector<std::string> log;
+  LiveKeystore live(path_, [&](const std::string& line) { log.push_back(line); });
+  EXPECT_EQ(live.size(), 1u);
+  EXPECT_FALSE(live.contains("pi-02"));
+  const auto key2 = add_device(path_, "pi-02");
+  EXPECT_TRUE(live.contains("pi-02"));
+  EXPECT_EQ(live.key_for("pi-02"), key2);
+  EXPECT_EQ(live.size(), 2u);
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("keystore reloaded: 2 devices"), std::string::npos) << log[0];
+  EXPECT_TRUE(live.contains("pi-02"));  // unchanged file: no second reload
+  EXPECT_EQ(log.size(), 1u);
+}
+
+TEST_F(KeystoreFile, LiveKeystoreKeepsThePreviousKeysWhenTheNewFileIsBad) {
+  const auto key1 = add_device(path_, "pi-01");
+  std::vector<std::string> log;
+  LiveKeystore live(path_, [&](const std::string& line) { log.push_back(line); });
+  {
+    std::ofstream out(path_, std::ios::trunc);
+    out << "[devices\npi-03 = \"00\"\n";  // half edited: not TOML
+  }
+  EXPECT_TRUE(live.contains("pi-01"));
+  EXPECT_EQ(live.key_for("pi-01"), key1);
+  EXPECT_FALSE(live.contains("pi-03"));
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("keystore not reloaded, keeping the previous one"), std::string::npos) << log[0];
+  // Readable by others: refused the same way.
+  add_device(dir_ / "other.toml", "pi-04");
+  std::filesystem::rename(dir_ / "other.toml", path_);
+  std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0644));
+  EXPECT_FALSE(live.contains("pi-04"));
+  EXPECT_TRUE(live.contains("pi-01"));
+  // Fixed: the new file is taken.
+  std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
+  EXPECT_TRUE(live.contains("pi-04"));
+  EXPECT_FALSE(live.contains("pi-01"));
+}
+
+TEST_F(KeystoreFile, LiveKeystoreRefusesABadFileAtStart) {
+  {
+    std::ofstream out(path_);
+    out << "[devices\n";
+  }
+  std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
+  EXPECT_THROW(LiveKeystore{path_}, KeystoreError);
+}
+
 }  // namespace

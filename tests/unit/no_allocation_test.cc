@@ -131,8 +131,8 @@ TEST(NoAllocation, TopKCompressorAfterTheFirstCall) {
   for (int variant = 0; variant < 4; variant++) {
     CompressorOptions options;
     options.error_feedback = variant > 0;
-    options.fp16_values = variant == 2;
-    options.sign_scale_values = variant == 3;
+    if (variant == 2) options.value_encoding = edgetrain::transport::ValueEncoding::kFp16;
+    if (variant == 3) options.value_encoding = edgetrain::transport::ValueEncoding::kSignScale;
     Compressor compressor(layout, options);
     edgetrain::transport::SparseUpdate update;
     compressor.compress(gradient, update);

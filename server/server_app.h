@@ -1,0 +1,48 @@
+// The edgetrain-server program behind its settings: set-up (keystore, state directory and
+// recovery, CoAP resources, the DTLS endpoint, metrics, evaluator), the serving loop until
+// SIGTERM/SIGINT, and the orderly shutdown (answer staged updates, plot, checkpoint).
+// server_main.cc declares the settings table and calls run_server().
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "server/parameter_store.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::server {
+
+// Every setting of edgetrain-server (server/README.md has the table of flags and keys).
+struct ServerSettings {
+  std::string listen = "0.0.0.0";
+  int port = 5684;
+  std::string model = "paper-cnn";
+  std::string state_dir;
+  std::string keystore;
+  double lr = 0.1;
+  std::uint32_t max_staleness = kDefaultMaxStaleness;
+  std::uint64_t checkpoint_every = 1000;
+  std::string eval_data = "none";
+  double eval_interval = 10;  // seconds
+  std::uint64_t max_update_bytes = std::uint64_t{4} << 20;
+  std::uint64_t seed = 1;
+  // Transport (transport/README.md): plain CoAP only with insecure, X.509 as an option,
+  // CoAP timing for a WAN.
+  bool insecure = false;
+  int insecure_port = 5683;
+  std::string cert, cert_key, ca;
+  transport::CoapTiming timing = transport::CoapTiming::wan();
+  std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
+  // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
+  std::string port_file, stats_file;
+};
+
+// Runs the server until SIGTERM or SIGINT (installs handlers for both); returns the exit
+// status. Throws std::exception for settings that do not work together or a state
+// directory it cannot use (before serving).
+int run_server(const ServerSettings& settings);
+
+// "2024-05-01T12:34:56.789Z message" on stderr; callable from any thread.
+void log_line(const std::string& message);
+
+}  // namespace edgetrain::server

@@ -6,6 +6,8 @@
 //               workers' --stats-file), checked against a restarted server's recovery;
 //   summarize   a finished run's workers.csv, outcome.json and summary.md, from the plan,
 //               the workers' and servers' stats files, timeline.csv and links.csv;
+//   settings    the emulator's own settings (flags and --config TOML, checked), printed as
+//               shell assignments for the launcher;
 //   compare     plots (accuracy against socket ingress and against time, one line per run)
 //               and a markdown table with the traffic ratio to a target accuracy; the first
 //               run is the reference of the ratio (give the ASGD run first). Also the
@@ -22,7 +24,10 @@
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
+#include "common/settings.h"
 #include "common/svg_plot.h"
 #include "runtime/splitmix64.h"
 
@@ -502,6 +507,118 @@ int summarize(const SummarizeOptions& o) {
   return outcome.at("lost_acknowledged_updates").get<bool>() ? 3 : 0;
 }
 
+// ------------------------------------------------------------------------------ settings
+
+// edgetrain-emulate's settings: one table for its flags and its --config TOML file (a key is
+// its flag's name with '_': `pull_every = 10`), their defaults, ranges and help. The
+// launcher evaluates what `settings` prints: one shell assignment per setting, the
+// variable named like the TOML key.
+struct EmulatorSettings {
+  std::uint32_t workers = 10, pull_every = 1, batch = 10, max_staleness = 0, qemu_workers = 0;
+  std::string model = "paper-cnn", data = "mnist", compressor = "adacomp", network = "auto";
+  std::string label, link, impaired = "all", slowdown = "0", fail, out = "emulation-results/run";
+  std::string build_dir, aarch64_build_dir;
+  double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
+  std::uint64_t seed = 1;
+  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false;
+};
+
+void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
+  t.group("Experiment");
+  t.add("workers", s.workers, "number of worker processes").range(1, 4000);
+  t.add("model", s.model, "the model").choices({"paper-cnn", "mlp"});
+  t.add("data", s.data, "training and test data").choices({"mnist", "fashion-mnist"});
+  t.add("compressor", s.compressor, "adacomp, or none (dense ASGD)").choices({"adacomp", "none"});
+  t.add("rate", s.rate, "AdaComp compression rate (the worker checks it)");
+  t.add("error-feedback", s.error_feedback, "workers keep what they did not send (beyond the paper)");
+  t.add("fp16", s.fp16, "workers send values as fp16 (excludes --sign-scale)");
+  t.add("sign-scale", s.sign_scale, "workers send one fp32 scale and a sign bit per value (excludes --fp16)");
+  t.add("pull-every", s.pull_every, "steps per model pull (1: the paper's)").range(1, 1000000);
+  t.add("batch", s.batch, "minibatch (the worker checks it)");
+  t.add("lr", s.lr, "the server's learning rate (the server checks it)");
+  t.add("max-staleness", s.max_staleness, "the server's largest accepted delay (0: the server's default)");
+  t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
+  t.add("target-accuracy", s.target_accuracy, "stop once the evaluator reports this and every --fail event happened (0: off)")
+      .range(0, 1);
+  t.add("eval-interval", s.eval_interval, "between the server's evaluations").range(0, 1e9).unit("seconds");
+  t.add("request-timeout", s.request_timeout, "a worker's bound on one request (the impairer passes no ICMP)")
+      .range(0, 1e9).unit("seconds");
+  t.add("seed", s.seed, "draws of link profiles, slowdowns and loss");
+  t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
+}
+
+void declare_devices(edgetrain::settings::Table& t, EmulatorSettings& s) {
+  t.group("Devices and network");
+  t.add("network", s.network, "namespaces if 'ip netns add' works (auto), or forced").choices({"auto", "netns", "loopback"});
+  t.add("link", s.link, "impaired link, e.g. delay=20:80,jitter=5,loss=0.01,bandwidth=1000:5000 (ms, probability, "
+                        "kbit/s; A:B drawn per worker)");
+  t.add("impaired", s.impaired, "how many workers (the first K) get --link, or all");
+  t.add("slowdown", s.slowdown, "A[:B]: a worker sleeps F x its step's compute time, F drawn per worker");
+  t.add("qemu-workers", s.qemu_workers, "the last K workers are the aarch64 build under qemu-aarch64");
+  t.group("Failures");
+  t.add("fail", s.fail, "kill-worker:I@T[+D] (SIGKILL worker I at T s, restart D s later; default 5, +0 never), "
+                        "kill-server@T[+D] (restart D s later, default 3), comma-separated");
+  t.group("Paths");
+  t.add("out", s.out, "output directory; emptied first if it holds an earlier run");
+  t.add("build-dir", s.build_dir, "host build tree (empty: <repo>/build/host)");
+  t.add("aarch64-build-dir", s.aarch64_build_dir, "aarch64 build tree (empty: <repo>/build/aarch64)");
+  t.add("quiet", s.quiet, "no progress line");
+}
+
+// Checks that relate settings, or read one's text (the table checks each alone).
+void check_emulator_settings(const EmulatorSettings& s) {
+  if (s.fp16 && s.sign_scale) throw std::invalid_argument("--fp16 and --sign-scale exclude each other (choose one value encoding)");
+  if (s.qemu_workers > s.workers) throw std::invalid_argument("--qemu-workers must be 0..--workers");
+  if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
+    throw std::invalid_argument("--impaired must be a number or 'all'");
+  parse_link_profile(s.link);
+  parse_range(s.slowdown, "--slowdown");
+}
+
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// 0.01, not 0.010000000000000000208: 15 digits hold every value a person types.
+std::string shortest_number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", value);
+  return text;
+}
+
+std::string field_text(const edgetrain::settings::Field& field) {
+  return std::visit([](auto* value) {
+    using T = std::decay_t<decltype(*value)>;
+    if constexpr (std::is_same_v<T, std::string>) return *value;
+    else if constexpr (std::is_same_v<T, bool>) return std::string(*value ? "1" : "0");
+    else if constexpr (std::is_floating_point_v<T>) return shortest_number_text(*value);
+    else return std::to_string(*value);
+  }, field);
+}
+
+int print_emulator_settings(int argc, char** argv) {
+  EmulatorSettings s;
+  edgetrain::settings::Table table(
+      "edgetrain-emulate",
+      "edgetrain-emulate [options]: one emulated experiment with the real programs: edgetrain-server on 127.0.0.1\n"
+      "and N edgetrain-worker processes behind a user-space link impairer (emulation/README.md). Settings come\n"
+      "from flags, or from a TOML file (--config) whose keys are the flags' names with '_'.");
+  declare_experiment(table, s);
+  declare_devices(table, s);
+  if (const auto status = table.parse(argc, argv)) return *status;
+  try {
+    check_emulator_settings(s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-emulate: %s\n", e.what());
+    return 2;
+  }
+  for (const auto& setting : table.settings())
+    std::printf("%s=%s\n", setting->key().c_str(), shell_quoted(field_text(setting->field())).c_str());
+  return 0;
+}
+
 // ------------------------------------------------------------------------------ command line
 
 void add_plan_command(CLI::App& app, PlanOptions& o) {
@@ -540,6 +657,8 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The emulator's settings have their own table (and command line): see print_emulator_settings.
+  if (argc >= 2 && std::string(argv[1]) == "settings") return print_emulator_settings(argc - 1, argv + 1);
   CLI::App app{"edgetrain-emulation-report: the plan, checks and reports of edgetrain-emulate runs.\n"
                "Without a subcommand (or with `compare`): plots and a markdown table from run directories; the\n"
                "first run is the reference of the traffic ratio (give the ASGD run first)."};

@@ -3,9 +3,10 @@
 # `ip netns add` as an unprivileged user's would. The launcher must say so, fall back to
 # loopback (every worker on its own impairer port on 127.0.0.1), create no namespace, and
 # the workers must still train through the impairer: test accuracy reaches FLOOR, and every
-# link relayed traffic. Before that, bad options must fail with a clear message, an --out
-# directory holding anything but an earlier run must be left alone, and a run whose workers
-# all exit must stop at once with status 4.
+# link relayed traffic. Before that, bad options (on the command line or in a --config
+# file) must fail with a clear message, an --out directory holding anything but an earlier
+# run must be left alone, and a run whose workers all exit (its settings from a --config
+# file) must stop at once with status 4.
 # usage: emulate_loopback_fallback.sh BUILD_DIR [FLOOR]
 build_dir="$1"; floor="${2:-0.75}"
 emulate="$(dirname "$0")/../../emulation/edgetrain-emulate"
@@ -40,17 +41,29 @@ for bad in "--workers 0" "--link delay=fast" "--fail kill-worker:9@5" "--no-such
   grep -q "^edgetrain-emulate: " "$work/bad.log" || fail "'$bad' gave no clear error: $(cat "$work/bad.log")"
 done
 
+# The settings also come from a TOML file (--config, keys named like the flags): a
+# misspelt key is refused with its line and the likely key.
+printf 'workers = 2\nwrokers = 3\n' >"$work/misspelt.toml"
+if "$emulate" --build-dir "$build_dir" --out "$work/bad" --config "$work/misspelt.toml" >"$work/bad.log" 2>&1; then
+  fail "a misspelt key in --config was accepted"
+fi
+grep -q "^edgetrain-emulate: .*misspelt.toml:2: unknown key 'wrokers' (did you mean 'workers'?)" "$work/bad.log" ||
+  fail "no clear error for a misspelt key: $(cat "$work/bad.log")"
+
 # A run whose every worker gives up (here: a learning rate that makes the model diverge at
-# once) stops then, not at --duration, with exit status 4 and its summary written.
+# once) stops then, not at --duration, with exit status 4 and its summary written. Its
+# settings come from a file, one of them overridden by a flag.
+printf 'workers = 2\nmodel = "mlp"\nlr = 1e30\nduration = 30\nquiet = true\n' >"$work/diverge.toml"
 status=0
 started=$SECONDS
-"$emulate" --build-dir "$build_dir" --out "$work/diverged" --workers 2 --model mlp --lr 1e30 --duration 120 --quiet \
+"$emulate" --build-dir "$build_dir" --out "$work/diverged" --config "$work/diverge.toml" --duration 120 \
   >"$work/diverged.log" 2>&1 || status=$?
 [ "$status" -eq 4 ] || fail "a run whose workers all exited gave status $status, not 4: $(tail -n 5 "$work/diverged.log")"
 (( SECONDS - started < 60 )) || fail "a run whose workers all exited went on for $((SECONDS - started)) s"
 [ "$(json_get "$work/diverged/outcome.json" stop)" = workers-gone ] ||
   fail "the outcome does not say why the run stopped: $(cat "$work/diverged/outcome.json")"
 [ -s "$work/diverged/summary.md" ] || fail "no summary of the diverged run"
+[ "$(tail -n +2 "$work/diverged/plan.csv" | wc -l)" -eq 2 ] || fail "--config's workers = 2 was not applied"
 
 status=0
 PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \

@@ -349,4 +349,14 @@ std::optional<int> Table::parse(int argc, const char* const* argv) {
   return std::nullopt;
 }
 
+int Table::run_program(int argc, const char* const* argv, const std::function<int()>& run) {
+  if (auto exit_status = parse(argc, argv)) return *exit_status;
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", program_.c_str(), e.what());
+    return 1;
+  }
+}
+
 }  // namespace edgetrain::settings

@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -148,6 +149,10 @@ class Table {
   // exit status after --help / --version (0) or an error (2; the message is on stderr,
   // prefixed with the program's name).
   std::optional<int> parse(int argc, const char* const* argv);
+
+  // What every program's main() does: parse(), then `run` (the program), and an exception
+  // that escapes it printed as "PROGRAM: message" with exit status 1. Returns the exit status.
+  int run_program(int argc, const char* const* argv, const std::function<int()>& run);
 
   // The same steps without the command line, for tests and programs that read a file
   // alone: fills every setting from `path` (TOML) unless `given_on_command_line(key)`,

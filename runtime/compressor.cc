@@ -15,6 +15,14 @@ std::uint32_t Compressor::top_k_count(std::uint32_t n, double rate) {
   return static_cast<std::uint32_t>(product);
 }
 
+transport::ValueEncoding value_encoding_from_flags(bool fp16, bool sign_scale) {
+  if (fp16 && sign_scale)
+    throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
+                                "sign_scale in --config): choose one value encoding");
+  return fp16 ? transport::ValueEncoding::kFp16 : sign_scale ? transport::ValueEncoding::kSignScale
+                                                             : transport::ValueEncoding::kFp32;
+}
+
 Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions options)
     : layout_(std::move(layout)), options_(options),
       keeps_residual_(options.error_feedback || options.method == CompressionMethod::kBinLocal) {

@@ -59,6 +59,10 @@ struct CompressorOptions {
   transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32;
 };
 
+// The value encoding the programs' two option flags (--fp16, --sign-scale) choose; the one
+// place that turns them into the enum. Throws std::invalid_argument when both are set.
+transport::ValueEncoding value_encoding_from_flags(bool fp16, bool sign_scale);
+
 class Compressor {
  public:
   // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1] or bin_size 0.

@@ -17,6 +17,7 @@
 
 #include "common/atomic_file.h"
 #include "common/settings.h"
+#include "runtime/compression_settings.h"
 #include "runtime/worker.h"
 
 namespace {
@@ -39,25 +40,23 @@ std::string read_text_file(const std::string& path) {
   return s.str();
 }
 
+}  // namespace
+
+namespace edgetrain::runtime {
+// Every WorkerStats field under its own name, for the --stats-file object.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused, updates_rejected, pulls,
+                                   delta_pulls, delta_mismatches, bytes_sent, bytes_received, server_version, retries,
+                                   non_finite_steps, last_loss)
+}  // namespace edgetrain::runtime
+
+namespace {
+
 // The --stats-file object (runtime/README.md): every WorkerStats field by its name, the
 // server versions acknowledged (2.04) in this run in order, and whether the worker runs.
 std::string stats_json(const edgetrain::runtime::WorkerStats& s, const std::vector<std::uint64_t>& acknowledged,
                        bool running) {
-  nlohmann::json j;
+  nlohmann::json j = s;
   j["state"] = running ? "running" : "stopped";
-  j["steps"] = s.steps;
-  j["updates_accepted"] = s.updates_accepted;
-  j["updates_refused"] = s.updates_refused;
-  j["updates_rejected"] = s.updates_rejected;
-  j["pulls"] = s.pulls;
-  j["delta_pulls"] = s.delta_pulls;
-  j["delta_mismatches"] = s.delta_mismatches;
-  j["bytes_sent"] = s.bytes_sent;
-  j["bytes_received"] = s.bytes_received;
-  j["server_version"] = s.server_version;
-  j["retries"] = s.retries;
-  j["non_finite_steps"] = s.non_finite_steps;
-  j["last_loss"] = s.last_loss;
   j["acknowledged_versions"] = acknowledged;
   return j.dump(2) + "\n";
 }
@@ -133,8 +132,9 @@ class StatsFileWriter {
 // the settings that worker_config() turns into the rest.
 struct WorkerSettings {
   edgetrain::runtime::WorkerConfig config;
-  std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist", compressor = "adacomp";
-  bool fp16 = false, sign_scale = false, insecure = false, quiet = false, log_acks = false;
+  std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist";
+  edgetrain::runtime::CompressionSettings compression;
+  bool insecure = false, quiet = false, log_acks = false;
   std::string cert, cert_key, ca, stats_file;
   double request_timeout = 60;
 };
@@ -160,12 +160,7 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.group("Training and compression");
   t.add("batch", c.batch, "minibatch size").range(1, 4096);
   t.add("threads", c.threads, "compute threads").range(1, 64);
-  t.add("compressor", s.compressor, "adacomp (the paper's top-k) or none (dense ASGD)").choices({"adacomp", "none"});
-  t.add("rate", c.compressor.compression_rate, "AdaComp compression rate c").range(1e-6, 1.0);
-  t.add("error-feedback", c.compressor.error_feedback, "keep unsent values for the next step (option)");
-  t.add("fp16", s.fp16, "send values as fp16 (option; excludes --sign-scale)");
-  t.add("sign-scale", s.sign_scale, "send each tensor's values as one fp32 scale (their mean |v|) and one sign bit "
-        "per entry (option; with --error-feedback the quantization error is fed back; excludes --fp16)");
+  edgetrain::runtime::declare_compression_settings(t, c.compressor, s.compression, {"adacomp", "none"});
   t.add("pull-every", c.pull_every, "steps per model pull (1: the paper's)").range(1, 1e6).unit("steps");
   t.add("dense-pull", c.dense_pull, "always download the whole model (default: only the parameters changed since "
         "the version held, GET /model?since=V; same parameters bit for bit)");
@@ -222,17 +217,11 @@ void set_security(WorkerSettings& s, edgetrain::runtime::WorkerConfig& config) {
 
 // The worker's configuration from its settings; throws std::invalid_argument.
 edgetrain::runtime::WorkerConfig worker_config(WorkerSettings& s) {
-  using edgetrain::transport::ValueEncoding;
-  if (s.fp16 && s.sign_scale)
-    throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
-                                "sign_scale in --config): choose one value encoding");
   edgetrain::runtime::WorkerConfig config = s.config;
+  config.compressor = edgetrain::runtime::compressor_options(config.compressor, s.compression);
   set_security(s, config);
   edgetrain::transport::check_timing(config.timing);
   config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
-  config.compressor.method =
-      s.compressor == "none" ? edgetrain::runtime::CompressionMethod::kNone : edgetrain::runtime::CompressionMethod::kTopK;
-  config.compressor.value_encoding = s.fp16 ? ValueEncoding::kFp16 : s.sign_scale ? ValueEncoding::kSignScale : ValueEncoding::kFp32;
   return config;
 }
 
@@ -279,7 +268,7 @@ int run(WorkerSettings& s) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
-           config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compressor + ", " +
+           config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");
   StatsFileWriter stats_file(s.stats_file);
   runtime::WorkerStats stats;
@@ -309,11 +298,5 @@ int main(int argc, char** argv) {
       "edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed gradients to an\n"
       "edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--cert-key/--ca).");
   declare_settings(table, settings);
-  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
-  try {
-    return run(settings);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
-  }
-  return 1;
+  return table.run_program(argc, argv, [&] { return run(settings); });
 }

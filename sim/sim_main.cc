@@ -12,6 +12,7 @@
 
 #include "common/settings.h"
 #include "common/svg_plot.h"
+#include "runtime/compression_settings.h"
 #include "runtime/dataset.h"
 #include "sim/simulator.h"
 
@@ -31,10 +32,11 @@ std::string human_bytes(double bytes) {
 // What the settings table fills besides sim::SimConfig's own fields.
 struct SimSettings {
   sim::SimConfig config;
-  std::string data = "mnist", compressor = "both", staleness = "sigma", out_dir = "sim-results";
+  std::string data = "mnist", staleness = "sigma", out_dir = "sim-results";
+  runtime::CompressionSettings compression{"both"};
   std::string train_images, train_labels, test_images, test_labels;
   double target_accuracy = 0;
-  bool bin_local = false, fp16 = false, sign_scale = false, quiet = false;
+  bool bin_local = false, quiet = false;
 };
 
 void declare_settings(settings::Table& t, SimSettings& s) {
@@ -61,16 +63,9 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("threads", c.threads, "compute threads").range(1, 64);
   t.add("seed", c.seed, "same seed, same run");
   t.group("Compression");
-  t.add("compressor", s.compressor, "none (dense ASGD), adacomp, or both (compare; labelled ASGD and AdaComp)")
-      .choices({"none", "adacomp", "both"});
-  t.add("rate", c.compressor.compression_rate, "AdaComp compression rate c: k = max(1, floor(n*c)) per tensor")
-      .range(1e-6, 1.0);
-  t.add("error-feedback", c.compressor.error_feedback, "option: keep unsent gradient values and add them next step");
+  runtime::declare_compression_settings(t, c.compressor, s.compression, {"none", "adacomp", "both"});
   t.add("bin-local", s.bin_local, "option: IBM's bin-local selection (Chen et al. 2018) instead of top-k");
   t.add("bin-size", c.compressor.bin_size, "entries per bin for --bin-local").range(1, 1e9);
-  t.add("fp16", s.fp16, "option: send values as fp16 (excludes --sign-scale)");
-  t.add("sign-scale", s.sign_scale, "option: send each tensor's values as one fp32 scale (mean |v|) and one sign bit "
-        "per entry (excludes --fp16)");
   t.group("Run and output");
   t.add("updates", c.max_updates, "stop after this many applied updates").unit("updates");
   t.add("eval-every", c.eval_every, "applied updates between test evaluations").range(1, 1e12).unit("updates");
@@ -98,26 +93,23 @@ Data load_data(const SimSettings& s) {
 
 // The runs to compare: dense ASGD, AdaComp with the options, or both (in that order).
 std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings& s) {
-  if (s.fp16 && s.sign_scale) throw std::invalid_argument("--fp16 and --sign-scale exclude each other");
   sim::SimConfig config = s.config;
+  config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   config.staleness_rule =
       s.staleness == "sigma" ? server::StalenessRule::kPerParameterSigma : server::StalenessRule::kPerUpdateDelay;
   std::vector<std::pair<std::string, sim::SimConfig>> runs;
-  if (s.compressor == "none" || s.compressor == "both") {
+  if (s.compression.compressor == "none" || s.compression.compressor == "both") {
     sim::SimConfig c = config;
     c.compressor = runtime::CompressorOptions{};
     c.compressor.method = runtime::CompressionMethod::kNone;
     runs.push_back({"ASGD", c});
   }
-  if (s.compressor == "adacomp" || s.compressor == "both") {
+  if (s.compression.compressor == "adacomp" || s.compression.compressor == "both") {
     sim::SimConfig c = config;
     c.compressor.method = s.bin_local ? runtime::CompressionMethod::kBinLocal : runtime::CompressionMethod::kTopK;
-    c.compressor.value_encoding = s.fp16         ? transport::ValueEncoding::kFp16
-                                  : s.sign_scale ? transport::ValueEncoding::kSignScale
-                                                 : transport::ValueEncoding::kFp32;
     std::ostringstream label;
     label << "AdaComp c=" << c.compressor.compression_rate << (s.bin_local ? " bin-local" : "")
-          << (c.compressor.error_feedback ? " +ef" : "") << (s.fp16 ? " fp16" : "") << (s.sign_scale ? " sign-scale" : "");
+          << (c.compressor.error_feedback ? " +ef" : "") << (s.compression.fp16 ? " fp16" : "") << (s.compression.sign_scale ? " sign-scale" : "");
     runs.push_back({label.str(), c});
   }
   return runs;
@@ -241,11 +233,5 @@ int main(int argc, char** argv) {
       "compressor, codec and server staleness rule, and compare dense ASGD with AdaComp by test accuracy\n"
       "against the bytes the server ingests. Writes a CSV, SVG plots and a summary to --out.");
   declare_settings(table, settings);
-  if (auto exit_status = table.parse(argc, argv)) return *exit_status;
-  try {
-    return run(settings);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "edgetrain-sim: %s\n", e.what());
-    return 1;
-  }
+  return table.run_program(argc, argv, [&] { return run(settings); });
 }

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/atomic_file.h"
 #include "common/settings.h"
 #include "kernels/fully_connected.h"
 #include "transport/coap_dtls.h"
@@ -124,84 +125,88 @@ bool check_dtls_roundtrip() {
   return ok;
 }
 
+// The command line: no subcommand runs every check; `serve` and `request` are the two halves
+// of the cross test (an aarch64 client under QEMU against a host server).
+struct SmokeSettings {
+  std::string identity = "smoke-device";
+  std::string key = "smoke-test-psk-0123456789";
+  std::string bind = "127.0.0.1";
+  std::string host = "127.0.0.1";
+  std::string port_file;
+  int port = 0, max_requests = 0;
+  double timeout_s = 60;
+  std::size_t size = 5000;
+};
+
+int serve_echo(const SmokeSettings& s) {
+  CoapDtlsServer::Options options;
+  options.bind_address = s.bind;
+  options.port = static_cast<std::uint16_t>(s.port);
+  options.psk_lookup = [&](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id == s.identity) return bytes_of(s.key);
+    return std::nullopt;
+  };
+  CoapDtlsServer server(options);
+  std::atomic<int> handled = 0;
+  add_echo_resources(server, handled);
+  std::printf("edgetrain-smoke (%s): serving DTLS-PSK on %s:%u\n", kArch, s.bind.c_str(), server.port());
+  std::fflush(stdout);
+  if (!s.port_file.empty()) edgetrain::common::write_file_atomically(s.port_file, std::to_string(server.port()) + "\n");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(s.timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && (s.max_requests == 0 || handled < s.max_requests)) {
+    server.run_once(50);
+  }
+  // Let the last response's blocks and ACKs go out before exiting.
+  for (int i = 0; i < 10; i++) server.run_once(20);
+  std::printf("edgetrain-smoke: served %d requests\n", handled.load());
+  return s.max_requests == 0 || handled >= s.max_requests ? 0 : 1;
+}
+
+int request_echo(const SmokeSettings& s) {
+  CoapDtlsClient client({s.host, static_cast<std::uint16_t>(s.port), {s.identity, bytes_of(s.key)}, 30000});
+  CoapResponse hello = client.request(Method::kGet, "hello");
+  std::printf("client (%s): GET /hello -> %s \"%s\"\n", kArch, edgetrain::transport::coap_code_string(hello.code).c_str(),
+              std::string(hello.payload.begin(), hello.payload.end()).c_str());
+  const auto body = pattern(s.size);
+  CoapResponse echo = client.request(Method::kPost, "echo", body);
+  const bool reversed = std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
+  std::printf("client (%s): POST /echo %zu B -> %s, %s\n", kArch, s.size,
+              edgetrain::transport::coap_code_string(echo.code).c_str(), reversed ? "echo correct" : "echo WRONG");
+  return hello.code == CoapCode::kContent && echo.code == CoapCode::kChanged && reversed ? 0 : 1;
+}
+
+void declare_options(CLI::App& app, CLI::App& serve, CLI::App& request, SmokeSettings& s) {
+  serve.add_option("--bind", s.bind, "address to listen on")->capture_default_str();
+  serve.add_option("--port", s.port, "UDP port; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
+  serve.add_option("--port-file", s.port_file, "write the bound port to this file once listening");
+  serve.add_option("--requests", s.max_requests, "exit after this many requests (0: only on timeout)")
+      ->capture_default_str();
+  serve.add_option("--timeout", s.timeout_s, "exit after this many seconds")->capture_default_str();
+  request.add_option("--host", s.host, "server address")->capture_default_str();
+  request.add_option("--port", s.port, "server UDP port")->required()->check(CLI::Range(1, 65535));
+  request.add_option("--size", s.size, "bytes to echo")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+  for (auto* sub : {&serve, &request}) {
+    sub->add_option("--identity", s.identity, "PSK identity")->capture_default_str();
+    sub->add_option("--key", s.key, "PSK key")->capture_default_str();
+  }
+  // The one version string of the project, as every program prints it (common/settings.h).
+  app.set_version_flag("--version", "edgetrain-smoke " + std::string(edgetrain::settings::project_version()),
+                       "print the version and exit");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"edgetrain-smoke: checks that XNNPACK, libcoap and Mbed TLS work on this target"};
   app.require_subcommand(0, 1);
-  std::string identity = "smoke-device";
-  std::string key = "smoke-test-psk-0123456789";
-
   auto* serve = app.add_subcommand("serve", "run a DTLS-PSK echo server (POST /echo, GET /hello)");
-  std::string bind = "127.0.0.1";
-  int port = 0, max_requests = 0;
-  double timeout_s = 60;
-  std::string port_file;
-  serve->add_option("--bind", bind, "address to listen on")->capture_default_str();
-  serve->add_option("--port", port, "UDP port; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
-  serve->add_option("--port-file", port_file, "write the bound port to this file once listening");
-  serve->add_option("--requests", max_requests, "exit after this many requests (0: only on timeout)")
-      ->capture_default_str();
-  serve->add_option("--timeout", timeout_s, "exit after this many seconds")->capture_default_str();
-
   auto* request = app.add_subcommand("request", "call a `serve` instance: GET /hello, then POST /echo");
-  std::string host = "127.0.0.1";
-  std::size_t size = 5000;
-  request->add_option("--host", host, "server address")->capture_default_str();
-  request->add_option("--port", port, "server UDP port")->required()->check(CLI::Range(1, 65535));
-  request->add_option("--size", size, "bytes to echo")->capture_default_str()->check(CLI::Range(0, 1 << 20));
-  for (auto* sub : {serve, request}) {
-    sub->add_option("--identity", identity, "PSK identity")->capture_default_str();
-    sub->add_option("--key", key, "PSK key")->capture_default_str();
-  }
-  // The one version string of the project, as every program prints it (common/settings.h).
-  app.set_version_flag("--version", "edgetrain-smoke " + std::string(edgetrain::settings::project_version()),
-                       "print the version and exit");
+  SmokeSettings settings;
+  declare_options(app, *serve, *request, settings);
   CLI11_PARSE(app, argc, argv);
-
   try {
-    if (serve->parsed()) {
-      CoapDtlsServer::Options options;
-      options.bind_address = bind;
-      options.port = static_cast<std::uint16_t>(port);
-      options.psk_lookup = [&](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-        if (id == identity) return bytes_of(key);
-        return std::nullopt;
-      };
-      CoapDtlsServer server(options);
-      std::atomic<int> handled = 0;
-      add_echo_resources(server, handled);
-      std::printf("edgetrain-smoke (%s): serving DTLS-PSK on %s:%u\n", kArch, bind.c_str(), server.port());
-      std::fflush(stdout);
-      if (!port_file.empty()) {
-        std::ofstream tmp(port_file + ".tmp");
-        tmp << server.port() << "\n";
-        tmp.close();
-        std::rename((port_file + ".tmp").c_str(), port_file.c_str());
-      }
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-      while (std::chrono::steady_clock::now() < deadline && (max_requests == 0 || handled < max_requests)) {
-        server.run_once(50);
-      }
-      // Let the last response's blocks and ACKs go out before exiting.
-      for (int i = 0; i < 10; i++) server.run_once(20);
-      std::printf("edgetrain-smoke: served %d requests\n", handled.load());
-      return max_requests == 0 || handled >= max_requests ? 0 : 1;
-    }
-    if (request->parsed()) {
-      CoapDtlsClient client({host, static_cast<std::uint16_t>(port), {identity, bytes_of(key)}, 30000});
-      CoapResponse hello = client.request(Method::kGet, "hello");
-      std::printf("client (%s): GET /hello -> %s \"%s\"\n", kArch,
-                  edgetrain::transport::coap_code_string(hello.code).c_str(),
-                  std::string(hello.payload.begin(), hello.payload.end()).c_str());
-      const auto body = pattern(size);
-      CoapResponse echo = client.request(Method::kPost, "echo", body);
-      const bool reversed = std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
-      std::printf("client (%s): POST /echo %zu B -> %s, %s\n", kArch, size,
-                  edgetrain::transport::coap_code_string(echo.code).c_str(),
-                  reversed ? "echo correct" : "echo WRONG");
-      return hello.code == CoapCode::kContent && echo.code == CoapCode::kChanged && reversed ? 0 : 1;
-    }
+    if (serve->parsed()) return serve_echo(settings);
+    if (request->parsed()) return request_echo(settings);
     std::printf("edgetrain-smoke on %s\n", kArch);
     const bool ok = check_xnnpack() & check_tls_library() & check_dtls_roundtrip();
     std::printf("%s\n", ok ? "smoke: all checks passed" : "smoke: SOME CHECKS FAILED");

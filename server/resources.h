@@ -101,6 +101,7 @@ class ServerResources {
   std::uint64_t updates_applied() const { return applied_.load(std::memory_order_relaxed); }
   // Bytes that reached the attached server's UDP socket (0 before attach()); any thread.
   std::uint64_t ingress_socket_bytes() const { return server_ ? server_->bytes_received() : 0; }
+  std::uint64_t ingress_socket_datagrams() const { return server_ ? server_->datagrams_received() : 0; }
   std::string status_json() const;
 
  private:

@@ -232,6 +232,7 @@ void ServerApp::write_stats(bool running) {
   j["updates_applied"] = resources_->updates_applied();
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
+  j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
   {
     std::lock_guard lock(metrics_mutex_);
     j["last_evaluation"] = last_evaluation_ ? nlohmann::json{{"version", last_evaluation_->version},

@@ -68,7 +68,7 @@ expect "$work/w1.json" '.acknowledged_versions | . == sort and .[0] > 20' "worke
 acknowledged=$(jq .server_version "$work/w1.json")
 
 wait_for_file "$work/server.json" 30 ".updates_applied == $acknowledged and .last_evaluation != null"
-expect "$work/server.json" '.ingress_payload_bytes > 0 and .ingress_socket_bytes > .ingress_payload_bytes' "server stats: ingress counted"
+expect "$work/server.json" '.ingress_payload_bytes > 0 and .ingress_socket_bytes > .ingress_payload_bytes and .ingress_socket_datagrams > 0' "server stats: ingress counted"
 expect "$work/server.json" '.last_evaluation | (.accuracy | type) == "number" and (.loss | type) == "number" and .version > 0' "server stats: last evaluation"
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"

@@ -20,6 +20,7 @@
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/server_state.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
 
@@ -150,9 +151,9 @@ void ServerApp::open_endpoint() {
   o.bind_address = s_.listen;
   o.port = static_cast<std::uint16_t>(s_.port);
   o.psk_lookup = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
-    auto key = keystore_ ? keystore_->key_for(identity) : std::nullopt;
-    if (!key) log_line("refused a DTLS handshake from unknown identity '" + std::string(identity) + "'");
-    return key;
+    if (keystore_) return keystore_->handshake_key(identity);
+    log_line("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
+    return std::nullopt;
   };
   if (!s_.cert.empty()) o.certificates = transport::CertificateFiles{s_.cert, s_.cert_key, s_.ca};
   if (s_.insecure) o.plaintext_port = static_cast<std::uint16_t>(s_.insecure_port);

@@ -4,7 +4,8 @@
 # Checks: no acknowledged update is lost (the recovered version is at least every version a
 # worker got in a 2.04, and each worker's acknowledged versions keep increasing over the
 # whole run), recovery is clean (its log line, no error), and the workers reconnect and get
-# updates accepted after each restart.
+# updates accepted after each restart. Then a flipped byte in the checkpoint: the server
+# resumes at the same version from the previous checkpoint; in both checkpoints: refused.
 # usage: server_crash_recovery.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -98,3 +99,31 @@ done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
 echo "no acknowledged update lost across SIGKILL and SIGTERM restarts"
+
+# Damaged checkpoints (issue 18). flip_byte FILE BYTES_FROM_END: one bit of that byte.
+flip_byte() {
+  local offset=$(( $(stat -c %s "$1") - $2 ))
+  local value; value=$(od -An -tu1 -j "$offset" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $(( value ^ 64 )))" | dd of="$1" bs=1 seek="$offset" conv=notrunc status=none
+}
+final_at=$(sed -nE 's/.*writing a checkpoint at version ([0-9]+).*/\1/p' "$work/server-3.log")
+[ -n "$final_at" ] || fail "no final checkpoint line of the third server"
+# A flipped data byte: detected, and the server resumes at the same version from the
+# previous checkpoint and the WAL.
+flip_byte "$work/state/checkpoint.safetensors" 1000
+start_server "$work/server-4.log" --port "$port" "${server_args[@]}"
+grep -qF "$work/state/checkpoint.safetensors is damaged: checksum mismatch" "$work/server-4.log" ||
+  fail "the damaged checkpoint was not reported"
+grep -qE "recovered from .*: previous checkpoint at version [0-9]+, [0-9]+ updates replayed from the WAL; version $final_at\$" \
+  "$work/server-4.log" || fail "the server did not resume at $final_at from the previous checkpoint"
+kill -TERM "$server_pid"
+wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
+# Both checkpoints damaged: refused, naming the file, and nothing is served.
+flip_byte "$work/state/checkpoint.safetensors" 1000
+flip_byte "$work/state/checkpoint.prev.safetensors" 1000
+if timeout 30 "$server" --listen 127.0.0.1 --port 0 "${server_args[@]}" >"$work/server-5.log" 2>&1; then
+  fail "the server started from damaged checkpoints"
+fi
+grep -qF "$work/state/checkpoint.safetensors is damaged" "$work/server-5.log" || fail "the refusal does not name the file"
+! grep -qE 'listening on' "$work/server-5.log" || fail "the server listened with damaged checkpoints"
+echo "a damaged checkpoint: resumed at $final_at from the previous one; both damaged: refused"

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "runtime/splitmix64.h"
@@ -261,7 +262,7 @@ void Model::initialize(std::uint64_t seed) {
   }
 }
 
-void Model::save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata) const {
+std::vector<std::uint8_t> Model::safetensors_bytes(const std::map<std::string, std::string>& metadata) const {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -273,14 +274,20 @@ void Model::save_safetensors(const std::string& path, const std::map<std::string
   std::string json = header.dump();
   json.append((8 - json.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-byte aligned
   const std::uint64_t length = json.size();
+  std::vector<std::uint8_t> bytes(8 + json.size() + parameters_.size() * sizeof(float));
+  std::memcpy(bytes.data(), &length, 8);
+  std::memcpy(bytes.data() + 8, json.data(), json.size());
+  std::memcpy(bytes.data() + 8 + json.size(), parameters_.data(), parameters_.size() * sizeof(float));
+  return bytes;
+}
+
+void Model::save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata) const {
+  const std::vector<std::uint8_t> bytes = safetensors_bytes(metadata);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw ModelError("cannot write " + tmp);
-    out.write(reinterpret_cast<const char*>(&length), sizeof length);
-    out.write(json.data(), static_cast<std::streamsize>(json.size()));
-    out.write(reinterpret_cast<const char*>(parameters_.data()),
-              static_cast<std::streamsize>(parameters_.size() * sizeof(float)));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     if (!out.flush()) throw ModelError("cannot write " + tmp);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) throw ModelError("cannot rename " + tmp + " to " + path);
@@ -289,22 +296,28 @@ void Model::save_safetensors(const std::string& path, const std::map<std::string
 std::map<std::string, std::string> Model::load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ModelError(path + ": cannot open");
-  in.seekg(0, std::ios::end);
-  const auto file_size = static_cast<std::uint64_t>(in.tellg());
-  in.seekg(0);
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw ModelError(path + ": cannot read");
+  return load_safetensors_bytes(bytes, path);
+}
+
+std::map<std::string, std::string> Model::load_safetensors_bytes(std::span<const std::uint8_t> bytes,
+                                                                 const std::string& name) {
+  const std::uint64_t file_size = bytes.size();
   std::uint64_t length = 0;
-  if (file_size < 8 || !in.read(reinterpret_cast<char*>(&length), 8)) throw ModelError(path + ": too short for safetensors");
-  if (length > 100'000'000 || length > file_size - 8) throw ModelError(path + ": bad safetensors header length");
-  std::string json(length, '\0');
-  if (!in.read(json.data(), static_cast<std::streamsize>(length))) throw ModelError(path + ": truncated header");
+  if (file_size < 8) throw ModelError(name + ": too short for safetensors");
+  std::memcpy(&length, bytes.data(), 8);
+  if (length > 100'000'000 || length > file_size - 8) throw ModelError(name + ": bad safetensors header length");
+  const std::string json(reinterpret_cast<const char*>(bytes.data()) + 8, length);
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(json);
   } catch (const std::exception& e) {
-    throw ModelError(path + ": header is not JSON: " + e.what());
+    throw ModelError(name + ": header is not JSON: " + e.what());
   }
-  if (!header.is_object()) throw ModelError(path + ": header is not a JSON object");
+  if (!header.is_object()) throw ModelError(name + ": header is not a JSON object");
   const std::uint64_t data_size = file_size - 8 - length;
+  const std::uint8_t* data = bytes.data() + 8 + length;
   std::map<std::string, std::string> metadata;
   std::vector<float> loaded(parameters_.size());
   std::size_t matched = 0;
@@ -318,27 +331,24 @@ std::map<std::string, std::string> Model::load_safetensors(const std::string& pa
       continue;
     }
     const int index = tensor_index(it.key());
-    if (index < 0) throw ModelError(path + ": tensor '" + it.key() + "' is not in model " + spec_.name);
+    if (index < 0) throw ModelError(name + ": tensor '" + it.key() + "' is not in model " + spec_.name);
     const TensorInfo& t = tensors_[index];
     try {
-      if ((*it)["dtype"] != "F32") throw ModelError(path + ": tensor '" + t.name + "' is not F32");
-      if ((*it)["shape"].get<std::vector<int>>() != t.shape) throw ModelError(path + ": tensor '" + t.name + "' has another shape");
+      if ((*it)["dtype"] != "F32") throw ModelError(name + ": tensor '" + t.name + "' is not F32");
+      if ((*it)["shape"].get<std::vector<int>>() != t.shape) throw ModelError(name + ": tensor '" + t.name + "' has another shape");
       auto offsets = (*it)["data_offsets"].get<std::vector<std::uint64_t>>();
-      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] > data_size ||
-          offsets[1] - offsets[0] != t.size * sizeof(float)) {
-        throw ModelError(path + ": tensor '" + t.name + "' has bad data offsets");
+      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != t.size * sizeof(float)) {
+        throw ModelError(name + ": tensor '" + t.name + "' has bad data offsets");
       }
-      in.seekg(static_cast<std::streamoff>(8 + length + offsets[0]));
-      if (!in.read(reinterpret_cast<char*>(loaded.data() + t.offset), static_cast<std::streamsize>(t.size * sizeof(float)))) {
-        throw ModelError(path + ": truncated data for '" + t.name + "'");
-      }
+      if (offsets[1] > data_size) throw ModelError(name + ": truncated data for '" + t.name + "'");
+      std::memcpy(loaded.data() + t.offset, data + offsets[0], t.size * sizeof(float));
     } catch (const nlohmann::json::exception& e) {
-      throw ModelError(path + ": tensor '" + t.name + "': " + e.what());
+      throw ModelError(name + ": tensor '" + t.name + "': " + e.what());
     }
     matched++;
   }
   if (matched != tensors_.size()) {
-    throw ModelError(path + ": has " + std::to_string(matched) + " of the model's " + std::to_string(tensors_.size()) +
+    throw ModelError(name + ": has " + std::to_string(matched) + " of the model's " + std::to_string(tensors_.size()) +
                      " tensors");
   }
   parameters_ = std::move(loaded);

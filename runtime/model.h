@@ -101,10 +101,16 @@ class Model {
 
   // safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian header
   // length, JSON header, raw little-endian F32 data. Opens in NumPy/PyTorch.
+  // Writes through `path`.tmp and a rename (not synced: the server makes its checkpoints
+  // durable itself, from safetensors_bytes()).
   void save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
+  // The whole file in memory, as save_safetensors() writes it.
+  std::vector<std::uint8_t> safetensors_bytes(const std::map<std::string, std::string>& metadata = {}) const;
   // Loads parameters saved for a model with the same tensors; throws ModelError otherwise.
   // Returns the file's __metadata__.
   std::map<std::string, std::string> load_safetensors(const std::string& path);
+  // The same from the file's bytes; `name` is the file named in errors.
+  std::map<std::string, std::string> load_safetensors_bytes(std::span<const std::uint8_t> bytes, const std::string& name);
 
  private:
   ModelSpec spec_;

@@ -16,6 +16,7 @@
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 #include "transport/coap_dtls.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::runtime {
 namespace {
@@ -30,10 +31,11 @@ void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& sto
   }
 }
 
+// A server's diagnostic, as the worker's log shows it: network text, so escaped
+// (transport::escape_untrusted) and cut at 200 bytes.
 std::string payload_text(const std::vector<std::uint8_t>& payload) {
-  std::string text(payload.begin(), payload.end());
-  if (text.size() > 200) text.resize(200);
-  return text;
+  return transport::escape_untrusted(
+      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
 }
 
 }  // namespace

@@ -7,12 +7,20 @@
 #include <toml++/toml.h>
 
 #include "server/durable_file.h"
+#include "transport/coap_dtls.h"
 #include "transport/identity.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
 namespace {
 
 constexpr std::size_t kMinimumKeyBytes = 16;
+
+// Said whenever a key is refused for its length, so the operator learns both limits.
+std::string key_length_rule() {
+  return "between " + std::to_string(kMinimumKeyBytes) + " and " + std::to_string(transport::kMaxPskBytes) +
+         " bytes (" + std::to_string(transport::kMaxPskBytes) + " = MBEDTLS_PSK_MAX_LEN, the longest pre-shared key Mbed TLS 2.28 can use)";
+}
 
 std::optional<std::vector<std::uint8_t>> from_hex(std::string_view hex) {
   if (hex.size() % 2) return std::nullopt;
@@ -69,19 +77,20 @@ Keystore Keystore::load(const std::filesystem::path& path) {
   try {
     table = toml::parse_file(path.string());
   } catch (const toml::parse_error& e) {
-    throw KeystoreError("the keystore " + path.string() + " is not valid TOML: " + std::string(e.description()));
+    throw KeystoreError("the keystore " + path.string() + " is not valid TOML: " + transport::escape_untrusted(e.description()));
   }
   Keystore keystore;
   const toml::table* devices = table["devices"].as_table();
   if (!devices) return keystore;  // no [devices] yet: nobody may connect
   for (const auto& [name, value] : *devices) {
     const std::string identity(name.str());
-    if (!transport::is_plain_identity(identity)) throw KeystoreError("keystore: invalid device name '" + identity + "'");
+    if (!transport::is_plain_identity(identity)) throw KeystoreError("keystore: invalid device name '" + transport::escape_untrusted(identity) + "'");
     const auto hex = value.value<std::string>();
     auto key = hex ? from_hex(*hex) : std::nullopt;
-    if (!key || key->size() < kMinimumKeyBytes)
-      throw KeystoreError("keystore: the key of '" + identity + "' is not at least " + std::to_string(kMinimumKeyBytes) +
-                          " bytes of hex");
+    if (!key) throw KeystoreError("keystore: the key of '" + identity + "' is not hex");
+    if (key->size() < kMinimumKeyBytes || key->size() > transport::kMaxPskBytes)
+      throw KeystoreError("keystore: the key of '" + identity + "' has " + std::to_string(key->size()) +
+                          " bytes; keys must have " + key_length_rule());
     keystore.keys_[identity] = std::move(*key);
   }
   return keystore;
@@ -95,8 +104,9 @@ std::optional<std::vector<std::uint8_t>> Keystore::key_for(std::string_view iden
 
 std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name, std::size_t key_bytes) {
   if (!transport::is_plain_identity(name))
-    throw KeystoreError("invalid device name '" + name + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
-  if (key_bytes < kMinimumKeyBytes) throw KeystoreError("keys must have at least 16 bytes");
+    throw KeystoreError("invalid device name '" + transport::escape_untrusted(name) + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
+  if (key_bytes < kMinimumKeyBytes || key_bytes > transport::kMaxPskBytes)
+    throw KeystoreError("cannot make a key of " + std::to_string(key_bytes) + " bytes: keys must have " + key_length_rule());
   toml::table table;
   if (std::filesystem::exists(path)) {
     check_private(path);
@@ -152,6 +162,13 @@ void LiveKeystore::reload_if_changed() {
 std::optional<std::vector<std::uint8_t>> LiveKeystore::key_for(std::string_view identity) {
   reload_if_changed();
   return keystore_.key_for(identity);
+}
+
+std::optional<std::vector<std::uint8_t>> LiveKeystore::handshake_key(std::string_view identity) {
+  auto key = key_for(identity);
+  if (!key && log_)
+    log_("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
+  return key;
 }
 
 bool LiveKeystore::contains(std::string_view identity) {

@@ -30,7 +30,8 @@ class Keystore {
  public:
   Keystore() = default;
   // Throws KeystoreError when the file is missing, readable by group or others, or not a
-  // keystore (bad TOML, bad name, key not hex or shorter than 16 bytes).
+  // keystore (bad TOML, bad name, key not hex, shorter than 16 bytes or longer than the
+  // 32 that Mbed TLS 2.28 can use, transport::kMaxPskBytes).
   static Keystore load(const std::filesystem::path& path);
 
   std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity) const;
@@ -51,6 +52,10 @@ class LiveKeystore {
   // Throws KeystoreError when the file does not load now.
   explicit LiveKeystore(std::filesystem::path path, Log log = {});
   std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity);
+  // key_for() for a DTLS handshake: an unknown identity is logged as a refused handshake.
+  // The identity is whatever bytes the peer sent, so it is shown escaped
+  // (transport::escape_untrusted): a newline or ESC in it cannot forge a log line.
+  std::optional<std::vector<std::uint8_t>> handshake_key(std::string_view identity);
   bool contains(std::string_view identity);
   std::size_t size() const { return keystore_.size(); }
 
@@ -70,7 +75,8 @@ class LiveKeystore {
 
 // Adds `name` with `key_bytes` random bytes from /dev/urandom to the keystore at `path`
 // (created with mode 0600 when missing; rewritten atomically) and returns the key. Throws
-// KeystoreError for an invalid or already present name or an unsafe existing file.
+// KeystoreError for an invalid or already present name, an unsafe existing file, or a
+// key length outside 16..transport::kMaxPskBytes.
 std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name,
                                      std::size_t key_bytes = 32);
 

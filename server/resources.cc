@@ -8,11 +8,13 @@
 
 #include "transport/codec.h"
 #include "transport/identity.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
 namespace {
 
 using transport::CoapCode;
+using transport::escape_untrusted;  // for every identity, query or other peer text shown in a log, an answer or /status
 using transport::CoapRequest;
 using transport::CoapResponse;
 
@@ -57,10 +59,10 @@ void ServerResources::note_request(const CoapRequest& request) {
   if (!identity.empty() && workers_seen_.find(identity) == workers_seen_.end()) {
     workers_seen_.insert(identity);
     if (request.authentication == transport::PeerAuthentication::kNone) {
-      log("first request from '" + identity + "' over plain CoAP from " + request.peer_address +
+      log("first request from '" + escape_untrusted(identity) + "' over plain CoAP from " + request.peer_address +
           ": the identity is declared, NOT authenticated");
     } else {
-      log("first request from '" + identity + "'");
+      log("first request from '" + escape_untrusted(identity) + "'");
     }
   }
 }
@@ -77,13 +79,13 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
     if (part.substr(0, 3) == "id=") continue;
     constexpr std::string_view kSince = "since=";
     if (part.substr(0, kSince.size()) != kSince)
-      return "unknown query parameter '" + std::string(part.substr(0, 40)) + "' (only since=VERSION is known, and id=NAME on plain CoAP)";
+      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) + "' (only since=VERSION is known, and id=NAME on plain CoAP)";
     if (since) return std::string("since= given twice");
     const std::string_view digits = part.substr(kSince.size());
     std::uint64_t value = 0;
     const auto [rest, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
     if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() || digits[0] == '+')
-      return "since= needs a decimal version below 2^64, got '" + std::string(digits.substr(0, 40)) + "'";
+      return "since= needs a decimal version below 2^64, got '" + escape_untrusted(digits.substr(0, 40)) + "'";
     since = value;
   }
   return since;
@@ -125,8 +127,8 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
   if (request.authentication == transport::PeerAuthentication::kPsk && options_.is_authorized &&
       !options_.is_authorized(identity)) {
     ++refused_["not authorized"];
-    log("refused an update from '" + identity + "': no longer in the keystore");
-    return text_response(CoapCode::kForbidden, "identity '" + identity + "' is not authorized");
+    log("refused an update from '" + escape_untrusted(identity) + "': no longer in the keystore");
+    return text_response(CoapCode::kForbidden, "identity '" + escape_untrusted(identity) + "' is not authorized");
   }
   if (request.defer) {
     StagedSubmit staged = state_.stage(identity, request.payload);
@@ -149,12 +151,13 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
             " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
-      log("duplicate update from '" + identity + "' answered with version " + std::to_string(result.version));
+      log("duplicate update from '" + escape_untrusted(identity) + "' answered with version " + std::to_string(result.version));
     }
     return {code, transport::encode_update_reply(result.version), {}};
   }
   ++refused_[submit_outcome_name(result.outcome)];
-  log("refused an update from '" + identity + "' (" + transport::coap_code_string(code) + " " +
+  // The diagnostic is the decoder's or the store's own text (numbers, never the peer's bytes).
+  log("refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) + " " +
       submit_outcome_name(result.outcome) + "): " + result.diagnostic);
   return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
 }
@@ -191,6 +194,8 @@ std::string ServerResources::status_json() const {
     refused[reason] = count;
     refused_total += count;
   }
+  std::vector<std::string> workers_seen;
+  for (const std::string& identity : workers_seen_) workers_seen.push_back(escape_untrusted(identity));
   json status = {
       {"version", state_.version()},
       {"model", state_.model().spec().name},
@@ -199,7 +204,7 @@ std::string ServerResources::status_json() const {
       {"duplicates_answered", duplicates_},
       {"updates_refused", refused_total},
       {"updates_refused_by_reason", refused},
-      {"workers_seen", json(std::vector<std::string>(workers_seen_.begin(), workers_seen_.end()))},
+      {"workers_seen", json(workers_seen)},
       {"workers_known", state_.sequences().size()},
       {"requests", requests_},
       {"model_pulls", model_pulls_},

@@ -20,6 +20,7 @@
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/server_state.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
 
@@ -122,11 +123,14 @@ void ServerApp::open_state() {
   recovery_ = state_->recovery();
   version_after_recovery_ = state_->version();
   dense_update_bytes_ = dense_update_bytes(state_->model());
+  for (const std::string& note : recovery_.notes) log_line(note);
   if (recovery_.fresh) {
     log_line("new state in " + s_.state_dir + ": model " + state_->model().spec().name + ", " +
              std::to_string(state_->model().parameter_count()) + " parameters, seed " + std::to_string(s_.seed));
   } else {
-    log_line("recovered from " + s_.state_dir + ": checkpoint at version " + std::to_string(recovery_.checkpoint_version) +
+    log_line("recovered from " + s_.state_dir + ": " +
+             (recovery_.used_previous_checkpoint ? "previous checkpoint" : "checkpoint") + " at version " +
+             std::to_string(recovery_.checkpoint_version) +
              ", " + std::to_string(recovery_.replayed_updates) + " updates replayed from the WAL" +
              (recovery_.dropped_wal_bytes ? ", a torn tail of " + std::to_string(recovery_.dropped_wal_bytes) + " bytes dropped"
                                           : std::string()) +
@@ -150,9 +154,9 @@ void ServerApp::open_endpoint() {
   o.bind_address = s_.listen;
   o.port = static_cast<std::uint16_t>(s_.port);
   o.psk_lookup = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
-    auto key = keystore_ ? keystore_->key_for(identity) : std::nullopt;
-    if (!key) log_line("refused a DTLS handshake from unknown identity '" + std::string(identity) + "'");
-    return key;
+    if (keystore_) return keystore_->handshake_key(identity);
+    log_line("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
+    return std::nullopt;
   };
   if (!s_.cert.empty()) o.certificates = transport::CertificateFiles{s_.cert, s_.cert_key, s_.ca};
   if (s_.insecure) o.plaintext_port = static_cast<std::uint16_t>(s_.insecure_port);
@@ -228,6 +232,7 @@ void ServerApp::write_stats(bool running) {
                    {"checkpoint_version", recovery_.checkpoint_version},
                    {"replayed_updates", recovery_.replayed_updates},
                    {"dropped_wal_bytes", recovery_.dropped_wal_bytes},
+                   {"used_previous_checkpoint", recovery_.used_previous_checkpoint},
                    {"version", version_after_recovery_}};
   j["updates_applied"] = resources_->updates_applied();
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();

@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 
+#include "server/checkpoint_file.h"
 #include "server/durable_file.h"
 
 namespace edgetrain::server {
@@ -46,6 +49,29 @@ std::uint64_t parse_u64(const std::map<std::string, std::string>& metadata, cons
   }
 }
 
+std::vector<std::uint8_t> read_whole_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::system_error(errno, std::generic_category(), "cannot open " + path.string());
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cannot read " + path.string());
+  return bytes;
+}
+
+// Temporaries of a checkpoint or WAL write that never completed (checkpoint.*.tmp,
+// wal.*.tmp): never renamed into place, so never part of the state. Other files in the
+// directory are left alone. Returns what was removed.
+std::vector<std::filesystem::path> remove_leftover_temporaries(const std::filesystem::path& directory) {
+  std::vector<std::filesystem::path> removed;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    const std::string name = entry.path().filename().string();
+    const bool ours = name.starts_with("checkpoint.") || name.starts_with("wal.");
+    if (!ours || !name.ends_with(".tmp") || !entry.is_regular_file()) continue;
+    std::filesystem::remove(entry.path());
+    removed.push_back(entry.path());
+  }
+  return removed;
+}
+
 }  // namespace
 
 const char* submit_outcome_name(SubmitOutcome outcome) {
@@ -67,6 +93,8 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
       options_(std::move(options)),
       checkpoint_path_(options_.state_dir / "checkpoint.safetensors"),
       wal_path_(options_.state_dir / "wal.log"),
+      previous_checkpoint_path_(options_.state_dir / "checkpoint.prev.safetensors"),
+      previous_wal_path_(options_.state_dir / "wal.prev.log"),
       tensor_sizes_(tensor_sizes_of(model_)),
       store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store),
       commit_(options_.wal_sync, options_.on_staged) {
@@ -101,32 +129,14 @@ transport::SparseUpdate ServerState::decode_logged(const WalRecord& record) cons
 }
 
 void ServerState::recover() {
-  std::error_code ignored;
   std::filesystem::create_directories(options_.state_dir);
-  // Leftovers of a checkpoint or WAL rotation interrupted by a crash: never renamed into
-  // place, so never part of the state.
-  std::filesystem::remove(checkpoint_path_.string() + ".tmp", ignored);
-  std::filesystem::remove(wal_path_.string() + ".tmp", ignored);
+  for (const std::filesystem::path& leftover : remove_leftover_temporaries(options_.state_dir))
+    recovery_.notes.push_back("removed " + leftover.string() +
+                              ", a temporary file of a checkpoint or WAL write that never completed");
 
-  std::uint64_t checkpoint_version = 0;
-  if (std::filesystem::exists(checkpoint_path_)) {
-    std::map<std::string, std::string> metadata;
-    try {
-      metadata = model_.load_safetensors(checkpoint_path_.string());
-    } catch (const std::exception& e) {
-      throw StateError("cannot load the checkpoint " + checkpoint_path_.string() + ": " + e.what());
-    }
-    if (parse_u64(metadata, kModelIdKey, checkpoint_path_) != model_.layout_id())
-      throw StateError(checkpoint_path_.string() + " holds another model than '" + model_.spec().name + "'");
-    checkpoint_version = parse_u64(metadata, kVersionKey, checkpoint_path_);
-    try {
-      const nlohmann::json table = nlohmann::json::parse(metadata.at(kSequencesKey));
-      for (const auto& [identity, entry] : table.items())
-        sequences_[identity] = {entry.at("sequence").get<std::uint64_t>(), entry.at("version").get<std::uint64_t>()};
-    } catch (const std::exception& e) {
-      throw StateError(checkpoint_path_.string() + ": unreadable sequence table: " + e.what());
-    }
-  } else {
+  const bool have_checkpoint = std::filesystem::exists(checkpoint_path_);
+  const bool have_previous = std::filesystem::exists(previous_checkpoint_path_);
+  if (!have_checkpoint && !have_previous) {
     if (std::filesystem::exists(wal_path_))
       throw StateError(wal_path_.string() + " exists without " + checkpoint_path_.string() +
                        ": refusing to start from fresh parameters and lose the logged updates");
@@ -134,49 +144,149 @@ void ServerState::recover() {
     checkpoint();  // version 0: from now on every start has a checkpoint to load
     return;
   }
+
+  std::string damage = "missing (a crash while it was being replaced)";
+  std::map<std::string, SequenceEntry, std::less<>> sequences;
+  if (have_checkpoint) {
+    if (const auto version = load_checkpoint(checkpoint_path_, sequences, damage)) {
+      sequences_ = std::move(sequences);
+      replay_wal(*version, {wal_path_});
+      return;
+    }
+  }
+
+  // checkpoint.safetensors cannot be used: start from the previous checkpoint and replay
+  // both logs, or refuse. Never start from damaged parameters.
+  const std::string refusal = "the checkpoint " + checkpoint_path_.string() + " is " + damage;
+  if (!have_previous)
+    throw StateError(refusal + "; there is no previous checkpoint (" + previous_checkpoint_path_.string() +
+                     ") to fall back to. Refusing to start: restore the file, or move the state directory aside");
+  std::string previous_damage;
+  sequences.clear();
+  const auto previous_version = load_checkpoint(previous_checkpoint_path_, sequences, previous_damage);
+  if (!previous_version)
+    throw StateError(refusal + ", and the previous checkpoint " + previous_checkpoint_path_.string() + " is " +
+                     previous_damage + ". Refusing to start");
+  sequences_ = std::move(sequences);
+  std::vector<WalRecord> records;
+  try {
+    std::vector<std::filesystem::path> logs;
+    if (std::filesystem::exists(previous_wal_path_)) logs.push_back(previous_wal_path_);
+    logs.push_back(wal_path_);
+    records = replay_wal(*previous_version, logs);
+  } catch (const StateError& e) {
+    throw StateError(refusal + "; the previous checkpoint " + previous_checkpoint_path_.string() + " (version " +
+                     std::to_string(*previous_version) + ") cannot be used instead: " + e.what() +
+                     ". Refusing to start");
+  }
+  recovery_.used_previous_checkpoint = true;
+  recovery_.notes.push_back(refusal + ": recovered from " + previous_checkpoint_path_.string() + " (version " +
+                            std::to_string(*previous_version) + ") and the WAL instead");
+  if (have_checkpoint) {
+    std::filesystem::path damaged = checkpoint_path_;
+    damaged += ".damaged";
+    durable_rename(checkpoint_path_, damaged);
+    recovery_.notes.push_back("kept the damaged checkpoint as " + damaged.string() + " for inspection");
+  }
+  // Consistent again: one WAL holding everything since the previous checkpoint's history,
+  // then a new checkpoint at the recovered version (the previous one stays where it is).
+  wal_ = WalWriter::replace(wal_path_, wal_header(), records);
+  checkpoint();
+}
+
+std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem::path& path,
+                                                          std::map<std::string, SequenceEntry, std::less<>>& sequences,
+                                                          std::string& damage) {
+  std::vector<std::uint8_t> bytes;
+  try {
+    bytes = read_whole_file(path);
+  } catch (const std::exception& e) {
+    throw StateError("cannot read the checkpoint " + path.string() + ": " + e.what());
+  }
+  const CheckpointCheck check = check_checkpoint_seal(bytes);
+  if (check.seal == CheckpointSeal::kDamaged) {
+    damage = "damaged: " + check.problem;
+    return std::nullopt;
+  }
+  if (check.seal == CheckpointSeal::kNone)
+    recovery_.notes.push_back(path.string() + " has no checksum (written before checkpoints carried one): loaded " +
+                              "without verification; the next checkpoint will carry one");
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = model_.load_safetensors_bytes(bytes, path.string());
+  } catch (const std::exception& e) {
+    throw StateError("cannot load the checkpoint " + path.string() + ": " + e.what());
+  }
+  if (parse_u64(metadata, kModelIdKey, path) != model_.layout_id())
+    throw StateError(path.string() + " holds another model than '" + model_.spec().name + "'");
+  const std::uint64_t version = parse_u64(metadata, kVersionKey, path);
+  try {
+    const nlohmann::json table = nlohmann::json::parse(metadata.at(kSequencesKey));
+    for (const auto& [identity, entry] : table.items())
+      sequences[identity] = {entry.at("sequence").get<std::uint64_t>(), entry.at("version").get<std::uint64_t>()};
+  } catch (const std::exception& e) {
+    throw StateError(path.string() + ": unreadable sequence table: " + e.what());
+  }
+  return version;
+}
+
+std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
+                                               const std::vector<std::filesystem::path>& wal_paths) {
   checkpoint_version_ = checkpoint_version;
   recovery_.checkpoint_version = checkpoint_version;
 
-  if (!std::filesystem::exists(wal_path_)) {
+  if (wal_paths.size() == 1 && !std::filesystem::exists(wal_paths[0])) {
     // Only a crash between the first checkpoint and the first WAL leaves this state.
     if (checkpoint_version != 0 && history_length() > 0)
-      throw StateError(wal_path_.string() + " is missing: the staleness history after the checkpoint is lost");
+      throw StateError(wal_paths[0].string() + " is missing: the staleness history after the checkpoint is lost");
     wal_ = WalWriter::replace(wal_path_, wal_header(), {});
     store_.restore(checkpoint_version, model_.parameters(), {});
-    return;
+    return {};
   }
 
+  // The logs in order (wal.prev.log, then wal.log), merged: both hold the staleness history
+  // before the newer checkpoint, so records the first one has are skipped in the second.
   WalContents wal;
-  try {
-    wal = read_wal(wal_path_);
-  } catch (const WalError& e) {
-    throw StateError(e.what());
+  std::uint64_t wal_log_valid_bytes = 0;
+  for (const std::filesystem::path& path : wal_paths) {
+    WalContents contents;
+    try {
+      contents = read_wal(path);
+    } catch (const WalError& e) {
+      throw StateError(e.what());
+    }
+    if (!(contents.header == wal_header()))
+      throw StateError(path.string() + " was written with another model or other settings (learning rate " +
+                       std::to_string(contents.header.learning_rate) + ", max staleness " +
+                       std::to_string(contents.header.max_staleness) + ", rule " +
+                       std::to_string(contents.header.staleness_rule) +
+                       "): start with the same settings or a new state directory");
+    for (WalRecord& record : contents.records)
+      if (wal.records.empty() || record.version > wal.records.back().version) wal.records.push_back(std::move(record));
+    wal.dropped_bytes += contents.dropped_bytes;
+    wal_log_valid_bytes = contents.valid_bytes;
   }
-  if (!(wal.header == wal_header()))
-    throw StateError(wal_path_.string() + " was written with another model or other settings (learning rate " +
-                     std::to_string(wal.header.learning_rate) + ", max staleness " +
-                     std::to_string(wal.header.max_staleness) + ", rule " + std::to_string(wal.header.staleness_rule) +
-                     "): start with the same settings or a new state directory");
   for (std::size_t i = 1; i < wal.records.size(); ++i)
     if (wal.records[i].version != wal.records[i - 1].version + 1)
-      throw StateError(wal_path_.string() + ": versions jump from " + std::to_string(wal.records[i - 1].version) +
-                       " to " + std::to_string(wal.records[i].version));
+      throw StateError(wal_paths.back().string() + ": versions jump from " +
+                       std::to_string(wal.records[i - 1].version) + " to " + std::to_string(wal.records[i].version));
   recovery_.dropped_wal_bytes = wal.dropped_bytes;
 
   // Records up to the checkpoint are history (already in the parameters); the rest replay.
   auto first_new = std::find_if(wal.records.begin(), wal.records.end(),
                                 [&](const WalRecord& r) { return r.version > checkpoint_version; });
   if (first_new != wal.records.end() && first_new->version != checkpoint_version + 1)
-    throw StateError(wal_path_.string() + " continues at version " + std::to_string(first_new->version) +
+    throw StateError(wal_paths.back().string() + " continues at version " + std::to_string(first_new->version) +
                      ", the checkpoint is at " + std::to_string(checkpoint_version));
   const std::size_t history_available = static_cast<std::size_t>(first_new - wal.records.begin());
   const std::size_t history_needed =
       static_cast<std::size_t>(std::min<std::uint64_t>(checkpoint_version, history_length()));
   if (history_available < history_needed)
-    throw StateError(wal_path_.string() + " holds " + std::to_string(history_available) +
+    throw StateError(wal_paths.back().string() + " holds " + std::to_string(history_available) +
                      " updates before the checkpoint, replay needs " + std::to_string(history_needed));
+  const auto first_kept = first_new - static_cast<std::ptrdiff_t>(history_needed);
   std::vector<transport::SparseUpdate> history;
-  for (auto it = first_new - static_cast<std::ptrdiff_t>(history_needed); it != first_new; ++it) {
+  for (auto it = first_kept; it != first_new; ++it) {
     history.push_back(decode_logged(*it));
     remember_recent(*it);
   }
@@ -193,11 +303,12 @@ void ServerState::recover() {
                        apply_status_name(result.status) + " at version " + std::to_string(result.version) + " " +
                        result.reason);
     sequences_[it->identity] = {it->sequence, it->version};
-    remember_recent(std::move(*it));
+    remember_recent(*it);
     ++recovery_.replayed_updates;
   }
   updates_since_checkpoint_ = recovery_.replayed_updates;
-  wal_ = WalWriter::append_to(wal_path_, wal.valid_bytes);
+  if (wal_paths.size() == 1) wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
+  return {std::make_move_iterator(first_kept), std::make_move_iterator(wal.records.end())};
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
@@ -349,22 +460,37 @@ void ServerState::checkpoint() {
   for (const auto& [identity, entry] : sequences_)
     sequences[identity] = {{"sequence", entry.sequence}, {"version", entry.version}};
   const std::map<std::string, std::string> metadata = {
-      {kStateFormatKey, "1"},
+      {kStateFormatKey, "2"},  // 2: with the checksum (server/checkpoint_file.h)
       {kVersionKey, std::to_string(store_.version())},
       {kModelIdKey, std::to_string(model_.layout_id())},
       {kSequencesKey, sequences.dump()},
       {"edgetrain.model", model_.spec().name},
   };
-  const std::filesystem::path temporary = checkpoint_path_.string() + ".tmp";
   try {
-    model_.save_safetensors(temporary.string(), metadata);
-    sync_path(temporary);
-    durable_rename(temporary, checkpoint_path_);
+    const std::vector<std::uint8_t> bytes = sealed_checkpoint_bytes(model_, metadata);
+    // The current checkpoint becomes the previous one (a crash right after this leaves no
+    // checkpoint.safetensors: recovery then starts from the previous one, whose updates
+    // wal.log still holds). One temporary file and one rename for the new one.
+    if (std::filesystem::exists(checkpoint_path_)) durable_rename(checkpoint_path_, previous_checkpoint_path_);
+    write_file_atomically(checkpoint_path_, bytes);
   } catch (const std::exception& e) {
     throw StateError("cannot write the checkpoint " + checkpoint_path_.string() + ": " + e.what());
   }
   // The checkpoint is in place; a crash from here on replays the old WAL's records up to
-  // the checkpoint as history, so rotating the WAL is an optimisation, not a requirement.
+  // the checkpoint as history. The WAL until now stays as wal.prev.log (a second name of
+  // the same file: nothing is copied), which a fall-back to the previous checkpoint needs.
+  if (std::filesystem::exists(wal_path_)) {
+    std::filesystem::path linking = previous_wal_path_;
+    linking += ".tmp";
+    std::error_code ignored;
+    std::filesystem::remove(linking, ignored);
+    try {
+      std::filesystem::create_hard_link(wal_path_, linking);
+      durable_rename(linking, previous_wal_path_);
+    } catch (const std::exception& e) {
+      throw StateError("cannot keep " + wal_path_.string() + " as " + previous_wal_path_.string() + ": " + e.what());
+    }
+  }
   const std::vector<WalRecord> history(recent_.begin(), recent_.end());
   wal_ = WalWriter::replace(wal_path_, wal_header(), history);
   checkpoint_version_ = store_.version();

@@ -3,10 +3,16 @@
 // checkpoints, in one state directory:
 //
 //   checkpoint.safetensors  parameters at some version c (runtime::Model's safetensors),
-//                           with c, the model id and the sequence table in __metadata__
+//                           with c, the model id, the sequence table and a checksum
+//                           (server/checkpoint_file.h) in __metadata__
 //   wal.log                 the updates after c, preceded by the last min(c, D) updates
 //                           up to c (D = max staleness): replay needs their touched sets
 //                           so that σ after a restart equals σ of an uninterrupted run
+//   checkpoint.prev.safetensors, wal.prev.log
+//                           the checkpoint before (version p) and the WAL as it was when
+//                           c was written (history of p, updates p+1..c): if
+//                           checkpoint.safetensors is damaged, recovery starts from p and
+//                           replays both logs instead
 //
 // An update is acknowledged only after its WAL record is fsynced; a restart loads the
 // checkpoint, refills the staleness history, replays the rest and resumes at exactly the
@@ -100,9 +106,15 @@ struct SettledSubmit {
 
 struct RecoveryReport {
   bool fresh = false;                  // the state directory was new
-  std::uint64_t checkpoint_version = 0;
+  std::uint64_t checkpoint_version = 0;  // of the checkpoint recovery started from
   std::size_t replayed_updates = 0;    // WAL records applied after the checkpoint
   std::uint64_t dropped_wal_bytes = 0; // a torn tail cut off
+  // checkpoint.safetensors was damaged (or missing) and recovery started from
+  // checkpoint.prev.safetensors instead.
+  bool used_previous_checkpoint = false;
+  // What the operator should read in the log: leftover temporaries removed, a checkpoint
+  // without a checksum loaded unverified, a damaged checkpoint set aside.
+  std::vector<std::string> notes;
 };
 
 // Where submit() spends its time, summed over the updates it applied (refused ones are not
@@ -153,7 +165,8 @@ class ServerState {
   // Updates staged and not yet reported by finish_commit().
   std::size_t staged_updates() const { return commit_.staged(); }
 
-  // Writes a checkpoint at the current version (atomic rename) and starts a new WAL that
+  // Writes a checkpoint at the current version (atomic rename; the one before becomes
+  // checkpoint.prev.safetensors, the WAL until now wal.prev.log) and starts a new WAL that
   // keeps only the records replay needs as staleness history. Throws on I/O failure (the
   // old checkpoint and WAL stay valid), std::logic_error while updates are staged.
   void checkpoint();
@@ -190,6 +203,16 @@ class ServerState {
 
  private:
   void recover();
+  // Loads a checkpoint file into model_ and `sequences`, returning its version; nullopt
+  // with `damage` set when its checksum says it is damaged. Throws StateError for a file
+  // that is intact but unusable (another model, missing metadata).
+  std::optional<std::uint64_t> load_checkpoint(const std::filesystem::path& path,
+                                               std::map<std::string, SequenceEntry, std::less<>>& sequences,
+                                               std::string& damage);
+  // Refills the staleness history and replays `wal_paths`' records (merged, in order) on
+  // top of the loaded checkpoint at `checkpoint_version`; returns the merged records from
+  // the first one the checkpoint's history needs.
+  std::vector<WalRecord> replay_wal(std::uint64_t checkpoint_version, const std::vector<std::filesystem::path>& wal_paths);
   WalHeader wal_header() const;
   std::size_t history_length() const;  // updates the WAL must keep before a checkpoint
   void remember_recent(WalRecord record);
@@ -199,7 +222,7 @@ class ServerState {
 
   runtime::Model model_;
   ServerStateOptions options_;
-  std::filesystem::path checkpoint_path_, wal_path_;
+  std::filesystem::path checkpoint_path_, wal_path_, previous_checkpoint_path_, previous_wal_path_;
   std::vector<std::uint32_t> tensor_sizes_;
   ParameterStore store_;
   mutable std::mutex parameters_mutex_;  // guards store_'s parameters against snapshot()

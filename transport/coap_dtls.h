@@ -7,6 +7,7 @@
 // Neither class is thread-safe: each instance is driven by one thread.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,9 +51,14 @@ struct CoapCode {
 // "2.05" for 205.
 std::string coap_code_string(int code);
 
+// The longest pre-shared key Mbed TLS 2.28 can use (MBEDTLS_PSK_MAX_LEN, checked against
+// the library's header in coap_session.cc): with a longer key every handshake fails, and the
+// failure looks like a wrong key.
+inline constexpr std::size_t kMaxPskBytes = 32;
+
 struct PskCredentials {
   std::string identity;
-  std::vector<std::uint8_t> key;
+  std::vector<std::uint8_t> key;  // at most kMaxPskBytes
 };
 
 struct CoapResponse;

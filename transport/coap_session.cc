@@ -3,22 +3,47 @@
 // functions of coap_dtls.h that belong to neither side. With coap_server.cc and
 // coap_client.cc, the only files that include libcoap and Mbed TLS (with bench_load.cc).
 #include "transport/coap_internal.h"
+#include "transport/untrusted_text.h"
+
+#include <mbedtls/ssl.h>
 
 #include <netdb.h>
 
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 
 namespace edgetrain::transport {
+
+static_assert(kMaxPskBytes == MBEDTLS_PSK_MAX_LEN, "kMaxPskBytes must be the PSK limit of the Mbed TLS we link");
 namespace {
 
 coap_fixed_point_t to_fixed_point(double value) {
   const long thousandths = std::lround(value * 1000);
   return {static_cast<uint16_t>(thousandths / 1000), static_cast<uint16_t>(thousandths % 1000)};
+}
+
+// libcoap's log lines carry what peers sent (a PSK identity at debug level, URIs and
+// payloads in PDU dumps), so they are escaped like every other network text. Destination
+// and prefix stay libcoap's own: stdout, or stderr from LOG_CRIT up; timestamp, level.
+void log_escaped(coap_log_t level, const char* message) {
+  static const char* const kLevelNames[] = {"EMRG", "ALRT", "CRIT", "ERR ", "WARN", "NOTE", "INFO", "DEBG"};
+  std::string_view text(message);
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);  // libcoap ends each message with one
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%b %d %H:%M:%S", &local);
+  const int index = static_cast<int>(level);
+  const char* name = index >= 0 && index < 8 ? kLevelNames[index] : "????";
+  std::FILE* out = level <= LOG_CRIT ? stderr : stdout;
+  std::fprintf(out, "%s %s %s\n", stamp, name, escape_untrusted(text, 4096).c_str());
+  std::fflush(out);
 }
 
 }  // namespace
@@ -34,6 +59,8 @@ void coap_library_startup() {
     // between LOG_WARNING and LOG_INFO (LOG_ERR and below map to Mbed TLS level 1).
     int level = LOG_ERR, dtls_level = LOG_WARNING;
     if (const char* env = std::getenv("EDGETRAIN_COAP_LOG")) level = dtls_level = std::atoi(env);
+    coap_set_log_handler(&log_escaped);
+    coap_set_show_pdu_output(0);  // PDU dumps through the handler too, not straight to stdout
     coap_set_log_level(level);
     coap_dtls_set_log_level(dtls_level);
   });

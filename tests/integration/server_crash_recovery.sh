@@ -5,7 +5,9 @@
 # worker got in a 2.04, and each worker's acknowledged versions keep increasing over the
 # whole run), recovery is clean (the restarted server's --stats-file: recovery from a
 # checkpoint, replayed the WAL, no error in its log), and the workers reconnect and get
-# updates accepted after each restart. Versions come from the workers' --stats-file.
+# updates accepted after each restart. Versions come from the workers' --stats-file. Then a
+# flipped byte in the checkpoint: the server resumes at the same version from the previous
+# checkpoint; in both checkpoints: refused.
 # usage: server_crash_recovery.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -97,3 +99,35 @@ done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
 echo "no acknowledged update lost across SIGKILL and SIGTERM restarts"
+
+# Damaged checkpoints (issue 18). flip_byte FILE BYTES_FROM_END: one bit of that byte.
+flip_byte() {
+  local offset=$(( $(stat -c %s "$1") - $2 ))
+  local value; value=$(od -An -tu1 -j "$offset" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $(( value ^ 64 )))" | dd of="$1" bs=1 seek="$offset" conv=notrunc status=none
+}
+[ "$(json_get "$server_stats" state)" = stopped ] || fail "no final stats of the third server"
+final_at=$(json_get "$server_stats" version)
+# A flipped data byte: detected, and the server resumes at the same version from the
+# previous checkpoint and the WAL (its stats file's recovery object says which).
+flip_byte "$work/state/checkpoint.safetensors" 1000
+start_server "$server" "$work/server-4.log" --port "$port" "${server_args[@]}"
+grep -qF "$work/state/checkpoint.safetensors is damaged" "$work/server-4.log" ||
+  fail "the damaged checkpoint was not reported to the operator"
+[ "$(recovery used_previous_checkpoint)" = true ] || fail "recovery did not use the previous checkpoint"
+[ "$(recovery version)" = "$final_at" ] ||
+  fail "the server did not resume at $final_at from the previous checkpoint: $(json_get "$server_stats" recovery | tr '\n' ' ')"
+kill -TERM "$server_pid"
+wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
+# Both checkpoints damaged: refused (non-zero exit), naming the file, and no port is ever
+# reported.
+flip_byte "$work/state/checkpoint.safetensors" 1000
+flip_byte "$work/state/checkpoint.prev.safetensors" 1000
+rm -f "$work/server-5.port"
+if timeout 30 "$server" --listen 127.0.0.1 --port 0 --port-file "$work/server-5.port" "${server_args[@]}" \
+    >"$work/server-5.log" 2>&1; then
+  fail "the server started from damaged checkpoints"
+fi
+grep -qF "$work/state/checkpoint.safetensors is damaged" "$work/server-5.log" || fail "the refusal does not name the file"
+[ ! -e "$work/server-5.port" ] || fail "the server bound its port with damaged checkpoints"
+echo "a damaged checkpoint: resumed at $final_at from the previous one; both damaged: refused"

@@ -76,6 +76,38 @@ TEST_F(KeystoreFile, ShortOrNonHexKeysAreRefused) {
   }
 }
 
+// Mbed TLS 2.28 cannot use a PSK above MBEDTLS_PSK_MAX_LEN = 32 bytes: every handshake of
+// such a device would fail as if its key were wrong, so the keystore refuses it up front.
+TEST_F(KeystoreFile, KeysLongerThanMbedTlsCanUseAreRefusedNamingTheLimit) {
+  {
+    std::ofstream out(path_);
+    out << "[devices]\nlong = \"" << std::string(2 * 33, 'a') << "\"\n";
+  }
+  std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
+  try {
+    Keystore::load(path_);
+    ADD_FAILURE() << "a 33-byte key was accepted";
+  } catch (const KeystoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("MBEDTLS_PSK_MAX_LEN"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("32"), std::string::npos) << e.what();
+  }
+  {
+    std::ofstream out(path_);
+    out << "[devices]\nlongest = \"" << std::string(2 * 32, 'a') << "\"\n";
+  }
+  EXPECT_EQ(Keystore::load(path_).size(), 1u);  // exactly the limit is fine
+
+  std::filesystem::remove(path_);
+  try {
+    add_device(path_, "pi-01", 33);
+    ADD_FAILURE() << "add-device made a 33-byte key";
+  } catch (const KeystoreError& e) {
+    EXPECT_NE(std::string(e.what()).find("MBEDTLS_PSK_MAX_LEN"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(path_));
+  EXPECT_EQ(add_device(path_, "pi-01", 32).size(), 32u);
+}
+
 TEST_F(KeystoreFile, WorkerConfigurationIsTomlWithTheSameKey) {
   const auto key = add_device(path_, "pi-01");
   const std::string text = worker_config_toml("coaps://192.0.2.1:5684", "pi-01", key);
@@ -126,6 +158,33 @@ TEST_F(KeystoreFile, LiveKeystoreKeepsThePreviousKeysWhenTheNewFileIsBad) {
   std::filesystem::permissions(path_, static_cast<std::filesystem::perms>(0600));
   EXPECT_TRUE(live.contains("pi-04"));
   EXPECT_FALSE(live.contains("pi-01"));
+}
+
+// A PSK identity is whatever bytes a peer sends in its ClientHello: one with a newline and
+// an ESC sequence (which forged log lines and drove the terminal before) is logged as one
+// line with both escaped. So is a device name with them in a hand-edited keystore.
+TEST_F(KeystoreFile, UntrustedIdentitiesAreLoggedAsOneEscapedLine) {
+  add_device(path_, "pi-01");
+  std::vector<std::string> log;
+  LiveKeystore live(path_, [&](const std::string& line) { log.push_back(line); });
+  const std::string forged = "x'\n2026-11-23T00:00:00.000Z version 999 applied\x1b[2J";
+  EXPECT_FALSE(live.handshake_key(forged).has_value());
+  EXPECT_TRUE(live.handshake_key("pi-01").has_value());  // known devices are not logged here
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_EQ(log[0], "refused a DTLS handshake from unknown identity "
+                    "'x\\x27\\x0a2026-11-23T00:00:00.000Z version 999 applied\\x1b[2J'");
+
+  {
+    std::ofstream out(path_, std::ios::trunc);
+    out << "[devices]\n\"evil\\nname\\u001b[31m\" = \"" << std::string(64, 'a') << "\"\n";
+  }
+  EXPECT_FALSE(live.contains("pi-02"));
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_NE(log[1].find("invalid device name 'evil\\x0aname\\x1b[31m'"), std::string::npos) << log[1];
+  for (const std::string& line : log) {
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;
+  }
 }
 
 TEST_F(KeystoreFile, LiveKeystoreRefusesABadFileAtStart) {

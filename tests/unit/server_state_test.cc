@@ -1,5 +1,5 @@
 // The server's durable state: crash (no checkpoint, torn WAL tail, a crash between
-// checkpoint and WAL rotation) and restart must resume at the acknowledged version with
+// checkpoint and WAL rotation, a damaged checkpoint file) and restart must resume at the acknowledged version with
 // parameters bit-identical to an uninterrupted run; replays apply once; refusals change
 // nothing, not even the WAL.
 #include <gtest/gtest.h>
@@ -7,9 +7,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <tuple>
 #include <limits>
 #include <random>
 
+#include "server/checkpoint_file.h"
 #include "server/server_state.h"
 #include "tests/support/served_resources.h"
 
@@ -307,6 +312,248 @@ TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
   options = options_for(dir, 0);
   runtime::Model other(runtime::parse_model_spec("input 4x4x1; fc 5", "other"));
   EXPECT_THROW(ServerState(std::move(other), options), server::StateError);
+}
+
+// ---- Damaged checkpoints (issue 18): recovered to the consistent state from the previous
+// checkpoint and the WAL, or refused with a message naming the file; never loaded.
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+enum class Damage { kDataByte, kMetadataByte, kChecksumKeyByte, kTruncation };
+
+std::string damage_name(Damage damage) {
+  switch (damage) {
+    case Damage::kDataByte: return "a flipped data byte";
+    case Damage::kMetadataByte: return "a changed digit of edgetrain.version";
+    case Damage::kChecksumKeyByte: return "a flipped byte in the checksum's key";
+    case Damage::kTruncation: return "truncation";
+  }
+  return "?";
+}
+
+void damage_file(const std::filesystem::path& path, Damage damage) {
+  std::string bytes = file_bytes(path);
+  ASSERT_GT(bytes.size(), 8u);
+  std::uint64_t header_length = 0;
+  std::memcpy(&header_length, bytes.data(), 8);
+  const std::string header = bytes.substr(8, header_length);
+  switch (damage) {
+    case Damage::kDataByte: {
+      const std::size_t data_bytes = bytes.size() - 8 - header_length;
+      bytes[8 + header_length + data_bytes / 2] ^= 0x40;  // an exponent bit: a very different float
+      break;
+    }
+    case Damage::kMetadataByte: {
+      // Still a valid number, so the file parses and would have been loaded silently.
+      const std::string key = "\"edgetrain.version\":\"";
+      const std::size_t at = header.find(key);
+      ASSERT_NE(at, std::string::npos) << header;
+      char& digit = bytes[8 + at + key.size()];
+      digit = digit == '9' ? '8' : static_cast<char>(digit + 1);
+      break;
+    }
+    case Damage::kChecksumKeyByte: {
+      const std::size_t at = header.find("edgetrain.crc32");
+      ASSERT_NE(at, std::string::npos) << header;
+      bytes[8 + at + 10] ^= 0x01;  // "crc32" → "brc32": the file looks as if it had no checksum
+      break;
+    }
+    case Damage::kTruncation: bytes.resize(bytes.size() - 37); break;
+  }
+  write_bytes(path, bytes);
+}
+
+bool any_note_contains(const server::RecoveryReport& report, const std::string& text) {
+  for (const std::string& note : report.notes)
+    if (note.find(text) != std::string::npos) return true;
+  return false;
+}
+
+class DamagedCheckpoint : public ::testing::TestWithParam<std::tuple<Damage, bool>> {};
+
+// 30 updates with a checkpoint every 7: a crash leaves checkpoints 28 (current) and 21
+// (previous) with 29 and 30 in the WAL; a clean stop checkpoints 30, so 28 is the previous.
+TEST_P(DamagedCheckpoint, RecoversTheAcknowledgedStateFromThePreviousCheckpointAndTheWal) {
+  const auto [damage, clean_stop] = GetParam();
+  SCOPED_TRACE(damage_name(damage) + (clean_stop ? " after a clean stop" : " after a crash"));
+  TempDir dir("edgetrain-state");
+  const auto options = options_for(dir, 7);
+  History history(options, 40, 11);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 30);
+    if (clean_stop) state.checkpoint();  // what edgetrain-server does on SIGTERM
+  }
+  const std::filesystem::path checkpoint = dir.path() / "checkpoint.safetensors";
+  damage_file(checkpoint, damage);
+  const std::string damaged_bytes = file_bytes(checkpoint);
+  {
+    ServerState restarted(small_model(), options);
+    EXPECT_TRUE(restarted.recovery().used_previous_checkpoint);
+    EXPECT_EQ(restarted.recovery().checkpoint_version, clean_stop ? 28u : 21u);
+    ASSERT_EQ(restarted.version(), 30u);
+    EXPECT_EQ(parameters_of(restarted), history.parameters_after(30));  // bit for bit
+    EXPECT_TRUE(any_note_contains(restarted.recovery(), checkpoint.string())) << restarted.recovery().notes.size();
+    EXPECT_EQ(file_bytes(dir.path() / "checkpoint.safetensors.damaged"), damaged_bytes);
+    // Training goes on with σ across the fall-back as in an uninterrupted run ...
+    submit_all(restarted, history, 30, 35);
+    EXPECT_EQ(parameters_of(restarted), history.parameters_after(35));
+  }  // ... and the directory is consistent again: another crash, another restart.
+  ServerState again(small_model(), options);
+  EXPECT_FALSE(again.recovery().used_previous_checkpoint);
+  ASSERT_EQ(again.version(), 35u);
+  EXPECT_EQ(parameters_of(again), history.parameters_after(35));
+  submit_all(again, history, 35, 40);
+  EXPECT_EQ(parameters_of(again), history.parameters_after(40));
+}
+
+std::string damaged_checkpoint_case_name(const ::testing::TestParamInfo<std::tuple<Damage, bool>>& info) {
+  static const char* const kNames[] = {"DataByte", "MetadataByte", "ChecksumKeyByte", "Truncation"};
+  return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) +
+         (std::get<1>(info.param) ? "AfterCleanStop" : "AfterCrash");
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryDamageAfterStopAndCrash, DamagedCheckpoint,
+                         ::testing::Combine(::testing::Values(Damage::kDataByte, Damage::kMetadataByte,
+                                                              Damage::kChecksumKeyByte, Damage::kTruncation),
+                                            ::testing::Bool()),
+                         damaged_checkpoint_case_name);
+
+// Without a usable previous checkpoint (damaged too, or its WAL records gone) the server
+// refuses to start, names the file, and leaves every file as it was.
+TEST(ServerState, DamagedCheckpointWithoutAUsableFallbackIsRefusedNamingTheFile) {
+  for (const bool previous_damaged : {true, false}) {
+    SCOPED_TRACE(previous_damaged ? "previous checkpoint damaged too" : "wal.prev.log gone");
+    TempDir dir("edgetrain-state");
+    const auto options = options_for(dir, 7);
+    History history(options, 30, 12);
+    {
+      ServerState state(small_model(), options);
+      submit_all(state, history, 0, 30);
+      state.checkpoint();
+    }
+    const std::filesystem::path checkpoint = dir.path() / "checkpoint.safetensors";
+    damage_file(checkpoint, Damage::kDataByte);
+    if (previous_damaged)
+      damage_file(dir.path() / "checkpoint.prev.safetensors", Damage::kTruncation);
+    else
+      std::filesystem::remove(dir.path() / "wal.prev.log");  // wal.log alone lacks the history of 28
+    std::map<std::string, std::string> before;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+      before[entry.path().filename().string()] = file_bytes(entry.path());
+    try {
+      ServerState refused(small_model(), options);
+      ADD_FAILURE() << "started from a damaged checkpoint at version " << refused.version();
+    } catch (const server::StateError& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find(checkpoint.string()), std::string::npos) << message;
+      EXPECT_NE(message.find("Refusing to start"), std::string::npos) << message;
+      EXPECT_NE(message.find("checksum mismatch"), std::string::npos) << message;
+    }
+    std::map<std::string, std::string> after;
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+      after[entry.path().filename().string()] = file_bytes(entry.path());
+    EXPECT_EQ(after, before);
+  }
+}
+
+// With no previous checkpoint at all (a state directory from before checkpoints were
+// kept twice) a damaged checkpoint is refused as well.
+TEST(ServerState, DamagedOnlyCheckpointIsRefused) {
+  TempDir dir("edgetrain-state");
+  const auto options = options_for(dir, 0);
+  History history(options, 5, 13);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 5);
+    state.checkpoint();
+  }
+  std::filesystem::remove(dir.path() / "checkpoint.prev.safetensors");
+  damage_file(dir.path() / "checkpoint.safetensors", Damage::kMetadataByte);
+  EXPECT_THROW(ServerState(small_model(), options), server::StateError);
+}
+
+// Checkpoints written before they carried a checksum (state format 1) still load, with a
+// note for the log.
+TEST(ServerState, CheckpointWithoutChecksumFromBeforeLoadsWithANote) {
+  TempDir dir("edgetrain-state");
+  const auto options = options_for(dir, 0);
+  History history(options, 8, 14);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 5);
+    state.checkpoint();
+    submit_all(state, history, 5, 6);
+  }
+  const std::filesystem::path checkpoint = dir.path() / "checkpoint.safetensors";
+  runtime::Model model = small_model();
+  std::map<std::string, std::string> metadata = model.load_safetensors(checkpoint.string());
+  ASSERT_EQ(metadata.erase(server::kCheckpointChecksumKey), 1u);
+  metadata["edgetrain.state_format"] = "1";
+  model.save_safetensors(checkpoint.string(), metadata);  // as the server wrote it before
+  ServerState restarted(small_model(), options);
+  EXPECT_FALSE(restarted.recovery().used_previous_checkpoint);
+  EXPECT_TRUE(any_note_contains(restarted.recovery(), "has no checksum")) << restarted.recovery().notes.size();
+  ASSERT_EQ(restarted.version(), 6u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(6));
+  submit_all(restarted, history, 6, 8);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(8));
+}
+
+// Temporaries of writes that never completed (also the model writer's own temporary inside
+// the server's, checkpoint.safetensors.tmp.tmp, from before there was one write) are
+// removed at start and reported; other files are left alone.
+TEST(ServerState, LeftoverTemporariesAreRemovedAtStartAndReported) {
+  TempDir dir("edgetrain-state");
+  const auto options = options_for(dir, 0);
+  History history(options, 3, 15);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 3);
+  }
+  const std::vector<std::string> leftovers = {"checkpoint.safetensors.tmp", "checkpoint.safetensors.tmp.tmp",
+                                              "wal.log.tmp", "wal.prev.log.tmp"};
+  for (const std::string& name : leftovers) write_bytes(dir.path() / name, "half written");
+  write_bytes(dir.path() / "stats.json.tmp", "not ours");
+  ServerState restarted(small_model(), options);
+  for (const std::string& name : leftovers) {
+    EXPECT_FALSE(std::filesystem::exists(dir.path() / name)) << name;
+    EXPECT_TRUE(any_note_contains(restarted.recovery(), (dir.path() / name).string())) << name;
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir.path() / "stats.json.tmp"));
+  ASSERT_EQ(restarted.version(), 3u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(3));
+}
+
+// A checkpoint write that fails leaves no temporary inside a temporary (one write, one
+// rename), and the state stays recoverable.
+TEST(ServerState, FailedCheckpointWriteLeavesNoNestedTemporary) {
+  TempDir dir("edgetrain-state");
+  const auto options = options_for(dir, 0);
+  History history(options, 6, 16);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 4);
+    std::filesystem::create_directory(dir.path() / "checkpoint.safetensors.tmp");  // the write cannot open it
+    EXPECT_THROW(state.checkpoint(), server::StateError);
+    for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+      EXPECT_FALSE(entry.path().filename().string().ends_with(".tmp.tmp")) << entry.path();
+    std::filesystem::remove(dir.path() / "checkpoint.safetensors.tmp");
+    submit_all(state, history, 4, 5);
+  }
+  ServerState restarted(small_model(), options);
+  ASSERT_EQ(restarted.version(), 5u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(5));
+  submit_all(restarted, history, 5, 6);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(6));
 }
 
 }  // namespace

@@ -1,17 +1,42 @@
 // The wire rules that live in transport/ once: the identity rule (transport/identity.h),
 // which the DTLS server (certificate CNs), the server's resources (declared plain CoAP
 // names) and the keystore (device names) all call, and the POST /update acknowledgement
-// and the model delta's size bounds (transport/codec.h).
+// and the model delta's size bounds (transport/codec.h); the one escaping of network text
+// for logs and /status (transport/untrusted_text.h).
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "transport/codec.h"
 #include "transport/identity.h"
+#include "transport/untrusted_text.h"
 
 namespace {
 
 using namespace edgetrain::transport;
+
+TEST(UntrustedText, PrintableTextStaysAsItIs) {
+  EXPECT_EQ(escape_untrusted("pi-kitchen since=42&id=x/y (ok)"), "pi-kitchen since=42&id=x/y (ok)");
+  EXPECT_EQ(escape_untrusted(""), "");
+}
+
+TEST(UntrustedText, ControlBytesQuotesAndBackslashesBecomeHexEscapes) {
+  // A forged log line and a terminal colour sequence become one visible token.
+  EXPECT_EQ(escape_untrusted("evil\n2026-01-01 fake line\x1b[31mred"),
+            "evil\\x0a2026-01-01 fake line\\x1b[31mred");
+  EXPECT_EQ(escape_untrusted(std::string("a\0b\r\t\x7f\xff", 7)), "a\\x00b\\x0d\\x09\\x7f\\xff");
+  EXPECT_EQ(escape_untrusted("say \"hi\" it's \\x41"), "say \\x22hi\\x22 it\\x27s \\x5cx41");
+  for (int c = 0; c < 256; ++c) {
+    const std::string escaped = escape_untrusted(std::string(1, static_cast<char>(c)));
+    for (char e : escaped) EXPECT_TRUE(e >= 0x20 && e <= 0x7e) << c;
+    EXPECT_EQ(escaped.find_first_of("\"'"), std::string::npos) << c;  // cannot end the quotes it is shown in
+  }
+}
+
+TEST(UntrustedText, LongTextIsCutAndSaysHowMuchWasLeftOut) {
+  const std::string escaped = escape_untrusted(std::string(kMaxShownUntrustedBytes + 10, 'x'));
+  EXPECT_EQ(escaped, std::string(kMaxShownUntrustedBytes, 'x') + "...(10 more bytes)");
+}
 
 TEST(IdentityRule, AcceptsPlainNamesOfOneTo64Characters) {
   EXPECT_TRUE(is_plain_identity("pi-kitchen"));

@@ -181,6 +181,22 @@ TEST_F(WorkerTest, APushFailingTwiceIsDroppedAndTheNextStepPullsFirst) {
   EXPECT_TRUE(worker.needs_pull());
 }
 
+// A refusal's diagnostic comes from the network: it reaches the worker's log escaped, as
+// one line (issue 18), however the server (or whoever answers) spells it.
+TEST_F(WorkerTest, ARefusalsDiagnosticIsLoggedEscapedOnOneLine) {
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    const std::string text = "malformed\nforged line\x1b[2J";
+    return {CoapCode::kBadRequest, {text.begin(), text.end()}};
+  };
+  auto config = test_config();
+  config.max_steps = 1;
+  auto worker = make_worker(config);
+  worker.run();
+  ASSERT_EQ(log.size(), 1u);
+  EXPECT_NE(log[0].find("update refused with 4.00: malformed\\x0aforged line\\x1b[2J"), std::string::npos) << log[0];
+  EXPECT_EQ(log[0].find_first_of("\n\x1b"), std::string::npos) << log[0];
+}
+
 TEST_F(WorkerTest, AConflictIsAnsweredByARePullBeforeTheNextStep) {
   int posts = 0;
   server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {

@@ -651,7 +651,7 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
   summary->add_option("--stopped", s.stopped, "the stop, in words")->required();
   summary->add_option("--network", s.network, "loopback or netns")->required();
   summary->add_option("--reached", s.reached, "the timeline.csv row that met the target (elapsed_s,version,test_accuracy,...)");
-  summary->add_option("--target", s.target, "target accuracy of the table (default: the report's)");
+  summary->add_option("--target-accuracy", s.target, "target accuracy of the table (default: the report's)");
 }
 
 }  // namespace
@@ -675,7 +675,7 @@ int main(int argc, char** argv) {
     command->add_option("runs", directories, "run directories (each with timeline.csv, written by edgetrain-emulate)")
         ->check(CLI::ExistingDirectory);
     command->add_option("--out", out, "directory for accuracy-vs-ingress.svg, accuracy-vs-time.svg and summary.md");
-    command->add_option("--target", target,
+    command->add_option("--target-accuracy", target,
                         "target test accuracy of the ratio (default: half a point below the lowest best accuracy)");
   }
   app.require_subcommand(0, 1);

@@ -48,7 +48,7 @@ group_section() {
   local dirs=() r
   for r in "$@"; do dirs+=("$out/$r"); done
   # auto: half a point below the lowest best accuracy of the group (the report's default)
-  local target_flag=(--target "$target")
+  local target_flag=(--target-accuracy "$target")
   [ "$target" = auto ] && target_flag=()
   "$report" "${dirs[@]}" --out "$out/group-$title" "${target_flag[@]}" >/dev/null
   case "$title" in

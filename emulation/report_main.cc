@@ -662,6 +662,8 @@ int main(int argc, char** argv) {
   CLI::App app{"edgetrain-emulation-report: the plan, checks and reports of edgetrain-emulate runs.\n"
                "Without a subcommand (or with `compare`): plots and a markdown table from run directories; the\n"
                "first run is the reference of the traffic ratio (give the ASGD run first)."};
+  app.set_version_flag("--version", "edgetrain-emulation-report " + std::string(edgetrain::settings::project_version()),
+                       "print the version and exit");
   PlanOptions plan;
   std::string run;
   SummarizeOptions summary;

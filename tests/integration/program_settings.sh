@@ -3,9 +3,9 @@
 # network and no data: --version on every program (one version string); an unknown TOML
 # key refused with its name, line and a "did you mean"; a wrong type refused with key and
 # line; a value out of range refused; a flag beating the file.
-# usage: program_settings.sh SERVER WORKER SIM IMPAIRER SMOKE
+# usage: program_settings.sh SERVER WORKER SIM IMPAIRER SMOKE REPORT EMULATE LOADGEN
 set -u
-server="$1"; worker="$2"; sim="$3"; impairer="$4"; smoke="$5"
+server="$1"; worker="$2"; sim="$3"; impairer="$4"; smoke="$5"; report="$6"; emulate="$7"; loadgen="$8"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -20,7 +20,7 @@ expect_refused() {
 }
 
 version=""
-for program in "$server" "$worker" "$sim" "$impairer" "$smoke"; do
+for program in "$server" "$worker" "$sim" "$impairer" "$smoke" "$report" "$emulate" "$loadgen"; do
   out=$("$program" --version) || fail "$program --version failed"
   [[ "$out" =~ ^edgetrain-[a-z-]+\ ([0-9]+\.[0-9]+\.[0-9]+)$ ]] || fail "$program --version printed '$out'"
   [ -z "$version" ] || [ "${BASH_REMATCH[1]}" = "$version" ] || fail "$program says ${BASH_REMATCH[1]}, others $version"

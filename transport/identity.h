@@ -2,7 +2,7 @@
 // certificate subject CNs and the names plain CoAP peers declare (?id=NAME). Identities
 // end up in logs, the write-ahead log and /status, so they are plain names only: never
 // control characters, separators or unbounded strings. It guards security, so every check
-// in the tree calls this one function (tests/unit/identity_test.cc).
+// in the tree calls this one function (tested in tests/unit/wire_rules_test.cc).
 #pragma once
 
 #include <cstddef>

@@ -47,7 +47,7 @@ unit_env=$(sed -n 's/^Environment=//p' "$work/root/lib/systemd/system/edgetrain-
 stats="$work/worker.stats.json"
 start_worker "$work/worker.log" "$stats" env $unit_env qemu-aarch64 -R "$guest_size" -B "$guest_base" \
   -L "$deps/sysroot-aarch64" "$worker" --config "$work/root/etc/edgetrain/worker.toml" --identity measure \
-  --key-file "$work/worker.psk" --server "coaps://127.0.0.1:$port" --data "$deps/mnist" --steps "$steps" --quiet
+  --key-file "$work/worker.psk" --server "coaps://127.0.0.1:$port" --data "$deps/mnist-full" --steps "$steps" --quiet
 worker_pid=$last_pid
 read -r guest_kib total_kib < <(/usr/bin/python3 - "$worker_pid" "$guest_base" "$guest_size" <<'PY'
 import sys, time

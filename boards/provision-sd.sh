@@ -19,7 +19,7 @@ usage: boards/provision-sd.sh --boot DIR --package DEB --worker-config FILE --wo
   --worker-id N         this board's data shard, 0 <= N < M, a different one per board
   --workers M           the number of shards (boards) of the run
   --data DIR            training data: train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]
-                        (default: $EDGETRAIN_DEPS/mnist, set up by toolchains/setup-deps.sh)
+                        (default: full MNIST, $EDGETRAIN_DEPS/mnist-full, set up by toolchains/setup-deps.sh)
   --libraries DIR       Debian arm64 packages the worker's Depends come from
                         (default: $EDGETRAIN_DEPS/apt-arm64/debs, the sysroot's downloads)
 
@@ -34,7 +34,7 @@ USAGE
 die() { echo "provision-sd: $*" >&2; exit 1; }
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
-boot="" package="" worker_config="" worker_id="" workers="" data="$deps/mnist" libraries="$deps/apt-arm64/debs"
+boot="" package="" worker_config="" worker_id="" workers="" data="$deps/mnist-full" libraries="$deps/apt-arm64/debs"
 while [ $# -gt 0 ]; do
   case "$1" in
     --boot|--package|--worker-config|--worker-id|--workers|--data|--libraries)

@@ -527,7 +527,7 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.group("Experiment");
   t.add("workers", s.workers, "number of worker processes").range(1, 4000);
   t.add("model", s.model, "the model").choices({"paper-cnn", "mlp"});
-  t.add("data", s.data, "training and test data").choices({"mnist", "fashion-mnist"});
+  t.add("data", s.data, "training and test data").choices({"mnist", "mnist-small", "fashion-mnist"});
   t.add("compressor", s.compressor, "adacomp, or none (dense ASGD)").choices({"adacomp", "none"});
   t.add("rate", s.rate, "AdaComp compression rate (the worker checks it)");
   t.add("error-feedback", s.error_feedback, "workers keep what they did not send (beyond the paper)");

@@ -137,9 +137,12 @@ std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labe
 
 DatasetFiles dataset_files(const std::string& name, DataSplit split) {
   std::filesystem::path directory;
+  const char* deps = std::getenv("EDGETRAIN_DEPS");
+  const std::filesystem::path dependencies = deps && *deps ? deps : "/var/cache/edgetrain";
   if (name == "mnist") {
-    const char* deps = std::getenv("EDGETRAIN_DEPS");
-    directory = std::filesystem::path(deps && *deps ? deps : "/var/cache/edgetrain") / "mnist";
+    directory = dependencies / "mnist-full";
+  } else if (name == "mnist-small") {
+    directory = dependencies / "mnist-small";
   } else if (name == "fashion-mnist") {
     directory = "/usr/share/datasets/fashion-mnist";
   } else {

@@ -36,8 +36,10 @@ struct Dataset {
 Dataset load_dataset(const std::filesystem::path& images, const std::filesystem::path& labels,
                      std::uint32_t num_classes = 10, const IdxLimits& limits = {});
 
-// Where a named data set's IDX files are. `name` is "mnist" (converted at set-up into
-// $EDGETRAIN_DEPS/mnist, default /var/cache/edgetrain/mnist), "fashion-mnist" (Debian's
+// Where a named data set's IDX files are. `name` is "mnist" (full MNIST, 60,000 train /
+// 10,000 test, fetched at set-up into $EDGETRAIN_DEPS/mnist-full, default
+// /var/cache/edgetrain), "mnist-small" (the 8,000 / 2,000 subset set-up converts into
+// $EDGETRAIN_DEPS/mnist-small, for CI-sized runs), "fashion-mnist" (Debian's
 // dataset-fashion-mnist, /usr/share/datasets/fashion-mnist) or a directory holding
 // {train,t10k}-{images-idx3,labels-idx1}-ubyte, each raw or gzipped (.gz): the raw file
 // when it exists, else the .gz one. Does not check that the files exist (load_dataset does).

@@ -151,7 +151,7 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.add("ca", s.ca, "X.509: CA (PEM) that must have signed the server's certificate");
   t.add("insecure", s.insecure, "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must run --insecure)");
   t.group("Data and model");
-  t.add("data", s.data, "mnist, fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels");
+  t.add("data", s.data, "mnist (full, 60k), mnist-small (its 8k subset), fashion-mnist, or a directory with train-images-idx3-ubyte[.gz] and labels");
   t.add("worker-id", c.worker_id, "this worker's shard number");
   t.add("workers", c.worker_count, "number of shards").range(1, 1e6);
   t.add("label-skew", c.label_skewed, "label-skewed shard instead of i.i.d.");

@@ -38,7 +38,7 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13").range(1, 1u << 30).unit("bytes");
   t.add("seed", s.seed, "initial parameters of a new state directory");
   t.group("Evaluation");
-  t.add("eval-data", s.eval_data, "test set for the background evaluator: mnist, fashion-mnist, a directory, or none");
+  t.add("eval-data", s.eval_data, "test set for the background evaluator: mnist (10k), mnist-small (2k), fashion-mnist, a directory, or none");
   t.add("eval-interval", s.eval_interval, "time between evaluations (skipped while the version is unchanged)")
       .range(0.01, 1e6).unit("seconds");
   t.group("CoAP");

@@ -32,7 +32,7 @@ std::string human_bytes(double bytes) {
 // What the settings table fills besides sim::SimConfig's own fields.
 struct SimSettings {
   sim::SimConfig config;
-  std::string data = "mnist", staleness = "sigma", out_dir = "sim-results";
+  std::string data = "mnist", staleness = "sigma", out_dir = "sim-results", kernels = "xnnpack";
   runtime::CompressionSettings compression{"both"};
   std::string train_images, train_labels, test_images, test_labels;
   double target_accuracy = 0;
@@ -42,7 +42,7 @@ struct SimSettings {
 void declare_settings(settings::Table& t, SimSettings& s) {
   sim::SimConfig& c = s.config;
   t.group("Data and model");
-  t.add("data", s.data, "mnist (10k digits converted at set-up), fashion-mnist (Debian's 70k) or a directory");
+  t.add("data", s.data, "mnist (full MNIST, 60k + 10k), mnist-small (its 8k + 2k subset), fashion-mnist (Debian's 60k + 10k) or a directory");
   t.add("train-images", s.train_images, "IDX file (raw or .gz); overrides --data");
   t.add("train-labels", s.train_labels, "IDX file");
   t.add("test-images", s.test_images, "IDX file");
@@ -61,6 +61,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 1e9);
   t.add("failure-probability", c.failure_probability, "per step: worker crashes, loses the update").range(0, 1);
   t.add("threads", c.threads, "compute threads").range(1, 64);
+  t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
+        "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
   t.add("seed", c.seed, "same seed, same run");
   t.group("Compression");
   runtime::declare_compression_settings(t, c.compressor, s.compression, {"none", "adacomp", "both"});
@@ -94,6 +96,7 @@ Data load_data(const SimSettings& s) {
 // The runs to compare: dense ASGD, AdaComp with the options, or both (in that order).
 std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings& s) {
   sim::SimConfig config = s.config;
+  config.kernels = s.kernels == "reference" ? runtime::KernelBackend::kReference : runtime::KernelBackend::kXnnpack;
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   config.staleness_rule =
       s.staleness == "sigma" ? server::StalenessRule::kPerParameterSigma : server::StalenessRule::kPerUpdateDelay;

@@ -120,9 +120,9 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   const std::uint64_t model_bytes = model_message.value().size();
 
   runtime::ThreadPool pool(config.threads);
-  runtime::Trainer trainer(model, config.batch, runtime::KernelBackend::kXnnpack, pool.get());
+  runtime::Trainer trainer(model, config.batch, config.kernels, pool.get());
   const int eval_batch = 100;
-  runtime::Trainer evaluator(model, eval_batch, runtime::KernelBackend::kXnnpack, pool.get());
+  runtime::Trainer evaluator(model, eval_batch, config.kernels, pool.get());
   std::vector<float> gradient(model.parameter_count());
   std::vector<std::uint8_t> batch_pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
   std::vector<std::int32_t> batch_labels(config.batch);

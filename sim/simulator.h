@@ -23,6 +23,7 @@
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
 #include "runtime/model.h"
+#include "runtime/trainer.h"
 #include "server/parameter_store.h"
 #include "transport/codec.h"
 
@@ -48,6 +49,10 @@ struct SimConfig {
   std::optional<double> stop_at_accuracy;  // stop once the test accuracy reaches this
   std::uint64_t seed = 1;
   int threads = 1;  // compute threads for the trainer's kernels
+  // XNNPACK (fast; bit-identical runs on one machine, but its micro-kernels depend on the
+  // CPU's instruction set) or the reference loops (slow; the same bits on every x86-64
+  // machine, which is what the recorded determinism figures rely on).
+  runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
 };
 
 struct EvalPoint {

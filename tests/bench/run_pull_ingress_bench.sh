@@ -22,8 +22,8 @@ worker=$build/runtime/edgetrain-worker
 for program in "$server" "$worker"; do
   [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }
 done
-[[ -e ${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist/train-images-idx3-ubyte ||
-   -e ${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist/train-images-idx3-ubyte.gz ]] ||
+[[ -e ${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full/train-images-idx3-ubyte ||
+   -e ${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full/train-images-idx3-ubyte.gz ]] ||
   { echo "MNIST is missing (./build.sh setup)" >&2; exit 1; }
 
 work=$(mktemp -d "$PWD/$build/pull-ingress-bench.XXXXXX")

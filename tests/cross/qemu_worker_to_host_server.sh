@@ -16,7 +16,7 @@ start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --k
 echo "running: $* $cross_worker ... --steps $steps"
 stats="$work/worker.stats.json"
 start_worker "$work/worker.log" "$stats" "$@" "$cross_worker" --config "$work/pi-under-qemu.toml" \
-  --server "coaps://127.0.0.1:$server_port" --model mlp --steps "$steps" --quiet
+  --server "coaps://127.0.0.1:$server_port" --model mlp --data mnist-small --steps "$steps" --quiet
 wait_for_exit "$last_pid" 150 || fail "the aarch64 worker exited with status $?"
 cat "$work/worker.log"
 cat "$stats"

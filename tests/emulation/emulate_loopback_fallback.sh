@@ -53,7 +53,7 @@ grep -q "^edgetrain-emulate: .*misspelt.toml:2: unknown key 'wrokers' (did you m
 # A run whose every worker gives up (here: a learning rate that makes the model diverge at
 # once) stops then, not at --duration, with exit status 4 and its summary written. Its
 # settings come from a file, one of them overridden by a flag.
-printf 'workers = 2\nmodel = "mlp"\nlr = 1e30\nduration = 30\nquiet = true\n' >"$work/diverge.toml"
+printf 'workers = 2\nmodel = "mlp"\ndata = "mnist-small"\nlr = 1e30\nduration = 30\nquiet = true\n' >"$work/diverge.toml"
 status=0
 started=$SECONDS
 "$emulate" --build-dir "$build_dir" --out "$work/diverged" --config "$work/diverge.toml" --duration 120 \
@@ -66,7 +66,7 @@ started=$SECONDS
 [ "$(tail -n +2 "$work/diverged/plan.csv" | wc -l)" -eq 2 ] || fail "--config's workers = 2 was not applied"
 
 status=0
-PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --pull-every 2 \
+PATH="$work/bin:$PATH" "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 2 --model mlp --data mnist-small --pull-every 2 \
   --link delay=2,bandwidth=20000 --impaired 1 --duration 80 --target-accuracy "$floor" --eval-interval 1 --quiet \
   >"$work/emulate.log" 2>&1 || status=$?
 watched_logs+=("$work/emulate.log" "$work/run/logs/server-1.log" "$work/run/logs/worker-0.log")

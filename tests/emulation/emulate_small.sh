@@ -16,7 +16,7 @@ status=0
 # The clean workers are slowed down (--slowdown) and the staleness bound raised: with a fast
 # server the two clean workers otherwise reach the floor before the impaired one's first
 # update lands, or leave every one of its updates more than D versions behind.
-"$emulate" --build-dir "$build_dir" --out "$work/run" --workers 3 --model mlp --pull-every 8 --request-timeout 30 \
+"$emulate" --build-dir "$build_dir" --out "$work/run" --workers 3 --model mlp --data mnist-small --pull-every 8 --request-timeout 30 \
   --slowdown 200 --max-staleness 1000 --link delay=2,jitter=2,loss=0.005,bandwidth=20000 --impaired 1 --fail kill-server@12+2 \
   --duration 110 --target-accuracy "$floor" --eval-interval 1 --quiet >"$work/emulate.log" 2>&1 || status=$?
 watched_logs+=("$work/emulate.log" "$work/run/logs/server-1.log" "$work/run/logs/server-2.log" "$work/run/logs/worker-0.log")

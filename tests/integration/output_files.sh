@@ -24,7 +24,7 @@ expect() {  # FILE JQ_CONDITION DESCRIPTION
 
 for i in 0 1; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 server_args=(--listen 127.0.0.1 --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" --model mlp
-             --eval-data mnist --eval-interval 1 --port-file "$work/server.port" --stats-file "$work/server.json")
+             --eval-data mnist-small --eval-interval 1 --port-file "$work/server.port" --stats-file "$work/server.json")
 start_program "$work/server-1.log" "$server" "${server_args[@]}"
 server_pid=$last_pid
 wait_for_file "$work/server.port" 30

@@ -9,10 +9,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/../../common/processes.sh"
 work=$(mktemp -d)
 trap 'stop_started_programs; rm -rf "$work"' EXIT
 
-# require_mnist: without MNIST, skips the test (exit 77) on a developer's machine and
+# require_mnist: without the CI-sized MNIST subset (data set mnist-small, which the
+# end-to-end tests train on), skips the test (exit 77) on a developer's machine and
 # fails it under CI (CI set), where set-up always provides the data; the C++ tests follow
 # the same rule (EDGETRAIN_REQUIRE_DATA in tests/support/test_data.h).
-mnist_dir="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist"
+mnist_dir="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-small"
 require_mnist() {
   if ! ls "$mnist_dir"/train-images-idx3-ubyte* >/dev/null 2>&1; then
     [ -z "${CI:-}" ] || fail "no MNIST in $mnist_dir under CI (toolchains/setup-deps.sh converts it)"

@@ -24,7 +24,7 @@ worker_pids=()
 worker_stats=("$work/w0.stats.json" "$work/w1.stats.json")
 for i in 0 1; do
   start_worker "$work/w$i.log" "${worker_stats[$i]}" "$worker" --config "$work/w$i.toml" \
-    --server "coaps://127.0.0.1:$port" --model mlp --worker-id "$i" --workers 2 --quiet --duration 80
+    --server "coaps://127.0.0.1:$port" --model mlp --data mnist-small --worker-id "$i" --workers 2 --quiet --duration 80
   worker_pids+=("$last_pid")
 done
 

@@ -18,8 +18,8 @@ struct Mnist {
 
 const Mnist& mnist() {
   static const Mnist data = [] {
-    // Fails even off CI: the simulator's claims are about the real digits.
-    const std::string dir = edgetrain::testing::mnist_dir().string() + "/";
+    // Fails even off CI: the simulator's claims are about the real digits (the CI-sized subset).
+    const std::string dir = edgetrain::testing::mnist_small_dir().string() + "/";
     if (!std::filesystem::exists(dir + "train-images-idx3-ubyte")) {
       ADD_FAILURE() << "MNIST IDX files missing in " << dir << ": run toolchains/setup-deps.sh";
       return Mnist{};

@@ -11,13 +11,13 @@ require_mnist
 
 for i in 0 1 2; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
-  --model mlp --eval-data mnist --eval-interval 1
+  --model mlp --eval-data mnist-small --eval-interval 1
 echo "server on port $server_port"
 
 worker_pids=()
 for i in 0 1 2; do
   start_worker "$work/w$i.log" "$work/w$i.stats.json" "$worker" --config "$work/w$i.toml" \
-    --server "coaps://127.0.0.1:$server_port" --model mlp --data mnist --worker-id "$i" --workers 3 --duration 75
+    --server "coaps://127.0.0.1:$server_port" --model mlp --data mnist-small --worker-id "$i" --workers 3 --duration 75
   worker_pids+=("$last_pid")
 done
 

@@ -11,7 +11,7 @@
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
-common_worker_flags=(--model mlp --data mnist --worker-id 0 --workers 1 --quiet)
+common_worker_flags=(--model mlp --data mnist-small --worker-id 0 --workers 1 --quiet)
 
 # udp_sockets PID: how many UDP sockets the process holds (from /proc, no root needed).
 udp_sockets() {

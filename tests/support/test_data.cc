@@ -9,7 +9,9 @@ std::filesystem::path dependency_dir() {
   return env && *env ? std::filesystem::path(env) : std::filesystem::path("/var/cache/edgetrain");
 }
 
-std::filesystem::path mnist_dir() { return dependency_dir() / "mnist"; }
+std::filesystem::path mnist_dir() { return dependency_dir() / "mnist-full"; }
+
+std::filesystem::path mnist_small_dir() { return dependency_dir() / "mnist-small"; }
 
 std::filesystem::path fashion_mnist_dir() { return "/usr/share/datasets/fashion-mnist"; }
 

@@ -17,8 +17,10 @@ namespace edgetrain::testing {
 
 // $EDGETRAIN_DEPS, or /var/cache/edgetrain: where set-up keeps what it fetched.
 std::filesystem::path dependency_dir();
-// The MNIST IDX files set-up converts (train-images-idx3-ubyte, ...).
+// Full MNIST's IDX files (60,000 / 10,000; train-images-idx3-ubyte, ...), as set-up fetches them.
 std::filesystem::path mnist_dir();
+// The 8,000 / 2,000 MNIST subset set-up converts, for CI-sized training runs.
+std::filesystem::path mnist_small_dir();
 // Fashion-MNIST from the Debian package dataset-fashion-mnist (gzip IDX files).
 std::filesystem::path fashion_mnist_dir();
 

@@ -149,9 +149,11 @@ TEST_F(DatasetFilesIn, NamedDataSetsLiveWhereSetUpPutsThem) {
   const char* before = std::getenv("EDGETRAIN_DEPS");
   const std::string saved = before ? before : "";
   ::setenv("EDGETRAIN_DEPS", dir_.parent_path().c_str(), 1);
-  EXPECT_EQ(dataset_files("mnist", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist");
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist-full");
+  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist-small");
   ::unsetenv("EDGETRAIN_DEPS");
-  EXPECT_EQ(dataset_files("mnist", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist");
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist-full");
+  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist-small");
   EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.parent_path(), "/usr/share/datasets/fashion-mnist");
   EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.filename().string().substr(0, 4), "t10k");
   if (before) ::setenv("EDGETRAIN_DEPS", saved.c_str(), 1);

@@ -185,8 +185,14 @@ void expect_real_dataset(const fs::path& images, const fs::path& labels, std::si
   EXPECT_GT(nonzero, 20u);
 }
 
-TEST(RealData, MnistFromSetUp) {
+TEST(RealData, MnistFromSetUpIsTheFullSet) {
   const fs::path dir = edgetrain::testing::mnist_dir();
+  expect_real_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte", 60000);
+  expect_real_dataset(dir / "t10k-images-idx3-ubyte", dir / "t10k-labels-idx1-ubyte", 10000);
+}
+
+TEST(RealData, MnistSmallFromSetUp) {
+  const fs::path dir = edgetrain::testing::mnist_small_dir();
   expect_real_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte", 8000);
   expect_real_dataset(dir / "t10k-images-idx3-ubyte", dir / "t10k-labels-idx1-ubyte", 2000);
 }

@@ -3,17 +3,20 @@
 //   edgetrain-server --state-dir DIR --keystore KEYS [--config server.toml] [flags]
 //   edgetrain-server --state-dir DIR --cert C --cert-key K --ca CA [--keystore KEYS] [flags]
 //   edgetrain-server add-device NAME --keystore KEYS [--server-uri coaps://host:5684]
+//   edgetrain-server repair-wal --state-dir DIR [--skip-damaged | --cut-at-damage]
 //
 // One table of settings (common/settings.h): flags override the TOML config file, which
 // overrides the defaults. The program itself is server/server_app.h.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <iostream>
 
 #include "common/settings.h"
 #include "server/keystore.h"
 #include "server/server_app.h"
+#include "server/wal_repair.h"
 
 namespace {
 
@@ -35,7 +38,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("lr", s.lr, "learning rate");
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09").unit("updates");
   t.add("checkpoint-every", s.checkpoint_every, "updates between checkpoints (0: only at exit)").unit("updates");
-  t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13").range(1, 1u << 30).unit("bytes");
+  t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13, as soon as Size1 or the "
+        "blocks received pass it").range(1, 1u << 30).unit("bytes");
   t.add("seed", s.seed, "initial parameters of a new state directory");
   t.group("Evaluation");
   t.add("eval-data", s.eval_data, "test set for the background evaluator: mnist (10k), mnist-small (2k), fashion-mnist, a directory, or none");
@@ -48,6 +52,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("coap-nstart", s.timing.nstart, "CoAP NSTART").range(1, 16);
   t.add("datagrams-per-pass", s.datagrams_per_pass, "most datagrams read per pass of the event loop, which walks "
         "every session once per pass (1 = libcoap's own loop)").range(1, 1024);
+  t.add("max-bodies-in-progress", s.max_bodies_in_progress, "block-wise request bodies assembled at once (one per "
+        "session, each at most --max-update-bytes); a body beyond them gets 5.03").range(1, 1u << 20);
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
   t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, last evaluation) "
@@ -76,6 +82,47 @@ int add_device(AddDevice a) {
   return 0;
 }
 
+struct RepairWal {
+  std::string state_dir;
+  bool skip_damaged = false, cut_at_damage = false;
+};
+
+constexpr int kDamageFound = 3;  // repair-wal without a choice found damage; nothing changed
+
+void declare_repair_wal(settings::Table& t, RepairWal& r) {
+  t.add("state-dir", r.state_dir, "the server's state directory (the server must not be running)").required();
+  t.add("skip-damaged", r.skip_damaged, "keep every intact record; empty placeholder updates stand in for the damaged ones");
+  t.add("cut-at-damage", r.cut_at_damage, "end the log before the first damaged record (drops the intact records after it)");
+  t.cli().footer(
+      "Without a choice: lists wal.log and wal.prev.log and what each choice would do, changes nothing.\n"
+      "A damaged file is kept as FILE.damaged before the repaired one replaces it.\n"
+      "Exit status: 0 no damage (a torn tail alone is the server's to cut) or repaired; 3 damage found, nothing "
+      "changed (choose --skip-damaged or --cut-at-damage); 1 error (unreadable file or header, a choice that cannot "
+      "be carried out); 2 bad usage.");
+}
+
+int repair_wal(const RepairWal& r) {
+  if (r.skip_damaged && r.cut_at_damage) {
+    std::cerr << "edgetrain-server repair-wal: choose one of --skip-damaged and --cut-at-damage\n";
+    return 2;
+  }
+  const auto choice = r.skip_damaged    ? server::WalRepairChoice::kSkipDamaged
+                      : r.cut_at_damage ? server::WalRepairChoice::kCutAtDamage
+                                        : server::WalRepairChoice::kListOnly;
+  bool damage_left = false;
+  for (const char* name : {"wal.log", "wal.prev.log"}) {
+    const std::filesystem::path path = std::filesystem::path(r.state_dir) / name;
+    if (!std::filesystem::exists(path)) continue;
+    const server::WalRepairResult result = server::repair_wal(path, choice);
+    for (const std::string& line : result.report) std::cout << line << '\n';
+    // What was changed also goes to the log (stderr), with the time, like the server's own lines.
+    if (result.changed)
+      for (const std::string& line : result.report) server::log_line("repair-wal: " + line);
+    damage_left = damage_left || (result.damaged && !result.changed);
+  }
+  return damage_left ? kDamageFound : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,9 +135,15 @@ int main(int argc, char** argv) {
   settings::Table& add = table.subcommand(
       "add-device", "add a device with a random key to the keystore and print its worker configuration");
   declare_add_device(add, device);
+  RepairWal repair;
+  settings::Table& repair_table = table.subcommand(
+      "repair-wal", "list damage in the middle of the WAL (which stops recovery) and repair it as you choose");
+  declare_repair_wal(repair_table, repair);
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
-    return add.parsed() ? add_device(device) : server::run_server(settings);
+    if (add.parsed()) return add_device(device);
+    if (repair_table.parsed()) return repair_wal(repair);
+    return server::run_server(settings);
   } catch (const std::exception& e) {
     server::log_line(std::string("error: ") + e.what());
     return 1;

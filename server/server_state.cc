@@ -255,6 +255,12 @@ std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
     } catch (const WalError& e) {
       throw StateError(e.what());
     }
+    if (!contents.damage.empty())
+      throw StateError(describe_wal_damage(path, contents) +
+                       ". That is damage, not a torn tail: refusing to start, every file is left as it is. "
+                       "`edgetrain-server repair-wal --state-dir " + options_.state_dir.string() +
+                       "` lists the damage and the choices (--skip-damaged keeps the intact records, "
+                       "--cut-at-damage drops everything from the damaged record on)");
     if (!(contents.header == wal_header()))
       throw StateError(path.string() + " was written with another model or other settings (learning rate " +
                        std::to_string(contents.header.learning_rate) + ", max staleness " +
@@ -296,16 +302,24 @@ std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
     throw StateError(std::string("cannot restore the staleness history: ") + e.what());
   }
 
+  std::size_t placeholders = 0;
   for (auto it = first_new; it != wal.records.end(); ++it) {
     const ApplyResult result = store_.apply(decode_logged(*it));
     if (!result.applied() || result.version != it->version)
       throw StateError("replaying the update logged as version " + std::to_string(it->version) + " gave " +
                        apply_status_name(result.status) + " at version " + std::to_string(result.version) + " " +
                        result.reason);
-    sequences_[it->identity] = {it->sequence, it->version};
+    // A placeholder (no identity) stands for a record lost to damage (server/wal_repair.h).
+    if (it->identity.empty())
+      ++placeholders;
+    else
+      sequences_[it->identity] = {it->sequence, it->version};
     remember_recent(*it);
     ++recovery_.replayed_updates;
   }
+  if (placeholders > 0)
+    recovery_.notes.push_back("replayed " + std::to_string(placeholders) +
+                              " empty placeholder updates that repair-wal put where damaged WAL records were");
   updates_since_checkpoint_ = recovery_.replayed_updates;
   if (wal_paths.size() == 1) wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
   return {std::make_move_iterator(first_kept), std::make_move_iterator(wal.records.end())};

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include "server/durable_file.h"
 
@@ -81,43 +82,117 @@ std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
   return out;
 }
 
-WalContents read_wal(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw WalError("cannot open the WAL " + path.string());
-  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (in.bad()) throw WalError("cannot read the WAL " + path.string());
+namespace {
 
+// The record at `at` if it checks out (else nullopt and `why`). `after_version`: when set,
+// a record must carry a later version (what resynchronising after damage relies on).
+std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::size_t at,
+                                   std::optional<std::uint64_t> after_version, std::string& why) {
+  if (bytes.size() - at < 8) {
+    why = "only " + std::to_string(bytes.size() - at) + " bytes left, a record header has 8";
+    return std::nullopt;
+  }
+  const std::uint64_t body = get_le(bytes.data() + at, 4);
+  const std::uint32_t crc = static_cast<std::uint32_t>(get_le(bytes.data() + at + 4, 4));
+  if (body < kRecordFixedBody || body > kWalMaxRecordBody) {
+    why = "impossible body length " + std::to_string(body);
+    return std::nullopt;
+  }
+  if (body > bytes.size() - at - 8) {
+    why = "body of " + std::to_string(body) + " bytes runs past the end of the file";
+    return std::nullopt;
+  }
+  const std::uint8_t* b = bytes.data() + at + 8;
+  const std::size_t identity_length = get_le(b + 16, 2);
+  if (kRecordFixedBody + identity_length > body) {
+    why = "identity length " + std::to_string(identity_length) + " exceeds the body";
+    return std::nullopt;
+  }
+  const std::uint64_t version = get_le(b, 8);
+  if (after_version && version <= *after_version) {
+    why = "version " + std::to_string(version) + " not after " + std::to_string(*after_version);
+    return std::nullopt;
+  }
+  if (crc_of(std::span(b, body)) != crc) {
+    why = "CRC mismatch";
+    return std::nullopt;
+  }
+  WalRecord record;
+  record.version = version;
+  record.sequence = get_le(b + 8, 8);
+  record.identity.assign(reinterpret_cast<const char*>(b + kRecordFixedBody), identity_length);
+  record.update.assign(b + kRecordFixedBody + identity_length, b + body);
+  return record;
+}
+
+// Where the next intact record after a bad one at `bad` starts, or nullopt (a torn tail).
+// Byte by byte, since a damaged length field says nothing about where the next record is;
+// the cheap checks come before the CRC, so garbage costs little.
+std::optional<std::size_t> next_intact_record(std::span<const std::uint8_t> bytes, std::size_t bad,
+                                              std::optional<std::uint64_t> after_version) {
+  std::string ignored;
+  for (std::size_t at = bad + 1; bytes.size() - at >= 8 + kRecordFixedBody; ++at)
+    if (record_at(bytes, at, after_version, ignored)) return at;
+  return std::nullopt;
+}
+
+}  // namespace
+
+WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name) {
   WalContents contents;
   if (bytes.size() < kWalHeaderBytes || std::memcmp(bytes.data(), kMagic, 4) != 0)
-    throw WalError(path.string() + " is not an edgetrain WAL");
-  if (get_le(bytes.data() + 28, 4) != crc_of(std::span(bytes.data(), 28)))
-    throw WalError(path.string() + ": the WAL header is damaged (CRC mismatch)");
-  if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(path.string() + ": unknown WAL format version");
+    throw WalError(name + " is not an edgetrain WAL");
+  if (get_le(bytes.data() + 28, 4) != crc_of(bytes.subspan(0, 28)))
+    throw WalError(name + ": the WAL header is damaged (CRC mismatch)");
+  if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(name + ": unknown WAL format version");
   contents.header.model_id = get_le(bytes.data() + 8, 8);
   contents.header.learning_rate = std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
   contents.header.max_staleness = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
   contents.header.staleness_rule = static_cast<std::uint32_t>(get_le(bytes.data() + 24, 4));
 
   std::size_t at = kWalHeaderBytes;
-  while (bytes.size() - at >= 8) {
-    const std::uint64_t body = get_le(bytes.data() + at, 4);
-    const std::uint32_t crc = static_cast<std::uint32_t>(get_le(bytes.data() + at + 4, 4));
-    if (body < kRecordFixedBody || body > kWalMaxRecordBody || body > bytes.size() - at - 8) break;
-    const std::uint8_t* b = bytes.data() + at + 8;
-    if (crc_of(std::span(b, body)) != crc) break;
-    const std::size_t identity_length = get_le(b + 16, 2);
-    if (kRecordFixedBody + identity_length > body) break;
-    WalRecord record;
-    record.version = get_le(b, 8);
-    record.sequence = get_le(b + 8, 8);
-    record.identity.assign(reinterpret_cast<const char*>(b + kRecordFixedBody), identity_length);
-    record.update.assign(b + kRecordFixedBody + identity_length, b + body);
-    contents.records.push_back(std::move(record));
-    at += 8 + body;
+  while (at < bytes.size()) {
+    const std::optional<std::uint64_t> last_version =
+        contents.records.empty() ? std::nullopt : std::optional(contents.records.back().version);
+    std::string why;
+    if (std::optional<WalRecord> record = record_at(bytes, at, std::nullopt, why)) {
+      contents.record_offsets.push_back(at);
+      at += 8 + kRecordFixedBody + record->identity.size() + record->update.size();
+      contents.records.push_back(std::move(*record));
+      continue;
+    }
+    const std::optional<std::size_t> next = next_intact_record(bytes, at, last_version);
+    if (!next) break;  // nothing intact after it: a torn tail
+    contents.damage.push_back({at, *next - at, why, contents.records.size()});
+    at = *next;
   }
   contents.valid_bytes = at;
   contents.dropped_bytes = bytes.size() - at;
   return contents;
+}
+
+WalContents read_wal(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw WalError("cannot open the WAL " + path.string());
+  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) throw WalError("cannot read the WAL " + path.string());
+  return parse_wal(bytes, path.string());
+}
+
+std::string describe_wal_damage(const std::filesystem::path& path, const WalContents& contents) {
+  if (contents.damage.empty()) return {};
+  const WalDamage& damage = contents.damage.front();
+  const std::size_t intact_after = contents.records.size() - damage.records_before;
+  const WalRecord& next = contents.records[damage.records_before];
+  std::string text = path.string() + ": the record at byte " + std::to_string(damage.offset);
+  text += damage.records_before == 0
+              ? std::string(" (the first record)")
+              : " (after version " + std::to_string(contents.records[damage.records_before - 1].version) + ")";
+  text += " is damaged (" + damage.reason + "; " + std::to_string(damage.length) + " bytes up to the next intact record)";
+  text += ", and " + std::to_string(intact_after) + " intact records follow it (versions " +
+          std::to_string(next.version) + ".." + std::to_string(contents.records.back().version) + ")";
+  if (contents.damage.size() > 1) text += "; " + std::to_string(contents.damage.size() - 1) + " more damaged regions after it";
+  return text;
 }
 
 WalWriter WalWriter::append_to(const std::filesystem::path& path, std::uint64_t valid_bytes) {

@@ -13,10 +13,15 @@
 // a server started with other settings on the same state refuses to start rather than
 // silently replaying to different parameters.
 //
-// A crash can leave a torn last record (short, or with a wrong CRC). Reading stops at the
-// first record that does not check out and reports the bytes after it as dropped; the
-// writer then truncates them away before appending. (A damaged record in the middle of
-// the log is indistinguishable from a torn tail: what follows it is dropped too.)
+// A crash can leave a torn last record (short, or with a wrong CRC): nothing that checks
+// out follows it. Damage in the middle of the log (a flipped byte, a bad sector) is
+// different: intact, acknowledged records follow it. Reading tells the two apart by
+// scanning forward from a record that does not check out for the next intact one (a
+// plausible length, a version after the last good one, and the body's CRC): none means a
+// torn tail, which read_wal() reports as dropped bytes and the writer cuts off before
+// appending; one means damage, which read_wal() reports with every intact record after it
+// and which nothing here ever cuts off (recovery refuses to start, server/wal_repair.h
+// lets the operator choose).
 #pragma once
 
 #include <cstdint>
@@ -52,16 +57,31 @@ inline constexpr std::size_t kWalHeaderBytes = 32;
 // A record body above this is treated as damage, never allocated.
 inline constexpr std::uint32_t kWalMaxRecordBody = 256u << 20;
 
+// Bytes in the middle of a log that do not form a record, with intact records after them.
+struct WalDamage {
+  std::uint64_t offset = 0;       // of the first damaged byte (where a record should start)
+  std::uint64_t length = 0;       // up to the next intact record
+  std::string reason;             // why the record at `offset` does not check out
+  std::size_t records_before = 0; // intact records before it: records[records_before] follows it
+};
+
 struct WalContents {
   WalHeader header;
-  std::vector<WalRecord> records;
-  std::uint64_t valid_bytes = 0;    // header + the records that checked out
-  std::uint64_t dropped_bytes = 0;  // after them: a torn or damaged tail
+  std::vector<WalRecord> records;             // every intact record, also those after damage
+  std::vector<std::uint64_t> record_offsets;  // where each of them starts in the file
+  std::vector<WalDamage> damage;              // empty unless the middle of the log is damaged
+  std::uint64_t valid_bytes = 0;    // up to the end of the last intact record
+  std::uint64_t dropped_bytes = 0;  // after it: a torn tail (nothing intact follows)
 };
 
 // Throws WalError when the file cannot be read or its header is not a valid WAL header
 // (a log whose header is damaged cannot be trusted at all).
 WalContents read_wal(const std::filesystem::path& path);
+WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name);
+
+// One line for the operator about the first damaged region of `contents` (read from
+// `path`): where, why, and the intact records after it.
+std::string describe_wal_damage(const std::filesystem::path& path, const WalContents& contents);
 
 std::vector<std::uint8_t> encode_wal_header(const WalHeader& header);
 std::vector<std::uint8_t> encode_wal_record(const WalRecord& record);

@@ -1,0 +1,232 @@
+// Damage in the middle of the write-ahead log is not a torn tail (issue 18): intact,
+// acknowledged records after a damaged one are never deleted. Recovery refuses the log,
+// naming the record, and leaves every file as it was; repair_wal() (edgetrain-server
+// repair-wal) then skips the damage, keeping every intact record with an empty placeholder
+// for each lost version, or cuts the log there, as the operator chooses. A torn tail is
+// still cut off by recovery itself.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+
+#include "server/server_state.h"
+#include "server/wal_repair.h"
+#include "server/write_ahead_log.h"
+#include "tests/support/served_resources.h"
+
+namespace {
+
+using namespace edgetrain;
+using server::ServerState;
+using server::ServerStateOptions;
+using server::SubmitOutcome;
+using edgetrain::testing::TempDir;
+using edgetrain::testing::tensor_sizes;
+
+runtime::Model small_model() { return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5); }
+
+ServerStateOptions options_for(const TempDir& dir) {
+  ServerStateOptions options;
+  options.state_dir = dir.path();
+  options.store.learning_rate = 0.05f;
+  options.store.max_staleness = 4;
+  options.checkpoint_every = 20;  // checkpoints at 20 and 40; the WAL holds 37..40 (history) and 41..45
+  return options;
+}
+
+constexpr std::size_t kUpdates = 45;
+constexpr std::uint64_t kCheckpointVersion = 40;
+
+// kUpdates random updates from three identities, each fetched up to D versions back.
+std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates_for(const ServerStateOptions& options) {
+  std::mt19937 rng(18);
+  const runtime::Model model = small_model();
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates;
+  std::uint64_t sequences[3] = {0, 0, 0};
+  for (std::uint64_t version = 0; version < kUpdates; ++version) {
+    const int w = static_cast<int>(rng() % 3);
+    const std::uint64_t fetched = version - rng() % (std::min<std::uint64_t>(version, options.store.max_staleness) + 1);
+    updates.emplace_back("device-" + std::to_string(w),
+                         edgetrain::testing::random_sparse_update(rng, model, ++sequences[w], fetched));
+  }
+  return updates;
+}
+
+// The parameters of an uninterrupted store after every update, with update number
+// `lost` (1-based version) replaced by an empty one, as --skip-damaged replays it.
+std::vector<float> parameters_without(const ServerStateOptions& options,
+                                      const std::vector<std::pair<std::string, std::vector<std::uint8_t>>>& updates,
+                                      std::uint64_t lost) {
+  const runtime::Model model = small_model();
+  server::ParameterStore store(model.layout_id(), tensor_sizes(model), {model.parameters().begin(), model.parameters().end()},
+                               options.store);
+  for (std::uint64_t version = 1; version <= updates.size(); ++version) {
+    transport::SparseUpdate update;
+    if (version == lost) {
+      update.model_id = model.layout_id();
+      update.fetched_version = version - 1;
+    } else {
+      update = transport::decode_sparse_update(updates[version - 1].second, {model.layout_id(), tensor_sizes(model)}).value();
+    }
+    EXPECT_TRUE(store.apply(update).applied()) << version;
+  }
+  return {store.parameters().begin(), store.parameters().end()};
+}
+
+std::string file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::map<std::string, std::string> directory_bytes(const std::filesystem::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files[entry.path().filename().string()] = file_bytes(entry.path());
+  return files;
+}
+
+void flip_byte(const std::filesystem::path& path, std::uint64_t offset) {
+  std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+  file.seekg(static_cast<std::streamoff>(offset));
+  const char byte = static_cast<char>(file.get() ^ 0x40);
+  file.seekp(static_cast<std::streamoff>(offset));
+  file.put(byte);
+}
+
+// Where in a record the flipped byte lands: its length field, its CRC, or its body.
+enum class Where { kLength, kCrc, kBody };
+
+class DamagedWalRecord : public ::testing::TestWithParam<Where> {
+ protected:
+  // A crash after kUpdates acknowledged updates, then one flipped byte in the record of
+  // the first version after the checkpoint (issue 18's case). Returns that record's offset.
+  std::uint64_t crash_and_damage() {
+    {
+      ServerState state(small_model(), options_);
+      for (const auto& [identity, bytes] : updates_) {
+        const auto result = state.submit(identity, bytes);
+        EXPECT_EQ(result.outcome, SubmitOutcome::kApplied) << result.diagnostic;
+      }
+      EXPECT_EQ(state.checkpoint_version(), kCheckpointVersion);
+    }
+    const server::WalContents intact = server::read_wal(wal_);
+    EXPECT_TRUE(intact.damage.empty());
+    std::size_t index = 0;
+    while (intact.records[index].version != kCheckpointVersion + 1) ++index;
+    const std::uint64_t offset = intact.record_offsets[index];
+    flip_byte(wal_, offset + (GetParam() == Where::kLength ? 1 : GetParam() == Where::kCrc ? 5 : 8 + 20));
+    return offset;
+  }
+
+  TempDir dir_{"edgetrain-wal-damage"};
+  ServerStateOptions options_ = options_for(dir_);
+  std::filesystem::path wal_ = dir_.path() / "wal.log";
+  std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates_ = updates_for(options_);
+};
+
+TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {
+  const std::uint64_t offset = crash_and_damage();
+  const auto before = directory_bytes(dir_.path());
+  try {
+    ServerState refused(small_model(), options_);
+    ADD_FAILURE() << "recovered to version " << refused.version() << " past a damaged record";
+  } catch (const server::StateError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("record at byte " + std::to_string(offset) + " (after version 40)"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("4 intact records follow it (versions 42..45)"), std::string::npos) << message;
+    EXPECT_NE(message.find("repair-wal"), std::string::npos) << message;
+  }
+  EXPECT_EQ(directory_bytes(dir_.path()), before) << "recovery changed a file";
+
+  const server::WalRepairResult listed = server::repair_wal(wal_, server::WalRepairChoice::kListOnly);
+  EXPECT_TRUE(listed.damaged);
+  EXPECT_FALSE(listed.changed);
+  EXPECT_EQ(directory_bytes(dir_.path()), before) << "listing changed a file";
+}
+
+TEST_P(DamagedWalRecord, SkippingKeepsEveryIntactAcknowledgedRecord) {
+  crash_and_damage();
+  const std::string damaged_bytes = file_bytes(wal_);
+  const server::WalRepairResult repaired = server::repair_wal(wal_, server::WalRepairChoice::kSkipDamaged);
+  ASSERT_TRUE(repaired.changed);
+  EXPECT_EQ(file_bytes(repaired.kept_original), damaged_bytes);
+  EXPECT_EQ(repaired.kept_original, dir_.path() / "wal.log.damaged");
+
+  ServerState restarted(small_model(), options_);
+  EXPECT_EQ(restarted.version(), kUpdates) << "an acknowledged version was lost";
+  EXPECT_EQ(restarted.recovery().replayed_updates, kUpdates - kCheckpointVersion);
+  EXPECT_EQ(restarted.snapshot().parameters, parameters_without(options_, updates_, kCheckpointVersion + 1));
+  // The intact records' senders keep their sequence numbers: their replays apply once.
+  for (std::size_t n = kCheckpointVersion + 1; n < kUpdates; ++n) {
+    const auto again = restarted.submit(updates_[n].first, updates_[n].second);
+    if (again.outcome == SubmitOutcome::kDuplicate) EXPECT_EQ(again.version, n + 1);
+  }
+  EXPECT_EQ(restarted.version(), kUpdates);
+}
+
+TEST_P(DamagedWalRecord, CuttingEndsTheLogBeforeTheDamage) {
+  crash_and_damage();
+  const server::WalRepairResult repaired = server::repair_wal(wal_, server::WalRepairChoice::kCutAtDamage);
+  ASSERT_TRUE(repaired.changed);
+  ServerState restarted(small_model(), options_);
+  EXPECT_EQ(restarted.version(), kCheckpointVersion);
+  EXPECT_EQ(restarted.recovery().dropped_wal_bytes, 0u);
+  EXPECT_EQ(server::read_wal(repaired.kept_original).records.size(), 4u + kUpdates - kCheckpointVersion - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(LengthCrcOrBody, DamagedWalRecord,
+                         ::testing::Values(Where::kLength, Where::kCrc, Where::kBody),
+                         [](const auto& info) {
+                           return std::string(info.param == Where::kLength ? "Length"
+                                              : info.param == Where::kCrc  ? "Crc"
+                                                                           : "Body");
+                         });
+
+// A torn tail — an incomplete last record, or garbage with nothing intact after it — is
+// still cut off by recovery, and repair_wal finds nothing to repair.
+TEST(WalDamage, TornTailIsStillCutByRecovery) {
+  for (const bool garbage : {false, true}) {
+    SCOPED_TRACE(garbage ? "garbage after the last record" : "last record cut short");
+    TempDir dir("edgetrain-wal-damage");
+    const ServerStateOptions options = options_for(dir);
+    const auto updates = updates_for(options);
+    {
+      ServerState state(small_model(), options);
+      for (std::size_t n = 0; n < 43; ++n) state.submit(updates[n].first, updates[n].second);
+    }
+    const auto wal = dir.path() / "wal.log";
+    if (garbage) {
+      std::ofstream(wal, std::ios::app | std::ios::binary) << std::string(3000, '\x5a');
+    } else {
+      std::filesystem::resize_file(wal, std::filesystem::file_size(wal) - 7);
+    }
+    const server::WalRepairResult listed = server::repair_wal(wal, server::WalRepairChoice::kSkipDamaged);
+    EXPECT_FALSE(listed.damaged);
+    EXPECT_FALSE(listed.changed);
+    ServerState restarted(small_model(), options);
+    EXPECT_GT(restarted.recovery().dropped_wal_bytes, 0u);
+    EXPECT_EQ(restarted.version(), garbage ? 43u : 42u);
+  }
+}
+
+// Damage before every intact record leaves the number of lost versions unknown: skipping
+// is refused, cutting works.
+TEST(WalDamage, SkippingDamageBeforeEveryIntactRecordIsRefused) {
+  TempDir dir("edgetrain-wal-damage");
+  const ServerStateOptions options = options_for(dir);
+  const auto updates = updates_for(options);
+  {
+    ServerState state(small_model(), options);
+    for (std::size_t n = 0; n < 43; ++n) state.submit(updates[n].first, updates[n].second);
+  }
+  const auto wal = dir.path() / "wal.log";
+  flip_byte(wal, server::kWalHeaderBytes + 30);
+  const std::string before = file_bytes(wal);
+  EXPECT_THROW(server::repair_wal(wal, server::WalRepairChoice::kSkipDamaged), server::WalError);
+  EXPECT_EQ(file_bytes(wal), before);
+}
+
+}  // namespace

@@ -162,6 +162,8 @@ void ServerApp::open_endpoint() {
   if (s_.insecure) o.plaintext_port = static_cast<std::uint16_t>(s_.insecure_port);
   o.timing = s_.timing;
   o.datagrams_per_pass = s_.datagrams_per_pass;
+  o.max_body_bytes = s_.max_update_bytes;  // a larger POST body is refused block by block, never held whole
+  o.max_bodies_in_progress = s_.max_bodies_in_progress;
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");

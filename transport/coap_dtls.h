@@ -3,7 +3,8 @@
 // handlers, and a blocking client. Built on libcoap (Mbed TLS backend); this header
 // does not expose libcoap, so nothing outside transport/ includes it.
 //
-// Bodies of any size travel with block-wise transfer (RFC 7959), handled by libcoap.
+// Bodies of any size travel with block-wise transfer (RFC 7959), handled by libcoap, except
+// that the server assembles request bodies (Block1) itself, to refuse oversize ones early.
 // Neither class is thread-safe: each instance is driven by one thread.
 #pragma once
 
@@ -173,10 +174,19 @@ class CoapDtlsServer {
     // sessions for their timeouts: at 1000 sessions that walk is most of the server's CPU.
     // 1 gives libcoap's own loop (coap_io_process) back.
     std::uint32_t datagrams_per_pass = 32;
+    // Request bodies (any resource). The server assembles block-wise (Block1) bodies
+    // itself, block by block, so that one above max_body_bytes is refused with 4.13 (and
+    // a Size1 option saying the limit, RFC 7959 2.9.3) as soon as its Size1 option
+    // announces more, or the blocks received so far pass it: memory per session stays at
+    // most max_body_bytes. At most max_bodies_in_progress bodies are assembled at once
+    // (one per session); a body beyond that gets 5.03 and its first block is dropped.
+    // Worst case: max_bodies_in_progress × max_body_bytes.
+    std::size_t max_body_bytes = std::size_t{4} << 20;
+    std::size_t max_bodies_in_progress = 256;
   };
   // Throws TransportError if an endpoint cannot be opened or a certificate file is
-  // unreadable, std::invalid_argument for bad timing values or datagrams_per_pass outside
-  // 1..1024.
+  // unreadable, std::invalid_argument for bad timing values, datagrams_per_pass outside
+  // 1..1024, or a max_body_bytes or max_bodies_in_progress of 0.
   explicit CoapDtlsServer(Options options);
   ~CoapDtlsServer();
   CoapDtlsServer(const CoapDtlsServer&) = delete;
@@ -193,6 +203,10 @@ class CoapDtlsServer {
   // UDP headers excluded). Safe to call from any thread.
   std::uint64_t bytes_received() const;
   std::uint64_t datagrams_received() const;
+  // Block-wise bodies being assembled now, and the ones refused since construction for
+  // passing max_body_bytes (4.13) or max_bodies_in_progress (5.03).
+  std::size_t bodies_in_progress() const;
+  std::uint64_t bodies_refused() const;
   // Handles network events for at most `timeout_ms` milliseconds.
   void run_once(int timeout_ms);
 

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
@@ -162,6 +163,102 @@ struct CoapDtlsServer::Impl {
   // Deferred responses not yet sent: cut loose from their sessions before the context goes.
   std::set<DeferredResponse::State*> deferred;
 
+  // Block-wise request bodies (Block1) being assembled, one per session. libcoap 4.3.1's
+  // own assembly (COAP_BLOCK_SINGLE_BODY) has no size limit: it allocates what Size1
+  // announces and grows the body with every block until the last one, so a 256 MiB POST
+  // was held whole before any handler could answer 4.13. Without that flag libcoap hands
+  // each block to handle() and answers 2.31 Continue for us; the body is built here,
+  // within Options::max_body_bytes and max_bodies_in_progress.
+  struct Assembly {
+    std::vector<std::uint8_t> body;
+    std::chrono::steady_clock::time_point last_block;
+  };
+  std::map<const coap_session_t*, Assembly> assemblies;
+  std::uint64_t bodies_refused = 0;
+  static constexpr int kContinue = 231;
+  static constexpr int kServiceUnavailable = 503;
+  // A body whose sender went quiet this long gives its place up to a new one (libcoap
+  // itself forgets an idle session only after 300 s).
+  static constexpr std::chrono::seconds kIdleBodyTimeout{60};
+
+  // What the request's payload amounts to: the whole body (the request's own payload, or
+  // the assembled blocks), a block to acknowledge with 2.31 Continue, or a refusal.
+  struct BodyStep {
+    enum Kind { kWhole, kContinue, kRefused } kind = kWhole;
+    std::span<const std::uint8_t> body;
+    CoapResponse refusal;
+    bool assembled = false;  // `body` lives in `assemblies` until the handler has run
+  };
+
+  BodyStep refuse_body(const coap_session_t* session, int code, const std::string& why) {
+    assemblies.erase(session);
+    ++bodies_refused;
+    return {BodyStep::kRefused, {}, text_reply(code, why)};
+  }
+
+  // Makes room for a new body if an idle one can go; false when the bound holds.
+  bool room_for_a_body() {
+    if (assemblies.size() < options.max_bodies_in_progress) return true;
+    const auto now = std::chrono::steady_clock::now();
+    std::erase_if(assemblies, [&](const auto& entry) { return now - entry.second.last_block > kIdleBodyTimeout; });
+    return assemblies.size() < options.max_bodies_in_progress;
+  }
+
+  BodyStep take_block(const coap_session_t* session, const coap_pdu_t* request) {
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(request, &length, &data);
+    const std::string limit = ", the limit is " + std::to_string(options.max_body_bytes);
+    coap_block_b_t block{};
+    if (!coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block)) {
+      if (length > options.max_body_bytes)
+        return refuse_body(session, CoapCode::kRequestEntityTooLarge, "body of " + std::to_string(length) + " bytes" + limit);
+      return {BodyStep::kWhole, {data, length}, {}};
+    }
+    coap_opt_iterator_t iterator;
+    if (const coap_opt_t* size1 = coap_check_option(request, COAP_OPTION_SIZE1, &iterator)) {
+      const std::size_t announced = coap_decode_var_bytes8(coap_opt_value(size1), coap_opt_length(size1));
+      if (announced > options.max_body_bytes)
+        return refuse_body(session, CoapCode::kRequestEntityTooLarge,
+                           "body of " + std::to_string(announced) + " bytes announced (Size1)" + limit);
+    }
+    const std::size_t offset = std::size_t{block.num} << (block.szx + 4);
+    if (offset + length > options.max_body_bytes)
+      return refuse_body(session, CoapCode::kRequestEntityTooLarge,
+                         "body passes " + std::to_string(offset + length) + " bytes at block " +
+                             std::to_string(block.num) + limit);
+    auto it = assemblies.find(session);
+    if (block.num == 0) {
+      if (!block.m) {
+        if (it != assemblies.end()) assemblies.erase(it);
+        return {BodyStep::kWhole, {data, length}, {}};
+      }
+      if (it == assemblies.end()) {
+        if (!room_for_a_body())
+          return refuse_body(session, kServiceUnavailable,
+                             std::to_string(options.max_bodies_in_progress) + " block-wise bodies in progress: retry later");
+        it = assemblies.emplace(session, Assembly{}).first;
+      }
+      it->second.body.clear();  // block 0 (again) starts the body afresh
+    } else if (it == assemblies.end() || offset > it->second.body.size()) {
+      // A block without its predecessors: e.g. libcoap 4.3.1 hands over a retransmitted
+      // last block, whose ACK was lost, after the body was complete.
+      return refuse_body(session, kRequestEntityIncomplete, "incomplete block-wise body");
+    }
+    std::vector<std::uint8_t>& body = it->second.body;
+    if (offset + length > body.size()) {
+      // Grow geometrically, but never past the limit, whatever the peer announced.
+      if (body.capacity() < offset + length)
+        body.reserve(std::min(options.max_body_bytes, std::max(offset + length, 2 * body.capacity())));
+      body.resize(offset + length);
+    }
+    if (length > 0) std::memcpy(body.data() + offset, data, length);
+    it->second.last_block = std::chrono::steady_clock::now();
+    if (block.m) return {BodyStep::kContinue, {}, {}};
+    body.resize(offset + length);
+    return {BodyStep::kWhole, body, {}, true};
+  }
+
   static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t*, void* arg) {
     auto* self = static_cast<Impl*>(arg);
     if (!identity || !self->options.psk_lookup) return nullptr;
@@ -182,7 +279,10 @@ struct CoapDtlsServer::Impl {
     auto* self = static_cast<Impl*>(coap_get_app_data(coap_session_get_context(session)));
     if (!self) return 0;
     if (event == COAP_EVENT_SERVER_SESSION_NEW) apply_timing(session, self->options.timing);
-    if (event == COAP_EVENT_SERVER_SESSION_DEL) self->last_answers.erase(session);
+    if (event == COAP_EVENT_SERVER_SESSION_DEL) {
+      self->last_answers.erase(session);
+      self->assemblies.erase(session);
+    }
     return 0;
   }
 
@@ -202,10 +302,9 @@ struct CoapDtlsServer::Impl {
 
   // Step 1, build: the CoapRequest a handler sees, from the PDU and its session. The
   // identity comes from the session (PSK identity or certificate CN), or for plain CoAP from
-  // the declared ?id=NAME; `payload` points into the PDU. `complete_body` is false when
-  // libcoap handed over only part of a block-wise body.
+  // the declared ?id=NAME; `payload` is `body` (the PDU's payload or an assembled body).
   static CoapRequest build_request(Resource& entry, coap_session_t* session, const coap_pdu_t* request,
-                                   const coap_string_t* query, bool& deferred, bool& complete_body) {
+                                   const coap_string_t* query, bool& deferred, std::span<const std::uint8_t> body) {
     CoapRequest req;
     req.method = from_request_code(coap_pdu_get_code(request));
     if (coap_pdu_get_type(request) == COAP_MESSAGE_CON) {
@@ -236,13 +335,7 @@ struct CoapDtlsServer::Impl {
       req.authentication = PeerAuthentication::kCertificate;
       req.identity = *name;
     }
-    size_t length = 0, offset = 0, total = 0;
-    const uint8_t* data = nullptr;
-    complete_body = true;
-    if (coap_get_data_large(request, &length, &data, &offset, &total) && data) {
-      req.payload = std::span<const std::uint8_t>(data, length);
-      complete_body = offset == 0 && length == total;
-    }
+    req.payload = body;
     if (query && query->s) req.query.assign(reinterpret_cast<const char*>(query->s), query->length);
     return req;
   }
@@ -265,15 +358,18 @@ struct CoapDtlsServer::Impl {
       return last->second.reply;  // a retransmission of a request the handler already answered
     }
     CoapResponse reply;
+    bool assembled = false;
     try {
-      bool complete_body = true;
-      const CoapRequest req = build_request(entry, session, request, query, deferred, complete_body);
+      const BodyStep step = server.take_block(session, request);
+      assembled = step.assembled;
+      if (step.kind != BodyStep::kWhole) {
+        reply = step.kind == BodyStep::kContinue ? CoapResponse(kContinue) : step.refusal;
+        remember_answer(server, session, mid, idempotent, reply);
+        return reply;
+      }
+      const CoapRequest req = build_request(entry, session, request, query, deferred, step.body);
       auto it = entry.handlers.find(req.method);
-      if (!complete_body) {
-        // Only part of a block-wise body (seen: libcoap 4.3.1 hands a retransmitted last
-        // Block1 block, whose ACK was lost, to the handler again on its own).
-        reply = text_reply(kRequestEntityIncomplete, "incomplete block-wise body");
-      } else if (req.authentication == PeerAuthentication::kCertificate && !is_plain_identity(req.identity)) {
+      if (req.authentication == PeerAuthentication::kCertificate && !is_plain_identity(req.identity)) {
         // Identities end up in logs, the WAL and /status: only plain names (transport/identity.h).
         reply = text_reply(CoapCode::kForbidden, "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])");
       } else if (it == entry.handlers.end()) {
@@ -288,14 +384,19 @@ struct CoapDtlsServer::Impl {
       deferred = false;
       reply = CoapResponse(CoapCode::kInternalServerError);
     }
+    if (assembled) server.assemblies.erase(session);  // the body went to its handler
     if (deferred) reply = {};  // remembered as "answered later" (code 0)
-    if (!idempotent && reply.payload.size() <= kMaxRememberedAnswerBytes) {
-      try {
-        server.last_answers[session] = {mid, reply};
-      } catch (...) {
-      }
-    }
+    remember_answer(server, session, mid, idempotent, reply);
     return reply;
+  }
+
+  static void remember_answer(Impl& server, const coap_session_t* session, coap_mid_t mid, bool idempotent,
+                              const CoapResponse& reply) {
+    if (idempotent || reply.payload.size() > kMaxRememberedAnswerBytes) return;
+    try {
+      server.last_answers[session] = {mid, reply};
+    } catch (...) {
+    }
   }
 
   // Step 3, respond: `reply` into libcoap's response PDU (code, ETag, a body of any size
@@ -313,6 +414,13 @@ struct CoapDtlsServer::Impl {
         length = 1;
       }
       coap_add_option(response, COAP_OPTION_ETAG, length, buffer);
+    }
+    if (reply.code == CoapCode::kRequestEntityTooLarge) {
+      // RFC 7959 2.9.3: Size1 in a 4.13 tells the client the largest body it may send.
+      const auto* entry = static_cast<const Resource*>(coap_resource_get_userdata(resource));
+      std::uint8_t buffer[8];
+      coap_add_option(response, COAP_OPTION_SIZE1,
+                      coap_encode_var_safe8(buffer, sizeof(buffer), entry->server->options.max_body_bytes), buffer);
     }
     if (!reply.payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));
@@ -339,6 +447,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
   check_timing(options.timing);
   if (options.datagrams_per_pass < 1 || options.datagrams_per_pass > 1024)
     throw std::invalid_argument("datagrams per pass must be 1..1024");
+  if (options.max_body_bytes == 0 || options.max_bodies_in_progress == 0)
+    throw std::invalid_argument("max body bytes and max bodies in progress must be at least 1");
   if (options.certificates) check_certificate_files(*options.certificates);
   impl_->options = std::move(options);
   Impl& s = *impl_;
@@ -348,7 +458,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
   try {
     coap_set_app_data(s.context, impl_.get());
     coap_register_event_handler(s.context, &Impl::on_event);
-    coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+    // Not COAP_BLOCK_SINGLE_BODY: request bodies are assembled in take_block(), bounded.
+    coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP);
 
     coap_dtls_spsk_t psk{};
     psk.version = COAP_DTLS_SPSK_SETUP_VERSION;
@@ -431,6 +542,10 @@ std::uint16_t CoapDtlsServer::port() const { return impl_->bound_port; }
 std::uint16_t CoapDtlsServer::plaintext_port() const { return impl_->bound_plaintext_port; }
 
 std::uint64_t CoapDtlsServer::bytes_received() const { return impl_->ingress.bytes.load(std::memory_order_relaxed); }
+
+std::size_t CoapDtlsServer::bodies_in_progress() const { return impl_->assemblies.size(); }
+
+std::uint64_t CoapDtlsServer::bodies_refused() const { return impl_->bodies_refused; }
 
 std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);

@@ -109,6 +109,8 @@ int repair_wal(const RepairWal& r) {
   const auto choice = r.skip_damaged    ? server::WalRepairChoice::kSkipDamaged
                       : r.cut_at_damage ? server::WalRepairChoice::kCutAtDamage
                                         : server::WalRepairChoice::kListOnly;
+  if (!std::filesystem::exists(std::filesystem::path(r.state_dir) / "wal.log"))
+    throw std::runtime_error("no wal.log in " + r.state_dir + ": not a state directory of edgetrain-server");
   bool damage_left = false;
   for (const char* name : {"wal.log", "wal.prev.log"}) {
     const std::filesystem::path path = std::filesystem::path(r.state_dir) / name;

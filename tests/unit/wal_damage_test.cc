@@ -162,7 +162,9 @@ TEST_P(DamagedWalRecord, SkippingKeepsEveryIntactAcknowledgedRecord) {
   // The intact records' senders keep their sequence numbers: their replays apply once.
   for (std::size_t n = kCheckpointVersion + 1; n < kUpdates; ++n) {
     const auto again = restarted.submit(updates_[n].first, updates_[n].second);
-    if (again.outcome == SubmitOutcome::kDuplicate) EXPECT_EQ(again.version, n + 1);
+    if (again.outcome == SubmitOutcome::kDuplicate) {
+      EXPECT_EQ(again.version, n + 1);
+    }
   }
   EXPECT_EQ(restarted.version(), kUpdates);
 }

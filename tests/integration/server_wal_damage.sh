@@ -17,7 +17,7 @@ add_device "$server" "$work/keys.toml" w0 "$work/w0.toml"
 server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 20 --max-staleness 8)
 start_server "$server" "$work/server-1.log" --port 0 "${server_args[@]}"
 start_worker "$work/w0.log" "$work/w0.stats.json" "$worker" --config "$work/w0.toml" \
-  --server "coaps://127.0.0.1:$server_port" --model mlp --quiet --duration 60
+  --server "coaps://127.0.0.1:$server_port" --model mlp --data mnist-small --quiet --duration 60
 worker_pid=$last_pid
 deadline=$((SECONDS + 40))
 until [ "$(highest_acknowledged "$work/w0.stats.json")" -gt 30 ]; do

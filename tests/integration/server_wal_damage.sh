@@ -14,15 +14,18 @@ require_mnist
 
 add_device "$server" "$work/keys.toml" w0 "$work/w0.toml"
 # D = 8: the WAL after a checkpoint starts with only 8 records of history.
-server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 20 --max-staleness 8)
+server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 100 --max-staleness 8)
 start_server "$server" "$work/server-1.log" --port 0 "${server_args[@]}"
 start_worker "$work/w0.log" "$work/w0.stats.json" "$worker" --config "$work/w0.toml" \
   --server "coaps://127.0.0.1:$server_port" --model mlp --data mnist-small --quiet --duration 60
 worker_pid=$last_pid
+# Kill when the last acknowledged version is 10..80 past a checkpoint (every 100): then the
+# WAL holds acknowledged records after the first one past the checkpoint.
 deadline=$((SECONDS + 40))
-until [ "$(highest_acknowledged "$work/w0.stats.json")" -gt 30 ]; do
-  [ "$SECONDS" -lt "$deadline" ] || fail "no update acknowledged above version 30 within 40 s"
-  sleep 0.2
+until acked=$(highest_acknowledged "$work/w0.stats.json") && [ "$acked" -gt 100 ] &&
+    [ $((acked % 100)) -ge 10 ] && [ $((acked % 100)) -le 80 ]; do
+  [ "$SECONDS" -lt "$deadline" ] || fail "no update acknowledged 10..80 past a checkpoint above version 100 within 40 s"
+  sleep 0.1
 done
 kill -KILL "$server_pid"
 wait "$server_pid" 2>/dev/null || true

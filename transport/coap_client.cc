@@ -178,6 +178,10 @@ struct CoapDtlsClient::Impl {
       fail(TransportFailure::kUnknownIdentity, "the server at " + server_text + " does not know the PSK " + who +
            " (it refused the DTLS handshake with alert unknown_psk_identity): add the device on the server "
            "(edgetrain-server add-device NAME), or give the identity it was added with");
+    } else if (handshake.alert == MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR) {
+      // The server's trouble, not our credentials: worth another try later.
+      fail(TransportFailure::kOther, "the server at " + server_text +
+           " ended the DTLS handshake with alert internal_error (trouble on the server's side)");
     } else if (handshake.alert >= 0) {
       const std::string hint = options.certificates
           ? "the server does not accept this certificate (not signed by the CA it trusts?)"

@@ -51,7 +51,8 @@ grep -q "33 bytes.*32 bytes (MBEDTLS_PSK_MAX_LEN)" "$work/long-key.log" || fail 
 echo "ok: a 33-byte key refused at start (2): $(cat "$work/long-key.log")"
 
 require_mnist
-worker_flags=(--data mnist --worker-id 0 --workers 1 --quiet)
+# The data set require_mnist found, by its name (the one the end-to-end tests train on).
+worker_flags=(--data "$(basename "$mnist_dir")" --worker-id 0 --workers 1 --quiet)
 
 # ---- a port that takes datagrams and never answers, and a closed one ---------------------
 start_program "$work/silent.log" python3 -c '

@@ -88,7 +88,11 @@ std::vector<std::uint8_t> parse_hex_key(const std::string& text) {
     digits += c;
   }
   if (digits.empty() || digits.size() % 2 != 0) throw std::invalid_argument("key must be an even number of hex digits");
-  if (digits.size() > 128) throw std::invalid_argument("key longer than 64 bytes");
+  if (digits.size() > 2 * transport::kMaxPskBytes) {
+    throw std::invalid_argument("the key is " + std::to_string(digits.size() / 2) + " bytes; the longest pre-shared key "
+                                "Mbed TLS 2.28 can use is " + std::to_string(transport::kMaxPskBytes) +
+                                " bytes (MBEDTLS_PSK_MAX_LEN): with a longer one every handshake fails");
+  }
   std::vector<std::uint8_t> key;
   for (std::size_t i = 0; i < digits.size(); i += 2) key.push_back(static_cast<std::uint8_t>(std::stoi(digits.substr(i, 2), nullptr, 16)));
   return key;
@@ -121,6 +125,8 @@ struct Worker::State {
     if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
     if (config.pull_every < 1) throw std::invalid_argument("worker: pull interval must be at least 1");
     if (!(config.slowdown >= 0 && config.slowdown <= 1000)) throw std::invalid_argument("worker: slowdown must be 0..1000");
+    if (config.max_refusals < 1) throw std::invalid_argument("worker: max_refusals must be at least 1");
+    if (!(config.give_up_after_seconds >= 0)) throw std::invalid_argument("worker: give_up_after_seconds must be >= 0");
     if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
       throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) + " is not below the worker count " +
                                   std::to_string(config.worker_count));
@@ -162,6 +168,54 @@ struct Worker::State {
     sleep_unless_stopped(delay, stop);
   }
 
+  // What the worker would exit with if the run ended now with nothing accepted.
+  void note_trouble(WorkerExit exit, const std::string& what) {
+    last_trouble = exit;
+    last_trouble_message = what;
+  }
+  void server_answered() {
+    last_answer = Clock::now();
+    ever_answered = true;
+  }
+  // The server took part normally (2.04 or 4.09): the trouble is over.
+  void exchange_succeeded() {
+    backoff.reset();
+    refusals_in_a_row = 0;
+  }
+  // A request that got no answer: a refusal no retry fixes, or a server away.
+  void request_failed(const std::string& what, const transport::TransportError& e) {
+    const std::string text = what + ": " + e.what();
+    switch (e.failure()) {
+      case transport::TransportFailure::kInterrupted: return;  // stopping: no retry, no backoff
+      case transport::TransportFailure::kHandshakeRefused: refused(WorkerExit::kHandshakeRefused, text); return;
+      case transport::TransportFailure::kUnknownIdentity: refused(WorkerExit::kUnknownIdentity, text); return;
+      default: unanswered(text); return;
+    }
+  }
+  // Tried max_refusals times in a row (with backoff between: a server being set up may
+  // change its mind), then given up.
+  void refused(WorkerExit exit, const std::string& what) {
+    note_trouble(exit, what);
+    if (++refusals_in_a_row >= config.max_refusals) {
+      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " time" +
+                                    (refusals_in_a_row > 1 ? "s" : "") + " in a row; giving up)");
+    }
+    transport_trouble(what);
+  }
+  // The server is away (no answer, nothing listening, a session lost): retried with
+  // backoff until it has not answered for give_up_after_seconds.
+  void unanswered(const std::string& what) {
+    const WorkerExit exit = ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    note_trouble(exit, what);
+    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
+    if (config.give_up_after_seconds > 0 && silent >= config.give_up_after_seconds) {
+      throw WorkerFailure(exit, what + " (" + (ever_answered ? "no answer from the server for " : "no answer since the start, ") +
+                                    std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
+                                    std::to_string(static_cast<long long>(config.give_up_after_seconds)) + ")");
+    }
+    transport_trouble(what);
+  }
+
   const WorkerConfig config;
   ServerChannel& channel;
   const std::atomic<bool>& stop;
@@ -184,6 +238,12 @@ struct Worker::State {
   std::uint64_t steps_since_pull = 0;
   int consecutive_mismatches = 0;
   int consecutive_non_finite = 0;
+  // Failure bookkeeping (worker_exit_codes.h).
+  Clock::time_point last_answer = Clock::now();  // the server's last answer of any kind (start: construction)
+  bool ever_answered = false;
+  int refusals_in_a_row = 0;
+  WorkerExit last_trouble = WorkerExit::kStopped;  // kStopped: none yet
+  std::string last_trouble_message;
   std::vector<std::uint8_t> body;  // the encoded update of the last step
 };
 
@@ -195,6 +255,10 @@ Worker::~Worker() = default;
 
 const WorkerStats& Worker::stats() const { return state_->stats; }
 
+WorkerExit Worker::last_trouble() const { return state_->last_trouble; }
+
+const std::string& Worker::last_trouble_message() const { return state_->last_trouble_message; }
+
 bool Worker::needs_pull() const {
   return !state_->have_model || state_->steps_since_pull >= static_cast<std::uint64_t>(state_->config.pull_every);
 }
@@ -205,20 +269,27 @@ bool Worker::pull() {
   try {
     response = s.channel.get_model(s.replica.pull_path());
   } catch (const transport::TransportError& e) {
-    s.transport_trouble(std::string("pull failed: ") + e.what());
+    s.request_failed("pull failed", e);
     return false;
   }
+  s.server_answered();
   if (response.code != transport::CoapCode::kContent) {
     // The server is up but will not serve us: say why and back off (it may be starting).
-    s.transport_trouble("GET /model answered " + transport::coap_code_string(response.code) + " " +
-                        payload_text(response.payload));
+    const std::string what = "GET /model answered " + transport::coap_code_string(response.code) + " " +
+                             payload_text(response.payload);
+    s.note_trouble(WorkerExit::kNothingApplied, what);
+    s.transport_trouble(what);
     return false;
   }
   ModelReplica::PullOutcome outcome;
   try {
     outcome = s.replica.take(response.payload);
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error("the server's model does not match model '" + s.config.model + "': " + e.what());
+    // Another model (layout id or tensor sizes), as a whole model or a delta: the server was
+    // started with another --model, or restarted with one under this worker.
+    s.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" + s.config.model + "' (give "
+              "--model as the server's --model): " + e.what());
+    return false;
   }
   s.stats.bytes_received += response.payload.size();
   if (outcome == ModelReplica::PullOutcome::kMismatch) {
@@ -236,7 +307,6 @@ bool Worker::pull() {
   s.stats.pulls++;
   s.have_model = true;
   s.steps_since_pull = 0;
-  s.backoff.reset();
   return true;
 }
 
@@ -293,21 +363,32 @@ void Worker::push() {
     try {
       response = s.channel.post_update(s.body);
     } catch (const transport::TransportError& e) {
-      s.transport_trouble(std::string("push failed: ") + e.what());
       s.have_model = attempt == 0 && s.have_model;  // after a second failure, pull again
+      s.request_failed("push failed", e);
       continue;
     }
+    s.server_answered();
     s.stats.bytes_sent += s.body.size();
-    s.backoff.reset();
+    const std::string refusal =
+        "update refused with " + transport::coap_code_string(response.code) + ": " + payload_text(response.payload);
     if (response.code == transport::CoapCode::kChanged) {
       s.stats.updates_accepted++;
       if (const auto version = transport::decode_update_reply(response.payload)) s.stats.server_version = *version;
+      s.exchange_succeeded();
     } else if (response.code == transport::CoapCode::kConflict) {
       s.stats.updates_refused++;  // too stale or another model: pull before the next step
       s.have_model = false;
+      s.exchange_succeeded();
+    } else if (response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) {
+      s.stats.updates_rejected++;  // not (or no longer) in the server's keystore
+      s.refused(WorkerExit::kUnknownIdentity, refusal);
     } else {
+      // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13: the
+      // update is dropped, and the next one waits the backoff, which keeps growing until
+      // one is accepted, so a fleet does not hammer a server in trouble.
       s.stats.updates_rejected++;
-      s.say("update refused with " + transport::coap_code_string(response.code) + ": " + payload_text(response.payload));
+      s.note_trouble(WorkerExit::kNothingApplied, refusal);
+      s.transport_trouble(refusal);
     }
     break;
   }
@@ -329,16 +410,33 @@ WorkerStats Worker::run(const WorkerProgress& progress) {
   return s.stats;
 }
 
-WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                       const WorkerLog& log, const WorkerProgress& progress) {
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                     const WorkerLog& log, const WorkerProgress& progress) {
   transport::CoapDtlsClient::Options options{
       config.server_host, config.server_port, {config.identity, config.key}, config.request_timeout_ms};
   options.certificates = config.certificates;
   options.plaintext = config.insecure_plaintext;
   options.timing = config.timing;
+  options.stop = &stop;
   CoapServerChannel channel(std::move(options));
   Worker worker(config, train, channel, stop, log);
-  return worker.run(progress);
+  WorkerRun result;
+  try {
+    result.stats = worker.run(progress);
+  } catch (const WorkerFailure& e) {
+    result.stats = worker.stats();
+    result.exit = e.exit();
+    result.reason = e.what();
+    return result;
+  }
+  if (result.stats.updates_accepted == 0) {
+    // Nothing applied is no success, whatever ended the run (issue 12: a board whose server
+    // never answered used to end with status 0).
+    result.exit = worker.last_trouble() == WorkerExit::kStopped ? WorkerExit::kNothingApplied : worker.last_trouble();
+    result.reason = "the run ended before the server accepted any update";
+    if (!worker.last_trouble_message().empty()) result.reason += "; the last trouble: " + worker.last_trouble_message();
+  }
+  return result;
 }
 
 }  // namespace edgetrain::runtime

@@ -1,7 +1,9 @@
 // The worker loop of DESIGN.md: pull the model, train one minibatch, compress, push;
-// repeat. Survives a server that goes away (exponential backoff with jitter, then a fresh
-// DTLS handshake), re-pulls when the server answers 4.09 (wrong model or too stale), and
-// stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
+// repeat. Survives a server that goes away or is in trouble (exponential backoff with
+// jitter, then a fresh DTLS handshake), re-pulls when the server answers 4.09 (wrong model
+// or too stale), gives up with an exit status of worker_exit_codes.h on what retrying cannot
+// fix (a wrong key, an unknown identity, another model) and on a server silent for too
+// long, and stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
 // step(), push() can be driven one by one, against a fake server in tests);
 // `run_worker()` runs it over CoAP/DTLS.
 #pragma once
@@ -18,6 +20,7 @@
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
 #include "runtime/server_channel.h"
+#include "runtime/worker_exit_codes.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"
 
@@ -56,6 +59,14 @@ struct WorkerConfig {
   // backoff_initial, doubling per failure up to backoff_max. Tests shorten them.
   std::chrono::milliseconds backoff_initial{250};
   std::chrono::milliseconds backoff_max{30000};
+  // Giving up (worker_exit_codes.h). A refusal that no retry can fix — the DTLS handshake
+  // refused (wrong key or certificate), an identity the server does not know, a model that
+  // is not the server's — is tried this many times in a row before the worker throws
+  // WorkerFailure; a server that does not answer at all (or only answers 5.xx) is retried
+  // with backoff, and given up once it has not answered for give_up_after_seconds
+  // (0: never), checked after each failed request.
+  int max_refusals = 3;
+  double give_up_after_seconds = 600;
 };
 
 // "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
@@ -70,14 +81,14 @@ struct WorkerStats {
   std::uint64_t steps = 0;            // minibatches trained
   std::uint64_t updates_accepted = 0;
   std::uint64_t updates_refused = 0;  // 4.09: re-pulled
-  std::uint64_t updates_rejected = 0; // other 4.xx: a bug or a misconfiguration, logged
+  std::uint64_t updates_rejected = 0; // any other answer (4.00, 4.13, 5.00...): logged, backed off
   std::uint64_t pulls = 0;
   std::uint64_t delta_pulls = 0;      // pulls answered with a model delta
   std::uint64_t delta_mismatches = 0; // deltas that did not reproduce the server's model (re-pulled dense)
   std::uint64_t bytes_sent = 0;       // encoded update payloads
   std::uint64_t bytes_received = 0;   // encoded model payloads
   std::uint64_t server_version = 0;   // as last reported by the server
-  std::uint64_t retries = 0;          // transport failures survived
+  std::uint64_t retries = 0;          // failed requests and server trouble survived (each waited the backoff)
   std::uint64_t non_finite_steps = 0; // skipped: the gradient was NaN or infinite
   float last_loss = 0;
 };
@@ -106,10 +117,11 @@ class Worker {
   // GET the model (the whole model, or the delta since the version held). Returns true
   // when the worker now holds the server's model. False, to be tried again, after a
   // transport failure or an answer other than 2.05 (stats().retries; waits the backoff
-  // first) and after a delta that did not reproduce the server's model
-  // (stats().delta_mismatches; the next pull asks for the whole model, without waiting).
-  // Throws std::runtime_error for a model of another layout, and after three mismatches in
-  // a row (a server that keeps sending unusable deltas is broken).
+  // first), after a model of another layout (waits the backoff too) and after a delta that
+  // did not reproduce the server's model (stats().delta_mismatches; the next pull asks for
+  // the whole model, without waiting). Throws WorkerFailure when it gives up (see
+  // WorkerConfig::max_refusals), std::runtime_error after three delta mismatches in a row
+  // (a server that keeps sending unusable deltas is broken).
   bool pull();
   // Trains one minibatch on the model held and compresses its gradient into the next
   // update. Returns false when the gradient was not finite (NaN or infinite: a diverged
@@ -118,8 +130,11 @@ class Worker {
   bool step();
   // POST /update with the last step's update; after a transport failure once more, with the
   // same bytes and sequence number (the server applies it once). 2.04: accepted, and the
-  // server's version noted; 4.09: refused, the next step pulls first; any other code:
-  // rejected and logged.
+  // server's version noted; 4.09: refused, the next step pulls first; 4.01/4.03: the
+  // identity is not (or no longer) authorized, a refusal like an unknown identity; any
+  // other code (5.00 from a server whose disk is full, 4.00, ...): rejected, logged, and
+  // the backoff waited, which keeps growing until an update is accepted. Throws
+  // WorkerFailure when it gives up.
   void push();
   // pull() when needed, step(), push(), until `stop`, max_steps or max_seconds; `progress`
   // after every push.
@@ -127,16 +142,32 @@ class Worker {
 
   const WorkerStats& stats() const;
 
+  // The last failure seen (kStopped: none): what the worker would exit with if the run
+  // ended now without any update accepted (kServerUnreachable, kHandshakeRefused, ...),
+  // and its message.
+  WorkerExit last_trouble() const;
+  const std::string& last_trouble_message() const;
+
  private:
   struct State;
   std::unique_ptr<State> state_;
 };
 
-// A Worker over CoAP/DTLS to config.server_host (CoapServerChannel). Runs until `stop`
-// becomes true, max_steps or max_seconds is reached. Throws only for problems retrying
-// cannot fix (bad configuration, data, a model the server does not serve); network trouble
-// is retried forever (with backoff) until stopped.
-WorkerStats run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                       const WorkerLog& log = {}, const WorkerProgress& progress = {});
+// How a run ended: its stats, and the program's exit status with the reason.
+struct WorkerRun {
+  WorkerStats stats;
+  WorkerExit exit = WorkerExit::kStopped;
+  std::string reason;  // empty for kStopped
+};
+
+// A Worker over CoAP/DTLS to config.server_host (CoapServerChannel), which looks at `stop`
+// at least every 100 ms while it waits for the server. Runs until `stop` becomes true,
+// max_steps or max_seconds is reached, or it gives up (WorkerFailure: exit and reason).
+// A run that ends without any update accepted ends with the last trouble's exit status
+// (kServerUnreachable when the server never answered, ...) or kNothingApplied. Throws for
+// bad configuration or data (std::invalid_argument, ModelError) and for a broken server
+// (std::runtime_error).
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                     const WorkerLog& log = {}, const WorkerProgress& progress = {});
 
 }  // namespace edgetrain::runtime

@@ -1,6 +1,7 @@
 // edgetrain-worker: trains on this device's shard and sends AdaComp updates to an
 // edgetrain-server over CoAP/DTLS. Its settings are one table (common/settings.h): flags,
 // or the same names in a TOML file (--config); see runtime/README.md.
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
 #include "runtime/worker.h"
+#include "runtime/worker_exit_codes.h"
 
 namespace {
 
@@ -176,6 +178,11 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.add("coap-ack-random-factor", c.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR").range(1, 4);
   t.add("coap-max-retransmit", c.timing.max_retransmit, "CoAP MAX_RETRANSMIT").range(1, 10);
   t.add("coap-nstart", c.timing.nstart, "CoAP NSTART").range(1, 16);
+  t.add("give-up-after", c.give_up_after_seconds, "exit (status 10, or 14 once the server had answered) when the "
+        "server has not answered for this long, checked after each failed request (0: retry forever)")
+      .range(0, 1e9).unit("seconds");
+  t.add("max-refusals", c.max_refusals, "exit after this many refusals in a row that retrying cannot fix: DTLS "
+        "handshake refused (status 11), identity unknown (12), another model (13)").range(1, 1000);
   t.group("Output");
   t.add("quiet", s.quiet, "no progress line");
   t.add("log-acks", s.log_acks, "log the server version of every acknowledged (2.04) update");
@@ -262,7 +269,13 @@ class ProgressReport {
 
 int run(WorkerSettings& s) {
   using namespace edgetrain;
-  runtime::WorkerConfig config = worker_config(s);
+  runtime::WorkerConfig config;
+  try {
+    config = worker_config(s);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
+    return runtime::exit_status(runtime::WorkerExit::kBadSettings);
+  }
   const runtime::DatasetFiles files = runtime::dataset_files(s.data, runtime::DataSplit::kTrain);
   runtime::Dataset train = runtime::load_dataset(files.images, files.labels);
   std::signal(SIGTERM, on_signal);
@@ -271,22 +284,25 @@ int run(WorkerSettings& s) {
            config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");
   StatsFileWriter stats_file(s.stats_file);
-  runtime::WorkerStats stats;
+  runtime::WorkerRun result;
   {
     ProgressReport report(s.quiet, s.log_acks);
     auto progress = [&](const runtime::WorkerStats& current) {
       stats_file.update(current);
       report(current);
     };
-    stats = runtime::run_worker(config, train, stop_requested, log_line, progress);
+    result = runtime::run_worker(config, train, stop_requested, log_line, progress);
   }
+  const runtime::WorkerStats& stats = result.stats;
   stats_file.finish(stats);
   log_line("stopped after " + std::to_string(stats.steps) + " steps: " + std::to_string(stats.updates_accepted) +
            " updates accepted, " + std::to_string(stats.updates_refused) + " refused as stale, " +
            std::to_string(stats.bytes_sent) + " bytes sent, " + std::to_string(stats.retries) + " retries; " +
            std::to_string(stats.pulls) + " pulls (" + std::to_string(stats.delta_pulls) + " as deltas), " +
            std::to_string(stats.bytes_received) + " bytes pulled");
-  return 0;
+  if (result.exit != runtime::WorkerExit::kStopped)
+    log_line("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
+  return runtime::exit_status(result.exit);
 }
 
 }  // namespace
@@ -298,5 +314,6 @@ int main(int argc, char** argv) {
       "edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed gradients to an\n"
       "edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--cert-key/--ca).");
   declare_settings(table, settings);
+  table.cli().footer(edgetrain::runtime::worker_exit_codes_help());
   return table.run_program(argc, argv, [&] { return run(settings); });
 }

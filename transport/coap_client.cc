@@ -2,8 +2,15 @@
 // blocking request at a time on a kept session, with one reconnection when a session that
 // had answered before fails.
 #include "transport/coap_internal.h"
+#include "transport/handshake_watch.h"
+#include "transport/untrusted_text.h"
+
+#include <mbedtls/error.h>
+#include <mbedtls/ssl.h>
+#include <netdb.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -39,22 +46,157 @@ std::vector<std::string> split_path(const std::string& path) {
   return segments;
 }
 
+const char* method_name(Method method) {
+  switch (method) {
+    case Method::kGet: return "GET";
+    case Method::kPost: return "POST";
+    case Method::kPut: return "PUT";
+    case Method::kDelete: return "DELETE";
+  }
+  return "GET";
+}
+
+// The TLS alerts a DTLS 1.2 server sends when it refuses a handshake (RFC 5246 7.2, RFC 4279).
+std::string alert_name(int alert) {
+  switch (alert) {
+    case MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE: return "unexpected_message";
+    case MBEDTLS_SSL_ALERT_MSG_BAD_RECORD_MAC: return "bad_record_mac";
+    case MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE: return "handshake_failure";
+    case MBEDTLS_SSL_ALERT_MSG_BAD_CERT: return "bad_certificate";
+    case MBEDTLS_SSL_ALERT_MSG_UNSUPPORTED_CERT: return "unsupported_certificate";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_REVOKED: return "certificate_revoked";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_EXPIRED: return "certificate_expired";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_UNKNOWN: return "certificate_unknown";
+    case MBEDTLS_SSL_ALERT_MSG_ILLEGAL_PARAMETER: return "illegal_parameter";
+    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_CA: return "unknown_ca";
+    case MBEDTLS_SSL_ALERT_MSG_ACCESS_DENIED: return "access_denied";
+    case MBEDTLS_SSL_ALERT_MSG_DECODE_ERROR: return "decode_error";
+    case MBEDTLS_SSL_ALERT_MSG_DECRYPT_ERROR: return "decrypt_error";
+    case MBEDTLS_SSL_ALERT_MSG_PROTOCOL_VERSION: return "protocol_version";
+    case MBEDTLS_SSL_ALERT_MSG_INSUFFICIENT_SECURITY: return "insufficient_security";
+    case MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR: return "internal_error";
+    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_PSK_IDENTITY: return "unknown_psk_identity";
+    default: return "alert " + std::to_string(alert);
+  }
+}
+
+// "127.0.0.1:5684", or "server.lan (192.0.2.7):5684" when the name is not the address.
+std::string address_text(const std::string& host, std::uint16_t port, const coap_address_t& resolved) {
+  char numeric[NI_MAXHOST] = "";
+  std::string shown = host;
+  if (getnameinfo(&resolved.addr.sa, resolved.size, numeric, sizeof numeric, nullptr, 0, NI_NUMERICHOST) == 0 &&
+      host != numeric) {
+    shown += std::string(" (") + numeric + ")";
+  }
+  if (host.find(':') != std::string::npos) shown = "[" + shown + "]";  // IPv6
+  return shown + ":" + std::to_string(port);
+}
+
 }  // namespace
+
+const char* transport_failure_name(TransportFailure failure) {
+  switch (failure) {
+    case TransportFailure::kOther: return "other";
+    case TransportFailure::kNoAnswer: return "no answer";
+    case TransportFailure::kUnreachable: return "unreachable";
+    case TransportFailure::kHandshakeRefused: return "handshake refused";
+    case TransportFailure::kUnknownIdentity: return "unknown identity";
+    case TransportFailure::kTimedOut: return "timed out";
+    case TransportFailure::kSessionLost: return "session lost";
+    case TransportFailure::kInterrupted: return "interrupted";
+  }
+  return "other";
+}
 
 struct CoapDtlsClient::Impl {
   Options options;
   coap_context_t* context = nullptr;
   coap_session_t* session = nullptr;
   coap_address_t server_address{};
+  std::string server_text;          // "HOST:PORT" for messages (address_text)
   std::uint64_t sessions_started = 0;
   std::uint64_t reconnections = 0;  // fresh sessions started inside a request, after a reused one failed
   bool session_answered = false;    // the current session carried a complete exchange
+  detail::HandshakeProgress handshake;  // of the current session (handshake_watch.h)
+  bool dtls_closed = false;             // libcoap freed the current session's DTLS state
 
   // State of the one request in flight.
   std::vector<std::uint8_t> token;
   bool done = false;
-  std::string failure;
+  std::string failure;  // empty while none
+  TransportFailure failure_kind = TransportFailure::kOther;
   CoapResponse response;
+
+  void fail(TransportFailure kind, std::string why) {
+    if (!failure.empty()) return;  // the first reason is the real one
+    failure_kind = kind;
+    failure = std::move(why);
+  }
+
+  // Whether this session ever got anything back from the server.
+  bool heard_from_server() const { return session_answered || handshake.heard_from_server || handshake.completed; }
+
+  // After ICMP came back for a datagram (`error`: errno of the read that reported it).
+  void fail_unreachable(int error) {
+    if (error == ECONNREFUSED) {
+      fail(TransportFailure::kUnreachable, "nothing listens on " + server_text +
+           " (its host answered 'port unreachable'): is edgetrain-server running there, on that port?");
+    } else if (error == EHOSTUNREACH) {
+      fail(TransportFailure::kUnreachable, "no route to " + server_text +
+           " (ICMP 'host unreachable'): a wrong address, or the host is down?");
+    } else {
+      // libcoap reports only those two; errno was lost on the way.
+      fail(TransportFailure::kUnreachable, "nothing listens on " + server_text +
+           ", or there is no route to it (an ICMP error came back): is edgetrain-server running there?");
+    }
+  }
+
+  // When nothing at all came back, or the server went quiet after answering.
+  void fail_silent(const std::string& when) {
+    if (!heard_from_server()) {
+      fail(TransportFailure::kNoAnswer, "no answer from " + server_text + " " + when +
+           ": nothing came back (is edgetrain-server running there, and does every firewall on the way let UDP "
+           "through to that port?)");
+    } else if (!options.plaintext && !handshake.completed) {
+      fail(TransportFailure::kTimedOut, "the DTLS handshake with " + server_text + " began but the server went silent " +
+           when + " (a lossy link, or a server that is overloaded or went away?)");
+    } else {
+      fail(TransportFailure::kTimedOut, "no answer from " + server_text + " " + when + " (the server answered before: "
+           "gone away, overloaded, or a lossy link?)");
+    }
+  }
+
+  // libcoap gave up the session's DTLS (COAP_NACK_TLS_FAILED): why, from what the handshake
+  // watch saw of it.
+  void fail_dtls() {
+    if (handshake.completed) {
+      fail(TransportFailure::kSessionLost, "the DTLS session with " + server_text + " was closed by the server");
+      return;
+    }
+    const std::string who = options.certificates ? "this certificate" : "identity '" + escape_untrusted(options.psk.identity) + "'";
+    if (handshake.alert == MBEDTLS_SSL_ALERT_MSG_UNKNOWN_PSK_IDENTITY) {
+      fail(TransportFailure::kUnknownIdentity, "the server at " + server_text + " does not know the PSK " + who +
+           " (it refused the DTLS handshake with alert unknown_psk_identity): add the device on the server "
+           "(edgetrain-server add-device NAME), or give the identity it was added with");
+    } else if (handshake.alert == MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR) {
+      // The server's trouble, not our credentials: worth another try later.
+      fail(TransportFailure::kOther, "the server at " + server_text +
+           " ended the DTLS handshake with alert internal_error (trouble on the server's side)");
+    } else if (handshake.alert >= 0) {
+      const std::string hint = options.certificates
+          ? "the server does not accept this certificate (not signed by the CA it trusts?)"
+          : "wrong key for " + who + " (not the key the server holds for it?)";
+      fail(TransportFailure::kHandshakeRefused, "the server at " + server_text + " refused the DTLS handshake (alert " +
+           alert_name(handshake.alert) + "): " + hint);
+    } else if (handshake.local_error != 0) {
+      char text[160];
+      mbedtls_strerror(handshake.local_error, text, sizeof text);
+      fail(TransportFailure::kHandshakeRefused, "this side refused the DTLS handshake with " + server_text + " (" +
+           text + ")" + (options.certificates ? ": is the server's certificate signed by the --ca file?" : ""));
+    } else {
+      fail_silent("during the DTLS handshake");
+    }
+  }
 
   static Impl* of(coap_session_t* session) { return static_cast<Impl*>(coap_session_get_app_data(session)); }
 
@@ -83,28 +225,34 @@ struct CoapDtlsClient::Impl {
   }
 
   static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason, const coap_mid_t) {
+    const int error = errno;  // after an ICMP error: the failed read's (libcoap frees, logs nothing between)
     Impl* self = of(session);
     if (!self || self->done) return;
     switch (reason) {
-      case COAP_NACK_TOO_MANY_RETRIES: self->failure = "no answer from the server (too many retransmissions)"; break;
-      case COAP_NACK_NOT_DELIVERABLE: self->failure = "request not deliverable"; break;
-      case COAP_NACK_RST: self->failure = "server reset the exchange"; break;
-      case COAP_NACK_TLS_FAILED: self->failure = "DTLS handshake failed (wrong identity or key, or a certificate the peer does not accept?)"; break;
-      case COAP_NACK_ICMP_ISSUE: self->failure = "server unreachable (nothing listening on that port?)"; break;
-      default: self->failure = "network error"; break;
+      case COAP_NACK_TOO_MANY_RETRIES: self->fail_silent("after every retransmission"); break;
+      case COAP_NACK_NOT_DELIVERABLE: self->fail(TransportFailure::kOther, "request not deliverable"); break;
+      case COAP_NACK_RST: self->fail(TransportFailure::kOther, "the server reset the exchange (CoAP RST)"); break;
+      case COAP_NACK_TLS_FAILED: self->fail_dtls(); break;
+      case COAP_NACK_ICMP_ISSUE: self->fail_unreachable(error); break;
+      default: self->fail(TransportFailure::kOther, "network error"); break;
     }
   }
 
+  // libcoap 4.3.1 (Mbed TLS) signals DTLS_CLOSED whenever it frees a session's DTLS state,
+  // whatever the reason, and before it reports the queued request's nack (which says why).
+  // So the event only marks the session; wait() explains a closed session that got no nack
+  // (a request the server had acknowledged with an empty ACK and not yet answered).
   static int on_event(coap_session_t* session, const coap_event_t event) {
     Impl* self = of(session);
     if (!self || self->done) return 0;
-    if (event == COAP_EVENT_DTLS_ERROR) self->failure = "DTLS error (handshake refused: wrong identity or key, or a certificate the peer does not accept?)";
-    if (event == COAP_EVENT_DTLS_CLOSED && self->failure.empty()) self->failure = "DTLS session closed by the server";
+    if (event == COAP_EVENT_DTLS_ERROR) self->fail_dtls();
+    if (event == COAP_EVENT_DTLS_CLOSED) self->dtls_closed = true;
     return 0;
   }
 
   void drop_session() {
     if (session) {
+      detail::stop_watching_handshake(session);
       coap_session_set_app_data(session, nullptr);
       // Cancel what is still queued for this session first: after an ICMP error libcoap
       // keeps the request queued for retransmission, holding a reference to the session,
@@ -137,8 +285,13 @@ struct CoapDtlsClient::Impl {
     }
     ++sessions_started;
     coap_session_set_app_data(session, this);
+    handshake = {};
+    dtls_closed = false;
+    detail::watch_handshake(session, &handshake);
     apply_timing(session, options.timing);
   }
+
+  bool stop_requested() const { return options.stop && options.stop->load(); }
 };
 
 CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()) {
@@ -148,9 +301,13 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
     check_certificate_files(*options.certificates);
   } else if (!options.plaintext && (options.psk.identity.empty() || options.psk.key.empty())) {
     throw TransportError("a DTLS-PSK client needs an identity and a key");
+  } else if (!options.plaintext && options.psk.key.size() > kMaxPskBytes) {
+    throw TransportError("the PSK is " + std::to_string(options.psk.key.size()) + " bytes; Mbed TLS takes at most " +
+                         std::to_string(kMaxPskBytes) + " (MBEDTLS_PSK_MAX_LEN): every handshake would fail");
   }
   impl_->options = std::move(options);
   impl_->server_address = resolve_udp_address(impl_->options.host, impl_->options.port);
+  impl_->server_text = address_text(impl_->options.host, impl_->options.port, impl_->server_address);
   impl_->context = coap_new_context(nullptr);
   if (!impl_->context) throw TransportError("coap_new_context failed");
   coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
@@ -203,22 +360,37 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     }
     s.done = false;
     s.failure.clear();
+    s.failure_kind = TransportFailure::kOther;
     s.response = {};
     if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
       s.drop_session();
       throw TransportError("coap_send failed");
     }
   };
+  // Every wait below looks at the stop flag at least every 100 ms.
   auto wait = [&] {
     while (!s.done && s.failure.empty()) {
+      if (s.stop_requested()) {
+        s.fail(TransportFailure::kInterrupted, "interrupted: the worker is stopping");
+        return false;
+      }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
-        s.failure = "timed out after " + std::to_string(s.options.timeout_ms) + " ms";
+        s.fail_silent("within " + std::to_string(s.options.timeout_ms) + " ms");
         return false;  // no time left for anything else
       }
       coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
+      if (s.dtls_closed && !s.done) s.fail_dtls();  // no-op when a nack has explained it
     }
     return true;
+  };
+  auto pause_unless_stopped = [&](std::chrono::milliseconds pause) {
+    const auto until = std::chrono::steady_clock::now() + pause;
+    while (!s.stop_requested() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(50),
+                                                                                until - std::chrono::steady_clock::now()));
+    }
+    return !s.stop_requested();
   };
 
   // A session that already carried an exchange and now fails before the deadline (the
@@ -248,19 +420,23 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     std::minstd_rand jitter(static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
     const auto pause = std::chrono::milliseconds(100 + jitter() % 200);
     if (std::chrono::steady_clock::now() + pause < deadline) {
-      std::this_thread::sleep_for(pause);
-      ++s.reconnections;
-      send();
-      wait();
-      if (!s.done) s.failure = first_failure + "; then, on a new session: " + s.failure;
+      if (pause_unless_stopped(pause)) {
+        ++s.reconnections;
+        send();
+        wait();
+        if (!s.done) s.failure = first_failure + "; then, on a new session: " + s.failure;
+      } else {
+        s.failure.clear();
+        s.fail(TransportFailure::kInterrupted, "interrupted: the worker is stopping");
+      }
     }
   }
   coap_context_set_keepalive(s.context, 0);
   if (!s.done) {
-    std::string why = s.failure;
+    const std::string why = s.failure;
+    const TransportFailure kind = s.failure_kind;
     s.drop_session();  // the next request starts over with a fresh handshake
-    throw TransportError("request to " + s.options.host + ":" + std::to_string(s.options.port) + "/" + path +
-                         " failed: " + why);
+    throw TransportError(std::string(method_name(method)) + " /" + path + ": " + why, kind);
   }
   s.session_answered = true;
   return std::move(s.response);

@@ -8,6 +8,7 @@
 // Neither class is thread-safe: each instance is driven by one thread.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -22,12 +23,36 @@
 
 namespace edgetrain::transport {
 
+// Why a request got no answer, as far as this side can tell: what a caller needs to decide
+// between retrying later (the server is away) and giving up (a wrong key will not become
+// right). The message of the TransportError says the same in words a person acts on.
+enum class TransportFailure {
+  kOther,             // set-up failures and the rest: a send that failed, a reset exchange
+  kNoAnswer,          // nothing came back from the server's address, not even a DTLS record: a
+                      // firewall dropping the datagrams, a wrong address, a host that is down
+  kUnreachable,       // an ICMP error came back: nothing listens on that port, or no route to the host
+  kHandshakeRefused,  // the DTLS handshake was refused: the server sent a fatal alert (a wrong
+                      // key, a certificate it does not accept), or this side refused the
+                      // server's certificate
+  kUnknownIdentity,   // the server does not know this PSK identity (alert unknown_psk_identity)
+  kTimedOut,          // the server had answered (a session, a handshake begun) but this request
+                      // got no answer in time: a server gone, overloaded, or a lossy link
+  kSessionLost,       // the server closed the session (and a fresh one failed too)
+  kInterrupted,       // the client's stop flag was set (Options::stop)
+};
+const char* transport_failure_name(TransportFailure failure);  // "no answer", "unreachable", ...
+
 // Raised for set-up failures and for requests that got no answer (timeout, handshake
 // refused, connection lost). A CoAP error code from the peer is not an exception: it is
 // a CoapResponse with that code.
 class TransportError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit TransportError(const std::string& what, TransportFailure failure = TransportFailure::kOther)
+      : std::runtime_error(what), failure_(failure) {}
+  TransportFailure failure() const { return failure_; }
+
+ private:
+  TransportFailure failure_;
 };
 
 // The (D)TLS library libcoap was built with, e.g. "Mbed TLS 2.28.3".
@@ -234,9 +259,14 @@ class CoapDtlsClient {
     // as the URI query ?id=IDENTITY (the server cannot check it); the key is not used.
     bool plaintext = false;
     CoapTiming timing = CoapTiming::wan();
+    // Not owned; may be null. While a request waits (for the handshake, an answer, the pause
+    // before a reconnection), this flag is looked at at least every 100 ms: once true, the
+    // request ends with TransportError (kInterrupted). A SIGTERM handler sets it.
+    const std::atomic<bool>* stop = nullptr;
   };
-  // Throws TransportError for unusable credentials (no PSK, unreadable certificate
-  // files) and an unresolvable host, std::invalid_argument for bad timing values.
+  // Throws TransportError for unusable credentials (no PSK, a key longer than kMaxPskBytes,
+  // unreadable certificate files) and an unresolvable host, std::invalid_argument for bad
+  // timing values.
   explicit CoapDtlsClient(Options options);
   ~CoapDtlsClient();
   CoapDtlsClient(const CoapDtlsClient&) = delete;
@@ -248,7 +278,8 @@ class CoapDtlsClient {
   // fails before the deadline (the server closed it, or lost it and libcoap gave up
   // retransmitting), the request is sent once more on a fresh session after a 100-300 ms
   // pause. Throws TransportError if no answer arrives in time or the fresh session fails
-  // too; the failed session is dropped and the next request starts a new one. Every new
+  // too (its failure() says why: TransportFailure); the failed session is dropped and the
+  // next request starts a new one. Every new
   // session is a full handshake: libcoap 4.3.1 with Mbed TLS cannot resume a DTLS session
   // (transport/README.md, "Reconnection").
   CoapResponse request(Method method, const std::string& path, std::span<const std::uint8_t> payload = {});

@@ -6,7 +6,7 @@
 #     keyed on 'unauthenticated:NAME';
 #  3. X.509: a server with --cert/--cert-key/--ca and no keystore, a worker with a certificate
 #     from the same CA trains (identity = the certificate's CN); a worker whose
-#     certificate comes from another CA gets nothing accepted.
+#     certificate comes from another CA gets nothing accepted and exits with status 11.
 # usage: transport_modes.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -105,10 +105,13 @@ start_worker "$work/w-cert.log" "$work/w-cert.stats.json" "$worker" --config "$w
 wait_for_exit "$last_pid" 60 || fail "the certificate worker exited with status $?"
 check_trained "$work/w-cert.stats.json" 15
 grep -q "first request from 'w-cert'$" "$work/x509.log" || fail "the server did not see the certificate's CN as identity"
-# A certificate from another CA: handshakes refused, nothing accepted, the worker stops on time.
+# A certificate from another CA: handshakes refused, nothing accepted, the worker gives up
+# with the status of a refused handshake (11) before its --duration is over.
 start_worker "$work/stranger.log" "$work/stranger.stats.json" "$worker" --server "coaps://127.0.0.1:$server_port" \
   --cert "$pki/stranger.crt" --cert-key "$pki/stranger.key" --ca "$pki/ca.crt" "${common_worker_flags[@]}" --duration 6
-wait_for_exit "$last_pid" 60 || fail "the stranger worker exited with status $?"
+status=0
+wait_for_exit "$last_pid" 60 || status=$?
+[ "$status" -eq 11 ] || fail "the stranger worker exited with status $status, not 11 (handshake refused)"
 [ "$(json_get "$work/stranger.stats.json" state)" = stopped ] && [ "$(json_get "$work/stranger.stats.json" updates_accepted)" -eq 0 ] ||
   fail "a certificate from another CA got updates accepted"
 ! grep -q "first request from 'stranger'" "$work/x509.log" || fail "the server served the stranger"

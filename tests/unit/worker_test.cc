@@ -2,18 +2,23 @@
 // sleeping beyond a millisecond of backoff. Each path of DESIGN.md's worker that a real
 // server cannot be made to take on demand: a transport failure retried with backoff, a
 // push retried with the same bytes, 4.09 answered by a re-pull, a model delta that does not
-// reproduce the server's model (dense re-pull), and a non-finite gradient skipped.
+// reproduce the server's model (dense re-pull), a non-finite gradient skipped; and the
+// failures that end a run with an exit status (worker_exit_codes.h), and the backoff while
+// the server answers 5.00.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "runtime/backoff.h"
 #include "runtime/model.h"
 #include "runtime/server_channel.h"
 #include "runtime/worker.h"
+#include "runtime/worker_exit_codes.h"
 #include "transport/codec.h"
 
 namespace {
@@ -21,6 +26,10 @@ namespace {
 using namespace edgetrain;
 using transport::CoapCode;
 using transport::CoapResponse;
+using transport::TransportError;
+using transport::TransportFailure;
+using runtime::WorkerExit;
+using Clock = std::chrono::steady_clock;
 
 constexpr const char* kModelSpec = "input 8x8x1; fc 10";
 
@@ -286,6 +295,165 @@ TEST_F(WorkerTest, StopEndsTheLoopBeforeTheNextRequest) {
   const runtime::WorkerStats stats = worker.run();
   EXPECT_EQ(server.gets.size(), 1u);
   EXPECT_EQ(stats.steps, 0u);
+}
+
+// Issue 18: two workers once posted 12,000 updates in 10 s to a server answering 5.00 (its
+// disk full). Every 5.00 costs the backoff, and nothing in between (not the successful
+// pulls) resets it: the waits are exactly the draws of a Backoff with the worker's seed,
+// whose cap doubles each time.
+TEST_F(WorkerTest, BackoffGrowsWhileEveryUpdateIsAnswered500) {
+  std::vector<Clock::time_point> posted;
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    posted.push_back(Clock::now());
+    const std::string text = "not durable: the write-ahead log could not be synced";
+    return {CoapCode::kInternalServerError, {text.begin(), text.end()}};
+  };
+  auto config = test_config();
+  config.backoff_initial = std::chrono::milliseconds(8);
+  config.backoff_max = std::chrono::milliseconds(1024);
+  config.max_seconds = 1.5;
+  auto worker = make_worker(config);
+  const runtime::WorkerStats stats = worker.run();
+
+  runtime::Backoff expected(config.backoff_initial, config.backoff_max, config.seed + config.worker_id);
+  ASSERT_GE(posted.size(), 3u);
+  std::chrono::milliseconds waited_in_window{0};
+  std::size_t affordable = 1;  // posts that the expected waits leave room for in 1.5 s
+  std::chrono::milliseconds longest{0};
+  for (std::size_t i = 1; i < posted.size(); ++i) {
+    const auto delay = expected.next_delay();
+    longest = std::max(longest, delay);
+    EXPECT_GE(posted[i] - posted[i - 1], delay) << "post " << i << " came before the backoff had passed";
+  }
+  runtime::Backoff replay(config.backoff_initial, config.backoff_max, config.seed + config.worker_id);
+  while ((waited_in_window += replay.next_delay()) < std::chrono::milliseconds(1500)) ++affordable;
+  EXPECT_LE(posted.size(), affordable);
+  EXPECT_LT(posted.size(), 20u) << "without a growing backoff this would be hundreds";
+  EXPECT_GE(longest, std::chrono::milliseconds(64)) << "the waits grew past the first caps";
+  EXPECT_EQ(stats.updates_rejected, posted.size());
+  EXPECT_EQ(stats.retries, posted.size());
+  EXPECT_EQ(stats.updates_accepted, 0u);
+  EXPECT_EQ(stats.pulls, posted.size()) << "the pulls between succeed, and do not reset the backoff";
+  EXPECT_EQ(worker.last_trouble(), WorkerExit::kNothingApplied);
+  EXPECT_NE(worker.last_trouble_message().find("update refused with 5.00: not durable"), std::string::npos);
+}
+
+// A refusal no retry fixes ends the run after max_refusals tries in a row, with its exit
+// status; between the tries, the backoff (a server being set up may change its mind).
+TEST_F(WorkerTest, WhatNoRetryCanFixIsTriedMaxRefusalsTimesThenGivenUp) {
+  struct Case {
+    const char* what;
+    std::function<void(FakeServer&)> script;
+    WorkerExit exit;
+    bool on_push = false;  // the refusal answers the update, not the pull
+  };
+  runtime::Model other(runtime::model_spec_from_argument("input 8x8x1; fc 12"));
+  const std::vector<Case> cases = {
+      {"handshake refused",
+       [](FakeServer& f) {
+         f.on_get = [](const std::string&) -> CoapResponse {
+           throw TransportError("the server refused the DTLS handshake (alert bad_record_mac)",
+                                TransportFailure::kHandshakeRefused);
+         };
+       },
+       WorkerExit::kHandshakeRefused},
+      {"unknown identity",
+       [](FakeServer& f) {
+         f.on_get = [](const std::string&) -> CoapResponse {
+           throw TransportError("unknown_psk_identity", TransportFailure::kUnknownIdentity);
+         };
+       },
+       WorkerExit::kUnknownIdentity},
+      {"4.03 to an update",
+       [](FakeServer& f) {
+         f.on_post = [](std::span<const std::uint8_t>) -> CoapResponse { return {CoapCode::kForbidden, {}}; };
+       },
+       WorkerExit::kUnknownIdentity, true},
+      {"another model",
+       [&](FakeServer& f) {
+         f.on_get = [&](const std::string&) -> CoapResponse {
+           auto bytes = transport::encode_dense_model(other.layout_id(), 3, sizes_of(other), other.parameters());
+           return {CoapCode::kContent, std::move(bytes).value()};
+         };
+       },
+       WorkerExit::kModelMismatch},
+  };
+  for (const Case& c : cases) {
+    FakeServer fake;
+    c.script(fake);
+    auto config = test_config();
+    config.max_refusals = 3;
+    runtime::Worker worker(config, data, fake, stop);
+    try {
+      worker.run();
+      ADD_FAILURE() << c.what << ": the run ended without giving up";
+    } catch (const runtime::WorkerFailure& e) {
+      EXPECT_EQ(e.exit(), c.exit) << c.what;
+      EXPECT_NE(std::string(e.what()).find("3 times in a row; giving up"), std::string::npos) << e.what();
+    }
+    const std::size_t tries = c.on_push ? fake.posts.size() : fake.gets.size();
+    EXPECT_EQ(tries, 3u) << c.what;
+    EXPECT_EQ(worker.stats().retries, 2u) << c.what << ": a backoff between tries, none after the last";
+  }
+}
+
+// A server that does not answer is retried with backoff until it has been silent for
+// give_up_after_seconds: "unreachable" when it never answered, "gone" when it had.
+TEST_F(WorkerTest, ASilentServerIsGivenUpAfterGiveUpAfterSeconds) {
+  auto config = test_config();
+  config.give_up_after_seconds = 0.3;
+  config.backoff_max = std::chrono::milliseconds(20);
+  server.on_get = [](const std::string&) -> CoapResponse {
+    throw TransportError("no answer from 127.0.0.1:5684", TransportFailure::kNoAnswer);
+  };
+  const auto started = Clock::now();
+  auto never = make_worker(config);
+  try {
+    never.run();
+    ADD_FAILURE() << "never given up";
+  } catch (const runtime::WorkerFailure& e) {
+    EXPECT_EQ(e.exit(), WorkerExit::kServerUnreachable) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no answer from 127.0.0.1:5684"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(Clock::now() - started, std::chrono::milliseconds(300));
+  EXPECT_GT(never.stats().retries, 1u) << "retried with backoff before giving up";
+
+  int gets = 0;
+  server.on_get = [&](const std::string&) -> CoapResponse {
+    if (++gets == 1) return server.dense();
+    throw TransportError("nothing listens on 127.0.0.1:5684", TransportFailure::kUnreachable);
+  };
+  auto gone = make_worker(config);
+  try {
+    gone.run();
+    ADD_FAILURE() << "never given up";
+  } catch (const runtime::WorkerFailure& e) {
+    EXPECT_EQ(e.exit(), WorkerExit::kServerGone) << e.what();
+  }
+  EXPECT_EQ(gone.stats().updates_accepted, 1u);
+}
+
+TEST_F(WorkerTest, AnInterruptedRequestIsNeitherRetriedNorBackedOff) {
+  server.on_get = [&](const std::string&) -> CoapResponse {
+    stop = true;
+    throw TransportError("interrupted", TransportFailure::kInterrupted);
+  };
+  auto worker = make_worker();
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_EQ(server.gets.size(), 1u);
+  EXPECT_EQ(stats.retries, 0u);
+  EXPECT_TRUE(log.empty());
+  EXPECT_EQ(worker.last_trouble(), WorkerExit::kStopped) << "being stopped is no trouble";
+}
+
+TEST(WorkerConfigCheck, KeysLongerThanMbedTlsTakesAreRefusedNamingTheLimit) {
+  EXPECT_EQ(runtime::parse_hex_key(std::string(64, 'a')).size(), 32u);
+  try {
+    runtime::parse_hex_key(std::string(66, 'a'));
+    ADD_FAILURE() << "a 33-byte key was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("32 bytes (MBEDTLS_PSK_MAX_LEN)"), std::string::npos) << e.what();
+  }
 }
 
 TEST(WorkerConfigCheck, RefusesWhatNoRetryCouldFix) {

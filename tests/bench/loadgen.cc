@@ -716,7 +716,7 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
   FloodPhase phase;
   phase.spoof_per_second = spoof_per_second;
   const std::string probe_file = "/tmp/edgetrain-flood-probe-" + std::to_string(::getpid()) + ".json";
-  std::atomic<bool> flooding = false;
+  std::atomic<bool> stop_flood = false;
   std::thread flooder;
   pid_t prober = -1;
   double cpu_before = 0;
@@ -738,17 +738,15 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
     if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
     prober = spawn_prober(s, probe_file);
     if (spoof_per_second > 0) {
-      flooding = true;
       flooder = std::thread([&] {
         edgetrain::testing::HelloFlood flood(s.port);
-        phase.spoofed = flood.send(static_cast<std::size_t>(1e9), spoof_per_second, &flooding);
-        flooding = false;
+        phase.spoofed = flood.send(static_cast<std::size_t>(1e9), spoof_per_second, &stop_flood);
       });
     }
   };
   options.on_posts_finished = [&] {
     if (s.server_pid) phase.server_cpu_share = process_cpu_seconds(s.server_pid) - cpu_before;
-    flooding = false;
+    stop_flood = true;
   };
   const auto report = transport::bench::run_update_load(options);
   if (flooder.joinable()) flooder.join();

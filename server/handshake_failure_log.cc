@@ -27,7 +27,7 @@ void HandshakeFailureLog::record(const transport::HandshakeFailure& failure, Clo
   }
   std::string line = describe(failure);
   if (entry.held_back > 0)
-    line += " (" + std::to_string(entry.held_back) + " more failures of this identity before it were not logged)";
+    line += "; " + std::to_string(entry.held_back) + " earlier failures of this device since its last line not logged";
   entry = Entry{now, 0, failure};
   if (log_) log_(line);
 }
@@ -44,8 +44,9 @@ void HandshakeFailureLog::flush(Clock::time_point now) {
       continue;
     }
     if (log_)
-      log_(describe(entry.last) + " (the last of " + std::to_string(entry.held_back) +
-           " failures of this identity not logged one by one)");
+      log_("DTLS handshake of known device '" + transport::escape_untrusted(entry.last.identity) + "' failed " +
+           std::to_string(entry.held_back) + " more times since its last line; the latest from " +
+           transport::escape_untrusted(entry.last.peer_address) + ": " + entry.last.reason);
     entry = Entry{now, 0, entry.last};
     ++it;
   }

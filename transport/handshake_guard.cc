@@ -47,8 +47,6 @@ constexpr std::size_t kMaxSessionIdBytes = 32;
 // DTLS 1.0 on the wire (RFC 6347 4.2.1: a HelloVerifyRequest SHOULD say 1.0 whatever
 // version follows).
 constexpr std::uint8_t kDtls10[2] = {254, 255};
-// Mbed TLS's cookie: 4 bytes of time and a 28-byte HMAC-SHA224.
-constexpr std::size_t kMaxCookieBytes = 64;
 
 std::uint32_t read_u16(const std::uint8_t* p) { return (std::uint32_t{p[0]} << 8) | p[1]; }
 std::uint32_t read_u24(const std::uint8_t* p) { return (std::uint32_t{p[0]} << 16) | (std::uint32_t{p[1]} << 8) | p[2]; }
@@ -60,13 +58,15 @@ class CookieKey {
     static CookieKey key;
     return key;
   }
-  std::vector<std::uint8_t> write(std::span<const std::uint8_t> identity) {
-    std::uint8_t buffer[kMaxCookieBytes];
-    unsigned char* end = buffer;
+  // Mbed TLS's cookie: 4 bytes of time and a 28-byte HMAC-SHA224.
+  Cookie write(std::span<const std::uint8_t> identity) {
+    Cookie cookie;
+    unsigned char* end = cookie.bytes.data();
     std::lock_guard lock(mutex_);
-    if (__real_mbedtls_ssl_cookie_write(&ctx_, &end, buffer + sizeof(buffer), identity.data(), identity.size()) != 0)
-      return {};
-    return std::vector<std::uint8_t>(buffer, end);
+    if (__real_mbedtls_ssl_cookie_write(&ctx_, &end, cookie.bytes.data() + cookie.bytes.size(), identity.data(),
+                                        identity.size()) == 0)
+      cookie.size = static_cast<std::size_t>(end - cookie.bytes.data());
+    return cookie;
   }
   bool check(std::span<const std::uint8_t> cookie, std::span<const std::uint8_t> identity) {
     std::lock_guard lock(mutex_);
@@ -191,11 +191,12 @@ PeerAddress PeerAddress::source() const {
   return source;
 }
 
-std::vector<std::uint8_t> PeerAddress::cookie_identity() const {
-  std::vector<std::uint8_t> bytes;
-  bytes.push_back(family);
-  bytes.insert(bytes.end(), ip.begin(), ip.end());
-  put_u16(bytes, port);
+std::array<std::uint8_t, 19> PeerAddress::cookie_identity() const {
+  std::array<std::uint8_t, 19> bytes{};
+  bytes[0] = family;
+  std::copy(ip.begin(), ip.end(), bytes.begin() + 1);
+  bytes[17] = static_cast<std::uint8_t>(port >> 8);
+  bytes[18] = static_cast<std::uint8_t>(port);
   return bytes;
 }
 
@@ -245,9 +246,9 @@ DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHel
   return DatagramKind::kClientHello;
 }
 
-std::vector<std::uint8_t> hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie) {
+void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie, std::vector<std::uint8_t>& out) {
   const std::size_t body_bytes = 2 + 1 + cookie.size();
-  std::vector<std::uint8_t> out;
+  out.clear();
   out.reserve(kRecordHeaderBytes + kHandshakeHeaderBytes + body_bytes);
   // Record header: the ClientHello's record sequence number (RFC 6347 4.2.1).
   out.push_back(kContentTypeHandshake);
@@ -264,10 +265,9 @@ std::vector<std::uint8_t> hello_verify_request(const ClientHello& hello, std::sp
   out.insert(out.end(), kDtls10, kDtls10 + 2);
   out.push_back(static_cast<std::uint8_t>(cookie.size()));
   out.insert(out.end(), cookie.begin(), cookie.end());
-  return out;
 }
 
-std::vector<std::uint8_t> make_cookie(const PeerAddress& peer) { return CookieKey::instance().write(peer.cookie_identity()); }
+Cookie make_cookie(const PeerAddress& peer) { return CookieKey::instance().write(peer.cookie_identity()); }
 
 bool cookie_is_valid(const PeerAddress& peer, std::span<const std::uint8_t> cookie) {
   if (cookie.empty() || cookie.size() > kMaxCookieBytes) return false;
@@ -285,7 +285,9 @@ HandshakeGuard::Decision HandshakeGuard::decide(const PeerAddress& peer, std::sp
     case DatagramKind::kClientHello: break;
   }
   if (!cookie_is_valid(peer, hello.cookie)) {
-    reply = hello_verify_request(hello, make_cookie(peer));
+    const Cookie cookie = make_cookie(peer);
+    if (cookie.size == 0) return Decision::kDropMalformed;  // Mbed TLS failed: nothing sensible to answer
+    hello_verify_request(hello, cookie.view(), reply);
     ++stats_.hello_verify_requests;
     return Decision::kAnswerWithCookie;
   }
@@ -341,9 +343,8 @@ void HandshakeGuard::forget_idle_sources(GuardClock::time_point now) {
 bool HandshakeGuard::admit(int fd, const msghdr& received, std::span<const std::uint8_t> datagram) {
   const PeerAddress peer = peer_address(static_cast<const sockaddr*>(received.msg_name), received.msg_namelen);
   if (peer.family == 0) return true;
-  std::vector<std::uint8_t> reply;
-  const Decision decision = decide(peer, datagram, GuardClock::now(), reply);
-  if (decision == Decision::kAnswerWithCookie) send_reply(fd, received, reply);
+  const Decision decision = decide(peer, datagram, GuardClock::now(), reply_);
+  if (decision == Decision::kAnswerWithCookie) send_reply(fd, received, reply_);
   return decision == Decision::kPass;
 }
 
@@ -434,14 +435,14 @@ extern "C" int __wrap_mbedtls_ssl_cookie_write(void* ctx, unsigned char** p, uns
                                                const unsigned char* cli_id, size_t cli_id_len) {
   const auto peer = libcoap_peer(cli_id, cli_id_len);
   if (!peer) return __real_mbedtls_ssl_cookie_write(ctx, p, end, cli_id, cli_id_len);
-  std::vector<std::uint8_t> cookie;
+  edgetrain::transport::detail::Cookie cookie;
   try {
     cookie = edgetrain::transport::detail::make_cookie(*peer);
   } catch (...) {
   }
-  if (cookie.empty() || static_cast<std::size_t>(end - *p) < cookie.size()) return MBEDTLS_ERR_SSL_BUFFER_TOO_SMALL;
-  std::memcpy(*p, cookie.data(), cookie.size());
-  *p += cookie.size();
+  if (cookie.size == 0 || static_cast<std::size_t>(end - *p) < cookie.size) return MBEDTLS_ERR_SSL_BUFFER_TOO_SMALL;
+  std::memcpy(*p, cookie.bytes.data(), cookie.size);
+  *p += cookie.size;
   return 0;
 }
 

@@ -55,7 +55,7 @@ struct PeerAddress {
   // What rate limits are kept by: the IPv4 address, or the /64 of an IPv6 address.
   PeerAddress source() const;
   // The bytes the cookie is computed over (family, address, port).
-  std::vector<std::uint8_t> cookie_identity() const;
+  std::array<std::uint8_t, 19> cookie_identity() const;
 };
 PeerAddress peer_address(const sockaddr* address, socklen_t length);
 
@@ -72,12 +72,19 @@ enum class DatagramKind { kOther, kClientHello, kMalformedClientHello };
 // anyway); everything else is kOther and goes to libcoap unexamined.
 DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHello* hello);
 
-// The HelloVerifyRequest that answers `hello` with `cookie` (one datagram).
-std::vector<std::uint8_t> hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie);
+// The HelloVerifyRequest that answers `hello` with `cookie` (one datagram), in `out`
+// (cleared first; its capacity is reused, so a guard answers a flood without allocating).
+void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie, std::vector<std::uint8_t>& out);
 
 // Stateless cookies for a peer: Mbed TLS's ssl_cookie (4 bytes of time and an HMAC of
 // them and the peer's address) under one random key per process, valid for 60 s.
-std::vector<std::uint8_t> make_cookie(const PeerAddress& peer);
+inline constexpr std::size_t kMaxCookieBytes = 64;
+struct Cookie {
+  std::array<std::uint8_t, kMaxCookieBytes> bytes{};
+  std::size_t size = 0;  // 0: none could be made
+  std::span<const std::uint8_t> view() const { return {bytes.data(), size}; }
+};
+Cookie make_cookie(const PeerAddress& peer);
 bool cookie_is_valid(const PeerAddress& peer, std::span<const std::uint8_t> cookie);
 
 // Token bucket and pending-handshake bookkeeping; decides what happens to a datagram.
@@ -93,7 +100,8 @@ class HandshakeGuard : public DatagramFilter {
     kDropTooManyPending,  // the server (or this source address) has too many pending
   };
   // The decision for one datagram from `peer` (no I/O; `reply` is set for
-  // kAnswerWithCookie). Counts it in stats().
+  // kAnswerWithCookie). Counts it in stats(). Allocates nothing for a ClientHello without
+  // a cookie once `reply` has grown to a HelloVerifyRequest's size.
   Decision decide(const PeerAddress& peer, std::span<const std::uint8_t> datagram, GuardClock::time_point now,
                   std::vector<std::uint8_t>& reply);
   // DatagramFilter: decide(), and send the HelloVerifyRequest from the same local address
@@ -134,6 +142,7 @@ class HandshakeGuard : public DatagramFilter {
   Decision admit_verified(const PeerAddress& peer, GuardClock::time_point now);
 
   HandshakeLimits limits_;
+  std::vector<std::uint8_t> reply_;                   // admit()'s, reused
   std::map<PeerAddress, Bucket> buckets_;             // by source (PeerAddress::source())
   std::map<PeerAddress, Pending> pending_;            // by peer address:port
   std::map<PeerAddress, std::uint32_t> pending_by_source_;

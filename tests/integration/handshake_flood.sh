@@ -7,9 +7,11 @@
 # Debian's coap-client-openssl is installed, a fresh session of that OpenSSL client must be
 # answered within its 3 s wait. Afterwards no handshake is pending and the server's resident
 # memory is within 4 MB of what it was before the flood. Everything is read from the
-# programs' stats files and /proc, no log line.
-# usage: handshake_flood.sh SERVER WORKER LOADGEN [COAP_CLIENT]
-server="$1"; worker="$2"; loadgen="$3"; client="${4:-coap-client-openssl}"
+# programs' stats files and /proc, no log line. MEMORY_CHECK "off" (the sanitizer tree)
+# skips the memory comparison: AddressSanitizer keeps every freed block in its quarantine,
+# so there resident memory grows with any activity at all.
+# usage: handshake_flood.sh SERVER WORKER LOADGEN [MEMORY_CHECK [COAP_CLIENT]]
+server="$1"; worker="$2"; loadgen="$3"; memory_check="${4:-on}"; client="${5:-coap-client-openssl}"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 
@@ -61,7 +63,11 @@ echo "ok: $(handshakes hello_verify_requests) ClientHellos answered statelessly,
 sleep 1
 after=$(rss_kb)
 echo "server resident memory after the flood: $after kB (before: $baseline kB)"
-[ "$after" -le $((baseline + 4096)) ] || fail "the server's memory grew by $((after - baseline)) kB over the flood"
+if [ "$memory_check" = on ]; then
+  [ "$after" -le $((baseline + 4096)) ] || fail "the server's memory grew by $((after - baseline)) kB over the flood"
+else
+  echo "note: memory not compared (sanitizer build)"
+fi
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
 echo "a handshake flood locked nobody out and left no state behind"

@@ -91,7 +91,8 @@ TEST(HandshakeGuardParsing, TheHelloVerifyRequestEchoesTheClientHelloAsRfc6347As
   ClientHello hello;
   ASSERT_EQ(classify_datagram(dtls_client_hello(0x0a0b0c0d0e0f), &hello), DatagramKind::kClientHello);
   const std::vector<std::uint8_t> cookie(32, 0x5a);
-  const auto reply = hello_verify_request(hello, cookie);
+  std::vector<std::uint8_t> reply;
+  hello_verify_request(hello, cookie, reply);
   ASSERT_EQ(reply.size(), 13u + 12 + 3 + 32);
   EXPECT_EQ(reply[0], 22);                                                   // handshake
   EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 1, reply.begin() + 3), (std::vector<std::uint8_t>{254, 255}));
@@ -107,7 +108,8 @@ TEST(HandshakeGuardParsing, TheHelloVerifyRequestEchoesTheClientHelloAsRfc6347As
 
 TEST(HandshakeGuardCookies, ACookieHoldsForItsAddressAndPortOnly) {
   const PeerAddress a = ipv4("198.51.100.7", 40000);
-  const auto cookie = make_cookie(a);
+  const auto made = make_cookie(a);
+  const std::vector<std::uint8_t> cookie(made.view().begin(), made.view().end());
   ASSERT_FALSE(cookie.empty());
   EXPECT_TRUE(cookie_is_valid(a, cookie));
   EXPECT_FALSE(cookie_is_valid(ipv4("198.51.100.7", 40001), cookie));
@@ -161,7 +163,8 @@ TEST_F(HandshakeGuardLimits, AFirstClientHelloGetsACookieAndLeavesNoState) {
   EXPECT_EQ(guard_.stats().pending, 0u);
   EXPECT_EQ(guard_.tracked_sources(), 0u);
   // A cookie made for one address does not open the door to another.
-  const auto cookie = make_cookie(ipv4("10.0.0.1", 1000));
+  const auto made = make_cookie(ipv4("10.0.0.1", 1000));
+  const std::vector<std::uint8_t> cookie(made.view().begin(), made.view().end());
   EXPECT_EQ(guard_.decide(ipv4("10.0.0.2", 1000), dtls_client_hello(1, cookie), now_, reply), Decision::kAnswerWithCookie);
   EXPECT_EQ(guard_.decide(ipv4("10.0.0.1", 1000), dtls_client_hello(1, cookie), now_, reply), Decision::kPass);
 }

@@ -17,6 +17,7 @@
 #include "common/svg_plot.h"
 #include "runtime/dataset.h"
 #include "server/evaluator.h"
+#include "server/handshake_failure_log.h"
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/server_state.h"
@@ -44,6 +45,7 @@ void check_settings(const ServerSettings& s) {
   if (s.keystore.empty() && !certificates)
     throw std::invalid_argument("--keystore (or keystore in the config) is required unless --cert/--cert-key/--ca are given");
   transport::check_timing(s.timing);
+  transport::check_handshake_limits(s.handshake);
 }
 
 // What one dense (ASGD) update of this model costs on the wire, to show how much less the
@@ -92,6 +94,8 @@ class ServerApp {
   RecoveryReport recovery_;
   std::uint64_t version_after_recovery_ = 0;
   std::unique_ptr<ServerResources> resources_;
+  // Before server_: the server's failure callback writes to it until the server is gone.
+  HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
   std::unique_ptr<transport::CoapDtlsServer> server_;
   std::uint64_t dense_update_bytes_ = 0;
   // One row per evaluation in <state-dir>/metrics.csv; the rows of this run are plotted at exit.
@@ -164,6 +168,10 @@ void ServerApp::open_endpoint() {
   o.datagrams_per_pass = s_.datagrams_per_pass;
   o.max_body_bytes = s_.max_update_bytes;  // a larger POST body is refused block by block, never held whole
   o.max_bodies_in_progress = s_.max_bodies_in_progress;
+  o.handshake = s_.handshake;
+  o.on_handshake_failure = [this](const transport::HandshakeFailure& failure) {
+    handshake_failures_.record(failure, HandshakeFailureLog::Clock::now());
+  };
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
@@ -173,6 +181,10 @@ void ServerApp::open_endpoint() {
   log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) + " s, ACK_RANDOM_FACTOR " +
            number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) +
            ", NSTART " + std::to_string(s_.timing.nstart));
+  log_line("DTLS handshakes: stateless cookie first; at most " + std::to_string(s_.handshake.max_pending) +
+           " pending (" + std::to_string(s_.handshake.max_pending_per_address) + " per source address), " +
+           number(s_.handshake.rate_per_address) + " new per second per source address, " +
+           number(s_.handshake.timeout_seconds) + " s to finish");
   if (s_.insecure) {
     log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" + std::to_string(server_->plaintext_port()) +
              " with NO encryption and NO authentication. Anyone who can reach that port can read the model and "
@@ -240,6 +252,14 @@ void ServerApp::write_stats(bool running) {
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
+  const transport::HandshakeStats handshakes = server_->handshake_stats();
+  j["handshakes"] = {{"hello_verify_requests", handshakes.hello_verify_requests},
+                     {"client_hellos_admitted", handshakes.client_hellos_admitted},
+                     {"refused_rate_limited", handshakes.refused_rate_limited},
+                     {"refused_too_many_pending", handshakes.refused_too_many_pending},
+                     {"malformed_client_hellos", handshakes.malformed_client_hellos},
+                     {"timed_out", handshakes.handshakes_timed_out},
+                     {"pending", handshakes.pending}};
   {
     std::lock_guard lock(metrics_mutex_);
     j["last_evaluation"] = last_evaluation_ ? nlohmann::json{{"version", last_evaluation_->version},
@@ -264,6 +284,7 @@ void ServerApp::serve() {
   while (!g_stop_requested) {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (std::chrono::steady_clock::now() < next_stats) continue;
+    handshake_failures_.flush(HandshakeFailureLog::Clock::now());
     try {
       write_stats(true);
     } catch (const std::exception& e) {  // a full disk must not stop training

@@ -34,6 +34,7 @@ struct ServerSettings {
   transport::CoapTiming timing = transport::CoapTiming::wan();
   std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
   std::uint64_t max_bodies_in_progress = 256;  // transport::CoapDtlsServer::Options
+  transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;
 };

@@ -32,6 +32,15 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("ca", s.ca, "X.509: CA (PEM) that must have signed every client certificate");
   t.add("insecure", s.insecure, "ALSO serve plain CoAP (no DTLS: no encryption, no authentication) on --insecure-port");
   t.add("insecure-port", s.insecure_port, "UDP port of the plain CoAP endpoint (0: any free port)").range(0, 65535);
+  t.group("DTLS handshake limits (after the stateless cookie exchange)");
+  t.add("handshake-timeout", s.handshake.timeout_seconds, "a handshake not finished in this time is ended and its "
+        "state freed").range(1, 120).unit("seconds");
+  t.add("max-pending-handshakes", s.handshake.max_pending, "handshakes in progress at once; more ClientHellos are "
+        "dropped (clients retransmit)").range(1, 100000);
+  t.add("max-pending-handshakes-per-address", s.handshake.max_pending_per_address, "handshakes in progress at once "
+        "from one source address (IPv4 address, IPv6 /64); above --max-pending-handshakes it is that").range(1, 100000);
+  t.add("handshake-rate-per-address", s.handshake.rate_per_address, "new handshakes per second from one source "
+        "address (a token bucket holding as many)").range(0.1, 100000).unit("per second");
   t.group("Model and training");
   t.add("model", s.model, "built-in model name (paper-cnn, mlp) or model spec");
   t.add("state-dir", s.state_dir, "directory for the WAL, checkpoints and metrics (required)");

@@ -144,6 +144,43 @@ struct CoapTiming {
 // accepts (ACK_TIMEOUT 1..60 s, ACK_RANDOM_FACTOR 1..4, MAX_RETRANSMIT 1..10, NSTART 1..16).
 void check_timing(const CoapTiming& timing);
 
+// How the server bounds DTLS handshakes (transport/README.md, "Handshake floods"). No
+// state is kept for a peer before it has answered a stateless cookie (HelloVerifyRequest);
+// after that:
+struct HandshakeLimits {
+  // A handshake not finished this long after its ClientHello is ended and its state freed.
+  double timeout_seconds = 10;
+  // Handshakes in progress at once, in all; a ClientHello beyond it is dropped (the client
+  // retransmits it 1 s later, doubling). libcoap's own cap is set to the same number.
+  std::uint32_t max_pending = 100;
+  // ...and from one source address (IPv4 address, IPv6 /64); above max_pending it is max_pending.
+  std::uint32_t max_pending_per_address = 25;
+  // New handshakes per second from one source address (a token bucket holding as many).
+  double rate_per_address = 50;
+};
+// Throws std::invalid_argument naming the limit that is out of range (timeout 1..120 s,
+// max_pending and max_pending_per_address 1..100000, rate 0.1..100000 per s).
+void check_handshake_limits(const HandshakeLimits& limits);
+
+// What the server's handshake guard did since start (CoapDtlsServer::handshake_stats()).
+struct HandshakeStats {
+  std::uint64_t hello_verify_requests = 0;   // ClientHellos without a valid cookie, answered statelessly
+  std::uint64_t client_hellos_admitted = 0;  // with a valid cookie, handed to libcoap
+  std::uint64_t refused_rate_limited = 0;    // with a valid cookie, dropped: rate per source address
+  std::uint64_t refused_too_many_pending = 0;  // dropped: max_pending or max_pending_per_address
+  std::uint64_t malformed_client_hellos = 0;
+  std::uint64_t handshakes_timed_out = 0;    // ended by timeout_seconds
+  std::uint32_t pending = 0;                 // handshakes in progress now
+};
+
+// A failed DTLS handshake of an identity the server's psk_lookup knows (a known device
+// with a wrong key, or one that went silent after naming itself).
+struct HandshakeFailure {
+  std::string identity;      // as the peer sent it: escape before showing it
+  std::string peer_address;  // "203.0.113.5:40123"
+  std::string reason;        // "wrong key or corrupted handshake", "timed out"
+};
+
 struct CoapRequest {
   Method method = Method::kGet;
   // DTLS: the identity the peer proved in the handshake (PSK identity or certificate CN);
@@ -208,10 +245,14 @@ class CoapDtlsServer {
     // Worst case: max_bodies_in_progress × max_body_bytes.
     std::size_t max_body_bytes = std::size_t{4} << 20;
     std::size_t max_bodies_in_progress = 256;
+    HandshakeLimits handshake;
+    // Called (on the thread that drives the server) for every failed handshake of an
+    // identity psk_lookup returned a key for. Unknown identities are psk_lookup's to report.
+    std::function<void(const HandshakeFailure&)> on_handshake_failure;
   };
   // Throws TransportError if an endpoint cannot be opened or a certificate file is
-  // unreadable, std::invalid_argument for bad timing values, datagrams_per_pass outside
-  // 1..1024, or a max_body_bytes or max_bodies_in_progress of 0.
+  // unreadable, std::invalid_argument for bad timing values, handshake limits,
+  // datagrams_per_pass outside 1..1024, or a max_body_bytes or max_bodies_in_progress of 0.
   explicit CoapDtlsServer(Options options);
   ~CoapDtlsServer();
   CoapDtlsServer(const CoapDtlsServer&) = delete;
@@ -232,6 +273,8 @@ class CoapDtlsServer {
   // passing max_body_bytes (4.13) or max_bodies_in_progress (5.03).
   std::size_t bodies_in_progress() const;
   std::uint64_t bodies_refused() const;
+  // What the handshake guard did since construction. Call on the thread that drives the server.
+  HandshakeStats handshake_stats() const;
   // Handles network events for at most `timeout_ms` milliseconds.
   void run_once(int timeout_ms);
 

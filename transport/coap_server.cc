@@ -19,6 +19,7 @@
 #include <map>
 #include <set>
 
+#include "transport/handshake_guard.h"
 #include "transport/identity.h"
 #include "transport/socket_ingress.h"
 
@@ -162,6 +163,11 @@ struct CoapDtlsServer::Impl {
   coap_bin_const_t current_key_view{};
   // Deferred responses not yet sent: cut loose from their sessions before the context goes.
   std::set<DeferredResponse::State*> deferred;
+  // The front guard of the DTLS endpoint (handshake_guard.h) and when run_once next looks
+  // at the pending handshakes.
+  std::unique_ptr<detail::HandshakeGuard> guard;
+  detail::GuardClock::time_point next_handshake_sweep{};
+  detail::GuardClock::time_point next_idle_source_sweep{};
 
   // Block-wise request bodies (Block1) being assembled, one per session. libcoap 4.3.1's
   // own assembly (COAP_BLOCK_SINGLE_BODY) has no size limit: it allocates what Size1
@@ -259,13 +265,14 @@ struct CoapDtlsServer::Impl {
     return {BodyStep::kWhole, body, {}, true};
   }
 
-  static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t*, void* arg) {
+  static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t* session, void* arg) {
     auto* self = static_cast<Impl*>(arg);
     if (!identity || !self->options.psk_lookup) return nullptr;
     try {
       std::string_view id(reinterpret_cast<const char*>(identity->s), identity->length);
       auto key = self->options.psk_lookup(id);
       if (!key || key->empty()) return nullptr;  // unknown identity: refuse the handshake
+      if (self->guard) self->guard->note_known_identity(session, std::string(id));
       self->current_key = std::move(*key);
       self->current_key_view.s = self->current_key.data();
       self->current_key_view.length = self->current_key.size();
@@ -283,8 +290,59 @@ struct CoapDtlsServer::Impl {
       self->last_answers.erase(session);
       self->assemblies.erase(session);
     }
+    self->track_handshake(session, event);
     return 0;
   }
+
+  // Handshake bookkeeping for the guard: a DTLS session libcoap makes is a pending handshake
+  // until it is established (seen by sweep_handshakes), fails or is deleted.
+  void track_handshake(coap_session_t* session, coap_event_t event) {
+    if (!guard || coap_session_get_proto(session) != COAP_PROTO_DTLS) return;
+    if (event == COAP_EVENT_SERVER_SESSION_NEW) {
+      const coap_address_t* remote = coap_session_get_addr_remote(session);
+      guard->handshake_started(session, detail::peer_address(&remote->addr.sa, remote->size), detail::GuardClock::now());
+    } else if (event == COAP_EVENT_DTLS_ERROR && guard->is_pending(session)) {
+      report_handshake_failure(session, guard->handshake_ended(session), "wrong key or corrupted handshake");
+    } else if (event == COAP_EVENT_SERVER_SESSION_DEL) {
+      guard->handshake_ended(session);
+    }
+  }
+
+  // Only identities psk_lookup knew are reported: a known device with a wrong key (or a
+  // stolen name) is worth an operator's attention; unknown names are psk_lookup's to report.
+  void report_handshake_failure(coap_session_t* session, const std::optional<std::string>& identity,
+                                const char* reason) {
+    if (!identity || !options.on_handshake_failure) return;
+    try {
+      options.on_handshake_failure({*identity, address_string(coap_session_get_addr_remote(session)), reason});
+    } catch (...) {  // never into libcoap
+    }
+  }
+
+  // Every 100 ms: established handshakes stop being pending; handshakes past their deadline
+  // are ended (libcoap frees the session in its next pass). libcoap 4.3.1 frees a server
+  // session only after COAP_EVENT_SERVER_SESSION_DEL, which removes it from the guard, so
+  // every session the guard lists is alive.
+  void sweep_handshakes() {
+    const auto now = detail::GuardClock::now();
+    if (!guard || now < next_handshake_sweep) return;
+    next_handshake_sweep = now + std::chrono::milliseconds(100);
+    for (const void* key : guard->pending_sessions()) {
+      auto* session = static_cast<coap_session_t*>(const_cast<void*>(key));
+      if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) guard->handshake_ended(session);
+    }
+    for (const auto& [key, peer] : guard->overdue(now)) {
+      auto* session = static_cast<coap_session_t*>(const_cast<void*>(key));
+      report_handshake_failure(session, guard->handshake_ended(session), "timed out");
+      guard->count_timed_out();
+      coap_session_disconnected(session, COAP_NACK_TLS_FAILED);
+    }
+    if (now >= next_idle_source_sweep) {
+      guard->forget_idle_sources(now);
+      next_idle_source_sweep = now + std::chrono::seconds(10);
+    }
+  }
+
 
   // The declared identity of a plain CoAP request: the value of its `id` URI query.
   static std::string declared_identity(const coap_string_t* query) {
@@ -445,6 +503,7 @@ struct CoapDtlsServer::Impl {
 CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()) {
   coap_library_startup();
   check_timing(options.timing);
+  check_handshake_limits(options.handshake);
   if (options.datagrams_per_pass < 1 || options.datagrams_per_pass > 1024)
     throw std::invalid_argument("datagrams per pass must be 1..1024");
   if (options.max_body_bytes == 0 || options.max_bodies_in_progress == 0)
@@ -460,6 +519,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
     coap_register_event_handler(s.context, &Impl::on_event);
     // Not COAP_BLOCK_SINGLE_BODY: request bodies are assembled in take_block(), bounded.
     coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP);
+    s.guard = std::make_unique<detail::HandshakeGuard>(s.options.handshake);
+    coap_context_set_max_handshake_sessions(s.context, s.options.handshake.max_pending);
 
     coap_dtls_spsk_t psk{};
     psk.version = COAP_DTLS_SPSK_SETUP_VERSION;
@@ -503,7 +564,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
         throw TransportError("cannot find the socket of " + s.options.bind_address + ":" + std::to_string(port) +
                              " to count its ingress (is /proc mounted?)");
       }
-      detail::count_ingress(fd, &s.ingress);
+      // The DTLS endpoint's datagrams pass the handshake guard first; plain CoAP's do not.
+      detail::count_ingress(fd, &s.ingress, port == s.bound_port ? s.guard.get() : nullptr);
       s.endpoint_fds.push_back(fd);
     }
     s.coap_fd = coap_context_get_coap_fd(s.context);
@@ -551,6 +613,8 @@ std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);
 }
 
+HandshakeStats CoapDtlsServer::handshake_stats() const { return impl_->guard ? impl_->guard->stats() : HandshakeStats{}; }
+
 // coap_io_process() as libcoap 4.3.1 does it with epoll (prepare: timeouts and
 // retransmissions of every session; epoll_wait; coap_io_do_epoll, which reads ONE datagram
 // per ready socket and then prepares again), except that a ready endpoint is handed to
@@ -562,6 +626,7 @@ std::uint64_t CoapDtlsServer::datagrams_received() const {
 // finds nothing (EAGAIN, which libcoap logs only at LOG_WARNING and above).
 void CoapDtlsServer::run_once(int timeout_ms) {
   Impl& s = *impl_;
+  s.sweep_handshakes();
   const auto wait_ms = static_cast<std::uint32_t>(timeout_ms < 0 ? 0 : timeout_ms);
   if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0) {
     coap_io_process(s.context, wait_ms);

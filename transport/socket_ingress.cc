@@ -1,11 +1,13 @@
-// recvmsg() wrapper and registry behind socket_ingress.h. The registry is a short list
-// under a mutex: a server process has one or two endpoints, and one uncontended lock per
-// datagram costs nothing next to the DTLS record it guards.
+// recvmsg() wrapper and registry behind socket_ingress.h: counting, and the hook of a
+// server's front filter. The registry is a short list under a mutex: a server process has
+// one or two endpoints, and one uncontended lock per datagram costs nothing next to the
+// DTLS record it guards.
 #include "transport/socket_ingress.h"
 
 #include <dirent.h>
 #include <netinet/in.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -17,6 +19,7 @@ namespace {
 struct Registration {
   int fd;
   IngressCounters* counters;
+  DatagramFilter* filter;
 };
 
 std::mutex& registry_mutex() {
@@ -33,6 +36,21 @@ bool is_registered(int fd) {
   for (const Registration& r : registry())
     if (r.fd == fd) return true;
   return false;
+}
+
+// Counts a datagram read from `fd` if it is registered; returns its filter (may be null).
+// The filter is called outside the lock: it is used only by the thread that reads `fd`,
+// which is also the one that unregisters it.
+DatagramFilter* count_datagram(int fd, ssize_t bytes) {
+  std::lock_guard lock(registry_mutex());
+  for (const Registration& r : registry()) {
+    if (r.fd == fd) {
+      r.counters->bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+      r.counters->datagrams.fetch_add(1, std::memory_order_relaxed);
+      return r.filter;
+    }
+  }
+  return nullptr;
 }
 
 bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, socklen_t b_length) {
@@ -54,15 +72,16 @@ bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, sock
 
 }  // namespace
 
-void count_ingress(int fd, IngressCounters* counters) {
+void count_ingress(int fd, IngressCounters* counters, DatagramFilter* filter) {
   std::lock_guard lock(registry_mutex());
   for (Registration& r : registry()) {
     if (r.fd == fd) {
       r.counters = counters;
+      r.filter = filter;
       return;
     }
   }
-  registry().push_back({fd, counters});
+  registry().push_back({fd, counters, filter});
 }
 
 void stop_counting_ingress(int fd) {
@@ -102,20 +121,30 @@ int find_bound_udp_socket(const sockaddr* address, socklen_t length) {
 }  // namespace edgetrain::transport::detail
 
 // The link maps libcoap's calls of recvmsg() here (--wrap=recvmsg); __real_recvmsg is the
-// C library's. Only objects in the link are redirected, never the C library itself.
+// C library's. Only objects in the link are redirected, never the C library itself. A
+// datagram that a registered filter refuses is counted and dropped, and the next one read
+// in its place (at most kMaxFilteredPerRead per call, then EAGAIN, which libcoap treats as
+// "nothing to read").
 extern "C" ssize_t __real_recvmsg(int fd, msghdr* message, int flags);
 extern "C" ssize_t __wrap_recvmsg(int fd, msghdr* message, int flags) {
-  const ssize_t received = __real_recvmsg(fd, message, flags);
-  if (received > 0) {
-    using namespace edgetrain::transport::detail;
-    std::lock_guard lock(registry_mutex());
-    for (const Registration& r : registry()) {
-      if (r.fd == fd) {
-        r.counters->bytes.fetch_add(static_cast<std::uint64_t>(received), std::memory_order_relaxed);
-        r.counters->datagrams.fetch_add(1, std::memory_order_relaxed);
-        break;
-      }
+  using namespace edgetrain::transport::detail;
+  const socklen_t name_capacity = message->msg_namelen;
+  const std::size_t control_capacity = message->msg_controllen;
+  for (int dropped = 0;; ++dropped) {
+    const ssize_t received = __real_recvmsg(fd, message, flags);
+    if (received <= 0) return received;
+    DatagramFilter* filter = count_datagram(fd, received);
+    // Only whole datagrams in one buffer, as libcoap reads them, are filtered.
+    if (!filter || (flags & MSG_PEEK) || message->msg_iovlen != 1 || (message->msg_flags & MSG_TRUNC)) return received;
+    const std::span<const std::uint8_t> datagram(static_cast<const std::uint8_t*>(message->msg_iov[0].iov_base),
+                                                 static_cast<std::size_t>(received));
+    if (filter->admit(fd, *message, datagram)) return received;
+    if (dropped + 1 >= kMaxFilteredPerRead) {
+      errno = EAGAIN;
+      return -1;
     }
+    message->msg_namelen = name_capacity;
+    message->msg_controllen = control_capacity;
+    message->msg_flags = 0;
   }
-  return received;
 }

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <span>
 
 namespace edgetrain::transport::detail {
 
@@ -22,9 +23,24 @@ struct IngressCounters {
   std::atomic<std::uint64_t> datagrams{0};
 };
 
-// From now on, datagrams that libcoap reads from `fd` are added to `counters`, which must
-// outlive the registration (stop_counting_ingress() before destroying them).
-void count_ingress(int fd, IngressCounters* counters);
+// Decides whether libcoap gets a datagram read from a registered socket. Called on the
+// thread that reads the socket, inside its recvmsg(); may send on `fd`.
+class DatagramFilter {
+ public:
+  virtual ~DatagramFilter() = default;
+  // `received` is the message as recvmsg() filled it (source address, control data).
+  virtual bool admit(int fd, const msghdr& received, std::span<const std::uint8_t> datagram) = 0;
+};
+
+// Most datagrams one recvmsg() call drops for a filter before it gives up with EAGAIN
+// (libcoap then returns to its loop, which walks its sessions' timeouts; the socket stays
+// readable, so the next pass goes on).
+inline constexpr int kMaxFilteredPerRead = 64;
+
+// From now on, datagrams that libcoap reads from `fd` are added to `counters`, and, given a
+// `filter`, handed to libcoap only when it admits them. Both must outlive the registration
+// (stop_counting_ingress() before destroying them).
+void count_ingress(int fd, IngressCounters* counters, DatagramFilter* filter = nullptr);
 void stop_counting_ingress(int fd);
 
 // The descriptor of this process's UDP socket bound to exactly `address`, skipping those

@@ -18,6 +18,15 @@
 //             parameters: per trial, a fresh session's first small request (handshake
 //             included), a small request on the open session, and one update post;
 //             prints each trial and the median / mean / 90th percentile / max
+//   flood     the handshake-flood goals of transport/README.md ("Handshake floods"), in two
+//             phases against one server: without a flood, then with N spoofed ClientHellos
+//             per second from ever new loopback addresses; in each, M established devices
+//             post updates (their rate) while a child process (handshakes) opens a fresh
+//             session every I s with a deadline of D s (the share that got in within D);
+//             prints both phases side by side
+//   spoof     only the flood: ClientHellos from ever new loopback source addresses
+//   handshakes  only the prober: a fresh session's first request every I s, deadline D s,
+//             for S s; results as JSON (--out)
 //
 // The updates are the paper's top-k of a Gaussian random gradient (the index pattern of a
 // real gradient differs, the sizes hardly: k per tensor is fixed by c). The gradient is
@@ -26,8 +35,10 @@
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +52,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/settings.h"
@@ -49,6 +61,7 @@
 #include "runtime/model_replica.h"
 #include "server/keystore.h"
 #include "server/resources.h"
+#include "tests/support/dtls_hello_flood.h"
 #include "tests/support/udp_delay_proxy.h"
 #include "transport/bench_load.h"
 #include "transport/codec.h"
@@ -596,6 +609,257 @@ int run_wan(const WanSettings& s) {
   return 0;
 }
 
+// ---- handshake floods -------------------------------------------------------------------
+struct SpoofSettings {
+  std::uint16_t port = 0;
+  double per_second = 1000;
+  double seconds = 10;
+  std::size_t count = 0;  // 0: per_second × seconds
+};
+
+int run_spoof(const SpoofSettings& s) {
+  edgetrain::testing::HelloFlood flood(s.port);
+  const auto started = Clock::now();
+  const std::size_t count = s.count ? s.count : static_cast<std::size_t>(s.per_second * s.seconds);
+  const std::size_t sent = flood.send(count, s.per_second);
+  const double took = seconds_since(started);
+  std::printf("summary spoof sent=%zu seconds=%.2f per_second=%.0f\n", sent, took, static_cast<double>(sent) / took);
+  return 0;
+}
+
+struct ProbeSettings {
+  std::uint16_t port = 0;
+  std::string keystore;
+  double seconds = 15;
+  double every = 0.25;
+  double deadline = 3;
+  std::string out;
+};
+
+// A fresh session's first request (a resource that does not exist: 4.04 fits one
+// datagram, so nearly all of it is the handshake), every `every` seconds for `seconds`.
+int run_probe_handshakes(const ProbeSettings& s) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  const auto psk = credentials(keystore, kProbeDevice);
+  nlohmann::json seconds_list = nlohmann::json::array();
+  std::size_t attempts = 0, within = 0;
+  const auto started = Clock::now();
+  for (auto next = started; seconds_since(started) < s.seconds; next += std::chrono::duration_cast<Clock::duration>(
+                                                                  std::chrono::duration<double>(s.every))) {
+    std::this_thread::sleep_until(next);
+    ++attempts;
+    const auto begun = Clock::now();
+    try {
+      transport::CoapDtlsClient client({"127.0.0.1", s.port, psk, static_cast<int>(s.deadline * 1000)});
+      client.request(transport::Method::kGet, "probe");
+      const double took = seconds_since(begun);
+      seconds_list.push_back(took);
+      if (took <= s.deadline) ++within;
+    } catch (const transport::TransportError&) {
+      seconds_list.push_back(nullptr);  // no answer within the deadline
+    }
+    if (Clock::now() > next) next = Clock::now();  // a slow probe does not cause a burst after it
+  }
+  nlohmann::json result = {{"attempts", attempts}, {"within_deadline", within}, {"deadline_s", s.deadline},
+                           {"seconds", seconds_list}};
+  if (!s.out.empty()) std::ofstream(s.out) << result.dump() << "\n";
+  std::printf("summary handshakes attempts=%zu within_deadline=%zu deadline_s=%.1f\n", attempts, within, s.deadline);
+  return 0;
+}
+
+struct FloodBenchSettings {
+  std::uint16_t port = 0;
+  std::string keystore;
+  std::size_t devices = 16;
+  std::size_t posts_in_flight = 8;
+  double seconds = 15;
+  double spoof_per_second = 1000;
+  double probe_every = 0.25;
+  double probe_deadline = 3;
+  int rounds = 2;
+  int server_pid = 0;
+  std::string model = "paper-cnn";
+  double compression_rate = 0.01;
+};
+
+// One phase, or the sum of the phases of one condition.
+struct FloodPhase {
+  double spoof_per_second = 0;
+  std::size_t spoofed = 0;
+  std::uint64_t updates = 0;
+  double post_seconds = 0;
+  std::size_t established = 0, devices = 0;
+  std::size_t probes = 0, probes_within = 0;
+  std::vector<double> answered_seconds;  // of the probes that got an answer
+  double server_cpu_seconds = 0;         // over the posting time
+  double updates_per_second() const { return static_cast<double>(updates) / std::max(1e-9, post_seconds); }
+  double within_pct() const { return 100.0 * static_cast<double>(probes_within) / std::max<std::size_t>(1, probes); }
+  void add(const FloodPhase& other) {
+    spoof_per_second = other.spoof_per_second;
+    spoofed += other.spoofed;
+    updates += other.updates;
+    post_seconds += other.post_seconds;
+    established += other.established;
+    devices += other.devices;
+    probes += other.probes;
+    probes_within += other.probes_within;
+    answered_seconds.insert(answered_seconds.end(), other.answered_seconds.begin(), other.answered_seconds.end());
+    server_cpu_seconds += other.server_cpu_seconds;
+  }
+};
+
+// The handshakes prober as a child process (its own libcoap, its own core time), started
+// when the established devices start posting.
+pid_t spawn_prober(const FloodBenchSettings& s, const std::string& out) {
+  std::vector<std::string> args = {"edgetrain-loadgen", "handshakes", "--port", std::to_string(s.port),
+                                   "--keystore", s.keystore, "--seconds", std::to_string(s.seconds),
+                                   "--every", std::to_string(s.probe_every), "--deadline", std::to_string(s.probe_deadline),
+                                   "--out", out};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, argv.data(), environ) != 0)
+    throw std::runtime_error("cannot start the handshakes prober");
+  return pid;
+}
+
+FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_second, UpdateFactory& factory,
+                               std::uint64_t& next_sequence) {
+  const auto keystore = server::Keystore::load(s.keystore);
+  transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
+  std::atomic<std::uint64_t> latest_version{server_status(probe)["version"].get<std::uint64_t>()};
+  FloodPhase phase;
+  phase.spoof_per_second = spoof_per_second;
+  const std::string probe_file = "/tmp/edgetrain-flood-probe-" + std::to_string(::getpid()) + ".json";
+  std::atomic<bool> stop_flood = false;
+  std::thread flooder;
+  pid_t prober = -1;
+  double cpu_before = 0;
+
+  transport::bench::UpdateLoadOptions options;
+  options.port = s.port;
+  for (std::size_t i = 0; i < s.devices; ++i) options.devices.push_back(credentials(keystore, load_device_name(i)));
+  options.max_posts_in_flight = s.posts_in_flight;
+  options.max_posts = 1000000;
+  options.max_post_seconds = s.seconds;
+  const std::uint64_t first_sequence = next_sequence;
+  options.make_body = [&](std::size_t device, std::uint64_t sequence) {
+    return factory.encode(device + sequence, first_sequence + sequence, latest_version.load());
+  };
+  options.on_success = [&](std::span<const std::uint8_t> payload) {
+    if (auto version = server::decode_update_reply(payload); version && *version > latest_version) latest_version = *version;
+  };
+  options.on_posts_starting = [&] {
+    if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
+    prober = spawn_prober(s, probe_file);
+    if (spoof_per_second > 0) {
+      flooder = std::thread([&] {
+        edgetrain::testing::HelloFlood flood(s.port);
+        phase.spoofed = flood.send(static_cast<std::size_t>(1e9), spoof_per_second, &stop_flood);
+      });
+    }
+  };
+  options.on_posts_finished = [&] {
+    if (s.server_pid) phase.server_cpu_seconds = process_cpu_seconds(s.server_pid) - cpu_before;
+    stop_flood = true;
+  };
+  const auto report = transport::bench::run_update_load(options);
+  if (flooder.joinable()) flooder.join();
+  int status = 0;
+  if (prober > 0) ::waitpid(prober, &status, 0);
+  next_sequence += 1000000;  // the sequences of the next phase start past every one of this phase
+  phase.established = report.sessions_established;
+  phase.devices = s.devices;
+  phase.updates = report.posts_acknowledged;
+  phase.post_seconds = report.post_seconds;
+  std::ifstream in(probe_file);
+  if (!in) throw std::runtime_error("the handshakes prober left no results (exit status " + std::to_string(status) + ")");
+  const auto probes = nlohmann::json::parse(in);
+  ::unlink(probe_file.c_str());
+  phase.probes = probes["attempts"].get<std::size_t>();
+  phase.probes_within = probes["within_deadline"].get<std::size_t>();
+  for (const auto& t : probes["seconds"])
+    if (t.is_number()) phase.answered_seconds.push_back(t.get<double>());
+  return phase;
+}
+
+void print_flood_phase(const FloodBenchSettings& s, const std::string& label, const FloodPhase& p) {
+  const Spread spread = spread_of(p.answered_seconds);
+  std::printf("%-30s established %zu/%zu, %6.1f updates/s (%llu in %.1f s); new sessions within %.1f s: %zu of %zu "
+              "(median %.3f s, p90 %.3f s, max %.3f s); spoofed ClientHellos %zu; server CPU %.0f%%\n",
+              label.c_str(), p.established, p.devices, p.updates_per_second(), static_cast<unsigned long long>(p.updates),
+              p.post_seconds, s.probe_deadline, p.probes_within, p.probes, spread.median, spread.p90, spread.max, p.spoofed,
+              100 * p.server_cpu_seconds / std::max(1e-9, p.post_seconds));
+  std::fflush(stdout);
+}
+
+int run_flood_bench(const FloodBenchSettings& s) {
+  UpdateFactory factory(s.model, s.compression_rate, 16);
+  std::uint64_t next_sequence = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  std::printf("\n== handshake flood: %zu established devices posting (%zu in flight), a fresh session every %.2f s "
+              "(deadline %.1f s), %.0f s per phase ==\n",
+              s.devices, s.posts_in_flight, s.probe_every, s.probe_deadline, s.seconds);
+  // Alternating, so that drift on a shared machine (and the fresh server's first minutes)
+  // weighs on both conditions alike.
+  FloodPhase base, flood;
+  for (int round = 1; round <= s.rounds; ++round) {
+    for (double rate : {0.0, s.spoof_per_second}) {
+      const FloodPhase phase = measure_flood_phase(s, rate, factory, next_sequence);
+      (rate > 0 ? flood : base).add(phase);
+      print_flood_phase(s, "round " + std::to_string(round) + ": " +
+                               (rate > 0 ? "flood " + std::to_string(static_cast<int>(rate)) + "/s" : "no flood"),
+                        phase);
+    }
+  }
+  print_flood_phase(s, "all rounds: no flood", base);
+  print_flood_phase(s, "all rounds: flood", flood);
+  const Spread spread = spread_of(flood.answered_seconds);
+  const double rate_pct = 100.0 * flood.updates_per_second() / std::max(1e-9, base.updates_per_second());
+  std::printf("goal: >= 95%% of new handshakes within %.0f s during the flood: %.1f%% (baseline %.1f%%) -> %s\n",
+              s.probe_deadline, flood.within_pct(), base.within_pct(), flood.within_pct() >= 95 ? "met" : "NOT met");
+  std::printf("goal: established devices keep >= 90%% of their update rate: %.1f%% (%.1f of %.1f updates/s) -> %s\n",
+              rate_pct, flood.updates_per_second(), base.updates_per_second(), rate_pct >= 90 ? "met" : "NOT met");
+  std::printf("summary flood spoof_per_second=%.0f spoofed=%zu rounds=%d baseline_updates_per_s=%.2f "
+              "flood_updates_per_s=%.2f update_rate_pct=%.1f baseline_handshakes_within_pct=%.1f "
+              "flood_handshakes_within_pct=%.1f flood_handshake_median_s=%.3f flood_handshake_p90_s=%.3f probes=%zu\n",
+              s.spoof_per_second, flood.spoofed, s.rounds, base.updates_per_second(), flood.updates_per_second(), rate_pct,
+              base.within_pct(), flood.within_pct(), spread.median, spread.p90, flood.probes);
+  return 0;
+}
+
+void declare_spoof(settings::Table& t, SpoofSettings& s) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("per-second", s.per_second, "ClientHellos per second (0: as fast as possible)").range(0, 1e7);
+  t.add("seconds", s.seconds, "how long, without --count").range(0, 1e6).unit("seconds");
+  t.add("count", s.count, "ClientHellos to send (0: --per-second × --seconds)").range(0, 1e9);
+}
+
+void declare_probe(settings::Table& t, ProbeSettings& s) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("keystore", s.keystore, "the keystore the server uses").required();
+  t.add("seconds", s.seconds, "how long to probe").range(0, 1e6).unit("seconds");
+  t.add("every", s.every, "time between the starts of two probes").range(0.01, 1e6).unit("seconds");
+  t.add("deadline", s.deadline, "a probe counts if answered within this").range(0.1, 1e6).unit("seconds");
+  t.add("out", s.out, "JSON results file");
+}
+
+void declare_flood(settings::Table& t, FloodBenchSettings& s) {
+  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("keystore", s.keystore, "the keystore the server uses").required();
+  t.add("devices", s.devices, "established devices posting updates").range(1, 1e6);
+  t.add("posts-in-flight", s.posts_in_flight, "posts in progress at once").range(1, 1e6);
+  t.add("seconds", s.seconds, "length of each phase").range(1, 1e6).unit("seconds");
+  t.add("spoof-per-second", s.spoof_per_second, "spoofed ClientHellos per second in the flood phase").range(1, 1e7);
+  t.add("probe-every", s.probe_every, "time between two fresh sessions of the prober").range(0.01, 1e6).unit("seconds");
+  t.add("probe-deadline", s.probe_deadline, "a fresh session counts if answered within this").range(0.1, 1e6).unit("seconds");
+  t.add("rounds", s.rounds, "pairs of phases (no flood, flood), alternating").range(1, 100);
+  t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
+  t.add("model", s.model, "model the server runs");
+  t.add("rate", s.compression_rate, "AdaComp compression rate c").range(1e-6, 1);
+}
+
 void declare_load(settings::Table& t, LoadSettings& s) {
   t.add("port", s.port, "server UDP port on 127.0.0.1").required();
   t.add("keystore", s.keystore, "the keystore the server uses").required();
@@ -653,6 +917,17 @@ int main(int argc, char** argv) {
   settings::Table& wan =
       table.subcommand("wan", "handshake, small request and update times through a delaying, lossy relay");
   declare_wan(wan, wan_settings, wan_timing);
+  FloodBenchSettings flood_settings;
+  settings::Table& flood = table.subcommand(
+      "flood", "updates/s of established devices and fresh handshakes within a deadline, without and with a flood");
+  declare_flood(flood, flood_settings);
+  SpoofSettings spoof_settings;
+  settings::Table& spoof = table.subcommand("spoof", "DTLS ClientHellos from ever new loopback source addresses");
+  declare_spoof(spoof, spoof_settings);
+  ProbeSettings probe_settings;
+  settings::Table& probe =
+      table.subcommand("handshakes", "a fresh session's first request every few seconds, with a deadline");
+  declare_probe(probe, probe_settings);
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
     if (wan.parsed()) {
@@ -662,6 +937,9 @@ int main(int argc, char** argv) {
     }
     if (keystore.parsed()) return write_keystore(keystore_path, keystore_devices);
     if (transfer.parsed()) return run_transfer(transfer_settings);
+    if (flood.parsed()) return run_flood_bench(flood_settings);
+    if (spoof.parsed()) return run_spoof(spoof_settings);
+    if (probe.parsed()) return run_probe_handshakes(probe_settings);
     return run_load(load_settings);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-loadgen: %s\n", e.what());

@@ -65,8 +65,9 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
 }
 
 // Leaves in sigma_[j] σ of touched_[j]: how many of the updates that produced versions
-// t − delay + 1 … t touched it (t: the newest version in the history, reserved ones included). Sparse ones are found by walking the parameter's chain of
-// touches from the newest back until it leaves that window; dense ones touch everything.
+// t − delay + 1 … t touched it (t: the newest version in the history, reserved ones
+// included). Sparse ones are found by walking the parameter's chain of touches from the
+// newest back until it leaves that window; dense ones touch everything.
 void ParameterStore::compute_sigma(std::uint64_t delay) {
   const std::uint64_t window_start = history_top() - delay;  // versions above this one count
   const std::size_t d = ring_.size();
@@ -89,9 +90,9 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
   }
 }
 
-// Pushes touched_ as the set of version top + 1 (top: the newest version in the history),
-// overwriting the one of version top + 1 − D,
-// and chains each entry to the previous touch of its parameter.
+// Pushes touched_ as the set of version top + 1 (top: the newest version in the history,
+// reserved ones included), overwriting the one of version top + 1 − D, and chains each
+// entry to the previous touch of its parameter.
 void ParameterStore::remember_touched() {
   if (ring_.empty()) return;
   const std::uint64_t top = history_top();

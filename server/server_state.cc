@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -262,7 +263,7 @@ void ServerState::roll_back(const Replay& replay, const std::vector<std::filesys
   recovery_.notes.push_back(
       "ROLLED BACK: the update logged as version " + std::to_string(rollback.non_finite_version) +
       " made a parameter non-finite; resumed at version " + std::to_string(store_.version()) +
-      ", before the first update beyond ±" + std::to_string(options_.store.max_parameter_magnitude) + " (version " +
+      ", before the first update beyond the bound (version " +
       std::to_string(first_bad) + "): " + std::to_string(replay.dropped) +
       " acknowledged update(s) from there on are NOT applied; the logs as they were are kept as " + kept_list);
   recovery_.rollback = std::move(rollback);
@@ -391,12 +392,13 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
       break;
     }
     const transport::SparseUpdate update = decode_logged(*it);
+    // With rollback_non_finite, note where a rollback would stop; apply as logged either way.
     ApplyResult result;
-    if (options_.rollback_non_finite) {  // note where a rollback would stop; apply as logged
-      result = store_.apply(update, ValueCheck::kBound);
-      if (result.status == ApplyStatus::kOutOfBounds && !replay.first_beyond_bound) replay.first_beyond_bound = it->version;
+    if (options_.rollback_non_finite) result = store_.apply(update, ValueCheck::kBound);
+    if (!options_.rollback_non_finite || result.status == ApplyStatus::kOutOfBounds) {
+      if (options_.rollback_non_finite && !replay.first_beyond_bound) replay.first_beyond_bound = it->version;
+      result = store_.apply(update, ValueCheck::kFiniteOnly);
     }
-    if (!result.applied()) result = store_.apply(update, ValueCheck::kFiniteOnly);
     if (result.status == ApplyStatus::kOutOfBounds) {
       const std::string what = "replaying the update logged as version " + std::to_string(it->version) + " (from '" +
                                transport::escape_untrusted(it->identity) + "', sequence " +
@@ -492,7 +494,9 @@ std::string ServerState::note_device(std::string_view identity, SubmitOutcome ou
       device.quarantined_until =
           options_.now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double>(options_.quarantine_seconds));
-      note += "; QUARANTINED for " + std::to_string(options_.quarantine_seconds) + " s";
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", options_.quarantine_seconds);
+      note += std::string("; QUARANTINED for ") + seconds + " s";
     } else {
       note += "; QUARANTINED until the server restarts";
     }

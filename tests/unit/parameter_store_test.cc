@@ -437,7 +437,9 @@ TEST(ParameterStore, PoisoningSequenceNeverMakesAParameterNonFinite) {
     EXPECT_EQ(accepted, bound == FLT_MAX ? 10u : 0u);  // 10 × 3.4e37 < FLT_MAX < 11 × 3.4e37
     // Replay's check (finiteness only) refuses the overflowing one too.
     const SparseUpdate poison{kModel, 15, store.version(), {SparseTensor{1, 2, {0}, {-3.4e38f}}}};
-    if (bound == FLT_MAX) EXPECT_EQ(store.apply(poison, ValueCheck::kFiniteOnly).status, ApplyStatus::kOutOfBounds);
+    if (bound == FLT_MAX) {
+      EXPECT_EQ(store.apply(poison, ValueCheck::kFiniteOnly).status, ApplyStatus::kOutOfBounds);
+    }
   }
 }
 

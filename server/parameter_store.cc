@@ -169,8 +169,32 @@ std::ptrdiff_t ParameterStore::first_non_finite(std::span<const float> parameter
   return -1;
 }
 
-std::string ParameterStore::compute_values(const transport::SparseUpdate& update, std::uint64_t delay, ValueCheck values,
-                                           bool reserved_base) {
+namespace {
+
+// The rule's arithmetic, in one place: apply() and reserve() compute every new value with it.
+inline float stepped(float base, float learning_rate, float g, std::uint32_t divisor) {
+  return base - learning_rate * g / static_cast<float>(divisor);
+}
+
+// A NaN fails the comparison too; with FLT_MAX as the bound only infinities and NaN fail.
+inline bool within(float value, float bound) { return std::fabs(value) <= bound; }
+
+std::string out_of_bounds(const transport::SparseTensor& t, std::size_t e, float base, float value,
+                          std::uint32_t divisor, float bound) {
+  char text[200];
+  std::snprintf(text, sizeof(text), "tensor %u index %u would become %g (from %g; value %g, divisor %u), beyond ±%g",
+                t.tensor, t.indices[e], static_cast<double>(value), static_cast<double>(base),
+                static_cast<double>(t.values[e]), divisor, static_cast<double>(bound));
+  return text;
+}
+
+}  // namespace
+
+float ParameterStore::bound_for(ValueCheck values) const {
+  return values == ValueCheck::kBound ? options_.max_parameter_magnitude : FLT_MAX;
+}
+
+void ParameterStore::compute_divisors(std::uint64_t delay) {
   divisors_.resize(touched_.size());
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     compute_sigma(delay);
@@ -179,30 +203,6 @@ std::string ParameterStore::compute_values(const transport::SparseUpdate& update
     const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
     std::fill(divisors_.begin(), divisors_.end(), divisor);
   }
-  // FLT_MAX: only infinities and NaN fail (a NaN fails every comparison).
-  const float bound = values == ValueCheck::kBound ? options_.max_parameter_magnitude : FLT_MAX;
-  new_values_.resize(touched_.size());
-  std::size_t j = 0;
-  for (const auto& t : update.tensors) {
-    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
-      const std::uint32_t i = touched_[j];
-      float base = parameters_[i];
-      if (reserved_base && reserved_touch_version_[i] > version_)
-        base = reserved_[static_cast<std::size_t>(reserved_touch_version_[i] - version_ - 1)]
-                   .values[reserved_touch_position_[i]];
-      // The rule's arithmetic, in one place: apply() and apply_reserved() write this value.
-      const float value = base - options_.learning_rate * t.values[e] / static_cast<float>(divisors_[j]);
-      new_values_[j] = value;
-      if (!(std::fabs(value) <= bound)) {
-        char text[200];
-        std::snprintf(text, sizeof(text), "tensor %u index %u would become %g (from %g; value %g, divisor %u), beyond ±%g",
-                      t.tensor, t.indices[e], static_cast<double>(value), static_cast<double>(base),
-                      static_cast<double>(t.values[e]), divisors_[j], static_cast<double>(bound));
-        return text;
-      }
-    }
-  }
-  return {};
 }
 
 ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values) {
@@ -210,14 +210,51 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
   if (ApplyResult verdict = admissible(update); !verdict.applied()) return verdict;
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
-  if (std::string problem = compute_values(update, delay, values, false); !problem.empty())
-    return {ApplyStatus::kOutOfBounds, version_, std::move(problem)};
-  for (std::size_t j = 0; j < touched_.size(); ++j) parameters_[touched_[j]] = new_values_[j];
+  compute_divisors(delay);
+  // One pass writes the new values and checks them; a refusal puts the old ones back.
+  const float bound = bound_for(values);
+  new_values_.resize(touched_.size());  // here: each entry's old value
+  std::size_t j = 0;
+  for (const auto& t : update.tensors) {
+    float* tensor = parameters_.data() + tensor_offsets_[t.tensor];
+    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
+      float& w = tensor[t.indices[e]];
+      const float old = w;
+      w = stepped(old, options_.learning_rate, t.values[e], divisors_[j]);
+      new_values_[j] = old;
+      if (!within(w, bound)) {
+        std::string problem = out_of_bounds(t, e, old, w, divisors_[j], bound);
+        for (std::size_t k = 0; k <= j; ++k) parameters_[touched_[k]] = new_values_[k];
+        return {ApplyStatus::kOutOfBounds, version_, std::move(problem)};
+      }
+    }
+  }
   last_divisors_.swap(divisors_);
   remember_touched();
   for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
   ++version_;
   return {ApplyStatus::kApplied, version_, {}};
+}
+
+// Leaves in new_values_ the value of each entry after the update, on top of the values the
+// reservations before it leave; empty, or why the update is refused.
+std::string ParameterStore::reserved_values(const transport::SparseUpdate& update, ValueCheck values) {
+  const float bound = bound_for(values);
+  new_values_.resize(touched_.size());
+  std::size_t j = 0;
+  for (const auto& t : update.tensors) {
+    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
+      const std::uint32_t i = touched_[j];
+      float base = parameters_[i];
+      if (reserved_touch_version_[i] > version_)
+        base = reserved_[static_cast<std::size_t>(reserved_touch_version_[i] - version_ - 1)]
+                   .values[reserved_touch_position_[i]];
+      const float value = stepped(base, options_.learning_rate, t.values[e], divisors_[j]);
+      new_values_[j] = value;
+      if (!within(value, bound)) return out_of_bounds(t, e, base, value, divisors_[j], bound);
+    }
+  }
+  return {};
 }
 
 ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, ValueCheck values) {
@@ -229,7 +266,8 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
     reserved_touch_version_.assign(parameters_.size(), 0);
     reserved_touch_position_.assign(parameters_.size(), 0);
   }
-  if (std::string problem = compute_values(update, delay, values, !reserved_.empty()); !problem.empty())
+  compute_divisors(delay);
+  if (std::string problem = reserved_values(update, values); !problem.empty())
     return {ApplyStatus::kOutOfBounds, top, std::move(problem)};
 
   Reservation r;

@@ -164,9 +164,9 @@ class ParameterStore {
   };
   ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
   std::string check(const transport::SparseUpdate& update) const;
-  // Leaves divisors_ and new_values_ for touched_ as applying `update` on top of the
-  // reserved ones would (base: each parameter's value after them); empty or the refusal.
-  std::string compute_values(const transport::SparseUpdate& update, std::uint64_t delay, ValueCheck values, bool reserved_base);
+  float bound_for(ValueCheck values) const;
+  void compute_divisors(std::uint64_t delay);  // divisors_ for touched_ (σ or the delay rule)
+  std::string reserved_values(const transport::SparseUpdate& update, ValueCheck values);
   void compute_sigma(std::uint64_t delay);
   void remember_touched();
   void collect_touched(const transport::SparseUpdate& update);
@@ -188,7 +188,7 @@ class ParameterStore {
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
   std::vector<std::uint32_t> divisors_;       // scratch: the current update's divisors
-  std::vector<float> new_values_;             // scratch: the current update's new values
+  std::vector<float> new_values_;             // scratch: new values (reserve) or old ones (apply's undo)
   std::deque<Reservation> reserved_;          // oldest first: versions t + 1 … t + reserved()
   std::vector<Reservation> spare_;            // recycled reservations (their buffers)
   // Per parameter: the newest reservation touching it (its version; 0: none) and the entry's

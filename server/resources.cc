@@ -102,16 +102,16 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
   }
   ++model_pulls_;
   const std::optional<std::uint64_t> since = std::get<std::optional<std::uint64_t>>(parsed);
-  if (since) {
-    const ServerState::ModelReply reply = state_.encoded_model_since(*since);
-    if (reply.delta) {
-      ++model_delta_pulls_;
-      return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
-    }
-  }
-  std::span<const std::uint8_t> bytes;
   try {
-    bytes = state_.encoded_model();
+    if (since) {
+      const ServerState::ModelReply reply = state_.encoded_model_since(*since);
+      if (reply.delta) {
+        ++model_delta_pulls_;
+        return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
+      }
+    }
+    const auto bytes = state_.encoded_model();
+    return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
   } catch (const std::exception& e) {
     // Updates are checked so that this cannot happen; if it does, say so loudly.
     const std::string why = std::string("cannot serve the model at version ") + std::to_string(state_.version()) +
@@ -119,7 +119,6 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
     log("ERROR: " + why + " (a restart with --rollback-non-finite resumes from the last finite state)");
     return text_response(CoapCode::kInternalServerError, why);
   }
-  return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
 }
 
 std::string device_refusals_json(const ServerState& state) {

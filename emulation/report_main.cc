@@ -518,6 +518,7 @@ struct EmulatorSettings {
   std::string model = "paper-cnn", data = "mnist", compressor = "adacomp", network = "auto";
   std::string label, link, impaired = "all", slowdown = "0", fail, out = "emulation-results/run";
   std::string build_dir, aarch64_build_dir;
+  double max_parameter_magnitude = 0;  // 0: the server's default
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
   std::uint64_t seed = 1;
   bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false;
@@ -537,6 +538,8 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("batch", s.batch, "minibatch (the worker checks it)");
   t.add("lr", s.lr, "the server's learning rate (the server checks it)");
   t.add("max-staleness", s.max_staleness, "the server's largest accepted delay (0: the server's default)");
+  t.add("max-parameter-magnitude", s.max_parameter_magnitude,
+        "the server's bound on parameters; updates beyond it get 4.22 (0: the server's default)").range(0, 3.4e38);
   t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
   t.add("target-accuracy", s.target_accuracy, "stop once the evaluator reports this and every --fail event happened (0: off)")
       .range(0, 1);

@@ -1,7 +1,9 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 
 namespace edgetrain::server {
@@ -13,6 +15,7 @@ const char* apply_status_name(ApplyStatus status) {
     case ApplyStatus::kTooStale: return "too stale";
     case ApplyStatus::kFromTheFuture: return "from the future";
     case ApplyStatus::kMalformed: return "malformed";
+    case ApplyStatus::kOutOfBounds: return "out of bounds";
   }
   return "unknown";
 }
@@ -58,14 +61,15 @@ std::string ParameterStore::check(const transport::SparseUpdate& update) const {
 
 const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) const {
   const std::size_t d = ring_.size();
-  return ring_[static_cast<std::size_t>((version_ - 1 - age) % d)];
+  return ring_[static_cast<std::size_t>((history_top() - 1 - age) % d)];
 }
 
 // Leaves in sigma_[j] σ of touched_[j]: how many of the updates that produced versions
-// t − delay + 1 … t touched it. Sparse ones are found by walking the parameter's chain of
-// touches from the newest back until it leaves that window; dense ones touch everything.
+// t − delay + 1 … t touched it (t: the newest version in the history, reserved ones
+// included). Sparse ones are found by walking the parameter's chain of touches from the
+// newest back until it leaves that window; dense ones touch everything.
 void ParameterStore::compute_sigma(std::uint64_t delay) {
-  const std::uint64_t window_start = version_ - delay;  // versions above this one count
+  const std::uint64_t window_start = history_top() - delay;  // versions above this one count
   const std::size_t d = ring_.size();
   std::uint32_t dense_in_window = 0;
   for (std::size_t age = 0; age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
@@ -86,11 +90,13 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
   }
 }
 
-// Pushes touched_ as the set of version t + 1, overwriting the one of version t + 1 − D,
-// and chains each entry to the previous touch of its parameter.
+// Pushes touched_ as the set of version top + 1 (top: the newest version in the history,
+// reserved ones included), overwriting the one of version top + 1 − D, and chains each
+// entry to the previous touch of its parameter.
 void ParameterStore::remember_touched() {
   if (ring_.empty()) return;
-  TouchedSet& slot = ring_[static_cast<std::size_t>(version_ % ring_.size())];
+  const std::uint64_t top = history_top();
+  TouchedSet& slot = ring_[static_cast<std::size_t>(top % ring_.size())];
   if (ring_length_ < ring_.size()) ++ring_length_;
   slot.dense = touched_.size() == parameters_.size();
   slot.indices.clear();
@@ -104,7 +110,7 @@ void ParameterStore::remember_touched() {
     const std::uint32_t i = touched_[j];
     slot.previous_version[j] = last_touch_version_[i];
     slot.previous_position[j] = last_touch_position_[i];
-    last_touch_version_[i] = version_ + 1;
+    last_touch_version_[i] = top + 1;
     last_touch_position_[i] = static_cast<std::uint32_t>(j);
   }
 }
@@ -133,6 +139,7 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   if (parameters.size() != parameters_.size())
     throw std::invalid_argument("parameter store: restoring " + std::to_string(parameters.size()) + " parameters into " +
                                 std::to_string(parameters_.size()));
+  if (!reserved_.empty()) throw std::logic_error("parameter store: restore() while updates are reserved");
   if (recent.size() > version) throw std::invalid_argument("parameter store: more recent updates than the version");
   for (const auto& update : recent)
     if (std::string problem = check(update); !problem.empty())
@@ -141,6 +148,7 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   ring_length_ = 0;
   std::fill(last_touch_version_.begin(), last_touch_version_.end(), std::uint64_t{0});
   std::fill(last_touch_position_.begin(), last_touch_position_.end(), 0u);
+  std::fill(reserved_touch_version_.begin(), reserved_touch_version_.end(), std::uint64_t{0});
   version_ = version - recent.size();
   // The parameters before the recent updates are not known, so the change record starts
   // there: what the recent updates touched changed at their versions, the rest earlier.
@@ -155,30 +163,177 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   std::copy(parameters.begin(), parameters.end(), parameters_.begin());
 }
 
-ApplyResult ParameterStore::apply(const transport::SparseUpdate& update) {
+std::ptrdiff_t ParameterStore::first_non_finite(std::span<const float> parameters) {
+  for (std::size_t i = 0; i < parameters.size(); ++i)
+    if (!std::isfinite(parameters[i])) return static_cast<std::ptrdiff_t>(i);
+  return -1;
+}
+
+namespace {
+
+// The rule's arithmetic, in one place: apply() and reserve() compute every new value with it.
+inline float stepped(float base, float learning_rate, float g, std::uint32_t divisor) {
+  return base - learning_rate * g / static_cast<float>(divisor);
+}
+
+// A NaN fails the comparison too; with FLT_MAX as the bound only infinities and NaN fail.
+inline bool within(float value, float bound) { return std::fabs(value) <= bound; }
+
+std::string out_of_bounds(const transport::SparseTensor& t, std::size_t e, float base, float value,
+                          std::uint32_t divisor, float bound) {
+  char text[200];
+  std::snprintf(text, sizeof(text), "tensor %u index %u would become %g (from %g; value %g, divisor %u), beyond ±%g",
+                t.tensor, t.indices[e], static_cast<double>(value), static_cast<double>(base),
+                static_cast<double>(t.values[e]), divisor, static_cast<double>(bound));
+  return text;
+}
+
+}  // namespace
+
+float ParameterStore::bound_for(ValueCheck values) const {
+  return values == ValueCheck::kBound ? options_.max_parameter_magnitude : FLT_MAX;
+}
+
+void ParameterStore::compute_divisors(std::uint64_t delay) {
+  divisors_.resize(touched_.size());
+  if (options_.rule == StalenessRule::kPerParameterSigma) {
+    compute_sigma(delay);
+    for (std::size_t j = 0; j < touched_.size(); ++j) divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
+  } else {
+    const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+    std::fill(divisors_.begin(), divisors_.end(), divisor);
+  }
+}
+
+ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values) {
+  if (!reserved_.empty()) throw std::logic_error("parameter store: apply() while updates are reserved");
   if (ApplyResult verdict = admissible(update); !verdict.applied()) return verdict;
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
-
-  last_divisors_.resize(touched_.size());
-  if (options_.rule == StalenessRule::kPerParameterSigma) {
-    compute_sigma(delay);
-    for (std::size_t j = 0; j < touched_.size(); ++j) last_divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
-  } else {
-    const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
-    std::fill(last_divisors_.begin(), last_divisors_.end(), divisor);
-  }
-
+  compute_divisors(delay);
+  // One pass writes the new values and checks them; a refusal puts the old ones back.
+  const float bound = bound_for(values);
+  new_values_.resize(touched_.size());  // here: each entry's old value
   std::size_t j = 0;
   for (const auto& t : update.tensors) {
     float* tensor = parameters_.data() + tensor_offsets_[t.tensor];
-    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j)
-      tensor[t.indices[e]] -= options_.learning_rate * t.values[e] / static_cast<float>(last_divisors_[j]);
+    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
+      float& w = tensor[t.indices[e]];
+      const float old = w;
+      w = stepped(old, options_.learning_rate, t.values[e], divisors_[j]);
+      new_values_[j] = old;
+      if (!within(w, bound)) {
+        std::string problem = out_of_bounds(t, e, old, w, divisors_[j], bound);
+        for (std::size_t k = 0; k <= j; ++k) parameters_[touched_[k]] = new_values_[k];
+        return {ApplyStatus::kOutOfBounds, version_, std::move(problem)};
+      }
+    }
   }
+  last_divisors_.swap(divisors_);
   remember_touched();
   for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
   ++version_;
   return {ApplyStatus::kApplied, version_, {}};
+}
+
+// Leaves in new_values_ the value of each entry after the update, on top of the values the
+// reservations before it leave; empty, or why the update is refused.
+std::string ParameterStore::reserved_values(const transport::SparseUpdate& update, ValueCheck values) {
+  const float bound = bound_for(values);
+  new_values_.resize(touched_.size());
+  std::size_t j = 0;
+  for (const auto& t : update.tensors) {
+    for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
+      const std::uint32_t i = touched_[j];
+      float base = parameters_[i];
+      if (reserved_touch_version_[i] > version_)
+        base = reserved_[static_cast<std::size_t>(reserved_touch_version_[i] - version_ - 1)]
+                   .values[reserved_touch_position_[i]];
+      const float value = stepped(base, options_.learning_rate, t.values[e], divisors_[j]);
+      new_values_[j] = value;
+      if (!within(value, bound)) return out_of_bounds(t, e, base, value, divisors_[j], bound);
+    }
+  }
+  return {};
+}
+
+ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, ValueCheck values) {
+  const std::uint64_t top = history_top();
+  if (ApplyResult verdict = admissible_after(update, reserved_.size()); !verdict.applied()) return verdict;
+  const std::uint64_t delay = top - update.fetched_version;
+  collect_touched(update);
+  if (reserved_touch_version_.empty()) {
+    reserved_touch_version_.assign(parameters_.size(), 0);
+    reserved_touch_position_.assign(parameters_.size(), 0);
+  }
+  compute_divisors(delay);
+  if (std::string problem = reserved_values(update, values); !problem.empty())
+    return {ApplyStatus::kOutOfBounds, top, std::move(problem)};
+
+  Reservation r;
+  if (!spare_.empty()) {
+    r = std::move(spare_.back());
+    spare_.pop_back();
+  }
+  r.version = top + 1;
+  r.touched.assign(touched_.begin(), touched_.end());
+  r.divisors.assign(divisors_.begin(), divisors_.end());
+  r.values.assign(new_values_.begin(), new_values_.end());
+  r.previous_reserved_version.resize(touched_.size());
+  r.previous_reserved_position.resize(touched_.size());
+  for (std::size_t j = 0; j < touched_.size(); ++j) {
+    const std::uint32_t i = touched_[j];
+    r.previous_reserved_version[j] = reserved_touch_version_[i];
+    r.previous_reserved_position[j] = reserved_touch_position_[i];
+    reserved_touch_version_[i] = r.version;
+    reserved_touch_position_[i] = static_cast<std::uint32_t>(j);
+  }
+  r.ring_length_before = ring_length_;
+  // The slot remember_touched() refills: keep what it held, for cancelling.
+  if (!ring_.empty()) std::swap(r.displaced, ring_[static_cast<std::size_t>(top % ring_.size())]);
+  remember_touched();
+  reserved_.push_back(std::move(r));
+  return {ApplyStatus::kApplied, top + 1, {}};
+}
+
+ApplyResult ParameterStore::apply_reserved() {
+  if (reserved_.empty()) throw std::logic_error("parameter store: apply_reserved() without a reserved update");
+  Reservation& r = reserved_.front();
+  for (std::size_t j = 0; j < r.touched.size(); ++j) {
+    parameters_[r.touched[j]] = r.values[j];
+    last_changed_[r.touched[j]] = r.version;
+  }
+  last_divisors_.assign(r.divisors.begin(), r.divisors.end());
+  version_ = r.version;
+  spare_.push_back(std::move(r));
+  reserved_.pop_front();
+  return {ApplyStatus::kApplied, version_, {}};
+}
+
+void ParameterStore::cancel_last_reserved() {
+  if (reserved_.empty()) throw std::logic_error("parameter store: cancel_last_reserved() without a reserved update");
+  Reservation& r = reserved_.back();
+  for (std::size_t j = r.touched.size(); j-- > 0;) {
+    reserved_touch_version_[r.touched[j]] = r.previous_reserved_version[j];
+    reserved_touch_position_[r.touched[j]] = r.previous_reserved_position[j];
+  }
+  if (!ring_.empty()) {
+    TouchedSet& slot = ring_[static_cast<std::size_t>((r.version - 1) % ring_.size())];
+    if (!slot.dense) {
+      for (std::size_t j = 0; j < slot.indices.size(); ++j) {
+        last_touch_version_[slot.indices[j]] = slot.previous_version[j];
+        last_touch_position_[slot.indices[j]] = slot.previous_position[j];
+      }
+    }
+    std::swap(slot, r.displaced);
+    ring_length_ = r.ring_length_before;
+  }
+  spare_.push_back(std::move(r));
+  reserved_.pop_back();
+}
+
+void ParameterStore::cancel_reserved() {
+  while (!reserved_.empty()) cancel_last_reserved();
 }
 
 }  // namespace edgetrain::server

@@ -12,6 +12,14 @@
 // not O(delay · k). A dense update is stored as a flag and counts for every parameter
 // without being chained.
 //
+// Values: an update is applied only if every parameter it touches stays finite and within
+// ±max_parameter_magnitude afterwards. The check is exact: the new values are computed
+// (σ divisor and lr included) before anything changes, and are then what is written, so a
+// refused update changes nothing and an accepted one cannot overflow a parameter. Group
+// commit reserve()s updates before they are durable: each is checked against the values the
+// updates reserved before it will leave, and joins the staleness history at once, so σ and
+// the check see exactly what apply_reserved() will do, in version order.
+//
 // Option: Zhang et al. 2016 ("Staleness-aware async-SGD"), one divisor per update:
 // W_i ← W_i − lr · g_i / max(1, delay). No history is kept for it.
 //
@@ -21,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,12 +46,22 @@ enum class StalenessRule {
 // D, the largest delay an update may have, unless a program's --max-staleness says
 // otherwise: one default for the server and the simulator.
 inline constexpr std::uint32_t kDefaultMaxStaleness = 64;
+// The largest |W_i| an update may leave behind, unless a program says otherwise: far above
+// any weight of a healthy network, far below where float arithmetic overflows.
+inline constexpr float kDefaultMaxParameterMagnitude = 1e6f;
 
 struct ParameterStoreOptions {
   float learning_rate = 0.1f;        // the paper's
   std::uint32_t max_staleness = kDefaultMaxStaleness;  // D: largest delay accepted
   StalenessRule rule = StalenessRule::kPerParameterSigma;
+  // An update that would leave a parameter it touches non-finite or beyond ±this is refused
+  // (kOutOfBounds). Non-finite results are refused whatever the bound.
+  float max_parameter_magnitude = kDefaultMaxParameterMagnitude;
 };
+
+// Which value check apply() makes: the configured bound, or only finiteness (replaying a log
+// whose updates were acknowledged under another bound).
+enum class ValueCheck { kBound, kFiniteOnly };
 
 enum class ApplyStatus {
   kApplied,
@@ -50,6 +69,7 @@ enum class ApplyStatus {
   kTooStale,       // delay > D                 → CoAP 4.09, re-pull
   kFromTheFuture,  // t_fetch > t               → CoAP 4.00
   kMalformed,      // layout, index or value problem → CoAP 4.00
+  kOutOfBounds,    // a touched parameter would become non-finite or exceed the bound → CoAP 4.22
 };
 const char* apply_status_name(ApplyStatus status);
 
@@ -67,15 +87,27 @@ class ParameterStore {
   ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, std::vector<float> initial,
                  ParameterStoreOptions options = {});
 
-  // Checks the whole update first, so a refused update changes nothing.
-  ApplyResult apply(const transport::SparseUpdate& update);
-  // What apply() would answer, without applying: the server logs an update durably only
-  // once it knows the update will be applied. Status kApplied means "would apply".
+  // Checks the whole update first (layout, staleness, the values it leaves), so a refused
+  // update changes nothing. Throws std::logic_error while updates are reserved.
+  ApplyResult apply(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound);
+  // The checks apply() makes before computing values (model, staleness, layout), without
+  // applying; kOutOfBounds is only found by apply() and reserve().
   ApplyResult admissible(const transport::SparseUpdate& update) const { return admissible_after(update, 0); }
-  // admissible() as it will answer once `pending` more updates have been applied: group
-  // commit logs an update while the ones ahead of it still wait for their fdatasync, and
-  // applies them all in log order afterwards. The returned version is t + pending.
-  ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
+
+  // Group commit. reserve() makes every check of apply() against the state the updates
+  // reserved so far will leave (version t + reserved(), their values, their touched sets in
+  // the staleness history), computes the update's divisors and new values, and reserves the
+  // next version for it: its touched set joins the history now, its values wait.
+  // apply_reserved() then writes the oldest reserved update's values (exactly what reserve()
+  // checked) and advances t; the caller passes each reserved update once, in order.
+  // cancel_last_reserved() forgets the newest reservation (its WAL write failed),
+  // cancel_reserved() all of them (the sync failed): the history is as it was before.
+  // Nothing here allocates once the reservations' buffers have been used (they are recycled).
+  ApplyResult reserve(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound);
+  ApplyResult apply_reserved();
+  void cancel_last_reserved();
+  void cancel_reserved();
+  std::size_t reserved() const { return reserved_.size(); }
 
   // Puts the store in the state of an uninterrupted run that had reached `version` with
   // `parameters` (from a checkpoint): `recent` holds the updates that produced the last
@@ -85,8 +117,11 @@ class ParameterStore {
   // min(version, D) recent updates leave σ too small; the caller checks. Throws
   // std::invalid_argument for a parameter count that differs, more recent updates than
   // `version`, or a recent update apply() would call malformed.
+  // Throws std::logic_error while updates are reserved.
   void restore(std::uint64_t version, std::span<const float> parameters,
                std::span<const transport::SparseUpdate> recent);
+  // The flat index of the first parameter that is not finite, or -1 (a loaded checkpoint).
+  static std::ptrdiff_t first_non_finite(std::span<const float> parameters);
 
   std::uint64_t version() const { return version_; }
   std::uint64_t model_id() const { return model_id_; }
@@ -114,10 +149,28 @@ class ParameterStore {
     std::vector<std::uint64_t> previous_version;
     std::vector<std::uint32_t> previous_position;
   };
+  // A reserved update: what apply_reserved() writes, and what cancelling it restores.
+  struct Reservation {
+    std::uint64_t version = 0;            // the version it produces
+    std::vector<std::uint32_t> touched;   // flat indices, in the update's order
+    std::vector<std::uint32_t> divisors;  // per entry
+    std::vector<float> values;            // per entry: the parameter's value after it
+    // Per entry: the reservation that touched the parameter before this one (version, or
+    // anything ≤ t for none, and position), restored by cancelling this one.
+    std::vector<std::uint64_t> previous_reserved_version;
+    std::vector<std::uint32_t> previous_reserved_position;
+    TouchedSet displaced;                 // the history slot it overwrote
+    std::size_t ring_length_before = 0;
+  };
+  ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
   std::string check(const transport::SparseUpdate& update) const;
+  float bound_for(ValueCheck values) const;
+  void compute_divisors(std::uint64_t delay);  // divisors_ for touched_ (σ or the delay rule)
+  std::string reserved_values(const transport::SparseUpdate& update, ValueCheck values);
   void compute_sigma(std::uint64_t delay);
   void remember_touched();
   void collect_touched(const transport::SparseUpdate& update);
+  std::uint64_t history_top() const { return version_ + reserved_.size(); }  // newest version in the history
   const TouchedSet& set_at_age(std::size_t age) const;  // age 0 = newest
 
   std::uint64_t model_id_;
@@ -134,6 +187,14 @@ class ParameterStore {
   std::vector<std::uint32_t> sigma_;          // scratch: σ of each entry of the current update
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
+  std::vector<std::uint32_t> divisors_;       // scratch: the current update's divisors
+  std::vector<float> new_values_;             // scratch: new values (reserve) or old ones (apply's undo)
+  std::deque<Reservation> reserved_;          // oldest first: versions t + 1 … t + reserved()
+  std::vector<Reservation> spare_;            // recycled reservations (their buffers)
+  // Per parameter: the newest reservation touching it (its version; 0: none) and the entry's
+  // position there. Allocated at the first reserve(); apply() never touches them.
+  std::vector<std::uint64_t> reserved_touch_version_;
+  std::vector<std::uint32_t> reserved_touch_position_;
   std::vector<std::uint64_t> last_changed_;  // see last_changed()
   std::uint64_t changes_known_since_ = 0;
 };

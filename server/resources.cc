@@ -30,6 +30,8 @@ int coap_code_for(SubmitOutcome outcome) {
     case SubmitOutcome::kTooStale:
     case SubmitOutcome::kOldSequence: return CoapCode::kConflict;
     case SubmitOutcome::kNotDurable: return CoapCode::kInternalServerError;
+    case SubmitOutcome::kOutOfBounds: return CoapCode::kUnprocessableEntity;
+    case SubmitOutcome::kQuarantined: return CoapCode::kForbidden;
   }
   return CoapCode::kInternalServerError;
 }
@@ -100,15 +102,37 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
   }
   ++model_pulls_;
   const std::optional<std::uint64_t> since = std::get<std::optional<std::uint64_t>>(parsed);
-  if (since) {
-    const ServerState::ModelReply reply = state_.encoded_model_since(*since);
-    if (reply.delta) {
-      ++model_delta_pulls_;
-      return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
+  try {
+    if (since) {
+      const ServerState::ModelReply reply = state_.encoded_model_since(*since);
+      if (reply.delta) {
+        ++model_delta_pulls_;
+        return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
+      }
     }
+    const auto bytes = state_.encoded_model();
+    return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
+  } catch (const std::exception& e) {
+    // Updates are checked so that this cannot happen; if it does, say so loudly.
+    const std::string why = std::string("cannot serve the model at version ") + std::to_string(state_.version()) +
+                            ": " + e.what();
+    log("ERROR: " + why + " (a restart with --rollback-non-finite resumes from the last finite state)");
+    return text_response(CoapCode::kInternalServerError, why);
   }
-  const auto bytes = state_.encoded_model();
-  return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
+}
+
+std::string device_refusals_json(const ServerState& state) {
+  nlohmann::json devices = nlohmann::json::object();
+  for (const auto& [identity, device] : state.device_refusals()) {
+    nlohmann::json refused = nlohmann::json::object();
+    for (const auto& [reason, count] : device.refused) refused[reason] = count;
+    devices[escape_untrusted(identity)] = {{"refused", refused},
+                                           {"consecutive_bad", device.consecutive_bad},
+                                           {"reported", device.reported()},
+                                           {"quarantined", device.quarantined},
+                                           {"quarantines", device.quarantines}};
+  }
+  return devices.dump();
 }
 
 CoapResponse ServerResources::post_update(const CoapRequest& request) {
@@ -157,7 +181,9 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
   }
   ++refused_[submit_outcome_name(result.outcome)];
   // The diagnostic is the decoder's or the store's own text (numbers, never the peer's bytes).
-  log("refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) + " " +
+  // A quarantined device's refusals are counted, not logged: the quarantine was.
+  if (result.outcome != SubmitOutcome::kQuarantined)
+    log("refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) + " " +
       submit_outcome_name(result.outcome) + "): " + result.diagnostic);
   return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
 }
@@ -204,6 +230,8 @@ std::string ServerResources::status_json() const {
       {"duplicates_answered", duplicates_},
       {"updates_refused", refused_total},
       {"updates_refused_by_reason", refused},
+      {"updates_clipped", state_.updates_clipped()},
+      {"devices_refused", json::parse(device_refusals_json(state_))},
       {"workers_seen", json(workers_seen)},
       {"workers_known", state_.sequences().size()},
       {"requests", requests_},

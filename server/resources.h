@@ -10,9 +10,10 @@
 //                 query, a second since= or an unknown parameter gets 4.00 with a reason.
 //   POST /update  2.04 + the version the update produced (8 bytes, little-endian) once the
 //                 update is durable; 4.00 malformed, 4.13 too large, 4.09 wrong model / too
-//                 stale / old sequence (re-pull), 4.01 no DTLS identity (plain CoAP: no
-//                 declared ?id=NAME), 4.03 identity no longer authorized, 5.00 the WAL
-//                 write failed. Errors carry one line of text saying why.
+//                 stale / old sequence (re-pull), 4.22 out of bounds (would leave a parameter
+//                 non-finite or beyond the bound), 4.01 no DTLS identity (plain CoAP: no
+//                 declared ?id=NAME), 4.03 identity no longer authorized or quarantined,
+//                 5.00 the WAL write failed. Errors carry one line of text saying why.
 //   GET  /status  2.05, JSON a person can read
 //
 // Handlers are plain functions of a CoapRequest, so tests can call them without a network
@@ -62,6 +63,11 @@ struct ResourceOptions {
 
 // The query of GET /model: no since (empty query), since = V, or why the query is refused.
 std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query);
+
+// Per identity that had an update refused: {"refused": {reason: count}, "consecutive_bad",
+// "reported", "quarantined", "quarantines"}, identities escaped (/status and the stats file),
+// as one JSON object.
+std::string device_refusals_json(const ServerState& state);
 
 // The POST /update success payload (the version, 8 bytes little-endian) is a wire
 // contract of transport/codec.h; named here too for the server's callers.

@@ -122,6 +122,11 @@ void ServerApp::open_state() {
   options.store.max_staleness = s_.max_staleness;
   options.checkpoint_every = s_.checkpoint_every;
   options.max_update_bytes = s_.max_update_bytes;
+  options.store.max_parameter_magnitude = static_cast<float>(s_.max_parameter_magnitude);
+  options.clip_update_norm = s_.clip_update_norm;
+  options.quarantine_after = s_.quarantine_after;
+  options.quarantine_seconds = s_.quarantine_seconds;
+  options.rollback_non_finite = s_.rollback_non_finite;
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();
@@ -136,6 +141,8 @@ void ServerApp::open_state() {
              (recovery_.used_previous_checkpoint ? "previous checkpoint" : "checkpoint") + " at version " +
              std::to_string(recovery_.checkpoint_version) +
              ", " + std::to_string(recovery_.replayed_updates) + " updates replayed from the WAL" +
+             (recovery_.rollback ? ", ROLLED BACK before version " + std::to_string(recovery_.rollback->first_bad_version)
+                                 : std::string()) +
              (recovery_.dropped_wal_bytes ? ", a torn tail of " + std::to_string(recovery_.dropped_wal_bytes) + " bytes dropped"
                                           : std::string()) +
              "; version " + std::to_string(state_->version()));
@@ -177,7 +184,9 @@ void ServerApp::open_endpoint() {
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
-           std::to_string(s_.checkpoint_every) + " updates");
+           std::to_string(s_.checkpoint_every) + " updates, parameters within ±" + number(s_.max_parameter_magnitude) +
+           (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm) : std::string()) +
+           (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()));
   log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) + " s, ACK_RANDOM_FACTOR " +
            number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) +
            ", NSTART " + std::to_string(s_.timing.nstart));
@@ -247,8 +256,14 @@ void ServerApp::write_stats(bool running) {
                    {"replayed_updates", recovery_.replayed_updates},
                    {"dropped_wal_bytes", recovery_.dropped_wal_bytes},
                    {"used_previous_checkpoint", recovery_.used_previous_checkpoint},
+                   {"rollback", recovery_.rollback ? nlohmann::json{{"first_bad_version", recovery_.rollback->first_bad_version},
+                                                                    {"dropped_updates", recovery_.rollback->dropped_updates},
+                                                                    {"kept_files", recovery_.rollback->kept_files}}
+                                                   : nlohmann::json(nullptr)},
                    {"version", version_after_recovery_}};
   j["updates_applied"] = resources_->updates_applied();
+  j["updates_clipped"] = state_->updates_clipped();
+  j["devices_refused"] = nlohmann::json::parse(device_refusals_json(*state_));
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();

@@ -26,6 +26,14 @@ struct ServerSettings {
   double eval_interval = 10;  // seconds
   std::uint64_t max_update_bytes = std::uint64_t{4} << 20;
   std::uint64_t seed = 1;
+  // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
+  // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
+  // state directory that reached a non-finite parameter.
+  double max_parameter_magnitude = kDefaultMaxParameterMagnitude;
+  double clip_update_norm = 0;
+  std::uint32_t quarantine_after = 0;
+  double quarantine_seconds = 0;
+  bool rollback_non_finite = false;
   // Transport (transport/README.md): plain CoAP only with insecure, X.509 as an option,
   // CoAP timing for a WAN.
   bool insecure = false;

@@ -50,6 +50,17 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13, as soon as Size1 or the "
         "blocks received pass it").range(1, 1u << 30).unit("bytes");
   t.add("seed", s.seed, "initial parameters of a new state directory");
+  t.group("Bad updates");
+  t.add("max-parameter-magnitude", s.max_parameter_magnitude, "an update that would leave a parameter it touches "
+        "beyond ±this (or non-finite) gets 4.22 and changes nothing").range(1e-30, 3.4e38);
+  t.add("clip-update-norm", s.clip_update_norm, "scale down each tensor of an update whose values' L2 norm exceeds "
+        "this (the WAL keeps the clipped update); 0: no clipping").range(0, 3.4e38);
+  t.add("quarantine-after", s.quarantine_after, "after this many bad updates in a row (4.22 or 4.00) a device's "
+        "updates get 4.03; 0: never").range(0, 1000000).unit("updates");
+  t.add("quarantine-seconds", s.quarantine_seconds, "how long a quarantine lasts; 0: until the server restarts")
+      .range(0, 1e9).unit("seconds");
+  t.add("rollback-non-finite", s.rollback_non_finite, "at start, if the checkpoint or the WAL's replay reaches a "
+        "non-finite parameter, resume at the last finite state before it (keeping the logs aside) instead of refusing");
   t.group("Evaluation");
   t.add("eval-data", s.eval_data, "test set for the background evaluator: mnist (10k), mnist-small (2k), fashion-mnist, a directory, or none");
   t.add("eval-interval", s.eval_interval, "time between evaluations (skipped while the version is unchanged)")
@@ -65,7 +76,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "session, each at most --max-update-bytes); a body beyond them gets 5.03").range(1, 1u << 20);
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
-  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, last evaluation) "
+  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, "
+        "last evaluation) "
         "rewritten atomically at start, every second and at exit");
 }
 

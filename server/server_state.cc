@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -12,6 +14,7 @@
 
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
+#include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
 namespace {
@@ -84,6 +87,8 @@ const char* submit_outcome_name(SubmitOutcome outcome) {
     case SubmitOutcome::kTooStale: return "too stale";
     case SubmitOutcome::kOldSequence: return "old sequence";
     case SubmitOutcome::kNotDurable: return "not durable";
+    case SubmitOutcome::kOutOfBounds: return "out of bounds";
+    case SubmitOutcome::kQuarantined: return "quarantined";
   }
   return "unknown";
 }
@@ -147,10 +152,12 @@ void ServerState::recover() {
 
   std::string damage = "missing (a crash while it was being replaced)";
   std::map<std::string, SequenceEntry, std::less<>> sequences;
+  bool non_finite = false;
   if (have_checkpoint) {
-    if (const auto version = load_checkpoint(checkpoint_path_, sequences, damage)) {
+    if (const auto version = load_checkpoint(checkpoint_path_, sequences, damage, non_finite)) {
       sequences_ = std::move(sequences);
-      replay_wal(*version, {wal_path_});
+      Replay replay = replay_with_rollback(checkpoint_path_, *version, {wal_path_});
+      if (replay.stopped_before) roll_back(replay, {wal_path_});
       return;
     }
   }
@@ -158,22 +165,27 @@ void ServerState::recover() {
   // checkpoint.safetensors cannot be used: start from the previous checkpoint and replay
   // both logs, or refuse. Never start from damaged parameters.
   const std::string refusal = "the checkpoint " + checkpoint_path_.string() + " is " + damage;
+  if (non_finite && !options_.rollback_non_finite)
+    throw StateError(refusal + ". Refusing to serve it: start with --rollback-non-finite to resume from the previous "
+                     "checkpoint and the WAL before the first update that made a parameter non-finite (the files "
+                     "as they are now are kept)");
   if (!have_previous)
     throw StateError(refusal + "; there is no previous checkpoint (" + previous_checkpoint_path_.string() +
                      ") to fall back to. Refusing to start: restore the file, or move the state directory aside");
   std::string previous_damage;
   sequences.clear();
-  const auto previous_version = load_checkpoint(previous_checkpoint_path_, sequences, previous_damage);
+  bool previous_non_finite = false;
+  const auto previous_version = load_checkpoint(previous_checkpoint_path_, sequences, previous_damage, previous_non_finite);
   if (!previous_version)
     throw StateError(refusal + ", and the previous checkpoint " + previous_checkpoint_path_.string() + " is " +
                      previous_damage + ". Refusing to start");
   sequences_ = std::move(sequences);
-  std::vector<WalRecord> records;
+  std::vector<std::filesystem::path> logs;
+  if (std::filesystem::exists(previous_wal_path_)) logs.push_back(previous_wal_path_);
+  logs.push_back(wal_path_);
+  Replay replay;
   try {
-    std::vector<std::filesystem::path> logs;
-    if (std::filesystem::exists(previous_wal_path_)) logs.push_back(previous_wal_path_);
-    logs.push_back(wal_path_);
-    records = replay_wal(*previous_version, logs);
+    replay = replay_with_rollback(previous_checkpoint_path_, *previous_version, logs);
   } catch (const StateError& e) {
     throw StateError(refusal + "; the previous checkpoint " + previous_checkpoint_path_.string() + " (version " +
                      std::to_string(*previous_version) + ") cannot be used instead: " + e.what() +
@@ -184,19 +196,84 @@ void ServerState::recover() {
                             std::to_string(*previous_version) + ") and the WAL instead");
   if (have_checkpoint) {
     std::filesystem::path damaged = checkpoint_path_;
-    damaged += ".damaged";
+    damaged += non_finite ? ".non-finite" : ".damaged";
     durable_rename(checkpoint_path_, damaged);
-    recovery_.notes.push_back("kept the damaged checkpoint as " + damaged.string() + " for inspection");
+    recovery_.notes.push_back("kept the " + std::string(non_finite ? "non-finite" : "damaged") + " checkpoint as " +
+                              damaged.string() + " for inspection");
+  }
+  if (replay.stopped_before) {
+    roll_back(replay, logs);
+    return;
   }
   // Consistent again: one WAL holding everything since the previous checkpoint's history,
   // then a new checkpoint at the recovered version (the previous one stays where it is).
-  wal_ = WalWriter::replace(wal_path_, wal_header(), records);
+  wal_ = WalWriter::replace(wal_path_, wal_header(), replay.records);
+  checkpoint();
+}
+
+namespace {
+// `path` + ".rolled-back-at-V", with ".2", ".3"… if that name is taken: never overwrite.
+std::filesystem::path unused_rollback_name(const std::filesystem::path& path, std::uint64_t version) {
+  std::filesystem::path name = path;
+  name += ".rolled-back-at-" + std::to_string(version);
+  for (int n = 2; std::filesystem::exists(name); ++n) {
+    name = path;
+    name += ".rolled-back-at-" + std::to_string(version) + "." + std::to_string(n);
+  }
+  return name;
+}
+}  // namespace
+
+ServerState::Replay ServerState::replay_with_rollback(const std::filesystem::path& checkpoint, std::uint64_t version,
+                                                     const std::vector<std::filesystem::path>& wal_paths) {
+  Replay replay = replay_wal(version, wal_paths);
+  if (!replay.non_finite_at) return replay;
+  // Back to the checkpoint, and this time stop before the first update the bound refuses:
+  // the state a server with today's checks would have reached.
+  std::map<std::string, SequenceEntry, std::less<>> sequences;
+  std::string damage;
+  bool non_finite = false;
+  if (!load_checkpoint(checkpoint, sequences, damage, non_finite))
+    throw StateError("cannot load " + checkpoint.string() + " again for the rollback: " + damage);
+  sequences_ = std::move(sequences);
+  recent_.clear();
+  recovery_.replayed_updates = 0;
+  const std::uint64_t non_finite_at = *replay.non_finite_at;
+  replay = replay_wal(version, wal_paths, replay.first_beyond_bound.value_or(non_finite_at));
+  replay.non_finite_at = non_finite_at;
+  return replay;
+}
+
+void ServerState::roll_back(const Replay& replay, const std::vector<std::filesystem::path>& logs) {
+  const std::uint64_t first_bad = *replay.stopped_before;
+  Rollback rollback{replay.non_finite_at.value_or(first_bad), first_bad, replay.dropped, {}};
+  // Second names of the logs as they are (nothing copied): the acknowledged records from
+  // first_bad on stay on disk for the operator.
+  for (const std::filesystem::path& log : logs) {
+    const std::filesystem::path kept = unused_rollback_name(log, first_bad);
+    try {
+      std::filesystem::create_hard_link(log, kept);
+    } catch (const std::exception& e) {
+      throw StateError("cannot keep " + log.string() + " as " + kept.string() + " before rolling back: " + e.what());
+    }
+    rollback.kept_files.push_back(kept.string());
+  }
+  std::string kept_list;
+  for (const std::string& f : rollback.kept_files) kept_list += (kept_list.empty() ? "" : ", ") + f;
+  recovery_.notes.push_back(
+      "ROLLED BACK: the update logged as version " + std::to_string(rollback.non_finite_version) +
+      " made a parameter non-finite; resumed at version " + std::to_string(store_.version()) +
+      ", before the first update beyond the bound (version " +
+      std::to_string(first_bad) + "): " + std::to_string(replay.dropped) +
+      " acknowledged update(s) from there on are NOT applied; the logs as they were are kept as " + kept_list);
+  recovery_.rollback = std::move(rollback);
+  wal_ = WalWriter::replace(wal_path_, wal_header(), replay.records);
   checkpoint();
 }
 
 std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem::path& path,
                                                           std::map<std::string, SequenceEntry, std::less<>>& sequences,
-                                                          std::string& damage) {
+                                                          std::string& damage, bool& non_finite) {
   std::vector<std::uint8_t> bytes;
   try {
     bytes = read_whole_file(path);
@@ -220,6 +297,12 @@ std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem:
   if (parse_u64(metadata, kModelIdKey, path) != model_.layout_id())
     throw StateError(path.string() + " holds another model than '" + model_.spec().name + "'");
   const std::uint64_t version = parse_u64(metadata, kVersionKey, path);
+  if (const std::ptrdiff_t i = ParameterStore::first_non_finite(model_.parameters()); i >= 0) {
+    damage = "holding a non-finite parameter (flat index " + std::to_string(i) + ", version " +
+             std::to_string(version) + ")";
+    non_finite = true;
+    return std::nullopt;
+  }
   try {
     const nlohmann::json table = nlohmann::json::parse(metadata.at(kSequencesKey));
     for (const auto& [identity, entry] : table.items())
@@ -230,8 +313,9 @@ std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem:
   return version;
 }
 
-std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
-                                               const std::vector<std::filesystem::path>& wal_paths) {
+ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
+                                           const std::vector<std::filesystem::path>& wal_paths,
+                                           std::optional<std::uint64_t> stop_before) {
   checkpoint_version_ = checkpoint_version;
   recovery_.checkpoint_version = checkpoint_version;
 
@@ -303,8 +387,36 @@ std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
   }
 
   std::size_t placeholders = 0;
+  // Logged updates were acknowledged under the bound in force then: replay only refuses
+  // one that would make a parameter non-finite (a log written before updates were checked).
+  auto replayed_end = wal.records.end();
+  Replay replay;
   for (auto it = first_new; it != wal.records.end(); ++it) {
-    const ApplyResult result = store_.apply(decode_logged(*it));
+    if (stop_before && it->version >= *stop_before) {
+      replay.stopped_before = it->version;
+      replay.dropped = static_cast<std::uint64_t>(wal.records.end() - it);
+      replayed_end = it;
+      break;
+    }
+    const transport::SparseUpdate update = decode_logged(*it);
+    // With rollback_non_finite, note where a rollback would stop; apply as logged either way.
+    ApplyResult result;
+    if (options_.rollback_non_finite) result = store_.apply(update, ValueCheck::kBound);
+    if (!options_.rollback_non_finite || result.status == ApplyStatus::kOutOfBounds) {
+      if (options_.rollback_non_finite && !replay.first_beyond_bound) replay.first_beyond_bound = it->version;
+      result = store_.apply(update, ValueCheck::kFiniteOnly);
+    }
+    if (result.status == ApplyStatus::kOutOfBounds) {
+      const std::string what = "replaying the update logged as version " + std::to_string(it->version) + " (from '" +
+                               transport::escape_untrusted(it->identity) + "', sequence " +
+                               std::to_string(it->sequence) + "): " + result.reason;
+      if (!options_.rollback_non_finite)
+        throw StateError(what + ". The state was poisoned by an update applied before updates were checked. "
+                         "Refusing to start: with --rollback-non-finite the server resumes before the first update "
+                         "that left a parameter beyond the bound, and keeps the logs as they are aside");
+      replay.non_finite_at = it->version;
+      return replay;  // replay_with_rollback() starts again
+    }
     if (!result.applied() || result.version != it->version)
       throw StateError("replaying the update logged as version " + std::to_string(it->version) + " gave " +
                        apply_status_name(result.status) + " at version " + std::to_string(result.version) + " " +
@@ -321,8 +433,9 @@ std::vector<WalRecord> ServerState::replay_wal(std::uint64_t checkpoint_version,
     recovery_.notes.push_back("replayed " + std::to_string(placeholders) +
                               " empty placeholder updates that repair-wal put where damaged WAL records were");
   updates_since_checkpoint_ = recovery_.replayed_updates;
-  if (wal_paths.size() == 1) wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
-  return {std::make_move_iterator(first_kept), std::make_move_iterator(wal.records.end())};
+  if (wal_paths.size() == 1 && !replay.stopped_before) wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
+  replay.records.assign(std::make_move_iterator(first_kept), std::make_move_iterator(replayed_end));
+  return replay;
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
@@ -337,12 +450,95 @@ SubmitResult ServerState::submit(std::string_view identity, std::span<const std:
 }
 
 StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body) {
+  if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
+  if (quarantined(identity)) {
+    const DeviceRefusals& device = devices_.find(identity)->second;
+    std::string why = "this device sent " + std::to_string(device.consecutive_bad) +
+                      " bad updates in a row and is quarantined ";
+    if (device.quarantined_until) {
+      const double left = std::chrono::duration<double>(*device.quarantined_until - options_.now()).count();
+      why += "for " + std::to_string(static_cast<long long>(std::ceil(left))) + " more seconds";
+    } else {
+      why += "until the server restarts";
+    }
+    note_device(identity, SubmitOutcome::kQuarantined);
+    return {SubmitResult{SubmitOutcome::kQuarantined, store_.version(), why}, 0};
+  }
+  StagedSubmit staged = stage_update(identity, body);
+  if (!staged.settled) {
+    note_device(identity, SubmitOutcome::kApplied);
+  } else if (!staged.settled->acknowledged()) {
+    staged.settled->diagnostic += note_device(identity, staged.settled->outcome);
+  }
+  return staged;
+}
+
+bool ServerState::quarantined(std::string_view identity) {
+  auto it = devices_.find(identity);
+  if (it == devices_.end() || !it->second.quarantined) return false;
+  DeviceRefusals& device = it->second;
+  if (device.quarantined_until && options_.now() >= *device.quarantined_until) {
+    device.quarantined = false;  // its time is up; the next bad update quarantines it again
+    device.quarantined_until.reset();
+    device.consecutive_bad = 0;
+    return false;
+  }
+  return true;
+}
+
+std::string ServerState::note_device(std::string_view identity, SubmitOutcome outcome) {
+  const bool bad = outcome == SubmitOutcome::kOutOfBounds || outcome == SubmitOutcome::kMalformed;
+  auto it = devices_.find(identity);
+  if (outcome == SubmitOutcome::kApplied) {
+    if (it != devices_.end()) it->second.consecutive_bad = 0;
+    return {};
+  }
+  if (it == devices_.end()) it = devices_.emplace(std::string(identity), DeviceRefusals{}).first;
+  DeviceRefusals& device = it->second;
+  ++device.refused[submit_outcome_name(outcome)];
+  if (!bad) return {};
+  ++device.consecutive_bad;
+  std::string note;
+  if (device.reported())
+    note = " (" + std::to_string(device.consecutive_bad) + " bad updates in a row from this device)";
+  if (options_.quarantine_after > 0 && device.consecutive_bad >= options_.quarantine_after) {
+    device.quarantined = true;
+    ++device.quarantines;
+    if (options_.quarantine_seconds > 0) {
+      device.quarantined_until =
+          options_.now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(options_.quarantine_seconds));
+      char seconds[32];
+      std::snprintf(seconds, sizeof(seconds), "%g", options_.quarantine_seconds);
+      note += std::string("; QUARANTINED for ") + seconds + " s";
+    } else {
+      note += "; QUARANTINED until the server restarts";
+    }
+  }
+  return note;
+}
+
+bool ServerState::clip(transport::SparseUpdate& update) const {
+  if (options_.clip_update_norm <= 0) return false;
+  bool clipped = false;
+  for (auto& t : update.tensors) {
+    double squares = 0;  // double: a float sum of squares of large values overflows
+    for (float v : t.values) squares += static_cast<double>(v) * static_cast<double>(v);
+    const double norm = std::sqrt(squares);
+    if (!(norm > options_.clip_update_norm)) continue;
+    const double scale = options_.clip_update_norm / norm;
+    for (float& v : t.values) v = static_cast<float>(static_cast<double>(v) * scale);
+    clipped = true;
+  }
+  return clipped;
+}
+
+StagedSubmit ServerState::stage_update(std::string_view identity, std::span<const std::uint8_t> body) {
   const auto decode_started = std::chrono::steady_clock::now();
   const std::uint64_t now = store_.version();  // the durable version, which refusals report
   auto settle = [&](SubmitOutcome outcome, std::uint64_t version, std::string diagnostic) {
     return StagedSubmit{SubmitResult{outcome, version, std::move(diagnostic)}, 0};
   };
-  if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
   if (!wal_broken_.empty()) return settle(SubmitOutcome::kNotDurable, now, wal_broken_);
   if (body.size() > options_.max_update_bytes)
     return settle(SubmitOutcome::kTooLarge, now,
@@ -375,11 +571,23 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
                   "sequence " + std::to_string(update.sequence) + " is below the last applied " +
                       std::to_string(latest->sequence) + " of this identity");
 
-  const ApplyResult verdict = store_.admissible_after(update, commit_.staged());
+  // Clipped: the WAL holds the update as applied (fp32), so replay needs no setting.
+  std::vector<std::uint8_t> clipped_body;
+  if (clip(update)) {
+    auto encoded = transport::encode_sparse_update(update);
+    if (!encoded) return settle(SubmitOutcome::kMalformed, now, "cannot encode the clipped update: " + encoded.error().message);
+    clipped_body = std::move(encoded).value();
+  }
+
+  // Checked against the parameters the staged updates will leave, in version order; from
+  // here on the store holds the update's values and touched set until it is applied or
+  // cancelled.
+  const ApplyResult verdict = store_.reserve(update);
   switch (verdict.status) {
     case ApplyStatus::kApplied: break;
     case ApplyStatus::kWrongModel: return settle(SubmitOutcome::kWrongModel, now, verdict.reason);
     case ApplyStatus::kTooStale: return settle(SubmitOutcome::kTooStale, now, verdict.reason);
+    case ApplyStatus::kOutOfBounds: return settle(SubmitOutcome::kOutOfBounds, now, verdict.reason);
     case ApplyStatus::kFromTheFuture:
     case ApplyStatus::kMalformed: return settle(SubmitOutcome::kMalformed, now, verdict.reason);
   }
@@ -388,10 +596,14 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
   const auto write_started = std::chrono::steady_clock::now();
   const std::uint64_t version = now + commit_.staged() + 1;
   const std::uint64_t offset = wal_->size_bytes();
-  WalRecord record{version, std::string(identity), update.sequence, {body.begin(), body.end()}};
+  if (!clipped_body.empty()) ++updates_clipped_;
+  const std::span<const std::uint8_t> logged = clipped_body.empty() ? body : std::span<const std::uint8_t>(clipped_body);
+  WalRecord record{version, std::string(identity), update.sequence, {logged.begin(), logged.end()}};
   try {
     wal_->write(record);
   } catch (const WalError& e) {
+    store_.cancel_last_reserved();
+    if (!clipped_body.empty()) --updates_clipped_;
     return settle(SubmitOutcome::kNotDurable, now, e.what());
   }
   commit_.stage({std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
@@ -407,6 +619,7 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
     // Not durable, so never acknowledged: cut every staged record off the log (replay must
     // not apply what the workers were told failed) and refuse them all.
     const std::string why = "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(synced->error);
+    store_.cancel_reserved();  // every staged update is handed back: their reservations go
     for (const StagedUpdate& staged : synced->updates)
       out.push_back({staged.record.version, {SubmitOutcome::kNotDurable, store_.version(), why}});
     try {
@@ -422,13 +635,14 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
     ApplyResult result;
     {
       std::lock_guard lock(parameters_mutex_);
-      result = store_.apply(staged.update);
+      result = store_.apply_reserved();
     }
-    // stage() checked it against exactly this version and only staged updates, applied in
-    // order, ran in between: anything else is a bug, and the logged record would replay to
-    // a version this process never reached.
-    if (!result.applied() || result.version != staged.record.version)
-      throw std::logic_error("parameter store refused a staged update: " + result.reason);
+    // stage() reserved exactly this version, and reservations are applied in order:
+    // anything else is a bug, and the logged record would replay to a version this process
+    // never reached.
+    if (result.version != staged.record.version)
+      throw std::logic_error("parameter store applied version " + std::to_string(result.version) +
+                             " for the update staged as " + std::to_string(staged.record.version));
     submit_timings_.applied_updates += 1;
     submit_timings_.decode_seconds += staged.decode_seconds;
     submit_timings_.wal_seconds += staged.write_seconds + sync_share;

@@ -30,6 +30,7 @@
 // called from any thread (the evaluator) and copies under a mutex.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -68,7 +69,26 @@ struct ServerStateOptions {
   // Called on the CoAP thread each time an update has been staged and waits for its sync
   // (GroupCommit::StagedHook): a test's signal that a request is now deferred.
   GroupCommit::StagedHook on_staged;
+  // Devices that keep sending bad updates (server/README.md, "Bad updates"): after this many
+  // consecutive updates refused as out of bounds or malformed, a device's updates get 4.03
+  // (kQuarantined) for quarantine_seconds, or until the server restarts when that is 0.
+  // 0: never quarantine (the device is still counted and reported).
+  std::uint32_t quarantine_after = 0;
+  double quarantine_seconds = 0;
+  // Per tensor of an update: sent values whose L2 norm exceeds this are scaled down to it
+  // before the update is checked, logged (the WAL holds the clipped update, fp32) and
+  // applied. 0: no clipping.
+  double clip_update_norm = 0;
+  // At start, when replay reaches an update that would make a parameter non-finite (a log
+  // written before updates were checked) or the checkpoint holds one: resume at the last
+  // finite state before it, keeping the logs aside, instead of refusing to start.
+  bool rollback_non_finite = false;
+  // The clock quarantines are timed with (tests set it).
+  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
 };
+
+// A device's consecutive refusals after which it is reported (log, /status, stats file).
+inline constexpr std::uint32_t kReportAfterConsecutiveRefusals = 3;
 
 enum class SubmitOutcome {
   kApplied,
@@ -79,6 +99,8 @@ enum class SubmitOutcome {
   kTooStale,      // → 4.09, re-pull
   kOldSequence,   // below the identity's last applied sequence → 4.09
   kNotDurable,    // the WAL write failed; nothing applied → 5.00
+  kOutOfBounds,   // would leave a parameter non-finite or beyond the bound → 4.22
+  kQuarantined,   // the sender is quarantined (too many bad updates in a row) → 4.03
 };
 const char* submit_outcome_name(SubmitOutcome outcome);
 
@@ -104,6 +126,26 @@ struct SettledSubmit {
   SubmitResult result;  // kApplied, or kNotDurable when the sync (or the WAL) failed
 };
 
+// Per identity: the updates refused, by outcome name, and the run of bad ones (out of
+// bounds, malformed) since its last accepted update.
+struct DeviceRefusals {
+  std::map<std::string, std::uint64_t> refused;
+  std::uint32_t consecutive_bad = 0;
+  std::uint64_t quarantines = 0;  // times it was quarantined
+  bool quarantined = false;
+  std::optional<std::chrono::steady_clock::time_point> quarantined_until;  // none: until restart
+  bool reported() const { return consecutive_bad >= kReportAfterConsecutiveRefusals; }
+};
+
+// Recovery stopped before an update that would have made a parameter non-finite
+// (ServerStateOptions::rollback_non_finite).
+struct Rollback {
+  std::uint64_t non_finite_version = 0;  // the logged update that made a parameter non-finite
+  std::uint64_t first_bad_version = 0;   // the first one beyond the bound: recovery stopped before it
+  std::uint64_t dropped_updates = 0;    // acknowledged records not replayed (kept aside)
+  std::vector<std::string> kept_files;  // where the logs as they were are kept
+};
+
 struct RecoveryReport {
   bool fresh = false;                  // the state directory was new
   std::uint64_t checkpoint_version = 0;  // of the checkpoint recovery started from
@@ -112,6 +154,7 @@ struct RecoveryReport {
   // checkpoint.safetensors was damaged (or missing) and recovery started from
   // checkpoint.prev.safetensors instead.
   bool used_previous_checkpoint = false;
+  std::optional<Rollback> rollback;
   // What the operator should read in the log: leftover temporaries removed, a checkpoint
   // without a checksum loaded unverified, a damaged checkpoint set aside.
   std::vector<std::string> notes;
@@ -195,6 +238,8 @@ class ServerState {
   const std::map<std::string, SequenceEntry, std::less<>>& sequences() const { return sequences_; }
   std::uint64_t updates_since_checkpoint() const { return updates_since_checkpoint_; }
   const SubmitTimings& submit_timings() const { return submit_timings_; }
+  const std::map<std::string, DeviceRefusals, std::less<>>& device_refusals() const { return devices_; }
+  std::uint64_t updates_clipped() const { return updates_clipped_; }
   std::uint64_t checkpoint_version() const { return checkpoint_version_; }
   // Empty unless the last automatic checkpoint failed (the WAL still holds everything).
   const std::string& checkpoint_error() const { return checkpoint_error_; }
@@ -203,16 +248,43 @@ class ServerState {
 
  private:
   void recover();
+  // stage() before the per-device bookkeeping.
+  StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body);
+  // Counts a refusal or an acceptance for `identity`; may quarantine it. Returns text to
+  // add to the refusal's diagnostic.
+  std::string note_device(std::string_view identity, SubmitOutcome outcome);
+  bool quarantined(std::string_view identity);
+  // Scales down tensors whose values' norm exceeds the clip; true when it changed any.
+  bool clip(transport::SparseUpdate& update) const;
   // Loads a checkpoint file into model_ and `sequences`, returning its version; nullopt
-  // with `damage` set when its checksum says it is damaged. Throws StateError for a file
-  // that is intact but unusable (another model, missing metadata).
+  // with `damage` set when its checksum says it is damaged or it holds a non-finite
+  // parameter (then `non_finite` is set too). Throws StateError for a file that is intact
+  // but unusable (another model, missing metadata).
   std::optional<std::uint64_t> load_checkpoint(const std::filesystem::path& path,
                                                std::map<std::string, SequenceEntry, std::less<>>& sequences,
-                                               std::string& damage);
+                                               std::string& damage, bool& non_finite);
   // Refills the staleness history and replays `wal_paths`' records (merged, in order) on
   // top of the loaded checkpoint at `checkpoint_version`; returns the merged records from
-  // the first one the checkpoint's history needs.
-  std::vector<WalRecord> replay_wal(std::uint64_t checkpoint_version, const std::vector<std::filesystem::path>& wal_paths);
+  // the first one the checkpoint's history needs up to the last one replayed.
+  // It replays until the end, or until a record that would make a parameter non-finite: then
+  // throws StateError, or with rollback_non_finite stops there (`non_finite_at`), having
+  // noted the first record the bound in force refuses (`first_beyond_bound`), which a second
+  // replay with `stop_before` set to it stops at (`stopped_before`, `dropped` records left).
+  struct Replay {
+    std::vector<WalRecord> records;  // from the first history record to the last replayed
+    std::optional<std::uint64_t> non_finite_at, first_beyond_bound, stopped_before;
+    std::uint64_t dropped = 0;
+  };
+  Replay replay_wal(std::uint64_t checkpoint_version, const std::vector<std::filesystem::path>& wal_paths,
+                    std::optional<std::uint64_t> stop_before = std::nullopt);
+  // replay_wal() from the checkpoint `checkpoint` (already loaded once, at `version`); when
+  // it reaches a non-finite value (rollback_non_finite), loads the checkpoint again and
+  // replays up to the first record beyond the bound.
+  Replay replay_with_rollback(const std::filesystem::path& checkpoint, std::uint64_t version,
+                              const std::vector<std::filesystem::path>& wal_paths);
+  // Recovery stopped before `replay.stopped_before`: keeps `logs` aside under new names
+  // (hard links), writes a WAL of the replayed records and a checkpoint at this version.
+  void roll_back(const Replay& replay, const std::vector<std::filesystem::path>& logs);
   WalHeader wal_header() const;
   std::size_t history_length() const;  // updates the WAL must keep before a checkpoint
   void remember_recent(WalRecord record);
@@ -234,6 +306,8 @@ class ServerState {
   std::uint64_t checkpoint_version_ = 0;
   std::string checkpoint_error_;
   SubmitTimings submit_timings_;
+  std::map<std::string, DeviceRefusals, std::less<>> devices_;
+  std::uint64_t updates_clipped_ = 0;
   std::vector<std::uint8_t> encoded_model_;
   std::optional<std::uint64_t> encoded_version_;
   std::vector<std::uint8_t> encoded_delta_;

@@ -214,8 +214,8 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
         progress({store.version(), config.max_updates, result.curve.size() > 1 ? result.curve.back().accuracy : -1,
                   result.ingress_bytes, delay_sum / result.updates_applied});
       }
-    } else if (applied.status == server::ApplyStatus::kTooStale) {
-      result.updates_refused++;
+    } else if (applied.status == server::ApplyStatus::kTooStale || applied.status == server::ApplyStatus::kOutOfBounds) {
+      result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of bounds
     } else {
       throw std::logic_error(std::string("sim: update refused: ") + applied.reason);
     }

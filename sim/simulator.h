@@ -68,7 +68,7 @@ struct SimResult {
   std::string label;
   std::vector<EvalPoint> curve;
   std::uint64_t updates_applied = 0;
-  std::uint64_t updates_refused = 0;  // too stale
+  std::uint64_t updates_refused = 0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
   std::uint64_t updates_lost = 0;     // worker crashed mid-step
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;

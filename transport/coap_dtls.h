@@ -72,6 +72,7 @@ struct CoapCode {
   static constexpr int kNotFound = 404;
   static constexpr int kConflict = 409;
   static constexpr int kRequestEntityTooLarge = 413;
+  static constexpr int kUnprocessableEntity = 422;  // RFC 8132
   static constexpr int kInternalServerError = 500;
 };
 // "2.05" for 205.

@@ -34,6 +34,7 @@ port=$(cat "$work/server.port")
 wait_for_file "$work/server.json" 30
 expect "$work/server.json" ".state == \"running\" and .port == $port and .insecure_port == null" "server stats: running on the port of its port file"
 expect "$work/server.json" '.recovery.fresh == true and .recovery.version == 0 and .version == 0' "server stats: a fresh state directory"
+expect "$work/server.json" '.recovery.rollback == null and .devices_refused == {} and .updates_clipped == 0' "server stats: no rollback, no refused device, nothing clipped"
 
 cat >"$work/links.toml" <<EOT
 [[link]]

@@ -309,4 +309,59 @@ TEST_F(ServerOverDtls, BadModelQueriesGet400AndOtherBasesTheDenseModel) {
   EXPECT_EQ(status["model_delta_pulls"], 1);
 }
 
+// The issue's poisoning sequence over DTLS (issue 18, part 2): fourteen valid updates with
+// −3.4e38 at one bias each get 4.22 with a diagnostic, the served model stays byte for byte
+// what it was, /status counts them for the device, and the device trains on afterwards.
+TEST_F(ServerOverDtls, PoisoningSequenceGets422AndTheModelIsStillServed) {
+  auto c = device1();
+  ASSERT_EQ(c.request(Method::kPost, "update", encode(update(1, 0))).code, CoapCode::kChanged);
+  const CoapResponse before = c.request(Method::kGet, "model");
+  ASSERT_EQ(before.code, CoapCode::kContent);
+  for (std::uint64_t n = 2; n <= 15; ++n) {
+    const transport::SparseUpdate poison{state_->model_id(), n, 1, {{1, sizes_[1], {0}, {-3.4e38f}}}};
+    const CoapResponse r = c.request(Method::kPost, "update", encode(poison));
+    EXPECT_EQ(r.code, CoapCode::kUnprocessableEntity) << n << ": " << text_of(r);
+    EXPECT_EQ(text_of(r).rfind("out of bounds: ", 0), 0u) << text_of(r);
+  }
+  const CoapResponse after = c.request(Method::kGet, "model");
+  ASSERT_EQ(after.code, CoapCode::kContent);
+  EXPECT_EQ(after.payload, before.payload);
+  const auto status = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
+  EXPECT_EQ(status["version"], 1);
+  EXPECT_EQ(status["updates_refused_by_reason"]["out of bounds"], 14);
+  EXPECT_EQ(status["devices_refused"]["device-1"]["refused"]["out of bounds"], 14);
+  EXPECT_EQ(status["devices_refused"]["device-1"]["consecutive_bad"], 14);
+  EXPECT_EQ(status["devices_refused"]["device-1"]["reported"], true);
+  EXPECT_EQ(status["devices_refused"]["device-1"]["quarantined"], false);
+  const CoapResponse ok = c.request(Method::kPost, "update", encode(update(16, 1)));
+  ASSERT_EQ(ok.code, CoapCode::kChanged) << text_of(ok);
+  EXPECT_EQ(server::decode_update_reply(ok.payload), 2u);
+}
+
+// With --quarantine-after, a device that keeps failing gets 4.03 for everything it posts;
+// the other device is not affected.
+TEST(ServerQuarantineOverDtls, ADeviceThatKeepsFailingGets403) {
+  server::ServerStateOptions options;
+  options.quarantine_after = 2;
+  edgetrain::testing::ServedResources served(
+      "quarantine", test_model(), options,
+      edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+  const auto sizes = edgetrain::testing::tensor_sizes(served.state().model());
+  auto post = [&](CoapDtlsClient& c, std::uint64_t sequence, float value) {
+    const transport::SparseUpdate u{served.state().model_id(), sequence, served.state().version(), {{1, sizes[1], {0}, {value}}}};
+    return c.request(Method::kPost, "update", transport::encode_sparse_update(u).value());
+  };
+  CoapDtlsClient one({"127.0.0.1", served.server().port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
+  CoapDtlsClient two({"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
+  EXPECT_EQ(post(one, 1, -3.4e38f).code, CoapCode::kUnprocessableEntity);
+  EXPECT_EQ(post(one, 1, -3.4e38f).code, CoapCode::kUnprocessableEntity);
+  const CoapResponse refused = post(one, 1, 0.5f);
+  EXPECT_EQ(refused.code, CoapCode::kForbidden) << text_of(refused);
+  EXPECT_EQ(text_of(refused).rfind("quarantined: ", 0), 0u) << text_of(refused);
+  EXPECT_EQ(post(two, 1, 0.5f).code, CoapCode::kChanged);
+  const auto status = nlohmann::json::parse(text_of(two.request(Method::kGet, "status")));
+  EXPECT_EQ(status["devices_refused"]["device-1"]["quarantined"], true);
+  EXPECT_EQ(status["updates_refused_by_reason"]["quarantined"], 1);
+}
+
 }  // namespace

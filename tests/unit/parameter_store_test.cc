@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <string>
@@ -329,6 +331,137 @@ TEST(ParameterStore, AdmissibleAgreesWithApplyAndChangesNothing) {
   EXPECT_EQ(store.admissible(future).status, ApplyStatus::kFromTheFuture);
   EXPECT_EQ(store.version(), 0u);
   EXPECT_EQ(store.parameters()[1], 0.0f);
+}
+
+// Group commit's reservations against the literal rule: batches of updates are reserved
+// (each checked against the values and history the ones before it leave), applied in order
+// or cancelled (the newest, or all: a failed WAL write or sync), and the parameters and
+// divisors are those of applying only the surviving updates one by one, bit for bit.
+void run_reservations_against_reference(ParameterStoreOptions options, std::uint32_t seed, int rounds) {
+  std::mt19937 rng(seed);
+  const std::vector<std::uint32_t> sizes = {7, 30, 3};
+  std::vector<float> initial(40);
+  for (auto& w : initial) w = static_cast<float>(static_cast<int>(rng() % 100)) / 16.0f;
+  ParameterStore store(kModel, sizes, initial, options);
+  ReferenceStore reference(sizes, initial, options);
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<SparseUpdate> batch;
+    const int size = 1 + static_cast<int>(rng() % 6);
+    for (int n = 0; n < size; ++n) {
+      SparseUpdate u = random_update(rng, sizes, store.version() + store.reserved(), options.max_staleness);
+      auto result = store.reserve(u);
+      ASSERT_TRUE(result.applied()) << result.reason;
+      ASSERT_EQ(result.version, store.version() + store.reserved());
+      batch.push_back(std::move(u));
+    }
+    const int outcome = static_cast<int>(rng() % 4);
+    if (outcome == 0) {  // the sync failed: all of them go
+      store.cancel_reserved();
+      batch.clear();
+    } else if (outcome == 1) {  // the newest one's WAL write failed
+      store.cancel_last_reserved();
+      batch.pop_back();
+    }
+    ASSERT_EQ(store.reserved(), batch.size());
+    for (const auto& u : batch) {
+      auto result = store.apply_reserved();
+      auto expected = reference.apply(u);
+      ASSERT_EQ(result.version, reference.version());
+      ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected)
+          << "round " << round;
+      ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params())
+          << "round " << round;
+    }
+  }
+}
+
+TEST_P(EveryStalenessRule, ReservationsApplyLikeTheReferenceInVersionOrderAndCancelCleanly) {
+  for (std::uint32_t d : {1u, 3u, 8u}) {
+    ParameterStoreOptions options;
+    options.learning_rate = 0.5f;
+    options.max_staleness = d;
+    options.rule = GetParam().setting;
+    SCOPED_TRACE("D = " + std::to_string(d));
+    run_reservations_against_reference(options, 100 + d, 150);
+  }
+}
+
+// A value that would leave a parameter beyond the bound is refused exactly at the bound
+// (lr 0.5 and these values are exact in float), and the refusal changes nothing.
+TEST(ParameterStore, BoundIsCheckedOnTheExactNewValue) {
+  ParameterStoreOptions options;
+  options.learning_rate = 0.5f;
+  ParameterStore store(kModel, {4}, std::vector<float>(4, 0.0f), options);
+  ASSERT_EQ(options.max_parameter_magnitude, 1e6f);
+  const SparseUpdate at_bound{kModel, 1, 0, {SparseTensor{0, 4, {1}, {-2e6f}}}};  // 0 − 0.5·(−2e6) = 1e6
+  ASSERT_TRUE(store.apply(at_bound).applied());
+  EXPECT_EQ(store.parameters()[1], 1e6f);
+  const SparseUpdate beyond{kModel, 2, 1, {SparseTensor{0, 4, {0, 1}, {1.0f, -0.25f}}}};  // 1e6 + 0.125
+  const auto refused = store.apply(beyond);
+  EXPECT_EQ(refused.status, ApplyStatus::kOutOfBounds);
+  EXPECT_NE(refused.reason.find("index 1"), std::string::npos) << refused.reason;
+  EXPECT_EQ(store.version(), 1u);
+  EXPECT_EQ(store.parameters()[0], 0.0f);  // the entry before the bad one was not written either
+  EXPECT_EQ(store.parameters()[1], 1e6f);
+  // A step back inside the bound is accepted.
+  const SparseUpdate back{kModel, 3, 1, {SparseTensor{0, 4, {1}, {2.0f}}}};
+  ASSERT_TRUE(store.apply(back).applied());
+  EXPECT_EQ(store.parameters()[1], 999999.0f);
+}
+
+// The poisoning sequence: fourteen −3.4e38 at one bias. With the default bound the
+// first is refused; with no bound but finiteness (FLT_MAX) exactly those that would
+// overflow are refused, and the parameter stays what the accepted ones made it.
+TEST(ParameterStore, PoisoningSequenceNeverMakesAParameterNonFinite) {
+  for (const float bound : {kDefaultMaxParameterMagnitude, FLT_MAX}) {
+    SCOPED_TRACE("bound " + std::to_string(bound));
+    ParameterStoreOptions options;
+    options.max_parameter_magnitude = bound;
+    ParameterStore store(kModel, {8, 2}, std::vector<float>(10, 0.25f), options);
+    float expected = 0.25f;
+    std::uint64_t accepted = 0;
+    for (std::uint64_t n = 1; n <= 14; ++n) {
+      const SparseUpdate poison{kModel, n, store.version(), {SparseTensor{1, 2, {0}, {-3.4e38f}}}};
+      const float next = expected - options.learning_rate * -3.4e38f / 1.0f;
+      const auto result = store.apply(poison);
+      if (std::isfinite(next) && std::fabs(next) <= bound) {
+        ASSERT_TRUE(result.applied()) << n << ": " << result.reason;
+        expected = next;
+        ++accepted;
+      } else {
+        ASSERT_EQ(result.status, ApplyStatus::kOutOfBounds) << n;
+      }
+      ASSERT_EQ(store.parameters()[8], expected) << n;
+      ASSERT_TRUE(std::isfinite(store.parameters()[8]));
+    }
+    EXPECT_EQ(accepted, bound == FLT_MAX ? 10u : 0u);  // 10 × 3.4e37 < FLT_MAX < 11 × 3.4e37
+    // Replay's check (finiteness only) refuses the overflowing one too.
+    const SparseUpdate poison{kModel, 15, store.version(), {SparseTensor{1, 2, {0}, {-3.4e38f}}}};
+    if (bound == FLT_MAX) {
+      EXPECT_EQ(store.apply(poison, ValueCheck::kFiniteOnly).status, ApplyStatus::kOutOfBounds);
+    }
+  }
+}
+
+// A reserved update is checked against the values the reservations before it will leave:
+// two steps that are each fine alone, but not together, get the second refused before the
+// first is applied; once the first is cancelled, the second fits.
+TEST(ParameterStore, AReservationSeesTheValuesOfTheOnesBeforeIt) {
+  ParameterStoreOptions options;
+  options.learning_rate = 0.5f;
+  ParameterStore store(kModel, {4}, std::vector<float>(4, 0.0f), options);
+  const SparseUpdate first{kModel, 1, 0, {SparseTensor{0, 4, {2}, {-1.5e6f}}}};   // → 7.5e5
+  const SparseUpdate second{kModel, 2, 1, {SparseTensor{0, 4, {2}, {-1.0e6f}}}};  // → 1.25e6 after first
+  ASSERT_TRUE(store.reserve(first).applied());
+  EXPECT_EQ(store.parameters()[2], 0.0f);  // reserved, not applied
+  EXPECT_EQ(store.reserve(second).status, ApplyStatus::kOutOfBounds);
+  EXPECT_EQ(store.reserved(), 1u);
+  store.cancel_reserved();
+  const SparseUpdate second_alone{kModel, 2, 0, {SparseTensor{0, 4, {2}, {-1.0e6f}}}};
+  ASSERT_TRUE(store.reserve(second_alone).applied());
+  ASSERT_TRUE(store.apply_reserved().applied());
+  EXPECT_EQ(store.parameters()[2], 5e5f);
+  EXPECT_EQ(store.version(), 1u);
 }
 
 }  // namespace

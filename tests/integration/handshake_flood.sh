@@ -24,7 +24,7 @@ interop_key=edgetrain-flood-psk-0123456789ab
 printf 'interop = "%s"\n' "$(printf '%s' "$interop_key" | od -An -tx1 | tr -d ' \n')" >>"$work/keys.toml"
 start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
   --model mlp --eval-data none
-worker_args=(--server "coaps://127.0.0.1:$server_port" --model mlp --workers 2 --steps 3 --quiet)
+worker_args=(--server "coaps://127.0.0.1:$server_port" --model mlp --data mnist-small --workers 2 --steps 3 --quiet)
 
 # Warm-up: a worker trains 3 steps, so that what a session costs the server is in the baseline.
 start_program "$work/w0.log" "$worker" --config "$work/w0.toml" "${worker_args[@]}" --worker-id 0 --stats-file "$work/w0.json"

@@ -47,7 +47,7 @@ wait_for_file "$work/impairer.json" 30 '.links.w0 | test("^127\\.0\\.0\\.1:[1-9]
 link=$(jq -r .links.w0 "$work/impairer.json")
 echo "ok: impairer port file: link w0 listens on $link"
 
-start_program "$work/w0.log" "$worker" --config "$work/w0.toml" --server "coaps://$link" --model mlp \
+start_program "$work/w0.log" "$worker" --config "$work/w0.toml" --server "coaps://$link" --model mlp --data mnist-small \
   --worker-id 0 --workers 2 --steps 20 --quiet --stats-file "$work/w0.json"
 w0=$last_pid
 wait_for_exit "$w0" 60 || fail "worker 0 exited with status $?"
@@ -58,7 +58,7 @@ expect "$work/w0.json" '[.updates_refused, .updates_rejected, .pulls, .delta_pul
 expect "$work/w0.json" '.bytes_sent > 0 and .pulls > 0' "worker stats: bytes sent and pulls counted"
 
 # A worker stopped by SIGTERM leaves its final stats, marked stopped.
-start_program "$work/w1.log" "$worker" --config "$work/w1.toml" --server "coaps://127.0.0.1:$port" --model mlp \
+start_program "$work/w1.log" "$worker" --config "$work/w1.toml" --server "coaps://127.0.0.1:$port" --model mlp --data mnist-small \
   --worker-id 1 --workers 2 --quiet --stats-file "$work/w1.json"
 w1=$last_pid
 wait_for_file "$work/w1.json" 60 '.updates_accepted >= 3 and .state == "running"'
@@ -68,12 +68,16 @@ expect "$work/w1.json" '.state == "stopped" and (.acknowledged_versions | length
 expect "$work/w1.json" '.acknowledged_versions | . == sort and .[0] > 20' "worker stats after SIGTERM: versions increase, after worker 0's"
 acknowledged=$(jq .server_version "$work/w1.json")
 
-wait_for_file "$work/server.json" 30 ".updates_applied == $acknowledged and .last_evaluation != null"
+wait_for_file "$work/server.json" 30 ".updates_applied >= $acknowledged and .last_evaluation != null"
 expect "$work/server.json" '.ingress_payload_bytes > 0 and .ingress_socket_bytes > .ingress_payload_bytes and .ingress_socket_datagrams > 0' "server stats: ingress counted"
 expect "$work/server.json" '.last_evaluation | (.accuracy | type) == "number" and (.loss | type) == "number" and .version > 0' "server stats: last evaluation"
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
-expect "$work/server.json" ".state == \"stopped\" and .version == $acknowledged" "server stats at exit: stopped at the last acknowledged version"
+# The worker stops within a second of SIGTERM in every state, so an update it had sent may
+# be applied without its acknowledgement reaching it: the server ends at the last version
+# the worker heard of, or one above.
+expect "$work/server.json" ".state == \"stopped\" and (.version == $acknowledged or .version == $acknowledged + 1)" "server stats at exit: stopped at the last acknowledged version (or one update above it, in flight at SIGTERM)"
+acknowledged=$(jq .version "$work/server.json")
 
 # Restarted on the same state directory: the recovery is in the stats file.
 rm -f "$work/server.port" "$work/server.json"

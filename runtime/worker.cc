@@ -355,6 +355,17 @@ bool Worker::step() {
   return true;
 }
 
+namespace {
+// 4.03 "quarantined: ..." (server/README.md, "Bad updates"): the server refuses this device's
+// updates for a while after too many bad ones. Unlike a key the server no longer knows, it
+// may pass, so it is waited out with the backoff like 5.00, not given up on.
+bool is_quarantine(const transport::CoapResponse& response) {
+  static constexpr std::string_view kPrefix = "quarantined";
+  return response.code == transport::CoapCode::kForbidden && response.payload.size() >= kPrefix.size() &&
+         std::equal(kPrefix.begin(), kPrefix.end(), response.payload.begin());
+}
+}  // namespace
+
 void Worker::push() {
   State& s = *state_;
   // A retry sends the same bytes (same sequence): the server applies it once.
@@ -379,12 +390,13 @@ void Worker::push() {
       s.stats.updates_refused++;  // too stale or another model: pull before the next step
       s.have_model = false;
       s.exchange_succeeded();
-    } else if (response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) {
+    } else if ((response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) &&
+               !is_quarantine(response)) {
       s.stats.updates_rejected++;  // not (or no longer) in the server's keystore
       s.refused(WorkerExit::kUnknownIdentity, refusal);
     } else {
-      // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13: the
-      // update is dropped, and the next one waits the backoff, which keeps growing until
+      // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13, 4.22,
+      // a quarantine's 4.03: the update is dropped, and the next one waits the backoff, which keeps growing until
       // one is accepted, so a fleet does not hammer a server in trouble.
       s.stats.updates_rejected++;
       s.note_trouble(WorkerExit::kNothingApplied, refusal);

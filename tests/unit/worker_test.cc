@@ -338,6 +338,29 @@ TEST_F(WorkerTest, BackoffGrowsWhileEveryUpdateIsAnswered500) {
   EXPECT_NE(worker.last_trouble_message().find("update refused with 5.00: not durable"), std::string::npos);
 }
 
+// A quarantine (4.03 "quarantined: ...", server/README.md) passes: the worker backs off and
+// keeps trying instead of giving up as it does on a 4.03 for an identity the server dropped.
+TEST_F(WorkerTest, AQuarantineIsWaitedOutNotGivenUp) {
+  std::size_t posts = 0;
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    if (++posts <= 5) {
+      const std::string text = "quarantined for 60 s: this device sent 3 bad updates in a row";
+      return {CoapCode::kForbidden, {text.begin(), text.end()}};
+    }
+    return {CoapCode::kChanged, transport::encode_update_reply(posts)};
+  };
+  auto config = test_config();
+  config.max_refusals = 3;
+  config.backoff_initial = std::chrono::milliseconds(1);
+  config.backoff_max = std::chrono::milliseconds(4);
+  config.max_steps = 7;
+  auto worker = make_worker(config);
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_EQ(stats.updates_rejected, 5u);
+  EXPECT_EQ(stats.updates_accepted, 2u) << "accepted again once the quarantine was over";
+  EXPECT_EQ(stats.retries, 5u) << "each quarantined answer cost a backoff";
+}
+
 // A refusal no retry fixes ends the run after max_refusals tries in a row, with its exit
 // status; between the tries, the backoff (a server being set up may change its mind).
 TEST_F(WorkerTest, WhatNoRetryCanFixIsTriedMaxRefusalsTimesThenGivenUp) {

@@ -5,11 +5,12 @@
 #   ./build.sh setup   only install/build the dependencies (toolchains/setup-deps.sh)
 #   ./build.sh build [PRESET...] [-- TARGET...]   configure and build presets (default: host aarch64)
 #   ./build.sh package [BOARD...]  the server .deb (amd64) and each board's worker .deb (arm64; default: all boards)
+#   ./build.sh board-test [BOARD...]  boot each board's worker .deb in an emulated Debian arm64 board (default: rpi4 rpi3; ~25 min each)
 #   ./build.sh clean   remove build/ (dependency caches stay; see toolchains/README.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-usage() { sed -n '2,8s/^# \{0,1\}//p' "$0"; }
+usage() { sed -n '2,9s/^# \{0,1\}//p' "$0"; }
 
 phase_start=0
 phase() { phase_start=$SECONDS; echo "==> $*"; }
@@ -100,6 +101,31 @@ package() {
   done
 }
 
+# The system test in an emulated board (tests/boards/worker_in_vm.sh): the board-vm set-up
+# step (QEMU, debootstrap), the packages, the Debian arm64 image (boards/vm-image.sh, cached),
+# then per board the .deb installed, run under systemd and trained against the host server.
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo --preserve-env=EDGETRAIN_DEPS "$@"
+  else echo "build.sh: $* needs root; run as root or install sudo" >&2; exit 1; fi
+}
+board_test() {
+  local board boards=("$@")
+  [ ${#boards[@]} -gt 0 ] || boards=(rpi4 rpi3)
+  phase "dependencies of the emulated board (toolchains/setup-deps.sh --only board-vm)"
+  as_root bash toolchains/setup-deps.sh --only board-vm
+  phase_done
+  package "${boards[@]}"
+  phase "Debian bookworm arm64 board image (boards/vm-image.sh)"
+  as_root bash boards/vm-image.sh
+  phase_done
+  for board in "${boards[@]}"; do
+    phase "system test in the emulated board: $board (tests/boards/worker_in_vm.sh)"
+    bash tests/boards/worker_in_vm.sh "build/$board" build/host/server/edgetrain-server
+    phase_done
+  done
+}
+
 case "${1:-help}" in
   # The demo needs only its programs, not the test binaries.
   demo) shift; setup; build host -- edgetrain-server edgetrain-worker edgetrain-smoke
@@ -108,6 +134,7 @@ case "${1:-help}" in
   setup) setup ;;
   build) shift; setup; if [ $# -eq 0 ]; then build host aarch64; else build "$@"; fi ;;
   package) shift; setup; package "$@" ;;
+  board-test) shift; setup; board_test "$@" ;;
   clean) rm -rf build ;;
   help|-h|--help) usage ;;
   *) echo "build.sh: unknown command '$1'" >&2; usage >&2; exit 2 ;;

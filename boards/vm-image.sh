@@ -166,7 +166,7 @@ qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 1024 -no-reboot -display n
   -serial "file:$work/console.log" \
   -kernel "$kdir/boot/vmlinuz-$kver" -initrd "$work/initramfs-firstboot.gz" \
   -append "console=ttyAMA0 panic=-1" \
-  -drive "file=$work/rootfs.img,format=raw,if=virtio" \
+  -drive "file=$work/rootfs.img,format=raw,if=virtio,cache=unsafe" \
   -netdev user,id=net0 -device virtio-net-pci,netdev=net0,romfile= >>"$LOG" 2>&1 || die "qemu-system-aarch64 failed"
 grep -q 'vm-image: setup-system done' "$work/console.log" ||
   { tail -n 40 "$work/console.log" >&2; die "the second stage did not finish (console: $work/console.log)"; }

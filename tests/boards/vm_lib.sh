@@ -31,7 +31,7 @@ vm_bootfs_dir() {
 # vm_bootfs_image DIR IMAGE: a FAT image (label bootfs) with DIR's files (no mounting).
 vm_bootfs_image() {
   rm -f "$2"
-  mkfs.vfat -C -n bootfs "$2" 131072 >/dev/null || fail "mkfs.vfat $2 failed"
+  mkfs.vfat -C -n bootfs "$2" 131072 >/dev/null 2>&1 || fail "mkfs.vfat $2 failed"
   mcopy -s -i "$2" "$1"/* ::/ || fail "mcopy into $2 failed"
 }
 
@@ -64,7 +64,7 @@ vm_boot() {
     -m "$(vm_board_memory "$board")" -no-reboot -display none -monitor none -serial stdio \
     -kernel "$vm_dir/vmlinuz" -initrd "$vm_dir/initrd.img" \
     -append "$cmdline edgetrain_vm.ssh_key=$(cut -d' ' -f2 "$work/id_vm.pub")" \
-    -drive "file=$disk,format=qcow2,if=virtio" -drive "file=$boot,format=raw,if=virtio" \
+    -drive "file=$disk,format=qcow2,if=virtio,cache=unsafe" -drive "file=$boot,format=raw,if=virtio,cache=unsafe" \
     -netdev "user,id=net0,hostfwd=tcp:127.0.0.1:$vm_ssh_port-:22" -device virtio-net-pci,netdev=net0,romfile=
   vm_pid=$last_pid
 }

@@ -77,6 +77,7 @@ check_service() {
     echo "own_mount_ns=$([ "$(sudo readlink "/proc/$pid/ns/mnt")" != "$(sudo readlink /proc/1/ns/mnt)" ] && echo yes || echo no)"
     echo "psk=$(sudo stat -c "%U:%a" /etc/edgetrain/worker.psk)"
     echo "credential=$(sudo stat -c "%U:%a" /run/credentials/edgetrain-worker.service/worker.psk)"
+    echo "credential_group_other=$(sudo stat -c "%a" /run/credentials/edgetrain-worker.service/worker.psk | cut -c2-)"
     echo "pi_reads_psk=$(cat /etc/edgetrain/worker.psk >/dev/null 2>&1 && echo yes || echo no)"
     echo "pi_reads_credential=$(cat /run/credentials/edgetrain-worker.service/worker.psk >/dev/null 2>&1 && echo yes || echo no)"
     echo "nobody_reads_credential=$(sudo -u nobody cat /run/credentials/edgetrain-worker.service/worker.psk >/dev/null 2>&1 && echo yes || echo no)"
@@ -85,7 +86,7 @@ check_service() {
   cat "$work/service.txt"
   local expect
   for expect in active=active user=edgetrain NoNewPrivs=1 CapEff=0000000000000000 CapBnd=0000000000000000 \
-      Seccomp=2 own_mount_ns=yes psk=root:600 credential=edgetrain:400 pi_reads_psk=no pi_reads_credential=no \
+      Seccomp=2 own_mount_ns=yes psk=root:600 credential_group_other=00 pi_reads_psk=no pi_reads_credential=no \
       nobody_reads_credential=no; do
     grep -qx "$expect" "$work/service.txt" || fail "on the board: expected $expect"
   done
@@ -109,12 +110,13 @@ memory_figures() {
   figure "$1_cgroup_memory_peak_mib" "$(awk -v b="$peak" 'BEGIN { printf "%.1f", b / 1048576 }')" MiB
   figure "$1_worker_vmhwm_mib" "$(awk -v k="$hwm" 'BEGIN { printf "%.1f", k / 1024 }')" MiB
 }
+c_sort() { LC_ALL=C sort -u; }
 main_pid() { vm_ssh 'systemctl show -p MainPID --value edgetrain-worker'; }
 
 # Every file outside the volatile trees, for the purge check.
 file_list='sudo find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp -o -path /var/tmp \
   -o -path /var/log -o -path /var/cache -o -path /var/lib/apt -o -path /var/lib/dpkg -o -path /home \
-  -o -path /var/lib/systemd/timers -o -path /var/lib/systemd/random-seed -o -path /var/lib/systemd/catalog \) -prune -o -print | sort'
+  -o -path /var/lib/systemd/timers -o -path /var/lib/systemd/random-seed -o -path /var/lib/systemd/catalog \) -prune -o -print'
 
 # ==== 1. apt install on a running board (boards/README.md, "Without a card reader") ========
 phase "1: a freshly flashed board, packages installed by hand"
@@ -125,14 +127,14 @@ boot_started=$SECONDS
 vm_boot "$board" "$work/apt.qcow2" "$work/bootfs-apt.img" "$work/console-apt.log"
 vm_wait_ssh 900
 figure apt_boot_to_ssh_s $((SECONDS - boot_started)) s
-vm_ssh "$file_list" > "$work/files-before" || fail "listing the board's files failed"
-vm_ssh "dpkg-query -W -f '\${Package}\n' | sort" > "$work/packages-before"
+vm_ssh "$file_list" | c_sort > "$work/files-before" || fail "listing the board's files failed"
+vm_ssh "dpkg-query -W -f '\${Package}\n'" | c_sort > "$work/packages-before"
 cp "$deps"/mnist/train-images-idx3-ubyte "$deps"/mnist/train-labels-idx1-ubyte "$work/"
 vm_copy "$deb" "$work/train-images-idx3-ubyte" "$work/train-labels-idx1-ubyte"
 identity=$(toml_value identity "$work/pi-01.toml") key_hex=$(toml_value key_hex "$work/pi-01.toml")
 uri=$(toml_value server "$work/pi-01.toml")
 install_started=$SECONDS
-vm_ssh "sudo DEBIAN_FRONTEND=noninteractive apt-get update -q >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt install -y -q ./$(basename "$deb")" \
+vm_ssh "sudo apt update && sudo DEBIAN_FRONTEND=noninteractive apt install -y ./$(basename "$deb")" \
   > "$work/apt-install.log" 2>&1 || { tail -n 20 "$work/apt-install.log"; fail "apt install of $(basename "$deb") on the board failed"; }
 figure apt_install_s $((SECONDS - install_started)) s
 vm_ssh "systemctl is-enabled edgetrain-worker; systemctl is-active edgetrain-worker" > "$work/state-after-install" || true
@@ -168,13 +170,13 @@ memory_figures apt
 
 phase "1: dpkg --purge"
 vm_ssh "sudo dpkg --purge edgetrain-worker-$board" > "$work/purge.log" 2>&1 || { cat "$work/purge.log"; fail "dpkg --purge failed"; }
-vm_ssh "dpkg-query -W -f '\${Package}\n' | sort" > "$work/packages-after"
+vm_ssh "dpkg-query -W -f '\${Package}\n'" | c_sort > "$work/packages-after"
 # The libraries apt installed for the worker stay (apt autoremove's business); their files
 # are not the worker package's leftovers.
-vm_ssh "for p in $(comm -13 "$work/packages-before" "$work/packages-after" | tr '\n' ' '); do dpkg -L \$p; done | sort -u" \
-  > "$work/dependency-files"
-vm_ssh "$file_list" > "$work/files-after"
-comm -13 "$work/files-before" "$work/files-after" | comm -23 - "$work/dependency-files" > "$work/left-behind"
+vm_ssh "for p in $(LC_ALL=C comm -13 "$work/packages-before" "$work/packages-after" | tr '\n' ' '); do dpkg -L \$p; done" |
+  c_sort > "$work/dependency-files"
+vm_ssh "$file_list" | c_sort > "$work/files-after"
+LC_ALL=C comm -13 "$work/files-before" "$work/files-after" | LC_ALL=C comm -23 - "$work/dependency-files" > "$work/left-behind"
 [ ! -s "$work/left-behind" ] || fail "dpkg --purge left behind: $(tr '\n' ' ' < "$work/left-behind")"
 vm_ssh 'systemctl list-unit-files edgetrain-worker.service | grep -q edgetrain' && fail "the unit is still known to systemd"
 echo "dpkg --purge left no file behind"

@@ -72,7 +72,7 @@ toml_value() { sed -nE "s/^$1 = '([^']*)'$/\1/p" "$2"; }
 check_service() {
   vm_ssh 'pid=$(systemctl show -p MainPID --value edgetrain-worker)
     echo "active=$(systemctl is-active edgetrain-worker)"
-    echo "user=$(ps -o user= -p "$pid")"
+    echo "user=$(stat -c %U "/proc/$pid")"
     sudo grep -E "^(NoNewPrivs|CapEff|CapBnd|Seccomp):" "/proc/$pid/status" | tr -d "\t " | tr : =
     echo "own_mount_ns=$([ "$(sudo readlink "/proc/$pid/ns/mnt")" != "$(sudo readlink /proc/1/ns/mnt)" ] && echo yes || echo no)"
     echo "psk=$(sudo stat -c "%U:%a" /etc/edgetrain/worker.psk)"

@@ -31,7 +31,10 @@ for tool in qemu-system-aarch64 qemu-img mkfs.vfat mcopy ssh scp ssh-keygen; do
 done
 [ -f "$vm_dir/rootfs.img" ] || fail "no board image in $vm_dir: run boards/vm-image.sh (or ./build.sh board-test)"
 [ -x "$server" ] || fail "host server $server not built"
-ls "$deps"/mnist/train-images-idx3-ubyte* >/dev/null 2>&1 || fail "no MNIST in $deps/mnist"
+# The training data provision-sd.sh puts on a card by default (full MNIST), both ways.
+data="$deps/mnist-full"
+[ -f "$data/train-images-idx3-ubyte" ] && [ -f "$data/train-labels-idx1-ubyte" ] ||
+  fail "no MNIST in $data (toolchains/setup-deps.sh)"
 
 make_package "$tree"
 board=$(field "$deb" Package); board=${board#edgetrain-worker-}
@@ -129,7 +132,7 @@ vm_wait_ssh 900
 figure apt_boot_to_ssh_s $((SECONDS - boot_started)) s
 vm_ssh "$file_list" | c_sort > "$work/files-before" || fail "listing the board's files failed"
 vm_ssh "dpkg-query -W -f '\${Package}\n'" | c_sort > "$work/packages-before"
-cp "$deps"/mnist/train-images-idx3-ubyte "$deps"/mnist/train-labels-idx1-ubyte "$work/"
+cp "$data"/train-images-idx3-ubyte "$data"/train-labels-idx1-ubyte "$work/"
 vm_copy "$deb" "$work/train-images-idx3-ubyte" "$work/train-labels-idx1-ubyte"
 identity=$(toml_value identity "$work/pi-01.toml") key_hex=$(toml_value key_hex "$work/pi-01.toml")
 uri=$(toml_value server "$work/pi-01.toml")

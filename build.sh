@@ -5,7 +5,7 @@
 #   ./build.sh setup   only install/build the dependencies (toolchains/setup-deps.sh)
 #   ./build.sh build [PRESET...] [-- TARGET...]   configure and build presets (default: host aarch64)
 #   ./build.sh package [BOARD...]  the server .deb (amd64) and each board's worker .deb (arm64; default: all boards)
-#   ./build.sh board-test [BOARD...]  boot each board's worker .deb in an emulated Debian arm64 board (default: rpi4 rpi3; ~25 min each)
+#   ./build.sh board-test [BOARD...]  boot each board's worker .deb in an emulated Debian arm64 board (default: rpi4 rpi3; slow, emulated)
 #   ./build.sh clean   remove build/ (dependency caches stay; see toolchains/README.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <filesystem>
+#include <map>
+#include <string>
 #include <string_view>
 
 namespace edgetrain::testing {
@@ -22,5 +24,10 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// A file's bytes ("" if it cannot be read), and every file of a directory by name: for
+// tests that check a state directory was left exactly as it was.
+std::string file_bytes(const std::filesystem::path& path);
+std::map<std::string, std::string> directory_bytes(const std::filesystem::path& dir);
 
 }  // namespace edgetrain::testing

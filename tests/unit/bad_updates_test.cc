@@ -26,6 +26,9 @@
 
 namespace {
 
+using edgetrain::testing::directory_bytes;
+using edgetrain::testing::file_bytes;
+
 using namespace edgetrain;
 using server::ServerState;
 using server::ServerStateOptions;
@@ -61,16 +64,6 @@ std::vector<float> parameters_of(const ServerState& state) { return state.snapsh
 
 std::size_t bias_index(const runtime::Model& model) { return tensor_sizes(model)[0]; }  // tensor 1, entry 0
 
-std::string file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::map<std::string, std::string> directory_bytes(const std::filesystem::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) files[entry.path().filename().string()] = file_bytes(entry.path());
-  return files;
-}
 
 TEST(BadUpdates, PoisoningSequenceIsRefusedCountedAndTheModelStaysIntact) {
   TempDir dir("edgetrain-bad");

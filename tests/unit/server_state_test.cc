@@ -20,6 +20,9 @@
 
 namespace {
 
+using edgetrain::testing::directory_bytes;
+using edgetrain::testing::file_bytes;
+
 using namespace edgetrain;
 using server::ServerState;
 using server::ServerStateOptions;
@@ -317,10 +320,6 @@ TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
 // ---- Damaged checkpoints (issue 18): recovered to the consistent state from the previous
 // checkpoint and the WAL, or refused with a message naming the file; never loaded.
 
-std::string file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
 
 void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

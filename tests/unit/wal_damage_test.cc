@@ -19,6 +19,9 @@
 
 namespace {
 
+using edgetrain::testing::directory_bytes;
+using edgetrain::testing::file_bytes;
+
 using namespace edgetrain;
 using server::ServerState;
 using server::ServerStateOptions;
@@ -76,16 +79,6 @@ std::vector<float> parameters_without(const ServerStateOptions& options,
   return {store.parameters().begin(), store.parameters().end()};
 }
 
-std::string file_bytes(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-std::map<std::string, std::string> directory_bytes(const std::filesystem::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) files[entry.path().filename().string()] = file_bytes(entry.path());
-  return files;
-}
 
 void flip_byte(const std::filesystem::path& path, std::uint64_t offset) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -8,6 +8,7 @@
 //               the workers' and servers' stats files, timeline.csv and links.csv;
 //   settings    the emulator's own settings (flags and --config TOML, checked), printed as
 //               shell assignments for the launcher;
+//   plot        an SVG line chart from a CSV of series,x,y (for scripts' aggregated curves);
 //   compare     plots (accuracy against socket ingress and against time, one line per run)
 //               and a markdown table with the traffic ratio to a target accuracy; the first
 //               run is the reference of the ratio (give the ASGD run first). Also the
@@ -657,6 +658,48 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
   summary->add_option("--target-accuracy", s.target, "target accuracy of the table (default: the report's)");
 }
 
+// A line chart from a CSV of (series, x, y) rows, one line per series in order of first
+// appearance: scripts (docs/regenerate.sh) draw their aggregated curves with the programs'
+// own plotting code.
+struct PlotCommand {
+  std::string csv, out;
+  edgetrain::plot::PlotOptions options;
+};
+
+void plot_csv(const PlotCommand& p) {
+  const CsvTable table = read_csv(p.csv);
+  if (table.header.empty()) throw std::invalid_argument(p.csv + ": missing or empty");
+  const std::size_t series_column = table.column("series"), x_column = table.column("x"), y_column = table.column("y");
+  std::vector<edgetrain::plot::PlotSeries> series;
+  for (std::size_t row = 0; row < table.rows.size(); ++row) {
+    const auto& fields = table.rows[row];
+    if (fields.size() != table.header.size())
+      throw std::invalid_argument(p.csv + " line " + std::to_string(row + 2) + ": expected " +
+                                  std::to_string(table.header.size()) + " fields");
+    const std::string& name = fields[series_column];
+    auto it = std::find_if(series.begin(), series.end(), [&](const auto& s) { return s.label == name; });
+    if (it == series.end()) it = series.insert(series.end(), {name, {}, {}});
+    it->x.push_back(std::stod(fields[x_column]));
+    it->y.push_back(std::stod(fields[y_column]));
+  }
+  std::ofstream out(p.out);
+  out << edgetrain::plot::render_svg_line_chart(series, p.options);
+  if (!out.flush()) throw std::runtime_error("cannot write " + p.out);
+}
+
+void add_plot_command(CLI::App& app, PlotCommand& p) {
+  CLI::App* plot = app.add_subcommand("plot", "an SVG line chart from a CSV with the columns series,x,y (one line per "
+                                              "series; y in [0, 1], e.g. test accuracy)");
+  plot->add_option("csv", p.csv, "the CSV file")->required()->check(CLI::ExistingFile);
+  plot->add_option("--out", p.out, "the SVG file to write")->required();
+  plot->add_option("--title", p.options.title, "chart title");
+  plot->add_option("--x-label", p.options.x_label, "x axis label");
+  plot->add_option("--y-label", p.options.y_label, "y axis label")->capture_default_str();
+  plot->add_flag("--log-x", p.options.log_x, "logarithmic x axis");
+  plot->add_option("--reference-y", p.options.reference_y, "a dashed horizontal line at this y (e.g. a target)");
+  plot->callback([&p] { plot_csv(p); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -675,6 +718,9 @@ int main(int argc, char** argv) {
   double target = -1;
   add_plan_command(app, plan);
   add_run_commands(app, run, summary);
+  PlotCommand plot;
+  plot.options.y_label = "test accuracy";
+  add_plot_command(app, plot);
   CLI::App* compare = app.add_subcommand("compare", "plots and a markdown table from run directories (the default)");
   for (CLI::App* command : {&app, compare}) {
     command->add_option("runs", directories, "run directories (each with timeline.csv, written by edgetrain-emulate)")

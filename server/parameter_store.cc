@@ -200,7 +200,7 @@ void ParameterStore::compute_divisors(std::uint64_t delay) {
     compute_sigma(delay);
     for (std::size_t j = 0; j < touched_.size(); ++j) divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
   } else {
-    const auto divisor = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+    const auto divisor = options_.rule == StalenessRule::kNone ? 1u : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
     std::fill(divisors_.begin(), divisors_.end(), divisor);
   }
 }

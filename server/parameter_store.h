@@ -41,6 +41,7 @@ namespace edgetrain::server {
 enum class StalenessRule {
   kPerParameterSigma,  // the AdaComp paper (default)
   kPerUpdateDelay,     // Zhang et al.: lr / max(1, delay)
+  kNone,               // plain asynchronous SGD: lr for every update, whatever its delay
 };
 
 // D, the largest delay an update may have, unless a program's --max-staleness says
@@ -137,7 +138,7 @@ class ParameterStore {
   std::span<const std::uint64_t> last_changed() const { return last_changed_; }
   std::uint64_t changes_known_since() const { return changes_known_since_; }
   // The divisor used for each sent entry by the last applied update, in the update's order
-  // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay.
+  // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay, or 1 under kNone.
   std::span<const std::uint32_t> last_divisors() const { return last_divisors_; }
 
  private:

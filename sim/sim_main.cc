@@ -52,14 +52,19 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("workers", c.workers, "virtual workers").range(1, 10000);
   t.add("batch", c.batch, "minibatch per step").range(1, 4096);
   t.add("lr", c.learning_rate, "server learning rate");
-  t.add("staleness", s.staleness, "sigma (the paper: per parameter) or delay (Zhang et al.: lr/delay)")
-      .choices({"sigma", "delay"});
+  t.add("staleness", s.staleness, "sigma (the paper: per parameter), delay (Zhang et al.: lr/delay) or none "
+        "(plain lr whatever the delay: what the staleness rule buys)")
+      .choices({"sigma", "delay", "none"});
   t.add("max-staleness", c.max_staleness, "updates older than this are refused").unit("updates");
   t.add("label-skew", c.label_skewed, "label-skewed shards instead of i.i.d.");
   t.add("classes-per-worker", c.skew.classes_per_worker, "with --label-skew");
   t.add("preferred-fraction", c.skew.preferred_fraction, "with --label-skew").range(0, 1);
   t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 1e9);
   t.add("failure-probability", c.failure_probability, "per step: worker crashes, loses the update").range(0, 1);
+  t.add("failing-fraction", c.failing_fraction, "share of the workers that can fail (a seeded choice; the others never do)")
+      .range(0, 1);
+  t.add("downtime", c.downtime_steps, "mean time a failed worker stays away").range(0, 1e9).unit("step times");
+  t.add("leave-for-good", c.failures_permanent, "a failed worker never comes back (default: it rejoins after --downtime)");
   t.add("threads", c.threads, "compute threads").range(1, 64);
   t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
@@ -98,8 +103,9 @@ std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings&
   sim::SimConfig config = s.config;
   config.kernels = s.kernels == "reference" ? runtime::KernelBackend::kReference : runtime::KernelBackend::kXnnpack;
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
-  config.staleness_rule =
-      s.staleness == "sigma" ? server::StalenessRule::kPerParameterSigma : server::StalenessRule::kPerUpdateDelay;
+  config.staleness_rule = s.staleness == "sigma"   ? server::StalenessRule::kPerParameterSigma
+                          : s.staleness == "delay" ? server::StalenessRule::kPerUpdateDelay
+                                                   : server::StalenessRule::kNone;
   std::vector<std::pair<std::string, sim::SimConfig>> runs;
   if (s.compression.compressor == "none" || s.compression.compressor == "both") {
     sim::SimConfig c = config;
@@ -176,17 +182,18 @@ void write_curves(const SimSettings& s, const std::vector<sim::SimResult>& resul
 
 std::string summary_table(const std::vector<sim::SimResult>& results, double target_accuracy) {
   std::ostringstream summary;
-  summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | "
-             "updates to target | ingress to target |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
+  summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | left | "
+             "updates to target | ingress to target |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     auto to_bytes = r.ingress_bytes_to(target_accuracy);
     auto to_updates = r.updates_to(target_accuracy);
     char row[400];
-    std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %s | %s |\n",
+    std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %llu | %s | %s |\n",
                   r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
                   static_cast<unsigned long long>(r.updates_applied), human_bytes(r.ingress_bytes).c_str(),
                   human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
                   static_cast<unsigned long long>(r.updates_refused), static_cast<unsigned long long>(r.updates_lost),
+                  static_cast<unsigned long long>(r.workers_left),
                   to_updates ? std::to_string(*to_updates).c_str() : "never",
                   to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never");
     summary << row;

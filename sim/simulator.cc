@@ -58,6 +58,21 @@ void check_config(const SimConfig& c) {
   if (c.failure_probability < 0 || c.failure_probability >= 1) {
     throw std::invalid_argument("sim: failure probability must be in [0, 1)");
   }
+  if (!(c.failing_fraction >= 0 && c.failing_fraction <= 1)) throw std::invalid_argument("sim: failing fraction must be in [0, 1]");
+  if (!(c.downtime_steps >= 0)) throw std::invalid_argument("sim: downtime must be >= 0");
+}
+
+// The workers that may fail: round(failing_fraction · workers) of them, drawn from their own
+// seeded stream so that the run's other draws (and so runs without failures) are unchanged.
+std::vector<bool> failing_workers(const SimConfig& c) {
+  std::vector<int> order(c.workers);
+  for (int w = 0; w < c.workers; ++w) order[w] = w;
+  runtime::SplitMix64 draw{c.seed ^ 0x6661696c696e67ULL};  // "failing"
+  for (int i = c.workers - 1; i > 0; --i) std::swap(order[i], order[draw.next() % static_cast<std::uint64_t>(i + 1)]);
+  const auto count = static_cast<int>(std::lround(c.failing_fraction * c.workers));
+  std::vector<bool> may_fail(c.workers, false);
+  for (int i = 0; i < count; ++i) may_fail[order[i]] = true;
+  return may_fail;
 }
 
 }  // namespace
@@ -161,6 +176,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   for (int w = 0; w < config.workers; w++) events.push({random.uniform() * workers[w].speed, w, EventKind::kStartStep});
   std::vector<std::uint64_t> fetched(config.workers, 0);
+  const std::vector<bool> may_fail = failing_workers(config);
   double delay_sum = 0;
   std::uint64_t update_bytes_sum = 0, updates_received = 0;
   bool stop = false;
@@ -184,10 +200,15 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
       if (!encoded) throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
       worker.pending = std::move(encoded).value();
       const double step = worker.speed * random.log_normal(config.step_jitter);
-      if (config.failure_probability > 0 && random.uniform() < config.failure_probability) {
+      if (config.failure_probability > 0 && may_fail[event.worker] && random.uniform() < config.failure_probability) {
         result.updates_lost++;
         const double downtime = random.exponential(config.downtime_steps);
-        events.push({event.time + step * random.uniform() + downtime, event.worker, EventKind::kStartStep});
+        const double back_at = event.time + step * random.uniform() + downtime;
+        if (config.failures_permanent) {
+          result.workers_left++;
+        } else {
+          events.push({back_at, event.worker, EventKind::kStartStep});
+        }
       } else {
         events.push({event.time + step, event.worker, EventKind::kUpdateArrives});
       }

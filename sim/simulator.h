@@ -43,6 +43,11 @@ struct SimConfig {
   double step_jitter = 0.1;    // sigma of the log-normal per-step jitter
   double failure_probability = 0;  // per step: the worker crashes and loses this update
   double downtime_steps = 10;      // mean downtime after a crash, in step times
+  // Which workers can fail at all: a seeded choice of round(failing_fraction · workers) of
+  // them (1: every worker, as before). The others never fail.
+  double failing_fraction = 1;
+  // A worker that fails leaves for good instead of coming back after its downtime.
+  bool failures_permanent = false;
   std::uint64_t max_updates = 2000;      // updates applied by the server
   std::uint64_t eval_every = 100;        // applied updates between evaluations
   std::size_t eval_examples = 0;         // 0: the whole test set
@@ -70,6 +75,7 @@ struct SimResult {
   std::uint64_t updates_applied = 0;
   std::uint64_t updates_refused = 0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
   std::uint64_t updates_lost = 0;     // worker crashed mid-step
+  std::uint64_t workers_left = 0;     // failed for good (SimConfig::failures_permanent)
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;
   double mean_delay = 0;   // t − t_fetch over applied updates

@@ -89,6 +89,38 @@ TEST(Simulator, SameSeedSameRunDifferentSeedDifferentRun) {
   EXPECT_NE(d.curve.back().ingress_bytes, a.curve.back().ingress_bytes);
 }
 
+// Failures limited to a share of the workers, and workers that leave for good: with only
+// one worker allowed to fail, at most one can leave; with none, nothing is lost; and a run in
+// which every worker leaves ends early with every worker gone.
+TEST(Simulator, FailingFractionAndLeavingForGood) {
+  const Mnist& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::SimConfig c = short_config();
+  c.max_updates = 200;
+  c.eval_every = 100;
+  c.eval_examples = 200;
+  c.failure_probability = 0.5;
+  c.failing_fraction = 0;
+  const auto none = sim::run_simulation(c, data.train, data.test, "none fail");
+  EXPECT_EQ(none.updates_lost, 0u);
+  EXPECT_EQ(none.updates_applied, 200u);
+
+  c.failing_fraction = 0.1;  // one of the ten workers
+  c.failures_permanent = true;
+  const auto one = sim::run_simulation(c, data.train, data.test, "one leaves");
+  EXPECT_EQ(one.workers_left, 1u) << "the one failing worker fails half its steps: it leaves early";
+  EXPECT_EQ(one.updates_lost, 1u);
+  EXPECT_EQ(one.updates_applied, 200u) << "the nine others go on";
+
+  c.failing_fraction = 1;
+  const auto all = sim::run_simulation(c, data.train, data.test, "all leave");
+  EXPECT_EQ(all.workers_left, 10u);
+  EXPECT_LT(all.updates_applied, 200u) << "with every worker gone the run ends early";
+
+  c.failing_fraction = 1.5;
+  EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
+}
+
 TEST(Simulator, RefusesBadConfigurations) {
   const Mnist& data = mnist();
   ASSERT_GT(data.train.size(), 0u);

@@ -44,8 +44,9 @@ class ReferenceStore {
         const std::size_t i = offsets_[t.tensor] + t.indices[e];
         std::uint32_t sigma = 0;
         for (std::uint64_t back = 1; back <= delay; ++back) sigma += history_[history_.size() - back][i];
-        const std::uint32_t divisor = options_.rule == StalenessRule::kPerParameterSigma
-                                          ? std::max<std::uint32_t>(1, sigma)
+        const std::uint32_t divisor = options_.rule == StalenessRule::kPerParameterSigma ? std::max<std::uint32_t>(1, sigma)
+                                      : options_.rule == StalenessRule::kNone
+                                          ? 1u
                                           : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
         divisors.push_back(divisor);
         params_[i] -= options_.learning_rate * t.values[e] / static_cast<float>(divisor);

@@ -1,0 +1,225 @@
+#!/usr/bin/env bash
+# Regenerates the simulator experiments of docs/results.md at one commit: runs the matrix of
+# edgetrain-sim jobs (skipping those already finished, so an interrupted run resumes), then
+# aggregates them over the seeds (docs/aggregate_results.py: mean and spread, traffic ratios
+# to a target, plots) into OUT/results.md and OUT/figures/. With --update-docs it puts that
+# section into docs/results.md (between the "regenerate:begin" and "regenerate:end" markers)
+# and the figures into docs/figures/.
+#
+# usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
+#                           [--update-docs] [--list] [--allow-dirty] [GROUP...]
+#   groups: methods rates workers reliability speeds (default: all, in that order)
+#   --build DIR    the host build tree with edgetrain-sim (default build/host)
+#   --quick        the CI-sized matrix: mlp on mnist-small, 300 updates, one seed (under a minute)
+#   --jobs N       simulations run side by side (default: the number of cores)
+#   --seeds N      seeds per setting (default 3; --quick: 1)
+#   --updates N    applied updates per run (default 6000; --quick: 300)
+#   --list         print the jobs and their state, run nothing
+#   --allow-dirty  run on a work tree with uncommitted changes (the tables then say so)
+# OUT (default results/) keeps one commit's runs: resuming at another commit is refused, so
+# every figure of a regeneration comes from the same code. OUT/machine.json records the commit,
+# the date and the CPU (XNNPACK picks its kernels by instruction set, so figures repeat exactly
+# on one machine and differ slightly between machines: docs/results.md). OUT/progress.json
+# says how many jobs ran, were skipped and failed (exit status 1 when any failed).
+# The full matrix (2 data sets x 3 seeds x 5 groups, paper CNN) takes about 4 hours of one core
+# at 6000 updates on the machine of 2026-11-23; --jobs 2 halves that on two cores.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build="$repo/build/host"
+out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 allow_dirty=0 groups=()
+die() { echo "regenerate.sh: $*" >&2; exit 2; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=${2:?--out needs a directory}; shift ;;
+    --build) build=${2:?--build needs a build tree}; shift ;;
+    --quick) quick=1 ;;
+    --jobs) jobs=${2:?}; shift ;;
+    --seeds) seeds=${2:?}; shift ;;
+    --updates) updates=${2:?}; shift ;;
+    --update-docs) update_docs=1 ;;
+    --list) list=1 ;;
+    --allow-dirty) allow_dirty=1 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    methods|rates|workers|reliability|speeds) groups+=("$1") ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
+sim="$build/sim/edgetrain-sim" report="$build/emulation/edgetrain-emulation-report"
+[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds)
+[ -x "$sim" ] && [ -x "$report" ] || die "build the host tree first (./build.sh build host): $sim is missing"
+
+if [ "$quick" = 1 ]; then
+  datasets=(mnist-small) model=mlp eval_every=100 worker_counts=(10 20)
+  : "${seeds:=1}" "${updates:=300}"
+else
+  datasets=(mnist fashion-mnist) model=paper-cnn eval_every=250 worker_counts=(10 50 100)
+  : "${seeds:=3}" "${updates:=6000}"
+fi
+[[ "$seeds" =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive number"
+[[ "$updates" =~ ^[1-9][0-9]*$ ]] || die "--updates must be a positive number"
+
+# ------------------------------------------------------------------ one commit per OUT
+commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+dirty=false
+[ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=true
+if [ "$dirty" = true ] && [ "$allow_dirty" = 0 ] && [ "$list" = 0 ]; then
+  die "the work tree has uncommitted changes: commit them first (figures name a commit), or --allow-dirty"
+fi
+mkdir -p "$out/jobs"
+if [ -f "$out/machine.json" ]; then
+  recorded=$(jq -r .commit "$out/machine.json")
+  [ "$recorded" = "$commit" ] || die "$out holds runs of commit $recorded, this is $commit: use another --out (or remove $out)"
+  recorded_quick=$(jq -r .quick "$out/machine.json")
+  [ "$recorded_quick" = "$([ "$quick" = 1 ] && echo true || echo false)" ] || die "$out holds a matrix of the other size (--quick or not)"
+else
+  flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'sse4_2|avx|avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni' | sort | paste -sd' ' || true)
+  jq -n --arg commit "$commit" --argjson dirty "$dirty" --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+    --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" --arg flags "$flags" \
+    --argjson cores "$(nproc)" --argjson quick "$([ "$quick" = 1 ] && echo true || echo false)" \
+    --argjson seeds "$seeds" --argjson updates "$updates" \
+    '{commit: $commit, dirty: $dirty, date: $date, cpu: $cpu, isa: $flags, cores: $cores, quick: $quick,
+      seeds: $seeds, updates: $updates}' >"$out/machine.json"
+fi
+
+# ------------------------------------------------------------------ the matrix
+# Each job is one edgetrain-sim call: "NAME<TAB>GROUP<TAB>DATA<TAB>SEED<TAB>ARGS".
+job_lines=()
+add_job() { # NAME GROUP DATA SEED ARGS...
+  local name=$1 group=$2 data=$3 seed=$4; shift 4
+  job_lines+=("$name"$'\t'"$group"$'\t'"$data"$'\t'"$seed"$'\t'"$*")
+}
+for group in "${groups[@]}"; do
+  for data in "${datasets[@]}"; do
+    for ((seed = 1; seed <= seeds; seed++)); do
+      base="--data $data --model $model --batch 10 --lr 0.1 --max-staleness 256 --updates $updates --eval-every $eval_every --seed $seed"
+      [ "$data" = fashion-mnist ] && base+=" --eval-examples 2000"
+      tag="$data-s$seed"
+      case $group in
+        methods)
+          # ASGD and the paper's AdaComp (c = 0.01, σ rule) in one call; top-k without the
+          # staleness rule; then the options one at a time, and all together at c = 0.004.
+          add_job "methods-paper-$tag" methods "$data" "$seed" "$base --workers 10 --compressor both --rate 0.01"
+          add_job "methods-norule-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --staleness none"
+          add_job "methods-ef-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --error-feedback"
+          add_job "methods-fp16-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --fp16"
+          add_job "methods-signscale-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --sign-scale"
+          add_job "methods-all-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.004 --error-feedback --fp16"
+          ;;
+        rates)
+          for rate in 0.001 0.004 0.05; do
+            add_job "rates-$rate-$tag" rates "$data" "$seed" "$base --workers 10 --compressor adacomp --rate $rate"
+          done
+          ;;
+        workers)
+          for n in "${worker_counts[@]:1}"; do
+            add_job "workers-$n-$tag" workers "$data" "$seed" "$base --workers $n --compressor both --rate 0.01"
+          done
+          ;;
+        reliability)
+          # ours: 2% of a failing worker's steps crash; it rejoins after 50 step times or
+          # leaves for good.
+          for fraction in 0.1 0.3 0.5; do
+            add_job "reliability-rejoin-$fraction-$tag" reliability "$data" "$seed" \
+              "$base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --downtime 50"
+            add_job "reliability-leave-$fraction-$tag" reliability "$data" "$seed" \
+              "$base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --leave-for-good"
+          done
+          ;;
+        speeds)
+          for spread in 0 1; do
+            add_job "speeds-$spread-$tag" speeds "$data" "$seed" "$base --workers 10 --compressor both --rate 0.01 --speed-spread $spread"
+          done
+          ;;
+      esac
+    done
+  done
+done
+
+job_done() { [ -s "$out/jobs/$1/sim.csv" ] && [ -f "$out/jobs/$1/seconds" ]; }
+
+if [ "$list" = 1 ]; then
+  for line in "${job_lines[@]}"; do
+    IFS=$'\t' read -r name _ _ _ args <<<"$line"
+    if job_done "$name"; then state="done in $(cat "$out/jobs/$name/seconds") s"; else state=pending; fi
+    printf '%-45s %-16s edgetrain-sim %s\n' "$name" "$state" "$args"
+  done
+  exit 0
+fi
+
+# ------------------------------------------------------------------ running, with an estimate
+total=${#job_lines[@]} ran=0 skipped=0 failed=0
+start=$SECONDS
+write_progress() {
+  jq -n --argjson total "$total" --argjson ran "$ran" --argjson skipped "$skipped" --argjson failed "$failed" \
+    '{total: $total, ran: $ran, skipped: $skipped, failed: $failed}' >"$out/progress.json.tmp"
+  mv "$out/progress.json.tmp" "$out/progress.json"
+}
+human_time() { printf '%dh%02dm' $(($1 / 3600)) $(($1 % 3600 / 60)); }
+report_progress() { # NAME WHAT
+  local left=$((total - skipped - ran - failed)) eta="known after the first job"
+  # The jobs of one matrix cost about the same (one call is one or two runs of one model):
+  # the wall time so far per job finished here, times the jobs left.
+  [ "$ran" -gt 0 ] && eta="about $(human_time $(( (SECONDS - start) * left / ran ))) left"
+  echo "regenerate: [$((ran + failed + skipped))/$total] $1 $2; $left to run, $eta" >&2
+}
+run_job() { # NAME ARGS: runs in the background, writes into jobs/NAME
+  local name=$1 args=$2 dir="$out/jobs/$1" t0=$SECONDS
+  mkdir -p "$dir"
+  echo "build/host/sim/edgetrain-sim $args --out $dir" >"$dir/command"
+  # shellcheck disable=SC2086  # ARGS is a list of words built above
+  if "$sim" $args --out "$dir" --quiet >"$dir/stdout" 2>"$dir/stderr"; then
+    echo $((SECONDS - t0)) >"$dir/seconds"
+  else
+    return 1
+  fi
+}
+
+declare -A running=()
+reap_one() {
+  local pid status=0
+  wait -n -p pid "${!running[@]}" || status=$?
+  local name=${running[$pid]}
+  unset "running[$pid]"
+  if [ "$status" = 0 ]; then
+    ran=$((ran + 1)); report_progress "$name" "done"
+  else
+    failed=$((failed + 1)); report_progress "$name" "FAILED (status $status; $out/jobs/$name/stderr)"
+  fi
+  write_progress
+}
+echo "regenerate: $total jobs into $out (commit ${commit:0:12}$([ "$dirty" = true ] && echo ", uncommitted changes")), $jobs at a time" >&2
+for line in "${job_lines[@]}"; do
+  IFS=$'\t' read -r name _ _ _ args <<<"$line"
+  if job_done "$name"; then skipped=$((skipped + 1)); continue; fi
+  while [ ${#running[@]} -ge "$jobs" ]; do reap_one; done
+  run_job "$name" "$args" &
+  running[$!]=$name
+done
+while [ ${#running[@]} -gt 0 ]; do reap_one; done
+write_progress
+[ "$skipped" -gt 0 ] && echo "regenerate: $skipped jobs were already done (resumed)" >&2
+
+# ------------------------------------------------------------------ tables and plots
+printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"
+python3 "$repo/docs/aggregate_results.py" --out "$out" --report "$report"
+if [ "$update_docs" = 1 ]; then
+  doc="$repo/docs/results.md"
+  grep -q '<!-- regenerate:begin -->' "$doc" && grep -q '<!-- regenerate:end -->' "$doc" ||
+    die "docs/results.md has no regenerate:begin/end markers"
+  mkdir -p "$repo/docs/figures"
+  cp "$out"/figures/*.svg "$repo/docs/figures/"
+  python3 - "$doc" "$out/results.md" <<'PY'
+import sys
+doc, section = sys.argv[1], open(sys.argv[2]).read()
+text = open(doc).read()
+begin, end = text.index("<!-- regenerate:begin -->"), text.index("<!-- regenerate:end -->")
+text = text[:begin] + "<!-- regenerate:begin -->\n" + section.replace("](figures/", "](figures/") + text[end:]
+open(doc + ".tmp", "w").write(text)
+PY
+  mv "$doc.tmp" "$doc"
+  echo "regenerate: docs/results.md and docs/figures/ updated" >&2
+fi
+[ "$failed" = 0 ] || { echo "regenerate: $failed jobs failed" >&2; exit 1; }
+echo "regenerate: tables in $out/results.md, plots in $out/figures/" >&2

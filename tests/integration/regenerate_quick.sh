@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# docs/regenerate.sh, CI-sized (issue 13): the quick matrix runs, aggregates into tables and
+# plots, resumes without re-running anything, and refuses to mix two commits in one
+# results directory.
+# Usage: regenerate_quick.sh BUILD_DIR
+set -euo pipefail
+build="$1"
+source "$(dirname "$0")/process_test_lib.sh"
+require_mnist
+regenerate="$(cd "$(dirname "$0")/../.." && pwd)/docs/regenerate.sh"
+out="$work/results"
+
+# Two groups keep it short; every method of the methods group is checked.
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers 2>"$work/first.log" ||
+  fail "the quick matrix failed: $(tail -n 5 "$work/first.log")"
+total=$(jq -r .total "$out/progress.json")
+[ "$total" -gt 0 ] && [ "$(jq -r .ran "$out/progress.json")" = "$total" ] || fail "not every job ran: $(cat "$out/progress.json")"
+for method in "methods-paper | ASGD" "methods-paper | AdaComp c=0.01" "methods-norule | AdaComp c=0.01" \
+              "methods-ef | AdaComp c=0.01 +ef" "methods-fp16 | AdaComp c=0.01 fp16" \
+              "methods-signscale | AdaComp c=0.01 sign-scale" "methods-all | AdaComp c=0.004 +ef fp16" \
+              "workers-20 | ASGD" "workers-20 | AdaComp c=0.01"; do
+  grep -qF "| $method |" "$out/results.md" || fail "no table row for '$method' in results.md"
+done
+grep -q "target [0-9.]*%" "$out/results.md" || fail "no target accuracy in results.md"
+grep -q "at commit \`$(git -C "$(dirname "$regenerate")" rev-parse --short=12 HEAD)" "$out/results.md" ||
+  fail "results.md does not name the commit"
+for figure in regenerated-methods-mnist-small regenerated-workers-mnist-small; do
+  head -c 5 "$out/figures/$figure.svg" | grep -q '<svg' || fail "$figure.svg is not an SVG"
+done
+# One row per run and seed, for scripts.
+[ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 9 ] || fail "tables/runs.csv should hold 9 runs"
+
+# Resuming: nothing runs again, the tables come out the same.
+cp "$out/results.md" "$work/results.first.md"
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers 2>"$work/second.log" ||
+  fail "resuming failed: $(tail -n 5 "$work/second.log")"
+[ "$(jq -r .skipped "$out/progress.json")" = "$total" ] && [ "$(jq -r .ran "$out/progress.json")" = 0 ] ||
+  fail "resuming re-ran jobs: $(cat "$out/progress.json")"
+diff -u "$work/results.first.md" "$out/results.md" || fail "the tables changed on resuming"
+
+# Another commit's directory is refused, and left as it was.
+jq '.commit = "0000000000000000000000000000000000000000"' "$out/machine.json" >"$work/machine.json"
+cp "$work/machine.json" "$out/machine.json"
+set +e
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" methods 2>"$work/third.log"
+status=$?
+set -e
+[ "$status" = 2 ] || fail "a results directory of another commit gave status $status, not 2"
+grep -q "holds runs of commit 0000" "$work/third.log" || fail "the refusal does not say why: $(cat "$work/third.log")"
+[ -s "$out/jobs/methods-paper-mnist-small-s1/sim.csv" ] || fail "the refusal lost a finished run"
+echo "PASS: quick matrix of $total jobs, resumed, another commit refused"

@@ -8,6 +8,7 @@
 //               the workers' and servers' stats files, timeline.csv and links.csv;
 //   settings    the emulator's own settings (flags and --config TOML, checked), printed as
 //               shell assignments for the launcher;
+//   cpu-plan    the CPU quota of every worker and its changes over the run (cgroups);
 //   plot        an SVG line chart from a CSV of series,x,y (for scripts' aggregated curves);
 //   compare     plots (accuracy against socket ingress and against time, one line per run)
 //               and a markdown table with the traffic ratio to a target accuracy; the first
@@ -29,6 +30,7 @@
 #include <variant>
 
 #include "common/settings.h"
+#include "emulation/cpu_plan.h"
 #include "common/svg_plot.h"
 #include "runtime/splitmix64.h"
 
@@ -519,6 +521,8 @@ struct EmulatorSettings {
   std::string model = "paper-cnn", data = "mnist", compressor = "adacomp", network = "auto";
   std::string label, link, impaired = "all", slowdown = "0", fail, out = "emulation-results/run";
   std::string build_dir, aarch64_build_dir;
+  std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
+  std::uint32_t cpu_period = 100000;      // µs
   double max_parameter_magnitude = 0;  // 0: the server's default
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
   std::uint64_t seed = 1;
@@ -559,6 +563,11 @@ void declare_devices(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("impaired", s.impaired, "how many workers (the first K) get --link, or all");
   t.add("slowdown", s.slowdown, "A[:B]: a worker sleeps F x its step's compute time, F drawn per worker");
   t.add("qemu-workers", s.qemu_workers, "the last K workers are the aarch64 build under qemu-aarch64");
+  t.add("cpu-classes", s.cpu_classes, "speed classes as CPU quotas, each worker in its own cgroup: NAME=SHARE,... "
+        "(SHARE of one core, e.g. pi4=0.6,zero2w=0.2; worker i in class i mod K; needs root; empty: no quotas)");
+  t.add("cpu-schedule", s.cpu_schedule, "quota changes during the run: START-END:FACTOR[@CLASS],... (seconds; "
+        "e.g. 60-120:0.5 halves every worker's share for a minute)");
+  t.add("cpu-period", s.cpu_period, "the cgroup's CPU period").range(1000, 1000000).unit("µs");
   t.group("Failures");
   t.add("fail", s.fail, "kill-worker:I@T[+D] (SIGKILL worker I at T s, restart D s later; default 5, +0 never), "
                         "kill-server@T[+D] (restart D s later, default 3), comma-separated");
@@ -577,6 +586,11 @@ void check_emulator_settings(const EmulatorSettings& s) {
     throw std::invalid_argument("--impaired must be a number or 'all'");
   parse_link_profile(s.link);
   parse_range(s.slowdown, "--slowdown");
+  if (s.cpu_classes.empty()) {
+    if (!s.cpu_schedule.empty()) throw std::invalid_argument("--cpu-schedule needs --cpu-classes");
+  } else {
+    edgetrain::emulation::parse_cpu_schedule(s.cpu_schedule, edgetrain::emulation::parse_cpu_classes(s.cpu_classes));
+  }
 }
 
 std::string shell_quoted(const std::string& text) {
@@ -658,6 +672,28 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
   summary->add_option("--target-accuracy", s.target, "target accuracy of the table (default: the report's)");
 }
 
+// The quota changes of a run with CPU classes (emulation/cpu_plan.h), as CSV for the launcher.
+struct CpuPlanCommand {
+  unsigned workers = 1;
+  std::string classes, schedule;
+  std::uint64_t period_us = 100000;
+};
+
+void add_cpu_plan_command(CLI::App& app, CpuPlanCommand& c) {
+  CLI::App* command = app.add_subcommand("cpu-plan", "print the CPU quota of every worker at 0 s and each change of "
+                                                     "the schedule, as CSV: elapsed_s,worker,class,share,quota_us,period_us");
+  command->add_option("--workers", c.workers, "number of workers")->required()->check(CLI::Range(1u, 4000u));
+  command->add_option("--cpu-classes", c.classes, "NAME=SHARE,... (see edgetrain-emulate --help)")->required();
+  command->add_option("--cpu-schedule", c.schedule, "START-END:FACTOR[@CLASS],...");
+  command->add_option("--cpu-period", c.period_us, "µs")->capture_default_str();
+  command->callback([&c] {
+    const auto classes = edgetrain::emulation::parse_cpu_classes(c.classes);
+    const auto schedule = edgetrain::emulation::parse_cpu_schedule(c.schedule, classes);
+    std::fputs(edgetrain::emulation::cpu_changes_csv(
+                   edgetrain::emulation::plan_cpu_changes(c.workers, classes, schedule, c.period_us)).c_str(), stdout);
+  });
+}
+
 // A line chart from a CSV of (series, x, y) rows, one line per series in order of first
 // appearance: scripts (docs/regenerate.sh) draw their aggregated curves with the programs'
 // own plotting code.
@@ -721,6 +757,8 @@ int main(int argc, char** argv) {
   PlotCommand plot;
   plot.options.y_label = "test accuracy";
   add_plot_command(app, plot);
+  CpuPlanCommand cpu_plan;
+  add_cpu_plan_command(app, cpu_plan);
   CLI::App* compare = app.add_subcommand("compare", "plots and a markdown table from run directories (the default)");
   for (CLI::App* command : {&app, compare}) {
     command->add_option("runs", directories, "run directories (each with timeline.csv, written by edgetrain-emulate)")

@@ -43,7 +43,7 @@ if [ -f "$OUT/stamp" ] && [ "$(cat "$OUT/stamp")" = "$stamp" ] &&
   exit 0
 fi
 [ "$(id -u)" = 0 ] || die "needs root (debootstrap); run it with sudo"
-for tool in debootstrap qemu-system-aarch64 mkfs.ext4 debugfs depmod modprobe cpio; do
+for tool in debootstrap qemu-system-aarch64 mkfs.ext4 e2fsck debugfs depmod modprobe cpio; do
   command -v "$tool" >/dev/null || die "$tool is missing: run toolchains/setup-deps.sh --only board-vm"
 done
 
@@ -151,7 +151,8 @@ systemctl enable vm-authorized-key.service
 apt-get clean
 rm -rf /debootstrap
 ls /boot/vmlinuz-* /boot/initrd.img-* > /etc/edgetrain-vm-image || finish failed
-rm -f /setup-system
+# /setup-system stays until the host removes it: deleting the script sh is reading would
+# leave an open, unlinked file, and / could not be remounted read-only (EBUSY).
 finish done
 SETUP
 chmod 0755 "$root/setup-system"
@@ -185,11 +186,15 @@ qemu-system-aarch64 -M virt -cpu cortex-a72 -smp 2 -m 1024 -no-reboot -display n
 grep -q 'vm-image: setup-system done' "$work/console.log" ||
   { tail -n 40 "$work/console.log" >&2; die "the second stage did not finish (console: $work/console.log)"; }
 say "second stage: $((SECONDS - stage2)) s"
+# The guest powers off right after its last sync: replay the ext4 journal here (debugfs reads
+# without replaying it), then remove the script of the first boot.
+e2fsck -fy "$work/rootfs.img" >>"$LOG" 2>&1 || [ $? -le 1 ] || die "e2fsck of the image failed (log: $LOG)"
+debugfs -w -R "rm /setup-system" "$work/rootfs.img" >>"$LOG" 2>&1 || die "cannot remove /setup-system from the image"
 
 # The guest's own kernel and initramfs, for every later boot.
 debugfs -R "cat /etc/edgetrain-vm-image" "$work/rootfs.img" 2>/dev/null > "$work/boot-files"
-vmlinuz=$(grep /boot/vmlinuz- "$work/boot-files" | head -n1)
-initrd=$(grep /boot/initrd.img- "$work/boot-files" | head -n1)
+vmlinuz=$(grep /boot/vmlinuz- "$work/boot-files" | head -n1 || true)
+initrd=$(grep /boot/initrd.img- "$work/boot-files" | head -n1 || true)
 [ -n "$vmlinuz" ] && [ -n "$initrd" ] || die "the image has no kernel or initramfs in /boot"
 debugfs -R "dump $vmlinuz $work/vmlinuz" "$work/rootfs.img" >>"$LOG" 2>&1
 debugfs -R "dump $initrd $work/initrd.img" "$work/rootfs.img" >>"$LOG" 2>&1

@@ -1,5 +1,7 @@
 #include "runtime/gan_training.h"
 
+#include "kernels/reference.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -132,6 +134,34 @@ void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels, 
     gan_to_pixels(pixels + static_cast<std::size_t>(i) * kGanImageSize, images, static_cast<std::size_t>(n) * kGanImageSize);
     std::copy(batch_labels.begin(), batch_labels.end(), labels + i);
   }
+}
+
+SampleClassifier::SampleClassifier(const Dataset& train, int steps, std::uint64_t seed)
+    : model_(builtin_model_spec("mlp")) {
+  model_.initialize(seed);
+  constexpr int kBatch = 32;
+  Trainer trainer(model_, kBatch);
+  ShardSampler sampler(train, all_indices(train.size()), seed + 1);
+  std::vector<std::uint8_t> pixels(kBatch * train.image_bytes());
+  std::vector<std::int32_t> labels(kBatch);
+  std::vector<float> grad(model_.parameter_count());
+  for (int step = 0; step < steps; step++) {
+    sampler.next_batch(kBatch, pixels, labels);
+    trainer.compute_gradient(model_.parameters(), pixels.data(), labels.data(), kBatch, grad);
+    kernels::sgd_update(model_.parameters().data(), grad.data(), 0.1f, grad.size());
+  }
+  evaluator_ = std::make_unique<Trainer>(model_, 100);
+}
+
+SampleClassifier::~SampleClassifier() = default;
+
+double SampleClassifier::accuracy(const std::uint8_t* pixels, const std::int32_t* labels, int count) {
+  int correct = 0;
+  for (int i = 0; i < count; i += 100) {
+    const int n = std::min(100, count - i);
+    correct += evaluator_->evaluate(model_.parameters(), pixels + static_cast<std::size_t>(i) * kGanImageSize, labels + i, n).correct;
+  }
+  return count ? static_cast<double>(correct) / count : 0.0;
 }
 
 }  // namespace edgetrain::runtime

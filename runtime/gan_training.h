@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "runtime/gan_network.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/splitmix64.h"
+#include "runtime/trainer.h"
 
 namespace edgetrain::runtime {
 
@@ -98,6 +100,21 @@ class GanStandalone {
   std::vector<std::int32_t> real_labels_, fake_labels_;
   std::vector<float> real_, noise_values_, inputs_, fake_, feedback_;
   std::uint64_t iterations_ = 0;
+};
+
+// The yardstick this code base has for generated digits until the shipped paper-CNN
+// classifier (issue 16) exists: an MLP classifier trained with SGD (lr 0.1, batch 32) for
+// `steps` minibatches of `train`, which reads class-conditioned samples; the share it reads
+// as the class they were conditioned on is the "conditional accuracy" (ours).
+class SampleClassifier {
+ public:
+  SampleClassifier(const Dataset& train, int steps, std::uint64_t seed);
+  ~SampleClassifier();
+  double accuracy(const std::uint8_t* pixels, const std::int32_t* labels, int count);
+
+ private:
+  Model model_;
+  std::unique_ptr<Trainer> evaluator_;
 };
 
 }  // namespace edgetrain::runtime

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "runtime/gan_training.h"
-#include "runtime/trainer.h"
 #include "tests/support/test_data.h"
 
 namespace {
@@ -29,41 +28,12 @@ const Data& mnist_small() {
   return data;
 }
 
-// An MLP classifier, SGD, a few epochs' worth of minibatches.
-struct Classifier {
-  Model model{builtin_model_spec("mlp")};
-  Classifier(const Dataset& train) {
-    model.initialize(1);
-    Trainer trainer(model, 32);
-    std::vector<std::uint32_t> all(train.size());
-    std::iota(all.begin(), all.end(), 0u);
-    ShardSampler sampler(train, all, 5);
-    std::vector<std::uint8_t> pixels(32 * train.image_bytes());
-    std::vector<std::int32_t> labels(32);
-    std::vector<float> grad(model.parameter_count());
-    for (int step = 0; step < 1500; step++) {
-      sampler.next_batch(32, pixels, labels);
-      trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), 32, grad);
-      for (std::size_t i = 0; i < grad.size(); i++) model.parameters()[i] -= 0.1f * grad[i];
-    }
-  }
-  double accuracy(const std::uint8_t* pixels, const std::int32_t* labels, int count) {
-    Trainer evaluator(model, 100);
-    int correct = 0;
-    for (int i = 0; i < count; i += 100) {
-      const int n = std::min(100, count - i);
-      correct += evaluator.evaluate(model.parameters(), pixels + static_cast<std::size_t>(i) * 784, labels + i, n).correct;
-    }
-    return static_cast<double>(correct) / count;
-  }
-};
-
 constexpr int kIterationBlocks = 6;  // 600 iterations: 0.11 -> 0.81 on the machine of 2026-11-23
 
 TEST(GanStandalone, ConditionalSamplesBecomeRecognisable) {
   const Data& data = mnist_small();
   ASSERT_GT(data.train.size(), 0u);
-  Classifier classifier(data.train);
+  SampleClassifier classifier(data.train, 1500, 1);
   const double test_accuracy = classifier.accuracy(data.test.pixels.data(), data.test.labels.data(),
                                                    static_cast<int>(data.test.size()));
   ASSERT_GT(test_accuracy, 0.85) << "the yardstick classifier itself";

@@ -120,19 +120,23 @@ GanIterationStats GanStandalone::iterate() {
 }
 
 void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
+  sample_generator(g_, count, seed, pixels, labels);
+}
+
+void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
   GaussianSampler noise(seed);
-  MlpNetwork& net = g_.network;
-  for (int i = 0; i < count; i += settings_.batch) {
-    const int n = std::min(settings_.batch, count - i);
-    std::vector<float> batch_z(static_cast<std::size_t>(n) * kGanNoiseSize);
-    noise.fill(batch_z.data(), batch_z.size());
-    std::vector<std::int32_t> batch_labels(n);
+  const int batch = g.network.max_batch();
+  std::vector<float> z(static_cast<std::size_t>(batch) * kGanNoiseSize);
+  std::vector<float> inputs(static_cast<std::size_t>(batch) * (kGanNoiseSize + kGanClasses));
+  std::vector<std::int32_t> batch_labels(batch);
+  for (int i = 0; i < count; i += batch) {
+    const int n = std::min(batch, count - i);
+    noise.fill(z.data(), static_cast<std::size_t>(n) * kGanNoiseSize);
     for (int j = 0; j < n; j++) batch_labels[j] = (i + j) % kGanClasses;
-    std::vector<float> batch_in(static_cast<std::size_t>(n) * (kGanNoiseSize + kGanClasses));
-    generator_inputs(batch_in.data(), batch_z.data(), batch_labels.data(), n);
-    const float* images = net.forward(g_.params, batch_in.data(), n);
+    generator_inputs(inputs.data(), z.data(), batch_labels.data(), n);
+    const float* images = g.network.forward(g.params, inputs.data(), n);
     gan_to_pixels(pixels + static_cast<std::size_t>(i) * kGanImageSize, images, static_cast<std::size_t>(n) * kGanImageSize);
-    std::copy(batch_labels.begin(), batch_labels.end(), labels + i);
+    std::copy(batch_labels.begin(), batch_labels.begin() + n, labels + i);
   }
 }
 

@@ -63,6 +63,11 @@ void generate(GanPart& g, const float* inputs, int batch, float* fake);
 // everything it averages) back-propagated through G at `inputs`, then Adam on G.
 void generator_step(GanPart& g, const float* inputs, const float* feedback, int batch);
 
+// `count` samples of classes 0, 1, ..., 9, 0, ... from `g` as pixels (count × 784), from noise
+// of `seed`: the same samples for a seed and a generator. Runs in batches of at most the
+// network's max_batch.
+void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels);
+
 struct GanSettings {
   int batch = 32;
   int discriminator_steps = 1;  // L

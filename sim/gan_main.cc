@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,7 @@
 #include "common/svg_plot.h"
 #include "runtime/dataset.h"
 #include "runtime/gan_training.h"
+#include "sim/gan_simulation.h"
 
 namespace {
 
@@ -23,7 +26,9 @@ using namespace edgetrain;
 
 struct GanProgramSettings {
   runtime::GanSettings gan;
-  std::string data = "mnist", out_dir = "gan-results", kernels = "xnnpack";
+  std::string mode = "standalone", data = "mnist", out_dir = "gan-results", kernels = "xnnpack";
+  int workers = 10, k = 1;
+  double epochs_between = 1;
   std::uint64_t iterations = 3000, eval_every = 500;
   int classifier_steps = 3000, samples = 500;
   double lr = 2e-4, beta1 = 0.5, beta2 = 0.999;  // double: --help shows them as typed
@@ -35,6 +40,13 @@ void declare_settings(settings::Table& t, GanProgramSettings& s) {
   t.add("data", s.data, "mnist (full MNIST), mnist-small (its 8k subset), fashion-mnist, or a directory of IDX files");
   t.add("kernels", s.kernels, "xnnpack or reference").choices({"xnnpack", "reference"});
   t.group("Training (MLP generator and discriminator, runtime/gan_network.h)");
+  t.add("mode", s.mode, "standalone (one machine, all the data), md-gan (G on the server, a D per worker, "
+        "feedback and peer swaps) or fl-gan (every worker trains G and D, averaged every E epochs); "
+        "md-gan and fl-gan run their workers in this process").choices({"standalone", "md-gan", "fl-gan"});
+  t.add("workers", s.workers, "N (md-gan, fl-gan)").range(1, 1000);
+  t.add("k", s.k, "md-gan: generated batches per iteration (1, or 0 for ceil(log2 N))").range(0, 1000);
+  t.add("epochs-between", s.epochs_between, "E: epochs of a worker's shard between md-gan's swaps / fl-gan's averaging")
+      .range(0.001, 1e6);
   t.add("iterations", s.iterations, "generator steps").range(1, 1e9);
   t.add("batch", s.gan.batch, "real and generated images per step").range(1, 4096);
   t.add("discriminator-steps", s.gan.discriminator_steps, "L: discriminator steps per generator step").range(1, 100);
@@ -63,16 +75,31 @@ int run(const GanProgramSettings& s) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (!s.quiet) std::fprintf(stderr, "edgetrain-gan: %s, %zu training images; training the yardstick classifier\n", s.data.c_str(), train.size());
   runtime::SampleClassifier classifier(train, s.classifier_steps, s.gan.seed);
-  runtime::GanStandalone standalone(gan, train);
-
+  std::unique_ptr<runtime::GanStandalone> standalone;
+  std::unique_ptr<sim::GanFleet> fleet;
+  if (s.mode == "standalone") {
+    standalone = std::make_unique<runtime::GanStandalone>(gan, train);
+  } else {
+    sim::GanFleetSettings f;
+    f.mode = s.mode == "md-gan" ? sim::GanMode::kMdGan : sim::GanMode::kFlGan;
+    f.workers = s.workers;
+    f.k = s.k > 0 ? s.k : std::max(1, static_cast<int>(std::ceil(std::log2(static_cast<double>(s.workers)))));
+    f.epochs_between = s.epochs_between;
+    f.gan = gan;
+    fleet = std::make_unique<sim::GanFleet>(f, train);
+  }
   std::ofstream csv(s.out_dir + "/metrics.csv");
-  csv << "iteration,seconds,d_loss_real,d_loss_fake,d_class_loss_real,g_loss,conditional_accuracy\n";
-  plot::PlotSeries curve{"standalone GAN", {}, {}};
+  csv << "iteration,seconds,d_loss_real,d_loss_fake,d_class_loss_real,g_loss,conditional_accuracy,"
+         "down_bytes,up_bytes,peer_bytes,worker_seconds_per_iteration\n";
+  plot::PlotSeries curve{s.mode, {}, {}};
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(s.samples) * runtime::kGanImageSize);
   std::vector<std::int32_t> labels(s.samples);
   runtime::GanIterationStats stats;
   auto evaluate = [&](std::uint64_t iteration) {
-    standalone.sample(s.samples, s.gan.seed + 7777, pixels.data(), labels.data());  // the same noise every time
+    // The same noise every time.
+    if (standalone) standalone->sample(s.samples, s.gan.seed + 7777, pixels.data(), labels.data());
+    if (fleet) fleet->sample(s.samples, s.gan.seed + 7777, pixels.data(), labels.data());
+    const sim::GanFleetTraffic traffic = fleet ? fleet->traffic() : sim::GanFleetTraffic{};
     const double accuracy = classifier.accuracy(pixels.data(), labels.data(), s.samples);
     // 10 columns (one per class: samples cycle through the classes), up to 10 rows.
     const auto grid = image::tile_images(pixels, std::min(s.samples, 100), 28, 10);
@@ -82,27 +109,43 @@ int run(const GanProgramSettings& s) {
     image::write_png_grid(s.out_dir + "/samples.png", grid);
     csv << iteration << ',' << seconds() << ',' << stats.discriminator.real.adversarial << ','
         << stats.discriminator.fake.adversarial << ',' << stats.discriminator.real.classes << ',' << stats.generator_loss
-        << ',' << accuracy << '\n';
+        << ',' << accuracy << ',' << traffic.down_bytes << ',' << traffic.up_bytes << ',' << traffic.peer_bytes << ','
+        << (fleet ? fleet->worker_seconds_per_iteration() : 0.0) << '\n';
     csv.flush();
     curve.x.push_back(static_cast<double>(iteration));
     curve.y.push_back(accuracy);
-    if (!s.quiet)
+    if (!s.quiet && standalone)
       std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f, D loss %.3f real / %.3f fake, G loss %.3f\n",
                    seconds(), static_cast<unsigned long long>(iteration), accuracy, stats.discriminator.real.adversarial,
                    stats.discriminator.fake.adversarial, stats.generator_loss);
+    if (!s.quiet && fleet)
+      std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f, worker computation %.2f ms per iteration\n",
+                   seconds(), static_cast<unsigned long long>(iteration), accuracy,
+                   fleet->worker_seconds_per_iteration() * 1e3);
   };
   evaluate(0);
   for (std::uint64_t i = 1; i <= s.iterations; i++) {
-    stats = standalone.iterate();
+    if (standalone) stats = standalone->iterate();
+    if (fleet) fleet->iterate();
     if (i % s.eval_every == 0 || i == s.iterations) evaluate(i);
   }
   plot::PlotOptions options;
-  options.title = "Generated digits read as their class (" + s.data + ", standalone GAN)";
+  options.title = "Generated digits read as their class (" + s.data + ", " + s.mode + ")";
   options.x_label = "generator iterations";
   options.y_label = "conditional accuracy";
   std::ofstream(s.out_dir + "/conditional-accuracy.svg") << plot::render_svg_line_chart({curve}, options);
   std::printf("conditional accuracy %.3f after %llu iterations; written: %s/{metrics.csv,samples.png,conditional-accuracy.svg}\n",
               curve.y.back(), static_cast<unsigned long long>(s.iterations), s.out_dir.c_str());
+  if (fleet) {
+    const auto& t = fleet->traffic();
+    std::printf("%s, %d workers: per worker and iteration %.0f bytes down, %.0f up; %llu %s "
+                "(%.0f peer bytes per worker); worker computation %.2f ms per iteration; |G| %zu, |D| %zu parameters\n",
+                s.mode.c_str(), s.workers, static_cast<double>(t.down_bytes) / s.workers / s.iterations,
+                static_cast<double>(t.up_bytes) / s.workers / s.iterations,
+                static_cast<unsigned long long>(t.swaps + t.averagings),
+                s.mode == "md-gan" ? "discriminator swaps" : "averagings", static_cast<double>(t.peer_bytes) / s.workers,
+                fleet->worker_seconds_per_iteration() * 1e3, fleet->generator_parameters(), fleet->discriminator_parameters());
+  }
   return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "common/settings.h"
 #include "common/svg_plot.h"
 #include "runtime/dataset.h"
+#include "runtime/classifier_readout.h"
 #include "runtime/gan_training.h"
 #include "sim/gan_simulation.h"
 
@@ -31,6 +32,7 @@ struct GanProgramSettings {
   double epochs_between = 1;
   std::uint64_t iterations = 3000, eval_every = 500;
   int classifier_steps = 3000, samples = 500;
+  std::string classifier, classifier_model = "paper-cnn";
   double lr = 2e-4, beta1 = 0.5, beta2 = 0.999;  // double: --help shows them as typed
   bool quiet = false;
 };
@@ -58,6 +60,9 @@ void declare_settings(settings::Table& t, GanProgramSettings& s) {
   t.add("eval-every", s.eval_every, "iterations between image grids and conditional accuracy").range(1, 1e9);
   t.add("samples", s.samples, "class-conditioned samples per evaluation").range(10, 100000);
   t.add("classifier-steps", s.classifier_steps, "SGD steps of the yardstick MLP classifier (batch 32)").range(1, 1e7);
+  t.add("classifier", s.classifier, "a trained classifier (safetensors, e.g. from edgetrain-sim --save-model): adds the "
+        "MNIST score of the samples and the Frechet distance of its features to as many test images");
+  t.add("classifier-model", s.classifier_model, "the model of --classifier (paper-cnn, mlp or a spec)");
   t.add("out", s.out_dir, "directory for metrics.csv, samples-ITERATION.png, samples.png and the plot");
   t.add("quiet", s.quiet, "no progress lines");
 }
@@ -75,6 +80,22 @@ int run(const GanProgramSettings& s) {
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
   if (!s.quiet) std::fprintf(stderr, "edgetrain-gan: %s, %zu training images; training the yardstick classifier\n", s.data.c_str(), train.size());
   runtime::SampleClassifier classifier(train, s.classifier_steps, s.gan.seed);
+  // The scores of the paper, with a trained classifier: MNIST score and Fréchet distance.
+  std::unique_ptr<runtime::Model> judge;
+  std::unique_ptr<runtime::ClassifierReadout> readout;
+  std::vector<float> test_features, sample_features, sample_probs;
+  if (!s.classifier.empty()) {
+    judge = std::make_unique<runtime::Model>(runtime::model_spec_from_argument(s.classifier_model));
+    judge->load_safetensors(s.classifier);
+    readout = std::make_unique<runtime::ClassifierReadout>(*judge);
+    const auto test_files = runtime::dataset_files(s.data, runtime::DataSplit::kTest);
+    const runtime::Dataset test = runtime::load_dataset(test_files.images, test_files.labels);
+    const int n = std::min<int>(s.samples, static_cast<int>(test.size()));
+    test_features.resize(static_cast<std::size_t>(n) * readout->feature_size());
+    readout->read(judge->parameters(), test.pixels.data(), n, nullptr, test_features.data());
+    sample_features.resize(static_cast<std::size_t>(s.samples) * readout->feature_size());
+    sample_probs.resize(static_cast<std::size_t>(s.samples) * readout->classes());
+  }
   std::unique_ptr<runtime::GanStandalone> standalone;
   std::unique_ptr<sim::GanFleet> fleet;
   if (s.mode == "standalone") {
@@ -90,7 +111,7 @@ int run(const GanProgramSettings& s) {
   }
   std::ofstream csv(s.out_dir + "/metrics.csv");
   csv << "iteration,seconds,d_loss_real,d_loss_fake,d_class_loss_real,g_loss,conditional_accuracy,"
-         "down_bytes,up_bytes,peer_bytes,worker_seconds_per_iteration\n";
+         "down_bytes,up_bytes,peer_bytes,worker_seconds_per_iteration,mnist_score,frechet_distance\n";
   plot::PlotSeries curve{s.mode, {}, {}};
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(s.samples) * runtime::kGanImageSize);
   std::vector<std::int32_t> labels(s.samples);
@@ -101,6 +122,14 @@ int run(const GanProgramSettings& s) {
     if (fleet) fleet->sample(s.samples, s.gan.seed + 7777, pixels.data(), labels.data());
     const sim::GanFleetTraffic traffic = fleet ? fleet->traffic() : sim::GanFleetTraffic{};
     const double accuracy = classifier.accuracy(pixels.data(), labels.data(), s.samples);
+    std::string score = "", distance = "";
+    if (readout) {
+      readout->read(judge->parameters(), pixels.data(), s.samples, sample_probs.data(), sample_features.data());
+      score = std::to_string(runtime::mnist_score(sample_probs.data(), s.samples, readout->classes()));
+      distance = std::to_string(runtime::frechet_distance(sample_features.data(), s.samples, test_features.data(),
+                                                          static_cast<int>(test_features.size() / readout->feature_size()),
+                                                          readout->feature_size()));
+    }
     // 10 columns (one per class: samples cycle through the classes), up to 10 rows.
     const auto grid = image::tile_images(pixels, std::min(s.samples, 100), 28, 10);
     char name[64];
@@ -110,13 +139,14 @@ int run(const GanProgramSettings& s) {
     csv << iteration << ',' << seconds() << ',' << stats.discriminator.real.adversarial << ','
         << stats.discriminator.fake.adversarial << ',' << stats.discriminator.real.classes << ',' << stats.generator_loss
         << ',' << accuracy << ',' << traffic.down_bytes << ',' << traffic.up_bytes << ',' << traffic.peer_bytes << ','
-        << (fleet ? fleet->worker_seconds_per_iteration() : 0.0) << '\n';
+        << (fleet ? fleet->worker_seconds_per_iteration() : 0.0) << ',' << score << ',' << distance << '\n';
     csv.flush();
     curve.x.push_back(static_cast<double>(iteration));
     curve.y.push_back(accuracy);
     if (!s.quiet && standalone)
-      std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f, D loss %.3f real / %.3f fake, G loss %.3f\n",
-                   seconds(), static_cast<unsigned long long>(iteration), accuracy, stats.discriminator.real.adversarial,
+      std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f%s%s%s%s, D loss %.3f real / %.3f fake, G loss %.3f\n",
+                   seconds(), static_cast<unsigned long long>(iteration), accuracy, readout ? ", MNIST score " : "",
+                   score.c_str(), readout ? ", FID " : "", distance.c_str(), stats.discriminator.real.adversarial,
                    stats.discriminator.fake.adversarial, stats.generator_loss);
     if (!s.quiet && fleet)
       std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f, worker computation %.2f ms per iteration\n",

@@ -34,7 +34,7 @@ struct SimSettings {
   sim::SimConfig config;
   std::string data = "mnist", staleness = "sigma", out_dir = "sim-results", kernels = "xnnpack";
   runtime::CompressionSettings compression{"both"};
-  std::string train_images, train_labels, test_images, test_labels;
+  std::string train_images, train_labels, test_images, test_labels, save_model;
   double target_accuracy = 0;
   bool bin_local = false, quiet = false;
 };
@@ -80,6 +80,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("target-accuracy", s.target_accuracy, "accuracy for the traffic ratio (0: auto, half a point below the "
         "lower best)").range(0, 1);
   t.add("out", s.out_dir, "directory for sim.csv, plots and summary.md");
+  t.add("save-model", s.save_model, "write the last run's final model here (safetensors, with its accuracy in the "
+        "metadata): e.g. a classifier for edgetrain-gan --classifier");
   t.add("quiet", s.quiet, "no progress line");
 }
 
@@ -229,6 +231,17 @@ int run(const SimSettings& s) {
   write_curves(s, results, target_accuracy);
   const std::string summary = summary_table(results, target_accuracy);
   std::ofstream(s.out_dir + "/summary.md") << summary;
+  if (!s.save_model.empty()) {
+    runtime::Model model(runtime::model_spec_from_argument(s.config.model));
+    const sim::SimResult& last = results.back();
+    std::copy(last.final_parameters.begin(), last.final_parameters.end(), model.parameters().begin());
+    model.save_safetensors(s.save_model, {{"method", last.label},
+                                          {"data", s.data},
+                                          {"final_test_accuracy", std::to_string(last.final_accuracy())},
+                                          {"updates", std::to_string(last.updates_applied)}});
+    std::cout << "model: " << s.save_model << " (" << last.label << ", final test accuracy " << last.final_accuracy() * 100
+              << "%)\n";
+  }
   std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md,accuracy-vs-ingress.svg,accuracy-vs-updates.svg}\n";
   return 0;
 }

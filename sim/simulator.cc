@@ -245,6 +245,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   result.mean_delay = result.updates_applied ? delay_sum / result.updates_applied : 0;
   result.mean_update_bytes = updates_received ? static_cast<double>(update_bytes_sum) / updates_received : 0;
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  result.final_parameters.assign(store.parameters().begin(), store.parameters().end());
   return result;
 }
 

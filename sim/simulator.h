@@ -82,6 +82,7 @@ struct SimResult {
   std::uint64_t max_delay = 0;
   double mean_update_bytes = 0;
   double wall_seconds = 0;
+  std::vector<float> final_parameters;  // the server's model at the end (runtime::Model's arena)
   double final_accuracy() const { return curve.empty() ? 0 : curve.back().accuracy; }
   double best_accuracy() const;
   // Ingress bytes at the first evaluation whose accuracy reaches `target`, if any.

@@ -114,6 +114,10 @@ CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std
   }
 }
 
+std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::path& path) {
+  return header_metadata(read_bytes(path), path.string());
+}
+
 BestCheckpoint::BestCheckpoint(std::filesystem::path state_dir, runtime::Model model, std::string eval_data, Log log)
     : path_(std::move(state_dir) / kBestCheckpointName), model_(std::move(model)), eval_data_(std::move(eval_data)),
       log_(std::move(log)) {

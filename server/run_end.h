@@ -60,6 +60,10 @@ struct CheckpointFile {
 // missing, damaged (its edgetrain.crc32 does not match) or holds another model.
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std::string& model_argument);
 
+// The __metadata__ strings of a safetensors file, without loading its tensors or checking
+// its checksum. Throws std::runtime_error when the file cannot be read or has no header.
+std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::path& path);
+
 // The best checkpoint by test accuracy: <state-dir>/best.safetensors, written atomically
 // with the checksum of every checkpoint and, in its metadata, edgetrain.version,
 // edgetrain.test_accuracy, edgetrain.test_loss and edgetrain.eval_data. A best file already

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "runtime/model.h"
@@ -59,6 +60,26 @@ void check_output_file(const std::string& flag, const std::string& path) {
   if (directory.empty()) directory = ".";
   if (!writable_directory(directory))
     throw StartupError(flag + " " + path + ": " + directory.string() + " is not a directory this user can write to");
+}
+
+// A state directory holding another model's run is refused here, before recovery touches
+// it. Only the model id is compared: a damaged checkpoint is recovery's to handle.
+void check_state_dir_model(const std::filesystem::path& state_dir, const runtime::Model& model) {
+  const std::filesystem::path checkpoint = state_dir / "checkpoint.safetensors";
+  std::error_code error;
+  if (!std::filesystem::exists(checkpoint, error)) return;
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = checkpoint_metadata(checkpoint);
+  } catch (const std::exception&) {
+    return;
+  }
+  const auto id = metadata.find("edgetrain.model_id");
+  if (id == metadata.end() || id->second == std::to_string(model.layout_id())) return;
+  const auto name = metadata.find("edgetrain.model");
+  throw StartupError("--model " + model.spec().name + ": the state directory " + state_dir.string() +
+                     " holds a run of another model" + (name == metadata.end() ? "" : " ('" + name->second + "')") +
+                     "; use a new state directory for a new model");
 }
 
 bool holds_a_run(const std::filesystem::path& state_dir) {
@@ -136,6 +157,7 @@ StartPlan check_startup(const ServerSettings& s) {
   }
   check_listen_address(s.listen);
   check_state_dir(s.state_dir);
+  check_state_dir_model(s.state_dir, *model);
   if (!s.keystore.empty()) {
     try {
       Keystore::load(s.keystore);

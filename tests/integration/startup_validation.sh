@@ -46,6 +46,18 @@ status=0
   fail "an impossible state directory: exit status $status: $(cat "$work/state-dir.log")"
 echo "ok: state-dir-under-file: exit 2: $(grep -m1 -oE 'error: .{0,110}' "$work/state-dir.log")"
 
+# A state directory of another model's run: refused before recovery touches it.
+"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/mlp-state" --keystore "$keys" --model mlp \
+  --stop-after-seconds 0.1 >"$work/mlp-state.log" 2>&1 || fail "a short mlp run failed: $(cat "$work/mlp-state.log")"
+before=$(cd "$work/mlp-state" && ls -l --time-style=full-iso | md5sum)
+status=0
+"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/mlp-state" --keystore "$keys" --model paper-cnn \
+  >"$work/other-model.log" 2>&1 || status=$?
+[ "$status" -eq 2 ] && grep -q "holds a run of another model ('mlp')" "$work/other-model.log" ||
+  fail "another model's state directory: exit status $status: $(cat "$work/other-model.log")"
+[ "$(cd "$work/mlp-state" && ls -l --time-style=full-iso | md5sum)" = "$before" ] || fail "the state directory changed"
+echo "ok: another model's state directory: exit 2, untouched: $(grep -m1 -oE 'error: .{0,110}' "$work/other-model.log")"
+
 # ---- the packaged configuration on a machine without data -------------------------------
 mkdir "$work/empty-deps"
 EDGETRAIN_DEPS="$work/empty-deps" start_server "$server" "$work/packaged.log" \

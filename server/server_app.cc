@@ -322,8 +322,8 @@ void ServerApp::write_stats(bool running) {
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
 
-// stop: why the run ended (null while running, or after SIGTERM/SIGINT: "signal");
-// best: the best checkpoint so far.
+// stop: why the run ended (null while running; "signal" after SIGTERM or SIGINT, else the
+// stop condition); best: the best checkpoint so far (null without evaluation).
 void ServerApp::add_run_end_stats(nlohmann::json& j) const {
   j["stop"] = stopped_because_ ? nlohmann::json{{"condition", stopped_because_->condition},
                                                 {"detail", stopped_because_->detail}}

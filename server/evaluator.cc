@@ -56,6 +56,7 @@ void BackgroundEvaluator::run() {
     if (snapshot.version != last_version) {
       EvaluationResult result = evaluate_parameters(model_, snapshot.parameters, test_);
       result.version = snapshot.version;
+      result.parameters = std::move(snapshot.parameters);  // for the best checkpoint (server/run_end.h)
       last_version = snapshot.version;
       report_(result);
     }

@@ -22,6 +22,7 @@ struct EvaluationResult {
   double accuracy = 0;
   double loss = 0;
   double seconds = 0;  // wall time of the round
+  std::vector<float> parameters;  // the evaluated snapshot (BackgroundEvaluator's reports only)
 };
 
 // Accuracy and mean loss of `parameters` on `test` (batches of 100).

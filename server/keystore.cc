@@ -1,6 +1,13 @@
 #include "server/keystore.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include <fstream>
 #include <sstream>
@@ -102,11 +109,37 @@ std::optional<std::vector<std::uint8_t>> Keystore::key_for(std::string_view iden
   return it->second;
 }
 
-std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name, std::size_t key_bytes) {
-  if (!transport::is_plain_identity(name))
-    throw KeystoreError("invalid device name '" + transport::escape_untrusted(name) + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
-  if (key_bytes < kMinimumKeyBytes || key_bytes > transport::kMaxPskBytes)
-    throw KeystoreError("cannot make a key of " + std::to_string(key_bytes) + " bytes: keys must have " + key_length_rule());
+namespace {
+
+// Holds an exclusive flock on PATH.lock (a file of its own, so that the atomic rename of the
+// keystore cannot swap the locked inode away) for the lifetime of the object.
+class KeystoreLock {
+ public:
+  explicit KeystoreLock(const std::filesystem::path& keystore) {
+    std::filesystem::path lock_path = keystore;
+    lock_path += ".lock";
+    fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw KeystoreError("cannot open the lock file " + lock_path.string() + ": " + std::strerror(errno));
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd_);
+      throw KeystoreError("cannot lock " + lock_path.string() + ": " + std::strerror(error));
+    }
+  }
+  ~KeystoreLock() { ::close(fd_); }  // closing releases the lock
+  KeystoreLock(const KeystoreLock&) = delete;
+  KeystoreLock& operator=(const KeystoreLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// The read-modify-write of every command that changes the keystore: under the lock, the
+// current file (refused when it is not a valid keystore), `change` applied to its
+// [devices] table, the result written atomically with mode 0600.
+void edit_keystore(const std::filesystem::path& path, const std::function<void(toml::table& devices)>& change) {
+  KeystoreLock lock(path);
   toml::table table;
   if (std::filesystem::exists(path)) {
     check_private(path);
@@ -114,14 +147,62 @@ std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const st
     table = toml::parse_file(path.string());
   }
   if (!table.contains("devices")) table.insert("devices", toml::table{});
-  toml::table& devices = *table["devices"].as_table();
-  if (devices.contains(name)) throw KeystoreError("device '" + name + "' is already in " + path.string());
-  const std::vector<std::uint8_t> key = random_bytes(key_bytes);
-  devices.insert(name, to_hex(key));
+  change(*table["devices"].as_table());
   std::ostringstream text;
   text << "# edgetrain keystore: device name = PSK as hex. Keep it mode 0600.\n" << table << "\n";
   const std::string bytes = text.str();
   write_file_atomically(path, std::span(reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()), 0600);
+}
+
+void check_name(const std::string& name) {
+  if (!transport::is_plain_identity(name))
+    throw KeystoreError("invalid device name '" + transport::escape_untrusted(name) + "': use 1-64 characters of A-Z a-z 0-9 . _ -");
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> random_printable_key() {
+  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  const std::vector<std::uint8_t> random = random_bytes(24);
+  std::vector<std::uint8_t> key;
+  for (std::size_t i = 0; i < random.size(); i += 3) {
+    const unsigned bits = random[i] << 16 | random[i + 1] << 8 | random[i + 2];
+    for (int shift = 18; shift >= 0; shift -= 6) key.push_back(static_cast<std::uint8_t>(alphabet[(bits >> shift) & 63]));
+  }
+  return key;
+}
+
+bool is_printable_key(const std::vector<std::uint8_t>& key) {
+  return !key.empty() && std::all_of(key.begin(), key.end(), [](std::uint8_t b) { return b > 0x20 && b < 0x7f; });
+}
+
+std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name) {
+  check_name(name);
+  std::vector<std::uint8_t> key = random_printable_key();
+  edit_keystore(path, [&](toml::table& devices) {
+    if (devices.contains(name)) throw KeystoreError("device '" + name + "' is already in " + path.string());
+    devices.insert(name, to_hex(key));
+  });
+  return key;
+}
+
+void remove_device(const std::filesystem::path& path, const std::string& name) {
+  check_name(name);
+  if (!std::filesystem::exists(path)) throw KeystoreError("no keystore at " + path.string());
+  edit_keystore(path, [&](toml::table& devices) {
+    if (!devices.contains(name)) throw KeystoreError("device '" + name + "' is not in " + path.string());
+    devices.erase(name);
+  });
+}
+
+std::vector<std::uint8_t> rotate_key(const std::filesystem::path& path, const std::string& name) {
+  check_name(name);
+  if (!std::filesystem::exists(path)) throw KeystoreError("no keystore at " + path.string());
+  std::vector<std::uint8_t> key = random_printable_key();
+  edit_keystore(path, [&](toml::table& devices) {
+    if (!devices.contains(name)) throw KeystoreError("device '" + name + "' is not in " + path.string());
+    devices.insert_or_assign(name, to_hex(key));
+  });
   return key;
 }
 
@@ -129,8 +210,12 @@ std::string worker_config_toml(const std::string& server_uri, const std::string&
                                const std::vector<std::uint8_t>& key) {
   toml::table table{{"server", server_uri}, {"identity", identity}, {"key_hex", to_hex(key)}};
   std::ostringstream text;
-  text << "# edgetrain worker configuration for device '" << identity << "' (keep it private: it holds the key)\n"
-       << table << "\n";
+  text << "# edgetrain worker configuration for device '" << identity << "' (keep it private: it holds the key)\n";
+  if (is_printable_key(key))
+    text << "# key_hex is the hex of the text key " << std::string(key.begin(), key.end())
+         << "; to read /status with it:\n#   coap-client-openssl -m get -u " << identity << " -k "
+         << std::string(key.begin(), key.end()) << " " << server_uri << "/status\n";
+  text << table << "\n";
   return text.str();
 }
 

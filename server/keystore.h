@@ -3,7 +3,18 @@
 //
 //   # edgetrain keystore (mode 0600)
 //   [devices]
-//   pi-kitchen = "3f9a…"   # 32 random bytes as 64 hex digits
+//   pi-kitchen = "3f9a…"   # the PSK's bytes as hex digits
+//
+// Keys that add-device and rotate-key make are 32 characters of base64url text (24 random
+// bytes, 192 bits), and the PSK is those 32 characters' bytes: Debian's coap-client 4.3.1
+// takes -k as literal text (it has no hex form), so an operator can read /status with the
+// same key (`coap-client-openssl -u NAME -k KEY`). Keys made earlier as 32 random bytes
+// stay valid; they are shown as hex only.
+//
+// Commands that change the file (add_device, remove_device, rotate_key) hold an exclusive
+// flock on KEYSTORE.lock for their read-modify-write and replace the file atomically, so
+// two commands run at once both take effect, and the running server (LiveKeystore) sees
+// either the old or the new file.
 //
 // Device names (= PSK identities) are 1–64 characters of [A-Za-z0-9._-]
 // (transport::is_plain_identity, the one rule for identities).
@@ -37,6 +48,7 @@ class Keystore {
   std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity) const;
   bool contains(std::string_view identity) const { return keys_.find(identity) != keys_.end(); }
   std::size_t size() const { return keys_.size(); }
+  const std::map<std::string, std::vector<std::uint8_t>, std::less<>>& devices() const { return keys_; }
 
  private:
   std::map<std::string, std::vector<std::uint8_t>, std::less<>> keys_;
@@ -73,12 +85,27 @@ class LiveKeystore {
   Keystore keystore_;
 };
 
-// Adds `name` with `key_bytes` random bytes from /dev/urandom to the keystore at `path`
-// (created with mode 0600 when missing; rewritten atomically) and returns the key. Throws
-// KeystoreError for an invalid or already present name, an unsafe existing file, or a
-// key length outside 16..transport::kMaxPskBytes.
-std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name,
-                                     std::size_t key_bytes = 32);
+// Adds `name` with a new printable key (random_printable_key) to the keystore at `path`
+// (created with mode 0600 when missing; rewritten atomically under the lock) and returns
+// the key. Throws KeystoreError for an invalid or already present name or an unsafe or
+// invalid existing file.
+std::vector<std::uint8_t> add_device(const std::filesystem::path& path, const std::string& name);
+
+// Removes `name`; the running server refuses its next request (4.03) and handshake. Throws
+// KeystoreError when `name` is not in the keystore.
+void remove_device(const std::filesystem::path& path, const std::string& name);
+
+// Gives `name` a new printable key and returns it; the old key no longer completes a
+// handshake (sessions already open keep going until they end). Throws KeystoreError when
+// `name` is not in the keystore.
+std::vector<std::uint8_t> rotate_key(const std::filesystem::path& path, const std::string& name);
+
+// 32 characters of base64url (A-Z a-z 0-9 - _) from 24 bytes of /dev/urandom, as bytes.
+std::vector<std::uint8_t> random_printable_key();
+
+// True when every byte is printable ASCII other than space (a key coap-client's -k can
+// take and a shell passes unquoted).
+bool is_printable_key(const std::vector<std::uint8_t>& key);
 
 // The worker's configuration for that device, as TOML.
 std::string worker_config_toml(const std::string& server_uri, const std::string& identity,

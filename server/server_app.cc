@@ -20,6 +20,8 @@
 #include "server/handshake_failure_log.h"
 #include "server/keystore.h"
 #include "server/resources.h"
+#include "server/run_end.h"
+#include "server/startup_checks.h"
 #include "server/server_state.h"
 #include "transport/untrusted_text.h"
 
@@ -66,7 +68,12 @@ std::uint64_t dense_update_bytes(const runtime::Model& model) {
 class ServerApp {
  public:
   explicit ServerApp(const ServerSettings& s) : s_(s) {
-    check_settings(s_);
+    try {
+      check_settings(s_);
+    } catch (const std::invalid_argument& e) {
+      throw StartupError(e.what());
+    }
+    start_ = check_startup(s_);  // everything checked before the state directory and the socket
     open_keystore();
     open_state();
     open_endpoint();
@@ -78,16 +85,24 @@ class ServerApp {
  private:
   void open_keystore();
   void open_state();
+  void note_warm_start();
   void open_endpoint();
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
+  void add_run_end_stats(nlohmann::json& j) const;
+  bool stop_condition_met();
   std::string dtls_modes() const {
     const bool certificates = !s_.cert.empty();
     return std::string(keystore_ ? "PSK" : "") + (keystore_ && certificates ? " and " : "") + (certificates ? "X.509" : "");
   }
 
   const ServerSettings& s_;
+  StartPlan start_;
+  // Ending a run and keeping the model (server/run_end.h).
+  StopConditions stop_{{s_.stop_at_accuracy, s_.stop_after_updates, s_.stop_after_seconds}};
+  std::optional<StopReason> stopped_because_;
+  std::unique_ptr<BestCheckpoint> best_;
   std::optional<LiveKeystore> keystore_;  // none: every PSK handshake is refused (certificates only)
   std::optional<runtime::Model> evaluation_model_;
   std::unique_ptr<ServerState> state_;
@@ -116,6 +131,8 @@ void ServerApp::open_keystore() {
 void ServerApp::open_state() {
   runtime::Model model(runtime::model_spec_from_argument(s_.model));
   model.initialize(s_.seed);
+  if (start_.initial_parameters) std::copy(start_.initial_parameters->begin(), start_.initial_parameters->end(),
+                                           model.parameters().begin());
   ServerStateOptions options;
   options.state_dir = s_.state_dir;
   options.store.learning_rate = static_cast<float>(s_.lr);
@@ -133,6 +150,7 @@ void ServerApp::open_state() {
   version_after_recovery_ = state_->version();
   dense_update_bytes_ = dense_update_bytes(state_->model());
   for (const std::string& note : recovery_.notes) log_line(note);
+  note_warm_start();
   if (recovery_.fresh) {
     log_line("new state in " + s_.state_dir + ": model " + state_->model().spec().name + ", " +
              std::to_string(state_->model().parameter_count()) + " parameters, seed " + std::to_string(s_.seed));
@@ -147,6 +165,20 @@ void ServerApp::open_state() {
                                           : std::string()) +
              "; version " + std::to_string(state_->version()));
   }
+}
+
+// The warm start of a new state directory, recorded in it so that a restart with the same
+// --init-from resumes the run instead of refusing.
+void ServerApp::note_warm_start() {
+  if (s_.init_from.empty()) return;
+  if (start_.init_from_already_applied) {
+    log_line("this state directory began from " + s_.init_from + " (--init-from): resuming it");
+    return;
+  }
+  if (!recovery_.fresh) throw StartupError("--init-from: the state directory already holds a run");
+  common::write_file_atomically(std::filesystem::path(s_.state_dir) / kInitFromRecordName,
+                                nlohmann::json{{"source", start_.init_from_identity}}.dump() + "\n");
+  log_line("warm start: the new state begins with the parameters of " + s_.init_from);
 }
 
 void ServerApp::open_endpoint() {
@@ -210,9 +242,10 @@ void ServerApp::start_evaluator() {
     metrics_ << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,"
                 "dense_equivalent_bytes,test_accuracy,test_loss\n";
   }
-  if (s_.eval_data == "none") return;
-  const runtime::DatasetFiles files = runtime::dataset_files(s_.eval_data, runtime::DataSplit::kTest);
-  runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
+  if (!start_.eval_note.empty()) log_line(start_.eval_note);
+  if (!start_.eval_data) return;
+  runtime::Dataset test = std::move(*start_.eval_data);  // loaded by check_startup
+  best_ = std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
   log_line("evaluating on " + s_.eval_data + " (" + std::to_string(test.size()) + " test images) every " +
            number(s_.eval_interval) + " s when the version changed");
   evaluator_ = std::make_unique<BackgroundEvaluator>(
@@ -223,6 +256,8 @@ void ServerApp::start_evaluator() {
 
 // On the evaluator thread.
 void ServerApp::report_evaluation(const EvaluationResult& r) {
+  if (best_) best_->offer(r);
+  stop_.note_evaluation(r);
   resources_->report_accuracy(r.version, r.accuracy);
   const std::uint64_t applied = resources_->updates_applied();
   const std::uint64_t ingress = resources_->ingress_payload_bytes();
@@ -241,6 +276,7 @@ void ServerApp::report_evaluation(const EvaluationResult& r) {
   accuracy_by_ingress_.x.push_back(static_cast<double>(ingress));
   accuracy_by_ingress_.y.push_back(r.accuracy);
   last_evaluation_ = r;
+  last_evaluation_->parameters.clear();
 }
 
 // The --stats-file object (server/README.md documents its keys).
@@ -282,7 +318,20 @@ void ServerApp::write_stats(bool running) {
                                                              {"loss", last_evaluation_->loss}}
                                             : nlohmann::json(nullptr);
   }
+  add_run_end_stats(j);
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
+}
+
+// stop: why the run ended (null while running; "signal" after SIGTERM or SIGINT, else the
+// stop condition); best: the best checkpoint so far (null without evaluation).
+void ServerApp::add_run_end_stats(nlohmann::json& j) const {
+  j["stop"] = stopped_because_ ? nlohmann::json{{"condition", stopped_because_->condition},
+                                                {"detail", stopped_because_->detail}}
+                               : nlohmann::json(nullptr);
+  const auto best = best_ ? best_->best() : std::nullopt;
+  j["best"] = best ? nlohmann::json{{"version", best->version}, {"accuracy", best->accuracy}, {"loss", best->loss},
+                                    {"path", best_->path().string()}}
+                   : nlohmann::json(nullptr);
 }
 
 void ServerApp::serve() {
@@ -296,7 +345,8 @@ void ServerApp::serve() {
   // requests. Updates are group-committed: while some wait for their WAL sync (on the sync
   // thread), the loop looks for finished syncs every millisecond and sends their answers.
   auto next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (!g_stop_requested) {
+  if (stop_.any()) log_line("stop conditions: " + stop_.describe());
+  while (!g_stop_requested && !stop_condition_met()) {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (std::chrono::steady_clock::now() < next_stats) continue;
     handshake_failures_.flush(HandshakeFailureLog::Clock::now());
@@ -310,7 +360,15 @@ void ServerApp::serve() {
   resources_->answer_durable_updates(true);  // staged updates are answered before the checkpoint
 }
 
+bool ServerApp::stop_condition_met() {
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  stopped_because_ = stop_.check(state_->version(), seconds);
+  if (stopped_because_) log_line("stop condition met: " + stopped_because_->detail);
+  return stopped_because_.has_value();
+}
+
 void ServerApp::shutdown() {
+  if (!stopped_because_) stopped_because_ = StopReason{"signal", "SIGTERM or SIGINT"};
   log_line("stopping: " + resources_->ingress_summary() + " since start; writing a checkpoint at version " +
            std::to_string(state_->version()));
   evaluator_.reset();
@@ -349,7 +407,7 @@ int run_server(const ServerSettings& settings) {
   ServerApp app(settings);
   app.serve();
   app.shutdown();
-  return 0;
+  return 0;  // a stop condition, like SIGTERM, ends the run normally
 }
 
 }  // namespace edgetrain::server

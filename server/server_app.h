@@ -45,6 +45,14 @@ struct ServerSettings {
   transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;
+  // Start-up and end of a run (server/startup_checks.h, server/run_end.h): missing
+  // evaluation data turns evaluation off instead of refusing to start; a warm start of a
+  // new state directory; the stop conditions (0: off).
+  bool eval_data_optional = false;
+  std::string init_from;
+  double stop_at_accuracy = 0;
+  std::uint64_t stop_after_updates = 0;
+  double stop_after_seconds = 0;
 };
 
 // Runs the server until SIGTERM or SIGINT (installs handlers for both); returns the exit

@@ -4,6 +4,8 @@
 //   edgetrain-server --state-dir DIR --cert C --cert-key K --ca CA [--keystore KEYS] [flags]
 //   edgetrain-server add-device NAME --keystore KEYS [--server-uri coaps://host:5684]
 //   edgetrain-server repair-wal --state-dir DIR [--skip-damaged | --cut-at-damage]
+//   edgetrain-server list-devices | remove-device NAME | rotate-key NAME  --keystore KEYS
+//   edgetrain-server evaluate CHECKPOINT --data NAME [--model M] [--json]
 //
 // One table of settings (common/settings.h): flags override the TOML config file, which
 // overrides the defaults. The program itself is server/server_app.h.
@@ -15,6 +17,8 @@
 
 #include "common/settings.h"
 #include "server/keystore.h"
+#include "server/operator_commands.h"
+#include "server/startup_checks.h"
 #include "server/server_app.h"
 #include "server/wal_repair.h"
 
@@ -79,6 +83,7 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, "
         "last evaluation) "
         "rewritten atomically at start, every second and at exit");
+  declare_run_settings(t, s);
 }
 
 struct AddDevice {
@@ -97,7 +102,7 @@ int add_device(AddDevice a) {
     gethostname(host, sizeof(host) - 1);
     a.server_uri = std::string("coaps://") + host + ":5684";
   }
-  const auto key = server::add_device(a.keystore, a.name, 32);
+  const auto key = server::add_device(a.keystore, a.name);
   std::cout << server::worker_config_toml(a.server_uri, a.name, key);
   server::log_line("added '" + a.name + "' to " + a.keystore);
   return 0;
@@ -162,11 +167,16 @@ int main(int argc, char** argv) {
   settings::Table& repair_table = table.subcommand(
       "repair-wal", "list damage in the middle of the WAL (which stops recovery) and repair it as you choose");
   declare_repair_wal(repair_table, repair);
+  server::OperatorCommands operator_commands(table);
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
     if (add.parsed()) return add_device(device);
     if (repair_table.parsed()) return repair_wal(repair);
+    if (auto exit_status = operator_commands.run()) return *exit_status;
     return server::run_server(settings);
+  } catch (const server::StartupError& e) {
+    server::log_line(std::string("error: ") + e.what() + " (nothing was created; exit status 2)");
+    return server::kStartupErrorExitStatus;
   } catch (const std::exception& e) {
     server::log_line(std::string("error: ") + e.what());
     return 1;

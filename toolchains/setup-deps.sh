@@ -64,6 +64,7 @@ HOST_PACKAGES=(
   jq
   python3
   lintian systemd
+  python3-torch python3-numpy
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

@@ -21,7 +21,7 @@ done
 [ "$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles)" = /etc/edgetrain/server.toml ] || fail "conffiles"
 file "$root/usr/bin/edgetrain-server" | grep -q ', stripped' || fail "the packaged server is not stripped"
 unit="$root/lib/systemd/system/edgetrain-server.service"
-for setting in User=edgetrain ProtectSystem=strict Restart=on-failure StateDirectory=edgetrain \
+for setting in User=edgetrain ProtectSystem=strict Restart=on-failure RestartPreventExitStatus=2 StateDirectory=edgetrain \
                "ExecStart=/usr/bin/edgetrain-server --config /etc/edgetrain/server.toml"; do
   grep -qxF "$setting" "$unit" || fail "the unit lacks $setting"
 done

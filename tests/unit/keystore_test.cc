@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <thread>
+#include <cctype>
 #include <sstream>
 #include <toml++/toml.h>
 
@@ -97,15 +99,42 @@ TEST_F(KeystoreFile, KeysLongerThanMbedTlsCanUseAreRefusedNamingTheLimit) {
   }
   EXPECT_EQ(Keystore::load(path_).size(), 1u);  // exactly the limit is fine
 
-  std::filesystem::remove(path_);
-  try {
-    add_device(path_, "pi-01", 33);
-    ADD_FAILURE() << "add-device made a 33-byte key";
-  } catch (const KeystoreError& e) {
-    EXPECT_NE(std::string(e.what()).find("MBEDTLS_PSK_MAX_LEN"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(std::filesystem::exists(path_));
-  EXPECT_EQ(add_device(path_, "pi-01", 32).size(), 32u);
+}
+
+TEST_F(KeystoreFile, NewKeysArePrintableForCoapClient) {
+  // coap-client 4.3.1 takes -k as literal text: a made key must be text it can pass.
+  const auto key = add_device(path_, "pi-01");
+  EXPECT_EQ(key.size(), 32u);
+  EXPECT_TRUE(is_printable_key(key));
+  for (std::uint8_t b : key) EXPECT_TRUE(std::isalnum(b) || b == '-' || b == '_') << static_cast<int>(b);
+  EXPECT_EQ(Keystore::load(path_).key_for("pi-01"), key);
+  EXPECT_NE(random_printable_key(), random_printable_key());
+  EXPECT_FALSE(is_printable_key({'a', 0, 'b'}));
+  EXPECT_FALSE(is_printable_key({'a', ' ', 'b'}));
+}
+
+TEST_F(KeystoreFile, RemoveAndRotateChangeOnlyTheirDevice) {
+  const auto key1 = add_device(path_, "pi-01");
+  const auto key2 = add_device(path_, "pi-02");
+  const auto rotated = rotate_key(path_, "pi-01");
+  EXPECT_NE(rotated, key1);
+  EXPECT_EQ(Keystore::load(path_).key_for("pi-01"), rotated);
+  EXPECT_EQ(Keystore::load(path_).key_for("pi-02"), key2);
+  remove_device(path_, "pi-02");
+  EXPECT_FALSE(Keystore::load(path_).contains("pi-02"));
+  EXPECT_EQ(Keystore::load(path_).key_for("pi-01"), rotated);
+  EXPECT_THROW(remove_device(path_, "pi-02"), KeystoreError);
+  EXPECT_THROW(rotate_key(path_, "pi-02"), KeystoreError);
+  EXPECT_THROW(remove_device(dir_ / "missing.toml", "pi-01"), KeystoreError);
+  EXPECT_FALSE(std::filesystem::exists(dir_ / "missing.toml"));
+}
+
+TEST_F(KeystoreFile, ConcurrentAddsLoseNothing) {
+  // Each thread is another process in real use; the flock serialises them the same way.
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 16; i++) threads.emplace_back([this, i] { add_device(path_, "pi-" + std::to_string(i)); });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(Keystore::load(path_).size(), 16u);
 }
 
 TEST_F(KeystoreFile, WorkerConfigurationIsTomlWithTheSameKey) {

@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""Load an edgetrain-server checkpoint (checkpoint.safetensors, best.safetensors) into PyTorch.
+
+Reads the safetensors file with json + numpy alone (no `safetensors` package), rebuilds the
+model the checkpoint names (paper-cnn, mlp, or a spec given with --model) as a torch.nn
+module with the weights permuted from edgetrain's layout to PyTorch's, and evaluates it on
+a data set's IDX test files, exactly as `edgetrain-server evaluate` does (each image
+standardised on its own; see server/README.md, "The checkpoint's tensor layout").
+
+    python3 server/checkpoint_to_torch.py STATE/best.safetensors --data mnist [--json]
+    python3 server/checkpoint_to_torch.py CKPT --onnx model.onnx   # also export ONNX
+
+As a library: `model, metadata = load_checkpoint(path)` gives an nn.Module in eval mode
+that takes float images N x C x H x W with values 0..255 (it standardises them itself).
+Needs Debian's python3-torch and python3-numpy (toolchains/setup-deps.sh installs both)."""
+import argparse
+import gzip
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# runtime/model.cc's built-in specs.
+BUILTIN_SPECS = {
+    "paper-cnn": "input 28x28x1; conv 32 3x3 same relu; maxpool 2; conv 64 3x3 same relu; maxpool 2; fc 128 relu; fc 10",
+    "mlp": "input 28x28x1; fc 128 relu; fc 10",
+}
+
+
+def read_safetensors(path):
+    """{name: numpy array} and the __metadata__ dict of a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + length])
+    body = memoryview(data)[8 + length:]
+    metadata = header.pop("__metadata__", {})
+    tensors = {}
+    for name, info in header.items():
+        if info["dtype"] != "F32":
+            raise ValueError(f"{path}: tensor {name} is {info['dtype']}, not F32")
+        start, end = info["data_offsets"]
+        tensors[name] = np.frombuffer(body[start:end], dtype="<f4").reshape(info["shape"]).copy()
+    return tensors, metadata
+
+
+class Standardize(nn.Module):
+    """Per-image standardisation (runtime/trainer.cc, kernels::standardize_per_image):
+    (x - mean) / max(stddev, 1/sqrt(N)) over all N values of one image."""
+
+    def __init__(self, values_per_image):
+        super().__init__()
+        self.min_std = 1.0 / math.sqrt(values_per_image)
+
+    def forward(self, x):
+        flat = x.flatten(1).double()
+        mean = flat.mean(dim=1, keepdim=True)
+        std = ((flat - mean) ** 2).mean(dim=1, keepdim=True).sqrt()
+        scale = 1.0 / torch.clamp(std, min=self.min_std)
+        return ((flat - mean) * scale).float().reshape(x.shape)
+
+
+def parse_spec(text):
+    """[(verb, words)] of a model spec (runtime/model.h's language)."""
+    statements = []
+    for line in text.replace(";", "\n").splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            words = line.split()
+            statements.append((words[0], words[1:]))
+    return statements
+
+
+def build_module(spec_text, tensors):
+    """nn.Sequential for the spec, its parameters set from edgetrain's tensors."""
+    statements = parse_spec(spec_text)
+    verb, words = statements[0]
+    if verb != "input":
+        raise ValueError("a model spec starts with 'input HxWxC'")
+    H, W, C = (int(v) for v in words[0].split("x"))
+    layers = [("standardize", Standardize(H * W * C))]
+    convs = fcs = 0
+    flat_from = None  # (H, W, C) of the activation an fc flattens, when it is an image
+    for verb, words in statements[1:]:
+        if verb == "conv":
+            convs += 1
+            oc, k = int(words[0]), int(words[1].split("x")[0])
+            stride = int(words[words.index("stride") + 1]) if "stride" in words else 1
+            pad = (k - 1) // 2 if "valid" not in words else 0
+            conv = nn.Conv2d(C, oc, k, stride=stride, padding=pad)
+            w = tensors[f"conv{convs}.weight"]  # [OC][KH][KW][C] -> [OC][C][KH][KW]
+            conv.weight.data = torch.from_numpy(np.ascontiguousarray(w.transpose(0, 3, 1, 2)))
+            conv.bias.data = torch.from_numpy(tensors[f"conv{convs}.bias"])
+            layers.append((f"conv{convs}", conv))
+            H, W, C = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1, oc
+            if "relu" in words:
+                layers.append((f"conv{convs}_relu", nn.ReLU()))
+        elif verb == "maxpool":
+            layers.append((f"pool{len(layers)}", nn.MaxPool2d(2)))
+            H, W = H // 2, W // 2
+        elif verb == "fc":
+            fcs += 1
+            out = int(words[0])
+            w = tensors[f"fc{fcs}.weight"]  # [OUT][IN], IN in NHWC flatten order
+            if flat_from is None:
+                layers.append(("flatten", nn.Flatten()))
+                # PyTorch flattens N x C x H x W as (C, H, W); edgetrain as (H, W, C).
+                w = w.reshape(out, H, W, C).transpose(0, 3, 1, 2).reshape(out, C * H * W)
+                flat_from = (H, W, C)
+            fc = nn.Linear(w.shape[1], out)
+            fc.weight.data = torch.from_numpy(np.ascontiguousarray(w))
+            fc.bias.data = torch.from_numpy(tensors[f"fc{fcs}.bias"])
+            layers.append((f"fc{fcs}", fc))
+            H, W, C = 1, 1, out
+            if "relu" in words:
+                layers.append((f"fc{fcs}_relu", nn.ReLU()))
+        elif verb == "relu":
+            layers.append((f"relu{len(layers)}", nn.ReLU()))
+        else:
+            raise ValueError(f"unknown layer '{verb}'")
+    from collections import OrderedDict
+    return nn.Sequential(OrderedDict(layers)).eval()
+
+
+def load_checkpoint(path, model=None):
+    """(nn.Module, metadata) for a checkpoint; `model` is a built-in name or a spec."""
+    tensors, metadata = read_safetensors(path)
+    name = model or metadata.get("edgetrain.model")
+    if not name:
+        raise ValueError(f"{path} does not name its model: give --model")
+    spec = BUILTIN_SPECS.get(name, name)
+    if "input" not in spec:
+        raise ValueError(f"unknown model '{name}' (built in: {', '.join(BUILTIN_SPECS)}; or a spec)")
+    return build_module(spec, tensors), metadata
+
+
+def read_idx(path):
+    """numpy array of an IDX file, raw or gzipped (the .gz one when the raw one is missing)."""
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path += ".gz"
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        data = f.read()
+    if data[0] != 0 or data[1] != 0 or data[2] != 8:
+        raise ValueError(f"{path}: not an IDX file of unsigned bytes")
+    dims = data[3]
+    shape = struct.unpack(">" + "I" * dims, data[4:4 + 4 * dims])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def test_files(name):
+    """runtime::dataset_files(name, test): where a named data set's test files are."""
+    deps = os.environ.get("EDGETRAIN_DEPS") or "/var/cache/edgetrain"
+    directory = {"mnist": os.path.join(deps, "mnist-full"), "mnist-small": os.path.join(deps, "mnist-small"),
+                 "fashion-mnist": "/usr/share/datasets/fashion-mnist"}.get(name, name)
+    return (os.path.join(directory, "t10k-images-idx3-ubyte"), os.path.join(directory, "t10k-labels-idx1-ubyte"))
+
+
+def evaluate(module, images, labels, batch=100):
+    """(accuracy, mean cross-entropy loss) of `module` on uint8 NHWC (or NHW) images."""
+    if images.ndim == 3:
+        images = images[..., None]
+    correct, loss_sum = 0, 0.0
+    with torch.no_grad():
+        for start in range(0, len(labels), batch):
+            x = torch.from_numpy(images[start:start + batch].astype(np.float32)).permute(0, 3, 1, 2)
+            y = torch.from_numpy(labels[start:start + batch].astype(np.int64))
+            logits = module(x)
+            correct += int((logits.argmax(dim=1) == y).sum())
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+    return correct / len(labels), loss_sum / len(labels)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkpoint", help="checkpoint.safetensors or best.safetensors of edgetrain-server")
+    parser.add_argument("--model", help="built-in model name or spec (default: the one the checkpoint names)")
+    parser.add_argument("--data", help="test set to evaluate on: mnist, mnist-small, fashion-mnist or a directory "
+                        "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    parser.add_argument("--onnx", metavar="FILE", help="also write the model as ONNX (torch.onnx.export) to FILE")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    module, metadata = load_checkpoint(args.checkpoint, args.model)
+    result = {"checkpoint": args.checkpoint, "model": args.model or metadata.get("edgetrain.model"),
+              "version": int(metadata.get("edgetrain.version", 0))}
+    if args.onnx:
+        H, W, C = (int(v) for v in parse_spec(BUILTIN_SPECS.get(result["model"], result["model"]))[0][1][0].split("x"))
+        torch.onnx.export(module, torch.zeros(1, C, H, W), args.onnx, input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        result["onnx"] = args.onnx
+    if args.data:
+        images_path, labels_path = test_files(args.data)
+        images, labels = read_idx(images_path), read_idx(labels_path)
+        accuracy, loss = evaluate(module, images, labels)
+        result.update({"data": args.data, "images": int(len(labels)), "accuracy": accuracy, "loss": loss})
+    if args.json:
+        print(json.dumps(result))
+    elif "accuracy" in result:
+        print(f"test accuracy {result['accuracy']:.4f}, loss {result['loss']:.4f} on {result['images']} images of "
+              f"{args.data} (model {result['model']}, version {result['version']}; PyTorch)")
+    else:
+        print(module)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

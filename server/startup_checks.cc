@@ -1,0 +1,182 @@
+#include "server/startup_checks.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "runtime/model.h"
+#include "server/keystore.h"
+#include "server/run_end.h"
+
+namespace edgetrain::server {
+namespace {
+
+bool writable_directory(const std::filesystem::path& path) {
+  std::error_code error;
+  return std::filesystem::is_directory(path, error) && ::access(path.c_str(), W_OK | X_OK) == 0;
+}
+
+void check_listen_address(const std::string& listen) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const int rc = ::getaddrinfo(listen.c_str(), nullptr, &hints, &found);
+  if (found) ::freeaddrinfo(found);
+  if (rc != 0) throw StartupError("--listen " + listen + ": not an address of this machine (" + gai_strerror(rc) + ")");
+}
+
+// The state directory, or (while it does not exist) the nearest existing directory above
+// it, must let the server create files; nothing is created here.
+void check_state_dir(const std::filesystem::path& state_dir) {
+  std::error_code error;
+  if (std::filesystem::exists(state_dir, error)) {
+    if (!writable_directory(state_dir))
+      throw StartupError("--state-dir " + state_dir.string() + ": not a directory this user can write to");
+    return;
+  }
+  std::filesystem::path above = std::filesystem::absolute(state_dir, error).parent_path();
+  while (!above.empty() && !std::filesystem::exists(above, error) && above != above.root_path()) above = above.parent_path();
+  if (!writable_directory(above))
+    throw StartupError("--state-dir " + state_dir.string() + ": cannot be created (" + above.string() +
+                       " is not a directory this user can write to)");
+}
+
+void check_readable_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error) || !std::ifstream(path))
+    throw StartupError(flag + " " + path + ": no readable file there");
+}
+
+void check_output_file(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::filesystem::path directory = std::filesystem::path(path).parent_path();
+  if (directory.empty()) directory = ".";
+  if (!writable_directory(directory))
+    throw StartupError(flag + " " + path + ": " + directory.string() + " is not a directory this user can write to");
+}
+
+// A state directory holding another model's run is refused here, before recovery touches
+// it. Only the model id is compared: a damaged checkpoint is recovery's to handle.
+void check_state_dir_model(const std::filesystem::path& state_dir, const runtime::Model& model) {
+  const std::filesystem::path checkpoint = state_dir / "checkpoint.safetensors";
+  std::error_code error;
+  if (!std::filesystem::exists(checkpoint, error)) return;
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = checkpoint_metadata(checkpoint);
+  } catch (const std::exception&) {
+    return;
+  }
+  const auto id = metadata.find("edgetrain.model_id");
+  if (id == metadata.end() || id->second == std::to_string(model.layout_id())) return;
+  const auto name = metadata.find("edgetrain.model");
+  throw StartupError("--model " + model.spec().name + ": the state directory " + state_dir.string() +
+                     " holds a run of another model" + (name == metadata.end() ? "" : " ('" + name->second + "')") +
+                     "; use a new state directory for a new model");
+}
+
+bool holds_a_run(const std::filesystem::path& state_dir) {
+  for (const char* name : {"checkpoint.safetensors", "checkpoint.prev.safetensors", "wal.log", "wal.prev.log"})
+    if (std::filesystem::exists(state_dir / name)) return true;
+  return false;
+}
+
+// What must be true of a data set for evaluation: both files there (raw or .gz), images of
+// the model's input shape.
+void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartPlan& plan) {
+  if (s.eval_data == "none") return;
+  const runtime::DatasetFiles files = runtime::dataset_files(s.eval_data, runtime::DataSplit::kTest);
+  std::error_code error;
+  const bool present = std::filesystem::exists(files.images, error) && std::filesystem::exists(files.labels, error);
+  if (!present) {
+    const std::string missing = "the test set of --eval-data " + s.eval_data + " is not there (looked for " +
+                                files.images.string() + " and " + files.labels.string() + ", raw or .gz)";
+    if (!s.eval_data_optional)
+      throw StartupError(missing + "; set eval_data = \"none\" to run without evaluation, or eval_data_optional = true "
+                                   "to evaluate only where the data is present");
+    plan.eval_note = "evaluation off: " + missing + " (--eval-data-optional)";
+    return;
+  }
+  try {
+    plan.eval_data = runtime::load_dataset(files.images, files.labels);
+  } catch (const std::exception& e) {
+    throw StartupError("--eval-data " + s.eval_data + ": " + e.what());
+  }
+  const runtime::ExampleShape input = model.input_shape();
+  if (plan.eval_data->height != static_cast<std::uint32_t>(input.H) ||
+      plan.eval_data->width != static_cast<std::uint32_t>(input.W) ||
+      plan.eval_data->channels != static_cast<std::uint32_t>(input.C))
+    throw StartupError("--eval-data " + s.eval_data + ": images of " + std::to_string(plan.eval_data->height) + "x" +
+                       std::to_string(plan.eval_data->width) + "x" + std::to_string(plan.eval_data->channels) +
+                       ", but model " + model.spec().name + " takes " + std::to_string(input.H) + "x" +
+                       std::to_string(input.W) + "x" + std::to_string(input.C));
+}
+
+void load_init_from(const ServerSettings& s, StartPlan& plan) {
+  if (s.init_from.empty()) return;
+  const CheckpointFile start = [&] {
+    try {
+      return read_checkpoint_file(s.init_from, s.model);
+    } catch (const std::exception& e) {
+      throw StartupError(std::string("--init-from: ") + e.what());
+    }
+  }();
+  const auto checksum = start.metadata.find("edgetrain.crc32");
+  plan.init_from_identity = std::filesystem::absolute(s.init_from).string() + " crc32 " +
+                            (checksum == start.metadata.end() ? std::string("none") : checksum->second);
+  const std::filesystem::path state_dir = s.state_dir;
+  if (holds_a_run(state_dir)) {
+    // A restart of a warm-started run (the same command line under systemd) resumes it.
+    std::ifstream record(state_dir / kInitFromRecordName);
+    const auto recorded = nlohmann::json::parse(record, nullptr, false);
+    if (record && !recorded.is_discarded() && recorded.value("source", "") == plan.init_from_identity) {
+      plan.init_from_already_applied = true;
+      return;
+    }
+    throw StartupError("--init-from " + s.init_from + ": the state directory " + s.state_dir +
+                       " already holds a run; warm start only a new (empty or missing) state directory");
+  }
+  plan.initial_parameters.emplace(start.model.parameters().begin(), start.model.parameters().end());
+}
+
+}  // namespace
+
+StartPlan check_startup(const ServerSettings& s) {
+  std::optional<runtime::Model> model;
+  try {
+    model.emplace(runtime::model_spec_from_argument(s.model));
+  } catch (const std::exception& e) {
+    throw StartupError(std::string("--model: ") + e.what());
+  }
+  check_listen_address(s.listen);
+  check_state_dir(s.state_dir);
+  check_state_dir_model(s.state_dir, *model);
+  if (!s.keystore.empty()) {
+    try {
+      Keystore::load(s.keystore);
+    } catch (const std::exception& e) {
+      throw StartupError(std::string("--keystore: ") + e.what());
+    }
+  }
+  check_readable_file("--cert", s.cert);
+  check_readable_file("--cert-key", s.cert_key);
+  check_readable_file("--ca", s.ca);
+  check_output_file("--port-file", s.port_file);
+  check_output_file("--stats-file", s.stats_file);
+  StartPlan plan;
+  load_eval_data(s, *model, plan);
+  if (s.stop_at_accuracy > 0 && !plan.eval_data)
+    throw StartupError("--stop-at-accuracy needs evaluation: no test set (" +
+                       (plan.eval_note.empty() ? std::string("--eval-data none") : plan.eval_note) + ")");
+  load_init_from(s, plan);
+  return plan;
+}
+
+}  // namespace edgetrain::server

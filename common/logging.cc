@@ -96,10 +96,14 @@ std::vector<std::string> RepeatLimiter::admit(std::string_view kind, const std::
   return out;
 }
 
-std::vector<std::string> RepeatLimiter::flush(Clock::time_point now) {
+std::vector<std::string> RepeatLimiter::flush(Clock::time_point now) { return flush_ended(now, false); }
+
+std::vector<std::string> RepeatLimiter::flush_all(Clock::time_point now) { return flush_ended(now, true); }
+
+std::vector<std::string> RepeatLimiter::flush_ended(Clock::time_point now, bool all) {
   std::vector<std::string> out;
   for (auto it = kinds_.begin(); it != kinds_.end();) {
-    if (now - it->second.started < options_.interval) {
+    if (!all && now - it->second.started < options_.interval) {
       ++it;
       continue;
     }

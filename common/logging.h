@@ -53,6 +53,8 @@ class RepeatLimiter {
   // Summary lines of every interval that has ended by `now` (call it now and then, e.g.
   // once a second, so that a flood that stopped is still summed up).
   std::vector<std::string> flush(Clock::time_point now);
+  // Summary lines of every kind, ended or not, and an empty table (before the program stops).
+  std::vector<std::string> flush_all(Clock::time_point now);
   // Lines counted and not yet summed up, in all kinds.
   std::uint64_t suppressed() const;
   std::size_t kinds() const { return kinds_.size(); }
@@ -66,6 +68,7 @@ class RepeatLimiter {
   };
   // "LINE (1,435 more in the last 10 s)" for a kind with suppressed lines.
   std::string summary(const Kind& kind, Clock::time_point now) const;
+  std::vector<std::string> flush_ended(Clock::time_point now, bool all);
 
   Options options_;
   std::map<std::string, Kind, std::less<>> kinds_;

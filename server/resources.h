@@ -109,6 +109,9 @@ class ServerResources {
   // `idle_timeout_ms` (1 ms while updates wait for their sync), then the finished answers.
   // Before stopping, call answer_durable_updates(true).
   void serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms);
+  // Writes the counted summaries of collapsed log lines now, whether or not their interval
+  // has ended (before the server stops).
+  void flush_collapsed_lines();
 
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);

@@ -151,6 +151,11 @@ void ServerResources::tick(transport::CoapDtlsServer& server) {
   server.notify_observers("status");
 }
 
+void ServerResources::flush_collapsed_lines() {
+  for (const std::string& line : repeats_.flush_all(health_.options().now()))
+    log_at(logging::Level::kWarn, line);
+}
+
 std::string ServerResources::metrics_text() const {
   Exposition m;
   m.family("edgetrain_model_version", "gauge", "Updates applied to the model since the state directory was created.");

@@ -348,6 +348,7 @@ void ServerApp::serve() {
     next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   }
   resources_->answer_durable_updates(true);  // staged updates are answered before the checkpoint
+  resources_->flush_collapsed_lines();
 }
 
 void ServerApp::shutdown() {

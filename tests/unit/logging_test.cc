@@ -59,6 +59,16 @@ TEST(RepeatLimiter, AFloodBecomesItsBurstAndOneCountedLinePerInterval) {
   EXPECT_TRUE(limiter.flush(t0 + 30s).empty());
 }
 
+TEST(RepeatLimiter, FlushAllSumsUpIntervalsThatHaveNotEnded) {
+  RepeatLimiter limiter(options(1));
+  const auto t0 = RepeatLimiter::Clock::time_point{} + 1000s;
+  limiter.admit("k", "a", t0);
+  limiter.admit("k", "b", t0 + 1s);
+  EXPECT_TRUE(limiter.flush(t0 + 3s).empty());
+  EXPECT_EQ(limiter.flush_all(t0 + 3s), (std::vector<std::string>{"b (1 more in the last 3 s)"}));
+  EXPECT_EQ(limiter.kinds(), 0u);
+}
+
 TEST(RepeatLimiter, TheNextLineAfterAnIntervalCarriesTheSummaryAndStartsAfresh) {
   RepeatLimiter limiter(options(1));
   const auto t0 = RepeatLimiter::Clock::time_point{} + 1000s;

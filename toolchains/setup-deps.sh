@@ -62,6 +62,7 @@ HOST_PACKAGES=(
   libcoap3-bin
   openssl
   jq
+  curl
   lintian systemd
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <charconv>
 #include <cstring>
 #include <stdexcept>
@@ -98,7 +99,11 @@ void MetricsEndpoint::answer(int connection) {
   setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &two_seconds, sizeof(two_seconds));
   std::string head;
   char buffer[1024];
+  // Two seconds for the whole head, not per read: a client trickling bytes cannot hold the
+  // one thread longer.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (head.find("\r\n\r\n") == std::string::npos && head.size() < kMaxRequestHead) {
+    if (std::chrono::steady_clock::now() >= deadline) return;
     const ssize_t n = ::recv(connection, buffer, sizeof(buffer), 0);
     if (n <= 0) return;  // closed, or too slow
     head.append(buffer, static_cast<std::size_t>(n));

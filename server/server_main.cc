@@ -90,7 +90,7 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "text format), e.g. 127.0.0.1:9464; empty: none");
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
-  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, "
+  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, per-device health, "
         "last evaluation) "
         "rewritten atomically at start, every second and at exit");
 }

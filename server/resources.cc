@@ -38,11 +38,34 @@ int coap_code_for(SubmitOutcome outcome) {
 
 }  // namespace
 
-ServerResources::ServerResources(ServerState& state, ResourceOptions options)
-    : state_(state), options_(std::move(options)) {}
+namespace {
+// The health table forgets refusal counts along with the identity it pushes out.
+DeviceHealthOptions health_options(const ResourceOptions& options, ServerState& state) {
+  DeviceHealthOptions health = options.health;
+  health.on_forget = [&state, chained = health.on_forget](const std::string& identity) {
+    state.forget_device(identity);
+    if (chained) chained(identity);
+  };
+  return health;
+}
+}  // namespace
 
-void ServerResources::log(const std::string& line) const {
-  if (options_.log) options_.log(line);
+ServerResources::ServerResources(ServerState& state, ResourceOptions options)
+    : state_(state), options_(std::move(options)), health_(health_options(options_, state_)), repeats_(options_.repeats) {}
+
+void ServerResources::log(const std::string& line) const { log_at(logging::Level::kInfo, line); }
+
+void ServerResources::log_at(logging::Level level, const std::string& line) const {
+  if (options_.log_at) {
+    options_.log_at(level, line);
+  } else if (options_.log) {
+    options_.log(line);
+  }
+}
+
+void ServerResources::log_repeating(logging::Level level, std::string_view kind, const std::string& line) {
+  if (!logging::enabled(level) && options_.log_at) return;  // dropped anyway: not worth counting
+  for (const std::string& shown : repeats_.admit(kind, line, health_.options().now())) log_at(level, shown);
 }
 
 namespace {
@@ -54,12 +77,11 @@ std::string identity_key(const CoapRequest& request) {
 }
 }  // namespace
 
-void ServerResources::note_request(const CoapRequest& request) {
+void ServerResources::note_request(const CoapRequest& request, bool worker) {
   ++requests_;
   ingress_payload_bytes_ += request.payload.size();
   const std::string identity = identity_key(request);
-  if (!identity.empty() && workers_seen_.find(identity) == workers_seen_.end()) {
-    workers_seen_.insert(identity);
+  if (!identity.empty() && health_.note_request(identity, worker, request.payload.size())) {
     if (request.authentication == transport::PeerAuthentication::kNone) {
       log("first request from '" + escape_untrusted(identity) + "' over plain CoAP from " + request.peer_address +
           ": the identity is declared, NOT authenticated");
@@ -94,7 +116,7 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
 }
 
 CoapResponse ServerResources::get_model(const CoapRequest& request) {
-  note_request(request);
+  note_request(request, true);
   const auto parsed = parse_model_query(request.query);
   if (const auto* problem = std::get_if<std::string>(&parsed)) {
     ++bad_model_queries_;
@@ -116,7 +138,7 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
     // Updates are checked so that this cannot happen; if it does, say so loudly.
     const std::string why = std::string("cannot serve the model at version ") + std::to_string(state_.version()) +
                             ": " + e.what();
-    log("ERROR: " + why + " (a restart with --rollback-non-finite resumes from the last finite state)");
+    log_at(logging::Level::kError, "ERROR: " + why + " (a restart with --rollback-non-finite resumes from the last finite state)");
     return text_response(CoapCode::kInternalServerError, why);
   }
 }
@@ -136,7 +158,7 @@ std::string device_refusals_json(const ServerState& state) {
 }
 
 CoapResponse ServerResources::post_update(const CoapRequest& request) {
-  note_request(request);
+  note_request(request, true);
   // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
   // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
   // device nor block one with a high sequence number, while replays are still dropped.
@@ -151,7 +173,8 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
   if (request.authentication == transport::PeerAuthentication::kPsk && options_.is_authorized &&
       !options_.is_authorized(identity)) {
     ++refused_["not authorized"];
-    log("refused an update from '" + escape_untrusted(identity) + "': no longer in the keystore");
+    log_repeating(logging::Level::kWarn, "not authorized from " + identity,
+                  "refused an update from '" + escape_untrusted(identity) + "': no longer in the keystore");
     return text_response(CoapCode::kForbidden, "identity '" + escape_untrusted(identity) + "' is not authorized");
   }
   if (request.defer) {
@@ -168,29 +191,35 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
 CoapResponse ServerResources::update_response(const SubmitResult& result, const std::string& identity, bool original) {
   const int code = coap_code_for(result.outcome);
   if (result.acknowledged()) {
+    health_.note_answer(identity, 8);  // the version
     if (result.outcome == SubmitOutcome::kApplied && original) {
       ++applied_;
+      health_.note_accepted(identity, result.staleness);
       if (options_.log_every_applied && result.version % options_.log_every_applied == 0)
         log("version " + std::to_string(result.version) + " (" + std::to_string(applied_) +
             " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
-      log("duplicate update from '" + escape_untrusted(identity) + "' answered with version " + std::to_string(result.version));
+      log_repeating(logging::Level::kInfo, "duplicate from " + identity, "duplicate update from '" + escape_untrusted(identity) + "' answered with version " + std::to_string(result.version));
     }
     return {code, transport::encode_update_reply(result.version), {}};
   }
   ++refused_[submit_outcome_name(result.outcome)];
+  const std::string reply = std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic;
+  health_.note_answer(identity, reply.size());
   // The diagnostic is the decoder's or the store's own text (numbers, never the peer's bytes).
   // A quarantined device's refusals are counted, not logged: the quarantine was.
   if (result.outcome != SubmitOutcome::kQuarantined)
-    log("refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) + " " +
-      submit_outcome_name(result.outcome) + "): " + result.diagnostic);
-  return text_response(code, std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic);
+    log_repeating(logging::Level::kWarn, std::string(submit_outcome_name(result.outcome)) + " from " + identity,
+                  "refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) +
+                      " " + submit_outcome_name(result.outcome) + "): " + result.diagnostic);
+  return text_response(code, reply);
 }
 
 void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms) {
   server.run_once(updates_awaiting_sync() > 0 ? 1 : idle_timeout_ms);
   answer_durable_updates(false);
+  tick(server);
 }
 
 std::size_t ServerResources::answer_durable_updates(bool wait) {
@@ -221,7 +250,8 @@ std::string ServerResources::status_json() const {
     refused_total += count;
   }
   std::vector<std::string> workers_seen;
-  for (const std::string& identity : workers_seen_) workers_seen.push_back(escape_untrusted(identity));
+  for (const auto& [identity, record] : health_.devices())
+    if (record.worker) workers_seen.push_back(escape_untrusted(identity));
   json status = {
       {"version", state_.version()},
       {"model", state_.model().spec().name},
@@ -234,6 +264,11 @@ std::string ServerResources::status_json() const {
       {"devices_refused", json::parse(device_refusals_json(state_))},
       {"workers_seen", json(workers_seen)},
       {"workers_known", state_.sequences().size()},
+      {"devices", json::parse(devices_json())},
+      {"monitors", json::parse(monitors_json())},
+      {"devices_silent", health_.silent_workers()},
+      {"silent_after_seconds", health_.options().silent_after_seconds},
+      {"devices_forgotten", health_.forgotten()},
       {"requests", requests_},
       {"model_pulls", model_pulls_},
       {"model_delta_pulls", model_delta_pulls_},
@@ -264,13 +299,17 @@ std::string ServerResources::status_json() const {
 }
 
 CoapResponse ServerResources::get_status(const CoapRequest& request) {
-  note_request(request);
-  return text_response(CoapCode::kContent, status_json());
+  note_request(request, false);
+  CoapResponse response = request.query.empty() ? text_response(CoapCode::kContent, status_json())
+                                                : get_device_status(request.query);
+  health_.note_answer(identity_key(request), response.payload.size());
+  return response;
 }
 
 void ServerResources::report_accuracy(std::uint64_t version, double accuracy) {
   std::lock_guard lock(accuracy_mutex_);
   last_accuracy_ = {version, accuracy};
+  ++evaluations_;
 }
 
 std::string ServerResources::ingress_summary() const {
@@ -284,9 +323,14 @@ std::string ServerResources::ingress_summary() const {
 
 void ServerResources::attach(transport::CoapDtlsServer& server) {
   server_ = &server;
-  server.add_resource("model", transport::Method::kGet, [this](const CoapRequest& r) { return get_model(r); });
+  server.add_resource("model", transport::Method::kGet, [this](const CoapRequest& r) {
+    CoapResponse response = get_model(r);
+    health_.note_answer(identity_key(r), response.payload.size());
+    return response;
+  });
   server.add_resource("update", transport::Method::kPost, [this](const CoapRequest& r) { return post_update(r); });
   server.add_resource("status", transport::Method::kGet, [this](const CoapRequest& r) { return get_status(r); });
+  server.make_observable("status");
 }
 
 }  // namespace edgetrain::server

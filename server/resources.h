@@ -14,7 +14,13 @@
 //                 non-finite or beyond the bound), 4.01 no DTLS identity (plain CoAP: no
 //                 declared ?id=NAME), 4.03 identity no longer authorized or quarantined,
 //                 5.00 the WAL write failed. Errors carry one line of text saying why.
-//   GET  /status  2.05, JSON a person can read
+//   GET  /status  2.05, JSON a person can read, with a section per device; observable (RFC
+//                 7641): notifications at most every observe_interval_seconds while
+//                 something changed (ServerResources::serve_once)
+//   GET  /status?device=NAME
+//                 2.05, one device's health (JSON); 4.04 for a name not tracked, 4.00 for a
+//                 malformed query. Reading /status never changes the training state; it
+//                 only makes the reader a monitor in the per-device table.
 //
 // Handlers are plain functions of a CoapRequest, so tests can call them without a network
 // (then POST /update syncs the WAL for each update). Over the network (a request that can be
@@ -39,6 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/logging.h"
+#include "server/device_health.h"
 #include "server/server_state.h"
 #include "transport/coap_dtls.h"
 #include "transport/codec.h"
@@ -59,6 +67,14 @@ struct ResourceOptions {
   std::uint64_t log_every_applied = 100;
   // Fixed facts shown by /status (model name, data set, ...).
   std::map<std::string, std::string> facts;
+  // Watching a fleet (server/README.md): per-device health, Observe on /status, log levels
+  // and repeated lines collapsed. log_at, when set, takes every line with its level (else
+  // `log` gets them all); refusals and duplicates of one kind per device go through the
+  // repeat limiter.
+  DeviceHealthOptions health;
+  double observe_interval_seconds = 5;
+  std::function<void(logging::Level, const std::string& line)> log_at;
+  logging::RepeatLimiter::Options repeats;
 };
 
 // The query of GET /model: no since (empty query), since = V, or why the query is refused.
@@ -93,6 +109,9 @@ class ServerResources {
   // `idle_timeout_ms` (1 ms while updates wait for their sync), then the finished answers.
   // Before stopping, call answer_durable_updates(true).
   void serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms);
+  // Writes the counted summaries of collapsed log lines now, whether or not their interval
+  // has ended (before the server stops).
+  void flush_collapsed_lines();
 
   // From the evaluator thread: test accuracy of the parameters at `version`.
   void report_accuracy(std::uint64_t version, double accuracy);
@@ -109,9 +128,31 @@ class ServerResources {
   std::uint64_t ingress_socket_bytes() const { return server_ ? server_->bytes_received() : 0; }
   std::uint64_t ingress_socket_datagrams() const { return server_ ? server_->datagrams_received() : 0; }
   std::string status_json() const;
+  // The Prometheus / OpenMetrics text exposition of the counters and per-device health
+  // (server/README.md, "Watching a fleet"). The CoAP thread renders it; the metrics
+  // endpoint serves a copy.
+  std::string metrics_text() const;
+  const DeviceHealth& device_health() const { return health_; }
+  // Per-device keys of /status and the stats file: {NAME: {...}} for workers, and the
+  // names of monitors (identities that only read /status), as JSON text.
+  std::string devices_json() const;
+  std::string monitors_json() const;
+  // What /status observers are notified of: a number that changes when updates are
+  // applied, refused or answered as duplicates, the model is pulled, or an evaluation
+  // arrives (not when /status is read).
+  std::uint64_t activity() const;
 
  private:
-  void note_request(const transport::CoapRequest& request);
+  // `worker`: a training request (model pull, update), not a monitoring one.
+  void note_request(const transport::CoapRequest& request, bool worker);
+  void log_at(logging::Level level, const std::string& line) const;
+  // A line that may repeat many times (refusals, duplicates): through the repeat limiter.
+  void log_repeating(logging::Level level, std::string_view kind, const std::string& line);
+  // /status?device=NAME.
+  transport::CoapResponse get_device_status(std::string_view query);
+  std::string device_json(const std::string& identity, const DeviceRecord& record) const;
+  // serve_once's periodic work: summaries of collapsed lines, Observe notifications.
+  void tick(transport::CoapDtlsServer& server);
   // The answer to a settled update, with its counters and log lines; `original`: not a
   // duplicate answered along with it.
   transport::CoapResponse update_response(const SubmitResult& result, const std::string& identity, bool original);
@@ -126,7 +167,11 @@ class ServerResources {
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;
   std::uint64_t model_delta_pulls_ = 0, bad_model_queries_ = 0;
   std::map<std::string, std::uint64_t> refused_;  // by reason
-  std::set<std::string, std::less<>> workers_seen_;
+  DeviceHealth health_;
+  logging::RepeatLimiter repeats_;
+  std::chrono::steady_clock::time_point next_tick_{}, next_notify_{};
+  std::uint64_t notified_activity_ = 0;
+  std::atomic<std::uint64_t> evaluations_ = 0;
   // Staged updates by ticket: who asked (the original first, then duplicates) and where
   // the answer goes.
   std::map<std::uint64_t, std::vector<std::pair<std::string, transport::DeferredResponse>>> awaiting_sync_;

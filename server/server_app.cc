@@ -14,11 +14,13 @@
 #include <optional>
 
 #include "common/atomic_file.h"
+#include "common/logging.h"
 #include "common/svg_plot.h"
 #include "runtime/dataset.h"
 #include "server/evaluator.h"
 #include "server/handshake_failure_log.h"
 #include "server/keystore.h"
+#include "server/metrics_endpoint.h"
 #include "server/resources.h"
 #include "server/run_end.h"
 #include "server/startup_checks.h"
@@ -31,7 +33,6 @@ namespace {
 
 std::atomic<bool> g_stop_requested = false;
 void request_stop(int) { g_stop_requested = true; }
-std::mutex g_log_mutex;
 
 std::string number(double value) {
   char text[32];
@@ -46,6 +47,8 @@ void check_settings(const ServerSettings& s) {
     throw std::invalid_argument("X.509 needs all three of --cert, --cert-key and --ca (cert, cert_key, ca in the config)");
   if (s.keystore.empty() && !certificates)
     throw std::invalid_argument("--keystore (or keystore in the config) is required unless --cert/--cert-key/--ca are given");
+  if (!logging::parse_level(s.log_level)) throw std::invalid_argument("--log-level must be error, warn, info or debug");
+  if (!s.metrics_listen.empty()) split_listen_address(s.metrics_listen);  // a malformed address fails before serving
   transport::check_timing(s.timing);
   transport::check_handshake_limits(s.handshake);
 }
@@ -78,6 +81,7 @@ class ServerApp {
     open_state();
     open_endpoint();
     start_evaluator();
+    start_metrics();
   }
   void serve();
   void shutdown();
@@ -92,6 +96,8 @@ class ServerApp {
   void write_stats(bool running);
   void add_run_end_stats(nlohmann::json& j) const;
   bool stop_condition_met();
+  void start_metrics();
+  void refresh_metrics();
   std::string dtls_modes() const {
     const bool certificates = !s_.cert.empty();
     return std::string(keystore_ ? "PSK" : "") + (keystore_ && certificates ? " and " : "") + (certificates ? "X.509" : "");
@@ -120,6 +126,10 @@ class ServerApp {
   std::optional<EvaluationResult> last_evaluation_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::unique_ptr<BackgroundEvaluator> evaluator_;
+  // The metrics endpoint serves a copy of the exposition the serving loop renders every second.
+  std::mutex metrics_text_mutex_;
+  std::string metrics_text_;
+  std::unique_ptr<MetricsEndpoint> metrics_endpoint_;
 };
 
 void ServerApp::open_keystore() {
@@ -185,6 +195,13 @@ void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
   resource_options.is_authorized = [this](std::string_view identity) { return keystore_ && keystore_->contains(identity); };
   resource_options.log = log_line;
+  resource_options.log_at = logging::write;
+  resource_options.health.silent_after_seconds = s_.silent_after;
+  resource_options.health.max_devices = static_cast<std::size_t>(s_.max_devices);
+  resource_options.observe_interval_seconds = s_.observe_interval;
+  resource_options.repeats.burst = s_.log_repeat_burst;
+  resource_options.repeats.interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(s_.log_repeat_interval));
   resource_options.facts = {{"eval_data", s_.eval_data}, {"state_dir", s_.state_dir}};
   resource_options.facts["security"] =
       "DTLS (" + dtls_modes() + ")" +
@@ -254,6 +271,24 @@ void ServerApp::start_evaluator() {
       std::chrono::milliseconds(static_cast<long long>(s_.eval_interval * 1000)));
 }
 
+void ServerApp::start_metrics() {
+  refresh_metrics();
+  if (s_.metrics_listen.empty()) return;
+  metrics_endpoint_ = std::make_unique<MetricsEndpoint>(s_.metrics_listen, [this] {
+    std::lock_guard lock(metrics_text_mutex_);
+    return metrics_text_;
+  });
+  log_line("metrics: GET http://" + s_.metrics_listen.substr(0, s_.metrics_listen.rfind(':')) + ":" +
+           std::to_string(metrics_endpoint_->port()) + "/metrics (Prometheus text format)");
+}
+
+// On the serving thread, which owns what the exposition reads.
+void ServerApp::refresh_metrics() {
+  std::string text = resources_->metrics_text();
+  std::lock_guard lock(metrics_text_mutex_);
+  metrics_text_ = std::move(text);
+}
+
 // On the evaluator thread.
 void ServerApp::report_evaluation(const EvaluationResult& r) {
   if (best_) best_->offer(r);
@@ -300,6 +335,10 @@ void ServerApp::write_stats(bool running) {
   j["updates_applied"] = resources_->updates_applied();
   j["updates_clipped"] = state_->updates_clipped();
   j["devices_refused"] = nlohmann::json::parse(device_refusals_json(*state_));
+  j["devices"] = nlohmann::json::parse(resources_->devices_json());
+  j["monitors"] = nlohmann::json::parse(resources_->monitors_json());
+  j["devices_silent"] = resources_->device_health().silent_workers();
+  j["metrics_port"] = metrics_endpoint_ ? nlohmann::json(metrics_endpoint_->port()) : nlohmann::json(nullptr);
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
@@ -350,6 +389,7 @@ void ServerApp::serve() {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (std::chrono::steady_clock::now() < next_stats) continue;
     handshake_failures_.flush(HandshakeFailureLog::Clock::now());
+    refresh_metrics();
     try {
       write_stats(true);
     } catch (const std::exception& e) {  // a full disk must not stop training
@@ -358,6 +398,7 @@ void ServerApp::serve() {
     next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   }
   resources_->answer_durable_updates(true);  // staged updates are answered before the checkpoint
+  resources_->flush_collapsed_lines();
 }
 
 bool ServerApp::stop_condition_met() {
@@ -391,19 +432,10 @@ void ServerApp::shutdown() {
 
 }  // namespace
 
-void log_line(const std::string& message) {
-  const auto now = std::chrono::system_clock::now();
-  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
-  std::lock_guard lock(g_log_mutex);
-  std::fprintf(stderr, "%s.%03dZ %s\n", stamp, static_cast<int>(millis), message.c_str());
-}
+void log_line(const std::string& message) { logging::write(logging::Level::kInfo, message); }
 
 int run_server(const ServerSettings& settings) {
+  logging::set_level(logging::parse_level(settings.log_level).value_or(logging::Level::kInfo));
   ServerApp app(settings);
   app.serve();
   app.shutdown();

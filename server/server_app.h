@@ -53,6 +53,15 @@ struct ServerSettings {
   double stop_at_accuracy = 0;
   std::uint64_t stop_after_updates = 0;
   double stop_after_seconds = 0;
+  // Watching a fleet (server/README.md): log level and collapsed repeats, per-device health,
+  // Observe on /status, the metrics endpoint (empty: none).
+  std::string log_level = "info";
+  std::uint32_t log_repeat_burst = 10;
+  double log_repeat_interval = 10;  // seconds
+  double silent_after = 60;         // seconds
+  std::uint64_t max_devices = 10000;
+  double observe_interval = 5;      // seconds
+  std::string metrics_listen;
 };
 
 // Runs the server until SIGTERM or SIGINT (installs handlers for both); returns the exit
@@ -60,7 +69,8 @@ struct ServerSettings {
 // directory it cannot use (before serving).
 int run_server(const ServerSettings& settings);
 
-// "2024-05-01T12:34:56.789Z message" on stderr; callable from any thread.
+// "2024-05-01T12:34:56.789Z message" on stderr at level info (common/logging.h); callable
+// from any thread.
 void log_line(const std::string& message);
 
 }  // namespace edgetrain::server

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "common/logging.h"
 #include "common/settings.h"
 #include "server/keystore.h"
 #include "server/operator_commands.h"
@@ -78,9 +79,22 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "every session once per pass (1 = libcoap's own loop)").range(1, 1024);
   t.add("max-bodies-in-progress", s.max_bodies_in_progress, "block-wise request bodies assembled at once (one per "
         "session, each at most --max-update-bytes); a body beyond them gets 5.03").range(1, 1u << 20);
+  t.group("Watching a fleet (server/README.md)");
+  t.add("log-level", s.log_level, "least severe log lines written").choices({"error", "warn", "info", "debug"});
+  t.add("log-repeat-burst", s.log_repeat_burst, "lines of one kind (e.g. 'too stale from w1') written per "
+        "--log-repeat-interval; the rest become one line with their count").range(0, 1000000);
+  t.add("log-repeat-interval", s.log_repeat_interval, "interval of --log-repeat-burst").range(0.1, 86400).unit("seconds");
+  t.add("silent-after", s.silent_after, "a device not heard from for longer is reported silent (/status, stats "
+        "file, metrics)").range(0.1, 1e9).unit("seconds");
+  t.add("max-devices", s.max_devices, "identities tracked per device at once; a new one beyond it pushes out the "
+        "one heard from longest ago").range(1, 10000000);
+  t.add("observe-interval", s.observe_interval, "CoAP Observe on /status: at most one notification per interval, "
+        "while something changed").range(0.1, 86400).unit("seconds");
+  t.add("metrics-listen", s.metrics_listen, "ADDRESS:PORT of an HTTP endpoint serving GET /metrics (Prometheus "
+        "text format), e.g. 127.0.0.1:9464; empty: none");
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
-  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, "
+  t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, per-device health, "
         "last evaluation) "
         "rewritten atomically at start, every second and at exit");
   declare_run_settings(t, s);
@@ -178,7 +192,7 @@ int main(int argc, char** argv) {
     server::log_line(std::string("error: ") + e.what() + " (nothing was created; exit status 2)");
     return server::kStartupErrorExitStatus;
   } catch (const std::exception& e) {
-    server::log_line(std::string("error: ") + e.what());
+    logging::write(logging::Level::kError, std::string("error: ") + e.what());
     return 1;
   }
 }

@@ -518,6 +518,13 @@ std::string ServerState::note_device(std::string_view identity, SubmitOutcome ou
   return note;
 }
 
+bool ServerState::forget_device(std::string_view identity) {
+  auto it = devices_.find(identity);
+  if (it == devices_.end() || it->second.quarantined) return false;
+  devices_.erase(it);
+  return true;
+}
+
 bool ServerState::clip(transport::SparseUpdate& update) const {
   if (options_.clip_update_norm <= 0) return false;
   bool clipped = false;
@@ -648,7 +655,8 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
     submit_timings_.wal_seconds += staged.write_seconds + sync_share;
     submit_timings_.apply_seconds += seconds_since(apply_started);
     sequences_[staged.record.identity] = {staged.record.sequence, result.version};
-    out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}}});
+    const std::uint64_t staleness = result.version - 1 - std::min(staged.update.fetched_version, result.version - 1);
+    out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}, staleness}});
     remember_recent(std::move(staged.record));
     ++updates_since_checkpoint_;
   }

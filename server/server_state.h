@@ -108,6 +108,7 @@ struct SubmitResult {
   SubmitOutcome outcome = SubmitOutcome::kApplied;
   std::uint64_t version = 0;  // applied/duplicate: the version the update produced; else the current one
   std::string diagnostic;     // one line for the worker's log; empty when applied
+  std::uint64_t staleness = 0;  // applied: updates applied between its t_fetch and it (per-device health)
   bool acknowledged() const { return outcome == SubmitOutcome::kApplied || outcome == SubmitOutcome::kDuplicate; }
 };
 
@@ -240,6 +241,9 @@ class ServerState {
   const SubmitTimings& submit_timings() const { return submit_timings_; }
   const std::map<std::string, DeviceRefusals, std::less<>>& device_refusals() const { return devices_; }
   std::uint64_t updates_clipped() const { return updates_clipped_; }
+  // Drops the refusal counts of `identity` (per-device health pushed it out of its bounded
+  // table), unless it is quarantined: that must outlive the bookkeeping. True if dropped.
+  bool forget_device(std::string_view identity);
   std::uint64_t checkpoint_version() const { return checkpoint_version_; }
   // Empty unless the last automatic checkpoint failed (the WAL still holds everything).
   const std::string& checkpoint_error() const { return checkpoint_error_; }

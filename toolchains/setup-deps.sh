@@ -63,6 +63,7 @@ HOST_PACKAGES=(
   openssl
   jq
   python3
+  curl
   lintian systemd
   python3-torch python3-numpy
 )

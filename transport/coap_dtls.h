@@ -261,6 +261,15 @@ class CoapDtlsServer {
 
   // Registers `handler` for `method` on the resource at `path` (no leading slash).
   void add_resource(const std::string& path, Method method, RequestHandler handler);
+  // CoAP Observe (RFC 7641) on the GET handler of `path`, which must be registered: a GET
+  // with Observe: 0 subscribes, its answer carries the Observe option, and every
+  // notify_observers(path) has the handler run again for each subscriber and its answer
+  // sent to it (non-confirmable, every fifth confirmable; block-wise for large bodies), on
+  // the next run_once(). A subscriber is dropped when a notification fails or its answer
+  // is not 2.xx. Throws std::logic_error when `path` has no GET handler.
+  void make_observable(const std::string& path);
+  // Returns whether `path` has subscribers (then they are notified on the next run_once()).
+  bool notify_observers(const std::string& path);
   std::uint16_t port() const;
   // The plain CoAP port, or 0 when there is no plaintext endpoint.
   std::uint16_t plaintext_port() const;

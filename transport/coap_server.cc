@@ -128,6 +128,7 @@ struct CoapDtlsServer::Impl {
   struct Resource {
     Impl* server = nullptr;
     std::map<Method, RequestHandler> handlers;
+    coap_resource_t* resource = nullptr;  // owned by the context
   };
 
   Options options;
@@ -591,12 +592,28 @@ void CoapDtlsServer::add_resource(const std::string& path, Method method, Reques
     coap_resource_t* resource = coap_resource_init(uri, COAP_RESOURCE_FLAGS_RELEASE_URI);
     if (!resource) throw TransportError("cannot create resource " + path);
     coap_resource_set_userdata(resource, entry.get());
+    entry->resource = resource;
     coap_add_resource(impl_->context, resource);
     for (Method m : {Method::kGet, Method::kPost, Method::kPut, Method::kDelete}) {
       coap_register_handler(resource, to_libcoap_method(m), &Impl::handle);
     }
   }
   entry->handlers[method] = std::move(handler);
+}
+
+void CoapDtlsServer::make_observable(const std::string& path) {
+  auto it = impl_->resources.find(path);
+  if (it == impl_->resources.end() || !it->second->handlers.count(Method::kGet))
+    throw std::logic_error("make_observable(" + path + "): no GET handler registered on that path");
+  coap_resource_set_get_observable(it->second->resource, 1);
+}
+
+bool CoapDtlsServer::notify_observers(const std::string& path) {
+  auto it = impl_->resources.find(path);
+  if (it == impl_->resources.end()) return false;
+  // libcoap marks the resource dirty; the next run_once (coap_io_prepare_epoll) calls the GET
+  // handler once per observer and sends each its notification.
+  return coap_resource_notify_observers(it->second->resource, nullptr) != 0;
 }
 
 std::uint16_t CoapDtlsServer::port() const { return impl_->bound_port; }

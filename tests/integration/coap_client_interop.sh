@@ -28,7 +28,8 @@ import json, sys
 status = json.load(open(sys.argv[1]))
 assert status["model"] == "mlp", status
 assert status["version"] == 0, status
-assert status["workers_seen"] == ["interop-client"], status
+# It only read /status: a monitor, not a worker.
+assert status["workers_seen"] == [] and status["monitors"] == ["interop-client"], status
 assert status["ingress_socket_datagrams"] >= 4, status  # its handshake and request were counted
 PY
 grep -q "first request from 'interop-client'" "$work/server.log" || fail "the server did not log the client"

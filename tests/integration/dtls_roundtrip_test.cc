@@ -175,3 +175,44 @@ TEST_F(DtlsRoundTrip, SocketIngressIsCountedPerServer) {
 }
 
 }  // namespace
+
+namespace {
+
+// Observe (RFC 7641) on the server side: only a GET handler can be observable, notifying
+// with no subscriber reports none, and a plain GET of an observable resource is answered as
+// before. Subscriptions and notifications are tested with Debian's coap-client
+// (tests/integration/fleet_watch.sh): CoapDtlsClient does not subscribe.
+TEST(DtlsObserve, OnlyGetHandlersAreObservableAndPlainGetsStillWork) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id == "device-1") return bytes_of("key-one-0123456789");
+    return std::nullopt;
+  };
+  CoapDtlsServer server(options);
+  int reads = 0;
+  server.add_resource("status", Method::kGet, [&reads](const CoapRequest&) {
+    ++reads;
+    return CoapResponse{CoapCode::kContent, bytes_of("fine")};
+  });
+  server.add_resource("update", Method::kPost, [](const CoapRequest&) { return CoapResponse{CoapCode::kChanged}; });
+  EXPECT_THROW(server.make_observable("update"), std::logic_error);
+  EXPECT_THROW(server.make_observable("nowhere"), std::logic_error);
+  server.make_observable("status");
+  EXPECT_FALSE(server.notify_observers("status"));  // nobody subscribed
+  EXPECT_FALSE(server.notify_observers("nowhere"));
+
+  std::atomic<bool> stop = false;
+  std::thread loop([&] {
+    while (!stop) server.run_once(10);
+  });
+  CoapDtlsClient client({"127.0.0.1", server.port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
+  const CoapResponse r = client.request(Method::kGet, "status");
+  stop = true;
+  loop.join();
+  EXPECT_EQ(r.code, CoapCode::kContent);
+  EXPECT_EQ(std::string(r.payload.begin(), r.payload.end()), "fine");
+  EXPECT_EQ(reads, 1);
+  EXPECT_FALSE(server.notify_observers("status"));  // a plain GET does not subscribe
+}
+
+}  // namespace

@@ -108,18 +108,8 @@ FilterDropout::FilterDropout(const Model& model, DropoutConfig config, int max_b
     const bool inverted = config_.rescale == DropoutRescale::kInverted;
     layer_scale_.push_back(inverted ? static_cast<float>(OC) / static_cast<float>(kept) : 1.0f);
   }
-  tensor_scale_.assign(sub_model_->tensors().size(), 1.0f);
-  std::size_t conv = 0;
-  for (const ResolvedLayer& layer : sub_model_->layers()) {
-    if (layer.kind != LayerKind::kConv) continue;
-    for (int t : {layer.weight_tensor, layer.bias_tensor})
-      if (t >= 0) tensor_scale_[t] = layer_scale_[conv];
-    conv++;
-  }
-  full_index_.resize(sub_model_->parameter_count());
   sub_params_.resize(sub_model_->parameter_count());
   sub_grad_.resize(sub_model_->parameter_count());
-  build_index();
 }
 
 FilterDropout::~FilterDropout() = default;
@@ -138,53 +128,50 @@ void FilterDropout::draw() {
     std::copy(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), kept_[c].begin());
     std::sort(kept_[c].begin(), kept_[c].end());
   }
-  build_index();
 }
 
-void FilterDropout::build_index() {
+// Calls f(full, sub, kept, n, scale) for every run of the mapping between the arenas:
+// compact entries sub..sub+n-1 are full entries full + kept[c] (kept null: full + c),
+// scaled by `scale` in the sub-network. Runs are the innermost channel axis (conv: per
+// kept filter and tap; fc: per output and input position), so each is short and the
+// kept list stays in L1; no per-entry index is stored or rebuilt.
+template <class F>
+void FilterDropout::for_each_run(F&& f) const {
   const auto& full_layers = model_.layers();
   const auto& sub_layers = sub_model_->layers();
   const auto& full_tensors = model_.tensors();
   const auto& sub_tensors = sub_model_->tensors();
-  int channels_from = -1;  // conv layer whose kept filters are the current channels; -1: all channels
+  const std::uint32_t* channels = nullptr;  // kept filters feeding the current layer; null: all
   std::size_t conv = 0;
-  // Full channel index of compact channel c at the current point of the network.
-  auto full_channel = [&](std::uint32_t c) { return channels_from < 0 ? c : kept_[channels_from][c]; };
   for (std::size_t i = 0; i < full_layers.size(); i++) {
     const ResolvedLayer& full = full_layers[i];
     const ResolvedLayer& sub = sub_layers[i];
+    if (full.kind != LayerKind::kConv && full.kind != LayerKind::kFullyConnected) continue;
+    const std::size_t w_full = full_tensors[full.weight_tensor].offset, w_sub = sub_tensors[sub.weight_tensor].offset;
+    const std::size_t C = full.in.C, sub_C = sub.in.C;
     if (full.kind == LayerKind::kConv) {
-      const auto& out_kept = kept_[conv];
+      const std::vector<std::uint32_t>& out_kept = kept_[conv];
+      const float scale = layer_scale_[conv];
       const std::size_t taps = static_cast<std::size_t>(full.kernel) * full.kernel;
-      const std::size_t C = full.in.C, sub_C = sub.in.C;
-      std::uint32_t* w = full_index_.data() + sub_tensors[sub.weight_tensor].offset;
-      const std::size_t w_full = full_tensors[full.weight_tensor].offset;
       for (std::size_t o = 0; o < out_kept.size(); o++)
         for (std::size_t t = 0; t < taps; t++)
-          for (std::size_t c = 0; c < sub_C; c++)
-            *w++ = static_cast<std::uint32_t>(w_full + (out_kept[o] * taps + t) * C + full_channel(c));
+          f(w_full + (out_kept[o] * taps + t) * C, w_sub + (o * taps + t) * sub_C, channels, sub_C, scale);
       if (sub.bias_tensor >= 0) {
-        std::uint32_t* b = full_index_.data() + sub_tensors[sub.bias_tensor].offset;
-        const std::size_t b_full = full_tensors[full.bias_tensor].offset;
-        for (std::size_t o = 0; o < out_kept.size(); o++) b[o] = static_cast<std::uint32_t>(b_full + out_kept[o]);
+        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset, out_kept.data(), out_kept.size(),
+          scale);
       }
-      channels_from = static_cast<int>(conv++);
-    } else if (full.kind == LayerKind::kFullyConnected) {
-      // Columns are NHWC positions (h, w, c) of the input; only the channels change.
-      const std::size_t HW = static_cast<std::size_t>(full.in.H) * full.in.W;
-      const std::size_t C = full.in.C, sub_C = sub.in.C, cols = HW * C;
-      std::uint32_t* w = full_index_.data() + sub_tensors[sub.weight_tensor].offset;
-      const std::size_t w_full = full_tensors[full.weight_tensor].offset;
-      for (std::size_t o = 0; o < full.out.size(); o++)
-        for (std::size_t p = 0; p < HW; p++)
-          for (std::size_t c = 0; c < sub_C; c++)
-            *w++ = static_cast<std::uint32_t>(w_full + o * cols + p * C + full_channel(c));
+      channels = out_kept.data();
+      conv++;
+    } else {
+      // Columns are the NHWC positions (h, w, c) of the input; only the channels thin out.
+      const std::size_t positions = static_cast<std::size_t>(full.in.H) * full.in.W, OC = full.out.size();
+      for (std::size_t o = 0; o < OC; o++)
+        for (std::size_t p = 0; p < positions; p++)
+          f(w_full + (o * positions + p) * C, w_sub + (o * positions + p) * sub_C, channels, sub_C, 1.0f);
       if (sub.bias_tensor >= 0) {
-        std::uint32_t* b = full_index_.data() + sub_tensors[sub.bias_tensor].offset;
-        const std::size_t b_full = full_tensors[full.bias_tensor].offset;
-        for (std::size_t o = 0; o < full.out.size(); o++) b[o] = static_cast<std::uint32_t>(b_full + o);
+        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset, nullptr, OC, 1.0f);
       }
-      channels_from = -1;
+      channels = nullptr;
     }
   }
 }
@@ -195,19 +182,26 @@ BatchResult FilterDropout::compute_gradient_for_current_draw(std::span<const flo
   if (params.size() != model_.parameter_count() || grad.size() != model_.parameter_count()) {
     throw std::invalid_argument("FilterDropout: parameter or gradient size mismatch");
   }
-  const auto& sub_tensors = sub_model_->tensors();
-  for (std::size_t t = 0; t < sub_tensors.size(); t++) {
-    const float s = tensor_scale_[t];
-    const std::size_t begin = sub_tensors[t].offset, end = begin + sub_tensors[t].size;
-    for (std::size_t i = begin; i < end; i++) sub_params_[i] = s * params[full_index_[i]];
-  }
+  float* __restrict sub_params = sub_params_.data();
+  const float* full_params = params.data();
+  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n, float scale) {
+    if (kept) {
+      for (std::size_t c = 0; c < n; c++) sub_params[sub + c] = scale * full_params[full + kept[c]];
+    } else {
+      for (std::size_t c = 0; c < n; c++) sub_params[sub + c] = scale * full_params[full + c];
+    }
+  });
   const BatchResult result = sub_trainer_->compute_gradient(sub_params_, pixels, labels, count, sub_grad_);
-  std::fill(grad.begin(), grad.end(), 0.0f);
-  for (std::size_t t = 0; t < sub_tensors.size(); t++) {
-    const float s = tensor_scale_[t];
-    const std::size_t begin = sub_tensors[t].offset, end = begin + sub_tensors[t].size;
-    for (std::size_t i = begin; i < end; i++) grad[full_index_[i]] = s * sub_grad_[i];
-  }
+  std::fill(grad.begin(), grad.end(), 0.0f);  // everything dropped stays exactly zero
+  float* __restrict full_grad = grad.data();
+  const float* sub_grad = sub_grad_.data();
+  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n, float scale) {
+    if (kept) {
+      for (std::size_t c = 0; c < n; c++) full_grad[full + kept[c]] = scale * sub_grad[sub + c];
+    } else {
+      for (std::size_t c = 0; c < n; c++) full_grad[full + c] = scale * sub_grad[sub + c];
+    }
+  });
   return result;
 }
 

@@ -78,7 +78,8 @@ class FilterDropout {
   const Model& sub_network() const { return *sub_model_; }
 
  private:
-  void build_index();  // full_index_ for the current draw
+  template <class F>
+  void for_each_run(F&& f) const;  // the compact <-> full mapping for the current draw
 
   const Model& model_;
   DropoutConfig config_;
@@ -88,8 +89,6 @@ class FilterDropout {
   std::vector<std::vector<std::uint32_t>> kept_;   // per conv layer, ascending
   std::vector<std::vector<std::uint32_t>> order_;  // per conv layer, scratch permutation
   std::vector<float> layer_scale_;          // per conv layer: 1/keep (kInverted) or 1
-  std::vector<float> tensor_scale_;         // per compact tensor: its layer's scale, 1 for fc
-  std::vector<std::uint32_t> full_index_;  // compact parameter i lives at full_index_[i]
   std::vector<float> sub_params_, sub_grad_;
 };
 

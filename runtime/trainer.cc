@@ -7,6 +7,7 @@
 
 #include "kernels/reference.h"
 #include "kernels/training_xnn.h"
+#include "runtime/filter_dropout.h"
 
 namespace edgetrain::runtime {
 namespace k = edgetrain::kernels;
@@ -37,7 +38,7 @@ struct Trainer::Stage {
 };
 
 Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthreadpool_t pool)
-    : model_(model), max_batch_(max_batch), backend_(backend) {
+    : model_(model), max_batch_(max_batch), backend_(backend), pool_(pool) {
   if (max_batch < 1) throw std::invalid_argument("Trainer: batch size must be at least 1");
   const std::size_t B = static_cast<std::size_t>(max_batch);
   const auto& layers = model.layers();
@@ -146,6 +147,12 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
   return result;
 }
 
+void Trainer::set_dropout(const DropoutConfig& config) {
+  dropout_ = std::make_unique<FilterDropout>(model_, config, max_batch_, backend_, pool_);
+}
+
+void Trainer::clear_dropout() { dropout_.reset(); }
+
 BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels,
                               int count) {
   return forward(params, pixels, labels, count);
@@ -154,6 +161,10 @@ BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t*
 BatchResult Trainer::compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
                                       const std::int32_t* labels, int count, std::span<float> grad) {
   if (grad.size() != model_.parameter_count()) throw std::invalid_argument("Trainer: gradient size mismatch");
+  if (dropout_) {
+    dropout_->draw();
+    return dropout_->compute_gradient_for_current_draw(params, pixels, labels, count, grad);
+  }
   BatchResult result = forward(params, pixels, labels, count);
   const auto& layers = model_.layers();
   const auto& tensors = model_.tensors();

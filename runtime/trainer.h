@@ -10,6 +10,9 @@
 //              so they add nothing to any parameter gradient.
 //   kReference the plain loops of kernels/reference.h, one layer at a time, exactly the
 //              definition; slow, for tests and as a yardstick.
+//
+// With set_dropout() every compute_gradient() trains a random sub-network with some conv
+// filters dropped (runtime/filter_dropout.h); evaluate() always runs the full model.
 #pragma once
 
 #include <pthreadpool.h>
@@ -24,6 +27,9 @@
 namespace edgetrain::runtime {
 
 enum class KernelBackend { kXnnpack, kReference };
+
+class FilterDropout;
+struct DropoutConfig;
 
 struct BatchResult {
   float loss = 0;   // mean softmax cross-entropy over the batch
@@ -54,6 +60,13 @@ class Trainer {
   // Forward only: loss and number correct.
   BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels, int count);
 
+  // Filter dropout for the following compute_gradient() calls (each draws new kept
+  // filters); validates `config` against the model (std::invalid_argument) and builds the
+  // sub-network's kernels now. clear_dropout() returns to the full model.
+  void set_dropout(const DropoutConfig& config);
+  void clear_dropout();
+  FilterDropout* dropout() { return dropout_.get(); }
+
  private:
   struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
 
@@ -64,6 +77,8 @@ class Trainer {
   const Model& model_;
   int max_batch_;
   KernelBackend backend_;
+  pthreadpool_t pool_;
+  std::unique_ptr<FilterDropout> dropout_;  // null: no dropout
   std::vector<Stage> stages_;
   std::vector<float> input_;                        // standardized batch
   std::vector<std::vector<float>> activations_;     // output of each layer (empty if no stage writes it)

@@ -32,6 +32,7 @@ std::string human_bytes(double bytes) {
 // What the settings table fills besides sim::SimConfig's own fields.
 struct SimSettings {
   sim::SimConfig config;
+  std::string drop_rates, dropout_rescale = "inverted";
   std::string data = "mnist", staleness = "sigma", out_dir = "sim-results", kernels = "xnnpack";
   runtime::CompressionSettings compression{"both"};
   std::string train_images, train_labels, test_images, test_labels, save_model;
@@ -69,6 +70,11 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
   t.add("seed", c.seed, "same seed, same run");
+  t.group("Filter dropout (DISTREAL)");
+  t.add("drop-rates", s.drop_rates, "one drop rate per conv layer, e.g. 0.5,0.25 (each in [0, 1); empty: none); "
+        "every worker's step trains a random sub-network");
+  t.add("dropout-rescale", s.dropout_rescale, "inverted (ours: kept filters' outputs times 1/keep) or none")
+      .choices({"inverted", "none"});
   t.group("Compression");
   runtime::declare_compression_settings(t, c.compressor, s.compression, {"none", "adacomp", "both"});
   t.add("bin-local", s.bin_local, "option: IBM's bin-local selection (Chen et al. 2018) instead of top-k");
@@ -105,6 +111,8 @@ std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings&
   sim::SimConfig config = s.config;
   config.kernels = s.kernels == "reference" ? runtime::KernelBackend::kReference : runtime::KernelBackend::kXnnpack;
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
+  if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
+  config.dropout_rescale = runtime::parse_dropout_rescale(s.dropout_rescale);
   config.staleness_rule = s.staleness == "sigma"   ? server::StalenessRule::kPerParameterSigma
                           : s.staleness == "delay" ? server::StalenessRule::kPerUpdateDelay
                                                    : server::StalenessRule::kNone;

@@ -136,6 +136,13 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
 
   runtime::ThreadPool pool(config.threads);
   runtime::Trainer trainer(model, config.batch, config.kernels, pool.get());
+  if (!config.conv_drop_rates.empty()) {
+    runtime::DropoutConfig dropout;
+    dropout.conv_drop_rates = config.conv_drop_rates;
+    dropout.rescale = config.dropout_rescale;
+    dropout.seed = config.seed * 0x9E3779B97F4A7C15ULL + 3;  // its own stream: the batches stay as without dropout
+    trainer.set_dropout(dropout);  // validates against the model (std::invalid_argument)
+  }
   const int eval_batch = 100;
   runtime::Trainer evaluator(model, eval_batch, config.kernels, pool.get());
   std::vector<float> gradient(model.parameter_count());

@@ -22,6 +22,7 @@
 
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
+#include "runtime/filter_dropout.h"
 #include "runtime/model.h"
 #include "runtime/trainer.h"
 #include "server/parameter_store.h"
@@ -58,6 +59,10 @@ struct SimConfig {
   // CPU's instruction set) or the reference loops (slow; the same bits on every x86-64
   // machine, which is what the recorded determinism figures rely on).
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
+  // Filter dropout (DISTREAL, runtime/filter_dropout.h): one drop rate per conv layer, or
+  // empty for none. Every simulated worker's step then trains a random sub-network.
+  std::vector<float> conv_drop_rates;
+  runtime::DropoutRescale dropout_rescale = runtime::DropoutRescale::kInverted;
 };
 
 struct EvalPoint {

@@ -21,6 +21,7 @@
 #include "kernels/reference.h"
 #include "kernels/xnnpack_setup.h"
 #include "runtime/model.h"
+#include "runtime/filter_dropout.h"
 #include "runtime/trainer.h"
 #include "tests/support/paper_cnn.h"
 
@@ -126,7 +127,7 @@ double repack_ms_per_step(int B) {
 int main(int argc, char** argv) {
   CLI::App app{"edgetrain kernel benchmark: paper CNN train step"};
   int batch = 10, threads = 1, steps = 20, warmup = 3;
-  std::string path = "fast";
+  std::string path = "fast", drop_rates;
   bool peak = false, repack = false;
   app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
   app.add_option("--threads", threads, "threads (1 = calling thread, no pool)")->check(CLI::PositiveNumber);
@@ -134,6 +135,7 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed steps first");
   app.add_option("--path", path, "fast or reference (kernel composition), or trainer (runtime::Trainer)")
       ->check(CLI::IsMember({"fast", "reference", "trainer"}));
+  app.add_option("--drop-rates", drop_rates, "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
   app.add_flag("--gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   app.add_flag("--repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
   CLI11_PARSE(app, argc, argv);
@@ -165,6 +167,12 @@ int main(int argc, char** argv) {
     rt::Model model(rt::builtin_model_spec("paper-cnn"));
     model.initialize(1);
     rt::Trainer trainer(model, batch, rt::KernelBackend::kXnnpack, pool);
+    if (!drop_rates.empty()) {
+      rt::DropoutConfig dropout;
+      dropout.conv_drop_rates = rt::parse_drop_rates(drop_rates);
+      trainer.set_dropout(dropout);
+      path += "-dropout-" + drop_rates;
+    }
     std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * 784);
     std::vector<std::int32_t> labels(batch);
     std::mt19937 rng(1);

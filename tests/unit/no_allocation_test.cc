@@ -15,6 +15,7 @@
 #include "kernels/xnnpack_setup.h"
 #include "runtime/compressor.h"
 #include "runtime/model.h"
+#include "runtime/filter_dropout.h"
 #include "runtime/trainer.h"
 #include "tests/support/paper_cnn.h"
 
@@ -83,17 +84,26 @@ TEST(NoAllocation, PaperCnnTrainStepOnTwoThreads) {
 using edgetrain::runtime::KernelBackend;
 
 // Trainer::compute_gradient on the paper CNN after one warm-up call, with a full batch
-// and a partial (zero-padded) one.
-void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t pool) {
+// and a partial (zero-padded) one; with filter dropout when `drop_rates` is not empty
+// (every step draws new filters, the shapes stay fixed).
+void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t pool,
+                                          const std::vector<float>& drop_rates = {}) {
   const int max_batch = 4;
   edgetrain::runtime::Model model(edgetrain::runtime::builtin_model_spec("paper-cnn"));
   model.initialize(1);
   edgetrain::runtime::Trainer trainer(model, max_batch, backend, pool);
+  if (!drop_rates.empty()) {
+    edgetrain::runtime::DropoutConfig dropout;
+    dropout.conv_drop_rates = drop_rates;
+    trainer.set_dropout(dropout);
+  }
   std::vector<std::uint8_t> pixels(max_batch * model.input_shape().size());
   for (std::size_t i = 0; i < pixels.size(); i++) pixels[i] = static_cast<std::uint8_t>(i * 37);
   std::vector<std::int32_t> labels = {1, 7, 3, 0};
   std::vector<float> grad(model.parameter_count());
   trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), max_batch, grad);  // warm-up
+  // With dropout, evaluate() runs the full model's operators, which compute_gradient() did not warm.
+  if (!drop_rates.empty()) trainer.evaluate(model.parameters(), pixels.data(), labels.data(), max_batch);
 
   const long new_before = g_operator_new_calls.load();
   const std::size_t xnn_before = edgetrain::kernels::xnnpack_system_allocations();
@@ -116,6 +126,14 @@ TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
 }
 
 TEST(NoAllocation, TrainerReference) { expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr); }
+
+TEST(NoAllocation, TrainerWithFilterDropout) {
+  expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {0.5f, 0.25f});
+  pthreadpool_t pool = pthreadpool_create(2);
+  ASSERT_NE(pool, nullptr);
+  expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, pool, {0.75f, 0.5f});
+  pthreadpool_destroy(pool);
+}
 
 // Compressor::compress on the paper CNN's layout at c = 0.01 with each value option: after
 // the first call has sized the update's vectors, further calls reuse them. (Bin-local is

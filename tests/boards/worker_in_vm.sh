@@ -102,7 +102,7 @@ memory_figures() {
     pid=$(systemctl show -p MainPID --value edgetrain-worker)
     echo "max=$(cat "$cg/memory.max")"; echo "peak=$(cat "$cg/memory.peak")"
     echo "oom_kill=$(sed -n "s/^oom_kill //p" "$cg/memory.events")"
-    echo "hwm_kib=$(sudo sed -n "s/^VmHWM: *\([0-9]*\) kB/\1/p" "/proc/$pid/status")"' > "$work/memory.txt" ||
+    echo "hwm_kib=$(sudo sed -n "s/^VmHWM:[[:space:]]*\([0-9]*\) kB/\1/p" "/proc/$pid/status")"' > "$work/memory.txt" ||
     fail "ssh to the board failed"
   cat "$work/memory.txt"
   grep -qx "max=$memory_max_bytes" "$work/memory.txt" || fail "the cgroup's memory.max is not MemoryMax=$memory_max"
@@ -110,6 +110,7 @@ memory_figures() {
   local peak hwm
   peak=$(sed -n 's/^peak=//p' "$work/memory.txt") hwm=$(sed -n 's/^hwm_kib=//p' "$work/memory.txt")
   [ -n "$peak" ] && [ "$peak" -gt 0 ] && [ "$peak" -le "$memory_max_bytes" ] || fail "memory.peak '$peak' not within MemoryMax"
+  [ -n "$hwm" ] && [ "$hwm" -gt 0 ] || fail "no VmHWM of the worker process"
   figure "$1_cgroup_memory_peak_mib" "$(awk -v b="$peak" 'BEGIN { printf "%.1f", b / 1048576 }')" MiB
   figure "$1_worker_vmhwm_mib" "$(awk -v k="$hwm" 'BEGIN { printf "%.1f", k / 1024 }')" MiB
 }

@@ -57,6 +57,10 @@ struct ResourceOptions {
   // One line per notable event (refusals, duplicates, every `log_every_applied`th update).
   std::function<void(const std::string& line)> log;
   std::uint64_t log_every_applied = 100;
+  // Non-empty: POST /update is refused with 4.05 and this reason (--mode rounds).
+  std::string updates_refused_because;
+  // Extra keys merged into /status (--mode rounds: the round counters as a JSON object).
+  std::function<std::string()> extra_status;
   // Fixed facts shown by /status (model name, data set, ...).
   std::map<std::string, std::string> facts;
 };

@@ -20,6 +20,7 @@
 #include "server/handshake_failure_log.h"
 #include "server/keystore.h"
 #include "server/resources.h"
+#include "server/round_coordinator.h"
 #include "server/server_state.h"
 #include "transport/untrusted_text.h"
 
@@ -79,6 +80,7 @@ class ServerApp {
   void open_keystore();
   void open_state();
   void open_endpoint();
+  void open_rounds(ResourceOptions& resource_options);
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
@@ -94,6 +96,7 @@ class ServerApp {
   RecoveryReport recovery_;
   std::uint64_t version_after_recovery_ = 0;
   std::unique_ptr<ServerResources> resources_;
+  std::unique_ptr<RoundCoordinator> rounds_;  // --mode rounds only
   // Before server_: the server's failure callback writes to it until the server is gone.
   HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
   std::unique_ptr<transport::CoapDtlsServer> server_;
@@ -149,6 +152,29 @@ void ServerApp::open_state() {
   }
 }
 
+// --mode rounds: the round coordinator, and POST /update refused (a round's model changes
+// only at its close).
+void ServerApp::open_rounds(ResourceOptions& resource_options) {
+  RoundOptions o;
+  o.policy = parse_round_policy(s_.round_policy);
+  o.aggregation = parse_aggregation(s_.aggregation);
+  o.deadline_seconds = s_.round_deadline;
+  o.client_fraction = s_.client_fraction;
+  o.min_clients = s_.min_clients;
+  o.local_steps = s_.local_steps;
+  o.server_lr = static_cast<float>(s_.server_lr);
+  o.store_learning_rate = static_cast<float>(s_.lr);
+  o.seed = s_.seed;
+  o.log = log_line;
+  rounds_ = std::make_unique<RoundCoordinator>(*state_, o);
+  resource_options.updates_refused_because = "--mode rounds: post model deltas to /round/update";
+  resource_options.extra_status = [this] { return rounds_->status_json(); };
+  log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " + s_.round_policy + ", " +
+           s_.aggregation + " aggregation, deadline " + number(s_.round_deadline) + " s, client fraction " +
+           number(s_.client_fraction) + ", " + std::to_string(s_.local_steps) + " local steps, server lr " +
+           number(s_.server_lr));
+}
+
 void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
   resource_options.is_authorized = [this](std::string_view identity) { return keystore_ && keystore_->contains(identity); };
@@ -159,6 +185,7 @@ void ServerApp::open_endpoint() {
       (!s_.insecure         ? std::string()
        : s_.insecure_port   ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
                             : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
+  if (s_.mode == "rounds") open_rounds(resource_options);
   resources_ = std::make_unique<ServerResources>(*state_, resource_options);
 
   transport::CoapDtlsServer::Options o;
@@ -181,6 +208,7 @@ void ServerApp::open_endpoint() {
   };
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
+  if (rounds_) rounds_->attach(*server_);
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
@@ -282,6 +310,8 @@ void ServerApp::write_stats(bool running) {
                                                              {"loss", last_evaluation_->loss}}
                                             : nlohmann::json(nullptr);
   }
+  j["mode"] = s_.mode;
+  if (rounds_) j["rounds"] = nlohmann::json::parse(rounds_->status_json());
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
 
@@ -298,6 +328,7 @@ void ServerApp::serve() {
   auto next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (!g_stop_requested) {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+    if (rounds_) rounds_->poll();  // a round's deadline passes without a request
     if (std::chrono::steady_clock::now() < next_stats) continue;
     handshake_failures_.flush(HandshakeFailureLog::Clock::now());
     try {

@@ -194,8 +194,7 @@ std::optional<RoundInfo> RoundWorker::State::poll() {
                                              payload_text(response.payload));
     return std::nullopt;
   }
-  refusals_in_a_row = 0;
-  return info;
+  return info;  // refusals in a row end only with an exchange that succeeds (2.04, 4.09), as in Worker
 }
 
 bool RoundWorker::State::pull(const RoundInfo& round) {
@@ -277,6 +276,7 @@ bool RoundWorker::State::send(const RoundInfo& round) {
     if (response.code == transport::CoapCode::kConflict) {
       stats.deltas_refused++;  // the round closed (a straggler) or moved on: take part in the next one
       done_round = round.round;
+      refusals_in_a_row = 0;
       say("round " + std::to_string(round.round) + ": delta refused with " + answer);
       return false;
     }

@@ -13,7 +13,9 @@
 //                 stale / old sequence (re-pull), 4.22 out of bounds (would leave a parameter
 //                 non-finite or beyond the bound), 4.01 no DTLS identity (plain CoAP: no
 //                 declared ?id=NAME), 4.03 identity no longer authorized or quarantined,
-//                 5.00 the WAL write failed. Errors carry one line of text saying why.
+//                 5.00 the WAL write failed, 4.05 under --mode rounds (deltas go to
+//                 /round/update, server/round_coordinator.h). Errors carry one line of text
+//                 saying why.
 //   GET  /status  2.05, JSON a person can read
 //
 // Handlers are plain functions of a CoapRequest, so tests can call them without a network

@@ -21,6 +21,13 @@ class ServerChannel {
   virtual transport::CoapResponse get_model(const std::string& path) = 0;
   // POST /update with one encoded update; answered and thrown like get_model().
   virtual transport::CoapResponse post_update(std::span<const std::uint8_t> body) = 0;
+  // Federated rounds (runtime/round_worker.h): GET /round, and POST
+  // /round/update?examples=N with one encoded model delta. A channel without rounds
+  // answers 4.04.
+  virtual transport::CoapResponse get_round() { return {transport::CoapCode::kNotFound, {}, {}}; }
+  virtual transport::CoapResponse post_round_update(std::uint64_t /*examples*/, std::span<const std::uint8_t> /*body*/) {
+    return {transport::CoapCode::kNotFound, {}, {}};
+  }
 };
 
 // The channel over CoAP/DTLS (or plain CoAP): one CoapDtlsClient, one session kept across
@@ -31,6 +38,8 @@ class CoapServerChannel : public ServerChannel {
   explicit CoapServerChannel(transport::CoapDtlsClient::Options options) : client_(std::move(options)) {}
   transport::CoapResponse get_model(const std::string& path) override;
   transport::CoapResponse post_update(std::span<const std::uint8_t> body) override;
+  transport::CoapResponse get_round() override;
+  transport::CoapResponse post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) override;
 
  private:
   transport::CoapDtlsClient client_;

@@ -19,6 +19,7 @@
 #include "common/atomic_file.h"
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
+#include "runtime/round_worker.h"
 #include "runtime/worker.h"
 #include "runtime/worker_exit_codes.h"
 
@@ -139,6 +140,10 @@ struct WorkerSettings {
   bool insecure = false, quiet = false, log_acks = false;
   std::string cert, cert_key, ca, stats_file;
   double request_timeout = 60;
+  // Federated rounds (runtime/round_worker.h).
+  std::string mode = "async";
+  double lr = 0.05;
+  std::uint64_t max_rounds = 0;
 };
 
 void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
@@ -170,6 +175,11 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)").range(0, 1e9).unit("seconds");
   t.add("slowdown", c.slowdown, "emulate a slower device: sleep F times each step's compute time (0: full speed)")
       .range(0, 1000);
+  t.group("Training mode (federated rounds: runtime/README.md)");
+  t.add("mode", s.mode, "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
+        "local SGD, POST /round/update); must match the server's").choices({"async", "rounds"});
+  t.add("lr", s.lr, "rounds: the local SGD learning rate").range(1e-9, 100);
+  t.add("rounds", s.max_rounds, "rounds: stop after this many accepted deltas (0: run until stopped)").unit("rounds");
   t.group("Network");
   t.add("request-timeout", s.request_timeout, "time one request (handshake and every block included) may take before "
         "the worker retries; behind a WAN that drops the server's ICMP errors, how long a restarted server goes "
@@ -267,6 +277,35 @@ class ProgressReport {
   std::chrono::steady_clock::time_point last_report_ = std::chrono::steady_clock::now();
 };
 
+// --mode rounds: the RoundWorker; its counters go to --stats-file at start and at exit.
+int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& config,
+               const edgetrain::runtime::Dataset& train) {
+  using namespace edgetrain;
+  runtime::RoundWorkerConfig round_config;
+  round_config.worker = config;
+  round_config.lr = static_cast<float>(s.lr);
+  round_config.max_rounds = s.max_rounds;
+  auto write_stats = [&](const runtime::RoundWorkerStats& st, bool running) {
+    if (s.stats_file.empty()) return;
+    const nlohmann::json j = {{"state", running ? "running" : "stopped"}, {"mode", "rounds"},
+                              {"rounds_trained", st.rounds_trained}, {"deltas_refused", st.deltas_refused},
+                              {"deltas_rejected", st.deltas_rejected}, {"polls", st.polls}, {"pulls", st.pulls},
+                              {"steps", st.steps}, {"retries", st.retries}, {"bytes_sent", st.bytes_sent},
+                              {"bytes_received", st.bytes_received}, {"last_round", st.last_round},
+                              {"last_loss", st.last_loss}};
+    common::write_file_atomically(s.stats_file, j.dump(2) + "\n");
+  };
+  write_stats({}, true);
+  const runtime::RoundWorkerRun result = runtime::run_round_worker(round_config, train, stop_requested, log_line);
+  write_stats(result.stats, false);
+  log_line("stopped after " + std::to_string(result.stats.rounds_trained) + " rounds (" +
+           std::to_string(result.stats.deltas_refused) + " deltas refused, " + std::to_string(result.stats.bytes_sent) +
+           " bytes sent, " + std::to_string(result.stats.bytes_received) + " bytes pulled)");
+  if (result.exit != runtime::WorkerExit::kStopped)
+    log_line("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
+  return runtime::exit_status(result.exit);
+}
+
 int run(WorkerSettings& s) {
   using namespace edgetrain;
   runtime::WorkerConfig config;
@@ -283,6 +322,7 @@ int run(WorkerSettings& s) {
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
            config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");
+  if (s.mode == "rounds") return run_rounds(s, config, train);
   StatsFileWriter stats_file(s.stats_file);
   runtime::WorkerRun result;
   {

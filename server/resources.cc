@@ -162,6 +162,10 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
   // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
   // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
   // device nor block one with a high sequence number, while replays are still dropped.
+  if (!options_.updates_refused_because.empty()) {
+    ++refused_["wrong mode"];
+    return text_response(CoapCode::kMethodNotAllowed, options_.updates_refused_because);
+  }
   const std::string identity = identity_key(request);
   if (identity.empty()) {
     ++refused_["no identity"];
@@ -295,6 +299,8 @@ std::string ServerResources::status_json() const {
       status["last_test_accuracy"] = nullptr;
   }
   for (const auto& [key, value] : options_.facts) status[key] = value;
+  if (options_.extra_status) status.update(json::parse(options_.extra_status()));
+
   return status.dump(2) + "\n";
 }
 

@@ -13,7 +13,9 @@
 //                 stale / old sequence (re-pull), 4.22 out of bounds (would leave a parameter
 //                 non-finite or beyond the bound), 4.01 no DTLS identity (plain CoAP: no
 //                 declared ?id=NAME), 4.03 identity no longer authorized or quarantined,
-//                 5.00 the WAL write failed. Errors carry one line of text saying why.
+//                 5.00 the WAL write failed, 4.05 under --mode rounds (deltas go to
+//                 /round/update, server/round_coordinator.h). Errors carry one line of text
+//                 saying why.
 //   GET  /status  2.05, JSON a person can read, with a section per device; observable (RFC
 //                 7641): notifications at most every observe_interval_seconds while
 //                 something changed (ServerResources::serve_once)
@@ -65,6 +67,10 @@ struct ResourceOptions {
   // One line per notable event (refusals, duplicates, every `log_every_applied`th update).
   std::function<void(const std::string& line)> log;
   std::uint64_t log_every_applied = 100;
+  // Non-empty: POST /update is refused with 4.05 and this reason (--mode rounds).
+  std::string updates_refused_because;
+  // Extra keys merged into /status (--mode rounds: the round counters as a JSON object).
+  std::function<std::string()> extra_status;
   // Fixed facts shown by /status (model name, data set, ...).
   std::map<std::string, std::string> facts;
   // Watching a fleet (server/README.md): per-device health, Observe on /status, log levels

@@ -24,6 +24,7 @@
 #include "server/resources.h"
 #include "server/run_end.h"
 #include "server/startup_checks.h"
+#include "server/round_coordinator.h"
 #include "server/server_state.h"
 #include "transport/untrusted_text.h"
 
@@ -91,6 +92,7 @@ class ServerApp {
   void open_state();
   void note_warm_start();
   void open_endpoint();
+  void open_rounds(ResourceOptions& resource_options);
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
@@ -115,6 +117,7 @@ class ServerApp {
   RecoveryReport recovery_;
   std::uint64_t version_after_recovery_ = 0;
   std::unique_ptr<ServerResources> resources_;
+  std::unique_ptr<RoundCoordinator> rounds_;  // --mode rounds only
   // Before server_: the server's failure callback writes to it until the server is gone.
   HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
   std::unique_ptr<transport::CoapDtlsServer> server_;
@@ -191,6 +194,29 @@ void ServerApp::note_warm_start() {
   log_line("warm start: the new state begins with the parameters of " + s_.init_from);
 }
 
+// --mode rounds: the round coordinator, and POST /update refused (a round's model changes
+// only at its close).
+void ServerApp::open_rounds(ResourceOptions& resource_options) {
+  RoundOptions o;
+  o.policy = parse_round_policy(s_.round_policy);
+  o.aggregation = parse_aggregation(s_.aggregation);
+  o.deadline_seconds = s_.round_deadline;
+  o.client_fraction = s_.client_fraction;
+  o.min_clients = s_.min_clients;
+  o.local_steps = s_.local_steps;
+  o.server_lr = static_cast<float>(s_.server_lr);
+  o.store_learning_rate = static_cast<float>(s_.lr);
+  o.seed = s_.seed;
+  o.log = log_line;
+  rounds_ = std::make_unique<RoundCoordinator>(*state_, o);
+  resource_options.updates_refused_because = "--mode rounds: post model deltas to /round/update";
+  resource_options.extra_status = [this] { return rounds_->status_json(); };
+  log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " + s_.round_policy + ", " +
+           s_.aggregation + " aggregation, deadline " + number(s_.round_deadline) + " s, client fraction " +
+           number(s_.client_fraction) + ", " + std::to_string(s_.local_steps) + " local steps, server lr " +
+           number(s_.server_lr));
+}
+
 void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
   resource_options.is_authorized = [this](std::string_view identity) { return keystore_ && keystore_->contains(identity); };
@@ -208,6 +234,7 @@ void ServerApp::open_endpoint() {
       (!s_.insecure         ? std::string()
        : s_.insecure_port   ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
                             : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
+  if (s_.mode == "rounds") open_rounds(resource_options);
   resources_ = std::make_unique<ServerResources>(*state_, resource_options);
 
   transport::CoapDtlsServer::Options o;
@@ -230,6 +257,7 @@ void ServerApp::open_endpoint() {
   };
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
+  if (rounds_) rounds_->attach(*server_);
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
@@ -358,6 +386,8 @@ void ServerApp::write_stats(bool running) {
                                             : nlohmann::json(nullptr);
   }
   add_run_end_stats(j);
+  j["mode"] = s_.mode;
+  if (rounds_) j["rounds"] = nlohmann::json::parse(rounds_->status_json());
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
 
@@ -387,6 +417,7 @@ void ServerApp::serve() {
   if (stop_.any()) log_line("stop conditions: " + stop_.describe());
   while (!g_stop_requested && !stop_condition_met()) {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+    if (rounds_) rounds_->poll();  // a round's deadline passes without a request
     if (std::chrono::steady_clock::now() < next_stats) continue;
     handshake_failures_.flush(HandshakeFailureLog::Clock::now());
     refresh_metrics();

@@ -43,6 +43,16 @@ struct ServerSettings {
   std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
   std::uint64_t max_bodies_in_progress = 256;  // transport::CoapDtlsServer::Options
   transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
+  // Training mode (docs/training-modes.md): "async" (asynchronous SGD, POST /update) or
+  // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05).
+  std::string mode = "async";
+  std::string round_policy = "drop-stragglers";
+  std::string aggregation = "masked";
+  double round_deadline = 30;       // seconds
+  double client_fraction = 1.0;
+  std::uint32_t min_clients = 1;
+  std::uint32_t local_steps = 10;
+  double server_lr = 1.0;
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;
   // Start-up and end of a run (server/startup_checks.h, server/run_end.h): missing

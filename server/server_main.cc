@@ -92,6 +92,20 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "while something changed").range(0.1, 86400).unit("seconds");
   t.add("metrics-listen", s.metrics_listen, "ADDRESS:PORT of an HTTP endpoint serving GET /metrics (Prometheus "
         "text format), e.g. 127.0.0.1:9464; empty: none");
+  t.group("Training mode (federated rounds: server/README.md)");
+  t.add("mode", s.mode, "async: asynchronous SGD (POST /update); rounds: federated rounds (GET /round, "
+        "POST /round/update)").choices({"async", "rounds"});
+  t.add("round-policy", s.round_policy, "rounds: drop-stragglers closes at --round-deadline with what arrived; "
+        "wait-all waits for every selected device, up to 4x the deadline").choices({"drop-stragglers", "wait-all"});
+  t.add("aggregation", s.aggregation, "rounds: masked averages each parameter over the devices that sent it; "
+        "fedavg counts a missing entry as zero").choices({"masked", "fedavg"});
+  t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open").range(0.1, 1e6).unit("seconds");
+  t.add("client-fraction", s.client_fraction, "rounds: fraction of the devices seen selected each round (seeded by "
+        "--seed)").range(0.001, 1);
+  t.add("min-clients", s.min_clients, "rounds: deltas a round needs before it may close before its deadline")
+      .range(1, 1000000);
+  t.add("local-steps", s.local_steps, "rounds: minibatches each selected device trains per round").range(1, 1000000);
+  t.add("server-lr", s.server_lr, "rounds: the round's model moves by this times the aggregated delta").range(1e-6, 100);
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
   t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, per-device health, "

@@ -70,6 +70,7 @@ struct CoapCode {
   static constexpr int kUnauthorized = 401;
   static constexpr int kForbidden = 403;
   static constexpr int kNotFound = 404;
+  static constexpr int kMethodNotAllowed = 405;
   static constexpr int kConflict = 409;
   static constexpr int kRequestEntityTooLarge = 413;
   static constexpr int kUnprocessableEntity = 422;  // RFC 8132

@@ -1,0 +1,362 @@
+#include "runtime/round_worker.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+#include <thread>
+
+#include "runtime/backoff.h"
+#include "runtime/model.h"
+#include "runtime/shard_sampler.h"
+#include "runtime/thread_pool.h"
+#include "runtime/trainer.h"
+#include "transport/untrusted_text.h"
+
+namespace edgetrain::runtime {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
+  const auto until = Clock::now() + duration;
+  while (!stop && Clock::now() < until)
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
+}
+
+std::string payload_text(const std::vector<std::uint8_t>& payload) {
+  return transport::escape_untrusted(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
+}
+
+Model checked_model(const WorkerConfig& config, const Dataset& train) {
+  if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
+  if (config.worker_count < 1 || config.worker_id >= config.worker_count)
+    throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) + " is not below the worker count " +
+                                std::to_string(config.worker_count));
+  Model model(model_spec_from_argument(config.model));
+  const ExampleShape in = model.input_shape();
+  if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
+      static_cast<std::uint32_t>(in.C) != train.channels)
+    throw ModelError("worker: model input does not match the data's image shape");
+  return model;
+}
+
+std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
+  const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
+  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec) : shard_iid(train.size(), spec);
+}
+
+std::vector<TensorSlice> layout_of(const Model& model) {
+  std::vector<TensorSlice> layout;
+  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  return layout;
+}
+
+std::vector<std::uint32_t> tensor_sizes_of(const Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+}  // namespace
+
+std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload) {
+  const nlohmann::json j = nlohmann::json::parse(payload.begin(), payload.end(), nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  for (const char* key : {"round", "model_version", "local_steps"})
+    if (!j.contains(key) || !j[key].is_number_unsigned()) return std::nullopt;
+  if (!j.contains("deadline_seconds") || !j["deadline_seconds"].is_number() || !j.contains("selected") ||
+      !j["selected"].is_boolean())
+    return std::nullopt;
+  RoundInfo info;
+  info.round = j["round"].get<std::uint64_t>();
+  info.model_version = j["model_version"].get<std::uint64_t>();
+  info.deadline_seconds = j["deadline_seconds"].get<double>();
+  info.selected = j["selected"].get<bool>();
+  const std::uint64_t steps = j["local_steps"].get<std::uint64_t>();
+  if (steps == 0 || steps > 1000000 || !std::isfinite(info.deadline_seconds)) return std::nullopt;
+  info.local_steps = static_cast<std::uint32_t>(steps);
+  return info;
+}
+
+struct RoundWorker::State {
+  State(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel, const std::atomic<bool>& stop,
+        WorkerLog log)
+      : config(config),
+        channel(channel),
+        stop(stop),
+        log(std::move(log)),
+        model(checked_model(config.worker, train)),
+        sampler(train, shard_of(config.worker, train),
+                config.worker.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker.worker_id + 1))),
+        pool(config.worker.threads),
+        trainer(model, config.worker.batch, KernelBackend::kXnnpack, pool.get()),
+        compressor(layout_of(model), config.worker.compressor),
+        sizes(tensor_sizes_of(model)),
+        gradient(model.parameter_count()),
+        pixels(static_cast<std::size_t>(config.worker.batch) * train.image_bytes()),
+        labels(config.worker.batch),
+        backoff(config.worker.backoff_initial, config.worker.backoff_max, config.worker.seed + config.worker.worker_id),
+        sequence(static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+                .count())) {
+    if (!(config.lr > 0)) throw std::invalid_argument("worker: the local learning rate must be > 0");
+  }
+
+  void say(const std::string& line) const {
+    if (log) log(line);
+  }
+  void trouble(WorkerExit exit, const std::string& what) {
+    last_trouble = exit;
+    last_trouble_message = what;
+    stats.retries++;
+    const auto delay = backoff.next_delay();
+    say(what + "; retrying in " + std::to_string(delay.count()) + " ms");
+    sleep_unless_stopped(delay, stop);
+  }
+  // As Worker: refusals no retry fixes are given up after max_refusals in a row; a server
+  // silent for give_up_after_seconds is given up.
+  void refused(WorkerExit exit, const std::string& what) {
+    if (++refusals_in_a_row >= config.worker.max_refusals)
+      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " times in a row; giving up)");
+    trouble(exit, what);
+  }
+  void request_failed(const std::string& what, const transport::TransportError& e) {
+    const std::string text = what + ": " + e.what();
+    switch (e.failure()) {
+      case transport::TransportFailure::kInterrupted: return;
+      case transport::TransportFailure::kHandshakeRefused: refused(WorkerExit::kHandshakeRefused, text); return;
+      case transport::TransportFailure::kUnknownIdentity: refused(WorkerExit::kUnknownIdentity, text); return;
+      default: break;
+    }
+    const WorkerExit exit = ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
+    if (config.worker.give_up_after_seconds > 0 && silent >= config.worker.give_up_after_seconds)
+      throw WorkerFailure(exit, text + " (no answer for " + std::to_string(static_cast<long long>(silent)) +
+                                    " s; giving up: --give-up-after)");
+    trouble(exit, text);
+  }
+  void answered() {
+    last_answer = Clock::now();
+    ever_answered = true;
+  }
+
+  std::optional<RoundInfo> poll();
+  bool pull(const RoundInfo& round);
+  void train(const RoundInfo& round);
+  bool send(const RoundInfo& round);
+
+  const RoundWorkerConfig config;
+  ServerChannel& channel;
+  const std::atomic<bool>& stop;
+  const WorkerLog log;
+  Model model;
+  ShardSampler sampler;
+  ThreadPool pool;
+  Trainer trainer;
+  Compressor compressor;
+  std::vector<std::uint32_t> sizes;
+  std::vector<float> start, parameters, gradient;
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  Backoff backoff;
+  std::uint64_t sequence;
+  std::vector<std::uint8_t> body;
+  std::uint64_t examples = 0;
+  std::optional<std::uint64_t> done_round;  // the last round this worker sent a delta for (or was refused in)
+  RoundWorkerStats stats;
+  Clock::time_point last_answer = Clock::now();
+  bool ever_answered = false;
+  int refusals_in_a_row = 0;
+  WorkerExit last_trouble = WorkerExit::kStopped;
+  std::string last_trouble_message;
+};
+
+std::optional<RoundInfo> RoundWorker::State::poll() {
+  transport::CoapResponse response;
+  try {
+    response = channel.get_round();
+  } catch (const transport::TransportError& e) {
+    request_failed("GET /round failed", e);
+    return std::nullopt;
+  }
+  answered();
+  stats.polls++;
+  if (response.code == transport::CoapCode::kNotFound) {
+    refused(WorkerExit::kNothingApplied, "GET /round answered 4.04: is the server running with --mode rounds?");
+    return std::nullopt;
+  }
+  std::optional<RoundInfo> info;
+  if (response.code == transport::CoapCode::kContent) info = parse_round_info(response.payload);
+  if (!info) {
+    trouble(WorkerExit::kNothingApplied, "GET /round answered " + transport::coap_code_string(response.code) + " " +
+                                             payload_text(response.payload));
+    return std::nullopt;
+  }
+  return info;  // refusals in a row end only with an exchange that succeeds (2.04, 4.09), as in Worker
+}
+
+bool RoundWorker::State::pull(const RoundInfo& round) {
+  transport::CoapResponse response;
+  try {
+    response = channel.get_model("model");
+  } catch (const transport::TransportError& e) {
+    request_failed("pull failed", e);
+    return false;
+  }
+  answered();
+  if (response.code != transport::CoapCode::kContent) {
+    trouble(WorkerExit::kNothingApplied,
+            "GET /model answered " + transport::coap_code_string(response.code) + " " + payload_text(response.payload));
+    return false;
+  }
+  auto decoded = transport::decode_dense_model(response.payload, {model.layout_id(), sizes});
+  if (!decoded) {
+    refused(WorkerExit::kModelMismatch, "the server's model does not match model '" + config.worker.model +
+                                            "': " + decoded.error().message);
+    return false;
+  }
+  stats.pulls++;
+  stats.bytes_received += response.payload.size();
+  if (decoded.value().version != round.model_version) return false;  // the round closed meanwhile: poll again
+  start = std::move(decoded).value().values;
+  return true;
+}
+
+void RoundWorker::State::train(const RoundInfo& round) {
+  parameters = start;
+  const int batch = config.worker.batch;
+  examples = 0;
+  for (std::uint32_t step = 0; step < round.local_steps && !stop; ++step) {
+    sampler.next_batch(batch, pixels, labels);
+    const auto started = Clock::now();
+    const BatchResult result = trainer.compute_gradient(parameters, pixels.data(), labels.data(), batch, gradient);
+    if (config.worker.slowdown > 0)
+      sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.worker.slowdown),
+                           stop);
+    stats.steps++;
+    if (!std::isfinite(result.loss)) continue;  // a non-finite gradient is skipped, as Worker does
+    stats.last_loss = result.loss;
+    for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i] -= config.lr * gradient[i];
+    examples += static_cast<std::uint64_t>(batch);
+  }
+  // The delta, in place of the gradient the compressor usually takes.
+  for (std::size_t i = 0; i < parameters.size(); ++i) gradient[i] = parameters[i] - start[i];
+  transport::SparseUpdate update;
+  update.model_id = model.layout_id();
+  update.sequence = ++sequence;
+  update.fetched_version = round.round;  // the round number (= the version it started from)
+  compressor.compress(gradient, update);
+  auto encoded = transport::encode_sparse_update(update, {config.worker.compressor.value_encoding});
+  if (!encoded) throw std::logic_error("worker: cannot encode a round delta: " + encoded.error().message);
+  body = std::move(encoded).value();
+}
+
+bool RoundWorker::State::send(const RoundInfo& round) {
+  for (int attempt = 0; attempt < 2 && !stop; ++attempt) {
+    transport::CoapResponse response;
+    try {
+      response = channel.post_round_update(examples, body);
+    } catch (const transport::TransportError& e) {
+      request_failed("sending the round delta failed", e);
+      continue;  // once more with the same bytes: the server takes one delta per device and round
+    }
+    answered();
+    stats.bytes_sent += body.size();
+    const std::string answer = transport::coap_code_string(response.code) + " " + payload_text(response.payload);
+    if (response.code == transport::CoapCode::kChanged) {
+      stats.rounds_trained++;
+      stats.last_round = round.round;
+      done_round = round.round;
+      backoff.reset();
+      refusals_in_a_row = 0;
+      return true;
+    }
+    if (response.code == transport::CoapCode::kConflict) {
+      stats.deltas_refused++;  // the round closed (a straggler) or moved on: take part in the next one
+      done_round = round.round;
+      refusals_in_a_row = 0;
+      say("round " + std::to_string(round.round) + ": delta refused with " + answer);
+      return false;
+    }
+    if (response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) {
+      stats.deltas_rejected++;
+      refused(WorkerExit::kUnknownIdentity, "round delta refused with " + answer);
+      return false;
+    }
+    stats.deltas_rejected++;
+    trouble(WorkerExit::kNothingApplied, "round delta rejected with " + answer);
+    return false;
+  }
+  return false;
+}
+
+RoundWorker::RoundWorker(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel,
+                         const std::atomic<bool>& stop, WorkerLog log)
+    : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {}
+
+RoundWorker::~RoundWorker() = default;
+
+const RoundWorkerStats& RoundWorker::stats() const { return state_->stats; }
+WorkerExit RoundWorker::last_trouble() const { return state_->last_trouble; }
+const std::string& RoundWorker::last_trouble_message() const { return state_->last_trouble_message; }
+
+bool RoundWorker::run_once() {
+  State& s = *state_;
+  const std::optional<RoundInfo> round = s.poll();
+  if (!round) return false;
+  if (!round->selected || s.done_round == round->round) {
+    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.config.poll_seconds)),
+                         s.stop);
+    return false;
+  }
+  if (!s.pull(*round)) return false;
+  s.train(*round);
+  if (s.stop) return false;
+  return s.send(*round);
+}
+
+RoundWorkerStats RoundWorker::run() {
+  State& s = *state_;
+  const auto started = Clock::now();
+  auto out_of_time = [&] {
+    return s.config.worker.max_seconds > 0 &&
+           std::chrono::duration<double>(Clock::now() - started).count() >= s.config.worker.max_seconds;
+  };
+  while (!s.stop && (s.config.max_rounds == 0 || s.stats.rounds_trained < s.config.max_rounds) && !out_of_time()) {
+    if (run_once())
+      s.say("round " + std::to_string(s.stats.last_round) + ": delta of " + std::to_string(s.body.size()) +
+            " bytes accepted (loss " + std::to_string(s.stats.last_loss) + ")");
+  }
+  return s.stats;
+}
+
+RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                                const WorkerLog& log) {
+  const WorkerConfig& w = config.worker;
+  transport::CoapDtlsClient::Options options{w.server_host, w.server_port, {w.identity, w.key}, w.request_timeout_ms};
+  options.certificates = w.certificates;
+  options.plaintext = w.insecure_plaintext;
+  options.timing = w.timing;
+  options.stop = &stop;
+  CoapServerChannel channel(std::move(options));
+  RoundWorker worker(config, train, channel, stop, log);
+  RoundWorkerRun result;
+  try {
+    result.stats = worker.run();
+  } catch (const WorkerFailure& e) {
+    result.stats = worker.stats();
+    result.exit = e.exit();
+    result.reason = e.what();
+    return result;
+  }
+  if (result.stats.rounds_trained == 0) {
+    result.exit = worker.last_trouble() == WorkerExit::kStopped ? WorkerExit::kNothingApplied : worker.last_trouble();
+    result.reason = "the run ended before the server accepted any round delta";
+    if (!worker.last_trouble_message().empty()) result.reason += "; the last trouble: " + worker.last_trouble_message();
+  }
+  return result;
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,79 @@
+// The worker loop of federated rounds (edgetrain-worker --mode rounds; runtime/README.md,
+// "Federated rounds"): poll GET /round; when selected, pull the round's model (GET /model),
+// train the round's local steps on this worker's shard with plain SGD at `lr`, and post the
+// model delta (new − start, compressed with the worker's compressor) to
+// POST /round/update?examples=N, its fetched-version field carrying the round number; then
+// wait for the next round. Same exit codes (worker_exit_codes.h), backoff and stop flag as
+// Worker. Used from one thread.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "runtime/worker.h"
+
+namespace edgetrain::runtime {
+
+struct RoundWorkerConfig {
+  WorkerConfig worker;      // server, identity, model, shard, batch, compressor, backoff, limits
+  float lr = 0.05f;         // the local SGD step
+  double poll_seconds = 0.5;  // between GET /round while not selected or done
+  std::uint64_t max_rounds = 0;  // deltas accepted before the run ends; 0: until stopped
+};
+
+// What GET /round said (the JSON of server/round_coordinator.h), decoded defensively.
+struct RoundInfo {
+  std::uint64_t round = 0;
+  std::uint64_t model_version = 0;
+  double deadline_seconds = 0;
+  bool selected = false;
+  std::uint32_t local_steps = 0;
+};
+// nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
+// above 10^6).
+std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
+
+struct RoundWorkerStats {
+  std::uint64_t rounds_trained = 0;   // deltas sent and accepted (2.04)
+  std::uint64_t deltas_refused = 0;   // 4.09: the round closed, or another round/model
+  std::uint64_t deltas_rejected = 0;  // 4.00, 5.00, ...: backed off
+  std::uint64_t polls = 0, pulls = 0, steps = 0, retries = 0;
+  std::uint64_t bytes_sent = 0, bytes_received = 0;
+  std::uint64_t last_round = 0;
+  float last_loss = 0;
+};
+
+class RoundWorker {
+ public:
+  RoundWorker(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel,
+              const std::atomic<bool>& stop, WorkerLog log = {});
+  ~RoundWorker();
+  RoundWorker(const RoundWorker&) = delete;
+  RoundWorker& operator=(const RoundWorker&) = delete;
+
+  // One pass: poll the round; if selected and not done yet, pull, train and send. Returns
+  // true when a delta was accepted. Throws WorkerFailure when it gives up.
+  bool run_once();
+  // run_once() until stop, max_rounds or the worker's max_seconds.
+  RoundWorkerStats run();
+  const RoundWorkerStats& stats() const;
+  WorkerExit last_trouble() const;
+  const std::string& last_trouble_message() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A RoundWorker over CoAP/DTLS, ending like run_worker() (exit status and reason).
+struct RoundWorkerRun {
+  RoundWorkerStats stats;
+  WorkerExit exit = WorkerExit::kStopped;
+  std::string reason;
+};
+RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                                const WorkerLog& log = {});
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,40 @@
+// Federated rounds (FedAvg): how the deltas of one round become one change of the model.
+// A pure function, shared by the server (server/round_coordinator.h) and the simulator, so
+// both aggregate bit for bit alike.
+//
+//   masked (default, ours): each parameter is averaged over the devices whose delta has
+//     that entry, weighted by their example counts: Δ_i = Σ_d n_d·v_{d,i} / Σ_{d∋i} n_d;
+//     a parameter no device sent stays unchanged. A compressed (sparse) delta then only
+//     moves the entries it trained, instead of pulling the others towards zero.
+//   fedavg: the plain weighted mean, an entry a device did not send counts as zero:
+//     Δ_i = Σ_d n_d·v_{d,i} / Σ_d n_d (McMahan et al. 2017).
+//
+// Sums are taken in double in the order the deltas are given (the round log's order), so
+// the same deltas in the same order give the same floats on every machine.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "transport/codec.h"
+
+namespace edgetrain::server {
+
+enum class Aggregation { kMasked, kFedAvg };
+const char* aggregation_name(Aggregation aggregation);
+// "masked" or "fedavg"; throws std::invalid_argument for anything else.
+Aggregation parse_aggregation(const std::string& name);
+
+struct RoundDelta {
+  std::uint64_t examples = 0;          // the weight: examples the device trained on (> 0)
+  transport::SparseUpdate delta;       // new − start, entries as sent (already decoded and checked)
+};
+
+// The aggregated delta, all tensors back to back (length Σ tensor_sizes). Throws
+// std::invalid_argument for a delta whose tensors do not fit `tensor_sizes` or a zero weight.
+std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas, std::span<const std::uint32_t> tensor_sizes,
+                                    Aggregation aggregation);
+
+}  // namespace edgetrain::server

@@ -1,0 +1,365 @@
+#include "server/round_coordinator.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
+
+#include "server/resources.h"
+#include "transport/identity.h"
+#include "transport/untrusted_text.h"
+
+namespace edgetrain::server {
+namespace {
+
+using transport::CoapCode;
+using transport::CoapRequest;
+using transport::CoapResponse;
+using transport::escape_untrusted;
+
+constexpr char kLogMagic[4] = {'E', 'T', 'R', 'L'};
+constexpr std::size_t kLogHeaderBytes = 12;  // magic, u64 model id
+constexpr std::uint32_t kMaxRecordBody = 64u << 20;
+
+CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+
+std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
+  return static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
+}
+
+template <class T>
+void put(std::vector<std::uint8_t>& out, T value) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+}
+template <class T>
+T get(const std::uint8_t* in) {
+  T value = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
+  return value;
+}
+
+// The identity a delta is keyed on, as ServerResources keys updates; empty if none.
+std::string identity_key(const CoapRequest& request) {
+  if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
+  if (!transport::is_plain_identity(request.identity)) return {};
+  return kUnauthenticatedPrefix + request.identity;
+}
+
+std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// ?examples=N (and id=NAME of plain CoAP); N in 1..2^32. Empty string: fine.
+std::string parse_examples(std::string_view query, std::uint64_t& examples) {
+  examples = 0;
+  for (std::size_t start = 0; start <= query.size() && !query.empty();) {
+    std::size_t end = query.find('&', start);
+    if (end == std::string_view::npos) end = query.size();
+    const std::string_view part = query.substr(start, end - start);
+    start = end + 1;
+    if (part.substr(0, 3) == "id=") continue;
+    constexpr std::string_view kKey = "examples=";
+    if (part.substr(0, kKey.size()) != kKey)
+      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) + "' (examples=N is needed)";
+    const std::string_view digits = part.substr(kKey.size());
+    const auto [rest, error] = std::from_chars(digits.data(), digits.data() + digits.size(), examples);
+    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() || examples == 0 ||
+        examples > (std::uint64_t{1} << 32))
+      return "examples= needs a decimal count in 1..2^32, got '" + escape_untrusted(digits.substr(0, 40)) + "'";
+  }
+  if (examples == 0) return "examples=N (the examples the delta was trained on) is missing";
+  return {};
+}
+
+}  // namespace
+
+const char* round_policy_name(RoundPolicy policy) {
+  return policy == RoundPolicy::kWaitAll ? "wait-all" : "drop-stragglers";
+}
+
+RoundPolicy parse_round_policy(const std::string& name) {
+  if (name == "wait-all") return RoundPolicy::kWaitAll;
+  if (name == "drop-stragglers") return RoundPolicy::kDropStragglers;
+  throw std::invalid_argument("unknown round policy '" + name + "' (wait-all or drop-stragglers)");
+}
+
+RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
+    : state_(state), options_(std::move(options)) {
+  if (!(options_.client_fraction > 0 && options_.client_fraction <= 1))
+    throw std::invalid_argument("client fraction must be in (0, 1]");
+  if (!(options_.deadline_seconds > 0)) throw std::invalid_argument("round deadline must be > 0");
+  log_path_ = state_.checkpoint_path().parent_path() / "rounds.log";
+  open_log();
+  opened_ = options_.now();
+}
+
+RoundCoordinator::~RoundCoordinator() {
+  if (log_fd_ >= 0) ::close(log_fd_);
+}
+
+void RoundCoordinator::log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+// Reads rounds.log: the records of the current round become deltas_; a torn or damaged
+// tail is cut off (nothing after it was acknowledged: each record is synced before its 2.04).
+void RoundCoordinator::open_log() {
+  std::vector<std::uint8_t> bytes;
+  {
+    std::ifstream in(log_path_, std::ios::binary);
+    if (in) bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::size_t valid = 0;
+  if (bytes.size() >= kLogHeaderBytes) {
+    if (std::memcmp(bytes.data(), kLogMagic, 4) != 0) throw StateError(log_path_.string() + " is not a round log");
+    if (get<std::uint64_t>(bytes.data() + 4) != state_.model_id())
+      throw StateError(log_path_.string() + " belongs to another model");
+    valid = kLogHeaderBytes;
+    const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
+    const transport::ModelLayout layout{state_.model_id(), sizes};
+    while (bytes.size() - valid >= 8) {
+      const std::uint32_t length = get<std::uint32_t>(bytes.data() + valid);
+      const std::uint32_t crc = get<std::uint32_t>(bytes.data() + valid + 4);
+      if (length < 18 || length > kMaxRecordBody || bytes.size() - valid - 8 < length) break;
+      const std::span<const std::uint8_t> body(bytes.data() + valid + 8, length);
+      if (crc_of(body) != crc) break;
+      const std::uint64_t round = get<std::uint64_t>(body.data());
+      const std::uint64_t examples = get<std::uint64_t>(body.data() + 8);
+      const std::uint16_t id_length = get<std::uint16_t>(body.data() + 16);
+      if (18u + id_length > length) break;
+      valid += 8 + length;
+      if (round != state_.version()) continue;  // a closed round's delta
+      const std::string identity(reinterpret_cast<const char*>(body.data() + 18), id_length);
+      auto decoded = transport::decode_sparse_update(body.subspan(18 + id_length), layout);
+      if (!decoded) throw StateError(log_path_.string() + ": a logged delta does not decode: " + decoded.error().message);
+      deltas_.push_back({examples, std::move(decoded).value()});
+      answered_.insert(identity);
+      seen_.insert(identity);
+    }
+  }
+  if (valid == 0) {
+    std::vector<std::uint8_t> header(kLogMagic, kLogMagic + 4);
+    put<std::uint64_t>(header, state_.model_id());
+    std::ofstream out(log_path_, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    if (!out) throw StateError("cannot write " + log_path_.string());
+    valid = kLogHeaderBytes;
+  }
+  log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CLOEXEC);
+  if (log_fd_ < 0) throw StateError("cannot open " + log_path_.string() + ": " + std::strerror(errno));
+  if (::ftruncate(log_fd_, static_cast<off_t>(valid)) != 0 || ::lseek(log_fd_, static_cast<off_t>(valid), SEEK_SET) < 0 ||
+      ::fdatasync(log_fd_) != 0)
+    throw StateError("cannot cut " + log_path_.string() + " to its intact records: " + std::strerror(errno));
+  if (!deltas_.empty())
+    log("round " + std::to_string(state_.version()) + ": " + std::to_string(deltas_.size()) +
+        " acknowledged deltas reloaded from " + log_path_.string());
+}
+
+void RoundCoordinator::append_to_log(std::uint64_t examples, const std::string& identity,
+                                     std::span<const std::uint8_t> body) {
+  std::vector<std::uint8_t> payload;
+  put<std::uint64_t>(payload, state_.version());
+  put<std::uint64_t>(payload, examples);
+  put<std::uint16_t>(payload, static_cast<std::uint16_t>(identity.size()));
+  payload.insert(payload.end(), identity.begin(), identity.end());
+  payload.insert(payload.end(), body.begin(), body.end());
+  std::vector<std::uint8_t> record;
+  put<std::uint32_t>(record, static_cast<std::uint32_t>(payload.size()));
+  put<std::uint32_t>(record, crc_of(payload));
+  record.insert(record.end(), payload.begin(), payload.end());
+  const off_t before = ::lseek(log_fd_, 0, SEEK_CUR);
+  if (::write(log_fd_, record.data(), record.size()) != static_cast<ssize_t>(record.size()) || ::fdatasync(log_fd_) != 0) {
+    const std::string why = std::strerror(errno);
+    if (before >= 0) {
+      [[maybe_unused]] int ignored = ::ftruncate(log_fd_, before);
+      ::lseek(log_fd_, before, SEEK_SET);
+    }
+    throw std::runtime_error("cannot write the round log: " + why);
+  }
+}
+
+bool RoundCoordinator::selected(const std::string& identity, std::uint64_t round) const {
+  if (options_.client_fraction >= 1) return true;
+  std::uint64_t hash = mix(options_.seed ^ mix(round));
+  for (unsigned char c : identity) hash = mix(hash ^ c);
+  return static_cast<double>(hash >> 11) * 0x1.0p-53 < options_.client_fraction;
+}
+
+double RoundCoordinator::seconds_left() const {
+  const double limit = options_.deadline_seconds *
+                       (options_.policy == RoundPolicy::kWaitAll ? kWaitAllSafetyFactor : 1.0);
+  const double elapsed = std::chrono::duration<double>(options_.now() - opened_).count();
+  return std::max(0.0, limit - elapsed);
+}
+
+CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
+  poll();
+  const std::string identity = identity_key(request);
+  if (!identity.empty()) seen_.insert(identity);
+  const bool is_selected = !identity.empty() && selected(identity, round()) && answered_.count(identity) == 0;
+  const nlohmann::json answer = {{"round", round()},
+                                 {"model_version", state_.version()},
+                                 {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
+                                 {"selected", is_selected},
+                                 {"local_steps", options_.local_steps},
+                                 {"policy", round_policy_name(options_.policy)}};
+  return text_response(CoapCode::kContent, answer.dump());
+}
+
+CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
+  poll();
+  const std::string identity = identity_key(request);
+  if (identity.empty()) return text_response(CoapCode::kUnauthorized, "round deltas need an identity (DTLS, or ?id=NAME on plain CoAP)");
+  seen_.insert(identity);
+  std::uint64_t examples = 0;
+  if (std::string problem = parse_examples(request.query, examples); !problem.empty()) {
+    ++malformed_;
+    return text_response(CoapCode::kBadRequest, "malformed: " + problem);
+  }
+  const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
+  auto decoded = transport::decode_sparse_update(request.payload, {state_.model_id(), sizes});
+  if (!decoded) {
+    if (decoded.error().code == transport::CodecErrorCode::kWrongModel) {
+      ++wrong_refused_;
+      return text_response(CoapCode::kConflict, "wrong model: " + decoded.error().message);
+    }
+    ++malformed_;
+    return text_response(CoapCode::kBadRequest, "malformed: " + decoded.error().message);
+  }
+  const std::uint64_t delta_round = decoded.value().fetched_version;
+  if (delta_round < round()) {
+    ++late_refused_;
+    log("refused a late delta from '" + escape_untrusted(identity) + "' for closed round " + std::to_string(delta_round));
+    return text_response(CoapCode::kConflict, "round closed: round " + std::to_string(delta_round) +
+                                                  " is closed, the current round is " + std::to_string(round()));
+  }
+  if (delta_round > round()) {
+    ++wrong_refused_;
+    return text_response(CoapCode::kConflict, "wrong round: " + std::to_string(delta_round) + " is not the current round " +
+                                                  std::to_string(round()));
+  }
+  if (answered_.count(identity)) {
+    ++duplicates_;
+    return {CoapCode::kChanged, {}, {}};
+  }
+  if (!selected(identity, round())) {
+    ++wrong_refused_;
+    return text_response(CoapCode::kConflict, "not selected: this device is not selected in round " + std::to_string(round()));
+  }
+  try {
+    append_to_log(examples, identity, request.payload);
+  } catch (const std::exception& e) {
+    log(std::string("ERROR: ") + e.what());
+    return text_response(CoapCode::kInternalServerError, e.what());
+  }
+  deltas_.push_back({examples, std::move(decoded).value()});
+  answered_.insert(identity);
+  poll();
+  return {CoapCode::kChanged, {}, {}};
+}
+
+bool RoundCoordinator::poll() {
+  if (deltas_.empty()) {
+    if (seconds_left() <= 0) opened_ = options_.now();  // nothing arrived: a new deadline, same round
+    return false;
+  }
+  bool everyone_answered = deltas_.size() >= options_.min_clients;
+  for (const std::string& identity : seen_)
+    if (selected(identity, round()) && answered_.count(identity) == 0) everyone_answered = false;
+  if (!everyone_answered && seconds_left() > 0) return false;
+  close_round();
+  return true;
+}
+
+void RoundCoordinator::close_round() {
+  const std::uint64_t closing = round();
+  std::uint64_t missing = 0;
+  for (const std::string& identity : seen_)
+    if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
+  const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
+  const std::vector<float> mean = aggregate_deltas(deltas_, sizes, options_.aggregation);
+  transport::SparseUpdate update;
+  update.model_id = state_.model_id();
+  update.sequence = closing + 1;
+  update.fetched_version = closing;
+  // The store applies W − lr·g with divisor 1 (delay 0): g = −server_lr·Δ/lr moves W by
+  // server_lr·Δ (up to one rounding), and the WAL holds g, so replay is bit-exact.
+  const float scale = -options_.server_lr / options_.store_learning_rate;
+  std::size_t offset = 0;
+  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+    transport::SparseTensor tensor;
+    tensor.tensor = t;
+    tensor.size = sizes[t];
+    tensor.indices.resize(sizes[t]);
+    tensor.values.resize(sizes[t]);
+    for (std::uint32_t i = 0; i < sizes[t]; ++i) {
+      tensor.indices[i] = i;
+      tensor.values[i] = scale * mean[offset + i];
+    }
+    offset += sizes[t];
+    update.tensors.push_back(std::move(tensor));
+  }
+  auto encoded = transport::encode_sparse_update(update);
+  if (!encoded) throw std::logic_error("cannot encode a round's close: " + encoded.error().message);
+  const SubmitResult result = state_.submit(kRoundCloseIdentity, encoded.value());
+  if (!result.acknowledged()) {
+    // The round stays open with its deltas (they are in the log); the next poll tries again.
+    ++close_failures_;
+    opened_ = options_.now();
+    log("ERROR: round " + std::to_string(closing) + " could not close (" + submit_outcome_name(result.outcome) +
+        "): " + result.diagnostic);
+    return;
+  }
+  log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) + " deltas, " +
+      std::to_string(missing) + " stragglers; version " + std::to_string(result.version));
+  ++rounds_closed_;
+  stragglers_ += missing;
+  deltas_.clear();
+  answered_.clear();
+  opened_ = options_.now();
+  // The close is durable in the WAL: the closed round's records are no longer needed (a
+  // crash before this cut leaves records of a closed round, which reloading skips).
+  if (::ftruncate(log_fd_, static_cast<off_t>(kLogHeaderBytes)) != 0 ||
+      ::lseek(log_fd_, static_cast<off_t>(kLogHeaderBytes), SEEK_SET) < 0 || ::fdatasync(log_fd_) != 0)
+    log(std::string("WARNING: cannot empty the round log: ") + std::strerror(errno));
+}
+
+std::string RoundCoordinator::status_json() const {
+  const nlohmann::json status = {{"round", round()},
+                                 {"round_deltas_received", deltas_.size()},
+                                 {"rounds_closed", rounds_closed_},
+                                 {"round_stragglers", stragglers_},
+                                 {"round_late_deltas_refused", late_refused_},
+                                 {"round_wrong_deltas_refused", wrong_refused_},
+                                 {"round_malformed_deltas", malformed_},
+                                 {"round_duplicate_deltas", duplicates_},
+                                 {"round_close_failures", close_failures_},
+                                 {"round_policy", round_policy_name(options_.policy)},
+                                 {"round_aggregation", aggregation_name(options_.aggregation)}};
+  return status.dump();
+}
+
+void RoundCoordinator::attach(transport::CoapDtlsServer& server) {
+  server.add_resource("round", transport::Method::kGet, [this](const CoapRequest& r) { return get_round(r); });
+  server.add_resource("round/update", transport::Method::kPost, [this](const CoapRequest& r) { return post_round_update(r); });
+}
+
+}  // namespace edgetrain::server

@@ -1,0 +1,103 @@
+// Federated rounds on the server (edgetrain-server --mode rounds; server/README.md,
+// "Federated rounds"). Round r is the model version it starts from: the model only changes
+// when a round closes, and each close is one update through ServerState (so one version).
+//
+//   GET  /round          2.05, JSON: {"round", "model_version", "deadline_seconds" (left),
+//                        "selected", "local_steps", "policy"}
+//   POST /round/update?examples=N
+//                        the device's model delta (new − start) as a sparse update of the
+//                        codec, its fetched-version field = the round number. 2.04 (empty)
+//                        once the delta is in the synced round log; the same identity
+//                        again in the same round: 2.04, not counted twice. 4.09 with a
+//                        reason for a closed or wrong round, another model, or a device not
+//                        selected this round; 4.00 malformed; 4.01 no identity.
+//
+// Durability (ours): deltas go to `rounds.log` in the state directory (CRC'd records,
+// fdatasync before the 2.04); a restart replays the records of the current round (those of
+// closed rounds are ignored). The close is one update submitted to ServerState under the
+// identity "#round-close" (sequence = round + 1): values −server_lr·Δ/lr applied with divisor
+// 1 (delay 0), so it lands in the WAL and replays bit for bit like any update; then
+// rounds.log is emptied. Deadlines and the identities seen are not durable: after a
+// restart the round's deadline starts again.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "server/round_aggregation.h"
+#include "server/server_state.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::server {
+
+enum class RoundPolicy { kWaitAll, kDropStragglers };
+const char* round_policy_name(RoundPolicy policy);
+RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
+
+struct RoundOptions {
+  Aggregation aggregation = Aggregation::kMasked;
+  RoundPolicy policy = RoundPolicy::kDropStragglers;
+  // drop-stragglers: the round closes this long after it opened with the deltas that
+  // arrived. wait-all: a safety limit of kWaitAllSafetyFactor times this for a device that
+  // vanished (ours).
+  double deadline_seconds = 30;
+  double client_fraction = 1.0;  // of the identities seen, selected per round (seeded)
+  std::uint32_t min_clients = 1; // deltas needed before a round may close early
+  std::uint32_t local_steps = 10;
+  float server_lr = 1.0f;
+  float store_learning_rate = 0.1f;  // ServerStateOptions::store.learning_rate (the close divides by it)
+  std::uint64_t seed = 1;
+  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
+  std::function<void(const std::string&)> log;
+};
+inline constexpr double kWaitAllSafetyFactor = 4;
+inline constexpr const char* kRoundCloseIdentity = "#round-close";
+
+class RoundCoordinator {
+ public:
+  // Opens (or creates) rounds.log in the state's directory and reloads the current round's
+  // deltas. Throws StateError when the log belongs to another model.
+  RoundCoordinator(ServerState& state, RoundOptions options);
+  ~RoundCoordinator();
+  RoundCoordinator(const RoundCoordinator&) = delete;
+  RoundCoordinator& operator=(const RoundCoordinator&) = delete;
+
+  transport::CoapResponse get_round(const transport::CoapRequest& request);
+  transport::CoapResponse post_round_update(const transport::CoapRequest& request);
+  // Closes the round when it is due (all selected devices answered, or the deadline).
+  // Called after each request and from the serving loop. Returns true when it closed one.
+  bool poll();
+  void attach(transport::CoapDtlsServer& server);
+
+  std::uint64_t round() const { return state_.version(); }
+  std::size_t deltas_received() const { return deltas_.size(); }
+  bool selected(const std::string& identity, std::uint64_t round) const;
+  // The round keys of /status and the stats file.
+  std::string status_json() const;
+
+ private:
+  void open_log();
+  void append_to_log(std::uint64_t examples, const std::string& identity, std::span<const std::uint8_t> body);
+  void close_round();
+  double seconds_left() const;
+  void log(const std::string& line) const;
+
+  ServerState& state_;
+  RoundOptions options_;
+  std::filesystem::path log_path_;
+  int log_fd_ = -1;
+  std::chrono::steady_clock::time_point opened_;
+  std::vector<RoundDelta> deltas_;
+  std::set<std::string> answered_;   // identities with a delta in this round
+  std::set<std::string> seen_;       // identities that asked for a round
+  std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0, malformed_ = 0;
+  std::uint64_t duplicates_ = 0, close_failures_ = 0;
+};
+
+}  // namespace edgetrain::server

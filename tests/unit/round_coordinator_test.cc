@@ -1,0 +1,217 @@
+// Federated rounds on the server (server/round_coordinator.h) without a network: the round
+// closes when every selected device answered or at the deadline; deltas of a closed round,
+// of the wrong round or model and malformed ones get a clear code and change nothing; an
+// acknowledged delta survives a restart and the close replays bit for bit.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <memory>
+#include <random>
+
+#include "server/round_coordinator.h"
+#include "tests/support/served_resources.h"
+
+namespace {
+
+using namespace edgetrain;
+using edgetrain::testing::random_sparse_update;
+using edgetrain::testing::TempDir;
+using server::RoundCoordinator;
+using server::RoundOptions;
+using server::ServerState;
+using server::ServerStateOptions;
+using transport::CoapCode;
+
+runtime::Model small_model() { return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5); }
+
+struct Clock {
+  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+};
+
+struct Server {
+  Server(const TempDir& dir, Clock& clock, RoundOptions round_options = {}) {
+    ServerStateOptions options;
+    options.state_dir = dir.path();
+    options.store.learning_rate = 0.05f;
+    state = std::make_unique<ServerState>(small_model(), options);
+    round_options.store_learning_rate = 0.05f;
+    round_options.now = [&clock] { return clock.now; };
+    rounds = std::make_unique<RoundCoordinator>(*state, round_options);
+  }
+  std::unique_ptr<ServerState> state;
+  std::unique_ptr<RoundCoordinator> rounds;
+};
+
+transport::CoapRequest request(const std::string& identity, std::span<const std::uint8_t> body = {},
+                               std::string query = "examples=10") {
+  transport::CoapRequest r;
+  r.method = body.empty() ? transport::Method::kGet : transport::Method::kPost;
+  r.authentication = transport::PeerAuthentication::kPsk;
+  r.identity = identity;
+  r.payload = body;
+  r.query = std::move(query);
+  return r;
+}
+
+nlohmann::json round_info(RoundCoordinator& rounds, const std::string& identity) {
+  const auto answer = rounds.get_round(request(identity));
+  EXPECT_EQ(answer.code, CoapCode::kContent);
+  return nlohmann::json::parse(std::string(answer.payload.begin(), answer.payload.end()));
+}
+
+std::string text(const transport::CoapResponse& response) { return {response.payload.begin(), response.payload.end()}; }
+
+RoundOptions two_devices() {
+  RoundOptions options;
+  options.min_clients = 2;
+  options.deadline_seconds = 30;
+  return options;
+}
+
+TEST(RoundCoordinator, ClosesWhenEverySelectedDeviceAnsweredWithTheWeightedMean) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  Server server(dir, clock, two_devices());
+  const std::vector<float> before = server.state->snapshot().parameters;
+  EXPECT_EQ(round_info(*server.rounds, "a")["round"], 0);
+  EXPECT_EQ(round_info(*server.rounds, "b")["selected"], true);
+  std::mt19937 rng(3);
+  const auto delta_a = random_sparse_update(rng, server.state->model(), 1, 0);
+  const auto delta_b = random_sparse_update(rng, server.state->model(), 1, 0);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", delta_a, "examples=10")).code, CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 0u);  // b has not answered yet
+  EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);  // a is done for this round
+  ASSERT_EQ(server.rounds->post_round_update(request("b", delta_b, "examples=30")).code, CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 1u);
+
+  // Reference: parameters + masked mean, weights 10 and 30.
+  const auto sizes = edgetrain::testing::tensor_sizes(server.state->model());
+  std::vector<server::RoundDelta> deltas(2);
+  deltas[0] = {10, transport::decode_sparse_update(delta_a, {server.state->model_id(), sizes}).value()};
+  deltas[1] = {30, transport::decode_sparse_update(delta_b, {server.state->model_id(), sizes}).value()};
+  const auto mean = server::aggregate_deltas(deltas, sizes, server::Aggregation::kMasked);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  ASSERT_EQ(after.size(), before.size());
+  for (std::size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], before[i] + mean[i], 1e-5f) << i;
+}
+
+TEST(RoundCoordinator, RefusesBadDeltasWithAClearCodeAndAppliesNothing) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  Server server(dir, clock, two_devices());
+  round_info(*server.rounds, "a");
+  std::mt19937 rng(4);
+  const auto good = random_sparse_update(rng, server.state->model(), 1, 0);
+  const auto future = random_sparse_update(rng, server.state->model(), 1, 5);
+  auto expect_refused = [&](const transport::CoapResponse& answer, int code, const std::string& reason) {
+    EXPECT_EQ(answer.code, code) << text(answer);
+    EXPECT_NE(text(answer).find(reason), std::string::npos) << text(answer);
+    EXPECT_EQ(server.rounds->deltas_received(), 0u);
+    EXPECT_EQ(server.state->version(), 0u);
+  };
+  expect_refused(server.rounds->post_round_update(request("a", future)), CoapCode::kConflict, "wrong round");
+  auto wrong_model = good;
+  wrong_model[8] ^= 0xff;  // the model id follows the magic and format fields
+  expect_refused(server.rounds->post_round_update(request("a", wrong_model)), CoapCode::kConflict, "wrong model");
+  const std::vector<std::uint8_t> garbage = {1, 2, 3, 4, 5};
+  expect_refused(server.rounds->post_round_update(request("a", garbage)), CoapCode::kBadRequest, "malformed");
+  expect_refused(server.rounds->post_round_update(request("a", good, "")), CoapCode::kBadRequest, "examples");
+  expect_refused(server.rounds->post_round_update(request("a", good, "examples=0")), CoapCode::kBadRequest, "examples");
+  expect_refused(server.rounds->post_round_update(request("", good)), CoapCode::kUnauthorized, "identity");
+
+  // A delta of a closed round (a straggler dropped at the deadline).
+  ASSERT_EQ(server.rounds->post_round_update(request("a", good)).code, CoapCode::kChanged);
+  round_info(*server.rounds, "b");
+  clock.now += std::chrono::seconds(31);
+  ASSERT_TRUE(server.rounds->poll());
+  const std::vector<float> closed = server.state->snapshot().parameters;
+  const auto late = random_sparse_update(rng, server.state->model(), 1, 0);
+  const auto answer = server.rounds->post_round_update(request("b", late));
+  EXPECT_EQ(answer.code, CoapCode::kConflict);
+  EXPECT_NE(text(answer).find("round closed"), std::string::npos) << text(answer);
+  EXPECT_EQ(server.state->snapshot().parameters, closed);
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["round_late_deltas_refused"], 1);
+  EXPECT_EQ(status["round_stragglers"], 1);
+  EXPECT_EQ(status["rounds_closed"], 1);
+  EXPECT_EQ(status["round_malformed_deltas"], 3);
+}
+
+TEST(RoundCoordinator, WaitAllWaitsPastTheDeadlineUntilItsSafetyLimit) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options = two_devices();
+  options.policy = server::RoundPolicy::kWaitAll;
+  Server server(dir, clock, options);
+  round_info(*server.rounds, "a");
+  round_info(*server.rounds, "b");
+  std::mt19937 rng(5);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", random_sparse_update(rng, server.state->model(), 1, 0))).code,
+            CoapCode::kChanged);
+  clock.now += std::chrono::seconds(31);
+  EXPECT_FALSE(server.rounds->poll());
+  clock.now += std::chrono::seconds(static_cast<int>(30 * server::kWaitAllSafetyFactor));
+  EXPECT_TRUE(server.rounds->poll());
+  EXPECT_EQ(server.rounds->round(), 1u);
+}
+
+TEST(RoundCoordinator, AnAcknowledgedDeltaSurvivesARestartAndTheCloseIsBitExact) {
+  TempDir crashed("edgetrain-rounds"), uninterrupted("edgetrain-rounds");
+  Clock clock;
+  std::mt19937 rng(6);
+  const runtime::Model model = small_model();
+  std::vector<std::vector<std::uint8_t>> deltas;
+  for (int r = 0; r < 2; ++r)
+    for (int d = 0; d < 2; ++d) deltas.push_back(random_sparse_update(rng, model, 1, static_cast<std::uint64_t>(r)));
+  {
+    Server server(uninterrupted, clock, two_devices());
+    for (int n = 0; n < 4; ++n) {
+      const std::string who = n % 2 ? "b" : "a";
+      round_info(*server.rounds, who);
+      ASSERT_EQ(server.rounds->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n))).code,
+                CoapCode::kChanged);
+    }
+    ASSERT_EQ(server.rounds->round(), 2u);
+  }
+  std::vector<float> expected;
+  {
+    Server server(uninterrupted, clock, two_devices());
+    expected = server.state->snapshot().parameters;
+  }
+  for (int n = 0; n < 4; ++n) {
+    // A crash (the objects dropped) after every acknowledged delta.
+    Server server(crashed, clock, two_devices());
+    EXPECT_EQ(server.rounds->deltas_received(), static_cast<std::size_t>(n % 2));
+    EXPECT_EQ(server.rounds->round(), static_cast<std::uint64_t>(n / 2));
+    const std::string who = n % 2 ? "b" : "a";
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    ASSERT_EQ(server.rounds->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n))).code,
+              CoapCode::kChanged);
+  }
+  Server server(crashed, clock, two_devices());
+  EXPECT_EQ(server.rounds->round(), 2u);
+  EXPECT_EQ(server.rounds->deltas_received(), 0u);
+  EXPECT_EQ(server.state->snapshot().parameters, expected);
+}
+
+TEST(RoundCoordinator, ClientSamplingIsSeededAndSelectsAboutTheFraction) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.client_fraction = 0.3;
+  options.seed = 9;
+  Server server(dir, clock, options);
+  int chosen = 0;
+  for (int d = 0; d < 1000; ++d) chosen += server.rounds->selected("pi-" + std::to_string(d), 4) ? 1 : 0;
+  EXPECT_GT(chosen, 240);
+  EXPECT_LT(chosen, 360);
+  EXPECT_EQ(server.rounds->selected("pi-7", 4), server.rounds->selected("pi-7", 4));
+  int differs = 0;
+  for (int d = 0; d < 100; ++d)
+    differs += server.rounds->selected("pi-" + std::to_string(d), 4) != server.rounds->selected("pi-" + std::to_string(d), 5);
+  EXPECT_GT(differs, 10);  // a new draw each round
+}
+
+}  // namespace

@@ -1,0 +1,194 @@
+// The federated-rounds worker loop (runtime/round_worker.h) against a fake server channel:
+// a selected worker sends one delta per round (its round number in the fetched-version
+// field, its example count, new − start), an unselected one only polls; a delta refused as
+// late (4.09) is not sent again in that round; a model of another version is not trained on;
+// malformed /round answers are retried; a refused identity ends the run; a transport failure
+// is retried with the same bytes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "runtime/model.h"
+#include "runtime/round_worker.h"
+#include "runtime/server_channel.h"
+#include "transport/codec.h"
+
+namespace {
+
+using namespace edgetrain;
+using transport::CoapCode;
+using transport::CoapResponse;
+
+constexpr const char* kModelSpec = "input 8x8x1; fc 10";
+
+std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+runtime::Dataset small_dataset() {
+  runtime::Dataset data;
+  data.height = data.width = 8;
+  data.channels = 1;
+  data.num_classes = 10;
+  for (int i = 0; i < 40; ++i) {
+    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
+    data.labels.push_back(i % 10);
+  }
+  return data;
+}
+
+runtime::RoundWorkerConfig test_config() {
+  runtime::RoundWorkerConfig config;
+  config.worker.model = kModelSpec;
+  config.worker.batch = 4;
+  config.worker.compressor.method = runtime::CompressionMethod::kNone;
+  config.worker.backoff_initial = std::chrono::milliseconds(1);
+  config.worker.backoff_max = std::chrono::milliseconds(2);
+  config.lr = 0.1f;
+  config.poll_seconds = 0.001;
+  return config;
+}
+
+CoapResponse text(int code, const std::string& body) { return {code, {body.begin(), body.end()}, {}}; }
+
+class FakeRoundServer : public runtime::ServerChannel {
+ public:
+  FakeRoundServer() : model_(runtime::model_spec_from_argument(kModelSpec)) { model_.initialize(3); }
+  CoapResponse get_model(const std::string& path) override {
+    ++pulls;
+    auto bytes = transport::encode_dense_model(model_.layout_id(), model_version, sizes_of(model_), model_.parameters());
+    return {CoapCode::kContent, bytes.value(), model_version};
+  }
+  CoapResponse post_update(std::span<const std::uint8_t>) override { return text(CoapCode::kNotFound, ""); }
+  CoapResponse get_round() override {
+    ++polls;
+    if (round_answer) return *round_answer;
+    return text(CoapCode::kContent, "{\"round\":" + std::to_string(round) + ",\"model_version\":" +
+                                        std::to_string(round) + ",\"deadline_seconds\":3.5,\"selected\":" +
+                                        (selected ? "true" : "false") + ",\"local_steps\":3,\"policy\":\"drop-stragglers\"}");
+  }
+  CoapResponse post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) override {
+    sent.push_back({examples, {body.begin(), body.end()}});
+    if (on_post) return on_post();
+    return {CoapCode::kChanged, {}, {}};
+  }
+  transport::SparseUpdate decoded(std::size_t n) const {
+    return transport::decode_sparse_update(sent.at(n).second, {model_.layout_id(), sizes_of(model_)}).value();
+  }
+
+  std::uint64_t round = 5, model_version = 5;
+  bool selected = true;
+  std::optional<CoapResponse> round_answer;
+  std::function<CoapResponse()> on_post;
+  std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> sent;
+  int polls = 0, pulls = 0;
+
+ private:
+  runtime::Model model_;
+};
+
+struct Fixture {
+  runtime::Dataset data = small_dataset();
+  FakeRoundServer server;
+  std::atomic<bool> stop{false};
+  std::unique_ptr<runtime::RoundWorker> worker;
+  explicit Fixture(runtime::RoundWorkerConfig config = test_config()) {
+    worker = std::make_unique<runtime::RoundWorker>(config, data, server, stop);
+  }
+};
+
+TEST(RoundWorker, SendsOneDeltaPerRoundWithItsRoundAndExamples) {
+  Fixture f;
+  ASSERT_TRUE(f.worker->run_once());
+  ASSERT_EQ(f.server.sent.size(), 1u);
+  EXPECT_EQ(f.server.sent[0].first, 3u * 4u);  // local steps × batch
+  const transport::SparseUpdate delta = f.server.decoded(0);
+  EXPECT_EQ(delta.fetched_version, 5u);
+  double moved = 0;
+  for (const auto& t : delta.tensors)
+    for (float v : t.values) moved += std::abs(v);
+  EXPECT_GT(moved, 0.0);  // trained: new − start is not zero
+  EXPECT_FALSE(f.worker->run_once());  // same round: done, only polls
+  EXPECT_EQ(f.server.sent.size(), 1u);
+  f.server.round = f.server.model_version = 6;
+  EXPECT_TRUE(f.worker->run_once());
+  EXPECT_EQ(f.server.decoded(1).fetched_version, 6u);
+  EXPECT_EQ(f.worker->stats().rounds_trained, 2u);
+}
+
+TEST(RoundWorker, AnUnselectedWorkerOnlyPolls) {
+  Fixture f;
+  f.server.selected = false;
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.server.pulls, 0);
+  EXPECT_TRUE(f.server.sent.empty());
+  EXPECT_EQ(f.server.polls, 3);
+}
+
+TEST(RoundWorker, ALateDeltaIsRefusedOnceAndTheNextRoundIsJoined) {
+  Fixture f;
+  f.server.on_post = [] { return text(CoapCode::kConflict, "round closed: round 5 is closed"); };
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.worker->stats().deltas_refused, 1u);
+  EXPECT_FALSE(f.worker->run_once());  // not sent again in round 5
+  EXPECT_EQ(f.server.sent.size(), 1u);
+  f.server.on_post = nullptr;
+  f.server.round = f.server.model_version = 6;
+  EXPECT_TRUE(f.worker->run_once());
+}
+
+TEST(RoundWorker, AModelOfAnotherVersionIsNotTrainedOn) {
+  Fixture f;
+  f.server.model_version = 6;  // the round closed between GET /round and GET /model
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.server.pulls, 1);
+  EXPECT_TRUE(f.server.sent.empty());
+}
+
+TEST(RoundWorker, MalformedRoundAnswersAreRetriedAndParsedDefensively) {
+  Fixture f;
+  f.server.round_answer = text(CoapCode::kContent, "{\"round\": \"five\"}");
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.worker->stats().retries, 1u);
+  EXPECT_TRUE(f.server.sent.empty());
+  for (const std::string bad : {"", "[]", "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":1,\"local_steps\":1}",
+                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":0}",
+                                "{\"round\":-1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1}"}) {
+    const std::vector<std::uint8_t> bytes(bad.begin(), bad.end());
+    EXPECT_FALSE(runtime::parse_round_info(bytes)) << bad;
+  }
+}
+
+TEST(RoundWorker, ARefusedIdentityEndsTheRun) {
+  runtime::RoundWorkerConfig config = test_config();
+  config.worker.max_refusals = 2;
+  Fixture f(config);
+  f.server.on_post = [] { return text(CoapCode::kUnauthorized, "no DTLS identity"); };
+  EXPECT_FALSE(f.worker->run_once());
+  f.server.round = f.server.model_version = 6;
+  try {
+    f.worker->run_once();
+    FAIL() << "expected WorkerFailure";
+  } catch (const runtime::WorkerFailure& e) {
+    EXPECT_EQ(e.exit(), runtime::WorkerExit::kUnknownIdentity);
+  }
+}
+
+TEST(RoundWorker, ATransportFailureIsRetriedWithTheSameBytes) {
+  Fixture f;
+  int calls = 0;
+  f.server.on_post = [&calls]() -> CoapResponse {
+    if (calls++ == 0) throw transport::TransportError("timed out", transport::TransportFailure::kNoAnswer);
+    return {CoapCode::kChanged, {}, {}};
+  };
+  EXPECT_TRUE(f.worker->run_once());
+  ASSERT_EQ(f.server.sent.size(), 2u);
+  EXPECT_EQ(f.server.sent[0].second, f.server.sent[1].second);
+}
+
+}  // namespace

@@ -12,41 +12,15 @@
 #include <vector>
 
 #include "kernels/reference.h"
+#include "tests/support/finite_differences.h"
 
 namespace ek = edgetrain::kernels;
 
 namespace {
 
-std::vector<float> random_vector(std::size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-double dot(const std::vector<float>& a, const std::vector<float>& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); i++) s += static_cast<double>(a[i]) * b[i];
-  return s;
-}
-
-// Checks analytic[i] against (loss(x+eps) - loss(x-eps)) / 2eps at up to `samples` indices of x.
-void expect_matches_finite_differences(std::vector<float>& x, const std::vector<float>& analytic,
-                                       const std::function<double()>& loss, float eps, std::size_t samples,
-                                       double tolerance, const char* what) {
-  ASSERT_EQ(x.size(), analytic.size());
-  const std::size_t step = std::max<std::size_t>(1, x.size() / samples);
-  for (std::size_t i = 0; i < x.size(); i += step) {
-    const float saved = x[i];
-    x[i] = saved + eps;
-    const double up = loss();
-    x[i] = saved - eps;
-    const double down = loss();
-    x[i] = saved;
-    const double numeric = (up - down) / (2.0 * eps);
-    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::fabs(numeric))) << what << " at " << i;
-  }
-}
+using edgetrain::testing::dot;
+using edgetrain::testing::expect_matches_finite_differences;
+using edgetrain::testing::random_vector;
 
 class Conv2dReferenceTest : public ::testing::TestWithParam<ek::Conv2dShape> {};
 

@@ -334,13 +334,7 @@ RoundWorkerStats RoundWorker::run() {
 
 RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
                                 const WorkerLog& log) {
-  const WorkerConfig& w = config.worker;
-  transport::CoapDtlsClient::Options options{w.server_host, w.server_port, {w.identity, w.key}, w.request_timeout_ms};
-  options.certificates = w.certificates;
-  options.plaintext = w.insecure_plaintext;
-  options.timing = w.timing;
-  options.stop = &stop;
-  CoapServerChannel channel(std::move(options));
+  CoapServerChannel channel(coap_client_options(config.worker, stop));
   RoundWorker worker(config, train, channel, stop, log);
   RoundWorkerRun result;
   try {
@@ -351,11 +345,9 @@ RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& 
     result.reason = e.what();
     return result;
   }
-  if (result.stats.rounds_trained == 0) {
-    result.exit = worker.last_trouble() == WorkerExit::kStopped ? WorkerExit::kNothingApplied : worker.last_trouble();
-    result.reason = "the run ended before the server accepted any round delta";
-    if (!worker.last_trouble_message().empty()) result.reason += "; the last trouble: " + worker.last_trouble_message();
-  }
+  if (result.stats.rounds_trained == 0)
+    end_without_anything_applied(worker.last_trouble(), worker.last_trouble_message(), "round delta", result.exit,
+                                 result.reason);
   return result;
 }
 

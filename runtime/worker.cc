@@ -422,15 +422,28 @@ WorkerStats Worker::run(const WorkerProgress& progress) {
   return s.stats;
 }
 
-WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                     const WorkerLog& log, const WorkerProgress& progress) {
+transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config, const std::atomic<bool>& stop) {
   transport::CoapDtlsClient::Options options{
       config.server_host, config.server_port, {config.identity, config.key}, config.request_timeout_ms};
   options.certificates = config.certificates;
   options.plaintext = config.insecure_plaintext;
   options.timing = config.timing;
   options.stop = &stop;
-  CoapServerChannel channel(std::move(options));
+  return options;
+}
+
+void end_without_anything_applied(WorkerExit last_trouble, const std::string& last_trouble_message,
+                                  const std::string& nothing, WorkerExit& exit, std::string& reason) {
+  // Nothing applied is no success, whatever ended the run (issue 12: a board whose server
+  // never answered used to end with status 0).
+  exit = last_trouble == WorkerExit::kStopped ? WorkerExit::kNothingApplied : last_trouble;
+  reason = "the run ended before the server accepted any " + nothing;
+  if (!last_trouble_message.empty()) reason += "; the last trouble: " + last_trouble_message;
+}
+
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
+                     const WorkerLog& log, const WorkerProgress& progress) {
+  CoapServerChannel channel(coap_client_options(config, stop));
   Worker worker(config, train, channel, stop, log);
   WorkerRun result;
   try {
@@ -441,13 +454,9 @@ WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std
     result.reason = e.what();
     return result;
   }
-  if (result.stats.updates_accepted == 0) {
-    // Nothing applied is no success, whatever ended the run (issue 12: a board whose server
-    // never answered used to end with status 0).
-    result.exit = worker.last_trouble() == WorkerExit::kStopped ? WorkerExit::kNothingApplied : worker.last_trouble();
-    result.reason = "the run ended before the server accepted any update";
-    if (!worker.last_trouble_message().empty()) result.reason += "; the last trouble: " + worker.last_trouble_message();
-  }
+  if (result.stats.updates_accepted == 0)
+    end_without_anything_applied(worker.last_trouble(), worker.last_trouble_message(), "update", result.exit,
+                                 result.reason);
   return result;
 }
 

@@ -160,6 +160,15 @@ struct WorkerRun {
   std::string reason;  // empty for kStopped
 };
 
+// The CoAP/DTLS client of a worker's settings (server, PSK identity and key or certificates,
+// plain CoAP, timing, request timeout); its waits look at `stop`. Every mode's run uses it.
+transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config, const std::atomic<bool>& stop);
+
+// How a run that applied nothing ends: with the last trouble's exit status (kNothingApplied
+// when there was none) and a reason that names `nothing` and that trouble.
+void end_without_anything_applied(WorkerExit last_trouble, const std::string& last_trouble_message,
+                                  const std::string& nothing, WorkerExit& exit, std::string& reason);
+
 // A Worker over CoAP/DTLS to config.server_host (CoapServerChannel), which looks at `stop`
 // at least every 100 ms while it waits for the server. Runs until `stop` becomes true,
 // max_steps or max_seconds is reached, or it gives up (WorkerFailure: exit and reason).

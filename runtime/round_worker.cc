@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/logging.h"
 #include "runtime/backoff.h"
 #include "runtime/model.h"
 #include "runtime/shard_sampler.h"
@@ -104,15 +105,16 @@ struct RoundWorker::State {
     if (!(config.lr > 0)) throw std::invalid_argument("worker: the local learning rate must be > 0");
   }
 
-  void say(const std::string& line) const {
-    if (log) log(line);
+  // As Worker::say: lines below the process's --log-level are dropped.
+  void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
+    if (log && logging::enabled(level)) log(line);
   }
   void trouble(WorkerExit exit, const std::string& what) {
     last_trouble = exit;
     last_trouble_message = what;
     stats.retries++;
     const auto delay = backoff.next_delay();
-    say(what + "; retrying in " + std::to_string(delay.count()) + " ms");
+    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
     sleep_unless_stopped(delay, stop);
   }
   // As Worker: refusals no retry fixes are given up after max_refusals in a row; a server
@@ -277,7 +279,7 @@ bool RoundWorker::State::send(const RoundInfo& round) {
       stats.deltas_refused++;  // the round closed (a straggler) or moved on: take part in the next one
       done_round = round.round;
       refusals_in_a_row = 0;
-      say("round " + std::to_string(round.round) + ": delta refused with " + answer);
+      say("round " + std::to_string(round.round) + ": delta refused with " + answer, logging::Level::kWarn);
       return false;
     }
     if (response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) {

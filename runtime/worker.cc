@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/logging.h"
 #include "runtime/backoff.h"
 #include "runtime/model.h"
 #include "runtime/model_replica.h"
@@ -157,14 +158,16 @@ struct Worker::State {
     return sizes;
   }
 
-  void say(const std::string& line) const {
-    if (log) log(line);
+  // Lines below the process's --log-level are dropped here, so every program that runs a
+  // worker loop gets the same filtering.
+  void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
+    if (log && logging::enabled(level)) log(line);
   }
   // A request that failed or was not answered as it should: count it and back off.
   void transport_trouble(const std::string& what) {
     stats.retries++;
     const auto delay = backoff.next_delay();
-    say(what + "; retrying in " + std::to_string(delay.count()) + " ms");
+    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
     sleep_unless_stopped(delay, stop);
   }
 
@@ -344,7 +347,7 @@ bool Worker::step() {
       throw std::runtime_error("10 steps in a row gave a non-finite gradient: the server's model has diverged");
     }
     s.say("non-finite gradient at model version " + std::to_string(s.model_version) +
-          "; skipping the step and pulling again");
+          "; skipping the step and pulling again", logging::Level::kWarn);
     s.have_model = false;
     return false;
   }

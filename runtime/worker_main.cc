@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/logging.h"
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
 #include "runtime/round_worker.h"
@@ -28,12 +29,21 @@ namespace {
 std::atomic<bool> stop_requested{false};
 extern "C" void on_signal(int) { stop_requested = true; }
 
-void log_line(const std::string& line) {
+// The worker's own lines; the worker loops filter theirs by --log-level (logging::enabled)
+// before they get here.
+void write_line(const std::string& line) {
   const std::time_t now = std::time(nullptr);
   char stamp[32];
   std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", std::localtime(&now));
   std::fprintf(stderr, "%s edgetrain-worker: %s\n", stamp, line.c_str());
 }
+void log_line(const std::string& line) {
+  if (edgetrain::logging::enabled(edgetrain::logging::Level::kInfo)) write_line(line);
+}
+void log_warning(const std::string& line) {
+  if (edgetrain::logging::enabled(edgetrain::logging::Level::kWarn)) write_line(line);
+}
+void log_error(const std::string& line) { write_line(line); }
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path);
@@ -100,7 +110,7 @@ class StatsFileWriter {
     try {
       edgetrain::common::write_file_atomically(path_, stats_json(stats_, acknowledged_, false));
     } catch (const std::exception& e) {
-      log_line(e.what());
+      log_error(e.what());
     }
   }
 
@@ -116,7 +126,7 @@ class StatsFileWriter {
       try {
         edgetrain::common::write_file_atomically(path_, text);
       } catch (const std::exception& e) {
-        log_line(e.what());
+        log_error(e.what());
       }
       lock.lock();
     }
@@ -138,6 +148,7 @@ struct WorkerSettings {
   std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist";
   edgetrain::runtime::CompressionSettings compression;
   bool insecure = false, quiet = false, log_acks = false;
+  std::string log_level = "info";
   std::string cert, cert_key, ca, stats_file;
   double request_timeout = 60;
   // Federated rounds (runtime/round_worker.h).
@@ -195,6 +206,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "handshake refused (status 11), identity unknown (12), another model (13)").range(1, 1000);
   t.group("Output");
   t.add("quiet", s.quiet, "no progress line");
+  t.add("log-level", s.log_level, "least severe log lines written (warn: retries and refusals; error: only why "
+        "the worker stopped)").choices({"error", "warn", "info", "debug"});
   t.add("log-acks", s.log_acks, "log the server version of every acknowledged (2.04) update");
   t.add("stats-file", s.stats_file, "JSON file of this worker's counters and every acknowledged server version, "
         "rewritten atomically at most every 0.2 s while they change, and at exit");
@@ -220,7 +233,7 @@ void set_security(WorkerSettings& s, edgetrain::runtime::WorkerConfig& config) {
   } else if (plaintext) {
     if (s.identity.empty()) throw std::invalid_argument("plain CoAP needs a name to declare: give --identity");
     config.insecure_plaintext = true;
-    log_line("WARNING: --insecure: plain CoAP to " + s.server +
+    log_warning("WARNING: --insecure: plain CoAP to " + s.server +
              ", NO encryption and NO authentication; the server keys this worker's updates on the declared "
              "name 'unauthenticated:" + s.identity + "'");
   } else {
@@ -296,18 +309,19 @@ int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& 
     common::write_file_atomically(s.stats_file, j.dump(2) + "\n");
   };
   write_stats({}, true);
-  const runtime::RoundWorkerRun result = runtime::run_round_worker(round_config, train, stop_requested, log_line);
+  const runtime::RoundWorkerRun result = runtime::run_round_worker(round_config, train, stop_requested, write_line);
   write_stats(result.stats, false);
   log_line("stopped after " + std::to_string(result.stats.rounds_trained) + " rounds (" +
            std::to_string(result.stats.deltas_refused) + " deltas refused, " + std::to_string(result.stats.bytes_sent) +
            " bytes sent, " + std::to_string(result.stats.bytes_received) + " bytes pulled)");
   if (result.exit != runtime::WorkerExit::kStopped)
-    log_line("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
+    log_error("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
   return runtime::exit_status(result.exit);
 }
 
 int run(WorkerSettings& s) {
   using namespace edgetrain;
+  logging::set_level(logging::parse_level(s.log_level).value_or(logging::Level::kInfo));
   runtime::WorkerConfig config;
   try {
     config = worker_config(s);
@@ -331,7 +345,7 @@ int run(WorkerSettings& s) {
       stats_file.update(current);
       report(current);
     };
-    result = runtime::run_worker(config, train, stop_requested, log_line, progress);
+    result = runtime::run_worker(config, train, stop_requested, write_line, progress);
   }
   const runtime::WorkerStats& stats = result.stats;
   stats_file.finish(stats);
@@ -341,7 +355,7 @@ int run(WorkerSettings& s) {
            std::to_string(stats.pulls) + " pulls (" + std::to_string(stats.delta_pulls) + " as deltas), " +
            std::to_string(stats.bytes_received) + " bytes pulled");
   if (result.exit != runtime::WorkerExit::kStopped)
-    log_line("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
+    log_error("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
   return runtime::exit_status(result.exit);
 }
 

@@ -6,7 +6,7 @@
 #   - a key longer than 32 bytes: refused at start, naming the limit (2);
 #   - a port that receives and never answers (a firewall): "no answer from HOST:PORT" (10),
 #     within --request-timeout instead of libcoap's 31 s handshake;
-#   - a closed port: "nothing listens on HOST:PORT" (10);
+#   - a closed port: "nothing listens on HOST:PORT" (10); with --log-level error, only that;
 #   - a wrong key: the handshake refused (11), after --max-refusals tries;
 #   - an identity the server does not know (12);
 #   - another model than the server's (13);
@@ -73,6 +73,9 @@ silent_pid=$last_pid
 start_program "$work/closed-port.log" "$worker" --server "coaps://127.0.0.1:$closed" --identity w --key-hex 00112233445566778899aabbccddeeff \
   --model mlp "${worker_flags[@]}" --give-up-after 1
 closed_pid=$last_pid
+start_program "$work/closed-port-errors-only.log" "$worker" --server "coaps://127.0.0.1:$closed" --identity w \
+  --key-hex 00112233445566778899aabbccddeeff --model mlp "${worker_flags[@]}" --give-up-after 1 --log-level error
+closed_quiet_pid=$last_pid
 
 # ---- SIGTERM in the middle of a handshake with the silent port --------------------------
 start_worker "$work/sigterm.log" "$work/sigterm.json" "$worker" --server "coaps://127.0.0.1:$silent" --identity w \
@@ -94,6 +97,12 @@ status=0; wait "$pid" || status=$?
 echo "ok: SIGTERM during a handshake: exited after $latency_ms ms, status 15 (nothing applied)"
 expect_exit silent-port "$silent_pid" 10 20 "no answer from 127\.0\.0\.1:$silent"
 expect_exit closed-port "$closed_pid" 10 20 "nothing listens on 127\.0\.0\.1:$closed"
+# --log-level error: the same ending and its cause, without the retries and the start line.
+expect_exit closed-port-errors-only "$closed_quiet_pid" 10 20 "exit status 10: .*nothing listens on 127\.0\.0\.1:$closed"
+grep -q "retrying in" "$work/closed-port.log" || fail "closed port: no retry lines at the default --log-level info"
+! grep -qE "retrying in|^[0-9 :-]+ edgetrain-worker: worker 0/1" "$work/closed-port-errors-only.log" ||
+  fail "--log-level error still wrote info or warning lines: $(cat "$work/closed-port-errors-only.log")"
+echo "ok: --log-level error keeps only why the worker stopped ($(wc -l <"$work/closed-port-errors-only.log") lines)"
 
 # ---- a server: wrong key, unknown identity, another model, then killed mid-run -----------
 add_device "$server" "$work/keys.toml" w0 "$work/w0.toml"

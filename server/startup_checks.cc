@@ -6,11 +6,13 @@
 
 #include <fstream>
 #include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "runtime/model.h"
 #include "server/keystore.h"
 #include "server/run_end.h"
+#include "server/write_ahead_log.h"
 
 namespace edgetrain::server {
 namespace {
@@ -80,6 +82,42 @@ void check_state_dir_model(const std::filesystem::path& state_dir, const runtime
   throw StartupError("--model " + model.spec().name + ": the state directory " + state_dir.string() +
                      " holds a run of another model" + (name == metadata.end() ? "" : " ('" + name->second + "')") +
                      "; use a new state directory for a new model");
+}
+
+// 0.05f as "0.05", not "0.050000".
+std::string shortest(float value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+// A state directory whose WAL was written with another learning rate or staleness bound is
+// refused here too: replay needs the settings the updates were applied with (recovery would
+// refuse it later, after the keystore and the data are loaded). A WAL that cannot be read is
+// recovery's to handle.
+void check_state_dir_settings(const std::filesystem::path& state_dir, const ServerSettings& s) {
+  for (const char* name : {"wal.log", "wal.prev.log"}) {
+    const std::filesystem::path path = state_dir / name;
+    std::error_code error;
+    if (!std::filesystem::exists(path, error)) continue;
+    WalHeader header;
+    try {
+      header = read_wal_header(path);
+    } catch (const WalError&) {
+      return;
+    }
+    std::string differences;
+    if (header.learning_rate != static_cast<float>(s.lr))
+      differences += "--lr " + shortest(header.learning_rate) + " (not " + shortest(static_cast<float>(s.lr)) + ")";
+    if (header.max_staleness != s.max_staleness)
+      differences += std::string(differences.empty() ? "" : ", ") + "--max-staleness " +
+                     std::to_string(header.max_staleness) + " (not " + std::to_string(s.max_staleness) + ")";
+    if (differences.empty()) return;
+    throw StartupError("the state directory " + state_dir.string() + " was trained with " + differences +
+                       ", and replaying its log needs the same settings: start with them, or use a new state "
+                       "directory (--init-from " + (state_dir / "checkpoint.safetensors").string() +
+                       " carries the model over)");
+  }
 }
 
 bool holds_a_run(const std::filesystem::path& state_dir) {
@@ -158,6 +196,7 @@ StartPlan check_startup(const ServerSettings& s) {
   check_listen_address(s.listen);
   check_state_dir(s.state_dir);
   check_state_dir_model(s.state_dir, *model);
+  check_state_dir_settings(s.state_dir, s);
   if (!s.keystore.empty()) {
     try {
       Keystore::load(s.keystore);

@@ -179,6 +179,15 @@ WalContents read_wal(const std::filesystem::path& path) {
   return parse_wal(bytes, path.string());
 }
 
+WalHeader read_wal_header(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw WalError("cannot open the WAL " + path.string());
+  std::vector<std::uint8_t> bytes(kWalHeaderBytes);
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  return parse_wal(bytes, path.string()).header;
+}
+
 std::string describe_wal_damage(const std::filesystem::path& path, const WalContents& contents) {
   if (contents.damage.empty()) return {};
   const WalDamage& damage = contents.damage.front();

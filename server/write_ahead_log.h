@@ -77,6 +77,9 @@ struct WalContents {
 // Throws WalError when the file cannot be read or its header is not a valid WAL header
 // (a log whose header is damaged cannot be trusted at all).
 WalContents read_wal(const std::filesystem::path& path);
+// Only the header of the log at `path` (its first 32 bytes): the settings replay needs.
+// Throws WalError as read_wal() does.
+WalHeader read_wal_header(const std::filesystem::path& path);
 WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name);
 
 // One line for the operator about the first damaged region of `contents` (read from

@@ -245,6 +245,10 @@ void ServerApp::open_endpoint() {
     log_line("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
     return std::nullopt;
   };
+  // rotate-key and remove-device end a device's open sessions at its next request.
+  o.current_psk = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
+    return keystore_ ? keystore_->key_for(identity) : std::nullopt;
+  };
   if (!s_.cert.empty()) o.certificates = transport::CertificateFiles{s_.cert, s_.cert_key, s_.ca};
   if (s_.insecure) o.plaintext_port = static_cast<std::uint16_t>(s_.insecure_port);
   o.timing = s_.timing;

@@ -226,6 +226,12 @@ class CoapDtlsServer {
     std::string bind_address = "127.0.0.1";
     std::uint16_t port = 0;  // 0: the kernel picks a free port; see port()
     PskLookup psk_lookup;
+    // Checked once per request (per whole body) on a PSK session, when set: the key the
+    // identity has now. If it returns none (the device was removed) or another key than the
+    // session's (it was re-keyed), the request gets 4.01 "session key revoked" and the
+    // session is closed, so a key an operator revokes stops working at once, not when the
+    // session ends. Unset: sessions keep their key until they end.
+    PskLookup current_psk;
     // Also accept clients with a certificate signed by `ca_file` (mutual authentication);
     // PSK clients are accepted alongside as long as psk_lookup is set.
     std::optional<CertificateFiles> certificates;

@@ -164,6 +164,9 @@ struct CoapDtlsServer::Impl {
   coap_bin_const_t current_key_view{};
   // Deferred responses not yet sent: cut loose from their sessions before the context goes.
   std::set<DeferredResponse::State*> deferred;
+  // Sessions whose key was revoked (Options::current_psk), referenced until run_once closes
+  // them: after the 4.01 that says so has gone out.
+  std::vector<coap_session_t*> revoked_sessions;
   // The front guard of the DTLS endpoint (handshake_guard.h) and when run_once next looks
   // at the pending handshakes.
   std::unique_ptr<detail::HandshakeGuard> guard;
@@ -399,6 +402,29 @@ struct CoapDtlsServer::Impl {
     return req;
   }
 
+  // Whether `session` is a PSK session whose identity now has another key or none
+  // (Options::current_psk); such a session is queued for closing.
+  static bool session_key_revoked(Impl& server, coap_session_t* session) {
+    if (!server.options.current_psk || coap_session_get_proto(session) != COAP_PROTO_DTLS) return false;
+    const coap_bin_const_t* id = coap_session_get_psk_identity(session);
+    const coap_bin_const_t* key = coap_session_get_psk_key(session);
+    if (!id || id->length == 0 || !key) return false;
+    const auto now = server.options.current_psk(std::string_view(reinterpret_cast<const char*>(id->s), id->length));
+    if (now && now->size() == key->length && std::equal(now->begin(), now->end(), key->s)) return false;
+    if (std::find(server.revoked_sessions.begin(), server.revoked_sessions.end(), session) ==
+        server.revoked_sessions.end())
+      server.revoked_sessions.push_back(coap_session_reference(session));
+    return true;
+  }
+
+  void close_revoked_sessions() {
+    for (coap_session_t* session : revoked_sessions) {
+      coap_session_disconnected(session, COAP_NACK_TLS_FAILED);
+      coap_session_release(session);
+    }
+    revoked_sessions.clear();
+  }
+
   static CoapResponse text_reply(int code, const std::string& why) {
     return {code, std::vector<std::uint8_t>(why.begin(), why.end())};
   }
@@ -423,6 +449,13 @@ struct CoapDtlsServer::Impl {
       assembled = step.assembled;
       if (step.kind != BodyStep::kWhole) {
         reply = step.kind == BodyStep::kContinue ? CoapResponse(kContinue) : step.refusal;
+        remember_answer(server, session, mid, idempotent, reply);
+        return reply;
+      }
+      if (session_key_revoked(server, session)) {
+        reply = text_reply(CoapCode::kUnauthorized, "session key revoked: this device was re-keyed or removed "
+                                                    "(edgetrain-server rotate-key / remove-device)");
+        if (assembled) server.assemblies.erase(session);
         remember_answer(server, session, mid, idempotent, reply);
         return reply;
       }
@@ -580,6 +613,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
 CoapDtlsServer::~CoapDtlsServer() {
   while (!impl_->deferred.empty()) (*impl_->deferred.begin())->detach();
   for (int fd : impl_->endpoint_fds) detail::stop_counting_ingress(fd);
+  for (coap_session_t* session : impl_->revoked_sessions) coap_session_release(session);
   if (impl_->context) coap_free_context(impl_->context);
 }
 
@@ -643,6 +677,7 @@ HandshakeStats CoapDtlsServer::handshake_stats() const { return impl_->guard ? i
 // finds nothing (EAGAIN, which libcoap logs only at LOG_WARNING and above).
 void CoapDtlsServer::run_once(int timeout_ms) {
   Impl& s = *impl_;
+  s.close_revoked_sessions();
   s.sweep_handshakes();
   const auto wait_ms = static_cast<std::uint32_t>(timeout_ms < 0 ? 0 : timeout_ms);
   if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0) {

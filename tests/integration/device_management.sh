@@ -3,9 +3,11 @@
 #   - add-device makes printable keys: Debian's coap-client-openssl reads /status with the
 #     key as text, exactly as the printed worker configuration's comment says;
 #   - list-devices lists names and never a key unless --show-keys;
-#   - remove-device: the removed device's worker is refused (4.03) and exits with its
+#   - remove-device: the removed device's worker is refused (4.01 on its open session, then
+#     its handshake) and exits with its
 #     "identity unknown" status (12) while the other worker's updates go on being applied;
-#   - rotate-key: the old key fails the handshake, the new one reads /status;
+#   - rotate-key: the old key fails the handshake, the new one reads /status; a worker
+#     re-keyed while it trains gets 4.01 on its open session and exits (11 or 12);
 #   - 12 add-device commands at once: none is lost (the keystore lock).
 # usage: device_management.sh SERVER WORKER [COAP_CLIENT]
 server="$1"; worker="$2"; client="${3:-coap-client-openssl}"
@@ -62,7 +64,7 @@ applied=$(json_get "$server_stats" updates_applied)
 wait_for_json "$server_stats" updates_applied -ge $((applied + 10)) 30 "$server_pid" ||
   fail "the remaining worker's updates stopped after the removal"
 kill -0 "$b_pid" || fail "pi-b's worker stopped"
-echo "ok: removed pi-a: its worker exited 12 (refused with 4.03); pi-b went on ($applied -> $(json_get "$server_stats" updates_applied) updates)"
+echo "ok: removed pi-a: its worker exited 12 (its open session refused, then its handshake); pi-b went on ($applied -> $(json_get "$server_stats" updates_applied) updates)"
 
 # ---- rotate-key ------------------------------------------------------------------------------
 "$server" rotate-key monitor --keystore "$keys" --server-uri "coaps://127.0.0.1:$server_port" \
@@ -73,6 +75,18 @@ grep -qF -- "-k $new_key " "$work/monitor-rotated.toml" || fail "rotate-key did 
 if read_status monitor "$monitor_key"; then fail "the old key still reads /status after rotate-key: $(cat "$work/status.out")"; fi
 read_status monitor "$new_key" || fail "the new key does not read /status: $(cat "$work/status.out")"
 echo "ok: rotate-key: the old key fails the handshake, the new one reads /status"
+# ---- rotate-key while the device trains: its open session stops working ---------------------
+"$server" rotate-key pi-b --keystore "$keys" >"$work/pi-b-rotated.toml" 2>>"$work/commands.log"
+status=0
+wait_for_exit "$b_pid" 45 || status=$?
+[ "$status" -eq 11 ] || [ "$status" -eq 12 ] ||
+  fail "the re-keyed device's worker (old key, open session): exit status $status, not 11 or 12: $(tail -3 "$work/b.log")"
+grep -q "session key revoked" "$work/b.log" || fail "pi-b's worker was not told its session key was revoked: $(tail -5 "$work/b.log")"
+sleep 2  # the stats file catches up with what was applied before the worker ended
+applied=$(json_get "$server_stats" updates_applied)
+sleep 2
+[ "$(json_get "$server_stats" updates_applied)" -eq "$applied" ] || fail "updates were applied after pi-b's worker ended"
+echo "ok: rotate-key pi-b while it trained: its open session got 4.01 'session key revoked', its worker exited $status"
 
 # ---- concurrent edits lose nothing --------------------------------------------------------------
 pids=()
@@ -85,5 +99,5 @@ count=$("$server" list-devices --keystore "$keys" --json | jq '[.[] | select(.na
 [ "$(stat -c %a "$keys")" = 600 ] || fail "the keystore's mode is $(stat -c %a "$keys")"
 echo "ok: 12 add-device commands at once: all 12 devices in the keystore (mode 600)"
 
-kill -TERM "$b_pid" "$server_pid"
+kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"

@@ -65,7 +65,7 @@ HOST_PACKAGES=(
   python3
   curl
   lintian systemd
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-onnx
 )
 # The aarch64 sysroot: the arm64 packages the worker and its tests link against, with
 # their run-time dependency closure (checked by the cross build and by QEMU runs).

@@ -10,6 +10,8 @@
 #   - server/checkpoint_to_torch.py (Debian's PyTorch) gives evaluate's accuracy within 0.1
 #     points, and its loss, on both models' checkpoints (the paper CNN's conv and FC layouts
 #     permuted right).
+#   - the loader's --onnx file of both checkpoints passes onnx.checker and, run by
+#     tests/support/onnx_numpy_eval.py with NumPy, gives evaluate's accuracy too.
 # usage: run_end.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -112,4 +114,17 @@ for checkpoint in "$best" "$work/cnn-run/checkpoint.safetensors"; do
   close "$(json_get "$work/ours.json" loss)" "$(json_get "$work/torch.json" loss)" 0.001 ||
     fail "$checkpoint: PyTorch loss $(json_get "$work/torch.json" loss), edgetrain's $(json_get "$work/ours.json" loss)"
   echo "ok: $(json_get "$work/ours.json" model) version $(json_get "$work/ours.json" version): accuracy $ours (edgetrain-server evaluate) vs $theirs (PyTorch), loss $(json_get "$work/ours.json" loss) vs $(json_get "$work/torch.json" loss)"
+done
+
+# ---- the ONNX export, run by NumPy (bookworm has no ONNX runtime) -----------------------------
+/usr/bin/python3 -c 'import onnx' 2>/dev/null || { echo "SKIP: no python3-onnx (toolchains/setup-deps.sh installs it)"; exit 77; }
+for checkpoint in "$best" "$work/cnn-run/checkpoint.safetensors"; do
+  "$server" evaluate "$checkpoint" --data "$data" --json >"$work/ours.json"
+  /usr/bin/python3 "$repo/server/checkpoint_to_torch.py" "$checkpoint" --onnx "$work/model.onnx" --json >/dev/null \
+    2>"$work/onnx-export.log" || fail "--onnx failed: $(cat "$work/onnx-export.log")"
+  /usr/bin/python3 "$repo/tests/support/onnx_numpy_eval.py" "$work/model.onnx" --data "$data" >"$work/onnx.json" ||
+    fail "the ONNX file of $checkpoint did not check or run"
+  ours=$(json_get "$work/ours.json" accuracy); theirs=$(json_get "$work/onnx.json" accuracy)
+  close "$ours" "$theirs" 0.001 || fail "$checkpoint: the ONNX export's accuracy $theirs, edgetrain's $ours"
+  echo "ok: $(json_get "$work/ours.json" model): the ONNX export passes onnx.checker and, run by NumPy, scores $theirs (edgetrain-server evaluate: $ours)"
 done

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -27,10 +28,13 @@ struct Overloaded : F... {
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
-std::string number_text(double value) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.10g", value);
-  return text;
+// The shortest text that reads back as the same value: a float field's 0.1f is "0.1", not
+// the "0.1000000015" its conversion to double prints.
+template <typename Number>
+std::string number_text(Number value) {
+  char text[64];
+  const auto [end, error] = std::to_chars(text, text + sizeof text, value, std::chars_format::general);
+  return error == std::errc() ? std::string(text, end) : std::to_string(value);
 }
 
 std::string text_of(const Field& field) {

@@ -27,6 +27,8 @@ struct Config {
   std::uint64_t seed = 1;
   bool label_skew = false;
   std::string compressor = "adacomp";
+  float lr = 0.1f;
+  double rate = 0.0002;
 };
 
 class SettingsTable : public ::testing::Test {
@@ -44,6 +46,8 @@ class SettingsTable : public ::testing::Test {
     table_.add("seed", config_.seed, "seed");
     table_.add("label-skew", config_.label_skew, "skewed shards");
     table_.add("compressor", config_.compressor, "what to send").choices({"adacomp", "none"});
+    table_.add("lr", config_.lr, "learning rate");
+    table_.add("rate", config_.rate, "compression rate").range(1e-6, 1);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -165,6 +169,10 @@ TEST_F(SettingsTable, VersionAndHelpExitWithZero) {
   EXPECT_NE(help.find("--batch INT=10"), std::string::npos) << help;
   EXPECT_NE(help.find("(1..4096)"), std::string::npos) << help;
   EXPECT_NE(help.find("(adacomp|none)"), std::string::npos) << help;
+  // Defaults in their shortest exact form: a float's 0.1f is 0.1, not 0.1000000015.
+  EXPECT_NE(help.find("--lr FLOAT=0.1 "), std::string::npos) << help;
+  EXPECT_NE(help.find("--rate FLOAT=0.0002 "), std::string::npos) << help;
+  EXPECT_NE(help.find("(1e-06..1)"), std::string::npos) << help;
 }
 
 TEST(SettingsSubcommand, HasItsOwnFlagsChecksAndRequiredSettings) {

@@ -14,6 +14,8 @@
 #include "common/svg_plot.h"
 #include "runtime/compression_settings.h"
 #include "runtime/dataset.h"
+#include "server/checkpoint_file.h"
+#include "server/durable_file.h"
 #include "sim/simulator.h"
 
 namespace {
@@ -243,10 +245,16 @@ int run(const SimSettings& s) {
     runtime::Model model(runtime::model_spec_from_argument(s.config.model));
     const sim::SimResult& last = results.back();
     std::copy(last.final_parameters.begin(), last.final_parameters.end(), model.parameters().begin());
-    model.save_safetensors(s.save_model, {{"method", last.label},
-                                          {"data", s.data},
-                                          {"final_test_accuracy", std::to_string(last.final_accuracy())},
-                                          {"updates", std::to_string(last.updates_applied)}});
+    // The server's checkpoint format (sealed, with its model keys): `edgetrain-server
+    // evaluate`, --init-from and server/checkpoint_to_torch.py take the file as it is.
+    const std::map<std::string, std::string> metadata = {
+        {"edgetrain.model", model.spec().name},
+        {"edgetrain.model_id", std::to_string(model.layout_id())},
+        {"edgetrain.version", std::to_string(last.updates_applied)},
+        {"edgetrain.sim.method", last.label},
+        {"edgetrain.sim.data", s.data},
+        {"edgetrain.sim.final_test_accuracy", std::to_string(last.final_accuracy())}};
+    server::write_file_atomically(s.save_model, server::sealed_checkpoint_bytes(model, metadata));
     std::cout << "model: " << s.save_model << " (" << last.label << ", final test accuracy " << last.final_accuracy() * 100
               << "%)\n";
   }

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Tables and plots of a docs/regenerate.sh matrix, over its seeds.
 
-Reads OUT/jobs.tsv (name, group, data set, seed, edgetrain-sim arguments), each job's
-OUT/jobs/NAME/sim.csv and OUT/machine.json; writes OUT/results.md (the section that
+Reads OUT/jobs.tsv (name, group, data set, seed, program and arguments), each job's
+OUT/jobs/NAME/sim.csv (edgetrain-sim) or metrics.csv (edgetrain-gan) and OUT/machine.json; writes OUT/results.md (the section that
 docs/regenerate.sh --update-docs puts into docs/results.md), OUT/tables/*.csv (one row per
 setting, method and seed) and OUT/figures/*.svg (drawn by edgetrain-emulation-report plot).
 
@@ -15,6 +15,7 @@ Standard library only.
 """
 import argparse
 import csv
+import shutil
 import json
 import math
 import os
@@ -29,6 +30,7 @@ GROUP_TITLES = {
     "workers": "Workers: ASGD against AdaComp at more workers",
     "reliability": "Reliability: a share of the workers fails (2% of their steps) and rejoins or leaves for good",
     "speeds": "Speeds: equal workers (spread 0) against a wide spread (1) of log-normal speeds",
+    "gan": "MD-GAN against FL-GAN and the standalone GAN (edgetrain-gan, one process)",
 }
 DATA_TITLES = {"mnist": "MNIST", "mnist-small": "MNIST subset (mnist-small)", "fashion-mnist": "Fashion-MNIST"}
 
@@ -98,7 +100,7 @@ def main():
     runs = []  # one per (job, method in its sim.csv)
     for job in jobs:
         path = os.path.join(args.out, "jobs", job["name"], "sim.csv")
-        if not os.path.exists(path):
+        if job["group"] == "gan" or not os.path.exists(path):
             continue  # failed or not run: the tables say how many seeds they hold
         for method, curve in read_curves(path).items():
             runs.append(dict(job, method=method, curve=curve))
@@ -134,7 +136,7 @@ def main():
         "\"ASGD / this\" divides the ingress the same seed's ASGD run needed to reach it by this run's. XNNPACK "
         "chooses its kernels by the CPU, so another machine repeats these figures closely, not bit for bit.\n")
     table_rows = []
-    for group in [g for g in GROUP_TITLES if any(j["group"] == g for j in jobs)]:
+    for group in [g for g in GROUP_TITLES if any(j["group"] == g for j in jobs) and g != "gan"]:
         lines.append(f"### {GROUP_TITLES[group]}\n")
         for data in [d for d in DATA_TITLES if any(j["data"] == d and j["group"] == group for j in jobs)] + \
                 sorted({j["data"] for j in jobs if j["data"] not in DATA_TITLES and j["group"] == group}):
@@ -190,6 +192,9 @@ def main():
             if figure:
                 lines.append(f"![{GROUP_TITLES[group]}, {DATA_TITLES.get(data, data)}](figures/{figure})\n")
 
+    if any(j["group"] == "gan" for j in jobs):
+        lines += gan_section(args, [j for j in jobs if j["group"] == "gan"])
+
     with open(os.path.join(args.out, "tables", "runs.csv"), "w", newline="") as f:
         if table_rows:
             writer = csv.DictWriter(f, fieldnames=list(table_rows[0].keys()))
@@ -199,6 +204,89 @@ def main():
                  "`tables/runs.csv`.\n")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def flag_value(args_text, flag, default=""):
+    words = args_text.split()
+    return words[words.index(flag) + 1] if flag in words else default
+
+
+def gan_section(args, jobs):
+    """The gan group: one row per run (seed 1), the scores of its last and best evaluation,
+    the worker's compute and traffic per iteration; a plot of the MNIST score per batch size;
+    the last image grid of every run."""
+    lines = [f"### {GROUP_TITLES['gan']}\n"]
+    rows = []
+    for job in jobs:
+        path = os.path.join(args.out, "jobs", job["name"], "metrics.csv")
+        if not os.path.exists(path):
+            continue
+        with open(path, newline="") as f:
+            evaluations = [{k: float(v) for k, v in row.items() if v != ""} for row in csv.DictReader(f)]
+        if not evaluations:
+            continue
+        mode = flag_value(job["args"], "--mode")
+        rows.append({"job": job, "mode": mode, "k": flag_value(job["args"], "--k") if mode == "md-gan" else "",
+                     "b": int(flag_value(job["args"], "--batch")), "workers": int(flag_value(job["args"], "--workers")),
+                     "evaluations": evaluations, "scored": "mnist_score" in evaluations[-1]})
+    if not rows:
+        return lines + ["(no finished run)\n"]
+    scored = all(r["scored"] for r in rows)
+    lines.append(
+        "Seed 1 only, MLP generator and discriminator (`runtime/gan_network.h`), Adam 2e-4 (0.5, 0.999), "
+        "N = %d workers in one process (`sim/gan_simulation.h`); each run's last evaluation against its best. " %
+        rows[0]["workers"] +
+        ("MNIST score and Fréchet distance (FID's formula) with the paper CNN classifier of "
+         "`sim/train-classifier.sh` (at least 99%% on the MNIST test set, checked when it is made), on %s generated samples against as many test images. "
+         % "500" if scored else "No classifier was given: conditional accuracy only. ") +
+        "\"worker s / it\" is the mean compute time of one worker per generator iteration; traffic is per worker "
+        "and iteration, measured (bytes) and, for MD-GAN, the paper's formula (2·b·d down, b·d up, d = 784, 4 bytes "
+        "a value). FL-GAN's traffic is its model averaging, spread over the iterations.\n")
+    lines.append("| run | iterations | MNIST score last (best) | FID last (best) | conditional accuracy last (best) | "
+                 "worker s / it | down B / worker / it | up B / worker / it | formula down / up |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        e = r["evaluations"]
+        last, iterations = e[-1], int(e[-1]["iteration"])
+        per = max(1, iterations * r["workers"])
+        label = {"md-gan": f"MD-GAN k={r['k']}", "fl-gan": "FL-GAN", "standalone": "standalone"}[r["mode"]] + f", b={r['b']}"
+        score = (f"{last['mnist_score']:.2f} ({max(x['mnist_score'] for x in e):.2f})" if r["scored"] else "–")
+        fid = (f"{last['frechet_distance']:.1f} ({min(x['frechet_distance'] for x in e):.1f})" if r["scored"] else "–")
+        accuracy = f"{last['conditional_accuracy']:.3f} ({max(x['conditional_accuracy'] for x in e):.3f})"
+        worker = f"{last.get('worker_seconds_per_iteration', 0):.4f}" if r["mode"] != "standalone" else "–"
+        formula = f"{2 * r['b'] * 784 * 4:,} / {r['b'] * 784 * 4:,}" if r["mode"] == "md-gan" else "–"
+        down = f"{last.get('down_bytes', 0) / per:,.0f}" if r["mode"] != "standalone" else "–"
+        up = f"{last.get('up_bytes', 0) / per:,.0f}" if r["mode"] != "standalone" else "–"
+        lines.append(f"| {label} | {iterations:,} | {score} | {fid} | {accuracy} | {worker} | {down} | {up} | {formula} |")
+        r["label"] = label
+    lines.append("\nCommands: `%s/jobs/gan-*/command`.\n" % args.out)
+    metric = "mnist_score" if scored else "conditional_accuracy"
+    for b in sorted({r["b"] for r in rows}):
+        name = f"regenerated-gan-b{b}.svg"
+        csv_path = os.path.join(args.out, "figures", name[:-4] + ".csv")
+        with open(csv_path, "w") as f:
+            f.write("series,x,y\n")
+            for r in rows:
+                if r["b"] == b:
+                    for x in r["evaluations"]:
+                        f.write("%s,%r,%r\n" % (r["label"].replace(",", ";"), x["iteration"], x[metric]))
+        y_axis = ["--y-label", "MNIST score (paper CNN)", "--y-min", "1", "--y-max", "10"] if scored else \
+            ["--y-label", "conditional accuracy of the samples"]
+        subprocess.run([args.report, "plot", csv_path, "--out", os.path.join(args.out, "figures", name), "--title",
+                        f"MD-GAN, FL-GAN and standalone, b = {b}", "--x-label", "generator iterations"] + y_axis,
+                       check=True)
+        lines.append(f"![{metric} against iterations, b = {b}](figures/{name})\n")
+    grids = []
+    for r in rows:
+        grid = os.path.join(args.out, "jobs", r["job"]["name"], "samples.png")
+        if os.path.exists(grid):
+            target = f"regenerated-{r['job']['name']}.png"
+            shutil.copyfile(grid, os.path.join(args.out, "figures", target))
+            grids.append(f"![{r['label']}](figures/{target})")
+    if grids:
+        lines.append("Generated digits at the last evaluation (one row per class), in the table's order:\n")
+        lines.append(" ".join(grids) + "\n")
+    return lines
 
 
 def plot_group(args, group, data, runs, target):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the simulator experiments of docs/results.md at one commit: runs the matrix of
-# edgetrain-sim jobs (skipping those already finished, so an interrupted run resumes), then
+# edgetrain-sim and edgetrain-gan jobs (skipping those already finished, so an interrupted run resumes), then
 # aggregates them over the seeds (docs/aggregate_results.py: mean and spread, traffic ratios
 # to a target, plots) into OUT/results.md and OUT/figures/. With --update-docs it puts that
 # section into docs/results.md (between the "regenerate:begin" and "regenerate:end" markers)
@@ -8,8 +8,11 @@
 #
 # usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
 #                           [--update-docs] [--list] [--allow-dirty] [GROUP...]
-#   groups: methods rates workers reliability speeds (default: all, in that order)
-#   --build DIR    the host build tree with edgetrain-sim (default build/host)
+#   groups: methods rates workers reliability speeds gan (default: all, in that order)
+#           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
+#           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only), scored with the
+#           paper CNN classifier of sim/train-classifier.sh (trained first if missing)
+#   --build DIR    the host build tree with edgetrain-sim, edgetrain-gan, edgetrain-server (default build/host)
 #   --quick        the CI-sized matrix: mlp on mnist-small, 300 updates, one seed (under a minute)
 #   --jobs N       simulations run side by side (default: the number of cores)
 #   --seeds N      seeds per setting (default 3; --quick: 1)
@@ -40,23 +43,30 @@ while [ $# -gt 0 ]; do
     --list) list=1 ;;
     --allow-dirty) allow_dirty=1 ;;
     -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    methods|rates|workers|reliability|speeds) groups+=("$1") ;;
+    methods|rates|workers|reliability|speeds|gan) groups+=("$1") ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
-sim="$build/sim/edgetrain-sim" report="$build/emulation/edgetrain-emulation-report"
-[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds)
-[ -x "$sim" ] && [ -x "$report" ] || die "build the host tree first (./build.sh build host): $sim is missing"
+sim="$build/sim/edgetrain-sim" gan="$build/sim/edgetrain-gan" report="$build/emulation/edgetrain-emulation-report"
+[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds gan)
+for program in "$sim" "$gan" "$report"; do
+  [ -x "$program" ] || die "build the host tree first (./build.sh build host): $program is missing"
+done
 
+# The GAN group's sizes (ours, for this machine's time: the paper ran I = 50,000 iterations):
+# "B:ITERATIONS" per batch size, N workers, evaluations every GAN_EVAL iterations.
 if [ "$quick" = 1 ]; then
   datasets=(mnist-small) model=mlp eval_every=100 worker_counts=(10 20)
   : "${seeds:=1}" "${updates:=300}"
+  gan_data=mnist-small gan_workers=4 gan_sizes=(10:100) gan_eval=50
 else
   datasets=(mnist fashion-mnist) model=paper-cnn eval_every=250 worker_counts=(10 50 100)
   : "${seeds:=3}" "${updates:=6000}"
+  gan_data=mnist gan_workers=10 gan_sizes=(10:5000 100:1000) gan_eval=1000
 fi
+gan_k=$(python3 -c "import math; print(math.ceil(math.log2($gan_workers)))")
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive number"
 [[ "$updates" =~ ^[1-9][0-9]*$ ]] || die "--updates must be a positive number"
 
@@ -84,13 +94,32 @@ else
 fi
 
 # ------------------------------------------------------------------ the matrix
-# Each job is one edgetrain-sim call: "NAME<TAB>GROUP<TAB>DATA<TAB>SEED<TAB>ARGS".
+# Each job is one program call: "NAME<TAB>GROUP<TAB>DATA<TAB>SEED<TAB>PROGRAM ARGS", PROGRAM
+# being sim (edgetrain-sim) or gan (edgetrain-gan).
 job_lines=()
 add_job() { # NAME GROUP DATA SEED ARGS...
   local name=$1 group=$2 data=$3 seed=$4; shift 4
   job_lines+=("$name"$'\t'"$group"$'\t'"$data"$'\t'"$seed"$'\t'"$*")
 }
+classifier=${EDGETRAIN_DEPS:-/var/cache/edgetrain}/classifiers/paper-cnn-mnist.safetensors
+add_gan_jobs() {
+  local size b iterations flags
+  for size in "${gan_sizes[@]}"; do
+    b=${size%%:*} iterations=${size#*:}
+    flags="--data $gan_data --workers $gan_workers --batch $b --iterations $iterations --eval-every $gan_eval --seed 1"
+    # Scored with the paper CNN classifier where it is there (always in the full matrix).
+    [ -f "$classifier" ] && flags+=" --classifier $classifier"
+    add_job "gan-md-k1-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode md-gan --k 1 $flags"
+    add_job "gan-md-k$gan_k-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode md-gan --k $gan_k $flags"
+    add_job "gan-fl-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode fl-gan $flags"
+    add_job "gan-standalone-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode standalone $flags"
+  done
+}
+if [ "$quick" = 0 ] && [ "$list" = 0 ] && [[ " ${groups[*]} " == *" gan "* ]] && [ ! -f "$classifier" ]; then
+  "$repo/sim/train-classifier.sh" --build "$build" --out "$classifier" >&2 || die "no classifier for the gan group"
+fi
 for group in "${groups[@]}"; do
+  if [ "$group" = gan ]; then add_gan_jobs; continue; fi
   for data in "${datasets[@]}"; do
     for ((seed = 1; seed <= seeds; seed++)); do
       base="--data $data --model $model --batch 10 --lr 0.1 --max-staleness 256 --updates $updates --eval-every $eval_every --seed $seed"
@@ -100,21 +129,21 @@ for group in "${groups[@]}"; do
         methods)
           # ASGD and the paper's AdaComp (c = 0.01, σ rule) in one call; top-k without the
           # staleness rule; then the options one at a time, and all together at c = 0.004.
-          add_job "methods-paper-$tag" methods "$data" "$seed" "$base --workers 10 --compressor both --rate 0.01"
-          add_job "methods-norule-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --staleness none"
-          add_job "methods-ef-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --error-feedback"
-          add_job "methods-fp16-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --fp16"
-          add_job "methods-signscale-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.01 --sign-scale"
-          add_job "methods-all-$tag" methods "$data" "$seed" "$base --workers 10 --compressor adacomp --rate 0.004 --error-feedback --fp16"
+          add_job "methods-paper-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor both --rate 0.01"
+          add_job "methods-norule-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate 0.01 --staleness none"
+          add_job "methods-ef-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate 0.01 --error-feedback"
+          add_job "methods-fp16-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate 0.01 --fp16"
+          add_job "methods-signscale-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate 0.01 --sign-scale"
+          add_job "methods-all-$tag" methods "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate 0.004 --error-feedback --fp16"
           ;;
         rates)
           for rate in 0.001 0.004 0.05; do
-            add_job "rates-$rate-$tag" rates "$data" "$seed" "$base --workers 10 --compressor adacomp --rate $rate"
+            add_job "rates-$rate-$tag" rates "$data" "$seed" "sim $base --workers 10 --compressor adacomp --rate $rate"
           done
           ;;
         workers)
           for n in "${worker_counts[@]:1}"; do
-            add_job "workers-$n-$tag" workers "$data" "$seed" "$base --workers $n --compressor both --rate 0.01"
+            add_job "workers-$n-$tag" workers "$data" "$seed" "sim $base --workers $n --compressor both --rate 0.01"
           done
           ;;
         reliability)
@@ -122,14 +151,14 @@ for group in "${groups[@]}"; do
           # leaves for good.
           for fraction in 0.1 0.3 0.5; do
             add_job "reliability-rejoin-$fraction-$tag" reliability "$data" "$seed" \
-              "$base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --downtime 50"
+              "sim $base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --downtime 50"
             add_job "reliability-leave-$fraction-$tag" reliability "$data" "$seed" \
-              "$base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --leave-for-good"
+              "sim $base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --leave-for-good"
           done
           ;;
         speeds)
           for spread in 0 1; do
-            add_job "speeds-$spread-$tag" speeds "$data" "$seed" "$base --workers 10 --compressor both --rate 0.01 --speed-spread $spread"
+            add_job "speeds-$spread-$tag" speeds "$data" "$seed" "sim $base --workers 10 --compressor both --rate 0.01 --speed-spread $spread"
           done
           ;;
       esac
@@ -137,13 +166,13 @@ for group in "${groups[@]}"; do
   done
 done
 
-job_done() { [ -s "$out/jobs/$1/sim.csv" ] && [ -f "$out/jobs/$1/seconds" ]; }
+job_done() { [ -f "$out/jobs/$1/seconds" ]; }  # written only when the job succeeded
 
 if [ "$list" = 1 ]; then
   for line in "${job_lines[@]}"; do
     IFS=$'\t' read -r name _ _ _ args <<<"$line"
     if job_done "$name"; then state="done in $(cat "$out/jobs/$name/seconds") s"; else state=pending; fi
-    printf '%-45s %-16s edgetrain-sim %s\n' "$name" "$state" "$args"
+    printf '%-45s %-16s edgetrain-%s\n' "$name" "$state" "$args"
   done
   exit 0
 fi
@@ -164,12 +193,13 @@ report_progress() { # NAME WHAT
   [ "$ran" -gt 0 ] && eta="about $(human_time $(( (SECONDS - start) * left / ran ))) left"
   echo "regenerate: [$((ran + failed + skipped))/$total] $1 $2; $left to run, $eta" >&2
 }
-run_job() { # NAME ARGS: runs in the background, writes into jobs/NAME
-  local name=$1 args=$2 dir="$out/jobs/$1" t0=$SECONDS
+run_job() { # NAME PROGRAM-AND-ARGS: runs in the background, writes into jobs/NAME
+  local name=$1 kind=${2%% *} args=${2#* } dir="$out/jobs/$1" t0=$SECONDS program
   mkdir -p "$dir"
-  echo "build/host/sim/edgetrain-sim $args --out $dir" >"$dir/command"
+  case $kind in sim) program=$sim ;; gan) program=$gan ;; *) echo "unknown job program $kind" >"$dir/stderr"; return 1 ;; esac
+  echo "build/host/sim/edgetrain-$kind $args --out $dir" >"$dir/command"
   # shellcheck disable=SC2086  # ARGS is a list of words built above
-  if "$sim" $args --out "$dir" --quiet >"$dir/stdout" 2>"$dir/stderr"; then
+  if "$program" $args --out "$dir" --quiet >"$dir/stdout" 2>"$dir/stderr"; then
     echo $((SECONDS - t0)) >"$dir/seconds"
   else
     return 1
@@ -210,6 +240,7 @@ if [ "$update_docs" = 1 ]; then
     die "docs/results.md has no regenerate:begin/end markers"
   mkdir -p "$repo/docs/figures"
   cp "$out"/figures/*.svg "$repo/docs/figures/"
+  cp "$out"/figures/*.png "$repo/docs/figures/" 2>/dev/null || true  # the gan group's image grids
   python3 - "$doc" "$out/results.md" <<'PY'
 import sys
 doc, section = sys.argv[1], open(sys.argv[2]).read()

@@ -705,6 +705,7 @@ struct PlotCommand {
 void plot_csv(const PlotCommand& p) {
   const CsvTable table = read_csv(p.csv);
   if (table.header.empty()) throw std::invalid_argument(p.csv + ": missing or empty");
+  if (!(p.options.y_max > p.options.y_min)) throw std::invalid_argument("--y-max must be above --y-min");
   const std::size_t series_column = table.column("series"), x_column = table.column("x"), y_column = table.column("y");
   std::vector<edgetrain::plot::PlotSeries> series;
   for (std::size_t row = 0; row < table.rows.size(); ++row) {
@@ -725,13 +726,15 @@ void plot_csv(const PlotCommand& p) {
 
 void add_plot_command(CLI::App& app, PlotCommand& p) {
   CLI::App* plot = app.add_subcommand("plot", "an SVG line chart from a CSV with the columns series,x,y (one line per "
-                                              "series; y in [0, 1], e.g. test accuracy)");
+                                              "series; y in [0, 1] unless --y-min/--y-max say otherwise)");
   plot->add_option("csv", p.csv, "the CSV file")->required()->check(CLI::ExistingFile);
   plot->add_option("--out", p.out, "the SVG file to write")->required();
   plot->add_option("--title", p.options.title, "chart title");
   plot->add_option("--x-label", p.options.x_label, "x axis label");
   plot->add_option("--y-label", p.options.y_label, "y axis label")->capture_default_str();
   plot->add_flag("--log-x", p.options.log_x, "logarithmic x axis");
+  plot->add_option("--y-min", p.options.y_min, "bottom of the y axis")->capture_default_str();
+  plot->add_option("--y-max", p.options.y_max, "top of the y axis (e.g. 10 for an MNIST score)")->capture_default_str();
   plot->add_option("--reference-y", p.options.reference_y, "a dashed horizontal line at this y (e.g. a target)");
   plot->callback([&p] { plot_csv(p); });
 }

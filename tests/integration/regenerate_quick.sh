@@ -10,8 +10,8 @@ require_mnist
 regenerate="$(cd "$(dirname "$0")/../.." && pwd)/docs/regenerate.sh"
 out="$work/results"
 
-# Two groups keep it short; every method of the methods group is checked.
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers 2>"$work/first.log" ||
+# Three groups keep it short; every method of the methods group and every GAN mode is checked.
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers gan 2>"$work/first.log" ||
   fail "the quick matrix failed: $(tail -n 5 "$work/first.log")"
 total=$(jq -r .total "$out/progress.json")
 [ "$total" -gt 0 ] && [ "$(jq -r .ran "$out/progress.json")" = "$total" ] || fail "not every job ran: $(cat "$out/progress.json")"
@@ -27,12 +27,16 @@ grep -q "at commit \`$(git -C "$(dirname "$regenerate")" rev-parse --short=12 HE
 for figure in regenerated-methods-mnist-small regenerated-workers-mnist-small; do
   head -c 5 "$out/figures/$figure.svg" | grep -q '<svg' || fail "$figure.svg is not an SVG"
 done
+for run in "MD-GAN k=1, b=10" "MD-GAN k=2, b=10" "FL-GAN, b=10" "standalone, b=10"; do
+  grep -qF "| $run | 100 |" "$out/results.md" || fail "no GAN table row for '$run' (100 iterations) in results.md"
+done
+head -c 8 "$out/figures/regenerated-gan-md-k1-b10-mnist-small-s1.png" | grep -q PNG || fail "no image grid of the MD-GAN run"
 # One row per run and seed, for scripts.
 [ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 9 ] || fail "tables/runs.csv should hold 9 runs"
 
 # Resuming: nothing runs again, the tables come out the same.
 cp "$out/results.md" "$work/results.first.md"
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers 2>"$work/second.log" ||
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers gan 2>"$work/second.log" ||
   fail "resuming failed: $(tail -n 5 "$work/second.log")"
 [ "$(jq -r .skipped "$out/progress.json")" = "$total" ] && [ "$(jq -r .ran "$out/progress.json")" = 0 ] ||
   fail "resuming re-ran jobs: $(cat "$out/progress.json")"

@@ -6,9 +6,9 @@
 # handshakes and retransmissions. Reads the stats files of an edgetrain-emulate run
 # directory's servers (logs/server-N.stats.json: every incarnation's last counters; one
 # killed with SIGKILL counts up to its last write, at most a second before) and prints one
-# line of figures; with SIM_BYTES_PER_UPDATE (from docs/results.md's simulator table) also
+# line of figures; with SIM_BYTES_PER_UPDATE (from docs/history.md's simulator table) also
 # the socket bytes that simulator bytes plus 63.9 B per push datagram and 49.8 B per pull
-# request (constants fitted on the paper runs of docs/results.md) predict.
+# request (constants fitted on the paper runs of docs/history.md) predict.
 # usage: emulation/ingress-accounting.sh RUN_DIR [SIM_BYTES_PER_UPDATE MODEL_BYTES PULL_EVERY]
 set -euo pipefail
 source "$(dirname "$0")/../common/processes.sh"
@@ -32,7 +32,7 @@ awk -v p="$payload" -v s="$socket" -v d="$datagrams" -v u="$updates" -v sim="$si
   printf "updates %d, payload %.0f B (%.0f B/update), socket %.0f B, %d datagrams; overhead %.1f B/datagram, socket/payload %.3f\n", u, p, p / u, s, d, h, s / p
   if (sim != "") {
     # 63.9 B per Block1 datagram and 49.8 B per Block2 request: fitted on the paper runs
-    # (docs/results.md), so a prediction for another run is a check of the model.
+    # (docs/history.md), so a prediction for another run is a check of the model.
     blocks_push = int((sim + 1023) / 1024); blocks_pull = int((m + 1023) / 1024)
     predicted_d = u * (blocks_push + blocks_pull / k)
     predicted = u * sim + u * blocks_push * 63.9 + u * blocks_pull / k * 49.8

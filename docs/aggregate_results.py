@@ -284,7 +284,7 @@ def gan_section(args, jobs):
             shutil.copyfile(grid, os.path.join(args.out, "figures", target))
             grids.append(f"![{r['label']}](figures/{target})")
     if grids:
-        lines.append("Generated digits at the last evaluation (one row per class), in the table's order:\n")
+        lines.append("Generated digits at the last evaluation (one column per class), in the table's order:\n")
         lines.append(" ".join(grids) + "\n")
     return lines
 

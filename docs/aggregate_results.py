@@ -30,6 +30,7 @@ GROUP_TITLES = {
     "workers": "Workers: ASGD against AdaComp at more workers",
     "reliability": "Reliability: a share of the workers fails (2% of their steps) and rejoins or leaves for good",
     "speeds": "Speeds: equal workers (spread 0) against a wide spread (1) of log-normal speeds",
+    "pull": "Pulls: the exact model's deltas against the published model, at the most workers (a pull before every step; D = 4N)",
     "gan": "MD-GAN against FL-GAN and the standalone GAN (edgetrain-gan, one process)",
 }
 DATA_TITLES = {"mnist": "MNIST", "mnist-small": "MNIST subset (mnist-small)", "fashion-mnist": "Fashion-MNIST"}
@@ -144,9 +145,10 @@ def main():
             seeds = sorted({j["seed"] for j in jobs if j["data"] == data and j["group"] == group})
             lines.append(f"{DATA_TITLES.get(data, data)}, target {target * 100:.1f}%:\n" if target is not None
                          else f"{DATA_TITLES.get(data, data)} (no ASGD reference run: no target):\n")
+            pulls = group == "pull"  # its point is the pull: pulled bytes per applied update too
             lines.append("| setting | method | best acc % | final acc % | bytes / update | updates to target | "
-                         "ingress to target | ASGD / this |")
-            lines.append("|---|---|---|---|---|---|---|---|")
+                         "ingress to target | ASGD / this |" + (" pulled bytes / update |" if pulls else ""))
+            lines.append("|---|---|---|---|---|---|---|---|" + ("---|" if pulls else ""))
             keys = []
             for r in runs:
                 if r["group"] == group and r["data"] == data and (r["setting"], r["method"]) not in keys:
@@ -185,8 +187,10 @@ def main():
                     method == "ASGD" and group in ("workers", "speeds")) else (
                     (mean_sd(ratios, 1, 1) + "x" + ("" if len(ratios) == n else f" ({len(ratios)}/{n} seeds)"))
                     if ratios else "–")
+                pulled = [r["curve"][-1][2] / max(1, r["curve"][-1][0]) for r in same]
                 lines.append(f"| {setting} | {method} | {mean_sd(bests, 100)} | {mean_sd(finals, 100)} | "
-                             f"{human_bytes(statistics.fmean(per_update))} | {updates_cell} | {bytes_cell} | {ratio_cell} |")
+                             f"{human_bytes(statistics.fmean(per_update))} | {updates_cell} | {bytes_cell} | {ratio_cell} |"
+                             + (f" {human_bytes(statistics.fmean(pulled))} |" if pulls else ""))
             lines.append(f"\nSeeds: {', '.join(map(str, seeds))}. Commands: `{args.out}/jobs/<setting>-{data}-s<seed>/command`.\n")
             figure = plot_group(args, group, data, runs, target)
             if figure:

@@ -8,7 +8,8 @@
 #
 # usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
 #                           [--update-docs] [--list] [--allow-dirty] [GROUP...]
-#   groups: methods rates workers reliability speeds gan (default: all, in that order)
+#   groups: methods rates workers reliability speeds pull gan (default: all, in that order)
+#           pull: exact delta pulls against the published model at the most workers
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
 #           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only), scored with the
 #           paper CNN classifier of sim/train-classifier.sh (trained first if missing)
@@ -42,15 +43,15 @@ while [ $# -gt 0 ]; do
     --update-docs) update_docs=1 ;;
     --list) list=1 ;;
     --allow-dirty) allow_dirty=1 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    methods|rates|workers|reliability|speeds|gan) groups+=("$1") ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    methods|rates|workers|reliability|speeds|pull|gan) groups+=("$1") ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
   shift
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
 sim="$build/sim/edgetrain-sim" gan="$build/sim/edgetrain-gan" report="$build/emulation/edgetrain-emulation-report"
-[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds gan)
+[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds pull gan)
 for program in "$sim" "$gan" "$report"; do
   [ -x "$program" ] || die "build the host tree first (./build.sh build host): $program is missing"
 done
@@ -61,10 +62,13 @@ if [ "$quick" = 1 ]; then
   datasets=(mnist-small) model=mlp eval_every=100 worker_counts=(10 20)
   : "${seeds:=1}" "${updates:=300}"
   gan_data=mnist-small gan_workers=4 gan_sizes=(10:100) gan_eval=50
+  publish_settings=(5:0.01)
 else
   datasets=(mnist fashion-mnist) model=paper-cnn eval_every=250 worker_counts=(10 50 100)
   : "${seeds:=3}" "${updates:=6000}"
   gan_data=mnist gan_workers=10 gan_sizes=(10:5000 100:1000) gan_eval=1000
+  # "EVERY:FRACTION" of the published model (ours, from the measurements in docs/results.md).
+  publish_settings=(10:0.001 10:0.004)
 fi
 gan_k=$(python3 -c "import math; print(math.ceil(math.log2($gan_workers)))")
 [[ "$seeds" =~ ^[1-9][0-9]*$ ]] || die "--seeds must be a positive number"
@@ -154,6 +158,17 @@ for group in "${groups[@]}"; do
               "sim $base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --downtime 50"
             add_job "reliability-leave-$fraction-$tag" reliability "$data" "$seed" \
               "sim $base --workers 10 --compressor adacomp --rate 0.01 --failure-probability 0.02 --failing-fraction $fraction --leave-for-good"
+          done
+          ;;
+        pull)
+          # Issue 13 part 4: the most workers, AdaComp c = 0.01, a pull before every step.
+          # Exact delta pulls against the published model (server/README.md, "Published
+          # model") at two step sizes; bytes/pull is each pull's model delta as sent.
+          n=${worker_counts[-1]} pull_base=${base/--max-staleness 256/--max-staleness $((4 * ${worker_counts[-1]}))}
+          add_job "pull-exact-$tag" pull "$data" "$seed" "sim $pull_base --workers $n --compressor adacomp --rate 0.01 --delta-pulls"
+          for publish in "${publish_settings[@]}"; do
+            add_job "pull-published-${publish/:/-}-$tag" pull "$data" "$seed" \
+              "sim $pull_base --workers $n --compressor adacomp --rate 0.01 --publish-every ${publish%%:*} --publish-fraction ${publish#*:}"
           done
           ;;
         speeds)

@@ -524,6 +524,8 @@ struct EmulatorSettings {
   std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
   std::uint32_t cpu_period = 100000;      // µs
   double max_parameter_magnitude = 0;  // 0: the server's default
+  std::uint32_t publish_every = 0;     // 0: workers pull the exact model
+  double publish_fraction = 0.01;
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
   std::uint64_t seed = 1;
   bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false;
@@ -545,6 +547,9 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("max-staleness", s.max_staleness, "the server's largest accepted delay (0: the server's default)");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude,
         "the server's bound on parameters; updates beyond it get 4.22 (0: the server's default)").range(0, 3.4e38);
+  t.add("publish-every", s.publish_every, "the server's --publish-every: workers pull a published model that "
+        "follows the true one by small steps (0: the exact model)").range(0, 1000000).unit("updates");
+  t.add("publish-fraction", s.publish_fraction, "the server's --publish-fraction").range(1e-6, 1);
   t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
   t.add("target-accuracy", s.target_accuracy, "stop once the evaluator reports this and every --fail event happened (0: off)")
       .range(0, 1);

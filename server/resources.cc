@@ -129,11 +129,11 @@ CoapResponse ServerResources::get_model(const CoapRequest& request) {
       const ServerState::ModelReply reply = state_.encoded_model_since(*since);
       if (reply.delta) {
         ++model_delta_pulls_;
-        return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
+        return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.served_version()};
       }
     }
     const auto bytes = state_.encoded_model();
-    return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.version()};
+    return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.served_version()};
   } catch (const std::exception& e) {
     // Updates are checked so that this cannot happen; if it does, say so loudly.
     const std::string why = std::string("cannot serve the model at version ") + std::to_string(state_.version()) +

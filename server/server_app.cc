@@ -157,6 +157,7 @@ void ServerApp::open_state() {
   options.quarantine_after = s_.quarantine_after;
   options.quarantine_seconds = s_.quarantine_seconds;
   options.rollback_non_finite = s_.rollback_non_finite;
+  if (s_.mode == "async") options.publish = {s_.publish_every, s_.publish_fraction};
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();
@@ -267,7 +268,10 @@ void ServerApp::open_endpoint() {
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
            std::to_string(s_.checkpoint_every) + " updates, parameters within ±" + number(s_.max_parameter_magnitude) +
            (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm) : std::string()) +
-           (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()));
+           (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()) +
+           (state_->published() ? ", workers pull the published model (every " + std::to_string(s_.publish_every) +
+                                      " updates, " + number(s_.publish_fraction) + " of each tensor)"
+                                : std::string()));
   log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) + " s, ACK_RANDOM_FACTOR " +
            number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) +
            ", NSTART " + std::to_string(s_.timing.nstart));
@@ -365,6 +369,12 @@ void ServerApp::write_stats(bool running) {
                                                    : nlohmann::json(nullptr)},
                    {"version", version_after_recovery_}};
   j["updates_applied"] = resources_->updates_applied();
+  if (const PublishedModel* published = state_->published()) {
+    j["published_model"] = {{"version", published->version()}, {"steps", published->steps()},
+                            {"relative_lag", published->relative_lag()}};
+  } else {
+    j["published_model"] = nullptr;
+  }
   j["updates_clipped"] = state_->updates_clipped();
   j["devices_refused"] = nlohmann::json::parse(device_refusals_json(*state_));
   j["devices"] = nlohmann::json::parse(resources_->devices_json());

@@ -26,6 +26,9 @@ struct ServerSettings {
   double eval_interval = 10;  // seconds
   std::uint64_t max_update_bytes = std::uint64_t{4} << 20;
   std::uint64_t seed = 1;
+  // The published model (server/published_model.h): 0 = workers pull the exact model.
+  std::uint32_t publish_every = 0;
+  double publish_fraction = 0.01;
   // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
   // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
   // state directory that reached a non-finite parameter.

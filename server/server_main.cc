@@ -55,6 +55,11 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13, as soon as Size1 or the "
         "blocks received pass it").range(1, 1u << 30).unit("bytes");
   t.add("seed", s.seed, "initial parameters of a new state directory");
+  t.add("publish-every", s.publish_every, "async: workers pull a published model that follows the true one every "
+        "this many applied updates by its --publish-fraction largest differences (small pulls, each copy still "
+        "checked by digest); 0: the exact model").range(0, 1000000).unit("updates");
+  t.add("publish-fraction", s.publish_fraction, "with --publish-every: share of each tensor's entries a publish "
+        "step copies (at least one)").range(1e-6, 1);
   t.group("Bad updates");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude, "an update that would leave a parameter it touches "
         "beyond ±this (or non-finite) gets 4.22 and changes nothing").range(1e-30, 3.4e38);

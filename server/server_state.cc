@@ -14,6 +14,7 @@
 
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
+#include "server/model_changes.h"
 #include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
@@ -104,6 +105,8 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
       store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store),
       commit_(options_.wal_sync, options_.on_staged) {
   recover();
+  if (options_.publish.enabled())
+    published_.emplace(tensor_sizes_, store_.parameters(), store_.version(), options_.publish);
 }
 
 WalHeader ServerState::wal_header() const {
@@ -657,6 +660,7 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
     sequences_[staged.record.identity] = {staged.record.sequence, result.version};
     const std::uint64_t staleness = result.version - 1 - std::min(staged.update.fetched_version, result.version - 1);
     out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}, staleness}});
+    publish_after_apply();
     remember_recent(std::move(staged.record));
     ++updates_since_checkpoint_;
   }
@@ -739,51 +743,44 @@ ServerState::Snapshot ServerState::snapshot() const {
 }
 
 std::span<const std::uint8_t> ServerState::encoded_model() {
-  if (encoded_version_ != store_.version()) {
-    auto encoded = transport::encode_dense_model(model_.layout_id(), store_.version(), tensor_sizes_, store_.parameters());
+  // With a published model, workers get P (named by its publish version), never W.
+  const std::uint64_t version = published_ ? published_->version() : store_.version();
+  if (encoded_version_ != version) {
+    auto encoded = transport::encode_dense_model(model_.layout_id(), version, tensor_sizes_,
+                                                 published_ ? published_->parameters() : store_.parameters());
     if (!encoded) throw std::logic_error("cannot encode the model: " + encoded.error().message);
     encoded_model_ = std::move(encoded).value();
-    encoded_version_ = store_.version();
+    encoded_version_ = version;
   }
   return encoded_model_;
 }
 
+void ServerState::publish_after_apply() {
+  if (published_) published_->advance(store_.parameters(), store_.version());
+}
+
 ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
-  const std::uint64_t now = store_.version();
-  if (since > now || since < store_.changes_known_since()) return {encoded_model(), false};
-  const std::size_t dense_bytes = transport::dense_model_bytes(tensor_sizes_);
-  const std::span<const std::uint64_t> last_changed = store_.last_changed();
-  const std::span<const float> parameters = store_.parameters();
-  transport::ModelDelta delta;
-  delta.model_id = model_.layout_id();
-  delta.base_version = since;
-  delta.version = now;
-  // Stop collecting once the delta cannot beat the dense model (the codec's least size of
-  // each tensor record).
-  std::size_t lower_bound = transport::kModelDeltaHeaderBytes, offset = 0;
-  for (std::uint32_t t = 0; t < tensor_sizes_.size(); ++t) {
-    transport::SparseTensor changed{t, tensor_sizes_[t], {}, {}};
-    for (std::uint32_t i = 0; i < tensor_sizes_[t]; ++i) {
-      if (last_changed[offset + i] > since) {
-        changed.indices.push_back(i);
-        changed.values.push_back(parameters[offset + i]);
-      }
-    }
-    offset += tensor_sizes_[t];
-    if (changed.indices.empty()) continue;
-    lower_bound += transport::model_delta_record_min_bytes(changed.size, changed.indices.size());
-    if (lower_bound >= dense_bytes) return {encoded_model(), false};
-    delta.tensors.push_back(std::move(changed));
+  ChangeRecord record{model_.layout_id(), tensor_sizes_, {}, {}, 0, 0, 0};
+  if (published_) {
+    record.parameters = published_->parameters();
+    record.last_changed = published_->last_changed();
+    record.version = published_->version();
+    record.known_since = published_->changes_known_since();
+  } else {
+    record.parameters = store_.parameters();
+    record.last_changed = store_.last_changed();
+    record.version = store_.version();
+    record.known_since = store_.changes_known_since();
   }
-  if (digest_version_ != now) {
-    digest_ = transport::parameter_digest(parameters);
-    digest_version_ = now;
+  if (since > record.version || since < record.known_since) return {encoded_model(), false};
+  if (digest_version_ != record.version) {
+    digest_ = transport::parameter_digest(record.parameters);
+    digest_version_ = record.version;
   }
-  delta.digest = digest_;
-  auto encoded = transport::encode_model_delta(delta);
-  if (!encoded) throw std::logic_error("cannot encode a model delta: " + encoded.error().message);
-  if (encoded.value().size() >= dense_bytes) return {encoded_model(), false};
-  encoded_delta_ = std::move(encoded).value();
+  record.digest = digest_;
+  auto encoded = encode_changes_since(record, since);
+  if (!encoded) return {encoded_model(), false};
+  encoded_delta_ = std::move(*encoded);
   return {encoded_delta_, true};
 }
 

@@ -47,6 +47,7 @@
 #include "runtime/model.h"
 #include "server/group_commit.h"
 #include "server/parameter_store.h"
+#include "server/published_model.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
 
@@ -61,6 +62,9 @@ class StateError : public std::runtime_error {
 struct ServerStateOptions {
   std::filesystem::path state_dir;
   ParameterStoreOptions store;
+  // Off (default): GET /model hands out the exact parameters. On: workers get the published
+  // model, which follows the true one by bounded steps (server/published_model.h).
+  PublishOptions publish;
   std::uint64_t checkpoint_every = 1000;  // updates between checkpoints; 0: only checkpoint() makes one
   std::size_t max_update_bytes = std::size_t{4} << 20;  // larger bodies are refused as too large
   // Makes the WAL records written so far durable; returns 0 or an errno value. Unset:
@@ -232,6 +236,10 @@ class ServerState {
     bool delta = false;
   };
   ModelReply encoded_model_since(std::uint64_t since);
+  // The published model, when options.publish is on (what encoded_model*() then serve).
+  const PublishedModel* published() const { return published_ ? &*published_ : nullptr; }
+  // The version of what GET /model serves: the published model's, else version().
+  std::uint64_t served_version() const { return published_ ? published_->version() : store_.version(); }
 
   const runtime::Model& model() const { return model_; }
   std::uint64_t model_id() const { return model_.layout_id(); }
@@ -252,6 +260,8 @@ class ServerState {
 
  private:
   void recover();
+  // After each applied update: lets the published model take its step when one is due.
+  void publish_after_apply();
   // stage() before the per-device bookkeeping.
   StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body);
   // Counts a refusal or an acceptance for `identity`; may quarantine it. Returns text to
@@ -315,7 +325,8 @@ class ServerState {
   std::vector<std::uint8_t> encoded_model_;
   std::optional<std::uint64_t> encoded_version_;
   std::vector<std::uint8_t> encoded_delta_;
-  std::uint64_t digest_ = 0;  // parameter_digest() at digest_version_
+  std::optional<PublishedModel> published_;  // with options_.publish
+  std::uint64_t digest_ = 0;  // parameter_digest() of what GET /model serves, at digest_version_
   std::optional<std::uint64_t> digest_version_;
 
   std::string wal_broken_;  // set when a failed sync could not be cut off: refuse all updates

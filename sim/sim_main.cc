@@ -69,6 +69,13 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("downtime", c.downtime_steps, "mean time a failed worker stays away").range(0, 1e9).unit("step times");
   t.add("leave-for-good", c.failures_permanent, "a failed worker never comes back (default: it rejoins after --downtime)");
   t.add("threads", c.threads, "compute threads").range(1, 64);
+  t.add("delta-pulls", c.delta_pulls, "count each pull as the model delta since the worker's copy (GET "
+        "/model?since=V, the worker's default) instead of the dense model (--dense-pull, the paper's)");
+  t.add("publish-every", c.publish.every, "workers compute on a published model that follows the server's every "
+        "this many applied updates (edgetrain-server --publish-every; implies --delta-pulls); 0: the exact model")
+      .range(0, 1000000).unit("updates");
+  t.add("publish-fraction", c.publish.fraction, "with --publish-every: share of each tensor's entries a publish step "
+        "copies").range(1e-6, 1);
   t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
   t.add("seed", c.seed, "same seed, same run");
@@ -133,6 +140,11 @@ std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings&
           << (c.compressor.error_feedback ? " +ef" : "") << (s.compression.fp16 ? " fp16" : "") << (s.compression.sign_scale ? " sign-scale" : "");
     runs.push_back({label.str(), c});
   }
+  if (config.publish.enabled()) {
+    std::ostringstream suffix;
+    suffix << ", published every " << config.publish.every << " at " << config.publish.fraction;
+    for (auto& run : runs) run.first += suffix.str();
+  }
   return runs;
 }
 
@@ -195,19 +207,20 @@ void write_curves(const SimSettings& s, const std::vector<sim::SimResult>& resul
 std::string summary_table(const std::vector<sim::SimResult>& results, double target_accuracy) {
   std::ostringstream summary;
   summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | refused | lost | left | "
-             "updates to target | ingress to target |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+             "updates to target | ingress to target | bytes/pull |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     auto to_bytes = r.ingress_bytes_to(target_accuracy);
     auto to_updates = r.updates_to(target_accuracy);
     char row[400];
-    std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %llu | %s | %s |\n",
+    std::snprintf(row, sizeof row, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %llu | %s | %s | %s |\n",
                   r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
                   static_cast<unsigned long long>(r.updates_applied), human_bytes(r.ingress_bytes).c_str(),
                   human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
                   static_cast<unsigned long long>(r.updates_refused), static_cast<unsigned long long>(r.updates_lost),
                   static_cast<unsigned long long>(r.workers_left),
                   to_updates ? std::to_string(*to_updates).c_str() : "never",
-                  to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never");
+                  to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never",
+                  human_bytes(r.mean_pull_bytes).c_str());
     summary << row;
   }
   summary << "\ntarget accuracy: " << target_accuracy * 100 << "%\n";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <queue>
 #include <stdexcept>
 
@@ -10,6 +11,7 @@
 #include "runtime/splitmix64.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
+#include "server/model_changes.h"
 
 namespace edgetrain::sim {
 namespace {
@@ -133,6 +135,24 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   auto model_message = transport::encode_dense_model(model.layout_id(), 0, tensor_sizes, store.parameters());
   if (!model_message) throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
   const std::uint64_t model_bytes = model_message.value().size();
+  std::optional<server::PublishedModel> published;
+  if (config.publish.enabled()) published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
+  const bool delta_pulls = config.delta_pulls || published.has_value();
+  // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
+  // would send them. The digest field's value does not change the size: left 0.
+  auto pull_size = [&](std::optional<std::uint64_t> held) -> std::uint64_t {
+    if (!delta_pulls || !held) return model_bytes;
+    server::ChangeRecord record{model.layout_id(), tensor_sizes, {}, {}, 0, 0, 0};
+    if (published) {
+      record.parameters = published->parameters(), record.last_changed = published->last_changed();
+      record.version = published->version(), record.known_since = published->changes_known_since();
+    } else {
+      record.parameters = store.parameters(), record.last_changed = store.last_changed();
+      record.version = store.version(), record.known_since = store.changes_known_since();
+    }
+    const auto delta = server::encode_changes_since(record, *held);
+    return delta ? delta->size() : model_bytes;
+  };
 
   runtime::ThreadPool pool(config.threads);
   runtime::Trainer trainer(model, config.batch, config.kernels, pool.get());
@@ -183,6 +203,8 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   for (int w = 0; w < config.workers; w++) events.push({random.uniform() * workers[w].speed, w, EventKind::kStartStep});
   std::vector<std::uint64_t> fetched(config.workers, 0);
+  std::vector<std::optional<std::uint64_t>> held(config.workers);  // the version of each worker's copy
+  std::uint64_t pulls = 0;
   const std::vector<bool> may_fail = failing_workers(config);
   double delay_sum = 0;
   std::uint64_t update_bytes_sum = 0, updates_received = 0;
@@ -193,11 +215,15 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     events.pop();
     Worker& worker = workers[event.worker];
     if (event.kind == EventKind::kStartStep) {
-      // Pull, then compute on the model as pulled.
-      fetched[event.worker] = store.version();
-      result.pull_bytes += model_bytes;
+      // Pull, then compute on the model as pulled (the published one, if the server has one).
+      const std::uint64_t served_version = published ? published->version() : store.version();
+      result.pull_bytes += pull_size(held[event.worker]);
+      pulls++;
+      held[event.worker] = served_version;
+      fetched[event.worker] = served_version;
       worker.sampler.next_batch(config.batch, batch_pixels, batch_labels);
-      trainer.compute_gradient(store.parameters(), batch_pixels.data(), batch_labels.data(), config.batch, gradient);
+      trainer.compute_gradient(published ? published->parameters() : store.parameters(), batch_pixels.data(),
+                               batch_labels.data(), config.batch, gradient);
       transport::SparseUpdate update;
       update.model_id = model.layout_id();
       update.sequence = ++worker.sequence;
@@ -230,6 +256,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     const std::uint64_t delay = store.version() - decoded.value().fetched_version;
     server::ApplyResult applied = store.apply(decoded.value());
     if (applied.applied()) {
+      if (published) published->advance(store.parameters(), store.version());
       result.updates_applied++;
       delay_sum += static_cast<double>(delay);
       result.max_delay = std::max(result.max_delay, delay);
@@ -251,6 +278,8 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   }
   result.mean_delay = result.updates_applied ? delay_sum / result.updates_applied : 0;
   result.mean_update_bytes = updates_received ? static_cast<double>(update_bytes_sum) / updates_received : 0;
+  result.mean_pull_bytes = pulls ? static_cast<double>(result.pull_bytes) / pulls : 0;
+  if (published) result.published_lag = published->relative_lag();
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   result.final_parameters.assign(store.parameters().begin(), store.parameters().end());
   return result;

@@ -26,6 +26,7 @@
 #include "runtime/model.h"
 #include "runtime/trainer.h"
 #include "server/parameter_store.h"
+#include "server/published_model.h"
 #include "transport/codec.h"
 
 namespace edgetrain::sim {
@@ -63,13 +64,19 @@ struct SimConfig {
   // empty for none. Every simulated worker's step then trains a random sub-network.
   std::vector<float> conv_drop_rates;
   runtime::DropoutRescale dropout_rescale = runtime::DropoutRescale::kInverted;
+  // Pulls: workers compute on the server's exact model (default), or on the published model
+  // (server/published_model.h) when publish.every > 0. pull_bytes counts a dense model per
+  // pull, unless delta_pulls (or a published model): then each pull counts the bytes of the
+  // model delta since the version the worker held (GET /model?since=V), as the server sends.
+  server::PublishOptions publish;
+  bool delta_pulls = false;
 };
 
 struct EvalPoint {
   std::uint64_t updates = 0;        // applied by the server so far
   double time = 0;                  // virtual time, in mean step times
   std::uint64_t ingress_bytes = 0;  // encoded updates that reached the server, cumulative
-  std::uint64_t pull_bytes = 0;     // encoded dense models sent to workers, cumulative
+  std::uint64_t pull_bytes = 0;     // encoded models (or model deltas) sent to workers, cumulative
   double accuracy = 0;
   double loss = 0;
 };
@@ -86,6 +93,8 @@ struct SimResult {
   double mean_delay = 0;   // t − t_fetch over applied updates
   std::uint64_t max_delay = 0;
   double mean_update_bytes = 0;
+  double mean_pull_bytes = 0;
+  double published_lag = 0;  // with a published model: ‖W − P‖ / ‖W‖ at the end
   double wall_seconds = 0;
   std::vector<float> final_parameters;  // the server's model at the end (runtime::Model's arena)
   double final_accuracy() const { return curve.empty() ? 0 : curve.back().accuracy; }

@@ -3,15 +3,17 @@
 # DTLS-PSK on loopback train the MLP on MNIST until the server's evaluator reports a test
 # accuracy above FLOOR (in the server's --stats-file). Also checks that the server's socket
 # ingress (DTLS, headers, handshakes) exceeds the payload ingress, and that everything stops
-# cleanly.
-# usage: train_to_accuracy.sh SERVER WORKER [FLOOR]
+# cleanly. Extra server flags after FLOOR, e.g. --publish-every 5: then the workers train on
+# the published model (server/README.md), whose deltas must check out against its digest too.
+# usage: train_to_accuracy.sh SERVER WORKER [FLOOR [SERVER FLAGS...]]
 server="$1"; worker="$2"; floor="${3:-0.70}"
+server_flags=("${@:4}")
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 
 for i in 0 1 2; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
-  --model mlp --eval-data mnist-small --eval-interval 1
+  --model mlp --eval-data mnist-small --eval-interval 1 "${server_flags[@]}"
 echo "server on port $server_port"
 
 worker_pids=()
@@ -45,6 +47,15 @@ for i in 0 1 2; do
 done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
+if [[ " ${server_flags[*]} " == *" --publish-every "* ]]; then
+  steps=$(json_get "$server_stats" published_model.steps)
+  [ "$steps" -gt 0 ] || fail "the server published no step of its published model"
+  [ "$(json_get "$server_stats" published_model.version)" -le "$(json_get "$server_stats" version)" ] ||
+    fail "the published model is ahead of the true one"
+  echo "published model: $steps steps, relative lag $(json_get "$server_stats" published_model.relative_lag)"
+else
+  [ "$(json_get "$server_stats" published_model)" = null ] || fail "a published model without --publish-every"
+fi
 # "stopped" is written after the final checkpoint.
 [ "$(json_get "$server_stats" state)" = stopped ] || fail "the server did not write its final checkpoint and stats"
 echo "three workers trained the MLP past $floor test accuracy; socket ingress $socket B vs payload $payload B"

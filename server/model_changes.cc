@@ -7,6 +7,15 @@
 
 namespace edgetrain::server {
 
+ChangeRecord served_changes(std::uint64_t model_id, std::span<const std::uint32_t> tensor_sizes,
+                            const ParameterStore& store, const PublishedModel* published) {
+  if (published)
+    return {model_id, tensor_sizes, published->parameters(), published->last_changed(), published->version(),
+            published->changes_known_since(), 0};
+  return {model_id, tensor_sizes, store.parameters(), store.last_changed(), store.version(),
+          store.changes_known_since(), 0};
+}
+
 std::optional<std::vector<std::uint8_t>> encode_changes_since(const ChangeRecord& record, std::uint64_t since) {
   if (since > record.version || since < record.known_since) return std::nullopt;
   const std::size_t dense_bytes = transport::dense_model_bytes(record.tensor_sizes);

@@ -8,6 +8,9 @@
 #include <span>
 #include <vector>
 
+#include "server/parameter_store.h"
+#include "server/published_model.h"
+
 namespace edgetrain::server {
 
 struct ChangeRecord {
@@ -19,6 +22,11 @@ struct ChangeRecord {
   std::uint64_t known_since = 0;  // last_changed is complete for every V ≥ this
   std::uint64_t digest = 0;       // transport::parameter_digest(parameters)
 };
+
+// What GET /model serves: the published model when there is one, else the store's exact
+// parameters. The digest is left 0: the caller sets it (and may cache it per version).
+ChangeRecord served_changes(std::uint64_t model_id, std::span<const std::uint32_t> tensor_sizes,
+                            const ParameterStore& store, const PublishedModel* published);
 
 // The encoded model delta from `since` to record.version, or nullopt when the worker must
 // get the dense model instead: `since` is ahead of the version or older than what the record

@@ -760,18 +760,7 @@ void ServerState::publish_after_apply() {
 }
 
 ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
-  ChangeRecord record{model_.layout_id(), tensor_sizes_, {}, {}, 0, 0, 0};
-  if (published_) {
-    record.parameters = published_->parameters();
-    record.last_changed = published_->last_changed();
-    record.version = published_->version();
-    record.known_since = published_->changes_known_since();
-  } else {
-    record.parameters = store_.parameters();
-    record.last_changed = store_.last_changed();
-    record.version = store_.version();
-    record.known_since = store_.changes_known_since();
-  }
+  ChangeRecord record = served_changes(model_.layout_id(), tensor_sizes_, store_, published());
   if (since > record.version || since < record.known_since) return {encoded_model(), false};
   if (digest_version_ != record.version) {
     digest_ = transport::parameter_digest(record.parameters);

@@ -142,14 +142,8 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   // would send them. The digest field's value does not change the size: left 0.
   auto pull_size = [&](std::optional<std::uint64_t> held) -> std::uint64_t {
     if (!delta_pulls || !held) return model_bytes;
-    server::ChangeRecord record{model.layout_id(), tensor_sizes, {}, {}, 0, 0, 0};
-    if (published) {
-      record.parameters = published->parameters(), record.last_changed = published->last_changed();
-      record.version = published->version(), record.known_since = published->changes_known_since();
-    } else {
-      record.parameters = store.parameters(), record.last_changed = store.last_changed();
-      record.version = store.version(), record.known_since = store.changes_known_since();
-    }
+    const server::ChangeRecord record =
+        server::served_changes(model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
     const auto delta = server::encode_changes_since(record, *held);
     return delta ? delta->size() : model_bytes;
   };

@@ -33,8 +33,8 @@ bool PublishedModel::advance(std::span<const float> parameters, std::uint64_t ve
   for (const std::uint32_t size : tensor_sizes_) {
     const float* w = parameters.data() + offset;
     float* p = published_.data() + offset;
-    const auto k = static_cast<std::uint32_t>(
-        std::clamp<double>(std::ceil(options_.fraction * size), 1, static_cast<double>(size)));
+    const auto k = static_cast<std::uint32_t>(std::clamp<double>(
+        std::max<double>(std::ceil(options_.fraction * size), options_.min_entries), 1, static_cast<double>(size)));
     order_.resize(size);
     std::iota(order_.begin(), order_.end(), 0u);
     // Largest |W − P| first; ties by index, so a step is the same on every machine.

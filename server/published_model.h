@@ -6,7 +6,7 @@
 //
 // Instead the server keeps a second copy P of the model that only follows the true model W
 // by small steps: every `every` applied updates it copies into P, per tensor, the `fraction`
-// of entries where |W − P| is largest (P_i ← W_i exactly). What is left out stays in W − P
+// of entries (at least `min_entries`) where |W − P| is largest (P_i ← W_i exactly). What is left out stays in W − P
 // and is published later, once it has grown (the server's own error feedback). Workers hold
 // P bit for bit: they pull its changes since the publish version they hold (the ordinary
 // model delta of transport/CODEC.md, with the digest of P), so every worker can still check
@@ -28,7 +28,10 @@ namespace edgetrain::server {
 
 struct PublishOptions {
   std::uint32_t every = 0;  // applied updates between publish steps; 0: no published model (exact pulls)
-  double fraction = 0.01;   // share of each tensor's entries copied per step (at least one entry)
+  double fraction = 0.01;   // share of each tensor's entries copied per step
+  // ... but at least this many (or the whole tensor if smaller): a bias moves with every
+  // update, and one entry per step would leave it far behind.
+  std::uint32_t min_entries = 32;
   bool enabled() const { return every > 0; }
 };
 

@@ -157,7 +157,7 @@ void ServerApp::open_state() {
   options.quarantine_after = s_.quarantine_after;
   options.quarantine_seconds = s_.quarantine_seconds;
   options.rollback_non_finite = s_.rollback_non_finite;
-  if (s_.mode == "async") options.publish = {s_.publish_every, s_.publish_fraction};
+  if (s_.mode == "async") options.publish = {s_.publish_every, s_.publish_fraction, s_.publish_min_entries};
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();

@@ -29,6 +29,7 @@ struct ServerSettings {
   // The published model (server/published_model.h): 0 = workers pull the exact model.
   std::uint32_t publish_every = 0;
   double publish_fraction = 0.01;
+  std::uint32_t publish_min_entries = 32;
   // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
   // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
   // state directory that reached a non-finite parameter.

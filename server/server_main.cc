@@ -59,7 +59,9 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "this many applied updates by its --publish-fraction largest differences (small pulls, each copy still "
         "checked by digest); 0: the exact model").range(0, 1000000).unit("updates");
   t.add("publish-fraction", s.publish_fraction, "with --publish-every: share of each tensor's entries a publish "
-        "step copies (at least one)").range(1e-6, 1);
+        "step copies").range(1e-6, 1);
+  t.add("publish-min-entries", s.publish_min_entries, "with --publish-every: entries a publish step copies at least "
+        "per tensor (a whole tensor if smaller: biases)").range(1, 1u << 30);
   t.group("Bad updates");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude, "an update that would leave a parameter it touches "
         "beyond ±this (or non-finite) gets 4.22 and changes nothing").range(1e-30, 3.4e38);

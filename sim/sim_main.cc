@@ -76,6 +76,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
       .range(0, 1000000).unit("updates");
   t.add("publish-fraction", c.publish.fraction, "with --publish-every: share of each tensor's entries a publish step "
         "copies").range(1e-6, 1);
+  t.add("publish-min-entries", c.publish.min_entries, "with --publish-every: entries a step copies at least per "
+        "tensor").range(1, 1u << 30);
   t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
   t.add("seed", c.seed, "same seed, same run");

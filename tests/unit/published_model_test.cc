@@ -28,7 +28,7 @@ std::vector<float> published_of(const PublishedModel& p) { return {p.parameters(
 TEST(PublishedModel, CopiesTheLargestDifferencesEveryStepAndKeepsTheRestForLater) {
   const std::vector<float> start = {0, 0, 0, 0, 1, 1};
   // k = ceil(0.25 · 4) = 1 entry of the first tensor, ceil(0.25 · 2) = 1 of the second.
-  PublishedModel published(kSizes, start, 0, PublishOptions{2, 0.25});
+  PublishedModel published(kSizes, start, 0, PublishOptions{2, 0.25, 1});
   std::vector<float> w = {0.5f, -2, 0.25f, 0, 1, 3};
   EXPECT_FALSE(published.advance(w, 1));  // one update since the last step: not yet
   EXPECT_EQ(published.version(), 0u);
@@ -51,9 +51,17 @@ TEST(PublishedModel, CopiesTheLargestDifferencesEveryStepAndKeepsTheRestForLater
 }
 
 TEST(PublishedModel, EqualDifferencesGoByIndexSoEveryMachinePublishesTheSame) {
-  PublishedModel published(kSizes, std::vector<float>(6, 0), 0, PublishOptions{1, 0.5});
+  PublishedModel published(kSizes, std::vector<float>(6, 0), 0, PublishOptions{1, 0.5, 1});
   EXPECT_TRUE(published.advance(std::vector<float>{1, -1, 1, -1, 2, -2}, 1));
   EXPECT_EQ(published_of(published), (std::vector<float>{1, -1, 0, 0, 2, 0}));
+}
+
+TEST(PublishedModel, SmallTensorsGetAtLeastTheMinimumEntriesPerStep) {
+  // fraction 0.01 of 4 entries rounds up to 1; min_entries 3 copies 3 (the bias-sized rule),
+  // and a tensor smaller than the minimum is copied whole.
+  PublishedModel published(kSizes, std::vector<float>(6, 0), 0, PublishOptions{1, 0.01, 3});
+  EXPECT_TRUE(published.advance(std::vector<float>{4, 1, 3, 2, 5, 6}, 1));
+  EXPECT_EQ(published_of(published), (std::vector<float>{4, 0, 3, 2, 5, 6}));
 }
 
 TEST(PublishedModel, RefusesAFractionOutsideZeroToOneAndSizesThatDoNotAddUp) {
@@ -70,7 +78,7 @@ TEST(PublishedModel, WorkerReplicasFollowItByDeltasFromAnyVersionTheyHold) {
   const std::vector<std::uint32_t> sizes = {300, 20};
   std::vector<float> w(320);
   for (float& v : w) v = normal(rng);
-  PublishedModel published(sizes, w, 10, PublishOptions{3, 0.05});
+  PublishedModel published(sizes, w, 10, PublishOptions{3, 0.05, 1});
   auto record_of = [&] {
     return server::ChangeRecord{7,
                                 sizes,
@@ -113,7 +121,7 @@ TEST(PublishedModel, TheServerServesThePublishedModelNamedByItsPublishVersion) {
   server::ServerStateOptions options;
   options.state_dir = dir.path();
   options.store.max_staleness = 8;
-  options.publish = {4, 0.1};
+  options.publish = {4, 0.1, 1};
   server::ServerState state(model, options);
   ASSERT_NE(state.published(), nullptr);
   std::mt19937 rng(9);

@@ -474,7 +474,9 @@ std::string outcome_lines(const SummarizeOptions& o, const json& outcome, const 
        << "; the server's last evaluated version: " << (timeline.rows.empty() ? "" : last("version")) << "\n"
        << "- bytes: socket ingress " << integer_text(std::stod(last("ingress_socket_bytes")))
        << " (server, up to its last evaluation), relayed to the server by the impairer "
-       << integer_text(column_sum(links, {"to_server_bytes_out"})) << ", update payload accepted by the server "
+       << integer_text(column_sum(links, {"to_server_bytes_out"})) << ", socket egress (what the server sent, as the "
+       << "impairer received it) " << integer_text(column_sum(links, {"to_worker_bytes_in"}))
+       << ", update payload accepted by the server "
        << integer_text(std::stod(last("ingress_payload_bytes"))) << ", update payload sent by the workers "
        << integer_text(worker_payload) << "; datagrams dropped by the impairer "
        << integer_text(column_sum(links, {"to_server_dropped_loss", "to_server_dropped_queue_full",

@@ -280,6 +280,8 @@ std::string ServerResources::status_json() const {
       {"ingress_payload_bytes", ingress_payload_bytes()},
       {"ingress_socket_bytes", server_ ? server_->bytes_received() : 0},
       {"ingress_socket_datagrams", server_ ? server_->datagrams_received() : 0},
+      {"egress_socket_bytes", egress_socket_bytes()},
+      {"egress_socket_datagrams", egress_socket_datagrams()},
       {"uptime_seconds", std::round(uptime * 10) / 10},
       {"checkpoint_version", state_.checkpoint_version()},
       {"updates_since_checkpoint", state_.updates_since_checkpoint()},
@@ -322,7 +324,9 @@ std::string ServerResources::ingress_summary() const {
   std::string summary = "ingress " + std::to_string(ingress_payload_bytes()) + " payload bytes";
   if (server_) {
     summary += ", " + std::to_string(server_->bytes_received()) + " socket bytes in " +
-               std::to_string(server_->datagrams_received()) + " datagrams";
+               std::to_string(server_->datagrams_received()) + " datagrams; egress " +
+               std::to_string(server_->bytes_sent()) + " socket bytes in " + std::to_string(server_->datagrams_sent()) +
+               " datagrams";
   }
   return summary;
 }

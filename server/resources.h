@@ -133,6 +133,8 @@ class ServerResources {
   // Bytes that reached the attached server's UDP socket (0 before attach()); any thread.
   std::uint64_t ingress_socket_bytes() const { return server_ ? server_->bytes_received() : 0; }
   std::uint64_t ingress_socket_datagrams() const { return server_ ? server_->datagrams_received() : 0; }
+  std::uint64_t egress_socket_bytes() const { return server_ ? server_->bytes_sent() : 0; }
+  std::uint64_t egress_socket_datagrams() const { return server_ ? server_->datagrams_sent() : 0; }
   std::string status_json() const;
   // The Prometheus / OpenMetrics text exposition of the counters and per-device health
   // (server/README.md, "Watching a fleet"). The CoAP thread renders it; the metrics

@@ -173,6 +173,10 @@ std::string ServerResources::metrics_text() const {
   m.sample("edgetrain_ingress_socket_bytes_total", static_cast<double>(ingress_socket_bytes()));
   m.family("edgetrain_ingress_socket_datagrams_total", "counter", "Datagrams that reached the server's sockets.");
   m.sample("edgetrain_ingress_socket_datagrams_total", static_cast<double>(ingress_socket_datagrams()));
+  m.family("edgetrain_egress_socket_bytes_total", "counter", "UDP payload bytes the server's sockets sent.");
+  m.sample("edgetrain_egress_socket_bytes_total", static_cast<double>(egress_socket_bytes()));
+  m.family("edgetrain_egress_socket_datagrams_total", "counter", "Datagrams the server's sockets sent.");
+  m.sample("edgetrain_egress_socket_datagrams_total", static_cast<double>(egress_socket_datagrams()));
   {
     std::lock_guard lock(accuracy_mutex_);
     if (last_accuracy_) {

@@ -384,6 +384,8 @@ void ServerApp::write_stats(bool running) {
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
+  j["egress_socket_bytes"] = resources_->egress_socket_bytes();
+  j["egress_socket_datagrams"] = resources_->egress_socket_datagrams();
   const transport::HandshakeStats handshakes = server_->handshake_stats();
   j["handshakes"] = {{"hello_verify_requests", handshakes.hello_verify_requests},
                      {"client_hellos_admitted", handshakes.client_hellos_admitted},

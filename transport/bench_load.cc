@@ -2,6 +2,7 @@
 #include "transport/bench_load.h"
 
 #include "transport/coap_internal.h"
+#include "transport/socket_ingress.h"
 
 #include <coap3/coap.h>
 #include <netdb.h>
@@ -34,16 +35,10 @@ void count_received(ssize_t bytes) {
 
 extern "C" {
 ssize_t __real_send(int fd, const void* data, size_t length, int flags);
-ssize_t __real_sendmsg(int fd, const struct msghdr* message, int flags);
 ssize_t __real_recv(int fd, void* data, size_t length, int flags);
 
 ssize_t __wrap_send(int fd, const void* data, size_t length, int flags) {
   const ssize_t sent = __real_send(fd, data, length, flags);
-  count_sent(sent);
-  return sent;
-}
-ssize_t __wrap_sendmsg(int fd, const struct msghdr* message, int flags) {
-  const ssize_t sent = __real_sendmsg(fd, message, flags);
   count_sent(sent);
   return sent;
 }
@@ -52,8 +47,9 @@ ssize_t __wrap_recv(int fd, void* data, size_t length, int flags) {
   count_received(received);
   return received;
 }
-// No recvmsg wrapper here: edgetrain_transport already wraps recvmsg for the server's
-// socket counter (socket_ingress.cc), and the load client's connected sockets use recv().
+// No recvmsg or sendmsg wrapper here: edgetrain_transport already wraps both for the
+// server's socket counters (socket_ingress.cc), which also keep the process's sendmsg()
+// totals; the load client's connected sockets use send() and recv().
 }
 
 namespace edgetrain::transport::bench {
@@ -64,7 +60,9 @@ DatagramCounts DatagramCounts::operator-(const DatagramCounts& earlier) const {
 }
 
 DatagramCounts datagram_counts() {
-  return {g_sent_datagrams.load(), g_sent_bytes.load(), g_received_datagrams.load(), g_received_bytes.load()};
+  const transport::detail::SendTotals sent_by_sendmsg = transport::detail::sendmsg_totals();
+  return {g_sent_datagrams.load() + sent_by_sendmsg.datagrams, g_sent_bytes.load() + sent_by_sendmsg.bytes,
+          g_received_datagrams.load(), g_received_bytes.load()};
 }
 
 namespace {

@@ -286,6 +286,9 @@ class CoapDtlsServer {
   // UDP headers excluded). Safe to call from any thread.
   std::uint64_t bytes_received() const;
   std::uint64_t datagrams_received() const;
+  // What left them the same way (answers, Block2 bodies, handshakes, retransmissions).
+  std::uint64_t bytes_sent() const;
+  std::uint64_t datagrams_sent() const;
   // Block-wise bodies being assembled now, and the ones refused since construction for
   // passing max_body_bytes (4.13) or max_bodies_in_progress (5.03).
   std::size_t bodies_in_progress() const;

@@ -664,6 +664,12 @@ std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);
 }
 
+std::uint64_t CoapDtlsServer::bytes_sent() const { return impl_->ingress.sent_bytes.load(std::memory_order_relaxed); }
+
+std::uint64_t CoapDtlsServer::datagrams_sent() const {
+  return impl_->ingress.sent_datagrams.load(std::memory_order_relaxed);
+}
+
 HandshakeStats CoapDtlsServer::handshake_stats() const { return impl_->guard ? impl_->guard->stats() : HandshakeStats{}; }
 
 // coap_io_process() as libcoap 4.3.1 does it with epoll (prepare: timeouts and

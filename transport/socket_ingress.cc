@@ -1,4 +1,4 @@
-// recvmsg() wrapper and registry behind socket_ingress.h: counting, and the hook of a
+// recvmsg() and sendmsg() wrappers and registry behind socket_ingress.h: counting, and the hook of a
 // server's front filter. The registry is a short list under a mutex: a server process has
 // one or two endpoints, and one uncontended lock per datagram costs nothing next to the
 // DTLS record it guards.
@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -53,6 +54,21 @@ DatagramFilter* count_datagram(int fd, ssize_t bytes) {
   return nullptr;
 }
 
+std::atomic<std::uint64_t> g_sendmsg_datagrams{0}, g_sendmsg_bytes{0};
+
+void count_sent_datagram(int fd, ssize_t bytes) {
+  g_sendmsg_datagrams.fetch_add(1, std::memory_order_relaxed);
+  g_sendmsg_bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+  std::lock_guard lock(registry_mutex());
+  for (const Registration& r : registry()) {
+    if (r.fd == fd) {
+      r.counters->sent_bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+      r.counters->sent_datagrams.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
 bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, socklen_t b_length) {
   if (a->sa_family != b->sa_family) return false;
   if (a->sa_family == AF_INET) {
@@ -71,6 +87,10 @@ bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, sock
 }
 
 }  // namespace
+
+SendTotals sendmsg_totals() {
+  return {g_sendmsg_datagrams.load(std::memory_order_relaxed), g_sendmsg_bytes.load(std::memory_order_relaxed)};
+}
 
 void count_ingress(int fd, IngressCounters* counters, DatagramFilter* filter) {
   std::lock_guard lock(registry_mutex());
@@ -147,4 +167,13 @@ extern "C" ssize_t __wrap_recvmsg(int fd, msghdr* message, int flags) {
     message->msg_controllen = control_capacity;
     message->msg_flags = 0;
   }
+}
+
+// libcoap's sendmsg() calls (--wrap=sendmsg): counted for the registered socket they leave
+// from, and in the process's totals.
+extern "C" ssize_t __real_sendmsg(int fd, const msghdr* message, int flags);
+extern "C" ssize_t __wrap_sendmsg(int fd, const msghdr* message, int flags) {
+  const ssize_t sent = __real_sendmsg(fd, message, flags);
+  if (sent >= 0) edgetrain::transport::detail::count_sent_datagram(fd, sent);
+  return sent;
 }

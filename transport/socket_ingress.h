@@ -1,5 +1,5 @@
-// Counting the UDP bytes that reach a server socket (transport-internal; not for use
-// outside transport/).
+// Counting the UDP bytes that reach a server socket, and those it sends (transport-internal;
+// not for use outside transport/).
 //
 // DESIGN.md's figure of merit is every byte that reaches the server's UDP socket: DTLS
 // records, CoAP headers, block-wise overhead, retransmissions and handshakes. libcoap
@@ -7,7 +7,9 @@
 // socket private. So the link wraps recvmsg() (`-Wl,--wrap=recvmsg`, set on the transport
 // library): libcoap reads every datagram of an unconnected (server) socket with recvmsg(),
 // and the wrapper adds the bytes to the counters registered for that descriptor. Client
-// sockets are connected and read with recv(), so they are never counted.
+// sockets are connected and read with recv(), so they are never counted. What the server
+// sends is counted the same way: libcoap sends on an unconnected socket with sendmsg()
+// (`-Wl,--wrap=sendmsg`; client sockets are connected and use send()).
 #pragma once
 
 #include <sys/socket.h>
@@ -21,7 +23,16 @@ namespace edgetrain::transport::detail {
 struct IngressCounters {
   std::atomic<std::uint64_t> bytes{0};      // UDP payload bytes as recvmsg() returned them
   std::atomic<std::uint64_t> datagrams{0};
+  std::atomic<std::uint64_t> sent_bytes{0};  // UDP payload bytes sendmsg() sent from the socket
+  std::atomic<std::uint64_t> sent_datagrams{0};
 };
+
+// Every sendmsg() of this process, registered socket or not (the load generator's count of
+// what it sends: tests/bench/).
+struct SendTotals {
+  std::uint64_t datagrams = 0, bytes = 0;
+};
+SendTotals sendmsg_totals();
 
 // Decides whether libcoap gets a datagram read from a registered socket. Called on the
 // thread that reads the socket, inside its recvmsg(); may send on `fd`.

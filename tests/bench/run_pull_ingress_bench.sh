@@ -7,8 +7,9 @@
 #   sparse     GET /model?since=V of the exact model (the worker's default)
 #   published  the server's published model (--publish-every/--publish-fraction from
 #              BENCH_PUBLISH="EVERY:FRACTION", default 10:0.004; server/README.md)
-# Prints, from the server's final --stats-file (version, ingress counters), the socket bytes
-# and datagrams per applied update and their ratio to the payload, and from the workers'
+# Prints, from the server's final --stats-file (version, ingress and egress counters), the
+# socket bytes and datagrams per applied update and their ratio to the payload, what the
+# server's socket sent per update, and from the workers'
 # final --stats-file the pulls and bytes pulled. Builds nothing: assumes build/host.
 # Prints figures; not a test.
 #
@@ -61,13 +62,13 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
   # Steady state: the counters from a snapshot after the warm-up (every worker's first,
   # dense, pull and its handshake are behind it) to the end.
   sleep "$warmup"
-  local v0 p0 s0
+  local v0 p0 s0 e0
   v0=$(json_get "$server_stats" version) p0=$(json_get "$server_stats" ingress_payload_bytes)
-  s0=$(json_get "$server_stats" ingress_socket_bytes)
+  s0=$(json_get "$server_stats" ingress_socket_bytes) e0=$(json_get "$server_stats" egress_socket_bytes)
   for pid in "${worker_pids[@]}"; do wait "$pid" || true; done
   kill -TERM "$server_pid"
   wait "$server_pid" || true
-  local version payload socket datagrams pulled=0 pull_count=0
+  local version payload socket egress datagrams pulled=0 pull_count=0
   version=$(json_get "$server_stats" version)
   payload=$(json_get "$server_stats" ingress_payload_bytes)
   socket=$(json_get "$server_stats" ingress_socket_bytes)
@@ -77,8 +78,9 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
     pull_count=$((pull_count + $(json_get "$dir/w$i.stats.json" pulls)))
     pulled=$((pulled + $(json_get "$dir/w$i.stats.json" bytes_received)))
   done
-  awk -v n="$name" -v u="$((version - v0))" -v p="$((payload - p0))" -v s="$((socket - s0))" \
-    'BEGIN { printf "steady %s updates=%d socket_bytes_per_update=%.0f payload_bytes_per_update=%.0f socket_over_payload=%.2f\n", n, u, s / u, p / u, s / p }'
+  egress=$(json_get "$server_stats" egress_socket_bytes)
+  awk -v n="$name" -v u="$((version - v0))" -v p="$((payload - p0))" -v s="$((socket - s0))" -v e="$((egress - e0))" \
+    'BEGIN { printf "steady %s updates=%d socket_bytes_per_update=%.0f payload_bytes_per_update=%.0f socket_over_payload=%.2f egress_bytes_per_update=%.0f\n", n, u, s / u, p / u, s / p, e / u }'
   echo "$name: $version updates in ${seconds} s; server ingress $payload payload B, $socket socket B in $datagrams datagrams;" \
        "$pull_count pulls, $pulled B pulled"
   awk -v n="$name" -v u="$version" -v p="$payload" -v s="$socket" -v d="$datagrams" -v pc="$pull_count" -v pb="$pulled" \
@@ -96,8 +98,8 @@ for name in $runs; do
 done
 
 echo
-echo "| pulls | updates | socket bytes / update | datagrams / update | payload bytes / update | bytes / pull | socket / payload | steady state: updates | socket / update | socket / payload |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| pulls | updates | socket bytes / update | datagrams / update | payload bytes / update | bytes / pull | socket / payload | steady state: updates | socket / update | socket / payload | egress / update |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for name in $runs; do
   line=$(grep '^summary' "$work/$name.txt")
   field() { grep -o "$1=[0-9.na/]*" <<<"$line" | cut -d= -f2; }
@@ -106,5 +108,6 @@ for name in $runs; do
   row=$(printf '| %s | %s | %s | %s | %s | %s | %s |' "$label" "$(field updates)" "$(field socket_bytes_per_update)" \
     "$(field datagrams_per_update)" "$(field payload_bytes_per_update)" "$(field bytes_per_pull)" "$(field socket_over_payload)")
   line=$(grep '^steady' "$work/$name.txt")
-  printf '%s %s | %s | %s |\n' "$row" "$(field updates)" "$(field socket_bytes_per_update)" "$(field socket_over_payload)"
+  printf '%s %s | %s | %s | %s |\n' "$row" "$(field updates)" "$(field socket_bytes_per_update)" "$(field socket_over_payload)" \
+    "$(field egress_bytes_per_update)"
 done

@@ -2,7 +2,8 @@
 # End to end on one machine: edgetrain-server and three edgetrain-worker processes over
 # DTLS-PSK on loopback train the MLP on MNIST until the server's evaluator reports a test
 # accuracy above FLOOR (in the server's --stats-file). Also checks that the server's socket
-# ingress (DTLS, headers, handshakes) exceeds the payload ingress, and that everything stops
+# ingress (DTLS, headers, handshakes) exceeds the payload ingress, that its socket egress
+# exceeds the model bytes the workers received, and that everything stops
 # cleanly. Extra server flags after FLOOR, e.g. --publish-every 5: then the workers train on
 # the published model (server/README.md), whose deltas must check out against its digest too.
 # usage: train_to_accuracy.sh SERVER WORKER [FLOOR [SERVER FLAGS...]]
@@ -35,6 +36,7 @@ socket=$(json_get "$server_stats" ingress_socket_bytes)
 [ "$payload" -gt 0 ] && [ "$socket" -gt "$payload" ] || fail "socket ingress $socket not above payload ingress $payload"
 
 for pid in "${worker_pids[@]}"; do kill -TERM "$pid"; done
+pulled=0
 for i in 0 1 2; do
   wait_for_exit "${worker_pids[$i]}" 30 || fail "worker $i exited with status $?"
   stats="$work/w$i.stats.json"
@@ -44,6 +46,7 @@ for i in 0 1 2; do
   # of the server's parameters; a delta that did not reproduce them is counted.
   [ "$(json_get "$stats" delta_pulls)" -gt 0 ] || fail "worker $i pulled no model delta"
   [ "$(json_get "$stats" delta_mismatches)" -eq 0 ] || fail "worker $i got an unusable model delta"
+  pulled=$((pulled + $(json_get "$stats" bytes_received)))
 done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
@@ -58,4 +61,7 @@ else
 fi
 # "stopped" is written after the final checkpoint.
 [ "$(json_get "$server_stats" state)" = stopped ] || fail "the server did not write its final checkpoint and stats"
-echo "three workers trained the MLP past $floor test accuracy; socket ingress $socket B vs payload $payload B"
+# What left the server's socket carries every model byte the workers received, in DTLS records.
+egress=$(json_get "$server_stats" egress_socket_bytes)
+[ "$egress" -gt "$pulled" ] || fail "socket egress $egress B not above the $pulled B of models the workers received"
+echo "three workers trained the MLP past $floor test accuracy; socket ingress $socket B vs payload $payload B; egress $egress B for $pulled B of models"

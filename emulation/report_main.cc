@@ -253,6 +253,9 @@ struct Row {
 struct Run {
   std::string directory, label;
   std::vector<Row> rows;
+  // What the server's socket sent over the whole run, as the impairer received it
+  // (links.csv to_worker_bytes_in; 0 without links.csv).
+  double egress_bytes = 0;
 };
 
 // timeline.csv, written by edgetrain-emulate: elapsed_s,version,test_accuracy,
@@ -278,6 +281,8 @@ Run read_run(const std::string& directory) {
     }
     run.rows.push_back(r);
   }
+  const CsvTable links = read_csv(fs::path(directory) / "links.csv");
+  for (std::size_t r = 0; r < links.rows.size(); r++) run.egress_bytes += links.number(r, "to_worker_bytes_in");
   return run;
 }
 
@@ -349,10 +354,11 @@ std::string table_row(const Run& run, double target, const Row* reference) {
   const std::string bytes = reached ? bytes_text(reached->socket_bytes) : "—";
   const double overhead = last.payload_bytes ? 100.0 * (static_cast<double>(last.socket_bytes) / last.payload_bytes - 1) : 0;
   char line[512];
-  std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s |\n",
+  std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s | %s |\n",
                 run.label.c_str(), best_accuracy(run) * 100, last.accuracy * 100,
                 static_cast<unsigned long long>(last.version), bytes_text(last.socket_bytes).c_str(),
-                bytes_text(last.payload_bytes).c_str(), overhead, time.c_str(), bytes.c_str(), ratio.c_str());
+                bytes_text(last.payload_bytes).c_str(), overhead, time.c_str(), bytes.c_str(), ratio.c_str(),
+                run.egress_bytes > 0 ? bytes_text(run.egress_bytes).c_str() : "—");
   return line;
 }
 
@@ -361,8 +367,9 @@ std::string comparison_table(const std::vector<Run>& runs, double target) {
   char target_text[32];
   std::snprintf(target_text, sizeof target_text, "%.1f%%", target * 100);
   table << "| run | best test acc | final | updates | socket ingress | payload ingress | transport overhead | time to "
-        << target_text << " | socket bytes to " << target_text << " | ratio " << runs.front().label << " / this |\n"
-        << "|---|---|---|---|---|---|---|---|---|---|\n";
+        << target_text << " | socket bytes to " << target_text << " | ratio " << runs.front().label
+        << " / this | socket egress (whole run) |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   const Row* reference = first_reaching(runs.front(), target);
   for (const Run& run : runs) table << table_row(run, target, reference);
   return table.str();

@@ -7,7 +7,11 @@
 # "emulation:begin" and "emulation:end" markers) with the tables and their commands.
 #
 # usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
-#   groups: paper rates failures scale50 scale100 (default: all, in that order)
+#   groups: paper rates failures scale50 scale100 speeds pull100 (default: all, in that order)
+#     speeds   paper CNN, 10 workers: real CPU quotas per worker (cgroups), four speed classes
+#              against equal shares of the same total (two cores)
+#     pull100  paper CNN, 100 workers, a pull before every step: exact model deltas against the
+#              published model (server/README.md), socket bytes into and out of the server
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
 set -euo pipefail
@@ -19,13 +23,13 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100) groups+=("$1") ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
-[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100)
+[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100)
 mkdir -p "$out"
 
 # run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
@@ -59,6 +63,8 @@ group_section() {
     scale50) echo "### Scale: MLP, 50 workers, clean links" ;;
     scale100) echo "### Scale: MLP, 100 workers, heterogeneous + failures" ;;
     scale100-clean) echo "### Scale: MLP, 100 workers, homogeneous, no failures" ;;
+    speeds) echo "### Speed classes with real CPU quotas: paper CNN, 10 workers, the same two cores in total" ;;
+    pull100) echo "### Pulls at 100 workers: paper CNN, a pull before every step, exact deltas against the published model" ;;
     *) echo "### $title" ;;
   esac
   echo
@@ -124,6 +130,26 @@ for g in "${groups[@]}"; do
         --label "ASGD, homogeneous, no failures (MLP, 100)"
       run s100-adacomp-clean "${mlp_common[@]}" --workers 100 --max-staleness 400 --rate 0.01 --duration 300 \
         --label "AdaComp c=0.01, homogeneous, no failures (MLP, 100)" ;;
+    speeds)
+      # Ours: four classes named after the boards, shares of one core in the ratio of their
+      # speeds, 0.2 of a core on average (10 workers share the machine's two cores); "equal"
+      # gives every worker that average.
+      classes=pi5=0.35,pi4=0.25,pi3=0.12,zero2w=0.08
+      speeds_common=(--workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 600 --request-timeout 60)
+      run speeds-asgd-equal "${speeds_common[@]}" --compressor none --cpu-classes equal=0.2 \
+        --label "ASGD, equal CPU (paper CNN, 10 workers)"
+      run speeds-asgd-classes "${speeds_common[@]}" --compressor none --cpu-classes "$classes" \
+        --label "ASGD, speed classes (paper CNN, 10 workers)"
+      run speeds-adacomp-equal "${speeds_common[@]}" --rate 0.01 --cpu-classes equal=0.2 \
+        --label "AdaComp c=0.01, equal CPU (paper CNN, 10 workers)"
+      run speeds-adacomp-classes "${speeds_common[@]}" --rate 0.01 --cpu-classes "$classes" \
+        --label "AdaComp c=0.01, speed classes (paper CNN, 10 workers)" ;;
+    pull100)
+      pull_common=(--workers 100 --model paper-cnn --pull-every 1 --max-staleness 400 --rate 0.01 --duration 240
+                   --request-timeout 60 --eval-interval 5)
+      run pull100-exact "${pull_common[@]}" --label "AdaComp c=0.01, exact deltas (paper CNN, 100 workers)"
+      run pull100-published "${pull_common[@]}" --publish-every 10 --publish-fraction 0.001 \
+        --label "AdaComp c=0.01, published every 10 at 0.001 (paper CNN, 100 workers)" ;;
   esac
 done
 
@@ -131,6 +157,12 @@ done
 section="$out/results-section.md"
 {
   echo "<!-- emulation:begin (written by emulation/run-experiments.sh --update-docs) -->"
+  echo "## The emulator (real programs, bytes at the server's socket)"
+  echo
+  echo "Made by \`emulation/run-experiments.sh --update-docs\` at commit \`$(git -C "$repo" rev-parse --short=12 HEAD)\`" \
+       "on $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))." \
+       "One run per row; groups not listed here were not run at this commit (earlier ones: history.md)."
+  echo
   [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
@@ -139,6 +171,8 @@ section="$out/results-section.md"
   [ -d "$out/s50-asgd" ] && group_section scale50 auto s50-asgd s50-adacomp
   [ -d "$out/s100-asgd" ] && group_section scale100 auto s100-asgd s100-adacomp
   [ -d "$out/s100-asgd-clean" ] && group_section scale100-clean auto s100-asgd-clean s100-adacomp-clean
+  [ -d "$out/speeds-asgd-equal" ] && group_section speeds 0.92 speeds-asgd-equal speeds-asgd-classes speeds-adacomp-equal speeds-adacomp-classes
+  [ -d "$out/pull100-exact" ] && group_section pull100 auto pull100-exact pull100-published
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -10,8 +10,9 @@ require_mnist
 regenerate="$(cd "$(dirname "$0")/../.." && pwd)/docs/regenerate.sh"
 out="$work/results"
 
-# Three groups keep it short; every method of the methods group and every GAN mode is checked.
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers gan 2>"$work/first.log" ||
+# Four groups keep it short; every method of the methods group, both pull settings and every
+# GAN mode are checked.
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers pull gan 2>"$work/first.log" ||
   fail "the quick matrix failed: $(tail -n 5 "$work/first.log")"
 total=$(jq -r .total "$out/progress.json")
 [ "$total" -gt 0 ] && [ "$(jq -r .ran "$out/progress.json")" = "$total" ] || fail "not every job ran: $(cat "$out/progress.json")"
@@ -20,6 +21,10 @@ for method in "methods-paper | ASGD" "methods-paper | AdaComp c=0.01" "methods-n
               "methods-signscale | AdaComp c=0.01 sign-scale" "methods-all | AdaComp c=0.004 +ef fp16" \
               "workers-20 | ASGD" "workers-20 | AdaComp c=0.01"; do
   grep -qF "| $method |" "$out/results.md" || fail "no table row for '$method' in results.md"
+done
+# The pull group: exact deltas against the published model, with the bytes pulled per update.
+for row in "pull-exact | AdaComp c=0.01 |" "pull-published-5-0.01 | AdaComp c=0.01, published every 5 at 0.01 |"; do
+  grep -F "| $row" "$out/results.md" | grep -qE '[0-9.]+ kB \|$' || fail "no pull row with its pulled bytes for '$row'"
 done
 grep -q "target [0-9.]*%" "$out/results.md" || fail "no target accuracy in results.md"
 grep -q "at commit \`$(git -C "$(dirname "$regenerate")" rev-parse --short=12 HEAD)" "$out/results.md" ||
@@ -32,11 +37,11 @@ for run in "MD-GAN k=1, b=10" "MD-GAN k=2, b=10" "FL-GAN, b=10" "standalone, b=1
 done
 head -c 8 "$out/figures/regenerated-gan-md-k1-b10-mnist-small-s1.png" | grep -q PNG || fail "no image grid of the MD-GAN run"
 # One row per run and seed, for scripts.
-[ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 9 ] || fail "tables/runs.csv should hold 9 runs"
+[ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 11 ] || fail "tables/runs.csv should hold 11 runs"
 
 # Resuming: nothing runs again, the tables come out the same.
 cp "$out/results.md" "$work/results.first.md"
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers gan 2>"$work/second.log" ||
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers pull gan 2>"$work/second.log" ||
   fail "resuming failed: $(tail -n 5 "$work/second.log")"
 [ "$(jq -r .skipped "$out/progress.json")" = "$total" ] && [ "$(jq -r .ran "$out/progress.json")" = 0 ] ||
   fail "resuming re-ran jobs: $(cat "$out/progress.json")"

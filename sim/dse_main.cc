@@ -81,7 +81,16 @@ double accuracy_after_budget(const std::vector<float>& rates, const DseSettings&
   if (std::any_of(rates.begin(), rates.end(), [](float r) { return r > 0; })) c.conv_drop_rates = rates;
   c.dropout_rescale = runtime::parse_dropout_rescale(s.rescale);
   c.eval_every = c.max_updates;  // one evaluation, at the end of the budget
-  return sim::run_simulation(c, train, test, "dse").final_accuracy();
+  const sim::SimResult result = sim::run_simulation(c, train, test, "dse");
+  if (result.stalled) {
+    // A diverged vector: the simulator stopped once the server refused every update for a
+    // while; its accuracy at that point is what the table gets (it is rarely on the front).
+    std::fprintf(stderr, "edgetrain-dse: %s stalled after %llu of %llu updates (every update refused: diverged); "
+                 "accuracy there %.4f\n", runtime::format_drop_rates(rates).c_str(),
+                 static_cast<unsigned long long>(result.updates_applied), static_cast<unsigned long long>(c.max_updates),
+                 result.final_accuracy());
+  }
+  return result.final_accuracy();
 }
 
 int run(const DseSettings& s) {

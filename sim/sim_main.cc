@@ -225,6 +225,12 @@ std::string summary_table(const std::vector<sim::SimResult>& results, double tar
                   human_bytes(r.mean_pull_bytes).c_str());
     summary << row;
   }
+  for (const auto& r : results) {
+    if (r.stalled)
+      summary << "\n" << r.label << ": stopped after " << r.updates_applied
+              << " applied updates: the server refused every update for a long while (a diverged model at the "
+                 "parameter bound, or every worker beyond the staleness bound)\n";
+  }
   summary << "\ntarget accuracy: " << target_accuracy * 100 << "%\n";
   if (results.size() != 2) return summary.str();
   auto a = results[0].ingress_bytes_to(target_accuracy), b = results[1].ingress_bytes_to(target_accuracy);

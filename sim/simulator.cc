@@ -202,6 +202,10 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   const std::vector<bool> may_fail = failing_workers(config);
   double delay_sum = 0;
   std::uint64_t update_bytes_sum = 0, updates_received = 0;
+  // Refusals in a row: a diverged model (every update beyond the parameter bound) would
+  // otherwise loop for ever without reaching max_updates.
+  std::uint64_t refused_in_a_row = 0;
+  const std::uint64_t stall_after = std::max<std::uint64_t>(kStallArrivals, 10ULL * config.workers);
   bool stop = false;
 
   while (!stop && !events.empty()) {
@@ -250,6 +254,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     const std::uint64_t delay = store.version() - decoded.value().fetched_version;
     server::ApplyResult applied = store.apply(decoded.value());
     if (applied.applied()) {
+      refused_in_a_row = 0;
       if (published) published->advance(store.parameters(), store.version());
       result.updates_applied++;
       delay_sum += static_cast<double>(delay);
@@ -265,6 +270,11 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
       }
     } else if (applied.status == server::ApplyStatus::kTooStale || applied.status == server::ApplyStatus::kOutOfBounds) {
       result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of bounds
+      if (++refused_in_a_row >= stall_after) {
+        result.stalled = true;
+        if (result.curve.back().updates != store.version()) evaluate(result, event.time);
+        break;
+      }
     } else {
       throw std::logic_error(std::string("sim: update refused: ") + applied.reason);
     }

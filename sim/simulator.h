@@ -88,6 +88,10 @@ struct SimResult {
   std::uint64_t updates_refused = 0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
   std::uint64_t updates_lost = 0;     // worker crashed mid-step
   std::uint64_t workers_left = 0;     // failed for good (SimConfig::failures_permanent)
+  // The run stopped before its budget because the server refused every update for a long
+  // while (kStallArrivals): a diverged model whose updates all hit the parameter bound, or
+  // workers all beyond the staleness bound. The curve ends with an evaluation at the stop.
+  bool stalled = false;
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;
   double mean_delay = 0;   // t − t_fetch over applied updates
@@ -111,6 +115,10 @@ struct Progress {
   double mean_delay;
 };
 using ProgressCallback = std::function<void(const Progress&)>;
+
+// Updates refused in a row (none applied) after which a run counts as stalled and stops:
+// at least this many, and at least ten per worker.
+inline constexpr std::uint64_t kStallArrivals = 200;
 
 // Runs one simulation. Throws std::invalid_argument on a bad configuration and
 // runtime::ModelError if the model does not fit the data.

@@ -121,6 +121,25 @@ TEST(Simulator, FailingFractionAndLeavingForGood) {
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
 }
 
+// A learning rate that throws the parameters past the server's bound (1e6) at once: every
+// update after that is refused. The run used to loop for ever short of its budget; it must
+// stop, say it stalled, and end its curve with an evaluation.
+TEST(Simulator, ARunWhoseEveryUpdateIsRefusedStopsAsStalled) {
+  const Mnist& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::SimConfig c = short_config();
+  c.compressor.method = runtime::CompressionMethod::kNone;
+  c.learning_rate = 1e9f;
+  c.max_updates = 100000;
+  const auto result = sim::run_simulation(c, data.train, data.test, "diverged");
+  EXPECT_TRUE(result.stalled);
+  EXPECT_LT(result.updates_applied, 100000u);
+  EXPECT_GE(result.updates_refused, sim::kStallArrivals);
+  EXPECT_EQ(result.curve.back().updates, result.updates_applied);
+  // An ordinary run does not stall.
+  EXPECT_FALSE(sim::run_simulation(short_config(), data.train, data.test, "fine").stalled);
+}
+
 TEST(Simulator, RefusesBadConfigurations) {
   const Mnist& data = mnist();
   ASSERT_GT(data.train.size(), 0u);

@@ -475,7 +475,6 @@ void print_sparse_pull(TransferRun& run, runtime::ModelReplica& replica, int upd
 // GET /model?since=V through the relay; the copy must come out as the server's model.
 void time_sparse_pulls(TransferRun& run) {
   const TransferSettings& s = run.s;
-  auto& proxy = run.proxy;
   auto& factory = run.factory;
   transport::CoapDtlsClient direct({"127.0.0.1", s.port, run.psk, 60000});
   std::uint64_t next_sequence = run.sequence + 1;

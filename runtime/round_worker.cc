@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <thread>
@@ -78,7 +79,17 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
   const std::uint64_t steps = j["local_steps"].get<std::uint64_t>();
   if (steps == 0 || steps > 1000000 || !std::isfinite(info.deadline_seconds)) return std::nullopt;
   info.local_steps = static_cast<std::uint32_t>(steps);
+  if (j.contains("local_epochs")) {
+    if (!j["local_epochs"].is_number_unsigned() || j["local_epochs"].get<std::uint64_t>() > 1000) return std::nullopt;
+    info.local_epochs = static_cast<std::uint32_t>(j["local_epochs"].get<std::uint64_t>());
+  }
   return info;
+}
+
+std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int batch) {
+  if (round.local_epochs == 0) return round.local_steps;
+  const std::uint64_t per_epoch = (shard_size + static_cast<std::size_t>(batch) - 1) / static_cast<std::size_t>(batch);
+  return std::clamp<std::uint64_t>(per_epoch * round.local_epochs, 1, 1000000);
 }
 
 struct RoundWorker::State {
@@ -230,7 +241,8 @@ void RoundWorker::State::train(const RoundInfo& round) {
   parameters = start;
   const int batch = config.worker.batch;
   examples = 0;
-  for (std::uint32_t step = 0; step < round.local_steps && !stop; ++step) {
+  const std::uint64_t steps = round_steps(round, sampler.shard_size(), batch);
+  for (std::uint64_t step = 0; step < steps && !stop; ++step) {
     sampler.next_batch(batch, pixels, labels);
     const auto started = Clock::now();
     const BatchResult result = trainer.compute_gradient(parameters, pixels.data(), labels.data(), batch, gradient);

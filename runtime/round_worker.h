@@ -30,10 +30,14 @@ struct RoundInfo {
   double deadline_seconds = 0;
   bool selected = false;
   std::uint32_t local_steps = 0;
+  std::uint32_t local_epochs = 0;  // > 0: passes over the device's shard instead of local_steps
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
-// above 10^6).
+// above 10^6, epochs above 1000; local_epochs may be absent: 0).
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
+// The minibatches of one round: local_steps, or with local_epochs enough to pass over a
+// shard of `shard_size` examples that many times (at least one, at most 10^6).
+std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int batch);
 
 struct RoundWorkerStats {
   std::uint64_t rounds_trained = 0;   // deltas sent and accepted (2.04)

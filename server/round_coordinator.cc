@@ -220,6 +220,7 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
                                  {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
                                  {"selected", is_selected},
                                  {"local_steps", options_.local_steps},
+                                 {"local_epochs", options_.local_epochs},
                                  {"policy", round_policy_name(options_.policy)}};
   return text_response(CoapCode::kContent, answer.dump());
 }

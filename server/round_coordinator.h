@@ -3,7 +3,9 @@
 // when a round closes, and each close is one update through ServerState (so one version).
 //
 //   GET  /round          2.05, JSON: {"round", "model_version", "deadline_seconds" (left),
-//                        "selected", "local_steps", "policy"}
+//                        "selected", "local_steps", "local_epochs", "policy"}; with
+//                        local_epochs > 0 a device trains that many passes over its shard
+//                        instead of local_steps minibatches
 //   POST /round/update?examples=N
 //                        the device's model delta (new − start) as a sparse update of the
 //                        codec, its fetched-version field = the round number. 2.04 (empty)
@@ -50,6 +52,7 @@ struct RoundOptions {
   double client_fraction = 1.0;  // of the identities seen, selected per round (seeded)
   std::uint32_t min_clients = 1; // deltas needed before a round may close early
   std::uint32_t local_steps = 10;
+  std::uint32_t local_epochs = 0;  // > 0: passes over each device's shard instead of local_steps
   float server_lr = 1.0f;
   float store_learning_rate = 0.1f;  // ServerStateOptions::store.learning_rate (the close divides by it)
   std::uint64_t seed = 1;

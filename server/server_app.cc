@@ -205,6 +205,7 @@ void ServerApp::open_rounds(ResourceOptions& resource_options) {
   o.client_fraction = s_.client_fraction;
   o.min_clients = s_.min_clients;
   o.local_steps = s_.local_steps;
+  o.local_epochs = s_.local_epochs;
   o.server_lr = static_cast<float>(s_.server_lr);
   o.store_learning_rate = static_cast<float>(s_.lr);
   o.seed = s_.seed;
@@ -214,7 +215,10 @@ void ServerApp::open_rounds(ResourceOptions& resource_options) {
   resource_options.extra_status = [this] { return rounds_->status_json(); };
   log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " + s_.round_policy + ", " +
            s_.aggregation + " aggregation, deadline " + number(s_.round_deadline) + " s, client fraction " +
-           number(s_.client_fraction) + ", " + std::to_string(s_.local_steps) + " local steps, server lr " +
+           number(s_.client_fraction) + ", " +
+           (s_.local_epochs > 0 ? std::to_string(s_.local_epochs) + " local epochs"
+                                : std::to_string(s_.local_steps) + " local steps") +
+           ", server lr " +
            number(s_.server_lr));
 }
 

@@ -56,6 +56,7 @@ struct ServerSettings {
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;
   std::uint32_t local_steps = 10;
+  std::uint32_t local_epochs = 0;
   double server_lr = 1.0;
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;

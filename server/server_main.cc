@@ -112,6 +112,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("min-clients", s.min_clients, "rounds: deltas a round needs before it may close before its deadline")
       .range(1, 1000000);
   t.add("local-steps", s.local_steps, "rounds: minibatches each selected device trains per round").range(1, 1000000);
+  t.add("local-epochs", s.local_epochs, "rounds: passes over its own shard each selected device trains per round "
+        "instead of --local-steps (0: use --local-steps)").range(0, 1000);
   t.add("server-lr", s.server_lr, "rounds: the round's model moves by this times the aggregated delta").range(1e-6, 100);
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");

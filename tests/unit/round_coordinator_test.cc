@@ -69,6 +69,23 @@ RoundOptions two_devices() {
   return options;
 }
 
+TEST(RoundCoordinator, AnnouncesLocalStepsOrEpochs) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.local_steps = 7;
+  {
+    Server server(dir, clock, options);
+    const auto info = round_info(*server.rounds, "a");
+    EXPECT_EQ(info["local_steps"], 7);
+    EXPECT_EQ(info["local_epochs"], 0);
+  }
+  TempDir other("edgetrain-rounds");
+  options.local_epochs = 2;
+  Server server(other, clock, options);
+  EXPECT_EQ(round_info(*server.rounds, "a")["local_epochs"], 2);
+}
+
 TEST(RoundCoordinator, ClosesWhenEverySelectedDeviceAnsweredWithTheWeightedMean) {
   TempDir dir("edgetrain-rounds");
   Clock clock;

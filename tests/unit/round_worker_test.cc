@@ -121,6 +121,25 @@ TEST(RoundWorker, SendsOneDeltaPerRoundWithItsRoundAndExamples) {
   EXPECT_EQ(f.worker->stats().rounds_trained, 2u);
 }
 
+// --local-epochs on the server: the round asks for passes over the device's shard, not a
+// number of minibatches (the 40 examples of this worker's shard, batch 4: 10 per pass).
+TEST(RoundWorker, LocalEpochsTrainThatManyPassesOverTheShard) {
+  Fixture f;
+  f.server.round_answer = text(CoapCode::kContent,
+                               "{\"round\":5,\"model_version\":5,\"deadline_seconds\":3.5,\"selected\":true,"
+                               "\"local_steps\":3,\"local_epochs\":2,\"policy\":\"drop-stragglers\"}");
+  ASSERT_TRUE(f.worker->run_once());
+  ASSERT_EQ(f.server.sent.size(), 1u);
+  EXPECT_EQ(f.server.sent[0].first, 2u * 40u);  // examples: two passes over the shard
+  EXPECT_EQ(f.worker->stats().steps, 20u);
+  runtime::RoundInfo round;
+  round.local_steps = 3;
+  EXPECT_EQ(runtime::round_steps(round, 40, 4), 3u);  // no epochs: the steps
+  round.local_epochs = 1;
+  EXPECT_EQ(runtime::round_steps(round, 41, 4), 11u);  // a last, partial minibatch counts
+  EXPECT_EQ(runtime::round_steps(round, 0, 4), 1u);
+}
+
 TEST(RoundWorker, AnUnselectedWorkerOnlyPolls) {
   Fixture f;
   f.server.selected = false;
@@ -158,7 +177,9 @@ TEST(RoundWorker, MalformedRoundAnswersAreRetriedAndParsedDefensively) {
   EXPECT_TRUE(f.server.sent.empty());
   for (const std::string bad : {"", "[]", "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":1,\"local_steps\":1}",
                                 "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":0}",
-                                "{\"round\":-1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1}"}) {
+                                "{\"round\":-1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1}",
+                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1,\"local_epochs\":-1}",
+                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1,\"local_epochs\":1001}"}) {
     const std::vector<std::uint8_t> bytes(bad.begin(), bad.end());
     EXPECT_FALSE(runtime::parse_round_info(bytes)) << bad;
   }

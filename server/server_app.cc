@@ -210,6 +210,7 @@ void ServerApp::open_rounds(ResourceOptions& resource_options) {
   o.store_learning_rate = static_cast<float>(s_.lr);
   o.seed = s_.seed;
   o.log = log_line;
+  if (s_.publish_every > 0) log_line("WARNING: --publish-every is ignored with --mode rounds: a round's model is exact");
   rounds_ = std::make_unique<RoundCoordinator>(*state_, o);
   resource_options.updates_refused_because = "--mode rounds: post model deltas to /round/update";
   resource_options.extra_status = [this] { return rounds_->status_json(); };

@@ -744,13 +744,12 @@ ServerState::Snapshot ServerState::snapshot() const {
 
 std::span<const std::uint8_t> ServerState::encoded_model() {
   // With a published model, workers get P (named by its publish version), never W.
-  const std::uint64_t version = published_ ? published_->version() : store_.version();
-  if (encoded_version_ != version) {
-    auto encoded = transport::encode_dense_model(model_.layout_id(), version, tensor_sizes_,
-                                                 published_ ? published_->parameters() : store_.parameters());
+  const ChangeRecord served = served_changes(model_.layout_id(), tensor_sizes_, store_, published());
+  if (encoded_version_ != served.version) {
+    auto encoded = transport::encode_dense_model(model_.layout_id(), served.version, tensor_sizes_, served.parameters);
     if (!encoded) throw std::logic_error("cannot encode the model: " + encoded.error().message);
     encoded_model_ = std::move(encoded).value();
-    encoded_version_ = version;
+    encoded_version_ = served.version;
   }
   return encoded_model_;
 }

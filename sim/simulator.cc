@@ -140,11 +140,9 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   const bool delta_pulls = config.delta_pulls || published.has_value();
   // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
   // would send them. The digest field's value does not change the size: left 0.
-  auto pull_size = [&](std::optional<std::uint64_t> held) -> std::uint64_t {
+  auto pull_size = [&](const server::ChangeRecord& served, std::optional<std::uint64_t> held) -> std::uint64_t {
     if (!delta_pulls || !held) return model_bytes;
-    const server::ChangeRecord record =
-        server::served_changes(model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
-    const auto delta = server::encode_changes_since(record, *held);
+    const auto delta = server::encode_changes_since(served, *held);
     return delta ? delta->size() : model_bytes;
   };
 
@@ -214,14 +212,14 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     Worker& worker = workers[event.worker];
     if (event.kind == EventKind::kStartStep) {
       // Pull, then compute on the model as pulled (the published one, if the server has one).
-      const std::uint64_t served_version = published ? published->version() : store.version();
-      result.pull_bytes += pull_size(held[event.worker]);
+      const server::ChangeRecord served =
+          server::served_changes(model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
+      result.pull_bytes += pull_size(served, held[event.worker]);
       pulls++;
-      held[event.worker] = served_version;
-      fetched[event.worker] = served_version;
+      held[event.worker] = served.version;
+      fetched[event.worker] = served.version;
       worker.sampler.next_batch(config.batch, batch_pixels, batch_labels);
-      trainer.compute_gradient(published ? published->parameters() : store.parameters(), batch_pixels.data(),
-                               batch_labels.data(), config.batch, gradient);
+      trainer.compute_gradient(served.parameters, batch_pixels.data(), batch_labels.data(), config.batch, gradient);
       transport::SparseUpdate update;
       update.model_id = model.layout_id();
       update.sequence = ++worker.sequence;

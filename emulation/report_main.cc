@@ -208,6 +208,7 @@ std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers) {
   for (unsigned i = 0; i < workers; i++) {
     for (const fs::path& file : worker_stats_files(run, i)) {
       const json stats = read_json(file);
+      if (!stats.contains("acknowledged_versions")) continue;  // a round worker (see worker_totals)
       for (const auto& version : stats.at("acknowledged_versions")) highest = std::max(highest, version.get<std::uint64_t>());
     }
   }
@@ -228,10 +229,17 @@ WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
     const json stats = read_json(file);
     t.incarnations++;
     t.steps += stats.at("steps").get<std::uint64_t>();
-    t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
-    t.refused += stats.at("updates_refused").get<std::uint64_t>();
     t.bytes_sent += stats.at("bytes_sent").get<std::uint64_t>();
     t.retries += stats.at("retries").get<std::uint64_t>();
+    if (stats.value("mode", "async") == "rounds") {
+      // A round worker's deltas accepted (2.04) and refused (4.09: its round had closed);
+      // it learns no server version from a 2.04, so it has none to check.
+      t.accepted += stats.at("rounds_trained").get<std::uint64_t>();
+      t.refused += stats.at("deltas_refused").get<std::uint64_t>();
+      continue;
+    }
+    t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
+    t.refused += stats.at("updates_refused").get<std::uint64_t>();
     for (const auto& v : stats.at("acknowledged_versions")) {
       const auto version = v.get<std::uint64_t>();
       if (previous && version <= *previous) t.versions_increase = false;
@@ -538,6 +546,13 @@ struct EmulatorSettings {
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
   std::uint64_t seed = 1;
   bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false;
+  // Federated rounds (the server's and the worker's --mode rounds).
+  std::string mode = "async", round_policy = "drop-stragglers", aggregation = "masked";
+  double round_deadline = 30, client_fraction = 1, local_lr = 0.05, server_lr = 1;
+  std::uint32_t local_steps = 10, local_epochs = 0;
+  // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
+  std::string drop_rates, class_drop_rates, dropout_table;
+  double step_time_budget = 0, deadline_share = 0.8;
 };
 
 void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
@@ -567,6 +582,25 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
       .range(0, 1e9).unit("seconds");
   t.add("seed", s.seed, "draws of link profiles, slowdowns and loss");
   t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
+  t.group("Federated rounds (server/README.md, runtime/README.md)");
+  t.add("mode", s.mode, "async: asynchronous SGD; rounds: federated rounds (server and workers)").choices({"async", "rounds"});
+  t.add("round-policy", s.round_policy, "rounds: drop-stragglers or wait-all").choices({"drop-stragglers", "wait-all"});
+  t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open").range(0.1, 1e6).unit("seconds");
+  t.add("aggregation", s.aggregation, "rounds: masked or fedavg").choices({"masked", "fedavg"});
+  t.add("client-fraction", s.client_fraction, "rounds: share of the devices selected per round").range(1e-6, 1);
+  t.add("local-steps", s.local_steps, "rounds: minibatches a selected device trains per round").range(1, 1000000);
+  t.add("local-epochs", s.local_epochs, "rounds: passes over its shard instead of --local-steps (0: steps)").range(0, 1000);
+  t.add("local-lr", s.local_lr, "rounds: the workers' local SGD learning rate").range(1e-9, 100);
+  t.add("server-lr", s.server_lr, "rounds: the server moves the model by this times the aggregated delta").range(1e-6, 100);
+  t.group("Filter dropout (DISTREAL: runtime/README.md)");
+  t.add("drop-rates", s.drop_rates, "every worker trains this sub-network: one rate per conv layer, e.g. 0.25,0.5");
+  t.add("class-drop-rates", s.class_drop_rates, "a static width per CPU class (HeteroFL-style): CLASS=R1:R2,... "
+        "e.g. pi5=0:0,zero2w=0.5:0.5 (classes of --cpu-classes; a class not named trains the full model)");
+  t.add("dropout-table", s.dropout_table, "workers choose their drop rates at run time from this table "
+        "(edgetrain-dse's JSON)");
+  t.add("step-time-budget", s.step_time_budget, "async with --dropout-table: a step's time budget").range(0, 1e9).unit("ms");
+  t.add("deadline-share", s.deadline_share, "rounds with --dropout-table: share of the time left before the "
+        "deadline the local steps may take").range(0.01, 1);
 }
 
 void declare_devices(edgetrain::settings::Table& t, EmulatorSettings& s) {
@@ -592,10 +626,36 @@ void declare_devices(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("quiet", s.quiet, "no progress line");
 }
 
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) items.push_back(item);
+  return items;
+}
+
 // Checks that relate settings, or read one's text (the table checks each alone).
 void check_emulator_settings(const EmulatorSettings& s) {
   if (s.fp16 && s.sign_scale) throw std::invalid_argument("--fp16 and --sign-scale exclude each other (choose one value encoding)");
   if (s.qemu_workers > s.workers) throw std::invalid_argument("--qemu-workers must be 0..--workers");
+  const int dropout_choices = !s.drop_rates.empty() + !s.class_drop_rates.empty() + !s.dropout_table.empty();
+  if (dropout_choices > 1)
+    throw std::invalid_argument("give one of --drop-rates, --class-drop-rates and --dropout-table");
+  if (!s.class_drop_rates.empty() && s.cpu_classes.empty())
+    throw std::invalid_argument("--class-drop-rates needs --cpu-classes");
+  if (!s.class_drop_rates.empty()) {
+    const auto classes = edgetrain::emulation::parse_cpu_classes(s.cpu_classes);
+    for (const std::string& item : split_commas(s.class_drop_rates)) {
+      const auto equals = item.find('=');
+      const std::string name = item.substr(0, equals);
+      if (equals == std::string::npos ||
+          std::none_of(classes.begin(), classes.end(), [&](const auto& c) { return c.name == name; }))
+        throw std::invalid_argument("--class-drop-rates: '" + item + "' is not CLASS=R1:R2 with a class of --cpu-classes");
+      if (!std::regex_match(item.substr(equals + 1), std::regex("[0-9.]+(:[0-9.]+)*")))
+        throw std::invalid_argument("--class-drop-rates: '" + item + "': rates are numbers separated by ':'");
+    }
+  }
+  if (s.mode == "async" && !s.dropout_table.empty() && !(s.step_time_budget > 0))
+    throw std::invalid_argument("--dropout-table in async mode needs --step-time-budget");
   if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
     throw std::invalid_argument("--impaired must be a number or 'all'");
   parse_link_profile(s.link);

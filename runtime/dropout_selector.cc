@@ -31,6 +31,23 @@ std::size_t DropoutSelector::best_for(double full_step_seconds) const {
   return best == points_.size() ? fastest : best;
 }
 
+bool DropoutSelector::set_budget(double budget_seconds) {
+  if (!(budget_seconds > 0) || !std::isfinite(budget_seconds))
+    throw std::invalid_argument("dropout selector: the step-time budget must be positive");
+  budget_ = budget_seconds;
+  if (estimate_ == 0) return false;
+  estimate_at_choice_ = estimate_;
+  const std::size_t choice = best_for(estimate_);
+  if (choice == current_) return false;
+  current_ = choice;
+  selections_++;
+  return true;
+}
+
+void DropoutSelector::set_estimate(double full_step_seconds) {
+  if (full_step_seconds > 0 && std::isfinite(full_step_seconds)) estimate_ = full_step_seconds;
+}
+
 bool DropoutSelector::record_step(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) return false;  // a clock glitch is no measurement
   const double full_equivalent = seconds / points_[current_].relative_time;

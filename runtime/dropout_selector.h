@@ -1,5 +1,5 @@
 // Run-time choice of a dropout vector (DISTREAL, issue 14 part 4): a device picks, from the
-// Pareto points of its dropout table (sim/dse.h writes them), the most accurate one whose
+// Pareto points of its dropout table (runtime/dropout_table.h), the most accurate one whose
 // step fits its step-time budget at the speed it measures now, with no help from the
 // server.
 //
@@ -9,7 +9,7 @@
 // the last choice, so the device follows a change of its spare CPU without flapping on
 // jitter. When no point fits, the fastest point is used.
 //
-// Not wired into the Worker yet (no --dropout-table / --step-time-budget-ms flags).
+// The worker uses it through runtime/adaptive_dropout.h (--dropout-table).
 #pragma once
 
 #include <cstddef>
@@ -37,6 +37,15 @@ class DropoutSelector {
   const DropoutChoice& current_choice() const { return points_[current_]; }
   double full_step_estimate() const { return estimate_; }  // seconds; 0 before the first step
   std::size_t selections() const { return selections_; }   // choices changed so far
+
+  // A new step-time budget (a round's deadline moved, say): chooses again at once from the
+  // current estimate (before any measurement, keeps the current point). Returns true if the
+  // choice changed. Throws std::invalid_argument for a budget that is not positive.
+  bool set_budget(double budget_seconds);
+  double budget() const { return budget_; }
+  // Replaces the speed estimate with a full-model step time measured elsewhere (a round
+  // worker's mean over its last round); does not choose again (set_budget() does).
+  void set_estimate(double full_step_seconds);
 
   // The most accurate point whose estimated step time fits the budget, else the fastest.
   std::size_t best_for(double full_step_seconds) const;

@@ -104,6 +104,8 @@ struct RoundWorker::State {
                 config.worker.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker.worker_id + 1))),
         pool(config.worker.threads),
         trainer(model, config.worker.batch, KernelBackend::kXnnpack, pool.get()),
+        dropout(config.worker.dropout, model, trainer,
+                config.worker.seed ^ (0x2545f4914f6cdd1dULL * (config.worker.worker_id + 1)), WorkerDropout::Pacing::kPerRound),
         compressor(layout_of(model), config.worker.compressor),
         sizes(tensor_sizes_of(model)),
         gradient(model.parameter_count()),
@@ -114,6 +116,9 @@ struct RoundWorker::State {
             std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
                 .count())) {
     if (!(config.lr > 0)) throw std::invalid_argument("worker: the local learning rate must be > 0");
+    if (!(config.deadline_share > 0 && config.deadline_share <= 1))
+      throw std::invalid_argument("worker: the deadline share must be in (0, 1]");
+    stats.dropout = dropout.status();
   }
 
   // As Worker::say: lines below the process's --log-level are dropped.
@@ -168,6 +173,7 @@ struct RoundWorker::State {
   ShardSampler sampler;
   ThreadPool pool;
   Trainer trainer;
+  WorkerDropout dropout;
   Compressor compressor;
   std::vector<std::uint32_t> sizes;
   std::vector<float> start, parameters, gradient;
@@ -177,6 +183,7 @@ struct RoundWorker::State {
   std::uint64_t sequence;
   std::vector<std::uint8_t> body;
   std::uint64_t examples = 0;
+  Clock::time_point polled_at;  // when the last GET /round was answered (its deadline counts from there)
   std::optional<std::uint64_t> done_round;  // the last round this worker sent a delta for (or was refused in)
   RoundWorkerStats stats;
   Clock::time_point last_answer = Clock::now();
@@ -195,6 +202,7 @@ std::optional<RoundInfo> RoundWorker::State::poll() {
     return std::nullopt;
   }
   answered();
+  polled_at = Clock::now();
   stats.polls++;
   if (response.code == transport::CoapCode::kNotFound) {
     refused(WorkerExit::kNothingApplied, "GET /round answered 4.04: is the server running with --mode rounds?");
@@ -242,6 +250,13 @@ void RoundWorker::State::train(const RoundInfo& round) {
   const int batch = config.worker.batch;
   examples = 0;
   const std::uint64_t steps = round_steps(round, sampler.shard_size(), batch);
+  if (dropout.adaptive()) {
+    // DISTREAL in rounds: the steps must fit the time left before the deadline (what the
+    // pull took is gone already), so that is the budget each step's point is chosen for.
+    const double left = round.deadline_seconds - std::chrono::duration<double>(Clock::now() - polled_at).count();
+    const double budget = std::max(left * config.deadline_share, 1e-6) / static_cast<double>(steps);
+    if (dropout.set_budget(budget)) say("round " + std::to_string(round.round) + ": " + dropout.describe());
+  }
   for (std::uint64_t step = 0; step < steps && !stop; ++step) {
     sampler.next_batch(batch, pixels, labels);
     const auto started = Clock::now();
@@ -249,6 +264,9 @@ void RoundWorker::State::train(const RoundInfo& round) {
     if (config.worker.slowdown > 0)
       sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.worker.slowdown),
                            stop);
+    if (dropout.after_step(std::chrono::duration<double>(Clock::now() - started).count()))
+      say("round " + std::to_string(round.round) + ": " + dropout.describe());
+    stats.dropout = dropout.status();
     stats.steps++;
     if (!std::isfinite(result.loss)) continue;  // a non-finite gradient is skipped, as Worker does
     stats.last_loss = result.loss;
@@ -331,7 +349,7 @@ bool RoundWorker::run_once() {
   return s.send(*round);
 }
 
-RoundWorkerStats RoundWorker::run() {
+RoundWorkerStats RoundWorker::run(const std::function<void(const RoundWorkerStats&)>& progress) {
   State& s = *state_;
   const auto started = Clock::now();
   auto out_of_time = [&] {
@@ -339,20 +357,24 @@ RoundWorkerStats RoundWorker::run() {
            std::chrono::duration<double>(Clock::now() - started).count() >= s.config.worker.max_seconds;
   };
   while (!s.stop && (s.config.max_rounds == 0 || s.stats.rounds_trained < s.config.max_rounds) && !out_of_time()) {
-    if (run_once())
+    const std::uint64_t sent = s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected;
+    const bool accepted = run_once();
+    if (progress && s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected != sent) progress(s.stats);
+    if (accepted)
       s.say("round " + std::to_string(s.stats.last_round) + ": delta of " + std::to_string(s.body.size()) +
-            " bytes accepted (loss " + std::to_string(s.stats.last_loss) + ")");
+            " bytes accepted (loss " + std::to_string(s.stats.last_loss) + ")" +
+            (s.stats.dropout.drop_rates.empty() ? "" : ", drop " + s.stats.dropout.drop_rates));
   }
   return s.stats;
 }
 
 RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                                const WorkerLog& log) {
+                                const WorkerLog& log, const std::function<void(const RoundWorkerStats&)>& progress) {
   CoapServerChannel channel(coap_client_options(config.worker, stop));
   RoundWorker worker(config, train, channel, stop, log);
   RoundWorkerRun result;
   try {
-    result.stats = worker.run();
+    result.stats = worker.run(progress);
   } catch (const WorkerFailure& e) {
     result.stats = worker.stats();
     result.exit = e.exit();

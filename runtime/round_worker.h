@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,6 +22,10 @@ struct RoundWorkerConfig {
   float lr = 0.05f;         // the local SGD step
   double poll_seconds = 0.5;  // between GET /round while not selected or done
   std::uint64_t max_rounds = 0;  // deltas accepted before the run ends; 0: until stopped
+  // With a dropout table (worker.dropout.table_path): the share of the time left before the
+  // round's deadline, after the pull, that the local steps may take (ours; the rest is for
+  // sending the delta over a slow link).
+  double deadline_share = 0.8;
 };
 
 // What GET /round said (the JSON of server/round_coordinator.h), decoded defensively.
@@ -47,6 +52,7 @@ struct RoundWorkerStats {
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t last_round = 0;
   float last_loss = 0;
+  DropoutStatus dropout;  // filter dropout in force (runtime/worker_dropout.h)
 };
 
 class RoundWorker {
@@ -60,8 +66,9 @@ class RoundWorker {
   // One pass: poll the round; if selected and not done yet, pull, train and send. Returns
   // true when a delta was accepted. Throws WorkerFailure when it gives up.
   bool run_once();
-  // run_once() until stop, max_rounds or the worker's max_seconds.
-  RoundWorkerStats run();
+  // run_once() until stop, max_rounds or the worker's max_seconds; `progress` after every
+  // delta sent.
+  RoundWorkerStats run(const std::function<void(const RoundWorkerStats&)>& progress = {});
   const RoundWorkerStats& stats() const;
   WorkerExit last_trouble() const;
   const std::string& last_trouble_message() const;
@@ -78,6 +85,7 @@ struct RoundWorkerRun {
   std::string reason;
 };
 RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                                const WorkerLog& log = {});
+                                const WorkerLog& log = {},
+                                const std::function<void(const RoundWorkerStats&)>& progress = {});
 
 }  // namespace edgetrain::runtime

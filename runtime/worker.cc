@@ -110,6 +110,8 @@ struct Worker::State {
         sampler(train, shard_of(config, train), config.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker_id + 1))),
         pool(config.threads),
         trainer(model, config.batch, KernelBackend::kXnnpack, pool.get()),
+        dropout(config.dropout, model, trainer, config.seed ^ (0x2545f4914f6cdd1dULL * (config.worker_id + 1)),
+                WorkerDropout::Pacing::kPerStep),
         compressor(layout_of(model), config.compressor),
         gradient(model.parameter_count()),
         pixels(static_cast<std::size_t>(config.batch) * train.image_bytes()),
@@ -227,6 +229,7 @@ struct Worker::State {
   ShardSampler sampler;
   ThreadPool pool;
   Trainer trainer;
+  WorkerDropout dropout;
   Compressor compressor;
   std::vector<float> gradient;
   std::vector<std::uint8_t> pixels;
@@ -252,7 +255,9 @@ struct Worker::State {
 
 Worker::Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel, const std::atomic<bool>& stop,
                WorkerLog log)
-    : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {}
+    : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {
+  state_->stats.dropout = state_->dropout.status();
+}
 
 Worker::~Worker() = default;
 
@@ -324,6 +329,9 @@ bool Worker::step() {
     const auto compute_time = Clock::now() - step_started;
     sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), s.stop);
   }
+  if (s.dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
+    s.say(s.dropout.describe());
+  s.stats.dropout = s.dropout.status();
   s.stats.steps++;
   s.steps_since_pull++;
   s.stats.last_loss = batch.loss;

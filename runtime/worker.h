@@ -20,6 +20,7 @@
 #include "runtime/compressor.h"
 #include "runtime/dataset.h"
 #include "runtime/server_channel.h"
+#include "runtime/worker_dropout.h"
 #include "runtime/worker_exit_codes.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"
@@ -49,6 +50,9 @@ struct WorkerConfig {
   // Emulates a slower device: after each step, sleep this many times the step's own
   // compute time (0: full speed; 3: a device four times slower).
   double slowdown = 0;
+  // Filter dropout (DISTREAL, runtime/worker_dropout.h): none, a static vector, or chosen at
+  // run time from a dropout table against a step-time budget.
+  WorkerDropoutSettings dropout;
   std::uint64_t seed = 1;
   // Transport: X.509 instead of PSK (identity = the certificate's CN; `identity` is then
   // only for logs); or INSECURE plain CoAP (`identity` declared, unproven; no key).
@@ -91,6 +95,7 @@ struct WorkerStats {
   std::uint64_t retries = 0;          // failed requests and server trouble survived (each waited the backoff)
   std::uint64_t non_finite_steps = 0; // skipped: the gradient was NaN or infinite
   float last_loss = 0;
+  DropoutStatus dropout;              // filter dropout in force (runtime/worker_dropout.h)
 };
 
 using WorkerLog = std::function<void(const std::string& line)>;

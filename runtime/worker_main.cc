@@ -57,9 +57,10 @@ std::string read_text_file(const std::string& path) {
 
 namespace edgetrain::runtime {
 // Every WorkerStats field under its own name, for the --stats-file object.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DropoutStatus, drop_rates, selections, full_step_estimate_ms, budget_ms)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused, updates_rejected, pulls,
                                    delta_pulls, delta_mismatches, bytes_sent, bytes_received, server_version, retries,
-                                   non_finite_steps, last_loss)
+                                   non_finite_steps, last_loss, dropout)
 }  // namespace edgetrain::runtime
 
 namespace {
@@ -150,10 +151,13 @@ struct WorkerSettings {
   bool insecure = false, quiet = false, log_acks = false;
   std::string log_level = "info";
   std::string cert, cert_key, ca, stats_file;
+  // Filter dropout (DISTREAL): static rates, or a table and a budget in ms.
+  std::string drop_rates, dropout_rescale = "inverted";
+  double step_time_budget_ms = 0;
   double request_timeout = 60;
   // Federated rounds (runtime/round_worker.h).
   std::string mode = "async";
-  double lr = 0.05;
+  double lr = 0.05, deadline_share = 0.8;
   std::uint64_t max_rounds = 0;
 };
 
@@ -186,6 +190,17 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)").range(0, 1e9).unit("seconds");
   t.add("slowdown", c.slowdown, "emulate a slower device: sleep F times each step's compute time (0: full speed)")
       .range(0, 1000);
+  t.group("Filter dropout (DISTREAL: runtime/README.md)");
+  t.add("drop-rates", s.drop_rates, "train a thinner sub-network at every step: one drop rate per conv layer, e.g. "
+        "0.25,0.5 (each in [0, 1); empty: the full model)");
+  t.add("dropout-rescale", s.dropout_rescale, "with --drop-rates: inverted (ours: kept filters' outputs times "
+        "1/keep) or none").choices({"inverted", "none"});
+  t.add("dropout-table", c.dropout.table_path, "choose the drop rates at run time from this dropout table "
+        "(edgetrain-dse's JSON): the most accurate point whose step fits the budget at the speed measured now");
+  t.add("step-time-budget", s.step_time_budget_ms, "async with --dropout-table: the time a step may take (in "
+        "rounds the round's deadline sets it)").range(0, 1e9).unit("ms");
+  t.add("deadline-share", s.deadline_share, "rounds with --dropout-table: share of the time left before the "
+        "round's deadline the local steps may take").range(0.01, 1);
   t.group("Training mode (federated rounds: runtime/README.md)");
   t.add("mode", s.mode, "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
         "local SGD, POST /round/update); must match the server's").choices({"async", "rounds"});
@@ -252,6 +267,9 @@ edgetrain::runtime::WorkerConfig worker_config(WorkerSettings& s) {
   set_security(s, config);
   edgetrain::transport::check_timing(config.timing);
   config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  if (!s.drop_rates.empty()) config.dropout.drop_rates = edgetrain::runtime::parse_drop_rates(s.drop_rates);
+  config.dropout.rescale = edgetrain::runtime::parse_dropout_rescale(s.dropout_rescale);
+  config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
   return config;
 }
 
@@ -274,12 +292,14 @@ class ProgressReport {
     const auto now = std::chrono::steady_clock::now();
     if (now - last_report_ < std::chrono::seconds(tty_ ? 1 : 10)) return;
     last_report_ = now;
-    char line[240];
-    std::snprintf(line, sizeof line,
+    char line[300];
+    int used = std::snprintf(line, sizeof line,
                   "step %llu  loss %.3f  server version %llu  accepted %llu  refused %llu  sent %.2f MB  pulled %.1f MB",
                   static_cast<unsigned long long>(s.steps), s.last_loss, static_cast<unsigned long long>(s.server_version),
                   static_cast<unsigned long long>(s.updates_accepted), static_cast<unsigned long long>(s.updates_refused),
                   s.bytes_sent / 1e6, s.bytes_received / 1e6);
+    if (!s.dropout.drop_rates.empty() && used > 0 && static_cast<std::size_t>(used) < sizeof line)
+      std::snprintf(line + used, sizeof line - used, "  drop %s", s.dropout.drop_rates.c_str());
     if (tty_) std::fprintf(stderr, "\r%-120s", line);
     else log_line(line);
   }
@@ -298,6 +318,7 @@ int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& 
   round_config.worker = config;
   round_config.lr = static_cast<float>(s.lr);
   round_config.max_rounds = s.max_rounds;
+  round_config.deadline_share = s.deadline_share;
   auto write_stats = [&](const runtime::RoundWorkerStats& st, bool running) {
     if (s.stats_file.empty()) return;
     const nlohmann::json j = {{"state", running ? "running" : "stopped"}, {"mode", "rounds"},
@@ -305,11 +326,19 @@ int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& 
                               {"deltas_rejected", st.deltas_rejected}, {"polls", st.polls}, {"pulls", st.pulls},
                               {"steps", st.steps}, {"retries", st.retries}, {"bytes_sent", st.bytes_sent},
                               {"bytes_received", st.bytes_received}, {"last_round", st.last_round},
-                              {"last_loss", st.last_loss}};
+                              {"last_loss", st.last_loss}, {"dropout", st.dropout}};
     common::write_file_atomically(s.stats_file, j.dump(2) + "\n");
   };
   write_stats({}, true);
-  const runtime::RoundWorkerRun result = runtime::run_round_worker(round_config, train, stop_requested, write_line);
+  // A round takes seconds to minutes: the file is rewritten after every delta sent.
+  const runtime::RoundWorkerRun result = runtime::run_round_worker(
+      round_config, train, stop_requested, write_line, [&](const runtime::RoundWorkerStats& st) {
+        try {
+          write_stats(st, true);
+        } catch (const std::exception& e) {
+          log_error(e.what());
+        }
+      });
   write_stats(result.stats, false);
   log_line("stopped after " + std::to_string(result.stats.rounds_trained) + " rounds (" +
            std::to_string(result.stats.deltas_refused) + " deltas refused, " + std::to_string(result.stats.bytes_sent) +

@@ -149,10 +149,12 @@ class ServerResources {
   // applied, refused or answered as duplicates, the model is pulled, or an evaluation
   // arrives (not when /status is read).
   std::uint64_t activity() const;
+  // Counts a request's payload into the ingress and the device's health. `worker`: a
+  // training request (model pull, update, a round's poll or delta), not a monitoring one.
+  // The resources here call it; so does the round coordinator's (--mode rounds).
+  void note_request(const transport::CoapRequest& request, bool worker);
 
  private:
-  // `worker`: a training request (model pull, update), not a monitoring one.
-  void note_request(const transport::CoapRequest& request, bool worker);
   void log_at(logging::Level level, const std::string& line) const;
   // A line that may repeat many times (refusals, duplicates): through the repeat limiter.
   void log_repeating(logging::Level level, std::string_view kind, const std::string& line);

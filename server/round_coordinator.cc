@@ -358,9 +358,15 @@ std::string RoundCoordinator::status_json() const {
   return status.dump();
 }
 
-void RoundCoordinator::attach(transport::CoapDtlsServer& server) {
-  server.add_resource("round", transport::Method::kGet, [this](const CoapRequest& r) { return get_round(r); });
-  server.add_resource("round/update", transport::Method::kPost, [this](const CoapRequest& r) { return post_round_update(r); });
+void RoundCoordinator::attach(transport::CoapDtlsServer& server, std::function<void(const CoapRequest&)> note) {
+  server.add_resource("round", transport::Method::kGet, [this, note](const CoapRequest& r) {
+    if (note) note(r);
+    return get_round(r);
+  });
+  server.add_resource("round/update", transport::Method::kPost, [this, note](const CoapRequest& r) {
+    if (note) note(r);
+    return post_round_update(r);
+  });
 }
 
 }  // namespace edgetrain::server

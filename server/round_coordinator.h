@@ -76,7 +76,10 @@ class RoundCoordinator {
   // Closes the round when it is due (all selected devices answered, or the deadline).
   // Called after each request and from the serving loop. Returns true when it closed one.
   bool poll();
-  void attach(transport::CoapDtlsServer& server);
+  // Serves GET /round and POST /round/update on `server`; `note` (if set) sees each request
+  // first (the server's ingress and device counters: ServerResources::note_request).
+  void attach(transport::CoapDtlsServer& server,
+              std::function<void(const transport::CoapRequest&)> note = {});
 
   std::uint64_t round() const { return state_.version(); }
   std::size_t deltas_received() const { return deltas_.size(); }

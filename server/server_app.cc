@@ -267,7 +267,7 @@ void ServerApp::open_endpoint() {
   };
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
-  if (rounds_) rounds_->attach(*server_);
+  if (rounds_) rounds_->attach(*server_, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +

@@ -131,7 +131,7 @@ int run(const DseSettings& s) {
   table.layout_id = model.layout_id();
   table.rescale = runtime::parse_dropout_rescale(s.rescale);
   table.points = sim::pareto_front(points);
-  sim::write_dse_table(s.out, table);
+  runtime::write_dropout_table(s.out, table);
   std::fprintf(stderr, "edgetrain-dse: %zu Pareto points of %zu written to %s\n", table.points.size(), points.size(),
                s.out.c_str());
   return 0;

@@ -70,11 +70,11 @@ sim::DseTable sample_table(const runtime::Model& model) {
 TEST(Dse, TableRoundTrips) {
   runtime::Model model(runtime::parse_model_spec(kTinyConv, "tiny-conv"));
   TableFile file;
-  sim::write_dse_table(file.path.string(), sample_table(model));
+  runtime::write_dropout_table(file.path.string(), sample_table(model));
   const nlohmann::json doc = file.read();
-  EXPECT_EQ(doc.at("format_version"), sim::kDseFormatVersion);
+  EXPECT_EQ(doc.at("format_version"), runtime::kDropoutTableFormatVersion);
   EXPECT_EQ(doc.at("model").at("name"), "tiny-conv");
-  const sim::DseTable back = sim::read_dse_table(file.path.string(), model);
+  const sim::DseTable back = runtime::read_dropout_table(file.path.string(), model);
   ASSERT_EQ(back.points.size(), 2u);
   EXPECT_EQ(back.points[0].drop_rates, (std::vector<float>{0.5f, 0.75f}));
   EXPECT_DOUBLE_EQ(back.points[0].relative_time, 0.4);
@@ -84,7 +84,7 @@ TEST(Dse, TableRoundTrips) {
 
 void expect_refused(const TableFile& file, const runtime::Model& model, const std::string& words) {
   try {
-    sim::read_dse_table(file.path.string(), model);
+    runtime::read_dropout_table(file.path.string(), model);
     ADD_FAILURE() << "accepted; expected an error with '" << words << "'";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
@@ -95,7 +95,7 @@ TEST(Dse, ReaderRefusesTablesThatDoNotFit) {
   runtime::Model model(runtime::parse_model_spec(kTinyConv, "tiny-conv"));
   runtime::Model other(runtime::builtin_model_spec("paper-cnn"));
   TableFile file;
-  sim::write_dse_table(file.path.string(), sample_table(model));
+  runtime::write_dropout_table(file.path.string(), sample_table(model));
   const nlohmann::json good = file.read();
   expect_refused(file, other, "not for model 'paper-cnn'");
   auto edited = [&](auto&& edit) {

@@ -64,7 +64,7 @@ void check_rounds_config(const SimConfig& c) {
     throw std::invalid_argument("sim: delta pulls and a published model are for async mode (a round pulls the dense model)");
 }
 
-void check_config(const SimConfig& c) {
+void check_config_values(const SimConfig& c) {
   if (c.workers < 1) throw std::invalid_argument("sim: need at least one worker");
   if (c.batch < 1) throw std::invalid_argument("sim: batch size must be at least 1");
   if (!(c.learning_rate > 0)) throw std::invalid_argument("sim: learning rate must be positive");
@@ -551,6 +551,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
 
 }  // namespace
 
+void check_sim_config(const SimConfig& config) { check_config_values(config); }
+
 const char* sim_mode_name(SimMode mode) { return mode == SimMode::kAsync ? "async" : "rounds"; }
 
 SimMode parse_sim_mode(const std::string& name) {
@@ -598,7 +600,7 @@ std::optional<double> SimResult::time_to(double target) const {
 
 SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
                          const std::string& label, const ProgressCallback& progress) {
-  check_config(config);
+  check_sim_config(config);
   const auto wall_start = std::chrono::steady_clock::now();
   Simulation sim(config, train, test);
   SimResult result;

@@ -184,6 +184,10 @@ inline constexpr std::uint64_t kStallArrivals = 200;
 // after which the run counts as stalled and stops.
 inline constexpr std::uint64_t kStallRounds = 50;
 
+// Throws std::invalid_argument, saying what is wrong, for a configuration run_simulation()
+// refuses (those checks that need no data or model).
+void check_sim_config(const SimConfig& config);
+
 // Runs one simulation. Throws std::invalid_argument on a bad configuration and
 // runtime::ModelError if the model does not fit the data.
 SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,

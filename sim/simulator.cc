@@ -7,6 +7,7 @@
 #include <queue>
 #include <stdexcept>
 
+#include "runtime/round_worker.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/splitmix64.h"
 #include "runtime/thread_pool.h"
@@ -50,7 +51,20 @@ struct Event {
   }
 };
 
-void check_config(const SimConfig& c) {
+void check_rounds_config(const SimConfig& c) {
+  const RoundsConfig& r = c.rounds;
+  if (r.local_steps < 1 || r.local_steps > 1000000) throw std::invalid_argument("sim: local steps must be in 1..10^6");
+  if (r.local_epochs > 1000) throw std::invalid_argument("sim: local epochs must be in 0..1000");
+  if (!(r.local_lr > 0) || !std::isfinite(r.local_lr)) throw std::invalid_argument("sim: local learning rate must be positive");
+  if (!(r.server_lr > 0) || !std::isfinite(r.server_lr)) throw std::invalid_argument("sim: server learning rate must be positive");
+  if (!(r.client_fraction > 0 && r.client_fraction <= 1)) throw std::invalid_argument("sim: client fraction must be in (0, 1]");
+  if (!(r.deadline_steps >= 0) || !std::isfinite(r.deadline_steps)) throw std::invalid_argument("sim: round deadline must be >= 0");
+  if (r.max_rounds < 1) throw std::invalid_argument("sim: max rounds must be at least 1");
+  if (c.delta_pulls || c.publish.enabled())
+    throw std::invalid_argument("sim: delta pulls and a published model are for async mode (a round pulls the dense model)");
+}
+
+void check_config_values(const SimConfig& c) {
   if (c.workers < 1) throw std::invalid_argument("sim: need at least one worker");
   if (c.batch < 1) throw std::invalid_argument("sim: batch size must be at least 1");
   if (!(c.learning_rate > 0)) throw std::invalid_argument("sim: learning rate must be positive");
@@ -62,6 +76,7 @@ void check_config(const SimConfig& c) {
   }
   if (!(c.failing_fraction >= 0 && c.failing_fraction <= 1)) throw std::invalid_argument("sim: failing fraction must be in [0, 1]");
   if (!(c.downtime_steps >= 0)) throw std::invalid_argument("sim: downtime must be >= 0");
+  if (c.mode == SimMode::kRounds) check_rounds_config(c);
 }
 
 // The workers that may fail: round(failing_fraction · workers) of them, drawn from their own
@@ -77,32 +92,7 @@ std::vector<bool> failing_workers(const SimConfig& c) {
   return may_fail;
 }
 
-}  // namespace
-
-double SimResult::best_accuracy() const {
-  double best = 0;
-  for (const auto& p : curve) best = std::max(best, p.accuracy);
-  return best;
-}
-
-std::optional<std::uint64_t> SimResult::ingress_bytes_to(double target) const {
-  for (const auto& p : curve) {
-    if (p.accuracy >= target) return p.ingress_bytes;
-  }
-  return std::nullopt;
-}
-
-std::optional<std::uint64_t> SimResult::updates_to(double target) const {
-  for (const auto& p : curve) {
-    if (p.accuracy >= target) return p.updates;
-  }
-  return std::nullopt;
-}
-
-SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
-                         const std::string& label, const ProgressCallback& progress) {
-  check_config(config);
-  const auto wall_start = std::chrono::steady_clock::now();
+runtime::Model checked_model(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test) {
   runtime::Model model(runtime::model_spec_from_argument(config.model));
   const runtime::ExampleShape in = model.input_shape();
   if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
@@ -117,37 +107,81 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   }
   if (train.size() < static_cast<std::size_t>(config.workers)) throw std::invalid_argument("sim: fewer examples than workers");
   model.initialize(config.seed);
+  return model;
+}
 
-  std::vector<std::uint32_t> tensor_sizes;
+std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+std::vector<runtime::TensorSlice> layout_of(const runtime::Model& model) {
   std::vector<runtime::TensorSlice> layout;
-  for (const auto& t : model.tensors()) {
-    tensor_sizes.push_back(static_cast<std::uint32_t>(t.size));
-    layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
-  }
-  server::ParameterStoreOptions store_options;
-  store_options.learning_rate = config.learning_rate;
-  store_options.max_staleness = config.max_staleness;
-  store_options.rule = config.staleness_rule;
-  server::ParameterStore store(model.layout_id(), tensor_sizes,
-                               std::vector<float>(model.parameters().begin(), model.parameters().end()), store_options);
-  const transport::ModelLayout expected{model.layout_id(), tensor_sizes};
-  // Every pull ships the same number of bytes: encode the model once to know it.
+  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  return layout;
+}
+
+server::ParameterStoreOptions store_options(const SimConfig& config) {
+  server::ParameterStoreOptions options;
+  options.learning_rate = config.learning_rate;
+  options.max_staleness = config.max_staleness;
+  options.rule = config.staleness_rule;
+  return options;
+}
+
+// What both modes share: the model, the server's store, the trainers, the workers with
+// their shards, speeds and compressors, and the evaluation. Its numbers are drawn in the
+// order the asynchronous simulator always drew them, so its runs stay as they were. Not
+// copyable: the trainers hold the model.
+struct Simulation {
+  Simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test);
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
+
+  // Appends the test accuracy of the server's model to result.curve.
+  void evaluate(SimResult& result, std::uint64_t updates, double time);
+
+  static constexpr int kEvalBatch = 100;
+  const SimConfig& config;
+  const runtime::Dataset& test;
+  runtime::Model model;
+  const std::vector<std::uint32_t> tensor_sizes;
+  const std::vector<runtime::TensorSlice> layout;
+  server::ParameterStore store;
+  const transport::ModelLayout expected;
+  std::uint64_t model_bytes = 0;  // every dense pull ships this many bytes
+  runtime::ThreadPool pool;
+  runtime::Trainer trainer;
+  runtime::Trainer evaluator;
+  std::vector<float> gradient;
+  std::vector<std::uint8_t> batch_pixels;
+  std::vector<std::int32_t> batch_labels;
+  Random random;
+  std::vector<Worker> workers;
+  std::size_t eval_count = 0;
+};
+
+Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test)
+    : config(config),
+      test(test),
+      model(checked_model(config, train, test)),
+      tensor_sizes(tensor_sizes_of(model)),
+      layout(layout_of(model)),
+      store(model.layout_id(), tensor_sizes, std::vector<float>(model.parameters().begin(), model.parameters().end()),
+            store_options(config)),
+      expected{model.layout_id(), tensor_sizes},
+      pool(config.threads),
+      trainer(model, config.batch, config.kernels, pool.get()),
+      evaluator(model, kEvalBatch, config.kernels, pool.get()),
+      gradient(model.parameter_count()),
+      batch_pixels(static_cast<std::size_t>(config.batch) * train.image_bytes()),
+      batch_labels(config.batch),
+      random(config.seed * 0x2545F4914F6CDD1DULL + 17) {
+  // Every dense pull ships the same number of bytes: encode the model once to know it.
   auto model_message = transport::encode_dense_model(model.layout_id(), 0, tensor_sizes, store.parameters());
   if (!model_message) throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
-  const std::uint64_t model_bytes = model_message.value().size();
-  std::optional<server::PublishedModel> published;
-  if (config.publish.enabled()) published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
-  const bool delta_pulls = config.delta_pulls || published.has_value();
-  // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
-  // would send them. The digest field's value does not change the size: left 0.
-  auto pull_size = [&](const server::ChangeRecord& served, std::optional<std::uint64_t> held) -> std::uint64_t {
-    if (!delta_pulls || !held) return model_bytes;
-    const auto delta = server::encode_changes_since(served, *held);
-    return delta ? delta->size() : model_bytes;
-  };
-
-  runtime::ThreadPool pool(config.threads);
-  runtime::Trainer trainer(model, config.batch, config.kernels, pool.get());
+  model_bytes = model_message.value().size();
   if (!config.conv_drop_rates.empty()) {
     runtime::DropoutConfig dropout;
     dropout.conv_drop_rates = config.conv_drop_rates;
@@ -155,14 +189,6 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     dropout.seed = config.seed * 0x9E3779B97F4A7C15ULL + 3;  // its own stream: the batches stay as without dropout
     trainer.set_dropout(dropout);  // validates against the model (std::invalid_argument)
   }
-  const int eval_batch = 100;
-  runtime::Trainer evaluator(model, eval_batch, config.kernels, pool.get());
-  std::vector<float> gradient(model.parameter_count());
-  std::vector<std::uint8_t> batch_pixels(static_cast<std::size_t>(config.batch) * train.image_bytes());
-  std::vector<std::int32_t> batch_labels(config.batch);
-
-  Random random(config.seed * 0x2545F4914F6CDD1DULL + 17);
-  std::vector<Worker> workers;
   workers.reserve(config.workers);
   for (int w = 0; w < config.workers; w++) {
     runtime::ShardSpec shard_spec{static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(config.workers), config.seed};
@@ -173,27 +199,43 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
                              random.log_normal(config.speed_spread), runtime::Compressor(layout, config.compressor), 0,
                              {}});
   }
+  eval_count = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
+}
 
-  const std::size_t eval_count = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
-  auto evaluate = [&](SimResult& result, double time) {
-    std::size_t correct = 0;
-    double loss_sum = 0;
-    for (std::size_t start = 0; start < eval_count; start += eval_batch) {
-      const int count = static_cast<int>(std::min<std::size_t>(eval_batch, eval_count - start));
-      auto r = evaluator.evaluate(store.parameters(), test.pixels.data() + start * test.image_bytes(),
-                                  test.labels.data() + start, count);
-      correct += r.correct;
-      loss_sum += static_cast<double>(r.loss) * count;
-    }
-    result.curve.push_back({store.version(), time, result.ingress_bytes, result.pull_bytes,
-                            static_cast<double>(correct) / eval_count, loss_sum / eval_count});
+void Simulation::evaluate(SimResult& result, std::uint64_t updates, double time) {
+  std::size_t correct = 0;
+  double loss_sum = 0;
+  for (std::size_t start = 0; start < eval_count; start += kEvalBatch) {
+    const int count = static_cast<int>(std::min<std::size_t>(kEvalBatch, eval_count - start));
+    auto r = evaluator.evaluate(store.parameters(), test.pixels.data() + start * test.image_bytes(),
+                                test.labels.data() + start, count);
+    correct += r.correct;
+    loss_sum += static_cast<double>(r.loss) * count;
+  }
+  result.curve.push_back({updates, time, result.ingress_bytes, result.pull_bytes,
+                          static_cast<double>(correct) / eval_count, loss_sum / eval_count});
+}
+
+// Asynchronous SGD: an event loop over workers' step starts and update arrivals.
+void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progress) {
+  const SimConfig& config = sim.config;
+  server::ParameterStore& store = sim.store;
+  const std::vector<std::uint32_t>& tensor_sizes = sim.tensor_sizes;
+  std::optional<server::PublishedModel> published;
+  if (config.publish.enabled()) published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
+  const bool delta_pulls = config.delta_pulls || published.has_value();
+  // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
+  // would send them. The digest field's value does not change the size: left 0.
+  auto pull_size = [&](const server::ChangeRecord& served, std::optional<std::uint64_t> held) -> std::uint64_t {
+    if (!delta_pulls || !held) return sim.model_bytes;
+    const auto delta = server::encode_changes_since(served, *held);
+    return delta ? delta->size() : sim.model_bytes;
   };
+  auto evaluate = [&](SimResult& r, double time) { sim.evaluate(r, store.version(), time); };
 
-  SimResult result;
-  result.label = label;
   evaluate(result, 0);
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  for (int w = 0; w < config.workers; w++) events.push({random.uniform() * workers[w].speed, w, EventKind::kStartStep});
+  for (int w = 0; w < config.workers; w++) events.push({sim.random.uniform() * sim.workers[w].speed, w, EventKind::kStartStep});
   std::vector<std::uint64_t> fetched(config.workers, 0);
   std::vector<std::optional<std::uint64_t>> held(config.workers);  // the version of each worker's copy
   std::uint64_t pulls = 0;
@@ -209,30 +251,32 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   while (!stop && !events.empty()) {
     const Event event = events.top();
     events.pop();
-    Worker& worker = workers[event.worker];
+    Worker& worker = sim.workers[event.worker];
+    result.virtual_time = event.time;
     if (event.kind == EventKind::kStartStep) {
       // Pull, then compute on the model as pulled (the published one, if the server has one).
       const server::ChangeRecord served =
-          server::served_changes(model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
+          server::served_changes(sim.model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
       result.pull_bytes += pull_size(served, held[event.worker]);
       pulls++;
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
-      worker.sampler.next_batch(config.batch, batch_pixels, batch_labels);
-      trainer.compute_gradient(served.parameters, batch_pixels.data(), batch_labels.data(), config.batch, gradient);
+      worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
+      sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(), sim.batch_labels.data(), config.batch,
+                                   sim.gradient);
       transport::SparseUpdate update;
-      update.model_id = model.layout_id();
+      update.model_id = sim.model.layout_id();
       update.sequence = ++worker.sequence;
       update.fetched_version = fetched[event.worker];
-      worker.compressor.compress(gradient, update);
+      worker.compressor.compress(sim.gradient, update);
       auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
       if (!encoded) throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
       worker.pending = std::move(encoded).value();
-      const double step = worker.speed * random.log_normal(config.step_jitter);
-      if (config.failure_probability > 0 && may_fail[event.worker] && random.uniform() < config.failure_probability) {
+      const double step = worker.speed * sim.random.log_normal(config.step_jitter);
+      if (config.failure_probability > 0 && may_fail[event.worker] && sim.random.uniform() < config.failure_probability) {
         result.updates_lost++;
-        const double downtime = random.exponential(config.downtime_steps);
-        const double back_at = event.time + step * random.uniform() + downtime;
+        const double downtime = sim.random.exponential(config.downtime_steps);
+        const double back_at = event.time + step * sim.random.uniform() + downtime;
         if (config.failures_permanent) {
           result.workers_left++;
         } else {
@@ -247,7 +291,7 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
     result.ingress_bytes += worker.pending.size();
     update_bytes_sum += worker.pending.size();
     updates_received++;
-    auto decoded = transport::decode_sparse_update(worker.pending, expected);
+    auto decoded = transport::decode_sparse_update(worker.pending, sim.expected);
     if (!decoded) throw std::logic_error("sim: server refused a well-formed update: " + decoded.error().message);
     const std::uint64_t delay = store.version() - decoded.value().fetched_version;
     server::ApplyResult applied = store.apply(decoded.value());
@@ -282,8 +326,292 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   result.mean_update_bytes = updates_received ? static_cast<double>(update_bytes_sum) / updates_received : 0;
   result.mean_pull_bytes = pulls ? static_cast<double>(result.pull_bytes) / pulls : 0;
   if (published) result.published_lag = published->relative_lag();
+}
+
+// One selected worker's answer in a round: its encoded delta and when it reaches the server.
+struct RoundArrival {
+  double time;
+  int worker;
+  std::uint64_t examples;
+  std::vector<std::uint8_t> encoded;
+};
+
+// The selected workers of one round: max(1, round(fraction · workers)) of those that have not
+// left, a partial Fisher-Yates shuffle on the run's Random; in worker order.
+std::vector<int> select_clients(const std::vector<bool>& gone, double client_fraction, Random& random) {
+  std::vector<int> candidates;
+  for (int w = 0; w < static_cast<int>(gone.size()); ++w)
+    if (!gone[w]) candidates.push_back(w);
+  const auto wanted = std::max<long>(1, std::lround(client_fraction * static_cast<double>(gone.size())));
+  const std::size_t count = std::min<std::size_t>(static_cast<std::size_t>(wanted), candidates.size());
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto j = i + static_cast<std::size_t>(random.uniform() * static_cast<double>(candidates.size() - i));
+    std::swap(candidates[i], candidates[std::min(j, candidates.size() - 1)]);
+  }
+  candidates.resize(count);
+  std::sort(candidates.begin(), candidates.end());
+  return candidates;
+}
+
+// Federated rounds (FedAvg): see simulator.h.
+void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& progress) {
+  const SimConfig& config = sim.config;
+  const RoundsConfig& rounds = config.rounds;
+  server::ParameterStore& store = sim.store;
+  const std::size_t parameter_count = sim.model.parameter_count();
+
+  runtime::RoundInfo round_info;  // only the step rule: runtime::round_steps, as the real worker counts
+  round_info.local_steps = rounds.local_steps;
+  round_info.local_epochs = rounds.local_epochs;
+  std::vector<std::uint64_t> steps_of(config.workers);
+  double mean_steps = 0;
+  for (int w = 0; w < config.workers; ++w) {
+    steps_of[w] = runtime::round_steps(round_info, sim.workers[w].sampler.shard_size(), config.batch);
+    mean_steps += static_cast<double>(steps_of[w]) / config.workers;
+  }
+  const double deadline = rounds.deadline_steps > 0 ? rounds.deadline_steps : kDefaultDeadlineFactor * mean_steps;
+  // How long the server waits for a selected worker: the deadline, or with wait-all the
+  // server's safety limit for a worker that vanished.
+  const double close_limit = rounds.policy == RoundPolicy::kDropStragglers ? deadline : kWaitAllSafetyFactor * deadline;
+
+  const std::vector<bool> may_fail = failing_workers(config);
+  std::vector<bool> gone(config.workers, false);
+  // When each worker can start on a round: a straggler is still training the round it
+  // missed, a crashed worker is down. The server still counts it as selected (it cannot
+  // know), so it starts late, and may miss this round's close too.
+  std::vector<double> ready_at(config.workers, 0.0);
+  // Stragglers' deltas reach the server after their round closed: their bytes count when
+  // they arrive (before the run ends), not in the aggregate.
+  std::vector<std::pair<double, std::uint64_t>> late_bytes;
+  auto count_late_bytes_until = [&](double time) {
+    std::erase_if(late_bytes, [&](const std::pair<double, std::uint64_t>& late) {
+      if (late.first > time) return false;
+      result.ingress_bytes += late.second;
+      return true;
+    });
+  };
+  std::vector<float> start(parameter_count), parameters(parameter_count);
+  std::uint64_t pulls = 0, deltas_received = 0, delta_bytes_sum = 0, deltas_aggregated = 0;
+  std::uint64_t unchanged_in_a_row = 0;  // rounds that left the model as it was
+  double now = 0;
+  sim.evaluate(result, store.version(), now);
+
+  while (store.version() < rounds.max_rounds) {
+    const std::vector<int> selected = select_clients(gone, rounds.client_fraction, sim.random);
+    if (selected.empty()) break;  // every worker left for good
+    std::copy(store.parameters().begin(), store.parameters().end(), start.begin());
+    std::vector<RoundArrival> arrivals;
+    for (const int w : selected) {
+      Worker& worker = sim.workers[w];
+      result.pull_bytes += sim.model_bytes;
+      pulls++;
+      // Local training: plain SGD from the round's model, one step time per minibatch; a
+      // crash draw per step, as in async mode.
+      parameters = start;
+      const double started = std::max(now, ready_at[w]);
+      double elapsed = 0;
+      std::uint64_t examples = 0;
+      bool crashed = false;
+      for (std::uint64_t step = 0; step < steps_of[w]; ++step) {
+        const double step_time = worker.speed * sim.random.log_normal(config.step_jitter);
+        if (config.failure_probability > 0 && may_fail[w] && sim.random.uniform() < config.failure_probability) {
+          crashed = true;
+          const double crashed_at = started + elapsed + step_time * sim.random.uniform();
+          if (config.failures_permanent) {
+            gone[w] = true;
+            result.workers_left++;
+          } else {
+            ready_at[w] = crashed_at + sim.random.exponential(config.downtime_steps);
+          }
+          break;
+        }
+        elapsed += step_time;
+        worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
+        const runtime::BatchResult batch = sim.trainer.compute_gradient(parameters, sim.batch_pixels.data(),
+                                                                        sim.batch_labels.data(), config.batch, sim.gradient);
+        if (!std::isfinite(batch.loss)) continue;  // skipped, as runtime::RoundWorker does
+        for (std::size_t i = 0; i < parameter_count; ++i) parameters[i] -= rounds.local_lr * sim.gradient[i];
+        examples += static_cast<std::uint64_t>(config.batch);
+      }
+      if (crashed) {
+        result.updates_lost++;
+        continue;
+      }
+      // The delta goes through the compressor in place of a gradient (runtime::RoundWorker).
+      bool finite = examples > 0;
+      for (std::size_t i = 0; i < parameter_count && finite; ++i) {
+        sim.gradient[i] = parameters[i] - start[i];
+        finite = std::isfinite(sim.gradient[i]);
+      }
+      if (!finite) {
+        result.updates_lost++;  // a diverged worker has nothing the server would take
+        continue;
+      }
+      transport::SparseUpdate update;
+      update.model_id = sim.model.layout_id();
+      update.sequence = ++worker.sequence;
+      update.fetched_version = store.version();  // the round number
+      worker.compressor.compress(sim.gradient, update);
+      auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
+      if (!encoded) throw std::logic_error("sim: encoder refused a round delta: " + encoded.error().message);
+      ready_at[w] = started + elapsed;
+      arrivals.push_back({started + elapsed, w, examples, std::move(encoded).value()});
+    }
+    // The server's round log holds the deltas in arrival order (ties: worker order).
+    std::stable_sort(arrivals.begin(), arrivals.end(),
+                     [](const RoundArrival& a, const RoundArrival& b) { return a.time < b.time; });
+
+    // The close, as server::RoundCoordinator decides it: when every selected worker has
+    // answered, or at the deadline with at least one delta; a round with none by then gets a
+    // new deadline. A round no selected worker can answer ends empty at its deadline (ours).
+    double close = now + close_limit;
+    if (!arrivals.empty()) {
+      close = now + close_limit * std::max(1.0, std::ceil((arrivals.front().time - now) / close_limit));
+      if (arrivals.size() == selected.size() && arrivals.back().time <= close) close = arrivals.back().time;
+    }
+    count_late_bytes_until(close);
+    std::vector<server::RoundDelta> deltas;
+    for (RoundArrival& arrival : arrivals) {
+      deltas_received++;
+      delta_bytes_sum += arrival.encoded.size();
+      if (arrival.time > close) {
+        result.round_stragglers++;
+        late_bytes.push_back({arrival.time, arrival.encoded.size()});
+        continue;
+      }
+      result.ingress_bytes += arrival.encoded.size();
+      auto decoded = transport::decode_sparse_update(arrival.encoded, sim.expected);
+      if (!decoded) throw std::logic_error("sim: server refused a well-formed round delta: " + decoded.error().message);
+      deltas.push_back({arrival.examples, std::move(decoded).value()});
+    }
+    now = close;
+    result.virtual_time = now;
+    // A run in which no round changes the model any more (every delta lost, or a diverged
+    // model whose every close the store refuses) would otherwise never reach max_rounds.
+    auto stalls = [&] {
+      if (++unchanged_in_a_row < kStallRounds) return false;
+      result.stalled = true;
+      if (result.curve.back().updates != store.version()) sim.evaluate(result, store.version(), now);
+      return true;
+    };
+    if (deltas.empty()) {
+      result.empty_rounds++;
+      if (stalls()) break;
+      continue;
+    }
+    // server::RoundCoordinator's close: one update through the store, delay 0 (divisor 1),
+    // values −server_lr·Δ/lr, so the model moves by server_lr·Δ as on the server.
+    const std::vector<float> mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rounds.aggregation);
+    transport::SparseUpdate close_update;
+    close_update.model_id = sim.model.layout_id();
+    close_update.sequence = store.version() + 1;
+    close_update.fetched_version = store.version();
+    const float scale = -rounds.server_lr / config.learning_rate;
+    std::size_t offset = 0;
+    for (std::uint32_t t = 0; t < sim.tensor_sizes.size(); ++t) {
+      transport::SparseTensor tensor;
+      tensor.tensor = t;
+      tensor.size = sim.tensor_sizes[t];
+      tensor.indices.resize(tensor.size);
+      tensor.values.resize(tensor.size);
+      for (std::uint32_t i = 0; i < tensor.size; ++i) {
+        tensor.indices[i] = i;
+        tensor.values[i] = scale * mean[offset + i];
+      }
+      offset += tensor.size;
+      close_update.tensors.push_back(std::move(tensor));
+    }
+    const server::ApplyResult applied = store.apply(close_update);
+    if (applied.status == server::ApplyStatus::kOutOfBounds) {
+      result.updates_refused++;  // a diverged round: the model stays; the next round tries again
+      if (stalls()) break;
+      continue;
+    }
+    if (!applied.applied()) throw std::logic_error(std::string("sim: round close refused: ") + applied.reason);
+    unchanged_in_a_row = 0;
+    result.updates_applied++;
+    deltas_aggregated += deltas.size();
+    bool stop = store.version() >= rounds.max_rounds;
+    if (store.version() % config.eval_every == 0 || stop) {
+      sim.evaluate(result, store.version(), now);
+      if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy) stop = true;
+    }
+    if (progress) {
+      Progress p{store.version(), rounds.max_rounds, result.curve.size() > 1 ? result.curve.back().accuracy : -1,
+                 result.ingress_bytes, 0};
+      p.round_stragglers = result.round_stragglers;
+      progress(p);
+    }
+    if (stop) break;
+  }
+  result.mean_update_bytes = deltas_received ? static_cast<double>(delta_bytes_sum) / deltas_received : 0;
+  result.mean_pull_bytes = pulls ? static_cast<double>(result.pull_bytes) / pulls : 0;
+  result.mean_round_deltas = result.updates_applied ? static_cast<double>(deltas_aggregated) / result.updates_applied : 0;
+}
+
+}  // namespace
+
+void check_sim_config(const SimConfig& config) { check_config_values(config); }
+
+const char* sim_mode_name(SimMode mode) { return mode == SimMode::kAsync ? "async" : "rounds"; }
+
+SimMode parse_sim_mode(const std::string& name) {
+  if (name == "async") return SimMode::kAsync;
+  if (name == "rounds") return SimMode::kRounds;
+  throw std::invalid_argument("unknown mode '" + name + "' (async or rounds)");
+}
+
+const char* round_policy_name(RoundPolicy policy) {
+  return policy == RoundPolicy::kWaitAll ? "wait-all" : "drop-stragglers";
+}
+
+RoundPolicy parse_round_policy(const std::string& name) {
+  if (name == "wait-all") return RoundPolicy::kWaitAll;
+  if (name == "drop-stragglers") return RoundPolicy::kDropStragglers;
+  throw std::invalid_argument("unknown round policy '" + name + "' (wait-all or drop-stragglers)");
+}
+
+double SimResult::best_accuracy() const {
+  double best = 0;
+  for (const auto& p : curve) best = std::max(best, p.accuracy);
+  return best;
+}
+
+std::optional<std::uint64_t> SimResult::ingress_bytes_to(double target) const {
+  for (const auto& p : curve) {
+    if (p.accuracy >= target) return p.ingress_bytes;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::uint64_t> SimResult::updates_to(double target) const {
+  for (const auto& p : curve) {
+    if (p.accuracy >= target) return p.updates;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> SimResult::time_to(double target) const {
+  for (const auto& p : curve) {
+    if (p.accuracy >= target) return p.time;
+  }
+  return std::nullopt;
+}
+
+SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
+                         const std::string& label, const ProgressCallback& progress) {
+  check_sim_config(config);
+  const auto wall_start = std::chrono::steady_clock::now();
+  Simulation sim(config, train, test);
+  SimResult result;
+  result.label = label;
+  if (config.mode == SimMode::kRounds) {
+    run_rounds(sim, result, progress);
+  } else {
+    run_async(sim, result, progress);
+  }
   result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
-  result.final_parameters.assign(store.parameters().begin(), store.parameters().end());
+  result.final_parameters.assign(sim.store.parameters().begin(), sim.store.parameters().end());
   return result;
 }
 

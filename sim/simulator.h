@@ -12,6 +12,21 @@
 //
 // What is measured: the encoded bytes of every update that reaches the server (ingress),
 // the dense-model bytes the workers pull, and test accuracy at regular intervals.
+//
+// Federated rounds (SimMode::kRounds, FedAvg; the server's --mode rounds): each round a
+// seeded sample of the workers trains local SGD steps from the round's model with the same
+// trainer, sends its delta (new − start) through its own compressor and the codec, and the
+// server decodes the deltas it got before the round closed, aggregates them with
+// server::aggregate_deltas (the server's own function) and moves the model by server_lr
+// times the result, applied through the parameter store as the server's round close is.
+// A worker's local training lasts the sum of its step times (speed factor and jitter as in
+// async mode). The round closes as the server's does: when every selected worker answered,
+// or at the deadline (drop-stragglers) or at the server's safety limit of
+// kWaitAllSafetyFactor deadlines (wait-all), whichever comes first; a round with no delta
+// yet by then gets a new deadline. A delta that arrives after the close (a straggler's) is
+// counted in ingress but left out of the aggregate, and its worker, still busy, starts the
+// next round late if selected again; a crashed worker starts late when it is back. Virtual
+// time advances by the round's duration; pulls and transfers take no time, as in async mode.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +42,47 @@
 #include "runtime/trainer.h"
 #include "server/parameter_store.h"
 #include "server/published_model.h"
+#include "server/round_aggregation.h"
 #include "transport/codec.h"
 
 namespace edgetrain::sim {
 
+enum class SimMode { kAsync, kRounds };
+const char* sim_mode_name(SimMode mode);
+SimMode parse_sim_mode(const std::string& name);  // "async" | "rounds"; std::invalid_argument otherwise
+
+// The server's round policies (server/round_coordinator.h's RoundPolicy, which lives with the
+// CoAP server this library does not link): same names, same meaning.
+enum class RoundPolicy { kWaitAll, kDropStragglers };
+const char* round_policy_name(RoundPolicy policy);
+RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
+
+// wait-all still closes a round this many deadlines after it opened: a selected worker that
+// crashed never answers (server::kWaitAllSafetyFactor, the server's safety limit).
+inline constexpr double kWaitAllSafetyFactor = 4;
+// The deadline when RoundsConfig::deadline_steps is 0: this many times a worker's local
+// steps (the mean over the workers, with local_epochs), in mean step times (ours).
+inline constexpr double kDefaultDeadlineFactor = 1.5;
+
+// Federated rounds (SimMode::kRounds). Time is in mean step times, as everywhere here.
+struct RoundsConfig {
+  std::uint32_t local_steps = 10;   // minibatches a selected worker trains per round
+  std::uint32_t local_epochs = 0;   // > 0: passes over the worker's shard instead (runtime::round_steps)
+  float local_lr = 0.05f;           // the worker's plain SGD step (runtime::RoundWorkerConfig::lr)
+  float server_lr = 1.0f;           // the model moves by server_lr × the aggregated delta
+  // Workers selected per round: max(1, round(client_fraction · workers)), a seeded draw
+  // without replacement among the workers that have not left (ours: the server draws each
+  // device with probability client_fraction instead; the count here is FedAvg's C·K).
+  double client_fraction = 1.0;
+  server::Aggregation aggregation = server::Aggregation::kMasked;
+  RoundPolicy policy = RoundPolicy::kDropStragglers;  // the server's default
+  double deadline_steps = 0;        // 0: kDefaultDeadlineFactor × local steps
+  std::uint64_t max_rounds = 50;    // rounds closed (model versions) before the run ends
+};
+
 struct SimConfig {
+  SimMode mode = SimMode::kAsync;
+  RoundsConfig rounds;  // with mode kRounds; max_updates and the staleness settings are then unused
   std::string model = "paper-cnn";  // built-in name or spec text
   int workers = 10;
   int batch = 10;
@@ -51,7 +102,7 @@ struct SimConfig {
   // A worker that fails leaves for good instead of coming back after its downtime.
   bool failures_permanent = false;
   std::uint64_t max_updates = 2000;      // updates applied by the server
-  std::uint64_t eval_every = 100;        // applied updates between evaluations
+  std::uint64_t eval_every = 100;        // applied updates (rounds closed, in rounds mode) between evaluations
   std::size_t eval_examples = 0;         // 0: the whole test set
   std::optional<double> stop_at_accuracy;  // stop once the test accuracy reaches this
   std::uint64_t seed = 1;
@@ -73,7 +124,7 @@ struct SimConfig {
 };
 
 struct EvalPoint {
-  std::uint64_t updates = 0;        // applied by the server so far
+  std::uint64_t updates = 0;        // applied by the server so far (rounds mode: rounds closed)
   double time = 0;                  // virtual time, in mean step times
   std::uint64_t ingress_bytes = 0;  // encoded updates that reached the server, cumulative
   std::uint64_t pull_bytes = 0;     // encoded models (or model deltas) sent to workers, cumulative
@@ -92,6 +143,13 @@ struct SimResult {
   // while (kStallArrivals): a diverged model whose updates all hit the parameter bound, or
   // workers all beyond the staleness bound. The curve ends with an evaluation at the stop.
   bool stalled = false;
+  // Rounds mode: updates_applied counts rounds closed (each one model version),
+  // updates_refused closes the store refused, updates_lost the deltas of selected workers
+  // that crashed during their local training.
+  std::uint64_t round_stragglers = 0;  // deltas that arrived after their round closed (dropped)
+  std::uint64_t empty_rounds = 0;      // rounds that ended with no delta (every selected worker crashed)
+  double mean_round_deltas = 0;        // deltas aggregated per closed round
+  double virtual_time = 0;             // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;
   double mean_delay = 0;   // t − t_fetch over applied updates
@@ -106,6 +164,7 @@ struct SimResult {
   // Ingress bytes at the first evaluation whose accuracy reaches `target`, if any.
   std::optional<std::uint64_t> ingress_bytes_to(double target) const;
   std::optional<std::uint64_t> updates_to(double target) const;
+  std::optional<double> time_to(double target) const;
 };
 
 struct Progress {
@@ -113,12 +172,21 @@ struct Progress {
   double accuracy;  // last evaluated, -1 before the first
   std::uint64_t ingress_bytes;
   double mean_delay;
+  std::uint64_t round_stragglers = 0;  // rounds mode (updates are then rounds)
 };
 using ProgressCallback = std::function<void(const Progress&)>;
 
 // Updates refused in a row (none applied) after which a run counts as stalled and stops:
 // at least this many, and at least ten per worker.
 inline constexpr std::uint64_t kStallArrivals = 200;
+// Rounds mode: rounds in a row that left the model unchanged (no delta before the close, or
+// a close the store refused: the aggregated step would leave a parameter beyond its bound)
+// after which the run counts as stalled and stops.
+inline constexpr std::uint64_t kStallRounds = 50;
+
+// Throws std::invalid_argument, saying what is wrong, for a configuration run_simulation()
+// refuses (those checks that need no data or model).
+void check_sim_config(const SimConfig& config);
 
 // Runs one simulation. Throws std::invalid_argument on a bad configuration and
 // runtime::ModelError if the model does not fit the data.

@@ -7,11 +7,18 @@
 # "emulation:begin" and "emulation:end" markers) with the tables and their commands.
 #
 # usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
-#   groups: paper rates failures scale50 scale100 speeds pull100 (default: all, in that order)
+#   groups: paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion
+#           (default: all, in that order)
 #     speeds   paper CNN, 10 workers: real CPU quotas per worker (cgroups), four speed classes
 #              against equal shares of the same total (two cores)
 #     pull100  paper CNN, 100 workers, a pull before every step: exact model deltas against the
 #              published model (server/README.md), socket bytes into and out of the server
+#     distreal distreal-fashion  paper CNN, 20 workers in four CPU classes whose quotas change
+#              during the run: FedAvg wait-all, FedAvg drop-stragglers, a static width per
+#              class (HeteroFL-style), DISTREAL (run-time choice from the dropout table
+#              boards/paper-cnn-dropout-table.json) and asynchronous AdaComp (issue 14);
+#              MNIST, and Fashion-MNIST
+# Each group's section names the commit its runs were made at (RUN.commit beside each run).
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
 set -euo pipefail
@@ -24,12 +31,12 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
-[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100)
+[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion)
 mkdir -p "$out"
 
 # run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
@@ -44,6 +51,7 @@ run() {
     return
   fi
   echo "== $name: edgetrain-emulate $*"
+  git -C "$repo" rev-parse --short=12 HEAD >"$out/$name.commit"
   "$emulate" --out "$out/$name" --quiet "$@" || echo "== $name: edgetrain-emulate exited with status $?"
 }
 # group_section TITLE TARGET|auto RUN...: the group's table (ratio against the first run) and plots.
@@ -65,9 +73,14 @@ group_section() {
     scale100-clean) echo "### Scale: MLP, 100 workers, homogeneous, no failures" ;;
     speeds) echo "### Speed classes with real CPU quotas: paper CNN, 10 workers, the same two cores in total" ;;
     pull100) echo "### Pulls at 100 workers: paper CNN, a pull before every step, exact deltas against the published model" ;;
+    distreal) echo "### Federated rounds and DISTREAL: paper CNN, MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
+    distreal-fashion) echo "### Federated rounds and DISTREAL: paper CNN, Fashion-MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
     *) echo "### $title" ;;
   esac
   echo
+  local commits
+  commits=$(for r in "$@"; do cat "$out/$r.commit" 2>/dev/null || echo unknown; done | sort -u | paste -sd, | sed 's/,/, /g')
+  echo "Runs made at commit $commits."
   cat "$out/group-$title/summary.md"
   echo
   echo "Commands (from the repository root, after \`cmake --build build/host\`):"
@@ -150,6 +163,26 @@ for g in "${groups[@]}"; do
       run pull100-exact "${pull_common[@]}" --label "AdaComp c=0.01, exact deltas (paper CNN, 100 workers)"
       run pull100-published "${pull_common[@]}" --publish-every 10 --publish-fraction 0.001 \
         --label "AdaComp c=0.01, published every 10 at 0.001 (paper CNN, 100 workers)" ;;
+    distreal|distreal-fashion)
+      # Ours: four classes, shares of one core in the ratio of the boards' speeds, 1.4 cores
+      # in all (the server needs the rest); a background load halves every board's share
+      # from 60 to 120 s, and another takes 60% of the Pi 5s' from 150 to 240 s. A round is
+      # 100 local steps (a dense pull and push cost about 40 steps of CPU); the deadline of
+      # 11 s lets the slowest class finish with the thinnest point of the table.
+      dataset=mnist prefix=distreal
+      [ "$g" = distreal-fashion ] && dataset=fashion-mnist prefix=distreal-fashion
+      classes=pi5=0.12,pi4=0.08,pi3=0.05,zero2w=0.03
+      dcommon=(--workers 20 --model paper-cnn --data "$dataset" --cpu-classes "$classes"
+               --cpu-schedule 60-120:0.5,150-240:0.4@pi5 --duration 300 --eval-interval 5 --request-timeout 60)
+      rounds=(--mode rounds --compressor none --local-steps 100 --local-lr 0.05 --round-deadline 11)
+      run "$prefix-waitall" "${dcommon[@]}" "${rounds[@]}" --round-policy wait-all --label "FedAvg, wait for all"
+      run "$prefix-drop" "${dcommon[@]}" "${rounds[@]}" --round-policy drop-stragglers --label "FedAvg, drop stragglers"
+      run "$prefix-static" "${dcommon[@]}" "${rounds[@]}" --round-policy drop-stragglers \
+        --class-drop-rates pi5=0:0,pi4=0:0.25,pi3=0.25:0.25,zero2w=0.5:0.5 --label "static width per class (HeteroFL-style)"
+      run "$prefix-distreal" "${dcommon[@]}" "${rounds[@]}" --round-policy drop-stragglers \
+        --dropout-table "$repo/boards/paper-cnn-dropout-table.json" --label "DISTREAL (run-time choice)"
+      run "$prefix-async" "${dcommon[@]}" --mode async --compressor adacomp --rate 0.01 --pull-every 1 \
+        --label "asynchronous AdaComp c=0.01" ;;
   esac
 done
 
@@ -159,9 +192,10 @@ section="$out/results-section.md"
   echo "<!-- emulation:begin (written by emulation/run-experiments.sh --update-docs) -->"
   echo "## The emulator (real programs, bytes at the server's socket)"
   echo
-  echo "Made by \`emulation/run-experiments.sh --update-docs\` at commit \`$(git -C "$repo" rev-parse --short=12 HEAD)\`" \
+  echo "Assembled by \`emulation/run-experiments.sh --update-docs\` at commit \`$(git -C "$repo" rev-parse --short=12 HEAD)\`" \
        "on $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))." \
-       "One run per row; groups not listed here were not run at this commit (earlier ones: history.md)."
+       "One run per row; each group names the commit its runs were made at. Groups not listed here have not" \
+       "been run since the full-MNIST change (earlier ones: history.md)."
   echo
   [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
@@ -173,6 +207,9 @@ section="$out/results-section.md"
   [ -d "$out/s100-asgd-clean" ] && group_section scale100-clean auto s100-asgd-clean s100-adacomp-clean
   [ -d "$out/speeds-asgd-equal" ] && group_section speeds 0.92 speeds-asgd-equal speeds-asgd-classes speeds-adacomp-equal speeds-adacomp-classes
   [ -d "$out/pull100-exact" ] && group_section pull100 auto pull100-exact pull100-published
+  [ -d "$out/distreal-waitall" ] && group_section distreal 0.97 distreal-waitall distreal-drop distreal-static distreal-distreal distreal-async
+  [ -d "$out/distreal-fashion-waitall" ] && group_section distreal-fashion 0.85 distreal-fashion-waitall distreal-fashion-drop \
+    distreal-fashion-static distreal-fashion-distreal distreal-fashion-async
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -46,12 +46,19 @@ struct DropoutStatus {
   double budget_ms = 0;              // adaptive: the step-time budget in force
 };
 
+// Per step: async mode; per round: federated rounds (see above).
+enum class DropoutPacing { kPerStep, kPerRound };
+
+// The settings' checks alone (what the constructor below refuses), for a program to report
+// bad settings before it loads its data: std::invalid_argument naming what is wrong.
+void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& model, DropoutPacing pacing);
+
 class WorkerDropout {
  public:
+  using Pacing = DropoutPacing;
   // Checks the settings against `model` (std::invalid_argument: both static and table given,
   // a rate outside [0, 1) or the wrong count, a table for another model, an adaptive
   // per-step worker without a budget), and sets the trainer's dropout.
-  enum class Pacing { kPerStep, kPerRound };
   WorkerDropout(const WorkerDropoutSettings& settings, const Model& model, Trainer& trainer, std::uint64_t seed,
                 Pacing pacing);
 

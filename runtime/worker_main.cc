@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
+#include "runtime/model.h"
 #include "runtime/round_worker.h"
 #include "runtime/worker.h"
 #include "runtime/worker_exit_codes.h"
@@ -270,6 +271,10 @@ edgetrain::runtime::WorkerConfig worker_config(WorkerSettings& s) {
   if (!s.drop_rates.empty()) config.dropout.drop_rates = edgetrain::runtime::parse_drop_rates(s.drop_rates);
   config.dropout.rescale = edgetrain::runtime::parse_dropout_rescale(s.dropout_rescale);
   config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
+  // The drop rates or table against the model, before any data is loaded.
+  edgetrain::runtime::check_worker_dropout(
+      config.dropout, edgetrain::runtime::Model(edgetrain::runtime::model_spec_from_argument(config.model)),
+      s.mode == "rounds" ? edgetrain::runtime::DropoutPacing::kPerRound : edgetrain::runtime::DropoutPacing::kPerStep);
   return config;
 }
 

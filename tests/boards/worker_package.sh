@@ -41,7 +41,7 @@ for lib in libXNNPACK.so.0 libmbedtls.so.14; do grep -qx "$lib" <<<"$needed" || 
 for f in usr/bin/edgetrain-worker lib/systemd/system/edgetrain-worker.service etc/edgetrain/worker.toml \
          usr/lib/sysusers.d/edgetrain-worker.conf usr/libexec/edgetrain-worker/restart-backoff \
          usr/share/man/man1/edgetrain-worker.1.gz usr/share/doc/edgetrain-worker-$board/copyright \
-         usr/share/doc/edgetrain-worker-$board/changelog.gz; do
+         usr/share/doc/edgetrain-worker-$board/changelog.gz usr/share/edgetrain/paper-cnn-dropout-table.json; do
   [ -f "$root/$f" ] || fail "the package has no /$f"
 done
 ! dpkg-deb -c "$deb" | awk '{print $2}' | grep -v '^root/root$' || fail "files not owned by root"

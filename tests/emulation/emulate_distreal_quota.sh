@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# DISTREAL's run-time choice under a changing CPU quota (issue 14 part 4), for real: one
+# federated-rounds worker with the paper CNN's dropout table (boards/) in a cgroup with a
+# whole core, whose quota drops to 8% of a core from 10 s to 24 s. The worker picks its drop
+# rates from the time left before each round's deadline and its measured step time, so its
+# stats file (read while the run goes on) must show the table's most accurate point at
+# first, a thinner point while the quota is low, and the most accurate one again after.
+# Skips (77) without root or a cgroup cpu controller.
+# usage: emulate_distreal_quota.sh BUILD_DIR
+build_dir="$1"
+repo="$(cd "$(dirname "$0")/../.." && pwd)"
+emulate="$repo/emulation/edgetrain-emulate"
+source "$(dirname "$0")/../integration/process_test_lib.sh"
+require_mnist
+[ "$(id -u)" = 0 ] || { echo "SKIP: cgroups need root"; exit 77; }
+ls /sys/fs/cgroup/cgroup.controllers /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us \
+  >/dev/null 2>&1 || { echo "SKIP: no cgroup cpu controller"; exit 77; }
+table="$repo/boards/paper-cnn-dropout-table.json"
+
+"$emulate" --build-dir "$build_dir" --out "$work/run" --workers 1 --model paper-cnn --data mnist-small \
+  --mode rounds --compressor none --local-steps 40 --round-deadline 3 --dropout-table "$table" \
+  --cpu-classes board=1 --cpu-schedule 10-24:0.08 --duration 36 --eval-interval 10 --quiet \
+  >"$work/emulate.log" 2>&1 &
+emulate_pid=$!
+watched_logs+=("$work/emulate.log" "$work/run/logs/worker-0.log")
+
+# The worker's drop rates over time, from its stats file (rewritten after every delta).
+stats="$work/run/logs/worker-0.0.stats.json"
+: >"$work/choices.txt"
+started=$SECONDS
+while kill -0 "$emulate_pid" 2>/dev/null; do
+  rates=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dropout"]["drop_rates"])' "$stats" 2>/dev/null) &&
+    echo "$((SECONDS - started)) $rates" >>"$work/choices.txt"
+  sleep 0.5
+done
+status=0
+wait "$emulate_pid" || status=$?
+[ "$status" = 0 ] || fail "edgetrain-emulate exited with status $status"
+# The table's most accurate point and its relative times, from the table itself.
+read -r best thinner < <(python3 - "$table" <<'PY'
+import json, sys
+points = json.load(open(sys.argv[1]))["points"]
+best = max(points, key=lambda p: p["accuracy"])
+fmt = lambda p: ",".join("%g" % r for r in p["drop_rates"])
+print(fmt(best), "|".join(fmt(p) for p in points if p["relative_time"] < best["relative_time"]))
+PY
+)
+echo "most accurate point $best; thinner points $thinner"
+# (elapsed seconds of this script, not of the run: the run starts a second or two later)
+early=$(awk '$1 >= 3 && $1 <= 9 { print $2 }' "$work/choices.txt" | sort -u | paste -sd' ')
+low=$(awk '$1 >= 16 && $1 <= 25 { print $2 }' "$work/choices.txt" | sort -u | paste -sd' ')
+late=$(awk '$1 >= 33 { print $2 }' "$work/choices.txt" | sort -u | paste -sd' ')
+echo "choices: before the load [$early], under it [$low], after it [$late]"
+[ "$early" = "$best" ] || fail "before the quota dropped the worker trained [$early], not the most accurate point $best"
+echo " $low " | grep -Eq " ($thinner) " || fail "under 8% of a core the worker never chose a thinner point: [$low]"
+echo " $late " | grep -q " $best " || fail "after the quota came back the worker did not return to $best: [$late]"
+selections=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["dropout"]["selections"])' "$stats")
+[ "$selections" -ge 2 ] || fail "the stats file counts $selections changes of the choice; expected at least 2"
+echo "DISTREAL followed the quota: $best -> [$low] -> $best ($selections changes)"

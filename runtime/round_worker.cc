@@ -184,6 +184,10 @@ struct RoundWorker::State {
   std::vector<std::uint8_t> body;
   std::uint64_t examples = 0;
   Clock::time_point polled_at;  // when the last GET /round was answered (its deadline counts from there)
+  // How long the last pull took and how big it was: a DISTREAL worker expects its send to
+  // take that time scaled by the delta's size (a dense delta is as big as the model).
+  double last_pull_seconds = 0;
+  std::size_t last_pull_bytes = 0;
   std::optional<std::uint64_t> done_round;  // the last round this worker sent a delta for (or was refused in)
   RoundWorkerStats stats;
   Clock::time_point last_answer = Clock::now();
@@ -220,6 +224,7 @@ std::optional<RoundInfo> RoundWorker::State::poll() {
 
 bool RoundWorker::State::pull(const RoundInfo& round) {
   transport::CoapResponse response;
+  const auto pull_started = Clock::now();
   try {
     response = channel.get_model("model");
   } catch (const transport::TransportError& e) {
@@ -240,6 +245,8 @@ bool RoundWorker::State::pull(const RoundInfo& round) {
   }
   stats.pulls++;
   stats.bytes_received += response.payload.size();
+  last_pull_seconds = std::chrono::duration<double>(Clock::now() - pull_started).count();
+  last_pull_bytes = response.payload.size();
   if (decoded.value().version != round.model_version) return false;  // the round closed meanwhile: poll again
   start = std::move(decoded).value().values;
   return true;
@@ -251,10 +258,16 @@ void RoundWorker::State::train(const RoundInfo& round) {
   examples = 0;
   const std::uint64_t steps = round_steps(round, sampler.shard_size(), batch);
   if (dropout.adaptive()) {
-    // DISTREAL in rounds: the steps must fit the time left before the deadline (what the
-    // pull took is gone already), so that is the budget each step's point is chosen for.
+    // DISTREAL in rounds: the steps and the send must fit the time left before the deadline
+    // (what the pull took is gone already). The send is expected to take the pull's time
+    // scaled by the last delta's size against the model's (the first round: as long as the
+    // pull); a share of the rest is the steps' budget.
     const double left = round.deadline_seconds - std::chrono::duration<double>(Clock::now() - polled_at).count();
-    const double budget = std::max(left * config.deadline_share, 1e-6) / static_cast<double>(steps);
+    const double send_ratio = body.empty() || last_pull_bytes == 0
+                                  ? 1.0
+                                  : static_cast<double>(body.size()) / static_cast<double>(last_pull_bytes);
+    const double for_steps = left - last_pull_seconds * send_ratio;
+    const double budget = std::max(for_steps * config.deadline_share, 1e-6) / static_cast<double>(steps);
     if (dropout.set_budget(budget)) say("round " + std::to_string(round.round) + ": " + dropout.describe());
   }
   for (std::uint64_t step = 0; step < steps && !stop; ++step) {

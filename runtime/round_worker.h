@@ -23,8 +23,8 @@ struct RoundWorkerConfig {
   double poll_seconds = 0.5;  // between GET /round while not selected or done
   std::uint64_t max_rounds = 0;  // deltas accepted before the run ends; 0: until stopped
   // With a dropout table (worker.dropout.table_path): the share of the time left before the
-  // round's deadline, after the pull, that the local steps may take (ours; the rest is for
-  // sending the delta over a slow link).
+  // round's deadline, after the pull and less the send's expected time (the pull's, scaled
+  // by the last delta's size), that the local steps may take (ours: a margin for jitter).
   double deadline_share = 0.8;
 };
 

@@ -201,7 +201,7 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.add("step-time-budget", s.step_time_budget_ms, "async with --dropout-table: the time a step may take (in "
         "rounds the round's deadline sets it)").range(0, 1e9).unit("ms");
   t.add("deadline-share", s.deadline_share, "rounds with --dropout-table: share of the time left before the "
-        "round's deadline the local steps may take").range(0.01, 1);
+        "round's deadline (after the pull, less the send's expected time) the local steps may take").range(0.01, 1);
   t.group("Training mode (federated rounds: runtime/README.md)");
   t.add("mode", s.mode, "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
         "local SGD, POST /round/update); must match the server's").choices({"async", "rounds"});

@@ -13,8 +13,12 @@ emulate="$repo/emulation/edgetrain-emulate"
 source "$(dirname "$0")/../integration/process_test_lib.sh"
 require_mnist
 [ "$(id -u)" = 0 ] || { echo "SKIP: cgroups need root"; exit 77; }
-ls /sys/fs/cgroup/cgroup.controllers /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us \
-  >/dev/null 2>&1 || { echo "SKIP: no cgroup cpu controller"; exit 77; }
+if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+  grep -qw cpu /sys/fs/cgroup/cgroup.controllers || { echo "SKIP: no cgroup v2 cpu controller"; exit 77; }
+else
+  [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ] || [ -f /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us ] ||
+    { echo "SKIP: no cgroup cpu controller"; exit 77; }
+fi
 table="$repo/boards/paper-cnn-dropout-table.json"
 
 "$emulate" --build-dir "$build_dir" --out "$work/run" --workers 1 --model paper-cnn --data mnist-small \

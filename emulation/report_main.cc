@@ -359,13 +359,19 @@ std::string table_row(const Run& run, double target, const Row* reference) {
     ratio = r;
   }
   const std::string time = reached ? std::to_string(static_cast<int>(reached->seconds)) + " s" : "not reached";
+  std::string speedup = "—";
+  if (reached && reference && reached->seconds > 0) {
+    char r[32];
+    std::snprintf(r, sizeof r, "%.1fx", reference->seconds / reached->seconds);
+    speedup = r;
+  }
   const std::string bytes = reached ? bytes_text(reached->socket_bytes) : "—";
   const double overhead = last.payload_bytes ? 100.0 * (static_cast<double>(last.socket_bytes) / last.payload_bytes - 1) : 0;
   char line[512];
-  std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s | %s |\n",
+  std::snprintf(line, sizeof line, "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %+.0f%% | %s | %s | %s | %s | %s |\n",
                 run.label.c_str(), best_accuracy(run) * 100, last.accuracy * 100,
                 static_cast<unsigned long long>(last.version), bytes_text(last.socket_bytes).c_str(),
-                bytes_text(last.payload_bytes).c_str(), overhead, time.c_str(), bytes.c_str(), ratio.c_str(),
+                bytes_text(last.payload_bytes).c_str(), overhead, time.c_str(), speedup.c_str(), bytes.c_str(), ratio.c_str(),
                 run.egress_bytes > 0 ? bytes_text(run.egress_bytes).c_str() : "—");
   return line;
 }
@@ -375,9 +381,9 @@ std::string comparison_table(const std::vector<Run>& runs, double target) {
   char target_text[32];
   std::snprintf(target_text, sizeof target_text, "%.1f%%", target * 100);
   table << "| run | best test acc | final | updates | socket ingress | payload ingress | transport overhead | time to "
-        << target_text << " | socket bytes to " << target_text << " | ratio " << runs.front().label
-        << " / this | socket egress (whole run) |\n"
-        << "|---|---|---|---|---|---|---|---|---|---|---|\n";
+        << target_text << " | time ratio " << runs.front().label << " / this | socket bytes to " << target_text
+        << " | ratio " << runs.front().label << " / this | socket egress (whole run) |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   const Row* reference = first_reaching(runs.front(), target);
   for (const Run& run : runs) table << table_row(run, target, reference);
   return table.str();
@@ -545,7 +551,7 @@ struct EmulatorSettings {
   double publish_fraction = 0.01;
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2, request_timeout = 30;
   std::uint64_t seed = 1;
-  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false;
+  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false, label_skew = false;
   // Federated rounds (the server's and the worker's --mode rounds).
   std::string mode = "async", round_policy = "drop-stragglers", aggregation = "masked";
   double round_deadline = 30, client_fraction = 1, local_lr = 0.05, server_lr = 1;
@@ -582,6 +588,7 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
       .range(0, 1e9).unit("seconds");
   t.add("seed", s.seed, "draws of link profiles, slowdowns and loss");
   t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
+  t.add("label-skew", s.label_skew, "label-skewed shards (the worker's --label-skew) instead of i.i.d.");
   t.group("Federated rounds (server/README.md, runtime/README.md)");
   t.add("mode", s.mode, "async: asynchronous SGD; rounds: federated rounds (server and workers)").choices({"async", "rounds"});
   t.add("round-policy", s.round_policy, "rounds: drop-stragglers or wait-all").choices({"drop-stragglers", "wait-all"});

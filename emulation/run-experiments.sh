@@ -8,7 +8,7 @@
 #
 # usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
 #   groups: paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion
-#           (default: all, in that order)
+#           distreal-skew (default: all, in that order)
 #     speeds   paper CNN, 10 workers: real CPU quotas per worker (cgroups), four speed classes
 #              against equal shares of the same total (two cores)
 #     pull100  paper CNN, 100 workers, a pull before every step: exact model deltas against the
@@ -18,6 +18,8 @@
 #              class (HeteroFL-style), DISTREAL (run-time choice from the dropout table
 #              boards/paper-cnn-dropout-table.json) and asynchronous AdaComp (issue 14);
 #              MNIST, and Fashion-MNIST
+#     distreal-skew  the same on MNIST with label-skewed shards: FedAvg drop-stragglers
+#              against DISTREAL (with i.i.d. shards a dropped board's data is also elsewhere)
 # Each group's section names the commit its runs were made at (RUN.commit beside each run).
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
@@ -31,12 +33,12 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
-[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion)
+[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew)
 mkdir -p "$out"
 
 # run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
@@ -45,7 +47,8 @@ run() {
   local name=$1; shift
   # The command of the table, quoted for a shell (also for a run done earlier).
   mkdir -p "$out/$name"
-  echo "emulation/edgetrain-emulate --out $(printf '%q' "$out/$name")$(printf ' %q' "$@")" >"$out/$name.command"
+  # (paths inside the repository as the table's reader would type them, from its root)
+  echo "emulation/edgetrain-emulate --out $(printf '%q' "$out/$name")$(printf ' %q' "$@")" | sed "s|$repo/||g" >"$out/$name.command"
   if [ -s "$out/$name/timeline.csv" ] && [ -s "$out/$name/workers.csv" ]; then
     echo "== $name: already done"
     return
@@ -75,6 +78,7 @@ group_section() {
     pull100) echo "### Pulls at 100 workers: paper CNN, a pull before every step, exact deltas against the published model" ;;
     distreal) echo "### Federated rounds and DISTREAL: paper CNN, MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
     distreal-fashion) echo "### Federated rounds and DISTREAL: paper CNN, Fashion-MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
+    distreal-skew) echo "### Federated rounds and DISTREAL with label-skewed shards: paper CNN, MNIST, as above" ;;
     *) echo "### $title" ;;
   esac
   echo
@@ -163,17 +167,27 @@ for g in "${groups[@]}"; do
       run pull100-exact "${pull_common[@]}" --label "AdaComp c=0.01, exact deltas (paper CNN, 100 workers)"
       run pull100-published "${pull_common[@]}" --publish-every 10 --publish-fraction 0.001 \
         --label "AdaComp c=0.01, published every 10 at 0.001 (paper CNN, 100 workers)" ;;
-    distreal|distreal-fashion)
+    distreal|distreal-fashion|distreal-skew)
       # Ours: four classes, shares of one core in the ratio of the boards' speeds, 1.4 cores
       # in all (the server needs the rest); a background load halves every board's share
       # from 60 to 120 s, and another takes 60% of the Pi 5s' from 150 to 240 s. A round is
       # 100 local steps (a dense pull and push cost about 40 steps of CPU); the deadline of
       # 11 s lets the slowest class finish with the thinnest point of the table.
-      dataset=mnist prefix=distreal
+      dataset=mnist prefix=distreal skew=()
       [ "$g" = distreal-fashion ] && dataset=fashion-mnist prefix=distreal-fashion
+      [ "$g" = distreal-skew ] && prefix=distreal-skew skew=(--label-skew)
       classes=pi5=0.12,pi4=0.08,pi3=0.05,zero2w=0.03
       dcommon=(--workers 20 --model paper-cnn --data "$dataset" --cpu-classes "$classes"
-               --cpu-schedule 60-120:0.5,150-240:0.4@pi5 --duration 300 --eval-interval 5 --request-timeout 60)
+               --cpu-schedule 60-120:0.5,150-240:0.4@pi5 --duration 300 --eval-interval 5 --request-timeout 60
+               ${skew[@]+"${skew[@]}"})
+      if [ "$g" = distreal-skew ]; then
+        run "$prefix-drop" "${dcommon[@]}" --mode rounds --compressor none --local-steps 100 --local-lr 0.05 \
+          --round-deadline 11 --round-policy drop-stragglers --label "FedAvg, drop stragglers, label skew"
+        run "$prefix-distreal" "${dcommon[@]}" --mode rounds --compressor none --local-steps 100 --local-lr 0.05 \
+          --round-deadline 11 --round-policy drop-stragglers --dropout-table "$repo/boards/paper-cnn-dropout-table.json" \
+          --label "DISTREAL (run-time choice), label skew"
+        continue
+      fi
       rounds=(--mode rounds --compressor none --local-steps 100 --local-lr 0.05 --round-deadline 11)
       run "$prefix-waitall" "${dcommon[@]}" "${rounds[@]}" --round-policy wait-all --label "FedAvg, wait for all"
       run "$prefix-drop" "${dcommon[@]}" "${rounds[@]}" --round-policy drop-stragglers --label "FedAvg, drop stragglers"
@@ -210,6 +224,7 @@ section="$out/results-section.md"
   [ -d "$out/distreal-waitall" ] && group_section distreal 0.97 distreal-waitall distreal-drop distreal-static distreal-distreal distreal-async
   [ -d "$out/distreal-fashion-waitall" ] && group_section distreal-fashion 0.85 distreal-fashion-waitall distreal-fashion-drop \
     distreal-fashion-static distreal-fashion-distreal distreal-fashion-async
+  [ -d "$out/distreal-skew-drop" ] && group_section distreal-skew auto distreal-skew-drop distreal-skew-distreal
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

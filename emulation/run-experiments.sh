@@ -85,6 +85,7 @@ group_section() {
   local commits
   commits=$(for r in "$@"; do cat "$out/$r.commit" 2>/dev/null || echo unknown; done | sort -u | paste -sd, | sed 's/,/, /g')
   echo "Runs made at commit $commits."
+  echo
   cat "$out/group-$title/summary.md"
   echo
   echo "Commands (from the repository root, after \`cmake --build build/host\`):"

@@ -40,6 +40,7 @@ WorkerDropout::WorkerDropout(const WorkerDropoutSettings& settings, const Model&
 
 void WorkerDropout::apply(const std::vector<float>& rates) {
   current_ = rates;
+  current_text_ = format_drop_rates(current_);  // here, not per step: status() runs every step
   if (std::all_of(rates.begin(), rates.end(), [](float r) { return r == 0.0f; })) {
     trainer_.clear_dropout();  // the full model runs the full model's kernels
     return;
@@ -79,7 +80,7 @@ bool WorkerDropout::after_step(double seconds) {
 
 DropoutStatus WorkerDropout::status() const {
   DropoutStatus status;
-  if (!current_.empty()) status.drop_rates = format_drop_rates(current_);
+  status.drop_rates = current_text_;
   if (selector_) {
     status.selections = selector_->selections();
     status.full_step_estimate_ms = selector_->full_step_estimate() * 1e3;

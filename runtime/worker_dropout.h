@@ -86,6 +86,7 @@ class WorkerDropout {
   std::uint64_t applied_ = 0;  // vectors applied so far (varies the draws' seed)
   DropoutRescale rescale_ = DropoutRescale::kInverted;
   std::vector<float> current_;  // empty: dropout off
+  std::string current_text_;    // current_ formatted ("" when off)
   std::optional<DropoutSelector> selector_;
 };
 

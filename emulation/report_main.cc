@@ -208,7 +208,6 @@ std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers) {
   for (unsigned i = 0; i < workers; i++) {
     for (const fs::path& file : worker_stats_files(run, i)) {
       const json stats = read_json(file);
-      if (!stats.contains("acknowledged_versions")) continue;  // a round worker (see worker_totals)
       for (const auto& version : stats.at("acknowledged_versions")) highest = std::max(highest, version.get<std::uint64_t>());
     }
   }
@@ -233,13 +232,13 @@ WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
     t.retries += stats.at("retries").get<std::uint64_t>();
     if (stats.value("mode", "async") == "rounds") {
       // A round worker's deltas accepted (2.04) and refused (4.09: its round had closed);
-      // it learns no server version from a 2.04, so it has none to check.
+      // its acknowledged versions are the rounds acknowledged (round r is version r).
       t.accepted += stats.at("rounds_trained").get<std::uint64_t>();
       t.refused += stats.at("deltas_refused").get<std::uint64_t>();
-      continue;
+    } else {
+      t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
+      t.refused += stats.at("updates_refused").get<std::uint64_t>();
     }
-    t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
-    t.refused += stats.at("updates_refused").get<std::uint64_t>();
     for (const auto& v : stats.at("acknowledged_versions")) {
       const auto version = v.get<std::uint64_t>();
       if (previous && version <= *previous) t.versions_increase = false;

@@ -313,6 +313,7 @@ bool RoundWorker::State::send(const RoundInfo& round) {
     if (response.code == transport::CoapCode::kChanged) {
       stats.rounds_trained++;
       stats.last_round = round.round;
+      stats.acknowledged_rounds.push_back(round.round);
       done_round = round.round;
       backoff.reset();
       refusals_in_a_row = 0;

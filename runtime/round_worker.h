@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "runtime/worker.h"
 
@@ -51,6 +52,10 @@ struct RoundWorkerStats {
   std::uint64_t polls = 0, pulls = 0, steps = 0, retries = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t last_round = 0;
+  // Every round whose delta the server acknowledged (2.04), in order. Round r is model
+  // version r, so a server that kept what it acknowledged is at version r or later after
+  // any restart (the emulator checks it, as for async workers' acknowledged versions).
+  std::vector<std::uint64_t> acknowledged_rounds;
   float last_loss = 0;
   DropoutStatus dropout;  // filter dropout in force (runtime/worker_dropout.h)
 };

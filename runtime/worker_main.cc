@@ -331,7 +331,10 @@ int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& 
                               {"deltas_rejected", st.deltas_rejected}, {"polls", st.polls}, {"pulls", st.pulls},
                               {"steps", st.steps}, {"retries", st.retries}, {"bytes_sent", st.bytes_sent},
                               {"bytes_received", st.bytes_received}, {"last_round", st.last_round},
-                              {"last_loss", st.last_loss}, {"dropout", st.dropout}};
+                              {"last_loss", st.last_loss}, {"dropout", st.dropout},
+                              // the rounds acknowledged: round r is model version r, so the
+                              // emulator's checks of acknowledged versions hold for them too
+                              {"acknowledged_versions", st.acknowledged_rounds}};
     common::write_file_atomically(s.stats_file, j.dump(2) + "\n");
   };
   write_stats({}, true);

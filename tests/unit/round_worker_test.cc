@@ -119,6 +119,7 @@ TEST(RoundWorker, SendsOneDeltaPerRoundWithItsRoundAndExamples) {
   EXPECT_TRUE(f.worker->run_once());
   EXPECT_EQ(f.server.decoded(1).fetched_version, 6u);
   EXPECT_EQ(f.worker->stats().rounds_trained, 2u);
+  EXPECT_EQ(f.worker->stats().acknowledged_rounds, (std::vector<std::uint64_t>{5, 6}));
 }
 
 // --local-epochs on the server: the round asks for passes over the device's shard, not a

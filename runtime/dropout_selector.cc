@@ -36,6 +36,10 @@ bool DropoutSelector::set_budget(double budget_seconds) {
     throw std::invalid_argument("dropout selector: the step-time budget must be positive");
   budget_ = budget_seconds;
   if (estimate_ == 0) return false;
+  return choose();
+}
+
+bool DropoutSelector::choose() {
   estimate_at_choice_ = estimate_;
   const std::size_t choice = best_for(estimate_);
   if (choice == current_) return false;
@@ -55,12 +59,7 @@ bool DropoutSelector::record_step(double seconds) {
   if (estimate_at_choice_ != 0 && std::fabs(estimate_ - estimate_at_choice_) <= reselect_fraction_ * estimate_at_choice_) {
     return false;
   }
-  estimate_at_choice_ = estimate_;
-  const std::size_t choice = best_for(estimate_);
-  if (choice == current_) return false;
-  current_ = choice;
-  selections_++;
-  return true;
+  return choose();
 }
 
 }  // namespace edgetrain::runtime

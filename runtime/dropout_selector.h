@@ -51,6 +51,9 @@ class DropoutSelector {
   std::size_t best_for(double full_step_seconds) const;
 
  private:
+  // Chooses for the current estimate; returns true if the choice changed.
+  bool choose();
+
   std::vector<DropoutChoice> points_;
   double budget_, smoothing_, reselect_fraction_;
   std::size_t current_ = 0;

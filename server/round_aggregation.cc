@@ -4,6 +4,16 @@
 
 namespace edgetrain::server {
 
+const char* round_policy_name(RoundPolicy policy) {
+  return policy == RoundPolicy::kWaitAll ? "wait-all" : "drop-stragglers";
+}
+
+RoundPolicy parse_round_policy(const std::string& name) {
+  if (name == "wait-all") return RoundPolicy::kWaitAll;
+  if (name == "drop-stragglers") return RoundPolicy::kDropStragglers;
+  throw std::invalid_argument("unknown round policy '" + name + "' (wait-all or drop-stragglers)");
+}
+
 const char* aggregation_name(Aggregation aggregation) {
   return aggregation == Aggregation::kMasked ? "masked" : "fedavg";
 }

@@ -22,6 +22,15 @@
 
 namespace edgetrain::server {
 
+// When a round closes (the server's round_coordinator.h and the simulator's rounds alike).
+// drop-stragglers: at the deadline with the deltas that arrived; wait-all: when every
+// selected device answered, with a safety limit of kWaitAllSafetyFactor deadlines for a
+// device that vanished (ours).
+enum class RoundPolicy { kWaitAll, kDropStragglers };
+const char* round_policy_name(RoundPolicy policy);
+RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
+inline constexpr double kWaitAllSafetyFactor = 4;
+
 enum class Aggregation { kMasked, kFedAvg };
 const char* aggregation_name(Aggregation aggregation);
 // "masked" or "fedavg"; throws std::invalid_argument for anything else.

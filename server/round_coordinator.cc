@@ -91,15 +91,6 @@ std::string parse_examples(std::string_view query, std::uint64_t& examples) {
 
 }  // namespace
 
-const char* round_policy_name(RoundPolicy policy) {
-  return policy == RoundPolicy::kWaitAll ? "wait-all" : "drop-stragglers";
-}
-
-RoundPolicy parse_round_policy(const std::string& name) {
-  if (name == "wait-all") return RoundPolicy::kWaitAll;
-  if (name == "drop-stragglers") return RoundPolicy::kDropStragglers;
-  throw std::invalid_argument("unknown round policy '" + name + "' (wait-all or drop-stragglers)");
-}
 
 RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     : state_(state), options_(std::move(options)) {

@@ -38,10 +38,6 @@
 
 namespace edgetrain::server {
 
-enum class RoundPolicy { kWaitAll, kDropStragglers };
-const char* round_policy_name(RoundPolicy policy);
-RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
-
 struct RoundOptions {
   Aggregation aggregation = Aggregation::kMasked;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
@@ -59,7 +55,6 @@ struct RoundOptions {
   std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
   std::function<void(const std::string&)> log;
 };
-inline constexpr double kWaitAllSafetyFactor = 4;
 inline constexpr const char* kRoundCloseIdentity = "#round-close";
 
 class RoundCoordinator {

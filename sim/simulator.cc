@@ -561,16 +561,6 @@ SimMode parse_sim_mode(const std::string& name) {
   throw std::invalid_argument("unknown mode '" + name + "' (async or rounds)");
 }
 
-const char* round_policy_name(RoundPolicy policy) {
-  return policy == RoundPolicy::kWaitAll ? "wait-all" : "drop-stragglers";
-}
-
-RoundPolicy parse_round_policy(const std::string& name) {
-  if (name == "wait-all") return RoundPolicy::kWaitAll;
-  if (name == "drop-stragglers") return RoundPolicy::kDropStragglers;
-  throw std::invalid_argument("unknown round policy '" + name + "' (wait-all or drop-stragglers)");
-}
-
 double SimResult::best_accuracy() const {
   double best = 0;
   for (const auto& p : curve) best = std::max(best, p.accuracy);

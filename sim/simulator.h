@@ -51,15 +51,14 @@ enum class SimMode { kAsync, kRounds };
 const char* sim_mode_name(SimMode mode);
 SimMode parse_sim_mode(const std::string& name);  // "async" | "rounds"; std::invalid_argument otherwise
 
-// The server's round policies (server/round_coordinator.h's RoundPolicy, which lives with the
-// CoAP server this library does not link): same names, same meaning.
-enum class RoundPolicy { kWaitAll, kDropStragglers };
-const char* round_policy_name(RoundPolicy policy);
-RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
+// The server's round policies (server/round_aggregation.h), the same enum and names; wait-all
+// still closes a round kWaitAllSafetyFactor deadlines after it opened (a selected worker that
+// crashed never answers).
+using server::kWaitAllSafetyFactor;
+using server::parse_round_policy;
+using server::round_policy_name;
+using server::RoundPolicy;
 
-// wait-all still closes a round this many deadlines after it opened: a selected worker that
-// crashed never answers (server::kWaitAllSafetyFactor, the server's safety limit).
-inline constexpr double kWaitAllSafetyFactor = 4;
 // The deadline when RoundsConfig::deadline_steps is 0: this many times a worker's local
 // steps (the mean over the workers, with local_epochs), in mean step times (ours).
 inline constexpr double kDefaultDeadlineFactor = 1.5;

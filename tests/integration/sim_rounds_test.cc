@@ -9,28 +9,14 @@
 #include <filesystem>
 
 #include "sim/simulator.h"
-#include "tests/support/test_data.h"
+#include "tests/integration/sim_test_data.h"
 
 namespace {
 
 using namespace edgetrain;
 
-struct Mnist {
-  runtime::Dataset train, test;
-};
-
-const Mnist& mnist() {
-  static const Mnist data = [] {
-    const std::string dir = edgetrain::testing::mnist_small_dir().string() + "/";
-    if (!std::filesystem::exists(dir + "train-images-idx3-ubyte")) {
-      ADD_FAILURE() << "MNIST IDX files missing in " << dir << ": run toolchains/setup-deps.sh";
-      return Mnist{};
-    }
-    return Mnist{runtime::load_dataset(dir + "train-images-idx3-ubyte", dir + "train-labels-idx1-ubyte"),
-                 runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte")};
-  }();
-  return data;
-}
+using Mnist = edgetrain::testing::SimMnist;
+const Mnist& mnist() { return edgetrain::testing::sim_mnist(); }
 
 sim::SimConfig rounds_config() {
   sim::SimConfig c;

@@ -1,4 +1,4 @@
-#include "server/published_model.h"
+#include "runtime/published_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace edgetrain::server {
+namespace edgetrain::runtime {
 
 PublishedModel::PublishedModel(std::vector<std::uint32_t> tensor_sizes, std::span<const float> parameters,
                                std::uint64_t version, PublishOptions options)
@@ -63,4 +63,4 @@ bool PublishedModel::advance(std::span<const float> parameters, std::uint64_t ve
   return changed;
 }
 
-}  // namespace edgetrain::server
+}  // namespace edgetrain::runtime

@@ -1,0 +1,132 @@
+// The shared rules of gossip training (runtime/gossip.h): topologies and their file,
+// Metropolis weights, the workload balancer and the accuracy-aware plateau rule.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <stdexcept>
+
+#include "runtime/gossip.h"
+
+namespace {
+
+using namespace edgetrain::runtime;
+
+TEST(GossipTopology, RingHasTwoNeighboursEachAndIsConnected) {
+  const GossipTopology t = make_topology(TopologyKind::kRing, 5);
+  ASSERT_EQ(t.size(), 5u);
+  EXPECT_EQ(t.neighbours[0], (std::vector<std::uint32_t>{1, 4}));
+  EXPECT_EQ(t.neighbours[2], (std::vector<std::uint32_t>{1, 3}));
+  EXPECT_EQ(t.edges().size(), 5u);
+  EXPECT_TRUE(t.connected());
+  EXPECT_EQ(t.peers[3].name, "peer-3");
+  EXPECT_EQ(make_topology(TopologyKind::kRing, 2).edges().size(), 1u);
+}
+
+TEST(GossipTopology, RandomRegularHasExactDegreeNoDoubleEdgesAndRepeatsForASeed) {
+  for (std::uint32_t n : {8u, 16u, 32u}) {
+    const GossipTopology t = make_topology(TopologyKind::kRandomRegular, n, 4, 7);
+    EXPECT_TRUE(t.connected());
+    for (std::uint32_t i = 0; i < n; ++i) {
+      ASSERT_EQ(t.neighbours[i].size(), 4u) << "peer " << i;
+      for (std::uint32_t j : t.neighbours[i]) EXPECT_NE(i, j);
+    }
+    EXPECT_EQ(t.edges(), make_topology(TopologyKind::kRandomRegular, n, 4, 7).edges());
+  }
+  EXPECT_NE(make_topology(TopologyKind::kRandomRegular, 16, 4, 1).edges(),
+            make_topology(TopologyKind::kRandomRegular, 16, 4, 2).edges());
+  EXPECT_THROW(make_topology(TopologyKind::kRandomRegular, 5, 3), std::invalid_argument);  // 15 half-edges
+  EXPECT_THROW(make_topology(TopologyKind::kRandomRegular, 4, 4), std::invalid_argument);
+}
+
+TEST(GossipTopology, TheFileRoundTripsAndBadFilesAreRefusedByName) {
+  GossipTopology t = make_topology(TopologyKind::kRandomRegular, 8, 3 + 1, 3);
+  t.peers[2].address = "10.0.2.2:5684";
+  const GossipTopology back = parse_topology_json(topology_json(t));
+  EXPECT_EQ(back.kind, TopologyKind::kRandomRegular);
+  EXPECT_EQ(back.edges(), t.edges());
+  EXPECT_EQ(back.peers[2].address, "10.0.2.2:5684");
+  EXPECT_EQ(back.find("peer-7"), 7u);
+  EXPECT_FALSE(back.find("peer-8").has_value());
+
+  auto refused = [](const std::string& text, const std::string& says) {
+    try {
+      parse_topology_json(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("[]", "not a JSON object");
+  refused("{\"peers\": [], \"edges\": []}", "1 to");
+  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [[0, 1]]}", "beyond");
+  refused("{\"peers\": [{\"name\": \"a\"}, {\"name\": \"b\"}], \"edges\": [[1, 1]]}", "self loop");
+  refused("{\"peers\": [{\"name\": \"a\"}, {\"name\": \"a\"}], \"edges\": []}", "twice");
+  refused("{\"peers\": [{\"name\": \"a\\nb\"}], \"edges\": []}", "plain identity");
+  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [[0, -1]]}", "peer indices");
+  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [], \"kind\": \"star\"}", "unknown topology");
+  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [[0, 99999999999]]}", "beyond");
+}
+
+TEST(GossipTopology, MetropolisWeightsAreDoublyStochastic) {
+  // A path 0-1-2 plus a pendant 3 on 1: degrees 1, 3, 1, 1.
+  const GossipTopology t = topology_from_edges({{"a", ""}, {"b", ""}, {"c", ""}, {"d", ""}}, {{0, 1}, {1, 2}, {1, 3}});
+  std::vector<std::vector<double>> w(4, std::vector<double>(4, 0));
+  for (std::uint32_t i = 0; i < 4; ++i) {
+    const auto weights = metropolis_weights(t, i);
+    ASSERT_EQ(weights.size(), t.neighbours[i].size() + 1);
+    for (std::size_t k = 0; k < t.neighbours[i].size(); ++k) w[i][t.neighbours[i][k]] = weights[k];
+    w[i][i] = weights.back();
+  }
+  for (int i = 0; i < 4; ++i) {
+    double row = 0, column = 0;
+    for (int j = 0; j < 4; ++j) {
+      row += w[i][j];
+      column += w[j][i];
+      EXPECT_DOUBLE_EQ(w[i][j], w[j][i]);
+      EXPECT_GE(w[i][j], 0);
+    }
+    EXPECT_NEAR(row, 1, 1e-12);
+    EXPECT_NEAR(column, 1, 1e-12);
+  }
+  EXPECT_DOUBLE_EQ(w[0][1], 0.25);  // 1 / (1 + max(1, 3))
+}
+
+TEST(WorkloadBalancer, SizesTheBatchToTheTargetAndFollowsASpeedChange) {
+  WorkloadBalancer b({.target_seconds = 0.5, .base_batch = 10, .base_lr = 0.1, .min_batch = 2, .max_batch = 64,
+                      .max_lr_factor = 4, .smoothing = 1});
+  EXPECT_EQ(b.batch(), 10);
+  b.observe(10, 0.1);  // 100 examples/s: 50 in half a second
+  EXPECT_EQ(b.batch(), 50);
+  EXPECT_DOUBLE_EQ(b.learning_rate(), 0.4);  // 5x the batch, capped at 4x
+  b.observe(50, 5.0);  // the CPU quota dropped: 10 examples/s
+  EXPECT_EQ(b.batch(), 5);
+  EXPECT_DOUBLE_EQ(b.learning_rate(), 0.05);
+  b.observe(5, 10.0);  // slower than the least batch allows
+  EXPECT_EQ(b.batch(), 2);
+  b.observe(0, 1.0);  // nothing trained: nothing learnt
+  EXPECT_EQ(b.batch(), 2);
+
+  WorkloadBalancer off({.target_seconds = 0, .base_batch = 10});
+  off.observe(10, 0.01);
+  EXPECT_EQ(off.batch(), 10);
+  EXPECT_THROW(WorkloadBalancer({.target_seconds = 1, .base_batch = 10, .min_batch = 20}), std::invalid_argument);
+}
+
+TEST(PlateauDetector, DecaysThenStopsOnPlateausAndNeverWithPatienceZero) {
+  PlateauDetector p({.patience = 2, .min_delta = 0.01, .max_decays = 1});
+  EXPECT_EQ(p.report(0.5), PlateauDetector::Verdict::kContinue);
+  EXPECT_EQ(p.report(0.6), PlateauDetector::Verdict::kContinue);
+  EXPECT_EQ(p.report(0.605), PlateauDetector::Verdict::kContinue);
+  EXPECT_EQ(p.report(0.6), PlateauDetector::Verdict::kDecay);
+  EXPECT_DOUBLE_EQ(p.lr_factor(), 0.5);
+  EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kContinue);  // improved: the count starts again
+  EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kContinue);
+  EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kStop);
+  EXPECT_TRUE(p.stopped());
+  EXPECT_EQ(p.report(0.9), PlateauDetector::Verdict::kStop);
+
+  PlateauDetector never({.patience = 0});
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(never.report(0.5), PlateauDetector::Verdict::kContinue);
+}
+
+}  // namespace

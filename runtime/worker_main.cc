@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
@@ -20,6 +21,7 @@
 #include "common/logging.h"
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
+#include "runtime/gossip_peer.h"
 #include "runtime/model.h"
 #include "runtime/round_worker.h"
 #include "runtime/worker.h"
@@ -160,6 +162,10 @@ struct WorkerSettings {
   std::string mode = "async";
   double lr = 0.05, deadline_share = 0.8;
   std::uint64_t max_rounds = 0;
+  // Gossip (peer mode, runtime/gossip_peer.h).
+  edgetrain::runtime::GossipPeerConfig gossip;
+  std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;
+  double balance_target = 0;
 };
 
 void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
@@ -204,9 +210,39 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "round's deadline (after the pull, less the send's expected time) the local steps may take").range(0.01, 1);
   t.group("Training mode (federated rounds: runtime/README.md)");
   t.add("mode", s.mode, "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
-        "local SGD, POST /round/update); must match the server's").choices({"async", "rounds"});
-  t.add("lr", s.lr, "rounds: the local SGD learning rate").range(1e-9, 100);
+        "local SGD, POST /round/update); must match the server's; gossip: no server, average models with the "
+        "topology's neighbours (peer mode, below)").choices({"async", "rounds", "gossip"});
+  t.add("lr", s.lr, "rounds and gossip: the local SGD learning rate (gossip with --balance-target: at --batch)").range(1e-9, 100);
   t.add("rounds", s.max_rounds, "rounds: stop after this many accepted deltas (0: run until stopped)").unit("rounds");
+  t.group("Gossip (--mode gossip, no server: runtime/README.md \"Gossip\")");
+  t.add("topology", s.topology_file, "the fleet's topology file (edgetrain-topology writes one): peers, their "
+        "addresses and the edges; this peer's shard is its index in it");
+  t.add("peer-name", s.peer_name, "this peer's name in the topology: the CN of its certificate (with --insecure, "
+        "declared); default --identity");
+  t.add("listen", s.listen, "HOST:PORT to serve this peer's model on (default: its address in the topology; port 0: "
+        "any, see --port-file)");
+  t.add("port-file", s.port_file, "write the UDP port this peer listens on here once it does");
+  t.add("gossip", s.gossip_algorithm, "d-psgd (each iteration: a step, then average with every neighbour's model of "
+        "that iteration) or ad-psgd (a step, then a pairwise average with one random neighbour, no barrier)")
+      .choices({"d-psgd", "ad-psgd"});
+  t.add("publish-fraction", s.gossip.publish_fraction, "d-psgd: share of each tensor's entries a neighbour's copy "
+        "of this model moves by per iteration (1: dense; e.g. 0.01: compressed gossip with error feedback)").range(1e-6, 1);
+  t.add("consensus-step", s.gossip.consensus_step, "d-psgd: gamma, how far a peer moves toward its neighbours' "
+        "copies per iteration (1 with dense gossip)").range(1e-6, 1);
+  t.add("neighbour-wait", s.gossip.neighbour_wait_seconds, "d-psgd: how long to wait for a neighbour that is "
+        "behind before averaging without it").range(0, 3600).unit("seconds");
+  t.add("balance-target", s.balance_target, "workload balancing: size each step's batch so that it takes this long "
+        "at the speed measured now, lr scaled with the batch (0: off)").range(0, 3600).unit("seconds");
+  t.add("min-batch", s.gossip.balance.min_batch, "with --balance-target: the least batch").range(1, 4096);
+  t.add("max-batch", s.gossip.balance.max_batch, "with --balance-target: the largest batch").range(1, 4096);
+  t.add("plateau-patience", s.gossip.plateau.patience, "accuracy-aware training: validations without improvement "
+        "before the lr halves (twice), then local training stops (0: off)").range(0, 1000);
+  t.add("validation-fraction", s.gossip.validation_fraction, "share of the shard held out for validation").range(0, 0.49);
+  t.add("validate-every", s.gossip.validate_every, "iterations between validations").range(1, 1e6).unit("iterations");
+  t.add("iterations", s.gossip.max_iterations, "stop at this iteration (0: run until stopped or --duration)").unit("iterations");
+  t.add("state-dir", s.state_dir, "checkpoint this peer's model here (peer.safetensors, every --checkpoint-every "
+        "iterations and at exit) and resume from it at start");
+  t.add("checkpoint-every", s.gossip.checkpoint_every, "iterations between checkpoints").range(1, 1e9).unit("iterations");
   t.group("Network");
   t.add("request-timeout", s.request_timeout, "time one request (handshake and every block included) may take before "
         "the worker retries; behind a WAN that drops the server's ICMP errors, how long a restarted server goes "
@@ -356,12 +392,152 @@ int run_rounds(const WorkerSettings& s, const edgetrain::runtime::WorkerConfig& 
   return runtime::exit_status(result.exit);
 }
 
+// --mode gossip: the peer's configuration from its settings; throws std::invalid_argument.
+edgetrain::runtime::GossipPeerConfig gossip_config(WorkerSettings& s) {
+  using namespace edgetrain;
+  runtime::GossipPeerConfig g = s.gossip;
+  if (s.topology_file.empty()) throw std::invalid_argument("--mode gossip needs --topology FILE (edgetrain-topology writes one)");
+  g.topology = runtime::read_topology_file(s.topology_file);
+  if (s.peer_name.empty()) s.peer_name = s.identity;
+  if (s.peer_name.empty()) throw std::invalid_argument("--mode gossip needs --peer-name (this peer's name in the topology)");
+  const auto self = g.topology.find(s.peer_name);
+  if (!self) throw std::invalid_argument("peer '" + s.peer_name + "' is not in the topology " + s.topology_file);
+  g.self = *self;
+  const bool certificates = !s.cert.empty() || !s.cert_key.empty() || !s.ca.empty();
+  if (s.insecure && certificates) throw std::invalid_argument("--insecure gossip is plain CoAP: no --cert/--cert-key/--ca");
+  if (!s.insecure && (s.cert.empty() || s.cert_key.empty() || s.ca.empty()))
+    throw std::invalid_argument("gossip peers prove who they are with X.509 certificates from the fleet's CA: give "
+                                "--cert, --cert-key and --ca (or --insecure on every peer for plain CoAP)");
+  if (s.insecure)
+    log_warning("WARNING: --insecure: plain CoAP between peers, NO encryption and NO authentication; neighbours are "
+                "known by the names they declare");
+  const runtime::WorkerConfig& c = s.config;
+  g.model = c.model;
+  g.seed = c.seed;
+  g.threads = c.threads;
+  g.label_skewed = c.label_skewed;
+  g.slowdown = c.slowdown;
+  g.max_seconds = c.max_seconds;
+  g.algorithm = runtime::parse_gossip_algorithm(s.gossip_algorithm);
+  g.balance.base_batch = c.batch;
+  g.balance.base_lr = s.lr;
+  g.balance.target_seconds = s.balance_target;
+  if (g.balance.target_seconds == 0) g.balance.min_batch = g.balance.max_batch = c.batch;
+  if (!s.state_dir.empty()) {
+    std::filesystem::create_directories(s.state_dir);
+    g.checkpoint_path = (std::filesystem::path(s.state_dir) / "peer.safetensors").string();
+  }
+  runtime::check_gossip_peer_config(g);
+  runtime::Model(runtime::model_spec_from_argument(g.model));  // a bad model spec fails here, before any data
+  return g;
+}
+
+std::string gossip_stats_json(const edgetrain::runtime::GossipPeerStats& st, const std::string& name, bool running) {
+  const nlohmann::json j = {{"state", running ? "running" : "stopped"}, {"mode", "gossip"}, {"peer", name},
+                            {"iteration", st.iteration}, {"steps", st.steps}, {"examples", st.examples},
+                            {"exchanges", st.exchanges}, {"neighbours_skipped", st.neighbours_skipped},
+                            {"models_refused", st.models_refused}, {"requests_refused", st.requests_refused},
+                            {"bytes_sent", st.bytes_sent}, {"bytes_received", st.bytes_received}, {"batch", st.batch},
+                            {"learning_rate", st.learning_rate}, {"examples_per_second", st.examples_per_second},
+                            {"last_iteration_seconds", st.last_iteration_seconds},
+                            {"validation_accuracy", st.validation_accuracy},
+                            {"training_stopped", st.training_stopped}, {"last_loss", st.last_loss},
+                            {"refused", st.refused}};
+  return j.dump(2) + "\n";
+}
+
+// --mode gossip: serve this peer's model on its own CoAP/DTLS endpoint (a thread) while the
+// training loop runs here.
+int run_gossip(const WorkerSettings& s, const edgetrain::runtime::GossipPeerConfig& config,
+               const edgetrain::runtime::Dataset& train) {
+  using namespace edgetrain;
+  const std::string& name = config.topology.peers[config.self].name;
+  std::string listen = s.listen.empty() ? config.topology.peers[config.self].address : s.listen;
+  std::string host;
+  std::uint16_t port = 0;
+  runtime::parse_server_uri((s.insecure ? "coap://" : "coaps://") + listen, host, port);
+  transport::CoapDtlsServer::Options server_options;
+  server_options.bind_address = host;
+  if (s.insecure) {
+    server_options.port = 0;
+    server_options.plaintext_port = port;
+  } else {
+    server_options.port = port;
+    server_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+  }
+  server_options.timing = s.config.timing;
+  transport::CoapDtlsServer server(server_options);
+  runtime::CoapPeerChannel::Options channel_options;
+  if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+  channel_options.plaintext = s.insecure;
+  channel_options.declared_identity = name;
+  channel_options.timing = s.config.timing;
+  channel_options.timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  channel_options.stop = &stop_requested;
+  runtime::CoapPeerChannel channel(config.topology, channel_options);
+  runtime::GossipPeer peer(config, train, channel, stop_requested, [](const std::string& line) { log_line(line); });
+  peer.attach(server);
+  std::atomic<bool> serving{true};
+  std::thread server_thread([&] {
+    while (serving) server.run_once(100);
+  });
+  const std::uint16_t bound = s.insecure ? server.plaintext_port() : server.port();
+  if (!s.port_file.empty()) common::write_file_atomically(s.port_file, std::to_string(bound) + "\n");
+  log_line("gossip peer " + name + " (" + std::to_string(config.self) + " of " + std::to_string(config.topology.size()) +
+           ", " + runtime::gossip_algorithm_name(config.algorithm) + ", " +
+           std::to_string(config.topology.neighbours[config.self].size()) + " neighbours) serving on " + host + ":" +
+           std::to_string(bound) + ", from iteration " + std::to_string(peer.stats().iteration));
+  auto write_stats = [&](const runtime::GossipPeerStats& st, bool running) {
+    if (!s.stats_file.empty()) common::write_file_atomically(s.stats_file, gossip_stats_json(st, name, running));
+  };
+  runtime::GossipPeerStats final_stats;
+  int status = 0;
+  try {
+    write_stats(peer.stats(), true);
+    auto last_write = std::chrono::steady_clock::now(), last_line = last_write;
+    const bool tty = isatty(STDERR_FILENO);
+    final_stats = peer.run([&](const runtime::GossipPeerStats& st) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_write >= std::chrono::milliseconds(200)) {
+        last_write = now;
+        write_stats(st, true);
+      }
+      if (s.quiet || now - last_line < std::chrono::seconds(tty ? 1 : 10)) return;
+      last_line = now;
+      char line[300];
+      std::snprintf(line, sizeof line,
+                    "iteration %llu  loss %.3f  batch %d  lr %.4f  %.0f ex/s  exchanges %llu  skipped %llu  sent %.2f MB"
+                    "  received %.2f MB%s",
+                    static_cast<unsigned long long>(st.iteration), st.last_loss, st.batch, st.learning_rate,
+                    st.examples_per_second, static_cast<unsigned long long>(st.exchanges),
+                    static_cast<unsigned long long>(st.neighbours_skipped), st.bytes_sent / 1e6, st.bytes_received / 1e6,
+                    st.training_stopped ? "  (training stopped)" : "");
+      if (tty) std::fprintf(stderr, "\r%-130s", line);
+      else log_line(line);
+    });
+  } catch (const std::exception& e) {
+    log_error(std::string("gossip peer failed: ") + e.what());
+    final_stats = peer.stats();
+    status = 1;
+  }
+  serving = false;
+  server_thread.join();
+  write_stats(final_stats, false);
+  log_line("stopped at iteration " + std::to_string(final_stats.iteration) + ": " + std::to_string(final_stats.exchanges) +
+           " exchanges, " + std::to_string(final_stats.neighbours_skipped) + " neighbours skipped, " +
+           std::to_string(final_stats.models_refused + final_stats.requests_refused) + " models or requests refused, " +
+           std::to_string(final_stats.bytes_sent) + " bytes sent");
+  return status;
+}
+
 int run(WorkerSettings& s) {
   using namespace edgetrain;
   logging::set_level(logging::parse_level(s.log_level).value_or(logging::Level::kInfo));
   runtime::WorkerConfig config;
+  runtime::GossipPeerConfig gossip;
   try {
-    config = worker_config(s);
+    if (s.mode == "gossip") gossip = gossip_config(s);
+    else config = worker_config(s);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
     return runtime::exit_status(runtime::WorkerExit::kBadSettings);
@@ -370,6 +546,7 @@ int run(WorkerSettings& s) {
   runtime::Dataset train = runtime::load_dataset(files.images, files.labels);
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
+  if (s.mode == "gossip") return run_gossip(s, gossip, train);
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
            config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");

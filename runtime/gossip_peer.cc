@@ -164,7 +164,11 @@ struct GossipPeer::State {
       const auto metadata = model.load_safetensors(config.checkpoint_path);
       const auto it = metadata.find(kIterationKey);
       if (it == metadata.end()) throw ModelError(config.checkpoint_path + " is not a gossip peer's checkpoint (no iteration)");
-      stats.iteration = std::stoull(it->second);
+      const std::string& text = it->second;
+      if (text.empty() || text.size() > 19 || !std::all_of(text.begin(), text.end(), ::isdigit))
+        throw ModelError(config.checkpoint_path + ": the iteration '" + transport::escape_untrusted(text, 40) +
+                         "' is not a number");
+      stats.iteration = stats.resumed_iteration = std::stoull(text);
       if (!all_finite(model.parameters())) throw ModelError(config.checkpoint_path + " holds non-finite parameters");
       resumed = true;
     }

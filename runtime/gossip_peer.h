@@ -79,6 +79,7 @@ void check_gossip_peer_config(const GossipPeerConfig& config);
 
 struct GossipPeerStats {
   std::uint64_t iteration = 0;        // local iterations done (resumed from a checkpoint)
+  std::uint64_t resumed_iteration = 0;  // the checkpoint's iteration this run started from (0: none)
   std::uint64_t steps = 0;            // local SGD steps trained in this run
   std::uint64_t examples = 0;         // examples trained in this run
   std::uint64_t exchanges = 0;        // neighbour models mixed in (D-PSGD) or averages done (AD-PSGD)

@@ -434,7 +434,7 @@ edgetrain::runtime::GossipPeerConfig gossip_config(WorkerSettings& s) {
 
 std::string gossip_stats_json(const edgetrain::runtime::GossipPeerStats& st, const std::string& name, bool running) {
   const nlohmann::json j = {{"state", running ? "running" : "stopped"}, {"mode", "gossip"}, {"peer", name},
-                            {"iteration", st.iteration}, {"steps", st.steps}, {"examples", st.examples},
+                            {"iteration", st.iteration}, {"resumed_iteration", st.resumed_iteration}, {"steps", st.steps}, {"examples", st.examples},
                             {"exchanges", st.exchanges}, {"neighbours_skipped", st.neighbours_skipped},
                             {"models_refused", st.models_refused}, {"requests_refused", st.requests_refused},
                             {"bytes_sent", st.bytes_sent}, {"bytes_received", st.bytes_received}, {"batch", st.batch},

@@ -1,0 +1,273 @@
+// The gossip peer (runtime/gossip_peer.h) over real DTLS with X.509 identities on loopback:
+// bad input is refused and counted and never averaged in, strangers are kept out (a
+// certificate of another CA fails the handshake; a fleet certificate that is not a
+// neighbour gets 4.03), an AD-PSGD average moves both peers to the midpoint, and D-PSGD
+// mixes with Metropolis weights. Certificates are made at test time by make_test_certificates.sh.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <thread>
+
+#include "runtime/gossip_peer.h"
+#include "transport/codec.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace edgetrain;
+using runtime::GossipPeer;
+using runtime::GossipPeerConfig;
+using transport::CoapCode;
+using transport::CoapDtlsClient;
+using transport::CoapDtlsServer;
+using transport::CoapRequest;
+using transport::CoapResponse;
+using transport::Method;
+
+constexpr const char* kModel = "input 4x4x1; fc 8 relu; fc 3";
+
+// A tiny data set: 60 random 4x4 images in 3 classes.
+runtime::Dataset tiny_data() {
+  runtime::Dataset d;
+  d.height = d.width = 4;
+  d.channels = 1;
+  d.num_classes = 3;
+  for (int i = 0; i < 60; ++i) {
+    for (int p = 0; p < 16; ++p) d.pixels.push_back(static_cast<std::uint8_t>((i * 37 + p * 11) % 256));
+    d.labels.push_back(i % 3);
+  }
+  return d;
+}
+
+std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
+  std::vector<std::uint32_t> sizes;
+  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+// The encoder refuses non-finite values, as it should; a hostile peer sends them anyway:
+// the encoded model with every `marker` value's bytes replaced by `replacement`'s.
+std::vector<std::uint8_t> with_value_replaced(std::vector<std::uint8_t> bytes, float marker, float replacement) {
+  std::uint8_t from[4], to[4];
+  std::memcpy(from, &marker, 4);
+  std::memcpy(to, &replacement, 4);
+  int replaced = 0;
+  for (std::size_t i = 0; i + 4 <= bytes.size(); ++i)
+    if (std::memcmp(bytes.data() + i, from, 4) == 0) {
+      std::memcpy(bytes.data() + i, to, 4);
+      ++replaced;
+    }
+  EXPECT_GT(replaced, 0);
+  return bytes;
+}
+
+// A channel whose neighbours answer from a table of models (dense, version 1).
+class FakeNeighbours : public runtime::PeerChannel {
+ public:
+  std::map<std::uint32_t, std::vector<float>> models;
+  std::uint64_t layout_id = 0;
+  std::vector<std::uint32_t> sizes;
+  std::optional<std::uint32_t> poisoned;  // this neighbour's marker values arrive as NaN
+  static constexpr float kMarker = 1234.5f;
+  CoapResponse request(std::uint32_t neighbour, Method, const std::string&, std::span<const std::uint8_t>) override {
+    auto bytes = transport::encode_dense_model(layout_id, 1, sizes, models.at(neighbour)).value();
+    if (poisoned == neighbour) bytes = with_value_replaced(bytes, kMarker, std::numeric_limits<float>::quiet_NaN());
+    return {CoapCode::kContent, bytes};
+  }
+};
+
+class NoNeighbours : public runtime::PeerChannel {
+ public:
+  CoapResponse request(std::uint32_t, Method, const std::string&, std::span<const std::uint8_t>) override {
+    throw transport::TransportError("unreachable");
+  }
+};
+
+GossipPeerConfig config_for(std::uint32_t self, runtime::GossipAlgorithm algorithm) {
+  GossipPeerConfig c;
+  c.model = kModel;
+  c.topology = runtime::make_topology(runtime::TopologyKind::kRing, 4);
+  c.self = self;
+  c.algorithm = algorithm;
+  c.balance.base_batch = c.balance.min_batch = c.balance.max_batch = 5;
+  c.balance.base_lr = 0.1;
+  c.neighbour_wait_seconds = 0;
+  return c;
+}
+
+class GossipPeerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    certificates_ = fs::temp_directory_path() / ("edgetrain-gossip-certs-" + std::to_string(::getpid()));
+    const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR + "/make_test_certificates.sh " +
+                                certificates_.string() + " peer-0 peer-1 peer-2 peer-3";
+    const int status = std::system(command.c_str());
+    if (status == -1 || !WIFEXITED(status)) setup_failure_ = "could not run " + command;
+    else if (WEXITSTATUS(status) == 77) openssl_missing_ = true;
+    else if (WEXITSTATUS(status) != 0) setup_failure_ = "make_test_certificates.sh failed";
+  }
+  static void TearDownTestSuite() { fs::remove_all(certificates_); }
+  void SetUp() override {
+    if (openssl_missing_) GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
+    ASSERT_TRUE(setup_failure_.empty()) << setup_failure_;
+  }
+  static transport::CertificateFiles identity(const std::string& name, const std::string& ca = "ca.crt") {
+    return {certificates_ / (name + ".crt"), certificates_ / (name + ".key"), certificates_ / ca};
+  }
+  static CoapDtlsClient client(std::uint16_t port, const std::string& name, const std::string& ca = "ca.crt") {
+    CoapDtlsClient::Options o("127.0.0.1", port, {}, 4000);
+    o.certificates = identity(name, ca);
+    return CoapDtlsClient(o);
+  }
+  static inline fs::path certificates_;
+  static inline bool openssl_missing_ = false;
+  static inline std::string setup_failure_;
+};
+
+class ServerThread {
+ public:
+  explicit ServerThread(CoapDtlsServer& server) : thread_([this, &server] {
+      while (!stop_) server.run_once(10);
+    }) {}
+  ~ServerThread() {
+    stop_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_ = false;
+  std::thread thread_;
+};
+
+TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
+  const runtime::Dataset data = tiny_data();
+  NoNeighbours channel;
+  std::atomic<bool> stop{false};
+  GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kAdpsgd), data, channel, stop);
+  CoapDtlsServer::Options options;
+  options.certificates = identity("peer-0");
+  CoapDtlsServer server(options);
+  peer.attach(server);
+  ServerThread running(server);
+  const std::vector<float> before = peer.parameters();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  const auto sizes = sizes_of(model);
+
+  CoapDtlsClient neighbour = client(server.port(), "peer-1");
+  const std::vector<std::uint8_t> garbage = {1, 2, 3, 4, 5};
+  EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average", garbage).code, CoapCode::kBadRequest);
+  std::vector<float> poisoned(before.size(), 0.5f);
+  poisoned[3] = 1234.5f;
+  const auto encoded = transport::encode_dense_model(model.layout_id(), 1, sizes, poisoned).value();
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average", with_value_replaced(encoded, 1234.5f, bad)).code,
+              CoapCode::kBadRequest);
+  // Another model's layout.
+  EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average",
+                              transport::encode_dense_model(model.layout_id() + 1, 1, sizes, before).value()).code,
+            CoapCode::kBadRequest);
+  EXPECT_EQ(neighbour.request(Method::kGet, "gossip/model?since=twelve").code, CoapCode::kBadRequest);
+  EXPECT_EQ(neighbour.request(Method::kGet, "gossip/model?version=1").code, CoapCode::kBadRequest);
+  EXPECT_EQ(peer.parameters(), before) << "a refused model changed the peer's";
+  auto stats = peer.stats();
+  EXPECT_EQ(stats.requests_refused, 6u);
+  // The codec refuses non-finite values itself (CODEC.md): "bad model", with its reason.
+  EXPECT_EQ(stats.refused["bad model"], 4u);
+  EXPECT_EQ(stats.refused["bad query"], 2u);
+
+  // A fleet certificate, but peer-2 is not peer-0's neighbour in a ring of 4.
+  CoapDtlsClient not_a_neighbour = client(server.port(), "peer-2");
+  EXPECT_EQ(not_a_neighbour.request(Method::kGet, "gossip/model").code, CoapCode::kForbidden);
+  EXPECT_EQ(peer.stats().refused["not a neighbour"], 1u);
+  // A certificate of another CA never gets a session.
+  CoapDtlsClient stranger = client(server.port(), "stranger", "ca.crt");
+  EXPECT_THROW(stranger.request(Method::kGet, "gossip/model"), transport::TransportError);
+
+  // A good average: both end at the midpoint.
+  std::vector<float> theirs(before.size());
+  for (std::size_t i = 0; i < theirs.size(); ++i) theirs[i] = 0.25f * static_cast<float>(i % 7);
+  const CoapResponse answer = neighbour.request(
+      Method::kPost, "gossip/average", transport::encode_dense_model(model.layout_id(), 3, sizes, theirs).value());
+  ASSERT_EQ(answer.code, CoapCode::kChanged);
+  const auto returned = transport::decode_dense_model(answer.payload, {model.layout_id(), sizes});
+  ASSERT_TRUE(returned);
+  EXPECT_EQ(returned.value().values, before);  // what peer-0 had
+  const std::vector<float> after = peer.parameters();
+  for (std::size_t i = 0; i < after.size(); ++i) ASSERT_FLOAT_EQ(after[i], 0.5f * (before[i] + theirs[i])) << i;
+}
+
+TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighbour) {
+  const runtime::Dataset data = tiny_data();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  FakeNeighbours channel;
+  channel.layout_id = model.layout_id();
+  channel.sizes = sizes_of(model);
+  const std::size_t n = model.parameter_count();
+  channel.models[1] = std::vector<float>(n, 1.0f);
+  channel.models[3] = std::vector<float>(n, -2.0f);
+  std::atomic<bool> stop{false};
+  GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop);
+  peer.iterate();
+  // What peer-0 published at iteration 1 (its model right after the local step).
+  CoapRequest ask;
+  ask.identity = "peer-1";
+  const CoapResponse published = peer.get_model(ask);
+  ASSERT_EQ(published.code, CoapCode::kContent);
+  const auto own = transport::decode_dense_model(published.payload, {model.layout_id(), channel.sizes});
+  ASSERT_TRUE(own);
+  EXPECT_EQ(own.value().version, 1u);
+  // Ring of 4: every degree is 2, so w = 1/3 for each neighbour and for itself.
+  const std::vector<float> x = peer.parameters();
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_NEAR(x[i], own.value().values[i] + (1.0f - own.value().values[i]) / 3 + (-2.0f - own.value().values[i]) / 3,
+                1e-5)
+        << i;
+  EXPECT_EQ(peer.stats().exchanges, 2u);
+
+  channel.models[3][5] = FakeNeighbours::kMarker;
+  channel.poisoned = 3;
+  peer.iterate();
+  const auto stats = peer.stats();
+  EXPECT_EQ(stats.models_refused, 1u);
+  EXPECT_EQ(stats.exchanges, 3u);  // only peer-1's this time
+  for (float v : peer.parameters()) ASSERT_TRUE(std::isfinite(v));
+}
+
+TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused) {
+  const runtime::Dataset data = tiny_data();
+  NoNeighbours channel;
+  std::atomic<bool> stop{false};
+  const fs::path dir = fs::temp_directory_path() / ("edgetrain-gossip-ckpt-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  GossipPeerConfig c = config_for(1, runtime::GossipAlgorithm::kDpsgd);
+  c.checkpoint_path = (dir / "peer.safetensors").string();
+  c.checkpoint_every = 3;
+  c.max_iterations = 7;
+  std::vector<float> at_seven;
+  {
+    GossipPeer peer(c, data, channel, stop);
+    EXPECT_EQ(peer.run().iteration, 7u);
+    at_seven = peer.parameters();
+  }
+  c.max_iterations = 9;
+  GossipPeer resumed(c, data, channel, stop);
+  EXPECT_EQ(resumed.stats().resumed_iteration, 7u);
+  EXPECT_EQ(resumed.parameters(), at_seven);
+  EXPECT_EQ(resumed.run().iteration, 9u);
+  {
+    std::ofstream damaged(c.checkpoint_path, std::ios::binary | std::ios::trunc);
+    damaged << "not a checkpoint";
+  }
+  EXPECT_THROW(GossipPeer(c, data, channel, stop), runtime::ModelError);
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -250,8 +250,17 @@ void WorkloadBalancer::observe(int examples, double seconds) {
   const double rate = examples / seconds;
   rate_ = rate_ == 0 ? rate : options_.smoothing * rate + (1 - options_.smoothing) * rate_;
   if (options_.target_seconds <= 0) return;
-  const double wanted = std::round(rate_ * options_.target_seconds);
-  batch_ = static_cast<int>(std::clamp<double>(wanted, options_.min_batch, options_.max_batch));
+  const double wanted = std::clamp<double>(rate_ * options_.target_seconds, options_.min_batch, options_.max_batch);
+  // Within a quarter of the batch held: keep it (a batch size costs its own kernels).
+  if (std::fabs(wanted - batch_) <= 0.25 * batch_) return;
+  batch_ = quantized_batch(wanted);
+}
+
+int WorkloadBalancer::quantized_batch(double wanted) const {
+  // The ladder base_batch · 2^(k/4): a peer settles on few sizes, each within 19% of the next.
+  const double steps = std::round(4 * std::log2(wanted / options_.base_batch));
+  const double on_ladder = std::round(options_.base_batch * std::exp2(steps / 4));
+  return static_cast<int>(std::clamp<double>(on_ladder, options_.min_batch, options_.max_batch));
 }
 
 double WorkloadBalancer::learning_rate() const {

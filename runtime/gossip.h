@@ -69,8 +69,11 @@ std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint
 // ---- Workload balancing (EdgeGossip's "low performance variation") -------------------------
 
 // Each peer sizes its batch so that one iteration takes about `target_seconds` at the speed
-// it measures now (ours; runtime/README.md "Balancing"): batch = clamp(round(examples per
-// second × target), min_batch, max_batch), and the learning rate follows the batch linearly
+// it measures now (ours; runtime/README.md "Balancing"): the wanted batch is examples per
+// second × target, clamped to [min_batch, max_batch]; when it differs from the batch held
+// by more than a quarter, the batch becomes the nearest size on the ladder base_batch ·
+// 2^(k/4) (each batch size has kernels of its own, so a peer keeps to few), clamped the
+// same way; the learning rate follows the batch linearly
 // (lr = base_lr × batch / base_batch, Goyal et al.'s linear scaling rule), capped at
 // max_lr_factor × base_lr. The speed is an exponentially weighted mean of examples per
 // second over the iterations (weight `smoothing` for the newest), so it follows a CPU quota
@@ -99,6 +102,8 @@ class WorkloadBalancer {
   const BalanceOptions& options() const { return options_; }
 
  private:
+  int quantized_batch(double wanted) const;
+
   BalanceOptions options_;
   double rate_ = 0;
   int batch_;

@@ -196,9 +196,12 @@ struct GossipPeer::State {
   // The trainer for a batch: XNNPACK's ops are built for one batch size, and a balanced
   // peer's batch moves; kept per size (a peer settles on a few sizes).
   Trainer& trainer_for(int batch) {
-    auto& t = trainers[batch];
-    if (!t) t = std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get());
-    return *t;
+    auto found = trainers.find(batch);
+    if (found != trainers.end()) return *found->second;
+    // A board's memory holds a few: the one used longest ago goes first.
+    if (trainers.size() >= 3) trainers.erase(trainer_order.front()), trainer_order.erase(trainer_order.begin());
+    trainer_order.push_back(batch);
+    return *(trainers[batch] = std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get()));
   }
 
   GossipPeerConfig config;
@@ -218,6 +221,7 @@ struct GossipPeer::State {
   // The training thread's own.
   ThreadPool pool;
   std::map<int, std::unique_ptr<Trainer>> trainers;
+  std::vector<int> trainer_order;  // batch sizes of `trainers`, oldest first
   std::unique_ptr<ShardSampler> sampler;
   std::size_t image_bytes = 0;
   Dataset validation;
@@ -271,8 +275,9 @@ void GossipPeer::State::local_step() {
     std::lock_guard lock(mutex);
     std::copy(model.parameters().begin(), model.parameters().end(), snapshot.begin());
   }
+  Trainer& trainer = trainer_for(batch);  // made before the clock starts: its set-up is not the step's time
   const auto started = Clock::now();
-  const BatchResult result = trainer_for(batch).compute_gradient(snapshot, pixels.data(), labels.data(), batch, gradient);
+  const BatchResult result = trainer.compute_gradient(snapshot, pixels.data(), labels.data(), batch, gradient);
   if (config.slowdown > 0)
     sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.slowdown), stop);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();

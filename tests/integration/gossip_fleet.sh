@@ -4,9 +4,10 @@
 # no server. One peer is killed with SIGKILL mid-run: its neighbours go on without it (they
 # skip it with backoff) and, restarted, it resumes from its checkpoint. At the end the peers'
 # checkpoints are evaluated (edgetrain-fleet-eval): the mean peer and the consensus model
-# pass a bound, and nothing was refused. A fifth peer may run elsewhere (PEER_3_COMMAND,
-# e.g. an aarch64 build under qemu-aarch64), in place of the host build for peer-3.
-# usage: gossip_fleet.sh WORKER TOPOLOGY FLEET_EVAL MIN_ACCURACY [PEER ARGS...]
+# pass a bound, and nothing was refused. Peer-3 may be another program (PEER_3_COMMAND,
+# e.g. the aarch64 build under qemu-aarch64) than the host build the others run.
+# usage: [PEER_3_COMMAND=...] [GOSSIP_SECONDS=12] [MIN_ITERATIONS=300] \
+#          gossip_fleet.sh WORKER TOPOLOGY FLEET_EVAL MIN_ACCURACY [PEER ARGS...]
 worker="$1"; topology="$2"; fleet_eval="$3"; min_accuracy="$4"; shift 4
 peer_args=("$@")
 source "$(dirname "$0")/process_test_lib.sh"
@@ -34,7 +35,8 @@ for _ in range(200):
 # peer's pull of the default mlp (400 KB) takes hundreds of round trips.
 # Time, not iterations: AD-PSGD's peers never wait for each other, so a count of iterations
 # would end them at very different times.
-seconds=12
+seconds=${GOSSIP_SECONDS:-12}
+min_iterations=${MIN_ITERATIONS:-300}
 model="input 28x28x1; fc 16 relu; fc 10"
 start_peer() {  # start_peer I LOG SECONDS
   local i="$1"
@@ -50,7 +52,7 @@ peer_pids=()
 started=$SECONDS
 for i in 0 1 2 3; do start_peer "$i" "$work/peer-$i.log" "$seconds"; done
 
-wait_for_json "$work/peer-2.json" iteration -ge 150 60 "${peer_pids[2]}" || fail "peer-2 did not reach iteration 150"
+wait_for_json "$work/peer-2.json" iteration -ge $((min_iterations / 2)) 60 "${peer_pids[2]}" || fail "peer-2 did not reach iteration $((min_iterations / 2))"
 kill -KILL "${peer_pids[2]}"
 wait "${peer_pids[2]}" 2>/dev/null || true
 killed_at=$(json_get "$work/peer-2.json" iteration)
@@ -69,7 +71,7 @@ echo "peer-2 resumed at iteration $resumed"
 
 for i in 0 1 2 3; do wait_for_exit "${peer_pids[$i]}" 60 || fail "peer-$i exited with status $?"; done
 for i in 0 1 2 3; do
-  [ "$(json_get "$work/peer-$i.json" iteration)" -ge 300 ] || fail "peer-$i stopped before iteration 300"
+  [ "$(json_get "$work/peer-$i.json" iteration)" -ge "$min_iterations" ] || fail "peer-$i stopped before iteration $min_iterations"
   [ "$(json_get "$work/peer-$i.json" models_refused)" -eq 0 ] || fail "peer-$i refused a neighbour's model"
   [ "$(json_get "$work/peer-$i.json" requests_refused)" -eq 0 ] || fail "peer-$i refused a neighbour's request"
   [ "$(json_get "$work/peer-$i.json" exchanges)" -gt 0 ] || fail "peer-$i never exchanged a model"

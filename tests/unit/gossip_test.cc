@@ -95,9 +95,11 @@ TEST(WorkloadBalancer, SizesTheBatchToTheTargetAndFollowsASpeedChange) {
   WorkloadBalancer b({.target_seconds = 0.5, .base_batch = 10, .base_lr = 0.1, .min_batch = 2, .max_batch = 64,
                       .max_lr_factor = 4, .smoothing = 1});
   EXPECT_EQ(b.batch(), 10);
-  b.observe(10, 0.1);  // 100 examples/s: 50 in half a second
-  EXPECT_EQ(b.batch(), 50);
-  EXPECT_DOUBLE_EQ(b.learning_rate(), 0.4);  // 5x the batch, capped at 4x
+  b.observe(10, 0.1);  // 100 examples/s: 50 in half a second, 48 on the ladder 10 * 2^(k/4)
+  EXPECT_EQ(b.batch(), 48);
+  EXPECT_DOUBLE_EQ(b.learning_rate(), 0.4);  // 4.8x the batch, capped at 4x
+  b.observe(48, 0.45);  // 107 examples/s: 53 wanted, within a quarter of 48: kept
+  EXPECT_EQ(b.batch(), 48);
   b.observe(50, 5.0);  // the CPU quota dropped: 10 examples/s
   EXPECT_EQ(b.batch(), 5);
   EXPECT_DOUBLE_EQ(b.learning_rate(), 0.05);

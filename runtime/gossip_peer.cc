@@ -10,6 +10,7 @@
 
 #include "common/atomic_file.h"
 #include "runtime/backoff.h"
+#include "runtime/loop_support.h"
 #include "runtime/model_replica.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/splitmix64.h"
@@ -23,7 +24,10 @@ namespace edgetrain::runtime {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using loop::Clock;
+using loop::payload_text;
+using loop::sleep_unless_stopped;
+using loop::tensor_sizes_of;
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
@@ -34,19 +38,7 @@ constexpr const char* kAveragePath = "gossip/average";
 constexpr const char* kIterationKey = "edgetrain.gossip.iteration";
 constexpr const char* kPeerKey = "edgetrain.gossip.peer";
 
-void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
-  const auto until = Clock::now() + duration;
-  while (!stop && Clock::now() < until)
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(20), until - Clock::now()));
-}
-
 CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}}; }
-
-std::vector<std::uint32_t> tensor_sizes_of(const Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
 
 bool all_finite(std::span<const float> values) {
   return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
@@ -333,9 +325,7 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
       stats.bytes_received += answer.payload.size();
     }
     if (answer.code != CoapCode::kContent) {
-      neighbour_failed(n, "answered " + transport::coap_code_string(answer.code) + " " +
-                              transport::escape_untrusted(std::string_view(
-                                  reinterpret_cast<const char*>(answer.payload.data()), answer.payload.size()), 120));
+      neighbour_failed(n, "answered " + transport::coap_code_string(answer.code) + " " + payload_text(answer.payload));
       return false;
     }
     try {

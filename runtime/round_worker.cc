@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "runtime/backoff.h"
+#include "runtime/loop_support.h"
 #include "runtime/model.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/thread_pool.h"
@@ -19,17 +20,11 @@
 namespace edgetrain::runtime {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
-  const auto until = Clock::now() + duration;
-  while (!stop && Clock::now() < until)
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
-}
-
-std::string payload_text(const std::vector<std::uint8_t>& payload) {
-  return transport::escape_untrusted(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
-}
+using loop::Clock;
+using loop::layout_of;
+using loop::payload_text;
+using loop::sleep_unless_stopped;
+using loop::tensor_sizes_of;
 
 Model checked_model(const WorkerConfig& config, const Dataset& train) {
   if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
@@ -47,18 +42,6 @@ Model checked_model(const WorkerConfig& config, const Dataset& train) {
 std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
   const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
   return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec) : shard_iid(train.size(), spec);
-}
-
-std::vector<TensorSlice> layout_of(const Model& model) {
-  std::vector<TensorSlice> layout;
-  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
-  return layout;
-}
-
-std::vector<std::uint32_t> tensor_sizes_of(const Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
 }
 
 }  // namespace

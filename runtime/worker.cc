@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "runtime/backoff.h"
+#include "runtime/loop_support.h"
 #include "runtime/model.h"
 #include "runtime/model_replica.h"
 #include "runtime/server_channel.h"
@@ -22,22 +23,11 @@
 namespace edgetrain::runtime {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// Sleeps up to `duration`, returning early once `stop` is set.
-void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
-  const auto until = Clock::now() + duration;
-  while (!stop && Clock::now() < until) {
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(50), until - Clock::now()));
-  }
-}
-
-// A server's diagnostic, as the worker's log shows it: network text, so escaped
-// (transport::escape_untrusted) and cut at 200 bytes.
-std::string payload_text(const std::vector<std::uint8_t>& payload) {
-  return transport::escape_untrusted(
-      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
-}
+using loop::Clock;
+using loop::layout_of;
+using loop::payload_text;
+using loop::sleep_unless_stopped;
+using loop::tensor_sizes_of;
 
 }  // namespace
 
@@ -148,16 +138,6 @@ struct Worker::State {
   static std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
     const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
     return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec) : shard_iid(train.size(), spec);
-  }
-  static std::vector<TensorSlice> layout_of(const Model& model) {
-    std::vector<TensorSlice> layout;
-    for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
-    return layout;
-  }
-  static std::vector<std::uint32_t> tensor_sizes_of(const Model& model) {
-    std::vector<std::uint32_t> sizes;
-    for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-    return sizes;
   }
 
   // Lines below the process's --log-level are dropped here, so every program that runs a

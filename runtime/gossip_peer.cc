@@ -109,6 +109,7 @@ CoapResponse CoapPeerChannel::request(std::uint32_t neighbour, transport::Method
       throw transport::TransportError("peer " + topology_.peers[neighbour].name + " has a bad port in " + address);
     transport::CoapDtlsClient::Options o(host, static_cast<std::uint16_t>(std::stoul(port_text)), {}, options_.timeout_ms);
     o.certificates = options_.certificates;
+    if (o.certificates) o.expected_peer_name = topology_.peers[neighbour].name;  // the neighbour dialled, not any fleet member
     o.plaintext = options_.plaintext;
     if (options_.plaintext) o.psk.identity = options_.declared_identity;
     o.timing = options_.timing;

@@ -188,6 +188,10 @@ struct CoapDtlsClient::Impl {
           : "wrong key for " + who + " (not the key the server holds for it?)";
       fail(TransportFailure::kHandshakeRefused, "the server at " + server_text + " refused the DTLS handshake (alert " +
            alert_name(handshake.alert) + "): " + hint);
+    } else if (handshake.wrong_peer_name) {
+      fail(TransportFailure::kHandshakeRefused, "the server at " + server_text + " showed a certificate for '" +
+           escape_untrusted(*handshake.wrong_peer_name) + "', not for '" + escape_untrusted(options.expected_peer_name) +
+           "' (another peer at that address?)");
     } else if (handshake.local_error != 0) {
       char text[160];
       mbedtls_strerror(handshake.local_error, text, sizeof text);
@@ -286,6 +290,9 @@ struct CoapDtlsClient::Impl {
     ++sessions_started;
     coap_session_set_app_data(session, this);
     handshake = {};
+    // libcoap's CN callback is only called for certificates that failed a check, so the
+    // handshake watch checks the name once the handshake has finished (handshake_watch.h).
+    if (options.certificates) handshake.expected_peer_name = options.expected_peer_name;
     dtls_closed = false;
     detail::watch_handshake(session, &handshake);
     apply_timing(session, options.timing);

@@ -316,8 +316,11 @@ class CoapDtlsClient {
     PskCredentials psk;
     int timeout_ms;  // for one whole request, handshake and blocks included
     // DTLS with this certificate instead of PSK; the server's certificate must be signed
-    // by `ca_file`. (The server's name is not checked against its certificate.)
+    // by `ca_file`.
     std::optional<CertificateFiles> certificates;
+    // With certificates: the CN the server's certificate must carry (a gossip peer dials a
+    // neighbour by its name); the handshake fails otherwise. Empty: any name the CA signed.
+    std::string expected_peer_name;
     // INSECURE: plain CoAP, no DTLS. psk.identity, if set, is declared with every request
     // as the URI query ?id=IDENTITY (the server cannot check it); the key is not used.
     bool plaintext = false;

@@ -6,9 +6,7 @@
 // block-wise body; nothing for a deferred answer).
 #include "transport/coap_internal.h"
 
-#include <mbedtls/oid.h>
 #include <mbedtls/ssl.h>
-#include <mbedtls/x509_crt.h>
 #include <sys/epoll.h>
 
 #include <arpa/inet.h>
@@ -20,6 +18,7 @@
 #include <set>
 
 #include "transport/handshake_guard.h"
+#include "transport/handshake_watch.h"
 #include "transport/identity.h"
 #include "transport/socket_ingress.h"
 
@@ -54,14 +53,8 @@ std::optional<std::string> certificate_name(const coap_session_t* session) {
   coap_tls_library_t library = COAP_TLS_LIBRARY_NOTLS;
   void* tls = coap_session_get_tls(session, &library);
   if (!tls || library != COAP_TLS_LIBRARY_MBEDTLS) return std::nullopt;
-  const mbedtls_x509_crt* certificate = mbedtls_ssl_get_peer_cert(static_cast<const mbedtls_ssl_context*>(tls));
-  if (!certificate) return std::nullopt;
-  for (const mbedtls_x509_name* name = &certificate->subject; name; name = name->next) {
-    if (MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &name->oid) == 0) {
-      return std::string(reinterpret_cast<const char*>(name->val.p), name->val.len);
-    }
-  }
-  return std::string();  // a certificate without a CN: an empty identity, refused upstream
+  // A certificate without a CN gives an empty identity, refused upstream.
+  return detail::peer_certificate_name(*static_cast<const mbedtls_ssl_context*>(tls));
 }
 
 std::string address_string(const coap_address_t* address) {

@@ -2,8 +2,11 @@
 // client in the process (a worker has one); server handshakes return before the lock.
 #include "transport/handshake_watch.h"
 
+#include <mbedtls/oid.h>
 #include <mbedtls/ssl.h>
+#include <mbedtls/x509_crt.h>
 
+#include <cstring>
 #include <mutex>
 #include <vector>
 
@@ -24,11 +27,20 @@ std::vector<Watch>& registry() {
   return watches;
 }
 
-void note(const mbedtls_ssl_context& ssl, int result) {
+// Notes the step's outcome; returns it, or a verification failure when the handshake has
+// finished with a server whose certificate names another peer than the expected one.
+int note(const mbedtls_ssl_context& ssl, int result) {
   std::lock_guard lock(registry_mutex());
   for (const Watch& w : registry()) {
     if (w.session != ssl.p_bio) continue;
     HandshakeProgress& p = *w.progress;
+    if (result == 0 && !p.expected_peer_name.empty()) {
+      const std::optional<std::string> name = peer_certificate_name(ssl);
+      if (name != p.expected_peer_name) {
+        p.wrong_peer_name = name.value_or("");
+        result = MBEDTLS_ERR_X509_CERT_VERIFY_FAILED;
+      }
+    }
     // in_msgtype is set by the first record read from the peer; past SERVER_HELLO the
     // client has read the server's hello.
     if (ssl.in_msgtype != 0 || ssl.state > MBEDTLS_SSL_SERVER_HELLO) p.heard_from_server = true;
@@ -40,11 +52,22 @@ void note(const mbedtls_ssl_context& ssl, int result) {
                result != MBEDTLS_ERR_SSL_TIMEOUT) {
       p.local_error = result;
     }
-    return;
+    return result;
   }
+  return result;
 }
 
 }  // namespace
+
+std::optional<std::string> peer_certificate_name(const mbedtls_ssl_context& ssl) {
+  const mbedtls_x509_crt* certificate = mbedtls_ssl_get_peer_cert(&ssl);
+  if (!certificate) return std::nullopt;
+  for (const mbedtls_x509_name* name = &certificate->subject; name; name = name->next) {
+    if (MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &name->oid) == 0)
+      return std::string(reinterpret_cast<const char*>(name->val.p), name->val.len);
+  }
+  return std::string();
+}
 
 void watch_handshake(const void* session, HandshakeProgress* progress) {
   std::lock_guard lock(registry_mutex());
@@ -75,6 +98,6 @@ void stop_watching_handshake(const void* session) {
 extern "C" int __real_mbedtls_ssl_handshake(mbedtls_ssl_context* ssl);
 extern "C" int __wrap_mbedtls_ssl_handshake(mbedtls_ssl_context* ssl) {
   const int result = __real_mbedtls_ssl_handshake(ssl);
-  if (ssl && ssl->conf && ssl->conf->endpoint == MBEDTLS_SSL_IS_CLIENT) edgetrain::transport::detail::note(*ssl, result);
+  if (ssl && ssl->conf && ssl->conf->endpoint == MBEDTLS_SSL_IS_CLIENT) return edgetrain::transport::detail::note(*ssl, result);
   return result;
 }

@@ -11,9 +11,20 @@
 // wrapper notes what arrived. Server-side handshakes pass through untouched.
 #pragma once
 
+#include <optional>
+#include <string>
+
+struct mbedtls_ssl_context;
+
 namespace edgetrain::transport::detail {
 
 struct HandshakeProgress {
+  // Set by the client before the handshake: the CN the server's certificate must carry
+  // (CoapDtlsClient::Options::expected_peer_name); empty: any. A finished handshake with
+  // another name is turned into a failure (local_error) before any request is sent, and the
+  // name shown is kept in wrong_peer_name.
+  std::string expected_peer_name;
+  std::optional<std::string> wrong_peer_name;
   bool heard_from_server = false;  // a DTLS record from the server arrived (HelloVerifyRequest, ServerHello, an alert)
   bool completed = false;          // the handshake finished: the session was established
   int alert = -1;                  // the fatal alert the server sent (MBEDTLS_SSL_ALERT_MSG_*), or -1
@@ -28,5 +39,9 @@ struct HandshakeProgress {
 // libcoap without locking.
 void watch_handshake(const void* session, HandshakeProgress* progress);
 void stop_watching_handshake(const void* session);
+
+// The subject CN of the certificate the peer of `ssl` presented (verified against the CA in
+// the handshake); nullopt if it presented none, empty if it has no CN.
+std::optional<std::string> peer_certificate_name(const mbedtls_ssl_context& ssl);
 
 }  // namespace edgetrain::transport::detail

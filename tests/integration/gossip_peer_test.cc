@@ -187,6 +187,15 @@ TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
   CoapDtlsClient not_a_neighbour = client(server.port(), "peer-2");
   EXPECT_EQ(not_a_neighbour.request(Method::kGet, "gossip/model").code, CoapCode::kForbidden);
   EXPECT_EQ(peer.stats().refused["not a neighbour"], 1u);
+  // The other way round: a peer dialling a neighbour checks the name in its certificate.
+  CoapDtlsClient::Options expecting("127.0.0.1", server.port(), {}, 4000);
+  expecting.certificates = identity("peer-1");
+  expecting.expected_peer_name = "peer-3";
+  CoapDtlsClient wrong_name(expecting);
+  EXPECT_THROW(wrong_name.request(Method::kGet, "gossip/model"), transport::TransportError);
+  expecting.expected_peer_name = "peer-0";
+  CoapDtlsClient right_name(expecting);
+  EXPECT_EQ(right_name.request(Method::kGet, "gossip/model").code, CoapCode::kContent);
   // A certificate of another CA never gets a session.
   CoapDtlsClient stranger = client(server.port(), "stranger", "ca.crt");
   EXPECT_THROW(stranger.request(Method::kGet, "gossip/model"), transport::TransportError);

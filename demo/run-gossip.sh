@@ -8,7 +8,7 @@
 #   demo/run-gossip.sh [--peers N] [--topology ring|random-regular|full] [--duration S]
 #                      [--out DIR] [-- PEER OPTIONS...]
 #   defaults: 4 peers, ring, 60 s, gossip-results/, the mlp, dense D-PSGD. For example
-#   demo/run-gossip.sh -- --model paper-cnn --publish-fraction 0.01 --consensus-step 0.5
+#   demo/run-gossip.sh -- --model paper-cnn --publish-fraction 0.01
 #   demo/run-gossip.sh -- --gossip ad-psgd
 #
 # Needs build/host (./build.sh build host).

@@ -165,7 +165,7 @@ struct WorkerSettings {
   // Gossip (peer mode, runtime/gossip_peer.h).
   edgetrain::runtime::GossipPeerConfig gossip;
   std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;
-  double balance_target = 0;
+  double balance_target = 0, consensus_step = 0;
 };
 
 void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
@@ -227,8 +227,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
       .choices({"d-psgd", "ad-psgd"});
   t.add("publish-fraction", s.gossip.publish_fraction, "d-psgd: share of each tensor's entries a neighbour's copy "
         "of this model moves by per iteration (1: dense; e.g. 0.01: compressed gossip with error feedback)").range(1e-6, 1);
-  t.add("consensus-step", s.gossip.consensus_step, "d-psgd: gamma, how far a peer moves toward its neighbours' "
-        "copies per iteration (1 with dense gossip)").range(1e-6, 1);
+  t.add("consensus-step", s.consensus_step, "d-psgd: gamma, how far a peer moves toward its neighbours' "
+        "copies per iteration (0: 1 with dense gossip, 0.1 with compressed)").range(0, 1);
   t.add("neighbour-wait", s.gossip.neighbour_wait_seconds, "d-psgd: how long to wait for a neighbour that is "
         "behind before averaging without it").range(0, 3600).unit("seconds");
   t.add("balance-target", s.balance_target, "workload balancing: size each step's batch so that it takes this long "
@@ -422,6 +422,9 @@ edgetrain::runtime::GossipPeerConfig gossip_config(WorkerSettings& s) {
   g.balance.base_batch = c.batch;
   g.balance.base_lr = s.lr;
   g.balance.target_seconds = s.balance_target;
+  // Ours, measured in the simulator: with 1% of the entries per step, γ from 0.05 to 0.3
+  // reach the same accuracy within a point, 0.5 twenty points lower (sim/README.md, "Gossip").
+  g.consensus_step = s.consensus_step > 0 ? s.consensus_step : g.publish_fraction < 1 ? 0.1 : 1.0;
   if (g.balance.target_seconds == 0) g.balance.min_batch = g.balance.max_batch = c.batch;
   if (!s.state_dir.empty()) {
     std::filesystem::create_directories(s.state_dir);

@@ -43,7 +43,7 @@ for i in 0 1; do
   start_program "$work/peer-$i.log" ${prefix[@]+"${prefix[@]}"} "$worker" --mode gossip --topology "$work/topology.json" \
     --peer-name "peer-$i" --cert "$work/certs/peer-$i.crt" --cert-key "$work/certs/peer-$i.key" --ca "$work/certs/ca.crt" \
     --model paper-cnn --data mnist-small --lr 0.05 --balance-target "$target" --min-batch 2 --max-batch 512 \
-    --publish-fraction 0.01 --consensus-step 0.5 --duration 45 --stats-file "$work/peer-$i.json" --quiet
+    --publish-fraction 0.01 --duration 45 --stats-file "$work/peer-$i.json" --quiet
 done
 stats="$work/peer-0.json"
 batch() { json_get "$stats" batch; }

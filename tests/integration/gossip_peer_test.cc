@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "runtime/gossip_peer.h"
+#include "tests/support/server_thread.h"
 #include "transport/codec.h"
 
 namespace {
@@ -132,20 +133,7 @@ class GossipPeerTest : public ::testing::Test {
   static inline std::string setup_failure_;
 };
 
-class ServerThread {
- public:
-  explicit ServerThread(CoapDtlsServer& server) : thread_([this, &server] {
-      while (!stop_) server.run_once(10);
-    }) {}
-  ~ServerThread() {
-    stop_ = true;
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> stop_ = false;
-  std::thread thread_;
-};
+using edgetrain::testing::ServerThread;
 
 TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
   const runtime::Dataset data = tiny_data();

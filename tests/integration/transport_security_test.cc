@@ -18,6 +18,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/support/server_thread.h"
 #include "tests/support/udp_delay_proxy.h"
 #include "transport/coap_dtls.h"
 
@@ -36,20 +37,7 @@ std::string text_of(const std::vector<std::uint8_t>& b) { return {b.begin(), b.e
 const std::string kDeviceKey = "device-1-key-0123456789";
 
 // Runs a server's event loop on its own thread until destroyed.
-class ServerThread {
- public:
-  explicit ServerThread(CoapDtlsServer& server) : thread_([this, &server] {
-      while (!stop_) server.run_once(10);
-    }) {}
-  ~ServerThread() {
-    stop_ = true;
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> stop_ = false;
-  std::thread thread_;
-};
+using edgetrain::testing::ServerThread;
 
 // One server with every mode this test needs: PSK (device-1), certificates from the
 // test CA, and a plaintext endpoint when asked for. Its resources report who asked.

@@ -251,8 +251,9 @@ void WorkloadBalancer::observe(int examples, double seconds) {
   rate_ = rate_ == 0 ? rate : options_.smoothing * rate + (1 - options_.smoothing) * rate_;
   if (options_.target_seconds <= 0) return;
   const double wanted = std::clamp<double>(rate_ * options_.target_seconds, options_.min_batch, options_.max_batch);
-  // Within a quarter of the batch held: keep it (a batch size costs its own kernels).
-  if (std::fabs(wanted - batch_) <= 0.25 * batch_) return;
+  // Within a tenth of the batch held: keep it (a batch size costs its own kernels; the
+  // ladder's steps are 19%, so this keeps a measurement's noise from flapping between two).
+  if (std::fabs(wanted - batch_) <= 0.1 * batch_) return;
   batch_ = quantized_batch(wanted);
 }
 

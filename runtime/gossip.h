@@ -71,7 +71,7 @@ std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint
 // Each peer sizes its batch so that one iteration takes about `target_seconds` at the speed
 // it measures now (ours; runtime/README.md "Balancing"): the wanted batch is examples per
 // second × target, clamped to [min_batch, max_batch]; when it differs from the batch held
-// by more than a quarter, the batch becomes the nearest size on the ladder base_batch ·
+// by more than a tenth, the batch becomes the nearest size on the ladder base_batch ·
 // 2^(k/4) (each batch size has kernels of its own, so a peer keeps to few), clamped the
 // same way; the learning rate follows the batch linearly
 // (lr = base_lr × batch / base_batch, Goyal et al.'s linear scaling rule), capped at

@@ -98,8 +98,10 @@ TEST(WorkloadBalancer, SizesTheBatchToTheTargetAndFollowsASpeedChange) {
   b.observe(10, 0.1);  // 100 examples/s: 50 in half a second, 48 on the ladder 10 * 2^(k/4)
   EXPECT_EQ(b.batch(), 48);
   EXPECT_DOUBLE_EQ(b.learning_rate(), 0.4);  // 4.8x the batch, capped at 4x
-  b.observe(48, 0.45);  // 107 examples/s: 53 wanted, within a quarter of 48: kept
+  b.observe(48, 0.46);  // 104 examples/s: 52 wanted, within a tenth of 48: kept
   EXPECT_EQ(b.batch(), 48);
+  b.observe(48, 0.4);  // 120 examples/s: 60 wanted, 57 on the ladder
+  EXPECT_EQ(b.batch(), 57);
   b.observe(50, 5.0);  // the CPU quota dropped: 10 examples/s
   EXPECT_EQ(b.batch(), 5);
   EXPECT_DOUBLE_EQ(b.learning_rate(), 0.05);

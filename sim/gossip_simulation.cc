@@ -170,7 +170,6 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       pool_(config.threads),
       trainers_(model_, config.batch, config.kernels, pool_.get()),
       evaluator_(model_, 100, config.kernels, pool_.get()) {
-  if (!topology_.connected()) throw std::invalid_argument("gossip: the topology is not connected (--topology-file)");
   for (std::uint32_t i = 0; i < topology_.size(); ++i) weights_.push_back(runtime::metropolis_weights(topology_, i));
   if (!config.speed_classes.empty())
     fastest_budget_ = *std::max_element(config.speed_classes.begin(), config.speed_classes.end());
@@ -591,6 +590,14 @@ void check_gossip_config(const GossipConfig& c) {
   if (c.topology && c.topology->size() != static_cast<std::size_t>(c.peers))
     refuse("--topology-file lists " + std::to_string(c.topology->size()) + " peers, --workers says " +
            std::to_string(c.peers));
+  if (c.topology && !c.topology->connected()) refuse("--topology-file: the graph is not connected");
+  if (!c.topology && c.peers >= 2) {
+    try {  // cheap, and the drawn graph is the one the run draws again from the same seed
+      runtime::make_topology(c.topology_kind, static_cast<std::uint32_t>(c.peers), c.degree, c.seed);
+    } catch (const std::invalid_argument& e) {
+      refuse(std::string("--topology ") + runtime::topology_kind_name(c.topology_kind) + " / --degree: " + e.what());
+    }
+  }
   for (double budget : c.speed_classes)
     if (!(budget > 0) || !std::isfinite(budget)) refuse("--speed-classes must all be positive");
   for (const SpeedChange& change : c.speed_schedule) {

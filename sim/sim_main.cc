@@ -124,7 +124,7 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("topology-file", s.topology_file, "the graph from a topology file (runtime/README.md \"Gossip\"; its peer "
         "count must equal --workers); overrides --topology");
   t.add("consensus-step", s.consensus_step, "gamma: x_i += gamma * sum_j w_ij (published_j - published_i) (0: 1 for "
-        "dense gossip, 0.5 with --publish-fraction below 1)").range(0, 1);
+        "dense gossip, 0.1 with --publish-fraction below 1)").range(0, 1);
   t.add("speed-classes", s.speed_classes, "relative CPU budgets, e.g. 0.12,0.08,0.05,0.03; peer i is in class i mod "
         "count; a step of the base batch takes fastest/its budget step times (empty: all equal)");
   t.add("speed-schedule", s.speed_schedule, "TIME:CLASS:FACTOR,...: from virtual TIME on, class CLASS runs at FACTOR "

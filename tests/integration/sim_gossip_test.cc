@@ -129,7 +129,8 @@ TEST(SimGossip, DenseMixingKeepsTheMeanOfThePeersModels) {
 }
 
 // CHOCO-style compressed gossip: each iteration a peer's neighbours get the 1% of its
-// published model that changed most (at least 32 entries per tensor), not the whole model.
+// published model that changed most (at least 32 entries per tensor), not the whole model:
+// 72 times fewer bytes here.
 TEST(SimGossip, CompressedGossipSendsFarFewerBytesAndStillLearns) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
@@ -140,7 +141,9 @@ TEST(SimGossip, CompressedGossipSendsFarFewerBytesAndStillLearns) {
   EXPECT_EQ(compressed.exchanges, dense.exchanges);
   EXPECT_LT(compressed.bytes_per_peer * 20, dense.bytes_per_peer)
       << compressed.bytes_per_peer << " against " << dense.bytes_per_peer;
-  EXPECT_GT(compressed.curve.back().mean_accuracy, 0.6) << "slower than dense, but learning";
+  // With the default γ (0.1) compressed gossip stays within a few points of dense here.
+  EXPECT_GT(compressed.curve.back().mean_accuracy, dense.curve.back().mean_accuracy - 0.04);
+  EXPECT_GT(compressed.curve.back().min_accuracy, 0.8);
 }
 
 // Four speed classes 4:1 apart on a ring: without balancing every peer waits for its
@@ -167,6 +170,34 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
   EXPECT_LT(balanced.classes[0].wait_per_iteration, plain.classes[0].wait_per_iteration / 2)
       << "the fast peers wait far less for the slow ones";
   EXPECT_GT(balanced.curve.back().mean_accuracy, 0.8);
+}
+
+// A speed schedule changes a class's budget from its time on: class 0 at half its budget
+// from virtual time 20 takes twice as long per step from then on; the balancer follows it
+// with smaller batches.
+TEST(SimGossip, ASpeedScheduleSlowsItsClassFromItsTimeOn) {
+  const auto& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::GossipConfig c = ring_config();
+  c.peers = 4;
+  c.max_iterations = 60;
+  c.eval_every = 60;
+  c.eval_examples = 100;
+  c.step_jitter = 0;
+  c.speed_classes = {1, 1};
+  const auto steady = sim::run_gossip_simulation(c, data.train, data.test, "steady");
+  EXPECT_DOUBLE_EQ(steady.classes[0].compute_per_iteration, 1.0);
+  EXPECT_DOUBLE_EQ(steady.virtual_time, 60.0);
+  c.speed_schedule = sim::parse_speed_schedule("20:0:0.5");
+  const auto slowed = sim::run_gossip_simulation(c, data.train, data.test, "slowed");
+  // 20 iterations at 1, then 40 at 2 (the barrier holds class 1 back as well).
+  EXPECT_DOUBLE_EQ(slowed.classes[0].compute_per_iteration, (20 + 40 * 2) / 60.0);
+  EXPECT_DOUBLE_EQ(slowed.classes[1].compute_per_iteration, 1.0);
+  EXPECT_DOUBLE_EQ(slowed.virtual_time, 20 + 40 * 2);
+  c.balance_target = 1;
+  const auto balanced = sim::run_gossip_simulation(c, data.train, data.test, "balanced");
+  EXPECT_LT(balanced.classes[0].mean_batch, 8.0) << "batches of about 5 after the slow-down";
+  EXPECT_LT(balanced.virtual_time, 70.0);
 }
 
 void expect_same_curves(const sim::GossipResult& a, const sim::GossipResult& b) {

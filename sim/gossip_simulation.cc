@@ -40,33 +40,23 @@ std::optional<double> parse_number(const std::string& text) {
 }
 
 // XNNPACK's operators are built for a trainer's max batch and pad smaller batches to it, so
-// one trainer per batch size in use keeps a balanced peer's small batches cheap. Sizes are
-// rounded up to a ladder of 1, 2, 3, 4, 6, 8, 12, 16, ... (at most 1.5x padding, about two
-// trainers per doubling), plus the base batch itself, so a balanced fleet builds a dozen
-// trainers rather than one per distinct size (ours; each trainer holds its activations).
-class TrainerLadder {
+// one trainer per batch size in use keeps a balanced peer's small batches cheap. The
+// balancer keeps to a ladder of sizes (base · 2^(k/4), with hysteresis: runtime/gossip.h),
+// so a fleet uses a handful of sizes, and the trainers are shared by all peers (ours; each
+// holds its activations; the real peer keeps at most three of its own).
+class TrainerCache {
  public:
-  TrainerLadder(const runtime::Model& model, int base_batch, runtime::KernelBackend kernels, pthreadpool_t pool)
-      : model_(model), base_batch_(base_batch), kernels_(kernels), pool_(pool) {}
+  TrainerCache(const runtime::Model& model, runtime::KernelBackend kernels, pthreadpool_t pool)
+      : model_(model), kernels_(kernels), pool_(pool) {}
 
   runtime::Trainer& for_batch(int batch) {
-    const int rows = rung(batch);
-    auto& trainer = trainers_[rows];
-    if (!trainer) trainer = std::make_unique<runtime::Trainer>(model_, rows, kernels_, pool_);
+    auto& trainer = trainers_[batch];
+    if (!trainer) trainer = std::make_unique<runtime::Trainer>(model_, batch, kernels_, pool_);
     return *trainer;
   }
-  std::size_t built() const { return trainers_.size(); }
 
  private:
-  int rung(int batch) const {
-    if (batch == base_batch_) return batch;
-    for (int power = 1;; power *= 2) {
-      if (batch <= power) return power;
-      if (power >= 2 && batch <= power + power / 2) return power + power / 2;
-    }
-  }
   const runtime::Model& model_;
-  int base_batch_;
   runtime::KernelBackend kernels_;
   pthreadpool_t pool_;
   std::map<int, std::unique_ptr<runtime::Trainer>> trainers_;
@@ -142,7 +132,7 @@ class GossipSimulation {
   std::uint64_t dense_bytes_;
   double fastest_budget_ = 1;
   runtime::ThreadPool pool_;
-  TrainerLadder trainers_;
+  TrainerCache trainers_;
   runtime::Trainer evaluator_;
   std::vector<std::uint8_t> pixels_;
   std::vector<std::int32_t> labels_;
@@ -168,7 +158,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       compressed_(config.publish_fraction < 1),
       dense_bytes_(transport::dense_model_bytes(tensor_sizes_)),
       pool_(config.threads),
-      trainers_(model_, config.batch, config.kernels, pool_.get()),
+      trainers_(model_, config.kernels, pool_.get()),
       evaluator_(model_, 100, config.kernels, pool_.get()) {
   for (std::uint32_t i = 0; i < topology_.size(); ++i) weights_.push_back(runtime::metropolis_weights(topology_, i));
   if (!config.speed_classes.empty())
@@ -188,7 +178,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       if (shard.size() < 2) throw std::invalid_argument("gossip: a peer's shard is too small to hold out a validation split");
       // The shard is in seeded random order: its tail is as good a sample as any.
       const auto held = std::clamp<std::size_t>(
-          static_cast<std::size_t>(std::ceil(kValidationFraction * static_cast<double>(shard.size()))), 1,
+          static_cast<std::size_t>(std::ceil(config.validation_fraction * static_cast<double>(shard.size()))), 1,
           shard.size() - 1);
       validation.assign(shard.end() - static_cast<std::ptrdiff_t>(held), shard.end());
       shard.resize(shard.size() - held);
@@ -609,10 +599,11 @@ void check_gossip_config(const GossipConfig& c) {
   if (!(c.step_jitter >= 0)) refuse("--step-jitter must be >= 0");
   if (!(c.balance_target >= 0) || !std::isfinite(c.balance_target)) refuse("--balance-target must be >= 0");
   if (c.balance_min_batch < 1 || c.balance_min_batch > c.batch || c.balance_max_batch < c.batch)
-    refuse("--balance-min-batch <= --batch <= --balance-max-batch must hold");
+    refuse("--min-batch <= --batch <= --max-batch must hold");
   if (c.balance_target > 0 && !(c.learning_rate > 0)) refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
   if (c.plateau_patience < 0) refuse("--plateau-patience must be >= 0");
-  if (c.validate_every < 1) refuse("--val-every must be at least 1");
+  if (c.validate_every < 1) refuse("--validate-every must be at least 1");
+  if (!(c.validation_fraction > 0 && c.validation_fraction < 1)) refuse("--validation-fraction must be in (0, 1)");
   if (c.plateau_max_decays < 0) refuse("--plateau-decays must be >= 0");
   if (c.max_iterations < 1) refuse("--iterations must be at least 1");
   if (c.eval_every < 1) refuse("--eval-every must be at least 1");

@@ -65,9 +65,6 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text);
 // "0.12,0.08,0.05,0.03": positive numbers; std::invalid_argument naming --speed-classes.
 std::vector<double> parse_speed_classes(const std::string& text);
 
-// A share of each peer's shard held out as its validation split for accuracy-aware training
-// (ours; only when plateau_patience > 0, so the other runs train on the whole shard).
-inline constexpr double kValidationFraction = 0.05;
 // Forward-only work is taken as a third of a training step per example (ours: a forward
 // and a backward pass that costs about twice the forward), so a validation costs time.
 inline constexpr double kForwardShareOfStep = 1.0 / 3.0;
@@ -102,8 +99,12 @@ struct GossipConfig {
   int balance_max_batch = 256;
   // Accuracy-aware training: 0 off; else runtime::PlateauDetector's patience, fed with the
   // peer's validation accuracy every validate_every of its iterations.
+  // The validation split is validation_fraction of the shard, held out of training (ours, as
+  // the real peer's default; only when plateau_patience > 0, so the other runs train on the
+  // whole shard).
   int plateau_patience = 0;
   std::uint32_t validate_every = 20;
+  double validation_fraction = 0.05;
   int plateau_max_decays = 2;
   double plateau_min_delta = 0.002;
   // The run ends at the first of: the peers' mean iterations reach max_iterations, virtual

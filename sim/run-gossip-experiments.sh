@@ -53,7 +53,7 @@ fi
 base+=(--batch 10 --lr 0.1 --speed-classes 0.12,0.08,0.05,0.03 --seed 1 --iterations 1000000
        --time-budget "$budget" --target-accuracy "$target" --quiet)
 balance=(--balance-target 2)
-aware=(--plateau-patience 3 --val-every 25)
+aware=(--plateau-patience 3 --validate-every 25)
 
 runs=()
 for topology in ring random-regular; do

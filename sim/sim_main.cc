@@ -131,12 +131,14 @@ void declare_settings(settings::Table& t, SimSettings& s) {
         "times its budget (e.g. 200:0:0.25,400:0:1)");
   t.add("balance-target", s.gossip.balance_target, "workload balancing: each peer sizes its batch for this compute "
         "time per iteration, lr scaled with the batch (0: off)").range(0, 1e9).unit("step times");
-  t.add("balance-min-batch", s.gossip.balance_min_batch, "smallest batch balancing picks").range(1, 4096);
-  t.add("balance-max-batch", s.gossip.balance_max_batch, "largest batch balancing picks").range(1, 4096);
+  t.add("min-batch", s.gossip.balance_min_batch, "smallest batch balancing picks").range(1, 4096);
+  t.add("max-batch", s.gossip.balance_max_batch, "largest batch balancing picks").range(1, 4096);
   t.add("plateau-patience", s.gossip.plateau_patience, "accuracy-aware training: validations without improvement "
         "before a peer halves its lr, and after --plateau-decays halvings stops training (0: off)").range(0, 100000);
-  t.add("val-every", s.gossip.validate_every, "a peer's iterations between validations on its held-out 5% of its "
-        "shard (accuracy-aware training)").range(1, 1e9);
+  t.add("validate-every", s.gossip.validate_every, "a peer's iterations between validations on its held-out "
+        "--validation-fraction of its shard (accuracy-aware training)").range(1, 1e9);
+  t.add("validation-fraction", s.gossip.validation_fraction, "share of each peer's shard held out of training for "
+        "its validations (only with --plateau-patience)").range(1e-6, 0.5);
   t.add("plateau-decays", s.gossip.plateau_max_decays, "lr halvings before a plateau stops a peer").range(0, 100);
   t.add("iterations", s.gossip.max_iterations, "stop when the peers' mean iterations reach this").range(1, 1e12);
   t.add("time-budget", s.gossip.time_budget, "stop at this virtual time (0: no limit)").range(0, 1e15).unit("step times");
@@ -614,11 +616,13 @@ int run_gossip(const SimSettings& s, const sim::GossipConfig& config) {
     ProgressLine progress_line(s.quiet);
     auto progress = [&](const sim::GossipProgress& p) {
       char line[200];
-      std::snprintf(line, sizeof line, "[%s] iteration %.0f/%llu  time %.0f  mean acc %s  consensus %s  sent/peer %s",
-                    label.c_str(), p.mean_iterations, static_cast<unsigned long long>(p.max_iterations), p.time,
-                    accuracy_text(p.mean_accuracy).c_str(), accuracy_text(p.consensus_accuracy).c_str(),
-                    human_bytes(p.bytes_per_peer).c_str());
-      progress_line.show(line, p.mean_iterations, static_cast<double>(p.max_iterations));
+      std::snprintf(line, sizeof line, "[%s] iteration %.0f  time %.0f  mean acc %s  consensus %s  sent/peer %s",
+                    label.c_str(), p.mean_iterations, p.time, accuracy_text(p.mean_accuracy).c_str(),
+                    accuracy_text(p.consensus_accuracy).c_str(), human_bytes(p.bytes_per_peer).c_str());
+      // Whichever budget ends the run first says how far it is.
+      const double by_iterations = p.mean_iterations / static_cast<double>(p.max_iterations);
+      const double by_time = config.time_budget > 0 ? p.time / config.time_budget : 0;
+      progress_line.show(line, std::max(by_iterations, by_time), 1.0);
     };
     result = sim::run_gossip_simulation(config, data.train, data.test, label, progress);
   }

@@ -94,11 +94,20 @@ while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || failed=1; done
 python3 - "$out" "$target" "${runs[@]}" >"$out/gossip-results.md" <<'PY'
 import csv, os, sys
 out, target, entries = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
+
 def size(b):
-    for unit in ["B", "kB", "MB", "GB", "TB"]:
-        if b < 1000: return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
+    for unit in ["B", "kB", "MB", "GB"]:
+        if b < 1000:
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.2f} {unit}"
         b /= 1000
-    return f"{b:.2f} PB"
+    return f"{b:.2f} TB"
+
+def percent(row, key):
+    return f"{float(row[key]) * 100:.2f}%"
+
+def first(rows, key):
+    return next((r for r in rows if float(r[key]) >= target), None)
+
 print(f"target accuracy (mean peer): {target * 100:.1f}%; time in mean step times of the fastest class (virtual)\n")
 print("| run | iterations | virtual time | mean acc | peers min-max | consensus acc | time to target | "
       "consensus time to target | bytes/peer to target | bytes/peer | local steps |")
@@ -107,20 +116,19 @@ for entry in entries:
     name = entry.split("|")[0]
     path = os.path.join(out, name, "sim.csv")
     if not os.path.exists(path):
-        print(f"| {name} | (not run) |"); continue
+        print(f"| {name} | not run | | | | | | | | | |")
+        continue
     rows = list(csv.DictReader(open(path)))
-    last = rows[-1]
-    reach = next((r for r in rows if float(r["mean_accuracy"]) >= target), None)
-    consensus = next((r for r in rows if float(r["consensus_accuracy"]) >= target), None)
-    print(f"| {name} | {float(last['mean_iterations']):.0f} | {float(last['virtual_time']):.0f} | "
-          f"{float(last['mean_accuracy']) * 100:.2f}% | {float(last['min_accuracy']) * 100:.2f}-{float(last['max_accuracy']) * 100:.2f}% | "
-          f"{float(last['consensus_accuracy']) * 100:.2f}% | {float(reach['virtual_time']):.0f} | " if reach else
-          f"| {name} | {float(last['mean_iterations']):.0f} | {float(last['virtual_time']):.0f} | "
-          f"{float(last['mean_accuracy']) * 100:.2f}% | {float(last['min_accuracy']) * 100:.2f}-{float(last['max_accuracy']) * 100:.2f}% | "
-          f"{float(last['consensus_accuracy']) * 100:.2f}% | never | ", end="")
-    print(f"{float(consensus['virtual_time']):.0f} | " if consensus else "never | ", end="")
-    print(f"{size(float(reach['bytes_per_peer']))} | " if reach else "never | ", end="")
-    print(f"{size(float(last['bytes_per_peer']))} | {last['local_steps']} |")
+    last, reached, consensus = rows[-1], first(rows, "mean_accuracy"), first(rows, "consensus_accuracy")
+    cells = [name, f"{float(last['mean_iterations']):.0f}", f"{float(last['virtual_time']):.0f}",
+             percent(last, "mean_accuracy"),
+             f"{float(last['min_accuracy']) * 100:.2f}-{float(last['max_accuracy']) * 100:.2f}%",
+             percent(last, "consensus_accuracy"),
+             f"{float(reached['virtual_time']):.0f}" if reached else "never",
+             f"{float(consensus['virtual_time']):.0f}" if consensus else "never",
+             size(float(reached["bytes_per_peer"])) if reached else "never",
+             size(float(last["bytes_per_peer"])), last["local_steps"]]
+    print("| " + " | ".join(cells) + " |")
 PY
 cat "$out/gossip-results.md"
 exit "$failed"

@@ -85,7 +85,8 @@ struct Peer {
   double compute_time = 0, wait_time = 0;
   bool stopped = false;
   std::uint64_t bytes_sent = 0;
-  // AD-PSGD: the gradient computed at the step's start, applied at its end.
+  // The step in progress: its gradient, computed on the model at the step's start, and what
+  // apply_step() needs (AD-PSGD applies it at the step's end, to the model as it is then).
   std::vector<float> gradient;
   float pending_lr = 0;
   int pending_batch = 0;

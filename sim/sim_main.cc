@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "common/settings.h"
@@ -18,6 +19,8 @@
 #include "runtime/dataset.h"
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
+#include "runtime/gossip.h"
+#include "sim/gossip_simulation.h"
 #include "sim/simulator.h"
 
 namespace {
@@ -42,8 +45,12 @@ struct SimSettings {
   std::uint64_t eval_every = 0;  // 0: 100 updates, or every round with --mode rounds
   runtime::CompressionSettings compression{"both"};
   std::string train_images, train_labels, test_images, test_labels, save_model;
-  double target_accuracy = 0;
+  double target_accuracy = 0, stop_at_accuracy = 0;
   bool bin_local = false, quiet = false;
+  // --mode gossip (sim/gossip_simulation.h): what the table fills besides GossipConfig's fields.
+  sim::GossipConfig gossip;
+  std::string topology = "ring", topology_file, gossip_algorithm = "d-psgd", speed_classes, speed_schedule;
+  double consensus_step = 0;  // 0: the default for dense or compressed gossip
 };
 
 void declare_settings(settings::Table& t, SimSettings& s) {
@@ -55,10 +62,14 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("test-images", s.test_images, "IDX file");
   t.add("test-labels", s.test_labels, "IDX file");
   t.add("model", c.model, "paper-cnn, mlp, or a spec such as 'input 28x28x1; fc 64 relu; fc 10'");
+  t.group("Mode");
+  t.add("mode", s.mode, "async (asynchronous SGD with the staleness rule), rounds (federated rounds, FedAvg: "
+        "selected workers train local steps and send model deltas) or gossip (no server: peers train and average "
+        "models with their neighbours, EdgeGossip)").choices({"async", "rounds", "gossip"});
   t.group("Workers and server");
-  t.add("workers", c.workers, "virtual workers").range(1, 10000);
-  t.add("batch", c.batch, "minibatch per step").range(1, 4096);
-  t.add("lr", c.learning_rate, "server learning rate");
+  t.add("workers", c.workers, "virtual workers (with --mode gossip: peers)").range(1, 10000);
+  t.add("batch", c.batch, "minibatch per step (gossip: the base batch balancing starts from)").range(1, 4096);
+  t.add("lr", c.learning_rate, "server learning rate (gossip: the peers' plain SGD learning rate)").range(0, 1e9);
   t.add("staleness", s.staleness, "sigma (the paper: per parameter), delay (Zhang et al.: lr/delay) or none "
         "(plain lr whatever the delay: what the staleness rule buys)")
       .choices({"sigma", "delay", "none"});
@@ -67,6 +78,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("classes-per-worker", c.skew.classes_per_worker, "with --label-skew");
   t.add("preferred-fraction", c.skew.preferred_fraction, "with --label-skew").range(0, 1);
   t.add("speed-spread", c.speed_spread, "log-normal sigma of worker speeds (0: all equal)").range(0, 1e9);
+  t.add("step-jitter", c.step_jitter, "log-normal sigma of every step's time around its worker's mean (all modes)")
+      .range(0, 10);
   t.add("failure-probability", c.failure_probability, "per step: worker crashes, loses the update").range(0, 1);
   t.add("failing-fraction", c.failing_fraction, "share of the workers that can fail (a seeded choice; the others never do)")
       .range(0, 1);
@@ -79,15 +92,14 @@ void declare_settings(settings::Table& t, SimSettings& s) {
         "this many applied updates (edgetrain-server --publish-every; implies --delta-pulls); 0: the exact model")
       .range(0, 1000000).unit("updates");
   t.add("publish-fraction", c.publish.fraction, "with --publish-every: share of each tensor's entries a publish step "
-        "copies").range(1e-6, 1);
+        "copies; with --mode gossip: the same for each peer's published model, once per iteration (there the default "
+        "is 1: dense gossip)").range(1e-6, 1);
   t.add("publish-min-entries", c.publish.min_entries, "with --publish-every: entries a step copies at least per "
         "tensor").range(1, 1u << 30);
   t.add("kernels", s.kernels, "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)").choices({"xnnpack", "reference"});
   t.add("seed", c.seed, "same seed, same run");
   t.group("Federated rounds (--mode rounds)");
-  t.add("mode", s.mode, "async (asynchronous SGD with the staleness rule) or rounds (federated rounds, FedAvg: "
-        "selected workers train local steps and send model deltas)").choices({"async", "rounds"});
   t.add("rounds", c.rounds.max_rounds, "stop after this many closed rounds").range(1, 1e9).unit("rounds");
   t.add("local-steps", c.rounds.local_steps, "minibatches a selected worker trains per round").range(1, 1000000);
   t.add("local-epochs", c.rounds.local_epochs, "passes over the worker's shard per round instead of --local-steps "
@@ -102,6 +114,34 @@ void declare_settings(settings::Table& t, SimSettings& s) {
         "dropped) or wait-all (it waits for every selected worker)").choices({"drop-stragglers", "wait-all"});
   t.add("round-deadline", c.rounds.deadline_steps, "a round's deadline (0: 1.5 x the local steps; wait-all: "
         "a safety limit of 4 x this for a crashed worker)").range(0, 1e12).unit("step times");
+  t.group("Gossip (--mode gossip; sim/README.md \"Gossip\")");
+  t.add("gossip", s.gossip_algorithm, "d-psgd (each iteration: a local step, then a weighted average with the "
+        "neighbours' models of the same iteration; a local barrier) or ad-psgd (no barrier: after each local step, "
+        "the midpoint with one random neighbour)").choices({"d-psgd", "ad-psgd"});
+  t.add("topology", s.topology, "ring, random-regular (every peer has --degree neighbours, seeded) or full")
+      .choices({"ring", "random-regular", "full"});
+  t.add("degree", s.gossip.degree, "neighbours per peer with --topology random-regular").range(1, 10000);
+  t.add("topology-file", s.topology_file, "the graph from a topology file (runtime/README.md \"Gossip\"; its peer "
+        "count must equal --workers); overrides --topology");
+  t.add("consensus-step", s.consensus_step, "gamma: x_i += gamma * sum_j w_ij (published_j - published_i) (0: 1 for "
+        "dense gossip, 0.1 with --publish-fraction below 1)").range(0, 1);
+  t.add("speed-classes", s.speed_classes, "relative CPU budgets, e.g. 0.12,0.08,0.05,0.03; peer i is in class i mod "
+        "count; a step of the base batch takes fastest/its budget step times (empty: all equal)");
+  t.add("speed-schedule", s.speed_schedule, "TIME:CLASS:FACTOR,...: from virtual TIME on, class CLASS runs at FACTOR "
+        "times its budget (e.g. 200:0:0.25,400:0:1)");
+  t.add("balance-target", s.gossip.balance_target, "workload balancing: each peer sizes its batch for this compute "
+        "time per iteration, lr scaled with the batch (0: off)").range(0, 1e9).unit("step times");
+  t.add("min-batch", s.gossip.balance_min_batch, "smallest batch balancing picks").range(1, 4096);
+  t.add("max-batch", s.gossip.balance_max_batch, "largest batch balancing picks").range(1, 4096);
+  t.add("plateau-patience", s.gossip.plateau_patience, "accuracy-aware training: validations without improvement "
+        "before a peer halves its lr, and after --plateau-decays halvings stops training (0: off)").range(0, 100000);
+  t.add("validate-every", s.gossip.validate_every, "a peer's iterations between validations on its held-out "
+        "--validation-fraction of its shard (accuracy-aware training)").range(1, 1e9);
+  t.add("validation-fraction", s.gossip.validation_fraction, "share of each peer's shard held out of training for "
+        "its validations (only with --plateau-patience)").range(1e-6, 0.5);
+  t.add("plateau-decays", s.gossip.plateau_max_decays, "lr halvings before a plateau stops a peer").range(0, 100);
+  t.add("iterations", s.gossip.max_iterations, "stop when the peers' mean iterations reach this").range(1, 1e12);
+  t.add("time-budget", s.gossip.time_budget, "stop at this virtual time (0: no limit)").range(0, 1e15).unit("step times");
   t.group("Filter dropout (DISTREAL)");
   t.add("drop-rates", s.drop_rates, "one drop rate per conv layer, e.g. 0.5,0.25 (each in [0, 1); empty: none); "
         "every worker's step trains a random sub-network");
@@ -113,9 +153,12 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("bin-size", c.compressor.bin_size, "entries per bin for --bin-local").range(1, 1e9);
   t.group("Run and output");
   t.add("updates", c.max_updates, "stop after this many applied updates (async mode)").unit("updates");
-  t.add("eval-every", s.eval_every, "applied updates (closed rounds with --mode rounds) between test evaluations "
-        "(0: 100 updates, or every round)").range(0, 1e12);
-  t.add("eval-examples", c.eval_examples, "test examples per evaluation (0: all)");
+  t.add("eval-every", s.eval_every, "applied updates (closed rounds with --mode rounds, mean peer iterations with "
+        "--mode gossip) between test evaluations (0: 100 updates, every round, or 20 iterations)").range(0, 1e12);
+  t.add("eval-examples", c.eval_examples, "test examples per evaluation (0: all; with --mode gossip, per peer and "
+        "for the consensus model, and the default there is 1000)");
+  t.add("stop-at-accuracy", s.stop_at_accuracy, "stop once the test accuracy (gossip: the peers' mean) reaches this "
+        "(0: never)").range(0, 1);
   t.add("target-accuracy", s.target_accuracy, "accuracy for the traffic ratio (0: auto, half a point below the "
         "lower best)").range(0, 1);
   t.add("out", s.out_dir, "directory for sim.csv, plots and summary.md");
@@ -146,6 +189,7 @@ std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings&
   config.mode = sim::parse_sim_mode(s.mode);
   const bool rounds = config.mode == sim::SimMode::kRounds;
   config.eval_every = s.eval_every ? s.eval_every : rounds ? 1 : 100;
+  if (s.stop_at_accuracy > 0) config.stop_at_accuracy = s.stop_at_accuracy;
   config.rounds.aggregation = server::parse_aggregation(s.aggregation);
   config.rounds.policy = sim::parse_round_policy(s.round_policy);
   if (rounds && (config.delta_pulls || config.publish.enabled()))
@@ -189,16 +233,42 @@ std::vector<std::pair<std::string, sim::SimConfig>> make_runs(const SimSettings&
 
 using Runs = std::vector<std::pair<std::string, sim::SimConfig>>;
 
+// One progress line per run on stderr: rewritten in place on a terminal, otherwise printed
+// every tenth of the run (and at its end), so logs stay short.
+class ProgressLine {
+ public:
+  explicit ProgressLine(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) != 0) {}
+  ~ProgressLine() {
+    if (tty_ && shown_) std::fprintf(stderr, "\n");
+  }
+  void show(const char* line, double done, double total) {
+    if (quiet_) return;
+    shown_ = true;
+    if (tty_) {
+      std::fprintf(stderr, "\r%-100s", line);
+    } else if (done >= last_printed_ + total / 10 || done >= total) {
+      std::fprintf(stderr, "%s\n", line);
+      last_printed_ = done;
+    }
+  }
+
+ private:
+  bool quiet_, tty_, shown_ = false;
+  double last_printed_ = 0;
+};
+
+std::string accuracy_text(double accuracy) {
+  return accuracy < 0 ? "  -  " : std::to_string(accuracy * 100).substr(0, 5) + "%";
+}
+
 std::vector<sim::SimResult> simulate(const SimSettings& s, const Runs& runs, const Data& data) {
-  const bool tty = isatty(STDERR_FILENO);
   std::vector<sim::SimResult> results;
   for (const auto& [label, c] : runs) {
-    std::uint64_t last_printed = 0;
+    ProgressLine progress_line(s.quiet);
     const bool rounds = c.mode == sim::SimMode::kRounds;
     auto progress = [&, label = label](const sim::Progress& p) {
-      if (s.quiet) return;
       char line[200];
-      const std::string accuracy = p.accuracy < 0 ? "  -  " : std::to_string(p.accuracy * 100).substr(0, 5) + "%";
+      const std::string accuracy = accuracy_text(p.accuracy);
       if (rounds) {
         std::snprintf(line, sizeof line, "[%s] round %llu/%llu  test acc %s  ingress %s  stragglers %llu", label.c_str(),
                       static_cast<unsigned long long>(p.updates), static_cast<unsigned long long>(p.max_updates),
@@ -210,15 +280,9 @@ std::vector<sim::SimResult> simulate(const SimSettings& s, const Runs& runs, con
                       static_cast<unsigned long long>(p.max_updates), accuracy.c_str(),
                       human_bytes(static_cast<double>(p.ingress_bytes)).c_str(), p.mean_delay);
       }
-      if (tty) {
-        std::fprintf(stderr, "\r%-100s", line);
-      } else if (p.updates >= last_printed + p.max_updates / 10 || p.updates == p.max_updates) {
-        std::fprintf(stderr, "%s\n", line);
-        last_printed = p.updates;
-      }
+      progress_line.show(line, static_cast<double>(p.updates), static_cast<double>(p.max_updates));
     };
     results.push_back(sim::run_simulation(c, data.train, data.test, label, progress));
-    if (tty && !s.quiet) std::fprintf(stderr, "\n");
   }
   return results;
 }
@@ -229,6 +293,14 @@ std::vector<std::string> plot_files(bool rounds) {
   return {"accuracy-vs-ingress.svg", rounds ? "accuracy-vs-rounds.svg" : "accuracy-vs-updates.svg",
           "accuracy-vs-time.svg"};
 }
+
+void write_chart(const std::string& path, const std::vector<plot::PlotSeries>& series, const plot::PlotOptions& options) {
+  std::ofstream(path) << plot::render_svg_line_chart(series, options);
+}
+
+// Half a point below the lowest best accuracy, rounded down to a tenth of a point: every
+// run reaches it, so the time or traffic to it compares them all.
+double automatic_target(double lowest_best) { return std::floor((lowest_best - 0.005) * 1000) / 1000; }
 
 // sim.csv keeps its columns in both modes: with --mode rounds `updates` holds the rounds
 // closed (each close is one model version, as on the server).
@@ -260,16 +332,16 @@ void write_curves(const SimSettings& s, bool rounds, const std::vector<sim::SimR
   plot.y_label = "test accuracy";
   plot.log_x = true;
   plot.reference_y = target_accuracy;
-  std::ofstream(s.out_dir + "/" + files[0]) << plot::render_svg_line_chart(by_bytes, plot);
+  write_chart(s.out_dir + "/" + files[0], by_bytes, plot);
   plot.title = rounds ? "Test accuracy against rounds closed" : "Test accuracy against applied updates";
   plot.x_label = rounds ? "rounds closed" : "updates applied";
   plot.log_x = false;
-  std::ofstream(s.out_dir + "/" + files[1]) << plot::render_svg_line_chart(by_updates, plot);
+  write_chart(s.out_dir + "/" + files[1], by_updates, plot);
   // The clock is virtual: a mean step time of a worker is its unit, so slow workers and
   // stragglers show here and not in the other two plots.
   plot.title = "Test accuracy against virtual time";
   plot.x_label = "virtual time (mean step times)";
-  std::ofstream(s.out_dir + "/" + files[2]) << plot::render_svg_line_chart(by_time, plot);
+  write_chart(s.out_dir + "/" + files[2], by_time, plot);
 }
 
 std::string time_text(std::optional<double> time) {
@@ -367,17 +439,223 @@ std::string summary_table(const std::vector<sim::SimResult>& results, double tar
   return summary.str() + line;
 }
 
-int run(const SimSettings& s) {
+// Writes `parameters` to --save-model in the server's checkpoint format (sealed, with its
+// model keys): `edgetrain-server evaluate`, --init-from and server/checkpoint_to_torch.py
+// take the file as it is.
+void save_model(const SimSettings& s, const std::vector<float>& parameters, std::uint64_t version,
+                const std::string& label, double final_accuracy) {
+  runtime::Model model(runtime::model_spec_from_argument(s.config.model));
+  std::copy(parameters.begin(), parameters.end(), model.parameters().begin());
+  const std::map<std::string, std::string> metadata = {
+      {"edgetrain.model", model.spec().name},
+      {"edgetrain.model_id", std::to_string(model.layout_id())},
+      {"edgetrain.version", std::to_string(version)},
+      {"edgetrain.sim.method", label},
+      {"edgetrain.sim.data", s.data},
+      {"edgetrain.sim.final_test_accuracy", std::to_string(final_accuracy)}};
+  server::write_file_atomically(s.save_model, server::sealed_checkpoint_bytes(model, metadata));
+  std::cout << "model: " << s.save_model << " (" << label << ", final test accuracy " << final_accuracy * 100 << "%)\n";
+}
+
+// ---- --mode gossip -----------------------------------------------------------------------
+
+// Settings of a server-based run that mean nothing without a server: refused with --mode
+// gossip when given, rather than silently ignored.
+bool server_only_setting(const settings::Setting& setting) {
+  static const std::set<std::string> flags = {"staleness", "max-staleness", "speed-spread", "failure-probability",
+                                              "failing-fraction", "downtime", "leave-for-good", "delta-pulls",
+                                              "publish-every", "updates", "bin-local", "bin-size"};
+  const std::string& group = setting.group();
+  return flags.contains(setting.flag()) || group.starts_with("Federated rounds") || group.starts_with("Filter dropout") ||
+         group.starts_with("Compression");
+}
+
+void refuse_settings_of_other_modes(const SimSettings& s, const settings::Table& table) {
+  const bool gossip = s.mode == "gossip";
+  for (const auto& setting : table.settings()) {
+    if (!table.was_set(setting->flag())) continue;
+    if (gossip && server_only_setting(*setting))
+      throw std::invalid_argument("--" + setting->flag() + " is not a setting of --mode gossip (no server there)");
+    if (!gossip && setting->group().starts_with("Gossip"))
+      throw std::invalid_argument("--" + setting->flag() + " is a setting of --mode gossip");
+  }
+}
+
+sim::GossipConfig make_gossip_config(const SimSettings& s, const settings::Table& table) {
+  const sim::SimConfig& c = s.config;
+  sim::GossipConfig g = s.gossip;  // the table filled its balance, plateau and stop settings
+  g.model = c.model;
+  g.peers = c.workers;
+  g.batch = c.batch;
+  g.learning_rate = c.learning_rate;
+  g.algorithm = sim::parse_gossip_algorithm(s.gossip_algorithm);
+  if (!s.topology_file.empty()) {
+    try {
+      g.topology = runtime::read_topology_file(s.topology_file);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("--topology-file: ") + e.what());
+    }
+  } else {
+    g.topology_kind = runtime::parse_topology_kind(s.topology);
+  }
+  // The async default (0.01) is for the server's published model; gossip is dense unless asked.
+  g.publish_fraction = table.was_set("publish-fraction") ? c.publish.fraction : 1.0;
+  g.publish_min_entries = c.publish.min_entries;
+  if (s.consensus_step > 0) g.consensus_step = s.consensus_step;
+  g.label_skewed = c.label_skewed;
+  g.skew = c.skew;
+  g.speed_classes = sim::parse_speed_classes(s.speed_classes);
+  g.speed_schedule = sim::parse_speed_schedule(s.speed_schedule);
+  g.step_jitter = c.step_jitter;
+  g.eval_every = s.eval_every ? s.eval_every : 20;
+  // Evaluating every peer is most of a run's wall time: 1000 test examples unless asked.
+  g.eval_examples = table.was_set("eval-examples") ? c.eval_examples : 1000;
+  if (s.stop_at_accuracy > 0) g.stop_at_accuracy = s.stop_at_accuracy;
+  g.seed = c.seed;
+  g.threads = c.threads;
+  g.kernels = s.kernels == "reference" ? runtime::KernelBackend::kReference : runtime::KernelBackend::kXnnpack;
+  sim::check_gossip_config(g);
+  return g;
+}
+
+// "D-PSGD, ring, publish 0.01 (gamma 0.5), balance 2, accuracy-aware 5": what sets a run apart.
+std::string gossip_label(const SimSettings& s, const sim::GossipConfig& g) {
+  std::ostringstream label;
+  label << (g.algorithm == sim::GossipAlgorithm::kDpsgd ? "D-PSGD" : "AD-PSGD") << ", ";
+  if (g.topology) {
+    label << s.topology_file;
+  } else {
+    label << s.topology;
+    if (g.topology_kind == runtime::TopologyKind::kRandomRegular) label << ' ' << g.degree;
+  }
+  if (g.publish_fraction < 1) label << ", publish " << g.publish_fraction << " (gamma " << g.effective_consensus_step() << ')';
+  else if (g.consensus_step && *g.consensus_step != 1) label << ", gamma " << *g.consensus_step;
+  if (g.balance_target > 0) label << ", balance " << g.balance_target;
+  if (g.plateau_patience > 0) label << ", accuracy-aware " << g.plateau_patience;
+  if (g.label_skewed) label << ", label skew";
+  return label.str();
+}
+
+std::string optional_time(const sim::GossipEvalPoint* point) {
+  return point ? time_text(point->time) : "never";
+}
+
+void write_gossip_outputs(const SimSettings& s, const sim::GossipResult& r, double target_accuracy) {
+  std::ofstream csv(s.out_dir + "/sim.csv");
+  csv << "method,virtual_time,mean_iterations,bytes_per_peer,mean_accuracy,min_accuracy,max_accuracy,"
+         "consensus_accuracy,mean_loss,consensus_loss,local_steps\n";
+  plot::PlotSeries mean{"mean peer", {}, {}}, lowest{"least accurate peer", {}, {}}, consensus{"consensus (average model)", {}, {}};
+  plot::PlotSeries mean_by_bytes = mean, consensus_by_bytes = consensus;
+  for (const auto& p : r.curve) {
+    csv << '"' << r.label << "\"," << p.time << ',' << p.mean_iterations << ',' << p.bytes_per_peer << ','
+        << p.mean_accuracy << ',' << p.min_accuracy << ',' << p.max_accuracy << ',' << p.consensus_accuracy << ','
+        << p.mean_loss << ',' << p.consensus_loss << ',' << p.local_steps << '\n';
+    for (auto* series : {&mean, &lowest, &consensus}) series->x.push_back(p.time);
+    mean.y.push_back(p.mean_accuracy);
+    lowest.y.push_back(p.min_accuracy);
+    consensus.y.push_back(p.consensus_accuracy);
+    if (p.bytes_per_peer > 0) {  // log axis: the start (no bytes yet) has no place on it
+      mean_by_bytes.x.push_back(p.bytes_per_peer);
+      mean_by_bytes.y.push_back(p.mean_accuracy);
+      consensus_by_bytes.x.push_back(p.bytes_per_peer);
+      consensus_by_bytes.y.push_back(p.consensus_accuracy);
+    }
+  }
+  plot::PlotOptions plot;
+  plot.title = "Gossip (" + r.label + "): test accuracy against virtual time (" + s.data + ", " + s.config.model + ")";
+  plot.x_label = "virtual time (mean step times of the fastest class)";
+  plot.y_label = "test accuracy";
+  plot.reference_y = target_accuracy;
+  write_chart(s.out_dir + "/accuracy-vs-time.svg", {mean, lowest, consensus}, plot);
+  plot.title = "Gossip (" + r.label + "): test accuracy against bytes sent per peer";
+  plot.x_label = "bytes sent per peer (mean)";
+  plot.log_x = true;
+  write_chart(s.out_dir + "/accuracy-vs-bytes.svg", {mean_by_bytes, consensus_by_bytes}, plot);
+}
+
+std::string gossip_summary(const sim::GossipResult& r, double target_accuracy) {
+  std::ostringstream out;
+  const sim::GossipEvalPoint& last = r.curve.back();
+  const sim::GossipEvalPoint* reached = r.first_reaching(target_accuracy);
+  char row[700];
+  out << "| run | topology | mean acc | peers min-max | consensus acc | mean iterations | virtual time | local steps | "
+         "skipped steps | bytes/peer | time to target | bytes/peer to target | consensus time to target | wall s |\n"
+         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::snprintf(row, sizeof row, "| %s | %s | %.2f%% | %.2f-%.2f%% | %.2f%% | %.0f | %.0f | %llu | %llu | %s | %s | %s | %s | %.0f |\n",
+                r.label.c_str(), r.topology.c_str(), last.mean_accuracy * 100, last.min_accuracy * 100,
+                last.max_accuracy * 100, last.consensus_accuracy * 100, r.mean_iterations, r.virtual_time,
+                static_cast<unsigned long long>(r.local_steps), static_cast<unsigned long long>(r.skipped_steps),
+                human_bytes(r.bytes_per_peer).c_str(), optional_time(reached).c_str(),
+                reached ? human_bytes(reached->bytes_per_peer).c_str() : "never",
+                optional_time(r.consensus_first_reaching(target_accuracy)).c_str(), r.wall_seconds);
+  out << row;
+  out << "\n| speed class (budget) | peers | compute per iteration | waiting per iteration | mean batch |\n"
+         "|---|---|---|---|---|\n";
+  for (const auto& c : r.classes) {
+    std::snprintf(row, sizeof row, "| %g | %d | %.2f | %.2f | %.1f |\n", c.budget, c.peers, c.compute_per_iteration,
+                  c.wait_per_iteration, c.mean_batch);
+    out << row;
+  }
+  out << "\ntarget accuracy (mean peer): " << target_accuracy * 100 << "%; time in mean step times of the fastest "
+      << "class (virtual); bytes: sent per peer, mean over the peers\n";
+  out << "consensus distance at the end (mean |x_i - mean| / |mean|): " << r.consensus_distance << "\n";
+  if (r.validations > 0)
+    out << "accuracy-aware: " << r.validations << " validations, " << r.lr_decays << " lr halvings, " << r.peers_stopped
+        << " peers stopped, " << r.skipped_steps << " iterations without a local step\n";
+  return out.str();
+}
+
+int run_gossip(const SimSettings& s, const sim::GossipConfig& config) {
+  const Data data = load_data(s);
+  const std::string label = gossip_label(s, config);
+  std::fprintf(stderr, "edgetrain-sim: gossip, %s, %zu train / %zu test examples, model %s, %d peers, batch %d, lr %g: %s\n",
+               s.data.c_str(), data.train.size(), data.test.size(), config.model.c_str(), config.peers, config.batch,
+               config.learning_rate, label.c_str());
+  sim::GossipResult result;
+  {
+    ProgressLine progress_line(s.quiet);
+    auto progress = [&](const sim::GossipProgress& p) {
+      char line[200];
+      std::snprintf(line, sizeof line, "[%s] iteration %.0f  time %.0f  mean acc %s  consensus %s  sent/peer %s",
+                    label.c_str(), p.mean_iterations, p.time, accuracy_text(p.mean_accuracy).c_str(),
+                    accuracy_text(p.consensus_accuracy).c_str(), human_bytes(p.bytes_per_peer).c_str());
+      // Whichever budget ends the run first says how far it is.
+      const double by_iterations = p.mean_iterations / static_cast<double>(p.max_iterations);
+      const double by_time = config.time_budget > 0 ? p.time / config.time_budget : 0;
+      progress_line.show(line, std::max(by_iterations, by_time), 1.0);
+    };
+    result = sim::run_gossip_simulation(config, data.train, data.test, label, progress);
+  }
+  std::filesystem::create_directories(s.out_dir);
+  const double target_accuracy = s.target_accuracy > 0 ? s.target_accuracy : automatic_target(result.best_mean_accuracy());
+  write_gossip_outputs(s, result, target_accuracy);
+  const std::string summary = gossip_summary(result, target_accuracy);
+  std::ofstream(s.out_dir + "/summary.md") << summary;
+  if (!s.save_model.empty())
+    save_model(s, result.consensus_parameters, static_cast<std::uint64_t>(result.mean_iterations), result.label + " (consensus)",
+               result.curve.back().consensus_accuracy);
+  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md,accuracy-vs-time.svg,accuracy-vs-bytes.svg}\n";
+  return 0;
+}
+
+int run(const SimSettings& s, const settings::Table& table) {
   // Settings that are wrong together (the table checks each alone) are refused before the
   // data loads, with the table's exit status.
   Runs runs;
+  sim::GossipConfig gossip;
   try {
-    runs = make_runs(s);
+    refuse_settings_of_other_modes(s, table);
+    if (s.mode == "gossip") {
+      gossip = make_gossip_config(s, table);
+    } else {
+      runs = make_runs(s);
+    }
     for (const auto& run : runs) sim::check_sim_config(run.second);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "edgetrain-sim: %s\n", e.what());
     return 2;
   }
+  if (s.mode == "gossip") return run_gossip(s, gossip);
   const bool rounds = runs.front().second.mode == sim::SimMode::kRounds;
   const Data data = load_data(s);
   if (rounds) {
@@ -399,28 +677,15 @@ int run(const SimSettings& s) {
   if (target_accuracy <= 0) {
     double lowest_best = 1;
     for (const auto& r : results) lowest_best = std::min(lowest_best, r.best_accuracy());
-    target_accuracy = std::floor((lowest_best - 0.005) * 1000) / 1000;
+    target_accuracy = automatic_target(lowest_best);
   }
   write_curves(s, rounds, results, target_accuracy);
   const std::string summary =
       rounds ? rounds_summary_table(results, target_accuracy) : summary_table(results, target_accuracy);
   std::ofstream(s.out_dir + "/summary.md") << summary;
   if (!s.save_model.empty()) {
-    runtime::Model model(runtime::model_spec_from_argument(s.config.model));
     const sim::SimResult& last = results.back();
-    std::copy(last.final_parameters.begin(), last.final_parameters.end(), model.parameters().begin());
-    // The server's checkpoint format (sealed, with its model keys): `edgetrain-server
-    // evaluate`, --init-from and server/checkpoint_to_torch.py take the file as it is.
-    const std::map<std::string, std::string> metadata = {
-        {"edgetrain.model", model.spec().name},
-        {"edgetrain.model_id", std::to_string(model.layout_id())},
-        {"edgetrain.version", std::to_string(last.updates_applied)},
-        {"edgetrain.sim.method", last.label},
-        {"edgetrain.sim.data", s.data},
-        {"edgetrain.sim.final_test_accuracy", std::to_string(last.final_accuracy())}};
-    server::write_file_atomically(s.save_model, server::sealed_checkpoint_bytes(model, metadata));
-    std::cout << "model: " << s.save_model << " (" << last.label << ", final test accuracy " << last.final_accuracy() * 100
-              << "%)\n";
+    save_model(s, last.final_parameters, last.updates_applied, last.label, last.final_accuracy());
   }
   std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md";
   for (const std::string& file : plot_files(rounds)) std::cout << ',' << file;
@@ -437,7 +702,9 @@ int main(int argc, char** argv) {
       "edgetrain-sim: N virtual workers train a model asynchronously in one process, with the real trainer,\n"
       "compressor, codec and server staleness rule, and compare dense ASGD with AdaComp by test accuracy\n"
       "against the bytes the server ingests; or, with --mode rounds, in federated rounds (FedAvg) with dense\n"
-      "against AdaComp-compressed deltas. Writes a CSV, SVG plots and a summary to --out.");
+      "against AdaComp-compressed deltas; or, with --mode gossip, with no server: peers average models with their\n"
+      "neighbours (D-PSGD, AD-PSGD; compressed gossip, workload balancing, accuracy-aware training).\n"
+      "Writes a CSV, SVG plots and a summary to --out.");
   declare_settings(table, settings);
-  return table.run_program(argc, argv, [&] { return run(settings); });
+  return table.run_program(argc, argv, [&] { return run(settings, table); });
 }

@@ -13,25 +13,10 @@
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
 #include "server/model_changes.h"
+#include "sim/sim_internal.h"
 
 namespace edgetrain::sim {
 namespace {
-
-// splitmix64 with Box-Muller: the same numbers on every platform for a seed.
-class Random {
- public:
-  explicit Random(std::uint64_t seed) : generator_{seed} {}
-  double uniform() { return generator_.uniform_double(); }  // [0, 1)
-  double normal() {
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-  double log_normal(double sigma) { return sigma > 0 ? std::exp(sigma * normal() - 0.5 * sigma * sigma) : 1.0; }
-  double exponential(double mean) { return -mean * std::log(1.0 - uniform()); }
-
- private:
-  runtime::SplitMix64 generator_;
-};
 
 struct Worker {
   runtime::ShardSampler sampler;
@@ -92,30 +77,6 @@ std::vector<bool> failing_workers(const SimConfig& c) {
   return may_fail;
 }
 
-runtime::Model checked_model(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test) {
-  runtime::Model model(runtime::model_spec_from_argument(config.model));
-  const runtime::ExampleShape in = model.input_shape();
-  if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
-      static_cast<std::uint32_t>(in.C) != train.channels || train.image_bytes() != test.image_bytes()) {
-    throw runtime::ModelError("sim: model input " + std::to_string(in.H) + "x" + std::to_string(in.W) + "x" +
-                              std::to_string(in.C) + " does not match the data's " + std::to_string(train.height) +
-                              "x" + std::to_string(train.width) + "x" + std::to_string(train.channels));
-  }
-  if (model.num_classes() < static_cast<int>(train.num_classes)) {
-    throw runtime::ModelError("sim: model has " + std::to_string(model.num_classes()) + " outputs for " +
-                              std::to_string(train.num_classes) + " classes");
-  }
-  if (train.size() < static_cast<std::size_t>(config.workers)) throw std::invalid_argument("sim: fewer examples than workers");
-  model.initialize(config.seed);
-  return model;
-}
-
-std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
-
 std::vector<runtime::TensorSlice> layout_of(const runtime::Model& model) {
   std::vector<runtime::TensorSlice> layout;
   for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
@@ -165,7 +126,7 @@ struct Simulation {
 Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test)
     : config(config),
       test(test),
-      model(checked_model(config, train, test)),
+      model(checked_model(config.model, config.workers, config.seed, train, test)),
       tensor_sizes(tensor_sizes_of(model)),
       layout(layout_of(model)),
       store(model.layout_id(), tensor_sizes, std::vector<float>(model.parameters().begin(), model.parameters().end()),
@@ -191,10 +152,7 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, c
   }
   workers.reserve(config.workers);
   for (int w = 0; w < config.workers; w++) {
-    runtime::ShardSpec shard_spec{static_cast<std::uint32_t>(w), static_cast<std::uint32_t>(config.workers), config.seed};
-    auto shard = config.label_skewed ? runtime::shard_label_skewed(train.labels, train.num_classes, shard_spec, config.skew)
-                                     : runtime::shard_iid(train.size(), shard_spec);
-    if (shard.empty()) throw std::invalid_argument("sim: worker " + std::to_string(w) + " got an empty shard");
+    auto shard = worker_shard(train, w, config.workers, config.seed, config.label_skewed, config.skew);
     workers.push_back(Worker{runtime::ShardSampler(train, std::move(shard), config.seed + 1000003ULL * (w + 1)),
                              random.log_normal(config.speed_spread), runtime::Compressor(layout, config.compressor), 0,
                              {}});
@@ -203,17 +161,8 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, c
 }
 
 void Simulation::evaluate(SimResult& result, std::uint64_t updates, double time) {
-  std::size_t correct = 0;
-  double loss_sum = 0;
-  for (std::size_t start = 0; start < eval_count; start += kEvalBatch) {
-    const int count = static_cast<int>(std::min<std::size_t>(kEvalBatch, eval_count - start));
-    auto r = evaluator.evaluate(store.parameters(), test.pixels.data() + start * test.image_bytes(),
-                                test.labels.data() + start, count);
-    correct += r.correct;
-    loss_sum += static_cast<double>(r.loss) * count;
-  }
-  result.curve.push_back({updates, time, result.ingress_bytes, result.pull_bytes,
-                          static_cast<double>(correct) / eval_count, loss_sum / eval_count});
+  const TestScore score = evaluate_parameters(evaluator, store.parameters(), test, eval_count);
+  result.curve.push_back({updates, time, result.ingress_bytes, result.pull_bytes, score.accuracy, score.loss});
 }
 
 // Asynchronous SGD: an event loop over workers' step starts and update arrivals.

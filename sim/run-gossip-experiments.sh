@@ -130,5 +130,31 @@ for entry in entries:
              size(float(last["bytes_per_peer"])), last["local_steps"]]
     print("| " + " | ".join(cells) + " |")
 PY
+# Plots: per topology, the mean peer's test accuracy against virtual time and against the
+# bytes a peer sent, one line per variant (edgetrain-emulation-report plot draws them).
+report="$build/emulation/edgetrain-emulation-report"
+mkdir -p "$out/figures"
+for topology in ring random-regular; do
+  for axis in time bytes; do
+    csv="$out/figures/gossip-$topology-accuracy-vs-$axis.csv"
+    echo "series,x,y" >"$csv"
+    for variant in dpsgd adpsgd balance balance-aware compressed; do
+      [ -s "$out/$topology-$variant/sim.csv" ] || continue
+      # sim.csv: method,virtual_time,mean_iterations,bytes_per_peer,mean_accuracy,...
+      awk -F, -v name="$variant" -v axis="$axis" 'NR > 1 {
+          n = split($0, f, ",")  # the method is quoted and may hold commas: count from the end
+          x = (axis == "time") ? f[n - 9] : f[n - 7]; if (x > 0) print name "," x "," f[n - 6] }' \
+        "$out/$topology-$variant/sim.csv" >>"$csv"
+    done
+    if [ "$axis" = time ]; then
+      x_label="virtual time (mean step times of the fastest class)"; log=()
+    else
+      x_label="bytes a peer sent (mean over the peers)"; log=(--log-x)
+    fi
+    [ ! -x "$report" ] || "$report" plot "$csv" --out "${csv%.csv}.svg" ${log[@]+"${log[@]}"} --y-min 0.8 \
+      --reference-y "$target" --x-label "$x_label" --y-label "mean peer test accuracy" \
+      --title "16 peers, $topology, four speed classes, paper CNN, MNIST"
+  done
+done
 cat "$out/gossip-results.md"
 exit "$failed"

@@ -31,8 +31,10 @@ while [ $# -gt 0 ]; do
 done
 [[ "$peers" =~ ^[0-9]+$ ]] && [ "$peers" -ge 2 ] || { echo "run-gossip.sh: --peers must be at least 2" >&2; exit 2; }
 [[ "$duration" =~ ^[0-9]+$ ]] && [ "$duration" -ge 5 ] || { echo "run-gossip.sh: --duration must be >= 5 s" >&2; exit 2; }
-model=mlp
+# The peers' model: --model among the peer options, else the mlp (added to them).
+model=""
 for ((a = 1; a <= $#; a++)); do [ "${!a}" = --model ] && { b=$((a + 1)); model="${!b}"; }; done
+[ -n "$model" ] || { model=mlp; set -- --model mlp "$@"; }
 
 bin=build/host
 for f in runtime/edgetrain-worker runtime/edgetrain-topology sim/edgetrain-fleet-eval; do
@@ -65,7 +67,7 @@ for _ in range(500):
 for ((i = 0; i < peers; i++)); do
   start_program "$out/peer-$i.log" "$bin/runtime/edgetrain-worker" --mode gossip --topology "$out/topology.json" \
     --peer-name "peer-$i" --cert "$out/certs/peer-$i.crt" --cert-key "$out/certs/peer-$i.key" --ca "$out/certs/ca.crt" \
-    --model "$model" --data mnist --duration "$duration" --state-dir "$out/state-$i" --stats-file "$out/peer-$i.json" \
+    --data mnist --duration "$duration" --state-dir "$out/state-$i" --stats-file "$out/peer-$i.json" \
     --quiet "$@"
 done
 echo "$peers peers ($kind, logs in $out/peer-N.log) for $duration s"

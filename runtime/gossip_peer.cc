@@ -311,6 +311,7 @@ void GossipPeer::State::neighbour_failed(Neighbour& n, const std::string& why) {
 bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(config.neighbour_wait_seconds));
+  int mismatches = 0;
   while (!stop) {
     CoapResponse answer;
     try {
@@ -331,7 +332,12 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
     }
     try {
       const ModelReplica::PullOutcome outcome = n.replica.take(answer.payload);
-      if (outcome == ModelReplica::PullOutcome::kMismatch) continue;  // the next pull is dense
+      // A delta that did not fit the copy: the copy is dropped and the next pull is dense. A
+      // neighbour that answers even that with a delta that does not fit is broken or hostile.
+      if (outcome == ModelReplica::PullOutcome::kMismatch) {
+        if (++mismatches < 2) continue;
+        throw std::runtime_error("two model deltas in a row did not fit (" + n.replica.mismatch() + ")");
+      }
     } catch (const std::exception& e) {
       n.replica = ModelReplica(layout_id, sizes);
       {

@@ -77,8 +77,14 @@ class FakeNeighbours : public runtime::PeerChannel {
   std::uint64_t layout_id = 0;
   std::vector<std::uint32_t> sizes;
   std::optional<std::uint32_t> poisoned;  // this neighbour's marker values arrive as NaN
+  std::optional<std::uint32_t> deltas_that_never_fit;  // this neighbour answers every pull with such a delta
   static constexpr float kMarker = 1234.5f;
   CoapResponse request(std::uint32_t neighbour, Method, const std::string&, std::span<const std::uint8_t>) override {
+    if (deltas_that_never_fit == neighbour) {
+      // A delta from version 7, which nobody holds, with a digest of nothing in particular.
+      transport::ModelDelta delta{layout_id, 7, 8, 12345, {}};
+      return {CoapCode::kContent, transport::encode_model_delta(delta).value()};
+    }
     auto bytes = transport::encode_dense_model(layout_id, 1, sizes, models.at(neighbour)).value();
     if (poisoned == neighbour) bytes = with_value_replaced(bytes, kMarker, std::numeric_limits<float>::quiet_NaN());
     return {CoapCode::kContent, bytes};
@@ -236,6 +242,15 @@ TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighb
   EXPECT_EQ(stats.models_refused, 1u);
   EXPECT_EQ(stats.exchanges, 3u);  // only peer-1's this time
   for (float v : peer.parameters()) ASSERT_TRUE(std::isfinite(v));
+
+  // A neighbour whose every answer is a delta that does not fit: refused after two, not
+  // pulled forever.
+  channel.poisoned.reset();
+  channel.deltas_that_never_fit = 1;
+  peer.iterate();
+  EXPECT_EQ(peer.stats().models_refused, 2u);
+  // Both refusals by one reason: the codec itself refuses the NaN above.
+  EXPECT_EQ(peer.stats().refused.at("bad model from a neighbour"), 2u);
 }
 
 TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused) {

@@ -26,6 +26,7 @@
 #include "runtime/round_worker.h"
 #include "runtime/worker.h"
 #include "runtime/worker_exit_codes.h"
+#include "transport/codec.h"
 
 namespace {
 
@@ -469,6 +470,13 @@ int run_gossip(const WorkerSettings& s, const edgetrain::runtime::GossipPeerConf
     server_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
   }
   server_options.timing = s.config.timing;
+  // AD-PSGD posts whole models: the body limit must hold one, whatever the model.
+  {
+    const runtime::Model model(runtime::model_spec_from_argument(config.model));
+    std::vector<std::uint32_t> sizes;
+    for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+    server_options.max_body_bytes = std::max(server_options.max_body_bytes, transport::dense_model_bytes(sizes) + 1024);
+  }
   transport::CoapDtlsServer server(server_options);
   runtime::CoapPeerChannel::Options channel_options;
   if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};

@@ -10,18 +10,20 @@
 # the mean peer, final mean / spread / consensus accuracy).
 #
 # usage: sim/run-gossip-experiments.sh [--build DIR] [--out DIR] [--jobs N] [--budget T] [--target A]
-#                                      [--quick] [--list]
+#                                      [--data NAME] [--peers N] [--quick] [--list]
 #   --build DIR   host build tree with sim/edgetrain-sim (default build/host)
 #   --out DIR     where the runs go (default gossip-results)
 #   --jobs N      runs side by side (default 1: the runs are timed by a virtual clock, but
 #                 the machine is often shared)
 #   --budget T    virtual time budget per run, in mean step times of the fastest class (default 2000)
 #   --target A    accuracy for the time and bytes columns (default 0.97)
+#   --data NAME   mnist (default) or fashion-mnist (then choose --target, e.g. 0.85)
+#   --peers N     peers (default 16; with four speed classes, a multiple of 4)
 #   --quick       mlp on mnist-small, 8 peers, budget 200 (a smoke test of the script)
 #   --list        print the commands, run nothing
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build="$repo/build/host" out=gossip-results jobs=1 budget=2000 target=0.97 quick=0 list=0
+build="$repo/build/host" out=gossip-results jobs=1 budget=2000 target=0.97 quick=0 list=0 data=mnist peers=16
 die() { echo "run-gossip-experiments.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,6 +32,8 @@ while [ $# -gt 0 ]; do
     --jobs) jobs=${2:?}; shift ;;
     --budget) budget=${2:?}; shift ;;
     --target) target=${2:?}; shift ;;
+    --data) data=${2:?}; shift ;;
+    --peers) peers=${2:?}; shift ;;
     --quick) quick=1 ;;
     --list) list=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -45,7 +49,7 @@ if [ "$quick" = 1 ]; then
   base=(--mode gossip --data mnist-small --model mlp --workers 8 --eval-every 25 --eval-examples 500)
   budget=200 target=0.85
 else
-  base=(--mode gossip --data mnist --model paper-cnn --workers 16 --eval-every 25 --eval-examples 1000)
+  base=(--mode gossip --data "$data" --model paper-cnn --workers "$peers" --eval-every 25 --eval-examples 1000)
 fi
 # Ours: batch 10 and lr 0.1 (the AdaComp paper's worker), balancing to 2 step times per
 # iteration (the fastest class then trains batches of 20, the slowest of 5), plateau patience 3
@@ -153,7 +157,7 @@ for topology in ring random-regular; do
     fi
     [ ! -x "$report" ] || "$report" plot "$csv" --out "${csv%.csv}.svg" ${log[@]+"${log[@]}"} --y-min 0.8 \
       --reference-y "$target" --x-label "$x_label" --y-label "mean peer test accuracy" \
-      --title "16 peers, $topology, four speed classes, paper CNN, MNIST"
+      --title "$peers peers, $topology, four speed classes, paper CNN, $data"
   done
 done
 cat "$out/gossip-results.md"

@@ -47,6 +47,16 @@ std::optional<std::vector<std::pair<std::uint32_t, std::uint32_t>>> draw_pairing
 
 }  // namespace
 
+const char* gossip_algorithm_name(GossipAlgorithm algorithm) {
+  return algorithm == GossipAlgorithm::kDpsgd ? "d-psgd" : "ad-psgd";
+}
+
+GossipAlgorithm parse_gossip_algorithm(const std::string& name) {
+  if (name == "d-psgd") return GossipAlgorithm::kDpsgd;
+  if (name == "ad-psgd") return GossipAlgorithm::kAdpsgd;
+  throw std::invalid_argument("--gossip: unknown algorithm '" + name + "' (d-psgd or ad-psgd)");
+}
+
 const char* topology_kind_name(TopologyKind kind) {
   switch (kind) {
     case TopologyKind::kRing: return "ring";

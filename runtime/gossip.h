@@ -13,6 +13,14 @@
 
 namespace edgetrain::runtime {
 
+// ---- Algorithms ---------------------------------------------------------------------------
+
+// D-PSGD (Lian et al. 2017: a step, then a weighted average with every neighbour) and
+// AD-PSGD (Lian et al. 2018: a step, then a pairwise average with one random neighbour).
+enum class GossipAlgorithm { kDpsgd, kAdpsgd };
+const char* gossip_algorithm_name(GossipAlgorithm algorithm);  // "d-psgd", "ad-psgd"
+GossipAlgorithm parse_gossip_algorithm(const std::string& name);  // std::invalid_argument otherwise
+
 // ---- Topology -----------------------------------------------------------------------------
 
 enum class TopologyKind { kRing, kRandomRegular, kFull, kExplicit };

@@ -56,16 +56,6 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_since(const std::s
 
 }  // namespace
 
-const char* gossip_algorithm_name(GossipAlgorithm algorithm) {
-  return algorithm == GossipAlgorithm::kDpsgd ? "d-psgd" : "ad-psgd";
-}
-
-GossipAlgorithm parse_gossip_algorithm(const std::string& name) {
-  if (name == "d-psgd") return GossipAlgorithm::kDpsgd;
-  if (name == "ad-psgd") return GossipAlgorithm::kAdpsgd;
-  throw std::invalid_argument("unknown gossip algorithm '" + name + "' (d-psgd or ad-psgd)");
-}
-
 void check_gossip_peer_config(const GossipPeerConfig& c) {
   if (c.topology.size() == 0) throw std::invalid_argument("gossip: empty topology");
   if (c.self >= c.topology.size())

@@ -45,10 +45,6 @@
 
 namespace edgetrain::runtime {
 
-enum class GossipAlgorithm { kDpsgd, kAdpsgd };
-const char* gossip_algorithm_name(GossipAlgorithm algorithm);  // "d-psgd", "ad-psgd"
-GossipAlgorithm parse_gossip_algorithm(const std::string& name);  // std::invalid_argument otherwise
-
 struct GossipPeerConfig {
   std::string model = "paper-cnn";
   GossipTopology topology;

@@ -517,16 +517,6 @@ void GossipSimulation::finish(GossipResult& result) {
 
 }  // namespace
 
-const char* gossip_algorithm_name(GossipAlgorithm algorithm) {
-  return algorithm == GossipAlgorithm::kDpsgd ? "d-psgd" : "ad-psgd";
-}
-
-GossipAlgorithm parse_gossip_algorithm(const std::string& name) {
-  if (name == "d-psgd") return GossipAlgorithm::kDpsgd;
-  if (name == "ad-psgd") return GossipAlgorithm::kAdpsgd;
-  throw std::invalid_argument("--gossip: unknown algorithm '" + name + "' (d-psgd or ad-psgd)");
-}
-
 std::vector<double> parse_speed_classes(const std::string& text) {
   std::vector<double> classes;
   if (text.empty()) return classes;

@@ -48,9 +48,10 @@
 
 namespace edgetrain::sim {
 
-enum class GossipAlgorithm { kDpsgd, kAdpsgd };
-const char* gossip_algorithm_name(GossipAlgorithm algorithm);  // "d-psgd", "ad-psgd"
-GossipAlgorithm parse_gossip_algorithm(const std::string& name);  // std::invalid_argument otherwise
+// The real peer's (runtime/gossip.h).
+using runtime::gossip_algorithm_name;
+using runtime::GossipAlgorithm;
+using runtime::parse_gossip_algorithm;
 
 // From `at` on (virtual time), speed class `speed_class` runs at `factor` × its budget
 // (0.5: half its CPU, twice its step times), until a later change of the same class.

@@ -265,6 +265,7 @@ void GossipPeer::State::local_step() {
     sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.slowdown), stop);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   if (!all_finite(gradient)) {
+    std::lock_guard lock(mutex);  // the handlers read and write the counts on the server's thread
     count_refusal("non-finite own gradient");
     return;
   }

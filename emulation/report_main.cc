@@ -31,6 +31,8 @@
 
 #include "common/settings.h"
 #include "emulation/cpu_plan.h"
+#include "emulation/gossip_report.h"
+#include "emulation/report_files.h"
 #include "common/svg_plot.h"
 #include "runtime/splitmix64.h"
 
@@ -38,53 +40,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-// ------------------------------------------------------------------------------ CSV files
-
-struct CsvTable {
-  std::vector<std::string> header;
-  std::vector<std::vector<std::string>> rows;
-  std::size_t column(const std::string& name) const {
-    const auto it = std::find(header.begin(), header.end(), name);
-    if (it == header.end()) throw std::invalid_argument("no column '" + name + "'");
-    return static_cast<std::size_t>(it - header.begin());
-  }
-  double number(std::size_t row, const std::string& name) const { return std::stod(rows.at(row).at(column(name))); }
-};
-
-std::vector<std::string> split_fields(const std::string& line) {
-  std::vector<std::string> fields;
-  std::istringstream in(line);
-  for (std::string field; std::getline(in, field, ',');) fields.push_back(field);
-  return fields;
-}
-
-// Missing file: an empty table (a run stopped before the file was written).
-CsvTable read_csv(const fs::path& path) {
-  CsvTable table;
-  std::ifstream in(path);
-  std::string line;
-  if (!std::getline(in, line)) return table;
-  table.header = split_fields(line);
-  while (std::getline(in, line)) {
-    if (!line.empty()) table.rows.push_back(split_fields(line));
-  }
-  return table;
-}
-
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The programs write their stats files atomically, so a file is whole or absent.
-json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  if (!in) throw std::invalid_argument("cannot read " + path.string());
-  return json::parse(in);
-}
+using namespace edgetrain::emulation;
 
 // ------------------------------------------------------------------------------ plan
 
@@ -186,23 +142,6 @@ void print_plan(const PlanOptions& o) {
 
 // ------------------------------------------------------------------------------ stats files
 
-// logs/worker-I.K.stats.json: worker I's K-th incarnation (K = 0, then one per restart),
-// in incarnation order.
-std::vector<fs::path> worker_stats_files(const fs::path& run, unsigned worker) {
-  std::vector<std::pair<int, fs::path>> found;
-  const std::regex name("worker-" + std::to_string(worker) + R"(\.([0-9]+)\.stats\.json)");
-  std::error_code error;
-  for (const auto& entry : fs::directory_iterator(run / "logs", error)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (std::regex_match(file, m, name)) found.emplace_back(std::stoi(m[1].str()), entry.path());
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<fs::path> files;
-  for (auto& f : found) files.push_back(f.second);
-  return files;
-}
-
 std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers) {
   std::uint64_t highest = 0;
   for (unsigned i = 0; i < workers; i++) {
@@ -291,14 +230,6 @@ Run read_run(const std::string& directory) {
   const CsvTable links = read_csv(fs::path(directory) / "links.csv");
   for (std::size_t r = 0; r < links.rows.size(); r++) run.egress_bytes += links.number(r, "to_worker_bytes_in");
   return run;
-}
-
-std::string bytes_text(double b) {
-  char text[32];
-  if (b >= 1e9) std::snprintf(text, sizeof text, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(text, sizeof text, "%.2f MB", b / 1e6);
-  else std::snprintf(text, sizeof text, "%.1f kB", b / 1e3);
-  return text;
 }
 
 const Row* first_reaching(const Run& run, double target) {
@@ -404,7 +335,8 @@ std::string compare_runs(const std::vector<std::string>& directories, const std:
 // ------------------------------------------------------------------------------ summarize
 
 struct SummarizeOptions {
-  std::string run, stop_kind, stopped, network;
+  std::string run, stop_kind, stopped, network, mode = "async";
+  std::uint32_t checkpoint_every = 20;  // gossip: the peers' --checkpoint-every
   std::string reached;  // the timeline row that met the target: elapsed_s,version,accuracy,...
   double target = -1;
 };
@@ -558,6 +490,10 @@ struct EmulatorSettings {
   // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
   std::string drop_rates, class_drop_rates, dropout_table;
   double step_time_budget = 0, deadline_share = 0.8;
+  // Gossip (no server; the worker's --mode gossip): emulation/README.md "Gossip runs".
+  std::string topology = "ring", gossip = "d-psgd";
+  std::uint32_t degree = 4, plateau_patience = 0, validate_every = 50, checkpoint_every = 10, eval_examples = 1000;
+  double gossip_publish_fraction = 1, consensus_step = 0, neighbour_wait = 5, balance_target = 0;
 };
 
 void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
@@ -589,15 +525,35 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
   t.add("label-skew", s.label_skew, "label-skewed shards (the worker's --label-skew) instead of i.i.d.");
   t.group("Federated rounds (server/README.md, runtime/README.md)");
-  t.add("mode", s.mode, "async: asynchronous SGD; rounds: federated rounds (server and workers)").choices({"async", "rounds"});
+  t.add("mode", s.mode, "async: asynchronous SGD; rounds: federated rounds (server and workers); gossip: no server, "
+        "the workers are peers that average models with their neighbours").choices({"async", "rounds", "gossip"});
   t.add("round-policy", s.round_policy, "rounds: drop-stragglers or wait-all").choices({"drop-stragglers", "wait-all"});
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open").range(0.1, 1e6).unit("seconds");
   t.add("aggregation", s.aggregation, "rounds: masked or fedavg").choices({"masked", "fedavg"});
   t.add("client-fraction", s.client_fraction, "rounds: share of the devices selected per round").range(1e-6, 1);
   t.add("local-steps", s.local_steps, "rounds: minibatches a selected device trains per round").range(1, 1000000);
   t.add("local-epochs", s.local_epochs, "rounds: passes over its shard instead of --local-steps (0: steps)").range(0, 1000);
-  t.add("local-lr", s.local_lr, "rounds: the workers' local SGD learning rate").range(1e-9, 100);
+  t.add("local-lr", s.local_lr, "rounds and gossip: the workers' local SGD learning rate").range(1e-9, 100);
   t.add("server-lr", s.server_lr, "rounds: the server moves the model by this times the aggregated delta").range(1e-6, 100);
+  t.group("Gossip (--mode gossip: runtime/README.md \"Gossip\", emulation/README.md \"Gossip runs\")");
+  t.add("topology", s.topology, "gossip: the peers' graph").choices({"ring", "random-regular", "full"});
+  t.add("degree", s.degree, "gossip, random-regular: neighbours per peer").range(1, 4000);
+  t.add("gossip", s.gossip, "gossip: d-psgd (a barrier per iteration) or ad-psgd (pairwise, none)")
+      .choices({"d-psgd", "ad-psgd"});
+  t.add("gossip-publish-fraction", s.gossip_publish_fraction, "gossip, d-psgd: share of each tensor a neighbour's "
+        "copy moves by per iteration (1: dense; 0.01: compressed gossip)").range(1e-6, 1);
+  t.add("consensus-step", s.consensus_step, "gossip, d-psgd: the peers' --consensus-step (0: their default)").range(0, 1);
+  t.add("neighbour-wait", s.neighbour_wait, "gossip, d-psgd: how long a peer waits for a neighbour behind it")
+      .range(0, 3600).unit("seconds");
+  t.add("balance-target", s.balance_target, "gossip: workload balancing, a step's target time (0: off)")
+      .range(0, 3600).unit("seconds");
+  t.add("plateau-patience", s.plateau_patience, "gossip: accuracy-aware training, the peers' --plateau-patience (0: off)")
+      .range(0, 1000);
+  t.add("validate-every", s.validate_every, "gossip: iterations between a peer's validations").range(1, 1000000);
+  t.add("checkpoint-every", s.checkpoint_every, "gossip: iterations between a peer's checkpoints (the fleet's "
+        "evaluations read them)").range(1, 1000000000);
+  t.add("eval-examples", s.eval_examples, "gossip: test images per evaluation of the fleet during the run (the final "
+        "one uses all)").range(1, 1000000);
   t.group("Filter dropout (DISTREAL: runtime/README.md)");
   t.add("drop-rates", s.drop_rates, "every worker trains this sub-network: one rate per conv layer, e.g. 0.25,0.5");
   t.add("class-drop-rates", s.class_drop_rates, "a static width per CPU class (HeteroFL-style): CLASS=R1:R2,... "
@@ -662,6 +618,13 @@ void check_emulator_settings(const EmulatorSettings& s) {
   }
   if (s.mode == "async" && !s.dropout_table.empty() && !(s.step_time_budget > 0))
     throw std::invalid_argument("--dropout-table in async mode needs --step-time-budget");
+  if (s.mode == "gossip") {
+    if (s.workers < 2) throw std::invalid_argument("--mode gossip needs at least 2 workers (peers)");
+    if (s.fail.find("kill-server") != std::string::npos)
+      throw std::invalid_argument("--mode gossip has no server to kill (kill-worker:I@T kills a peer)");
+    if (!s.drop_rates.empty() || !s.class_drop_rates.empty() || !s.dropout_table.empty())
+      throw std::invalid_argument("--mode gossip trains the whole model: no --drop-rates, --class-drop-rates or --dropout-table");
+  }
   if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
     throw std::invalid_argument("--impaired must be a number or 'all'");
   parse_link_profile(s.link);
@@ -750,6 +713,39 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
   summary->add_option("--network", s.network, "loopback or netns")->required();
   summary->add_option("--reached", s.reached, "the timeline.csv row that met the target (elapsed_s,version,test_accuracy,...)");
   summary->add_option("--target-accuracy", s.target, "target accuracy of the table (default: the report's)");
+  summary->add_option("--mode", s.mode, "the run's mode (gossip: peers, no server)")
+      ->check(CLI::IsMember({"async", "rounds", "gossip"}))->capture_default_str();
+  summary->add_option("--checkpoint-every", s.checkpoint_every, "gossip: the peers' --checkpoint-every (restart check)")
+      ->capture_default_str();
+}
+
+// The wiring and the evaluations of a gossip run (emulation/gossip_report.h).
+struct GossipCommands {
+  std::string run, network = "loopback", eval;
+  int subnet = 100;
+  double elapsed = 0;
+};
+
+void add_gossip_commands(CLI::App& app, GossipCommands& g) {
+  CLI::App* wiring = app.add_subcommand("gossip-wiring", "gossip: from RUN_DIR/plan.csv and topology.json, write every "
+                                                         "peer's address into topology.json, peers.csv and the "
+                                                         "impairer's links.toml (a link per directed edge)");
+  wiring->add_option("run", g.run, "run directory")->required()->check(CLI::ExistingDirectory);
+  wiring->add_option("--network", g.network, "loopback or netns")->check(CLI::IsMember({"loopback", "netns"}))->required();
+  wiring->add_option("--subnet", g.subnet, "S of the run's addresses")->check(CLI::Range(0, 255))->required();
+  wiring->callback([&g] { write_gossip_wiring(g.run, g.network, g.subnet); });
+  CLI::App* topologies = app.add_subcommand("gossip-topologies", "gossip: once the impairer listens, write "
+                                                                 "RUN_DIR/peers/NAME.topology.json (neighbours' "
+                                                                 "addresses: the impairer's ends of the links)");
+  topologies->add_option("run", g.run, "run directory")->required()->check(CLI::ExistingDirectory);
+  topologies->callback([&g] { write_peer_topologies(g.run); });
+  CLI::App* row = app.add_subcommand("gossip-row", "gossip: append one fleet evaluation (edgetrain-fleet-eval's "
+                                                   "JSON) to RUN_DIR/gossip-timeline.csv and timeline.csv, and print "
+                                                   "the timeline.csv row");
+  row->add_option("run", g.run, "run directory")->required()->check(CLI::ExistingDirectory);
+  row->add_option("--elapsed", g.elapsed, "seconds since the peers started, when the checkpoints were evaluated")->required();
+  row->add_option("--eval", g.eval, "edgetrain-fleet-eval's JSON")->required()->check(CLI::ExistingFile);
+  row->callback([&g] { std::printf("%s\n", append_gossip_row(g.run, g.elapsed, g.eval).c_str()); });
 }
 
 // The quota changes of a run with CPU classes (emulation/cpu_plan.h), as CSV for the launcher.
@@ -837,6 +833,8 @@ int main(int argc, char** argv) {
   double target = -1;
   add_plan_command(app, plan);
   add_run_commands(app, run, summary);
+  GossipCommands gossip;
+  add_gossip_commands(app, gossip);
   PlotCommand plot;
   plot.options.y_label = "test accuracy";
   add_plot_command(app, plot);
@@ -853,6 +851,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   try {
     app.parse(argc, argv);
+    if (app.got_subcommand("summarize") && summary.mode == "gossip") {
+      return summarize_gossip({summary.run, summary.stop_kind, summary.stopped, summary.network, summary.reached,
+                               summary.target, summary.checkpoint_every});
+    }
     if (app.got_subcommand("summarize")) return summarize(summary);
     if (app.get_subcommands().empty() || app.got_subcommand("compare")) {
       if (directories.empty() || out.empty()) throw CLI::ValidationError("compare needs run directories and --out");

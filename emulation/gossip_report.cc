@@ -342,3 +342,112 @@ int summarize_gossip(const GossipSummaryOptions& o) {
 }
 
 }  // namespace edgetrain::emulation
+
+namespace edgetrain::emulation {
+
+namespace {
+
+// One run as compare_gossip_runs sees it.
+struct DeviceRun {
+  std::string label;
+  bool gossip = false;
+  std::vector<double> seconds, accuracy, consensus, bytes_per_device;
+  double final_accuracy = 0, final_min = 0, final_max = 0, final_consensus = -1, bytes_whole_run = 0, iterations = 0;
+};
+
+DeviceRun read_device_run(const fs::path& run) {
+  DeviceRun r;
+  r.label = read_text(run / "run.label");
+  if (!r.label.empty() && r.label.back() == '\n') r.label.pop_back();
+  const json outcome = read_json(run / "outcome.json");
+  r.gossip = outcome.value("mode", "") == "gossip";
+  if (r.gossip) {
+    const CsvTable t = read_csv(run / "gossip-timeline.csv");
+    for (std::size_t i = 0; i < t.rows.size(); i++) {
+      r.seconds.push_back(t.number(i, "elapsed_s"));
+      r.accuracy.push_back(t.number(i, "mean_accuracy"));
+      r.consensus.push_back(t.number(i, "consensus_accuracy"));
+      r.bytes_per_device.push_back(t.number(i, "bytes_sent_per_peer"));
+    }
+    if (outcome.contains("final") && outcome["final"].is_object()) {
+      r.final_accuracy = outcome["final"]["mean_accuracy"].get<double>();
+      r.final_min = outcome["final"]["min_accuracy"].get<double>();
+      r.final_max = outcome["final"]["max_accuracy"].get<double>();
+      r.final_consensus = outcome["final"]["consensus_accuracy"].get<double>();
+    }
+    r.bytes_whole_run = outcome.value("bytes_sent_per_peer", 0.0);
+    r.iterations = outcome.value("mean_iteration", 0.0);
+  } else {
+    const CsvTable t = read_csv(run / "timeline.csv"), workers = read_csv(run / "workers.csv");
+    const double n = static_cast<double>(std::max<std::size_t>(1, workers.rows.size()));
+    for (std::size_t i = 0; i < t.rows.size(); i++) {
+      r.seconds.push_back(t.number(i, "elapsed_s"));
+      r.accuracy.push_back(t.number(i, "test_accuracy"));
+      r.bytes_per_device.push_back(t.number(i, "ingress_payload_bytes") / n);
+    }
+    if (!t.rows.empty()) r.final_accuracy = r.final_min = r.final_max = r.accuracy.back();
+    double steps = 0;
+    for (std::size_t i = 0; i < workers.rows.size(); i++) {
+      r.bytes_whole_run += workers.number(i, "payload_bytes_sent") / n;
+      steps += workers.number(i, "steps") / n;
+    }
+    r.iterations = steps;
+  }
+  return r;
+}
+
+// The index of the first row at or above TARGET in VALUES, or -1.
+long first_at(const std::vector<double>& values, double target) {
+  for (std::size_t i = 0; i < values.size(); i++)
+    if (values[i] >= target) return static_cast<long>(i);
+  return -1;
+}
+
+}  // namespace
+
+std::string compare_gossip_runs(const std::vector<fs::path>& directories, const fs::path& out, double target) {
+  std::vector<DeviceRun> runs;
+  for (const fs::path& d : directories) runs.push_back(read_device_run(d));
+  if (runs.empty()) throw std::invalid_argument("gossip-compare needs run directories");
+  fs::create_directories(out);
+  const long reference_row = first_at(runs.front().accuracy, target);
+  std::ostringstream table;
+  const std::string t = percent(target);
+  table << "| run | final accuracy | peers min-max | consensus | time to " << t << " | speed-up | consensus time to " << t
+        << " | bytes sent per device to " << t << " | bytes sent per device | iterations (steps) per device |\n"
+        << "|---|---|---|---|---|---|---|---|---|---|\n";
+  std::vector<plot::PlotSeries> by_time, by_bytes;
+  for (const DeviceRun& r : runs) {
+    const long row = first_at(r.accuracy, target), consensus_row = first_at(r.consensus, target);
+    std::string speedup = "—";
+    if (row >= 0 && reference_row >= 0 && r.seconds[row] > 0)
+      speedup = fixed(runs.front().seconds[reference_row] / r.seconds[row], 2) + "x";
+    table << "| " << r.label << " | " << percent(r.final_accuracy) << " | "
+          << (r.gossip ? percent(r.final_min) + "-" + percent(r.final_max) : "(server model)") << " | "
+          << (r.final_consensus >= 0 ? percent(r.final_consensus) : "—") << " | "
+          << (row >= 0 ? fixed(r.seconds[row], 0) + " s" : "not reached") << " | " << speedup << " | "
+          << (!r.gossip ? "—" : consensus_row >= 0 ? fixed(r.seconds[consensus_row], 0) + " s" : "not reached") << " | "
+          << (row >= 0 ? bytes_text(r.bytes_per_device[row]) : "—") << " | " << bytes_text(r.bytes_whole_run) << " | "
+          << fixed(r.iterations, 0) << " |\n";
+    std::string legend = r.label.size() > 34 ? r.label.substr(0, 34) : r.label;
+    plot::PlotSeries time{legend, r.seconds, r.accuracy}, bytes{legend, {}, {}};
+    for (std::size_t i = 0; i < r.seconds.size(); i++)
+      if (r.bytes_per_device[i] > 0) bytes.x.push_back(r.bytes_per_device[i]), bytes.y.push_back(r.accuracy[i]);
+    by_time.push_back(std::move(time));
+    by_bytes.push_back(std::move(bytes));
+  }
+  plot::PlotOptions options;
+  options.y_label = "test accuracy (gossip: mean peer; server: its model)";
+  options.reference_y = target;
+  options.title = "edgetrain-emulate: gossip and server runs, accuracy against time";
+  options.x_label = "seconds since the start";
+  std::ofstream(out / "accuracy-vs-time.svg") << plot::render_svg_line_chart(by_time, options);
+  options.title = "edgetrain-emulate: gossip and server runs, accuracy against model bytes sent per device";
+  options.x_label = "model bytes sent per device (peer: answers and posts; worker: update payload)";
+  options.log_x = true;
+  std::ofstream(out / "accuracy-vs-bytes.svg") << plot::render_svg_line_chart(by_bytes, options);
+  write_file(out / "summary.md", table.str());
+  return table.str();
+}
+
+}  // namespace edgetrain::emulation

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace edgetrain::emulation {
 
@@ -52,5 +53,14 @@ struct GossipSummaryOptions {
 // last checkpoint: at least the last multiple of checkpoint_every below the last iteration
 // its stats file showed. Returns 3 when one did not, else 0.
 int summarize_gossip(const GossipSummaryOptions& options);
+
+// Gossip runs next to each other and next to server runs of the same fleet: OUT/summary.md
+// (a markdown table, also returned) and OUT/accuracy-vs-time.svg, accuracy-vs-bytes.svg. A
+// gossip run's accuracy is its mean peer's (and its consensus model's), a server run's its
+// server model's; bytes are model bytes sent per device (a peer's answers and posts; a
+// worker's update payload). TARGET: the accuracy whose first time is compared (the first
+// run is the reference of the speed-up).
+std::string compare_gossip_runs(const std::vector<std::filesystem::path>& runs, const std::filesystem::path& out,
+                                double target);
 
 }  // namespace edgetrain::emulation

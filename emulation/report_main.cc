@@ -721,7 +721,9 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
 
 // The wiring and the evaluations of a gossip run (emulation/gossip_report.h).
 struct GossipCommands {
-  std::string run, network = "loopback", eval;
+  std::string run, network = "loopback", eval, out;
+  std::vector<std::string> runs;
+  double target = 0.97;
   int subnet = 100;
   double elapsed = 0;
 };
@@ -746,6 +748,16 @@ void add_gossip_commands(CLI::App& app, GossipCommands& g) {
   row->add_option("--elapsed", g.elapsed, "seconds since the peers started, when the checkpoints were evaluated")->required();
   row->add_option("--eval", g.eval, "edgetrain-fleet-eval's JSON")->required()->check(CLI::ExistingFile);
   row->callback([&g] { std::printf("%s\n", append_gossip_row(g.run, g.elapsed, g.eval).c_str()); });
+  CLI::App* compare = app.add_subcommand("gossip-compare", "gossip runs beside each other and beside server runs of "
+                                                           "the same fleet: a markdown table (time to the target, "
+                                                           "speed-up against the first run, bytes per device) and plots");
+  compare->add_option("runs", g.runs, "finished run directories (gossip or server)")->required()->check(CLI::ExistingDirectory);
+  compare->add_option("--out", g.out, "directory for summary.md, accuracy-vs-time.svg, accuracy-vs-bytes.svg")->required();
+  compare->add_option("--target-accuracy", g.target, "the target accuracy")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  compare->callback([&g] {
+    std::vector<std::filesystem::path> runs(g.runs.begin(), g.runs.end());
+    std::fputs(compare_gossip_runs(runs, g.out, g.target).c_str(), stdout);
+  });
 }
 
 // The quota changes of a run with CPU classes (emulation/cpu_plan.h), as CSV for the launcher.

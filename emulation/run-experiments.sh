@@ -20,6 +20,12 @@
 #              MNIST, and Fashion-MNIST
 #     distreal-skew  the same on MNIST with label-skewed shards: FedAvg drop-stragglers
 #              against DISTREAL (with i.i.d. shards a dropped board's data is also elsewhere)
+#     gossip   paper CNN, MNIST, 16 gossip peers in four CPU classes, no server (issue 15):
+#              D-PSGD compressed and dense, AD-PSGD, balanced and accuracy-aware gossip on a
+#              ring and a random 4-regular graph, and asynchronous AdaComp with a server on
+#              the same fleet
+#     gossip-impaired  balanced compressed gossip and AdaComp behind WAN-like links
+#     gossip32 32 peers in the same classes at half the shares (the machine has two cores)
 # Each group's section names the commit its runs were made at (RUN.commit beside each run).
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
@@ -33,12 +39,17 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
-[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew)
+[ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew
+                                    gossip gossip-impaired gossip32)
+# EDGETRAIN_BUILD_DIR: the host build tree the runs use (default build/host); a copy keeps a
+# long matrix's programs fixed while the tree is rebuilt.
+build_flags=()
+[ -z "${EDGETRAIN_BUILD_DIR:-}" ] || { build_flags=(--build-dir "$EDGETRAIN_BUILD_DIR"); report="$EDGETRAIN_BUILD_DIR/emulation/edgetrain-emulation-report"; }
 mkdir -p "$out"
 
 # run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
@@ -55,7 +66,7 @@ run() {
   fi
   echo "== $name: edgetrain-emulate $*"
   git -C "$repo" rev-parse --short=12 HEAD >"$out/$name.commit"
-  "$emulate" --out "$out/$name" --quiet "$@" || echo "== $name: edgetrain-emulate exited with status $?"
+  "$emulate" --out "$out/$name" --quiet ${build_flags[@]+"${build_flags[@]}"} "$@" || echo "== $name: edgetrain-emulate exited with status $?"
 }
 # group_section TITLE TARGET|auto RUN...: the group's table (ratio against the first run) and plots.
 group_section() {
@@ -198,6 +209,45 @@ for g in "${groups[@]}"; do
         --dropout-table "$repo/boards/paper-cnn-dropout-table.json" --label "DISTREAL (run-time choice)"
       run "$prefix-async" "${dcommon[@]}" --mode async --compressor adacomp --rate 0.01 --pull-every 1 \
         --label "asynchronous AdaComp c=0.01" ;;
+    gossip|gossip-impaired|gossip32)
+      # Ours: the classes of the DISTREAL groups (1.12 cores for 16 peers), fixed for the run;
+      # 32 peers get half of each share so the fleet still fits the machine's two cores.
+      # Evaluations every 15 s on 1,000 test images (a fleet evaluation takes several
+      # seconds of a core); 360 s per run, no early stop, so every run has a final accuracy.
+      # Balancing: a step's target time 0.15 s, about what the slowest class needs for a
+      # batch of 10. Compressed gossip moves 1% of each tensor per iteration (gamma 0.1).
+      classes=pi5=0.12,pi4=0.08,pi3=0.05,zero2w=0.03 n=16 prefix=g16
+      [ "$g" = gossip32 ] && classes=pi5=0.06,pi4=0.04,pi3=0.025,zero2w=0.015 n=32 prefix=g32
+      gcommon=(--workers "$n" --model paper-cnn --data mnist --cpu-classes "$classes" --duration 360 --eval-interval 15
+               --eval-examples 1000 --target-accuracy 0 --request-timeout 60)
+      gossip=(--mode gossip --local-lr 0.1 --batch 10)
+      compressed=(--gossip-publish-fraction 0.01)
+      balanced=(--balance-target 0.15)
+      wan=()
+      [ "$g" = gossip-impaired ] && prefix=g16-wan wan=(--link delay=5:20,jitter=2,bandwidth=5000:50000)
+      if [ "$g" = gossip ]; then
+        run g16-ring-compressed "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          --label "D-PSGD compressed, ring"
+        run g16-ring-compressed-balanced "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" "${balanced[@]}" \
+          --label "D-PSGD compressed + balancing, ring"
+        run g16-ring-dense "${gcommon[@]}" "${gossip[@]}" --topology ring --label "D-PSGD dense, ring"
+        run g16-ring-adpsgd "${gcommon[@]}" "${gossip[@]}" --topology ring --gossip ad-psgd --label "AD-PSGD, ring"
+        run g16-adacomp "${gcommon[@]}" --mode async --compressor adacomp --rate 0.01 --pull-every 1 \
+          --label "AdaComp c=0.01 with a server"
+        run g16-rr4-compressed "${gcommon[@]}" "${gossip[@]}" --topology random-regular --degree 4 "${compressed[@]}" \
+          --label "D-PSGD compressed, random 4-regular"
+        run g16-rr4-compressed-balanced "${gcommon[@]}" "${gossip[@]}" --topology random-regular --degree 4 \
+          "${compressed[@]}" "${balanced[@]}" --label "D-PSGD compressed + balancing, random 4-regular"
+        run g16-ring-compressed-balanced-aware "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          "${balanced[@]}" --plateau-patience 3 --validate-every 25 --label "compressed + balancing + accuracy-aware, ring"
+      else
+        run "$prefix-ring-compressed" "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          ${wan[@]+"${wan[@]}"} --label "D-PSGD compressed, ring"
+        run "$prefix-ring-compressed-balanced" "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          "${balanced[@]}" ${wan[@]+"${wan[@]}"} --label "D-PSGD compressed + balancing, ring"
+        run "$prefix-adacomp" "${gcommon[@]}" --mode async --compressor adacomp --rate 0.01 --pull-every 1 \
+          ${wan[@]+"${wan[@]}"} --label "AdaComp c=0.01 with a server"
+      fi ;;
   esac
 done
 

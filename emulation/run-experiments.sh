@@ -116,6 +116,37 @@ group_section() {
   echo
 }
 
+# gossip_section TITLE TARGET RUN...: gossip runs (and a server run of the same fleet) by
+# edgetrain-emulation-report gossip-compare; the first run is the reference of the speed-up.
+gossip_section() {
+  local title=$1 target=$2; shift 2
+  local dirs=() r
+  for r in "$@"; do [ -f "$out/$r/outcome.json" ] && dirs+=("$out/$r"); done
+  [ ${#dirs[@]} -gt 0 ] || return 0
+  "$report" gossip-compare "${dirs[@]}" --out "$out/group-$title" --target-accuracy "$target" >/dev/null
+  case "$title" in
+    gossip) echo "### Gossip without a server: paper CNN, MNIST, 16 peers in four CPU classes, clean links" ;;
+    gossip-impaired) echo "### Gossip without a server behind WAN-like links: paper CNN, MNIST, 16 peers" ;;
+    gossip32) echo "### Gossip without a server: paper CNN, MNIST, 32 peers at half the shares" ;;
+  esac
+  echo
+  echo "Runs made at commit $(for r in "$@"; do cat "$out/$r.commit" 2>/dev/null; done | sort -u | paste -sd, | sed 's/,/, /g')."
+  echo
+  cat "$out/group-$title/summary.md"
+  echo
+  echo '```sh'
+  for r in "$@"; do [ ! -f "$out/$r.command" ] || cat "$out/$r.command"; done
+  echo '```'
+  echo
+  if [ "$update_docs" = 1 ]; then
+    cp "$out/group-$title/accuracy-vs-time.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-time.svg"
+    cp "$out/group-$title/accuracy-vs-bytes.svg" "$repo/docs/figures/emulation-$title-accuracy-vs-bytes.svg"
+    echo "![$title: accuracy against time](figures/emulation-$title-accuracy-vs-time.svg)"
+    echo "![$title: accuracy against bytes per device](figures/emulation-$title-accuracy-vs-bytes.svg)"
+    echo
+  fi
+}
+
 # The paper's setting: paper CNN, 10 workers, batch 10, lr 0.1, c = 0.01, a pull before
 # every step (the paper's worker), clean links in namespaces.
 paper_common=(--workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 480 --request-timeout 60)
@@ -276,6 +307,11 @@ section="$out/results-section.md"
   [ -d "$out/distreal-fashion-waitall" ] && group_section distreal-fashion 0.85 distreal-fashion-waitall distreal-fashion-drop \
     distreal-fashion-static distreal-fashion-distreal distreal-fashion-async
   [ -d "$out/distreal-skew-drop" ] && group_section distreal-skew auto distreal-skew-drop distreal-skew-distreal
+  [ -d "$out/g16-ring-dense" ] && gossip_section gossip 0.97 g16-ring-dense g16-ring-compressed g16-ring-adpsgd \
+    g16-ring-compressed-balanced g16-ring-compressed-balanced-aware g16-rr4-compressed g16-rr4-compressed-balanced g16-adacomp
+  [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.97 g16-wan-ring-compressed \
+    g16-wan-ring-compressed-balanced g16-wan-adacomp
+  [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.97 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <filesystem>
 #include <stdexcept>
 #include <thread>
@@ -87,6 +88,11 @@ CoapPeerChannel::~CoapPeerChannel() = default;
 
 CoapResponse CoapPeerChannel::request(std::uint32_t neighbour, transport::Method method, const std::string& path,
                                       std::span<const std::uint8_t> body) {
+  return client_for(neighbour).request(method, path, body);
+}
+
+transport::CoapDtlsClient& CoapPeerChannel::client_for(std::uint32_t neighbour) {
+  std::lock_guard lock(clients_mutex_);
   auto& client = clients_[neighbour];
   if (!client) {
     const std::string& address = topology_.peers.at(neighbour).address;
@@ -106,7 +112,7 @@ CoapResponse CoapPeerChannel::request(std::uint32_t neighbour, transport::Method
     o.stop = options_.stop;
     client = std::make_unique<transport::CoapDtlsClient>(std::move(o));
   }
-  return client->request(method, path, body);
+  return *client;
 }
 
 // ---- GossipPeer ------------------------------------------------------------------------------
@@ -358,15 +364,43 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
 
 void GossipPeer::State::mix_dpsgd() {
   const std::uint64_t iteration = published->version();
-  std::vector<Neighbour*> fresh;
+  std::vector<Neighbour*> due;
   for (Neighbour& n : neighbours) {
     if (Clock::now() < n.retry_after) {
       std::lock_guard lock(mutex);
       stats.neighbours_skipped++;
       continue;
     }
-    if (pull(n, iteration)) fresh.push_back(&n);
+    due.push_back(&n);
   }
+  // A pull is a block-wise transfer, one round trip per block: pulled one after the other,
+  // an iteration would wait for the sum of its neighbours' transfers, not the longest.
+  std::vector<char> usable(due.size(), 0);
+  if (channel.concurrent_neighbours() && due.size() > 1) {
+    std::vector<std::thread> pulls;
+    std::vector<std::exception_ptr> failures(due.size());
+    for (std::size_t k = 1; k < due.size(); ++k)
+      pulls.emplace_back([this, &due, &usable, &failures, iteration, k] {
+        try {
+          usable[k] = pull(*due[k], iteration);
+        } catch (...) {
+          failures[k] = std::current_exception();  // rethrown on the training thread below
+        }
+      });
+    try {
+      usable[0] = pull(*due[0], iteration);
+    } catch (...) {
+      failures[0] = std::current_exception();
+    }
+    for (std::thread& t : pulls) t.join();
+    for (const std::exception_ptr& failure : failures)
+      if (failure) std::rethrow_exception(failure);
+  } else {
+    for (std::size_t k = 0; k < due.size(); ++k) usable[k] = pull(*due[k], iteration);
+  }
+  std::vector<Neighbour*> fresh;
+  for (std::size_t k = 0; k < due.size(); ++k)
+    if (usable[k]) fresh.push_back(due[k]);
   std::lock_guard lock(mutex);
   auto x = model.parameters();
   const auto own = published->parameters();

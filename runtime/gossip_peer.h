@@ -101,6 +101,10 @@ class PeerChannel {
   // Throws transport::TransportError when no answer came.
   virtual transport::CoapResponse request(std::uint32_t neighbour, transport::Method method, const std::string& path,
                                           std::span<const std::uint8_t> body = {}) = 0;
+  // Whether requests to different neighbours may run at once, from different threads (then
+  // a D-PSGD iteration pulls all its neighbours in parallel). Requests to one neighbour
+  // never overlap.
+  virtual bool concurrent_neighbours() const { return false; }
 };
 
 class CoapPeerChannel : public PeerChannel {
@@ -118,10 +122,15 @@ class CoapPeerChannel : public PeerChannel {
   ~CoapPeerChannel() override;
   transport::CoapResponse request(std::uint32_t neighbour, transport::Method method, const std::string& path,
                                   std::span<const std::uint8_t> body) override;
+  // One client (its own libcoap context and DTLS session) per neighbour.
+  bool concurrent_neighbours() const override { return true; }
 
  private:
+  transport::CoapDtlsClient& client_for(std::uint32_t neighbour);
+
   const GossipTopology& topology_;
   Options options_;
+  std::mutex clients_mutex_;  // guards the map; each client is used by one thread at a time
   std::map<std::uint32_t, std::unique_ptr<transport::CoapDtlsClient>> clients_;
 };
 

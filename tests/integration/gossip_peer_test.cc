@@ -4,16 +4,20 @@
 // neighbour gets 4.03), an AD-PSGD average moves both peers to the midpoint, and D-PSGD
 // mixes with Metropolis weights. Certificates are made at test time by make_test_certificates.sh.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "runtime/gossip_peer.h"
@@ -251,6 +255,51 @@ TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighb
   EXPECT_EQ(peer.stats().models_refused, 2u);
   // Both refusals by one reason: the codec itself refuses the NaN above.
   EXPECT_EQ(peer.stats().refused.at("bad model from a neighbour"), 2u);
+}
+
+// FakeNeighbours that may be asked by several threads at once: each request waits (at most
+// 5 s) until `expected` requests are in flight, and the most seen at once is kept.
+class ConcurrentFakeNeighbours : public FakeNeighbours {
+ public:
+  int expected = 2;
+  int most_in_flight = 0;
+  bool concurrent_neighbours() const override { return true; }
+  CoapResponse request(std::uint32_t neighbour, Method method, const std::string& path,
+                       std::span<const std::uint8_t> body) override {
+    {
+      std::unique_lock lock(mutex_);
+      most_in_flight = std::max(most_in_flight, ++in_flight_);
+      all_in_flight_.notify_all();
+      all_in_flight_.wait_for(lock, std::chrono::seconds(5), [&] { return in_flight_ >= expected; });
+    }
+    CoapResponse answer = FakeNeighbours::request(neighbour, method, path, body);
+    std::lock_guard lock(mutex_);
+    --in_flight_;
+    return answer;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable all_in_flight_;
+  int in_flight_ = 0;
+};
+
+TEST_F(GossipPeerTest, DpsgdPullsEveryNeighbourAtOnceWhenTheChannelAllowsIt) {
+  const runtime::Dataset data = tiny_data();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  ConcurrentFakeNeighbours channel;
+  channel.layout_id = model.layout_id();
+  channel.sizes = sizes_of(model);
+  const std::size_t n = model.parameter_count();
+  channel.models[1] = std::vector<float>(n, 1.0f);
+  channel.models[3] = std::vector<float>(n, -2.0f);
+  std::atomic<bool> stop{false};
+  GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop);
+  peer.iterate();
+  // One after the other, the first pull would have waited alone for its 5 s.
+  EXPECT_EQ(channel.most_in_flight, 2);
+  EXPECT_EQ(peer.stats().exchanges, 2u);
+  EXPECT_EQ(peer.stats().neighbours_skipped, 0u);
 }
 
 TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused) {

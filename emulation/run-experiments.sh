@@ -47,7 +47,9 @@ done
 [ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew
                                     gossip gossip-impaired gossip32)
 # EDGETRAIN_BUILD_DIR: the host build tree the runs use (default build/host); a copy keeps a
-# long matrix's programs fixed while the tree is rebuilt.
+# long matrix's programs fixed while the tree is rebuilt (its COMMIT file, if any, names the
+# commit they were built at). Run a long matrix from a worktree of its own: bash reads a
+# script as it goes, so editing edgetrain-emulate under a running matrix breaks the run.
 build_flags=()
 [ -z "${EDGETRAIN_BUILD_DIR:-}" ] || { build_flags=(--build-dir "$EDGETRAIN_BUILD_DIR"); report="$EDGETRAIN_BUILD_DIR/emulation/edgetrain-emulation-report"; }
 mkdir -p "$out"
@@ -65,7 +67,13 @@ run() {
     return
   fi
   echo "== $name: edgetrain-emulate $*"
-  git -C "$repo" rev-parse --short=12 HEAD >"$out/$name.commit"
+  # The commit the programs were built at: the build tree's COMMIT file when it has one (a
+  # copied tree keeps a matrix's programs fixed while the repository moves on).
+  if [ -n "${EDGETRAIN_BUILD_DIR:-}" ] && [ -s "$EDGETRAIN_BUILD_DIR/COMMIT" ]; then
+    cp "$EDGETRAIN_BUILD_DIR/COMMIT" "$out/$name.commit"
+  else
+    git -C "$repo" rev-parse --short=12 HEAD >"$out/$name.commit"
+  fi
   "$emulate" --out "$out/$name" --quiet ${build_flags[@]+"${build_flags[@]}"} "$@" || echo "== $name: edgetrain-emulate exited with status $?"
 }
 # group_section TITLE TARGET|auto RUN...: the group's table (ratio against the first run) and plots.

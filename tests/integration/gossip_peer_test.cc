@@ -95,6 +95,17 @@ class FakeNeighbours : public runtime::PeerChannel {
   }
 };
 
+// Peer 0's neighbours on the ring of 4: peer 1's model is all 1, peer 3's all -2. Returns
+// the parameter count.
+std::size_t with_ring_neighbours(FakeNeighbours& channel, const runtime::Model& model) {
+  channel.layout_id = model.layout_id();
+  channel.sizes = sizes_of(model);
+  const std::size_t n = model.parameter_count();
+  channel.models[1] = std::vector<float>(n, 1.0f);
+  channel.models[3] = std::vector<float>(n, -2.0f);
+  return n;
+}
+
 class NoNeighbours : public runtime::PeerChannel {
  public:
   CoapResponse request(std::uint32_t, Method, const std::string&, std::span<const std::uint8_t>) override {
@@ -215,11 +226,7 @@ TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighb
   const runtime::Dataset data = tiny_data();
   runtime::Model model(runtime::model_spec_from_argument(kModel));
   FakeNeighbours channel;
-  channel.layout_id = model.layout_id();
-  channel.sizes = sizes_of(model);
-  const std::size_t n = model.parameter_count();
-  channel.models[1] = std::vector<float>(n, 1.0f);
-  channel.models[3] = std::vector<float>(n, -2.0f);
+  const std::size_t n = with_ring_neighbours(channel, model);
   std::atomic<bool> stop{false};
   GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop);
   peer.iterate();
@@ -288,11 +295,7 @@ TEST_F(GossipPeerTest, DpsgdPullsEveryNeighbourAtOnceWhenTheChannelAllowsIt) {
   const runtime::Dataset data = tiny_data();
   runtime::Model model(runtime::model_spec_from_argument(kModel));
   ConcurrentFakeNeighbours channel;
-  channel.layout_id = model.layout_id();
-  channel.sizes = sizes_of(model);
-  const std::size_t n = model.parameter_count();
-  channel.models[1] = std::vector<float>(n, 1.0f);
-  channel.models[3] = std::vector<float>(n, -2.0f);
+  with_ring_neighbours(channel, model);
   std::atomic<bool> stop{false};
   GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop);
   peer.iterate();

@@ -319,11 +319,13 @@ section="$out/results-section.md"
   [ -d "$out/distreal-fashion-waitall" ] && group_section distreal-fashion 0.85 distreal-fashion-waitall distreal-fashion-drop \
     distreal-fashion-static distreal-fashion-distreal distreal-fashion-async
   [ -d "$out/distreal-skew-drop" ] && group_section distreal-skew auto distreal-skew-drop distreal-skew-distreal
-  [ -d "$out/g16-ring-dense" ] && gossip_section gossip 0.97 g16-ring-dense g16-ring-compressed g16-ring-adpsgd \
+  # Gossip: 95% (six minutes do not take every peer to 97%); the reference of the speed-up is
+  # compressed D-PSGD, the vanilla gossip that reaches the target here (dense gossip does not).
+  [ -d "$out/g16-ring-compressed" ] && gossip_section gossip 0.95 g16-ring-compressed g16-ring-dense g16-ring-adpsgd \
     g16-ring-compressed-balanced g16-ring-compressed-balanced-aware g16-rr4-compressed g16-rr4-compressed-balanced g16-adacomp
-  [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.97 g16-wan-ring-compressed \
+  [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.95 g16-wan-ring-compressed \
     g16-wan-ring-compressed-balanced g16-wan-adacomp
-  [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.97 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
+  [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.95 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

@@ -12,6 +12,12 @@ std::string ModelReplica::pull_path() const {
   return "model?since=" + std::to_string(version_);
 }
 
+void ModelReplica::assume(std::uint64_t version, std::span<const float> parameters) {
+  parameters_.assign(parameters.begin(), parameters.end());
+  version_ = version;
+  exact_ = true;
+}
+
 ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> payload) {
   const transport::ModelLayout expected{model_id_, tensor_sizes_};
   if (transport::model_message_kind(payload) == transport::ModelMessageKind::kDelta) {

@@ -34,6 +34,11 @@ class ModelReplica {
   // as it was).
   PullOutcome take(std::span<const std::uint8_t> payload);
 
+  // Takes PARAMETERS as the model at VERSION without a pull: gossip peers start from the
+  // same seeded initial model, so a neighbour's first pull can be a delta from it. A wrong
+  // guess costs one delta: its digest does not match, and the next pull is dense.
+  void assume(std::uint64_t version, std::span<const float> parameters);
+
   bool exact() const { return exact_; }  // the copy is the server's model at version()
   std::uint64_t version() const { return version_; }
   std::span<const float> parameters() const { return parameters_; }

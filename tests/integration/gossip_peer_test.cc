@@ -82,8 +82,10 @@ class FakeNeighbours : public runtime::PeerChannel {
   std::vector<std::uint32_t> sizes;
   std::optional<std::uint32_t> poisoned;  // this neighbour's marker values arrive as NaN
   std::optional<std::uint32_t> deltas_that_never_fit;  // this neighbour answers every pull with such a delta
+  std::vector<std::string> paths;  // every request's path, in order
   static constexpr float kMarker = 1234.5f;
-  CoapResponse request(std::uint32_t neighbour, Method, const std::string&, std::span<const std::uint8_t>) override {
+  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path, std::span<const std::uint8_t>) override {
+    paths.push_back(path);
     if (deltas_that_never_fit == neighbour) {
       // A delta from version 7, which nobody holds, with a digest of nothing in particular.
       transport::ModelDelta delta{layout_id, 7, 8, 12345, {}};
@@ -230,6 +232,10 @@ TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighb
   std::atomic<bool> stop{false};
   GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop);
   peer.iterate();
+  // Both neighbours were first asked for a delta from the fleet's seeded initial model.
+  ASSERT_EQ(channel.paths.size(), 2u);
+  EXPECT_EQ(channel.paths[0], "gossip/model?since=0");
+  EXPECT_EQ(channel.paths[1], "gossip/model?since=0");
   // What peer-0 published at iteration 1 (its model right after the local step).
   CoapRequest ask;
   ask.identity = "peer-1";
@@ -277,10 +283,10 @@ class ConcurrentFakeNeighbours : public FakeNeighbours {
       std::unique_lock lock(mutex_);
       most_in_flight = std::max(most_in_flight, ++in_flight_);
       all_in_flight_.notify_all();
-      all_in_flight_.wait_for(lock, std::chrono::seconds(5), [&] { return in_flight_ >= expected; });
+      all_in_flight_.wait_for(lock, std::chrono::seconds(5), [&] { return most_in_flight >= expected; });
     }
-    CoapResponse answer = FakeNeighbours::request(neighbour, method, path, body);
     std::lock_guard lock(mutex_);
+    CoapResponse answer = FakeNeighbours::request(neighbour, method, path, body);
     --in_flight_;
     return answer;
   }

@@ -95,6 +95,21 @@ TEST(ModelReplica, ADeltaThatDoesNotFitDropsTheCopyAndTheNextPullIsDense) {
   EXPECT_NE(replica.mismatch().find("undecodable"), std::string::npos) << replica.mismatch();
 }
 
+TEST(ModelReplica, AnAssumedStartTakesADeltaAndAWrongGuessEndsInADensePull) {
+  ModelReplica replica(kModel, kSizes);
+  replica.assume(0, v3);  // the fleet's seeded initial model
+  EXPECT_TRUE(replica.exact());
+  EXPECT_EQ(replica.pull_path(), "model?since=0");
+  ASSERT_EQ(replica.take(delta(0, 5, v3, v5)), Outcome::kDelta) << replica.mismatch();
+  EXPECT_EQ(std::vector<float>(replica.parameters().begin(), replica.parameters().end()), v5);
+
+  // The neighbour started from another model (v9): its delta's digest does not match.
+  ModelReplica wrong(kModel, kSizes);
+  wrong.assume(0, v3);
+  EXPECT_EQ(wrong.take(delta(0, 5, v9, v5)), Outcome::kMismatch);
+  EXPECT_EQ(wrong.pull_path(), "model");
+}
+
 TEST(ModelReplica, AnotherModelIsRefusedAndTheCopyKept) {
   ModelReplica replica(kModel, kSizes);
   ASSERT_EQ(replica.take(dense(3, v3)), Outcome::kDense);

@@ -323,9 +323,10 @@ section="$out/results-section.md"
   # compressed D-PSGD, the vanilla gossip that reaches the target here (dense gossip does not).
   [ -d "$out/g16-ring-compressed" ] && gossip_section gossip 0.95 g16-ring-compressed g16-ring-dense g16-ring-adpsgd \
     g16-ring-compressed-balanced g16-ring-compressed-balanced-aware g16-rr4-compressed g16-rr4-compressed-balanced g16-adacomp
-  [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.95 g16-wan-ring-compressed \
+  # Behind WAN-like links and with 32 peers at half the shares: 90%.
+  [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.9 g16-wan-ring-compressed \
     g16-wan-ring-compressed-balanced g16-wan-adacomp
-  [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.95 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
+  [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.9 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

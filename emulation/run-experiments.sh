@@ -62,7 +62,9 @@ run() {
   mkdir -p "$out/$name"
   # (paths inside the repository as the table's reader would type them, from its root)
   echo "emulation/edgetrain-emulate --out $(printf '%q' "$out/$name")$(printf ' %q' "$@")" | sed "s|$repo/||g" >"$out/$name.command"
-  if [ -s "$out/$name/timeline.csv" ] && [ -s "$out/$name/workers.csv" ]; then
+  # Done: its report was written (a gossip run behind slow links may have no evaluation in
+  # its timeline and is still done).
+  if [ -s "$out/$name/outcome.json" ] || { [ -s "$out/$name/timeline.csv" ] && [ -s "$out/$name/workers.csv" ]; }; then
     echo "== $name: already done"
     return
   fi

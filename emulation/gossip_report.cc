@@ -235,7 +235,6 @@ int summarize_gossip(const GossipSummaryOptions& o) {
                           {"resumed_iteration", t.resumed_iterations[k]}, {"ok", ok}});
       resumed += (resumed.empty() ? "" : ";") + std::to_string(t.resumed_iterations[k]);
     }
-    // A restart whose incarnation never wrote its stats file cannot be checked: say so.
     workers << i << ',' << f.names[i];
     for (const char* column : {"address", "delay_ms", "jitter_ms", "loss", "bandwidth_kbps"})
       workers << ',' << (i < plan.rows.size() ? plan.rows[i].at(plan.column(column)) : "");
@@ -247,11 +246,11 @@ int summarize_gossip(const GossipSummaryOptions& o) {
   workers.close();
 
   const CsvTable timeline = read_csv(run / "gossip-timeline.csv");
-  const double n = static_cast<double>(f.names.size());
+  const double n = static_cast<double>(f.names.size()), link_bytes = links_bytes_in(run);
   json outcome = {{"mode", "gossip"}, {"stop", o.stop_kind}, {"stopped", o.stopped}, {"network", o.network},
                   {"peers", f.names.size()}, {"peer_restarts", restarts}, {"checkpoints_resumed", resumed_ok},
                   {"mean_iteration", iterations / n}, {"bytes_sent_per_peer", sent / n},
-                  {"link_bytes_per_peer", links_bytes_in(run) / n}};
+                  {"link_bytes_per_peer", link_bytes / n}};
   outcome["target_reached"] = nullptr;
   if (const auto fields = split_fields(o.reached); fields.size() >= 3)
     outcome["target_reached"] = {{"elapsed_s", std::stod(fields[0])}, {"mean_iteration", std::stod(fields[1])},
@@ -317,7 +316,7 @@ int summarize_gossip(const GossipSummaryOptions& o) {
        << percent(fin["consensus_accuracy"].get<double>()) << "\n";
   }
   md << "- iterations per peer (mean): " << fixed(iterations / n, 0) << "; model bytes sent per peer: "
-     << bytes_text(sent / n) << "; UDP bytes per peer on its links (both ways): " << bytes_text(links_bytes_in(run) / n)
+     << bytes_text(sent / n) << "; UDP bytes per peer on its links (both ways): " << bytes_text(link_bytes / n)
      << "\n- peer restarts: " << restarts.size()
      << (resumed_ok ? ", each resumed from its last checkpoint\n" : ", A PEER DID NOT RESUME FROM ITS LAST CHECKPOINT\n");
   if (o.target >= 0) {

@@ -67,6 +67,12 @@ set_target_properties(edgetrain_deps::coap PROPERTIES
   INTERFACE_INCLUDE_DIRECTORIES "${EDGETRAIN_COAP_PREFIX}/include"
   INTERFACE_SYSTEM_INCLUDE_DIRECTORIES "${EDGETRAIN_COAP_PREFIX}/include"
   INTERFACE_LINK_LIBRARIES edgetrain_deps::mbedtls)
+# libcoap's private headers and its build's coap_config.h (setup-deps.sh installs them), for
+# the one source file that must read a session's private state (transport/libcoap_block_bodies.c).
+set(EDGETRAIN_COAP_INTERNAL_INCLUDE "${EDGETRAIN_COAP_PREFIX}/internal")
+if(NOT EXISTS "${EDGETRAIN_COAP_INTERNAL_INCLUDE}/coap_config.h")
+  message(FATAL_ERROR "libcoap's internal headers not found at ${EDGETRAIN_COAP_INTERNAL_INCLUDE}: ${_edgetrain_hint}")
+endif()
 
 # Small well-kept helpers.
 find_package(CLI11 CONFIG REQUIRED)

@@ -293,6 +293,9 @@ class CoapDtlsServer {
   // passing max_body_bytes (4.13) or max_bodies_in_progress (5.03).
   std::size_t bodies_in_progress() const;
   std::uint64_t bodies_refused() const;
+  // How many of libcoap's records of finished block-wise bodies were freed at once rather
+  // than 93 s later (transport/libcoap_block_bodies.h). Call on the thread that drives the server.
+  std::uint64_t block_records_freed() const;
   // What the handshake guard did since construction. Call on the thread that drives the server.
   HandshakeStats handshake_stats() const;
   // Handles network events for at most `timeout_ms` milliseconds.

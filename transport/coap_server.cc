@@ -16,13 +16,19 @@
 #include <cstring>
 #include <map>
 #include <set>
+#include <string_view>
 
 #include "transport/handshake_guard.h"
 #include "transport/handshake_watch.h"
 #include "transport/identity.h"
+#include "transport/libcoap_block_bodies.h"
 #include "transport/socket_ingress.h"
 
 namespace edgetrain::transport {
+
+// libcoap_block_bodies.c reads libcoap's private session layout, which is 4.3.1's.
+static_assert(std::string_view(LIBCOAP_PACKAGE_VERSION) == "4.3.1",
+              "transport/libcoap_block_bodies.c reads libcoap 4.3.1's private layout: check it against this version");
 namespace {
 
 coap_request_t to_libcoap_method(Method method) {
@@ -178,6 +184,7 @@ struct CoapDtlsServer::Impl {
   };
   std::map<const coap_session_t*, Assembly> assemblies;
   std::uint64_t bodies_refused = 0;
+  std::uint64_t request_bodies_forgotten = 0;  // libcoap's records freed early (libcoap_block_bodies.h)
   static constexpr int kContinue = 231;
   static constexpr int kServiceUnavailable = 503;
   // A body whose sender went quiet this long gives its place up to a new one (libcoap
@@ -519,6 +526,8 @@ struct CoapDtlsServer::Impl {
   static void handle(coap_resource_t* resource, coap_session_t* session, const coap_pdu_t* request,
                      const coap_string_t* query, coap_pdu_t* response) {
     auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
+    // One body per session is assembled here, so libcoap needs no record of older ones.
+    entry->server->request_bodies_forgotten += edgetrain_forget_older_request_bodies(session);
     bool deferred = false;
     CoapResponse reply = dispatch(*entry, session, request, query, deferred);
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
@@ -652,6 +661,8 @@ std::uint64_t CoapDtlsServer::bytes_received() const { return impl_->ingress.byt
 std::size_t CoapDtlsServer::bodies_in_progress() const { return impl_->assemblies.size(); }
 
 std::uint64_t CoapDtlsServer::bodies_refused() const { return impl_->bodies_refused; }
+
+std::uint64_t CoapDtlsServer::block_records_freed() const { return impl_->request_bodies_forgotten; }
 
 std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);

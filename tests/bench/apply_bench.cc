@@ -7,7 +7,9 @@
 // the tensor (top-k sets of workers overlap in practice, and overlap is what makes σ > 1),
 // delays uniform in 0..D. One iteration applies the whole stream to a fresh store; prints
 // the time per update (s_per_update) and the divisor's mean (mean_divisor: σ's mean for
-// the σ rule). Host trees only; a program that prints figures, not a test.
+// the σ rule). reserve/ runs the same stream the server's way: reserve() a group of updates
+// (--group, as one WAL sync covers them), then apply_reserved() them in order.
+// Host trees only; a program that prints figures, not a test.
 //   edgetrain-apply-bench [--updates N] [--rate C] [--max-staleness D] [--benchmark_repetitions=R] ...
 //   (Google Benchmark's --benchmark_* flags are taken first; --help lists the others)
 #include <benchmark/benchmark.h>
@@ -86,6 +88,33 @@ void apply_stream(benchmark::State& state, const std::vector<transport::SparseUp
   state.counters["mean_divisor"] = divisor_sum / entries;
 }
 
+// The server's path (group commit): the stream reserved `group` updates at a time, then
+// applied in order, as ServerState does while a WAL sync runs (every update must apply).
+void reserve_stream(benchmark::State& state, const std::vector<transport::SparseUpdate>& stream,
+                    server::ParameterStoreOptions options, std::size_t group, const std::string& description) {
+  state.SetLabel(description + ", " + std::to_string(group) + " reserved per sync");
+  const auto& sizes = testing::kPaperCnnTensorSizes;
+  const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+  for (auto _ : state) {
+    state.PauseTiming();
+    server::ParameterStore store(1, sizes, std::vector<float>(total, 0.0f), options);
+    state.ResumeTiming();
+    for (std::size_t first = 0; first < stream.size(); first += group) {
+      const std::size_t end = std::min(stream.size(), first + group);
+      for (std::size_t u = first; u < end; ++u) {
+        if (!store.reserve(stream[u]).applied()) {
+          state.SkipWithError("an update was refused");
+          return;
+        }
+      }
+      while (store.reserved() > 0) store.apply_reserved();
+    }
+  }
+  state.counters["s_per_update"] = benchmark::Counter(static_cast<double>(stream.size()),
+                                                      benchmark::Counter::kIsIterationInvariantRate |
+                                                          benchmark::Counter::kInvert);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,6 +125,9 @@ int main(int argc, char** argv) {
   std::uint32_t max_staleness = 64;
   app.add_option("--updates", updates, "updates per run")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_option("--rate", rate, "compression rate c")->check(CLI::Range(1e-6, 1.0))->capture_default_str();
+  std::size_t group = 8;
+  app.add_option("--group", group, "updates reserved per WAL sync in the reserve/ runs (the server's group commit)")
+      ->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--max-staleness", max_staleness, "D; delays are drawn from 0..D")->check(CLI::Range(1, 100000))->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
@@ -110,6 +142,11 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("apply/" + variant.name).c_str(),
                                  [&stream, options, &variant](benchmark::State& state) {
                                    apply_stream(state, stream, options, variant.description);
+                                 })
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("reserve/" + variant.name).c_str(),
+                                 [&stream, options, &variant, group](benchmark::State& state) {
+                                   reserve_stream(state, stream, options, group, variant.description);
                                  })
         ->Unit(benchmark::kMillisecond);
   }

@@ -16,7 +16,11 @@
 # starts from and the current one), BENCH_RUNS ("load transfer": which runs),
 # BENCH_COMPARE (server flags, e.g. "--datagrams-per-pass 1": the load run is then made
 # BENCH_ROUNDS times (2) with those flags and with the defaults, alternating, and the table
-# has a row per run). Every run is bounded by `timeout`, none longer than 2 minutes.
+# has a row per run), BENCH_BASELINE (another build tree, e.g. one of an earlier commit: the
+# load run is then made BENCH_ROUNDS times with its edgetrain-server and with this build's,
+# alternating, same flags, same load generator), BENCH_PIN ("S L": taskset CPU lists for the
+# server and the load generator, e.g. "0 1", so that neither takes the other's core).
+# Every run is bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -56,11 +60,26 @@ trap cleanup EXIT
 # A fresh server (state removed), its port from its --port-file (common/processes.sh). All
 # the load devices connect from 127.0.0.1: the per-address handshake limits are lifted to
 # the global ones (transport/README.md, "Handshake floods").
+pin_server="" pin_loadgen=()
+if [[ -n ${BENCH_PIN:-} ]]; then
+  read -r pin_server pin_l <<<"$BENCH_PIN"
+  [[ -n $pin_server && -n $pin_l ]] || { echo "BENCH_PIN needs two CPU lists, \"SERVER LOADGEN\" (e.g. \"0 1\")" >&2; exit 1; }
+  pin_loadgen=(taskset -c "$pin_l")
+fi
+baseline_server=""
+if [[ -n ${BENCH_BASELINE:-} ]]; then
+  baseline_server=$BENCH_BASELINE/server/edgetrain-server
+  [[ -x $baseline_server ]] || { echo "missing $baseline_server (BENCH_BASELINE is a build tree)" >&2; exit 1; }
+fi
+bench_server=$server  # which server binary start_bench_server runs
+
 start_bench_server() {
   rm -rf "$work/state" "$work/server.log"
-  start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
+  start_server "$bench_server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
     --eval-data none --max-pending-handshakes-per-address 100 --handshake-rate-per-address 100000 "$@"
   port=$server_port
+  # Every thread of the server, those it has started included (the ones it starts later inherit it).
+  if [[ -n $pin_server ]]; then taskset -a -cp "$pin_server" "$server_pid" >/dev/null; fi
 }
 
 stop_server() {
@@ -69,6 +88,7 @@ stop_server() {
   server_pid=""
 }
 
+[[ -z $baseline_server ]] || echo "baseline: $baseline_server"
 echo "server state on $(stat -f -c %T "$work"), $(nproc) cores, $(uname -r)"
 : > "$work/load.txt"
 compare=${BENCH_COMPARE:-}
@@ -77,14 +97,22 @@ load_run() {  # label, server flags...
   local label=$1; shift
   echo "== load run: $label"
   start_bench_server "$@"
-  timeout 120 "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
+  timeout 120 "${pin_loadgen[@]}" "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
     --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" \
     | tee "$work/load.out" | sed "s/^summary load/summary load label=${label// /_}/" >> "$work/load.txt"
   cat "$work/load.out"
   stop_server
 }
 if [[ " $runs " == *" load "* ]]; then
-  if [[ -n $compare ]]; then
+  if [[ -n $baseline_server ]]; then
+    read -r -a compare_flags <<<"$compare"
+    for round in $(seq "$rounds"); do
+      bench_server=$baseline_server
+      load_run "baseline (round $round)" "${compare_flags[@]}"
+      bench_server=$server
+      load_run "this build (round $round)" "${compare_flags[@]}"
+    done
+  elif [[ -n $compare ]]; then
     read -r -a compare_flags <<<"$compare"
     for round in $(seq "$rounds"); do
       load_run "$compare (round $round)" "${compare_flags[@]}"

@@ -102,7 +102,12 @@ TEST(LinkImpairer, RelaysBothWaysWithTheDelayAndOneSourcePerLink) {
   EXPECT_EQ(number_of(answer), 8u);
   EXPECT_GE(Clock::now() - sent, std::chrono::milliseconds(160));
 
-  const LinkCounters c = impairer.counters(0);
+  // The relay counts a datagram once its send() has returned, which can be after the
+  // receiver already has it: wait for the count rather than read it at once.
+  LinkCounters c = impairer.counters(0);
+  for (const auto deadline = Clock::now() + std::chrono::seconds(5);
+       c.to_worker.datagrams_out == 0 && Clock::now() < deadline; c = impairer.counters(0))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(c.to_server.datagrams_out, 1u);
   EXPECT_EQ(c.to_server.bytes_out, 64u);
   EXPECT_EQ(c.to_worker.datagrams_out, 1u);

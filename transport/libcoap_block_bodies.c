@@ -8,15 +8,20 @@
 
 // The layout read here is 4.3.1's: coap_server.cc refuses to compile against another version.
 
-size_t edgetrain_forget_older_request_bodies(coap_session_t* session) {
+size_t edgetrain_forget_request_bodies(coap_session_t* session, int keep_newest) {
   if (session == NULL || session->lg_srcv == NULL) return 0;
-  coap_lg_srcv_t* older = session->lg_srcv->next;
-  session->lg_srcv->next = NULL;
+  coap_lg_srcv_t* doomed = session->lg_srcv;
+  if (keep_newest) {
+    doomed = session->lg_srcv->next;
+    session->lg_srcv->next = NULL;
+  } else {
+    session->lg_srcv = NULL;
+  }
   size_t freed = 0;
-  while (older != NULL) {
-    coap_lg_srcv_t* next = older->next;
-    coap_block_delete_lg_srcv(session, older);
-    older = next;
+  while (doomed != NULL) {
+    coap_lg_srcv_t* next = doomed->next;
+    coap_block_delete_lg_srcv(session, doomed);
+    doomed = next;
     ++freed;
   }
   return freed;

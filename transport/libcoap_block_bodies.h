@@ -9,7 +9,8 @@
 // block-wise timeouts) and, per session, on every block that arrives. Nothing bounds them,
 // so a device could also grow the server's memory by starting bodies it never finishes.
 // The server assembles one body per session (a new block 0 starts it afresh), so it needs
-// at most the record of the body in progress: the newest one.
+// at most the record of the body in progress, and none once its last block is in: a
+// session without records is not even visited by that walk.
 #pragma once
 
 #include <coap3/coap.h>
@@ -18,10 +19,12 @@
 extern "C" {
 #endif
 
-// Frees every block-wise request record of `session` but the newest (libcoap prepends new
-// ones). Call only from a resource handler of the session's own context, where libcoap
-// holds no pointer to a record but possibly the newest; returns how many were freed.
-size_t edgetrain_forget_older_request_bodies(coap_session_t* session);
+// Frees the block-wise request records of `session`: all of them, or all but the newest
+// (libcoap prepends new ones) while a body is still arriving, since libcoap needs its record
+// to answer its next block. Call only from a resource handler of the session's own
+// context: libcoap then holds no pointer to a record, or to the newest one of a body whose
+// last block has not come yet. Returns how many were freed.
+size_t edgetrain_forget_request_bodies(coap_session_t* session, int keep_newest);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,18 @@
 //             AdaComp updates (c = 0.01, ~21 kB, ~21 Block1 blocks) with a bounded number
 //             in flight, for a bounded count and time; prints sessions, updates/s, server
 //             CPU per update, datagram bytes per update vs. the codec bytes, and where the
-//             server's submit time went (its /status breakdown)
+//             server's submit time went (its /status breakdown).
+//             --replay WAL_FILE posts the updates recorded in a server's write-ahead log
+//             (tests/bench/record_updates.sh records one from real edgetrain-workers)
+//             instead of synthetic ones: read with the server's own WAL reader, decoded,
+//             and re-encoded with only the header re-stamped (this device's next sequence
+//             number, the newest version acknowledged as t_fetch), in log order, cycling;
+//             indices and values as recorded, in the value encoding they were recorded in.
+//             --sign-scale sends values as sign + scale (value encoding 2 of
+//             transport/CODEC.md: ~6 Block1 blocks instead of 22), synthetic or replayed
+//             (then each tensor's recorded values become ±(their mean magnitude), as the
+//             worker's --sign-scale makes them). The summary line names the source:
+//             source=synthetic or source=replay records=N.
 //   transfer  through a user-space UDP relay that delays every datagram by D ms one way:
 //             time of one update post and of one dense model pull (lock-step Block2),
 //             then of sparse pulls (GET /model?since=V) after N updates by others
@@ -28,9 +39,14 @@
 //   handshakes  only the prober: a fresh session's first request every I s, deadline D s,
 //             for S s; results as JSON (--out)
 //
-// The updates are the paper's top-k of a Gaussian random gradient (the index pattern of a
-// real gradient differs, the sizes hardly: k per tensor is fixed by c). The gradient is
-// computed once per pattern, not per post: the load generator must not be the bottleneck.
+// The synthetic updates are the paper's top-k of a Gaussian random gradient (the index
+// pattern of a real gradient differs, the sizes hardly: k per tensor is fixed by c; --replay
+// brings the real patterns). The gradient is computed once per pattern, and a log is read
+// and decoded once, not per post: the load generator must not be the bottleneck.
+//
+// Exit status: 0 done, 1 a failure while running (server unreachable, ...), 2 bad usage or
+// input (settings that exclude each other, a --replay log that is missing, empty, damaged or
+// of another model, a server running another model than --model).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -47,8 +63,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -61,6 +79,7 @@
 #include "runtime/model_replica.h"
 #include "server/keystore.h"
 #include "server/resources.h"
+#include "server/write_ahead_log.h"
 #include "tests/support/dtls_hello_flood.h"
 #include "tests/support/udp_delay_proxy.h"
 #include "transport/bench_load.h"
@@ -71,6 +90,13 @@ namespace {
 
 using namespace edgetrain;
 using Clock = std::chrono::steady_clock;
+
+// Bad usage or input (exit status 2, like a settings error), as opposed to a failure while
+// running (1): the person has to change the command, not retry it.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // Identity of the extra device used for /status and the transfer probes, so that the load
 // devices' sequence numbers stay theirs alone.
@@ -158,13 +184,18 @@ nlohmann::json server_status(transport::CoapDtlsClient& client) {
 struct UpdateFactory {
   runtime::Model model;
   std::vector<transport::SparseUpdate> patterns;
+  transport::ValueEncoding values;
 
-  UpdateFactory(const std::string& model_name, double compression_rate, std::size_t pattern_count)
-      : model(runtime::model_spec_from_argument(model_name)) {
+  // kSignScale: the compressor quantises the top-k values to ±(mean magnitude) per tensor,
+  // as a worker's --sign-scale does, so that the encoder accepts them.
+  UpdateFactory(const std::string& model_name, double compression_rate, std::size_t pattern_count,
+                transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32)
+      : model(runtime::model_spec_from_argument(model_name)), values(value_encoding) {
     std::vector<runtime::TensorSlice> layout;
     for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
     runtime::CompressorOptions options;
     options.compression_rate = compression_rate;
+    options.value_encoding = value_encoding;
     runtime::Compressor compressor(layout, options);
     std::mt19937_64 random(42);
     std::normal_distribution<float> gradient_value(0.0f, 1e-3f);
@@ -182,9 +213,178 @@ struct UpdateFactory {
     transport::SparseUpdate& update = patterns[pattern % patterns.size()];
     update.sequence = sequence;
     update.fetched_version = fetched_version;
-    auto encoded = transport::encode_sparse_update(update);
+    auto encoded = transport::encode_sparse_update(update, {values});
     if (!encoded) throw std::runtime_error("cannot encode an update: " + encoded.error().message);
     return std::move(encoded).value();
+  }
+};
+
+const char* value_encoding_name(transport::ValueEncoding encoding) {
+  switch (encoding) {
+    case transport::ValueEncoding::kFp32: return "fp32";
+    case transport::ValueEncoding::kFp16: return "fp16";
+    case transport::ValueEncoding::kSignScale: return "sign-scale";
+  }
+  return "unknown";
+}
+
+// One tensor's sent values as sign + scale: ±(mean magnitude of its nonzero values), zeros
+// left out (the encoding has no zero). The same rule as the worker's compressor with
+// --sign-scale (runtime/compressor.h, kSignScale), which also keeps the error in its
+// residual; a replayed update has no residual to keep it in, so here it is dropped.
+void quantize_to_sign_scale(transport::SparseTensor& tensor) {
+  double magnitude_sum = 0.0;  // double, as the compressor: thousands of float magnitudes
+  std::size_t kept = 0;
+  for (std::size_t j = 0; j < tensor.values.size(); ++j) {
+    if (tensor.values[j] == 0.0f) continue;
+    magnitude_sum += std::fabs(tensor.values[j]);
+    tensor.indices[kept] = tensor.indices[j];
+    tensor.values[kept] = tensor.values[j];
+    ++kept;
+  }
+  tensor.indices.resize(kept);
+  tensor.values.resize(kept);
+  if (kept == 0) return;
+  // The mean of finite nonzero magnitudes lies between their least and greatest, so the
+  // scale is finite and > 0, as the wire encoding requires.
+  const float scale = static_cast<float>(magnitude_sum / static_cast<double>(kept));
+  for (float& v : tensor.values) v = std::signbit(v) ? -scale : scale;
+}
+
+// The updates recorded in a server's write-ahead log, posted again in log order (cycling)
+// with only the header re-stamped for the server being loaded: the real index patterns and
+// values of workers that trained, instead of the top-k of a random gradient.
+//
+// Each record is decoded against the model the server runs (so a log of another model is
+// refused here, not by thousands of 4.00 answers) and re-encoded per post. The WAL keeps
+// the codec bytes as received, but the decoded update does not say which value encoding
+// they used; re-encoding the record with its own header in each encoding tells, as exactly
+// one reproduces the recorded bytes (the encoding is one byte of each tensor record, and
+// the codec's other choices are functions of the indices). Posts then use that encoding,
+// so a replayed post has the recorded size as well as the recorded values.
+struct ReplayedUpdates {
+  std::string path;
+  std::vector<transport::SparseUpdate> updates;
+  std::vector<transport::ValueEncoding> encodings;  // of updates[i] when posted
+  std::size_t wal_records = 0;   // every intact record of the log
+  std::size_t placeholders = 0;  // records without entries (repair-wal's stand-ins): not posted
+  std::size_t not_reproduced = 0;  // records no encoding reproduced bit for bit: posted as fp32 (exact values)
+  std::uint64_t torn_tail_bytes = 0;
+  std::size_t next = 0;           // the record the next post sends
+  std::uint64_t posts = 0;        // records handed out so far (cycles = posts / updates.size())
+  double mean_bytes = 0, mean_entries = 0;  // as posted
+  std::size_t min_bytes = 0, max_bytes = 0;
+
+  ReplayedUpdates(const std::string& wal_path, const runtime::Model& model, bool sign_scale) : path(wal_path) {
+    std::error_code error;
+    if (!std::filesystem::is_regular_file(wal_path, error))
+      throw UsageError("--replay " + wal_path + ": no such file (record one with tests/bench/record_updates.sh)");
+    if (std::filesystem::file_size(wal_path, error) == 0 && !error)
+      throw UsageError("--replay " + wal_path + ": the file is empty, not a write-ahead log");
+    server::WalContents wal;
+    try {
+      wal = server::read_wal(wal_path);
+    } catch (const server::WalError& e) {
+      throw UsageError(std::string("--replay: ") + e.what());
+    }
+    // Damage in the middle is refused: the records after it were acknowledged once, but a
+    // log that does not check out is not a recording to measure with. A torn tail (the last
+    // write of a crash) is what every crashed server's log may end with; its intact records
+    // are the recording.
+    if (!wal.damage.empty())
+      throw UsageError("--replay: " + server::describe_wal_damage(wal_path, wal) +
+                       " (a damaged log; edgetrain-server repair-wal lists and repairs it)");
+    torn_tail_bytes = wal.dropped_bytes;
+    wal_records = wal.records.size();
+    std::vector<std::uint32_t> sizes;
+    for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+    if (wal.header.model_id != model.layout_id())
+      throw UsageError("--replay " + wal_path + ": the log's updates are for another model (layout id " +
+                       hex(wal.header.model_id) + ") than the server's, '" + model.spec().name + "' (layout id " +
+                       hex(model.layout_id()) + ", --model)" + builtin_named(wal.header.model_id));
+    const transport::ModelLayout layout{model.layout_id(), sizes};
+    double total_bytes = 0, total_entries = 0;
+    for (std::size_t r = 0; r < wal.records.size(); ++r) {
+      const server::WalRecord& record = wal.records[r];
+      auto decoded = transport::decode_sparse_update(record.update, layout);
+      if (!decoded)
+        throw UsageError("--replay " + wal_path + ": record " + std::to_string(r) + " (version " +
+                         std::to_string(record.version) + ") is not an update of '" + model.spec().name +
+                         "': " + decoded.error().message);
+      transport::SparseUpdate update = std::move(decoded).value();
+      std::size_t entries = 0;
+      for (const auto& t : update.tensors) entries += t.indices.size();
+      if (entries == 0) {
+        ++placeholders;
+        continue;
+      }
+      transport::ValueEncoding encoding = recorded_encoding(update, record.update);
+      if (sign_scale) {
+        for (auto& t : update.tensors) quantize_to_sign_scale(t);
+        encoding = transport::ValueEncoding::kSignScale;
+      }
+      auto posted = transport::encode_sparse_update(update, {encoding});
+      if (!posted)
+        throw UsageError("--replay " + wal_path + ": record " + std::to_string(r) + " cannot be re-encoded as " +
+                         value_encoding_name(encoding) + ": " + posted.error().message);
+      const std::size_t bytes = posted.value().size();
+      min_bytes = updates.empty() ? bytes : std::min(min_bytes, bytes);
+      max_bytes = std::max(max_bytes, bytes);
+      total_bytes += static_cast<double>(bytes);
+      for (const auto& t : update.tensors) total_entries += static_cast<double>(t.indices.size());
+      updates.push_back(std::move(update));
+      encodings.push_back(encoding);
+    }
+    if (updates.empty())
+      throw UsageError("--replay " + wal_path + ": the log holds no updates to replay (" + std::to_string(wal_records) +
+                       " records, " + std::to_string(placeholders) + " of them without entries)");
+    mean_bytes = total_bytes / static_cast<double>(updates.size());
+    mean_entries = total_entries / static_cast<double>(updates.size());
+  }
+
+  // The value encoding(s) posts use: one name, or "mixed" for a log of a mixed fleet.
+  std::string values_text() const {
+    for (auto e : encodings)
+      if (e != encodings.front()) return "mixed";
+    return value_encoding_name(encodings.front());
+  }
+
+  // The next record in log order, re-stamped for the server being loaded.
+  std::vector<std::uint8_t> encode(std::uint64_t sequence, std::uint64_t fetched_version) {
+    const std::size_t r = next;
+    next = (next + 1) % updates.size();
+    ++posts;
+    transport::SparseUpdate& update = updates[r];
+    update.sequence = sequence;
+    update.fetched_version = fetched_version;
+    auto encoded = transport::encode_sparse_update(update, {encodings[r]});
+    if (!encoded) throw std::runtime_error("cannot encode a replayed update: " + encoded.error().message);
+    return std::move(encoded).value();
+  }
+
+ private:
+  transport::ValueEncoding recorded_encoding(const transport::SparseUpdate& update, std::span<const std::uint8_t> bytes) {
+    for (auto encoding : {transport::ValueEncoding::kFp32, transport::ValueEncoding::kFp16, transport::ValueEncoding::kSignScale}) {
+      auto again = transport::encode_sparse_update(update, {encoding});
+      if (again && std::equal(again.value().begin(), again.value().end(), bytes.begin(), bytes.end())) return encoding;
+    }
+    // fp32 carries any finite value exactly: the values stay as recorded, the size may not.
+    ++not_reproduced;
+    return transport::ValueEncoding::kFp32;
+  }
+
+  static std::string hex(std::uint64_t id) {
+    char text[24];
+    std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(id));
+    return text;
+  }
+
+  // "; that is the built-in model 'mlp'" when the log's model is one of them.
+  static std::string builtin_named(std::uint64_t id) {
+    for (const auto& name : runtime::builtin_model_names())
+      if (runtime::Model(runtime::builtin_model_spec(name)).layout_id() == id)
+        return "; that is the built-in model '" + name + "': replay it against a server of that model, with --model " + name;
+    return "";
   }
 };
 
@@ -199,27 +399,67 @@ struct LoadSettings {
   int server_pid = 0;
   std::string model = "paper-cnn";
   double compression_rate = 0.01;
+  std::string replay;  // a WAL file: post its updates instead of synthetic ones
+  bool sign_scale = false;
 };
 
 // What one load run measured, for the report.
 struct LoadMeasurement {
   transport::bench::UpdateLoadReport report;
-  std::size_t update_bytes = 0, update_entries = 0, parameter_count = 0;
+  std::size_t update_bytes = 0, update_entries = 0, parameter_count = 0;  // replay: means over the records
+  std::string source = "synthetic", values;  // for the summary line
+  std::size_t replay_records = 0, replay_min_bytes = 0, replay_max_bytes = 0;
+  double replay_cycles = 0;  // posts made / records: above 1 when the run went round the log again
+  std::string replay_note;  // what a person should know about the log (left-out records, a torn tail)
   nlohmann::json status_before, status_after;  // /status around the posts
   double cpu_at_start = 0, cpu_before = 0, cpu_after = 0;  // the server's, around handshakes and posts
   double own_cpu_before = 0, own_cpu_after = 0;
 };
 
 LoadMeasurement measure_load(const LoadSettings& s) {
-  const auto keystore = server::Keystore::load(s.keystore);
-  UpdateFactory factory(s.model, s.compression_rate, 16);
+  const auto values = s.sign_scale ? transport::ValueEncoding::kSignScale : transport::ValueEncoding::kFp32;
+  // Exactly one of the two: the log is read (and refused) before any network work.
+  std::optional<ReplayedUpdates> replay;
+  std::optional<UpdateFactory> factory;
   LoadMeasurement m;
-  m.update_bytes = factory.encode(0, 1, 0).size();
-  for (const auto& t : factory.patterns[0].tensors) m.update_entries += t.indices.size();
-  m.parameter_count = factory.model.parameter_count();
+  if (!s.replay.empty()) {
+    const runtime::Model model(runtime::model_spec_from_argument(s.model));
+    replay.emplace(s.replay, model, s.sign_scale);
+    m.parameter_count = model.parameter_count();
+    m.update_bytes = static_cast<std::size_t>(std::lround(replay->mean_bytes));
+    m.update_entries = static_cast<std::size_t>(std::lround(replay->mean_entries));
+    m.source = "replay";
+    m.values = replay->values_text();
+    m.replay_records = replay->updates.size();
+    m.replay_min_bytes = replay->min_bytes;
+    m.replay_max_bytes = replay->max_bytes;
+    if (replay->placeholders > 0)
+      m.replay_note += " " + std::to_string(replay->placeholders) + " records without entries (repair-wal's stand-ins) left out;";
+    if (replay->not_reproduced > 0)
+      m.replay_note += " " + std::to_string(replay->not_reproduced) +
+                       " records not reproduced bit for bit by any value encoding, posted as fp32;";
+    if (replay->torn_tail_bytes > 0)
+      m.replay_note += " a torn tail of " + std::to_string(replay->torn_tail_bytes) + " bytes ignored;";
+  } else {
+    factory.emplace(s.model, s.compression_rate, 16, values);
+    m.update_bytes = factory->encode(0, 1, 0).size();
+    for (const auto& t : factory->patterns[0].tensors) m.update_entries += t.indices.size();
+    m.parameter_count = factory->model.parameter_count();
+    m.values = value_encoding_name(values);
+  }
+  const auto keystore = server::Keystore::load(s.keystore);
 
   transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
   const nlohmann::json status_before_handshakes = server_status(probe);
+  // Updates of another model would each be refused with 4.00: say so once, before the
+  // handshakes of every device.
+  const auto builtin = runtime::builtin_model_names();
+  const std::string& model_name = s.model;  // compared only when it names a built-in model, as /status does
+  if (std::find(builtin.begin(), builtin.end(), model_name) != builtin.end() &&
+      status_before_handshakes.contains("model") && status_before_handshakes["model"].is_string() &&
+      status_before_handshakes["model"].get<std::string>() != model_name)
+    throw UsageError("the server runs the model '" + status_before_handshakes["model"].get<std::string>() +
+                     "', not '" + model_name + "' (--model)");
   std::atomic<std::uint64_t> latest_version{status_before_handshakes["version"].get<std::uint64_t>()};
 
   transport::bench::UpdateLoadOptions options;
@@ -230,8 +470,11 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   options.max_post_seconds = s.seconds;
   // A worker computes its gradient on the newest model it knows; with W posts in flight
   // the server sees delays of about W (below the default max staleness of 64).
+  // `sequence` counts each device's posts from 1 (transport/bench_load.h): increasing per
+  // device, as the server's replay detection wants, for recorded updates as for synthetic.
   options.make_body = [&](std::size_t device, std::uint64_t sequence) {
-    return factory.encode(device + sequence, sequence, latest_version.load());
+    if (replay) return replay->encode(sequence, latest_version.load());
+    return factory->encode(device + sequence, sequence, latest_version.load());
   };
   options.on_success = [&](std::span<const std::uint8_t> payload) {
     if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
@@ -249,6 +492,7 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   };
   m.cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
   m.report = transport::bench::run_update_load(options);
+  if (replay) m.replay_cycles = static_cast<double>(replay->posts) / static_cast<double>(replay->updates.size());
   return m;
 }
 
@@ -257,10 +501,21 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
   const auto& report = m.report;
   const double applied = static_cast<double>(report.posts_acknowledged);
   const auto& traffic = report.post_traffic;
-  std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g ==\n", s.devices,
-              s.posts_in_flight, s.model.c_str(), m.parameter_count, s.compression_rate);
-  std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", m.update_bytes,
-              m.update_entries, (m.update_bytes + 1023) / 1024);
+  if (m.source == "replay") {
+    std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), updates replayed from %s ==\n",
+                s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.replay.c_str());
+    std::printf("updates replayed                %zu records, values %s%s; posted %.2f times over in log order\n",
+                m.replay_records, m.values.c_str(), s.sign_scale ? " (re-encoded as sign + scale)" : " (as recorded)",
+                m.replay_cycles);
+    if (!m.replay_note.empty()) std::printf("note on the log                 %s\n", m.replay_note.c_str() + 1);
+    std::printf("update (codec bytes)            mean %zu B (%zu to %zu), mean %zu entries, ~%zu Block1 blocks of 1024 B\n",
+                m.update_bytes, m.replay_min_bytes, m.replay_max_bytes, m.update_entries, (m.update_bytes + 1023) / 1024);
+  } else {
+    std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g, synthetic, values %s ==\n",
+                s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.compression_rate, m.values.c_str());
+    std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", m.update_bytes,
+                m.update_entries, (m.update_bytes + 1023) / 1024);
+  }
   std::printf("sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu datagrams, %.1f kB\n",
               report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
               static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
@@ -309,11 +564,17 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
   const auto& report = m.report;
   const auto& traffic = report.post_traffic;
   const double applied = static_cast<double>(report.posts_acknowledged);
-  std::string summary = "summary load devices=" + std::to_string(s.devices) +
-                        " established=" + std::to_string(report.sessions_established) +
-                        " in_flight=" + std::to_string(s.posts_in_flight) +
-                        " applied=" + std::to_string(report.posts_acknowledged) +
-                        " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
+  std::uint64_t refused = 0;
+  for (const auto& [code, count] : report.posts_refused_by_code) refused += count;
+  std::string summary = "summary load source=" + m.source;
+  if (m.source == "replay") summary += " records=" + std::to_string(m.replay_records);
+  summary += " values=" + m.values + " update_bytes=" + std::to_string(m.update_bytes) +
+             " devices=" + std::to_string(s.devices) +
+             " established=" + std::to_string(report.sessions_established) +
+             " in_flight=" + std::to_string(s.posts_in_flight) +
+             " applied=" + std::to_string(report.posts_acknowledged) +
+             " refused=" + std::to_string(refused) + " unanswered=" + std::to_string(report.posts_unanswered) +
+             " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
   if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
   if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (m.own_cpu_after - m.own_cpu_before) / applied);
   if (applied > 0 && report.posted_body_bytes > 0)
@@ -868,7 +1129,23 @@ void declare_load(settings::Table& t, LoadSettings& s) {
   t.add("seconds", s.seconds, "stop posting after this long").range(0, 1e6).unit("seconds");
   t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
   t.add("model", s.model, "model the server runs");
-  t.add("rate", s.compression_rate, "AdaComp compression rate c").range(1e-6, 1);
+  t.add("rate", s.compression_rate, "AdaComp compression rate c of the synthetic updates").range(1e-6, 1);
+  t.add("replay", s.replay,
+        "post the updates recorded in this server write-ahead log (a copy of a state directory's wal.log, e.g. from "
+        "tests/bench/record_updates.sh) instead of synthetic ones: indices and values as recorded, sequence and "
+        "fetched version re-stamped, in log order, cycling")
+      .unit("WAL_FILE");
+  t.add("sign-scale", s.sign_scale,
+        "values as sign + scale (value encoding 2 of transport/CODEC.md), synthetic or with --replay the recorded "
+        "ones made ±(mean magnitude) per tensor");
+}
+
+// Settings of `load` that exclude each other; the message says what to drop.
+std::optional<std::string> load_conflict(const settings::Table& t, const LoadSettings& s) {
+  if (!s.replay.empty() && t.was_set("rate"))
+    return "--rate sets the share of entries of the synthetic updates; --replay posts recorded updates, whose entries "
+           "are as recorded: drop one of the two";
+  return std::nullopt;
 }
 
 void declare_transfer(settings::Table& t, TransferSettings& s) {
@@ -907,7 +1184,9 @@ int main(int argc, char** argv) {
   keystore.add("out", keystore_path, "keystore file").required();
   keystore.add("devices", keystore_devices, "load devices").range(1, 1e6);
   LoadSettings load_settings;
-  declare_load(table.subcommand("load", "many sessions posting paper-CNN AdaComp updates"), load_settings);
+  settings::Table& load = table.subcommand(
+      "load", "many sessions posting paper-CNN AdaComp updates (synthetic, or replayed from a server's WAL)");
+  declare_load(load, load_settings);
   TransferSettings transfer_settings;
   settings::Table& transfer =
       table.subcommand("transfer", "one update post and one model pull through a delaying UDP relay");
@@ -939,7 +1218,14 @@ int main(int argc, char** argv) {
     if (flood.parsed()) return run_flood_bench(flood_settings);
     if (spoof.parsed()) return run_spoof(spoof_settings);
     if (probe.parsed()) return run_probe_handshakes(probe_settings);
+    if (auto conflict = load_conflict(load, load_settings)) {
+      std::fprintf(stderr, "edgetrain-loadgen: %s\n", conflict->c_str());
+      return 2;
+    }
     return run_load(load_settings);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "edgetrain-loadgen: %s\n", e.what());
+    return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "edgetrain-loadgen: %s\n", e.what());
     return 1;

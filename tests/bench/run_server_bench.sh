@@ -19,10 +19,21 @@
 # has a row per run), BENCH_BASELINE (another build tree, e.g. one of an earlier commit: the
 # load run is then made BENCH_ROUNDS times with its edgetrain-server and with this build's,
 # alternating, same flags, same load generator), BENCH_PIN ("S L": taskset CPU lists for the
-# server and the load generator, e.g. "0 1", so that neither takes the other's core).
+# server and the load generator, e.g. "0 1", so that neither takes the other's core),
+# BENCH_REPLAY (a WAL file, e.g. from tests/bench/record_updates.sh: the load runs post the
+# updates real workers sent, `edgetrain-loadgen load --replay FILE`, instead of top-k of
+# random gradients: same sizes, real index patterns), BENCH_SIGN_SCALE=1 (the load runs'
+# values as sign + scale, --sign-scale: ~6 Block1 blocks per update instead of 22; with
+# BENCH_REPLAY the recorded updates re-encoded so).
 # Every run is bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
 
+# BENCH_REPLAY as given, relative to the caller's directory, before the cd below.
+replay_file=""
+if [[ -n ${BENCH_REPLAY:-} ]]; then
+  [[ -f $BENCH_REPLAY ]] || { echo "BENCH_REPLAY: no such file: $BENCH_REPLAY" >&2; exit 1; }
+  replay_file=$(realpath -- "$BENCH_REPLAY")
+fi
 cd "$(dirname "$0")/../.."
 source common/processes.sh
 build=${EDGETRAIN_BUILD:-build/host}
@@ -33,6 +44,14 @@ delays=${BENCH_DELAYS:-"0 10 50"}
 pull_budget=${BENCH_PULL_BUDGET:-40}
 delta_after=${BENCH_DELTA_AFTER:-"3 10"}
 runs=${BENCH_RUNS:-"load transfer"}
+# What the load runs post (edgetrain-loadgen load): synthetic or replayed, fp32 or sign + scale.
+update_flags=()
+[[ -z $replay_file ]] || update_flags+=(--replay "$replay_file")
+case ${BENCH_SIGN_SCALE:-0} in
+  0) ;;
+  1) update_flags+=(--sign-scale) ;;
+  *) echo "BENCH_SIGN_SCALE is 0 or 1, not '$BENCH_SIGN_SCALE'" >&2; exit 1 ;;
+esac
 
 server=$build/server/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
@@ -98,7 +117,7 @@ load_run() {  # label, server flags...
   echo "== load run: $label"
   start_bench_server "$@"
   timeout 120 "${pin_loadgen[@]}" "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
-    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" \
+    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" ${update_flags[@]+"${update_flags[@]}"} \
     | tee "$work/load.out" | sed "s/^summary load/summary load label=${label// /_}/" >> "$work/load.txt"
   cat "$work/load.out"
   stop_server
@@ -144,8 +163,11 @@ while read -r load; do
 label=$(field label "$load" | tr _ ' ')
 [[ $label == defaults ]] || printf '| **server %s** | | |\n' "$label"
 printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(field devices "$load")"
-printf '| durable updates applied per second (paper CNN, c = 0.01, %s in flight) | %.0f | ≥ 5,000 |\n' \
-  "$(field in_flight "$load")" "$(field updates_per_s "$load")"
+updates_label="synthetic top-k, c = 0.01"
+[[ $(field source "$load") != replay ]] || updates_label="replayed: $(field records "$load") recorded updates"
+printf '| durable updates applied per second (paper CNN, %s, %s values, %s B, %s in flight) | %.0f | ≥ 5,000 |\n' \
+  "$updates_label" "$(field values "$load")" "$(field update_bytes "$load")" "$(field in_flight "$load")" \
+  "$(field updates_per_s "$load")"
 printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(field server_cpu_us "$load")" \
   "$(field loadgen_cpu_us "$load")"
 printf '| client→server datagram bytes over codec bytes | +%.1f %% | ≤ 10 %% |\n' "$(field overhead_pct "$load")"

@@ -34,7 +34,6 @@
 #include <string>
 #include <vector>
 
-#include "server/huge_page_allocator.h"
 #include "transport/codec.h"
 
 namespace edgetrain::server {
@@ -184,8 +183,8 @@ class ParameterStore {
 
   std::vector<TouchedSet> ring_;              // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
   std::size_t ring_length_ = 0;               // min(t, D)
-  std::vector<std::uint64_t, HugePageAllocator<std::uint64_t>> last_touch_version_;   // per parameter: newest sparse update touching it (0: none)
-  std::vector<std::uint32_t, HugePageAllocator<std::uint32_t>> last_touch_position_;  // its entry in that update's set
+  std::vector<std::uint64_t> last_touch_version_;   // per parameter: newest sparse update touching it (0: none)
+  std::vector<std::uint32_t> last_touch_position_;  // its entry in that update's set
   std::vector<std::uint32_t> sigma_;          // scratch: σ of each entry of the current update
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
@@ -195,9 +194,9 @@ class ParameterStore {
   std::vector<Reservation> spare_;            // recycled reservations (their buffers)
   // Per parameter: the newest reservation touching it (its version; 0: none) and the entry's
   // position there. Allocated at the first reserve(); apply() never touches them.
-  std::vector<std::uint64_t, HugePageAllocator<std::uint64_t>> reserved_touch_version_;
-  std::vector<std::uint32_t, HugePageAllocator<std::uint32_t>> reserved_touch_position_;
-  std::vector<std::uint64_t, HugePageAllocator<std::uint64_t>> last_changed_;  // see last_changed()
+  std::vector<std::uint64_t> reserved_touch_version_;
+  std::vector<std::uint32_t> reserved_touch_position_;
+  std::vector<std::uint64_t> last_changed_;  // see last_changed()
   std::uint64_t changes_known_since_ = 0;
 };
 

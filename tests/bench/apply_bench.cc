@@ -8,7 +8,8 @@
 // delays uniform in 0..D. One iteration applies the whole stream to a fresh store; prints
 // the time per update (s_per_update) and the divisor's mean (mean_divisor: σ's mean for
 // the σ rule). reserve/ runs the same stream the server's way: reserve() a group of updates
-// (--group, as one WAL sync covers them), then apply_reserved() them in order.
+// (--group, as one WAL sync covers them), then apply_reserved() them in order. --replay WAL
+// replaces the synthetic stream with real workers' updates (read_stream below).
 // Host trees only; a program that prints figures, not a test.
 //   edgetrain-apply-bench [--updates N] [--rate C] [--max-staleness D] [--benchmark_repetitions=R] ...
 //   (Google Benchmark's --benchmark_* flags are taken first; --help lists the others)
@@ -20,10 +21,12 @@
 #include <string>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "server/parameter_store.h"
+#include "server/write_ahead_log.h"
 #include "tests/support/paper_cnn_tensor_sizes.h"
 #include "tests/support/staleness_rules.h"
 
@@ -53,6 +56,44 @@ std::vector<transport::SparseUpdate> make_stream(const std::vector<std::uint32_t
     }
     stream.push_back(std::move(update));
   }
+  return stream;
+}
+
+// The updates a server's WAL recorded from real workers (tests/bench/record_updates.sh),
+// with the delays they had (or --delay for every one: a loaded server's delays are as many as
+// the posts in flight): update u of the stream was fetched min(delay, u) versions before it
+// is applied. Real top-k sets overlap far more than the synthetic ones, so σ's
+// chains are longer. At most `limit` records; exits 2 with a message for an unusable log.
+std::vector<transport::SparseUpdate> read_stream(const std::string& path, std::size_t limit, std::uint32_t max_staleness,
+                                                 std::optional<std::uint32_t> fixed_delay) {
+  const auto& sizes = testing::kPaperCnnTensorSizes;
+  auto refuse = [&](const std::string& why) -> std::vector<transport::SparseUpdate> {
+    std::fprintf(stderr, "edgetrain-apply-bench: --replay %s: %s\n", path.c_str(), why.c_str());
+    std::exit(2);
+  };
+  server::WalContents wal;
+  try {
+    wal = server::read_wal(path);
+  } catch (const std::exception& e) {
+    return refuse(e.what());
+  }
+  if (!wal.damage.empty()) return refuse("damaged in the middle (edgetrain-server repair-wal lists it)");
+  const transport::ModelLayout layout{wal.header.model_id, sizes};
+  std::vector<transport::SparseUpdate> stream;
+  for (const server::WalRecord& record : wal.records) {
+    if (stream.size() >= limit) break;
+    auto decoded = transport::decode_sparse_update(record.update, layout);
+    if (!decoded) return refuse("record of version " + std::to_string(record.version) + " is no paper-CNN update: " + decoded.error().message);
+    transport::SparseUpdate update = std::move(decoded).value();
+    if (update.tensors.empty()) continue;  // repair-wal's stand-ins
+    const std::uint64_t recorded = record.version - 1 - std::min(update.fetched_version, record.version - 1);
+    const std::uint64_t delay = std::min<std::uint64_t>(fixed_delay.value_or(recorded), max_staleness);
+    const auto u = static_cast<std::uint64_t>(stream.size());
+    update.model_id = 1;
+    update.fetched_version = u - std::min(delay, u);
+    stream.push_back(std::move(update));
+  }
+  if (stream.empty()) return refuse("no updates in it");
   return stream;
 }
 
@@ -129,12 +170,23 @@ int main(int argc, char** argv) {
   app.add_option("--group", group, "updates reserved per WAL sync in the reserve/ runs (the server's group commit)")
       ->check(CLI::Range(1, 1000))->capture_default_str();
   app.add_option("--max-staleness", max_staleness, "D; delays are drawn from 0..D")->check(CLI::Range(1, 100000))->capture_default_str();
+  std::string replay;
+  app.add_option("--replay", replay, "a server's WAL of real paper-CNN updates (tests/bench/record_updates.sh): its first "
+                                     "--updates records, with their recorded delays, instead of the synthetic stream");
+  std::optional<std::uint32_t> fixed_delay;
+  app.add_option("--delay", fixed_delay, "with --replay: this delay for every update instead of the recorded ones")
+      ->check(CLI::Range(0, 100000));
   CLI11_PARSE(app, argc, argv);
 
-  const auto stream = make_stream(testing::kPaperCnnTensorSizes, updates, rate, max_staleness);
+  const auto stream = replay.empty() ? make_stream(testing::kPaperCnnTensorSizes, updates, rate, max_staleness)
+                                     : read_stream(replay, static_cast<std::size_t>(updates), max_staleness, fixed_delay);
   std::size_t entries = 0;
   for (const auto& t : stream.back().tensors) entries += t.indices.size();
-  std::printf("paper CNN, %d updates of ~%zu entries (c = %g), delays 0..%u\n", updates, entries, rate, max_staleness);
+  if (replay.empty())
+    std::printf("paper CNN, %d updates of ~%zu entries (c = %g), delays 0..%u\n", updates, entries, rate, max_staleness);
+  else
+    std::printf("paper CNN, %zu updates of ~%zu entries replayed from %s, delays %s (at most %u)\n", stream.size(),
+                entries, replay.c_str(), fixed_delay ? std::to_string(*fixed_delay).c_str() : "as recorded", max_staleness);
   for (const auto& variant : testing::staleness_rules()) {
     server::ParameterStoreOptions options;
     options.max_staleness = max_staleness;

@@ -236,6 +236,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "at the speed measured now, lr scaled with the batch (0: off)").range(0, 3600).unit("seconds");
   t.add("min-batch", s.gossip.balance.min_batch, "with --balance-target: the least batch").range(1, 4096);
   t.add("max-batch", s.gossip.balance.max_batch, "with --balance-target: the largest batch").range(1, 4096);
+  t.add("max-lr-factor", s.gossip.balance.max_lr_factor, "with --balance-target: the lr follows the batch linearly "
+        "up to this many times --lr (a fast peer's large batch with a linear lr can make the fleet diverge)").range(1, 64);
   t.add("plateau-patience", s.gossip.plateau.patience, "accuracy-aware training: validations without improvement "
         "before the lr halves (twice), then local training stops (0: off)").range(0, 1000);
   t.add("validation-fraction", s.gossip.validation_fraction, "share of the shard held out for validation").range(0, 0.49);

@@ -205,6 +205,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       balance.base_lr = config.learning_rate;
       balance.min_batch = std::min(config.balance_min_batch, config.batch);
       balance.max_batch = std::max(config.balance_max_batch, config.batch);
+      balance.max_lr_factor = config.balance_max_lr_factor;
       peer.balancer.emplace(balance);
     }
     if (compressed_) peer.published.emplace(tensor_sizes_, peer.model, 0, publish);

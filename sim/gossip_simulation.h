@@ -98,6 +98,7 @@ struct GossipConfig {
   double balance_target = 0;
   int balance_min_batch = 1;
   int balance_max_batch = 256;
+  double balance_max_lr_factor = 8;  // the lr follows the batch linearly up to this many times learning_rate
   // Accuracy-aware training: 0 off; else runtime::PlateauDetector's patience, fed with the
   // peer's validation accuracy every validate_every of its iterations.
   // The validation split is validation_fraction of the shard, held out of training (ours, as

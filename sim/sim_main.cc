@@ -133,6 +133,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
         "time per iteration, lr scaled with the batch (0: off)").range(0, 1e9).unit("step times");
   t.add("min-batch", s.gossip.balance_min_batch, "smallest batch balancing picks").range(1, 4096);
   t.add("max-batch", s.gossip.balance_max_batch, "largest batch balancing picks").range(1, 4096);
+  t.add("max-lr-factor", s.gossip.balance_max_lr_factor, "with --balance-target: the lr follows the batch linearly up "
+        "to this many times --lr").range(1, 64);
   t.add("plateau-patience", s.gossip.plateau_patience, "accuracy-aware training: validations without improvement "
         "before a peer halves its lr, and after --plateau-decays halvings stops training (0: off)").range(0, 100000);
   t.add("validate-every", s.gossip.validate_every, "a peer's iterations between validations on its held-out "

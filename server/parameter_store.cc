@@ -1,6 +1,7 @@
 #include "server/parameter_store.h"
 
 #include <algorithm>
+#include <bit>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -36,8 +37,12 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
-    last_touch_version_.assign(total, 0);
-    last_touch_position_.assign(total, 0);
+    if (options_.max_staleness >= 1 && options_.max_staleness <= kMaskBits) {
+      touch_masks_.assign(total, 0);
+    } else {
+      last_touch_version_.assign(total, 0);
+      last_touch_position_.assign(total, 0);
+    }
   }
 }
 
@@ -75,6 +80,17 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
   for (std::size_t age = 0; age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
     dense_in_window += set_at_age(age).dense ? 1 : 0;
   sigma_.resize(touched_.size());
+  if (masks()) {
+    // The window's versions top − delay + 1 … top are `delay` consecutive bits (mod 64),
+    // the last one at top mod 64; every bit set for a version older than the ring is cleared.
+    const std::uint64_t top = history_top();
+    const unsigned end = static_cast<unsigned>(top % kMaskBits);  // bit of version top
+    std::uint64_t window = delay >= kMaskBits ? ~std::uint64_t{0} : (std::uint64_t{1} << delay) - 1;
+    window = delay >= kMaskBits ? window : std::rotl(window, static_cast<int>((end + kMaskBits + 1 - delay) % kMaskBits));
+    for (std::size_t j = 0; j < touched_.size(); ++j)
+      sigma_[j] = dense_in_window + static_cast<std::uint32_t>(std::popcount(touch_masks_[touched_[j]] & window));
+    return;
+  }
   for (std::size_t j = 0; j < touched_.size(); ++j) {
     std::uint32_t sigma = dense_in_window;
     std::uint64_t version = last_touch_version_[touched_[j]];
@@ -104,6 +120,10 @@ void ParameterStore::remember_touched() {
   slot.previous_position.clear();
   if (slot.dense) return;
   slot.indices.assign(touched_.begin(), touched_.end());
+  if (masks()) {
+    set_bits(slot, top + 1, true);
+    return;
+  }
   slot.previous_version.resize(touched_.size());
   slot.previous_position.resize(touched_.size());
   for (std::size_t j = 0; j < touched_.size(); ++j) {
@@ -112,6 +132,17 @@ void ParameterStore::remember_touched() {
     slot.previous_position[j] = last_touch_position_[i];
     last_touch_version_[i] = top + 1;
     last_touch_position_[i] = static_cast<std::uint32_t>(j);
+  }
+}
+
+// Sets (or clears) the bit of `version`, whose update touched `set`, in the masks of its parameters.
+void ParameterStore::set_bits(const TouchedSet& set, std::uint64_t version, bool on) {
+  if (set.dense) return;
+  const std::uint64_t bit = std::uint64_t{1} << (version % kMaskBits);
+  if (on) {
+    for (std::uint32_t i : set.indices) touch_masks_[i] |= bit;
+  } else {
+    for (std::uint32_t i : set.indices) touch_masks_[i] &= ~bit;
   }
 }
 
@@ -146,6 +177,7 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
       throw std::invalid_argument("parameter store: recent update: " + problem);
   for (auto& slot : ring_) slot = {};
   ring_length_ = 0;
+  std::fill(touch_masks_.begin(), touch_masks_.end(), std::uint64_t{0});
   std::fill(last_touch_version_.begin(), last_touch_version_.end(), std::uint64_t{0});
   std::fill(last_touch_position_.begin(), last_touch_position_.end(), 0u);
   std::fill(reserved_touch_version_.begin(), reserved_touch_version_.end(), std::uint64_t{0});
@@ -156,6 +188,8 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   std::fill(last_changed_.begin(), last_changed_.end(), changes_known_since_);
   for (const auto& update : recent) {
     collect_touched(update);
+    if (masks() && ring_length_ == ring_.size())  // more recent updates than D: the oldest leave the ring
+      set_bits(ring_[static_cast<std::size_t>(version_ % ring_.size())], version_ + 1 - ring_.size(), false);
     remember_touched();
     for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
     ++version_;
@@ -230,6 +264,8 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
     }
   }
   last_divisors_.swap(divisors_);
+  if (masks() && ring_length_ == ring_.size())  // the set of version t + 1 − D leaves the ring
+    set_bits(ring_[static_cast<std::size_t>(version_ % ring_.size())], version_ + 1 - ring_.size(), false);
   remember_touched();
   for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
   ++version_;
@@ -291,6 +327,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
   r.ring_length_before = ring_length_;
   // The slot remember_touched() refills: keep what it held, for cancelling.
   if (!ring_.empty()) std::swap(r.displaced, ring_[static_cast<std::size_t>(top % ring_.size())]);
+  if (masks() && ring_length_ == ring_.size()) set_bits(r.displaced, top + 1 - ring_.size(), false);  // it left the ring
   remember_touched();
   reserved_.push_back(std::move(r));
   return {ApplyStatus::kApplied, top + 1, {}};
@@ -319,7 +356,10 @@ void ParameterStore::cancel_last_reserved() {
   }
   if (!ring_.empty()) {
     TouchedSet& slot = ring_[static_cast<std::size_t>((r.version - 1) % ring_.size())];
-    if (!slot.dense) {
+    if (masks()) {
+      set_bits(slot, r.version, false);
+      if (r.ring_length_before == ring_.size()) set_bits(r.displaced, r.version - ring_.size(), true);  // back in the ring
+    } else if (!slot.dense) {
       for (std::size_t j = 0; j < slot.indices.size(); ++j) {
         last_touch_version_[slot.indices[j]] = slot.previous_version[j];
         last_touch_position_[slot.indices[j]] = slot.previous_position[j];

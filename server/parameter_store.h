@@ -6,11 +6,14 @@
 //
 // Memory is bounded by the maximum staleness D: updates with delay > D are refused (the
 // worker must re-pull), and the indices touched by the last D updates are kept in a ring.
-// Each touched entry also records the previous version that touched the same parameter,
-// and each parameter the newest version that touched it: σ_i is found by following that
-// chain back until it leaves the window, so an update costs O(k + Σσ_i) for its k entries,
-// not O(delay · k). A dense update is stored as a flag and counts for every parameter
-// without being chained.
+// With D ≤ 64 (the default D is 64) each parameter has a 64-bit mask: bit v mod 64 is set
+// while the sparse update that produced version v is among the last D and touched it, so
+// σ_i is the popcount of the mask over the window's bits, O(1) per entry; a set leaving
+// the ring clears its bits. With a larger D each touched entry records the previous version
+// that touched the same parameter, and each parameter the newest version that touched it:
+// σ_i is found by following that chain back until it leaves the window, O(k + Σσ_i) for an
+// update's k entries. Either way a dense update is stored as a flag and counts for every
+// parameter without a bit or a link.
 //
 // Values: an update is applied only if every parameter it touches stays finite and within
 // ±max_parameter_magnitude afterwards. The check is exact: the new values are computed
@@ -145,8 +148,8 @@ class ParameterStore {
   struct TouchedSet {
     bool dense = false;
     std::vector<std::uint32_t> indices;  // flat arena indices, when !dense
-    // Per entry: the previous sparse update that touched the same parameter (its version,
-    // 0 for none, and the entry's position in that update's set).
+    // Per entry, under the chain (D > 64): the previous sparse update that touched the same
+    // parameter (its version, 0 for none, and the entry's position in that update's set).
     std::vector<std::uint64_t> previous_version;
     std::vector<std::uint32_t> previous_position;
   };
@@ -183,8 +186,15 @@ class ParameterStore {
 
   std::vector<TouchedSet> ring_;              // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
   std::size_t ring_length_ = 0;               // min(t, D)
-  std::vector<std::uint64_t> last_touch_version_;   // per parameter: newest sparse update touching it (0: none)
-  std::vector<std::uint32_t> last_touch_position_;  // its entry in that update's set
+  // D ≤ 64: per parameter, bit v mod 64 set while the sparse update of version v is in the
+  // ring and touched it. The chain of a larger D instead: per parameter, the newest sparse
+  // update touching it (0: none) and its entry in that update's set.
+  static constexpr std::uint32_t kMaskBits = 64;
+  bool masks() const { return !touch_masks_.empty(); }
+  void set_bits(const TouchedSet& set, std::uint64_t version, bool on);
+  std::vector<std::uint64_t> touch_masks_;
+  std::vector<std::uint64_t> last_touch_version_;
+  std::vector<std::uint32_t> last_touch_position_;
   std::vector<std::uint32_t> sigma_;          // scratch: σ of each entry of the current update
   std::vector<std::uint32_t> touched_;        // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;

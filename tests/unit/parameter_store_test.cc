@@ -113,7 +113,8 @@ void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, in
 class EveryStalenessRule : public ::testing::TestWithParam<edgetrain::testing::Variant<StalenessRule>> {};
 
 TEST_P(EveryStalenessRule, MatchesTheBruteForceReferenceOverRandomHistories) {
-  for (std::uint32_t d : {1u, 2u, 5u, 6u, 16u}) {
+  // D ≤ 64 counts σ with bit masks, a larger D along chains of touches: both are checked.
+  for (std::uint32_t d : {1u, 2u, 5u, 6u, 16u, 63u, 64u, 65u, 100u}) {
     SCOPED_TRACE("D = " + std::to_string(d));
     ParameterStoreOptions options;
     options.rule = GetParam().setting;
@@ -377,7 +378,7 @@ void run_reservations_against_reference(ParameterStoreOptions options, std::uint
 }
 
 TEST_P(EveryStalenessRule, ReservationsApplyLikeTheReferenceInVersionOrderAndCancelCleanly) {
-  for (std::uint32_t d : {1u, 3u, 8u}) {
+  for (std::uint32_t d : {1u, 3u, 8u, 64u, 70u}) {
     ParameterStoreOptions options;
     options.learning_rate = 0.5f;
     options.max_staleness = d;

@@ -73,15 +73,14 @@ void Compressor::compress(std::span<const float> gradient, transport::SparseUpda
       case CompressionMethod::kTopK: compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual); break;
       case CompressionMethod::kBinLocal: compress_bin_local(g, values, out, residual); break;
     }
-    if (options_.value_encoding == transport::ValueEncoding::kSignScale) quantize_sign_scale(values, out, residual);
+    if (options_.value_encoding == transport::ValueEncoding::kSignScale) quantize_sign_scale(out, values, residual);
   }
 }
 
 // Runs after selection, which sent the values unrounded (sent_value() is the identity here)
 // and left a zero residual on the sent entries. Shrinking `out` keeps its capacity, so this
 // allocates nothing.
-void Compressor::quantize_sign_scale(std::span<const float> values, transport::SparseTensor& out,
-                                     std::span<float> residual) const {
+void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values, std::span<float> residual) {
   double magnitude_sum = 0.0;  // double: 400k float magnitudes would lose low bits
   std::size_t kept = 0;
   for (std::size_t j = 0; j < out.values.size(); ++j) {

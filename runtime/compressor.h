@@ -63,6 +63,11 @@ struct CompressorOptions {
 // place that turns them into the enum. Throws std::invalid_argument when both are set.
 transport::ValueEncoding value_encoding_from_flags(bool fp16, bool sign_scale);
 
+// One tensor's selected values as sign + scale (value_encoding kSignScale): each becomes
+// ±(mean |v| over the nonzero ones), zeros are left out. With a `residual` (error feedback),
+// residual[i] becomes values[i] − the value sent for each sent index i. Allocates nothing.
+void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values = {}, std::span<float> residual = {});
+
 class Compressor {
  public:
   // Throws std::invalid_argument for an empty tensor, a rate outside (0, 1] or bin_size 0.
@@ -88,7 +93,6 @@ class Compressor {
   void compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated, transport::SparseTensor& out,
                           std::span<float> residual);
   float sent_value(float v) const;
-  void quantize_sign_scale(std::span<const float> values, transport::SparseTensor& out, std::span<float> residual) const;
 
   std::vector<TensorSlice> layout_;
   CompressorOptions options_;

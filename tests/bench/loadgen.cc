@@ -228,28 +228,6 @@ const char* value_encoding_name(transport::ValueEncoding encoding) {
   return "unknown";
 }
 
-// One tensor's sent values as sign + scale: ±(mean magnitude of its nonzero values), zeros
-// left out (the encoding has no zero). The same rule as the worker's compressor with
-// --sign-scale (runtime/compressor.h, kSignScale), which also keeps the error in its
-// residual; a replayed update has no residual to keep it in, so here it is dropped.
-void quantize_to_sign_scale(transport::SparseTensor& tensor) {
-  double magnitude_sum = 0.0;  // double, as the compressor: thousands of float magnitudes
-  std::size_t kept = 0;
-  for (std::size_t j = 0; j < tensor.values.size(); ++j) {
-    if (tensor.values[j] == 0.0f) continue;
-    magnitude_sum += std::fabs(tensor.values[j]);
-    tensor.indices[kept] = tensor.indices[j];
-    tensor.values[kept] = tensor.values[j];
-    ++kept;
-  }
-  tensor.indices.resize(kept);
-  tensor.values.resize(kept);
-  if (kept == 0) return;
-  // The mean of finite nonzero magnitudes lies between their least and greatest, so the
-  // scale is finite and > 0, as the wire encoding requires.
-  const float scale = static_cast<float>(magnitude_sum / static_cast<double>(kept));
-  for (float& v : tensor.values) v = std::signbit(v) ? -scale : scale;
-}
 
 // The updates recorded in a server's write-ahead log, posted again in log order (cycling)
 // with only the header re-stamped for the server being loaded: the real index patterns and
@@ -320,7 +298,8 @@ struct ReplayedUpdates {
       }
       transport::ValueEncoding encoding = recorded_encoding(update, record.update);
       if (sign_scale) {
-        for (auto& t : update.tensors) quantize_to_sign_scale(t);
+        // The worker's rule (runtime/compressor.h); a replayed update has no residual to keep the error in.
+        for (auto& t : update.tensors) runtime::quantize_sign_scale(t);
         encoding = transport::ValueEncoding::kSignScale;
       }
       auto posted = transport::encode_sparse_update(update, {encoding});

@@ -527,10 +527,11 @@ struct CoapDtlsServer::Impl {
                      const coap_string_t* query, coap_pdu_t* response) {
     auto* entry = static_cast<Resource*>(coap_resource_get_userdata(resource));
     // One body per session is assembled here, so libcoap needs no record of older ones, and
-    // none at all once the last block of this one is in (libcoap_block_bodies.h).
+    // none at all once the last block of this one is in (libcoap_block_bodies.h). A request
+    // without Block1 (a GET between two blocks of a POST) leaves the records alone.
     coap_block_b_t block{};
-    const bool more_blocks = coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block) && block.m;
-    entry->server->request_bodies_forgotten += edgetrain_forget_request_bodies(session, more_blocks ? 1 : 0);
+    if (coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block))
+      entry->server->request_bodies_forgotten += edgetrain_forget_request_bodies(session, block.m ? 1 : 0);
     bool deferred = false;
     CoapResponse reply = dispatch(*entry, session, request, query, deferred);
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.

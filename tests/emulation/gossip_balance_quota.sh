@@ -43,7 +43,7 @@ for i in 0 1; do
   start_program "$work/peer-$i.log" ${prefix[@]+"${prefix[@]}"} "$worker" --mode gossip --topology "$work/topology.json" \
     --peer-name "peer-$i" --cert "$work/certs/peer-$i.crt" --cert-key "$work/certs/peer-$i.key" --ca "$work/certs/ca.crt" \
     --model paper-cnn --data mnist-small --lr 0.05 --balance-target "$target" --min-batch 2 --max-batch 512 \
-    --publish-fraction 0.01 --duration 45 --stats-file "$work/peer-$i.json" --quiet
+    --publish-fraction 0.01 --duration 150 --stats-file "$work/peer-$i.json" --quiet
 done
 stats="$work/peer-0.json"
 batch() { json_get "$stats" batch; }
@@ -51,13 +51,16 @@ wait_for_json "$stats" iteration -ge 15 40 || fail "peer-0 did not reach iterati
 full=$(batch)
 echo "whole core: batch $full, $(json_get "$stats" examples_per_second) examples/s"
 set_quota 10000
-wait_for_json "$stats" batch -le $((full / 3)) 20 || fail "the batch stayed at $(batch) (from $full) under a tenth of a core"
+# At a tenth of a core the first steps still use the large batch (several seconds each), and
+# the measured speed is a running mean: on a loaded machine (CI runs tests in parallel) the
+# batch takes more than 20 s to come down, so the bound is generous; the check is that it does.
+wait_for_json "$stats" batch -le $((full / 3)) 45 || fail "the batch stayed at $(batch) (from $full) under a tenth of a core"
 sleep 3
 low=$(batch); low_time=$(json_get "$stats" last_iteration_seconds)
 echo "a tenth of a core: batch $low, last iteration ${low_time} s (target $target s)"
 json_compare "$low_time" -le "$(awk -v t="$target" 'BEGIN { print 3 * t }')" ||
   fail "an iteration under the low quota took $low_time s, more than 3x the target $target s"
 set_quota 100000
-wait_for_json "$stats" batch -ge $((2 * low)) 20 || fail "the batch stayed at $(batch) (from $low) when the core came back"
+wait_for_json "$stats" batch -ge $((2 * low)) 30 || fail "the batch stayed at $(batch) (from $low) when the core came back"
 echo "whole core again: batch $(batch)"
 echo "PASS"

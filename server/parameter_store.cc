@@ -135,6 +135,12 @@ void ParameterStore::remember_touched() {
   }
 }
 
+// `set` held the slot the next remembered update takes: once the ring is full, that is the
+// set of version top + 1 − D, which leaves the ring, and its bits go.
+void ParameterStore::retire(const TouchedSet& set) {
+  if (masks() && ring_length_ == ring_.size()) set_bits(set, history_top() + 1 - ring_.size(), false);
+}
+
 // Sets (or clears) the bit of `version`, whose update touched `set`, in the masks of its parameters.
 void ParameterStore::set_bits(const TouchedSet& set, std::uint64_t version, bool on) {
   if (set.dense) return;
@@ -188,8 +194,7 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   std::fill(last_changed_.begin(), last_changed_.end(), changes_known_since_);
   for (const auto& update : recent) {
     collect_touched(update);
-    if (masks() && ring_length_ == ring_.size())  // more recent updates than D: the oldest leave the ring
-      set_bits(ring_[static_cast<std::size_t>(version_ % ring_.size())], version_ + 1 - ring_.size(), false);
+    if (!ring_.empty()) retire(ring_[static_cast<std::size_t>(version_ % ring_.size())]);  // more recent updates than D
     remember_touched();
     for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
     ++version_;
@@ -264,8 +269,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
     }
   }
   last_divisors_.swap(divisors_);
-  if (masks() && ring_length_ == ring_.size())  // the set of version t + 1 − D leaves the ring
-    set_bits(ring_[static_cast<std::size_t>(version_ % ring_.size())], version_ + 1 - ring_.size(), false);
+  if (!ring_.empty()) retire(ring_[static_cast<std::size_t>(version_ % ring_.size())]);
   remember_touched();
   for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
   ++version_;
@@ -327,7 +331,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
   r.ring_length_before = ring_length_;
   // The slot remember_touched() refills: keep what it held, for cancelling.
   if (!ring_.empty()) std::swap(r.displaced, ring_[static_cast<std::size_t>(top % ring_.size())]);
-  if (masks() && ring_length_ == ring_.size()) set_bits(r.displaced, top + 1 - ring_.size(), false);  // it left the ring
+  if (!ring_.empty()) retire(r.displaced);
   remember_touched();
   reserved_.push_back(std::move(r));
   return {ApplyStatus::kApplied, top + 1, {}};

@@ -192,6 +192,7 @@ class ParameterStore {
   static constexpr std::uint32_t kMaskBits = 64;
   bool masks() const { return !touch_masks_.empty(); }
   void set_bits(const TouchedSet& set, std::uint64_t version, bool on);
+  void retire(const TouchedSet& set);  // the set leaving the ring as the next update is remembered
   std::vector<std::uint64_t> touch_masks_;
   std::vector<std::uint64_t> last_touch_version_;
   std::vector<std::uint32_t> last_touch_position_;

@@ -36,6 +36,16 @@ GanPart::GanPart(std::string name, int inputs, std::vector<GanLayerSpec> layers,
   dout.resize(static_cast<std::size_t>(max_batch) * network.outputs());
 }
 
+std::unique_ptr<GanPart> make_generator(const GanSettings& settings, std::uint64_t seed) {
+  return std::make_unique<GanPart>("generator", kGanNoiseSize + kGanClasses, mlp_generator_layers(), settings.batch,
+                                   seed, settings.adam, settings.backend);
+}
+
+std::unique_ptr<GanPart> make_discriminator(const GanSettings& settings, std::uint64_t seed) {
+  return std::make_unique<GanPart>("discriminator", kGanImageSize, mlp_discriminator_layers(), settings.batch, seed,
+                                   settings.adam, settings.backend);
+}
+
 DiscriminatorStepStats discriminator_step(GanPart& d, const float* real, const std::int32_t* real_labels,
                                           const float* fake, const std::int32_t* fake_labels, int batch) {
   float* dout = d.dout.data();
@@ -76,10 +86,8 @@ std::vector<std::uint32_t> all_indices(std::size_t n) {
 
 GanStandalone::GanStandalone(const GanSettings& settings, const Dataset& train)
     : settings_(settings),
-      g_("generator", kGanNoiseSize + kGanClasses, mlp_generator_layers(), settings.batch, settings.seed, settings.adam,
-         settings.backend),
-      d_("discriminator", kGanImageSize, mlp_discriminator_layers(), settings.batch, settings.seed + 1, settings.adam,
-         settings.backend),
+      g_(make_generator(settings, settings.seed)),
+      d_(make_discriminator(settings, settings.seed + 1)),
       real_sampler_(train, all_indices(train.size()), settings.seed + 2), noise_(settings.seed + 3),
       label_draw_{settings.seed + 4} {
   if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) || train.num_classes != kGanClasses)
@@ -100,7 +108,7 @@ void GanStandalone::draw_generator_batch() {
   noise_.fill(noise_values_.data(), noise_values_.size());
   for (auto& label : fake_labels_) label = static_cast<std::int32_t>(label_draw_.next() % kGanClasses);
   generator_inputs(inputs_.data(), noise_values_.data(), fake_labels_.data(), settings_.batch);
-  generate(g_, inputs_.data(), settings_.batch, fake_.data());
+  generate(*g_, inputs_.data(), settings_.batch, fake_.data());
 }
 
 GanIterationStats GanStandalone::iterate() {
@@ -110,17 +118,17 @@ GanIterationStats GanStandalone::iterate() {
     real_sampler_.next_batch(b, real_pixels_, real_labels_);
     pixels_to_gan(real_.data(), real_pixels_.data(), real_pixels_.size());
     draw_generator_batch();
-    stats.discriminator = discriminator_step(d_, real_.data(), real_labels_.data(), fake_.data(), fake_labels_.data(), b);
+    stats.discriminator = discriminator_step(*d_, real_.data(), real_labels_.data(), fake_.data(), fake_labels_.data(), b);
   }
   draw_generator_batch();
-  stats.generator_loss = generator_feedback(d_, fake_.data(), fake_labels_.data(), b, feedback_.data());
-  generator_step(g_, inputs_.data(), feedback_.data(), b);
+  stats.generator_loss = generator_feedback(*d_, fake_.data(), fake_labels_.data(), b, feedback_.data());
+  generator_step(*g_, inputs_.data(), feedback_.data(), b);
   ++iterations_;
   return stats;
 }
 
 void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
-  sample_generator(g_, count, seed, pixels, labels);
+  sample_generator(*g_, count, seed, pixels, labels);
 }
 
 void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {

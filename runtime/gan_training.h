@@ -41,6 +41,9 @@ struct GanPart {
   kernels::AdamSettings settings;
   GanPart(std::string name, int inputs, std::vector<GanLayerSpec> layers, int max_batch, std::uint64_t seed,
           kernels::AdamSettings adam_settings, KernelBackend backend = KernelBackend::kXnnpack);
+  // The tensors' names and layout (checkpoints, the codec); the values are in `params`.
+  Model& model() { return network.model(); }
+  const Model& model() const { return network.model(); }
 };
 
 struct DiscriminatorStepStats {
@@ -83,6 +86,11 @@ struct GanIterationStats {
 
 // The standalone baseline: one machine, all the data, L discriminator steps then one
 // generator step per iteration.
+// The generator and discriminator of `settings` (architecture, batch as the largest batch,
+// Adam, kernels), initialised from `seed`: what every place that runs a GAN part builds.
+std::unique_ptr<GanPart> make_generator(const GanSettings& settings, std::uint64_t seed);
+std::unique_ptr<GanPart> make_discriminator(const GanSettings& settings, std::uint64_t seed);
+
 class GanStandalone {
  public:
   GanStandalone(const GanSettings& settings, const Dataset& train);
@@ -90,14 +98,14 @@ class GanStandalone {
   // `count` samples of classes 0, 1, ..., 9, 0, ... as pixels (count × 784), from noise of
   // `seed` (the same samples for a seed and a generator).
   void sample(int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels);
-  GanPart& generator() { return g_; }
-  GanPart& discriminator() { return d_; }
+  GanPart& generator() { return *g_; }
+  GanPart& discriminator() { return *d_; }
   std::uint64_t iterations() const { return iterations_; }
 
  private:
   void draw_generator_batch();
   GanSettings settings_;
-  GanPart g_, d_;
+  std::unique_ptr<GanPart> g_, d_;
   ShardSampler real_sampler_;
   GaussianSampler noise_;
   SplitMix64 label_draw_;

@@ -16,16 +16,6 @@ namespace {
 
 constexpr std::uint64_t kFloatBytes = 4;
 
-std::unique_ptr<GanPart> make_generator(const runtime::GanSettings& gan, std::uint64_t seed) {
-  return std::make_unique<GanPart>("generator", kGanNoiseSize + kGanClasses, runtime::mlp_generator_layers(), gan.batch,
-                                   seed, gan.adam, gan.backend);
-}
-
-std::unique_ptr<GanPart> make_discriminator(const runtime::GanSettings& gan, std::uint64_t seed) {
-  return std::make_unique<GanPart>("discriminator", kGanImageSize, runtime::mlp_discriminator_layers(), gan.batch, seed,
-                                   gan.adam, gan.backend);
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -52,7 +42,7 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
   if (!(settings.epochs_between > 0)) throw std::invalid_argument("gan fleet: E must be positive");
   if (train.size() < static_cast<std::size_t>(settings.workers) * gan.batch)
     throw std::invalid_argument("gan fleet: fewer than a batch of examples per worker");
-  server_g_ = make_generator(gan, gan.seed);
+  server_g_ = runtime::make_generator(gan, gan.seed);
   for (int n = 0; n < settings.workers; n++) {
     auto w = std::make_unique<Worker>();
     const auto indices = runtime::shard_iid(train.size(), {static_cast<std::uint32_t>(n),
@@ -69,7 +59,7 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
       std::vector<std::uint32_t> all(w->shard.size());
       for (std::uint32_t i = 0; i < all.size(); i++) all[i] = i;
       w->sampler = std::make_unique<runtime::ShardSampler>(w->shard, all, gan.seed + 2000 * (n + 1));
-      w->d = make_discriminator(gan, gan.seed + 3000 * (n + 1));
+      w->d = runtime::make_discriminator(gan, gan.seed + 3000 * (n + 1));
       w->real_pixels.resize(static_cast<std::size_t>(gan.batch) * kGanImageSize);
       w->real.resize(w->real_pixels.size());
       w->feedback.resize(w->real_pixels.size());

@@ -16,4 +16,9 @@ transport::CoapResponse CoapServerChannel::post_round_update(std::uint64_t examp
   return client_.request(transport::Method::kPost, "round/update?examples=" + std::to_string(examples), body);
 }
 
+transport::CoapResponse CoapServerChannel::request(transport::Method method, const std::string& path,
+                                                   std::span<const std::uint8_t> body) {
+  return client_.request(method, path, body);
+}
+
 }  // namespace edgetrain::runtime

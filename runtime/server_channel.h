@@ -28,6 +28,12 @@ class ServerChannel {
   virtual transport::CoapResponse post_round_update(std::uint64_t /*examples*/, std::span<const std::uint8_t> /*body*/) {
     return {transport::CoapCode::kNotFound, {}, {}};
   }
+  // Any other resource (MD-GAN's /gan/batches and /gan/feedback: runtime/gan_worker.h). A
+  // channel without it answers 4.04.
+  virtual transport::CoapResponse request(transport::Method /*method*/, const std::string& /*path*/,
+                                          std::span<const std::uint8_t> /*body*/ = {}) {
+    return {transport::CoapCode::kNotFound, {}, {}};
+  }
 };
 
 // The channel over CoAP/DTLS (or plain CoAP): one CoapDtlsClient, one session kept across
@@ -40,6 +46,8 @@ class CoapServerChannel : public ServerChannel {
   transport::CoapResponse post_update(std::span<const std::uint8_t> body) override;
   transport::CoapResponse get_round() override;
   transport::CoapResponse post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) override;
+  transport::CoapResponse request(transport::Method method, const std::string& path,
+                                  std::span<const std::uint8_t> body = {}) override;
 
  private:
   transport::CoapDtlsClient client_;

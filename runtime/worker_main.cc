@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/settings.h"
 #include "runtime/compression_settings.h"
+#include "runtime/gan_worker.h"
 #include "runtime/gossip_peer.h"
 #include "runtime/model.h"
 #include "runtime/round_worker.h"
@@ -167,6 +168,10 @@ struct WorkerSettings {
   edgetrain::runtime::GossipPeerConfig gossip;
   std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;
   double balance_target = 0, consensus_step = 0;
+  // MD-GAN (runtime/gan_worker.h).
+  int gan_discriminator_steps = 1;
+  bool gan_fp16 = false;
+  double gan_swap_wait = 10;
 };
 
 void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
@@ -212,7 +217,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   t.group("Training mode (federated rounds: runtime/README.md)");
   t.add("mode", s.mode, "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
         "local SGD, POST /round/update); must match the server's; gossip: no server, average models with the "
-        "topology's neighbours (peer mode, below)").choices({"async", "rounds", "gossip"});
+        "topology's neighbours (peer mode, below); gan: MD-GAN, train a discriminator and send the server's generator "
+        "its error feedback (below)").choices({"async", "rounds", "gossip", "gan"});
   t.add("lr", s.lr, "rounds and gossip: the local SGD learning rate (gossip with --balance-target: at --batch)").range(1e-9, 100);
   t.add("rounds", s.max_rounds, "rounds: stop after this many accepted deltas (0: run until stopped)").unit("rounds");
   t.group("Gossip (--mode gossip, no server: runtime/README.md \"Gossip\")");
@@ -242,10 +248,18 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "before the lr halves (twice), then local training stops (0: off)").range(0, 1000);
   t.add("validation-fraction", s.gossip.validation_fraction, "share of the shard held out for validation").range(0, 0.49);
   t.add("validate-every", s.gossip.validate_every, "iterations between validations").range(1, 1e6).unit("iterations");
-  t.add("iterations", s.gossip.max_iterations, "stop at this iteration (0: run until stopped or --duration)").unit("iterations");
+  t.add("iterations", s.gossip.max_iterations, "gossip: stop at this iteration; gan: after this many feedbacks "
+        "accepted (0: run until stopped or --duration)").unit("iterations");
   t.add("state-dir", s.state_dir, "checkpoint this peer's model here (peer.safetensors, every --checkpoint-every "
         "iterations and at exit) and resume from it at start");
   t.add("checkpoint-every", s.gossip.checkpoint_every, "iterations between checkpoints").range(1, 1e9).unit("iterations");
+  t.group("MD-GAN (--mode gan: runtime/README.md \"MD-GAN\"; --batch must be the server's --gan-batch)");
+  t.add("gan-discriminator-steps", s.gan_discriminator_steps, "L: discriminator steps per iteration, each on a "
+        "real batch of this worker's shard and the server's X_d").range(1, 100);
+  t.add("gan-fp16", s.gan_fp16, "send the error feedback as fp16 (half the bytes)");
+  t.add("gan-swap-wait", s.gan_swap_wait, "in a discriminator swap round: how long to wait for the discriminator "
+        "a peer sends (none came: train on this one). Peers are the --topology file's, reached with --cert/--cert-key/"
+        "--ca (or --insecure); without --topology swaps are skipped").range(0, 3600).unit("seconds");
   t.group("Network");
   t.add("request-timeout", s.request_timeout, "time one request (handshake and every block included) may take before "
         "the worker retries; behind a WAN that drops the server's ICMP errors, how long a restarted server goes "
@@ -543,6 +557,133 @@ int run_gossip(const WorkerSettings& s, const edgetrain::runtime::GossipPeerConf
   return status;
 }
 
+// --mode gan: the MD-GAN worker; with --topology, its peer endpoint for discriminator swaps
+// runs on a thread of its own, as a gossip peer's does.
+int run_gan(WorkerSettings& s, const edgetrain::runtime::WorkerConfig& config, const edgetrain::runtime::Dataset& train) {
+  using namespace edgetrain;
+  runtime::GanWorkerConfig gan_config;
+  gan_config.worker = config;
+  gan_config.gan.batch = config.batch;
+  gan_config.gan.seed = config.seed;
+  gan_config.gan.discriminator_steps = s.gan_discriminator_steps;
+  gan_config.feedback_encoding = s.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+  gan_config.max_iterations = s.gossip.max_iterations;
+  gan_config.swap_wait_seconds = s.gan_swap_wait;
+  std::optional<runtime::GossipTopology> topology;
+  std::unique_ptr<transport::CoapDtlsServer> peer_server;
+  std::unique_ptr<runtime::CoapPeerChannel> peers;
+  std::string name = s.peer_name.empty() ? s.identity : s.peer_name;
+  if (!s.topology_file.empty()) {
+    topology = runtime::read_topology_file(s.topology_file);
+    const auto self = topology->find(name);
+    if (!self) {
+      std::fprintf(stderr, "edgetrain-worker: peer '%s' is not in the topology %s (--peer-name)\n", name.c_str(),
+                   s.topology_file.c_str());
+      return runtime::exit_status(runtime::WorkerExit::kBadSettings);
+    }
+    const bool certificates = !s.cert.empty() && !s.cert_key.empty() && !s.ca.empty();
+    if (!s.insecure && !certificates) {
+      std::fprintf(stderr, "edgetrain-worker: discriminator swaps between peers use X.509 certificates from the "
+                           "fleet's CA: give --cert, --cert-key and --ca (or --insecure)\n");
+      return runtime::exit_status(runtime::WorkerExit::kBadSettings);
+    }
+    std::string host;
+    std::uint16_t port = 0;
+    runtime::parse_server_uri((s.insecure ? "coap://" : "coaps://") + (s.listen.empty() ? topology->peers[*self].address : s.listen),
+                              host, port);
+    transport::CoapDtlsServer::Options o;
+    o.bind_address = host;
+    if (s.insecure) {
+      o.port = 0;
+      o.plaintext_port = port;
+    } else {
+      o.port = port;
+      o.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+    }
+    o.timing = config.timing;
+    o.max_body_bytes = std::max<std::size_t>(o.max_body_bytes, 16u << 20);  // a discriminator (MLP: 2.4 MB)
+    peer_server = std::make_unique<transport::CoapDtlsServer>(o);
+    runtime::CoapPeerChannel::Options channel_options;
+    if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+    channel_options.plaintext = s.insecure;
+    channel_options.declared_identity = name;
+    channel_options.timing = config.timing;
+    channel_options.timeout_ms = static_cast<int>(s.request_timeout * 1000);
+    channel_options.stop = &stop_requested;
+    peers = std::make_unique<runtime::CoapPeerChannel>(*topology, channel_options);
+  }
+  runtime::CoapServerChannel channel(runtime::coap_client_options(config, stop_requested));
+  runtime::GanWorker worker(gan_config, train, channel, peers.get(), topology ? &*topology : nullptr, stop_requested,
+                            [](const std::string& line) { log_line(line); });
+  std::atomic<bool> serving{true};
+  std::thread peer_thread;
+  if (peer_server) {
+    worker.attach(*peer_server);
+    const std::uint16_t bound = s.insecure ? peer_server->plaintext_port() : peer_server->port();
+    if (!s.port_file.empty()) common::write_file_atomically(s.port_file, std::to_string(bound) + "\n");
+    log_line("MD-GAN peer endpoint of " + name + " on port " + std::to_string(bound));
+    peer_thread = std::thread([&] {
+      while (serving) peer_server->run_once(100);
+    });
+  }
+  auto stats_json = [&](const runtime::GanWorkerStats& st, bool running) {
+    return nlohmann::json{{"state", running ? "running" : "stopped"}, {"mode", "gan"}, {"iterations", st.iterations},
+                          {"feedbacks_refused", st.feedbacks_refused}, {"waits", st.waits}, {"retries", st.retries},
+                          {"swaps_sent", st.swaps_sent}, {"swaps_received", st.swaps_received},
+                          {"swaps_missed", st.swaps_missed}, {"peer_requests_refused", st.peer_requests_refused},
+                          {"bytes_sent", st.bytes_sent}, {"bytes_received", st.bytes_received},
+                          {"peer_bytes_sent", st.peer_bytes_sent}, {"peer_bytes_received", st.peer_bytes_received},
+                          {"last_iteration", st.last_iteration}, {"d_loss_real", st.d_loss_real},
+                          {"d_loss_fake", st.d_loss_fake}, {"g_loss", st.g_loss}, {"compute_seconds", st.compute_seconds}}
+               .dump(2) +
+           "\n";
+  };
+  auto write_stats = [&](const runtime::GanWorkerStats& st, bool running) {
+    if (!s.stats_file.empty()) common::write_file_atomically(s.stats_file, stats_json(st, running));
+  };
+  runtime::GanWorkerRun result;
+  try {
+    write_stats({}, true);
+    auto last_write = std::chrono::steady_clock::now(), last_line = last_write;
+    const bool tty = isatty(STDERR_FILENO);
+    result.stats = worker.run([&](const runtime::GanWorkerStats& st) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_write >= std::chrono::milliseconds(200)) {
+        last_write = now;
+        write_stats(st, true);
+      }
+      if (s.quiet || now - last_line < std::chrono::seconds(tty ? 1 : 10)) return;
+      last_line = now;
+      char line[300];
+      std::snprintf(line, sizeof line,
+                    "iteration %llu  D loss real %.3f fake %.3f  G loss %.3f  swaps %llu/%llu  sent %.2f MB  received %.2f MB",
+                    static_cast<unsigned long long>(st.last_iteration), st.d_loss_real, st.d_loss_fake, st.g_loss,
+                    static_cast<unsigned long long>(st.swaps_received),
+                    static_cast<unsigned long long>(st.swaps_received + st.swaps_missed), st.bytes_sent / 1e6,
+                    st.bytes_received / 1e6);
+      if (tty) std::fprintf(stderr, "\r%-130s", line);
+      else log_line(line);
+    });
+  } catch (const runtime::WorkerFailure& e) {
+    result.stats = worker.stats();
+    result.exit = e.exit();
+    result.reason = e.what();
+  }
+  serving = false;
+  if (peer_thread.joinable()) peer_thread.join();
+  write_stats(result.stats, false);
+  log_line("stopped after " + std::to_string(result.stats.iterations) + " GAN iterations (" +
+           std::to_string(result.stats.feedbacks_refused) + " feedbacks refused as late, " +
+           std::to_string(result.stats.swaps_received) + " discriminators swapped in, " +
+           std::to_string(result.stats.swaps_missed) + " swaps missed, " + std::to_string(result.stats.bytes_sent) +
+           " bytes sent)");
+  if (result.exit == runtime::WorkerExit::kStopped && result.stats.iterations == 0)
+    runtime::end_without_anything_applied(runtime::WorkerExit::kStopped, "", "GAN feedback", result.exit, result.reason);
+  if (result.exit != runtime::WorkerExit::kStopped)
+    log_error("exit status " + std::to_string(runtime::exit_status(result.exit)) + ": " + result.reason);
+  return runtime::exit_status(result.exit);
+}
+
 int run(WorkerSettings& s) {
   using namespace edgetrain;
   logging::set_level(logging::parse_level(s.log_level).value_or(logging::Level::kInfo));
@@ -560,6 +701,12 @@ int run(WorkerSettings& s) {
   std::signal(SIGTERM, on_signal);
   std::signal(SIGINT, on_signal);
   if (s.mode == "gossip") return run_gossip(s, gossip, train);
+  if (s.mode == "gan") {
+    log_line("MD-GAN worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
+             config.identity + ") -> " + s.server + ", batch " + std::to_string(config.batch) + ", L " +
+             std::to_string(s.gan_discriminator_steps) + ", " + std::to_string(train.size()) + " examples in the data set");
+    return run_gan(s, config, train);
+  }
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
            config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");

@@ -233,7 +233,7 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
                                                      " GAN worker slots are taken (--gan-workers)");
     }
     slot = slots_.emplace(identity, static_cast<std::uint32_t>(slot_names_.size())).first;
-    slot_names_.push_back(identity);
+    slot_names_.push_back(request.identity);  // as peers know it: the certificate's CN, or the declared name
     log("GAN worker " + transport::escape_untrusted(identity) + " has slot " + std::to_string(slot->second));
   }
   if (answered_.count(identity)) {
@@ -250,7 +250,7 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
   out.iteration = iteration_;
   out.batch = b;
   out.width = kGanImageSize;
-  if (auto it = swap_to_.find(identity); it != swap_to_.end()) {
+  if (auto it = swap_to_.find(slot_names_[n]); it != swap_to_.end()) {
     out.swap_round = static_cast<std::uint32_t>(iteration_ / options_.swap_every);
     out.swap_to = it->second;
   }

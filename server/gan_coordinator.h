@@ -123,10 +123,10 @@ class GanCoordinator {
   std::vector<float> inputs_, samples_, feedback_sum_;
   std::vector<std::int32_t> labels_;
   std::chrono::steady_clock::time_point opened_;
-  std::map<std::string, std::uint32_t> slots_;  // identity → n
-  std::vector<std::string> slot_names_;
+  std::map<std::string, std::uint32_t> slots_;  // identity (as updates are keyed) → n
+  std::vector<std::string> slot_names_;         // n → the name peers know (swap instructions)
   std::set<std::string> answered_;
-  std::map<std::string, std::string> swap_to_;  // this iteration's swap instructions
+  std::map<std::string, std::string> swap_to_;  // this iteration's swap instructions, by peer name
   std::uint64_t feedbacks_ = 0, dropped_ = 0, late_ = 0, malformed_ = 0, duplicates_ = 0, empty_iterations_ = 0;
   std::uint64_t refused_no_slot_ = 0, swap_rounds_ = 0, batches_sent_ = 0;
   double last_step_seconds_ = 0;

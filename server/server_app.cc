@@ -15,9 +15,11 @@
 
 #include "common/atomic_file.h"
 #include "common/logging.h"
+#include "common/png_image.h"
 #include "common/svg_plot.h"
 #include "runtime/dataset.h"
 #include "server/evaluator.h"
+#include "server/gan_coordinator.h"
 #include "server/handshake_failure_log.h"
 #include "server/keystore.h"
 #include "server/metrics_endpoint.h"
@@ -52,6 +54,7 @@ void check_settings(const ServerSettings& s) {
   if (!s.metrics_listen.empty()) split_listen_address(s.metrics_listen);  // a malformed address fails before serving
   transport::check_timing(s.timing);
   transport::check_handshake_limits(s.handshake);
+  if (s.mode == "gan" && s.gan_workers == 0) throw std::invalid_argument("--mode gan needs --gan-workers N");
 }
 
 // What one dense (ASGD) update of this model costs on the wire, to show how much less the
@@ -93,6 +96,8 @@ class ServerApp {
   void note_warm_start();
   void open_endpoint();
   void open_rounds(ResourceOptions& resource_options);
+  void open_gan(ResourceOptions& resource_options);
+  void poll_gan();
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
@@ -118,6 +123,8 @@ class ServerApp {
   std::uint64_t version_after_recovery_ = 0;
   std::unique_ptr<ServerResources> resources_;
   std::unique_ptr<RoundCoordinator> rounds_;  // --mode rounds only
+  std::unique_ptr<GanCoordinator> gan_;       // --mode gan only
+  std::uint64_t gan_samples_written_at_ = 0;
   // Before server_: the server's failure callback writes to it until the server is gone.
   HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
   std::unique_ptr<transport::CoapDtlsServer> server_;
@@ -223,6 +230,59 @@ void ServerApp::open_rounds(ResourceOptions& resource_options) {
            number(s_.server_lr));
 }
 
+// --mode gan: the MD-GAN coordinator in <state-dir>/gan, and POST /update refused.
+void ServerApp::open_gan(ResourceOptions& resource_options) {
+  GanServerOptions o;
+  o.gan.batch = static_cast<int>(s_.gan_batch);
+  o.gan.seed = s_.seed;
+  o.gan.adam.lr = static_cast<float>(s_.gan_lr);
+  o.workers = s_.gan_workers;
+  o.k = s_.gan_k;
+  o.deadline_seconds = s_.gan_deadline;
+  o.swap_every = s_.gan_swap_every;
+  o.encoding = s_.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+  o.checkpoint_every = s_.gan_checkpoint_every;
+  o.directory = std::filesystem::path(s_.state_dir) / "gan";
+  o.log = log_line;
+  try {
+    gan_ = std::make_unique<GanCoordinator>(o);
+  } catch (const std::invalid_argument& e) {
+    throw StartupError(e.what());
+  } catch (const GanStateError& e) {
+    throw StartupError(std::string("GAN state: ") + e.what());
+  }
+  gan_samples_written_at_ = gan_->iteration();
+  resource_options.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
+  resource_options.extra_status = [this] { return gan_->status_json(); };
+  const auto& r = gan_->recovery();
+  log_line("MD-GAN: " + std::to_string(s_.gan_workers) + " workers, k " + std::to_string(s_.gan_k) + ", batch " +
+           std::to_string(s_.gan_batch) + ", deadline " + number(s_.gan_deadline) + " s, " +
+           (s_.gan_swap_every ? "discriminator swaps every " + std::to_string(s_.gan_swap_every) + " iterations"
+                              : std::string("no discriminator swaps")) +
+           ", batches in " + (s_.gan_fp16 ? "fp16" : "fp32") + "; " +
+           (r.fresh ? std::string("a new generator")
+                    : "recovered iteration " + std::to_string(gan_->iteration()) + " (checkpoint " +
+                          std::to_string(r.checkpoint_iteration) + " + " + std::to_string(r.replayed) + " logged steps)"));
+}
+
+// After the coordinator's deadline check: a grid of the generator's samples (classes 0-9 by
+// column) every --gan-samples-every iterations, for people to look at.
+void ServerApp::poll_gan() {
+  gan_->poll();
+  if (s_.gan_samples_every == 0 || gan_->iteration() < gan_samples_written_at_ + s_.gan_samples_every) return;
+  gan_samples_written_at_ = gan_->iteration();
+  constexpr int kSamples = 100;
+  std::vector<std::uint8_t> pixels(kSamples * runtime::kGanImageSize);
+  std::vector<std::int32_t> labels(kSamples);
+  runtime::sample_generator(gan_->generator(), kSamples, s_.seed, pixels.data(), labels.data());
+  try {
+    image::write_png_grid((std::filesystem::path(s_.state_dir) / "gan" / "samples.png").string(),
+                          image::tile_images(pixels, kSamples, 28, 10));
+  } catch (const std::exception& e) {
+    log_line(std::string("GAN samples not written: ") + e.what());
+  }
+}
+
 void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
   resource_options.is_authorized = [this](std::string_view identity) { return keystore_ && keystore_->contains(identity); };
@@ -241,6 +301,7 @@ void ServerApp::open_endpoint() {
        : s_.insecure_port   ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
                             : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
   if (s_.mode == "rounds") open_rounds(resource_options);
+  if (s_.mode == "gan") open_gan(resource_options);
   resources_ = std::make_unique<ServerResources>(*state_, resource_options);
 
   transport::CoapDtlsServer::Options o;
@@ -268,6 +329,7 @@ void ServerApp::open_endpoint() {
   server_ = std::make_unique<transport::CoapDtlsServer>(o);
   resources_->attach(*server_);
   if (rounds_) rounds_->attach(*server_, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (gan_) gan_->attach(*server_, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
            "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
@@ -409,6 +471,7 @@ void ServerApp::write_stats(bool running) {
   add_run_end_stats(j);
   j["mode"] = s_.mode;
   if (rounds_) j["rounds"] = nlohmann::json::parse(rounds_->status_json());
+  if (gan_) j["gan"] = nlohmann::json::parse(gan_->status_json());
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
 
@@ -439,6 +502,7 @@ void ServerApp::serve() {
   while (!g_stop_requested && !stop_condition_met()) {
     resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (rounds_) rounds_->poll();  // a round's deadline passes without a request
+    if (gan_) poll_gan();          // likewise an iteration's
     if (std::chrono::steady_clock::now() < next_stats) continue;
     handshake_failures_.flush(HandshakeFailureLog::Clock::now());
     refresh_metrics();
@@ -455,7 +519,8 @@ void ServerApp::serve() {
 
 bool ServerApp::stop_condition_met() {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  stopped_because_ = stop_.check(state_->version(), seconds);
+  // In GAN mode the run's progress is the generator's iterations (--stop-after-updates counts them).
+  stopped_because_ = stop_.check(gan_ ? gan_->iteration() : state_->version(), seconds);
   if (stopped_because_) log_line("stop condition met: " + stopped_because_->detail);
   return stopped_because_.has_value();
 }
@@ -478,6 +543,10 @@ void ServerApp::shutdown() {
     log_line("plot written to " + svg_path.string());
   }
   state_->checkpoint();
+  if (gan_) {
+    gan_->checkpoint();
+    log_line("MD-GAN: checkpoint at iteration " + std::to_string(gan_->iteration()));
+  }
   write_stats(false);
   log_line("checkpoint written to " + state_->checkpoint_path().string() + "; bye");
 }

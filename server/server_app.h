@@ -48,7 +48,8 @@ struct ServerSettings {
   std::uint64_t max_bodies_in_progress = 256;  // transport::CoapDtlsServer::Options
   transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
   // Training mode (docs/training-modes.md): "async" (asynchronous SGD, POST /update) or
-  // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05).
+  // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05), or
+  // "gan" (MD-GAN, server/gan_coordinator.h; /update likewise).
   std::string mode = "async";
   std::string round_policy = "drop-stragglers";
   std::string aggregation = "masked";
@@ -58,6 +59,17 @@ struct ServerSettings {
   std::uint32_t local_steps = 10;
   std::uint32_t local_epochs = 0;
   double server_lr = 1.0;
+  // MD-GAN (--mode gan, server/gan_coordinator.h): the generator lives here, a
+  // discriminator on every worker; its state goes to <state-dir>/gan/.
+  std::uint32_t gan_workers = 0;  // N; required with --mode gan
+  std::uint32_t gan_k = 1;
+  std::uint32_t gan_batch = 10;
+  double gan_deadline = 10;  // seconds
+  std::uint32_t gan_swap_every = 0;  // iterations; 0: no swaps
+  bool gan_fp16 = false;
+  double gan_lr = 2e-4;
+  std::uint32_t gan_checkpoint_every = 100;
+  std::uint32_t gan_samples_every = 200;  // iterations between <state-dir>/gan/samples.png grids; 0: none
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;
   // Start-up and end of a run (server/startup_checks.h, server/run_end.h): missing

@@ -101,7 +101,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "text format), e.g. 127.0.0.1:9464; empty: none");
   t.group("Training mode (federated rounds: server/README.md)");
   t.add("mode", s.mode, "async: asynchronous SGD (POST /update); rounds: federated rounds (GET /round, "
-        "POST /round/update)").choices({"async", "rounds"});
+        "POST /round/update); gan: MD-GAN, the generator here and a discriminator on each worker (GET /gan/batches, "
+        "POST /gan/feedback)").choices({"async", "rounds", "gan"});
   t.add("round-policy", s.round_policy, "rounds: drop-stragglers closes at --round-deadline with what arrived; "
         "wait-all waits for every selected device, up to 4x the deadline").choices({"drop-stragglers", "wait-all"});
   t.add("aggregation", s.aggregation, "rounds: masked averages each parameter over the devices that sent it; "
@@ -115,6 +116,22 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("local-epochs", s.local_epochs, "rounds: passes over its own shard each selected device trains per round "
         "instead of --local-steps (0: use --local-steps)").range(0, 1000);
   t.add("server-lr", s.server_lr, "rounds: the round's model moves by this times the aggregated delta").range(1e-6, 100);
+  t.group("MD-GAN (--mode gan: server/README.md \"MD-GAN\")");
+  t.add("gan-workers", s.gan_workers, "N: the feedbacks an iteration waits for, and the worker slots (required "
+        "with --mode gan)").range(0, 100000);
+  t.add("gan-k", s.gan_k, "generated batches per iteration (the paper: 1 or ceil(log2 N)); worker n gets X_(n mod k) "
+        "for its feedback and X_((n+1) mod k) for its discriminator").range(1, 100000);
+  t.add("gan-batch", s.gan_batch, "b: generated samples per batch").range(1, 4096);
+  t.add("gan-deadline", s.gan_deadline, "an iteration closes this long after it opened with the feedbacks that "
+        "came (late workers are dropped from it and counted)").range(0.01, 86400).unit("seconds");
+  t.add("gan-swap-every", s.gan_swap_every, "iterations between discriminator swaps (peer to peer, along a random "
+        "cycle; the paper: every epoch of a worker's shard, i.e. shard size / b); 0: none").range(0, 1e9);
+  t.add("gan-fp16", s.gan_fp16, "send the generated batches as fp16 (half the bytes)");
+  t.add("gan-lr", s.gan_lr, "the generator's Adam learning rate (betas 0.5, 0.999)").range(1e-7, 1);
+  t.add("gan-checkpoint-every", s.gan_checkpoint_every, "iterations between checkpoints of G and Adam (each "
+        "iteration is logged before its step in any case)").range(1, 1e9);
+  t.add("gan-samples-every", s.gan_samples_every, "iterations between grids of generated digits in "
+        "<state-dir>/gan/samples.png; 0: none").range(0, 1e9);
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
   t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, per-device health, "

@@ -65,7 +65,7 @@ TEST(GanStandalone, ConditionalSamplesBecomeRecognisable) {
 namespace {
 
 // The CNN costs about 75 ms per iteration here (the MLP 21 ms), so fewer iterations: 200 took
-// the share from 0.10 to 0.61 on the machine of 2026-11-24 (0.24 at 100).
+// the share from 0.09 to 0.64 on the machine of 2026-11-27 (0.24 at 100 in edgetrain-gan).
 TEST(GanStandalone, CnnConditionalSamplesBecomeRecognisable) {
   const Data& data = mnist_small();
   ASSERT_GT(data.train.size(), 0u);

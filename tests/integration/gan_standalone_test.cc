@@ -60,10 +60,6 @@ TEST(GanStandalone, ConditionalSamplesBecomeRecognisable) {
   EXPECT_GT(after, 0.6);
 }
 
-}  // namespace
-
-namespace {
-
 // The CNN costs about 75 ms per iteration here (the MLP 21 ms), so fewer iterations: 200 took
 // the share from 0.09 to 0.64 on the machine of 2026-11-27 (0.24 at 100 in edgetrain-gan).
 TEST(GanStandalone, CnnConditionalSamplesBecomeRecognisable) {

@@ -209,7 +209,7 @@ TEST(GanLosses, GradientsMatchFiniteDifferences) {
 
 // Real rows: a fixed pattern plus noise, labelled by which of two patterns; fake rows: noise.
 // `steps` Adam steps of the discriminator must tell them apart and learn the labels.
-void expect_adam_separates_real_from_fake(GanArchitecture architecture, int steps) {
+void expect_adam_separates_real_from_fake(GanArchitecture architecture, int steps, float lr) {
   SCOPED_TRACE(gan_architecture_name(architecture));
   const int batch = 16;
   const auto network = make_discriminator_network(architecture, batch, KernelBackend::kXnnpack);
@@ -222,6 +222,7 @@ void expect_adam_separates_real_from_fake(GanArchitecture architecture, int step
   std::vector<std::int32_t> labels(batch);
   std::vector<float> dout(static_cast<std::size_t>(batch) * (1 + kGanClasses));
   edgetrain::kernels::AdamSettings adam;
+  adam.lr = lr;
   DiscriminatorLoss first_real, last_real, last_fake;
   for (int step = 1; step <= steps; step++) {
     for (int b = 0; b < batch; b++) {
@@ -251,10 +252,11 @@ void expect_adam_separates_real_from_fake(GanArchitecture architecture, int step
   EXPECT_EQ(last_fake.correct_real_fake, batch);
 }
 
-TEST(GanLosses, AdamOnTheDiscriminatorSeparatesRealFromFake) { expect_adam_separates_real_from_fake(GanArchitecture::kMlp, 50); }
+TEST(GanLosses, AdamOnTheDiscriminatorSeparatesRealFromFake) { expect_adam_separates_real_from_fake(GanArchitecture::kMlp, 50, 2e-4f); }
 
 TEST(GanLosses, AdamOnTheCnnDiscriminatorSeparatesRealFromFake) {
-  expect_adam_separates_real_from_fake(GanArchitecture::kCnn, 100);  // 50 steps took its loss from 0.71 to 0.21
+  // At the GAN's lr 2e-4 it took 100 steps (50 left the loss at 0.21 of 0.71): 106 s under QEMU.
+  expect_adam_separates_real_from_fake(GanArchitecture::kCnn, 30, 1e-3f);
 }
 
 }  // namespace

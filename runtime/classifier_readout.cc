@@ -14,6 +14,8 @@ ClassifierReadout::ClassifierReadout(const Model& model, int max_batch) : model_
   if (layers.empty() || layers.back().kind != LayerKind::kFullyConnected)
     throw std::invalid_argument("classifier readout: the model's last layer must be fully connected");
   if (max_batch < 1) throw std::invalid_argument("classifier readout: batch must be at least 1");
+  for (const auto& layer : layers)
+    if (layer.kind == LayerKind::kDeconv) throw std::invalid_argument("classifier readout: a classifier has no deconv layers");
   feature_size_ = static_cast<int>(layers.back().in.size());
   std::size_t pool_outputs = 0;
   for (const auto& layer : layers) {
@@ -58,6 +60,8 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
           break;
         case LayerKind::kRelu:
           k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
+          break;
+        case LayerKind::kDeconv:  // refused by the constructor
           break;
       }
       in = out;

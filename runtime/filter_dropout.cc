@@ -88,6 +88,8 @@ double forward_macs(const Model& model) {
       macs += static_cast<double>(l.out.size()) * l.kernel * l.kernel * l.in.C;
     } else if (l.kind == LayerKind::kFullyConnected) {
       macs += static_cast<double>(l.in.size()) * l.out.size();
+    } else if (l.kind == LayerKind::kDeconv) {
+      macs += static_cast<double>(l.in.size()) * l.kernel * l.kernel * l.out.C;
     }
   }
   return macs;

@@ -147,12 +147,217 @@ void MlpNetwork::backward(std::span<const float> params, const float* dout, std:
   if (dinp) std::copy(dinput_buffer_.begin(), dinput_buffer_.begin() + static_cast<std::ptrdiff_t>(batch) * inputs_, dinp);
 }
 
+struct ConvGanNetwork::Layer {
+  LayerKind kind = LayerKind::kFullyConnected;
+  ExampleShape in, out;
+  GanActivation activation = GanActivation::kNone;
+  int weight = -1, bias = -1;  // tensor indexes
+  kernels::Conv2dShape conv{};
+  kernels::Deconv2dShape deconv{};
+  std::unique_ptr<kernels::FullyConnectedTrainXnn> fast_fc;
+  std::unique_ptr<kernels::Conv2dXnn> fast_conv;
+  std::unique_ptr<kernels::Deconv2dXnn> fast_deconv;
+  std::vector<float> pre, post, dpre, dpost;  // [max_batch][out]
+};
+
+ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec, std::vector<GanActivation> activations,
+                               int max_batch, KernelBackend backend, pthreadpool_t pool)
+    : max_batch_(max_batch), model_(parse_model_spec(spec, std::move(name))) {
+  if (max_batch < 1) throw std::invalid_argument("ConvGanNetwork: batch must be at least 1");
+  const auto& layers = model_.layers();
+  if (activations.size() != layers.size())
+    throw std::invalid_argument("ConvGanNetwork: " + std::to_string(activations.size()) + " activations for " +
+                                std::to_string(layers.size()) + " layers of '" + std::string(spec) + "'");
+  inputs_ = static_cast<int>(model_.input_shape().size());
+  outputs_ = static_cast<int>(layers.back().out.size());
+  input_buffer_.assign(static_cast<std::size_t>(max_batch) * inputs_, 0.0f);
+  dinput_buffer_.assign(input_buffer_.size(), 0.0f);
+  const bool xnnpack = backend == KernelBackend::kXnnpack;
+  for (std::size_t i = 0; i < layers.size(); i++) {
+    const ResolvedLayer& resolved = layers[i];
+    auto layer = std::make_unique<Layer>();
+    layer->kind = resolved.kind;
+    layer->in = resolved.in;
+    layer->out = resolved.out;
+    layer->activation = activations[i];
+    layer->weight = resolved.weight_tensor;
+    layer->bias = resolved.bias_tensor;
+    const ExampleShape& a = resolved.in;
+    switch (resolved.kind) {
+      case LayerKind::kFullyConnected:
+        if (xnnpack)
+          layer->fast_fc = std::make_unique<kernels::FullyConnectedTrainXnn>(max_batch, a.size(), resolved.out.size(),
+                                                                             kernels::Activation::none, pool);
+        break;
+      case LayerKind::kConv:
+        layer->conv = {max_batch, a.H, a.W, a.C, resolved.out.C, resolved.kernel, resolved.kernel, resolved.stride,
+                       resolved.pad};
+        if (xnnpack) layer->fast_conv = std::make_unique<kernels::Conv2dXnn>(layer->conv, kernels::Activation::none, pool);
+        break;
+      case LayerKind::kDeconv:
+        layer->deconv = {max_batch, a.H, a.W, a.C, resolved.out.C, resolved.kernel, resolved.kernel, resolved.stride,
+                         resolved.pad, resolved.adj};
+        if (xnnpack) layer->fast_deconv = std::make_unique<kernels::Deconv2dXnn>(layer->deconv, pool);
+        break;
+      case LayerKind::kMaxPool:
+      case LayerKind::kRelu:
+        throw std::invalid_argument("ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
+                                    std::string(spec) + "'");
+    }
+    const std::size_t n = static_cast<std::size_t>(max_batch) * resolved.out.size();
+    layer->pre.assign(n, 0.0f);
+    layer->post.assign(n, 0.0f);
+    layer->dpre.assign(n, 0.0f);
+    layer->dpost.assign(n, 0.0f);
+    stages_.push_back(std::move(layer));
+  }
+}
+
+ConvGanNetwork::~ConvGanNetwork() = default;
+
+const float* ConvGanNetwork::forward(std::span<const float> params, const float* inp, int batch) {
+  if (batch < 1 || batch > max_batch_)
+    throw std::invalid_argument("ConvGanNetwork: batch " + std::to_string(batch) + " beyond 1.." + std::to_string(max_batch_));
+  if (params.size() != model_.parameter_count()) throw std::invalid_argument("ConvGanNetwork: parameters of another layout");
+  batch_ = batch;
+  // As MlpNetwork: the XNNPACK ops run on max_batch rows, the rows past `batch` are computed
+  // from whatever (finite) values their buffers hold and never read.
+  std::copy(inp, inp + static_cast<std::size_t>(batch) * inputs_, input_buffer_.begin());
+  input_ = input_buffer_.data();
+  const float* x = input_;
+  for (auto& layer : stages_) {
+    const float* w = params.data() + model_.tensors()[layer->weight].offset;
+    const float* b = params.data() + model_.tensors()[layer->bias].offset;
+    float* pre = layer->pre.data();
+    switch (layer->kind) {
+      case LayerKind::kFullyConnected:
+        if (layer->fast_fc) layer->fast_fc->forward(pre, x, w, b);
+        else kernels::fully_connected_forward_reference(pre, x, w, b, batch, layer->in.size(), layer->out.size());
+        break;
+      case LayerKind::kConv: {
+        if (layer->fast_conv) {
+          layer->fast_conv->forward(pre, x, w, b);
+        } else {
+          kernels::Conv2dShape shape = layer->conv;
+          shape.B = batch;
+          kernels::conv2d_forward_reference(pre, x, w, b, shape);
+        }
+        break;
+      }
+      case LayerKind::kDeconv: {
+        if (layer->fast_deconv) {
+          layer->fast_deconv->forward(pre, x, w, b);
+        } else {
+          kernels::Deconv2dShape shape = layer->deconv;
+          shape.B = batch;
+          kernels::deconv2d_forward_reference(pre, x, w, b, shape);
+        }
+        break;
+      }
+      case LayerKind::kMaxPool:
+      case LayerKind::kRelu:
+        break;  // refused by the constructor
+    }
+    activate(layer->activation, layer->post.data(), pre, static_cast<std::size_t>(batch) * layer->out.size());
+    x = layer->post.data();
+  }
+  return x;
+}
+
+void ConvGanNetwork::backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) {
+  if (!input_) throw std::logic_error("ConvGanNetwork: backward() before forward()");
+  if (dparams.size() != model_.parameter_count()) throw std::invalid_argument("ConvGanNetwork: gradient of another layout");
+  const int batch = batch_;
+  const float* d = dout;
+  for (std::size_t i = stages_.size(); i-- > 0;) {
+    Layer& layer = *stages_[i];
+    const std::size_t n = static_cast<std::size_t>(batch) * layer.out.size();
+    activation_backward(layer.activation, layer.dpre.data(), d, layer.pre.data(), layer.post.data(), n);
+    // Rows past `batch` must add nothing to the parameter gradients.
+    std::fill(layer.dpre.begin() + static_cast<std::ptrdiff_t>(n), layer.dpre.end(), 0.0f);
+    const float* x = i == 0 ? input_ : stages_[i - 1]->post.data();
+    float* dx = i == 0 ? (dinp ? dinput_buffer_.data() : nullptr) : stages_[i - 1]->dpost.data();
+    const float* w = params.data() + model_.tensors()[layer.weight].offset;
+    float* dw = dparams.data() + model_.tensors()[layer.weight].offset;
+    float* db = dparams.data() + model_.tensors()[layer.bias].offset;
+    const float* dpre = layer.dpre.data();
+    switch (layer.kind) {
+      case LayerKind::kFullyConnected:
+        if (layer.fast_fc) layer.fast_fc->backward(dx, dw, db, dpre, nullptr, x, w);
+        else kernels::fully_connected_backward_reference(dx, dw, db, dpre, x, w, batch, layer.in.size(), layer.out.size());
+        break;
+      case LayerKind::kConv: {
+        if (layer.fast_conv) {
+          layer.fast_conv->backward(dx, dw, db, dpre, nullptr, x, w);
+        } else {
+          kernels::Conv2dShape shape = layer.conv;
+          shape.B = batch;
+          kernels::conv2d_backward_reference(dx, dw, db, dpre, x, w, shape);
+        }
+        break;
+      }
+      case LayerKind::kDeconv: {
+        if (layer.fast_deconv) {
+          layer.fast_deconv->backward(dx, dw, db, dpre, x, w);
+        } else {
+          kernels::Deconv2dShape shape = layer.deconv;
+          shape.B = batch;
+          kernels::deconv2d_backward_reference(dx, dw, db, dpre, x, w, shape);
+        }
+        break;
+      }
+      case LayerKind::kMaxPool:
+      case LayerKind::kRelu:
+        break;  // refused by the constructor
+    }
+    d = dx;
+  }
+  if (dinp) std::copy(dinput_buffer_.begin(), dinput_buffer_.begin() + static_cast<std::ptrdiff_t>(batch) * inputs_, dinp);
+}
+
 std::vector<GanLayerSpec> mlp_generator_layers() {
   return {{512, GanActivation::kLeakyRelu}, {512, GanActivation::kLeakyRelu}, {kGanImageSize, GanActivation::kTanh}};
 }
 
 std::vector<GanLayerSpec> mlp_discriminator_layers() {
   return {{512, GanActivation::kLeakyRelu}, {512, GanActivation::kLeakyRelu}, {1 + kGanClasses, GanActivation::kNone}};
+}
+
+std::vector<GanActivation> cnn_generator_activations() {
+  return {GanActivation::kLeakyRelu, GanActivation::kLeakyRelu, GanActivation::kTanh};
+}
+
+std::vector<GanActivation> cnn_discriminator_activations() {
+  return {GanActivation::kLeakyRelu, GanActivation::kLeakyRelu, GanActivation::kLeakyRelu, GanActivation::kLeakyRelu,
+          GanActivation::kNone};
+}
+
+GanArchitecture parse_gan_architecture(std::string_view name) {
+  if (name == "mlp") return GanArchitecture::kMlp;
+  if (name == "cnn") return GanArchitecture::kCnn;
+  throw std::invalid_argument("gan: architecture '" + std::string(name) + "' (known: mlp, cnn)");
+}
+
+const char* gan_architecture_name(GanArchitecture architecture) {
+  return architecture == GanArchitecture::kCnn ? "cnn" : "mlp";
+}
+
+std::unique_ptr<GanNetwork> make_generator_network(GanArchitecture architecture, int max_batch, KernelBackend backend,
+                                                   pthreadpool_t pool) {
+  if (architecture == GanArchitecture::kCnn)
+    return std::make_unique<ConvGanNetwork>("generator", kCnnGeneratorSpec, cnn_generator_activations(), max_batch,
+                                            backend, pool);
+  return std::make_unique<MlpNetwork>("generator", kGanNoiseSize + kGanClasses, mlp_generator_layers(), max_batch,
+                                      backend, pool);
+}
+
+std::unique_ptr<GanNetwork> make_discriminator_network(GanArchitecture architecture, int max_batch,
+                                                       KernelBackend backend, pthreadpool_t pool) {
+  if (architecture == GanArchitecture::kCnn)
+    return std::make_unique<ConvGanNetwork>("discriminator", kCnnDiscriminatorSpec, cnn_discriminator_activations(),
+                                            max_batch, backend, pool);
+  return std::make_unique<MlpNetwork>("discriminator", kGanImageSize, mlp_discriminator_layers(), max_batch, backend,
+                                      pool);
 }
 
 void generator_inputs(float* out, const float* noise, const std::int32_t* labels, int batch) {

@@ -25,54 +25,52 @@ void AdamState::apply(std::span<float> params, std::span<const float> grad, cons
   kernels::adam_update(params.data(), m.data(), v.data(), grad.data(), params.size(), settings, ++steps);
 }
 
-GanPart::GanPart(std::string name, int inputs, std::vector<GanLayerSpec> layers, int max_batch, std::uint64_t seed,
-                 kernels::AdamSettings adam_settings, KernelBackend backend)
-    : network(std::move(name), inputs, std::move(layers), max_batch, backend),
-      adam(network.model().parameter_count()), settings(adam_settings) {
-  network.model().initialize(seed);
-  params.assign(network.model().parameters().begin(), network.model().parameters().end());
+GanPart::GanPart(std::unique_ptr<GanNetwork> network_, std::uint64_t seed, kernels::AdamSettings adam_settings)
+    : network(std::move(network_)), adam(network->model().parameter_count()), settings(adam_settings) {
+  network->model().initialize(seed);
+  params.assign(network->model().parameters().begin(), network->model().parameters().end());
   grad.resize(params.size());
   grad_scratch.resize(params.size());
-  dout.resize(static_cast<std::size_t>(max_batch) * network.outputs());
+  dout.resize(static_cast<std::size_t>(network->max_batch()) * network->outputs());
 }
 
 std::unique_ptr<GanPart> make_generator(const GanSettings& settings, std::uint64_t seed) {
-  return std::make_unique<GanPart>("generator", kGanNoiseSize + kGanClasses, mlp_generator_layers(), settings.batch,
-                                   seed, settings.adam, settings.backend);
+  return std::make_unique<GanPart>(make_generator_network(settings.architecture, settings.batch, settings.backend), seed,
+                                   settings.adam);
 }
 
 std::unique_ptr<GanPart> make_discriminator(const GanSettings& settings, std::uint64_t seed) {
-  return std::make_unique<GanPart>("discriminator", kGanImageSize, mlp_discriminator_layers(), settings.batch, seed,
-                                   settings.adam, settings.backend);
+  return std::make_unique<GanPart>(make_discriminator_network(settings.architecture, settings.batch, settings.backend),
+                                   seed, settings.adam);
 }
 
 DiscriminatorStepStats discriminator_step(GanPart& d, const float* real, const std::int32_t* real_labels,
                                           const float* fake, const std::int32_t* fake_labels, int batch) {
   float* dout = d.dout.data();
   DiscriminatorStepStats stats;
-  stats.real = discriminator_loss(d.network.forward(d.params, real, batch), real_labels, batch, true, dout);
-  d.network.backward(d.params, dout, d.grad, nullptr);
-  stats.fake = discriminator_loss(d.network.forward(d.params, fake, batch), fake_labels, batch, false, dout);
-  d.network.backward(d.params, dout, d.grad_scratch, nullptr);
+  stats.real = discriminator_loss(d.network->forward(d.params, real, batch), real_labels, batch, true, dout);
+  d.network->backward(d.params, dout, d.grad, nullptr);
+  stats.fake = discriminator_loss(d.network->forward(d.params, fake, batch), fake_labels, batch, false, dout);
+  d.network->backward(d.params, dout, d.grad_scratch, nullptr);
   for (std::size_t i = 0; i < d.grad.size(); i++) d.grad[i] += d.grad_scratch[i];
   d.adam.apply(d.params, d.grad, d.settings);
   return stats;
 }
 
 float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch, float* feedback) {
-  const float loss = generator_loss(d.network.forward(d.params, fake, batch), labels, batch, d.dout.data());
-  d.network.backward(d.params, d.dout.data(), d.grad_scratch, feedback);  // D's own gradient is not used
+  const float loss = generator_loss(d.network->forward(d.params, fake, batch), labels, batch, d.dout.data());
+  d.network->backward(d.params, d.dout.data(), d.grad_scratch, feedback);  // D's own gradient is not used
   return loss;
 }
 
 void generate(GanPart& g, const float* inputs, int batch, float* fake) {
-  const float* out = g.network.forward(g.params, inputs, batch);
-  std::copy(out, out + static_cast<std::size_t>(batch) * g.network.outputs(), fake);
+  const float* out = g.network->forward(g.params, inputs, batch);
+  std::copy(out, out + static_cast<std::size_t>(batch) * g.network->outputs(), fake);
 }
 
 void generator_step(GanPart& g, const float* inputs, const float* feedback, int batch) {
-  g.network.forward(g.params, inputs, batch);
-  g.network.backward(g.params, feedback, g.grad, nullptr);
+  g.network->forward(g.params, inputs, batch);
+  g.network->backward(g.params, feedback, g.grad, nullptr);
   g.adam.apply(g.params, g.grad, g.settings);
 }
 
@@ -91,7 +89,7 @@ GanStandalone::GanStandalone(const GanSettings& settings, const Dataset& train)
       real_sampler_(train, all_indices(train.size()), settings.seed + 2), noise_(settings.seed + 3),
       label_draw_{settings.seed + 4} {
   if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) || train.num_classes != kGanClasses)
-    throw std::invalid_argument("gan: the MLP architecture needs 28x28 grey images of 10 classes");
+    throw std::invalid_argument("gan: the GAN architectures need 28x28 grey images of 10 classes");
   if (settings.batch < 1 || settings.discriminator_steps < 1) throw std::invalid_argument("gan: batch and L must be at least 1");
   const std::size_t images = static_cast<std::size_t>(settings.batch) * kGanImageSize;
   real_pixels_.resize(images);
@@ -133,7 +131,7 @@ void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels, 
 
 void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
   GaussianSampler noise(seed);
-  const int batch = g.network.max_batch();
+  const int batch = g.network->max_batch();
   std::vector<float> z(static_cast<std::size_t>(batch) * kGanNoiseSize);
   std::vector<float> inputs(static_cast<std::size_t>(batch) * (kGanNoiseSize + kGanClasses));
   std::vector<std::int32_t> batch_labels(batch);
@@ -142,7 +140,7 @@ void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* p
     noise.fill(z.data(), static_cast<std::size_t>(n) * kGanNoiseSize);
     for (int j = 0; j < n; j++) batch_labels[j] = (i + j) % kGanClasses;
     generator_inputs(inputs.data(), z.data(), batch_labels.data(), n);
-    const float* images = g.network.forward(g.params, inputs.data(), n);
+    const float* images = g.network->forward(g.params, inputs.data(), n);
     gan_to_pixels(pixels + static_cast<std::size_t>(i) * kGanImageSize, images, static_cast<std::size_t>(n) * kGanImageSize);
     std::copy(batch_labels.begin(), batch_labels.begin() + n, labels + i);
   }

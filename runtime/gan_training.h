@@ -32,18 +32,18 @@ struct AdamState {
   void apply(std::span<float> params, std::span<const float> grad, const kernels::AdamSettings& settings);
 };
 
-// A network with its parameters, gradient scratch and optimiser state.
+// A network (either architecture) with its parameters, gradient scratch and optimiser state.
 struct GanPart {
-  MlpNetwork network;
+  std::unique_ptr<GanNetwork> network;
   std::vector<float> params, grad, grad_scratch;
   std::vector<float> dout;  // [max_batch][outputs]: the loss gradient at the network's output
   AdamState adam;
   kernels::AdamSettings settings;
-  GanPart(std::string name, int inputs, std::vector<GanLayerSpec> layers, int max_batch, std::uint64_t seed,
-          kernels::AdamSettings adam_settings, KernelBackend backend = KernelBackend::kXnnpack);
+  // Owns `network`; the parameters are initialised from `seed` (Model::initialize).
+  GanPart(std::unique_ptr<GanNetwork> network, std::uint64_t seed, kernels::AdamSettings adam_settings);
   // The tensors' names and layout (checkpoints, the codec); the values are in `params`.
-  Model& model() { return network.model(); }
-  const Model& model() const { return network.model(); }
+  Model& model() { return network->model(); }
+  const Model& model() const { return network->model(); }
 };
 
 struct DiscriminatorStepStats {
@@ -72,6 +72,7 @@ void generator_step(GanPart& g, const float* inputs, const float* feedback, int 
 void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels);
 
 struct GanSettings {
+  GanArchitecture architecture = GanArchitecture::kMlp;  // of both networks (gan_network.h)
   int batch = 32;
   int discriminator_steps = 1;  // L
   std::uint64_t seed = 1;

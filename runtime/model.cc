@@ -119,13 +119,33 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       if (layer.same_padding && layer.kernel % 2 == 0) {
         throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement + "'");
       }
+    } else if (verb == "deconv") {
+      layer.kind = LayerKind::kDeconv;
+      if (words.size() < 3) throw ModelError("model spec: expected 'deconv OC KxK ...', got '" + statement + "'");
+      layer.out_channels = parse_positive(words[1], statement);
+      auto k = parse_dims(words[2], 2, statement);
+      if (k[0] != k[1]) throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+      if (k[0] % 2 == 0) throw ModelError("model spec: deconv needs an odd kernel size: '" + statement + "'");
+      layer.kernel = k[0];
+      for (i = 3; i < words.size(); i++) {
+        if (words[i] == "relu") layer.relu = true;
+        else if (words[i] == "stride" && i + 1 < words.size()) layer.stride = parse_positive(words[++i], statement);
+        else throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+      }
     } else if (verb == "maxpool") {
       layer.kind = LayerKind::kMaxPool;
       if (words.size() != 2 || words[1] != "2") throw ModelError("model spec: only 'maxpool 2' is supported, got '" + statement + "'");
     } else if (verb == "fc") {
       layer.kind = LayerKind::kFullyConnected;
       if (words.size() < 2) throw ModelError("model spec: expected 'fc N [relu]', got '" + statement + "'");
-      layer.out_channels = parse_positive(words[1], statement);
+      if (words[1].find_first_of("xX") != std::string::npos) {
+        auto d = parse_dims(words[1], 3, statement);
+        layer.out_height = d[0];
+        layer.out_width = d[1];
+        layer.out_channels = d[2];
+      } else {
+        layer.out_channels = parse_positive(words[1], statement);
+      }
       for (i = 2; i < words.size(); i++) {
         if (words[i] == "relu") layer.relu = true;
         else throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
@@ -134,7 +154,7 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       layer.kind = LayerKind::kRelu;
       if (words.size() != 1) throw ModelError("model spec: 'relu' takes no arguments: '" + statement + "'");
     } else {
-      throw ModelError("model spec: unknown layer '" + verb + "' (known: input, conv, maxpool, fc, relu)");
+      throw ModelError("model spec: unknown layer '" + verb + "' (known: input, conv, deconv, maxpool, fc, relu)");
     }
     spec.layers.push_back(layer);
   }
@@ -164,7 +184,7 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   ExampleShape shape = spec_.input;
   if (shape.size() == 0) throw ModelError("model: empty input shape");
   std::size_t total = 0;
-  int conv_count = 0, fc_count = 0;
+  int conv_count = 0, fc_count = 0, deconv_count = 0;
   auto add_tensor = [&](std::string name, std::vector<int> dims) {
     std::size_t size = 1;
     for (int d : dims) size *= static_cast<std::size_t>(d);
@@ -200,6 +220,22 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
         layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
         break;
       }
+      case LayerKind::kDeconv: {
+        // 'same' for a transposed convolution: the output is the input scaled by the stride.
+        layer.kernel = spec.kernel;
+        layer.stride = spec.stride;
+        layer.pad = (spec.kernel - 1) / 2;
+        layer.adj = spec.stride - 1;
+        if (static_cast<long long>(shape.H) * spec.stride > kMaxDimension ||
+            static_cast<long long>(shape.W) * spec.stride > kMaxDimension)
+          throw ModelError("model: deconv output too large");
+        layer.out = {shape.H * spec.stride, shape.W * spec.stride, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: deconv output too large");
+        const std::string name = "deconv" + std::to_string(++deconv_count);
+        layer.weight_tensor = add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+        layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
+        break;
+      }
       case LayerKind::kMaxPool:
         if (shape.H < 2 || shape.W < 2) throw ModelError("model: maxpool 2 on a " + std::to_string(shape.H) + "x" +
                                                          std::to_string(shape.W) + " input");
@@ -208,10 +244,12 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
         layer.out = {shape.H / 2, shape.W / 2, shape.C};
         break;
       case LayerKind::kFullyConnected: {
-        layer.out = {1, 1, spec.out_channels};
+        layer.out = {spec.out_height, spec.out_width, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: fc output too large");
+        const int outputs = static_cast<int>(layer.out.size());
         const std::string name = "fc" + std::to_string(++fc_count);
-        layer.weight_tensor = add_tensor(name + ".weight", {spec.out_channels, static_cast<int>(shape.size())});
-        layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
+        layer.weight_tensor = add_tensor(name + ".weight", {outputs, static_cast<int>(shape.size())});
+        layer.bias_tensor = add_tensor(name + ".bias", {outputs});
         break;
       }
       case LayerKind::kRelu:
@@ -224,7 +262,7 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
     }
   }
   if (layers_.back().kind == LayerKind::kRelu || layers_.back().kind == LayerKind::kMaxPool) {
-    throw ModelError("model: the last layer must be fc or conv (its outputs are the class logits)");
+    throw ModelError("model: the last layer must be fc, conv or deconv (its outputs are the class logits)");
   }
   if (num_classes() < 2) throw ModelError("model: the last layer must have at least 2 outputs (classes)");
   parameters_.assign(total, 0.0f);
@@ -253,7 +291,9 @@ void Model::initialize(std::uint64_t seed) {
     // trained with. He init made the paper CNN's first logits large (initial loss ~3.7
     // instead of ln 10) and early asynchronous steps at lr 0.1 could diverge.
     const std::size_t fan_in = w.size / static_cast<std::size_t>(w.shape[0]);
-    const std::size_t receptive = layer.kind == LayerKind::kConv ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
+    // A deconv weight [OC][KH][KW][C] counts as a conv's: fan_in + fan_out = KH·KW·(C + OC) either way.
+    const bool spatial = layer.kind == LayerKind::kConv || layer.kind == LayerKind::kDeconv;
+    const std::size_t receptive = spatial ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
     const std::size_t fan_out = static_cast<std::size_t>(w.shape[0]) * receptive;
     const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
     for (std::size_t i = 0; i < w.size; i++) parameters_[w.offset + i] = (2.0f * rng.uniform_float() - 1.0f) * bound;

@@ -8,8 +8,14 @@
 //   conv 32 3x3 [stride 1] [same|valid] [relu]
 //   maxpool 2                     2x2 window, stride 2
 //   fc 128 [relu]                 fully connected (flattens NHWC input)
+//   fc 7x7x128 [relu]             the same, its output read as an HxWxC image (a generator's)
+//   deconv 64 5x5 [stride 2] [relu]
+//                                 transposed convolution, output H·stride x W·stride
+//                                 (padding (K−1)/2, odd K; kernels/gan_ops.h Deconv2dShape)
 //   relu
-// The last layer's outputs are the class logits; the loss is softmax cross-entropy.
+// The last layer's outputs are the class logits; the loss is softmax cross-entropy. The
+// classifier's Trainer refuses deconv layers: they are for the GAN networks
+// (runtime/gan_network.h), which hold their own activations and losses.
 //
 // Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters) and "mlp".
 #pragma once
@@ -30,13 +36,14 @@ class ModelError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class LayerKind { kConv, kMaxPool, kFullyConnected, kRelu };
+enum class LayerKind { kConv, kMaxPool, kFullyConnected, kRelu, kDeconv };
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kRelu;
-  int out_channels = 0;  // conv: OC; fc: output features
-  int kernel = 3;        // conv: square kernel size
-  int stride = 1;        // conv
+  int out_channels = 0;  // conv, deconv: OC; fc: output features (or channels of out_height x out_width)
+  int out_height = 1, out_width = 1;  // fc: an HxWxC output
+  int kernel = 3;        // conv, deconv: square kernel size
+  int stride = 1;        // conv, deconv
   bool same_padding = true;  // conv: pad (kernel-1)/2 on each side
   bool relu = false;     // conv/fc: ReLU fused after the layer (shorthand for a relu layer)
 };
@@ -63,7 +70,7 @@ std::vector<std::string> builtin_model_names();
 
 struct TensorInfo {
   std::string name;          // e.g. "conv1.weight"
-  std::vector<int> shape;    // conv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
+  std::vector<int> shape;    // conv and deconv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
   std::size_t offset = 0;    // in floats, into the parameter arena
   std::size_t size = 0;      // number of floats
 };
@@ -73,6 +80,7 @@ struct ResolvedLayer {
   LayerKind kind;
   ExampleShape in, out;
   int kernel = 0, stride = 1, pad = 0;
+  int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 

@@ -43,6 +43,11 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   const std::size_t B = static_cast<std::size_t>(max_batch);
   const auto& layers = model.layers();
   const bool xnnpack = backend == KernelBackend::kXnnpack;
+  for (const ResolvedLayer& layer : layers) {
+    if (layer.kind == LayerKind::kDeconv)
+      throw ModelError("Trainer: model '" + model.spec().name +
+                       "' has a deconv layer; those are trained by the GAN networks (runtime/gan_network.h)");
+  }
   for (std::size_t i = 0; i < layers.size(); i++) {
     Stage stage;
     stage.layer = stage.output = i;
@@ -65,6 +70,7 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
           stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W, layer.in.C, pool);
           break;
         case LayerKind::kRelu:
+        case LayerKind::kDeconv:  // refused above
           break;
       }
     }
@@ -137,6 +143,8 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
         break;
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
+        break;
+      case LayerKind::kDeconv:  // refused by the constructor
         break;
     }
     in = out;
@@ -216,6 +224,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         break;
       case LayerKind::kRelu:
         if (dinp) k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
+        break;
+      case LayerKind::kDeconv:  // refused by the constructor
         break;
     }
   }

@@ -27,7 +27,7 @@ using namespace edgetrain;
 
 struct GanProgramSettings {
   runtime::GanSettings gan;
-  std::string mode = "standalone", data = "mnist", out_dir = "gan-results", kernels = "xnnpack";
+  std::string mode = "standalone", data = "mnist", out_dir = "gan-results", kernels = "xnnpack", arch = "mlp";
   int workers = 10, k = 1;
   double epochs_between = 1;
   std::uint64_t iterations = 3000, eval_every = 500;
@@ -41,7 +41,10 @@ void declare_settings(settings::Table& t, GanProgramSettings& s) {
   t.group("Data and model");
   t.add("data", s.data, "mnist (full MNIST), mnist-small (its 8k subset), fashion-mnist, or a directory of IDX files");
   t.add("kernels", s.kernels, "xnnpack or reference").choices({"xnnpack", "reference"});
-  t.group("Training (MLP generator and discriminator, runtime/gan_network.h)");
+  t.add("arch", s.arch, "mlp (generator 110 → 512 → 512 → 784, discriminator 784 → 512 → 512 → 11) or cnn (generator "
+        "fc 7x7x128 then two 5x5 stride-2 deconvolutions, discriminator four 3x3 stride-2 convolutions of 16, 32, 64, "
+        "128 channels then fc 11); runtime/gan_network.h").choices({"mlp", "cnn"});
+  t.group("Training (runtime/gan_training.h)");
   t.add("mode", s.mode, "standalone (one machine, all the data), md-gan (G on the server, a D per worker, "
         "feedback and peer swaps) or fl-gan (every worker trains G and D, averaged every E epochs); "
         "md-gan and fl-gan run their workers in this process").choices({"standalone", "md-gan", "fl-gan"});
@@ -73,12 +76,15 @@ int run(const GanProgramSettings& s) {
   gan.adam.beta1 = static_cast<float>(s.beta1);
   gan.adam.beta2 = static_cast<float>(s.beta2);
   gan.backend = s.kernels == "reference" ? runtime::KernelBackend::kReference : runtime::KernelBackend::kXnnpack;
+  gan.architecture = runtime::parse_gan_architecture(s.arch);
   const auto files = runtime::dataset_files(s.data, runtime::DataSplit::kTrain);
   const runtime::Dataset train = runtime::load_dataset(files.images, files.labels);
   std::filesystem::create_directories(s.out_dir);
   const auto started = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(); };
-  if (!s.quiet) std::fprintf(stderr, "edgetrain-gan: %s, %zu training images; training the yardstick classifier\n", s.data.c_str(), train.size());
+  if (!s.quiet)
+    std::fprintf(stderr, "edgetrain-gan: %s architecture, %s, %zu training images; training the yardstick classifier\n",
+                 s.arch.c_str(), s.data.c_str(), train.size());
   runtime::SampleClassifier classifier(train, s.classifier_steps, s.gan.seed);
   // The scores of the paper, with a trained classifier: MNIST score and Fréchet distance.
   std::unique_ptr<runtime::Model> judge;
@@ -160,7 +166,7 @@ int run(const GanProgramSettings& s) {
     if (i % s.eval_every == 0 || i == s.iterations) evaluate(i);
   }
   plot::PlotOptions options;
-  options.title = "Generated digits read as their class (" + s.data + ", " + s.mode + ")";
+  options.title = "Generated digits read as their class (" + s.data + ", " + s.mode + ", " + s.arch + ")";
   options.x_label = "generator iterations";
   options.y_label = "conditional accuracy";
   std::ofstream(s.out_dir + "/conditional-accuracy.svg") << plot::render_svg_line_chart({curve}, options);
@@ -184,9 +190,10 @@ int run(const GanProgramSettings& s) {
 int main(int argc, char** argv) {
   GanProgramSettings settings;
   settings::Table table("edgetrain-gan",
-                        "edgetrain-gan: a class-conditioned GAN (MLP generator and discriminator, MD-GAN's architecture)\n"
-                        "trained on one machine with all the data: MD-GAN's standalone baseline. Writes image grids of\n"
-                        "generated digits, metrics.csv and a plot to --out.");
+                        "edgetrain-gan: a class-conditioned GAN (MD-GAN's MLP or CNN generator and discriminator, --arch)\n"
+                        "trained on one machine with all the data (MD-GAN's standalone baseline), or MD-GAN and FL-GAN\n"
+                        "with simulated workers in this process (--mode). Writes image grids of generated digits,\n"
+                        "metrics.csv and a plot to --out.");
   declare_settings(table, settings);
   return table.run_program(argc, argv, [&] { return run(settings); });
 }

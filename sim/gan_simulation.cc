@@ -131,8 +131,8 @@ void GanFleet::md_gan_iteration() {
   // G's gradient: every batch's summed feedback back-propagated through G, then one Adam step.
   GanPart& g = *server_g_;
   for (int j = 0; j < k; j++) {
-    g.network.forward(g.params, batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b);
-    g.network.backward(g.params, feedback_sum_.data() + j * batch_floats, j == 0 ? std::span<float>(g.grad) : g.grad_scratch,
+    g.network->forward(g.params, batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b);
+    g.network->backward(g.params, feedback_sum_.data() + j * batch_floats, j == 0 ? std::span<float>(g.grad) : g.grad_scratch,
                        nullptr);
     if (j > 0)
       for (std::size_t i = 0; i < g.grad.size(); i++) g.grad[i] += g.grad_scratch[i];

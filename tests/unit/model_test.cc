@@ -10,6 +10,7 @@
 #include <string>
 
 #include "runtime/model.h"
+#include "runtime/trainer.h"
 
 namespace {
 
@@ -52,6 +53,38 @@ TEST(ModelSpec, MlpAndCustomSpecs) {
   EXPECT_EQ(model_spec_from_argument("input 4x4x1; fc 2").layers.size(), 1u);
 }
 
+// MD-GAN's CNN generator (runtime/gan_network.h) is written in the spec language: an fc
+// layer whose output is an image, then transposed convolutions that double it.
+TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {
+  Model g(parse_model_spec("input 1x1x110; fc 7x7x128; deconv 64 5x5 stride 2; deconv 1 5x5 stride 2"));
+  ASSERT_EQ(g.layers().size(), 3u);
+  EXPECT_EQ(g.layers()[0].out, (ExampleShape{7, 7, 128}));
+  EXPECT_EQ(g.layers()[1].kind, LayerKind::kDeconv);
+  EXPECT_EQ(g.layers()[1].out, (ExampleShape{14, 14, 64}));
+  EXPECT_EQ(g.layers()[1].pad, 2);
+  EXPECT_EQ(g.layers()[1].adj, 1);
+  EXPECT_EQ(g.layers()[2].out, (ExampleShape{28, 28, 1}));
+  const std::vector<std::pair<std::string, std::vector<int>>> expected = {
+      {"fc1.weight", {6272, 110}}, {"fc1.bias", {6272}}, {"deconv1.weight", {64, 5, 5, 128}},
+      {"deconv1.bias", {64}},      {"deconv2.weight", {1, 5, 5, 64}}, {"deconv2.bias", {1}}};
+  ASSERT_EQ(g.tensors().size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); i++) {
+    EXPECT_EQ(g.tensors()[i].name, expected[i].first);
+    EXPECT_EQ(g.tensors()[i].shape, expected[i].second);
+  }
+  EXPECT_EQ(g.parameter_count(), 6272u * 111 + (64u * 25 * 128 + 64) + (25u * 64 + 1));
+  // Stride 1 keeps the size; 'relu' fuses as after conv.
+  Model same(parse_model_spec("input 5x5x2; deconv 3 3x3 relu; fc 4"));
+  EXPECT_EQ(same.layers()[0].out, (ExampleShape{5, 5, 3}));
+  EXPECT_EQ(same.layers()[1].kind, LayerKind::kRelu);
+  same.initialize(1);  // deconv weights are initialised like conv weights
+  const float bound = std::sqrt(6.0f / (9.0f * (2 + 3)));
+  for (float v : same.tensor(same.tensor_index("deconv1.weight"))) EXPECT_LE(std::fabs(v), bound);
+  // The classifier's Trainer does not train deconv layers; it says so instead of misbehaving.
+  EXPECT_THROW(Trainer(g, 2, KernelBackend::kReference), ModelError);
+  EXPECT_THROW(Trainer(same, 2), ModelError);
+}
+
 TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
   const char* bad[] = {
       "",                                   // nothing
@@ -69,6 +102,11 @@ TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
       "input 2x2x1; conv 4 5x5 valid; fc 2",  // kernel larger than input
       "input 4096x4096x4096; fc 10",        // too many parameters
       "input 28x28x1; fc 99999999999999999999",
+      "input 7x7x8; deconv 4 4x4 stride 2",  // deconv needs an odd kernel
+      "input 7x7x8; deconv 4 5x3",
+      "input 7x7x8; deconv 4 5x5 same",
+      "input 1x1x4; fc 2x2",                // an fc shape needs HxWxC
+      "input 1x1x4; fc 2x0x3",
   };
   for (const char* spec : bad) {
     EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;

@@ -231,13 +231,15 @@ def gan_section(args, jobs):
             continue
         mode = flag_value(job["args"], "--mode")
         rows.append({"job": job, "mode": mode, "k": flag_value(job["args"], "--k") if mode == "md-gan" else "",
+                     "arch": flag_value(job["args"], "--arch") or "mlp",
                      "b": int(flag_value(job["args"], "--batch")), "workers": int(flag_value(job["args"], "--workers")),
                      "evaluations": evaluations, "scored": "mnist_score" in evaluations[-1]})
     if not rows:
         return lines + ["(no finished run)\n"]
     scored = all(r["scored"] for r in rows)
     lines.append(
-        "Seed 1 only, MLP generator and discriminator (`runtime/gan_network.h`), Adam 2e-4 (0.5, 0.999), "
+        "Seed 1 only, MLP generator and discriminator unless the run says CNN (`runtime/gan_network.h`), "
+        "Adam 2e-4 (0.5, 0.999), "
         "N = %d workers in one process (`sim/gan_simulation.h`); each run's last evaluation against its best. " %
         rows[0]["workers"] +
         ("MNIST score and Fréchet distance (FID's formula) with the paper CNN classifier of "
@@ -254,6 +256,8 @@ def gan_section(args, jobs):
         last, iterations = e[-1], int(e[-1]["iteration"])
         per = max(1, iterations * r["workers"])
         label = {"md-gan": f"MD-GAN k={r['k']}", "fl-gan": "FL-GAN", "standalone": "standalone"}[r["mode"]] + f", b={r['b']}"
+        if r["arch"] != "mlp":
+            label += ", " + r["arch"].upper()
         score = (f"{last['mnist_score']:.2f} ({max(x['mnist_score'] for x in e):.2f})" if r["scored"] else "–")
         fid = (f"{last['frechet_distance']:.1f} ({min(x['frechet_distance'] for x in e):.1f})" if r["scored"] else "–")
         accuracy = f"{last['conditional_accuracy']:.3f} ({max(x['conditional_accuracy'] for x in e):.3f})"

@@ -11,7 +11,8 @@
 #   groups: methods rates workers reliability speeds pull gan (default: all, in that order)
 #           pull: exact delta pulls against the published model at the most workers
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
-#           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only), scored with the
+#           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only; then the CNN at b = 10,
+#           MD-GAN k = 1 against FL-GAN), scored with the
 #           paper CNN classifier of sim/train-classifier.sh (trained first if missing)
 #   --build DIR    the host build tree with edgetrain-sim, edgetrain-gan, edgetrain-server (default build/host)
 #   --quick        the CI-sized matrix: mlp on mnist-small, 300 updates, one seed (under a minute)
@@ -61,12 +62,14 @@ done
 if [ "$quick" = 1 ]; then
   datasets=(mnist-small) model=mlp eval_every=100 worker_counts=(10 20)
   : "${seeds:=1}" "${updates:=300}"
-  gan_data=mnist-small gan_workers=4 gan_sizes=(10:100) gan_eval=50
+  gan_data=mnist-small gan_workers=4 gan_sizes=(10:100) gan_eval=50 gan_cnn_sizes=()
   publish_settings=(5:0.01)
 else
   datasets=(mnist fashion-mnist) model=paper-cnn eval_every=250 worker_counts=(10 50 100)
   : "${seeds:=3}" "${updates:=6000}"
   gan_data=mnist gan_workers=10 gan_sizes=(10:5000 100:1000) gan_eval=1000
+  # The CNN architecture at one setting (its generator costs about 15x the MLP's per sample).
+  gan_cnn_sizes=(10:1000)
   # "EVERY:FRACTION" of the published model (ours, from the measurements in docs/results.md).
   publish_settings=(10:0.001 10:0.004)
 fi
@@ -117,6 +120,13 @@ add_gan_jobs() {
     add_job "gan-md-k$gan_k-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode md-gan --k $gan_k $flags"
     add_job "gan-fl-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode fl-gan $flags"
     add_job "gan-standalone-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode standalone $flags"
+  done
+  for size in ${gan_cnn_sizes[@]+"${gan_cnn_sizes[@]}"}; do
+    b=${size%%:*} iterations=${size#*:}
+    flags="--arch cnn --data $gan_data --workers $gan_workers --batch $b --iterations $iterations --eval-every $gan_eval --seed 1"
+    [ -f "$classifier" ] && flags+=" --classifier $classifier"
+    add_job "gan-cnn-md-k1-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode md-gan --k 1 $flags"
+    add_job "gan-cnn-fl-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode fl-gan $flags"
   done
 }
 if [ "$quick" = 0 ] && [ "$list" = 0 ] && [[ " ${groups[*]} " == *" gan "* ]] && [ ! -f "$classifier" ]; then

@@ -197,4 +197,30 @@ double frechet_distance(const float* a, int count_a, const float* b, int count_b
   return distance - 2 * trace_root;
 }
 
+GanJudge::GanJudge(const Model& classifier, const std::uint8_t* reference_pixels, int reference_count)
+    : model_(classifier), readout_(model_) {
+  if (reference_count < 2) throw std::invalid_argument("GAN scores: at least two reference images are needed");
+  reference_features_.resize(static_cast<std::size_t>(reference_count) * readout_.feature_size());
+  readout_.read(model_.parameters(), reference_pixels, reference_count, nullptr, reference_features_.data());
+}
+
+GanScores GanJudge::score(const std::uint8_t* pixels, const std::int32_t* labels, int count) {
+  const int classes = readout_.classes();
+  probs_.resize(static_cast<std::size_t>(count) * classes);
+  features_.resize(static_cast<std::size_t>(count) * readout_.feature_size());
+  readout_.read(model_.parameters(), pixels, count, probs_.data(), features_.data());
+  GanScores scores;
+  scores.mnist_score = mnist_score(probs_.data(), count, classes);
+  scores.frechet_distance =
+      frechet_distance(features_.data(), count, reference_features_.data(),
+                       static_cast<int>(reference_features_.size() / readout_.feature_size()), readout_.feature_size());
+  int correct = 0;
+  for (int i = 0; i < count; i++) {
+    const float* row = probs_.data() + static_cast<std::size_t>(i) * classes;
+    correct += (std::max_element(row, row + classes) - row) == labels[i];
+  }
+  scores.conditional_accuracy = count ? static_cast<double>(correct) / count : 0.0;
+  return scores;
+}
+
 }  // namespace edgetrain::runtime

@@ -36,6 +36,27 @@ class ClassifierReadout {
   std::vector<std::uint32_t> argmax_;
 };
 
+// A generator's samples judged by a trained classifier, as the MD-GAN paper scores them: the
+// MNIST score, the Fréchet distance of the classifier's features to those of `reference`
+// images (the test set's first ones), and the share of samples the classifier reads as the
+// class they were conditioned on. Used by edgetrain-gan and the server's GAN mode.
+struct GanScores {
+  double mnist_score = 0, frechet_distance = 0, conditional_accuracy = 0;
+};
+class GanJudge {
+ public:
+  // `classifier` (with its trained parameters) is copied. Features of the first
+  // `reference_count` images of `reference` are computed here, once.
+  GanJudge(const Model& classifier, const std::uint8_t* reference_pixels, int reference_count);
+  // `count` ≥ 2 samples (raw grey values) and the classes they were conditioned on.
+  GanScores score(const std::uint8_t* pixels, const std::int32_t* labels, int count);
+
+ private:
+  Model model_;
+  ClassifierReadout readout_;
+  std::vector<float> reference_features_, probs_, features_;
+};
+
 // exp of the mean KL divergence of each row of probs [count][classes] from their mean.
 double mnist_score(const float* probs, int count, int classes);
 

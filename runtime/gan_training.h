@@ -125,6 +125,7 @@ class SampleClassifier {
   SampleClassifier(const Dataset& train, int steps, std::uint64_t seed);
   ~SampleClassifier();
   double accuracy(const std::uint8_t* pixels, const std::int32_t* labels, int count);
+  const Model& model() const { return model_; }  // with its trained parameters
 
  private:
   Model model_;

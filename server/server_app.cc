@@ -12,11 +12,13 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/png_image.h"
 #include "common/svg_plot.h"
+#include "runtime/classifier_readout.h"
 #include "runtime/dataset.h"
 #include "server/evaluator.h"
 #include "server/gan_coordinator.h"
@@ -87,6 +89,9 @@ class ServerApp {
     start_evaluator();
     start_metrics();
   }
+  ~ServerApp() {
+    if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
+  }
   void serve();
   void shutdown();
 
@@ -98,6 +103,7 @@ class ServerApp {
   void open_rounds(ResourceOptions& resource_options);
   void open_gan(ResourceOptions& resource_options);
   void poll_gan();
+  void open_gan_evaluation();
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
@@ -124,7 +130,15 @@ class ServerApp {
   std::unique_ptr<ServerResources> resources_;
   std::unique_ptr<RoundCoordinator> rounds_;  // --mode rounds only
   std::unique_ptr<GanCoordinator> gan_;       // --mode gan only
-  std::uint64_t gan_samples_written_at_ = 0;
+  // The generator's evaluations run on gan_eval_thread_, on a copy of G in gan_sampler_.
+  std::unique_ptr<runtime::GanPart> gan_sampler_;
+  std::unique_ptr<runtime::GanJudge> gan_judge_;
+  std::thread gan_eval_thread_;
+  std::atomic<bool> gan_eval_running_{false};
+  std::uint64_t gan_evaluated_at_ = 0;
+  plot::PlotSeries gan_scores_{"MNIST score", {}, {}};
+  void start_gan_evaluation();
+  void evaluate_gan(std::uint64_t iteration);
   // Before server_: the server's failure callback writes to it until the server is gone.
   HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
   std::unique_ptr<transport::CoapDtlsServer> server_;
@@ -251,7 +265,7 @@ void ServerApp::open_gan(ResourceOptions& resource_options) {
   } catch (const GanStateError& e) {
     throw StartupError(std::string("GAN state: ") + e.what());
   }
-  gan_samples_written_at_ = gan_->iteration();
+  open_gan_evaluation();
   resource_options.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
   resource_options.extra_status = [this] { return gan_->status_json(); };
   const auto& r = gan_->recovery();
@@ -265,22 +279,82 @@ void ServerApp::open_gan(ResourceOptions& resource_options) {
                           std::to_string(r.checkpoint_iteration) + " + " + std::to_string(r.replayed) + " logged steps)"));
 }
 
-// After the coordinator's deadline check: a grid of the generator's samples (classes 0-9 by
-// column) every --gan-samples-every iterations, for people to look at.
+// The generator's evaluations: a copy of G to sample from, and the judge (classifier and the
+// test images' features) when --gan-classifier is given.
+void ServerApp::open_gan_evaluation() {
+  gan_evaluated_at_ = gan_->iteration();
+  if (s_.gan_eval_every == 0) return;
+  runtime::GanSettings settings;
+  settings.batch = 100;
+  gan_sampler_ = runtime::make_generator(settings, s_.seed);
+  if (s_.gan_classifier.empty()) return;
+  if (s_.eval_data == "none") throw StartupError("--gan-classifier scores against test images: give --eval-data");
+  try {
+    runtime::Model classifier(runtime::model_spec_from_argument(s_.gan_classifier_model));
+    classifier.load_safetensors(s_.gan_classifier);
+    const auto files = runtime::dataset_files(s_.eval_data, runtime::DataSplit::kTest);
+    const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
+    gan_judge_ = std::make_unique<runtime::GanJudge>(
+        classifier, test.pixels.data(), std::min<int>(static_cast<int>(s_.gan_eval_samples), static_cast<int>(test.size())));
+  } catch (const std::exception& e) {
+    throw StartupError(std::string("--gan-classifier: ") + e.what());
+  }
+  const auto csv = std::filesystem::path(s_.state_dir) / "gan" / "metrics.csv";
+  if (!std::filesystem::exists(csv))
+    std::ofstream(csv) << "unix_time,iteration,mnist_score,frechet_distance,conditional_accuracy\n";
+  log_line("MD-GAN: the generator is scored every " + std::to_string(s_.gan_eval_every) + " iterations with " +
+           s_.gan_classifier + " on " + std::to_string(s_.gan_eval_samples) + " samples against " + s_.eval_data +
+           "'s test images");
+  if (gan_->recovery().fresh) start_gan_evaluation();  // the untrained generator's scores, the curve's first point
+}
+
+// After the coordinator's deadline check: an evaluation every --gan-eval-every iterations,
+// unless the last one is still running.
 void ServerApp::poll_gan() {
   gan_->poll();
-  if (s_.gan_samples_every == 0 || gan_->iteration() < gan_samples_written_at_ + s_.gan_samples_every) return;
-  gan_samples_written_at_ = gan_->iteration();
-  constexpr int kSamples = 100;
-  std::vector<std::uint8_t> pixels(kSamples * runtime::kGanImageSize);
-  std::vector<std::int32_t> labels(kSamples);
-  runtime::sample_generator(gan_->generator(), kSamples, s_.seed, pixels.data(), labels.data());
-  try {
-    image::write_png_grid((std::filesystem::path(s_.state_dir) / "gan" / "samples.png").string(),
-                          image::tile_images(pixels, kSamples, 28, 10));
-  } catch (const std::exception& e) {
-    log_line(std::string("GAN samples not written: ") + e.what());
-  }
+  if (!gan_sampler_ || gan_->iteration() < gan_evaluated_at_ + s_.gan_eval_every || gan_eval_running_) return;
+  start_gan_evaluation();
+}
+
+void ServerApp::start_gan_evaluation() {
+  if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
+  gan_evaluated_at_ = gan_->iteration();
+  gan_sampler_->params = gan_->generator().params;
+  gan_eval_running_ = true;
+  gan_eval_thread_ = std::thread([this, iteration = gan_evaluated_at_] {
+    try {
+      evaluate_gan(iteration);
+    } catch (const std::exception& e) {
+      log_line(std::string("GAN evaluation failed: ") + e.what());
+    }
+    gan_eval_running_ = false;
+  });
+}
+
+// On the evaluation thread: samples of classes 0-9 by column (the same noise every time), the
+// grid, and the scores.
+void ServerApp::evaluate_gan(std::uint64_t iteration) {
+  const int count = static_cast<int>(s_.gan_eval_samples);
+  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count) * runtime::kGanImageSize);
+  std::vector<std::int32_t> labels(count);
+  runtime::sample_generator(*gan_sampler_, count, s_.seed + 7777, pixels.data(), labels.data());
+  const auto dir = std::filesystem::path(s_.state_dir) / "gan";
+  image::write_png_grid((dir / "samples.png").string(), image::tile_images(pixels, std::min(count, 100), 28, 10));
+  if (!gan_judge_) return;
+  const runtime::GanScores scores = gan_judge_->score(pixels.data(), labels.data(), count);
+  std::ofstream(dir / "metrics.csv", std::ios::app)
+      << std::time(nullptr) << ',' << iteration << ',' << scores.mnist_score << ',' << scores.frechet_distance << ','
+      << scores.conditional_accuracy << '\n';
+  gan_scores_.x.push_back(static_cast<double>(iteration));
+  gan_scores_.y.push_back(scores.mnist_score);
+  plot::PlotOptions plot;
+  plot.title = "MD-GAN: the generator's MNIST score (" + s_.gan_classifier_model + " classifier)";
+  plot.x_label = "generator iterations";
+  plot.y_label = "MNIST score";
+  std::ofstream(dir / "scores.svg") << plot::render_svg_line_chart({gan_scores_}, plot);
+  log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " + number(scores.mnist_score) +
+           ", Frechet distance " + number(scores.frechet_distance) + ", conditional accuracy " +
+           number(scores.conditional_accuracy));
 }
 
 void ServerApp::open_endpoint() {
@@ -543,6 +617,7 @@ void ServerApp::shutdown() {
     log_line("plot written to " + svg_path.string());
   }
   state_->checkpoint();
+  if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
   if (gan_) {
     gan_->checkpoint();
     log_line("MD-GAN: checkpoint at iteration " + std::to_string(gan_->iteration()));

@@ -69,7 +69,12 @@ struct ServerSettings {
   bool gan_fp16 = false;
   double gan_lr = 2e-4;
   std::uint32_t gan_checkpoint_every = 100;
-  std::uint32_t gan_samples_every = 200;  // iterations between <state-dir>/gan/samples.png grids; 0: none
+  // Every gan_eval_every iterations (0: never): a grid of samples in <state-dir>/gan/samples.png
+  // and, with a classifier checkpoint, the MNIST score, Fréchet distance and conditional
+  // accuracy of gan_eval_samples samples in gan/metrics.csv (against --eval-data's test images).
+  std::uint32_t gan_eval_every = 200;
+  std::uint32_t gan_eval_samples = 500;
+  std::string gan_classifier, gan_classifier_model = "paper-cnn";
   // Files for scripts (server/README.md): the bound DTLS port; a JSON stats object.
   std::string port_file, stats_file;
   // Start-up and end of a run (server/startup_checks.h, server/run_end.h): missing

@@ -130,8 +130,15 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("gan-lr", s.gan_lr, "the generator's Adam learning rate (betas 0.5, 0.999)").range(1e-7, 1);
   t.add("gan-checkpoint-every", s.gan_checkpoint_every, "iterations between checkpoints of G and Adam (each "
         "iteration is logged before its step in any case)").range(1, 1e9);
-  t.add("gan-samples-every", s.gan_samples_every, "iterations between grids of generated digits in "
-        "<state-dir>/gan/samples.png; 0: none").range(0, 1e9);
+  t.add("gan-eval-every", s.gan_eval_every, "iterations between evaluations of the generator: a grid of its digits "
+        "in <state-dir>/gan/samples.png and, with --gan-classifier, its scores in gan/metrics.csv and gan/scores.svg "
+        "(on a thread of their own); 0: none").range(0, 1e9);
+  t.add("gan-eval-samples", s.gan_eval_samples, "generated samples scored per evaluation (and test images of "
+        "--eval-data they are compared with)").range(10, 10000);
+  t.add("gan-classifier", s.gan_classifier, "a trained classifier checkpoint (sim/train-classifier.sh writes the paper "
+        "CNN's) that scores the generator: MNIST score, Frechet distance of its features, conditional accuracy; "
+        "needs --eval-data");
+  t.add("gan-classifier-model", s.gan_classifier_model, "the classifier's model (built-in name or spec)");
   t.group("Output");
   t.add("port-file", s.port_file, "once the DTLS port is bound: write it (decimal digits and a newline) here, atomically");
   t.add("stats-file", s.stats_file, "JSON object (state, version, ports, recovery, updates, ingress, refused devices, per-device health, "

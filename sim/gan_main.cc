@@ -87,20 +87,14 @@ int run(const GanProgramSettings& s) {
                  s.arch.c_str(), s.data.c_str(), train.size());
   runtime::SampleClassifier classifier(train, s.classifier_steps, s.gan.seed);
   // The scores of the paper, with a trained classifier: MNIST score and Fréchet distance.
-  std::unique_ptr<runtime::Model> judge;
-  std::unique_ptr<runtime::ClassifierReadout> readout;
-  std::vector<float> test_features, sample_features, sample_probs;
+  std::unique_ptr<runtime::GanJudge> judge;
   if (!s.classifier.empty()) {
-    judge = std::make_unique<runtime::Model>(runtime::model_spec_from_argument(s.classifier_model));
-    judge->load_safetensors(s.classifier);
-    readout = std::make_unique<runtime::ClassifierReadout>(*judge);
+    runtime::Model classifier_model(runtime::model_spec_from_argument(s.classifier_model));
+    classifier_model.load_safetensors(s.classifier);
     const auto test_files = runtime::dataset_files(s.data, runtime::DataSplit::kTest);
     const runtime::Dataset test = runtime::load_dataset(test_files.images, test_files.labels);
-    const int n = std::min<int>(s.samples, static_cast<int>(test.size()));
-    test_features.resize(static_cast<std::size_t>(n) * readout->feature_size());
-    readout->read(judge->parameters(), test.pixels.data(), n, nullptr, test_features.data());
-    sample_features.resize(static_cast<std::size_t>(s.samples) * readout->feature_size());
-    sample_probs.resize(static_cast<std::size_t>(s.samples) * readout->classes());
+    judge = std::make_unique<runtime::GanJudge>(classifier_model, test.pixels.data(),
+                                                std::min<int>(s.samples, static_cast<int>(test.size())));
   }
   std::unique_ptr<runtime::GanStandalone> standalone;
   std::unique_ptr<sim::GanFleet> fleet;
@@ -129,12 +123,10 @@ int run(const GanProgramSettings& s) {
     const sim::GanFleetTraffic traffic = fleet ? fleet->traffic() : sim::GanFleetTraffic{};
     const double accuracy = classifier.accuracy(pixels.data(), labels.data(), s.samples);
     std::string score = "", distance = "";
-    if (readout) {
-      readout->read(judge->parameters(), pixels.data(), s.samples, sample_probs.data(), sample_features.data());
-      score = std::to_string(runtime::mnist_score(sample_probs.data(), s.samples, readout->classes()));
-      distance = std::to_string(runtime::frechet_distance(sample_features.data(), s.samples, test_features.data(),
-                                                          static_cast<int>(test_features.size() / readout->feature_size()),
-                                                          readout->feature_size()));
+    if (judge) {
+      const runtime::GanScores scores = judge->score(pixels.data(), labels.data(), s.samples);
+      score = std::to_string(scores.mnist_score);
+      distance = std::to_string(scores.frechet_distance);
     }
     // 10 columns (one per class: samples cycle through the classes), up to 10 rows.
     const auto grid = image::tile_images(pixels, std::min(s.samples, 100), 28, 10);
@@ -151,8 +143,8 @@ int run(const GanProgramSettings& s) {
     curve.y.push_back(accuracy);
     if (!s.quiet && standalone)
       std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f%s%s%s%s, D loss %.3f real / %.3f fake, G loss %.3f\n",
-                   seconds(), static_cast<unsigned long long>(iteration), accuracy, readout ? ", MNIST score " : "",
-                   score.c_str(), readout ? ", FID " : "", distance.c_str(), stats.discriminator.real.adversarial,
+                   seconds(), static_cast<unsigned long long>(iteration), accuracy, judge ? ", MNIST score " : "",
+                   score.c_str(), judge ? ", FID " : "", distance.c_str(), stats.discriminator.real.adversarial,
                    stats.discriminator.fake.adversarial, stats.generator_loss);
     if (!s.quiet && fleet)
       std::fprintf(stderr, "[%.0f s] iteration %llu: conditional accuracy %.3f, worker computation %.2f ms per iteration\n",

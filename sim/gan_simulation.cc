@@ -5,6 +5,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "server/round_aggregation.h"
+
 namespace edgetrain::sim {
 
 using runtime::GanPart;
@@ -55,6 +57,10 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
       // Every copy starts from the same generator and discriminator, as FedAvg does.
       w->local->generator().params = server_g_->params;
       if (n > 0) w->local->discriminator().params = workers_[0]->local->discriminator().params;
+      if (n == 0) {
+        round_start_g_ = w->local->generator().params;
+        round_start_d_ = w->local->discriminator().params;
+      }
     } else {
       std::vector<std::uint32_t> all(w->shard.size());
       for (std::uint32_t i = 0; i < all.size(); i++) all[i] = i;
@@ -163,17 +169,34 @@ void GanFleet::exchange_discriminators() {
   ++traffic_.swaps;
 }
 
+// One federated round of FL-GAN through the server's own aggregation (server/round_aggregation.h,
+// as --mode rounds and edgetrain-sim --mode rounds aggregate): each worker's delta from the
+// round's start model, FedAvg-weighted by the examples it trained on (equal shards: equal
+// weights), added to the start model, which every worker then continues from.
 void GanFleet::average_models() {
   const int N = settings_.workers;
+  const std::uint64_t examples = iterations_between_ * static_cast<std::uint64_t>(settings_.gan.batch);
   for (const bool generator : {true, false}) {
     auto part = [&](int n) -> GanPart& {
       return generator ? workers_[n]->local->generator() : workers_[n]->local->discriminator();
     };
-    std::vector<float> mean(part(0).params.size(), 0.0f);
-    for (int n = 0; n < N; n++)
-      for (std::size_t i = 0; i < mean.size(); i++) mean[i] += part(n).params[i] / static_cast<float>(N);
-    for (int n = 0; n < N; n++) part(n).params = mean;
-    if (generator) server_g_->params = mean;
+    std::vector<float>& start = generator ? round_start_g_ : round_start_d_;
+    const auto size = static_cast<std::uint32_t>(start.size());
+    std::vector<server::RoundDelta> deltas(N);
+    for (int n = 0; n < N; n++) {
+      transport::SparseTensor t{0, size, std::vector<std::uint32_t>(size), std::vector<float>(size)};
+      const auto& params = part(n).params;
+      for (std::uint32_t i = 0; i < size; i++) {
+        t.indices[i] = i;
+        t.values[i] = params[i] - start[i];
+      }
+      deltas[n].examples = examples;
+      deltas[n].delta.tensors.push_back(std::move(t));
+    }
+    const std::uint32_t sizes[1] = {size};
+    const std::vector<float> delta = server::aggregate_deltas(deltas, sizes, server::Aggregation::kFedAvg);
+    for (std::uint32_t i = 0; i < size; i++) start[i] += delta[i];
+    for (int n = 0; n < N; n++) part(n).params = start;
   }
   // Up: each worker's G and D; down: the averages.
   traffic_.up_bytes += static_cast<std::uint64_t>(N) * (generator_parameters() + discriminator_parameters()) * kFloatBytes;

@@ -11,8 +11,9 @@
 //   its D to another one, chosen by a seeded random derangement, and takes one in return (ours:
 //   a permutation without fixed points; Adam's moments travel with the parameters).
 // FL-GAN (the baseline): every worker trains its own copy of G and D on its shard (one
-//   generator step per iteration, after L discriminator steps); every E epochs the copies of G
-//   and D are averaged (FedAvg with equal shards; Adam's moments stay local: ours).
+//   generator step per iteration, after L discriminator steps); every E epochs a federated
+//   round averages the copies of G and D (the server's FedAvg aggregation,
+//   server/round_aggregation.h, with equal shards; Adam's moments stay local: ours).
 // Traffic is counted in floats of 4 bytes as the paper counts it: per MD-GAN worker and
 // iteration 2·b·d down and b·d up, |θ_D| per swap; per FL-GAN worker and round 2·(|θ_G|+|θ_D|).
 #pragma once
@@ -66,6 +67,7 @@ class GanFleet {
   void average_models();
   GanFleetSettings settings_;
   std::unique_ptr<runtime::GanPart> server_g_;  // MD-GAN's G; FL-GAN's average, for sampling
+  std::vector<float> round_start_g_, round_start_d_;  // FL-GAN: the models the current round started from
   std::vector<std::unique_ptr<Worker>> workers_;
   runtime::GaussianSampler noise_;
   runtime::SplitMix64 draws_;

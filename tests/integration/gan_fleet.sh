@@ -103,7 +103,7 @@ import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 print("Frechet distance (MNIST score) by iteration:",
       ", ".join("%s: %.1f (%.2f)" % (r["iteration"], float(r["frechet_distance"]), float(r["mnist_score"])) for r in rows))
-assert len(rows) >= 3 and rows[0]["iteration"] == "0", rows
+assert len(rows) >= 2 and rows[0]["iteration"] == "0", rows
 assert min(float(r["frechet_distance"]) for r in rows[1:]) < 0.97 * float(rows[0]["frechet_distance"]), rows
 PY
 [ -s "$work/state/gan/scores.svg" ] || fail "no gan/scores.svg"

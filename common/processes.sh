@@ -179,3 +179,22 @@ highest_acknowledged() { local v; v=$(acknowledged_versions "$@" | sort -n | tai
 strictly_increasing() {
   awk 'NR > 1 && $1 <= prev { print "version " $1 " after " prev; bad = 1; exit } { prev = $1 } END { exit bad }'
 }
+
+# free_udp_ports N: prints a port P such that P .. P+N-1 are free UDP ports on 127.0.0.1 (for
+# programs whose addresses must be known before they start, e.g. a topology file's peers).
+# Another process may take one before it is used: callers that care retry.
+free_udp_ports() {
+  python3 -c '
+import random, socket, sys
+n = int(sys.argv[1])
+for _ in range(500):
+    base, socks = random.randrange(20000, 60000), []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", p)); socks.append(s)
+        print(base); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()' "$1"
+}

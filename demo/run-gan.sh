@@ -50,19 +50,7 @@ trap stop_started_programs EXIT
 names=()
 for ((i = 0; i < workers; i++)); do names+=("gan-$i"); done
 bash boards/fleet-certificates.sh "$out/certs" server=edgetrain-server "${names[@]}" >/dev/null
-base=$(python3 -c '
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(500):
-    base, socks = random.randrange(20000, 60000), []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()' "$workers")
+base=$(free_udp_ports "$workers")
 "$bin/runtime/edgetrain-topology" --kind full --peers "$workers" --name-prefix gan- --addresses '127.0.0.1:{port}' \
   --base-port "$base" --out "$out/topology.json" >/dev/null
 

@@ -47,20 +47,7 @@ trap stop_started_programs EXIT
 names=()
 for ((i = 0; i < peers; i++)); do names+=("peer-$i"); done
 bash boards/fleet-certificates.sh "$out/certs" "${names[@]}"
-# Consecutive free UDP ports on loopback for the peers.
-base=$(python3 -c '
-import random, socket, sys
-n = int(sys.argv[1])
-for _ in range(500):
-    base, socks = random.randrange(20000, 60000), []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()' "$peers")
+base=$(free_udp_ports "$peers")
 "$bin/runtime/edgetrain-topology" --kind "$kind" --peers "$peers" --addresses '127.0.0.1:{port}' --base-port "$base" \
   --out "$out/topology.json"
 

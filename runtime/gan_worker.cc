@@ -5,7 +5,6 @@
 #include <stdexcept>
 
 #include "common/logging.h"
-#include "runtime/backoff.h"
 #include "runtime/loop_support.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/worker_exit_codes.h"
@@ -45,7 +44,11 @@ struct GanWorker::State {
         d(make_discriminator(c.gan, c.gan.seed + 3000 * (c.worker.worker_id + 1))),
         sampler(train, gan_shard(c.worker, train), c.worker.seed ^ (0x9e3779b97f4a7c15ULL * (c.worker.worker_id + 1))),
         sizes(loop::tensor_sizes_of(d->model())),
-        backoff(c.worker.backoff_initial, c.worker.backoff_max, c.worker.seed + c.worker.worker_id) {
+        problems(config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
+                 [this] {
+                   std::lock_guard lock(mutex);
+                   stats.retries++;
+                 }) {
     if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) || train.num_classes != kGanClasses)
       throw std::invalid_argument("gan: the data must be 28x28 grey images of 10 classes (MNIST, Fashion-MNIST)");
     if (c.gan.discriminator_steps < 1) throw std::invalid_argument("gan: --gan-discriminator-steps must be at least 1");
@@ -59,39 +62,6 @@ struct GanWorker::State {
   void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
     if (log && logging::enabled(level)) log(line);
   }
-  void trouble(WorkerExit exit, const std::string& what) {
-    last_trouble = exit;
-    last_trouble_message = what;
-    stats.retries++;
-    const auto delay = backoff.next_delay();
-    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
-    sleep_unless_stopped(delay, stop);
-  }
-  void refused(WorkerExit exit, const std::string& what) {
-    if (++refusals_in_a_row >= config.worker.max_refusals)
-      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " times in a row; giving up)");
-    trouble(exit, what);
-  }
-  void request_failed(const std::string& what, const transport::TransportError& e) {
-    const std::string text = what + ": " + e.what();
-    switch (e.failure()) {
-      case transport::TransportFailure::kInterrupted: return;
-      case transport::TransportFailure::kHandshakeRefused: refused(WorkerExit::kHandshakeRefused, text); return;
-      case transport::TransportFailure::kUnknownIdentity: refused(WorkerExit::kUnknownIdentity, text); return;
-      default: break;
-    }
-    const WorkerExit exit = ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
-    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
-    if (config.worker.give_up_after_seconds > 0 && silent >= config.worker.give_up_after_seconds)
-      throw WorkerFailure(exit, text + " (no answer for " + std::to_string(static_cast<long long>(silent)) +
-                                    " s; giving up: --give-up-after)");
-    trouble(exit, text);
-  }
-  void answered() {
-    last_answer = Clock::now();
-    ever_answered = true;
-  }
-
   void swap(const transport::GanBatches& batches);
   void train(const transport::GanBatches& batches);
   bool send_feedback(const transport::GanBatches& batches);
@@ -105,7 +75,7 @@ struct GanWorker::State {
   std::unique_ptr<GanPart> d;
   ShardSampler sampler;
   std::vector<std::uint32_t> sizes;
-  Backoff backoff;
+  loop::Trouble problems;
   std::vector<std::uint8_t> real_pixels;
   std::vector<std::int32_t> real_labels;
   std::vector<float> real, feedback;
@@ -115,11 +85,6 @@ struct GanWorker::State {
   std::condition_variable arrived;
   std::map<std::uint32_t, std::vector<float>> mailbox;
   GanWorkerStats stats;  // the counters of the peer endpoint are guarded by `mutex` too
-  Clock::time_point last_answer = Clock::now();
-  bool ever_answered = false;
-  int refusals_in_a_row = 0;
-  WorkerExit last_trouble = WorkerExit::kStopped;
-  std::string last_trouble_message;
 };
 
 GanWorker::GanWorker(const GanWorkerConfig& config, const Dataset& train, ServerChannel& server, PeerChannel* peers,
@@ -229,10 +194,10 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
   try {
     response = server.request(transport::Method::kPost, "gan/feedback", body.value());
   } catch (const transport::TransportError& e) {
-    request_failed("POST /gan/feedback failed", e);
+    problems.request_failed("POST /gan/feedback failed", e);
     return false;
   }
-  answered();
+  problems.answered();
   {
     std::lock_guard lock(mutex);
     stats.bytes_sent += body.value().size();
@@ -245,21 +210,21 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
   }
   if (response.code == CoapCode::kChanged || response.code == CoapCode::kConflict) done_iteration = batches.iteration;
   if (response.code == CoapCode::kChanged) {
-    refusals_in_a_row = 0;
-    backoff.reset();
+    problems.succeeded();
     std::lock_guard lock(mutex);
     stats.iterations++;
     stats.last_iteration = batches.iteration;
     return true;
   }
   if (response.code == CoapCode::kConflict) {  // the iteration closed without this worker: the next one
+    problems.expected_refusal();
     std::lock_guard lock(mutex);
     stats.feedbacks_refused++;
     say("feedback for iteration " + std::to_string(batches.iteration) + " refused: " + payload_text(response.payload),
         logging::Level::kWarn);
     return false;
   }
-  trouble(WorkerExit::kError, "POST /gan/feedback answered " + transport::coap_code_string(response.code) + " " +
+  problems.trouble(WorkerExit::kError, "POST /gan/feedback answered " + transport::coap_code_string(response.code) + " " +
                                   payload_text(response.payload));
   return false;
 }
@@ -270,10 +235,10 @@ bool GanWorker::run_once() {
   try {
     response = s.server.request(transport::Method::kGet, "gan/batches");
   } catch (const transport::TransportError& e) {
-    s.request_failed("GET /gan/batches failed", e);
+    s.problems.request_failed("GET /gan/batches failed", e);
     return false;
   }
-  s.answered();
+  s.problems.answered();
   if (response.code == kServiceUnavailable) {
     {
       std::lock_guard lock(s.mutex);
@@ -284,15 +249,15 @@ bool GanWorker::run_once() {
     return false;
   }
   if (response.code == CoapCode::kNotFound) {
-    s.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.04: is the server running with --mode gan?");
+    s.problems.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.04: is the server running with --mode gan?");
     return false;
   }
   if (response.code == CoapCode::kForbidden) {
-    s.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.03: " + payload_text(response.payload));
+    s.problems.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.03: " + payload_text(response.payload));
     return false;
   }
   if (response.code != CoapCode::kContent) {
-    s.trouble(WorkerExit::kError, "GET /gan/batches answered " + transport::coap_code_string(response.code) + " " +
+    s.problems.trouble(WorkerExit::kError, "GET /gan/batches answered " + transport::coap_code_string(response.code) + " " +
                                       payload_text(response.payload));
     return false;
   }
@@ -306,7 +271,7 @@ bool GanWorker::run_once() {
     if (decoded.error().code == transport::CodecErrorCode::kLayoutMismatch)
       throw WorkerFailure(WorkerExit::kModelMismatch, "the server's GAN batches do not fit this worker: " +
                                                           decoded.error().message + " (--batch must be the server's --gan-batch)");
-    s.trouble(WorkerExit::kError, "GAN batches refused: " + decoded.error().message);
+    s.problems.trouble(WorkerExit::kError, "GAN batches refused: " + decoded.error().message);
     return false;
   }
   const auto& batches = decoded.value();

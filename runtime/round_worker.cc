@@ -9,7 +9,6 @@
 #include <thread>
 
 #include "common/logging.h"
-#include "runtime/backoff.h"
 #include "runtime/loop_support.h"
 #include "runtime/model.h"
 #include "runtime/shard_sampler.h"
@@ -94,7 +93,8 @@ struct RoundWorker::State {
         gradient(model.parameter_count()),
         pixels(static_cast<std::size_t>(config.worker.batch) * train.image_bytes()),
         labels(config.worker.batch),
-        backoff(config.worker.backoff_initial, config.worker.backoff_max, config.worker.seed + config.worker.worker_id),
+        problems(config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
+                 [this] { stats.retries++; }),
         sequence(static_cast<std::uint64_t>(
             std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
                 .count())) {
@@ -108,41 +108,6 @@ struct RoundWorker::State {
   void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
     if (log && logging::enabled(level)) log(line);
   }
-  void trouble(WorkerExit exit, const std::string& what) {
-    last_trouble = exit;
-    last_trouble_message = what;
-    stats.retries++;
-    const auto delay = backoff.next_delay();
-    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
-    sleep_unless_stopped(delay, stop);
-  }
-  // As Worker: refusals no retry fixes are given up after max_refusals in a row; a server
-  // silent for give_up_after_seconds is given up.
-  void refused(WorkerExit exit, const std::string& what) {
-    if (++refusals_in_a_row >= config.worker.max_refusals)
-      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " times in a row; giving up)");
-    trouble(exit, what);
-  }
-  void request_failed(const std::string& what, const transport::TransportError& e) {
-    const std::string text = what + ": " + e.what();
-    switch (e.failure()) {
-      case transport::TransportFailure::kInterrupted: return;
-      case transport::TransportFailure::kHandshakeRefused: refused(WorkerExit::kHandshakeRefused, text); return;
-      case transport::TransportFailure::kUnknownIdentity: refused(WorkerExit::kUnknownIdentity, text); return;
-      default: break;
-    }
-    const WorkerExit exit = ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
-    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
-    if (config.worker.give_up_after_seconds > 0 && silent >= config.worker.give_up_after_seconds)
-      throw WorkerFailure(exit, text + " (no answer for " + std::to_string(static_cast<long long>(silent)) +
-                                    " s; giving up: --give-up-after)");
-    trouble(exit, text);
-  }
-  void answered() {
-    last_answer = Clock::now();
-    ever_answered = true;
-  }
-
   std::optional<RoundInfo> poll();
   bool pull(const RoundInfo& round);
   void train(const RoundInfo& round);
@@ -162,7 +127,7 @@ struct RoundWorker::State {
   std::vector<float> start, parameters, gradient;
   std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;
-  Backoff backoff;
+  loop::Trouble problems;
   std::uint64_t sequence;
   std::vector<std::uint8_t> body;
   std::uint64_t examples = 0;
@@ -173,11 +138,6 @@ struct RoundWorker::State {
   std::size_t last_pull_bytes = 0;
   std::optional<std::uint64_t> done_round;  // the last round this worker sent a delta for (or was refused in)
   RoundWorkerStats stats;
-  Clock::time_point last_answer = Clock::now();
-  bool ever_answered = false;
-  int refusals_in_a_row = 0;
-  WorkerExit last_trouble = WorkerExit::kStopped;
-  std::string last_trouble_message;
 };
 
 std::optional<RoundInfo> RoundWorker::State::poll() {
@@ -185,20 +145,20 @@ std::optional<RoundInfo> RoundWorker::State::poll() {
   try {
     response = channel.get_round();
   } catch (const transport::TransportError& e) {
-    request_failed("GET /round failed", e);
+    problems.request_failed("GET /round failed", e);
     return std::nullopt;
   }
-  answered();
+  problems.answered();
   polled_at = Clock::now();
   stats.polls++;
   if (response.code == transport::CoapCode::kNotFound) {
-    refused(WorkerExit::kNothingApplied, "GET /round answered 4.04: is the server running with --mode rounds?");
+    problems.refused(WorkerExit::kNothingApplied, "GET /round answered 4.04: is the server running with --mode rounds?");
     return std::nullopt;
   }
   std::optional<RoundInfo> info;
   if (response.code == transport::CoapCode::kContent) info = parse_round_info(response.payload);
   if (!info) {
-    trouble(WorkerExit::kNothingApplied, "GET /round answered " + transport::coap_code_string(response.code) + " " +
+    problems.trouble(WorkerExit::kNothingApplied, "GET /round answered " + transport::coap_code_string(response.code) + " " +
                                              payload_text(response.payload));
     return std::nullopt;
   }
@@ -211,18 +171,18 @@ bool RoundWorker::State::pull(const RoundInfo& round) {
   try {
     response = channel.get_model("model");
   } catch (const transport::TransportError& e) {
-    request_failed("pull failed", e);
+    problems.request_failed("pull failed", e);
     return false;
   }
-  answered();
+  problems.answered();
   if (response.code != transport::CoapCode::kContent) {
-    trouble(WorkerExit::kNothingApplied,
+    problems.trouble(WorkerExit::kNothingApplied,
             "GET /model answered " + transport::coap_code_string(response.code) + " " + payload_text(response.payload));
     return false;
   }
   auto decoded = transport::decode_dense_model(response.payload, {model.layout_id(), sizes});
   if (!decoded) {
-    refused(WorkerExit::kModelMismatch, "the server's model does not match model '" + config.worker.model +
+    problems.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" + config.worker.model +
                                             "': " + decoded.error().message);
     return false;
   }
@@ -287,10 +247,10 @@ bool RoundWorker::State::send(const RoundInfo& round) {
     try {
       response = channel.post_round_update(examples, body);
     } catch (const transport::TransportError& e) {
-      request_failed("sending the round delta failed", e);
+      problems.request_failed("sending the round delta failed", e);
       continue;  // once more with the same bytes: the server takes one delta per device and round
     }
-    answered();
+    problems.answered();
     stats.bytes_sent += body.size();
     const std::string answer = transport::coap_code_string(response.code) + " " + payload_text(response.payload);
     if (response.code == transport::CoapCode::kChanged) {
@@ -298,24 +258,23 @@ bool RoundWorker::State::send(const RoundInfo& round) {
       stats.last_round = round.round;
       stats.acknowledged_rounds.push_back(round.round);
       done_round = round.round;
-      backoff.reset();
-      refusals_in_a_row = 0;
+      problems.succeeded();
       return true;
     }
     if (response.code == transport::CoapCode::kConflict) {
       stats.deltas_refused++;  // the round closed (a straggler) or moved on: take part in the next one
       done_round = round.round;
-      refusals_in_a_row = 0;
+      problems.expected_refusal();
       say("round " + std::to_string(round.round) + ": delta refused with " + answer, logging::Level::kWarn);
       return false;
     }
     if (response.code == transport::CoapCode::kUnauthorized || response.code == transport::CoapCode::kForbidden) {
       stats.deltas_rejected++;
-      refused(WorkerExit::kUnknownIdentity, "round delta refused with " + answer);
+      problems.refused(WorkerExit::kUnknownIdentity, "round delta refused with " + answer);
       return false;
     }
     stats.deltas_rejected++;
-    trouble(WorkerExit::kNothingApplied, "round delta rejected with " + answer);
+    problems.trouble(WorkerExit::kNothingApplied, "round delta rejected with " + answer);
     return false;
   }
   return false;
@@ -328,8 +287,8 @@ RoundWorker::RoundWorker(const RoundWorkerConfig& config, const Dataset& train, 
 RoundWorker::~RoundWorker() = default;
 
 const RoundWorkerStats& RoundWorker::stats() const { return state_->stats; }
-WorkerExit RoundWorker::last_trouble() const { return state_->last_trouble; }
-const std::string& RoundWorker::last_trouble_message() const { return state_->last_trouble_message; }
+WorkerExit RoundWorker::last_trouble() const { return state_->problems.last(); }
+const std::string& RoundWorker::last_trouble_message() const { return state_->problems.last_message(); }
 
 bool RoundWorker::run_once() {
   State& s = *state_;

@@ -466,49 +466,71 @@ std::string gossip_stats_json(const edgetrain::runtime::GossipPeerStats& st, con
   return j.dump(2) + "\n";
 }
 
+// The peer side of --mode gossip and gan: a CoAP/DTLS server on this peer's topology address
+// (or --listen) with the fleet's X.509 identities (plain CoAP with --insecure), and a client
+// to each peer with the same identity.
+struct PeerEndpoint {
+  std::string host;
+  std::unique_ptr<edgetrain::transport::CoapDtlsServer> server;
+  std::unique_ptr<edgetrain::runtime::CoapPeerChannel> channel;
+  std::uint16_t port(bool insecure) const { return insecure ? server->plaintext_port() : server->port(); }
+};
+
+PeerEndpoint open_peer_endpoint(const WorkerSettings& s, const edgetrain::runtime::GossipTopology& topology,
+                                std::uint32_t self, std::size_t max_body_bytes) {
+  using namespace edgetrain;
+  PeerEndpoint endpoint;
+  std::uint16_t port = 0;
+  runtime::parse_server_uri((s.insecure ? "coap://" : "coaps://") + (s.listen.empty() ? topology.peers[self].address : s.listen),
+                            endpoint.host, port);
+  transport::CoapDtlsServer::Options o;
+  o.bind_address = endpoint.host;
+  if (s.insecure) {
+    o.port = 0;
+    o.plaintext_port = port;
+  } else {
+    o.port = port;
+    o.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+  }
+  o.timing = s.config.timing;
+  o.max_body_bytes = std::max(o.max_body_bytes, max_body_bytes);
+  endpoint.server = std::make_unique<transport::CoapDtlsServer>(o);
+  runtime::CoapPeerChannel::Options channel_options;
+  if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+  channel_options.plaintext = s.insecure;
+  channel_options.declared_identity = topology.peers[self].name;
+  channel_options.timing = s.config.timing;
+  channel_options.timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  channel_options.stop = &stop_requested;
+  endpoint.channel = std::make_unique<runtime::CoapPeerChannel>(topology, channel_options);
+  return endpoint;
+}
+
 // --mode gossip: serve this peer's model on its own CoAP/DTLS endpoint (a thread) while the
 // training loop runs here.
 int run_gossip(const WorkerSettings& s, const edgetrain::runtime::GossipPeerConfig& config,
                const edgetrain::runtime::Dataset& train) {
   using namespace edgetrain;
   const std::string& name = config.topology.peers[config.self].name;
-  std::string listen = s.listen.empty() ? config.topology.peers[config.self].address : s.listen;
-  std::string host;
-  std::uint16_t port = 0;
-  runtime::parse_server_uri((s.insecure ? "coap://" : "coaps://") + listen, host, port);
-  transport::CoapDtlsServer::Options server_options;
-  server_options.bind_address = host;
-  if (s.insecure) {
-    server_options.port = 0;
-    server_options.plaintext_port = port;
-  } else {
-    server_options.port = port;
-    server_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
-  }
-  server_options.timing = s.config.timing;
   // AD-PSGD posts whole models: the body limit must hold one, whatever the model.
+  std::size_t model_bytes = 0;
   {
     const runtime::Model model(runtime::model_spec_from_argument(config.model));
     std::vector<std::uint32_t> sizes;
     for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-    server_options.max_body_bytes = std::max(server_options.max_body_bytes, transport::dense_model_bytes(sizes) + 1024);
+    model_bytes = transport::dense_model_bytes(sizes) + 1024;
   }
-  transport::CoapDtlsServer server(server_options);
-  runtime::CoapPeerChannel::Options channel_options;
-  if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
-  channel_options.plaintext = s.insecure;
-  channel_options.declared_identity = name;
-  channel_options.timing = s.config.timing;
-  channel_options.timeout_ms = static_cast<int>(s.request_timeout * 1000);
-  channel_options.stop = &stop_requested;
-  runtime::CoapPeerChannel channel(config.topology, channel_options);
+  PeerEndpoint endpoint = open_peer_endpoint(s, config.topology, config.self, model_bytes);
+  transport::CoapDtlsServer& server = *endpoint.server;
+  runtime::CoapPeerChannel& channel = *endpoint.channel;
+  const std::string& host = endpoint.host;
   runtime::GossipPeer peer(config, train, channel, stop_requested, [](const std::string& line) { log_line(line); });
   peer.attach(server);
   std::atomic<bool> serving{true};
   std::thread server_thread([&] {
     while (serving) server.run_once(100);
   });
-  const std::uint16_t bound = s.insecure ? server.plaintext_port() : server.port();
+  const std::uint16_t bound = endpoint.port(s.insecure);
   if (!s.port_file.empty()) common::write_file_atomically(s.port_file, std::to_string(bound) + "\n");
   log_line("gossip peer " + name + " (" + std::to_string(config.self) + " of " + std::to_string(config.topology.size()) +
            ", " + runtime::gossip_algorithm_name(config.algorithm) + ", " +
@@ -570,10 +592,14 @@ int run_gan(WorkerSettings& s, const edgetrain::runtime::WorkerConfig& config, c
   gan_config.max_iterations = s.gossip.max_iterations;
   gan_config.swap_wait_seconds = s.gan_swap_wait;
   std::optional<runtime::GossipTopology> topology;
-  std::unique_ptr<transport::CoapDtlsServer> peer_server;
-  std::unique_ptr<runtime::CoapPeerChannel> peers;
+  PeerEndpoint endpoint;
   std::string name = s.peer_name.empty() ? s.identity : s.peer_name;
   if (!s.topology_file.empty()) {
+    if (s.peer_name.empty() && !s.cert.empty()) {
+      std::fprintf(stderr, "edgetrain-worker: with --topology give --peer-name: this worker's name there (its "
+                           "certificate's CN, the name the server announces to its peers)\n");
+      return runtime::exit_status(runtime::WorkerExit::kBadSettings);
+    }
     topology = runtime::read_topology_file(s.topology_file);
     const auto self = topology->find(name);
     if (!self) {
@@ -587,43 +613,20 @@ int run_gan(WorkerSettings& s, const edgetrain::runtime::WorkerConfig& config, c
                            "fleet's CA: give --cert, --cert-key and --ca (or --insecure)\n");
       return runtime::exit_status(runtime::WorkerExit::kBadSettings);
     }
-    std::string host;
-    std::uint16_t port = 0;
-    runtime::parse_server_uri((s.insecure ? "coap://" : "coaps://") + (s.listen.empty() ? topology->peers[*self].address : s.listen),
-                              host, port);
-    transport::CoapDtlsServer::Options o;
-    o.bind_address = host;
-    if (s.insecure) {
-      o.port = 0;
-      o.plaintext_port = port;
-    } else {
-      o.port = port;
-      o.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
-    }
-    o.timing = config.timing;
-    o.max_body_bytes = std::max<std::size_t>(o.max_body_bytes, 16u << 20);  // a discriminator (MLP: 2.4 MB)
-    peer_server = std::make_unique<transport::CoapDtlsServer>(o);
-    runtime::CoapPeerChannel::Options channel_options;
-    if (!s.insecure) channel_options.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
-    channel_options.plaintext = s.insecure;
-    channel_options.declared_identity = name;
-    channel_options.timing = config.timing;
-    channel_options.timeout_ms = static_cast<int>(s.request_timeout * 1000);
-    channel_options.stop = &stop_requested;
-    peers = std::make_unique<runtime::CoapPeerChannel>(*topology, channel_options);
+    endpoint = open_peer_endpoint(s, *topology, *self, 16u << 20);  // a discriminator (MLP: 2.7 MB)
   }
   runtime::CoapServerChannel channel(runtime::coap_client_options(config, stop_requested));
-  runtime::GanWorker worker(gan_config, train, channel, peers.get(), topology ? &*topology : nullptr, stop_requested,
+  runtime::GanWorker worker(gan_config, train, channel, endpoint.channel.get(), topology ? &*topology : nullptr, stop_requested,
                             [](const std::string& line) { log_line(line); });
   std::atomic<bool> serving{true};
   std::thread peer_thread;
-  if (peer_server) {
-    worker.attach(*peer_server);
-    const std::uint16_t bound = s.insecure ? peer_server->plaintext_port() : peer_server->port();
+  if (endpoint.server) {
+    worker.attach(*endpoint.server);
+    const std::uint16_t bound = endpoint.port(s.insecure);
     if (!s.port_file.empty()) common::write_file_atomically(s.port_file, std::to_string(bound) + "\n");
     log_line("MD-GAN peer endpoint of " + name + " on port " + std::to_string(bound));
     peer_thread = std::thread([&] {
-      while (serving) peer_server->run_once(100);
+      while (serving) endpoint.server->run_once(100);
     });
   }
   auto stats_json = [&](const runtime::GanWorkerStats& st, bool running) {

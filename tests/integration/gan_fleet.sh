@@ -19,20 +19,7 @@ require_mnist
 bash "$(dirname "$0")/make_test_certificates.sh" "$work/certs" gan-0 gan-1 gan-2 || exit $?
 certs="$work/certs"
 
-base=$(python3 -c '
-import random, socket
-for _ in range(200):
-    base = random.randrange(20000, 60000)
-    try:
-        socks = []
-        for p in range(base, base + 3):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-')
+base=$(free_udp_ports 3)
 "$topology" --kind full --peers 3 --name-prefix gan- --addresses '127.0.0.1:{port}' --base-port "$base" --out "$work/topology.json"
 
 # The yardstick: an MLP classifier of mnist-small (about 90% on its test digits).

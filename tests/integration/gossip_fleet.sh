@@ -14,21 +14,7 @@ source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 bash "$(dirname "$0")/make_test_certificates.sh" "$work/certs" peer-0 peer-1 peer-2 peer-3 || exit $?
 
-# Four consecutive free UDP ports on loopback.
-base=$(python3 -c '
-import random, socket
-for _ in range(200):
-    base = random.randrange(20000, 60000)
-    try:
-        socks = []
-        for p in range(base, base + 4):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", p)); socks.append(s)
-        print(base); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-')
+base=$(free_udp_ports 4)
 "$topology" --kind ring --peers 4 --addresses '127.0.0.1:{port}' --base-port "$base" --out "$work/topology.json"
 
 # A small MLP: a dense model crosses CoAP in 1 KiB Block2 blocks, one round trip each, so a

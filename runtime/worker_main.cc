@@ -170,6 +170,7 @@ struct WorkerSettings {
   double balance_target = 0, consensus_step = 0;
   // MD-GAN (runtime/gan_worker.h).
   int gan_discriminator_steps = 1;
+  std::string gan_arch = "mlp";
   bool gan_fp16 = false;
   double gan_swap_wait = 10;
 };
@@ -254,6 +255,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "iterations and at exit) and resume from it at start");
   t.add("checkpoint-every", s.gossip.checkpoint_every, "iterations between checkpoints").range(1, 1e9).unit("iterations");
   t.group("MD-GAN (--mode gan: runtime/README.md \"MD-GAN\"; --batch must be the server's --gan-batch)");
+  t.add("gan-arch", s.gan_arch, "this worker's discriminator architecture (runtime/gan_network.h); the peers it "
+        "swaps with must have the same").choices({"mlp", "cnn"});
   t.add("gan-discriminator-steps", s.gan_discriminator_steps, "L: discriminator steps per iteration, each on a "
         "real batch of this worker's shard and the server's X_d").range(1, 100);
   t.add("gan-fp16", s.gan_fp16, "send the error feedback as fp16 (half the bytes)");
@@ -588,6 +591,7 @@ int run_gan(WorkerSettings& s, const edgetrain::runtime::WorkerConfig& config, c
   gan_config.gan.batch = config.batch;
   gan_config.gan.seed = config.seed;
   gan_config.gan.discriminator_steps = s.gan_discriminator_steps;
+  gan_config.gan.architecture = runtime::parse_gan_architecture(s.gan_arch);
   gan_config.feedback_encoding = s.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
   gan_config.max_iterations = s.gossip.max_iterations;
   gan_config.swap_wait_seconds = s.gan_swap_wait;

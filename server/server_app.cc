@@ -250,6 +250,7 @@ void ServerApp::open_gan(ResourceOptions& resource_options) {
   o.gan.batch = static_cast<int>(s_.gan_batch);
   o.gan.seed = s_.seed;
   o.gan.adam.lr = static_cast<float>(s_.gan_lr);
+  o.gan.architecture = runtime::parse_gan_architecture(s_.gan_arch);
   o.workers = s_.gan_workers;
   o.k = s_.gan_k;
   o.deadline_seconds = s_.gan_deadline;
@@ -269,7 +270,7 @@ void ServerApp::open_gan(ResourceOptions& resource_options) {
   resource_options.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
   resource_options.extra_status = [this] { return gan_->status_json(); };
   const auto& r = gan_->recovery();
-  log_line("MD-GAN: " + std::to_string(s_.gan_workers) + " workers, k " + std::to_string(s_.gan_k) + ", batch " +
+  log_line("MD-GAN: " + s_.gan_arch + " generator, " + std::to_string(s_.gan_workers) + " workers, k " + std::to_string(s_.gan_k) + ", batch " +
            std::to_string(s_.gan_batch) + ", deadline " + number(s_.gan_deadline) + " s, " +
            (s_.gan_swap_every ? "discriminator swaps every " + std::to_string(s_.gan_swap_every) + " iterations"
                               : std::string("no discriminator swaps")) +
@@ -286,6 +287,7 @@ void ServerApp::open_gan_evaluation() {
   if (s_.gan_eval_every == 0) return;
   runtime::GanSettings settings;
   settings.batch = 100;
+  settings.architecture = runtime::parse_gan_architecture(s_.gan_arch);
   gan_sampler_ = runtime::make_generator(settings, s_.seed);
   if (s_.gan_classifier.empty()) return;
   if (s_.eval_data == "none") throw StartupError("--gan-classifier scores against test images: give --eval-data");

@@ -62,6 +62,7 @@ struct ServerSettings {
   // MD-GAN (--mode gan, server/gan_coordinator.h): the generator lives here, a
   // discriminator on every worker; its state goes to <state-dir>/gan/.
   std::uint32_t gan_workers = 0;  // N; required with --mode gan
+  std::string gan_arch = "mlp";   // the generator's: mlp or cnn (runtime/gan_network.h)
   std::uint32_t gan_k = 1;
   std::uint32_t gan_batch = 10;
   double gan_deadline = 10;  // seconds

@@ -119,6 +119,8 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.group("MD-GAN (--mode gan: server/README.md \"MD-GAN\")");
   t.add("gan-workers", s.gan_workers, "N: the feedbacks an iteration waits for, and the worker slots (required "
         "with --mode gan)").range(0, 100000);
+  t.add("gan-arch", s.gan_arch, "the generator's architecture (runtime/gan_network.h); each worker's "
+        "discriminator has its own (worker --gan-arch)").choices({"mlp", "cnn"});
   t.add("gan-k", s.gan_k, "generated batches per iteration (the paper: 1 or ceil(log2 N)); worker n gets X_(n mod k) "
         "for its feedback and X_((n+1) mod k) for its discriminator").range(1, 100000);
   t.add("gan-batch", s.gan_batch, "b: generated samples per batch").range(1, 4096);

@@ -1,5 +1,5 @@
-// libFuzzer target for the wire decoders (transport/codec.cc): sparse updates, dense models
-// and model deltas. The first input byte picks the
+// libFuzzer target for the wire decoders (transport/codec.cc, transport/gan_codec.cc): sparse
+// updates, dense models, model deltas, and MD-GAN's batches and feedback. The first input byte picks the
 // expected layout so that both small tensors (bitmaps, k = n) and the paper CNN's sizes are
 // reached; the rest is the message. Whatever a decoder accepts must satisfy the documented
 // invariants and re-encode to something that decodes to the same value.
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "transport/codec.h"
+#include "transport/gan_codec.h"
 
 using namespace edgetrain::transport;
 
@@ -113,6 +114,33 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     for (auto n : sizes) total += n;
     std::vector<float> parameters(total, 0.0f);
     require(apply_model_delta(d, sizes, parameters));
+  }
+
+  // MD-GAN: whatever decodes has b·d finite values per batch and labels < 10, and
+  // re-encodes (fp32) to a message that decodes to the same bits.
+  auto batches = decode_gan_batches(message);
+  if (batches.ok()) {
+    const GanBatches& b = batches.value();
+    const std::size_t n = std::size_t{b.batch} * b.width;
+    require(b.g_samples.size() == n && b.d_samples.size() == n && b.g_labels.size() == b.batch &&
+            b.d_labels.size() == b.batch && (b.swap_round == 0) == b.swap_to.empty());
+    for (const auto* labels : {&b.g_labels, &b.d_labels})
+      for (auto label : *labels) require(label < 10);
+    auto again = encode_gan_batches(b, ValueEncoding::kFp32);
+    require(again.ok());
+    auto back = decode_gan_batches(again.value());
+    require(back.ok() && same_bits(back.value().g_samples, b.g_samples) && same_bits(back.value().d_samples, b.d_samples) &&
+            back.value().swap_to == b.swap_to && back.value().g_labels == b.g_labels);
+  }
+  auto feedback = decode_gan_feedback(message);
+  if (feedback.ok()) {
+    const GanFeedback& f = feedback.value();
+    require(f.values.size() == std::size_t{f.batch} * f.width);
+    for (float v : f.values) require(std::isfinite(v));
+    auto again = encode_gan_feedback(f, ValueEncoding::kFp32);
+    require(again.ok());
+    auto back = decode_gan_feedback(again.value());
+    require(back.ok() && same_bits(back.value().values, f.values) && back.value().iteration == f.iteration);
   }
 
   auto model = decode_dense_model(message, layout, limits);

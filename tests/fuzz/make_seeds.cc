@@ -1,14 +1,14 @@
 // Writes valid messages for codec_fuzz's layouts into a directory, as its seed corpus:
 // starting from well-formed updates (every index encoding; fp32, fp16 and sign + scale
-// values), models and model
-// deltas gets
-// the fuzzer past the header checks at once.
+// values), models, model deltas and MD-GAN's batches and feedback gets the fuzzer past the
+// header checks at once.
 #include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "transport/codec.h"
+#include "transport/gan_codec.h"
 
 using namespace edgetrain::transport;
 
@@ -72,6 +72,21 @@ int main(int argc, char** argv) {
       auto bytes = encode_model_delta(delta);
       if (!bytes.ok() || !write(selector, bytes.value())) return 1;
     }
+  }
+  // MD-GAN's batches (with and without a swap instruction) and feedback, fp32 and fp16.
+  for (const auto encoding : {ValueEncoding::kFp32, ValueEncoding::kFp16}) {
+    GanBatches b{.run_id = 3, .iteration = 7, .batch = 2, .width = 5, .swap_round = 0, .swap_to = {},
+                 .g_labels = {1, 9}, .d_labels = {0, 4}, .g_samples = std::vector<float>(10, 0.5f),
+                 .d_samples = std::vector<float>(10, -0.25f)};
+    auto plain = encode_gan_batches(b, encoding);
+    b.swap_round = 2;
+    b.swap_to = "gan-1";
+    auto swap = encode_gan_batches(b, encoding);
+    GanFeedback f{.run_id = 3, .iteration = 7, .batch = 2, .width = 5, .values = std::vector<float>(10, 1e-3f)};
+    auto feedback = encode_gan_feedback(f, encoding);
+    if (!plain.ok() || !swap.ok() || !feedback.ok() || !write(0, plain.value()) || !write(0, swap.value()) ||
+        !write(0, feedback.value()))
+      return 1;
   }
   std::printf("%d seeds\n", written);
   return 0;

@@ -125,6 +125,17 @@ def main():
             targets[data] = math.floor((statistics.fmean(bests) - 0.003) * 1000) / 1000
 
     lines = []
+    if all(j["group"] == "gan" for j in jobs):  # `docs/regenerate.sh gan` alone
+        lines.append("## MD-GAN, regenerated (issue 16)\n")
+        lines.append(
+            f"Made by `docs/regenerate.sh{' --quick' if machine['quick'] else ''} gan` at commit "
+            f"`{machine['commit'][:12]}`{' (with uncommitted changes)' if machine['dirty'] else ''} on "
+            f"{machine['date'][:10]}, on a {machine['cores']}-core {machine['cpu']} ({machine['isa']}). The script's "
+            "other groups (the AdaComp experiments of issue 13) were not run at this commit.\n")
+        lines += gan_section(args, jobs)
+        with open(os.path.join(args.out, "results.md"), "w") as f:
+            f.write("\n".join(lines))
+        return
     lines.append("## The simulator's experiments, regenerated (issue 13)\n")
     lines.append(
         f"Made by `docs/regenerate.sh{' --quick' if machine['quick'] else ''}` at commit `{machine['commit'][:12]}`"
@@ -268,6 +279,31 @@ def gan_section(args, jobs):
         lines.append(f"| {label} | {iterations:,} | {score} | {fid} | {accuracy} | {worker} | {down} | {up} | {formula} |")
         r["label"] = label
     lines.append("\nCommands: `%s/jobs/gan-*/command`.\n" % args.out)
+    # The issue's comparison: at equal generator iterations (the most that every run of a batch
+    # size and architecture reached), scores and the worker's compute against FL-GAN's.
+    for b, arch in sorted({(r["b"], r["arch"]) for r in rows}):
+        same = [r for r in rows if r["b"] == b and r["arch"] == arch]
+        common = min(int(r["evaluations"][-1]["iteration"]) for r in same)
+        if common == 0 or len(same) < 2:
+            continue
+        fl = [r for r in same if r["mode"] == "fl-gan"]
+        fl_seconds = fl[0]["evaluations"][-1].get("worker_seconds_per_iteration", 0) if fl else 0
+        lines.append(f"At {common:,} iterations (the most every b = {b}{', ' + arch.upper() if arch != 'mlp' else ''} "
+                     "run reached):\n")
+        lines.append("| run | MNIST score | FID | conditional accuracy | worker s / it | worker compute / FL-GAN's |")
+        lines.append("|---|---|---|---|---|---|")
+        for r in same:
+            at = [x for x in r["evaluations"] if int(x["iteration"]) == common]
+            if not at:
+                continue
+            x = at[0]
+            seconds = r["evaluations"][-1].get("worker_seconds_per_iteration", 0)
+            ratio = f"{seconds / fl_seconds:.2f}" if fl_seconds and r["mode"] != "standalone" else "–"
+            lines.append(f"| {r['label']} | " + (f"{x['mnist_score']:.2f} | {x['frechet_distance']:.1f}" if r["scored"]
+                                                 else "– | –") +
+                         f" | {x['conditional_accuracy']:.3f} | " +
+                         (f"{seconds:.4f}" if r["mode"] != "standalone" else "–") + f" | {ratio} |")
+        lines.append("")
     metric = "mnist_score" if scored else "conditional_accuracy"
     for b in sorted({r["b"] for r in rows}):
         name = f"regenerated-gan-b{b}.svg"
@@ -284,6 +320,20 @@ def gan_section(args, jobs):
                         f"MD-GAN, FL-GAN and standalone, b = {b}", "--x-label", "generator iterations"] + y_axis,
                        check=True)
         lines.append(f"![{metric} against iterations, b = {b}](figures/{name})\n")
+        if scored:
+            name = f"regenerated-gan-fid-b{b}.svg"
+            csv_path = os.path.join(args.out, "figures", name[:-4] + ".csv")
+            with open(csv_path, "w") as f:
+                f.write("series,x,y\n")
+                for r in rows:
+                    if r["b"] == b:
+                        for x in r["evaluations"]:
+                            f.write("%s,%r,%r\n" % (r["label"].replace(",", ";"), x["iteration"], x["frechet_distance"]))
+            subprocess.run([args.report, "plot", csv_path, "--out", os.path.join(args.out, "figures", name), "--title",
+                            f"MD-GAN, FL-GAN and standalone, b = {b}: Frechet distance to test digits (lower is better)",
+                            "--x-label", "generator iterations", "--y-label", "Frechet distance (paper CNN features)"],
+                           check=True)
+            lines.append(f"![Fréchet distance against iterations, b = {b}](figures/{name})\n")
     grids = []
     for r in rows:
         grid = os.path.join(args.out, "jobs", r["job"]["name"], "samples.png")

@@ -8,9 +8,10 @@
 # CNN classifier of sim/train-classifier.sh present its scores are OUT/state/gan/metrics.csv
 # and OUT/state/gan/scores.svg.
 #
-#   demo/run-gan.sh [--workers N] [--duration S] [--batch B] [--k K] [--swap-every I] [--out DIR]
-#                   [-- SERVER OPTIONS...]
-#   defaults: 4 workers, 120 s, b = 32, k = 1, swaps every 200 iterations, gan-results/.
+#   demo/run-gan.sh [--workers N] [--duration S] [--batch B] [--k K] [--swap-every I] [--fp16]
+#                   [--out DIR] [-- SERVER OPTIONS...]
+#   defaults: 4 workers, 120 s, b = 32, k = 1, swaps every 200 iterations, fp32 values both
+#   ways (--fp16: batches and feedback as fp16), gan-results/.
 #   For example: demo/run-gan.sh --workers 3 --duration 60 -- --gan-fp16
 #
 # Needs build/host (./build.sh build host).
@@ -19,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 fail_prefix="run-gan.sh: "
 source common/processes.sh
 
-workers=4 duration=120 batch=32 k=1 swap_every=200 out=gan-results
+workers=4 duration=120 batch=32 k=1 swap_every=200 out=gan-results fp16=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --workers) workers="${2:?}"; shift 2 ;;
@@ -28,8 +29,9 @@ while [ $# -gt 0 ]; do
     --k) k="${2:?}"; shift 2 ;;
     --swap-every) swap_every="${2:?}"; shift 2 ;;
     --out) out="${2:?}"; shift 2 ;;
+    --fp16) fp16=(--gan-fp16); shift ;;
     --) shift; break ;;
-    -h|--help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "run-gan.sh: unknown argument '$1' (server options go after --)" >&2; exit 2 ;;
   esac
 done
@@ -60,12 +62,12 @@ scoring=()
 start_server "$bin/server/edgetrain-server" "$out/server.log" --port 0 --state-dir "$out/state" \
   --cert "$out/certs/server.crt" --cert-key "$out/certs/server.key" --ca "$out/certs/ca.crt" \
   --mode gan --gan-workers "$workers" --gan-k "$k" --gan-batch "$batch" --gan-swap-every "$swap_every" \
-  --gan-eval-every 200 --stop-after-seconds "$duration" ${scoring[@]+"${scoring[@]}"} "$@"
+  --gan-eval-every 200 --stop-after-seconds "$duration" ${scoring[@]+"${scoring[@]}"} ${fp16[@]+"${fp16[@]}"} "$@"
 for ((i = 0; i < workers; i++)); do
   start_program "$out/worker-$i.log" "$bin/runtime/edgetrain-worker" --mode gan --server "coaps://127.0.0.1:$server_port" \
     --cert "$out/certs/gan-$i.crt" --cert-key "$out/certs/gan-$i.key" --ca "$out/certs/ca.crt" \
     --topology "$out/topology.json" --peer-name "gan-$i" --data mnist --batch "$batch" --worker-id "$i" \
-    --workers "$workers" --stats-file "$out/worker-$i.json" --quiet --give-up-after 30
+    --workers "$workers" --stats-file "$out/worker-$i.json" --quiet --give-up-after 30 ${fp16[@]+"${fp16[@]}"}
 done
 echo "MD-GAN: $workers workers, b = $batch, k = $k for $duration s (logs in $out/)"
 while kill -0 "$server_pid" 2>/dev/null && ! is_zombie "$server_pid"; do

@@ -129,14 +129,14 @@ void fully_connected_backward_reference(float* dinp, float* dweight, float* dbia
                                         const float* inp, const float* weight, std::size_t B, std::size_t C,
                                         std::size_t OC) {
   if (dinp) std::memset(dinp, 0, sizeof(float) * B * C);
-  std::memset(dweight, 0, sizeof(float) * OC * C);
+  if (dweight) std::memset(dweight, 0, sizeof(float) * OC * C);
   if (dbias) std::memset(dbias, 0, sizeof(float) * OC);
   for (std::size_t b = 0; b < B; b++) {
     for (std::size_t o = 0; o < OC; o++) {
       const float d = dout[b * OC + o];
       if (dbias) dbias[o] += d;
       for (std::size_t c = 0; c < C; c++) {
-        dweight[o * C + c] += d * inp[b * C + c];
+        if (dweight) dweight[o * C + c] += d * inp[b * C + c];
         if (dinp) dinp[b * C + c] += d * weight[o * C + c];
       }
     }

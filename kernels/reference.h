@@ -46,7 +46,8 @@ void relu_backward(float* dinp, const float* dout, const float* out, std::size_t
 // out [B][OC] = inp [B][C] · weight [OC][C]^T + bias [OC] (bias may be null).
 void fully_connected_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
                                        std::size_t B, std::size_t C, std::size_t OC);
-// dinp may be null (first layer); dbias may be null. dweight/dbias are overwritten.
+// dinp may be null (first layer); dweight and dbias may be null (an input gradient alone, e.g.
+// a discriminator's feedback to a generator). dweight/dbias are overwritten.
 void fully_connected_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout,
                                         const float* inp, const float* weight, std::size_t B, std::size_t C,
                                         std::size_t OC);

@@ -248,6 +248,7 @@ void FullyConnectedTrainXnn::backward(float* dinp, float* dweight, float* dbias,
   }
   // dweight [OC][C] = d^T [OC][B] · inp [B][C]: packs the activations (B*C), the smaller
   // operand for a batch smaller than OC, and writes dweight in place.
+  if (!dweight) return;  // an input gradient alone
   transpose(dout_transposed_.data(), d, B_, OC_);
   run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC_, B_, C_, inp, true, nullptr, -kInfinity,
                       pool_);

@@ -58,7 +58,7 @@ class FullyConnectedTrainXnn {
  public:
   FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation, pthreadpool_t pool);
   void forward(float* out, const float* inp, const float* weight, const float* bias);
-  // Same contract as fully_connected_backward_reference: dinp and dbias may be null.
+  // Same contract as fully_connected_backward_reference: dinp, dweight and dbias may be null.
   // With Activation::relu, `dout` is the gradient after the ReLU and `out` the forward output
   // (the ReLU mask); pass out = nullptr for Activation::none.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out, const float* inp,

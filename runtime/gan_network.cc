@@ -123,7 +123,9 @@ const float* MlpNetwork::forward(std::span<const float> params, const float* inp
 
 void MlpNetwork::backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) {
   if (!input_) throw std::logic_error("MlpNetwork: backward() before forward()");
-  if (dparams.size() != model_.parameter_count()) throw std::invalid_argument("MlpNetwork: gradient of another layout");
+  const bool parameter_gradients = !dparams.empty();
+  if (parameter_gradients && dparams.size() != model_.parameter_count())
+    throw std::invalid_argument("MlpNetwork: gradient of another layout");
   const int batch = batch_;
   const float* d = dout;
   for (std::size_t i = stages_.size(); i-- > 0;) {
@@ -135,8 +137,8 @@ void MlpNetwork::backward(std::span<const float> params, const float* dout, std:
     const float* x = i == 0 ? input_ : stages_[i - 1]->post.data();
     float* dx = i == 0 ? (dinp ? dinput_buffer_.data() : nullptr) : stages_[i - 1]->dpost.data();
     const float* w = params.data() + model_.tensors()[layer.weight].offset;
-    float* dw = dparams.data() + model_.tensors()[layer.weight].offset;
-    float* db = dparams.data() + model_.tensors()[layer.bias].offset;
+    float* dw = parameter_gradients ? dparams.data() + model_.tensors()[layer.weight].offset : nullptr;
+    float* db = parameter_gradients ? dparams.data() + model_.tensors()[layer.bias].offset : nullptr;
     if (layer.fast) {
       layer.fast->backward(dx, dw, db, layer.dpre.data(), nullptr, x, w);
     } else {
@@ -266,7 +268,13 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
 
 void ConvGanNetwork::backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) {
   if (!input_) throw std::logic_error("ConvGanNetwork: backward() before forward()");
-  if (dparams.size() != model_.parameter_count()) throw std::invalid_argument("ConvGanNetwork: gradient of another layout");
+  const bool parameter_gradients = !dparams.empty();
+  if (parameter_gradients && dparams.size() != model_.parameter_count())
+    throw std::invalid_argument("ConvGanNetwork: gradient of another layout");
+  // The conv and deconv kernels always write their weight gradients: somewhere to put them.
+  if (!parameter_gradients && unused_gradients_.size() != model_.parameter_count())
+    unused_gradients_.assign(model_.parameter_count(), 0.0f);
+  const std::span<float> gradients = parameter_gradients ? dparams : std::span<float>(unused_gradients_);
   const int batch = batch_;
   const float* d = dout;
   for (std::size_t i = stages_.size(); i-- > 0;) {
@@ -278,11 +286,12 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout, 
     const float* x = i == 0 ? input_ : stages_[i - 1]->post.data();
     float* dx = i == 0 ? (dinp ? dinput_buffer_.data() : nullptr) : stages_[i - 1]->dpost.data();
     const float* w = params.data() + model_.tensors()[layer.weight].offset;
-    float* dw = dparams.data() + model_.tensors()[layer.weight].offset;
-    float* db = dparams.data() + model_.tensors()[layer.bias].offset;
+    float* dw = gradients.data() + model_.tensors()[layer.weight].offset;
+    float* db = gradients.data() + model_.tensors()[layer.bias].offset;
     const float* dpre = layer.dpre.data();
     switch (layer.kind) {
       case LayerKind::kFullyConnected:
+        if (!parameter_gradients) dw = db = nullptr;
         if (layer.fast_fc) layer.fast_fc->backward(dx, dw, db, dpre, nullptr, x, w);
         else kernels::fully_connected_backward_reference(dx, dw, db, dpre, x, w, batch, layer.in.size(), layer.out.size());
         break;

@@ -72,7 +72,9 @@ class GanNetwork {
   virtual const float* forward(std::span<const float> params, const float* inp, int batch) = 0;
   // After forward() on the same params, input and batch: the gradient of a loss whose
   // gradient with respect to the output is `dout` [B][outputs()]. `dparams` (same layout as the
-  // arena) is overwritten; `dinp` [B][inputs()] may be null.
+  // arena) is overwritten; `dinp` [B][inputs()] may be null. An empty `dparams` asks for the
+  // input gradient alone (a discriminator's feedback to the generator): fully connected
+  // layers then skip their weight gradients, about a third of a backward pass.
   virtual void backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) = 0;
 };
 
@@ -134,6 +136,7 @@ class ConvGanNetwork final : public GanNetwork {
   int batch_ = 0;
   const float* input_ = nullptr;
   std::vector<float> input_buffer_, dinput_buffer_;  // [max_batch][inputs]
+  std::vector<float> unused_gradients_;  // conv and deconv layers' weight gradients when only dinp is asked for
 };
 
 // The architecture of the MLP: generator (inputs z + one-hot class) and discriminator.

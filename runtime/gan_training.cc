@@ -59,7 +59,7 @@ DiscriminatorStepStats discriminator_step(GanPart& d, const float* real, const s
 
 float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch, float* feedback) {
   const float loss = generator_loss(d.network->forward(d.params, fake, batch), labels, batch, d.dout.data());
-  d.network->backward(d.params, d.dout.data(), d.grad_scratch, feedback);  // D's own gradient is not used
+  d.network->backward(d.params, d.dout.data(), {}, feedback);  // the input gradient alone: D's own is not used
   return loss;
 }
 

@@ -260,3 +260,27 @@ TEST(GanLosses, AdamOnTheCnnDiscriminatorSeparatesRealFromFake) {
 }
 
 }  // namespace
+
+// A discriminator's feedback to the generator needs only its input gradient: backward() with
+// no parameter gradients gives the same input gradient, bit for bit, on both kernels and both
+// architectures (the fully connected layers skip their weight gradients).
+TEST(GanNetworks, TheInputGradientAloneIsTheFullBackwardsInputGradient) {
+  for (const auto architecture : {GanArchitecture::kMlp, GanArchitecture::kCnn}) {
+    for (const auto backend : {KernelBackend::kReference, KernelBackend::kXnnpack}) {
+      const int batch = 5;
+      auto d = make_discriminator_network(architecture, 8, backend);
+      d->model().initialize(3);
+      const std::vector<float> params(d->model().parameters().begin(), d->model().parameters().end());
+      edgetrain::runtime::SplitMix64 bits{7};
+      std::vector<float> x(static_cast<std::size_t>(batch) * d->inputs()), dout(static_cast<std::size_t>(batch) * d->outputs());
+      for (auto& v : x) v = static_cast<float>(bits.uniform_double() * 2 - 1);
+      for (auto& v : dout) v = static_cast<float>(bits.uniform_double() - 0.5);
+      std::vector<float> dparams(params.size()), full(x.size()), alone(x.size());
+      d->forward(params, x.data(), batch);
+      d->backward(params, dout.data(), dparams, full.data());
+      d->forward(params, x.data(), batch);
+      d->backward(params, dout.data(), {}, alone.data());
+      EXPECT_EQ(alone, full) << gan_architecture_name(architecture) << (backend == KernelBackend::kXnnpack ? " xnnpack" : " reference");
+    }
+  }
+}

@@ -440,6 +440,7 @@ void ServerApp::start_evaluator() {
   }
   if (!start_.eval_note.empty()) log_line(start_.eval_note);
   if (!start_.eval_data) return;
+  if (gan_) return;  // --mode gan trains no classifier: --eval-data is the generator's judge's (open_gan_evaluation)
   runtime::Dataset test = std::move(*start_.eval_data);  // loaded by check_startup
   best_ = std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
   log_line("evaluating on " + s_.eval_data + " (" + std::to_string(test.size()) + " test images) every " +

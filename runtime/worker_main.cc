@@ -789,7 +789,10 @@ int main(int argc, char** argv) {
   declare_settings(table, settings);
   table.cli().footer(edgetrain::runtime::worker_exit_codes_help());
   return table.run_program(argc, argv, [&] {
-    settings.server_given = table.was_set("server");
+    // --shards replaces --server: both as flags, or both in the file, is a mistake; a
+    // --shards flag wins over a server in the file (add-device's configuration has one).
+    settings.server_given = table.given_on_command_line("server") ||
+                            (table.was_set("server") && !table.given_on_command_line("shards"));
     return run(settings);
   });
 }

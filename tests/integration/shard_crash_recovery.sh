@@ -7,13 +7,24 @@
 # workers' --stats-file records per shard as shard_versions), the workers get updates
 # accepted by the restarted shard, a shard started with another --shard on a state
 # directory is refused, and the checkpoints of the three shards put together cover the whole
-# model with finite parameters.
+# model with finite parameters. Before that: --shards settings the worker refuses.
 # usage: shard_crash_recovery.sh SERVER WORKER
 server="$1"; worker="$2"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 
 for i in 0 1; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
+
+# The worker's --shards settings that cannot work: exit status 2 (bad settings) and why.
+worker_refuses() {  # PATTERN ARGS...
+  local pattern="$1" out status=0; shift
+  out=$("$worker" --config "$work/w0.toml" --model mlp --data mnist-small "$@" 2>&1) || status=$?
+  [ "$status" -eq 2 ] && grep -qF -- "$pattern" <<<"$out" || fail "worker $*: status $status, not 2 with '$pattern': $out"
+}
+worker_refuses "give either --server or --shards, not both" --server coaps://127.0.0.1:5684 --shards coaps://127.0.0.1:5684
+worker_refuses "an empty URI (shard 1)" --shards coaps://127.0.0.1:5684,,coaps://127.0.0.1:5685
+worker_refuses "--shards works with --mode async only, not rounds" --shards coaps://127.0.0.1:5684 --mode rounds
+worker_refuses "mixes coaps:// and coap:// URIs" --shards coaps://127.0.0.1:5684,coap://127.0.0.1:5685
 shard_args() { echo --state-dir "$work/state-$1" --keystore "$work/keys.toml" --model mlp --checkpoint-every 1000 --shard "$1/3"; }
 ports=() pids=() stats=()
 for s in 0 1 2; do

@@ -284,7 +284,8 @@ Model::Model(std::string name, std::vector<TensorInfo> tensors, std::string_view
   spec_.name = std::move(name);
   std::size_t total = 0;
   for (const TensorInfo& t : tensors_) {
-    if (t.offset != total || t.size == 0) throw ModelError("model " + spec_.name + ": tensor " + t.name + " is not next in the arena");
+    if (t.offset != total || t.size == 0)
+      throw ModelError("model " + spec_.name + ": tensor " + t.name + " is not next in the arena");
     total += t.size;
   }
   if (total > static_cast<std::size_t>(kMaxParameters))

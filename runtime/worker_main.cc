@@ -753,7 +753,8 @@ int run(WorkerSettings& s) {
     return run_gan(s, config, train);
   }
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
-           config.identity + ") -> " + (s.shards.empty() ? s.server : std::to_string(config.shards.size()) + " shards " + s.shards) + ", model " + config.model + ", " + s.compression.compressor + ", " +
+           config.identity + ") -> " +
+           (s.shards.empty() ? s.server : std::to_string(config.shards.size()) + " shards " + s.shards) + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");
   if (s.mode == "rounds") return run_rounds(s, config, train);
   StatsFileWriter stats_file(s.stats_file);

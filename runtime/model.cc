@@ -73,6 +73,16 @@ std::uint64_t fnv1a(std::uint64_t hash, std::string_view bytes) {
   return hash;
 }
 
+// The layout id: the tensor names and shapes, from `hash` on.
+std::uint64_t tensor_fingerprint(std::uint64_t hash, const std::vector<TensorInfo>& tensors) {
+  for (const auto& t : tensors) {
+    hash = fnv1a(hash, t.name);
+    for (int d : t.shape) hash = fnv1a(hash, std::to_string(d) + ",");
+    hash = fnv1a(hash, ";");
+  }
+  return hash;
+}
+
 }  // namespace
 
 ModelSpec parse_model_spec(std::string_view text, std::string name) {
@@ -266,13 +276,22 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   }
   if (num_classes() < 2) throw ModelError("model: the last layer must have at least 2 outputs (classes)");
   parameters_.assign(total, 0.0f);
-  std::uint64_t hash = 0xcbf29ce484222325ULL;
-  for (const auto& t : tensors_) {
-    hash = fnv1a(hash, t.name);
-    for (int d : t.shape) hash = fnv1a(hash, std::to_string(d) + ",");
-    hash = fnv1a(hash, ";");
+  layout_id_ = tensor_fingerprint(0xcbf29ce484222325ULL, tensors_);
+}
+
+Model::Model(std::string name, std::vector<TensorInfo> tensors, std::string_view layout_salt)
+    : tensors_(std::move(tensors)) {
+  spec_.name = std::move(name);
+  std::size_t total = 0;
+  for (const TensorInfo& t : tensors_) {
+    if (t.offset != total || t.size == 0)
+      throw ModelError("model " + spec_.name + ": tensor " + t.name + " is not next in the arena");
+    total += t.size;
   }
-  layout_id_ = hash;
+  if (total > static_cast<std::size_t>(kMaxParameters))
+    throw ModelError("model: more than " + std::to_string(kMaxParameters) + " parameters");
+  parameters_.assign(total, 0.0f);
+  layout_id_ = tensor_fingerprint(fnv1a(0xcbf29ce484222325ULL, layout_salt), tensors_);
 }
 
 int Model::tensor_index(std::string_view name) const {

@@ -87,13 +87,19 @@ struct ResolvedLayer {
 class Model {
  public:
   explicit Model(ModelSpec spec);
+  // A model of parameter tensors only (offsets back to back from 0), without layers: a
+  // shard of a larger model (runtime/model_shards.h). Its layout id fingerprints
+  // `layout_salt` before the tensor names and shapes, so slices of different models or
+  // shard counts differ even where their pieces look alike. It can be stored, checkpointed
+  // and served, not trained or evaluated (num_classes() is 0; initialize() changes nothing).
+  Model(std::string name, std::vector<TensorInfo> tensors, std::string_view layout_salt);
 
   const ModelSpec& spec() const { return spec_; }
   const std::vector<ResolvedLayer>& layers() const { return layers_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   int tensor_index(std::string_view name) const;  // -1 if none
   std::size_t parameter_count() const { return parameters_.size(); }
-  int num_classes() const { return static_cast<int>(layers_.back().out.size()); }
+  int num_classes() const { return layers_.empty() ? 0 : static_cast<int>(layers_.back().out.size()); }
   ExampleShape input_shape() const { return spec_.input; }
 
   std::span<float> parameters() { return parameters_; }

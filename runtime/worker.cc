@@ -14,6 +14,7 @@
 #include "runtime/model.h"
 #include "runtime/model_replica.h"
 #include "runtime/server_channel.h"
+#include "runtime/sharded_server_channel.h"
 #include "runtime/shard_sampler.h"
 #include "runtime/thread_pool.h"
 #include "runtime/trainer.h"
@@ -434,13 +435,35 @@ void end_without_anything_applied(WorkerExit last_trouble, const std::string& la
 
 WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
                      const WorkerLog& log, const WorkerProgress& progress) {
-  CoapServerChannel channel(coap_client_options(config, stop));
-  Worker worker(config, train, channel, stop, log);
+  std::unique_ptr<ServerChannel> channel;
+  ShardedServerChannel* sharded = nullptr;
+  if (config.shards.empty()) {
+    channel = std::make_unique<CoapServerChannel>(coap_client_options(config, stop));
+  } else {
+    // Every shard is an edgetrain-server with the same keystore: the same identity and key.
+    std::vector<std::unique_ptr<ServerChannel>> shards;
+    for (const auto& [host, port] : config.shards) {
+      WorkerConfig one = config;
+      one.server_host = host;
+      one.server_port = port;
+      shards.push_back(std::make_unique<CoapServerChannel>(coap_client_options(one, stop)));
+    }
+    auto owned = std::make_unique<ShardedServerChannel>(Model(model_spec_from_argument(config.model)), std::move(shards));
+    sharded = owned.get();
+    channel = std::move(owned);
+  }
+  auto with_shard_versions = [sharded](WorkerStats stats) {
+    if (sharded) stats.shard_versions = sharded->acknowledged_versions();
+    return stats;
+  };
+  Worker worker(config, train, *channel, stop, log);
   WorkerRun result;
   try {
-    result.stats = worker.run(progress);
+    result.stats = with_shard_versions(worker.run([&](const WorkerStats& stats) {
+      if (progress) progress(sharded ? with_shard_versions(stats) : stats);
+    }));
   } catch (const WorkerFailure& e) {
-    result.stats = worker.stats();
+    result.stats = with_shard_versions(worker.stats());
     result.exit = e.exit();
     result.reason = e.what();
     return result;

@@ -30,6 +30,9 @@ namespace edgetrain::runtime {
 struct WorkerConfig {
   std::string server_host = "127.0.0.1";
   std::uint16_t server_port = 5684;
+  // A sharded server (server/README.md, "Sharded server"): every shard's host and port in
+  // shard order, talked to through a ShardedServerChannel; empty: the one server above.
+  std::vector<std::pair<std::string, std::uint16_t>> shards;
   std::string identity;
   std::vector<std::uint8_t> key;
   std::string model = "paper-cnn";
@@ -96,6 +99,9 @@ struct WorkerStats {
   std::uint64_t non_finite_steps = 0; // skipped: the gradient was NaN or infinite
   float last_loss = 0;
   DropoutStatus dropout;              // filter dropout in force (runtime/worker_dropout.h)
+  // With shards: per shard, the highest version it acknowledged (ShardedServerChannel);
+  // server_version is then their sum. Filled by run_worker(), not by the loop.
+  std::vector<std::uint64_t> shard_versions;
 };
 
 using WorkerLog = std::function<void(const std::string& line)>;

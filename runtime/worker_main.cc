@@ -77,6 +77,7 @@ std::string stats_json(const edgetrain::runtime::WorkerStats& s, const std::vect
   nlohmann::json j = s;
   j["state"] = running ? "running" : "stopped";
   j["acknowledged_versions"] = acknowledged;
+  if (!s.shard_versions.empty()) j["shard_versions"] = s.shard_versions;  // sharded: per shard, the highest acknowledged
   return j.dump(2) + "\n";
 }
 
@@ -152,6 +153,10 @@ class StatsFileWriter {
 struct WorkerSettings {
   edgetrain::runtime::WorkerConfig config;
   std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist";
+  // A sharded server: every shard's URI, comma-separated, in shard order; server_given says
+  // whether --server was set too (which is refused with it).
+  std::string shards;
+  bool server_given = false;
   edgetrain::runtime::CompressionSettings compression;
   bool insecure = false, quiet = false, log_acks = false;
   std::string log_level = "info";
@@ -179,6 +184,8 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
   edgetrain::runtime::WorkerConfig& c = s.config;
   t.group("Server and identity");
   t.add("server", s.server, "coaps://HOST[:PORT] (coap://HOST[:PORT] only with --insecure)");
+  t.add("shards", s.shards, "a sharded server instead of --server: URI,URI,... of shard 0, 1, ... (each an "
+        "edgetrain-server --shard I/N with the same keystore; async mode only)");
   t.add("identity", s.identity, "this device's PSK identity (with --cert: only for logs; with --insecure: declared, unproven)");
   t.add("key-file", s.key_file, "file holding this device's PSK as hex");
   t.add("key-hex", s.key_hex, "this device's PSK as hex (what edgetrain-server add-device prints); --key-file wins");
@@ -317,10 +324,39 @@ void set_security(WorkerSettings& s, edgetrain::runtime::WorkerConfig& config) {
   config.identity = s.identity;
 }
 
+// --shards: every URI, all DTLS or all plain CoAP (set_security() checks the first's scheme
+// against --insecure like a --server URI's).
+void set_shards(WorkerSettings& s, edgetrain::runtime::WorkerConfig& config) {
+  if (s.shards.empty()) return;
+  if (s.server_given) throw std::invalid_argument("give either --server or --shards, not both");
+  if (s.mode != "async") throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
+  std::vector<std::string> uris;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = s.shards.find(',', start);
+    uris.push_back(s.shards.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  bool first_plaintext = false;
+  for (std::size_t i = 0; i < uris.size(); i++) {
+    if (uris[i].empty()) throw std::invalid_argument("--shards " + s.shards + ": an empty URI (shard " + std::to_string(i) + ")");
+    std::string host;
+    std::uint16_t port = 0;
+    bool plaintext = false;
+    edgetrain::runtime::parse_server_uri(uris[i], host, port, plaintext);
+    if (i == 0) first_plaintext = plaintext;
+    if (plaintext != first_plaintext)
+      throw std::invalid_argument("--shards: mixes coaps:// and coap:// URIs; every shard is reached the same way");
+    config.shards.emplace_back(host, port);
+  }
+  s.server = uris.front();  // for set_security() and the log
+}
+
 // The worker's configuration from its settings; throws std::invalid_argument.
 edgetrain::runtime::WorkerConfig worker_config(WorkerSettings& s) {
   edgetrain::runtime::WorkerConfig config = s.config;
   config.compressor = edgetrain::runtime::compressor_options(config.compressor, s.compression);
+  set_shards(s, config);
   set_security(s, config);
   edgetrain::transport::check_timing(config.timing);
   config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
@@ -697,6 +733,8 @@ int run(WorkerSettings& s) {
   runtime::WorkerConfig config;
   runtime::GossipPeerConfig gossip;
   try {
+    if (!s.shards.empty() && s.mode != "async")
+      throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
     if (s.mode == "gossip") gossip = gossip_config(s);
     else config = worker_config(s);
   } catch (const std::invalid_argument& e) {
@@ -715,7 +753,8 @@ int run(WorkerSettings& s) {
     return run_gan(s, config, train);
   }
   log_line("worker " + std::to_string(config.worker_id) + "/" + std::to_string(config.worker_count) + " (" +
-           config.identity + ") -> " + s.server + ", model " + config.model + ", " + s.compression.compressor + ", " +
+           config.identity + ") -> " +
+           (s.shards.empty() ? s.server : std::to_string(config.shards.size()) + " shards " + s.shards) + ", model " + config.model + ", " + s.compression.compressor + ", " +
            std::to_string(train.size()) + " examples in the data set");
   if (s.mode == "rounds") return run_rounds(s, config, train);
   StatsFileWriter stats_file(s.stats_file);
@@ -750,5 +789,11 @@ int main(int argc, char** argv) {
       "edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--cert-key/--ca).");
   declare_settings(table, settings);
   table.cli().footer(edgetrain::runtime::worker_exit_codes_help());
-  return table.run_program(argc, argv, [&] { return run(settings); });
+  return table.run_program(argc, argv, [&] {
+    // --shards replaces --server: both as flags, or both in the file, is a mistake; a
+    // --shards flag wins over a server in the file (add-device's configuration has one).
+    settings.server_given = table.given_on_command_line("server") ||
+                            (table.was_set("server") && !table.given_on_command_line("shards"));
+    return run(settings);
+  });
 }

@@ -20,6 +20,7 @@
 #include "common/svg_plot.h"
 #include "runtime/classifier_readout.h"
 #include "runtime/dataset.h"
+#include "runtime/model_shards.h"
 #include "server/evaluator.h"
 #include "server/gan_coordinator.h"
 #include "server/handshake_failure_log.h"
@@ -57,6 +58,18 @@ void check_settings(const ServerSettings& s) {
   transport::check_timing(s.timing);
   transport::check_handshake_limits(s.handshake);
   if (s.mode == "gan" && s.gan_workers == 0) throw std::invalid_argument("--mode gan needs --gan-workers N");
+  if (!s.shard.empty()) {
+    if (!runtime::parse_shard_id(s.shard))
+      throw std::invalid_argument("--shard " + s.shard + ": give I/N with 0 <= I < N, e.g. 0/3");
+    // A shard holds a range of the parameters: it cannot evaluate the model, and rounds,
+    // MD-GAN and the published model are not split (server/README.md, "Sharded server").
+    if (s.mode != "async") throw std::invalid_argument("--shard works with --mode async only, not " + s.mode);
+    if (s.eval_data != "none")
+      throw std::invalid_argument("--shard: a shard holds part of the model and cannot evaluate it; give --eval-data "
+                                  "none (evaluate a checkpoint assembled from the shards instead)");
+    if (!s.init_from.empty()) throw std::invalid_argument("--shard: --init-from is not supported (it holds the whole model)");
+    if (s.publish_every > 0) throw std::invalid_argument("--shard: --publish-every is not supported");
+  }
 }
 
 // What one dense (ASGD) update of this model costs on the wire, to show how much less the
@@ -167,6 +180,9 @@ void ServerApp::open_state() {
   model.initialize(s_.seed);
   if (start_.initial_parameters) std::copy(start_.initial_parameters->begin(), start_.initial_parameters->end(),
                                            model.parameters().begin());
+  // A shard starts from its range of the whole model's initial parameters, so an N-shard run
+  // starts where a 1-server run does.
+  if (const auto shard = runtime::parse_shard_id(s_.shard)) model = runtime::shard_model(model, *shard);
   ServerStateOptions options;
   options.state_dir = s_.state_dir;
   options.store.learning_rate = static_cast<float>(s_.lr);

@@ -51,6 +51,9 @@ struct ServerSettings {
   // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05), or
   // "gan" (MD-GAN, server/gan_coordinator.h; /update likewise).
   std::string mode = "async";
+  // Sharded server (server/README.md, "Sharded server"): "I/N" serves range I of N of the
+  // model's parameters (runtime/model_shards.h); empty: the whole model.
+  std::string shard;
   std::string round_policy = "drop-stragglers";
   std::string aggregation = "masked";
   double round_deadline = 30;       // seconds

@@ -55,6 +55,9 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
   t.add("max-update-bytes", s.max_update_bytes, "larger POST /update bodies get 4.13, as soon as Size1 or the "
         "blocks received pass it").range(1, 1u << 30).unit("bytes");
   t.add("seed", s.seed, "initial parameters of a new state directory");
+  t.add("shard", s.shard, "I/N: serve shard I (0-based) of N, range I of the model's parameters split in N (workers "
+        "give every shard's URI with --shards); async mode only, without evaluation, --init-from or --publish-every; "
+        "empty: the whole model");
   t.add("publish-every", s.publish_every, "async: workers pull a published model that follows the true one every "
         "this many applied updates by its --publish-fraction largest differences (small pulls, each copy still "
         "checked by digest); 0: the exact model").range(0, 1000000).unit("updates");

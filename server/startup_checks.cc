@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "runtime/model.h"
+#include "runtime/model_shards.h"
 #include "server/keystore.h"
 #include "server/run_end.h"
 #include "server/write_ahead_log.h"
@@ -79,9 +80,11 @@ void check_state_dir_model(const std::filesystem::path& state_dir, const runtime
   const auto id = metadata.find("edgetrain.model_id");
   if (id == metadata.end() || id->second == std::to_string(model.layout_id())) return;
   const auto name = metadata.find("edgetrain.model");
+  // A shard's model name says which shard of how many ("mlp shard 1/3"): another --shard
+  // (or none) is refused here like another --model.
   throw StartupError("--model " + model.spec().name + ": the state directory " + state_dir.string() +
                      " holds a run of another model" + (name == metadata.end() ? "" : " ('" + name->second + "')") +
-                     "; use a new state directory for a new model");
+                     "; use a new state directory for a new model or another --shard");
 }
 
 // 0.05f as "0.05", not "0.050000".
@@ -192,6 +195,13 @@ StartPlan check_startup(const ServerSettings& s) {
     model.emplace(runtime::model_spec_from_argument(s.model));
   } catch (const std::exception& e) {
     throw StartupError(std::string("--model: ") + e.what());
+  }
+  if (const auto shard = runtime::parse_shard_id(s.shard)) {
+    try {
+      model.emplace(runtime::shard_model(*model, *shard));
+    } catch (const std::invalid_argument& e) {
+      throw StartupError("--shard " + s.shard + ": " + e.what());
+    }
   }
   check_listen_address(s.listen);
   check_state_dir(s.state_dir);

@@ -37,6 +37,13 @@ refused missing-cert "--cert .*no readable file" --cert "$work/none.pem" --cert-
 refused accuracy-without-data "stop-at-accuracy needs evaluation" --keystore "$keys" --stop-at-accuracy 0.9
 refused stats-dir "stats-file .*not a directory" --keystore "$keys" --stats-file "$work/no-such-dir/stats.json"
 refused init-from-missing "init-from: no checkpoint file" --keystore "$keys" --init-from "$work/none.safetensors"
+# --shard I/N (a sharded server): malformed, more shards than parameters, and the modes and
+# settings a shard cannot serve.
+refused shard-malformed "--shard 3/3: give I/N" --keystore "$keys" --model mlp --shard 3/3
+refused shard-too-many "--shard 0/2000000: .*at most one shard per parameter" --keystore "$keys" --model mlp --shard 0/2000000
+refused shard-rounds "--shard works with --mode async only" --keystore "$keys" --model mlp --shard 0/2 --mode rounds
+refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
+  --shard 0/2 --eval-data mnist
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0

@@ -51,16 +51,6 @@ Fleet read_fleet(const fs::path& run) {
 
 std::string link_name(const Fleet& f, std::size_t from, std::size_t to) { return f.names[from] + "-" + f.names[to]; }
 
-void write_file(const fs::path& path, const std::string& text) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary);
-    out << text;
-    if (!out.flush()) throw std::runtime_error("cannot write " + temporary.string());
-  }
-  fs::rename(temporary, path);
-}
-
 double number_or(const json& j, const char* key, double otherwise) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : otherwise;
 }
@@ -103,12 +93,6 @@ double links_bytes_in(const fs::path& run) {
   double sum = 0;
   for (std::size_t r = 0; r < links.rows.size(); r++) sum += links.number(r, "to_server_bytes_in") + links.number(r, "to_worker_bytes_in");
   return sum;
-}
-
-std::string fixed(double value, int digits) {
-  char text[48];
-  std::snprintf(text, sizeof text, "%.*f", digits, value);
-  return text;
 }
 
 std::string percent(double accuracy) { return fixed(100 * accuracy, 2) + "%"; }

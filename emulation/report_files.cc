@@ -73,4 +73,20 @@ std::string bytes_text(double b) {
   return text;
 }
 
+void write_file(const std::filesystem::path& path, const std::string& text) {
+  const std::filesystem::path temporary = path.string() + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << text;
+    if (!out.flush()) throw std::runtime_error("cannot write " + temporary.string());
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+std::string fixed(double value, int digits) {
+  char text[48];
+  std::snprintf(text, sizeof text, "%.*f", digits, value);
+  return text;
+}
+
 }  // namespace edgetrain::emulation

@@ -142,12 +142,22 @@ void print_plan(const PlanOptions& o) {
 
 // ------------------------------------------------------------------------------ stats files
 
-std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers) {
+// A worker of a sharded server (its --shards): the versions shard `shard` acknowledged.
+const json& shard_acknowledged_versions(const json& stats, unsigned shard) {
+  const json& shards = stats.at("shards");
+  if (!shards.is_array() || shard >= shards.size()) throw std::invalid_argument("a worker's stats file has no shard " + std::to_string(shard));
+  return shards.at(shard).at("acknowledged_versions");
+}
+
+// The highest server version any worker got in a 2.04; with `shard`, the highest version
+// that shard of a sharded server acknowledged (the worker's stats keep them per shard).
+std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers, std::optional<unsigned> shard = {}) {
   std::uint64_t highest = 0;
   for (unsigned i = 0; i < workers; i++) {
     for (const fs::path& file : worker_stats_files(run, i)) {
       const json stats = read_json(file);
-      for (const auto& version : stats.at("acknowledged_versions")) highest = std::max(highest, version.get<std::uint64_t>());
+      const json& versions = shard ? shard_acknowledged_versions(stats, *shard) : stats.at("acknowledged_versions");
+      for (const auto& version : versions) highest = std::max(highest, version.get<std::uint64_t>());
     }
   }
   return highest;
@@ -185,6 +195,37 @@ WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
     }
   }
   return t;
+}
+
+// ------------------------------------------------------------------------------ shards
+
+// A sharded run's ingress so far: over every shard and every incarnation of it (a shard
+// killed with SIGKILL counts up to its last stats write, at most a second old), the
+// payload and socket bytes of its stats file (logs/shard-J-K.stats.json).
+std::pair<double, double> shard_ingress(const fs::path& run) {
+  double payload = 0, socket = 0;
+  const std::regex name(R"(shard-[0-9]+-[0-9]+\.stats\.json)");
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(run / "logs", error)) {
+    if (!std::regex_match(entry.path().filename().string(), name)) continue;
+    const json stats = read_json(entry.path());
+    payload += stats.value("ingress_payload_bytes", 0.0);
+    socket += stats.value("ingress_socket_bytes", 0.0);
+  }
+  return {payload, socket};
+}
+
+// One timeline.csv row from an evaluation of the shards' checkpoints, assembled: the
+// version is the sum of the shards' checkpoint versions (each shard counts its own).
+std::string append_shard_row(const fs::path& run, double elapsed, const fs::path& eval_path) {
+  const json eval = read_json(eval_path);
+  const auto [payload, socket] = shard_ingress(run);
+  const fs::path timeline = run / "timeline.csv";
+  if (!fs::exists(timeline)) write_file(timeline, "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n");
+  const std::string row = fixed(elapsed, 0) + "," + std::to_string(eval.at("version").get<std::uint64_t>()) + "," +
+                          fixed(eval.at("accuracy").get<double>(), 4) + "," + fixed(payload, 0) + "," + fixed(socket, 0);
+  std::ofstream(timeline, std::ios::app) << row << '\n';
+  return row;
 }
 
 // ------------------------------------------------------------------------------ compare
@@ -477,6 +518,7 @@ struct EmulatorSettings {
   std::string build_dir, aarch64_build_dir;
   std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
   std::uint32_t cpu_period = 100000;      // µs
+  std::uint32_t shards = 0, shard_checkpoint_every = 50;  // 0: one unsharded server
   double max_parameter_magnitude = 0;  // 0: the server's default
   std::uint32_t publish_every = 0;     // 0: workers pull the exact model
   double publish_fraction = 0.01;
@@ -518,6 +560,10 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
   t.add("target-accuracy", s.target_accuracy, "stop once the evaluator reports this and every --fail event happened (0: off)")
       .range(0, 1);
+  t.add("shards", s.shards, "async: a sharded server of this many edgetrain-server --shard I/N processes, every worker "
+                            "posting its update's slices to each (0: one unsharded server)").range(0, 64);
+  t.add("shard-checkpoint-every", s.shard_checkpoint_every, "with --shards: updates between a shard's checkpoints, "
+                                                            "from which the assembled model is evaluated").range(1, 1000000);
   t.add("eval-interval", s.eval_interval, "between the server's evaluations").range(0, 1e9).unit("seconds");
   t.add("request-timeout", s.request_timeout, "a worker's bound on one request (the impairer passes no ICMP)")
       .range(0, 1e9).unit("seconds");
@@ -554,8 +600,8 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("validate-every", s.validate_every, "gossip: iterations between a peer's validations").range(1, 1000000);
   t.add("checkpoint-every", s.checkpoint_every, "gossip: iterations between a peer's checkpoints (the fleet's "
         "evaluations read them)").range(1, 1000000000);
-  t.add("eval-examples", s.eval_examples, "gossip: test images per evaluation of the fleet during the run (the final "
-        "one uses all)").range(1, 1000000);
+  t.add("eval-examples", s.eval_examples, "gossip and --shards: test images per evaluation of the fleet (or the "
+        "assembled model) during the run (the final one uses all)").range(1, 1000000);
   t.group("Filter dropout (DISTREAL: runtime/README.md)");
   t.add("drop-rates", s.drop_rates, "every worker trains this sub-network: one rate per conv layer, e.g. 0.25,0.5");
   t.add("class-drop-rates", s.class_drop_rates, "a static width per CPU class (HeteroFL-style): CLASS=R1:R2,... "
@@ -582,7 +628,8 @@ void declare_devices(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("cpu-period", s.cpu_period, "the cgroup's CPU period").range(1000, 1000000).unit("µs");
   t.group("Failures");
   t.add("fail", s.fail, "kill-worker:I@T[+D] (SIGKILL worker I at T s, restart D s later; default 5, +0 never), "
-                        "kill-server@T[+D] (restart D s later, default 3), comma-separated");
+                        "kill-server@T[+D] (restart D s later, default 3), kill-shard:J@T[+D] (with --shards), "
+                        "comma-separated");
   t.group("Paths");
   t.add("out", s.out, "output directory; emptied first if it holds an earlier run");
   t.add("build-dir", s.build_dir, "host build tree (empty: <repo>/build/host)");
@@ -626,6 +673,14 @@ void check_emulator_settings(const EmulatorSettings& s) {
       throw std::invalid_argument("--mode gossip has no server to kill (kill-worker:I@T kills a peer)");
     if (!s.drop_rates.empty() || !s.class_drop_rates.empty() || !s.dropout_table.empty())
       throw std::invalid_argument("--mode gossip trains the whole model: no --drop-rates, --class-drop-rates or --dropout-table");
+  }
+  if (s.shards > 0) {
+    if (s.mode != "async") throw std::invalid_argument("--shards is for --mode async (a shard serves /model and /update only)");
+    if (s.publish_every > 0) throw std::invalid_argument("--shards and --publish-every exclude each other");
+    if (s.fail.find("kill-server") != std::string::npos)
+      throw std::invalid_argument("with --shards, kill one shard: kill-shard:J@T[+D]");
+  } else if (s.fail.find("kill-shard") != std::string::npos) {
+    throw std::invalid_argument("kill-shard:J@T needs --shards");
   }
   if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
     throw std::invalid_argument("--impaired must be a number or 'all'");
@@ -702,10 +757,21 @@ void add_run_commands(CLI::App& app, std::string& run, SummarizeOptions& s) {
   CLI::App* acknowledged = app.add_subcommand("acknowledged", "print the highest server version any worker of RUN_DIR "
                                                               "got in a 2.04 (from logs/worker-*.stats.json)");
   acknowledged->add_option("run", run, "run directory")->required()->check(CLI::ExistingDirectory);
+  static std::optional<unsigned> shard;
+  acknowledged->add_option("--shard", shard, "a sharded server's shard J: the highest version it acknowledged");
   acknowledged->callback([&run] {
     const CsvTable plan = read_csv(fs::path(run) / "plan.csv");
-    std::printf("%llu\n", static_cast<unsigned long long>(highest_acknowledged(run, static_cast<unsigned>(plan.rows.size()))));
+    std::printf("%llu\n", static_cast<unsigned long long>(highest_acknowledged(run, static_cast<unsigned>(plan.rows.size()), shard)));
   });
+  static double elapsed = 0;
+  static std::string eval;
+  CLI::App* row = app.add_subcommand("shard-row", "--shards: append one evaluation of the assembled model "
+                                                  "(edgetrain-fleet-eval --shards's JSON) to RUN_DIR/timeline.csv, "
+                                                  "with the shards' ingress, and print the row");
+  row->add_option("run", run, "run directory")->required()->check(CLI::ExistingDirectory);
+  row->add_option("--elapsed", elapsed, "seconds since the workers started, when the checkpoints were evaluated")->required();
+  row->add_option("--eval", eval, "edgetrain-fleet-eval's JSON")->required()->check(CLI::ExistingFile);
+  row->callback([&run] { std::printf("%s\n", append_shard_row(run, elapsed, eval).c_str()); });
   CLI::App* summary = app.add_subcommand("summarize", "write workers.csv, outcome.json, the plots and summary.md of a "
                                                       "finished run; exit status 3 if an acknowledged update was lost");
   summary->add_option("run", s.run, "run directory")->required()->check(CLI::ExistingDirectory);

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "runtime/model_shards.h"
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
 
@@ -87,6 +88,27 @@ std::string StopConditions::describe() const {
   return text.empty() ? "none (runs until SIGTERM)" : "stop " + text;
 }
 
+namespace {
+
+// A sealed checkpoint's bytes into `model`, which must be the model its metadata names.
+CheckpointFile read_checkpoint_bytes(const std::filesystem::path& path, const std::vector<std::uint8_t>& bytes,
+                                     const std::map<std::string, std::string>& header, runtime::Model model,
+                                     const std::string& model_name) {
+  if (header.count("edgetrain.model_id") && number_in(header, "edgetrain.model_id") != model.layout_id())
+    throw std::runtime_error(path.string() + " holds another model than '" + model_name + "'" +
+                             (header.count("edgetrain.model") ? " (its metadata says '" + header.at("edgetrain.model") + "')"
+                                                              : std::string()));
+  try {
+    std::map<std::string, std::string> metadata = model.load_safetensors_bytes(bytes, path.string());
+    const std::uint64_t version = number_in(metadata, "edgetrain.version");
+    return {std::move(model), std::move(metadata), version};
+  } catch (const runtime::ModelError& e) {
+    throw std::runtime_error(std::string(e.what()) + " (is it a checkpoint of model '" + model_name + "'?)");
+  }
+}
+
+}  // namespace
+
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std::string& model_argument) {
   if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no checkpoint file at " + path.string());
   const std::vector<std::uint8_t> bytes = read_bytes(path);
@@ -100,18 +122,34 @@ CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std
     if (it == header.end()) throw std::runtime_error(path.string() + " does not name its model: give --model");
     model_name = it->second;
   }
-  runtime::Model model(runtime::model_spec_from_argument(model_name));
-  if (header.count("edgetrain.model_id") && number_in(header, "edgetrain.model_id") != model.layout_id())
-    throw std::runtime_error(path.string() + " holds another model than '" + model_name + "'" +
-                             (header.count("edgetrain.model") ? " (its metadata says '" + header.at("edgetrain.model") + "')"
-                                                              : std::string()));
-  try {
-    std::map<std::string, std::string> metadata = model.load_safetensors_bytes(bytes, path.string());
-    const std::uint64_t version = number_in(metadata, "edgetrain.version");
-    return {std::move(model), std::move(metadata), version};
-  } catch (const runtime::ModelError& e) {
-    throw std::runtime_error(std::string(e.what()) + " (is it a checkpoint of model '" + model_name + "'?)");
+  return read_checkpoint_bytes(path, bytes, header, runtime::Model(runtime::model_spec_from_argument(model_name)), model_name);
+}
+
+CheckpointFile read_checkpoint_file(const std::filesystem::path& path, runtime::Model model) {
+  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no checkpoint file at " + path.string());
+  const std::vector<std::uint8_t> bytes = read_bytes(path);
+  const CheckpointCheck check = check_checkpoint_seal(bytes);
+  if (check.seal == CheckpointSeal::kDamaged)
+    throw std::runtime_error("the checkpoint " + path.string() + " is damaged: " + check.problem);
+  const std::string name = model.spec().name;
+  return read_checkpoint_bytes(path, bytes, header_metadata(bytes, path.string()), std::move(model), name);
+}
+
+ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths, const std::string& model_argument) {
+  if (paths.empty()) throw std::runtime_error("no shard checkpoints given");
+  runtime::Model full(runtime::model_spec_from_argument(model_argument));
+  if (paths.size() > full.parameter_count()) throw std::runtime_error("more shards than parameters");
+  const auto count = static_cast<std::uint32_t>(paths.size());
+  std::vector<std::uint64_t> versions;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const runtime::ShardId shard{i, count};
+    CheckpointFile file = read_checkpoint_file(paths[i], runtime::shard_model(full, shard));
+    const std::uint64_t first = runtime::shard_range(full.parameter_count(), shard).first;
+    const std::span<const float> slice = file.model.parameters();
+    std::copy(slice.begin(), slice.end(), full.parameters().begin() + static_cast<std::ptrdiff_t>(first));
+    versions.push_back(file.version);
   }
+  return {std::move(full), std::move(versions)};
 }
 
 std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::path& path) {

@@ -60,6 +60,20 @@ struct CheckpointFile {
 // missing, damaged (its edgetrain.crc32 does not match) or holds another model.
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std::string& model_argument);
 
+// The same with the model given: a checkpoint of exactly `model` (its layout id), e.g. one
+// shard's (runtime::shard_model()).
+CheckpointFile read_checkpoint_file(const std::filesystem::path& path, runtime::Model model);
+
+// The model of a sharded server (server/README.md, "Sharded server") put together from its
+// shards' checkpoints, given in shard order (N paths: shards 0..N-1 of N), and each shard's
+// version. Throws like read_checkpoint_file(), naming the file, when one is missing,
+// damaged, or another shard's or another shard count's.
+struct ShardCheckpoints {
+  runtime::Model model;
+  std::vector<std::uint64_t> versions;
+};
+ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths, const std::string& model_argument);
+
 // The __metadata__ strings of a safetensors file, without loading its tensors or checking
 // its checksum. Throws std::runtime_error when the file cannot be read or has no header.
 std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::path& path);

@@ -1,6 +1,8 @@
 // edgetrain-fleet-eval: the test accuracy of a decentralised run (gossip peers' checkpoints,
 // runtime/gossip_peer.h): each peer's model, their mean, least and greatest, and the
-// consensus model (the average of all peers' parameters), as JSON for scripts.
+// consensus model (the average of all peers' parameters), as JSON for scripts. With
+// --shards, the checkpoints are a sharded server's (server/README.md, "Sharded server"),
+// and the one model they make together is evaluated.
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +18,7 @@
 #include "runtime/dataset.h"
 #include "runtime/model.h"
 #include "server/evaluator.h"
+#include "server/run_end.h"
 
 namespace {
 
@@ -23,7 +26,31 @@ struct FleetEvalSettings {
   std::string data = "mnist", model = "paper-cnn", out;
   std::vector<std::string> checkpoints;
   std::size_t examples = 0;
+  bool shards = false;
 };
+
+// --shards: the model put together from the shards' checkpoints, in shard order.
+int evaluate_shards(const FleetEvalSettings& s, const edgetrain::runtime::Dataset& test) {
+  using namespace edgetrain;
+  server::ShardCheckpoints assembled;
+  try {
+    assembled = server::read_shard_checkpoints({s.checkpoints.begin(), s.checkpoints.end()}, s.model);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-fleet-eval: %s\n", e.what());
+    return 2;
+  }
+  const server::EvaluationResult r = server::evaluate_parameters(assembled.model, assembled.model.parameters(), test);
+  std::uint64_t version = 0;
+  for (std::uint64_t v : assembled.versions) version += v;
+  const nlohmann::json j = {{"accuracy", r.accuracy},      {"loss", r.loss},
+                            {"version", version},          {"shard_versions", assembled.versions},
+                            {"shards", s.checkpoints},     {"test_examples", test.size()}};
+  if (s.out.empty()) std::cout << j.dump(2) << "\n";
+  else common::write_file_atomically(s.out, j.dump(2) + "\n");
+  std::fprintf(stderr, "edgetrain-fleet-eval: the model of %zu shards (versions sum to %llu): %.2f%%\n",
+               s.checkpoints.size(), static_cast<unsigned long long>(version), 100 * r.accuracy);
+  return 0;
+}
 
 int run(const FleetEvalSettings& s) {
   using namespace edgetrain;
@@ -38,6 +65,7 @@ int run(const FleetEvalSettings& s) {
     for (std::uint32_t i = 0; i < first.size(); ++i) first[i] = i;
     test = runtime::subset(test, first);
   }
+  if (s.shards) return evaluate_shards(s, test);
   runtime::Model model(runtime::model_spec_from_argument(s.model));
   std::vector<double> consensus(model.parameter_count(), 0.0);
   nlohmann::json peers = nlohmann::json::array();
@@ -90,6 +118,9 @@ int main(int argc, char** argv) {
   t.add("model", s.model, "the peers' model: paper-cnn, mlp or a spec");
   t.add("examples", s.examples, "evaluate on the first N test examples only (0: all)");
   t.add("out", s.out, "write the JSON here (default: standard output)");
-  t.cli().add_option("checkpoints", s.checkpoints, "the peers' peer.safetensors files");
+  t.add("shards", s.shards, "the checkpoints are the shards of one sharded server, in shard order (each one's "
+                            "checkpoint.safetensors): evaluate the model they make together (JSON: accuracy, loss, "
+                            "version = the sum of the shards' versions, shard_versions)");
+  t.cli().add_option("checkpoints", s.checkpoints, "the peers' peer.safetensors files (with --shards: the shards' checkpoints)");
   return t.run_program(argc, argv, [&] { return run(s); });
 }

@@ -142,22 +142,19 @@ void print_plan(const PlanOptions& o) {
 
 // ------------------------------------------------------------------------------ stats files
 
-// A worker of a sharded server (its --shards): the versions shard `shard` acknowledged.
-const json& shard_acknowledged_versions(const json& stats, unsigned shard) {
-  const json& shards = stats.at("shards");
-  if (!shards.is_array() || shard >= shards.size()) throw std::invalid_argument("a worker's stats file has no shard " + std::to_string(shard));
-  return shards.at(shard).at("acknowledged_versions");
-}
-
 // The highest server version any worker got in a 2.04; with `shard`, the highest version
-// that shard of a sharded server acknowledged (the worker's stats keep them per shard).
+// that shard of a sharded server acknowledged (a --shards worker's stats file keeps it per
+// shard: shard_versions; a worker that has none yet counts 0).
 std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers, std::optional<unsigned> shard = {}) {
   std::uint64_t highest = 0;
   for (unsigned i = 0; i < workers; i++) {
     for (const fs::path& file : worker_stats_files(run, i)) {
       const json stats = read_json(file);
-      const json& versions = shard ? shard_acknowledged_versions(stats, *shard) : stats.at("acknowledged_versions");
-      for (const auto& version : versions) highest = std::max(highest, version.get<std::uint64_t>());
+      if (!shard) {
+        for (const auto& version : stats.at("acknowledged_versions")) highest = std::max(highest, version.get<std::uint64_t>());
+      } else if (const auto it = stats.find("shard_versions"); it != stats.end() && it->is_array() && *shard < it->size()) {
+        highest = std::max(highest, it->at(*shard).get<std::uint64_t>());
+      }
     }
   }
   return highest;

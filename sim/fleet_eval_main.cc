@@ -7,10 +7,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/atomic_file.h"
@@ -32,18 +35,26 @@ struct FleetEvalSettings {
 // --shards: the model put together from the shards' checkpoints, in shard order.
 int evaluate_shards(const FleetEvalSettings& s, const edgetrain::runtime::Dataset& test) {
   using namespace edgetrain;
-  server::ShardCheckpoints assembled;
-  try {
-    assembled = server::read_shard_checkpoints({s.checkpoints.begin(), s.checkpoints.end()}, s.model);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "edgetrain-fleet-eval: %s\n", e.what());
-    return 2;
+  // A running shard replaces its checkpoint by renaming it to checkpoint.prev.safetensors
+  // and the new one into place, so for a moment there is none: read again, for up to 2 s,
+  // before calling a checkpoint missing.
+  std::optional<server::ShardCheckpoints> assembled;
+  for (int attempt = 1; !assembled; ++attempt) {
+    try {
+      assembled.emplace(server::read_shard_checkpoints({s.checkpoints.begin(), s.checkpoints.end()}, s.model));
+    } catch (const std::exception& e) {
+      if (attempt == 40) {
+        std::fprintf(stderr, "edgetrain-fleet-eval: %s\n", e.what());
+        return 2;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
-  const server::EvaluationResult r = server::evaluate_parameters(assembled.model, assembled.model.parameters(), test);
+  const server::EvaluationResult r = server::evaluate_parameters(assembled->model, assembled->model.parameters(), test);
   std::uint64_t version = 0;
-  for (std::uint64_t v : assembled.versions) version += v;
+  for (std::uint64_t v : assembled->versions) version += v;
   const nlohmann::json j = {{"accuracy", r.accuracy},      {"loss", r.loss},
-                            {"version", version},          {"shard_versions", assembled.versions},
+                            {"version", version},          {"shard_versions", assembled->versions},
                             {"shards", s.checkpoints},     {"test_examples", test.size()}};
   if (s.out.empty()) std::cout << j.dump(2) << "\n";
   else common::write_file_atomically(s.out, j.dump(2) + "\n");

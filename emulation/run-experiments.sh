@@ -26,6 +26,9 @@
 #              the same fleet
 #     gossip-impaired  balanced compressed gossip and AdaComp behind WAN-like links
 #     gossip32 32 peers in the same classes at half the shares (the machine has two cores)
+#     shards   paper CNN, 10 workers, a pull before every step: one server against a sharded
+#              server of 4 shard processes (issue 17), each killed once mid-run (the server,
+#              or shard 2) and recovered
 # Each group's section names the commit its runs were made at (RUN.commit beside each run).
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
@@ -39,13 +42,13 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|shards) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
 [ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew
-                                    gossip gossip-impaired gossip32)
+                                    gossip gossip-impaired gossip32 shards)
 # EDGETRAIN_BUILD_DIR: the host build tree the runs use (default build/host); a copy keeps a
 # long matrix's programs fixed while the tree is rebuilt (its COMMIT file, if any, names the
 # commit they were built at). Run a long matrix from a worktree of its own: bash reads a
@@ -97,6 +100,7 @@ group_section() {
     scale100-clean) echo "### Scale: MLP, 100 workers, homogeneous, no failures" ;;
     speeds) echo "### Speed classes with real CPU quotas: paper CNN, 10 workers, the same two cores in total" ;;
     pull100) echo "### Pulls at 100 workers: paper CNN, a pull before every step, exact deltas against the published model" ;;
+    shards) echo "### A sharded server: paper CNN, 10 workers, one server against 4 shards, each killed once and recovered" ;;
     distreal) echo "### Federated rounds and DISTREAL: paper CNN, MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
     distreal-fashion) echo "### Federated rounds and DISTREAL: paper CNN, Fashion-MNIST, 20 workers in four CPU classes, quotas changing during the run" ;;
     distreal-skew) echo "### Federated rounds and DISTREAL with label-skewed shards: paper CNN, MNIST, as above" ;;
@@ -250,6 +254,14 @@ for g in "${groups[@]}"; do
         --dropout-table "$repo/boards/paper-cnn-dropout-table.json" --label "DISTREAL (run-time choice)"
       run "$prefix-async" "${dcommon[@]}" --mode async --compressor adacomp --rate 0.01 --pull-every 1 \
         --label "asynchronous AdaComp c=0.01" ;;
+    shards)
+      # The paper's setting to 95 %, every evaluation on the whole test set (the sharded run
+      # evaluates the model assembled from the shards' checkpoints, written every 50
+      # updates); the one server is killed at 30 s, the sharded server's shard 2 likewise.
+      shards_common=(--workers 10 --model paper-cnn --pull-every 1 --rate 0.01 --target-accuracy 0.95 --duration 480
+                     --request-timeout 60 --eval-interval 3 --eval-examples 10000)
+      run shards-one-server "${shards_common[@]}" --fail kill-server@30+3 --label "one server (paper CNN, 10 workers)"
+      run shards-4 "${shards_common[@]}" --shards 4 --fail kill-shard:2@30+3 --label "4 shards (paper CNN, 10 workers)" ;;
     gossip|gossip-impaired|gossip32)
       # Ours: the classes of the DISTREAL groups (1.12 cores for 16 peers), fixed for the run;
       # 32 peers get half of each share so the fleet still fits the machine's two cores.
@@ -317,6 +329,7 @@ section="$out/results-section.md"
   [ -d "$out/s100-asgd-clean" ] && group_section scale100-clean auto s100-asgd-clean s100-adacomp-clean
   [ -d "$out/speeds-asgd-equal" ] && group_section speeds 0.92 speeds-asgd-equal speeds-asgd-classes speeds-adacomp-equal speeds-adacomp-classes
   [ -d "$out/pull100-exact" ] && group_section pull100 auto pull100-exact pull100-published
+  [ -d "$out/shards-one-server" ] && group_section shards 0.95 shards-one-server shards-4
   [ -d "$out/distreal-waitall" ] && group_section distreal 0.97 distreal-waitall distreal-drop distreal-static distreal-distreal distreal-async
   [ -d "$out/distreal-fashion-waitall" ] && group_section distreal-fashion 0.85 distreal-fashion-waitall distreal-fashion-drop \
     distreal-fashion-static distreal-fashion-distreal distreal-fashion-async

@@ -236,6 +236,15 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
   return text_response(code, reply);
 }
 
+ServerResources::LoopLock::LoopLock(std::mutex& mutex, Loop& loop) : loop_(loop) {
+  const auto asked = std::chrono::steady_clock::now();
+  lock_ = std::unique_lock(mutex);
+  acquired_ = std::chrono::steady_clock::now();
+  loop_.lock_wait += acquired_ - asked;
+}
+
+ServerResources::LoopLock::~LoopLock() { loop_.lock_held += std::chrono::steady_clock::now() - acquired_; }
+
 std::size_t ServerResources::loop_of(const transport::CoapDtlsServer& server) const {
   for (std::size_t n = 0; n < loops_.size(); ++n)
     if (loops_[n].server == &server) return n;
@@ -248,19 +257,19 @@ void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_tim
   const std::size_t n = loop_of(server);  // loops_ no longer changes size
   bool busy = false;
   {
-    std::lock_guard lock(mutex_);
+    LoopLock lock(mutex_, loops_[n]);
     busy = state_.staged_updates() > 0 || !loops_[n].ready.empty();
   }
   server.run_once(busy ? 1 : idle_timeout_ms);
   std::vector<ReadyAnswer> ready;
   {
-    std::lock_guard lock(mutex_);
+    LoopLock lock(mutex_, loops_[n]);
     settle(false);
     ready = std::move(loops_[n].ready);
     loops_[n].ready.clear();
   }
   send_ready(std::move(ready));  // this loop's sessions, on its thread; DTLS encryption outside the mutex
-  std::lock_guard lock(mutex_);
+  LoopLock lock(mutex_, loops_[n]);
   tick(server, loops_[n]);
 }
 
@@ -302,7 +311,10 @@ std::size_t ServerResources::send_ready(std::vector<ReadyAnswer> ready) {
 std::string ServerResources::loops_json() const {
   nlohmann::json loops = nlohmann::json::array();
   for (const Loop& loop : loops_)
-    loops.push_back({{"requests", loop.requests}, {"updates_deferred", loop.updates_deferred}});
+    loops.push_back({{"requests", loop.requests},
+                     {"updates_deferred", loop.updates_deferred},
+                     {"lock_wait_seconds", std::chrono::duration<double>(loop.lock_wait).count()},
+                     {"lock_held_seconds", std::chrono::duration<double>(loop.lock_held).count()}});
   return loops.dump();
 }
 
@@ -405,19 +417,19 @@ std::size_t ServerResources::attach(transport::CoapDtlsServer& server) {
   loops_.emplace_back();
   loops_.back().server = &server;
   server.add_resource("model", transport::Method::kGet, [this, n](const CoapRequest& r) {
-    std::lock_guard lock(mutex_);
+    LoopLock lock(mutex_, loops_[n]);
     ++loops_[n].requests;
     CoapResponse response = get_model_locked(r);
     health_.note_answer(identity_key(r), response.payload.size());
     return response;
   });
   server.add_resource("update", transport::Method::kPost, [this, n](const CoapRequest& r) {
-    std::lock_guard lock(mutex_);
+    LoopLock lock(mutex_, loops_[n]);
     ++loops_[n].requests;
     return post_update_locked(r, n);
   });
   server.add_resource("status", transport::Method::kGet, [this, n](const CoapRequest& r) {
-    std::lock_guard lock(mutex_);
+    LoopLock lock(mutex_, loops_[n]);
     ++loops_[n].requests;
     return get_status_locked(r);
   });

@@ -127,8 +127,10 @@ class ServerResources {
   // Holds the handlers' mutex: for reading the counters (status_json(), metrics_text(),
   // devices_json(), ...) from a thread other than the loops while loops run.
   std::unique_lock<std::mutex> hold() const { return std::unique_lock(mutex_); }
-  // Per event loop, [{"requests": N, "updates_deferred": M}, ...]: how the sessions spread
-  // over the loops (/status and the stats file key "loops").
+  // Per event loop, [{"requests": N, "updates_deferred": M, "lock_wait_seconds": W,
+  // "lock_held_seconds": H}, ...]: how the sessions spread over the loops, and how long
+  // each loop's thread waited for and held the handlers' mutex (/status and the stats file
+  // key "loops").
   std::string loops_json() const;
   // Writes the counted summaries of collapsed log lines now, whether or not their interval
   // has ended (before the server stops).
@@ -184,6 +186,8 @@ class ServerResources {
     const transport::CoapDtlsServer* server = nullptr;
     std::vector<ReadyAnswer> ready;  // sent by this loop's thread only
     std::uint64_t requests = 0, updates_deferred = 0;
+    // Time this loop's thread waited for mutex_ and held it: what of its work is serial.
+    std::chrono::steady_clock::duration lock_wait{}, lock_held{};
     std::chrono::steady_clock::time_point next_tick{}, next_notify{};
     std::uint64_t notified_activity = 0;
   };
@@ -192,6 +196,19 @@ class ServerResources {
     for (const Loop& loop : loops_) sum += (loop.server->*counter)();
     return sum;
   }
+  // mutex_ held by loop `loop`'s thread, timed into its lock_wait and lock_held.
+  class LoopLock {
+   public:
+    LoopLock(std::mutex& mutex, Loop& loop);
+    ~LoopLock();
+    LoopLock(const LoopLock&) = delete;
+    LoopLock& operator=(const LoopLock&) = delete;
+
+   private:
+    Loop& loop_;
+    std::unique_lock<std::mutex> lock_;
+    std::chrono::steady_clock::time_point acquired_;
+  };
   // The handlers behind the public ones, with mutex_ held; `loop`: the one the request came
   // in on.
   transport::CoapResponse get_model_locked(const transport::CoapRequest& request);

@@ -450,6 +450,11 @@ void ServerApp::open_endpoint() {
   // file and the log name the one port all loops serve.
   const std::size_t loops = loop_thread_count(s_);
   o.reuse_port = loops > 1;
+  // The limits that bound memory hold for the process: each loop gets its share (a session
+  // counts against its own loop's). The per-address handshake limits and rate hold per
+  // loop: one address's sessions from several ports may land on several loops.
+  o.max_bodies_in_progress = std::max<std::size_t>(1, o.max_bodies_in_progress / loops);
+  o.handshake.max_pending = std::max<std::uint32_t>(1, o.handshake.max_pending / static_cast<std::uint32_t>(loops));
   for (std::size_t n = 0; n < loops; ++n) {
     servers_.push_back(std::make_unique<transport::CoapDtlsServer>(o));
     o.port = servers_[0]->port();
@@ -462,7 +467,7 @@ void ServerApp::open_endpoint() {
   if (gan_) gan_->attach(server, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
   if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes() +
-           "; " + std::to_string(loops) + " event-loop thread" + (loops == 1 ? "" : "s") + "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
+           "), " + std::to_string(loops) + " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
            std::to_string(s_.checkpoint_every) + " updates, parameters within ±" + number(s_.max_parameter_magnitude) +
            (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm) : std::string()) +
            (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()) +

@@ -168,7 +168,8 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
   return post_update_locked(request, 0);
 }
 
-CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std::size_t loop) {
+CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std::size_t loop,
+                                                 std::optional<ServerState::DecodedBody> decoded) {
   note_request(request, true);
   // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
   // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
@@ -193,7 +194,8 @@ CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std
     return text_response(CoapCode::kForbidden, "identity '" + escape_untrusted(identity) + "' is not authorized");
   }
   if (request.defer) {
-    StagedSubmit staged = state_.stage(identity, request.payload);
+    StagedSubmit staged = decoded ? state_.stage(identity, request.payload, std::move(*decoded))
+                                  : state_.stage(identity, request.payload);
     if (staged.settled) return update_response(*staged.settled, identity, true);
     awaiting_sync_[staged.ticket].push_back({identity, request.defer(), loop});
     if (loop < loops_.size()) ++loops_[loop].updates_deferred;
@@ -424,9 +426,15 @@ std::size_t ServerResources::attach(transport::CoapDtlsServer& server) {
     return response;
   });
   server.add_resource("update", transport::Method::kPost, [this, n](const CoapRequest& r) {
+    // Decoding reads no state that changes (ServerState::decode_body), so the loops decode
+    // in parallel, before the mutex; only bodies that will be staged: deferrable ones that
+    // name an identity, with updates taken in this mode.
+    std::optional<ServerState::DecodedBody> decoded;
+    if (r.defer && options_.updates_refused_because.empty() && !identity_key(r).empty())
+      decoded = state_.decode_body(r.payload);
     LoopLock lock(mutex_, loops_[n]);
     ++loops_[n].requests;
-    return post_update_locked(r, n);
+    return post_update_locked(r, n, std::move(decoded));
   });
   server.add_resource("status", transport::Method::kGet, [this, n](const CoapRequest& r) {
     LoopLock lock(mutex_, loops_[n]);

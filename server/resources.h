@@ -212,7 +212,9 @@ class ServerResources {
   // The handlers behind the public ones, with mutex_ held; `loop`: the one the request came
   // in on.
   transport::CoapResponse get_model_locked(const transport::CoapRequest& request);
-  transport::CoapResponse post_update_locked(const transport::CoapRequest& request, std::size_t loop);
+  // `decoded`: the body already decoded (ServerState::decode_body, outside the mutex).
+  transport::CoapResponse post_update_locked(const transport::CoapRequest& request, std::size_t loop,
+                                             std::optional<ServerState::DecodedBody> decoded = std::nullopt);
   transport::CoapResponse get_status_locked(const transport::CoapRequest& request);
   // With mutex_ held: the results of finished syncs, each answer queued on its loop's
   // `ready` (wait: as answer_durable_updates). Returns how many.

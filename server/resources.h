@@ -118,7 +118,10 @@ class ServerResources {
   // Returns how many updates it answered.
   std::size_t answer_durable_updates(bool wait);
   // Updates staged and not yet answered; the loop polls more often while there are some.
-  std::size_t updates_awaiting_sync() const { return state_.staged_updates(); }
+  std::size_t updates_awaiting_sync() const {
+    std::lock_guard lock(mutex_);
+    return state_.staged_updates();
+  }
   // One pass of the event loop every user of attach() runs, on the thread that drives
   // `server` (an attached one): network events for at most `idle_timeout_ms` (1 ms while
   // updates wait for their sync or answers for this loop are queued), then the finished

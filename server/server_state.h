@@ -26,8 +26,10 @@
 // ones that may be acknowledged.
 //
 // No networking here (server/resources.h maps this onto CoAP). Thread safety: submit(),
-// checkpoint() and encoded_model() belong to one thread (the CoAP loop); snapshot() may be
-// called from any thread (the evaluator) and copies under a mutex.
+// stage(), the commit calls, checkpoint() and encoded_model() are called by one thread at a
+// time (one event loop, or several under ServerResources' mutex); decode_body() may run on
+// any thread alongside them; snapshot() may be called from any thread (the evaluator) and
+// copies under a mutex.
 #pragma once
 
 #include <chrono>

@@ -4,6 +4,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <stdexcept>
 #include <variant>
 
 #include "transport/codec.h"
@@ -116,6 +117,11 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
 }
 
 CoapResponse ServerResources::get_model(const CoapRequest& request) {
+  std::lock_guard lock(mutex_);
+  return get_model_locked(request);
+}
+
+CoapResponse ServerResources::get_model_locked(const CoapRequest& request) {
   note_request(request, true);
   const auto parsed = parse_model_query(request.query);
   if (const auto* problem = std::get_if<std::string>(&parsed)) {
@@ -158,6 +164,12 @@ std::string device_refusals_json(const ServerState& state) {
 }
 
 CoapResponse ServerResources::post_update(const CoapRequest& request) {
+  std::lock_guard lock(mutex_);
+  return post_update_locked(request, 0);
+}
+
+CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std::size_t loop,
+                                                 std::optional<ServerState::DecodedBody> decoded) {
   note_request(request, true);
   // Plain CoAP (edgetrain-server --insecure) proves nothing: the declared name gets its own
   // "unauthenticated:" sequence space, so a plaintext peer can neither post as a proven
@@ -182,13 +194,19 @@ CoapResponse ServerResources::post_update(const CoapRequest& request) {
     return text_response(CoapCode::kForbidden, "identity '" + escape_untrusted(identity) + "' is not authorized");
   }
   if (request.defer) {
-    StagedSubmit staged = state_.stage(identity, request.payload);
+    StagedSubmit staged = decoded ? state_.stage(identity, request.payload, std::move(*decoded))
+                                  : state_.stage(identity, request.payload);
     if (staged.settled) return update_response(*staged.settled, identity, true);
-    awaiting_sync_[staged.ticket].emplace_back(identity, request.defer());
+    awaiting_sync_[staged.ticket].push_back({identity, request.defer(), loop});
+    if (loop < loops_.size()) ++loops_[loop].updates_deferred;
     state_.start_commit();
-    return {};  // ignored: the answer leaves from answer_durable_updates()
+    return {};  // ignored: the answer leaves from serve_once() or answer_durable_updates()
   }
-  if (state_.staged_updates() > 0) answer_durable_updates(true);  // submit() needs nothing staged
+  if (state_.staged_updates() > 0) {  // submit() needs nothing staged
+    settle(true);
+    // This thread may send only its own loop's answers; the other loops send theirs.
+    if (loop < loops_.size()) send_ready(std::move(loops_[loop].ready));
+  }
   return update_response(state_.submit(identity, request.payload), identity, true);
 }
 
@@ -220,28 +238,86 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
   return text_response(code, reply);
 }
 
+ServerResources::LoopLock::LoopLock(std::mutex& mutex, Loop& loop) : loop_(loop) {
+  const auto asked = std::chrono::steady_clock::now();
+  lock_ = std::unique_lock(mutex);
+  acquired_ = std::chrono::steady_clock::now();
+  loop_.lock_wait += acquired_ - asked;
+}
+
+ServerResources::LoopLock::~LoopLock() { loop_.lock_held += std::chrono::steady_clock::now() - acquired_; }
+
+std::size_t ServerResources::loop_of(const transport::CoapDtlsServer& server) const {
+  for (std::size_t n = 0; n < loops_.size(); ++n)
+    if (loops_[n].server == &server) return n;
+  throw std::logic_error("serve_once: the server was not attach()ed");
+}
+
+// The network part (DTLS, block-wise assembly, libcoap's bookkeeping) runs without the
+// mutex, so loops overlap there; handlers and settling take it.
 void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms) {
-  server.run_once(updates_awaiting_sync() > 0 ? 1 : idle_timeout_ms);
-  answer_durable_updates(false);
-  tick(server);
+  const std::size_t n = loop_of(server);  // loops_ no longer changes size
+  bool busy = false;
+  {
+    LoopLock lock(mutex_, loops_[n]);
+    busy = state_.staged_updates() > 0 || !loops_[n].ready.empty();
+  }
+  server.run_once(busy ? 1 : idle_timeout_ms);
+  std::vector<ReadyAnswer> ready;
+  {
+    LoopLock lock(mutex_, loops_[n]);
+    settle(false);
+    ready = std::move(loops_[n].ready);
+    loops_[n].ready.clear();
+  }
+  send_ready(std::move(ready));  // this loop's sessions, on its thread; DTLS encryption outside the mutex
+  LoopLock lock(mutex_, loops_[n]);
+  tick(server, loops_[n]);
 }
 
 std::size_t ServerResources::answer_durable_updates(bool wait) {
+  std::lock_guard lock(mutex_);
+  const std::size_t answered = settle(wait);
+  for (Loop& loop : loops_) send_ready(std::move(loop.ready));
+  return answered;
+}
+
+std::size_t ServerResources::settle(bool wait) {
   std::size_t answered = 0;
   do {
     for (const SettledSubmit& settled : state_.finish_commit(wait)) {
       auto it = awaiting_sync_.find(settled.ticket);
       if (it == awaiting_sync_.end()) continue;
       bool original = true;
-      for (auto& [identity, answer] : it->second) {
-        answer.send(update_response(settled.result, identity, original));
+      for (Waiting& waiting : it->second) {
+        CoapResponse response = update_response(settled.result, waiting.identity, original);
         original = false;
         ++answered;
+        if (waiting.loop < loops_.size()) {
+          loops_[waiting.loop].ready.push_back({std::move(waiting.answer), std::move(response)});
+        } else {
+          waiting.answer.send(response);  // not attached (tests calling handlers): one thread
+        }
       }
       awaiting_sync_.erase(it);
     }
   } while (wait && state_.staged_updates() > 0);
   return answered;
+}
+
+std::size_t ServerResources::send_ready(std::vector<ReadyAnswer> ready) {
+  for (ReadyAnswer& r : ready) r.answer.send(r.response);
+  return ready.size();
+}
+
+std::string ServerResources::loops_json() const {
+  nlohmann::json loops = nlohmann::json::array();
+  for (const Loop& loop : loops_)
+    loops.push_back({{"requests", loop.requests},
+                     {"updates_deferred", loop.updates_deferred},
+                     {"lock_wait_seconds", std::chrono::duration<double>(loop.lock_wait).count()},
+                     {"lock_held_seconds", std::chrono::duration<double>(loop.lock_held).count()}});
+  return loops.dump();
 }
 
 std::string ServerResources::status_json() const {
@@ -278,8 +354,9 @@ std::string ServerResources::status_json() const {
       {"model_delta_pulls", model_delta_pulls_},
       {"model_queries_refused", bad_model_queries_},
       {"ingress_payload_bytes", ingress_payload_bytes()},
-      {"ingress_socket_bytes", server_ ? server_->bytes_received() : 0},
-      {"ingress_socket_datagrams", server_ ? server_->datagrams_received() : 0},
+      {"ingress_socket_bytes", ingress_socket_bytes()},
+      {"ingress_socket_datagrams", ingress_socket_datagrams()},
+      {"loops", json::parse(loops_json())},
       {"egress_socket_bytes", egress_socket_bytes()},
       {"egress_socket_datagrams", egress_socket_datagrams()},
       {"uptime_seconds", std::round(uptime * 10) / 10},
@@ -307,6 +384,11 @@ std::string ServerResources::status_json() const {
 }
 
 CoapResponse ServerResources::get_status(const CoapRequest& request) {
+  std::lock_guard lock(mutex_);
+  return get_status_locked(request);
+}
+
+CoapResponse ServerResources::get_status_locked(const CoapRequest& request) {
   note_request(request, false);
   CoapResponse response = request.query.empty() ? text_response(CoapCode::kContent, status_json())
                                                 : get_device_status(request.query);
@@ -322,25 +404,45 @@ void ServerResources::report_accuracy(std::uint64_t version, double accuracy) {
 
 std::string ServerResources::ingress_summary() const {
   std::string summary = "ingress " + std::to_string(ingress_payload_bytes()) + " payload bytes";
-  if (server_) {
-    summary += ", " + std::to_string(server_->bytes_received()) + " socket bytes in " +
-               std::to_string(server_->datagrams_received()) + " datagrams; egress " +
-               std::to_string(server_->bytes_sent()) + " socket bytes in " + std::to_string(server_->datagrams_sent()) +
+  if (!loops_.empty()) {
+    summary += ", " + std::to_string(ingress_socket_bytes()) + " socket bytes in " +
+               std::to_string(ingress_socket_datagrams()) + " datagrams; egress " +
+               std::to_string(egress_socket_bytes()) + " socket bytes in " + std::to_string(egress_socket_datagrams()) +
                " datagrams";
   }
   return summary;
 }
 
-void ServerResources::attach(transport::CoapDtlsServer& server) {
-  server_ = &server;
-  server.add_resource("model", transport::Method::kGet, [this](const CoapRequest& r) {
-    CoapResponse response = get_model(r);
+std::size_t ServerResources::attach(transport::CoapDtlsServer& server) {
+  std::lock_guard lock(mutex_);
+  const std::size_t n = loops_.size();
+  loops_.emplace_back();
+  loops_.back().server = &server;
+  server.add_resource("model", transport::Method::kGet, [this, n](const CoapRequest& r) {
+    LoopLock lock(mutex_, loops_[n]);
+    ++loops_[n].requests;
+    CoapResponse response = get_model_locked(r);
     health_.note_answer(identity_key(r), response.payload.size());
     return response;
   });
-  server.add_resource("update", transport::Method::kPost, [this](const CoapRequest& r) { return post_update(r); });
-  server.add_resource("status", transport::Method::kGet, [this](const CoapRequest& r) { return get_status(r); });
+  server.add_resource("update", transport::Method::kPost, [this, n](const CoapRequest& r) {
+    // Decoding reads no state that changes (ServerState::decode_body), so the loops decode
+    // in parallel, before the mutex; only bodies that will be staged: deferrable ones that
+    // name an identity, with updates taken in this mode.
+    std::optional<ServerState::DecodedBody> decoded;
+    if (r.defer && options_.updates_refused_because.empty() && !identity_key(r).empty())
+      decoded = state_.decode_body(r.payload);
+    LoopLock lock(mutex_, loops_[n]);
+    ++loops_[n].requests;
+    return post_update_locked(r, n, std::move(decoded));
+  });
+  server.add_resource("status", transport::Method::kGet, [this, n](const CoapRequest& r) {
+    LoopLock lock(mutex_, loops_[n]);
+    ++loops_[n].requests;
+    return get_status_locked(r);
+  });
   server.make_observable("status");
+  return n;
 }
 
 }  // namespace edgetrain::server

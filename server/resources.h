@@ -29,8 +29,14 @@
 // deferred) POST /update is group-committed: the update is staged, and its 2.04 (or 5.00)
 // leaves from answer_durable_updates() once the fdatasync covering it has finished; a
 // duplicate of a staged update waits for the same sync.
-// Like ServerState, the handlers run on the CoAP thread; report_accuracy() may be called
-// from any thread.
+// Several event loops (edgetrain-server --loop-threads): attach() one CoapDtlsServer per
+// loop, each driven by its own thread calling serve_once() (libcoap is not thread-safe: a
+// server, its sessions and its deferred answers belong to that thread). The handlers of all
+// loops share this object and its ServerState under one mutex, so versions, σ and the WAL
+// keep one total order; a deferred answer is queued for the loop that owns its session and
+// sent by that loop's thread. report_accuracy() may be called from any thread; the getters
+// that read counters, status_json(), metrics_text(), devices_json() and monitors_json()
+// need hold() while loops run on other threads (the atomic ones say "any thread").
 #pragma once
 
 #include <atomic>
@@ -102,19 +108,33 @@ class ServerResources {
   transport::CoapResponse get_model(const transport::CoapRequest& request);
   transport::CoapResponse post_update(const transport::CoapRequest& request);
   transport::CoapResponse get_status(const transport::CoapRequest& request);
-  // Registers the three resources on `server`.
-  void attach(transport::CoapDtlsServer& server);
+  // Registers the three resources on `server`, as event loop number N (0, 1, ... in the
+  // order of the calls); returns N. Attach every loop's server before any loop runs.
+  std::size_t attach(transport::CoapDtlsServer& server);
   // Sends the answers of staged updates whose WAL sync has finished (wait = true: waits for
-  // the running sync, and for the next ones until nothing is staged). The loop that drives
-  // the server calls it after every run_once(), and with wait = true before it stops.
+  // the running sync, and for the next ones until nothing is staged), those of every loop,
+  // from the calling thread: call it when no loop thread runs (or, with one loop, on its
+  // thread), with wait = true before stopping. serve_once() does the same for its own loop.
   // Returns how many updates it answered.
   std::size_t answer_durable_updates(bool wait);
   // Updates staged and not yet answered; the loop polls more often while there are some.
-  std::size_t updates_awaiting_sync() const { return state_.staged_updates(); }
-  // One pass of the event loop every user of attach() runs: network events for at most
-  // `idle_timeout_ms` (1 ms while updates wait for their sync), then the finished answers.
-  // Before stopping, call answer_durable_updates(true).
+  std::size_t updates_awaiting_sync() const {
+    std::lock_guard lock(mutex_);
+    return state_.staged_updates();
+  }
+  // One pass of the event loop every user of attach() runs, on the thread that drives
+  // `server` (an attached one): network events for at most `idle_timeout_ms` (1 ms while
+  // updates wait for their sync or answers for this loop are queued), then the finished
+  // answers of this loop's sessions. Before stopping, call answer_durable_updates(true).
   void serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms);
+  // Holds the handlers' mutex: for reading the counters (status_json(), metrics_text(),
+  // devices_json(), ...) from a thread other than the loops while loops run.
+  std::unique_lock<std::mutex> hold() const { return std::unique_lock(mutex_); }
+  // Per event loop, [{"requests": N, "updates_deferred": M, "lock_wait_seconds": W,
+  // "lock_held_seconds": H}, ...]: how the sessions spread over the loops, and how long
+  // each loop's thread waited for and held the handlers' mutex (/status and the stats file
+  // key "loops").
+  std::string loops_json() const;
   // Writes the counted summaries of collapsed log lines now, whether or not their interval
   // has ended (before the server stops).
   void flush_collapsed_lines();
@@ -130,11 +150,14 @@ class ServerResources {
   std::string ingress_summary() const;
   // Updates applied since this process started (not counting duplicates); any thread.
   std::uint64_t updates_applied() const { return applied_.load(std::memory_order_relaxed); }
-  // Bytes that reached the attached server's UDP socket (0 before attach()); any thread.
-  std::uint64_t ingress_socket_bytes() const { return server_ ? server_->bytes_received() : 0; }
-  std::uint64_t ingress_socket_datagrams() const { return server_ ? server_->datagrams_received() : 0; }
-  std::uint64_t egress_socket_bytes() const { return server_ ? server_->bytes_sent() : 0; }
-  std::uint64_t egress_socket_datagrams() const { return server_ ? server_->datagrams_sent() : 0; }
+  // Bytes that reached the attached servers' UDP sockets, summed over the loops (0 before
+  // attach()); any thread.
+  std::uint64_t ingress_socket_bytes() const { return sum_over_servers(&transport::CoapDtlsServer::bytes_received); }
+  std::uint64_t ingress_socket_datagrams() const {
+    return sum_over_servers(&transport::CoapDtlsServer::datagrams_received);
+  }
+  std::uint64_t egress_socket_bytes() const { return sum_over_servers(&transport::CoapDtlsServer::bytes_sent); }
+  std::uint64_t egress_socket_datagrams() const { return sum_over_servers(&transport::CoapDtlsServer::datagrams_sent); }
   std::string status_json() const;
   // The Prometheus / OpenMetrics text exposition of the counters and per-device health
   // (server/README.md, "Watching a fleet"). The CoAP thread renders it; the metrics
@@ -155,14 +178,62 @@ class ServerResources {
   void note_request(const transport::CoapRequest& request, bool worker);
 
  private:
+  // A deferred answer of a settled update, queued for the loop that owns its session.
+  struct ReadyAnswer {
+    transport::DeferredResponse answer;
+    transport::CoapResponse response;
+  };
+  // What one event loop owns; loops_[n] is written under mutex_, apart from `server`
+  // (fixed by attach()).
+  struct Loop {
+    const transport::CoapDtlsServer* server = nullptr;
+    std::vector<ReadyAnswer> ready;  // sent by this loop's thread only
+    std::uint64_t requests = 0, updates_deferred = 0;
+    // Time this loop's thread waited for mutex_ and held it: what of its work is serial.
+    std::chrono::steady_clock::duration lock_wait{}, lock_held{};
+    std::chrono::steady_clock::time_point next_tick{}, next_notify{};
+    std::uint64_t notified_activity = 0;
+  };
+  std::uint64_t sum_over_servers(std::uint64_t (transport::CoapDtlsServer::*counter)() const) const {
+    std::uint64_t sum = 0;
+    for (const Loop& loop : loops_) sum += (loop.server->*counter)();
+    return sum;
+  }
+  // mutex_ held by loop `loop`'s thread, timed into its lock_wait and lock_held.
+  class LoopLock {
+   public:
+    LoopLock(std::mutex& mutex, Loop& loop);
+    ~LoopLock();
+    LoopLock(const LoopLock&) = delete;
+    LoopLock& operator=(const LoopLock&) = delete;
+
+   private:
+    Loop& loop_;
+    std::unique_lock<std::mutex> lock_;
+    std::chrono::steady_clock::time_point acquired_;
+  };
+  // The handlers behind the public ones, with mutex_ held; `loop`: the one the request came
+  // in on.
+  transport::CoapResponse get_model_locked(const transport::CoapRequest& request);
+  // `decoded`: the body already decoded (ServerState::decode_body, outside the mutex).
+  transport::CoapResponse post_update_locked(const transport::CoapRequest& request, std::size_t loop,
+                                             std::optional<ServerState::DecodedBody> decoded = std::nullopt);
+  transport::CoapResponse get_status_locked(const transport::CoapRequest& request);
+  // With mutex_ held: the results of finished syncs, each answer queued on its loop's
+  // `ready` (wait: as answer_durable_updates). Returns how many.
+  std::size_t settle(bool wait);
+  // Sends `loop`'s queued answers; on the thread that owns the loop.
+  static std::size_t send_ready(std::vector<ReadyAnswer> ready);
+  std::size_t loop_of(const transport::CoapDtlsServer& server) const;
   void log_at(logging::Level level, const std::string& line) const;
   // A line that may repeat many times (refusals, duplicates): through the repeat limiter.
   void log_repeating(logging::Level level, std::string_view kind, const std::string& line);
   // /status?device=NAME.
   transport::CoapResponse get_device_status(std::string_view query);
   std::string device_json(const std::string& identity, const DeviceRecord& record) const;
-  // serve_once's periodic work: summaries of collapsed lines, Observe notifications.
-  void tick(transport::CoapDtlsServer& server);
+  // serve_once's periodic work, with mutex_ held: summaries of collapsed lines (loop 0),
+  // Observe notifications of the loop's own /status observers.
+  void tick(transport::CoapDtlsServer& server, Loop& loop);
   // The answer to a settled update, with its counters and log lines; `original`: not a
   // duplicate answered along with it.
   transport::CoapResponse update_response(const SubmitResult& result, const std::string& identity, bool original);
@@ -171,7 +242,10 @@ class ServerResources {
   ServerState& state_;
   ResourceOptions options_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
-  const transport::CoapDtlsServer* server_ = nullptr;  // set by attach(); socket counters
+  // The handlers of all loops, settle(), tick() and every counter below that is not atomic;
+  // also every call into state_ (its own sync thread and snapshot() apart).
+  mutable std::mutex mutex_;
+  std::vector<Loop> loops_;  // one per attach(); the size is fixed once loops run
   // Atomic: the evaluator thread reads them for its progress line.
   std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;
@@ -179,12 +253,15 @@ class ServerResources {
   std::map<std::string, std::uint64_t> refused_;  // by reason
   DeviceHealth health_;
   logging::RepeatLimiter repeats_;
-  std::chrono::steady_clock::time_point next_tick_{}, next_notify_{};
-  std::uint64_t notified_activity_ = 0;
   std::atomic<std::uint64_t> evaluations_ = 0;
-  // Staged updates by ticket: who asked (the original first, then duplicates) and where
-  // the answer goes.
-  std::map<std::uint64_t, std::vector<std::pair<std::string, transport::DeferredResponse>>> awaiting_sync_;
+  // Staged updates by ticket: who asked (the original first, then duplicates), where the
+  // answer goes and the loop that owns that session.
+  struct Waiting {
+    std::string identity;
+    transport::DeferredResponse answer;
+    std::size_t loop = 0;
+  };
+  std::map<std::uint64_t, std::vector<Waiting>> awaiting_sync_;
   mutable std::mutex accuracy_mutex_;
   std::optional<std::pair<std::uint64_t, double>> last_accuracy_;  // version, accuracy
 };

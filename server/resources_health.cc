@@ -136,18 +136,21 @@ std::uint64_t ServerResources::activity() const {
   return applied_.load() + refused + duplicates_ + model_pulls_ + bad_model_queries_ + evaluations_.load();
 }
 
-void ServerResources::tick(transport::CoapDtlsServer& server) {
+void ServerResources::tick(transport::CoapDtlsServer& server, Loop& loop) {
   const auto now = health_.options().now();
-  if (now < next_tick_) return;
-  next_tick_ = now + std::chrono::seconds(1);
-  for (const std::string& line : repeats_.flush(now)) log_at(logging::Level::kWarn, line);
-  if (now < next_notify_) return;
+  if (now < loop.next_tick) return;
+  loop.next_tick = now + std::chrono::seconds(1);
+  // The repeat limiter is one for the process: loop 0 writes its summaries.
+  if (&loop == &loops_.front())
+    for (const std::string& line : repeats_.flush(now)) log_at(logging::Level::kWarn, line);
+  if (now < loop.next_notify) return;
   const std::uint64_t activity_now = activity();
-  if (activity_now == notified_activity_) return;
-  // At most one notification per interval, and only when something changed since the last.
-  notified_activity_ = activity_now;
-  next_notify_ = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                           std::chrono::duration<double>(options_.observe_interval_seconds));
+  if (activity_now == loop.notified_activity) return;
+  // At most one notification per interval, and only when something changed since the last;
+  // each loop notifies the observers of its own sessions.
+  loop.notified_activity = activity_now;
+  loop.next_notify = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(options_.observe_interval_seconds));
   server.notify_observers("status");
 }
 

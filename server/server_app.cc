@@ -1,8 +1,11 @@
 #include "server/server_app.h"
 
+#include <sched.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
+#include <exception>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -70,6 +73,30 @@ void check_settings(const ServerSettings& s) {
     if (!s.init_from.empty()) throw std::invalid_argument("--shard: --init-from is not supported (it holds the whole model)");
     if (s.publish_every > 0) throw std::invalid_argument("--shard: --publish-every is not supported");
   }
+  // The round and GAN coordinators are driven by the serving loop and share its thread.
+  if (s.mode != "async" && s.loop_threads > 1) throw std::invalid_argument("--loop-threads above 1 needs --mode async");
+}
+
+// --loop-threads: 0 means the cores this process may run on (its CPU affinity, which
+// taskset and cpusets narrow), at least one.
+std::size_t loop_thread_count(const ServerSettings& s) {
+  if (s.mode != "async") return 1;
+  if (s.loop_threads > 0) return s.loop_threads;
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return static_cast<std::size_t>(std::max(1, CPU_COUNT(&cpus)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+transport::HandshakeStats& operator+=(transport::HandshakeStats& sum, const transport::HandshakeStats& more) {
+  sum.hello_verify_requests += more.hello_verify_requests;
+  sum.client_hellos_admitted += more.client_hellos_admitted;
+  sum.refused_rate_limited += more.refused_rate_limited;
+  sum.refused_too_many_pending += more.refused_too_many_pending;
+  sum.malformed_client_hellos += more.malformed_client_hellos;
+  sum.handshakes_timed_out += more.handshakes_timed_out;
+  sum.pending += more.pending;
+  return sum;
 }
 
 // What one dense (ASGD) update of this model costs on the wire, to show how much less the
@@ -152,9 +179,19 @@ class ServerApp {
   plot::PlotSeries gan_scores_{"MNIST score", {}, {}};
   void start_gan_evaluation();
   void evaluate_gan(std::uint64_t iteration);
-  // Before server_: the server's failure callback writes to it until the server is gone.
-  HandshakeFailureLog handshake_failures_{log_line};  // used by the serving thread only
-  std::unique_ptr<transport::CoapDtlsServer> server_;
+  // Before servers_: the servers' failure callback writes to it until they are gone.
+  HandshakeFailureLog handshake_failures_{log_line};
+  std::mutex handshake_failures_mutex_;  // the loops record, the main thread flushes
+  std::mutex keystore_mutex_;            // keystore_: LiveKeystore is for one thread at a time
+  // One per event loop (--loop-threads), all on one port; servers_[0] is driven by the main
+  // thread (serve()), which also does the process-wide work: stop conditions, the stats
+  // file, the metrics text, collapsed log lines. The others each by a thread of their own.
+  std::vector<std::unique_ptr<transport::CoapDtlsServer>> servers_;
+  // The handshake guard's counters of each loop, as its thread last copied them (the guard
+  // is read on its own thread only).
+  std::mutex loop_handshakes_mutex_;
+  std::vector<transport::HandshakeStats> loop_handshakes_;
+  void serve_loop(std::size_t n, const std::atomic<bool>& stop);
   std::uint64_t dense_update_bytes_ = 0;
   // One row per evaluation in <state-dir>/metrics.csv; the rows of this run are plotted at exit.
   std::ofstream metrics_;
@@ -377,7 +414,10 @@ void ServerApp::evaluate_gan(std::uint64_t iteration) {
 
 void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
-  resource_options.is_authorized = [this](std::string_view identity) { return keystore_ && keystore_->contains(identity); };
+  resource_options.is_authorized = [this](std::string_view identity) {
+    std::lock_guard lock(keystore_mutex_);
+    return keystore_ && keystore_->contains(identity);
+  };
   resource_options.log = log_line;
   resource_options.log_at = logging::write;
   resource_options.health.silent_after_seconds = s_.silent_after;
@@ -400,12 +440,14 @@ void ServerApp::open_endpoint() {
   o.bind_address = s_.listen;
   o.port = static_cast<std::uint16_t>(s_.port);
   o.psk_lookup = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
+    std::lock_guard lock(keystore_mutex_);
     if (keystore_) return keystore_->handshake_key(identity);
     log_line("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
     return std::nullopt;
   };
   // rotate-key and remove-device end a device's open sessions at its next request.
   o.current_psk = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
+    std::lock_guard lock(keystore_mutex_);
     return keystore_ ? keystore_->key_for(identity) : std::nullopt;
   };
   if (!s_.cert.empty()) o.certificates = transport::CertificateFiles{s_.cert, s_.cert_key, s_.ca};
@@ -416,15 +458,32 @@ void ServerApp::open_endpoint() {
   o.max_bodies_in_progress = s_.max_bodies_in_progress;
   o.handshake = s_.handshake;
   o.on_handshake_failure = [this](const transport::HandshakeFailure& failure) {
+    std::lock_guard lock(handshake_failures_mutex_);
     handshake_failures_.record(failure, HandshakeFailureLog::Clock::now());
   };
-  server_ = std::make_unique<transport::CoapDtlsServer>(o);
-  resources_->attach(*server_);
-  if (rounds_) rounds_->attach(*server_, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
-  if (gan_) gan_->attach(*server_, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
-  if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server_->port()) + "\n");
-  log_line("listening on " + s_.listen + ":" + std::to_string(server_->port()) + " (CoAP over DTLS, " + dtls_modes() +
-           "), lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
+  // Several loops: every endpoint joins one SO_REUSEPORT group. The first binds the port
+  // asked for (0: the kernel picks one) and the others bind the port it got, so the port
+  // file and the log name the one port all loops serve.
+  const std::size_t loops = loop_thread_count(s_);
+  o.reuse_port = loops > 1;
+  // The limits that bound memory hold for the process: each loop gets its share (a session
+  // counts against its own loop's). The per-address handshake limits and rate hold per
+  // loop: one address's sessions from several ports may land on several loops.
+  o.max_bodies_in_progress = std::max<std::size_t>(1, o.max_bodies_in_progress / loops);
+  o.handshake.max_pending = std::max<std::uint32_t>(1, o.handshake.max_pending / static_cast<std::uint32_t>(loops));
+  for (std::size_t n = 0; n < loops; ++n) {
+    servers_.push_back(std::make_unique<transport::CoapDtlsServer>(o));
+    o.port = servers_[0]->port();
+    if (s_.insecure) o.plaintext_port = servers_[0]->plaintext_port();
+    resources_->attach(*servers_.back());
+  }
+  loop_handshakes_.resize(loops);
+  transport::CoapDtlsServer& server = *servers_[0];
+  if (rounds_) rounds_->attach(server, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (gan_) gan_->attach(server, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
+  log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes() +
+           "), " + std::to_string(loops) + " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
            std::to_string(s_.checkpoint_every) + " updates, parameters within ±" + number(s_.max_parameter_magnitude) +
            (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm) : std::string()) +
            (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()) +
@@ -439,7 +498,7 @@ void ServerApp::open_endpoint() {
            number(s_.handshake.rate_per_address) + " new per second per source address, " +
            number(s_.handshake.timeout_seconds) + " s to finish");
   if (s_.insecure) {
-    log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" + std::to_string(server_->plaintext_port()) +
+    log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" + std::to_string(server.plaintext_port()) +
              " with NO encryption and NO authentication. Anyone who can reach that port can read the model and "
              "post updates; updates there are keyed on the name the sender declares (?id=NAME), logged and shown "
              "in /status as 'unauthenticated:NAME'. Use it only on a network you trust.");
@@ -480,7 +539,11 @@ void ServerApp::start_metrics() {
 
 // On the serving thread, which owns what the exposition reads.
 void ServerApp::refresh_metrics() {
-  std::string text = resources_->metrics_text();
+  std::string text;
+  {
+    const auto hold = resources_->hold();  // the other loops' handlers write what it reads
+    text = resources_->metrics_text();
+  }
   std::lock_guard lock(metrics_text_mutex_);
   metrics_text_ = std::move(text);
 }
@@ -513,11 +576,13 @@ void ServerApp::report_evaluation(const EvaluationResult& r) {
 // The --stats-file object (server/README.md documents its keys).
 void ServerApp::write_stats(bool running) {
   if (s_.stats_file.empty()) return;
+  std::unique_lock hold = resources_->hold();  // the other loops' handlers write what it reads
   nlohmann::json j;
   j["state"] = running ? "running" : "stopped";
   j["version"] = state_->version();
-  j["port"] = server_->port();
-  j["insecure_port"] = s_.insecure ? nlohmann::json(server_->plaintext_port()) : nlohmann::json(nullptr);
+  j["port"] = servers_[0]->port();
+  j["insecure_port"] = s_.insecure ? nlohmann::json(servers_[0]->plaintext_port()) : nlohmann::json(nullptr);
+  j["loops"] = nlohmann::json::parse(resources_->loops_json());
   j["recovery"] = {{"fresh", recovery_.fresh},
                    {"checkpoint_version", recovery_.checkpoint_version},
                    {"replayed_updates", recovery_.replayed_updates},
@@ -546,7 +611,11 @@ void ServerApp::write_stats(bool running) {
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
   j["egress_socket_bytes"] = resources_->egress_socket_bytes();
   j["egress_socket_datagrams"] = resources_->egress_socket_datagrams();
-  const transport::HandshakeStats handshakes = server_->handshake_stats();
+  transport::HandshakeStats handshakes = servers_[0]->handshake_stats();  // loop 0 is this thread's
+  {
+    std::lock_guard lock(loop_handshakes_mutex_);
+    for (std::size_t n = 1; n < loop_handshakes_.size(); ++n) handshakes += loop_handshakes_[n];
+  }
   j["handshakes"] = {{"hello_verify_requests", handshakes.hello_verify_requests},
                      {"client_hellos_admitted", handshakes.client_hellos_admitted},
                      {"refused_rate_limited", handshakes.refused_rate_limited},
@@ -565,6 +634,7 @@ void ServerApp::write_stats(bool running) {
   j["mode"] = s_.mode;
   if (rounds_) j["rounds"] = nlohmann::json::parse(rounds_->status_json());
   if (gan_) j["gan"] = nlohmann::json::parse(gan_->status_json());
+  hold.unlock();
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
 
@@ -580,6 +650,20 @@ void ServerApp::add_run_end_stats(nlohmann::json& j) const {
                    : nlohmann::json(nullptr);
 }
 
+// Loop n > 0: passes of its server until `stop`; every second it copies its handshake
+// guard's counters for the stats file.
+void ServerApp::serve_loop(std::size_t n, const std::atomic<bool>& stop) {
+  auto next_copy = std::chrono::steady_clock::now();
+  while (!stop.load(std::memory_order_relaxed)) {
+    resources_->serve_once(*servers_[n], 200);
+    if (std::chrono::steady_clock::now() < next_copy) continue;
+    const transport::HandshakeStats stats = servers_[n]->handshake_stats();
+    std::lock_guard lock(loop_handshakes_mutex_);
+    loop_handshakes_[n] = stats;
+    next_copy = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  }
+}
+
 void ServerApp::serve() {
   struct sigaction action {};
   action.sa_handler = request_stop;
@@ -589,15 +673,44 @@ void ServerApp::serve() {
   write_stats(true);  // a path that cannot be written fails here, before serving
   // Handlers run to completion inside serve_once, so a stop request is seen between
   // requests. Updates are group-committed: while some wait for their WAL sync (on the sync
-  // thread), the loop looks for finished syncs every millisecond and sends their answers.
+  // thread), the loops look for finished syncs every millisecond and send their answers.
+  // Loops 1.. run on threads of their own; a failure in one stops them all and is thrown
+  // here, as one of loop 0 is.
+  std::atomic<bool> loops_stop = false;
+  std::mutex failure_mutex;
+  std::exception_ptr loop_failure;
+  std::vector<std::thread> loop_threads;
+  struct JoinLoops {  // also when loop 0 throws: no thread may outlive the servers
+    std::atomic<bool>& stop;
+    std::vector<std::thread>& threads;
+    ~JoinLoops() {
+      stop = true;
+      for (std::thread& t : threads)
+        if (t.joinable()) t.join();
+    }
+  } join_loops{loops_stop, loop_threads};
+  for (std::size_t n = 1; n < servers_.size(); ++n) {
+    loop_threads.emplace_back([this, n, &loops_stop, &failure_mutex, &loop_failure] {
+      try {
+        serve_loop(n, loops_stop);
+      } catch (...) {
+        std::lock_guard lock(failure_mutex);
+        if (!loop_failure) loop_failure = std::current_exception();
+        loops_stop = true;
+      }
+    });
+  }
   auto next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   if (stop_.any()) log_line("stop conditions: " + stop_.describe());
-  while (!g_stop_requested && !stop_condition_met()) {
-    resources_->serve_once(*server_, 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+  while (!g_stop_requested && !loops_stop && !stop_condition_met()) {
+    resources_->serve_once(*servers_[0], 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (rounds_) rounds_->poll();  // a round's deadline passes without a request
     if (gan_) poll_gan();          // likewise an iteration's
     if (std::chrono::steady_clock::now() < next_stats) continue;
-    handshake_failures_.flush(HandshakeFailureLog::Clock::now());
+    {
+      std::lock_guard lock(handshake_failures_mutex_);
+      handshake_failures_.flush(HandshakeFailureLog::Clock::now());
+    }
     refresh_metrics();
     try {
       write_stats(true);
@@ -606,14 +719,24 @@ void ServerApp::serve() {
     }
     next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   }
-  resources_->answer_durable_updates(true);  // staged updates are answered before the checkpoint
+  loops_stop = true;
+  for (std::thread& t : loop_threads) t.join();
+  if (loop_failure) std::rethrow_exception(loop_failure);
+  // No loop runs now: this thread sends every loop's answers (joining the threads hands it
+  // their servers). Staged updates are answered before the checkpoint.
+  resources_->answer_durable_updates(true);
   resources_->flush_collapsed_lines();
 }
 
 bool ServerApp::stop_condition_met() {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   // In GAN mode the run's progress is the generator's iterations (--stop-after-updates counts them).
-  stopped_because_ = stop_.check(gan_ ? gan_->iteration() : state_->version(), seconds);
+  std::uint64_t progress = 0;
+  {
+    const auto hold = resources_->hold();  // the other loops apply updates
+    progress = gan_ ? gan_->iteration() : state_->version();
+  }
+  stopped_because_ = stop_.check(progress, seconds);
   if (stopped_because_) log_line("stop condition met: " + stopped_because_->detail);
   return stopped_because_.has_value();
 }

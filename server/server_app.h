@@ -46,6 +46,11 @@ struct ServerSettings {
   transport::CoapTiming timing = transport::CoapTiming::wan();
   std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
   std::uint64_t max_bodies_in_progress = 256;  // transport::CoapDtlsServer::Options
+  // Event-loop threads, each with its own CoapDtlsServer on the one port (SO_REUSEPORT);
+  // 0: the cores this process may run on. --mode rounds and gan use one. The default is
+  // one: two measured slower than one on the 2-core machines so far (server/README.md,
+  // "Several event-loop threads").
+  std::uint32_t loop_threads = 1;
   transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
   // Training mode (docs/training-modes.md): "async" (asynchronous SGD, POST /update) or
   // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05), or

@@ -89,6 +89,10 @@ void declare_settings(settings::Table& t, server::ServerSettings& s) {
         "every session once per pass (1 = libcoap's own loop)").range(1, 1024);
   t.add("max-bodies-in-progress", s.max_bodies_in_progress, "block-wise request bodies assembled at once (one per "
         "session, each at most --max-update-bytes); a body beyond them gets 5.03").range(1, 1u << 20);
+  t.add("loop-threads", s.loop_threads, "event-loop threads, each with its own DTLS endpoint on the port "
+        "(SO_REUSEPORT; a client's session stays on one); 0 = the cores available; --mode rounds and gan use 1 "
+        "(server/README.md, \"Several event-loop threads\")")
+      .range(0, 256);
   t.group("Watching a fleet (server/README.md)");
   t.add("log-level", s.log_level, "least severe log lines written").choices({"error", "warn", "info", "debug"});
   t.add("log-repeat-burst", s.log_repeat_burst, "lines of one kind (e.g. 'too stale from w1') written per "

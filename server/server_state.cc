@@ -453,6 +453,35 @@ SubmitResult ServerState::submit(std::string_view identity, std::span<const std:
 }
 
 StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body) {
+  return stage(identity, body, decode_body(body));
+}
+
+ServerState::DecodedBody ServerState::decode_body(std::span<const std::uint8_t> body) const {
+  const auto started = std::chrono::steady_clock::now();
+  DecodedBody result;
+  if (body.size() > options_.max_update_bytes) {
+    result.outcome = SubmitOutcome::kTooLarge;
+    result.diagnostic = "update of " + std::to_string(body.size()) + " bytes, the limit is " +
+                        std::to_string(options_.max_update_bytes);
+    return result;
+  }
+  transport::DecodeLimits limits;
+  limits.max_message_bytes = options_.max_update_bytes;
+  auto decoded = transport::decode_sparse_update(body, {model_.layout_id(), tensor_sizes_}, limits);
+  if (!decoded) {
+    const auto& error = decoded.error();
+    result.outcome = error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
+                     : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
+                                                                           : SubmitOutcome::kMalformed;
+    result.diagnostic = std::string(transport::codec_error_name(error.code)) + ": " + error.message;
+    return result;
+  }
+  result.update = std::move(decoded).value();
+  result.seconds = seconds_since(started);
+  return result;
+}
+
+StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded) {
   if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
   if (quarantined(identity)) {
     const DeviceRefusals& device = devices_.find(identity)->second;
@@ -467,7 +496,7 @@ StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::
     note_device(identity, SubmitOutcome::kQuarantined);
     return {SubmitResult{SubmitOutcome::kQuarantined, store_.version(), why}, 0};
   }
-  StagedSubmit staged = stage_update(identity, body);
+  StagedSubmit staged = stage_update(identity, body, std::move(decoded));
   if (!staged.settled) {
     note_device(identity, SubmitOutcome::kApplied);
   } else if (!staged.settled->acknowledged()) {
@@ -543,28 +572,16 @@ bool ServerState::clip(transport::SparseUpdate& update) const {
   return clipped;
 }
 
-StagedSubmit ServerState::stage_update(std::string_view identity, std::span<const std::uint8_t> body) {
+StagedSubmit ServerState::stage_update(std::string_view identity, std::span<const std::uint8_t> body,
+                                       DecodedBody decoded) {
   const auto decode_started = std::chrono::steady_clock::now();
   const std::uint64_t now = store_.version();  // the durable version, which refusals report
   auto settle = [&](SubmitOutcome outcome, std::uint64_t version, std::string diagnostic) {
     return StagedSubmit{SubmitResult{outcome, version, std::move(diagnostic)}, 0};
   };
   if (!wal_broken_.empty()) return settle(SubmitOutcome::kNotDurable, now, wal_broken_);
-  if (body.size() > options_.max_update_bytes)
-    return settle(SubmitOutcome::kTooLarge, now,
-                  "update of " + std::to_string(body.size()) + " bytes, the limit is " +
-                      std::to_string(options_.max_update_bytes));
-  transport::DecodeLimits limits;
-  limits.max_message_bytes = options_.max_update_bytes;
-  auto decoded = transport::decode_sparse_update(body, {model_.layout_id(), tensor_sizes_}, limits);
-  if (!decoded) {
-    const auto& error = decoded.error();
-    SubmitOutcome outcome = error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
-                            : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
-                                                                                  : SubmitOutcome::kMalformed;
-    return settle(outcome, now, std::string(transport::codec_error_name(error.code)) + ": " + error.message);
-  }
-  transport::SparseUpdate& update = decoded.value();
+  if (!decoded.update) return settle(decoded.outcome, now, std::move(decoded.diagnostic));
+  transport::SparseUpdate& update = *decoded.update;
 
   // The same (identity, sequence) again: a staged original is answered when it is durable,
   // an applied one at once. Below the identity's latest accepted sequence: refused.
@@ -602,7 +619,7 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
     case ApplyStatus::kMalformed: return settle(SubmitOutcome::kMalformed, now, verdict.reason);
   }
 
-  const double decode_seconds = seconds_since(decode_started);
+  const double decode_seconds = decoded.seconds + seconds_since(decode_started);
   const auto write_started = std::chrono::steady_clock::now();
   const std::uint64_t version = now + commit_.staged() + 1;
   const std::uint64_t offset = wal_->size_bytes();

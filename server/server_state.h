@@ -26,8 +26,10 @@
 // ones that may be acknowledged.
 //
 // No networking here (server/resources.h maps this onto CoAP). Thread safety: submit(),
-// checkpoint() and encoded_model() belong to one thread (the CoAP loop); snapshot() may be
-// called from any thread (the evaluator) and copies under a mutex.
+// stage(), the commit calls, checkpoint() and encoded_model() are called by one thread at a
+// time (one event loop, or several under ServerResources' mutex); decode_body() may run on
+// any thread alongside them; snapshot() may be called from any thread (the evaluator) and
+// copies under a mutex.
 #pragma once
 
 #include <chrono>
@@ -200,6 +202,19 @@ class ServerState {
   // record without syncing. Nothing is applied and nothing may be acknowledged until
   // finish_commit() reports the ticket.
   StagedSubmit stage(std::string_view identity, std::span<const std::uint8_t> body);
+  // The first step of stage() on its own: the size check and the decoding against the
+  // model's layout, which read nothing that changes after construction. Any thread, also
+  // while another calls stage(): a server with several event loops decodes each body
+  // before it takes the lock that orders stage() calls, then passes the result (for the
+  // same body) to stage(), which checks exactly as without it.
+  struct DecodedBody {
+    std::optional<transport::SparseUpdate> update;  // none: refused with outcome and diagnostic
+    SubmitOutcome outcome = SubmitOutcome::kMalformed;
+    std::string diagnostic;
+    double seconds = 0;  // counted into SubmitTimings::decode_seconds when it is applied
+  };
+  DecodedBody decode_body(std::span<const std::uint8_t> body) const;
+  StagedSubmit stage(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded);
   // Starts one fdatasync on the sync thread covering every update staged so far, unless a
   // sync is already running (the updates staged meanwhile wait for the next one).
   void start_commit();
@@ -263,7 +278,7 @@ class ServerState {
   // After each applied update: lets the published model take its step when one is due.
   void publish_after_apply();
   // stage() before the per-device bookkeeping.
-  StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body);
+  StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded);
   // Counts a refusal or an acceptance for `identity`; may quarantine it. Returns text to
   // add to the refusal's diagnostic.
   std::string note_device(std::string_view identity, SubmitOutcome outcome);

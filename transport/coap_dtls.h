@@ -254,6 +254,13 @@ class CoapDtlsServer {
     std::size_t max_body_bytes = std::size_t{4} << 20;
     std::size_t max_bodies_in_progress = 256;
     HandshakeLimits handshake;
+    // Bind the endpoints with SO_REUSEPORT, so that several servers (one per event-loop
+    // thread, edgetrain-server --loop-threads) share one port: the kernel hands each
+    // datagram to one of them by a hash of its source and destination, so all datagrams of
+    // one client address:port, hence its DTLS session, reach the same server while the set
+    // of sockets stays the same. Every socket of the group must set it; the first may bind
+    // port 0 and the others then bind port(). The handshake limits hold per server.
+    bool reuse_port = false;
     // Called (on the thread that drives the server) for every failed handshake of an
     // identity psk_lookup returned a key for. Unknown identities are psk_lookup's to report.
     std::function<void(const HandshakeFailure&)> on_handshake_failure;

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string_view>
 
@@ -572,6 +573,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
       coap_dtls_pki_t pki = pki_setup(*s.options.certificates);
       if (!coap_context_set_pki(s.context, &pki)) throw TransportError("DTLS X.509 set-up failed");
     }
+    std::optional<detail::ReusePortWhileBinding> reuse_port;
+    if (s.options.reuse_port) reuse_port.emplace();
     coap_address_t address = resolve_udp_address(s.options.bind_address, s.options.port);
     s.endpoint = coap_new_endpoint(s.context, &address, COAP_PROTO_DTLS);
     if (!s.endpoint) {
@@ -586,6 +589,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
                              std::to_string(*s.options.plaintext_port) + " (port in use?)");
       }
     }
+    reuse_port.reset();
     // "127.0.0.1:5684 DTLS" or "[::1]:5684 DTLS": the port the kernel actually bound.
     auto bound_port_of = [](coap_endpoint_t* endpoint) {
       std::string description = coap_endpoint_str(endpoint);

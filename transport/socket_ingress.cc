@@ -138,7 +138,26 @@ int find_bound_udp_socket(const sockaddr* address, socklen_t length) {
   return found;
 }
 
+namespace {
+thread_local bool t_reuse_port = false;  // thread_local: servers may be built on several threads
+}  // namespace
+
+ReusePortWhileBinding::ReusePortWhileBinding() { t_reuse_port = true; }
+ReusePortWhileBinding::~ReusePortWhileBinding() { t_reuse_port = false; }
+
 }  // namespace edgetrain::transport::detail
+
+// The link maps libcoap's calls of bind() here (--wrap=bind): see ReusePortWhileBinding.
+// A socket that refuses SO_REUSEPORT is bound all the same; a second server on the port
+// then fails to bind, which says "port in use", as without the option.
+extern "C" int __real_bind(int fd, const sockaddr* address, socklen_t length);
+extern "C" int __wrap_bind(int fd, const sockaddr* address, socklen_t length) {
+  if (edgetrain::transport::detail::t_reuse_port) {
+    const int on = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof(on));
+  }
+  return __real_bind(fd, address, length);
+}
 
 // The link maps libcoap's calls of recvmsg() here (--wrap=recvmsg); __real_recvmsg is the
 // C library's. Only objects in the link are redirected, never the C library itself. A

@@ -58,4 +58,15 @@ void stop_counting_ingress(int fd);
 // already registered with count_ingress(); -1 if there is none. Scans /proc/self/fd.
 int find_bound_udp_socket(const sockaddr* address, socklen_t length);
 
+// While an instance lives, the UDP sockets this thread binds (libcoap's endpoints, through
+// the bind() wrap, -Wl,--wrap=bind) get SO_REUSEPORT first: libcoap 4.3.1 sets only
+// SO_REUSEADDR and has no hook between socket() and bind().
+class ReusePortWhileBinding {
+ public:
+  ReusePortWhileBinding();
+  ~ReusePortWhileBinding();
+  ReusePortWhileBinding(const ReusePortWhileBinding&) = delete;
+  ReusePortWhileBinding& operator=(const ReusePortWhileBinding&) = delete;
+};
+
 }  // namespace edgetrain::transport::detail

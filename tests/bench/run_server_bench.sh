@@ -24,7 +24,10 @@
 # updates real workers sent, `edgetrain-loadgen load --replay FILE`, instead of top-k of
 # random gradients: same sizes, real index patterns), BENCH_SIGN_SCALE=1 (the load runs'
 # values as sign + scale, --sign-scale: ~6 Block1 blocks per update instead of 22; with
-# BENCH_REPLAY the recorded updates re-encoded so).
+# BENCH_REPLAY the recorded updates re-encoded so), BENCH_LOOP_THREADS (e.g. "1 2": the
+# load run is made BENCH_ROUNDS times with each --loop-threads count, alternating, and a
+# table puts them side by side), BENCH_SERVER_CPUS (e.g. "1.0": the server runs in a cgroup
+# v1 cpu group with that many cores of CFS quota, its threads together; needs root).
 # Every run is bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
 
@@ -65,12 +68,14 @@ if (( $(ulimit -n) < devices + 256 )); then ulimit -n "$(ulimit -Hn)"; fi
 # By default on the build tree's disk, not tmpfs: the WAL's fdatasync must reach a device.
 work=$(mktemp -d "${BENCH_STATE_PARENT:-$PWD/$build}/server-bench.XXXXXX")
 server_pid=""
+quota_group=""
 cleanup() {
   if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
     kill -TERM "$server_pid"
     wait "$server_pid" 2>/dev/null || true
   fi
   rm -rf "$work"
+  [[ -z $quota_group ]] || rmdir "$quota_group" 2>/dev/null || true
 }
 trap cleanup EXIT
 
@@ -91,6 +96,16 @@ if [[ -n ${BENCH_BASELINE:-} ]]; then
   [[ -x $baseline_server ]] || { echo "missing $baseline_server (BENCH_BASELINE is a build tree)" >&2; exit 1; }
 fi
 bench_server=$server  # which server binary start_bench_server runs
+# BENCH_SERVER_CPUS: a cgroup v1 cpu group whose CFS quota is that many cores; the server
+# (every thread: cgroup.procs moves the whole process) is put in it after its start.
+if [[ -n ${BENCH_SERVER_CPUS:-} ]]; then
+  cpu_root=$(dirname "$(ls /sys/fs/cgroup/cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us 2>/dev/null | head -n1)")
+  [[ $cpu_root != . ]] || { echo "BENCH_SERVER_CPUS: no cgroup v1 cpu controller" >&2; exit 1; }
+  quota_group=$cpu_root/edgetrain-server-bench-$$
+  mkdir "$quota_group"
+  echo 100000 > "$quota_group/cpu.cfs_period_us"
+  awk -v c="$BENCH_SERVER_CPUS" 'BEGIN { printf "%d\n", c * 100000 }' > "$quota_group/cpu.cfs_quota_us"
+fi
 
 start_bench_server() {
   rm -rf "$work/state" "$work/server.log"
@@ -99,6 +114,7 @@ start_bench_server() {
   port=$server_port
   # Every thread of the server, those it has started included (the ones it starts later inherit it).
   if [[ -n $pin_server ]]; then taskset -a -cp "$pin_server" "$server_pid" >/dev/null; fi
+  if [[ -n $quota_group ]]; then echo "$server_pid" > "$quota_group/cgroup.procs"; fi
 }
 
 stop_server() {
@@ -118,12 +134,28 @@ load_run() {  # label, server flags...
   start_bench_server "$@"
   timeout 120 "${pin_loadgen[@]}" "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
     --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" ${update_flags[@]+"${update_flags[@]}"} \
-    | tee "$work/load.out" | sed "s/^summary load/summary load label=${label// /_}/" >> "$work/load.txt"
+    | tee "$work/load.out" > /dev/null
   cat "$work/load.out"
   stop_server
+  # From the stopped server's stats file: requests per event loop (how the sessions spread)
+  # and the time the loops held the handlers' mutex per applied update (the serial part).
+  local spread
+  spread=$(python3 -c 'import json,sys
+j = json.load(open(sys.argv[1])); loops = j.get("loops", [])
+held = sum(l.get("lock_held_seconds", 0) for l in loops); n = max(1, j.get("updates_applied", 0))
+print("loop_requests=" + ("/".join(str(l["requests"]) for l in loops) or "-") + " lock_held_us=%.0f" % (held * 1e6 / n))' \
+    "$work/server.stats.json" 2>/dev/null || echo "loop_requests=- lock_held_us=-")
+  sed "s|^summary load|summary load label=${label// /_} $spread|" "$work/load.out" | grep '^summary load' >> "$work/load.txt" || true
 }
 if [[ " $runs " == *" load "* ]]; then
-  if [[ -n $baseline_server ]]; then
+  if [[ -n ${BENCH_LOOP_THREADS:-} ]]; then
+    read -r -a compare_flags <<<"$compare"
+    for round in $(seq "$rounds"); do
+      for n in $BENCH_LOOP_THREADS; do
+        load_run "$n loop threads (round $round)" --loop-threads "$n" ${compare_flags[@]+"${compare_flags[@]}"}
+      done
+    done
+  elif [[ -n $baseline_server ]]; then
     read -r -a compare_flags <<<"$compare"
     for round in $(seq "$rounds"); do
       bench_server=$baseline_server
@@ -187,3 +219,44 @@ while read -r line; do
   printf '| one-way delay %s ms: dense pull, to the server | %s datagrams, %s B | |\n' \
     "$(field delay_ms "$line")" "$(field pull_request_datagrams "$line")" "$(field pull_request_bytes "$line")"
 done < <(grep '^summary transfer' "$work/transfer.txt" || true)
+
+# BENCH_LOOP_THREADS: the load runs side by side, a column per loop-thread count, the
+# rounds' figures in order. "Server cores busy": updates/s × CPU per update; "per server
+# core": updates/s over the cores the server was allowed (BENCH_SERVER_CPUS, else the CPUs
+# of BENCH_PIN's server list, else all).
+if [[ -n ${BENCH_LOOP_THREADS:-} ]]; then
+  allowed=${BENCH_SERVER_CPUS:-}
+  if [[ -z $allowed && -n $pin_server ]]; then
+    allowed=$(python3 -c 'import sys; print(sum(int(b)-int(a)+1 if "-" in p else 1 for p in sys.argv[1].split(",") for a,b in [ (p.split("-")+[p])[:2] ]))' "$pin_server")
+  fi
+  allowed=${allowed:-$(nproc)}
+  echo
+  echo "server allowed $allowed cores${BENCH_PIN:+, pinned \"$BENCH_PIN\" (server, load generator)}; $devices sessions, $in_flight in flight, $post_seconds s per run"
+  header="| figure |" rule="|---|"
+  for n in $BENCH_LOOP_THREADS; do header+=" $n loop thread(s) |"; rule+="---|"; done
+  echo "$header"; echo "$rule"
+  row() {  # title, awk expression over u (updates/s) and c (server CPU µs per update)
+    local line="| $1 |" n
+    for n in $BENCH_LOOP_THREADS; do
+      line+=" $(grep "^summary load label=${n}_loop_threads_" "$work/load.txt" | while read -r load; do
+        awk -v u="$(field updates_per_s "$load")" -v c="$(field server_cpu_us "$load")" -v a="$allowed" "BEGIN { printf \"%s\", $2 }"
+        printf ' / '
+      done | sed 's| / $||') |"
+    done
+    echo "$line"
+  }
+  row "durable updates/s" 'sprintf("%.0f", u)'
+  row "server CPU per durable update (µs)" 'sprintf("%.0f", c)'
+  row "server cores busy" 'sprintf("%.2f", u * c / 1e6)'
+  line="| handlers' mutex held per durable update (µs; the serial part) |"
+  for n in $BENCH_LOOP_THREADS; do
+    line+=" $(grep "^summary load label=${n}_loop_threads_" "$work/load.txt" | while read -r load; do printf '%s / ' "$(field lock_held_us "$load")"; done | sed 's| / $||') |"
+  done
+  echo "$line"
+  row "durable updates/s per allowed server core" 'sprintf("%.0f", u / a)'
+  line="| requests per loop |"
+  for n in $BENCH_LOOP_THREADS; do
+    line+=" $(grep "^summary load label=${n}_loop_threads_" "$work/load.txt" | while read -r load; do printf '%s ; ' "$(field loop_requests "$load")"; done | sed 's| ; $||') |"
+  done
+  echo "$line"
+fi

@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <memory>
+#include <set>
+#include <vector>
 #include <thread>
 
 #include "transport/coap_dtls.h"
@@ -213,6 +216,54 @@ TEST(DtlsObserve, OnlyGetHandlersAreObservableAndPlainGetsStillWork) {
   EXPECT_EQ(std::string(r.payload.begin(), r.payload.end()), "fine");
   EXPECT_EQ(reads, 1);
   EXPECT_FALSE(server.notify_observers("status"));  // a plain GET does not subscribe
+}
+
+}  // namespace
+
+namespace {
+
+// Options::reuse_port (edgetrain-server --loop-threads): servers that ask for it share one
+// port, each answering the sessions the kernel hands to its socket, each counting its own
+// socket's ingress. (libcoap's own SO_REUSEADDR already lets a second server bind a UDP
+// port, but then one socket gets every datagram: only SO_REUSEPORT spreads them.)
+TEST(DtlsReusePort, ServersThatAskShareAPortAndTheKernelSpreadsSessionsOverThem) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of("shared-key-00000")); };
+  options.reuse_port = true;
+  std::vector<std::unique_ptr<CoapDtlsServer>> servers;
+  servers.push_back(std::make_unique<CoapDtlsServer>(options));
+  options.port = servers[0]->port();
+  servers.push_back(std::make_unique<CoapDtlsServer>(options));
+  ASSERT_EQ(servers[1]->port(), servers[0]->port());
+  for (int n = 0; n < 2; ++n)
+    servers[n]->add_resource("which", Method::kGet, [n](const CoapRequest&) {
+      return CoapResponse{CoapCode::kContent, {static_cast<std::uint8_t>('0' + n)}};
+    });
+  std::atomic<bool> stop = false;
+  std::vector<std::thread> loops;
+  for (auto& server : servers)
+    loops.emplace_back([&stop, &server] {
+      while (!stop) server->run_once(10);
+    });
+
+
+  // Each client session is answered by one server; with 16 source ports both answer (the
+  // kernel's hash puts all 16 on one socket with probability 2^-15).
+  std::set<char> answered_by;
+  for (int c = 0; c < 16; ++c) {
+    CoapDtlsClient client({"127.0.0.1", options.port, {"anyone", bytes_of("shared-key-00000")}, 10000});
+    const CoapResponse first = client.request(Method::kGet, "which");
+    const CoapResponse second = client.request(Method::kGet, "which");
+    ASSERT_EQ(first.code, CoapCode::kContent);
+    ASSERT_EQ(first.payload.size(), 1u);
+    EXPECT_EQ(second.payload, first.payload) << "a session moved between servers";
+    answered_by.insert(static_cast<char>(first.payload[0]));
+  }
+  stop = true;
+  for (auto& loop : loops) loop.join();
+  EXPECT_EQ(answered_by, (std::set<char>{'0', '1'}));
+  EXPECT_GT(servers[0]->datagrams_received(), 0u);
+  EXPECT_GT(servers[1]->datagrams_received(), 0u);
 }
 
 }  // namespace

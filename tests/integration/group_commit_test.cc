@@ -18,6 +18,8 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <thread>
 
@@ -294,6 +296,88 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
   EXPECT_EQ(state.version(), acknowledged_version);
   EXPECT_EQ(server::read_wal(state.wal_path()).records.size(), acknowledged_version)
       << "records of refused updates are cut off the log";
+}
+
+// Several event loops (edgetrain-server --loop-threads): two servers on one port
+// (SO_REUSEPORT), each driven by its own thread, over one ServerState. Sessions spread over
+// both loops; still every 2.04 names a version already in the synced log, the versions
+// answered are 1..n once each, the log holds exactly 1..n in order, and replaying it
+// (a restart from the initial checkpoint) gives the running server's parameters bit for bit.
+TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneIsSyncedAndReplaysBitExact) {
+  SyncProbe probe;
+  probe.delay_ms = 5;  // updates from both loops pile up behind each sync
+  transport::CoapDtlsServer::Options server_options;
+  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
+    return std::nullopt;
+  };
+  edgetrain::testing::ServedResources served("group-commit-loops", test_model(), options_for(probe), server_options, 2);
+  ServerState& state = served.state();
+
+  // 16 sessions from 16 source ports: the kernel's hash puts all of them on one socket with
+  // probability 2^-15.
+  constexpr int kWorkers = 16, kPostsEach = 3;
+  std::mutex mutex;
+  std::vector<std::string> failures;
+  std::vector<std::uint64_t> answered_versions;
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w)
+    workers.emplace_back([&, w] {
+      std::mt19937 rng(300 + w);
+      const runtime::Model model = test_model();
+      transport::CoapDtlsClient client(
+          {"127.0.0.1", served.server().port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 60000});
+      for (int p = 0; p < kPostsEach; ++p) {
+        transport::CoapResponse response;
+        try {
+          response = client.request(transport::Method::kPost, "update", random_sparse_update(rng, model, 1 + p, 0));
+        } catch (const std::exception& e) {
+          std::lock_guard lock(mutex);
+          failures.push_back(e.what());
+          return;
+        }
+        const auto version = server::decode_update_reply(response.payload);
+        if (response.code != transport::CoapCode::kChanged || !version) {
+          std::lock_guard lock(mutex);
+          failures.push_back("got " + transport::coap_code_string(response.code) + " " +
+                             std::string(response.payload.begin(), response.payload.end()));
+          continue;
+        }
+        const auto synced = versions_in_synced_prefix(state.wal_path(), probe.synced_bytes,
+                                                      served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
+        std::lock_guard lock(mutex);
+        if (std::find(synced.begin(), synced.end(), *version) == synced.end())
+          failures.push_back("version " + std::to_string(*version) + " acknowledged before it was synced");
+        answered_versions.push_back(*version);
+      }
+    });
+  for (auto& t : workers) t.join();
+  served.stop();
+  ASSERT_TRUE(failures.empty()) << failures.front();
+
+  const auto loops = nlohmann::json::parse(served.resources().loops_json());
+  ASSERT_EQ(loops.size(), 2u);
+  for (const auto& loop : loops)
+    EXPECT_GT(loop["updates_deferred"].get<std::uint64_t>(), 0u) << "the sessions did not spread: " << loops.dump();
+
+  constexpr std::uint64_t kUpdates = kWorkers * kPostsEach;
+  std::sort(answered_versions.begin(), answered_versions.end());
+  std::vector<std::uint64_t> one_to_n(kUpdates);
+  std::iota(one_to_n.begin(), one_to_n.end(), 1);
+  EXPECT_EQ(answered_versions, one_to_n) << "each version answered once, none skipped";
+  std::vector<std::uint64_t> logged;
+  for (const auto& record : server::read_wal(state.wal_path()).records) logged.push_back(record.version);
+  EXPECT_EQ(logged, one_to_n) << "the log holds 1..n in order, no gap, no duplicate";
+  EXPECT_EQ(state.version(), kUpdates);
+
+  const auto running = state.snapshot();
+  SyncProbe restart_probe;
+  ServerStateOptions restart_options = options_for(restart_probe);
+  restart_options.state_dir = served.state_dir();
+  ServerState restarted(test_model(), restart_options);
+  EXPECT_EQ(restarted.recovery().replayed_updates, kUpdates);
+  EXPECT_EQ(restarted.version(), running.version);
+  EXPECT_EQ(restarted.snapshot().parameters, running.parameters) << "replay is bit-exact";
 }
 
 // The transport's deferred answer on its own: it arrives after the empty ACK even when the

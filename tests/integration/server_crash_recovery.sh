@@ -8,16 +8,23 @@
 # updates accepted after each restart. Versions come from the workers' --stats-file. Then a
 # flipped byte in the checkpoint: the server resumes at the same version from the previous
 # checkpoint; in both checkpoints: refused.
-# usage: server_crash_recovery.sh SERVER WORKER
-server="$1"; worker="$2"
+# usage: server_crash_recovery.sh SERVER WORKER [SERVER FLAGS...] (e.g. --loop-threads 2:
+# the same checks with two event loops; which loop each worker's session lands on is the
+# kernel's hash of its address and port)
+server="$1"; worker="$2"; shift 2
+extra_server_flags=("$@")
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
 
 for i in 0 1; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 # Checkpoints every 40 updates: the kill lands after a few, so recovery loads a checkpoint
 # and replays the WAL records after it.
-server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 40)
+server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --checkpoint-every 40
+             ${extra_server_flags[@]+"${extra_server_flags[@]}"})
 start_server "$server" "$work/server-1.log" --port 0 "${server_args[@]}"
+if [[ " ${extra_server_flags[*]-} " == *" --loop-threads 2 "* ]]; then
+  grep -q "), 2 event-loop threads," "$work/server-1.log" || fail "the server does not say it runs 2 event loops"
+fi
 port=$server_port
 
 worker_pids=()

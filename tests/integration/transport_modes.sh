@@ -56,9 +56,12 @@ grep -q "datagrams_per_pass): datagrams-per-pass must be in 1..1024" "$work/bad-
   fail "no clear error for datagrams_per_pass = 5000, or state was made: $(cat "$work/bad-pass.log")"
 
 printf 'datagrams_per_pass = 4\n' >"$work/pass.toml"
+# One DTLS socket per event loop, all on the one port (SO_REUSEPORT).
 start_server "$server" "$work/dtls-only.log" --port 0 --state-dir "$work/state-dtls" --keystore "$work/keys.toml" --model mlp \
-  --config "$work/pass.toml"
-[ "$(udp_sockets "$server_pid")" -eq 1 ] || fail "a DTLS-only server holds $(udp_sockets "$server_pid") UDP sockets, not 1"
+  --config "$work/pass.toml" --loop-threads 3
+[ "$(udp_sockets "$server_pid")" -eq 3 ] || fail "a DTLS-only server with 3 loops holds $(udp_sockets "$server_pid") UDP sockets, not 3"
+grep -q "listening on 127.0.0.1:$server_port (CoAP over DTLS, PSK), 3 event-loop threads," "$work/dtls-only.log" ||
+  fail "the log does not name the port and the 3 loops"
 [ "$(json_get "$server_stats" insecure_port)" = null ] || fail "a DTLS-only server reports a plain CoAP port"
 ! grep -q "plain CoAP" "$work/dtls-only.log" || fail "a DTLS-only server mentions plain CoAP"
 kill -TERM "$server_pid"
@@ -66,7 +69,7 @@ wait_for_exit "$server_pid" 30 || fail "the DTLS-only server exited with status 
 
 # ---- 2. a worker trains against an --insecure server over plain CoAP -----------------------
 start_server "$server" "$work/insecure.log" --port 0 --insecure --insecure-port 0 --state-dir "$work/state-insecure" \
-  --keystore "$work/keys.toml" --model mlp
+  --keystore "$work/keys.toml" --model mlp --loop-threads 1
 grep -q "WARNING: --insecure: plain CoAP on 127.0.0.1:[0-9]* with NO encryption" "$work/insecure.log" ||
   fail "no start-up warning for --insecure"
 plain_port=$(json_get "$server_stats" insecure_port)

@@ -1,5 +1,7 @@
 #include "tests/support/served_resources.h"
 
+#include <algorithm>
+
 #include <string>
 #include <utility>
 
@@ -48,28 +50,39 @@ std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime:
 }
 
 ServedResources::ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                                 transport::CoapDtlsServer::Options server_options)
+                                 transport::CoapDtlsServer::Options server_options, std::size_t loops)
     : dir_("edgetrain-" + std::string(name)) {
   state_options.state_dir = dir_.path();
   state_ = std::make_unique<server::ServerState>(std::move(model), std::move(state_options));
   resources_ = std::make_unique<server::ServerResources>(*state_);
-  server_ = std::make_unique<transport::CoapDtlsServer>(std::move(server_options));
-  resources_->attach(*server_);
-  // The same loop as edgetrain-server's: group-committed updates are answered after each pass.
-  loop_ = std::thread([this] {
-    while (!stop_) resources_->serve_once(*server_, 10);
-    resources_->answer_durable_updates(true);
-  });
+  server_options.reuse_port = loops > 1;
+  for (std::size_t n = 0; n < std::max<std::size_t>(loops, 1); ++n) {
+    servers_.push_back(std::make_unique<transport::CoapDtlsServer>(server_options));
+    server_options.port = servers_[0]->port();
+    resources_->attach(*servers_.back());
+  }
+  // The same loops as edgetrain-server's: group-committed updates are answered after each
+  // pass; once all have stopped, one thread answers what is still staged.
+  for (std::size_t n = 0; n < servers_.size(); ++n)
+    loops_.emplace_back([this, n] {
+      while (!stop_) resources_->serve_once(*servers_[n], 10);
+    });
 }
 
 void ServedResources::stop() {
   stop_ = true;
-  if (loop_.joinable()) loop_.join();
+  bool joined = false;
+  for (std::thread& loop : loops_)
+    if (loop.joinable()) {
+      loop.join();
+      joined = true;
+    }
+  if (joined) resources_->answer_durable_updates(true);
 }
 
 ServedResources::~ServedResources() {
   stop();
-  server_.reset();
+  servers_.clear();
   resources_.reset();
   state_.reset();
 }

@@ -46,9 +46,11 @@ std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime:
 class ServedResources {
  public:
   // `state_options.state_dir` is replaced by a fresh directory named after `name`, removed
-  // again with the fixture. Starts serving before it returns.
+  // again with the fixture. Starts serving before it returns. `loops` > 1: that many event
+  // loops, each a server on the one port (SO_REUSEPORT) driven by its own thread, as
+  // edgetrain-server --loop-threads runs them.
   ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                  transport::CoapDtlsServer::Options server_options);
+                  transport::CoapDtlsServer::Options server_options, std::size_t loops = 1);
   // stop(), then the server, the resources, the state and the directory, in that order.
   ~ServedResources();
   ServedResources(const ServedResources&) = delete;
@@ -60,16 +62,16 @@ class ServedResources {
 
   server::ServerState& state() { return *state_; }
   server::ServerResources& resources() { return *resources_; }
-  transport::CoapDtlsServer& server() { return *server_; }
+  transport::CoapDtlsServer& server() { return *servers_[0]; }  // the port all loops serve
   const std::filesystem::path& state_dir() const { return dir_.path(); }
 
  private:
   TempDir dir_;
   std::unique_ptr<server::ServerState> state_;
   std::unique_ptr<server::ServerResources> resources_;
-  std::unique_ptr<transport::CoapDtlsServer> server_;
+  std::vector<std::unique_ptr<transport::CoapDtlsServer>> servers_;
   std::atomic<bool> stop_ = false;
-  std::thread loop_;
+  std::vector<std::thread> loops_;
 };
 
 }  // namespace edgetrain::testing

@@ -212,14 +212,20 @@ std::pair<double, double> shard_ingress(const fs::path& run) {
   return {payload, socket};
 }
 
-// One timeline.csv row from an evaluation of the shards' checkpoints, assembled: the
-// version is the sum of the shards' checkpoint versions (each shard counts its own).
+// One timeline.csv row from an evaluation of the shards' checkpoints, assembled. Its
+// version is the mean of the shards' checkpoint versions, rounded: every worker update
+// reaches every shard, so that is the count of updates applied, comparable with one
+// server's version (the sum, which the workers see, would be N times larger).
 std::string append_shard_row(const fs::path& run, double elapsed, const fs::path& eval_path) {
   const json eval = read_json(eval_path);
+  const json& versions = eval.at("shard_versions");
+  if (!versions.is_array() || versions.empty()) throw std::invalid_argument(eval_path.string() + ": no shard_versions");
+  double version_sum = 0;
+  for (const json& v : versions) version_sum += v.get<double>();
   const auto [payload, socket] = shard_ingress(run);
   const fs::path timeline = run / "timeline.csv";
   if (!fs::exists(timeline)) write_file(timeline, "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n");
-  const std::string row = fixed(elapsed, 0) + "," + std::to_string(eval.at("version").get<std::uint64_t>()) + "," +
+  const std::string row = fixed(elapsed, 0) + "," + fixed(version_sum / static_cast<double>(versions.size()), 0) + "," +
                           fixed(eval.at("accuracy").get<double>(), 4) + "," + fixed(payload, 0) + "," + fixed(socket, 0);
   std::ofstream(timeline, std::ios::app) << row << '\n';
   return row;

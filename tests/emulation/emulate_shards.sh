@@ -35,7 +35,7 @@ grep -q "restarted shard 1: recovered version" "$work/run/events.log" || fail "e
 [ "$(json_get "$outcome" stop)" = target ] && json_compare "$(json_get "$outcome" target_reached.accuracy)" -ge "$floor" ||
   fail "the assembled model's test accuracy never reached $floor"
 # Learning went on after the restart: the row that met the floor was evaluated after it
-# (the timeline's version is the sum of the three shards' checkpoint versions).
+# (the timeline's version is the mean of the three shards' checkpoint versions).
 restart_time=$(awk -F, 'NR == 2 { print $1 }' "$work/run/restarts.csv")
 json_compare "$(json_get "$outcome" target_reached.elapsed_s)" -gt "$restart_time" ||
   fail "the floor was met before shard 1's restart at $restart_time s"

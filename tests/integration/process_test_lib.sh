@@ -21,3 +21,18 @@ require_mnist() {
     exit 77
   fi
 }
+
+# expect_emulated_restarts_lost_nothing OUTCOME WHAT: an edgetrain-emulate run's outcome.json
+# holds exactly one restart check (a server's or a shard's: WHAT names it in the message),
+# which lost no acknowledged update, recovered at least the highest version acknowledged
+# before the kill, and came after updates had been applied; prints the recovered version.
+expect_emulated_restarts_lost_nothing() {
+  local outcome="$1" what="$2" recovered
+  [ "$(json_get "$outcome" server_restarts | wc -l)" -eq 1 ] && [ "$(json_get "$outcome" server_restarts.0.lost)" = false ] &&
+    [ "$(json_get "$outcome" lost_acknowledged_updates)" = false ] ||
+    fail "no successful restart check after the SIGKILL of $what"
+  recovered=$(json_get "$outcome" server_restarts.0.recovered_version)
+  [ "$recovered" -ge "$(json_get "$outcome" server_restarts.0.highest_acknowledged)" ] || fail "the restart check is wrong"
+  [ "$recovered" -gt 0 ] || fail "$what was killed before any update was applied"
+  echo "$recovered"
+}

@@ -26,6 +26,10 @@
 #              the same fleet
 #     gossip-impaired  balanced compressed gossip and AdaComp behind WAN-like links
 #     gossip32 32 peers in the same classes at half the shares (the machine has two cores)
+#     gossip-fashion  the same 16 peers on Fashion-MNIST: compressed D-PSGD with and without
+#              balancing, and asynchronous AdaComp with a server
+#     gossip-aware  the accuracy-aware run of the gossip group again, with the balanced
+#              learning rate capped at 2x (--max-lr-factor 2; uncapped it diverged)
 #     shards   paper CNN, 10 workers, a pull before every step: one server against a sharded
 #              server of 4 shard processes (issue 17), each killed once mid-run (the server,
 #              or shard 2) and recovered
@@ -42,13 +46,13 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|shards) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|shards) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
 [ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew
-                                    gossip gossip-impaired gossip32 shards)
+                                    gossip gossip-impaired gossip32 gossip-fashion gossip-aware shards)
 # EDGETRAIN_BUILD_DIR: the host build tree the runs use (default build/host); a copy keeps a
 # long matrix's programs fixed while the tree is rebuilt (its COMMIT file, if any, names the
 # commit they were built at). Run a long matrix from a worktree of its own: bash reads a
@@ -142,6 +146,8 @@ gossip_section() {
     gossip) echo "### Gossip without a server: paper CNN, MNIST, 16 peers in four CPU classes, clean links" ;;
     gossip-impaired) echo "### Gossip without a server behind WAN-like links: paper CNN, MNIST, 16 peers" ;;
     gossip32) echo "### Gossip without a server: paper CNN, MNIST, 32 peers at half the shares" ;;
+    gossip-fashion) echo "### Gossip without a server: paper CNN, Fashion-MNIST, 16 peers in four CPU classes, clean links" ;;
+    gossip-aware) echo "### Accuracy-aware gossip with the balanced learning rate capped: paper CNN, MNIST, 16 peers" ;;
   esac
   echo
   echo "Runs made at commit $(for r in "$@"; do cat "$out/$r.commit" 2>/dev/null; done | sort -u | paste -sd, | sed 's/,/, /g')."
@@ -262,7 +268,7 @@ for g in "${groups[@]}"; do
                      --request-timeout 60 --eval-interval 3 --eval-examples 10000)
       run shards-one-server "${shards_common[@]}" --fail kill-server@30+3 --label "one server (paper CNN, 10 workers)"
       run shards-4 "${shards_common[@]}" --shards 4 --fail kill-shard:2@30+3 --label "4 shards (paper CNN, 10 workers)" ;;
-    gossip|gossip-impaired|gossip32)
+    gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware)
       # Ours: the classes of the DISTREAL groups (1.12 cores for 16 peers), fixed for the run;
       # 32 peers get half of each share so the fleet still fits the machine's two cores.
       # Evaluations every 15 s on 1,000 test images (a fleet evaluation takes several
@@ -282,6 +288,17 @@ for g in "${groups[@]}"; do
       balanced=(--balance-target 0.06)
       wan=()
       [ "$g" = gossip-impaired ] && prefix=g16-wan wan=(--link delay=5:20,jitter=2,bandwidth=5000:50000)
+      [ "$g" = gossip-fashion ] && prefix=g16-fashion gcommon+=(--data fashion-mnist)
+      if [ "$g" = gossip-aware ]; then
+        # The gossip group's accuracy-aware run, whose balanced learning rate reached 8x
+        # (0.8) on the fastest class and diverged, with the cap at 2x.
+        run g16-ring-compressed-balanced-aware-cap2 "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          "${balanced[@]}" --plateau-patience 3 --validate-every 25 --max-lr-factor 2 \
+          --label "compressed + balancing (lr cap 2) + accuracy-aware, ring"
+        run g16-ring-compressed-balanced-cap2 "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+          "${balanced[@]}" --max-lr-factor 2 --label "D-PSGD compressed + balancing (lr cap 2), ring"
+        continue
+      fi
       if [ "$g" = gossip ]; then
         run g16-ring-compressed "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
           --label "D-PSGD compressed, ring"
@@ -342,6 +359,12 @@ section="$out/results-section.md"
   [ -d "$out/g16-wan-ring-compressed" ] && gossip_section gossip-impaired 0.9 g16-wan-ring-compressed \
     g16-wan-ring-compressed-balanced g16-wan-adacomp
   [ -d "$out/g32-ring-compressed" ] && gossip_section gossip32 0.9 g32-ring-compressed g32-ring-compressed-balanced g32-adacomp
+  # Fashion-MNIST: 85% (the simulator's target for it). The accuracy-aware rerun against the
+  # gossip group's reference, compressed D-PSGD, when that run is in the same OUT.
+  [ -d "$out/g16-fashion-ring-compressed" ] && gossip_section gossip-fashion 0.85 g16-fashion-ring-compressed \
+    g16-fashion-ring-compressed-balanced g16-fashion-adacomp
+  [ -d "$out/g16-ring-compressed-balanced-aware-cap2" ] && gossip_section gossip-aware 0.95 g16-ring-compressed \
+    g16-ring-compressed-balanced-cap2 g16-ring-compressed-balanced-aware-cap2
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

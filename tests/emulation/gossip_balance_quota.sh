@@ -43,8 +43,10 @@ for i in 0 1; do
   start_program "$work/peer-$i.log" ${prefix[@]+"${prefix[@]}"} "$worker" --mode gossip --topology "$work/topology.json" \
     --peer-name "peer-$i" --cert "$work/certs/peer-$i.crt" --cert-key "$work/certs/peer-$i.key" --ca "$work/certs/ca.crt" \
     --model paper-cnn --data mnist-small --lr 0.05 --balance-target "$target" --min-batch 2 --max-batch 512 \
-    --publish-fraction 0.01 --duration 150 --stats-file "$work/peer-$i.json" --quiet
+    --publish-fraction 0.01 --duration 150 --stats-file "$work/peer-$i.json"
 done
+# printed by fail with the logs: the counters say whether a peer was computing or waiting
+watched_logs+=("$work/peer-0.json" "$work/peer-1.json")
 stats="$work/peer-0.json"
 batch() { json_get "$stats" batch; }
 wait_for_json "$stats" iteration -ge 15 40 || fail "peer-0 did not reach iteration 15"
@@ -61,6 +63,8 @@ echo "a tenth of a core: batch $low, last iteration ${low_time} s (target $targe
 json_compare "$low_time" -le "$(awk -v t="$target" 'BEGIN { print 3 * t }')" ||
   fail "an iteration under the low quota took $low_time s, more than 3x the target $target s"
 set_quota 100000
-wait_for_json "$stats" batch -ge $((2 * low)) 30 || fail "the batch stayed at $(batch) (from $low) when the core came back"
+# One CI run saw the batch stay put for 30 s after the core came back (cause unknown: the
+# stats files are printed on failure to tell); the bound is 60 s.
+wait_for_json "$stats" batch -ge $((2 * low)) 60 || fail "the batch stayed at $(batch) (from $low) when the core came back"
 echo "whole core again: batch $(batch)"
 echo "PASS"

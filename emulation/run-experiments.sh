@@ -281,14 +281,16 @@ for g in "${groups[@]}"; do
       # 32 peers are evaluated every 30 s: an evaluation of 33 models takes a core for ~20 s.
       classes=pi5=0.12,pi4=0.08,pi3=0.05,zero2w=0.03 n=16 prefix=g16 every=15
       [ "$g" = gossip32 ] && classes=pi5=0.06,pi4=0.04,pi3=0.025,zero2w=0.015 n=32 prefix=g32 every=30
-      gcommon=(--workers "$n" --model paper-cnn --data mnist --cpu-classes "$classes" --duration 360 --eval-interval "$every"
+      gdata=mnist
+      [ "$g" = gossip-fashion ] && gdata=fashion-mnist
+      gcommon=(--workers "$n" --model paper-cnn --data "$gdata" --cpu-classes "$classes" --duration 360 --eval-interval "$every"
                --eval-examples 1000 --target-accuracy 0 --request-timeout 60)
       gossip=(--mode gossip --local-lr 0.1 --batch 10)
       compressed=(--gossip-publish-fraction 0.01)
       balanced=(--balance-target 0.06)
       wan=()
       [ "$g" = gossip-impaired ] && prefix=g16-wan wan=(--link delay=5:20,jitter=2,bandwidth=5000:50000)
-      [ "$g" = gossip-fashion ] && prefix=g16-fashion gcommon+=(--data fashion-mnist)
+      [ "$g" = gossip-fashion ] && prefix=g16-fashion
       if [ "$g" = gossip-aware ]; then
         # The gossip group's accuracy-aware run, whose balanced learning rate reached 8x
         # (0.8) on the fastest class and diverged, with the cap at 2x.

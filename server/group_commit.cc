@@ -62,6 +62,7 @@ void GroupCommit::run_sync_thread() {
     seconds_ = seconds;
     finished_ = true;
     changed_.notify_all();
+    if (on_finished_) on_finished_();  // under the lock: the hook only signals, and finish_sync may run at once
   }
 }
 

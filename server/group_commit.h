@@ -81,12 +81,17 @@ class GroupCommit {
   // The running sync's result once it has finished (wait = true: blocks until then;
   // false: nullopt while it runs). nullopt when no sync is running.
   std::optional<SyncResult> finish_sync(bool wait);
+  // Called on the sync thread each time a sync has finished and its result is ready for
+  // finish_sync(): how a waiting event loop learns it without polling. Set before the first
+  // sync starts.
+  void set_on_finished(std::function<void()> hook) { on_finished_ = std::move(hook); }
 
  private:
   void run_sync_thread();
 
   SyncFunction sync_;
   StagedHook on_staged_;
+  std::function<void()> on_finished_;
   // Staging thread only.
   std::deque<StagedUpdate> staged_;
   std::map<std::string, SequenceEntry, std::less<>> staged_sequences_;

@@ -1,6 +1,8 @@
 #include "server/resources.h"
 
 #include <nlohmann/json.hpp>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <charconv>
 #include <cmath>
@@ -52,7 +54,35 @@ DeviceHealthOptions health_options(const ResourceOptions& options, ServerState& 
 }  // namespace
 
 ServerResources::ServerResources(ServerState& state, ResourceOptions options)
-    : state_(state), options_(std::move(options)), health_(health_options(options_, state_)), repeats_(options_.repeats) {}
+    : state_(state), options_(std::move(options)), health_(health_options(options_, state_)), repeats_(options_.repeats) {
+  state_.set_on_sync_finished([wakers = wakers_] { wakers->wake_all(); });
+}
+
+ServerResources::LoopWakers::~LoopWakers() {
+  for (int fd : fds)
+    if (fd >= 0) ::close(fd);
+}
+
+void ServerResources::LoopWakers::wake(std::size_t loop) {
+  std::lock_guard lock(mutex);
+  if (loop >= fds.size() || fds[loop] < 0) return;
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const ssize_t written = ::write(fds[loop], &one, sizeof one);  // EAGAIN: already signalled
+}
+
+void ServerResources::LoopWakers::wake_all() {
+  std::lock_guard lock(mutex);
+  const std::uint64_t one = 1;
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    [[maybe_unused]] const ssize_t written = ::write(fd, &one, sizeof one);
+  }
+}
+
+void ServerResources::wake_loops_with_answers(std::size_t except) {
+  for (std::size_t m = 0; m < loops_.size(); ++m)
+    if (m != except && !loops_[m].ready.empty()) wakers_->wake(m);
+}
 
 void ServerResources::log(const std::string& line) const { log_at(logging::Level::kInfo, line); }
 
@@ -204,6 +234,7 @@ CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std
   }
   if (state_.staged_updates() > 0) {  // submit() needs nothing staged
     settle(true);
+    wake_loops_with_answers(loop);
     // This thread may send only its own loop's answers; the other loops send theirs.
     if (loop < loops_.size()) send_ready(std::move(loops_[loop].ready));
   }
@@ -257,16 +288,21 @@ std::size_t ServerResources::loop_of(const transport::CoapDtlsServer& server) co
 // mutex, so loops overlap there; handlers and settling take it.
 void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms) {
   const std::size_t n = loop_of(server);  // loops_ no longer changes size
-  bool busy = false;
+  bool poll = false;
   {
     LoopLock lock(mutex_, loops_[n]);
-    busy = state_.staged_updates() > 0 || !loops_[n].ready.empty();
+    // A loop without a wake descriptor looks every millisecond for a finished sync or
+    // answers another loop queued; with one it is woken for those.
+    poll = !loops_[n].wakeable && (state_.staged_updates() > 0 || !loops_[n].ready.empty());
+    // Answers queued before this pass are sent after it: do not wait for datagrams first.
+    if (loops_[n].wakeable && !loops_[n].ready.empty()) poll = true;
   }
-  server.run_once(busy ? 1 : idle_timeout_ms);
+  server.run_once(poll ? (loops_[n].wakeable ? 0 : 1) : idle_timeout_ms);
   std::vector<ReadyAnswer> ready;
   {
     LoopLock lock(mutex_, loops_[n]);
     settle(false);
+    wake_loops_with_answers(n);
     ready = std::move(loops_[n].ready);
     loops_[n].ready.clear();
   }
@@ -418,6 +454,12 @@ std::size_t ServerResources::attach(transport::CoapDtlsServer& server) {
   const std::size_t n = loops_.size();
   loops_.emplace_back();
   loops_.back().server = &server;
+  {
+    const int fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);  // -1: this loop polls
+    std::lock_guard wakers_lock(wakers_->mutex);
+    wakers_->fds.push_back(fd);
+    loops_.back().wakeable = fd >= 0 && server.watch_wake_fd(fd);
+  }
   server.add_resource("model", transport::Method::kGet, [this, n](const CoapRequest& r) {
     LoopLock lock(mutex_, loops_[n]);
     ++loops_[n].requests;

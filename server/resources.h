@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -117,16 +118,20 @@ class ServerResources {
   // thread), with wait = true before stopping. serve_once() does the same for its own loop.
   // Returns how many updates it answered.
   std::size_t answer_durable_updates(bool wait);
-  // Updates staged and not yet answered; the loop polls more often while there are some.
+  // Updates staged and not yet answered.
   std::size_t updates_awaiting_sync() const {
     std::lock_guard lock(mutex_);
     return state_.staged_updates();
   }
   // One pass of the event loop every user of attach() runs, on the thread that drives
-  // `server` (an attached one): network events for at most `idle_timeout_ms` (1 ms while
-  // updates wait for their sync or answers for this loop are queued), then the finished
-  // answers of this loop's sessions. Before stopping, call answer_durable_updates(true).
+  // `server` (an attached one): network events for at most `idle_timeout_ms`, then the
+  // finished answers of this loop's sessions. A finished WAL sync, or answers another loop
+  // queued for this one, end the wait early (the loop's eventfd; a server without the
+  // batched loop cannot watch it and waits 1 ms at a time while there are such). Before
+  // stopping, call answer_durable_updates(true).
   void serve_once(transport::CoapDtlsServer& server, int idle_timeout_ms);
+  // Ends every loop's current wait (serve_once returns after its pass): for a stop.
+  void wake_loops() { wakers_->wake_all(); }
   // Holds the handlers' mutex: for reading the counters (status_json(), metrics_text(),
   // devices_json(), ...) from a thread other than the loops while loops run.
   std::unique_lock<std::mutex> hold() const { return std::unique_lock(mutex_); }
@@ -187,6 +192,7 @@ class ServerResources {
   // (fixed by attach()).
   struct Loop {
     const transport::CoapDtlsServer* server = nullptr;
+    bool wakeable = false;  // its server watches its wake descriptor (else it polls while updates wait)
     std::vector<ReadyAnswer> ready;  // sent by this loop's thread only
     std::uint64_t requests = 0, updates_deferred = 0;
     // Time this loop's thread waited for mutex_ and held it: what of its work is serial.
@@ -246,6 +252,20 @@ class ServerResources {
   // also every call into state_ (its own sync thread and snapshot() apart).
   mutable std::mutex mutex_;
   std::vector<Loop> loops_;  // one per attach(); the size is fixed once loops run
+  // One eventfd per loop, watched by its server (CoapDtlsServer::watch_wake_fd): written when
+  // a WAL sync finishes (on the sync thread) and when another loop queues answers for it, so
+  // a loop waits for those instead of polling every millisecond. Shared with the sync hook,
+  // which ServerState keeps: the descriptors stay open as long as either may write them.
+  struct LoopWakers {
+    std::mutex mutex;
+    std::vector<int> fds;
+    ~LoopWakers();
+    void wake(std::size_t loop);
+    void wake_all();
+  };
+  std::shared_ptr<LoopWakers> wakers_ = std::make_shared<LoopWakers>();
+  // Wakes every loop but `except` that has answers queued (settle() hands them out).
+  void wake_loops_with_answers(std::size_t except);
   // Atomic: the evaluator thread reads them for its progress line.
   std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;

@@ -227,6 +227,9 @@ class ServerState {
   std::vector<SettledSubmit> finish_commit(bool wait);
   // Updates staged and not yet reported by finish_commit().
   std::size_t staged_updates() const { return commit_.staged(); }
+  // Called on the sync thread whenever a sync has finished (finish_commit() then has
+  // results): the event loops' wake-up. Set before serving.
+  void set_on_sync_finished(std::function<void()> hook) { commit_.set_on_finished(std::move(hook)); }
 
   // Writes a checkpoint at the current version (atomic rename; the one before becomes
   // checkpoint.prev.safetensors, the WAL until now wal.prev.log) and starts a new WAL that

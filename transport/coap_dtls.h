@@ -307,6 +307,12 @@ class CoapDtlsServer {
   HandshakeStats handshake_stats() const;
   // Handles network events for at most `timeout_ms` milliseconds.
   void run_once(int timeout_ms);
+  // Lets another thread end a run_once() wait early: `fd` (an eventfd, or any descriptor that
+  // turns readable; the caller owns it and keeps it open while this server lives) is watched
+  // with the endpoints, and a run_once() that finds it readable drains it (one 8-byte read)
+  // and returns after its pass. Only with the batched loop (datagrams_per_pass > 1 on a
+  // libcoap built with epoll): returns false otherwise, and the caller has to poll.
+  bool watch_wake_fd(int fd);
 
  private:
   struct Impl;

@@ -8,15 +8,18 @@
 
 #include <mbedtls/ssl.h>
 #include <sys/epoll.h>
+#include <unistd.h>
 
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string_view>
 
 #include "transport/handshake_guard.h"
@@ -145,6 +148,10 @@ struct CoapDtlsServer::Impl {
   std::vector<epoll_event> batch;
   std::uint32_t reads_per_ready_endpoint = 1;
   bool epoll_prepared = false;  // run_once(): libcoap's timers armed by a first walk
+  // watch_wake_fd(): the descriptor (-1: none) and the address its epoll events carry, which
+  // is no coap_socket_t, so such events never reach coap_io_do_epoll().
+  int wake_fd = -1;
+  char wake_marker = 0;
   detail::IngressCounters ingress;
   // Per session, the answer to the last non-idempotent request a handler saw, by CoAP
   // message id. libcoap 4.3.1 keeps no such cache: when the ACK of a request is lost, the
@@ -718,7 +725,14 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   const int count = epoll_wait(s.coap_fd, ready, 16, static_cast<int>(wait_ms));
   s.batch.clear();
   std::size_t ready_endpoints = 0;
+  bool woken = false;
   for (int i = 0; i < count; ++i) {
+    if (ready[i].data.ptr == &s.wake_marker) {
+      std::uint64_t wakes = 0;
+      [[maybe_unused]] const ssize_t drained = ::read(s.wake_fd, &wakes, sizeof wakes);  // EAGAIN: already drained
+      woken = true;
+      continue;
+    }
     s.batch.push_back(ready[i]);
     // libcoap's event data is its coap_socket_t, whose first member is the descriptor
     // (coap_io_internal.h of 4.3.1). Were that to change, no event would match and every
@@ -730,6 +744,9 @@ void CoapDtlsServer::run_once(int timeout_ms) {
     ++ready_endpoints;
     for (std::uint32_t extra = 1; extra < s.reads_per_ready_endpoint; ++extra) s.batch.push_back(ready[i]);
   }
+  // Woken and nothing else: no walk of the sessions (coap_io_do_epoll() ends with one, ~100 µs
+  // at 1000 sessions). Nothing of libcoap's is due, or its timerfd would be among the events.
+  if (woken && s.batch.empty()) return;
   const std::uint64_t datagrams_before = s.ingress.datagrams.load(std::memory_order_relaxed);
   coap_io_do_epoll(s.context, s.batch.data(), s.batch.size());
   if (ready_endpoints == 0) return;
@@ -737,6 +754,19 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   const std::uint64_t tried = std::uint64_t{s.reads_per_ready_endpoint} * ready_endpoints;
   const std::uint64_t next = read >= tried ? 2 * std::uint64_t{s.reads_per_ready_endpoint} : read / ready_endpoints + 1;
   s.reads_per_ready_endpoint = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(next, 1, s.options.datagrams_per_pass));
+}
+
+bool CoapDtlsServer::watch_wake_fd(int fd) {
+  Impl& s = *impl_;
+  if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0 || fd < 0) return false;
+  if (s.wake_fd >= 0) throw std::logic_error("CoapDtlsServer: a wake descriptor is already watched");
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.ptr = &s.wake_marker;
+  if (epoll_ctl(s.coap_fd, EPOLL_CTL_ADD, fd, &event) != 0)
+    throw TransportError(std::string("cannot watch the wake descriptor: ") + std::strerror(errno));
+  s.wake_fd = fd;
+  return true;
 }
 
 }  // namespace edgetrain::transport

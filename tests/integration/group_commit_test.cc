@@ -380,6 +380,62 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
   EXPECT_EQ(restarted.snapshot().parameters, running.parameters) << "replay is bit-exact";
 }
 
+// A loop does not poll for finished syncs: its eventfd wakes it. The loops here wait up to
+// 30 s when nothing is due, so a deferred 2.04 that waited for the next datagram instead of
+// the sync's wake-up would come after the client's 5 s keepalive ping at the earliest. With
+// two loops, an answer settled by one loop for the other's session wakes the other one too.
+TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
+  SyncProbe probe;
+  probe.delay_ms = 5;
+  transport::CoapDtlsServer::Options server_options;
+  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
+    return std::nullopt;
+  };
+  for (const std::size_t loops : {std::size_t{1}, std::size_t{2}}) {
+    SCOPED_TRACE(std::to_string(loops) + " loop(s)");
+    edgetrain::testing::ServedResources served("group-commit-wake", test_model(), options_for(probe), server_options,
+                                               loops, 30000);
+    constexpr int kWorkers = 6, kPostsEach = 3;
+    std::mutex mutex;
+    std::vector<std::string> failures;
+    double slowest = 0;
+    std::vector<std::thread> workers;
+    for (int w = 0; w < kWorkers; ++w)
+      workers.emplace_back([&, w] {
+        std::mt19937 rng(700 + w);
+        const runtime::Model model = test_model();
+        transport::CoapDtlsClient client(
+            {"127.0.0.1", served.server().port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 20000});
+        for (int p = 0; p < kPostsEach; ++p) {
+          const auto body = random_sparse_update(rng, model, 1 + p, 0);
+          const auto started = std::chrono::steady_clock::now();
+          transport::CoapResponse response;
+          try {
+            response = client.request(transport::Method::kPost, "update", body);
+          } catch (const std::exception& e) {
+            std::lock_guard lock(mutex);
+            failures.push_back(e.what());
+            return;
+          }
+          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          std::lock_guard lock(mutex);
+          slowest = std::max(slowest, seconds);
+          if (response.code != transport::CoapCode::kChanged)
+            failures.push_back("got " + transport::coap_code_string(response.code));
+        }
+      });
+    for (auto& t : workers) t.join();
+    const auto stop_started = std::chrono::steady_clock::now();
+    served.stop();
+    const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_started).count();
+    ASSERT_TRUE(failures.empty()) << failures.front();
+    EXPECT_EQ(served.state().version(), std::uint64_t{kWorkers * kPostsEach});
+    EXPECT_LT(slowest, 4.0) << "an update waited for a datagram, not for its sync";
+    EXPECT_LT(stop_seconds, 10.0) << "stop() did not wake the loops out of their 30 s wait";
+  }
+}
+
 // The transport's deferred answer on its own: it arrives after the empty ACK even when the
 // handler answers seconds later (the client's keepalive pings are answered meanwhile).
 TEST(DeferredResponseOverDtls, ArrivesSecondsLaterWhileTheClientPings) {

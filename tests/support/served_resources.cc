@@ -50,7 +50,8 @@ std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime:
 }
 
 ServedResources::ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                                 transport::CoapDtlsServer::Options server_options, std::size_t loops)
+                                 transport::CoapDtlsServer::Options server_options, std::size_t loops,
+                                 int idle_timeout_ms)
     : dir_("edgetrain-" + std::string(name)) {
   state_options.state_dir = dir_.path();
   state_ = std::make_unique<server::ServerState>(std::move(model), std::move(state_options));
@@ -64,13 +65,14 @@ ServedResources::ServedResources(std::string_view name, runtime::Model model, se
   // The same loops as edgetrain-server's: group-committed updates are answered after each
   // pass; once all have stopped, one thread answers what is still staged.
   for (std::size_t n = 0; n < servers_.size(); ++n)
-    loops_.emplace_back([this, n] {
-      while (!stop_) resources_->serve_once(*servers_[n], 10);
+    loops_.emplace_back([this, n, idle_timeout_ms] {
+      while (!stop_) resources_->serve_once(*servers_[n], idle_timeout_ms);
     });
 }
 
 void ServedResources::stop() {
   stop_ = true;
+  resources_->wake_loops();  // a loop waiting out a long idle timeout
   bool joined = false;
   for (std::thread& loop : loops_)
     if (loop.joinable()) {

@@ -48,9 +48,10 @@ class ServedResources {
   // `state_options.state_dir` is replaced by a fresh directory named after `name`, removed
   // again with the fixture. Starts serving before it returns. `loops` > 1: that many event
   // loops, each a server on the one port (SO_REUSEPORT) driven by its own thread, as
-  // edgetrain-server --loop-threads runs them.
+  // edgetrain-server --loop-threads runs them. `idle_timeout_ms`: each serve_once()'s wait
+  // when nothing is due (the server's is 200 ms).
   ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                  transport::CoapDtlsServer::Options server_options, std::size_t loops = 1);
+                  transport::CoapDtlsServer::Options server_options, std::size_t loops = 1, int idle_timeout_ms = 10);
   // stop(), then the server, the resources, the state and the directory, in that order.
   ~ServedResources();
   ServedResources(const ServedResources&) = delete;

@@ -217,17 +217,23 @@ TEST(GroupCommit, ADuplicateOfAStagedUpdateIsAnsweredOnlyWithItsOriginal) {
   EXPECT_EQ(later.settled->version, 1u);
 }
 
+// A DTLS-PSK server whose devices are "device-N", all with the key of the clients below.
+transport::CoapDtlsServer::Options devices_server_options() {
+  transport::CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
+    return std::nullopt;
+  };
+  return options;
+}
+
 // The same over loopback DTLS-PSK with block-wise bodies: concurrent workers, every 2.04's
 // version already in the synced part of the WAL when the worker receives it; then a disk
 // that fails every sync: every update gets 5.00, none is applied or left in the log.
 TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsAnswer500) {
   SyncProbe probe;
   probe.delay_ms = 40;  // slow disk: updates pile up behind each sync
-  transport::CoapDtlsServer::Options server_options;
-  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
-    return std::nullopt;
-  };
+  const transport::CoapDtlsServer::Options server_options = devices_server_options();
   edgetrain::testing::ServedResources served("group-commit", test_model(), options_for(probe), server_options);
   ServerState& state = served.state();
   transport::CoapDtlsServer& server = served.server();
@@ -306,11 +312,7 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
 TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneIsSyncedAndReplaysBitExact) {
   SyncProbe probe;
   probe.delay_ms = 5;  // updates from both loops pile up behind each sync
-  transport::CoapDtlsServer::Options server_options;
-  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
-    return std::nullopt;
-  };
+  const transport::CoapDtlsServer::Options server_options = devices_server_options();
   edgetrain::testing::ServedResources served("group-commit-loops", test_model(), options_for(probe), server_options, 2);
   ServerState& state = served.state();
 
@@ -387,11 +389,7 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
 TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
   SyncProbe probe;
   probe.delay_ms = 5;
-  transport::CoapDtlsServer::Options server_options;
-  server_options.psk_lookup = [](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
-    if (id.starts_with("device-")) return std::vector<std::uint8_t>(16, 0x42);
-    return std::nullopt;
-  };
+  const transport::CoapDtlsServer::Options server_options = devices_server_options();
   for (const std::size_t loops : {std::size_t{1}, std::size_t{2}}) {
     SCOPED_TRACE(std::to_string(loops) + " loop(s)");
     edgetrain::testing::ServedResources served("group-commit-wake", test_model(), options_for(probe), server_options,

@@ -91,8 +91,11 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
 // included). Sparse ones are found by walking the parameter's chain of touches from the
 // newest back until it leaves that window; dense ones touch everything.
 // σ under D <= 64 is a popcount per entry; x86-64's baseline has no POPCNT instruction, so
-// without a clone for the CPUs that have it every entry costs a call into libgcc.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// without a clone for the CPUs that have it every entry costs a call into libgcc. Not under
+// a sanitizer: the clone's resolver runs while the program is relocated, before the
+// sanitizer's runtime is up, and its instrumented code crashes there.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("popcnt", "default")))
 #endif
 void ParameterStore::compute_sigma(std::uint64_t delay) {

@@ -695,8 +695,8 @@ HandshakeStats CoapDtlsServer::handshake_stats() const { return impl_->guard ? i
 // coap_io_process() as libcoap 4.3.1 does it with epoll (prepare: timeouts and
 // retransmissions of every session; epoll_wait; coap_io_do_epoll, which reads ONE datagram
 // per ready socket and then prepares again), except that a ready endpoint is handed to
-// coap_io_do_epoll() several times in one call, so that several datagrams share the two
-// walks over all sessions. A server has one socket per endpoint for all its sessions,
+// coap_io_do_epoll() several times in one call, so that several datagrams share its walk
+// over all sessions (libcoap's loop walks twice per pass; this one once, see below). A server has one socket per endpoint for all its sessions,
 // which is why this matters: at 1000 sessions the walks were 44 % of its CPU. How many
 // reads adapts to the load: twice what the previous pass found while every read finds a
 // datagram, else one more than it found, so an idle server pays at most one read that

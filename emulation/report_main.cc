@@ -538,6 +538,7 @@ struct EmulatorSettings {
   // Gossip (no server; the worker's --mode gossip): emulation/README.md "Gossip runs".
   std::string topology = "ring", gossip = "d-psgd";
   std::uint32_t degree = 4, plateau_patience = 0, validate_every = 50, checkpoint_every = 10, eval_examples = 1000;
+  std::uint32_t wait_steps = 0;
   double gossip_publish_fraction = 1, consensus_step = 0, neighbour_wait = 5, balance_target = 0, max_lr_factor = 8;
 };
 
@@ -596,6 +597,8 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
       .range(0, 3600).unit("seconds");
   t.add("balance-target", s.balance_target, "gossip: workload balancing, a step's target time (0: off)")
       .range(0, 3600).unit("seconds");
+  t.add("wait-steps", s.wait_steps, "gossip, d-psgd: the peers' --wait-steps (local steps a peer may take while a "
+        "neighbour is behind; 0: off)").range(0, 1000);
   t.add("max-lr-factor", s.max_lr_factor, "gossip, with --balance-target: the peers' --max-lr-factor (the lr follows "
         "the batch linearly up to this many times --local-lr)").range(1, 64);
   t.add("plateau-patience", s.plateau_patience, "gossip: accuracy-aware training, the peers' --plateau-patience (0: off)")

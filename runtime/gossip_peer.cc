@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <exception>
 #include <filesystem>
 #include <stdexcept>
@@ -76,6 +77,8 @@ void check_gossip_peer_config(const GossipPeerConfig& c) {
   if (c.validate_every == 0) throw std::invalid_argument("gossip: --validate-every must be at least 1");
   if (c.checkpoint_every == 0) throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
   if (!(c.neighbour_wait_seconds >= 0)) throw std::invalid_argument("gossip: --neighbour-wait must be >= 0");
+  if (c.wait_steps > 0 && c.algorithm != GossipAlgorithm::kDpsgd)
+    throw std::invalid_argument("gossip: --wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
   WorkloadBalancer check(c.balance);
   PlateauDetector check_plateau(c.plateau);
 }
@@ -256,7 +259,17 @@ struct GossipPeer::State {
   void mix_dpsgd();
   void average_adpsgd();
   void validate();
-  bool pull(Neighbour& n, std::uint64_t wanted_version);
+  // What the training thread and the pulls of one D-PSGD iteration tell each other when the
+  // peer trains while it waits (config.wait_steps).
+  struct PullWait {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::size_t pending = 0;  // pulls not finished
+    std::size_t behind = 0;   // pulls waiting for a neighbour to reach the iteration
+  };
+  bool pull(Neighbour& n, std::uint64_t wanted_version, PullWait* wait = nullptr);
+  std::vector<char> pull_all(const std::vector<Neighbour*>& due, std::uint64_t iteration);
+  std::vector<char> pull_all_training_meanwhile(const std::vector<Neighbour*>& due, std::uint64_t iteration);
   void neighbour_failed(Neighbour& n, const std::string& why);
 };
 
@@ -310,11 +323,22 @@ void GossipPeer::State::neighbour_failed(Neighbour& n, const std::string& why) {
 }
 
 // Pulls `n`'s published model until it is at `wanted_version` or later, or the wait is over.
-// Returns whether the copy held is usable (exact, finite).
-bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
+// Returns whether the copy held is usable (exact, finite). With `wait`, says there when the
+// neighbour is found behind (and when the pull ends), so that the training thread may step.
+bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWait* wait) {
   const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                           std::chrono::duration<double>(config.neighbour_wait_seconds));
   int mismatches = 0;
+  bool said_behind = false;
+  struct Unsay {
+    PullWait* wait;
+    bool& said;
+    ~Unsay() {
+      if (!wait || !said) return;
+      { std::lock_guard lock(wait->mutex); --wait->behind; }
+      wait->changed.notify_all();
+    }
+  } unsay{wait, said_behind};
   while (!stop) {
     CoapResponse answer;
     try {
@@ -363,22 +387,17 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version) {
     }
     n.backoff.reset();
     if (n.replica.version() >= wanted_version || Clock::now() >= give_up) return true;
+    if (wait && !said_behind) {
+      said_behind = true;
+      { std::lock_guard lock(wait->mutex); ++wait->behind; }
+      wait->changed.notify_all();
+    }
     sleep_unless_stopped(std::chrono::milliseconds(20), stop);
   }
   return false;
 }
 
-void GossipPeer::State::mix_dpsgd() {
-  const std::uint64_t iteration = published->version();
-  std::vector<Neighbour*> due;
-  for (Neighbour& n : neighbours) {
-    if (Clock::now() < n.retry_after) {
-      std::lock_guard lock(mutex);
-      stats.neighbours_skipped++;
-      continue;
-    }
-    due.push_back(&n);
-  }
+std::vector<char> GossipPeer::State::pull_all(const std::vector<Neighbour*>& due, std::uint64_t iteration) {
   // A pull is a block-wise transfer, one round trip per block: pulled one after the other,
   // an iteration would wait for the sum of its neighbours' transfers, not the longest.
   std::vector<char> usable(due.size(), 0);
@@ -404,6 +423,74 @@ void GossipPeer::State::mix_dpsgd() {
   } else {
     for (std::size_t k = 0; k < due.size(); ++k) usable[k] = pull(*due[k], iteration);
   }
+  return usable;
+}
+
+// The pulls run on their own threads (one per neighbour, or one for all when the channel
+// cannot overlap them); while one of them waits for a neighbour that has not reached the
+// iteration, the training thread takes local steps, at most config.wait_steps. Steps start
+// only once a neighbour was found behind: a peer whose neighbours are ready (the slowest
+// one) takes none, so the barrier does not get later for anyone.
+std::vector<char> GossipPeer::State::pull_all_training_meanwhile(const std::vector<Neighbour*>& due,
+                                                                 std::uint64_t iteration) {
+  std::vector<char> usable(due.size(), 0);
+  if (due.empty()) return usable;
+  PullWait wait;
+  wait.pending = due.size();
+  std::vector<std::exception_ptr> failures(due.size());
+  auto run = [this, &due, &usable, &failures, &wait, iteration](std::size_t first, std::size_t last) {
+    for (std::size_t k = first; k < last; ++k) {
+      try {
+        usable[k] = pull(*due[k], iteration, &wait);
+      } catch (...) {
+        failures[k] = std::current_exception();  // rethrown on the training thread below
+      }
+      { std::lock_guard lock(wait.mutex); --wait.pending; }
+      wait.changed.notify_all();
+    }
+  };
+  std::vector<std::thread> pulls;
+  if (channel.concurrent_neighbours())
+    for (std::size_t k = 0; k < due.size(); ++k) pulls.emplace_back(run, k, k + 1);
+  else
+    pulls.emplace_back(run, 0, due.size());
+  std::uint32_t extra = 0;
+  {
+    std::unique_lock lock(wait.mutex);
+    while (wait.pending > 0) {
+      if (wait.behind > 0 && extra < config.wait_steps && !stop && !stats.training_stopped) {
+        lock.unlock();
+        local_step();
+        ++extra;
+        lock.lock();
+        continue;
+      }
+      wait.changed.wait(lock);
+    }
+  }
+  for (std::thread& t : pulls) t.join();
+  if (extra > 0) {
+    std::lock_guard lock(mutex);
+    stats.wait_steps += extra;
+  }
+  for (const std::exception_ptr& failure : failures)
+    if (failure) std::rethrow_exception(failure);
+  return usable;
+}
+
+void GossipPeer::State::mix_dpsgd() {
+  const std::uint64_t iteration = published->version();
+  std::vector<Neighbour*> due;
+  for (Neighbour& n : neighbours) {
+    if (Clock::now() < n.retry_after) {
+      std::lock_guard lock(mutex);
+      stats.neighbours_skipped++;
+      continue;
+    }
+    due.push_back(&n);
+  }
+  const std::vector<char> usable =
+      config.wait_steps > 0 ? pull_all_training_meanwhile(due, iteration) : pull_all(due, iteration);
   std::vector<Neighbour*> fresh;
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);

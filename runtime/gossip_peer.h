@@ -21,7 +21,8 @@
 // layout is refused and counted, never averaged in.
 //
 // Balancing (runtime/gossip.h WorkloadBalancer) sizes each iteration's batch to a target
-// time from the speed measured now; accuracy-aware training (PlateauDetector) evaluates the
+// time from the speed measured now; with wait_steps a D-PSGD peer also trains while a
+// neighbour it pulls is behind, instead of idling at the barrier; accuracy-aware training (PlateauDetector) evaluates the
 // model on a validation split held out of the peer's shard, halves the learning rate on a
 // plateau and stops local steps on the last one (the peer keeps serving and averaging).
 // The model and its iteration are checkpointed (safetensors) and resumed after a kill.
@@ -63,6 +64,9 @@ struct GossipPeerConfig {
   std::uint32_t publish_min_entries = 32;
   double consensus_step = 1;  // γ
   double neighbour_wait_seconds = 5;  // D-PSGD: how long to wait for a neighbour that is behind
+  // D-PSGD: at most this many more local steps per iteration, taken while a neighbour this
+  // peer pulls is behind (ours: a fast peer trains instead of idling at the barrier; 0: off).
+  std::uint32_t wait_steps = 0;
   std::uint64_t max_iterations = 0;   // 0: until stopped
   double max_seconds = 0;             // 0: until stopped
   double slowdown = 0;                // sleep this many times each step's compute time
@@ -77,6 +81,7 @@ struct GossipPeerStats {
   std::uint64_t iteration = 0;        // local iterations done (resumed from a checkpoint)
   std::uint64_t resumed_iteration = 0;  // the checkpoint's iteration this run started from (0: none)
   std::uint64_t steps = 0;            // local SGD steps trained in this run
+  std::uint64_t wait_steps = 0;       // ... of which taken while waiting for a neighbour (wait_steps)
   std::uint64_t examples = 0;         // examples trained in this run
   std::uint64_t exchanges = 0;        // neighbour models mixed in (D-PSGD) or averages done (AD-PSGD)
   std::uint64_t neighbours_skipped = 0;  // unreachable, in backoff, or behind after the wait

@@ -246,6 +246,9 @@ void declare_settings(edgetrain::settings::Table& t, WorkerSettings& s) {
         "copies per iteration (0: 1 with dense gossip, 0.1 with compressed)").range(0, 1);
   t.add("neighbour-wait", s.gossip.neighbour_wait_seconds, "d-psgd: how long to wait for a neighbour that is "
         "behind before averaging without it").range(0, 3600).unit("seconds");
+  t.add("wait-steps", s.gossip.wait_steps, "d-psgd: while a neighbour is behind, take up to this many more local "
+        "steps per iteration instead of idling at the barrier (a fast peer's way to use its speed; 0: off)")
+      .range(0, 1000);
   t.add("balance-target", s.balance_target, "workload balancing: size each step's batch so that it takes this long "
         "at the speed measured now, lr scaled with the batch (0: off)").range(0, 3600).unit("seconds");
   t.add("min-batch", s.gossip.balance.min_batch, "with --balance-target: the least batch").range(1, 4096);
@@ -493,7 +496,7 @@ edgetrain::runtime::GossipPeerConfig gossip_config(WorkerSettings& s) {
 
 std::string gossip_stats_json(const edgetrain::runtime::GossipPeerStats& st, const std::string& name, bool running) {
   const nlohmann::json j = {{"state", running ? "running" : "stopped"}, {"mode", "gossip"}, {"peer", name},
-                            {"iteration", st.iteration}, {"resumed_iteration", st.resumed_iteration}, {"steps", st.steps}, {"examples", st.examples},
+                            {"iteration", st.iteration}, {"resumed_iteration", st.resumed_iteration}, {"steps", st.steps}, {"wait_steps", st.wait_steps}, {"examples", st.examples},
                             {"exchanges", st.exchanges}, {"neighbours_skipped", st.neighbours_skipped},
                             {"models_refused", st.models_refused}, {"requests_refused", st.requests_refused},
                             {"bytes_sent", st.bytes_sent}, {"bytes_received", st.bytes_received}, {"batch", st.batch},

@@ -311,6 +311,60 @@ TEST_F(GossipPeerTest, DpsgdPullsEveryNeighbourAtOnceWhenTheChannelAllowsIt) {
   EXPECT_EQ(peer.stats().neighbours_skipped, 0u);
 }
 
+// FakeNeighbours whose peer-1 is slow: it answers its model at version `slow_version` for
+// its first `lagging_answers` pulls of each iteration (the puller sleeps 20 ms after each),
+// then at `version`, as peer-3 always does.
+class LaggingNeighbours : public FakeNeighbours {
+ public:
+  std::uint64_t version = 1, slow_version = 0;
+  int lagging_answers = 0;
+  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path, std::span<const std::uint8_t>) override {
+    paths.push_back(path);
+    const bool behind = neighbour == 1 && lagged_++ < lagging_answers;
+    return {CoapCode::kContent,
+            transport::encode_dense_model(layout_id, behind ? slow_version : version, sizes, models.at(neighbour)).value()};
+  }
+  void next_iteration() { ++version, ++slow_version, lagged_ = 0; }
+
+ private:
+  int lagged_ = 0;
+};
+
+TEST_F(GossipPeerTest, DpsgdTrainsWhileANeighbourIsBehindUpToWaitSteps) {
+  const runtime::Dataset data = tiny_data();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  for (const std::uint32_t wait_steps : {0u, 3u}) {
+    LaggingNeighbours channel;
+    with_ring_neighbours(channel, model);
+    channel.lagging_answers = 10;  // ~200 ms behind: time for many steps of this tiny model
+    GossipPeerConfig config = config_for(0, runtime::GossipAlgorithm::kDpsgd);
+    config.neighbour_wait_seconds = 5;
+    config.wait_steps = wait_steps;
+    std::atomic<bool> stop{false};
+    GossipPeer peer(config, data, channel, stop);
+    peer.iterate();
+    auto stats = peer.stats();
+    // The barrier held (both neighbours mixed in), and the wait was used up to the cap.
+    EXPECT_EQ(stats.exchanges, 2u) << wait_steps;
+    EXPECT_EQ(stats.wait_steps, wait_steps);
+    EXPECT_EQ(stats.steps, 1u + wait_steps);
+    EXPECT_EQ(stats.examples, 5u * (1u + wait_steps));
+    // Neighbours that are ready: no step beyond the iteration's own.
+    channel.next_iteration();
+    channel.lagging_answers = 0;
+    peer.iterate();
+    stats = peer.stats();
+    EXPECT_EQ(stats.exchanges, 4u);
+    EXPECT_EQ(stats.wait_steps, wait_steps);
+    EXPECT_EQ(stats.steps, 2u + wait_steps);
+    for (float v : peer.parameters()) ASSERT_TRUE(std::isfinite(v));
+  }
+  // Only D-PSGD has a barrier to wait at.
+  GossipPeerConfig adpsgd = config_for(0, runtime::GossipAlgorithm::kAdpsgd);
+  adpsgd.wait_steps = 2;
+  EXPECT_THROW(runtime::check_gossip_peer_config(adpsgd), std::invalid_argument);
+}
+
 TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused) {
   const runtime::Dataset data = tiny_data();
   NoNeighbours channel;

@@ -65,7 +65,8 @@ struct GossipPeerConfig {
   double consensus_step = 1;  // γ
   double neighbour_wait_seconds = 5;  // D-PSGD: how long to wait for a neighbour that is behind
   // D-PSGD: at most this many more local steps per iteration, taken while a neighbour this
-  // peer pulls is behind (ours: a fast peer trains instead of idling at the barrier; 0: off).
+  // peer pulls is behind, each only if it ends within the last iteration's wait (ours: a
+  // fast peer trains instead of idling at the barrier; 0: off).
   std::uint32_t wait_steps = 0;
   std::uint64_t max_iterations = 0;   // 0: until stopped
   double max_seconds = 0;             // 0: until stopped

@@ -81,8 +81,9 @@ struct Peer {
   std::optional<runtime::PublishedModel> published;  // compressed gossip
   std::uint32_t speed_class = 0;
   double clock = 0;  // when its last iteration ended
-  std::uint64_t iterations = 0, steps = 0, examples = 0;
+  std::uint64_t iterations = 0, steps = 0, examples = 0, wait_steps = 0;
   double compute_time = 0, wait_time = 0;
+  double last_wait = 0;  // D-PSGD: how long its last iteration waited for its neighbours
   bool stopped = false;
   std::uint64_t bytes_sent = 0;
   // The step in progress: its gradient, computed on the model at the step's start, and what
@@ -316,7 +317,20 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
       Peer& peer = peers_[i];
       double start = finished[i];
       for (std::uint32_t j : topology_.neighbours[i]) start = std::max(start, finished[j]);
-      peer.wait_time += start - finished[i];
+      // Steps while waiting (wait_steps), the real peer's rule: a step is started only if,
+      // at its mean time, it ends within the wait the last iteration had (the peer does not
+      // know this one's); on the model as it is after the last mix, as the real peer's extra
+      // steps are, which it takes between its publish and its mix.
+      double ready = finished[i];
+      for (std::uint32_t extra = 0; extra < config_.wait_steps && !peer.stopped; ++extra) {
+        if (ready - finished[i] + compute_time(peer, batch_of(peer), ready) > peer.last_wait) break;
+        ready += compute_step(peer, ready);
+        apply_step(peer);
+        peer.wait_steps++;
+      }
+      peer.last_wait = start - finished[i];
+      peer.wait_time += std::max(0.0, start - ready);
+      start = std::max(start, ready);
       double busy = 0;
       if (peer.stopped) {
         result.skipped_steps++;
@@ -506,8 +520,9 @@ void GossipSimulation::finish(GossipResult& result) {
   for (std::size_t c = 0; c < classes; ++c) {
     SpeedClassStats& s = result.classes[c];
     s.budget = config_.speed_classes.empty() ? 1.0 : config_.speed_classes[c];
-    s.compute_per_iteration = steps[c] ? compute[c] / static_cast<double>(steps[c]) : 0;
+    s.compute_per_step = steps[c] ? compute[c] / static_cast<double>(steps[c]) : 0;
     s.wait_per_iteration = iterations[c] ? wait[c] / static_cast<double>(iterations[c]) : 0;
+    s.steps_per_iteration = iterations[c] ? static_cast<double>(steps[c]) / static_cast<double>(iterations[c]) : 0;
     s.mean_batch = steps[c] ? static_cast<double>(examples[c]) / static_cast<double>(steps[c]) : 0;
   }
   std::ostringstream t;
@@ -568,6 +583,7 @@ void check_gossip_config(const GossipConfig& c) {
       refuse("--publish-fraction below 1 is for --gossip d-psgd: AD-PSGD's pairwise midpoint needs both models exactly");
     if (c.consensus_step && *c.consensus_step != 1)
       refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
+    if (c.wait_steps > 0) refuse("--wait-steps is for --gossip d-psgd (AD-PSGD has no barrier to wait at)");
   }
   if (c.topology && c.topology->size() != static_cast<std::size_t>(c.peers))
     refuse("--topology-file lists " + std::to_string(c.topology->size()) + " peers, --workers says " +

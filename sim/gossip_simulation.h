@@ -99,6 +99,10 @@ struct GossipConfig {
   int balance_min_batch = 1;
   int balance_max_batch = 256;
   double balance_max_lr_factor = 8;  // the lr follows the batch linearly up to this many times learning_rate
+  // D-PSGD: while a peer waits for a neighbour at the barrier it takes up to this many more
+  // local steps (0: off), as the real peer's --wait-steps: a step is started only if it
+  // would end within the wait of the peer's last iteration.
+  std::uint32_t wait_steps = 0;
   // Accuracy-aware training: 0 off; else runtime::PlateauDetector's patience, fed with the
   // peer's validation accuracy every validate_every of its iterations.
   // The validation split is validation_fraction of the shard, held out of training (ours, as
@@ -146,7 +150,8 @@ struct GossipEvalPoint {
 struct SpeedClassStats {
   double budget = 1;           // the class's nominal relative CPU budget
   int peers = 0;
-  double compute_per_iteration = 0;  // mean compute time of a training iteration
+  double compute_per_step = 0;  // mean compute time of a local step
+  double steps_per_iteration = 0;    // local steps per iteration (above 1 with wait_steps)
   double wait_per_iteration = 0;     // D-PSGD: mean time waiting for neighbours per iteration
   double mean_batch = 0;             // examples per local step
 };

@@ -133,6 +133,8 @@ void declare_settings(settings::Table& t, SimSettings& s) {
         "time per iteration, lr scaled with the batch (0: off)").range(0, 1e9).unit("step times");
   t.add("min-batch", s.gossip.balance_min_batch, "smallest batch balancing picks").range(1, 4096);
   t.add("max-batch", s.gossip.balance_max_batch, "largest batch balancing picks").range(1, 4096);
+  t.add("wait-steps", s.gossip.wait_steps, "d-psgd: while waiting for a neighbour at the barrier, a peer takes up to "
+        "this many more local steps (0: off; the worker's --wait-steps)").range(0, 1000);
   t.add("max-lr-factor", s.gossip.balance_max_lr_factor, "with --balance-target: the lr follows the batch linearly up "
         "to this many times --lr").range(1, 64);
   t.add("plateau-patience", s.gossip.plateau_patience, "accuracy-aware training: validations without improvement "
@@ -591,11 +593,11 @@ std::string gossip_summary(const sim::GossipResult& r, double target_accuracy) {
                 reached ? human_bytes(reached->bytes_per_peer).c_str() : "never",
                 optional_time(r.consensus_first_reaching(target_accuracy)).c_str(), r.wall_seconds);
   out << row;
-  out << "\n| speed class (budget) | peers | compute per iteration | waiting per iteration | mean batch |\n"
-         "|---|---|---|---|---|\n";
+  out << "\n| speed class (budget) | peers | compute per step | steps per iteration | waiting per iteration | mean batch |\n"
+         "|---|---|---|---|---|---|\n";
   for (const auto& c : r.classes) {
-    std::snprintf(row, sizeof row, "| %g | %d | %.2f | %.2f | %.1f |\n", c.budget, c.peers, c.compute_per_iteration,
-                  c.wait_per_iteration, c.mean_batch);
+    std::snprintf(row, sizeof row, "| %g | %d | %.2f | %.2f | %.2f | %.1f |\n", c.budget, c.peers, c.compute_per_step,
+                  c.steps_per_iteration, c.wait_per_iteration, c.mean_batch);
     out << row;
   }
   out << "\ntarget accuracy (mean peer): " << target_accuracy * 100 << "%; time in mean step times of the fastest "

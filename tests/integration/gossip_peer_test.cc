@@ -342,21 +342,27 @@ TEST_F(GossipPeerTest, DpsgdTrainsWhileANeighbourIsBehindUpToWaitSteps) {
     config.wait_steps = wait_steps;
     std::atomic<bool> stop{false};
     GossipPeer peer(config, data, channel, stop);
+    // The first wait: no steps, as the peer has no measure yet of how long it will last.
     peer.iterate();
     auto stats = peer.stats();
-    // The barrier held (both neighbours mixed in), and the wait was used up to the cap.
     EXPECT_EQ(stats.exchanges, 2u) << wait_steps;
+    EXPECT_EQ(stats.wait_steps, 0u);
+    // The second: the last one's ~200 ms hold many steps of this model; the cap holds.
+    channel.next_iteration();
+    peer.iterate();
+    stats = peer.stats();
+    EXPECT_EQ(stats.exchanges, 4u) << wait_steps;  // the barrier held: both neighbours mixed in
     EXPECT_EQ(stats.wait_steps, wait_steps);
-    EXPECT_EQ(stats.steps, 1u + wait_steps);
-    EXPECT_EQ(stats.examples, 5u * (1u + wait_steps));
+    EXPECT_EQ(stats.steps, 2u + wait_steps);
+    EXPECT_EQ(stats.examples, 5u * (2u + wait_steps));
     // Neighbours that are ready: no step beyond the iteration's own.
     channel.next_iteration();
     channel.lagging_answers = 0;
     peer.iterate();
     stats = peer.stats();
-    EXPECT_EQ(stats.exchanges, 4u);
+    EXPECT_EQ(stats.exchanges, 6u);
     EXPECT_EQ(stats.wait_steps, wait_steps);
-    EXPECT_EQ(stats.steps, 2u + wait_steps);
+    EXPECT_EQ(stats.steps, 3u + wait_steps);
     for (float v : peer.parameters()) ASSERT_TRUE(std::isfinite(v));
   }
   // Only D-PSGD has a barrier to wait at.

@@ -68,7 +68,7 @@ TEST(SimGossip, AdpsgdRingLearnsAndCountsDenseModelsBothWays) {
   EXPECT_DOUBLE_EQ(dense, std::floor(dense));
   // The fast peers (class 0) do more of the steps in the same time: about twice as many.
   ASSERT_EQ(r.classes.size(), 2u);
-  EXPECT_NEAR(r.classes[0].compute_per_iteration * 2, r.classes[1].compute_per_iteration, 0.2);
+  EXPECT_NEAR(r.classes[0].compute_per_step * 2, r.classes[1].compute_per_step, 0.2);
   // 600 steps at 3 peers x 1 + 3 peers x 1/2 steps per step time: about 133 step times.
   EXPECT_NEAR(r.virtual_time, 600 / 4.5, 15);
 }
@@ -161,8 +161,8 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
   const auto balanced = sim::run_gossip_simulation(c, data.train, data.test, "balanced");
   ASSERT_EQ(plain.classes.size(), 4u);
   ASSERT_EQ(balanced.classes.size(), 4u);
-  const double plain_ratio = plain.classes[3].compute_per_iteration / plain.classes[0].compute_per_iteration;
-  const double balanced_ratio = balanced.classes[3].compute_per_iteration / balanced.classes[0].compute_per_iteration;
+  const double plain_ratio = plain.classes[3].compute_per_step / plain.classes[0].compute_per_step;
+  const double balanced_ratio = balanced.classes[3].compute_per_step / balanced.classes[0].compute_per_step;
   EXPECT_NEAR(plain_ratio, 4.0, 0.4);
   EXPECT_LT(balanced_ratio, 1.5) << "slowest over fastest class's compute per iteration";
   EXPECT_GT(balanced.classes[0].mean_batch, balanced.classes[3].mean_batch * 2.5);
@@ -170,6 +170,34 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
   EXPECT_LT(balanced.classes[0].wait_per_iteration, plain.classes[0].wait_per_iteration / 2)
       << "the fast peers wait far less for the slow ones";
   EXPECT_GT(balanced.curve.back().mean_accuracy, 0.8);
+}
+
+// Training while waiting (wait_steps): the fast classes fill their wait at the barrier with
+// local steps, the slowest class, which nobody keeps waiting, takes none, and the run's pace
+// stays the slowest class's.
+TEST(SimGossip, WaitStepsFillTheFastPeersWaitAndLeaveTheSlowestAlone) {
+  const auto& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::GossipConfig c = ring_config();
+  c.peers = 8;
+  c.speed_classes = {0.12, 0.08, 0.05, 0.03};
+  c.eval_every = 100;
+  c.publish_fraction = 0.05;
+  const auto plain = sim::run_gossip_simulation(c, data.train, data.test, "plain");
+  c.wait_steps = 8;
+  const auto waiting = sim::run_gossip_simulation(c, data.train, data.test, "training while waiting");
+  ASSERT_EQ(waiting.classes.size(), 4u);
+  EXPECT_DOUBLE_EQ(plain.classes[0].steps_per_iteration, 1.0);
+  EXPECT_GT(waiting.classes[0].steps_per_iteration, 2.5) << "a 4x faster peer waits ~3 of its steps per iteration";
+  EXPECT_DOUBLE_EQ(waiting.classes[3].steps_per_iteration, 1.0);
+  EXPECT_LT(waiting.classes[0].wait_per_iteration, plain.classes[0].wait_per_iteration / 2);
+  EXPECT_LT(waiting.virtual_time, 1.2 * plain.virtual_time) << "the barrier's pace is still the slowest class's";
+  EXPECT_GT(waiting.local_steps, plain.local_steps * 3 / 2);
+  EXPECT_GT(waiting.curve.back().mean_accuracy, 0.8);
+  // AD-PSGD has no barrier to wait at.
+  c.algorithm = sim::GossipAlgorithm::kAdpsgd;
+  c.publish_fraction = 1;
+  EXPECT_THROW(sim::check_gossip_config(c), std::invalid_argument);
 }
 
 // A speed schedule changes a class's budget from its time on: class 0 at half its budget
@@ -186,13 +214,13 @@ TEST(SimGossip, ASpeedScheduleSlowsItsClassFromItsTimeOn) {
   c.step_jitter = 0;
   c.speed_classes = {1, 1};
   const auto steady = sim::run_gossip_simulation(c, data.train, data.test, "steady");
-  EXPECT_DOUBLE_EQ(steady.classes[0].compute_per_iteration, 1.0);
+  EXPECT_DOUBLE_EQ(steady.classes[0].compute_per_step, 1.0);
   EXPECT_DOUBLE_EQ(steady.virtual_time, 60.0);
   c.speed_schedule = sim::parse_speed_schedule("20:0:0.5");
   const auto slowed = sim::run_gossip_simulation(c, data.train, data.test, "slowed");
   // 20 iterations at 1, then 40 at 2 (the barrier holds class 1 back as well).
-  EXPECT_DOUBLE_EQ(slowed.classes[0].compute_per_iteration, (20 + 40 * 2) / 60.0);
-  EXPECT_DOUBLE_EQ(slowed.classes[1].compute_per_iteration, 1.0);
+  EXPECT_DOUBLE_EQ(slowed.classes[0].compute_per_step, (20 + 40 * 2) / 60.0);
+  EXPECT_DOUBLE_EQ(slowed.classes[1].compute_per_step, 1.0);
   EXPECT_DOUBLE_EQ(slowed.virtual_time, 20 + 40 * 2);
   c.balance_target = 1;
   const auto balanced = sim::run_gossip_simulation(c, data.train, data.test, "balanced");

@@ -336,6 +336,7 @@ struct DeviceRun {
   bool gossip = false;
   std::vector<double> seconds, accuracy, consensus, bytes_per_device;
   double final_accuracy = 0, final_min = 0, final_max = 0, final_consensus = -1, bytes_whole_run = 0, iterations = 0;
+  double steps = 0;  // local steps per device (a gossip peer's exceed its iterations with --wait-steps)
 };
 
 DeviceRun read_device_run(const fs::path& run) {
@@ -359,7 +360,13 @@ DeviceRun read_device_run(const fs::path& run) {
       r.final_consensus = outcome["final"]["consensus_accuracy"].get<double>();
     }
     r.bytes_whole_run = outcome.value("bytes_sent_per_peer", 0.0);
-    r.iterations = outcome.value("mean_iteration", 0.0);
+    r.iterations = r.steps = outcome.value("mean_iteration", 0.0);
+    if (fs::exists(run / "workers.csv")) {
+      const CsvTable workers = read_csv(run / "workers.csv");
+      double steps = 0;
+      for (std::size_t i = 0; i < workers.rows.size(); i++) steps += workers.number(i, "steps");
+      if (!workers.rows.empty()) r.steps = steps / static_cast<double>(workers.rows.size());
+    }
   } else {
     const CsvTable t = read_csv(run / "timeline.csv"), workers = read_csv(run / "workers.csv");
     const double n = static_cast<double>(std::max<std::size_t>(1, workers.rows.size()));
@@ -374,7 +381,7 @@ DeviceRun read_device_run(const fs::path& run) {
       r.bytes_whole_run += workers.number(i, "payload_bytes_sent") / n;
       steps += workers.number(i, "steps") / n;
     }
-    r.iterations = steps;
+    r.iterations = r.steps = steps;
   }
   return r;
 }
@@ -411,7 +418,8 @@ std::string compare_gossip_runs(const std::vector<fs::path>& directories, const 
           << (row >= 0 ? fixed(r.seconds[row], 0) + " s" : "not reached") << " | " << speedup << " | "
           << (!r.gossip ? "—" : consensus_row >= 0 ? fixed(r.seconds[consensus_row], 0) + " s" : "not reached") << " | "
           << (row >= 0 ? bytes_text(r.bytes_per_device[row]) : "—") << " | " << bytes_text(r.bytes_whole_run) << " | "
-          << fixed(r.iterations, 0) << " |\n";
+          << fixed(r.iterations, 0)
+          << (r.steps > r.iterations * 1.01 ? " (" + fixed(r.steps, 0) + ")" : std::string()) << " |\n";
     std::string legend = r.label.size() > 34 ? r.label.substr(0, 34) : r.label;
     plot::PlotSeries time{legend, r.seconds, r.accuracy}, bytes{legend, {}, {}};
     for (std::size_t i = 0; i < r.seconds.size(); i++)

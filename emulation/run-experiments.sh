@@ -30,6 +30,9 @@
 #              balancing, and asynchronous AdaComp with a server
 #     gossip-aware  the accuracy-aware run of the gossip group again, with the balanced
 #              learning rate capped at 2x (--max-lr-factor 2; uncapped it diverged)
+#     gossip-wait  training while waiting (--wait-steps 16): the gossip group's 16 peers on a
+#              ring, compressed D-PSGD with and without it, on MNIST and Fashion-MNIST (the
+#              runs without it are the gossip and gossip-fashion groups' first runs)
 #     shards   paper CNN, 10 workers, a pull before every step: one server against a sharded
 #              server of 4 shard processes (issue 17), each killed once mid-run (the server,
 #              or shard 2) and recovered
@@ -46,13 +49,13 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|shards) groups+=("$1") ;;
+    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|gossip-wait|shards) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
 [ ${#groups[@]} -gt 0 ] || groups=(paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion distreal-skew
-                                    gossip gossip-impaired gossip32 gossip-fashion gossip-aware shards)
+                                    gossip gossip-impaired gossip32 gossip-fashion gossip-aware gossip-wait shards)
 # EDGETRAIN_BUILD_DIR: the host build tree the runs use (default build/host); a copy keeps a
 # long matrix's programs fixed while the tree is rebuilt (its COMMIT file, if any, names the
 # commit they were built at). Run a long matrix from a worktree of its own: bash reads a
@@ -148,6 +151,8 @@ gossip_section() {
     gossip32) echo "### Gossip without a server: paper CNN, MNIST, 32 peers at half the shares" ;;
     gossip-fashion) echo "### Gossip without a server: paper CNN, Fashion-MNIST, 16 peers in four CPU classes, clean links" ;;
     gossip-aware) echo "### Accuracy-aware gossip with the balanced learning rate capped: paper CNN, MNIST, 16 peers" ;;
+    gossip-wait) echo "### Gossip peers that train while they wait: paper CNN, MNIST, 16 peers in four CPU classes, ring" ;;
+    gossip-wait-fashion) echo "### Gossip peers that train while they wait: paper CNN, Fashion-MNIST, 16 peers, ring" ;;
   esac
   echo
   echo "Runs made at commit $(for r in "$@"; do cat "$out/$r.commit" 2>/dev/null; done | sort -u | paste -sd, | sed 's/,/, /g')."
@@ -268,7 +273,7 @@ for g in "${groups[@]}"; do
                      --request-timeout 60 --eval-interval 3 --eval-examples 10000)
       run shards-one-server "${shards_common[@]}" --fail kill-server@30+3 --label "one server (paper CNN, 10 workers)"
       run shards-4 "${shards_common[@]}" --shards 4 --fail kill-shard:2@30+3 --label "4 shards (paper CNN, 10 workers)" ;;
-    gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware)
+    gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|gossip-wait)
       # Ours: the classes of the DISTREAL groups (1.12 cores for 16 peers), fixed for the run;
       # 32 peers get half of each share so the fleet still fits the machine's two cores.
       # Evaluations every 15 s on 1,000 test images (a fleet evaluation takes several
@@ -291,6 +296,20 @@ for g in "${groups[@]}"; do
       wan=()
       [ "$g" = gossip-impaired ] && prefix=g16-wan wan=(--link delay=5:20,jitter=2,bandwidth=5000:50000)
       [ "$g" = gossip-fashion ] && prefix=g16-fashion
+      if [ "$g" = gossip-wait ]; then
+        # A peer takes up to 16 more local steps per iteration while a neighbour is behind
+        # (runtime/README.md "Gossip"); the same runs without it first, as the reference.
+        for gdata in mnist fashion-mnist; do
+          prefix=g16 && [ "$gdata" = fashion-mnist ] && prefix=g16-fashion
+          gcommon=(--workers "$n" --model paper-cnn --data "$gdata" --cpu-classes "$classes" --duration 360
+                   --eval-interval "$every" --eval-examples 1000 --target-accuracy 0 --request-timeout 60)
+          run "$prefix-ring-compressed" "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+            --label "D-PSGD compressed, ring"
+          run "$prefix-ring-compressed-wait16" "${gcommon[@]}" "${gossip[@]}" --topology ring "${compressed[@]}" \
+            --wait-steps 16 --label "D-PSGD compressed + training while waiting (at most 16), ring"
+        done
+        continue
+      fi
       if [ "$g" = gossip-aware ]; then
         # The gossip group's accuracy-aware run, whose balanced learning rate reached 8x
         # (0.8) on the fastest class and diverged, with the cap at 2x.
@@ -367,6 +386,10 @@ section="$out/results-section.md"
     g16-fashion-ring-compressed-balanced g16-fashion-adacomp
   [ -d "$out/g16-ring-compressed-balanced-aware-cap2" ] && gossip_section gossip-aware 0.95 g16-ring-compressed \
     g16-ring-compressed-balanced-cap2 g16-ring-compressed-balanced-aware-cap2
+  # Training while waiting: 95% on MNIST, 80% on Fashion-MNIST (the gossip-fashion group's).
+  [ -d "$out/g16-ring-compressed-wait16" ] && gossip_section gossip-wait 0.95 g16-ring-compressed g16-ring-compressed-wait16
+  [ -d "$out/g16-fashion-ring-compressed-wait16" ] && gossip_section gossip-wait-fashion 0.80 g16-fashion-ring-compressed \
+    g16-fashion-ring-compressed-wait16
   echo "<!-- emulation:end -->"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"

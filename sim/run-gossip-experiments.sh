@@ -2,8 +2,9 @@
 # The first gossip experiment (issue 15 part 7; sim/README.md "Gossip"): the paper CNN on
 # full MNIST, 16 peers in four speed classes (relative CPU budgets 0.12, 0.08, 0.05, 0.03,
 # peer i in class i mod 4), on a ring and on a random 4-regular graph: vanilla D-PSGD,
-# AD-PSGD, D-PSGD with workload balancing, with balancing and accuracy-aware training, and
-# compressed D-PSGD (publish fraction 0.01). Every run has the same virtual time budget, so
+# AD-PSGD, D-PSGD with workload balancing, with balancing and accuracy-aware training,
+# compressed D-PSGD (publish fraction 0.01), and D-PSGD dense and compressed with training
+# while waiting (--wait-steps 16). Every run has the same virtual time budget, so
 # runs that waste less time at barriers do more iterations in it. Runs that finished
 # (summary.md present) are skipped, so an interrupted regeneration resumes; the table of
 # all runs goes to OUT/gossip-results.md (time and bytes per peer to the target accuracy of
@@ -58,6 +59,8 @@ base+=(--batch 10 --lr 0.1 --speed-classes 0.12,0.08,0.05,0.03 --seed 1 --iterat
        --time-budget "$budget" --target-accuracy "$target" --quiet)
 balance=(--balance-target 2)
 aware=(--plateau-patience 3 --validate-every 25)
+# Training while waiting: up to 16 more local steps per iteration at the barrier.
+wait=(--wait-steps 16)
 
 runs=()
 for topology in ring random-regular; do
@@ -66,7 +69,9 @@ for topology in ring random-regular; do
          "$topology-adpsgd|${t[*]} --gossip ad-psgd"
          "$topology-balance|${t[*]} --gossip d-psgd ${balance[*]}"
          "$topology-balance-aware|${t[*]} --gossip d-psgd ${balance[*]} ${aware[*]}"
-         "$topology-compressed|${t[*]} --gossip d-psgd --publish-fraction 0.01")
+         "$topology-compressed|${t[*]} --gossip d-psgd --publish-fraction 0.01"
+         "$topology-wait|${t[*]} --gossip d-psgd ${wait[*]}"
+         "$topology-compressed-wait|${t[*]} --gossip d-psgd --publish-fraction 0.01 ${wait[*]}")
 done
 
 run_one() {

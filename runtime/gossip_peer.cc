@@ -459,22 +459,28 @@ std::vector<char> GossipPeer::State::pull_all_training_meanwhile(const std::vect
       wait.changed.notify_all();
     }
   };
+  const auto published_at = Clock::now();
   std::vector<std::thread> pulls;
   if (channel.concurrent_neighbours())
     for (std::size_t k = 0; k < due.size(); ++k) pulls.emplace_back(run, k, k + 1);
   else
     pulls.emplace_back(run, 0, due.size());
-  const auto published_at = Clock::now();
   auto fits = [&] {
     return std::chrono::duration<double>(Clock::now() - published_at).count() + last_step_seconds <= last_wait_seconds;
   };
   std::uint32_t extra = 0;
+  std::exception_ptr step_failure;  // rethrown once the pulls are joined
   {
     std::unique_lock lock(wait.mutex);
     while (wait.pending > 0) {
-      if (wait.behind > 0 && extra < config.wait_steps && !stop && !stats.training_stopped && fits()) {
+      if (!step_failure && wait.behind > 0 && extra < config.wait_steps && !stop && !stats.training_stopped &&
+          fits()) {
         lock.unlock();
-        local_step();
+        try {
+          local_step();
+        } catch (...) {
+          step_failure = std::current_exception();
+        }
         ++extra;
         lock.lock();
         continue;
@@ -483,6 +489,7 @@ std::vector<char> GossipPeer::State::pull_all_training_meanwhile(const std::vect
     }
   }
   for (std::thread& t : pulls) t.join();
+  if (step_failure) std::rethrow_exception(step_failure);
   last_wait_seconds = std::chrono::duration<double>(wait.all_done - published_at).count();
   if (extra > 0) {
     std::lock_guard lock(mutex);

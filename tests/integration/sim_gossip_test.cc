@@ -30,6 +30,15 @@ sim::GossipConfig ring_config() {
   return c;
 }
 
+// 8 peers in the four speed classes of the experiments (peer i in class i mod 4).
+sim::GossipConfig four_class_ring_config() {
+  sim::GossipConfig c = ring_config();
+  c.peers = 8;
+  c.speed_classes = {0.12, 0.08, 0.05, 0.03};
+  c.eval_every = 100;
+  return c;
+}
+
 TEST(SimGossip, DpsgdRingLearns) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
@@ -152,10 +161,7 @@ TEST(SimGossip, CompressedGossipSendsFarFewerBytesAndStillLearns) {
 TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
-  sim::GossipConfig c = ring_config();
-  c.peers = 8;
-  c.speed_classes = {0.12, 0.08, 0.05, 0.03};
-  c.eval_every = 100;
+  sim::GossipConfig c = four_class_ring_config();
   const auto plain = sim::run_gossip_simulation(c, data.train, data.test, "plain");
   c.balance_target = 2;
   const auto balanced = sim::run_gossip_simulation(c, data.train, data.test, "balanced");
@@ -178,10 +184,7 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
 TEST(SimGossip, WaitStepsFillTheFastPeersWaitAndLeaveTheSlowestAlone) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
-  sim::GossipConfig c = ring_config();
-  c.peers = 8;
-  c.speed_classes = {0.12, 0.08, 0.05, 0.03};
-  c.eval_every = 100;
+  sim::GossipConfig c = four_class_ring_config();
   c.publish_fraction = 0.05;
   const auto plain = sim::run_gossip_simulation(c, data.train, data.test, "plain");
   c.wait_steps = 8;

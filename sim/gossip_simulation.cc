@@ -81,7 +81,7 @@ struct Peer {
   std::optional<runtime::PublishedModel> published;  // compressed gossip
   std::uint32_t speed_class = 0;
   double clock = 0;  // when its last iteration ended
-  std::uint64_t iterations = 0, steps = 0, examples = 0, wait_steps = 0;
+  std::uint64_t iterations = 0, steps = 0, examples = 0;
   double compute_time = 0, wait_time = 0;
   double last_wait = 0;  // D-PSGD: how long its last iteration waited for its neighbours
   bool stopped = false;
@@ -326,7 +326,6 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
         if (ready - finished[i] + compute_time(peer, batch_of(peer), ready) > peer.last_wait) break;
         ready += compute_step(peer, ready);
         apply_step(peer);
-        peer.wait_steps++;
       }
       peer.last_wait = start - finished[i];
       peer.wait_time += std::max(0.0, start - ready);

@@ -87,7 +87,25 @@ fi
 mkdir -p "$out/jobs"
 if [ -f "$out/machine.json" ]; then
   recorded=$(jq -r .commit "$out/machine.json")
-  [ "$recorded" = "$commit" ] || die "$out holds runs of commit $recorded, this is $commit: use another --out (or remove $out)"
+  if [ "$recorded" != "$commit" ]; then
+    # A later commit may resume the runs when it changed nothing they depend on: only files
+    # under docs/ other than this script (for example the finished runs themselves, committed
+    # so that a matrix longer than one session survives it).
+    changed=$(git -C "$repo" diff --name-only "$recorded" "$commit" -- 2>/dev/null || echo "?")
+    if [ "$changed" = "?" ] || { [ -n "$changed" ] && grep -qvE '^docs/' <<<"$changed"; } ||
+       grep -qx 'docs/regenerate.sh' <<<"$changed"; then
+      die "$out holds runs of commit $recorded, this is $commit: use another --out (or remove $out)"
+    fi
+    echo "regenerate: resuming the runs of commit ${recorded:0:12} at ${commit:0:12} (only docs/ changed since)" >&2
+    commit=$recorded
+  fi
+  # Runs resumed on another CPU model are listed (XNNPACK's kernels, and so the last digits of
+  # the figures, depend on the instruction set).
+  cpu_now=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
+  if [ "$list" = 0 ] && [ "$(jq -r .cpu "$out/machine.json")" != "$cpu_now" ]; then
+    jq --arg cpu "$cpu_now" '.resumed_on = ((.resumed_on // []) + [$cpu] | unique)' "$out/machine.json" >"$out/machine.json.tmp"
+    mv "$out/machine.json.tmp" "$out/machine.json"
+  fi
   recorded_quick=$(jq -r .quick "$out/machine.json")
   [ "$recorded_quick" = "$([ "$quick" = 1 ] && echo true || echo false)" ] || die "$out holds a matrix of the other size (--quick or not)"
 else

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The emulation experiment matrix of docs/results.md: every run is one edgetrain-emulate
+# The emulation experiment matrix of docs/emulation-results.md: every run is one edgetrain-emulate
 # call (real server, real workers, DTLS, link impairer); every group is compared by
 # edgetrain-emulation-report (ratio against the group's first run, ASGD). Writes one
 # directory per run and per group under OUT (default emulation-results/), and with
-# --update-docs replaces the emulation section of docs/results.md (between the
+# --update-docs replaces the emulation section of docs/emulation-results.md (between the
 # "emulation:begin" and "emulation:end" markers) with the tables and their commands.
 #
 # usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
@@ -394,7 +394,7 @@ section="$out/results-section.md"
 } >"$section" 2>"$out/report-errors.log" || true
 echo "tables: $section"
 if [ "$update_docs" = 1 ]; then
-  results="$repo/docs/results.md"
+  results="$repo/docs/emulation-results.md"
   grep -q '<!-- emulation:begin' "$results" || printf '\n<!-- emulation:begin -->\n<!-- emulation:end -->\n' >>"$results"
   awk -v f="$section" '
     /<!-- emulation:begin/ { while ((getline line < f) > 0) print line; skip = 1; next }

@@ -40,7 +40,7 @@ Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions option
     residual_.assign(arena_size_, 0.0f);
     accumulated_.resize(largest);
   }
-  magnitudes_.resize(largest);
+  selector_ = MagnitudeSelector(largest);
 }
 
 float Compressor::sent_value(float v) const { return options_.value_encoding == transport::ValueEncoding::kFp16 ? transport::round_to_fp16(v) : v; }
@@ -124,15 +124,11 @@ void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, 
     compress_dense(values, out, residual);
     return;
   }
-  float* magnitudes = magnitudes_.data();
-  for (std::size_t i = 0; i < n; ++i) magnitudes[i] = std::fabs(values[i]);
-  std::nth_element(magnitudes, magnitudes + (k - 1), magnitudes + n, std::greater<float>());
-  const float threshold = magnitudes[k - 1];
-  // Entries before k−1 are ≥ threshold; those strictly above are all taken, the rest of
-  // the k slots go to entries equal to the threshold, lowest index first.
-  std::uint32_t above = 0;
-  for (std::uint32_t j = 0; j + 1 < k; ++j) above += magnitudes[j] > threshold;
-  std::uint32_t ties_left = k - above;
+  // Entries strictly above the k-th largest magnitude are all taken, the rest of the k
+  // slots go to entries equal to it, lowest index first.
+  const MagnitudeRank rank = selector_.select(values, k);
+  const float threshold = rank.threshold;
+  std::uint32_t ties_left = k - static_cast<std::uint32_t>(rank.above);
   out.indices.resize(k);
   out.values.resize(k);
   std::uint32_t taken = 0;

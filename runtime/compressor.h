@@ -15,8 +15,8 @@
 //     selected residuals this way; Sattler et al.'s sparse ternary compression likewise);
 //     with error feedback v − sign(v)·s stays in the residual.
 //
-// Selection is O(n) per tensor (std::nth_element on a scratch copy of the magnitudes, then
-// one pass), never a full sort. All buffers are sized at construction; compress() only
+// Selection is O(n) per tensor (the k-th largest magnitude by runtime/magnitude_select.h's
+// histogram of the magnitudes' top bits, then one pass), never a full sort. All buffers are sized at construction; compress() only
 // reuses them and the output's vectors, so a steady-state call does not allocate.
 #pragma once
 
@@ -25,6 +25,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/magnitude_select.h"
 #include "transport/codec.h"
 
 namespace edgetrain::runtime {
@@ -100,7 +101,7 @@ class Compressor {
   std::size_t arena_size_ = 0;
   std::vector<float> residual_;     // arena-sized when kept, else empty
   std::vector<float> accumulated_;  // residual + gradient of one tensor
-  std::vector<float> magnitudes_;   // scratch for nth_element
+  MagnitudeSelector selector_;      // the top-k threshold
 };
 
 }  // namespace edgetrain::runtime

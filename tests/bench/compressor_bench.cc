@@ -4,13 +4,18 @@
 // selection has to do: time per call, bytes/s over the gradient, the entries sent, and
 // x_pass, the time per call as a multiple of the plain pass's (when the plain pass ran
 // first, as it does unless a --benchmark_filter leaves it out).
+// Then the top-k threshold alone on the largest tensor (the FC layer, 401,408 entries,
+// k = 1 %): std::nth_element over a copy of the magnitudes (the compressor's rule until
+// 2026-11-27) against runtime/magnitude_select.h, side by side in one run.
 // A program that prints figures, not a test: timings on a shared machine are noisy.
 //
 //   edgetrain-compressor-bench [--benchmark_repetitions=N] [--benchmark_filter=REGEX] ...
 //   (Google Benchmark's flags; --help lists them)
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstddef>
 #include <random>
@@ -18,6 +23,7 @@
 #include <vector>
 
 #include "runtime/compressor.h"
+#include "runtime/magnitude_select.h"
 #include "tests/support/compressor_variants.h"
 
 namespace {
@@ -92,6 +98,37 @@ void compress(benchmark::State& state, const CompressorVariant& variant) {
   state.SetLabel(variant.description);
 }
 
+// The largest tensor of the gradient, and its k at c = 0.01.
+std::span<const float> largest_tensor() {
+  const auto& g = paper_gradient();
+  const auto largest = std::max_element(g.layout.begin(), g.layout.end(),
+                                        [](const TensorSlice& a, const TensorSlice& b) { return a.size < b.size; });
+  return std::span<const float>(g.values).subspan(largest->offset, largest->size);
+}
+
+void threshold_by_nth_element(benchmark::State& state) {
+  const auto values = largest_tensor();
+  const std::uint32_t k = Compressor::top_k_count(static_cast<std::uint32_t>(values.size()), 0.01);
+  std::vector<float> magnitudes(values.size());
+  time_iterations(state, [&] {
+    for (std::size_t i = 0; i < values.size(); ++i) magnitudes[i] = std::fabs(values[i]);
+    std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(), std::greater<float>());
+    benchmark::DoNotOptimize(magnitudes[k - 1]);
+  });
+  state.SetLabel("std::nth_element, " + std::to_string(values.size()) + " entries, k " + std::to_string(k));
+}
+
+void threshold_by_histogram(benchmark::State& state) {
+  const auto values = largest_tensor();
+  const std::uint32_t k = Compressor::top_k_count(static_cast<std::uint32_t>(values.size()), 0.01);
+  edgetrain::runtime::MagnitudeSelector selector(values.size());
+  time_iterations(state, [&] {
+    auto rank = selector.select(values, k);
+    benchmark::DoNotOptimize(rank);
+  });
+  state.SetLabel("MagnitudeSelector, " + std::to_string(values.size()) + " entries, k " + std::to_string(k));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -102,6 +139,8 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("compress/" + variant.name).c_str(), compress, variant)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threshold/nth_element", threshold_by_nth_element)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threshold/histogram", threshold_by_histogram)->UseManualTime()->Unit(benchmark::kMicrosecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

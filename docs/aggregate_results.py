@@ -147,6 +147,7 @@ def main():
         "(below). The target of a data set is ASGD's mean best accuracy in the paper's setting minus 0.3 points; "
         "\"ASGD / this\" divides the ingress the same seed's ASGD run needed to reach it by this run's. XNNPACK "
         "chooses its kernels by the CPU, so another machine repeats these figures closely, not bit for bit.\n")
+    lines += machines_text(args.out, jobs, machine)
     table_rows = []
     for group in [g for g in GROUP_TITLES if any(j["group"] == g for j in jobs) and g != "gan"]:
         lines.append(f"### {GROUP_TITLES[group]}\n")
@@ -219,6 +220,22 @@ def main():
                  "`tables/runs.csv`.\n")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def machines_text(out, jobs, machine):
+    """When the matrix was resumed on other CPUs (docs/regenerated/ across sessions), which
+    jobs ran where: each job directory's `cpu` file, written where the job ran."""
+    if not machine.get("resumed_on"):
+        return []
+    counts = {}
+    for job in jobs:
+        path = os.path.join(out, "jobs", job["name"], "cpu")
+        cpu = open(path).read().strip() if os.path.exists(path) else "not recorded"
+        counts.setdefault(cpu, []).append(job["name"])
+    parts = [f"{cpu}: {len(names)} jobs" + (f" ({', '.join(sorted({n.split('-')[0] for n in names}))})")
+             for cpu, names in sorted(counts.items(), key=lambda item: -len(item[1]))]
+    return ["The matrix was run over several sessions, on more than one machine (the same commit): "
+            + "; ".join(parts) + ". A job's `cpu` file names the machine it ran on.\n"]
 
 
 def flag_value(args_text, flag, default=""):

@@ -7,7 +7,7 @@
 # and the figures into docs/figures/.
 #
 # usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
-#                           [--update-docs] [--list] [--allow-dirty] [GROUP...]
+#                           [--update-docs] [--aggregate-only] [--list] [--allow-dirty] [GROUP...]
 #   groups: methods rates workers reliability speeds pull gan (default: all, in that order)
 #           pull: exact delta pulls against the published model at the most workers
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
@@ -20,6 +20,11 @@
 #   --seeds N      seeds per setting (default 3; --quick: 1)
 #   --updates N    applied updates per run (default 6000; --quick: 300)
 #   --list         print the jobs and their state, run nothing
+#   --aggregate-only  run no job: make the tables and plots (and with --update-docs the page)
+#                  from the finished runs in OUT, at whatever commit this is; they name the
+#                  commit the runs were made at (OUT/machine.json). For runs finished at an
+#                  older commit (for example from a `git worktree` of it) whose tables are
+#                  made with this commit's aggregate_results.py.
 #   --allow-dirty  run on a work tree with uncommitted changes (the tables then say so)
 # OUT (default results/) keeps one commit's runs: resuming at another commit is refused, so
 # every figure of a regeneration comes from the same code. OUT/machine.json records the commit,
@@ -31,7 +36,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host"
-out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 allow_dirty=0 groups=()
+out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 aggregate_only=0 allow_dirty=0 groups=()
 die() { echo "regenerate.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -43,6 +48,7 @@ while [ $# -gt 0 ]; do
     --updates) updates=${2:?}; shift ;;
     --update-docs) update_docs=1 ;;
     --list) list=1 ;;
+    --aggregate-only) aggregate_only=1 ;;
     --allow-dirty) allow_dirty=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     methods|rates|workers|reliability|speeds|pull|gan) groups+=("$1") ;;
@@ -81,7 +87,11 @@ gan_k=$(python3 -c "import math; print(math.ceil(math.log2($gan_workers)))")
 commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=false
 [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=true
-if [ "$dirty" = true ] && [ "$allow_dirty" = 0 ] && [ "$list" = 0 ]; then
+if [ "$aggregate_only" = 1 ]; then
+  [ -f "$out/machine.json" ] || die "--aggregate-only: $out holds no runs (no machine.json)"
+  commit=$(jq -r .commit "$out/machine.json")
+fi
+if [ "$dirty" = true ] && [ "$allow_dirty" = 0 ] && [ "$list" = 0 ] && [ "$aggregate_only" = 0 ]; then
   die "the work tree has uncommitted changes: commit them first (figures name a commit), or --allow-dirty"
 fi
 mkdir -p "$out/jobs"
@@ -102,7 +112,7 @@ if [ -f "$out/machine.json" ]; then
   # Runs resumed on another CPU model are listed (XNNPACK's kernels, and so the last digits of
   # the figures, depend on the instruction set).
   cpu_now=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-  if [ "$list" = 0 ] && [ "$(jq -r .cpu "$out/machine.json")" != "$cpu_now" ]; then
+  if [ "$list" = 0 ] && [ "$aggregate_only" = 0 ] && [ "$(jq -r .cpu "$out/machine.json")" != "$cpu_now" ]; then
     jq --arg cpu "$cpu_now" '.resumed_on = ((.resumed_on // []) + [$cpu] | unique)' "$out/machine.json" >"$out/machine.json.tmp"
     mv "$out/machine.json.tmp" "$out/machine.json"
   fi
@@ -147,7 +157,7 @@ add_gan_jobs() {
     add_job "gan-cnn-fl-b$b-$gan_data-s1" gan "$gan_data" 1 "gan --mode fl-gan $flags"
   done
 }
-if [ "$quick" = 0 ] && [ "$list" = 0 ] && [[ " ${groups[*]} " == *" gan "* ]] && [ ! -f "$classifier" ]; then
+if [ "$quick" = 0 ] && [ "$list" = 0 ] && [ "$aggregate_only" = 0 ] && [[ " ${groups[*]} " == *" gan "* ]] && [ ! -f "$classifier" ]; then
   "$repo/sim/train-classifier.sh" --build "$build" --out "$classifier" >&2 || die "no classifier for the gan group"
 fi
 for group in "${groups[@]}"; do
@@ -221,7 +231,7 @@ if [ "$list" = 1 ]; then
 fi
 
 # ------------------------------------------------------------------ running, with an estimate
-total=${#job_lines[@]} ran=0 skipped=0 failed=0
+total=${#job_lines[@]} ran=0 skipped=0 failed=0 missing=0
 start=$SECONDS
 write_progress() {
   jq -n --argjson total "$total" --argjson ran "$ran" --argjson skipped "$skipped" --argjson failed "$failed" \
@@ -262,17 +272,23 @@ reap_one() {
   fi
   write_progress
 }
-echo "regenerate: $total jobs into $out (commit ${commit:0:12}$([ "$dirty" = true ] && echo ", uncommitted changes")), $jobs at a time" >&2
+if [ "$aggregate_only" = 1 ]; then
+  echo "regenerate: tables of the runs in $out (commit ${commit:0:12}), none run" >&2
+else
+  echo "regenerate: $total jobs into $out (commit ${commit:0:12}$([ "$dirty" = true ] && echo ", uncommitted changes")), $jobs at a time" >&2
+fi
 for line in "${job_lines[@]}"; do
   IFS=$'\t' read -r name _ _ _ args <<<"$line"
   if job_done "$name"; then skipped=$((skipped + 1)); continue; fi
+  if [ "$aggregate_only" = 1 ]; then missing=$((missing + 1)); continue; fi
   while [ ${#running[@]} -ge "$jobs" ]; do reap_one; done
   run_job "$name" "$args" &
   running[$!]=$name
 done
 while [ ${#running[@]} -gt 0 ]; do reap_one; done
 write_progress
-[ "$skipped" -gt 0 ] && echo "regenerate: $skipped jobs were already done (resumed)" >&2
+[ "$skipped" -gt 0 ] && [ "$aggregate_only" = 0 ] && echo "regenerate: $skipped jobs were already done (resumed)" >&2
+[ "$missing" -gt 0 ] && echo "regenerate: $missing of $total jobs have not run yet: the tables hold what has" >&2
 
 # ------------------------------------------------------------------ tables and plots
 printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"

@@ -48,6 +48,7 @@ cp "$out/results.md" "$work/results.first.md"
 diff -u "$work/results.first.md" "$out/results.md" || fail "the tables changed on resuming"
 
 # Another commit's directory is refused, and left as it was.
+cp "$out/machine.json" "$work/machine.orig.json"
 jq '.commit = "0000000000000000000000000000000000000000"' "$out/machine.json" >"$work/machine.json"
 cp "$work/machine.json" "$out/machine.json"
 set +e
@@ -57,4 +58,34 @@ set -e
 [ "$status" = 2 ] || fail "a results directory of another commit gave status $status, not 2"
 grep -q "holds runs of commit 0000" "$work/third.log" || fail "the refusal does not say why: $(cat "$work/third.log")"
 [ -s "$out/jobs/methods-paper-mnist-small-s1/sim.csv" ] || fail "the refusal lost a finished run"
-echo "PASS: quick matrix of $total jobs, resumed, another commit refused"
+cp "$work/machine.orig.json" "$out/machine.json"
+
+# --aggregate-only runs nothing, at any commit, and makes the same tables.
+"$regenerate" --quick --aggregate-only --build "$build" --out "$out" methods workers pull gan 2>"$work/fourth.log" ||
+  fail "--aggregate-only failed: $(tail -n 5 "$work/fourth.log")"
+[ "$(jq -r .ran "$out/progress.json")" = 0 ] || fail "--aggregate-only ran jobs: $(cat "$out/progress.json")"
+diff -u "$work/results.first.md" "$out/results.md" || fail "--aggregate-only changed the tables"
+
+# A later commit that changed only docs/ resumes the runs (they can be committed between
+# sessions); one that changed anything else is refused. In a clone at the runs' commit.
+repo=$(cd "$(dirname "$regenerate")/.." && pwd)
+if [ "$(git -C "$repo" rev-parse HEAD)" = "$(jq -r .commit "$out/machine.json")" ]; then
+  git clone -q "$repo" "$work/clone"
+  commit_in_clone() { git -C "$work/clone" -c user.name=test -c user.email=test@localhost commit -qam "$1"; }
+  echo "a note" >>"$work/clone/docs/README.md"
+  commit_in_clone "docs only"
+  "$work/clone/docs/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/fifth.log" ||
+    fail "a docs-only commit did not resume: $(tail -n 5 "$work/fifth.log")"
+  [ "$(jq -r .ran "$out/progress.json")" = 0 ] || fail "resuming after a docs-only commit re-ran jobs"
+  grep -q "resuming the runs of commit" "$work/fifth.log" || fail "the resume does not say so: $(cat "$work/fifth.log")"
+  echo "# a change" >>"$work/clone/sim/README.md"
+  commit_in_clone "not docs"
+  set +e
+  "$work/clone/docs/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/sixth.log"
+  status=$?
+  set -e
+  [ "$status" = 2 ] || fail "a commit that changed sim/ gave status $status, not 2"
+else
+  echo "note: the work tree's HEAD is not the runs' commit; the docs-only resume is not checked"
+fi
+echo "PASS: quick matrix of $total jobs, resumed, another commit refused, aggregated alone, resumed after a docs-only commit"

@@ -92,6 +92,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="the directory docs/regenerate.sh wrote")
     parser.add_argument("--report", required=True, help="the edgetrain-emulation-report program (for the plots)")
+    parser.add_argument("--emulation", help="an emulation/run-experiments.sh output directory whose runs were all "
+                        "made at the matrix's commit: its groups' tables (bytes at the server's socket beside the "
+                        "payload) join the page")
     args = parser.parse_args()
     machine = json.load(open(os.path.join(args.out, "machine.json")))
     jobs = read_jobs(args.out)
@@ -210,6 +213,8 @@ def main():
                 lines.append(f"![{GROUP_TITLES[group]}, {DATA_TITLES.get(data, data)}](figures/{figure})\n")
 
     lines[goals_at:goals_at] = goals_text(table_rows, targets)
+    if args.emulation:
+        lines += emulation_text(args, machine)
 
     if any(j["group"] == "gan" for j in jobs):
         lines += gan_section(args, [j for j in jobs if j["group"] == "gan"])
@@ -223,6 +228,52 @@ def main():
                  "`tables/runs.csv`.\n")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write("\n".join(lines))
+
+
+def emulation_text(args, machine):
+    """The emulator's groups in ARGS.emulation (emulation/run-experiments.sh OUT): each group's
+    table (edgetrain-emulation-report's summary.md), its commands and its two plots. Refused
+    unless every run there was made at the matrix's commit (RUN.commit beside each run), so
+    that the page still holds one commit's numbers."""
+    root = args.emulation
+    commits = {}
+    for name in sorted(os.listdir(root)):
+        if name.endswith(".commit"):
+            commits[name[:-len(".commit")]] = open(os.path.join(root, name)).read().strip()
+    if not commits:
+        sys.exit(f"aggregate_results.py: {root} holds no emulator runs (no RUN.commit files)")
+    others = {run: c for run, c in commits.items() if not machine["commit"].startswith(c)}
+    if others:
+        sys.exit(f"aggregate_results.py: emulator runs of another commit than {machine['commit'][:12]} in {root}: "
+                 + ", ".join(f"{run} ({c})" for run, c in sorted(others.items())))
+    lines = ["### On the wire: the emulator at the same commit\n",
+             "The real server and workers (`emulation/edgetrain-emulate`: DTLS, CoAP block-wise transfers, a pull "
+             "before every step, each worker in its own network namespace, CPU quotas), one run per row, made by "
+             f"`emulation/run-experiments.sh --out {root} GROUP` with programs built at the commit above. \"socket "
+             "ingress\" is everything that reached the server's UDP socket, \"payload ingress\" the update payloads "
+             "the paper counts; the ratios divide the first run's bytes to the target by each run's.\n"]
+    for group_dir in sorted(d for d in os.listdir(root) if d.startswith("group-")):
+        title = group_dir[len("group-"):]
+        summary = os.path.join(root, group_dir, "summary.md")
+        if not os.path.exists(summary):
+            continue
+        runs = sorted(run for run in commits if run.startswith(title + "-"))
+        lines.append(f"#### The `{title}` group\n")
+        lines.append(open(summary).read().strip() + "\n")
+        lines.append("```sh")
+        for run in runs:
+            command = os.path.join(root, run + ".command")
+            if os.path.exists(command):
+                lines.append(open(command).read().strip())
+        lines.append("```\n")
+        for kind, what in (("accuracy-vs-ingress", "socket ingress"), ("accuracy-vs-time", "time")):
+            source = os.path.join(root, group_dir, kind + ".svg")
+            if os.path.exists(source):
+                target = f"regenerated-emulation-{title}-{kind}.svg"
+                shutil.copy(source, os.path.join(args.out, "figures", target))
+                lines.append(f"![{title}: accuracy against {what}](figures/{target})")
+        lines.append("")
+    return lines
 
 
 def goals_text(table_rows, targets):

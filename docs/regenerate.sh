@@ -7,7 +7,8 @@
 # and the figures into docs/figures/.
 #
 # usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
-#                           [--update-docs] [--aggregate-only] [--list] [--allow-dirty] [GROUP...]
+#                           [--update-docs] [--aggregate-only] [--emulation DIR] [--list] [--allow-dirty]
+#                           [GROUP...]
 #   groups: methods rates workers reliability speeds pull gan (default: all, in that order)
 #           pull: exact delta pulls against the published model at the most workers
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
@@ -20,6 +21,10 @@
 #   --seeds N      seeds per setting (default 3; --quick: 1)
 #   --updates N    applied updates per run (default 6000; --quick: 300)
 #   --list         print the jobs and their state, run nothing
+#   --emulation DIR  also put on the page the groups of an emulation/run-experiments.sh output
+#                  directory (bytes at the server's socket beside the payload: `paper`, `pull100`),
+#                  refused unless its runs were made at the matrix's commit (a build tree of
+#                  that commit with its COMMIT file: EDGETRAIN_BUILD_DIR, emulation/README.md)
 #   --aggregate-only  run no job: make the tables and plots (and with --update-docs the page)
 #                  from the finished runs in OUT, at whatever commit this is; they name the
 #                  commit the runs were made at (OUT/machine.json). For runs finished at an
@@ -36,7 +41,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host"
-out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 aggregate_only=0 allow_dirty=0 groups=()
+out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 aggregate_only=0 emulation= allow_dirty=0 groups=()
 die() { echo "regenerate.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -49,6 +54,7 @@ while [ $# -gt 0 ]; do
     --update-docs) update_docs=1 ;;
     --list) list=1 ;;
     --aggregate-only) aggregate_only=1 ;;
+    --emulation) emulation=${2:?--emulation needs a directory}; shift ;;
     --allow-dirty) allow_dirty=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     methods|rates|workers|reliability|speeds|pull|gan) groups+=("$1") ;;
@@ -292,7 +298,7 @@ write_progress
 
 # ------------------------------------------------------------------ tables and plots
 printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"
-python3 "$repo/docs/aggregate_results.py" --out "$out" --report "$report"
+python3 "$repo/docs/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"}
 if [ "$update_docs" = 1 ]; then
   doc="$repo/docs/results.md"
   grep -q '<!-- regenerate:begin -->' "$doc" && grep -q '<!-- regenerate:end -->' "$doc" ||

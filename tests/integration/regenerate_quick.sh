@@ -66,6 +66,24 @@ cp "$work/machine.orig.json" "$out/machine.json"
 [ "$(jq -r .ran "$out/progress.json")" = 0 ] || fail "--aggregate-only ran jobs: $(cat "$out/progress.json")"
 diff -u "$work/results.first.md" "$out/results.md" || fail "--aggregate-only changed the tables"
 
+# --emulation: an emulator output directory's groups join the page when all its runs were
+# made at the matrix's commit, and are refused otherwise.
+emu="$work/emulation"
+mkdir -p "$emu/group-paper"
+printf '| run | socket ingress | payload ingress |\n|---|---|---|\n| AdaComp | 2.0 MB | 1.5 MB |\n' >"$emu/group-paper/summary.md"
+jq -r .commit "$out/machine.json" | cut -c1-12 >"$emu/paper-adacomp.commit"
+echo "emulation/edgetrain-emulate --out runs/paper-adacomp --rate 0.01" >"$emu/paper-adacomp.command"
+"$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers pull gan 2>"$work/emu.log" ||
+  fail "--emulation failed: $(tail -n 5 "$work/emu.log")"
+grep -qF '#### The `paper` group' "$out/results.md" || fail "the emulator's group is not on the page"
+grep -qF '| AdaComp | 2.0 MB | 1.5 MB |' "$out/results.md" || fail "the emulator's table is not on the page"
+grep -qF -- '--out runs/paper-adacomp --rate 0.01' "$out/results.md" || fail "the emulator's command is not on the page"
+echo 000000000000 >"$emu/paper-asgd.commit"
+if "$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers pull gan 2>"$work/emu2.log"; then
+  fail "an emulator run of another commit was accepted"
+fi
+grep -q "another commit" "$work/emu2.log" || fail "the refusal does not say why: $(cat "$work/emu2.log")"
+
 # A later commit that changed only docs/ resumes the runs (they can be committed between
 # sessions); one that changed anything else is refused. In a clone at the runs' commit.
 repo=$(cd "$(dirname "$regenerate")/.." && pwd)

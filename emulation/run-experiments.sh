@@ -174,7 +174,10 @@ gossip_section() {
 
 # The paper's setting: paper CNN, 10 workers, batch 10, lr 0.1, c = 0.01, a pull before
 # every step (the paper's worker), clean links in namespaces.
-paper_common=(--workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 480 --request-timeout 60)
+# To 97 % on the whole test set (the simulator's target, ASGD's best less 0.3 points, is
+# ~97.8 %: more than ASGD reaches here in reasonable time; ours).
+paper_common=(--workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.97 --duration 1200 --request-timeout 60
+              --eval-interval 5 --eval-examples 10000)
 # The MLP matrix: cheap enough for 100 worker processes on 2 cores. A pull every 10 steps
 # (a dense MLP pull is 400 blocks); the staleness bound grows with the fleet.
 mlp_common=(--model mlp --pull-every 10 --target-accuracy 0.85 --duration 180)
@@ -186,6 +189,8 @@ for g in "${groups[@]}"; do
       run paper-adacomp "${paper_common[@]}" --compressor adacomp --rate 0.01 --label "AdaComp c=0.01 (paper CNN, 10 workers)"
       run paper-options "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 \
         --label "AdaComp c=0.004 + EF + fp16 (paper CNN, 10 workers)"
+      run paper-signscale "${paper_common[@]}" --compressor adacomp --rate 0.01 --sign-scale \
+        --label "AdaComp c=0.01, sign + scale (paper CNN, 10 workers)"
       # A pull every 10 steps with plain AdaComp (no error feedback: with EF the residual
       # re-sends the same gradient at the same stale parameters and the run diverged).
       run paper-adacomp-pull10 "${paper_common[@]}" --compressor adacomp --rate 0.01 --pull-every 10 \
@@ -357,7 +362,7 @@ section="$out/results-section.md"
        "One run per row; each group names the commit its runs were made at. Groups not listed here have not" \
        "been run since the full-MNIST change (earlier ones: history.md)."
   echo
-  [ -d "$out/paper-asgd" ] && group_section paper 0.92 paper-asgd paper-adacomp paper-options paper-adacomp-pull10
+  [ -d "$out/paper-asgd" ] && group_section paper 0.97 paper-asgd paper-adacomp paper-options paper-signscale paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   # ASGD reaches only ~50% in those conditions: the AdaComp runs among themselves at 84.5%.

@@ -3,13 +3,14 @@
 # edgetrain-sim and edgetrain-gan jobs (skipping those already finished, so an interrupted run resumes), then
 # aggregates them over the seeds (docs/aggregate_results.py: mean and spread, traffic ratios
 # to a target, plots) into OUT/results.md and OUT/figures/. With --update-docs it puts that
-# section into docs/results.md (between the "regenerate:begin" and "regenerate:end" markers)
-# and the figures into docs/figures/.
+# section into docs/results.md (docs/gan-results.md for the gan group alone; between the
+# "regenerate:begin" and "regenerate:end" markers) and the figures into docs/figures/.
 #
 # usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
 #                           [--update-docs] [--aggregate-only] [--emulation DIR] [--list] [--allow-dirty]
 #                           [GROUP...]
-#   groups: methods rates workers reliability speeds pull gan (default: all, in that order)
+#   groups: methods rates workers reliability speeds pull gan (default: all but gan, in that order:
+#           the page docs/results.md; `gan` alone makes docs/gan-results.md)
 #           pull: exact delta pulls against the published model at the most workers
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
 #           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only; then the CNN at b = 10,
@@ -36,8 +37,9 @@
 # the date and the CPU (XNNPACK picks its kernels by instruction set, so figures repeat exactly
 # on one machine and differ slightly between machines: docs/results.md). OUT/progress.json
 # says how many jobs ran, were skipped and failed (exit status 1 when any failed).
-# The full matrix (2 data sets x 3 seeds x 5 groups, paper CNN) takes about 4 hours of one core
-# at 6000 updates on the machine of 2026-11-23; --jobs 2 halves that on two cores.
+# The full matrix (132 jobs: 2 data sets x 3 seeds x 6 groups, paper CNN, 6000 updates) takes
+# about 4 hours with --jobs 2 on a 2-core machine (2026-11-27: 140-260 s per single run, twice
+# that for a job that runs ASGD and AdaComp), so it usually spans sessions: see docs/README.md.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host"
@@ -64,7 +66,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
 sim="$build/sim/edgetrain-sim" gan="$build/sim/edgetrain-gan" report="$build/emulation/edgetrain-emulation-report"
-[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds pull gan)
+[ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds pull)
 for program in "$sim" "$gan" "$report"; do
   [ -x "$program" ] || die "build the host tree first (./build.sh build host): $program is missing"
 done
@@ -300,9 +302,11 @@ write_progress
 printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"
 python3 "$repo/docs/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"}
 if [ "$update_docs" = 1 ]; then
+  # The gan group alone has its own page; every other matrix goes to results.md.
   doc="$repo/docs/results.md"
+  [ "${groups[*]}" = gan ] && doc="$repo/docs/gan-results.md"
   grep -q '<!-- regenerate:begin -->' "$doc" && grep -q '<!-- regenerate:end -->' "$doc" ||
-    die "docs/results.md has no regenerate:begin/end markers"
+    die "$doc has no regenerate:begin/end markers"
   mkdir -p "$repo/docs/figures"
   cp "$out"/figures/*.svg "$repo/docs/figures/"
   cp "$out"/figures/*.png "$repo/docs/figures/" 2>/dev/null || true  # the gan group's image grids
@@ -315,7 +319,7 @@ text = text[:begin] + "<!-- regenerate:begin -->\n" + section.replace("](figures
 open(doc + ".tmp", "w").write(text)
 PY
   mv "$doc.tmp" "$doc"
-  echo "regenerate: docs/results.md and docs/figures/ updated" >&2
+  echo "regenerate: ${doc#"$repo/"} and docs/figures/ updated" >&2
 fi
 [ "$failed" = 0 ] || { echo "regenerate: $failed jobs failed" >&2; exit 1; }
 echo "regenerate: tables in $out/results.md, plots in $out/figures/" >&2

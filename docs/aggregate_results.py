@@ -151,14 +151,20 @@ def main():
         "\"ASGD / this\" divides the ingress the same seed's ASGD run needed to reach it by this run's. XNNPACK "
         "chooses its kernels by the CPU, so another machine repeats these figures closely, not bit for bit.\n")
     lines += machines_text(args.out, jobs, machine)
+    finished = {r["name"] for r in runs}
+    matrix = [j for j in jobs if j["group"] != "gan"]
+    if len(finished) < len(matrix):
+        lines.append(f"**Partial:** {len(finished)} of the matrix's {len(matrix)} jobs have finished; the tables hold "
+                     "those (a mean over fewer seeds where a setting's seeds are missing, and no row for a setting "
+                     "none of whose jobs has run). The rest resume at the same commit (docs/README.md).\n")
     goals_at = len(lines)  # the summary against the goals goes here, once the tables are made
     table_rows = []
-    for group in [g for g in GROUP_TITLES if any(j["group"] == g for j in jobs) and g != "gan"]:
+    for group in [g for g in GROUP_TITLES if any(r["group"] == g for r in runs) and g != "gan"]:
         lines.append(f"### {GROUP_TITLES[group]}\n")
-        for data in [d for d in DATA_TITLES if any(j["data"] == d and j["group"] == group for j in jobs)] + \
-                sorted({j["data"] for j in jobs if j["data"] not in DATA_TITLES and j["group"] == group}):
+        for data in [d for d in DATA_TITLES if any(r["data"] == d and r["group"] == group for r in runs)] + \
+                sorted({r["data"] for r in runs if r["data"] not in DATA_TITLES and r["group"] == group}):
             target = targets.get(data)
-            seeds = sorted({j["seed"] for j in jobs if j["data"] == data and j["group"] == group})
+            seeds = sorted({r["seed"] for r in runs if r["data"] == data and r["group"] == group})
             lines.append(f"{DATA_TITLES.get(data, data)}, target {target * 100:.1f}%:\n" if target is not None
                          else f"{DATA_TITLES.get(data, data)} (no ASGD reference run: no target):\n")
             pulls = group == "pull"  # its point is the pull: pulled bytes per applied update too

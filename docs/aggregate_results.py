@@ -255,7 +255,8 @@ def emulation_text(args, machine):
     lines = ["### On the wire: the emulator at the same commit\n",
              "The real server and workers (`emulation/edgetrain-emulate`: DTLS, CoAP block-wise transfers, a pull "
              "before every step, each worker in its own network namespace, CPU quotas), one run per row, made by "
-             f"`emulation/run-experiments.sh --out {root} GROUP` with programs built at the commit above. \"socket "
+             "`EDGETRAIN_BUILD_DIR=<a build of the commit above> emulation/run-experiments.sh GROUP` (the commands "
+             f"below; the runs' tables and curves are in `{root}`). \"socket "
              "ingress\" is everything that reached the server's UDP socket, \"payload ingress\" the update payloads "
              "the paper counts; the ratios divide the first run's bytes to the target by each run's.\n"]
     for group_dir in sorted(d for d in os.listdir(root) if d.startswith("group-")):

@@ -8,7 +8,10 @@
 #
 # usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
 #   groups: paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion
-#           distreal-skew (default: all, in that order)
+#           distreal-skew (default: all, in that order); also paper-pull10 and the gossip groups
+#     paper    paper CNN, 10 workers, to 97 %: ASGD, AdaComp c = 0.01, c = 0.004 + EF + fp16,
+#              sign + scale (the wire's side of docs/results.md's methods table)
+#     paper-pull10  AdaComp c = 0.01 with a pull every 10 steps, against paper's ASGD run
 #     speeds   paper CNN, 10 workers: real CPU quotas per worker (cgroups), four speed classes
 #              against equal shares of the same total (two cores)
 #     pull100  paper CNN, 100 workers, a pull before every step: exact model deltas against the
@@ -49,7 +52,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift ;;
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    paper|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|gossip-wait|shards) groups+=("$1") ;;
+    paper|paper-pull10|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|gossip-wait|shards) groups+=("$1") ;;
     *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
@@ -190,7 +193,8 @@ for g in "${groups[@]}"; do
       run paper-options "${paper_common[@]}" --compressor adacomp --rate 0.004 --error-feedback --fp16 \
         --label "AdaComp c=0.004 + EF + fp16 (paper CNN, 10 workers)"
       run paper-signscale "${paper_common[@]}" --compressor adacomp --rate 0.01 --sign-scale \
-        --label "AdaComp c=0.01, sign + scale (paper CNN, 10 workers)"
+        --label "AdaComp c=0.01, sign + scale (paper CNN, 10 workers)" ;;
+    paper-pull10)
       # A pull every 10 steps with plain AdaComp (no error feedback: with EF the residual
       # re-sends the same gradient at the same stale parameters and the run diverged).
       run paper-adacomp-pull10 "${paper_common[@]}" --compressor adacomp --rate 0.01 --pull-every 10 \
@@ -362,7 +366,8 @@ section="$out/results-section.md"
        "One run per row; each group names the commit its runs were made at. Groups not listed here have not" \
        "been run since the full-MNIST change (earlier ones: history.md)."
   echo
-  [ -d "$out/paper-asgd" ] && group_section paper 0.97 paper-asgd paper-adacomp paper-options paper-signscale paper-adacomp-pull10
+  [ -d "$out/paper-asgd" ] && group_section paper 0.97 paper-asgd paper-adacomp paper-options paper-signscale
+  [ -d "$out/paper-adacomp-pull10" ] && [ -d "$out/paper-asgd" ] && group_section paper-pull10 0.97 paper-asgd paper-adacomp-pull10
   [ -d "$out/rates-asgd" ] && group_section rates auto rates-asgd rates-adacomp-0.1 rates-adacomp-0.01 rates-adacomp-0.001
   [ -d "$out/fh-asgd" ] && group_section failures auto fh-asgd fh-adacomp fh-adacomp-hetero fh-adacomp-fail fh-adacomp-both
   # ASGD reaches only ~50% in those conditions: the AdaComp runs among themselves at 84.5%.

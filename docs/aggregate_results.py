@@ -321,7 +321,7 @@ def goals_text(table_rows, targets):
                 f"- {title}, the best setting whose every seed reached the target: {setting} ({method}), "
                 f"**{mean_sd(best, 1, 1)}x**; the goal of 300x with options: "
                 + ("**met**" if statistics.fmean(best) >= 300 else "not met")
-                + " in payload terms (on the wire: docs/emulation-results.md).")
+                + " in payload terms (on the wire, the socket's bytes: the emulator's `paper` group, \"On the wire\" below, when it was run).")
     lines.append("")
     return lines if len(lines) > 2 else []
 

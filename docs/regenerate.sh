@@ -93,6 +93,7 @@ gan_k=$(python3 -c "import math; print(math.ceil(math.log2($gan_workers)))")
 
 # ------------------------------------------------------------------ one commit per OUT
 commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 dirty=false
 [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=true
 if [ "$aggregate_only" = 1 ]; then
@@ -119,9 +120,8 @@ if [ -f "$out/machine.json" ]; then
   fi
   # Runs resumed on another CPU model are listed (XNNPACK's kernels, and so the last digits of
   # the figures, depend on the instruction set).
-  cpu_now=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
-  if [ "$list" = 0 ] && [ "$aggregate_only" = 0 ] && [ "$(jq -r .cpu "$out/machine.json")" != "$cpu_now" ]; then
-    jq --arg cpu "$cpu_now" '.resumed_on = ((.resumed_on // []) + [$cpu] | unique)' "$out/machine.json" >"$out/machine.json.tmp"
+  if [ "$list" = 0 ] && [ "$aggregate_only" = 0 ] && [ "$(jq -r .cpu "$out/machine.json")" != "$cpu_model" ]; then
+    jq --arg cpu "$cpu_model" '.resumed_on = ((.resumed_on // []) + [$cpu] | unique)' "$out/machine.json" >"$out/machine.json.tmp"
     mv "$out/machine.json.tmp" "$out/machine.json"
   fi
   recorded_quick=$(jq -r .quick "$out/machine.json")
@@ -129,7 +129,7 @@ if [ -f "$out/machine.json" ]; then
 else
   flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'sse4_2|avx|avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni' | sort | paste -sd' ' || true)
   jq -n --arg commit "$commit" --argjson dirty "$dirty" --arg date "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
-    --arg cpu "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" --arg flags "$flags" \
+    --arg cpu "$cpu_model" --arg flags "$flags" \
     --argjson cores "$(nproc)" --argjson quick "$([ "$quick" = 1 ] && echo true || echo false)" \
     --argjson seeds "$seeds" --argjson updates "$updates" \
     '{commit: $commit, dirty: $dirty, date: $date, cpu: $cpu, isa: $flags, cores: $cores, quick: $quick,
@@ -261,6 +261,7 @@ run_job() { # NAME PROGRAM-AND-ARGS: runs in the background, writes into jobs/NA
   echo "build/host/sim/edgetrain-$kind $args --out $dir" >"$dir/command"
   # shellcheck disable=SC2086  # ARGS is a list of words built above
   if "$program" $args --out "$dir" --quiet >"$dir/stdout" 2>"$dir/stderr"; then
+    echo "$cpu_model" >"$dir/cpu"  # the machine it ran on: a matrix may be resumed elsewhere
     echo $((SECONDS - t0)) >"$dir/seconds"
   else
     return 1

@@ -36,6 +36,8 @@ for run in "MD-GAN k=1, b=10" "MD-GAN k=2, b=10" "FL-GAN, b=10" "standalone, b=1
   grep -qF "| $run | 100 |" "$out/results.md" || fail "no GAN table row for '$run' (100 iterations) in results.md"
 done
 head -c 8 "$out/figures/regenerated-gan-md-k1-b10-mnist-small-s1.png" | grep -q PNG || fail "no image grid of the MD-GAN run"
+# Each job names the machine it ran on (a matrix may be resumed on another).
+[ -s "$out/jobs/methods-paper-mnist-small-s1/cpu" ] || fail "a job does not record its CPU"
 # One row per run and seed, for scripts.
 [ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 11 ] || fail "tables/runs.csv should hold 11 runs"
 

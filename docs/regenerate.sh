@@ -96,6 +96,7 @@ commit=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
 cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 dirty=false
 [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=true
+[ -z "$emulation" ] || [ -d "$emulation" ] || die "--emulation: $emulation is not a directory"
 if [ "$aggregate_only" = 1 ]; then
   [ -f "$out/machine.json" ] || die "--aggregate-only: $out holds no runs (no machine.json)"
   commit=$(jq -r .commit "$out/machine.json")

@@ -10,7 +10,10 @@ Each figure is a mean over seeds with its sample standard deviation ("97.10 ± 0
 target accuracy of a data set is ASGD's best accuracy in the paper's setting (10 workers,
 methods group), averaged over seeds, minus 0.3 points (the issue's "same accuracy as ASGD
 within 0.3 points"). A ratio divides the ingress the same seed's ASGD run needed to reach the
-target by the ingress of the run in the row; seeds that never reach it are counted apart.
+target by the ingress of the run in the row; seeds that never reach it are counted apart. A
+setting of the workers or speeds group, whose rows compare with their own ASGD run, uses its
+own ASGD's mean best less 0.3 points when that ASGD never comes within 0.3 points of the data
+set's target (more workers make ASGD staler: without it those rows would only say "never").
 Standard library only.
 """
 import argparse
@@ -127,6 +130,20 @@ def main():
         if bests:
             targets[data] = math.floor((statistics.fmean(bests) - 0.003) * 1000) / 1000
 
+    # Our choice (the paper gives no rule for it): a setting of a group that runs its own ASGD
+    # (workers, speeds) whose ASGD never comes within 0.3 points of the data set's target is
+    # measured against its own ASGD's mean best less 0.3 points, so that the table still
+    # compares the payloads to the same accuracy rather than saying "never" on every row.
+    def own_target(group, data, setting):
+        if group not in ("workers", "speeds") or data not in targets:
+            return targets.get(data)
+        bests = [max(p[3] for p in r["curve"]) for r in runs
+                 if r["data"] == data and r["setting"] == setting and r["method"] == "ASGD"]
+        if not bests:
+            return targets[data]
+        own = math.floor((statistics.fmean(bests) - 0.003) * 1000) / 1000
+        return own if own < targets[data] else targets[data]
+
     lines = []
     if all(j["group"] == "gan" for j in jobs):  # `docs/regenerate.sh gan` alone
         lines.append("## MD-GAN, regenerated (issue 16)\n")
@@ -175,9 +192,13 @@ def main():
             for r in runs:
                 if r["group"] == group and r["data"] == data and (r["setting"], r["method"]) not in keys:
                     keys.append((r["setting"], r["method"]))
+            own_targets = []
             for setting, method in keys:
                 same = [r for r in runs if r["group"] == group and r["data"] == data and r["setting"] == setting
                         and r["method"] == method]
+                target = own_target(group, data, setting)
+                if target is not None and target != targets.get(data) and (setting, target) not in own_targets:
+                    own_targets.append((setting, target))
                 bests = [max(p[3] for p in r["curve"]) for r in same]
                 finals = [r["curve"][-1][3] for r in same]
                 per_update = [r["curve"][-1][1] / max(1, r["curve"][-1][0]) for r in same]
@@ -213,6 +234,11 @@ def main():
                 lines.append(f"| {setting} | {method} | {mean_sd(bests, 100)} | {mean_sd(finals, 100)} | "
                              f"{human_bytes(statistics.fmean(per_update))} | {updates_cell} | {bytes_cell} | {ratio_cell} |"
                              + (f" {human_bytes(statistics.fmean(pulled))} |" if pulls else ""))
+            target = targets.get(data)
+            if own_targets:
+                lines.append("\nIn these settings ASGD itself never came within 0.3 points of the target, so each is measured "
+                             "against their own ASGD's mean best less 0.3 points (our choice): "
+                             + ", ".join(f"{setting} to {t * 100:.1f}%" for setting, t in own_targets) + ".")
             lines.append(f"\nSeeds: {', '.join(map(str, seeds))}. Commands: `{args.out}/jobs/<setting>-{data}-s<seed>/command`.\n")
             figure = plot_group(args, group, data, runs, target)
             if figure:

@@ -36,6 +36,16 @@ GROUP_TITLES = {
     "pull": "Pulls: the exact model's deltas against the published model, at the most workers (a pull before every step; D = 4N)",
     "gan": "MD-GAN against FL-GAN and the standalone GAN (edgetrain-gan, one process)",
 }
+# What each emulator group of emulation/run-experiments.sh compares (its --help says the same).
+EMULATION_CAPTIONS = {
+    "paper": "Paper CNN, MNIST, 10 workers, a pull before every step, to 97% on the whole test set: ASGD, the "
+             "paper's method and the two best option sets of the simulator.",
+    "pull100": "Paper CNN, MNIST, 100 workers, a pull before every step: the exact model's deltas against the "
+               "published model (issue 13 part 4: the server's socket ingress per update against its payload).",
+    "speeds": "Heterogeneity with real CPU quotas (cgroup v1 cpu.cfs_quota_us per worker process): four speed "
+              "classes named after the boards (0.35, 0.25, 0.12 and 0.08 of a core) against 0.2 of a core for "
+              "every worker, the same two cores in total; paper CNN, MNIST, 10 workers, to 92%.",
+}
 DATA_TITLES = {"mnist": "MNIST", "mnist-small": "MNIST subset (mnist-small)", "fashion-mnist": "Fashion-MNIST"}
 
 
@@ -292,6 +302,8 @@ def emulation_text(args, machine):
             continue
         runs = sorted(run for run in commits if run.startswith(title + "-"))
         lines.append(f"#### The `{title}` group\n")
+        if title in EMULATION_CAPTIONS:
+            lines.append(EMULATION_CAPTIONS[title] + "\n")
         lines.append(open(summary).read().strip() + "\n")
         lines.append("```sh")
         for run in runs:

@@ -1,0 +1,1 @@
+emulation/edgetrain-emulate --out /work/emu/speeds-adacomp-equal --workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 600 --request-timeout 60 --rate 0.01 --cpu-classes equal=0.2 --label AdaComp\ c=0.01\,\ equal\ CPU\ \(paper\ CNN\,\ 10\ workers\)

@@ -1,0 +1,1 @@
+emulation/edgetrain-emulate --out /work/emu/speeds-asgd-classes --workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.92 --duration 600 --request-timeout 60 --compressor none --cpu-classes pi5=0.35\,pi4=0.25\,pi3=0.12\,zero2w=0.08 --label ASGD\,\ speed\ classes\ \(paper\ CNN\,\ 10\ workers\)

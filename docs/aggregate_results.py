@@ -36,6 +36,9 @@ GROUP_TITLES = {
     "pull": "Pulls: the exact model's deltas against the published model, at the most workers (a pull before every step; D = 4N)",
     "gan": "MD-GAN against FL-GAN and the standalone GAN (edgetrain-gan, one process)",
 }
+# A row from another group that a group's table shows first, to compare with: (its group,
+# setting, method, what it is here). The failures are judged against the same run without them.
+REFERENCE_ROWS = {"reliability": ("methods", "methods-paper", "AdaComp c=0.01", "no failures")}
 # What each emulator group of emulation/run-experiments.sh compares (its --help says the same).
 EMULATION_CAPTIONS = {
     "paper": "Paper CNN, MNIST, 10 workers, a pull before every step, to 97% on the whole test set: ASGD, the "
@@ -198,13 +201,18 @@ def main():
             lines.append("| setting | method | best acc % | final acc % | bytes / update | updates to target | "
                          "ingress to target | ASGD / this |" + (" pulled bytes / update |" if pulls else ""))
             lines.append("|---|---|---|---|---|---|---|---|" + ("---|" if pulls else ""))
-            keys = []
+            keys = []  # (the group its runs are in, setting, method)
+            if group in REFERENCE_ROWS:
+                source, setting, method, _ = REFERENCE_ROWS[group]
+                if any(r["group"] == source and r["data"] == data and r["setting"] == setting and r["method"] == method
+                       for r in runs):
+                    keys.append((source, setting, method))
             for r in runs:
-                if r["group"] == group and r["data"] == data and (r["setting"], r["method"]) not in keys:
-                    keys.append((r["setting"], r["method"]))
+                if r["group"] == group and r["data"] == data and (group, r["setting"], r["method"]) not in keys:
+                    keys.append((group, r["setting"], r["method"]))
             own_targets = []
-            for setting, method in keys:
-                same = [r for r in runs if r["group"] == group and r["data"] == data and r["setting"] == setting
+            for source, setting, method in keys:
+                same = [r for r in runs if r["group"] == source and r["data"] == data and r["setting"] == setting
                         and r["method"] == method]
                 target = own_target(group, data, setting)
                 if target is not None and target != targets.get(data) and (setting, target) not in own_targets:
@@ -222,6 +230,8 @@ def main():
                         to_bytes.append(reached[1])
                         if ref_reached and reached[1] > 0:
                             ratios.append(ref_reached[1] / reached[1])
+                    if source != group:
+                        continue  # a reference row: its own group's table lists it in runs.csv
                     table_rows.append({"group": group, "data": data, "setting": setting, "method": method,
                                        "seed": r["seed"], "best_accuracy": max(p[3] for p in r["curve"]),
                                        "final_accuracy": r["curve"][-1][3], "updates": r["curve"][-1][0],
@@ -241,7 +251,8 @@ def main():
                     (mean_sd(ratios, 1, 1) + "x" + ("" if len(ratios) == n else f" ({len(ratios)}/{n} seeds)"))
                     if ratios else "–")
                 pulled = [r["curve"][-1][2] / max(1, r["curve"][-1][0]) for r in same]
-                lines.append(f"| {setting} | {method} | {mean_sd(bests, 100)} | {mean_sd(finals, 100)} | "
+                shown = setting if source == group else f"{setting} ({REFERENCE_ROWS[group][3]})"
+                lines.append(f"| {shown} | {method} | {mean_sd(bests, 100)} | {mean_sd(finals, 100)} | "
                              f"{human_bytes(statistics.fmean(per_update))} | {updates_cell} | {bytes_cell} | {ratio_cell} |"
                              + (f" {human_bytes(statistics.fmean(pulled))} |" if pulls else ""))
             target = targets.get(data)

@@ -265,7 +265,7 @@ def main():
             if figure:
                 lines.append(f"![{GROUP_TITLES[group]}, {DATA_TITLES.get(data, data)}](figures/{figure})\n")
 
-    lines[goals_at:goals_at] = goals_text(table_rows, targets)
+    lines[goals_at:goals_at] = goals_text(table_rows, targets) + findings_text(table_rows)
     if args.emulation:
         lines += emulation_text(args, machine)
 
@@ -416,6 +416,69 @@ def goals_text(table_rows, targets):
                          + " (ASGD's accuracy falls as the workers grow staler; see the workers table).")
     lines.append("")
     return lines if len(lines) > 2 else []
+
+
+def findings_text(table_rows):
+    """One line per group on what its table shows, computed from the same rows (best accuracy,
+    mean over the seeds), so the summary cannot drift from the tables."""
+    def best(data, group, setting, method):
+        values = [r["best_accuracy"] for r in table_rows if r["data"] == data and r["group"] == group
+                  and r["setting"] == setting and r["method"] == method]
+        return statistics.fmean(values) * 100 if values else None
+
+    def settings(data, group):
+        found = []
+        for r in table_rows:
+            if r["data"] == data and r["group"] == group and r["setting"] not in found:
+                found.append(r["setting"])
+        return found
+
+    lines = []
+    for data in [d for d in DATA_TITLES if any(r["data"] == d for r in table_rows)]:
+        title = DATA_TITLES[data]
+        paper = best(data, "methods", "methods-paper", "AdaComp c=0.01")
+        asgd = best(data, "methods", "methods-paper", "ASGD")
+        facts = []
+        norule = best(data, "methods", "methods-norule", "AdaComp c=0.01")
+        if paper is not None and norule is not None:
+            facts.append(f"the staleness rule is worth {paper - norule:+.2f} points of best accuracy to top-k "
+                         f"({paper:.2f}% with it, {norule:.2f}% without)")
+        rates = [(float(s.split("-")[1]), best(data, "rates", s, f"AdaComp c={s.split('-')[1]}"))
+                 for s in settings(data, "rates")]
+        if paper is not None:
+            rates.append((0.01, paper))
+        rates = sorted((c, a) for c, a in rates if a is not None)
+        if len(rates) > 1:
+            facts.append("best accuracy by compression rate: " + ", ".join(f"c = {c:g}: {a:.2f}%" for c, a in rates))
+        scale = [(int(s.split("-")[1]), best(data, "workers", s, "ASGD"), best(data, "workers", s, "AdaComp c=0.01"))
+                 for s in settings(data, "workers")]
+        if scale and asgd is not None and paper is not None:
+            facts.append("from 10 workers to " + ", ".join(str(n) for n, _, _ in scale) + ": ASGD's best accuracy "
+                         + " → ".join(f"{a:.2f}%" for a in [asgd] + [a for _, a, _ in scale if a is not None])
+                         + ", AdaComp's " + " → ".join(f"{a:.2f}%" for a in [paper] + [a for _, _, a in scale if a is not None]))
+        failing = [(s, best(data, "reliability", s, "AdaComp c=0.01")) for s in settings(data, "reliability")]
+        if failing and paper is not None:
+            facts.append(f"with failing workers the paper's method kept a best accuracy of "
+                         + ", ".join(f"{a:.2f}% ({s.replace('reliability-', '').replace('-', ' ')})"
+                                     for s, a in failing if a is not None)
+                         + f" against {paper:.2f}% without failures")
+        spread = {s: (best(data, "speeds", s, "ASGD"), best(data, "speeds", s, "AdaComp c=0.01"))
+                  for s in settings(data, "speeds")}
+        if "speeds-0" in spread and "speeds-1" in spread and None not in spread["speeds-0"] + spread["speeds-1"]:
+            facts.append(f"a wide spread of speeds against equal ones: ASGD {spread['speeds-1'][0]:.2f}% against "
+                         f"{spread['speeds-0'][0]:.2f}%, AdaComp {spread['speeds-1'][1]:.2f}% against "
+                         f"{spread['speeds-0'][1]:.2f}%")
+        pulls = []
+        for s in settings(data, "pull"):
+            same = [r for r in table_rows if r["data"] == data and r["group"] == "pull" and r["setting"] == s]
+            pulled = statistics.fmean(r["pull_bytes"] / max(1, r["updates"]) for r in same)
+            pulls.append(f"{s.replace('pull-', '')} {human_bytes(pulled)} pulled per update, best "
+                         f"{statistics.fmean(r['best_accuracy'] for r in same) * 100:.2f}%")
+        if pulls:
+            facts.append("pulls at the most workers: " + "; ".join(pulls))
+        lines += [f"- {title}: {fact}." for fact in facts]
+    return (["### What the tables show\n", "Best accuracies are means over the seeds; the tables below hold "
+             "the spreads.\n"] + lines + [""]) if lines else []
 
 
 def machines_text(out, jobs, machine):

@@ -265,7 +265,7 @@ def main():
             if figure:
                 lines.append(f"![{GROUP_TITLES[group]}, {DATA_TITLES.get(data, data)}](figures/{figure})\n")
 
-    lines[goals_at:goals_at] = goals_text(table_rows, targets) + findings_text(table_rows)
+    lines[goals_at:goals_at] = goals_text(table_rows, targets) + wire_goal_text(args) + findings_text(table_rows)
     if args.emulation:
         lines += emulation_text(args, machine)
 
@@ -416,6 +416,29 @@ def goals_text(table_rows, targets):
                          + " (ASGD's accuracy falls as the workers grow staler; see the workers table).")
     lines.append("")
     return lines if len(lines) > 2 else []
+
+
+def wire_goal_text(args):
+    """The 300x goal on the wire: the best socket-bytes ratio of the emulator's `paper` group
+    (its summary.md, bold ratio column), when that group was run at the matrix's commit."""
+    summary = os.path.join(args.emulation, "group-paper", "summary.md") if args.emulation else None
+    if not summary or not os.path.exists(summary):
+        return []
+    rows = []
+    for line in open(summary):
+        match = re.search(r"\*\*([0-9.]+)x\*\*", line)
+        if line.startswith("| ") and match:
+            rows.append((float(match.group(1)), line.split("|")[1].strip()))
+    others = [row for row in rows[1:]]  # the first run is ASGD, the reference
+    if not others:
+        return []
+    ratio, label = max(others)
+    paper = [r for r in others if r[1].startswith("AdaComp c=0.01 (")]  # its label: no option named
+    return [f"- On the wire (the emulator's `paper` group below: everything that reached the server's UDP socket, "
+            f"one run each, MNIST, to its target): "
+            + (f"the paper's method {paper[0][0]:.1f}x, " if paper else "") + "the best with options "
+            f"{label}, **{ratio:.1f}x**; the goal of 300x on the wire: "
+            + ("**met**." if ratio >= 300 else "not met."), ""]
 
 
 def findings_text(table_rows):

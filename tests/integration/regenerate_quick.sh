@@ -10,9 +10,9 @@ require_mnist
 regenerate="$(cd "$(dirname "$0")/../.." && pwd)/docs/regenerate.sh"
 out="$work/results"
 
-# Four groups keep it short; every method of the methods group, both pull settings and every
-# GAN mode are checked.
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers pull gan 2>"$work/first.log" ||
+# Five groups keep it short; every method of the methods group, both pull settings, the
+# reliability table's reference row and every GAN mode are checked.
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers reliability pull gan 2>"$work/first.log" ||
   fail "the quick matrix failed: $(tail -n 5 "$work/first.log")"
 total=$(jq -r .total "$out/progress.json")
 [ "$total" -gt 0 ] && [ "$(jq -r .ran "$out/progress.json")" = "$total" ] || fail "not every job ran: $(cat "$out/progress.json")"
@@ -26,7 +26,14 @@ done
 for row in "pull-exact | AdaComp c=0.01 |" "pull-published-5-0.01 | AdaComp c=0.01, published every 5 at 0.01 |"; do
   grep -F "| $row" "$out/results.md" | grep -qE '[0-9.]+ kB \|$' || fail "no pull row with its pulled bytes for '$row'"
 done
+grep -qF "| methods-paper (no failures) | AdaComp c=0.01 |" "$out/results.md" ||
+  fail "the reliability table does not start with the paper's method without failures"
 grep -q "target [0-9.]*%" "$out/results.md" || fail "no target accuracy in results.md"
+# The summary computed from the tables: the staleness rule's worth and the worker counts.
+grep -qF "### What the tables show" "$out/results.md" || fail "no summary of what the tables show"
+grep -q "the staleness rule is worth [-+][0-9.]* points" "$out/results.md" || fail "the summary lacks the staleness rule"
+grep -q "from 10 workers to 20: ASGD's best accuracy [0-9.]*% → [0-9.]*%" "$out/results.md" ||
+  fail "the summary lacks the worker counts"
 grep -q "at commit \`$(git -C "$(dirname "$regenerate")" rev-parse --short=12 HEAD)" "$out/results.md" ||
   fail "results.md does not name the commit"
 for figure in regenerated-methods-mnist-small regenerated-workers-mnist-small; do
@@ -39,11 +46,11 @@ head -c 8 "$out/figures/regenerated-gan-md-k1-b10-mnist-small-s1.png" | grep -q 
 # Each job names the machine it ran on (a matrix may be resumed on another).
 [ -s "$out/jobs/methods-paper-mnist-small-s1/cpu" ] || fail "a job does not record its CPU"
 # One row per run and seed, for scripts.
-[ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 11 ] || fail "tables/runs.csv should hold 11 runs"
+[ "$(tail -n +2 "$out/tables/runs.csv" | wc -l)" -eq 17 ] || fail "tables/runs.csv should hold 17 runs"
 
 # Resuming: nothing runs again, the tables come out the same.
 cp "$out/results.md" "$work/results.first.md"
-"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers pull gan 2>"$work/second.log" ||
+"$regenerate" --quick --allow-dirty --build "$build" --out "$out" --jobs 2 methods workers reliability pull gan 2>"$work/second.log" ||
   fail "resuming failed: $(tail -n 5 "$work/second.log")"
 [ "$(jq -r .skipped "$out/progress.json")" = "$total" ] && [ "$(jq -r .ran "$out/progress.json")" = 0 ] ||
   fail "resuming re-ran jobs: $(cat "$out/progress.json")"
@@ -63,7 +70,7 @@ grep -q "holds runs of commit 0000" "$work/third.log" || fail "the refusal does 
 cp "$work/machine.orig.json" "$out/machine.json"
 
 # --aggregate-only runs nothing, at any commit, and makes the same tables.
-"$regenerate" --quick --aggregate-only --build "$build" --out "$out" methods workers pull gan 2>"$work/fourth.log" ||
+"$regenerate" --quick --aggregate-only --build "$build" --out "$out" methods workers reliability pull gan 2>"$work/fourth.log" ||
   fail "--aggregate-only failed: $(tail -n 5 "$work/fourth.log")"
 [ "$(jq -r .ran "$out/progress.json")" = 0 ] || fail "--aggregate-only ran jobs: $(cat "$out/progress.json")"
 diff -u "$work/results.first.md" "$out/results.md" || fail "--aggregate-only changed the tables"
@@ -72,16 +79,20 @@ diff -u "$work/results.first.md" "$out/results.md" || fail "--aggregate-only cha
 # made at the matrix's commit, and are refused otherwise.
 emu="$work/emulation"
 mkdir -p "$emu/group-paper"
-printf '| run | socket ingress | payload ingress |\n|---|---|---|\n| AdaComp | 2.0 MB | 1.5 MB |\n' >"$emu/group-paper/summary.md"
+printf '| run | socket ingress | payload ingress | ratio |\n|---|---|---|---|\n%s\n%s\n%s\n' \
+  '| ASGD (t) | 9.0 MB | 8.0 MB | **1.0x** |' '| AdaComp c=0.01 (t) | 2.0 MB | 1.5 MB | **4.5x** |' \
+  '| AdaComp c=0.01, sign + scale (t) | 0.5 MB | 0.1 MB | **18.0x** |' >"$emu/group-paper/summary.md"
 jq -r .commit "$out/machine.json" | cut -c1-12 >"$emu/paper-adacomp.commit"
 echo "emulation/edgetrain-emulate --out runs/paper-adacomp --rate 0.01" >"$emu/paper-adacomp.command"
-"$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers pull gan 2>"$work/emu.log" ||
+"$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers reliability pull gan 2>"$work/emu.log" ||
   fail "--emulation failed: $(tail -n 5 "$work/emu.log")"
 grep -qF '#### The `paper` group' "$out/results.md" || fail "the emulator's group is not on the page"
-grep -qF '| AdaComp | 2.0 MB | 1.5 MB |' "$out/results.md" || fail "the emulator's table is not on the page"
+grep -qF '| AdaComp c=0.01 (t) | 2.0 MB | 1.5 MB | **4.5x** |' "$out/results.md" || fail "the emulator's table is not on the page"
+grep -qF "the paper's method 4.5x, the best with options AdaComp c=0.01, sign + scale (t), **18.0x**; the goal of 300x on the wire: not met." \
+  "$out/results.md" || fail "the goals do not give the wire's ratios from the emulator's paper group"
 grep -qF -- '--out runs/paper-adacomp --rate 0.01' "$out/results.md" || fail "the emulator's command is not on the page"
 echo 000000000000 >"$emu/paper-asgd.commit"
-if "$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers pull gan 2>"$work/emu2.log"; then
+if "$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers reliability pull gan 2>"$work/emu2.log"; then
   fail "an emulator run of another commit was accepted"
 fi
 grep -q "another commit" "$work/emu2.log" || fail "the refusal does not say why: $(cat "$work/emu2.log")"

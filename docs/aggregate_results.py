@@ -177,7 +177,9 @@ def main():
         "updates per run, batch 10, lr 0.1, D = 256. Figures are means over the seeds ± their standard deviation. "
         "Bytes are the paper's count: the encoded update payloads the workers send (the wire codec, "
         "`transport/CODEC.md`); what reaches the server's socket (DTLS, CoAP, pulls) is the emulator's count "
-        "([emulation-results.md](emulation-results.md), where the socket's bytes stand beside the payload). The target of a data set is ASGD's mean best accuracy in the paper's setting minus 0.3 points; "
+        + ("(\"On the wire\" below, at the same commit, where the socket's bytes stand beside the payload). " if args.emulation
+           else "([emulation-results.md](emulation-results.md), where the socket's bytes stand beside the payload). ")
+        + "The target of a data set is ASGD's mean best accuracy in the paper's setting minus 0.3 points; "
         "\"ASGD / this\" divides the ingress the same seed's ASGD run needed to reach it by this run's. XNNPACK "
         "chooses its kernels by the CPU, so another machine repeats these figures closely, not bit for bit.\n")
     lines += machines_text(args.out, jobs, machine)
@@ -265,7 +267,10 @@ def main():
             if figure:
                 lines.append(f"![{GROUP_TITLES[group]}, {DATA_TITLES.get(data, data)}](figures/{figure})\n")
 
-    lines[goals_at:goals_at] = goals_text(table_rows, targets) + wire_goal_text(args) + findings_text(table_rows)
+    goals, wire = goals_text(table_rows, targets), wire_goal_text(args)
+    if wire:  # one list: the wire's line joins the payload's
+        goals = (goals[:-1] if goals else ["### Against the goals\n"]) + wire
+    lines[goals_at:goals_at] = goals + findings_text(table_rows)
     if args.emulation:
         lines += emulation_text(args, machine)
 
@@ -397,7 +402,7 @@ def goals_text(table_rows, targets):
                 f"- {title}, the best setting of the methods and rates groups to reach the target ({seeds_text}): "
                 f"{setting} ({method}), **{mean_sd(best, 1, 1)}x**; the goal of 300x with options: "
                 + ("**met**" if statistics.fmean(best) >= 300 and len(best) == count else "not met")
-                + " in payload terms (on the wire, the socket's bytes: the emulator's `paper` group, \"On the wire\" below, when it was run).")
+                + " in payload terms.")
         # More workers: the paper's method against ASGD at the same worker count (each to the
         # target its table names).
         scaled = {}

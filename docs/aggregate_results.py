@@ -186,7 +186,7 @@ def main():
     lines.append("## The simulator's experiments, regenerated (issue 13)\n")
     lines.append(
         f"Made by `docs/regenerate.sh{' --quick' if machine['quick'] else ''}` at commit `{machine['commit'][:12]}`"
-        f"{' (with uncommitted changes)' if machine['dirty'] else ''} on {machine['date'][:10]}, on a {machine['cores']}-core "
+        f"{' (with uncommitted changes)' if machine['dirty'] else ''}, started on {machine['date'][:10]}, on a {machine['cores']}-core "
         f"{machine['cpu']} ({machine['isa']}); {machine['seeds']} seed(s) per setting, {machine['updates']} applied "
         "updates per run, batch 10, lr 0.1, D = 256. Figures are means over the seeds ± their standard deviation. "
         "Bytes are the paper's count: the encoded update payloads the workers send (the wire codec, "
@@ -279,7 +279,7 @@ def main():
                              + ", ".join(f"{setting} to {t * 100:.1f}%" for setting, t in own_targets) + ".")
             elif own_targets:
                 lines.append("\nIn these settings ASGD itself never came within 0.3 points of the target, so each is measured "
-                             "against their own ASGD's mean best less 0.3 points (our choice): "
+                             "against its own ASGD's mean best less 0.3 points (our choice): "
                              + ", ".join(f"{setting} to {t * 100:.1f}%" for setting, t in own_targets) + ".")
             lines.append(f"\nSeeds: {', '.join(map(str, seeds))}. Commands: `{args.out}/jobs/<setting>-{data}-s<seed>/command`.\n")
             figure = plot_group(args, group, data, runs, target)

@@ -29,13 +29,17 @@ setup() {
   phase_done
 }
 
-# ccache (installed by setup) makes rebuilds and fresh clones cheap. CCACHE_BASEDIR and
-# CCACHE_NOHASHDIR let two clones in different directories share cached objects.
+# ccache makes rebuilds and fresh clones cheap. CCACHE_BASEDIR and CCACHE_NOHASHDIR let two
+# clones in different directories share cached objects. Looked up when a build starts, after
+# setup, which installs it on a bare machine.
 launcher=()
-if command -v ccache >/dev/null; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
-  export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
-fi
+find_ccache() {
+  launcher=()
+  if command -v ccache >/dev/null; then
+    launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+    export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+  fi
+}
 
 # build PRESET... [-- TARGET...]: configure and build the presets (all targets by default).
 build() {
@@ -43,6 +47,7 @@ build() {
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do presets+=("$1"); shift; done
   [ $# -gt 0 ] && shift && targets=("$@")
   [ ${#presets[@]} -gt 0 ] || presets=(host aarch64)
+  find_ccache
   for preset in "${presets[@]}"; do
     phase "configure and build: $preset${targets[*]:+ (${targets[*]})}"
     cmake --preset "$preset" "${launcher[@]}" >/dev/null \
@@ -58,8 +63,10 @@ run_tests() {
     # A test that fails is run once more: the process-level tests time real programs on a
     # shared 2-core machine, and two CI runs were lost to one slow moment each. A retried
     # test still shows its failed attempt (output included) above its passing one.
+    # Tests run side by side, one per core, except those marked RUN_SERIAL (the process-level
+    # and network tests: they time real programs), which ctest runs alone.
     # No line after ctest's: its summary closes the output.
-    ctest --preset "$preset" --output-on-failure --repeat until-pass:2
+    ctest --preset "$preset" --output-on-failure --repeat until-pass:2 --parallel "$(nproc)"
   done
 }
 
@@ -92,6 +99,7 @@ package() {
     [[ " ${BOARDS[*]} " == *" $board "* ]] || { echo "build.sh: unknown board '$board' (boards: ${BOARDS[*]})" >&2; exit 2; }
   done
   phase "package: edgetrain-server (amd64)"
+  find_ccache
   cmake --preset host "${launcher[@]}" >/dev/null || { echo "build.sh: cmake configure of preset 'host' failed" >&2; exit 1; }
   cmake --build --preset host --target edgetrain-server
   (cd build/host && cpack --config CPackConfig.cmake | grep 'generated')

@@ -11,8 +11,11 @@
 # its samples to test digits falls (this run is too short for the MNIST score to rise:
 # gan_fleet_test checks that in one process).
 # A worker may be another program (WORKER_2_COMMAND, e.g. the aarch64 build under
-# qemu-aarch64) than the host build the others run.
-# usage: [WORKER_2_COMMAND=...] gan_fleet.sh SERVER WORKER TOPOLOGY SIM
+# qemu-aarch64) than the host build the others run. GAN_SCORES=print prints the scores
+# without asking the distance to fall: the sanitizer tree's programs reach about 45
+# iterations here, where whether it has fallen depends on when the kills land (the
+# optimized tree checks it).
+# usage: [WORKER_2_COMMAND=...] [GAN_SCORES=print] gan_fleet.sh SERVER WORKER TOPOLOGY SIM
 server="$1"; worker="$2"; topology="$3"; sim="$4"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
@@ -85,13 +88,14 @@ done
 ls "$work/state/gan"/checkpoint-* >/dev/null || fail "no GAN checkpoint"
 echo "feedbacks $(json_get "$server_stats" gan.feedbacks), dropped $(json_get "$server_stats" gan.dropped)"
 # The scores: a row per evaluation, the first at iteration 0; the Frechet distance falls.
-python3 - "$work/state/gan/metrics.csv" <<'PY' || fail "the generator's samples did not come closer to the test digits"
+python3 - "$work/state/gan/metrics.csv" "${GAN_SCORES:-check}" <<'PY' || fail "the generator's samples did not come closer to the test digits"
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 print("Frechet distance (MNIST score) by iteration:",
       ", ".join("%s: %.1f (%.2f)" % (r["iteration"], float(r["frechet_distance"]), float(r["mnist_score"])) for r in rows))
 assert len(rows) >= 2 and rows[0]["iteration"] == "0", rows
-assert min(float(r["frechet_distance"]) for r in rows[1:]) < 0.97 * float(rows[0]["frechet_distance"]), rows
+if sys.argv[2] == "check":
+  assert min(float(r["frechet_distance"]) for r in rows[1:]) < 0.97 * float(rows[0]["frechet_distance"]), rows
 PY
 [ -s "$work/state/gan/scores.svg" ] || fail "no gan/scores.svg"
 ! grep -q ERROR "$work/server-1.log" "$work/server-2.log" || fail "an ERROR in the server's log"

@@ -65,7 +65,7 @@ TEST(GanFleet, FlGanAveragesEveryEEpochs) {
 // The CI-sized check of what MD-GAN learns: scored by an MLP classifier trained here
 // (the paper CNN's checkpoint takes minutes to make), the MNIST score of the server's
 // generator rises and the Fréchet distance to test digits falls within 300 iterations.
-TEST(GanFleet, MdGanMnistScoreRisesAndFrechetDistanceFalls) {
+TEST(GanFleetLongRun, MdGanMnistScoreRisesAndFrechetDistanceFalls) {
   const std::string dir = edgetrain::testing::mnist_small_dir().string() + "/";
   const runtime::Dataset test = runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte");
   const runtime::SampleClassifier classifier(train_digits(), 1500, 3);

@@ -31,7 +31,7 @@ const Data& mnist_small() {
 
 constexpr int kIterationBlocks = 6;  // 600 iterations: 0.11 -> 0.81 on the machine of 2026-11-23
 
-TEST(GanStandalone, ConditionalSamplesBecomeRecognisable) {
+TEST(GanStandaloneLongRun, ConditionalSamplesBecomeRecognisable) {
   const Data& data = mnist_small();
   ASSERT_GT(data.train.size(), 0u);
   SampleClassifier classifier(data.train, 1500, 1);
@@ -62,7 +62,7 @@ TEST(GanStandalone, ConditionalSamplesBecomeRecognisable) {
 
 // The CNN costs about 75 ms per iteration here (the MLP 21 ms), so fewer iterations: 200 took
 // the share from 0.09 to 0.64 on the machine of 2026-11-27 (0.24 at 100 in edgetrain-gan).
-TEST(GanStandalone, CnnConditionalSamplesBecomeRecognisable) {
+TEST(GanStandaloneLongRun, CnnConditionalSamplesBecomeRecognisable) {
   const Data& data = mnist_small();
   ASSERT_GT(data.train.size(), 0u);
   SampleClassifier classifier(data.train, 1500, 1);

@@ -140,7 +140,7 @@ TEST(SimGossip, DenseMixingKeepsTheMeanOfThePeersModels) {
 // CHOCO-style compressed gossip: each iteration a peer's neighbours get the 1% of its
 // published model that changed most (at least 32 entries per tensor), not the whole model:
 // 72 times fewer bytes here.
-TEST(SimGossip, CompressedGossipSendsFarFewerBytesAndStillLearns) {
+TEST(SimGossipLongRun, CompressedGossipSendsFarFewerBytesAndStillLearns) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
   sim::GossipConfig c = ring_config();
@@ -181,7 +181,7 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
 // Training while waiting (wait_steps): the fast classes fill their wait at the barrier with
 // local steps, the slowest class, which nobody keeps waiting, takes none, and the run's pace
 // stays the slowest class's.
-TEST(SimGossip, WaitStepsFillTheFastPeersWaitAndLeaveTheSlowestAlone) {
+TEST(SimGossipLongRun, WaitStepsFillTheFastPeersWaitAndLeaveTheSlowestAlone) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
   sim::GossipConfig c = four_class_ring_config();
@@ -264,7 +264,7 @@ TEST(SimGossip, AccuracyAwareTrainingStopsPeersAndSavesSteps) {
   EXPECT_GT(r.curve.back().mean_accuracy, 0.8);
 }
 
-TEST(SimGossip, SameSeedSameRun) {
+TEST(SimGossipLongRun, SameSeedSameRun) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
   sim::GossipConfig c = ring_config();

@@ -29,7 +29,7 @@ sim::SimConfig short_config() {
   return c;
 }
 
-TEST(Simulator, AdaCompLearnsWithFarLessIngressThanAsgd) {
+TEST(SimulatorLongRun, AdaCompLearnsWithFarLessIngressThanAsgd) {
   const Mnist& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
   sim::SimConfig asgd = short_config();

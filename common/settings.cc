@@ -214,6 +214,22 @@ Table::~Table() = default;
 
 CLI::App& Table::cli() { return *app_; }
 
+void Table::positional(std::string name, std::string& field, std::string help) {
+  app_->add_option(std::move(name), field, std::move(help))->required();
+}
+
+void Table::positional(std::string name, std::vector<std::string>& field, std::string help) {
+  app_->add_option(std::move(name), field, std::move(help));
+}
+
+void Table::int_list_flag(std::string flag, std::vector<int>& field, std::string help) {
+  app_->add_option("--" + flag, field, std::move(help))->capture_default_str();
+}
+
+void Table::footer(std::string text) { app_->footer(std::move(text)); }
+
+void Table::require_subcommand() { app_->require_subcommand(1); }
+
 Table& Table::subcommand(std::string name, std::string description) {
   CLI::App* sub = app_->add_subcommand(name, std::move(description));
   subcommands_.push_back(std::unique_ptr<Table>(new Table(program_ + " " + name, sub)));

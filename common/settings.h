@@ -140,8 +140,21 @@ class Table {
   // Whether this table is the main one or a subcommand given on the command line (after parse()).
   bool parsed() const;
 
-  // The underlying CLI11 app, for what is not a setting: positional arguments (on a
-  // subcommand's table: its own). Options added there are not in the file.
+  // What is not a setting (not in the --config file), on this table (a subcommand's: its
+  // own). A positional argument that must be given (`add-device NAME`):
+  void positional(std::string name, std::string& field, std::string help);
+  // Positional arguments, any number of them (`edgetrain-fleet-eval A.safetensors B...`):
+  void positional(std::string name, std::vector<std::string>& field, std::string help);
+  // A flag that takes several integers (`--delta-after 3 10`); its current value is the default.
+  void int_list_flag(std::string flag, std::vector<int>& field, std::string help);
+  // Text printed after --help's list of settings.
+  void footer(std::string text);
+  // One of the subcommands must be given.
+  void require_subcommand();
+
+  // The underlying CLI11 app, for what the calls above do not cover. Including
+  // <CLI/CLI.hpp> costs a source file about 13 s of compile time (35 s under the
+  // sanitizers), so programs use the calls above where they can.
   CLI::App& cli();
 
   // Parses the command line, then the --config file for every setting no flag gave, then

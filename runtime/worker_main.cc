@@ -1,7 +1,6 @@
 // edgetrain-worker: trains on this device's shard and sends AdaComp updates to an
 // edgetrain-server over CoAP/DTLS. Its settings are one table (common/settings.h): flags,
 // or the same names in a TOML file (--config); see runtime/README.md.
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
@@ -791,7 +790,7 @@ int main(int argc, char** argv) {
       "edgetrain-worker: trains a model on this device's data shard and sends AdaComp-compressed gradients to an\n"
       "edgetrain-server over CoAP/DTLS (PSK, or X.509 with --cert/--cert-key/--ca).");
   declare_settings(table, settings);
-  table.cli().footer(edgetrain::runtime::worker_exit_codes_help());
+  table.footer(edgetrain::runtime::worker_exit_codes_help());
   return table.run_program(argc, argv, [&] {
     // --shards replaces --server: both as flags, or both in the file, is a mistake; a
     // --shards flag wins over a server in the file (add-device's configuration has one).

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -37,7 +36,7 @@ std::string default_server_uri() {
 }
 
 void declare_name(settings::Table& t, std::string& name) {
-  t.cli().add_option("name", name, "device name = PSK identity")->required();
+  t.positional("name", name, "device name = PSK identity");
 }
 
 }  // namespace
@@ -62,8 +61,8 @@ OperatorCommands::OperatorCommands(settings::Table& table) {
 
   evaluate_table_ = &table.subcommand("evaluate", "test accuracy and loss of a checkpoint file on a data set's test "
                                       "split");
-  evaluate_table_->cli().add_option("checkpoint", evaluate_.checkpoint, "checkpoint file (checkpoint.safetensors, "
-                                    "best.safetensors, ...)")->required();
+  evaluate_table_->positional("checkpoint", evaluate_.checkpoint, "checkpoint file (checkpoint.safetensors, "
+                                                                 "best.safetensors, ...)");
   evaluate_table_->add("data", evaluate_.data, "test set: mnist, mnist-small, fashion-mnist or a directory").required();
   evaluate_table_->add("model", evaluate_.model, "model name or spec (default: the one the checkpoint names)");
   evaluate_table_->add("json", evaluate_.json, "print one JSON object (checkpoint, model, version, data, images, "

@@ -11,7 +11,6 @@
 // overrides the defaults. The program itself is server/server_app.h.
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <iostream>
 
@@ -161,7 +160,7 @@ struct AddDevice {
 };
 
 void declare_add_device(settings::Table& t, AddDevice& a) {
-  t.cli().add_option("name", a.name, "device name = PSK identity ([A-Za-z0-9._-], up to 64)")->required();
+  t.positional("name", a.name, "device name = PSK identity ([A-Za-z0-9._-], up to 64)");
   t.add("keystore", a.keystore, "keystore file (created mode 0600 if missing)").required();
   t.add("server-uri", a.server_uri, "URI the worker should use (default coaps://<this host>:5684)");
 }
@@ -189,7 +188,7 @@ void declare_repair_wal(settings::Table& t, RepairWal& r) {
   t.add("state-dir", r.state_dir, "the server's state directory (the server must not be running)").required();
   t.add("skip-damaged", r.skip_damaged, "keep every intact record; empty placeholder updates stand in for the damaged ones");
   t.add("cut-at-damage", r.cut_at_damage, "end the log before the first damaged record (drops the intact records after it)");
-  t.cli().footer(
+  t.footer(
       "Without a choice: lists wal.log and wal.prev.log and what each choice would do, changes nothing.\n"
       "A damaged file is kept as FILE.damaged before the repaired one replaces it.\n"
       "Exit status: 0 no damage (a torn tail alone is the server's to cut) or repaired; 3 damage found, nothing "

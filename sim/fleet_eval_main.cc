@@ -3,7 +3,6 @@
 // consensus model (the average of all peers' parameters), as JSON for scripts. With
 // --shards, the checkpoints are a sharded server's (server/README.md, "Sharded server"),
 // and the one model they make together is evaluated.
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -132,6 +131,6 @@ int main(int argc, char** argv) {
   t.add("shards", s.shards, "the checkpoints are the shards of one sharded server, in shard order (each one's "
                             "checkpoint.safetensors): evaluate the model they make together (JSON: accuracy, loss, "
                             "version = the sum of the shards' versions, shard_versions)");
-  t.cli().add_option("checkpoints", s.checkpoints, "the peers' peer.safetensors files (with --shards: the shards' checkpoints)");
+  t.positional("checkpoints", s.checkpoints, "the peers' peer.safetensors files (with --shards: the shards' checkpoints)");
   return t.run_program(argc, argv, [&] { return run(s); });
 }

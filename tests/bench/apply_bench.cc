@@ -15,7 +15,7 @@
 //   (Google Benchmark's --benchmark_* flags are taken first; --help lists the others)
 #include <benchmark/benchmark.h>
 
-#include <CLI/CLI.hpp>
+#include "common/settings.h"
 
 #include <algorithm>
 #include <string>
@@ -160,23 +160,26 @@ void reserve_stream(benchmark::State& state, const std::vector<transport::Sparse
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
-  CLI::App app{"Parameter-store apply per update on the paper CNN, per staleness rule"};
+  edgetrain::settings::Table table("edgetrain-apply-bench",
+                                   "Parameter-store apply per update on the paper CNN, per staleness rule");
   int updates = 3000;
   double rate = 0.01;
   std::uint32_t max_staleness = 64;
-  app.add_option("--updates", updates, "updates per run")->check(CLI::Range(1, 1000000))->capture_default_str();
-  app.add_option("--rate", rate, "compression rate c")->check(CLI::Range(1e-6, 1.0))->capture_default_str();
-  std::size_t group = 8;
-  app.add_option("--group", group, "updates reserved per WAL sync in the reserve/ runs (the server's group commit)")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--max-staleness", max_staleness, "D; delays are drawn from 0..D")->check(CLI::Range(1, 100000))->capture_default_str();
+  table.add("updates", updates, "updates per run").range(1, 1000000);
+  table.add("rate", rate, "compression rate c").range(1e-6, 1.0);
+  std::uint64_t group = 8;
+  table.add("group", group, "updates reserved per WAL sync in the reserve/ runs (the server's group commit)")
+      .range(1, 1000);
+  table.add("max-staleness", max_staleness, "D; delays are drawn from 0..D").range(1, 100000);
   std::string replay;
-  app.add_option("--replay", replay, "a server's WAL of real paper-CNN updates (tests/bench/record_updates.sh): its first "
-                                     "--updates records, with their recorded delays, instead of the synthetic stream");
-  std::optional<std::uint32_t> fixed_delay;
-  app.add_option("--delay", fixed_delay, "with --replay: this delay for every update instead of the recorded ones")
-      ->check(CLI::Range(0, 100000));
-  CLI11_PARSE(app, argc, argv);
+  table.add("replay", replay, "a server's WAL of real paper-CNN updates (tests/bench/record_updates.sh): its first "
+                              "--updates records, with their recorded delays, instead of the synthetic stream");
+  std::uint32_t delay = 0;
+  table.add("delay", delay, "with --replay: this delay for every update instead of the recorded ones (default: as "
+                            "recorded)").range(0, 100000);
+  if (const auto status = table.parse(argc, argv)) return *status;
+  const std::optional<std::uint32_t> fixed_delay =
+      table.was_set("delay") ? std::optional<std::uint32_t>(delay) : std::nullopt;
 
   const auto stream = replay.empty() ? make_stream(testing::kPaperCnnTensorSizes, updates, rate, max_staleness)
                                      : read_stream(replay, static_cast<std::size_t>(updates), max_staleness, fixed_delay);

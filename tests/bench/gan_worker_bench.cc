@@ -6,7 +6,7 @@
 // Prints ms per iteration (median of the rounds) and the ratios. Synthetic inputs: the time
 // does not depend on the values.
 //   gan_worker_bench [--arch mlp|cnn] [--batch B] [--rounds R] [--iterations I] [--kernels xnnpack|reference]
-#include <CLI/CLI.hpp>
+#include "common/settings.h"
 
 #include <algorithm>
 #include <chrono>
@@ -29,16 +29,17 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("gan_worker_bench: an MD-GAN worker's computation per iteration against an FL-GAN worker's");
+  edgetrain::settings::Table table("gan_worker_bench",
+                                   "an MD-GAN worker's computation per iteration against an FL-GAN worker's");
   std::string arch = "mlp", kernels = "xnnpack";
   int batch = 10, rounds = 7, iterations = 50, steps = 1;
-  app.add_option("--arch", arch, "mlp or cnn")->check(CLI::IsMember({"mlp", "cnn"}))->capture_default_str();
-  app.add_option("--batch", batch, "b")->check(CLI::Range(1, 1024))->capture_default_str();
-  app.add_option("--rounds", rounds, "alternating rounds (the median is printed)")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--iterations", iterations, "iterations per round and variant")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--discriminator-steps", steps, "L")->check(CLI::Range(1, 100))->capture_default_str();
-  app.add_option("--kernels", kernels, "xnnpack or reference")->check(CLI::IsMember({"xnnpack", "reference"}))->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  table.add("arch", arch, "mlp or cnn").choices({"mlp", "cnn"});
+  table.add("batch", batch, "b").range(1, 1024);
+  table.add("rounds", rounds, "alternating rounds (the median is printed)").range(1, 1000);
+  table.add("iterations", iterations, "iterations per round and variant").range(1, 100000);
+  table.add("discriminator-steps", steps, "L").range(1, 100);
+  table.add("kernels", kernels, "xnnpack or reference").choices({"xnnpack", "reference"});
+  if (const auto status = table.parse(argc, argv)) return *status;
 
   GanSettings settings;
   settings.batch = batch;

@@ -9,7 +9,7 @@
 #include <sys/resource.h>
 #include <xnnpack.h>
 
-#include <CLI/CLI.hpp>
+#include "common/settings.h"
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -125,20 +125,20 @@ double repack_ms_per_step(int B) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"edgetrain kernel benchmark: paper CNN train step"};
+  edgetrain::settings::Table table("kernel_bench", "edgetrain kernel benchmark: paper CNN train step");
   int batch = 10, threads = 1, steps = 20, warmup = 3;
   std::string path = "fast", drop_rates;
   bool peak = false, repack = false;
-  app.add_option("--batch", batch, "batch size")->check(CLI::PositiveNumber);
-  app.add_option("--threads", threads, "threads (1 = calling thread, no pool)")->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed steps first");
-  app.add_option("--path", path, "fast or reference (kernel composition), or trainer (runtime::Trainer)")
-      ->check(CLI::IsMember({"fast", "reference", "trainer"}));
-  app.add_option("--drop-rates", drop_rates, "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
-  app.add_flag("--gemm-peak", peak, "print the XNNPACK GEMM peak instead");
-  app.add_flag("--repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
-  CLI11_PARSE(app, argc, argv);
+  table.add("batch", batch, "batch size").range(1, 100000);
+  table.add("threads", threads, "threads (1 = calling thread, no pool)").range(1, 1024);
+  table.add("steps", steps, "timed steps").range(1, 1000000);
+  table.add("warmup", warmup, "untimed steps first").range(0, 1000000);
+  table.add("path", path, "fast or reference (kernel composition), or trainer (runtime::Trainer)")
+      .choices({"fast", "reference", "trainer"});
+  table.add("drop-rates", drop_rates, "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
+  table.add("gemm-peak", peak, "print the XNNPACK GEMM peak instead");
+  table.add("repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
+  if (const auto status = table.parse(argc, argv)) return *status;
   if (repack) {
     std::printf("repack batch=%d ms_per_step=%.3f\n", batch, repack_ms_per_step(batch));
     return 0;

@@ -47,7 +47,6 @@
 // Exit status: 0 done, 1 a failure while running (server unreachable, ...), 2 bad usage or
 // input (settings that exclude each other, a --replay log that is missing, empty, damaged or
 // of another model, a server running another model than --model).
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
@@ -1134,10 +1133,9 @@ void declare_transfer(settings::Table& t, TransferSettings& s) {
   t.add("pull-budget", s.pull_budget_seconds, "time the model pull may take before its time is extrapolated")
       .range(0, 1e6).unit("seconds");
   t.add("model", s.model, "model the server runs");
-  t.cli().add_option("--delta-after", s.delta_after,
-                     "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
-                     "updates by others")
-      ->capture_default_str();
+  t.int_list_flag("delta-after", s.delta_after,
+                  "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
+                  "updates by others");
 }
 
 void declare_wan(settings::Table& t, WanSettings& s, std::string& timing) {
@@ -1156,7 +1154,7 @@ void declare_wan(settings::Table& t, WanSettings& s, std::string& timing) {
 int main(int argc, char** argv) {
   settings::Table table("edgetrain-loadgen",
                         "edgetrain-loadgen: load and latency figures for a running edgetrain-server (a benchmark, not a test)");
-  table.cli().require_subcommand(1);
+  table.require_subcommand();
   std::string keystore_path, wan_timing = "wan";
   std::size_t keystore_devices = 1000;
   settings::Table& keystore = table.subcommand("keystore", "write a keystore of load devices (mode 0600)");

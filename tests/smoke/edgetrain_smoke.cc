@@ -3,7 +3,6 @@
 //            CoAP request/response crosses DTLS-PSK on loopback (block-wise both ways)
 //   serve    a DTLS-PSK echo server, for a client on another target (e.g. under QEMU)
 //   request  a client for `serve`
-#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -24,6 +23,7 @@
 
 namespace {
 
+using edgetrain::settings::Table;
 using edgetrain::transport::CoapCode;
 using edgetrain::transport::CoapDtlsClient;
 using edgetrain::transport::CoapDtlsServer;
@@ -175,38 +175,33 @@ int request_echo(const SmokeSettings& s) {
   return hello.code == CoapCode::kContent && echo.code == CoapCode::kChanged && reversed ? 0 : 1;
 }
 
-void declare_options(CLI::App& app, CLI::App& serve, CLI::App& request, SmokeSettings& s) {
-  serve.add_option("--bind", s.bind, "address to listen on")->capture_default_str();
-  serve.add_option("--port", s.port, "UDP port; 0 picks a free one")->capture_default_str()->check(CLI::Range(0, 65535));
-  serve.add_option("--port-file", s.port_file, "write the bound port to this file once listening");
-  serve.add_option("--requests", s.max_requests, "exit after this many requests (0: only on timeout)")
-      ->capture_default_str();
-  serve.add_option("--timeout", s.timeout_s, "exit after this many seconds")->capture_default_str();
-  request.add_option("--host", s.host, "server address")->capture_default_str();
-  request.add_option("--port", s.port, "server UDP port")->required()->check(CLI::Range(1, 65535));
-  request.add_option("--size", s.size, "bytes to echo")->capture_default_str()->check(CLI::Range(0, 1 << 20));
+void declare_options(Table& serve, Table& request, SmokeSettings& s) {
+  serve.add("bind", s.bind, "address to listen on");
+  serve.add("port", s.port, "UDP port; 0 picks a free one").range(0, 65535);
+  serve.add("port-file", s.port_file, "write the bound port to this file once listening");
+  serve.add("requests", s.max_requests, "exit after this many requests (0: only on timeout)").range(0, 1000000);
+  serve.add("timeout", s.timeout_s, "exit after this many seconds").range(0, 1000000).unit("seconds");
+  request.add("host", s.host, "server address");
+  request.add("port", s.port, "server UDP port").range(1, 65535).required();
+  request.add("size", s.size, "bytes to echo").range(0, 1000000);
   for (auto* sub : {&serve, &request}) {
-    sub->add_option("--identity", s.identity, "PSK identity")->capture_default_str();
-    sub->add_option("--key", s.key, "PSK key")->capture_default_str();
+    sub->add("identity", s.identity, "PSK identity");
+    sub->add("key", s.key, "PSK key");
   }
-  // The one version string of the project, as every program prints it (common/settings.h).
-  app.set_version_flag("--version", "edgetrain-smoke " + std::string(edgetrain::settings::project_version()),
-                       "print the version and exit");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"edgetrain-smoke: checks that XNNPACK, libcoap and Mbed TLS work on this target"};
-  app.require_subcommand(0, 1);
-  auto* serve = app.add_subcommand("serve", "run a DTLS-PSK echo server (POST /echo, GET /hello)");
-  auto* request = app.add_subcommand("request", "call a `serve` instance: GET /hello, then POST /echo");
+  Table app("edgetrain-smoke", "checks that XNNPACK, libcoap and Mbed TLS work on this target");
+  Table& serve = app.subcommand("serve", "run a DTLS-PSK echo server (POST /echo, GET /hello)");
+  Table& request = app.subcommand("request", "call a `serve` instance: GET /hello, then POST /echo");
   SmokeSettings settings;
-  declare_options(app, *serve, *request, settings);
-  CLI11_PARSE(app, argc, argv);
+  declare_options(serve, request, settings);
+  if (const auto status = app.parse(argc, argv)) return *status;
   try {
-    if (serve->parsed()) return serve_echo(settings);
-    if (request->parsed()) return request_echo(settings);
+    if (serve.parsed()) return serve_echo(settings);
+    if (request.parsed()) return request_echo(settings);
     std::printf("edgetrain-smoke on %s\n", kArch);
     const bool ok = check_xnnpack() & check_tls_library() & check_dtls_roundtrip();
     std::printf("%s\n", ok ? "smoke: all checks passed" : "smoke: SOME CHECKS FAILED");

@@ -11,16 +11,22 @@ namespace {
 std::atomic<int> g_level = static_cast<int>(Level::kInfo);
 std::mutex g_write_mutex;
 
-bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
+bool starts_with(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
 
 }  // namespace
 
 const char* level_name(Level level) {
   switch (level) {
-    case Level::kError: return "error";
-    case Level::kWarn: return "warn";
-    case Level::kInfo: return "info";
-    case Level::kDebug: return "debug";
+    case Level::kError:
+      return "error";
+    case Level::kWarn:
+      return "warn";
+    case Level::kInfo:
+      return "info";
+    case Level::kDebug:
+      return "debug";
   }
   return "info";
 }
@@ -38,13 +44,15 @@ void write(Level l, const std::string& message) {
   if (!enabled(l)) return;
   const auto now = std::chrono::system_clock::now();
   const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  const auto millis = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
+  const auto millis =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm utc{};
   gmtime_r(&seconds, &utc);
   char stamp[32];
   std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &utc);
   const char* tag = "";
-  if (l == Level::kError && !starts_with(message, "ERROR") && !starts_with(message, "error")) tag = "ERROR: ";
+  if (l == Level::kError && !starts_with(message, "ERROR") && !starts_with(message, "error"))
+    tag = "ERROR: ";
   if (l == Level::kWarn && !starts_with(message, "WARNING")) tag = "WARNING: ";
   std::lock_guard lock(g_write_mutex);
   std::fprintf(stderr, "%s.%03dZ %s%s\n", stamp, static_cast<int>(millis), tag, message.c_str());
@@ -52,7 +60,8 @@ void write(Level l, const std::string& message) {
 
 std::string with_thousands(std::uint64_t value) {
   std::string digits = std::to_string(value);
-  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3) digits.insert(static_cast<std::size_t>(at), ",");
+  for (int at = static_cast<int>(digits.size()) - 3; at > 0; at -= 3)
+    digits.insert(static_cast<std::size_t>(at), ",");
   return digits;
 }
 
@@ -66,7 +75,8 @@ std::string RepeatLimiter::summary(const Kind& kind, Clock::time_point now) cons
          std::to_string(seconds < 1 ? 1 : seconds) + " s)";
 }
 
-std::vector<std::string> RepeatLimiter::admit(std::string_view kind, const std::string& line, Clock::time_point now) {
+std::vector<std::string> RepeatLimiter::admit(std::string_view kind, const std::string& line,
+                                              Clock::time_point now) {
   std::vector<std::string> out;
   auto it = kinds_.find(kind);
   if (it != kinds_.end() && now - it->second.started >= options_.interval) {
@@ -96,9 +106,13 @@ std::vector<std::string> RepeatLimiter::admit(std::string_view kind, const std::
   return out;
 }
 
-std::vector<std::string> RepeatLimiter::flush(Clock::time_point now) { return flush_ended(now, false); }
+std::vector<std::string> RepeatLimiter::flush(Clock::time_point now) {
+  return flush_ended(now, false);
+}
 
-std::vector<std::string> RepeatLimiter::flush_all(Clock::time_point now) { return flush_ended(now, true); }
+std::vector<std::string> RepeatLimiter::flush_all(Clock::time_point now) {
+  return flush_ended(now, true);
+}
 
 std::vector<std::string> RepeatLimiter::flush_ended(Clock::time_point now, bool all) {
   std::vector<std::string> out;

@@ -20,8 +20,8 @@
 namespace edgetrain::logging {
 
 enum class Level { kError = 0, kWarn = 1, kInfo = 2, kDebug = 3 };
-const char* level_name(Level level);                              // "error", "warn", "info", "debug"
-std::optional<Level> parse_level(std::string_view name);          // the names above; nullopt otherwise
+const char* level_name(Level level);                      // "error", "warn", "info", "debug"
+std::optional<Level> parse_level(std::string_view name);  // the names above; nullopt otherwise
 
 // The process-wide threshold (default kInfo). Any thread.
 void set_level(Level level);
@@ -49,7 +49,8 @@ class RepeatLimiter {
   // What to write for one line of kind `kind`: the line itself while the kind is within its
   // burst; nothing while it is over it (counted); and before either, summary lines of
   // intervals that have ended (this kind's, or the oldest kind's when the table is full).
-  std::vector<std::string> admit(std::string_view kind, const std::string& line, Clock::time_point now);
+  std::vector<std::string> admit(std::string_view kind, const std::string& line,
+                                 Clock::time_point now);
   // Summary lines of every interval that has ended by `now` (call it now and then, e.g.
   // once a second, so that a flood that stopped is still summed up).
   std::vector<std::string> flush(Clock::time_point now);

@@ -15,21 +15,24 @@ void put_u32(std::vector<std::uint8_t>& out, std::uint32_t v) {
 }
 
 // A chunk: length, type, data, CRC-32 of type and data (PNG is big-endian).
-void put_chunk(std::vector<std::uint8_t>& out, const char* type, const std::vector<std::uint8_t>& data) {
+void put_chunk(std::vector<std::uint8_t>& out, const char* type,
+               const std::vector<std::uint8_t>& data) {
   put_u32(out, static_cast<std::uint32_t>(data.size()));
   const std::size_t type_at = out.size();
   out.insert(out.end(), type, type + 4);
   out.insert(out.end(), data.begin(), data.end());
-  const uLong crc = crc32(crc32(0L, Z_NULL, 0), out.data() + type_at, static_cast<uInt>(4 + data.size()));
+  const uLong crc =
+      crc32(crc32(0L, Z_NULL, 0), out.data() + type_at, static_cast<uInt>(4 + data.size()));
   put_u32(out, static_cast<std::uint32_t>(crc));
 }
 
 }  // namespace
 
-std::vector<std::uint8_t> encode_png_grey(int width, int height, std::span<const std::uint8_t> pixels) {
+std::vector<std::uint8_t> encode_png_grey(int width, int height,
+                                          std::span<const std::uint8_t> pixels) {
   if (width < 1 || height < 1 || pixels.size() != static_cast<std::size_t>(width) * height)
-    throw std::invalid_argument("png: " + std::to_string(pixels.size()) + " pixels for " + std::to_string(width) + "x" +
-                                std::to_string(height));
+    throw std::invalid_argument("png: " + std::to_string(pixels.size()) + " pixels for " +
+                                std::to_string(width) + "x" + std::to_string(height));
   // Scanlines, each after filter byte 0 (none).
   std::vector<std::uint8_t> raw;
   raw.reserve(static_cast<std::size_t>(width + 1) * height);
@@ -48,7 +51,8 @@ std::vector<std::uint8_t> encode_png_grey(int width, int height, std::span<const
   std::vector<std::uint8_t> header;
   put_u32(header, static_cast<std::uint32_t>(width));
   put_u32(header, static_cast<std::uint32_t>(height));
-  header.insert(header.end(), {8, 0, 0, 0, 0});  // 8 bits, grey, deflate, no filter method, no interlace
+  header.insert(header.end(),
+                {8, 0, 0, 0, 0});  // 8 bits, grey, deflate, no filter method, no interlace
   put_chunk(png, "IHDR", header);
   put_chunk(png, "IDAT", packed);
   put_chunk(png, "IEND", {});
@@ -56,7 +60,8 @@ std::vector<std::uint8_t> encode_png_grey(int width, int height, std::span<const
 }
 
 Grid tile_images(std::span<const std::uint8_t> images, int count, int tile, int columns, int gap) {
-  if (count < 1 || tile < 1 || columns < 1 || gap < 0 || images.size() < static_cast<std::size_t>(count) * tile * tile)
+  if (count < 1 || tile < 1 || columns < 1 || gap < 0 ||
+      images.size() < static_cast<std::size_t>(count) * tile * tile)
     throw std::invalid_argument("png grid: not enough pixels for the images asked for");
   const int rows = (count + columns - 1) / columns;
   Grid grid;

@@ -33,40 +33,48 @@ Overloaded(F...) -> Overloaded<F...>;
 template <typename Number>
 std::string number_text(Number value) {
   char text[64];
-  const auto [end, error] = std::to_chars(text, text + sizeof text, value, std::chars_format::general);
+  const auto [end, error] =
+      std::to_chars(text, text + sizeof text, value, std::chars_format::general);
   return error == std::errc() ? std::string(text, end) : std::to_string(value);
 }
 
 std::string text_of(const Field& field) {
-  return std::visit(Overloaded{[](bool* v) { return std::string(*v ? "true" : "false"); },
-                               [](std::string* v) { return *v; },
-                               [](float* v) { return number_text(*v); },
-                               [](double* v) { return number_text(*v); },
-                               [](auto* v) { return std::to_string(*v); }},
-                    field);
+  return std::visit(
+      Overloaded{[](bool* v) { return std::string(*v ? "true" : "false"); },
+                 [](std::string* v) { return *v; }, [](float* v) { return number_text(*v); },
+                 [](double* v) { return number_text(*v); },
+                 [](auto* v) { return std::to_string(*v); }},
+      field);
 }
 
 const char* type_name(const Field& field) {
-  return std::visit(Overloaded{[](bool*) { return "a boolean (true or false)"; },
-                               [](std::string*) { return "a string"; },
-                               [](float*) { return "a number"; },
-                               [](double*) { return "a number"; },
-                               [](std::uint16_t*) { return "an integer (0..65535)"; },
-                               [](std::uint32_t*) { return "a non-negative integer"; },
-                               [](std::uint64_t*) { return "a non-negative integer"; },
-                               [](auto*) { return "an integer"; }},
-                    field);
+  return std::visit(
+      Overloaded{[](bool*) { return "a boolean (true or false)"; },
+                 [](std::string*) { return "a string"; }, [](float*) { return "a number"; },
+                 [](double*) { return "a number"; },
+                 [](std::uint16_t*) { return "an integer (0..65535)"; },
+                 [](std::uint32_t*) { return "a non-negative integer"; },
+                 [](std::uint64_t*) { return "a non-negative integer"; },
+                 [](auto*) { return "an integer"; }},
+      field);
 }
 
 const char* toml_type_name(toml::node_type type) {
   switch (type) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a floating-point number";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::table: return "a table";
-    case toml::node_type::array: return "an array";
-    default: return "a date or time";
+    case toml::node_type::string:
+      return "a string";
+    case toml::node_type::integer:
+      return "an integer";
+    case toml::node_type::floating_point:
+      return "a floating-point number";
+    case toml::node_type::boolean:
+      return "a boolean";
+    case toml::node_type::table:
+      return "a table";
+    case toml::node_type::array:
+      return "an array";
+    default:
+      return "a date or time";
   }
 }
 
@@ -97,7 +105,8 @@ bool assign(const toml::node& node, const Field& field) {
                                      return *v = static_cast<T>(*node.value<double>()), true;
                                    return false;
                                  } else {
-                                   if (auto i = node.value_exact<std::int64_t>()) return assign_integer(*i, v);
+                                   if (auto i = node.value_exact<std::int64_t>())
+                                     return assign_integer(*i, v);
                                    return false;
                                  }
                                }},
@@ -129,7 +138,8 @@ std::string closest_match(std::string_view word, const std::vector<std::string>&
   // A typo (a few edits), or a key renamed by dropping or adding a '_' suffix
   // (eval_interval_seconds -> eval_interval, cert_file -> cert).
   auto extends = [](std::string_view longer, std::string_view shorter) {
-    return longer.size() > shorter.size() && longer.substr(0, shorter.size()) == shorter && longer[shorter.size()] == '_';
+    return longer.size() > shorter.size() && longer.substr(0, shorter.size()) == shorter &&
+           longer[shorter.size()] == '_';
   };
   const std::size_t allowed = std::max<std::size_t>(2, word.size() / 3);
   std::string best;
@@ -181,15 +191,18 @@ std::string Setting::check_value() const {
     std::string list;
     for (const auto& c : choices_) list += (list.empty() ? "" : ", ") + c;
     std::string message = "must be one of " + list + ", not " + value_text();
-    if (auto near = closest_match(value, choices_); !near.empty()) message += " (did you mean '" + near + "'?)";
+    if (auto near = closest_match(value, choices_); !near.empty())
+      message += " (did you mean '" + near + "'?)";
     return message;
   }
   if (range_) {
-    const double value = std::visit(Overloaded{[](bool*) { return 0.0; }, [](std::string*) { return 0.0; },
-                                               [](auto* v) { return static_cast<double>(*v); }},
-                                    field_);
+    const double value =
+        std::visit(Overloaded{[](bool*) { return 0.0; }, [](std::string*) { return 0.0; },
+                              [](auto* v) { return static_cast<double>(*v); }},
+                   field_);
     if (!(value >= range_->first && value <= range_->second))  // also catches NaN
-      return "must be in " + number_text(range_->first) + ".." + number_text(range_->second) + ", not " + value_text();
+      return "must be in " + number_text(range_->first) + ".." + number_text(range_->second) +
+             ", not " + value_text();
   }
   return {};
 }
@@ -198,15 +211,18 @@ Table::Table(std::string program, std::string description)
     : program_(std::move(program)),
       owned_app_(std::make_unique<CLI::App>(std::move(description), program_)),
       app_(owned_app_.get()) {
-  app_->set_version_flag("--version", program_ + " " + std::string(project_version()), "print the version and exit");
-  app_->add_option("--config", config_path_,
-                   "TOML file with any of the settings below, each under its flag's name with '_' for '-' "
-                   "(request_timeout = 30); a flag given here beats the file")
+  app_->set_version_flag("--version", program_ + " " + std::string(project_version()),
+                         "print the version and exit");
+  app_->add_option(
+          "--config", config_path_,
+          "TOML file with any of the settings below, each under its flag's name with '_' for '-' "
+          "(request_timeout = 30); a flag given here beats the file")
       ->type_name("FILE");
   app_->get_formatter()->column_width(34);
 }
 
-Table::Table(std::string program, CLI::App* subcommand) : program_(std::move(program)), app_(subcommand) {
+Table::Table(std::string program, CLI::App* subcommand)
+    : program_(std::move(program)), app_(subcommand) {
   app_->get_formatter()->column_width(34);
 }
 
@@ -242,7 +258,8 @@ void Table::group(std::string heading) { current_group_ = std::move(heading); }
 
 Setting& Table::add_field(std::string flag, Field field, std::string help) {
   for (const auto& s : settings_)
-    if (s->flag() == flag) throw std::logic_error(program_ + ": setting --" + flag + " declared twice");
+    if (s->flag() == flag)
+      throw std::logic_error(program_ + ": setting --" + flag + " declared twice");
   auto setting = std::make_unique<Setting>(std::move(flag), field, std::move(help), current_group_);
   settings_.push_back(std::move(setting));
   options_.push_back(nullptr);  // made in parse(), once range, choices and unit are known
@@ -268,15 +285,17 @@ bool Table::was_set(std::string_view flag) const {
 }
 
 void Table::load_file(const std::string& path) {
-  if (FILE* readable = std::fopen(path.c_str(), "r")) std::fclose(readable);
-  else throw SettingsError("cannot read the settings file " + path);
+  if (FILE* readable = std::fopen(path.c_str(), "r"))
+    std::fclose(readable);
+  else
+    throw SettingsError("cannot read the settings file " + path);
   toml::table file;
   try {
     file = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& at = e.source().begin;
-    throw SettingsError(path + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) + ": " +
-                        std::string(e.description()));
+    throw SettingsError(path + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) +
+                        ": " + std::string(e.description()));
   }
   std::vector<std::string> keys;
   for (const auto& s : settings_) keys.push_back(s->key());
@@ -285,13 +304,14 @@ void Table::load_file(const std::string& path) {
     Setting* setting = find_by_key(key);
     if (!setting) {
       std::string message = where(path, name.source()) + ": unknown key '" + key + "'";
-      if (auto near = closest_match(key, keys); !near.empty()) message += " (did you mean '" + near + "'?)";
+      if (auto near = closest_match(key, keys); !near.empty())
+        message += " (did you mean '" + near + "'?)";
       throw SettingsError(message);
     }
     if (given_on_command_line(setting->flag())) continue;
     if (!assign(node, setting->field_))
-      throw SettingsError(where(path, node.source()) + ": '" + key + "' must be " + type_name(setting->field_) +
-                          ", not " + toml_type_name(node.type()));
+      throw SettingsError(where(path, node.source()) + ": '" + key + "' must be " +
+                          type_name(setting->field_) + ", not " + toml_type_name(node.type()));
     setting->origin_ = where(path, node.source()) + " (" + key + ")";
   }
 }
@@ -299,10 +319,12 @@ void Table::load_file(const std::string& path) {
 void Table::check_all() const {
   for (const auto& s : settings_)
     if (s->required_ && s->origin() == "the default")
-      throw SettingsError("--" + s->flag_ + " is required" +
-                          (app_->get_parent() ? std::string() : " (or " + s->key_ + " in --config)"));
+      throw SettingsError(
+          "--" + s->flag_ + " is required" +
+          (app_->get_parent() ? std::string() : " (or " + s->key_ + " in --config)"));
   for (const auto& s : settings_)
-    if (auto problem = s->check_value(); !problem.empty()) throw SettingsError(s->origin() + ": " + s->flag_ + " " + problem);
+    if (auto problem = s->check_value(); !problem.empty())
+      throw SettingsError(s->origin() + ": " + s->flag_ + " " + problem);
 }
 
 void Table::make_options() {
@@ -323,14 +345,16 @@ void Table::make_options() {
                      CLI::Option* o = app_->add_option("--" + s.flag(), *v, help);
                      if (!s.unit_text().empty()) {  // "--request-timeout SECONDS=60"
                        std::string unit = s.unit_text();
-                       for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+                       for (char& c : unit)
+                         c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
                        o->type_name(unit);
                      }
                      return o;
                    }},
         s.field());
     option->group(s.group());
-    if (!std::holds_alternative<bool*>(s.field())) option->default_str(s.default_text().empty() ? "\"\"" : s.default_text());
+    if (!std::holds_alternative<bool*>(s.field()))
+      option->default_str(s.default_text().empty() ? "\"\"" : s.default_text());
     options_[i] = option;
   }
   for (auto& sub : subcommands_) sub->make_options();

@@ -10,12 +10,12 @@
 //     edgetrain::settings::Table table("edgetrain-worker", "trains on this device's shard");
 //     table.group("Server");
 //     table.add("server", config.server, "coaps://HOST[:PORT] of the edgetrain-server");
-//     table.add("request-timeout", config.timeout, "time one request may take").range(0.5, 3600).unit("seconds");
-//     table.group("Training");
-//     table.add("batch", config.batch, "minibatch size").range(1, 4096);
-//     table.add("compressor", config.compressor, "what to send").choices({"adacomp", "none"});
-//     table.add("quiet", config.quiet, "no progress line");
-//     if (auto exit_status = table.parse(argc, argv)) return *exit_status;  // --help, --version, or an error
+//     table.add("request-timeout", config.timeout, "time one request may take").range(0.5,
+//     3600).unit("seconds"); table.group("Training"); table.add("batch", config.batch, "minibatch
+//     size").range(1, 4096); table.add("compressor", config.compressor, "what to
+//     send").choices({"adacomp", "none"}); table.add("quiet", config.quiet, "no progress line"); if
+//     (auto exit_status = table.parse(argc, argv)) return *exit_status;  // --help, --version, or
+//     an error
 //     ... config holds defaults, overridden by the --config file, overridden by flags ...
 //   }
 //
@@ -65,8 +65,8 @@ namespace edgetrain::settings {
 std::string_view project_version();
 
 // A setting's bound field.
-using Field = std::variant<bool*, int*, std::uint16_t*, std::uint32_t*, std::int64_t*, std::uint64_t*, float*, double*,
-                           std::string*>;
+using Field = std::variant<bool*, int*, std::uint16_t*, std::uint32_t*, std::int64_t*,
+                           std::uint64_t*, float*, double*, std::string*>;
 
 // One row of the table. add() returns it so that range, choices and unit read as part of
 // the declaration.
@@ -83,8 +83,8 @@ class Setting {
   // Must be given (as a flag or in the file); parse() refuses to go on without it.
   Setting& required();
 
-  const std::string& flag() const { return flag_; }      // without the dashes: "request-timeout"
-  const std::string& key() const { return key_; }        // TOML key: "request_timeout"
+  const std::string& flag() const { return flag_; }  // without the dashes: "request-timeout"
+  const std::string& key() const { return key_; }    // TOML key: "request_timeout"
   const std::string& group() const { return group_; }
   const std::string& help() const { return help_; }
   const std::string& default_text() const { return default_text_; }  // the field's value at add()

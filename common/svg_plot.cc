@@ -13,11 +13,20 @@ std::string escape(const std::string& text) {
   std::string out;
   for (char c : text) {
     switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -56,7 +65,8 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
   return ticks;
 }
 
-const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"};
+const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                         "#9467bd", "#8c564b", "#e377c2", "#17becf"};
 
 }  // namespace
 
@@ -81,16 +91,16 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
   const bool bytes_axis = o.x_label.find("bytes") != std::string::npos;
 
   std::ostringstream svg;
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width << "\" height=\"" << o.height
-      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << o.width << "\" height=\""
+      << o.height << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
   svg << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  svg << "<text x=\"" << o.width / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">" << escape(o.title)
-      << "</text>\n";
+  svg << "<text x=\"" << o.width / 2 << "\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">"
+      << escape(o.title) << "</text>\n";
   // Grid and ticks.
   for (double t : nice_ticks(o.y_min, o.y_max, 5)) {
-    svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << py(t) << "\" y2=\"" << py(t)
-        << "\" stroke=\"#ddd\"/>\n<text x=\"" << left - 6 << "\" y=\"" << py(t) + 4 << "\" text-anchor=\"end\">"
-        << tick_label(t, false) << "</text>\n";
+    svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << py(t) << "\" y2=\""
+        << py(t) << "\" stroke=\"#ddd\"/>\n<text x=\"" << left - 6 << "\" y=\"" << py(t) + 4
+        << "\" text-anchor=\"end\">" << tick_label(t, false) << "</text>\n";
   }
   std::vector<double> x_ticks;
   if (o.log_x) {
@@ -99,19 +109,21 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
     x_ticks = nice_ticks(x_lo, x_hi, 6);
   }
   for (double t : x_ticks) {
-    svg << "<line x1=\"" << px(t) << "\" x2=\"" << px(t) << "\" y1=\"" << top << "\" y2=\"" << top + plot_h
-        << "\" stroke=\"#eee\"/>\n<text x=\"" << px(t) << "\" y=\"" << top + plot_h + 18
-        << "\" text-anchor=\"middle\">" << tick_label(t, bytes_axis) << "</text>\n";
+    svg << "<line x1=\"" << px(t) << "\" x2=\"" << px(t) << "\" y1=\"" << top << "\" y2=\""
+        << top + plot_h << "\" stroke=\"#eee\"/>\n<text x=\"" << px(t) << "\" y=\""
+        << top + plot_h + 18 << "\" text-anchor=\"middle\">" << tick_label(t, bytes_axis)
+        << "</text>\n";
   }
-  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\"" << plot_h
-      << "\" fill=\"none\" stroke=\"#333\"/>\n";
-  svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << o.height - 12 << "\" text-anchor=\"middle\">"
-      << escape(o.x_label) << (o.log_x ? " (log scale)" : "") << "</text>\n";
-  svg << "<text transform=\"translate(18," << top + plot_h / 2 << ") rotate(-90)\" text-anchor=\"middle\">"
-      << escape(o.y_label) << "</text>\n";
+  svg << "<rect x=\"" << left << "\" y=\"" << top << "\" width=\"" << plot_w << "\" height=\""
+      << plot_h << "\" fill=\"none\" stroke=\"#333\"/>\n";
+  svg << "<text x=\"" << left + plot_w / 2 << "\" y=\"" << o.height - 12
+      << "\" text-anchor=\"middle\">" << escape(o.x_label) << (o.log_x ? " (log scale)" : "")
+      << "</text>\n";
+  svg << "<text transform=\"translate(18," << top + plot_h / 2
+      << ") rotate(-90)\" text-anchor=\"middle\">" << escape(o.y_label) << "</text>\n";
   if (o.reference_y >= o.y_min && o.reference_y <= o.y_max) {
-    svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << py(o.reference_y) << "\" y2=\""
-        << py(o.reference_y) << "\" stroke=\"#888\" stroke-dasharray=\"6,4\"/>\n";
+    svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << py(o.reference_y)
+        << "\" y2=\"" << py(o.reference_y) << "\" stroke=\"#888\" stroke-dasharray=\"6,4\"/>\n";
   }
   // Series and legend.
   for (std::size_t i = 0; i < series.size(); i++) {
@@ -125,9 +137,10 @@ std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const P
     svg << "\"/>\n";
     // Bottom right: accuracy curves end high, so the top right is where they are.
     const double ly = top + plot_h - 12 - 18.0 * static_cast<double>(series.size() - 1 - i);
-    svg << "<line x1=\"" << left + plot_w - 190 << "\" x2=\"" << left + plot_w - 165 << "\" y1=\"" << ly - 4
-        << "\" y2=\"" << ly - 4 << "\" stroke=\"" << color << "\" stroke-width=\"3\"/>\n<text x=\""
-        << left + plot_w - 158 << "\" y=\"" << ly << "\">" << escape(s.label) << "</text>\n";
+    svg << "<line x1=\"" << left + plot_w - 190 << "\" x2=\"" << left + plot_w - 165 << "\" y1=\""
+        << ly - 4 << "\" y2=\"" << ly - 4 << "\" stroke=\"" << color
+        << "\" stroke-width=\"3\"/>\n<text x=\"" << left + plot_w - 158 << "\" y=\"" << ly << "\">"
+        << escape(s.label) << "</text>\n";
   }
   svg << "</svg>\n";
   return svg.str();

@@ -23,6 +23,7 @@ struct PlotOptions {
 };
 
 // Renders the chart as an SVG document.
-std::string render_svg_line_chart(const std::vector<PlotSeries>& series, const PlotOptions& options);
+std::string render_svg_line_chart(const std::vector<PlotSeries>& series,
+                                  const PlotOptions& options);
 
 }  // namespace edgetrain::plot

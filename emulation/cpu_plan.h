@@ -31,13 +31,14 @@ struct CpuWindow {
 std::vector<CpuClass> parse_cpu_classes(std::string_view text);
 // "60-120:0.5,200-260:0.25@pi3": START-END:FACTOR[@CLASS], seconds, FACTOR in (0, 64],
 // START < END; CLASS must be one of `classes`. Empty text: no windows.
-std::vector<CpuWindow> parse_cpu_schedule(std::string_view text, const std::vector<CpuClass>& classes);
+std::vector<CpuWindow> parse_cpu_schedule(std::string_view text,
+                                          const std::vector<CpuClass>& classes);
 
 struct CpuChange {
   double elapsed = 0;  // seconds into the run
   unsigned worker = 0;
   std::string class_name;
-  double share = 0;          // of one core, after the schedule's factors
+  double share = 0;            // of one core, after the schedule's factors
   std::uint64_t quota_us = 0;  // per period; at least kMinimumQuotaMicros
   std::uint64_t period_us = 0;
 };
@@ -49,7 +50,8 @@ inline constexpr std::uint64_t kMinimumQuotaMicros = 1000;
 // quota of every worker at 0 s, then each change at the schedule's boundaries (only for the
 // workers whose share changes), in time order and then worker order.
 std::vector<CpuChange> plan_cpu_changes(unsigned workers, const std::vector<CpuClass>& classes,
-                                        const std::vector<CpuWindow>& schedule, std::uint64_t period_us);
+                                        const std::vector<CpuWindow>& schedule,
+                                        std::uint64_t period_us);
 
 // CSV: elapsed_s,worker,class,share,quota_us,period_us.
 std::string cpu_changes_csv(const std::vector<CpuChange>& changes);

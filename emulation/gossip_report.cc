@@ -49,7 +49,9 @@ Fleet read_fleet(const fs::path& run) {
   return f;
 }
 
-std::string link_name(const Fleet& f, std::size_t from, std::size_t to) { return f.names[from] + "-" + f.names[to]; }
+std::string link_name(const Fleet& f, std::size_t from, std::size_t to) {
+  return f.names[from] + "-" + f.names[to];
+}
 
 double number_or(const json& j, const char* key, double otherwise) {
   return j.contains(key) && j[key].is_number() ? j[key].get<double>() : otherwise;
@@ -58,7 +60,8 @@ double number_or(const json& j, const char* key, double otherwise) {
 // A peer's counters over its incarnations (each starts its counters at 0; its iteration
 // is resumed from the checkpoint, so the last incarnation's is the peer's).
 struct PeerTotals {
-  std::uint64_t iteration = 0, steps = 0, exchanges = 0, skipped = 0, models_refused = 0, requests_refused = 0;
+  std::uint64_t iteration = 0, steps = 0, exchanges = 0, skipped = 0, models_refused = 0,
+                requests_refused = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0, batch = 0, incarnations = 0;
   std::vector<std::uint64_t> last_iterations, resumed_iterations;  // per incarnation
 };
@@ -91,7 +94,8 @@ PeerTotals peer_totals(const fs::path& run, unsigned peer) {
 double links_bytes_in(const fs::path& run) {
   const CsvTable links = read_csv(run / "links.csv");
   double sum = 0;
-  for (std::size_t r = 0; r < links.rows.size(); r++) sum += links.number(r, "to_server_bytes_in") + links.number(r, "to_worker_bytes_in");
+  for (std::size_t r = 0; r < links.rows.size(); r++)
+    sum += links.number(r, "to_server_bytes_in") + links.number(r, "to_worker_bytes_in");
   return sum;
 }
 
@@ -103,8 +107,9 @@ void write_gossip_wiring(const fs::path& run, const std::string& network, int su
   const CsvTable plan = read_csv(run / "plan.csv");
   Fleet f = read_fleet(run);
   if (plan.rows.size() != f.names.size())
-    throw std::invalid_argument("plan.csv has " + std::to_string(plan.rows.size()) + " workers, topology.json " +
-                                std::to_string(f.names.size()) + " peers");
+    throw std::invalid_argument("plan.csv has " + std::to_string(plan.rows.size()) +
+                                " workers, topology.json " + std::to_string(f.names.size()) +
+                                " peers");
   std::vector<std::string> listen(f.names.size()), link_host(f.names.size());
   for (std::size_t i = 0; i < f.names.size(); i++) {
     const std::string address = plan.rows[i].at(plan.column("address"));
@@ -114,8 +119,8 @@ void write_gossip_wiring(const fs::path& run, const std::string& network, int su
       listen[i] = address + ":" + std::to_string(kPeerPort);
     } else {
       // Every 127/8 address is this machine's: one per peer, so all can use the CoAPs port.
-      listen[i] = "127." + std::to_string(subnet) + "." + std::to_string(i / 200) + "." + std::to_string(i % 200 + 10) +
-                  ":" + std::to_string(kPeerPort);
+      listen[i] = "127." + std::to_string(subnet) + "." + std::to_string(i / 200) + "." +
+                  std::to_string(i % 200 + 10) + ":" + std::to_string(kPeerPort);
     }
     f.topology["peers"][i]["address"] = listen[i];
   }
@@ -129,8 +134,8 @@ void write_gossip_wiring(const fs::path& run, const std::string& network, int su
     const auto& p = plan.rows[i];
     const auto seed = static_cast<std::uint64_t>(std::stoull(p.at(plan.column("link_seed"))));
     for (std::size_t j : f.neighbours[i]) {
-      links << "[[link]]\nname = \"" << link_name(f, i, j) << "\"\nlisten = \"" << link_host[i] << ":0\"\nupstream = \""
-            << listen[j] << "\"\n";
+      links << "[[link]]\nname = \"" << link_name(f, i, j) << "\"\nlisten = \"" << link_host[i]
+            << ":0\"\nupstream = \"" << listen[j] << "\"\n";
       for (const char* column : {"delay_ms", "jitter_ms", "loss", "bandwidth_kbps"})
         links << column << " = " << p.at(plan.column(column)) << '\n';
       links << "seed = " << seed * 4099 + j << "\n\n";
@@ -161,28 +166,34 @@ std::string append_gossip_row(const fs::path& run, double elapsed, const fs::pat
   double iterations = 0, min_iteration = std::numeric_limits<double>::infinity(), max_iteration = 0;
   for (const json& p : eval.at("peers")) {
     const double i = number_or(p, "iteration", 0);
-    iterations += i, min_iteration = std::min(min_iteration, i), max_iteration = std::max(max_iteration, i);
+    iterations += i, min_iteration = std::min(min_iteration, i),
+                     max_iteration = std::max(max_iteration, i);
   }
   const double peers = static_cast<double>(std::max<std::size_t>(1, eval.at("peers").size()));
   double sent = 0;
-  for (unsigned i = 0; i < f.names.size(); i++) sent += static_cast<double>(peer_totals(run, i).bytes_sent);
+  for (unsigned i = 0; i < f.names.size(); i++)
+    sent += static_cast<double>(peer_totals(run, i).bytes_sent);
   const double link_bytes = links_bytes_in(run);
   const double n = static_cast<double>(f.names.size());
   const double mean_accuracy = eval.at("mean_accuracy").get<double>();
   const fs::path gossip_timeline = run / "gossip-timeline.csv", timeline = run / "timeline.csv";
   if (!fs::exists(gossip_timeline))
-    write_file(gossip_timeline, "elapsed_s,mean_iteration,min_iteration,max_iteration,mean_accuracy,min_accuracy,"
-                                "max_accuracy,consensus_accuracy,bytes_sent_per_peer,link_bytes_per_peer\n");
+    write_file(gossip_timeline,
+               "elapsed_s,mean_iteration,min_iteration,max_iteration,mean_accuracy,min_accuracy,"
+               "max_accuracy,consensus_accuracy,bytes_sent_per_peer,link_bytes_per_peer\n");
   if (!fs::exists(timeline))
-    write_file(timeline, "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n");
+    write_file(timeline,
+               "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n");
   std::ofstream(gossip_timeline, std::ios::app)
-      << fixed(elapsed, 1) << ',' << fixed(iterations / peers, 1) << ',' << fixed(min_iteration, 0) << ','
-      << fixed(max_iteration, 0) << ',' << fixed(mean_accuracy, 4) << ',' << fixed(eval.at("min_accuracy").get<double>(), 4)
-      << ',' << fixed(eval.at("max_accuracy").get<double>(), 4) << ','
+      << fixed(elapsed, 1) << ',' << fixed(iterations / peers, 1) << ',' << fixed(min_iteration, 0)
+      << ',' << fixed(max_iteration, 0) << ',' << fixed(mean_accuracy, 4) << ','
+      << fixed(eval.at("min_accuracy").get<double>(), 4) << ','
+      << fixed(eval.at("max_accuracy").get<double>(), 4) << ','
       << fixed(eval.at("consensus_accuracy").get<double>(), 4) << ',' << fixed(sent / n, 0) << ','
       << fixed(link_bytes / n, 0) << '\n';
   const std::string row = fixed(elapsed, 0) + "," + fixed(std::round(iterations / peers), 0) + "," +
-                          fixed(mean_accuracy, 4) + "," + fixed(sent, 0) + "," + fixed(link_bytes, 0);
+                          fixed(mean_accuracy, 4) + "," + fixed(sent, 0) + "," +
+                          fixed(link_bytes, 0);
   std::ofstream(timeline, std::ios::app) << row << '\n';
   return row;
 }
@@ -194,12 +205,15 @@ int summarize_gossip(const GossipSummaryOptions& o) {
   std::map<std::size_t, std::string> cpu_class;
   for (std::size_t r = 0; r < cpu_plan.rows.size(); r++)
     if (cpu_plan.number(r, "elapsed_s") == 0)
-      cpu_class[static_cast<std::size_t>(cpu_plan.number(r, "worker"))] = cpu_plan.rows[r].at(cpu_plan.column("class"));
+      cpu_class[static_cast<std::size_t>(cpu_plan.number(r, "worker"))] =
+          cpu_plan.rows[r].at(cpu_plan.column("class"));
 
   // workers.csv and the restart checks.
   std::ofstream workers(run / "workers.csv");
-  workers << "peer,name,address,delay_ms,jitter_ms,loss,bandwidth_kbps,cpu_class,neighbours,iterations,steps,exchanges,"
-             "neighbours_skipped,models_refused,requests_refused,bytes_sent,bytes_received,last_batch,restarts,"
+  workers << "peer,name,address,delay_ms,jitter_ms,loss,bandwidth_kbps,cpu_class,neighbours,"
+             "iterations,steps,exchanges,"
+             "neighbours_skipped,models_refused,requests_refused,bytes_sent,bytes_received,last_"
+             "batch,restarts,"
              "resumed_iterations\n";
   json restarts = json::array();
   bool resumed_ok = true;
@@ -210,39 +224,52 @@ int summarize_gossip(const GossipSummaryOptions& o) {
     iterations += static_cast<double>(t.iteration);
     std::string resumed;
     for (std::size_t k = 1; k < t.resumed_iterations.size(); k++) {
-      const std::uint64_t last = t.last_iterations[k - 1], every = std::max<std::uint32_t>(1, o.checkpoint_every);
+      const std::uint64_t last = t.last_iterations[k - 1],
+                          every = std::max<std::uint32_t>(1, o.checkpoint_every);
       // The stats file may show an iteration whose checkpoint was still being written.
       const std::uint64_t required = last == 0 ? 0 : (last - 1) / every * every;
       const bool ok = t.resumed_iterations[k] >= required;
       resumed_ok = resumed_ok && ok;
-      restarts.push_back({{"peer", i}, {"last_iteration_seen", last}, {"required", required},
-                          {"resumed_iteration", t.resumed_iterations[k]}, {"ok", ok}});
+      restarts.push_back({{"peer", i},
+                          {"last_iteration_seen", last},
+                          {"required", required},
+                          {"resumed_iteration", t.resumed_iterations[k]},
+                          {"ok", ok}});
       resumed += (resumed.empty() ? "" : ";") + std::to_string(t.resumed_iterations[k]);
     }
     workers << i << ',' << f.names[i];
     for (const char* column : {"address", "delay_ms", "jitter_ms", "loss", "bandwidth_kbps"})
       workers << ',' << (i < plan.rows.size() ? plan.rows[i].at(plan.column(column)) : "");
-    workers << ',' << (cpu_class.count(i) ? cpu_class[i] : "") << ',' << f.neighbours[i].size() << ',' << t.iteration
-            << ',' << t.steps << ',' << t.exchanges << ',' << t.skipped << ',' << t.models_refused << ','
-            << t.requests_refused << ',' << t.bytes_sent << ',' << t.bytes_received << ',' << t.batch << ','
+    workers << ',' << (cpu_class.count(i) ? cpu_class[i] : "") << ',' << f.neighbours[i].size()
+            << ',' << t.iteration << ',' << t.steps << ',' << t.exchanges << ',' << t.skipped << ','
+            << t.models_refused << ',' << t.requests_refused << ',' << t.bytes_sent << ','
+            << t.bytes_received << ',' << t.batch << ','
             << (t.incarnations ? t.incarnations - 1 : 0) << ',' << resumed << '\n';
   }
   workers.close();
 
   const CsvTable timeline = read_csv(run / "gossip-timeline.csv");
   const double n = static_cast<double>(f.names.size()), link_bytes = links_bytes_in(run);
-  json outcome = {{"mode", "gossip"}, {"stop", o.stop_kind}, {"stopped", o.stopped}, {"network", o.network},
-                  {"peers", f.names.size()}, {"peer_restarts", restarts}, {"checkpoints_resumed", resumed_ok},
-                  {"mean_iteration", iterations / n}, {"bytes_sent_per_peer", sent / n},
+  json outcome = {{"mode", "gossip"},
+                  {"stop", o.stop_kind},
+                  {"stopped", o.stopped},
+                  {"network", o.network},
+                  {"peers", f.names.size()},
+                  {"peer_restarts", restarts},
+                  {"checkpoints_resumed", resumed_ok},
+                  {"mean_iteration", iterations / n},
+                  {"bytes_sent_per_peer", sent / n},
                   {"link_bytes_per_peer", link_bytes / n}};
   outcome["target_reached"] = nullptr;
   if (const auto fields = split_fields(o.reached); fields.size() >= 3)
-    outcome["target_reached"] = {{"elapsed_s", std::stod(fields[0])}, {"mean_iteration", std::stod(fields[1])},
+    outcome["target_reached"] = {{"elapsed_s", std::stod(fields[0])},
+                                 {"mean_iteration", std::stod(fields[1])},
                                  {"accuracy", std::stod(fields[2])}};
   outcome["final"] = nullptr;
   if (fs::exists(run / "logs" / "final-eval.json")) {
     const json final_eval = read_json(run / "logs" / "final-eval.json");
-    outcome["final"] = {{"mean_accuracy", final_eval.at("mean_accuracy")}, {"min_accuracy", final_eval.at("min_accuracy")},
+    outcome["final"] = {{"mean_accuracy", final_eval.at("mean_accuracy")},
+                        {"min_accuracy", final_eval.at("min_accuracy")},
                         {"max_accuracy", final_eval.at("max_accuracy")},
                         {"consensus_accuracy", final_eval.at("consensus_accuracy")},
                         {"test_examples", final_eval.at("test_examples")}};
@@ -252,7 +279,8 @@ int summarize_gossip(const GossipSummaryOptions& o) {
     if (o.target < 0) return nullptr;
     for (std::size_t r = 0; r < timeline.rows.size(); r++)
       if (timeline.number(r, column) >= o.target)
-        return {{"elapsed_s", timeline.number(r, "elapsed_s")}, {"mean_iteration", timeline.number(r, "mean_iteration")},
+        return {{"elapsed_s", timeline.number(r, "elapsed_s")},
+                {"mean_iteration", timeline.number(r, "mean_iteration")},
                 {"bytes_sent_per_peer", timeline.number(r, "bytes_sent_per_peer")}};
     return nullptr;
   };
@@ -263,18 +291,22 @@ int summarize_gossip(const GossipSummaryOptions& o) {
 
   // Plots: accuracy against time (mean, least and greatest peer, consensus) and against the
   // bytes a peer sent.
-  plot::PlotSeries mean{"mean peer", {}, {}}, least{"least peer", {}, {}}, greatest{"best peer", {}, {}},
-      consensus{"consensus model", {}, {}}, by_bytes{"mean peer", {}, {}}, consensus_by_bytes{"consensus model", {}, {}};
+  plot::PlotSeries mean{"mean peer", {}, {}}, least{"least peer", {}, {}},
+      greatest{"best peer", {}, {}}, consensus{"consensus model", {}, {}},
+      by_bytes{"mean peer", {}, {}}, consensus_by_bytes{"consensus model", {}, {}};
   for (std::size_t r = 0; r < timeline.rows.size(); r++) {
-    const double t = timeline.number(r, "elapsed_s"), bytes = timeline.number(r, "bytes_sent_per_peer");
-    for (auto [series, column] : {std::pair{&mean, "mean_accuracy"}, std::pair{&least, "min_accuracy"},
-                                  std::pair{&greatest, "max_accuracy"}, std::pair{&consensus, "consensus_accuracy"}}) {
+    const double t = timeline.number(r, "elapsed_s"),
+                 bytes = timeline.number(r, "bytes_sent_per_peer");
+    for (auto [series, column] :
+         {std::pair{&mean, "mean_accuracy"}, std::pair{&least, "min_accuracy"},
+          std::pair{&greatest, "max_accuracy"}, std::pair{&consensus, "consensus_accuracy"}}) {
       series->x.push_back(t);
       series->y.push_back(timeline.number(r, column));
     }
     if (bytes > 0) {
       by_bytes.x.push_back(bytes), by_bytes.y.push_back(timeline.number(r, "mean_accuracy"));
-      consensus_by_bytes.x.push_back(bytes), consensus_by_bytes.y.push_back(timeline.number(r, "consensus_accuracy"));
+      consensus_by_bytes.x.push_back(bytes),
+          consensus_by_bytes.y.push_back(timeline.number(r, "consensus_accuracy"));
     }
   }
   plot::PlotOptions options;
@@ -282,45 +314,56 @@ int summarize_gossip(const GossipSummaryOptions& o) {
   options.reference_y = o.target;
   options.title = "edgetrain-emulate, gossip: test accuracy of the peers against time";
   options.x_label = "seconds since the peers started";
-  std::ofstream(run / "accuracy-vs-time.svg") << plot::render_svg_line_chart({mean, least, greatest, consensus}, options);
+  std::ofstream(run / "accuracy-vs-time.svg")
+      << plot::render_svg_line_chart({mean, least, greatest, consensus}, options);
   options.title = "edgetrain-emulate, gossip: test accuracy against the model bytes a peer sent";
   options.x_label = "model bytes sent per peer (its answers and AD-PSGD posts)";
   options.log_x = true;
-  std::ofstream(run / "accuracy-vs-bytes.svg") << plot::render_svg_line_chart({by_bytes, consensus_by_bytes}, options);
+  std::ofstream(run / "accuracy-vs-bytes.svg")
+      << plot::render_svg_line_chart({by_bytes, consensus_by_bytes}, options);
 
   std::string label = read_text(run / "run.label");
   if (!label.empty() && label.back() == '\n') label.pop_back();
   std::ostringstream md;
-  md << "# " << label << "\n\n" << read_text(run / "settings.md") << "- stopped: " << o.stopped << "\n";
+  md << "# " << label << "\n\n"
+     << read_text(run / "settings.md") << "- stopped: " << o.stopped << "\n";
   if (!outcome["final"].is_null()) {
     const json& fin = outcome["final"];
-    md << "- at the end, on " << fin["test_examples"].get<std::uint64_t>() << " test images: mean peer "
-       << percent(fin["mean_accuracy"].get<double>()) << " (" << percent(fin["min_accuracy"].get<double>()) << "-"
+    md << "- at the end, on " << fin["test_examples"].get<std::uint64_t>()
+       << " test images: mean peer " << percent(fin["mean_accuracy"].get<double>()) << " ("
+       << percent(fin["min_accuracy"].get<double>()) << "-"
        << percent(fin["max_accuracy"].get<double>()) << "), consensus model "
        << percent(fin["consensus_accuracy"].get<double>()) << "\n";
   }
-  md << "- iterations per peer (mean): " << fixed(iterations / n, 0) << "; model bytes sent per peer: "
-     << bytes_text(sent / n) << "; UDP bytes per peer on its links (both ways): " << bytes_text(link_bytes / n)
+  md << "- iterations per peer (mean): " << fixed(iterations / n, 0)
+     << "; model bytes sent per peer: " << bytes_text(sent / n)
+     << "; UDP bytes per peer on its links (both ways): " << bytes_text(link_bytes / n)
      << "\n- peer restarts: " << restarts.size()
-     << (resumed_ok ? ", each resumed from its last checkpoint\n" : ", A PEER DID NOT RESUME FROM ITS LAST CHECKPOINT\n");
+     << (resumed_ok ? ", each resumed from its last checkpoint\n"
+                    : ", A PEER DID NOT RESUME FROM ITS LAST CHECKPOINT\n");
   if (o.target >= 0) {
-    for (auto [what, key] : {std::pair{"mean peer", "mean_peer_at_target"}, std::pair{"consensus model", "consensus_at_target"}}) {
+    for (auto [what, key] : {std::pair{"mean peer", "mean_peer_at_target"},
+                             std::pair{"consensus model", "consensus_at_target"}}) {
       md << "- " << what << " at " << percent(o.target) << ": ";
-      if (outcome[key].is_null()) md << "not reached\n";
+      if (outcome[key].is_null())
+        md << "not reached\n";
       else
         md << fixed(outcome[key]["elapsed_s"].get<double>(), 0) << " s, iteration "
            << fixed(outcome[key]["mean_iteration"].get<double>(), 0) << ", "
            << bytes_text(outcome[key]["bytes_sent_per_peer"].get<double>()) << " sent per peer\n";
     }
   }
-  md << "\n![accuracy against time](accuracy-vs-time.svg)\n![accuracy against bytes](accuracy-vs-bytes.svg)\n";
+  md << "\n![accuracy against time](accuracy-vs-time.svg)\n![accuracy against "
+        "bytes](accuracy-vs-bytes.svg)\n";
   write_file(run / "summary.md", md.str());
   for (const json& r : restarts)
     if (!r["ok"].get<bool>())
-      std::printf("CHECKPOINT NOT RESUMED: peer %llu resumed at iteration %llu, its checkpoint of iteration %llu was due\n",
-                  static_cast<unsigned long long>(r["peer"].get<std::uint64_t>()),
-                  static_cast<unsigned long long>(r["resumed_iteration"].get<std::uint64_t>()),
-                  static_cast<unsigned long long>(r["required"].get<std::uint64_t>()));
+      std::printf(
+          "CHECKPOINT NOT RESUMED: peer %llu resumed at iteration %llu, its checkpoint of "
+          "iteration %llu was due\n",
+          static_cast<unsigned long long>(r["peer"].get<std::uint64_t>()),
+          static_cast<unsigned long long>(r["resumed_iteration"].get<std::uint64_t>()),
+          static_cast<unsigned long long>(r["required"].get<std::uint64_t>()));
   return resumed_ok ? 0 : 3;
 }
 
@@ -335,8 +378,10 @@ struct DeviceRun {
   std::string label;
   bool gossip = false;
   std::vector<double> seconds, accuracy, consensus, bytes_per_device;
-  double final_accuracy = 0, final_min = 0, final_max = 0, final_consensus = -1, bytes_whole_run = 0, iterations = 0;
-  double steps = 0;  // local steps per device (a gossip peer's exceed its iterations with --wait-steps)
+  double final_accuracy = 0, final_min = 0, final_max = 0, final_consensus = -1,
+         bytes_whole_run = 0, iterations = 0;
+  double steps =
+      0;  // local steps per device (a gossip peer's exceed its iterations with --wait-steps)
 };
 
 DeviceRun read_device_run(const fs::path& run) {
@@ -395,7 +440,8 @@ long first_at(const std::vector<double>& values, double target) {
 
 }  // namespace
 
-std::string compare_gossip_runs(const std::vector<fs::path>& directories, const fs::path& out, double target) {
+std::string compare_gossip_runs(const std::vector<fs::path>& directories, const fs::path& out,
+                                double target) {
   std::vector<DeviceRun> runs;
   for (const fs::path& d : directories) runs.push_back(read_device_run(d));
   if (runs.empty()) throw std::invalid_argument("gossip-compare needs run directories");
@@ -403,8 +449,9 @@ std::string compare_gossip_runs(const std::vector<fs::path>& directories, const 
   const long reference_row = first_at(runs.front().accuracy, target);
   std::ostringstream table;
   const std::string t = percent(target);
-  table << "| run | final accuracy | peers min-max | consensus | time to " << t << " | speed-up | consensus time to " << t
-        << " | bytes sent per device to " << t << " | bytes sent per device | iterations (steps) per device |\n"
+  table << "| run | final accuracy | peers min-max | consensus | time to " << t
+        << " | speed-up | consensus time to " << t << " | bytes sent per device to " << t
+        << " | bytes sent per device | iterations (steps) per device |\n"
         << "|---|---|---|---|---|---|---|---|---|---|\n";
   std::vector<plot::PlotSeries> by_time, by_bytes;
   for (const DeviceRun& r : runs) {
@@ -413,17 +460,22 @@ std::string compare_gossip_runs(const std::vector<fs::path>& directories, const 
     if (row >= 0 && reference_row >= 0 && r.seconds[row] > 0)
       speedup = fixed(runs.front().seconds[reference_row] / r.seconds[row], 2) + "x";
     table << "| " << r.label << " | " << percent(r.final_accuracy) << " | "
-          << (r.gossip ? percent(r.final_min) + "-" + percent(r.final_max) : "(server model)") << " | "
-          << (r.final_consensus >= 0 ? percent(r.final_consensus) : "—") << " | "
-          << (row >= 0 ? fixed(r.seconds[row], 0) + " s" : "not reached") << " | " << speedup << " | "
-          << (!r.gossip ? "—" : consensus_row >= 0 ? fixed(r.seconds[consensus_row], 0) + " s" : "not reached") << " | "
-          << (row >= 0 ? bytes_text(r.bytes_per_device[row]) : "—") << " | " << bytes_text(r.bytes_whole_run) << " | "
-          << fixed(r.iterations, 0)
-          << (r.steps > r.iterations * 1.01 ? " (" + fixed(r.steps, 0) + ")" : std::string()) << " |\n";
+          << (r.gossip ? percent(r.final_min) + "-" + percent(r.final_max) : "(server model)")
+          << " | " << (r.final_consensus >= 0 ? percent(r.final_consensus) : "—") << " | "
+          << (row >= 0 ? fixed(r.seconds[row], 0) + " s" : "not reached") << " | " << speedup
+          << " | "
+          << (!r.gossip            ? "—"
+              : consensus_row >= 0 ? fixed(r.seconds[consensus_row], 0) + " s"
+                                   : "not reached")
+          << " | " << (row >= 0 ? bytes_text(r.bytes_per_device[row]) : "—") << " | "
+          << bytes_text(r.bytes_whole_run) << " | " << fixed(r.iterations, 0)
+          << (r.steps > r.iterations * 1.01 ? " (" + fixed(r.steps, 0) + ")" : std::string())
+          << " |\n";
     std::string legend = r.label.size() > 34 ? r.label.substr(0, 34) : r.label;
     plot::PlotSeries time{legend, r.seconds, r.accuracy}, bytes{legend, {}, {}};
     for (std::size_t i = 0; i < r.seconds.size(); i++)
-      if (r.bytes_per_device[i] > 0) bytes.x.push_back(r.bytes_per_device[i]), bytes.y.push_back(r.accuracy[i]);
+      if (r.bytes_per_device[i] > 0)
+        bytes.x.push_back(r.bytes_per_device[i]), bytes.y.push_back(r.accuracy[i]);
     by_time.push_back(std::move(time));
     by_bytes.push_back(std::move(bytes));
   }
@@ -433,7 +485,8 @@ std::string compare_gossip_runs(const std::vector<fs::path>& directories, const 
   options.title = "edgetrain-emulate: gossip and server runs, accuracy against time";
   options.x_label = "seconds since the start";
   std::ofstream(out / "accuracy-vs-time.svg") << plot::render_svg_line_chart(by_time, options);
-  options.title = "edgetrain-emulate: gossip and server runs, accuracy against model bytes sent per device";
+  options.title =
+      "edgetrain-emulate: gossip and server runs, accuracy against model bytes sent per device";
   options.x_label = "model bytes sent per device (peer: answers and posts; worker: update payload)";
   options.log_x = true;
   std::ofstream(out / "accuracy-vs-bytes.svg") << plot::render_svg_line_chart(by_bytes, options);

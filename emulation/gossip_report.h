@@ -38,13 +38,14 @@ void write_peer_topologies(const std::filesystem::path& run);
 // accuracy, ingress_payload_bytes = model bytes all peers sent, ingress_socket_bytes = UDP
 // bytes all links carried (the impairer's bytes in, both directions). Byte counts are
 // summed over every incarnation of a restarted peer. Returns the row of timeline.csv.
-std::string append_gossip_row(const std::filesystem::path& run, double elapsed, const std::filesystem::path& eval);
+std::string append_gossip_row(const std::filesystem::path& run, double elapsed,
+                              const std::filesystem::path& eval);
 
 struct GossipSummaryOptions {
   std::filesystem::path run;
   std::string stop_kind, stopped, network;
-  std::string reached;     // the timeline.csv row that met the target, if one did
-  double target = -1;      // the tables' target accuracy (-1: none)
+  std::string reached;                  // the timeline.csv row that met the target, if one did
+  double target = -1;                   // the tables' target accuracy (-1: none)
   std::uint32_t checkpoint_every = 20;  // the peers' --checkpoint-every, for the restart check
 };
 
@@ -60,7 +61,7 @@ int summarize_gossip(const GossipSummaryOptions& options);
 // server model's; bytes are model bytes sent per device (a peer's answers and posts; a
 // worker's update payload). TARGET: the accuracy whose first time is compared (the first
 // run is the reference of the speed-up).
-std::string compare_gossip_runs(const std::vector<std::filesystem::path>& runs, const std::filesystem::path& out,
-                                double target);
+std::string compare_gossip_runs(const std::vector<std::filesystem::path>& runs,
+                                const std::filesystem::path& out, double target);
 
 }  // namespace edgetrain::emulation

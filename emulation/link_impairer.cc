@@ -33,7 +33,9 @@ int udp_socket() {
 }
 
 // Link index and direction packed into the epoll cookie.
-std::uint64_t cookie(std::size_t link, bool worker_side) { return (static_cast<std::uint64_t>(link) << 1) | (worker_side ? 1 : 0); }
+std::uint64_t cookie(std::size_t link, bool worker_side) {
+  return (static_cast<std::uint64_t>(link) << 1) | (worker_side ? 1 : 0);
+}
 
 }  // namespace
 
@@ -61,13 +63,18 @@ LinkImpairer::LinkImpairer(const std::vector<LinkSpec>& links) {
       auto link = std::make_unique<Link>();
       link->spec = links[i];
       const LinkProfile& p = link->spec.profile;
-      if (!(p.delay_ms >= 0 && p.jitter_ms >= 0 && p.loss >= 0 && p.loss <= 1 && p.bandwidth_kbps >= 0)) {
-        throw std::invalid_argument("link " + link->spec.name + ": delay, jitter and bandwidth must be >= 0, loss in [0, 1]");
+      if (!(p.delay_ms >= 0 && p.jitter_ms >= 0 && p.loss >= 0 && p.loss <= 1 &&
+            p.bandwidth_kbps >= 0)) {
+        throw std::invalid_argument("link " + link->spec.name +
+                                    ": delay, jitter and bandwidth must be >= 0, loss in [0, 1]");
       }
-      const sockaddr_in listen_address = parse_ipv4_endpoint(link->spec.listen_host, link->spec.listen_port);
-      const sockaddr_in upstream = parse_ipv4_endpoint(link->spec.upstream_host, link->spec.upstream_port);
+      const sockaddr_in listen_address =
+          parse_ipv4_endpoint(link->spec.listen_host, link->spec.listen_port);
+      const sockaddr_in upstream =
+          parse_ipv4_endpoint(link->spec.upstream_host, link->spec.upstream_port);
       link->worker_side = udp_socket();
-      if (::bind(link->worker_side, reinterpret_cast<const sockaddr*>(&listen_address), sizeof listen_address) != 0) {
+      if (::bind(link->worker_side, reinterpret_cast<const sockaddr*>(&listen_address),
+                 sizeof listen_address) != 0) {
         throw system_error("link " + link->spec.name + ": bind " + link->spec.listen_host + ":" +
                            std::to_string(link->spec.listen_port));
       }
@@ -76,8 +83,10 @@ LinkImpairer::LinkImpairer(const std::vector<LinkSpec>& links) {
       ::getsockname(link->worker_side, reinterpret_cast<sockaddr*>(&bound), &length);
       link->bound_port = ntohs(bound.sin_port);
       link->upstream_side = udp_socket();
-      if (::connect(link->upstream_side, reinterpret_cast<const sockaddr*>(&upstream), sizeof upstream) != 0) {
-        throw system_error("link " + link->spec.name + ": connect to the upstream " + link->spec.upstream_host);
+      if (::connect(link->upstream_side, reinterpret_cast<const sockaddr*>(&upstream),
+                    sizeof upstream) != 0) {
+        throw system_error("link " + link->spec.name + ": connect to the upstream " +
+                           link->spec.upstream_host);
       }
       // Independent, reproducible loss draws per link and direction.
       link->to_server.random = runtime::SplitMix64{link->spec.seed * 2 + 1};
@@ -86,7 +95,8 @@ LinkImpairer::LinkImpairer(const std::vector<LinkSpec>& links) {
         epoll_event event{};
         event.events = EPOLLIN;
         event.data.u64 = cookie(i, worker_side);
-        if (::epoll_ctl(epoll_, EPOLL_CTL_ADD, worker_side ? link->worker_side : link->upstream_side, &event) != 0) {
+        if (::epoll_ctl(epoll_, EPOLL_CTL_ADD,
+                        worker_side ? link->worker_side : link->upstream_side, &event) != 0) {
           throw system_error("epoll_ctl");
         }
       }
@@ -113,13 +123,15 @@ LinkImpairer::~LinkImpairer() {
 
 LinkCounters LinkImpairer::counters(std::size_t link) const {
   auto copy = [](const AtomicCounters& c) {
-    return DirectionCounters{c.datagrams_in.load(), c.bytes_in.load(), c.datagrams_out.load(),
-                             c.bytes_out.load(),    c.dropped_loss.load(), c.dropped_queue_full.load()};
+    return DirectionCounters{c.datagrams_in.load(),  c.bytes_in.load(),
+                             c.datagrams_out.load(), c.bytes_out.load(),
+                             c.dropped_loss.load(),  c.dropped_queue_full.load()};
   };
   return {copy(links_[link]->to_server.counters), copy(links_[link]->to_worker.counters)};
 }
 
-void LinkImpairer::enqueue(const LinkProfile& profile, Direction& direction, std::vector<std::uint8_t> bytes) {
+void LinkImpairer::enqueue(const LinkProfile& profile, Direction& direction,
+                           std::vector<std::uint8_t> bytes) {
   auto& c = direction.counters;
   c.datagrams_in++;
   c.bytes_in += bytes.size();
@@ -139,14 +151,15 @@ void LinkImpairer::enqueue(const LinkProfile& profile, Direction& direction, std
   Clock::time_point sent = now;
   if (profile.bandwidth_kbps > 0) {
     // The datagram occupies the line for its serialization time, after those before it.
-    const double seconds = static_cast<double>(bytes.size()) * 8.0 / (profile.bandwidth_kbps * 1000.0);
+    const double seconds =
+        static_cast<double>(bytes.size()) * 8.0 / (profile.bandwidth_kbps * 1000.0);
     sent = std::max(now, direction.line_free) +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     direction.line_free = sent;
   }
   const double delay_ms = profile.delay_ms + profile.jitter_ms * jitter_draw;
-  Clock::time_point release =
-      sent + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double, std::milli>(delay_ms));
+  Clock::time_point release = sent + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double, std::milli>(delay_ms));
   release = std::max(release, direction.last_release);
   direction.last_release = release;
   direction.queued_bytes += bytes.size();
@@ -182,10 +195,11 @@ LinkImpairer::Clock::time_point LinkImpairer::flush(Link& link, Clock::time_poin
       if (to_server) {
         sent = ::send(link.upstream_side, datagram.bytes.data(), datagram.bytes.size(), 0);
       } else {
-        sent = link.worker_known ? ::sendto(link.worker_side, datagram.bytes.data(), datagram.bytes.size(), 0,
-                                            reinterpret_cast<const sockaddr*>(&link.worker_address),
-                                            sizeof link.worker_address)
-                                 : -1;
+        sent = link.worker_known
+                   ? ::sendto(link.worker_side, datagram.bytes.data(), datagram.bytes.size(), 0,
+                              reinterpret_cast<const sockaddr*>(&link.worker_address),
+                              sizeof link.worker_address)
+                   : -1;
       }
       if (sent == static_cast<ssize_t>(datagram.bytes.size())) {
         d.counters.datagrams_out++;
@@ -206,7 +220,8 @@ void LinkImpairer::relay() {
   while (!stop_) {
     int timeout_ms = 200;
     if (next_release != Clock::time_point::max()) {
-      const auto wait = std::chrono::ceil<std::chrono::milliseconds>(next_release - Clock::now()).count();
+      const auto wait =
+          std::chrono::ceil<std::chrono::milliseconds>(next_release - Clock::now()).count();
       timeout_ms = static_cast<int>(std::clamp<long long>(wait, 0, 200));
     }
     const int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), timeout_ms);

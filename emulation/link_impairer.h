@@ -29,10 +29,10 @@
 namespace edgetrain::emulation {
 
 struct LinkProfile {
-  double delay_ms = 0;            // one-way, added in each direction
-  double jitter_ms = 0;           // uniform extra delay in [0, jitter_ms]
-  double loss = 0;                // probability a datagram is dropped, each direction
-  double bandwidth_kbps = 0;      // serialization rate of each direction; 0: unlimited
+  double delay_ms = 0;        // one-way, added in each direction
+  double jitter_ms = 0;       // uniform extra delay in [0, jitter_ms]
+  double loss = 0;            // probability a datagram is dropped, each direction
+  double bandwidth_kbps = 0;  // serialization rate of each direction; 0: unlimited
   std::size_t queue_limit_bytes = 256 * 1024;
 };
 
@@ -81,8 +81,8 @@ class LinkImpairer {
     std::vector<std::uint8_t> bytes;
   };
   struct AtomicCounters {
-    std::atomic<std::uint64_t> datagrams_in{0}, bytes_in{0}, datagrams_out{0}, bytes_out{0}, dropped_loss{0},
-        dropped_queue_full{0};
+    std::atomic<std::uint64_t> datagrams_in{0}, bytes_in{0}, datagrams_out{0}, bytes_out{0},
+        dropped_loss{0}, dropped_queue_full{0};
   };
   struct Direction {
     std::deque<Datagram> queue;

@@ -24,9 +24,11 @@ std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop = true; }
 
 // "host:port" → (host, port); throws std::invalid_argument.
-std::pair<std::string, std::uint16_t> split_endpoint(const std::string& text, const std::string& what) {
+std::pair<std::string, std::uint16_t> split_endpoint(const std::string& text,
+                                                     const std::string& what) {
   const auto colon = text.rfind(':');
-  if (colon == std::string::npos) throw std::invalid_argument(what + " '" + text + "' is not HOST:PORT");
+  if (colon == std::string::npos)
+    throw std::invalid_argument(what + " '" + text + "' is not HOST:PORT");
   const std::string port_text = text.substr(colon + 1);
   std::size_t used = 0;
   int port = -1;
@@ -46,7 +48,8 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     file = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     throw std::invalid_argument(path + ":" + std::to_string(e.source().begin.line) + ":" +
-                                std::to_string(e.source().begin.column) + ": " + std::string(e.description()));
+                                std::to_string(e.source().begin.column) + ": " +
+                                std::string(e.description()));
   }
   const toml::array* tables = file["link"].as_array();
   if (!tables || tables->empty()) throw std::invalid_argument(path + ": no [[link]] tables");
@@ -58,26 +61,32 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     spec.name = (*t)["name"].value_or(std::string("link") + std::to_string(links.size()));
     const std::string where = path + ": link " + spec.name;
     for (const auto& [key, value] : *t) {
-      static const std::vector<std::string> known = {"name", "listen", "upstream", "delay_ms", "jitter_ms", "loss",
-                                                     "bandwidth_kbps", "queue_limit_bytes", "seed"};
+      static const std::vector<std::string> known = {
+          "name", "listen",         "upstream",          "delay_ms", "jitter_ms",
+          "loss", "bandwidth_kbps", "queue_limit_bytes", "seed"};
       const std::string name(key.str());
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
       const std::string near = edgetrain::settings::closest_match(name, known);
-      throw std::invalid_argument(path + ":" + std::to_string(key.source().begin.line) + ": link " + spec.name +
-                                  ": unknown key '" + name + "'" + (near.empty() ? "" : " (did you mean '" + near + "'?)"));
+      throw std::invalid_argument(path + ":" + std::to_string(key.source().begin.line) + ": link " +
+                                  spec.name + ": unknown key '" + name + "'" +
+                                  (near.empty() ? "" : " (did you mean '" + near + "'?)"));
     }
     const auto listen = (*t)["listen"].value<std::string>();
     const auto upstream = (*t)["upstream"].value<std::string>();
-    if (!listen || !upstream) throw std::invalid_argument(where + ": 'listen' and 'upstream' (HOST:PORT) are required");
+    if (!listen || !upstream)
+      throw std::invalid_argument(where + ": 'listen' and 'upstream' (HOST:PORT) are required");
     std::tie(spec.listen_host, spec.listen_port) = split_endpoint(*listen, where + ": listen");
-    std::tie(spec.upstream_host, spec.upstream_port) = split_endpoint(*upstream, where + ": upstream");
-    if (spec.upstream_port == 0) throw std::invalid_argument(where + ": the upstream port must not be 0");
+    std::tie(spec.upstream_host, spec.upstream_port) =
+        split_endpoint(*upstream, where + ": upstream");
+    if (spec.upstream_port == 0)
+      throw std::invalid_argument(where + ": the upstream port must not be 0");
     spec.profile.delay_ms = (*t)["delay_ms"].value_or(0.0);
     spec.profile.jitter_ms = (*t)["jitter_ms"].value_or(0.0);
     spec.profile.loss = (*t)["loss"].value_or(0.0);
     spec.profile.bandwidth_kbps = (*t)["bandwidth_kbps"].value_or(0.0);
     const std::int64_t queue = (*t)["queue_limit_bytes"].value_or(std::int64_t{256 * 1024});
-    if (queue < 1500) throw std::invalid_argument(where + ": queue_limit_bytes must be at least 1500");
+    if (queue < 1500)
+      throw std::invalid_argument(where + ": queue_limit_bytes must be at least 1500");
     spec.profile.queue_limit_bytes = static_cast<std::size_t>(queue);
     spec.seed = static_cast<std::uint64_t>((*t)["seed"].value_or(std::int64_t{1}));
     links.push_back(spec);
@@ -91,7 +100,8 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
     std::ofstream out(temporary);
     out << "link,listen,delay_ms,jitter_ms,loss,bandwidth_kbps";
     for (const char* d : {"to_server", "to_worker"}) {
-      for (const char* c : {"datagrams_in", "bytes_in", "datagrams_out", "bytes_out", "dropped_loss", "dropped_queue_full"}) {
+      for (const char* c : {"datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
+                            "dropped_loss", "dropped_queue_full"}) {
         out << ',' << d << '_' << c;
       }
     }
@@ -99,11 +109,12 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
     for (std::size_t i = 0; i < impairer.size(); i++) {
       const LinkSpec& s = impairer.spec(i);
       const LinkCounters c = impairer.counters(i);
-      out << s.name << ',' << s.listen_host << ':' << impairer.listen_port(i) << ',' << s.profile.delay_ms << ','
-          << s.profile.jitter_ms << ',' << s.profile.loss << ',' << s.profile.bandwidth_kbps;
+      out << s.name << ',' << s.listen_host << ':' << impairer.listen_port(i) << ','
+          << s.profile.delay_ms << ',' << s.profile.jitter_ms << ',' << s.profile.loss << ','
+          << s.profile.bandwidth_kbps;
       for (const DirectionCounters& d : {c.to_server, c.to_worker}) {
-        out << ',' << d.datagrams_in << ',' << d.bytes_in << ',' << d.datagrams_out << ',' << d.bytes_out << ','
-            << d.dropped_loss << ',' << d.dropped_queue_full;
+        out << ',' << d.datagrams_in << ',' << d.bytes_in << ',' << d.datagrams_out << ','
+            << d.bytes_out << ',' << d.dropped_loss << ',' << d.dropped_queue_full;
       }
       out << '\n';
     }
@@ -116,7 +127,8 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
 std::string listen_endpoints_json(const LinkImpairer& impairer) {
   nlohmann::json links = nlohmann::json::object();
   for (std::size_t i = 0; i < impairer.size(); i++)
-    links[impairer.spec(i).name] = impairer.spec(i).listen_host + ":" + std::to_string(impairer.listen_port(i));
+    links[impairer.spec(i).name] =
+        impairer.spec(i).listen_host + ":" + std::to_string(impairer.listen_port(i));
   return nlohmann::json{{"links", links}}.dump(2) + "\n";
 }
 
@@ -132,16 +144,19 @@ int run(const ImpairerSettings& s) {
     std::signal(SIGINT, on_signal);
     LinkImpairer impairer(links);
     for (std::size_t i = 0; i < impairer.size(); i++) {
-      std::printf("link %s listening on %s:%u\n", links[i].name.c_str(), links[i].listen_host.c_str(), impairer.listen_port(i));
+      std::printf("link %s listening on %s:%u\n", links[i].name.c_str(),
+                  links[i].listen_host.c_str(), impairer.listen_port(i));
     }
-    if (!s.port_file.empty()) edgetrain::common::write_file_atomically(s.port_file, listen_endpoints_json(impairer));
+    if (!s.port_file.empty())
+      edgetrain::common::write_file_atomically(s.port_file, listen_endpoints_json(impairer));
     std::printf("relaying %zu links\n", impairer.size());
     std::fflush(stdout);
     auto next_write = std::chrono::steady_clock::now();
     while (!g_stop) {
       if (!s.stats.empty() && std::chrono::steady_clock::now() >= next_write) {
         write_stats(impairer, s.stats);
-        next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s.stats_interval));
+        next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(s.stats_interval));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
@@ -154,7 +169,8 @@ int run(const ImpairerSettings& s) {
 }
 
 constexpr const char* kDescription =
-    "edgetrain-link-impairer: relays UDP between workers and a server with per-link delay, jitter, loss and a\n"
+    "edgetrain-link-impairer: relays UDP between workers and a server with per-link delay, jitter, "
+    "loss and a\n"
     "bandwidth cap (a user-space netem), all links served by one thread.\n\n"
     "The --links file holds one table per link:\n"
     "  [[link]]\n"
@@ -175,9 +191,13 @@ int main(int argc, char** argv) {
   ImpairerSettings settings;
   edgetrain::settings::Table table("edgetrain-link-impairer", kDescription);
   table.add("links", settings.links, "TOML file of [[link]] tables (required)");
-  table.add("stats", settings.stats, "CSV file of per-link counters, rewritten every --stats-interval and at exit");
-  table.add("stats-interval", settings.stats_interval, "time between stats writes").range(0.1, 3600).unit("seconds");
-  table.add("port-file", settings.port_file, "once every link listens: write {\"links\": {\"NAME\": \"HOST:PORT\", "
+  table.add("stats", settings.stats,
+            "CSV file of per-link counters, rewritten every --stats-interval and at exit");
+  table.add("stats-interval", settings.stats_interval, "time between stats writes")
+      .range(0.1, 3600)
+      .unit("seconds");
+  table.add("port-file", settings.port_file,
+            "once every link listens: write {\"links\": {\"NAME\": \"HOST:PORT\", "
             "...}} (JSON) here, atomically");
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   if (settings.links.empty()) {

@@ -16,7 +16,9 @@ std::size_t CsvTable::column(const std::string& name) const {
   return static_cast<std::size_t>(it - header.begin());
 }
 
-double CsvTable::number(std::size_t row, const std::string& name) const { return std::stod(rows.at(row).at(column(name))); }
+double CsvTable::number(std::size_t row, const std::string& name) const {
+  return std::stod(rows.at(row).at(column(name)));
+}
 
 std::vector<std::string> split_fields(const std::string& line) {
   std::vector<std::string> fields;
@@ -50,7 +52,8 @@ nlohmann::json read_json(const std::filesystem::path& path) {
   return nlohmann::json::parse(in);
 }
 
-std::vector<std::filesystem::path> worker_stats_files(const std::filesystem::path& run, unsigned worker) {
+std::vector<std::filesystem::path> worker_stats_files(const std::filesystem::path& run,
+                                                      unsigned worker) {
   std::vector<std::pair<int, std::filesystem::path>> found;
   const std::regex name("worker-" + std::to_string(worker) + R"(\.([0-9]+)\.stats\.json)");
   std::error_code error;
@@ -67,9 +70,12 @@ std::vector<std::filesystem::path> worker_stats_files(const std::filesystem::pat
 
 std::string bytes_text(double b) {
   char text[32];
-  if (b >= 1e9) std::snprintf(text, sizeof text, "%.2f GB", b / 1e9);
-  else if (b >= 1e6) std::snprintf(text, sizeof text, "%.2f MB", b / 1e6);
-  else std::snprintf(text, sizeof text, "%.1f kB", b / 1e3);
+  if (b >= 1e9)
+    std::snprintf(text, sizeof text, "%.2f GB", b / 1e9);
+  else if (b >= 1e6)
+    std::snprintf(text, sizeof text, "%.2f MB", b / 1e6);
+  else
+    std::snprintf(text, sizeof text, "%.1f kB", b / 1e3);
   return text;
 }
 

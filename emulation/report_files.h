@@ -29,7 +29,8 @@ std::string read_text(const std::filesystem::path& path);
 nlohmann::json read_json(const std::filesystem::path& path);
 // logs/worker-I.K.stats.json: worker (or peer) I's K-th incarnation (K = 0, then one per
 // restart), in incarnation order.
-std::vector<std::filesystem::path> worker_stats_files(const std::filesystem::path& run, unsigned worker);
+std::vector<std::filesystem::path> worker_stats_files(const std::filesystem::path& run,
+                                                      unsigned worker);
 // Writes a file whole: a temporary beside it, then a rename.
 void write_file(const std::filesystem::path& path, const std::string& text);
 // `value` with `digits` decimals ("%.*f").

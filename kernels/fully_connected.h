@@ -19,7 +19,8 @@ namespace edgetrain::kernels {
 // `pool` may be null (run on the calling thread); it is not owned.
 class FullyConnectedXnn {
  public:
-  FullyConnectedXnn(std::size_t C, std::size_t OC, const float* weight, const float* bias, pthreadpool_t pool);
+  FullyConnectedXnn(std::size_t C, std::size_t OC, const float* weight, const float* bias,
+                    pthreadpool_t pool);
   ~FullyConnectedXnn();
   FullyConnectedXnn(const FullyConnectedXnn&) = delete;
   FullyConnectedXnn& operator=(const FullyConnectedXnn&) = delete;

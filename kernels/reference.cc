@@ -21,7 +21,8 @@ void conv2d_forward_reference(float* out, const float* inp, const float* weight,
               const int iw = ow * s.stride - s.pad + kw;
               if (iw < 0 || iw >= s.W) continue;
               const float* x = inp + ((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C;
-              const float* w = weight + ((static_cast<std::size_t>(oc) * s.KH + kh) * s.KW + kw) * s.C;
+              const float* w =
+                  weight + ((static_cast<std::size_t>(oc) * s.KH + kh) * s.KW + kw) * s.C;
               for (int c = 0; c < s.C; c++) sum += x[c] * w[c];
             }
           }
@@ -32,8 +33,8 @@ void conv2d_forward_reference(float* out, const float* inp, const float* weight,
   }
 }
 
-void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* weight, const Conv2dShape& s) {
+void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const Conv2dShape& s) {
   const int OH = s.OH(), OW = s.OW();
   if (dinp) std::memset(dinp, 0, sizeof(float) * s.B * s.H * s.W * s.C);
   std::memset(dweight, 0, sizeof(float) * s.OC * s.KH * s.KW * s.C);
@@ -51,7 +52,8 @@ void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const 
               const int iw = ow * s.stride - s.pad + kw;
               if (iw < 0 || iw >= s.W) continue;
               const std::size_t x_at = ((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C;
-              const std::size_t w_at = ((static_cast<std::size_t>(oc) * s.KH + kh) * s.KW + kw) * s.C;
+              const std::size_t w_at =
+                  ((static_cast<std::size_t>(oc) * s.KH + kh) * s.KW + kw) * s.C;
               for (int c = 0; c < s.C; c++) {
                 dweight[w_at + c] += d[oc] * inp[x_at + c];
                 if (dinp) dinp[x_at + c] += d[oc] * weight[w_at + c];
@@ -64,7 +66,8 @@ void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const 
   }
 }
 
-void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float* inp, int B, int H, int W, int C) {
+void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float* inp, int B, int H,
+                                  int W, int C) {
   const int OH = H / 2, OW = W / 2;
   for (int b = 0; b < B; b++) {
     for (int oh = 0; oh < OH; oh++) {
@@ -93,8 +96,8 @@ void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float
   }
 }
 
-void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::uint32_t* argmax, int B, int H, int W,
-                                   int C) {
+void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::uint32_t* argmax,
+                                   int B, int H, int W, int C) {
   std::memset(dinp, 0, sizeof(float) * B * H * W * C);
   const std::size_t n_out = static_cast<std::size_t>(B) * (H / 2) * (W / 2) * C;
   for (std::size_t i = 0; i < n_out; i++) dinp[argmax[i]] += dout[i];
@@ -112,8 +115,9 @@ void relu_backward(float* dinp, const float* dout, const float* out, std::size_t
   }
 }
 
-void fully_connected_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
-                                       std::size_t B, std::size_t C, std::size_t OC) {
+void fully_connected_forward_reference(float* out, const float* inp, const float* weight,
+                                       const float* bias, std::size_t B, std::size_t C,
+                                       std::size_t OC) {
   for (std::size_t b = 0; b < B; b++) {
     const float* x = inp + b * C;
     for (std::size_t o = 0; o < OC; o++) {
@@ -125,9 +129,9 @@ void fully_connected_forward_reference(float* out, const float* inp, const float
   }
 }
 
-void fully_connected_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout,
-                                        const float* inp, const float* weight, std::size_t B, std::size_t C,
-                                        std::size_t OC) {
+void fully_connected_backward_reference(float* dinp, float* dweight, float* dbias,
+                                        const float* dout, const float* inp, const float* weight,
+                                        std::size_t B, std::size_t C, std::size_t OC) {
   if (dinp) std::memset(dinp, 0, sizeof(float) * B * C);
   if (dweight) std::memset(dweight, 0, sizeof(float) * OC * C);
   if (dbias) std::memset(dbias, 0, sizeof(float) * OC);
@@ -143,8 +147,8 @@ void fully_connected_backward_reference(float* dinp, float* dweight, float* dbia
   }
 }
 
-float softmax_cross_entropy_forward(float* probs, const float* logits, const std::int32_t* labels, int B, int NC,
-                                    int* correct) {
+float softmax_cross_entropy_forward(float* probs, const float* logits, const std::int32_t* labels,
+                                    int B, int NC, int* correct) {
   double loss = 0.0;
   int n_correct = 0;
   for (int b = 0; b < B; b++) {
@@ -156,7 +160,8 @@ float softmax_cross_entropy_forward(float* probs, const float* logits, const std
       if (z[k] > z[best]) best = k;
     double sum = 0.0;
     for (int k = 0; k < NC; k++) sum += std::exp(static_cast<double>(z[k]) - z[best]);
-    for (int k = 0; k < NC; k++) p[k] = static_cast<float>(std::exp(static_cast<double>(z[k]) - z[best]) / sum);
+    for (int k = 0; k < NC; k++)
+      p[k] = static_cast<float>(std::exp(static_cast<double>(z[k]) - z[best]) / sum);
     loss += std::log(sum) - (static_cast<double>(z[labels[b]]) - z[best]);
     if (best == labels[b]) n_correct++;
   }
@@ -164,7 +169,8 @@ float softmax_cross_entropy_forward(float* probs, const float* logits, const std
   return static_cast<float>(loss / B);
 }
 
-void softmax_cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* labels, int B, int NC) {
+void softmax_cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* labels,
+                                    int B, int NC) {
   const float scale = 1.0f / static_cast<float>(B);
   for (int b = 0; b < B; b++) {
     for (int k = 0; k < NC; k++) {

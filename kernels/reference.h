@@ -24,40 +24,45 @@ struct Conv2dShape {
   int OW() const { return (W + 2 * pad - KW) / stride + 1; }
 };
 
-// out [B][OH][OW][OC] = conv(inp [B][H][W][C], weight [OC][KH][KW][C]) + bias [OC] (bias may be null).
+// out [B][OH][OW][OC] = conv(inp [B][H][W][C], weight [OC][KH][KW][C]) + bias [OC] (bias may be
+// null).
 void conv2d_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
                               const Conv2dShape& s);
-// dinp may be null (first layer). dweight/dbias are overwritten, not accumulated; dbias may be null.
-void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                               const float* weight, const Conv2dShape& s);
+// dinp may be null (first layer). dweight/dbias are overwritten, not accumulated; dbias may be
+// null.
+void conv2d_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const Conv2dShape& s);
 
 // 2x2 window, stride 2, floor(H/2) x floor(W/2) output (odd last row/column ignored).
 // argmax[i] = flat index into inp of the element out[i] was taken from (first max on ties,
 // windows scanned row by row).
-void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float* inp, int B, int H, int W, int C);
+void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float* inp, int B, int H,
+                                  int W, int C);
 // dinp [B][H][W][C] is fully overwritten: zero except at the argmax positions.
-void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::uint32_t* argmax, int B, int H, int W,
-                                   int C);
+void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::uint32_t* argmax,
+                                   int B, int H, int W, int C);
 
 void relu_forward(float* out, const float* inp, std::size_t n);
 // Uses the forward output as the mask (out > 0); dinp may alias dout.
 void relu_backward(float* dinp, const float* dout, const float* out, std::size_t n);
 
 // out [B][OC] = inp [B][C] · weight [OC][C]^T + bias [OC] (bias may be null).
-void fully_connected_forward_reference(float* out, const float* inp, const float* weight, const float* bias,
-                                       std::size_t B, std::size_t C, std::size_t OC);
+void fully_connected_forward_reference(float* out, const float* inp, const float* weight,
+                                       const float* bias, std::size_t B, std::size_t C,
+                                       std::size_t OC);
 // dinp may be null (first layer); dweight and dbias may be null (an input gradient alone, e.g.
 // a discriminator's feedback to a generator). dweight/dbias are overwritten.
-void fully_connected_backward_reference(float* dinp, float* dweight, float* dbias, const float* dout,
-                                        const float* inp, const float* weight, std::size_t B, std::size_t C,
-                                        std::size_t OC);
+void fully_connected_backward_reference(float* dinp, float* dweight, float* dbias,
+                                        const float* dout, const float* inp, const float* weight,
+                                        std::size_t B, std::size_t C, std::size_t OC);
 
 // Mean cross-entropy over the batch. probs [B][NC] receives the softmax of logits;
 // *correct (may be null) receives how many rows have argmax(logits) == label.
-float softmax_cross_entropy_forward(float* probs, const float* logits, const std::int32_t* labels, int B, int NC,
-                                    int* correct);
+float softmax_cross_entropy_forward(float* probs, const float* logits, const std::int32_t* labels,
+                                    int B, int NC, int* correct);
 // Gradient of the MEAN loss: (probs - onehot(label)) / B.
-void softmax_cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* labels, int B, int NC);
+void softmax_cross_entropy_backward(float* dlogits, const float* probs, const std::int32_t* labels,
+                                    int B, int NC);
 
 // Per image: (x - mean) / max(stddev, 1/sqrt(N)), as tf.image.per_image_standardization;
 // N = H*W*C values per image. out may alias inp.

@@ -15,41 +15,48 @@ constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 void check(xnn_status status, const char* what) {
   if (status != xnn_status_success) {
-    throw std::runtime_error(std::string(what) + " failed with XNNPACK status " + std::to_string(status));
+    throw std::runtime_error(std::string(what) + " failed with XNNPACK status " +
+                             std::to_string(status));
   }
 }
 
 // dbias[OC] += column sums of dout [rows][OC].
-void bias_backward_accumulate(float* __restrict dbias, const float* __restrict dout, std::size_t rows, std::size_t OC) {
+void bias_backward_accumulate(float* __restrict dbias, const float* __restrict dout,
+                              std::size_t rows, std::size_t OC) {
   for (std::size_t r = 0; r < rows; r++) {
     const float* d = dout + r * OC;
     for (std::size_t o = 0; o < OC; o++) dbias[o] += d[o];
   }
 }
 
-float output_min(Activation activation) { return activation == Activation::relu ? 0.0f : -kInfinity; }
+float output_min(Activation activation) {
+  return activation == Activation::relu ? 0.0f : -kInfinity;
+}
 
 // out[rows][N] = inp[rows][K] · W + bias, where W is `kernel` as [N][K] (kernel_is_k_by_n
 // false) or [K][N] (true). The operator packs `kernel`, so it is rebuilt on every call.
-void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::size_t rows, std::size_t K,
-                         std::size_t N, const float* kernel, bool kernel_is_k_by_n, const float* bias, float min,
-                         pthreadpool_t pool) {
+void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::size_t rows,
+                         std::size_t K, std::size_t N, const float* kernel, bool kernel_is_k_by_n,
+                         const float* bias, float min, pthreadpool_t pool) {
   check(xnn_create_fully_connected_nc_f32(K, N, K, N, kernel, bias, min, kInfinity,
-                                          kernel_is_k_by_n ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0, op.out_param()),
+                                          kernel_is_k_by_n ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0,
+                                          op.out_param()),
         "xnn_create_fully_connected_nc_f32");
-  check(xnn_setup_fully_connected_nc_f32(op.get(), rows, inp, out, pool), "xnn_setup_fully_connected_nc_f32");
+  check(xnn_setup_fully_connected_nc_f32(op.get(), rows, inp, out, pool),
+        "xnn_setup_fully_connected_nc_f32");
   check(xnn_run_operator(op.get(), pool), "xnn_run_operator (fully connected)");
 }
 
 // Returns dout, or dout times the ReLU mask (out > 0) written to `masked`.
-const float* apply_relu_mask(Activation activation, float* masked, const float* dout, const float* out,
-                             std::size_t n) {
+const float* apply_relu_mask(Activation activation, float* masked, const float* dout,
+                             const float* out, std::size_t n) {
   if (activation == Activation::none) return dout;
   relu_backward(masked, dout, out, n);
   return masked;
 }
 
-// patches [M][K]: row m holds the KH x KW x C input patch under output pixel m (zeros in the padding).
+// patches [M][K]: row m holds the KH x KW x C input patch under output pixel m (zeros in the
+// padding).
 void im2col(float* patches, const float* inp, const Conv2dShape& s) {
   const int OH = s.OH(), OW = s.OW();
   const std::size_t K = static_cast<std::size_t>(s.KH) * s.KW * s.C;
@@ -107,14 +114,15 @@ void im2col_transposed(float* patches_transposed, const float* inp, const Conv2d
 // for the paper's FC1 (128 x 3136) at batch 10 the packing cost four times the product.
 // Streaming the weights once instead, four rows at a time, against a 128-column tile of
 // dinp that stays in L1, needs no packing.
-void fully_connected_input_gradient(float* dinp, const float* d, const float* weight, std::size_t B, std::size_t C,
-                                    std::size_t OC) {
+void fully_connected_input_gradient(float* dinp, const float* d, const float* weight, std::size_t B,
+                                    std::size_t C, std::size_t OC) {
   constexpr std::size_t kTile = 128;  // measured: 128 to 512 are within 10%; 128 is best on x86-64
   for (std::size_t c0 = 0; c0 < C; c0 += kTile) {
     const std::size_t n = std::min(kTile, C - c0);
     for (std::size_t b = 0; b < B; b++) std::memset(dinp + b * C + c0, 0, sizeof(float) * n);
     std::size_t o = 0;
-    for (; o + 4 <= OC; o += 4) {  // four weight rows per pass over the tile: a quarter of the dinp traffic
+    for (; o + 4 <= OC;
+         o += 4) {  // four weight rows per pass over the tile: a quarter of the dinp traffic
       const float* __restrict w0 = weight + o * C + c0;
       const float* __restrict w1 = w0 + C;
       const float* __restrict w2 = w1 + C;
@@ -123,7 +131,8 @@ void fully_connected_input_gradient(float* dinp, const float* d, const float* we
         const float* s = d + b * OC + o;
         const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
         float* __restrict out = dinp + b * C + c0;
-        for (std::size_t j = 0; j < n; j++) out[j] += s0 * w0[j] + s1 * w1[j] + s2 * w2[j] + s3 * w3[j];
+        for (std::size_t j = 0; j < n; j++)
+          out[j] += s0 * w0[j] + s1 * w1[j] + s2 * w2[j] + s3 * w3[j];
       }
     }
     for (; o < OC; o++) {
@@ -144,9 +153,11 @@ void fully_connected_input_gradient(float* dinp, const float* d, const float* we
 // microkernel tile. Per output row: mask it into `masked_row` [OW][OC] (stays in L1), add
 // it to the bias gradient, then for each tap accumulate x * d over the row into the
 // tap-major `dweight_by_tap` [KH*KW][OC], so the innermost loops run over contiguous OC.
-void conv2d_weight_gradient_single_channel(float* dweight, float* dbias, float* __restrict dweight_by_tap,
-                                           float* __restrict masked_row, const float* dout, const float* out,
-                                           const float* inp, const Conv2dShape& s) {
+void conv2d_weight_gradient_single_channel(float* dweight, float* dbias,
+                                           float* __restrict dweight_by_tap,
+                                           float* __restrict masked_row, const float* dout,
+                                           const float* out, const float* inp,
+                                           const Conv2dShape& s) {
   const std::size_t OC = s.OC, taps = static_cast<std::size_t>(s.KH) * s.KW;
   const int OH = s.OH(), OW = s.OW();
   const std::size_t row_size = static_cast<std::size_t>(OW) * OC;
@@ -211,18 +222,25 @@ void transpose(float* out, const float* inp, std::size_t rows, std::size_t cols)
 }
 
 // ---------------------------------------------------------------------------------------
-FullyConnectedTrainXnn::FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation,
-                                               pthreadpool_t pool)
-    : B_(B), C_(C), OC_(OC), activation_(activation), pool_(pool), out_transposed_(B < OC ? B * OC : 0),
-      dout_masked_(activation == Activation::relu ? B * OC : 0), dout_transposed_(B * OC) {
+FullyConnectedTrainXnn::FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC,
+                                               Activation activation, pthreadpool_t pool)
+    : B_(B),
+      C_(C),
+      OC_(OC),
+      activation_(activation),
+      pool_(pool),
+      out_transposed_(B < OC ? B * OC : 0),
+      dout_masked_(activation == Activation::relu ? B * OC : 0),
+      dout_transposed_(B * OC) {
   ensure_xnnpack_initialized();
 }
 
-void FullyConnectedTrainXnn::forward(float* out, const float* inp, const float* weight, const float* bias) {
+void FullyConnectedTrainXnn::forward(float* out, const float* inp, const float* weight,
+                                     const float* bias) {
   if (B_ < OC_) {
     // Pack the activations (B*C values) rather than the weights (OC*C): out^T = weight · inp^T.
-    run_fully_connected(forward_op_, out_transposed_.data(), weight, OC_, C_, B_, inp, false, nullptr, -kInfinity,
-                        pool_);
+    run_fully_connected(forward_op_, out_transposed_.data(), weight, OC_, C_, B_, inp, false,
+                        nullptr, -kInfinity, pool_);
     const bool relu = activation_ == Activation::relu;
     for (std::size_t b = 0; b < B_; b++) {
       for (std::size_t o = 0; o < OC_; o++) {
@@ -231,7 +249,8 @@ void FullyConnectedTrainXnn::forward(float* out, const float* inp, const float* 
       }
     }
   } else {
-    run_fully_connected(forward_op_, out, inp, B_, C_, OC_, weight, false, bias, output_min(activation_), pool_);
+    run_fully_connected(forward_op_, out, inp, B_, C_, OC_, weight, false, bias,
+                        output_min(activation_), pool_);
   }
 }
 
@@ -250,13 +269,15 @@ void FullyConnectedTrainXnn::backward(float* dinp, float* dweight, float* dbias,
   // operand for a batch smaller than OC, and writes dweight in place.
   if (!dweight) return;  // an input gradient alone
   transpose(dout_transposed_.data(), d, B_, OC_);
-  run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC_, B_, C_, inp, true, nullptr, -kInfinity,
-                      pool_);
+  run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC_, B_, C_, inp, true,
+                      nullptr, -kInfinity, pool_);
 }
 
 // ---------------------------------------------------------------------------------------
 Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool)
-    : s_(shape), activation_(activation), pool_(pool),
+    : s_(shape),
+      activation_(activation),
+      pool_(pool),
       M_(static_cast<std::size_t>(shape.B) * shape.OH() * shape.OW()),
       K_(static_cast<std::size_t>(shape.KH) * shape.KW * shape.C),
       single_channel_(shape.C == 1),
@@ -272,20 +293,22 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
 
 void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const float* bias) {
   const auto p = static_cast<std::uint32_t>(s_.pad);
-  check(xnn_create_convolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1, /*groups=*/1, s_.C,
-                                          s_.OC, s_.C, s_.OC, weight, bias, output_min(activation_), kInfinity, 0,
-                                          forward_op_.out_param()),
+  check(xnn_create_convolution2d_nhwc_f32(
+            p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1, /*groups=*/1, s_.C, s_.OC, s_.C,
+            s_.OC, weight, bias, output_min(activation_), kInfinity, 0, forward_op_.out_param()),
         "xnn_create_convolution2d_nhwc_f32");
   check(xnn_setup_convolution2d_nhwc_f32(forward_op_.get(), s_.B, s_.H, s_.W, inp, out, pool_),
         "xnn_setup_convolution2d_nhwc_f32");
   check(xnn_run_operator(forward_op_.get(), pool_), "xnn_run_operator (convolution)");
 }
 
-void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
-                         const float* inp, const float* weight) {
+void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* out, const float* inp, const float* weight) {
   const std::size_t OC = s_.OC;
-  if (single_channel_ && !dinp) {  // the usual first layer: mask folded into the one pass, one row of scratch
-    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(), dout_masked_.data(), dout,
+  if (single_channel_ &&
+      !dinp) {  // the usual first layer: mask folded into the one pass, one row of scratch
+    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(),
+                                          dout_masked_.data(), dout,
                                           activation_ == Activation::relu ? out : nullptr, inp, s_);
     return;
   }
@@ -299,22 +322,25 @@ void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float*
     const std::size_t taps = static_cast<std::size_t>(s_.KH) * s_.KW, C = s_.C;
     for (std::size_t oc = 0; oc < OC; oc++)
       for (std::size_t t = 0; t < taps; t++)
-        for (std::size_t c = 0; c < C; c++) weight_swapped_[(c * taps + t) * OC + oc] = weight[(oc * taps + t) * C + c];
+        for (std::size_t c = 0; c < C; c++)
+          weight_swapped_[(c * taps + t) * OC + oc] = weight[(oc * taps + t) * C + c];
     const auto p = static_cast<std::uint32_t>(s_.pad);
     const std::uint32_t adjust_h = s_.H - ((s_.OH() - 1) * s_.stride + s_.KH - 2 * s_.pad);
     const std::uint32_t adjust_w = s_.W - ((s_.OW() - 1) * s_.stride + s_.KW - 2 * s_.pad);
-    check(xnn_create_deconvolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1, /*groups=*/1,
-                                              s_.OC, s_.C, s_.OC, s_.C, weight_swapped_.data(), nullptr, -kInfinity,
+    check(xnn_create_deconvolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1,
+                                              /*groups=*/1, s_.OC, s_.C, s_.OC, s_.C,
+                                              weight_swapped_.data(), nullptr, -kInfinity,
                                               kInfinity, 0, dinp_op_.out_param()),
           "xnn_create_deconvolution2d_nhwc_f32");
-    check(xnn_setup_deconvolution2d_nhwc_f32(dinp_op_.get(), s_.B, s_.OH(), s_.OW(), adjust_h, adjust_w, d, dinp,
-                                             pool_),
+    check(xnn_setup_deconvolution2d_nhwc_f32(dinp_op_.get(), s_.B, s_.OH(), s_.OW(), adjust_h,
+                                             adjust_w, d, dinp, pool_),
           "xnn_setup_deconvolution2d_nhwc_f32");
     check(xnn_run_operator(dinp_op_.get(), pool_), "xnn_run_operator (deconvolution)");
   }
 
   if (single_channel_) {
-    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(), nullptr, d, nullptr, inp, s_);
+    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(), nullptr, d,
+                                          nullptr, inp, s_);
     return;
   }
   // dweight [OC][K] = d^T [OC][M] · patches [M][K], packing whichever of patches (M*K)
@@ -322,20 +348,25 @@ void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float*
   if (pack_patches_) {
     im2col(patches_.data(), inp, s_);
     transpose(dout_transposed_.data(), d, M_, OC);
-    run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC, M_, K_, patches_.data(), true, nullptr,
-                        -kInfinity, pool_);
+    run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC, M_, K_, patches_.data(),
+                        true, nullptr, -kInfinity, pool_);
   } else {
     im2col_transposed(patches_.data(), inp, s_);
-    run_fully_connected(dweight_op_, dweight_transposed_.data(), patches_.data(), K_, M_, OC, d, true, nullptr,
-                        -kInfinity, pool_);
+    run_fully_connected(dweight_op_, dweight_transposed_.data(), patches_.data(), K_, M_, OC, d,
+                        true, nullptr, -kInfinity, pool_);
     transpose(dweight, dweight_transposed_.data(), K_, OC);
   }
 }
 
 // ---------------------------------------------------------------------------------------
 MaxPool2x2Xnn::MaxPool2x2Xnn(int B, int H, int W, int C, pthreadpool_t pool)
-    : B_(B), H_(H), W_(W), C_(C), pool_(pool),
-      unpooled_((H % 2 || W % 2) ? static_cast<std::size_t>(B) * (H / 2 * 2) * (W / 2 * 2) * C : 0) {
+    : B_(B),
+      H_(H),
+      W_(W),
+      C_(C),
+      pool_(pool),
+      unpooled_((H % 2 || W % 2) ? static_cast<std::size_t>(B) * (H / 2 * 2) * (W / 2 * 2) * C
+                                 : 0) {
   ensure_xnnpack_initialized();
   if (H < 2 || W < 2) throw std::invalid_argument("MaxPool2x2Xnn: input smaller than the window");
   check(xnn_create_argmax_pooling2d_nhwc_f32(0, 0, 0, 0, 2, 2, C, C, C, 0, pool_op_.out_param()),
@@ -345,7 +376,8 @@ MaxPool2x2Xnn::MaxPool2x2Xnn(int B, int H, int W, int C, pthreadpool_t pool)
 }
 
 void MaxPool2x2Xnn::forward(float* out, std::uint32_t* window_index, const float* inp) {
-  check(xnn_setup_argmax_pooling2d_nhwc_f32(pool_op_.get(), B_, H_, W_, inp, out, window_index, pool_),
+  check(xnn_setup_argmax_pooling2d_nhwc_f32(pool_op_.get(), B_, H_, W_, inp, out, window_index,
+                                            pool_),
         "xnn_setup_argmax_pooling2d_nhwc_f32");
   check(xnn_run_operator(pool_op_.get(), pool_), "xnn_run_operator (argmax pooling)");
 }
@@ -353,12 +385,14 @@ void MaxPool2x2Xnn::forward(float* out, std::uint32_t* window_index, const float
 void MaxPool2x2Xnn::backward(float* dinp, const float* dout, const std::uint32_t* window_index) {
   const int OH = H_ / 2, OW = W_ / 2;
   float* target = unpooled_.empty() ? dinp : unpooled_.data();
-  check(xnn_setup_unpooling2d_nhwc_x32(unpool_op_.get(), B_, OH, OW, dout, window_index, target, pool_),
+  check(xnn_setup_unpooling2d_nhwc_x32(unpool_op_.get(), B_, OH, OW, dout, window_index, target,
+                                       pool_),
         "xnn_setup_unpooling2d_nhwc_x32");
   check(xnn_run_operator(unpool_op_.get(), pool_), "xnn_run_operator (unpooling)");
   if (unpooled_.empty()) return;
   // Odd H or W: the last row/column never wins, so its gradient is zero.
-  const std::size_t row_in = static_cast<std::size_t>(2 * OW) * C_, row_out = static_cast<std::size_t>(W_) * C_;
+  const std::size_t row_in = static_cast<std::size_t>(2 * OW) * C_,
+                    row_out = static_cast<std::size_t>(W_) * C_;
   for (int b = 0; b < B_; b++) {
     for (int h = 0; h < H_; h++) {
       float* dst = dinp + (static_cast<std::size_t>(b) * H_ + h) * row_out;
@@ -376,7 +410,8 @@ void MaxPool2x2Xnn::backward(float* dinp, const float* dout, const std::uint32_t
 std::uint32_t MaxPool2x2Xnn::window_index_to_flat(std::size_t i, std::uint32_t window_index) const {
   const std::size_t OW = W_ / 2, OH = H_ / 2;
   const std::size_t c = i % C_, ow = (i / C_) % OW, oh = (i / C_ / OW) % OH, b = i / C_ / OW / OH;
-  const std::size_t dy = window_index % 2, dx = window_index / 2;  // XNNPACK scans windows column by column
+  const std::size_t dy = window_index % 2,
+                    dx = window_index / 2;  // XNNPACK scans windows column by column
   return static_cast<std::uint32_t>(((b * H_ + 2 * oh + dy) * W_ + 2 * ow + dx) * C_ + c);
 }
 

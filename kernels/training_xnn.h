@@ -56,13 +56,14 @@ enum class Activation { none, relu };
 // out [B][OC] = act(inp [B][C] · weight [OC][C]^T + bias [OC]).
 class FullyConnectedTrainXnn {
  public:
-  FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation, pthreadpool_t pool);
+  FullyConnectedTrainXnn(std::size_t B, std::size_t C, std::size_t OC, Activation activation,
+                         pthreadpool_t pool);
   void forward(float* out, const float* inp, const float* weight, const float* bias);
   // Same contract as fully_connected_backward_reference: dinp, dweight and dbias may be null.
   // With Activation::relu, `dout` is the gradient after the ReLU and `out` the forward output
   // (the ReLU mask); pass out = nullptr for Activation::none.
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out, const float* inp,
-                const float* weight);
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
+                const float* inp, const float* weight);
 
  private:
   std::size_t B_, C_, OC_;
@@ -79,23 +80,25 @@ class Conv2dXnn {
  public:
   Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
   void forward(float* out, const float* inp, const float* weight, const float* bias);
-  // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in FullyConnectedTrainXnn.
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out, const float* inp,
-                const float* weight);
+  // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in
+  // FullyConnectedTrainXnn.
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
+                const float* inp, const float* weight);
   const Conv2dShape& shape() const { return s_; }
 
  private:
   Conv2dShape s_;
   Activation activation_;
   pthreadpool_t pool_;
-  std::size_t M_, K_;  // M = B*OH*OW output pixels, K = KH*KW*C values per patch
-  bool single_channel_;  // C == 1: weight gradient by a direct loop (when no input gradient is asked)
-  bool pack_patches_;  // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
+  std::size_t M_, K_;    // M = B*OH*OW output pixels, K = KH*KW*C values per patch
+  bool single_channel_;  // C == 1: weight gradient by a direct loop (when no input gradient is
+                         // asked)
+  bool pack_patches_;    // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
   XnnOperator forward_op_, dinp_op_, dweight_op_;
-  std::vector<float> weight_swapped_;  // [C][KH][KW][OC] deconvolution kernel
-  std::vector<float> dout_masked_;     // [M][OC]
-  std::vector<float> patches_;         // im2col, [M][K] or transposed [K][M]
-  std::vector<float> dout_transposed_; // [OC][M] when packing patches
+  std::vector<float> weight_swapped_;      // [C][KH][KW][OC] deconvolution kernel
+  std::vector<float> dout_masked_;         // [M][OC]
+  std::vector<float> patches_;             // im2col, [M][K] or transposed [K][M]
+  std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
 };
 

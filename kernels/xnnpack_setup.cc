@@ -98,6 +98,8 @@ void ensure_xnnpack_initialized() {
   }
 }
 
-std::size_t xnnpack_system_allocations() { return g_system_allocations.load(std::memory_order_relaxed); }
+std::size_t xnnpack_system_allocations() {
+  return g_system_allocations.load(std::memory_order_relaxed);
+}
 
 }  // namespace edgetrain::kernels

@@ -5,9 +5,11 @@
 
 namespace edgetrain::runtime {
 
-Backoff::Backoff(std::chrono::milliseconds initial, std::chrono::milliseconds maximum, std::uint64_t seed)
+Backoff::Backoff(std::chrono::milliseconds initial, std::chrono::milliseconds maximum,
+                 std::uint64_t seed)
     : initial_(initial), maximum_(maximum), state_(seed) {
-  if (initial.count() <= 0 || maximum < initial) throw std::invalid_argument("Backoff: need 0 < initial <= maximum");
+  if (initial.count() <= 0 || maximum < initial)
+    throw std::invalid_argument("Backoff: need 0 < initial <= maximum");
 }
 
 std::chrono::milliseconds Backoff::next_delay() {

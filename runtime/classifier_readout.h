@@ -26,7 +26,8 @@ class ClassifierReadout {
   int feature_size() const { return feature_size_; }
   // probs [count][classes()] and features [count][feature_size()]; either may be null.
   // `pixels` holds raw grey values (0..255), standardized per image as the trainer does.
-  void read(std::span<const float> params, const std::uint8_t* pixels, int count, float* probs, float* features);
+  void read(std::span<const float> params, const std::uint8_t* pixels, int count, float* probs,
+            float* features);
 
  private:
   const Model& model_;
@@ -66,6 +67,7 @@ double frechet_distance(const float* a, int count_a, const float* b, int count_b
 
 // Eigenvalues and eigenvectors of a symmetric matrix (row-major, n × n) by cyclic Jacobi
 // rotations: `values` [n], `vectors` [n][n] with eigenvector j in column j.
-void symmetric_eigen(std::vector<double> matrix, int n, std::vector<double>& values, std::vector<double>& vectors);
+void symmetric_eigen(std::vector<double> matrix, int n, std::vector<double>& values,
+                     std::vector<double>& vectors);
 
 }  // namespace edgetrain::runtime

@@ -20,7 +20,8 @@ struct CompressionSettings {
 
 // Adds --compressor (with `choices`), --rate, --error-feedback, --fp16 and --sign-scale to
 // `table`, bound to `options` and `settings`, which must outlive the table's parse().
-void declare_compression_settings(settings::Table& table, CompressorOptions& options, CompressionSettings& settings,
+void declare_compression_settings(settings::Table& table, CompressorOptions& options,
+                                  CompressionSettings& settings,
                                   std::initializer_list<std::string_view> choices);
 
 // After parse(): the options with the chosen value encoding (throws std::invalid_argument

@@ -18,14 +18,17 @@ std::uint32_t Compressor::top_k_count(std::uint32_t n, double rate) {
 
 transport::ValueEncoding value_encoding_from_flags(bool fp16, bool sign_scale) {
   if (fp16 && sign_scale)
-    throw std::invalid_argument("fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
-                                "sign_scale in --config): choose one value encoding");
-  return fp16 ? transport::ValueEncoding::kFp16 : sign_scale ? transport::ValueEncoding::kSignScale
-                                                             : transport::ValueEncoding::kFp32;
+    throw std::invalid_argument(
+        "fp16 and sign-scale values exclude each other (--fp16 / fp16 and --sign-scale / "
+        "sign_scale in --config): choose one value encoding");
+  return fp16         ? transport::ValueEncoding::kFp16
+         : sign_scale ? transport::ValueEncoding::kSignScale
+                      : transport::ValueEncoding::kFp32;
 }
 
 Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions options)
-    : layout_(std::move(layout)), options_(options),
+    : layout_(std::move(layout)),
+      options_(options),
       keeps_residual_(options.error_feedback || options.method == CompressionMethod::kBinLocal) {
   if (!(options_.compression_rate > 0.0 && options_.compression_rate <= 1.0))
     throw std::invalid_argument("compressor: compression rate must lie in (0, 1]");
@@ -44,7 +47,10 @@ Compressor::Compressor(std::vector<TensorSlice> layout, CompressorOptions option
   selector_ = MagnitudeSelector(largest);
 }
 
-float Compressor::sent_value(float v) const { return options_.value_encoding == transport::ValueEncoding::kFp16 ? transport::round_to_fp16(v) : v; }
+float Compressor::sent_value(float v) const {
+  return options_.value_encoding == transport::ValueEncoding::kFp16 ? transport::round_to_fp16(v)
+                                                                    : v;
+}
 
 namespace {
 
@@ -60,7 +66,8 @@ bool all_finite(std::span<const float> values) {
 
 void Compressor::compress(std::span<const float> gradient, transport::SparseUpdate& update) {
   if (gradient.size() != arena_size_)
-    throw std::invalid_argument("compressor: gradient has " + std::to_string(gradient.size()) + " entries, the layout " + std::to_string(arena_size_));
+    throw std::invalid_argument("compressor: gradient has " + std::to_string(gradient.size()) +
+                                " entries, the layout " + std::to_string(arena_size_));
   update.tensors.resize(layout_.size());
   for (std::size_t t = 0; t < layout_.size(); ++t) {
     const TensorSlice slice = layout_[t];
@@ -78,21 +85,30 @@ void Compressor::compress(std::span<const float> gradient, transport::SparseUpda
       for (std::uint32_t i = 0; i < slice.size; ++i) accumulated_[i] = residual[i] + g[i];
       values = std::span<const float>(accumulated_).first(slice.size);
     }
-    if (!all_finite(values)) throw std::invalid_argument("compressor: non-finite gradient in tensor " + std::to_string(t));
+    if (!all_finite(values))
+      throw std::invalid_argument("compressor: non-finite gradient in tensor " + std::to_string(t));
 
     switch (options_.method) {
-      case CompressionMethod::kNone: compress_dense(values, out, residual); break;
-      case CompressionMethod::kTopK: compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual); break;
-      case CompressionMethod::kBinLocal: compress_bin_local(g, values, out, residual); break;
+      case CompressionMethod::kNone:
+        compress_dense(values, out, residual);
+        break;
+      case CompressionMethod::kTopK:
+        compress_top_k(values, top_k_count(slice.size, options_.compression_rate), out, residual);
+        break;
+      case CompressionMethod::kBinLocal:
+        compress_bin_local(g, values, out, residual);
+        break;
     }
-    if (options_.value_encoding == transport::ValueEncoding::kSignScale) quantize_sign_scale(out, values, residual);
+    if (options_.value_encoding == transport::ValueEncoding::kSignScale)
+      quantize_sign_scale(out, values, residual);
   }
 }
 
 // Runs after selection, which sent the values unrounded (sent_value() is the identity here)
 // and left a zero residual on the sent entries. Shrinking `out` keeps its capacity, so this
 // allocates nothing.
-void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values, std::span<float> residual) {
+void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values,
+                         std::span<float> residual) {
   double magnitude_sum = 0.0;  // double: 400k float magnitudes would lose low bits
   std::size_t kept = 0;
   for (std::size_t j = 0; j < out.values.size(); ++j) {
@@ -117,7 +133,8 @@ void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> va
   }
 }
 
-void Compressor::compress_dense(std::span<const float> values, transport::SparseTensor& out, std::span<float> residual) {
+void Compressor::compress_dense(std::span<const float> values, transport::SparseTensor& out,
+                                std::span<float> residual) {
   out.indices.resize(values.size());
   out.values.resize(values.size());
   for (std::uint32_t i = 0; i < values.size(); ++i) {
@@ -129,8 +146,8 @@ void Compressor::compress_dense(std::span<const float> values, transport::Sparse
 
 // The k entries of largest magnitude, ties broken towards the lower index, so the result
 // is a function of the values alone (the reference test relies on it).
-void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, transport::SparseTensor& out,
-                                std::span<float> residual) {
+void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k,
+                                transport::SparseTensor& out, std::span<float> residual) {
   const std::size_t n = values.size();
   if (k >= n) {
     compress_dense(values, out, residual);
@@ -160,7 +177,8 @@ void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, 
   if (!residual.empty()) {
     // Unsent entries keep their accumulated value; sent ones keep only the fp16 rounding error.
     std::copy(values.begin(), values.end(), residual.begin());
-    for (std::uint32_t j = 0; j < k; ++j) residual[out.indices[j]] = values[out.indices[j]] - out.values[j];
+    for (std::uint32_t j = 0; j < k; ++j)
+      residual[out.indices[j]] = values[out.indices[j]] - out.values[j];
   }
 }
 
@@ -171,14 +189,16 @@ void Compressor::compress_top_k(std::span<const float> values, std::uint32_t k, 
 // H gives entries whose latest gradient pushes the same way as their backlog a head start.
 // They also quantise the sent values to ±(per-layer scale); the kSignScale value encoding does that
 // with our choice of scale, the mean |G| of the sent entries (not checked against theirs).
-void Compressor::compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated,
+void Compressor::compress_bin_local(std::span<const float> gradient,
+                                    std::span<const float> accumulated,
                                     transport::SparseTensor& out, std::span<float> residual) {
   const std::size_t n = accumulated.size();
   const std::size_t bin = options_.bin_size;
   for (std::size_t start = 0; start < n; start += bin) {
     const std::size_t end = std::min(n, start + bin);
     float bin_max = 0.0f;
-    for (std::size_t i = start; i < end; ++i) bin_max = std::max(bin_max, std::fabs(accumulated[i]));
+    for (std::size_t i = start; i < end; ++i)
+      bin_max = std::max(bin_max, std::fabs(accumulated[i]));
     for (std::size_t i = start; i < end; ++i) {
       const float g_acc = accumulated[i];
       if (g_acc != 0.0f && std::fabs(g_acc + gradient[i]) >= bin_max) {

@@ -16,8 +16,9 @@
 //     with error feedback v − sign(v)·s stays in the residual.
 //
 // Selection is O(n) per tensor (the k-th largest magnitude by runtime/magnitude_select.h's
-// histogram of the magnitudes' top bits, then one pass), never a full sort. All buffers are sized at construction; compress() only
-// reuses them and the output's vectors, so a steady-state call does not allocate.
+// histogram of the magnitudes' top bits, then one pass), never a full sort. All buffers are sized
+// at construction; compress() only reuses them and the output's vectors, so a steady-state call
+// does not allocate.
 #pragma once
 
 #include <cstddef>
@@ -67,7 +68,8 @@ transport::ValueEncoding value_encoding_from_flags(bool fp16, bool sign_scale);
 // One tensor's selected values as sign + scale (value_encoding kSignScale): each becomes
 // ±(mean |v| over the nonzero ones), zeros are left out. With a `residual` (error feedback),
 // residual[i] becomes values[i] − the value sent for each sent index i. Allocates nothing.
-void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values = {}, std::span<float> residual = {});
+void quantize_sign_scale(transport::SparseTensor& out, std::span<const float> values = {},
+                         std::span<float> residual = {});
 
 class Compressor {
  public:
@@ -89,10 +91,12 @@ class Compressor {
   static std::uint32_t top_k_count(std::uint32_t n, double rate);
 
  private:
-  void compress_dense(std::span<const float> values, transport::SparseTensor& out, std::span<float> residual);
-  void compress_top_k(std::span<const float> values, std::uint32_t k, transport::SparseTensor& out, std::span<float> residual);
-  void compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated, transport::SparseTensor& out,
-                          std::span<float> residual);
+  void compress_dense(std::span<const float> values, transport::SparseTensor& out,
+                      std::span<float> residual);
+  void compress_top_k(std::span<const float> values, std::uint32_t k, transport::SparseTensor& out,
+                      std::span<float> residual);
+  void compress_bin_local(std::span<const float> gradient, std::span<const float> accumulated,
+                          transport::SparseTensor& out, std::span<float> residual);
   float sent_value(float v) const;
 
   std::vector<TensorSlice> layout_;

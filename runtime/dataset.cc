@@ -16,7 +16,8 @@ namespace {
 // mt19937_64, whose output sequence the standard does fix.
 std::uint64_t uniform_below(std::mt19937_64& rng, std::uint64_t bound) {
   // Rejection sampling removes the modulo bias.
-  const std::uint64_t limit = std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % bound;
+  const std::uint64_t limit =
+      std::numeric_limits<std::uint64_t>::max() - std::numeric_limits<std::uint64_t>::max() % bound;
   std::uint64_t draw;
   do draw = rng();
   while (draw >= limit);
@@ -36,21 +37,27 @@ std::vector<std::uint32_t> shuffled_indices(std::size_t n, std::uint64_t seed) {
 void check_spec(const ShardSpec& spec) {
   if (spec.worker_count == 0) throw std::invalid_argument("shard: worker_count must be at least 1");
   if (spec.worker_id >= spec.worker_count)
-    throw std::invalid_argument("shard: worker_id " + std::to_string(spec.worker_id) + " is not below worker_count " + std::to_string(spec.worker_count));
+    throw std::invalid_argument("shard: worker_id " + std::to_string(spec.worker_id) +
+                                " is not below worker_count " + std::to_string(spec.worker_count));
 }
 
 }  // namespace
 
-Dataset load_dataset(const std::filesystem::path& images_path, const std::filesystem::path& labels_path,
-                     std::uint32_t num_classes, const IdxLimits& limits) {
+Dataset load_dataset(const std::filesystem::path& images_path,
+                     const std::filesystem::path& labels_path, std::uint32_t num_classes,
+                     const IdxLimits& limits) {
   IdxArray images = read_idx_file(images_path, limits);
   IdxArray labels = read_idx_file(labels_path, limits);
   if (images.dims.size() != 3 && images.dims.size() != 4)
-    throw DataError(images_path.string(), "image file has " + std::to_string(images.dims.size()) + " dimensions; expected 3 (N×H×W) or 4 (N×H×W×C)");
+    throw DataError(images_path.string(), "image file has " + std::to_string(images.dims.size()) +
+                                              " dimensions; expected 3 (N×H×W) or 4 (N×H×W×C)");
   if (labels.dims.size() != 1)
-    throw DataError(labels_path.string(), "label file has " + std::to_string(labels.dims.size()) + " dimensions; expected 1");
+    throw DataError(labels_path.string(), "label file has " + std::to_string(labels.dims.size()) +
+                                              " dimensions; expected 1");
   if (images.dims[0] != labels.dims[0])
-    throw DataError(labels_path.string(), std::to_string(labels.dims[0]) + " labels for " + std::to_string(images.dims[0]) + " images in " + images_path.string());
+    throw DataError(labels_path.string(), std::to_string(labels.dims[0]) + " labels for " +
+                                              std::to_string(images.dims[0]) + " images in " +
+                                              images_path.string());
   Dataset data;
   data.height = images.dims[1];
   data.width = images.dims[2];
@@ -60,7 +67,9 @@ Dataset load_dataset(const std::filesystem::path& images_path, const std::filesy
   data.labels.reserve(labels.data.size());
   for (std::size_t i = 0; i < labels.data.size(); ++i) {
     if (labels.data[i] >= num_classes)
-      throw DataError(labels_path.string(), "label " + std::to_string(labels.data[i]) + " of item " + std::to_string(i) + " is not below " + std::to_string(num_classes) + " classes");
+      throw DataError(labels_path.string(), "label " + std::to_string(labels.data[i]) +
+                                                " of item " + std::to_string(i) + " is not below " +
+                                                std::to_string(num_classes) + " classes");
     data.labels.push_back(labels.data[i]);
   }
   return data;
@@ -75,7 +84,9 @@ Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices) {
   out.pixels.reserve(indices.size() * data.image_bytes());
   out.labels.reserve(indices.size());
   for (std::uint32_t i : indices) {
-    if (i >= data.size()) throw std::out_of_range("subset: index " + std::to_string(i) + " beyond " + std::to_string(data.size()) + " items");
+    if (i >= data.size())
+      throw std::out_of_range("subset: index " + std::to_string(i) + " beyond " +
+                              std::to_string(data.size()) + " items");
     auto image = data.image(i);
     out.pixels.insert(out.pixels.end(), image.begin(), image.end());
     out.labels.push_back(data.labels[i]);
@@ -91,26 +102,32 @@ std::vector<std::uint32_t> shard_iid(std::size_t dataset_size, const ShardSpec& 
   const std::size_t extra = dataset_size % spec.worker_count;
   const std::size_t begin = spec.worker_id * base + std::min<std::size_t>(spec.worker_id, extra);
   const std::size_t length = base + (spec.worker_id < extra ? 1 : 0);
-  return {order.begin() + static_cast<std::ptrdiff_t>(begin), order.begin() + static_cast<std::ptrdiff_t>(begin + length)};
+  return {order.begin() + static_cast<std::ptrdiff_t>(begin),
+          order.begin() + static_cast<std::ptrdiff_t>(begin + length)};
 }
 
-std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes, const LabelSkew& skew) {
+std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes,
+                                             const LabelSkew& skew) {
   std::vector<std::uint32_t> classes;
   const std::uint32_t count = std::min(skew.classes_per_worker, num_classes);
   for (std::uint32_t j = 0; j < count; ++j)
-    classes.push_back(static_cast<std::uint32_t>((std::uint64_t{worker_id} * skew.classes_per_worker + j) % num_classes));
+    classes.push_back(static_cast<std::uint32_t>(
+        (std::uint64_t{worker_id} * skew.classes_per_worker + j) % num_classes));
   return classes;
 }
 
-std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels, std::uint32_t num_classes,
-                                              const ShardSpec& spec, const LabelSkew& skew) {
+std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels,
+                                              std::uint32_t num_classes, const ShardSpec& spec,
+                                              const LabelSkew& skew) {
   check_spec(spec);
-  if (num_classes == 0) throw std::invalid_argument("shard_label_skewed: num_classes must be at least 1");
+  if (num_classes == 0)
+    throw std::invalid_argument("shard_label_skewed: num_classes must be at least 1");
   if (!(skew.preferred_fraction >= 0.0 && skew.preferred_fraction <= 1.0))
     throw std::invalid_argument("shard_label_skewed: preferred_fraction must lie in [0, 1]");
   std::vector<std::vector<std::uint32_t>> workers_preferring(num_classes);
   for (std::uint32_t w = 0; w < spec.worker_count; ++w)
-    for (std::uint32_t c : preferred_classes(w, num_classes, skew)) workers_preferring[c].push_back(w);
+    for (std::uint32_t c : preferred_classes(w, num_classes, skew))
+      workers_preferring[c].push_back(w);
 
   const std::vector<std::uint32_t> order = shuffled_indices(labels.size(), spec.seed);
   // A second stream, so that the choice of preferred/uniform does not shift the shuffle.
@@ -121,7 +138,8 @@ std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labe
   for (std::uint32_t item : order) {
     const std::int32_t label = labels[item];
     if (label < 0 || static_cast<std::uint32_t>(label) >= num_classes)
-      throw std::invalid_argument("shard_label_skewed: label " + std::to_string(label) + " of item " + std::to_string(item) + " out of range");
+      throw std::invalid_argument("shard_label_skewed: label " + std::to_string(label) +
+                                  " of item " + std::to_string(item) + " out of range");
     const auto& candidates = workers_preferring[static_cast<std::uint32_t>(label)];
     const bool preferred = uniform_unit(coin) < skew.preferred_fraction;
     std::uint32_t owner;
@@ -152,7 +170,8 @@ DatasetFiles dataset_files(const std::string& name, DataSplit split) {
   auto file = [&](const std::string& stem) {
     const std::filesystem::path raw = directory / (prefix + stem);
     std::error_code ignored;
-    return std::filesystem::exists(raw, ignored) ? raw : std::filesystem::path(raw.string() + ".gz");
+    return std::filesystem::exists(raw, ignored) ? raw
+                                                 : std::filesystem::path(raw.string() + ".gz");
   };
   return {file("-images-idx3-ubyte"), file("-labels-idx1-ubyte")};
 }

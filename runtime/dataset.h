@@ -27,7 +27,9 @@ struct Dataset {
 
   std::size_t size() const { return labels.size(); }
   std::size_t image_bytes() const { return std::size_t{height} * width * channels; }
-  std::span<const std::uint8_t> image(std::size_t i) const { return {pixels.data() + i * image_bytes(), image_bytes()}; }
+  std::span<const std::uint8_t> image(std::size_t i) const {
+    return {pixels.data() + i * image_bytes(), image_bytes()};
+  }
 };
 
 // Loads an image file (IDX, N×H×W or N×H×W×C) and its label file (IDX, N). Checks that
@@ -72,10 +74,12 @@ struct LabelSkew {
   std::uint32_t classes_per_worker = 2;
   double preferred_fraction = 0.9;
 };
-std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels, std::uint32_t num_classes,
-                                              const ShardSpec& spec, const LabelSkew& skew = {});
+std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels,
+                                              std::uint32_t num_classes, const ShardSpec& spec,
+                                              const LabelSkew& skew = {});
 
 // The classes worker `worker_id` prefers under `skew` (what shard_label_skewed uses).
-std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes, const LabelSkew& skew);
+std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes,
+                                             const LabelSkew& skew);
 
 }  // namespace edgetrain::runtime

@@ -5,13 +5,18 @@
 
 namespace edgetrain::runtime {
 
-DropoutSelector::DropoutSelector(std::vector<DropoutChoice> points, double budget_seconds, double smoothing,
-                                 double reselect_fraction)
-    : points_(std::move(points)), budget_(budget_seconds), smoothing_(smoothing),
+DropoutSelector::DropoutSelector(std::vector<DropoutChoice> points, double budget_seconds,
+                                 double smoothing, double reselect_fraction)
+    : points_(std::move(points)),
+      budget_(budget_seconds),
+      smoothing_(smoothing),
       reselect_fraction_(reselect_fraction) {
-  if (points_.empty()) throw std::invalid_argument("dropout selector: no points in the dropout table");
-  if (!(budget_ > 0) || !std::isfinite(budget_)) throw std::invalid_argument("dropout selector: the step-time budget must be positive");
-  if (!(smoothing_ > 0 && smoothing_ <= 1)) throw std::invalid_argument("dropout selector: smoothing must be in (0, 1]");
+  if (points_.empty())
+    throw std::invalid_argument("dropout selector: no points in the dropout table");
+  if (!(budget_ > 0) || !std::isfinite(budget_))
+    throw std::invalid_argument("dropout selector: the step-time budget must be positive");
+  if (!(smoothing_ > 0 && smoothing_ <= 1))
+    throw std::invalid_argument("dropout selector: smoothing must be in (0, 1]");
   for (const DropoutChoice& p : points_) {
     if (!(p.relative_time > 0) || !std::isfinite(p.relative_time)) {
       throw std::invalid_argument("dropout selector: relative times must be positive");
@@ -55,8 +60,10 @@ void DropoutSelector::set_estimate(double full_step_seconds) {
 bool DropoutSelector::record_step(double seconds) {
   if (!(seconds > 0) || !std::isfinite(seconds)) return false;  // a clock glitch is no measurement
   const double full_equivalent = seconds / points_[current_].relative_time;
-  estimate_ = estimate_ == 0 ? full_equivalent : estimate_ + smoothing_ * (full_equivalent - estimate_);
-  if (estimate_at_choice_ != 0 && std::fabs(estimate_ - estimate_at_choice_) <= reselect_fraction_ * estimate_at_choice_) {
+  estimate_ =
+      estimate_ == 0 ? full_equivalent : estimate_ + smoothing_ * (full_equivalent - estimate_);
+  if (estimate_at_choice_ != 0 &&
+      std::fabs(estimate_ - estimate_at_choice_) <= reselect_fraction_ * estimate_at_choice_) {
     return false;
   }
   return choose();

@@ -57,7 +57,7 @@ class DropoutSelector {
   std::vector<DropoutChoice> points_;
   double budget_, smoothing_, reselect_fraction_;
   std::size_t current_ = 0;
-  double estimate_ = 0;          // full-model-equivalent step time, smoothed
+  double estimate_ = 0;  // full-model-equivalent step time, smoothed
   double estimate_at_choice_ = 0;
   std::size_t selections_ = 0;
 };

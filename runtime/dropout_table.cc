@@ -28,11 +28,12 @@ void write_dropout_table(const std::string& path, const DropoutTable& table) {
                       {"relative_flops", p.relative_flops},
                       {"accuracy", p.accuracy}});
   }
-  const nlohmann::json doc = {{"format", kFormatName},
-                              {"format_version", table.format_version},
-                              {"model", {{"name", table.model_name}, {"layout_id", hex64(table.layout_id)}}},
-                              {"dropout_rescale", dropout_rescale_name(table.rescale)},
-                              {"points", points}};
+  const nlohmann::json doc = {
+      {"format", kFormatName},
+      {"format_version", table.format_version},
+      {"model", {{"name", table.model_name}, {"layout_id", hex64(table.layout_id)}}},
+      {"dropout_rescale", dropout_rescale_name(table.rescale)},
+      {"points", points}};
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
@@ -43,7 +44,9 @@ void write_dropout_table(const std::string& path, const DropoutTable& table) {
 }
 
 DropoutTable read_dropout_table(const std::string& path, const Model& model) {
-  auto fail = [&](const std::string& what) { return std::invalid_argument("dropout table " + path + ": " + what); };
+  auto fail = [&](const std::string& what) {
+    return std::invalid_argument("dropout table " + path + ": " + what);
+  };
   std::ifstream in(path);
   if (!in) throw fail("cannot open it");
   nlohmann::json doc;
@@ -54,17 +57,19 @@ DropoutTable read_dropout_table(const std::string& path, const Model& model) {
   }
   DropoutTable table;
   try {
-    if (doc.at("format").get<std::string>() != kFormatName) throw fail("not an edgetrain dropout table");
+    if (doc.at("format").get<std::string>() != kFormatName)
+      throw fail("not an edgetrain dropout table");
     table.format_version = doc.at("format_version").get<int>();
     if (table.format_version != kDropoutTableFormatVersion) {
-      throw fail("format version " + std::to_string(table.format_version) + ", this program reads " +
-                 std::to_string(kDropoutTableFormatVersion));
+      throw fail("format version " + std::to_string(table.format_version) +
+                 ", this program reads " + std::to_string(kDropoutTableFormatVersion));
     }
     table.model_name = doc.at("model").at("name").get<std::string>();
     const std::string layout = doc.at("model").at("layout_id").get<std::string>();
     if (layout != hex64(model.layout_id())) {
-      throw fail("made for model '" + table.model_name + "' (layout " + layout + "), not for model '" +
-                 model.spec().name + "' (layout " + hex64(model.layout_id()) + ")");
+      throw fail("made for model '" + table.model_name + "' (layout " + layout +
+                 "), not for model '" + model.spec().name + "' (layout " +
+                 hex64(model.layout_id()) + ")");
     }
     table.layout_id = model.layout_id();
     table.rescale = parse_dropout_rescale(doc.at("dropout_rescale").get<std::string>());
@@ -84,7 +89,8 @@ DropoutTable read_dropout_table(const std::string& path, const Model& model) {
           !(point.relative_flops > 0 && std::isfinite(point.relative_flops))) {
         throw fail(which + ": relative time and FLOPs must be finite and positive");
       }
-      if (!(point.accuracy >= 0 && point.accuracy <= 1)) throw fail(which + ": accuracy outside [0, 1]");
+      if (!(point.accuracy >= 0 && point.accuracy <= 1))
+        throw fail(which + ": accuracy outside [0, 1]");
       table.points.push_back(std::move(point));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -96,7 +102,8 @@ DropoutTable read_dropout_table(const std::string& path, const Model& model) {
 
 std::vector<DropoutChoice> dropout_choices(const DropoutTable& table) {
   std::vector<DropoutChoice> choices;
-  for (const DropoutTablePoint& p : table.points) choices.push_back({p.drop_rates, p.relative_time, p.accuracy});
+  for (const DropoutTablePoint& p : table.points)
+    choices.push_back({p.drop_rates, p.relative_time, p.accuracy});
   return choices;
 }
 

@@ -35,7 +35,9 @@ std::vector<float> parse_drop_rates(const std::string& text) {
     }
     rates.push_back(rate);
   }
-  if (rates.empty()) throw std::invalid_argument("empty drop-rate vector (give one rate per conv layer, e.g. 0.25,0.5)");
+  if (rates.empty())
+    throw std::invalid_argument(
+        "empty drop-rate vector (give one rate per conv layer, e.g. 0.25,0.5)");
   return rates;
 }
 
@@ -46,25 +48,28 @@ std::string format_drop_rates(std::span<const float> rates) {
 }
 
 int conv_layer_count(const Model& model) {
-  return static_cast<int>(std::count_if(model.layers().begin(), model.layers().end(),
-                                        [](const ResolvedLayer& l) { return l.kind == LayerKind::kConv; }));
+  return static_cast<int>(
+      std::count_if(model.layers().begin(), model.layers().end(),
+                    [](const ResolvedLayer& l) { return l.kind == LayerKind::kConv; }));
 }
 
 int kept_filter_count(int out_channels, float rate) {
-  return std::max(1, static_cast<int>(std::lround(out_channels * (1.0 - static_cast<double>(rate)))));
+  return std::max(1,
+                  static_cast<int>(std::lround(out_channels * (1.0 - static_cast<double>(rate)))));
 }
 
 void validate_drop_rates(const Model& model, std::span<const float> rates) {
   const int convs = conv_layer_count(model);
   if (static_cast<int>(rates.size()) != convs) {
-    throw std::invalid_argument("dropout: " + std::to_string(rates.size()) + " drop rate(s) given, but model '" +
-                                model.spec().name + "' has " + std::to_string(convs) +
+    throw std::invalid_argument("dropout: " + std::to_string(rates.size()) +
+                                " drop rate(s) given, but model '" + model.spec().name + "' has " +
+                                std::to_string(convs) +
                                 " conv layer(s); give one rate per conv layer");
   }
   for (std::size_t i = 0; i < rates.size(); i++) {
     if (!(rates[i] >= 0.0f && rates[i] < 1.0f)) {  // also refuses NaN
-      throw std::invalid_argument("dropout: drop rate " + std::to_string(rates[i]) + " of conv layer " +
-                                  std::to_string(i + 1) + " is outside [0, 1)");
+      throw std::invalid_argument("dropout: drop rate " + std::to_string(rates[i]) +
+                                  " of conv layer " + std::to_string(i + 1) + " is outside [0, 1)");
     }
   }
 }
@@ -95,10 +100,11 @@ double forward_macs(const Model& model) {
   return macs;
 }
 
-FilterDropout::FilterDropout(const Model& model, DropoutConfig config, int max_batch, KernelBackend backend,
-                             pthreadpool_t pool)
+FilterDropout::FilterDropout(const Model& model, DropoutConfig config, int max_batch,
+                             KernelBackend backend, pthreadpool_t pool)
     : model_(model), config_(std::move(config)), rng_{config_.seed} {
-  sub_model_ = std::make_unique<Model>(sub_network_spec(model, config_.conv_drop_rates));  // validates
+  sub_model_ =
+      std::make_unique<Model>(sub_network_spec(model, config_.conv_drop_rates));  // validates
   sub_trainer_ = std::make_unique<Trainer>(*sub_model_, max_batch, backend, pool);
   for (const ResolvedLayer& layer : model.layers()) {
     if (layer.kind != LayerKind::kConv) continue;
@@ -116,7 +122,9 @@ FilterDropout::FilterDropout(const Model& model, DropoutConfig config, int max_b
 
 FilterDropout::~FilterDropout() = default;
 
-std::span<const std::uint32_t> FilterDropout::kept_filters(int conv_index) const { return kept_.at(conv_index); }
+std::span<const std::uint32_t> FilterDropout::kept_filters(int conv_index) const {
+  return kept_.at(conv_index);
+}
 
 void FilterDropout::draw() {
   for (std::size_t c = 0; c < kept_.size(); c++) {
@@ -124,7 +132,8 @@ void FilterDropout::draw() {
     const std::size_t n = order.size(), k = kept_[c].size();
     // Partial Fisher-Yates: the first k entries become a uniform random k-subset.
     for (std::size_t j = 0; j < k; j++) {
-      const std::size_t pick = j + static_cast<std::size_t>(rng_.uniform_double() * static_cast<double>(n - j));
+      const std::size_t pick =
+          j + static_cast<std::size_t>(rng_.uniform_double() * static_cast<double>(n - j));
       std::swap(order[j], order[std::min(pick, n - 1)]);
     }
     std::copy(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), kept_[c].begin());
@@ -149,7 +158,8 @@ void FilterDropout::for_each_run(F&& f) const {
     const ResolvedLayer& full = full_layers[i];
     const ResolvedLayer& sub = sub_layers[i];
     if (full.kind != LayerKind::kConv && full.kind != LayerKind::kFullyConnected) continue;
-    const std::size_t w_full = full_tensors[full.weight_tensor].offset, w_sub = sub_tensors[sub.weight_tensor].offset;
+    const std::size_t w_full = full_tensors[full.weight_tensor].offset,
+                      w_sub = sub_tensors[sub.weight_tensor].offset;
     const std::size_t C = full.in.C, sub_C = sub.in.C;
     if (full.kind == LayerKind::kConv) {
       const std::vector<std::uint32_t>& out_kept = kept_[conv];
@@ -157,21 +167,25 @@ void FilterDropout::for_each_run(F&& f) const {
       const std::size_t taps = static_cast<std::size_t>(full.kernel) * full.kernel;
       for (std::size_t o = 0; o < out_kept.size(); o++)
         for (std::size_t t = 0; t < taps; t++)
-          f(w_full + (out_kept[o] * taps + t) * C, w_sub + (o * taps + t) * sub_C, channels, sub_C, scale);
+          f(w_full + (out_kept[o] * taps + t) * C, w_sub + (o * taps + t) * sub_C, channels, sub_C,
+            scale);
       if (sub.bias_tensor >= 0) {
-        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset, out_kept.data(), out_kept.size(),
-          scale);
+        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset,
+          out_kept.data(), out_kept.size(), scale);
       }
       channels = out_kept.data();
       conv++;
     } else {
       // Columns are the NHWC positions (h, w, c) of the input; only the channels thin out.
-      const std::size_t positions = static_cast<std::size_t>(full.in.H) * full.in.W, OC = full.out.size();
+      const std::size_t positions = static_cast<std::size_t>(full.in.H) * full.in.W,
+                        OC = full.out.size();
       for (std::size_t o = 0; o < OC; o++)
         for (std::size_t p = 0; p < positions; p++)
-          f(w_full + (o * positions + p) * C, w_sub + (o * positions + p) * sub_C, channels, sub_C, 1.0f);
+          f(w_full + (o * positions + p) * C, w_sub + (o * positions + p) * sub_C, channels, sub_C,
+            1.0f);
       if (sub.bias_tensor >= 0) {
-        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset, nullptr, OC, 1.0f);
+        f(full_tensors[full.bias_tensor].offset, sub_tensors[sub.bias_tensor].offset, nullptr, OC,
+          1.0f);
       }
       channels = nullptr;
     }
@@ -179,25 +193,29 @@ void FilterDropout::for_each_run(F&& f) const {
 }
 
 BatchResult FilterDropout::compute_gradient_for_current_draw(std::span<const float> params,
-                                                             const std::uint8_t* pixels, const std::int32_t* labels,
-                                                             int count, std::span<float> grad) {
+                                                             const std::uint8_t* pixels,
+                                                             const std::int32_t* labels, int count,
+                                                             std::span<float> grad) {
   if (params.size() != model_.parameter_count() || grad.size() != model_.parameter_count()) {
     throw std::invalid_argument("FilterDropout: parameter or gradient size mismatch");
   }
   float* __restrict sub_params = sub_params_.data();
   const float* full_params = params.data();
-  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n, float scale) {
+  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n,
+                   float scale) {
     if (kept) {
       for (std::size_t c = 0; c < n; c++) sub_params[sub + c] = scale * full_params[full + kept[c]];
     } else {
       for (std::size_t c = 0; c < n; c++) sub_params[sub + c] = scale * full_params[full + c];
     }
   });
-  const BatchResult result = sub_trainer_->compute_gradient(sub_params_, pixels, labels, count, sub_grad_);
+  const BatchResult result =
+      sub_trainer_->compute_gradient(sub_params_, pixels, labels, count, sub_grad_);
   std::fill(grad.begin(), grad.end(), 0.0f);  // everything dropped stays exactly zero
   float* __restrict full_grad = grad.data();
   const float* sub_grad = sub_grad_.data();
-  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n, float scale) {
+  for_each_run([&](std::size_t full, std::size_t sub, const std::uint32_t* kept, std::size_t n,
+                   float scale) {
     if (kept) {
       for (std::size_t c = 0; c < n; c++) full_grad[full + kept[c]] = scale * sub_grad[sub + c];
     } else {

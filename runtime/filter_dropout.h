@@ -61,7 +61,8 @@ class FilterDropout {
  public:
   // Validates `config` against `model` (throws std::invalid_argument) and builds the
   // sub-network's Trainer for `max_batch` on `backend`/`pool` (see Trainer).
-  FilterDropout(const Model& model, DropoutConfig config, int max_batch, KernelBackend backend, pthreadpool_t pool);
+  FilterDropout(const Model& model, DropoutConfig config, int max_batch, KernelBackend backend,
+                pthreadpool_t pool);
   ~FilterDropout();
   FilterDropout(const FilterDropout&) = delete;
   FilterDropout& operator=(const FilterDropout&) = delete;
@@ -71,8 +72,10 @@ class FilterDropout {
   void draw();
   // The sub-network gradient for the current draw, scattered into `grad` (full layout,
   // fully overwritten; zero wherever the draw dropped). The loss is the sub-network's.
-  BatchResult compute_gradient_for_current_draw(std::span<const float> params, const std::uint8_t* pixels,
-                                                const std::int32_t* labels, int count, std::span<float> grad);
+  BatchResult compute_gradient_for_current_draw(std::span<const float> params,
+                                                const std::uint8_t* pixels,
+                                                const std::int32_t* labels, int count,
+                                                std::span<float> grad);
   // Kept filter indices of conv layer `conv_index` (0-based among conv layers), ascending.
   std::span<const std::uint32_t> kept_filters(int conv_index) const;
   const Model& sub_network() const { return *sub_model_; }
@@ -88,7 +91,7 @@ class FilterDropout {
   SplitMix64 rng_;
   std::vector<std::vector<std::uint32_t>> kept_;   // per conv layer, ascending
   std::vector<std::vector<std::uint32_t>> order_;  // per conv layer, scratch permutation
-  std::vector<float> layer_scale_;          // per conv layer: 1/keep (kInverted) or 1
+  std::vector<float> layer_scale_;                 // per conv layer: 1/keep (kInverted) or 1
   std::vector<float> sub_params_, sub_grad_;
 };
 

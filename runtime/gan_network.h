@@ -75,7 +75,8 @@ class GanNetwork {
   // arena) is overwritten; `dinp` [B][inputs()] may be null. An empty `dparams` asks for the
   // input gradient alone (a discriminator's feedback to the generator): fully connected
   // layers then skip their weight gradients, about a third of a backward pass.
-  virtual void backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) = 0;
+  virtual void backward(std::span<const float> params, const float* dout, std::span<float> dparams,
+                        float* dinp) = 0;
 };
 
 // A multilayer perceptron with its own activations: tensors fc1.weight, fc1.bias, ...
@@ -93,7 +94,8 @@ class MlpNetwork final : public GanNetwork {
   int outputs() const override { return layers_.back().outputs; }
   int max_batch() const override { return max_batch_; }
   const float* forward(std::span<const float> params, const float* inp, int batch) override;
-  void backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) override;
+  void backward(std::span<const float> params, const float* dout, std::span<float> dparams,
+                float* dinp) override;
 
  private:
   struct Layer;
@@ -114,8 +116,9 @@ class MlpNetwork final : public GanNetwork {
 // max_batch) or on the reference kernels.
 class ConvGanNetwork final : public GanNetwork {
  public:
-  ConvGanNetwork(std::string name, std::string_view spec, std::vector<GanActivation> activations, int max_batch,
-                 KernelBackend backend = KernelBackend::kXnnpack, pthreadpool_t pool = nullptr);
+  ConvGanNetwork(std::string name, std::string_view spec, std::vector<GanActivation> activations,
+                 int max_batch, KernelBackend backend = KernelBackend::kXnnpack,
+                 pthreadpool_t pool = nullptr);
   ~ConvGanNetwork() override;
   ConvGanNetwork(const ConvGanNetwork&) = delete;
   ConvGanNetwork& operator=(const ConvGanNetwork&) = delete;
@@ -126,7 +129,8 @@ class ConvGanNetwork final : public GanNetwork {
   int outputs() const override { return outputs_; }
   int max_batch() const override { return max_batch_; }
   const float* forward(std::span<const float> params, const float* inp, int batch) override;
-  void backward(std::span<const float> params, const float* dout, std::span<float> dparams, float* dinp) override;
+  void backward(std::span<const float> params, const float* dout, std::span<float> dparams,
+                float* dinp) override;
 
  private:
   struct Layer;
@@ -136,7 +140,8 @@ class ConvGanNetwork final : public GanNetwork {
   int batch_ = 0;
   const float* input_ = nullptr;
   std::vector<float> input_buffer_, dinput_buffer_;  // [max_batch][inputs]
-  std::vector<float> unused_gradients_;  // conv and deconv layers' weight gradients when only dinp is asked for
+  std::vector<float>
+      unused_gradients_;  // conv and deconv layers' weight gradients when only dinp is asked for
 };
 
 // The architecture of the MLP: generator (inputs z + one-hot class) and discriminator.
@@ -147,7 +152,8 @@ std::vector<GanLayerSpec> mlp_discriminator_layers();
 inline constexpr std::string_view kCnnGeneratorSpec =
     "input 1x1x110; fc 7x7x128; deconv 64 5x5 stride 2; deconv 1 5x5 stride 2";
 inline constexpr std::string_view kCnnDiscriminatorSpec =
-    "input 28x28x1; conv 16 3x3 stride 2; conv 32 3x3 stride 2; conv 64 3x3 stride 2; conv 128 3x3 stride 2; fc 11";
+    "input 28x28x1; conv 16 3x3 stride 2; conv 32 3x3 stride 2; conv 64 3x3 stride 2; conv 128 3x3 "
+    "stride 2; fc 11";
 std::vector<GanActivation> cnn_generator_activations();
 std::vector<GanActivation> cnn_discriminator_activations();
 
@@ -158,10 +164,12 @@ const char* gan_architecture_name(GanArchitecture architecture);
 
 // The generator (inputs z + one-hot class, outputs 784) or discriminator (784 in, 11 out) of
 // `architecture`, its parameters not yet initialised. `pool` may be null, not owned.
-std::unique_ptr<GanNetwork> make_generator_network(GanArchitecture architecture, int max_batch, KernelBackend backend,
+std::unique_ptr<GanNetwork> make_generator_network(GanArchitecture architecture, int max_batch,
+                                                   KernelBackend backend,
                                                    pthreadpool_t pool = nullptr);
 std::unique_ptr<GanNetwork> make_discriminator_network(GanArchitecture architecture, int max_batch,
-                                                       KernelBackend backend, pthreadpool_t pool = nullptr);
+                                                       KernelBackend backend,
+                                                       pthreadpool_t pool = nullptr);
 
 // The generator's input rows: z from `noise` (B × 100) and a one-hot class label each.
 void generator_inputs(float* out, const float* noise, const std::int32_t* labels, int batch);
@@ -176,8 +184,8 @@ struct DiscriminatorLoss {
 // columns 1..10 the class logits) and its gradient with respect to those outputs: BCE against
 // `real` (1) or fake (0), plus the class cross-entropy, both means over the batch, so a batch
 // of real images and one of generated images each contribute their own mean.
-DiscriminatorLoss discriminator_loss(const float* outputs, const std::int32_t* labels, int batch, bool real,
-                                     float* doutputs);
+DiscriminatorLoss discriminator_loss(const float* outputs, const std::int32_t* labels, int batch,
+                                     bool real, float* doutputs);
 
 // The generator's loss as the discriminator sees it (non-saturating: BCE against "real" plus
 // the class cross-entropy) and its gradient with respect to D's outputs.

@@ -10,7 +10,8 @@
 namespace edgetrain::runtime {
 
 void pixels_to_gan(float* out, const std::uint8_t* pixels, std::size_t n) {
-  for (std::size_t i = 0; i < n; i++) out[i] = static_cast<float>(pixels[i]) * (2.0f / 255.0f) - 1.0f;
+  for (std::size_t i = 0; i < n; i++)
+    out[i] = static_cast<float>(pixels[i]) * (2.0f / 255.0f) - 1.0f;
 }
 
 void gan_to_pixels(std::uint8_t* out, const float* values, std::size_t n) {
@@ -20,13 +21,19 @@ void gan_to_pixels(std::uint8_t* out, const float* values, std::size_t n) {
   }
 }
 
-void AdamState::apply(std::span<float> params, std::span<const float> grad, const kernels::AdamSettings& settings) {
-  if (params.size() != m.size() || grad.size() != m.size()) throw std::invalid_argument("Adam: sizes differ");
-  kernels::adam_update(params.data(), m.data(), v.data(), grad.data(), params.size(), settings, ++steps);
+void AdamState::apply(std::span<float> params, std::span<const float> grad,
+                      const kernels::AdamSettings& settings) {
+  if (params.size() != m.size() || grad.size() != m.size())
+    throw std::invalid_argument("Adam: sizes differ");
+  kernels::adam_update(params.data(), m.data(), v.data(), grad.data(), params.size(), settings,
+                       ++steps);
 }
 
-GanPart::GanPart(std::unique_ptr<GanNetwork> network_, std::uint64_t seed, kernels::AdamSettings adam_settings)
-    : network(std::move(network_)), adam(network->model().parameter_count()), settings(adam_settings) {
+GanPart::GanPart(std::unique_ptr<GanNetwork> network_, std::uint64_t seed,
+                 kernels::AdamSettings adam_settings)
+    : network(std::move(network_)),
+      adam(network->model().parameter_count()),
+      settings(adam_settings) {
   network->model().initialize(seed);
   params.assign(network->model().parameters().begin(), network->model().parameters().end());
   grad.resize(params.size());
@@ -35,31 +42,39 @@ GanPart::GanPart(std::unique_ptr<GanNetwork> network_, std::uint64_t seed, kerne
 }
 
 std::unique_ptr<GanPart> make_generator(const GanSettings& settings, std::uint64_t seed) {
-  return std::make_unique<GanPart>(make_generator_network(settings.architecture, settings.batch, settings.backend), seed,
-                                   settings.adam);
+  return std::make_unique<GanPart>(
+      make_generator_network(settings.architecture, settings.batch, settings.backend), seed,
+      settings.adam);
 }
 
 std::unique_ptr<GanPart> make_discriminator(const GanSettings& settings, std::uint64_t seed) {
-  return std::make_unique<GanPart>(make_discriminator_network(settings.architecture, settings.batch, settings.backend),
-                                   seed, settings.adam);
+  return std::make_unique<GanPart>(
+      make_discriminator_network(settings.architecture, settings.batch, settings.backend), seed,
+      settings.adam);
 }
 
-DiscriminatorStepStats discriminator_step(GanPart& d, const float* real, const std::int32_t* real_labels,
-                                          const float* fake, const std::int32_t* fake_labels, int batch) {
+DiscriminatorStepStats discriminator_step(GanPart& d, const float* real,
+                                          const std::int32_t* real_labels, const float* fake,
+                                          const std::int32_t* fake_labels, int batch) {
   float* dout = d.dout.data();
   DiscriminatorStepStats stats;
-  stats.real = discriminator_loss(d.network->forward(d.params, real, batch), real_labels, batch, true, dout);
+  stats.real =
+      discriminator_loss(d.network->forward(d.params, real, batch), real_labels, batch, true, dout);
   d.network->backward(d.params, dout, d.grad, nullptr);
-  stats.fake = discriminator_loss(d.network->forward(d.params, fake, batch), fake_labels, batch, false, dout);
+  stats.fake = discriminator_loss(d.network->forward(d.params, fake, batch), fake_labels, batch,
+                                  false, dout);
   d.network->backward(d.params, dout, d.grad_scratch, nullptr);
   for (std::size_t i = 0; i < d.grad.size(); i++) d.grad[i] += d.grad_scratch[i];
   d.adam.apply(d.params, d.grad, d.settings);
   return stats;
 }
 
-float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch, float* feedback) {
-  const float loss = generator_loss(d.network->forward(d.params, fake, batch), labels, batch, d.dout.data());
-  d.network->backward(d.params, d.dout.data(), {}, feedback);  // the input gradient alone: D's own is not used
+float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch,
+                         float* feedback) {
+  const float loss =
+      generator_loss(d.network->forward(d.params, fake, batch), labels, batch, d.dout.data());
+  d.network->backward(d.params, d.dout.data(), {},
+                      feedback);  // the input gradient alone: D's own is not used
   return loss;
 }
 
@@ -86,11 +101,14 @@ GanStandalone::GanStandalone(const GanSettings& settings, const Dataset& train)
     : settings_(settings),
       g_(make_generator(settings, settings.seed)),
       d_(make_discriminator(settings, settings.seed + 1)),
-      real_sampler_(train, all_indices(train.size()), settings.seed + 2), noise_(settings.seed + 3),
+      real_sampler_(train, all_indices(train.size()), settings.seed + 2),
+      noise_(settings.seed + 3),
       label_draw_{settings.seed + 4} {
-  if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) || train.num_classes != kGanClasses)
+  if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) ||
+      train.num_classes != kGanClasses)
     throw std::invalid_argument("gan: the GAN architectures need 28x28 grey images of 10 classes");
-  if (settings.batch < 1 || settings.discriminator_steps < 1) throw std::invalid_argument("gan: batch and L must be at least 1");
+  if (settings.batch < 1 || settings.discriminator_steps < 1)
+    throw std::invalid_argument("gan: batch and L must be at least 1");
   const std::size_t images = static_cast<std::size_t>(settings.batch) * kGanImageSize;
   real_pixels_.resize(images);
   real_.resize(images);
@@ -104,7 +122,8 @@ GanStandalone::GanStandalone(const GanSettings& settings, const Dataset& train)
 
 void GanStandalone::draw_generator_batch() {
   noise_.fill(noise_values_.data(), noise_values_.size());
-  for (auto& label : fake_labels_) label = static_cast<std::int32_t>(label_draw_.next() % kGanClasses);
+  for (auto& label : fake_labels_)
+    label = static_cast<std::int32_t>(label_draw_.next() % kGanClasses);
   generator_inputs(inputs_.data(), noise_values_.data(), fake_labels_.data(), settings_.batch);
   generate(*g_, inputs_.data(), settings_.batch, fake_.data());
 }
@@ -116,20 +135,24 @@ GanIterationStats GanStandalone::iterate() {
     real_sampler_.next_batch(b, real_pixels_, real_labels_);
     pixels_to_gan(real_.data(), real_pixels_.data(), real_pixels_.size());
     draw_generator_batch();
-    stats.discriminator = discriminator_step(*d_, real_.data(), real_labels_.data(), fake_.data(), fake_labels_.data(), b);
+    stats.discriminator = discriminator_step(*d_, real_.data(), real_labels_.data(), fake_.data(),
+                                             fake_labels_.data(), b);
   }
   draw_generator_batch();
-  stats.generator_loss = generator_feedback(*d_, fake_.data(), fake_labels_.data(), b, feedback_.data());
+  stats.generator_loss =
+      generator_feedback(*d_, fake_.data(), fake_labels_.data(), b, feedback_.data());
   generator_step(*g_, inputs_.data(), feedback_.data(), b);
   ++iterations_;
   return stats;
 }
 
-void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
+void GanStandalone::sample(int count, std::uint64_t seed, std::uint8_t* pixels,
+                           std::int32_t* labels) {
   sample_generator(*g_, count, seed, pixels, labels);
 }
 
-void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels) {
+void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels,
+                      std::int32_t* labels) {
   GaussianSampler noise(seed);
   const int batch = g.network->max_batch();
   std::vector<float> z(static_cast<std::size_t>(batch) * kGanNoiseSize);
@@ -141,7 +164,8 @@ void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* p
     for (int j = 0; j < n; j++) batch_labels[j] = (i + j) % kGanClasses;
     generator_inputs(inputs.data(), z.data(), batch_labels.data(), n);
     const float* images = g.network->forward(g.params, inputs.data(), n);
-    gan_to_pixels(pixels + static_cast<std::size_t>(i) * kGanImageSize, images, static_cast<std::size_t>(n) * kGanImageSize);
+    gan_to_pixels(pixels + static_cast<std::size_t>(i) * kGanImageSize, images,
+                  static_cast<std::size_t>(n) * kGanImageSize);
     std::copy(batch_labels.begin(), batch_labels.begin() + n, labels + i);
   }
 }
@@ -165,11 +189,15 @@ SampleClassifier::SampleClassifier(const Dataset& train, int steps, std::uint64_
 
 SampleClassifier::~SampleClassifier() = default;
 
-double SampleClassifier::accuracy(const std::uint8_t* pixels, const std::int32_t* labels, int count) {
+double SampleClassifier::accuracy(const std::uint8_t* pixels, const std::int32_t* labels,
+                                  int count) {
   int correct = 0;
   for (int i = 0; i < count; i += 100) {
     const int n = std::min(100, count - i);
-    correct += evaluator_->evaluate(model_.parameters(), pixels + static_cast<std::size_t>(i) * kGanImageSize, labels + i, n).correct;
+    correct += evaluator_
+                   ->evaluate(model_.parameters(),
+                              pixels + static_cast<std::size_t>(i) * kGanImageSize, labels + i, n)
+                   .correct;
   }
   return count ? static_cast<double>(correct) / count : 0.0;
 }

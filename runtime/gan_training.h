@@ -29,7 +29,8 @@ struct AdamState {
   std::vector<float> m, v;
   std::uint64_t steps = 0;
   explicit AdamState(std::size_t n = 0) : m(n, 0.0f), v(n, 0.0f) {}
-  void apply(std::span<float> params, std::span<const float> grad, const kernels::AdamSettings& settings);
+  void apply(std::span<float> params, std::span<const float> grad,
+             const kernels::AdamSettings& settings);
 };
 
 // A network (either architecture) with its parameters, gradient scratch and optimiser state.
@@ -40,7 +41,8 @@ struct GanPart {
   AdamState adam;
   kernels::AdamSettings settings;
   // Owns `network`; the parameters are initialised from `seed` (Model::initialize).
-  GanPart(std::unique_ptr<GanNetwork> network, std::uint64_t seed, kernels::AdamSettings adam_settings);
+  GanPart(std::unique_ptr<GanNetwork> network, std::uint64_t seed,
+          kernels::AdamSettings adam_settings);
   // The tensors' names and layout (checkpoints, the codec); the values are in `params`.
   Model& model() { return network->model(); }
   const Model& model() const { return network->model(); }
@@ -52,12 +54,14 @@ struct DiscriminatorStepStats {
 
 // One discriminator step: the loss on `real` (B images, their labels) plus the loss on `fake`
 // (B generated images, the labels they were conditioned on), then Adam.
-DiscriminatorStepStats discriminator_step(GanPart& d, const float* real, const std::int32_t* real_labels,
-                                          const float* fake, const std::int32_t* fake_labels, int batch);
+DiscriminatorStepStats discriminator_step(GanPart& d, const float* real,
+                                          const std::int32_t* real_labels, const float* fake,
+                                          const std::int32_t* fake_labels, int batch);
 
 // F [B][784]: the gradient of the generator's loss (as D sees it) with respect to each
 // generated sample. Returns that loss.
-float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch, float* feedback);
+float generator_feedback(GanPart& d, const float* fake, const std::int32_t* labels, int batch,
+                         float* feedback);
 
 // G's inputs [B][110] for the noise and labels; `fake` receives G's output [B][784].
 void generate(GanPart& g, const float* inputs, int batch, float* fake);
@@ -69,7 +73,8 @@ void generator_step(GanPart& g, const float* inputs, const float* feedback, int 
 // `count` samples of classes 0, 1, ..., 9, 0, ... from `g` as pixels (count × 784), from noise
 // of `seed`: the same samples for a seed and a generator. Runs in batches of at most the
 // network's max_batch.
-void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels, std::int32_t* labels);
+void sample_generator(GanPart& g, int count, std::uint64_t seed, std::uint8_t* pixels,
+                      std::int32_t* labels);
 
 struct GanSettings {
   GanArchitecture architecture = GanArchitecture::kMlp;  // of both networks (gan_network.h)

@@ -23,11 +23,14 @@ using transport::CoapResponse;
 
 constexpr int kServiceUnavailable = 503;
 
-CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+CoapResponse text_response(int code, const std::string& text) {
+  return {code, {text.begin(), text.end()}, {}};
+}
 
 std::vector<std::uint32_t> gan_shard(const WorkerConfig& config, const Dataset& train) {
   const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
-  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec) : shard_iid(train.size(), spec);
+  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
+                             : shard_iid(train.size(), spec);
 }
 
 }  // namespace
@@ -42,16 +45,22 @@ struct GanWorker::State {
         stop(stop),
         log(std::move(log)),
         d(make_discriminator(c.gan, c.gan.seed + 3000 * (c.worker.worker_id + 1))),
-        sampler(train, gan_shard(c.worker, train), c.worker.seed ^ (0x9e3779b97f4a7c15ULL * (c.worker.worker_id + 1))),
+        sampler(train, gan_shard(c.worker, train),
+                c.worker.seed ^ (0x9e3779b97f4a7c15ULL * (c.worker.worker_id + 1))),
         sizes(loop::tensor_sizes_of(d->model())),
-        problems(this->config.worker, stop, [this](const std::string& line, logging::Level level) { say(line, level); },
-                 [this] {
-                   std::lock_guard lock(mutex);
-                   stats.retries++;
-                 }) {
-    if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) || train.num_classes != kGanClasses)
-      throw std::invalid_argument("gan: the data must be 28x28 grey images of 10 classes (MNIST, Fashion-MNIST)");
-    if (c.gan.discriminator_steps < 1) throw std::invalid_argument("gan: --gan-discriminator-steps must be at least 1");
+        problems(
+            this->config.worker, stop,
+            [this](const std::string& line, logging::Level level) { say(line, level); },
+            [this] {
+              std::lock_guard lock(mutex);
+              stats.retries++;
+            }) {
+    if (train.image_bytes() != static_cast<std::size_t>(kGanImageSize) ||
+        train.num_classes != kGanClasses)
+      throw std::invalid_argument(
+          "gan: the data must be 28x28 grey images of 10 classes (MNIST, Fashion-MNIST)");
+    if (c.gan.discriminator_steps < 1)
+      throw std::invalid_argument("gan: --gan-discriminator-steps must be at least 1");
     const std::size_t b = static_cast<std::size_t>(c.gan.batch);
     real_pixels.resize(b * kGanImageSize);
     real_labels.resize(b);
@@ -87,9 +96,11 @@ struct GanWorker::State {
   GanWorkerStats stats;  // the counters of the peer endpoint are guarded by `mutex` too
 };
 
-GanWorker::GanWorker(const GanWorkerConfig& config, const Dataset& train, ServerChannel& server, PeerChannel* peers,
-                     const GossipTopology* topology, const std::atomic<bool>& stop, WorkerLog log)
-    : state_(std::make_unique<State>(config, train, server, peers, topology, stop, std::move(log))) {}
+GanWorker::GanWorker(const GanWorkerConfig& config, const Dataset& train, ServerChannel& server,
+                     PeerChannel* peers, const GossipTopology* topology,
+                     const std::atomic<bool>& stop, WorkerLog log)
+    : state_(
+          std::make_unique<State>(config, train, server, peers, topology, stop, std::move(log))) {}
 
 GanWorker::~GanWorker() = default;
 
@@ -102,12 +113,16 @@ CoapResponse GanWorker::post_discriminator(const CoapRequest& request) {
     return text_response(code, why);
   };
   if (!s.topology || !s.topology->find(request.identity))
-    return refuse(CoapCode::kForbidden, "'" + transport::escape_untrusted(request.identity, 60) + "' is not a peer of this fleet");
+    return refuse(CoapCode::kForbidden, "'" + transport::escape_untrusted(request.identity, 60) +
+                                            "' is not a peer of this fleet");
   const transport::ModelLayout layout{s.d->model().layout_id(), s.sizes};
   auto decoded = transport::decode_dense_model(request.payload, layout);
-  if (!decoded) return refuse(CoapCode::kBadRequest, "not this fleet's discriminator: " + decoded.error().message);
+  if (!decoded)
+    return refuse(CoapCode::kBadRequest,
+                  "not this fleet's discriminator: " + decoded.error().message);
   auto& model = decoded.value();
-  if (model.version == 0 || model.version > UINT32_MAX) return refuse(CoapCode::kBadRequest, "swap round 0 or too large");
+  if (model.version == 0 || model.version > UINT32_MAX)
+    return refuse(CoapCode::kBadRequest, "swap round 0 or too large");
   {
     std::lock_guard lock(s.mutex);
     s.mailbox[static_cast<std::uint32_t>(model.version)] = std::move(model.values);
@@ -134,14 +149,16 @@ void GanWorker::State::swap(const transport::GanBatches& batches) {
   } else {
     auto body = transport::encode_dense_model(d->model().layout_id(), round, sizes, d->params);
     try {
-      const auto response = peers->request(*target, transport::Method::kPost, "gan/discriminator", body.value());
+      const auto response =
+          peers->request(*target, transport::Method::kPost, "gan/discriminator", body.value());
       sent = response.code == CoapCode::kChanged;
       if (!sent)
         say("swap round " + std::to_string(round) + ": " + batches.swap_to + " answered " +
                 transport::coap_code_string(response.code) + " " + payload_text(response.payload),
             logging::Level::kWarn);
     } catch (const transport::TransportError& e) {
-      say("swap round " + std::to_string(round) + ": " + batches.swap_to + " not reached: " + e.what(),
+      say("swap round " + std::to_string(round) + ": " + batches.swap_to +
+              " not reached: " + e.what(),
           logging::Level::kWarn);
     }
     if (sent) {
@@ -159,11 +176,12 @@ void GanWorker::State::swap(const transport::GanBatches& batches) {
     stats.swaps_received++;
   } else {
     stats.swaps_missed++;
-    say("swap round " + std::to_string(round) + ": no discriminator came in " + std::to_string(config.swap_wait_seconds) +
-            " s; training on this one",
+    say("swap round " + std::to_string(round) + ": no discriminator came in " +
+            std::to_string(config.swap_wait_seconds) + " s; training on this one",
         logging::Level::kWarn);
   }
-  mailbox.erase(mailbox.begin(), mailbox.upper_bound(round));  // this round's and any older, late ones
+  mailbox.erase(mailbox.begin(),
+                mailbox.upper_bound(round));  // this round's and any older, late ones
 }
 
 void GanWorker::State::train(const transport::GanBatches& batches) {
@@ -175,9 +193,11 @@ void GanWorker::State::train(const transport::GanBatches& batches) {
   for (int l = 0; l < config.gan.discriminator_steps; l++) {
     sampler.next_batch(b, real_pixels, real_labels);
     pixels_to_gan(real.data(), real_pixels.data(), real_pixels.size());
-    step = discriminator_step(*d, real.data(), real_labels.data(), batches.d_samples.data(), d_labels.data(), b);
+    step = discriminator_step(*d, real.data(), real_labels.data(), batches.d_samples.data(),
+                              d_labels.data(), b);
   }
-  const float g_loss = generator_feedback(*d, batches.g_samples.data(), g_labels.data(), b, feedback.data());
+  const float g_loss =
+      generator_feedback(*d, batches.g_samples.data(), g_labels.data(), b, feedback.data());
   std::lock_guard lock(mutex);
   stats.d_loss_real = step.real.adversarial;
   stats.d_loss_fake = step.fake.adversarial;
@@ -186,8 +206,11 @@ void GanWorker::State::train(const transport::GanBatches& batches) {
 }
 
 bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
-  transport::GanFeedback f{.run_id = batches.run_id, .iteration = batches.iteration, .batch = batches.batch,
-                           .width = batches.width, .values = feedback};
+  transport::GanFeedback f{.run_id = batches.run_id,
+                           .iteration = batches.iteration,
+                           .batch = batches.batch,
+                           .width = batches.width,
+                           .values = feedback};
   auto body = transport::encode_gan_feedback(f, config.feedback_encoding);
   if (!body) throw std::runtime_error("gan: feedback not encodable: " + body.error().message);
   CoapResponse response;
@@ -202,13 +225,15 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
     std::lock_guard lock(mutex);
     stats.bytes_sent += body.value().size();
   }
-  if (response.code == CoapCode::kForbidden) {  // a restarted server that has not seen this worker yet
-    say("feedback for iteration " + std::to_string(batches.iteration) + " refused (" + payload_text(response.payload) +
-            "): asking for batches again",
+  if (response.code ==
+      CoapCode::kForbidden) {  // a restarted server that has not seen this worker yet
+    say("feedback for iteration " + std::to_string(batches.iteration) + " refused (" +
+            payload_text(response.payload) + "): asking for batches again",
         logging::Level::kWarn);
     return false;
   }
-  if (response.code == CoapCode::kChanged || response.code == CoapCode::kConflict) done_iteration = batches.iteration;
+  if (response.code == CoapCode::kChanged || response.code == CoapCode::kConflict)
+    done_iteration = batches.iteration;
   if (response.code == CoapCode::kChanged) {
     problems.succeeded();
     std::lock_guard lock(mutex);
@@ -216,16 +241,19 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
     stats.last_iteration = batches.iteration;
     return true;
   }
-  if (response.code == CoapCode::kConflict) {  // the iteration closed without this worker: the next one
+  if (response.code ==
+      CoapCode::kConflict) {  // the iteration closed without this worker: the next one
     problems.expected_refusal();
     std::lock_guard lock(mutex);
     stats.feedbacks_refused++;
-    say("feedback for iteration " + std::to_string(batches.iteration) + " refused: " + payload_text(response.payload),
+    say("feedback for iteration " + std::to_string(batches.iteration) +
+            " refused: " + payload_text(response.payload),
         logging::Level::kWarn);
     return false;
   }
-  problems.trouble(WorkerExit::kError, "POST /gan/feedback answered " + transport::coap_code_string(response.code) + " " +
-                                  payload_text(response.payload));
+  problems.trouble(WorkerExit::kError, "POST /gan/feedback answered " +
+                                           transport::coap_code_string(response.code) + " " +
+                                           payload_text(response.payload));
   return false;
 }
 
@@ -244,21 +272,25 @@ bool GanWorker::run_once() {
       std::lock_guard lock(s.mutex);
       s.stats.waits++;
     }
-    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.config.poll_seconds)),
+    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(s.config.poll_seconds)),
                          s.stop);
     return false;
   }
   if (response.code == CoapCode::kNotFound) {
-    s.problems.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.04: is the server running with --mode gan?");
+    s.problems.refused(WorkerExit::kNothingApplied,
+                       "GET /gan/batches answered 4.04: is the server running with --mode gan?");
     return false;
   }
   if (response.code == CoapCode::kForbidden) {
-    s.problems.refused(WorkerExit::kNothingApplied, "GET /gan/batches answered 4.03: " + payload_text(response.payload));
+    s.problems.refused(WorkerExit::kNothingApplied,
+                       "GET /gan/batches answered 4.03: " + payload_text(response.payload));
     return false;
   }
   if (response.code != CoapCode::kContent) {
-    s.problems.trouble(WorkerExit::kError, "GET /gan/batches answered " + transport::coap_code_string(response.code) + " " +
-                                      payload_text(response.payload));
+    s.problems.trouble(WorkerExit::kError, "GET /gan/batches answered " +
+                                               transport::coap_code_string(response.code) + " " +
+                                               payload_text(response.payload));
     return false;
   }
   {
@@ -266,17 +298,21 @@ bool GanWorker::run_once() {
     s.stats.bytes_received += response.payload.size();
   }
   auto decoded = transport::decode_gan_batches(
-      response.payload, {.batch = static_cast<std::uint32_t>(s.config.gan.batch), .width = kGanImageSize});
+      response.payload,
+      {.batch = static_cast<std::uint32_t>(s.config.gan.batch), .width = kGanImageSize});
   if (!decoded) {
     if (decoded.error().code == transport::CodecErrorCode::kLayoutMismatch)
-      throw WorkerFailure(WorkerExit::kModelMismatch, "the server's GAN batches do not fit this worker: " +
-                                                          decoded.error().message + " (--batch must be the server's --gan-batch)");
+      throw WorkerFailure(
+          WorkerExit::kModelMismatch,
+          "the server's GAN batches do not fit this worker: " + decoded.error().message +
+              " (--batch must be the server's --gan-batch)");
     s.problems.trouble(WorkerExit::kError, "GAN batches refused: " + decoded.error().message);
     return false;
   }
   const auto& batches = decoded.value();
   if (batches.iteration == s.done_iteration) {  // answered already (a lost 2.04): wait for the next
-    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.config.poll_seconds)),
+    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(s.config.poll_seconds)),
                          s.stop);
     return false;
   }
@@ -290,9 +326,12 @@ GanWorkerStats GanWorker::run(const std::function<void(const GanWorkerStats&)>& 
   const auto started = Clock::now();
   auto out_of_time = [&] {
     return s.config.worker.max_seconds > 0 &&
-           std::chrono::duration<double>(Clock::now() - started).count() >= s.config.worker.max_seconds;
+           std::chrono::duration<double>(Clock::now() - started).count() >=
+               s.config.worker.max_seconds;
   };
-  while (!s.stop && (s.config.max_iterations == 0 || stats().iterations < s.config.max_iterations) && !out_of_time()) {
+  while (!s.stop &&
+         (s.config.max_iterations == 0 || stats().iterations < s.config.max_iterations) &&
+         !out_of_time()) {
     const bool accepted = run_once();
     if (accepted && progress) progress(stats());
   }

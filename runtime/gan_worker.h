@@ -32,21 +32,23 @@
 namespace edgetrain::runtime {
 
 struct GanWorkerConfig {
-  WorkerConfig worker;  // server, identity, shard (worker_id of worker_count), seed, backoff, limits, max_seconds
+  WorkerConfig worker;  // server, identity, shard (worker_id of worker_count), seed, backoff,
+                        // limits, max_seconds
   GanSettings gan;      // b (must be the server's), L, architecture, Adam, kernels
   transport::ValueEncoding feedback_encoding = transport::ValueEncoding::kFp32;
   std::uint64_t max_iterations = 0;  // feedbacks accepted before the run ends; 0: until stopped
-  double poll_seconds = 0.02;        // between GET /gan/batches while the iteration waits for others
-  double swap_wait_seconds = 10;     // how long to wait for a peer's discriminator in a swap round
+  double poll_seconds = 0.02;     // between GET /gan/batches while the iteration waits for others
+  double swap_wait_seconds = 10;  // how long to wait for a peer's discriminator in a swap round
 };
 
 struct GanWorkerStats {
-  std::uint64_t iterations = 0;        // feedbacks accepted (2.04)
-  std::uint64_t feedbacks_refused = 0; // 4.09: the iteration closed before this worker answered
-  std::uint64_t waits = 0;             // 5.03 answers: the others had not answered yet
+  std::uint64_t iterations = 0;         // feedbacks accepted (2.04)
+  std::uint64_t feedbacks_refused = 0;  // 4.09: the iteration closed before this worker answered
+  std::uint64_t waits = 0;              // 5.03 answers: the others had not answered yet
   std::uint64_t retries = 0;
   std::uint64_t swaps_sent = 0, swaps_received = 0, swaps_missed = 0;
-  std::uint64_t peer_requests_refused = 0;  // bodies peers sent that were not a discriminator, or not a peer's
+  std::uint64_t peer_requests_refused =
+      0;  // bodies peers sent that were not a discriminator, or not a peer's
   std::uint64_t bytes_sent = 0, bytes_received = 0;            // with the server (payloads)
   std::uint64_t peer_bytes_sent = 0, peer_bytes_received = 0;  // discriminators
   std::uint64_t last_iteration = 0;
@@ -57,8 +59,9 @@ struct GanWorkerStats {
 class GanWorker {
  public:
   // `peers` and `topology` may be null (no swaps: a swap instruction is then counted as missed).
-  GanWorker(const GanWorkerConfig& config, const Dataset& train, ServerChannel& server, PeerChannel* peers,
-            const GossipTopology* topology, const std::atomic<bool>& stop, WorkerLog log = {});
+  GanWorker(const GanWorkerConfig& config, const Dataset& train, ServerChannel& server,
+            PeerChannel* peers, const GossipTopology* topology, const std::atomic<bool>& stop,
+            WorkerLog log = {});
   ~GanWorker();
   GanWorker(const GanWorker&) = delete;
   GanWorker& operator=(const GanWorker&) = delete;

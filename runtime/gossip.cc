@@ -27,9 +27,8 @@ std::vector<GossipPeerAddress> numbered_peers(std::uint32_t count, const std::st
 
 // A uniform random pairing of `degree` half-edges per peer (the configuration model);
 // nullopt when the draw has a self loop or a double edge.
-std::optional<std::vector<std::pair<std::uint32_t, std::uint32_t>>> draw_pairing(std::uint32_t peers,
-                                                                                  std::uint32_t degree,
-                                                                                  SplitMix64& random) {
+std::optional<std::vector<std::pair<std::uint32_t, std::uint32_t>>> draw_pairing(
+    std::uint32_t peers, std::uint32_t degree, SplitMix64& random) {
   std::vector<std::uint32_t> stubs;
   stubs.reserve(static_cast<std::size_t>(peers) * degree);
   for (std::uint32_t i = 0; i < peers; ++i)
@@ -59,18 +58,24 @@ GossipAlgorithm parse_gossip_algorithm(const std::string& name) {
 
 const char* topology_kind_name(TopologyKind kind) {
   switch (kind) {
-    case TopologyKind::kRing: return "ring";
-    case TopologyKind::kRandomRegular: return "random-regular";
-    case TopologyKind::kFull: return "full";
-    case TopologyKind::kExplicit: return "explicit";
+    case TopologyKind::kRing:
+      return "ring";
+    case TopologyKind::kRandomRegular:
+      return "random-regular";
+    case TopologyKind::kFull:
+      return "full";
+    case TopologyKind::kExplicit:
+      return "explicit";
   }
   return "?";
 }
 
 TopologyKind parse_topology_kind(std::string_view name) {
-  for (TopologyKind k : {TopologyKind::kRing, TopologyKind::kRandomRegular, TopologyKind::kFull, TopologyKind::kExplicit})
+  for (TopologyKind k : {TopologyKind::kRing, TopologyKind::kRandomRegular, TopologyKind::kFull,
+                         TopologyKind::kExplicit})
     if (name == topology_kind_name(k)) return k;
-  throw std::invalid_argument("unknown topology '" + std::string(name) + "' (ring, random-regular, full, explicit)");
+  throw std::invalid_argument("unknown topology '" + std::string(name) +
+                              "' (ring, random-regular, full, explicit)");
 }
 
 std::vector<std::pair<std::uint32_t, std::uint32_t>> GossipTopology::edges() const {
@@ -106,16 +111,19 @@ bool GossipTopology::connected() const {
   return reached == peers.size();
 }
 
-GossipTopology topology_from_edges(std::vector<GossipPeerAddress> peers,
-                                   const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges) {
+GossipTopology topology_from_edges(
+    std::vector<GossipPeerAddress> peers,
+    const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges) {
   if (peers.empty() || peers.size() > kMaxPeers)
-    throw std::invalid_argument("a topology needs 1 to " + std::to_string(kMaxPeers) + " peers, not " +
-                                std::to_string(peers.size()));
+    throw std::invalid_argument("a topology needs 1 to " + std::to_string(kMaxPeers) +
+                                " peers, not " + std::to_string(peers.size()));
   std::set<std::string> names;
   for (const GossipPeerAddress& p : peers) {
     if (!transport::is_plain_identity(p.name))
-      throw std::invalid_argument("peer name '" + p.name.substr(0, 80) + "' is not a plain identity (1-64 of A-Za-z0-9._-)");
-    if (!names.insert(p.name).second) throw std::invalid_argument("peer name '" + p.name + "' appears twice");
+      throw std::invalid_argument("peer name '" + p.name.substr(0, 80) +
+                                  "' is not a plain identity (1-64 of A-Za-z0-9._-)");
+    if (!names.insert(p.name).second)
+      throw std::invalid_argument("peer name '" + p.name + "' appears twice");
   }
   GossipTopology t;
   t.kind = TopologyKind::kExplicit;
@@ -123,9 +131,11 @@ GossipTopology topology_from_edges(std::vector<GossipPeerAddress> peers,
   const auto n = static_cast<std::uint32_t>(peers.size());
   for (const auto& [a, b] : edges) {
     if (a >= n || b >= n)
-      throw std::invalid_argument("edge [" + std::to_string(a) + ", " + std::to_string(b) + "] names a peer beyond the " +
-                                  std::to_string(n) + " listed");
-    if (a == b) throw std::invalid_argument("edge [" + std::to_string(a) + ", " + std::to_string(a) + "] is a self loop");
+      throw std::invalid_argument("edge [" + std::to_string(a) + ", " + std::to_string(b) +
+                                  "] names a peer beyond the " + std::to_string(n) + " listed");
+    if (a == b)
+      throw std::invalid_argument("edge [" + std::to_string(a) + ", " + std::to_string(a) +
+                                  "] is a self loop");
     t.neighbours[a].push_back(b);
     t.neighbours[b].push_back(a);
   }
@@ -137,11 +147,11 @@ GossipTopology topology_from_edges(std::vector<GossipPeerAddress> peers,
   return t;
 }
 
-GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32_t degree, std::uint64_t seed,
-                             const std::string& name_prefix) {
+GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32_t degree,
+                             std::uint64_t seed, const std::string& name_prefix) {
   if (peers < 2 || peers > kMaxPeers)
-    throw std::invalid_argument("a generated topology needs 2 to " + std::to_string(kMaxPeers) + " peers, not " +
-                                std::to_string(peers));
+    throw std::invalid_argument("a generated topology needs 2 to " + std::to_string(kMaxPeers) +
+                                " peers, not " + std::to_string(peers));
   std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
   switch (kind) {
     case TopologyKind::kRing:
@@ -154,13 +164,15 @@ GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32
       break;
     case TopologyKind::kRandomRegular: {
       if (degree < 1 || degree >= peers || (static_cast<std::uint64_t>(peers) * degree) % 2 != 0)
-        throw std::invalid_argument("a random " + std::to_string(degree) + "-regular graph on " + std::to_string(peers) +
-                                    " peers does not exist (needs 1 <= degree < peers and peers x degree even)");
+        throw std::invalid_argument(
+            "a random " + std::to_string(degree) + "-regular graph on " + std::to_string(peers) +
+            " peers does not exist (needs 1 <= degree < peers and peers x degree even)");
       SplitMix64 random{seed};
       for (int attempt = 0;; ++attempt) {
         if (attempt == 100000)
-          throw std::invalid_argument("no simple connected " + std::to_string(degree) + "-regular graph drawn on " +
-                                      std::to_string(peers) + " peers in 100000 attempts");
+          throw std::invalid_argument("no simple connected " + std::to_string(degree) +
+                                      "-regular graph drawn on " + std::to_string(peers) +
+                                      " peers in 100000 attempts");
         auto drawn = draw_pairing(peers, degree, random);
         if (!drawn) continue;
         GossipTopology t = topology_from_edges(numbered_peers(peers, name_prefix), *drawn);
@@ -179,26 +191,33 @@ GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32
 
 std::string topology_json(const GossipTopology& topology) {
   nlohmann::json peers = nlohmann::json::array();
-  for (const GossipPeerAddress& p : topology.peers) peers.push_back({{"name", p.name}, {"address", p.address}});
+  for (const GossipPeerAddress& p : topology.peers)
+    peers.push_back({{"name", p.name}, {"address", p.address}});
   nlohmann::json edges = nlohmann::json::array();
   for (const auto& [a, b] : topology.edges()) edges.push_back({a, b});
-  const nlohmann::json j = {{"kind", topology_kind_name(topology.kind)}, {"peers", peers}, {"edges", edges}};
+  const nlohmann::json j = {
+      {"kind", topology_kind_name(topology.kind)}, {"peers", peers}, {"edges", edges}};
   return j.dump(1) + "\n";
 }
 
 GossipTopology parse_topology_json(std::string_view text) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) throw std::invalid_argument("topology: not a JSON object");
-  if (!j.contains("peers") || !j["peers"].is_array()) throw std::invalid_argument("topology: no \"peers\" array");
-  if (!j.contains("edges") || !j["edges"].is_array()) throw std::invalid_argument("topology: no \"edges\" array");
+  if (j.is_discarded() || !j.is_object())
+    throw std::invalid_argument("topology: not a JSON object");
+  if (!j.contains("peers") || !j["peers"].is_array())
+    throw std::invalid_argument("topology: no \"peers\" array");
+  if (!j.contains("edges") || !j["edges"].is_array())
+    throw std::invalid_argument("topology: no \"edges\" array");
   std::vector<GossipPeerAddress> peers;
   for (const auto& p : j["peers"]) {
     if (!p.is_object() || !p.contains("name") || !p["name"].is_string())
-      throw std::invalid_argument("topology: peer " + std::to_string(peers.size()) + " has no \"name\" string");
+      throw std::invalid_argument("topology: peer " + std::to_string(peers.size()) +
+                                  " has no \"name\" string");
     GossipPeerAddress peer{p["name"].get<std::string>(), ""};
     if (p.contains("address")) {
       if (!p["address"].is_string() || p["address"].get<std::string>().size() > 255)
-        throw std::invalid_argument("topology: peer " + std::to_string(peers.size()) + "'s \"address\" is not a host:port string");
+        throw std::invalid_argument("topology: peer " + std::to_string(peers.size()) +
+                                    "'s \"address\" is not a host:port string");
       peer.address = p["address"].get<std::string>();
     }
     peers.push_back(std::move(peer));
@@ -206,10 +225,12 @@ GossipTopology parse_topology_json(std::string_view text) {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> edges;
   for (const auto& e : j["edges"]) {
     if (!e.is_array() || e.size() != 2 || !e[0].is_number_unsigned() || !e[1].is_number_unsigned())
-      throw std::invalid_argument("topology: edge " + std::to_string(edges.size()) + " is not [i, j] of peer indices");
+      throw std::invalid_argument("topology: edge " + std::to_string(edges.size()) +
+                                  " is not [i, j] of peer indices");
     const auto a = e[0].get<std::uint64_t>(), b = e[1].get<std::uint64_t>();
     if (a >= kMaxPeers || b >= kMaxPeers)
-      throw std::invalid_argument("topology: edge " + std::to_string(edges.size()) + " names a peer beyond the list");
+      throw std::invalid_argument("topology: edge " + std::to_string(edges.size()) +
+                                  " names a peer beyond the list");
     edges.emplace_back(static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(b));
   }
   GossipTopology t = topology_from_edges(std::move(peers), edges);
@@ -233,12 +254,14 @@ GossipTopology read_topology_file(const std::string& path) {
 }
 
 std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint32_t peer) {
-  if (peer >= topology.size()) throw std::invalid_argument("metropolis_weights: no peer " + std::to_string(peer));
+  if (peer >= topology.size())
+    throw std::invalid_argument("metropolis_weights: no peer " + std::to_string(peer));
   const auto& mine = topology.neighbours[peer];
   std::vector<double> weights;
   double sum = 0;
   for (std::uint32_t j : mine) {
-    const double w = 1.0 / (1.0 + static_cast<double>(std::max(mine.size(), topology.neighbours[j].size())));
+    const double w =
+        1.0 / (1.0 + static_cast<double>(std::max(mine.size(), topology.neighbours[j].size())));
     weights.push_back(w);
     sum += w;
   }
@@ -246,11 +269,15 @@ std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint
   return weights;
 }
 
-WorkloadBalancer::WorkloadBalancer(BalanceOptions options) : options_(options), batch_(options.base_batch) {
-  if (!(options_.target_seconds >= 0)) throw std::invalid_argument("balance: the iteration time target must be >= 0");
-  if (options_.min_batch < 1 || options_.min_batch > options_.base_batch || options_.base_batch > options_.max_batch)
+WorkloadBalancer::WorkloadBalancer(BalanceOptions options)
+    : options_(options), batch_(options.base_batch) {
+  if (!(options_.target_seconds >= 0))
+    throw std::invalid_argument("balance: the iteration time target must be >= 0");
+  if (options_.min_batch < 1 || options_.min_batch > options_.base_batch ||
+      options_.base_batch > options_.max_batch)
     throw std::invalid_argument("balance: needs 1 <= min batch <= base batch <= max batch");
-  if (!(options_.smoothing > 0 && options_.smoothing <= 1)) throw std::invalid_argument("balance: smoothing must be in (0, 1]");
+  if (!(options_.smoothing > 0 && options_.smoothing <= 1))
+    throw std::invalid_argument("balance: smoothing must be in (0, 1]");
   if (!(options_.base_lr > 0) || !(options_.max_lr_factor >= 1))
     throw std::invalid_argument("balance: base lr must be > 0 and the lr cap >= 1");
 }
@@ -260,7 +287,8 @@ void WorkloadBalancer::observe(int examples, double seconds) {
   const double rate = examples / seconds;
   rate_ = rate_ == 0 ? rate : options_.smoothing * rate + (1 - options_.smoothing) * rate_;
   if (options_.target_seconds <= 0) return;
-  const double wanted = std::clamp<double>(rate_ * options_.target_seconds, options_.min_batch, options_.max_batch);
+  const double wanted =
+      std::clamp<double>(rate_ * options_.target_seconds, options_.min_batch, options_.max_batch);
   // Within a tenth of the batch held: keep it (a batch size costs its own kernels; the
   // ladder's steps are 19%, so this keeps a measurement's noise from flapping between two).
   if (std::fabs(wanted - batch_) <= 0.1 * batch_) return;
@@ -275,13 +303,15 @@ int WorkloadBalancer::quantized_batch(double wanted) const {
 }
 
 double WorkloadBalancer::learning_rate() const {
-  const double factor = std::min(static_cast<double>(batch_) / options_.base_batch, options_.max_lr_factor);
+  const double factor =
+      std::min(static_cast<double>(batch_) / options_.base_batch, options_.max_lr_factor);
   return options_.base_lr * factor;
 }
 
 PlateauDetector::PlateauDetector(PlateauOptions options) : options_(options) {
   if (options_.patience < 0 || options_.max_decays < 0 || !(options_.min_delta >= 0))
-    throw std::invalid_argument("accuracy-aware training: patience, decays and min delta must be >= 0");
+    throw std::invalid_argument(
+        "accuracy-aware training: patience, decays and min delta must be >= 0");
 }
 
 PlateauDetector::Verdict PlateauDetector::report(double accuracy) {

@@ -18,7 +18,7 @@ namespace edgetrain::runtime {
 // D-PSGD (Lian et al. 2017: a step, then a weighted average with every neighbour) and
 // AD-PSGD (Lian et al. 2018: a step, then a pairwise average with one random neighbour).
 enum class GossipAlgorithm { kDpsgd, kAdpsgd };
-const char* gossip_algorithm_name(GossipAlgorithm algorithm);  // "d-psgd", "ad-psgd"
+const char* gossip_algorithm_name(GossipAlgorithm algorithm);     // "d-psgd", "ad-psgd"
 GossipAlgorithm parse_gossip_algorithm(const std::string& name);  // std::invalid_argument otherwise
 
 // ---- Topology -----------------------------------------------------------------------------
@@ -55,8 +55,9 @@ GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32
                              std::uint64_t seed = 1, const std::string& name_prefix = "peer-");
 // From an edge list over `peers` (kExplicit). Throws std::invalid_argument for an index out
 // of range, a self loop, or a name that is not a plain identity or appears twice.
-GossipTopology topology_from_edges(std::vector<GossipPeerAddress> peers,
-                                   const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
+GossipTopology topology_from_edges(
+    std::vector<GossipPeerAddress> peers,
+    const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
 
 // The topology file (JSON, runtime/README.md "Gossip"):
 //   {"kind": "ring", "peers": [{"name": "peer-0", "address": "10.0.0.1:5684"}, ...],
@@ -124,7 +125,7 @@ class WorkloadBalancer {
 // evaluations in a row (a plateau), the learning rate is halved; after `max_decays` halvings,
 // the next plateau stops the peer's training (it keeps serving and averaging its model).
 struct PlateauOptions {
-  int patience = 5;       // 0: never (accuracy-aware training off)
+  int patience = 5;  // 0: never (accuracy-aware training off)
   double min_delta = 0.002;
   int max_decays = 2;
 };

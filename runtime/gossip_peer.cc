@@ -40,7 +40,9 @@ constexpr const char* kAveragePath = "gossip/average";
 constexpr const char* kIterationKey = "edgetrain.gossip.iteration";
 constexpr const char* kPeerKey = "edgetrain.gossip.peer";
 
-CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}}; }
+CoapResponse text_response(int code, const std::string& text) {
+  return {code, {text.begin(), text.end()}};
+}
 
 bool all_finite(std::span<const float> values) {
   return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
@@ -61,24 +63,32 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_since(const std::s
 void check_gossip_peer_config(const GossipPeerConfig& c) {
   if (c.topology.size() == 0) throw std::invalid_argument("gossip: empty topology");
   if (c.self >= c.topology.size())
-    throw std::invalid_argument("gossip: peer index " + std::to_string(c.self) + " is not in the topology of " +
-                                std::to_string(c.topology.size()));
+    throw std::invalid_argument("gossip: peer index " + std::to_string(c.self) +
+                                " is not in the topology of " + std::to_string(c.topology.size()));
   if (c.topology.neighbours[c.self].empty())
-    throw std::invalid_argument("gossip: peer " + c.topology.peers[c.self].name + " has no neighbours in the topology");
+    throw std::invalid_argument("gossip: peer " + c.topology.peers[c.self].name +
+                                " has no neighbours in the topology");
   if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
     throw std::invalid_argument("gossip: --publish-fraction must be in (0, 1]");
   if (c.algorithm == GossipAlgorithm::kAdpsgd && c.publish_fraction < 1)
-    throw std::invalid_argument("gossip: ad-psgd exchanges dense models; --publish-fraction below 1 is for d-psgd");
-  if (!(c.consensus_step > 0 && c.consensus_step <= 1)) throw std::invalid_argument("gossip: --consensus-step must be in (0, 1]");
+    throw std::invalid_argument(
+        "gossip: ad-psgd exchanges dense models; --publish-fraction below 1 is for d-psgd");
+  if (!(c.consensus_step > 0 && c.consensus_step <= 1))
+    throw std::invalid_argument("gossip: --consensus-step must be in (0, 1]");
   if (!(c.validation_fraction >= 0 && c.validation_fraction < 0.5))
     throw std::invalid_argument("gossip: --validation-fraction must be in [0, 0.5)");
   if (c.plateau.patience > 0 && c.validation_fraction <= 0)
-    throw std::invalid_argument("gossip: accuracy-aware training (--plateau-patience) needs a validation split");
-  if (c.validate_every == 0) throw std::invalid_argument("gossip: --validate-every must be at least 1");
-  if (c.checkpoint_every == 0) throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
-  if (!(c.neighbour_wait_seconds >= 0)) throw std::invalid_argument("gossip: --neighbour-wait must be >= 0");
+    throw std::invalid_argument(
+        "gossip: accuracy-aware training (--plateau-patience) needs a validation split");
+  if (c.validate_every == 0)
+    throw std::invalid_argument("gossip: --validate-every must be at least 1");
+  if (c.checkpoint_every == 0)
+    throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
+  if (!(c.neighbour_wait_seconds >= 0))
+    throw std::invalid_argument("gossip: --neighbour-wait must be >= 0");
   if (c.wait_steps > 0 && c.algorithm != GossipAlgorithm::kDpsgd)
-    throw std::invalid_argument("gossip: --wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
+    throw std::invalid_argument(
+        "gossip: --wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
   WorkloadBalancer check(c.balance);
   PlateauDetector check_plateau(c.plateau);
 }
@@ -89,8 +99,8 @@ CoapPeerChannel::CoapPeerChannel(const GossipTopology& topology, Options options
     : topology_(topology), options_(std::move(options)) {}
 CoapPeerChannel::~CoapPeerChannel() = default;
 
-CoapResponse CoapPeerChannel::request(std::uint32_t neighbour, transport::Method method, const std::string& path,
-                                      std::span<const std::uint8_t> body) {
+CoapResponse CoapPeerChannel::request(std::uint32_t neighbour, transport::Method method,
+                                      const std::string& path, std::span<const std::uint8_t> body) {
   return client_for(neighbour).request(method, path, body);
 }
 
@@ -101,14 +111,20 @@ transport::CoapDtlsClient& CoapPeerChannel::client_for(std::uint32_t neighbour) 
     const std::string& address = topology_.peers.at(neighbour).address;
     const auto colon = address.rfind(':');
     if (address.empty() || colon == std::string::npos || colon == 0)
-      throw transport::TransportError("peer " + topology_.peers[neighbour].name + " has no host:port address in the topology");
+      throw transport::TransportError("peer " + topology_.peers[neighbour].name +
+                                      " has no host:port address in the topology");
     const std::string host = address.substr(0, colon), port_text = address.substr(colon + 1);
-    if (port_text.empty() || port_text.size() > 5 || !std::all_of(port_text.begin(), port_text.end(), ::isdigit) ||
-        std::stoul(port_text) == 0 || std::stoul(port_text) > 65535)
-      throw transport::TransportError("peer " + topology_.peers[neighbour].name + " has a bad port in " + address);
-    transport::CoapDtlsClient::Options o(host, static_cast<std::uint16_t>(std::stoul(port_text)), {}, options_.timeout_ms);
+    if (port_text.empty() || port_text.size() > 5 ||
+        !std::all_of(port_text.begin(), port_text.end(), ::isdigit) || std::stoul(port_text) == 0 ||
+        std::stoul(port_text) > 65535)
+      throw transport::TransportError("peer " + topology_.peers[neighbour].name +
+                                      " has a bad port in " + address);
+    transport::CoapDtlsClient::Options o(host, static_cast<std::uint16_t>(std::stoul(port_text)),
+                                         {}, options_.timeout_ms);
     o.certificates = options_.certificates;
-    if (o.certificates) o.expected_peer_name = topology_.peers[neighbour].name;  // the neighbour dialled, not any fleet member
+    if (o.certificates)
+      o.expected_peer_name =
+          topology_.peers[neighbour].name;  // the neighbour dialled, not any fleet member
     o.plaintext = options_.plaintext;
     if (options_.plaintext) o.psk.identity = options_.declared_identity;
     o.timing = options_.timing;
@@ -121,8 +137,8 @@ transport::CoapDtlsClient& CoapPeerChannel::client_for(std::uint32_t neighbour) 
 // ---- GossipPeer ------------------------------------------------------------------------------
 
 struct GossipPeer::State {
-  State(GossipPeerConfig c, const Dataset& train, PeerChannel& channel, const std::atomic<bool>& stop,
-        std::function<void(const std::string&)> log)
+  State(GossipPeerConfig c, const Dataset& train, PeerChannel& channel,
+        const std::atomic<bool>& stop, std::function<void(const std::string&)> log)
       : config((check_gossip_peer_config(c), std::move(c))),
         channel(channel),
         stop(stop),
@@ -135,20 +151,25 @@ struct GossipPeer::State {
         plateau(config.plateau),
         random{config.seed ^ (0xd1b54a32d192ed03ULL * (config.self + 1))} {
     const ExampleShape in = model.input_shape();
-    if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
+    if (static_cast<std::uint32_t>(in.H) != train.height ||
+        static_cast<std::uint32_t>(in.W) != train.width ||
         static_cast<std::uint32_t>(in.C) != train.channels)
       throw ModelError("gossip: the model's input does not match the data's image shape");
     // The shard, with a validation split held out of it (ours: its first indices; the shard
     // is already a seeded shuffle).
-    const ShardSpec spec{config.self, static_cast<std::uint32_t>(config.topology.size()), config.seed};
+    const ShardSpec spec{config.self, static_cast<std::uint32_t>(config.topology.size()),
+                         config.seed};
     std::vector<std::uint32_t> shard =
-        config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec) : shard_iid(train.size(), spec);
-    const auto held_out = static_cast<std::size_t>(config.validation_fraction * static_cast<double>(shard.size()));
+        config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
+                            : shard_iid(train.size(), spec);
+    const auto held_out =
+        static_cast<std::size_t>(config.validation_fraction * static_cast<double>(shard.size()));
     if (config.plateau.patience > 0 && held_out > 0) {
       validation = subset(train, std::span<const std::uint32_t>(shard.data(), held_out));
       shard.erase(shard.begin(), shard.begin() + static_cast<std::ptrdiff_t>(held_out));
     }
-    sampler = std::make_unique<ShardSampler>(train, std::move(shard), config.seed ^ (0x9e3779b97f4a7c15ULL * (config.self + 1)));
+    sampler = std::make_unique<ShardSampler>(
+        train, std::move(shard), config.seed ^ (0x9e3779b97f4a7c15ULL * (config.self + 1)));
     image_bytes = train.image_bytes();
 
     model.initialize(config.seed);
@@ -160,13 +181,16 @@ struct GossipPeer::State {
     if (!config.checkpoint_path.empty() && std::filesystem::exists(config.checkpoint_path)) {
       const auto metadata = model.load_safetensors(config.checkpoint_path);
       const auto it = metadata.find(kIterationKey);
-      if (it == metadata.end()) throw ModelError(config.checkpoint_path + " is not a gossip peer's checkpoint (no iteration)");
+      if (it == metadata.end())
+        throw ModelError(config.checkpoint_path +
+                         " is not a gossip peer's checkpoint (no iteration)");
       const std::string& text = it->second;
       if (text.empty() || text.size() > 19 || !std::all_of(text.begin(), text.end(), ::isdigit))
-        throw ModelError(config.checkpoint_path + ": the iteration '" + transport::escape_untrusted(text, 40) +
-                         "' is not a number");
+        throw ModelError(config.checkpoint_path + ": the iteration '" +
+                         transport::escape_untrusted(text, 40) + "' is not a number");
       stats.iteration = stats.resumed_iteration = std::stoull(text);
-      if (!all_finite(model.parameters())) throw ModelError(config.checkpoint_path + " holds non-finite parameters");
+      if (!all_finite(model.parameters()))
+        throw ModelError(config.checkpoint_path + " holds non-finite parameters");
       resumed = true;
     }
     published = std::make_unique<PublishedModel>(
@@ -175,9 +199,10 @@ struct GossipPeer::State {
     const auto& mine = config.topology.neighbours[config.self];
     weights = metropolis_weights(config.topology, config.self);
     for (std::size_t k = 0; k < mine.size(); ++k) {
-      neighbours.push_back(Neighbour{mine[k], weights[k], ModelReplica(layout_id, sizes),
-                                     Backoff(std::chrono::milliseconds(500), std::chrono::milliseconds(30000),
-                                             config.seed + config.self * 1000 + k)});
+      neighbours.push_back(
+          Neighbour{mine[k], weights[k], ModelReplica(layout_id, sizes),
+                    Backoff(std::chrono::milliseconds(500), std::chrono::milliseconds(30000),
+                            config.seed + config.self * 1000 + k)});
       neighbours.back().replica.assume(0, initial);
     }
     gradient.resize(model.parameter_count());
@@ -197,9 +222,11 @@ struct GossipPeer::State {
     auto found = trainers.find(batch);
     if (found != trainers.end()) return *found->second;
     // A board's memory holds a few: the one used longest ago goes first.
-    if (trainers.size() >= 3) trainers.erase(trainer_order.front()), trainer_order.erase(trainer_order.begin());
+    if (trainers.size() >= 3)
+      trainers.erase(trainer_order.front()), trainer_order.erase(trainer_order.begin());
     trainer_order.push_back(batch);
-    return *(trainers[batch] = std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get()));
+    return *(trainers[batch] =
+                 std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get()));
   }
 
   GossipPeerConfig config;
@@ -251,8 +278,9 @@ struct GossipPeer::State {
     std::lock_guard lock(mutex);
     ++stats.requests_refused;
     count_refusal("not a neighbour");
-    return text_response(CoapCode::kForbidden, "'" + transport::escape_untrusted(request.identity, 64) +
-                                                   "' is not a neighbour of " + config.topology.peers[config.self].name);
+    return text_response(CoapCode::kForbidden,
+                         "'" + transport::escape_untrusted(request.identity, 64) +
+                             "' is not a neighbour of " + config.topology.peers[config.self].name);
   }
 
   void local_step();
@@ -273,7 +301,8 @@ struct GossipPeer::State {
   double last_step_seconds = 0, last_wait_seconds = 0;
   bool pull(Neighbour& n, std::uint64_t wanted_version, PullWait* wait = nullptr);
   std::vector<char> pull_all(const std::vector<Neighbour*>& due, std::uint64_t iteration);
-  std::vector<char> pull_all_training_meanwhile(const std::vector<Neighbour*>& due, std::uint64_t iteration);
+  std::vector<char> pull_all_training_meanwhile(const std::vector<Neighbour*>& due,
+                                                std::uint64_t iteration);
   void neighbour_failed(Neighbour& n, const std::string& why);
 };
 
@@ -287,11 +316,15 @@ void GossipPeer::State::local_step() {
     std::lock_guard lock(mutex);
     std::copy(model.parameters().begin(), model.parameters().end(), snapshot.begin());
   }
-  Trainer& trainer = trainer_for(batch);  // made before the clock starts: its set-up is not the step's time
+  Trainer& trainer =
+      trainer_for(batch);  // made before the clock starts: its set-up is not the step's time
   const auto started = Clock::now();
-  const BatchResult result = trainer.compute_gradient(snapshot, pixels.data(), labels.data(), batch, gradient);
+  const BatchResult result =
+      trainer.compute_gradient(snapshot, pixels.data(), labels.data(), batch, gradient);
   if (config.slowdown > 0)
-    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.slowdown), stop);
+    sleep_unless_stopped(
+        std::chrono::duration_cast<Clock::duration>((Clock::now() - started) * config.slowdown),
+        stop);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   last_step_seconds = seconds;
   if (!all_finite(gradient)) {
@@ -323,16 +356,17 @@ void GossipPeer::State::neighbour_failed(Neighbour& n, const std::string& why) {
   n.retry_after = Clock::now() + delay;
   std::lock_guard lock(mutex);
   stats.neighbours_skipped++;
-  say("neighbour " + config.topology.peers[n.index].name + ": " + why + "; skipped for " + std::to_string(delay.count()) +
-      " ms");
+  say("neighbour " + config.topology.peers[n.index].name + ": " + why + "; skipped for " +
+      std::to_string(delay.count()) + " ms");
 }
 
 // Pulls `n`'s published model until it is at `wanted_version` or later, or the wait is over.
 // Returns whether the copy held is usable (exact, finite). With `wait`, says there when the
 // neighbour is found behind (and when the pull ends), so that the training thread may step.
 bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWait* wait) {
-  const auto give_up = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(config.neighbour_wait_seconds));
+  const auto give_up =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(config.neighbour_wait_seconds));
   int mismatches = 0;
   bool said_behind = false;
   struct Unsay {
@@ -340,16 +374,21 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
     bool& said;
     ~Unsay() {
       if (!wait || !said) return;
-      { std::lock_guard lock(wait->mutex); --wait->behind; }
+      {
+        std::lock_guard lock(wait->mutex);
+        --wait->behind;
+      }
       wait->changed.notify_all();
     }
   } unsay{wait, said_behind};
   while (!stop) {
     CoapResponse answer;
     try {
-      answer = channel.request(n.index, transport::Method::kGet,
-                               n.replica.exact() ? std::string(kModelPath) + "?since=" + std::to_string(n.replica.version())
-                                                 : std::string(kModelPath));
+      answer = channel.request(
+          n.index, transport::Method::kGet,
+          n.replica.exact()
+              ? std::string(kModelPath) + "?since=" + std::to_string(n.replica.version())
+              : std::string(kModelPath));
     } catch (const transport::TransportError& e) {
       neighbour_failed(n, e.what());
       return false;
@@ -359,7 +398,8 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
       stats.bytes_received += answer.payload.size();
     }
     if (answer.code != CoapCode::kContent) {
-      neighbour_failed(n, "answered " + transport::coap_code_string(answer.code) + " " + payload_text(answer.payload));
+      neighbour_failed(n, "answered " + transport::coap_code_string(answer.code) + " " +
+                              payload_text(answer.payload));
       return false;
     }
     try {
@@ -368,7 +408,8 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
       // neighbour that answers even that with a delta that does not fit is broken or hostile.
       if (outcome == ModelReplica::PullOutcome::kMismatch) {
         if (++mismatches < 2) continue;
-        throw std::runtime_error("two model deltas in a row did not fit (" + n.replica.mismatch() + ")");
+        throw std::runtime_error("two model deltas in a row did not fit (" + n.replica.mismatch() +
+                                 ")");
       }
     } catch (const std::exception& e) {
       n.replica = ModelReplica(layout_id, sizes);
@@ -394,7 +435,10 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
     if (n.replica.version() >= wanted_version || Clock::now() >= give_up) return true;
     if (wait && !said_behind) {
       said_behind = true;
-      { std::lock_guard lock(wait->mutex); ++wait->behind; }
+      {
+        std::lock_guard lock(wait->mutex);
+        ++wait->behind;
+      }
       wait->changed.notify_all();
     }
     sleep_unless_stopped(std::chrono::milliseconds(20), stop);
@@ -402,7 +446,8 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
   return false;
 }
 
-std::vector<char> GossipPeer::State::pull_all(const std::vector<Neighbour*>& due, std::uint64_t iteration) {
+std::vector<char> GossipPeer::State::pull_all(const std::vector<Neighbour*>& due,
+                                              std::uint64_t iteration) {
   // A pull is a block-wise transfer, one round trip per block: pulled one after the other,
   // an iteration would wait for the sum of its neighbours' transfers, not the longest.
   std::vector<char> usable(due.size(), 0);
@@ -445,7 +490,8 @@ std::vector<char> GossipPeer::State::pull_all_training_meanwhile(const std::vect
   PullWait wait;
   wait.pending = due.size();
   std::vector<std::exception_ptr> failures(due.size());
-  auto run = [this, &due, &usable, &failures, &wait, iteration](std::size_t first, std::size_t last) {
+  auto run = [this, &due, &usable, &failures, &wait, iteration](std::size_t first,
+                                                                std::size_t last) {
     for (std::size_t k = first; k < last; ++k) {
       try {
         usable[k] = pull(*due[k], iteration, &wait);
@@ -466,15 +512,16 @@ std::vector<char> GossipPeer::State::pull_all_training_meanwhile(const std::vect
   else
     pulls.emplace_back(run, 0, due.size());
   auto fits = [&] {
-    return std::chrono::duration<double>(Clock::now() - published_at).count() + last_step_seconds <= last_wait_seconds;
+    return std::chrono::duration<double>(Clock::now() - published_at).count() + last_step_seconds <=
+           last_wait_seconds;
   };
   std::uint32_t extra = 0;
   std::exception_ptr step_failure;  // rethrown once the pulls are joined
   {
     std::unique_lock lock(wait.mutex);
     while (wait.pending > 0) {
-      if (!step_failure && wait.behind > 0 && extra < config.wait_steps && !stop && !stats.training_stopped &&
-          fits()) {
+      if (!step_failure && wait.behind > 0 && extra < config.wait_steps && !stop &&
+          !stats.training_stopped && fits()) {
         lock.unlock();
         try {
           local_step();
@@ -511,8 +558,9 @@ void GossipPeer::State::mix_dpsgd() {
     }
     due.push_back(&n);
   }
-  const std::vector<char> usable =
-      config.wait_steps > 0 ? pull_all_training_meanwhile(due, iteration) : pull_all(due, iteration);
+  const std::vector<char> usable = config.wait_steps > 0
+                                       ? pull_all_training_meanwhile(due, iteration)
+                                       : pull_all(due, iteration);
   std::vector<Neighbour*> fresh;
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);
@@ -595,11 +643,13 @@ void GossipPeer::State::validate() {
   Trainer& trainer = trainer_for(batch);
   std::size_t correct = 0;
   for (std::size_t start = 0; start < validation.size(); start += static_cast<std::size_t>(batch)) {
-    const int count = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), validation.size() - start));
-    correct += static_cast<std::size_t>(trainer
-                                            .evaluate(snapshot, validation.pixels.data() + start * validation.image_bytes(),
-                                                      validation.labels.data() + start, count)
-                                            .correct);
+    const int count = static_cast<int>(
+        std::min<std::size_t>(static_cast<std::size_t>(batch), validation.size() - start));
+    correct += static_cast<std::size_t>(
+        trainer
+            .evaluate(snapshot, validation.pixels.data() + start * validation.image_bytes(),
+                      validation.labels.data() + start, count)
+            .correct);
   }
   const double accuracy = static_cast<double>(correct) / static_cast<double>(validation.size());
   const PlateauDetector::Verdict verdict = plateau.report(accuracy);
@@ -610,7 +660,8 @@ void GossipPeer::State::validate() {
         std::to_string(plateau.lr_factor()));
   if (verdict == PlateauDetector::Verdict::kStop) {
     stats.training_stopped = true;
-    say("validation accuracy " + std::to_string(accuracy) + " on its last plateau: local training stops (the model is "
+    say("validation accuracy " + std::to_string(accuracy) +
+        " on its last plateau: local training stops (the model is "
         "still served and averaged)");
   }
 }
@@ -618,8 +669,9 @@ void GossipPeer::State::validate() {
 GossipPeer::GossipPeer(GossipPeerConfig config, const Dataset& train, PeerChannel& channel,
                        const std::atomic<bool>& stop, std::function<void(const std::string&)> log)
     : state_(std::make_unique<State>(std::move(config), train, channel, stop, std::move(log))) {
-  if (state_->resumed) state_->say("resumed from " + state_->config.checkpoint_path + " at iteration " +
-                                   std::to_string(state_->stats.iteration));
+  if (state_->resumed)
+    state_->say("resumed from " + state_->config.checkpoint_path + " at iteration " +
+                std::to_string(state_->stats.iteration));
 }
 GossipPeer::~GossipPeer() = default;
 
@@ -640,13 +692,16 @@ CoapResponse GossipPeer::get_model(const CoapRequest& request) {
   }
   std::vector<std::uint8_t> bytes;
   if (const auto v = std::get<std::optional<std::uint64_t>>(since)) {
-    const transport::ChangeRecord record{s.layout_id, s.sizes, p.parameters(), p.last_changed(), p.version(),
-                                         p.changes_known_since(), s.published_digest};
+    const transport::ChangeRecord record{s.layout_id,       s.sizes,     p.parameters(),
+                                         p.last_changed(),  p.version(), p.changes_known_since(),
+                                         s.published_digest};
     if (auto delta = transport::encode_changes_since(record, *v)) bytes = std::move(*delta);
   }
   if (bytes.empty()) {
     auto dense = transport::encode_dense_model(s.layout_id, p.version(), s.sizes, p.parameters());
-    if (!dense) return text_response(CoapCode::kInternalServerError, "cannot encode the model: " + dense.error().message);
+    if (!dense)
+      return text_response(CoapCode::kInternalServerError,
+                           "cannot encode the model: " + dense.error().message);
     bytes = std::move(dense).value();
   }
   s.stats.bytes_sent += bytes.size();
@@ -663,14 +718,18 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
     return text_response(CoapCode::kBadRequest, reason + ": " + detail);
   };
   if (s.config.algorithm != GossipAlgorithm::kAdpsgd)
-    return text_response(CoapCode::kMethodNotAllowed, "this peer runs d-psgd: it averages by pulling, not by POST");
+    return text_response(CoapCode::kMethodNotAllowed,
+                         "this peer runs d-psgd: it averages by pulling, not by POST");
   const auto theirs = transport::decode_dense_model(request.payload, {s.layout_id, s.sizes});
   if (!theirs) return refuse("bad model", theirs.error().message);
-  if (!all_finite(theirs.value().values)) return refuse("non-finite model", "a value is NaN or infinite");
+  if (!all_finite(theirs.value().values))
+    return refuse("non-finite model", "a value is NaN or infinite");
   std::lock_guard lock(s.mutex);
   auto x = s.model.parameters();
   auto mine = transport::encode_dense_model(s.layout_id, s.stats.iteration, s.sizes, x);
-  if (!mine) return text_response(CoapCode::kInternalServerError, "cannot encode the model: " + mine.error().message);
+  if (!mine)
+    return text_response(CoapCode::kInternalServerError,
+                         "cannot encode the model: " + mine.error().message);
   const auto& other = theirs.value().values;
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (x[i] + other[i]);
   s.stats.exchanges++;
@@ -680,8 +739,10 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
 }
 
 void GossipPeer::attach(transport::CoapDtlsServer& server) {
-  server.add_resource(kModelPath, transport::Method::kGet, [this](const CoapRequest& r) { return get_model(r); });
-  server.add_resource(kAveragePath, transport::Method::kPost, [this](const CoapRequest& r) { return post_average(r); });
+  server.add_resource(kModelPath, transport::Method::kGet,
+                      [this](const CoapRequest& r) { return get_model(r); });
+  server.add_resource(kAveragePath, transport::Method::kPost,
+                      [this](const CoapRequest& r) { return post_average(r); });
 }
 
 void GossipPeer::iterate() {
@@ -694,10 +755,13 @@ void GossipPeer::iterate() {
     // tools and a neighbour's first look), dense.
     s.published->advance(s.model.parameters(), s.stats.iteration);
   }
-  if (s.config.algorithm == GossipAlgorithm::kDpsgd) s.mix_dpsgd();
-  else s.average_adpsgd();
+  if (s.config.algorithm == GossipAlgorithm::kDpsgd)
+    s.mix_dpsgd();
+  else
+    s.average_adpsgd();
   if (s.stats.iteration % s.config.validate_every == 0) s.validate();
-  if (!s.config.checkpoint_path.empty() && s.stats.iteration % s.config.checkpoint_every == 0) checkpoint();
+  if (!s.config.checkpoint_path.empty() && s.stats.iteration % s.config.checkpoint_every == 0)
+    checkpoint();
 }
 
 GossipPeerStats GossipPeer::run(const std::function<void(const GossipPeerStats&)>& progress) {
@@ -706,7 +770,8 @@ GossipPeerStats GossipPeer::run(const std::function<void(const GossipPeerStats&)
   const std::uint64_t first = s.stats.iteration;
   while (!s.stop) {
     if (s.config.max_iterations > 0 && s.stats.iteration >= s.config.max_iterations) break;
-    if (s.config.max_seconds > 0 && std::chrono::duration<double>(Clock::now() - started).count() >= s.config.max_seconds)
+    if (s.config.max_seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - started).count() >= s.config.max_seconds)
       break;
     iterate();
     if (progress) progress(stats());
@@ -723,8 +788,9 @@ void GossipPeer::checkpoint() {
     bytes = s.model.safetensors_bytes({{kIterationKey, std::to_string(s.stats.iteration)},
                                        {kPeerKey, s.config.topology.peers[s.config.self].name}});
   }
-  common::write_file_atomically(s.config.checkpoint_path,
-                                std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  common::write_file_atomically(
+      s.config.checkpoint_path,
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 GossipPeerStats GossipPeer::stats() const {

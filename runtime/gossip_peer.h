@@ -22,10 +22,10 @@
 //
 // Balancing (runtime/gossip.h WorkloadBalancer) sizes each iteration's batch to a target
 // time from the speed measured now; with wait_steps a D-PSGD peer also trains while a
-// neighbour it pulls is behind, instead of idling at the barrier; accuracy-aware training (PlateauDetector) evaluates the
-// model on a validation split held out of the peer's shard, halves the learning rate on a
-// plateau and stops local steps on the last one (the peer keeps serving and averaging).
-// The model and its iteration are checkpointed (safetensors) and resumed after a kill.
+// neighbour it pulls is behind, instead of idling at the barrier; accuracy-aware training
+// (PlateauDetector) evaluates the model on a validation split held out of the peer's shard, halves
+// the learning rate on a plateau and stops local steps on the last one (the peer keeps serving and
+// averaging). The model and its iteration are checkpointed (safetensors) and resumed after a kill.
 #pragma once
 
 #include <atomic>
@@ -62,16 +62,16 @@ struct GossipPeerConfig {
   // Compressed gossip: the share of each tensor's entries a publish step copies (1: dense).
   double publish_fraction = 1;
   std::uint32_t publish_min_entries = 32;
-  double consensus_step = 1;  // γ
+  double consensus_step = 1;          // γ
   double neighbour_wait_seconds = 5;  // D-PSGD: how long to wait for a neighbour that is behind
   // D-PSGD: at most this many more local steps per iteration, taken while a neighbour this
   // peer pulls is behind, each only if it ends within the last iteration's wait (ours: a
   // fast peer trains instead of idling at the barrier; 0: off).
   std::uint32_t wait_steps = 0;
-  std::uint64_t max_iterations = 0;   // 0: until stopped
-  double max_seconds = 0;             // 0: until stopped
-  double slowdown = 0;                // sleep this many times each step's compute time
-  std::string checkpoint_path;        // empty: no checkpoints
+  std::uint64_t max_iterations = 0;     // 0: until stopped
+  double max_seconds = 0;               // 0: until stopped
+  double slowdown = 0;                  // sleep this many times each step's compute time
+  std::string checkpoint_path;          // empty: no checkpoints
   std::uint32_t checkpoint_every = 20;  // iterations
 };
 
@@ -79,18 +79,19 @@ struct GossipPeerConfig {
 void check_gossip_peer_config(const GossipPeerConfig& config);
 
 struct GossipPeerStats {
-  std::uint64_t iteration = 0;        // local iterations done (resumed from a checkpoint)
-  std::uint64_t resumed_iteration = 0;  // the checkpoint's iteration this run started from (0: none)
-  std::uint64_t steps = 0;            // local SGD steps trained in this run
-  std::uint64_t wait_steps = 0;       // ... of which taken while waiting for a neighbour (wait_steps)
-  std::uint64_t examples = 0;         // examples trained in this run
-  std::uint64_t exchanges = 0;        // neighbour models mixed in (D-PSGD) or averages done (AD-PSGD)
+  std::uint64_t iteration = 0;  // local iterations done (resumed from a checkpoint)
+  std::uint64_t resumed_iteration =
+      0;                         // the checkpoint's iteration this run started from (0: none)
+  std::uint64_t steps = 0;       // local SGD steps trained in this run
+  std::uint64_t wait_steps = 0;  // ... of which taken while waiting for a neighbour (wait_steps)
+  std::uint64_t examples = 0;    // examples trained in this run
+  std::uint64_t exchanges = 0;   // neighbour models mixed in (D-PSGD) or averages done (AD-PSGD)
   std::uint64_t neighbours_skipped = 0;  // unreachable, in backoff, or behind after the wait
-  std::uint64_t models_refused = 0;   // from neighbours: undecodable, wrong layout, not finite
-  std::uint64_t requests_refused = 0; // to this peer: not a neighbour, bad query, bad body
-  std::uint64_t bytes_sent = 0;       // payloads this peer sent (answers it served, bodies it posted)
-  std::uint64_t bytes_received = 0;   // payloads it received
-  int batch = 0;                      // the batch of the last iteration
+  std::uint64_t models_refused = 0;      // from neighbours: undecodable, wrong layout, not finite
+  std::uint64_t requests_refused = 0;    // to this peer: not a neighbour, bad query, bad body
+  std::uint64_t bytes_sent = 0;  // payloads this peer sent (answers it served, bodies it posted)
+  std::uint64_t bytes_received = 0;  // payloads it received
+  int batch = 0;                     // the batch of the last iteration
   double learning_rate = 0;
   double examples_per_second = 0;
   double last_iteration_seconds = 0;  // compute of the last iteration (with slowdown)
@@ -105,7 +106,8 @@ class PeerChannel {
  public:
   virtual ~PeerChannel() = default;
   // Throws transport::TransportError when no answer came.
-  virtual transport::CoapResponse request(std::uint32_t neighbour, transport::Method method, const std::string& path,
+  virtual transport::CoapResponse request(std::uint32_t neighbour, transport::Method method,
+                                          const std::string& path,
                                           std::span<const std::uint8_t> body = {}) = 0;
   // Whether requests to different neighbours may run at once, from different threads (then
   // a D-PSGD iteration pulls all its neighbours in parallel). Requests to one neighbour
@@ -126,7 +128,8 @@ class CoapPeerChannel : public PeerChannel {
   // Clients are made on first use from each neighbour's topology address ("host:port").
   CoapPeerChannel(const GossipTopology& topology, Options options);
   ~CoapPeerChannel() override;
-  transport::CoapResponse request(std::uint32_t neighbour, transport::Method method, const std::string& path,
+  transport::CoapResponse request(std::uint32_t neighbour, transport::Method method,
+                                  const std::string& path,
                                   std::span<const std::uint8_t> body) override;
   // One client (its own libcoap context and DTLS session) per neighbour.
   bool concurrent_neighbours() const override { return true; }
@@ -145,8 +148,8 @@ class GossipPeer {
   // Loads the checkpoint if there is one (its iteration is resumed), else initialises the
   // model from the seed. Throws std::invalid_argument (config), ModelError (model vs data or
   // checkpoint). `train`, `channel` and `stop` must outlive the peer.
-  GossipPeer(GossipPeerConfig config, const Dataset& train, PeerChannel& channel, const std::atomic<bool>& stop,
-             std::function<void(const std::string&)> log = {});
+  GossipPeer(GossipPeerConfig config, const Dataset& train, PeerChannel& channel,
+             const std::atomic<bool>& stop, std::function<void(const std::string&)> log = {});
   ~GossipPeer();
   GossipPeer(const GossipPeer&) = delete;
   GossipPeer& operator=(const GossipPeer&) = delete;
@@ -161,7 +164,8 @@ class GossipPeer {
   void iterate();
   // iterate() until stop, max_iterations or max_seconds; `progress` after every iteration.
   GossipPeerStats run(const std::function<void(const GossipPeerStats&)>& progress = {});
-  // Writes the checkpoint now (also done every checkpoint_every iterations and by run() at its end).
+  // Writes the checkpoint now (also done every checkpoint_every iterations and by run() at its
+  // end).
   void checkpoint();
   GossipPeerStats stats() const;
   // A copy of the model now.

@@ -48,7 +48,8 @@ struct IdxArray {
 constexpr std::uint8_t kIdxTypeUnsignedByte = 0x08;
 
 // Parses a complete IDX byte string (already decompressed). `name` only labels errors.
-IdxArray parse_idx(std::span<const std::uint8_t> bytes, std::string_view name, const IdxLimits& limits = {});
+IdxArray parse_idx(std::span<const std::uint8_t> bytes, std::string_view name,
+                   const IdxLimits& limits = {});
 
 // Reads an IDX file, gunzipping it when it starts with the gzip magic bytes 1f 8b.
 IdxArray read_idx_file(const std::filesystem::path& path, const IdxLimits& limits = {});

@@ -32,19 +32,21 @@ using Clock = std::chrono::steady_clock;
 inline void sleep_unless_stopped(Clock::duration duration, const std::atomic<bool>& stop) {
   const auto until = Clock::now() + duration;
   while (!stop && Clock::now() < until)
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(20), until - Clock::now()));
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(std::chrono::milliseconds(20), until - Clock::now()));
 }
 
 // A peer's diagnostic, as a log line shows it: network text, so escaped
 // (transport::escape_untrusted) and cut at 200 bytes.
 inline std::string payload_text(const std::vector<std::uint8_t>& payload) {
-  return transport::escape_untrusted(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()),
-                                     200);
+  return transport::escape_untrusted(
+      std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
 }
 
 inline std::vector<TensorSlice> layout_of(const Model& model) {
   std::vector<TensorSlice> layout;
-  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  for (const auto& t : model.tensors())
+    layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
   return layout;
 }
 
@@ -64,7 +66,8 @@ class Trouble {
   using Say = std::function<void(const std::string&, logging::Level)>;
   // `on_retry` counts each retry in the loop's stats. `config` and `stop` must outlive this
   // (pass the loop's own copy of its configuration, not a constructor argument).
-  Trouble(const WorkerConfig& config, const std::atomic<bool>& stop, Say say, std::function<void()> on_retry)
+  Trouble(const WorkerConfig& config, const std::atomic<bool>& stop, Say say,
+          std::function<void()> on_retry)
       : config_(config),
         stop_(stop),
         say_(std::move(say)),
@@ -81,21 +84,30 @@ class Trouble {
   }
   void refused(WorkerExit exit, const std::string& what) {
     if (++refusals_in_a_row_ >= config_.max_refusals)
-      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row_) + " times in a row; giving up)");
+      throw WorkerFailure(
+          exit, what + " (" + std::to_string(refusals_in_a_row_) + " times in a row; giving up)");
     trouble(exit, what);
   }
   void request_failed(const std::string& what, const transport::TransportError& e) {
     const std::string text = what + ": " + e.what();
     switch (e.failure()) {
-      case transport::TransportFailure::kInterrupted: return;
-      case transport::TransportFailure::kHandshakeRefused: refused(WorkerExit::kHandshakeRefused, text); return;
-      case transport::TransportFailure::kUnknownIdentity: refused(WorkerExit::kUnknownIdentity, text); return;
-      default: break;
+      case transport::TransportFailure::kInterrupted:
+        return;
+      case transport::TransportFailure::kHandshakeRefused:
+        refused(WorkerExit::kHandshakeRefused, text);
+        return;
+      case transport::TransportFailure::kUnknownIdentity:
+        refused(WorkerExit::kUnknownIdentity, text);
+        return;
+      default:
+        break;
     }
-    const WorkerExit exit = ever_answered_ ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    const WorkerExit exit =
+        ever_answered_ ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
     const double silent = std::chrono::duration<double>(Clock::now() - last_answer_).count();
     if (config_.give_up_after_seconds > 0 && silent >= config_.give_up_after_seconds)
-      throw WorkerFailure(exit, text + " (no answer for " + std::to_string(static_cast<long long>(silent)) +
+      throw WorkerFailure(exit, text + " (no answer for " +
+                                    std::to_string(static_cast<long long>(silent)) +
                                     " s; giving up: --give-up-after)");
     trouble(exit, text);
   }

@@ -38,7 +38,8 @@ MagnitudeRank MagnitudeSelector::select(std::span<const float> values, std::size
   for (std::size_t i = 0; i < n; ++i)
     if ((keys[i] >> kShift) == bucket) candidates[count++] = keys[i];
   const std::size_t rank = k - above_bucket;  // 1 ≤ rank ≤ count
-  std::nth_element(candidates, candidates + (rank - 1), candidates + count, std::greater<std::uint32_t>());
+  std::nth_element(candidates, candidates + (rank - 1), candidates + count,
+                   std::greater<std::uint32_t>());
   const std::uint32_t threshold = candidates[rank - 1];
   std::size_t above = above_bucket;
   for (std::size_t j = 0; j + 1 < rank; ++j) above += candidates[j] > threshold;

@@ -34,8 +34,8 @@ class MagnitudeSelector {
  private:
   static constexpr int kBucketBits = 11;
   static constexpr int kShift = 31 - kBucketBits;  // the sign bit is always clear
-  std::vector<std::uint32_t> keys_;                 // |v| as bits, one per entry
-  std::vector<std::uint32_t> candidates_;           // the k-th's bucket
+  std::vector<std::uint32_t> keys_;                // |v| as bits, one per entry
+  std::vector<std::uint32_t> candidates_;          // the k-th's bucket
   std::vector<std::uint32_t> histogram_;
 };
 

@@ -19,7 +19,8 @@ constexpr long long kMaxDimension = 4096;
 constexpr long long kMaxParameters = 64LL * 1024 * 1024;
 
 constexpr std::string_view kPaperCnnSpec =
-    "input 28x28x1; conv 32 3x3 same relu; maxpool 2; conv 64 3x3 same relu; maxpool 2; fc 128 relu; fc 10";
+    "input 28x28x1; conv 32 3x3 same relu; maxpool 2; conv 64 3x3 same relu; maxpool 2; fc 128 "
+    "relu; fc 10";
 constexpr std::string_view kMlpSpec = "input 28x28x1; fc 128 relu; fc 10";
 
 std::vector<std::string> split(std::string_view text, auto is_separator) {
@@ -46,18 +47,19 @@ int parse_positive(const std::string& token, const std::string& statement) {
     used = 0;
   }
   if (used != token.size() || value < 1 || value > kMaxDimension) {
-    throw ModelError("model spec: '" + token + "' in '" + statement + "' is not a size between 1 and " +
-                     std::to_string(kMaxDimension));
+    throw ModelError("model spec: '" + token + "' in '" + statement +
+                     "' is not a size between 1 and " + std::to_string(kMaxDimension));
   }
   return static_cast<int>(value);
 }
 
 // "28x28x1" or "3x3"
-std::vector<int> parse_dims(const std::string& token, std::size_t count, const std::string& statement) {
+std::vector<int> parse_dims(const std::string& token, std::size_t count,
+                            const std::string& statement) {
   auto parts = split(token, [](char c) { return c == 'x' || c == 'X'; });
   if (parts.size() != count) {
-    throw ModelError("model spec: expected " + std::to_string(count) + " sizes joined by 'x' in '" + statement +
-                     "', got '" + token + "'");
+    throw ModelError("model spec: expected " + std::to_string(count) + " sizes joined by 'x' in '" +
+                     statement + "', got '" + token + "'");
   }
   std::vector<int> dims;
   for (auto& p : parts) dims.push_back(parse_positive(p, statement));
@@ -96,14 +98,17 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     if (!in_comment) without_comments += c;
   }
   bool have_input = false;
-  for (const std::string& statement : split(without_comments, [](char c) { return c == ';' || c == '\n'; })) {
-    auto words = split(statement, [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == ','; });
+  for (const std::string& statement :
+       split(without_comments, [](char c) { return c == ';' || c == '\n'; })) {
+    auto words =
+        split(statement, [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == ','; });
     if (words.empty()) continue;
     const std::string& verb = words[0];
     if (verb == "input") {
       if (have_input) throw ModelError("model spec: more than one 'input' statement");
       if (!spec.layers.empty()) throw ModelError("model spec: 'input' must come first");
-      if (words.size() != 2) throw ModelError("model spec: expected 'input HxWxC', got '" + statement + "'");
+      if (words.size() != 2)
+        throw ModelError("model spec: expected 'input HxWxC', got '" + statement + "'");
       auto d = parse_dims(words[1], 3, statement);
       spec.input = {d[0], d[1], d[2]};
       have_input = true;
@@ -114,40 +119,56 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     std::size_t i = 1;
     if (verb == "conv") {
       layer.kind = LayerKind::kConv;
-      if (words.size() < 3) throw ModelError("model spec: expected 'conv OC KxK ...', got '" + statement + "'");
+      if (words.size() < 3)
+        throw ModelError("model spec: expected 'conv OC KxK ...', got '" + statement + "'");
       layer.out_channels = parse_positive(words[1], statement);
       auto k = parse_dims(words[2], 2, statement);
-      if (k[0] != k[1]) throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+      if (k[0] != k[1])
+        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
       layer.kernel = k[0];
       for (i = 3; i < words.size(); i++) {
-        if (words[i] == "relu") layer.relu = true;
-        else if (words[i] == "same") layer.same_padding = true;
-        else if (words[i] == "valid") layer.same_padding = false;
-        else if (words[i] == "stride" && i + 1 < words.size()) layer.stride = parse_positive(words[++i], statement);
-        else throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+        if (words[i] == "relu")
+          layer.relu = true;
+        else if (words[i] == "same")
+          layer.same_padding = true;
+        else if (words[i] == "valid")
+          layer.same_padding = false;
+        else if (words[i] == "stride" && i + 1 < words.size())
+          layer.stride = parse_positive(words[++i], statement);
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
       }
       if (layer.same_padding && layer.kernel % 2 == 0) {
-        throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement + "'");
+        throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement +
+                         "'");
       }
     } else if (verb == "deconv") {
       layer.kind = LayerKind::kDeconv;
-      if (words.size() < 3) throw ModelError("model spec: expected 'deconv OC KxK ...', got '" + statement + "'");
+      if (words.size() < 3)
+        throw ModelError("model spec: expected 'deconv OC KxK ...', got '" + statement + "'");
       layer.out_channels = parse_positive(words[1], statement);
       auto k = parse_dims(words[2], 2, statement);
-      if (k[0] != k[1]) throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
-      if (k[0] % 2 == 0) throw ModelError("model spec: deconv needs an odd kernel size: '" + statement + "'");
+      if (k[0] != k[1])
+        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+      if (k[0] % 2 == 0)
+        throw ModelError("model spec: deconv needs an odd kernel size: '" + statement + "'");
       layer.kernel = k[0];
       for (i = 3; i < words.size(); i++) {
-        if (words[i] == "relu") layer.relu = true;
-        else if (words[i] == "stride" && i + 1 < words.size()) layer.stride = parse_positive(words[++i], statement);
-        else throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+        if (words[i] == "relu")
+          layer.relu = true;
+        else if (words[i] == "stride" && i + 1 < words.size())
+          layer.stride = parse_positive(words[++i], statement);
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
       }
     } else if (verb == "maxpool") {
       layer.kind = LayerKind::kMaxPool;
-      if (words.size() != 2 || words[1] != "2") throw ModelError("model spec: only 'maxpool 2' is supported, got '" + statement + "'");
+      if (words.size() != 2 || words[1] != "2")
+        throw ModelError("model spec: only 'maxpool 2' is supported, got '" + statement + "'");
     } else if (verb == "fc") {
       layer.kind = LayerKind::kFullyConnected;
-      if (words.size() < 2) throw ModelError("model spec: expected 'fc N [relu]', got '" + statement + "'");
+      if (words.size() < 2)
+        throw ModelError("model spec: expected 'fc N [relu]', got '" + statement + "'");
       if (words[1].find_first_of("xX") != std::string::npos) {
         auto d = parse_dims(words[1], 3, statement);
         layer.out_height = d[0];
@@ -157,14 +178,18 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
         layer.out_channels = parse_positive(words[1], statement);
       }
       for (i = 2; i < words.size(); i++) {
-        if (words[i] == "relu") layer.relu = true;
-        else throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+        if (words[i] == "relu")
+          layer.relu = true;
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
       }
     } else if (verb == "relu") {
       layer.kind = LayerKind::kRelu;
-      if (words.size() != 1) throw ModelError("model spec: 'relu' takes no arguments: '" + statement + "'");
+      if (words.size() != 1)
+        throw ModelError("model spec: 'relu' takes no arguments: '" + statement + "'");
     } else {
-      throw ModelError("model spec: unknown layer '" + verb + "' (known: input, conv, deconv, maxpool, fc, relu)");
+      throw ModelError("model spec: unknown layer '" + verb +
+                       "' (known: input, conv, deconv, maxpool, fc, relu)");
     }
     spec.layers.push_back(layer);
   }
@@ -178,8 +203,9 @@ std::vector<std::string> builtin_model_names() { return {"paper-cnn", "mlp"}; }
 ModelSpec builtin_model_spec(std::string_view name) {
   if (name == "paper-cnn") return parse_model_spec(kPaperCnnSpec, "paper-cnn");
   if (name == "mlp") return parse_model_spec(kMlpSpec, "mlp");
-  throw ModelError("unknown model '" + std::string(name) + "' (built in: paper-cnn, mlp; or give a spec such as '" +
-                   std::string(kMlpSpec) + "')");
+  throw ModelError("unknown model '" + std::string(name) +
+                   "' (built in: paper-cnn, mlp; or give a spec such as '" + std::string(kMlpSpec) +
+                   "')");
 }
 
 ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
@@ -208,8 +234,9 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   for (const LayerSpec& spec : spec_.layers) {
     // Activations are held per example for a whole batch: bound them like parameters.
     if (shape.size() > static_cast<std::size_t>(kMaxParameters)) {
-      throw ModelError("model: a layer input of " + std::to_string(shape.H) + "x" + std::to_string(shape.W) + "x" +
-                       std::to_string(shape.C) + " values is too large");
+      throw ModelError("model: a layer input of " + std::to_string(shape.H) + "x" +
+                       std::to_string(shape.W) + "x" + std::to_string(shape.C) +
+                       " values is too large");
     }
     ResolvedLayer layer{spec.kind, shape, shape};
     switch (spec.kind) {
@@ -219,14 +246,18 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
         layer.pad = spec.same_padding ? (spec.kernel - 1) / 2 : 0;
         const int oh = (shape.H + 2 * layer.pad - spec.kernel) / spec.stride + 1;
         const int ow = (shape.W + 2 * layer.pad - spec.kernel) / spec.stride + 1;
-        if (shape.H + 2 * layer.pad < spec.kernel || shape.W + 2 * layer.pad < spec.kernel || oh < 1 || ow < 1) {
-          throw ModelError("model: conv kernel " + std::to_string(spec.kernel) + " does not fit a " +
-                           std::to_string(shape.H) + "x" + std::to_string(shape.W) + " input");
+        if (shape.H + 2 * layer.pad < spec.kernel || shape.W + 2 * layer.pad < spec.kernel ||
+            oh < 1 || ow < 1) {
+          throw ModelError("model: conv kernel " + std::to_string(spec.kernel) +
+                           " does not fit a " + std::to_string(shape.H) + "x" +
+                           std::to_string(shape.W) + " input");
         }
         layer.out = {oh, ow, spec.out_channels};
-        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: conv output too large");
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: conv output too large");
         const std::string name = "conv" + std::to_string(++conv_count);
-        layer.weight_tensor = add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
         layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
         break;
       }
@@ -240,25 +271,30 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
             static_cast<long long>(shape.W) * spec.stride > kMaxDimension)
           throw ModelError("model: deconv output too large");
         layer.out = {shape.H * spec.stride, shape.W * spec.stride, spec.out_channels};
-        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: deconv output too large");
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: deconv output too large");
         const std::string name = "deconv" + std::to_string(++deconv_count);
-        layer.weight_tensor = add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
         layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
         break;
       }
       case LayerKind::kMaxPool:
-        if (shape.H < 2 || shape.W < 2) throw ModelError("model: maxpool 2 on a " + std::to_string(shape.H) + "x" +
-                                                         std::to_string(shape.W) + " input");
+        if (shape.H < 2 || shape.W < 2)
+          throw ModelError("model: maxpool 2 on a " + std::to_string(shape.H) + "x" +
+                           std::to_string(shape.W) + " input");
         layer.kernel = 2;
         layer.stride = 2;
         layer.out = {shape.H / 2, shape.W / 2, shape.C};
         break;
       case LayerKind::kFullyConnected: {
         layer.out = {spec.out_height, spec.out_width, spec.out_channels};
-        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters)) throw ModelError("model: fc output too large");
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: fc output too large");
         const int outputs = static_cast<int>(layer.out.size());
         const std::string name = "fc" + std::to_string(++fc_count);
-        layer.weight_tensor = add_tensor(name + ".weight", {outputs, static_cast<int>(shape.size())});
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {outputs, static_cast<int>(shape.size())});
         layer.bias_tensor = add_tensor(name + ".bias", {outputs});
         break;
       }
@@ -272,9 +308,11 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
     }
   }
   if (layers_.back().kind == LayerKind::kRelu || layers_.back().kind == LayerKind::kMaxPool) {
-    throw ModelError("model: the last layer must be fc, conv or deconv (its outputs are the class logits)");
+    throw ModelError(
+        "model: the last layer must be fc, conv or deconv (its outputs are the class logits)");
   }
-  if (num_classes() < 2) throw ModelError("model: the last layer must have at least 2 outputs (classes)");
+  if (num_classes() < 2)
+    throw ModelError("model: the last layer must have at least 2 outputs (classes)");
   parameters_.assign(total, 0.0f);
   layout_id_ = tensor_fingerprint(0xcbf29ce484222325ULL, tensors_);
 }
@@ -310,63 +348,74 @@ void Model::initialize(std::uint64_t seed) {
     // trained with. He init made the paper CNN's first logits large (initial loss ~3.7
     // instead of ln 10) and early asynchronous steps at lr 0.1 could diverge.
     const std::size_t fan_in = w.size / static_cast<std::size_t>(w.shape[0]);
-    // A deconv weight [OC][KH][KW][C] counts as a conv's: fan_in + fan_out = KH·KW·(C + OC) either way.
+    // A deconv weight [OC][KH][KW][C] counts as a conv's: fan_in + fan_out = KH·KW·(C + OC) either
+    // way.
     const bool spatial = layer.kind == LayerKind::kConv || layer.kind == LayerKind::kDeconv;
     const std::size_t receptive = spatial ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
     const std::size_t fan_out = static_cast<std::size_t>(w.shape[0]) * receptive;
     const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
-    for (std::size_t i = 0; i < w.size; i++) parameters_[w.offset + i] = (2.0f * rng.uniform_float() - 1.0f) * bound;
+    for (std::size_t i = 0; i < w.size; i++)
+      parameters_[w.offset + i] = (2.0f * rng.uniform_float() - 1.0f) * bound;
     const TensorInfo& b = tensors_[layer.bias_tensor];
     std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(b.offset), b.size, 0.0f);
   }
 }
 
-std::vector<std::uint8_t> Model::safetensors_bytes(const std::map<std::string, std::string>& metadata) const {
+std::vector<std::uint8_t> Model::safetensors_bytes(
+    const std::map<std::string, std::string>& metadata) const {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   for (const auto& t : tensors_) {
-    header[t.name] = {{"dtype", "F32"},
-                      {"shape", t.shape},
-                      {"data_offsets", {t.offset * sizeof(float), (t.offset + t.size) * sizeof(float)}}};
+    header[t.name] = {
+        {"dtype", "F32"},
+        {"shape", t.shape},
+        {"data_offsets", {t.offset * sizeof(float), (t.offset + t.size) * sizeof(float)}}};
   }
   std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-byte aligned
+  json.append((8 - json.size() % 8) % 8,
+              ' ');  // the format allows trailing spaces; keeps data 8-byte aligned
   const std::uint64_t length = json.size();
   std::vector<std::uint8_t> bytes(8 + json.size() + parameters_.size() * sizeof(float));
   std::memcpy(bytes.data(), &length, 8);
   std::memcpy(bytes.data() + 8, json.data(), json.size());
-  std::memcpy(bytes.data() + 8 + json.size(), parameters_.data(), parameters_.size() * sizeof(float));
+  std::memcpy(bytes.data() + 8 + json.size(), parameters_.data(),
+              parameters_.size() * sizeof(float));
   return bytes;
 }
 
-void Model::save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata) const {
+void Model::save_safetensors(const std::string& path,
+                             const std::map<std::string, std::string>& metadata) const {
   const std::vector<std::uint8_t> bytes = safetensors_bytes(metadata);
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw ModelError("cannot write " + tmp);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     if (!out.flush()) throw ModelError("cannot write " + tmp);
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw ModelError("cannot rename " + tmp + " to " + path);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw ModelError("cannot rename " + tmp + " to " + path);
 }
 
 std::map<std::string, std::string> Model::load_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ModelError(path + ": cannot open");
-  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                        std::istreambuf_iterator<char>());
   if (in.bad()) throw ModelError(path + ": cannot read");
   return load_safetensors_bytes(bytes, path);
 }
 
-std::map<std::string, std::string> Model::load_safetensors_bytes(std::span<const std::uint8_t> bytes,
-                                                                 const std::string& name) {
+std::map<std::string, std::string> Model::load_safetensors_bytes(
+    std::span<const std::uint8_t> bytes, const std::string& name) {
   const std::uint64_t file_size = bytes.size();
   std::uint64_t length = 0;
   if (file_size < 8) throw ModelError(name + ": too short for safetensors");
   std::memcpy(&length, bytes.data(), 8);
-  if (length > 100'000'000 || length > file_size - 8) throw ModelError(name + ": bad safetensors header length");
+  if (length > 100'000'000 || length > file_size - 8)
+    throw ModelError(name + ": bad safetensors header length");
   const std::string json(reinterpret_cast<const char*>(bytes.data()) + 8, length);
   nlohmann::json header;
   try {
@@ -390,13 +439,16 @@ std::map<std::string, std::string> Model::load_safetensors_bytes(std::span<const
       continue;
     }
     const int index = tensor_index(it.key());
-    if (index < 0) throw ModelError(name + ": tensor '" + it.key() + "' is not in model " + spec_.name);
+    if (index < 0)
+      throw ModelError(name + ": tensor '" + it.key() + "' is not in model " + spec_.name);
     const TensorInfo& t = tensors_[index];
     try {
       if ((*it)["dtype"] != "F32") throw ModelError(name + ": tensor '" + t.name + "' is not F32");
-      if ((*it)["shape"].get<std::vector<int>>() != t.shape) throw ModelError(name + ": tensor '" + t.name + "' has another shape");
+      if ((*it)["shape"].get<std::vector<int>>() != t.shape)
+        throw ModelError(name + ": tensor '" + t.name + "' has another shape");
       auto offsets = (*it)["data_offsets"].get<std::vector<std::uint64_t>>();
-      if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] - offsets[0] != t.size * sizeof(float)) {
+      if (offsets.size() != 2 || offsets[1] < offsets[0] ||
+          offsets[1] - offsets[0] != t.size * sizeof(float)) {
         throw ModelError(name + ": tensor '" + t.name + "' has bad data offsets");
       }
       if (offsets[1] > data_size) throw ModelError(name + ": truncated data for '" + t.name + "'");
@@ -407,8 +459,8 @@ std::map<std::string, std::string> Model::load_safetensors_bytes(std::span<const
     matched++;
   }
   if (matched != tensors_.size()) {
-    throw ModelError(name + ": has " + std::to_string(matched) + " of the model's " + std::to_string(tensors_.size()) +
-                     " tensors");
+    throw ModelError(name + ": has " + std::to_string(matched) + " of the model's " +
+                     std::to_string(tensors_.size()) + " tensors");
   }
   parameters_ = std::move(loaded);
   return metadata;

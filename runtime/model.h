@@ -40,12 +40,13 @@ enum class LayerKind { kConv, kMaxPool, kFullyConnected, kRelu, kDeconv };
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kRelu;
-  int out_channels = 0;  // conv, deconv: OC; fc: output features (or channels of out_height x out_width)
+  int out_channels =
+      0;  // conv, deconv: OC; fc: output features (or channels of out_height x out_width)
   int out_height = 1, out_width = 1;  // fc: an HxWxC output
-  int kernel = 3;        // conv, deconv: square kernel size
-  int stride = 1;        // conv, deconv
-  bool same_padding = true;  // conv: pad (kernel-1)/2 on each side
-  bool relu = false;     // conv/fc: ReLU fused after the layer (shorthand for a relu layer)
+  int kernel = 3;                     // conv, deconv: square kernel size
+  int stride = 1;                     // conv, deconv
+  bool same_padding = true;           // conv: pad (kernel-1)/2 on each side
+  bool relu = false;  // conv/fc: ReLU fused after the layer (shorthand for a relu layer)
 };
 
 struct ExampleShape {
@@ -69,10 +70,10 @@ ModelSpec model_spec_from_argument(std::string_view name_or_spec);
 std::vector<std::string> builtin_model_names();
 
 struct TensorInfo {
-  std::string name;          // e.g. "conv1.weight"
-  std::vector<int> shape;    // conv and deconv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
-  std::size_t offset = 0;    // in floats, into the parameter arena
-  std::size_t size = 0;      // number of floats
+  std::string name;        // e.g. "conv1.weight"
+  std::vector<int> shape;  // conv and deconv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
+  std::size_t offset = 0;  // in floats, into the parameter arena
+  std::size_t size = 0;    // number of floats
 };
 
 // A layer with its input and output shapes (per example) and its parameter tensors.
@@ -99,12 +100,16 @@ class Model {
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
   int tensor_index(std::string_view name) const;  // -1 if none
   std::size_t parameter_count() const { return parameters_.size(); }
-  int num_classes() const { return layers_.empty() ? 0 : static_cast<int>(layers_.back().out.size()); }
+  int num_classes() const {
+    return layers_.empty() ? 0 : static_cast<int>(layers_.back().out.size());
+  }
   ExampleShape input_shape() const { return spec_.input; }
 
   std::span<float> parameters() { return parameters_; }
   std::span<const float> parameters() const { return parameters_; }
-  std::span<float> tensor(int index) { return {parameters_.data() + tensors_.at(index).offset, tensors_.at(index).size}; }
+  std::span<float> tensor(int index) {
+    return {parameters_.data() + tensors_.at(index).offset, tensors_.at(index).size};
+  }
 
   // A 64-bit fingerprint of the tensor names and shapes: two models with equal
   // layout_id() can exchange parameters and updates.
@@ -117,14 +122,17 @@ class Model {
   // length, JSON header, raw little-endian F32 data. Opens in NumPy/PyTorch.
   // Writes through `path`.tmp and a rename (not synced: the server makes its checkpoints
   // durable itself, from safetensors_bytes()).
-  void save_safetensors(const std::string& path, const std::map<std::string, std::string>& metadata = {}) const;
+  void save_safetensors(const std::string& path,
+                        const std::map<std::string, std::string>& metadata = {}) const;
   // The whole file in memory, as save_safetensors() writes it.
-  std::vector<std::uint8_t> safetensors_bytes(const std::map<std::string, std::string>& metadata = {}) const;
+  std::vector<std::uint8_t> safetensors_bytes(
+      const std::map<std::string, std::string>& metadata = {}) const;
   // Loads parameters saved for a model with the same tensors; throws ModelError otherwise.
   // Returns the file's __metadata__.
   std::map<std::string, std::string> load_safetensors(const std::string& path);
   // The same from the file's bytes; `name` is the file named in errors.
-  std::map<std::string, std::string> load_safetensors_bytes(std::span<const std::uint8_t> bytes, const std::string& name);
+  std::map<std::string, std::string> load_safetensors_bytes(std::span<const std::uint8_t> bytes,
+                                                            const std::string& name);
 
  private:
   ModelSpec spec_;

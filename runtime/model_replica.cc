@@ -4,7 +4,8 @@
 
 namespace edgetrain::runtime {
 
-ModelReplica::ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, bool dense_pull)
+ModelReplica::ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+                           bool dense_pull)
     : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), dense_pull_(dense_pull) {}
 
 std::string ModelReplica::pull_path() const {
@@ -33,14 +34,15 @@ ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> paylo
     // A delta we did not ask for, or for another base, cannot be applied to this copy.
     if (!exact_ || delta.value().base_version != version_) {
       exact_ = false;
-      mismatch_ = "model delta from version " + std::to_string(delta.value().base_version) + ", the copy is at " +
-                  std::to_string(version_);
+      mismatch_ = "model delta from version " + std::to_string(delta.value().base_version) +
+                  ", the copy is at " + std::to_string(version_);
       return PullOutcome::kMismatch;
     }
     if (!transport::apply_model_delta(delta.value(), tensor_sizes_, parameters_) ||
         transport::parameter_digest(parameters_) != delta.value().digest) {
       exact_ = false;  // e.g. the server's state directory was replaced under the same versions
-      mismatch_ = "model delta " + std::to_string(version_) + " -> " + std::to_string(delta.value().version) +
+      mismatch_ = "model delta " + std::to_string(version_) + " -> " +
+                  std::to_string(delta.value().version) +
                   " did not reproduce the server's parameters (digest differs)";
       return PullOutcome::kMismatch;
     }

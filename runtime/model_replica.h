@@ -19,7 +19,8 @@ namespace edgetrain::runtime {
 class ModelReplica {
  public:
   // `dense_pull`: always ask for the whole model (the paper's behaviour, byte for byte).
-  ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, bool dense_pull = false);
+  ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+               bool dense_pull = false);
 
   // The resource to GET next: "model", or "model?since=V" while the copy is exact.
   std::string pull_path() const;
@@ -27,7 +28,8 @@ class ModelReplica {
   enum class PullOutcome {
     kDense,     // a dense model replaced the copy
     kDelta,     // a delta brought the copy to a newer version
-    kMismatch,  // a delta that does not decode or fit the copy (base version, digest): copy dropped, pull again
+    kMismatch,  // a delta that does not decode or fit the copy (base version, digest): copy
+                // dropped, pull again
   };
   // Takes the payload of a 2.05 answer to GET pull_path(). Throws std::runtime_error when it
   // is a dense model that does not decode, or anything of another model (the copy is left

@@ -6,11 +6,11 @@
 //
 // Instead the server keeps a second copy P of the model that only follows the true model W
 // by small steps: every `every` applied updates it copies into P, per tensor, the `fraction`
-// of entries (at least `min_entries`) where |W − P| is largest (P_i ← W_i exactly). What is left out stays in W − P
-// and is published later, once it has grown (the server's own error feedback). Workers hold
-// P bit for bit: they pull its changes since the publish version they hold (the ordinary
-// model delta of transport/CODEC.md, with the digest of P), so every worker can still check
-// its copy, and the pull is a bounded number of entries per publish step.
+// of entries (at least `min_entries`) where |W − P| is largest (P_i ← W_i exactly). What is left
+// out stays in W − P and is published later, once it has grown (the server's own error feedback).
+// Workers hold P bit for bit: they pull its changes since the publish version they hold (the
+// ordinary model delta of transport/CODEC.md, with the digest of P), so every worker can still
+// check its copy, and the pull is a bounded number of entries per publish step.
 //
 // Versions: P is named by the server version at which it was last published; a worker's
 // update computed on P carries that version as its fetched version, so the staleness rule
@@ -32,8 +32,9 @@
 namespace edgetrain::runtime {
 
 struct PublishOptions {
-  std::uint32_t every = 0;  // applied updates between publish steps; 0: no published model (exact pulls)
-  double fraction = 0.01;   // share of each tensor's entries copied per step
+  std::uint32_t every =
+      0;  // applied updates between publish steps; 0: no published model (exact pulls)
+  double fraction = 0.01;  // share of each tensor's entries copied per step
   // ... but at least this many (or the whole tensor if smaller): a bias moves with every
   // update, and one entry per step would leave it far behind.
   std::uint32_t min_entries = 32;
@@ -44,15 +45,17 @@ class PublishedModel {
  public:
   // P starts as `parameters` (the true model at `version`). Throws std::invalid_argument on
   // a fraction outside (0, 1] or sizes that do not add up to the parameters.
-  PublishedModel(std::vector<std::uint32_t> tensor_sizes, std::span<const float> parameters, std::uint64_t version,
-                 PublishOptions options);
+  PublishedModel(std::vector<std::uint32_t> tensor_sizes, std::span<const float> parameters,
+                 std::uint64_t version, PublishOptions options);
 
   // The true model has reached `version` with `parameters`: publishes a step when `every`
   // updates have been applied since the last one. Returns true if P changed.
   bool advance(std::span<const float> parameters, std::uint64_t version);
 
   std::span<const float> parameters() const { return published_; }
-  std::uint64_t version() const { return version_; }  // the true model's version at the last publish step
+  std::uint64_t version() const {
+    return version_;
+  }  // the true model's version at the last publish step
   // Per entry, the publish version that last changed it (entries changed after V are all
   // that differ between P at V and now, for V ≥ changes_known_since()).
   std::span<const std::uint64_t> last_changed() const { return last_changed_; }

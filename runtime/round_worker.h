@@ -19,8 +19,8 @@
 namespace edgetrain::runtime {
 
 struct RoundWorkerConfig {
-  WorkerConfig worker;      // server, identity, model, shard, batch, compressor, backoff, limits
-  float lr = 0.05f;         // the local SGD step
+  WorkerConfig worker;        // server, identity, model, shard, batch, compressor, backoff, limits
+  float lr = 0.05f;           // the local SGD step
   double poll_seconds = 0.5;  // between GET /round while not selected or done
   std::uint64_t max_rounds = 0;  // deltas accepted before the run ends; 0: until stopped
   // With a dropout table (worker.dropout.table_path): the share of the time left before the
@@ -89,8 +89,8 @@ struct RoundWorkerRun {
   WorkerExit exit = WorkerExit::kStopped;
   std::string reason;
 };
-RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                                const WorkerLog& log = {},
+RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train,
+                                const std::atomic<bool>& stop, const WorkerLog& log = {},
                                 const std::function<void(const RoundWorkerStats&)>& progress = {});
 
 }  // namespace edgetrain::runtime

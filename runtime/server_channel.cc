@@ -10,13 +10,18 @@ transport::CoapResponse CoapServerChannel::post_update(std::span<const std::uint
   return client_.request(transport::Method::kPost, "update", body);
 }
 
-transport::CoapResponse CoapServerChannel::get_round() { return client_.request(transport::Method::kGet, "round"); }
-
-transport::CoapResponse CoapServerChannel::post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) {
-  return client_.request(transport::Method::kPost, "round/update?examples=" + std::to_string(examples), body);
+transport::CoapResponse CoapServerChannel::get_round() {
+  return client_.request(transport::Method::kGet, "round");
 }
 
-transport::CoapResponse CoapServerChannel::request(transport::Method method, const std::string& path,
+transport::CoapResponse CoapServerChannel::post_round_update(std::uint64_t examples,
+                                                             std::span<const std::uint8_t> body) {
+  return client_.request(transport::Method::kPost,
+                         "round/update?examples=" + std::to_string(examples), body);
+}
+
+transport::CoapResponse CoapServerChannel::request(transport::Method method,
+                                                   const std::string& path,
                                                    std::span<const std::uint8_t> body) {
   return client_.request(method, path, body);
 }

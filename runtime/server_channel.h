@@ -25,7 +25,8 @@ class ServerChannel {
   // /round/update?examples=N with one encoded model delta. A channel without rounds
   // answers 4.04.
   virtual transport::CoapResponse get_round() { return {transport::CoapCode::kNotFound, {}, {}}; }
-  virtual transport::CoapResponse post_round_update(std::uint64_t /*examples*/, std::span<const std::uint8_t> /*body*/) {
+  virtual transport::CoapResponse post_round_update(std::uint64_t /*examples*/,
+                                                    std::span<const std::uint8_t> /*body*/) {
     return {transport::CoapCode::kNotFound, {}, {}};
   }
   // Any other resource (MD-GAN's /gan/batches and /gan/feedback: runtime/gan_worker.h). A
@@ -41,11 +42,13 @@ class ServerChannel {
 class CoapServerChannel : public ServerChannel {
  public:
   // Throws what CoapDtlsClient's constructor throws (unusable credentials, unresolvable host).
-  explicit CoapServerChannel(transport::CoapDtlsClient::Options options) : client_(std::move(options)) {}
+  explicit CoapServerChannel(transport::CoapDtlsClient::Options options)
+      : client_(std::move(options)) {}
   transport::CoapResponse get_model(const std::string& path) override;
   transport::CoapResponse post_update(std::span<const std::uint8_t> body) override;
   transport::CoapResponse get_round() override;
-  transport::CoapResponse post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) override;
+  transport::CoapResponse post_round_update(std::uint64_t examples,
+                                            std::span<const std::uint8_t> body) override;
   transport::CoapResponse request(transport::Method method, const std::string& path,
                                   std::span<const std::uint8_t> body = {}) override;
 

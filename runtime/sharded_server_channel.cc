@@ -35,9 +35,11 @@ std::optional<std::uint64_t> since_of(const std::string& path) {
 // The value encoding of an update's first tensor record (CODEC.md: byte 12 of the record,
 // which starts after the 36-byte header); the worker's encoder uses one for all records.
 // Only called on a body that decoded, so the record is there.
-transport::ValueEncoding value_encoding_of(std::span<const std::uint8_t> body, const transport::SparseUpdate& update) {
+transport::ValueEncoding value_encoding_of(std::span<const std::uint8_t> body,
+                                           const transport::SparseUpdate& update) {
   constexpr std::size_t kHeaderBytes = 36, kEncodingByte = 12;
-  if (update.tensors.empty() || body.size() <= kHeaderBytes + kEncodingByte) return transport::ValueEncoding::kFp32;
+  if (update.tensors.empty() || body.size() <= kHeaderBytes + kEncodingByte)
+    return transport::ValueEncoding::kFp32;
   return static_cast<transport::ValueEncoding>(body[kHeaderBytes + kEncodingByte]);
 }
 
@@ -49,10 +51,14 @@ int refusal_code(transport::CodecErrorCode code) {
 
 }  // namespace
 
-ShardedServerChannel::ShardedServerChannel(const Model& model, std::vector<std::unique_ptr<ServerChannel>> shards)
-    : model_id_(model.layout_id()), parameters_(model.parameter_count(), 0.0f), acknowledged_(shards.size(), 0) {
+ShardedServerChannel::ShardedServerChannel(const Model& model,
+                                           std::vector<std::unique_ptr<ServerChannel>> shards)
+    : model_id_(model.layout_id()),
+      parameters_(model.parameter_count(), 0.0f),
+      acknowledged_(shards.size(), 0) {
   if (shards.empty()) throw std::invalid_argument("a sharded server needs at least one shard");
-  for (const TensorInfo& t : model.tensors()) tensor_sizes_.push_back(static_cast<std::uint32_t>(t.size));
+  for (const TensorInfo& t : model.tensors())
+    tensor_sizes_.push_back(static_cast<std::uint32_t>(t.size));
   pieces_of_tensor_.resize(tensor_sizes_.size());
   const auto count = static_cast<std::uint32_t>(shards.size());
   for (std::uint32_t s = 0; s < count; s++) {
@@ -89,13 +95,15 @@ void ShardedServerChannel::remember_versions() {
   if (recent_.size() > kRemembered) recent_.pop_front();
 }
 
-const std::vector<std::uint64_t>* ShardedServerChannel::versions_behind(std::uint64_t synthetic) const {
+const std::vector<std::uint64_t>* ShardedServerChannel::versions_behind(
+    std::uint64_t synthetic) const {
   for (auto it = recent_.rbegin(); it != recent_.rend(); ++it)
     if (it->first == synthetic) return &it->second;
   return nullptr;
 }
 
-CoapResponse ShardedServerChannel::pull_shard(std::size_t s, std::vector<transport::SparseTensor>& changed) {
+CoapResponse ShardedServerChannel::pull_shard(std::size_t s,
+                                              std::vector<transport::SparseTensor>& changed) {
   Shard& shard = shards_[s];
   const transport::ModelLayout layout{shard.layout_id, shard.tensor_sizes};
   const std::span<float> slice = std::span<float>(parameters_).subspan(shard.first, shard.size);
@@ -117,7 +125,8 @@ CoapResponse ShardedServerChannel::pull_shard(std::size_t s, std::vector<transpo
         for (std::uint32_t j = 0; j < shard.tensor_sizes.size(); j++) {
           transport::SparseTensor record{j, shard.tensor_sizes[j], {}, {}};
           for (std::uint32_t i = 0; i < shard.tensor_sizes[j]; i++)
-            if (std::bit_cast<std::uint32_t>(values[start + i]) != std::bit_cast<std::uint32_t>(slice[start + i])) {
+            if (std::bit_cast<std::uint32_t>(values[start + i]) !=
+                std::bit_cast<std::uint32_t>(slice[start + i])) {
               record.indices.push_back(i);
               record.values.push_back(values[start + i]);
             }
@@ -135,8 +144,8 @@ CoapResponse ShardedServerChannel::pull_shard(std::size_t s, std::vector<transpo
       if (!decoded) {
         problem = decoded.error().message;
       } else if (decoded.value().base_version != shard.version) {
-        problem = "a delta from version " + std::to_string(decoded.value().base_version) + ", asked from " +
-                  std::to_string(shard.version);
+        problem = "a delta from version " + std::to_string(decoded.value().base_version) +
+                  ", asked from " + std::to_string(shard.version);
       } else if (!transport::apply_model_delta(decoded.value(), shard.tensor_sizes, slice)) {
         problem = "a delta that does not fit the slice";
       } else if (transport::parameter_digest(slice) != decoded.value().digest) {
@@ -151,19 +160,23 @@ CoapResponse ShardedServerChannel::pull_shard(std::size_t s, std::vector<transpo
     }
     shard.exact = false;
   }
-  return text_answer(kBadGateway, "shard " + std::to_string(s) + " of " + std::to_string(shards_.size()) +
+  return text_answer(kBadGateway, "shard " + std::to_string(s) + " of " +
+                                      std::to_string(shards_.size()) +
                                       " sent an unusable model: " + problem);
 }
 
 CoapResponse ShardedServerChannel::dense_answer() const {
-  auto encoded = transport::encode_dense_model(model_id_, synthetic_version(), tensor_sizes_, parameters_);
-  if (!encoded) throw std::logic_error("sharded channel: cannot encode the model: " + encoded.error().message);
+  auto encoded =
+      transport::encode_dense_model(model_id_, synthetic_version(), tensor_sizes_, parameters_);
+  if (!encoded)
+    throw std::logic_error("sharded channel: cannot encode the model: " + encoded.error().message);
   return CoapResponse(CoapCode::kContent, std::move(encoded).value());
 }
 
 CoapResponse ShardedServerChannel::get_model(const std::string& path) {
   const std::optional<std::uint64_t> since = since_of(path);
-  if (!since && path != "model") return text_answer(CoapCode::kNotFound, "no such resource: " + path);
+  if (!since && path != "model")
+    return text_answer(CoapCode::kNotFound, "no such resource: " + path);
   // The worker holds what this channel holds when it asks from a version whose shard
   // versions are where every slice is now: then the shards' deltas, put together, are its
   // delta. (Not so after a pull that one shard's silence broke off: the shards before it
@@ -205,7 +218,8 @@ CoapResponse ShardedServerChannel::get_model(const std::string& path) {
   for (auto& t : whole)
     if (!t.indices.empty()) delta.tensors.push_back(std::move(t));
   auto encoded = transport::encode_model_delta(delta);
-  if (!encoded || encoded.value().size() >= transport::dense_model_bytes(tensor_sizes_)) return dense_answer();
+  if (!encoded || encoded.value().size() >= transport::dense_model_bytes(tensor_sizes_))
+    return dense_answer();
   return CoapResponse(CoapCode::kContent, std::move(encoded).value());
 }
 
@@ -215,8 +229,9 @@ CoapResponse ShardedServerChannel::post_update(std::span<const std::uint8_t> bod
   const transport::SparseUpdate& update = decoded.value();
   const std::vector<std::uint64_t>* fetched = versions_behind(update.fetched_version);
   if (!fetched)
-    return text_answer(CoapCode::kConflict, "version " + std::to_string(update.fetched_version) +
-                                                " is not one of this channel's recent models: pull again");
+    return text_answer(CoapCode::kConflict,
+                       "version " + std::to_string(update.fetched_version) +
+                           " is not one of this channel's recent models: pull again");
   std::vector<transport::SparseUpdate> parts(shards_.size());
   for (std::size_t s = 0; s < shards_.size(); s++) {
     parts[s].model_id = shards_[s].layout_id;
@@ -250,8 +265,9 @@ CoapResponse ShardedServerChannel::post_update(std::span<const std::uint8_t> bod
   std::uint64_t sum = 0;
   for (std::size_t s = 0; s < shards_.size(); s++) {
     auto encoded = transport::encode_sparse_update(parts[s], options);
-    if (!encoded) throw std::logic_error("sharded channel: cannot encode shard " + std::to_string(s) + "'s part: " +
-                                         encoded.error().message);
+    if (!encoded)
+      throw std::logic_error("sharded channel: cannot encode shard " + std::to_string(s) +
+                             "'s part: " + encoded.error().message);
     CoapResponse answer;
     try {
       answer = shards_[s].channel->post_update(encoded.value());
@@ -262,7 +278,9 @@ CoapResponse ShardedServerChannel::post_update(std::span<const std::uint8_t> bod
     if (answer.code == CoapCode::kChanged) {
       const auto version = transport::decode_update_reply(answer.payload);
       if (!version) {
-        if (!refusal) refusal = text_answer(kBadGateway, "shard " + std::to_string(s) + " acknowledged no version");
+        if (!refusal)
+          refusal =
+              text_answer(kBadGateway, "shard " + std::to_string(s) + " acknowledged no version");
         continue;
       }
       acknowledged_[s] = std::max(acknowledged_[s], *version);

@@ -66,7 +66,7 @@ class ShardedServerChannel : public ServerChannel {
     std::vector<ShardPiece> pieces;
     std::size_t first = 0;  // its range in the flat parameters: [first, first + size)
     std::size_t size = 0;
-    bool exact = false;     // parameters_ holds this shard's slice at `version`
+    bool exact = false;  // parameters_ holds this shard's slice at `version`
     std::uint64_t version = 0;
   };
   // A piece as seen from a tensor of the whole model: entries [offset, offset + size) of it
@@ -87,7 +87,8 @@ class ShardedServerChannel : public ServerChannel {
   std::uint64_t model_id_;
   std::vector<std::uint32_t> tensor_sizes_;
   std::vector<Shard> shards_;
-  std::vector<std::vector<PieceRef>> pieces_of_tensor_;  // per tensor of the whole model, in offset order
+  std::vector<std::vector<PieceRef>>
+      pieces_of_tensor_;  // per tensor of the whole model, in offset order
   std::vector<float> parameters_;
   std::vector<std::uint64_t> acknowledged_;
   // The last assemblies: synthetic version → per-shard versions (newest last).

@@ -13,7 +13,8 @@ class ThreadPool {
   explicit ThreadPool(int threads) {
     if (threads > 1) {
       pool_ = pthreadpool_create(static_cast<size_t>(threads));
-      if (!pool_) throw std::runtime_error("cannot create a pool of " + std::to_string(threads) + " threads");
+      if (!pool_)
+        throw std::runtime_error("cannot create a pool of " + std::to_string(threads) + " threads");
     }
   }
   ~ThreadPool() {

@@ -28,8 +28,9 @@ k::Conv2dShape conv_shape(const ResolvedLayer& layer, int batch) {
 }  // namespace
 
 struct Trainer::Stage {
-  std::size_t layer = 0;   // the layer this stage computes (index into Model::layers())
-  std::size_t output = 0;  // the layer whose output it writes: `layer`, or layer + 1 with a fused ReLU
+  std::size_t layer = 0;  // the layer this stage computes (index into Model::layers())
+  std::size_t output =
+      0;  // the layer whose output it writes: `layer`, or layer + 1 with a fused ReLU
   bool fused_relu = false;
   // XNNPACK backend only, built for max_batch; at most one is set.
   std::unique_ptr<k::Conv2dXnn> conv;
@@ -45,14 +46,16 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   const bool xnnpack = backend == KernelBackend::kXnnpack;
   for (const ResolvedLayer& layer : layers) {
     if (layer.kind == LayerKind::kDeconv)
-      throw ModelError("Trainer: model '" + model.spec().name +
-                       "' has a deconv layer; those are trained by the GAN networks (runtime/gan_network.h)");
+      throw ModelError(
+          "Trainer: model '" + model.spec().name +
+          "' has a deconv layer; those are trained by the GAN networks (runtime/gan_network.h)");
   }
   for (std::size_t i = 0; i < layers.size(); i++) {
     Stage stage;
     stage.layer = stage.output = i;
     const ResolvedLayer& layer = layers[i];
-    const bool can_fuse = layer.kind == LayerKind::kConv || layer.kind == LayerKind::kFullyConnected;
+    const bool can_fuse =
+        layer.kind == LayerKind::kConv || layer.kind == LayerKind::kFullyConnected;
     if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu) {
       stage.fused_relu = true;
       stage.output = i + 1;
@@ -61,13 +64,16 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
       const k::Activation activation = stage.fused_relu ? k::Activation::relu : k::Activation::none;
       switch (layer.kind) {
         case LayerKind::kConv:
-          stage.conv = std::make_unique<k::Conv2dXnn>(conv_shape(layer, max_batch), activation, pool);
+          stage.conv =
+              std::make_unique<k::Conv2dXnn>(conv_shape(layer, max_batch), activation, pool);
           break;
         case LayerKind::kFullyConnected:
-          stage.fc = std::make_unique<k::FullyConnectedTrainXnn>(B, layer.in.size(), layer.out.size(), activation, pool);
+          stage.fc = std::make_unique<k::FullyConnectedTrainXnn>(
+              B, layer.in.size(), layer.out.size(), activation, pool);
           break;
         case LayerKind::kMaxPool:
-          stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W, layer.in.C, pool);
+          stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W,
+                                                          layer.in.C, pool);
           break;
         case LayerKind::kRelu:
         case LayerKind::kDeconv:  // refused above
@@ -92,13 +98,14 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
 
 Trainer::~Trainer() = default;
 
-BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels,
-                             int count) {
+BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
+                             const std::int32_t* labels, int count) {
   if (count < 1 || count > max_batch_) {
-    throw std::invalid_argument("Trainer: batch of " + std::to_string(count) + " examples, built for 1.." +
-                                std::to_string(max_batch_));
+    throw std::invalid_argument("Trainer: batch of " + std::to_string(count) +
+                                " examples, built for 1.." + std::to_string(max_batch_));
   }
-  if (params.size() != model_.parameter_count()) throw std::invalid_argument("Trainer: parameter count mismatch");
+  if (params.size() != model_.parameter_count())
+    throw std::invalid_argument("Trainer: parameter count mismatch");
   const std::size_t N = model_.input_shape().size();
   const std::size_t given = static_cast<std::size_t>(count) * N;
   for (std::size_t i = 0; i < given; i++) input_[i] = static_cast<float>(pixels[i]);
@@ -115,8 +122,10 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
   for (Stage& stage : stages_) {
     const ResolvedLayer& layer = layers[stage.layer];
     float* out = activations_[stage.output].data();
-    const float* weight = layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
-    const float* bias = layer.bias_tensor >= 0 ? params.data() + tensors[layer.bias_tensor].offset : nullptr;
+    const float* weight =
+        layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
+    const float* bias =
+        layer.bias_tensor >= 0 ? params.data() + tensors[layer.bias_tensor].offset : nullptr;
     const bool reference = backend_ == KernelBackend::kReference;
     switch (layer.kind) {
       case LayerKind::kConv:
@@ -128,15 +137,16 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
         break;
       case LayerKind::kMaxPool:
         if (reference) {
-          k::maxpool2x2_forward_reference(out, argmax_[stage.layer].data(), in, rows, layer.in.H, layer.in.W,
-                                          layer.in.C);
+          k::maxpool2x2_forward_reference(out, argmax_[stage.layer].data(), in, rows, layer.in.H,
+                                          layer.in.W, layer.in.C);
         } else {
           stage.pool->forward(out, argmax_[stage.layer].data(), in);
         }
         break;
       case LayerKind::kFullyConnected:
         if (reference) {
-          k::fully_connected_forward_reference(out, in, weight, bias, rows, layer.in.size(), layer.out.size());
+          k::fully_connected_forward_reference(out, in, weight, bias, rows, layer.in.size(),
+                                               layer.out.size());
         } else {
           stage.fc->forward(out, in, weight, bias);
         }
@@ -151,7 +161,8 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
   }
   BatchResult result;
   result.count = count;
-  result.loss = k::softmax_cross_entropy_forward(probs_.data(), in, labels, count, model_.num_classes(), &result.correct);
+  result.loss = k::softmax_cross_entropy_forward(probs_.data(), in, labels, count,
+                                                 model_.num_classes(), &result.correct);
   return result;
 }
 
@@ -161,14 +172,16 @@ void Trainer::set_dropout(const DropoutConfig& config) {
 
 void Trainer::clear_dropout() { dropout_.reset(); }
 
-BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels,
-                              int count) {
+BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels,
+                              const std::int32_t* labels, int count) {
   return forward(params, pixels, labels, count);
 }
 
 BatchResult Trainer::compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
-                                      const std::int32_t* labels, int count, std::span<float> grad) {
-  if (grad.size() != model_.parameter_count()) throw std::invalid_argument("Trainer: gradient size mismatch");
+                                      const std::int32_t* labels, int count,
+                                      std::span<float> grad) {
+  if (grad.size() != model_.parameter_count())
+    throw std::invalid_argument("Trainer: gradient size mismatch");
   if (dropout_) {
     dropout_->draw();
     return dropout_->compute_gradient_for_current_draw(params, pixels, labels, count, grad);
@@ -179,7 +192,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   const int rows = rows_for(count);
   const std::size_t classes = static_cast<std::size_t>(model_.num_classes());
   std::vector<float>& dlogits = gradients_.back();
-  k::softmax_cross_entropy_backward(dlogits.data(), probs_.data(), labels, count, model_.num_classes());
+  k::softmax_cross_entropy_backward(dlogits.data(), probs_.data(), labels, count,
+                                    model_.num_classes());
   // Padding rows get a zero loss gradient: every parameter gradient is a sum over rows of
   // (gradient row) x (activation row), so they contribute exactly nothing.
   std::fill(dlogits.begin() + static_cast<std::ptrdiff_t>(count * classes),
@@ -193,37 +207,44 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
     // The first stage's input is the image, which needs no gradient.
     float* dinp = s > 0 ? gradients_[stages_[s - 1].output].data() : nullptr;
     const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
-    const float* weight = layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
-    float* dweight = layer.weight_tensor >= 0 ? grad.data() + tensors[layer.weight_tensor].offset : nullptr;
-    float* dbias = layer.bias_tensor >= 0 ? grad.data() + tensors[layer.bias_tensor].offset : nullptr;
+    const float* weight =
+        layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
+    float* dweight =
+        layer.weight_tensor >= 0 ? grad.data() + tensors[layer.weight_tensor].offset : nullptr;
+    float* dbias =
+        layer.bias_tensor >= 0 ? grad.data() + tensors[layer.bias_tensor].offset : nullptr;
     const bool reference = backend_ == KernelBackend::kReference;
     switch (layer.kind) {
       case LayerKind::kConv:
         if (reference) {
-          k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight, conv_shape(layer, rows));
+          k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
+                                       conv_shape(layer, rows));
         } else {
-          stage.conv->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in, weight);
+          stage.conv->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
+                               weight);
         }
         break;
       case LayerKind::kMaxPool:
         if (!dinp) break;
         if (reference) {
-          k::maxpool2x2_backward_reference(dinp, dout, argmax_[stage.layer].data(), rows, layer.in.H, layer.in.W,
-                                           layer.in.C);
+          k::maxpool2x2_backward_reference(dinp, dout, argmax_[stage.layer].data(), rows,
+                                           layer.in.H, layer.in.W, layer.in.C);
         } else {
           stage.pool->backward(dinp, dout, argmax_[stage.layer].data());
         }
         break;
       case LayerKind::kFullyConnected:
         if (reference) {
-          k::fully_connected_backward_reference(dinp, dweight, dbias, dout, in, weight, rows, layer.in.size(),
-                                                layer.out.size());
+          k::fully_connected_backward_reference(dinp, dweight, dbias, dout, in, weight, rows,
+                                                layer.in.size(), layer.out.size());
         } else {
-          stage.fc->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in, weight);
+          stage.fc->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
+                             weight);
         }
         break;
       case LayerKind::kRelu:
-        if (dinp) k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
+        if (dinp)
+          k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
         break;
       case LayerKind::kDeconv:  // refused by the constructor
         break;

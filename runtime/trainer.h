@@ -54,11 +54,12 @@ class Trainer {
   // Gradient of the mean loss over `count` examples (count <= max_batch) at `params`,
   // written to `grad` (same layout as the model's arena; fully overwritten).
   // `pixels` holds count × input size raw grey values (0..255), standardized per image here.
-  BatchResult compute_gradient(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels,
-                               int count, std::span<float> grad);
+  BatchResult compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
+                               const std::int32_t* labels, int count, std::span<float> grad);
 
   // Forward only: loss and number correct.
-  BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels, int count);
+  BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels,
+                       const std::int32_t* labels, int count);
 
   // Filter dropout for the following compute_gradient() calls (each draws new kept
   // filters); validates `config` against the model (std::invalid_argument) and builds the
@@ -70,7 +71,8 @@ class Trainer {
  private:
   struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
 
-  BatchResult forward(std::span<const float> params, const std::uint8_t* pixels, const std::int32_t* labels, int count);
+  BatchResult forward(std::span<const float> params, const std::uint8_t* pixels,
+                      const std::int32_t* labels, int count);
   // Rows every kernel runs on: max_batch for XNNPACK (ops built for it), else `count`.
   int rows_for(int count) const { return backend_ == KernelBackend::kXnnpack ? max_batch_ : count; }
 
@@ -80,10 +82,12 @@ class Trainer {
   pthreadpool_t pool_;
   std::unique_ptr<FilterDropout> dropout_;  // null: no dropout
   std::vector<Stage> stages_;
-  std::vector<float> input_;                        // standardized batch
-  std::vector<std::vector<float>> activations_;     // output of each layer (empty if no stage writes it)
-  std::vector<std::vector<float>> gradients_;       // d(loss)/d(output of each layer), same
-  std::vector<std::vector<std::uint32_t>> argmax_;  // per max-pool layer (XNNPACK: index within the window)
+  std::vector<float> input_;  // standardized batch
+  std::vector<std::vector<float>>
+      activations_;                            // output of each layer (empty if no stage writes it)
+  std::vector<std::vector<float>> gradients_;  // d(loss)/d(output of each layer), same
+  std::vector<std::vector<std::uint32_t>>
+      argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;
 };
 

@@ -42,7 +42,7 @@ struct WorkerConfig {
   int batch = 10;
   int threads = 1;
   CompressorOptions compressor;  // the paper's AdaComp by default; its value_encoding is the wire's
-  int pull_every = 1;           // steps per model pull; 1 is the paper's (pull before every step)
+  int pull_every = 1;            // steps per model pull; 1 is the paper's (pull before every step)
   // false (default): after the first pull, ask only for the parameters changed since the
   // version held (GET /model?since=V) and overwrite those; the result is the server's model
   // bit for bit, checked by its digest. true: always download the dense model.
@@ -80,25 +80,28 @@ struct WorkerConfig {
 void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port);
 // The same, also accepting "coap://host:port" (plain CoAP, port defaults to 5683), which
 // sets `plaintext`.
-void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port, bool& plaintext);
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port,
+                      bool& plaintext);
 // Hex text (whitespace ignored) into bytes; throws std::invalid_argument.
 std::vector<std::uint8_t> parse_hex_key(const std::string& text);
 
 struct WorkerStats {
-  std::uint64_t steps = 0;            // minibatches trained
+  std::uint64_t steps = 0;  // minibatches trained
   std::uint64_t updates_accepted = 0;
-  std::uint64_t updates_refused = 0;  // 4.09: re-pulled
-  std::uint64_t updates_rejected = 0; // any other answer (4.00, 4.13, 5.00...): logged, backed off
+  std::uint64_t updates_refused = 0;   // 4.09: re-pulled
+  std::uint64_t updates_rejected = 0;  // any other answer (4.00, 4.13, 5.00...): logged, backed off
   std::uint64_t pulls = 0;
-  std::uint64_t delta_pulls = 0;      // pulls answered with a model delta
-  std::uint64_t delta_mismatches = 0; // deltas that did not reproduce the server's model (re-pulled dense)
-  std::uint64_t bytes_sent = 0;       // encoded update payloads
-  std::uint64_t bytes_received = 0;   // encoded model payloads
-  std::uint64_t server_version = 0;   // as last reported by the server
-  std::uint64_t retries = 0;          // failed requests and server trouble survived (each waited the backoff)
-  std::uint64_t non_finite_steps = 0; // skipped: the gradient was NaN or infinite
+  std::uint64_t delta_pulls = 0;  // pulls answered with a model delta
+  std::uint64_t delta_mismatches =
+      0;  // deltas that did not reproduce the server's model (re-pulled dense)
+  std::uint64_t bytes_sent = 0;      // encoded update payloads
+  std::uint64_t bytes_received = 0;  // encoded model payloads
+  std::uint64_t server_version = 0;  // as last reported by the server
+  std::uint64_t retries =
+      0;  // failed requests and server trouble survived (each waited the backoff)
+  std::uint64_t non_finite_steps = 0;  // skipped: the gradient was NaN or infinite
   float last_loss = 0;
-  DropoutStatus dropout;              // filter dropout in force (runtime/worker_dropout.h)
+  DropoutStatus dropout;  // filter dropout in force (runtime/worker_dropout.h)
   // With shards: per shard, the highest version it acknowledged (ShardedServerChannel);
   // server_version is then their sum. Filled by run_worker(), not by the loop.
   std::vector<std::uint64_t> shard_versions;
@@ -116,8 +119,8 @@ class Worker {
   // Checks `config` (std::invalid_argument; ModelError when the model does not fit the
   // data) and builds everything a step needs. `train`, `channel` and `stop` are not owned
   // and must outlive the worker; `stop` cuts backoff and slowdown sleeps short.
-  Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel, const std::atomic<bool>& stop,
-         WorkerLog log = {});
+  Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
+         const std::atomic<bool>& stop, WorkerLog log = {});
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -173,12 +176,14 @@ struct WorkerRun {
 
 // The CoAP/DTLS client of a worker's settings (server, PSK identity and key or certificates,
 // plain CoAP, timing, request timeout); its waits look at `stop`. Every mode's run uses it.
-transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config, const std::atomic<bool>& stop);
+transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config,
+                                                       const std::atomic<bool>& stop);
 
 // How a run that applied nothing ends: with the last trouble's exit status (kNothingApplied
 // when there was none) and a reason that names `nothing` and that trouble.
 void end_without_anything_applied(WorkerExit last_trouble, const std::string& last_trouble_message,
-                                  const std::string& nothing, WorkerExit& exit, std::string& reason);
+                                  const std::string& nothing, WorkerExit& exit,
+                                  std::string& reason);
 
 // A Worker over CoAP/DTLS to config.server_host (CoapServerChannel), which looks at `stop`
 // at least every 100 ms while it waits for the server. Runs until `stop` becomes true,
@@ -187,7 +192,8 @@ void end_without_anything_applied(WorkerExit last_trouble, const std::string& la
 // (kServerUnreachable when the server never answered, ...) or kNothingApplied. Throws for
 // bad configuration or data (std::invalid_argument, ModelError) and for a broken server
 // (std::runtime_error).
-WorkerRun run_worker(const WorkerConfig& config, const Dataset& train, const std::atomic<bool>& stop,
-                     const WorkerLog& log = {}, const WorkerProgress& progress = {});
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train,
+                     const std::atomic<bool>& stop, const WorkerLog& log = {},
+                     const WorkerProgress& progress = {});
 
 }  // namespace edgetrain::runtime

@@ -6,15 +6,18 @@
 
 namespace edgetrain::runtime {
 
-void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& model, DropoutPacing pacing) {
+void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& model,
+                          DropoutPacing pacing) {
   if (!settings.drop_rates.empty() && !settings.table_path.empty())
-    throw std::invalid_argument("worker: give either --drop-rates (a static vector) or --dropout-table (chosen at run "
-                                "time), not both");
+    throw std::invalid_argument(
+        "worker: give either --drop-rates (a static vector) or --dropout-table (chosen at run "
+        "time), not both");
   if (!settings.table_path.empty()) {
     read_dropout_table(settings.table_path, model);
     if (pacing == DropoutPacing::kPerStep && !(settings.step_budget_seconds > 0))
-      throw std::invalid_argument("worker: --dropout-table needs --step-time-budget in async mode (in rounds the "
-                                  "round's deadline sets the budget)");
+      throw std::invalid_argument(
+          "worker: --dropout-table needs --step-time-budget in async mode (in rounds the "
+          "round's deadline sets the budget)");
   } else if (!settings.drop_rates.empty()) {
     validate_drop_rates(model, settings.drop_rates);
   } else if (settings.step_budget_seconds > 0) {
@@ -22,8 +25,8 @@ void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& mo
   }
 }
 
-WorkerDropout::WorkerDropout(const WorkerDropoutSettings& settings, const Model& model, Trainer& trainer,
-                             std::uint64_t seed, Pacing pacing)
+WorkerDropout::WorkerDropout(const WorkerDropoutSettings& settings, const Model& model,
+                             Trainer& trainer, std::uint64_t seed, Pacing pacing)
     : model_(model), trainer_(trainer), seed_(seed), pacing_(pacing), rescale_(settings.rescale) {
   check_worker_dropout(settings, model, pacing);
   if (!settings.table_path.empty()) {
@@ -31,7 +34,8 @@ WorkerDropout::WorkerDropout(const WorkerDropoutSettings& settings, const Model&
     rescale_ = table.rescale;
     // Before the first measurement the selector holds the most accurate point; a round
     // worker replaces this budget with its deadline's before training.
-    selector_.emplace(dropout_choices(table), settings.step_budget_seconds > 0 ? settings.step_budget_seconds : 1.0);
+    selector_.emplace(dropout_choices(table),
+                      settings.step_budget_seconds > 0 ? settings.step_budget_seconds : 1.0);
     apply(selector_->current_choice().drop_rates);
   } else if (!settings.drop_rates.empty()) {
     apply(settings.drop_rates);
@@ -92,8 +96,8 @@ DropoutStatus WorkerDropout::status() const {
 std::string WorkerDropout::describe() const {
   const DropoutStatus s = status();
   char text[200];
-  std::snprintf(text, sizeof text, "dropout %s (full-model step %.1f ms, budget %.1f ms)", s.drop_rates.c_str(),
-                s.full_step_estimate_ms, s.budget_ms);
+  std::snprintf(text, sizeof text, "dropout %s (full-model step %.1f ms, budget %.1f ms)",
+                s.drop_rates.c_str(), s.full_step_estimate_ms, s.budget_ms);
   return text;
 }
 

@@ -34,8 +34,8 @@ namespace edgetrain::runtime {
 struct WorkerDropoutSettings {
   std::vector<float> drop_rates;  // static: one rate per conv layer (empty: none)
   DropoutRescale rescale = DropoutRescale::kInverted;  // static only; a table carries its own
-  std::string table_path;         // adaptive: a dropout table file (empty: none)
-  double step_budget_seconds = 0; // adaptive, async mode: the step-time budget (> 0 there)
+  std::string table_path;          // adaptive: a dropout table file (empty: none)
+  double step_budget_seconds = 0;  // adaptive, async mode: the step-time budget (> 0 there)
 };
 
 // What a worker reports about its dropout (stats file, progress line).
@@ -51,7 +51,8 @@ enum class DropoutPacing { kPerStep, kPerRound };
 
 // The settings' checks alone (what the constructor below refuses), for a program to report
 // bad settings before it loads its data: std::invalid_argument naming what is wrong.
-void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& model, DropoutPacing pacing);
+void check_worker_dropout(const WorkerDropoutSettings& settings, const Model& model,
+                          DropoutPacing pacing);
 
 class WorkerDropout {
  public:
@@ -59,8 +60,8 @@ class WorkerDropout {
   // Checks the settings against `model` (std::invalid_argument: both static and table given,
   // a rate outside [0, 1) or the wrong count, a table for another model, an adaptive
   // per-step worker without a budget), and sets the trainer's dropout.
-  WorkerDropout(const WorkerDropoutSettings& settings, const Model& model, Trainer& trainer, std::uint64_t seed,
-                Pacing pacing);
+  WorkerDropout(const WorkerDropoutSettings& settings, const Model& model, Trainer& trainer,
+                std::uint64_t seed, Pacing pacing);
 
   bool adaptive() const { return selector_.has_value(); }
   // Adaptive: a new budget per step (seconds); re-selects at once (per round: from the last

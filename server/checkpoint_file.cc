@@ -27,7 +27,8 @@ std::optional<std::size_t> digits_offset(std::span<const std::uint8_t> bytes) {
   const std::string_view header = header_of(bytes);
   const std::string needle = std::string("\"") + kCheckpointChecksumKey + "\":\"";
   const std::size_t at = header.find(needle);
-  if (at == std::string_view::npos || at + needle.size() + kDigits >= header.size()) return std::nullopt;
+  if (at == std::string_view::npos || at + needle.size() + kDigits >= header.size())
+    return std::nullopt;
   return 8 + at + needle.size();
 }
 
@@ -57,7 +58,8 @@ std::string hex8(std::uint32_t value) {
 
 }  // namespace
 
-std::vector<std::uint8_t> sealed_checkpoint_bytes(const runtime::Model& model, std::map<std::string, std::string> metadata) {
+std::vector<std::uint8_t> sealed_checkpoint_bytes(const runtime::Model& model,
+                                                  std::map<std::string, std::string> metadata) {
   metadata[kCheckpointChecksumKey] = std::string(kZeroDigits);
   std::vector<std::uint8_t> bytes = model.safetensors_bytes(metadata);
   const std::optional<std::size_t> offset = digits_offset(bytes);
@@ -68,21 +70,24 @@ std::vector<std::uint8_t> sealed_checkpoint_bytes(const runtime::Model& model, s
 }
 
 CheckpointCheck check_checkpoint_seal(std::span<const std::uint8_t> bytes) {
-  if (bytes.size() < 8) return {CheckpointSeal::kDamaged, "shorter than a safetensors length prefix"};
+  if (bytes.size() < 8)
+    return {CheckpointSeal::kDamaged, "shorter than a safetensors length prefix"};
   const std::optional<std::size_t> offset = digits_offset(bytes);
   if (!offset) {
     // Checkpoints of state format 1 had no checksum. A damaged key in a newer one must not
     // pass for that, and cannot: its header says format 2.
     if (header_of(bytes).find("\"edgetrain.state_format\":\"1\"") != std::string_view::npos)
       return {CheckpointSeal::kNone, {}};
-    return {CheckpointSeal::kDamaged, std::string("no ") + kCheckpointChecksumKey +
-                                          " in its metadata, and it is not a state-format-1 checkpoint (which had none)"};
+    return {CheckpointSeal::kDamaged,
+            std::string("no ") + kCheckpointChecksumKey +
+                " in its metadata, and it is not a state-format-1 checkpoint (which had none)"};
   }
   const std::string stored(reinterpret_cast<const char*>(bytes.data()) + *offset, kDigits);
   const std::string computed = hex8(checksum_with_zero_digits(bytes, *offset));
   if (stored != computed)
-    return {CheckpointSeal::kDamaged, "checksum mismatch (" + std::string(kCheckpointChecksumKey) + " says " + stored +
-                                          ", the file's " + std::to_string(bytes.size()) + " bytes give " + computed + ")"};
+    return {CheckpointSeal::kDamaged,
+            "checksum mismatch (" + std::string(kCheckpointChecksumKey) + " says " + stored +
+                ", the file's " + std::to_string(bytes.size()) + " bytes give " + computed + ")"};
   return {CheckpointSeal::kIntact, {}};
 }
 

@@ -20,7 +20,8 @@ namespace edgetrain::server {
 inline constexpr const char* kCheckpointChecksumKey = "edgetrain.crc32";
 
 // The safetensors bytes of `model` with `metadata` and the checksum filled in.
-std::vector<std::uint8_t> sealed_checkpoint_bytes(const runtime::Model& model, std::map<std::string, std::string> metadata);
+std::vector<std::uint8_t> sealed_checkpoint_bytes(const runtime::Model& model,
+                                                  std::map<std::string, std::string> metadata);
 
 enum class CheckpointSeal {
   kIntact,   // the checksum matches

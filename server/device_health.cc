@@ -6,7 +6,8 @@
 namespace edgetrain::server {
 namespace {
 
-double seconds_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+double seconds_between(std::chrono::steady_clock::time_point from,
+                       std::chrono::steady_clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
@@ -36,14 +37,16 @@ void DeviceHealth::make_room() {
   }
 }
 
-void DeviceHealth::touch(DeviceRecord& record, const std::string& identity, std::chrono::steady_clock::time_point now) {
+void DeviceHealth::touch(DeviceRecord& record, const std::string& identity,
+                         std::chrono::steady_clock::time_point now) {
   by_last_seen_.erase({record.last_seen, identity});
   record.last_seen = now;
   record.last_seen_wall = options_.wall_now();
   by_last_seen_.insert({now, identity});
 }
 
-bool DeviceHealth::note_request(const std::string& identity, bool worker, std::uint64_t payload_bytes) {
+bool DeviceHealth::note_request(const std::string& identity, bool worker,
+                                std::uint64_t payload_bytes) {
   const auto now = options_.now();
   auto it = devices_.find(identity);
   const bool first = it == devices_.end();
@@ -67,7 +70,8 @@ void DeviceHealth::note_answer(std::string_view identity, std::uint64_t payload_
   if (it != devices_.end()) it->second.answer_payload_bytes += payload_bytes;
 }
 
-void DeviceHealth::roll_window(DeviceRecord& record, std::chrono::steady_clock::time_point now) const {
+void DeviceHealth::roll_window(DeviceRecord& record,
+                               std::chrono::steady_clock::time_point now) const {
   const double window = options_.rate_window_seconds;
   const double elapsed = seconds_between(record.window_started, now);
   if (elapsed < window) return;
@@ -102,7 +106,8 @@ DeviceView DeviceHealth::view(const DeviceRecord& stored) const {
   v.last_seen_utc = utc_text(record.last_seen_wall);
   v.silent = v.last_seen_seconds_ago > options_.silent_after_seconds;
   if (record.updates_accepted > 0)
-    v.mean_staleness = static_cast<double>(record.staleness_sum) / static_cast<double>(record.updates_accepted);
+    v.mean_staleness =
+        static_cast<double>(record.staleness_sum) / static_cast<double>(record.updates_accepted);
   // Sliding estimate over one window: the current window's updates plus the share of the
   // previous window's that still lies within the last rate_window_seconds. A device younger
   // than a window is rated over its own age (at least a second).
@@ -110,13 +115,15 @@ DeviceView DeviceHealth::view(const DeviceRecord& stored) const {
   const double into_window = seconds_between(record.window_started, now);
   const double age = seconds_between(record.first_seen, now);
   const double recent = static_cast<double>(record.window_updates) +
-                        static_cast<double>(record.previous_window_updates) * std::max(0.0, 1.0 - into_window / window);
+                        static_cast<double>(record.previous_window_updates) *
+                            std::max(0.0, 1.0 - into_window / window);
   v.step_rate = recent / (age < window ? std::max(age, 1.0) : window);
   return v;
 }
 
 std::size_t DeviceHealth::workers() const {
-  return static_cast<std::size_t>(std::count_if(devices_.begin(), devices_.end(), [](const auto& d) { return d.second.worker; }));
+  return static_cast<std::size_t>(std::count_if(devices_.begin(), devices_.end(),
+                                                [](const auto& d) { return d.second.worker; }));
 }
 
 std::size_t DeviceHealth::silent_workers() const {

@@ -27,8 +27,12 @@ struct DeviceHealthOptions {
   double silent_after_seconds = 60;  // a device not heard from for longer is reported silent
   std::size_t max_devices = 10000;   // identities tracked at once (workers and monitors)
   double rate_window_seconds = 60;   // the step rate is updates per second over about this long
-  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
-  std::function<std::chrono::system_clock::time_point()> wall_now = [] { return std::chrono::system_clock::now(); };
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
+  std::function<std::chrono::system_clock::time_point()> wall_now = [] {
+    return std::chrono::system_clock::now();
+  };
   // Called with an identity that is no longer tracked (pushed out by a new one).
   std::function<void(const std::string& identity)> on_forget;
 };
@@ -76,7 +80,8 @@ class DeviceHealth {
   const DeviceHealthOptions& options() const { return options_; }
 
  private:
-  void touch(DeviceRecord& record, const std::string& identity, std::chrono::steady_clock::time_point now);
+  void touch(DeviceRecord& record, const std::string& identity,
+             std::chrono::steady_clock::time_point now);
   void roll_window(DeviceRecord& record, std::chrono::steady_clock::time_point now) const;
   void make_room();
 

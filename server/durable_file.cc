@@ -34,7 +34,8 @@ void durable_rename(const std::filesystem::path& from, const std::filesystem::pa
   sync_path(directory.empty() ? std::filesystem::path(".") : directory);
 }
 
-void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes, unsigned mode) {
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes,
+                           unsigned mode) {
   std::filesystem::path temporary = path;
   temporary += ".tmp";
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);

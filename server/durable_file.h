@@ -15,6 +15,7 @@ void sync_path(const std::filesystem::path& path);
 void durable_rename(const std::filesystem::path& from, const std::filesystem::path& to);
 // Writes `bytes` to `path` atomically (temporary file in the same directory, fsync, rename)
 // with permission bits `mode` (e.g. 0600 for secrets).
-void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes, unsigned mode = 0644);
+void write_file_atomically(const std::filesystem::path& path, std::span<const std::uint8_t> bytes,
+                           unsigned mode = 0644);
 
 }  // namespace edgetrain::server

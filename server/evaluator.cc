@@ -15,8 +15,8 @@ EvaluationResult evaluate_parameters(const runtime::Model& model, std::span<cons
   double loss_sum = 0;
   for (std::size_t start = 0; start < test.size(); start += kBatch) {
     const int count = static_cast<int>(std::min<std::size_t>(kBatch, test.size() - start));
-    auto r = trainer.evaluate(parameters, test.pixels.data() + start * test.image_bytes(), test.labels.data() + start,
-                              count);
+    auto r = trainer.evaluate(parameters, test.pixels.data() + start * test.image_bytes(),
+                              test.labels.data() + start, count);
     correct += r.correct;
     loss_sum += static_cast<double>(r.loss) * count;
   }
@@ -25,7 +25,8 @@ EvaluationResult evaluate_parameters(const runtime::Model& model, std::span<cons
     result.accuracy = static_cast<double>(correct) / test.size();
     result.loss = loss_sum / test.size();
   }
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   return result;
 }
 
@@ -56,7 +57,8 @@ void BackgroundEvaluator::run() {
     if (snapshot.version != last_version) {
       EvaluationResult result = evaluate_parameters(model_, snapshot.parameters, test_);
       result.version = snapshot.version;
-      result.parameters = std::move(snapshot.parameters);  // for the best checkpoint (server/run_end.h)
+      result.parameters =
+          std::move(snapshot.parameters);  // for the best checkpoint (server/run_end.h)
       last_version = snapshot.version;
       report_(result);
     }

@@ -21,7 +21,7 @@ struct EvaluationResult {
   std::uint64_t version = 0;
   double accuracy = 0;
   double loss = 0;
-  double seconds = 0;  // wall time of the round
+  double seconds = 0;             // wall time of the round
   std::vector<float> parameters;  // the evaluated snapshot (BackgroundEvaluator's reports only)
 };
 
@@ -32,8 +32,10 @@ EvaluationResult evaluate_parameters(const runtime::Model& model, std::span<cons
 class BackgroundEvaluator {
  public:
   // `snapshot` is called from the evaluator thread; `report` receives each result there.
-  BackgroundEvaluator(runtime::Model model, runtime::Dataset test, std::function<ServerState::Snapshot()> snapshot,
-                      std::function<void(const EvaluationResult&)> report, std::chrono::milliseconds interval);
+  BackgroundEvaluator(runtime::Model model, runtime::Dataset test,
+                      std::function<ServerState::Snapshot()> snapshot,
+                      std::function<void(const EvaluationResult&)> report,
+                      std::chrono::milliseconds interval);
   ~BackgroundEvaluator();  // stops the thread after the current round
   BackgroundEvaluator(const BackgroundEvaluator&) = delete;
   BackgroundEvaluator& operator=(const BackgroundEvaluator&) = delete;

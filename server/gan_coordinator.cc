@@ -31,9 +31,12 @@ using transport::CoapResponse;
 constexpr int kServiceUnavailable = 503;
 constexpr std::size_t kInputWidth = kGanNoiseSize + kGanClasses;
 constexpr const char* kCheckpointPrefix = "checkpoint-";
-constexpr const char* kCheckpointParts[3] = {"generator.safetensors", "adam-m.safetensors", "adam-v.safetensors"};
+constexpr const char* kCheckpointParts[3] = {"generator.safetensors", "adam-m.safetensors",
+                                             "adam-v.safetensors"};
 
-CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+CoapResponse text_response(int code, const std::string& text) {
+  return {code, {text.begin(), text.end()}, {}};
+}
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
   x += 0x9e3779b97f4a7c15ull;
@@ -54,7 +57,8 @@ std::uint64_t run_id_of(const GanServerOptions& o, const runtime::Model& generat
   std::uint64_t h = mix(generator.layout_id());
   for (const std::uint64_t part :
        {std::uint64_t{static_cast<std::uint32_t>(o.gan.batch)}, std::uint64_t{o.k}, o.gan.seed,
-        std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.lr)}, std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.beta1)},
+        std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.lr)},
+        std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.beta1)},
         std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.beta2)},
         std::uint64_t{std::bit_cast<std::uint32_t>(o.gan.adam.epsilon)}})
     h = mix(h ^ part);
@@ -67,7 +71,8 @@ std::optional<std::uint64_t> checkpoint_iteration_of(const std::filesystem::path
   const std::string name = dir.filename().string();
   if (name.rfind(kCheckpointPrefix, 0) != 0) return std::nullopt;
   const std::string digits = name.substr(std::strlen(kCheckpointPrefix));
-  if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+    return std::nullopt;
   return std::stoull(digits);
 }
 
@@ -81,14 +86,20 @@ std::vector<std::uint8_t> read_bytes(const std::filesystem::path& path) {
 
 void check_gan_server_options(const GanServerOptions& o) {
   if (o.gan.batch < 1 || o.gan.batch > static_cast<int>(transport::kGanMaxBatch))
-    throw std::invalid_argument("--gan-batch must be 1 to " + std::to_string(transport::kGanMaxBatch));
-  if (o.workers < 1 || o.workers > 100000) throw std::invalid_argument("--gan-workers must be 1 to 100000");
+    throw std::invalid_argument("--gan-batch must be 1 to " +
+                                std::to_string(transport::kGanMaxBatch));
+  if (o.workers < 1 || o.workers > 100000)
+    throw std::invalid_argument("--gan-workers must be 1 to 100000");
   if (o.k < 1 || o.k > o.workers) throw std::invalid_argument("--gan-k must be 1 to --gan-workers");
   if (std::uint64_t{o.k} * static_cast<std::uint64_t>(o.gan.batch) > transport::kGanMaxBatch)
-    throw std::invalid_argument("--gan-k times --gan-batch must be at most " + std::to_string(transport::kGanMaxBatch));
-  if (!(o.deadline_seconds > 0) || o.deadline_seconds > 86400) throw std::invalid_argument("--gan-deadline must be in (0, 86400] s");
-  if (o.checkpoint_every < 1) throw std::invalid_argument("--gan-checkpoint-every must be at least 1");
-  if (o.encoding != transport::ValueEncoding::kFp32 && o.encoding != transport::ValueEncoding::kFp16)
+    throw std::invalid_argument("--gan-k times --gan-batch must be at most " +
+                                std::to_string(transport::kGanMaxBatch));
+  if (!(o.deadline_seconds > 0) || o.deadline_seconds > 86400)
+    throw std::invalid_argument("--gan-deadline must be in (0, 86400] s");
+  if (o.checkpoint_every < 1)
+    throw std::invalid_argument("--gan-checkpoint-every must be at least 1");
+  if (o.encoding != transport::ValueEncoding::kFp32 &&
+      o.encoding != transport::ValueEncoding::kFp16)
     throw std::invalid_argument("GAN batches travel as fp32 or fp16");
   if (o.directory.empty()) throw std::invalid_argument("the GAN mode needs a state directory");
 }
@@ -96,7 +107,8 @@ void check_gan_server_options(const GanServerOptions& o) {
 GanCoordinator::GanCoordinator(GanServerOptions options) : options_(std::move(options)) {
   check_gan_server_options(options_);
   runtime::GanSettings settings = options_.gan;
-  settings.batch = static_cast<int>(options_.k) * options_.gan.batch;  // the step runs all k batches at once
+  settings.batch =
+      static_cast<int>(options_.k) * options_.gan.batch;  // the step runs all k batches at once
   g_ = runtime::make_generator(settings, options_.gan.seed);
   run_id_ = run_id_of(options_, g_->model());
   std::filesystem::create_directories(options_.directory);
@@ -115,7 +127,8 @@ void GanCoordinator::recover() {
   // The newest checkpoint whose three parts are intact and of this run.
   std::vector<std::pair<std::uint64_t, std::filesystem::path>> checkpoints;
   for (const auto& entry : std::filesystem::directory_iterator(options_.directory))
-    if (auto i = checkpoint_iteration_of(entry.path()); i && entry.is_directory()) checkpoints.emplace_back(*i, entry.path());
+    if (auto i = checkpoint_iteration_of(entry.path()); i && entry.is_directory())
+      checkpoints.emplace_back(*i, entry.path());
   std::sort(checkpoints.rbegin(), checkpoints.rend());
   std::string problems;
   for (const auto& [iteration, dir] : checkpoints) {
@@ -125,7 +138,8 @@ void GanCoordinator::recover() {
       for (const char* part : kCheckpointParts) {
         const auto bytes = read_bytes(dir / part);
         const auto seal = check_checkpoint_seal(bytes);
-        if (seal.seal != CheckpointSeal::kIntact) throw GanStateError((dir / part).string() + ": " + seal.problem);
+        if (seal.seal != CheckpointSeal::kIntact)
+          throw GanStateError((dir / part).string() + ": " + seal.problem);
         runtime::Model model = g_->model();
         const auto metadata = model.load_safetensors_bytes(bytes, (dir / part).string());
         auto field = [&](const char* key) {
@@ -134,8 +148,10 @@ void GanCoordinator::recover() {
           return std::stoull(it->second);
         };
         if (field("edgetrain.gan.run") != run_id_)
-          throw GanStateError((dir / part).string() + " belongs to another GAN run (other settings)");
-        if (field("edgetrain.gan.iteration") != iteration) throw GanStateError((dir / part).string() + ": iteration differs");
+          throw GanStateError((dir / part).string() +
+                              " belongs to another GAN run (other settings)");
+        if (field("edgetrain.gan.iteration") != iteration)
+          throw GanStateError((dir / part).string() + ": iteration differs");
         adam_steps = field("edgetrain.gan.adam_steps");
         parts.emplace_back(model.parameters().begin(), model.parameters().end());
       }
@@ -152,7 +168,8 @@ void GanCoordinator::recover() {
     }
   }
   if (!checkpoints.empty() && recovery_.fresh)
-    throw GanStateError("no usable GAN checkpoint in " + options_.directory.string() + ": " + problems);
+    throw GanStateError("no usable GAN checkpoint in " + options_.directory.string() + ": " +
+                        problems);
 
   if (!std::filesystem::exists(wal_path_)) {
     wal_ = WalWriter::replace(wal_path_, WalHeader{.model_id = run_id_}, {});
@@ -165,15 +182,18 @@ void GanCoordinator::recover() {
     throw GanStateError(e.what());
   }
   if (wal.header.model_id != run_id_)
-    throw GanStateError(wal_path_.string() + " belongs to another GAN run (other --gan-* settings or seed)");
+    throw GanStateError(wal_path_.string() +
+                        " belongs to another GAN run (other --gan-* settings or seed)");
   if (!wal.damage.empty()) throw GanStateError(describe_wal_damage(wal_path_, wal));
   for (const auto& record : wal.records) {
     if (record.version <= iteration_) continue;  // in the checkpoint already
     if (record.version != iteration_ + 1 || record.identity != kGanStepIdentity)
-      throw GanStateError(wal_path_.string() + ": record of iteration " + number_text(record.version) + " after iteration " +
+      throw GanStateError(wal_path_.string() + ": record of iteration " +
+                          number_text(record.version) + " after iteration " +
                           number_text(iteration_));
     const std::size_t floats = std::size_t{options_.k} * options_.gan.batch * kGanImageSize;
-    if (record.update.size() != floats * 4) throw GanStateError(wal_path_.string() + ": a step record of the wrong size");
+    if (record.update.size() != floats * 4)
+      throw GanStateError(wal_path_.string() + ": a step record of the wrong size");
     std::vector<float> averaged(floats);
     std::memcpy(averaged.data(), record.update.data(), record.update.size());
     draw_inputs();  // the inputs of iteration_ (a function of the seed and the iteration)
@@ -181,7 +201,8 @@ void GanCoordinator::recover() {
     ++recovery_.replayed;
     recovery_.fresh = false;
   }
-  if (wal.dropped_bytes > 0) log("GAN log: cut a torn last record (" + number_text(wal.dropped_bytes) + " bytes)");
+  if (wal.dropped_bytes > 0)
+    log("GAN log: cut a torn last record (" + number_text(wal.dropped_bytes) + " bytes)");
   wal_ = WalWriter::append_to(wal_path_, wal.valid_bytes);
 }
 
@@ -209,7 +230,8 @@ void GanCoordinator::open_iteration() {
   opened_ = options_.now();
   // This iteration's swap round: a random cycle over the workers slotted now.
   swap_to_.clear();
-  if (options_.swap_every > 0 && iteration_ > 0 && iteration_ % options_.swap_every == 0 && slot_names_.size() >= 2) {
+  if (options_.swap_every > 0 && iteration_ > 0 && iteration_ % options_.swap_every == 0 &&
+      slot_names_.size() >= 2) {
     const std::uint64_t round = iteration_ / options_.swap_every;
     runtime::SplitMix64 draw{mix(options_.gan.seed ^ mix(round * 2 + 0x5a5a))};
     std::vector<std::size_t> next(slot_names_.size());
@@ -222,14 +244,17 @@ void GanCoordinator::open_iteration() {
 
 void GanCoordinator::apply_step(std::span<const float> averaged_feedback) {
   const auto started = std::chrono::steady_clock::now();
-  runtime::generator_step(*g_, inputs_.data(), averaged_feedback.data(), static_cast<int>(options_.k) * options_.gan.batch);
+  runtime::generator_step(*g_, inputs_.data(), averaged_feedback.data(),
+                          static_cast<int>(options_.k) * options_.gan.batch);
   ++iteration_;
-  last_step_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  last_step_seconds_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
 CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
   const std::string identity = identity_key(request);
-  if (identity.empty()) return text_response(CoapCode::kUnauthorized, "no identity (plain CoAP needs ?id=NAME)");
+  if (identity.empty())
+    return text_response(CoapCode::kUnauthorized, "no identity (plain CoAP needs ?id=NAME)");
   auto slot = slots_.find(identity);
   if (slot == slots_.end()) {
     if (slots_.size() >= options_.workers) {
@@ -238,17 +263,22 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
                                                      " GAN worker slots are taken (--gan-workers)");
     }
     slot = slots_.emplace(identity, static_cast<std::uint32_t>(slot_names_.size())).first;
-    slot_names_.push_back(request.identity);  // as peers know it: the certificate's CN, or the declared name
-    log("GAN worker " + transport::escape_untrusted(identity) + " has slot " + std::to_string(slot->second));
+    slot_names_.push_back(
+        request.identity);  // as peers know it: the certificate's CN, or the declared name
+    log("GAN worker " + transport::escape_untrusted(identity) + " has slot " +
+        std::to_string(slot->second));
   }
   if (answered_.count(identity)) {
-    const double left = options_.deadline_seconds -
-                        std::chrono::duration<double>(options_.now() - opened_).count();
-    return text_response(kServiceUnavailable, "iteration " + number_text(iteration_) + " waits for " +
-                                                  std::to_string(options_.workers - answered_.size()) +
-                                                  " more feedbacks (at most " + std::to_string(std::max(0.0, left)) + " s)");
+    const double left =
+        options_.deadline_seconds - std::chrono::duration<double>(options_.now() - opened_).count();
+    return text_response(kServiceUnavailable,
+                         "iteration " + number_text(iteration_) + " waits for " +
+                             std::to_string(options_.workers - answered_.size()) +
+                             " more feedbacks (at most " + std::to_string(std::max(0.0, left)) +
+                             " s)");
   }
-  const std::uint32_t n = slot->second, k = options_.k, b = static_cast<std::uint32_t>(options_.gan.batch);
+  const std::uint32_t n = slot->second, k = options_.k,
+                      b = static_cast<std::uint32_t>(options_.gan.batch);
   const std::uint32_t g_batch = n % k, d_batch = (n + 1) % k;
   transport::GanBatches out;
   out.run_id = run_id_;
@@ -260,9 +290,11 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
     out.swap_to = it->second;
   }
   const std::size_t floats = std::size_t{b} * kGanImageSize;
-  for (const auto& [batch, labels, samples] : {std::tuple{g_batch, &out.g_labels, &out.g_samples},
-                                               std::tuple{d_batch, &out.d_labels, &out.d_samples}}) {
-    for (std::uint32_t i = 0; i < b; i++) labels->push_back(static_cast<std::uint8_t>(labels_[std::size_t{batch} * b + i]));
+  for (const auto& [batch, labels, samples] :
+       {std::tuple{g_batch, &out.g_labels, &out.g_samples},
+        std::tuple{d_batch, &out.d_labels, &out.d_samples}}) {
+    for (std::uint32_t i = 0; i < b; i++)
+      labels->push_back(static_cast<std::uint8_t>(labels_[std::size_t{batch} * b + i]));
     samples->assign(samples_.begin() + static_cast<std::ptrdiff_t>(batch * floats),
                     samples_.begin() + static_cast<std::ptrdiff_t>((batch + 1) * floats));
   }
@@ -274,11 +306,15 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
 
 CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
   const std::string identity = identity_key(request);
-  if (identity.empty()) return text_response(CoapCode::kUnauthorized, "no identity (plain CoAP needs ?id=NAME)");
+  if (identity.empty())
+    return text_response(CoapCode::kUnauthorized, "no identity (plain CoAP needs ?id=NAME)");
   const auto slot = slots_.find(identity);
-  if (slot == slots_.end()) return text_response(CoapCode::kForbidden, "ask for batches (GET /gan/batches) first");
+  if (slot == slots_.end())
+    return text_response(CoapCode::kForbidden, "ask for batches (GET /gan/batches) first");
   auto decoded = transport::decode_gan_feedback(
-      request.payload, {.run_id = run_id_, .batch = static_cast<std::uint32_t>(options_.gan.batch), .width = kGanImageSize});
+      request.payload, {.run_id = run_id_,
+                        .batch = static_cast<std::uint32_t>(options_.gan.batch),
+                        .width = kGanImageSize});
   if (!decoded) {
     ++malformed_;
     return text_response(CoapCode::kBadRequest, "feedback refused: " + decoded.error().message);
@@ -286,8 +322,9 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
   const auto& feedback = decoded.value();
   if (feedback.iteration != iteration_) {
     ++late_;
-    return text_response(CoapCode::kConflict, "feedback for iteration " + number_text(feedback.iteration) +
-                                                  ", the open iteration is " + number_text(iteration_));
+    return text_response(CoapCode::kConflict,
+                         "feedback for iteration " + number_text(feedback.iteration) +
+                             ", the open iteration is " + number_text(iteration_));
   }
   if (!answered_.insert(identity).second) {
     ++duplicates_;
@@ -303,8 +340,9 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
 
 bool GanCoordinator::poll() {
   const bool everyone = answered_.size() >= options_.workers;
-  const bool late = options_.now() - opened_ >= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                      std::chrono::duration<double>(options_.deadline_seconds));
+  const bool late =
+      options_.now() - opened_ >= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(options_.deadline_seconds));
   if (!everyone && !late) return false;
   if (answered_.empty()) {  // nobody answered in time: the same iteration again, a new deadline
     ++empty_iterations_;
@@ -327,8 +365,11 @@ void GanCoordinator::close_iteration() {
   // The server's loss is the mean over the m·b samples that came back: each F_n is already the
   // gradient of its worker's mean over b.
   std::vector<float> averaged(feedback_sum_.size());
-  for (std::size_t i = 0; i < averaged.size(); i++) averaged[i] = feedback_sum_[i] / static_cast<float>(m);
-  wal_->append(WalRecord{.version = iteration_ + 1, .identity = kGanStepIdentity, .sequence = m,
+  for (std::size_t i = 0; i < averaged.size(); i++)
+    averaged[i] = feedback_sum_[i] / static_cast<float>(m);
+  wal_->append(WalRecord{.version = iteration_ + 1,
+                         .identity = kGanStepIdentity,
+                         .sequence = m,
                          .update = encode_step(averaged)});
   apply_step(averaged);
   if (iteration_ % options_.checkpoint_every == 0) checkpoint();
@@ -336,14 +377,16 @@ void GanCoordinator::close_iteration() {
 }
 
 void GanCoordinator::checkpoint() {
-  const std::filesystem::path target = options_.directory / (kCheckpointPrefix + number_text(iteration_));
+  const std::filesystem::path target =
+      options_.directory / (kCheckpointPrefix + number_text(iteration_));
   if (std::filesystem::exists(target)) return;
   const std::filesystem::path aside = options_.directory / "checkpoint.tmp";
   std::filesystem::remove_all(aside);
   std::filesystem::create_directories(aside);
-  const std::map<std::string, std::string> metadata = {{"edgetrain.gan.run", number_text(run_id_)},
-                                                       {"edgetrain.gan.iteration", number_text(iteration_)},
-                                                       {"edgetrain.gan.adam_steps", number_text(g_->adam.steps)}};
+  const std::map<std::string, std::string> metadata = {
+      {"edgetrain.gan.run", number_text(run_id_)},
+      {"edgetrain.gan.iteration", number_text(iteration_)},
+      {"edgetrain.gan.adam_steps", number_text(g_->adam.steps)}};
   const std::vector<float>* parts[3] = {&g_->params, &g_->adam.m, &g_->adam.v};
   runtime::Model model = g_->model();
   for (int p = 0; p < 3; p++) {
@@ -357,11 +400,13 @@ void GanCoordinator::checkpoint() {
   // says so rather than guess).
   wal_ = WalWriter::replace(wal_path_, WalHeader{.model_id = run_id_}, {});
   for (const auto& entry : std::filesystem::directory_iterator(options_.directory))
-    if (auto i = checkpoint_iteration_of(entry.path()); i && *i + options_.checkpoint_every < iteration_)
+    if (auto i = checkpoint_iteration_of(entry.path());
+        i && *i + options_.checkpoint_every < iteration_)
       std::filesystem::remove_all(entry.path());
 }
 
-void GanCoordinator::attach(transport::CoapDtlsServer& server, std::function<void(const CoapRequest&)> note) {
+void GanCoordinator::attach(transport::CoapDtlsServer& server,
+                            std::function<void(const CoapRequest&)> note) {
   server.add_resource("gan/batches", transport::Method::kGet, [this, note](const CoapRequest& r) {
     if (note) note(r);
     return get_batches(r);

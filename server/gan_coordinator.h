@@ -51,15 +51,17 @@
 namespace edgetrain::server {
 
 struct GanServerOptions {
-  runtime::GanSettings gan;       // b (batch), architecture, Adam, seed, kernels; L is the workers'
-  std::uint32_t workers = 1;      // N: the feedbacks an iteration waits for, and the slots
-  std::uint32_t k = 1;            // generated batches per iteration (the paper: 1 or ⌈log2 N⌉)
-  double deadline_seconds = 10;   // an iteration closes this long after it opened
-  std::uint32_t swap_every = 0;   // iterations between discriminator swaps; 0: none
+  runtime::GanSettings gan;      // b (batch), architecture, Adam, seed, kernels; L is the workers'
+  std::uint32_t workers = 1;     // N: the feedbacks an iteration waits for, and the slots
+  std::uint32_t k = 1;           // generated batches per iteration (the paper: 1 or ⌈log2 N⌉)
+  double deadline_seconds = 10;  // an iteration closes this long after it opened
+  std::uint32_t swap_every = 0;  // iterations between discriminator swaps; 0: none
   transport::ValueEncoding encoding = transport::ValueEncoding::kFp32;  // of the batches sent
-  std::uint32_t checkpoint_every = 100;  // iterations
-  std::filesystem::path directory;       // gan.wal and checkpoint-<i>/ (created if missing)
-  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
+  std::uint32_t checkpoint_every = 100;                                 // iterations
+  std::filesystem::path directory;  // gan.wal and checkpoint-<i>/ (created if missing)
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
   std::function<void(const std::string&)> log;
 };
 // Throws std::invalid_argument naming the setting.
@@ -92,7 +94,8 @@ class GanCoordinator {
   // Closes the open iteration when it is due (every worker answered, or the deadline).
   // Called after each feedback and from the serving loop. Returns true when it closed one.
   bool poll();
-  void attach(transport::CoapDtlsServer& server, std::function<void(const transport::CoapRequest&)> note = {});
+  void attach(transport::CoapDtlsServer& server,
+              std::function<void(const transport::CoapRequest&)> note = {});
   // Writes a checkpoint of the completed iterations now (also done every checkpoint_every).
   void checkpoint();
 
@@ -128,7 +131,8 @@ class GanCoordinator {
   std::vector<std::string> slot_names_;         // n → the name peers know (swap instructions)
   std::set<std::string> answered_;
   std::map<std::string, std::string> swap_to_;  // this iteration's swap instructions, by peer name
-  std::uint64_t feedbacks_ = 0, dropped_ = 0, late_ = 0, malformed_ = 0, duplicates_ = 0, empty_iterations_ = 0;
+  std::uint64_t feedbacks_ = 0, dropped_ = 0, late_ = 0, malformed_ = 0, duplicates_ = 0,
+                empty_iterations_ = 0;
   std::uint64_t refused_no_slot_ = 0, swap_rounds_ = 0, batches_sent_ = 0;
   double last_step_seconds_ = 0;
 };

@@ -56,13 +56,15 @@ void GroupCommit::run_sync_thread() {
     const auto started = std::chrono::steady_clock::now();
     // fdatasync: the data and the file size are what replay needs; timestamps are not.
     const int error = sync_ ? sync_(fd) : (::fdatasync(fd) == 0 ? 0 : errno);
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     lock.lock();
     error_ = error;
     seconds_ = seconds;
     finished_ = true;
     changed_.notify_all();
-    if (on_finished_) on_finished_();  // under the lock: the hook only signals, and finish_sync may run at once
+    if (on_finished_)
+      on_finished_();  // under the lock: the hook only signals, and finish_sync may run at once
   }
 }
 

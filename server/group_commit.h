@@ -71,8 +71,8 @@ class GroupCommit {
   bool sync_running() const { return sync_running_; }
 
   struct SyncResult {
-    int error = 0;        // 0, or the errno value of the failed sync
-    double seconds = 0;   // how long the sync took
+    int error = 0;       // 0, or the errno value of the failed sync
+    double seconds = 0;  // how long the sync took
     // error == 0: the updates the sync covered, in log order (later ones stay staged).
     // error != 0: every staged update, in log order (also those staged after the sync
     // started); nothing stays staged.

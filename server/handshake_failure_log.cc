@@ -8,16 +8,19 @@ namespace edgetrain::server {
 namespace {
 
 std::string describe(const transport::HandshakeFailure& failure) {
-  return "DTLS handshake of known device '" + transport::escape_untrusted(failure.identity) + "' from " +
-         transport::escape_untrusted(failure.peer_address) + " failed: " + failure.reason;
+  return "DTLS handshake of known device '" + transport::escape_untrusted(failure.identity) +
+         "' from " + transport::escape_untrusted(failure.peer_address) +
+         " failed: " + failure.reason;
 }
 
 }  // namespace
 
-HandshakeFailureLog::HandshakeFailureLog(std::function<void(const std::string&)> log, Clock::duration interval)
+HandshakeFailureLog::HandshakeFailureLog(std::function<void(const std::string&)> log,
+                                         Clock::duration interval)
     : log_(std::move(log)), interval_(interval) {}
 
-void HandshakeFailureLog::record(const transport::HandshakeFailure& failure, Clock::time_point now) {
+void HandshakeFailureLog::record(const transport::HandshakeFailure& failure,
+                                 Clock::time_point now) {
   auto [it, fresh] = entries_.try_emplace(failure.identity);
   Entry& entry = it->second;
   if (!fresh && now - entry.last_line < interval_) {
@@ -27,7 +30,8 @@ void HandshakeFailureLog::record(const transport::HandshakeFailure& failure, Clo
   }
   std::string line = describe(failure);
   if (entry.held_back > 0)
-    line += "; " + std::to_string(entry.held_back) + " earlier failures of this device since its last line not logged";
+    line += "; " + std::to_string(entry.held_back) +
+            " earlier failures of this device since its last line not logged";
   entry = Entry{now, 0, failure};
   if (log_) log_(line);
 }
@@ -44,8 +48,9 @@ void HandshakeFailureLog::flush(Clock::time_point now) {
       continue;
     }
     if (log_)
-      log_("DTLS handshake of known device '" + transport::escape_untrusted(entry.last.identity) + "' failed " +
-           std::to_string(entry.held_back) + " more times since its last line; the latest from " +
+      log_("DTLS handshake of known device '" + transport::escape_untrusted(entry.last.identity) +
+           "' failed " + std::to_string(entry.held_back) +
+           " more times since its last line; the latest from " +
            transport::escape_untrusted(entry.last.peer_address) + ": " + entry.last.reason);
     entry = Entry{now, 0, entry.last};
     ++it;

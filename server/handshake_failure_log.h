@@ -20,7 +20,8 @@ namespace edgetrain::server {
 class HandshakeFailureLog {
  public:
   using Clock = std::chrono::steady_clock;
-  HandshakeFailureLog(std::function<void(const std::string&)> log, Clock::duration interval = std::chrono::seconds(10));
+  HandshakeFailureLog(std::function<void(const std::string&)> log,
+                      Clock::duration interval = std::chrono::seconds(10));
 
   void record(const transport::HandshakeFailure& failure, Clock::time_point now);
   // Lines for identities whose later failures were held back and whose interval is over.

@@ -48,15 +48,17 @@ class Keystore {
   std::optional<std::vector<std::uint8_t>> key_for(std::string_view identity) const;
   bool contains(std::string_view identity) const { return keys_.find(identity) != keys_.end(); }
   std::size_t size() const { return keys_.size(); }
-  const std::map<std::string, std::vector<std::uint8_t>, std::less<>>& devices() const { return keys_; }
+  const std::map<std::string, std::vector<std::uint8_t>, std::less<>>& devices() const {
+    return keys_;
+  }
 
  private:
   std::map<std::string, std::vector<std::uint8_t>, std::less<>> keys_;
 };
 
 // The keystore the running server uses: re-read when its file changes (modification or
-// status-change time, size or inode), so that add-device takes effect without a restart. A file that no
-// longer loads (half edited by hand, made readable by others) is reported to `log` and the
+// status-change time, size or inode), so that add-device takes effect without a restart. A file
+// that no longer loads (half edited by hand, made readable by others) is reported to `log` and the
 // previous keystore stays in force. Lookups stat the file; call them from one thread.
 class LiveKeystore {
  public:

@@ -15,16 +15,24 @@ namespace edgetrain::server {
 
 void declare_run_settings(settings::Table& t, ServerSettings& s) {
   t.group("Start-up and the end of the run");
-  t.add("eval-data-optional", s.eval_data_optional, "when --eval-data's files are not there, run without evaluation "
+  t.add("eval-data-optional", s.eval_data_optional,
+        "when --eval-data's files are not there, run without evaluation "
         "(said in the log) instead of refusing to start (the packaged server.toml sets it)");
-  t.add("init-from", s.init_from, "warm start: a NEW state directory begins with this checkpoint's parameters (same "
+  t.add("init-from", s.init_from,
+        "warm start: a NEW state directory begins with this checkpoint's parameters (same "
         "model; version 0); refused when the state directory holds another run");
-  t.add("stop-at-accuracy", s.stop_at_accuracy, "checkpoint and exit 0 once an evaluation reaches this test accuracy "
-        "(needs evaluation data); 0: off").range(0, 1);
-  t.add("stop-after-updates", s.stop_after_updates, "checkpoint and exit 0 once the model's version (updates applied "
-        "since the state directory began) reaches this; 0: off").unit("updates");
-  t.add("stop-after-seconds", s.stop_after_seconds, "checkpoint and exit 0 after this long serving; 0: off")
-      .range(0, 1e9).unit("seconds");
+  t.add("stop-at-accuracy", s.stop_at_accuracy,
+        "checkpoint and exit 0 once an evaluation reaches this test accuracy "
+        "(needs evaluation data); 0: off")
+      .range(0, 1);
+  t.add("stop-after-updates", s.stop_after_updates,
+        "checkpoint and exit 0 once the model's version (updates applied "
+        "since the state directory began) reaches this; 0: off")
+      .unit("updates");
+  t.add("stop-after-seconds", s.stop_after_seconds,
+        "checkpoint and exit 0 after this long serving; 0: off")
+      .range(0, 1e9)
+      .unit("seconds");
 }
 
 namespace {
@@ -42,30 +50,43 @@ void declare_name(settings::Table& t, std::string& name) {
 }  // namespace
 
 OperatorCommands::OperatorCommands(settings::Table& table) {
-  list_table_ = &table.subcommand("list-devices", "list the keystore's devices (names; keys only with --show-keys)");
+  list_table_ = &table.subcommand(
+      "list-devices", "list the keystore's devices (names; keys only with --show-keys)");
   list_table_->add("keystore", list_.keystore, "keystore file").required();
-  list_table_->add("show-keys", list_.show_keys, "also print each key: as text when it is printable (what "
+  list_table_->add("show-keys", list_.show_keys,
+                   "also print each key: as text when it is printable (what "
                    "coap-client's -k takes), else as hex");
   list_table_->add("json", list_.json, "print a JSON array instead of a table");
 
-  remove_table_ = &table.subcommand("remove-device", "remove a device from the keystore; a running server refuses "
+  remove_table_ = &table.subcommand("remove-device",
+                                    "remove a device from the keystore; a running server refuses "
                                     "its next request (4.03) and handshake");
   declare_name(*remove_table_, remove_.name);
   remove_table_->add("keystore", remove_.keystore, "keystore file").required();
 
-  rotate_table_ = &table.subcommand("rotate-key", "give a device a new key and print its new worker configuration; "
-                                    "the old key no longer completes a handshake");
+  rotate_table_ =
+      &table.subcommand("rotate-key",
+                        "give a device a new key and print its new worker configuration; "
+                        "the old key no longer completes a handshake");
   declare_name(*rotate_table_, rotate_.name);
   rotate_table_->add("keystore", rotate_.keystore, "keystore file").required();
-  rotate_table_->add("server-uri", rotate_.server_uri, "URI the worker should use (default coaps://<this host>:5684)");
+  rotate_table_->add("server-uri", rotate_.server_uri,
+                     "URI the worker should use (default coaps://<this host>:5684)");
 
-  evaluate_table_ = &table.subcommand("evaluate", "test accuracy and loss of a checkpoint file on a data set's test "
-                                      "split");
-  evaluate_table_->positional("checkpoint", evaluate_.checkpoint, "checkpoint file (checkpoint.safetensors, "
-                                                                 "best.safetensors, ...)");
-  evaluate_table_->add("data", evaluate_.data, "test set: mnist, mnist-small, fashion-mnist or a directory").required();
-  evaluate_table_->add("model", evaluate_.model, "model name or spec (default: the one the checkpoint names)");
-  evaluate_table_->add("json", evaluate_.json, "print one JSON object (checkpoint, model, version, data, images, "
+  evaluate_table_ =
+      &table.subcommand("evaluate",
+                        "test accuracy and loss of a checkpoint file on a data set's test "
+                        "split");
+  evaluate_table_->positional("checkpoint", evaluate_.checkpoint,
+                              "checkpoint file (checkpoint.safetensors, "
+                              "best.safetensors, ...)");
+  evaluate_table_
+      ->add("data", evaluate_.data, "test set: mnist, mnist-small, fashion-mnist or a directory")
+      .required();
+  evaluate_table_->add("model", evaluate_.model,
+                       "model name or spec (default: the one the checkpoint names)");
+  evaluate_table_->add("json", evaluate_.json,
+                       "print one JSON object (checkpoint, model, version, data, images, "
                        "accuracy, loss) instead of a line");
 }
 
@@ -94,11 +115,15 @@ int OperatorCommands::list_devices() const {
     return 0;
   }
   for (const auto& device : devices) {
-    std::cout << device["name"].get<std::string>() << '\t' << device["key_bytes"].get<std::size_t>() << " bytes\t"
-              << (device["printable"].get<bool>() ? "printable" : "binary (not usable with coap-client: rotate-key)");
+    std::cout << device["name"].get<std::string>() << '\t' << device["key_bytes"].get<std::size_t>()
+              << " bytes\t"
+              << (device["printable"].get<bool>()
+                      ? "printable"
+                      : "binary (not usable with coap-client: rotate-key)");
     if (list_.show_keys)
-      std::cout << '\t' << (device.contains("key") ? device["key"].get<std::string>()
-                                                   : "hex " + device["key_hex"].get<std::string>());
+      std::cout << '\t'
+                << (device.contains("key") ? device["key"].get<std::string>()
+                                           : "hex " + device["key_hex"].get<std::string>());
     std::cout << '\n';
   }
   return 0;
@@ -112,28 +137,37 @@ int OperatorCommands::remove_device() const {
 
 int OperatorCommands::rotate_key() const {
   const auto key = server::rotate_key(rotate_.keystore, rotate_.name);
-  std::cout << worker_config_toml(rotate_.server_uri.empty() ? default_server_uri() : rotate_.server_uri, rotate_.name, key);
-  log_line("new key for '" + rotate_.name + "' in " + rotate_.keystore + "; the old one no longer works");
+  std::cout << worker_config_toml(
+      rotate_.server_uri.empty() ? default_server_uri() : rotate_.server_uri, rotate_.name, key);
+  log_line("new key for '" + rotate_.name + "' in " + rotate_.keystore +
+           "; the old one no longer works");
   return 0;
 }
 
 int OperatorCommands::evaluate() const {
   const CheckpointFile checkpoint = read_checkpoint_file(evaluate_.checkpoint, evaluate_.model);
-  const runtime::DatasetFiles files = runtime::dataset_files(evaluate_.data, runtime::DataSplit::kTest);
+  const runtime::DatasetFiles files =
+      runtime::dataset_files(evaluate_.data, runtime::DataSplit::kTest);
   const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
-  const EvaluationResult result = evaluate_parameters(checkpoint.model, checkpoint.model.parameters(), test);
+  const EvaluationResult result =
+      evaluate_parameters(checkpoint.model, checkpoint.model.parameters(), test);
   if (evaluate_.json) {
-    std::cout << nlohmann::json{{"checkpoint", evaluate_.checkpoint}, {"model", checkpoint.model.spec().name},
-                                {"version", checkpoint.version},   {"data", evaluate_.data},
-                                {"images", test.size()},           {"accuracy", result.accuracy},
+    std::cout << nlohmann::json{{"checkpoint", evaluate_.checkpoint},
+                                {"model", checkpoint.model.spec().name},
+                                {"version", checkpoint.version},
+                                {"data", evaluate_.data},
+                                {"images", test.size()},
+                                {"accuracy", result.accuracy},
                                 {"loss", result.loss}}
                      .dump()
               << '\n';
     return 0;
   }
   char line[256];
-  std::snprintf(line, sizeof(line), "test accuracy %.4f, loss %.4f on %zu images of %s (model %s, version %llu)\n",
-                result.accuracy, result.loss, test.size(), evaluate_.data.c_str(), checkpoint.model.spec().name.c_str(),
+  std::snprintf(line, sizeof(line),
+                "test accuracy %.4f, loss %.4f on %zu images of %s (model %s, version %llu)\n",
+                result.accuracy, result.loss, test.size(), evaluate_.data.c_str(),
+                checkpoint.model.spec().name.c_str(),
                 static_cast<unsigned long long>(checkpoint.version));
   std::cout << line;
   return 0;

@@ -11,19 +11,28 @@ namespace edgetrain::server {
 
 const char* apply_status_name(ApplyStatus status) {
   switch (status) {
-    case ApplyStatus::kApplied: return "applied";
-    case ApplyStatus::kWrongModel: return "wrong model";
-    case ApplyStatus::kTooStale: return "too stale";
-    case ApplyStatus::kFromTheFuture: return "from the future";
-    case ApplyStatus::kMalformed: return "malformed";
-    case ApplyStatus::kOutOfBounds: return "out of bounds";
+    case ApplyStatus::kApplied:
+      return "applied";
+    case ApplyStatus::kWrongModel:
+      return "wrong model";
+    case ApplyStatus::kTooStale:
+      return "too stale";
+    case ApplyStatus::kFromTheFuture:
+      return "from the future";
+    case ApplyStatus::kMalformed:
+      return "malformed";
+    case ApplyStatus::kOutOfBounds:
+      return "out of bounds";
   }
   return "unknown";
 }
 
-ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, std::vector<float> initial,
-                               ParameterStoreOptions options)
-    : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), parameters_(std::move(initial)), options_(options) {
+ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+                               std::vector<float> initial, ParameterStoreOptions options)
+    : model_id_(model_id),
+      tensor_sizes_(std::move(tensor_sizes)),
+      parameters_(std::move(initial)),
+      options_(options) {
   std::size_t total = 0;
   for (std::uint32_t n : tensor_sizes_) {
     if (n == 0) throw std::invalid_argument("parameter store: empty tensor");
@@ -31,8 +40,9 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
     total += n;
   }
   if (total != parameters_.size())
-    throw std::invalid_argument("parameter store: tensor sizes add up to " + std::to_string(total) + ", " +
-                                std::to_string(parameters_.size()) + " initial values given");
+    throw std::invalid_argument("parameter store: tensor sizes add up to " + std::to_string(total) +
+                                ", " + std::to_string(parameters_.size()) +
+                                " initial values given");
   if (total > UINT32_MAX) throw std::invalid_argument("parameter store: more than 2^32 parameters");
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
@@ -50,14 +60,19 @@ std::string ParameterStore::check(const transport::SparseUpdate& update) const {
   std::vector<bool> seen(tensor_sizes_.size(), false);
   for (const auto& t : update.tensors) {
     const std::string where = "tensor " + std::to_string(t.tensor) + ": ";
-    if (t.tensor >= tensor_sizes_.size()) return where + "the model has " + std::to_string(tensor_sizes_.size()) + " tensors";
+    if (t.tensor >= tensor_sizes_.size())
+      return where + "the model has " + std::to_string(tensor_sizes_.size()) + " tensors";
     if (seen[t.tensor]) return where + "appears twice";
     seen[t.tensor] = true;
-    if (t.size != tensor_sizes_[t.tensor]) return where + "size " + std::to_string(t.size) + ", the model's is " + std::to_string(tensor_sizes_[t.tensor]);
+    if (t.size != tensor_sizes_[t.tensor])
+      return where + "size " + std::to_string(t.size) + ", the model's is " +
+             std::to_string(tensor_sizes_[t.tensor]);
     if (t.indices.size() != t.values.size()) return where + "index and value counts differ";
     for (std::size_t j = 0; j < t.indices.size(); ++j) {
-      if (t.indices[j] >= t.size) return where + "index " + std::to_string(t.indices[j]) + " beyond the tensor";
-      if (j > 0 && t.indices[j] <= t.indices[j - 1]) return where + "indices not strictly increasing";
+      if (t.indices[j] >= t.size)
+        return where + "index " + std::to_string(t.indices[j]) + " beyond the tensor";
+      if (j > 0 && t.indices[j] <= t.indices[j - 1])
+        return where + "indices not strictly increasing";
       if (!std::isfinite(t.values[j])) return where + "non-finite value";
     }
   }
@@ -94,15 +109,16 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
 // without a clone for the CPUs that have it every entry costs a call into libgcc. Not under
 // a sanitizer: the clone's resolver runs while the program is relocated, before the
 // sanitizer's runtime is up, and its instrumented code crashes there.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
-    !defined(__SANITIZE_THREAD__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("popcnt", "default")))
 #endif
 void ParameterStore::compute_sigma(std::uint64_t delay) {
   const std::uint64_t window_start = history_top() - delay;  // versions above this one count
   const std::size_t d = ring_.size();
   std::uint32_t dense_in_window = 0;
-  for (std::size_t age = 0; age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
+  for (std::size_t age = 0;
+       age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
     dense_in_window += set_at_age(age).dense ? 1 : 0;
   sigma_.resize(touched_.size());
   if (masks()) {
@@ -111,11 +127,15 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
     const std::uint64_t top = history_top();
     const unsigned end = static_cast<unsigned>(top % kMaskBits);  // bit of version top
     std::uint64_t window = delay >= kMaskBits ? ~std::uint64_t{0} : (std::uint64_t{1} << delay) - 1;
-    window = delay >= kMaskBits ? window : std::rotl(window, static_cast<int>((end + kMaskBits + 1 - delay) % kMaskBits));
+    window = delay >= kMaskBits
+                 ? window
+                 : std::rotl(window, static_cast<int>((end + kMaskBits + 1 - delay) % kMaskBits));
     const std::size_t n = touched_.size();
     for (std::size_t j = 0; j < n; ++j) {
-      if (j + kAhead < n) prefetch_write(&touch_masks_[touched_[j + kAhead]]);  // remember_touched() sets a bit next
-      sigma_[j] = dense_in_window + static_cast<std::uint32_t>(std::popcount(touch_masks_[touched_[j]] & window));
+      if (j + kAhead < n)
+        prefetch_write(&touch_masks_[touched_[j + kAhead]]);  // remember_touched() sets a bit next
+      sigma_[j] = dense_in_window +
+                  static_cast<std::uint32_t>(std::popcount(touch_masks_[touched_[j]] & window));
     }
     return;
   }
@@ -166,10 +186,12 @@ void ParameterStore::remember_touched() {
 // `set` held the slot the next remembered update takes: once the ring is full, that is the
 // set of version top + 1 − D, which leaves the ring, and its bits go.
 void ParameterStore::retire(const TouchedSet& set) {
-  if (masks() && ring_length_ == ring_.size()) set_bits(set, history_top() + 1 - ring_.size(), false);
+  if (masks() && ring_length_ == ring_.size())
+    set_bits(set, history_top() + 1 - ring_.size(), false);
 }
 
-// Sets (or clears) the bit of `version`, whose update touched `set`, in the masks of its parameters.
+// Sets (or clears) the bit of `version`, whose update touched `set`, in the masks of its
+// parameters.
 void ParameterStore::set_bits(const TouchedSet& set, std::uint64_t version, bool on) {
   if (set.dense) return;
   const std::uint64_t bit = std::uint64_t{1} << (version % kMaskBits);
@@ -188,32 +210,43 @@ void ParameterStore::set_bits(const TouchedSet& set, std::uint64_t version, bool
   }
 }
 
-ApplyResult ParameterStore::admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const {
+ApplyResult ParameterStore::admissible_after(const transport::SparseUpdate& update,
+                                             std::uint64_t pending) const {
   const std::uint64_t t = version_ + pending;
   if (update.model_id != model_id_)
-    return {ApplyStatus::kWrongModel, t, "update is for model " + std::to_string(update.model_id) + ", this is " + std::to_string(model_id_)};
+    return {ApplyStatus::kWrongModel, t,
+            "update is for model " + std::to_string(update.model_id) + ", this is " +
+                std::to_string(model_id_)};
   if (update.fetched_version > t)
-    return {ApplyStatus::kFromTheFuture, t, "fetched version " + std::to_string(update.fetched_version) + " is ahead of the server's " + std::to_string(t)};
+    return {ApplyStatus::kFromTheFuture, t,
+            "fetched version " + std::to_string(update.fetched_version) +
+                " is ahead of the server's " + std::to_string(t)};
   const std::uint64_t delay = t - update.fetched_version;
   if (delay > options_.max_staleness)
-    return {ApplyStatus::kTooStale, t, "delay " + std::to_string(delay) + " exceeds the maximum staleness " + std::to_string(options_.max_staleness)};
-  if (std::string problem = check(update); !problem.empty()) return {ApplyStatus::kMalformed, t, problem};
+    return {ApplyStatus::kTooStale, t,
+            "delay " + std::to_string(delay) + " exceeds the maximum staleness " +
+                std::to_string(options_.max_staleness)};
+  if (std::string problem = check(update); !problem.empty())
+    return {ApplyStatus::kMalformed, t, problem};
   return {ApplyStatus::kApplied, t, {}};
 }
 
 void ParameterStore::collect_touched(const transport::SparseUpdate& update) {
   touched_.clear();
   for (const auto& t : update.tensors)
-    for (std::uint32_t i : t.indices) touched_.push_back(static_cast<std::uint32_t>(tensor_offsets_[t.tensor] + i));
+    for (std::uint32_t i : t.indices)
+      touched_.push_back(static_cast<std::uint32_t>(tensor_offsets_[t.tensor] + i));
 }
 
 void ParameterStore::restore(std::uint64_t version, std::span<const float> parameters,
                              std::span<const transport::SparseUpdate> recent) {
   if (parameters.size() != parameters_.size())
-    throw std::invalid_argument("parameter store: restoring " + std::to_string(parameters.size()) + " parameters into " +
-                                std::to_string(parameters_.size()));
-  if (!reserved_.empty()) throw std::logic_error("parameter store: restore() while updates are reserved");
-  if (recent.size() > version) throw std::invalid_argument("parameter store: more recent updates than the version");
+    throw std::invalid_argument("parameter store: restoring " + std::to_string(parameters.size()) +
+                                " parameters into " + std::to_string(parameters_.size()));
+  if (!reserved_.empty())
+    throw std::logic_error("parameter store: restore() while updates are reserved");
+  if (recent.size() > version)
+    throw std::invalid_argument("parameter store: more recent updates than the version");
   for (const auto& update : recent)
     if (std::string problem = check(update); !problem.empty())
       throw std::invalid_argument("parameter store: recent update: " + problem);
@@ -230,7 +263,9 @@ void ParameterStore::restore(std::uint64_t version, std::span<const float> param
   std::fill(last_changed_.begin(), last_changed_.end(), changes_known_since_);
   for (const auto& update : recent) {
     collect_touched(update);
-    if (!ring_.empty()) retire(ring_[static_cast<std::size_t>(version_ % ring_.size())]);  // more recent updates than D
+    if (!ring_.empty())
+      retire(
+          ring_[static_cast<std::size_t>(version_ % ring_.size())]);  // more recent updates than D
     remember_touched();
     for (std::uint32_t i : touched_) last_changed_[i] = version_ + 1;
     ++version_;
@@ -257,7 +292,8 @@ inline bool within(float value, float bound) { return std::fabs(value) <= bound;
 std::string out_of_bounds(const transport::SparseTensor& t, std::size_t e, float base, float value,
                           std::uint32_t divisor, float bound) {
   char text[200];
-  std::snprintf(text, sizeof(text), "tensor %u index %u would become %g (from %g; value %g, divisor %u), beyond ±%g",
+  std::snprintf(text, sizeof(text),
+                "tensor %u index %u would become %g (from %g; value %g, divisor %u), beyond ±%g",
                 t.tensor, t.indices[e], static_cast<double>(value), static_cast<double>(base),
                 static_cast<double>(t.values[e]), divisor, static_cast<double>(bound));
   return text;
@@ -273,15 +309,19 @@ void ParameterStore::compute_divisors(std::uint64_t delay) {
   divisors_.resize(touched_.size());
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     compute_sigma(delay);
-    for (std::size_t j = 0; j < touched_.size(); ++j) divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
+    for (std::size_t j = 0; j < touched_.size(); ++j)
+      divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
   } else {
-    const auto divisor = options_.rule == StalenessRule::kNone ? 1u : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+    const auto divisor = options_.rule == StalenessRule::kNone
+                             ? 1u
+                             : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
     std::fill(divisors_.begin(), divisors_.end(), divisor);
   }
 }
 
 ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values) {
-  if (!reserved_.empty()) throw std::logic_error("parameter store: apply() while updates are reserved");
+  if (!reserved_.empty())
+    throw std::logic_error("parameter store: apply() while updates are reserved");
   if (ApplyResult verdict = admissible(update); !verdict.applied()) return verdict;
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
@@ -314,7 +354,8 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
 
 // Leaves in new_values_ the value of each entry after the update, on top of the values the
 // reservations before it leave; empty, or why the update is refused.
-std::string ParameterStore::reserved_values(const transport::SparseUpdate& update, ValueCheck values) {
+std::string ParameterStore::reserved_values(const transport::SparseUpdate& update,
+                                            ValueCheck values) {
   const float bound = bound_for(values);
   new_values_.resize(touched_.size());
   std::size_t j = 0;
@@ -342,7 +383,8 @@ std::string ParameterStore::reserved_values(const transport::SparseUpdate& updat
 
 ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, ValueCheck values) {
   const std::uint64_t top = history_top();
-  if (ApplyResult verdict = admissible_after(update, reserved_.size()); !verdict.applied()) return verdict;
+  if (ApplyResult verdict = admissible_after(update, reserved_.size()); !verdict.applied())
+    return verdict;
   const std::uint64_t delay = top - update.fetched_version;
   collect_touched(update);
   if (reserved_touch_version_.empty()) {
@@ -381,7 +423,8 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
 }
 
 ApplyResult ParameterStore::apply_reserved() {
-  if (reserved_.empty()) throw std::logic_error("parameter store: apply_reserved() without a reserved update");
+  if (reserved_.empty())
+    throw std::logic_error("parameter store: apply_reserved() without a reserved update");
   Reservation& r = reserved_.front();
   const std::size_t n = r.touched.size();
   for (std::size_t j = 0; j < n; ++j) {
@@ -400,7 +443,8 @@ ApplyResult ParameterStore::apply_reserved() {
 }
 
 void ParameterStore::cancel_last_reserved() {
-  if (reserved_.empty()) throw std::logic_error("parameter store: cancel_last_reserved() without a reserved update");
+  if (reserved_.empty())
+    throw std::logic_error("parameter store: cancel_last_reserved() without a reserved update");
   Reservation& r = reserved_.back();
   for (std::size_t j = r.touched.size(); j-- > 0;) {
     reserved_touch_version_[r.touched[j]] = r.previous_reserved_version[j];
@@ -410,7 +454,8 @@ void ParameterStore::cancel_last_reserved() {
     TouchedSet& slot = ring_[static_cast<std::size_t>((r.version - 1) % ring_.size())];
     if (masks()) {
       set_bits(slot, r.version, false);
-      if (r.ring_length_before == ring_.size()) set_bits(r.displaced, r.version - ring_.size(), true);  // back in the ring
+      if (r.ring_length_before == ring_.size())
+        set_bits(r.displaced, r.version - ring_.size(), true);  // back in the ring
     } else if (!slot.dense) {
       for (std::size_t j = 0; j < slot.indices.size(); ++j) {
         last_touch_version_[slot.indices[j]] = slot.previous_version[j];

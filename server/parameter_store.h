@@ -55,7 +55,7 @@ inline constexpr std::uint32_t kDefaultMaxStaleness = 64;
 inline constexpr float kDefaultMaxParameterMagnitude = 1e6f;
 
 struct ParameterStoreOptions {
-  float learning_rate = 0.1f;        // the paper's
+  float learning_rate = 0.1f;                          // the paper's
   std::uint32_t max_staleness = kDefaultMaxStaleness;  // D: largest delay accepted
   StalenessRule rule = StalenessRule::kPerParameterSigma;
   // An update that would leave a parameter it touches non-finite or beyond ±this is refused
@@ -88,15 +88,17 @@ class ParameterStore {
  public:
   // `initial` holds all tensors back to back; throws std::invalid_argument when its length
   // differs from the sum of `tensor_sizes` or a size is zero.
-  ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes, std::vector<float> initial,
-                 ParameterStoreOptions options = {});
+  ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+                 std::vector<float> initial, ParameterStoreOptions options = {});
 
   // Checks the whole update first (layout, staleness, the values it leaves), so a refused
   // update changes nothing. Throws std::logic_error while updates are reserved.
   ApplyResult apply(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound);
   // The checks apply() makes before computing values (model, staleness, layout), without
   // applying; kOutOfBounds is only found by apply() and reserve().
-  ApplyResult admissible(const transport::SparseUpdate& update) const { return admissible_after(update, 0); }
+  ApplyResult admissible(const transport::SparseUpdate& update) const {
+    return admissible_after(update, 0);
+  }
 
   // Group commit. reserve() makes every check of apply() against the state the updates
   // reserved so far will leave (version t + reserved(), their values, their touched sets in
@@ -107,7 +109,8 @@ class ParameterStore {
   // cancel_last_reserved() forgets the newest reservation (its WAL write failed),
   // cancel_reserved() all of them (the sync failed): the history is as it was before.
   // Nothing here allocates once the reservations' buffers have been used (they are recycled).
-  ApplyResult reserve(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound);
+  ApplyResult reserve(const transport::SparseUpdate& update,
+                      ValueCheck values = ValueCheck::kBound);
   ApplyResult apply_reserved();
   void cancel_last_reserved();
   void cancel_reserved();
@@ -141,7 +144,8 @@ class ParameterStore {
   std::span<const std::uint64_t> last_changed() const { return last_changed_; }
   std::uint64_t changes_known_since() const { return changes_known_since_; }
   // The divisor used for each sent entry by the last applied update, in the update's order
-  // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay, or 1 under kNone.
+  // (tensor by tensor as sent): max(1, σ_i), or max(1, delay) under kPerUpdateDelay, or 1 under
+  // kNone.
   std::span<const std::uint32_t> last_divisors() const { return last_divisors_; }
 
  private:
@@ -163,7 +167,7 @@ class ParameterStore {
     // anything ≤ t for none, and position), restored by cancelling this one.
     std::vector<std::uint64_t> previous_reserved_version;
     std::vector<std::uint32_t> previous_reserved_position;
-    TouchedSet displaced;                 // the history slot it overwrote
+    TouchedSet displaced;  // the history slot it overwrote
     std::size_t ring_length_before = 0;
   };
   ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
@@ -174,7 +178,9 @@ class ParameterStore {
   void compute_sigma(std::uint64_t delay);
   void remember_touched();
   void collect_touched(const transport::SparseUpdate& update);
-  std::uint64_t history_top() const { return version_ + reserved_.size(); }  // newest version in the history
+  std::uint64_t history_top() const {
+    return version_ + reserved_.size();
+  }                                                     // newest version in the history
   const TouchedSet& set_at_age(std::size_t age) const;  // age 0 = newest
 
   std::uint64_t model_id_;
@@ -184,8 +190,9 @@ class ParameterStore {
   ParameterStoreOptions options_;
   std::uint64_t version_ = 0;
 
-  std::vector<TouchedSet> ring_;              // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
-  std::size_t ring_length_ = 0;               // min(t, D)
+  std::vector<TouchedSet>
+      ring_;  // D slots; the update applied as version v−1 → v sits at (v − 1) mod D
+  std::size_t ring_length_ = 0;  // min(t, D)
   // D ≤ 64: per parameter, bit v mod 64 set while the sparse update of version v is in the
   // ring and touched it. The chain of a larger D instead: per parameter, the newest sparse
   // update touching it (0: none) and its entry in that update's set.
@@ -196,13 +203,13 @@ class ParameterStore {
   std::vector<std::uint64_t> touch_masks_;
   std::vector<std::uint64_t> last_touch_version_;
   std::vector<std::uint32_t> last_touch_position_;
-  std::vector<std::uint32_t> sigma_;          // scratch: σ of each entry of the current update
-  std::vector<std::uint32_t> touched_;        // the current update's flat indices
+  std::vector<std::uint32_t> sigma_;    // scratch: σ of each entry of the current update
+  std::vector<std::uint32_t> touched_;  // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
-  std::vector<std::uint32_t> divisors_;       // scratch: the current update's divisors
-  std::vector<float> new_values_;             // scratch: new values (reserve) or old ones (apply's undo)
-  std::deque<Reservation> reserved_;          // oldest first: versions t + 1 … t + reserved()
-  std::vector<Reservation> spare_;            // recycled reservations (their buffers)
+  std::vector<std::uint32_t> divisors_;  // scratch: the current update's divisors
+  std::vector<float> new_values_;        // scratch: new values (reserve) or old ones (apply's undo)
+  std::deque<Reservation> reserved_;     // oldest first: versions t + 1 … t + reserved()
+  std::vector<Reservation> spare_;       // recycled reservations (their buffers)
   // Per parameter: the newest reservation touching it (its version; 0: none) and the entry's
   // position there. Allocated at the first reserve(); apply() never touches them.
   std::vector<std::uint64_t> reserved_touch_version_;

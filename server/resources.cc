@@ -17,24 +17,34 @@ namespace edgetrain::server {
 namespace {
 
 using transport::CoapCode;
-using transport::escape_untrusted;  // for every identity, query or other peer text shown in a log, an answer or /status
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::escape_untrusted;  // for every identity, query or other peer text shown in a log,
+                                    // an answer or /status
 
-CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+CoapResponse text_response(int code, const std::string& text) {
+  return {code, {text.begin(), text.end()}, {}};
+}
 
 int coap_code_for(SubmitOutcome outcome) {
   switch (outcome) {
     case SubmitOutcome::kApplied:
-    case SubmitOutcome::kDuplicate: return CoapCode::kChanged;
-    case SubmitOutcome::kTooLarge: return CoapCode::kRequestEntityTooLarge;
-    case SubmitOutcome::kMalformed: return CoapCode::kBadRequest;
+    case SubmitOutcome::kDuplicate:
+      return CoapCode::kChanged;
+    case SubmitOutcome::kTooLarge:
+      return CoapCode::kRequestEntityTooLarge;
+    case SubmitOutcome::kMalformed:
+      return CoapCode::kBadRequest;
     case SubmitOutcome::kWrongModel:
     case SubmitOutcome::kTooStale:
-    case SubmitOutcome::kOldSequence: return CoapCode::kConflict;
-    case SubmitOutcome::kNotDurable: return CoapCode::kInternalServerError;
-    case SubmitOutcome::kOutOfBounds: return CoapCode::kUnprocessableEntity;
-    case SubmitOutcome::kQuarantined: return CoapCode::kForbidden;
+    case SubmitOutcome::kOldSequence:
+      return CoapCode::kConflict;
+    case SubmitOutcome::kNotDurable:
+      return CoapCode::kInternalServerError;
+    case SubmitOutcome::kOutOfBounds:
+      return CoapCode::kUnprocessableEntity;
+    case SubmitOutcome::kQuarantined:
+      return CoapCode::kForbidden;
   }
   return CoapCode::kInternalServerError;
 }
@@ -54,7 +64,10 @@ DeviceHealthOptions health_options(const ResourceOptions& options, ServerState& 
 }  // namespace
 
 ServerResources::ServerResources(ServerState& state, ResourceOptions options)
-    : state_(state), options_(std::move(options)), health_(health_options(options_, state_)), repeats_(options_.repeats) {
+    : state_(state),
+      options_(std::move(options)),
+      health_(health_options(options_, state_)),
+      repeats_(options_.repeats) {
   state_.set_on_sync_finished([wakers = wakers_] { wakers->wake_all(); });
 }
 
@@ -67,7 +80,8 @@ void ServerResources::LoopWakers::wake(std::size_t loop) {
   std::lock_guard lock(mutex);
   if (loop >= fds.size() || fds[loop] < 0) return;
   const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t written = ::write(fds[loop], &one, sizeof one);  // EAGAIN: already signalled
+  [[maybe_unused]] const ssize_t written =
+      ::write(fds[loop], &one, sizeof one);  // EAGAIN: already signalled
 }
 
 void ServerResources::LoopWakers::wake_all() {
@@ -94,9 +108,11 @@ void ServerResources::log_at(logging::Level level, const std::string& line) cons
   }
 }
 
-void ServerResources::log_repeating(logging::Level level, std::string_view kind, const std::string& line) {
+void ServerResources::log_repeating(logging::Level level, std::string_view kind,
+                                    const std::string& line) {
   if (!logging::enabled(level) && options_.log_at) return;  // dropped anyway: not worth counting
-  for (const std::string& shown : repeats_.admit(kind, line, health_.options().now())) log_at(level, shown);
+  for (const std::string& shown : repeats_.admit(kind, line, health_.options().now()))
+    log_at(level, shown);
 }
 
 namespace {
@@ -114,8 +130,8 @@ void ServerResources::note_request(const CoapRequest& request, bool worker) {
   const std::string identity = identity_key(request);
   if (!identity.empty() && health_.note_request(identity, worker, request.payload.size())) {
     if (request.authentication == transport::PeerAuthentication::kNone) {
-      log("first request from '" + escape_untrusted(identity) + "' over plain CoAP from " + request.peer_address +
-          ": the identity is declared, NOT authenticated");
+      log("first request from '" + escape_untrusted(identity) + "' over plain CoAP from " +
+          request.peer_address + ": the identity is declared, NOT authenticated");
     } else {
       log("first request from '" + escape_untrusted(identity) + "'");
     }
@@ -134,13 +150,16 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
     if (part.substr(0, 3) == "id=") continue;
     constexpr std::string_view kSince = "since=";
     if (part.substr(0, kSince.size()) != kSince)
-      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) + "' (only since=VERSION is known, and id=NAME on plain CoAP)";
+      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) +
+             "' (only since=VERSION is known, and id=NAME on plain CoAP)";
     if (since) return std::string("since= given twice");
     const std::string_view digits = part.substr(kSince.size());
     std::uint64_t value = 0;
     const auto [rest, error] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() || digits[0] == '+')
-      return "since= needs a decimal version below 2^64, got '" + escape_untrusted(digits.substr(0, 40)) + "'";
+    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() ||
+        digits[0] == '+')
+      return "since= needs a decimal version below 2^64, got '" +
+             escape_untrusted(digits.substr(0, 40)) + "'";
     since = value;
   }
   return since;
@@ -165,16 +184,19 @@ CoapResponse ServerResources::get_model_locked(const CoapRequest& request) {
       const ServerState::ModelReply reply = state_.encoded_model_since(*since);
       if (reply.delta) {
         ++model_delta_pulls_;
-        return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.served_version()};
+        return {
+            CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.served_version()};
       }
     }
     const auto bytes = state_.encoded_model();
     return {CoapCode::kContent, {bytes.begin(), bytes.end()}, state_.served_version()};
   } catch (const std::exception& e) {
     // Updates are checked so that this cannot happen; if it does, say so loudly.
-    const std::string why = std::string("cannot serve the model at version ") + std::to_string(state_.version()) +
-                            ": " + e.what();
-    log_at(logging::Level::kError, "ERROR: " + why + " (a restart with --rollback-non-finite resumes from the last finite state)");
+    const std::string why = std::string("cannot serve the model at version ") +
+                            std::to_string(state_.version()) + ": " + e.what();
+    log_at(logging::Level::kError,
+           "ERROR: " + why +
+               " (a restart with --rollback-non-finite resumes from the last finite state)");
     return text_response(CoapCode::kInternalServerError, why);
   }
 }
@@ -212,16 +234,20 @@ CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std
   if (identity.empty()) {
     ++refused_["no identity"];
     if (request.authentication == transport::PeerAuthentication::kNone)
-      return text_response(CoapCode::kUnauthorized,
-                           "plain CoAP updates must declare an identity: ?id=NAME (1..64 of [A-Za-z0-9._-])");
-    return text_response(CoapCode::kUnauthorized, "no DTLS identity: updates must come over DTLS (PSK or certificate)");
+      return text_response(
+          CoapCode::kUnauthorized,
+          "plain CoAP updates must declare an identity: ?id=NAME (1..64 of [A-Za-z0-9._-])");
+    return text_response(CoapCode::kUnauthorized,
+                         "no DTLS identity: updates must come over DTLS (PSK or certificate)");
   }
   if (request.authentication == transport::PeerAuthentication::kPsk && options_.is_authorized &&
       !options_.is_authorized(identity)) {
     ++refused_["not authorized"];
-    log_repeating(logging::Level::kWarn, "not authorized from " + identity,
-                  "refused an update from '" + escape_untrusted(identity) + "': no longer in the keystore");
-    return text_response(CoapCode::kForbidden, "identity '" + escape_untrusted(identity) + "' is not authorized");
+    log_repeating(
+        logging::Level::kWarn, "not authorized from " + identity,
+        "refused an update from '" + escape_untrusted(identity) + "': no longer in the keystore");
+    return text_response(CoapCode::kForbidden,
+                         "identity '" + escape_untrusted(identity) + "' is not authorized");
   }
   if (request.defer) {
     StagedSubmit staged = decoded ? state_.stage(identity, request.payload, std::move(*decoded))
@@ -241,7 +267,8 @@ CoapResponse ServerResources::post_update_locked(const CoapRequest& request, std
   return update_response(state_.submit(identity, request.payload), identity, true);
 }
 
-CoapResponse ServerResources::update_response(const SubmitResult& result, const std::string& identity, bool original) {
+CoapResponse ServerResources::update_response(const SubmitResult& result,
+                                              const std::string& identity, bool original) {
   const int code = coap_code_for(result.outcome);
   if (result.acknowledged()) {
     health_.note_answer(identity, 8);  // the version
@@ -253,19 +280,24 @@ CoapResponse ServerResources::update_response(const SubmitResult& result, const 
             " updates applied since start; " + ingress_summary() + ")");
     } else {
       ++duplicates_;
-      log_repeating(logging::Level::kInfo, "duplicate from " + identity, "duplicate update from '" + escape_untrusted(identity) + "' answered with version " + std::to_string(result.version));
+      log_repeating(logging::Level::kInfo, "duplicate from " + identity,
+                    "duplicate update from '" + escape_untrusted(identity) +
+                        "' answered with version " + std::to_string(result.version));
     }
     return {code, transport::encode_update_reply(result.version), {}};
   }
   ++refused_[submit_outcome_name(result.outcome)];
-  const std::string reply = std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic;
+  const std::string reply =
+      std::string(submit_outcome_name(result.outcome)) + ": " + result.diagnostic;
   health_.note_answer(identity, reply.size());
   // The diagnostic is the decoder's or the store's own text (numbers, never the peer's bytes).
   // A quarantined device's refusals are counted, not logged: the quarantine was.
   if (result.outcome != SubmitOutcome::kQuarantined)
-    log_repeating(logging::Level::kWarn, std::string(submit_outcome_name(result.outcome)) + " from " + identity,
-                  "refused an update from '" + escape_untrusted(identity) + "' (" + transport::coap_code_string(code) +
-                      " " + submit_outcome_name(result.outcome) + "): " + result.diagnostic);
+    log_repeating(logging::Level::kWarn,
+                  std::string(submit_outcome_name(result.outcome)) + " from " + identity,
+                  "refused an update from '" + escape_untrusted(identity) + "' (" +
+                      transport::coap_code_string(code) + " " +
+                      submit_outcome_name(result.outcome) + "): " + result.diagnostic);
   return text_response(code, reply);
 }
 
@@ -276,7 +308,9 @@ ServerResources::LoopLock::LoopLock(std::mutex& mutex, Loop& loop) : loop_(loop)
   loop_.lock_wait += acquired_ - asked;
 }
 
-ServerResources::LoopLock::~LoopLock() { loop_.lock_held += std::chrono::steady_clock::now() - acquired_; }
+ServerResources::LoopLock::~LoopLock() {
+  loop_.lock_held += std::chrono::steady_clock::now() - acquired_;
+}
 
 std::size_t ServerResources::loop_of(const transport::CoapDtlsServer& server) const {
   for (std::size_t n = 0; n < loops_.size(); ++n)
@@ -306,7 +340,8 @@ void ServerResources::serve_once(transport::CoapDtlsServer& server, int idle_tim
     ready = std::move(loops_[n].ready);
     loops_[n].ready.clear();
   }
-  send_ready(std::move(ready));  // this loop's sessions, on its thread; DTLS encryption outside the mutex
+  send_ready(
+      std::move(ready));  // this loop's sessions, on its thread; DTLS encryption outside the mutex
   LoopLock lock(mutex_, loops_[n]);
   tick(server, loops_[n]);
 }
@@ -358,7 +393,8 @@ std::string ServerResources::loops_json() const {
 
 std::string ServerResources::status_json() const {
   using nlohmann::json;
-  const double uptime = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  const double uptime =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   json refused = json::object();
   std::uint64_t refused_total = 0;
   for (const auto& [reason, count] : refused_) {
@@ -409,7 +445,8 @@ std::string ServerResources::status_json() const {
   {
     std::lock_guard lock(accuracy_mutex_);
     if (last_accuracy_)
-      status["last_test_accuracy"] = {{"version", last_accuracy_->first}, {"accuracy", last_accuracy_->second}};
+      status["last_test_accuracy"] = {{"version", last_accuracy_->first},
+                                      {"accuracy", last_accuracy_->second}};
     else
       status["last_test_accuracy"] = nullptr;
   }
@@ -443,8 +480,8 @@ std::string ServerResources::ingress_summary() const {
   if (!loops_.empty()) {
     summary += ", " + std::to_string(ingress_socket_bytes()) + " socket bytes in " +
                std::to_string(ingress_socket_datagrams()) + " datagrams; egress " +
-               std::to_string(egress_socket_bytes()) + " socket bytes in " + std::to_string(egress_socket_datagrams()) +
-               " datagrams";
+               std::to_string(egress_socket_bytes()) + " socket bytes in " +
+               std::to_string(egress_socket_datagrams()) + " datagrams";
   }
   return summary;
 }

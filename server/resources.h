@@ -148,7 +148,9 @@ class ServerResources {
   void report_accuracy(std::uint64_t version, double accuracy);
   // Request payload bytes received by all resources (CoAP payloads after block-wise
   // reassembly; DTLS, CoAP headers and retransmissions are not visible here). Any thread.
-  std::uint64_t ingress_payload_bytes() const { return ingress_payload_bytes_.load(std::memory_order_relaxed); }
+  std::uint64_t ingress_payload_bytes() const {
+    return ingress_payload_bytes_.load(std::memory_order_relaxed);
+  }
   // "ingress 1830 payload bytes, 5120 socket bytes in 14 datagrams": the payload count next
   // to what reached the attached server's UDP socket (DESIGN.md's figure of merit). Any
   // thread.
@@ -157,12 +159,18 @@ class ServerResources {
   std::uint64_t updates_applied() const { return applied_.load(std::memory_order_relaxed); }
   // Bytes that reached the attached servers' UDP sockets, summed over the loops (0 before
   // attach()); any thread.
-  std::uint64_t ingress_socket_bytes() const { return sum_over_servers(&transport::CoapDtlsServer::bytes_received); }
+  std::uint64_t ingress_socket_bytes() const {
+    return sum_over_servers(&transport::CoapDtlsServer::bytes_received);
+  }
   std::uint64_t ingress_socket_datagrams() const {
     return sum_over_servers(&transport::CoapDtlsServer::datagrams_received);
   }
-  std::uint64_t egress_socket_bytes() const { return sum_over_servers(&transport::CoapDtlsServer::bytes_sent); }
-  std::uint64_t egress_socket_datagrams() const { return sum_over_servers(&transport::CoapDtlsServer::datagrams_sent); }
+  std::uint64_t egress_socket_bytes() const {
+    return sum_over_servers(&transport::CoapDtlsServer::bytes_sent);
+  }
+  std::uint64_t egress_socket_datagrams() const {
+    return sum_over_servers(&transport::CoapDtlsServer::datagrams_sent);
+  }
   std::string status_json() const;
   // The Prometheus / OpenMetrics text exposition of the counters and per-device health
   // (server/README.md, "Watching a fleet"). The CoAP thread renders it; the metrics
@@ -192,7 +200,8 @@ class ServerResources {
   // (fixed by attach()).
   struct Loop {
     const transport::CoapDtlsServer* server = nullptr;
-    bool wakeable = false;  // its server watches its wake descriptor (else it polls while updates wait)
+    bool wakeable =
+        false;  // its server watches its wake descriptor (else it polls while updates wait)
     std::vector<ReadyAnswer> ready;  // sent by this loop's thread only
     std::uint64_t requests = 0, updates_deferred = 0;
     // Time this loop's thread waited for mutex_ and held it: what of its work is serial.
@@ -200,7 +209,8 @@ class ServerResources {
     std::chrono::steady_clock::time_point next_tick{}, next_notify{};
     std::uint64_t notified_activity = 0;
   };
-  std::uint64_t sum_over_servers(std::uint64_t (transport::CoapDtlsServer::*counter)() const) const {
+  std::uint64_t sum_over_servers(std::uint64_t (transport::CoapDtlsServer::*counter)()
+                                     const) const {
     std::uint64_t sum = 0;
     for (const Loop& loop : loops_) sum += (loop.server->*counter)();
     return sum;
@@ -222,8 +232,9 @@ class ServerResources {
   // in on.
   transport::CoapResponse get_model_locked(const transport::CoapRequest& request);
   // `decoded`: the body already decoded (ServerState::decode_body, outside the mutex).
-  transport::CoapResponse post_update_locked(const transport::CoapRequest& request, std::size_t loop,
-                                             std::optional<ServerState::DecodedBody> decoded = std::nullopt);
+  transport::CoapResponse post_update_locked(
+      const transport::CoapRequest& request, std::size_t loop,
+      std::optional<ServerState::DecodedBody> decoded = std::nullopt);
   transport::CoapResponse get_status_locked(const transport::CoapRequest& request);
   // With mutex_ held: the results of finished syncs, each answer queued on its loop's
   // `ready` (wait: as answer_durable_updates). Returns how many.
@@ -242,7 +253,8 @@ class ServerResources {
   void tick(transport::CoapDtlsServer& server, Loop& loop);
   // The answer to a settled update, with its counters and log lines; `original`: not a
   // duplicate answered along with it.
-  transport::CoapResponse update_response(const SubmitResult& result, const std::string& identity, bool original);
+  transport::CoapResponse update_response(const SubmitResult& result, const std::string& identity,
+                                          bool original);
   void log(const std::string& line) const;
 
   ServerState& state_;

@@ -24,7 +24,8 @@ Aggregation parse_aggregation(const std::string& name) {
   throw std::invalid_argument("unknown aggregation '" + name + "' (masked or fedavg)");
 }
 
-std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas, std::span<const std::uint32_t> tensor_sizes,
+std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
+                                    std::span<const std::uint32_t> tensor_sizes,
                                     Aggregation aggregation) {
   std::vector<std::size_t> offsets;
   std::size_t total = 0;
@@ -41,10 +42,12 @@ std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas, std::spa
     for (const transport::SparseTensor& tensor : round_delta.delta.tensors) {
       if (tensor.tensor >= tensor_sizes.size() || tensor.size != tensor_sizes[tensor.tensor] ||
           tensor.indices.size() != tensor.values.size())
-        throw std::invalid_argument("a round delta's tensor " + std::to_string(tensor.tensor) + " does not fit the model");
+        throw std::invalid_argument("a round delta's tensor " + std::to_string(tensor.tensor) +
+                                    " does not fit the model");
       const std::size_t base = offsets[tensor.tensor];
       for (std::size_t k = 0; k < tensor.indices.size(); ++k) {
-        if (tensor.indices[k] >= tensor.size) throw std::invalid_argument("a round delta's index is out of range");
+        if (tensor.indices[k] >= tensor.size)
+          throw std::invalid_argument("a round delta's index is out of range");
         sums[base + tensor.indices[k]] += weight * static_cast<double>(tensor.values[k]);
         weights[base + tensor.indices[k]] += weight;
       }

@@ -37,13 +37,14 @@ const char* aggregation_name(Aggregation aggregation);
 Aggregation parse_aggregation(const std::string& name);
 
 struct RoundDelta {
-  std::uint64_t examples = 0;          // the weight: examples the device trained on (> 0)
-  transport::SparseUpdate delta;       // new − start, entries as sent (already decoded and checked)
+  std::uint64_t examples = 0;     // the weight: examples the device trained on (> 0)
+  transport::SparseUpdate delta;  // new − start, entries as sent (already decoded and checked)
 };
 
 // The aggregated delta, all tensors back to back (length Σ tensor_sizes). Throws
 // std::invalid_argument for a delta whose tensors do not fit `tensor_sizes` or a zero weight.
-std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas, std::span<const std::uint32_t> tensor_sizes,
+std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
+                                    std::span<const std::uint32_t> tensor_sizes,
                                     Aggregation aggregation);
 
 }  // namespace edgetrain::server

@@ -30,20 +30,25 @@ constexpr char kLogMagic[4] = {'E', 'T', 'R', 'L'};
 constexpr std::size_t kLogHeaderBytes = 12;  // magic, u64 model id
 constexpr std::uint32_t kMaxRecordBody = 64u << 20;
 
-CoapResponse text_response(int code, const std::string& text) { return {code, {text.begin(), text.end()}, {}}; }
+CoapResponse text_response(int code, const std::string& text) {
+  return {code, {text.begin(), text.end()}, {}};
+}
 
 std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
-  return static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
+  return static_cast<std::uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
 }
 
 template <class T>
 void put(std::vector<std::uint8_t>& out, T value) {
-  for (std::size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
 }
 template <class T>
 T get(const std::uint8_t* in) {
   T value = 0;
-  for (std::size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
+  for (std::size_t i = 0; i < sizeof(T); ++i)
+    value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
   return value;
 }
 
@@ -78,19 +83,21 @@ std::string parse_examples(std::string_view query, std::uint64_t& examples) {
     if (part.substr(0, 3) == "id=") continue;
     constexpr std::string_view kKey = "examples=";
     if (part.substr(0, kKey.size()) != kKey)
-      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) + "' (examples=N is needed)";
+      return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) +
+             "' (examples=N is needed)";
     const std::string_view digits = part.substr(kKey.size());
-    const auto [rest, error] = std::from_chars(digits.data(), digits.data() + digits.size(), examples);
-    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() || examples == 0 ||
-        examples > (std::uint64_t{1} << 32))
-      return "examples= needs a decimal count in 1..2^32, got '" + escape_untrusted(digits.substr(0, 40)) + "'";
+    const auto [rest, error] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), examples);
+    if (digits.empty() || error != std::errc() || rest != digits.data() + digits.size() ||
+        examples == 0 || examples > (std::uint64_t{1} << 32))
+      return "examples= needs a decimal count in 1..2^32, got '" +
+             escape_untrusted(digits.substr(0, 40)) + "'";
   }
   if (examples == 0) return "examples=N (the examples the delta was trained on) is missing";
   return {};
 }
 
 }  // namespace
-
 
 RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     : state_(state), options_(std::move(options)) {
@@ -120,7 +127,8 @@ void RoundCoordinator::open_log() {
   }
   std::size_t valid = 0;
   if (bytes.size() >= kLogHeaderBytes) {
-    if (std::memcmp(bytes.data(), kLogMagic, 4) != 0) throw StateError(log_path_.string() + " is not a round log");
+    if (std::memcmp(bytes.data(), kLogMagic, 4) != 0)
+      throw StateError(log_path_.string() + " is not a round log");
     if (get<std::uint64_t>(bytes.data() + 4) != state_.model_id())
       throw StateError(log_path_.string() + " belongs to another model");
     valid = kLogHeaderBytes;
@@ -140,7 +148,9 @@ void RoundCoordinator::open_log() {
       if (round != state_.version()) continue;  // a closed round's delta
       const std::string identity(reinterpret_cast<const char*>(body.data() + 18), id_length);
       auto decoded = transport::decode_sparse_update(body.subspan(18 + id_length), layout);
-      if (!decoded) throw StateError(log_path_.string() + ": a logged delta does not decode: " + decoded.error().message);
+      if (!decoded)
+        throw StateError(log_path_.string() +
+                         ": a logged delta does not decode: " + decoded.error().message);
       deltas_.push_back({examples, std::move(decoded).value()});
       answered_.insert(identity);
       seen_.insert(identity);
@@ -150,15 +160,18 @@ void RoundCoordinator::open_log() {
     std::vector<std::uint8_t> header(kLogMagic, kLogMagic + 4);
     put<std::uint64_t>(header, state_.model_id());
     std::ofstream out(log_path_, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header.size()));
+    out.write(reinterpret_cast<const char*>(header.data()),
+              static_cast<std::streamsize>(header.size()));
     if (!out) throw StateError("cannot write " + log_path_.string());
     valid = kLogHeaderBytes;
   }
   log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CLOEXEC);
-  if (log_fd_ < 0) throw StateError("cannot open " + log_path_.string() + ": " + std::strerror(errno));
-  if (::ftruncate(log_fd_, static_cast<off_t>(valid)) != 0 || ::lseek(log_fd_, static_cast<off_t>(valid), SEEK_SET) < 0 ||
-      ::fdatasync(log_fd_) != 0)
-    throw StateError("cannot cut " + log_path_.string() + " to its intact records: " + std::strerror(errno));
+  if (log_fd_ < 0)
+    throw StateError("cannot open " + log_path_.string() + ": " + std::strerror(errno));
+  if (::ftruncate(log_fd_, static_cast<off_t>(valid)) != 0 ||
+      ::lseek(log_fd_, static_cast<off_t>(valid), SEEK_SET) < 0 || ::fdatasync(log_fd_) != 0)
+    throw StateError("cannot cut " + log_path_.string() +
+                     " to its intact records: " + std::strerror(errno));
   if (!deltas_.empty())
     log("round " + std::to_string(state_.version()) + ": " + std::to_string(deltas_.size()) +
         " acknowledged deltas reloaded from " + log_path_.string());
@@ -177,7 +190,8 @@ void RoundCoordinator::append_to_log(std::uint64_t examples, const std::string& 
   put<std::uint32_t>(record, crc_of(payload));
   record.insert(record.end(), payload.begin(), payload.end());
   const off_t before = ::lseek(log_fd_, 0, SEEK_CUR);
-  if (::write(log_fd_, record.data(), record.size()) != static_cast<ssize_t>(record.size()) || ::fdatasync(log_fd_) != 0) {
+  if (::write(log_fd_, record.data(), record.size()) != static_cast<ssize_t>(record.size()) ||
+      ::fdatasync(log_fd_) != 0) {
     const std::string why = std::strerror(errno);
     if (before >= 0) {
       [[maybe_unused]] int ignored = ::ftruncate(log_fd_, before);
@@ -205,7 +219,8 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
-  const bool is_selected = !identity.empty() && selected(identity, round()) && answered_.count(identity) == 0;
+  const bool is_selected =
+      !identity.empty() && selected(identity, round()) && answered_.count(identity) == 0;
   const nlohmann::json answer = {{"round", round()},
                                  {"model_version", state_.version()},
                                  {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
@@ -219,7 +234,9 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
 CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
-  if (identity.empty()) return text_response(CoapCode::kUnauthorized, "round deltas need an identity (DTLS, or ?id=NAME on plain CoAP)");
+  if (identity.empty())
+    return text_response(CoapCode::kUnauthorized,
+                         "round deltas need an identity (DTLS, or ?id=NAME on plain CoAP)");
   seen_.insert(identity);
   std::uint64_t examples = 0;
   if (std::string problem = parse_examples(request.query, examples); !problem.empty()) {
@@ -239,13 +256,16 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   const std::uint64_t delta_round = decoded.value().fetched_version;
   if (delta_round < round()) {
     ++late_refused_;
-    log("refused a late delta from '" + escape_untrusted(identity) + "' for closed round " + std::to_string(delta_round));
+    log("refused a late delta from '" + escape_untrusted(identity) + "' for closed round " +
+        std::to_string(delta_round));
     return text_response(CoapCode::kConflict, "round closed: round " + std::to_string(delta_round) +
-                                                  " is closed, the current round is " + std::to_string(round()));
+                                                  " is closed, the current round is " +
+                                                  std::to_string(round()));
   }
   if (delta_round > round()) {
     ++wrong_refused_;
-    return text_response(CoapCode::kConflict, "wrong round: " + std::to_string(delta_round) + " is not the current round " +
+    return text_response(CoapCode::kConflict, "wrong round: " + std::to_string(delta_round) +
+                                                  " is not the current round " +
                                                   std::to_string(round()));
   }
   if (answered_.count(identity)) {
@@ -254,7 +274,9 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   }
   if (!selected(identity, round())) {
     ++wrong_refused_;
-    return text_response(CoapCode::kConflict, "not selected: this device is not selected in round " + std::to_string(round()));
+    return text_response(
+        CoapCode::kConflict,
+        "not selected: this device is not selected in round " + std::to_string(round()));
   }
   try {
     append_to_log(examples, identity, request.payload);
@@ -270,7 +292,8 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
 
 bool RoundCoordinator::poll() {
   if (deltas_.empty()) {
-    if (seconds_left() <= 0) opened_ = options_.now();  // nothing arrived: a new deadline, same round
+    if (seconds_left() <= 0)
+      opened_ = options_.now();  // nothing arrived: a new deadline, same round
     return false;
   }
   bool everyone_answered = deltas_.size() >= options_.min_clients;
@@ -316,12 +339,13 @@ void RoundCoordinator::close_round() {
     // The round stays open with its deltas (they are in the log); the next poll tries again.
     ++close_failures_;
     opened_ = options_.now();
-    log("ERROR: round " + std::to_string(closing) + " could not close (" + submit_outcome_name(result.outcome) +
-        "): " + result.diagnostic);
+    log("ERROR: round " + std::to_string(closing) + " could not close (" +
+        submit_outcome_name(result.outcome) + "): " + result.diagnostic);
     return;
   }
-  log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) + " deltas, " +
-      std::to_string(missing) + " stragglers; version " + std::to_string(result.version));
+  log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) +
+      " deltas, " + std::to_string(missing) + " stragglers; version " +
+      std::to_string(result.version));
   ++rounds_closed_;
   stragglers_ += missing;
   deltas_.clear();
@@ -330,7 +354,8 @@ void RoundCoordinator::close_round() {
   // The close is durable in the WAL: the closed round's records are no longer needed (a
   // crash before this cut leaves records of a closed round, which reloading skips).
   if (::ftruncate(log_fd_, static_cast<off_t>(kLogHeaderBytes)) != 0 ||
-      ::lseek(log_fd_, static_cast<off_t>(kLogHeaderBytes), SEEK_SET) < 0 || ::fdatasync(log_fd_) != 0)
+      ::lseek(log_fd_, static_cast<off_t>(kLogHeaderBytes), SEEK_SET) < 0 ||
+      ::fdatasync(log_fd_) != 0)
     log(std::string("WARNING: cannot empty the round log: ") + std::strerror(errno));
 }
 
@@ -349,7 +374,8 @@ std::string RoundCoordinator::status_json() const {
   return status.dump();
 }
 
-void RoundCoordinator::attach(transport::CoapDtlsServer& server, std::function<void(const CoapRequest&)> note) {
+void RoundCoordinator::attach(transport::CoapDtlsServer& server,
+                              std::function<void(const CoapRequest&)> note) {
   server.add_resource("round", transport::Method::kGet, [this, note](const CoapRequest& r) {
     if (note) note(r);
     return get_round(r);

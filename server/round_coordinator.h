@@ -45,14 +45,17 @@ struct RoundOptions {
   // arrived. wait-all: a safety limit of kWaitAllSafetyFactor times this for a device that
   // vanished (ours).
   double deadline_seconds = 30;
-  double client_fraction = 1.0;  // of the identities seen, selected per round (seeded)
-  std::uint32_t min_clients = 1; // deltas needed before a round may close early
+  double client_fraction = 1.0;   // of the identities seen, selected per round (seeded)
+  std::uint32_t min_clients = 1;  // deltas needed before a round may close early
   std::uint32_t local_steps = 10;
   std::uint32_t local_epochs = 0;  // > 0: passes over each device's shard instead of local_steps
   float server_lr = 1.0f;
-  float store_learning_rate = 0.1f;  // ServerStateOptions::store.learning_rate (the close divides by it)
+  float store_learning_rate =
+      0.1f;  // ServerStateOptions::store.learning_rate (the close divides by it)
   std::uint64_t seed = 1;
-  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
   std::function<void(const std::string&)> log;
 };
 inline constexpr const char* kRoundCloseIdentity = "#round-close";
@@ -84,7 +87,8 @@ class RoundCoordinator {
 
  private:
   void open_log();
-  void append_to_log(std::uint64_t examples, const std::string& identity, std::span<const std::uint8_t> body);
+  void append_to_log(std::uint64_t examples, const std::string& identity,
+                     std::span<const std::uint8_t> body);
   void close_round();
   double seconds_left() const;
   void log(const std::string& line) const;
@@ -95,9 +99,10 @@ class RoundCoordinator {
   int log_fd_ = -1;
   std::chrono::steady_clock::time_point opened_;
   std::vector<RoundDelta> deltas_;
-  std::set<std::string> answered_;   // identities with a delta in this round
-  std::set<std::string> seen_;       // identities that asked for a round
-  std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0, malformed_ = 0;
+  std::set<std::string> answered_;  // identities with a delta in this round
+  std::set<std::string> seen_;      // identities that asked for a round
+  std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0,
+                malformed_ = 0;
   std::uint64_t duplicates_ = 0, close_failures_ = 0;
 };
 

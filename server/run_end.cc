@@ -27,21 +27,25 @@ std::vector<std::uint8_t> read_bytes(const std::filesystem::path& path) {
 }
 
 // The __metadata__ strings of a safetensors file, read before the model is known.
-std::map<std::string, std::string> header_metadata(std::span<const std::uint8_t> bytes, const std::string& name) {
+std::map<std::string, std::string> header_metadata(std::span<const std::uint8_t> bytes,
+                                                   const std::string& name) {
   std::uint64_t length = 0;
   if (bytes.size() >= 8) std::memcpy(&length, bytes.data(), 8);
-  if (bytes.size() < 8 || length > bytes.size() - 8) throw std::runtime_error(name + " is not a safetensors file");
+  if (bytes.size() < 8 || length > bytes.size() - 8)
+    throw std::runtime_error(name + " is not a safetensors file");
   std::map<std::string, std::string> metadata;
-  const auto header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length),
-                                            nullptr, false);
-  if (header.is_discarded() || !header.is_object()) throw std::runtime_error(name + ": the safetensors header is not JSON");
+  const auto header = nlohmann::json::parse(
+      bytes.begin() + 8, bytes.begin() + 8 + static_cast<std::ptrdiff_t>(length), nullptr, false);
+  if (header.is_discarded() || !header.is_object())
+    throw std::runtime_error(name + ": the safetensors header is not JSON");
   if (auto it = header.find("__metadata__"); it != header.end() && it->is_object())
     for (auto m = it->begin(); m != it->end(); ++m)
       if (m->is_string()) metadata[m.key()] = m->get<std::string>();
   return metadata;
 }
 
-std::uint64_t number_in(const std::map<std::string, std::string>& metadata, const std::string& key) {
+std::uint64_t number_in(const std::map<std::string, std::string>& metadata,
+                        const std::string& key) {
   auto it = metadata.find(key);
   if (it == metadata.end()) return 0;
   try {
@@ -62,16 +66,19 @@ void StopConditions::note_evaluation(const EvaluationResult& result) {
   }
 }
 
-std::optional<StopReason> StopConditions::check(std::uint64_t version, double seconds_running) const {
+std::optional<StopReason> StopConditions::check(std::uint64_t version,
+                                                double seconds_running) const {
   {
     std::lock_guard lock(mutex_);
     if (reached_)
-      return StopReason{"accuracy", "test accuracy " + fixed(reached_->accuracy, 4) + " at version " +
-                                        std::to_string(reached_->version) + " reached --stop-at-accuracy " +
+      return StopReason{"accuracy", "test accuracy " + fixed(reached_->accuracy, 4) +
+                                        " at version " + std::to_string(reached_->version) +
+                                        " reached --stop-at-accuracy " +
                                         fixed(settings_.at_accuracy, 4)};
   }
   if (settings_.after_updates > 0 && version >= settings_.after_updates)
-    return StopReason{"updates", "version " + std::to_string(version) + " reached --stop-after-updates " +
+    return StopReason{"updates", "version " + std::to_string(version) +
+                                     " reached --stop-after-updates " +
                                      std::to_string(settings_.after_updates)};
   if (settings_.after_seconds > 0 && seconds_running >= settings_.after_seconds)
     return StopReason{"seconds", fixed(seconds_running, 1) + " s reached --stop-after-seconds " +
@@ -83,7 +90,8 @@ std::string StopConditions::describe() const {
   std::string text;
   auto add = [&](const std::string& part) { text += (text.empty() ? "" : ", ") + part; };
   if (settings_.at_accuracy > 0) add("at test accuracy " + fixed(settings_.at_accuracy, 4));
-  if (settings_.after_updates > 0) add("after " + std::to_string(settings_.after_updates) + " updates");
+  if (settings_.after_updates > 0)
+    add("after " + std::to_string(settings_.after_updates) + " updates");
   if (settings_.after_seconds > 0) add("after " + fixed(settings_.after_seconds, 1) + " s");
   return text.empty() ? "none (runs until SIGTERM)" : "stop " + text;
 }
@@ -91,26 +99,33 @@ std::string StopConditions::describe() const {
 namespace {
 
 // A sealed checkpoint's bytes into `model`, which must be the model its metadata names.
-CheckpointFile read_checkpoint_bytes(const std::filesystem::path& path, const std::vector<std::uint8_t>& bytes,
-                                     const std::map<std::string, std::string>& header, runtime::Model model,
-                                     const std::string& model_name) {
-  if (header.count("edgetrain.model_id") && number_in(header, "edgetrain.model_id") != model.layout_id())
+CheckpointFile read_checkpoint_bytes(const std::filesystem::path& path,
+                                     const std::vector<std::uint8_t>& bytes,
+                                     const std::map<std::string, std::string>& header,
+                                     runtime::Model model, const std::string& model_name) {
+  if (header.count("edgetrain.model_id") &&
+      number_in(header, "edgetrain.model_id") != model.layout_id())
     throw std::runtime_error(path.string() + " holds another model than '" + model_name + "'" +
-                             (header.count("edgetrain.model") ? " (its metadata says '" + header.at("edgetrain.model") + "')"
-                                                              : std::string()));
+                             (header.count("edgetrain.model")
+                                  ? " (its metadata says '" + header.at("edgetrain.model") + "')"
+                                  : std::string()));
   try {
-    std::map<std::string, std::string> metadata = model.load_safetensors_bytes(bytes, path.string());
+    std::map<std::string, std::string> metadata =
+        model.load_safetensors_bytes(bytes, path.string());
     const std::uint64_t version = number_in(metadata, "edgetrain.version");
     return {std::move(model), std::move(metadata), version};
   } catch (const runtime::ModelError& e) {
-    throw std::runtime_error(std::string(e.what()) + " (is it a checkpoint of model '" + model_name + "'?)");
+    throw std::runtime_error(std::string(e.what()) + " (is it a checkpoint of model '" +
+                             model_name + "'?)");
   }
 }
 
 }  // namespace
 
-CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std::string& model_argument) {
-  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no checkpoint file at " + path.string());
+CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
+                                    const std::string& model_argument) {
+  if (!std::filesystem::is_regular_file(path))
+    throw std::runtime_error("no checkpoint file at " + path.string());
   const std::vector<std::uint8_t> bytes = read_bytes(path);
   const CheckpointCheck check = check_checkpoint_seal(bytes);
   if (check.seal == CheckpointSeal::kDamaged)
@@ -119,26 +134,33 @@ CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std
   std::string model_name = model_argument;
   if (model_name.empty()) {
     auto it = header.find("edgetrain.model");
-    if (it == header.end()) throw std::runtime_error(path.string() + " does not name its model: give --model");
+    if (it == header.end())
+      throw std::runtime_error(path.string() + " does not name its model: give --model");
     model_name = it->second;
   }
-  return read_checkpoint_bytes(path, bytes, header, runtime::Model(runtime::model_spec_from_argument(model_name)), model_name);
+  return read_checkpoint_bytes(path, bytes, header,
+                               runtime::Model(runtime::model_spec_from_argument(model_name)),
+                               model_name);
 }
 
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, runtime::Model model) {
-  if (!std::filesystem::is_regular_file(path)) throw std::runtime_error("no checkpoint file at " + path.string());
+  if (!std::filesystem::is_regular_file(path))
+    throw std::runtime_error("no checkpoint file at " + path.string());
   const std::vector<std::uint8_t> bytes = read_bytes(path);
   const CheckpointCheck check = check_checkpoint_seal(bytes);
   if (check.seal == CheckpointSeal::kDamaged)
     throw std::runtime_error("the checkpoint " + path.string() + " is damaged: " + check.problem);
   const std::string name = model.spec().name;
-  return read_checkpoint_bytes(path, bytes, header_metadata(bytes, path.string()), std::move(model), name);
+  return read_checkpoint_bytes(path, bytes, header_metadata(bytes, path.string()), std::move(model),
+                               name);
 }
 
-ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths, const std::string& model_argument) {
+ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths,
+                                        const std::string& model_argument) {
   if (paths.empty()) throw std::runtime_error("no shard checkpoints given");
   runtime::Model full(runtime::model_spec_from_argument(model_argument));
-  if (paths.size() > full.parameter_count()) throw std::runtime_error("more shards than parameters");
+  if (paths.size() > full.parameter_count())
+    throw std::runtime_error("more shards than parameters");
   const auto count = static_cast<std::uint32_t>(paths.size());
   std::vector<std::uint64_t> versions;
   for (std::uint32_t i = 0; i < count; ++i) {
@@ -146,7 +168,8 @@ ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>
     CheckpointFile file = read_checkpoint_file(paths[i], runtime::shard_model(full, shard));
     const std::uint64_t first = runtime::shard_range(full.parameter_count(), shard).first;
     const std::span<const float> slice = file.model.parameters();
-    std::copy(slice.begin(), slice.end(), full.parameters().begin() + static_cast<std::ptrdiff_t>(first));
+    std::copy(slice.begin(), slice.end(),
+              full.parameters().begin() + static_cast<std::ptrdiff_t>(first));
     versions.push_back(file.version);
   }
   return {std::move(full), std::move(versions)};
@@ -156,16 +179,21 @@ std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::pa
   return header_metadata(read_bytes(path), path.string());
 }
 
-BestCheckpoint::BestCheckpoint(std::filesystem::path state_dir, runtime::Model model, std::string eval_data, Log log)
-    : path_(std::move(state_dir) / kBestCheckpointName), model_(std::move(model)), eval_data_(std::move(eval_data)),
+BestCheckpoint::BestCheckpoint(std::filesystem::path state_dir, runtime::Model model,
+                               std::string eval_data, Log log)
+    : path_(std::move(state_dir) / kBestCheckpointName),
+      model_(std::move(model)),
+      eval_data_(std::move(eval_data)),
       log_(std::move(log)) {
   if (!std::filesystem::exists(path_)) return;
   try {
     const std::vector<std::uint8_t> bytes = read_bytes(path_);
     const CheckpointCheck check = check_checkpoint_seal(bytes);
-    if (check.seal == CheckpointSeal::kDamaged) throw std::runtime_error("damaged: " + check.problem);
+    if (check.seal == CheckpointSeal::kDamaged)
+      throw std::runtime_error("damaged: " + check.problem);
     runtime::Model kept = model_;
-    const std::map<std::string, std::string> metadata = kept.load_safetensors_bytes(bytes, path_.string());
+    const std::map<std::string, std::string> metadata =
+        kept.load_safetensors_bytes(bytes, path_.string());
     if (metadata.count("edgetrain.eval_data") && metadata.at("edgetrain.eval_data") == eval_data_) {
       EvaluationResult result;
       result.version = number_in(metadata, "edgetrain.version");
@@ -174,7 +202,9 @@ BestCheckpoint::BestCheckpoint(std::filesystem::path state_dir, runtime::Model m
       best_ = result;
     }
   } catch (const std::exception& e) {
-    if (log_) log_(std::string("the best checkpoint so far is unreadable and will be replaced: ") + e.what());
+    if (log_)
+      log_(std::string("the best checkpoint so far is unreadable and will be replaced: ") +
+           e.what());
   }
 }
 

@@ -21,9 +21,10 @@ namespace edgetrain::server {
 
 // 0 turns a condition off.
 struct StopSettings {
-  double at_accuracy = 0;          // an evaluation reached at least this test accuracy
-  std::uint64_t after_updates = 0;  // the model's version (updates applied since the state directory began)
-  double after_seconds = 0;        // wall time since this server started
+  double at_accuracy = 0;  // an evaluation reached at least this test accuracy
+  std::uint64_t after_updates =
+      0;  // the model's version (updates applied since the state directory began)
+  double after_seconds = 0;  // wall time since this server started
 };
 
 struct StopReason {
@@ -38,7 +39,9 @@ class StopConditions {
   void note_evaluation(const EvaluationResult& result);
   // From the serving thread: the first condition that holds, if any.
   std::optional<StopReason> check(std::uint64_t version, double seconds_running) const;
-  bool any() const { return settings_.at_accuracy > 0 || settings_.after_updates > 0 || settings_.after_seconds > 0; }
+  bool any() const {
+    return settings_.at_accuracy > 0 || settings_.after_updates > 0 || settings_.after_seconds > 0;
+  }
   std::string describe() const;  // "stop at test accuracy 0.95, after 10000 updates"
 
  private:
@@ -58,7 +61,8 @@ struct CheckpointFile {
 // best.safetensors). `model_argument` (a built-in name or a spec) names the model; empty:
 // the file's edgetrain.model. Throws std::runtime_error with the reason when the file is
 // missing, damaged (its edgetrain.crc32 does not match) or holds another model.
-CheckpointFile read_checkpoint_file(const std::filesystem::path& path, const std::string& model_argument);
+CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
+                                    const std::string& model_argument);
 
 // The same with the model given: a checkpoint of exactly `model` (its layout id), e.g. one
 // shard's (runtime::shard_model()).
@@ -72,7 +76,8 @@ struct ShardCheckpoints {
   runtime::Model model;
   std::vector<std::uint64_t> versions;
 };
-ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths, const std::string& model_argument);
+ShardCheckpoints read_shard_checkpoints(const std::vector<std::filesystem::path>& paths,
+                                        const std::string& model_argument);
 
 // The __metadata__ strings of a safetensors file, without loading its tensors or checking
 // its checksum. Throws std::runtime_error when the file cannot be read or has no header.
@@ -85,7 +90,8 @@ std::map<std::string, std::string> checkpoint_metadata(const std::filesystem::pa
 class BestCheckpoint {
  public:
   using Log = std::function<void(const std::string&)>;
-  BestCheckpoint(std::filesystem::path state_dir, runtime::Model model, std::string eval_data, Log log);
+  BestCheckpoint(std::filesystem::path state_dir, runtime::Model model, std::string eval_data,
+                 Log log);
   // From the evaluator thread: writes the file when `result` beats the best so far.
   void offer(const EvaluationResult& result);
   // Any thread.

@@ -50,31 +50,44 @@ std::string number(double value) {
 }
 
 void check_settings(const ServerSettings& s) {
-  if (s.state_dir.empty()) throw std::invalid_argument("--state-dir (or state_dir in the config) is required");
+  if (s.state_dir.empty())
+    throw std::invalid_argument("--state-dir (or state_dir in the config) is required");
   const bool certificates = !s.cert.empty() || !s.cert_key.empty() || !s.ca.empty();
   if (certificates && (s.cert.empty() || s.cert_key.empty() || s.ca.empty()))
-    throw std::invalid_argument("X.509 needs all three of --cert, --cert-key and --ca (cert, cert_key, ca in the config)");
+    throw std::invalid_argument(
+        "X.509 needs all three of --cert, --cert-key and --ca (cert, cert_key, ca in the config)");
   if (s.keystore.empty() && !certificates)
-    throw std::invalid_argument("--keystore (or keystore in the config) is required unless --cert/--cert-key/--ca are given");
-  if (!logging::parse_level(s.log_level)) throw std::invalid_argument("--log-level must be error, warn, info or debug");
-  if (!s.metrics_listen.empty()) split_listen_address(s.metrics_listen);  // a malformed address fails before serving
+    throw std::invalid_argument(
+        "--keystore (or keystore in the config) is required unless --cert/--cert-key/--ca are "
+        "given");
+  if (!logging::parse_level(s.log_level))
+    throw std::invalid_argument("--log-level must be error, warn, info or debug");
+  if (!s.metrics_listen.empty())
+    split_listen_address(s.metrics_listen);  // a malformed address fails before serving
   transport::check_timing(s.timing);
   transport::check_handshake_limits(s.handshake);
-  if (s.mode == "gan" && s.gan_workers == 0) throw std::invalid_argument("--mode gan needs --gan-workers N");
+  if (s.mode == "gan" && s.gan_workers == 0)
+    throw std::invalid_argument("--mode gan needs --gan-workers N");
   if (!s.shard.empty()) {
     if (!runtime::parse_shard_id(s.shard))
       throw std::invalid_argument("--shard " + s.shard + ": give I/N with 0 <= I < N, e.g. 0/3");
     // A shard holds a range of the parameters: it cannot evaluate the model, and rounds,
     // MD-GAN and the published model are not split (server/README.md, "Sharded server").
-    if (s.mode != "async") throw std::invalid_argument("--shard works with --mode async only, not " + s.mode);
+    if (s.mode != "async")
+      throw std::invalid_argument("--shard works with --mode async only, not " + s.mode);
     if (s.eval_data != "none")
-      throw std::invalid_argument("--shard: a shard holds part of the model and cannot evaluate it; give --eval-data "
-                                  "none (evaluate a checkpoint assembled from the shards instead)");
-    if (!s.init_from.empty()) throw std::invalid_argument("--shard: --init-from is not supported (it holds the whole model)");
-    if (s.publish_every > 0) throw std::invalid_argument("--shard: --publish-every is not supported");
+      throw std::invalid_argument(
+          "--shard: a shard holds part of the model and cannot evaluate it; give --eval-data "
+          "none (evaluate a checkpoint assembled from the shards instead)");
+    if (!s.init_from.empty())
+      throw std::invalid_argument(
+          "--shard: --init-from is not supported (it holds the whole model)");
+    if (s.publish_every > 0)
+      throw std::invalid_argument("--shard: --publish-every is not supported");
   }
   // The round and GAN coordinators are driven by the serving loop and share its thread.
-  if (s.mode != "async" && s.loop_threads > 1) throw std::invalid_argument("--loop-threads above 1 needs --mode async");
+  if (s.mode != "async" && s.loop_threads > 1)
+    throw std::invalid_argument("--loop-threads above 1 needs --mode async");
 }
 
 // --loop-threads: 0 means the cores this process may run on (its CPU affinity, which
@@ -84,11 +97,13 @@ std::size_t loop_thread_count(const ServerSettings& s) {
   if (s.loop_threads > 0) return s.loop_threads;
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
-  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return static_cast<std::size_t>(std::max(1, CPU_COUNT(&cpus)));
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0)
+    return static_cast<std::size_t>(std::max(1, CPU_COUNT(&cpus)));
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-transport::HandshakeStats& operator+=(transport::HandshakeStats& sum, const transport::HandshakeStats& more) {
+transport::HandshakeStats& operator+=(transport::HandshakeStats& sum,
+                                      const transport::HandshakeStats& more) {
   sum.hello_verify_requests += more.hello_verify_requests;
   sum.client_hellos_admitted += more.client_hellos_admitted;
   sum.refused_rate_limited += more.refused_rate_limited;
@@ -106,7 +121,8 @@ std::uint64_t dense_update_bytes(const runtime::Model& model) {
   dense.model_id = model.layout_id();
   for (std::size_t t = 0; t < model.tensors().size(); t++) {
     const auto n = static_cast<std::uint32_t>(model.tensors()[t].size);
-    transport::SparseTensor tensor{static_cast<std::uint32_t>(t), n, std::vector<std::uint32_t>(n), std::vector<float>(n)};
+    transport::SparseTensor tensor{static_cast<std::uint32_t>(t), n, std::vector<std::uint32_t>(n),
+                                   std::vector<float>(n)};
     for (std::uint32_t i = 0; i < n; i++) tensor.indices[i] = i;
     dense.tensors.push_back(std::move(tensor));
   }
@@ -153,7 +169,8 @@ class ServerApp {
   void refresh_metrics();
   std::string dtls_modes() const {
     const bool certificates = !s_.cert.empty();
-    return std::string(keystore_ ? "PSK" : "") + (keystore_ && certificates ? " and " : "") + (certificates ? "X.509" : "");
+    return std::string(keystore_ ? "PSK" : "") + (keystore_ && certificates ? " and " : "") +
+           (certificates ? "X.509" : "");
   }
 
   const ServerSettings& s_;
@@ -162,7 +179,8 @@ class ServerApp {
   StopConditions stop_{{s_.stop_at_accuracy, s_.stop_after_updates, s_.stop_after_seconds}};
   std::optional<StopReason> stopped_because_;
   std::unique_ptr<BestCheckpoint> best_;
-  std::optional<LiveKeystore> keystore_;  // none: every PSK handshake is refused (certificates only)
+  std::optional<LiveKeystore>
+      keystore_;  // none: every PSK handshake is refused (certificates only)
   std::optional<runtime::Model> evaluation_model_;
   std::unique_ptr<ServerState> state_;
   RecoveryReport recovery_;
@@ -215,11 +233,13 @@ void ServerApp::open_keystore() {
 void ServerApp::open_state() {
   runtime::Model model(runtime::model_spec_from_argument(s_.model));
   model.initialize(s_.seed);
-  if (start_.initial_parameters) std::copy(start_.initial_parameters->begin(), start_.initial_parameters->end(),
-                                           model.parameters().begin());
+  if (start_.initial_parameters)
+    std::copy(start_.initial_parameters->begin(), start_.initial_parameters->end(),
+              model.parameters().begin());
   // A shard starts from its range of the whole model's initial parameters, so an N-shard run
   // starts where a 1-server run does.
-  if (const auto shard = runtime::parse_shard_id(s_.shard)) model = runtime::shard_model(model, *shard);
+  if (const auto shard = runtime::parse_shard_id(s_.shard))
+    model = runtime::shard_model(model, *shard);
   ServerStateOptions options;
   options.state_dir = s_.state_dir;
   options.store.learning_rate = static_cast<float>(s_.lr);
@@ -231,7 +251,8 @@ void ServerApp::open_state() {
   options.quarantine_after = s_.quarantine_after;
   options.quarantine_seconds = s_.quarantine_seconds;
   options.rollback_non_finite = s_.rollback_non_finite;
-  if (s_.mode == "async") options.publish = {s_.publish_every, s_.publish_fraction, s_.publish_min_entries};
+  if (s_.mode == "async")
+    options.publish = {s_.publish_every, s_.publish_fraction, s_.publish_min_entries};
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();
@@ -241,17 +262,21 @@ void ServerApp::open_state() {
   note_warm_start();
   if (recovery_.fresh) {
     log_line("new state in " + s_.state_dir + ": model " + state_->model().spec().name + ", " +
-             std::to_string(state_->model().parameter_count()) + " parameters, seed " + std::to_string(s_.seed));
+             std::to_string(state_->model().parameter_count()) + " parameters, seed " +
+             std::to_string(s_.seed));
   } else {
-    log_line("recovered from " + s_.state_dir + ": " +
-             (recovery_.used_previous_checkpoint ? "previous checkpoint" : "checkpoint") + " at version " +
-             std::to_string(recovery_.checkpoint_version) +
-             ", " + std::to_string(recovery_.replayed_updates) + " updates replayed from the WAL" +
-             (recovery_.rollback ? ", ROLLED BACK before version " + std::to_string(recovery_.rollback->first_bad_version)
-                                 : std::string()) +
-             (recovery_.dropped_wal_bytes ? ", a torn tail of " + std::to_string(recovery_.dropped_wal_bytes) + " bytes dropped"
-                                          : std::string()) +
-             "; version " + std::to_string(state_->version()));
+    log_line(
+        "recovered from " + s_.state_dir + ": " +
+        (recovery_.used_previous_checkpoint ? "previous checkpoint" : "checkpoint") +
+        " at version " + std::to_string(recovery_.checkpoint_version) + ", " +
+        std::to_string(recovery_.replayed_updates) + " updates replayed from the WAL" +
+        (recovery_.rollback ? ", ROLLED BACK before version " +
+                                  std::to_string(recovery_.rollback->first_bad_version)
+                            : std::string()) +
+        (recovery_.dropped_wal_bytes
+             ? ", a torn tail of " + std::to_string(recovery_.dropped_wal_bytes) + " bytes dropped"
+             : std::string()) +
+        "; version " + std::to_string(state_->version()));
   }
 }
 
@@ -264,8 +289,9 @@ void ServerApp::note_warm_start() {
     return;
   }
   if (!recovery_.fresh) throw StartupError("--init-from: the state directory already holds a run");
-  common::write_file_atomically(std::filesystem::path(s_.state_dir) / kInitFromRecordName,
-                                nlohmann::json{{"source", start_.init_from_identity}}.dump() + "\n");
+  common::write_file_atomically(
+      std::filesystem::path(s_.state_dir) / kInitFromRecordName,
+      nlohmann::json{{"source", start_.init_from_identity}}.dump() + "\n");
   log_line("warm start: the new state begins with the parameters of " + s_.init_from);
 }
 
@@ -284,17 +310,17 @@ void ServerApp::open_rounds(ResourceOptions& resource_options) {
   o.store_learning_rate = static_cast<float>(s_.lr);
   o.seed = s_.seed;
   o.log = log_line;
-  if (s_.publish_every > 0) log_line("WARNING: --publish-every is ignored with --mode rounds: a round's model is exact");
+  if (s_.publish_every > 0)
+    log_line("WARNING: --publish-every is ignored with --mode rounds: a round's model is exact");
   rounds_ = std::make_unique<RoundCoordinator>(*state_, o);
   resource_options.updates_refused_because = "--mode rounds: post model deltas to /round/update";
   resource_options.extra_status = [this] { return rounds_->status_json(); };
-  log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " + s_.round_policy + ", " +
-           s_.aggregation + " aggregation, deadline " + number(s_.round_deadline) + " s, client fraction " +
-           number(s_.client_fraction) + ", " +
+  log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " +
+           s_.round_policy + ", " + s_.aggregation + " aggregation, deadline " +
+           number(s_.round_deadline) + " s, client fraction " + number(s_.client_fraction) + ", " +
            (s_.local_epochs > 0 ? std::to_string(s_.local_epochs) + " local epochs"
                                 : std::to_string(s_.local_steps) + " local steps") +
-           ", server lr " +
-           number(s_.server_lr));
+           ", server lr " + number(s_.server_lr));
 }
 
 // --mode gan: the MD-GAN coordinator in <state-dir>/gan, and POST /update refused.
@@ -323,14 +349,17 @@ void ServerApp::open_gan(ResourceOptions& resource_options) {
   resource_options.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
   resource_options.extra_status = [this] { return gan_->status_json(); };
   const auto& r = gan_->recovery();
-  log_line("MD-GAN: " + s_.gan_arch + " generator, " + std::to_string(s_.gan_workers) + " workers, k " + std::to_string(s_.gan_k) + ", batch " +
-           std::to_string(s_.gan_batch) + ", deadline " + number(s_.gan_deadline) + " s, " +
-           (s_.gan_swap_every ? "discriminator swaps every " + std::to_string(s_.gan_swap_every) + " iterations"
-                              : std::string("no discriminator swaps")) +
+  log_line("MD-GAN: " + s_.gan_arch + " generator, " + std::to_string(s_.gan_workers) +
+           " workers, k " + std::to_string(s_.gan_k) + ", batch " + std::to_string(s_.gan_batch) +
+           ", deadline " + number(s_.gan_deadline) + " s, " +
+           (s_.gan_swap_every
+                ? "discriminator swaps every " + std::to_string(s_.gan_swap_every) + " iterations"
+                : std::string("no discriminator swaps")) +
            ", batches in " + (s_.gan_fp16 ? "fp16" : "fp32") + "; " +
            (r.fresh ? std::string("a new generator")
                     : "recovered iteration " + std::to_string(gan_->iteration()) + " (checkpoint " +
-                          std::to_string(r.checkpoint_iteration) + " + " + std::to_string(r.replayed) + " logged steps)"));
+                          std::to_string(r.checkpoint_iteration) + " + " +
+                          std::to_string(r.replayed) + " logged steps)"));
 }
 
 // The generator's evaluations: a copy of G to sample from, and the judge (classifier and the
@@ -343,31 +372,36 @@ void ServerApp::open_gan_evaluation() {
   settings.architecture = runtime::parse_gan_architecture(s_.gan_arch);
   gan_sampler_ = runtime::make_generator(settings, s_.seed);
   if (s_.gan_classifier.empty()) return;
-  if (s_.eval_data == "none") throw StartupError("--gan-classifier scores against test images: give --eval-data");
+  if (s_.eval_data == "none")
+    throw StartupError("--gan-classifier scores against test images: give --eval-data");
   try {
     runtime::Model classifier(runtime::model_spec_from_argument(s_.gan_classifier_model));
     classifier.load_safetensors(s_.gan_classifier);
     const auto files = runtime::dataset_files(s_.eval_data, runtime::DataSplit::kTest);
     const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
     gan_judge_ = std::make_unique<runtime::GanJudge>(
-        classifier, test.pixels.data(), std::min<int>(static_cast<int>(s_.gan_eval_samples), static_cast<int>(test.size())));
+        classifier, test.pixels.data(),
+        std::min<int>(static_cast<int>(s_.gan_eval_samples), static_cast<int>(test.size())));
   } catch (const std::exception& e) {
     throw StartupError(std::string("--gan-classifier: ") + e.what());
   }
   const auto csv = std::filesystem::path(s_.state_dir) / "gan" / "metrics.csv";
   if (!std::filesystem::exists(csv))
     std::ofstream(csv) << "unix_time,iteration,mnist_score,frechet_distance,conditional_accuracy\n";
-  log_line("MD-GAN: the generator is scored every " + std::to_string(s_.gan_eval_every) + " iterations with " +
-           s_.gan_classifier + " on " + std::to_string(s_.gan_eval_samples) + " samples against " + s_.eval_data +
-           "'s test images");
-  if (gan_->recovery().fresh) start_gan_evaluation();  // the untrained generator's scores, the curve's first point
+  log_line("MD-GAN: the generator is scored every " + std::to_string(s_.gan_eval_every) +
+           " iterations with " + s_.gan_classifier + " on " + std::to_string(s_.gan_eval_samples) +
+           " samples against " + s_.eval_data + "'s test images");
+  if (gan_->recovery().fresh)
+    start_gan_evaluation();  // the untrained generator's scores, the curve's first point
 }
 
 // After the coordinator's deadline check: an evaluation every --gan-eval-every iterations,
 // unless the last one is still running.
 void ServerApp::poll_gan() {
   gan_->poll();
-  if (!gan_sampler_ || gan_->iteration() < gan_evaluated_at_ + s_.gan_eval_every || gan_eval_running_) return;
+  if (!gan_sampler_ || gan_->iteration() < gan_evaluated_at_ + s_.gan_eval_every ||
+      gan_eval_running_)
+    return;
   start_gan_evaluation();
 }
 
@@ -394,12 +428,13 @@ void ServerApp::evaluate_gan(std::uint64_t iteration) {
   std::vector<std::int32_t> labels(count);
   runtime::sample_generator(*gan_sampler_, count, s_.seed + 7777, pixels.data(), labels.data());
   const auto dir = std::filesystem::path(s_.state_dir) / "gan";
-  image::write_png_grid((dir / "samples.png").string(), image::tile_images(pixels, std::min(count, 100), 28, 10));
+  image::write_png_grid((dir / "samples.png").string(),
+                        image::tile_images(pixels, std::min(count, 100), 28, 10));
   if (!gan_judge_) return;
   const runtime::GanScores scores = gan_judge_->score(pixels.data(), labels.data(), count);
   std::ofstream(dir / "metrics.csv", std::ios::app)
-      << std::time(nullptr) << ',' << iteration << ',' << scores.mnist_score << ',' << scores.frechet_distance << ','
-      << scores.conditional_accuracy << '\n';
+      << std::time(nullptr) << ',' << iteration << ',' << scores.mnist_score << ','
+      << scores.frechet_distance << ',' << scores.conditional_accuracy << '\n';
   gan_scores_.x.push_back(static_cast<double>(iteration));
   gan_scores_.y.push_back(scores.mnist_score);
   plot::PlotOptions plot;
@@ -407,9 +442,9 @@ void ServerApp::evaluate_gan(std::uint64_t iteration) {
   plot.x_label = "generator iterations";
   plot.y_label = "MNIST score";
   std::ofstream(dir / "scores.svg") << plot::render_svg_line_chart({gan_scores_}, plot);
-  log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " + number(scores.mnist_score) +
-           ", Frechet distance " + number(scores.frechet_distance) + ", conditional accuracy " +
-           number(scores.conditional_accuracy));
+  log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " +
+           number(scores.mnist_score) + ", Frechet distance " + number(scores.frechet_distance) +
+           ", conditional accuracy " + number(scores.conditional_accuracy));
 }
 
 void ServerApp::open_endpoint() {
@@ -424,14 +459,16 @@ void ServerApp::open_endpoint() {
   resource_options.health.max_devices = static_cast<std::size_t>(s_.max_devices);
   resource_options.observe_interval_seconds = s_.observe_interval;
   resource_options.repeats.burst = s_.log_repeat_burst;
-  resource_options.repeats.interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(s_.log_repeat_interval));
+  resource_options.repeats.interval =
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(s_.log_repeat_interval));
   resource_options.facts = {{"eval_data", s_.eval_data}, {"state_dir", s_.state_dir}};
   resource_options.facts["security"] =
       "DTLS (" + dtls_modes() + ")" +
-      (!s_.insecure         ? std::string()
-       : s_.insecure_port   ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
-                            : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
+      (!s_.insecure ? std::string()
+       : s_.insecure_port
+           ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
+           : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
   if (s_.mode == "rounds") open_rounds(resource_options);
   if (s_.mode == "gan") open_gan(resource_options);
   resources_ = std::make_unique<ServerResources>(*state_, resource_options);
@@ -442,7 +479,8 @@ void ServerApp::open_endpoint() {
   o.psk_lookup = [this](std::string_view identity) -> std::optional<std::vector<std::uint8_t>> {
     std::lock_guard lock(keystore_mutex_);
     if (keystore_) return keystore_->handshake_key(identity);
-    log_line("refused a DTLS handshake from unknown identity '" + transport::escape_untrusted(identity) + "'");
+    log_line("refused a DTLS handshake from unknown identity '" +
+             transport::escape_untrusted(identity) + "'");
     return std::nullopt;
   };
   // rotate-key and remove-device end a device's open sessions at its next request.
@@ -454,7 +492,8 @@ void ServerApp::open_endpoint() {
   if (s_.insecure) o.plaintext_port = static_cast<std::uint16_t>(s_.insecure_port);
   o.timing = s_.timing;
   o.datagrams_per_pass = s_.datagrams_per_pass;
-  o.max_body_bytes = s_.max_update_bytes;  // a larger POST body is refused block by block, never held whole
+  o.max_body_bytes =
+      s_.max_update_bytes;  // a larger POST body is refused block by block, never held whole
   o.max_bodies_in_progress = s_.max_bodies_in_progress;
   o.handshake = s_.handshake;
   o.on_handshake_failure = [this](const transport::HandshakeFailure& failure) {
@@ -470,7 +509,8 @@ void ServerApp::open_endpoint() {
   // counts against its own loop's). The per-address handshake limits and rate hold per
   // loop: one address's sessions from several ports may land on several loops.
   o.max_bodies_in_progress = std::max<std::size_t>(1, o.max_bodies_in_progress / loops);
-  o.handshake.max_pending = std::max<std::uint32_t>(1, o.handshake.max_pending / static_cast<std::uint32_t>(loops));
+  o.handshake.max_pending =
+      std::max<std::uint32_t>(1, o.handshake.max_pending / static_cast<std::uint32_t>(loops));
   for (std::size_t n = 0; n < loops; ++n) {
     servers_.push_back(std::make_unique<transport::CoapDtlsServer>(o));
     o.port = servers_[0]->port();
@@ -479,28 +519,45 @@ void ServerApp::open_endpoint() {
   }
   loop_handshakes_.resize(loops);
   transport::CoapDtlsServer& server = *servers_[0];
-  if (rounds_) rounds_->attach(server, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
-  if (gan_) gan_->attach(server, [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
-  if (!s_.port_file.empty()) common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
-  log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) + " (CoAP over DTLS, " + dtls_modes() +
-           "), " + std::to_string(loops) + " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + number(s_.lr) + ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
-           std::to_string(s_.checkpoint_every) + " updates, parameters within ±" + number(s_.max_parameter_magnitude) +
-           (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm) : std::string()) +
-           (s_.quarantine_after > 0 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates" : std::string()) +
-           (state_->published() ? ", workers pull the published model (every " + std::to_string(s_.publish_every) +
-                                      " updates, " + number(s_.publish_fraction) + " of each tensor)"
-                                : std::string()));
-  log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) + " s, ACK_RANDOM_FACTOR " +
-           number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) +
-           ", NSTART " + std::to_string(s_.timing.nstart));
-  log_line("DTLS handshakes: stateless cookie first; at most " + std::to_string(s_.handshake.max_pending) +
-           " pending (" + std::to_string(s_.handshake.max_pending_per_address) + " per source address), " +
+  if (rounds_)
+    rounds_->attach(server,
+                    [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (gan_)
+    gan_->attach(server,
+                 [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (!s_.port_file.empty())
+    common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
+  log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) +
+           " (CoAP over DTLS, " + dtls_modes() + "), " + std::to_string(loops) +
+           " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + number(s_.lr) +
+           ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
+           std::to_string(s_.checkpoint_every) + " updates, parameters within ±" +
+           number(s_.max_parameter_magnitude) +
+           (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm)
+                                    : std::string()) +
+           (s_.quarantine_after > 0
+                ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates"
+                : std::string()) +
+           (state_->published()
+                ? ", workers pull the published model (every " + std::to_string(s_.publish_every) +
+                      " updates, " + number(s_.publish_fraction) + " of each tensor)"
+                : std::string()));
+  log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) +
+           " s, ACK_RANDOM_FACTOR " + number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " +
+           std::to_string(s_.timing.max_retransmit) + ", NSTART " +
+           std::to_string(s_.timing.nstart));
+  log_line("DTLS handshakes: stateless cookie first; at most " +
+           std::to_string(s_.handshake.max_pending) + " pending (" +
+           std::to_string(s_.handshake.max_pending_per_address) + " per source address), " +
            number(s_.handshake.rate_per_address) + " new per second per source address, " +
            number(s_.handshake.timeout_seconds) + " s to finish");
   if (s_.insecure) {
-    log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" + std::to_string(server.plaintext_port()) +
-             " with NO encryption and NO authentication. Anyone who can reach that port can read the model and "
-             "post updates; updates there are keyed on the name the sender declares (?id=NAME), logged and shown "
+    log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" +
+             std::to_string(server.plaintext_port()) +
+             " with NO encryption and NO authentication. Anyone who can reach that port can read "
+             "the model and "
+             "post updates; updates there are keyed on the name the sender declares (?id=NAME), "
+             "logged and shown "
              "in /status as 'unauthenticated:NAME'. Use it only on a network you trust.");
   }
 }
@@ -510,16 +567,20 @@ void ServerApp::start_evaluator() {
   const bool new_metrics = !std::filesystem::exists(metrics_path);
   metrics_.open(metrics_path, std::ios::app);
   if (new_metrics) {
-    metrics_ << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,"
-                "dense_equivalent_bytes,test_accuracy,test_loss\n";
+    metrics_
+        << "unix_time,version,updates_applied_this_run,ingress_payload_bytes,ingress_socket_bytes,"
+           "dense_equivalent_bytes,test_accuracy,test_loss\n";
   }
   if (!start_.eval_note.empty()) log_line(start_.eval_note);
   if (!start_.eval_data) return;
-  if (gan_) return;  // --mode gan trains no classifier: --eval-data is the generator's judge's (open_gan_evaluation)
+  if (gan_)
+    return;  // --mode gan trains no classifier: --eval-data is the generator's judge's
+             // (open_gan_evaluation)
   runtime::Dataset test = std::move(*start_.eval_data);  // loaded by check_startup
-  best_ = std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
-  log_line("evaluating on " + s_.eval_data + " (" + std::to_string(test.size()) + " test images) every " +
-           number(s_.eval_interval) + " s when the version changed");
+  best_ =
+      std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
+  log_line("evaluating on " + s_.eval_data + " (" + std::to_string(test.size()) +
+           " test images) every " + number(s_.eval_interval) + " s when the version changed");
   evaluator_ = std::make_unique<BackgroundEvaluator>(
       *evaluation_model_, std::move(test), [this] { return state_->snapshot(); },
       [this](const EvaluationResult& r) { report_evaluation(r); },
@@ -533,8 +594,8 @@ void ServerApp::start_metrics() {
     std::lock_guard lock(metrics_text_mutex_);
     return metrics_text_;
   });
-  log_line("metrics: GET http://" + s_.metrics_listen.substr(0, s_.metrics_listen.rfind(':')) + ":" +
-           std::to_string(metrics_endpoint_->port()) + "/metrics (Prometheus text format)");
+  log_line("metrics: GET http://" + s_.metrics_listen.substr(0, s_.metrics_listen.rfind(':')) +
+           ":" + std::to_string(metrics_endpoint_->port()) + "/metrics (Prometheus text format)");
 }
 
 // On the serving thread, which owns what the exposition reads.
@@ -558,15 +619,18 @@ void ServerApp::report_evaluation(const EvaluationResult& r) {
   const std::uint64_t socket = resources_->ingress_socket_bytes();
   const double dense = static_cast<double>(applied) * static_cast<double>(dense_update_bytes_);
   char line[320];
-  std::snprintf(line, sizeof(line),
-                "test accuracy %.4f, loss %.4f at version %llu (%.1f s); %s; dense updates would be %.1f MB: "
-                "%.0fx the payload",
-                r.accuracy, r.loss, static_cast<unsigned long long>(r.version), r.seconds,
-                resources_->ingress_summary().c_str(), dense / 1e6, ingress ? dense / static_cast<double>(ingress) : 0.0);
+  std::snprintf(
+      line, sizeof(line),
+      "test accuracy %.4f, loss %.4f at version %llu (%.1f s); %s; dense updates would be %.1f MB: "
+      "%.0fx the payload",
+      r.accuracy, r.loss, static_cast<unsigned long long>(r.version), r.seconds,
+      resources_->ingress_summary().c_str(), dense / 1e6,
+      ingress ? dense / static_cast<double>(ingress) : 0.0);
   log_line(line);
   std::lock_guard lock(metrics_mutex_);
-  metrics_ << std::time(nullptr) << ',' << r.version << ',' << applied << ',' << ingress << ',' << socket << ','
-           << static_cast<std::uint64_t>(dense) << ',' << r.accuracy << ',' << r.loss << std::endl;
+  metrics_ << std::time(nullptr) << ',' << r.version << ',' << applied << ',' << ingress << ','
+           << socket << ',' << static_cast<std::uint64_t>(dense) << ',' << r.accuracy << ','
+           << r.loss << std::endl;
   accuracy_by_ingress_.x.push_back(static_cast<double>(ingress));
   accuracy_by_ingress_.y.push_back(r.accuracy);
   last_evaluation_ = r;
@@ -581,21 +645,26 @@ void ServerApp::write_stats(bool running) {
   j["state"] = running ? "running" : "stopped";
   j["version"] = state_->version();
   j["port"] = servers_[0]->port();
-  j["insecure_port"] = s_.insecure ? nlohmann::json(servers_[0]->plaintext_port()) : nlohmann::json(nullptr);
+  j["insecure_port"] =
+      s_.insecure ? nlohmann::json(servers_[0]->plaintext_port()) : nlohmann::json(nullptr);
   j["loops"] = nlohmann::json::parse(resources_->loops_json());
-  j["recovery"] = {{"fresh", recovery_.fresh},
-                   {"checkpoint_version", recovery_.checkpoint_version},
-                   {"replayed_updates", recovery_.replayed_updates},
-                   {"dropped_wal_bytes", recovery_.dropped_wal_bytes},
-                   {"used_previous_checkpoint", recovery_.used_previous_checkpoint},
-                   {"rollback", recovery_.rollback ? nlohmann::json{{"first_bad_version", recovery_.rollback->first_bad_version},
-                                                                    {"dropped_updates", recovery_.rollback->dropped_updates},
-                                                                    {"kept_files", recovery_.rollback->kept_files}}
-                                                   : nlohmann::json(nullptr)},
-                   {"version", version_after_recovery_}};
+  j["recovery"] = {
+      {"fresh", recovery_.fresh},
+      {"checkpoint_version", recovery_.checkpoint_version},
+      {"replayed_updates", recovery_.replayed_updates},
+      {"dropped_wal_bytes", recovery_.dropped_wal_bytes},
+      {"used_previous_checkpoint", recovery_.used_previous_checkpoint},
+      {"rollback",
+       recovery_.rollback
+           ? nlohmann::json{{"first_bad_version", recovery_.rollback->first_bad_version},
+                            {"dropped_updates", recovery_.rollback->dropped_updates},
+                            {"kept_files", recovery_.rollback->kept_files}}
+           : nlohmann::json(nullptr)},
+      {"version", version_after_recovery_}};
   j["updates_applied"] = resources_->updates_applied();
   if (const PublishedModel* published = state_->published()) {
-    j["published_model"] = {{"version", published->version()}, {"steps", published->steps()},
+    j["published_model"] = {{"version", published->version()},
+                            {"steps", published->steps()},
                             {"relative_lag", published->relative_lag()}};
   } else {
     j["published_model"] = nullptr;
@@ -605,7 +674,8 @@ void ServerApp::write_stats(bool running) {
   j["devices"] = nlohmann::json::parse(resources_->devices_json());
   j["monitors"] = nlohmann::json::parse(resources_->monitors_json());
   j["devices_silent"] = resources_->device_health().silent_workers();
-  j["metrics_port"] = metrics_endpoint_ ? nlohmann::json(metrics_endpoint_->port()) : nlohmann::json(nullptr);
+  j["metrics_port"] =
+      metrics_endpoint_ ? nlohmann::json(metrics_endpoint_->port()) : nlohmann::json(nullptr);
   j["ingress_payload_bytes"] = resources_->ingress_payload_bytes();
   j["ingress_socket_bytes"] = resources_->ingress_socket_bytes();
   j["ingress_socket_datagrams"] = resources_->ingress_socket_datagrams();
@@ -625,10 +695,11 @@ void ServerApp::write_stats(bool running) {
                      {"pending", handshakes.pending}};
   {
     std::lock_guard lock(metrics_mutex_);
-    j["last_evaluation"] = last_evaluation_ ? nlohmann::json{{"version", last_evaluation_->version},
-                                                             {"accuracy", last_evaluation_->accuracy},
-                                                             {"loss", last_evaluation_->loss}}
-                                            : nlohmann::json(nullptr);
+    j["last_evaluation"] = last_evaluation_
+                               ? nlohmann::json{{"version", last_evaluation_->version},
+                                                {"accuracy", last_evaluation_->accuracy},
+                                                {"loss", last_evaluation_->loss}}
+                               : nlohmann::json(nullptr);
   }
   add_run_end_stats(j);
   j["mode"] = s_.mode;
@@ -645,7 +716,9 @@ void ServerApp::add_run_end_stats(nlohmann::json& j) const {
                                                 {"detail", stopped_because_->detail}}
                                : nlohmann::json(nullptr);
   const auto best = best_ ? best_->best() : std::nullopt;
-  j["best"] = best ? nlohmann::json{{"version", best->version}, {"accuracy", best->accuracy}, {"loss", best->loss},
+  j["best"] = best ? nlohmann::json{{"version", best->version},
+                                    {"accuracy", best->accuracy},
+                                    {"loss", best->loss},
                                     {"path", best_->path().string()}}
                    : nlohmann::json(nullptr);
 }
@@ -703,7 +776,8 @@ void ServerApp::serve() {
   auto next_stats = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   if (stop_.any()) log_line("stop conditions: " + stop_.describe());
   while (!g_stop_requested && !loops_stop && !stop_condition_met()) {
-    resources_->serve_once(*servers_[0], 200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+    resources_->serve_once(*servers_[0],
+                           200);   // returns within 200 ms, so the stats file is at most ~1.2 s old
     if (rounds_) rounds_->poll();  // a round's deadline passes without a request
     if (gan_) poll_gan();          // likewise an iteration's
     if (std::chrono::steady_clock::now() < next_stats) continue;
@@ -729,8 +803,10 @@ void ServerApp::serve() {
 }
 
 bool ServerApp::stop_condition_met() {
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  // In GAN mode the run's progress is the generator's iterations (--stop-after-updates counts them).
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  // In GAN mode the run's progress is the generator's iterations (--stop-after-updates counts
+  // them).
   std::uint64_t progress = 0;
   {
     const auto hold = resources_->hold();  // the other loops apply updates
@@ -743,14 +819,15 @@ bool ServerApp::stop_condition_met() {
 
 void ServerApp::shutdown() {
   if (!stopped_because_) stopped_because_ = StopReason{"signal", "SIGTERM or SIGINT"};
-  log_line("stopping: " + resources_->ingress_summary() + " since start; writing a checkpoint at version " +
-           std::to_string(state_->version()));
+  log_line("stopping: " + resources_->ingress_summary() +
+           " since start; writing a checkpoint at version " + std::to_string(state_->version()));
   evaluator_.reset();
   if (!accuracy_by_ingress_.x.empty()) {
     plot::PlotOptions plot;
-    const auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    plot.title = "edgetrain-server: test accuracy against ingress (" + state_->model().spec().name + ", " +
-                 std::to_string(static_cast<int>(seconds)) + " s)";
+    const auto seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    plot.title = "edgetrain-server: test accuracy against ingress (" + state_->model().spec().name +
+                 ", " + std::to_string(static_cast<int>(seconds)) + " s)";
     plot.x_label = "update payload bytes received";
     plot.y_label = "test accuracy";
     plot.log_x = true;

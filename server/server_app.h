@@ -44,14 +44,14 @@ struct ServerSettings {
   int insecure_port = 5683;
   std::string cert, cert_key, ca;
   transport::CoapTiming timing = transport::CoapTiming::wan();
-  std::uint32_t datagrams_per_pass = 32;  // transport::CoapDtlsServer::Options
+  std::uint32_t datagrams_per_pass = 32;       // transport::CoapDtlsServer::Options
   std::uint64_t max_bodies_in_progress = 256;  // transport::CoapDtlsServer::Options
   // Event-loop threads, each with its own CoapDtlsServer on the one port (SO_REUSEPORT);
   // 0: the cores this process may run on. --mode rounds and gan use one. The default is
   // one: two measured slower than one on the 2-core machines so far (server/README.md,
   // "Several event-loop threads").
   std::uint32_t loop_threads = 1;
-  transport::HandshakeLimits handshake;   // likewise (transport/README.md, "Handshake floods")
+  transport::HandshakeLimits handshake;  // likewise (transport/README.md, "Handshake floods")
   // Training mode (docs/training-modes.md): "async" (asynchronous SGD, POST /update) or
   // "rounds" (federated rounds, server/round_coordinator.h; /update then answers 4.05), or
   // "gan" (MD-GAN, server/gan_coordinator.h; /update likewise).
@@ -61,7 +61,7 @@ struct ServerSettings {
   std::string shard;
   std::string round_policy = "drop-stragglers";
   std::string aggregation = "masked";
-  double round_deadline = 30;       // seconds
+  double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;
   std::uint32_t local_steps = 10;
@@ -73,7 +73,7 @@ struct ServerSettings {
   std::string gan_arch = "mlp";   // the generator's: mlp or cnn (runtime/gan_network.h)
   std::uint32_t gan_k = 1;
   std::uint32_t gan_batch = 10;
-  double gan_deadline = 10;  // seconds
+  double gan_deadline = 10;          // seconds
   std::uint32_t gan_swap_every = 0;  // iterations; 0: no swaps
   bool gan_fp16 = false;
   double gan_lr = 2e-4;
@@ -101,7 +101,7 @@ struct ServerSettings {
   double log_repeat_interval = 10;  // seconds
   double silent_after = 60;         // seconds
   std::uint64_t max_devices = 10000;
-  double observe_interval = 5;      // seconds
+  double observe_interval = 5;  // seconds
   std::string metrics_listen;
 };
 

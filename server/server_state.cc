@@ -56,15 +56,18 @@ std::uint64_t parse_u64(const std::map<std::string, std::string>& metadata, cons
 std::vector<std::uint8_t> read_whole_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::system_error(errno, std::generic_category(), "cannot open " + path.string());
-  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw std::system_error(errno, std::generic_category(), "cannot read " + path.string());
+  std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+  if (in.bad())
+    throw std::system_error(errno, std::generic_category(), "cannot read " + path.string());
   return bytes;
 }
 
 // Temporaries of a checkpoint or WAL write that never completed (checkpoint.*.tmp,
 // wal.*.tmp): never renamed into place, so never part of the state. Other files in the
 // directory are left alone. Returns what was removed.
-std::vector<std::filesystem::path> remove_leftover_temporaries(const std::filesystem::path& directory) {
+std::vector<std::filesystem::path> remove_leftover_temporaries(
+    const std::filesystem::path& directory) {
   std::vector<std::filesystem::path> removed;
   for (const auto& entry : std::filesystem::directory_iterator(directory)) {
     const std::string name = entry.path().filename().string();
@@ -80,16 +83,26 @@ std::vector<std::filesystem::path> remove_leftover_temporaries(const std::filesy
 
 const char* submit_outcome_name(SubmitOutcome outcome) {
   switch (outcome) {
-    case SubmitOutcome::kApplied: return "applied";
-    case SubmitOutcome::kDuplicate: return "duplicate";
-    case SubmitOutcome::kTooLarge: return "too large";
-    case SubmitOutcome::kMalformed: return "malformed";
-    case SubmitOutcome::kWrongModel: return "wrong model";
-    case SubmitOutcome::kTooStale: return "too stale";
-    case SubmitOutcome::kOldSequence: return "old sequence";
-    case SubmitOutcome::kNotDurable: return "not durable";
-    case SubmitOutcome::kOutOfBounds: return "out of bounds";
-    case SubmitOutcome::kQuarantined: return "quarantined";
+    case SubmitOutcome::kApplied:
+      return "applied";
+    case SubmitOutcome::kDuplicate:
+      return "duplicate";
+    case SubmitOutcome::kTooLarge:
+      return "too large";
+    case SubmitOutcome::kMalformed:
+      return "malformed";
+    case SubmitOutcome::kWrongModel:
+      return "wrong model";
+    case SubmitOutcome::kTooStale:
+      return "too stale";
+    case SubmitOutcome::kOldSequence:
+      return "old sequence";
+    case SubmitOutcome::kNotDurable:
+      return "not durable";
+    case SubmitOutcome::kOutOfBounds:
+      return "out of bounds";
+    case SubmitOutcome::kQuarantined:
+      return "quarantined";
   }
   return "unknown";
 }
@@ -115,7 +128,8 @@ WalHeader ServerState::wal_header() const {
 }
 
 std::size_t ServerState::history_length() const {
-  return options_.store.rule == StalenessRule::kPerParameterSigma ? options_.store.max_staleness : 0;
+  return options_.store.rule == StalenessRule::kPerParameterSigma ? options_.store.max_staleness
+                                                                  : 0;
 }
 
 void ServerState::remember_recent(WalRecord record) {
@@ -129,7 +143,8 @@ transport::SparseUpdate ServerState::decode_logged(const WalRecord& record) cons
   // because a limit was lowered since.
   transport::DecodeLimits limits;
   limits.max_message_bytes = std::max(limits.max_message_bytes, record.update.size());
-  auto decoded = transport::decode_sparse_update(record.update, {model_.layout_id(), tensor_sizes_}, limits);
+  auto decoded =
+      transport::decode_sparse_update(record.update, {model_.layout_id(), tensor_sizes_}, limits);
   if (!decoded)
     throw StateError("WAL record for version " + std::to_string(record.version) +
                      " does not decode: " + decoded.error().message);
@@ -139,8 +154,9 @@ transport::SparseUpdate ServerState::decode_logged(const WalRecord& record) cons
 void ServerState::recover() {
   std::filesystem::create_directories(options_.state_dir);
   for (const std::filesystem::path& leftover : remove_leftover_temporaries(options_.state_dir))
-    recovery_.notes.push_back("removed " + leftover.string() +
-                              ", a temporary file of a checkpoint or WAL write that never completed");
+    recovery_.notes.push_back(
+        "removed " + leftover.string() +
+        ", a temporary file of a checkpoint or WAL write that never completed");
 
   const bool have_checkpoint = std::filesystem::exists(checkpoint_path_);
   const bool have_previous = std::filesystem::exists(previous_checkpoint_path_);
@@ -169,19 +185,26 @@ void ServerState::recover() {
   // both logs, or refuse. Never start from damaged parameters.
   const std::string refusal = "the checkpoint " + checkpoint_path_.string() + " is " + damage;
   if (non_finite && !options_.rollback_non_finite)
-    throw StateError(refusal + ". Refusing to serve it: start with --rollback-non-finite to resume from the previous "
-                     "checkpoint and the WAL before the first update that made a parameter non-finite (the files "
-                     "as they are now are kept)");
+    throw StateError(
+        refusal +
+        ". Refusing to serve it: start with --rollback-non-finite to resume from the previous "
+        "checkpoint and the WAL before the first update that made a parameter non-finite (the "
+        "files "
+        "as they are now are kept)");
   if (!have_previous)
-    throw StateError(refusal + "; there is no previous checkpoint (" + previous_checkpoint_path_.string() +
-                     ") to fall back to. Refusing to start: restore the file, or move the state directory aside");
+    throw StateError(refusal + "; there is no previous checkpoint (" +
+                     previous_checkpoint_path_.string() +
+                     ") to fall back to. Refusing to start: restore the file, or move the state "
+                     "directory aside");
   std::string previous_damage;
   sequences.clear();
   bool previous_non_finite = false;
-  const auto previous_version = load_checkpoint(previous_checkpoint_path_, sequences, previous_damage, previous_non_finite);
+  const auto previous_version =
+      load_checkpoint(previous_checkpoint_path_, sequences, previous_damage, previous_non_finite);
   if (!previous_version)
-    throw StateError(refusal + ", and the previous checkpoint " + previous_checkpoint_path_.string() + " is " +
-                     previous_damage + ". Refusing to start");
+    throw StateError(refusal + ", and the previous checkpoint " +
+                     previous_checkpoint_path_.string() + " is " + previous_damage +
+                     ". Refusing to start");
   sequences_ = std::move(sequences);
   std::vector<std::filesystem::path> logs;
   if (std::filesystem::exists(previous_wal_path_)) logs.push_back(previous_wal_path_);
@@ -190,19 +213,20 @@ void ServerState::recover() {
   try {
     replay = replay_with_rollback(previous_checkpoint_path_, *previous_version, logs);
   } catch (const StateError& e) {
-    throw StateError(refusal + "; the previous checkpoint " + previous_checkpoint_path_.string() + " (version " +
-                     std::to_string(*previous_version) + ") cannot be used instead: " + e.what() +
-                     ". Refusing to start");
+    throw StateError(refusal + "; the previous checkpoint " + previous_checkpoint_path_.string() +
+                     " (version " + std::to_string(*previous_version) +
+                     ") cannot be used instead: " + e.what() + ". Refusing to start");
   }
   recovery_.used_previous_checkpoint = true;
-  recovery_.notes.push_back(refusal + ": recovered from " + previous_checkpoint_path_.string() + " (version " +
-                            std::to_string(*previous_version) + ") and the WAL instead");
+  recovery_.notes.push_back(refusal + ": recovered from " + previous_checkpoint_path_.string() +
+                            " (version " + std::to_string(*previous_version) +
+                            ") and the WAL instead");
   if (have_checkpoint) {
     std::filesystem::path damaged = checkpoint_path_;
     damaged += non_finite ? ".non-finite" : ".damaged";
     durable_rename(checkpoint_path_, damaged);
-    recovery_.notes.push_back("kept the " + std::string(non_finite ? "non-finite" : "damaged") + " checkpoint as " +
-                              damaged.string() + " for inspection");
+    recovery_.notes.push_back("kept the " + std::string(non_finite ? "non-finite" : "damaged") +
+                              " checkpoint as " + damaged.string() + " for inspection");
   }
   if (replay.stopped_before) {
     roll_back(replay, logs);
@@ -216,7 +240,8 @@ void ServerState::recover() {
 
 namespace {
 // `path` + ".rolled-back-at-V", with ".2", ".3"… if that name is taken: never overwrite.
-std::filesystem::path unused_rollback_name(const std::filesystem::path& path, std::uint64_t version) {
+std::filesystem::path unused_rollback_name(const std::filesystem::path& path,
+                                           std::uint64_t version) {
   std::filesystem::path name = path;
   name += ".rolled-back-at-" + std::to_string(version);
   for (int n = 2; std::filesystem::exists(name); ++n) {
@@ -227,8 +252,9 @@ std::filesystem::path unused_rollback_name(const std::filesystem::path& path, st
 }
 }  // namespace
 
-ServerState::Replay ServerState::replay_with_rollback(const std::filesystem::path& checkpoint, std::uint64_t version,
-                                                     const std::vector<std::filesystem::path>& wal_paths) {
+ServerState::Replay ServerState::replay_with_rollback(
+    const std::filesystem::path& checkpoint, std::uint64_t version,
+    const std::vector<std::filesystem::path>& wal_paths) {
   Replay replay = replay_wal(version, wal_paths);
   if (!replay.non_finite_at) return replay;
   // Back to the checkpoint, and this time stop before the first update the bound refuses:
@@ -257,7 +283,8 @@ void ServerState::roll_back(const Replay& replay, const std::vector<std::filesys
     try {
       std::filesystem::create_hard_link(log, kept);
     } catch (const std::exception& e) {
-      throw StateError("cannot keep " + log.string() + " as " + kept.string() + " before rolling back: " + e.what());
+      throw StateError("cannot keep " + log.string() + " as " + kept.string() +
+                       " before rolling back: " + e.what());
     }
     rollback.kept_files.push_back(kept.string());
   }
@@ -266,17 +293,18 @@ void ServerState::roll_back(const Replay& replay, const std::vector<std::filesys
   recovery_.notes.push_back(
       "ROLLED BACK: the update logged as version " + std::to_string(rollback.non_finite_version) +
       " made a parameter non-finite; resumed at version " + std::to_string(store_.version()) +
-      ", before the first update beyond the bound (version " +
-      std::to_string(first_bad) + "): " + std::to_string(replay.dropped) +
-      " acknowledged update(s) from there on are NOT applied; the logs as they were are kept as " + kept_list);
+      ", before the first update beyond the bound (version " + std::to_string(first_bad) +
+      "): " + std::to_string(replay.dropped) +
+      " acknowledged update(s) from there on are NOT applied; the logs as they were are kept as " +
+      kept_list);
   recovery_.rollback = std::move(rollback);
   wal_ = WalWriter::replace(wal_path_, wal_header(), replay.records);
   checkpoint();
 }
 
-std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem::path& path,
-                                                          std::map<std::string, SequenceEntry, std::less<>>& sequences,
-                                                          std::string& damage, bool& non_finite) {
+std::optional<std::uint64_t> ServerState::load_checkpoint(
+    const std::filesystem::path& path, std::map<std::string, SequenceEntry, std::less<>>& sequences,
+    std::string& damage, bool& non_finite) {
   std::vector<std::uint8_t> bytes;
   try {
     bytes = read_whole_file(path);
@@ -289,7 +317,8 @@ std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem:
     return std::nullopt;
   }
   if (check.seal == CheckpointSeal::kNone)
-    recovery_.notes.push_back(path.string() + " has no checksum (written before checkpoints carried one): loaded " +
+    recovery_.notes.push_back(path.string() +
+                              " has no checksum (written before checkpoints carried one): loaded " +
                               "without verification; the next checkpoint will carry one");
   std::map<std::string, std::string> metadata;
   try {
@@ -309,7 +338,8 @@ std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem:
   try {
     const nlohmann::json table = nlohmann::json::parse(metadata.at(kSequencesKey));
     for (const auto& [identity, entry] : table.items())
-      sequences[identity] = {entry.at("sequence").get<std::uint64_t>(), entry.at("version").get<std::uint64_t>()};
+      sequences[identity] = {entry.at("sequence").get<std::uint64_t>(),
+                             entry.at("version").get<std::uint64_t>()};
   } catch (const std::exception& e) {
     throw StateError(path.string() + ": unreadable sequence table: " + e.what());
   }
@@ -317,15 +347,16 @@ std::optional<std::uint64_t> ServerState::load_checkpoint(const std::filesystem:
 }
 
 ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
-                                           const std::vector<std::filesystem::path>& wal_paths,
-                                           std::optional<std::uint64_t> stop_before) {
+                                            const std::vector<std::filesystem::path>& wal_paths,
+                                            std::optional<std::uint64_t> stop_before) {
   checkpoint_version_ = checkpoint_version;
   recovery_.checkpoint_version = checkpoint_version;
 
   if (wal_paths.size() == 1 && !std::filesystem::exists(wal_paths[0])) {
     // Only a crash between the first checkpoint and the first WAL leaves this state.
     if (checkpoint_version != 0 && history_length() > 0)
-      throw StateError(wal_paths[0].string() + " is missing: the staleness history after the checkpoint is lost");
+      throw StateError(wal_paths[0].string() +
+                       " is missing: the staleness history after the checkpoint is lost");
     wal_ = WalWriter::replace(wal_path_, wal_header(), {});
     store_.restore(checkpoint_version, model_.parameters(), {});
     return {};
@@ -343,40 +374,47 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
       throw StateError(e.what());
     }
     if (!contents.damage.empty())
-      throw StateError(describe_wal_damage(path, contents) +
-                       ". That is damage, not a torn tail: refusing to start, every file is left as it is. "
-                       "`edgetrain-server repair-wal --state-dir " + options_.state_dir.string() +
-                       "` lists the damage and the choices (--skip-damaged keeps the intact records, "
-                       "--cut-at-damage drops everything from the damaged record on)");
+      throw StateError(
+          describe_wal_damage(path, contents) +
+          ". That is damage, not a torn tail: refusing to start, every file is left as it is. "
+          "`edgetrain-server repair-wal --state-dir " +
+          options_.state_dir.string() +
+          "` lists the damage and the choices (--skip-damaged keeps the intact records, "
+          "--cut-at-damage drops everything from the damaged record on)");
     if (!(contents.header == wal_header()))
-      throw StateError(path.string() + " was written with another model or other settings (learning rate " +
+      throw StateError(path.string() +
+                       " was written with another model or other settings (learning rate " +
                        std::to_string(contents.header.learning_rate) + ", max staleness " +
                        std::to_string(contents.header.max_staleness) + ", rule " +
                        std::to_string(contents.header.staleness_rule) +
                        "): start with the same settings or a new state directory");
     for (WalRecord& record : contents.records)
-      if (wal.records.empty() || record.version > wal.records.back().version) wal.records.push_back(std::move(record));
+      if (wal.records.empty() || record.version > wal.records.back().version)
+        wal.records.push_back(std::move(record));
     wal.dropped_bytes += contents.dropped_bytes;
     wal_log_valid_bytes = contents.valid_bytes;
   }
   for (std::size_t i = 1; i < wal.records.size(); ++i)
     if (wal.records[i].version != wal.records[i - 1].version + 1)
       throw StateError(wal_paths.back().string() + ": versions jump from " +
-                       std::to_string(wal.records[i - 1].version) + " to " + std::to_string(wal.records[i].version));
+                       std::to_string(wal.records[i - 1].version) + " to " +
+                       std::to_string(wal.records[i].version));
   recovery_.dropped_wal_bytes = wal.dropped_bytes;
 
   // Records up to the checkpoint are history (already in the parameters); the rest replay.
   auto first_new = std::find_if(wal.records.begin(), wal.records.end(),
                                 [&](const WalRecord& r) { return r.version > checkpoint_version; });
   if (first_new != wal.records.end() && first_new->version != checkpoint_version + 1)
-    throw StateError(wal_paths.back().string() + " continues at version " + std::to_string(first_new->version) +
-                     ", the checkpoint is at " + std::to_string(checkpoint_version));
+    throw StateError(wal_paths.back().string() + " continues at version " +
+                     std::to_string(first_new->version) + ", the checkpoint is at " +
+                     std::to_string(checkpoint_version));
   const std::size_t history_available = static_cast<std::size_t>(first_new - wal.records.begin());
   const std::size_t history_needed =
       static_cast<std::size_t>(std::min<std::uint64_t>(checkpoint_version, history_length()));
   if (history_available < history_needed)
     throw StateError(wal_paths.back().string() + " holds " + std::to_string(history_available) +
-                     " updates before the checkpoint, replay needs " + std::to_string(history_needed));
+                     " updates before the checkpoint, replay needs " +
+                     std::to_string(history_needed));
   const auto first_kept = first_new - static_cast<std::ptrdiff_t>(history_needed);
   std::vector<transport::SparseUpdate> history;
   for (auto it = first_kept; it != first_new; ++it) {
@@ -406,24 +444,29 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
     ApplyResult result;
     if (options_.rollback_non_finite) result = store_.apply(update, ValueCheck::kBound);
     if (!options_.rollback_non_finite || result.status == ApplyStatus::kOutOfBounds) {
-      if (options_.rollback_non_finite && !replay.first_beyond_bound) replay.first_beyond_bound = it->version;
+      if (options_.rollback_non_finite && !replay.first_beyond_bound)
+        replay.first_beyond_bound = it->version;
       result = store_.apply(update, ValueCheck::kFiniteOnly);
     }
     if (result.status == ApplyStatus::kOutOfBounds) {
-      const std::string what = "replaying the update logged as version " + std::to_string(it->version) + " (from '" +
+      const std::string what = "replaying the update logged as version " +
+                               std::to_string(it->version) + " (from '" +
                                transport::escape_untrusted(it->identity) + "', sequence " +
                                std::to_string(it->sequence) + "): " + result.reason;
       if (!options_.rollback_non_finite)
-        throw StateError(what + ". The state was poisoned by an update applied before updates were checked. "
-                         "Refusing to start: with --rollback-non-finite the server resumes before the first update "
-                         "that left a parameter beyond the bound, and keeps the logs as they are aside");
+        throw StateError(
+            what +
+            ". The state was poisoned by an update applied before updates were checked. "
+            "Refusing to start: with --rollback-non-finite the server resumes before the first "
+            "update "
+            "that left a parameter beyond the bound, and keeps the logs as they are aside");
       replay.non_finite_at = it->version;
       return replay;  // replay_with_rollback() starts again
     }
     if (!result.applied() || result.version != it->version)
-      throw StateError("replaying the update logged as version " + std::to_string(it->version) + " gave " +
-                       apply_status_name(result.status) + " at version " + std::to_string(result.version) + " " +
-                       result.reason);
+      throw StateError("replaying the update logged as version " + std::to_string(it->version) +
+                       " gave " + apply_status_name(result.status) + " at version " +
+                       std::to_string(result.version) + " " + result.reason);
     // A placeholder (no identity) stands for a record lost to damage (server/wal_repair.h).
     if (it->identity.empty())
       ++placeholders;
@@ -433,16 +476,19 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
     ++recovery_.replayed_updates;
   }
   if (placeholders > 0)
-    recovery_.notes.push_back("replayed " + std::to_string(placeholders) +
-                              " empty placeholder updates that repair-wal put where damaged WAL records were");
+    recovery_.notes.push_back(
+        "replayed " + std::to_string(placeholders) +
+        " empty placeholder updates that repair-wal put where damaged WAL records were");
   updates_since_checkpoint_ = recovery_.replayed_updates;
-  if (wal_paths.size() == 1 && !replay.stopped_before) wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
+  if (wal_paths.size() == 1 && !replay.stopped_before)
+    wal_ = WalWriter::append_to(wal_path_, wal_log_valid_bytes);
   replay.records.assign(std::make_move_iterator(first_kept), std::make_move_iterator(replayed_end));
   return replay;
 }
 
 SubmitResult ServerState::submit(std::string_view identity, std::span<const std::uint8_t> body) {
-  if (commit_.staged() > 0) throw std::logic_error("submit() while updates are staged: finish_commit() first");
+  if (commit_.staged() > 0)
+    throw std::logic_error("submit() while updates are staged: finish_commit() first");
   StagedSubmit staged = stage(identity, body);
   if (staged.settled) return std::move(*staged.settled);
   for (;;) {
@@ -470,9 +516,10 @@ ServerState::DecodedBody ServerState::decode_body(std::span<const std::uint8_t> 
   auto decoded = transport::decode_sparse_update(body, {model_.layout_id(), tensor_sizes_}, limits);
   if (!decoded) {
     const auto& error = decoded.error();
-    result.outcome = error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
-                     : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
-                                                                           : SubmitOutcome::kMalformed;
+    result.outcome =
+        error.code == transport::CodecErrorCode::kWrongModel ? SubmitOutcome::kWrongModel
+        : error.code == transport::CodecErrorCode::kTooLarge ? SubmitOutcome::kTooLarge
+                                                             : SubmitOutcome::kMalformed;
     result.diagnostic = std::string(transport::codec_error_name(error.code)) + ": " + error.message;
     return result;
   }
@@ -481,14 +528,17 @@ ServerState::DecodedBody ServerState::decode_body(std::span<const std::uint8_t> 
   return result;
 }
 
-StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded) {
-  if (identity.empty()) throw std::invalid_argument("submit: an update needs the sender's identity");
+StagedSubmit ServerState::stage(std::string_view identity, std::span<const std::uint8_t> body,
+                                DecodedBody decoded) {
+  if (identity.empty())
+    throw std::invalid_argument("submit: an update needs the sender's identity");
   if (quarantined(identity)) {
     const DeviceRefusals& device = devices_.find(identity)->second;
     std::string why = "this device sent " + std::to_string(device.consecutive_bad) +
                       " bad updates in a row and is quarantined ";
     if (device.quarantined_until) {
-      const double left = std::chrono::duration<double>(*device.quarantined_until - options_.now()).count();
+      const double left =
+          std::chrono::duration<double>(*device.quarantined_until - options_.now()).count();
       why += "for " + std::to_string(static_cast<long long>(std::ceil(left))) + " more seconds";
     } else {
       why += "until the server restarts";
@@ -532,7 +582,8 @@ std::string ServerState::note_device(std::string_view identity, SubmitOutcome ou
   ++device.consecutive_bad;
   std::string note;
   if (device.reported())
-    note = " (" + std::to_string(device.consecutive_bad) + " bad updates in a row from this device)";
+    note =
+        " (" + std::to_string(device.consecutive_bad) + " bad updates in a row from this device)";
   if (options_.quarantine_after > 0 && device.consecutive_bad >= options_.quarantine_after) {
     device.quarantined = true;
     ++device.quarantines;
@@ -572,8 +623,8 @@ bool ServerState::clip(transport::SparseUpdate& update) const {
   return clipped;
 }
 
-StagedSubmit ServerState::stage_update(std::string_view identity, std::span<const std::uint8_t> body,
-                                       DecodedBody decoded) {
+StagedSubmit ServerState::stage_update(std::string_view identity,
+                                       std::span<const std::uint8_t> body, DecodedBody decoded) {
   const auto decode_started = std::chrono::steady_clock::now();
   const std::uint64_t now = store_.version();  // the durable version, which refusals report
   auto settle = [&](SubmitOutcome outcome, std::uint64_t version, std::string diagnostic) {
@@ -587,12 +638,13 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
   // an applied one at once. Below the identity's latest accepted sequence: refused.
   const SequenceEntry* staged_entry = commit_.staged_sequence(identity);
   const auto applied_entry = sequences_.find(identity);
-  if (staged_entry && update.sequence == staged_entry->sequence) return {std::nullopt, staged_entry->version};
+  if (staged_entry && update.sequence == staged_entry->sequence)
+    return {std::nullopt, staged_entry->version};
   if (applied_entry != sequences_.end() && update.sequence == applied_entry->second.sequence)
     return settle(SubmitOutcome::kDuplicate, applied_entry->second.version, {});
-  const SequenceEntry* latest = staged_entry                         ? staged_entry
-                               : applied_entry != sequences_.end() ? &applied_entry->second
-                                                                   : nullptr;
+  const SequenceEntry* latest = staged_entry                        ? staged_entry
+                                : applied_entry != sequences_.end() ? &applied_entry->second
+                                                                    : nullptr;
   if (latest && update.sequence < latest->sequence)
     return settle(SubmitOutcome::kOldSequence, now,
                   "sequence " + std::to_string(update.sequence) + " is below the last applied " +
@@ -602,7 +654,9 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
   std::vector<std::uint8_t> clipped_body;
   if (clip(update)) {
     auto encoded = transport::encode_sparse_update(update);
-    if (!encoded) return settle(SubmitOutcome::kMalformed, now, "cannot encode the clipped update: " + encoded.error().message);
+    if (!encoded)
+      return settle(SubmitOutcome::kMalformed, now,
+                    "cannot encode the clipped update: " + encoded.error().message);
     clipped_body = std::move(encoded).value();
   }
 
@@ -611,12 +665,17 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
   // cancelled.
   const ApplyResult verdict = store_.reserve(update);
   switch (verdict.status) {
-    case ApplyStatus::kApplied: break;
-    case ApplyStatus::kWrongModel: return settle(SubmitOutcome::kWrongModel, now, verdict.reason);
-    case ApplyStatus::kTooStale: return settle(SubmitOutcome::kTooStale, now, verdict.reason);
-    case ApplyStatus::kOutOfBounds: return settle(SubmitOutcome::kOutOfBounds, now, verdict.reason);
+    case ApplyStatus::kApplied:
+      break;
+    case ApplyStatus::kWrongModel:
+      return settle(SubmitOutcome::kWrongModel, now, verdict.reason);
+    case ApplyStatus::kTooStale:
+      return settle(SubmitOutcome::kTooStale, now, verdict.reason);
+    case ApplyStatus::kOutOfBounds:
+      return settle(SubmitOutcome::kOutOfBounds, now, verdict.reason);
     case ApplyStatus::kFromTheFuture:
-    case ApplyStatus::kMalformed: return settle(SubmitOutcome::kMalformed, now, verdict.reason);
+    case ApplyStatus::kMalformed:
+      return settle(SubmitOutcome::kMalformed, now, verdict.reason);
   }
 
   const double decode_seconds = decoded.seconds + seconds_since(decode_started);
@@ -624,7 +683,8 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
   const std::uint64_t version = now + commit_.staged() + 1;
   const std::uint64_t offset = wal_->size_bytes();
   if (!clipped_body.empty()) ++updates_clipped_;
-  const std::span<const std::uint8_t> logged = clipped_body.empty() ? body : std::span<const std::uint8_t>(clipped_body);
+  const std::span<const std::uint8_t> logged =
+      clipped_body.empty() ? body : std::span<const std::uint8_t>(clipped_body);
   WalRecord record{version, std::string(identity), update.sequence, {logged.begin(), logged.end()}};
   try {
     wal_->write(record);
@@ -633,7 +693,8 @@ StagedSubmit ServerState::stage_update(std::string_view identity, std::span<cons
     if (!clipped_body.empty()) --updates_clipped_;
     return settle(SubmitOutcome::kNotDurable, now, e.what());
   }
-  commit_.stage({std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
+  commit_.stage(
+      {std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
   return {std::nullopt, version};
 }
 
@@ -645,14 +706,16 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
   if (synced->error != 0) {
     // Not durable, so never acknowledged: cut every staged record off the log (replay must
     // not apply what the workers were told failed) and refuse them all.
-    const std::string why = "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(synced->error);
+    const std::string why =
+        "cannot sync the WAL " + wal_path_.string() + ": " + std::strerror(synced->error);
     store_.cancel_reserved();  // every staged update is handed back: their reservations go
     for (const StagedUpdate& staged : synced->updates)
       out.push_back({staged.record.version, {SubmitOutcome::kNotDurable, store_.version(), why}});
     try {
       wal_->truncate_to(synced->updates.front().wal_offset);
     } catch (const WalError& e) {
-      wal_broken_ = std::string(e.what()) + " after a failed sync: refusing updates until a restart";
+      wal_broken_ =
+          std::string(e.what()) + " after a failed sync: refusing updates until a restart";
     }
     return true;
   }
@@ -675,8 +738,10 @@ bool ServerState::collect_sync(bool wait, std::vector<SettledSubmit>& out) {
     submit_timings_.wal_seconds += staged.write_seconds + sync_share;
     submit_timings_.apply_seconds += seconds_since(apply_started);
     sequences_[staged.record.identity] = {staged.record.sequence, result.version};
-    const std::uint64_t staleness = result.version - 1 - std::min(staged.update.fetched_version, result.version - 1);
-    out.push_back({staged.record.version, {SubmitOutcome::kApplied, result.version, {}, staleness}});
+    const std::uint64_t staleness =
+        result.version - 1 - std::min(staged.update.fetched_version, result.version - 1);
+    out.push_back(
+        {staged.record.version, {SubmitOutcome::kApplied, result.version, {}, staleness}});
     publish_after_apply();
     remember_recent(std::move(staged.record));
     ++updates_since_checkpoint_;
@@ -728,7 +793,8 @@ void ServerState::checkpoint() {
     // The current checkpoint becomes the previous one (a crash right after this leaves no
     // checkpoint.safetensors: recovery then starts from the previous one, whose updates
     // wal.log still holds). One temporary file and one rename for the new one.
-    if (std::filesystem::exists(checkpoint_path_)) durable_rename(checkpoint_path_, previous_checkpoint_path_);
+    if (std::filesystem::exists(checkpoint_path_))
+      durable_rename(checkpoint_path_, previous_checkpoint_path_);
     write_file_atomically(checkpoint_path_, bytes);
   } catch (const std::exception& e) {
     throw StateError("cannot write the checkpoint " + checkpoint_path_.string() + ": " + e.what());
@@ -745,7 +811,8 @@ void ServerState::checkpoint() {
       std::filesystem::create_hard_link(wal_path_, linking);
       durable_rename(linking, previous_wal_path_);
     } catch (const std::exception& e) {
-      throw StateError("cannot keep " + wal_path_.string() + " as " + previous_wal_path_.string() + ": " + e.what());
+      throw StateError("cannot keep " + wal_path_.string() + " as " + previous_wal_path_.string() +
+                       ": " + e.what());
     }
   }
   const std::vector<WalRecord> history(recent_.begin(), recent_.end());
@@ -761,9 +828,11 @@ ServerState::Snapshot ServerState::snapshot() const {
 
 std::span<const std::uint8_t> ServerState::encoded_model() {
   // With a published model, workers get P (named by its publish version), never W.
-  const ChangeRecord served = served_changes(model_.layout_id(), tensor_sizes_, store_, published());
+  const ChangeRecord served =
+      served_changes(model_.layout_id(), tensor_sizes_, store_, published());
   if (encoded_version_ != served.version) {
-    auto encoded = transport::encode_dense_model(model_.layout_id(), served.version, tensor_sizes_, served.parameters);
+    auto encoded = transport::encode_dense_model(model_.layout_id(), served.version, tensor_sizes_,
+                                                 served.parameters);
     if (!encoded) throw std::logic_error("cannot encode the model: " + encoded.error().message);
     encoded_model_ = std::move(encoded).value();
     encoded_version_ = served.version;

@@ -67,7 +67,8 @@ struct ServerStateOptions {
   // Off (default): GET /model hands out the exact parameters. On: workers get the published
   // model, which follows the true one by bounded steps (server/published_model.h).
   PublishOptions publish;
-  std::uint64_t checkpoint_every = 1000;  // updates between checkpoints; 0: only checkpoint() makes one
+  std::uint64_t checkpoint_every =
+      1000;  // updates between checkpoints; 0: only checkpoint() makes one
   std::size_t max_update_bytes = std::size_t{4} << 20;  // larger bodies are refused as too large
   // Makes the WAL records written so far durable; returns 0 or an errno value. Unset:
   // fdatasync(fd). Runs on the WAL sync thread. Tests inject slow or failing disks here.
@@ -90,7 +91,9 @@ struct ServerStateOptions {
   // finite state before it, keeping the logs aside, instead of refusing to start.
   bool rollback_non_finite = false;
   // The clock quarantines are timed with (tests set it).
-  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
 };
 
 // A device's consecutive refusals after which it is reported (log, /status, stats file).
@@ -98,24 +101,28 @@ inline constexpr std::uint32_t kReportAfterConsecutiveRefusals = 3;
 
 enum class SubmitOutcome {
   kApplied,
-  kDuplicate,     // (identity, sequence) already applied: same answer, nothing applied
-  kTooLarge,      // → 4.13
-  kMalformed,     // codec or store refused the bytes, or t_fetch ahead of t → 4.00
-  kWrongModel,    // → 4.09, re-pull
-  kTooStale,      // → 4.09, re-pull
-  kOldSequence,   // below the identity's last applied sequence → 4.09
-  kNotDurable,    // the WAL write failed; nothing applied → 5.00
-  kOutOfBounds,   // would leave a parameter non-finite or beyond the bound → 4.22
-  kQuarantined,   // the sender is quarantined (too many bad updates in a row) → 4.03
+  kDuplicate,    // (identity, sequence) already applied: same answer, nothing applied
+  kTooLarge,     // → 4.13
+  kMalformed,    // codec or store refused the bytes, or t_fetch ahead of t → 4.00
+  kWrongModel,   // → 4.09, re-pull
+  kTooStale,     // → 4.09, re-pull
+  kOldSequence,  // below the identity's last applied sequence → 4.09
+  kNotDurable,   // the WAL write failed; nothing applied → 5.00
+  kOutOfBounds,  // would leave a parameter non-finite or beyond the bound → 4.22
+  kQuarantined,  // the sender is quarantined (too many bad updates in a row) → 4.03
 };
 const char* submit_outcome_name(SubmitOutcome outcome);
 
 struct SubmitResult {
   SubmitOutcome outcome = SubmitOutcome::kApplied;
-  std::uint64_t version = 0;  // applied/duplicate: the version the update produced; else the current one
-  std::string diagnostic;     // one line for the worker's log; empty when applied
-  std::uint64_t staleness = 0;  // applied: updates applied between its t_fetch and it (per-device health)
-  bool acknowledged() const { return outcome == SubmitOutcome::kApplied || outcome == SubmitOutcome::kDuplicate; }
+  std::uint64_t version =
+      0;  // applied/duplicate: the version the update produced; else the current one
+  std::string diagnostic;  // one line for the worker's log; empty when applied
+  std::uint64_t staleness =
+      0;  // applied: updates applied between its t_fetch and it (per-device health)
+  bool acknowledged() const {
+    return outcome == SubmitOutcome::kApplied || outcome == SubmitOutcome::kDuplicate;
+  }
 };
 
 // What stage() decided: either an answer right away, or a ticket to wait for.
@@ -148,16 +155,17 @@ struct DeviceRefusals {
 // (ServerStateOptions::rollback_non_finite).
 struct Rollback {
   std::uint64_t non_finite_version = 0;  // the logged update that made a parameter non-finite
-  std::uint64_t first_bad_version = 0;   // the first one beyond the bound: recovery stopped before it
-  std::uint64_t dropped_updates = 0;    // acknowledged records not replayed (kept aside)
+  std::uint64_t first_bad_version =
+      0;                              // the first one beyond the bound: recovery stopped before it
+  std::uint64_t dropped_updates = 0;  // acknowledged records not replayed (kept aside)
   std::vector<std::string> kept_files;  // where the logs as they were are kept
 };
 
 struct RecoveryReport {
-  bool fresh = false;                  // the state directory was new
+  bool fresh = false;                    // the state directory was new
   std::uint64_t checkpoint_version = 0;  // of the checkpoint recovery started from
-  std::size_t replayed_updates = 0;    // WAL records applied after the checkpoint
-  std::uint64_t dropped_wal_bytes = 0; // a torn tail cut off
+  std::size_t replayed_updates = 0;      // WAL records applied after the checkpoint
+  std::uint64_t dropped_wal_bytes = 0;   // a torn tail cut off
   // checkpoint.safetensors was damaged (or missing) and recovery started from
   // checkpoint.prev.safetensors instead.
   bool used_previous_checkpoint = false;
@@ -172,8 +180,9 @@ struct RecoveryReport {
 // disk. Kept so that a benchmark can tell decoding, durability and applying apart.
 struct SubmitTimings {
   std::uint64_t applied_updates = 0;
-  double decode_seconds = 0;      // codec decode, sequence lookup, admissibility check
-  double wal_seconds = 0;         // WAL record encode and write, and its share of the fdatasync that covered it
+  double decode_seconds = 0;  // codec decode, sequence lookup, admissibility check
+  double wal_seconds =
+      0;  // WAL record encode and write, and its share of the fdatasync that covered it
   double apply_seconds = 0;       // the staleness-aware apply
   double checkpoint_seconds = 0;  // automatic checkpoints triggered by updates
 };
@@ -214,7 +223,8 @@ class ServerState {
     double seconds = 0;  // counted into SubmitTimings::decode_seconds when it is applied
   };
   DecodedBody decode_body(std::span<const std::uint8_t> body) const;
-  StagedSubmit stage(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded);
+  StagedSubmit stage(std::string_view identity, std::span<const std::uint8_t> body,
+                     DecodedBody decoded);
   // Starts one fdatasync on the sync thread covering every update staged so far, unless a
   // sync is already running (the updates staged meanwhile wait for the next one).
   void start_commit();
@@ -229,7 +239,9 @@ class ServerState {
   std::size_t staged_updates() const { return commit_.staged(); }
   // Called on the sync thread whenever a sync has finished (finish_commit() then has
   // results): the event loops' wake-up. Set before serving.
-  void set_on_sync_finished(std::function<void()> hook) { commit_.set_on_finished(std::move(hook)); }
+  void set_on_sync_finished(std::function<void()> hook) {
+    commit_.set_on_finished(std::move(hook));
+  }
 
   // Writes a checkpoint at the current version (atomic rename; the one before becomes
   // checkpoint.prev.safetensors, the WAL until now wal.prev.log) and starts a new WAL that
@@ -257,7 +269,9 @@ class ServerState {
   // The published model, when options.publish is on (what encoded_model*() then serve).
   const PublishedModel* published() const { return published_ ? &*published_ : nullptr; }
   // The version of what GET /model serves: the published model's, else version().
-  std::uint64_t served_version() const { return published_ ? published_->version() : store_.version(); }
+  std::uint64_t served_version() const {
+    return published_ ? published_->version() : store_.version();
+  }
 
   const runtime::Model& model() const { return model_; }
   std::uint64_t model_id() const { return model_.layout_id(); }
@@ -265,7 +279,9 @@ class ServerState {
   const std::map<std::string, SequenceEntry, std::less<>>& sequences() const { return sequences_; }
   std::uint64_t updates_since_checkpoint() const { return updates_since_checkpoint_; }
   const SubmitTimings& submit_timings() const { return submit_timings_; }
-  const std::map<std::string, DeviceRefusals, std::less<>>& device_refusals() const { return devices_; }
+  const std::map<std::string, DeviceRefusals, std::less<>>& device_refusals() const {
+    return devices_;
+  }
   std::uint64_t updates_clipped() const { return updates_clipped_; }
   // Drops the refusal counts of `identity` (per-device health pushed it out of its bounded
   // table), unless it is quarantined: that must outlive the bookkeeping. True if dropped.
@@ -281,7 +297,8 @@ class ServerState {
   // After each applied update: lets the published model take its step when one is due.
   void publish_after_apply();
   // stage() before the per-device bookkeeping.
-  StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body, DecodedBody decoded);
+  StagedSubmit stage_update(std::string_view identity, std::span<const std::uint8_t> body,
+                            DecodedBody decoded);
   // Counts a refusal or an acceptance for `identity`; may quarantine it. Returns text to
   // add to the refusal's diagnostic.
   std::string note_device(std::string_view identity, SubmitOutcome outcome);
@@ -292,9 +309,10 @@ class ServerState {
   // with `damage` set when its checksum says it is damaged or it holds a non-finite
   // parameter (then `non_finite` is set too). Throws StateError for a file that is intact
   // but unusable (another model, missing metadata).
-  std::optional<std::uint64_t> load_checkpoint(const std::filesystem::path& path,
-                                               std::map<std::string, SequenceEntry, std::less<>>& sequences,
-                                               std::string& damage, bool& non_finite);
+  std::optional<std::uint64_t> load_checkpoint(
+      const std::filesystem::path& path,
+      std::map<std::string, SequenceEntry, std::less<>>& sequences, std::string& damage,
+      bool& non_finite);
   // Refills the staleness history and replays `wal_paths`' records (merged, in order) on
   // top of the loaded checkpoint at `checkpoint_version`; returns the merged records from
   // the first one the checkpoint's history needs up to the last one replayed.
@@ -307,7 +325,8 @@ class ServerState {
     std::optional<std::uint64_t> non_finite_at, first_beyond_bound, stopped_before;
     std::uint64_t dropped = 0;
   };
-  Replay replay_wal(std::uint64_t checkpoint_version, const std::vector<std::filesystem::path>& wal_paths,
+  Replay replay_wal(std::uint64_t checkpoint_version,
+                    const std::vector<std::filesystem::path>& wal_paths,
                     std::optional<std::uint64_t> stop_before = std::nullopt);
   // replay_wal() from the checkpoint `checkpoint` (already loaded once, at `version`); when
   // it reaches a non-finite value (rollback_non_finite), loads the checkpoint again and

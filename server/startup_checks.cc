@@ -31,7 +31,9 @@ void check_listen_address(const std::string& listen) {
   addrinfo* found = nullptr;
   const int rc = ::getaddrinfo(listen.c_str(), nullptr, &hints, &found);
   if (found) ::freeaddrinfo(found);
-  if (rc != 0) throw StartupError("--listen " + listen + ": not an address of this machine (" + gai_strerror(rc) + ")");
+  if (rc != 0)
+    throw StartupError("--listen " + listen + ": not an address of this machine (" +
+                       gai_strerror(rc) + ")");
 }
 
 // The state directory, or (while it does not exist) the nearest existing directory above
@@ -40,14 +42,16 @@ void check_state_dir(const std::filesystem::path& state_dir) {
   std::error_code error;
   if (std::filesystem::exists(state_dir, error)) {
     if (!writable_directory(state_dir))
-      throw StartupError("--state-dir " + state_dir.string() + ": not a directory this user can write to");
+      throw StartupError("--state-dir " + state_dir.string() +
+                         ": not a directory this user can write to");
     return;
   }
   std::filesystem::path above = std::filesystem::absolute(state_dir, error).parent_path();
-  while (!above.empty() && !std::filesystem::exists(above, error) && above != above.root_path()) above = above.parent_path();
+  while (!above.empty() && !std::filesystem::exists(above, error) && above != above.root_path())
+    above = above.parent_path();
   if (!writable_directory(above))
-    throw StartupError("--state-dir " + state_dir.string() + ": cannot be created (" + above.string() +
-                       " is not a directory this user can write to)");
+    throw StartupError("--state-dir " + state_dir.string() + ": cannot be created (" +
+                       above.string() + " is not a directory this user can write to)");
 }
 
 void check_readable_file(const std::string& flag, const std::string& path) {
@@ -62,7 +66,8 @@ void check_output_file(const std::string& flag, const std::string& path) {
   std::filesystem::path directory = std::filesystem::path(path).parent_path();
   if (directory.empty()) directory = ".";
   if (!writable_directory(directory))
-    throw StartupError(flag + " " + path + ": " + directory.string() + " is not a directory this user can write to");
+    throw StartupError(flag + " " + path + ": " + directory.string() +
+                       " is not a directory this user can write to");
 }
 
 // A state directory holding another model's run is refused here, before recovery touches
@@ -82,8 +87,9 @@ void check_state_dir_model(const std::filesystem::path& state_dir, const runtime
   const auto name = metadata.find("edgetrain.model");
   // A shard's model name says which shard of how many ("mlp shard 1/3"): another --shard
   // (or none) is refused here like another --model.
-  throw StartupError("--model " + model.spec().name + ": the state directory " + state_dir.string() +
-                     " holds a run of another model" + (name == metadata.end() ? "" : " ('" + name->second + "')") +
+  throw StartupError("--model " + model.spec().name + ": the state directory " +
+                     state_dir.string() + " holds a run of another model" +
+                     (name == metadata.end() ? "" : " ('" + name->second + "')") +
                      "; use a new state directory for a new model or another --shard");
 }
 
@@ -111,20 +117,24 @@ void check_state_dir_settings(const std::filesystem::path& state_dir, const Serv
     }
     std::string differences;
     if (header.learning_rate != static_cast<float>(s.lr))
-      differences += "--lr " + shortest(header.learning_rate) + " (not " + shortest(static_cast<float>(s.lr)) + ")";
+      differences += "--lr " + shortest(header.learning_rate) + " (not " +
+                     shortest(static_cast<float>(s.lr)) + ")";
     if (header.max_staleness != s.max_staleness)
       differences += std::string(differences.empty() ? "" : ", ") + "--max-staleness " +
-                     std::to_string(header.max_staleness) + " (not " + std::to_string(s.max_staleness) + ")";
+                     std::to_string(header.max_staleness) + " (not " +
+                     std::to_string(s.max_staleness) + ")";
     if (differences.empty()) return;
-    throw StartupError("the state directory " + state_dir.string() + " was trained with " + differences +
-                       ", and replaying its log needs the same settings: start with them, or use a new state "
-                       "directory (--init-from " + (state_dir / "checkpoint.safetensors").string() +
-                       " carries the model over)");
+    throw StartupError(
+        "the state directory " + state_dir.string() + " was trained with " + differences +
+        ", and replaying its log needs the same settings: start with them, or use a new state "
+        "directory (--init-from " +
+        (state_dir / "checkpoint.safetensors").string() + " carries the model over)");
   }
 }
 
 bool holds_a_run(const std::filesystem::path& state_dir) {
-  for (const char* name : {"checkpoint.safetensors", "checkpoint.prev.safetensors", "wal.log", "wal.prev.log"})
+  for (const char* name :
+       {"checkpoint.safetensors", "checkpoint.prev.safetensors", "wal.log", "wal.prev.log"})
     if (std::filesystem::exists(state_dir / name)) return true;
   return false;
 }
@@ -133,15 +143,20 @@ bool holds_a_run(const std::filesystem::path& state_dir) {
 // the model's input shape.
 void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartPlan& plan) {
   if (s.eval_data == "none") return;
-  const runtime::DatasetFiles files = runtime::dataset_files(s.eval_data, runtime::DataSplit::kTest);
+  const runtime::DatasetFiles files =
+      runtime::dataset_files(s.eval_data, runtime::DataSplit::kTest);
   std::error_code error;
-  const bool present = std::filesystem::exists(files.images, error) && std::filesystem::exists(files.labels, error);
+  const bool present =
+      std::filesystem::exists(files.images, error) && std::filesystem::exists(files.labels, error);
   if (!present) {
-    const std::string missing = "the test set of --eval-data " + s.eval_data + " is not there (looked for " +
-                                files.images.string() + " and " + files.labels.string() + ", raw or .gz)";
+    const std::string missing = "the test set of --eval-data " + s.eval_data +
+                                " is not there (looked for " + files.images.string() + " and " +
+                                files.labels.string() + ", raw or .gz)";
     if (!s.eval_data_optional)
-      throw StartupError(missing + "; set eval_data = \"none\" to run without evaluation, or eval_data_optional = true "
-                                   "to evaluate only where the data is present");
+      throw StartupError(
+          missing +
+          "; set eval_data = \"none\" to run without evaluation, or eval_data_optional = true "
+          "to evaluate only where the data is present");
     plan.eval_note = "evaluation off: " + missing + " (--eval-data-optional)";
     return;
   }
@@ -154,10 +169,11 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
   if (plan.eval_data->height != static_cast<std::uint32_t>(input.H) ||
       plan.eval_data->width != static_cast<std::uint32_t>(input.W) ||
       plan.eval_data->channels != static_cast<std::uint32_t>(input.C))
-    throw StartupError("--eval-data " + s.eval_data + ": images of " + std::to_string(plan.eval_data->height) + "x" +
-                       std::to_string(plan.eval_data->width) + "x" + std::to_string(plan.eval_data->channels) +
-                       ", but model " + model.spec().name + " takes " + std::to_string(input.H) + "x" +
-                       std::to_string(input.W) + "x" + std::to_string(input.C));
+    throw StartupError(
+        "--eval-data " + s.eval_data + ": images of " + std::to_string(plan.eval_data->height) +
+        "x" + std::to_string(plan.eval_data->width) + "x" +
+        std::to_string(plan.eval_data->channels) + ", but model " + model.spec().name + " takes " +
+        std::to_string(input.H) + "x" + std::to_string(input.W) + "x" + std::to_string(input.C));
 }
 
 void load_init_from(const ServerSettings& s, StartPlan& plan) {
@@ -170,19 +186,22 @@ void load_init_from(const ServerSettings& s, StartPlan& plan) {
     }
   }();
   const auto checksum = start.metadata.find("edgetrain.crc32");
-  plan.init_from_identity = std::filesystem::absolute(s.init_from).string() + " crc32 " +
-                            (checksum == start.metadata.end() ? std::string("none") : checksum->second);
+  plan.init_from_identity =
+      std::filesystem::absolute(s.init_from).string() + " crc32 " +
+      (checksum == start.metadata.end() ? std::string("none") : checksum->second);
   const std::filesystem::path state_dir = s.state_dir;
   if (holds_a_run(state_dir)) {
     // A restart of a warm-started run (the same command line under systemd) resumes it.
     std::ifstream record(state_dir / kInitFromRecordName);
     const auto recorded = nlohmann::json::parse(record, nullptr, false);
-    if (record && !recorded.is_discarded() && recorded.value("source", "") == plan.init_from_identity) {
+    if (record && !recorded.is_discarded() &&
+        recorded.value("source", "") == plan.init_from_identity) {
       plan.init_from_already_applied = true;
       return;
     }
-    throw StartupError("--init-from " + s.init_from + ": the state directory " + s.state_dir +
-                       " already holds a run; warm start only a new (empty or missing) state directory");
+    throw StartupError(
+        "--init-from " + s.init_from + ": the state directory " + s.state_dir +
+        " already holds a run; warm start only a new (empty or missing) state directory");
   }
   plan.initial_parameters.emplace(start.model.parameters().begin(), start.model.parameters().end());
 }
@@ -223,7 +242,8 @@ StartPlan check_startup(const ServerSettings& s) {
   load_eval_data(s, *model, plan);
   if (s.stop_at_accuracy > 0 && !plan.eval_data)
     throw StartupError("--stop-at-accuracy needs evaluation: no test set (" +
-                       (plan.eval_note.empty() ? std::string("--eval-data none") : plan.eval_note) + ")");
+                       (plan.eval_note.empty() ? std::string("--eval-data none") : plan.eval_note) +
+                       ")");
   load_init_from(s, plan);
   return plan;
 }

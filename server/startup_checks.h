@@ -26,7 +26,7 @@ inline constexpr int kStartupErrorExitStatus = 2;
 
 struct StartPlan {
   std::optional<runtime::Dataset> eval_data;  // none: no evaluation
-  std::string eval_note;                      // why evaluation is off, for the log (empty when on or "none")
+  std::string eval_note;  // why evaluation is off, for the log (empty when on or "none")
   // --init-from for a new state directory: the parameters to start from, and the file's
   // identity (path and checksum) that <state-dir>/init-from.json records.
   std::optional<std::vector<float>> initial_parameters;

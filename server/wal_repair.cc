@@ -27,17 +27,20 @@ WalRecord placeholder(const WalHeader& header, std::uint64_t version) {
 
 std::vector<std::string> listing(const std::filesystem::path& path, const WalContents& wal) {
   std::vector<std::string> lines;
-  std::string summary = path.string() + ": " + std::to_string(wal.records.size()) + " intact records";
-  if (!wal.records.empty()) summary += " (" + versions_text(wal.records.front().version, wal.records.back().version) + ")";
+  std::string summary =
+      path.string() + ": " + std::to_string(wal.records.size()) + " intact records";
+  if (!wal.records.empty())
+    summary += " (" + versions_text(wal.records.front().version, wal.records.back().version) + ")";
   lines.push_back(summary);
   for (const WalDamage& d : wal.damage) {
     const std::size_t after = wal.records.size() - d.records_before;
-    std::string line = "  damaged: bytes " + std::to_string(d.offset) + ".." + std::to_string(d.offset + d.length - 1) +
-                       " (" + d.reason + ")";
+    std::string line = "  damaged: bytes " + std::to_string(d.offset) + ".." +
+                       std::to_string(d.offset + d.length - 1) + " (" + d.reason + ")";
     const std::uint64_t next = wal.records[d.records_before].version;
     if (d.records_before > 0) {
       const std::uint64_t previous = wal.records[d.records_before - 1].version;
-      line += next > previous + 1 ? ", held " + versions_text(previous + 1, next - 1) : ", held no whole record";
+      line += next > previous + 1 ? ", held " + versions_text(previous + 1, next - 1)
+                                  : ", held no whole record";
     } else {
       line += ", before version " + std::to_string(next) + " (the first records of the file)";
     }
@@ -53,10 +56,12 @@ std::vector<WalRecord> skipping_damage(const WalContents& wal) {
   std::vector<WalRecord> records;
   std::size_t next_damage = 0;
   for (std::size_t i = 0; i < wal.records.size(); ++i) {
-    for (; next_damage < wal.damage.size() && wal.damage[next_damage].records_before == i; ++next_damage) {
+    for (; next_damage < wal.damage.size() && wal.damage[next_damage].records_before == i;
+         ++next_damage) {
       if (i == 0)
-        throw WalError("the damage comes before every intact record, so how many versions it held is unknown: "
-                       "--skip-damaged cannot rebuild the versions; use --cut-at-damage or restore the file");
+        throw WalError(
+            "the damage comes before every intact record, so how many versions it held is unknown: "
+            "--skip-damaged cannot rebuild the versions; use --cut-at-damage or restore the file");
       for (std::uint64_t v = wal.records[i - 1].version + 1; v < wal.records[i].version; ++v)
         records.push_back(placeholder(wal.header, v));
     }
@@ -89,10 +94,12 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
   const WalDamage& first = wal.damage.front();
   const std::size_t lost_by_cut = wal.records.size() - first.records_before;
   if (choice == WalRepairChoice::kListOnly) {
-    result.report.push_back("  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
-                            " intact records and put empty placeholder updates where damaged ones were "
-                            "(their changes to the parameters are lost)");
-    result.report.push_back("  --cut-at-damage would end the log at byte " + std::to_string(first.offset) + ", dropping " +
+    result.report.push_back(
+        "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
+        " intact records and put empty placeholder updates where damaged ones were "
+        "(their changes to the parameters are lost)");
+    result.report.push_back("  --cut-at-damage would end the log at byte " +
+                            std::to_string(first.offset) + ", dropping " +
                             std::to_string(lost_by_cut) + " intact, acknowledged records");
     return result;
   }
@@ -101,7 +108,8 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
   if (choice == WalRepairChoice::kSkipDamaged) {
     kept = skipping_damage(wal);
   } else {
-    kept.assign(wal.records.begin(), wal.records.begin() + static_cast<std::ptrdiff_t>(first.records_before));
+    kept.assign(wal.records.begin(),
+                wal.records.begin() + static_cast<std::ptrdiff_t>(first.records_before));
   }
   std::vector<std::uint8_t> bytes = encode_wal_header(wal.header);
   for (const WalRecord& record : kept) {
@@ -119,13 +127,14 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
   }
   result.changed = true;
   if (choice == WalRepairChoice::kSkipDamaged) {
-    result.report.push_back("  skipped the damage: kept " + std::to_string(wal.records.size()) + " intact records, added " +
-                            std::to_string(kept.size() - wal.records.size()) + " empty placeholder updates" +
-                            (wal.dropped_bytes ? ", dropped the torn tail" : ""));
+    result.report.push_back(
+        "  skipped the damage: kept " + std::to_string(wal.records.size()) +
+        " intact records, added " + std::to_string(kept.size() - wal.records.size()) +
+        " empty placeholder updates" + (wal.dropped_bytes ? ", dropped the torn tail" : ""));
   } else {
     result.report.push_back("  cut at byte " + std::to_string(first.offset) + ": kept " +
-                            std::to_string(first.records_before) + " records, dropped " + std::to_string(lost_by_cut) +
-                            " intact records after the damage");
+                            std::to_string(first.records_before) + " records, dropped " +
+                            std::to_string(lost_by_cut) + " intact records after the damage");
   }
   result.report.push_back("  the damaged file is kept as " + result.kept_original.string());
   return result;

@@ -22,7 +22,8 @@ constexpr std::uint16_t kFormat = 1;
 constexpr std::size_t kRecordFixedBody = 8 + 8 + 2;
 
 std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
-  return static_cast<std::uint32_t>(crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
+  return static_cast<std::uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), bytes.data(), static_cast<uInt>(bytes.size())));
 }
 
 void put_le(std::vector<std::uint8_t>& out, std::uint64_t value, int bytes) {
@@ -67,7 +68,8 @@ std::vector<std::uint8_t> encode_wal_header(const WalHeader& header) {
 std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
   if (record.identity.size() > UINT16_MAX) throw WalError("WAL: identity longer than 65535 bytes");
   const std::size_t body = kRecordFixedBody + record.identity.size() + record.update.size();
-  if (body > kWalMaxRecordBody) throw WalError("WAL: record of " + std::to_string(body) + " bytes is above the cap");
+  if (body > kWalMaxRecordBody)
+    throw WalError("WAL: record of " + std::to_string(body) + " bytes is above the cap");
   std::vector<std::uint8_t> out;
   out.reserve(8 + body);
   put_le(out, body, 4);
@@ -146,7 +148,8 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
     throw WalError(name + ": the WAL header is damaged (CRC mismatch)");
   if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(name + ": unknown WAL format version");
   contents.header.model_id = get_le(bytes.data() + 8, 8);
-  contents.header.learning_rate = std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
+  contents.header.learning_rate =
+      std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
   contents.header.max_staleness = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
   contents.header.staleness_rule = static_cast<std::uint32_t>(get_le(bytes.data() + 24, 4));
 
@@ -174,7 +177,8 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
 WalContents read_wal(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw WalError("cannot open the WAL " + path.string());
-  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const std::vector<std::uint8_t> bytes{std::istreambuf_iterator<char>(in),
+                                        std::istreambuf_iterator<char>()};
   if (in.bad()) throw WalError("cannot read the WAL " + path.string());
   return parse_wal(bytes, path.string());
 }
@@ -196,11 +200,15 @@ std::string describe_wal_damage(const std::filesystem::path& path, const WalCont
   std::string text = path.string() + ": the record at byte " + std::to_string(damage.offset);
   text += damage.records_before == 0
               ? std::string(" (the first record)")
-              : " (after version " + std::to_string(contents.records[damage.records_before - 1].version) + ")";
-  text += " is damaged (" + damage.reason + "; " + std::to_string(damage.length) + " bytes up to the next intact record)";
+              : " (after version " +
+                    std::to_string(contents.records[damage.records_before - 1].version) + ")";
+  text += " is damaged (" + damage.reason + "; " + std::to_string(damage.length) +
+          " bytes up to the next intact record)";
   text += ", and " + std::to_string(intact_after) + " intact records follow it (versions " +
-          std::to_string(next.version) + ".." + std::to_string(contents.records.back().version) + ")";
-  if (contents.damage.size() > 1) text += "; " + std::to_string(contents.damage.size() - 1) + " more damaged regions after it";
+          std::to_string(next.version) + ".." + std::to_string(contents.records.back().version) +
+          ")";
+  if (contents.damage.size() > 1)
+    text += "; " + std::to_string(contents.damage.size() - 1) + " more damaged regions after it";
   return text;
 }
 
@@ -233,7 +241,8 @@ WalWriter WalWriter::replace(const std::filesystem::path& path, const WalHeader&
   return append_to(path, bytes.size());
 }
 
-WalWriter::WalWriter(WalWriter&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)), size_(other.size_) {
+WalWriter::WalWriter(WalWriter&& other) noexcept
+    : fd_(other.fd_), path_(std::move(other.path_)), size_(other.size_) {
   other.fd_ = -1;
 }
 
@@ -260,7 +269,8 @@ void WalWriter::append(const WalRecord& record) {
     const std::string why = errno_text();
     // Leave no half record for the next append to follow; if even this fails, reading
     // will drop the tail as torn.
-    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0)
+      ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
     throw WalError("cannot append to the WAL " + path_.string() + ": " + why);
   }
   size_ += bytes.size();
@@ -271,7 +281,8 @@ void WalWriter::write(const WalRecord& record) {
   const std::vector<std::uint8_t> bytes = encode_wal_record(record);
   if (!write_all(fd_, bytes)) {
     const std::string why = errno_text();
-    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0) ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
+    if (::ftruncate(fd_, static_cast<off_t>(size_)) == 0)
+      ::lseek(fd_, static_cast<off_t>(size_), SEEK_SET);
     throw WalError("cannot write to the WAL " + path_.string() + ": " + why);
   }
   size_ += bytes.size();
@@ -281,7 +292,8 @@ void WalWriter::truncate_to(std::uint64_t size) {
   if (fd_ < 0) throw WalError("WAL writer is closed");
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0 || ::fdatasync(fd_) != 0 ||
       ::lseek(fd_, static_cast<off_t>(size), SEEK_SET) < 0)
-    throw WalError("cannot cut the WAL " + path_.string() + " back to " + std::to_string(size) + " bytes: " + errno_text());
+    throw WalError("cannot cut the WAL " + path_.string() + " back to " + std::to_string(size) +
+                   " bytes: " + errno_text());
   size_ = size;
 }
 

@@ -47,9 +47,9 @@ struct WalHeader {
 };
 
 struct WalRecord {
-  std::uint64_t version = 0;   // the model version this update produced
-  std::string identity;        // DTLS identity that sent it
-  std::uint64_t sequence = 0;  // the worker's sequence number
+  std::uint64_t version = 0;         // the model version this update produced
+  std::string identity;              // DTLS identity that sent it
+  std::uint64_t sequence = 0;        // the worker's sequence number
   std::vector<std::uint8_t> update;  // the update's codec bytes
 };
 
@@ -59,10 +59,10 @@ inline constexpr std::uint32_t kWalMaxRecordBody = 256u << 20;
 
 // Bytes in the middle of a log that do not form a record, with intact records after them.
 struct WalDamage {
-  std::uint64_t offset = 0;       // of the first damaged byte (where a record should start)
-  std::uint64_t length = 0;       // up to the next intact record
-  std::string reason;             // why the record at `offset` does not check out
-  std::size_t records_before = 0; // intact records before it: records[records_before] follows it
+  std::uint64_t offset = 0;        // of the first damaged byte (where a record should start)
+  std::uint64_t length = 0;        // up to the next intact record
+  std::string reason;              // why the record at `offset` does not check out
+  std::size_t records_before = 0;  // intact records before it: records[records_before] follows it
 };
 
 struct WalContents {
@@ -70,8 +70,8 @@ struct WalContents {
   std::vector<WalRecord> records;             // every intact record, also those after damage
   std::vector<std::uint64_t> record_offsets;  // where each of them starts in the file
   std::vector<WalDamage> damage;              // empty unless the middle of the log is damaged
-  std::uint64_t valid_bytes = 0;    // up to the end of the last intact record
-  std::uint64_t dropped_bytes = 0;  // after it: a torn tail (nothing intact follows)
+  std::uint64_t valid_bytes = 0;              // up to the end of the last intact record
+  std::uint64_t dropped_bytes = 0;            // after it: a torn tail (nothing intact follows)
 };
 
 // Throws WalError when the file cannot be read or its header is not a valid WAL header
@@ -121,7 +121,8 @@ class WalWriter {
   void truncate_to(std::uint64_t size);
 
  private:
-  WalWriter(int fd, std::filesystem::path path, std::uint64_t size) : fd_(fd), path_(std::move(path)), size_(size) {}
+  WalWriter(int fd, std::filesystem::path path, std::uint64_t size)
+      : fd_(fd), path_(std::move(path)), size_(size) {}
   int fd_ = -1;
   std::filesystem::path path_;
   std::uint64_t size_ = 0;

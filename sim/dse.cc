@@ -26,7 +26,8 @@ std::vector<DsePoint> pareto_front(const std::vector<DsePoint>& points) {
   // Fastest first; among equally fast, most accurate first. A point is on the front iff it
   // is more accurate than every faster (or equally fast, earlier) point.
   std::stable_sort(sorted.begin(), sorted.end(), [](const DsePoint& a, const DsePoint& b) {
-    return a.relative_time != b.relative_time ? a.relative_time < b.relative_time : a.accuracy > b.accuracy;
+    return a.relative_time != b.relative_time ? a.relative_time < b.relative_time
+                                              : a.accuracy > b.accuracy;
   });
   std::vector<DsePoint> front;
   for (const DsePoint& p : sorted)

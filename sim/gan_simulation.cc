@@ -40,15 +40,17 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
     : settings_(settings), noise_(settings.gan.seed + 11), draws_{settings.gan.seed + 12} {
   const runtime::GanSettings& gan = settings.gan;
   if (settings.workers < 1) throw std::invalid_argument("gan fleet: at least one worker");
-  if (settings.k < 1 || settings.k > settings.workers) throw std::invalid_argument("gan fleet: k must be 1..workers");
+  if (settings.k < 1 || settings.k > settings.workers)
+    throw std::invalid_argument("gan fleet: k must be 1..workers");
   if (!(settings.epochs_between > 0)) throw std::invalid_argument("gan fleet: E must be positive");
   if (train.size() < static_cast<std::size_t>(settings.workers) * gan.batch)
     throw std::invalid_argument("gan fleet: fewer than a batch of examples per worker");
   server_g_ = runtime::make_generator(gan, gan.seed);
   for (int n = 0; n < settings.workers; n++) {
     auto w = std::make_unique<Worker>();
-    const auto indices = runtime::shard_iid(train.size(), {static_cast<std::uint32_t>(n),
-                                                           static_cast<std::uint32_t>(settings.workers), gan.seed});
+    const auto indices = runtime::shard_iid(
+        train.size(),
+        {static_cast<std::uint32_t>(n), static_cast<std::uint32_t>(settings.workers), gan.seed});
     w->shard = runtime::subset(train, indices);
     if (settings.mode == GanMode::kFlGan) {
       runtime::GanSettings local = gan;
@@ -64,7 +66,8 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
     } else {
       std::vector<std::uint32_t> all(w->shard.size());
       for (std::uint32_t i = 0; i < all.size(); i++) all[i] = i;
-      w->sampler = std::make_unique<runtime::ShardSampler>(w->shard, all, gan.seed + 2000 * (n + 1));
+      w->sampler =
+          std::make_unique<runtime::ShardSampler>(w->shard, all, gan.seed + 2000 * (n + 1));
       w->d = runtime::make_discriminator(gan, gan.seed + 3000 * (n + 1));
       w->real_pixels.resize(static_cast<std::size_t>(gan.batch) * kGanImageSize);
       w->real.resize(w->real_pixels.size());
@@ -74,7 +77,8 @@ GanFleet::GanFleet(const GanFleetSettings& settings, const runtime::Dataset& tra
     workers_.push_back(std::move(w));
   }
   const double shard_size = static_cast<double>(train.size()) / settings.workers;
-  iterations_between_ = std::max<std::uint64_t>(1, std::llround(settings.epochs_between * shard_size / gan.batch));
+  iterations_between_ =
+      std::max<std::uint64_t>(1, std::llround(settings.epochs_between * shard_size / gan.batch));
   const std::size_t images = static_cast<std::size_t>(settings.k) * gan.batch;
   batch_noise_.resize(images * kGanNoiseSize);
   batch_inputs_.resize(images * (kGanNoiseSize + kGanClasses));
@@ -109,7 +113,8 @@ void GanFleet::md_gan_iteration() {
   for (auto& label : batch_labels_) label = static_cast<std::int32_t>(draws_.next() % kGanClasses);
   runtime::generator_inputs(batch_inputs_.data(), batch_noise_.data(), batch_labels_.data(), k * b);
   for (int j = 0; j < k; j++)
-    runtime::generate(*server_g_, batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b,
+    runtime::generate(*server_g_,
+                      batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b,
                       batch_fake_.data() + static_cast<std::size_t>(j) * b * kGanImageSize);
   std::fill(feedback_sum_.begin(), feedback_sum_.end(), 0.0f);
   const std::size_t batch_floats = static_cast<std::size_t>(b) * kGanImageSize;
@@ -137,9 +142,10 @@ void GanFleet::md_gan_iteration() {
   // G's gradient: every batch's summed feedback back-propagated through G, then one Adam step.
   GanPart& g = *server_g_;
   for (int j = 0; j < k; j++) {
-    g.network->forward(g.params, batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b);
-    g.network->backward(g.params, feedback_sum_.data() + j * batch_floats, j == 0 ? std::span<float>(g.grad) : g.grad_scratch,
-                       nullptr);
+    g.network->forward(g.params,
+                       batch_inputs_.data() + static_cast<std::size_t>(j) * b * input_width, b);
+    g.network->backward(g.params, feedback_sum_.data() + j * batch_floats,
+                        j == 0 ? std::span<float>(g.grad) : g.grad_scratch, nullptr);
     if (j > 0)
       for (std::size_t i = 0; i < g.grad.size(); i++) g.grad[i] += g.grad_scratch[i];
   }
@@ -161,7 +167,8 @@ void GanFleet::exchange_discriminators() {
   if (N < 2) return;
   std::vector<int> next(N);
   for (int n = 0; n < N; n++) next[n] = n;
-  for (int i = N - 1; i > 0; --i) std::swap(next[i], next[draws_.next() % static_cast<std::uint64_t>(i)]);
+  for (int i = N - 1; i > 0; --i)
+    std::swap(next[i], next[draws_.next() % static_cast<std::uint64_t>(i)]);
   std::vector<std::unique_ptr<GanPart>> moved(N);
   for (int n = 0; n < N; n++) moved[next[n]] = std::move(workers_[n]->d);
   for (int n = 0; n < N; n++) workers_[n]->d = std::move(moved[n]);
@@ -175,7 +182,8 @@ void GanFleet::exchange_discriminators() {
 // weights), added to the start model, which every worker then continues from.
 void GanFleet::average_models() {
   const int N = settings_.workers;
-  const std::uint64_t examples = iterations_between_ * static_cast<std::uint64_t>(settings_.gan.batch);
+  const std::uint64_t examples =
+      iterations_between_ * static_cast<std::uint64_t>(settings_.gan.batch);
   for (const bool generator : {true, false}) {
     auto part = [&](int n) -> GanPart& {
       return generator ? workers_[n]->local->generator() : workers_[n]->local->discriminator();
@@ -184,7 +192,8 @@ void GanFleet::average_models() {
     const auto size = static_cast<std::uint32_t>(start.size());
     std::vector<server::RoundDelta> deltas(N);
     for (int n = 0; n < N; n++) {
-      transport::SparseTensor t{0, size, std::vector<std::uint32_t>(size), std::vector<float>(size)};
+      transport::SparseTensor t{0, size, std::vector<std::uint32_t>(size),
+                                std::vector<float>(size)};
       const auto& params = part(n).params;
       for (std::uint32_t i = 0; i < size; i++) {
         t.indices[i] = i;
@@ -194,13 +203,16 @@ void GanFleet::average_models() {
       deltas[n].delta.tensors.push_back(std::move(t));
     }
     const std::uint32_t sizes[1] = {size};
-    const std::vector<float> delta = server::aggregate_deltas(deltas, sizes, server::Aggregation::kFedAvg);
+    const std::vector<float> delta =
+        server::aggregate_deltas(deltas, sizes, server::Aggregation::kFedAvg);
     for (std::uint32_t i = 0; i < size; i++) start[i] += delta[i];
     for (int n = 0; n < N; n++) part(n).params = start;
   }
   // Up: each worker's G and D; down: the averages.
-  traffic_.up_bytes += static_cast<std::uint64_t>(N) * (generator_parameters() + discriminator_parameters()) * kFloatBytes;
-  traffic_.down_bytes += static_cast<std::uint64_t>(N) * (generator_parameters() + discriminator_parameters()) * kFloatBytes;
+  traffic_.up_bytes += static_cast<std::uint64_t>(N) *
+                       (generator_parameters() + discriminator_parameters()) * kFloatBytes;
+  traffic_.down_bytes += static_cast<std::uint64_t>(N) *
+                         (generator_parameters() + discriminator_parameters()) * kFloatBytes;
   ++traffic_.averagings;
 }
 
@@ -210,7 +222,8 @@ void GanFleet::sample(int count, std::uint64_t seed, std::uint8_t* pixels, std::
     std::fill(server_g_->params.begin(), server_g_->params.end(), 0.0f);
     for (auto& w : workers_)
       for (std::size_t i = 0; i < server_g_->params.size(); i++)
-        server_g_->params[i] += w->local->generator().params[i] / static_cast<float>(settings_.workers);
+        server_g_->params[i] +=
+            w->local->generator().params[i] / static_cast<float>(settings_.workers);
   }
   runtime::sample_generator(*server_g_, count, seed, pixels, labels);
 }

@@ -32,9 +32,10 @@ enum class GanMode { kMdGan, kFlGan };
 struct GanFleetSettings {
   GanMode mode = GanMode::kMdGan;
   int workers = 10;
-  int k = 1;                // MD-GAN: generated batches per iteration (1 or ⌈log2 N⌉ in the paper)
-  double epochs_between = 1;  // E: MD-GAN's swaps, FL-GAN's averaging, in epochs of a worker's shard
-  runtime::GanSettings gan;   // batch b, L, Adam, seed, kernels
+  int k = 1;  // MD-GAN: generated batches per iteration (1 or ⌈log2 N⌉ in the paper)
+  double epochs_between =
+      1;                     // E: MD-GAN's swaps, FL-GAN's averaging, in epochs of a worker's shard
+  runtime::GanSettings gan;  // batch b, L, Adam, seed, kernels
 };
 
 struct GanFleetTraffic {
@@ -67,7 +68,8 @@ class GanFleet {
   void average_models();
   GanFleetSettings settings_;
   std::unique_ptr<runtime::GanPart> server_g_;  // MD-GAN's G; FL-GAN's average, for sampling
-  std::vector<float> round_start_g_, round_start_d_;  // FL-GAN: the models the current round started from
+  std::vector<float> round_start_g_,
+      round_start_d_;  // FL-GAN: the models the current round started from
   std::vector<std::unique_ptr<Worker>> workers_;
   runtime::GaussianSampler noise_;
   runtime::SplitMix64 draws_;

@@ -63,8 +63,8 @@ class TrainerCache {
 };
 
 struct Peer {
-  Peer(std::vector<float> start, runtime::ShardSampler shard, std::vector<std::uint32_t> held_out, Random draws,
-       runtime::PlateauDetector plateau_rule)
+  Peer(std::vector<float> start, runtime::ShardSampler shard, std::vector<std::uint32_t> held_out,
+       Random draws, runtime::PlateauDetector plateau_rule)
       : model(std::move(start)),
         sampler(std::move(shard)),
         validation(std::move(held_out)),
@@ -96,13 +96,16 @@ struct Peer {
 
 class GossipSimulation {
  public:
-  GossipSimulation(const GossipConfig& config, const runtime::Dataset& train, const runtime::Dataset& test);
+  GossipSimulation(const GossipConfig& config, const runtime::Dataset& train,
+                   const runtime::Dataset& test);
   void run_dpsgd(GossipResult& result, const GossipProgressCallback& progress);
   void run_adpsgd(GossipResult& result, const GossipProgressCallback& progress);
   void finish(GossipResult& result);
 
  private:
-  int batch_of(const Peer& peer) const { return peer.balancer ? peer.balancer->batch() : config_.batch; }
+  int batch_of(const Peer& peer) const {
+    return peer.balancer ? peer.balancer->batch() : config_.batch;
+  }
   float lr_of(const Peer& peer) const {
     const double base = peer.balancer ? peer.balancer->learning_rate() : config_.learning_rate;
     return static_cast<float>(base * peer.plateau.lr_factor());
@@ -145,7 +148,8 @@ class GossipSimulation {
 
 runtime::GossipTopology topology_for(const GossipConfig& c) {
   if (c.topology) return *c.topology;
-  return runtime::make_topology(c.topology_kind, static_cast<std::uint32_t>(c.peers), c.degree, c.seed);
+  return runtime::make_topology(c.topology_kind, static_cast<std::uint32_t>(c.peers), c.degree,
+                                c.seed);
 }
 
 GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Dataset& train,
@@ -162,10 +166,12 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       pool_(config.threads),
       trainers_(model_, config.kernels, pool_.get()),
       evaluator_(model_, 100, config.kernels, pool_.get()) {
-  for (std::uint32_t i = 0; i < topology_.size(); ++i) weights_.push_back(runtime::metropolis_weights(topology_, i));
+  for (std::uint32_t i = 0; i < topology_.size(); ++i)
+    weights_.push_back(runtime::metropolis_weights(topology_, i));
   if (!config.speed_classes.empty())
     fastest_budget_ = *std::max_element(config.speed_classes.begin(), config.speed_classes.end());
-  const int max_batch = config.balance_target > 0 ? std::max(config.balance_max_batch, config.batch) : config.batch;
+  const int max_batch =
+      config.balance_target > 0 ? std::max(config.balance_max_batch, config.batch) : config.batch;
   pixels_.resize(static_cast<std::size_t>(max_batch) * train.image_bytes());
   labels_.resize(static_cast<std::size_t>(max_batch));
   runtime::PublishOptions publish;
@@ -174,14 +180,18 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
   publish.min_entries = config.publish_min_entries;
   peers_.reserve(static_cast<std::size_t>(config.peers));
   for (int i = 0; i < config.peers; ++i) {
-    std::vector<std::uint32_t> shard = worker_shard(train, i, config.peers, config.seed, config.label_skewed, config.skew);
+    std::vector<std::uint32_t> shard =
+        worker_shard(train, i, config.peers, config.seed, config.label_skewed, config.skew);
     std::vector<std::uint32_t> validation;
     if (config.plateau_patience > 0) {
-      if (shard.size() < 2) throw std::invalid_argument("gossip: a peer's shard is too small to hold out a validation split");
+      if (shard.size() < 2)
+        throw std::invalid_argument(
+            "gossip: a peer's shard is too small to hold out a validation split");
       // The shard is in seeded random order: its tail is as good a sample as any.
       const auto held = std::clamp<std::size_t>(
-          static_cast<std::size_t>(std::ceil(config.validation_fraction * static_cast<double>(shard.size()))), 1,
-          shard.size() - 1);
+          static_cast<std::size_t>(
+              std::ceil(config.validation_fraction * static_cast<double>(shard.size()))),
+          1, shard.size() - 1);
       validation.assign(shard.end() - static_cast<std::ptrdiff_t>(held), shard.end());
       shard.resize(shard.size() - held);
     }
@@ -195,10 +205,13 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       other.initialize(config.seed + static_cast<std::uint64_t>(i));
       start.assign(other.parameters().begin(), other.parameters().end());
     }
-    Peer peer(std::move(start),
-              runtime::ShardSampler(train, std::move(shard), config.seed + 1000003ULL * static_cast<std::uint64_t>(i + 1)),
-              std::move(validation), Random(config.seed * 0x9E3779B97F4A7C15ULL + 7919ULL * static_cast<std::uint64_t>(i + 1)),
-              runtime::PlateauDetector(plateau));
+    Peer peer(
+        std::move(start),
+        runtime::ShardSampler(train, std::move(shard),
+                              config.seed + 1000003ULL * static_cast<std::uint64_t>(i + 1)),
+        std::move(validation),
+        Random(config.seed * 0x9E3779B97F4A7C15ULL + 7919ULL * static_cast<std::uint64_t>(i + 1)),
+        runtime::PlateauDetector(plateau));
     if (config.balance_target > 0) {
       runtime::BalanceOptions balance;
       balance.target_seconds = config.balance_target;
@@ -210,7 +223,9 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       peer.balancer.emplace(balance);
     }
     if (compressed_) peer.published.emplace(tensor_sizes_, peer.model, 0, publish);
-    peer.speed_class = config.speed_classes.empty() ? 0 : static_cast<std::uint32_t>(i) % config.speed_classes.size();
+    peer.speed_class = config.speed_classes.empty()
+                           ? 0
+                           : static_cast<std::uint32_t>(i) % config.speed_classes.size();
     peers_.push_back(std::move(peer));
   }
   eval_count_ = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
@@ -237,11 +252,12 @@ double GossipSimulation::compute_step(Peer& peer, double start) {
   peer.pending_batch = batch;
   peer.pending_lr = lr_of(peer);
   peer.sampler.next_batch(batch, pixels_, labels_);
-  const runtime::BatchResult r =
-      trainers_.for_batch(batch).compute_gradient(peer.model, pixels_.data(), labels_.data(), batch, peer.gradient);
+  const runtime::BatchResult r = trainers_.for_batch(batch).compute_gradient(
+      peer.model, pixels_.data(), labels_.data(), batch, peer.gradient);
   // A step whose loss is not finite is skipped, as runtime::RoundWorker skips it.
   if (!std::isfinite(r.loss)) peer.pending_lr = 0;
-  const double seconds = compute_time(peer, batch, start) * peer.random.log_normal(config_.step_jitter);
+  const double seconds =
+      compute_time(peer, batch, start) * peer.random.log_normal(config_.step_jitter);
   if (peer.balancer) peer.balancer->observe(batch, seconds);
   peer.pending_seconds = seconds;
   return seconds;
@@ -253,22 +269,29 @@ void GossipSimulation::apply_step(Peer& peer) {
   peer.steps++;
   peer.examples += static_cast<std::uint64_t>(peer.pending_batch);
   if (peer.pending_lr == 0) return;
-  for (std::size_t k = 0; k < peer.model.size(); ++k) peer.model[k] -= peer.pending_lr * peer.gradient[k];
+  for (std::size_t k = 0; k < peer.model.size(); ++k)
+    peer.model[k] -= peer.pending_lr * peer.gradient[k];
 }
 
 double GossipSimulation::maybe_validate(Peer& peer, double start, GossipResult& result) {
-  if (config_.plateau_patience == 0 || peer.stopped || peer.iterations % config_.validate_every != 0) return 0;
+  if (config_.plateau_patience == 0 || peer.stopped ||
+      peer.iterations % config_.validate_every != 0)
+    return 0;
   const TestScore score = evaluate_parameters(evaluator_, peer.model, train_, peer.validation);
   result.validations++;
   switch (peer.plateau.report(score.accuracy)) {
-    case runtime::PlateauDetector::Verdict::kDecay: result.lr_decays++; break;
+    case runtime::PlateauDetector::Verdict::kDecay:
+      result.lr_decays++;
+      break;
     case runtime::PlateauDetector::Verdict::kStop:
       peer.stopped = true;
       result.peers_stopped++;
       break;
-    case runtime::PlateauDetector::Verdict::kContinue: break;
+    case runtime::PlateauDetector::Verdict::kContinue:
+      break;
   }
-  const double seconds = compute_time(peer, kForwardShareOfStep * static_cast<double>(peer.validation.size()), start);
+  const double seconds =
+      compute_time(peer, kForwardShareOfStep * static_cast<double>(peer.validation.size()), start);
   peer.compute_time += seconds;
   return seconds;
 }
@@ -295,7 +318,8 @@ void GossipSimulation::evaluate(GossipResult& result, double time, double mean_i
     point.local_steps += p.steps;
     for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += p.model[k];
   }
-  for (std::size_t k = 0; k < sum.size(); ++k) average_[k] = static_cast<float>(sum[k] / static_cast<double>(peers_.size()));
+  for (std::size_t k = 0; k < sum.size(); ++k)
+    average_[k] = static_cast<float>(sum[k] / static_cast<double>(peers_.size()));
   const TestScore consensus = evaluate_parameters(evaluator_, average_, test_, eval_count_);
   point.consensus_accuracy = consensus.accuracy;
   point.consensus_loss = consensus.loss;
@@ -366,7 +390,8 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
     for (std::size_t i = 0; i < n; ++i) {
       Peer& peer = peers_[i];
       auto published = [&](std::size_t p) -> std::span<const float> {
-        return compressed_ ? peers_[p].published->parameters() : std::span<const float>(peers_[p].model);
+        return compressed_ ? peers_[p].published->parameters()
+                           : std::span<const float>(peers_[p].model);
       };
       const std::span<const float> own = published(i);
       std::fill(accumulator.begin(), accumulator.end(), 0.0);
@@ -379,7 +404,8 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
       }
       float* target = compressed_ ? peer.model.data() : mixed[i].data();
       for (std::size_t e = 0; e < size; ++e)
-        target[e] = static_cast<float>(static_cast<double>(peer.model[e]) + gamma_ * accumulator[e]);
+        target[e] =
+            static_cast<float>(static_cast<double>(peer.model[e]) + gamma_ * accumulator[e]);
     }
     if (!compressed_)
       for (std::size_t i = 0; i < n; ++i) peers_[i].model.swap(mixed[i]);
@@ -392,14 +418,15 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
     }
     result.virtual_time = now;
     result.mean_iterations = static_cast<double>(t);
-    bool stop = t >= config_.max_iterations || (config_.time_budget > 0 && now >= config_.time_budget) || all_stopped;
+    bool stop = t >= config_.max_iterations ||
+                (config_.time_budget > 0 && now >= config_.time_budget) || all_stopped;
     if (t % config_.eval_every == 0 || stop) {
       evaluate(result, now, static_cast<double>(t));
       const GossipEvalPoint& last = result.curve.back();
       if (config_.stop_at_accuracy && last.mean_accuracy >= *config_.stop_at_accuracy) stop = true;
       if (progress)
-        progress({static_cast<double>(t), config_.max_iterations, now, last.mean_accuracy, last.consensus_accuracy,
-                  last.bytes_per_peer});
+        progress({static_cast<double>(t), config_.max_iterations, now, last.mean_accuracy,
+                  last.consensus_accuracy, last.bytes_per_peer});
     }
     if (stop) break;
   }
@@ -429,8 +456,8 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
     evaluate(result, time, static_cast<double>(total_steps) / static_cast<double>(n));
     const GossipEvalPoint& last = result.curve.back();
     if (progress)
-      progress({last.mean_iterations, config_.max_iterations, time, last.mean_accuracy, last.consensus_accuracy,
-                last.bytes_per_peer});
+      progress({last.mean_iterations, config_.max_iterations, time, last.mean_accuracy,
+                last.consensus_accuracy, last.bytes_per_peer});
     return config_.stop_at_accuracy && last.mean_accuracy >= *config_.stop_at_accuracy;
   };
   bool evaluated_at_end = false;
@@ -456,7 +483,8 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
     // Average with a uniformly drawn neighbour: both hold the midpoint from now on, and each
     // sent the other its dense model.
     const auto& neighbours = topology_.neighbours[event.peer];
-    Peer& other = peers_[neighbours[static_cast<std::size_t>(peer.random.uniform() * static_cast<double>(neighbours.size()))]];
+    Peer& other = peers_[neighbours[static_cast<std::size_t>(
+        peer.random.uniform() * static_cast<double>(neighbours.size()))]];
     for (std::size_t e = 0; e < size; ++e) {
       const float mid = 0.5f * (peer.model[e] + other.model[e]);
       peer.model[e] = mid;
@@ -495,7 +523,8 @@ void GossipSimulation::finish(GossipResult& result) {
   double distance = 0;
   for (const Peer& p : peers_) {
     double d = 0;
-    for (std::size_t k = 0; k < sum.size(); ++k) d += std::pow(static_cast<double>(p.model[k]) - average_[k], 2);
+    for (std::size_t k = 0; k < sum.size(); ++k)
+      d += std::pow(static_cast<double>(p.model[k]) - average_[k], 2);
     distance += std::sqrt(d);
   }
   result.consensus_distance = norm > 0 ? distance / static_cast<double>(n) / std::sqrt(norm) : 0;
@@ -521,12 +550,13 @@ void GossipSimulation::finish(GossipResult& result) {
     s.budget = config_.speed_classes.empty() ? 1.0 : config_.speed_classes[c];
     s.compute_per_step = steps[c] ? compute[c] / static_cast<double>(steps[c]) : 0;
     s.wait_per_iteration = iterations[c] ? wait[c] / static_cast<double>(iterations[c]) : 0;
-    s.steps_per_iteration = iterations[c] ? static_cast<double>(steps[c]) / static_cast<double>(iterations[c]) : 0;
+    s.steps_per_iteration =
+        iterations[c] ? static_cast<double>(steps[c]) / static_cast<double>(iterations[c]) : 0;
     s.mean_batch = steps[c] ? static_cast<double>(examples[c]) / static_cast<double>(steps[c]) : 0;
   }
   std::ostringstream t;
-  t << runtime::topology_kind_name(topology_.kind) << ", " << topology_.size() << " peers, " << topology_.edges().size()
-    << " edges";
+  t << runtime::topology_kind_name(topology_.kind) << ", " << topology_.size() << " peers, "
+    << topology_.edges().size() << " edges";
   result.topology = t.str();
 }
 
@@ -538,7 +568,8 @@ std::vector<double> parse_speed_classes(const std::string& text) {
   for (const std::string& part : split_commas(text)) {
     const auto value = parse_number(part);
     if (!value || *value <= 0)
-      throw std::invalid_argument("--speed-classes: '" + part + "' is not a positive number (e.g. 0.12,0.08,0.05,0.03)");
+      throw std::invalid_argument("--speed-classes: '" + part +
+                                  "' is not a positive number (e.g. 0.12,0.08,0.05,0.03)");
     classes.push_back(*value);
   }
   return classes;
@@ -548,17 +579,19 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text) {
   std::vector<SpeedChange> schedule;
   if (text.empty()) return schedule;
   for (const std::string& entry : split_commas(text)) {
-    const auto first = entry.find(':'), second = entry.find(':', first == std::string::npos ? first : first + 1);
+    const auto first = entry.find(':'),
+               second = entry.find(':', first == std::string::npos ? first : first + 1);
     const auto bad = [&] {
-      return std::invalid_argument("--speed-schedule: '" + entry +
-                                   "' is not TIME:CLASS:FACTOR (time >= 0 in step times, class index, factor > 0)");
+      return std::invalid_argument(
+          "--speed-schedule: '" + entry +
+          "' is not TIME:CLASS:FACTOR (time >= 0 in step times, class index, factor > 0)");
     };
     if (first == std::string::npos || second == std::string::npos) throw bad();
     const auto at = parse_number(entry.substr(0, first));
     const auto speed_class = parse_number(entry.substr(first + 1, second - first - 1));
     const auto factor = parse_number(entry.substr(second + 1));
-    if (!at || *at < 0 || !speed_class || *speed_class < 0 || *speed_class != std::floor(*speed_class) ||
-        *speed_class > 1000 || !factor || *factor <= 0)
+    if (!at || *at < 0 || !speed_class || *speed_class < 0 ||
+        *speed_class != std::floor(*speed_class) || *speed_class > 1000 || !factor || *factor <= 0)
       throw bad();
     schedule.push_back({*at, static_cast<std::uint32_t>(*speed_class), *factor});
   }
@@ -575,24 +608,31 @@ void check_gossip_config(const GossipConfig& c) {
   if (c.peers < 2) refuse("--workers (the peer count) must be at least 2");
   if (c.batch < 1) refuse("--batch must be at least 1");
   if (!(c.learning_rate >= 0) || !std::isfinite(c.learning_rate)) refuse("--lr must be >= 0");
-  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1)) refuse("--publish-fraction must be in (0, 1]");
-  if (c.consensus_step && !(*c.consensus_step > 0 && *c.consensus_step <= 1)) refuse("--consensus-step must be in (0, 1]");
+  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
+    refuse("--publish-fraction must be in (0, 1]");
+  if (c.consensus_step && !(*c.consensus_step > 0 && *c.consensus_step <= 1))
+    refuse("--consensus-step must be in (0, 1]");
   if (c.algorithm == GossipAlgorithm::kAdpsgd) {
     if (c.publish_fraction < 1)
-      refuse("--publish-fraction below 1 is for --gossip d-psgd: AD-PSGD's pairwise midpoint needs both models exactly");
+      refuse(
+          "--publish-fraction below 1 is for --gossip d-psgd: AD-PSGD's pairwise midpoint needs "
+          "both models exactly");
     if (c.consensus_step && *c.consensus_step != 1)
       refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
-    if (c.wait_steps > 0) refuse("--wait-steps is for --gossip d-psgd (AD-PSGD has no barrier to wait at)");
+    if (c.wait_steps > 0)
+      refuse("--wait-steps is for --gossip d-psgd (AD-PSGD has no barrier to wait at)");
   }
   if (c.topology && c.topology->size() != static_cast<std::size_t>(c.peers))
-    refuse("--topology-file lists " + std::to_string(c.topology->size()) + " peers, --workers says " +
-           std::to_string(c.peers));
+    refuse("--topology-file lists " + std::to_string(c.topology->size()) +
+           " peers, --workers says " + std::to_string(c.peers));
   if (c.topology && !c.topology->connected()) refuse("--topology-file: the graph is not connected");
   if (!c.topology && c.peers >= 2) {
     try {  // cheap, and the drawn graph is the one the run draws again from the same seed
-      runtime::make_topology(c.topology_kind, static_cast<std::uint32_t>(c.peers), c.degree, c.seed);
+      runtime::make_topology(c.topology_kind, static_cast<std::uint32_t>(c.peers), c.degree,
+                             c.seed);
     } catch (const std::invalid_argument& e) {
-      refuse(std::string("--topology ") + runtime::topology_kind_name(c.topology_kind) + " / --degree: " + e.what());
+      refuse(std::string("--topology ") + runtime::topology_kind_name(c.topology_kind) +
+             " / --degree: " + e.what());
     }
   }
   for (double budget : c.speed_classes)
@@ -601,16 +641,20 @@ void check_gossip_config(const GossipConfig& c) {
     if (change.speed_class >= std::max<std::size_t>(1, c.speed_classes.size()))
       refuse("--speed-schedule names class " + std::to_string(change.speed_class) + " of " +
              std::to_string(std::max<std::size_t>(1, c.speed_classes.size())) + " speed classes");
-    if (!(change.factor > 0) || !(change.at >= 0)) refuse("--speed-schedule needs times >= 0 and factors > 0");
+    if (!(change.factor > 0) || !(change.at >= 0))
+      refuse("--speed-schedule needs times >= 0 and factors > 0");
   }
   if (!(c.step_jitter >= 0)) refuse("--step-jitter must be >= 0");
-  if (!(c.balance_target >= 0) || !std::isfinite(c.balance_target)) refuse("--balance-target must be >= 0");
+  if (!(c.balance_target >= 0) || !std::isfinite(c.balance_target))
+    refuse("--balance-target must be >= 0");
   if (c.balance_min_batch < 1 || c.balance_min_batch > c.batch || c.balance_max_batch < c.batch)
     refuse("--min-batch <= --batch <= --max-batch must hold");
-  if (c.balance_target > 0 && !(c.learning_rate > 0)) refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
+  if (c.balance_target > 0 && !(c.learning_rate > 0))
+    refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
   if (c.plateau_patience < 0) refuse("--plateau-patience must be >= 0");
   if (c.validate_every < 1) refuse("--validate-every must be at least 1");
-  if (!(c.validation_fraction > 0 && c.validation_fraction < 1)) refuse("--validation-fraction must be in (0, 1)");
+  if (!(c.validation_fraction > 0 && c.validation_fraction < 1))
+    refuse("--validation-fraction must be in (0, 1)");
   if (c.plateau_max_decays < 0) refuse("--plateau-decays must be >= 0");
   if (c.max_iterations < 1) refuse("--iterations must be at least 1");
   if (c.eval_every < 1) refuse("--eval-every must be at least 1");
@@ -649,7 +693,8 @@ GossipResult run_gossip_simulation(const GossipConfig& config, const runtime::Da
     simulation.run_adpsgd(result, progress);
   }
   simulation.finish(result);
-  result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  result.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   return result;
 }
 

@@ -73,8 +73,9 @@ inline constexpr double kForwardShareOfStep = 1.0 / 3.0;
 struct GossipConfig {
   std::string model = "mlp";  // built-in name or spec text
   int peers = 8;
-  int batch = 10;            // base batch
-  float learning_rate = 0.1f;  // base learning rate (plain SGD); 0 is allowed (a test of mixing alone)
+  int batch = 10;  // base batch
+  float learning_rate =
+      0.1f;  // base learning rate (plain SGD); 0 is allowed (a test of mixing alone)
   GossipAlgorithm algorithm = GossipAlgorithm::kDpsgd;
   // The graph: generated (kind, degree, seeded by `seed`), or `topology` when given (its
   // peer count must equal `peers`).
@@ -98,7 +99,8 @@ struct GossipConfig {
   double balance_target = 0;
   int balance_min_batch = 1;
   int balance_max_batch = 256;
-  double balance_max_lr_factor = 8;  // the lr follows the batch linearly up to this many times learning_rate
+  double balance_max_lr_factor =
+      8;  // the lr follows the batch linearly up to this many times learning_rate
   // D-PSGD: while a peer waits for a neighbour at the barrier it takes up to this many more
   // local steps (0: off), as the real peer's --wait-steps: a step is started only if it
   // would end within the wait of the peer's last iteration.
@@ -119,7 +121,7 @@ struct GossipConfig {
   std::uint64_t max_iterations = 200;
   double time_budget = 0;
   std::optional<double> stop_at_accuracy;
-  std::uint64_t eval_every = 20;  // mean peer iterations between evaluations
+  std::uint64_t eval_every = 20;     // mean peer iterations between evaluations
   std::size_t eval_examples = 1000;  // test examples per peer per evaluation (0: all)
   // Peer i starts from the model initialised with seed + i instead of all from `seed`
   // (ours: for tests of the mixing, and to watch consensus form).
@@ -148,12 +150,12 @@ struct GossipEvalPoint {
 };
 
 struct SpeedClassStats {
-  double budget = 1;           // the class's nominal relative CPU budget
+  double budget = 1;  // the class's nominal relative CPU budget
   int peers = 0;
-  double compute_per_step = 0;  // mean compute time of a local step
-  double steps_per_iteration = 0;    // local steps per iteration (above 1 with wait_steps)
-  double wait_per_iteration = 0;     // D-PSGD: mean time waiting for neighbours per iteration
-  double mean_batch = 0;             // examples per local step
+  double compute_per_step = 0;     // mean compute time of a local step
+  double steps_per_iteration = 0;  // local steps per iteration (above 1 with wait_steps)
+  double wait_per_iteration = 0;   // D-PSGD: mean time waiting for neighbours per iteration
+  double mean_batch = 0;           // examples per local step
 };
 
 struct GossipResult {
@@ -162,9 +164,9 @@ struct GossipResult {
   std::vector<GossipEvalPoint> curve;
   double virtual_time = 0;
   double mean_iterations = 0;
-  std::uint64_t local_steps = 0;     // minibatches trained, all peers
-  std::uint64_t skipped_steps = 0;   // D-PSGD: iterations a stopped peer mixed without training
-  std::uint64_t exchanges = 0;       // AD-PSGD: pairwise averagings; D-PSGD: neighbour reads
+  std::uint64_t local_steps = 0;    // minibatches trained, all peers
+  std::uint64_t skipped_steps = 0;  // D-PSGD: iterations a stopped peer mixed without training
+  std::uint64_t exchanges = 0;      // AD-PSGD: pairwise averagings; D-PSGD: neighbour reads
   std::uint64_t validations = 0;
   int peers_stopped = 0, lr_decays = 0;
   double bytes_per_peer = 0;  // mean

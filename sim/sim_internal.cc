@@ -9,17 +9,21 @@ runtime::Model checked_model(const std::string& model_name, int workers, std::ui
                              const runtime::Dataset& train, const runtime::Dataset& test) {
   runtime::Model model(runtime::model_spec_from_argument(model_name));
   const runtime::ExampleShape in = model.input_shape();
-  if (static_cast<std::uint32_t>(in.H) != train.height || static_cast<std::uint32_t>(in.W) != train.width ||
-      static_cast<std::uint32_t>(in.C) != train.channels || train.image_bytes() != test.image_bytes()) {
-    throw runtime::ModelError("sim: model input " + std::to_string(in.H) + "x" + std::to_string(in.W) + "x" +
-                              std::to_string(in.C) + " does not match the data's " + std::to_string(train.height) +
-                              "x" + std::to_string(train.width) + "x" + std::to_string(train.channels));
+  if (static_cast<std::uint32_t>(in.H) != train.height ||
+      static_cast<std::uint32_t>(in.W) != train.width ||
+      static_cast<std::uint32_t>(in.C) != train.channels ||
+      train.image_bytes() != test.image_bytes()) {
+    throw runtime::ModelError("sim: model input " + std::to_string(in.H) + "x" +
+                              std::to_string(in.W) + "x" + std::to_string(in.C) +
+                              " does not match the data's " + std::to_string(train.height) + "x" +
+                              std::to_string(train.width) + "x" + std::to_string(train.channels));
   }
   if (model.num_classes() < static_cast<int>(train.num_classes)) {
-    throw runtime::ModelError("sim: model has " + std::to_string(model.num_classes()) + " outputs for " +
-                              std::to_string(train.num_classes) + " classes");
+    throw runtime::ModelError("sim: model has " + std::to_string(model.num_classes()) +
+                              " outputs for " + std::to_string(train.num_classes) + " classes");
   }
-  if (train.size() < static_cast<std::size_t>(workers)) throw std::invalid_argument("sim: fewer examples than workers");
+  if (train.size() < static_cast<std::size_t>(workers))
+    throw std::invalid_argument("sim: fewer examples than workers");
   model.initialize(seed);
   return model;
 }
@@ -30,12 +34,16 @@ std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
   return sizes;
 }
 
-std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers, std::uint64_t seed,
-                                        bool label_skewed, const runtime::LabelSkew& skew) {
-  const runtime::ShardSpec spec{static_cast<std::uint32_t>(worker), static_cast<std::uint32_t>(workers), seed};
-  auto shard = label_skewed ? runtime::shard_label_skewed(train.labels, train.num_classes, spec, skew)
-                            : runtime::shard_iid(train.size(), spec);
-  if (shard.empty()) throw std::invalid_argument("sim: worker " + std::to_string(worker) + " got an empty shard");
+std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers,
+                                        std::uint64_t seed, bool label_skewed,
+                                        const runtime::LabelSkew& skew) {
+  const runtime::ShardSpec spec{static_cast<std::uint32_t>(worker),
+                                static_cast<std::uint32_t>(workers), seed};
+  auto shard = label_skewed
+                   ? runtime::shard_label_skewed(train.labels, train.num_classes, spec, skew)
+                   : runtime::shard_iid(train.size(), spec);
+  if (shard.empty())
+    throw std::invalid_argument("sim: worker " + std::to_string(worker) + " got an empty shard");
   return shard;
 }
 
@@ -47,17 +55,20 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
   std::size_t correct = 0;
   double loss_sum = 0;
   for (std::size_t start = 0; start < count; start += static_cast<std::size_t>(batch)) {
-    const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), count - start));
+    const int n =
+        static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), count - start));
     const auto r = evaluator.evaluate(parameters, data.pixels.data() + start * data.image_bytes(),
                                       data.labels.data() + start, n);
     correct += static_cast<std::size_t>(r.correct);
     loss_sum += static_cast<double>(r.loss) * n;
   }
-  return {static_cast<double>(correct) / static_cast<double>(count), loss_sum / static_cast<double>(count)};
+  return {static_cast<double>(correct) / static_cast<double>(count),
+          loss_sum / static_cast<double>(count)};
 }
 
 TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float> parameters,
-                              const runtime::Dataset& data, std::span<const std::uint32_t> indices) {
+                              const runtime::Dataset& data,
+                              std::span<const std::uint32_t> indices) {
   if (indices.empty()) return {};
   const int batch = evaluator.max_batch();
   const std::size_t image = data.image_bytes();
@@ -66,17 +77,20 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
   std::size_t correct = 0;
   double loss_sum = 0;
   for (std::size_t start = 0; start < indices.size(); start += static_cast<std::size_t>(batch)) {
-    const int n = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), indices.size() - start));
+    const int n = static_cast<int>(
+        std::min<std::size_t>(static_cast<std::size_t>(batch), indices.size() - start));
     for (int k = 0; k < n; ++k) {
       const std::uint32_t example = indices[start + static_cast<std::size_t>(k)];
-      std::copy_n(data.pixels.data() + example * image, image, pixels.data() + static_cast<std::size_t>(k) * image);
+      std::copy_n(data.pixels.data() + example * image, image,
+                  pixels.data() + static_cast<std::size_t>(k) * image);
       labels[static_cast<std::size_t>(k)] = data.labels[example];
     }
     const auto r = evaluator.evaluate(parameters, pixels.data(), labels.data(), n);
     correct += static_cast<std::size_t>(r.correct);
     loss_sum += static_cast<double>(r.loss) * n;
   }
-  return {static_cast<double>(correct) / static_cast<double>(indices.size()), loss_sum / static_cast<double>(indices.size())};
+  return {static_cast<double>(correct) / static_cast<double>(indices.size()),
+          loss_sum / static_cast<double>(indices.size())};
 }
 
 }  // namespace edgetrain::sim

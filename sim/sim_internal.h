@@ -27,7 +27,9 @@ class Random {
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
   }
   // Mean 1 whatever sigma (the −σ²/2 shift), so a jittered step time keeps its mean.
-  double log_normal(double sigma) { return sigma > 0 ? std::exp(sigma * normal() - 0.5 * sigma * sigma) : 1.0; }
+  double log_normal(double sigma) {
+    return sigma > 0 ? std::exp(sigma * normal() - 0.5 * sigma * sigma) : 1.0;
+  }
   double exponential(double mean) { return -mean * std::log(1.0 - uniform()); }
 
  private:
@@ -44,8 +46,9 @@ std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model);
 
 // Worker `worker`'s shard of `train` among `workers` (runtime/dataset.h's samplers): i.i.d.,
 // or label-skewed. Throws std::invalid_argument for an empty shard.
-std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers, std::uint64_t seed,
-                                        bool label_skewed, const runtime::LabelSkew& skew);
+std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers,
+                                        std::uint64_t seed, bool label_skewed,
+                                        const runtime::LabelSkew& skew);
 
 struct TestScore {
   double accuracy = 0;

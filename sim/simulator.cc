@@ -38,15 +38,22 @@ struct Event {
 
 void check_rounds_config(const SimConfig& c) {
   const RoundsConfig& r = c.rounds;
-  if (r.local_steps < 1 || r.local_steps > 1000000) throw std::invalid_argument("sim: local steps must be in 1..10^6");
+  if (r.local_steps < 1 || r.local_steps > 1000000)
+    throw std::invalid_argument("sim: local steps must be in 1..10^6");
   if (r.local_epochs > 1000) throw std::invalid_argument("sim: local epochs must be in 0..1000");
-  if (!(r.local_lr > 0) || !std::isfinite(r.local_lr)) throw std::invalid_argument("sim: local learning rate must be positive");
-  if (!(r.server_lr > 0) || !std::isfinite(r.server_lr)) throw std::invalid_argument("sim: server learning rate must be positive");
-  if (!(r.client_fraction > 0 && r.client_fraction <= 1)) throw std::invalid_argument("sim: client fraction must be in (0, 1]");
-  if (!(r.deadline_steps >= 0) || !std::isfinite(r.deadline_steps)) throw std::invalid_argument("sim: round deadline must be >= 0");
+  if (!(r.local_lr > 0) || !std::isfinite(r.local_lr))
+    throw std::invalid_argument("sim: local learning rate must be positive");
+  if (!(r.server_lr > 0) || !std::isfinite(r.server_lr))
+    throw std::invalid_argument("sim: server learning rate must be positive");
+  if (!(r.client_fraction > 0 && r.client_fraction <= 1))
+    throw std::invalid_argument("sim: client fraction must be in (0, 1]");
+  if (!(r.deadline_steps >= 0) || !std::isfinite(r.deadline_steps))
+    throw std::invalid_argument("sim: round deadline must be >= 0");
   if (r.max_rounds < 1) throw std::invalid_argument("sim: max rounds must be at least 1");
   if (c.delta_pulls || c.publish.enabled())
-    throw std::invalid_argument("sim: delta pulls and a published model are for async mode (a round pulls the dense model)");
+    throw std::invalid_argument(
+        "sim: delta pulls and a published model are for async mode (a round pulls the dense "
+        "model)");
 }
 
 void check_config_values(const SimConfig& c) {
@@ -55,11 +62,13 @@ void check_config_values(const SimConfig& c) {
   if (!(c.learning_rate > 0)) throw std::invalid_argument("sim: learning rate must be positive");
   if (c.max_updates < 1) throw std::invalid_argument("sim: max updates must be at least 1");
   if (c.eval_every < 1) throw std::invalid_argument("sim: eval interval must be at least 1");
-  if (c.speed_spread < 0 || c.step_jitter < 0) throw std::invalid_argument("sim: speed spreads must be >= 0");
+  if (c.speed_spread < 0 || c.step_jitter < 0)
+    throw std::invalid_argument("sim: speed spreads must be >= 0");
   if (c.failure_probability < 0 || c.failure_probability >= 1) {
     throw std::invalid_argument("sim: failure probability must be in [0, 1)");
   }
-  if (!(c.failing_fraction >= 0 && c.failing_fraction <= 1)) throw std::invalid_argument("sim: failing fraction must be in [0, 1]");
+  if (!(c.failing_fraction >= 0 && c.failing_fraction <= 1))
+    throw std::invalid_argument("sim: failing fraction must be in [0, 1]");
   if (!(c.downtime_steps >= 0)) throw std::invalid_argument("sim: downtime must be >= 0");
   if (c.mode == SimMode::kRounds) check_rounds_config(c);
 }
@@ -70,7 +79,8 @@ std::vector<bool> failing_workers(const SimConfig& c) {
   std::vector<int> order(c.workers);
   for (int w = 0; w < c.workers; ++w) order[w] = w;
   runtime::SplitMix64 draw{c.seed ^ 0x6661696c696e67ULL};  // "failing"
-  for (int i = c.workers - 1; i > 0; --i) std::swap(order[i], order[draw.next() % static_cast<std::uint64_t>(i + 1)]);
+  for (int i = c.workers - 1; i > 0; --i)
+    std::swap(order[i], order[draw.next() % static_cast<std::uint64_t>(i + 1)]);
   const auto count = static_cast<int>(std::lround(c.failing_fraction * c.workers));
   std::vector<bool> may_fail(c.workers, false);
   for (int i = 0; i < count; ++i) may_fail[order[i]] = true;
@@ -79,7 +89,8 @@ std::vector<bool> failing_workers(const SimConfig& c) {
 
 std::vector<runtime::TensorSlice> layout_of(const runtime::Model& model) {
   std::vector<runtime::TensorSlice> layout;
-  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  for (const auto& t : model.tensors())
+    layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
   return layout;
 }
 
@@ -123,13 +134,15 @@ struct Simulation {
   std::size_t eval_count = 0;
 };
 
-Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test)
+Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train,
+                       const runtime::Dataset& test)
     : config(config),
       test(test),
       model(checked_model(config.model, config.workers, config.seed, train, test)),
       tensor_sizes(tensor_sizes_of(model)),
       layout(layout_of(model)),
-      store(model.layout_id(), tensor_sizes, std::vector<float>(model.parameters().begin(), model.parameters().end()),
+      store(model.layout_id(), tensor_sizes,
+            std::vector<float>(model.parameters().begin(), model.parameters().end()),
             store_options(config)),
       expected{model.layout_id(), tensor_sizes},
       pool(config.threads),
@@ -140,29 +153,37 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train, c
       batch_labels(config.batch),
       random(config.seed * 0x2545F4914F6CDD1DULL + 17) {
   // Every dense pull ships the same number of bytes: encode the model once to know it.
-  auto model_message = transport::encode_dense_model(model.layout_id(), 0, tensor_sizes, store.parameters());
-  if (!model_message) throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
+  auto model_message =
+      transport::encode_dense_model(model.layout_id(), 0, tensor_sizes, store.parameters());
+  if (!model_message)
+    throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
   model_bytes = model_message.value().size();
   if (!config.conv_drop_rates.empty()) {
     runtime::DropoutConfig dropout;
     dropout.conv_drop_rates = config.conv_drop_rates;
     dropout.rescale = config.dropout_rescale;
-    dropout.seed = config.seed * 0x9E3779B97F4A7C15ULL + 3;  // its own stream: the batches stay as without dropout
+    dropout.seed = config.seed * 0x9E3779B97F4A7C15ULL +
+                   3;              // its own stream: the batches stay as without dropout
     trainer.set_dropout(dropout);  // validates against the model (std::invalid_argument)
   }
   workers.reserve(config.workers);
   for (int w = 0; w < config.workers; w++) {
-    auto shard = worker_shard(train, w, config.workers, config.seed, config.label_skewed, config.skew);
-    workers.push_back(Worker{runtime::ShardSampler(train, std::move(shard), config.seed + 1000003ULL * (w + 1)),
-                             random.log_normal(config.speed_spread), runtime::Compressor(layout, config.compressor), 0,
-                             {}});
+    auto shard =
+        worker_shard(train, w, config.workers, config.seed, config.label_skewed, config.skew);
+    workers.push_back(
+        Worker{runtime::ShardSampler(train, std::move(shard), config.seed + 1000003ULL * (w + 1)),
+               random.log_normal(config.speed_spread),
+               runtime::Compressor(layout, config.compressor),
+               0,
+               {}});
   }
   eval_count = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
 }
 
 void Simulation::evaluate(SimResult& result, std::uint64_t updates, double time) {
   const TestScore score = evaluate_parameters(evaluator, store.parameters(), test, eval_count);
-  result.curve.push_back({updates, time, result.ingress_bytes, result.pull_bytes, score.accuracy, score.loss});
+  result.curve.push_back(
+      {updates, time, result.ingress_bytes, result.pull_bytes, score.accuracy, score.loss});
 }
 
 // Asynchronous SGD: an event loop over workers' step starts and update arrivals.
@@ -171,11 +192,13 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   server::ParameterStore& store = sim.store;
   const std::vector<std::uint32_t>& tensor_sizes = sim.tensor_sizes;
   std::optional<server::PublishedModel> published;
-  if (config.publish.enabled()) published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
+  if (config.publish.enabled())
+    published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
   const bool delta_pulls = config.delta_pulls || published.has_value();
   // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
   // would send them. The digest field's value does not change the size: left 0.
-  auto pull_size = [&](const server::ChangeRecord& served, std::optional<std::uint64_t> held) -> std::uint64_t {
+  auto pull_size = [&](const server::ChangeRecord& served,
+                       std::optional<std::uint64_t> held) -> std::uint64_t {
     if (!delta_pulls || !held) return sim.model_bytes;
     const auto delta = server::encode_changes_since(served, *held);
     return delta ? delta->size() : sim.model_bytes;
@@ -184,9 +207,11 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
 
   evaluate(result, 0);
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
-  for (int w = 0; w < config.workers; w++) events.push({sim.random.uniform() * sim.workers[w].speed, w, EventKind::kStartStep});
+  for (int w = 0; w < config.workers; w++)
+    events.push({sim.random.uniform() * sim.workers[w].speed, w, EventKind::kStartStep});
   std::vector<std::uint64_t> fetched(config.workers, 0);
-  std::vector<std::optional<std::uint64_t>> held(config.workers);  // the version of each worker's copy
+  std::vector<std::optional<std::uint64_t>> held(
+      config.workers);  // the version of each worker's copy
   std::uint64_t pulls = 0;
   const std::vector<bool> may_fail = failing_workers(config);
   double delay_sum = 0;
@@ -204,25 +229,27 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
     result.virtual_time = event.time;
     if (event.kind == EventKind::kStartStep) {
       // Pull, then compute on the model as pulled (the published one, if the server has one).
-      const server::ChangeRecord served =
-          server::served_changes(sim.model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
+      const server::ChangeRecord served = server::served_changes(
+          sim.model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
       result.pull_bytes += pull_size(served, held[event.worker]);
       pulls++;
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
       worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-      sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(), sim.batch_labels.data(), config.batch,
-                                   sim.gradient);
+      sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
+                                   sim.batch_labels.data(), config.batch, sim.gradient);
       transport::SparseUpdate update;
       update.model_id = sim.model.layout_id();
       update.sequence = ++worker.sequence;
       update.fetched_version = fetched[event.worker];
       worker.compressor.compress(sim.gradient, update);
       auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
-      if (!encoded) throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
+      if (!encoded)
+        throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
       worker.pending = std::move(encoded).value();
       const double step = worker.speed * sim.random.log_normal(config.step_jitter);
-      if (config.failure_probability > 0 && may_fail[event.worker] && sim.random.uniform() < config.failure_probability) {
+      if (config.failure_probability > 0 && may_fail[event.worker] &&
+          sim.random.uniform() < config.failure_probability) {
         result.updates_lost++;
         const double downtime = sim.random.exponential(config.downtime_steps);
         const double back_at = event.time + step * sim.random.uniform() + downtime;
@@ -241,7 +268,9 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
     update_bytes_sum += worker.pending.size();
     updates_received++;
     auto decoded = transport::decode_sparse_update(worker.pending, sim.expected);
-    if (!decoded) throw std::logic_error("sim: server refused a well-formed update: " + decoded.error().message);
+    if (!decoded)
+      throw std::logic_error("sim: server refused a well-formed update: " +
+                             decoded.error().message);
     const std::uint64_t delay = store.version() - decoded.value().fetched_version;
     server::ApplyResult applied = store.apply(decoded.value());
     if (applied.applied()) {
@@ -252,15 +281,19 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       result.max_delay = std::max(result.max_delay, delay);
       if (store.version() % config.eval_every == 0 || store.version() >= config.max_updates) {
         evaluate(result, event.time);
-        if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy) stop = true;
+        if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy)
+          stop = true;
       }
       if (store.version() >= config.max_updates) stop = true;
       if (progress && (store.version() % 25 == 0 || stop)) {
-        progress({store.version(), config.max_updates, result.curve.size() > 1 ? result.curve.back().accuracy : -1,
-                  result.ingress_bytes, delay_sum / result.updates_applied});
+        progress({store.version(), config.max_updates,
+                  result.curve.size() > 1 ? result.curve.back().accuracy : -1, result.ingress_bytes,
+                  delay_sum / result.updates_applied});
       }
-    } else if (applied.status == server::ApplyStatus::kTooStale || applied.status == server::ApplyStatus::kOutOfBounds) {
-      result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of bounds
+    } else if (applied.status == server::ApplyStatus::kTooStale ||
+               applied.status == server::ApplyStatus::kOutOfBounds) {
+      result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of
+                                 // bounds
       if (++refused_in_a_row >= stall_after) {
         result.stalled = true;
         if (result.curve.back().updates != store.version()) evaluate(result, event.time);
@@ -272,7 +305,8 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
     events.push({event.time, event.worker, EventKind::kStartStep});
   }
   result.mean_delay = result.updates_applied ? delay_sum / result.updates_applied : 0;
-  result.mean_update_bytes = updates_received ? static_cast<double>(update_bytes_sum) / updates_received : 0;
+  result.mean_update_bytes =
+      updates_received ? static_cast<double>(update_bytes_sum) / updates_received : 0;
   result.mean_pull_bytes = pulls ? static_cast<double>(result.pull_bytes) / pulls : 0;
   if (published) result.published_lag = published->relative_lag();
 }
@@ -287,14 +321,18 @@ struct RoundArrival {
 
 // The selected workers of one round: max(1, round(fraction · workers)) of those that have not
 // left, a partial Fisher-Yates shuffle on the run's Random; in worker order.
-std::vector<int> select_clients(const std::vector<bool>& gone, double client_fraction, Random& random) {
+std::vector<int> select_clients(const std::vector<bool>& gone, double client_fraction,
+                                Random& random) {
   std::vector<int> candidates;
   for (int w = 0; w < static_cast<int>(gone.size()); ++w)
     if (!gone[w]) candidates.push_back(w);
-  const auto wanted = std::max<long>(1, std::lround(client_fraction * static_cast<double>(gone.size())));
-  const std::size_t count = std::min<std::size_t>(static_cast<std::size_t>(wanted), candidates.size());
+  const auto wanted =
+      std::max<long>(1, std::lround(client_fraction * static_cast<double>(gone.size())));
+  const std::size_t count =
+      std::min<std::size_t>(static_cast<std::size_t>(wanted), candidates.size());
   for (std::size_t i = 0; i < count; ++i) {
-    const auto j = i + static_cast<std::size_t>(random.uniform() * static_cast<double>(candidates.size() - i));
+    const auto j =
+        i + static_cast<std::size_t>(random.uniform() * static_cast<double>(candidates.size() - i));
     std::swap(candidates[i], candidates[std::min(j, candidates.size() - 1)]);
   }
   candidates.resize(count);
@@ -309,19 +347,23 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
   server::ParameterStore& store = sim.store;
   const std::size_t parameter_count = sim.model.parameter_count();
 
-  runtime::RoundInfo round_info;  // only the step rule: runtime::round_steps, as the real worker counts
+  runtime::RoundInfo
+      round_info;  // only the step rule: runtime::round_steps, as the real worker counts
   round_info.local_steps = rounds.local_steps;
   round_info.local_epochs = rounds.local_epochs;
   std::vector<std::uint64_t> steps_of(config.workers);
   double mean_steps = 0;
   for (int w = 0; w < config.workers; ++w) {
-    steps_of[w] = runtime::round_steps(round_info, sim.workers[w].sampler.shard_size(), config.batch);
+    steps_of[w] =
+        runtime::round_steps(round_info, sim.workers[w].sampler.shard_size(), config.batch);
     mean_steps += static_cast<double>(steps_of[w]) / config.workers;
   }
-  const double deadline = rounds.deadline_steps > 0 ? rounds.deadline_steps : kDefaultDeadlineFactor * mean_steps;
+  const double deadline =
+      rounds.deadline_steps > 0 ? rounds.deadline_steps : kDefaultDeadlineFactor * mean_steps;
   // How long the server waits for a selected worker: the deadline, or with wait-all the
   // server's safety limit for a worker that vanished.
-  const double close_limit = rounds.policy == RoundPolicy::kDropStragglers ? deadline : kWaitAllSafetyFactor * deadline;
+  const double close_limit =
+      rounds.policy == RoundPolicy::kDropStragglers ? deadline : kWaitAllSafetyFactor * deadline;
 
   const std::vector<bool> may_fail = failing_workers(config);
   std::vector<bool> gone(config.workers, false);
@@ -363,7 +405,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       bool crashed = false;
       for (std::uint64_t step = 0; step < steps_of[w]; ++step) {
         const double step_time = worker.speed * sim.random.log_normal(config.step_jitter);
-        if (config.failure_probability > 0 && may_fail[w] && sim.random.uniform() < config.failure_probability) {
+        if (config.failure_probability > 0 && may_fail[w] &&
+            sim.random.uniform() < config.failure_probability) {
           crashed = true;
           const double crashed_at = started + elapsed + step_time * sim.random.uniform();
           if (config.failures_permanent) {
@@ -376,10 +419,12 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         }
         elapsed += step_time;
         worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-        const runtime::BatchResult batch = sim.trainer.compute_gradient(parameters, sim.batch_pixels.data(),
-                                                                        sim.batch_labels.data(), config.batch, sim.gradient);
+        const runtime::BatchResult batch =
+            sim.trainer.compute_gradient(parameters, sim.batch_pixels.data(),
+                                         sim.batch_labels.data(), config.batch, sim.gradient);
         if (!std::isfinite(batch.loss)) continue;  // skipped, as runtime::RoundWorker does
-        for (std::size_t i = 0; i < parameter_count; ++i) parameters[i] -= rounds.local_lr * sim.gradient[i];
+        for (std::size_t i = 0; i < parameter_count; ++i)
+          parameters[i] -= rounds.local_lr * sim.gradient[i];
         examples += static_cast<std::uint64_t>(config.batch);
       }
       if (crashed) {
@@ -402,7 +447,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       update.fetched_version = store.version();  // the round number
       worker.compressor.compress(sim.gradient, update);
       auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
-      if (!encoded) throw std::logic_error("sim: encoder refused a round delta: " + encoded.error().message);
+      if (!encoded)
+        throw std::logic_error("sim: encoder refused a round delta: " + encoded.error().message);
       ready_at[w] = started + elapsed;
       arrivals.push_back({started + elapsed, w, examples, std::move(encoded).value()});
     }
@@ -415,8 +461,10 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     // new deadline. A round no selected worker can answer ends empty at its deadline (ours).
     double close = now + close_limit;
     if (!arrivals.empty()) {
-      close = now + close_limit * std::max(1.0, std::ceil((arrivals.front().time - now) / close_limit));
-      if (arrivals.size() == selected.size() && arrivals.back().time <= close) close = arrivals.back().time;
+      close =
+          now + close_limit * std::max(1.0, std::ceil((arrivals.front().time - now) / close_limit));
+      if (arrivals.size() == selected.size() && arrivals.back().time <= close)
+        close = arrivals.back().time;
     }
     count_late_bytes_until(close);
     std::vector<server::RoundDelta> deltas;
@@ -430,7 +478,9 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       }
       result.ingress_bytes += arrival.encoded.size();
       auto decoded = transport::decode_sparse_update(arrival.encoded, sim.expected);
-      if (!decoded) throw std::logic_error("sim: server refused a well-formed round delta: " + decoded.error().message);
+      if (!decoded)
+        throw std::logic_error("sim: server refused a well-formed round delta: " +
+                               decoded.error().message);
       deltas.push_back({arrival.examples, std::move(decoded).value()});
     }
     now = close;
@@ -440,7 +490,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     auto stalls = [&] {
       if (++unchanged_in_a_row < kStallRounds) return false;
       result.stalled = true;
-      if (result.curve.back().updates != store.version()) sim.evaluate(result, store.version(), now);
+      if (result.curve.back().updates != store.version())
+        sim.evaluate(result, store.version(), now);
       return true;
     };
     if (deltas.empty()) {
@@ -450,7 +501,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     }
     // server::RoundCoordinator's close: one update through the store, delay 0 (divisor 1),
     // values −server_lr·Δ/lr, so the model moves by server_lr·Δ as on the server.
-    const std::vector<float> mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rounds.aggregation);
+    const std::vector<float> mean =
+        server::aggregate_deltas(deltas, sim.tensor_sizes, rounds.aggregation);
     transport::SparseUpdate close_update;
     close_update.model_id = sim.model.layout_id();
     close_update.sequence = store.version() + 1;
@@ -476,26 +528,31 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (stalls()) break;
       continue;
     }
-    if (!applied.applied()) throw std::logic_error(std::string("sim: round close refused: ") + applied.reason);
+    if (!applied.applied())
+      throw std::logic_error(std::string("sim: round close refused: ") + applied.reason);
     unchanged_in_a_row = 0;
     result.updates_applied++;
     deltas_aggregated += deltas.size();
     bool stop = store.version() >= rounds.max_rounds;
     if (store.version() % config.eval_every == 0 || stop) {
       sim.evaluate(result, store.version(), now);
-      if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy) stop = true;
+      if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy)
+        stop = true;
     }
     if (progress) {
-      Progress p{store.version(), rounds.max_rounds, result.curve.size() > 1 ? result.curve.back().accuracy : -1,
-                 result.ingress_bytes, 0};
+      Progress p{store.version(), rounds.max_rounds,
+                 result.curve.size() > 1 ? result.curve.back().accuracy : -1, result.ingress_bytes,
+                 0};
       p.round_stragglers = result.round_stragglers;
       progress(p);
     }
     if (stop) break;
   }
-  result.mean_update_bytes = deltas_received ? static_cast<double>(delta_bytes_sum) / deltas_received : 0;
+  result.mean_update_bytes =
+      deltas_received ? static_cast<double>(delta_bytes_sum) / deltas_received : 0;
   result.mean_pull_bytes = pulls ? static_cast<double>(result.pull_bytes) / pulls : 0;
-  result.mean_round_deltas = result.updates_applied ? static_cast<double>(deltas_aggregated) / result.updates_applied : 0;
+  result.mean_round_deltas =
+      result.updates_applied ? static_cast<double>(deltas_aggregated) / result.updates_applied : 0;
 }
 
 }  // namespace
@@ -537,8 +594,9 @@ std::optional<double> SimResult::time_to(double target) const {
   return std::nullopt;
 }
 
-SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
-                         const std::string& label, const ProgressCallback& progress) {
+SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
+                         const runtime::Dataset& test, const std::string& label,
+                         const ProgressCallback& progress) {
   check_sim_config(config);
   const auto wall_start = std::chrono::steady_clock::now();
   Simulation sim(config, train, test);
@@ -549,7 +607,8 @@ SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
   } else {
     run_async(sim, result, progress);
   }
-  result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
+  result.wall_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_start).count();
   result.final_parameters.assign(sim.store.parameters().begin(), sim.store.parameters().end());
   return result;
 }

@@ -49,7 +49,8 @@ namespace edgetrain::sim {
 
 enum class SimMode { kAsync, kRounds };
 const char* sim_mode_name(SimMode mode);
-SimMode parse_sim_mode(const std::string& name);  // "async" | "rounds"; std::invalid_argument otherwise
+SimMode parse_sim_mode(
+    const std::string& name);  // "async" | "rounds"; std::invalid_argument otherwise
 
 // The server's round policies (server/round_aggregation.h), the same enum and names; wait-all
 // still closes a round kWaitAllSafetyFactor deadlines after it opened (a selected worker that
@@ -65,18 +66,19 @@ inline constexpr double kDefaultDeadlineFactor = 1.5;
 
 // Federated rounds (SimMode::kRounds). Time is in mean step times, as everywhere here.
 struct RoundsConfig {
-  std::uint32_t local_steps = 10;   // minibatches a selected worker trains per round
-  std::uint32_t local_epochs = 0;   // > 0: passes over the worker's shard instead (runtime::round_steps)
-  float local_lr = 0.05f;           // the worker's plain SGD step (runtime::RoundWorkerConfig::lr)
-  float server_lr = 1.0f;           // the model moves by server_lr × the aggregated delta
+  std::uint32_t local_steps = 10;  // minibatches a selected worker trains per round
+  std::uint32_t local_epochs =
+      0;                   // > 0: passes over the worker's shard instead (runtime::round_steps)
+  float local_lr = 0.05f;  // the worker's plain SGD step (runtime::RoundWorkerConfig::lr)
+  float server_lr = 1.0f;  // the model moves by server_lr × the aggregated delta
   // Workers selected per round: max(1, round(client_fraction · workers)), a seeded draw
   // without replacement among the workers that have not left (ours: the server draws each
   // device with probability client_fraction instead; the count here is FedAvg's C·K).
   double client_fraction = 1.0;
   server::Aggregation aggregation = server::Aggregation::kMasked;
   RoundPolicy policy = RoundPolicy::kDropStragglers;  // the server's default
-  double deadline_steps = 0;        // 0: kDefaultDeadlineFactor × local steps
-  std::uint64_t max_rounds = 50;    // rounds closed (model versions) before the run ends
+  double deadline_steps = 0;                          // 0: kDefaultDeadlineFactor × local steps
+  std::uint64_t max_rounds = 50;  // rounds closed (model versions) before the run ends
 };
 
 struct SimConfig {
@@ -86,13 +88,15 @@ struct SimConfig {
   int workers = 10;
   int batch = 10;
   float learning_rate = 0.1f;
-  runtime::CompressorOptions compressor;  // default: the paper's top-k, c = 0.01; its value_encoding is the wire's
+  runtime::CompressorOptions
+      compressor;  // default: the paper's top-k, c = 0.01; its value_encoding is the wire's
   server::StalenessRule staleness_rule = server::StalenessRule::kPerParameterSigma;
-  std::uint32_t max_staleness = server::kDefaultMaxStaleness;  // D: older updates are refused, the worker re-pulls
-  bool label_skewed = false;          // shards: i.i.d. (default) or label-skewed
+  std::uint32_t max_staleness =
+      server::kDefaultMaxStaleness;  // D: older updates are refused, the worker re-pulls
+  bool label_skewed = false;         // shards: i.i.d. (default) or label-skewed
   runtime::LabelSkew skew;
-  double speed_spread = 0.5;   // sigma of the log-normal per-worker speed factor (0: identical)
-  double step_jitter = 0.1;    // sigma of the log-normal per-step jitter
+  double speed_spread = 0.5;       // sigma of the log-normal per-worker speed factor (0: identical)
+  double step_jitter = 0.1;        // sigma of the log-normal per-step jitter
   double failure_probability = 0;  // per step: the worker crashes and loses this update
   double downtime_steps = 10;      // mean downtime after a crash, in step times
   // Which workers can fail at all: a seeded choice of round(failing_fraction · workers) of
@@ -100,9 +104,10 @@ struct SimConfig {
   double failing_fraction = 1;
   // A worker that fails leaves for good instead of coming back after its downtime.
   bool failures_permanent = false;
-  std::uint64_t max_updates = 2000;      // updates applied by the server
-  std::uint64_t eval_every = 100;        // applied updates (rounds closed, in rounds mode) between evaluations
-  std::size_t eval_examples = 0;         // 0: the whole test set
+  std::uint64_t max_updates = 2000;  // updates applied by the server
+  std::uint64_t eval_every =
+      100;  // applied updates (rounds closed, in rounds mode) between evaluations
+  std::size_t eval_examples = 0;           // 0: the whole test set
   std::optional<double> stop_at_accuracy;  // stop once the test accuracy reaches this
   std::uint64_t seed = 1;
   int threads = 1;  // compute threads for the trainer's kernels
@@ -135,9 +140,10 @@ struct SimResult {
   std::string label;
   std::vector<EvalPoint> curve;
   std::uint64_t updates_applied = 0;
-  std::uint64_t updates_refused = 0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
-  std::uint64_t updates_lost = 0;     // worker crashed mid-step
-  std::uint64_t workers_left = 0;     // failed for good (SimConfig::failures_permanent)
+  std::uint64_t updates_refused =
+      0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
+  std::uint64_t updates_lost = 0;  // worker crashed mid-step
+  std::uint64_t workers_left = 0;  // failed for good (SimConfig::failures_permanent)
   // The run stopped before its budget because the server refused every update for a long
   // while (kStallArrivals): a diverged model whose updates all hit the parameter bound, or
   // workers all beyond the staleness bound. The curve ends with an evaluation at the stop.
@@ -146,12 +152,13 @@ struct SimResult {
   // updates_refused closes the store refused, updates_lost the deltas of selected workers
   // that crashed during their local training.
   std::uint64_t round_stragglers = 0;  // deltas that arrived after their round closed (dropped)
-  std::uint64_t empty_rounds = 0;      // rounds that ended with no delta (every selected worker crashed)
-  double mean_round_deltas = 0;        // deltas aggregated per closed round
-  double virtual_time = 0;             // at the end of the run, in mean step times
+  std::uint64_t empty_rounds =
+      0;                         // rounds that ended with no delta (every selected worker crashed)
+  double mean_round_deltas = 0;  // deltas aggregated per closed round
+  double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;
-  double mean_delay = 0;   // t − t_fetch over applied updates
+  double mean_delay = 0;  // t − t_fetch over applied updates
   std::uint64_t max_delay = 0;
   double mean_update_bytes = 0;
   double mean_pull_bytes = 0;
@@ -189,7 +196,8 @@ void check_sim_config(const SimConfig& config);
 
 // Runs one simulation. Throws std::invalid_argument on a bad configuration and
 // runtime::ModelError if the model does not fit the data.
-SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train, const runtime::Dataset& test,
-                         const std::string& label, const ProgressCallback& progress = {});
+SimResult run_simulation(const SimConfig& config, const runtime::Dataset& train,
+                         const runtime::Dataset& test, const std::string& label,
+                         const ProgressCallback& progress = {});
 
 }  // namespace edgetrain::sim

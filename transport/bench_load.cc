@@ -19,7 +19,8 @@
 
 // ---- datagram counting through the linker's --wrap (see CMakeLists.txt) -----------------
 namespace {
-std::atomic<std::uint64_t> g_sent_datagrams{0}, g_sent_bytes{0}, g_received_datagrams{0}, g_received_bytes{0};
+std::atomic<std::uint64_t> g_sent_datagrams{0}, g_sent_bytes{0}, g_received_datagrams{0},
+    g_received_bytes{0};
 
 void count_sent(ssize_t bytes) {
   if (bytes < 0) return;
@@ -61,8 +62,9 @@ DatagramCounts DatagramCounts::operator-(const DatagramCounts& earlier) const {
 
 DatagramCounts datagram_counts() {
   const transport::detail::SendTotals sent_by_sendmsg = transport::detail::sendmsg_totals();
-  return {g_sent_datagrams.load() + sent_by_sendmsg.datagrams, g_sent_bytes.load() + sent_by_sendmsg.bytes,
-          g_received_datagrams.load(), g_received_bytes.load()};
+  return {g_sent_datagrams.load() + sent_by_sendmsg.datagrams,
+          g_sent_bytes.load() + sent_by_sendmsg.bytes, g_received_datagrams.load(),
+          g_received_bytes.load()};
 }
 
 namespace {
@@ -86,7 +88,9 @@ void process_io(coap_context_t* context, int timeout_ms) {
   coap_tick_t now;
   coap_ticks(&now);
   const unsigned int libcoap_timeout = coap_io_prepare_epoll(context, now);
-  const int wait = libcoap_timeout == 0 ? timeout_ms : std::min<int>(static_cast<int>(libcoap_timeout), timeout_ms);
+  const int wait = libcoap_timeout == 0
+                       ? timeout_ms
+                       : std::min<int>(static_cast<int>(libcoap_timeout), timeout_ms);
   epoll_event ready[256];
   const int count = epoll_wait(fd, ready, 256, wait);
   coap_io_do_epoll(context, ready, count > 0 ? static_cast<std::size_t>(count) : 0);
@@ -148,7 +152,8 @@ class LoadRunner {
   void establish_sessions() {
     const DatagramCounts before = datagram_counts();
     const auto started = Clock::now();
-    const auto deadline = started + std::chrono::duration<double>(options_.handshake_budget_seconds);
+    const auto deadline =
+        started + std::chrono::duration<double>(options_.handshake_budget_seconds);
     std::size_t next = 0;
     while (report_.sessions_established + report_.sessions_failed < devices_.size()) {
       while (next < devices_.size() && handshakes_in_flight_ < options_.max_handshakes_in_flight) {
@@ -164,12 +169,14 @@ class LoadRunner {
             coap_session_get_state(device.session) == COAP_SESSION_STATE_ESTABLISHED)
           mark_established(device);
       }
-      while (first_handshaking_ < next && devices_[first_handshaking_]->state != DeviceSession::State::kHandshake)
+      while (first_handshaking_ < next &&
+             devices_[first_handshaking_]->state != DeviceSession::State::kHandshake)
         ++first_handshaking_;
     }
     // Whatever is still half-open after the budget counts as failed.
     for (auto& device : devices_) {
-      if (device->state == DeviceSession::State::kHandshake || device->state == DeviceSession::State::kNotStarted) {
+      if (device->state == DeviceSession::State::kHandshake ||
+          device->state == DeviceSession::State::kNotStarted) {
         device->state = DeviceSession::State::kFailed;
         ++report_.sessions_failed;
       }
@@ -190,7 +197,8 @@ class LoadRunner {
     // The ClientHello goes out here; COAP_EVENT_DTLS_CONNECTED reports the end.
     device.state = DeviceSession::State::kHandshake;
     ++handshakes_in_flight_;
-    device.session = coap_new_client_session_psk2(context_, nullptr, &server_address_, COAP_PROTO_DTLS, &psk);
+    device.session =
+        coap_new_client_session_psk2(context_, nullptr, &server_address_, COAP_PROTO_DTLS, &psk);
     if (!device.session) {
       fail(device);
       return;
@@ -249,7 +257,8 @@ class LoadRunner {
     auto* owned = new std::vector<std::uint8_t>(std::move(body));
     device.body_bytes = owned->size();
     // libcoap owns `owned` from here on (release_payload), whether or not the call succeeds.
-    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(), release_payload, owned)) {
+    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(),
+                                     release_payload, owned)) {
       coap_delete_pdu(pdu);
       fail(device);
       return false;
@@ -297,8 +306,8 @@ class LoadRunner {
     device.state = DeviceSession::State::kFailed;
   }
 
-  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*, const coap_pdu_t* received,
-                                     const coap_mid_t) {
+  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*,
+                                     const coap_pdu_t* received, const coap_mid_t) {
     DeviceSession* device = of(session);
     if (!device || device->state != DeviceSession::State::kPosting) return COAP_RESPONSE_OK;
     const coap_bin_const_t token = coap_pdu_get_token(received);
@@ -326,7 +335,8 @@ class LoadRunner {
     return COAP_RESPONSE_OK;
   }
 
-  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t, const coap_mid_t) {
+  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t,
+                      const coap_mid_t) {
     DeviceSession* device = of(session);
     if (!device || device->state != DeviceSession::State::kPosting) return;
     LoadRunner& self = *device->runner;
@@ -348,7 +358,8 @@ class LoadRunner {
     LoadRunner& self = *device->runner;
     if (event == COAP_EVENT_DTLS_CONNECTED && device->state == DeviceSession::State::kHandshake) {
       self.mark_established(*device);
-    } else if (event == COAP_EVENT_DTLS_ERROR || event == COAP_EVENT_DTLS_CLOSED || event == COAP_EVENT_SESSION_FAILED) {
+    } else if (event == COAP_EVENT_DTLS_ERROR || event == COAP_EVENT_DTLS_CLOSED ||
+               event == COAP_EVENT_SESSION_FAILED) {
       self.fail(*device);
     }
     return 0;

@@ -62,12 +62,12 @@ struct UpdateLoadReport {
   std::size_t sessions_failed = 0;
   double handshake_seconds = 0;  // until every session was established or had failed
   DatagramCounts handshake_traffic;
-  std::uint64_t posts_acknowledged = 0;  // answered 2.xx
+  std::uint64_t posts_acknowledged = 0;                // answered 2.xx
   std::map<int, std::uint64_t> posts_refused_by_code;  // answered 4.xx / 5.xx
-  std::uint64_t posts_unanswered = 0;  // retransmissions exhausted, session lost
+  std::uint64_t posts_unanswered = 0;                  // retransmissions exhausted, session lost
   std::uint64_t acknowledged_body_bytes = 0;
   std::uint64_t posted_body_bytes = 0;  // every body handed to libcoap, answered or not
-  double post_seconds = 0;  // first post sent until the last answer arrived
+  double post_seconds = 0;              // first post sent until the last answer arrived
   DatagramCounts post_traffic;
 };
 

@@ -21,10 +21,14 @@ namespace {
 
 coap_pdu_code_t to_request_code(Method method) {
   switch (method) {
-    case Method::kGet: return COAP_REQUEST_CODE_GET;
-    case Method::kPost: return COAP_REQUEST_CODE_POST;
-    case Method::kPut: return COAP_REQUEST_CODE_PUT;
-    case Method::kDelete: return COAP_REQUEST_CODE_DELETE;
+    case Method::kGet:
+      return COAP_REQUEST_CODE_GET;
+    case Method::kPost:
+      return COAP_REQUEST_CODE_POST;
+    case Method::kPut:
+      return COAP_REQUEST_CODE_PUT;
+    case Method::kDelete:
+      return COAP_REQUEST_CODE_DELETE;
   }
   return COAP_REQUEST_CODE_GET;
 }
@@ -48,10 +52,14 @@ std::vector<std::string> split_path(const std::string& path) {
 
 const char* method_name(Method method) {
   switch (method) {
-    case Method::kGet: return "GET";
-    case Method::kPost: return "POST";
-    case Method::kPut: return "PUT";
-    case Method::kDelete: return "DELETE";
+    case Method::kGet:
+      return "GET";
+    case Method::kPost:
+      return "POST";
+    case Method::kPut:
+      return "PUT";
+    case Method::kDelete:
+      return "DELETE";
   }
   return "GET";
 }
@@ -59,32 +67,52 @@ const char* method_name(Method method) {
 // The TLS alerts a DTLS 1.2 server sends when it refuses a handshake (RFC 5246 7.2, RFC 4279).
 std::string alert_name(int alert) {
   switch (alert) {
-    case MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE: return "unexpected_message";
-    case MBEDTLS_SSL_ALERT_MSG_BAD_RECORD_MAC: return "bad_record_mac";
-    case MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE: return "handshake_failure";
-    case MBEDTLS_SSL_ALERT_MSG_BAD_CERT: return "bad_certificate";
-    case MBEDTLS_SSL_ALERT_MSG_UNSUPPORTED_CERT: return "unsupported_certificate";
-    case MBEDTLS_SSL_ALERT_MSG_CERT_REVOKED: return "certificate_revoked";
-    case MBEDTLS_SSL_ALERT_MSG_CERT_EXPIRED: return "certificate_expired";
-    case MBEDTLS_SSL_ALERT_MSG_CERT_UNKNOWN: return "certificate_unknown";
-    case MBEDTLS_SSL_ALERT_MSG_ILLEGAL_PARAMETER: return "illegal_parameter";
-    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_CA: return "unknown_ca";
-    case MBEDTLS_SSL_ALERT_MSG_ACCESS_DENIED: return "access_denied";
-    case MBEDTLS_SSL_ALERT_MSG_DECODE_ERROR: return "decode_error";
-    case MBEDTLS_SSL_ALERT_MSG_DECRYPT_ERROR: return "decrypt_error";
-    case MBEDTLS_SSL_ALERT_MSG_PROTOCOL_VERSION: return "protocol_version";
-    case MBEDTLS_SSL_ALERT_MSG_INSUFFICIENT_SECURITY: return "insufficient_security";
-    case MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR: return "internal_error";
-    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_PSK_IDENTITY: return "unknown_psk_identity";
-    default: return "alert " + std::to_string(alert);
+    case MBEDTLS_SSL_ALERT_MSG_UNEXPECTED_MESSAGE:
+      return "unexpected_message";
+    case MBEDTLS_SSL_ALERT_MSG_BAD_RECORD_MAC:
+      return "bad_record_mac";
+    case MBEDTLS_SSL_ALERT_MSG_HANDSHAKE_FAILURE:
+      return "handshake_failure";
+    case MBEDTLS_SSL_ALERT_MSG_BAD_CERT:
+      return "bad_certificate";
+    case MBEDTLS_SSL_ALERT_MSG_UNSUPPORTED_CERT:
+      return "unsupported_certificate";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_REVOKED:
+      return "certificate_revoked";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_EXPIRED:
+      return "certificate_expired";
+    case MBEDTLS_SSL_ALERT_MSG_CERT_UNKNOWN:
+      return "certificate_unknown";
+    case MBEDTLS_SSL_ALERT_MSG_ILLEGAL_PARAMETER:
+      return "illegal_parameter";
+    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_CA:
+      return "unknown_ca";
+    case MBEDTLS_SSL_ALERT_MSG_ACCESS_DENIED:
+      return "access_denied";
+    case MBEDTLS_SSL_ALERT_MSG_DECODE_ERROR:
+      return "decode_error";
+    case MBEDTLS_SSL_ALERT_MSG_DECRYPT_ERROR:
+      return "decrypt_error";
+    case MBEDTLS_SSL_ALERT_MSG_PROTOCOL_VERSION:
+      return "protocol_version";
+    case MBEDTLS_SSL_ALERT_MSG_INSUFFICIENT_SECURITY:
+      return "insufficient_security";
+    case MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR:
+      return "internal_error";
+    case MBEDTLS_SSL_ALERT_MSG_UNKNOWN_PSK_IDENTITY:
+      return "unknown_psk_identity";
+    default:
+      return "alert " + std::to_string(alert);
   }
 }
 
 // "127.0.0.1:5684", or "server.lan (192.0.2.7):5684" when the name is not the address.
-std::string address_text(const std::string& host, std::uint16_t port, const coap_address_t& resolved) {
+std::string address_text(const std::string& host, std::uint16_t port,
+                         const coap_address_t& resolved) {
   char numeric[NI_MAXHOST] = "";
   std::string shown = host;
-  if (getnameinfo(&resolved.addr.sa, resolved.size, numeric, sizeof numeric, nullptr, 0, NI_NUMERICHOST) == 0 &&
+  if (getnameinfo(&resolved.addr.sa, resolved.size, numeric, sizeof numeric, nullptr, 0,
+                  NI_NUMERICHOST) == 0 &&
       host != numeric) {
     shown += std::string(" (") + numeric + ")";
   }
@@ -96,14 +124,22 @@ std::string address_text(const std::string& host, std::uint16_t port, const coap
 
 const char* transport_failure_name(TransportFailure failure) {
   switch (failure) {
-    case TransportFailure::kOther: return "other";
-    case TransportFailure::kNoAnswer: return "no answer";
-    case TransportFailure::kUnreachable: return "unreachable";
-    case TransportFailure::kHandshakeRefused: return "handshake refused";
-    case TransportFailure::kUnknownIdentity: return "unknown identity";
-    case TransportFailure::kTimedOut: return "timed out";
-    case TransportFailure::kSessionLost: return "session lost";
-    case TransportFailure::kInterrupted: return "interrupted";
+    case TransportFailure::kOther:
+      return "other";
+    case TransportFailure::kNoAnswer:
+      return "no answer";
+    case TransportFailure::kUnreachable:
+      return "unreachable";
+    case TransportFailure::kHandshakeRefused:
+      return "handshake refused";
+    case TransportFailure::kUnknownIdentity:
+      return "unknown identity";
+    case TransportFailure::kTimedOut:
+      return "timed out";
+    case TransportFailure::kSessionLost:
+      return "session lost";
+    case TransportFailure::kInterrupted:
+      return "interrupted";
   }
   return "other";
 }
@@ -113,10 +149,11 @@ struct CoapDtlsClient::Impl {
   coap_context_t* context = nullptr;
   coap_session_t* session = nullptr;
   coap_address_t server_address{};
-  std::string server_text;          // "HOST:PORT" for messages (address_text)
+  std::string server_text;  // "HOST:PORT" for messages (address_text)
   std::uint64_t sessions_started = 0;
-  std::uint64_t reconnections = 0;  // fresh sessions started inside a request, after a reused one failed
-  bool session_answered = false;    // the current session carried a complete exchange
+  std::uint64_t reconnections =
+      0;  // fresh sessions started inside a request, after a reused one failed
+  bool session_answered = false;        // the current session carried a complete exchange
   detail::HandshakeProgress handshake;  // of the current session (handshake_watch.h)
   bool dtls_closed = false;             // libcoap freed the current session's DTLS state
 
@@ -134,20 +171,25 @@ struct CoapDtlsClient::Impl {
   }
 
   // Whether this session ever got anything back from the server.
-  bool heard_from_server() const { return session_answered || handshake.heard_from_server || handshake.completed; }
+  bool heard_from_server() const {
+    return session_answered || handshake.heard_from_server || handshake.completed;
+  }
 
   // After ICMP came back for a datagram (`error`: errno of the read that reported it).
   void fail_unreachable(int error) {
     if (error == ECONNREFUSED) {
       fail(TransportFailure::kUnreachable, "nothing listens on " + server_text +
-           " (its host answered 'port unreachable'): is edgetrain-server running there, on that port?");
+                                               " (its host answered 'port unreachable'): is "
+                                               "edgetrain-server running there, on that port?");
     } else if (error == EHOSTUNREACH) {
-      fail(TransportFailure::kUnreachable, "no route to " + server_text +
-           " (ICMP 'host unreachable'): a wrong address, or the host is down?");
+      fail(TransportFailure::kUnreachable,
+           "no route to " + server_text +
+               " (ICMP 'host unreachable'): a wrong address, or the host is down?");
     } else {
       // libcoap reports only those two; errno was lost on the way.
       fail(TransportFailure::kUnreachable, "nothing listens on " + server_text +
-           ", or there is no route to it (an ICMP error came back): is edgetrain-server running there?");
+                                               ", or there is no route to it (an ICMP error came "
+                                               "back): is edgetrain-server running there?");
     }
   }
 
@@ -155,14 +197,17 @@ struct CoapDtlsClient::Impl {
   void fail_silent(const std::string& when) {
     if (!heard_from_server()) {
       fail(TransportFailure::kNoAnswer, "no answer from " + server_text + " " + when +
-           ": nothing came back (is edgetrain-server running there, and does every firewall on the way let UDP "
-           "through to that port?)");
+                                            ": nothing came back (is edgetrain-server running "
+                                            "there, and does every firewall on the way let UDP "
+                                            "through to that port?)");
     } else if (!options.plaintext && !handshake.completed) {
-      fail(TransportFailure::kTimedOut, "the DTLS handshake with " + server_text + " began but the server went silent " +
-           when + " (a lossy link, or a server that is overloaded or went away?)");
+      fail(TransportFailure::kTimedOut,
+           "the DTLS handshake with " + server_text + " began but the server went silent " + when +
+               " (a lossy link, or a server that is overloaded or went away?)");
     } else {
-      fail(TransportFailure::kTimedOut, "no answer from " + server_text + " " + when + " (the server answered before: "
-           "gone away, overloaded, or a lossy link?)");
+      fail(TransportFailure::kTimedOut, "no answer from " + server_text + " " + when +
+                                            " (the server answered before: "
+                                            "gone away, overloaded, or a lossy link?)");
     }
   }
 
@@ -170,42 +215,56 @@ struct CoapDtlsClient::Impl {
   // watch saw of it.
   void fail_dtls() {
     if (handshake.completed) {
-      fail(TransportFailure::kSessionLost, "the DTLS session with " + server_text + " was closed by the server");
+      fail(TransportFailure::kSessionLost,
+           "the DTLS session with " + server_text + " was closed by the server");
       return;
     }
-    const std::string who = options.certificates ? "this certificate" : "identity '" + escape_untrusted(options.psk.identity) + "'";
+    const std::string who = options.certificates
+                                ? "this certificate"
+                                : "identity '" + escape_untrusted(options.psk.identity) + "'";
     if (handshake.alert == MBEDTLS_SSL_ALERT_MSG_UNKNOWN_PSK_IDENTITY) {
-      fail(TransportFailure::kUnknownIdentity, "the server at " + server_text + " does not know the PSK " + who +
-           " (it refused the DTLS handshake with alert unknown_psk_identity): add the device on the server "
-           "(edgetrain-server add-device NAME), or give the identity it was added with");
+      fail(TransportFailure::kUnknownIdentity,
+           "the server at " + server_text + " does not know the PSK " + who +
+               " (it refused the DTLS handshake with alert unknown_psk_identity): add the device "
+               "on the server "
+               "(edgetrain-server add-device NAME), or give the identity it was added with");
     } else if (handshake.alert == MBEDTLS_SSL_ALERT_MSG_INTERNAL_ERROR) {
       // The server's trouble, not our credentials: worth another try later.
-      fail(TransportFailure::kOther, "the server at " + server_text +
-           " ended the DTLS handshake with alert internal_error (trouble on the server's side)");
+      fail(
+          TransportFailure::kOther,
+          "the server at " + server_text +
+              " ended the DTLS handshake with alert internal_error (trouble on the server's side)");
     } else if (handshake.alert >= 0) {
-      const std::string hint = options.certificates
-          ? "the server does not accept this certificate (not signed by the CA it trusts?)"
-          : "wrong key for " + who + " (not the key the server holds for it?)";
-      fail(TransportFailure::kHandshakeRefused, "the server at " + server_text + " refused the DTLS handshake (alert " +
-           alert_name(handshake.alert) + "): " + hint);
+      const std::string hint =
+          options.certificates
+              ? "the server does not accept this certificate (not signed by the CA it trusts?)"
+              : "wrong key for " + who + " (not the key the server holds for it?)";
+      fail(TransportFailure::kHandshakeRefused, "the server at " + server_text +
+                                                    " refused the DTLS handshake (alert " +
+                                                    alert_name(handshake.alert) + "): " + hint);
     } else if (handshake.wrong_peer_name) {
-      fail(TransportFailure::kHandshakeRefused, "the server at " + server_text + " showed a certificate for '" +
-           escape_untrusted(*handshake.wrong_peer_name) + "', not for '" + escape_untrusted(options.expected_peer_name) +
-           "' (another peer at that address?)");
+      fail(TransportFailure::kHandshakeRefused,
+           "the server at " + server_text + " showed a certificate for '" +
+               escape_untrusted(*handshake.wrong_peer_name) + "', not for '" +
+               escape_untrusted(options.expected_peer_name) + "' (another peer at that address?)");
     } else if (handshake.local_error != 0) {
       char text[160];
       mbedtls_strerror(handshake.local_error, text, sizeof text);
-      fail(TransportFailure::kHandshakeRefused, "this side refused the DTLS handshake with " + server_text + " (" +
-           text + ")" + (options.certificates ? ": is the server's certificate signed by the --ca file?" : ""));
+      fail(TransportFailure::kHandshakeRefused,
+           "this side refused the DTLS handshake with " + server_text + " (" + text + ")" +
+               (options.certificates ? ": is the server's certificate signed by the --ca file?"
+                                     : ""));
     } else {
       fail_silent("during the DTLS handshake");
     }
   }
 
-  static Impl* of(coap_session_t* session) { return static_cast<Impl*>(coap_session_get_app_data(session)); }
+  static Impl* of(coap_session_t* session) {
+    return static_cast<Impl*>(coap_session_get_app_data(session));
+  }
 
-  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*, const coap_pdu_t* received,
-                                     const coap_mid_t) {
+  static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*,
+                                     const coap_pdu_t* received, const coap_mid_t) {
     Impl* self = of(session);
     if (!self) return COAP_RESPONSE_OK;
     coap_bin_const_t token = coap_pdu_get_token(received);
@@ -228,17 +287,31 @@ struct CoapDtlsClient::Impl {
     return COAP_RESPONSE_OK;
   }
 
-  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason, const coap_mid_t) {
-    const int error = errno;  // after an ICMP error: the failed read's (libcoap frees, logs nothing between)
+  static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason,
+                      const coap_mid_t) {
+    const int error =
+        errno;  // after an ICMP error: the failed read's (libcoap frees, logs nothing between)
     Impl* self = of(session);
     if (!self || self->done) return;
     switch (reason) {
-      case COAP_NACK_TOO_MANY_RETRIES: self->fail_silent("after every retransmission"); break;
-      case COAP_NACK_NOT_DELIVERABLE: self->fail(TransportFailure::kOther, "request not deliverable"); break;
-      case COAP_NACK_RST: self->fail(TransportFailure::kOther, "the server reset the exchange (CoAP RST)"); break;
-      case COAP_NACK_TLS_FAILED: self->fail_dtls(); break;
-      case COAP_NACK_ICMP_ISSUE: self->fail_unreachable(error); break;
-      default: self->fail(TransportFailure::kOther, "network error"); break;
+      case COAP_NACK_TOO_MANY_RETRIES:
+        self->fail_silent("after every retransmission");
+        break;
+      case COAP_NACK_NOT_DELIVERABLE:
+        self->fail(TransportFailure::kOther, "request not deliverable");
+        break;
+      case COAP_NACK_RST:
+        self->fail(TransportFailure::kOther, "the server reset the exchange (CoAP RST)");
+        break;
+      case COAP_NACK_TLS_FAILED:
+        self->fail_dtls();
+        break;
+      case COAP_NACK_ICMP_ISSUE:
+        self->fail_unreachable(error);
+        break;
+      default:
+        self->fail(TransportFailure::kOther, "network error");
+        break;
     }
   }
 
@@ -273,7 +346,8 @@ struct CoapDtlsClient::Impl {
       session = coap_new_client_session(context, nullptr, &server_address, COAP_PROTO_UDP);
     } else if (options.certificates) {
       coap_dtls_pki_t pki = pki_setup(*options.certificates);
-      session = coap_new_client_session_pki(context, nullptr, &server_address, COAP_PROTO_DTLS, &pki);
+      session =
+          coap_new_client_session_pki(context, nullptr, &server_address, COAP_PROTO_DTLS, &pki);
     } else {
       coap_dtls_cpsk_t psk{};
       psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
@@ -281,11 +355,12 @@ struct CoapDtlsClient::Impl {
       psk.psk_info.identity.length = options.psk.identity.size();
       psk.psk_info.key.s = options.psk.key.data();
       psk.psk_info.key.length = options.psk.key.size();
-      session = coap_new_client_session_psk2(context, nullptr, &server_address, COAP_PROTO_DTLS, &psk);
+      session =
+          coap_new_client_session_psk2(context, nullptr, &server_address, COAP_PROTO_DTLS, &psk);
     }
     if (!session) {
-      throw TransportError(std::string("cannot create a ") + (options.plaintext ? "CoAP" : "DTLS") + " session to " +
-                           options.host);
+      throw TransportError(std::string("cannot create a ") + (options.plaintext ? "CoAP" : "DTLS") +
+                           " session to " + options.host);
     }
     ++sessions_started;
     coap_session_set_app_data(session, this);
@@ -309,12 +384,14 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
   } else if (!options.plaintext && (options.psk.identity.empty() || options.psk.key.empty())) {
     throw TransportError("a DTLS-PSK client needs an identity and a key");
   } else if (!options.plaintext && options.psk.key.size() > kMaxPskBytes) {
-    throw TransportError("the PSK is " + std::to_string(options.psk.key.size()) + " bytes; Mbed TLS takes at most " +
-                         std::to_string(kMaxPskBytes) + " (MBEDTLS_PSK_MAX_LEN): every handshake would fail");
+    throw TransportError("the PSK is " + std::to_string(options.psk.key.size()) +
+                         " bytes; Mbed TLS takes at most " + std::to_string(kMaxPskBytes) +
+                         " (MBEDTLS_PSK_MAX_LEN): every handshake would fail");
   }
   impl_->options = std::move(options);
   impl_->server_address = resolve_udp_address(impl_->options.host, impl_->options.port);
-  impl_->server_text = address_text(impl_->options.host, impl_->options.port, impl_->server_address);
+  impl_->server_text =
+      address_text(impl_->options.host, impl_->options.port, impl_->server_address);
   impl_->context = coap_new_context(nullptr);
   if (!impl_->context) throw TransportError("coap_new_context failed");
   coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
@@ -328,9 +405,11 @@ CoapDtlsClient::~CoapDtlsClient() {
   if (impl_->context) coap_free_context(impl_->context);
 }
 
-CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std::span<const std::uint8_t> payload) {
+CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
+                                     std::span<const std::uint8_t> payload) {
   Impl& s = *impl_;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
   auto send = [&] {
     if (!s.session) s.connect();
     coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
@@ -342,7 +421,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
     s.token.assign(token, token + token_length);
     const std::size_t question_mark = path.find('?');
     for (const std::string& segment : split_path(path.substr(0, question_mark))) {
-      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(), reinterpret_cast<const uint8_t*>(segment.data()));
+      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(),
+                      reinterpret_cast<const uint8_t*>(segment.data()));
     }
     if (question_mark != std::string::npos) {
       const std::string query = path.substr(question_mark + 1);
@@ -350,17 +430,20 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
         std::size_t end = query.find('&', start);
         if (end == std::string::npos) end = query.size();
         if (end > start)
-          coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start, reinterpret_cast<const uint8_t*>(query.data() + start));
+          coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start,
+                          reinterpret_cast<const uint8_t*>(query.data() + start));
         start = end + 1;
       }
     }
     if (s.options.plaintext && !s.options.psk.identity.empty()) {
       const std::string declared = "id=" + s.options.psk.identity;
-      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(), reinterpret_cast<const uint8_t*>(declared.data()));
+      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(),
+                      reinterpret_cast<const uint8_t*>(declared.data()));
     }
     if (!payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
-      if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload, body)) {
+      if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload,
+                                       body)) {
         coap_delete_pdu(pdu);
         throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
       }
@@ -381,7 +464,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
         s.fail(TransportFailure::kInterrupted, "interrupted: the worker is stopping");
         return false;
       }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         s.fail_silent("within " + std::to_string(s.options.timeout_ms) + " ms");
         return false;  // no time left for anything else
@@ -394,8 +478,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
   auto pause_unless_stopped = [&](std::chrono::milliseconds pause) {
     const auto until = std::chrono::steady_clock::now() + pause;
     while (!s.stop_requested() && std::chrono::steady_clock::now() < until) {
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(50),
-                                                                                until - std::chrono::steady_clock::now()));
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+          std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
     }
     return !s.stop_requested();
   };
@@ -424,7 +508,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path, std
   if (!s.done && reused_session && time_left) {
     const std::string first_failure = s.failure;
     s.drop_session();
-    std::minstd_rand jitter(static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
+    std::minstd_rand jitter(
+        static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
     const auto pause = std::chrono::milliseconds(100 + jitter() % 200);
     if (std::chrono::steady_clock::now() + pause < deadline) {
       if (pause_unless_stopped(pause)) {

@@ -27,10 +27,10 @@ namespace edgetrain::transport {
 // between retrying later (the server is away) and giving up (a wrong key will not become
 // right). The message of the TransportError says the same in words a person acts on.
 enum class TransportFailure {
-  kOther,             // set-up failures and the rest: a send that failed, a reset exchange
-  kNoAnswer,          // nothing came back from the server's address, not even a DTLS record: a
-                      // firewall dropping the datagrams, a wrong address, a host that is down
-  kUnreachable,       // an ICMP error came back: nothing listens on that port, or no route to the host
+  kOther,        // set-up failures and the rest: a send that failed, a reset exchange
+  kNoAnswer,     // nothing came back from the server's address, not even a DTLS record: a
+                 // firewall dropping the datagrams, a wrong address, a host that is down
+  kUnreachable,  // an ICMP error came back: nothing listens on that port, or no route to the host
   kHandshakeRefused,  // the DTLS handshake was refused: the server sent a fatal alert (a wrong
                       // key, a certificate it does not accept), or this side refused the
                       // server's certificate
@@ -47,7 +47,8 @@ const char* transport_failure_name(TransportFailure failure);  // "no answer", "
 // a CoapResponse with that code.
 class TransportError : public std::runtime_error {
  public:
-  explicit TransportError(const std::string& what, TransportFailure failure = TransportFailure::kOther)
+  explicit TransportError(const std::string& what,
+                          TransportFailure failure = TransportFailure::kOther)
       : std::runtime_error(what), failure_(failure) {}
   TransportFailure failure() const { return failure_; }
 
@@ -119,7 +120,8 @@ enum class PeerAuthentication {
   kPsk,          // DTLS-PSK: `identity` is the PSK identity
   kCertificate,  // DTLS with X.509: `identity` is the subject CN of the peer's certificate
 };
-const char* peer_authentication_name(PeerAuthentication authentication);  // "none", "psk", "certificate"
+const char* peer_authentication_name(
+    PeerAuthentication authentication);  // "none", "psk", "certificate"
 
 // PEM files for DTLS with X.509 certificates. The files are read again at every handshake
 // (libcoap's Mbed TLS backend parses them per session), so they must stay in place.
@@ -131,10 +133,11 @@ struct CertificateFiles {
 
 // CoAP transmission parameters (RFC 7252, section 4.8), applied to every session.
 struct CoapTiming {
-  double ack_timeout_seconds = 1.0;  // first retransmission after ACK_TIMEOUT × [1, ACK_RANDOM_FACTOR]
+  double ack_timeout_seconds =
+      1.0;  // first retransmission after ACK_TIMEOUT × [1, ACK_RANDOM_FACTOR]
   double ack_random_factor = 1.5;
-  int max_retransmit = 4;            // retransmissions before giving up on a message
-  int nstart = 1;                    // outstanding confirmable messages per peer
+  int max_retransmit = 4;  // retransmissions before giving up on a message
+  int nstart = 1;          // outstanding confirmable messages per peer
   // RFC 7252's defaults: 2 s, 1.5, 4, 1.
   static CoapTiming rfc7252() { return {2.0, 1.5, 4, 1}; }
   // edgetrain's default for a WAN of cheap boards (transport/README.md, "Timing"): the
@@ -166,13 +169,14 @@ void check_handshake_limits(const HandshakeLimits& limits);
 
 // What the server's handshake guard did since start (CoapDtlsServer::handshake_stats()).
 struct HandshakeStats {
-  std::uint64_t hello_verify_requests = 0;   // ClientHellos without a valid cookie, answered statelessly
+  std::uint64_t hello_verify_requests =
+      0;  // ClientHellos without a valid cookie, answered statelessly
   std::uint64_t client_hellos_admitted = 0;  // with a valid cookie, handed to libcoap
-  std::uint64_t refused_rate_limited = 0;    // with a valid cookie, dropped: rate per source address
+  std::uint64_t refused_rate_limited = 0;  // with a valid cookie, dropped: rate per source address
   std::uint64_t refused_too_many_pending = 0;  // dropped: max_pending or max_pending_per_address
   std::uint64_t malformed_client_hellos = 0;
-  std::uint64_t handshakes_timed_out = 0;    // ended by timeout_seconds
-  std::uint32_t pending = 0;                 // handshakes in progress now
+  std::uint64_t handshakes_timed_out = 0;  // ended by timeout_seconds
+  std::uint32_t pending = 0;               // handshakes in progress now
 };
 
 // A failed DTLS handshake of an identity the server's psk_lookup knows (a known device
@@ -205,7 +209,8 @@ struct CoapRequest {
 
 struct CoapResponse {
   CoapResponse() = default;
-  CoapResponse(int code, std::vector<std::uint8_t> payload = {}, std::optional<std::uint64_t> etag = {})
+  CoapResponse(int code, std::vector<std::uint8_t> payload = {},
+               std::optional<std::uint64_t> etag = {})
       : code(code), payload(std::move(payload)), etag(etag) {}
   int code = 0;
   std::vector<std::uint8_t> payload;
@@ -218,7 +223,8 @@ struct CoapResponse {
 
 using RequestHandler = std::function<CoapResponse(const CoapRequest&)>;
 // Returns the key for a PSK identity, or nullopt to refuse the handshake.
-using PskLookup = std::function<std::optional<std::vector<std::uint8_t>>(std::string_view identity)>;
+using PskLookup =
+    std::function<std::optional<std::vector<std::uint8_t>>(std::string_view identity)>;
 
 class CoapDtlsServer {
  public:
@@ -288,9 +294,9 @@ class CoapDtlsServer {
   // The plain CoAP port, or 0 when there is no plaintext endpoint.
   std::uint16_t plaintext_port() const;
   // What reached the server's UDP sockets (DTLS and, if any, plaintext) since
-  // construction: every datagram libcoap read from them (DTLS handshakes and records, CoAP headers, block-wise overhead,
-  // retransmissions, and datagrams it then dropped), counted as UDP payload bytes (IP and
-  // UDP headers excluded). Safe to call from any thread.
+  // construction: every datagram libcoap read from them (DTLS handshakes and records, CoAP headers,
+  // block-wise overhead, retransmissions, and datagrams it then dropped), counted as UDP payload
+  // bytes (IP and UDP headers excluded). Safe to call from any thread.
   std::uint64_t bytes_received() const;
   std::uint64_t datagrams_received() const;
   // What left them the same way (answers, Block2 bodies, handshakes, retransmissions).
@@ -364,7 +370,8 @@ class CoapDtlsClient {
   // next request starts a new one. Every new
   // session is a full handshake: libcoap 4.3.1 with Mbed TLS cannot resume a DTLS session
   // (transport/README.md, "Reconnection").
-  CoapResponse request(Method method, const std::string& path, std::span<const std::uint8_t> payload = {});
+  CoapResponse request(Method method, const std::string& path,
+                       std::span<const std::uint8_t> payload = {});
   // Sessions (handshakes) started so far, the first one included.
   std::uint64_t sessions_started() const;
   // Of those, the ones started inside a request because the kept session had failed.

@@ -32,25 +32,34 @@ namespace edgetrain::transport {
 
 // libcoap_block_bodies.c reads libcoap's private session layout, which is 4.3.1's.
 static_assert(std::string_view(LIBCOAP_PACKAGE_VERSION) == "4.3.1",
-              "transport/libcoap_block_bodies.c reads libcoap 4.3.1's private layout: check it against this version");
+              "transport/libcoap_block_bodies.c reads libcoap 4.3.1's private layout: check it "
+              "against this version");
 namespace {
 
 coap_request_t to_libcoap_method(Method method) {
   switch (method) {
-    case Method::kGet: return COAP_REQUEST_GET;
-    case Method::kPost: return COAP_REQUEST_POST;
-    case Method::kPut: return COAP_REQUEST_PUT;
-    case Method::kDelete: return COAP_REQUEST_DELETE;
+    case Method::kGet:
+      return COAP_REQUEST_GET;
+    case Method::kPost:
+      return COAP_REQUEST_POST;
+    case Method::kPut:
+      return COAP_REQUEST_PUT;
+    case Method::kDelete:
+      return COAP_REQUEST_DELETE;
   }
   return COAP_REQUEST_GET;
 }
 
 Method from_request_code(coap_pdu_code_t code) {
   switch (code) {
-    case COAP_REQUEST_CODE_POST: return Method::kPost;
-    case COAP_REQUEST_CODE_PUT: return Method::kPut;
-    case COAP_REQUEST_CODE_DELETE: return Method::kDelete;
-    default: return Method::kGet;
+    case COAP_REQUEST_CODE_POST:
+      return Method::kPost;
+    case COAP_REQUEST_CODE_PUT:
+      return Method::kPut;
+    case COAP_REQUEST_CODE_DELETE:
+      return Method::kDelete;
+    default:
+      return Method::kGet;
   }
 }
 
@@ -106,24 +115,29 @@ void DeferredResponse::send(const CoapResponse& response) {
   if (!state || !state->session) return;
   coap_session_t* session = state->session;
   if (coap_session_get_state(session) != COAP_SESSION_STATE_ESTABLISHED) return;
-  coap_pdu_t* pdu = coap_pdu_init(COAP_MESSAGE_CON, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(response.code)),
+  coap_pdu_t* pdu = coap_pdu_init(COAP_MESSAGE_CON,
+                                  static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(response.code)),
                                   coap_new_message_id(session), coap_session_max_pdu_size(session));
   if (!pdu) return;
   coap_add_token(pdu, state->token.size(), state->token.data());
   // Options in ascending number: ETag (4), Content-Format (12), Block1 (27).
   if (response.etag) {
     std::uint8_t buffer[8];
-    coap_add_option(pdu, COAP_OPTION_ETAG, coap_encode_var_safe8(buffer, sizeof(buffer), *response.etag), buffer);
+    coap_add_option(pdu, COAP_OPTION_ETAG,
+                    coap_encode_var_safe8(buffer, sizeof(buffer), *response.etag), buffer);
   }
   if (!response.payload.empty()) {
     std::uint8_t buffer[4];
-    coap_add_option(pdu, COAP_OPTION_CONTENT_FORMAT,
-                    coap_encode_var_safe(buffer, sizeof(buffer), COAP_MEDIATYPE_APPLICATION_OCTET_STREAM), buffer);
+    coap_add_option(
+        pdu, COAP_OPTION_CONTENT_FORMAT,
+        coap_encode_var_safe(buffer, sizeof(buffer), COAP_MEDIATYPE_APPLICATION_OCTET_STREAM),
+        buffer);
   }
   if (state->has_block1 && response.code / 100 == 2)
     coap_add_option(pdu, COAP_OPTION_BLOCK1, state->block1.size(), state->block1.data());
   if (!response.payload.empty())
-    coap_add_data(pdu, std::min<std::size_t>(response.payload.size(), 512), response.payload.data());
+    coap_add_data(pdu, std::min<std::size_t>(response.payload.size(), 512),
+                  response.payload.data());
   coap_send(session, pdu);  // libcoap owns the pdu now, and retransmits it until ACKed
 }
 
@@ -193,7 +207,8 @@ struct CoapDtlsServer::Impl {
   };
   std::map<const coap_session_t*, Assembly> assemblies;
   std::uint64_t bodies_refused = 0;
-  std::uint64_t request_bodies_forgotten = 0;  // libcoap's records freed early (libcoap_block_bodies.h)
+  std::uint64_t request_bodies_forgotten =
+      0;  // libcoap's records freed early (libcoap_block_bodies.h)
   static constexpr int kContinue = 231;
   static constexpr int kServiceUnavailable = 503;
   // A body whose sender went quiet this long gives its place up to a new one (libcoap
@@ -219,7 +234,9 @@ struct CoapDtlsServer::Impl {
   bool room_for_a_body() {
     if (assemblies.size() < options.max_bodies_in_progress) return true;
     const auto now = std::chrono::steady_clock::now();
-    std::erase_if(assemblies, [&](const auto& entry) { return now - entry.second.last_block > kIdleBodyTimeout; });
+    std::erase_if(assemblies, [&](const auto& entry) {
+      return now - entry.second.last_block > kIdleBodyTimeout;
+    });
     return assemblies.size() < options.max_bodies_in_progress;
   }
 
@@ -231,15 +248,18 @@ struct CoapDtlsServer::Impl {
     coap_block_b_t block{};
     if (!coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block)) {
       if (length > options.max_body_bytes)
-        return refuse_body(session, CoapCode::kRequestEntityTooLarge, "body of " + std::to_string(length) + " bytes" + limit);
+        return refuse_body(session, CoapCode::kRequestEntityTooLarge,
+                           "body of " + std::to_string(length) + " bytes" + limit);
       return {BodyStep::kWhole, {data, length}, {}};
     }
     coap_opt_iterator_t iterator;
     if (const coap_opt_t* size1 = coap_check_option(request, COAP_OPTION_SIZE1, &iterator)) {
-      const std::size_t announced = coap_decode_var_bytes8(coap_opt_value(size1), coap_opt_length(size1));
+      const std::size_t announced =
+          coap_decode_var_bytes8(coap_opt_value(size1), coap_opt_length(size1));
       if (announced > options.max_body_bytes)
-        return refuse_body(session, CoapCode::kRequestEntityTooLarge,
-                           "body of " + std::to_string(announced) + " bytes announced (Size1)" + limit);
+        return refuse_body(
+            session, CoapCode::kRequestEntityTooLarge,
+            "body of " + std::to_string(announced) + " bytes announced (Size1)" + limit);
     }
     const std::size_t offset = std::size_t{block.num} << (block.szx + 4);
     if (offset + length > options.max_body_bytes)
@@ -255,7 +275,8 @@ struct CoapDtlsServer::Impl {
       if (it == assemblies.end()) {
         if (!room_for_a_body())
           return refuse_body(session, kServiceUnavailable,
-                             std::to_string(options.max_bodies_in_progress) + " block-wise bodies in progress: retry later");
+                             std::to_string(options.max_bodies_in_progress) +
+                                 " block-wise bodies in progress: retry later");
         it = assemblies.emplace(session, Assembly{}).first;
       }
       it->second.body.clear();  // block 0 (again) starts the body afresh
@@ -268,7 +289,8 @@ struct CoapDtlsServer::Impl {
     if (offset + length > body.size()) {
       // Grow geometrically, but never past the limit, whatever the peer announced.
       if (body.capacity() < offset + length)
-        body.reserve(std::min(options.max_body_bytes, std::max(offset + length, 2 * body.capacity())));
+        body.reserve(
+            std::min(options.max_body_bytes, std::max(offset + length, 2 * body.capacity())));
       body.resize(offset + length);
     }
     if (length > 0) std::memcpy(body.data() + offset, data, length);
@@ -278,7 +300,8 @@ struct CoapDtlsServer::Impl {
     return {BodyStep::kWhole, body, {}, true};
   }
 
-  static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity, coap_session_t* session, void* arg) {
+  static const coap_bin_const_t* validate_identity(coap_bin_const_t* identity,
+                                                   coap_session_t* session, void* arg) {
     auto* self = static_cast<Impl*>(arg);
     if (!identity || !self->options.psk_lookup) return nullptr;
     try {
@@ -313,9 +336,11 @@ struct CoapDtlsServer::Impl {
     if (!guard || coap_session_get_proto(session) != COAP_PROTO_DTLS) return;
     if (event == COAP_EVENT_SERVER_SESSION_NEW) {
       const coap_address_t* remote = coap_session_get_addr_remote(session);
-      guard->handshake_started(session, detail::peer_address(&remote->addr.sa, remote->size), detail::GuardClock::now());
+      guard->handshake_started(session, detail::peer_address(&remote->addr.sa, remote->size),
+                               detail::GuardClock::now());
     } else if (event == COAP_EVENT_DTLS_ERROR && guard->is_pending(session)) {
-      report_handshake_failure(session, guard->handshake_ended(session), "wrong key or corrupted handshake");
+      report_handshake_failure(session, guard->handshake_ended(session),
+                               "wrong key or corrupted handshake");
     } else if (event == COAP_EVENT_SERVER_SESSION_DEL) {
       guard->handshake_ended(session);
     }
@@ -327,7 +352,8 @@ struct CoapDtlsServer::Impl {
                                 const char* reason) {
     if (!identity || !options.on_handshake_failure) return;
     try {
-      options.on_handshake_failure({*identity, address_string(coap_session_get_addr_remote(session)), reason});
+      options.on_handshake_failure(
+          {*identity, address_string(coap_session_get_addr_remote(session)), reason});
     } catch (...) {  // never into libcoap
     }
   }
@@ -342,7 +368,8 @@ struct CoapDtlsServer::Impl {
     next_handshake_sweep = now + std::chrono::milliseconds(100);
     for (const void* key : guard->pending_sessions()) {
       auto* session = static_cast<coap_session_t*>(const_cast<void*>(key));
-      if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) guard->handshake_ended(session);
+      if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED)
+        guard->handshake_ended(session);
     }
     for (const auto& [key, peer] : guard->overdue(now)) {
       auto* session = static_cast<coap_session_t*>(const_cast<void*>(key));
@@ -356,7 +383,6 @@ struct CoapDtlsServer::Impl {
     }
   }
 
-
   // The declared identity of a plain CoAP request: the value of its `id` URI query.
   static std::string declared_identity(const coap_string_t* query) {
     if (!query || !query->s) return {};
@@ -364,7 +390,8 @@ struct CoapDtlsServer::Impl {
     while (!text.empty()) {
       const auto amp = text.find('&');
       const std::string_view item = text.substr(0, amp);
-      if (item.substr(0, 3) == "id=") return std::string(item.substr(3));  // a CoAP option: at most 255 bytes
+      if (item.substr(0, 3) == "id=")
+        return std::string(item.substr(3));  // a CoAP option: at most 255 bytes
       if (amp == std::string_view::npos) break;
       text.remove_prefix(amp + 1);
     }
@@ -374,8 +401,9 @@ struct CoapDtlsServer::Impl {
   // Step 1, build: the CoapRequest a handler sees, from the PDU and its session. The
   // identity comes from the session (PSK identity or certificate CN), or for plain CoAP from
   // the declared ?id=NAME; `payload` is `body` (the PDU's payload or an assembled body).
-  static CoapRequest build_request(Resource& entry, coap_session_t* session, const coap_pdu_t* request,
-                                   const coap_string_t* query, bool& deferred, std::span<const std::uint8_t> body) {
+  static CoapRequest build_request(Resource& entry, coap_session_t* session,
+                                   const coap_pdu_t* request, const coap_string_t* query,
+                                   bool& deferred, std::span<const std::uint8_t> body) {
     CoapRequest req;
     req.method = from_request_code(coap_pdu_get_code(request));
     if (coap_pdu_get_type(request) == COAP_MESSAGE_CON) {
@@ -387,7 +415,8 @@ struct CoapDtlsServer::Impl {
         coap_opt_iterator_t options;
         if (coap_opt_t* block1 = coap_check_option(request, COAP_OPTION_BLOCK1, &options)) {
           state->has_block1 = true;
-          state->block1.assign(coap_opt_value(block1), coap_opt_value(block1) + coap_opt_length(block1));
+          state->block1.assign(coap_opt_value(block1),
+                               coap_opt_value(block1) + coap_opt_length(block1));
         }
         state->registry = &entry.server->deferred;
         state->registry->insert(state.get());
@@ -399,7 +428,8 @@ struct CoapDtlsServer::Impl {
     if (coap_session_get_proto(session) != COAP_PROTO_DTLS) {
       req.authentication = PeerAuthentication::kNone;
       req.identity = declared_identity(query);
-    } else if (const coap_bin_const_t* id = coap_session_get_psk_identity(session); id && id->length > 0) {
+    } else if (const coap_bin_const_t* id = coap_session_get_psk_identity(session);
+               id && id->length > 0) {
       req.authentication = PeerAuthentication::kPsk;
       req.identity.assign(reinterpret_cast<const char*>(id->s), id->length);
     } else if (auto name = certificate_name(session)) {
@@ -414,12 +444,15 @@ struct CoapDtlsServer::Impl {
   // Whether `session` is a PSK session whose identity now has another key or none
   // (Options::current_psk); such a session is queued for closing.
   static bool session_key_revoked(Impl& server, coap_session_t* session) {
-    if (!server.options.current_psk || coap_session_get_proto(session) != COAP_PROTO_DTLS) return false;
+    if (!server.options.current_psk || coap_session_get_proto(session) != COAP_PROTO_DTLS)
+      return false;
     const coap_bin_const_t* id = coap_session_get_psk_identity(session);
     const coap_bin_const_t* key = coap_session_get_psk_key(session);
     if (!id || id->length == 0 || !key) return false;
-    const auto now = server.options.current_psk(std::string_view(reinterpret_cast<const char*>(id->s), id->length));
-    if (now && now->size() == key->length && std::equal(now->begin(), now->end(), key->s)) return false;
+    const auto now = server.options.current_psk(
+        std::string_view(reinterpret_cast<const char*>(id->s), id->length));
+    if (now && now->size() == key->length && std::equal(now->begin(), now->end(), key->s))
+      return false;
     if (std::find(server.revoked_sessions.begin(), server.revoked_sessions.end(), session) ==
         server.revoked_sessions.end())
       server.revoked_sessions.push_back(coap_session_reference(session));
@@ -462,17 +495,20 @@ struct CoapDtlsServer::Impl {
         return reply;
       }
       if (session_key_revoked(server, session)) {
-        reply = text_reply(CoapCode::kUnauthorized, "session key revoked: this device was re-keyed or removed "
-                                                    "(edgetrain-server rotate-key / remove-device)");
+        reply = text_reply(CoapCode::kUnauthorized,
+                           "session key revoked: this device was re-keyed or removed "
+                           "(edgetrain-server rotate-key / remove-device)");
         if (assembled) server.assemblies.erase(session);
         remember_answer(server, session, mid, idempotent, reply);
         return reply;
       }
       const CoapRequest req = build_request(entry, session, request, query, deferred, step.body);
       auto it = entry.handlers.find(req.method);
-      if (req.authentication == PeerAuthentication::kCertificate && !is_plain_identity(req.identity)) {
+      if (req.authentication == PeerAuthentication::kCertificate &&
+          !is_plain_identity(req.identity)) {
         // Identities end up in logs, the WAL and /status: only plain names (transport/identity.h).
-        reply = text_reply(CoapCode::kForbidden, "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])");
+        reply = text_reply(CoapCode::kForbidden,
+                           "certificate subject CN is not a plain name (1..64 of [A-Za-z0-9._-])");
       } else if (it == entry.handlers.end()) {
         reply.code = 405;
       } else {
@@ -486,13 +522,13 @@ struct CoapDtlsServer::Impl {
       reply = CoapResponse(CoapCode::kInternalServerError);
     }
     if (assembled) server.assemblies.erase(session);  // the body went to its handler
-    if (deferred) reply = {};  // remembered as "answered later" (code 0)
+    if (deferred) reply = {};                         // remembered as "answered later" (code 0)
     remember_answer(server, session, mid, idempotent, reply);
     return reply;
   }
 
-  static void remember_answer(Impl& server, const coap_session_t* session, coap_mid_t mid, bool idempotent,
-                              const CoapResponse& reply) {
+  static void remember_answer(Impl& server, const coap_session_t* session, coap_mid_t mid,
+                              bool idempotent, const CoapResponse& reply) {
     if (idempotent || reply.payload.size() > kMaxRememberedAnswerBytes) return;
     try {
       server.last_answers[session] = {mid, reply};
@@ -510,7 +546,8 @@ struct CoapDtlsServer::Impl {
       // replaces this option with its `etag` argument below, in every block.
       std::uint8_t buffer[8];
       std::size_t length = coap_encode_var_safe8(buffer, sizeof(buffer), *reply.etag);
-      if (length == 0) {  // 0 encodes as no bytes, but an ETag has 1 to 8 (RFC 7252 5.10.6): peers drop the PDU
+      if (length == 0) {  // 0 encodes as no bytes, but an ETag has 1 to 8 (RFC 7252 5.10.6): peers
+                          // drop the PDU
         buffer[0] = 0;
         length = 1;
       }
@@ -520,14 +557,16 @@ struct CoapDtlsServer::Impl {
       // RFC 7959 2.9.3: Size1 in a 4.13 tells the client the largest body it may send.
       const auto* entry = static_cast<const Resource*>(coap_resource_get_userdata(resource));
       std::uint8_t buffer[8];
-      coap_add_option(response, COAP_OPTION_SIZE1,
-                      coap_encode_var_safe8(buffer, sizeof(buffer), entry->server->options.max_body_bytes), buffer);
+      coap_add_option(
+          response, COAP_OPTION_SIZE1,
+          coap_encode_var_safe8(buffer, sizeof(buffer), entry->server->options.max_body_bytes),
+          buffer);
     }
     if (!reply.payload.empty()) {
       auto* body = new std::vector<std::uint8_t>(std::move(reply.payload));
-      coap_add_data_large_response(resource, session, request, response, query,
-                                   COAP_MEDIATYPE_APPLICATION_OCTET_STREAM, -1, reply.etag.value_or(0), body->size(),
-                                   body->data(), release_payload, body);
+      coap_add_data_large_response(
+          resource, session, request, response, query, COAP_MEDIATYPE_APPLICATION_OCTET_STREAM, -1,
+          reply.etag.value_or(0), body->size(), body->data(), release_payload, body);
     }
   }
 
@@ -540,7 +579,8 @@ struct CoapDtlsServer::Impl {
     // without Block1 (a GET between two blocks of a POST) leaves the records alone.
     coap_block_b_t block{};
     if (coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block))
-      entry->server->request_bodies_forgotten += edgetrain_forget_request_bodies(session, block.m ? 1 : 0);
+      entry->server->request_bodies_forgotten +=
+          edgetrain_forget_request_bodies(session, block.m ? 1 : 0);
     bool deferred = false;
     CoapResponse reply = dispatch(*entry, session, request, query, deferred);
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
@@ -586,8 +626,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
     coap_address_t address = resolve_udp_address(s.options.bind_address, s.options.port);
     s.endpoint = coap_new_endpoint(s.context, &address, COAP_PROTO_DTLS);
     if (!s.endpoint) {
-      throw TransportError("cannot listen on " + s.options.bind_address + ":" + std::to_string(s.options.port) +
-                           " (port in use?)");
+      throw TransportError("cannot listen on " + s.options.bind_address + ":" +
+                           std::to_string(s.options.port) + " (port in use?)");
     }
     if (s.options.plaintext_port) {
       coap_address_t plain = resolve_udp_address(s.options.bind_address, *s.options.plaintext_port);
@@ -603,7 +643,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
       std::string description = coap_endpoint_str(endpoint);
       auto space = description.rfind(' ');
       auto colon = description.rfind(':', space);
-      return static_cast<std::uint16_t>(std::stoi(description.substr(colon + 1, space - colon - 1)));
+      return static_cast<std::uint16_t>(
+          std::stoi(description.substr(colon + 1, space - colon - 1)));
     };
     s.bound_port = bound_port_of(s.endpoint);
     if (s.plaintext_endpoint) s.bound_plaintext_port = bound_port_of(s.plaintext_endpoint);
@@ -613,8 +654,8 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
       const coap_address_t bound = resolve_udp_address(s.options.bind_address, port);
       const int fd = detail::find_bound_udp_socket(&bound.addr.sa, bound.size);
       if (fd < 0) {
-        throw TransportError("cannot find the socket of " + s.options.bind_address + ":" + std::to_string(port) +
-                             " to count its ingress (is /proc mounted?)");
+        throw TransportError("cannot find the socket of " + s.options.bind_address + ":" +
+                             std::to_string(port) + " to count its ingress (is /proc mounted?)");
       }
       // The DTLS endpoint's datagrams pass the handshake guard first; plain CoAP's do not.
       detail::count_ingress(fd, &s.ingress, port == s.bound_port ? s.guard.get() : nullptr);
@@ -640,7 +681,8 @@ void CoapDtlsServer::add_resource(const std::string& path, Method method, Reques
   if (!entry) {
     entry = std::make_unique<Impl::Resource>();
     entry->server = impl_.get();
-    coap_str_const_t* uri = coap_new_str_const(reinterpret_cast<const uint8_t*>(path.data()), path.size());
+    coap_str_const_t* uri =
+        coap_new_str_const(reinterpret_cast<const uint8_t*>(path.data()), path.size());
     coap_resource_t* resource = coap_resource_init(uri, COAP_RESOURCE_FLAGS_RELEASE_URI);
     if (!resource) throw TransportError("cannot create resource " + path);
     coap_resource_set_userdata(resource, entry.get());
@@ -672,25 +714,33 @@ std::uint16_t CoapDtlsServer::port() const { return impl_->bound_port; }
 
 std::uint16_t CoapDtlsServer::plaintext_port() const { return impl_->bound_plaintext_port; }
 
-std::uint64_t CoapDtlsServer::bytes_received() const { return impl_->ingress.bytes.load(std::memory_order_relaxed); }
+std::uint64_t CoapDtlsServer::bytes_received() const {
+  return impl_->ingress.bytes.load(std::memory_order_relaxed);
+}
 
 std::size_t CoapDtlsServer::bodies_in_progress() const { return impl_->assemblies.size(); }
 
 std::uint64_t CoapDtlsServer::bodies_refused() const { return impl_->bodies_refused; }
 
-std::uint64_t CoapDtlsServer::block_records_freed() const { return impl_->request_bodies_forgotten; }
+std::uint64_t CoapDtlsServer::block_records_freed() const {
+  return impl_->request_bodies_forgotten;
+}
 
 std::uint64_t CoapDtlsServer::datagrams_received() const {
   return impl_->ingress.datagrams.load(std::memory_order_relaxed);
 }
 
-std::uint64_t CoapDtlsServer::bytes_sent() const { return impl_->ingress.sent_bytes.load(std::memory_order_relaxed); }
+std::uint64_t CoapDtlsServer::bytes_sent() const {
+  return impl_->ingress.sent_bytes.load(std::memory_order_relaxed);
+}
 
 std::uint64_t CoapDtlsServer::datagrams_sent() const {
   return impl_->ingress.sent_datagrams.load(std::memory_order_relaxed);
 }
 
-HandshakeStats CoapDtlsServer::handshake_stats() const { return impl_->guard ? impl_->guard->stats() : HandshakeStats{}; }
+HandshakeStats CoapDtlsServer::handshake_stats() const {
+  return impl_->guard ? impl_->guard->stats() : HandshakeStats{};
+}
 
 // coap_io_process() as libcoap 4.3.1 does it with epoll (prepare: timeouts and
 // retransmissions of every session; epoll_wait; coap_io_do_epoll, which reads ONE datagram
@@ -731,7 +781,8 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   for (int i = 0; i < count; ++i) {
     if (ready[i].data.ptr == &s.wake_marker) {
       std::uint64_t wakes = 0;
-      [[maybe_unused]] const ssize_t drained = ::read(s.wake_fd, &wakes, sizeof wakes);  // EAGAIN: already drained
+      [[maybe_unused]] const ssize_t drained =
+          ::read(s.wake_fd, &wakes, sizeof wakes);  // EAGAIN: already drained
       woken = true;
       continue;
     }
@@ -744,7 +795,8 @@ void CoapDtlsServer::run_once(int timeout_ms) {
         std::find(s.endpoint_fds.begin(), s.endpoint_fds.end(), *socket) == s.endpoint_fds.end())
       continue;
     ++ready_endpoints;
-    for (std::uint32_t extra = 1; extra < s.reads_per_ready_endpoint; ++extra) s.batch.push_back(ready[i]);
+    for (std::uint32_t extra = 1; extra < s.reads_per_ready_endpoint; ++extra)
+      s.batch.push_back(ready[i]);
   }
   // Woken and nothing else: no walk of the sessions (coap_io_do_epoll() ends with one, ~100 µs
   // at 1000 sessions). Nothing of libcoap's is due, or its timerfd would be among the events.
@@ -754,14 +806,17 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   if (ready_endpoints == 0) return;
   const std::uint64_t read = s.ingress.datagrams.load(std::memory_order_relaxed) - datagrams_before;
   const std::uint64_t tried = std::uint64_t{s.reads_per_ready_endpoint} * ready_endpoints;
-  const std::uint64_t next = read >= tried ? 2 * std::uint64_t{s.reads_per_ready_endpoint} : read / ready_endpoints + 1;
-  s.reads_per_ready_endpoint = static_cast<std::uint32_t>(std::clamp<std::uint64_t>(next, 1, s.options.datagrams_per_pass));
+  const std::uint64_t next =
+      read >= tried ? 2 * std::uint64_t{s.reads_per_ready_endpoint} : read / ready_endpoints + 1;
+  s.reads_per_ready_endpoint =
+      static_cast<std::uint32_t>(std::clamp<std::uint64_t>(next, 1, s.options.datagrams_per_pass));
 }
 
 bool CoapDtlsServer::watch_wake_fd(int fd) {
   Impl& s = *impl_;
   if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0 || fd < 0) return false;
-  if (s.wake_fd >= 0) throw std::logic_error("CoapDtlsServer: a wake descriptor is already watched");
+  if (s.wake_fd >= 0)
+    throw std::logic_error("CoapDtlsServer: a wake descriptor is already watched");
   epoll_event event{};
   event.events = EPOLLIN;
   event.data.ptr = &s.wake_marker;

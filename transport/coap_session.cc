@@ -19,7 +19,8 @@
 
 namespace edgetrain::transport {
 
-static_assert(kMaxPskBytes == MBEDTLS_PSK_MAX_LEN, "kMaxPskBytes must be the PSK limit of the Mbed TLS we link");
+static_assert(kMaxPskBytes == MBEDTLS_PSK_MAX_LEN,
+              "kMaxPskBytes must be the PSK limit of the Mbed TLS we link");
 namespace {
 
 coap_fixed_point_t to_fixed_point(double value) {
@@ -31,9 +32,11 @@ coap_fixed_point_t to_fixed_point(double value) {
 // payloads in PDU dumps), so they are escaped like every other network text. Destination
 // and prefix stay libcoap's own: stdout, or stderr from LOG_CRIT up; timestamp, level.
 void log_escaped(coap_log_t level, const char* message) {
-  static const char* const kLevelNames[] = {"EMRG", "ALRT", "CRIT", "ERR ", "WARN", "NOTE", "INFO", "DEBG"};
+  static const char* const kLevelNames[] = {"EMRG", "ALRT", "CRIT", "ERR ",
+                                            "WARN", "NOTE", "INFO", "DEBG"};
   std::string_view text(message);
-  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);  // libcoap ends each message with one
+  if (!text.empty() && text.back() == '\n')
+    text.remove_suffix(1);  // libcoap ends each message with one
   const std::time_t now = std::time(nullptr);
   std::tm local{};
   localtime_r(&now, &local);
@@ -66,7 +69,9 @@ void coap_library_startup() {
   });
 }
 
-void release_payload(coap_session_t*, void* app_ptr) { delete static_cast<std::vector<std::uint8_t>*>(app_ptr); }
+void release_payload(coap_session_t*, void* app_ptr) {
+  delete static_cast<std::vector<std::uint8_t>*>(app_ptr);
+}
 
 void apply_timing(coap_session_t* session, const CoapTiming& timing) {
   coap_session_set_ack_timeout(session, to_fixed_point(timing.ack_timeout_seconds));
@@ -77,11 +82,14 @@ void apply_timing(coap_session_t* session, const CoapTiming& timing) {
 
 void check_certificate_files(const CertificateFiles& files) {
   const std::pair<const char*, const std::string*> named[] = {
-      {"certificate", &files.certificate_file}, {"private key", &files.private_key_file}, {"CA", &files.ca_file}};
+      {"certificate", &files.certificate_file},
+      {"private key", &files.private_key_file},
+      {"CA", &files.ca_file}};
   for (const auto& [what, path] : named) {
     if (path->empty()) throw TransportError(std::string("X.509: no ") + what + " file given");
     std::ifstream in(*path);
-    if (!in) throw TransportError(std::string("X.509: cannot read the ") + what + " file '" + *path + "'");
+    if (!in)
+      throw TransportError(std::string("X.509: cannot read the ") + what + " file '" + *path + "'");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (text.find("-----BEGIN ") == std::string::npos)
       throw TransportError(std::string("X.509: the ") + what + " file '" + *path + "' is not PEM");
@@ -107,9 +115,12 @@ coap_dtls_pki_t pki_setup(const CertificateFiles& files) {
 
 const char* peer_authentication_name(PeerAuthentication authentication) {
   switch (authentication) {
-    case PeerAuthentication::kNone: return "none";
-    case PeerAuthentication::kPsk: return "psk";
-    case PeerAuthentication::kCertificate: return "certificate";
+    case PeerAuthentication::kNone:
+      return "none";
+    case PeerAuthentication::kPsk:
+      return "psk";
+    case PeerAuthentication::kCertificate:
+      return "certificate";
   }
   return "none";
 }
@@ -118,12 +129,14 @@ void check_timing(const CoapTiming& timing) {
   // libcoap ignores values it does not accept (an ACK_TIMEOUT below 1 s among them)
   // without a word, so they are refused here.
   if (!(timing.ack_timeout_seconds >= 1.0 && timing.ack_timeout_seconds <= 60.0))
-    throw std::invalid_argument("CoAP ACK_TIMEOUT must be 1..60 seconds (libcoap 4.3.1 takes nothing below 1 s)");
+    throw std::invalid_argument(
+        "CoAP ACK_TIMEOUT must be 1..60 seconds (libcoap 4.3.1 takes nothing below 1 s)");
   if (!(timing.ack_random_factor >= 1.0 && timing.ack_random_factor <= 4.0))
     throw std::invalid_argument("CoAP ACK_RANDOM_FACTOR must be 1..4");
   if (timing.max_retransmit < 1 || timing.max_retransmit > 10)
     throw std::invalid_argument("CoAP MAX_RETRANSMIT must be 1..10");
-  if (timing.nstart < 1 || timing.nstart > 16) throw std::invalid_argument("CoAP NSTART must be 1..16");
+  if (timing.nstart < 1 || timing.nstart > 16)
+    throw std::invalid_argument("CoAP NSTART must be 1..16");
 }
 
 coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {
@@ -149,11 +162,20 @@ std::string tls_library_description() {
   const coap_tls_version_t* version = coap_get_tls_library_version();
   std::string name;
   switch (version->type) {
-    case COAP_TLS_LIBRARY_MBEDTLS: name = "Mbed TLS"; break;
-    case COAP_TLS_LIBRARY_OPENSSL: name = "OpenSSL"; break;
-    case COAP_TLS_LIBRARY_GNUTLS: name = "GnuTLS"; break;
-    case COAP_TLS_LIBRARY_TINYDTLS: name = "TinyDTLS"; break;
-    default: return "no (D)TLS";
+    case COAP_TLS_LIBRARY_MBEDTLS:
+      name = "Mbed TLS";
+      break;
+    case COAP_TLS_LIBRARY_OPENSSL:
+      name = "OpenSSL";
+      break;
+    case COAP_TLS_LIBRARY_GNUTLS:
+      name = "GnuTLS";
+      break;
+    case COAP_TLS_LIBRARY_TINYDTLS:
+      name = "TinyDTLS";
+      break;
+    default:
+      return "no (D)TLS";
   }
   if (version->type == COAP_TLS_LIBRARY_MBEDTLS) {
     // Mbed TLS encodes its version as 0xMMmmpp00.

@@ -22,7 +22,9 @@ constexpr std::uint8_t kDeltaMagic[4] = {'E', 'T', 'M', 'D'};
 constexpr std::size_t kDeltaHeaderBytes = kModelDeltaHeaderBytes;
 constexpr std::uint16_t kLargestFiniteHalf = 0x7bff;
 
-CodecError fail(CodecErrorCode code, std::string message) { return CodecError{code, std::move(message)}; }
+CodecError fail(CodecErrorCode code, std::string message) {
+  return CodecError{code, std::move(message)};
+}
 std::string str(std::uint64_t v) { return std::to_string(v); }
 std::string num(float v) {
   char text[32];
@@ -36,18 +38,27 @@ using byte_io::Writer;
 // The three message formats share their first 8 bytes (CODEC.md): magic, format version,
 // a reserved u16 that must be 0. What differs is named here.
 struct MessageFormat {
-  const char* name;             // "update", "model", "model delta": the size messages
-  const char* kind;             // "a sparse update": the bad-magic message
-  const std::uint8_t* magic;    // 4 bytes
-  std::size_t header_bytes;     // the fixed header, before any tensor
+  const char* name;           // "update", "model", "model delta": the size messages
+  const char* kind;           // "a sparse update": the bad-magic message
+  const std::uint8_t* magic;  // 4 bytes
+  std::size_t header_bytes;   // the fixed header, before any tensor
   // The wrong-model message: before[0] + the message's model id + before[1] + the expected one.
   const char* wrong_model[2];
 };
-constexpr MessageFormat kSparseFormat{"update", "a sparse update", kSparseMagic, kSparseHeaderBytes,
+constexpr MessageFormat kSparseFormat{"update",
+                                      "a sparse update",
+                                      kSparseMagic,
+                                      kSparseHeaderBytes,
                                       {"update is for model ", ", this is model "}};
-constexpr MessageFormat kDenseFormat{"model", "a dense model", kDenseMagic, kDenseHeaderBytes,
+constexpr MessageFormat kDenseFormat{"model",
+                                     "a dense model",
+                                     kDenseMagic,
+                                     kDenseHeaderBytes,
                                      {"model ", " received, expected model "}};
-constexpr MessageFormat kDeltaFormat{"model delta", "a model delta", kDeltaMagic, kDeltaHeaderBytes,
+constexpr MessageFormat kDeltaFormat{"model delta",
+                                     "a model delta",
+                                     kDeltaMagic,
+                                     kDeltaHeaderBytes,
                                      {"model delta for model ", ", expected model "}};
 
 void write_message_header(Writer& w, const MessageFormat& format) {
@@ -59,30 +70,38 @@ void write_message_header(Writer& w, const MessageFormat& format) {
 // The size cap, the fixed header's length, magic, format version, reserved field and the
 // model id every format carries next (into `model_id`, checked against the expected one);
 // on success `r` stands after those 16 bytes with the rest of the fixed header left.
-std::optional<CodecError> read_message_header(Reader& r, std::span<const std::uint8_t> bytes, const MessageFormat& format,
-                                              const DecodeLimits& limits, std::uint64_t expected_model_id,
+std::optional<CodecError> read_message_header(Reader& r, std::span<const std::uint8_t> bytes,
+                                              const MessageFormat& format,
+                                              const DecodeLimits& limits,
+                                              std::uint64_t expected_model_id,
                                               std::uint64_t& model_id) {
   using E = CodecErrorCode;
   if (bytes.size() > limits.max_message_bytes)
-    return fail(E::kTooLarge, std::string(format.name) + " of " + str(bytes.size()) + " bytes exceeds the cap of " +
-                                  str(limits.max_message_bytes));
+    return fail(E::kTooLarge, std::string(format.name) + " of " + str(bytes.size()) +
+                                  " bytes exceeds the cap of " + str(limits.max_message_bytes));
   if (bytes.size() < format.header_bytes)
-    return fail(E::kTruncated, std::string(format.name) + " of " + str(bytes.size()) + " bytes is shorter than its " +
-                                   str(format.header_bytes) + "-byte header");
+    return fail(E::kTruncated, std::string(format.name) + " of " + str(bytes.size()) +
+                                   " bytes is shorter than its " + str(format.header_bytes) +
+                                   "-byte header");
   std::span<const std::uint8_t> magic;
   r.span(4, magic);
   if (std::memcmp(magic.data(), format.magic, 4) != 0)
     return fail(E::kBadMagic, std::string("not ") + format.kind + " (magic is not " +
-                                  std::string(reinterpret_cast<const char*>(format.magic), 4) + ")");
+                                  std::string(reinterpret_cast<const char*>(format.magic), 4) +
+                                  ")");
   std::uint16_t version = 0, reserved = 0;
   r.u16(version);
   r.u16(reserved);
   if (version != kCodecFormatVersion)
-    return fail(E::kUnsupportedVersion, "format version " + str(version) + "; this build reads version " + str(kCodecFormatVersion));
-  if (reserved != 0) return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
+    return fail(E::kUnsupportedVersion, "format version " + str(version) +
+                                            "; this build reads version " +
+                                            str(kCodecFormatVersion));
+  if (reserved != 0)
+    return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
   r.u64(model_id);
   if (model_id != expected_model_id)
-    return fail(E::kWrongModel, format.wrong_model[0] + str(model_id) + format.wrong_model[1] + str(expected_model_id));
+    return fail(E::kWrongModel, format.wrong_model[0] + str(model_id) + format.wrong_model[1] +
+                                    str(expected_model_id));
   return std::nullopt;
 }
 
@@ -103,12 +122,19 @@ std::optional<CodecError> check_tensor(const SparseTensor& t) {
   const std::string where = "tensor " + str(t.tensor) + ": ";
   if (t.size == 0) return fail(CodecErrorCode::kInvalidInput, where + "size is zero");
   if (t.indices.size() != t.values.size())
-    return fail(CodecErrorCode::kInvalidInput, where + str(t.indices.size()) + " indices but " + str(t.values.size()) + " values");
-  if (t.indices.size() > t.size) return fail(CodecErrorCode::kInvalidInput, where + "more entries than its size");
+    return fail(CodecErrorCode::kInvalidInput,
+                where + str(t.indices.size()) + " indices but " + str(t.values.size()) + " values");
+  if (t.indices.size() > t.size)
+    return fail(CodecErrorCode::kInvalidInput, where + "more entries than its size");
   for (std::size_t j = 0; j < t.indices.size(); ++j) {
-    if (t.indices[j] >= t.size) return fail(CodecErrorCode::kInvalidInput, where + "index " + str(t.indices[j]) + " ≥ size " + str(t.size));
-    if (j > 0 && t.indices[j] <= t.indices[j - 1]) return fail(CodecErrorCode::kInvalidInput, where + "indices not strictly increasing");
-    if (!finite(t.values[j])) return fail(CodecErrorCode::kInvalidInput, where + "non-finite value at index " + str(t.indices[j]));
+    if (t.indices[j] >= t.size)
+      return fail(CodecErrorCode::kInvalidInput,
+                  where + "index " + str(t.indices[j]) + " ≥ size " + str(t.size));
+    if (j > 0 && t.indices[j] <= t.indices[j - 1])
+      return fail(CodecErrorCode::kInvalidInput, where + "indices not strictly increasing");
+    if (!finite(t.values[j]))
+      return fail(CodecErrorCode::kInvalidInput,
+                  where + "non-finite value at index " + str(t.indices[j]));
   }
   return std::nullopt;
 }
@@ -120,17 +146,21 @@ std::optional<CodecError> check_sign_scale(const SparseTensor& t) {
   const float scale = std::fabs(t.values[0]);
   const std::string where = "tensor " + str(t.tensor) + ": ";
   if (!(scale > 0.0f))
-    return fail(CodecErrorCode::kInvalidInput, where + "sign-scale values cannot carry a zero value (index " + str(t.indices[0]) + ")");
+    return fail(
+        CodecErrorCode::kInvalidInput,
+        where + "sign-scale values cannot carry a zero value (index " + str(t.indices[0]) + ")");
   for (std::size_t j = 1; j < t.values.size(); ++j)
     if (std::fabs(t.values[j]) != scale)
-      return fail(CodecErrorCode::kInvalidInput, where + "sign-scale values must all be ±" + num(scale) + ", index " +
-                                                     str(t.indices[j]) + " holds " + num(t.values[j]));
+      return fail(CodecErrorCode::kInvalidInput, where + "sign-scale values must all be ±" +
+                                                     num(scale) + ", index " + str(t.indices[j]) +
+                                                     " holds " + num(t.values[j]));
   return std::nullopt;
 }
 
 // What an encoder checks of the tensor records it is asked to send (sparse updates and
 // model deltas alike): each one valid for `values`, each tensor at most once.
-std::optional<CodecError> check_tensor_records(const std::vector<SparseTensor>& tensors, ValueEncoding values) {
+std::optional<CodecError> check_tensor_records(const std::vector<SparseTensor>& tensors,
+                                               ValueEncoding values) {
   if (tensors.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
   std::vector<std::uint32_t> seen;
   for (const SparseTensor& t : tensors) {
@@ -138,7 +168,8 @@ std::optional<CodecError> check_tensor_records(const std::vector<SparseTensor>& 
     if (values == ValueEncoding::kSignScale)
       if (auto error = check_sign_scale(t)) return *error;
     for (std::uint32_t s : seen)
-      if (s == t.tensor) return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
+      if (s == t.tensor)
+        return fail(CodecErrorCode::kInvalidInput, "tensor " + str(t.tensor) + " appears twice");
     seen.push_back(t.tensor);
   }
   return std::nullopt;
@@ -148,9 +179,10 @@ std::optional<CodecError> check_tensor_records(const std::vector<SparseTensor>& 
 // check_tensor() (and check_sign_scale() for kSignScale).
 void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values) {
   const std::size_t varint_bytes = delta_varint_bytes(t.indices);
-  const IndexEncoding index_encoding = t.indices.size() == t.size        ? IndexEncoding::kAll
-                                       : bitmap_bytes(t.size) < varint_bytes ? IndexEncoding::kBitmap
-                                                                             : IndexEncoding::kDeltaVarint;
+  const IndexEncoding index_encoding = t.indices.size() == t.size ? IndexEncoding::kAll
+                                       : bitmap_bytes(t.size) < varint_bytes
+                                           ? IndexEncoding::kBitmap
+                                           : IndexEncoding::kDeltaVarint;
   w.u32(t.tensor);
   w.u32(t.size);
   w.u32(static_cast<std::uint32_t>(t.indices.size()));
@@ -161,22 +193,28 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
   } else if (index_encoding == IndexEncoding::kBitmap) {
     const std::size_t start = w.buffer().size();
     w.buffer().resize(start + bitmap_bytes(t.size), 0);
-    for (std::uint32_t i : t.indices) w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
+    for (std::uint32_t i : t.indices)
+      w.buffer()[start + i / 8] |= static_cast<std::uint8_t>(1u << (i % 8));
   } else {
-    for (std::size_t j = 0; j < t.indices.size(); ++j) w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
+    for (std::size_t j = 0; j < t.indices.size(); ++j)
+      w.varint(j == 0 ? t.indices[0] : t.indices[j] - t.indices[j - 1] - 1);
   }
   if (values == ValueEncoding::kSignScale) {
     if (t.values.empty()) return;  // no entries, no scale
     w.f32(std::fabs(t.values[0]));
     const std::size_t start = w.buffer().size();
-    w.buffer().resize(start + value_section_bytes(values, static_cast<std::uint32_t>(t.values.size())) - 4, 0);
+    w.buffer().resize(
+        start + value_section_bytes(values, static_cast<std::uint32_t>(t.values.size())) - 4, 0);
     for (std::size_t j = 0; j < t.values.size(); ++j)
-      if (std::signbit(t.values[j])) w.buffer()[start + j / 8] |= static_cast<std::uint8_t>(1u << (j % 8));
+      if (std::signbit(t.values[j]))
+        w.buffer()[start + j / 8] |= static_cast<std::uint8_t>(1u << (j % 8));
     return;
   }
   for (float v : t.values) {
-    if (values == ValueEncoding::kFp16) w.u16(float_to_half(v));
-    else w.f32(v);
+    if (values == ValueEncoding::kFp16)
+      w.u16(float_to_half(v));
+    else
+      w.f32(v);
   }
 }
 
@@ -184,14 +222,19 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
 // layout and caps before anything sized by the message is allocated; nothing may follow
 // them. `exact_values_only` is true for model deltas, which must carry the server's values
 // bit for bit (f32 only).
-std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count, const ModelLayout& expected,
+std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count,
+                                              const ModelLayout& expected,
                                               const DecodeLimits& limits, bool exact_values_only,
                                               std::vector<SparseTensor>& tensors) {
   using E = CodecErrorCode;
-  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
+  if (tensor_count > limits.max_tensors)
+    return fail(E::kTooLarge,
+                str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
   if (tensor_count > expected.tensor_sizes.size())
-    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, the model has " + str(expected.tensor_sizes.size()));
-  if (r.remaining() < tensor_count * kTensorHeaderBytes) return fail(E::kTruncated, "message too short for " + str(tensor_count) + " tensor headers");
+    return fail(E::kLayoutMismatch,
+                str(tensor_count) + " tensors, the model has " + str(expected.tensor_sizes.size()));
+  if (r.remaining() < tensor_count * kTensorHeaderBytes)
+    return fail(E::kTruncated, "message too short for " + str(tensor_count) + " tensor headers");
 
   std::vector<bool> seen(expected.tensor_sizes.size(), false);
   std::uint64_t total_entries = 0;
@@ -199,29 +242,42 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
   for (SparseTensor& t : tensors) {
     std::uint32_t count = 0;
     std::uint8_t value_encoding = 0, index_encoding = 0;
-    if (!(r.u32(t.tensor) && r.u32(t.size) && r.u32(count) && r.u8(value_encoding) && r.u8(index_encoding)))
+    if (!(r.u32(t.tensor) && r.u32(t.size) && r.u32(count) && r.u8(value_encoding) &&
+          r.u8(index_encoding)))
       return fail(E::kTruncated, "message ends inside a tensor header");
     const std::string where = "tensor " + str(t.tensor) + ": ";
-    if (t.tensor >= expected.tensor_sizes.size()) return fail(E::kLayoutMismatch, where + "the model has " + str(expected.tensor_sizes.size()) + " tensors");
+    if (t.tensor >= expected.tensor_sizes.size())
+      return fail(E::kLayoutMismatch,
+                  where + "the model has " + str(expected.tensor_sizes.size()) + " tensors");
     if (seen[t.tensor]) return fail(E::kDuplicateTensor, where + "appears twice");
     seen[t.tensor] = true;
     if (t.size != expected.tensor_sizes[t.tensor])
-      return fail(E::kLayoutMismatch, where + "size " + str(t.size) + ", the model's is " + str(expected.tensor_sizes[t.tensor]));
-    if (count > t.size) return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
+      return fail(E::kLayoutMismatch, where + "size " + str(t.size) + ", the model's is " +
+                                          str(expected.tensor_sizes[t.tensor]));
+    if (count > t.size)
+      return fail(E::kBadCount, where + str(count) + " entries > size " + str(t.size));
     total_entries += count;
-    if (total_entries > limits.max_total_entries) return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
-    if (value_encoding > 2) return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
+    if (total_entries > limits.max_total_entries)
+      return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
+    if (value_encoding > 2)
+      return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
     if (value_encoding != 0 && exact_values_only)
-      return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") + " values where exact fp32 values are required");
+      return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") +
+                                       " values where exact fp32 values are required");
     const auto values_as = static_cast<ValueEncoding>(value_encoding);
-    if (index_encoding > 2) return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
+    if (index_encoding > 2)
+      return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
     if (index_encoding == 2 && count != t.size)
-      return fail(E::kBadCount, where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
+      return fail(E::kBadCount,
+                  where + "index encoding 'all' with " + str(count) + " entries of " + str(t.size));
     const std::size_t value_bytes = value_section_bytes(values_as, count);
     // Every entry costs at least one index byte (varint) or one bit (sign) plus its value:
     // checking that before allocating keeps allocations proportional to the message.
-    const std::size_t index_minimum = index_encoding == 1 ? bitmap_bytes(t.size) : index_encoding == 2 ? 0 : count;
-    if (r.remaining() < index_minimum + value_bytes) return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
+    const std::size_t index_minimum = index_encoding == 1   ? bitmap_bytes(t.size)
+                                      : index_encoding == 2 ? 0
+                                                            : count;
+    if (r.remaining() < index_minimum + value_bytes)
+      return fail(E::kTruncated, where + "message too short for " + str(count) + " entries");
 
     t.indices.resize(count);
     if (index_encoding == 2) {
@@ -237,11 +293,14 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
         while (byte != 0) {
           const int bit = std::countr_zero(byte);
           byte = static_cast<std::uint8_t>(byte & (byte - 1));
-          if (found == count) return fail(E::kBadCount, where + "bitmap has more than " + str(count) + " bits set");
+          if (found == count)
+            return fail(E::kBadCount, where + "bitmap has more than " + str(count) + " bits set");
           t.indices[found++] = static_cast<std::uint32_t>(b * 8 + static_cast<std::size_t>(bit));
         }
       }
-      if (found != count) return fail(E::kBadCount, where + "bitmap has " + str(found) + " bits set, count is " + str(count));
+      if (found != count)
+        return fail(E::kBadCount,
+                    where + "bitmap has " + str(found) + " bits set, count is " + str(count));
     } else {
       std::uint64_t next = 0;  // smallest index the next entry may take
       for (std::uint32_t j = 0; j < count; ++j) {
@@ -249,12 +308,14 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
         const char* problem = r.varint(gap);
         if (*problem) return fail(E::kBadIndex, where + problem);
         const std::uint64_t index = next + gap;
-        if (index >= t.size) return fail(E::kBadIndex, where + "index " + str(index) + " ≥ size " + str(t.size));
+        if (index >= t.size)
+          return fail(E::kBadIndex, where + "index " + str(index) + " ≥ size " + str(t.size));
         t.indices[j] = static_cast<std::uint32_t>(index);
         next = index + 1;
       }
     }
-    if (r.remaining() < value_bytes) return fail(E::kTruncated, where + "message ends inside the values");
+    if (r.remaining() < value_bytes)
+      return fail(E::kTruncated, where + "message ends inside the values");
     t.values.resize(count);
     if (values_as == ValueEncoding::kSignScale) {
       if (count == 0) continue;
@@ -264,12 +325,14 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
       if (!finite(scale)) return fail(E::kNonFiniteValue, where + "sign-scale scale is not finite");
       // Zero would decode to k zeros the encoder cannot have meant (it sends k = 0 instead);
       // a negative scale would give the sign two encodings.
-      if (!(scale > 0.0f)) return fail(E::kBadEncoding, where + "sign-scale scale " + num(scale) + " is not > 0");
+      if (!(scale > 0.0f))
+        return fail(E::kBadEncoding, where + "sign-scale scale " + num(scale) + " is not > 0");
       std::span<const std::uint8_t> signs;
       r.span(value_bytes - 4, signs);
       if (count % 8 != 0 && (signs.back() >> (count % 8)) != 0)
         return fail(E::kBadEncoding, where + "sign bits set beyond entry " + str(count - 1));
-      for (std::uint32_t j = 0; j < count; ++j) t.values[j] = (signs[j / 8] >> (j % 8)) & 1 ? -scale : scale;
+      for (std::uint32_t j = 0; j < count; ++j)
+        t.values[j] = (signs[j / 8] >> (j % 8)) & 1 ? -scale : scale;
       continue;
     }
     for (std::uint32_t j = 0; j < count; ++j) {
@@ -283,11 +346,14 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
         r.u32(word);
         v = std::bit_cast<float>(word);
       }
-      if (!finite(v)) return fail(E::kNonFiniteValue, where + "value at index " + str(t.indices[j]) + " is not finite");
+      if (!finite(v))
+        return fail(E::kNonFiniteValue,
+                    where + "value at index " + str(t.indices[j]) + " is not finite");
       t.values[j] = v;
     }
   }
-  if (r.remaining() != 0) return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
+  if (r.remaining() != 0)
+    return fail(E::kTrailingBytes, str(r.remaining()) + " bytes after the last tensor");
   return std::nullopt;
 }
 
@@ -295,19 +361,32 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
 
 const char* codec_error_name(CodecErrorCode code) {
   switch (code) {
-    case CodecErrorCode::kTooLarge: return "too large";
-    case CodecErrorCode::kTruncated: return "truncated";
-    case CodecErrorCode::kBadMagic: return "bad magic";
-    case CodecErrorCode::kUnsupportedVersion: return "unsupported version";
-    case CodecErrorCode::kWrongModel: return "wrong model";
-    case CodecErrorCode::kLayoutMismatch: return "layout mismatch";
-    case CodecErrorCode::kDuplicateTensor: return "duplicate tensor";
-    case CodecErrorCode::kBadCount: return "bad count";
-    case CodecErrorCode::kBadIndex: return "bad index";
-    case CodecErrorCode::kBadEncoding: return "bad encoding";
-    case CodecErrorCode::kNonFiniteValue: return "non-finite value";
-    case CodecErrorCode::kTrailingBytes: return "trailing bytes";
-    case CodecErrorCode::kInvalidInput: return "invalid input";
+    case CodecErrorCode::kTooLarge:
+      return "too large";
+    case CodecErrorCode::kTruncated:
+      return "truncated";
+    case CodecErrorCode::kBadMagic:
+      return "bad magic";
+    case CodecErrorCode::kUnsupportedVersion:
+      return "unsupported version";
+    case CodecErrorCode::kWrongModel:
+      return "wrong model";
+    case CodecErrorCode::kLayoutMismatch:
+      return "layout mismatch";
+    case CodecErrorCode::kDuplicateTensor:
+      return "duplicate tensor";
+    case CodecErrorCode::kBadCount:
+      return "bad count";
+    case CodecErrorCode::kBadIndex:
+      return "bad index";
+    case CodecErrorCode::kBadEncoding:
+      return "bad encoding";
+    case CodecErrorCode::kNonFiniteValue:
+      return "non-finite value";
+    case CodecErrorCode::kTrailingBytes:
+      return "trailing bytes";
+    case CodecErrorCode::kInvalidInput:
+      return "invalid input";
   }
   return "unknown";
 }
@@ -316,9 +395,10 @@ std::uint16_t float_to_half(float value) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
   const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000);
   const std::uint32_t magnitude = bits & 0x7fffffff;
-  if (magnitude > 0x7f800000) return sign | 0x7e00;                // NaN
-  if (magnitude >= 0x477ff000) return sign | kLargestFiniteHalf;   // ≥ 65520 (or Inf) would round to Inf
-  if (magnitude < 0x33000000) return sign;                         // ≤ 2^-25 rounds to zero
+  if (magnitude > 0x7f800000) return sign | 0x7e00;  // NaN
+  if (magnitude >= 0x477ff000)
+    return sign | kLargestFiniteHalf;       // ≥ 65520 (or Inf) would round to Inf
+  if (magnitude < 0x33000000) return sign;  // ≤ 2^-25 rounds to zero
   std::uint32_t result, remainder, halfway;
   if (magnitude < 0x38800000) {  // below 2^-14: a subnormal half, in units of 2^-24
     const std::uint32_t mantissa = (magnitude & 0x7fffff) | 0x800000;
@@ -332,7 +412,8 @@ std::uint16_t float_to_half(float value) {
     remainder = rebased & 0x1fff;
     halfway = 0x1000;
   }
-  if (remainder > halfway || (remainder == halfway && (result & 1))) ++result;  // carries into the exponent correctly
+  if (remainder > halfway || (remainder == halfway && (result & 1)))
+    ++result;  // carries into the exponent correctly
   return static_cast<std::uint16_t>(sign | result);
 }
 
@@ -350,21 +431,27 @@ float half_to_float(std::uint16_t half) {
 
 std::size_t value_section_bytes(ValueEncoding encoding, std::uint32_t count) {
   switch (encoding) {
-    case ValueEncoding::kFp32: return 4 * std::size_t{count};
-    case ValueEncoding::kFp16: return 2 * std::size_t{count};
-    case ValueEncoding::kSignScale: return count == 0 ? 0 : 4 + (std::size_t{count} + 7) / 8;
+    case ValueEncoding::kFp32:
+      return 4 * std::size_t{count};
+    case ValueEncoding::kFp16:
+      return 2 * std::size_t{count};
+    case ValueEncoding::kSignScale:
+      return count == 0 ? 0 : 4 + (std::size_t{count} + 7) / 8;
   }
   return 4 * std::size_t{count};
 }
 
 std::size_t delta_varint_bytes(std::span<const std::uint32_t> indices) {
   std::size_t total = 0;
-  for (std::size_t j = 0; j < indices.size(); ++j) total += varint_length(j == 0 ? indices[0] : indices[j] - indices[j - 1] - 1);
+  for (std::size_t j = 0; j < indices.size(); ++j)
+    total += varint_length(j == 0 ? indices[0] : indices[j] - indices[j - 1] - 1);
   return total;
 }
 
-CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options) {
-  if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16 && options.values != ValueEncoding::kSignScale)
+CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update,
+                                                            const EncodeOptions& options) {
+  if (options.values != ValueEncoding::kFp32 && options.values != ValueEncoding::kFp16 &&
+      options.values != ValueEncoding::kSignScale)
     return fail(CodecErrorCode::kInvalidInput, "unknown value encoding");
   if (auto error = check_tensor_records(update.tensors, options.values)) return *error;
   Writer w;
@@ -377,29 +464,37 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
   return w.take();
 }
 
-CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes,
+                                               const ModelLayout& expected,
                                                const DecodeLimits& limits) {
   Reader r(bytes);
   SparseUpdate update;
-  if (auto error = read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id)) return *error;
+  if (auto error =
+          read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id))
+    return *error;
   std::uint32_t tensor_count = 0;
   r.u64(update.sequence);
   r.u64(update.fetched_version);
   r.u32(tensor_count);
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/false, update.tensors)) return *error;
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits,
+                                       /*exact_values_only=*/false, update.tensors))
+    return *error;
   return update;
 }
 
-CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id, std::uint64_t version,
-                                                          std::span<const std::uint32_t> tensor_sizes,
-                                                          std::span<const float> values) {
+CodecResult<std::vector<std::uint8_t>> encode_dense_model(
+    std::uint64_t model_id, std::uint64_t version, std::span<const std::uint32_t> tensor_sizes,
+    std::span<const float> values) {
   std::uint64_t total = 0;
   for (std::uint32_t n : tensor_sizes) total += n;
   if (total != values.size())
-    return fail(CodecErrorCode::kInvalidInput, "tensor sizes add up to " + str(total) + ", " + str(values.size()) + " values given");
-  if (tensor_sizes.size() > UINT32_MAX) return fail(CodecErrorCode::kInvalidInput, "too many tensors");
+    return fail(CodecErrorCode::kInvalidInput, "tensor sizes add up to " + str(total) + ", " +
+                                                   str(values.size()) + " values given");
+  if (tensor_sizes.size() > UINT32_MAX)
+    return fail(CodecErrorCode::kInvalidInput, "too many tensors");
   for (std::size_t i = 0; i < values.size(); ++i)
-    if (!finite(values[i])) return fail(CodecErrorCode::kInvalidInput, "non-finite parameter at flat index " + str(i));
+    if (!finite(values[i]))
+      return fail(CodecErrorCode::kInvalidInput, "non-finite parameter at flat index " + str(i));
   Writer w;
   w.reserve(kDenseHeaderBytes + 4 * tensor_sizes.size() + 4 * values.size());
   write_message_header(w, kDenseFormat);
@@ -411,36 +506,49 @@ CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id
   return w.take();
 }
 
-CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
+                                           const ModelLayout& expected,
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
   Reader r(bytes);
   DenseModel model;
-  if (auto error = read_message_header(r, bytes, kDenseFormat, limits, expected.model_id, model.model_id)) return *error;
+  if (auto error =
+          read_message_header(r, bytes, kDenseFormat, limits, expected.model_id, model.model_id))
+    return *error;
   std::uint32_t tensor_count = 0;
   r.u64(model.version);
   r.u32(tensor_count);
-  if (tensor_count > limits.max_tensors) return fail(E::kTooLarge, str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
+  if (tensor_count > limits.max_tensors)
+    return fail(E::kTooLarge,
+                str(tensor_count) + " tensors exceed the cap of " + str(limits.max_tensors));
   if (tensor_count != expected.tensor_sizes.size())
-    return fail(E::kLayoutMismatch, str(tensor_count) + " tensors, expected " + str(expected.tensor_sizes.size()));
-  if (r.remaining() < std::size_t{tensor_count} * 4) return fail(E::kTruncated, "message ends inside the tensor sizes");
+    return fail(E::kLayoutMismatch,
+                str(tensor_count) + " tensors, expected " + str(expected.tensor_sizes.size()));
+  if (r.remaining() < std::size_t{tensor_count} * 4)
+    return fail(E::kTruncated, "message ends inside the tensor sizes");
   std::uint64_t total = 0;
   model.tensor_sizes.resize(tensor_count);
   for (std::uint32_t i = 0; i < tensor_count; ++i) {
     r.u32(model.tensor_sizes[i]);
     if (model.tensor_sizes[i] != expected.tensor_sizes[i])
-      return fail(E::kLayoutMismatch, "tensor " + str(i) + ": size " + str(model.tensor_sizes[i]) + ", expected " + str(expected.tensor_sizes[i]));
+      return fail(E::kLayoutMismatch, "tensor " + str(i) + ": size " + str(model.tensor_sizes[i]) +
+                                          ", expected " + str(expected.tensor_sizes[i]));
     total += model.tensor_sizes[i];
   }
-  if (total > limits.max_total_entries) return fail(E::kTooLarge, str(total) + " parameters exceed the cap of " + str(limits.max_total_entries));
-  if (r.remaining() < total * 4) return fail(E::kTruncated, "message too short for " + str(total) + " parameters");
-  if (r.remaining() > total * 4) return fail(E::kTrailingBytes, str(r.remaining() - total * 4) + " bytes after the parameters");
+  if (total > limits.max_total_entries)
+    return fail(E::kTooLarge,
+                str(total) + " parameters exceed the cap of " + str(limits.max_total_entries));
+  if (r.remaining() < total * 4)
+    return fail(E::kTruncated, "message too short for " + str(total) + " parameters");
+  if (r.remaining() > total * 4)
+    return fail(E::kTrailingBytes, str(r.remaining() - total * 4) + " bytes after the parameters");
   model.values.resize(total);
   for (std::size_t i = 0; i < total; ++i) {
     std::uint32_t word = 0;
     r.u32(word);
     model.values[i] = std::bit_cast<float>(word);
-    if (!finite(model.values[i])) return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
+    if (!finite(model.values[i]))
+      return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
   }
   return model;
 }
@@ -467,15 +575,18 @@ std::uint64_t parameter_digest(std::span<const float> parameters) {
   const std::size_t n = parameters.size();
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4)
-    for (int l = 0; l < 4; ++l) lane[l] = (lane[l] ^ std::bit_cast<std::uint32_t>(parameters[i + l])) * kPrime;
-  for (; i < n; ++i) lane[i % 4] = (lane[i % 4] ^ std::bit_cast<std::uint32_t>(parameters[i])) * kPrime;
+    for (int l = 0; l < 4; ++l)
+      lane[l] = (lane[l] ^ std::bit_cast<std::uint32_t>(parameters[i + l])) * kPrime;
+  for (; i < n; ++i)
+    lane[i % 4] = (lane[i % 4] ^ std::bit_cast<std::uint32_t>(parameters[i])) * kPrime;
   std::uint64_t digest = kOffset;
   for (std::uint64_t v : lane) digest = (digest ^ v) * kPrime;
   return (digest ^ static_cast<std::uint64_t>(n)) * kPrime;
 }
 
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta) {
-  if (delta.version < delta.base_version) return fail(CodecErrorCode::kInvalidInput, "version below the base version");
+  if (delta.version < delta.base_version)
+    return fail(CodecErrorCode::kInvalidInput, "version below the base version");
   if (auto error = check_tensor_records(delta.tensors, ValueEncoding::kFp32)) return *error;
   std::size_t entries = 0;
   for (const SparseTensor& t : delta.tensors) entries += t.indices.size();
@@ -491,26 +602,33 @@ CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delt
   return w.take();
 }
 
-CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
+                                           const ModelLayout& expected,
                                            const DecodeLimits& limits) {
   using E = CodecErrorCode;
   Reader r(bytes);
   ModelDelta delta;
-  if (auto error = read_message_header(r, bytes, kDeltaFormat, limits, expected.model_id, delta.model_id)) return *error;
+  if (auto error =
+          read_message_header(r, bytes, kDeltaFormat, limits, expected.model_id, delta.model_id))
+    return *error;
   std::uint32_t tensor_count = 0;
   r.u64(delta.base_version);
   r.u64(delta.version);
   r.u64(delta.digest);
   r.u32(tensor_count);
   if (delta.version < delta.base_version)
-    return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " + str(delta.base_version));
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits, /*exact_values_only=*/true, delta.tensors)) return *error;
+    return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " +
+                                     str(delta.base_version));
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits,
+                                       /*exact_values_only=*/true, delta.tensors))
+    return *error;
   return delta;
 }
 
 std::size_t model_delta_record_min_bytes(std::uint32_t size, std::size_t count) {
   const std::size_t index_bytes = count == size ? 0 : std::min(bitmap_bytes(size), count);
-  return kTensorHeaderBytes + value_section_bytes(ValueEncoding::kFp32, static_cast<std::uint32_t>(count)) + index_bytes;
+  return kTensorHeaderBytes +
+         value_section_bytes(ValueEncoding::kFp32, static_cast<std::uint32_t>(count)) + index_bytes;
 }
 
 std::vector<std::uint8_t> encode_update_reply(std::uint64_t version) {
@@ -527,7 +645,8 @@ std::optional<std::uint64_t> decode_update_reply(std::span<const std::uint8_t> p
   return version;
 }
 
-bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes, std::span<float> parameters) {
+bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes,
+                       std::span<float> parameters) {
   std::vector<std::size_t> offsets(tensor_sizes.size());
   std::size_t total = 0;
   for (std::size_t i = 0; i < tensor_sizes.size(); ++i) {
@@ -536,7 +655,9 @@ bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> t
   }
   if (total != parameters.size()) return false;
   for (const SparseTensor& t : delta.tensors) {
-    if (t.tensor >= tensor_sizes.size() || t.size != tensor_sizes[t.tensor] || t.indices.size() != t.values.size()) return false;
+    if (t.tensor >= tensor_sizes.size() || t.size != tensor_sizes[t.tensor] ||
+        t.indices.size() != t.values.size())
+      return false;
     for (std::uint32_t i : t.indices)
       if (i >= t.size) return false;
   }

@@ -1,6 +1,7 @@
 // The wire formats of edgetrain: a sparse gradient update (worker → server), a dense model
-// and a model delta (the parameters changed since a version; server → worker). Pure functions over byte spans: no I/O, no libcoap, no
-// allocation beyond the returned objects. The byte-by-byte layout is in CODEC.md.
+// and a model delta (the parameters changed since a version; server → worker). Pure functions over
+// byte spans: no I/O, no libcoap, no allocation beyond the returned objects. The byte-by-byte
+// layout is in CODEC.md.
 //
 // Decoding treats its input as hostile. Every count, length and index is checked against
 // caps and against the model layout the caller expects before anything is allocated or
@@ -52,7 +53,8 @@ struct ModelDelta {
   std::uint64_t base_version = 0;
   std::uint64_t version = 0;  // ≥ base_version
   std::uint64_t digest = 0;
-  std::vector<SparseTensor> tensors;  // new values (not differences), fp32; each tensor at most once
+  std::vector<SparseTensor>
+      tensors;  // new values (not differences), fp32; each tensor at most once
 };
 
 // kSignScale (sparse updates only): one f32 scale s per tensor record and one sign bit per
@@ -63,19 +65,19 @@ enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2 }
 enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1, kAll = 2 };
 
 enum class CodecErrorCode {
-  kTooLarge,            // message or a count above a cap
-  kTruncated,           // the message ends inside a field
+  kTooLarge,   // message or a count above a cap
+  kTruncated,  // the message ends inside a field
   kBadMagic,
   kUnsupportedVersion,
-  kWrongModel,          // model id differs from the expected one
-  kLayoutMismatch,      // tensor number or size does not match the expected layout
+  kWrongModel,      // model id differs from the expected one
+  kLayoutMismatch,  // tensor number or size does not match the expected layout
   kDuplicateTensor,
-  kBadCount,            // k > n, or a bitmap's population differs from k
-  kBadIndex,            // index ≥ size, not strictly increasing, or a malformed varint
-  kBadEncoding,         // unknown encoding byte, nonzero reserved field
-  kNonFiniteValue,      // NaN or ±Inf
+  kBadCount,        // k > n, or a bitmap's population differs from k
+  kBadIndex,        // index ≥ size, not strictly increasing, or a malformed varint
+  kBadEncoding,     // unknown encoding byte, nonzero reserved field
+  kNonFiniteValue,  // NaN or ±Inf
   kTrailingBytes,
-  kInvalidInput,        // the encoder was handed something it must not send
+  kInvalidInput,  // the encoder was handed something it must not send
 };
 const char* codec_error_name(CodecErrorCode code);
 
@@ -132,27 +134,32 @@ inline constexpr std::uint16_t kCodecFormatVersion = 1;
 
 // Checks `update` the way the decoder would (without a layout) and encodes it; each tensor
 // gets whichever index encoding is smaller (delta-varint on a tie).
-CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update, const EncodeOptions& options = {});
-CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& update,
+                                                            const EncodeOptions& options = {});
+CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> bytes,
+                                               const ModelLayout& expected,
                                                const DecodeLimits& limits = {});
 
 // `values` holds all tensors back to back; its length must be the sum of `tensor_sizes`.
-CodecResult<std::vector<std::uint8_t>> encode_dense_model(std::uint64_t model_id, std::uint64_t version,
-                                                          std::span<const std::uint32_t> tensor_sizes,
-                                                          std::span<const float> values);
-CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<std::vector<std::uint8_t>> encode_dense_model(
+    std::uint64_t model_id, std::uint64_t version, std::span<const std::uint32_t> tensor_sizes,
+    std::span<const float> values);
+CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
+                                           const ModelLayout& expected,
                                            const DecodeLimits& limits = {});
 
 // Model delta (CODEC.md). The encoder picks each tensor's index encoding like
 // encode_sparse_update() and always sends fp32 values; the decoder refuses fp16 values and a
 // version below the base version.
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta);
-CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes, const ModelLayout& expected,
+CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
+                                           const ModelLayout& expected,
                                            const DecodeLimits& limits = {});
 // Overwrites the delta's entries in `parameters` (all tensors back to back, laid out as
 // `tensor_sizes`, which the delta was decoded against). Returns false, changing nothing,
 // when `parameters` has another length or a tensor does not fit.
-bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes, std::span<float> parameters);
+bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes,
+                       std::span<float> parameters);
 // A 64-bit fingerprint of a parameter vector (CODEC.md): detects a worker copy that is not
 // the server's (a bug, or a server whose state was replaced); not cryptographic.
 std::uint64_t parameter_digest(std::span<const float> parameters);

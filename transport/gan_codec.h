@@ -33,12 +33,13 @@ inline constexpr std::size_t kGanMaxSwapName = 255;
 struct GanBatches {
   std::uint64_t run_id = 0;
   std::uint64_t iteration = 0;
-  std::uint32_t batch = 0;  // b
-  std::uint32_t width = 0;  // d: values per sample
+  std::uint32_t batch = 0;       // b
+  std::uint32_t width = 0;       // d: values per sample
   std::uint32_t swap_round = 0;  // > 0: this iteration begins discriminator swap round `swap_round`
-  std::string swap_to;            // with swap_round > 0: the peer to send this worker's D to
-  std::vector<std::uint8_t> g_labels, d_labels;  // b each: the classes the samples were conditioned on
-  std::vector<float> g_samples, d_samples;       // b·d each
+  std::string swap_to;           // with swap_round > 0: the peer to send this worker's D to
+  std::vector<std::uint8_t> g_labels,
+      d_labels;                             // b each: the classes the samples were conditioned on
+  std::vector<float> g_samples, d_samples;  // b·d each
 };
 
 struct GanFeedback {
@@ -51,8 +52,10 @@ struct GanFeedback {
 
 // kFp32 or kFp16 (rounded to nearest even; magnitudes above 65504 clamp). Fails with
 // kInvalidInput for sizes that disagree, another encoding, or a name that is too long.
-CodecResult<std::vector<std::uint8_t>> encode_gan_batches(const GanBatches& batches, ValueEncoding encoding);
-CodecResult<std::vector<std::uint8_t>> encode_gan_feedback(const GanFeedback& feedback, ValueEncoding encoding);
+CodecResult<std::vector<std::uint8_t>> encode_gan_batches(const GanBatches& batches,
+                                                          ValueEncoding encoding);
+CodecResult<std::vector<std::uint8_t>> encode_gan_feedback(const GanFeedback& feedback,
+                                                           ValueEncoding encoding);
 
 // What the decoder insists on; 0 accepts any (still within the caps).
 struct GanExpectation {
@@ -60,7 +63,9 @@ struct GanExpectation {
   std::uint32_t batch = 0;
   std::uint32_t width = 0;
 };
-CodecResult<GanBatches> decode_gan_batches(std::span<const std::uint8_t> bytes, const GanExpectation& expected = {});
-CodecResult<GanFeedback> decode_gan_feedback(std::span<const std::uint8_t> bytes, const GanExpectation& expected = {});
+CodecResult<GanBatches> decode_gan_batches(std::span<const std::uint8_t> bytes,
+                                           const GanExpectation& expected = {});
+CodecResult<GanFeedback> decode_gan_feedback(std::span<const std::uint8_t> bytes,
+                                             const GanExpectation& expected = {});
 
 }  // namespace edgetrain::transport

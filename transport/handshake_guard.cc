@@ -18,8 +18,9 @@
 // must reach Mbed TLS, not the wraps below.
 extern "C" int __real_mbedtls_ssl_cookie_write(void* ctx, unsigned char** p, unsigned char* end,
                                                const unsigned char* cli_id, size_t cli_id_len);
-extern "C" int __real_mbedtls_ssl_cookie_check(void* ctx, const unsigned char* cookie, size_t cookie_len,
-                                               const unsigned char* cli_id, size_t cli_id_len);
+extern "C" int __real_mbedtls_ssl_cookie_check(void* ctx, const unsigned char* cookie,
+                                               size_t cookie_len, const unsigned char* cli_id,
+                                               size_t cli_id_len);
 
 namespace edgetrain::transport {
 
@@ -49,7 +50,9 @@ constexpr std::size_t kMaxSessionIdBytes = 32;
 constexpr std::uint8_t kDtls10[2] = {254, 255};
 
 std::uint32_t read_u16(const std::uint8_t* p) { return (std::uint32_t{p[0]} << 8) | p[1]; }
-std::uint32_t read_u24(const std::uint8_t* p) { return (std::uint32_t{p[0]} << 16) | (std::uint32_t{p[1]} << 8) | p[2]; }
+std::uint32_t read_u24(const std::uint8_t* p) {
+  return (std::uint32_t{p[0]} << 16) | (std::uint32_t{p[1]} << 8) | p[2];
+}
 
 // One random key for the process's cookies, made on first use.
 class CookieKey {
@@ -63,14 +66,15 @@ class CookieKey {
     Cookie cookie;
     unsigned char* end = cookie.bytes.data();
     std::lock_guard lock(mutex_);
-    if (__real_mbedtls_ssl_cookie_write(&ctx_, &end, cookie.bytes.data() + cookie.bytes.size(), identity.data(),
-                                        identity.size()) == 0)
+    if (__real_mbedtls_ssl_cookie_write(&ctx_, &end, cookie.bytes.data() + cookie.bytes.size(),
+                                        identity.data(), identity.size()) == 0)
       cookie.size = static_cast<std::size_t>(end - cookie.bytes.data());
     return cookie;
   }
   bool check(std::span<const std::uint8_t> cookie, std::span<const std::uint8_t> identity) {
     std::lock_guard lock(mutex_);
-    return __real_mbedtls_ssl_cookie_check(&ctx_, cookie.data(), cookie.size(), identity.data(), identity.size()) == 0;
+    return __real_mbedtls_ssl_cookie_check(&ctx_, cookie.data(), cookie.size(), identity.data(),
+                                           identity.size()) == 0;
   }
 
  private:
@@ -110,7 +114,8 @@ bool parse_client_hello_body(std::span<const std::uint8_t> body, ClientHello* he
   at += 1 + cookie_bytes;
   if (body.size() < at + 2) return false;
   const std::size_t suites_bytes = read_u16(&body[at]);
-  if (suites_bytes < 2 || suites_bytes % 2 != 0 || body.size() < at + 2 + suites_bytes) return false;
+  if (suites_bytes < 2 || suites_bytes % 2 != 0 || body.size() < at + 2 + suites_bytes)
+    return false;
   at += 2 + suites_bytes;
   if (body.size() < at + 1) return false;
   const std::size_t compression_bytes = body[at];
@@ -135,7 +140,8 @@ std::size_t reply_control(const msghdr& received, std::uint8_t* buffer, std::siz
   auto& message = const_cast<msghdr&>(received);  // the CMSG macros take no const
   if (!message.msg_control || message.msg_controllen < sizeof(cmsghdr)) return 0;
   for (cmsghdr* c = CMSG_FIRSTHDR(&message); c; c = CMSG_NXTHDR(&message, c)) {
-    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO && capacity >= CMSG_SPACE(sizeof(in_pktinfo))) {
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO &&
+        capacity >= CMSG_SPACE(sizeof(in_pktinfo))) {
       in_pktinfo got;
       std::memcpy(&got, CMSG_DATA(c), sizeof(got));
       in_pktinfo answer{};
@@ -148,7 +154,8 @@ std::size_t reply_control(const msghdr& received, std::uint8_t* buffer, std::siz
       std::memcpy(CMSG_DATA(out), &answer, sizeof(answer));
       return CMSG_SPACE(sizeof(answer));
     }
-    if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO && capacity >= CMSG_SPACE(sizeof(in6_pktinfo))) {
+    if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO &&
+        capacity >= CMSG_SPACE(sizeof(in6_pktinfo))) {
       auto* out = reinterpret_cast<cmsghdr*>(buffer);
       out->cmsg_level = IPPROTO_IPV6;
       out->cmsg_type = IPV6_PKTINFO;
@@ -162,7 +169,8 @@ std::size_t reply_control(const msghdr& received, std::uint8_t* buffer, std::siz
 
 void send_reply(int fd, const msghdr& received, std::span<const std::uint8_t> reply) {
   iovec part{const_cast<std::uint8_t*>(reply.data()), reply.size()};
-  alignas(cmsghdr) std::uint8_t control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(in_pktinfo))] = {};
+  alignas(cmsghdr)
+      std::uint8_t control[CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(in_pktinfo))] = {};
   msghdr message{};
   message.msg_name = received.msg_name;
   message.msg_namelen = received.msg_namelen;
@@ -209,7 +217,8 @@ PeerAddress peer_address(const sockaddr* address, socklen_t length) {
     peer.family = 4;
     std::memcpy(peer.ip.data(), &in.sin_addr, 4);
     peer.port = ntohs(in.sin_port);
-  } else if (address->sa_family == AF_INET6 && length >= static_cast<socklen_t>(sizeof(sockaddr_in6))) {
+  } else if (address->sa_family == AF_INET6 &&
+             length >= static_cast<socklen_t>(sizeof(sockaddr_in6))) {
     sockaddr_in6 in6;
     std::memcpy(&in6, address, sizeof(in6));
     peer.port = ntohs(in6.sin6_port);
@@ -225,8 +234,10 @@ PeerAddress peer_address(const sockaddr* address, socklen_t length) {
 }
 
 DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHello* hello) {
-  if (datagram.size() <= kRecordHeaderBytes || datagram[0] != kContentTypeHandshake) return DatagramKind::kOther;
-  if (read_u16(&datagram[3]) != 0 || datagram[kRecordHeaderBytes] != kHandshakeClientHello) return DatagramKind::kOther;
+  if (datagram.size() <= kRecordHeaderBytes || datagram[0] != kContentTypeHandshake)
+    return DatagramKind::kOther;
+  if (read_u16(&datagram[3]) != 0 || datagram[kRecordHeaderBytes] != kHandshakeClientHello)
+    return DatagramKind::kOther;
   // From here on the datagram says it is a ClientHello: it must be a whole one.
   const std::size_t record_bytes = read_u16(&datagram[11]);
   if (record_bytes < kHandshakeHeaderBytes || datagram.size() - kRecordHeaderBytes < record_bytes)
@@ -235,7 +246,8 @@ DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHel
   const std::size_t message_bytes = read_u24(&record[1]);
   const std::size_t fragment_offset = read_u24(&record[6]);
   const std::size_t fragment_bytes = read_u24(&record[9]);
-  if (fragment_offset != 0 || fragment_bytes != message_bytes || record_bytes - kHandshakeHeaderBytes < message_bytes)
+  if (fragment_offset != 0 || fragment_bytes != message_bytes ||
+      record_bytes - kHandshakeHeaderBytes < message_bytes)
     return DatagramKind::kMalformedClientHello;
   if (!parse_client_hello_body(record.subspan(kHandshakeHeaderBytes, message_bytes), hello))
     return DatagramKind::kMalformedClientHello;
@@ -246,7 +258,8 @@ DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHel
   return DatagramKind::kClientHello;
 }
 
-void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie, std::vector<std::uint8_t>& out) {
+void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie,
+                          std::vector<std::uint8_t>& out) {
   const std::size_t body_bytes = 2 + 1 + cookie.size();
   out.clear();
   out.reserve(kRecordHeaderBytes + kHandshakeHeaderBytes + body_bytes);
@@ -267,26 +280,37 @@ void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t
   out.insert(out.end(), cookie.begin(), cookie.end());
 }
 
-Cookie make_cookie(const PeerAddress& peer) { return CookieKey::instance().write(peer.cookie_identity()); }
+Cookie make_cookie(const PeerAddress& peer) {
+  return CookieKey::instance().write(peer.cookie_identity());
+}
 
 bool cookie_is_valid(const PeerAddress& peer, std::span<const std::uint8_t> cookie) {
   if (cookie.empty() || cookie.size() > kMaxCookieBytes) return false;
   return CookieKey::instance().check(cookie, peer.cookie_identity());
 }
 
-HandshakeGuard::HandshakeGuard(const HandshakeLimits& limits) : limits_(limits) { check_handshake_limits(limits); }
+HandshakeGuard::HandshakeGuard(const HandshakeLimits& limits) : limits_(limits) {
+  check_handshake_limits(limits);
+}
 
-HandshakeGuard::Decision HandshakeGuard::decide(const PeerAddress& peer, std::span<const std::uint8_t> datagram,
-                                                GuardClock::time_point now, std::vector<std::uint8_t>& reply) {
+HandshakeGuard::Decision HandshakeGuard::decide(const PeerAddress& peer,
+                                                std::span<const std::uint8_t> datagram,
+                                                GuardClock::time_point now,
+                                                std::vector<std::uint8_t>& reply) {
   ClientHello hello;
   switch (classify_datagram(datagram, &hello)) {
-    case DatagramKind::kOther: return Decision::kPass;
-    case DatagramKind::kMalformedClientHello: ++stats_.malformed_client_hellos; return Decision::kDropMalformed;
-    case DatagramKind::kClientHello: break;
+    case DatagramKind::kOther:
+      return Decision::kPass;
+    case DatagramKind::kMalformedClientHello:
+      ++stats_.malformed_client_hellos;
+      return Decision::kDropMalformed;
+    case DatagramKind::kClientHello:
+      break;
   }
   if (!cookie_is_valid(peer, hello.cookie)) {
     const Cookie cookie = make_cookie(peer);
-    if (cookie.size == 0) return Decision::kDropMalformed;  // Mbed TLS failed: nothing sensible to answer
+    if (cookie.size == 0)
+      return Decision::kDropMalformed;  // Mbed TLS failed: nothing sensible to answer
     hello_verify_request(hello, cookie.view(), reply);
     ++stats_.hello_verify_requests;
     return Decision::kAnswerWithCookie;
@@ -295,7 +319,8 @@ HandshakeGuard::Decision HandshakeGuard::decide(const PeerAddress& peer, std::sp
 }
 
 // A ClientHello with a valid cookie: the peer receives at its address.
-HandshakeGuard::Decision HandshakeGuard::admit_verified(const PeerAddress& peer, GuardClock::time_point now) {
+HandshakeGuard::Decision HandshakeGuard::admit_verified(const PeerAddress& peer,
+                                                        GuardClock::time_point now) {
   if (pending_.count(peer)) {  // a retransmission within a handshake in progress
     ++stats_.client_hellos_admitted;
     return Decision::kPass;
@@ -303,7 +328,8 @@ HandshakeGuard::Decision HandshakeGuard::admit_verified(const PeerAddress& peer,
   const PeerAddress source = peer.source();
   const auto from_source = pending_by_source_.find(source);
   if (pending_.size() >= limits_.max_pending ||
-      (from_source != pending_by_source_.end() && from_source->second >= limits_.max_pending_per_address)) {
+      (from_source != pending_by_source_.end() &&
+       from_source->second >= limits_.max_pending_per_address)) {
     ++stats_.refused_too_many_pending;
     return Decision::kDropTooManyPending;
   }
@@ -325,7 +351,8 @@ bool HandshakeGuard::take_token(const PeerAddress& source, GuardClock::time_poin
   }
   Bucket& bucket = it->second;
   const double elapsed = std::chrono::duration<double>(now - bucket.refilled).count();
-  bucket.tokens = std::min(capacity, bucket.tokens + std::max(0.0, elapsed) * limits_.rate_per_address);
+  bucket.tokens =
+      std::min(capacity, bucket.tokens + std::max(0.0, elapsed) * limits_.rate_per_address);
   bucket.refilled = now;
   if (bucket.tokens < 1) return false;
   bucket.tokens -= 1;
@@ -341,18 +368,21 @@ void HandshakeGuard::forget_idle_sources(GuardClock::time_point now) {
 }
 
 bool HandshakeGuard::admit(int fd, const msghdr& received, std::span<const std::uint8_t> datagram) {
-  const PeerAddress peer = peer_address(static_cast<const sockaddr*>(received.msg_name), received.msg_namelen);
+  const PeerAddress peer =
+      peer_address(static_cast<const sockaddr*>(received.msg_name), received.msg_namelen);
   if (peer.family == 0) return true;
   const Decision decision = decide(peer, datagram, GuardClock::now(), reply_);
   if (decision == Decision::kAnswerWithCookie) send_reply(fd, received, reply_);
   return decision == Decision::kPass;
 }
 
-void HandshakeGuard::handshake_started(const void* session, const PeerAddress& peer, GuardClock::time_point now) {
+void HandshakeGuard::handshake_started(const void* session, const PeerAddress& peer,
+                                       GuardClock::time_point now) {
   if (by_session_.count(session)) handshake_ended(session);
   const auto previous = pending_.find(peer);
   if (previous != pending_.end()) handshake_ended(previous->second.session);
-  const auto timeout = std::chrono::duration_cast<GuardClock::duration>(std::chrono::duration<double>(limits_.timeout_seconds));
+  const auto timeout = std::chrono::duration_cast<GuardClock::duration>(
+      std::chrono::duration<double>(limits_.timeout_seconds));
   pending_[peer] = Pending{session, now + timeout, std::nullopt};
   by_session_[session] = peer;
   ++pending_by_source_[peer.source()];
@@ -368,7 +398,8 @@ std::optional<std::string> HandshakeGuard::handshake_ended(const void* session) 
     identity = std::move(it->second.known_identity);
     pending_.erase(it);
     const auto source = pending_by_source_.find(peer.source());
-    if (source != pending_by_source_.end() && --source->second == 0) pending_by_source_.erase(source);
+    if (source != pending_by_source_.end() && --source->second == 0)
+      pending_by_source_.erase(source);
   }
   return identity;
 }
@@ -376,7 +407,8 @@ std::optional<std::string> HandshakeGuard::handshake_ended(const void* session) 
 void HandshakeGuard::note_known_identity(const void* session, std::string identity) {
   const auto found = by_session_.find(session);
   if (found == by_session_.end()) return;
-  if (const auto it = pending_.find(found->second); it != pending_.end()) it->second.known_identity = std::move(identity);
+  if (const auto it = pending_.find(found->second); it != pending_.end())
+    it->second.known_identity = std::move(identity);
 }
 
 std::optional<std::string> HandshakeGuard::known_identity(const void* session) const {
@@ -386,7 +418,8 @@ std::optional<std::string> HandshakeGuard::known_identity(const void* session) c
   return it == pending_.end() ? std::nullopt : it->second.known_identity;
 }
 
-std::vector<std::pair<const void*, PeerAddress>> HandshakeGuard::overdue(GuardClock::time_point now) const {
+std::vector<std::pair<const void*, PeerAddress>> HandshakeGuard::overdue(
+    GuardClock::time_point now) const {
   std::vector<std::pair<const void*, PeerAddress>> late;
   for (const auto& [peer, pending] : pending_)
     if (pending.deadline <= now) late.emplace_back(pending.session, peer);
@@ -419,7 +452,8 @@ HandshakeStats HandshakeGuard::stats() const {
 // transport id goes to Mbed TLS unchanged.
 namespace {
 
-std::optional<edgetrain::transport::detail::PeerAddress> libcoap_peer(const unsigned char* cli_id, size_t length) {
+std::optional<edgetrain::transport::detail::PeerAddress> libcoap_peer(const unsigned char* cli_id,
+                                                                      size_t length) {
   if (!cli_id || length != sizeof(coap_address_t)) return std::nullopt;
   coap_address_t address;
   std::memcpy(&address, cli_id, sizeof(address));
@@ -440,18 +474,22 @@ extern "C" int __wrap_mbedtls_ssl_cookie_write(void* ctx, unsigned char** p, uns
     cookie = edgetrain::transport::detail::make_cookie(*peer);
   } catch (...) {
   }
-  if (cookie.size == 0 || static_cast<std::size_t>(end - *p) < cookie.size) return MBEDTLS_ERR_SSL_BUFFER_TOO_SMALL;
+  if (cookie.size == 0 || static_cast<std::size_t>(end - *p) < cookie.size)
+    return MBEDTLS_ERR_SSL_BUFFER_TOO_SMALL;
   std::memcpy(*p, cookie.bytes.data(), cookie.size);
   *p += cookie.size;
   return 0;
 }
 
-extern "C" int __wrap_mbedtls_ssl_cookie_check(void* ctx, const unsigned char* cookie, size_t cookie_len,
-                                               const unsigned char* cli_id, size_t cli_id_len) {
+extern "C" int __wrap_mbedtls_ssl_cookie_check(void* ctx, const unsigned char* cookie,
+                                               size_t cookie_len, const unsigned char* cli_id,
+                                               size_t cli_id_len) {
   const auto peer = libcoap_peer(cli_id, cli_id_len);
   if (!peer) return __real_mbedtls_ssl_cookie_check(ctx, cookie, cookie_len, cli_id, cli_id_len);
   try {
-    if (edgetrain::transport::detail::cookie_is_valid(*peer, std::span<const std::uint8_t>(cookie, cookie_len))) return 0;
+    if (edgetrain::transport::detail::cookie_is_valid(
+            *peer, std::span<const std::uint8_t>(cookie, cookie_len)))
+      return 0;
   } catch (...) {
   }
   return -1;

@@ -74,7 +74,8 @@ DatagramKind classify_datagram(std::span<const std::uint8_t> datagram, ClientHel
 
 // The HelloVerifyRequest that answers `hello` with `cookie` (one datagram), in `out`
 // (cleared first; its capacity is reused, so a guard answers a flood without allocating).
-void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie, std::vector<std::uint8_t>& out);
+void hello_verify_request(const ClientHello& hello, std::span<const std::uint8_t> cookie,
+                          std::vector<std::uint8_t>& out);
 
 // Stateless cookies for a peer: Mbed TLS's ssl_cookie (4 bytes of time and an HMAC of
 // them and the peer's address) under one random key per process, valid for 60 s.
@@ -93,8 +94,8 @@ class HandshakeGuard : public DatagramFilter {
   explicit HandshakeGuard(const HandshakeLimits& limits);
 
   enum class Decision {
-    kPass,                // to libcoap
-    kAnswerWithCookie,    // `reply` holds a HelloVerifyRequest; drop the datagram
+    kPass,              // to libcoap
+    kAnswerWithCookie,  // `reply` holds a HelloVerifyRequest; drop the datagram
     kDropMalformed,
     kDropRateLimited,     // this source address started too many handshakes lately
     kDropTooManyPending,  // the server (or this source address) has too many pending
@@ -102,8 +103,8 @@ class HandshakeGuard : public DatagramFilter {
   // The decision for one datagram from `peer` (no I/O; `reply` is set for
   // kAnswerWithCookie). Counts it in stats(). Allocates nothing for a ClientHello without
   // a cookie once `reply` has grown to a HelloVerifyRequest's size.
-  Decision decide(const PeerAddress& peer, std::span<const std::uint8_t> datagram, GuardClock::time_point now,
-                  std::vector<std::uint8_t>& reply);
+  Decision decide(const PeerAddress& peer, std::span<const std::uint8_t> datagram,
+                  GuardClock::time_point now, std::vector<std::uint8_t>& reply);
   // DatagramFilter: decide(), and send the HelloVerifyRequest from the same local address
   // the datagram arrived at.
   bool admit(int fd, const msghdr& received, std::span<const std::uint8_t> datagram) override;
@@ -142,9 +143,9 @@ class HandshakeGuard : public DatagramFilter {
   Decision admit_verified(const PeerAddress& peer, GuardClock::time_point now);
 
   HandshakeLimits limits_;
-  std::vector<std::uint8_t> reply_;                   // admit()'s, reused
-  std::map<PeerAddress, Bucket> buckets_;             // by source (PeerAddress::source())
-  std::map<PeerAddress, Pending> pending_;            // by peer address:port
+  std::vector<std::uint8_t> reply_;         // admit()'s, reused
+  std::map<PeerAddress, Bucket> buckets_;   // by source (PeerAddress::source())
+  std::map<PeerAddress, Pending> pending_;  // by peer address:port
   std::map<PeerAddress, std::uint32_t> pending_by_source_;
   std::unordered_map<const void*, PeerAddress> by_session_;
   HandshakeStats stats_;

@@ -48,8 +48,8 @@ int note(const mbedtls_ssl_context& ssl, int result) {
     if (result == MBEDTLS_ERR_SSL_FATAL_ALERT_MESSAGE && ssl.in_msg) {
       p.heard_from_server = true;
       p.alert = ssl.in_msg[1];
-    } else if (result < 0 && result != MBEDTLS_ERR_SSL_WANT_READ && result != MBEDTLS_ERR_SSL_WANT_WRITE &&
-               result != MBEDTLS_ERR_SSL_TIMEOUT) {
+    } else if (result < 0 && result != MBEDTLS_ERR_SSL_WANT_READ &&
+               result != MBEDTLS_ERR_SSL_WANT_WRITE && result != MBEDTLS_ERR_SSL_TIMEOUT) {
       p.local_error = result;
     }
     return result;
@@ -98,6 +98,7 @@ void stop_watching_handshake(const void* session) {
 extern "C" int __real_mbedtls_ssl_handshake(mbedtls_ssl_context* ssl);
 extern "C" int __wrap_mbedtls_ssl_handshake(mbedtls_ssl_context* ssl) {
   const int result = __real_mbedtls_ssl_handshake(ssl);
-  if (ssl && ssl->conf && ssl->conf->endpoint == MBEDTLS_SSL_IS_CLIENT) return edgetrain::transport::detail::note(*ssl, result);
+  if (ssl && ssl->conf && ssl->conf->endpoint == MBEDTLS_SSL_IS_CLIENT)
+    return edgetrain::transport::detail::note(*ssl, result);
   return result;
 }

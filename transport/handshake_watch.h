@@ -25,11 +25,12 @@ struct HandshakeProgress {
   // name shown is kept in wrong_peer_name.
   std::string expected_peer_name;
   std::optional<std::string> wrong_peer_name;
-  bool heard_from_server = false;  // a DTLS record from the server arrived (HelloVerifyRequest, ServerHello, an alert)
-  bool completed = false;          // the handshake finished: the session was established
-  int alert = -1;                  // the fatal alert the server sent (MBEDTLS_SSL_ALERT_MSG_*), or -1
-  int local_error = 0;             // Mbed TLS's error when this side gave up (say, the server's
-                                   // certificate failed verification), or 0
+  bool heard_from_server =
+      false;  // a DTLS record from the server arrived (HelloVerifyRequest, ServerHello, an alert)
+  bool completed = false;  // the handshake finished: the session was established
+  int alert = -1;          // the fatal alert the server sent (MBEDTLS_SSL_ALERT_MSG_*), or -1
+  int local_error = 0;     // Mbed TLS's error when this side gave up (say, the server's
+                           // certificate failed verification), or 0
 };
 
 // From now on, handshake steps of the libcoap session `session` (a coap_session_t*, which

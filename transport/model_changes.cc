@@ -7,7 +7,8 @@
 
 namespace edgetrain::transport {
 
-std::optional<std::vector<std::uint8_t>> encode_changes_since(const ChangeRecord& record, std::uint64_t since) {
+std::optional<std::vector<std::uint8_t>> encode_changes_since(const ChangeRecord& record,
+                                                              std::uint64_t since) {
   if (since > record.version || since < record.known_since) return std::nullopt;
   const std::size_t dense_bytes = dense_model_bytes(record.tensor_sizes);
   ModelDelta delta;

@@ -14,7 +14,7 @@ namespace edgetrain::transport {
 struct ChangeRecord {
   std::uint64_t model_id = 0;
   std::span<const std::uint32_t> tensor_sizes;
-  std::span<const float> parameters;           // at `version`
+  std::span<const float> parameters;            // at `version`
   std::span<const std::uint64_t> last_changed;  // per entry: the version that last changed it
   std::uint64_t version = 0;
   std::uint64_t known_since = 0;  // last_changed is complete for every V ≥ this
@@ -24,6 +24,7 @@ struct ChangeRecord {
 // The encoded model delta from `since` to record.version, or nullopt when the client must
 // get the dense model instead: `since` is ahead of the version or older than what the record
 // knows, or the delta would not be smaller than the dense model.
-std::optional<std::vector<std::uint8_t>> encode_changes_since(const ChangeRecord& record, std::uint64_t since);
+std::optional<std::vector<std::uint8_t>> encode_changes_since(const ChangeRecord& record,
+                                                              std::uint64_t since);
 
 }  // namespace edgetrain::transport

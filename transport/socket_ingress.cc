@@ -1,7 +1,7 @@
-// recvmsg() and sendmsg() wrappers and registry behind socket_ingress.h: counting, and the hook of a
-// server's front filter. The registry is a short list under a mutex: a server process has
-// one or two endpoints, and one uncontended lock per datagram costs nothing next to the
-// DTLS record it guards.
+// recvmsg() and sendmsg() wrappers and registry behind socket_ingress.h: counting, and the hook of
+// a server's front filter. The registry is a short list under a mutex: a server process has one or
+// two endpoints, and one uncontended lock per datagram costs nothing next to the DTLS record it
+// guards.
 #include "transport/socket_ingress.h"
 
 #include <dirent.h>
@@ -62,7 +62,8 @@ void count_sent_datagram(int fd, ssize_t bytes) {
   std::lock_guard lock(registry_mutex());
   for (const Registration& r : registry()) {
     if (r.fd == fd) {
-      r.counters->sent_bytes.fetch_add(static_cast<std::uint64_t>(bytes), std::memory_order_relaxed);
+      r.counters->sent_bytes.fetch_add(static_cast<std::uint64_t>(bytes),
+                                       std::memory_order_relaxed);
       r.counters->sent_datagrams.fetch_add(1, std::memory_order_relaxed);
       return;
     }
@@ -81,7 +82,8 @@ bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, sock
     if (a_length < sizeof(sockaddr_in6) || b_length < sizeof(sockaddr_in6)) return false;
     const auto* x = reinterpret_cast<const sockaddr_in6*>(a);
     const auto* y = reinterpret_cast<const sockaddr_in6*>(b);
-    return x->sin6_port == y->sin6_port && std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(in6_addr)) == 0;
+    return x->sin6_port == y->sin6_port &&
+           std::memcmp(&x->sin6_addr, &y->sin6_addr, sizeof(in6_addr)) == 0;
   }
   return false;
 }
@@ -89,7 +91,8 @@ bool same_address(const sockaddr* a, socklen_t a_length, const sockaddr* b, sock
 }  // namespace
 
 SendTotals sendmsg_totals() {
-  return {g_sendmsg_datagrams.load(std::memory_order_relaxed), g_sendmsg_bytes.load(std::memory_order_relaxed)};
+  return {g_sendmsg_datagrams.load(std::memory_order_relaxed),
+          g_sendmsg_bytes.load(std::memory_order_relaxed)};
 }
 
 void count_ingress(int fd, IngressCounters* counters, DatagramFilter* filter) {
@@ -125,11 +128,15 @@ int find_bound_udp_socket(const sockaddr* address, socklen_t length) {
     if (end == entry->d_name || *end != '\0' || fd == dirfd(directory)) continue;
     int type = 0;
     socklen_t type_length = sizeof(type);
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 || type != SOCK_DGRAM) continue;
+    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_TYPE, &type, &type_length) != 0 ||
+        type != SOCK_DGRAM)
+      continue;
     sockaddr_storage bound{};
     socklen_t bound_length = sizeof(bound);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&bound), &bound_length) != 0) continue;
-    if (!same_address(reinterpret_cast<const sockaddr*>(&bound), bound_length, address, length)) continue;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&bound), &bound_length) != 0)
+      continue;
+    if (!same_address(reinterpret_cast<const sockaddr*>(&bound), bound_length, address, length))
+      continue;
     if (is_registered(static_cast<int>(fd))) continue;
     found = static_cast<int>(fd);
     break;
@@ -174,9 +181,12 @@ extern "C" ssize_t __wrap_recvmsg(int fd, msghdr* message, int flags) {
     if (received <= 0) return received;
     DatagramFilter* filter = count_datagram(fd, received);
     // Only whole datagrams in one buffer, as libcoap reads them, are filtered.
-    if (!filter || (flags & MSG_PEEK) || message->msg_iovlen != 1 || (message->msg_flags & MSG_TRUNC)) return received;
-    const std::span<const std::uint8_t> datagram(static_cast<const std::uint8_t*>(message->msg_iov[0].iov_base),
-                                                 static_cast<std::size_t>(received));
+    if (!filter || (flags & MSG_PEEK) || message->msg_iovlen != 1 ||
+        (message->msg_flags & MSG_TRUNC))
+      return received;
+    const std::span<const std::uint8_t> datagram(
+        static_cast<const std::uint8_t*>(message->msg_iov[0].iov_base),
+        static_cast<std::size_t>(received));
     if (filter->admit(fd, *message, datagram)) return received;
     if (dropped + 1 >= kMaxFilteredPerRead) {
       errno = EAGAIN;

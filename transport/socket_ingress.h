@@ -21,7 +21,7 @@
 namespace edgetrain::transport::detail {
 
 struct IngressCounters {
-  std::atomic<std::uint64_t> bytes{0};      // UDP payload bytes as recvmsg() returned them
+  std::atomic<std::uint64_t> bytes{0};  // UDP payload bytes as recvmsg() returned them
   std::atomic<std::uint64_t> datagrams{0};
   std::atomic<std::uint64_t> sent_bytes{0};  // UDP payload bytes sendmsg() sent from the socket
   std::atomic<std::uint64_t> sent_datagrams{0};

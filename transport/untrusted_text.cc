@@ -18,7 +18,8 @@ std::string escape_untrusted(std::string_view text, std::size_t max_bytes) {
       escaped += digits[byte & 15];
     }
   }
-  if (text.size() > shown.size()) escaped += "...(" + std::to_string(text.size() - shown.size()) + " more bytes)";
+  if (text.size() > shown.size())
+    escaped += "...(" + std::to_string(text.size() - shown.size()) + " more bytes)";
   return escaped;
 }
 

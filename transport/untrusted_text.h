@@ -20,6 +20,7 @@ inline constexpr std::size_t kMaxShownUntrustedBytes = 256;
 // (" ' \) written as \xNN (two lowercase hex digits), so the result is one line of
 // printable ASCII that cannot be mistaken for a quote's end or another escape. Input beyond
 // `max_bytes` is dropped and "...(N more bytes)" appended.
-std::string escape_untrusted(std::string_view text, std::size_t max_bytes = kMaxShownUntrustedBytes);
+std::string escape_untrusted(std::string_view text,
+                             std::size_t max_bytes = kMaxShownUntrustedBytes);
 
 }  // namespace edgetrain::transport

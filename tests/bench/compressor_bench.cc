@@ -64,12 +64,14 @@ double time_iterations(benchmark::State& state, Call&& call) {
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     call();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     state.SetIterationTime(seconds);
     total += seconds;
   }
   const auto& g = paper_gradient();
-  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * g.values.size() * sizeof(float)));
+  state.SetBytesProcessed(
+      static_cast<std::int64_t>(state.iterations() * g.values.size() * sizeof(float)));
   return state.iterations() > 0 ? total / static_cast<double>(state.iterations()) : 0;
 }
 
@@ -101,8 +103,9 @@ void compress(benchmark::State& state, const CompressorVariant& variant) {
 // The largest tensor of the gradient, and its k at c = 0.01.
 std::span<const float> largest_tensor() {
   const auto& g = paper_gradient();
-  const auto largest = std::max_element(g.layout.begin(), g.layout.end(),
-                                        [](const TensorSlice& a, const TensorSlice& b) { return a.size < b.size; });
+  const auto largest =
+      std::max_element(g.layout.begin(), g.layout.end(),
+                       [](const TensorSlice& a, const TensorSlice& b) { return a.size < b.size; });
   return std::span<const float>(g.values).subspan(largest->offset, largest->size);
 }
 
@@ -112,10 +115,12 @@ void threshold_by_nth_element(benchmark::State& state) {
   std::vector<float> magnitudes(values.size());
   time_iterations(state, [&] {
     for (std::size_t i = 0; i < values.size(); ++i) magnitudes[i] = std::fabs(values[i]);
-    std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(), std::greater<float>());
+    std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(),
+                     std::greater<float>());
     benchmark::DoNotOptimize(magnitudes[k - 1]);
   });
-  state.SetLabel("std::nth_element, " + std::to_string(values.size()) + " entries, k " + std::to_string(k));
+  state.SetLabel("std::nth_element, " + std::to_string(values.size()) + " entries, k " +
+                 std::to_string(k));
 }
 
 void threshold_by_histogram(benchmark::State& state) {
@@ -126,7 +131,8 @@ void threshold_by_histogram(benchmark::State& state) {
     auto rank = selector.select(values, k);
     benchmark::DoNotOptimize(rank);
   });
-  state.SetLabel("MagnitudeSelector, " + std::to_string(values.size()) + " entries, k " + std::to_string(k));
+  state.SetLabel("MagnitudeSelector, " + std::to_string(values.size()) + " entries, k " +
+                 std::to_string(k));
 }
 
 }  // namespace
@@ -134,13 +140,19 @@ void threshold_by_histogram(benchmark::State& state) {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
-  benchmark::RegisterBenchmark("plain_pass_sum_abs", plain_pass)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("plain_pass_sum_abs", plain_pass)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
   for (const CompressorVariant& variant : edgetrain::testing::compressor_variants())
     benchmark::RegisterBenchmark(("compress/" + variant.name).c_str(), compress, variant)
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threshold/nth_element", threshold_by_nth_element)->UseManualTime()->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threshold/histogram", threshold_by_histogram)->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threshold/nth_element", threshold_by_nth_element)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threshold/histogram", threshold_by_histogram)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

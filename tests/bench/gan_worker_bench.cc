@@ -1,11 +1,13 @@
 // The computation of one MD-GAN worker per generator iteration (issue 16's goal: at most half
 // of an FL-GAN worker's), measured side by side in one run, rounds alternating:
-//   md-gan (feedback: input gradient only)   L discriminator steps + the feedback as the worker runs them
-//   md-gan (feedback: full backward)         the same with D's weight gradients computed and thrown away
-//   fl-gan                                   one local GAN iteration (L D steps, then G's step)
+//   md-gan (feedback: input gradient only)   L discriminator steps + the feedback as the worker
+//   runs them md-gan (feedback: full backward)         the same with D's weight gradients computed
+//   and thrown away fl-gan                                   one local GAN iteration (L D steps,
+//   then G's step)
 // Prints ms per iteration (median of the rounds) and the ratios. Synthetic inputs: the time
 // does not depend on the values.
-//   gan_worker_bench [--arch mlp|cnn] [--batch B] [--rounds R] [--iterations I] [--kernels xnnpack|reference]
+//   gan_worker_bench [--arch mlp|cnn] [--batch B] [--rounds R] [--iterations I] [--kernels
+//   xnnpack|reference]
 #include "common/settings.h"
 
 #include <algorithm>
@@ -29,8 +31,9 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  edgetrain::settings::Table table("gan_worker_bench",
-                                   "an MD-GAN worker's computation per iteration against an FL-GAN worker's");
+  edgetrain::settings::Table table(
+      "gan_worker_bench",
+      "an MD-GAN worker's computation per iteration against an FL-GAN worker's");
   std::string arch = "mlp", kernels = "xnnpack";
   int batch = 10, rounds = 7, iterations = 50, steps = 1;
   table.add("arch", arch, "mlp or cnn").choices({"mlp", "cnn"});
@@ -55,7 +58,8 @@ int main(int argc, char** argv) {
   SplitMix64 bits{3};
   for (int i = 0; i < 1000; i++) {
     data.labels.push_back(i % 10);
-    for (int p = 0; p < kGanImageSize; p++) data.pixels.push_back(static_cast<std::uint8_t>(bits.next()));
+    for (int p = 0; p < kGanImageSize; p++)
+      data.pixels.push_back(static_cast<std::uint8_t>(bits.next()));
   }
   GanStandalone fl(settings, data);
   const std::size_t n = static_cast<std::size_t>(batch) * kGanImageSize;
@@ -66,9 +70,11 @@ int main(int argc, char** argv) {
   for (int i = 0; i < batch; i++) labels[i] = i % 10;
 
   auto md = [&](bool full_backward) {
-    for (int l = 0; l < steps; l++) discriminator_step(*d, real.data(), labels.data(), fake.data(), labels.data(), batch);
+    for (int l = 0; l < steps; l++)
+      discriminator_step(*d, real.data(), labels.data(), fake.data(), labels.data(), batch);
     if (full_backward) {  // what the feedback cost before: D's weight gradients too
-      generator_loss(d->network->forward(d->params, fake.data(), batch), labels.data(), batch, d->dout.data());
+      generator_loss(d->network->forward(d->params, fake.data(), batch), labels.data(), batch,
+                     d->dout.data());
       d->network->backward(d->params, d->dout.data(), d->grad_scratch, feedback.data());
     } else {
       generator_feedback(*d, fake.data(), labels.data(), batch, feedback.data());
@@ -87,11 +93,16 @@ int main(int argc, char** argv) {
     federated.push_back(time([&] { fl.iterate(); }));
   }
   const double a = median(input_only), b = median(full), c = median(federated);
-  std::printf("gan_worker_bench: %s, b = %d, L = %d, %s kernels, median of %d rounds of %d iterations\n", arch.c_str(),
-              batch, steps, kernels.c_str(), rounds, iterations);
+  std::printf(
+      "gan_worker_bench: %s, b = %d, L = %d, %s kernels, median of %d rounds of %d iterations\n",
+      arch.c_str(), batch, steps, kernels.c_str(), rounds, iterations);
   std::printf("  md-gan worker, feedback as the input gradient only: %8.3f ms / iteration\n", a);
-  std::printf("  md-gan worker, feedback with D's weight gradients:  %8.3f ms / iteration (input-only is %.2fx of it)\n", b, a / b);
+  std::printf(
+      "  md-gan worker, feedback with D's weight gradients:  %8.3f ms / iteration (input-only is "
+      "%.2fx of it)\n",
+      b, a / b);
   std::printf("  fl-gan worker (a local GAN iteration):              %8.3f ms / iteration\n", c);
-  std::printf("  md-gan / fl-gan: %.2f (input-only feedback), %.2f (full backward)\n", a / c, b / c);
+  std::printf("  md-gan / fl-gan: %.2f (input-only feedback), %.2f (full backward)\n", a / c,
+              b / c);
   return 0;
 }

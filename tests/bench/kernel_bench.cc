@@ -56,7 +56,8 @@ double gemm_peak_gflops(pthreadpool_t pool) {
   std::vector<float> a(M * K, 0.5f), w(N * K, 0.25f), c(M * N);
   xnn_operator_t op = nullptr;
   const float inf = std::numeric_limits<float>::infinity();
-  if (xnn_create_fully_connected_nc_f32(K, N, K, N, w.data(), nullptr, -inf, inf, 0, &op) != xnn_status_success ||
+  if (xnn_create_fully_connected_nc_f32(K, N, K, N, w.data(), nullptr, -inf, inf, 0, &op) !=
+          xnn_status_success ||
       xnn_setup_fully_connected_nc_f32(op, M, a.data(), c.data(), pool) != xnn_status_success) {
     std::fprintf(stderr, "GEMM peak: XNNPACK set-up failed\n");
     return 0;
@@ -88,28 +89,29 @@ double repack_ms_per_step(int B) {
   auto conv = [&](std::size_t H, std::size_t C, std::size_t OC, bool deconv) {
     xnn_operator_t op = nullptr;
     if (deconv) {
-      xnn_create_deconvolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(), nullptr, -inf,
-                                          inf, 0, &op);
+      xnn_create_deconvolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(),
+                                          nullptr, -inf, inf, 0, &op);
       xnn_setup_deconvolution2d_nhwc_f32(op, B, H, H, 0, 0, big.data(), out.data(), nullptr);
     } else {
-      xnn_create_convolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(), nullptr, 0, inf, 0,
-                                        &op);
+      xnn_create_convolution2d_nhwc_f32(1, 1, 1, 1, 3, 3, 1, 1, 1, 1, 1, C, OC, C, OC, big.data(),
+                                        nullptr, 0, inf, 0, &op);
       xnn_setup_convolution2d_nhwc_f32(op, B, H, H, big.data(), out.data(), nullptr);
     }
     xnn_delete_operator(op);
   };
   auto one_step = [&] {
-    conv(28, 1, 32, false);                  // conv1 forward: weights
-    conv(14, 32, 64, false);                 // conv2 forward: weights
-    conv(14, 64, 32, true);                  // conv2 input gradient: swapped weights
+    conv(28, 1, 32, false);   // conv1 forward: weights
+    conv(14, 32, 64, false);  // conv2 forward: weights
+    conv(14, 64, 32, true);   // conv2 input gradient: swapped weights
     // conv1 weight gradient: a direct loop (one input channel), no operator
-    fc(M2, 64, true);                        // conv2 weight gradient: dout
+    fc(M2, 64, true);                                 // conv2 weight gradient: dout
     fc(3136, std::size_t(B) < 128 ? B : 128, false);  // fc1 forward: activations (or weights)
-    if (B >= 128) fc(128, 3136, true);       // fc1 input gradient: weights (a loop of ours below OC = 128)
-    fc(B, 3136, true);                       // fc1 weight gradient: activations
-    fc(128, std::size_t(B) < 10 ? B : 10, false);     // fc2 forward
-    fc(10, 128, true);                       // fc2 input gradient
-    fc(B, 128, true);                        // fc2 weight gradient
+    if (B >= 128)
+      fc(128, 3136, true);  // fc1 input gradient: weights (a loop of ours below OC = 128)
+    fc(B, 3136, true);      // fc1 weight gradient: activations
+    fc(128, std::size_t(B) < 10 ? B : 10, false);  // fc2 forward
+    fc(10, 128, true);                             // fc2 input gradient
+    fc(B, 128, true);                              // fc2 weight gradient
   };
   one_step();
   std::vector<double> times;
@@ -125,7 +127,8 @@ double repack_ms_per_step(int B) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  edgetrain::settings::Table table("kernel_bench", "edgetrain kernel benchmark: paper CNN train step");
+  edgetrain::settings::Table table("kernel_bench",
+                                   "edgetrain kernel benchmark: paper CNN train step");
   int batch = 10, threads = 1, steps = 20, warmup = 3;
   std::string path = "fast", drop_rates;
   bool peak = false, repack = false;
@@ -135,7 +138,8 @@ int main(int argc, char** argv) {
   table.add("warmup", warmup, "untimed steps first").range(0, 1000000);
   table.add("path", path, "fast or reference (kernel composition), or trainer (runtime::Trainer)")
       .choices({"fast", "reference", "trainer"});
-  table.add("drop-rates", drop_rates, "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
+  table.add("drop-rates", drop_rates,
+            "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
   table.add("gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   table.add("repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
   if (const auto status = table.parse(argc, argv)) return *status;
@@ -181,7 +185,8 @@ int main(int argc, char** argv) {
     std::vector<float> grad(model.parameter_count());
     auto params = model.parameters();
     time_steps([&] {
-      const float step_loss = trainer.compute_gradient(params, pixels.data(), labels.data(), batch, grad).loss;
+      const float step_loss =
+          trainer.compute_gradient(params, pixels.data(), labels.data(), batch, grad).loss;
       edgetrain::kernels::sgd_update(params.data(), grad.data(), 0.01f, params.size());
       return step_loss;
     });
@@ -200,9 +205,11 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  std::printf("edgetrain-%s batch=%d threads=%d ms_per_step=%.3f min_ms=%.3f gflops=%.2f peak_rss_mib=%.1f loss=%.4f\n",
-              path.c_str(), batch, threads, median * 1e3, times.front() * 1e3, step_flops(batch) / median / 1e9,
-              peak_rss_mib(), loss);
+  std::printf(
+      "edgetrain-%s batch=%d threads=%d ms_per_step=%.3f min_ms=%.3f gflops=%.2f peak_rss_mib=%.1f "
+      "loss=%.4f\n",
+      path.c_str(), batch, threads, median * 1e3, times.front() * 1e3,
+      step_flops(batch) / median / 1e9, peak_rss_mib(), loss);
   if (pool) pthreadpool_destroy(pool);
   return 0;
 }

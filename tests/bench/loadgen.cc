@@ -107,7 +107,9 @@ std::string load_device_name(std::size_t i) {
   return name;
 }
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 // ---- keystore -----------------------------------------------------------------------
 int write_keystore(const std::string& path, std::size_t devices) {
@@ -128,18 +130,21 @@ int write_keystore(const std::string& path, std::size_t devices) {
   if (fd < 0) throw std::runtime_error("cannot create " + path);
   ::fchmod(fd, 0600);
   const std::string bytes = text.str();
-  const bool written = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  const bool written =
+      ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
   ::close(fd);
   if (!written) throw std::runtime_error("cannot write " + path);
   const auto keystore = server::Keystore::load(path);
-  std::printf("keystore %s: %zu devices (%zu load devices + %s)\n", path.c_str(), keystore.size(), devices,
-              kProbeDevice);
+  std::printf("keystore %s: %zu devices (%zu load devices + %s)\n", path.c_str(), keystore.size(),
+              devices, kProbeDevice);
   return 0;
 }
 
 transport::PskCredentials credentials(const server::Keystore& keystore, const std::string& name) {
   auto key = keystore.key_for(name);
-  if (!key) throw std::runtime_error("device '" + name + "' is not in the keystore (run the keystore subcommand)");
+  if (!key)
+    throw std::runtime_error("device '" + name +
+                             "' is not in the keystore (run the keystore subcommand)");
   return {name, *key};
 }
 
@@ -149,7 +154,8 @@ double process_cpu_seconds(int pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string content((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
   const auto close_paren = content.rfind(')');  // the command name may contain spaces
-  if (close_paren == std::string::npos) throw std::runtime_error("cannot read /proc/" + std::to_string(pid) + "/stat");
+  if (close_paren == std::string::npos)
+    throw std::runtime_error("cannot read /proc/" + std::to_string(pid) + "/stat");
   std::istringstream fields(content.substr(close_paren + 2));
   std::string field;
   unsigned long long utime = 0, stime = 0;
@@ -168,7 +174,9 @@ double process_cpu_seconds(int pid) {
 double own_cpu_seconds() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
-  auto seconds = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec); };
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
@@ -191,7 +199,8 @@ struct UpdateFactory {
                 transport::ValueEncoding value_encoding = transport::ValueEncoding::kFp32)
       : model(runtime::model_spec_from_argument(model_name)), values(value_encoding) {
     std::vector<runtime::TensorSlice> layout;
-    for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+    for (const auto& t : model.tensors())
+      layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
     runtime::CompressorOptions options;
     options.compression_rate = compression_rate;
     options.value_encoding = value_encoding;
@@ -208,7 +217,8 @@ struct UpdateFactory {
     }
   }
 
-  std::vector<std::uint8_t> encode(std::size_t pattern, std::uint64_t sequence, std::uint64_t fetched_version) {
+  std::vector<std::uint8_t> encode(std::size_t pattern, std::uint64_t sequence,
+                                   std::uint64_t fetched_version) {
     transport::SparseUpdate& update = patterns[pattern % patterns.size()];
     update.sequence = sequence;
     update.fetched_version = fetched_version;
@@ -220,13 +230,15 @@ struct UpdateFactory {
 
 const char* value_encoding_name(transport::ValueEncoding encoding) {
   switch (encoding) {
-    case transport::ValueEncoding::kFp32: return "fp32";
-    case transport::ValueEncoding::kFp16: return "fp16";
-    case transport::ValueEncoding::kSignScale: return "sign-scale";
+    case transport::ValueEncoding::kFp32:
+      return "fp32";
+    case transport::ValueEncoding::kFp16:
+      return "fp16";
+    case transport::ValueEncoding::kSignScale:
+      return "sign-scale";
   }
   return "unknown";
 }
-
 
 // The updates recorded in a server's write-ahead log, posted again in log order (cycling)
 // with only the header re-stamped for the server being loaded: the real index patterns and
@@ -243,19 +255,22 @@ struct ReplayedUpdates {
   std::string path;
   std::vector<transport::SparseUpdate> updates;
   std::vector<transport::ValueEncoding> encodings;  // of updates[i] when posted
-  std::size_t wal_records = 0;   // every intact record of the log
+  std::size_t wal_records = 0;                      // every intact record of the log
   std::size_t placeholders = 0;  // records without entries (repair-wal's stand-ins): not posted
-  std::size_t not_reproduced = 0;  // records no encoding reproduced bit for bit: posted as fp32 (exact values)
+  std::size_t not_reproduced =
+      0;  // records no encoding reproduced bit for bit: posted as fp32 (exact values)
   std::uint64_t torn_tail_bytes = 0;
-  std::size_t next = 0;           // the record the next post sends
-  std::uint64_t posts = 0;        // records handed out so far (cycles = posts / updates.size())
+  std::size_t next = 0;     // the record the next post sends
+  std::uint64_t posts = 0;  // records handed out so far (cycles = posts / updates.size())
   double mean_bytes = 0, mean_entries = 0;  // as posted
   std::size_t min_bytes = 0, max_bytes = 0;
 
-  ReplayedUpdates(const std::string& wal_path, const runtime::Model& model, bool sign_scale) : path(wal_path) {
+  ReplayedUpdates(const std::string& wal_path, const runtime::Model& model, bool sign_scale)
+      : path(wal_path) {
     std::error_code error;
     if (!std::filesystem::is_regular_file(wal_path, error))
-      throw UsageError("--replay " + wal_path + ": no such file (record one with tests/bench/record_updates.sh)");
+      throw UsageError("--replay " + wal_path +
+                       ": no such file (record one with tests/bench/record_updates.sh)");
     if (std::filesystem::file_size(wal_path, error) == 0 && !error)
       throw UsageError("--replay " + wal_path + ": the file is empty, not a write-ahead log");
     server::WalContents wal;
@@ -276,9 +291,11 @@ struct ReplayedUpdates {
     std::vector<std::uint32_t> sizes;
     for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
     if (wal.header.model_id != model.layout_id())
-      throw UsageError("--replay " + wal_path + ": the log's updates are for another model (layout id " +
-                       hex(wal.header.model_id) + ") than the server's, '" + model.spec().name + "' (layout id " +
-                       hex(model.layout_id()) + ", --model)" + builtin_named(wal.header.model_id));
+      throw UsageError("--replay " + wal_path +
+                       ": the log's updates are for another model (layout id " +
+                       hex(wal.header.model_id) + ") than the server's, '" + model.spec().name +
+                       "' (layout id " + hex(model.layout_id()) + ", --model)" +
+                       builtin_named(wal.header.model_id));
     const transport::ModelLayout layout{model.layout_id(), sizes};
     double total_bytes = 0, total_entries = 0;
     for (std::size_t r = 0; r < wal.records.size(); ++r) {
@@ -286,8 +303,8 @@ struct ReplayedUpdates {
       auto decoded = transport::decode_sparse_update(record.update, layout);
       if (!decoded)
         throw UsageError("--replay " + wal_path + ": record " + std::to_string(r) + " (version " +
-                         std::to_string(record.version) + ") is not an update of '" + model.spec().name +
-                         "': " + decoded.error().message);
+                         std::to_string(record.version) + ") is not an update of '" +
+                         model.spec().name + "': " + decoded.error().message);
       transport::SparseUpdate update = std::move(decoded).value();
       std::size_t entries = 0;
       for (const auto& t : update.tensors) entries += t.indices.size();
@@ -297,14 +314,16 @@ struct ReplayedUpdates {
       }
       transport::ValueEncoding encoding = recorded_encoding(update, record.update);
       if (sign_scale) {
-        // The worker's rule (runtime/compressor.h); a replayed update has no residual to keep the error in.
+        // The worker's rule (runtime/compressor.h); a replayed update has no residual to keep the
+        // error in.
         for (auto& t : update.tensors) runtime::quantize_sign_scale(t);
         encoding = transport::ValueEncoding::kSignScale;
       }
       auto posted = transport::encode_sparse_update(update, {encoding});
       if (!posted)
-        throw UsageError("--replay " + wal_path + ": record " + std::to_string(r) + " cannot be re-encoded as " +
-                         value_encoding_name(encoding) + ": " + posted.error().message);
+        throw UsageError("--replay " + wal_path + ": record " + std::to_string(r) +
+                         " cannot be re-encoded as " + value_encoding_name(encoding) + ": " +
+                         posted.error().message);
       const std::size_t bytes = posted.value().size();
       min_bytes = updates.empty() ? bytes : std::min(min_bytes, bytes);
       max_bytes = std::max(max_bytes, bytes);
@@ -314,8 +333,9 @@ struct ReplayedUpdates {
       encodings.push_back(encoding);
     }
     if (updates.empty())
-      throw UsageError("--replay " + wal_path + ": the log holds no updates to replay (" + std::to_string(wal_records) +
-                       " records, " + std::to_string(placeholders) + " of them without entries)");
+      throw UsageError("--replay " + wal_path + ": the log holds no updates to replay (" +
+                       std::to_string(wal_records) + " records, " + std::to_string(placeholders) +
+                       " of them without entries)");
     mean_bytes = total_bytes / static_cast<double>(updates.size());
     mean_entries = total_entries / static_cast<double>(updates.size());
   }
@@ -336,15 +356,20 @@ struct ReplayedUpdates {
     update.sequence = sequence;
     update.fetched_version = fetched_version;
     auto encoded = transport::encode_sparse_update(update, {encodings[r]});
-    if (!encoded) throw std::runtime_error("cannot encode a replayed update: " + encoded.error().message);
+    if (!encoded)
+      throw std::runtime_error("cannot encode a replayed update: " + encoded.error().message);
     return std::move(encoded).value();
   }
 
  private:
-  transport::ValueEncoding recorded_encoding(const transport::SparseUpdate& update, std::span<const std::uint8_t> bytes) {
-    for (auto encoding : {transport::ValueEncoding::kFp32, transport::ValueEncoding::kFp16, transport::ValueEncoding::kSignScale}) {
+  transport::ValueEncoding recorded_encoding(const transport::SparseUpdate& update,
+                                             std::span<const std::uint8_t> bytes) {
+    for (auto encoding : {transport::ValueEncoding::kFp32, transport::ValueEncoding::kFp16,
+                          transport::ValueEncoding::kSignScale}) {
       auto again = transport::encode_sparse_update(update, {encoding});
-      if (again && std::equal(again.value().begin(), again.value().end(), bytes.begin(), bytes.end())) return encoding;
+      if (again &&
+          std::equal(again.value().begin(), again.value().end(), bytes.begin(), bytes.end()))
+        return encoding;
     }
     // fp32 carries any finite value exactly: the values stay as recorded, the size may not.
     ++not_reproduced;
@@ -361,7 +386,8 @@ struct ReplayedUpdates {
   static std::string builtin_named(std::uint64_t id) {
     for (const auto& name : runtime::builtin_model_names())
       if (runtime::Model(runtime::builtin_model_spec(name)).layout_id() == id)
-        return "; that is the built-in model '" + name + "': replay it against a server of that model, with --model " + name;
+        return "; that is the built-in model '" + name +
+               "': replay it against a server of that model, with --model " + name;
     return "";
   }
 };
@@ -384,18 +410,22 @@ struct LoadSettings {
 // What one load run measured, for the report.
 struct LoadMeasurement {
   transport::bench::UpdateLoadReport report;
-  std::size_t update_bytes = 0, update_entries = 0, parameter_count = 0;  // replay: means over the records
+  std::size_t update_bytes = 0, update_entries = 0,
+              parameter_count = 0;           // replay: means over the records
   std::string source = "synthetic", values;  // for the summary line
   std::size_t replay_records = 0, replay_min_bytes = 0, replay_max_bytes = 0;
   double replay_cycles = 0;  // posts made / records: above 1 when the run went round the log again
-  std::string replay_note;  // what a person should know about the log (left-out records, a torn tail)
+  std::string
+      replay_note;  // what a person should know about the log (left-out records, a torn tail)
   nlohmann::json status_before, status_after;  // /status around the posts
-  double cpu_at_start = 0, cpu_before = 0, cpu_after = 0;  // the server's, around handshakes and posts
+  double cpu_at_start = 0, cpu_before = 0,
+         cpu_after = 0;  // the server's, around handshakes and posts
   double own_cpu_before = 0, own_cpu_after = 0;
 };
 
 LoadMeasurement measure_load(const LoadSettings& s) {
-  const auto values = s.sign_scale ? transport::ValueEncoding::kSignScale : transport::ValueEncoding::kFp32;
+  const auto values =
+      s.sign_scale ? transport::ValueEncoding::kSignScale : transport::ValueEncoding::kFp32;
   // Exactly one of the two: the log is read (and refused) before any network work.
   std::optional<ReplayedUpdates> replay;
   std::optional<UpdateFactory> factory;
@@ -412,12 +442,14 @@ LoadMeasurement measure_load(const LoadSettings& s) {
     m.replay_min_bytes = replay->min_bytes;
     m.replay_max_bytes = replay->max_bytes;
     if (replay->placeholders > 0)
-      m.replay_note += " " + std::to_string(replay->placeholders) + " records without entries (repair-wal's stand-ins) left out;";
+      m.replay_note += " " + std::to_string(replay->placeholders) +
+                       " records without entries (repair-wal's stand-ins) left out;";
     if (replay->not_reproduced > 0)
       m.replay_note += " " + std::to_string(replay->not_reproduced) +
                        " records not reproduced bit for bit by any value encoding, posted as fp32;";
     if (replay->torn_tail_bytes > 0)
-      m.replay_note += " a torn tail of " + std::to_string(replay->torn_tail_bytes) + " bytes ignored;";
+      m.replay_note +=
+          " a torn tail of " + std::to_string(replay->torn_tail_bytes) + " bytes ignored;";
   } else {
     factory.emplace(s.model, s.compression_rate, 16, values);
     m.update_bytes = factory->encode(0, 1, 0).size();
@@ -427,22 +459,27 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   }
   const auto keystore = server::Keystore::load(s.keystore);
 
-  transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
+  transport::CoapDtlsClient probe(
+      {"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
   const nlohmann::json status_before_handshakes = server_status(probe);
   // Updates of another model would each be refused with 4.00: say so once, before the
   // handshakes of every device.
   const auto builtin = runtime::builtin_model_names();
-  const std::string& model_name = s.model;  // compared only when it names a built-in model, as /status does
+  const std::string& model_name =
+      s.model;  // compared only when it names a built-in model, as /status does
   if (std::find(builtin.begin(), builtin.end(), model_name) != builtin.end() &&
       status_before_handshakes.contains("model") && status_before_handshakes["model"].is_string() &&
       status_before_handshakes["model"].get<std::string>() != model_name)
-    throw UsageError("the server runs the model '" + status_before_handshakes["model"].get<std::string>() +
-                     "', not '" + model_name + "' (--model)");
-  std::atomic<std::uint64_t> latest_version{status_before_handshakes["version"].get<std::uint64_t>()};
+    throw UsageError("the server runs the model '" +
+                     status_before_handshakes["model"].get<std::string>() + "', not '" +
+                     model_name + "' (--model)");
+  std::atomic<std::uint64_t> latest_version{
+      status_before_handshakes["version"].get<std::uint64_t>()};
 
   transport::bench::UpdateLoadOptions options;
   options.port = s.port;
-  for (std::size_t i = 0; i < s.devices; ++i) options.devices.push_back(credentials(keystore, load_device_name(i)));
+  for (std::size_t i = 0; i < s.devices; ++i)
+    options.devices.push_back(credentials(keystore, load_device_name(i)));
   options.max_posts_in_flight = s.posts_in_flight;
   options.max_posts = s.max_posts;
   options.max_post_seconds = s.seconds;
@@ -470,7 +507,9 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   };
   m.cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
   m.report = transport::bench::run_update_load(options);
-  if (replay) m.replay_cycles = static_cast<double>(replay->posts) / static_cast<double>(replay->updates.size());
+  if (replay)
+    m.replay_cycles =
+        static_cast<double>(replay->posts) / static_cast<double>(replay->updates.size());
   return m;
 }
 
@@ -480,57 +519,79 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
   const double applied = static_cast<double>(report.posts_acknowledged);
   const auto& traffic = report.post_traffic;
   if (m.source == "replay") {
-    std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), updates replayed from %s ==\n",
-                s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.replay.c_str());
-    std::printf("updates replayed                %zu records, values %s%s; posted %.2f times over in log order\n",
-                m.replay_records, m.values.c_str(), s.sign_scale ? " (re-encoded as sign + scale)" : " (as recorded)",
-                m.replay_cycles);
-    if (!m.replay_note.empty()) std::printf("note on the log                 %s\n", m.replay_note.c_str() + 1);
-    std::printf("update (codec bytes)            mean %zu B (%zu to %zu), mean %zu entries, ~%zu Block1 blocks of 1024 B\n",
-                m.update_bytes, m.replay_min_bytes, m.replay_max_bytes, m.update_entries, (m.update_bytes + 1023) / 1024);
+    std::printf(
+        "\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), updates replayed "
+        "from %s ==\n",
+        s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.replay.c_str());
+    std::printf(
+        "updates replayed                %zu records, values %s%s; posted %.2f times over in log "
+        "order\n",
+        m.replay_records, m.values.c_str(),
+        s.sign_scale ? " (re-encoded as sign + scale)" : " (as recorded)", m.replay_cycles);
+    if (!m.replay_note.empty())
+      std::printf("note on the log                 %s\n", m.replay_note.c_str() + 1);
+    std::printf(
+        "update (codec bytes)            mean %zu B (%zu to %zu), mean %zu entries, ~%zu Block1 "
+        "blocks of 1024 B\n",
+        m.update_bytes, m.replay_min_bytes, m.replay_max_bytes, m.update_entries,
+        (m.update_bytes + 1023) / 1024);
   } else {
-    std::printf("\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g, synthetic, values %s ==\n",
-                s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.compression_rate, m.values.c_str());
-    std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n", m.update_bytes,
-                m.update_entries, (m.update_bytes + 1023) / 1024);
+    std::printf(
+        "\n== load: %zu devices, %zu posts in flight, model %s (%zu parameters), c = %g, "
+        "synthetic, values %s ==\n",
+        s.devices, s.posts_in_flight, s.model.c_str(), m.parameter_count, s.compression_rate,
+        m.values.c_str());
+    std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n",
+                m.update_bytes, m.update_entries, (m.update_bytes + 1023) / 1024);
   }
-  std::printf("sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu datagrams, %.1f kB\n",
-              report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
-              static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
-              report.handshake_traffic.sent_bytes / 1e3);
+  std::printf(
+      "sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu "
+      "datagrams, %.1f kB\n",
+      report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
+      static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
+      report.handshake_traffic.sent_bytes / 1e3);
   if (s.server_pid)
-    std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n", m.cpu_before - m.cpu_at_start,
-                1e3 * (m.cpu_before - m.cpu_at_start) / std::max<std::size_t>(1, report.sessions_established));
+    std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n",
+                m.cpu_before - m.cpu_at_start,
+                1e3 * (m.cpu_before - m.cpu_at_start) /
+                    std::max<std::size_t>(1, report.sessions_established));
   std::string refused;
   for (const auto& [code, count] : report.posts_refused_by_code)
     refused += " " + transport::coap_code_string(code) + "×" + std::to_string(count);
-  std::printf("updates acknowledged (2.04)     %llu in %.2f s = %.0f durable updates/s (refused:%s; unanswered %llu)\n",
-              static_cast<unsigned long long>(report.posts_acknowledged), report.post_seconds,
-              applied / std::max(1e-9, report.post_seconds), refused.empty() ? " none" : refused.c_str(),
-              static_cast<unsigned long long>(report.posts_unanswered));
-  const std::uint64_t versions =
-      m.status_after["version"].get<std::uint64_t>() - m.status_before["version"].get<std::uint64_t>();
+  std::printf(
+      "updates acknowledged (2.04)     %llu in %.2f s = %.0f durable updates/s (refused:%s; "
+      "unanswered %llu)\n",
+      static_cast<unsigned long long>(report.posts_acknowledged), report.post_seconds,
+      applied / std::max(1e-9, report.post_seconds), refused.empty() ? " none" : refused.c_str(),
+      static_cast<unsigned long long>(report.posts_unanswered));
+  const std::uint64_t versions = m.status_after["version"].get<std::uint64_t>() -
+                                 m.status_before["version"].get<std::uint64_t>();
   std::printf("server versions advanced        %llu\n", static_cast<unsigned long long>(versions));
   if (s.server_pid && applied > 0) {
     const double cpu = m.cpu_after - m.cpu_before;
-    std::printf("server CPU (utime+stime)        %.2f s over %.2f s = %.0f%% of a core; %.0f us per update "
-                "(bound with a whole core: %.0f updates/s)\n",
-                cpu, report.post_seconds, 100 * cpu / std::max(1e-9, report.post_seconds), 1e6 * cpu / applied,
-                applied / std::max(1e-9, cpu));
+    std::printf(
+        "server CPU (utime+stime)        %.2f s over %.2f s = %.0f%% of a core; %.0f us per update "
+        "(bound with a whole core: %.0f updates/s)\n",
+        cpu, report.post_seconds, 100 * cpu / std::max(1e-9, report.post_seconds),
+        1e6 * cpu / applied, applied / std::max(1e-9, cpu));
   }
   std::uint64_t posts_sent = report.posts_acknowledged + report.posts_unanswered;
   for (const auto& [code, count] : report.posts_refused_by_code) posts_sent += count;
   if (applied > 0) {
     const double own = m.own_cpu_after - m.own_cpu_before;
-    std::printf("load generator CPU              %.2f s = %.0f%% of a core; %.0f us per update\n", own,
-                100 * own / std::max(1e-9, report.post_seconds), 1e6 * own / applied);
+    std::printf("load generator CPU              %.2f s = %.0f%% of a core; %.0f us per update\n",
+                own, 100 * own / std::max(1e-9, report.post_seconds), 1e6 * own / applied);
   }
   if (applied > 0 && report.posted_body_bytes > 0) {
     // Bytes on the wire per codec byte, over every post sent (retransmissions included).
-    const double wire_per_body = static_cast<double>(traffic.sent_bytes) / static_cast<double>(report.posted_body_bytes);
-    std::printf("client→server datagrams         %.1f per update, %.0f B per update for %.0f codec bytes: overhead %.1f%%\n",
-                traffic.sent_datagrams / applied, traffic.sent_bytes / applied,
-                static_cast<double>(report.posted_body_bytes) / static_cast<double>(posts_sent), 100 * (wire_per_body - 1));
+    const double wire_per_body =
+        static_cast<double>(traffic.sent_bytes) / static_cast<double>(report.posted_body_bytes);
+    std::printf(
+        "client→server datagrams         %.1f per update, %.0f B per update for %.0f codec bytes: "
+        "overhead %.1f%%\n",
+        traffic.sent_datagrams / applied, traffic.sent_bytes / applied,
+        static_cast<double>(report.posted_body_bytes) / static_cast<double>(posts_sent),
+        100 * (wire_per_body - 1));
     std::printf("server→client datagrams         %.1f per update, %.0f B per update\n",
                 traffic.received_datagrams / applied, traffic.received_bytes / applied);
   }
@@ -551,29 +612,42 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
              " established=" + std::to_string(report.sessions_established) +
              " in_flight=" + std::to_string(s.posts_in_flight) +
              " applied=" + std::to_string(report.posts_acknowledged) +
-             " refused=" + std::to_string(refused) + " unanswered=" + std::to_string(report.posts_unanswered) +
+             " refused=" + std::to_string(refused) +
+             " unanswered=" + std::to_string(report.posts_unanswered) +
              " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
-  if (s.server_pid && applied > 0) summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
-  if (applied > 0) summary += " loadgen_cpu_us=" + std::to_string(1e6 * (m.own_cpu_after - m.own_cpu_before) / applied);
+  if (s.server_pid && applied > 0)
+    summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
+  if (applied > 0)
+    summary +=
+        " loadgen_cpu_us=" + std::to_string(1e6 * (m.own_cpu_after - m.own_cpu_before) / applied);
   if (applied > 0 && report.posted_body_bytes > 0)
-    summary += " overhead_pct=" + std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
-                                                          static_cast<double>(report.posted_body_bytes) - 1));
+    summary += " overhead_pct=" +
+               std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
+                                           static_cast<double>(report.posted_body_bytes) -
+                                       1));
   const auto& t0 = m.status_before["submit_seconds"];
   const auto& t1 = m.status_after["submit_seconds"];
   const double timed = t1["applied_updates"].get<double>() - t0["applied_updates"].get<double>();
   if (timed > 0) {
-    auto per_update_us = [&](const char* key) { return 1e6 * (t1[key].get<double>() - t0[key].get<double>()) / timed; };
-    std::printf("server submit() per update      decode+checks %.0f us, WAL write+fdatasync %.0f us, apply %.0f us, "
-                "checkpoints %.0f us (amortized)\n",
-                per_update_us("decode"), per_update_us("wal_append_fdatasync"), per_update_us("apply"),
-                per_update_us("checkpoints"));
+    auto per_update_us = [&](const char* key) {
+      return 1e6 * (t1[key].get<double>() - t0[key].get<double>()) / timed;
+    };
+    std::printf(
+        "server submit() per update      decode+checks %.0f us, WAL write+fdatasync %.0f us, apply "
+        "%.0f us, "
+        "checkpoints %.0f us (amortized)\n",
+        per_update_us("decode"), per_update_us("wal_append_fdatasync"), per_update_us("apply"),
+        per_update_us("checkpoints"));
     if (s.server_pid && applied > 0) {
       const double submit_us = per_update_us("decode") + per_update_us("wal_append_fdatasync") +
                                per_update_us("apply") + per_update_us("checkpoints");
       const double wall_per_update_us = 1e6 * report.post_seconds / applied;
-      std::printf("server event loop per update    %.0f us of wall time, of which submit() %.0f us; the rest "
-                  "(DTLS, CoAP, %zu-block reassembly, loop) %.0f us\n",
-                  wall_per_update_us, submit_us, (m.update_bytes + 1023) / 1024, wall_per_update_us - submit_us);
+      std::printf(
+          "server event loop per update    %.0f us of wall time, of which submit() %.0f us; the "
+          "rest "
+          "(DTLS, CoAP, %zu-block reassembly, loop) %.0f us\n",
+          wall_per_update_us, submit_us, (m.update_bytes + 1023) / 1024,
+          wall_per_update_us - submit_us);
     }
     for (const char* key : {"decode", "wal_append_fdatasync", "apply"})
       summary += std::string(" ") + key + "_us=" + std::to_string(per_update_us(key));
@@ -608,10 +682,13 @@ struct TransferRun {
         factory(s.model, s.compression_rate, static_cast<std::size_t>(most_updates) + 1),
         proxy(s.port, std::chrono::milliseconds(s.delay_ms)),
         psk(credentials(keystore, kProbeDevice)),
-        puller({"127.0.0.1", proxy.port(), psk, static_cast<int>(std::lround(s.pull_budget_seconds * 1000))}) {
-    for (const auto& t : factory.model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
+        puller({"127.0.0.1", proxy.port(), psk,
+                static_cast<int>(std::lround(s.pull_budget_seconds * 1000))}) {
+    for (const auto& t : factory.model.tensors())
+      sizes.push_back(static_cast<std::uint32_t>(t.size));
     const std::vector<float> zeros(factory.model.parameter_count());
-    model_bytes = transport::encode_dense_model(factory.model.layout_id(), 0, sizes, zeros).value().size();
+    model_bytes =
+        transport::encode_dense_model(factory.model.layout_id(), 0, sizes, zeros).value().size();
   }
   const TransferSettings& s;
   UpdateFactory factory;
@@ -631,15 +708,17 @@ void time_update_post(TransferRun& run) {
   const nlohmann::json status = server_status(client);
   std::printf("handshake + GET /status          %8.3f s\n", seconds_since(started));
   // The wall clock in microseconds keeps this identity's sequence increasing across runs.
-  run.sequence = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  run.sequence = static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
   const auto body = run.factory.encode(0, run.sequence, status["version"].get<std::uint64_t>());
   const std::uint64_t datagrams = run.proxy.datagrams_to_server();
   started = Clock::now();
   const auto posted = client.request(transport::Method::kPost, "update", body);
   run.post_seconds = seconds_since(started);
-  std::printf("POST /update (%zu B, %zu blocks) %8.3f s  answer %s, %llu datagrams to the server\n", body.size(),
-              (body.size() + 1023) / 1024, run.post_seconds, transport::coap_code_string(posted.code).c_str(),
+  std::printf("POST /update (%zu B, %zu blocks) %8.3f s  answer %s, %llu datagrams to the server\n",
+              body.size(), (body.size() + 1023) / 1024, run.post_seconds,
+              transport::coap_code_string(posted.code).c_str(),
               static_cast<unsigned long long>(run.proxy.datagrams_to_server() - datagrams));
 }
 
@@ -651,32 +730,43 @@ void time_dense_pull(TransferRun& run) {
   const double post_seconds = run.post_seconds;
   server_status(run.puller);  // handshake outside the timed pull
   const std::uint64_t datagrams = proxy.datagrams_to_client();
-  std::uint64_t request_datagrams = proxy.datagrams_to_server(), request_bytes = proxy.bytes_to_server();
+  std::uint64_t request_datagrams = proxy.datagrams_to_server(),
+                request_bytes = proxy.bytes_to_server();
   const auto started = Clock::now();
   try {
     const auto pulled = run.puller.request(transport::Method::kGet, "model");
     const double pull_seconds = seconds_since(started);
     request_datagrams = proxy.datagrams_to_server() - request_datagrams;
     request_bytes = proxy.bytes_to_server() - request_bytes;
-    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  answer %s; to the server %llu datagrams, %llu B\n", model_bytes,
-                model_blocks, pull_seconds, transport::coap_code_string(pulled.code).c_str(),
-                static_cast<unsigned long long>(request_datagrams), static_cast<unsigned long long>(request_bytes));
-    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured pull_bytes=%zu "
-                "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
-                s.delay_ms, post_seconds, pull_seconds, model_bytes, static_cast<unsigned long long>(request_datagrams),
-                static_cast<unsigned long long>(request_bytes));
+    std::printf(
+        "GET /model (%zu B, %zu blocks) %8.3f s  answer %s; to the server %llu datagrams, %llu B\n",
+        model_bytes, model_blocks, pull_seconds, transport::coap_code_string(pulled.code).c_str(),
+        static_cast<unsigned long long>(request_datagrams),
+        static_cast<unsigned long long>(request_bytes));
+    std::printf(
+        "summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=measured pull_bytes=%zu "
+        "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
+        s.delay_ms, post_seconds, pull_seconds, model_bytes,
+        static_cast<unsigned long long>(request_datagrams),
+        static_cast<unsigned long long>(request_bytes));
   } catch (const transport::TransportError&) {
     const double elapsed = seconds_since(started);
     const auto blocks = proxy.datagrams_to_client() - datagrams;
-    const double extrapolated = elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks);
+    const double extrapolated =
+        elapsed * static_cast<double>(model_blocks) / std::max<double>(1, blocks);
     // One request datagram per block, of the size the ones that went out had.
-    request_bytes = (proxy.bytes_to_server() - request_bytes) * model_blocks / std::max<std::uint64_t>(1, blocks);
-    std::printf("GET /model (%zu B, %zu blocks) %8.3f s  EXTRAPOLATED: %llu blocks arrived within the %.0f s budget\n",
-                model_bytes, model_blocks, extrapolated, static_cast<unsigned long long>(blocks), s.pull_budget_seconds);
-    std::printf("summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated pull_bytes=%zu "
-                "pull_request_datagrams=%zu pull_request_bytes=%llu\n",
-                s.delay_ms, post_seconds, extrapolated, model_bytes, model_blocks,
-                static_cast<unsigned long long>(request_bytes));
+    request_bytes = (proxy.bytes_to_server() - request_bytes) * model_blocks /
+                    std::max<std::uint64_t>(1, blocks);
+    std::printf(
+        "GET /model (%zu B, %zu blocks) %8.3f s  EXTRAPOLATED: %llu blocks arrived within the %.0f "
+        "s budget\n",
+        model_bytes, model_blocks, extrapolated, static_cast<unsigned long long>(blocks),
+        s.pull_budget_seconds);
+    std::printf(
+        "summary transfer delay_ms=%d update_s=%.3f pull_s=%.3f pull=extrapolated pull_bytes=%zu "
+        "pull_request_datagrams=%zu pull_request_bytes=%llu\n",
+        s.delay_ms, post_seconds, extrapolated, model_bytes, model_blocks,
+        static_cast<unsigned long long>(request_bytes));
   }
 }
 
@@ -687,26 +777,31 @@ void print_sparse_pull(TransferRun& run, runtime::ModelReplica& replica, int upd
   auto& puller = run.puller;
   const std::size_t model_bytes = run.model_bytes;
   const std::string path = replica.pull_path();
-  const std::uint64_t datagrams_before = proxy.datagrams_to_server(), bytes_before = proxy.bytes_to_server();
+  const std::uint64_t datagrams_before = proxy.datagrams_to_server(),
+                      bytes_before = proxy.bytes_to_server();
   const std::uint64_t datagrams_back = proxy.datagrams_to_client();
   const auto started = Clock::now();
   const auto pulled = puller.request(transport::Method::kGet, path);
   const double seconds = seconds_since(started);
   const auto outcome = replica.take(pulled.payload);
   if (outcome != runtime::ModelReplica::PullOutcome::kDelta)
-    throw std::runtime_error("GET /" + path + " did not give a usable delta: " + replica.mismatch());
+    throw std::runtime_error("GET /" + path +
+                             " did not give a usable delta: " + replica.mismatch());
   const auto to_server = proxy.datagrams_to_server() - datagrams_before;
   const auto bytes_to_server = proxy.bytes_to_server() - bytes_before;
-  std::printf("GET /%s after %d updates (%zu B, %zu blocks) %8.3f s  answer %s, copy = server's (digest); to the "
-              "server %llu datagrams, %llu B; %llu datagrams back\n",
-              path.c_str(), updates, pulled.payload.size(), (pulled.payload.size() + 1023) / 1024, seconds,
-              transport::coap_code_string(pulled.code).c_str(), static_cast<unsigned long long>(to_server),
-              static_cast<unsigned long long>(bytes_to_server),
-              static_cast<unsigned long long>(proxy.datagrams_to_client() - datagrams_back));
-  std::printf("summary delta delay_ms=%d updates=%d delta_bytes=%zu dense_bytes=%zu pull_s=%.3f "
-              "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
-              s.delay_ms, updates, pulled.payload.size(), model_bytes, seconds,
-              static_cast<unsigned long long>(to_server), static_cast<unsigned long long>(bytes_to_server));
+  std::printf(
+      "GET /%s after %d updates (%zu B, %zu blocks) %8.3f s  answer %s, copy = server's (digest); "
+      "to the "
+      "server %llu datagrams, %llu B; %llu datagrams back\n",
+      path.c_str(), updates, pulled.payload.size(), (pulled.payload.size() + 1023) / 1024, seconds,
+      transport::coap_code_string(pulled.code).c_str(), static_cast<unsigned long long>(to_server),
+      static_cast<unsigned long long>(bytes_to_server),
+      static_cast<unsigned long long>(proxy.datagrams_to_client() - datagrams_back));
+  std::printf(
+      "summary delta delay_ms=%d updates=%d delta_bytes=%zu dense_bytes=%zu pull_s=%.3f "
+      "pull_request_datagrams=%llu pull_request_bytes=%llu\n",
+      s.delay_ms, updates, pulled.payload.size(), model_bytes, seconds,
+      static_cast<unsigned long long>(to_server), static_cast<unsigned long long>(bytes_to_server));
 }
 
 // Sparse pulls. The copy a worker holds (a dense pull straight from the server, not
@@ -721,11 +816,13 @@ void time_sparse_pulls(TransferRun& run) {
   for (int updates : s.delta_after) {
     runtime::ModelReplica replica(factory.model.layout_id(), run.sizes);
     const auto dense = direct.request(transport::Method::kGet, "model");
-    if (dense.code != transport::CoapCode::kContent || replica.take(dense.payload) != runtime::ModelReplica::PullOutcome::kDense)
+    if (dense.code != transport::CoapCode::kContent ||
+        replica.take(dense.payload) != runtime::ModelReplica::PullOutcome::kDense)
       throw std::runtime_error("no dense model to start from");
     std::uint64_t version = replica.version();
     for (int i = 0; i < updates; ++i) {
-      const auto reply = direct.request(transport::Method::kPost, "update", factory.encode(next_pattern++, next_sequence++, version));
+      const auto reply = direct.request(transport::Method::kPost, "update",
+                                        factory.encode(next_pattern++, next_sequence++, version));
       const auto produced = server::decode_update_reply(reply.payload);
       if (reply.code != transport::CoapCode::kChanged || !produced)
         throw std::runtime_error("update refused: " + transport::coap_code_string(reply.code));
@@ -740,13 +837,13 @@ int run_transfer(const TransferSettings& s) {
   int most_updates = 0;
   for (int n : s.delta_after) most_updates = std::max(most_updates, n);
   TransferRun run(s, keystore, most_updates);
-  std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n", s.delay_ms, 2 * s.delay_ms);
+  std::printf("\n== transfer through a UDP relay adding %d ms each way (RTT +%d ms) ==\n",
+              s.delay_ms, 2 * s.delay_ms);
   time_update_post(run);
   time_dense_pull(run);
   time_sparse_pulls(run);
   return 0;
 }
-
 
 // ---- WAN: delay, loss and CoAP timing ---------------------------------------------------
 struct WanSettings {
@@ -769,7 +866,8 @@ Spread spread_of(std::vector<double> values) {
   if (values.empty()) return s;
   std::sort(values.begin(), values.end());
   s.median = values[values.size() / 2];
-  s.p90 = values[std::min(values.size() - 1, static_cast<std::size_t>(std::ceil(0.9 * values.size())) - 1)];
+  s.p90 = values[std::min(values.size() - 1,
+                          static_cast<std::size_t>(std::ceil(0.9 * values.size())) - 1)];
   s.max = values.back();
   for (double v : values) s.mean += v / static_cast<double>(values.size());
   return s;
@@ -777,8 +875,9 @@ Spread spread_of(std::vector<double> values) {
 
 // One trial on a fresh session: its first small request (handshake included), a second
 // one, and one update post; seconds each. Throws when the post is not acknowledged.
-std::array<double, 3> time_wan_trial(const transport::CoapDtlsClient::Options& options, UpdateFactory& factory,
-                                     std::uint64_t sequence, std::size_t& body_bytes) {
+std::array<double, 3> time_wan_trial(const transport::CoapDtlsClient::Options& options,
+                                     UpdateFactory& factory, std::uint64_t sequence,
+                                     std::size_t& body_bytes) {
   transport::CoapDtlsClient client(options);
   // A resource that does not exist: 4.04 fits one datagram, so the request is one round
   // trip and the rest of the first one is the handshake.
@@ -802,16 +901,21 @@ std::array<double, 3> time_wan_trial(const transport::CoapDtlsClient::Options& o
 int run_wan(const WanSettings& s) {
   const auto keystore = server::Keystore::load(s.keystore);
   UpdateFactory factory(s.model, 0.01, 1);
-  edgetrain::testing::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms), s.loss, s.seed);
+  edgetrain::testing::UdpDelayProxy proxy(s.port, std::chrono::milliseconds(s.delay_ms), s.loss,
+                                          s.seed);
   const auto psk = credentials(keystore, kProbeDevice);
-  std::printf("\n== WAN: %d ms each way, %.1f%% loss each way; CoAP ACK_TIMEOUT %.2f s, ACK_RANDOM_FACTOR %.2f, "
-              "MAX_RETRANSMIT %d, NSTART %d (%s) ==\n",
-              s.delay_ms, 100 * s.loss, s.timing.ack_timeout_seconds, s.timing.ack_random_factor, s.timing.max_retransmit,
-              s.timing.nstart, s.label.c_str());
+  std::printf(
+      "\n== WAN: %d ms each way, %.1f%% loss each way; CoAP ACK_TIMEOUT %.2f s, ACK_RANDOM_FACTOR "
+      "%.2f, "
+      "MAX_RETRANSMIT %d, NSTART %d (%s) ==\n",
+      s.delay_ms, 100 * s.loss, s.timing.ack_timeout_seconds, s.timing.ack_random_factor,
+      s.timing.max_retransmit, s.timing.nstart, s.label.c_str());
   std::vector<double> first_request, small_request, update;
   int failures = 0;
-  std::uint64_t sequence = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  std::uint64_t sequence =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
   std::size_t body_bytes = 0;
   for (int trial = 0; trial < s.trials; ++trial) {
     transport::CoapDtlsClient::Options options{"127.0.0.1", proxy.port(), psk, 120000};
@@ -821,8 +925,9 @@ int run_wan(const WanSettings& s) {
       first_request.push_back(first);
       small_request.push_back(small);
       update.push_back(post);
-      std::printf("trial %2d  handshake + small request %6.3f s  small request %6.3f s  update %6.3f s\n", trial, first,
-                  small, post);
+      std::printf(
+          "trial %2d  handshake + small request %6.3f s  small request %6.3f s  update %6.3f s\n",
+          trial, first, small, post);
     } catch (const std::exception& e) {
       ++failures;
       std::printf("trial %2d  FAILED: %s\n", trial, e.what());
@@ -831,19 +936,25 @@ int run_wan(const WanSettings& s) {
   }
   const Spread a = spread_of(first_request), b = spread_of(small_request), c = spread_of(update);
   std::printf("%-34s %8s %8s %8s %8s\n", "seconds over the trials", "median", "mean", "p90", "max");
-  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "handshake + small request", a.median, a.mean, a.p90, a.max);
-  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "small request (open session)", b.median, b.mean, b.p90, b.max);
-  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", ("update (" + std::to_string(body_bytes) + " B)").c_str(), c.median,
-              c.mean, c.p90, c.max);
-  std::printf("datagrams dropped by the relay: %llu of %llu; failed trials: %d\n",
-              static_cast<unsigned long long>(proxy.datagrams_dropped()),
-              static_cast<unsigned long long>(proxy.datagrams_dropped() + proxy.datagrams_to_server() +
-                                              proxy.datagrams_to_client()),
-              failures);
-  std::printf("summary wan label=%s delay_ms=%d loss=%.3f trials=%zu handshake_median_s=%.3f handshake_mean_s=%.3f "
-              "update_median_s=%.3f update_mean_s=%.3f update_p90_s=%.3f failed=%d\n",
-              s.label.c_str(), s.delay_ms, s.loss, update.size(), a.median - b.median, a.mean - b.mean, c.median, c.mean,
-              c.p90, failures);
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "handshake + small request", a.median, a.mean,
+              a.p90, a.max);
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n", "small request (open session)", b.median, b.mean,
+              b.p90, b.max);
+  std::printf("%-34s %8.3f %8.3f %8.3f %8.3f\n",
+              ("update (" + std::to_string(body_bytes) + " B)").c_str(), c.median, c.mean, c.p90,
+              c.max);
+  std::printf(
+      "datagrams dropped by the relay: %llu of %llu; failed trials: %d\n",
+      static_cast<unsigned long long>(proxy.datagrams_dropped()),
+      static_cast<unsigned long long>(proxy.datagrams_dropped() + proxy.datagrams_to_server() +
+                                      proxy.datagrams_to_client()),
+      failures);
+  std::printf(
+      "summary wan label=%s delay_ms=%d loss=%.3f trials=%zu handshake_median_s=%.3f "
+      "handshake_mean_s=%.3f "
+      "update_median_s=%.3f update_mean_s=%.3f update_p90_s=%.3f failed=%d\n",
+      s.label.c_str(), s.delay_ms, s.loss, update.size(), a.median - b.median, a.mean - b.mean,
+      c.median, c.mean, c.p90, failures);
   return 0;
 }
 
@@ -861,7 +972,8 @@ int run_spoof(const SpoofSettings& s) {
   const std::size_t count = s.count ? s.count : static_cast<std::size_t>(s.per_second * s.seconds);
   const std::size_t sent = flood.send(count, s.per_second);
   const double took = seconds_since(started);
-  std::printf("summary spoof sent=%zu seconds=%.2f per_second=%.0f\n", sent, took, static_cast<double>(sent) / took);
+  std::printf("summary spoof sent=%zu seconds=%.2f per_second=%.0f\n", sent, took,
+              static_cast<double>(sent) / took);
   return 0;
 }
 
@@ -882,13 +994,15 @@ int run_probe_handshakes(const ProbeSettings& s) {
   nlohmann::json seconds_list = nlohmann::json::array();
   std::size_t attempts = 0, within = 0;
   const auto started = Clock::now();
-  for (auto next = started; seconds_since(started) < s.seconds; next += std::chrono::duration_cast<Clock::duration>(
-                                                                  std::chrono::duration<double>(s.every))) {
+  for (auto next = started; seconds_since(started) < s.seconds;
+       next +=
+       std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s.every))) {
     std::this_thread::sleep_until(next);
     ++attempts;
     const auto begun = Clock::now();
     try {
-      transport::CoapDtlsClient client({"127.0.0.1", s.port, psk, static_cast<int>(s.deadline * 1000)});
+      transport::CoapDtlsClient client(
+          {"127.0.0.1", s.port, psk, static_cast<int>(s.deadline * 1000)});
       client.request(transport::Method::kGet, "probe");
       const double took = seconds_since(begun);
       seconds_list.push_back(took);
@@ -898,10 +1012,13 @@ int run_probe_handshakes(const ProbeSettings& s) {
     }
     if (Clock::now() > next) next = Clock::now();  // a slow probe does not cause a burst after it
   }
-  nlohmann::json result = {{"attempts", attempts}, {"within_deadline", within}, {"deadline_s", s.deadline},
+  nlohmann::json result = {{"attempts", attempts},
+                           {"within_deadline", within},
+                           {"deadline_s", s.deadline},
                            {"seconds", seconds_list}};
   if (!s.out.empty()) std::ofstream(s.out) << result.dump() << "\n";
-  std::printf("summary handshakes attempts=%zu within_deadline=%zu deadline_s=%.1f\n", attempts, within, s.deadline);
+  std::printf("summary handshakes attempts=%zu within_deadline=%zu deadline_s=%.1f\n", attempts,
+              within, s.deadline);
   return 0;
 }
 
@@ -930,8 +1047,12 @@ struct FloodPhase {
   std::size_t probes = 0, probes_within = 0;
   std::vector<double> answered_seconds;  // of the probes that got an answer
   double server_cpu_seconds = 0;         // over the posting time
-  double updates_per_second() const { return static_cast<double>(updates) / std::max(1e-9, post_seconds); }
-  double within_pct() const { return 100.0 * static_cast<double>(probes_within) / std::max<std::size_t>(1, probes); }
+  double updates_per_second() const {
+    return static_cast<double>(updates) / std::max(1e-9, post_seconds);
+  }
+  double within_pct() const {
+    return 100.0 * static_cast<double>(probes_within) / std::max<std::size_t>(1, probes);
+  }
   void add(const FloodPhase& other) {
     spoof_per_second = other.spoof_per_second;
     spoofed += other.spoofed;
@@ -941,7 +1062,8 @@ struct FloodPhase {
     devices += other.devices;
     probes += other.probes;
     probes_within += other.probes_within;
-    answered_seconds.insert(answered_seconds.end(), other.answered_seconds.begin(), other.answered_seconds.end());
+    answered_seconds.insert(answered_seconds.end(), other.answered_seconds.begin(),
+                            other.answered_seconds.end());
     server_cpu_seconds += other.server_cpu_seconds;
   }
 };
@@ -949,10 +1071,20 @@ struct FloodPhase {
 // The handshakes prober as a child process (its own libcoap, its own core time), started
 // when the established devices start posting.
 pid_t spawn_prober(const FloodBenchSettings& s, const std::string& out) {
-  std::vector<std::string> args = {"edgetrain-loadgen", "handshakes", "--port", std::to_string(s.port),
-                                   "--keystore", s.keystore, "--seconds", std::to_string(s.seconds),
-                                   "--every", std::to_string(s.probe_every), "--deadline", std::to_string(s.probe_deadline),
-                                   "--out", out};
+  std::vector<std::string> args = {"edgetrain-loadgen",
+                                   "handshakes",
+                                   "--port",
+                                   std::to_string(s.port),
+                                   "--keystore",
+                                   s.keystore,
+                                   "--seconds",
+                                   std::to_string(s.seconds),
+                                   "--every",
+                                   std::to_string(s.probe_every),
+                                   "--deadline",
+                                   std::to_string(s.probe_deadline),
+                                   "--out",
+                                   out};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -962,14 +1094,16 @@ pid_t spawn_prober(const FloodBenchSettings& s, const std::string& out) {
   return pid;
 }
 
-FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_second, UpdateFactory& factory,
-                               std::uint64_t& next_sequence) {
+FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_second,
+                               UpdateFactory& factory, std::uint64_t& next_sequence) {
   const auto keystore = server::Keystore::load(s.keystore);
-  transport::CoapDtlsClient probe({"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
+  transport::CoapDtlsClient probe(
+      {"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
   std::atomic<std::uint64_t> latest_version{server_status(probe)["version"].get<std::uint64_t>()};
   FloodPhase phase;
   phase.spoof_per_second = spoof_per_second;
-  const std::string probe_file = "/tmp/edgetrain-flood-probe-" + std::to_string(::getpid()) + ".json";
+  const std::string probe_file =
+      "/tmp/edgetrain-flood-probe-" + std::to_string(::getpid()) + ".json";
   std::atomic<bool> stop_flood = false;
   std::thread flooder;
   pid_t prober = -1;
@@ -977,7 +1111,8 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
 
   transport::bench::UpdateLoadOptions options;
   options.port = s.port;
-  for (std::size_t i = 0; i < s.devices; ++i) options.devices.push_back(credentials(keystore, load_device_name(i)));
+  for (std::size_t i = 0; i < s.devices; ++i)
+    options.devices.push_back(credentials(keystore, load_device_name(i)));
   options.max_posts_in_flight = s.posts_in_flight;
   options.max_posts = 1000000;
   options.max_post_seconds = s.seconds;
@@ -986,7 +1121,8 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
     return factory.encode(device + sequence, first_sequence + sequence, latest_version.load());
   };
   options.on_success = [&](std::span<const std::uint8_t> payload) {
-    if (auto version = server::decode_update_reply(payload); version && *version > latest_version) latest_version = *version;
+    if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
+      latest_version = *version;
   };
   options.on_posts_starting = [&] {
     if (s.server_pid) cpu_before = process_cpu_seconds(s.server_pid);
@@ -1012,7 +1148,9 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
   phase.updates = report.posts_acknowledged;
   phase.post_seconds = report.post_seconds;
   std::ifstream in(probe_file);
-  if (!in) throw std::runtime_error("the handshakes prober left no results (exit status " + std::to_string(status) + ")");
+  if (!in)
+    throw std::runtime_error("the handshakes prober left no results (exit status " +
+                             std::to_string(status) + ")");
   const auto probes = nlohmann::json::parse(in);
   ::unlink(probe_file.c_str());
   phase.probes = probes["attempts"].get<std::size_t>();
@@ -1024,21 +1162,28 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
 
 void print_flood_phase(const FloodBenchSettings& s, const std::string& label, const FloodPhase& p) {
   const Spread spread = spread_of(p.answered_seconds);
-  std::printf("%-30s established %zu/%zu, %6.1f updates/s (%llu in %.1f s); new sessions within %.1f s: %zu of %zu "
-              "(median %.3f s, p90 %.3f s, max %.3f s); spoofed ClientHellos %zu; server CPU %.0f%%\n",
-              label.c_str(), p.established, p.devices, p.updates_per_second(), static_cast<unsigned long long>(p.updates),
-              p.post_seconds, s.probe_deadline, p.probes_within, p.probes, spread.median, spread.p90, spread.max, p.spoofed,
-              100 * p.server_cpu_seconds / std::max(1e-9, p.post_seconds));
+  std::printf(
+      "%-30s established %zu/%zu, %6.1f updates/s (%llu in %.1f s); new sessions within %.1f s: "
+      "%zu of %zu "
+      "(median %.3f s, p90 %.3f s, max %.3f s); spoofed ClientHellos %zu; server CPU %.0f%%\n",
+      label.c_str(), p.established, p.devices, p.updates_per_second(),
+      static_cast<unsigned long long>(p.updates), p.post_seconds, s.probe_deadline, p.probes_within,
+      p.probes, spread.median, spread.p90, spread.max, p.spoofed,
+      100 * p.server_cpu_seconds / std::max(1e-9, p.post_seconds));
   std::fflush(stdout);
 }
 
 int run_flood_bench(const FloodBenchSettings& s) {
   UpdateFactory factory(s.model, s.compression_rate, 16);
-  std::uint64_t next_sequence = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  std::printf("\n== handshake flood: %zu established devices posting (%zu in flight), a fresh session every %.2f s "
-              "(deadline %.1f s), %.0f s per phase ==\n",
-              s.devices, s.posts_in_flight, s.probe_every, s.probe_deadline, s.seconds);
+  std::uint64_t next_sequence =
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+  std::printf(
+      "\n== handshake flood: %zu established devices posting (%zu in flight), a fresh session "
+      "every %.2f s "
+      "(deadline %.1f s), %.0f s per phase ==\n",
+      s.devices, s.posts_in_flight, s.probe_every, s.probe_deadline, s.seconds);
   // Alternating, so that drift on a shared machine (and the fresh server's first minutes)
   // weighs on both conditions alike.
   FloodPhase base, flood;
@@ -1046,30 +1191,43 @@ int run_flood_bench(const FloodBenchSettings& s) {
     for (double rate : {0.0, s.spoof_per_second}) {
       const FloodPhase phase = measure_flood_phase(s, rate, factory, next_sequence);
       (rate > 0 ? flood : base).add(phase);
-      print_flood_phase(s, "round " + std::to_string(round) + ": " +
-                               (rate > 0 ? "flood " + std::to_string(static_cast<int>(rate)) + "/s" : "no flood"),
-                        phase);
+      print_flood_phase(
+          s,
+          "round " + std::to_string(round) + ": " +
+              (rate > 0 ? "flood " + std::to_string(static_cast<int>(rate)) + "/s" : "no flood"),
+          phase);
     }
   }
   print_flood_phase(s, "all rounds: no flood", base);
   print_flood_phase(s, "all rounds: flood", flood);
   const Spread spread = spread_of(flood.answered_seconds);
-  const double rate_pct = 100.0 * flood.updates_per_second() / std::max(1e-9, base.updates_per_second());
-  std::printf("goal: >= 95%% of new handshakes within %.0f s during the flood: %.1f%% (baseline %.1f%%) -> %s\n",
-              s.probe_deadline, flood.within_pct(), base.within_pct(), flood.within_pct() >= 95 ? "met" : "NOT met");
-  std::printf("goal: established devices keep >= 90%% of their update rate: %.1f%% (%.1f of %.1f updates/s) -> %s\n",
-              rate_pct, flood.updates_per_second(), base.updates_per_second(), rate_pct >= 90 ? "met" : "NOT met");
-  std::printf("summary flood spoof_per_second=%.0f spoofed=%zu rounds=%d baseline_updates_per_s=%.2f "
-              "flood_updates_per_s=%.2f update_rate_pct=%.1f baseline_handshakes_within_pct=%.1f "
-              "flood_handshakes_within_pct=%.1f flood_handshake_median_s=%.3f flood_handshake_p90_s=%.3f probes=%zu\n",
-              s.spoof_per_second, flood.spoofed, s.rounds, base.updates_per_second(), flood.updates_per_second(), rate_pct,
-              base.within_pct(), flood.within_pct(), spread.median, spread.p90, flood.probes);
+  const double rate_pct =
+      100.0 * flood.updates_per_second() / std::max(1e-9, base.updates_per_second());
+  std::printf(
+      "goal: >= 95%% of new handshakes within %.0f s during the flood: %.1f%% (baseline %.1f%%) -> "
+      "%s\n",
+      s.probe_deadline, flood.within_pct(), base.within_pct(),
+      flood.within_pct() >= 95 ? "met" : "NOT met");
+  std::printf(
+      "goal: established devices keep >= 90%% of their update rate: %.1f%% (%.1f of %.1f "
+      "updates/s) -> %s\n",
+      rate_pct, flood.updates_per_second(), base.updates_per_second(),
+      rate_pct >= 90 ? "met" : "NOT met");
+  std::printf(
+      "summary flood spoof_per_second=%.0f spoofed=%zu rounds=%d baseline_updates_per_s=%.2f "
+      "flood_updates_per_s=%.2f update_rate_pct=%.1f baseline_handshakes_within_pct=%.1f "
+      "flood_handshakes_within_pct=%.1f flood_handshake_median_s=%.3f flood_handshake_p90_s=%.3f "
+      "probes=%zu\n",
+      s.spoof_per_second, flood.spoofed, s.rounds, base.updates_per_second(),
+      flood.updates_per_second(), rate_pct, base.within_pct(), flood.within_pct(), spread.median,
+      spread.p90, flood.probes);
   return 0;
 }
 
 void declare_spoof(settings::Table& t, SpoofSettings& s) {
   t.add("port", s.port, "server UDP port on 127.0.0.1").required();
-  t.add("per-second", s.per_second, "ClientHellos per second (0: as fast as possible)").range(0, 1e7);
+  t.add("per-second", s.per_second, "ClientHellos per second (0: as fast as possible)")
+      .range(0, 1e7);
   t.add("seconds", s.seconds, "how long, without --count").range(0, 1e6).unit("seconds");
   t.add("count", s.count, "ClientHellos to send (0: --per-second × --seconds)").range(0, 1e9);
 }
@@ -1079,7 +1237,9 @@ void declare_probe(settings::Table& t, ProbeSettings& s) {
   t.add("keystore", s.keystore, "the keystore the server uses").required();
   t.add("seconds", s.seconds, "how long to probe").range(0, 1e6).unit("seconds");
   t.add("every", s.every, "time between the starts of two probes").range(0.01, 1e6).unit("seconds");
-  t.add("deadline", s.deadline, "a probe counts if answered within this").range(0.1, 1e6).unit("seconds");
+  t.add("deadline", s.deadline, "a probe counts if answered within this")
+      .range(0.1, 1e6)
+      .unit("seconds");
   t.add("out", s.out, "JSON results file");
 }
 
@@ -1089,9 +1249,15 @@ void declare_flood(settings::Table& t, FloodBenchSettings& s) {
   t.add("devices", s.devices, "established devices posting updates").range(1, 1e6);
   t.add("posts-in-flight", s.posts_in_flight, "posts in progress at once").range(1, 1e6);
   t.add("seconds", s.seconds, "length of each phase").range(1, 1e6).unit("seconds");
-  t.add("spoof-per-second", s.spoof_per_second, "spoofed ClientHellos per second in the flood phase").range(1, 1e7);
-  t.add("probe-every", s.probe_every, "time between two fresh sessions of the prober").range(0.01, 1e6).unit("seconds");
-  t.add("probe-deadline", s.probe_deadline, "a fresh session counts if answered within this").range(0.1, 1e6).unit("seconds");
+  t.add("spoof-per-second", s.spoof_per_second,
+        "spoofed ClientHellos per second in the flood phase")
+      .range(1, 1e7);
+  t.add("probe-every", s.probe_every, "time between two fresh sessions of the prober")
+      .range(0.01, 1e6)
+      .unit("seconds");
+  t.add("probe-deadline", s.probe_deadline, "a fresh session counts if answered within this")
+      .range(0.1, 1e6)
+      .unit("seconds");
   t.add("rounds", s.rounds, "pairs of phases (no flood, flood), alternating").range(1, 100);
   t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
   t.add("model", s.model, "model the server runs");
@@ -1107,21 +1273,26 @@ void declare_load(settings::Table& t, LoadSettings& s) {
   t.add("seconds", s.seconds, "stop posting after this long").range(0, 1e6).unit("seconds");
   t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
   t.add("model", s.model, "model the server runs");
-  t.add("rate", s.compression_rate, "AdaComp compression rate c of the synthetic updates").range(1e-6, 1);
+  t.add("rate", s.compression_rate, "AdaComp compression rate c of the synthetic updates")
+      .range(1e-6, 1);
   t.add("replay", s.replay,
-        "post the updates recorded in this server write-ahead log (a copy of a state directory's wal.log, e.g. from "
-        "tests/bench/record_updates.sh) instead of synthetic ones: indices and values as recorded, sequence and "
+        "post the updates recorded in this server write-ahead log (a copy of a state directory's "
+        "wal.log, e.g. from "
+        "tests/bench/record_updates.sh) instead of synthetic ones: indices and values as recorded, "
+        "sequence and "
         "fetched version re-stamped, in log order, cycling")
       .unit("WAL_FILE");
   t.add("sign-scale", s.sign_scale,
-        "values as sign + scale (value encoding 2 of transport/CODEC.md), synthetic or with --replay the recorded "
+        "values as sign + scale (value encoding 2 of transport/CODEC.md), synthetic or with "
+        "--replay the recorded "
         "ones made ±(mean magnitude) per tensor");
 }
 
 // Settings of `load` that exclude each other; the message says what to drop.
 std::optional<std::string> load_conflict(const settings::Table& t, const LoadSettings& s) {
   if (!s.replay.empty() && t.was_set("rate"))
-    return "--rate sets the share of entries of the synthetic updates; --replay posts recorded updates, whose entries "
+    return "--rate sets the share of entries of the synthetic updates; --replay posts recorded "
+           "updates, whose entries "
            "are as recorded: drop one of the two";
   return std::nullopt;
 }
@@ -1130,12 +1301,15 @@ void declare_transfer(settings::Table& t, TransferSettings& s) {
   t.add("port", s.port, "server UDP port on 127.0.0.1").required();
   t.add("keystore", s.keystore, "the keystore the server uses").required();
   t.add("delay-ms", s.delay_ms, "added one-way delay").range(0, 1e6).unit("ms");
-  t.add("pull-budget", s.pull_budget_seconds, "time the model pull may take before its time is extrapolated")
-      .range(0, 1e6).unit("seconds");
+  t.add("pull-budget", s.pull_budget_seconds,
+        "time the model pull may take before its time is extrapolated")
+      .range(0, 1e6)
+      .unit("seconds");
   t.add("model", s.model, "model the server runs");
-  t.int_list_flag("delta-after", s.delta_after,
-                  "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
-                  "updates by others");
+  t.int_list_flag(
+      "delta-after", s.delta_after,
+      "after the dense pull, one sparse pull (GET /model?since=V) after each of these numbers of "
+      "updates by others");
 }
 
 void declare_wan(settings::Table& t, WanSettings& s, std::string& timing) {
@@ -1146,47 +1320,54 @@ void declare_wan(settings::Table& t, WanSettings& s, std::string& timing) {
   t.add("trials", s.trials, "fresh sessions to time").range(1, 1e6);
   t.add("seed", s.seed, "seed of the relay's losses");
   t.add("model", s.model, "model the server runs");
-  t.add("timing", timing, "CoAP timing: wan (edgetrain's default) or rfc7252").choices({"wan", "rfc7252"});
+  t.add("timing", timing, "CoAP timing: wan (edgetrain's default) or rfc7252")
+      .choices({"wan", "rfc7252"});
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   settings::Table table("edgetrain-loadgen",
-                        "edgetrain-loadgen: load and latency figures for a running edgetrain-server (a benchmark, not a test)");
+                        "edgetrain-loadgen: load and latency figures for a running "
+                        "edgetrain-server (a benchmark, not a test)");
   table.require_subcommand();
   std::string keystore_path, wan_timing = "wan";
   std::size_t keystore_devices = 1000;
-  settings::Table& keystore = table.subcommand("keystore", "write a keystore of load devices (mode 0600)");
+  settings::Table& keystore =
+      table.subcommand("keystore", "write a keystore of load devices (mode 0600)");
   keystore.add("out", keystore_path, "keystore file").required();
   keystore.add("devices", keystore_devices, "load devices").range(1, 1e6);
   LoadSettings load_settings;
-  settings::Table& load = table.subcommand(
-      "load", "many sessions posting paper-CNN AdaComp updates (synthetic, or replayed from a server's WAL)");
+  settings::Table& load = table.subcommand("load",
+                                           "many sessions posting paper-CNN AdaComp updates "
+                                           "(synthetic, or replayed from a server's WAL)");
   declare_load(load, load_settings);
   TransferSettings transfer_settings;
-  settings::Table& transfer =
-      table.subcommand("transfer", "one update post and one model pull through a delaying UDP relay");
+  settings::Table& transfer = table.subcommand(
+      "transfer", "one update post and one model pull through a delaying UDP relay");
   declare_transfer(transfer, transfer_settings);
   WanSettings wan_settings;
-  settings::Table& wan =
-      table.subcommand("wan", "handshake, small request and update times through a delaying, lossy relay");
+  settings::Table& wan = table.subcommand(
+      "wan", "handshake, small request and update times through a delaying, lossy relay");
   declare_wan(wan, wan_settings, wan_timing);
   FloodBenchSettings flood_settings;
-  settings::Table& flood = table.subcommand(
-      "flood", "updates/s of established devices and fresh handshakes within a deadline, without and with a flood");
+  settings::Table& flood = table.subcommand("flood",
+                                            "updates/s of established devices and fresh handshakes "
+                                            "within a deadline, without and with a flood");
   declare_flood(flood, flood_settings);
   SpoofSettings spoof_settings;
-  settings::Table& spoof = table.subcommand("spoof", "DTLS ClientHellos from ever new loopback source addresses");
+  settings::Table& spoof =
+      table.subcommand("spoof", "DTLS ClientHellos from ever new loopback source addresses");
   declare_spoof(spoof, spoof_settings);
   ProbeSettings probe_settings;
-  settings::Table& probe =
-      table.subcommand("handshakes", "a fresh session's first request every few seconds, with a deadline");
+  settings::Table& probe = table.subcommand(
+      "handshakes", "a fresh session's first request every few seconds, with a deadline");
   declare_probe(probe, probe_settings);
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
     if (wan.parsed()) {
-      wan_settings.timing = wan_timing == "rfc7252" ? transport::CoapTiming::rfc7252() : transport::CoapTiming::wan();
+      wan_settings.timing =
+          wan_timing == "rfc7252" ? transport::CoapTiming::rfc7252() : transport::CoapTiming::wan();
       wan_settings.label = wan_timing;
       return run_wan(wan_settings);
     }

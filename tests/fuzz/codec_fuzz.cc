@@ -1,7 +1,7 @@
 // libFuzzer target for the wire decoders (transport/codec.cc, transport/gan_codec.cc): sparse
-// updates, dense models, model deltas, and MD-GAN's batches and feedback. The first input byte picks the
-// expected layout so that both small tensors (bitmaps, k = n) and the paper CNN's sizes are
-// reached; the rest is the message. Whatever a decoder accepts must satisfy the documented
+// updates, dense models, model deltas, and MD-GAN's batches and feedback. The first input byte
+// picks the expected layout so that both small tensors (bitmaps, k = n) and the paper CNN's sizes
+// are reached; the rest is the message. Whatever a decoder accepts must satisfy the documented
 // invariants and re-encode to something that decodes to the same value.
 #include <cmath>
 #include <cstdint>
@@ -30,7 +30,8 @@ void require(bool condition) {
 
 // The invariants every decoder documents for what it accepts: each tensor of the layout at
 // most once and with its size, indices strictly increasing and < n, one finite value each.
-void require_documented_tensors(const std::vector<SparseTensor>& tensors, const std::vector<std::uint32_t>& sizes) {
+void require_documented_tensors(const std::vector<SparseTensor>& tensors,
+                                const std::vector<std::uint32_t>& sizes) {
   std::vector<bool> seen(sizes.size(), false);
   for (const auto& t : tensors) {
     require(t.tensor < sizes.size() && !seen[t.tensor] && t.size == sizes[t.tensor]);
@@ -46,7 +47,8 @@ void require_documented_tensors(const std::vector<SparseTensor>& tensors, const 
 // Bit for bit, so -0 differs from +0. memcmp must not see the null data() of an empty
 // vector (a tensor with no entries).
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0);
+  return a.size() == b.size() &&
+         (b.empty() || std::memcmp(a.data(), b.data(), b.size() * sizeof(float)) == 0);
 }
 
 // What the sign + scale encoder accepts: in every tensor, all values ±s for one s > 0.
@@ -105,7 +107,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto again = encode_model_delta(d);
     require(again.ok());
     auto back = decode_model_delta(again.value(), layout, limits);
-    require(back.ok() && back.value().digest == d.digest && back.value().tensors.size() == d.tensors.size());
+    require(back.ok() && back.value().digest == d.digest &&
+            back.value().tensors.size() == d.tensors.size());
     for (std::size_t i = 0; i < d.tensors.size(); ++i) {
       require(back.value().tensors[i].indices == d.tensors[i].indices);
       require(same_bits(back.value().tensors[i].values, d.tensors[i].values));
@@ -129,8 +132,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto again = encode_gan_batches(b, ValueEncoding::kFp32);
     require(again.ok());
     auto back = decode_gan_batches(again.value());
-    require(back.ok() && same_bits(back.value().g_samples, b.g_samples) && same_bits(back.value().d_samples, b.d_samples) &&
-            back.value().swap_to == b.swap_to && back.value().g_labels == b.g_labels);
+    require(back.ok() && same_bits(back.value().g_samples, b.g_samples) &&
+            same_bits(back.value().d_samples, b.d_samples) && back.value().swap_to == b.swap_to &&
+            back.value().g_labels == b.g_labels);
   }
   auto feedback = decode_gan_feedback(message);
   if (feedback.ok()) {
@@ -140,12 +144,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     auto again = encode_gan_feedback(f, ValueEncoding::kFp32);
     require(again.ok());
     auto back = decode_gan_feedback(again.value());
-    require(back.ok() && same_bits(back.value().values, f.values) && back.value().iteration == f.iteration);
+    require(back.ok() && same_bits(back.value().values, f.values) &&
+            back.value().iteration == f.iteration);
   }
 
   auto model = decode_dense_model(message, layout, limits);
   if (model.ok()) {
-    auto again = encode_dense_model(model.value().model_id, model.value().version, model.value().tensor_sizes, model.value().values);
+    auto again = encode_dense_model(model.value().model_id, model.value().version,
+                                    model.value().tensor_sizes, model.value().values);
     require(again.ok());
     require(again.value().size() == message.size());
   }

@@ -41,13 +41,15 @@ int main(int argc, char** argv) {
           }
         u.tensors.push_back(tensor);
       }
-      auto bytes = encode_sparse_update(u, {variant % 2 ? ValueEncoding::kFp16 : ValueEncoding::kFp32});
+      auto bytes =
+          encode_sparse_update(u, {variant % 2 ? ValueEncoding::kFp16 : ValueEncoding::kFp32});
       if (!bytes.ok() || !write(selector, bytes.value())) return 1;
       // The same entries as sign + scale: each tensor's values become ±(a scale of its own),
       // and the first entry of every byte of signs negative so the sign bits vary.
       for (auto& tensor : u.tensors) {
         const float scale = static_cast<float>(1 + rng() % 400) / 64.0f;
-        for (std::size_t j = 0; j < tensor.values.size(); ++j) tensor.values[j] = j % 8 == 0 || rng() % 2 ? -scale : scale;
+        for (std::size_t j = 0; j < tensor.values.size(); ++j)
+          tensor.values[j] = j % 8 == 0 || rng() % 2 ? -scale : scale;
       }
       bytes = encode_sparse_update(u, {ValueEncoding::kSignScale});
       if (!bytes.ok() || !write(selector, bytes.value())) return 1;
@@ -75,17 +77,28 @@ int main(int argc, char** argv) {
   }
   // MD-GAN's batches (with and without a swap instruction) and feedback, fp32 and fp16.
   for (const auto encoding : {ValueEncoding::kFp32, ValueEncoding::kFp16}) {
-    GanBatches b{.run_id = 3, .iteration = 7, .batch = 2, .width = 5, .swap_round = 0, .swap_to = {},
-                 .g_labels = {1, 9}, .d_labels = {0, 4}, .g_samples = std::vector<float>(10, 0.5f),
+    GanBatches b{.run_id = 3,
+                 .iteration = 7,
+                 .batch = 2,
+                 .width = 5,
+                 .swap_round = 0,
+                 .swap_to = {},
+                 .g_labels = {1, 9},
+                 .d_labels = {0, 4},
+                 .g_samples = std::vector<float>(10, 0.5f),
                  .d_samples = std::vector<float>(10, -0.25f)};
     auto plain = encode_gan_batches(b, encoding);
     b.swap_round = 2;
     b.swap_to = "gan-1";
     auto swap = encode_gan_batches(b, encoding);
-    GanFeedback f{.run_id = 3, .iteration = 7, .batch = 2, .width = 5, .values = std::vector<float>(10, 1e-3f)};
+    GanFeedback f{.run_id = 3,
+                  .iteration = 7,
+                  .batch = 2,
+                  .width = 5,
+                  .values = std::vector<float>(10, 1e-3f)};
     auto feedback = encode_gan_feedback(f, encoding);
-    if (!plain.ok() || !swap.ok() || !feedback.ok() || !write(0, plain.value()) || !write(0, swap.value()) ||
-        !write(0, feedback.value()))
+    if (!plain.ok() || !swap.ok() || !feedback.ok() || !write(0, plain.value()) ||
+        !write(0, swap.value()) || !write(0, feedback.value()))
       return 1;
   }
   std::printf("%d seeds\n", written);

@@ -36,7 +36,8 @@ class RawCoapClient {
     std::string payload;
   };
 
-  explicit RawCoapClient(std::uint16_t port) : fd_(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+  explicit RawCoapClient(std::uint16_t port)
+      : fd_(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
     sockaddr_in server{};
     server.sin_family = AF_INET;
     server.sin_port = htons(port);
@@ -48,10 +49,12 @@ class RawCoapClient {
   RawCoapClient& operator=(const RawCoapClient&) = delete;
 
   // POST /update, block `num` of a body in 1024-byte blocks (`more`: not the last one).
-  Reply post_block(std::uint32_t num, bool more, std::size_t length, std::optional<std::uint64_t> size1 = {}) {
+  Reply post_block(std::uint32_t num, bool more, std::size_t length,
+                   std::optional<std::uint64_t> size1 = {}) {
     const std::uint16_t mid = ++mid_;
     std::vector<std::uint8_t> message = {0x41, 0x02, static_cast<std::uint8_t>(mid >> 8),
-                                         static_cast<std::uint8_t>(mid), 0x5a};  // CON, TKL 1, POST, token
+                                         static_cast<std::uint8_t>(mid),
+                                         0x5a};  // CON, TKL 1, POST, token
     int last_option = 0;
     auto option = [&](int number, std::vector<std::uint8_t> value) {
       const int delta = number - last_option;
@@ -72,7 +75,8 @@ class RawCoapClient {
     option(27, uint_bytes(std::uint64_t{num} << 4 | (more ? 8u : 0u) | 6u));
     if (size1) option(60, uint_bytes(*size1));
     message.push_back(0xff);
-    for (std::size_t i = 0; i < length; ++i) message.push_back(static_cast<std::uint8_t>(num * 31 + i));
+    for (std::size_t i = 0; i < length; ++i)
+      message.push_back(static_cast<std::uint8_t>(num * 31 + i));
     EXPECT_EQ(::send(fd_, message.data(), message.size(), 0), static_cast<ssize_t>(message.size()));
     return receive(mid);
   }
@@ -175,7 +179,8 @@ TEST_F(Block1Limits, StreamedBodyIsRefusedAtTheBlockThatPassesTheLimit) {
     if (reply.code != 231) break;
   }
   EXPECT_EQ(reply.code, CoapCode::kRequestEntityTooLarge) << reply.payload;
-  EXPECT_EQ(blocks_sent, kLimit / kBlock + 1) << "the 4.13 came after " << blocks_sent * kBlock << " bytes";
+  EXPECT_EQ(blocks_sent, kLimit / kBlock + 1)
+      << "the 4.13 came after " << blocks_sent * kBlock << " bytes";
   EXPECT_EQ(reply.size1, kLimit) << "a 4.13 says the limit in Size1";
   EXPECT_NE(reply.payload.find("limit is 65536"), std::string::npos) << reply.payload;
   // Nothing of it is kept: a block within the limit has no body to join any more.
@@ -197,7 +202,8 @@ TEST_F(Block1Limits, AnnouncedSizeAboveTheLimitIsRefusedAtTheFirstBlock) {
 }
 
 TEST_F(Block1Limits, BodyWithinTheLimitArrivesWholeOverDtls) {
-  CoapDtlsClient client({"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
+  CoapDtlsClient client(
+      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
   std::vector<std::uint8_t> body(kLimit);
   for (std::size_t i = 0; i < body.size(); ++i) body[i] = static_cast<std::uint8_t>(i * 13 + 5);
   const CoapResponse ok = client.request(Method::kPost, "update", body);
@@ -217,12 +223,14 @@ TEST_F(Block1Limits, BodyWithinTheLimitArrivesWholeOverDtls) {
 // libcoap client tags each body anew (Request-Tag), so each post used to leave one behind,
 // all walked on every pass of the event loop; now a body's record goes with its last block.
 TEST_F(Block1Limits, FinishedBodiesLeaveNoRecordsBehind) {
-  CoapDtlsClient client({"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
+  CoapDtlsClient client(
+      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
   std::vector<std::uint8_t> body(8 * kBlock + 17);
   constexpr int kBodies = 12;
   for (int n = 0; n < kBodies; ++n) {
     body[0] = static_cast<std::uint8_t>(n);
-    ASSERT_EQ(client.request(Method::kPost, "update", body).code, CoapCode::kChanged) << "body " << n;
+    ASSERT_EQ(client.request(Method::kPost, "update", body).code, CoapCode::kChanged)
+        << "body " << n;
     EXPECT_EQ(last_body_, body) << "body " << n << " arrived whole";
   }
   stop_loop();
@@ -232,7 +240,8 @@ TEST_F(Block1Limits, FinishedBodiesLeaveNoRecordsBehind) {
 }
 
 TEST_F(Block1Limits, BodiesInProgressAreBounded) {
-  RawCoapClient a(server_->plaintext_port()), b(server_->plaintext_port()), c(server_->plaintext_port());
+  RawCoapClient a(server_->plaintext_port()), b(server_->plaintext_port()),
+      c(server_->plaintext_port());
   EXPECT_EQ(a.post_block(0, true, kBlock).code, 231);
   EXPECT_EQ(b.post_block(0, true, kBlock).code, 231);
   const RawCoapClient::Reply third = c.post_block(0, true, kBlock);

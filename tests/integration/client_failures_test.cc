@@ -56,12 +56,15 @@ TransportError failure_of(CoapDtlsClient& client) {
 
 TEST(ClientFailures, APortThatNeverAnswersIsNoAnswerNamingTheAddress) {
   SilentPort silent;
-  CoapDtlsClient client({"127.0.0.1", silent.port(), {"device-1", bytes_of("key-one-0123456789")}, 1500});
+  CoapDtlsClient client(
+      {"127.0.0.1", silent.port(), {"device-1", bytes_of("key-one-0123456789")}, 1500});
   const TransportError e = failure_of(client);
   EXPECT_EQ(e.failure(), TransportFailure::kNoAnswer) << e.what();
-  EXPECT_NE(std::string(e.what()).find("no answer from 127.0.0.1:" + std::to_string(silent.port())), std::string::npos)
+  EXPECT_NE(std::string(e.what()).find("no answer from 127.0.0.1:" + std::to_string(silent.port())),
+            std::string::npos)
       << e.what();
-  EXPECT_EQ(std::string(e.what()).find("handshake failed"), std::string::npos) << "no wrong diagnosis: " << e.what();
+  EXPECT_EQ(std::string(e.what()).find("handshake failed"), std::string::npos)
+      << "no wrong diagnosis: " << e.what();
 }
 
 TEST(ClientFailures, AClosedPortIsUnreachableAtOnce) {
@@ -74,15 +77,18 @@ TEST(ClientFailures, AClosedPortIsUnreachableAtOnce) {
   const auto started = Clock::now();
   const TransportError e = failure_of(client);
   EXPECT_EQ(e.failure(), TransportFailure::kUnreachable) << e.what();
-  EXPECT_NE(std::string(e.what()).find("nothing listens on 127.0.0.1:" + std::to_string(port)), std::string::npos)
+  EXPECT_NE(std::string(e.what()).find("nothing listens on 127.0.0.1:" + std::to_string(port)),
+            std::string::npos)
       << e.what();
-  EXPECT_LT(Clock::now() - started, std::chrono::seconds(3)) << "ICMP port unreachable comes back at once";
+  EXPECT_LT(Clock::now() - started, std::chrono::seconds(3))
+      << "ICMP port unreachable comes back at once";
 }
 
 TEST(ClientFailures, TheStopFlagEndsAWaitingHandshakeWithinAFractionOfASecond) {
   SilentPort silent;
   std::atomic<bool> stop = false;
-  CoapDtlsClient::Options options{"127.0.0.1", silent.port(), {"device-1", bytes_of("key-one-0123456789")}, 60000};
+  CoapDtlsClient::Options options{
+      "127.0.0.1", silent.port(), {"device-1", bytes_of("key-one-0123456789")}, 60000};
   options.stop = &stop;
   CoapDtlsClient client(options);
   std::thread stopper([&] {
@@ -95,12 +101,14 @@ TEST(ClientFailures, TheStopFlagEndsAWaitingHandshakeWithinAFractionOfASecond) {
   stopper.join();
   EXPECT_EQ(e.failure(), TransportFailure::kInterrupted) << e.what();
   EXPECT_GE(waited, std::chrono::milliseconds(300));
-  EXPECT_LT(waited, std::chrono::milliseconds(300 + 250)) << "the flag is looked at at least every 100 ms";
+  EXPECT_LT(waited, std::chrono::milliseconds(300 + 250))
+      << "the flag is looked at at least every 100 ms";
 }
 
 TEST(ClientFailures, AKeyLongerThanMbedTlsTakesIsRefusedUpFront) {
   try {
-    CoapDtlsClient client({"127.0.0.1", 5684, {"device-1", std::vector<std::uint8_t>(kMaxPskBytes + 1, 7)}, 1000});
+    CoapDtlsClient client(
+        {"127.0.0.1", 5684, {"device-1", std::vector<std::uint8_t>(kMaxPskBytes + 1, 7)}, 1000});
     ADD_FAILURE() << "a 33-byte key was accepted";
   } catch (const TransportError& e) {
     EXPECT_NE(std::string(e.what()).find("MBEDTLS_PSK_MAX_LEN"), std::string::npos) << e.what();
@@ -146,28 +154,35 @@ TEST_F(ServerRefusals, AWrongKeyIsAHandshakeRefusedByTheServer) {
   const auto started = Clock::now();
   const TransportError e = failure_of(wrong);
   EXPECT_EQ(e.failure(), TransportFailure::kHandshakeRefused) << e.what();
-  EXPECT_NE(std::string(e.what()).find("refused the DTLS handshake (alert "), std::string::npos) << e.what();
-  EXPECT_NE(std::string(e.what()).find("wrong key for identity 'device-1'"), std::string::npos) << e.what();
-  EXPECT_LT(Clock::now() - started, std::chrono::seconds(3)) << "the server's alert ends it, not a timeout";
+  EXPECT_NE(std::string(e.what()).find("refused the DTLS handshake (alert "), std::string::npos)
+      << e.what();
+  EXPECT_NE(std::string(e.what()).find("wrong key for identity 'device-1'"), std::string::npos)
+      << e.what();
+  EXPECT_LT(Clock::now() - started, std::chrono::seconds(3))
+      << "the server's alert ends it, not a timeout";
 }
 
 TEST_F(ServerRefusals, AnUnknownIdentityIsToldApartFromAWrongKey) {
   auto stranger = client("stranger", "key-one-0123456789");
   const TransportError e = failure_of(stranger);
   EXPECT_EQ(e.failure(), TransportFailure::kUnknownIdentity) << e.what();
-  EXPECT_NE(std::string(e.what()).find("does not know the PSK identity 'stranger'"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("does not know the PSK identity 'stranger'"),
+            std::string::npos)
+      << e.what();
   // The right client still gets through afterwards.
   auto good = client("device-1", "key-one-0123456789");
   EXPECT_EQ(good.request(Method::kGet, "whoami").code, CoapCode::kContent);
 }
 
 TEST_F(ServerRefusals, AServerThatWentSilentAfterAnsweringIsATimeoutNotNoAnswer) {
-  CoapDtlsClient c({"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 2000});
+  CoapDtlsClient c(
+      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 2000});
   ASSERT_EQ(c.request(Method::kGet, "whoami").code, CoapCode::kContent);
   halt();  // the socket stays open, nothing answers
   const TransportError e = failure_of(c);
   EXPECT_EQ(e.failure(), TransportFailure::kTimedOut) << e.what();
-  EXPECT_NE(std::string(e.what()).find("the server answered before"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("the server answered before"), std::string::npos)
+      << e.what();
 }
 
 }  // namespace

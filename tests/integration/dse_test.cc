@@ -17,7 +17,8 @@ namespace {
 using namespace edgetrain;
 namespace fs = std::filesystem;
 
-constexpr const char* kTinyConv = "input 28x28x1; conv 4 3x3 relu; maxpool 2; conv 4 3x3 relu; maxpool 2; fc 10";
+constexpr const char* kTinyConv =
+    "input 28x28x1; conv 4 3x3 relu; maxpool 2; conv 4 3x3 relu; maxpool 2; fc 10";
 
 TEST(Dse, GridHasEveryCombination) {
   const std::vector<float> levels{0.0f, 0.25f, 0.5f, 0.75f};
@@ -37,8 +38,9 @@ TEST(Dse, ParetoFrontKeepsOnlyUndominatedPoints) {
     p.accuracy = accuracy;
     return p;
   };
-  const std::vector<sim::DsePoint> points{point(0, 1.0, 0.90), point(0.25, 0.8, 0.91), point(0.5, 0.5, 0.85),
-                                          point(0.75, 0.6, 0.80), point(0.1, 0.5, 0.84)};
+  const std::vector<sim::DsePoint> points{point(0, 1.0, 0.90), point(0.25, 0.8, 0.91),
+                                          point(0.5, 0.5, 0.85), point(0.75, 0.6, 0.80),
+                                          point(0.1, 0.5, 0.84)};
   const auto front = sim::pareto_front(points);
   ASSERT_EQ(front.size(), 2u);  // 0.5 (fastest) and 0.25 (more accurate than the full model here)
   EXPECT_EQ(front[0].drop_rates[0], 0.5f);
@@ -124,8 +126,10 @@ TEST(Dse, ReaderRefusesTablesThatDoNotFit) {
 TEST(Dse, SimulatorTrainsWithADropoutVector) {
   const std::string dir = edgetrain::testing::mnist_small_dir().string() + "/";
   if (!fs::exists(dir + "train-images-idx3-ubyte")) GTEST_SKIP() << "no MNIST subset in " << dir;
-  const auto train = runtime::load_dataset(dir + "train-images-idx3-ubyte", dir + "train-labels-idx1-ubyte");
-  const auto test = runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte");
+  const auto train =
+      runtime::load_dataset(dir + "train-images-idx3-ubyte", dir + "train-labels-idx1-ubyte");
+  const auto test =
+      runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte");
   sim::SimConfig c;
   c.model = kTinyConv;
   c.max_updates = 200;

@@ -46,7 +46,8 @@ class DtlsRoundTrip : public ::testing::Test {
     stop_ = true;
     thread_.join();
   }
-  CoapDtlsClient client(const std::string& identity, const std::string& key, int timeout_ms = 10000) {
+  CoapDtlsClient client(const std::string& identity, const std::string& key,
+                        int timeout_ms = 10000) {
     return CoapDtlsClient({"127.0.0.1", server_->port(), {identity, bytes_of(key)}, timeout_ms});
   }
 
@@ -118,7 +119,9 @@ TEST_F(DtlsRoundTrip, ClientRecoversAfterAFailedRequest) {
 struct Ingress {
   std::uint64_t bytes, datagrams;
 };
-Ingress ingress_of(const CoapDtlsServer& server) { return {server.bytes_received(), server.datagrams_received()}; }
+Ingress ingress_of(const CoapDtlsServer& server) {
+  return {server.bytes_received(), server.datagrams_received()};
+}
 Ingress operator-(Ingress a, Ingress b) { return {a.bytes - b.bytes, a.datagrams - b.datagrams}; }
 
 TEST_F(DtlsRoundTrip, SocketIngressCountsRecordsAndHandshakesBeyondThePayload) {
@@ -160,12 +163,14 @@ TEST_F(DtlsRoundTrip, SocketIngressIsCountedPerServer) {
   CoapDtlsServer::Options options;
   options.psk_lookup = [](std::string_view) { return std::optional(bytes_of("other-key-000000")); };
   CoapDtlsServer other(options);
-  other.add_resource("ping", Method::kGet, [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
+  other.add_resource("ping", Method::kGet,
+                     [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
   std::atomic<bool> stop_other = false;
   std::thread other_thread([&] {
     while (!stop_other) other.run_once(10);
   });
-  CoapDtlsClient to_other({"127.0.0.1", other.port(), {"anyone", bytes_of("other-key-000000")}, 10000});
+  CoapDtlsClient to_other(
+      {"127.0.0.1", other.port(), {"anyone", bytes_of("other-key-000000")}, 10000});
   const CoapResponse reply = to_other.request(Method::kGet, "ping");
   stop_other = true;
   other_thread.join();
@@ -197,7 +202,8 @@ TEST(DtlsObserve, OnlyGetHandlersAreObservableAndPlainGetsStillWork) {
     ++reads;
     return CoapResponse{CoapCode::kContent, bytes_of("fine")};
   });
-  server.add_resource("update", Method::kPost, [](const CoapRequest&) { return CoapResponse{CoapCode::kChanged}; });
+  server.add_resource("update", Method::kPost,
+                      [](const CoapRequest&) { return CoapResponse{CoapCode::kChanged}; });
   EXPECT_THROW(server.make_observable("update"), std::logic_error);
   EXPECT_THROW(server.make_observable("nowhere"), std::logic_error);
   server.make_observable("status");
@@ -208,7 +214,8 @@ TEST(DtlsObserve, OnlyGetHandlersAreObservableAndPlainGetsStillWork) {
   std::thread loop([&] {
     while (!stop) server.run_once(10);
   });
-  CoapDtlsClient client({"127.0.0.1", server.port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
+  CoapDtlsClient client(
+      {"127.0.0.1", server.port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
   const CoapResponse r = client.request(Method::kGet, "status");
   stop = true;
   loop.join();
@@ -246,12 +253,12 @@ TEST(DtlsReusePort, ServersThatAskShareAPortAndTheKernelSpreadsSessionsOverThem)
       while (!stop) server->run_once(10);
     });
 
-
   // Each client session is answered by one server; with 16 source ports both answer (the
   // kernel's hash puts all 16 on one socket with probability 2^-15).
   std::set<char> answered_by;
   for (int c = 0; c < 16; ++c) {
-    CoapDtlsClient client({"127.0.0.1", options.port, {"anyone", bytes_of("shared-key-00000")}, 10000});
+    CoapDtlsClient client(
+        {"127.0.0.1", options.port, {"anyone", bytes_of("shared-key-00000")}, 10000});
     const CoapResponse first = client.request(Method::kGet, "which");
     const CoapResponse second = client.request(Method::kGet, "which");
     ASSERT_EQ(first.code, CoapCode::kContent);

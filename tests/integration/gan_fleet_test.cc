@@ -56,7 +56,8 @@ TEST(GanFleet, FlGanAveragesEveryEEpochs) {
   sim::GanFleet fleet(small(sim::GanMode::kFlGan), train_digits());
   for (int i = 0; i < 25; i++) fleet.iterate();
   EXPECT_EQ(fleet.traffic().averagings, 2u);
-  const std::uint64_t models = (fleet.generator_parameters() + fleet.discriminator_parameters()) * 4;
+  const std::uint64_t models =
+      (fleet.generator_parameters() + fleet.discriminator_parameters()) * 4;
   EXPECT_EQ(fleet.traffic().up_bytes, 2 * 3 * models);
   EXPECT_EQ(fleet.traffic().down_bytes, 2 * 3 * models);
   EXPECT_EQ(fleet.traffic().peer_bytes, 0u);
@@ -67,7 +68,8 @@ TEST(GanFleet, FlGanAveragesEveryEEpochs) {
 // generator rises and the Fréchet distance to test digits falls within 300 iterations.
 TEST(GanFleetLongRun, MdGanMnistScoreRisesAndFrechetDistanceFalls) {
   const std::string dir = edgetrain::testing::mnist_small_dir().string() + "/";
-  const runtime::Dataset test = runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte");
+  const runtime::Dataset test =
+      runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte");
   const runtime::SampleClassifier classifier(train_digits(), 1500, 3);
   runtime::GanJudge judge(classifier.model(), test.pixels.data(), 300);
   sim::GanFleetSettings s = small(sim::GanMode::kMdGan);
@@ -82,9 +84,11 @@ TEST(GanFleetLongRun, MdGanMnistScoreRisesAndFrechetDistanceFalls) {
   const runtime::GanScores before = scores();
   for (int i = 0; i < 300; i++) fleet.iterate();
   const runtime::GanScores after = scores();
-  std::printf("MNIST score %.2f -> %.2f, Frechet distance %.1f -> %.1f, conditional accuracy %.2f -> %.2f\n",
-              before.mnist_score, after.mnist_score, before.frechet_distance, after.frechet_distance,
-              before.conditional_accuracy, after.conditional_accuracy);
+  std::printf(
+      "MNIST score %.2f -> %.2f, Frechet distance %.1f -> %.1f, conditional accuracy %.2f -> "
+      "%.2f\n",
+      before.mnist_score, after.mnist_score, before.frechet_distance, after.frechet_distance,
+      before.conditional_accuracy, after.conditional_accuracy);
   EXPECT_GT(after.mnist_score, before.mnist_score + 1.0);
   EXPECT_LT(after.frechet_distance, before.frechet_distance * 0.8);
 }

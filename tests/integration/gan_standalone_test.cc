@@ -54,8 +54,8 @@ TEST(GanStandaloneLongRun, ConditionalSamplesBecomeRecognisable) {
     after = classifier.accuracy(pixels.data(), labels.data(), samples);
     std::printf("iteration %d: conditional accuracy %.3f\n", block * 100, after);
   }
-  std::printf("classifier %.3f; generated digits read as their class: %.3f before, %.3f after\n", test_accuracy, before,
-              after);
+  std::printf("classifier %.3f; generated digits read as their class: %.3f before, %.3f after\n",
+              test_accuracy, before, after);
   EXPECT_LT(before, 0.3);
   EXPECT_GT(after, 0.6);
 }
@@ -83,9 +83,10 @@ TEST(GanStandaloneLongRun, CnnConditionalSamplesBecomeRecognisable) {
   }
   gan.sample(samples, 99, pixels.data(), labels.data());
   const double after = classifier.accuracy(pixels.data(), labels.data(), samples);
-  std::printf("cnn: generated digits read as their class: %.3f before, %.3f after 200 iterations; "
-              "D class loss on real digits %.3f -> %.3f\n",
-              before, after, first.discriminator.real.classes, last.discriminator.real.classes);
+  std::printf(
+      "cnn: generated digits read as their class: %.3f before, %.3f after 200 iterations; "
+      "D class loss on real digits %.3f -> %.3f\n",
+      before, after, first.discriminator.real.classes, last.discriminator.real.classes);
   EXPECT_LT(before, 0.3);
   EXPECT_GT(after, 0.4);
   // The discriminator learns the classes of real digits (ln 10 = 2.30 at the start).

@@ -46,7 +46,8 @@ runtime::Dataset tiny_data() {
   d.channels = 1;
   d.num_classes = 3;
   for (int i = 0; i < 60; ++i) {
-    for (int p = 0; p < 16; ++p) d.pixels.push_back(static_cast<std::uint8_t>((i * 37 + p * 11) % 256));
+    for (int p = 0; p < 16; ++p)
+      d.pixels.push_back(static_cast<std::uint8_t>((i * 37 + p * 11) % 256));
     d.labels.push_back(i % 3);
   }
   return d;
@@ -60,7 +61,8 @@ std::vector<std::uint32_t> sizes_of(const runtime::Model& model) {
 
 // The encoder refuses non-finite values, as it should; a hostile peer sends them anyway:
 // the encoded model with every `marker` value's bytes replaced by `replacement`'s.
-std::vector<std::uint8_t> with_value_replaced(std::vector<std::uint8_t> bytes, float marker, float replacement) {
+std::vector<std::uint8_t> with_value_replaced(std::vector<std::uint8_t> bytes, float marker,
+                                              float replacement) {
   std::uint8_t from[4], to[4];
   std::memcpy(from, &marker, 4);
   std::memcpy(to, &replacement, 4);
@@ -81,10 +83,12 @@ class FakeNeighbours : public runtime::PeerChannel {
   std::uint64_t layout_id = 0;
   std::vector<std::uint32_t> sizes;
   std::optional<std::uint32_t> poisoned;  // this neighbour's marker values arrive as NaN
-  std::optional<std::uint32_t> deltas_that_never_fit;  // this neighbour answers every pull with such a delta
+  std::optional<std::uint32_t>
+      deltas_that_never_fit;       // this neighbour answers every pull with such a delta
   std::vector<std::string> paths;  // every request's path, in order
   static constexpr float kMarker = 1234.5f;
-  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path, std::span<const std::uint8_t>) override {
+  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path,
+                       std::span<const std::uint8_t>) override {
     paths.push_back(path);
     if (deltas_that_never_fit == neighbour) {
       // A delta from version 7, which nobody holds, with a digest of nothing in particular.
@@ -92,7 +96,8 @@ class FakeNeighbours : public runtime::PeerChannel {
       return {CoapCode::kContent, transport::encode_model_delta(delta).value()};
     }
     auto bytes = transport::encode_dense_model(layout_id, 1, sizes, models.at(neighbour)).value();
-    if (poisoned == neighbour) bytes = with_value_replaced(bytes, kMarker, std::numeric_limits<float>::quiet_NaN());
+    if (poisoned == neighbour)
+      bytes = with_value_replaced(bytes, kMarker, std::numeric_limits<float>::quiet_NaN());
     return {CoapCode::kContent, bytes};
   }
 };
@@ -110,7 +115,8 @@ std::size_t with_ring_neighbours(FakeNeighbours& channel, const runtime::Model& 
 
 class NoNeighbours : public runtime::PeerChannel {
  public:
-  CoapResponse request(std::uint32_t, Method, const std::string&, std::span<const std::uint8_t>) override {
+  CoapResponse request(std::uint32_t, Method, const std::string&,
+                       std::span<const std::uint8_t>) override {
     throw transport::TransportError("unreachable");
   }
 };
@@ -130,23 +136,31 @@ GossipPeerConfig config_for(std::uint32_t self, runtime::GossipAlgorithm algorit
 class GossipPeerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    certificates_ = fs::temp_directory_path() / ("edgetrain-gossip-certs-" + std::to_string(::getpid()));
-    const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR + "/make_test_certificates.sh " +
-                                certificates_.string() + " peer-0 peer-1 peer-2 peer-3";
+    certificates_ =
+        fs::temp_directory_path() / ("edgetrain-gossip-certs-" + std::to_string(::getpid()));
+    const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR +
+                                "/make_test_certificates.sh " + certificates_.string() +
+                                " peer-0 peer-1 peer-2 peer-3";
     const int status = std::system(command.c_str());
-    if (status == -1 || !WIFEXITED(status)) setup_failure_ = "could not run " + command;
-    else if (WEXITSTATUS(status) == 77) openssl_missing_ = true;
-    else if (WEXITSTATUS(status) != 0) setup_failure_ = "make_test_certificates.sh failed";
+    if (status == -1 || !WIFEXITED(status))
+      setup_failure_ = "could not run " + command;
+    else if (WEXITSTATUS(status) == 77)
+      openssl_missing_ = true;
+    else if (WEXITSTATUS(status) != 0)
+      setup_failure_ = "make_test_certificates.sh failed";
   }
   static void TearDownTestSuite() { fs::remove_all(certificates_); }
   void SetUp() override {
-    if (openssl_missing_) GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
+    if (openssl_missing_)
+      GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
     ASSERT_TRUE(setup_failure_.empty()) << setup_failure_;
   }
-  static transport::CertificateFiles identity(const std::string& name, const std::string& ca = "ca.crt") {
+  static transport::CertificateFiles identity(const std::string& name,
+                                              const std::string& ca = "ca.crt") {
     return {certificates_ / (name + ".crt"), certificates_ / (name + ".key"), certificates_ / ca};
   }
-  static CoapDtlsClient client(std::uint16_t port, const std::string& name, const std::string& ca = "ca.crt") {
+  static CoapDtlsClient client(std::uint16_t port, const std::string& name,
+                               const std::string& ca = "ca.crt") {
     CoapDtlsClient::Options o("127.0.0.1", port, {}, 4000);
     o.certificates = identity(name, ca);
     return CoapDtlsClient(o);
@@ -174,18 +188,27 @@ TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
 
   CoapDtlsClient neighbour = client(server.port(), "peer-1");
   const std::vector<std::uint8_t> garbage = {1, 2, 3, 4, 5};
-  EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average", garbage).code, CoapCode::kBadRequest);
+  EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average", garbage).code,
+            CoapCode::kBadRequest);
   std::vector<float> poisoned(before.size(), 0.5f);
   poisoned[3] = 1234.5f;
   const auto encoded = transport::encode_dense_model(model.layout_id(), 1, sizes, poisoned).value();
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
-    EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average", with_value_replaced(encoded, 1234.5f, bad)).code,
-              CoapCode::kBadRequest);
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+    EXPECT_EQ(
+        neighbour
+            .request(Method::kPost, "gossip/average", with_value_replaced(encoded, 1234.5f, bad))
+            .code,
+        CoapCode::kBadRequest);
   // Another model's layout.
-  EXPECT_EQ(neighbour.request(Method::kPost, "gossip/average",
-                              transport::encode_dense_model(model.layout_id() + 1, 1, sizes, before).value()).code,
+  EXPECT_EQ(
+      neighbour
+          .request(Method::kPost, "gossip/average",
+                   transport::encode_dense_model(model.layout_id() + 1, 1, sizes, before).value())
+          .code,
+      CoapCode::kBadRequest);
+  EXPECT_EQ(neighbour.request(Method::kGet, "gossip/model?since=twelve").code,
             CoapCode::kBadRequest);
-  EXPECT_EQ(neighbour.request(Method::kGet, "gossip/model?since=twelve").code, CoapCode::kBadRequest);
   EXPECT_EQ(neighbour.request(Method::kGet, "gossip/model?version=1").code, CoapCode::kBadRequest);
   EXPECT_EQ(peer.parameters(), before) << "a refused model changed the peer's";
   auto stats = peer.stats();
@@ -214,14 +237,16 @@ TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
   // A good average: both end at the midpoint.
   std::vector<float> theirs(before.size());
   for (std::size_t i = 0; i < theirs.size(); ++i) theirs[i] = 0.25f * static_cast<float>(i % 7);
-  const CoapResponse answer = neighbour.request(
-      Method::kPost, "gossip/average", transport::encode_dense_model(model.layout_id(), 3, sizes, theirs).value());
+  const CoapResponse answer =
+      neighbour.request(Method::kPost, "gossip/average",
+                        transport::encode_dense_model(model.layout_id(), 3, sizes, theirs).value());
   ASSERT_EQ(answer.code, CoapCode::kChanged);
   const auto returned = transport::decode_dense_model(answer.payload, {model.layout_id(), sizes});
   ASSERT_TRUE(returned);
   EXPECT_EQ(returned.value().values, before);  // what peer-0 had
   const std::vector<float> after = peer.parameters();
-  for (std::size_t i = 0; i < after.size(); ++i) ASSERT_FLOAT_EQ(after[i], 0.5f * (before[i] + theirs[i])) << i;
+  for (std::size_t i = 0; i < after.size(); ++i)
+    ASSERT_FLOAT_EQ(after[i], 0.5f * (before[i] + theirs[i])) << i;
 }
 
 TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighbour) {
@@ -241,13 +266,16 @@ TEST_F(GossipPeerTest, DpsgdMixesWithMetropolisWeightsAndRefusesANonFiniteNeighb
   ask.identity = "peer-1";
   const CoapResponse published = peer.get_model(ask);
   ASSERT_EQ(published.code, CoapCode::kContent);
-  const auto own = transport::decode_dense_model(published.payload, {model.layout_id(), channel.sizes});
+  const auto own =
+      transport::decode_dense_model(published.payload, {model.layout_id(), channel.sizes});
   ASSERT_TRUE(own);
   EXPECT_EQ(own.value().version, 1u);
   // Ring of 4: every degree is 2, so w = 1/3 for each neighbour and for itself.
   const std::vector<float> x = peer.parameters();
   for (std::size_t i = 0; i < n; ++i)
-    ASSERT_NEAR(x[i], own.value().values[i] + (1.0f - own.value().values[i]) / 3 + (-2.0f - own.value().values[i]) / 3,
+    ASSERT_NEAR(x[i],
+                own.value().values[i] + (1.0f - own.value().values[i]) / 3 +
+                    (-2.0f - own.value().values[i]) / 3,
                 1e-5)
         << i;
   EXPECT_EQ(peer.stats().exchanges, 2u);
@@ -283,7 +311,8 @@ class ConcurrentFakeNeighbours : public FakeNeighbours {
       std::unique_lock lock(mutex_);
       most_in_flight = std::max(most_in_flight, ++in_flight_);
       all_in_flight_.notify_all();
-      all_in_flight_.wait_for(lock, std::chrono::seconds(5), [&] { return most_in_flight >= expected; });
+      all_in_flight_.wait_for(lock, std::chrono::seconds(5),
+                              [&] { return most_in_flight >= expected; });
     }
     std::lock_guard lock(mutex_);
     CoapResponse answer = FakeNeighbours::request(neighbour, method, path, body);
@@ -318,11 +347,14 @@ class LaggingNeighbours : public FakeNeighbours {
  public:
   std::uint64_t version = 1, slow_version = 0;
   int lagging_answers = 0;
-  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path, std::span<const std::uint8_t>) override {
+  CoapResponse request(std::uint32_t neighbour, Method, const std::string& path,
+                       std::span<const std::uint8_t>) override {
     paths.push_back(path);
     const bool behind = neighbour == 1 && lagged_++ < lagging_answers;
     return {CoapCode::kContent,
-            transport::encode_dense_model(layout_id, behind ? slow_version : version, sizes, models.at(neighbour)).value()};
+            transport::encode_dense_model(layout_id, behind ? slow_version : version, sizes,
+                                          models.at(neighbour))
+                .value()};
   }
   void next_iteration() { ++version, ++slow_version, lagged_ = 0; }
 
@@ -375,7 +407,8 @@ TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused
   const runtime::Dataset data = tiny_data();
   NoNeighbours channel;
   std::atomic<bool> stop{false};
-  const fs::path dir = fs::temp_directory_path() / ("edgetrain-gossip-ckpt-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("edgetrain-gossip-ckpt-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   GossipPeerConfig c = config_for(1, runtime::GossipAlgorithm::kDpsgd);
   c.checkpoint_path = (dir / "peer.safetensors").string();

@@ -67,7 +67,8 @@ struct SyncProbe {
 
 // The versions of the records in the first `bytes` bytes of the WAL at `path`: what a
 // crash right now would keep of what the probe saw synced.
-std::vector<std::uint64_t> versions_in_synced_prefix(const std::filesystem::path& path, std::uint64_t bytes,
+std::vector<std::uint64_t> versions_in_synced_prefix(const std::filesystem::path& path,
+                                                     std::uint64_t bytes,
                                                      const std::filesystem::path& scratch) {
   std::ifstream in(path, std::ios::binary);
   std::vector<char> prefix(bytes);
@@ -151,27 +152,33 @@ TEST(GroupCommit, AFailedSyncRefusesEveryUpdateOfItsBatchAndTheLogKeepsOnlyAckno
   std::mt19937 rng(12);
   const runtime::Model model = test_model();
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates;
-  for (std::uint64_t n = 1; n <= 8; ++n) updates.push_back({"device-" + std::to_string(n % 3), random_sparse_update(rng, model, n, 0)});
+  for (std::uint64_t n = 1; n <= 8; ++n)
+    updates.push_back({"device-" + std::to_string(n % 3), random_sparse_update(rng, model, n, 0)});
 
-  for (int n = 0; n < 3; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  for (int n = 0; n < 3; ++n)
+    ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
   state.start_commit();
-  for (const auto& s : state.finish_commit(true)) ASSERT_EQ(s.result.outcome, SubmitOutcome::kApplied);
+  for (const auto& s : state.finish_commit(true))
+    ASSERT_EQ(s.result.outcome, SubmitOutcome::kApplied);
   ASSERT_EQ(state.version(), 3u);
   const auto acknowledged = state.snapshot();
 
   // The failing batch: three staged before its sync starts, two more while it runs.
   probe.fail = true;
   probe.delay_ms = 50;
-  for (int n = 3; n < 6; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  for (int n = 3; n < 6; ++n)
+    ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
   state.start_commit();
-  for (int n = 6; n < 8; ++n) ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
+  for (int n = 6; n < 8; ++n)
+    ASSERT_FALSE(state.stage(updates[n].first, updates[n].second).settled);
   std::vector<server::SettledSubmit> settled;
   while (state.staged_updates() > 0)
     for (auto& s : state.finish_commit(true)) settled.push_back(std::move(s));
   ASSERT_EQ(settled.size(), 5u);
   for (const auto& s : settled) {
     EXPECT_EQ(s.result.outcome, SubmitOutcome::kNotDurable) << "ticket " << s.ticket;
-    EXPECT_NE(s.result.diagnostic.find("Input/output error"), std::string::npos) << s.result.diagnostic;
+    EXPECT_NE(s.result.diagnostic.find("Input/output error"), std::string::npos)
+        << s.result.diagnostic;
   }
   EXPECT_EQ(state.version(), 3u);
   EXPECT_EQ(state.snapshot().parameters, acknowledged.parameters);
@@ -187,7 +194,8 @@ TEST(GroupCommit, AFailedSyncRefusesEveryUpdateOfItsBatchAndTheLogKeepsOnlyAckno
     ASSERT_EQ(result.outcome, SubmitOutcome::kApplied) << result.diagnostic;
     ASSERT_EQ(result.version, static_cast<std::uint64_t>(n + 1));
   }
-  for (const auto& [identity, bytes] : updates) ASSERT_TRUE(reference.submit(identity, bytes).acknowledged());
+  for (const auto& [identity, bytes] : updates)
+    ASSERT_TRUE(reference.submit(identity, bytes).acknowledged());
   EXPECT_EQ(state.snapshot().parameters, reference.snapshot().parameters);
   SyncProbe restart_probe;
   ServerState restarted(test_model(), options_for(dir, restart_probe));
@@ -204,7 +212,8 @@ TEST(GroupCommit, ADuplicateOfAStagedUpdateIsAnsweredOnlyWithItsOriginal) {
   auto original = state.stage("device-1", bytes);
   ASSERT_FALSE(original.settled);
   auto duplicate = state.stage("device-1", bytes);
-  EXPECT_FALSE(duplicate.settled) << "a duplicate must not be acknowledged before the original is durable";
+  EXPECT_FALSE(duplicate.settled)
+      << "a duplicate must not be acknowledged before the original is durable";
   EXPECT_EQ(duplicate.ticket, original.ticket);
   EXPECT_EQ(state.staged_updates(), 1u) << "the duplicate is not logged again";
   state.start_commit();
@@ -234,7 +243,8 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
   SyncProbe probe;
   probe.delay_ms = 40;  // slow disk: updates pile up behind each sync
   const transport::CoapDtlsServer::Options server_options = devices_server_options();
-  edgetrain::testing::ServedResources served("group-commit", test_model(), options_for(probe), server_options);
+  edgetrain::testing::ServedResources served("group-commit", test_model(), options_for(probe),
+                                             server_options);
   ServerState& state = served.state();
   transport::CoapDtlsServer& server = served.server();
 
@@ -249,7 +259,10 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
         std::mt19937 rng(100 + w);
         const runtime::Model model = test_model();
         transport::CoapDtlsClient client(
-            {"127.0.0.1", server.port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 60000});
+            {"127.0.0.1",
+             server.port(),
+             {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)},
+             60000});
         for (int p = 0; p < kPostsEach; ++p) {
           const auto body = random_sparse_update(rng, model, first_sequence + p, 0);
           EXPECT_GT(body.size(), 1024u) << "the body must need Block1";
@@ -271,11 +284,13 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
             const auto version = server::decode_update_reply(response.payload);
             ASSERT_TRUE(version);
             // What a kill -9 at this moment would keep: the synced prefix of the log.
-            const auto synced = versions_in_synced_prefix(state.wal_path(), probe.synced_bytes,
-                                                          served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
+            const auto synced = versions_in_synced_prefix(
+                state.wal_path(), probe.synced_bytes,
+                served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
             if (std::find(synced.begin(), synced.end(), *version) == synced.end()) {
               std::lock_guard lock(failures_mutex);
-              failures.push_back("version " + std::to_string(*version) + " acknowledged before it was synced");
+              failures.push_back("version " + std::to_string(*version) +
+                                 " acknowledged before it was synced");
             }
             ++acknowledged;
           } else {
@@ -309,11 +324,13 @@ TEST(GroupCommitOverDtls, EveryAcknowledgedUpdateIsInTheSyncedLogAndFailedSyncsA
 // both loops; still every 2.04 names a version already in the synced log, the versions
 // answered are 1..n once each, the log holds exactly 1..n in order, and replaying it
 // (a restart from the initial checkpoint) gives the running server's parameters bit for bit.
-TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneIsSyncedAndReplaysBitExact) {
+TEST(GroupCommitOverDtls,
+     TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneIsSyncedAndReplaysBitExact) {
   SyncProbe probe;
   probe.delay_ms = 5;  // updates from both loops pile up behind each sync
   const transport::CoapDtlsServer::Options server_options = devices_server_options();
-  edgetrain::testing::ServedResources served("group-commit-loops", test_model(), options_for(probe), server_options, 2);
+  edgetrain::testing::ServedResources served("group-commit-loops", test_model(), options_for(probe),
+                                             server_options, 2);
   ServerState& state = served.state();
 
   // 16 sessions from 16 source ports: the kernel's hash puts all of them on one socket with
@@ -328,11 +345,15 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
       std::mt19937 rng(300 + w);
       const runtime::Model model = test_model();
       transport::CoapDtlsClient client(
-          {"127.0.0.1", served.server().port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 60000});
+          {"127.0.0.1",
+           served.server().port(),
+           {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)},
+           60000});
       for (int p = 0; p < kPostsEach; ++p) {
         transport::CoapResponse response;
         try {
-          response = client.request(transport::Method::kPost, "update", random_sparse_update(rng, model, 1 + p, 0));
+          response = client.request(transport::Method::kPost, "update",
+                                    random_sparse_update(rng, model, 1 + p, 0));
         } catch (const std::exception& e) {
           std::lock_guard lock(mutex);
           failures.push_back(e.what());
@@ -345,11 +366,13 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
                              std::string(response.payload.begin(), response.payload.end()));
           continue;
         }
-        const auto synced = versions_in_synced_prefix(state.wal_path(), probe.synced_bytes,
-                                                      served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
+        const auto synced = versions_in_synced_prefix(
+            state.wal_path(), probe.synced_bytes,
+            served.state_dir() / ("prefix-" + std::to_string(w) + ".log"));
         std::lock_guard lock(mutex);
         if (std::find(synced.begin(), synced.end(), *version) == synced.end())
-          failures.push_back("version " + std::to_string(*version) + " acknowledged before it was synced");
+          failures.push_back("version " + std::to_string(*version) +
+                             " acknowledged before it was synced");
         answered_versions.push_back(*version);
       }
     });
@@ -360,7 +383,8 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
   const auto loops = nlohmann::json::parse(served.resources().loops_json());
   ASSERT_EQ(loops.size(), 2u);
   for (const auto& loop : loops)
-    EXPECT_GT(loop["updates_deferred"].get<std::uint64_t>(), 0u) << "the sessions did not spread: " << loops.dump();
+    EXPECT_GT(loop["updates_deferred"].get<std::uint64_t>(), 0u)
+        << "the sessions did not spread: " << loops.dump();
 
   constexpr std::uint64_t kUpdates = kWorkers * kPostsEach;
   std::sort(answered_versions.begin(), answered_versions.end());
@@ -368,7 +392,8 @@ TEST(GroupCommitOverDtls, TwoLoopsKeepOneOrderOfVersionsAndEveryAcknowledgedOneI
   std::iota(one_to_n.begin(), one_to_n.end(), 1);
   EXPECT_EQ(answered_versions, one_to_n) << "each version answered once, none skipped";
   std::vector<std::uint64_t> logged;
-  for (const auto& record : server::read_wal(state.wal_path()).records) logged.push_back(record.version);
+  for (const auto& record : server::read_wal(state.wal_path()).records)
+    logged.push_back(record.version);
   EXPECT_EQ(logged, one_to_n) << "the log holds 1..n in order, no gap, no duplicate";
   EXPECT_EQ(state.version(), kUpdates);
 
@@ -392,8 +417,8 @@ TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
   const transport::CoapDtlsServer::Options server_options = devices_server_options();
   for (const std::size_t loops : {std::size_t{1}, std::size_t{2}}) {
     SCOPED_TRACE(std::to_string(loops) + " loop(s)");
-    edgetrain::testing::ServedResources served("group-commit-wake", test_model(), options_for(probe), server_options,
-                                               loops, 30000);
+    edgetrain::testing::ServedResources served("group-commit-wake", test_model(),
+                                               options_for(probe), server_options, loops, 30000);
     constexpr int kWorkers = 6, kPostsEach = 3;
     std::mutex mutex;
     std::vector<std::string> failures;
@@ -404,7 +429,10 @@ TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
         std::mt19937 rng(700 + w);
         const runtime::Model model = test_model();
         transport::CoapDtlsClient client(
-            {"127.0.0.1", served.server().port(), {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)}, 20000});
+            {"127.0.0.1",
+             served.server().port(),
+             {"device-" + std::to_string(w), std::vector<std::uint8_t>(16, 0x42)},
+             20000});
         for (int p = 0; p < kPostsEach; ++p) {
           const auto body = random_sparse_update(rng, model, 1 + p, 0);
           const auto started = std::chrono::steady_clock::now();
@@ -416,7 +444,8 @@ TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
             failures.push_back(e.what());
             return;
           }
-          const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+          const double seconds =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
           std::lock_guard lock(mutex);
           slowest = std::max(slowest, seconds);
           if (response.code != transport::CoapCode::kChanged)
@@ -426,7 +455,8 @@ TEST(GroupCommitOverDtls, AFinishedSyncWakesTheLoopsInsteadOfPolling) {
     for (auto& t : workers) t.join();
     const auto stop_started = std::chrono::steady_clock::now();
     served.stop();
-    const double stop_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_started).count();
+    const double stop_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - stop_started).count();
     ASSERT_TRUE(failures.empty()) << failures.front();
     EXPECT_EQ(served.state().version(), std::uint64_t{kWorkers * kPostsEach});
     EXPECT_LT(slowest, 4.0) << "an update waited for a datagram, not for its sync";
@@ -445,12 +475,13 @@ TEST(DeferredResponseOverDtls, ArrivesSecondsLaterWhileTheClientPings) {
   std::vector<transport::DeferredResponse> waiting;  // loop thread only
   std::atomic<int> deferred = 0;
   std::atomic<bool> answer_now = false, stop = false;
-  server->add_resource("slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
-    EXPECT_TRUE(request.defer) << "a confirmable request can be answered later";
-    waiting.push_back(request.defer());
-    ++deferred;
-    return transport::CoapResponse{transport::CoapCode::kBadRequest};  // ignored once deferred
-  });
+  server->add_resource(
+      "slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
+        EXPECT_TRUE(request.defer) << "a confirmable request can be answered later";
+        waiting.push_back(request.defer());
+        ++deferred;
+        return transport::CoapResponse{transport::CoapCode::kBadRequest};  // ignored once deferred
+      });
   std::thread loop([&] {
     while (!stop) {
       server->run_once(10);
@@ -460,7 +491,8 @@ TEST(DeferredResponseOverDtls, ArrivesSecondsLaterWhileTheClientPings) {
   });
   const std::uint16_t port = server->port();
   auto client_for = [&] {
-    return transport::CoapDtlsClient({"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
+    return transport::CoapDtlsClient(
+        {"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
   };
   const std::vector<std::uint8_t> body(3000, 7);  // three Block1 blocks
 
@@ -500,12 +532,13 @@ TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledSer
     };
     transport::CoapDtlsServer server(server_options);
     std::vector<transport::DeferredResponse> never_answered;
-    server.add_resource("slow", transport::Method::kPost, [&](const transport::CoapRequest& request) {
-      never_answered.push_back(request.defer());
-      const char deferred = 'd';
-      if (::write(deferred_pipe[1], &deferred, 1) != 1) ::_exit(1);
-      return transport::CoapResponse{};
-    });
+    server.add_resource("slow", transport::Method::kPost,
+                        [&](const transport::CoapRequest& request) {
+                          never_answered.push_back(request.defer());
+                          const char deferred = 'd';
+                          if (::write(deferred_pipe[1], &deferred, 1) != 1) ::_exit(1);
+                          return transport::CoapResponse{};
+                        });
     const std::uint16_t port = server.port();
     if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) ::_exit(1);
     for (;;) server.run_once(100);
@@ -516,7 +549,8 @@ TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledSer
   ASSERT_EQ(::read(port_pipe[0], &port, sizeof(port)), static_cast<ssize_t>(sizeof(port)));
   ::close(port_pipe[0]);
 
-  transport::CoapDtlsClient client({"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
+  transport::CoapDtlsClient client(
+      {"127.0.0.1", port, {"device-1", std::vector<std::uint8_t>(16, 0x42)}, 30000});
   std::atomic<bool> was_deferred = false;
   std::chrono::steady_clock::time_point killed_at;
   std::thread kill_server([&] {
@@ -537,7 +571,8 @@ TEST(DeferredResponseOverDtls, AClientWaitingForADeferredAnswerNoticesAKilledSer
   ASSERT_TRUE(was_deferred) << "the server never deferred the request";
   EXPECT_GT(failed_at, killed_at) << "the request failed before the server was killed";
   const double waited = std::chrono::duration<double>(failed_at - started).count();
-  EXPECT_LT(waited, 15.0) << "the client waited for its deadline instead of noticing the server was gone";
+  EXPECT_LT(waited, 15.0)
+      << "the client waited for its deadline instead of noticing the server was gone";
 }
 
 }  // namespace

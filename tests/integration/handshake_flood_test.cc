@@ -78,7 +78,8 @@ class HandshakeFlood : public ::testing::Test {
     return condition(stats());
   }
   // A fresh session's first request with a deadline of `timeout_ms`: seconds it took.
-  double handshake_seconds(const std::string& identity, const std::string& key, int timeout_ms = 3000) {
+  double handshake_seconds(const std::string& identity, const std::string& key,
+                           int timeout_ms = 3000) {
     const auto started = Clock::now();
     CoapDtlsClient client({"127.0.0.1", server_->port(), {identity, bytes_of(key)}, timeout_ms});
     const CoapResponse reply = client.request(Method::kGet, "whoami");
@@ -115,14 +116,16 @@ TEST_F(HandshakeFlood, AFloodFromManySourcesLeavesNoStateAndLocksNobodyOut) {
     if (now_received != flood_datagrams) quiet = 0;
     flood_datagrams = now_received;
   }
-  ASSERT_GT(flood_datagrams, 150u) << "the flood must go well past libcoap's 100 half-open sessions";
+  ASSERT_GT(flood_datagrams, 150u)
+      << "the flood must go well past libcoap's 100 half-open sessions";
   // libcoap alone would keep a session per ClientHello and take no new one beyond 100.
   EXPECT_LT(seconds_to_get_in(), 3.0);
   // The stats are a snapshot the server thread takes after each pass, so the pass that
   // answered the client may not have been copied yet when the answer arrives: wait for it.
   wait_for([&](const HandshakeStats& s) { return s.client_hellos_admitted >= 1; });
-  EXPECT_GE(stats().hello_verify_requests, flood_datagrams + 1);  // the flood's and the client's first ClientHello
-  EXPECT_EQ(stats().client_hellos_admitted, 1u);   // one cookie exchange, then libcoap's handshake
+  EXPECT_GE(stats().hello_verify_requests,
+            flood_datagrams + 1);                 // the flood's and the client's first ClientHello
+  EXPECT_EQ(stats().client_hellos_admitted, 1u);  // one cookie exchange, then libcoap's handshake
   ASSERT_TRUE(wait_for([](const HandshakeStats& s) { return s.pending == 0; }));
 }
 
@@ -140,7 +143,9 @@ TEST_F(HandshakeFlood, NewDevicesGetInWhileTheFloodGoesOn) {
   }
   stop_flood = true;
   flooder.join();
-  wait_for([](const HandshakeStats& s) { return s.client_hellos_admitted >= 5; });  // the last pass's snapshot
+  wait_for([](const HandshakeStats& s) {
+    return s.client_hellos_admitted >= 5;
+  });  // the last pass's snapshot
   EXPECT_GT(stats().hello_verify_requests, static_cast<std::uint64_t>(kFloodPerSecond));
   EXPECT_EQ(stats().client_hellos_admitted, 5u);
 }
@@ -169,9 +174,11 @@ TEST_F(HandshakeFlood, AHandshakeLeftHalfDoneIsEndedAtTheTimeout) {
   const std::vector<std::uint8_t> cookie(answer + 13 + 12 + 3, answer + length);
   const auto second = edgetrain::testing::dtls_client_hello(1, cookie);
   ASSERT_EQ(::send(fd, second.data(), second.size(), 0), static_cast<ssize_t>(second.size()));
-  ASSERT_TRUE(wait_for([](const HandshakeStats& s) { return s.pending == 1; })) << "libcoap kept no handshake";
+  ASSERT_TRUE(wait_for([](const HandshakeStats& s) { return s.pending == 1; }))
+      << "libcoap kept no handshake";
   EXPECT_EQ(stats().client_hellos_admitted, 1u);
-  ASSERT_TRUE(wait_for([](const HandshakeStats& s) { return s.handshakes_timed_out == 1 && s.pending == 0; }));
+  ASSERT_TRUE(wait_for(
+      [](const HandshakeStats& s) { return s.handshakes_timed_out == 1 && s.pending == 0; }));
   ::close(fd);
   std::lock_guard lock(mutex_);
   EXPECT_TRUE(failures_.empty()) << "no identity was named, so nothing to report";

@@ -19,11 +19,12 @@ using edgetrain::testing::text_of;
 class InsecureServer : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto server_options = edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}});
+    auto server_options =
+        edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}});
     server_options.plaintext_port = 0;
     served_ = std::make_unique<edgetrain::testing::ServedResources>(
-        "insecure", edgetrain::testing::initialized_model("input 8x8x1; fc 10", "tiny", 3), server::ServerStateOptions{},
-        server_options);
+        "insecure", edgetrain::testing::initialized_model("input 8x8x1; fc 10", "tiny", 3),
+        server::ServerStateOptions{}, server_options);
     state_ = &served_->state();
     resources_ = &served_->resources();
     server_ = &served_->server();
@@ -39,7 +40,8 @@ class InsecureServer : public ::testing::Test {
   }
   std::vector<std::uint8_t> update(std::uint64_t sequence) const {
     const auto size = static_cast<std::uint32_t>(state_->model().tensors()[0].size);
-    transport::SparseUpdate u{state_->model_id(), sequence, state_->version(), {{0, size, {1, 7}, {0.5f, -1.0f}}}};
+    transport::SparseUpdate u{
+        state_->model_id(), sequence, state_->version(), {{0, size, {1, 7}, {0.5f, -1.0f}}}};
     return transport::encode_sparse_update(u).value();
   }
   nlohmann::json status() { return nlohmann::json::parse(resources_->status_json()); }
@@ -63,7 +65,8 @@ TEST_F(InsecureServer, PlainUpdatesAreKeyedOnTheDeclaredNameApartFromProvenOnes)
   EXPECT_EQ(status()["duplicates_answered"], 1);
 
   // The real device-1 over DTLS-PSK has its own sequence space: a low sequence still applies.
-  CoapDtlsClient device({"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
+  CoapDtlsClient device(
+      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
   const CoapResponse proven = device.request(Method::kPost, "update", update(5));
   ASSERT_EQ(proven.code, CoapCode::kChanged) << text_of(proven);
   EXPECT_EQ(server::decode_update_reply(proven.payload), 2u);
@@ -72,7 +75,8 @@ TEST_F(InsecureServer, PlainUpdatesAreKeyedOnTheDeclaredNameApartFromProvenOnes)
 }
 
 TEST_F(InsecureServer, PlainUpdateWithoutAUsableDeclaredNameIsRefused) {
-  for (const std::string& declared : std::vector<std::string>{"", "two words", std::string(70, 'x')}) {
+  for (const std::string& declared :
+       std::vector<std::string>{"", "two words", std::string(70, 'x')}) {
     auto anonymous = plain(declared);
     const CoapResponse response = anonymous.request(Method::kPost, "update", update(1));
     EXPECT_EQ(response.code, CoapCode::kUnauthorized) << declared;

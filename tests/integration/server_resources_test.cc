@@ -39,7 +39,8 @@ class ServerOverDtls : public ::testing::Test {
     options.max_update_bytes = 4096;
     served_ = std::make_unique<edgetrain::testing::ServedResources>(
         "resources", test_model(), options,
-        edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+        edgetrain::testing::psk_server_options(
+            {{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
     state_ = &served_->state();
     resources_ = &served_->resources();
     server_ = &served_->server();
@@ -52,7 +53,8 @@ class ServerOverDtls : public ::testing::Test {
   CoapDtlsClient device1() { return client("device-1", "key-one-0123456789"); }
 
   transport::SparseUpdate update(std::uint64_t sequence, std::uint64_t fetched) const {
-    return {state_->model_id(), sequence, fetched, {{1, sizes_[1], {0, 5, 31}, {0.5f, -1.0f, 2.0f}}}};
+    return {
+        state_->model_id(), sequence, fetched, {{1, sizes_[1], {0, 5, 31}, {0.5f, -1.0f, 2.0f}}}};
   }
   static std::vector<std::uint8_t> encode(const transport::SparseUpdate& u) {
     return transport::encode_sparse_update(u).value();
@@ -75,7 +77,8 @@ TEST_F(ServerOverDtls, BadUpdatesGetTheirCodeAndLeaveTheModelUnchanged) {
 
   const auto good = encode(update(1, 0));
   std::vector<std::uint8_t> nan_bytes = good, inf_bytes = good;
-  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
   std::memcpy(nan_bytes.data() + nan_bytes.size() - 4, &nan, 4);  // the last value
   std::memcpy(inf_bytes.data() + inf_bytes.size() - 8, &inf, 4);
   auto wrong_size = update(1, 0);
@@ -96,7 +99,13 @@ TEST_F(ServerOverDtls, BadUpdatesGetTheirCodeAndLeaveTheModelUnchanged) {
       {"garbage", bytes_of("this is not an update"), CoapCode::kBadRequest},
       {"empty", {}, CoapCode::kBadRequest},
       {"truncated", {good.begin(), good.end() - 3}, CoapCode::kBadRequest},
-      {"trailing bytes", [&] { auto b = good; b.push_back(0); return b; }(), CoapCode::kBadRequest},
+      {"trailing bytes",
+       [&] {
+         auto b = good;
+         b.push_back(0);
+         return b;
+       }(),
+       CoapCode::kBadRequest},
       {"oversized", std::vector<std::uint8_t>(5000, 0x45), CoapCode::kRequestEntityTooLarge},
       {"NaN", nan_bytes, CoapCode::kBadRequest},
       {"Inf", inf_bytes, CoapCode::kBadRequest},
@@ -120,14 +129,18 @@ TEST_F(ServerOverDtls, BadUpdatesGetTheirCodeAndLeaveTheModelUnchanged) {
   const CoapResponse changed = c.request(Method::kGet, "model");
   EXPECT_NE(changed.payload, before.payload);
   EXPECT_EQ(changed.etag, 1u);
-  EXPECT_EQ(transport::decode_dense_model(changed.payload, {state_->model_id(), sizes_}).value().version, 1u);
+  EXPECT_EQ(
+      transport::decode_dense_model(changed.payload, {state_->model_id(), sizes_}).value().version,
+      1u);
 }
 
 TEST_F(ServerOverDtls, TooStaleUpdateAsksForARepull) {
   auto c = device1();
   for (std::uint64_t s = 1; s <= 3; ++s)
-    ASSERT_EQ(c.request(Method::kPost, "update", encode(update(s, s - 1))).code, CoapCode::kChanged);
-  const CoapResponse stale = c.request(Method::kPost, "update", encode(update(4, 0)));  // delay 3 > D = 2
+    ASSERT_EQ(c.request(Method::kPost, "update", encode(update(s, s - 1))).code,
+              CoapCode::kChanged);
+  const CoapResponse stale =
+      c.request(Method::kPost, "update", encode(update(4, 0)));  // delay 3 > D = 2
   EXPECT_EQ(stale.code, CoapCode::kConflict);
   EXPECT_NE(text_of(stale).find("stale"), std::string::npos) << text_of(stale);
 }
@@ -152,7 +165,8 @@ TEST_F(ServerOverDtls, ReplayedUpdateIsAppliedOnceAndAnsweredTheSame) {
 
 TEST_F(ServerOverDtls, UnknownIdentityOrWrongKeyIsRefusedInTheHandshake) {
   auto intruder = client("intruder", "key-one-0123456789");
-  EXPECT_THROW(intruder.request(Method::kPost, "update", encode(update(1, 0))), transport::TransportError);
+  EXPECT_THROW(intruder.request(Method::kPost, "update", encode(update(1, 0))),
+               transport::TransportError);
   auto wrong_key = client("device-1", "not-the-right-key!");
   EXPECT_THROW(wrong_key.request(Method::kGet, "status"), transport::TransportError);
   // Nothing got through, and the server still answers a proper client.
@@ -193,8 +207,10 @@ TEST_F(ServerOverDtls, StatusCountsSocketBytesBeyondPayloadsIncludingHandshakes)
   // A status request is counted before it is answered, so each reading includes itself.
   const auto first = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
   EXPECT_EQ(first["ingress_payload_bytes"].get<std::uint64_t>(), payload);
-  EXPECT_GT(first["ingress_socket_bytes"].get<std::uint64_t>(), payload + 4 * 13);  // + a record header each
-  EXPECT_GE(first["ingress_socket_datagrams"].get<std::uint64_t>(), 3u + 4u);       // handshake + 4 requests
+  EXPECT_GT(first["ingress_socket_bytes"].get<std::uint64_t>(),
+            payload + 4 * 13);  // + a record header each
+  EXPECT_GE(first["ingress_socket_datagrams"].get<std::uint64_t>(),
+            3u + 4u);  // handshake + 4 requests
 
   const auto open_session = nlohmann::json::parse(text_of(c.request(Method::kGet, "status")));
   auto fresh = client("device-2", "key-two-9876543210");
@@ -232,10 +248,13 @@ TEST_F(ServerOverDtls, SparsePullsGiveTheServersParametersBitForBitDuringConcurr
           weights.indices.push_back(i);
           weights.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
         }
-      transport::SparseUpdate u{state_->model_id(), ++sequence, state_->snapshot().version, {weights}};
+      transport::SparseUpdate u{
+          state_->model_id(), ++sequence, state_->snapshot().version, {weights}};
       const CoapResponse r = c.request(Method::kPost, "update", encode(u));
-      if (r.code == CoapCode::kChanged) ++applied;
-      else ASSERT_EQ(r.code, CoapCode::kConflict) << text_of(r);  // too stale: try again
+      if (r.code == CoapCode::kChanged)
+        ++applied;
+      else
+        ASSERT_EQ(r.code, CoapCode::kConflict) << text_of(r);  // too stale: try again
     }
     ++posters_done;
   };
@@ -258,7 +277,9 @@ TEST_F(ServerOverDtls, SparsePullsGiveTheServersParametersBitForBitDuringConcurr
     if (snapshot.version == replica.version()) {
       ++compared;
       ASSERT_EQ(std::memcmp(snapshot.parameters.data(), replica.parameters().data(),
-                            snapshot.parameters.size() * sizeof(float)), 0) << "at version " << snapshot.version;
+                            snapshot.parameters.size() * sizeof(float)),
+                0)
+          << "at version " << snapshot.version;
     }
   };
   pull();
@@ -269,7 +290,9 @@ TEST_F(ServerOverDtls, SparsePullsGiveTheServersParametersBitForBitDuringConcurr
   ASSERT_FALSE(HasFatalFailure());
   pull();
   ASSERT_EQ(replica.version(), 2u * kUpdatesPerDevice);
-  std::printf("%d pulls were deltas, %d compared with the server's parameters at the same version\n", deltas, compared);
+  std::printf(
+      "%d pulls were deltas, %d compared with the server's parameters at the same version\n",
+      deltas, compared);
   EXPECT_GE(deltas, 2);
   EXPECT_GE(compared, 1);
   // The final copy is what a dense pull gives, bit for bit.
@@ -278,15 +301,16 @@ TEST_F(ServerOverDtls, SparsePullsGiveTheServersParametersBitForBitDuringConcurr
   ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   EXPECT_EQ(decoded.value().version, replica.version());
   ASSERT_EQ(std::memcmp(decoded.value().values.data(), replica.parameters().data(),
-                        decoded.value().values.size() * sizeof(float)), 0);
+                        decoded.value().values.size() * sizeof(float)),
+            0);
   const auto status = nlohmann::json::parse(text_of(puller.request(Method::kGet, "status")));
   EXPECT_EQ(status["model_delta_pulls"].get<int>(), deltas);
 }
 
 TEST_F(ServerOverDtls, BadModelQueriesGet400AndOtherBasesTheDenseModel) {
   auto c = device1();
-  for (const char* query : {"since=abc", "since=", "since=-1", "since=+5", "since=1&since=2", "since=1x", "foo=1",
-                            "since=18446744073709551616"}) {
+  for (const char* query : {"since=abc", "since=", "since=-1", "since=+5", "since=1&since=2",
+                            "since=1x", "foo=1", "since=18446744073709551616"}) {
     const CoapResponse r = c.request(Method::kGet, std::string("model?") + query);
     EXPECT_EQ(r.code, CoapCode::kBadRequest) << query;
     EXPECT_NE(text_of(r).find("bad query"), std::string::npos) << query << ": " << text_of(r);
@@ -296,7 +320,8 @@ TEST_F(ServerOverDtls, BadModelQueriesGet400AndOtherBasesTheDenseModel) {
   for (const char* query : {"since=2", "since=18446744073709551615"}) {
     const CoapResponse r = c.request(Method::kGet, std::string("model?") + query);
     ASSERT_EQ(r.code, CoapCode::kContent) << query;
-    EXPECT_EQ(transport::model_message_kind(r.payload), transport::ModelMessageKind::kDense) << query;
+    EXPECT_EQ(transport::model_message_kind(r.payload), transport::ModelMessageKind::kDense)
+        << query;
   }
   // Version 0 → 1 changed three entries: a delta of one tensor record.
   const CoapResponse r = c.request(Method::kGet, "model?since=0");
@@ -321,7 +346,8 @@ TEST_F(ServerOverDtls, PoisoningSequenceGets422AndTheModelIsStillServed) {
   const CoapResponse before = c.request(Method::kGet, "model");
   ASSERT_EQ(before.code, CoapCode::kContent);
   for (std::uint64_t n = 2; n <= 15; ++n) {
-    const transport::SparseUpdate poison{state_->model_id(), n, 1, {{1, sizes_[1], {0}, {-3.4e38f}}}};
+    const transport::SparseUpdate poison{
+        state_->model_id(), n, 1, {{1, sizes_[1], {0}, {-3.4e38f}}}};
     const CoapResponse r = c.request(Method::kPost, "update", encode(poison));
     EXPECT_EQ(r.code, CoapCode::kUnprocessableEntity) << n << ": " << text_of(r);
     EXPECT_EQ(text_of(r).rfind("out of bounds: ", 0), 0u) << text_of(r);
@@ -348,14 +374,20 @@ TEST(ServerQuarantineOverDtls, ADeviceThatKeepsFailingGets403) {
   options.quarantine_after = 2;
   edgetrain::testing::ServedResources served(
       "quarantine", test_model(), options,
-      edgetrain::testing::psk_server_options({{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+      edgetrain::testing::psk_server_options(
+          {{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
   const auto sizes = edgetrain::testing::tensor_sizes(served.state().model());
   auto post = [&](CoapDtlsClient& c, std::uint64_t sequence, float value) {
-    const transport::SparseUpdate u{served.state().model_id(), sequence, served.state().version(), {{1, sizes[1], {0}, {value}}}};
+    const transport::SparseUpdate u{served.state().model_id(),
+                                    sequence,
+                                    served.state().version(),
+                                    {{1, sizes[1], {0}, {value}}}};
     return c.request(Method::kPost, "update", transport::encode_sparse_update(u).value());
   };
-  CoapDtlsClient one({"127.0.0.1", served.server().port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
-  CoapDtlsClient two({"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
+  CoapDtlsClient one(
+      {"127.0.0.1", served.server().port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
+  CoapDtlsClient two(
+      {"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
   EXPECT_EQ(post(one, 1, -3.4e38f).code, CoapCode::kUnprocessableEntity);
   EXPECT_EQ(post(one, 1, -3.4e38f).code, CoapCode::kUnprocessableEntity);
   const CoapResponse refused = post(one, 1, 0.5f);
@@ -378,7 +410,8 @@ TEST_F(ServerOverDtls, StatusHasAPerDeviceSectionAndMonitorsApart) {
   const auto body = encode(update(1, 0));
   ASSERT_EQ(worker.request(Method::kGet, "model").code, CoapCode::kContent);
   ASSERT_EQ(worker.request(Method::kPost, "update", body).code, CoapCode::kChanged);
-  ASSERT_EQ(worker.request(Method::kPost, "update", encode(update(2, 0))).code, CoapCode::kChanged);  // staleness 1
+  ASSERT_EQ(worker.request(Method::kPost, "update", encode(update(2, 0))).code,
+            CoapCode::kChanged);  // staleness 1
   ASSERT_EQ(worker.request(Method::kPost, "update", bytes_of("junk")).code, CoapCode::kBadRequest);
   auto monitor = client("device-2", "key-two-9876543210");  // only reads /status
   const CoapResponse r = monitor.request(Method::kGet, "status");
@@ -398,7 +431,8 @@ TEST_F(ServerOverDtls, StatusHasAPerDeviceSectionAndMonitorsApart) {
   EXPECT_EQ(d["last_seen"].get<std::string>().size(), 20u);  // 2024-05-01T12:34:56Z
   EXPECT_GT(d["step_rate_per_second"].get<double>(), 0.0);
   EXPECT_EQ(d["request_payload_bytes"], body.size() + encode(update(2, 0)).size() + 4);
-  EXPECT_GT(d["answer_payload_bytes"].get<std::uint64_t>(), 16u);  // the model, two versions, a diagnostic
+  EXPECT_GT(d["answer_payload_bytes"].get<std::uint64_t>(),
+            16u);  // the model, two versions, a diagnostic
   EXPECT_EQ(status["devices_silent"], 0);
 
   const CoapResponse one = monitor.request(Method::kGet, "status?device=device-1");
@@ -407,7 +441,9 @@ TEST_F(ServerOverDtls, StatusHasAPerDeviceSectionAndMonitorsApart) {
   EXPECT_EQ(device["device"], "device-1");
   EXPECT_EQ(device["role"], "worker");
   EXPECT_EQ(device["updates_accepted"], 2);
-  EXPECT_EQ(nlohmann::json::parse(text_of(monitor.request(Method::kGet, "status?device=device-2")))["role"], "monitor");
+  EXPECT_EQ(nlohmann::json::parse(
+                text_of(monitor.request(Method::kGet, "status?device=device-2")))["role"],
+            "monitor");
 }
 
 TEST_F(ServerOverDtls, DeviceQueriesAreCheckedAndChangeNothing) {
@@ -416,7 +452,9 @@ TEST_F(ServerOverDtls, DeviceQueriesAreCheckedAndChangeNothing) {
   const auto model_before = state_->encoded_model();
   const std::vector<std::uint8_t> model_bytes(model_before.begin(), model_before.end());
   EXPECT_EQ(worker.request(Method::kGet, "status?device=nobody").code, CoapCode::kNotFound);
-  for (const std::string& query : std::vector<std::string>{"device=", "device=a%20b", "device=x&device=y", "since=3", "device=" + std::string(65, 'a')}) {
+  for (const std::string& query :
+       std::vector<std::string>{"device=", "device=a%20b", "device=x&device=y", "since=3",
+                                "device=" + std::string(65, 'a')}) {
     const CoapResponse r = worker.request(Method::kGet, "status?" + query);
     EXPECT_EQ(r.code, CoapCode::kBadRequest) << query << ": " << text_of(r);
   }
@@ -435,12 +473,13 @@ TEST_F(ServerOverDtls, MetricsTextHasTheCountersAndEscapedDeviceLabels) {
   ASSERT_EQ(worker.request(Method::kPost, "update", bytes_of("junk")).code, CoapCode::kBadRequest);
   resources_->report_accuracy(1, 0.25);
   const std::string text = resources_->metrics_text();
-  for (const std::string line : {"edgetrain_model_version 1", "edgetrain_updates_applied_total 1",
-                                 "edgetrain_updates_refused_total{reason=\"malformed\"} 1",
-                                 "edgetrain_last_test_accuracy 0.25", "edgetrain_workers 1",
-                                 "edgetrain_device_updates_accepted_total{device=\"device-1\"} 1",
-                                 "edgetrain_device_updates_refused_total{device=\"device-1\",reason=\"malformed\"} 1",
-                                 "# TYPE edgetrain_updates_applied_total counter"})
+  for (const std::string line :
+       {"edgetrain_model_version 1", "edgetrain_updates_applied_total 1",
+        "edgetrain_updates_refused_total{reason=\"malformed\"} 1",
+        "edgetrain_last_test_accuracy 0.25", "edgetrain_workers 1",
+        "edgetrain_device_updates_accepted_total{device=\"device-1\"} 1",
+        "edgetrain_device_updates_refused_total{device=\"device-1\",reason=\"malformed\"} 1",
+        "# TYPE edgetrain_updates_applied_total counter"})
     EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text;
 }
 

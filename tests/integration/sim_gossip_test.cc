@@ -101,7 +101,8 @@ TEST(SimGossip, DenseMixingKeepsTheMeanOfThePeersModels) {
   runtime::Model reference(runtime::model_spec_from_argument("mlp"));
   reference.initialize(c.seed);
   for (const auto& model : same.final_models)
-    EXPECT_TRUE(std::equal(model.begin(), model.end(), reference.parameters().begin())) << "every peer kept the start";
+    EXPECT_TRUE(std::equal(model.begin(), model.end(), reference.parameters().begin()))
+        << "every peer kept the start";
 
   c.distinct_initialisation = true;
   c.max_iterations = 1;
@@ -115,10 +116,12 @@ TEST(SimGossip, DenseMixingKeepsTheMeanOfThePeersModels) {
     runtime::Model m(runtime::model_spec_from_argument("mlp"));
     m.initialize(c.seed + static_cast<std::uint64_t>(i));
     starts.emplace_back(m.parameters().begin(), m.parameters().end());
-    for (std::size_t k = 0; k < initial_mean.size(); ++k) initial_mean[k] += m.parameters()[k] / 6.0;
+    for (std::size_t k = 0; k < initial_mean.size(); ++k)
+      initial_mean[k] += m.parameters()[k] / 6.0;
   }
   for (const auto& s : starts)
-    for (std::size_t k = 0; k < initial_mean.size(); ++k) initial_spread += std::pow(s[k] - initial_mean[k], 2);
+    for (std::size_t k = 0; k < initial_mean.size(); ++k)
+      initial_spread += std::pow(s[k] - initial_mean[k], 2);
   for (const auto* r : {&one, &thirty}) {
     double max_drift = 0, spread = 0;
     for (std::size_t k = 0; k < initial_mean.size(); ++k) {
@@ -168,7 +171,8 @@ TEST(SimGossip, BalancingEvensOutIterationTimesAndShortensTheRun) {
   ASSERT_EQ(plain.classes.size(), 4u);
   ASSERT_EQ(balanced.classes.size(), 4u);
   const double plain_ratio = plain.classes[3].compute_per_step / plain.classes[0].compute_per_step;
-  const double balanced_ratio = balanced.classes[3].compute_per_step / balanced.classes[0].compute_per_step;
+  const double balanced_ratio =
+      balanced.classes[3].compute_per_step / balanced.classes[0].compute_per_step;
   EXPECT_NEAR(plain_ratio, 4.0, 0.4);
   EXPECT_LT(balanced_ratio, 1.5) << "slowest over fastest class's compute per iteration";
   EXPECT_GT(balanced.classes[0].mean_batch, balanced.classes[3].mean_batch * 2.5);
@@ -188,13 +192,16 @@ TEST(SimGossipLongRun, WaitStepsFillTheFastPeersWaitAndLeaveTheSlowestAlone) {
   c.publish_fraction = 0.05;
   const auto plain = sim::run_gossip_simulation(c, data.train, data.test, "plain");
   c.wait_steps = 8;
-  const auto waiting = sim::run_gossip_simulation(c, data.train, data.test, "training while waiting");
+  const auto waiting =
+      sim::run_gossip_simulation(c, data.train, data.test, "training while waiting");
   ASSERT_EQ(waiting.classes.size(), 4u);
   EXPECT_DOUBLE_EQ(plain.classes[0].steps_per_iteration, 1.0);
-  EXPECT_GT(waiting.classes[0].steps_per_iteration, 2.5) << "a 4x faster peer waits ~3 of its steps per iteration";
+  EXPECT_GT(waiting.classes[0].steps_per_iteration, 2.5)
+      << "a 4x faster peer waits ~3 of its steps per iteration";
   EXPECT_DOUBLE_EQ(waiting.classes[3].steps_per_iteration, 1.0);
   EXPECT_LT(waiting.classes[0].wait_per_iteration, plain.classes[0].wait_per_iteration / 2);
-  EXPECT_LT(waiting.virtual_time, 1.2 * plain.virtual_time) << "the barrier's pace is still the slowest class's";
+  EXPECT_LT(waiting.virtual_time, 1.2 * plain.virtual_time)
+      << "the barrier's pace is still the slowest class's";
   EXPECT_GT(waiting.local_steps, plain.local_steps * 3 / 2);
   EXPECT_GT(waiting.curve.back().mean_accuracy, 0.8);
   // AD-PSGD has no barrier to wait at.
@@ -256,7 +263,8 @@ TEST(SimGossip, AccuracyAwareTrainingStopsPeersAndSavesSteps) {
   c.validate_every = 10;
   c.plateau_max_decays = 1;
   const auto r = sim::run_gossip_simulation(c, data.train, data.test, "accuracy-aware");
-  EXPECT_EQ(r.validations, r.local_steps / 10) << "a validation every 10 iterations while a peer trains";
+  EXPECT_EQ(r.validations, r.local_steps / 10)
+      << "a validation every 10 iterations while a peer trains";
   EXPECT_GT(r.lr_decays, 0);
   EXPECT_GT(r.peers_stopped, 0);
   EXPECT_GT(r.skipped_steps, 0u);
@@ -280,7 +288,8 @@ TEST(SimGossipLongRun, SameSeedSameRun) {
   const auto first = sim::run_gossip_simulation(c, data.train, data.test, "a");
   expect_same_curves(first, sim::run_gossip_simulation(c, data.train, data.test, "b"));
   c.seed = 6;
-  EXPECT_NE(first.consensus_parameters, sim::run_gossip_simulation(c, data.train, data.test, "c").consensus_parameters);
+  EXPECT_NE(first.consensus_parameters,
+            sim::run_gossip_simulation(c, data.train, data.test, "c").consensus_parameters);
 }
 
 }  // namespace

@@ -94,7 +94,8 @@ TEST(SimulatorRounds, DropStragglersDropsLateDeltasAndWaitAllWaits) {
   // Dense deltas all have one size: ingress holds more than the aggregated deltas, the
   // stragglers' that arrived before the run ended.
   const double aggregated_bytes = drop.mean_round_deltas * 5 * drop.mean_update_bytes;
-  EXPECT_GT(static_cast<double>(drop.ingress_bytes), aggregated_bytes + 0.5 * drop.mean_update_bytes);
+  EXPECT_GT(static_cast<double>(drop.ingress_bytes),
+            aggregated_bytes + 0.5 * drop.mean_update_bytes);
   EXPECT_DOUBLE_EQ(static_cast<double>(wait.ingress_bytes), 50 * wait.mean_update_bytes);
 }
 
@@ -161,7 +162,8 @@ TEST(SimulatorRounds, MaskedAndFedAvgAgreeOnDenseDeltasAndDifferOnSparseOnes) {
   const auto sparse_masked = sim::run_simulation(c, data.train, data.test, "sparse masked");
   c.rounds.aggregation = server::Aggregation::kFedAvg;
   const auto sparse_fedavg = sim::run_simulation(c, data.train, data.test, "sparse fedavg");
-  EXPECT_LT(sparse_masked.mean_update_bytes * 20, dense_masked.mean_update_bytes) << "top-k deltas are sparse";
+  EXPECT_LT(sparse_masked.mean_update_bytes * 20, dense_masked.mean_update_bytes)
+      << "top-k deltas are sparse";
   ASSERT_EQ(sparse_masked.final_parameters.size(), sparse_fedavg.final_parameters.size());
   EXPECT_NE(sparse_masked.final_parameters, sparse_fedavg.final_parameters);
   // How far each moved from the initial model: few entries are in more than one of the top-k

@@ -23,7 +23,8 @@ sim::SimConfig short_config() {
   c.learning_rate = 0.1f;
   c.max_updates = 600;
   c.eval_every = 100;
-  c.max_staleness = 256;  // the simulator's default when these checks were written (now 64, the server's)
+  c.max_staleness =
+      256;  // the simulator's default when these checks were written (now 64, the server's)
   c.eval_examples = 1000;
   c.seed = 3;
   return c;

@@ -23,8 +23,9 @@ inline const SimMnist& sim_mnist() {
       ADD_FAILURE() << "MNIST IDX files missing in " << dir << ": run toolchains/setup-deps.sh";
       return SimMnist{};
     }
-    return SimMnist{runtime::load_dataset(dir + "train-images-idx3-ubyte", dir + "train-labels-idx1-ubyte"),
-                    runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte")};
+    return SimMnist{
+        runtime::load_dataset(dir + "train-images-idx3-ubyte", dir + "train-labels-idx1-ubyte"),
+        runtime::load_dataset(dir + "t10k-images-idx3-ubyte", dir + "t10k-labels-idx1-ubyte")};
   }();
   return data;
 }

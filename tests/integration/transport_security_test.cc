@@ -48,15 +48,16 @@ std::unique_ptr<CoapDtlsServer> make_server(const fs::path& certificates, bool p
     return std::nullopt;
   };
   if (!certificates.empty()) {
-    options.certificates = CertificateFiles{certificates / "server.crt", certificates / "server.key",
-                                            certificates / "ca.crt"};
+    options.certificates = CertificateFiles{certificates / "server.crt",
+                                            certificates / "server.key", certificates / "ca.crt"};
   }
   if (plaintext) options.plaintext_port = 0;
   auto server = std::make_unique<CoapDtlsServer>(options);
   auto describe = [](const CoapRequest& request) {
-    return CoapResponse{CoapCode::kContent,
-                        bytes_of(std::string(peer_authentication_name(request.authentication)) + " " + request.identity +
-                                 " " + std::to_string(request.payload.size()))};
+    return CoapResponse{
+        CoapCode::kContent,
+        bytes_of(std::string(peer_authentication_name(request.authentication)) + " " +
+                 request.identity + " " + std::to_string(request.payload.size()))};
   };
   server->add_resource("whoami", Method::kGet, describe);
   server->add_resource("whoami", Method::kPost, describe);
@@ -70,25 +71,28 @@ class TransportSecurity : public ::testing::Test {
   static void SetUpTestSuite() {
     certificates_ = fs::temp_directory_path() / ("edgetrain-certs-" + std::to_string(::getpid()));
     const std::string command = std::string("bash ") + EDGETRAIN_TEST_SCRIPTS_DIR +
-                                "/make_test_certificates.sh " + certificates_.string() + " device-7 'bad name'";
+                                "/make_test_certificates.sh " + certificates_.string() +
+                                " device-7 'bad name'";
     const int status = std::system(command.c_str());
     if (status == -1 || !WIFEXITED(status)) {
       setup_failure_ = "could not run " + command;
     } else if (WEXITSTATUS(status) == 77) {
       openssl_missing_ = true;
     } else if (WEXITSTATUS(status) != 0) {
-      setup_failure_ = "make_test_certificates.sh failed (exit status " + std::to_string(WEXITSTATUS(status)) +
-                       "; its messages are above)";
+      setup_failure_ = "make_test_certificates.sh failed (exit status " +
+                       std::to_string(WEXITSTATUS(status)) + "; its messages are above)";
     } else {
       for (const char* name : {"ca", "server", "device-7", "bad name", "other-ca", "stranger"})
         for (const char* extension : {".crt", ".key"})
           if (!fs::exists(certificates_ / (std::string(name) + extension)))
-            setup_failure_ += "make_test_certificates.sh left no " + std::string(name) + extension + "; ";
+            setup_failure_ +=
+                "make_test_certificates.sh left no " + std::string(name) + extension + "; ";
     }
   }
   static void TearDownTestSuite() { fs::remove_all(certificates_); }
   void SetUp() override {
-    if (openssl_missing_) GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
+    if (openssl_missing_)
+      GTEST_SKIP() << "the openssl CLI is not installed (package openssl): no test certificates";
     ASSERT_TRUE(setup_failure_.empty()) << setup_failure_;
   }
   static CertificateFiles device(const std::string& name, const std::string& ca = "ca.crt") {
@@ -160,7 +164,8 @@ TEST_F(TransportSecurity, CertificateIdentityIsTheSubjectCn) {
               static_cast<unsigned long long>(server->bytes_received()),
               static_cast<unsigned long long>(server->datagrams_received()));
   const std::vector<std::uint8_t> body(3000, 0x17);
-  EXPECT_EQ(text_of(client.request(Method::kPost, "whoami", body).payload), "certificate device-7 3000");
+  EXPECT_EQ(text_of(client.request(Method::kPost, "whoami", body).payload),
+            "certificate device-7 3000");
   EXPECT_EQ(client.sessions_started(), 1u);
   // PSK devices are served by the same endpoint at the same time.
   auto psk = client_options(server->port());
@@ -185,7 +190,8 @@ TEST_F(TransportSecurity, CertificateFromAnotherCaIsRefusedInTheHandshake) {
   // The server is still fine for a good client.
   auto good = client_options(server->port());
   good.certificates = device("device-7");
-  EXPECT_EQ(text_of(CoapDtlsClient(good).request(Method::kGet, "whoami").payload), "certificate device-7 0");
+  EXPECT_EQ(text_of(CoapDtlsClient(good).request(Method::kGet, "whoami").payload),
+            "certificate device-7 0");
 }
 
 TEST_F(TransportSecurity, CertificateWhoseCnIsNoPlainNameIsForbidden) {
@@ -201,8 +207,8 @@ TEST_F(TransportSecurity, CertificateWhoseCnIsNoPlainNameIsForbidden) {
 
 TEST_F(TransportSecurity, UnusableCredentialsAndTimingAreClearErrors) {
   CoapDtlsServer::Options server_options;
-  server_options.certificates = CertificateFiles{certificates_ / "missing.crt", certificates_ / "server.key",
-                                                 certificates_ / "ca.crt"};
+  server_options.certificates = CertificateFiles{
+      certificates_ / "missing.crt", certificates_ / "server.key", certificates_ / "ca.crt"};
   try {
     CoapDtlsServer server(server_options);
     ADD_FAILURE() << "a missing certificate file was accepted";
@@ -248,7 +254,8 @@ TEST(TransportOverLoss, EveryPostReachesTheHandlerOnceAndWhole) {
     return CoapResponse{CoapCode::kChanged, {static_cast<std::uint8_t>(calls)}};
   });
   ServerThread running(server);
-  edgetrain::testing::UdpDelayProxy lossy(server.port(), std::chrono::milliseconds(0), 0, /*seed=*/6);
+  edgetrain::testing::UdpDelayProxy lossy(server.port(), std::chrono::milliseconds(0), 0,
+                                          /*seed=*/6);
   CoapDtlsClient::Options client_options;
   client_options.port = lossy.port();
   client_options.psk = {"device-1", bytes_of(kDeviceKey)};
@@ -261,9 +268,12 @@ TEST(TransportOverLoss, EveryPostReachesTheHandlerOnceAndWhole) {
   lossy.set_loss_rate(0.15);
   constexpr int kBodies = 5;
   for (int i = 1; i <= kBodies; ++i) {
-    const CoapResponse response = client.request(Method::kPost, "collect", std::vector<std::uint8_t>(3000, i));
-    ASSERT_EQ(response.code, CoapCode::kChanged) << "body " << i << ": " << text_of(response.payload);
-    EXPECT_EQ(response.payload, std::vector<std::uint8_t>{static_cast<std::uint8_t>(i)}) << "body " << i;
+    const CoapResponse response =
+        client.request(Method::kPost, "collect", std::vector<std::uint8_t>(3000, i));
+    ASSERT_EQ(response.code, CoapCode::kChanged)
+        << "body " << i << ": " << text_of(response.payload);
+    EXPECT_EQ(response.payload, std::vector<std::uint8_t>{static_cast<std::uint8_t>(i)})
+        << "body " << i;
   }
   EXPECT_EQ(calls, kBodies);
   EXPECT_EQ(partial_bodies, 0);
@@ -281,8 +291,9 @@ std::unique_ptr<CoapDtlsServer> ping_server(std::uint16_t port = 0) {
   options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kDeviceKey)); };
   options.port = port;
   auto server = std::make_unique<CoapDtlsServer>(options);
-  server->add_resource("ping", Method::kGet,
-                       [](const CoapRequest&) { return CoapResponse{CoapCode::kContent, bytes_of("pong")}; });
+  server->add_resource("ping", Method::kGet, [](const CoapRequest&) {
+    return CoapResponse{CoapCode::kContent, bytes_of("pong")};
+  });
   return server;
 }
 
@@ -305,27 +316,32 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterTheServerLostItsSession) {
     first_session_datagrams = server->datagrams_received();
     ASSERT_EQ(client.request(Method::kGet, "ping").code, CoapCode::kContent);
     request_bytes = server->bytes_received() - first_session_bytes;
-    std::printf("full handshake: %llu bytes in %llu datagrams to the server (a request on the open session: %llu "
-                "bytes in 1 datagram)\n",
-                static_cast<unsigned long long>(first_session_bytes - request_bytes),
-                static_cast<unsigned long long>(first_session_datagrams - 1),
-                static_cast<unsigned long long>(request_bytes));
+    std::printf(
+        "full handshake: %llu bytes in %llu datagrams to the server (a request on the open "
+        "session: %llu "
+        "bytes in 1 datagram)\n",
+        static_cast<unsigned long long>(first_session_bytes - request_bytes),
+        static_cast<unsigned long long>(first_session_datagrams - 1),
+        static_cast<unsigned long long>(request_bytes));
   }
   server.reset();  // every DTLS session state of the server is gone
   server = ping_server(port);
   ServerThread running(*server);
   const auto started = std::chrono::steady_clock::now();
   const CoapResponse response = client.request(Method::kGet, "ping");
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   EXPECT_EQ(response.code, CoapCode::kContent);
   EXPECT_EQ(client.sessions_started(), 2u);
   EXPECT_EQ(client.reconnections(), 1u);
-  std::printf("reconnection after the server lost the session: %.2f s, new server received %llu bytes in %llu "
-              "datagrams (first session: %llu bytes in %llu datagrams)\n",
-              seconds, static_cast<unsigned long long>(server->bytes_received()),
-              static_cast<unsigned long long>(server->datagrams_received()),
-              static_cast<unsigned long long>(first_session_bytes),
-              static_cast<unsigned long long>(first_session_datagrams));
+  std::printf(
+      "reconnection after the server lost the session: %.2f s, new server received %llu bytes in "
+      "%llu "
+      "datagrams (first session: %llu bytes in %llu datagrams)\n",
+      seconds, static_cast<unsigned long long>(server->bytes_received()),
+      static_cast<unsigned long long>(server->datagrams_received()),
+      static_cast<unsigned long long>(first_session_bytes),
+      static_cast<unsigned long long>(first_session_datagrams));
   // A full handshake again (no resumption with libcoap 4.3.1 + Mbed TLS: transport/README.md).
   EXPECT_GE(server->datagrams_received(), first_session_datagrams);
 }
@@ -359,12 +375,14 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
   const auto to_server = relay.datagrams_to_server(), to_client = relay.datagrams_to_client();
   const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(client.request(Method::kGet, "ping").code, CoapCode::kContent);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::printf("silent session loss: %llu datagrams to the server (the lost session's request and its "
-              "retransmission, then handshake and request), %llu back; %llu bytes reached the new server\n",
-              static_cast<unsigned long long>(relay.datagrams_to_server() - to_server),
-              static_cast<unsigned long long>(relay.datagrams_to_client() - to_client),
-              static_cast<unsigned long long>(server->bytes_received()));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf(
+      "silent session loss: %llu datagrams to the server (the lost session's request and its "
+      "retransmission, then handshake and request), %llu back; %llu bytes reached the new server\n",
+      static_cast<unsigned long long>(relay.datagrams_to_server() - to_server),
+      static_cast<unsigned long long>(relay.datagrams_to_client() - to_client),
+      static_cast<unsigned long long>(server->bytes_received()));
   EXPECT_EQ(client.reconnections(), 1u);
   // How long it took is printed, not asserted: usually libcoap's 1 + 2 ACK timeouts (~3 s)
   // pass first, but when the new server answers the stale session's records the loss shows
@@ -377,11 +395,14 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
 // loop runs is answered in a few passes, and in 60 with datagrams_per_pass = 1.
 int passes_to_answer_a_burst(std::uint32_t datagrams_per_pass) {
   CoapDtlsServer::Options options;
-  options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> { return std::nullopt; };
+  options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> {
+    return std::nullopt;
+  };
   options.plaintext_port = 0;
   options.datagrams_per_pass = datagrams_per_pass;
   CoapDtlsServer server(options);
-  server.add_resource("whoami", Method::kGet, [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
+  server.add_resource("whoami", Method::kGet,
+                      [](const CoapRequest&) { return CoapResponse{CoapCode::kContent}; });
   const int client = ::socket(AF_INET, SOCK_DGRAM, 0);
   EXPECT_GE(client, 0);
   sockaddr_in to{};
@@ -391,9 +412,11 @@ int passes_to_answer_a_burst(std::uint32_t datagrams_per_pass) {
   constexpr int kBurst = 60;
   for (int i = 0; i < kBurst; ++i) {
     // CON GET /whoami, no token, message id 0x1000 + i (RFC 7252 3, option delta 11 = Uri-Path).
-    const std::uint8_t get[] = {0x40, 0x01, 0x10, static_cast<std::uint8_t>(i), 0xB6, 'w', 'h', 'o', 'a', 'm', 'i'};
-    EXPECT_EQ(::sendto(client, get, sizeof get, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to),
-              static_cast<ssize_t>(sizeof get));
+    const std::uint8_t get[] = {0x40, 0x01, 0x10, static_cast<std::uint8_t>(i), 0xB6, 'w', 'h', 'o',
+                                'a',  'm',  'i'};
+    EXPECT_EQ(
+        ::sendto(client, get, sizeof get, 0, reinterpret_cast<const sockaddr*>(&to), sizeof to),
+        static_cast<ssize_t>(sizeof get));
   }
   int answered = 0, passes = 0;
   while (answered < kBurst && passes < 500) {
@@ -415,8 +438,9 @@ int passes_to_answer_a_burst(std::uint32_t datagrams_per_pass) {
 TEST(ServerEventLoop, ABurstOfDatagramsIsReadInAFewPasses) {
   const int batched = passes_to_answer_a_burst(32);
   const int one_by_one = passes_to_answer_a_burst(1);
-  std::printf("60 queued requests answered in %d passes (32 per pass at most) and %d (1 per pass)\n", batched,
-              one_by_one);
+  std::printf(
+      "60 queued requests answered in %d passes (32 per pass at most) and %d (1 per pass)\n",
+      batched, one_by_one);
   EXPECT_LE(batched, 10);  // 1 + 2 + 4 + 8 + 16 + 29 reads: 6 passes
   EXPECT_GE(one_by_one, 60);
 }
@@ -424,7 +448,9 @@ TEST(ServerEventLoop, ABurstOfDatagramsIsReadInAFewPasses) {
 TEST(ServerEventLoop, DatagramsPerPassOutOfRangeIsAClearError) {
   for (std::uint32_t bad : {0u, 1025u}) {
     CoapDtlsServer::Options options;
-    options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> { return std::nullopt; };
+    options.psk_lookup = [](std::string_view) -> std::optional<std::vector<std::uint8_t>> {
+      return std::nullopt;
+    };
     options.datagrams_per_pass = bad;
     EXPECT_THROW(CoapDtlsServer{options}, std::invalid_argument) << bad;
   }

@@ -57,7 +57,8 @@ void add_echo_resources(CoapDtlsServer& server, std::atomic<int>& handled) {
   });
   server.add_resource("hello", Method::kGet, [&handled](const CoapRequest& request) {
     handled++;
-    return CoapResponse{CoapCode::kContent, bytes_of(std::string("hello ") + request.identity + " from " + kArch)};
+    return CoapResponse{CoapCode::kContent,
+                        bytes_of(std::string("hello ") + request.identity + " from " + kArch)};
   });
 }
 
@@ -66,15 +67,18 @@ bool check_xnnpack() {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<float> inp(B * C), weight(OC * C), bias(OC), fast(B * OC), ref(B * OC);
-  for (auto* v : {&inp, &weight, &bias}) std::generate(v->begin(), v->end(), [&] { return dist(rng); });
+  for (auto* v : {&inp, &weight, &bias})
+    std::generate(v->begin(), v->end(), [&] { return dist(rng); });
   edgetrain::kernels::FullyConnectedXnn fc(C, OC, weight.data(), bias.data(), nullptr);
   fc.forward(fast.data(), inp.data(), B);
-  edgetrain::kernels::fully_connected_forward_reference(ref.data(), inp.data(), weight.data(), bias.data(), B, C, OC);
+  edgetrain::kernels::fully_connected_forward_reference(ref.data(), inp.data(), weight.data(),
+                                                        bias.data(), B, C, OC);
   float max_error = 0;
-  for (std::size_t i = 0; i < fast.size(); i++) max_error = std::max(max_error, std::fabs(fast[i] - ref[i]));
+  for (std::size_t i = 0; i < fast.size(); i++)
+    max_error = std::max(max_error, std::fabs(fast[i] - ref[i]));
   const bool ok = max_error < 1e-4f;
-  std::printf("%s xnnpack: fully connected %zux%zu -> %zu, max |xnnpack - reference| = %.2e\n", ok ? "PASS" : "FAIL",
-              B, C, OC, max_error);
+  std::printf("%s xnnpack: fully connected %zux%zu -> %zu, max |xnnpack - reference| = %.2e\n",
+              ok ? "PASS" : "FAIL", B, C, OC, max_error);
   return ok;
 }
 
@@ -108,20 +112,23 @@ bool check_dtls_roundtrip() {
     CoapResponse hello = client.request(Method::kGet, "hello");
     const auto body = pattern(5000);  // five 1024-byte blocks each way
     CoapResponse echo = client.request(Method::kPost, "echo", body);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const bool reversed = std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    const bool reversed =
+        std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
     ok = hello.code == CoapCode::kContent && echo.code == CoapCode::kChanged && reversed;
     detail = "GET /hello " + edgetrain::transport::coap_code_string(hello.code) + " \"" +
              std::string(hello.payload.begin(), hello.payload.end()) + "\", POST /echo 5000 B " +
-             edgetrain::transport::coap_code_string(echo.code) + (reversed ? " (echo correct)" : " (echo WRONG)") +
-             ", " + std::to_string(static_cast<int>(ms)) + " ms with handshake";
+             edgetrain::transport::coap_code_string(echo.code) +
+             (reversed ? " (echo correct)" : " (echo WRONG)") + ", " +
+             std::to_string(static_cast<int>(ms)) + " ms with handshake";
   } catch (const std::exception& e) {
     detail = e.what();
   }
   stop = true;
   server_thread.join();
-  std::printf("%s DTLS-PSK CoAP round trip on 127.0.0.1:%u: %s\n", ok ? "PASS" : "FAIL", server.port(),
-              detail.c_str());
+  std::printf("%s DTLS-PSK CoAP round trip on 127.0.0.1:%u: %s\n", ok ? "PASS" : "FAIL",
+              server.port(), detail.c_str());
   return ok;
 }
 
@@ -149,11 +156,15 @@ int serve_echo(const SmokeSettings& s) {
   CoapDtlsServer server(options);
   std::atomic<int> handled = 0;
   add_echo_resources(server, handled);
-  std::printf("edgetrain-smoke (%s): serving DTLS-PSK on %s:%u\n", kArch, s.bind.c_str(), server.port());
+  std::printf("edgetrain-smoke (%s): serving DTLS-PSK on %s:%u\n", kArch, s.bind.c_str(),
+              server.port());
   std::fflush(stdout);
-  if (!s.port_file.empty()) edgetrain::common::write_file_atomically(s.port_file, std::to_string(server.port()) + "\n");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(s.timeout_s);
-  while (std::chrono::steady_clock::now() < deadline && (s.max_requests == 0 || handled < s.max_requests)) {
+  if (!s.port_file.empty())
+    edgetrain::common::write_file_atomically(s.port_file, std::to_string(server.port()) + "\n");
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(s.timeout_s);
+  while (std::chrono::steady_clock::now() < deadline &&
+         (s.max_requests == 0 || handled < s.max_requests)) {
     server.run_once(50);
   }
   // Let the last response's blocks and ACKs go out before exiting.
@@ -163,15 +174,19 @@ int serve_echo(const SmokeSettings& s) {
 }
 
 int request_echo(const SmokeSettings& s) {
-  CoapDtlsClient client({s.host, static_cast<std::uint16_t>(s.port), {s.identity, bytes_of(s.key)}, 30000});
+  CoapDtlsClient client(
+      {s.host, static_cast<std::uint16_t>(s.port), {s.identity, bytes_of(s.key)}, 30000});
   CoapResponse hello = client.request(Method::kGet, "hello");
-  std::printf("client (%s): GET /hello -> %s \"%s\"\n", kArch, edgetrain::transport::coap_code_string(hello.code).c_str(),
+  std::printf("client (%s): GET /hello -> %s \"%s\"\n", kArch,
+              edgetrain::transport::coap_code_string(hello.code).c_str(),
               std::string(hello.payload.begin(), hello.payload.end()).c_str());
   const auto body = pattern(s.size);
   CoapResponse echo = client.request(Method::kPost, "echo", body);
-  const bool reversed = std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
+  const bool reversed =
+      std::equal(body.rbegin(), body.rend(), echo.payload.begin(), echo.payload.end());
   std::printf("client (%s): POST /echo %zu B -> %s, %s\n", kArch, s.size,
-              edgetrain::transport::coap_code_string(echo.code).c_str(), reversed ? "echo correct" : "echo WRONG");
+              edgetrain::transport::coap_code_string(echo.code).c_str(),
+              reversed ? "echo correct" : "echo WRONG");
   return hello.code == CoapCode::kContent && echo.code == CoapCode::kChanged && reversed ? 0 : 1;
 }
 
@@ -179,8 +194,11 @@ void declare_options(Table& serve, Table& request, SmokeSettings& s) {
   serve.add("bind", s.bind, "address to listen on");
   serve.add("port", s.port, "UDP port; 0 picks a free one").range(0, 65535);
   serve.add("port-file", s.port_file, "write the bound port to this file once listening");
-  serve.add("requests", s.max_requests, "exit after this many requests (0: only on timeout)").range(0, 1000000);
-  serve.add("timeout", s.timeout_s, "exit after this many seconds").range(0, 1000000).unit("seconds");
+  serve.add("requests", s.max_requests, "exit after this many requests (0: only on timeout)")
+      .range(0, 1000000);
+  serve.add("timeout", s.timeout_s, "exit after this many seconds")
+      .range(0, 1000000)
+      .unit("seconds");
   request.add("host", s.host, "server address");
   request.add("port", s.port, "server UDP port").range(1, 65535).required();
   request.add("size", s.size, "bytes to echo").range(0, 1000000);
@@ -195,7 +213,8 @@ void declare_options(Table& serve, Table& request, SmokeSettings& s) {
 int main(int argc, char** argv) {
   Table app("edgetrain-smoke", "checks that XNNPACK, libcoap and Mbed TLS work on this target");
   Table& serve = app.subcommand("serve", "run a DTLS-PSK echo server (POST /echo, GET /hello)");
-  Table& request = app.subcommand("request", "call a `serve` instance: GET /hello, then POST /echo");
+  Table& request =
+      app.subcommand("request", "call a `serve` instance: GET /hello, then POST /echo");
   SmokeSettings settings;
   declare_options(serve, request, settings);
   if (const auto status = app.parse(argc, argv)) return *status;

@@ -24,14 +24,22 @@ inline const std::vector<CompressorVariant>& compressor_variants() {
   static const std::vector<CompressorVariant> variants = {
       {"TopK", "top-k c=0.01 (paper default)", {}},
       {"TopKRate0_1", "top-k c=0.1", with([](auto& o) { o.compression_rate = 0.1; })},
-      {"TopKErrorFeedback", "top-k c=0.01 + error feedback", with([](auto& o) { o.error_feedback = true; })},
-      {"TopKErrorFeedbackFp16", "top-k c=0.01 + error feedback + fp16",
-       with([](auto& o) { o.error_feedback = true; o.value_encoding = transport::ValueEncoding::kFp16; })},
-      {"TopKErrorFeedbackSignScale", "top-k c=0.01 + EF + sign-scale",
-       with([](auto& o) { o.error_feedback = true; o.value_encoding = transport::ValueEncoding::kSignScale; })},
-      {"BinLocal", "bin-local T=50 (Chen et al.)", with([](auto& o) { o.method = CompressionMethod::kBinLocal; })},
-      {"BinLocalBin500", "bin-local T=500",
-       with([](auto& o) { o.method = CompressionMethod::kBinLocal; o.bin_size = 500; })},
+      {"TopKErrorFeedback", "top-k c=0.01 + error feedback",
+       with([](auto& o) { o.error_feedback = true; })},
+      {"TopKErrorFeedbackFp16", "top-k c=0.01 + error feedback + fp16", with([](auto& o) {
+         o.error_feedback = true;
+         o.value_encoding = transport::ValueEncoding::kFp16;
+       })},
+      {"TopKErrorFeedbackSignScale", "top-k c=0.01 + EF + sign-scale", with([](auto& o) {
+         o.error_feedback = true;
+         o.value_encoding = transport::ValueEncoding::kSignScale;
+       })},
+      {"BinLocal", "bin-local T=50 (Chen et al.)",
+       with([](auto& o) { o.method = CompressionMethod::kBinLocal; })},
+      {"BinLocalBin500", "bin-local T=500", with([](auto& o) {
+         o.method = CompressionMethod::kBinLocal;
+         o.bin_size = 500;
+       })},
       {"Dense", "none (dense ASGD)", with([](auto& o) { o.method = CompressionMethod::kNone; })},
   };
   return variants;

@@ -22,7 +22,8 @@ void put_u24(std::vector<std::uint8_t>& out, std::size_t value) {
 
 }  // namespace
 
-std::vector<std::uint8_t> dtls_client_hello(std::uint64_t record_sequence, std::span<const std::uint8_t> cookie,
+std::vector<std::uint8_t> dtls_client_hello(std::uint64_t record_sequence,
+                                            std::span<const std::uint8_t> cookie,
                                             std::uint32_t random_seed) {
   std::vector<std::uint8_t> body = {254, 253};  // client_version DTLS 1.2
   std::uint32_t state = random_seed * 2654435761u + 1;
@@ -33,11 +34,11 @@ std::vector<std::uint8_t> dtls_client_hello(std::uint64_t record_sequence, std::
   body.push_back(0);  // no session id
   body.push_back(static_cast<std::uint8_t>(cookie.size()));
   body.insert(body.end(), cookie.begin(), cookie.end());
-  put_u16(body, 4);                               // cipher suites:
-  put_u16(body, 0xC0A8);                          //   TLS_PSK_WITH_AES_128_CCM_8
-  put_u16(body, 0xC0FF);                          //   TLS_ECJPAKE_WITH_AES_128_CCM_8 (ignored by a PSK server)
-  body.push_back(1);                              // compression methods:
-  body.push_back(0);                              //   null
+  put_u16(body, 4);       // cipher suites:
+  put_u16(body, 0xC0A8);  //   TLS_PSK_WITH_AES_128_CCM_8
+  put_u16(body, 0xC0FF);  //   TLS_ECJPAKE_WITH_AES_128_CCM_8 (ignored by a PSK server)
+  body.push_back(1);      // compression methods:
+  body.push_back(0);      //   null
   std::vector<std::uint8_t> out = {22, 254, 253};  // handshake, DTLS 1.2
   put_u16(out, 0);                                 // epoch
   put_u16(out, (record_sequence >> 32) & 0xffff);
@@ -70,8 +71,8 @@ bool HelloFlood::send_one() {
   bool sent = false;
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof(source)) == 0) {
     const auto hello = dtls_client_hello(sent_, {}, static_cast<std::uint32_t>(sent_));
-    sent = ::sendto(fd, hello.data(), hello.size(), 0, reinterpret_cast<const sockaddr*>(&server), sizeof(server)) ==
-           static_cast<ssize_t>(hello.size());
+    sent = ::sendto(fd, hello.data(), hello.size(), 0, reinterpret_cast<const sockaddr*>(&server),
+                    sizeof(server)) == static_cast<ssize_t>(hello.size());
   }
   ::close(fd);
   if (sent) ++sent_;
@@ -90,8 +91,11 @@ std::size_t HelloFlood::send(std::size_t count, double per_second, const std::at
         continue;
       }
     }
-    if (send_one()) ++done;
-    else std::this_thread::sleep_for(std::chrono::milliseconds(1));  // out of buffers: let the server read
+    if (send_one())
+      ++done;
+    else
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(1));  // out of buffers: let the server read
   }
   return done;
 }

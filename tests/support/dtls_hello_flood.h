@@ -15,7 +15,8 @@ namespace edgetrain::testing {
 
 // A DTLS 1.2 ClientHello that Mbed TLS accepts (one PSK and one ECDHE-PSK AES-CCM-8 suite,
 // no extensions), in one datagram, with `cookie` (empty in a first ClientHello).
-std::vector<std::uint8_t> dtls_client_hello(std::uint64_t record_sequence, std::span<const std::uint8_t> cookie = {},
+std::vector<std::uint8_t> dtls_client_hello(std::uint64_t record_sequence,
+                                            std::span<const std::uint8_t> cookie = {},
                                             std::uint32_t random_seed = 0);
 
 class HelloFlood {

@@ -12,7 +12,8 @@
 
 namespace edgetrain::testing {
 
-inline std::vector<float> random_vector(std::size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+inline std::vector<float> random_vector(std::size_t n, std::mt19937& rng, float lo = -1,
+                                        float hi = 1) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
@@ -25,12 +26,16 @@ inline double dot(const float* a, const std::vector<float>& b) {
   for (std::size_t i = 0; i < b.size(); i++) s += static_cast<double>(a[i]) * b[i];
   return s;
 }
-inline double dot(const std::vector<float>& a, const std::vector<float>& b) { return dot(a.data(), b); }
+inline double dot(const std::vector<float>& a, const std::vector<float>& b) {
+  return dot(a.data(), b);
+}
 
 // Checks analytic[i] against (loss(x+eps) - loss(x-eps)) / 2eps at up to `samples` indices of x.
-inline void expect_matches_finite_differences(std::vector<float>& x, const std::vector<float>& analytic,
-                                              const std::function<double()>& loss, float eps, std::size_t samples,
-                                              double tolerance, const char* what) {
+inline void expect_matches_finite_differences(std::vector<float>& x,
+                                              const std::vector<float>& analytic,
+                                              const std::function<double()>& loss, float eps,
+                                              std::size_t samples, double tolerance,
+                                              const char* what) {
   ASSERT_EQ(x.size(), analytic.size());
   const std::size_t step = std::max<std::size_t>(1, x.size() / samples);
   for (std::size_t i = 0; i < x.size(); i += step) {
@@ -41,7 +46,8 @@ inline void expect_matches_finite_differences(std::vector<float>& x, const std::
     const double down = loss();
     x[i] = saved;
     const double numeric = (up - down) / (2.0 * eps);
-    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::fabs(numeric))) << what << " at " << i;
+    EXPECT_NEAR(analytic[i], numeric, tolerance * (1.0 + std::fabs(numeric)))
+        << what << " at " << i;
   }
 }
 

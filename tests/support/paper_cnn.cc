@@ -8,23 +8,28 @@ namespace edgetrain::testing {
 namespace ek = kernels;
 
 const PaperCnn::Tensor PaperCnn::kTensors[PaperCnn::kTensorCount] = {
-    {0, 32 * 9},                            // conv1 weight [32][3][3][1]
-    {288, 32},                              // conv1 bias
-    {320, 64 * 9 * 32},                     // conv2 weight [64][3][3][32]
-    {18752, 64},                            // conv2 bias
-    {18816, 128 * 3136},                    // fc1 weight [128][3136]
-    {420224, 128},                          // fc1 bias
-    {420352, 10 * 128},                     // fc2 weight [10][128]
-    {421632, 10},                           // fc2 bias
+    {0, 32 * 9},          // conv1 weight [32][3][3][1]
+    {288, 32},            // conv1 bias
+    {320, 64 * 9 * 32},   // conv2 weight [64][3][3][32]
+    {18752, 64},          // conv2 bias
+    {18816, 128 * 3136},  // fc1 weight [128][3136]
+    {420224, 128},        // fc1 bias
+    {420352, 10 * 128},   // fc2 weight [10][128]
+    {421632, 10},         // fc2 bias
 };
 
 PaperCnn::PaperCnn(int B, Path path, pthreadpool_t pool)
-    : params(kParameterCount), grads(kParameterCount), B_(B), path_(path), conv1_{B, 28, 28, 1, 32},
+    : params(kParameterCount),
+      grads(kParameterCount),
+      B_(B),
+      path_(path),
+      conv1_{B, 28, 28, 1, 32},
       conv2_{B, 14, 14, 32, 64} {
   const std::size_t b = B;
   a1_.resize(b * 28 * 28 * 32), p1_.resize(b * 14 * 14 * 32), a2_.resize(b * 14 * 14 * 64);
   p2_.resize(b * 3136), h_.resize(b * 128), logits_.resize(b * 10), probs_.resize(b * 10);
-  da1_.resize(a1_.size()), dp1_.resize(p1_.size()), da2_.resize(a2_.size()), dp2_.resize(p2_.size());
+  da1_.resize(a1_.size()), dp1_.resize(p1_.size()), da2_.resize(a2_.size()),
+      dp2_.resize(p2_.size());
   dh_.resize(h_.size()), dlogits_.resize(logits_.size());
   idx1_.resize(p1_.size()), idx2_.resize(p2_.size());
   if (path == Path::fast) {
@@ -32,7 +37,8 @@ PaperCnn::PaperCnn(int B, Path path, pthreadpool_t pool)
     conv2_xnn_ = std::make_unique<ek::Conv2dXnn>(conv2_, ek::Activation::relu, pool);
     pool1_xnn_ = std::make_unique<ek::MaxPool2x2Xnn>(B, 28, 28, 32, pool);
     pool2_xnn_ = std::make_unique<ek::MaxPool2x2Xnn>(B, 14, 14, 64, pool);
-    fc1_xnn_ = std::make_unique<ek::FullyConnectedTrainXnn>(b, 3136, 128, ek::Activation::relu, pool);
+    fc1_xnn_ =
+        std::make_unique<ek::FullyConnectedTrainXnn>(b, 3136, 128, ek::Activation::relu, pool);
     fc2_xnn_ = std::make_unique<ek::FullyConnectedTrainXnn>(b, 128, 10, ek::Activation::none, pool);
   }
 }
@@ -75,13 +81,14 @@ void PaperCnn::forward(const float* images) {
 
 float PaperCnn::loss(const float* images, const std::int32_t* labels) {
   forward(images);
-  return ek::softmax_cross_entropy_forward(probs_.data(), logits_.data(), labels, B_, kClasses, nullptr);
+  return ek::softmax_cross_entropy_forward(probs_.data(), logits_.data(), labels, B_, kClasses,
+                                           nullptr);
 }
 
 float PaperCnn::forward_backward(const float* images, const std::int32_t* labels, int* correct) {
   forward(images);
-  const float mean_loss =
-      ek::softmax_cross_entropy_forward(probs_.data(), logits_.data(), labels, B_, kClasses, correct);
+  const float mean_loss = ek::softmax_cross_entropy_forward(probs_.data(), logits_.data(), labels,
+                                                            B_, kClasses, correct);
   ek::softmax_cross_entropy_backward(dlogits_.data(), probs_.data(), labels, B_, kClasses);
   if (path_ == Path::fast) {
     fc2_xnn_->backward(dh_.data(), g(6), g(7), dlogits_.data(), nullptr, h_.data(), p(6));
@@ -92,9 +99,11 @@ float PaperCnn::forward_backward(const float* images, const std::int32_t* labels
     conv1_xnn_->backward(nullptr, g(0), g(1), da1_.data(), a1_.data(), images, p(0));
     return mean_loss;
   }
-  ek::fully_connected_backward_reference(dh_.data(), g(6), g(7), dlogits_.data(), h_.data(), p(6), B_, 128, 10);
+  ek::fully_connected_backward_reference(dh_.data(), g(6), g(7), dlogits_.data(), h_.data(), p(6),
+                                         B_, 128, 10);
   ek::relu_backward(dh_.data(), dh_.data(), h_.data(), dh_.size());
-  ek::fully_connected_backward_reference(dp2_.data(), g(4), g(5), dh_.data(), p2_.data(), p(4), B_, 3136, 128);
+  ek::fully_connected_backward_reference(dp2_.data(), g(4), g(5), dh_.data(), p2_.data(), p(4), B_,
+                                         3136, 128);
   ek::maxpool2x2_backward_reference(da2_.data(), dp2_.data(), idx2_.data(), B_, 14, 14, 64);
   ek::relu_backward(da2_.data(), da2_.data(), a2_.data(), da2_.size());
   ek::conv2d_backward_reference(dp1_.data(), g(2), g(3), da2_.data(), p1_.data(), p(2), conv2_);
@@ -104,7 +113,8 @@ float PaperCnn::forward_backward(const float* images, const std::int32_t* labels
   return mean_loss;
 }
 
-SyntheticDigits::SyntheticDigits(unsigned seed, float noise) : templates_(10 * 784), noise_(noise), rng_(seed) {
+SyntheticDigits::SyntheticDigits(unsigned seed, float noise)
+    : templates_(10 * 784), noise_(noise), rng_(seed) {
   std::normal_distribution<float> dist(0, 1);
   for (auto& v : templates_) v = dist(rng_);
 }
@@ -114,7 +124,8 @@ void SyntheticDigits::batch(float* images, std::int32_t* labels, int B) {
   std::uniform_int_distribution<int> label(0, 9);
   for (int b = 0; b < B; b++) {
     labels[b] = label(rng_);
-    for (int i = 0; i < 784; i++) images[b * 784 + i] = templates_[labels[b] * 784 + i] + noise_ * dist(rng_);
+    for (int i = 0; i < 784; i++)
+      images[b * 784 + i] = templates_[labels[b] * 784 + i] + noise_ * dist(rng_);
   }
   ek::standardize_per_image(images, images, B, 784);
 }

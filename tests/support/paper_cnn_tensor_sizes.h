@@ -8,6 +8,7 @@
 
 namespace edgetrain::testing {
 
-inline const std::vector<std::uint32_t> kPaperCnnTensorSizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};
+inline const std::vector<std::uint32_t> kPaperCnnTensorSizes = {288,    32,  18432, 64,
+                                                                401408, 128, 1280,  10};
 
 }  // namespace edgetrain::testing

@@ -15,7 +15,8 @@ runtime::Model initialized_model(std::string_view spec, std::string_view name, s
 
 transport::CoapDtlsServer::Options psk_server_options(std::map<std::string, std::string> keys) {
   transport::CoapDtlsServer::Options options;
-  options.psk_lookup = [keys = std::move(keys)](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
+  options.psk_lookup =
+      [keys = std::move(keys)](std::string_view id) -> std::optional<std::vector<std::uint8_t>> {
     const auto found = keys.find(std::string(id));
     if (found == keys.end()) return std::nullopt;
     return bytes_of(found->second);
@@ -25,7 +26,9 @@ transport::CoapDtlsServer::Options psk_server_options(std::map<std::string, std:
 
 std::vector<std::uint8_t> bytes_of(std::string_view text) { return {text.begin(), text.end()}; }
 
-std::string text_of(const transport::CoapResponse& response) { return {response.payload.begin(), response.payload.end()}; }
+std::string text_of(const transport::CoapResponse& response) {
+  return {response.payload.begin(), response.payload.end()};
+}
 
 std::vector<std::uint32_t> tensor_sizes(const runtime::Model& model) {
   std::vector<std::uint32_t> sizes;
@@ -33,7 +36,8 @@ std::vector<std::uint32_t> tensor_sizes(const runtime::Model& model) {
   return sizes;
 }
 
-std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
+std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime::Model& model,
+                                               std::uint64_t sequence,
                                                std::uint64_t fetched_version) {
   transport::SparseUpdate u{model.layout_id(), sequence, fetched_version, {}};
   const auto sizes = tensor_sizes(model);
@@ -49,9 +53,10 @@ std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime:
   return transport::encode_sparse_update(u).value();
 }
 
-ServedResources::ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                                 transport::CoapDtlsServer::Options server_options, std::size_t loops,
-                                 int idle_timeout_ms)
+ServedResources::ServedResources(std::string_view name, runtime::Model model,
+                                 server::ServerStateOptions state_options,
+                                 transport::CoapDtlsServer::Options server_options,
+                                 std::size_t loops, int idle_timeout_ms)
     : dir_("edgetrain-" + std::string(name)) {
   state_options.state_dir = dir_.path();
   state_ = std::make_unique<server::ServerState>(std::move(model), std::move(state_options));

@@ -40,7 +40,8 @@ std::vector<std::uint32_t> tensor_sizes(const runtime::Model& model);
 // An encoded sparse update of `model` in which every parameter is sent with probability
 // 1/4, values uniform in [-1, 1): for a model of a few hundred parameters an update spans
 // several 1,024-byte Block1 blocks.
-std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
+std::vector<std::uint8_t> random_sparse_update(std::mt19937& rng, const runtime::Model& model,
+                                               std::uint64_t sequence,
                                                std::uint64_t fetched_version);
 
 class ServedResources {
@@ -50,8 +51,10 @@ class ServedResources {
   // loops, each a server on the one port (SO_REUSEPORT) driven by its own thread, as
   // edgetrain-server --loop-threads runs them. `idle_timeout_ms`: each serve_once()'s wait
   // when nothing is due (the server's is 200 ms).
-  ServedResources(std::string_view name, runtime::Model model, server::ServerStateOptions state_options,
-                  transport::CoapDtlsServer::Options server_options, std::size_t loops = 1, int idle_timeout_ms = 10);
+  ServedResources(std::string_view name, runtime::Model model,
+                  server::ServerStateOptions state_options,
+                  transport::CoapDtlsServer::Options server_options, std::size_t loops = 1,
+                  int idle_timeout_ms = 10);
   // stop(), then the server, the resources, the state and the directory, in that order.
   ~ServedResources();
   ServedResources(const ServedResources&) = delete;

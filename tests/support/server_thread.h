@@ -11,9 +11,10 @@ namespace edgetrain::testing {
 
 class ServerThread {
  public:
-  explicit ServerThread(transport::CoapDtlsServer& server) : thread_([this, &server] {
-      while (!stop_) server.run_once(10);
-    }) {}
+  explicit ServerThread(transport::CoapDtlsServer& server)
+      : thread_([this, &server] {
+          while (!stop_) server.run_once(10);
+        }) {}
   ~ServerThread() {
     stop_ = true;
     thread_.join();

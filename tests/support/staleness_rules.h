@@ -12,8 +12,10 @@ namespace edgetrain::testing {
 
 inline const std::vector<Variant<server::StalenessRule>>& staleness_rules() {
   static const std::vector<Variant<server::StalenessRule>> rules = {
-      {"Sigma", "AdaComp: lr / max(1, sigma_i), per parameter", server::StalenessRule::kPerParameterSigma},
-      {"Delay", "Zhang et al.: lr / max(1, delay), per update", server::StalenessRule::kPerUpdateDelay},
+      {"Sigma", "AdaComp: lr / max(1, sigma_i), per parameter",
+       server::StalenessRule::kPerParameterSigma},
+      {"Delay", "Zhang et al.: lr / max(1, delay), per update",
+       server::StalenessRule::kPerUpdateDelay},
       {"None", "plain asynchronous SGD: lr, whatever the delay", server::StalenessRule::kNone},
   };
   return rules;

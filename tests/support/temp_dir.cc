@@ -12,8 +12,9 @@ namespace edgetrain::testing {
 
 TempDir::TempDir(std::string_view prefix) {
   static std::atomic<int> counter = 0;
-  path_ = std::filesystem::temp_directory_path() /
-          (std::string(prefix) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  path_ =
+      std::filesystem::temp_directory_path() /
+      (std::string(prefix) + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::filesystem::remove_all(path_);
 }
 
@@ -29,7 +30,8 @@ std::string file_bytes(const std::filesystem::path& path) {
 
 std::map<std::string, std::string> directory_bytes(const std::filesystem::path& dir) {
   std::map<std::string, std::string> files;
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) files[entry.path().filename().string()] = file_bytes(entry.path());
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    files[entry.path().filename().string()] = file_bytes(entry.path());
   return files;
 }
 

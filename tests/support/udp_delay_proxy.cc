@@ -31,20 +31,25 @@ sockaddr_in loopback(std::uint16_t port) {
 
 }  // namespace
 
-UdpDelayProxy::UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay, double loss_rate,
-                             std::uint64_t seed)
+UdpDelayProxy::UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay,
+                             double loss_rate, std::uint64_t seed)
     : delay_(one_way_delay), loss_rate_(loss_rate), seed_(seed) {
-  if (!(loss_rate >= 0 && loss_rate < 1)) throw std::invalid_argument("udp delay proxy: loss rate must be in [0, 1)");
+  if (!(loss_rate >= 0 && loss_rate < 1))
+    throw std::invalid_argument("udp delay proxy: loss rate must be in [0, 1)");
   client_side_ = ::socket(AF_INET, SOCK_DGRAM, 0);
   server_side_ = ::socket(AF_INET, SOCK_DGRAM, 0);
   if (client_side_ < 0 || server_side_ < 0) fail("socket");
   sockaddr_in listen_address = loopback(0);
-  if (::bind(client_side_, reinterpret_cast<sockaddr*>(&listen_address), sizeof(listen_address)) != 0) fail("bind");
+  if (::bind(client_side_, reinterpret_cast<sockaddr*>(&listen_address), sizeof(listen_address)) !=
+      0)
+    fail("bind");
   socklen_t length = sizeof(listen_address);
-  if (::getsockname(client_side_, reinterpret_cast<sockaddr*>(&listen_address), &length) != 0) fail("getsockname");
+  if (::getsockname(client_side_, reinterpret_cast<sockaddr*>(&listen_address), &length) != 0)
+    fail("getsockname");
   port_ = ntohs(listen_address.sin_port);
   sockaddr_in upstream = loopback(upstream_port);
-  if (::connect(server_side_, reinterpret_cast<sockaddr*>(&upstream), sizeof(upstream)) != 0) fail("connect");
+  if (::connect(server_side_, reinterpret_cast<sockaddr*>(&upstream), sizeof(upstream)) != 0)
+    fail("connect");
   thread_ = std::thread([this] { relay(); });
 }
 
@@ -86,8 +91,8 @@ void UdpDelayProxy::relay() {
         ++to_server_;
         bytes_to_server_ += next.bytes.size();
       } else if (have_client) {
-        ::sendto(client_side_, next.bytes.data(), next.bytes.size(), 0, reinterpret_cast<sockaddr*>(&client),
-                 sizeof(client));
+        ::sendto(client_side_, next.bytes.data(), next.bytes.size(), 0,
+                 reinterpret_cast<sockaddr*>(&client), sizeof(client));
         ++to_client_;
         bytes_to_client_ += next.bytes.size();
       }
@@ -95,16 +100,18 @@ void UdpDelayProxy::relay() {
     }
     int wait_ms = 50;  // also how quickly the destructor is noticed
     if (!held.empty()) {
-      const auto until = std::chrono::duration_cast<std::chrono::milliseconds>(held.front().due - Clock::now());
-      wait_ms = static_cast<int>(std::max<long long>(0, std::min<long long>(until.count(), wait_ms)));
+      const auto until =
+          std::chrono::duration_cast<std::chrono::milliseconds>(held.front().due - Clock::now());
+      wait_ms =
+          static_cast<int>(std::max<long long>(0, std::min<long long>(until.count(), wait_ms)));
     }
     pollfd fds[2] = {{client_side_, POLLIN, 0}, {server_side_, POLLIN, 0}};
     if (::poll(fds, 2, wait_ms) <= 0) continue;
     if (fds[0].revents & POLLIN) {
       sockaddr_in from{};
       socklen_t from_length = sizeof(from);
-      const ssize_t n = ::recvfrom(client_side_, buffer.data(), buffer.size(), 0, reinterpret_cast<sockaddr*>(&from),
-                                   &from_length);
+      const ssize_t n = ::recvfrom(client_side_, buffer.data(), buffer.size(), 0,
+                                   reinterpret_cast<sockaddr*>(&from), &from_length);
       if (n >= 0) {
         client = from;
         have_client = true;

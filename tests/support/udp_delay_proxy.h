@@ -22,8 +22,8 @@ class UdpDelayProxy {
  public:
   // Listens on 127.0.0.1 (a free port) and relays to 127.0.0.1:upstream_port with
   // `one_way_delay` added in each direction. Throws std::runtime_error on socket errors.
-  UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay, double loss_rate = 0,
-                std::uint64_t seed = 1);
+  UdpDelayProxy(std::uint16_t upstream_port, std::chrono::milliseconds one_way_delay,
+                double loss_rate = 0, std::uint64_t seed = 1);
   ~UdpDelayProxy();  // stops the relay thread; datagrams still held are dropped
   UdpDelayProxy(const UdpDelayProxy&) = delete;
   UdpDelayProxy& operator=(const UdpDelayProxy&) = delete;

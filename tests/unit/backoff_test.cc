@@ -31,7 +31,8 @@ TEST(Backoff, DelaysGrowToTheCapWithJitterAndReset) {
   int same = 0;
   for (int i = 0; i < 20; i++) same += a.next_delay() == b.next_delay();
   EXPECT_LT(same, 3);
-  EXPECT_THROW(Backoff(std::chrono::milliseconds(0), std::chrono::milliseconds(1), 1), std::invalid_argument);
+  EXPECT_THROW(Backoff(std::chrono::milliseconds(0), std::chrono::milliseconds(1), 1),
+               std::invalid_argument);
 }
 
 }  // namespace

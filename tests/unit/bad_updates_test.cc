@@ -30,11 +30,11 @@ using edgetrain::testing::directory_bytes;
 using edgetrain::testing::file_bytes;
 
 using namespace edgetrain;
+using edgetrain::testing::TempDir;
+using edgetrain::testing::tensor_sizes;
 using server::ServerState;
 using server::ServerStateOptions;
 using server::SubmitOutcome;
-using edgetrain::testing::TempDir;
-using edgetrain::testing::tensor_sizes;
 
 runtime::Model small_model() {
   return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
@@ -49,31 +49,35 @@ ServerStateOptions options_for(const TempDir& dir) {
 }
 
 // One value at entry 0 of tensor 1 (fc 8's bias).
-std::vector<std::uint8_t> bias_update(const runtime::Model& model, std::uint64_t sequence, std::uint64_t fetched,
-                                      float value) {
+std::vector<std::uint8_t> bias_update(const runtime::Model& model, std::uint64_t sequence,
+                                      std::uint64_t fetched, float value) {
   const auto sizes = tensor_sizes(model);
   transport::SparseUpdate u{model.layout_id(), sequence, fetched, {{1, sizes[1], {0}, {value}}}};
   return transport::encode_sparse_update(u).value();
 }
 
-std::vector<std::uint8_t> poison(const runtime::Model& model, std::uint64_t sequence, std::uint64_t fetched) {
+std::vector<std::uint8_t> poison(const runtime::Model& model, std::uint64_t sequence,
+                                 std::uint64_t fetched) {
   return bias_update(model, sequence, fetched, -3.4e38f);
 }
 
 std::vector<float> parameters_of(const ServerState& state) { return state.snapshot().parameters; }
 
-std::size_t bias_index(const runtime::Model& model) { return tensor_sizes(model)[0]; }  // tensor 1, entry 0
-
+std::size_t bias_index(const runtime::Model& model) {
+  return tensor_sizes(model)[0];
+}  // tensor 1, entry 0
 
 TEST(BadUpdates, PoisoningSequenceIsRefusedCountedAndTheModelStaysIntact) {
   TempDir dir("edgetrain-bad");
   const runtime::Model model = small_model();
   {
     ServerState state(small_model(), options_for(dir));
-    ASSERT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome, SubmitOutcome::kApplied);
+    ASSERT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome,
+              SubmitOutcome::kApplied);
     const auto parameters = parameters_of(state);
     const auto wal_bytes = file_bytes(state.wal_path());
-    const std::vector<std::uint8_t> served(state.encoded_model().begin(), state.encoded_model().end());
+    const std::vector<std::uint8_t> served(state.encoded_model().begin(),
+                                           state.encoded_model().end());
     for (std::uint64_t n = 2; n <= 15; ++n) {
       const auto result = state.submit("pi-01", poison(model, n, state.version()));
       EXPECT_EQ(result.outcome, SubmitOutcome::kOutOfBounds) << n << ": " << result.diagnostic;
@@ -83,14 +87,16 @@ TEST(BadUpdates, PoisoningSequenceIsRefusedCountedAndTheModelStaysIntact) {
     EXPECT_EQ(state.version(), 1u);
     EXPECT_EQ(parameters_of(state), parameters);
     EXPECT_EQ(file_bytes(state.wal_path()), wal_bytes);
-    EXPECT_EQ(std::vector<std::uint8_t>(state.encoded_model().begin(), state.encoded_model().end()), served);
+    EXPECT_EQ(std::vector<std::uint8_t>(state.encoded_model().begin(), state.encoded_model().end()),
+              served);
     const auto& device = state.device_refusals().at("pi-01");
     EXPECT_EQ(device.refused.at("out of bounds"), 14u);
     EXPECT_EQ(device.consecutive_bad, 14u);
     EXPECT_TRUE(device.reported());
     EXPECT_FALSE(device.quarantined);  // quarantine is off by default
     // The device still trains when its updates are sound again; the run of bad ones ends.
-    ASSERT_EQ(state.submit("pi-01", bias_update(model, 16, 1, 0.25f)).outcome, SubmitOutcome::kApplied);
+    ASSERT_EQ(state.submit("pi-01", bias_update(model, 16, 1, 0.25f)).outcome,
+              SubmitOutcome::kApplied);
     EXPECT_EQ(state.device_refusals().at("pi-01").consecutive_bad, 0u);
     EXPECT_EQ(state.device_refusals().at("pi-01").refused.at("out of bounds"), 14u);
   }
@@ -126,7 +132,8 @@ TEST(BadUpdates, StagedUpdatesAreCheckedAgainstTheUpdatesStagedBeforeThem) {
   for (int pass = 0; pass < 10 && settled.size() < 2; ++pass)
     for (auto& s : state.finish_commit(true)) settled.push_back(s);
   ASSERT_EQ(settled.size(), 2u);
-  for (const auto& s : settled) EXPECT_EQ(s.result.outcome, SubmitOutcome::kApplied) << s.result.diagnostic;
+  for (const auto& s : settled)
+    EXPECT_EQ(s.result.outcome, SubmitOutcome::kApplied) << s.result.diagnostic;
   const float after_two = parameters_of(state)[b];
   EXPECT_EQ(after_two, (start - 0.5f * -1.5e6f / 1.0f) - 0.5f * -0.4e6f / 1.0f);
 
@@ -134,7 +141,8 @@ TEST(BadUpdates, StagedUpdatesAreCheckedAgainstTheUpdatesStagedBeforeThem) {
   fail_sync = true;
   auto doomed = state.stage("pi-01", bias_update(model, 2, 2, 0.2e6f));  // − 1e5
   ASSERT_FALSE(doomed.settled);
-  auto riding = state.stage("pi-02", bias_update(model, 3, 2, -0.2e6f));  // + 1e5 on top of − 1e5: fits
+  auto riding =
+      state.stage("pi-02", bias_update(model, 3, 2, -0.2e6f));  // + 1e5 on top of − 1e5: fits
   ASSERT_FALSE(riding.settled);
   state.start_commit();
   for (auto& s : state.finish_commit(true)) EXPECT_EQ(s.result.outcome, SubmitOutcome::kNotDurable);
@@ -143,7 +151,8 @@ TEST(BadUpdates, StagedUpdatesAreCheckedAgainstTheUpdatesStagedBeforeThem) {
   fail_sync = false;
   // Now from the durable value (start + 9.5e5), without the cancelled − 1e5: + 1e5 is
   // beyond, + 1e4 fits.
-  EXPECT_EQ(state.submit("pi-02", bias_update(model, 3, 2, -0.2e6f)).outcome, SubmitOutcome::kOutOfBounds);
+  EXPECT_EQ(state.submit("pi-02", bias_update(model, 3, 2, -0.2e6f)).outcome,
+            SubmitOutcome::kOutOfBounds);
   const auto ok = state.submit("pi-02", bias_update(model, 4, 2, -0.02e6f));
   EXPECT_EQ(ok.outcome, SubmitOutcome::kApplied) << ok.diagnostic;
   EXPECT_EQ(parameters_of(state)[b], after_two - 0.5f * -0.02e6f / 1.0f);
@@ -158,21 +167,26 @@ TEST(BadUpdates, ADeviceThatKeepsFailingIsQuarantinedUntilRestart) {
     ServerState state(small_model(), options);
     // Two bad ones, then a good one: the run is broken.
     EXPECT_EQ(state.submit("pi-01", poison(model, 1, 0)).outcome, SubmitOutcome::kOutOfBounds);
-    EXPECT_EQ(state.submit("pi-01", edgetrain::testing::bytes_of("garbage")).outcome, SubmitOutcome::kMalformed);
-    ASSERT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome, SubmitOutcome::kApplied);
+    EXPECT_EQ(state.submit("pi-01", edgetrain::testing::bytes_of("garbage")).outcome,
+              SubmitOutcome::kMalformed);
+    ASSERT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome,
+              SubmitOutcome::kApplied);
     EXPECT_FALSE(state.device_refusals().at("pi-01").quarantined);
     // Three in a row (malformed counts too): quarantined.
     EXPECT_EQ(state.submit("pi-01", poison(model, 2, 1)).outcome, SubmitOutcome::kOutOfBounds);
-    EXPECT_EQ(state.submit("pi-01", edgetrain::testing::bytes_of("garbage")).outcome, SubmitOutcome::kMalformed);
+    EXPECT_EQ(state.submit("pi-01", edgetrain::testing::bytes_of("garbage")).outcome,
+              SubmitOutcome::kMalformed);
     const auto third = state.submit("pi-01", poison(model, 2, 1));
     EXPECT_EQ(third.outcome, SubmitOutcome::kOutOfBounds);
     EXPECT_NE(third.diagnostic.find("QUARANTINED"), std::string::npos) << third.diagnostic;
     const auto refused = state.submit("pi-01", bias_update(model, 2, 1, 0.5f));
     EXPECT_EQ(refused.outcome, SubmitOutcome::kQuarantined);
-    EXPECT_NE(refused.diagnostic.find("until the server restarts"), std::string::npos) << refused.diagnostic;
+    EXPECT_NE(refused.diagnostic.find("until the server restarts"), std::string::npos)
+        << refused.diagnostic;
     EXPECT_EQ(state.version(), 1u);
     // Other devices train on.
-    EXPECT_EQ(state.submit("pi-02", bias_update(model, 1, 1, 0.5f)).outcome, SubmitOutcome::kApplied);
+    EXPECT_EQ(state.submit("pi-02", bias_update(model, 1, 1, 0.5f)).outcome,
+              SubmitOutcome::kApplied);
     const auto& device = state.device_refusals().at("pi-01");
     EXPECT_TRUE(device.quarantined);
     EXPECT_EQ(device.quarantines, 1u);
@@ -181,7 +195,8 @@ TEST(BadUpdates, ADeviceThatKeepsFailingIsQuarantinedUntilRestart) {
     EXPECT_EQ(device.refused.at("malformed"), 2u);
   }
   ServerState restarted(small_model(), options);
-  EXPECT_EQ(restarted.submit("pi-01", bias_update(model, 2, 2, 0.5f)).outcome, SubmitOutcome::kApplied);
+  EXPECT_EQ(restarted.submit("pi-01", bias_update(model, 2, 2, 0.5f)).outcome,
+            SubmitOutcome::kApplied);
 }
 
 TEST(BadUpdates, AQuarantineWithAPeriodEndsAfterIt) {
@@ -199,7 +214,8 @@ TEST(BadUpdates, AQuarantineWithAPeriodEndsAfterIt) {
   EXPECT_EQ(refused.outcome, SubmitOutcome::kQuarantined);
   EXPECT_NE(refused.diagnostic.find("60 more seconds"), std::string::npos) << refused.diagnostic;
   clock += std::chrono::seconds(59);
-  EXPECT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome, SubmitOutcome::kQuarantined);
+  EXPECT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome,
+            SubmitOutcome::kQuarantined);
   clock += std::chrono::seconds(2);
   EXPECT_EQ(state.submit("pi-01", bias_update(model, 1, 0, 0.5f)).outcome, SubmitOutcome::kApplied);
   EXPECT_FALSE(state.device_refusals().at("pi-01").quarantined);
@@ -210,7 +226,7 @@ TEST(BadUpdates, AQuarantineWithAPeriodEndsAfterIt) {
 // issue's fourteen acknowledged −3.4e38 updates after some good ones.
 
 struct PoisonedState {
-  std::uint64_t good = 0;           // good updates before the poison (versions 1..good)
+  std::uint64_t good = 0;  // good updates before the poison (versions 1..good)
   std::vector<float> good_parameters;
 };
 
@@ -272,19 +288,22 @@ TEST(BadUpdates, RollbackResumesBeforeTheFirstBadUpdateAndKeepsTheLogs) {
     EXPECT_EQ(rollback.non_finite_version, poisoned.good + 11);
     EXPECT_EQ(rollback.dropped_updates, 14u);
     ASSERT_EQ(rollback.kept_files.size(), 1u);
-    EXPECT_EQ(file_bytes(rollback.kept_files[0]), wal_before);  // every acknowledged record still on disk
+    EXPECT_EQ(file_bytes(rollback.kept_files[0]),
+              wal_before);  // every acknowledged record still on disk
     EXPECT_EQ(state.version(), poisoned.good);
     EXPECT_EQ(parameters_of(state), poisoned.good_parameters);  // bit for bit
     EXPECT_NO_THROW(state.encoded_model());
     // pi-bad's sequence numbers went with its records: its next update (a sound one) applies.
-    EXPECT_EQ(state.submit("pi-bad", bias_update(model, 1, state.version(), 0.5f)).outcome, SubmitOutcome::kApplied);
+    EXPECT_EQ(state.submit("pi-bad", bias_update(model, 1, state.version(), 0.5f)).outcome,
+              SubmitOutcome::kApplied);
   }
   // Consistent again: a plain restart (no rollback setting) resumes where it left off.
   options.rollback_non_finite = false;
   ServerState again(small_model(), options);
   EXPECT_FALSE(again.recovery().rollback);
   EXPECT_EQ(again.version(), poisoned.good + 1);
-  EXPECT_TRUE(std::filesystem::exists(dir.path() / ("wal.log.rolled-back-at-" + std::to_string(poisoned.good + 1))));
+  EXPECT_TRUE(std::filesystem::exists(
+      dir.path() / ("wal.log.rolled-back-at-" + std::to_string(poisoned.good + 1))));
 }
 
 // The state after a restart: the poisoned server's exit checkpoint holds −inf. It
@@ -311,8 +330,9 @@ TEST(BadUpdates, ANonFiniteCheckpointIsNeverServed) {
         {"edgetrain.sequences", "{}"},
         {"edgetrain.model", model.spec().name}};
     const auto bytes = server::sealed_checkpoint_bytes(model, metadata);
-    std::ofstream(checkpoint, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()),
-                                                      static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(checkpoint, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
   }
   const auto before = directory_bytes(dir.path());
   try {
@@ -346,13 +366,15 @@ TEST(BadUpdates, ClippedUpdatesReplayBitExact) {
   std::vector<float> live;
   server::ParameterStoreOptions store_options = options.store;
   server::ParameterStore reference(model.layout_id(), tensor_sizes(model),
-                                   {model.parameters().begin(), model.parameters().end()}, store_options);
+                                   {model.parameters().begin(), model.parameters().end()},
+                                   store_options);
   {
     ServerState state(small_model(), options);
     for (std::uint64_t n = 1; n <= 12; ++n) {
       const auto bytes = edgetrain::testing::random_sparse_update(rng, model, n, state.version());
       ASSERT_EQ(state.submit("pi-01", bytes).outcome, SubmitOutcome::kApplied);
-      auto update = transport::decode_sparse_update(bytes, {model.layout_id(), tensor_sizes(model)}).value();
+      auto update =
+          transport::decode_sparse_update(bytes, {model.layout_id(), tensor_sizes(model)}).value();
       for (auto& t : update.tensors) {
         double squares = 0;
         for (float v : t.values) squares += static_cast<double>(v) * v;
@@ -364,7 +386,8 @@ TEST(BadUpdates, ClippedUpdatesReplayBitExact) {
     }
     EXPECT_GT(state.updates_clipped(), 0u);  // random updates of ~30 values in [−1, 1) exceed 0.75
     live = parameters_of(state);
-    EXPECT_EQ(live, std::vector<float>(reference.parameters().begin(), reference.parameters().end()));
+    EXPECT_EQ(live,
+              std::vector<float>(reference.parameters().begin(), reference.parameters().end()));
   }  // a crash: no checkpoint since version 0, everything replays from the WAL
   options.clip_update_norm = 0;
   ServerState replayed(small_model(), options);

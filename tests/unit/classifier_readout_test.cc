@@ -30,7 +30,8 @@ TEST(ClassifierReadout, AgreesWithTheTrainerOnThePaperCnn) {
   readout.read(model.parameters(), pixels.data(), count, probs.data(), features.data());
   // The trainer's mean loss is -mean(log p[label]).
   Trainer trainer(model, count, KernelBackend::kReference);
-  const BatchResult result = trainer.evaluate(model.parameters(), pixels.data(), labels.data(), count);
+  const BatchResult result =
+      trainer.evaluate(model.parameters(), pixels.data(), labels.data(), count);
   double loss = 0;
   int correct = 0;
   for (int i = 0; i < count; i++) {
@@ -54,7 +55,8 @@ TEST(MnistScore, KnownTables) {
   EXPECT_NEAR(mnist_score(confident.data(), 50, 10), 10.0, 1e-4);
   std::vector<float> one_class(50 * 10, 0.0f);
   for (int i = 0; i < 50; i++) one_class[i * 10 + 3] = 1.0f;
-  EXPECT_NEAR(mnist_score(one_class.data(), 50, 10), 1.0, 1e-6) << "confident but all the same digit";
+  EXPECT_NEAR(mnist_score(one_class.data(), 50, 10), 1.0, 1e-6)
+      << "confident but all the same digit";
 }
 
 TEST(FrechetDistance, KnownGaussians) {

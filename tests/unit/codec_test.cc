@@ -18,7 +18,8 @@ namespace {
 
 constexpr std::uint64_t kModel = 0x5eed'0000'cafe'0001ULL;
 
-SparseTensor random_tensor(std::mt19937& rng, std::uint32_t tensor, std::uint32_t size, std::uint32_t count) {
+SparseTensor random_tensor(std::mt19937& rng, std::uint32_t tensor, std::uint32_t size,
+                           std::uint32_t count) {
   std::vector<std::uint32_t> all(size);
   for (std::uint32_t i = 0; i < size; ++i) all[i] = i;
   std::shuffle(all.begin(), all.end(), rng);
@@ -38,13 +39,16 @@ struct Fixture {
 Fixture random_update(std::mt19937& rng) {
   Fixture f;
   const std::uint32_t tensors = 1 + rng() % 6;
-  for (std::uint32_t i = 0; i < tensors; ++i) f.sizes.push_back(1 + rng() % (rng() % 2 ? 40 : 3000));
+  for (std::uint32_t i = 0; i < tensors; ++i)
+    f.sizes.push_back(1 + rng() % (rng() % 2 ? 40 : 3000));
   f.update = {kModel, rng(), rng() % 1000, {}};
   for (std::uint32_t i = 0; i < tensors; ++i) {
     if (rng() % 4 == 0) continue;  // a tensor may be absent
     const std::uint32_t n = f.sizes[i];
     const std::uint32_t mode = rng() % 4;
-    const std::uint32_t k = mode == 0 ? 0 : mode == 1 ? n : static_cast<std::uint32_t>(rng() % (n + 1));
+    const std::uint32_t k = mode == 0   ? 0
+                            : mode == 1 ? n
+                                        : static_cast<std::uint32_t>(rng() % (n + 1));
     f.update.tensors.push_back(random_tensor(rng, i, n, k));
   }
   std::shuffle(f.update.tensors.begin(), f.update.tensors.end(), rng);
@@ -63,7 +67,8 @@ void expect_same(const SparseUpdate& a, const SparseUpdate& b, bool fp16) {
     ASSERT_EQ(a.tensors[i].values.size(), b.tensors[i].values.size());
     for (std::size_t j = 0; j < a.tensors[i].values.size(); ++j) {
       const float expected = fp16 ? round_to_fp16(a.tensors[i].values[j]) : a.tensors[i].values[j];
-      EXPECT_EQ(std::bit_cast<std::uint32_t>(expected), std::bit_cast<std::uint32_t>(b.tensors[i].values[j]));
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(expected),
+                std::bit_cast<std::uint32_t>(b.tensors[i].values[j]));
     }
   }
 }
@@ -82,7 +87,8 @@ TEST(SparseCodec, RandomUpdatesRoundTripInBothValueEncodings) {
   }
 }
 
-// Byte offset of the first tensor's index-encoding byte (header 36 + tensor, size, count, value enc).
+// Byte offset of the first tensor's index-encoding byte (header 36 + tensor, size, count, value
+// enc).
 constexpr std::size_t kFirstIndexEncoding = 36 + 13;
 
 TEST(SparseCodec, PicksTheSmallerIndexEncoding) {
@@ -121,7 +127,8 @@ TEST(SparseCodec, IndexEncodingAllNeedsEveryEntry) {
   EXPECT_EQ(r.error().code, CodecErrorCode::kBadCount);
   auto unknown = bytes;
   unknown[kFirstIndexEncoding] = 3;
-  EXPECT_EQ(decode_sparse_update(unknown, {kModel, sizes}).error().code, CodecErrorCode::kBadEncoding);
+  EXPECT_EQ(decode_sparse_update(unknown, {kModel, sizes}).error().code,
+            CodecErrorCode::kBadEncoding);
 }
 
 TEST(SparseCodec, EdgeCasesSizeOneAndFullAndEmpty) {
@@ -150,9 +157,10 @@ TEST(SparseCodec, EdgeCasesSizeOneAndFullAndEmpty) {
 TEST(SparseCodec, MatchesTheExampleInCodecMd) {
   SparseUpdate u{1, 2, 3, {{0, 300, {3, 200}, {0.5f, -1.0f}}}};
   const std::vector<std::uint8_t> documented = {
-      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0,
-      0x03, 0, 0, 0, 0, 0, 0, 0, 0x01, 0, 0, 0, 0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0, 0x00, 0x00,
-      0x03, 0xc4, 0x01, 0x00, 0x00, 0x00, 0x3f, 0x00, 0x00, 0x80, 0xbf};
+      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0,    0,    0,    0,    0, 0, 0,
+      0x02, 0,    0,    0,    0,    0,    0,    0,    0x03, 0,    0,    0,    0,    0, 0, 0,
+      0x01, 0,    0,    0,    0x00, 0,    0,    0,    0x2c, 0x01, 0,    0,    0x02, 0, 0, 0,
+      0x00, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x00, 0x00, 0x3f, 0x00, 0x00, 0x80, 0xbf};
   EXPECT_EQ(encode_sparse_update(u).value(), documented);
 }
 
@@ -191,27 +199,32 @@ TEST(SparseCodec, EncoderRefusesWhatItMustNotSend) {
       EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
     }
   };
-  refused({kModel, 0, 0, {{0, 4, {1, 1}, {1, 2}}}});                                        // not strictly increasing
-  refused({kModel, 0, 0, {{0, 4, {4}, {1}}}});                                              // index ≥ size
-  refused({kModel, 0, 0, {{0, 4, {1}, {}}}});                                               // length mismatch
-  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::quiet_NaN()}}}});      // NaN
-  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::infinity()}}}});        // Inf
-  refused({kModel, 0, 0, {{0, 4, {1}, {1}}, {0, 4, {2}, {1}}}});                            // duplicate tensor
-  refused({kModel, 0, 0, {{0, 0, {}, {}}}});                                                // empty tensor
+  refused({kModel, 0, 0, {{0, 4, {1, 1}, {1, 2}}}});  // not strictly increasing
+  refused({kModel, 0, 0, {{0, 4, {4}, {1}}}});        // index ≥ size
+  refused({kModel, 0, 0, {{0, 4, {1}, {}}}});         // length mismatch
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::quiet_NaN()}}}});  // NaN
+  refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::infinity()}}}});   // Inf
+  refused({kModel, 0, 0, {{0, 4, {1}, {1}}, {0, 4, {2}, {1}}}});  // duplicate tensor
+  refused({kModel, 0, 0, {{0, 0, {}, {}}}});                      // empty tensor
 }
 
 // A valid message to corrupt: two tensors, the first delta-varint, the second bitmap.
 struct Sample {
   std::vector<std::uint32_t> sizes = {300, 20};
-  SparseUpdate update{kModel, 9, 4, {{0, 300, {3, 200, 299}, {0.5f, -1.0f, 2.0f}}, {1, 20, {0, 2, 4, 6, 8, 10, 12, 14, 16, 18}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}}};
+  SparseUpdate update{
+      kModel,
+      9,
+      4,
+      {{0, 300, {3, 200, 299}, {0.5f, -1.0f, 2.0f}},
+       {1, 20, {0, 2, 4, 6, 8, 10, 12, 14, 16, 18}, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}}}};
   std::vector<std::uint8_t> bytes = encode_sparse_update(update).value();
   ModelLayout layout() const { return {kModel, sizes}; }
   // Offsets inside `bytes`: first tensor header at 36, its 3 varints (3, 196, 98 → 1+2+1 bytes)
   // at 50, values at 54; second tensor header at 66, bitmap (3 bytes) at 80, values at 83.
 };
 
-void expect_decode_error(std::span<const std::uint8_t> bytes, const ModelLayout& layout, CodecErrorCode code,
-                         const DecodeLimits& limits = {}) {
+void expect_decode_error(std::span<const std::uint8_t> bytes, const ModelLayout& layout,
+                         CodecErrorCode code, const DecodeLimits& limits = {}) {
   auto r = decode_sparse_update(bytes, layout, limits);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, code) << codec_error_name(r.error().code) << ": " << r.error().message;
@@ -238,7 +251,8 @@ TEST(SparseCodec, RefusesBadHeaders) {
   expect_decode_error(with(4, 2), s.layout(), CodecErrorCode::kUnsupportedVersion);
   expect_decode_error(with(6, 1), s.layout(), CodecErrorCode::kBadEncoding);
   expect_decode_error(with(8, 0), s.layout(), CodecErrorCode::kWrongModel);
-  expect_decode_error(with(32, 3), s.layout(), CodecErrorCode::kLayoutMismatch);      // 3 tensors, model has 2
+  expect_decode_error(with(32, 3), s.layout(),
+                      CodecErrorCode::kLayoutMismatch);  // 3 tensors, model has 2
   expect_decode_error(with(32, 0xff), s.layout(), CodecErrorCode::kLayoutMismatch);
   DecodeLimits few;
   few.max_tensors = 1;
@@ -258,16 +272,23 @@ TEST(SparseCodec, RefusesBadTensors) {
     b[offset] = value;
     return b;
   };
-  expect_decode_error(with(36, 5), s.layout(), CodecErrorCode::kLayoutMismatch);       // tensor number beyond model
-  expect_decode_error(with(40, 45), s.layout(), CodecErrorCode::kLayoutMismatch);      // size differs from model
-  expect_decode_error(with(66, 0), s.layout(), CodecErrorCode::kDuplicateTensor);      // second tensor says 0 again
-  expect_decode_error(with(48, 9), s.layout(), CodecErrorCode::kBadEncoding);          // value encoding
-  expect_decode_error(with(49, 9), s.layout(), CodecErrorCode::kBadEncoding);          // index encoding
-  expect_decode_error(with(70 + 4, 21), s.layout(), CodecErrorCode::kBadCount);        // k > n
-  expect_decode_error(with(70 + 4, 9), s.layout(), CodecErrorCode::kBadCount);         // bitmap has 10 bits, k says 9
-  expect_decode_error(with(82, 0x15), s.layout(), CodecErrorCode::kBadIndex);          // bit 20 of a 20-entry tensor
-  expect_decode_error(with(52, 0x7f), s.layout(), CodecErrorCode::kBadIndex);          // gap pushes an index past 299
-  expect_decode_error(with(50, 0x80), s.layout(), CodecErrorCode::kBadIndex);          // first varint becomes 80 c4 01 = 25088
+  expect_decode_error(with(36, 5), s.layout(),
+                      CodecErrorCode::kLayoutMismatch);  // tensor number beyond model
+  expect_decode_error(with(40, 45), s.layout(),
+                      CodecErrorCode::kLayoutMismatch);  // size differs from model
+  expect_decode_error(with(66, 0), s.layout(),
+                      CodecErrorCode::kDuplicateTensor);  // second tensor says 0 again
+  expect_decode_error(with(48, 9), s.layout(), CodecErrorCode::kBadEncoding);    // value encoding
+  expect_decode_error(with(49, 9), s.layout(), CodecErrorCode::kBadEncoding);    // index encoding
+  expect_decode_error(with(70 + 4, 21), s.layout(), CodecErrorCode::kBadCount);  // k > n
+  expect_decode_error(with(70 + 4, 9), s.layout(),
+                      CodecErrorCode::kBadCount);  // bitmap has 10 bits, k says 9
+  expect_decode_error(with(82, 0x15), s.layout(),
+                      CodecErrorCode::kBadIndex);  // bit 20 of a 20-entry tensor
+  expect_decode_error(with(52, 0x7f), s.layout(),
+                      CodecErrorCode::kBadIndex);  // gap pushes an index past 299
+  expect_decode_error(with(50, 0x80), s.layout(),
+                      CodecErrorCode::kBadIndex);  // first varint becomes 80 c4 01 = 25088
 }
 
 TEST(SparseCodec, RefusesNonCanonicalAndOverlongVarints) {
@@ -283,7 +304,7 @@ TEST(SparseCodec, RefusesNonCanonicalAndOverlongVarints) {
   std::vector<std::uint32_t> huge = {std::numeric_limits<std::uint32_t>::max()};
   std::vector<std::uint8_t> too_wide(good.begin(), good.begin() + 50);
   too_wide[40] = too_wide[41] = too_wide[42] = too_wide[43] = 0xff;  // size = 2^32 − 1
-  too_wide.insert(too_wide.end(), {0xff, 0xff, 0xff, 0xff, 0x1f});       // 5th byte > 0x0f
+  too_wide.insert(too_wide.end(), {0xff, 0xff, 0xff, 0xff, 0x1f});   // 5th byte > 0x0f
   too_wide.insert(too_wide.end(), good.begin() + 51, good.end());
   expect_decode_error(too_wide, {kModel, huge}, CodecErrorCode::kBadIndex);
 }
@@ -321,7 +342,8 @@ TEST(SparseCodec, RandomCorruptionNeverCrashes) {
     Fixture f = random_update(rng);
     auto bytes = encode_sparse_update(f.update).value();
     const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    for (int i = 0; i < flips; ++i)
+      bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
     auto r = decode_sparse_update(bytes, f.layout());
     if (!r.ok()) continue;
     for (const auto& t : r.value().tensors) {
@@ -364,7 +386,8 @@ TEST(SignScaleCodec, RandomUpdatesRoundTripBitForBit) {
     auto as_fp32 = decode_sparse_update(encode_sparse_update(decoded.value()).value(), f.layout());
     ASSERT_TRUE(as_fp32.ok());
     expect_same(f.update, as_fp32.value(), false);
-    EXPECT_EQ(encode_sparse_update(decoded.value(), {ValueEncoding::kSignScale}).value(), bytes.value());
+    EXPECT_EQ(encode_sparse_update(decoded.value(), {ValueEncoding::kSignScale}).value(),
+              bytes.value());
   }
 }
 
@@ -389,9 +412,10 @@ TEST(SignScaleCodec, MatchesTheExampleInCodecMd) {
   // The f32 example of CODEC.md with values {3: 0.75, 200: −0.75}.
   SparseUpdate u{1, 2, 3, {{0, 300, {3, 200}, {0.75f, -0.75f}}}};
   const std::vector<std::uint8_t> documented = {
-      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 0x02, 0, 0, 0, 0, 0, 0, 0,
-      0x03, 0, 0, 0, 0, 0, 0, 0, 0x01, 0, 0, 0, 0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0, 0x02, 0x00,
-      0x03, 0xc4, 0x01, 0x00, 0x00, 0x40, 0x3f, 0x02};
+      0x45, 0x54, 0x53, 0x55, 0x01, 0x00, 0x00, 0x00, 0x01, 0,    0,    0,    0,   0, 0,
+      0,    0x02, 0,    0,    0,    0,    0,    0,    0,    0x03, 0,    0,    0,   0, 0,
+      0,    0,    0x01, 0,    0,    0,    0x00, 0,    0,    0,    0x2c, 0x01, 0,   0, 0x02,
+      0,    0,    0,    0x02, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x00, 0x40, 0x3f, 0x02};
   EXPECT_EQ(encode_sparse_update(u, {ValueEncoding::kSignScale}).value(), documented);
 }
 
@@ -402,15 +426,16 @@ TEST(SignScaleCodec, EncoderRefusesValuesThatAreNotAllPlusOrMinusOneScale) {
     EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
     EXPECT_FALSE(r.error().message.empty());
   };
-  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, -2.0f}}}});                                  // two magnitudes
-  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, std::nextafter(1.0f, 2.0f)}}}});             // one ulp apart
-  refused({kModel, 0, 0, {{0, 4, {1, 2}, {0.0f, 0.0f}}}});                                   // zero scale
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, -2.0f}}}});                       // two magnitudes
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, std::nextafter(1.0f, 2.0f)}}}});  // one ulp apart
+  refused({kModel, 0, 0, {{0, 4, {1, 2}, {0.0f, 0.0f}}}});                        // zero scale
   refused({kModel, 0, 0, {{0, 4, {1}, {-0.0f}}}});
   refused({kModel, 0, 0, {{0, 4, {1, 2}, {1.0f, 0.0f}}}});
   refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::infinity()}}}});
   refused({kModel, 0, 0, {{0, 4, {1}, {std::numeric_limits<float>::quiet_NaN()}}}});
   // The check is per tensor: each may have its own scale, and an empty one needs none.
-  SparseUpdate fine{kModel, 0, 0, {{0, 4, {0, 3}, {-2.0f, 2.0f}}, {1, 4, {}, {}}, {2, 4, {1}, {0.125f}}}};
+  SparseUpdate fine{
+      kModel, 0, 0, {{0, 4, {0, 3}, {-2.0f, 2.0f}}, {1, 4, {}, {}}, {2, 4, {1}, {0.125f}}}};
   EXPECT_TRUE(encode_sparse_update(fine, {ValueEncoding::kSignScale}).ok());
 }
 
@@ -436,9 +461,12 @@ TEST(SignScaleCodec, DecoderRefusesBadScalesPaddingAndTruncation) {
     for (int i = 0; i < 4; ++i) b[60 + i] = static_cast<std::uint8_t>(bits >> (8 * i));
     return b;
   };
-  expect_decode_error(with_scale(std::numeric_limits<float>::quiet_NaN()), layout, CodecErrorCode::kNonFiniteValue);
-  expect_decode_error(with_scale(std::numeric_limits<float>::infinity()), layout, CodecErrorCode::kNonFiniteValue);
-  expect_decode_error(with_scale(-std::numeric_limits<float>::infinity()), layout, CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(std::numeric_limits<float>::quiet_NaN()), layout,
+                      CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(std::numeric_limits<float>::infinity()), layout,
+                      CodecErrorCode::kNonFiniteValue);
+  expect_decode_error(with_scale(-std::numeric_limits<float>::infinity()), layout,
+                      CodecErrorCode::kNonFiniteValue);
   expect_decode_error(with_scale(-1.5f), layout, CodecErrorCode::kBadEncoding);
   expect_decode_error(with_scale(0.0f), layout, CodecErrorCode::kBadEncoding);
   expect_decode_error(with_scale(-0.0f), layout, CodecErrorCode::kBadEncoding);
@@ -487,7 +515,8 @@ TEST(SignScaleCodec, RandomCorruptionNeverCrashes) {
     make_sign_scale(f.update, rng);
     auto bytes = encode_sparse_update(f.update, {ValueEncoding::kSignScale}).value();
     const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    for (int i = 0; i < flips; ++i)
+      bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
     auto r = decode_sparse_update(bytes, f.layout());
     if (!r.ok()) continue;
     for (const auto& t : r.value().tensors) {
@@ -516,7 +545,9 @@ TEST(DenseCodec, RoundTripsAndChecksLayout) {
   EXPECT_EQ(model.value().tensor_sizes, sizes);
   EXPECT_EQ(model.value().values, values);
 
-  auto error_of = [&](std::vector<std::uint8_t> b, std::vector<std::uint32_t> layout_sizes = {288, 32, 1, 7}, std::uint64_t id = kModel) {
+  auto error_of = [&](std::vector<std::uint8_t> b,
+                      std::vector<std::uint32_t> layout_sizes = {288, 32, 1, 7},
+                      std::uint64_t id = kModel) {
     auto r = decode_dense_model(b, {id, layout_sizes});
     EXPECT_FALSE(r.ok());
     return r.ok() ? CodecErrorCode::kInvalidInput : r.error().code;
@@ -601,13 +632,15 @@ TEST(DeltaCodec, AppliedToTheBaseItReproducesTheNewParametersBitForBit) {
 
 TEST(DeltaCodec, SignedZeroAndTinyValuesTravelExactly) {
   std::vector<std::uint32_t> sizes = {4};
-  const float values[] = {-0.0f, std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::max(), 1.0f};
+  const float values[] = {-0.0f, std::numeric_limits<float>::denorm_min(),
+                          -std::numeric_limits<float>::max(), 1.0f};
   ModelDelta delta{kModel, 0, 1, 0, {{0, 4, {0, 1, 2, 3}, {values, values + 4}}}};
   auto decoded = decode_model_delta(encode_model_delta(delta).value(), {kModel, sizes});
   ASSERT_TRUE(decoded.ok()) << decoded.error().message;
   std::vector<float> copy(4, 7.0f);
   ASSERT_TRUE(apply_model_delta(decoded.value(), sizes, copy));
-  for (int i = 0; i < 4; ++i) EXPECT_EQ(std::bit_cast<std::uint32_t>(copy[i]), std::bit_cast<std::uint32_t>(values[i]));
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(copy[i]), std::bit_cast<std::uint32_t>(values[i]));
 }
 
 TEST(DeltaCodec, EmptyDeltaIsTheHeaderAlone) {
@@ -671,8 +704,9 @@ TEST(DeltaCodec, RefusesBadHeadersOutOfRangeIndicesNanAndFp16) {
   auto b = good;
   b[3] = 'M';  // ETMM
   EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadMagic);
-  EXPECT_EQ(error_of(encode_dense_model(kModel, 1, sizes, std::vector<float>(320, 0.0f)).value(), layout),
-            CodecErrorCode::kBadMagic);
+  EXPECT_EQ(
+      error_of(encode_dense_model(kModel, 1, sizes, std::vector<float>(320, 0.0f)).value(), layout),
+      CodecErrorCode::kBadMagic);
   b = good;
   b[4] = 2;
   EXPECT_EQ(error_of(b, layout), CodecErrorCode::kUnsupportedVersion);
@@ -680,7 +714,8 @@ TEST(DeltaCodec, RefusesBadHeadersOutOfRangeIndicesNanAndFp16) {
   b[6] = 1;
   EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
   EXPECT_EQ(error_of(good, {kModel + 1, sizes}), CodecErrorCode::kWrongModel);
-  EXPECT_EQ(error_of(good, {kModel, std::vector<std::uint32_t>{301, 20}}), CodecErrorCode::kLayoutMismatch);
+  EXPECT_EQ(error_of(good, {kModel, std::vector<std::uint32_t>{301, 20}}),
+            CodecErrorCode::kLayoutMismatch);
   b = good;
   b[16] = 10;  // base version 10 > version 9
   EXPECT_EQ(error_of(b, layout), CodecErrorCode::kBadEncoding);
@@ -725,12 +760,16 @@ TEST(DeltaCodec, EncoderAndApplyRefuseWhatDoesNotFit) {
   EXPECT_FALSE(encode_model_delta({kModel, 5, 4, 0, {}}).ok());  // version below base
   EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {2, 1}, {1.0f, 2.0f}}}}).ok());
   EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {std::nanf("")}}}}).ok());
-  EXPECT_FALSE(encode_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}}).ok());
+  EXPECT_FALSE(
+      encode_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}}).ok());
   std::vector<float> copy(6, 3.0f);
   const std::vector<float> unchanged = copy;
-  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}}}, sizes, std::span(copy).first(5)));
-  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {2, 4, {1}, {1.0f}}}}, sizes, copy));
-  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {1, 2, {2}, {1.0f}}}}, sizes, copy));
+  EXPECT_FALSE(
+      apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}}}, sizes, std::span(copy).first(5)));
+  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {2, 4, {1}, {1.0f}}}},
+                                 sizes, copy));
+  EXPECT_FALSE(apply_model_delta({kModel, 0, 1, 0, {{0, 4, {1}, {1.0f}}, {1, 2, {2}, {1.0f}}}},
+                                 sizes, copy));
   EXPECT_EQ(copy, unchanged);  // nothing written by a refused delta
 }
 
@@ -740,7 +779,8 @@ TEST(DeltaCodec, RandomCorruptionNeverCrashes) {
     DeltaSample s(trial % 10 + 1, 2 + trial % 9);
     auto bytes = s.bytes;
     const int flips = 1 + static_cast<int>(rng() % 4);
-    for (int i = 0; i < flips; ++i) bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
+    for (int i = 0; i < flips; ++i)
+      bytes[rng() % bytes.size()] ^= static_cast<std::uint8_t>(1u << (rng() % 8));
     auto r = decode_model_delta(bytes, s.layout());
     if (!r.ok()) continue;
     std::vector<float> copy = s.before;

@@ -31,12 +31,15 @@ std::vector<TensorSlice> layout_of(const std::vector<std::uint32_t>& sizes) {
   return layout;
 }
 
-std::size_t total(const std::vector<std::uint32_t>& sizes) { return std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}); }
+std::size_t total(const std::vector<std::uint32_t>& sizes) {
+  return std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
+}
 
 // Values on a coarse grid of multiples of 1/8 so that ties are frequent and sums exact.
 std::vector<float> grid_gradient(std::size_t n, std::mt19937& rng, int levels = 9) {
   std::vector<float> g(n);
-  for (auto& v : g) v = static_cast<float>(static_cast<int>(rng() % (2 * levels + 1)) - levels) / 8.0f;
+  for (auto& v : g)
+    v = static_cast<float>(static_cast<int>(rng() % (2 * levels + 1)) - levels) / 8.0f;
   return g;
 }
 
@@ -44,7 +47,8 @@ std::vector<float> grid_gradient(std::size_t n, std::mt19937& rng, int levels = 
 std::vector<std::uint32_t> reference_top_k(std::span<const float> v, std::uint32_t k) {
   std::vector<std::uint32_t> order(v.size());
   std::iota(order.begin(), order.end(), 0u);
-  std::stable_sort(order.begin(), order.end(), [&](auto a, auto b) { return std::fabs(v[a]) > std::fabs(v[b]); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](auto a, auto b) { return std::fabs(v[a]) > std::fabs(v[b]); });
   order.resize(k);
   std::sort(order.begin(), order.end());
   return order;
@@ -53,7 +57,8 @@ std::vector<std::uint32_t> reference_top_k(std::span<const float> v, std::uint32
 TEST(TopKCount, FollowsThePaperRule) {
   // max(1, floor(n·0.01)) for the paper CNN, worked by hand.
   const std::vector<std::uint32_t> expected = {2, 1, 184, 1, 4014, 1, 12, 1};
-  for (std::size_t i = 0; i < kPaperSizes.size(); ++i) EXPECT_EQ(Compressor::top_k_count(kPaperSizes[i], 0.01), expected[i]);
+  for (std::size_t i = 0; i < kPaperSizes.size(); ++i)
+    EXPECT_EQ(Compressor::top_k_count(kPaperSizes[i], 0.01), expected[i]);
   EXPECT_EQ(Compressor::top_k_count(1, 0.01), 1u);
   EXPECT_EQ(Compressor::top_k_count(1000, 1.0), 1000u);
   EXPECT_EQ(Compressor::top_k_count(1000, 0.5), 500u);
@@ -83,11 +88,13 @@ TEST(Compressor, TopKMatchesSortReferenceIncludingTies) {
       ASSERT_EQ(update.tensors[t].tensor, t);
       ASSERT_EQ(update.tensors[t].size, sizes[t]);
       ASSERT_EQ(update.tensors[t].indices, expected) << "trial " << trial << " tensor " << t;
-      for (std::size_t j = 0; j < k; ++j) EXPECT_EQ(update.tensors[t].values[j], tensor[expected[j]]);
+      for (std::size_t j = 0; j < k; ++j)
+        EXPECT_EQ(update.tensors[t].values[j], tensor[expected[j]]);
       offset += sizes[t];
     }
     // The paper's method keeps nothing.
-    EXPECT_TRUE(std::all_of(compressor.residual().begin(), compressor.residual().end(), [](float r) { return r == 0.0f; }));
+    EXPECT_TRUE(std::all_of(compressor.residual().begin(), compressor.residual().end(),
+                            [](float r) { return r == 0.0f; }));
   }
 }
 
@@ -128,9 +135,11 @@ TEST(Compressor, DenseSendsEveryEntry) {
 }
 
 // Adds what `update` sends into `sum` (arena layout).
-void scatter_add(const SparseUpdate& update, const std::vector<TensorSlice>& layout, std::vector<double>& sum) {
+void scatter_add(const SparseUpdate& update, const std::vector<TensorSlice>& layout,
+                 std::vector<double>& sum) {
   for (const auto& t : update.tensors)
-    for (std::size_t j = 0; j < t.indices.size(); ++j) sum[layout[t.tensor].offset + t.indices[j]] += t.values[j];
+    for (std::size_t j = 0; j < t.indices.size(); ++j)
+      sum[layout[t.tensor].offset + t.indices[j]] += t.values[j];
 }
 
 // With residuals, nothing is lost: everything sent plus what is left equals every gradient
@@ -150,7 +159,8 @@ void expect_conservation(CompressorOptions options, int steps) {
     scatter_add(update, layout, sent);
     for (const auto& t : update.tensors) sent_entries += t.indices.size();
   }
-  for (std::size_t i = 0; i < gradients.size(); ++i) ASSERT_EQ(sent[i] + compressor.residual()[i], gradients[i]) << "entry " << i;
+  for (std::size_t i = 0; i < gradients.size(); ++i)
+    ASSERT_EQ(sent[i] + compressor.residual()[i], gradients[i]) << "entry " << i;
   // And it did leave entries out (top-k sends a fixed share; bin-local's share depends on
   // the data and is large for this uniform noise).
   EXPECT_LT(sent_entries, static_cast<std::size_t>(steps) * total(sizes));
@@ -188,7 +198,8 @@ TEST(Compressor, Fp16RoundingErrorIsFedBack) {
   options.compression_rate = 0.25;
   Compressor compressor(layout_of(sizes), options);
   std::vector<float> g(64);
-  for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1.0f + static_cast<float>(i) * std::ldexp(1.0f, -18);  // below fp16 resolution
+  for (std::size_t i = 0; i < g.size(); ++i)
+    g[i] = 1.0f + static_cast<float>(i) * std::ldexp(1.0f, -18);  // below fp16 resolution
   SparseUpdate update;
   compressor.compress(g, update);
   for (std::size_t j = 0; j < update.tensors[0].indices.size(); ++j) {
@@ -234,15 +245,18 @@ TEST(Compressor, SignScaleSendsPlusOrMinusTheMeanMagnitude) {
         ASSERT_GT(scale, 0.0f);
         for (std::size_t j = 0, w = 0; j < got.indices.size(); ++j, ++w) {
           while (want.indices[w] != got.indices[j]) ++w;
-          EXPECT_EQ(got.values[j], want.values[w] < 0 ? -scale : scale) << "tensor " << t << " index " << got.indices[j];
+          EXPECT_EQ(got.values[j], want.values[w] < 0 ? -scale : scale)
+              << "tensor " << t << " index " << got.indices[j];
         }
       }
       // What it sends is what the sign + scale encoding carries, bit for bit.
-      auto bytes = edgetrain::transport::encode_sparse_update(update, {edgetrain::transport::ValueEncoding::kSignScale});
+      auto bytes = edgetrain::transport::encode_sparse_update(
+          update, {edgetrain::transport::ValueEncoding::kSignScale});
       ASSERT_TRUE(bytes.ok()) << bytes.error().message;
       auto back = edgetrain::transport::decode_sparse_update(bytes.value(), {0, sizes});
       ASSERT_TRUE(back.ok()) << back.error().message;
-      for (std::size_t t = 0; t < sizes.size(); ++t) EXPECT_EQ(back.value().tensors[t].values, update.tensors[t].values);
+      for (std::size_t t = 0; t < sizes.size(); ++t)
+        EXPECT_EQ(back.value().tensors[t].values, update.tensors[t].values);
     }
   }
 }
@@ -273,11 +287,13 @@ TEST(Compressor, SignScaleErrorIsFedBackExactly) {
       for (const auto& t : update.tensors)
         for (std::size_t j = 0; j < t.indices.size(); ++j) {
           const std::size_t a = layout[t.tensor].offset + t.indices[j];
-          EXPECT_EQ(double{compressor.residual()[a]} + double{t.values[j]}, double{residual_before[a] + g[a]})
+          EXPECT_EQ(double{compressor.residual()[a]} + double{t.values[j]},
+                    double{residual_before[a] + g[a]})
               << "step " << step << " entry " << a;
           EXPECT_EQ(std::fabs(t.values[j]), std::fabs(t.values[0]));
         }
-      std::copy(compressor.residual().begin(), compressor.residual().end(), residual_before.begin());
+      std::copy(compressor.residual().begin(), compressor.residual().end(),
+                residual_before.begin());
     }
     for (std::size_t i = 0; i < gradients.size(); ++i)
       ASSERT_EQ(sent[i] + compressor.residual()[i], gradients[i]) << "entry " << i;
@@ -307,7 +323,8 @@ TEST(Compressor, SignScaleFeedsTheErrorBackOverManySteps) {
       scatter_add(update, layout, sent);
     }
     for (std::size_t i = 0; i < gradients.size(); ++i)
-      ASSERT_NEAR(sent[i] + compressor.residual()[i], gradients[i], 1e-4 * (1.0 + std::fabs(gradients[i])))
+      ASSERT_NEAR(sent[i] + compressor.residual()[i], gradients[i],
+                  1e-4 * (1.0 + std::fabs(gradients[i])))
           << "method " << static_cast<int>(method) << " entry " << i;
   }
 }
@@ -330,12 +347,15 @@ TEST(Compressor, BinLocalSelectsByTheBinRule) {
       for (std::size_t start = 0; start < sizes[t]; start += options.bin_size) {
         const std::size_t end = std::min<std::size_t>(sizes[t], start + options.bin_size);
         float bin_max = 0.0f;
-        for (std::size_t i = start; i < end; ++i) bin_max = std::max(bin_max, std::fabs(residual[layout[t].offset + i] + g[layout[t].offset + i]));
+        for (std::size_t i = start; i < end; ++i)
+          bin_max = std::max(bin_max,
+                             std::fabs(residual[layout[t].offset + i] + g[layout[t].offset + i]));
         for (std::size_t i = start; i < end; ++i) {
           const std::size_t a = layout[t].offset + i;
           const float accumulated = residual[a] + g[a];
           const bool expect_sent = accumulated != 0.0f && std::fabs(accumulated + g[a]) >= bin_max;
-          const bool was_sent = std::binary_search(sent.begin(), sent.end(), static_cast<std::uint32_t>(i));
+          const bool was_sent =
+              std::binary_search(sent.begin(), sent.end(), static_cast<std::uint32_t>(i));
           ASSERT_EQ(was_sent, expect_sent) << "step " << step << " tensor " << t << " index " << i;
           residual[a] = was_sent ? 0.0f : accumulated;
         }
@@ -366,14 +386,16 @@ TEST(Compressor, RefusesBadInput) {
 // top-k and every entry for dense, values that the setting's wire encoding carries bit for
 // bit, and nothing lost: with a residual, sent + residual is the sum of the gradients;
 // without one, the residual stays zero and plain values are the gradient's own.
-class EveryCompressorVariant : public ::testing::TestWithParam<edgetrain::testing::CompressorVariant> {};
+class EveryCompressorVariant
+    : public ::testing::TestWithParam<edgetrain::testing::CompressorVariant> {};
 
 TEST_P(EveryCompressorVariant, SendsWhatTheWireCarriesAndLosesNothing) {
   const CompressorOptions& options = GetParam().setting;
   const auto& sizes = kPaperSizes;
   const auto layout = layout_of(sizes);
   Compressor compressor(layout, options);
-  const bool keeps_residual = options.error_feedback || options.method == CompressionMethod::kBinLocal;
+  const bool keeps_residual =
+      options.error_feedback || options.method == CompressionMethod::kBinLocal;
   const bool plain_values = options.value_encoding == edgetrain::transport::ValueEncoding::kFp32;
   const edgetrain::transport::EncodeOptions encoding{edgetrain::testing::wire_encoding_of(options)};
   std::mt19937 rng(7);
@@ -391,12 +413,15 @@ TEST_P(EveryCompressorVariant, SendsWhatTheWireCarriesAndLosesNothing) {
       ASSERT_EQ(tensor.tensor, t);
       ASSERT_EQ(tensor.size, sizes[t]);
       ASSERT_EQ(tensor.values.size(), tensor.indices.size());
-      ASSERT_EQ(std::adjacent_find(tensor.indices.begin(), tensor.indices.end(), std::greater_equal<>()),
-                tensor.indices.end())
+      ASSERT_EQ(
+          std::adjacent_find(tensor.indices.begin(), tensor.indices.end(), std::greater_equal<>()),
+          tensor.indices.end())
           << "tensor " << t << ": indices not strictly increasing";
       ASSERT_TRUE(tensor.indices.empty() || tensor.indices.back() < sizes[t]) << "tensor " << t;
       if (options.method == CompressionMethod::kTopK) {
-        EXPECT_EQ(tensor.indices.size(), Compressor::top_k_count(sizes[t], options.compression_rate)) << "tensor " << t;
+        EXPECT_EQ(tensor.indices.size(),
+                  Compressor::top_k_count(sizes[t], options.compression_rate))
+            << "tensor " << t;
       }
       if (options.method == CompressionMethod::kNone) {
         EXPECT_EQ(tensor.indices.size(), sizes[t]) << "tensor " << t;
@@ -424,7 +449,8 @@ TEST_P(EveryCompressorVariant, SendsWhatTheWireCarriesAndLosesNothing) {
   }
   ASSERT_EQ(residual.size(), gradients.size());
   for (std::size_t i = 0; i < gradients.size(); ++i)
-    ASSERT_NEAR(sent[i] + residual[i], gradients[i], 1e-5 * (1.0 + std::fabs(gradients[i]))) << "entry " << i;
+    ASSERT_NEAR(sent[i] + residual[i], gradients[i], 1e-5 * (1.0 + std::fabs(gradients[i])))
+        << "entry " << i;
 }
 
 INSTANTIATE_TEST_SUITE_P(CompressorVariants, EveryCompressorVariant,

@@ -23,10 +23,12 @@ TEST(CpuPlan, ReadsNamedAndPlainClasses) {
 }
 
 TEST(CpuPlan, RefusesBadClassesAndSchedules) {
-  for (const char* bad : {"", "pi4=0", "pi4=-1", "pi4=65", "pi4=x", "pi4=0.5,pi4=0.2", "4pi=1", "pi4=0.5,"})
+  for (const char* bad :
+       {"", "pi4=0", "pi4=-1", "pi4=65", "pi4=x", "pi4=0.5,pi4=0.2", "4pi=1", "pi4=0.5,"})
     EXPECT_THROW(parse_cpu_classes(bad), std::invalid_argument) << bad;
   const auto classes = parse_cpu_classes("a=1,b=0.5");
-  for (const char* bad : {"60-30:0.5", "10-20", "10-20:0", "10-20:0.5@c", "x-20:0.5", "-5-20:0.5", "10-20:0.5,"})
+  for (const char* bad :
+       {"60-30:0.5", "10-20", "10-20:0", "10-20:0.5@c", "x-20:0.5", "-5-20:0.5", "10-20:0.5,"})
     EXPECT_THROW(parse_cpu_schedule(bad, classes), std::invalid_argument) << bad;
   EXPECT_TRUE(parse_cpu_schedule("", classes).empty());
 }
@@ -43,9 +45,9 @@ TEST(CpuPlan, QuotasAtStartAndAtEveryBoundary) {
     double share;
   };
   const std::vector<Expected> expected = {
-      {0, 0, 1},       {0, 1, 0.25},     {0, 2, 1},       {0, 3, 0.25},      {10, 0, 0.5},  {10, 1, 0.125},
-      {10, 2, 0.5},    {10, 3, 0.125},   {15, 1, 0.0625}, {15, 3, 0.0625},   {20, 0, 1},    {20, 1, 0.125},
-      {20, 2, 1},      {20, 3, 0.125},   {30, 1, 0.25},   {30, 3, 0.25}};
+      {0, 0, 1},    {0, 1, 0.25},   {0, 2, 1},       {0, 3, 0.25},    {10, 0, 0.5}, {10, 1, 0.125},
+      {10, 2, 0.5}, {10, 3, 0.125}, {15, 1, 0.0625}, {15, 3, 0.0625}, {20, 0, 1},   {20, 1, 0.125},
+      {20, 2, 1},   {20, 3, 0.125}, {30, 1, 0.25},   {30, 3, 0.25}};
   ASSERT_EQ(changes.size(), expected.size());
   for (std::size_t k = 0; k < expected.size(); ++k) {
     SCOPED_TRACE(k);
@@ -67,7 +69,8 @@ TEST(CpuPlan, QuotaNeverBelowTheKernelsMinimum) {
 
 TEST(CpuPlan, CsvHasOneRowPerChange) {
   const auto classes = parse_cpu_classes("a=0.5");
-  const std::string csv = cpu_changes_csv(plan_cpu_changes(2, classes, parse_cpu_schedule("5-6:2", classes), 50000));
+  const std::string csv =
+      cpu_changes_csv(plan_cpu_changes(2, classes, parse_cpu_schedule("5-6:2", classes), 50000));
   EXPECT_EQ(csv,
             "elapsed_s,worker,class,share,quota_us,period_us\n"
             "0,0,a,0.5,25000,50000\n0,1,a,0.5,25000,50000\n"

@@ -41,7 +41,8 @@ TEST(ShardIid, PartitionsBalancedAndDeterministic) {
       std::vector<std::vector<std::uint32_t>> shards;
       for (std::uint32_t w = 0; w < workers; ++w) shards.push_back(shard_iid(n, {w, workers, 42}));
       expect_partition(shards, n);
-      auto [lo, hi] = std::minmax_element(shards.begin(), shards.end(), [](auto& a, auto& b) { return a.size() < b.size(); });
+      auto [lo, hi] = std::minmax_element(shards.begin(), shards.end(),
+                                          [](auto& a, auto& b) { return a.size() < b.size(); });
       EXPECT_LE(hi->size() - lo->size(), 1u);
       EXPECT_EQ(shard_iid(n, {workers - 1, workers, 42}), shards.back());
     }
@@ -61,12 +62,14 @@ TEST(ShardIid, RejectsBadSpec) {
   EXPECT_THROW(shard_iid(10, {3, 3, 1}), std::invalid_argument);
 }
 
-double preferred_share(const std::vector<std::uint32_t>& shard, const std::vector<std::int32_t>& labels,
-                       std::uint32_t worker, std::uint32_t classes, const LabelSkew& skew) {
+double preferred_share(const std::vector<std::uint32_t>& shard,
+                       const std::vector<std::int32_t>& labels, std::uint32_t worker,
+                       std::uint32_t classes, const LabelSkew& skew) {
   auto preferred = preferred_classes(worker, classes, skew);
   std::size_t hits = 0;
   for (auto i : shard)
-    hits += std::count(preferred.begin(), preferred.end(), static_cast<std::uint32_t>(labels[i])) > 0;
+    hits +=
+        std::count(preferred.begin(), preferred.end(), static_cast<std::uint32_t>(labels[i])) > 0;
   return shard.empty() ? 0.0 : static_cast<double>(hits) / static_cast<double>(shard.size());
 }
 
@@ -76,12 +79,14 @@ TEST(ShardLabelSkewed, PartitionsAndConcentratesOnPreferredClasses) {
   for (double fraction : {0.0, 0.5, 0.9, 1.0}) {
     LabelSkew skew{2, fraction};
     std::vector<std::vector<std::uint32_t>> shards;
-    for (std::uint32_t w = 0; w < workers; ++w) shards.push_back(shard_label_skewed(labels, classes, {w, workers, 9}, skew));
+    for (std::uint32_t w = 0; w < workers; ++w)
+      shards.push_back(shard_label_skewed(labels, classes, {w, workers, 9}, skew));
     expect_partition(shards, labels.size());
     for (std::uint32_t w = 0; w < workers; ++w) {
       // Preferred classes are 2 of 10: a share of fraction + (1 − fraction)·0.2 expected.
       const double expected = fraction + (1.0 - fraction) * 0.2;
-      EXPECT_NEAR(preferred_share(shards[w], labels, w, classes, skew), expected, 0.05) << "worker " << w << " fraction " << fraction;
+      EXPECT_NEAR(preferred_share(shards[w], labels, w, classes, skew), expected, 0.05)
+          << "worker " << w << " fraction " << fraction;
       EXPECT_EQ(shard_label_skewed(labels, classes, {w, workers, 9}, skew), shards[w]);
     }
   }
@@ -124,7 +129,8 @@ namespace {
 class DatasetFilesIn : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("edgetrain-dataset-files-" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("edgetrain-dataset-files-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -149,13 +155,20 @@ TEST_F(DatasetFilesIn, NamedDataSetsLiveWhereSetUpPutsThem) {
   const char* before = std::getenv("EDGETRAIN_DEPS");
   const std::string saved = before ? before : "";
   ::setenv("EDGETRAIN_DEPS", dir_.parent_path().c_str(), 1);
-  EXPECT_EQ(dataset_files("mnist", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist-full");
-  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTest).images.parent_path(), dir_.parent_path() / "mnist-small");
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTest).images.parent_path(),
+            dir_.parent_path() / "mnist-full");
+  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTest).images.parent_path(),
+            dir_.parent_path() / "mnist-small");
   ::unsetenv("EDGETRAIN_DEPS");
-  EXPECT_EQ(dataset_files("mnist", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist-full");
-  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTrain).images.parent_path(), "/var/cache/edgetrain/mnist-small");
-  EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.parent_path(), "/usr/share/datasets/fashion-mnist");
-  EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.filename().string().substr(0, 4), "t10k");
+  EXPECT_EQ(dataset_files("mnist", DataSplit::kTrain).images.parent_path(),
+            "/var/cache/edgetrain/mnist-full");
+  EXPECT_EQ(dataset_files("mnist-small", DataSplit::kTrain).images.parent_path(),
+            "/var/cache/edgetrain/mnist-small");
+  EXPECT_EQ(dataset_files("fashion-mnist", DataSplit::kTest).labels.parent_path(),
+            "/usr/share/datasets/fashion-mnist");
+  EXPECT_EQ(
+      dataset_files("fashion-mnist", DataSplit::kTest).labels.filename().string().substr(0, 4),
+      "t10k");
   if (before) ::setenv("EDGETRAIN_DEPS", saved.c_str(), 1);
 }
 

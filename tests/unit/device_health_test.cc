@@ -101,7 +101,7 @@ TEST(DeviceHealth, AFloodOfIdentitiesStaysBoundedAndTheOldestGoesFirst) {
   ASSERT_GE(forgotten.size(), 2u);
   EXPECT_EQ(forgotten[0], "d1");
   EXPECT_EQ(forgotten[1], "d2");
-  EXPECT_EQ(health.forgotten(), 1000u);  // the five first ones, then 995 of the flood
+  EXPECT_EQ(health.forgotten(), 1000u);   // the five first ones, then 995 of the flood
   EXPECT_EQ(health.find("d0"), nullptr);  // pushed out in time, too
   EXPECT_NE(health.find("flood-999"), nullptr);
 }

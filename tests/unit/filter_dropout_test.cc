@@ -21,12 +21,13 @@ using namespace edgetrain::runtime;
 
 // Two convs (the second fed by the first's kept channels through ReLU and pooling), a
 // ReLU-fused fc fed by the second conv, a plain fc: every way a dropped filter propagates.
-constexpr const char* kSpec = "input 9x9x2; conv 6 3x3 same relu; maxpool 2; conv 8 3x3 same; relu; fc 6 relu; fc 4";
+constexpr const char* kSpec =
+    "input 9x9x2; conv 6 3x3 same relu; maxpool 2; conv 8 3x3 same; relu; fc 6 relu; fc 4";
 
 // Grey images whose class is the brightest quadrant (as trainer_test): smooth enough that
 // a finite-difference probe rarely crosses a ReLU kink.
-void synthetic_batch(std::mt19937& rng, const ExampleShape& shape, int count, std::vector<std::uint8_t>& pixels,
-                     std::vector<std::int32_t>& labels) {
+void synthetic_batch(std::mt19937& rng, const ExampleShape& shape, int count,
+                     std::vector<std::uint8_t>& pixels, std::vector<std::int32_t>& labels) {
   pixels.resize(static_cast<std::size_t>(count) * shape.size());
   labels.resize(count);
   std::uniform_int_distribution<int> noise(0, 60), klass(0, 3);
@@ -74,7 +75,7 @@ TEST(FilterDropout, KeptCountIsRoundedAndAtLeastOne) {
 TEST(FilterDropout, RefusesBadRateVectors) {
   Fixture f(2);
   Trainer trainer(f.model, 2);
-  EXPECT_THROW(trainer.set_dropout(config({0.5f})), std::invalid_argument);               // too short
+  EXPECT_THROW(trainer.set_dropout(config({0.5f})), std::invalid_argument);  // too short
   EXPECT_THROW(trainer.set_dropout(config({0.5f, 0.5f, 0.5f})), std::invalid_argument);  // too long
   EXPECT_THROW(trainer.set_dropout(config({1.0f, 0.0f})), std::invalid_argument);
   EXPECT_THROW(trainer.set_dropout(config({-0.1f, 0.0f})), std::invalid_argument);
@@ -100,8 +101,10 @@ TEST(FilterDropout, RateZeroGivesThePlainGradient) {
     Trainer plain(f.model, 4, backend), dropped(f.model, 4, backend);
     dropped.set_dropout(config({0.0f, 0.0f}));
     std::vector<float> g_plain(f.model.parameter_count()), g_dropped(f.model.parameter_count());
-    const auto r1 = plain.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(), 4, g_plain);
-    const auto r2 = dropped.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(), 4, g_dropped);
+    const auto r1 =
+        plain.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(), 4, g_plain);
+    const auto r2 = dropped.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(),
+                                             4, g_dropped);
     EXPECT_EQ(r1.loss, r2.loss);
     EXPECT_EQ(g_plain, g_dropped);  // the same kernels on the same values: bit for bit
   }
@@ -121,18 +124,21 @@ std::vector<bool> kept_entries(const Model& model, FilterDropout& dropout) {
       const auto& w = model.tensors()[l.weight_tensor];
       const std::size_t per_filter = w.size / l.out.C;
       for (std::size_t i = 0; i < w.size; i++) {
-        const std::uint32_t o = static_cast<std::uint32_t>(i / per_filter), c = static_cast<std::uint32_t>(i % l.in.C);
+        const std::uint32_t o = static_cast<std::uint32_t>(i / per_filter),
+                            c = static_cast<std::uint32_t>(i % l.in.C);
         kept[w.offset + i] = out_set.count(o) && (all_in || in_kept.count(c));
       }
       const auto& b = model.tensors()[l.bias_tensor];
-      for (std::size_t o = 0; o < b.size; o++) kept[b.offset + o] = out_set.count(static_cast<std::uint32_t>(o));
+      for (std::size_t o = 0; o < b.size; o++)
+        kept[b.offset + o] = out_set.count(static_cast<std::uint32_t>(o));
       in_kept = out_set;
       all_in = false;
     } else if (l.kind == LayerKind::kFullyConnected) {
       const auto& w = model.tensors()[l.weight_tensor];
       const std::size_t cols = l.in.size();
       for (std::size_t i = 0; i < w.size; i++)
-        kept[w.offset + i] = all_in || in_kept.count(static_cast<std::uint32_t>((i % cols) % l.in.C));
+        kept[w.offset + i] =
+            all_in || in_kept.count(static_cast<std::uint32_t>((i % cols) % l.in.C));
       const auto& b = model.tensors()[l.bias_tensor];
       for (std::size_t o = 0; o < b.size; o++) kept[b.offset + o] = true;
       all_in = true;
@@ -153,7 +159,8 @@ TEST(FilterDropout, DroppedEntriesAreExactlyZeroAndKeptOnesTrained) {
     FilterDropout& dropout = *trainer.dropout();
     ASSERT_EQ(dropout.kept_filters(0).size(), 3u);
     ASSERT_EQ(dropout.kept_filters(1).size(), 6u);
-    draws.insert(std::vector<std::uint32_t>(dropout.kept_filters(0).begin(), dropout.kept_filters(0).end()));
+    draws.insert(
+        std::vector<std::uint32_t>(dropout.kept_filters(0).begin(), dropout.kept_filters(0).end()));
     const std::vector<bool> kept = kept_entries(f.model, dropout);
     std::size_t nonzero_kept = 0, n_kept = 0;
     for (std::size_t i = 0; i < grad.size(); i++) {
@@ -188,18 +195,22 @@ TEST(FilterDropout, SameSeedSameGradients) {
 TEST(FilterDropout, XnnpackSubNetworkGradientsEqualReference) {
   Fixture f(5);
   for (DropoutRescale rescale : {DropoutRescale::kInverted, DropoutRescale::kNone}) {
-    Trainer fast(f.model, 5, KernelBackend::kXnnpack), reference(f.model, 5, KernelBackend::kReference);
+    Trainer fast(f.model, 5, KernelBackend::kXnnpack),
+        reference(f.model, 5, KernelBackend::kReference);
     fast.set_dropout(config({0.5f, 0.75f}, rescale));
     reference.set_dropout(config({0.5f, 0.75f}, rescale));
     std::vector<float> g_fast(f.model.parameter_count()), g_ref(f.model.parameter_count());
     for (int count : {5, 2}) {
-      const auto r_fast = fast.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(), count, g_fast);
-      const auto r_ref = reference.compute_gradient(f.model.parameters(), f.pixels.data(), f.labels.data(), count, g_ref);
+      const auto r_fast = fast.compute_gradient(f.model.parameters(), f.pixels.data(),
+                                                f.labels.data(), count, g_fast);
+      const auto r_ref = reference.compute_gradient(f.model.parameters(), f.pixels.data(),
+                                                    f.labels.data(), count, g_ref);
       EXPECT_NEAR(r_fast.loss, r_ref.loss, 1e-5f * std::max(1.0f, r_ref.loss));
       float scale = 0;
       for (float g : g_ref) scale = std::max(scale, std::fabs(g));
       ASSERT_GT(scale, 0.0f);
-      for (std::size_t i = 0; i < g_ref.size(); i++) ASSERT_NEAR(g_fast[i], g_ref[i], 1e-4f * scale) << i;
+      for (std::size_t i = 0; i < g_ref.size(); i++)
+        ASSERT_NEAR(g_fast[i], g_ref[i], 1e-4f * scale) << i;
     }
   }
 }
@@ -219,7 +230,10 @@ TEST(FilterDropout, SubNetworkGradientMatchesFiniteDifferences) {
     auto loss_at = [&](std::size_t i, float value) {
       const float saved = probe[i];
       probe[i] = value;
-      const float loss = dropout.compute_gradient_for_current_draw(probe, f.pixels.data(), f.labels.data(), 3, scratch).loss;
+      const float loss = dropout
+                             .compute_gradient_for_current_draw(probe, f.pixels.data(),
+                                                                f.labels.data(), 3, scratch)
+                             .loss;
       probe[i] = saved;
       return loss;
     };
@@ -228,7 +242,8 @@ TEST(FilterDropout, SubNetworkGradientMatchesFiniteDifferences) {
       // Smaller than trainer_test's 1e-2: this model's ReLUs and pooling have kinks closer
       // together (measured: 1e-2 and 3e-3 cross some at these seeds, 1e-3 none).
       const float h = 1e-3f;
-      const double numeric = (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
+      const double numeric =
+          (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
       EXPECT_NEAR(grad[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << "parameter " << i;
       checked++;
     }

@@ -33,7 +33,8 @@ TEST(GanCodec, BatchesRoundTripInFp32AndFp16) {
     auto bytes = encode_gan_batches(b, encoding);
     ASSERT_TRUE(bytes) << bytes.error().message;
     // Header 32, swap fields 6 + name, labels 2·b, values 2·b·d.
-    EXPECT_EQ(bytes.value().size(), 32 + 6 + b.swap_to.size() + 6 + 24 * (encoding == ValueEncoding::kFp16 ? 2u : 4u));
+    EXPECT_EQ(bytes.value().size(),
+              32 + 6 + b.swap_to.size() + 6 + 24 * (encoding == ValueEncoding::kFp16 ? 2u : 4u));
     auto back = decode_gan_batches(bytes.value(), {.run_id = 77, .batch = 3, .width = 4});
     ASSERT_TRUE(back) << back.error().message;
     EXPECT_EQ(back.value().iteration, 12u);
@@ -47,11 +48,16 @@ TEST(GanCodec, BatchesRoundTripInFp32AndFp16) {
 }
 
 TEST(GanCodec, FeedbackRoundTripsAndFp16Rounds) {
-  GanFeedback f{.run_id = 5, .iteration = 3, .batch = 2, .width = 2, .values = {1e-3f, -2.0f, 0.1f, 70000.0f}};
+  GanFeedback f{.run_id = 5,
+                .iteration = 3,
+                .batch = 2,
+                .width = 2,
+                .values = {1e-3f, -2.0f, 0.1f, 70000.0f}};
   auto exact = decode_gan_feedback(encode_gan_feedback(f, ValueEncoding::kFp32).value());
   ASSERT_TRUE(exact);
   EXPECT_EQ(exact.value().values, f.values);
-  auto half = decode_gan_feedback(encode_gan_feedback(f, ValueEncoding::kFp16).value(), {.run_id = 5});
+  auto half =
+      decode_gan_feedback(encode_gan_feedback(f, ValueEncoding::kFp16).value(), {.run_id = 5});
   ASSERT_TRUE(half);
   EXPECT_NEAR(half.value().values[0], 1e-3f, 1e-6f);
   EXPECT_EQ(half.value().values[3], 65504.0f);  // clamped, not infinite
@@ -61,7 +67,8 @@ TEST(GanCodec, DecoderRefusesWhatItDoesNotExpect) {
   const auto bytes = encode_gan_batches(sample_batches(), ValueEncoding::kFp32).value();
   EXPECT_EQ(decode_gan_batches(bytes, {.run_id = 78}).error().code, CodecErrorCode::kWrongModel);
   EXPECT_EQ(decode_gan_batches(bytes, {.batch = 4}).error().code, CodecErrorCode::kLayoutMismatch);
-  EXPECT_EQ(decode_gan_batches(bytes, {.width = 784}).error().code, CodecErrorCode::kLayoutMismatch);
+  EXPECT_EQ(decode_gan_batches(bytes, {.width = 784}).error().code,
+            CodecErrorCode::kLayoutMismatch);
   EXPECT_EQ(decode_gan_feedback(bytes).error().code, CodecErrorCode::kBadMagic);
   for (std::size_t cut = 0; cut < bytes.size(); cut++)
     EXPECT_FALSE(decode_gan_batches(std::span(bytes).first(cut))) << "cut at " << cut;
@@ -78,10 +85,11 @@ TEST(GanCodec, DecoderRefusesBadFieldsAndNonFiniteValues) {
     return decode_gan_batches(b);
   };
   EXPECT_EQ(patched(4, 2).error().code, CodecErrorCode::kUnsupportedVersion);  // format
-  EXPECT_EQ(patched(6, 2).error().code, CodecErrorCode::kBadEncoding);         // sign + scale is not for samples
-  EXPECT_EQ(patched(7, 1).error().code, CodecErrorCode::kBadEncoding);         // reserved
-  EXPECT_EQ(patched(24, 0).error().code, CodecErrorCode::kBadCount);           // b = 0 (low byte of 3)
-  EXPECT_EQ(patched(27, 0x80).error().code, CodecErrorCode::kBadCount);        // b above the cap
+  EXPECT_EQ(patched(6, 2).error().code,
+            CodecErrorCode::kBadEncoding);  // sign + scale is not for samples
+  EXPECT_EQ(patched(7, 1).error().code, CodecErrorCode::kBadEncoding);   // reserved
+  EXPECT_EQ(patched(24, 0).error().code, CodecErrorCode::kBadCount);     // b = 0 (low byte of 3)
+  EXPECT_EQ(patched(27, 0x80).error().code, CodecErrorCode::kBadCount);  // b above the cap
   const std::size_t labels = 32 + 6 + 7;
   EXPECT_EQ(patched(labels, 10).error().code, CodecErrorCode::kBadIndex);
   // A NaN in X_d's last value.
@@ -92,19 +100,28 @@ TEST(GanCodec, DecoderRefusesBadFieldsAndNonFiniteValues) {
   // A swap round without a name.
   auto no_name = sample_batches();
   no_name.swap_to.clear();
-  EXPECT_EQ(encode_gan_batches(no_name, ValueEncoding::kFp32).error().code, CodecErrorCode::kInvalidInput);
+  EXPECT_EQ(encode_gan_batches(no_name, ValueEncoding::kFp32).error().code,
+            CodecErrorCode::kInvalidInput);
 }
 
 TEST(GanCodec, EncoderRefusesWhatItMustNotSend) {
-  GanFeedback f{.run_id = 1, .iteration = 0, .batch = 1, .width = 2, .values = {0.0f, std::numeric_limits<float>::infinity()}};
-  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kFp32).error().code, CodecErrorCode::kInvalidInput);
+  GanFeedback f{.run_id = 1,
+                .iteration = 0,
+                .batch = 1,
+                .width = 2,
+                .values = {0.0f, std::numeric_limits<float>::infinity()}};
+  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kFp32).error().code,
+            CodecErrorCode::kInvalidInput);
   f.values = {0.0f};
-  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kFp32).error().code, CodecErrorCode::kInvalidInput);
+  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kFp32).error().code,
+            CodecErrorCode::kInvalidInput);
   f.values = {0.0f, 1.0f};
-  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kSignScale).error().code, CodecErrorCode::kInvalidInput);
+  EXPECT_EQ(encode_gan_feedback(f, ValueEncoding::kSignScale).error().code,
+            CodecErrorCode::kInvalidInput);
   auto b = sample_batches();
   b.g_labels[0] = 10;
-  EXPECT_EQ(encode_gan_batches(b, ValueEncoding::kFp32).error().code, CodecErrorCode::kInvalidInput);
+  EXPECT_EQ(encode_gan_batches(b, ValueEncoding::kFp32).error().code,
+            CodecErrorCode::kInvalidInput);
 }
 
 }  // namespace

@@ -24,10 +24,12 @@ using transport::CoapCode;
 constexpr int kBatch = 4;
 
 struct Clock {
-  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  std::chrono::steady_clock::time_point now =
+      std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
 };
 
-GanServerOptions options_for(const TempDir& dir, Clock& clock, std::uint32_t workers, std::uint32_t k = 1) {
+GanServerOptions options_for(const TempDir& dir, Clock& clock, std::uint32_t workers,
+                             std::uint32_t k = 1) {
   GanServerOptions o;
   o.gan.batch = kBatch;
   o.gan.seed = 9;
@@ -41,7 +43,8 @@ GanServerOptions options_for(const TempDir& dir, Clock& clock, std::uint32_t wor
   return o;
 }
 
-transport::CoapRequest request(const std::string& identity, std::span<const std::uint8_t> body = {}) {
+transport::CoapRequest request(const std::string& identity,
+                               std::span<const std::uint8_t> body = {}) {
   transport::CoapRequest r;
   r.method = body.empty() ? transport::Method::kGet : transport::Method::kPost;
   r.authentication = transport::PeerAuthentication::kPsk;
@@ -52,17 +55,22 @@ transport::CoapRequest request(const std::string& identity, std::span<const std:
 
 transport::GanBatches batches_for(GanCoordinator& gan, const std::string& identity) {
   const auto answer = gan.get_batches(request(identity));
-  EXPECT_EQ(answer.code, CoapCode::kContent) << std::string(answer.payload.begin(), answer.payload.end());
-  auto decoded = transport::decode_gan_batches(answer.payload, {.run_id = gan.run_id(), .batch = kBatch, .width = 784});
+  EXPECT_EQ(answer.code, CoapCode::kContent)
+      << std::string(answer.payload.begin(), answer.payload.end());
+  auto decoded = transport::decode_gan_batches(
+      answer.payload, {.run_id = gan.run_id(), .batch = kBatch, .width = 784});
   EXPECT_TRUE(decoded) << decoded.error().message;
   return decoded ? decoded.value() : transport::GanBatches{};
 }
 
 // A feedback that depends on the iteration and the worker, so steps differ.
 std::vector<std::uint8_t> feedback(const GanCoordinator& gan, std::uint64_t iteration, int worker) {
-  transport::GanFeedback f{.run_id = gan.run_id(), .iteration = iteration, .batch = kBatch, .width = 784, .values = {}};
+  transport::GanFeedback f{
+      .run_id = gan.run_id(), .iteration = iteration, .batch = kBatch, .width = 784, .values = {}};
   for (int i = 0; i < kBatch * 784; i++)
-    f.values.push_back(1e-3f * static_cast<float>((i * 7 + worker * 13 + static_cast<int>(iteration) * 5) % 17) - 8e-3f);
+    f.values.push_back(
+        1e-3f * static_cast<float>((i * 7 + worker * 13 + static_cast<int>(iteration) * 5) % 17) -
+        8e-3f);
   return transport::encode_gan_feedback(f, transport::ValueEncoding::kFp32).value();
 }
 
@@ -76,7 +84,9 @@ void run_iteration(GanCoordinator& gan, const std::vector<std::string>& workers)
   }
 }
 
-nlohmann::json status(const GanCoordinator& gan) { return nlohmann::json::parse(gan.status_json()); }
+nlohmann::json status(const GanCoordinator& gan) {
+  return nlohmann::json::parse(gan.status_json());
+}
 
 TEST(GanCoordinator, AnIterationClosesWhenEveryWorkerAnsweredAndRefusalsChangeNothing) {
   TempDir dir("edgetrain-gan");
@@ -90,13 +100,22 @@ TEST(GanCoordinator, AnIterationClosesWhenEveryWorkerAnsweredAndRefusalsChangeNo
   EXPECT_EQ(gan.get_batches(request("c")).code, CoapCode::kForbidden);  // two slots
 
   const auto good = feedback(gan, 0, 0);
-  EXPECT_EQ(gan.post_feedback(request("a", feedback(gan, 1, 0))).code, CoapCode::kConflict);  // a future iteration
+  EXPECT_EQ(gan.post_feedback(request("a", feedback(gan, 1, 0))).code,
+            CoapCode::kConflict);  // a future iteration
   std::vector<std::uint8_t> torn(good.begin(), good.end() - 1);
   EXPECT_EQ(gan.post_feedback(request("a", torn)).code, CoapCode::kBadRequest);
-  transport::GanFeedback other_run{.run_id = gan.run_id() + 1, .iteration = 0, .batch = kBatch, .width = 784,
+  transport::GanFeedback other_run{.run_id = gan.run_id() + 1,
+                                   .iteration = 0,
+                                   .batch = kBatch,
+                                   .width = 784,
                                    .values = std::vector<float>(kBatch * 784, 0.0f)};
-  EXPECT_EQ(gan.post_feedback(request("a", transport::encode_gan_feedback(other_run, transport::ValueEncoding::kFp32).value())).code,
-            CoapCode::kBadRequest);
+  EXPECT_EQ(
+      gan
+          .post_feedback(request(
+              "a",
+              transport::encode_gan_feedback(other_run, transport::ValueEncoding::kFp32).value()))
+          .code,
+      CoapCode::kBadRequest);
   EXPECT_EQ(gan.post_feedback(request("c", good)).code, CoapCode::kForbidden);
   EXPECT_EQ(gan.generator().params, before);
 
@@ -108,7 +127,8 @@ TEST(GanCoordinator, AnIterationClosesWhenEveryWorkerAnsweredAndRefusalsChangeNo
   EXPECT_EQ(gan.post_feedback(request("b", feedback(gan, 0, 1))).code, CoapCode::kChanged);
   EXPECT_EQ(gan.iteration(), 1u);
   EXPECT_NE(gan.generator().params, before);
-  EXPECT_EQ(gan.post_feedback(request("b", feedback(gan, 0, 1))).code, CoapCode::kConflict);  // closed
+  EXPECT_EQ(gan.post_feedback(request("b", feedback(gan, 0, 1))).code,
+            CoapCode::kConflict);  // closed
   const auto s = status(gan);
   EXPECT_EQ(s["feedbacks"], 2);
   EXPECT_EQ(s["duplicates"], 1);
@@ -176,7 +196,8 @@ TEST(GanCoordinator, RecoveryReplaysTheLoggedStepsBitForBit) {
   std::uint64_t run = 0;
   {
     GanCoordinator gan(options_for(dir, clock, 2));
-    for (int i = 0; i < 7; i++) run_iteration(gan, names);  // a checkpoint at 3 and 6, one step logged after
+    for (int i = 0; i < 7; i++)
+      run_iteration(gan, names);  // a checkpoint at 3 and 6, one step logged after
     params = gan.generator().params;
     m = gan.generator().adam.m;
     run = gan.run_id();

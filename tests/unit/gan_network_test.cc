@@ -28,8 +28,10 @@ using edgetrain::testing::expect_matches_finite_differences;
 using edgetrain::testing::random_vector;
 
 TEST(MlpNetwork, ReferenceGradientsMatchFiniteDifferences) {
-  MlpNetwork net("small", 6, {{5, GanActivation::kLeakyRelu}, {4, GanActivation::kTanh}, {3, GanActivation::kNone}}, 3,
-                 KernelBackend::kReference);
+  MlpNetwork net(
+      "small", 6,
+      {{5, GanActivation::kLeakyRelu}, {4, GanActivation::kTanh}, {3, GanActivation::kNone}}, 3,
+      KernelBackend::kReference);
   net.model().initialize(5);
   std::vector<float> params(net.model().parameters().begin(), net.model().parameters().end());
   std::mt19937 rng(9);
@@ -48,7 +50,8 @@ TEST(MlpNetwork, XnnpackEqualsReferenceOnTheMdGanArchitecture) {
     SCOPED_TRACE(generator ? "generator" : "discriminator");
     const int inputs = generator ? kGanNoiseSize + kGanClasses : kGanImageSize;
     const auto layers = generator ? mlp_generator_layers() : mlp_discriminator_layers();
-    MlpNetwork fast("g", inputs, layers, 10), slow("g", inputs, layers, 10, KernelBackend::kReference);
+    MlpNetwork fast("g", inputs, layers, 10),
+        slow("g", inputs, layers, 10, KernelBackend::kReference);
     fast.model().initialize(3);
     std::vector<float> params(fast.model().parameters().begin(), fast.model().parameters().end());
     std::mt19937 rng(4);
@@ -57,29 +60,37 @@ TEST(MlpNetwork, XnnpackEqualsReferenceOnTheMdGanArchitecture) {
     const auto dout = random_vector(static_cast<std::size_t>(batch) * fast.outputs(), rng);
     const float* out_fast = fast.forward(params, inp.data(), batch);
     const float* out_slow = slow.forward(params, inp.data(), batch);
-    for (std::size_t i = 0; i < dout.size(); i++) ASSERT_NEAR(out_fast[i], out_slow[i], 1e-4) << "output " << i;
-    std::vector<float> dp_fast(params.size()), dp_slow(params.size()), dx_fast(inp.size()), dx_slow(inp.size());
+    for (std::size_t i = 0; i < dout.size(); i++)
+      ASSERT_NEAR(out_fast[i], out_slow[i], 1e-4) << "output " << i;
+    std::vector<float> dp_fast(params.size()), dp_slow(params.size()), dx_fast(inp.size()),
+        dx_slow(inp.size());
     fast.backward(params, dout.data(), dp_fast, dx_fast.data());
     slow.backward(params, dout.data(), dp_slow, dx_slow.data());
-    for (std::size_t i = 0; i < params.size(); i++) ASSERT_NEAR(dp_fast[i], dp_slow[i], 1e-4) << "parameter " << i;
-    for (std::size_t i = 0; i < inp.size(); i++) ASSERT_NEAR(dx_fast[i], dx_slow[i], 1e-4) << "input " << i;
+    for (std::size_t i = 0; i < params.size(); i++)
+      ASSERT_NEAR(dp_fast[i], dp_slow[i], 1e-4) << "parameter " << i;
+    for (std::size_t i = 0; i < inp.size(); i++)
+      ASSERT_NEAR(dx_fast[i], dx_slow[i], 1e-4) << "input " << i;
   }
 }
 
 // The CNN architecture's layers at a few channels each: the same spatial shapes, kernels,
 // strides, paddings and activations (7x7 -> 14x14 -> 28x28 and 28 -> 14 -> 7 -> 4 -> 2), few
 // enough values that a float forward pass resolves a central difference.
-constexpr std::string_view kNarrowGenerator = "input 1x1x12; fc 7x7x3; deconv 2 5x5 stride 2; deconv 1 5x5 stride 2";
+constexpr std::string_view kNarrowGenerator =
+    "input 1x1x12; fc 7x7x3; deconv 2 5x5 stride 2; deconv 1 5x5 stride 2";
 constexpr std::string_view kNarrowDiscriminator =
-    "input 28x28x1; conv 2 3x3 stride 2; conv 3 3x3 stride 2; conv 3 3x3 stride 2; conv 4 3x3 stride 2; fc 11";
+    "input 28x28x1; conv 2 3x3 stride 2; conv 3 3x3 stride 2; conv 3 3x3 stride 2; conv 4 3x3 "
+    "stride 2; fc 11";
 
-void expect_network_gradients_match_finite_differences(ConvGanNetwork& net, int batch, std::uint64_t seed) {
+void expect_network_gradients_match_finite_differences(ConvGanNetwork& net, int batch,
+                                                       std::uint64_t seed) {
   net.model().initialize(seed);
   std::vector<float> params(net.model().parameters().begin(), net.model().parameters().end());
   // Non-zero biases, so a wrong bias gradient or a bias read from the wrong offset shows.
   for (const auto& t : net.model().tensors())
     if (t.name.ends_with(".bias"))
-      for (std::size_t i = 0; i < t.size; i++) params[t.offset + i] = (i % 2 ? 0.3f : -0.3f) + 0.05f * static_cast<float>(i % 5);
+      for (std::size_t i = 0; i < t.size; i++)
+        params[t.offset + i] = (i % 2 ? 0.3f : -0.3f) + 0.05f * static_cast<float>(i % 5);
   std::mt19937 rng(static_cast<unsigned>(seed));
   auto inp = random_vector(static_cast<std::size_t>(batch) * net.inputs(), rng);
   const auto probe = random_vector(static_cast<std::size_t>(batch) * net.outputs(), rng);
@@ -92,7 +103,9 @@ void expect_network_gradients_match_finite_differences(ConvGanNetwork& net, int 
   // Every tensor is reached: each has a non-zero gradient somewhere.
   for (const auto& t : net.model().tensors()) {
     const auto begin = dparams.begin() + static_cast<std::ptrdiff_t>(t.offset);
-    EXPECT_TRUE(std::any_of(begin, begin + static_cast<std::ptrdiff_t>(t.size), [](float g) { return g != 0; })) << t.name;
+    EXPECT_TRUE(std::any_of(begin, begin + static_cast<std::ptrdiff_t>(t.size), [](float g) {
+      return g != 0;
+    })) << t.name;
   }
 }
 
@@ -109,13 +122,15 @@ std::vector<GanActivation> smooth(std::vector<GanActivation> activations) {
 }
 
 TEST(ConvGanNetwork, ReferenceGeneratorGradientsMatchFiniteDifferences) {
-  ConvGanNetwork g("g", kNarrowGenerator, smooth(cnn_generator_activations()), 3, KernelBackend::kReference);
+  ConvGanNetwork g("g", kNarrowGenerator, smooth(cnn_generator_activations()), 3,
+                   KernelBackend::kReference);
   ASSERT_EQ(g.outputs(), kGanImageSize);
   expect_network_gradients_match_finite_differences(g, 2, 11);
 }
 
 TEST(ConvGanNetwork, ReferenceDiscriminatorGradientsMatchFiniteDifferences) {
-  ConvGanNetwork d("d", kNarrowDiscriminator, smooth(cnn_discriminator_activations()), 3, KernelBackend::kReference);
+  ConvGanNetwork d("d", kNarrowDiscriminator, smooth(cnn_discriminator_activations()), 3,
+                   KernelBackend::kReference);
   ASSERT_EQ(d.outputs(), 1 + kGanClasses);
   expect_network_gradients_match_finite_differences(d, 2, 12);
 }
@@ -143,7 +158,9 @@ TEST(ConvGanNetwork, CnnArchitectureHasTheStatedLayout) {
   EXPECT_EQ(g->model().tensors()[2].name, "deconv1.weight");
   EXPECT_EQ(g->model().tensors()[2].shape, (std::vector<int>{64, 5, 5, 128}));
   // The MLP through the same factory, and the names.
-  EXPECT_EQ(make_generator_network(GanArchitecture::kMlp, 4, KernelBackend::kReference)->model().parameter_count(),
+  EXPECT_EQ(make_generator_network(GanArchitecture::kMlp, 4, KernelBackend::kReference)
+                ->model()
+                .parameter_count(),
             110u * 512 + 512 + 512u * 512 + 512 + 512u * 784 + 784);
   EXPECT_EQ(parse_gan_architecture("cnn"), GanArchitecture::kCnn);
   EXPECT_EQ(parse_gan_architecture("mlp"), GanArchitecture::kMlp);
@@ -151,10 +168,13 @@ TEST(ConvGanNetwork, CnnArchitectureHasTheStatedLayout) {
   EXPECT_STREQ(gan_architecture_name(GanArchitecture::kMlp), "mlp");
   EXPECT_THROW(parse_gan_architecture("dcgan"), std::invalid_argument);
   // Activations are the network's, one per layer; the spec's own relu and maxpool are refused.
-  EXPECT_THROW(ConvGanNetwork("x", kNarrowDiscriminator, cnn_generator_activations(), 2), std::invalid_argument);
-  EXPECT_THROW(ConvGanNetwork("x", "input 4x4x1; conv 2 3x3 relu; fc 3", {GanActivation::kNone, GanActivation::kNone}, 2),
+  EXPECT_THROW(ConvGanNetwork("x", kNarrowDiscriminator, cnn_generator_activations(), 2),
                std::invalid_argument);
-  EXPECT_THROW(ConvGanNetwork("x", "input 4x4x1; maxpool 2; fc 3", {GanActivation::kNone, GanActivation::kNone}, 2),
+  EXPECT_THROW(ConvGanNetwork("x", "input 4x4x1; conv 2 3x3 relu; fc 3",
+                              {GanActivation::kNone, GanActivation::kNone}, 2),
+               std::invalid_argument);
+  EXPECT_THROW(ConvGanNetwork("x", "input 4x4x1; maxpool 2; fc 3",
+                              {GanActivation::kNone, GanActivation::kNone}, 2),
                std::invalid_argument);
 }
 
@@ -176,12 +196,16 @@ TEST(ConvGanNetwork, XnnpackEqualsReferenceOnTheMdGanCnn) {
       const auto dout = random_vector(static_cast<std::size_t>(batch) * fast->outputs(), rng);
       const float* out_fast = fast->forward(params, inp.data(), batch);
       const float* out_slow = slow->forward(params, inp.data(), batch);
-      for (std::size_t i = 0; i < dout.size(); i++) ASSERT_NEAR(out_fast[i], out_slow[i], 1e-4) << "output " << i;
-      std::vector<float> dp_fast(params.size()), dp_slow(params.size()), dx_fast(inp.size()), dx_slow(inp.size());
+      for (std::size_t i = 0; i < dout.size(); i++)
+        ASSERT_NEAR(out_fast[i], out_slow[i], 1e-4) << "output " << i;
+      std::vector<float> dp_fast(params.size()), dp_slow(params.size()), dx_fast(inp.size()),
+          dx_slow(inp.size());
       fast->backward(params, dout.data(), dp_fast, dx_fast.data());
       slow->backward(params, dout.data(), dp_slow, dx_slow.data());
-      for (std::size_t i = 0; i < params.size(); i++) ASSERT_NEAR(dp_fast[i], dp_slow[i], 1e-4) << "parameter " << i;
-      for (std::size_t i = 0; i < inp.size(); i++) ASSERT_NEAR(dx_fast[i], dx_slow[i], 1e-4) << "input " << i;
+      for (std::size_t i = 0; i < params.size(); i++)
+        ASSERT_NEAR(dp_fast[i], dp_slow[i], 1e-4) << "parameter " << i;
+      for (std::size_t i = 0; i < inp.size(); i++)
+        ASSERT_NEAR(dx_fast[i], dx_slow[i], 1e-4) << "input " << i;
     }
   }
 }
@@ -201,10 +225,14 @@ TEST(GanLosses, GradientsMatchFiniteDifferences) {
     expect_matches_finite_differences(outputs, grad, loss, 1e-2f, 44, 2e-3, real ? "real" : "fake");
   }
   generator_loss(outputs.data(), labels.data(), batch, grad.data());
-  auto loss = [&] { return static_cast<double>(generator_loss(outputs.data(), labels.data(), batch, scratch.data())); };
+  auto loss = [&] {
+    return static_cast<double>(
+        generator_loss(outputs.data(), labels.data(), batch, scratch.data()));
+  };
   expect_matches_finite_differences(outputs, grad, loss, 1e-2f, 44, 2e-3, "generator");
   const std::vector<std::int32_t> bad = {0, 10, 1, 1};
-  EXPECT_THROW(discriminator_loss(outputs.data(), bad.data(), batch, true, grad.data()), std::invalid_argument);
+  EXPECT_THROW(discriminator_loss(outputs.data(), bad.data(), batch, true, grad.data()),
+               std::invalid_argument);
 }
 
 // Real rows: a fixed pattern plus noise, labelled by which of two patterns; fake rows: noise.
@@ -216,7 +244,8 @@ void expect_adam_separates_real_from_fake(GanArchitecture architecture, int step
   GanNetwork& d = *network;
   d.model().initialize(1);
   std::vector<float> params(d.model().parameters().begin(), d.model().parameters().end());
-  std::vector<float> m(params.size()), v(params.size()), grad(params.size()), grad_fake(params.size());
+  std::vector<float> m(params.size()), v(params.size()), grad(params.size()),
+      grad_fake(params.size());
   GaussianSampler noise(8);
   std::vector<float> real(static_cast<std::size_t>(batch) * kGanImageSize), fake(real.size());
   std::vector<std::int32_t> labels(batch);
@@ -233,26 +262,31 @@ void expect_adam_separates_real_from_fake(GanArchitecture architecture, int step
         fake[static_cast<std::size_t>(b) * kGanImageSize + i] = 0.5f * noise.next();
       }
     }
-    const auto real_loss = discriminator_loss(d.forward(params, real.data(), batch), labels.data(), batch, true, dout.data());
+    const auto real_loss = discriminator_loss(d.forward(params, real.data(), batch), labels.data(),
+                                              batch, true, dout.data());
     d.backward(params, dout.data(), grad, nullptr);
-    const auto fake_loss = discriminator_loss(d.forward(params, fake.data(), batch), labels.data(), batch, false, dout.data());
+    const auto fake_loss = discriminator_loss(d.forward(params, fake.data(), batch), labels.data(),
+                                              batch, false, dout.data());
     d.backward(params, dout.data(), grad_fake, nullptr);
     for (std::size_t i = 0; i < grad.size(); i++) grad[i] += grad_fake[i];
-    edgetrain::kernels::adam_update(params.data(), m.data(), v.data(), grad.data(), params.size(), adam,
-                                    static_cast<std::uint64_t>(step));
+    edgetrain::kernels::adam_update(params.data(), m.data(), v.data(), grad.data(), params.size(),
+                                    adam, static_cast<std::uint64_t>(step));
     if (step == 1) first_real = real_loss;
     last_real = real_loss;
     last_fake = fake_loss;
   }
-  std::printf("%s: real/fake loss %.4f -> %.4f, class loss %.4f -> %.4f\n", gan_architecture_name(architecture),
-              first_real.adversarial, last_real.adversarial, first_real.classes, last_real.classes);
+  std::printf("%s: real/fake loss %.4f -> %.4f, class loss %.4f -> %.4f\n",
+              gan_architecture_name(architecture), first_real.adversarial, last_real.adversarial,
+              first_real.classes, last_real.classes);
   EXPECT_LT(last_real.adversarial, 0.1f * first_real.adversarial);
   EXPECT_LT(last_real.classes, 0.1f * first_real.classes);
   EXPECT_EQ(last_real.correct_real_fake, batch);
   EXPECT_EQ(last_fake.correct_real_fake, batch);
 }
 
-TEST(GanLosses, AdamOnTheDiscriminatorSeparatesRealFromFake) { expect_adam_separates_real_from_fake(GanArchitecture::kMlp, 50, 2e-4f); }
+TEST(GanLosses, AdamOnTheDiscriminatorSeparatesRealFromFake) {
+  expect_adam_separates_real_from_fake(GanArchitecture::kMlp, 50, 2e-4f);
+}
 
 TEST(GanLosses, AdamOnTheCnnDiscriminatorSeparatesRealFromFake) {
   // At the GAN's lr 2e-4 it took 100 steps (50 left the loss at 0.21 of 0.71): 106 s under QEMU.
@@ -270,9 +304,11 @@ TEST(GanNetworks, TheInputGradientAloneIsTheFullBackwardsInputGradient) {
       const int batch = 5;
       auto d = make_discriminator_network(architecture, 8, backend);
       d->model().initialize(3);
-      const std::vector<float> params(d->model().parameters().begin(), d->model().parameters().end());
+      const std::vector<float> params(d->model().parameters().begin(),
+                                      d->model().parameters().end());
       edgetrain::runtime::SplitMix64 bits{7};
-      std::vector<float> x(static_cast<std::size_t>(batch) * d->inputs()), dout(static_cast<std::size_t>(batch) * d->outputs());
+      std::vector<float> x(static_cast<std::size_t>(batch) * d->inputs()),
+          dout(static_cast<std::size_t>(batch) * d->outputs());
       for (auto& v : x) v = static_cast<float>(bits.uniform_double() * 2 - 1);
       for (auto& v : dout) v = static_cast<float>(bits.uniform_double() - 0.5);
       std::vector<float> dparams(params.size()), full(x.size()), alone(x.size());
@@ -280,7 +316,8 @@ TEST(GanNetworks, TheInputGradientAloneIsTheFullBackwardsInputGradient) {
       d->backward(params, dout.data(), dparams, full.data());
       d->forward(params, x.data(), batch);
       d->backward(params, dout.data(), {}, alone.data());
-      EXPECT_EQ(alone, full) << gan_architecture_name(architecture) << (backend == KernelBackend::kXnnpack ? " xnnpack" : " reference");
+      EXPECT_EQ(alone, full) << gan_architecture_name(architecture)
+                             << (backend == KernelBackend::kXnnpack ? " xnnpack" : " reference");
     }
   }
 }

@@ -30,17 +30,25 @@ TEST(GanOps, ElementwiseBackwardsMatchFiniteDifferences) {
   std::vector<float> out(64), dinp(64);
 
   const float slope = 0.2f;
-  auto leaky_loss = [&] { ek::leaky_relu_forward(out.data(), x.data(), x.size(), slope); return dot(out, probe); };
+  auto leaky_loss = [&] {
+    ek::leaky_relu_forward(out.data(), x.data(), x.size(), slope);
+    return dot(out, probe);
+  };
   ek::leaky_relu_backward(dinp.data(), probe.data(), x.data(), x.size(), slope);
   expect_matches_finite_differences(x, dinp, leaky_loss, 1e-3f, 64, 1e-3, "leaky relu");
 
-  auto tanh_loss = [&] { ek::tanh_forward(out.data(), x.data(), x.size()); return dot(out, probe); };
+  auto tanh_loss = [&] {
+    ek::tanh_forward(out.data(), x.data(), x.size());
+    return dot(out, probe);
+  };
   ek::tanh_forward(out.data(), x.data(), x.size());
   ek::tanh_backward(dinp.data(), probe.data(), out.data(), x.size());
   expect_matches_finite_differences(x, dinp, tanh_loss, 1e-3f, 64, 1e-3, "tanh");
 
   auto targets = random_vector(64, rng, 0, 1);
-  auto bce_loss = [&] { return static_cast<double>(ek::bce_with_logits_forward(x.data(), targets.data(), x.size())); };
+  auto bce_loss = [&] {
+    return static_cast<double>(ek::bce_with_logits_forward(x.data(), targets.data(), x.size()));
+  };
   ek::bce_with_logits_backward(dinp.data(), x.data(), targets.data(), x.size());
   expect_matches_finite_differences(x, dinp, bce_loss, 1e-2f, 64, 2e-3, "bce with logits");
 }
@@ -77,7 +85,8 @@ TEST_P(Deconv2dTest, ReferenceBackwardMatchesFiniteDifferences) {
     ek::deconv2d_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), s);
     return dot(out, probe);
   };
-  ek::deconv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(), weight.data(), s);
+  ek::deconv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(),
+                                  inp.data(), weight.data(), s);
   expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 24, 2e-3, "dinp");
   expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 24, 2e-3, "dweight");
   expect_matches_finite_differences(bias, dbias, loss, 1e-2f, 8, 2e-3, "dbias");
@@ -92,20 +101,26 @@ TEST_P(Deconv2dTest, XnnpackEqualsReference) {
   const auto bias = random_vector(s.OC, rng);
   const auto dout = random_vector(n_out, rng);
   std::vector<float> out_ref(n_out), out_fast(n_out);
-  std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size()), dw_ref(weight.size()), dw_fast(weight.size());
+  std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size()), dw_ref(weight.size()),
+      dw_fast(weight.size());
   std::vector<float> db_ref(bias.size()), db_fast(bias.size());
   ek::deconv2d_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), s);
-  ek::deconv2d_backward_reference(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(), weight.data(), s);
+  ek::deconv2d_backward_reference(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(),
+                                  inp.data(), weight.data(), s);
   ek::Deconv2dXnn fast(s, nullptr);
-  for (int repeat = 0; repeat < 2; repeat++) {  // operators are recreated per call: the second call must agree too
+  for (int repeat = 0; repeat < 2;
+       repeat++) {  // operators are recreated per call: the second call must agree too
     fast.forward(out_fast.data(), inp.data(), weight.data(), bias.data());
-    fast.backward(dinp_fast.data(), dw_fast.data(), db_fast.data(), dout.data(), inp.data(), weight.data());
+    fast.backward(dinp_fast.data(), dw_fast.data(), db_fast.data(), dout.data(), inp.data(),
+                  weight.data());
   }
   // Tolerance as for the other fast ops: 2e-6 per term of the sum plus 1e-5.
   const double taps = static_cast<double>(s.KH) * s.KW;
-  auto expect_close = [](const std::vector<float>& a, const std::vector<float>& b, double tolerance, const char* what) {
+  auto expect_close = [](const std::vector<float>& a, const std::vector<float>& b, double tolerance,
+                         const char* what) {
     ASSERT_EQ(a.size(), b.size());
-    for (std::size_t i = 0; i < a.size(); i++) ASSERT_NEAR(a[i], b[i], tolerance) << what << " at " << i;
+    for (std::size_t i = 0; i < a.size(); i++)
+      ASSERT_NEAR(a[i], b[i], tolerance) << what << " at " << i;
   };
   expect_close(out_fast, out_ref, 2e-6 * taps * s.C + 1e-5, "forward");
   expect_close(dinp_fast, dinp_ref, 2e-6 * taps * s.OC + 1e-5, "dinp");
@@ -118,20 +133,23 @@ TEST_P(Deconv2dTest, XnnpackEqualsReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Deconv2dTest,
-    ::testing::Values(ek::Deconv2dShape{2, 3, 4, 2, 3},                  // 5x5, stride 2, pad 2, adj 1: 3x4 -> 6x8
-                      ek::Deconv2dShape{2, 7, 7, 8, 4},                  // the generator's first layer, thinner
-                      ek::Deconv2dShape{1, 14, 14, 4, 1},                // its last layer: one output channel
-                      ek::Deconv2dShape{2, 5, 3, 3, 2, 3, 3, 1, 1, 0},   // 3x3, stride 1: same size
-                      ek::Deconv2dShape{1, 4, 4, 2, 3, 4, 4, 2, 1, 0}),  // 4x4, stride 2, no adj: 4x4 -> 8x8
+    ::testing::Values(ek::Deconv2dShape{2, 3, 4, 2, 3},  // 5x5, stride 2, pad 2, adj 1: 3x4 -> 6x8
+                      ek::Deconv2dShape{2, 7, 7, 8, 4},  // the generator's first layer, thinner
+                      ek::Deconv2dShape{1, 14, 14, 4, 1},  // its last layer: one output channel
+                      ek::Deconv2dShape{2, 5, 3, 3, 2, 3, 3, 1, 1, 0},  // 3x3, stride 1: same size
+                      ek::Deconv2dShape{1, 4, 4, 2, 3, 4, 4, 2, 1,
+                                        0}),  // 4x4, stride 2, no adj: 4x4 -> 8x8
     [](const ::testing::TestParamInfo<ek::Deconv2dShape>& info) {
       const auto& s = info.param;
-      return "B" + std::to_string(s.B) + "_" + std::to_string(s.H) + "x" + std::to_string(s.W) + "x" +
-             std::to_string(s.C) + "_to_" + std::to_string(s.OH()) + "x" + std::to_string(s.OW()) + "x" +
-             std::to_string(s.OC) + "_k" + std::to_string(s.KH) + "s" + std::to_string(s.stride);
+      return "B" + std::to_string(s.B) + "_" + std::to_string(s.H) + "x" + std::to_string(s.W) +
+             "x" + std::to_string(s.C) + "_to_" + std::to_string(s.OH()) + "x" +
+             std::to_string(s.OW()) + "x" + std::to_string(s.OC) + "_k" + std::to_string(s.KH) +
+             "s" + std::to_string(s.stride);
     });
 
 TEST(GanOps, DeconvRefusesShapesItCannotInvert) {
-  EXPECT_THROW(ek::Deconv2dXnn(ek::Deconv2dShape{1, 3, 3, 1, 1, 5, 5, 2, 2, 2}, nullptr), std::invalid_argument);  // adj >= stride
+  EXPECT_THROW(ek::Deconv2dXnn(ek::Deconv2dShape{1, 3, 3, 1, 1, 5, 5, 2, 2, 2}, nullptr),
+               std::invalid_argument);  // adj >= stride
   EXPECT_THROW(ek::Deconv2dXnn(ek::Deconv2dShape{1, 3, 3, 0, 1}, nullptr), std::invalid_argument);
 }
 
@@ -154,7 +172,8 @@ TEST(GanOps, AdamFollowsItsFormulaAndMinimisesAQuadratic) {
   }
   EXPECT_NEAR(param[0], 3.0f, 0.05);
   EXPECT_NEAR(param[1], 3.0f, 0.05);
-  EXPECT_THROW(ek::adam_update(param.data(), m.data(), v.data(), grad.data(), 2, adam, 0), std::invalid_argument);
+  EXPECT_THROW(ek::adam_update(param.data(), m.data(), v.data(), grad.data(), 2, adam, 0),
+               std::invalid_argument);
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ class CoordinatorChannel : public runtime::ServerChannel {
       : gan_(gan), mutex_(mutex), identity_(std::move(identity)) {}
   CoapResponse get_model(const std::string&) override { return {CoapCode::kNotFound}; }
   CoapResponse post_update(std::span<const std::uint8_t>) override { return {CoapCode::kNotFound}; }
-  CoapResponse request(transport::Method method, const std::string& path, std::span<const std::uint8_t> body) override {
+  CoapResponse request(transport::Method method, const std::string& path,
+                       std::span<const std::uint8_t> body) override {
     std::lock_guard lock(mutex_);
     CoapRequest r;
     r.method = method;
@@ -106,7 +107,8 @@ struct Fleet {
       c.gan.backend = runtime::KernelBackend::kReference;
       c.poll_seconds = 0.001;
       c.swap_wait_seconds = 20;
-      workers.push_back(std::make_unique<runtime::GanWorker>(c, data, *servers[n], peers[n].get(), &topology, stop));
+      workers.push_back(std::make_unique<runtime::GanWorker>(c, data, *servers[n], peers[n].get(),
+                                                             &topology, stop));
     }
   }
   runtime::Dataset data = noise_digits();
@@ -126,9 +128,10 @@ TEST(GanWorker, ThreeWorkersTrainTheServersGeneratorAndSwapDiscriminatorsAlongIt
   std::vector<std::vector<float>> d_before;
   for (auto& w : fleet.workers) d_before.push_back(w->discriminator().params);
   std::vector<std::thread> threads;
-  for (auto& w : fleet.workers) threads.emplace_back([&w] {
-    while (w->stats().iterations < 7) w->run_once();
-  });
+  for (auto& w : fleet.workers)
+    threads.emplace_back([&w] {
+      while (w->stats().iterations < 7) w->run_once();
+    });
   for (auto& t : threads) t.join();
   EXPECT_GE(fleet.gan->iteration(), 7u);
   EXPECT_NE(fleet.gan->generator().params, g_before);
@@ -140,7 +143,8 @@ TEST(GanWorker, ThreeWorkersTrainTheServersGeneratorAndSwapDiscriminatorsAlongIt
     EXPECT_EQ(s.swaps_missed, 0u);
     EXPECT_EQ(s.peer_requests_refused, 0u);
     EXPECT_EQ(s.peer_bytes_sent, s.peer_bytes_received);
-    EXPECT_EQ(s.bytes_sent, 7u * (32 + kBatch * 784 * 4));  // the feedback: header and b·d fp32 values
+    EXPECT_EQ(s.bytes_sent,
+              7u * (32 + kBatch * 784 * 4));  // the feedback: header and b·d fp32 values
     EXPECT_NE(fleet.workers[n]->discriminator().params, d_before[n]);
   }
 }
@@ -166,15 +170,19 @@ TEST(GanWorker, ADiscriminatorNotFromAPeerOrOfAnotherArchitectureIsRefusedAndCha
   std::vector<std::uint32_t> other_sizes = sizes;
   other_sizes.back() += 1;
   std::vector<float> other_values(before.size() + 1, 0.0f);
-  EXPECT_EQ(post("gan-1", transport::encode_dense_model(model.layout_id() + 1, 1, other_sizes, other_values).value()),
+  EXPECT_EQ(post("gan-1",
+                 transport::encode_dense_model(model.layout_id() + 1, 1, other_sizes, other_values)
+                     .value()),
             CoapCode::kBadRequest);
   EXPECT_EQ(post("gan-1", std::span(good).first(good.size() - 3)), CoapCode::kBadRequest);
-  EXPECT_EQ(post("gan-1", transport::encode_dense_model(model.layout_id(), 0, sizes, before).value()),
-            CoapCode::kBadRequest);  // round 0 is no swap round
+  EXPECT_EQ(
+      post("gan-1", transport::encode_dense_model(model.layout_id(), 0, sizes, before).value()),
+      CoapCode::kBadRequest);  // round 0 is no swap round
   EXPECT_EQ(w.stats().peer_requests_refused, 4u);
   EXPECT_EQ(w.stats().peer_bytes_received, 0u);
   EXPECT_EQ(w.discriminator().params, before);
-  EXPECT_EQ(post("gan-1", good), CoapCode::kChanged);  // a peer's, of this architecture: kept for round 1
+  EXPECT_EQ(post("gan-1", good),
+            CoapCode::kChanged);  // a peer's, of this architecture: kept for round 1
   EXPECT_EQ(w.stats().peer_bytes_received, good.size());
 }
 

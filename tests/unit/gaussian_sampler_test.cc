@@ -24,7 +24,7 @@ TEST(GaussianSampler, StandardNormalMoments) {
   }
   EXPECT_NEAR(sum / n, 0.0, 0.01);
   EXPECT_NEAR(sum2 / n, 1.0, 0.01);
-  EXPECT_NEAR(sum4 / n, 3.0, 0.06);                      // the normal's kurtosis
+  EXPECT_NEAR(sum4 / n, 3.0, 0.06);  // the normal's kurtosis
   EXPECT_NEAR(static_cast<double>(beyond_two) / n, 0.0455, 0.003);
 }
 

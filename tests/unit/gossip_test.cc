@@ -34,7 +34,8 @@ TEST(GossipTopology, RandomRegularHasExactDegreeNoDoubleEdgesAndRepeatsForASeed)
   }
   EXPECT_NE(make_topology(TopologyKind::kRandomRegular, 16, 4, 1).edges(),
             make_topology(TopologyKind::kRandomRegular, 16, 4, 2).edges());
-  EXPECT_THROW(make_topology(TopologyKind::kRandomRegular, 5, 3), std::invalid_argument);  // 15 half-edges
+  EXPECT_THROW(make_topology(TopologyKind::kRandomRegular, 5, 3),
+               std::invalid_argument);  // 15 half-edges
   EXPECT_THROW(make_topology(TopologyKind::kRandomRegular, 4, 4), std::invalid_argument);
 }
 
@@ -63,13 +64,15 @@ TEST(GossipTopology, TheFileRoundTripsAndBadFilesAreRefusedByName) {
   refused("{\"peers\": [{\"name\": \"a\"}, {\"name\": \"a\"}], \"edges\": []}", "twice");
   refused("{\"peers\": [{\"name\": \"a\\nb\"}], \"edges\": []}", "plain identity");
   refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [[0, -1]]}", "peer indices");
-  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [], \"kind\": \"star\"}", "unknown topology");
+  refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [], \"kind\": \"star\"}",
+          "unknown topology");
   refused("{\"peers\": [{\"name\": \"a\"}], \"edges\": [[0, 99999999999]]}", "beyond");
 }
 
 TEST(GossipTopology, MetropolisWeightsAreDoublyStochastic) {
   // A path 0-1-2 plus a pendant 3 on 1: degrees 1, 3, 1, 1.
-  const GossipTopology t = topology_from_edges({{"a", ""}, {"b", ""}, {"c", ""}, {"d", ""}}, {{0, 1}, {1, 2}, {1, 3}});
+  const GossipTopology t =
+      topology_from_edges({{"a", ""}, {"b", ""}, {"c", ""}, {"d", ""}}, {{0, 1}, {1, 2}, {1, 3}});
   std::vector<std::vector<double>> w(4, std::vector<double>(4, 0));
   for (std::uint32_t i = 0; i < 4; ++i) {
     const auto weights = metropolis_weights(t, i);
@@ -92,8 +95,13 @@ TEST(GossipTopology, MetropolisWeightsAreDoublyStochastic) {
 }
 
 TEST(WorkloadBalancer, SizesTheBatchToTheTargetAndFollowsASpeedChange) {
-  WorkloadBalancer b({.target_seconds = 0.5, .base_batch = 10, .base_lr = 0.1, .min_batch = 2, .max_batch = 64,
-                      .max_lr_factor = 4, .smoothing = 1});
+  WorkloadBalancer b({.target_seconds = 0.5,
+                      .base_batch = 10,
+                      .base_lr = 0.1,
+                      .min_batch = 2,
+                      .max_batch = 64,
+                      .max_lr_factor = 4,
+                      .smoothing = 1});
   EXPECT_EQ(b.batch(), 10);
   b.observe(10, 0.1);  // 100 examples/s: 50 in half a second, 48 on the ladder 10 * 2^(k/4)
   EXPECT_EQ(b.batch(), 48);
@@ -113,7 +121,8 @@ TEST(WorkloadBalancer, SizesTheBatchToTheTargetAndFollowsASpeedChange) {
   WorkloadBalancer off({.target_seconds = 0, .base_batch = 10});
   off.observe(10, 0.01);
   EXPECT_EQ(off.batch(), 10);
-  EXPECT_THROW(WorkloadBalancer({.target_seconds = 1, .base_batch = 10, .min_batch = 20}), std::invalid_argument);
+  EXPECT_THROW(WorkloadBalancer({.target_seconds = 1, .base_batch = 10, .min_batch = 20}),
+               std::invalid_argument);
 }
 
 TEST(PlateauDetector, DecaysThenStopsOnPlateausAndNeverWithPatienceZero) {
@@ -123,7 +132,8 @@ TEST(PlateauDetector, DecaysThenStopsOnPlateausAndNeverWithPatienceZero) {
   EXPECT_EQ(p.report(0.605), PlateauDetector::Verdict::kContinue);
   EXPECT_EQ(p.report(0.6), PlateauDetector::Verdict::kDecay);
   EXPECT_DOUBLE_EQ(p.lr_factor(), 0.5);
-  EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kContinue);  // improved: the count starts again
+  EXPECT_EQ(p.report(0.7),
+            PlateauDetector::Verdict::kContinue);  // improved: the count starts again
   EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kContinue);
   EXPECT_EQ(p.report(0.7), PlateauDetector::Verdict::kStop);
   EXPECT_TRUE(p.stopped());

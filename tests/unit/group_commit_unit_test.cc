@@ -62,7 +62,8 @@ struct HeldSync {
 TEST(GroupCommitPipeline, ASyncCoversWhatWasStagedBeforeItAndHandsItBackInLogOrder) {
   HeldSync sync;
   std::vector<std::uint64_t> hooked;
-  GroupCommit commit(sync.function(), [&](const StagedUpdate& u) { hooked.push_back(u.record.version); });
+  GroupCommit commit(sync.function(),
+                     [&](const StagedUpdate& u) { hooked.push_back(u.record.version); });
   EXPECT_FALSE(commit.finish_sync(false)) << "no sync running";
   commit.stage(staged(1, "a", 10));
   commit.stage(staged(2, "b", 20));

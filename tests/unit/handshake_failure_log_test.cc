@@ -26,9 +26,11 @@ TEST_F(HandshakeFailureLogTest, TheFirstFailureIsLoggedWithIdentityAddressAndRea
 }
 
 TEST_F(HandshakeFailureLogTest, RepeatsWithinTheIntervalAreCountedNotLogged) {
-  for (int i = 0; i < 50; ++i) log_.record({"pi-kitchen", "198.51.100.7:" + std::to_string(40000 + i), "x"}, t0_ + i * 100ms);
+  for (int i = 0; i < 50; ++i)
+    log_.record({"pi-kitchen", "198.51.100.7:" + std::to_string(40000 + i), "x"}, t0_ + i * 100ms);
   ASSERT_EQ(lines_.size(), 1u);
-  log_.record({"pi-garage", "198.51.100.8:1", "x"}, t0_ + 1s);  // another identity has its own interval
+  log_.record({"pi-garage", "198.51.100.8:1", "x"},
+              t0_ + 1s);  // another identity has its own interval
   ASSERT_EQ(lines_.size(), 2u);
   log_.flush(t0_ + 9s);
   EXPECT_EQ(lines_.size(), 2u);
@@ -36,7 +38,8 @@ TEST_F(HandshakeFailureLogTest, RepeatsWithinTheIntervalAreCountedNotLogged) {
   ASSERT_EQ(lines_.size(), 3u);
   EXPECT_NE(lines_[2].find("'pi-kitchen'"), std::string::npos) << lines_[2];
   EXPECT_NE(lines_[2].find("49"), std::string::npos) << lines_[2];
-  EXPECT_NE(lines_[2].find("198.51.100.7:40049"), std::string::npos) << "the last address: " << lines_[2];
+  EXPECT_NE(lines_[2].find("198.51.100.7:40049"), std::string::npos)
+      << "the last address: " << lines_[2];
   log_.flush(t0_ + 30s);  // nothing more held back: nothing more said
   EXPECT_EQ(lines_.size(), 3u);
   log_.record({"pi-kitchen", "198.51.100.7:1", "x"}, t0_ + 31s);

@@ -41,7 +41,8 @@ std::vector<std::uint8_t> cookie_of(const std::vector<std::uint8_t>& reply) {
 TEST(HandshakeGuardParsing, AClientHelloIsRecognizedWithItsCookieAndSequenceNumbers) {
   const std::vector<std::uint8_t> cookie = {1, 2, 3, 4, 5};
   ClientHello hello;
-  ASSERT_EQ(classify_datagram(dtls_client_hello(0x010203040506, cookie), &hello), DatagramKind::kClientHello);
+  ASSERT_EQ(classify_datagram(dtls_client_hello(0x010203040506, cookie), &hello),
+            DatagramKind::kClientHello);
   EXPECT_EQ(hello.cookie, cookie);
   EXPECT_EQ(hello.message_seq, 1);
   EXPECT_EQ(hello.record_sequence, (std::array<std::uint8_t, 6>{1, 2, 3, 4, 5, 6}));
@@ -54,7 +55,8 @@ TEST(HandshakeGuardParsing, EveryTruncationIsMalformedAndNothingReadsPastTheEnd)
   const auto whole = dtls_client_hello(3, std::vector<std::uint8_t>(32, 9));
   for (std::size_t length = 14; length < whole.size(); ++length) {
     // The record length still claims the whole message: a cut datagram must not pass.
-    const std::vector<std::uint8_t> cut(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(length));
+    const std::vector<std::uint8_t> cut(whole.begin(),
+                                        whole.begin() + static_cast<std::ptrdiff_t>(length));
     EXPECT_EQ(classify_datagram(cut, nullptr), DatagramKind::kMalformedClientHello) << length;
   }
   EXPECT_EQ(classify_datagram(std::span(whole).first(13), nullptr), DatagramKind::kOther);
@@ -89,16 +91,20 @@ TEST(HandshakeGuardParsing, OtherRecordsAreLeftToLibcoap) {
 
 TEST(HandshakeGuardParsing, TheHelloVerifyRequestEchoesTheClientHelloAsRfc6347Asks) {
   ClientHello hello;
-  ASSERT_EQ(classify_datagram(dtls_client_hello(0x0a0b0c0d0e0f), &hello), DatagramKind::kClientHello);
+  ASSERT_EQ(classify_datagram(dtls_client_hello(0x0a0b0c0d0e0f), &hello),
+            DatagramKind::kClientHello);
   const std::vector<std::uint8_t> cookie(32, 0x5a);
   std::vector<std::uint8_t> reply;
   hello_verify_request(hello, cookie, reply);
   ASSERT_EQ(reply.size(), 13u + 12 + 3 + 32);
-  EXPECT_EQ(reply[0], 22);                                                   // handshake
-  EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 1, reply.begin() + 3), (std::vector<std::uint8_t>{254, 255}));
-  EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 3, reply.begin() + 5), (std::vector<std::uint8_t>{0, 0}));
+  EXPECT_EQ(reply[0], 22);  // handshake
+  EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 1, reply.begin() + 3),
+            (std::vector<std::uint8_t>{254, 255}));
+  EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 3, reply.begin() + 5),
+            (std::vector<std::uint8_t>{0, 0}));
   EXPECT_EQ(std::vector<std::uint8_t>(reply.begin() + 5, reply.begin() + 11),
-            (std::vector<std::uint8_t>{0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f}));  // the ClientHello's record number
+            (std::vector<std::uint8_t>{0x0a, 0x0b, 0x0c, 0x0d, 0x0e,
+                                       0x0f}));  // the ClientHello's record number
   EXPECT_EQ(reply[11] * 256 + reply[12], 12 + 3 + 32);
   EXPECT_EQ(reply[13], 3);  // hello_verify_request
   EXPECT_EQ(reply[14] * 65536 + reply[15] * 256 + reply[16], 35);
@@ -154,10 +160,12 @@ class HandshakeGuardLimits : public ::testing::Test {
 
 TEST_F(HandshakeGuardLimits, AFirstClientHelloGetsACookieAndLeavesNoState) {
   std::vector<std::uint8_t> reply;
-  for (std::uint32_t i = 0; i < 10000; ++i) {  // a spoofed flood: every ClientHello from another source
-    const std::string address = "10." + std::to_string(i / 65536) + "." + std::to_string(i / 256 % 256) + "." +
-                                std::to_string(i % 256);
-    ASSERT_EQ(guard_.decide(ipv4(address.c_str(), 1000), dtls_client_hello(i), now_, reply), Decision::kAnswerWithCookie);
+  for (std::uint32_t i = 0; i < 10000;
+       ++i) {  // a spoofed flood: every ClientHello from another source
+    const std::string address = "10." + std::to_string(i / 65536) + "." +
+                                std::to_string(i / 256 % 256) + "." + std::to_string(i % 256);
+    ASSERT_EQ(guard_.decide(ipv4(address.c_str(), 1000), dtls_client_hello(i), now_, reply),
+              Decision::kAnswerWithCookie);
   }
   EXPECT_EQ(guard_.stats().hello_verify_requests, 10000u);
   EXPECT_EQ(guard_.stats().pending, 0u);
@@ -165,8 +173,10 @@ TEST_F(HandshakeGuardLimits, AFirstClientHelloGetsACookieAndLeavesNoState) {
   // A cookie made for one address does not open the door to another.
   const auto made = make_cookie(ipv4("10.0.0.1", 1000));
   const std::vector<std::uint8_t> cookie(made.view().begin(), made.view().end());
-  EXPECT_EQ(guard_.decide(ipv4("10.0.0.2", 1000), dtls_client_hello(1, cookie), now_, reply), Decision::kAnswerWithCookie);
-  EXPECT_EQ(guard_.decide(ipv4("10.0.0.1", 1000), dtls_client_hello(1, cookie), now_, reply), Decision::kPass);
+  EXPECT_EQ(guard_.decide(ipv4("10.0.0.2", 1000), dtls_client_hello(1, cookie), now_, reply),
+            Decision::kAnswerWithCookie);
+  EXPECT_EQ(guard_.decide(ipv4("10.0.0.1", 1000), dtls_client_hello(1, cookie), now_, reply),
+            Decision::kPass);
 }
 
 TEST_F(HandshakeGuardLimits, OtherDatagramsPassAndMalformedClientHellosAreDropped) {
@@ -180,10 +190,12 @@ TEST_F(HandshakeGuardLimits, OtherDatagramsPassAndMalformedClientHellosAreDroppe
 }
 
 TEST_F(HandshakeGuardLimits, EachSourceAddressGetsItsRateOfNewHandshakes) {
-  for (std::uint16_t port = 1; port <= 3; ++port) EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.1", port)), Decision::kPass);
+  for (std::uint16_t port = 1; port <= 3; ++port)
+    EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.1", port)), Decision::kPass);
   EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.1", 4)), Decision::kDropRateLimited);
-  EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.2", 1)), Decision::kPass);  // another address has its own bucket
-  now_ += std::chrono::milliseconds(340);                               // 3 per second: one more token
+  EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.2", 1)),
+            Decision::kPass);              // another address has its own bucket
+  now_ += std::chrono::milliseconds(340);  // 3 per second: one more token
   EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.1", 4)), Decision::kPass);
   EXPECT_EQ(hello_with_cookie(ipv4("192.0.2.1", 5)), Decision::kDropRateLimited);
   EXPECT_EQ(guard_.stats().refused_rate_limited, 2u);
@@ -195,7 +207,8 @@ TEST_F(HandshakeGuardLimits, EachSourceAddressGetsItsRateOfNewHandshakes) {
 TEST_F(HandshakeGuardLimits, PendingHandshakesAreCappedPerAddressAndInAll) {
   auto start = [&](const PeerAddress& peer) {
     const Decision decision = hello_with_cookie(peer);
-    if (decision == Decision::kPass) guard_.handshake_started(&sessions_[next_session_++], peer, now_);
+    if (decision == Decision::kPass)
+      guard_.handshake_started(&sessions_[next_session_++], peer, now_);
     return decision;
   };
   EXPECT_EQ(start(ipv4("192.0.2.1", 1)), Decision::kPass);

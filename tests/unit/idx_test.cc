@@ -19,11 +19,13 @@ using edgetrain::runtime::read_idx_file;
 
 namespace {
 
-std::vector<std::uint8_t> idx_bytes(std::vector<std::uint32_t> dims, const std::vector<std::uint8_t>& payload,
+std::vector<std::uint8_t> idx_bytes(std::vector<std::uint32_t> dims,
+                                    const std::vector<std::uint8_t>& payload,
                                     std::uint8_t type = 0x08) {
   std::vector<std::uint8_t> out = {0, 0, type, static_cast<std::uint8_t>(dims.size())};
   for (std::uint32_t d : dims) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(d >> shift));
+    for (int shift = 24; shift >= 0; shift -= 8)
+      out.push_back(static_cast<std::uint8_t>(d >> shift));
   }
   out.insert(out.end(), payload.begin(), payload.end());
   return out;
@@ -54,14 +56,17 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint32_t seed, int mo
 class IdxFiles : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("edgetrain_idx_test_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("edgetrain_idx_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
   fs::path write(const std::string& name, const std::vector<std::uint8_t>& bytes) {
     fs::path p = dir_ / name;
-    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(p, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()),
+               static_cast<std::streamsize>(bytes.size()));
     return p;
   }
   // Expects read_idx_file to throw a DataError naming the file whose reason contains `needle`.
@@ -102,7 +107,9 @@ TEST_F(IdxFiles, TruncatedFilesAreRefused) {
   expect_refused(write("header", {full.begin(), full.begin() + 6}), "truncated header");
   expect_refused(write("short-magic", {0, 0}), "shorter than");
   auto gz = gzip(full);
-  expect_refused(write("cut.gz", {gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)}), "truncated");
+  expect_refused(
+      write("cut.gz", {gz.begin(), gz.begin() + static_cast<std::ptrdiff_t>(gz.size() / 2)}),
+      "truncated");
 }
 
 TEST_F(IdxFiles, TrailingBytesAreRefused) {
@@ -128,7 +135,8 @@ TEST_F(IdxFiles, OversizedDimensionsAreRefusedBeforeAllocating) {
   expect_refused(write("over-cap", idx_bytes({11, 10}, random_bytes(110, 4))), "cap", small);
   expect_refused(write("zero-dim", idx_bytes({0, 28}, {})), "zero");
   // A gzip bomb: tiny file, content beyond the cap.
-  expect_refused(write("bomb.gz", gzip(idx_bytes({1000}, std::vector<std::uint8_t>(1000, 0)))), "cap", small);
+  expect_refused(write("bomb.gz", gzip(idx_bytes({1000}, std::vector<std::uint8_t>(1000, 0)))),
+                 "cap", small);
 }
 
 TEST_F(IdxFiles, EmptyAndMissingFilesAreRefused) {
@@ -148,7 +156,8 @@ TEST_F(IdxFiles, DatasetChecksThatImagesAndLabelsAgree) {
   EXPECT_EQ(data.channels, 1u);
   for (std::size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(data.labels[i], labels[i]);
-    EXPECT_TRUE(std::equal(data.image(i).begin(), data.image(i).end(), pixels.begin() + static_cast<std::ptrdiff_t>(i * 6)));
+    EXPECT_TRUE(std::equal(data.image(i).begin(), data.image(i).end(),
+                           pixels.begin() + static_cast<std::ptrdiff_t>(i * 6)));
   }
 
   auto six_labels = write("lab6", idx_bytes({6}, random_bytes(6, 7, 10)));
@@ -165,11 +174,12 @@ TEST_F(IdxFiles, DatasetChecksThatImagesAndLabelsAgree) {
       DataError);
   auto big_label = write("lab-big", idx_bytes({5}, {0, 1, 2, 10, 3}));
   EXPECT_THROW(load_dataset(images_path, big_label), DataError);
-  EXPECT_THROW(load_dataset(labels_path, labels_path), DataError);   // labels as images: 1-D
-  EXPECT_THROW(load_dataset(images_path, images_path), DataError);   // images as labels: 3-D
+  EXPECT_THROW(load_dataset(labels_path, labels_path), DataError);  // labels as images: 1-D
+  EXPECT_THROW(load_dataset(images_path, images_path), DataError);  // images as labels: 3-D
 }
 
-void expect_real_dataset(const fs::path& images, const fs::path& labels, std::size_t expected_count) {
+void expect_real_dataset(const fs::path& images, const fs::path& labels,
+                         std::size_t expected_count) {
   EDGETRAIN_REQUIRE_DATA(images, labels);
   auto data = load_dataset(images, labels);
   EXPECT_EQ(data.size(), expected_count);
@@ -179,7 +189,8 @@ void expect_real_dataset(const fs::path& images, const fs::path& labels, std::si
   // Every class appears, and images are not blank.
   std::vector<std::size_t> per_class(10, 0);
   for (auto label : data.labels) ++per_class[static_cast<std::size_t>(label)];
-  for (std::size_t c = 0; c < 10; ++c) EXPECT_GT(per_class[c], expected_count / 50) << "class " << c;
+  for (std::size_t c = 0; c < 10; ++c)
+    EXPECT_GT(per_class[c], expected_count / 50) << "class " << c;
   std::size_t nonzero = 0;
   for (auto p : data.image(0)) nonzero += p != 0;
   EXPECT_GT(nonzero, 20u);

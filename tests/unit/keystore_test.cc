@@ -22,7 +22,8 @@ using namespace edgetrain::server;
 class KeystoreFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("edgetrain-keys-" + std::to_string(::getpid()));
+    dir_ =
+        std::filesystem::temp_directory_path() / ("edgetrain-keys-" + std::to_string(::getpid()));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     path_ = dir_ / "keys.toml";
@@ -67,8 +68,9 @@ TEST_F(KeystoreFile, ReadableByGroupOrOthersIsRefused) {
 }
 
 TEST_F(KeystoreFile, ShortOrNonHexKeysAreRefused) {
-  for (const char* text : {"[devices]\na = \"00ff\"\n", "[devices]\na = \"zz00112233445566778899aabbccddeeff\"\n",
-                           "[devices\n"}) {
+  for (const char* text :
+       {"[devices]\na = \"00ff\"\n", "[devices]\na = \"zz00112233445566778899aabbccddeeff\"\n",
+        "[devices\n"}) {
     {
       std::ofstream out(path_);
       out << text;
@@ -98,7 +100,6 @@ TEST_F(KeystoreFile, KeysLongerThanMbedTlsCanUseAreRefusedNamingTheLimit) {
     out << "[devices]\nlongest = \"" << std::string(2 * 32, 'a') << "\"\n";
   }
   EXPECT_EQ(Keystore::load(path_).size(), 1u);  // exactly the limit is fine
-
 }
 
 TEST_F(KeystoreFile, NewKeysArePrintableForCoapClient) {
@@ -106,7 +107,8 @@ TEST_F(KeystoreFile, NewKeysArePrintableForCoapClient) {
   const auto key = add_device(path_, "pi-01");
   EXPECT_EQ(key.size(), 32u);
   EXPECT_TRUE(is_printable_key(key));
-  for (std::uint8_t b : key) EXPECT_TRUE(std::isalnum(b) || b == '-' || b == '_') << static_cast<int>(b);
+  for (std::uint8_t b : key)
+    EXPECT_TRUE(std::isalnum(b) || b == '-' || b == '_') << static_cast<int>(b);
   EXPECT_EQ(Keystore::load(path_).key_for("pi-01"), key);
   EXPECT_NE(random_printable_key(), random_printable_key());
   EXPECT_FALSE(is_printable_key({'a', 0, 'b'}));
@@ -132,7 +134,8 @@ TEST_F(KeystoreFile, RemoveAndRotateChangeOnlyTheirDevice) {
 TEST_F(KeystoreFile, ConcurrentAddsLoseNothing) {
   // Each thread is another process in real use; the flock serialises them the same way.
   std::vector<std::thread> threads;
-  for (int i = 0; i < 16; i++) threads.emplace_back([this, i] { add_device(path_, "pi-" + std::to_string(i)); });
+  for (int i = 0; i < 16; i++)
+    threads.emplace_back([this, i] { add_device(path_, "pi-" + std::to_string(i)); });
   for (auto& t : threads) t.join();
   EXPECT_EQ(Keystore::load(path_).size(), 16u);
 }
@@ -176,7 +179,8 @@ TEST_F(KeystoreFile, LiveKeystoreKeepsThePreviousKeysWhenTheNewFileIsBad) {
   EXPECT_EQ(live.key_for("pi-01"), key1);
   EXPECT_FALSE(live.contains("pi-03"));
   ASSERT_EQ(log.size(), 1u);
-  EXPECT_NE(log[0].find("keystore not reloaded, keeping the previous one"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("keystore not reloaded, keeping the previous one"), std::string::npos)
+      << log[0];
   // Readable by others: refused the same way.
   add_device(dir_ / "other.toml", "pi-04");
   std::filesystem::rename(dir_ / "other.toml", path_);
@@ -200,8 +204,9 @@ TEST_F(KeystoreFile, UntrustedIdentitiesAreLoggedAsOneEscapedLine) {
   EXPECT_FALSE(live.handshake_key(forged).has_value());
   EXPECT_TRUE(live.handshake_key("pi-01").has_value());  // known devices are not logged here
   ASSERT_EQ(log.size(), 1u);
-  EXPECT_EQ(log[0], "refused a DTLS handshake from unknown identity "
-                    "'x\\x27\\x0a2026-11-23T00:00:00.000Z version 999 applied\\x1b[2J'");
+  EXPECT_EQ(log[0],
+            "refused a DTLS handshake from unknown identity "
+            "'x\\x27\\x0a2026-11-23T00:00:00.000Z version 999 applied\\x1b[2J'");
 
   {
     std::ofstream out(path_, std::ios::trunc);
@@ -209,7 +214,8 @@ TEST_F(KeystoreFile, UntrustedIdentitiesAreLoggedAsOneEscapedLine) {
   }
   EXPECT_FALSE(live.contains("pi-02"));
   ASSERT_EQ(log.size(), 2u);
-  EXPECT_NE(log[1].find("invalid device name 'evil\\x0aname\\x1b[31m'"), std::string::npos) << log[1];
+  EXPECT_NE(log[1].find("invalid device name 'evil\\x0aname\\x1b[31m'"), std::string::npos)
+      << log[1];
   for (const std::string& line : log) {
     EXPECT_EQ(line.find('\n'), std::string::npos) << line;
     EXPECT_EQ(line.find('\x1b'), std::string::npos) << line;

@@ -40,17 +40,20 @@ class UdpSocket {
   }
   void send_to(std::uint16_t port, const std::vector<std::uint8_t>& bytes) {
     sockaddr_in to = parse_ipv4_endpoint("127.0.0.1", port);
-    ASSERT_EQ(::sendto(fd_, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
-              static_cast<ssize_t>(bytes.size()));
+    ASSERT_EQ(
+        ::sendto(fd_, bytes.data(), bytes.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
+        static_cast<ssize_t>(bytes.size()));
   }
   // One datagram within `timeout`, or an empty vector; `from_port` gets the sender's port.
-  std::vector<std::uint8_t> receive(std::chrono::milliseconds timeout, std::uint16_t* from_port = nullptr) {
+  std::vector<std::uint8_t> receive(std::chrono::milliseconds timeout,
+                                    std::uint16_t* from_port = nullptr) {
     pollfd p{fd_, POLLIN, 0};
     if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return {};
     std::vector<std::uint8_t> buffer(65536);
     sockaddr_in from{};
     socklen_t length = sizeof from;
-    const ssize_t n = ::recvfrom(fd_, buffer.data(), buffer.size(), 0, reinterpret_cast<sockaddr*>(&from), &length);
+    const ssize_t n = ::recvfrom(fd_, buffer.data(), buffer.size(), 0,
+                                 reinterpret_cast<sockaddr*>(&from), &length);
     if (n < 0) return {};
     if (from_port) *from_port = ntohs(from.sin_port);
     buffer.resize(static_cast<std::size_t>(n));
@@ -115,7 +118,8 @@ TEST(LinkImpairer, RelaysBothWaysWithTheDelayAndOneSourcePerLink) {
 }
 
 // Sends `count` numbered datagrams through a lossy link; returns the numbers that arrived.
-std::set<std::uint32_t> delivered_through_lossy_link(std::uint64_t seed, int count, LinkCounters& counters) {
+std::set<std::uint32_t> delivered_through_lossy_link(std::uint64_t seed, int count,
+                                                     LinkCounters& counters) {
   UdpSocket worker, server;
   LinkImpairer impairer({link_to(server.port(), {.loss = 0.3}, seed)});
   std::set<std::uint32_t> delivered;
@@ -129,7 +133,9 @@ std::set<std::uint32_t> delivered_through_lossy_link(std::uint64_t seed, int cou
   const auto deadline = Clock::now() + std::chrono::seconds(10);
   while (Clock::now() < deadline) {
     const LinkCounters c = impairer.counters(0);
-    if (c.to_server.datagrams_in == static_cast<std::uint64_t>(count) && delivered.size() == c.to_server.datagrams_out) break;
+    if (c.to_server.datagrams_in == static_cast<std::uint64_t>(count) &&
+        delivered.size() == c.to_server.datagrams_out)
+      break;
     const auto got = server.receive(std::chrono::milliseconds(50));
     if (!got.empty()) delivered.insert(number_of(got));
   }

@@ -45,7 +45,8 @@ TEST(RepeatLimiter, AFloodBecomesItsBurstAndOneCountedLinePerInterval) {
   const auto t0 = RepeatLimiter::Clock::time_point{} + 1000s;
   std::vector<std::string> shown;
   for (int i = 0; i < 1436; ++i) {  // 1,436 lines in 6 s, as in issue 12
-    for (auto& line : limiter.admit("too stale from w1", "refused " + std::to_string(i), t0 + i * 4ms))
+    for (auto& line :
+         limiter.admit("too stale from w1", "refused " + std::to_string(i), t0 + i * 4ms))
       shown.push_back(line);
   }
   EXPECT_EQ(shown, (std::vector<std::string>{"refused 0", "refused 1", "refused 2"}));
@@ -90,7 +91,8 @@ TEST(RepeatLimiter, KindsAreCountedApart) {
   EXPECT_TRUE(limiter.admit("stale from b", "b3", t0).empty());
   auto summaries = limiter.flush(t0 + 10s);
   std::sort(summaries.begin(), summaries.end());
-  EXPECT_EQ(summaries, (std::vector<std::string>{"a2 (1 more in the last 10 s)", "b3 (2 more in the last 10 s)"}));
+  EXPECT_EQ(summaries, (std::vector<std::string>{"a2 (1 more in the last 10 s)",
+                                                 "b3 (2 more in the last 10 s)"}));
 }
 
 TEST(RepeatLimiter, ManyDistinctKindsStayBoundedAndNothingCountedIsLost) {
@@ -98,7 +100,8 @@ TEST(RepeatLimiter, ManyDistinctKindsStayBoundedAndNothingCountedIsLost) {
   const auto t0 = RepeatLimiter::Clock::time_point{} + 1000s;
   std::vector<std::string> summaries;
   for (int i = 0; i < 1000; ++i) {
-    for (auto& line : limiter.admit("kind " + std::to_string(i), "line " + std::to_string(i), t0 + i * 1ms))
+    for (auto& line :
+         limiter.admit("kind " + std::to_string(i), "line " + std::to_string(i), t0 + i * 1ms))
       summaries.push_back(line);
     EXPECT_LE(limiter.kinds(), 8u);
   }

@@ -20,12 +20,14 @@ using edgetrain::runtime::MagnitudeSelector;
 
 MagnitudeRank by_nth_element(const std::vector<float>& values, std::size_t k) {
   std::vector<float> magnitudes(values.size());
-  std::transform(values.begin(), values.end(), magnitudes.begin(), [](float v) { return std::fabs(v); });
-  std::nth_element(magnitudes.begin(), magnitudes.begin() + static_cast<std::ptrdiff_t>(k - 1), magnitudes.end(),
-                   std::greater<float>());
+  std::transform(values.begin(), values.end(), magnitudes.begin(),
+                 [](float v) { return std::fabs(v); });
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + static_cast<std::ptrdiff_t>(k - 1),
+                   magnitudes.end(), std::greater<float>());
   const float threshold = magnitudes[k - 1];
-  return {threshold, static_cast<std::size_t>(std::count_if(values.begin(), values.end(),
-                                                            [&](float v) { return std::fabs(v) > threshold; }))};
+  return {threshold,
+          static_cast<std::size_t>(std::count_if(
+              values.begin(), values.end(), [&](float v) { return std::fabs(v) > threshold; }))};
 }
 
 void expect_same(MagnitudeSelector& selector, const std::vector<float>& values, std::size_t k) {
@@ -42,7 +44,8 @@ TEST(MagnitudeSelect, MatchesNthElementOnGradientLikeValues) {
     std::normal_distribution<float> normal(0.0f, 1e-3f);
     std::vector<float> values(n);
     for (float& v : values) v = normal(rng);
-    for (std::size_t k : {std::size_t{1}, std::max<std::size_t>(1, n / 100), std::max<std::size_t>(1, n / 2), n})
+    for (std::size_t k :
+         {std::size_t{1}, std::max<std::size_t>(1, n / 100), std::max<std::size_t>(1, n / 2), n})
       expect_same(selector, values, k);
   }
 }
@@ -57,8 +60,9 @@ TEST(MagnitudeSelect, TiesZerosSignsAndTinyValues) {
   expect_same(selector, equal, 10);
   EXPECT_EQ(selector.select(equal, 10).above, 0u);
   // Subnormals, the largest finite and infinities sort with the rest.
-  std::vector<float> extremes = {std::numeric_limits<float>::denorm_min(), 1e-40f, -1e-38f,
-                                 std::numeric_limits<float>::max(), -std::numeric_limits<float>::infinity(), 1.0f};
+  std::vector<float> extremes = {
+      std::numeric_limits<float>::denorm_min(), 1e-40f, -1e-38f, std::numeric_limits<float>::max(),
+      -std::numeric_limits<float>::infinity(),  1.0f};
   for (std::size_t k = 1; k <= extremes.size(); ++k) expect_same(selector, extremes, k);
   // Values spread over every exponent (each bucket holds a few).
   std::mt19937 rng(3);

@@ -23,8 +23,9 @@ std::vector<std::uint8_t> dense(std::uint64_t version, const std::vector<float>&
 }
 
 // The delta from `before` to `after` (entries that differ), at versions base → version.
-std::vector<std::uint8_t> delta(std::uint64_t base, std::uint64_t version, const std::vector<float>& before,
-                                const std::vector<float>& after, std::uint64_t model = kModel) {
+std::vector<std::uint8_t> delta(std::uint64_t base, std::uint64_t version,
+                                const std::vector<float>& before, const std::vector<float>& after,
+                                std::uint64_t model = kModel) {
   transport::ModelDelta d{model, base, version, transport::parameter_digest(after), {}};
   std::size_t offset = 0;
   for (std::uint32_t t = 0; t < kSizes.size(); ++t) {
@@ -114,7 +115,8 @@ TEST(ModelReplica, AnotherModelIsRefusedAndTheCopyKept) {
   ModelReplica replica(kModel, kSizes);
   ASSERT_EQ(replica.take(dense(3, v3)), Outcome::kDense);
   EXPECT_THROW(replica.take(delta(3, 5, v3, v5, kModel + 1)), std::runtime_error);
-  EXPECT_THROW(replica.take(transport::encode_dense_model(kModel + 1, 4, kSizes, v5).value()), std::runtime_error);
+  EXPECT_THROW(replica.take(transport::encode_dense_model(kModel + 1, 4, kSizes, v5).value()),
+               std::runtime_error);
   const std::vector<std::uint8_t> junk = {'E', 'T', 'D', 'M', 1};
   EXPECT_THROW(replica.take(junk), std::runtime_error);
   EXPECT_TRUE(replica.exact());

@@ -43,7 +43,8 @@ void expect_exact_cover(const std::vector<std::uint32_t>& sizes, std::uint32_t c
 }
 
 TEST(ModelShards, EveryParameterIsInExactlyOneShard) {
-  const std::vector<std::uint32_t> sizes = {288, 32, 18432, 64, 401408, 128, 1280, 10};  // the paper CNN
+  const std::vector<std::uint32_t> sizes = {288,    32,  18432, 64,
+                                            401408, 128, 1280,  10};  // the paper CNN
   for (std::uint32_t count : {1u, 2u, 3u, 7u, 8u, 9u, 100u}) expect_exact_cover(sizes, count);
   expect_exact_cover({1, 1, 1}, 3);
   expect_exact_cover({5}, 5);
@@ -99,13 +100,15 @@ TEST(ModelShards, AShardModelIsASliceWithALayoutOfItsOwn) {
     EXPECT_TRUE(layouts.insert(shard.layout_id()).second) << "shard " << i;
     ASSERT_EQ(shard.tensors().size(), shard_pieces(sizes, {i, 3}).size());
     for (std::size_t j = 0; j < shard.parameter_count(); j++)
-      ASSERT_EQ(shard.parameters()[j], full.parameters()[flat + j]) << "shard " << i << " entry " << j;
+      ASSERT_EQ(shard.parameters()[j], full.parameters()[flat + j])
+          << "shard " << i << " entry " << j;
     flat += shard.parameter_count();
     EXPECT_EQ(shard.num_classes(), 0);
   }
   EXPECT_EQ(flat, full.parameter_count());
   // The names say which piece of which tensor; another shard count gives other layouts.
-  EXPECT_EQ(shard_model(full, {0, 1}).tensors()[0].name, "fc1.weight[0:" + std::to_string(full.tensors()[0].size) + "]");
+  EXPECT_EQ(shard_model(full, {0, 1}).tensors()[0].name,
+            "fc1.weight[0:" + std::to_string(full.tensors()[0].size) + "]");
   EXPECT_NE(shard_model(full, {0, 2}).layout_id(), shard_model(full, {0, 3}).layout_id());
   EXPECT_NE(shard_model(full, {0, 1}).layout_id(), full.layout_id());
 }

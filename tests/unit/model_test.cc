@@ -25,8 +25,10 @@ TEST(ModelSpec, PaperCnnHasThePapersParameterCountAndLayout) {
   EXPECT_EQ(model.parameter_count(), 421642u);
   ASSERT_EQ(model.tensors().size(), 8u);
   const std::vector<std::pair<std::string, std::vector<int>>> expected = {
-      {"conv1.weight", {32, 3, 3, 1}}, {"conv1.bias", {32}},  {"conv2.weight", {64, 3, 3, 32}}, {"conv2.bias", {64}},
-      {"fc1.weight", {128, 3136}},     {"fc1.bias", {128}},   {"fc2.weight", {10, 128}},        {"fc2.bias", {10}}};
+      {"conv1.weight", {32, 3, 3, 1}},  {"conv1.bias", {32}},
+      {"conv2.weight", {64, 3, 3, 32}}, {"conv2.bias", {64}},
+      {"fc1.weight", {128, 3136}},      {"fc1.bias", {128}},
+      {"fc2.weight", {10, 128}},        {"fc2.bias", {10}}};
   std::size_t offset = 0;
   for (std::size_t i = 0; i < expected.size(); i++) {
     EXPECT_EQ(model.tensors()[i].name, expected[i].first);
@@ -44,7 +46,8 @@ TEST(ModelSpec, PaperCnnHasThePapersParameterCountAndLayout) {
 TEST(ModelSpec, MlpAndCustomSpecs) {
   Model mlp(builtin_model_spec("mlp"));
   EXPECT_EQ(mlp.parameter_count(), 784u * 128 + 128 + 128 * 10 + 10);
-  Model custom(parse_model_spec("# a tiny net\ninput 8x8x3\nconv 4 3x3 valid relu; maxpool 2\nfc 5"));
+  Model custom(
+      parse_model_spec("# a tiny net\ninput 8x8x3\nconv 4 3x3 valid relu; maxpool 2\nfc 5"));
   EXPECT_EQ(custom.layers()[0].out, (ExampleShape{6, 6, 4}));
   EXPECT_EQ(custom.layers()[2].out, (ExampleShape{3, 3, 4}));
   EXPECT_EQ(custom.num_classes(), 5);
@@ -56,7 +59,8 @@ TEST(ModelSpec, MlpAndCustomSpecs) {
 // MD-GAN's CNN generator (runtime/gan_network.h) is written in the spec language: an fc
 // layer whose output is an image, then transposed convolutions that double it.
 TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {
-  Model g(parse_model_spec("input 1x1x110; fc 7x7x128; deconv 64 5x5 stride 2; deconv 1 5x5 stride 2"));
+  Model g(
+      parse_model_spec("input 1x1x110; fc 7x7x128; deconv 64 5x5 stride 2; deconv 1 5x5 stride 2"));
   ASSERT_EQ(g.layers().size(), 3u);
   EXPECT_EQ(g.layers()[0].out, (ExampleShape{7, 7, 128}));
   EXPECT_EQ(g.layers()[1].kind, LayerKind::kDeconv);
@@ -65,8 +69,9 @@ TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {
   EXPECT_EQ(g.layers()[1].adj, 1);
   EXPECT_EQ(g.layers()[2].out, (ExampleShape{28, 28, 1}));
   const std::vector<std::pair<std::string, std::vector<int>>> expected = {
-      {"fc1.weight", {6272, 110}}, {"fc1.bias", {6272}}, {"deconv1.weight", {64, 5, 5, 128}},
-      {"deconv1.bias", {64}},      {"deconv2.weight", {1, 5, 5, 64}}, {"deconv2.bias", {1}}};
+      {"fc1.weight", {6272, 110}},         {"fc1.bias", {6272}},
+      {"deconv1.weight", {64, 5, 5, 128}}, {"deconv1.bias", {64}},
+      {"deconv2.weight", {1, 5, 5, 64}},   {"deconv2.bias", {1}}};
   ASSERT_EQ(g.tensors().size(), expected.size());
   for (std::size_t i = 0; i < expected.size(); i++) {
     EXPECT_EQ(g.tensors()[i].name, expected[i].first);
@@ -92,20 +97,20 @@ TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
       "input 28x28; fc 10",                 // input needs 3 sizes
       "input 28x28x1; conv 32 3x2; fc 10",  // non-square kernel
       "input 28x28x1; conv 32 4x4 same; fc 10",
-      "input 28x28x1; pool 2; fc 10",       // unknown layer
-      "input 28x28x1; fc 0",                // zero size
+      "input 28x28x1; pool 2; fc 10",  // unknown layer
+      "input 28x28x1; fc 0",           // zero size
       "input 28x28x1; fc -3",
       "input 28x28x1; fc 10 sigmoid",
       "input 28x28x1; maxpool 3; fc 10",
-      "input 28x28x1; fc 10; relu",         // last layer is not fc/conv
-      "input 28x28x1; fc 1",                // one class
+      "input 28x28x1; fc 10; relu",           // last layer is not fc/conv
+      "input 28x28x1; fc 1",                  // one class
       "input 2x2x1; conv 4 5x5 valid; fc 2",  // kernel larger than input
-      "input 4096x4096x4096; fc 10",        // too many parameters
+      "input 4096x4096x4096; fc 10",          // too many parameters
       "input 28x28x1; fc 99999999999999999999",
       "input 7x7x8; deconv 4 4x4 stride 2",  // deconv needs an odd kernel
       "input 7x7x8; deconv 4 5x3",
       "input 7x7x8; deconv 4 5x5 same",
-      "input 1x1x4; fc 2x2",                // an fc shape needs HxWxC
+      "input 1x1x4; fc 2x2",  // an fc shape needs HxWxC
       "input 1x1x4; fc 2x0x3",
   };
   for (const char* spec : bad) {
@@ -121,7 +126,8 @@ TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
 }
 
 TEST(Model, InitializationIsDeterministicAndScaled) {
-  Model a(builtin_model_spec("paper-cnn")), b(builtin_model_spec("paper-cnn")), c(builtin_model_spec("paper-cnn"));
+  Model a(builtin_model_spec("paper-cnn")), b(builtin_model_spec("paper-cnn")),
+      c(builtin_model_spec("paper-cnn"));
   a.initialize(7);
   b.initialize(7);
   c.initialize(8);
@@ -137,7 +143,8 @@ TEST(Model, InitializationIsDeterministicAndScaled) {
 }
 
 TEST(Model, LayoutIdSeparatesIncompatibleModels) {
-  Model cnn(builtin_model_spec("paper-cnn")), cnn2(builtin_model_spec("paper-cnn")), mlp(builtin_model_spec("mlp"));
+  Model cnn(builtin_model_spec("paper-cnn")), cnn2(builtin_model_spec("paper-cnn")),
+      mlp(builtin_model_spec("mlp"));
   EXPECT_EQ(cnn.layout_id(), cnn2.layout_id());
   EXPECT_NE(cnn.layout_id(), mlp.layout_id());
   EXPECT_NE(Model(parse_model_spec("input 28x28x1; fc 10")).layout_id(),
@@ -152,7 +159,8 @@ TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
   Model b(builtin_model_spec("paper-cnn"));
   auto metadata = b.load_safetensors(path);
   EXPECT_EQ(metadata["version"], "42");
-  EXPECT_EQ(0, std::memcmp(a.parameters().data(), b.parameters().data(), a.parameter_count() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.parameters().data(), b.parameters().data(),
+                           a.parameter_count() * sizeof(float)));
   // The header is readable by other tools: 8-byte length, JSON, aligned data.
   std::ifstream in(path, std::ios::binary);
   std::uint64_t length = 0;
@@ -160,7 +168,10 @@ TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
   EXPECT_EQ(length % 8, 0u);
   std::string json(length, '\0');
   in.read(json.data(), static_cast<std::streamsize>(length));
-  EXPECT_NE(json.find("\"conv1.weight\":{\"dtype\":\"F32\",\"shape\":[32,3,3,1],\"data_offsets\":[0,1152]}"), std::string::npos)
+  EXPECT_NE(
+      json.find(
+          "\"conv1.weight\":{\"dtype\":\"F32\",\"shape\":[32,3,3,1],\"data_offsets\":[0,1152]}"),
+      std::string::npos)
       << json.substr(0, 300);
   std::remove(path.c_str());
 }

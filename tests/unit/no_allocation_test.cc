@@ -101,9 +101,12 @@ void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t p
   for (std::size_t i = 0; i < pixels.size(); i++) pixels[i] = static_cast<std::uint8_t>(i * 37);
   std::vector<std::int32_t> labels = {1, 7, 3, 0};
   std::vector<float> grad(model.parameter_count());
-  trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), max_batch, grad);  // warm-up
-  // With dropout, evaluate() runs the full model's operators, which compute_gradient() did not warm.
-  if (!drop_rates.empty()) trainer.evaluate(model.parameters(), pixels.data(), labels.data(), max_batch);
+  trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), max_batch,
+                           grad);  // warm-up
+  // With dropout, evaluate() runs the full model's operators, which compute_gradient() did not
+  // warm.
+  if (!drop_rates.empty())
+    trainer.evaluate(model.parameters(), pixels.data(), labels.data(), max_batch);
 
   const long new_before = g_operator_new_calls.load();
   const std::size_t xnn_before = edgetrain::kernels::xnnpack_system_allocations();
@@ -111,12 +114,15 @@ void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t p
     trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad);
     trainer.evaluate(model.parameters(), pixels.data(), labels.data(), count);
   }
-  EXPECT_EQ(g_operator_new_calls.load(), new_before) << "operator new called by Trainer::compute_gradient";
+  EXPECT_EQ(g_operator_new_calls.load(), new_before)
+      << "operator new called by Trainer::compute_gradient";
   EXPECT_EQ(edgetrain::kernels::xnnpack_system_allocations(), xnn_before)
       << "XNNPACK asked the system for memory during Trainer::compute_gradient";
 }
 
-TEST(NoAllocation, TrainerXnnpackOnCallingThread) { expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr); }
+TEST(NoAllocation, TrainerXnnpackOnCallingThread) {
+  expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr);
+}
 
 TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
   pthreadpool_t pool = pthreadpool_create(2);
@@ -125,7 +131,9 @@ TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
   pthreadpool_destroy(pool);
 }
 
-TEST(NoAllocation, TrainerReference) { expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr); }
+TEST(NoAllocation, TrainerReference) {
+  expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr);
+}
 
 TEST(NoAllocation, TrainerWithFilterDropout) {
   expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {0.5f, 0.25f});
@@ -143,9 +151,11 @@ TEST(NoAllocation, TopKCompressorAfterTheFirstCall) {
   using namespace edgetrain::runtime;
   edgetrain::runtime::Model model(edgetrain::runtime::builtin_model_spec("paper-cnn"));
   std::vector<TensorSlice> layout;
-  for (const auto& t : model.tensors()) layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
+  for (const auto& t : model.tensors())
+    layout.push_back({t.offset, static_cast<std::uint32_t>(t.size)});
   std::vector<float> gradient(model.parameter_count());
-  for (std::size_t i = 0; i < gradient.size(); i++) gradient[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 997.0f;
+  for (std::size_t i = 0; i < gradient.size(); i++)
+    gradient[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 2001) - 1000) / 997.0f;
   for (int variant = 0; variant < 4; variant++) {
     CompressorOptions options;
     options.error_feedback = variant > 0;
@@ -156,7 +166,8 @@ TEST(NoAllocation, TopKCompressorAfterTheFirstCall) {
     compressor.compress(gradient, update);
     const long new_before = g_operator_new_calls.load();
     for (int step = 0; step < 3; step++) compressor.compress(gradient, update);
-    EXPECT_EQ(g_operator_new_calls.load(), new_before) << "operator new called by Compressor::compress, variant " << variant;
+    EXPECT_EQ(g_operator_new_calls.load(), new_before)
+        << "operator new called by Compressor::compress, variant " << variant;
   }
 }
 

@@ -35,7 +35,8 @@ TEST(PaperCnn, FastGradientsMatchReferenceGradients) {
     std::vector<float> images(B * 784);
     std::vector<std::int32_t> labels(B);
     data.batch(images.data(), labels.data(), B);
-    PaperCnn reference(B, PaperCnn::Path::reference, nullptr), fast(B, PaperCnn::Path::fast, nullptr);
+    PaperCnn reference(B, PaperCnn::Path::reference, nullptr),
+        fast(B, PaperCnn::Path::fast, nullptr);
     reference.init_parameters(11);
     fast.params = reference.params;
     const float loss_ref = reference.forward_backward(images.data(), labels.data(), nullptr);
@@ -43,7 +44,8 @@ TEST(PaperCnn, FastGradientsMatchReferenceGradients) {
     EXPECT_NEAR(loss_fast, loss_ref, 1e-4f * std::max(1.0f, loss_ref));
     for (const auto& t : PaperCnn::kTensors) {
       float scale = 0;
-      for (std::size_t i = 0; i < t.size; i++) scale = std::max(scale, std::fabs(reference.grads[t.offset + i]));
+      for (std::size_t i = 0; i < t.size; i++)
+        scale = std::max(scale, std::fabs(reference.grads[t.offset + i]));
       ASSERT_GT(scale, 0.0f) << "tensor at " << t.offset << " has an all-zero gradient";
       // Relative to the tensor's largest gradient: summation order differs, nothing else.
       for (std::size_t i = 0; i < t.size; i++) {
@@ -66,7 +68,8 @@ TEST(PaperCnn, ReferenceGradientsMatchFiniteDifferences) {
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> small(-0.05f, 0.05f);
   for (int t = 1; t < PaperCnn::kTensorCount; t += 2)
-    for (std::size_t i = 0; i < PaperCnn::kTensors[t].size; i++) model.params[PaperCnn::kTensors[t].offset + i] = small(rng);
+    for (std::size_t i = 0; i < PaperCnn::kTensors[t].size; i++)
+      model.params[PaperCnn::kTensors[t].offset + i] = small(rng);
   model.forward_backward(images.data(), labels.data(), nullptr);
   const std::vector<float> analytic = model.grads;
 
@@ -77,7 +80,9 @@ TEST(PaperCnn, ReferenceGradientsMatchFiniteDifferences) {
     std::vector<std::size_t> order(t.size);
     std::iota(order.begin(), order.end(), t.offset);
     std::partial_sort(order.begin(), order.begin() + 2, order.end(),
-                      [&](std::size_t a, std::size_t b) { return std::fabs(analytic[a]) > std::fabs(analytic[b]); });
+                      [&](std::size_t a, std::size_t b) {
+                        return std::fabs(analytic[a]) > std::fabs(analytic[b]);
+                      });
     std::uniform_int_distribution<std::size_t> pick(t.offset, t.offset + t.size - 1);
     for (std::size_t i : {order[0], order[1], pick(rng), pick(rng)}) {
       const float saved = model.params[i];
@@ -112,7 +117,8 @@ TEST(PaperCnn, TrainingOnSeparableDataDrivesLossDown) {
     losses.push_back(model.forward_backward(images.data(), labels.data(), &correct));
     ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
     model.sgd_step(0.05f);
-    if (std::getenv("EDGETRAIN_VERBOSE")) std::printf("step %d loss %.4f correct %d\n", step, losses.back(), correct);
+    if (std::getenv("EDGETRAIN_VERBOSE"))
+      std::printf("step %d loss %.4f correct %d\n", step, losses.back(), correct);
     if (step >= steps - 5) correct_at_end += correct;
   }
   const double first = std::accumulate(losses.begin(), losses.begin() + 5, 0.0) / 5;

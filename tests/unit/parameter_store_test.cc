@@ -26,7 +26,8 @@ constexpr std::uint64_t kModel = 99;
 // Keeps every update's touched flat indices and applies the rule literally.
 class ReferenceStore {
  public:
-  ReferenceStore(std::vector<std::uint32_t> sizes, std::vector<float> params, ParameterStoreOptions options)
+  ReferenceStore(std::vector<std::uint32_t> sizes, std::vector<float> params,
+                 ParameterStoreOptions options)
       : sizes_(std::move(sizes)), params_(std::move(params)), options_(options) {
     std::size_t offset = 0;
     for (auto n : sizes_) {
@@ -43,11 +44,13 @@ class ReferenceStore {
       for (std::size_t e = 0; e < t.indices.size(); ++e) {
         const std::size_t i = offsets_[t.tensor] + t.indices[e];
         std::uint32_t sigma = 0;
-        for (std::uint64_t back = 1; back <= delay; ++back) sigma += history_[history_.size() - back][i];
-        const std::uint32_t divisor = options_.rule == StalenessRule::kPerParameterSigma ? std::max<std::uint32_t>(1, sigma)
-                                      : options_.rule == StalenessRule::kNone
-                                          ? 1u
-                                          : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+        for (std::uint64_t back = 1; back <= delay; ++back)
+          sigma += history_[history_.size() - back][i];
+        const std::uint32_t divisor =
+            options_.rule == StalenessRule::kPerParameterSigma ? std::max<std::uint32_t>(1, sigma)
+            : options_.rule == StalenessRule::kNone
+                ? 1u
+                : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
         divisors.push_back(divisor);
         params_[i] -= options_.learning_rate * t.values[e] / static_cast<float>(divisor);
         touched[i] = true;
@@ -66,8 +69,8 @@ class ReferenceStore {
   std::vector<std::vector<bool>> history_;
 };
 
-SparseUpdate random_update(std::mt19937& rng, const std::vector<std::uint32_t>& sizes, std::uint64_t version,
-                           std::uint32_t max_staleness) {
+SparseUpdate random_update(std::mt19937& rng, const std::vector<std::uint32_t>& sizes,
+                           std::uint64_t version, std::uint32_t max_staleness) {
   SparseUpdate u;
   u.model_id = kModel;
   const std::uint64_t max_delay = std::min<std::uint64_t>(version, max_staleness);
@@ -102,15 +105,20 @@ void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, in
     ASSERT_TRUE(result.applied()) << result.reason;
     auto expected = reference.apply(u);
     ASSERT_EQ(result.version, reference.version());
-    ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected)
+    ASSERT_EQ(
+        std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()),
+        expected)
         << "update " << n << " delay " << (reference.version() - 1 - u.fetched_version);
-    ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params()) << "update " << n;
+    ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()),
+              reference.params())
+        << "update " << n;
   }
 }
 
 // Every rule of tests/support/staleness_rules.h against the reference's literal reading of
 // it, over random histories and several D (σ: the AdaComp paper; delay: Zhang et al.).
-class EveryStalenessRule : public ::testing::TestWithParam<edgetrain::testing::Variant<StalenessRule>> {};
+class EveryStalenessRule
+    : public ::testing::TestWithParam<edgetrain::testing::Variant<StalenessRule>> {};
 
 TEST_P(EveryStalenessRule, MatchesTheBruteForceReferenceOverRandomHistories) {
   // D ≤ 64 counts σ with bit masks, a larger D along chains of touches: both are checked.
@@ -123,7 +131,8 @@ TEST_P(EveryStalenessRule, MatchesTheBruteForceReferenceOverRandomHistories) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(StalenessRules, EveryStalenessRule, ::testing::ValuesIn(edgetrain::testing::staleness_rules()),
+INSTANTIATE_TEST_SUITE_P(StalenessRules, EveryStalenessRule,
+                         ::testing::ValuesIn(edgetrain::testing::staleness_rules()),
                          edgetrain::testing::VariantName());
 
 // The paper CNN's sizes, k = 1% per tensor with half the picks from a hot 5% of each tensor
@@ -135,7 +144,8 @@ TEST(ParameterStore, SigmaMatchesBruteForceAtPaperCnnScale) {
   const std::vector<std::uint32_t>& sizes = edgetrain::testing::kPaperCnnTensorSizes;
   const std::size_t total = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0});
   std::vector<std::size_t> offsets;
-  for (std::size_t t = 0, offset = 0; t < sizes.size(); offset += sizes[t++]) offsets.push_back(offset);
+  for (std::size_t t = 0, offset = 0; t < sizes.size(); offset += sizes[t++])
+    offsets.push_back(offset);
   ParameterStoreOptions options;
   options.max_staleness = 64;
   ParameterStore store(kModel, sizes, std::vector<float>(total, 0.0f), options);
@@ -152,7 +162,8 @@ TEST(ParameterStore, SigmaMatchesBruteForceAtPaperCnnScale) {
     SparseUpdate u;
     u.model_id = kModel;
     const std::uint64_t max_delay = std::min<std::uint64_t>(store.version(), options.max_staleness);
-    u.fetched_version = store.version() - (rng() % 3 == 0 ? max_delay - rng() % 2 * (max_delay > 0) : rng() % (max_delay + 1));
+    u.fetched_version = store.version() - (rng() % 3 == 0 ? max_delay - rng() % 2 * (max_delay > 0)
+                                                          : rng() % (max_delay + 1));
     const bool dense = rng() % 100 == 0;
     for (std::uint32_t t = 0; t < sizes.size(); ++t) {
       SparseTensor tensor{t, sizes[t], {}, {}};
@@ -162,9 +173,11 @@ TEST(ParameterStore, SigmaMatchesBruteForceAtPaperCnnScale) {
       } else {
         const std::uint32_t k = std::max<std::uint32_t>(1, sizes[t] / 100);
         const std::uint32_t hot = std::max<std::uint32_t>(1, sizes[t] / 20);
-        for (std::uint32_t j = 0; j < k; ++j) tensor.indices.push_back(rng() % 2 ? rng() % hot : rng() % sizes[t]);
+        for (std::uint32_t j = 0; j < k; ++j)
+          tensor.indices.push_back(rng() % 2 ? rng() % hot : rng() % sizes[t]);
         std::sort(tensor.indices.begin(), tensor.indices.end());
-        tensor.indices.erase(std::unique(tensor.indices.begin(), tensor.indices.end()), tensor.indices.end());
+        tensor.indices.erase(std::unique(tensor.indices.begin(), tensor.indices.end()),
+                             tensor.indices.end());
       }
       tensor.values.assign(tensor.indices.size(), 0.5f);
       u.tensors.push_back(std::move(tensor));
@@ -178,7 +191,8 @@ TEST(ParameterStore, SigmaMatchesBruteForceAtPaperCnnScale) {
       for (std::uint32_t i : t.indices) {
         const std::size_t flat = offsets[t.tensor] + i;
         std::uint32_t sigma = 0;
-        for (std::uint64_t back = 1; back <= delay; ++back) sigma += touched_by[touched_by.size() - back][flat];
+        for (std::uint64_t back = 1; back <= delay; ++back)
+          sigma += touched_by[touched_by.size() - back][flat];
         ASSERT_EQ(store.last_divisors()[j], std::max<std::uint32_t>(1, sigma))
             << "update " << n << ", delay " << delay << ", tensor " << t.tensor << ", index " << i;
         largest = std::max(largest, sigma);
@@ -220,7 +234,8 @@ TEST(ParameterStore, DenseUpdatesOnly) {
   ParameterStore store(kModel, sizes, std::vector<float>(9, 1.0f), options);
   ReferenceStore reference(sizes, std::vector<float>(9, 1.0f), options);
   for (int n = 0; n < 100; ++n) {
-    SparseUpdate u{kModel, 0, store.version() - rng() % (std::min<std::uint64_t>(store.version(), 5) + 1), {}};
+    SparseUpdate u{
+        kModel, 0, store.version() - rng() % (std::min<std::uint64_t>(store.version(), 5) + 1), {}};
     for (std::uint32_t t = 0; t < 2; ++t) {
       SparseTensor tensor{t, sizes[t], {}, {}};
       for (std::uint32_t i = 0; i < sizes[t]; ++i) {
@@ -232,10 +247,14 @@ TEST(ParameterStore, DenseUpdatesOnly) {
     const std::uint64_t delay = store.version() - u.fetched_version;
     ASSERT_TRUE(store.apply(u).applied());
     auto expected = reference.apply(u);
-    ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected);
-    for (auto divisor : store.last_divisors()) ASSERT_EQ(divisor, std::max<std::uint64_t>(1, delay));
+    ASSERT_EQ(
+        std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()),
+        expected);
+    for (auto divisor : store.last_divisors())
+      ASSERT_EQ(divisor, std::max<std::uint64_t>(1, delay));
   }
-  EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params());
+  EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()),
+            reference.params());
 }
 
 TEST(ParameterStore, DelayZeroAppliesTheFullStep) {
@@ -251,7 +270,8 @@ TEST(ParameterStore, RefusalsChangeNothing) {
   ParameterStoreOptions options;
   options.max_staleness = 2;
   ParameterStore store(kModel, {4, 2}, {1, 2, 3, 4, 5, 6}, options);
-  for (int n = 0; n < 3; ++n) ASSERT_TRUE(store.apply({kModel, 0, store.version(), {{0, 4, {0}, {1.0f}}}}).applied());
+  for (int n = 0; n < 3; ++n)
+    ASSERT_TRUE(store.apply({kModel, 0, store.version(), {{0, 4, {0}, {1.0f}}}}).applied());
   const std::vector<float> before(store.parameters().begin(), store.parameters().end());
   const std::uint64_t version = store.version();  // 3
 
@@ -264,15 +284,16 @@ TEST(ParameterStore, RefusalsChangeNothing) {
     EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), before);
   };
   expect_refused({kModel + 1, 0, 3, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kWrongModel);
-  expect_refused({kModel, 0, 0, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kTooStale);   // delay 3 > D = 2
+  expect_refused({kModel, 0, 0, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kTooStale);  // delay 3 > D = 2
   expect_refused({kModel, 0, 4, {{0, 4, {0}, {1.0f}}}}, ApplyStatus::kFromTheFuture);
-  expect_refused({kModel, 0, 3, {{2, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);   // no tensor 2
-  expect_refused({kModel, 0, 3, {{1, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);   // size
-  expect_refused({kModel, 0, 3, {{1, 2, {2}, {1.0f}}}}, ApplyStatus::kMalformed);   // index
+  expect_refused({kModel, 0, 3, {{2, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);  // no tensor 2
+  expect_refused({kModel, 0, 3, {{1, 4, {0}, {1.0f}}}}, ApplyStatus::kMalformed);  // size
+  expect_refused({kModel, 0, 3, {{1, 2, {2}, {1.0f}}}}, ApplyStatus::kMalformed);  // index
   expect_refused({kModel, 0, 3, {{0, 4, {2, 1}, {1.0f, 1.0f}}}}, ApplyStatus::kMalformed);
   expect_refused({kModel, 0, 3, {{0, 4, {1}, {NAN}}}}, ApplyStatus::kMalformed);
   // A valid first tensor followed by a bad one must not be half-applied.
-  expect_refused({kModel, 0, 3, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}}, ApplyStatus::kMalformed);
+  expect_refused({kModel, 0, 3, {{0, 4, {1}, {1.0f}}, {0, 4, {2}, {1.0f}}}},
+                 ApplyStatus::kMalformed);
   // Delay exactly D is accepted.
   EXPECT_TRUE(store.apply({kModel, 0, 1, {{1, 2, {1}, {1.0f}}}}).applied());
 }
@@ -311,18 +332,22 @@ TEST(ParameterStore, RestoreWithRecentUpdatesContinuesLikeAnUninterruptedRun) {
     ASSERT_TRUE(uninterrupted.apply(history.back()).applied());
   }
   ParameterStore restarted(kModel, sizes, initial, options);
-  std::span<const SparseUpdate> recent(history.data() + history.size() - options.max_staleness, options.max_staleness);
+  std::span<const SparseUpdate> recent(history.data() + history.size() - options.max_staleness,
+                                       options.max_staleness);
   restarted.restore(uninterrupted.version(), uninterrupted.parameters(), recent);
   ASSERT_EQ(restarted.version(), 40u);
   for (int n = 0; n < 60; ++n) {
     SparseUpdate u = random_update(rng, sizes, uninterrupted.version(), options.max_staleness);
     ASSERT_TRUE(uninterrupted.apply(u).applied());
     ASSERT_TRUE(restarted.apply(u).applied());
-    ASSERT_EQ(std::vector<std::uint32_t>(restarted.last_divisors().begin(), restarted.last_divisors().end()),
-              std::vector<std::uint32_t>(uninterrupted.last_divisors().begin(), uninterrupted.last_divisors().end()));
+    ASSERT_EQ(std::vector<std::uint32_t>(restarted.last_divisors().begin(),
+                                         restarted.last_divisors().end()),
+              std::vector<std::uint32_t>(uninterrupted.last_divisors().begin(),
+                                         uninterrupted.last_divisors().end()));
   }
-  EXPECT_EQ(std::vector<float>(restarted.parameters().begin(), restarted.parameters().end()),
-            std::vector<float>(uninterrupted.parameters().begin(), uninterrupted.parameters().end()));
+  EXPECT_EQ(
+      std::vector<float>(restarted.parameters().begin(), restarted.parameters().end()),
+      std::vector<float>(uninterrupted.parameters().begin(), uninterrupted.parameters().end()));
 }
 
 TEST(ParameterStore, AdmissibleAgreesWithApplyAndChangesNothing) {
@@ -339,7 +364,8 @@ TEST(ParameterStore, AdmissibleAgreesWithApplyAndChangesNothing) {
 // (each checked against the values and history the ones before it leave), applied in order
 // or cancelled (the newest, or all: a failed WAL write or sync), and the parameters and
 // divisors are those of applying only the surviving updates one by one, bit for bit.
-void run_reservations_against_reference(ParameterStoreOptions options, std::uint32_t seed, int rounds) {
+void run_reservations_against_reference(ParameterStoreOptions options, std::uint32_t seed,
+                                        int rounds) {
   std::mt19937 rng(seed);
   const std::vector<std::uint32_t> sizes = {7, 30, 3};
   std::vector<float> initial(40);
@@ -350,7 +376,8 @@ void run_reservations_against_reference(ParameterStoreOptions options, std::uint
     std::vector<SparseUpdate> batch;
     const int size = 1 + static_cast<int>(rng() % 6);
     for (int n = 0; n < size; ++n) {
-      SparseUpdate u = random_update(rng, sizes, store.version() + store.reserved(), options.max_staleness);
+      SparseUpdate u =
+          random_update(rng, sizes, store.version() + store.reserved(), options.max_staleness);
       auto result = store.reserve(u);
       ASSERT_TRUE(result.applied()) << result.reason;
       ASSERT_EQ(result.version, store.version() + store.reserved());
@@ -369,9 +396,12 @@ void run_reservations_against_reference(ParameterStoreOptions options, std::uint
       auto result = store.apply_reserved();
       auto expected = reference.apply(u);
       ASSERT_EQ(result.version, reference.version());
-      ASSERT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()), expected)
+      ASSERT_EQ(
+          std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()),
+          expected)
           << "round " << round;
-      ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()), reference.params())
+      ASSERT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()),
+                reference.params())
           << "round " << round;
     }
   }
@@ -395,10 +425,12 @@ TEST(ParameterStore, BoundIsCheckedOnTheExactNewValue) {
   options.learning_rate = 0.5f;
   ParameterStore store(kModel, {4}, std::vector<float>(4, 0.0f), options);
   ASSERT_EQ(options.max_parameter_magnitude, 1e6f);
-  const SparseUpdate at_bound{kModel, 1, 0, {SparseTensor{0, 4, {1}, {-2e6f}}}};  // 0 − 0.5·(−2e6) = 1e6
+  const SparseUpdate at_bound{
+      kModel, 1, 0, {SparseTensor{0, 4, {1}, {-2e6f}}}};  // 0 − 0.5·(−2e6) = 1e6
   ASSERT_TRUE(store.apply(at_bound).applied());
   EXPECT_EQ(store.parameters()[1], 1e6f);
-  const SparseUpdate beyond{kModel, 2, 1, {SparseTensor{0, 4, {0, 1}, {1.0f, -0.25f}}}};  // 1e6 + 0.125
+  const SparseUpdate beyond{
+      kModel, 2, 1, {SparseTensor{0, 4, {0, 1}, {1.0f, -0.25f}}}};  // 1e6 + 0.125
   const auto refused = store.apply(beyond);
   EXPECT_EQ(refused.status, ApplyStatus::kOutOfBounds);
   EXPECT_NE(refused.reason.find("index 1"), std::string::npos) << refused.reason;
@@ -452,8 +484,9 @@ TEST(ParameterStore, AReservationSeesTheValuesOfTheOnesBeforeIt) {
   ParameterStoreOptions options;
   options.learning_rate = 0.5f;
   ParameterStore store(kModel, {4}, std::vector<float>(4, 0.0f), options);
-  const SparseUpdate first{kModel, 1, 0, {SparseTensor{0, 4, {2}, {-1.5e6f}}}};   // → 7.5e5
-  const SparseUpdate second{kModel, 2, 1, {SparseTensor{0, 4, {2}, {-1.0e6f}}}};  // → 1.25e6 after first
+  const SparseUpdate first{kModel, 1, 0, {SparseTensor{0, 4, {2}, {-1.5e6f}}}};  // → 7.5e5
+  const SparseUpdate second{
+      kModel, 2, 1, {SparseTensor{0, 4, {2}, {-1.0e6f}}}};  // → 1.25e6 after first
   ASSERT_TRUE(store.reserve(first).applied());
   EXPECT_EQ(store.parameters()[2], 0.0f);  // reserved, not applied
   EXPECT_EQ(store.reserve(second).status, ApplyStatus::kOutOfBounds);

@@ -48,7 +48,8 @@ TEST(Platform, RunsUnderQemuExactlyWhenCrossCompiled) {
 }
 
 TEST(Platform, LibcoapUsesMbedTls) {
-  EXPECT_TRUE(edgetrain::transport::tls_library_is_mbedtls()) << edgetrain::transport::tls_library_description();
+  EXPECT_TRUE(edgetrain::transport::tls_library_is_mbedtls())
+      << edgetrain::transport::tls_library_description();
   EXPECT_EQ(edgetrain::transport::tls_library_description().rfind("Mbed TLS 2.28", 0), 0u)
       << edgetrain::transport::tls_library_description();
 }

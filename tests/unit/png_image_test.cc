@@ -11,7 +11,8 @@
 namespace {
 
 std::uint32_t be32(const std::uint8_t* p) {
-  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+  return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
+         p[3];
 }
 
 TEST(PngImage, DecodesBackToThePixels) {
@@ -36,7 +37,8 @@ TEST(PngImage, DecodesBackToThePixels) {
       EXPECT_EQ(png[at + 16], 8);  // bit depth
       EXPECT_EQ(png[at + 17], 0);  // grey
     }
-    if (type == "IDAT") idat.insert(idat.end(), png.begin() + at + 8, png.begin() + at + 8 + length);
+    if (type == "IDAT")
+      idat.insert(idat.end(), png.begin() + at + 8, png.begin() + at + 8 + length);
     at += 12 + length;
     ++chunks;
   }
@@ -55,7 +57,8 @@ TEST(PngImage, DecodesBackToThePixels) {
 TEST(PngImage, GridPlacesEachImageInItsCell) {
   // Three 2x2 images valued 10, 20, 30, two per row, gap 1: 7 wide, 7 high.
   std::vector<std::uint8_t> images(12);
-  for (int i = 0; i < 3; i++) std::fill(images.begin() + 4 * i, images.begin() + 4 * (i + 1), 10 * (i + 1));
+  for (int i = 0; i < 3; i++)
+    std::fill(images.begin() + 4 * i, images.begin() + 4 * (i + 1), 10 * (i + 1));
   const auto grid = edgetrain::image::tile_images(images, 3, 2, 2, 1);
   ASSERT_EQ(grid.width, 7);
   ASSERT_EQ(grid.height, 7);
@@ -67,9 +70,11 @@ TEST(PngImage, GridPlacesEachImageInItsCell) {
 }
 
 TEST(PngImage, RefusesSizesThatDoNotMatch) {
-  EXPECT_THROW(edgetrain::image::encode_png_grey(4, 4, std::vector<std::uint8_t>(15)), std::invalid_argument);
+  EXPECT_THROW(edgetrain::image::encode_png_grey(4, 4, std::vector<std::uint8_t>(15)),
+               std::invalid_argument);
   EXPECT_THROW(edgetrain::image::encode_png_grey(0, 4, {}), std::invalid_argument);
-  EXPECT_THROW(edgetrain::image::tile_images(std::vector<std::uint8_t>(10), 3, 2, 2), std::invalid_argument);
+  EXPECT_THROW(edgetrain::image::tile_images(std::vector<std::uint8_t>(10), 3, 2, 2),
+               std::invalid_argument);
 }
 
 }  // namespace

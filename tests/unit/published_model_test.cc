@@ -23,7 +23,9 @@ using server::PublishOptions;
 
 const std::vector<std::uint32_t> kSizes = {4, 2};
 
-std::vector<float> published_of(const PublishedModel& p) { return {p.parameters().begin(), p.parameters().end()}; }
+std::vector<float> published_of(const PublishedModel& p) {
+  return {p.parameters().begin(), p.parameters().end()};
+}
 
 TEST(PublishedModel, CopiesTheLargestDifferencesEveryStepAndKeepsTheRestForLater) {
   const std::vector<float> start = {0, 0, 0, 0, 1, 1};
@@ -65,9 +67,12 @@ TEST(PublishedModel, SmallTensorsGetAtLeastTheMinimumEntriesPerStep) {
 }
 
 TEST(PublishedModel, RefusesAFractionOutsideZeroToOneAndSizesThatDoNotAddUp) {
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 0}), std::invalid_argument);
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 1.5}), std::invalid_argument);
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(5), 0, PublishOptions{1, 0.5}), std::invalid_argument);
+  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 0}),
+               std::invalid_argument);
+  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 1.5}),
+               std::invalid_argument);
+  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(5), 0, PublishOptions{1, 0.5}),
+               std::invalid_argument);
 }
 
 // A worker's replica follows P through the deltas of encode_changes_since(), from any
@@ -91,32 +96,40 @@ TEST(PublishedModel, WorkerReplicasFollowItByDeltasFromAnyVersionTheyHold) {
   std::vector<runtime::ModelReplica> replicas;
   for (int r = 0; r < 4; ++r) {
     replicas.emplace_back(7, sizes);
-    ASSERT_EQ(replicas.back().take(transport::encode_dense_model(7, published.version(), sizes, published.parameters()).value()),
+    ASSERT_EQ(replicas.back().take(transport::encode_dense_model(7, published.version(), sizes,
+                                                                 published.parameters())
+                                       .value()),
               runtime::ModelReplica::PullOutcome::kDense);
   }
   for (std::uint64_t version = 11; version <= 60; ++version) {
-    for (int n = 0; n < 15; ++n) w[rng() % w.size()] += normal(rng);  // an update touches a few entries
+    for (int n = 0; n < 15; ++n)
+      w[rng() % w.size()] += normal(rng);  // an update touches a few entries
     published.advance(w, version);
     // Replica r pulls every r + 1 versions: it skips publish steps.
     for (std::size_t r = 0; r < replicas.size(); ++r) {
       if (version % (r + 1) != 0) continue;
       auto delta = server::encode_changes_since(record_of(), replicas[r].version());
       ASSERT_TRUE(delta.has_value()) << "version " << version;
-      ASSERT_EQ(replicas[r].take(*delta), runtime::ModelReplica::PullOutcome::kDelta) << replicas[r].mismatch();
-      ASSERT_EQ(std::memcmp(replicas[r].parameters().data(), published.parameters().data(), 320 * sizeof(float)), 0);
+      ASSERT_EQ(replicas[r].take(*delta), runtime::ModelReplica::PullOutcome::kDelta)
+          << replicas[r].mismatch();
+      ASSERT_EQ(std::memcmp(replicas[r].parameters().data(), published.parameters().data(),
+                            320 * sizeof(float)),
+                0);
       EXPECT_EQ(replicas[r].version(), published.version());
     }
   }
   // Only entries the steps copied travel: a step of 5% per tensor every 3 versions.
   auto since_start = server::encode_changes_since(record_of(), 10);
   ASSERT_TRUE(since_start.has_value());
-  EXPECT_FALSE(server::encode_changes_since(record_of(), 9).has_value());  // before the record began
+  EXPECT_FALSE(
+      server::encode_changes_since(record_of(), 9).has_value());  // before the record began
   EXPECT_FALSE(server::encode_changes_since(record_of(), published.version() + 1).has_value());
 }
 
 TEST(PublishedModel, TheServerServesThePublishedModelNamedByItsPublishVersion) {
   edgetrain::testing::TempDir dir("edgetrain-published");
-  const runtime::Model model = edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
+  const runtime::Model model =
+      edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
   const auto sizes = edgetrain::testing::tensor_sizes(model);
   server::ServerStateOptions options;
   options.state_dir = dir.path();
@@ -126,7 +139,8 @@ TEST(PublishedModel, TheServerServesThePublishedModelNamedByItsPublishVersion) {
   ASSERT_NE(state.published(), nullptr);
   std::mt19937 rng(9);
   for (std::uint64_t n = 1; n <= 10; ++n) {
-    const auto update = edgetrain::testing::random_sparse_update(rng, model, n, state.served_version());
+    const auto update =
+        edgetrain::testing::random_sparse_update(rng, model, n, state.served_version());
     ASSERT_EQ(state.submit("w", update).outcome, server::SubmitOutcome::kApplied);
   }
   EXPECT_EQ(state.version(), 10u);

@@ -41,7 +41,8 @@ TEST_P(Conv2dReferenceTest, BackwardMatchesFiniteDifferences) {
   std::fill(dweight.begin(), dweight.end(), 1e9f);
   std::fill(dbias.begin(), dbias.end(), 1e9f);
   std::fill(dinp.begin(), dinp.end(), 1e9f);
-  ek::conv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(), weight.data(), s);
+  ek::conv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(),
+                                weight.data(), s);
   // The loss is linear in each argument, so only float rounding separates the two.
   expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 40, 2e-3, "dinp");
   expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 40, 2e-3, "dweight");
@@ -49,12 +50,14 @@ TEST_P(Conv2dReferenceTest, BackwardMatchesFiniteDifferences) {
 
   // A null dinp (first layer) leaves the weight gradient unchanged.
   std::vector<float> dweight2(weight.size());
-  ek::conv2d_backward_reference(nullptr, dweight2.data(), nullptr, probe.data(), inp.data(), weight.data(), s);
+  ek::conv2d_backward_reference(nullptr, dweight2.data(), nullptr, probe.data(), inp.data(),
+                                weight.data(), s);
   EXPECT_EQ(dweight, dweight2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Conv2dReferenceTest,
-                         ::testing::Values(ek::Conv2dShape{1, 5, 5, 1, 2}, ek::Conv2dShape{2, 4, 7, 3, 5},
+                         ::testing::Values(ek::Conv2dShape{1, 5, 5, 1, 2},
+                                           ek::Conv2dShape{2, 4, 7, 3, 5},
                                            ek::Conv2dShape{2, 6, 5, 2, 3, 3, 3, 2, 1},
                                            ek::Conv2dShape{1, 5, 4, 2, 2, 2, 3, 1, 0}));
 
@@ -75,15 +78,17 @@ TEST(Conv2dReference, ComputesKnownValues) {
 TEST(FullyConnectedReference, BackwardMatchesFiniteDifferences) {
   for (auto [B, C, OC] : {std::array<std::size_t, 3>{1, 1, 1}, {3, 7, 5}, {4, 13, 2}}) {
     std::mt19937 rng(static_cast<unsigned>(B * 100 + C * 10 + OC));
-    auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng), bias = random_vector(OC, rng);
+    auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng),
+         bias = random_vector(OC, rng);
     auto probe = random_vector(B * OC, rng);
     std::vector<float> out(B * OC), dinp(B * C, 1e9f), dweight(OC * C, 1e9f), dbias(OC, 1e9f);
     auto loss = [&] {
-      ek::fully_connected_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), B, C, OC);
+      ek::fully_connected_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), B,
+                                            C, OC);
       return dot(out, probe);
     };
-    ek::fully_connected_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(), inp.data(),
-                                           weight.data(), B, C, OC);
+    ek::fully_connected_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(),
+                                           inp.data(), weight.data(), B, C, OC);
     expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 50, 2e-3, "dinp");
     expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 50, 2e-3, "dweight");
     expect_matches_finite_differences(bias, dbias, loss, 1e-2f, 50, 2e-3, "dbias");
@@ -148,7 +153,10 @@ TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences)
   const std::int32_t labels[] = {4, 0, 2};
   std::vector<float> probs(B * NC), dlogits(B * NC);
   int correct = -1;
-  auto loss = [&] { return static_cast<double>(ek::softmax_cross_entropy_forward(probs.data(), logits.data(), labels, B, NC, &correct)); };
+  auto loss = [&] {
+    return static_cast<double>(
+        ek::softmax_cross_entropy_forward(probs.data(), logits.data(), labels, B, NC, &correct));
+  };
   const double l = loss();
   double expected = 0;
   int expected_correct = 0;
@@ -156,7 +164,8 @@ TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences)
     double z = 0;
     for (int k = 0; k < NC; k++) z += std::exp(logits[b * NC + k]);
     expected -= std::log(std::exp(logits[b * NC + labels[b]]) / z) / B;
-    const int best = static_cast<int>(std::max_element(&logits[b * NC], &logits[b * NC] + NC) - &logits[b * NC]);
+    const int best =
+        static_cast<int>(std::max_element(&logits[b * NC], &logits[b * NC] + NC) - &logits[b * NC]);
     expected_correct += best == labels[b];
   }
   EXPECT_NEAR(l, expected, 1e-5);
@@ -166,7 +175,8 @@ TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences)
   // Huge logits stay finite.
   std::vector<float> big(NC, 1000.0f);
   big[1] = 1010.0f;
-  const float big_loss = ek::softmax_cross_entropy_forward(probs.data(), big.data(), labels, 1, NC, nullptr);
+  const float big_loss =
+      ek::softmax_cross_entropy_forward(probs.data(), big.data(), labels, 1, NC, nullptr);
   EXPECT_TRUE(std::isfinite(big_loss));
   EXPECT_NEAR(big_loss, 10.0, 1e-3);
 }

@@ -13,8 +13,8 @@ using namespace edgetrain;
 using server::Aggregation;
 using server::RoundDelta;
 
-transport::SparseTensor tensor(std::uint32_t index, std::uint32_t size, std::vector<std::uint32_t> indices,
-                               std::vector<float> values) {
+transport::SparseTensor tensor(std::uint32_t index, std::uint32_t size,
+                               std::vector<std::uint32_t> indices, std::vector<float> values) {
   return {index, size, std::move(indices), std::move(values)};
 }
 
@@ -68,7 +68,8 @@ TEST(RoundAggregation, MatchesAPlainReferenceOnRandomPartialDeltas) {
         sum += w * v;
         weights += w;
       }
-      EXPECT_FLOAT_EQ(masked[i], weights > 0 ? static_cast<float>(sum / weights) : 0.0f) << trial << " " << i;
+      EXPECT_FLOAT_EQ(masked[i], weights > 0 ? static_cast<float>(sum / weights) : 0.0f)
+          << trial << " " << i;
       EXPECT_FLOAT_EQ(fedavg[i], static_cast<float>(sum / all_weights)) << trial << " " << i;
     }
   }
@@ -79,10 +80,12 @@ TEST(RoundAggregation, RefusesDeltasThatDoNotFitAndZeroWeights) {
   std::vector<RoundDelta> deltas(1);
   deltas[0].examples = 1;
   deltas[0].delta.tensors = {tensor(0, 4, {0}, {1.0f})};
-  EXPECT_THROW(server::aggregate_deltas(deltas, sizes, Aggregation::kMasked), std::invalid_argument);
+  EXPECT_THROW(server::aggregate_deltas(deltas, sizes, Aggregation::kMasked),
+               std::invalid_argument);
   deltas[0].delta.tensors = {tensor(0, 3, {0}, {1.0f})};
   deltas[0].examples = 0;
-  EXPECT_THROW(server::aggregate_deltas(deltas, sizes, Aggregation::kMasked), std::invalid_argument);
+  EXPECT_THROW(server::aggregate_deltas(deltas, sizes, Aggregation::kMasked),
+               std::invalid_argument);
   EXPECT_EQ(server::parse_aggregation("fedavg"), Aggregation::kFedAvg);
   EXPECT_THROW(server::parse_aggregation("mean"), std::invalid_argument);
 }

@@ -23,10 +23,13 @@ using server::ServerState;
 using server::ServerStateOptions;
 using transport::CoapCode;
 
-runtime::Model small_model() { return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5); }
+runtime::Model small_model() {
+  return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
+}
 
 struct Clock {
-  std::chrono::steady_clock::time_point now = std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
+  std::chrono::steady_clock::time_point now =
+      std::chrono::steady_clock::time_point{} + std::chrono::hours(1);
 };
 
 struct Server {
@@ -60,7 +63,9 @@ nlohmann::json round_info(RoundCoordinator& rounds, const std::string& identity)
   return nlohmann::json::parse(std::string(answer.payload.begin(), answer.payload.end()));
 }
 
-std::string text(const transport::CoapResponse& response) { return {response.payload.begin(), response.payload.end()}; }
+std::string text(const transport::CoapResponse& response) {
+  return {response.payload.begin(), response.payload.end()};
+}
 
 RoundOptions two_devices() {
   RoundOptions options;
@@ -96,21 +101,26 @@ TEST(RoundCoordinator, ClosesWhenEverySelectedDeviceAnsweredWithTheWeightedMean)
   std::mt19937 rng(3);
   const auto delta_a = random_sparse_update(rng, server.state->model(), 1, 0);
   const auto delta_b = random_sparse_update(rng, server.state->model(), 1, 0);
-  ASSERT_EQ(server.rounds->post_round_update(request("a", delta_a, "examples=10")).code, CoapCode::kChanged);
-  EXPECT_EQ(server.rounds->round(), 0u);  // b has not answered yet
+  ASSERT_EQ(server.rounds->post_round_update(request("a", delta_a, "examples=10")).code,
+            CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 0u);                          // b has not answered yet
   EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);  // a is done for this round
-  ASSERT_EQ(server.rounds->post_round_update(request("b", delta_b, "examples=30")).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", delta_b, "examples=30")).code,
+            CoapCode::kChanged);
   EXPECT_EQ(server.rounds->round(), 1u);
 
   // Reference: parameters + masked mean, weights 10 and 30.
   const auto sizes = edgetrain::testing::tensor_sizes(server.state->model());
   std::vector<server::RoundDelta> deltas(2);
-  deltas[0] = {10, transport::decode_sparse_update(delta_a, {server.state->model_id(), sizes}).value()};
-  deltas[1] = {30, transport::decode_sparse_update(delta_b, {server.state->model_id(), sizes}).value()};
+  deltas[0] = {10,
+               transport::decode_sparse_update(delta_a, {server.state->model_id(), sizes}).value()};
+  deltas[1] = {30,
+               transport::decode_sparse_update(delta_b, {server.state->model_id(), sizes}).value()};
   const auto mean = server::aggregate_deltas(deltas, sizes, server::Aggregation::kMasked);
   const std::vector<float> after = server.state->snapshot().parameters;
   ASSERT_EQ(after.size(), before.size());
-  for (std::size_t i = 0; i < after.size(); ++i) EXPECT_NEAR(after[i], before[i] + mean[i], 1e-5f) << i;
+  for (std::size_t i = 0; i < after.size(); ++i)
+    EXPECT_NEAR(after[i], before[i] + mean[i], 1e-5f) << i;
 }
 
 TEST(RoundCoordinator, RefusesBadDeltasWithAClearCodeAndAppliesNothing) {
@@ -121,21 +131,28 @@ TEST(RoundCoordinator, RefusesBadDeltasWithAClearCodeAndAppliesNothing) {
   std::mt19937 rng(4);
   const auto good = random_sparse_update(rng, server.state->model(), 1, 0);
   const auto future = random_sparse_update(rng, server.state->model(), 1, 5);
-  auto expect_refused = [&](const transport::CoapResponse& answer, int code, const std::string& reason) {
+  auto expect_refused = [&](const transport::CoapResponse& answer, int code,
+                            const std::string& reason) {
     EXPECT_EQ(answer.code, code) << text(answer);
     EXPECT_NE(text(answer).find(reason), std::string::npos) << text(answer);
     EXPECT_EQ(server.rounds->deltas_received(), 0u);
     EXPECT_EQ(server.state->version(), 0u);
   };
-  expect_refused(server.rounds->post_round_update(request("a", future)), CoapCode::kConflict, "wrong round");
+  expect_refused(server.rounds->post_round_update(request("a", future)), CoapCode::kConflict,
+                 "wrong round");
   auto wrong_model = good;
   wrong_model[8] ^= 0xff;  // the model id follows the magic and format fields
-  expect_refused(server.rounds->post_round_update(request("a", wrong_model)), CoapCode::kConflict, "wrong model");
+  expect_refused(server.rounds->post_round_update(request("a", wrong_model)), CoapCode::kConflict,
+                 "wrong model");
   const std::vector<std::uint8_t> garbage = {1, 2, 3, 4, 5};
-  expect_refused(server.rounds->post_round_update(request("a", garbage)), CoapCode::kBadRequest, "malformed");
-  expect_refused(server.rounds->post_round_update(request("a", good, "")), CoapCode::kBadRequest, "examples");
-  expect_refused(server.rounds->post_round_update(request("a", good, "examples=0")), CoapCode::kBadRequest, "examples");
-  expect_refused(server.rounds->post_round_update(request("", good)), CoapCode::kUnauthorized, "identity");
+  expect_refused(server.rounds->post_round_update(request("a", garbage)), CoapCode::kBadRequest,
+                 "malformed");
+  expect_refused(server.rounds->post_round_update(request("a", good, "")), CoapCode::kBadRequest,
+                 "examples");
+  expect_refused(server.rounds->post_round_update(request("a", good, "examples=0")),
+                 CoapCode::kBadRequest, "examples");
+  expect_refused(server.rounds->post_round_update(request("", good)), CoapCode::kUnauthorized,
+                 "identity");
 
   // A delta of a closed round (a straggler dropped at the deadline).
   ASSERT_EQ(server.rounds->post_round_update(request("a", good)).code, CoapCode::kChanged);
@@ -164,8 +181,11 @@ TEST(RoundCoordinator, WaitAllWaitsPastTheDeadlineUntilItsSafetyLimit) {
   round_info(*server.rounds, "a");
   round_info(*server.rounds, "b");
   std::mt19937 rng(5);
-  ASSERT_EQ(server.rounds->post_round_update(request("a", random_sparse_update(rng, server.state->model(), 1, 0))).code,
-            CoapCode::kChanged);
+  ASSERT_EQ(
+      server.rounds
+          ->post_round_update(request("a", random_sparse_update(rng, server.state->model(), 1, 0)))
+          .code,
+      CoapCode::kChanged);
   clock.now += std::chrono::seconds(31);
   EXPECT_FALSE(server.rounds->poll());
   clock.now += std::chrono::seconds(static_cast<int>(30 * server::kWaitAllSafetyFactor));
@@ -180,14 +200,18 @@ TEST(RoundCoordinator, AnAcknowledgedDeltaSurvivesARestartAndTheCloseIsBitExact)
   const runtime::Model model = small_model();
   std::vector<std::vector<std::uint8_t>> deltas;
   for (int r = 0; r < 2; ++r)
-    for (int d = 0; d < 2; ++d) deltas.push_back(random_sparse_update(rng, model, 1, static_cast<std::uint64_t>(r)));
+    for (int d = 0; d < 2; ++d)
+      deltas.push_back(random_sparse_update(rng, model, 1, static_cast<std::uint64_t>(r)));
   {
     Server server(uninterrupted, clock, two_devices());
     for (int n = 0; n < 4; ++n) {
       const std::string who = n % 2 ? "b" : "a";
       round_info(*server.rounds, who);
-      ASSERT_EQ(server.rounds->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n))).code,
-                CoapCode::kChanged);
+      ASSERT_EQ(
+          server.rounds
+              ->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n)))
+              .code,
+          CoapCode::kChanged);
     }
     ASSERT_EQ(server.rounds->round(), 2u);
   }
@@ -204,7 +228,9 @@ TEST(RoundCoordinator, AnAcknowledgedDeltaSurvivesARestartAndTheCloseIsBitExact)
     const std::string who = n % 2 ? "b" : "a";
     round_info(*server.rounds, "a");
     round_info(*server.rounds, "b");
-    ASSERT_EQ(server.rounds->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n))).code,
+    ASSERT_EQ(server.rounds
+                  ->post_round_update(request(who, deltas[n], "examples=" + std::to_string(7 + n)))
+                  .code,
               CoapCode::kChanged);
   }
   Server server(crashed, clock, two_devices());
@@ -221,13 +247,15 @@ TEST(RoundCoordinator, ClientSamplingIsSeededAndSelectsAboutTheFraction) {
   options.seed = 9;
   Server server(dir, clock, options);
   int chosen = 0;
-  for (int d = 0; d < 1000; ++d) chosen += server.rounds->selected("pi-" + std::to_string(d), 4) ? 1 : 0;
+  for (int d = 0; d < 1000; ++d)
+    chosen += server.rounds->selected("pi-" + std::to_string(d), 4) ? 1 : 0;
   EXPECT_GT(chosen, 240);
   EXPECT_LT(chosen, 360);
   EXPECT_EQ(server.rounds->selected("pi-7", 4), server.rounds->selected("pi-7", 4));
   int differs = 0;
   for (int d = 0; d < 100; ++d)
-    differs += server.rounds->selected("pi-" + std::to_string(d), 4) != server.rounds->selected("pi-" + std::to_string(d), 5);
+    differs += server.rounds->selected("pi-" + std::to_string(d), 4) !=
+               server.rounds->selected("pi-" + std::to_string(d), 5);
   EXPECT_GT(differs, 10);  // a new draw each round
 }
 

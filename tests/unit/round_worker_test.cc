@@ -54,31 +54,43 @@ runtime::RoundWorkerConfig test_config() {
   return config;
 }
 
-CoapResponse text(int code, const std::string& body) { return {code, {body.begin(), body.end()}, {}}; }
+CoapResponse text(int code, const std::string& body) {
+  return {code, {body.begin(), body.end()}, {}};
+}
 
 class FakeRoundServer : public runtime::ServerChannel {
  public:
-  FakeRoundServer() : model_(runtime::model_spec_from_argument(kModelSpec)) { model_.initialize(3); }
+  FakeRoundServer() : model_(runtime::model_spec_from_argument(kModelSpec)) {
+    model_.initialize(3);
+  }
   CoapResponse get_model(const std::string& path) override {
     ++pulls;
-    auto bytes = transport::encode_dense_model(model_.layout_id(), model_version, sizes_of(model_), model_.parameters());
+    auto bytes = transport::encode_dense_model(model_.layout_id(), model_version, sizes_of(model_),
+                                               model_.parameters());
     return {CoapCode::kContent, bytes.value(), model_version};
   }
-  CoapResponse post_update(std::span<const std::uint8_t>) override { return text(CoapCode::kNotFound, ""); }
+  CoapResponse post_update(std::span<const std::uint8_t>) override {
+    return text(CoapCode::kNotFound, "");
+  }
   CoapResponse get_round() override {
     ++polls;
     if (round_answer) return *round_answer;
-    return text(CoapCode::kContent, "{\"round\":" + std::to_string(round) + ",\"model_version\":" +
-                                        std::to_string(round) + ",\"deadline_seconds\":3.5,\"selected\":" +
-                                        (selected ? "true" : "false") + ",\"local_steps\":3,\"policy\":\"drop-stragglers\"}");
+    return text(CoapCode::kContent,
+                "{\"round\":" + std::to_string(round) +
+                    ",\"model_version\":" + std::to_string(round) +
+                    ",\"deadline_seconds\":3.5,\"selected\":" + (selected ? "true" : "false") +
+                    ",\"local_steps\":3,\"policy\":\"drop-stragglers\"}");
   }
-  CoapResponse post_round_update(std::uint64_t examples, std::span<const std::uint8_t> body) override {
+  CoapResponse post_round_update(std::uint64_t examples,
+                                 std::span<const std::uint8_t> body) override {
     sent.push_back({examples, {body.begin(), body.end()}});
     if (on_post) return on_post();
     return {CoapCode::kChanged, {}, {}};
   }
   transport::SparseUpdate decoded(std::size_t n) const {
-    return transport::decode_sparse_update(sent.at(n).second, {model_.layout_id(), sizes_of(model_)}).value();
+    return transport::decode_sparse_update(sent.at(n).second,
+                                           {model_.layout_id(), sizes_of(model_)})
+        .value();
   }
 
   std::uint64_t round = 5, model_version = 5;
@@ -112,7 +124,7 @@ TEST(RoundWorker, SendsOneDeltaPerRoundWithItsRoundAndExamples) {
   double moved = 0;
   for (const auto& t : delta.tensors)
     for (float v : t.values) moved += std::abs(v);
-  EXPECT_GT(moved, 0.0);  // trained: new − start is not zero
+  EXPECT_GT(moved, 0.0);               // trained: new − start is not zero
   EXPECT_FALSE(f.worker->run_once());  // same round: done, only polls
   EXPECT_EQ(f.server.sent.size(), 1u);
   f.server.round = f.server.model_version = 6;
@@ -126,9 +138,10 @@ TEST(RoundWorker, SendsOneDeltaPerRoundWithItsRoundAndExamples) {
 // number of minibatches (the 40 examples of this worker's shard, batch 4: 10 per pass).
 TEST(RoundWorker, LocalEpochsTrainThatManyPassesOverTheShard) {
   Fixture f;
-  f.server.round_answer = text(CoapCode::kContent,
-                               "{\"round\":5,\"model_version\":5,\"deadline_seconds\":3.5,\"selected\":true,"
-                               "\"local_steps\":3,\"local_epochs\":2,\"policy\":\"drop-stragglers\"}");
+  f.server.round_answer =
+      text(CoapCode::kContent,
+           "{\"round\":5,\"model_version\":5,\"deadline_seconds\":3.5,\"selected\":true,"
+           "\"local_steps\":3,\"local_epochs\":2,\"policy\":\"drop-stragglers\"}");
   ASSERT_TRUE(f.worker->run_once());
   ASSERT_EQ(f.server.sent.size(), 1u);
   EXPECT_EQ(f.server.sent[0].first, 2u * 40u);  // examples: two passes over the shard
@@ -176,11 +189,17 @@ TEST(RoundWorker, MalformedRoundAnswersAreRetriedAndParsedDefensively) {
   EXPECT_FALSE(f.worker->run_once());
   EXPECT_EQ(f.worker->stats().retries, 1u);
   EXPECT_TRUE(f.server.sent.empty());
-  for (const std::string bad : {"", "[]", "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":1,\"local_steps\":1}",
-                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":0}",
-                                "{\"round\":-1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1}",
-                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1,\"local_epochs\":-1}",
-                                "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1,\"local_epochs\":1001}"}) {
+  for (const std::string bad :
+       {"", "[]",
+        "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":1,\"local_steps\":1}",
+        "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":"
+        "0}",
+        "{\"round\":-1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_"
+        "steps\":1}",
+        "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":"
+        "1,\"local_epochs\":-1}",
+        "{\"round\":1,\"model_version\":1,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":"
+        "1,\"local_epochs\":1001}"}) {
     const std::vector<std::uint8_t> bytes(bad.begin(), bad.end());
     EXPECT_FALSE(runtime::parse_round_info(bytes)) << bad;
   }
@@ -205,7 +224,8 @@ TEST(RoundWorker, ATransportFailureIsRetriedWithTheSameBytes) {
   Fixture f;
   int calls = 0;
   f.server.on_post = [&calls]() -> CoapResponse {
-    if (calls++ == 0) throw transport::TransportError("timed out", transport::TransportFailure::kNoAnswer);
+    if (calls++ == 0)
+      throw transport::TransportError("timed out", transport::TransportFailure::kNoAnswer);
     return {CoapCode::kChanged, {}, {}};
   };
   EXPECT_TRUE(f.worker->run_once());

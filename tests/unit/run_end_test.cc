@@ -24,7 +24,8 @@ runtime::Model mlp() {
   return model;
 }
 
-EvaluationResult evaluation(std::uint64_t version, double accuracy, const runtime::Model& model, float fill) {
+EvaluationResult evaluation(std::uint64_t version, double accuracy, const runtime::Model& model,
+                            float fill) {
   EvaluationResult result;
   result.version = version;
   result.accuracy = accuracy;
@@ -71,7 +72,8 @@ TEST(BestCheckpoint, WrittenOnImprovementAndRememberedForTheSameData) {
     ASSERT_TRUE(best.best());
     EXPECT_EQ(best.best()->version, 10u);
   }
-  const server::CheckpointFile kept = server::read_checkpoint_file(dir.path() / "best.safetensors", "");
+  const server::CheckpointFile kept =
+      server::read_checkpoint_file(dir.path() / "best.safetensors", "");
   EXPECT_EQ(kept.version, 10u);
   EXPECT_EQ(kept.metadata.at("edgetrain.test_accuracy"), "0.500000");
   EXPECT_EQ(kept.model.parameters()[0], 0.25f);
@@ -95,7 +97,8 @@ TEST(ReadCheckpointFile, RefusesDamageAndAnotherModel) {
   const auto path = dir.path() / "best.safetensors";
   EXPECT_EQ(server::read_checkpoint_file(path, "").model.spec().name, "mlp");
   EXPECT_THROW(server::read_checkpoint_file(path, "paper-cnn"), std::runtime_error);
-  EXPECT_THROW(server::read_checkpoint_file(dir.path() / "missing.safetensors", ""), std::runtime_error);
+  EXPECT_THROW(server::read_checkpoint_file(dir.path() / "missing.safetensors", ""),
+               std::runtime_error);
 
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
   file.seekp(-5, std::ios::end);

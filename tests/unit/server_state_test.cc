@@ -1,7 +1,7 @@
 // The server's durable state: crash (no checkpoint, torn WAL tail, a crash between
-// checkpoint and WAL rotation, a damaged checkpoint file) and restart must resume at the acknowledged version with
-// parameters bit-identical to an uninterrupted run; replays apply once; refusals change
-// nothing, not even the WAL.
+// checkpoint and WAL rotation, a damaged checkpoint file) and restart must resume at the
+// acknowledged version with parameters bit-identical to an uninterrupted run; replays apply once;
+// refusals change nothing, not even the WAL.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,20 +24,21 @@ using edgetrain::testing::directory_bytes;
 using edgetrain::testing::file_bytes;
 
 using namespace edgetrain;
-using server::ServerState;
-using server::ServerStateOptions;
-using server::SubmitOutcome;
 using edgetrain::testing::random_sparse_update;
 using edgetrain::testing::TempDir;
 using edgetrain::testing::tensor_sizes;
+using server::ServerState;
+using server::ServerStateOptions;
+using server::SubmitOutcome;
 
 runtime::Model small_model() {
   return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
 }
 
 // A random sparse update fetched at a random version up to `max_delay` before `version`.
-std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model, std::uint64_t sequence,
-                                        std::uint64_t version, std::uint64_t max_delay) {
+std::vector<std::uint8_t> random_update(std::mt19937& rng, const runtime::Model& model,
+                                        std::uint64_t sequence, std::uint64_t version,
+                                        std::uint64_t max_delay) {
   const std::uint64_t fetched_version = version - rng() % (std::min(version, max_delay) + 1);
   return random_sparse_update(rng, model, sequence, fetched_version);
 }
@@ -51,16 +52,20 @@ struct Sent {
 // store (no WAL, no checkpoints) reaches after each prefix.
 class History {
  public:
-  History(const ServerStateOptions& options, int count, std::uint32_t seed) : model_(small_model()) {
+  History(const ServerStateOptions& options, int count, std::uint32_t seed)
+      : model_(small_model()) {
     std::mt19937 rng(seed);
     server::ParameterStore reference(model_.layout_id(), tensor_sizes(model_),
-                                     {model_.parameters().begin(), model_.parameters().end()}, options.store);
+                                     {model_.parameters().begin(), model_.parameters().end()},
+                                     options.store);
     std::uint64_t sequences[3] = {0, 0, 0};
     for (int n = 0; n < count; ++n) {
       const int w = static_cast<int>(rng() % 3);
       Sent sent{"device-" + std::to_string(w),
-                random_update(rng, model_, ++sequences[w], reference.version(), options.store.max_staleness)};
-      auto decoded = transport::decode_sparse_update(sent.bytes, {model_.layout_id(), tensor_sizes(model_)});
+                random_update(rng, model_, ++sequences[w], reference.version(),
+                              options.store.max_staleness)};
+      auto decoded =
+          transport::decode_sparse_update(sent.bytes, {model_.layout_id(), tensor_sizes(model_)});
       EXPECT_TRUE(reference.apply(decoded.value()).applied());
       updates_.push_back(std::move(sent));
       parameters_after_.emplace_back(reference.parameters().begin(), reference.parameters().end());
@@ -68,7 +73,9 @@ class History {
   }
   const std::vector<Sent>& updates() const { return updates_; }
   // Parameters after the first `n` updates (n ≥ 1).
-  const std::vector<float>& parameters_after(std::size_t n) const { return parameters_after_.at(n - 1); }
+  const std::vector<float>& parameters_after(std::size_t n) const {
+    return parameters_after_.at(n - 1);
+  }
 
  private:
   runtime::Model model_;
@@ -143,10 +150,12 @@ int check_deltas(ServerState& state, const History& history, std::uint64_t oldes
     EXPECT_EQ(delta.value().base_version, since);
     EXPECT_EQ(delta.value().version, state.version());
     EXPECT_LT(reply.bytes.size(), transport::dense_model_bytes(sizes));
-    std::vector<float> copy = since == 0 ? std::vector<float>(initial.parameters().begin(), initial.parameters().end())
-                                         : history.parameters_after(since);
+    std::vector<float> copy =
+        since == 0 ? std::vector<float>(initial.parameters().begin(), initial.parameters().end())
+                   : history.parameters_after(since);
     EXPECT_TRUE(transport::apply_model_delta(delta.value(), sizes, copy));
-    EXPECT_EQ(std::memcmp(copy.data(), now.data(), now.size() * sizeof(float)), 0) << "since=" << since;
+    EXPECT_EQ(std::memcmp(copy.data(), now.data(), now.size() * sizeof(float)), 0)
+        << "since=" << since;
     EXPECT_EQ(transport::parameter_digest(copy), delta.value().digest);
   }
   return deltas;
@@ -168,7 +177,8 @@ TEST(ServerState, ModelDeltaSinceAnyKnownVersionIsExactAcrossCrashes) {
   ASSERT_EQ(restarted.version(), 30u);
   // The change record restarts at the oldest update the WAL keeps as history (28 − D = 24):
   // older bases get the dense model, newer ones an exact delta.
-  for (std::uint64_t since = 0; since < 24; ++since) EXPECT_FALSE(restarted.encoded_model_since(since).delta) << since;
+  for (std::uint64_t since = 0; since < 24; ++since)
+    EXPECT_FALSE(restarted.encoded_model_since(since).delta) << since;
   EXPECT_TRUE(restarted.encoded_model_since(29).delta);
   EXPECT_TRUE(restarted.encoded_model_since(30).delta);
   EXPECT_FALSE(restarted.encoded_model_since(31).delta);
@@ -178,7 +188,8 @@ TEST(ServerState, ModelDeltaSinceAnyKnownVersionIsExactAcrossCrashes) {
     submit_all(restarted, history, n, n + 1);
     EXPECT_GE(check_deltas(restarted, history, 0), 1) << "version " << n + 1;
   }
-  EXPECT_EQ(restarted.encoded_model_since(45).bytes.size(), 44u);  // nothing changed: the header alone
+  EXPECT_EQ(restarted.encoded_model_since(45).bytes.size(),
+            44u);  // nothing changed: the header alone
 }
 
 TEST(ServerState, TornLastRecordIsDroppedAndTheLogStaysAppendable) {
@@ -320,7 +331,6 @@ TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
 // ---- Damaged checkpoints (issue 18): recovered to the consistent state from the previous
 // checkpoint and the WAL, or refused with a message naming the file; never loaded.
 
-
 void write_bytes(const std::filesystem::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << bytes;
@@ -330,10 +340,14 @@ enum class Damage { kDataByte, kMetadataByte, kChecksumKeyByte, kTruncation };
 
 std::string damage_name(Damage damage) {
   switch (damage) {
-    case Damage::kDataByte: return "a flipped data byte";
-    case Damage::kMetadataByte: return "a changed digit of edgetrain.version";
-    case Damage::kChecksumKeyByte: return "a flipped byte in the checksum's key";
-    case Damage::kTruncation: return "truncation";
+    case Damage::kDataByte:
+      return "a flipped data byte";
+    case Damage::kMetadataByte:
+      return "a changed digit of edgetrain.version";
+    case Damage::kChecksumKeyByte:
+      return "a flipped byte in the checksum's key";
+    case Damage::kTruncation:
+      return "truncation";
   }
   return "?";
 }
@@ -365,7 +379,9 @@ void damage_file(const std::filesystem::path& path, Damage damage) {
       bytes[8 + at + 10] ^= 0x01;  // "crc32" → "brc32": the file looks as if it had no checksum
       break;
     }
-    case Damage::kTruncation: bytes.resize(bytes.size() - 37); break;
+    case Damage::kTruncation:
+      bytes.resize(bytes.size() - 37);
+      break;
   }
   write_bytes(path, bytes);
 }
@@ -400,7 +416,8 @@ TEST_P(DamagedCheckpoint, RecoversTheAcknowledgedStateFromThePreviousCheckpointA
     EXPECT_EQ(restarted.recovery().checkpoint_version, clean_stop ? 28u : 21u);
     ASSERT_EQ(restarted.version(), 30u);
     EXPECT_EQ(parameters_of(restarted), history.parameters_after(30));  // bit for bit
-    EXPECT_TRUE(any_note_contains(restarted.recovery(), checkpoint.string())) << restarted.recovery().notes.size();
+    EXPECT_TRUE(any_note_contains(restarted.recovery(), checkpoint.string()))
+        << restarted.recovery().notes.size();
     EXPECT_EQ(file_bytes(dir.path() / "checkpoint.safetensors.damaged"), damaged_bytes);
     // Training goes on with σ across the fall-back as in an uninterrupted run ...
     submit_all(restarted, history, 30, 35);
@@ -414,17 +431,19 @@ TEST_P(DamagedCheckpoint, RecoversTheAcknowledgedStateFromThePreviousCheckpointA
   EXPECT_EQ(parameters_of(again), history.parameters_after(40));
 }
 
-std::string damaged_checkpoint_case_name(const ::testing::TestParamInfo<std::tuple<Damage, bool>>& info) {
+std::string damaged_checkpoint_case_name(
+    const ::testing::TestParamInfo<std::tuple<Damage, bool>>& info) {
   static const char* const kNames[] = {"DataByte", "MetadataByte", "ChecksumKeyByte", "Truncation"};
   return std::string(kNames[static_cast<int>(std::get<0>(info.param))]) +
          (std::get<1>(info.param) ? "AfterCleanStop" : "AfterCrash");
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryDamageAfterStopAndCrash, DamagedCheckpoint,
-                         ::testing::Combine(::testing::Values(Damage::kDataByte, Damage::kMetadataByte,
-                                                              Damage::kChecksumKeyByte, Damage::kTruncation),
-                                            ::testing::Bool()),
-                         damaged_checkpoint_case_name);
+INSTANTIATE_TEST_SUITE_P(
+    EveryDamageAfterStopAndCrash, DamagedCheckpoint,
+    ::testing::Combine(::testing::Values(Damage::kDataByte, Damage::kMetadataByte,
+                                         Damage::kChecksumKeyByte, Damage::kTruncation),
+                       ::testing::Bool()),
+    damaged_checkpoint_case_name);
 
 // Without a usable previous checkpoint (damaged too, or its WAL records gone) the server
 // refuses to start, names the file, and leaves every file as it was.
@@ -444,7 +463,8 @@ TEST(ServerState, DamagedCheckpointWithoutAUsableFallbackIsRefusedNamingTheFile)
     if (previous_damaged)
       damage_file(dir.path() / "checkpoint.prev.safetensors", Damage::kTruncation);
     else
-      std::filesystem::remove(dir.path() / "wal.prev.log");  // wal.log alone lacks the history of 28
+      std::filesystem::remove(dir.path() /
+                              "wal.prev.log");  // wal.log alone lacks the history of 28
     std::map<std::string, std::string> before;
     for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
       before[entry.path().filename().string()] = file_bytes(entry.path());
@@ -500,7 +520,8 @@ TEST(ServerState, CheckpointWithoutChecksumFromBeforeLoadsWithANote) {
   model.save_safetensors(checkpoint.string(), metadata);  // as the server wrote it before
   ServerState restarted(small_model(), options);
   EXPECT_FALSE(restarted.recovery().used_previous_checkpoint);
-  EXPECT_TRUE(any_note_contains(restarted.recovery(), "has no checksum")) << restarted.recovery().notes.size();
+  EXPECT_TRUE(any_note_contains(restarted.recovery(), "has no checksum"))
+      << restarted.recovery().notes.size();
   ASSERT_EQ(restarted.version(), 6u);
   EXPECT_EQ(parameters_of(restarted), history.parameters_after(6));
   submit_all(restarted, history, 6, 8);
@@ -518,8 +539,9 @@ TEST(ServerState, LeftoverTemporariesAreRemovedAtStartAndReported) {
     ServerState state(small_model(), options);
     submit_all(state, history, 0, 3);
   }
-  const std::vector<std::string> leftovers = {"checkpoint.safetensors.tmp", "checkpoint.safetensors.tmp.tmp",
-                                              "wal.log.tmp", "wal.prev.log.tmp"};
+  const std::vector<std::string> leftovers = {"checkpoint.safetensors.tmp",
+                                              "checkpoint.safetensors.tmp.tmp", "wal.log.tmp",
+                                              "wal.prev.log.tmp"};
   for (const std::string& name : leftovers) write_bytes(dir.path() / name, "half written");
   write_bytes(dir.path() / "stats.json.tmp", "not ours");
   ServerState restarted(small_model(), options);
@@ -541,7 +563,8 @@ TEST(ServerState, FailedCheckpointWriteLeavesNoNestedTemporary) {
   {
     ServerState state(small_model(), options);
     submit_all(state, history, 0, 4);
-    std::filesystem::create_directory(dir.path() / "checkpoint.safetensors.tmp");  // the write cannot open it
+    std::filesystem::create_directory(dir.path() /
+                                      "checkpoint.safetensors.tmp");  // the write cannot open it
     EXPECT_THROW(state.checkpoint(), server::StateError);
     for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
       EXPECT_FALSE(entry.path().filename().string().ends_with(".tmp.tmp")) << entry.path();

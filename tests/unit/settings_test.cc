@@ -34,12 +34,15 @@ struct Config {
 class SettingsTable : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("edgetrain-settings-" + std::to_string(::getpid()));
+    dir_ = std::filesystem::temp_directory_path() /
+           ("edgetrain-settings-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir_);
     table_.group("Connection");
     table_.add("server", config_.server, "server URI");
     table_.add("identity", config_.identity, "PSK identity");
-    table_.add("request-timeout", config_.request_timeout, "seconds per request").range(0.5, 3600).unit("seconds");
+    table_.add("request-timeout", config_.request_timeout, "seconds per request")
+        .range(0.5, 3600)
+        .unit("seconds");
     table_.group("Training");
     table_.add("workers", config_.workers, "shards").range(1, 10000);
     table_.add("batch", config_.batch, "minibatch").range(1, 4096);
@@ -95,12 +98,12 @@ TEST_F(SettingsTable, FlagBeatsFileAndFileBeatsDefault) {
       "label_skew = true\n"
       "identity = \"pi-01\"\n");
   EXPECT_EQ(parse({"--config", path, "--batch", "64", "--request-timeout", "2.5"}), -1);
-  EXPECT_EQ(config_.batch, 64);                  // flag over file
+  EXPECT_EQ(config_.batch, 64);  // flag over file
   EXPECT_DOUBLE_EQ(config_.request_timeout, 2.5);
-  EXPECT_EQ(config_.workers, 4u);                // file over default
+  EXPECT_EQ(config_.workers, 4u);  // file over default
   EXPECT_TRUE(config_.label_skew);
   EXPECT_EQ(config_.identity, "pi-01");
-  EXPECT_EQ(config_.seed, 1u);                   // default
+  EXPECT_EQ(config_.seed, 1u);  // default
   EXPECT_TRUE(table_.given_on_command_line("batch"));
   EXPECT_FALSE(table_.given_on_command_line("workers"));
   EXPECT_TRUE(table_.was_set("workers"));
@@ -113,34 +116,44 @@ TEST_F(SettingsTable, BoolFlagCanBeTurnedOffOverTheFile) {
 
 TEST_F(SettingsTable, UnknownKeyIsRefusedWithItsLineAndASuggestion) {
   const std::string message = refusal("batch = 10\n\nidentiy = \"pi-01\"\n");
-  EXPECT_NE(message.find("settings.toml:3: unknown key 'identiy' (did you mean 'identity'?)"), std::string::npos)
+  EXPECT_NE(message.find("settings.toml:3: unknown key 'identiy' (did you mean 'identity'?)"),
+            std::string::npos)
       << message;
-  EXPECT_EQ(refusal("colour = 1\n").find("did you mean"), std::string::npos) << "nothing is close to 'colour'";
+  EXPECT_EQ(refusal("colour = 1\n").find("did you mean"), std::string::npos)
+      << "nothing is close to 'colour'";
 }
 
 TEST_F(SettingsTable, WrongTypeIsRefusedWithKeyLineAndExpectedType) {
   const std::string message = refusal("seed = 3\nworkers = \"4\"\n");
-  EXPECT_NE(message.find("settings.toml:2: 'workers' must be a non-negative integer, not a string"), std::string::npos)
+  EXPECT_NE(message.find("settings.toml:2: 'workers' must be a non-negative integer, not a string"),
+            std::string::npos)
       << message;
-  EXPECT_NE(refusal("batch = 2.5\n").find("'batch' must be an integer, not a floating-point number"), std::string::npos);
+  EXPECT_NE(
+      refusal("batch = 2.5\n").find("'batch' must be an integer, not a floating-point number"),
+      std::string::npos);
   EXPECT_NE(refusal("label_skew = 1\n").find("'label_skew' must be a boolean"), std::string::npos);
-  EXPECT_NE(refusal("workers = -1\n").find("'workers' must be a non-negative integer"), std::string::npos);
+  EXPECT_NE(refusal("workers = -1\n").find("'workers' must be a non-negative integer"),
+            std::string::npos);
 }
 
 TEST_F(SettingsTable, OutOfRangeIsRefusedFromFileAndFlagAlike) {
   const std::string from_file = refusal("batch = 0\n");
-  EXPECT_NE(from_file.find("settings.toml:1 (batch): batch must be in 1..4096, not 0"), std::string::npos) << from_file;
+  EXPECT_NE(from_file.find("settings.toml:1 (batch): batch must be in 1..4096, not 0"),
+            std::string::npos)
+      << from_file;
   testing::internal::CaptureStderr();
   EXPECT_EQ(parse({"--request-timeout", "0.1"}), 2);
   const std::string from_flag = testing::internal::GetCapturedStderr();
-  EXPECT_NE(from_flag.find("program: --request-timeout: request-timeout must be in 0.5..3600, not 0.1"),
-            std::string::npos)
+  EXPECT_NE(
+      from_flag.find("program: --request-timeout: request-timeout must be in 0.5..3600, not 0.1"),
+      std::string::npos)
       << from_flag;
 }
 
 TEST_F(SettingsTable, ChoicesAreChecked) {
   const std::string message = refusal("compressor = \"adacom\"\n");
-  EXPECT_NE(message.find("must be one of adacomp, none, not 'adacom' (did you mean 'adacomp'?)"), std::string::npos)
+  EXPECT_NE(message.find("must be one of adacomp, none, not 'adacom' (did you mean 'adacomp'?)"),
+            std::string::npos)
       << message;
 }
 
@@ -158,7 +171,8 @@ TEST_F(SettingsTable, MissingFileIsAnError) {
 TEST_F(SettingsTable, VersionAndHelpExitWithZero) {
   testing::internal::CaptureStdout();
   EXPECT_EQ(parse({"--version"}), 0);
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "program " + std::string(edgetrain::settings::project_version()) + "\n");
+  EXPECT_EQ(testing::internal::GetCapturedStdout(),
+            "program " + std::string(edgetrain::settings::project_version()) + "\n");
   testing::internal::CaptureStdout();
   EXPECT_EQ(parse({"--help"}), 0);
   const std::string help = testing::internal::GetCapturedStdout();
@@ -195,10 +209,12 @@ TEST(SettingsSubcommand, HasItsOwnFlagsChecksAndRequiredSettings) {
   EXPECT_TRUE(table.parsed());
   testing::internal::CaptureStderr();
   EXPECT_EQ(parse({"add", "pi-01"}), 2);
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("program add: --keystore is required"), std::string::npos);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("program add: --keystore is required"),
+            std::string::npos);
   testing::internal::CaptureStderr();
   EXPECT_EQ(parse({"add", "pi-01", "--keystore", "k.toml", "--seconds", "61"}), 2);
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("seconds must be in 0..60, not 61"), std::string::npos);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("seconds must be in 0..60, not 61"),
+            std::string::npos);
   EXPECT_EQ(parse({"add", "pi-02", "--keystore", "k.toml", "--seconds", "5"}), -1);
   EXPECT_TRUE(add.parsed());
   EXPECT_EQ(name, "pi-02");
@@ -211,7 +227,8 @@ TEST(ClosestMatch, SuggestsOnlyNearWords) {
   EXPECT_EQ(closest_match("max_stalenes", {"max_staleness", "seed"}), "max_staleness");
   EXPECT_EQ(closest_match("colour", {"identity", "server"}), "");
   // Keys renamed by a suffix: the old name points at the new one.
-  EXPECT_EQ(closest_match("eval_interval_seconds", {"eval_interval", "eval_data"}), "eval_interval");
+  EXPECT_EQ(closest_match("eval_interval_seconds", {"eval_interval", "eval_data"}),
+            "eval_interval");
   EXPECT_EQ(closest_match("cert_file", {"cert", "cert_key", "ca"}), "cert");
   EXPECT_EQ(closest_match("cert_key_file", {"cert", "cert_key", "ca"}), "cert_key");
   EXPECT_EQ(closest_match("ca_file", {"cert", "cert_key", "ca"}), "ca");

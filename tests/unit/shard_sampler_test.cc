@@ -36,7 +36,8 @@ TEST(ShardSampler, EveryEpochVisitsTheWholeShardOnceInANewOrder) {
     for (int i = 0; i < 7; i++) EXPECT_EQ(labels[i], pixels[i] % 10);
     epochs.push_back(pixels);
   }
-  EXPECT_EQ(epochs[0], std::vector<std::uint8_t>({3, 7, 11, 19, 23, 29, 31}));  // first pass in shard order
+  EXPECT_EQ(epochs[0],
+            std::vector<std::uint8_t>({3, 7, 11, 19, 23, 29, 31}));  // first pass in shard order
   EXPECT_NE(epochs[1], epochs[2]);
   // Batches that straddle an epoch boundary still draw every example once per epoch.
   ShardSampler again(data, shard, 42);

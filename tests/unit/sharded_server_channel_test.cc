@@ -25,7 +25,9 @@ using transport::CoapResponse;
 
 constexpr const char* kIdentity = "pi-01";
 
-runtime::Model whole_model() { return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5); }
+runtime::Model whole_model() {
+  return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
+}
 
 server::ServerStateOptions state_options(const std::filesystem::path& dir) {
   server::ServerStateOptions options;
@@ -37,7 +39,8 @@ server::ServerStateOptions state_options(const std::filesystem::path& dir) {
 
 CoapResponse submit_answer(const server::SubmitResult& r) {
   if (r.acknowledged()) return {CoapCode::kChanged, transport::encode_update_reply(r.version)};
-  const int code = r.outcome == server::SubmitOutcome::kWrongModel || r.outcome == server::SubmitOutcome::kTooStale ||
+  const int code = r.outcome == server::SubmitOutcome::kWrongModel ||
+                           r.outcome == server::SubmitOutcome::kTooStale ||
                            r.outcome == server::SubmitOutcome::kOldSequence
                        ? CoapCode::kConflict
                        : CoapCode::kBadRequest;
@@ -85,8 +88,8 @@ struct Shards {
     std::vector<std::unique_ptr<runtime::ServerChannel>> channels;
     for (std::uint32_t i = 0; i < count; i++) {
       dirs.push_back(std::make_unique<edgetrain::testing::TempDir>("sharded-channel"));
-      states.push_back(std::make_unique<server::ServerState>(runtime::shard_model(whole, {i, count}),
-                                                             state_options(dirs.back()->path())));
+      states.push_back(std::make_unique<server::ServerState>(
+          runtime::shard_model(whole, {i, count}), state_options(dirs.back()->path())));
       auto channel = std::make_unique<StateChannel>(*states.back());
       raw.push_back(channel.get());
       channels.push_back(std::move(channel));
@@ -101,7 +104,8 @@ struct Shards {
 
 // A random update of the whole model: each entry sent with probability 1/4; values in
 // [-1, 1), or ±s per tensor for sign + scale.
-transport::SparseUpdate random_update(std::mt19937& rng, const runtime::Model& model, transport::ValueEncoding encoding) {
+transport::SparseUpdate random_update(std::mt19937& rng, const runtime::Model& model,
+                                      transport::ValueEncoding encoding) {
   transport::SparseUpdate update;
   update.model_id = model.layout_id();
   std::uniform_real_distribution<float> value(-1.0f, 1.0f);
@@ -121,8 +125,8 @@ transport::SparseUpdate random_update(std::mt19937& rng, const runtime::Model& m
   return update;
 }
 
-std::vector<std::uint8_t> encode(transport::SparseUpdate update, std::uint64_t sequence, std::uint64_t fetched,
-                                 transport::ValueEncoding encoding) {
+std::vector<std::uint8_t> encode(transport::SparseUpdate update, std::uint64_t sequence,
+                                 std::uint64_t fetched, transport::ValueEncoding encoding) {
   update.sequence = sequence;
   update.fetched_version = fetched;
   return transport::encode_sparse_update(update, {encoding}).value();
@@ -144,7 +148,8 @@ TEST(ShardedServerChannel, PullsTheWholeModelBitForBit) {
   }
 }
 
-class SameStream : public ::testing::TestWithParam<std::tuple<std::uint32_t, transport::ValueEncoding>> {};
+class SameStream
+    : public ::testing::TestWithParam<std::tuple<std::uint32_t, transport::ValueEncoding>> {};
 
 // The strongest check of "exact per shard": one unsharded server and N shards behind the
 // channel get the same updates with the same delays in the same order and end bit-identical.
@@ -157,7 +162,8 @@ TEST_P(SameStream, EndsWithTheParametersOfOneServer) {
   Shards shards(whole, count);
   runtime::ModelReplica replica(whole.layout_id(), edgetrain::testing::tensor_sizes(whole));
   std::mt19937 rng(11 + count);
-  std::vector<std::uint64_t> synthetic_at;  // the worker's version after a pull at each server version
+  std::vector<std::uint64_t>
+      synthetic_at;  // the worker's version after a pull at each server version
   std::uint64_t deltas = 0;
   constexpr int kUpdates = 60;
   for (int n = 0; n < kUpdates; n++) {
@@ -166,7 +172,8 @@ TEST_P(SameStream, EndsWithTheParametersOfOneServer) {
     const auto outcome = replica.take(pulled.payload);
     ASSERT_NE(outcome, runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
     deltas += outcome == runtime::ModelReplica::PullOutcome::kDelta;
-    ASSERT_EQ(replica.version(), std::uint64_t{count} * single.version());  // shards move in lockstep
+    ASSERT_EQ(replica.version(),
+              std::uint64_t{count} * single.version());  // shards move in lockstep
     synthetic_at.push_back(replica.version());
     // Fetched up to 5 versions ago: the same delay at the single server and at every shard.
     const std::uint64_t delay = rng() % (std::min<std::uint64_t>(single.version(), 5) + 1);
@@ -175,19 +182,23 @@ TEST_P(SameStream, EndsWithTheParametersOfOneServer) {
     const auto sequence = static_cast<std::uint64_t>(n + 1);
     const auto alone = single.submit(kIdentity, encode(update, sequence, fetched, encoding));
     ASSERT_TRUE(alone.acknowledged()) << alone.diagnostic;
-    const CoapResponse answer = shards.channel->post_update(encode(update, sequence, synthetic_at[fetched], encoding));
-    ASSERT_EQ(answer.code, CoapCode::kChanged) << std::string(answer.payload.begin(), answer.payload.end());
+    const CoapResponse answer =
+        shards.channel->post_update(encode(update, sequence, synthetic_at[fetched], encoding));
+    ASSERT_EQ(answer.code, CoapCode::kChanged)
+        << std::string(answer.payload.begin(), answer.payload.end());
     EXPECT_EQ(transport::decode_update_reply(answer.payload), std::uint64_t{count} * alone.version);
   }
   const CoapResponse last = shards.channel->get_model(replica.pull_path());
   ASSERT_EQ(last.code, CoapCode::kContent);
-  ASSERT_NE(replica.take(last.payload), runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
+  ASSERT_NE(replica.take(last.payload), runtime::ModelReplica::PullOutcome::kMismatch)
+      << replica.mismatch();
   const auto expected = single.snapshot().parameters;
   const auto assembled = shards.channel->parameters();
   ASSERT_EQ(assembled.size(), expected.size());
   for (std::size_t i = 0; i < expected.size(); i++)
     ASSERT_EQ(assembled[i], expected[i]) << count << " shards, entry " << i;
-  for (std::size_t i = 0; i < expected.size(); i++) ASSERT_EQ(replica.parameters()[i], expected[i]) << "replica entry " << i;
+  for (std::size_t i = 0; i < expected.size(); i++)
+    ASSERT_EQ(replica.parameters()[i], expected[i]) << "replica entry " << i;
   EXPECT_GT(deltas, 0u);  // the channel answered with deltas of the whole model
   for (std::uint32_t s = 0; s < count; s++) {
     EXPECT_EQ(shards.states[s]->version(), single.version());
@@ -195,30 +206,36 @@ TEST_P(SameStream, EndsWithTheParametersOfOneServer) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    ShardCountsAndEncodings, SameStream,
-    ::testing::Values(std::tuple{1u, transport::ValueEncoding::kFp32}, std::tuple{3u, transport::ValueEncoding::kFp32},
-                      std::tuple{5u, transport::ValueEncoding::kFp16}, std::tuple{3u, transport::ValueEncoding::kSignScale},
-                      // More shards than tensors: some shards get empty updates and must still advance.
-                      std::tuple{17u, transport::ValueEncoding::kSignScale}));
+INSTANTIATE_TEST_SUITE_P(ShardCountsAndEncodings, SameStream,
+                         ::testing::Values(std::tuple{1u, transport::ValueEncoding::kFp32},
+                                           std::tuple{3u, transport::ValueEncoding::kFp32},
+                                           std::tuple{5u, transport::ValueEncoding::kFp16},
+                                           std::tuple{3u, transport::ValueEncoding::kSignScale},
+                                           // More shards than tensors: some shards get empty
+                                           // updates and must still advance.
+                                           std::tuple{17u, transport::ValueEncoding::kSignScale}));
 
 TEST(ShardedServerChannel, ARetryAfterALostAnswerIsAppliedOnceByEveryShard) {
   const runtime::Model whole = whole_model();
   Shards shards(whole, 3);
   ASSERT_EQ(shards.channel->get_model("model").code, CoapCode::kContent);
   std::mt19937 rng(3);
-  const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), 1, 0, transport::ValueEncoding::kFp32);
+  const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), 1, 0,
+                           transport::ValueEncoding::kFp32);
   shards.raw[1]->lose_next_answer = true;
   EXPECT_THROW(shards.channel->post_update(body), transport::TransportError);
-  for (const auto& state : shards.states) EXPECT_EQ(state->version(), 1u);  // every shard had its part
+  for (const auto& state : shards.states)
+    EXPECT_EQ(state->version(), 1u);  // every shard had its part
   const CoapResponse retried = shards.channel->post_update(body);
   ASSERT_EQ(retried.code, CoapCode::kChanged);
-  EXPECT_EQ(transport::decode_update_reply(retried.payload), 3u);  // each shard's original version 1
+  EXPECT_EQ(transport::decode_update_reply(retried.payload),
+            3u);  // each shard's original version 1
   for (const auto& state : shards.states) EXPECT_EQ(state->version(), 1u);
 }
 
 // A pull broken off by a silent shard moved the shards before it on; the worker, which got
-// no answer, must not get a delta from those shards' new versions (shard_crash_recovery.sh found the digest mismatch).
+// no answer, must not get a delta from those shards' new versions (shard_crash_recovery.sh found
+// the digest mismatch).
 TEST(ShardedServerChannel, APullBrokenOffByASilentShardLeavesTheWorkerExact) {
   const runtime::Model whole = whole_model();
   Shards shards(whole, 3);
@@ -228,11 +245,12 @@ TEST(ShardedServerChannel, APullBrokenOffByASilentShardLeavesTheWorkerExact) {
   auto pull = [&] {
     const CoapResponse pulled = shards.channel->get_model(replica.pull_path());
     ASSERT_EQ(pulled.code, CoapCode::kContent);
-    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
+    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch)
+        << replica.mismatch();
   };
   auto push = [&] {
-    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence, replica.version(),
-                             transport::ValueEncoding::kFp32);
+    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence,
+                             replica.version(), transport::ValueEncoding::kFp32);
     ASSERT_EQ(shards.channel->post_update(body).code, CoapCode::kChanged);
   };
   pull();
@@ -253,12 +271,14 @@ TEST(ShardedServerChannel, RefusesWhatItCannotMapOrUse) {
   std::mt19937 rng(4);
   const auto update = random_update(rng, whole, transport::ValueEncoding::kFp32);
   // A version the channel never assembled: pull again.
-  EXPECT_EQ(shards.channel->post_update(encode(update, 1, 7, transport::ValueEncoding::kFp32)).code, CoapCode::kConflict);
+  EXPECT_EQ(shards.channel->post_update(encode(update, 1, 7, transport::ValueEncoding::kFp32)).code,
+            CoapCode::kConflict);
   for (const auto* raw : shards.raw) EXPECT_EQ(raw->posts, 0);
   // Another model's update.
   auto other = update;
   other.model_id ^= 1;
-  EXPECT_EQ(shards.channel->post_update(encode(other, 1, 0, transport::ValueEncoding::kFp32)).code, CoapCode::kConflict);
+  EXPECT_EQ(shards.channel->post_update(encode(other, 1, 0, transport::ValueEncoding::kFp32)).code,
+            CoapCode::kConflict);
   // Shards given in the wrong order serve other layouts: 5.02, nothing taken.
   Shards swapped(whole, 2);
   std::vector<std::unique_ptr<runtime::ServerChannel>> wrong;
@@ -277,9 +297,10 @@ TEST(ShardedServerChannel, AShardRestartedFromItsStateDirectoryCarriesOn) {
   auto step = [&] {
     const CoapResponse pulled = shards.channel->get_model(replica.pull_path());
     ASSERT_EQ(pulled.code, CoapCode::kContent);
-    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch) << replica.mismatch();
-    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence, replica.version(),
-                             transport::ValueEncoding::kFp32);
+    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch)
+        << replica.mismatch();
+    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence,
+                             replica.version(), transport::ValueEncoding::kFp32);
     ASSERT_EQ(shards.channel->post_update(body).code, CoapCode::kChanged);
   };
   for (int n = 0; n < 5; n++) step();

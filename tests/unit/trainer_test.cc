@@ -23,8 +23,8 @@ namespace {
 using namespace edgetrain::runtime;
 
 // Random grey images whose class is encoded by which quadrant is brightest.
-void synthetic_batch(std::mt19937& rng, const ExampleShape& shape, int count, std::vector<std::uint8_t>& pixels,
-                     std::vector<std::int32_t>& labels) {
+void synthetic_batch(std::mt19937& rng, const ExampleShape& shape, int count,
+                     std::vector<std::uint8_t>& pixels, std::vector<std::int32_t>& labels) {
   pixels.resize(static_cast<std::size_t>(count) * shape.size());
   labels.resize(count);
   std::uniform_int_distribution<int> noise(0, 60), klass(0, 3);
@@ -48,12 +48,14 @@ std::string backend_name(const ::testing::TestParamInfo<KernelBackend>& info) {
   return info.param == KernelBackend::kXnnpack ? "Xnnpack" : "Reference";
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, TrainerOnBackend, ::testing::Values(KernelBackend::kXnnpack, KernelBackend::kReference),
+INSTANTIATE_TEST_SUITE_P(Backends, TrainerOnBackend,
+                         ::testing::Values(KernelBackend::kXnnpack, KernelBackend::kReference),
                          backend_name);
 
 TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferences) {
   // Every layer kind; odd sizes so pooling floors.
-  Model model(parse_model_spec("input 9x9x2; conv 3 3x3 same relu; maxpool 2; conv 4 3x3 valid; relu; fc 6 relu; fc 4"));
+  Model model(parse_model_spec(
+      "input 9x9x2; conv 3 3x3 same relu; maxpool 2; conv 4 3x3 valid; relu; fc 6 relu; fc 4"));
   model.initialize(11);
   std::vector<double> params(model.parameters().begin(), model.parameters().end());
   std::mt19937 rng(5);
@@ -75,7 +77,8 @@ TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferences) {
   int checked = 0;
   for (std::size_t i = 0; i < probe.size(); i += 7) {
     const float h = 1e-2f;
-    const double numeric = (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
+    const double numeric =
+        (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
     // float32 forward passes: allow a small absolute floor plus a relative part. A probe
     // that crosses a ReLU kink or flips a max-pool choice is rare at this step size.
     EXPECT_NEAR(grad[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << "parameter " << i;
@@ -111,8 +114,10 @@ TEST_P(TrainerOnBackend, RefusesBadBatchSizes) {
   Trainer trainer(model, 4, GetParam());
   std::vector<std::uint8_t> pixels(5 * 784);
   std::vector<std::int32_t> labels(5);
-  EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 5), std::invalid_argument);
-  EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 0), std::invalid_argument);
+  EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 5),
+               std::invalid_argument);
+  EXPECT_THROW(trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 0),
+               std::invalid_argument);
   EXPECT_THROW(Trainer(model, 0, GetParam()), std::invalid_argument);
 }
 
@@ -126,7 +131,8 @@ TEST(Trainer, XnnpackIsTheDefaultBackend) {
 // pooling with odd sizes, a ReLU after pooling (not fused), a valid conv, fc with and
 // without ReLU; 4 classes to match synthetic_batch's labels.
 constexpr const char* kOddSpec =
-    "input 13x11x2; conv 4 3x3 stride 2 same relu; conv 3 3x3 same; relu; maxpool 2; relu; conv 5 3x3 valid relu; "
+    "input 13x11x2; conv 4 3x3 stride 2 same relu; conv 3 3x3 same; relu; maxpool 2; relu; conv 5 "
+    "3x3 valid relu; "
     "fc 7 relu; fc 4";
 
 // The XNNPACK backend (built for max_batch, padding smaller batches) gives the reference
@@ -146,21 +152,25 @@ void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) 
     SCOPED_TRACE("count " + std::to_string(count) + " of " + std::to_string(max_batch));
     synthetic_batch(rng, model.input_shape(), count, pixels, labels);
     std::fill(grad_fast.begin(), grad_fast.end(), 1e9f);  // must be fully overwritten
-    const BatchResult r_fast = fast.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad_fast);
-    const BatchResult r_ref =
-        reference.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad_reference);
+    const BatchResult r_fast =
+        fast.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad_fast);
+    const BatchResult r_ref = reference.compute_gradient(model.parameters(), pixels.data(),
+                                                         labels.data(), count, grad_reference);
     EXPECT_EQ(r_fast.count, count);
     EXPECT_EQ(r_fast.correct, r_ref.correct);
     EXPECT_NEAR(r_fast.loss, r_ref.loss, 1e-5f * std::max(1.0f, r_ref.loss));
-    const BatchResult e_fast = fast.evaluate(model.parameters(), pixels.data(), labels.data(), count);
+    const BatchResult e_fast =
+        fast.evaluate(model.parameters(), pixels.data(), labels.data(), count);
     EXPECT_FLOAT_EQ(e_fast.loss, r_fast.loss);
     for (const TensorInfo& t : model.tensors()) {
       float scale = 0;
-      for (std::size_t i = 0; i < t.size; i++) scale = std::max(scale, std::fabs(grad_reference[t.offset + i]));
+      for (std::size_t i = 0; i < t.size; i++)
+        scale = std::max(scale, std::fabs(grad_reference[t.offset + i]));
       ASSERT_GT(scale, 0.0f) << t.name << " has an all-zero reference gradient";
       // Relative to the tensor's largest entry: only the summation order differs.
       for (std::size_t i = 0; i < t.size; i++) {
-        ASSERT_NEAR(grad_fast[t.offset + i], grad_reference[t.offset + i], 1e-4f * scale) << t.name << "[" << i << "]";
+        ASSERT_NEAR(grad_fast[t.offset + i], grad_reference[t.offset + i], 1e-4f * scale)
+            << t.name << "[" << i << "]";
       }
     }
   }
@@ -170,7 +180,9 @@ TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnPaperCnn) {
   expect_backends_agree(builtin_model_spec("paper-cnn"), 4, 3);
 }
 
-TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMlp) { expect_backends_agree(builtin_model_spec("mlp"), 5, 4); }
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMlp) {
+  expect_backends_agree(builtin_model_spec("mlp"), 5, 4);
+}
 
 TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnOddSizedModel) {
   expect_backends_agree(parse_model_spec(kOddSpec, "odd"), 5, 6);

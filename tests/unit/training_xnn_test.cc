@@ -25,14 +25,15 @@ std::vector<float> random_vector(std::size_t n, std::mt19937& rng) {
 }
 
 // Both sides sum `terms` products of magnitude <= 1 in different orders (and XNNPACK with FMA).
-void expect_near_all(const std::vector<float>& fast, const std::vector<float>& ref, std::size_t terms,
-                     const char* what) {
+void expect_near_all(const std::vector<float>& fast, const std::vector<float>& ref,
+                     std::size_t terms, const char* what) {
   ASSERT_EQ(fast.size(), ref.size());
   const float tolerance = 2e-6f * static_cast<float>(terms) + 1e-5f;
   std::size_t bad = 0;
   for (std::size_t i = 0; i < ref.size() && bad < 5; i++) {
     if (!(std::fabs(fast[i] - ref[i]) <= tolerance)) {
-      ADD_FAILURE() << what << "[" << i << "]: fast " << fast[i] << " ref " << ref[i] << " tolerance " << tolerance;
+      ADD_FAILURE() << what << "[" << i << "]: fast " << fast[i] << " ref " << ref[i]
+                    << " tolerance " << tolerance;
       bad++;
     }
   }
@@ -48,10 +49,12 @@ class FullyConnectedTrainXnnTest : public ::testing::TestWithParam<FcCase> {};
 TEST_P(FullyConnectedTrainXnnTest, MatchesReference) {
   const auto [B, C, OC, activation] = GetParam();
   std::mt19937 rng(static_cast<unsigned>(B * 7919 + C * 31 + OC));
-  auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng), bias = random_vector(OC, rng);
+  auto inp = random_vector(B * C, rng), weight = random_vector(OC * C, rng),
+       bias = random_vector(OC, rng);
   auto dout = random_vector(B * OC, rng);
   std::vector<float> out_ref(B * OC), out_fast(B * OC, NAN);
-  ek::fully_connected_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), B, C, OC);
+  ek::fully_connected_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), B,
+                                        C, OC);
   const bool relu = activation == ek::Activation::relu;
   if (relu) ek::relu_forward(out_ref.data(), out_ref.data(), out_ref.size());
 
@@ -64,33 +67,36 @@ TEST_P(FullyConnectedTrainXnnTest, MatchesReference) {
     std::vector<float> d = dout;
     if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), d.size());
     std::vector<float> dinp_ref(B * C), dweight_ref(OC * C), dbias_ref(OC);
-    ek::fully_connected_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), d.data(),
-                                           inp.data(), weight.data(), B, C, OC);
+    ek::fully_connected_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(),
+                                           d.data(), inp.data(), weight.data(), B, C, OC);
     std::vector<float> dinp(B * C, NAN), dweight(OC * C, NAN), dbias(OC, NAN);
-    fc.backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), relu ? out_fast.data() : nullptr,
-                inp.data(), weight.data());
+    fc.backward(dinp.data(), dweight.data(), dbias.data(), dout.data(),
+                relu ? out_fast.data() : nullptr, inp.data(), weight.data());
     expect_near_all(dinp, dinp_ref, OC, "dinp");
     expect_near_all(dweight, dweight_ref, B, "dweight");
     expect_near_all(dbias, dbias_ref, B, "dbias");
     // First layer: no input gradient; the others must not change.
     std::vector<float> dweight2(OC * C, NAN);
-    fc.backward(nullptr, dweight2.data(), nullptr, dout.data(), relu ? out_fast.data() : nullptr, inp.data(),
-                weight.data());
+    fc.backward(nullptr, dweight2.data(), nullptr, dout.data(), relu ? out_fast.data() : nullptr,
+                inp.data(), weight.data());
     EXPECT_EQ(dweight, dweight2);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, FullyConnectedTrainXnnTest,
-    ::testing::Values(FcCase{1, 1, 1, ek::Activation::none}, FcCase{3, 37, 11, ek::Activation::relu},
-                      FcCase{7, 129, 65, ek::Activation::none}, FcCase{5, 20, 5, ek::Activation::relu},
-                      FcCase{32, 128, 10, ek::Activation::none}, FcCase{10, 3136, 128, ek::Activation::relu},
-                      FcCase{1, 784, 10, ek::Activation::none}),
-    [](const ::testing::TestParamInfo<FcCase>& info) {
-      const auto& p = info.param;
-      return "B" + std::to_string(p.B) + "_C" + std::to_string(p.C) + "_OC" + std::to_string(p.OC) +
-             (p.activation == ek::Activation::relu ? "_relu" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Shapes, FullyConnectedTrainXnnTest,
+                         ::testing::Values(FcCase{1, 1, 1, ek::Activation::none},
+                                           FcCase{3, 37, 11, ek::Activation::relu},
+                                           FcCase{7, 129, 65, ek::Activation::none},
+                                           FcCase{5, 20, 5, ek::Activation::relu},
+                                           FcCase{32, 128, 10, ek::Activation::none},
+                                           FcCase{10, 3136, 128, ek::Activation::relu},
+                                           FcCase{1, 784, 10, ek::Activation::none}),
+                         [](const ::testing::TestParamInfo<FcCase>& info) {
+                           const auto& p = info.param;
+                           return "B" + std::to_string(p.B) + "_C" + std::to_string(p.C) + "_OC" +
+                                  std::to_string(p.OC) +
+                                  (p.activation == ek::Activation::relu ? "_relu" : "");
+                         });
 
 struct ConvCase {
   ek::Conv2dShape s;
@@ -105,7 +111,8 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
   const std::size_t n_in = static_cast<std::size_t>(s.B) * s.H * s.W * s.C;
   const std::size_t n_out = static_cast<std::size_t>(s.B) * s.OH() * s.OW() * s.OC;
   const std::size_t K = static_cast<std::size_t>(s.KH) * s.KW * s.C;
-  auto inp = random_vector(n_in, rng), weight = random_vector(s.OC * K, rng), bias = random_vector(s.OC, rng);
+  auto inp = random_vector(n_in, rng), weight = random_vector(s.OC * K, rng),
+       bias = random_vector(s.OC, rng);
   auto dout = random_vector(n_out, rng);
   const bool relu = activation == ek::Activation::relu;
 
@@ -115,8 +122,8 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
   std::vector<float> d = dout;
   if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), n_out);
   std::vector<float> dinp_ref(n_in), dweight_ref(s.OC * K), dbias_ref(s.OC);
-  ek::conv2d_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), d.data(), inp.data(),
-                                weight.data(), s);
+  ek::conv2d_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(), d.data(),
+                                inp.data(), weight.data(), s);
 
   ek::Conv2dXnn conv(s, activation, nullptr);
   for (int round = 0; round < 2; round++) {
@@ -129,7 +136,8 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
     std::vector<float> dinp(n_in, NAN), dweight(s.OC * K, NAN), dbias(s.OC, NAN);
     conv.backward(want_dinp ? dinp.data() : nullptr, dweight.data(), dbias.data(), dout.data(),
                   relu ? out_fast.data() : nullptr, inp.data(), weight.data());
-    if (want_dinp) expect_near_all(dinp, dinp_ref, static_cast<std::size_t>(s.OC) * s.KH * s.KW, "dinp");
+    if (want_dinp)
+      expect_near_all(dinp, dinp_ref, static_cast<std::size_t>(s.OC) * s.KH * s.KW, "dinp");
     const std::size_t M = static_cast<std::size_t>(s.B) * s.OH() * s.OW();
     expect_near_all(dweight, dweight_ref, M, "dweight");
     expect_near_all(dbias, dbias_ref, M, "dbias");
@@ -138,24 +146,25 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, Conv2dXnnTest,
-    ::testing::Values(ConvCase{{1, 5, 5, 1, 2}, ek::Activation::none},
-                      ConvCase{{2, 7, 6, 3, 5}, ek::Activation::relu},
-                      ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},  // K = 36 > OC: packs dout
-                      ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},  // paper conv1, batch 1
-                      ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},  // paper conv2
-                      ConvCase{{2, 7, 7, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd size
-                      ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
-                      ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu},  // 2x3 kernel, no padding
-                      // one input channel: the direct weight-gradient loop
-                      ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},  // stride 2, odd size
-                      ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},  // 2x3 kernel, no padding
-                      ConvCase{{2, 5, 9, 1, 5, 5, 5, 1, 2}, ek::Activation::relu}),  // 5x5, wide padding
+    ::testing::Values(
+        ConvCase{{1, 5, 5, 1, 2}, ek::Activation::none},
+        ConvCase{{2, 7, 6, 3, 5}, ek::Activation::relu},
+        ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},             // K = 36 > OC: packs dout
+        ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},           // paper conv1, batch 1
+        ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},          // paper conv2
+        ConvCase{{2, 7, 7, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd size
+        ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
+        ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu},  // 2x3 kernel, no padding
+        // one input channel: the direct weight-gradient loop
+        ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},   // stride 2, odd size
+        ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},   // 2x3 kernel, no padding
+        ConvCase{{2, 5, 9, 1, 5, 5, 5, 1, 2}, ek::Activation::relu}),  // 5x5, wide padding
     [](const ::testing::TestParamInfo<ConvCase>& info) {
       const auto& s = info.param.s;
-      return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) + "_C" +
-             std::to_string(s.C) + "_OC" + std::to_string(s.OC) + "_K" + std::to_string(s.KH) +
-             std::to_string(s.KW) + "_S" + std::to_string(s.stride) + "_P" + std::to_string(s.pad) +
-             (info.param.activation == ek::Activation::relu ? "_relu" : "");
+      return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +
+             "_C" + std::to_string(s.C) + "_OC" + std::to_string(s.OC) + "_K" +
+             std::to_string(s.KH) + std::to_string(s.KW) + "_S" + std::to_string(s.stride) + "_P" +
+             std::to_string(s.pad) + (info.param.activation == ek::Activation::relu ? "_relu" : "");
     });
 
 class MaxPool2x2XnnTest : public ::testing::TestWithParam<std::array<int, 4>> {};
@@ -174,7 +183,8 @@ TEST_P(MaxPool2x2XnnTest, MatchesReference) {
   ek::MaxPool2x2Xnn pool(B, H, W, C, nullptr);
   pool.forward(out_fast.data(), window.data(), inp.data());
   EXPECT_EQ(out_fast, out_ref);
-  for (std::size_t i = 0; i < n_out; i++) ASSERT_EQ(pool.window_index_to_flat(i, window[i]), argmax[i]) << i;
+  for (std::size_t i = 0; i < n_out; i++)
+    ASSERT_EQ(pool.window_index_to_flat(i, window[i]), argmax[i]) << i;
 
   auto dout = random_vector(n_out, rng);
   std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size(), NAN);
@@ -184,8 +194,10 @@ TEST_P(MaxPool2x2XnnTest, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, MaxPool2x2XnnTest,
-                         ::testing::Values(std::array<int, 4>{1, 2, 2, 1}, std::array<int, 4>{2, 5, 6, 3},
-                                           std::array<int, 4>{1, 7, 7, 5}, std::array<int, 4>{3, 28, 28, 32},
+                         ::testing::Values(std::array<int, 4>{1, 2, 2, 1},
+                                           std::array<int, 4>{2, 5, 6, 3},
+                                           std::array<int, 4>{1, 7, 7, 5},
+                                           std::array<int, 4>{3, 28, 28, 32},
                                            std::array<int, 4>{2, 14, 14, 64}));
 
 TEST(OwnKernels, TransposeAndBiasBackward) {

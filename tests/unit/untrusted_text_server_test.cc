@@ -32,7 +32,8 @@ TEST(UntrustedTextInTheServer, IdentityWithNewlineAndEscIsOneEscapedLogLineAndEs
   edgetrain::testing::TempDir dir("untrusted-text");
   server::ServerStateOptions options;
   options.state_dir = dir.path();
-  runtime::Model model = edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 10", "tiny", 1);
+  runtime::Model model =
+      edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 10", "tiny", 1);
   server::ServerState state(model, options);
   std::vector<std::string> log;
   server::ResourceOptions resource_options;
@@ -40,18 +41,21 @@ TEST(UntrustedTextInTheServer, IdentityWithNewlineAndEscIsOneEscapedLogLineAndEs
   server::ServerResources resources(state, resource_options);
 
   std::mt19937 rng(7);
-  const std::vector<std::uint8_t> body = edgetrain::testing::random_sparse_update(rng, state.model(), 1, 0);
+  const std::vector<std::uint8_t> body =
+      edgetrain::testing::random_sparse_update(rng, state.model(), 1, 0);
   transport::CoapRequest post;
   post.method = transport::Method::kPost;
   post.authentication = transport::PeerAuthentication::kPsk;
   post.identity = kForgedIdentity;
   post.payload = body;
   ASSERT_EQ(resources.post_update(post).code, transport::CoapCode::kChanged);
-  ASSERT_EQ(resources.post_update(post).code, transport::CoapCode::kChanged);  // a duplicate: logged too
+  ASSERT_EQ(resources.post_update(post).code,
+            transport::CoapCode::kChanged);  // a duplicate: logged too
 
   ASSERT_EQ(log.size(), 2u);
   EXPECT_EQ(log[0], "first request from '" + kShownIdentity + "'");
-  EXPECT_NE(log[1].find("duplicate update from '" + kShownIdentity + "'"), std::string::npos) << log[1];
+  EXPECT_NE(log[1].find("duplicate update from '" + kShownIdentity + "'"), std::string::npos)
+      << log[1];
   for (const std::string& line : log) EXPECT_FALSE(raw_control_bytes_in(line)) << line;
 
   const nlohmann::json status = nlohmann::json::parse(resources.status_json());
@@ -71,7 +75,8 @@ TEST(UntrustedTextInTheServer, IdentityWithNewlineAndEscIsOneEscapedLogLineAndEs
   get.query = "x\r\n=1";
   const transport::CoapResponse unknown = resources.get_model(get);
   const std::string unknown_text(unknown.payload.begin(), unknown.payload.end());
-  EXPECT_NE(unknown_text.find("unknown query parameter 'x\\x0d\\x0a=1'"), std::string::npos) << unknown_text;
+  EXPECT_NE(unknown_text.find("unknown query parameter 'x\\x0d\\x0a=1'"), std::string::npos)
+      << unknown_text;
 }
 
 }  // namespace

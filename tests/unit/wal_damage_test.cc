@@ -23,20 +23,23 @@ using edgetrain::testing::directory_bytes;
 using edgetrain::testing::file_bytes;
 
 using namespace edgetrain;
+using edgetrain::testing::TempDir;
+using edgetrain::testing::tensor_sizes;
 using server::ServerState;
 using server::ServerStateOptions;
 using server::SubmitOutcome;
-using edgetrain::testing::TempDir;
-using edgetrain::testing::tensor_sizes;
 
-runtime::Model small_model() { return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5); }
+runtime::Model small_model() {
+  return edgetrain::testing::initialized_model("input 4x4x1; fc 8 relu; fc 3", "tiny", 5);
+}
 
 ServerStateOptions options_for(const TempDir& dir) {
   ServerStateOptions options;
   options.state_dir = dir.path();
   options.store.learning_rate = 0.05f;
   options.store.max_staleness = 4;
-  options.checkpoint_every = 20;  // checkpoints at 20 and 40; the WAL holds 37..40 (history) and 41..45
+  options.checkpoint_every =
+      20;  // checkpoints at 20 and 40; the WAL holds 37..40 (history) and 41..45
   return options;
 }
 
@@ -44,27 +47,31 @@ constexpr std::size_t kUpdates = 45;
 constexpr std::uint64_t kCheckpointVersion = 40;
 
 // kUpdates random updates from three identities, each fetched up to D versions back.
-std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates_for(const ServerStateOptions& options) {
+std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates_for(
+    const ServerStateOptions& options) {
   std::mt19937 rng(18);
   const runtime::Model model = small_model();
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates;
   std::uint64_t sequences[3] = {0, 0, 0};
   for (std::uint64_t version = 0; version < kUpdates; ++version) {
     const int w = static_cast<int>(rng() % 3);
-    const std::uint64_t fetched = version - rng() % (std::min<std::uint64_t>(version, options.store.max_staleness) + 1);
-    updates.emplace_back("device-" + std::to_string(w),
-                         edgetrain::testing::random_sparse_update(rng, model, ++sequences[w], fetched));
+    const std::uint64_t fetched =
+        version - rng() % (std::min<std::uint64_t>(version, options.store.max_staleness) + 1);
+    updates.emplace_back("device-" + std::to_string(w), edgetrain::testing::random_sparse_update(
+                                                            rng, model, ++sequences[w], fetched));
   }
   return updates;
 }
 
 // The parameters of an uninterrupted store after every update, with update number
 // `lost` (1-based version) replaced by an empty one, as --skip-damaged replays it.
-std::vector<float> parameters_without(const ServerStateOptions& options,
-                                      const std::vector<std::pair<std::string, std::vector<std::uint8_t>>>& updates,
-                                      std::uint64_t lost) {
+std::vector<float> parameters_without(
+    const ServerStateOptions& options,
+    const std::vector<std::pair<std::string, std::vector<std::uint8_t>>>& updates,
+    std::uint64_t lost) {
   const runtime::Model model = small_model();
-  server::ParameterStore store(model.layout_id(), tensor_sizes(model), {model.parameters().begin(), model.parameters().end()},
+  server::ParameterStore store(model.layout_id(), tensor_sizes(model),
+                               {model.parameters().begin(), model.parameters().end()},
                                options.store);
   for (std::uint64_t version = 1; version <= updates.size(); ++version) {
     transport::SparseUpdate update;
@@ -72,13 +79,14 @@ std::vector<float> parameters_without(const ServerStateOptions& options,
       update.model_id = model.layout_id();
       update.fetched_version = version - 1;
     } else {
-      update = transport::decode_sparse_update(updates[version - 1].second, {model.layout_id(), tensor_sizes(model)}).value();
+      update = transport::decode_sparse_update(updates[version - 1].second,
+                                               {model.layout_id(), tensor_sizes(model)})
+                   .value();
     }
     EXPECT_TRUE(store.apply(update).applied()) << version;
   }
   return {store.parameters().begin(), store.parameters().end()};
 }
-
 
 void flip_byte(const std::filesystem::path& path, std::uint64_t offset) {
   std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
@@ -109,7 +117,9 @@ class DamagedWalRecord : public ::testing::TestWithParam<Where> {
     std::size_t index = 0;
     while (intact.records[index].version != kCheckpointVersion + 1) ++index;
     const std::uint64_t offset = intact.record_offsets[index];
-    flip_byte(wal_, offset + (GetParam() == Where::kLength ? 1 : GetParam() == Where::kCrc ? 5 : 8 + 20));
+    flip_byte(wal_, offset + (GetParam() == Where::kLength ? 1
+                              : GetParam() == Where::kCrc  ? 5
+                                                           : 8 + 20));
     return offset;
   }
 
@@ -127,14 +137,17 @@ TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {
     ADD_FAILURE() << "recovered to version " << refused.version() << " past a damaged record";
   } catch (const server::StateError& e) {
     const std::string message = e.what();
-    EXPECT_NE(message.find("record at byte " + std::to_string(offset) + " (after version 40)"), std::string::npos)
+    EXPECT_NE(message.find("record at byte " + std::to_string(offset) + " (after version 40)"),
+              std::string::npos)
         << message;
-    EXPECT_NE(message.find("4 intact records follow it (versions 42..45)"), std::string::npos) << message;
+    EXPECT_NE(message.find("4 intact records follow it (versions 42..45)"), std::string::npos)
+        << message;
     EXPECT_NE(message.find("repair-wal"), std::string::npos) << message;
   }
   EXPECT_EQ(directory_bytes(dir_.path()), before) << "recovery changed a file";
 
-  const server::WalRepairResult listed = server::repair_wal(wal_, server::WalRepairChoice::kListOnly);
+  const server::WalRepairResult listed =
+      server::repair_wal(wal_, server::WalRepairChoice::kListOnly);
   EXPECT_TRUE(listed.damaged);
   EXPECT_FALSE(listed.changed);
   EXPECT_EQ(directory_bytes(dir_.path()), before) << "listing changed a file";
@@ -143,7 +156,8 @@ TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {
 TEST_P(DamagedWalRecord, SkippingKeepsEveryIntactAcknowledgedRecord) {
   crash_and_damage();
   const std::string damaged_bytes = file_bytes(wal_);
-  const server::WalRepairResult repaired = server::repair_wal(wal_, server::WalRepairChoice::kSkipDamaged);
+  const server::WalRepairResult repaired =
+      server::repair_wal(wal_, server::WalRepairChoice::kSkipDamaged);
   ASSERT_TRUE(repaired.changed);
   EXPECT_EQ(file_bytes(repaired.kept_original), damaged_bytes);
   EXPECT_EQ(repaired.kept_original, dir_.path() / "wal.log.damaged");
@@ -151,7 +165,8 @@ TEST_P(DamagedWalRecord, SkippingKeepsEveryIntactAcknowledgedRecord) {
   ServerState restarted(small_model(), options_);
   EXPECT_EQ(restarted.version(), kUpdates) << "an acknowledged version was lost";
   EXPECT_EQ(restarted.recovery().replayed_updates, kUpdates - kCheckpointVersion);
-  EXPECT_EQ(restarted.snapshot().parameters, parameters_without(options_, updates_, kCheckpointVersion + 1));
+  EXPECT_EQ(restarted.snapshot().parameters,
+            parameters_without(options_, updates_, kCheckpointVersion + 1));
   // The intact records' senders keep their sequence numbers: their replays apply once.
   for (std::size_t n = kCheckpointVersion + 1; n < kUpdates; ++n) {
     const auto again = restarted.submit(updates_[n].first, updates_[n].second);
@@ -164,12 +179,14 @@ TEST_P(DamagedWalRecord, SkippingKeepsEveryIntactAcknowledgedRecord) {
 
 TEST_P(DamagedWalRecord, CuttingEndsTheLogBeforeTheDamage) {
   crash_and_damage();
-  const server::WalRepairResult repaired = server::repair_wal(wal_, server::WalRepairChoice::kCutAtDamage);
+  const server::WalRepairResult repaired =
+      server::repair_wal(wal_, server::WalRepairChoice::kCutAtDamage);
   ASSERT_TRUE(repaired.changed);
   ServerState restarted(small_model(), options_);
   EXPECT_EQ(restarted.version(), kCheckpointVersion);
   EXPECT_EQ(restarted.recovery().dropped_wal_bytes, 0u);
-  EXPECT_EQ(server::read_wal(repaired.kept_original).records.size(), 4u + kUpdates - kCheckpointVersion - 1);
+  EXPECT_EQ(server::read_wal(repaired.kept_original).records.size(),
+            4u + kUpdates - kCheckpointVersion - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(LengthCrcOrBody, DamagedWalRecord,
@@ -198,7 +215,8 @@ TEST(WalDamage, TornTailIsStillCutByRecovery) {
     } else {
       std::filesystem::resize_file(wal, std::filesystem::file_size(wal) - 7);
     }
-    const server::WalRepairResult listed = server::repair_wal(wal, server::WalRepairChoice::kSkipDamaged);
+    const server::WalRepairResult listed =
+        server::repair_wal(wal, server::WalRepairChoice::kSkipDamaged);
     EXPECT_FALSE(listed.damaged);
     EXPECT_FALSE(listed.changed);
     ServerState restarted(small_model(), options);

@@ -29,7 +29,8 @@ TEST(UntrustedText, ControlBytesQuotesAndBackslashesBecomeHexEscapes) {
   for (int c = 0; c < 256; ++c) {
     const std::string escaped = escape_untrusted(std::string(1, static_cast<char>(c)));
     for (char e : escaped) EXPECT_TRUE(e >= 0x20 && e <= 0x7e) << c;
-    EXPECT_EQ(escaped.find_first_of("\"'"), std::string::npos) << c;  // cannot end the quotes it is shown in
+    EXPECT_EQ(escaped.find_first_of("\"'"), std::string::npos)
+        << c;  // cannot end the quotes it is shown in
   }
 }
 
@@ -52,8 +53,8 @@ TEST(IdentityRule, RefusesEmptyLongAndEveryOtherCharacter) {
   EXPECT_FALSE(is_plain_identity(std::string(65, 'x')));
   for (int c = 0; c < 256; ++c) {
     const char ch = static_cast<char>(c);
-    const bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' ||
-                       ch == '_' || ch == '-';
+    const bool plain = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                       (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' || ch == '-';
     EXPECT_EQ(is_plain_identity(std::string("ok") + ch), plain) << "character " << c;
   }
   EXPECT_FALSE(is_plain_identity("unauthenticated:pi"));  // the server's own prefix is not a name
@@ -67,7 +68,8 @@ TEST(UpdateReply, EncodesTheVersionAsEightBytesLittleEndianAndBack) {
   const std::vector<std::uint8_t> bytes = encode_update_reply(0x0102030405060708ULL);
   EXPECT_EQ(bytes, (std::vector<std::uint8_t>{8, 7, 6, 5, 4, 3, 2, 1}));
   EXPECT_EQ(decode_update_reply(bytes), 0x0102030405060708ULL);
-  for (std::uint64_t version : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{255}, ~std::uint64_t{0}})
+  for (std::uint64_t version :
+       {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{255}, ~std::uint64_t{0}})
     EXPECT_EQ(decode_update_reply(encode_update_reply(version)), version);
 }
 
@@ -77,7 +79,8 @@ TEST(UpdateReply, AnyOtherLengthIsNoVersion) {
   EXPECT_EQ(decode_update_reply(seven), std::nullopt);
   EXPECT_EQ(decode_update_reply(nine), std::nullopt);
   const std::string text = "too stale";  // a refusal's diagnostic is not a version either
-  EXPECT_EQ(decode_update_reply({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()}), std::nullopt);
+  EXPECT_EQ(decode_update_reply({reinterpret_cast<const std::uint8_t*>(text.data()), text.size()}),
+            std::nullopt);
 }
 
 // The bound the server stops building a delta at must never exceed what the encoder

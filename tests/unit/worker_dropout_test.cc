@@ -19,12 +19,14 @@ namespace {
 using namespace edgetrain::runtime;
 namespace fs = std::filesystem;
 
-constexpr const char* kTinyConv = "input 28x28x1; conv 4 3x3 relu; maxpool 2; conv 8 3x3 relu; maxpool 2; fc 10";
+constexpr const char* kTinyConv =
+    "input 28x28x1; conv 4 3x3 relu; maxpool 2; conv 8 3x3 relu; maxpool 2; fc 10";
 
 struct WorkerDropoutTest : ::testing::Test {
   Model model{model_spec_from_argument(kTinyConv)};
   Trainer trainer{model, 4, KernelBackend::kReference, nullptr};
-  fs::path table_path = fs::temp_directory_path() / ("worker_dropout_test_" + std::to_string(::getpid()) + ".json");
+  fs::path table_path =
+      fs::temp_directory_path() / ("worker_dropout_test_" + std::to_string(::getpid()) + ".json");
   ~WorkerDropoutTest() override { fs::remove(table_path); }
 
   // Thin (0.4 of the full step, less accurate) and full.
@@ -76,22 +78,30 @@ TEST_F(WorkerDropoutTest, RefusesBadSettings) {
   write_table(model);
   WorkerDropoutSettings both = adaptive(0.01);
   both.drop_rates = {0.5f, 0.5f};
-  EXPECT_THROW(WorkerDropout(both, model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument);
+  EXPECT_THROW(WorkerDropout(both, model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument);
   WorkerDropoutSettings wrong_count;
   wrong_count.drop_rates = {0.5f};
-  EXPECT_THROW(WorkerDropout(wrong_count, model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument);
+  EXPECT_THROW(WorkerDropout(wrong_count, model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument);
   WorkerDropoutSettings out_of_range;
   out_of_range.drop_rates = {0.5f, 1.0f};
-  EXPECT_THROW(WorkerDropout(out_of_range, model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument);
-  EXPECT_THROW(WorkerDropout(adaptive(0), model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument)
+  EXPECT_THROW(WorkerDropout(out_of_range, model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument);
+  EXPECT_THROW(WorkerDropout(adaptive(0), model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument)
       << "async needs a budget";
-  EXPECT_NO_THROW(WorkerDropout(adaptive(0), model, trainer, 1, WorkerDropout::Pacing::kPerRound)) << "rounds take it from the deadline";
+  EXPECT_NO_THROW(WorkerDropout(adaptive(0), model, trainer, 1, WorkerDropout::Pacing::kPerRound))
+      << "rounds take it from the deadline";
   WorkerDropoutSettings budget_alone;
   budget_alone.step_budget_seconds = 0.01;
-  EXPECT_THROW(WorkerDropout(budget_alone, model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument);
-  const Model other(model_spec_from_argument("input 28x28x1; conv 6 3x3 relu; maxpool 2; conv 8 3x3 relu; maxpool 2; fc 10"));
+  EXPECT_THROW(WorkerDropout(budget_alone, model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument);
+  const Model other(model_spec_from_argument(
+      "input 28x28x1; conv 6 3x3 relu; maxpool 2; conv 8 3x3 relu; maxpool 2; fc 10"));
   write_table(other);
-  EXPECT_THROW(WorkerDropout(adaptive(0.01), model, trainer, 1, WorkerDropout::Pacing::kPerStep), std::invalid_argument)
+  EXPECT_THROW(WorkerDropout(adaptive(0.01), model, trainer, 1, WorkerDropout::Pacing::kPerStep),
+               std::invalid_argument)
       << "a table made for another model";
 }
 
@@ -148,7 +158,8 @@ TEST_F(WorkerDropoutTest, PerRoundPacingChoosesFromTheLastRoundsMeanOnly) {
   for (double seconds : bursty) changes += dropout.after_step(seconds);
   EXPECT_EQ(changes, 1u);
   EXPECT_EQ(dropout.status().drop_rates, "0.5,0.75");
-  EXPECT_FALSE(dropout.set_budget(0.012)) << "the round's last 5 steps at 0.4: 49 ms full, still over";
+  EXPECT_FALSE(dropout.set_budget(0.012))
+      << "the round's last 5 steps at 0.4: 49 ms full, still over";
   EXPECT_NEAR(dropout.status().full_step_estimate_ms, 98.0 / 5 / 0.4, 1e-6);
   // The CPU comes back; the next round's choice comes from this round's mean.
   for (int i = 0; i < 10; i++) dropout.after_step(0.002);  // 2 ms at 0.4: 5 ms full

@@ -24,11 +24,11 @@
 namespace {
 
 using namespace edgetrain;
+using runtime::WorkerExit;
 using transport::CoapCode;
 using transport::CoapResponse;
 using transport::TransportError;
 using transport::TransportFailure;
-using runtime::WorkerExit;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kModelSpec = "input 8x8x1; fc 10";
@@ -77,17 +77,23 @@ class FakeServer : public runtime::ServerChannel {
   }
 
   CoapResponse dense() const {
-    auto bytes = transport::encode_dense_model(model_.layout_id(), version, sizes_of(model_), model_.parameters());
+    auto bytes = transport::encode_dense_model(model_.layout_id(), version, sizes_of(model_),
+                                               model_.parameters());
     return {CoapCode::kContent, std::move(bytes).value()};
   }
   // The change of parameter 0 from `base` to `version`, with the digest of the server's
   // parameters or `digest` instead.
   CoapResponse delta(std::uint64_t base, std::optional<std::uint64_t> digest = {}) const {
-    transport::ModelDelta d{model_.layout_id(), base, version, digest.value_or(transport::parameter_digest(model_.parameters())),
+    transport::ModelDelta d{model_.layout_id(),
+                            base,
+                            version,
+                            digest.value_or(transport::parameter_digest(model_.parameters())),
                             {{0, sizes_of(model_)[0], {0}, {model_.parameters()[0]}}}};
     return {CoapCode::kContent, transport::encode_model_delta(d).value()};
   }
-  CoapResponse accepted() const { return {CoapCode::kChanged, transport::encode_update_reply(version + 1)}; }
+  CoapResponse accepted() const {
+    return {CoapCode::kChanged, transport::encode_update_reply(version + 1)};
+  }
 
   runtime::Model& model() { return model_; }
   transport::ModelLayout layout() {
@@ -113,7 +119,8 @@ class WorkerTest : public ::testing::Test {
   std::atomic<bool> stop = false;
   std::vector<std::string> log;
   runtime::Worker make_worker(runtime::WorkerConfig config = test_config()) {
-    return runtime::Worker(config, data, server, stop, [this](const std::string& line) { log.push_back(line); });
+    return runtime::Worker(config, data, server, stop,
+                           [this](const std::string& line) { log.push_back(line); });
   }
 };
 
@@ -153,7 +160,8 @@ TEST_F(WorkerTest, TransportFailuresAndRefusedPullsAreRetriedWithBackoff) {
   EXPECT_EQ(stats.updates_accepted, 1u);
   EXPECT_EQ(server.gets.size(), 3u);
   ASSERT_GE(log.size(), 2u);
-  EXPECT_NE(log[0].find("pull failed: no answer from the server; retrying in"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("pull failed: no answer from the server; retrying in"), std::string::npos)
+      << log[0];
   EXPECT_NE(log[1].find("GET /model answered 5.03"), std::string::npos) << log[1];
 }
 
@@ -177,7 +185,9 @@ TEST_F(WorkerTest, AFailedPushIsRetriedOnceWithTheSameBytes) {
 }
 
 TEST_F(WorkerTest, APushFailingTwiceIsDroppedAndTheNextStepPullsFirst) {
-  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse { throw transport::TransportError("timed out"); };
+  server.on_post = [&](std::span<const std::uint8_t>) -> CoapResponse {
+    throw transport::TransportError("timed out");
+  };
   auto config = test_config();
   config.pull_every = 100;
   auto worker = make_worker(config);
@@ -202,7 +212,9 @@ TEST_F(WorkerTest, ARefusalsDiagnosticIsLoggedEscapedOnOneLine) {
   auto worker = make_worker(config);
   worker.run();
   ASSERT_EQ(log.size(), 1u);
-  EXPECT_NE(log[0].find("update refused with 4.00: malformed\\x0aforged line\\x1b[2J"), std::string::npos) << log[0];
+  EXPECT_NE(log[0].find("update refused with 4.00: malformed\\x0aforged line\\x1b[2J"),
+            std::string::npos)
+      << log[0];
   EXPECT_EQ(log[0].find_first_of("\n\x1b"), std::string::npos) << log[0];
 }
 
@@ -245,7 +257,9 @@ TEST_F(WorkerTest, ADeltaThatDoesNotReproduceTheServersModelIsFollowedByADensePu
   EXPECT_EQ(worker.stats().delta_pulls, 0u);
   ASSERT_TRUE(worker.step());
   worker.push();
-  EXPECT_EQ(transport::decode_sparse_update(server.posts.at(0), server.layout()).value().fetched_version, 4u);
+  EXPECT_EQ(
+      transport::decode_sparse_update(server.posts.at(0), server.layout()).value().fetched_version,
+      4u);
 
   // A good delta is taken, and counted.
   server.model().parameters()[0] += 1.0f;
@@ -281,7 +295,8 @@ TEST_F(WorkerTest, ANonFiniteGradientIsSkippedAndTheModelPulledAgain) {
   auto config = test_config();
   config.max_steps = 100;
   auto persistent = make_worker(config);
-  EXPECT_THROW(persistent.run(), std::runtime_error) << "10 non-finite steps in a row: the model has diverged";
+  EXPECT_THROW(persistent.run(), std::runtime_error)
+      << "10 non-finite steps in a row: the model has diverged";
   EXPECT_EQ(persistent.stats().non_finite_steps, 10u);
   EXPECT_TRUE(server.posts.empty());
 }
@@ -315,7 +330,8 @@ TEST_F(WorkerTest, BackoffGrowsWhileEveryUpdateIsAnswered500) {
   auto worker = make_worker(config);
   const runtime::WorkerStats stats = worker.run();
 
-  runtime::Backoff expected(config.backoff_initial, config.backoff_max, config.seed + config.worker_id);
+  runtime::Backoff expected(config.backoff_initial, config.backoff_max,
+                            config.seed + config.worker_id);
   ASSERT_GE(posted.size(), 3u);
   std::chrono::milliseconds waited_in_window{0};
   std::size_t affordable = 1;  // posts that the expected waits leave room for in 1.5 s
@@ -323,9 +339,11 @@ TEST_F(WorkerTest, BackoffGrowsWhileEveryUpdateIsAnswered500) {
   for (std::size_t i = 1; i < posted.size(); ++i) {
     const auto delay = expected.next_delay();
     longest = std::max(longest, delay);
-    EXPECT_GE(posted[i] - posted[i - 1], delay) << "post " << i << " came before the backoff had passed";
+    EXPECT_GE(posted[i] - posted[i - 1], delay)
+        << "post " << i << " came before the backoff had passed";
   }
-  runtime::Backoff replay(config.backoff_initial, config.backoff_max, config.seed + config.worker_id);
+  runtime::Backoff replay(config.backoff_initial, config.backoff_max,
+                          config.seed + config.worker_id);
   while ((waited_in_window += replay.next_delay()) < std::chrono::milliseconds(1500)) ++affordable;
   EXPECT_LE(posted.size(), affordable);
   EXPECT_LT(posted.size(), 20u) << "without a growing backoff this would be hundreds";
@@ -333,9 +351,11 @@ TEST_F(WorkerTest, BackoffGrowsWhileEveryUpdateIsAnswered500) {
   EXPECT_EQ(stats.updates_rejected, posted.size());
   EXPECT_EQ(stats.retries, posted.size());
   EXPECT_EQ(stats.updates_accepted, 0u);
-  EXPECT_EQ(stats.pulls, posted.size()) << "the pulls between succeed, and do not reset the backoff";
+  EXPECT_EQ(stats.pulls, posted.size())
+      << "the pulls between succeed, and do not reset the backoff";
   EXPECT_EQ(worker.last_trouble(), WorkerExit::kNothingApplied);
-  EXPECT_NE(worker.last_trouble_message().find("update refused with 5.00: not durable"), std::string::npos);
+  EXPECT_NE(worker.last_trouble_message().find("update refused with 5.00: not durable"),
+            std::string::npos);
 }
 
 // A quarantine (4.03 "quarantined: ...", server/README.md) passes: the worker backs off and
@@ -389,13 +409,16 @@ TEST_F(WorkerTest, WhatNoRetryCanFixIsTriedMaxRefusalsTimesThenGivenUp) {
        WorkerExit::kUnknownIdentity},
       {"4.03 to an update",
        [](FakeServer& f) {
-         f.on_post = [](std::span<const std::uint8_t>) -> CoapResponse { return {CoapCode::kForbidden, {}}; };
+         f.on_post = [](std::span<const std::uint8_t>) -> CoapResponse {
+           return {CoapCode::kForbidden, {}};
+         };
        },
        WorkerExit::kUnknownIdentity, true},
       {"another model",
        [&](FakeServer& f) {
          f.on_get = [&](const std::string&) -> CoapResponse {
-           auto bytes = transport::encode_dense_model(other.layout_id(), 3, sizes_of(other), other.parameters());
+           auto bytes = transport::encode_dense_model(other.layout_id(), 3, sizes_of(other),
+                                                      other.parameters());
            return {CoapCode::kContent, std::move(bytes).value()};
          };
        },
@@ -412,11 +435,13 @@ TEST_F(WorkerTest, WhatNoRetryCanFixIsTriedMaxRefusalsTimesThenGivenUp) {
       ADD_FAILURE() << c.what << ": the run ended without giving up";
     } catch (const runtime::WorkerFailure& e) {
       EXPECT_EQ(e.exit(), c.exit) << c.what;
-      EXPECT_NE(std::string(e.what()).find("3 times in a row; giving up"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("3 times in a row; giving up"), std::string::npos)
+          << e.what();
     }
     const std::size_t tries = c.on_push ? fake.posts.size() : fake.gets.size();
     EXPECT_EQ(tries, 3u) << c.what;
-    EXPECT_EQ(worker.stats().retries, 2u) << c.what << ": a backoff between tries, none after the last";
+    EXPECT_EQ(worker.stats().retries, 2u)
+        << c.what << ": a backoff between tries, none after the last";
   }
 }
 
@@ -436,7 +461,8 @@ TEST_F(WorkerTest, ASilentServerIsGivenUpAfterGiveUpAfterSeconds) {
     ADD_FAILURE() << "never given up";
   } catch (const runtime::WorkerFailure& e) {
     EXPECT_EQ(e.exit(), WorkerExit::kServerUnreachable) << e.what();
-    EXPECT_NE(std::string(e.what()).find("no answer from 127.0.0.1:5684"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no answer from 127.0.0.1:5684"), std::string::npos)
+        << e.what();
   }
   EXPECT_GE(Clock::now() - started, std::chrono::milliseconds(300));
   EXPECT_GT(never.stats().retries, 1u) << "retried with backoff before giving up";
@@ -475,7 +501,8 @@ TEST(WorkerConfigCheck, KeysLongerThanMbedTlsTakesAreRefusedNamingTheLimit) {
     runtime::parse_hex_key(std::string(66, 'a'));
     ADD_FAILURE() << "a 33-byte key was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("32 bytes (MBEDTLS_PSK_MAX_LEN)"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("32 bytes (MBEDTLS_PSK_MAX_LEN)"), std::string::npos)
+        << e.what();
   }
 }
 

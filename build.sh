@@ -132,7 +132,7 @@ board_test() {
   phase_done
   for board in "${boards[@]}"; do
     phase "system test in the emulated board: $board (tests/boards/worker_in_vm.sh)"
-    bash tests/boards/worker_in_vm.sh "build/$board" build/host/server/edgetrain-server
+    bash tests/boards/worker_in_vm.sh "build/$board" build/host/programs/edgetrain-server
     phase_done
   done
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The X.509 identities of a fleet, with the openssl CLI (Debian package openssl): one CA and a
 # certificate per device, EC P-256. A device's certificate CN is its identity: a gossip
-# peer's name in the topology file (runtime/README.md "Gossip"), or a worker's name at a
+# peer's name in the topology file (worker/README.md "Gossip"), or a worker's name at a
 # server run with --cert. The CA is made once and kept: run it again with new names to add
 # boards to the same fleet (existing certificates are left as they are).
 #   DIR/CA.crt, CA.key        the fleet's CA (CA: --ca, default "ca")

@@ -21,7 +21,7 @@ steps="${2:-20}"
 [ -f "boards/$board/board.cmake" ] || { echo "measure-worker: unknown board '$board'" >&2; exit 2; }
 [[ "$steps" =~ ^[1-9][0-9]*$ ]] || { echo "measure-worker: STEPS must be a positive number" >&2; exit 2; }
 deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
-server=build/host/server/edgetrain-server
+server=build/host/programs/edgetrain-server
 [ -x /usr/bin/python3 ] || { echo "measure-worker: needs /usr/bin/python3 (Debian package python3) for its sampler" >&2; exit 1; }
 [ -x "$server" ] || { echo "measure-worker: build the host server first (cmake --build build/host --target edgetrain-server)" >&2; exit 1; }
 [ -f "build/$board/CPackConfig.cmake" ] || { echo "measure-worker: configure and build build/$board first (./build.sh package $board)" >&2; exit 1; }

@@ -1,7 +1,7 @@
 # Sourced (bash) by every script that runs edgetrain's programs as separate processes: the
 # end-to-end tests, the demo, the benchmarks, boards/measure-worker.sh and the emulator.
 # It starts programs in the background and remembers them, waits on the files the programs
-# write for scripts (--port-file, --stats-file; server/README.md, runtime/README.md) with a
+# write for scripts (--port-file, --stats-file; server/README.md, worker/README.md) with a
 # bound instead of sleeping or reading log wording, reads those JSON files, and prints the
 # programs' logs when something fails. It sets no trap: the caller decides (tests kill
 # everything with `trap stop_started_programs EXIT`, the emulator also deletes namespaces).

@@ -25,9 +25,9 @@ done
 [[ "$duration" =~ ^[0-9]+$ ]] && [ "$duration" -ge 10 ] || { echo "run-demo.sh: --duration must be a number of seconds >= 10" >&2; exit 2; }
 
 deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
-server_bin=build/host/server/edgetrain-server
-worker_bin=build/host/runtime/edgetrain-worker
-cross_worker_bin=build/aarch64/runtime/edgetrain-worker
+server_bin=build/host/programs/edgetrain-server
+worker_bin=build/host/programs/edgetrain-worker
+cross_worker_bin=build/aarch64/programs/edgetrain-worker
 for f in "$server_bin" "$worker_bin" "$cross_worker_bin"; do
   [ -x "$f" ] || { echo "run-demo.sh: $f is not built (run ./build.sh demo)" >&2; exit 1; }
 done

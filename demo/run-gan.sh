@@ -42,7 +42,7 @@ done
 [ "$duration" -ge 10 ] || { echo "run-gan.sh: --duration must be >= 10 s" >&2; exit 2; }
 
 bin=build/host
-for f in server/edgetrain-server runtime/edgetrain-worker runtime/edgetrain-topology; do
+for f in programs/edgetrain-server programs/edgetrain-worker programs/edgetrain-topology; do
   [ -x "$bin/$f" ] || { echo "run-gan.sh: $bin/$f is not built (./build.sh build host)" >&2; exit 1; }
 done
 rm -rf "$out"
@@ -53,18 +53,18 @@ names=()
 for ((i = 0; i < workers; i++)); do names+=("gan-$i"); done
 bash boards/fleet-certificates.sh "$out/certs" server=edgetrain-server "${names[@]}" >/dev/null
 base=$(free_udp_ports "$workers")
-"$bin/runtime/edgetrain-topology" --kind full --peers "$workers" --name-prefix gan- --addresses '127.0.0.1:{port}' \
+"$bin/programs/edgetrain-topology" --kind full --peers "$workers" --name-prefix gan- --addresses '127.0.0.1:{port}' \
   --base-port "$base" --out "$out/topology.json" >/dev/null
 
 classifier=${EDGETRAIN_DEPS:-/var/cache/edgetrain}/classifiers/paper-cnn-mnist.safetensors
 scoring=()
 [ -f "$classifier" ] && scoring=(--gan-classifier "$classifier" --eval-data mnist)
-start_server "$bin/server/edgetrain-server" "$out/server.log" --port 0 --state-dir "$out/state" \
+start_server "$bin/programs/edgetrain-server" "$out/server.log" --port 0 --state-dir "$out/state" \
   --cert "$out/certs/server.crt" --cert-key "$out/certs/server.key" --ca "$out/certs/ca.crt" \
   --mode gan --gan-workers "$workers" --gan-k "$k" --gan-batch "$batch" --gan-swap-every "$swap_every" \
   --gan-eval-every 200 --stop-after-seconds "$duration" ${scoring[@]+"${scoring[@]}"} ${fp16[@]+"${fp16[@]}"} "$@"
 for ((i = 0; i < workers; i++)); do
-  start_program "$out/worker-$i.log" "$bin/runtime/edgetrain-worker" --mode gan --server "coaps://127.0.0.1:$server_port" \
+  start_program "$out/worker-$i.log" "$bin/programs/edgetrain-worker" --mode gan --server "coaps://127.0.0.1:$server_port" \
     --cert "$out/certs/gan-$i.crt" --cert-key "$out/certs/gan-$i.key" --ca "$out/certs/ca.crt" \
     --topology "$out/topology.json" --peer-name "gan-$i" --data mnist --batch "$batch" --worker-id "$i" \
     --workers "$workers" --stats-file "$out/worker-$i.json" --quiet --give-up-after 30 ${fp16[@]+"${fp16[@]}"}

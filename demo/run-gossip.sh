@@ -37,7 +37,7 @@ for ((a = 1; a <= $#; a++)); do [ "${!a}" = --model ] && { b=$((a + 1)); model="
 [ -n "$model" ] || { model=mlp; set -- --model mlp "$@"; }
 
 bin=build/host
-for f in runtime/edgetrain-worker runtime/edgetrain-topology sim/edgetrain-fleet-eval; do
+for f in programs/edgetrain-worker programs/edgetrain-topology programs/edgetrain-fleet-eval; do
   [ -x "$bin/$f" ] || { echo "run-gossip.sh: $bin/$f is not built (./build.sh build host)" >&2; exit 1; }
 done
 rm -rf "$out"
@@ -48,11 +48,11 @@ names=()
 for ((i = 0; i < peers; i++)); do names+=("peer-$i"); done
 bash boards/fleet-certificates.sh "$out/certs" "${names[@]}"
 base=$(free_udp_ports "$peers")
-"$bin/runtime/edgetrain-topology" --kind "$kind" --peers "$peers" --addresses '127.0.0.1:{port}' --base-port "$base" \
+"$bin/programs/edgetrain-topology" --kind "$kind" --peers "$peers" --addresses '127.0.0.1:{port}' --base-port "$base" \
   --out "$out/topology.json"
 
 for ((i = 0; i < peers; i++)); do
-  start_program "$out/peer-$i.log" "$bin/runtime/edgetrain-worker" --mode gossip --topology "$out/topology.json" \
+  start_program "$out/peer-$i.log" "$bin/programs/edgetrain-worker" --mode gossip --topology "$out/topology.json" \
     --peer-name "peer-$i" --cert "$out/certs/peer-$i.crt" --cert-key "$out/certs/peer-$i.key" --ca "$out/certs/ca.crt" \
     --data mnist --duration "$duration" --state-dir "$out/state-$i" --stats-file "$out/peer-$i.json" \
     --quiet "$@"
@@ -69,4 +69,4 @@ while :; do
   sleep 1
 done
 echo
-"$bin/sim/edgetrain-fleet-eval" --data mnist --model "$model" --out "$out/fleet.json" "$out"/state-*/peer.safetensors
+"$bin/programs/edgetrain-fleet-eval" --data mnist --model "$model" --out "$out/fleet.json" "$out"/state-*/peer.safetensors

@@ -577,7 +577,7 @@ def gan_section(args, jobs):
         return lines + ["(no finished run)\n"]
     scored = all(r["scored"] for r in rows)
     lines.append(
-        "Seed 1 only, MLP generator and discriminator unless the run says CNN (`runtime/gan_network.h`), "
+        "Seed 1 only, MLP generator and discriminator unless the run says CNN (`model/gan_network.h`), "
         "Adam 2e-4 (0.5, 0.999), "
         "N = %d workers in one process (`sim/gan_simulation.h`); each run's last evaluation against its best. " %
         rows[0]["workers"] +

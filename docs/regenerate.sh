@@ -65,7 +65,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
-sim="$build/sim/edgetrain-sim" gan="$build/sim/edgetrain-gan" report="$build/emulation/edgetrain-emulation-report"
+sim="$build/programs/edgetrain-sim" gan="$build/programs/edgetrain-gan" report="$build/programs/edgetrain-emulation-report"
 [ ${#groups[@]} -gt 0 ] || groups=(methods rates workers reliability speeds pull)
 for program in "$sim" "$gan" "$report"; do
   [ -x "$program" ] || die "build the host tree first (./build.sh build host): $program is missing"
@@ -259,7 +259,7 @@ run_job() { # NAME PROGRAM-AND-ARGS: runs in the background, writes into jobs/NA
   local name=$1 kind=${2%% *} args=${2#* } dir="$out/jobs/$1" t0=$SECONDS program
   mkdir -p "$dir"
   case $kind in sim) program=$sim ;; gan) program=$gan ;; *) echo "unknown job program $kind" >"$dir/stderr"; return 1 ;; esac
-  echo "build/host/sim/edgetrain-$kind $args --out $dir" >"$dir/command"
+  echo "build/host/programs/edgetrain-$kind $args --out $dir" >"$dir/command"
   # shellcheck disable=SC2086  # ARGS is a list of words built above
   if "$program" $args --out "$dir" --quiet >"$dir/stdout" 2>"$dir/stderr"; then
     echo "$cpu_model" >"$dir/cpu"  # the machine it ran on: a matrix may be resumed elsewhere

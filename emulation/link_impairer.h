@@ -24,7 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/splitmix64.h"
+#include "common/splitmix64.h"
 
 namespace edgetrain::emulation {
 

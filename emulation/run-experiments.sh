@@ -45,7 +45,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 emulate="$repo/emulation/edgetrain-emulate"
-report="$repo/build/host/emulation/edgetrain-emulation-report"
+report="$repo/build/host/programs/edgetrain-emulation-report"
 out=emulation-results update_docs=0 groups=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -64,7 +64,7 @@ done
 # commit they were built at). Run a long matrix from a worktree of its own: bash reads a
 # script as it goes, so editing edgetrain-emulate under a running matrix breaks the run.
 build_flags=()
-[ -z "${EDGETRAIN_BUILD_DIR:-}" ] || { build_flags=(--build-dir "$EDGETRAIN_BUILD_DIR"); report="$EDGETRAIN_BUILD_DIR/emulation/edgetrain-emulation-report"; }
+[ -z "${EDGETRAIN_BUILD_DIR:-}" ] || { build_flags=(--build-dir "$EDGETRAIN_BUILD_DIR"); report="$EDGETRAIN_BUILD_DIR/programs/edgetrain-emulation-report"; }
 mkdir -p "$out"
 
 # run NAME ARGS...: one emulation into $out/NAME (skipped when it already finished, so an
@@ -307,7 +307,7 @@ for g in "${groups[@]}"; do
       [ "$g" = gossip-fashion ] && prefix=g16-fashion
       if [ "$g" = gossip-wait ]; then
         # A peer takes up to 16 more local steps per iteration while a neighbour is behind
-        # (runtime/README.md "Gossip"); the same runs without it first, as the reference.
+        # (worker/README.md "Gossip"); the same runs without it first, as the reference.
         for gdata in mnist fashion-mnist; do
           prefix=g16 && [ "$gdata" = fashion-mnist ] && prefix=g16-fashion
           gcommon=(--workers "$n" --model paper-cnn --data "$gdata" --cpu-classes "$classes" --duration 360

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model.h"
+#include "model/model.h"
 
 namespace edgetrain::server {
 

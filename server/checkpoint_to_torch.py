@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# runtime/model.cc's built-in specs.
+# model/model.cc's built-in specs.
 BUILTIN_SPECS = {
     "paper-cnn": "input 28x28x1; conv 32 3x3 same relu; maxpool 2; conv 64 3x3 same relu; maxpool 2; fc 128 relu; fc 10",
     "mlp": "input 28x28x1; fc 128 relu; fc 10",
@@ -51,7 +51,7 @@ def read_safetensors(path):
 
 
 class Standardize(nn.Module):
-    """Per-image standardisation (runtime/trainer.cc, kernels::standardize_per_image):
+    """Per-image standardisation (model/trainer.cc, kernels::standardize_per_image):
     (x - mean) / max(stddev, 1/sqrt(N)) over all N values of one image."""
 
     def __init__(self, values_per_image):
@@ -67,7 +67,7 @@ class Standardize(nn.Module):
 
 
 def parse_spec(text):
-    """[(verb, words)] of a model spec (runtime/model.h's language)."""
+    """[(verb, words)] of a model spec (model/model.h's language)."""
     statements = []
     for line in text.replace(";", "\n").splitlines():
         line = line.split("#")[0].strip()

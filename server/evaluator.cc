@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "runtime/trainer.h"
+#include "model/trainer.h"
 
 namespace edgetrain::server {
 

@@ -11,8 +11,8 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/dataset.h"
-#include "runtime/model.h"
+#include "model/dataset.h"
+#include "model/model.h"
 #include "server/server_state.h"
 
 namespace edgetrain::server {

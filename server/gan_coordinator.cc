@@ -10,7 +10,7 @@
 #include <iterator>
 #include <stdexcept>
 
-#include "runtime/splitmix64.h"
+#include "common/splitmix64.h"
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
 #include "server/resources.h"
@@ -43,13 +43,6 @@ std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-// The identity a feedback is keyed on, as ServerResources keys updates; empty if none.
-std::string identity_key(const CoapRequest& request) {
-  if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
-  if (!transport::is_plain_identity(request.identity)) return {};
-  return kUnauthenticatedPrefix + request.identity;
 }
 
 // Everything replay depends on: a log or checkpoint of another run is refused.

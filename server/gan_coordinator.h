@@ -43,7 +43,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gan_training.h"
+#include "model/gan_training.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"

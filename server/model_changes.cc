@@ -8,7 +8,7 @@
 namespace edgetrain::server {
 
 ChangeRecord served_changes(std::uint64_t model_id, std::span<const std::uint32_t> tensor_sizes,
-                            const ParameterStore& store, const PublishedModel* published) {
+                            const ParameterStore& store, const runtime::PublishedModel* published) {
   if (published)
     return {model_id,
             tensor_sizes,

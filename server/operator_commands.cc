@@ -6,7 +6,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/dataset.h"
+#include "model/dataset.h"
 #include "server/evaluator.h"
 #include "server/keystore.h"
 #include "server/run_end.h"

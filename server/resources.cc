@@ -115,14 +115,11 @@ void ServerResources::log_repeating(logging::Level level, std::string_view kind,
     log_at(level, shown);
 }
 
-namespace {
-// The identity an update is keyed on (sequence numbers, WAL, /status); empty if none.
 std::string identity_key(const CoapRequest& request) {
   if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
   if (!transport::is_plain_identity(request.identity)) return {};
   return kUnauthenticatedPrefix + request.identity;
 }
-}  // namespace
 
 void ServerResources::note_request(const CoapRequest& request, bool worker) {
   ++requests_;

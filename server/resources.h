@@ -66,6 +66,11 @@ namespace edgetrain::server {
 // declared (?id=NAME) behind this prefix: unproven, and apart from every DTLS identity.
 inline constexpr const char* kUnauthenticatedPrefix = "unauthenticated:";
 
+// The identity every mode keys a device's messages on (sequence numbers, the WAL, rounds,
+// GAN feedback, /status): the DTLS identity, or a plain CoAP peer's declared name behind
+// kUnauthenticatedPrefix; empty when the request has none that transport/identity.h allows.
+std::string identity_key(const transport::CoapRequest& request);
+
 struct ResourceOptions {
   // Whether a PSK identity that passed the handshake may still post (e.g. it is still in
   // the keystore); unset: every proven identity may. Not asked for certificate identities

@@ -26,9 +26,6 @@ using transport::CoapRequest;
 using transport::CoapResponse;
 using transport::escape_untrusted;
 
-constexpr char kLogMagic[4] = {'E', 'T', 'R', 'L'};
-constexpr std::size_t kLogHeaderBytes = 12;  // magic, u64 model id
-constexpr std::uint32_t kMaxRecordBody = 64u << 20;
 
 CoapResponse text_response(int code, const std::string& text) {
   return {code, {text.begin(), text.end()}, {}};
@@ -40,29 +37,11 @@ std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
 }
 
 template <class T>
-void put(std::vector<std::uint8_t>& out, T value) {
-  for (std::size_t i = 0; i < sizeof(T); ++i)
-    out.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
-}
-template <class T>
 T get(const std::uint8_t* in) {
   T value = 0;
   for (std::size_t i = 0; i < sizeof(T); ++i)
     value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
   return value;
-}
-
-// The identity a delta is keyed on, as ServerResources keys updates; empty if none.
-std::string identity_key(const CoapRequest& request) {
-  if (request.authentication != transport::PeerAuthentication::kNone) return request.identity;
-  if (!transport::is_plain_identity(request.identity)) return {};
-  return kUnauthenticatedPrefix + request.identity;
-}
-
-std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
 }
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
@@ -104,101 +83,125 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
   if (!(options_.client_fraction > 0 && options_.client_fraction <= 1))
     throw std::invalid_argument("client fraction must be in (0, 1]");
   if (!(options_.deadline_seconds > 0)) throw std::invalid_argument("round deadline must be > 0");
-  log_path_ = state_.checkpoint_path().parent_path() / "rounds.log";
+  log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
 }
 
-RoundCoordinator::~RoundCoordinator() {
-  if (log_fd_ >= 0) ::close(log_fd_);
-}
+RoundCoordinator::~RoundCoordinator() = default;
 
 void RoundCoordinator::log(const std::string& line) const {
   if (options_.log) options_.log(line);
 }
 
-// Reads rounds.log: the records of the current round become deltas_; a torn or damaged
-// tail is cut off (nothing after it was acknowledged: each record is synced before its 2.04).
+// Reads rounds.wal: the records of the current round become deltas_. A torn tail is cut
+// (nothing after it was acknowledged: each record is synced before its 2.04); damage with
+// intact records after it refuses the start and changes nothing, as the main WAL does.
 void RoundCoordinator::open_log() {
-  std::vector<std::uint8_t> bytes;
-  {
-    std::ifstream in(log_path_, std::ios::binary);
-    if (in) bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  std::size_t valid = 0;
-  if (bytes.size() >= kLogHeaderBytes) {
-    if (std::memcmp(bytes.data(), kLogMagic, 4) != 0)
-      throw StateError(log_path_.string() + " is not a round log");
-    if (get<std::uint64_t>(bytes.data() + 4) != state_.model_id())
-      throw StateError(log_path_.string() + " belongs to another model");
-    valid = kLogHeaderBytes;
-    const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
-    const transport::ModelLayout layout{state_.model_id(), sizes};
-    while (bytes.size() - valid >= 8) {
-      const std::uint32_t length = get<std::uint32_t>(bytes.data() + valid);
-      const std::uint32_t crc = get<std::uint32_t>(bytes.data() + valid + 4);
-      if (length < 18 || length > kMaxRecordBody || bytes.size() - valid - 8 < length) break;
-      const std::span<const std::uint8_t> body(bytes.data() + valid + 8, length);
-      if (crc_of(body) != crc) break;
-      const std::uint64_t round = get<std::uint64_t>(body.data());
-      const std::uint64_t examples = get<std::uint64_t>(body.data() + 8);
-      const std::uint16_t id_length = get<std::uint16_t>(body.data() + 16);
-      if (18u + id_length > length) break;
-      valid += 8 + length;
-      if (round != state_.version()) continue;  // a closed round's delta
-      const std::string identity(reinterpret_cast<const char*>(body.data() + 18), id_length);
-      auto decoded = transport::decode_sparse_update(body.subspan(18 + id_length), layout);
-      if (!decoded)
-        throw StateError(log_path_.string() +
-                         ": a logged delta does not decode: " + decoded.error().message);
-      deltas_.push_back({examples, std::move(decoded).value()});
-      answered_.insert(identity);
-      seen_.insert(identity);
+  const std::filesystem::path legacy = log_path_.parent_path() / "rounds.log";
+  if (std::filesystem::exists(legacy)) migrate_legacy_log(legacy);
+  const WalHeader header{.model_id = state_.model_id(), .kind = WalKind::kRoundDeltas};
+  if (!std::filesystem::exists(log_path_)) {
+    try {
+      log_.emplace(WalWriter::replace(log_path_, header, {}));
+    } catch (const WalError& e) {
+      throw StateError(e.what());
     }
+    return;
   }
-  if (valid == 0) {
-    std::vector<std::uint8_t> header(kLogMagic, kLogMagic + 4);
-    put<std::uint64_t>(header, state_.model_id());
-    std::ofstream out(log_path_, std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(header.data()),
-              static_cast<std::streamsize>(header.size()));
-    if (!out) throw StateError("cannot write " + log_path_.string());
-    valid = kLogHeaderBytes;
+  WalContents contents;
+  try {
+    contents = read_wal(log_path_);
+  } catch (const WalError& e) {
+    throw StateError(e.what());
   }
-  log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CLOEXEC);
-  if (log_fd_ < 0)
-    throw StateError("cannot open " + log_path_.string() + ": " + std::strerror(errno));
-  if (::ftruncate(log_fd_, static_cast<off_t>(valid)) != 0 ||
-      ::lseek(log_fd_, static_cast<off_t>(valid), SEEK_SET) < 0 || ::fdatasync(log_fd_) != 0)
-    throw StateError("cannot cut " + log_path_.string() +
-                     " to its intact records: " + std::strerror(errno));
+  if (contents.header.kind != WalKind::kRoundDeltas)
+    throw StateError(log_path_.string() + " is a log of " +
+                     wal_kind_name(contents.header.kind) + ", not of round deltas");
+  if (contents.header.model_id != state_.model_id())
+    throw StateError(log_path_.string() + " belongs to another model");
+  if (!contents.damage.empty())
+    throw StateError(describe_wal_damage(log_path_, contents) +
+                     ". Nothing was changed; `edgetrain-server repair-wal --state-dir " +
+                     log_path_.parent_path().string() + "` lists the choices");
+  const std::vector<std::uint32_t> sizes = state_.model().tensor_sizes();
+  const transport::ModelLayout layout{state_.model_id(), sizes};
+  for (const WalRecord& record : contents.records) {
+    if (record.version != state_.version()) continue;  // a closed round's delta
+    auto decoded = transport::decode_sparse_update(record.update, layout);
+    if (!decoded)
+      throw StateError(log_path_.string() +
+                       ": a logged delta does not decode: " + decoded.error().message);
+    deltas_.push_back({record.sequence, std::move(decoded).value()});
+    answered_.insert(record.identity);
+    seen_.insert(record.identity);
+  }
+  if (contents.dropped_bytes > 0)
+    log("round log: cut a torn last record (" + std::to_string(contents.dropped_bytes) +
+        " bytes)");
+  try {
+    log_.emplace(WalWriter::append_to(log_path_, contents.valid_bytes));
+  } catch (const WalError& e) {
+    throw StateError(e.what());
+  }
   if (!deltas_.empty())
     log("round " + std::to_string(state_.version()) + ": " + std::to_string(deltas_.size()) +
         " acknowledged deltas reloaded from " + log_path_.string());
 }
 
+// rounds.log of an earlier release: magic "ETRL", u64 model id, then records of u32 body
+// length, u32 CRC-32 of the body, body = u64 round, u64 examples, u16 identity length,
+// identity, delta. Read as that release read it (up to the first record that does not check
+// out); the open round's deltas move to rounds.wal, then the old file goes.
+void RoundCoordinator::migrate_legacy_log(const std::filesystem::path& legacy) {
+  std::vector<std::uint8_t> bytes;
+  {
+    std::ifstream in(legacy, std::ios::binary);
+    if (!in) throw StateError("cannot read " + legacy.string());
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  constexpr char kLegacyMagic[4] = {'E', 'T', 'R', 'L'};
+  constexpr std::size_t kLegacyHeaderBytes = 12;
+  std::vector<WalRecord> records;
+  std::size_t at = kLegacyHeaderBytes;
+  if (bytes.size() >= kLegacyHeaderBytes) {
+    if (std::memcmp(bytes.data(), kLegacyMagic, 4) != 0)
+      throw StateError(legacy.string() + " is not a round log");
+    if (get<std::uint64_t>(bytes.data() + 4) != state_.model_id())
+      throw StateError(legacy.string() + " belongs to another model");
+    while (bytes.size() - at >= 8) {
+      const std::uint32_t length = get<std::uint32_t>(bytes.data() + at);
+      const std::uint32_t crc = get<std::uint32_t>(bytes.data() + at + 4);
+      if (length < 18 || length > kWalMaxRecordBody || bytes.size() - at - 8 < length) break;
+      const std::span<const std::uint8_t> body(bytes.data() + at + 8, length);
+      if (crc_of(body) != crc) break;
+      const std::uint16_t id_length = get<std::uint16_t>(body.data() + 16);
+      if (18u + id_length > length) break;
+      at += 8 + length;
+      const std::uint64_t round = get<std::uint64_t>(body.data());
+      if (round != state_.version()) continue;
+      records.push_back(
+          {round, std::string(reinterpret_cast<const char*>(body.data() + 18), id_length),
+           get<std::uint64_t>(body.data() + 8),
+           std::vector<std::uint8_t>(body.begin() + 18 + id_length, body.end())});
+    }
+  }
+  try {
+    WalWriter::replace(log_path_, {.model_id = state_.model_id(), .kind = WalKind::kRoundDeltas},
+                       records);
+  } catch (const WalError& e) {
+    throw StateError(e.what());
+  }
+  std::filesystem::remove(legacy);
+  log("round log: moved " + std::to_string(records.size()) + " deltas of round " +
+      std::to_string(state_.version()) + " from " + legacy.string() + " (an earlier release's) to " +
+      log_path_.string());
+}
+
 void RoundCoordinator::append_to_log(std::uint64_t examples, const std::string& identity,
                                      std::span<const std::uint8_t> body) {
-  std::vector<std::uint8_t> payload;
-  put<std::uint64_t>(payload, state_.version());
-  put<std::uint64_t>(payload, examples);
-  put<std::uint16_t>(payload, static_cast<std::uint16_t>(identity.size()));
-  payload.insert(payload.end(), identity.begin(), identity.end());
-  payload.insert(payload.end(), body.begin(), body.end());
-  std::vector<std::uint8_t> record;
-  put<std::uint32_t>(record, static_cast<std::uint32_t>(payload.size()));
-  put<std::uint32_t>(record, crc_of(payload));
-  record.insert(record.end(), payload.begin(), payload.end());
-  const off_t before = ::lseek(log_fd_, 0, SEEK_CUR);
-  if (::write(log_fd_, record.data(), record.size()) != static_cast<ssize_t>(record.size()) ||
-      ::fdatasync(log_fd_) != 0) {
-    const std::string why = std::strerror(errno);
-    if (before >= 0) {
-      [[maybe_unused]] int ignored = ::ftruncate(log_fd_, before);
-      ::lseek(log_fd_, before, SEEK_SET);
-    }
-    throw std::runtime_error("cannot write the round log: " + why);
-  }
+  if (!log_) log_.emplace(WalWriter::append_to(log_path_, read_wal(log_path_).valid_bytes));
+  log_->append(WalRecord{state_.version(), identity, examples, {body.begin(), body.end()}});
 }
 
 bool RoundCoordinator::selected(const std::string& identity, std::uint64_t round) const {
@@ -243,7 +246,7 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     ++malformed_;
     return text_response(CoapCode::kBadRequest, "malformed: " + problem);
   }
-  const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
+  const std::vector<std::uint32_t> sizes = state_.model().tensor_sizes();
   auto decoded = transport::decode_sparse_update(request.payload, {state_.model_id(), sizes});
   if (!decoded) {
     if (decoded.error().code == transport::CodecErrorCode::kWrongModel) {
@@ -309,7 +312,7 @@ void RoundCoordinator::close_round() {
   std::uint64_t missing = 0;
   for (const std::string& identity : seen_)
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
-  const std::vector<std::uint32_t> sizes = tensor_sizes_of(state_.model());
+  const std::vector<std::uint32_t> sizes = state_.model().tensor_sizes();
   const std::vector<float> mean = aggregate_deltas(deltas_, sizes, options_.aggregation);
   transport::SparseUpdate update;
   update.model_id = state_.model_id();
@@ -352,11 +355,17 @@ void RoundCoordinator::close_round() {
   answered_.clear();
   opened_ = options_.now();
   // The close is durable in the WAL: the closed round's records are no longer needed (a
-  // crash before this cut leaves records of a closed round, which reloading skips).
-  if (::ftruncate(log_fd_, static_cast<off_t>(kLogHeaderBytes)) != 0 ||
-      ::lseek(log_fd_, static_cast<off_t>(kLogHeaderBytes), SEEK_SET) < 0 ||
-      ::fdatasync(log_fd_) != 0)
-    log(std::string("WARNING: cannot empty the round log: ") + std::strerror(errno));
+  // crash before this replacement leaves records of a closed round, which reloading skips).
+  try {
+    WalWriter emptied = WalWriter::replace(
+        log_path_, {.model_id = state_.model_id(), .kind = WalKind::kRoundDeltas}, {});
+    log_ = std::move(emptied);
+  } catch (const WalError& e) {
+    // The old writer may point at a file the rename replaced: the next delta reopens the
+    // log as it is on disk (append_to_log).
+    log_.reset();
+    log(std::string("WARNING: cannot empty the round log: ") + e.what());
+  }
 }
 
 std::string RoundCoordinator::status_json() const {

@@ -14,13 +14,18 @@
 //                        reason for a closed or wrong round, another model, or a device not
 //                        selected this round; 4.00 malformed; 4.01 no identity.
 //
-// Durability (ours): deltas go to `rounds.log` in the state directory (CRC'd records,
-// fdatasync before the 2.04); a restart replays the records of the current round (those of
-// closed rounds are ignored). The close is one update submitted to ServerState under the
-// identity "#round-close" (sequence = round + 1): values −server_lr·Δ/lr applied with divisor
-// 1 (delay 0), so it lands in the WAL and replays bit for bit like any update; then
-// rounds.log is emptied. Deadlines and the identities seen are not durable: after a
-// restart the round's deadline starts again.
+// Durability (ours): deltas go to `rounds.wal` in the state directory, a log of the WAL's
+// format and kind WalKind::kRoundDeltas (server/write_ahead_log.h: CRC'd records, fdatasync
+// before the 2.04); a restart replays the records of the current round (those of closed
+// rounds are ignored). Damage is the WAL's: a torn last record is cut, damage with intact
+// records after it refuses the start, names the offset and the records after it, and
+// changes no file (`edgetrain-server repair-wal` repairs it). The close is one update
+// submitted to ServerState under the identity "#round-close" (sequence = round + 1): values
+// −server_lr·Δ/lr applied with divisor 1 (delay 0), so it lands in the main WAL and replays
+// bit for bit like any update; then rounds.wal is replaced by an empty one. Deadlines and
+// the identities seen are not durable: after a restart the round's deadline starts again.
+// A `rounds.log` of an earlier release (its own format) is read once, its open round's
+// deltas moved into rounds.wal, and removed.
 #pragma once
 
 #include <chrono>
@@ -28,12 +33,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "server/round_aggregation.h"
 #include "server/server_state.h"
+#include "server/write_ahead_log.h"
 #include "transport/coap_dtls.h"
 
 namespace edgetrain::server {
@@ -62,8 +69,9 @@ inline constexpr const char* kRoundCloseIdentity = "#round-close";
 
 class RoundCoordinator {
  public:
-  // Opens (or creates) rounds.log in the state's directory and reloads the current round's
-  // deltas. Throws StateError when the log belongs to another model.
+  // Opens (or creates) rounds.wal in the state's directory and reloads the current round's
+  // deltas. Throws StateError when the log belongs to another model, is not a round log, or
+  // is damaged in the middle (the message names the offset and says how to repair it).
   RoundCoordinator(ServerState& state, RoundOptions options);
   ~RoundCoordinator();
   RoundCoordinator(const RoundCoordinator&) = delete;
@@ -87,6 +95,7 @@ class RoundCoordinator {
 
  private:
   void open_log();
+  void migrate_legacy_log(const std::filesystem::path& legacy);
   void append_to_log(std::uint64_t examples, const std::string& identity,
                      std::span<const std::uint8_t> body);
   void close_round();
@@ -96,7 +105,7 @@ class RoundCoordinator {
   ServerState& state_;
   RoundOptions options_;
   std::filesystem::path log_path_;
-  int log_fd_ = -1;
+  std::optional<WalWriter> log_;
   std::chrono::steady_clock::time_point opened_;
   std::vector<RoundDelta> deltas_;
   std::set<std::string> answered_;  // identities with a delta in this round

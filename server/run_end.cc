@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "runtime/model_shards.h"
+#include "model/model_shards.h"
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
 

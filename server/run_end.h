@@ -14,7 +14,7 @@
 #include <span>
 #include <string>
 
-#include "runtime/model.h"
+#include "model/model.h"
 #include "server/evaluator.h"
 
 namespace edgetrain::server {

@@ -21,9 +21,9 @@
 #include "common/logging.h"
 #include "common/png_image.h"
 #include "common/svg_plot.h"
-#include "runtime/classifier_readout.h"
-#include "runtime/dataset.h"
-#include "runtime/model_shards.h"
+#include "model/classifier_readout.h"
+#include "model/dataset.h"
+#include "model/model_shards.h"
 #include "server/evaluator.h"
 #include "server/gan_coordinator.h"
 #include "server/handshake_failure_log.h"
@@ -662,7 +662,7 @@ void ServerApp::write_stats(bool running) {
            : nlohmann::json(nullptr)},
       {"version", version_after_recovery_}};
   j["updates_applied"] = resources_->updates_applied();
-  if (const PublishedModel* published = state_->published()) {
+  if (const runtime::PublishedModel* published = state_->published()) {
     j["published_model"] = {{"version", published->version()},
                             {"steps", published->steps()},
                             {"relative_lag", published->relative_lag()}};

@@ -26,7 +26,7 @@ struct ServerSettings {
   double eval_interval = 10;  // seconds
   std::uint64_t max_update_bytes = std::uint64_t{4} << 20;
   std::uint64_t seed = 1;
-  // The published model (server/published_model.h): 0 = workers pull the exact model.
+  // The published model (model/published_model.h): 0 = workers pull the exact model.
   std::uint32_t publish_every = 0;
   double publish_fraction = 0.01;
   std::uint32_t publish_min_entries = 32;
@@ -57,7 +57,7 @@ struct ServerSettings {
   // "gan" (MD-GAN, server/gan_coordinator.h; /update likewise).
   std::string mode = "async";
   // Sharded server (server/README.md, "Sharded server"): "I/N" serves range I of N of the
-  // model's parameters (runtime/model_shards.h); empty: the whole model.
+  // model's parameters (model/model_shards.h); empty: the whole model.
   std::string shard;
   std::string round_policy = "drop-stragglers";
   std::string aggregation = "masked";
@@ -70,7 +70,7 @@ struct ServerSettings {
   // MD-GAN (--mode gan, server/gan_coordinator.h): the generator lives here, a
   // discriminator on every worker; its state goes to <state-dir>/gan/.
   std::uint32_t gan_workers = 0;  // N; required with --mode gan
-  std::string gan_arch = "mlp";   // the generator's: mlp or cnn (runtime/gan_network.h)
+  std::string gan_arch = "mlp";   // the generator's: mlp or cnn (model/gan_network.h)
   std::uint32_t gan_k = 1;
   std::uint32_t gan_batch = 10;
   double gan_deadline = 10;          // seconds

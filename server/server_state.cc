@@ -25,12 +25,6 @@ constexpr const char* kModelIdKey = "edgetrain.model_id";
 constexpr const char* kSequencesKey = "edgetrain.sequences";
 constexpr const char* kStateFormatKey = "edgetrain.state_format";
 
-std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
-
 std::vector<float> parameters_of(const runtime::Model& model) {
   return {model.parameters().begin(), model.parameters().end()};
 }
@@ -114,7 +108,7 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
       wal_path_(options_.state_dir / "wal.log"),
       previous_checkpoint_path_(options_.state_dir / "checkpoint.prev.safetensors"),
       previous_wal_path_(options_.state_dir / "wal.prev.log"),
-      tensor_sizes_(tensor_sizes_of(model_)),
+      tensor_sizes_(model_.tensor_sizes()),
       store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store),
       commit_(options_.wal_sync, options_.on_staged) {
   recover();

@@ -46,10 +46,10 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/model.h"
+#include "model/model.h"
 #include "server/group_commit.h"
 #include "server/parameter_store.h"
-#include "server/published_model.h"
+#include "model/published_model.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
 
@@ -65,8 +65,8 @@ struct ServerStateOptions {
   std::filesystem::path state_dir;
   ParameterStoreOptions store;
   // Off (default): GET /model hands out the exact parameters. On: workers get the published
-  // model, which follows the true one by bounded steps (server/published_model.h).
-  PublishOptions publish;
+  // model, which follows the true one by bounded steps (model/published_model.h).
+  runtime::PublishOptions publish;
   std::uint64_t checkpoint_every =
       1000;  // updates between checkpoints; 0: only checkpoint() makes one
   std::size_t max_update_bytes = std::size_t{4} << 20;  // larger bodies are refused as too large
@@ -267,7 +267,7 @@ class ServerState {
   };
   ModelReply encoded_model_since(std::uint64_t since);
   // The published model, when options.publish is on (what encoded_model*() then serve).
-  const PublishedModel* published() const { return published_ ? &*published_ : nullptr; }
+  const runtime::PublishedModel* published() const { return published_ ? &*published_ : nullptr; }
   // The version of what GET /model serves: the published model's, else version().
   std::uint64_t served_version() const {
     return published_ ? published_->version() : store_.version();
@@ -362,7 +362,7 @@ class ServerState {
   std::vector<std::uint8_t> encoded_model_;
   std::optional<std::uint64_t> encoded_version_;
   std::vector<std::uint8_t> encoded_delta_;
-  std::optional<PublishedModel> published_;  // with options_.publish
+  std::optional<runtime::PublishedModel> published_;  // with options_.publish
   std::uint64_t digest_ = 0;  // parameter_digest() of what GET /model serves, at digest_version_
   std::optional<std::uint64_t> digest_version_;
 

@@ -9,8 +9,8 @@
 #include <sstream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/model.h"
-#include "runtime/model_shards.h"
+#include "model/model.h"
+#include "model/model_shards.h"
 #include "server/keystore.h"
 #include "server/run_end.h"
 #include "server/write_ahead_log.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dataset.h"
+#include "model/dataset.h"
 #include "server/server_app.h"
 
 namespace edgetrain::server {

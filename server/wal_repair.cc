@@ -29,7 +29,9 @@ std::vector<std::string> listing(const std::filesystem::path& path, const WalCon
   std::vector<std::string> lines;
   std::string summary =
       path.string() + ": " + std::to_string(wal.records.size()) + " intact records";
-  if (!wal.records.empty())
+  if (!wal.records.empty() && wal.header.kind == WalKind::kRoundDeltas)
+    summary += " (deltas of round " + std::to_string(wal.records.back().version) + ")";
+  else if (!wal.records.empty())
     summary += " (" + versions_text(wal.records.front().version, wal.records.back().version) + ")";
   lines.push_back(summary);
   for (const WalDamage& d : wal.damage) {
@@ -37,7 +39,9 @@ std::vector<std::string> listing(const std::filesystem::path& path, const WalCon
     std::string line = "  damaged: bytes " + std::to_string(d.offset) + ".." +
                        std::to_string(d.offset + d.length - 1) + " (" + d.reason + ")";
     const std::uint64_t next = wal.records[d.records_before].version;
-    if (d.records_before > 0) {
+    if (wal.header.kind == WalKind::kRoundDeltas) {
+      line += ", among the deltas of round " + std::to_string(next);
+    } else if (d.records_before > 0) {
       const std::uint64_t previous = wal.records[d.records_before - 1].version;
       line += next > previous + 1 ? ", held " + versions_text(previous + 1, next - 1)
                                   : ", held no whole record";
@@ -53,6 +57,8 @@ std::vector<std::string> listing(const std::filesystem::path& path, const WalCon
 }
 
 std::vector<WalRecord> skipping_damage(const WalContents& wal) {
+  // A round's deltas are no sequence of versions: what damage held is simply lost.
+  if (wal.header.kind == WalKind::kRoundDeltas) return wal.records;
   std::vector<WalRecord> records;
   std::size_t next_damage = 0;
   for (std::size_t i = 0; i < wal.records.size(); ++i) {
@@ -95,9 +101,12 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
   const std::size_t lost_by_cut = wal.records.size() - first.records_before;
   if (choice == WalRepairChoice::kListOnly) {
     result.report.push_back(
-        "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
-        " intact records and put empty placeholder updates where damaged ones were "
-        "(their changes to the parameters are lost)");
+        wal.header.kind == WalKind::kRoundDeltas
+            ? "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
+                  " intact records (the damaged deltas are lost: their round closes without them)"
+            : "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
+                  " intact records and put empty placeholder updates where damaged ones were "
+                  "(their changes to the parameters are lost)");
     result.report.push_back("  --cut-at-damage would end the log at byte " +
                             std::to_string(first.offset) + ", dropping " +
                             std::to_string(lost_by_cut) + " intact, acknowledged records");
@@ -131,6 +140,7 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
         "  skipped the damage: kept " + std::to_string(wal.records.size()) +
         " intact records, added " + std::to_string(kept.size() - wal.records.size()) +
         " empty placeholder updates" + (wal.dropped_bytes ? ", dropped the torn tail" : ""));
+    // (a round-delta log gets no placeholders: kept.size() == wal.records.size())
   } else {
     result.report.push_back("  cut at byte " + std::to_string(first.offset) + ": kept " +
                             std::to_string(first.records_before) + " records, dropped " +

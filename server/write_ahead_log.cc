@@ -53,10 +53,20 @@ bool write_all(int fd, std::span<const std::uint8_t> bytes) {
 
 }  // namespace
 
+const char* wal_kind_name(WalKind kind) {
+  switch (kind) {
+    case WalKind::kUpdates:
+      return "updates";
+    case WalKind::kRoundDeltas:
+      return "round deltas";
+  }
+  return "unknown";
+}
+
 std::vector<std::uint8_t> encode_wal_header(const WalHeader& header) {
   std::vector<std::uint8_t> out(kMagic, kMagic + 4);
   put_le(out, kFormat, 2);
-  put_le(out, 0, 2);
+  put_le(out, static_cast<std::uint16_t>(header.kind), 2);
   put_le(out, header.model_id, 8);
   put_le(out, std::bit_cast<std::uint32_t>(header.learning_rate), 4);
   put_le(out, header.max_staleness, 4);
@@ -86,10 +96,10 @@ std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
 
 namespace {
 
-// The record at `at` if it checks out (else nullopt and `why`). `after_version`: when set,
-// a record must carry a later version (what resynchronising after damage relies on).
+// The record at `at` if it checks out (else nullopt and `why`). `least_version`: when set,
+// a record must carry at least that version (what resynchronising after damage relies on).
 std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::size_t at,
-                                   std::optional<std::uint64_t> after_version, std::string& why) {
+                                   std::optional<std::uint64_t> least_version, std::string& why) {
   if (bytes.size() - at < 8) {
     why = "only " + std::to_string(bytes.size() - at) + " bytes left, a record header has 8";
     return std::nullopt;
@@ -111,8 +121,8 @@ std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::siz
     return std::nullopt;
   }
   const std::uint64_t version = get_le(b, 8);
-  if (after_version && version <= *after_version) {
-    why = "version " + std::to_string(version) + " not after " + std::to_string(*after_version);
+  if (least_version && version < *least_version) {
+    why = "version " + std::to_string(version) + " below " + std::to_string(*least_version);
     return std::nullopt;
   }
   if (crc_of(std::span(b, body)) != crc) {
@@ -131,10 +141,10 @@ std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::siz
 // Byte by byte, since a damaged length field says nothing about where the next record is;
 // the cheap checks come before the CRC, so garbage costs little.
 std::optional<std::size_t> next_intact_record(std::span<const std::uint8_t> bytes, std::size_t bad,
-                                              std::optional<std::uint64_t> after_version) {
+                                              std::optional<std::uint64_t> least_version) {
   std::string ignored;
   for (std::size_t at = bad + 1; bytes.size() - at >= 8 + kRecordFixedBody; ++at)
-    if (record_at(bytes, at, after_version, ignored)) return at;
+    if (record_at(bytes, at, least_version, ignored)) return at;
   return std::nullopt;
 }
 
@@ -147,6 +157,10 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
   if (get_le(bytes.data() + 28, 4) != crc_of(bytes.subspan(0, 28)))
     throw WalError(name + ": the WAL header is damaged (CRC mismatch)");
   if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(name + ": unknown WAL format version");
+  const std::uint64_t kind = get_le(bytes.data() + 6, 2);
+  if (kind > static_cast<std::uint16_t>(WalKind::kRoundDeltas))
+    throw WalError(name + ": unknown WAL kind " + std::to_string(kind));
+  contents.header.kind = static_cast<WalKind>(kind);
   contents.header.model_id = get_le(bytes.data() + 8, 8);
   contents.header.learning_rate =
       std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
@@ -155,8 +169,11 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
 
   std::size_t at = kWalHeaderBytes;
   while (at < bytes.size()) {
-    const std::optional<std::uint64_t> last_version =
-        contents.records.empty() ? std::nullopt : std::optional(contents.records.back().version);
+    // Updates have consecutive versions; a round's deltas share theirs.
+    const std::uint64_t step = contents.header.kind == WalKind::kUpdates ? 1 : 0;
+    const std::optional<std::uint64_t> least_version =
+        contents.records.empty() ? std::nullopt
+                                 : std::optional(contents.records.back().version + step);
     std::string why;
     if (std::optional<WalRecord> record = record_at(bytes, at, std::nullopt, why)) {
       contents.record_offsets.push_back(at);
@@ -164,7 +181,7 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
       contents.records.push_back(std::move(*record));
       continue;
     }
-    const std::optional<std::size_t> next = next_intact_record(bytes, at, last_version);
+    const std::optional<std::size_t> next = next_intact_record(bytes, at, least_version);
     if (!next) break;  // nothing intact after it: a torn tail
     contents.damage.push_back({at, *next - at, why, contents.records.size()});
     at = *next;
@@ -197,14 +214,16 @@ std::string describe_wal_damage(const std::filesystem::path& path, const WalCont
   const WalDamage& damage = contents.damage.front();
   const std::size_t intact_after = contents.records.size() - damage.records_before;
   const WalRecord& next = contents.records[damage.records_before];
+  // A round's deltas are named by their round, updates by the version they produced.
+  const std::string unit = contents.header.kind == WalKind::kRoundDeltas ? "round" : "version";
   std::string text = path.string() + ": the record at byte " + std::to_string(damage.offset);
   text += damage.records_before == 0
               ? std::string(" (the first record)")
-              : " (after version " +
+              : std::string(" (after ") + (unit == "round" ? "a delta of round " : "version ") +
                     std::to_string(contents.records[damage.records_before - 1].version) + ")";
   text += " is damaged (" + damage.reason + "; " + std::to_string(damage.length) +
           " bytes up to the next intact record)";
-  text += ", and " + std::to_string(intact_after) + " intact records follow it (versions " +
+  text += ", and " + std::to_string(intact_after) + " intact records follow it (" + unit + "s " +
           std::to_string(next.version) + ".." + std::to_string(contents.records.back().version) +
           ")";
   if (contents.damage.size() > 1)

@@ -2,12 +2,19 @@
 // acknowledges it, so that after a crash the server can replay to exactly the version it
 // acknowledged. Layout (all integers little-endian; see server/README.md):
 //
-//   header (32 bytes): "ETWL", u16 format 1, u16 reserved 0, u64 model id,
+//   header (32 bytes): "ETWL", u16 format 1, u16 kind (WalKind), u64 model id,
 //                      f32 learning rate, u32 max staleness, u32 staleness rule,
 //                      u32 crc32 of the previous 28 bytes
 //   record:            u32 body length, u32 crc32 of the body, body:
 //                      u64 version it produced, u64 sequence, u16 identity length,
 //                      identity bytes, the update exactly as received (codec bytes)
+//
+// Two kinds of log share the format. kUpdates (0; the field was a reserved 0 before the
+// kinds came, so older logs read as this kind): the main WAL, one record per applied update,
+// versions consecutive; MD-GAN's gan/gan.wal (one record per generator step) is of this
+// kind too, its model id the run's. kRoundDeltas (1): rounds.wal of federated rounds, one
+// record per acknowledged delta of the open round (version = the round, sequence = the
+// examples it was trained on, the delta's codec bytes), many records per version.
 //
 // The settings in the header are the ones replay needs to reproduce the same parameters:
 // a server started with other settings on the same state refuses to start rather than
@@ -17,7 +24,8 @@
 // out follows it. Damage in the middle of the log (a flipped byte, a bad sector) is
 // different: intact, acknowledged records follow it. Reading tells the two apart by
 // scanning forward from a record that does not check out for the next intact one (a
-// plausible length, a version after the last good one, and the body's CRC): none means a
+// plausible length, a version after the last good one (kRoundDeltas: not before it), and
+// the body's CRC): none means a
 // torn tail, which read_wal() reports as dropped bytes and the writer cuts off before
 // appending; one means damage, which read_wal() reports with every intact record after it
 // and which nothing here ever cuts off (recovery refuses to start, server/wal_repair.h
@@ -38,11 +46,15 @@ class WalError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+enum class WalKind : std::uint16_t { kUpdates = 0, kRoundDeltas = 1 };
+const char* wal_kind_name(WalKind kind);
+
 struct WalHeader {
   std::uint64_t model_id = 0;
   float learning_rate = 0;
   std::uint32_t max_staleness = 0;
   std::uint32_t staleness_rule = 0;  // StalenessRule as a number
+  WalKind kind = WalKind::kUpdates;   // last, so that older initializers keep their meaning
   bool operator==(const WalHeader&) const = default;
 };
 

@@ -13,13 +13,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dropout_table.h"
-#include "runtime/filter_dropout.h"
-#include "runtime/model.h"
+#include "model/dropout_table.h"
+#include "model/filter_dropout.h"
+#include "model/model.h"
 
 namespace edgetrain::sim {
 
-// The table's points and the table itself (runtime/dropout_table.h: the worker reads it).
+// The table's points and the table itself (model/dropout_table.h: the worker reads it).
 using DsePoint = runtime::DropoutTablePoint;
 using DseTable = runtime::DropoutTable;
 

@@ -1,5 +1,5 @@
 // MD-GAN and FL-GAN in one process (issue 16): N workers, each with its shard of the data and
-// its own discriminator, on the GAN steps of runtime/gan_training.h, so the algorithms can be
+// its own discriminator, on the GAN steps of model/gan_training.h, so the algorithms can be
 // compared at the paper's settings before the CoAP/DTLS modes exist.
 //
 // MD-GAN (Hardy, Le Merrer, Sericola, IPDPS 2019), per iteration:
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/gan_training.h"
+#include "model/gan_training.h"
 
 namespace edgetrain::sim {
 

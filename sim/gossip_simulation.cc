@@ -10,9 +10,9 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "runtime/published_model.h"
-#include "runtime/shard_sampler.h"
-#include "runtime/thread_pool.h"
+#include "model/published_model.h"
+#include "model/shard_sampler.h"
+#include "model/thread_pool.h"
 #include "sim/sim_internal.h"
 #include "transport/codec.h"
 #include "transport/model_changes.h"
@@ -41,7 +41,7 @@ std::optional<double> parse_number(const std::string& text) {
 
 // XNNPACK's operators are built for a trainer's max batch and pad smaller batches to it, so
 // one trainer per batch size in use keeps a balanced peer's small batches cheap. The
-// balancer keeps to a ladder of sizes (base · 2^(k/4), with hysteresis: runtime/gossip.h),
+// balancer keeps to a ladder of sizes (base · 2^(k/4), with hysteresis: worker/gossip.h),
 // so a fleet uses a handful of sizes, and the trainers are shared by all peers (ours; each
 // holds its activations; the real peer keeps at most three of its own).
 class TrainerCache {
@@ -158,7 +158,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       train_(train),
       test_(test),
       model_(checked_model(config.model, config.peers, config.seed, train, test)),
-      tensor_sizes_(tensor_sizes_of(model_)),
+      tensor_sizes_(model_.tensor_sizes()),
       topology_(topology_for(config)),
       gamma_(config.effective_consensus_step()),
       compressed_(config.publish_fraction < 1),

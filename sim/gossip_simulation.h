@@ -1,7 +1,7 @@
 // Gossip training (EdgeGossip, Han et al., TPDS 2021; edgetrain-sim --mode gossip) in one
 // process, on a virtual clock: N peers with no server, each with its own copy of the model
 // (all initialised from the same seed), its own shard and the real trainer (plain SGD),
-// exchanging models with their neighbours in a topology (runtime/gossip.h). The rules the
+// exchanging models with their neighbours in a topology (worker/gossip.h). The rules the
 // real peer mode of edgetrain-worker uses come from runtime/: the topology, the Metropolis
 // weights, the workload balancer, the plateau rule and the published model.
 //
@@ -42,13 +42,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dataset.h"
-#include "runtime/gossip.h"
-#include "runtime/trainer.h"
+#include "model/dataset.h"
+#include "worker/gossip.h"
+#include "model/trainer.h"
 
 namespace edgetrain::sim {
 
-// The real peer's (runtime/gossip.h).
+// The real peer's (worker/gossip.h).
 using runtime::gossip_algorithm_name;
 using runtime::GossipAlgorithm;
 using runtime::parse_gossip_algorithm;

@@ -12,7 +12,7 @@
 #
 # usage: sim/run-gossip-experiments.sh [--build DIR] [--out DIR] [--jobs N] [--budget T] [--target A]
 #                                      [--data NAME] [--peers N] [--quick] [--list]
-#   --build DIR   host build tree with sim/edgetrain-sim (default build/host)
+#   --build DIR   host build tree with programs/edgetrain-sim (default build/host)
 #   --out DIR     where the runs go (default gossip-results)
 #   --jobs N      runs side by side (default 1: the runs are timed by a virtual clock, but
 #                 the machine is often shared)
@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive number"
-sim="$build/sim/edgetrain-sim"
+sim="$build/programs/edgetrain-sim"
 [ -x "$sim" ] || [ "$list" = 1 ] || die "build the host tree first: $sim is missing"
 
 if [ "$quick" = 1 ]; then
@@ -141,7 +141,7 @@ for entry in entries:
 PY
 # Plots: per topology, the mean peer's test accuracy against virtual time and against the
 # bytes a peer sent, one line per variant (edgetrain-emulation-report plot draws them).
-report="$build/emulation/edgetrain-emulation-report"
+report="$build/programs/edgetrain-emulation-report"
 mkdir -p "$out/figures"
 for topology in ring random-regular; do
   for axis in time bytes; do

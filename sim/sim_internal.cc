@@ -28,12 +28,6 @@ runtime::Model checked_model(const std::string& model_name, int workers, std::ui
   return model;
 }
 
-std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model) {
-  std::vector<std::uint32_t> sizes;
-  for (const auto& t : model.tensors()) sizes.push_back(static_cast<std::uint32_t>(t.size));
-  return sizes;
-}
-
 std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers,
                                         std::uint64_t seed, bool label_skewed,
                                         const runtime::LabelSkew& skew) {

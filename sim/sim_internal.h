@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "runtime/dataset.h"
-#include "runtime/model.h"
-#include "runtime/splitmix64.h"
-#include "runtime/trainer.h"
+#include "model/dataset.h"
+#include "model/model.h"
+#include "common/splitmix64.h"
+#include "model/trainer.h"
 
 namespace edgetrain::sim {
 
@@ -42,9 +42,8 @@ class Random {
 runtime::Model checked_model(const std::string& model_name, int workers, std::uint64_t seed,
                              const runtime::Dataset& train, const runtime::Dataset& test);
 
-std::vector<std::uint32_t> tensor_sizes_of(const runtime::Model& model);
 
-// Worker `worker`'s shard of `train` among `workers` (runtime/dataset.h's samplers): i.i.d.,
+// Worker `worker`'s shard of `train` among `workers` (model/dataset.h's samplers): i.i.d.,
 // or label-skewed. Throws std::invalid_argument for an empty shard.
 std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers,
                                         std::uint64_t seed, bool label_skewed,

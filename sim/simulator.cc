@@ -7,11 +7,11 @@
 #include <queue>
 #include <stdexcept>
 
-#include "runtime/round_worker.h"
-#include "runtime/shard_sampler.h"
-#include "runtime/splitmix64.h"
-#include "runtime/thread_pool.h"
-#include "runtime/trainer.h"
+#include "worker/round_worker.h"
+#include "model/shard_sampler.h"
+#include "common/splitmix64.h"
+#include "model/thread_pool.h"
+#include "model/trainer.h"
 #include "server/model_changes.h"
 #include "sim/sim_internal.h"
 
@@ -139,7 +139,7 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train,
     : config(config),
       test(test),
       model(checked_model(config.model, config.workers, config.seed, train, test)),
-      tensor_sizes(tensor_sizes_of(model)),
+      tensor_sizes(model.tensor_sizes()),
       layout(layout_of(model)),
       store(model.layout_id(), tensor_sizes,
             std::vector<float>(model.parameters().begin(), model.parameters().end()),
@@ -191,7 +191,7 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   const SimConfig& config = sim.config;
   server::ParameterStore& store = sim.store;
   const std::vector<std::uint32_t>& tensor_sizes = sim.tensor_sizes;
-  std::optional<server::PublishedModel> published;
+  std::optional<runtime::PublishedModel> published;
   if (config.publish.enabled())
     published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
   const bool delta_pulls = config.delta_pulls || published.has_value();

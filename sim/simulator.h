@@ -35,13 +35,13 @@
 #include <string>
 #include <vector>
 
-#include "runtime/compressor.h"
-#include "runtime/dataset.h"
-#include "runtime/filter_dropout.h"
-#include "runtime/model.h"
-#include "runtime/trainer.h"
+#include "worker/compressor.h"
+#include "model/dataset.h"
+#include "model/filter_dropout.h"
+#include "model/model.h"
+#include "model/trainer.h"
 #include "server/parameter_store.h"
-#include "server/published_model.h"
+#include "model/published_model.h"
 #include "server/round_aggregation.h"
 #include "transport/codec.h"
 
@@ -115,15 +115,15 @@ struct SimConfig {
   // CPU's instruction set) or the reference loops (slow; the same bits on every x86-64
   // machine, which is what the recorded determinism figures rely on).
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
-  // Filter dropout (DISTREAL, runtime/filter_dropout.h): one drop rate per conv layer, or
+  // Filter dropout (DISTREAL, model/filter_dropout.h): one drop rate per conv layer, or
   // empty for none. Every simulated worker's step then trains a random sub-network.
   std::vector<float> conv_drop_rates;
   runtime::DropoutRescale dropout_rescale = runtime::DropoutRescale::kInverted;
   // Pulls: workers compute on the server's exact model (default), or on the published model
-  // (server/published_model.h) when publish.every > 0. pull_bytes counts a dense model per
+  // (model/published_model.h) when publish.every > 0. pull_bytes counts a dense model per
   // pull, unless delta_pulls (or a published model): then each pull counts the bytes of the
   // model delta since the version the worker held (GET /model?since=V), as the server sends.
-  server::PublishOptions publish;
+  runtime::PublishOptions publish;
   bool delta_pulls = false;
 };
 

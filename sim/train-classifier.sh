@@ -32,8 +32,8 @@ while [ $# -gt 0 ]; do
     *) echo "train-classifier.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
   esac
 done
-sim="$build/sim/edgetrain-sim"
-server="$build/server/edgetrain-server"
+sim="$build/programs/edgetrain-sim"
+server="$build/programs/edgetrain-server"
 for program in "$sim" "$server"; do
   [ -x "$program" ] || { echo "train-classifier.sh: $program is missing: ./build.sh build host" >&2; exit 2; }
 done

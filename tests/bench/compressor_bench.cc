@@ -6,7 +6,7 @@
 // first, as it does unless a --benchmark_filter leaves it out).
 // Then the top-k threshold alone on the largest tensor (the FC layer, 401,408 entries,
 // k = 1 %): std::nth_element over a copy of the magnitudes (the compressor's rule until
-// 2026-11-27) against runtime/magnitude_select.h, side by side in one run.
+// 2026-11-27) against worker/magnitude_select.h, side by side in one run.
 // A program that prints figures, not a test: timings on a shared machine are noisy.
 //
 //   edgetrain-compressor-bench [--benchmark_repetitions=N] [--benchmark_filter=REGEX] ...
@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/compressor.h"
-#include "runtime/magnitude_select.h"
+#include "worker/compressor.h"
+#include "worker/magnitude_select.h"
 #include "tests/support/compressor_variants.h"
 
 namespace {

@@ -15,8 +15,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "runtime/gan_training.h"
-#include "runtime/splitmix64.h"
+#include "model/gan_training.h"
+#include "common/splitmix64.h"
 
 namespace {
 

@@ -20,9 +20,9 @@
 
 #include "kernels/reference.h"
 #include "kernels/xnnpack_setup.h"
-#include "runtime/model.h"
-#include "runtime/filter_dropout.h"
-#include "runtime/trainer.h"
+#include "model/model.h"
+#include "model/filter_dropout.h"
+#include "model/trainer.h"
 #include "tests/support/paper_cnn.h"
 
 namespace {

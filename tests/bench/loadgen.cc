@@ -73,9 +73,9 @@
 #include <vector>
 
 #include "common/settings.h"
-#include "runtime/compressor.h"
-#include "runtime/model.h"
-#include "runtime/model_replica.h"
+#include "worker/compressor.h"
+#include "model/model.h"
+#include "worker/model_replica.h"
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/write_ahead_log.h"
@@ -314,7 +314,7 @@ struct ReplayedUpdates {
       }
       transport::ValueEncoding encoding = recorded_encoding(update, record.update);
       if (sign_scale) {
-        // The worker's rule (runtime/compressor.h); a replayed update has no residual to keep the
+        // The worker's rule (worker/compressor.h); a replayed update has no residual to keep the
         // error in.
         for (auto& t : update.tensors) runtime::quantize_sign_scale(t);
         encoding = transport::ValueEncoding::kSignScale;

@@ -60,8 +60,8 @@ ls "$data_dir"/train-images-idx3-ubyte* >/dev/null 2>&1 ||
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source common/processes.sh
 build=${EDGETRAIN_BUILD:-build/host}
-server=$build/server/edgetrain-server
-worker=$build/runtime/edgetrain-worker
+server=$build/programs/edgetrain-server
+worker=$build/programs/edgetrain-worker
 for program in "$server" "$worker"; do
   [[ -x $program ]] || { echo "record_updates.sh: missing $program: build the host preset first" >&2; exit 1; }
 done

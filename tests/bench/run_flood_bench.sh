@@ -26,7 +26,7 @@ seconds=${FLOOD_SECONDS:-15}
 rounds=${FLOOD_ROUNDS:-2}
 devices=${FLOOD_DEVICES:-16}
 in_flight=${FLOOD_IN_FLIGHT:-8}
-server=$build/server/edgetrain-server
+server=$build/programs/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
 for program in "$server" "$loadgen"; do
   [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }

@@ -31,8 +31,8 @@ publish=${BENCH_PUBLISH:-10:0.004}
 read -r -a extra_worker_flags <<<"${BENCH_WORKER_FLAGS:-}"
 max_staleness=$((workers * 4 > 64 ? workers * 4 : 64))
 warmup=${BENCH_WARMUP:-$((seconds / 3))}
-server=$build/server/edgetrain-server
-worker=$build/runtime/edgetrain-worker
+server=$build/programs/edgetrain-server
+worker=$build/programs/edgetrain-worker
 for program in "$server" "$worker"; do
   [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }
 done

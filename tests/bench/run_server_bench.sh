@@ -56,7 +56,7 @@ case ${BENCH_SIGN_SCALE:-0} in
   *) echo "BENCH_SIGN_SCALE is 0 or 1, not '$BENCH_SIGN_SCALE'" >&2; exit 1 ;;
 esac
 
-server=$build/server/edgetrain-server
+server=$build/programs/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
 for program in "$server" "$loadgen"; do
   [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }
@@ -92,7 +92,9 @@ if [[ -n ${BENCH_PIN:-} ]]; then
 fi
 baseline_server=""
 if [[ -n ${BENCH_BASELINE:-} ]]; then
-  baseline_server=$BENCH_BASELINE/server/edgetrain-server
+  baseline_server=$BENCH_BASELINE/programs/edgetrain-server
+  # A build tree of a commit before programs/ holds the server in server/.
+  [[ -x $baseline_server ]] || baseline_server=$BENCH_BASELINE/server/edgetrain-server
   [[ -x $baseline_server ]] || { echo "missing $baseline_server (BENCH_BASELINE is a build tree)" >&2; exit 1; }
 fi
 bench_server=$server  # which server binary start_bench_server runs

@@ -17,7 +17,7 @@ delay=${WAN_DELAY_MS:-50}
 loss=${WAN_LOSS:-0.05}
 trials=${WAN_TRIALS:-20}
 seed=${WAN_SEED:-1}
-server=$build/server/edgetrain-server
+server=$build/programs/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
 for program in "$server" "$loadgen"; do
   [[ -x $program ]] || { echo "missing $program: build the host preset first" >&2; exit 1; }

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/classifier_readout.h"
+#include "model/classifier_readout.h"
 #include "tests/support/test_data.h"
 
 namespace {

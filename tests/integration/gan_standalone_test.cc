@@ -1,4 +1,4 @@
-// The standalone GAN (runtime/gan_training.h) learns on the real digits in CI time, with the
+// The standalone GAN (model/gan_training.h) learns on the real digits in CI time, with the
 // MLP networks and with the CNN ones: a small classifier trained here reads the generator's
 // class-conditioned samples, and the share it reads as the class they were conditioned on (a
 // stand-in for the MNIST score, which needs the shipped classifier checkpoint) rises from
@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/gan_training.h"
+#include "model/gan_training.h"
 #include "tests/support/test_data.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The gossip peer (runtime/gossip_peer.h) over real DTLS with X.509 identities on loopback:
+// The gossip peer (worker/gossip_peer.h) over real DTLS with X.509 identities on loopback:
 // bad input is refused and counted and never averaged in, strangers are kept out (a
 // certificate of another CA fails the handshake; a fleet certificate that is not a
 // neighbour gets 4.03), an AD-PSGD average moves both peers to the midpoint, and D-PSGD
@@ -20,7 +20,7 @@
 #include <mutex>
 #include <thread>
 
-#include "runtime/gossip_peer.h"
+#include "worker/gossip_peer.h"
 #include "tests/support/server_thread.h"
 #include "transport/codec.h"
 

@@ -11,7 +11,7 @@
 build="$1"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
-server=$build/server/edgetrain-server
+server=$build/programs/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
 record=$(dirname "$0")/../bench/record_updates.sh
 

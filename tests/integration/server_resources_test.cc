@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "runtime/model_replica.h"
+#include "worker/model_replica.h"
 #include "server/resources.h"
 #include "tests/support/served_resources.h"
 #include "transport/coap_dtls.h"

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <string>
 
-#include "runtime/dataset.h"
+#include "model/dataset.h"
 #include "tests/support/test_data.h"
 
 namespace edgetrain::testing {

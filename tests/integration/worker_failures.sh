@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# edgetrain-worker's failures, each with its exit status (runtime/worker_exit_codes.h) and a
+# edgetrain-worker's failures, each with its exit status (worker/worker_exit_codes.h) and a
 # message naming the cause (issue 12):
-#   - --help lists every exit status, and the man page and runtime/README.md list the same;
+#   - --help lists every exit status, and the man page and worker/README.md list the same;
 #     the systemd unit does not restart after the permanent ones;
 #   - a key longer than 32 bytes: refused at start, naming the limit (2);
 #   - a port that receives and never answers (a firewall): "no answer from HOST:PORT" (10),
@@ -26,12 +26,12 @@ codes=$(sed -n '/^Exit status:/,$p' "$work/help.txt" | sed -nE 's/^ *([0-9]+)  .
 [ "$(echo "$codes" | tr '\n' ' ')" = "0 1 2 10 11 12 13 14 15 " ] || fail "--help lists exit statuses '$codes'"
 for code in $codes; do
   grep -qx "\.B $code" "$repo/boards/packaging/edgetrain-worker.1" || fail "the man page does not list exit status $code"
-  grep -qE "^ *\| \`$code\` \|" "$repo/runtime/README.md" || fail "runtime/README.md does not list exit status $code"
+  grep -qE "^ *\| \`$code\` \|" "$repo/worker/README.md" || fail "worker/README.md does not list exit status $code"
 done
 permanent=$(sed -n '/^Exit status:/,$p' "$work/help.txt" | sed -nE 's/^ *([0-9]+)  .*\[permanent.*/\1/p' | tr '\n' ' ')
 grep -qx "RestartPreventExitStatus=${permanent% }" "$repo/boards/packaging/edgetrain-worker.service.in" ||
   fail "the systemd unit does not hold RestartPreventExitStatus=${permanent% } (the permanent statuses of --help)"
-echo "ok: --help, the man page and runtime/README.md list exit statuses $(echo $codes); the unit keeps ${permanent% } down"
+echo "ok: --help, the man page and worker/README.md list exit statuses $(echo $codes); the unit keeps ${permanent% } down"
 
 # expect_exit NAME PID STATUS SECONDS PATTERN: the worker NAME (log $work/NAME.log) exits
 # with STATUS within SECONDS, its log holding PATTERN (grep -E).

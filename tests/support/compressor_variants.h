@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "runtime/compressor.h"
+#include "worker/compressor.h"
 #include "tests/support/paper_cnn_tensor_sizes.h"
 #include "tests/support/variant.h"
 #include "transport/codec.h"

@@ -16,7 +16,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/model.h"
+#include "model/model.h"
 #include "server/resources.h"
 #include "server/server_state.h"
 #include "tests/support/temp_dir.h"

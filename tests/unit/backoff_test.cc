@@ -5,7 +5,7 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "runtime/backoff.h"
+#include "worker/backoff.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
-// runtime/classifier_readout.h: the readout's probabilities equal the trainer's (the same
+// model/classifier_readout.h: the readout's probabilities equal the trainer's (the same
 // model, the same parameters), its features are the last layer's input; the MNIST score of
 // known probability tables; the Fréchet distance of known Gaussians; the Jacobi eigen solver.
-#include "runtime/classifier_readout.h"
+#include "model/classifier_readout.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/trainer.h"
+#include "model/trainer.h"
 
 namespace {
 

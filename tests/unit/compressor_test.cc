@@ -11,7 +11,7 @@
 #include <numeric>
 #include <random>
 
-#include "runtime/compressor.h"
+#include "worker/compressor.h"
 #include "tests/support/compressor_variants.h"
 
 using namespace edgetrain::runtime;

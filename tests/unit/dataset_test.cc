@@ -11,7 +11,7 @@
 #include <random>
 #include <set>
 
-#include "runtime/dataset.h"
+#include "model/dataset.h"
 
 using namespace edgetrain::runtime;
 

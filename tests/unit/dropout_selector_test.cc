@@ -1,8 +1,8 @@
-// runtime::DropoutSelector (runtime/dropout_selector.h): fed a step time that changes as a
+// runtime::DropoutSelector (model/dropout_selector.h): fed a step time that changes as a
 // background load comes and goes, it moves to thinner sub-networks and back, picks the
 // most accurate point that fits the budget (the fastest when none fits), and does not
 // flap on jitter.
-#include "runtime/dropout_selector.h"
+#include "model/dropout_selector.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// Filter dropout in the trainer (runtime/filter_dropout.h): the XNNPACK sub-network
+// Filter dropout in the trainer (model/filter_dropout.h): the XNNPACK sub-network
 // gradient against the reference backend's for the same draw, against finite differences
 // of the sub-network's own loss, exact zeros for everything a draw dropped, rate 0 equal
 // to the plain trainer, determinism for a seed, and the refusal of bad rate vectors.
-#include "runtime/filter_dropout.h"
+#include "model/filter_dropout.h"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <set>
 #include <string>
 
-#include "runtime/model.h"
-#include "runtime/trainer.h"
+#include "model/model.h"
+#include "model/trainer.h"
 
 namespace {
 

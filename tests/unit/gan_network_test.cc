@@ -1,10 +1,10 @@
-// runtime::MlpNetwork, runtime::ConvGanNetwork and the GAN losses (runtime/gan_network.h):
+// runtime::MlpNetwork, runtime::ConvGanNetwork and the GAN losses (model/gan_network.h):
 // the reference networks' gradients (parameters and input) against finite differences, the
 // XNNPACK networks equal to the reference on MD-GAN's generators and discriminators (MLP and
 // CNN) at a batch below the one they were built for, the CNN architecture's layout, the
 // losses' gradients against finite differences, and Adam on the discriminator's loss (both
 // architectures) actually separating real rows from generated ones.
-#include "runtime/gan_network.h"
+#include "model/gan_network.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kernels/gan_ops.h"
-#include "runtime/splitmix64.h"
+#include "common/splitmix64.h"
 #include "tests/support/finite_differences.h"
 
 namespace {

@@ -1,9 +1,9 @@
-// The MD-GAN worker (runtime/gan_worker.h) against the real server side
+// The MD-GAN worker (worker/gan_worker.h) against the real server side
 // (server/gan_coordinator.h) in one process: channels that call the coordinator and the peers'
 // handlers directly stand in for CoAP/DTLS. Three workers train and swap discriminators along
 // the server's cycles; a discriminator that is not a peer's or not of this architecture is
 // refused and changes nothing.
-#include "runtime/gan_worker.h"
+#include "worker/gan_worker.h"
 
 #include <gtest/gtest.h>
 

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "runtime/splitmix64.h"
+#include "common/splitmix64.h"
 
 namespace {
 

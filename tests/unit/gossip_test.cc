@@ -1,11 +1,11 @@
-// The shared rules of gossip training (runtime/gossip.h): topologies and their file,
+// The shared rules of gossip training (worker/gossip.h): topologies and their file,
 // Metropolis weights, the workload balancer and the accuracy-aware plateau rule.
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <stdexcept>
 
-#include "runtime/gossip.h"
+#include "worker/gossip.h"
 
 namespace {
 

@@ -7,8 +7,8 @@
 #include <fstream>
 #include <random>
 
-#include "runtime/dataset.h"
-#include "runtime/idx.h"
+#include "model/dataset.h"
+#include "model/idx.h"
 #include "tests/support/test_data.h"
 
 namespace fs = std::filesystem;

@@ -1,6 +1,6 @@
-// runtime/magnitude_select.h against the rule it replaces: the k-th largest |v| by
+// worker/magnitude_select.h against the rule it replaces: the k-th largest |v| by
 // std::nth_element over all the magnitudes, and the count strictly above it.
-#include "runtime/magnitude_select.h"
+#include "worker/magnitude_select.h"
 
 #include <gtest/gtest.h>
 

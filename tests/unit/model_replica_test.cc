@@ -1,4 +1,4 @@
-// The worker's copy of the model (runtime/model_replica.h): dense first, then deltas since
+// The worker's copy of the model (worker/model_replica.h): dense first, then deltas since
 // the version held; a delta that does not fit the copy (another base, a wrong digest, bytes
 // that do not decode) drops the copy so that the next pull is dense, and a model of another
 // layout is refused without touching the copy.
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "runtime/model_replica.h"
+#include "worker/model_replica.h"
 
 namespace {
 

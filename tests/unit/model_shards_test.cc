@@ -1,4 +1,4 @@
-// The range split of a sharded server (runtime/model_shards.h): every parameter in exactly
+// The range split of a sharded server (model/model_shards.h): every parameter in exactly
 // one shard, sizes within one of each other, and a shard's model a slice of the whole one.
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "runtime/model.h"
-#include "runtime/model_shards.h"
+#include "model/model.h"
+#include "model/model_shards.h"
 
 namespace {
 

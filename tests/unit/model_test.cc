@@ -9,8 +9,8 @@
 #include <fstream>
 #include <string>
 
-#include "runtime/model.h"
-#include "runtime/trainer.h"
+#include "model/model.h"
+#include "model/trainer.h"
 
 namespace {
 
@@ -56,7 +56,7 @@ TEST(ModelSpec, MlpAndCustomSpecs) {
   EXPECT_EQ(model_spec_from_argument("input 4x4x1; fc 2").layers.size(), 1u);
 }
 
-// MD-GAN's CNN generator (runtime/gan_network.h) is written in the spec language: an fc
+// MD-GAN's CNN generator (model/gan_network.h) is written in the spec language: an fc
 // layer whose output is an image, then transposed convolutions that double it.
 TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {
   Model g(

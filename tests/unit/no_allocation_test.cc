@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "kernels/xnnpack_setup.h"
-#include "runtime/compressor.h"
-#include "runtime/model.h"
-#include "runtime/filter_dropout.h"
-#include "runtime/trainer.h"
+#include "worker/compressor.h"
+#include "model/model.h"
+#include "model/filter_dropout.h"
+#include "model/trainer.h"
 #include "tests/support/paper_cnn.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// The published model (server/published_model.h): every `every` applied updates it copies
+// The published model (model/published_model.h): every `every` applied updates it copies
 // the largest |W − P| entries of each tensor exactly, keeps the rest for later steps, and
 // its model deltas (server/model_changes.h) bring a worker's copy to P bit for bit. Through
 // ServerState: GET /model serves P, named by its publish version, not the true model.
@@ -9,28 +9,28 @@
 #include <random>
 #include <stdexcept>
 
-#include "runtime/model_replica.h"
+#include "worker/model_replica.h"
 #include "server/model_changes.h"
-#include "server/published_model.h"
+#include "model/published_model.h"
 #include "server/server_state.h"
 #include "tests/support/served_resources.h"
 
 namespace {
 
 using namespace edgetrain;
-using server::PublishedModel;
-using server::PublishOptions;
+using runtime::PublishedModel;
+using runtime::PublishOptions;
 
 const std::vector<std::uint32_t> kSizes = {4, 2};
 
-std::vector<float> published_of(const PublishedModel& p) {
+std::vector<float> published_of(const runtime::PublishedModel& p) {
   return {p.parameters().begin(), p.parameters().end()};
 }
 
 TEST(PublishedModel, CopiesTheLargestDifferencesEveryStepAndKeepsTheRestForLater) {
   const std::vector<float> start = {0, 0, 0, 0, 1, 1};
   // k = ceil(0.25 · 4) = 1 entry of the first tensor, ceil(0.25 · 2) = 1 of the second.
-  PublishedModel published(kSizes, start, 0, PublishOptions{2, 0.25, 1});
+  runtime::PublishedModel published(kSizes, start, 0, runtime::PublishOptions{2, 0.25, 1});
   std::vector<float> w = {0.5f, -2, 0.25f, 0, 1, 3};
   EXPECT_FALSE(published.advance(w, 1));  // one update since the last step: not yet
   EXPECT_EQ(published.version(), 0u);
@@ -53,7 +53,7 @@ TEST(PublishedModel, CopiesTheLargestDifferencesEveryStepAndKeepsTheRestForLater
 }
 
 TEST(PublishedModel, EqualDifferencesGoByIndexSoEveryMachinePublishesTheSame) {
-  PublishedModel published(kSizes, std::vector<float>(6, 0), 0, PublishOptions{1, 0.5, 1});
+  runtime::PublishedModel published(kSizes, std::vector<float>(6, 0), 0, runtime::PublishOptions{1, 0.5, 1});
   EXPECT_TRUE(published.advance(std::vector<float>{1, -1, 1, -1, 2, -2}, 1));
   EXPECT_EQ(published_of(published), (std::vector<float>{1, -1, 0, 0, 2, 0}));
 }
@@ -61,17 +61,17 @@ TEST(PublishedModel, EqualDifferencesGoByIndexSoEveryMachinePublishesTheSame) {
 TEST(PublishedModel, SmallTensorsGetAtLeastTheMinimumEntriesPerStep) {
   // fraction 0.01 of 4 entries rounds up to 1; min_entries 3 copies 3 (the bias-sized rule),
   // and a tensor smaller than the minimum is copied whole.
-  PublishedModel published(kSizes, std::vector<float>(6, 0), 0, PublishOptions{1, 0.01, 3});
+  runtime::PublishedModel published(kSizes, std::vector<float>(6, 0), 0, runtime::PublishOptions{1, 0.01, 3});
   EXPECT_TRUE(published.advance(std::vector<float>{4, 1, 3, 2, 5, 6}, 1));
   EXPECT_EQ(published_of(published), (std::vector<float>{4, 0, 3, 2, 5, 6}));
 }
 
 TEST(PublishedModel, RefusesAFractionOutsideZeroToOneAndSizesThatDoNotAddUp) {
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 0}),
+  EXPECT_THROW(runtime::PublishedModel(kSizes, std::vector<float>(6), 0, runtime::PublishOptions{1, 0}),
                std::invalid_argument);
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(6), 0, PublishOptions{1, 1.5}),
+  EXPECT_THROW(runtime::PublishedModel(kSizes, std::vector<float>(6), 0, runtime::PublishOptions{1, 1.5}),
                std::invalid_argument);
-  EXPECT_THROW(PublishedModel(kSizes, std::vector<float>(5), 0, PublishOptions{1, 0.5}),
+  EXPECT_THROW(runtime::PublishedModel(kSizes, std::vector<float>(5), 0, runtime::PublishOptions{1, 0.5}),
                std::invalid_argument);
 }
 
@@ -83,7 +83,7 @@ TEST(PublishedModel, WorkerReplicasFollowItByDeltasFromAnyVersionTheyHold) {
   const std::vector<std::uint32_t> sizes = {300, 20};
   std::vector<float> w(320);
   for (float& v : w) v = normal(rng);
-  PublishedModel published(sizes, w, 10, PublishOptions{3, 0.05, 1});
+  runtime::PublishedModel published(sizes, w, 10, runtime::PublishOptions{3, 0.05, 1});
   auto record_of = [&] {
     return server::ChangeRecord{7,
                                 sizes,

@@ -1,15 +1,23 @@
 // Federated rounds on the server (server/round_coordinator.h) without a network: the round
 // closes when every selected device answered or at the deadline; deltas of a closed round,
 // of the wrong round or model and malformed ones get a clear code and change nothing; an
-// acknowledged delta survives a restart and the close replays bit for bit.
+// acknowledged delta survives a restart and the close replays bit for bit; the round log is
+// of the WAL's format and its damage is handled as the WAL's.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
+#include <zlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <random>
 
 #include "server/round_coordinator.h"
+#include "server/wal_repair.h"
+#include "server/write_ahead_log.h"
 #include "tests/support/served_resources.h"
 
 namespace {
@@ -260,3 +268,136 @@ TEST(RoundCoordinator, ClientSamplingIsSeededAndSelectsAboutTheFraction) {
 }
 
 }  // namespace
+
+// rounds.wal (the WAL's format, kind kRoundDeltas) with one flipped byte in the second of
+// four acknowledged deltas of the open round: the start is refused with the offset and the
+// records after the damage, the file is left as it was, and repair-wal's two choices keep
+// what they say.
+class RoundLogDamage : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::mt19937 rng(9);
+    const runtime::Model model = small_model();
+    RoundOptions open_round;
+    open_round.min_clients = 5;  // four deltas leave the round open
+    Server server(dir, clock, open_round);
+    for (const std::string who : {"a", "b", "c", "d"}) {
+      round_info(*server.rounds, who);
+      const auto delta = random_sparse_update(rng, model, 1, 0);
+      ASSERT_EQ(server.rounds->post_round_update(request(who, delta)).code, CoapCode::kChanged);
+    }
+    ASSERT_EQ(server.rounds->deltas_received(), 4u);
+    path = dir.path() / "rounds.wal";
+    const server::WalContents contents = server::read_wal(path);
+    ASSERT_EQ(contents.header.kind, server::WalKind::kRoundDeltas);
+    ASSERT_EQ(contents.records.size(), 4u);
+    damaged_at = contents.record_offsets[1];
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(damaged_at + 30));
+    char byte = 0;
+    file.seekg(static_cast<std::streamoff>(damaged_at + 30));
+    file.read(&byte, 1);
+    byte = static_cast<char>(byte ^ 0x5a);
+    file.seekp(static_cast<std::streamoff>(damaged_at + 30));
+    file.write(&byte, 1);
+  }
+  RoundOptions open_round() const {
+    RoundOptions o;
+    o.min_clients = 5;
+    return o;
+  }
+  std::vector<char> bytes() const {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  }
+  TempDir dir{"edgetrain-rounds"};
+  Clock clock;
+  std::filesystem::path path;
+  std::uint64_t damaged_at = 0;
+};
+
+TEST_F(RoundLogDamage, RefusesTheStartNamingTheOffsetAndChangesNothing) {
+  const std::vector<char> before = bytes();
+  try {
+    Server server(dir, clock, open_round());
+    FAIL() << "a round log damaged in the middle was accepted";
+  } catch (const server::StateError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("byte " + std::to_string(damaged_at)), std::string::npos) << what;
+    EXPECT_NE(what.find("2 intact records follow"), std::string::npos) << what;
+    EXPECT_NE(what.find("repair-wal"), std::string::npos) << what;
+  }
+  EXPECT_EQ(bytes(), before);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "rounds.wal.damaged"));
+}
+
+TEST_F(RoundLogDamage, RepairSkippingTheDamageKeepsTheThreeIntactDeltas) {
+  const server::WalRepairResult listed = server::repair_wal(path, server::WalRepairChoice::kListOnly);
+  EXPECT_TRUE(listed.damaged);
+  EXPECT_FALSE(listed.changed);
+  const server::WalRepairResult repaired =
+      server::repair_wal(path, server::WalRepairChoice::kSkipDamaged);
+  ASSERT_TRUE(repaired.changed);
+  EXPECT_TRUE(std::filesystem::exists(repaired.kept_original));
+  Server server(dir, clock, open_round());
+  EXPECT_EQ(server.rounds->deltas_received(), 3u);
+  EXPECT_EQ(server.rounds->round(), 0u);
+}
+
+TEST_F(RoundLogDamage, RepairCuttingAtTheDamageKeepsTheDeltaBeforeIt) {
+  ASSERT_TRUE(server::repair_wal(path, server::WalRepairChoice::kCutAtDamage).changed);
+  Server server(dir, clock, open_round());
+  EXPECT_EQ(server.rounds->deltas_received(), 1u);
+}
+
+TEST_F(RoundLogDamage, ATornLastRecordIsCutAndTheRestReloaded) {
+  // Undo the flip by repairing nothing: a fresh log with a torn tail instead.
+  ASSERT_TRUE(server::repair_wal(path, server::WalRepairChoice::kSkipDamaged).changed);
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 3);
+  Server server(dir, clock, open_round());
+  EXPECT_EQ(server.rounds->deltas_received(), 2u);
+}
+
+// A rounds.log of the release before rounds.wal: its open round's deltas move over.
+TEST(RoundCoordinator, AnEarlierReleasesRoundLogIsMovedOntoTheWalFormat) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  std::mt19937 rng(4);
+  const runtime::Model model = small_model();
+  std::uint64_t model_id = 0;
+  {
+    Server server(dir, clock);
+    model_id = server.state->model_id();
+  }
+  std::filesystem::remove(dir.path() / "rounds.wal");
+  std::vector<std::uint8_t> legacy = {'E', 'T', 'R', 'L'};
+  auto put = [&legacy](std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) legacy.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+  };
+  put(model_id, 8);
+  for (const std::string who : {"a", "b"}) {
+    const auto delta = random_sparse_update(rng, model, 1, 0);
+    std::vector<std::uint8_t> body;
+    std::swap(body, legacy);
+    put(0, 8);   // round
+    put(12, 8);  // examples
+    put(who.size(), 2);
+    legacy.insert(legacy.end(), who.begin(), who.end());
+    legacy.insert(legacy.end(), delta.begin(), delta.end());
+    std::swap(body, legacy);
+    put(body.size(), 4);
+    put(crc32(crc32(0L, Z_NULL, 0), body.data(), static_cast<uInt>(body.size())), 4);
+    legacy.insert(legacy.end(), body.begin(), body.end());
+  }
+  {
+    std::ofstream out(dir.path() / "rounds.log", std::ios::binary);
+    out.write(reinterpret_cast<const char*>(legacy.data()),
+              static_cast<std::streamsize>(legacy.size()));
+  }
+  RoundOptions options;
+  options.min_clients = 3;
+  Server server(dir, clock, options);
+  EXPECT_EQ(server.rounds->deltas_received(), 2u);
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "rounds.log"));
+  EXPECT_EQ(server::read_wal(dir.path() / "rounds.wal").records.size(), 2u);
+}

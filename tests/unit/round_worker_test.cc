@@ -1,4 +1,4 @@
-// The federated-rounds worker loop (runtime/round_worker.h) against a fake server channel:
+// The federated-rounds worker loop (worker/round_worker.h) against a fake server channel:
 // a selected worker sends one delta per round (its round number in the fetched-version
 // field, its example count, new − start), an unselected one only polls; a delta refused as
 // late (4.09) is not sent again in that round; a model of another version is not trained on;
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model.h"
-#include "runtime/round_worker.h"
-#include "runtime/server_channel.h"
+#include "model/model.h"
+#include "worker/round_worker.h"
+#include "worker/server_channel.h"
 #include "transport/codec.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "runtime/model.h"
+#include "model/model.h"
 #include "server/run_end.h"
 #include "tests/support/temp_dir.h"
 

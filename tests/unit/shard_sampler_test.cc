@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <set>
 
-#include "runtime/shard_sampler.h"
+#include "model/shard_sampler.h"
 
 namespace {
 

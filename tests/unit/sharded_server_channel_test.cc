@@ -1,4 +1,4 @@
-// The worker's channel to a sharded server (runtime/sharded_server_channel.h) against real
+// The worker's channel to a sharded server (worker/sharded_server_channel.h) against real
 // shard ServerStates in-process: the assembled model is the whole model bit for bit, and an
 // update stream sent through it to N shards ends with the parameters one unsharded server
 // reaches from the same stream in the same order (σ is exact per shard: every update reaches
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/model_replica.h"
-#include "runtime/model_shards.h"
-#include "runtime/sharded_server_channel.h"
+#include "worker/model_replica.h"
+#include "model/model_shards.h"
+#include "worker/sharded_server_channel.h"
 #include "server/server_state.h"
 #include "tests/support/served_resources.h"
 #include "tests/support/temp_dir.h"

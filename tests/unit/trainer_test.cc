@@ -8,8 +8,8 @@
 #include <random>
 #include <string>
 
-#include "runtime/model.h"
-#include "runtime/trainer.h"
+#include "model/model.h"
+#include "model/trainer.h"
 
 namespace edgetrain::runtime {
 // Names the backend in test listings instead of a byte dump.

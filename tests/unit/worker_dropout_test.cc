@@ -1,8 +1,8 @@
-// runtime::WorkerDropout (runtime/worker_dropout.h): a worker's static or run-time-chosen
+// runtime::WorkerDropout (worker/worker_dropout.h): a worker's static or run-time-chosen
 // filter dropout. The static vector reaches the trainer; all zeros is the full model; bad
 // settings and a table for another model are refused; the adaptive choice follows the
 // measured step time both ways and a round's budget, and the trainer trains what it chose.
-#include "runtime/worker_dropout.h"
+#include "worker/worker_dropout.h"
 
 #include <gtest/gtest.h>
 
@@ -10,9 +10,9 @@
 #include <stdexcept>
 #include <unistd.h>
 
-#include "runtime/dropout_table.h"
-#include "runtime/model.h"
-#include "runtime/trainer.h"
+#include "model/dropout_table.h"
+#include "model/model.h"
+#include "model/trainer.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// The worker loop (runtime/worker.h) against a fake server channel: no network, no
+// The worker loop (worker/worker.h) against a fake server channel: no network, no
 // sleeping beyond a millisecond of backoff. Each path of DESIGN.md's worker that a real
 // server cannot be made to take on demand: a transport failure retried with backoff, a
 // push retried with the same bytes, 4.09 answered by a re-pull, a model delta that does not
@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "runtime/backoff.h"
-#include "runtime/model.h"
-#include "runtime/server_channel.h"
-#include "runtime/worker.h"
-#include "runtime/worker_exit_codes.h"
+#include "worker/backoff.h"
+#include "model/model.h"
+#include "worker/server_channel.h"
+#include "worker/worker.h"
+#include "worker/worker_exit_codes.h"
 #include "transport/codec.h"
 
 namespace {

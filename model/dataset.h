@@ -1,0 +1,85 @@
+// An image classification data set in memory, and deterministic shards of it for workers.
+//
+// Images are uint8 in NHWC order (what the IDX files hold; standardisation happens in the
+// trainer). Sharding is a pure function of (data set size and labels, worker id, worker
+// count, seed), so every worker computes its own shard without talking to anyone, and the
+// shards of all workers partition the data set: disjoint, and together all of it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/idx.h"
+
+namespace edgetrain::runtime {
+
+struct Dataset {
+  std::uint32_t height = 0;
+  std::uint32_t width = 0;
+  std::uint32_t channels = 0;
+  std::uint32_t num_classes = 0;
+  std::vector<std::uint8_t> pixels;  // size() * image_bytes(), NHWC
+  std::vector<std::int32_t> labels;  // each in [0, num_classes)
+
+  std::size_t size() const { return labels.size(); }
+  std::size_t image_bytes() const { return std::size_t{height} * width * channels; }
+  std::span<const std::uint8_t> image(std::size_t i) const {
+    return {pixels.data() + i * image_bytes(), image_bytes()};
+  }
+};
+
+// Loads an image file (IDX, N×H×W or N×H×W×C) and its label file (IDX, N). Checks that
+// both agree on N and that every label is below `num_classes`; throws DataError naming the
+// file at fault.
+Dataset load_dataset(const std::filesystem::path& images, const std::filesystem::path& labels,
+                     std::uint32_t num_classes = 10, const IdxLimits& limits = {});
+
+// Where a named data set's IDX files are. `name` is "mnist" (full MNIST, 60,000 train /
+// 10,000 test, fetched at set-up into $EDGETRAIN_DEPS/mnist-full, default
+// /var/cache/edgetrain), "mnist-small" (the 8,000 / 2,000 subset set-up converts into
+// $EDGETRAIN_DEPS/mnist-small, for CI-sized runs), "fashion-mnist" (Debian's
+// dataset-fashion-mnist, /usr/share/datasets/fashion-mnist) or a directory holding
+// {train,t10k}-{images-idx3,labels-idx1}-ubyte, each raw or gzipped (.gz): the raw file
+// when it exists, else the .gz one. Does not check that the files exist (load_dataset does).
+enum class DataSplit { kTrain, kTest };
+struct DatasetFiles {
+  std::filesystem::path images, labels;
+};
+DatasetFiles dataset_files(const std::string& name, DataSplit split);
+
+// The images and labels at `indices`, in that order.
+Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices);
+
+struct ShardSpec {
+  std::uint32_t worker_id = 0;
+  std::uint32_t worker_count = 1;
+  std::uint64_t seed = 0;
+};
+
+// I.i.d. sharding: a seeded shuffle of all indices, cut into worker_count contiguous runs
+// whose sizes differ by at most one. Returns this worker's indices in shuffled order.
+std::vector<std::uint32_t> shard_iid(std::size_t dataset_size, const ShardSpec& spec);
+
+// Label-skewed (non-i.i.d.) sharding. Worker w prefers `classes_per_worker` classes,
+// {(w·classes_per_worker + j) mod num_classes : j < classes_per_worker}. Every sample, visited
+// in seeded shuffled order, goes with probability `preferred_fraction` to one of the workers
+// that prefer its class (round-robin among them), otherwise, or when no worker prefers the
+// class, to a worker chosen round-robin among all. preferred_fraction = 0 is close to
+// i.i.d.; 1 gives each worker only its own classes (when every class is preferred by someone).
+struct LabelSkew {
+  std::uint32_t classes_per_worker = 2;
+  double preferred_fraction = 0.9;
+};
+std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels,
+                                              std::uint32_t num_classes, const ShardSpec& spec,
+                                              const LabelSkew& skew = {});
+
+// The classes worker `worker_id` prefers under `skew` (what shard_label_skewed uses).
+std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes,
+                                             const LabelSkew& skew);
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,476 @@
+#include "model/model.h"
+
+#include <nlohmann/json.hpp>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "common/splitmix64.h"
+
+namespace edgetrain::runtime {
+namespace {
+
+// Caps that keep a hostile or mistyped spec from allocating absurd amounts of memory.
+constexpr long long kMaxDimension = 4096;
+constexpr long long kMaxParameters = 64LL * 1024 * 1024;
+
+constexpr std::string_view kPaperCnnSpec =
+    "input 28x28x1; conv 32 3x3 same relu; maxpool 2; conv 64 3x3 same relu; maxpool 2; fc 128 "
+    "relu; fc 10";
+constexpr std::string_view kMlpSpec = "input 28x28x1; fc 128 relu; fc 10";
+
+std::vector<std::string> split(std::string_view text, auto is_separator) {
+  std::vector<std::string> parts;
+  std::string current;
+  for (char c : text) {
+    if (is_separator(c)) {
+      if (!current.empty()) parts.push_back(current);
+      current.clear();
+    } else {
+      current += c;
+    }
+  }
+  if (!current.empty()) parts.push_back(current);
+  return parts;
+}
+
+int parse_positive(const std::string& token, const std::string& statement) {
+  std::size_t used = 0;
+  long long value = -1;
+  try {
+    value = std::stoll(token, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != token.size() || value < 1 || value > kMaxDimension) {
+    throw ModelError("model spec: '" + token + "' in '" + statement +
+                     "' is not a size between 1 and " + std::to_string(kMaxDimension));
+  }
+  return static_cast<int>(value);
+}
+
+// "28x28x1" or "3x3"
+std::vector<int> parse_dims(const std::string& token, std::size_t count,
+                            const std::string& statement) {
+  auto parts = split(token, [](char c) { return c == 'x' || c == 'X'; });
+  if (parts.size() != count) {
+    throw ModelError("model spec: expected " + std::to_string(count) + " sizes joined by 'x' in '" +
+                     statement + "', got '" + token + "'");
+  }
+  std::vector<int> dims;
+  for (auto& p : parts) dims.push_back(parse_positive(p, statement));
+  return dims;
+}
+
+// FNV-1a, for the layout fingerprint.
+std::uint64_t fnv1a(std::uint64_t hash, std::string_view bytes) {
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ULL;
+  }
+  return hash;
+}
+
+// The layout id: the tensor names and shapes, from `hash` on.
+std::uint64_t tensor_fingerprint(std::uint64_t hash, const std::vector<TensorInfo>& tensors) {
+  for (const auto& t : tensors) {
+    hash = fnv1a(hash, t.name);
+    for (int d : t.shape) hash = fnv1a(hash, std::to_string(d) + ",");
+    hash = fnv1a(hash, ";");
+  }
+  return hash;
+}
+
+}  // namespace
+
+ModelSpec parse_model_spec(std::string_view text, std::string name) {
+  ModelSpec spec;
+  spec.name = std::move(name);
+  std::string without_comments;
+  bool in_comment = false;
+  for (char c : text) {
+    if (c == '#') in_comment = true;
+    if (c == '\n') in_comment = false;
+    if (!in_comment) without_comments += c;
+  }
+  bool have_input = false;
+  for (const std::string& statement :
+       split(without_comments, [](char c) { return c == ';' || c == '\n'; })) {
+    auto words =
+        split(statement, [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == ','; });
+    if (words.empty()) continue;
+    const std::string& verb = words[0];
+    if (verb == "input") {
+      if (have_input) throw ModelError("model spec: more than one 'input' statement");
+      if (!spec.layers.empty()) throw ModelError("model spec: 'input' must come first");
+      if (words.size() != 2)
+        throw ModelError("model spec: expected 'input HxWxC', got '" + statement + "'");
+      auto d = parse_dims(words[1], 3, statement);
+      spec.input = {d[0], d[1], d[2]};
+      have_input = true;
+      continue;
+    }
+    if (!have_input) throw ModelError("model spec: the first statement must be 'input HxWxC'");
+    LayerSpec layer;
+    std::size_t i = 1;
+    if (verb == "conv") {
+      layer.kind = LayerKind::kConv;
+      if (words.size() < 3)
+        throw ModelError("model spec: expected 'conv OC KxK ...', got '" + statement + "'");
+      layer.out_channels = parse_positive(words[1], statement);
+      auto k = parse_dims(words[2], 2, statement);
+      if (k[0] != k[1])
+        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+      layer.kernel = k[0];
+      for (i = 3; i < words.size(); i++) {
+        if (words[i] == "relu")
+          layer.relu = true;
+        else if (words[i] == "same")
+          layer.same_padding = true;
+        else if (words[i] == "valid")
+          layer.same_padding = false;
+        else if (words[i] == "stride" && i + 1 < words.size())
+          layer.stride = parse_positive(words[++i], statement);
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+      }
+      if (layer.same_padding && layer.kernel % 2 == 0) {
+        throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement +
+                         "'");
+      }
+    } else if (verb == "deconv") {
+      layer.kind = LayerKind::kDeconv;
+      if (words.size() < 3)
+        throw ModelError("model spec: expected 'deconv OC KxK ...', got '" + statement + "'");
+      layer.out_channels = parse_positive(words[1], statement);
+      auto k = parse_dims(words[2], 2, statement);
+      if (k[0] != k[1])
+        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+      if (k[0] % 2 == 0)
+        throw ModelError("model spec: deconv needs an odd kernel size: '" + statement + "'");
+      layer.kernel = k[0];
+      for (i = 3; i < words.size(); i++) {
+        if (words[i] == "relu")
+          layer.relu = true;
+        else if (words[i] == "stride" && i + 1 < words.size())
+          layer.stride = parse_positive(words[++i], statement);
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+      }
+    } else if (verb == "maxpool") {
+      layer.kind = LayerKind::kMaxPool;
+      if (words.size() != 2 || words[1] != "2")
+        throw ModelError("model spec: only 'maxpool 2' is supported, got '" + statement + "'");
+    } else if (verb == "fc") {
+      layer.kind = LayerKind::kFullyConnected;
+      if (words.size() < 2)
+        throw ModelError("model spec: expected 'fc N [relu]', got '" + statement + "'");
+      if (words[1].find_first_of("xX") != std::string::npos) {
+        auto d = parse_dims(words[1], 3, statement);
+        layer.out_height = d[0];
+        layer.out_width = d[1];
+        layer.out_channels = d[2];
+      } else {
+        layer.out_channels = parse_positive(words[1], statement);
+      }
+      for (i = 2; i < words.size(); i++) {
+        if (words[i] == "relu")
+          layer.relu = true;
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
+      }
+    } else if (verb == "relu") {
+      layer.kind = LayerKind::kRelu;
+      if (words.size() != 1)
+        throw ModelError("model spec: 'relu' takes no arguments: '" + statement + "'");
+    } else {
+      throw ModelError("model spec: unknown layer '" + verb +
+                       "' (known: input, conv, deconv, maxpool, fc, relu)");
+    }
+    spec.layers.push_back(layer);
+  }
+  if (!have_input) throw ModelError("model spec: missing 'input HxWxC'");
+  if (spec.layers.empty()) throw ModelError("model spec: no layers");
+  return spec;
+}
+
+std::vector<std::string> builtin_model_names() { return {"paper-cnn", "mlp"}; }
+
+ModelSpec builtin_model_spec(std::string_view name) {
+  if (name == "paper-cnn") return parse_model_spec(kPaperCnnSpec, "paper-cnn");
+  if (name == "mlp") return parse_model_spec(kMlpSpec, "mlp");
+  throw ModelError("unknown model '" + std::string(name) +
+                   "' (built in: paper-cnn, mlp; or give a spec such as '" + std::string(kMlpSpec) +
+                   "')");
+}
+
+ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
+  for (const auto& name : builtin_model_names()) {
+    if (name_or_spec == name) return builtin_model_spec(name);
+  }
+  if (name_or_spec.find("input") == std::string_view::npos) return builtin_model_spec(name_or_spec);
+  return parse_model_spec(name_or_spec);
+}
+
+Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
+  ExampleShape shape = spec_.input;
+  if (shape.size() == 0) throw ModelError("model: empty input shape");
+  std::size_t total = 0;
+  int conv_count = 0, fc_count = 0, deconv_count = 0;
+  auto add_tensor = [&](std::string name, std::vector<int> dims) {
+    std::size_t size = 1;
+    for (int d : dims) size *= static_cast<std::size_t>(d);
+    if (total + size > static_cast<std::size_t>(kMaxParameters)) {
+      throw ModelError("model: more than " + std::to_string(kMaxParameters) + " parameters");
+    }
+    tensors_.push_back({std::move(name), std::move(dims), total, size});
+    total += size;
+    return static_cast<int>(tensors_.size() - 1);
+  };
+  for (const LayerSpec& spec : spec_.layers) {
+    // Activations are held per example for a whole batch: bound them like parameters.
+    if (shape.size() > static_cast<std::size_t>(kMaxParameters)) {
+      throw ModelError("model: a layer input of " + std::to_string(shape.H) + "x" +
+                       std::to_string(shape.W) + "x" + std::to_string(shape.C) +
+                       " values is too large");
+    }
+    ResolvedLayer layer{spec.kind, shape, shape};
+    switch (spec.kind) {
+      case LayerKind::kConv: {
+        layer.kernel = spec.kernel;
+        layer.stride = spec.stride;
+        layer.pad = spec.same_padding ? (spec.kernel - 1) / 2 : 0;
+        const int oh = (shape.H + 2 * layer.pad - spec.kernel) / spec.stride + 1;
+        const int ow = (shape.W + 2 * layer.pad - spec.kernel) / spec.stride + 1;
+        if (shape.H + 2 * layer.pad < spec.kernel || shape.W + 2 * layer.pad < spec.kernel ||
+            oh < 1 || ow < 1) {
+          throw ModelError("model: conv kernel " + std::to_string(spec.kernel) +
+                           " does not fit a " + std::to_string(shape.H) + "x" +
+                           std::to_string(shape.W) + " input");
+        }
+        layer.out = {oh, ow, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: conv output too large");
+        const std::string name = "conv" + std::to_string(++conv_count);
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+        layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
+        break;
+      }
+      case LayerKind::kDeconv: {
+        // 'same' for a transposed convolution: the output is the input scaled by the stride.
+        layer.kernel = spec.kernel;
+        layer.stride = spec.stride;
+        layer.pad = (spec.kernel - 1) / 2;
+        layer.adj = spec.stride - 1;
+        if (static_cast<long long>(shape.H) * spec.stride > kMaxDimension ||
+            static_cast<long long>(shape.W) * spec.stride > kMaxDimension)
+          throw ModelError("model: deconv output too large");
+        layer.out = {shape.H * spec.stride, shape.W * spec.stride, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: deconv output too large");
+        const std::string name = "deconv" + std::to_string(++deconv_count);
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+        layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
+        break;
+      }
+      case LayerKind::kMaxPool:
+        if (shape.H < 2 || shape.W < 2)
+          throw ModelError("model: maxpool 2 on a " + std::to_string(shape.H) + "x" +
+                           std::to_string(shape.W) + " input");
+        layer.kernel = 2;
+        layer.stride = 2;
+        layer.out = {shape.H / 2, shape.W / 2, shape.C};
+        break;
+      case LayerKind::kFullyConnected: {
+        layer.out = {spec.out_height, spec.out_width, spec.out_channels};
+        if (layer.out.size() > static_cast<std::size_t>(kMaxParameters))
+          throw ModelError("model: fc output too large");
+        const int outputs = static_cast<int>(layer.out.size());
+        const std::string name = "fc" + std::to_string(++fc_count);
+        layer.weight_tensor =
+            add_tensor(name + ".weight", {outputs, static_cast<int>(shape.size())});
+        layer.bias_tensor = add_tensor(name + ".bias", {outputs});
+        break;
+      }
+      case LayerKind::kRelu:
+        break;
+    }
+    layers_.push_back(layer);
+    shape = layer.out;
+    if (spec.relu && spec.kind != LayerKind::kRelu) {
+      layers_.push_back(ResolvedLayer{LayerKind::kRelu, shape, shape});
+    }
+  }
+  if (layers_.back().kind == LayerKind::kRelu || layers_.back().kind == LayerKind::kMaxPool) {
+    throw ModelError(
+        "model: the last layer must be fc, conv or deconv (its outputs are the class logits)");
+  }
+  if (num_classes() < 2)
+    throw ModelError("model: the last layer must have at least 2 outputs (classes)");
+  parameters_.assign(total, 0.0f);
+  layout_id_ = tensor_fingerprint(0xcbf29ce484222325ULL, tensors_);
+}
+
+Model::Model(std::string name, std::vector<TensorInfo> tensors, std::string_view layout_salt)
+    : tensors_(std::move(tensors)) {
+  spec_.name = std::move(name);
+  std::size_t total = 0;
+  for (const TensorInfo& t : tensors_) {
+    if (t.offset != total || t.size == 0)
+      throw ModelError("model " + spec_.name + ": tensor " + t.name + " is not next in the arena");
+    total += t.size;
+  }
+  if (total > static_cast<std::size_t>(kMaxParameters))
+    throw ModelError("model: more than " + std::to_string(kMaxParameters) + " parameters");
+  parameters_.assign(total, 0.0f);
+  layout_id_ = tensor_fingerprint(fnv1a(0xcbf29ce484222325ULL, layout_salt), tensors_);
+}
+
+std::vector<std::uint32_t> Model::tensor_sizes() const {
+  std::vector<std::uint32_t> sizes;
+  sizes.reserve(tensors_.size());
+  for (const auto& t : tensors_) sizes.push_back(static_cast<std::uint32_t>(t.size));
+  return sizes;
+}
+
+int Model::tensor_index(std::string_view name) const {
+  for (std::size_t i = 0; i < tensors_.size(); i++) {
+    if (tensors_[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void Model::initialize(std::uint64_t seed) {
+  SplitMix64 rng{seed};
+  for (const ResolvedLayer& layer : layers_) {
+    if (layer.weight_tensor < 0) continue;
+    const TensorInfo& w = tensors_[layer.weight_tensor];
+    // Glorot (Xavier) uniform, TensorFlow's default and so what the paper's reference code
+    // trained with. He init made the paper CNN's first logits large (initial loss ~3.7
+    // instead of ln 10) and early asynchronous steps at lr 0.1 could diverge.
+    const std::size_t fan_in = w.size / static_cast<std::size_t>(w.shape[0]);
+    // A deconv weight [OC][KH][KW][C] counts as a conv's: fan_in + fan_out = KH·KW·(C + OC) either
+    // way.
+    const bool spatial = layer.kind == LayerKind::kConv || layer.kind == LayerKind::kDeconv;
+    const std::size_t receptive = spatial ? static_cast<std::size_t>(w.shape[1]) * w.shape[2] : 1;
+    const std::size_t fan_out = static_cast<std::size_t>(w.shape[0]) * receptive;
+    const float bound = std::sqrt(6.0f / static_cast<float>(fan_in + fan_out));
+    for (std::size_t i = 0; i < w.size; i++)
+      parameters_[w.offset + i] = (2.0f * rng.uniform_float() - 1.0f) * bound;
+    const TensorInfo& b = tensors_[layer.bias_tensor];
+    std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(b.offset), b.size, 0.0f);
+  }
+}
+
+std::vector<std::uint8_t> Model::safetensors_bytes(
+    const std::map<std::string, std::string>& metadata) const {
+  static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  for (const auto& t : tensors_) {
+    header[t.name] = {
+        {"dtype", "F32"},
+        {"shape", t.shape},
+        {"data_offsets", {t.offset * sizeof(float), (t.offset + t.size) * sizeof(float)}}};
+  }
+  std::string json = header.dump();
+  json.append((8 - json.size() % 8) % 8,
+              ' ');  // the format allows trailing spaces; keeps data 8-byte aligned
+  const std::uint64_t length = json.size();
+  std::vector<std::uint8_t> bytes(8 + json.size() + parameters_.size() * sizeof(float));
+  std::memcpy(bytes.data(), &length, 8);
+  std::memcpy(bytes.data() + 8, json.data(), json.size());
+  std::memcpy(bytes.data() + 8 + json.size(), parameters_.data(),
+              parameters_.size() * sizeof(float));
+  return bytes;
+}
+
+void Model::save_safetensors(const std::string& path,
+                             const std::map<std::string, std::string>& metadata) const {
+  const std::vector<std::uint8_t> bytes = safetensors_bytes(metadata);
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw ModelError("cannot write " + tmp);
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) throw ModelError("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw ModelError("cannot rename " + tmp + " to " + path);
+}
+
+std::map<std::string, std::string> Model::load_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ModelError(path + ": cannot open");
+  const std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                        std::istreambuf_iterator<char>());
+  if (in.bad()) throw ModelError(path + ": cannot read");
+  return load_safetensors_bytes(bytes, path);
+}
+
+std::map<std::string, std::string> Model::load_safetensors_bytes(
+    std::span<const std::uint8_t> bytes, const std::string& name) {
+  const std::uint64_t file_size = bytes.size();
+  std::uint64_t length = 0;
+  if (file_size < 8) throw ModelError(name + ": too short for safetensors");
+  std::memcpy(&length, bytes.data(), 8);
+  if (length > 100'000'000 || length > file_size - 8)
+    throw ModelError(name + ": bad safetensors header length");
+  const std::string json(reinterpret_cast<const char*>(bytes.data()) + 8, length);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(json);
+  } catch (const std::exception& e) {
+    throw ModelError(name + ": header is not JSON: " + e.what());
+  }
+  if (!header.is_object()) throw ModelError(name + ": header is not a JSON object");
+  const std::uint64_t data_size = file_size - 8 - length;
+  const std::uint8_t* data = bytes.data() + 8 + length;
+  std::map<std::string, std::string> metadata;
+  std::vector<float> loaded(parameters_.size());
+  std::size_t matched = 0;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (it->is_object()) {
+        for (auto m = it->begin(); m != it->end(); ++m) {
+          if (m->is_string()) metadata[m.key()] = m->get<std::string>();
+        }
+      }
+      continue;
+    }
+    const int index = tensor_index(it.key());
+    if (index < 0)
+      throw ModelError(name + ": tensor '" + it.key() + "' is not in model " + spec_.name);
+    const TensorInfo& t = tensors_[index];
+    try {
+      if ((*it)["dtype"] != "F32") throw ModelError(name + ": tensor '" + t.name + "' is not F32");
+      if ((*it)["shape"].get<std::vector<int>>() != t.shape)
+        throw ModelError(name + ": tensor '" + t.name + "' has another shape");
+      auto offsets = (*it)["data_offsets"].get<std::vector<std::uint64_t>>();
+      if (offsets.size() != 2 || offsets[1] < offsets[0] ||
+          offsets[1] - offsets[0] != t.size * sizeof(float)) {
+        throw ModelError(name + ": tensor '" + t.name + "' has bad data offsets");
+      }
+      if (offsets[1] > data_size) throw ModelError(name + ": truncated data for '" + t.name + "'");
+      std::memcpy(loaded.data() + t.offset, data + offsets[0], t.size * sizeof(float));
+    } catch (const nlohmann::json::exception& e) {
+      throw ModelError(name + ": tensor '" + t.name + "': " + e.what());
+    }
+    matched++;
+  }
+  if (matched != tensors_.size()) {
+    throw ModelError(name + ": has " + std::to_string(matched) + " of the model's " +
+                     std::to_string(tensors_.size()) + " tensors");
+  }
+  parameters_ = std::move(loaded);
+  return metadata;
+}
+
+}  // namespace edgetrain::runtime

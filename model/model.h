@@ -1,0 +1,147 @@
+// A model: a short textual layer spec, resolved into layers with shapes and a table of
+// parameter tensors that all live in one float arena (each tensor known by name, shape
+// and offset). The AdaComp compressor, the codec and the server address tensors by
+// their index and offset in that arena.
+//
+// Spec language (statements separated by ';' or newlines, '#' starts a comment):
+//   input 28x28x1                 H x W x C of one example (first statement, required)
+//   conv 32 3x3 [stride 1] [same|valid] [relu]
+//   maxpool 2                     2x2 window, stride 2
+//   fc 128 [relu]                 fully connected (flattens NHWC input)
+//   fc 7x7x128 [relu]             the same, its output read as an HxWxC image (a generator's)
+//   deconv 64 5x5 [stride 2] [relu]
+//                                 transposed convolution, output H·stride x W·stride
+//                                 (padding (K−1)/2, odd K; kernels/gan_ops.h Deconv2dShape)
+//   relu
+// The last layer's outputs are the class logits; the loss is softmax cross-entropy. The
+// classifier's Trainer refuses deconv layers: they are for the GAN networks
+// (model/gan_network.h), which hold their own activations and losses.
+//
+// Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters) and "mlp".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace edgetrain::runtime {
+
+class ModelError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class LayerKind { kConv, kMaxPool, kFullyConnected, kRelu, kDeconv };
+
+struct LayerSpec {
+  LayerKind kind = LayerKind::kRelu;
+  int out_channels =
+      0;  // conv, deconv: OC; fc: output features (or channels of out_height x out_width)
+  int out_height = 1, out_width = 1;  // fc: an HxWxC output
+  int kernel = 3;                     // conv, deconv: square kernel size
+  int stride = 1;                     // conv, deconv
+  bool same_padding = true;           // conv: pad (kernel-1)/2 on each side
+  bool relu = false;  // conv/fc: ReLU fused after the layer (shorthand for a relu layer)
+};
+
+struct ExampleShape {
+  int H = 0, W = 0, C = 0;
+  std::size_t size() const { return static_cast<std::size_t>(H) * W * C; }
+  bool operator==(const ExampleShape&) const = default;
+};
+
+struct ModelSpec {
+  std::string name;
+  ExampleShape input;
+  std::vector<LayerSpec> layers;
+};
+
+// Parses the spec language above; throws ModelError naming the statement at fault.
+ModelSpec parse_model_spec(std::string_view text, std::string name = "custom");
+// "paper-cnn" or "mlp"; throws ModelError for other names.
+ModelSpec builtin_model_spec(std::string_view name);
+// A built-in name, or else spec text.
+ModelSpec model_spec_from_argument(std::string_view name_or_spec);
+std::vector<std::string> builtin_model_names();
+
+struct TensorInfo {
+  std::string name;        // e.g. "conv1.weight"
+  std::vector<int> shape;  // conv and deconv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
+  std::size_t offset = 0;  // in floats, into the parameter arena
+  std::size_t size = 0;    // number of floats
+};
+
+// A layer with its input and output shapes (per example) and its parameter tensors.
+struct ResolvedLayer {
+  LayerKind kind;
+  ExampleShape in, out;
+  int kernel = 0, stride = 1, pad = 0;
+  int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
+  int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
+};
+
+class Model {
+ public:
+  explicit Model(ModelSpec spec);
+  // A model of parameter tensors only (offsets back to back from 0), without layers: a
+  // shard of a larger model (model/model_shards.h). Its layout id fingerprints
+  // `layout_salt` before the tensor names and shapes, so slices of different models or
+  // shard counts differ even where their pieces look alike. It can be stored, checkpointed
+  // and served, not trained or evaluated (num_classes() is 0; initialize() changes nothing).
+  Model(std::string name, std::vector<TensorInfo> tensors, std::string_view layout_salt);
+
+  const ModelSpec& spec() const { return spec_; }
+  const std::vector<ResolvedLayer>& layers() const { return layers_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  int tensor_index(std::string_view name) const;  // -1 if none
+  // Each tensor's entry count, in order: the layout the codec checks updates against.
+  std::vector<std::uint32_t> tensor_sizes() const;
+  std::size_t parameter_count() const { return parameters_.size(); }
+  int num_classes() const {
+    return layers_.empty() ? 0 : static_cast<int>(layers_.back().out.size());
+  }
+  ExampleShape input_shape() const { return spec_.input; }
+
+  std::span<float> parameters() { return parameters_; }
+  std::span<const float> parameters() const { return parameters_; }
+  std::span<float> tensor(int index) {
+    return {parameters_.data() + tensors_.at(index).offset, tensors_.at(index).size};
+  }
+
+  // A 64-bit fingerprint of the tensor names and shapes: two models with equal
+  // layout_id() can exchange parameters and updates.
+  std::uint64_t layout_id() const { return layout_id_; }
+
+  // Glorot-uniform weights, zero biases; the same on every platform for a seed.
+  void initialize(std::uint64_t seed);
+
+  // safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian header
+  // length, JSON header, raw little-endian F32 data. Opens in NumPy/PyTorch.
+  // Writes through `path`.tmp and a rename (not synced: the server makes its checkpoints
+  // durable itself, from safetensors_bytes()).
+  void save_safetensors(const std::string& path,
+                        const std::map<std::string, std::string>& metadata = {}) const;
+  // The whole file in memory, as save_safetensors() writes it.
+  std::vector<std::uint8_t> safetensors_bytes(
+      const std::map<std::string, std::string>& metadata = {}) const;
+  // Loads parameters saved for a model with the same tensors; throws ModelError otherwise.
+  // Returns the file's __metadata__.
+  std::map<std::string, std::string> load_safetensors(const std::string& path);
+  // The same from the file's bytes; `name` is the file named in errors.
+  std::map<std::string, std::string> load_safetensors_bytes(std::span<const std::uint8_t> bytes,
+                                                            const std::string& name);
+
+ private:
+  ModelSpec spec_;
+  std::vector<ResolvedLayer> layers_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<float> parameters_;
+  std::uint64_t layout_id_ = 0;
+};
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,256 @@
+#include "model/trainer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/reference.h"
+#include "kernels/training_xnn.h"
+#include "model/filter_dropout.h"
+
+namespace edgetrain::runtime {
+namespace k = edgetrain::kernels;
+
+namespace {
+k::Conv2dShape conv_shape(const ResolvedLayer& layer, int batch) {
+  k::Conv2dShape s;
+  s.B = batch;
+  s.H = layer.in.H;
+  s.W = layer.in.W;
+  s.C = layer.in.C;
+  s.OC = layer.out.C;
+  s.KH = s.KW = layer.kernel;
+  s.stride = layer.stride;
+  s.pad = layer.pad;
+  return s;
+}
+}  // namespace
+
+struct Trainer::Stage {
+  std::size_t layer = 0;  // the layer this stage computes (index into Model::layers())
+  std::size_t output =
+      0;  // the layer whose output it writes: `layer`, or layer + 1 with a fused ReLU
+  bool fused_relu = false;
+  // XNNPACK backend only, built for max_batch; at most one is set.
+  std::unique_ptr<k::Conv2dXnn> conv;
+  std::unique_ptr<k::FullyConnectedTrainXnn> fc;
+  std::unique_ptr<k::MaxPool2x2Xnn> pool;
+};
+
+Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthreadpool_t pool)
+    : model_(model), max_batch_(max_batch), backend_(backend), pool_(pool) {
+  if (max_batch < 1) throw std::invalid_argument("Trainer: batch size must be at least 1");
+  const std::size_t B = static_cast<std::size_t>(max_batch);
+  const auto& layers = model.layers();
+  const bool xnnpack = backend == KernelBackend::kXnnpack;
+  for (const ResolvedLayer& layer : layers) {
+    if (layer.kind == LayerKind::kDeconv)
+      throw ModelError(
+          "Trainer: model '" + model.spec().name +
+          "' has a deconv layer; those are trained by the GAN networks (model/gan_network.h)");
+  }
+  for (std::size_t i = 0; i < layers.size(); i++) {
+    Stage stage;
+    stage.layer = stage.output = i;
+    const ResolvedLayer& layer = layers[i];
+    const bool can_fuse =
+        layer.kind == LayerKind::kConv || layer.kind == LayerKind::kFullyConnected;
+    if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu) {
+      stage.fused_relu = true;
+      stage.output = i + 1;
+    }
+    if (xnnpack) {
+      const k::Activation activation = stage.fused_relu ? k::Activation::relu : k::Activation::none;
+      switch (layer.kind) {
+        case LayerKind::kConv:
+          stage.conv =
+              std::make_unique<k::Conv2dXnn>(conv_shape(layer, max_batch), activation, pool);
+          break;
+        case LayerKind::kFullyConnected:
+          stage.fc = std::make_unique<k::FullyConnectedTrainXnn>(
+              B, layer.in.size(), layer.out.size(), activation, pool);
+          break;
+        case LayerKind::kMaxPool:
+          stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W,
+                                                          layer.in.C, pool);
+          break;
+        case LayerKind::kRelu:
+        case LayerKind::kDeconv:  // refused above
+          break;
+      }
+    }
+    i = stage.output;
+    stages_.push_back(std::move(stage));
+  }
+  input_.resize(B * model.input_shape().size());
+  activations_.resize(layers.size());
+  gradients_.resize(layers.size());
+  argmax_.resize(layers.size());
+  for (const Stage& stage : stages_) {
+    const std::size_t size = B * layers[stage.output].out.size();
+    activations_[stage.output].resize(size);
+    gradients_[stage.output].resize(size);
+    if (layers[stage.layer].kind == LayerKind::kMaxPool) argmax_[stage.layer].resize(size);
+  }
+  probs_.resize(B * static_cast<std::size_t>(model.num_classes()));
+}
+
+Trainer::~Trainer() = default;
+
+BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
+                             const std::int32_t* labels, int count) {
+  if (count < 1 || count > max_batch_) {
+    throw std::invalid_argument("Trainer: batch of " + std::to_string(count) +
+                                " examples, built for 1.." + std::to_string(max_batch_));
+  }
+  if (params.size() != model_.parameter_count())
+    throw std::invalid_argument("Trainer: parameter count mismatch");
+  const std::size_t N = model_.input_shape().size();
+  const std::size_t given = static_cast<std::size_t>(count) * N;
+  for (std::size_t i = 0; i < given; i++) input_[i] = static_cast<float>(pixels[i]);
+  k::standardize_per_image(input_.data(), input_.data(), count, static_cast<int>(N));
+  const int rows = rows_for(count);
+  // Padding rows are zero rather than left over from an earlier batch, so the step does not
+  // depend on history (and stale values can never be non-finite).
+  std::fill(input_.begin() + static_cast<std::ptrdiff_t>(given),
+            input_.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(rows) * N), 0.0f);
+
+  const auto& layers = model_.layers();
+  const auto& tensors = model_.tensors();
+  const float* in = input_.data();
+  for (Stage& stage : stages_) {
+    const ResolvedLayer& layer = layers[stage.layer];
+    float* out = activations_[stage.output].data();
+    const float* weight =
+        layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
+    const float* bias =
+        layer.bias_tensor >= 0 ? params.data() + tensors[layer.bias_tensor].offset : nullptr;
+    const bool reference = backend_ == KernelBackend::kReference;
+    switch (layer.kind) {
+      case LayerKind::kConv:
+        if (reference) {
+          k::conv2d_forward_reference(out, in, weight, bias, conv_shape(layer, rows));
+        } else {
+          stage.conv->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kMaxPool:
+        if (reference) {
+          k::maxpool2x2_forward_reference(out, argmax_[stage.layer].data(), in, rows, layer.in.H,
+                                          layer.in.W, layer.in.C);
+        } else {
+          stage.pool->forward(out, argmax_[stage.layer].data(), in);
+        }
+        break;
+      case LayerKind::kFullyConnected:
+        if (reference) {
+          k::fully_connected_forward_reference(out, in, weight, bias, rows, layer.in.size(),
+                                               layer.out.size());
+        } else {
+          stage.fc->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kRelu:
+        k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
+        break;
+      case LayerKind::kDeconv:  // refused by the constructor
+        break;
+    }
+    in = out;
+  }
+  BatchResult result;
+  result.count = count;
+  result.loss = k::softmax_cross_entropy_forward(probs_.data(), in, labels, count,
+                                                 model_.num_classes(), &result.correct);
+  return result;
+}
+
+void Trainer::set_dropout(const DropoutConfig& config) {
+  dropout_ = std::make_unique<FilterDropout>(model_, config, max_batch_, backend_, pool_);
+}
+
+void Trainer::clear_dropout() { dropout_.reset(); }
+
+BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels,
+                              const std::int32_t* labels, int count) {
+  return forward(params, pixels, labels, count);
+}
+
+BatchResult Trainer::compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
+                                      const std::int32_t* labels, int count,
+                                      std::span<float> grad) {
+  if (grad.size() != model_.parameter_count())
+    throw std::invalid_argument("Trainer: gradient size mismatch");
+  if (dropout_) {
+    dropout_->draw();
+    return dropout_->compute_gradient_for_current_draw(params, pixels, labels, count, grad);
+  }
+  BatchResult result = forward(params, pixels, labels, count);
+  const auto& layers = model_.layers();
+  const auto& tensors = model_.tensors();
+  const int rows = rows_for(count);
+  const std::size_t classes = static_cast<std::size_t>(model_.num_classes());
+  std::vector<float>& dlogits = gradients_.back();
+  k::softmax_cross_entropy_backward(dlogits.data(), probs_.data(), labels, count,
+                                    model_.num_classes());
+  // Padding rows get a zero loss gradient: every parameter gradient is a sum over rows of
+  // (gradient row) x (activation row), so they contribute exactly nothing.
+  std::fill(dlogits.begin() + static_cast<std::ptrdiff_t>(count * classes),
+            dlogits.begin() + static_cast<std::ptrdiff_t>(rows * classes), 0.0f);
+
+  for (std::size_t s = stages_.size(); s-- > 0;) {
+    Stage& stage = stages_[s];
+    const ResolvedLayer& layer = layers[stage.layer];
+    const float* dout = gradients_[stage.output].data();
+    const float* out = activations_[stage.output].data();
+    // The first stage's input is the image, which needs no gradient.
+    float* dinp = s > 0 ? gradients_[stages_[s - 1].output].data() : nullptr;
+    const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
+    const float* weight =
+        layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
+    float* dweight =
+        layer.weight_tensor >= 0 ? grad.data() + tensors[layer.weight_tensor].offset : nullptr;
+    float* dbias =
+        layer.bias_tensor >= 0 ? grad.data() + tensors[layer.bias_tensor].offset : nullptr;
+    const bool reference = backend_ == KernelBackend::kReference;
+    switch (layer.kind) {
+      case LayerKind::kConv:
+        if (reference) {
+          k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
+                                       conv_shape(layer, rows));
+        } else {
+          stage.conv->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
+                               weight);
+        }
+        break;
+      case LayerKind::kMaxPool:
+        if (!dinp) break;
+        if (reference) {
+          k::maxpool2x2_backward_reference(dinp, dout, argmax_[stage.layer].data(), rows,
+                                           layer.in.H, layer.in.W, layer.in.C);
+        } else {
+          stage.pool->backward(dinp, dout, argmax_[stage.layer].data());
+        }
+        break;
+      case LayerKind::kFullyConnected:
+        if (reference) {
+          k::fully_connected_backward_reference(dinp, dweight, dbias, dout, in, weight, rows,
+                                                layer.in.size(), layer.out.size());
+        } else {
+          stage.fc->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
+                             weight);
+        }
+        break;
+      case LayerKind::kRelu:
+        if (dinp)
+          k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
+        break;
+      case LayerKind::kDeconv:  // refused by the constructor
+        break;
+    }
+  }
+  return result;
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,94 @@
+// The local minibatch gradient: forward and backward of a Model on one batch, on the
+// kernels. All buffers (and, for the XNNPACK backend, all kernel objects) are made when
+// the Trainer is built for a batch size, so a step allocates nothing.
+//
+// Two backends compute the same thing:
+//   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv or fc
+//              layer is fused into that op (XNNPACK's output clamp, and the forward output
+//              as the backward mask). The ops are built for max_batch: a smaller batch is
+//              zero-padded to max_batch and the padded rows of the loss gradient are zero,
+//              so they add nothing to any parameter gradient.
+//   kReference the plain loops of kernels/reference.h, one layer at a time, exactly the
+//              definition; slow, for tests and as a yardstick.
+//
+// With set_dropout() every compute_gradient() trains a random sub-network with some conv
+// filters dropped (model/filter_dropout.h); evaluate() always runs the full model.
+#pragma once
+
+#include <pthreadpool.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/model.h"
+
+namespace edgetrain::runtime {
+
+enum class KernelBackend { kXnnpack, kReference };
+
+class FilterDropout;
+struct DropoutConfig;
+
+struct BatchResult {
+  float loss = 0;   // mean softmax cross-entropy over the batch
+  int correct = 0;  // examples whose argmax logit equals the label
+  int count = 0;    // examples in the batch
+};
+
+class Trainer {
+ public:
+  // `model` supplies the layer structure (not the parameters) and must outlive the Trainer.
+  // `pool` (not owned, may be null = run on the calling thread) must outlive the Trainer;
+  // only the XNNPACK backend uses it.
+  Trainer(const Model& model, int max_batch, KernelBackend backend = KernelBackend::kXnnpack,
+          pthreadpool_t pool = nullptr);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  int max_batch() const { return max_batch_; }
+  KernelBackend backend() const { return backend_; }
+
+  // Gradient of the mean loss over `count` examples (count <= max_batch) at `params`,
+  // written to `grad` (same layout as the model's arena; fully overwritten).
+  // `pixels` holds count × input size raw grey values (0..255), standardized per image here.
+  BatchResult compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
+                               const std::int32_t* labels, int count, std::span<float> grad);
+
+  // Forward only: loss and number correct.
+  BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels,
+                       const std::int32_t* labels, int count);
+
+  // Filter dropout for the following compute_gradient() calls (each draws new kept
+  // filters); validates `config` against the model (std::invalid_argument) and builds the
+  // sub-network's kernels now. clear_dropout() returns to the full model.
+  void set_dropout(const DropoutConfig& config);
+  void clear_dropout();
+  FilterDropout* dropout() { return dropout_.get(); }
+
+ private:
+  struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
+
+  BatchResult forward(std::span<const float> params, const std::uint8_t* pixels,
+                      const std::int32_t* labels, int count);
+  // Rows every kernel runs on: max_batch for XNNPACK (ops built for it), else `count`.
+  int rows_for(int count) const { return backend_ == KernelBackend::kXnnpack ? max_batch_ : count; }
+
+  const Model& model_;
+  int max_batch_;
+  KernelBackend backend_;
+  pthreadpool_t pool_;
+  std::unique_ptr<FilterDropout> dropout_;  // null: no dropout
+  std::vector<Stage> stages_;
+  std::vector<float> input_;  // standardized batch
+  std::vector<std::vector<float>>
+      activations_;                            // output of each layer (empty if no stage writes it)
+  std::vector<std::vector<float>> gradients_;  // d(loss)/d(output of each layer), same
+  std::vector<std::vector<std::uint32_t>>
+      argmax_;  // per max-pool layer (XNNPACK: index within the window)
+  std::vector<float> probs_;
+};
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,151 @@
+// What gossip training (EdgeGossip; runtime/README.md "Gossip") shares between the peer
+// mode of edgetrain-worker (worker/gossip_peer.h) and the simulator (edgetrain-sim --mode
+// gossip): the topology and its file, the mixing weights, the workload balancer and the
+// accuracy-aware stop. No network and no model here: plain rules, unit-tested on their own.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace edgetrain::runtime {
+
+// ---- Algorithms ---------------------------------------------------------------------------
+
+// D-PSGD (Lian et al. 2017: a step, then a weighted average with every neighbour) and
+// AD-PSGD (Lian et al. 2018: a step, then a pairwise average with one random neighbour).
+enum class GossipAlgorithm { kDpsgd, kAdpsgd };
+const char* gossip_algorithm_name(GossipAlgorithm algorithm);     // "d-psgd", "ad-psgd"
+GossipAlgorithm parse_gossip_algorithm(const std::string& name);  // std::invalid_argument otherwise
+
+// ---- Topology -----------------------------------------------------------------------------
+
+enum class TopologyKind { kRing, kRandomRegular, kFull, kExplicit };
+const char* topology_kind_name(TopologyKind kind);  // "ring", "random-regular", "full", "explicit"
+TopologyKind parse_topology_kind(std::string_view name);  // std::invalid_argument otherwise
+
+struct GossipPeerAddress {
+  std::string name;     // the peer's identity: its certificate's CN (transport::is_plain_identity)
+  std::string address;  // "host:port" where it listens; may be empty (simulator, or set later)
+};
+
+// An undirected graph of peers: neighbours[i] lists i's neighbours, increasing, no self
+// loops, symmetric (j in neighbours[i] iff i in neighbours[j]).
+struct GossipTopology {
+  TopologyKind kind = TopologyKind::kExplicit;
+  std::vector<GossipPeerAddress> peers;
+  std::vector<std::vector<std::uint32_t>> neighbours;
+
+  std::size_t size() const { return peers.size(); }
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> edges() const;  // i < j, sorted
+  // The index of the peer named `name`, if any.
+  std::optional<std::uint32_t> find(std::string_view name) const;
+  // Whether every peer can reach every other.
+  bool connected() const;
+};
+
+// N peers named NAME_PREFIX0..N-1 (addresses empty). kRing: each peer's neighbours are i±1
+// (N ≥ 2; for N = 2 one edge). kRandomRegular: every peer has exactly `degree` neighbours,
+// drawn with `seed` (a uniform pairing of degree·N half-edges, redrawn until simple and
+// connected; N·degree even, degree < N). kFull: everyone. Throws std::invalid_argument.
+GossipTopology make_topology(TopologyKind kind, std::uint32_t peers, std::uint32_t degree = 4,
+                             std::uint64_t seed = 1, const std::string& name_prefix = "peer-");
+// From an edge list over `peers` (kExplicit). Throws std::invalid_argument for an index out
+// of range, a self loop, or a name that is not a plain identity or appears twice.
+GossipTopology topology_from_edges(
+    std::vector<GossipPeerAddress> peers,
+    const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
+
+// The topology file (JSON, runtime/README.md "Gossip"):
+//   {"kind": "ring", "peers": [{"name": "peer-0", "address": "10.0.0.1:5684"}, ...],
+//    "edges": [[0, 1], [1, 2], ...]}
+// Edges are what counts; "kind" says how they were made. Parsing checks everything
+// (std::invalid_argument naming the problem): a file of the fleet is trusted no more than it
+// must be.
+std::string topology_json(const GossipTopology& topology);
+GossipTopology parse_topology_json(std::string_view text);
+GossipTopology read_topology_file(const std::string& path);
+
+// Metropolis-Hastings weights (Xiao & Boyd): w_ij = 1 / (1 + max(d_i, d_j)) for each
+// neighbour j, and w_ii = 1 − Σ_j w_ij. Symmetric and doubly stochastic, which D-PSGD needs
+// for the peers' models to agree on the average. Returns one weight per neighbour, in the
+// order of topology.neighbours[peer], then the peer's own.
+std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint32_t peer);
+
+// ---- Workload balancing (EdgeGossip's "low performance variation") -------------------------
+
+// Each peer sizes its batch so that one iteration takes about `target_seconds` at the speed
+// it measures now (ours; runtime/README.md "Balancing"): the wanted batch is examples per
+// second × target, clamped to [min_batch, max_batch]; when it differs from the batch held
+// by more than a tenth, the batch becomes the nearest size on the ladder base_batch ·
+// 2^(k/4) (each batch size has kernels of its own, so a peer keeps to few), clamped the
+// same way; the learning rate follows the batch linearly
+// (lr = base_lr × batch / base_batch, Goyal et al.'s linear scaling rule), capped at
+// max_lr_factor × base_lr. The speed is an exponentially weighted mean of examples per
+// second over the iterations (weight `smoothing` for the newest), so it follows a CPU quota
+// that changes within a few iterations.
+struct BalanceOptions {
+  double target_seconds = 0;  // 0: no balancing, every iteration uses base_batch
+  int base_batch = 10;
+  double base_lr = 0.1;
+  int min_batch = 1;
+  int max_batch = 256;
+  double max_lr_factor = 8;
+  double smoothing = 0.3;
+};
+
+class WorkloadBalancer {
+ public:
+  // Throws std::invalid_argument for a bad option (batches out of order, smoothing outside
+  // (0, 1], negative target).
+  explicit WorkloadBalancer(BalanceOptions options);
+  // One iteration trained `examples` in `seconds` of compute.
+  void observe(int examples, double seconds);
+  int batch() const { return batch_; }
+  double learning_rate() const;
+  // Examples per second measured so far (0 before the first observation).
+  double examples_per_second() const { return rate_; }
+  const BalanceOptions& options() const { return options_; }
+
+ private:
+  int quantized_batch(double wanted) const;
+
+  BalanceOptions options_;
+  double rate_ = 0;
+  int batch_;
+};
+
+// ---- Accuracy-aware training (EdgeGossip's second feature; ours in detail) ----------------
+
+// Every evaluation of a peer's model on its local validation split is reported here. When
+// the accuracy has not improved by more than `min_delta` over the best so far for `patience`
+// evaluations in a row (a plateau), the learning rate is halved; after `max_decays` halvings,
+// the next plateau stops the peer's training (it keeps serving and averaging its model).
+struct PlateauOptions {
+  int patience = 5;  // 0: never (accuracy-aware training off)
+  double min_delta = 0.002;
+  int max_decays = 2;
+};
+
+class PlateauDetector {
+ public:
+  explicit PlateauDetector(PlateauOptions options);
+  enum class Verdict { kContinue, kDecay, kStop };
+  Verdict report(double accuracy);
+  double lr_factor() const { return lr_factor_; }  // 0.5^decays
+  bool stopped() const { return stopped_; }
+  double best() const { return best_; }
+  int decays() const { return decays_; }
+
+ private:
+  PlateauOptions options_;
+  double best_ = -1;
+  int since_best_ = 0, decays_ = 0;
+  double lr_factor_ = 1;
+  bool stopped_ = false;
+};
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,42 @@
+// The k-th largest magnitude of a tensor: the threshold of the AdaComp paper's per-tensor
+// top-k (worker/compressor.h), found in two linear passes instead of an introselect.
+//
+// A finite float's magnitude orders like its bit pattern read as an unsigned integer, so
+// a histogram of the top 11 bits of |v| (sign bit clear: 2,048 buckets, an eighth of an
+// octave each) says which bucket holds the k-th largest; one more pass gathers that
+// bucket's entries (for a gradient's top 1 %, well under 1 % of the tensor) and
+// std::nth_element runs on those alone. The answer is the same value std::nth_element over
+// all magnitudes gives; only the time differs (tests/bench/compressor_bench.cc prints both).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace edgetrain::runtime {
+
+struct MagnitudeRank {
+  float threshold = 0.0f;  // the k-th largest |v|
+  std::size_t above = 0;   // how many entries have |v| > threshold (< k)
+};
+
+class MagnitudeSelector {
+ public:
+  // Sizes the scratch for tensors of up to `largest` entries, so that select() allocates
+  // nothing.
+  explicit MagnitudeSelector(std::size_t largest = 0);
+
+  // 1 ≤ k ≤ values.size(), values finite (NaN has no rank; the compressor refuses it
+  // before selecting). Throws std::invalid_argument otherwise on k.
+  MagnitudeRank select(std::span<const float> values, std::size_t k);
+
+ private:
+  static constexpr int kBucketBits = 11;
+  static constexpr int kShift = 31 - kBucketBits;  // the sign bit is always clear
+  std::vector<std::uint32_t> keys_;                // |v| as bits, one per entry
+  std::vector<std::uint32_t> candidates_;          // the k-th's bucket
+  std::vector<std::uint32_t> histogram_;
+};
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,60 @@
+#include "worker/model_replica.h"
+
+#include <stdexcept>
+
+namespace edgetrain::runtime {
+
+ModelReplica::ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+                           bool dense_pull)
+    : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), dense_pull_(dense_pull) {}
+
+std::string ModelReplica::pull_path() const {
+  if (dense_pull_ || !exact_) return "model";
+  return "model?since=" + std::to_string(version_);
+}
+
+void ModelReplica::assume(std::uint64_t version, std::span<const float> parameters) {
+  parameters_.assign(parameters.begin(), parameters.end());
+  version_ = version;
+  exact_ = true;
+}
+
+ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> payload) {
+  const transport::ModelLayout expected{model_id_, tensor_sizes_};
+  if (transport::model_message_kind(payload) == transport::ModelMessageKind::kDelta) {
+    auto delta = transport::decode_model_delta(payload, expected);
+    if (!delta) {
+      if (delta.error().code == transport::CodecErrorCode::kWrongModel)
+        throw std::runtime_error("bad model delta: " + delta.error().message);
+      // Whatever went wrong, a dense pull starts over from what the server holds.
+      exact_ = false;
+      mismatch_ = "undecodable model delta: " + delta.error().message;
+      return PullOutcome::kMismatch;
+    }
+    // A delta we did not ask for, or for another base, cannot be applied to this copy.
+    if (!exact_ || delta.value().base_version != version_) {
+      exact_ = false;
+      mismatch_ = "model delta from version " + std::to_string(delta.value().base_version) +
+                  ", the copy is at " + std::to_string(version_);
+      return PullOutcome::kMismatch;
+    }
+    if (!transport::apply_model_delta(delta.value(), tensor_sizes_, parameters_) ||
+        transport::parameter_digest(parameters_) != delta.value().digest) {
+      exact_ = false;  // e.g. the server's state directory was replaced under the same versions
+      mismatch_ = "model delta " + std::to_string(version_) + " -> " +
+                  std::to_string(delta.value().version) +
+                  " did not reproduce the server's parameters (digest differs)";
+      return PullOutcome::kMismatch;
+    }
+    version_ = delta.value().version;
+    return PullOutcome::kDelta;
+  }
+  auto dense = transport::decode_dense_model(payload, expected);
+  if (!dense) throw std::runtime_error("bad model: " + dense.error().message);
+  parameters_ = std::move(dense.value().values);
+  version_ = dense.value().version;
+  exact_ = true;
+  return PullOutcome::kDense;
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,383 @@
+#include "worker/round_worker.h"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <thread>
+
+#include "common/logging.h"
+#include "worker/loop_support.h"
+#include "model/model.h"
+#include "model/shard_sampler.h"
+#include "model/thread_pool.h"
+#include "model/trainer.h"
+#include "transport/untrusted_text.h"
+
+namespace edgetrain::runtime {
+namespace {
+
+using loop::Clock;
+using loop::layout_of;
+using loop::payload_text;
+using loop::sleep_unless_stopped;
+
+Model checked_model(const WorkerConfig& config, const Dataset& train) {
+  if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
+  if (config.worker_count < 1 || config.worker_id >= config.worker_count)
+    throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
+                                " is not below the worker count " +
+                                std::to_string(config.worker_count));
+  Model model(model_spec_from_argument(config.model));
+  const ExampleShape in = model.input_shape();
+  if (static_cast<std::uint32_t>(in.H) != train.height ||
+      static_cast<std::uint32_t>(in.W) != train.width ||
+      static_cast<std::uint32_t>(in.C) != train.channels)
+    throw ModelError("worker: model input does not match the data's image shape");
+  return model;
+}
+
+std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
+  const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
+  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
+                             : shard_iid(train.size(), spec);
+}
+
+}  // namespace
+
+std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload) {
+  const nlohmann::json j = nlohmann::json::parse(payload.begin(), payload.end(), nullptr, false);
+  if (!j.is_object()) return std::nullopt;
+  for (const char* key : {"round", "model_version", "local_steps"})
+    if (!j.contains(key) || !j[key].is_number_unsigned()) return std::nullopt;
+  if (!j.contains("deadline_seconds") || !j["deadline_seconds"].is_number() ||
+      !j.contains("selected") || !j["selected"].is_boolean())
+    return std::nullopt;
+  RoundInfo info;
+  info.round = j["round"].get<std::uint64_t>();
+  info.model_version = j["model_version"].get<std::uint64_t>();
+  info.deadline_seconds = j["deadline_seconds"].get<double>();
+  info.selected = j["selected"].get<bool>();
+  const std::uint64_t steps = j["local_steps"].get<std::uint64_t>();
+  if (steps == 0 || steps > 1000000 || !std::isfinite(info.deadline_seconds)) return std::nullopt;
+  info.local_steps = static_cast<std::uint32_t>(steps);
+  if (j.contains("local_epochs")) {
+    if (!j["local_epochs"].is_number_unsigned() || j["local_epochs"].get<std::uint64_t>() > 1000)
+      return std::nullopt;
+    info.local_epochs = static_cast<std::uint32_t>(j["local_epochs"].get<std::uint64_t>());
+  }
+  return info;
+}
+
+std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int batch) {
+  if (round.local_epochs == 0) return round.local_steps;
+  const std::uint64_t per_epoch =
+      (shard_size + static_cast<std::size_t>(batch) - 1) / static_cast<std::size_t>(batch);
+  return std::clamp<std::uint64_t>(per_epoch * round.local_epochs, 1, 1000000);
+}
+
+struct RoundWorker::State {
+  State(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel,
+        const std::atomic<bool>& stop, WorkerLog log)
+      : config(config),
+        channel(channel),
+        stop(stop),
+        log(std::move(log)),
+        model(checked_model(config.worker, train)),
+        sampler(train, shard_of(config.worker, train),
+                config.worker.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker.worker_id + 1))),
+        pool(config.worker.threads),
+        trainer(model, config.worker.batch, KernelBackend::kXnnpack, pool.get()),
+        dropout(config.worker.dropout, model, trainer,
+                config.worker.seed ^ (0x2545f4914f6cdd1dULL * (config.worker.worker_id + 1)),
+                WorkerDropout::Pacing::kPerRound),
+        compressor(layout_of(model), config.worker.compressor),
+        sizes(model.tensor_sizes()),
+        gradient(model.parameter_count()),
+        pixels(static_cast<std::size_t>(config.worker.batch) * train.image_bytes()),
+        labels(config.worker.batch),
+        problems(
+            this->config.worker, stop,
+            [this](const std::string& line, logging::Level level) { say(line, level); },
+            [this] { stats.retries++; }),
+        sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count())) {
+    if (!(config.lr > 0))
+      throw std::invalid_argument("worker: the local learning rate must be > 0");
+    if (!(config.deadline_share > 0 && config.deadline_share <= 1))
+      throw std::invalid_argument("worker: the deadline share must be in (0, 1]");
+    stats.dropout = dropout.status();
+  }
+
+  // As Worker::say: lines below the process's --log-level are dropped.
+  void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
+    if (log && logging::enabled(level)) log(line);
+  }
+  std::optional<RoundInfo> poll();
+  bool pull(const RoundInfo& round);
+  void train(const RoundInfo& round);
+  bool send(const RoundInfo& round);
+
+  const RoundWorkerConfig config;
+  ServerChannel& channel;
+  const std::atomic<bool>& stop;
+  const WorkerLog log;
+  Model model;
+  ShardSampler sampler;
+  ThreadPool pool;
+  Trainer trainer;
+  WorkerDropout dropout;
+  Compressor compressor;
+  std::vector<std::uint32_t> sizes;
+  std::vector<float> start, parameters, gradient;
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  loop::Trouble problems;
+  std::uint64_t sequence;
+  std::vector<std::uint8_t> body;
+  std::uint64_t examples = 0;
+  Clock::time_point
+      polled_at;  // when the last GET /round was answered (its deadline counts from there)
+  // How long the last pull took and how big it was: a DISTREAL worker expects its send to
+  // take that time scaled by the delta's size (a dense delta is as big as the model).
+  double last_pull_seconds = 0;
+  std::size_t last_pull_bytes = 0;
+  std::optional<std::uint64_t>
+      done_round;  // the last round this worker sent a delta for (or was refused in)
+  RoundWorkerStats stats;
+};
+
+std::optional<RoundInfo> RoundWorker::State::poll() {
+  transport::CoapResponse response;
+  try {
+    response = channel.get_round();
+  } catch (const transport::TransportError& e) {
+    problems.request_failed("GET /round failed", e);
+    return std::nullopt;
+  }
+  problems.answered();
+  polled_at = Clock::now();
+  stats.polls++;
+  if (response.code == transport::CoapCode::kNotFound) {
+    problems.refused(WorkerExit::kNothingApplied,
+                     "GET /round answered 4.04: is the server running with --mode rounds?");
+    return std::nullopt;
+  }
+  std::optional<RoundInfo> info;
+  if (response.code == transport::CoapCode::kContent) info = parse_round_info(response.payload);
+  if (!info) {
+    problems.trouble(WorkerExit::kNothingApplied, "GET /round answered " +
+                                                      transport::coap_code_string(response.code) +
+                                                      " " + payload_text(response.payload));
+    return std::nullopt;
+  }
+  return info;  // refusals in a row end only with an exchange that succeeds (2.04, 4.09), as in
+                // Worker
+}
+
+bool RoundWorker::State::pull(const RoundInfo& round) {
+  transport::CoapResponse response;
+  const auto pull_started = Clock::now();
+  try {
+    response = channel.get_model("model");
+  } catch (const transport::TransportError& e) {
+    problems.request_failed("pull failed", e);
+    return false;
+  }
+  problems.answered();
+  if (response.code != transport::CoapCode::kContent) {
+    problems.trouble(WorkerExit::kNothingApplied, "GET /model answered " +
+                                                      transport::coap_code_string(response.code) +
+                                                      " " + payload_text(response.payload));
+    return false;
+  }
+  auto decoded = transport::decode_dense_model(response.payload, {model.layout_id(), sizes});
+  if (!decoded) {
+    problems.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" +
+                                                     config.worker.model +
+                                                     "': " + decoded.error().message);
+    return false;
+  }
+  stats.pulls++;
+  stats.bytes_received += response.payload.size();
+  last_pull_seconds = std::chrono::duration<double>(Clock::now() - pull_started).count();
+  last_pull_bytes = response.payload.size();
+  if (decoded.value().version != round.model_version)
+    return false;  // the round closed meanwhile: poll again
+  start = std::move(decoded).value().values;
+  return true;
+}
+
+void RoundWorker::State::train(const RoundInfo& round) {
+  parameters = start;
+  const int batch = config.worker.batch;
+  examples = 0;
+  const std::uint64_t steps = round_steps(round, sampler.shard_size(), batch);
+  if (dropout.adaptive()) {
+    // DISTREAL in rounds: the steps and the send must fit the time left before the deadline
+    // (what the pull took is gone already). The send is expected to take the pull's time
+    // scaled by the last delta's size against the model's (the first round: as long as the
+    // pull); a share of the rest is the steps' budget.
+    const double left =
+        round.deadline_seconds - std::chrono::duration<double>(Clock::now() - polled_at).count();
+    const double send_ratio =
+        body.empty() || last_pull_bytes == 0
+            ? 1.0
+            : static_cast<double>(body.size()) / static_cast<double>(last_pull_bytes);
+    const double for_steps = left - last_pull_seconds * send_ratio;
+    const double budget =
+        std::max(for_steps * config.deadline_share, 1e-6) / static_cast<double>(steps);
+    if (dropout.set_budget(budget))
+      say("round " + std::to_string(round.round) + ": " + dropout.describe());
+  }
+  for (std::uint64_t step = 0; step < steps && !stop; ++step) {
+    sampler.next_batch(batch, pixels, labels);
+    const auto started = Clock::now();
+    const BatchResult result =
+        trainer.compute_gradient(parameters, pixels.data(), labels.data(), batch, gradient);
+    if (config.worker.slowdown > 0)
+      sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) *
+                                                                       config.worker.slowdown),
+                           stop);
+    if (dropout.after_step(std::chrono::duration<double>(Clock::now() - started).count()))
+      say("round " + std::to_string(round.round) + ": " + dropout.describe());
+    stats.dropout = dropout.status();
+    stats.steps++;
+    if (!std::isfinite(result.loss)) continue;  // a non-finite gradient is skipped, as Worker does
+    stats.last_loss = result.loss;
+    for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i] -= config.lr * gradient[i];
+    examples += static_cast<std::uint64_t>(batch);
+  }
+  // The delta, in place of the gradient the compressor usually takes.
+  for (std::size_t i = 0; i < parameters.size(); ++i) gradient[i] = parameters[i] - start[i];
+  transport::SparseUpdate update;
+  update.model_id = model.layout_id();
+  update.sequence = ++sequence;
+  update.fetched_version = round.round;  // the round number (= the version it started from)
+  compressor.compress(gradient, update);
+  auto encoded = transport::encode_sparse_update(update, {config.worker.compressor.value_encoding});
+  if (!encoded)
+    throw std::logic_error("worker: cannot encode a round delta: " + encoded.error().message);
+  body = std::move(encoded).value();
+}
+
+bool RoundWorker::State::send(const RoundInfo& round) {
+  for (int attempt = 0; attempt < 2 && !stop; ++attempt) {
+    transport::CoapResponse response;
+    try {
+      response = channel.post_round_update(examples, body);
+    } catch (const transport::TransportError& e) {
+      problems.request_failed("sending the round delta failed", e);
+      continue;  // once more with the same bytes: the server takes one delta per device and round
+    }
+    problems.answered();
+    stats.bytes_sent += body.size();
+    const std::string answer =
+        transport::coap_code_string(response.code) + " " + payload_text(response.payload);
+    if (response.code == transport::CoapCode::kChanged) {
+      stats.rounds_trained++;
+      stats.last_round = round.round;
+      stats.acknowledged_rounds.push_back(round.round);
+      done_round = round.round;
+      problems.succeeded();
+      return true;
+    }
+    if (response.code == transport::CoapCode::kConflict) {
+      stats.deltas_refused++;  // the round closed (a straggler) or moved on: take part in the next
+                               // one
+      done_round = round.round;
+      problems.expected_refusal();
+      say("round " + std::to_string(round.round) + ": delta refused with " + answer,
+          logging::Level::kWarn);
+      return false;
+    }
+    if (response.code == transport::CoapCode::kUnauthorized ||
+        response.code == transport::CoapCode::kForbidden) {
+      stats.deltas_rejected++;
+      problems.refused(WorkerExit::kUnknownIdentity, "round delta refused with " + answer);
+      return false;
+    }
+    stats.deltas_rejected++;
+    problems.trouble(WorkerExit::kNothingApplied, "round delta rejected with " + answer);
+    return false;
+  }
+  return false;
+}
+
+RoundWorker::RoundWorker(const RoundWorkerConfig& config, const Dataset& train,
+                         ServerChannel& channel, const std::atomic<bool>& stop, WorkerLog log)
+    : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {}
+
+RoundWorker::~RoundWorker() = default;
+
+const RoundWorkerStats& RoundWorker::stats() const { return state_->stats; }
+WorkerExit RoundWorker::last_trouble() const { return state_->problems.last(); }
+const std::string& RoundWorker::last_trouble_message() const {
+  return state_->problems.last_message();
+}
+
+bool RoundWorker::run_once() {
+  State& s = *state_;
+  const std::optional<RoundInfo> round = s.poll();
+  if (!round) return false;
+  if (!round->selected || s.done_round == round->round) {
+    sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double>(s.config.poll_seconds)),
+                         s.stop);
+    return false;
+  }
+  if (!s.pull(*round)) return false;
+  s.train(*round);
+  if (s.stop) return false;
+  return s.send(*round);
+}
+
+RoundWorkerStats RoundWorker::run(const std::function<void(const RoundWorkerStats&)>& progress) {
+  State& s = *state_;
+  const auto started = Clock::now();
+  auto out_of_time = [&] {
+    return s.config.worker.max_seconds > 0 &&
+           std::chrono::duration<double>(Clock::now() - started).count() >=
+               s.config.worker.max_seconds;
+  };
+  while (!s.stop && (s.config.max_rounds == 0 || s.stats.rounds_trained < s.config.max_rounds) &&
+         !out_of_time()) {
+    const std::uint64_t sent =
+        s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected;
+    const bool accepted = run_once();
+    if (progress &&
+        s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected != sent)
+      progress(s.stats);
+    if (accepted)
+      s.say("round " + std::to_string(s.stats.last_round) + ": delta of " +
+            std::to_string(s.body.size()) + " bytes accepted (loss " +
+            std::to_string(s.stats.last_loss) + ")" +
+            (s.stats.dropout.drop_rates.empty() ? "" : ", drop " + s.stats.dropout.drop_rates));
+  }
+  return s.stats;
+}
+
+RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train,
+                                const std::atomic<bool>& stop, const WorkerLog& log,
+                                const std::function<void(const RoundWorkerStats&)>& progress) {
+  CoapServerChannel channel(coap_client_options(config.worker, stop));
+  RoundWorker worker(config, train, channel, stop, log);
+  RoundWorkerRun result;
+  try {
+    result.stats = worker.run(progress);
+  } catch (const WorkerFailure& e) {
+    result.stats = worker.stats();
+    result.exit = e.exit();
+    result.reason = e.what();
+    return result;
+  }
+  if (result.stats.rounds_trained == 0)
+    end_without_anything_applied(worker.last_trouble(), worker.last_trouble_message(),
+                                 "round delta", result.exit, result.reason);
+  return result;
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,96 @@
+// The worker loop of federated rounds (edgetrain-worker --mode rounds; runtime/README.md,
+// "Federated rounds"): poll GET /round; when selected, pull the round's model (GET /model),
+// train the round's local steps on this worker's shard with plain SGD at `lr`, and post the
+// model delta (new − start, compressed with the worker's compressor) to
+// POST /round/update?examples=N, its fetched-version field carrying the round number; then
+// wait for the next round. Same exit codes (worker_exit_codes.h), backoff and stop flag as
+// Worker. Used from one thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/worker.h"
+
+namespace edgetrain::runtime {
+
+struct RoundWorkerConfig {
+  WorkerConfig worker;        // server, identity, model, shard, batch, compressor, backoff, limits
+  float lr = 0.05f;           // the local SGD step
+  double poll_seconds = 0.5;  // between GET /round while not selected or done
+  std::uint64_t max_rounds = 0;  // deltas accepted before the run ends; 0: until stopped
+  // With a dropout table (worker.dropout.table_path): the share of the time left before the
+  // round's deadline, after the pull and less the send's expected time (the pull's, scaled
+  // by the last delta's size), that the local steps may take (ours: a margin for jitter).
+  double deadline_share = 0.8;
+};
+
+// What GET /round said (the JSON of server/round_coordinator.h), decoded defensively.
+struct RoundInfo {
+  std::uint64_t round = 0;
+  std::uint64_t model_version = 0;
+  double deadline_seconds = 0;
+  bool selected = false;
+  std::uint32_t local_steps = 0;
+  std::uint32_t local_epochs = 0;  // > 0: passes over the device's shard instead of local_steps
+};
+// nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
+// above 10^6, epochs above 1000; local_epochs may be absent: 0).
+std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
+// The minibatches of one round: local_steps, or with local_epochs enough to pass over a
+// shard of `shard_size` examples that many times (at least one, at most 10^6).
+std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int batch);
+
+struct RoundWorkerStats {
+  std::uint64_t rounds_trained = 0;   // deltas sent and accepted (2.04)
+  std::uint64_t deltas_refused = 0;   // 4.09: the round closed, or another round/model
+  std::uint64_t deltas_rejected = 0;  // 4.00, 5.00, ...: backed off
+  std::uint64_t polls = 0, pulls = 0, steps = 0, retries = 0;
+  std::uint64_t bytes_sent = 0, bytes_received = 0;
+  std::uint64_t last_round = 0;
+  // Every round whose delta the server acknowledged (2.04), in order. Round r is model
+  // version r, so a server that kept what it acknowledged is at version r or later after
+  // any restart (the emulator checks it, as for async workers' acknowledged versions).
+  std::vector<std::uint64_t> acknowledged_rounds;
+  float last_loss = 0;
+  DropoutStatus dropout;  // filter dropout in force (worker/worker_dropout.h)
+};
+
+class RoundWorker {
+ public:
+  RoundWorker(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel,
+              const std::atomic<bool>& stop, WorkerLog log = {});
+  ~RoundWorker();
+  RoundWorker(const RoundWorker&) = delete;
+  RoundWorker& operator=(const RoundWorker&) = delete;
+
+  // One pass: poll the round; if selected and not done yet, pull, train and send. Returns
+  // true when a delta was accepted. Throws WorkerFailure when it gives up.
+  bool run_once();
+  // run_once() until stop, max_rounds or the worker's max_seconds; `progress` after every
+  // delta sent.
+  RoundWorkerStats run(const std::function<void(const RoundWorkerStats&)>& progress = {});
+  const RoundWorkerStats& stats() const;
+  WorkerExit last_trouble() const;
+  const std::string& last_trouble_message() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// A RoundWorker over CoAP/DTLS, ending like run_worker() (exit status and reason).
+struct RoundWorkerRun {
+  RoundWorkerStats stats;
+  WorkerExit exit = WorkerExit::kStopped;
+  std::string reason;
+};
+RoundWorkerRun run_round_worker(const RoundWorkerConfig& config, const Dataset& train,
+                                const std::atomic<bool>& stop, const WorkerLog& log = {},
+                                const std::function<void(const RoundWorkerStats&)>& progress = {});
+
+}  // namespace edgetrain::runtime

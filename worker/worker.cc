@@ -1,0 +1,531 @@
+#include "worker/worker.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "common/logging.h"
+#include "worker/backoff.h"
+#include "worker/loop_support.h"
+#include "model/model.h"
+#include "worker/model_replica.h"
+#include "worker/server_channel.h"
+#include "worker/sharded_server_channel.h"
+#include "model/shard_sampler.h"
+#include "model/thread_pool.h"
+#include "model/trainer.h"
+#include "transport/coap_dtls.h"
+#include "transport/untrusted_text.h"
+
+namespace edgetrain::runtime {
+namespace {
+
+using loop::Clock;
+using loop::layout_of;
+using loop::payload_text;
+using loop::sleep_unless_stopped;
+
+}  // namespace
+
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port) {
+  bool plaintext = false;
+  if (uri.rfind("coap://", 0) == 0)
+    throw std::invalid_argument("server URI must start with coaps:// (got '" + uri + "')");
+  parse_server_uri(uri, host, port, plaintext);
+}
+
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port,
+                      bool& plaintext) {
+  plaintext = uri.rfind("coap://", 0) == 0;
+  const std::string scheme = plaintext ? "coap://" : "coaps://";
+  if (uri.rfind(scheme, 0) != 0)
+    throw std::invalid_argument("server URI must start with coaps:// (or coap://) (got '" + uri +
+                                "')");
+  std::string rest = uri.substr(scheme.size());
+  if (auto slash = rest.find('/'); slash != std::string::npos) rest.resize(slash);
+  port = plaintext ? 5683 : 5684;
+  if (!rest.empty() && rest[0] == '[') {  // [IPv6]:port
+    const auto close = rest.find(']');
+    if (close == std::string::npos)
+      throw std::invalid_argument("bad IPv6 address in '" + uri + "'");
+    host = rest.substr(1, close - 1);
+    rest = rest.substr(close + 1);
+    if (!rest.empty() && rest[0] != ':')
+      throw std::invalid_argument("bad server URI '" + uri + "'");
+    if (!rest.empty())
+      rest = rest.substr(1);
+    else
+      rest.clear();
+  } else {
+    const auto colon = rest.rfind(':');
+    host = rest.substr(0, colon);
+    rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+  }
+  if (host.empty()) throw std::invalid_argument("server URI '" + uri + "' has no host");
+  if (!rest.empty()) {
+    std::size_t used = 0;
+    int value = -1;
+    try {
+      value = std::stoi(rest, &used);
+    } catch (...) {
+    }
+    if (used != rest.size() || value < 1 || value > 65535)
+      throw std::invalid_argument("bad port in '" + uri + "'");
+    port = static_cast<std::uint16_t>(value);
+  }
+}
+
+std::vector<std::uint8_t> parse_hex_key(const std::string& text) {
+  std::string digits;
+  for (char c : text) {
+    if (std::isspace(static_cast<unsigned char>(c))) continue;
+    if (!std::isxdigit(static_cast<unsigned char>(c)))
+      throw std::invalid_argument("key is not hexadecimal");
+    digits += c;
+  }
+  if (digits.empty() || digits.size() % 2 != 0)
+    throw std::invalid_argument("key must be an even number of hex digits");
+  if (digits.size() > 2 * transport::kMaxPskBytes) {
+    throw std::invalid_argument(
+        "the key is " + std::to_string(digits.size() / 2) +
+        " bytes; the longest pre-shared key "
+        "Mbed TLS 2.28 can use is " +
+        std::to_string(transport::kMaxPskBytes) +
+        " bytes (MBEDTLS_PSK_MAX_LEN): with a longer one every handshake fails");
+  }
+  std::vector<std::uint8_t> key;
+  for (std::size_t i = 0; i < digits.size(); i += 2)
+    key.push_back(static_cast<std::uint8_t>(std::stoi(digits.substr(i, 2), nullptr, 16)));
+  return key;
+}
+
+struct Worker::State {
+  State(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
+        const std::atomic<bool>& stop, WorkerLog log)
+      : config(checked(config)),
+        channel(channel),
+        stop(stop),
+        log(std::move(log)),
+        model(model_for(config, train)),
+        sampler(train, shard_of(config, train),
+                config.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker_id + 1))),
+        pool(config.threads),
+        trainer(model, config.batch, KernelBackend::kXnnpack, pool.get()),
+        dropout(config.dropout, model, trainer,
+                config.seed ^ (0x2545f4914f6cdd1dULL * (config.worker_id + 1)),
+                WorkerDropout::Pacing::kPerStep),
+        compressor(layout_of(model), config.compressor),
+        gradient(model.parameter_count()),
+        pixels(static_cast<std::size_t>(config.batch) * train.image_bytes()),
+        labels(config.batch),
+        backoff(config.backoff_initial, config.backoff_max, config.seed + config.worker_id),
+        // Sequence numbers must keep growing across restarts of this worker, or the server
+        // would take a new update for a replay: start from the wall clock in microseconds.
+        sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count())),
+        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {}
+
+  static const WorkerConfig& checked(const WorkerConfig& config) {
+    if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
+    if (config.pull_every < 1)
+      throw std::invalid_argument("worker: pull interval must be at least 1");
+    if (!(config.slowdown >= 0 && config.slowdown <= 1000))
+      throw std::invalid_argument("worker: slowdown must be 0..1000");
+    if (config.max_refusals < 1)
+      throw std::invalid_argument("worker: max_refusals must be at least 1");
+    if (!(config.give_up_after_seconds >= 0))
+      throw std::invalid_argument("worker: give_up_after_seconds must be >= 0");
+    if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
+      throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
+                                  " is not below the worker count " +
+                                  std::to_string(config.worker_count));
+    }
+    return config;
+  }
+  static Model model_for(const WorkerConfig& config, const Dataset& train) {
+    Model model(model_spec_from_argument(config.model));
+    const ExampleShape in = model.input_shape();
+    if (static_cast<std::uint32_t>(in.H) != train.height ||
+        static_cast<std::uint32_t>(in.W) != train.width ||
+        static_cast<std::uint32_t>(in.C) != train.channels) {
+      throw ModelError("worker: model input does not match the data's image shape");
+    }
+    return model;
+  }
+  static std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
+    const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
+    return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
+                               : shard_iid(train.size(), spec);
+  }
+
+  // Lines below the process's --log-level are dropped here, so every program that runs a
+  // worker loop gets the same filtering.
+  void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
+    if (log && logging::enabled(level)) log(line);
+  }
+  // A request that failed or was not answered as it should: count it and back off.
+  void transport_trouble(const std::string& what) {
+    stats.retries++;
+    const auto delay = backoff.next_delay();
+    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
+    sleep_unless_stopped(delay, stop);
+  }
+
+  // What the worker would exit with if the run ended now with nothing accepted.
+  void note_trouble(WorkerExit exit, const std::string& what) {
+    last_trouble = exit;
+    last_trouble_message = what;
+  }
+  void server_answered() {
+    last_answer = Clock::now();
+    ever_answered = true;
+  }
+  // The server took part normally (2.04 or 4.09): the trouble is over.
+  void exchange_succeeded() {
+    backoff.reset();
+    refusals_in_a_row = 0;
+  }
+  // A request that got no answer: a refusal no retry fixes, or a server away.
+  void request_failed(const std::string& what, const transport::TransportError& e) {
+    const std::string text = what + ": " + e.what();
+    switch (e.failure()) {
+      case transport::TransportFailure::kInterrupted:
+        return;  // stopping: no retry, no backoff
+      case transport::TransportFailure::kHandshakeRefused:
+        refused(WorkerExit::kHandshakeRefused, text);
+        return;
+      case transport::TransportFailure::kUnknownIdentity:
+        refused(WorkerExit::kUnknownIdentity, text);
+        return;
+      default:
+        unanswered(text);
+        return;
+    }
+  }
+  // Tried max_refusals times in a row (with backoff between: a server being set up may
+  // change its mind), then given up.
+  void refused(WorkerExit exit, const std::string& what) {
+    note_trouble(exit, what);
+    if (++refusals_in_a_row >= config.max_refusals) {
+      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " time" +
+                                    (refusals_in_a_row > 1 ? "s" : "") + " in a row; giving up)");
+    }
+    transport_trouble(what);
+  }
+  // The server is away (no answer, nothing listening, a session lost): retried with
+  // backoff until it has not answered for give_up_after_seconds.
+  void unanswered(const std::string& what) {
+    const WorkerExit exit =
+        ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    note_trouble(exit, what);
+    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
+    if (config.give_up_after_seconds > 0 && silent >= config.give_up_after_seconds) {
+      throw WorkerFailure(
+          exit,
+          what + " (" +
+              (ever_answered ? "no answer from the server for " : "no answer since the start, ") +
+              std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
+              std::to_string(static_cast<long long>(config.give_up_after_seconds)) + ")");
+    }
+    transport_trouble(what);
+  }
+
+  const WorkerConfig config;
+  ServerChannel& channel;
+  const std::atomic<bool>& stop;
+  const WorkerLog log;
+  Model model;
+  ShardSampler sampler;
+  ThreadPool pool;
+  Trainer trainer;
+  WorkerDropout dropout;
+  Compressor compressor;
+  std::vector<float> gradient;
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  Backoff backoff;
+  std::uint64_t sequence;
+  ModelReplica replica;
+
+  WorkerStats stats;
+  std::uint64_t model_version = 0;
+  bool have_model = false;  // false: pull before the next step
+  std::uint64_t steps_since_pull = 0;
+  int consecutive_mismatches = 0;
+  int consecutive_non_finite = 0;
+  // Failure bookkeeping (worker_exit_codes.h).
+  Clock::time_point last_answer =
+      Clock::now();  // the server's last answer of any kind (start: construction)
+  bool ever_answered = false;
+  int refusals_in_a_row = 0;
+  WorkerExit last_trouble = WorkerExit::kStopped;  // kStopped: none yet
+  std::string last_trouble_message;
+  std::vector<std::uint8_t> body;  // the encoded update of the last step
+};
+
+Worker::Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
+               const std::atomic<bool>& stop, WorkerLog log)
+    : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {
+  state_->stats.dropout = state_->dropout.status();
+}
+
+Worker::~Worker() = default;
+
+const WorkerStats& Worker::stats() const { return state_->stats; }
+
+WorkerExit Worker::last_trouble() const { return state_->last_trouble; }
+
+const std::string& Worker::last_trouble_message() const { return state_->last_trouble_message; }
+
+bool Worker::needs_pull() const {
+  return !state_->have_model ||
+         state_->steps_since_pull >= static_cast<std::uint64_t>(state_->config.pull_every);
+}
+
+bool Worker::pull() {
+  State& s = *state_;
+  transport::CoapResponse response;
+  try {
+    response = s.channel.get_model(s.replica.pull_path());
+  } catch (const transport::TransportError& e) {
+    s.request_failed("pull failed", e);
+    return false;
+  }
+  s.server_answered();
+  if (response.code != transport::CoapCode::kContent) {
+    // The server is up but will not serve us: say why and back off (it may be starting).
+    const std::string what = "GET /model answered " + transport::coap_code_string(response.code) +
+                             " " + payload_text(response.payload);
+    s.note_trouble(WorkerExit::kNothingApplied, what);
+    s.transport_trouble(what);
+    return false;
+  }
+  ModelReplica::PullOutcome outcome;
+  try {
+    outcome = s.replica.take(response.payload);
+  } catch (const std::runtime_error& e) {
+    // Another model (layout id or tensor sizes), as a whole model or a delta: the server was
+    // started with another --model, or restarted with one under this worker.
+    s.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" +
+                                              s.config.model +
+                                              "' (give "
+                                              "--model as the server's --model): " +
+                                              e.what());
+    return false;
+  }
+  s.stats.bytes_received += response.payload.size();
+  if (outcome == ModelReplica::PullOutcome::kMismatch) {
+    s.stats.delta_mismatches++;
+    // The next pull asks for the dense model, which cannot mismatch: a server that keeps
+    // answering with deltas anyway is broken.
+    if (++s.consecutive_mismatches >= 3)
+      throw std::runtime_error("the server keeps sending unusable model deltas: " +
+                               s.replica.mismatch());
+    s.say(s.replica.mismatch() + "; pulling the whole model");
+    return false;
+  }
+  s.consecutive_mismatches = 0;
+  if (outcome == ModelReplica::PullOutcome::kDelta) s.stats.delta_pulls++;
+  s.model_version = s.replica.version();
+  s.stats.pulls++;
+  s.have_model = true;
+  s.steps_since_pull = 0;
+  return true;
+}
+
+bool Worker::step() {
+  State& s = *state_;
+  const WorkerConfig& config = s.config;
+  s.sampler.next_batch(config.batch, s.pixels, s.labels);
+  const auto step_started = Clock::now();
+  const BatchResult batch = s.trainer.compute_gradient(s.replica.parameters(), s.pixels.data(),
+                                                       s.labels.data(), config.batch, s.gradient);
+  if (config.slowdown > 0) {
+    const auto compute_time = Clock::now() - step_started;
+    sleep_unless_stopped(
+        std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), s.stop);
+  }
+  if (s.dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
+    s.say(s.dropout.describe());
+  s.stats.dropout = s.dropout.status();
+  s.stats.steps++;
+  s.steps_since_pull++;
+  s.stats.last_loss = batch.loss;
+  transport::SparseUpdate update;
+  update.model_id = s.model.layout_id();
+  update.sequence = ++s.sequence;
+  update.fetched_version = s.model_version;
+  // A non-finite gradient (a diverged model, or a corrupt pull) must not reach the server:
+  // skip the step and pull again; give up only if it keeps happening.
+  bool finite = std::isfinite(batch.loss);
+  if (finite) {
+    try {
+      s.compressor.compress(s.gradient, update);
+    } catch (const std::invalid_argument&) {
+      finite = false;
+    }
+  }
+  if (!finite) {
+    s.stats.non_finite_steps++;
+    if (++s.consecutive_non_finite >= 10) {
+      throw std::runtime_error(
+          "10 steps in a row gave a non-finite gradient: the server's model has diverged");
+    }
+    s.say("non-finite gradient at model version " + std::to_string(s.model_version) +
+              "; skipping the step and pulling again",
+          logging::Level::kWarn);
+    s.have_model = false;
+    return false;
+  }
+  s.consecutive_non_finite = 0;
+  auto encoded = transport::encode_sparse_update(update, {s.config.compressor.value_encoding});
+  if (!encoded)
+    throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
+  s.body = std::move(encoded).value();
+  return true;
+}
+
+namespace {
+// 4.03 "quarantined: ..." (server/README.md, "Bad updates"): the server refuses this device's
+// updates for a while after too many bad ones. Unlike a key the server no longer knows, it
+// may pass, so it is waited out with the backoff like 5.00, not given up on.
+bool is_quarantine(const transport::CoapResponse& response) {
+  static constexpr std::string_view kPrefix = "quarantined";
+  return response.code == transport::CoapCode::kForbidden &&
+         response.payload.size() >= kPrefix.size() &&
+         std::equal(kPrefix.begin(), kPrefix.end(), response.payload.begin());
+}
+}  // namespace
+
+void Worker::push() {
+  State& s = *state_;
+  // A retry sends the same bytes (same sequence): the server applies it once.
+  for (int attempt = 0; attempt < 2 && !s.stop; attempt++) {
+    transport::CoapResponse response;
+    try {
+      response = s.channel.post_update(s.body);
+    } catch (const transport::TransportError& e) {
+      s.have_model = attempt == 0 && s.have_model;  // after a second failure, pull again
+      s.request_failed("push failed", e);
+      continue;
+    }
+    s.server_answered();
+    s.stats.bytes_sent += s.body.size();
+    const std::string refusal = "update refused with " +
+                                transport::coap_code_string(response.code) + ": " +
+                                payload_text(response.payload);
+    if (response.code == transport::CoapCode::kChanged) {
+      s.stats.updates_accepted++;
+      if (const auto version = transport::decode_update_reply(response.payload))
+        s.stats.server_version = *version;
+      s.exchange_succeeded();
+    } else if (response.code == transport::CoapCode::kConflict) {
+      s.stats.updates_refused++;  // too stale or another model: pull before the next step
+      s.have_model = false;
+      s.exchange_succeeded();
+    } else if ((response.code == transport::CoapCode::kUnauthorized ||
+                response.code == transport::CoapCode::kForbidden) &&
+               !is_quarantine(response)) {
+      s.stats.updates_rejected++;  // not (or no longer) in the server's keystore
+      s.refused(WorkerExit::kUnknownIdentity, refusal);
+    } else {
+      // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13, 4.22,
+      // a quarantine's 4.03: the update is dropped, and the next one waits the backoff, which keeps
+      // growing until one is accepted, so a fleet does not hammer a server in trouble.
+      s.stats.updates_rejected++;
+      s.note_trouble(WorkerExit::kNothingApplied, refusal);
+      s.transport_trouble(refusal);
+    }
+    break;
+  }
+}
+
+WorkerStats Worker::run(const WorkerProgress& progress) {
+  State& s = *state_;
+  const auto started = Clock::now();
+  auto out_of_time = [&] {
+    return s.config.max_seconds > 0 &&
+           std::chrono::duration<double>(Clock::now() - started).count() >= s.config.max_seconds;
+  };
+  while (!s.stop && (s.config.max_steps == 0 || s.stats.steps < s.config.max_steps) &&
+         !out_of_time()) {
+    if (needs_pull() && !pull()) continue;
+    if (!step()) continue;
+    push();
+    if (progress) progress(s.stats);
+  }
+  return s.stats;
+}
+
+transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config,
+                                                       const std::atomic<bool>& stop) {
+  transport::CoapDtlsClient::Options options{config.server_host,
+                                             config.server_port,
+                                             {config.identity, config.key},
+                                             config.request_timeout_ms};
+  options.certificates = config.certificates;
+  options.plaintext = config.insecure_plaintext;
+  options.timing = config.timing;
+  options.stop = &stop;
+  return options;
+}
+
+void end_without_anything_applied(WorkerExit last_trouble, const std::string& last_trouble_message,
+                                  const std::string& nothing, WorkerExit& exit,
+                                  std::string& reason) {
+  // Nothing applied is no success, whatever ended the run (issue 12: a board whose server
+  // never answered used to end with status 0).
+  exit = last_trouble == WorkerExit::kStopped ? WorkerExit::kNothingApplied : last_trouble;
+  reason = "the run ended before the server accepted any " + nothing;
+  if (!last_trouble_message.empty()) reason += "; the last trouble: " + last_trouble_message;
+}
+
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train,
+                     const std::atomic<bool>& stop, const WorkerLog& log,
+                     const WorkerProgress& progress) {
+  std::unique_ptr<ServerChannel> channel;
+  ShardedServerChannel* sharded = nullptr;
+  if (config.shards.empty()) {
+    channel = std::make_unique<CoapServerChannel>(coap_client_options(config, stop));
+  } else {
+    // Every shard is an edgetrain-server with the same keystore: the same identity and key.
+    std::vector<std::unique_ptr<ServerChannel>> shards;
+    for (const auto& [host, port] : config.shards) {
+      WorkerConfig one = config;
+      one.server_host = host;
+      one.server_port = port;
+      shards.push_back(std::make_unique<CoapServerChannel>(coap_client_options(one, stop)));
+    }
+    auto owned = std::make_unique<ShardedServerChannel>(
+        Model(model_spec_from_argument(config.model)), std::move(shards));
+    sharded = owned.get();
+    channel = std::move(owned);
+  }
+  auto with_shard_versions = [sharded](WorkerStats stats) {
+    if (sharded) stats.shard_versions = sharded->acknowledged_versions();
+    return stats;
+  };
+  Worker worker(config, train, *channel, stop, log);
+  WorkerRun result;
+  try {
+    result.stats = with_shard_versions(worker.run([&](const WorkerStats& stats) {
+      if (progress) progress(sharded ? with_shard_versions(stats) : stats);
+    }));
+  } catch (const WorkerFailure& e) {
+    result.stats = with_shard_versions(worker.stats());
+    result.exit = e.exit();
+    result.reason = e.what();
+    return result;
+  }
+  if (result.stats.updates_accepted == 0)
+    end_without_anything_applied(worker.last_trouble(), worker.last_trouble_message(), "update",
+                                 result.exit, result.reason);
+  return result;
+}
+
+}  // namespace edgetrain::runtime

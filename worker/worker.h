@@ -1,0 +1,199 @@
+// The worker loop of DESIGN.md: pull the model, train one minibatch, compress, push;
+// repeat. Survives a server that goes away or is in trouble (exponential backoff with
+// jitter, then a fresh DTLS handshake), re-pulls when the server answers 4.09 (wrong model
+// or too stale), gives up with an exit status of worker_exit_codes.h on what retrying cannot
+// fix (a wrong key, an unknown identity, another model) and on a server silent for too
+// long, and stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
+// step(), push() can be driven one by one, against a fake server in tests);
+// `run_worker()` runs it over CoAP/DTLS.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/compressor.h"
+#include "model/dataset.h"
+#include "worker/server_channel.h"
+#include "worker/worker_dropout.h"
+#include "worker/worker_exit_codes.h"
+#include "transport/codec.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::runtime {
+
+struct WorkerConfig {
+  std::string server_host = "127.0.0.1";
+  std::uint16_t server_port = 5684;
+  // A sharded server (server/README.md, "Sharded server"): every shard's host and port in
+  // shard order, talked to through a ShardedServerChannel; empty: the one server above.
+  std::vector<std::pair<std::string, std::uint16_t>> shards;
+  std::string identity;
+  std::vector<std::uint8_t> key;
+  std::string model = "paper-cnn";
+  std::uint32_t worker_id = 0;
+  std::uint32_t worker_count = 1;
+  bool label_skewed = false;
+  int batch = 10;
+  int threads = 1;
+  CompressorOptions compressor;  // the paper's AdaComp by default; its value_encoding is the wire's
+  int pull_every = 1;            // steps per model pull; 1 is the paper's (pull before every step)
+  // false (default): after the first pull, ask only for the parameters changed since the
+  // version held (GET /model?since=V) and overwrite those; the result is the server's model
+  // bit for bit, checked by its digest. true: always download the dense model.
+  bool dense_pull = false;
+  std::uint64_t max_steps = 0;  // 0: until stopped
+  double max_seconds = 0;       // 0: until stopped
+  int request_timeout_ms = 60000;
+  // Emulates a slower device: after each step, sleep this many times the step's own
+  // compute time (0: full speed; 3: a device four times slower).
+  double slowdown = 0;
+  // Filter dropout (DISTREAL, worker/worker_dropout.h): none, a static vector, or chosen at
+  // run time from a dropout table against a step-time budget.
+  WorkerDropoutSettings dropout;
+  std::uint64_t seed = 1;
+  // Transport: X.509 instead of PSK (identity = the certificate's CN; `identity` is then
+  // only for logs); or INSECURE plain CoAP (`identity` declared, unproven; no key).
+  std::optional<transport::CertificateFiles> certificates;
+  bool insecure_plaintext = false;
+  transport::CoapTiming timing = transport::CoapTiming::wan();
+  // Backoff after a failed request (worker/backoff.h): the first wait is at most
+  // backoff_initial, doubling per failure up to backoff_max. Tests shorten them.
+  std::chrono::milliseconds backoff_initial{250};
+  std::chrono::milliseconds backoff_max{30000};
+  // Giving up (worker_exit_codes.h). A refusal that no retry can fix — the DTLS handshake
+  // refused (wrong key or certificate), an identity the server does not know, a model that
+  // is not the server's — is tried this many times in a row before the worker throws
+  // WorkerFailure; a server that does not answer at all (or only answers 5.xx) is retried
+  // with backoff, and given up once it has not answered for give_up_after_seconds
+  // (0: never), checked after each failed request.
+  int max_refusals = 3;
+  double give_up_after_seconds = 600;
+};
+
+// "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port);
+// The same, also accepting "coap://host:port" (plain CoAP, port defaults to 5683), which
+// sets `plaintext`.
+void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& port,
+                      bool& plaintext);
+// Hex text (whitespace ignored) into bytes; throws std::invalid_argument.
+std::vector<std::uint8_t> parse_hex_key(const std::string& text);
+
+struct WorkerStats {
+  std::uint64_t steps = 0;  // minibatches trained
+  std::uint64_t updates_accepted = 0;
+  std::uint64_t updates_refused = 0;   // 4.09: re-pulled
+  std::uint64_t updates_rejected = 0;  // any other answer (4.00, 4.13, 5.00...): logged, backed off
+  std::uint64_t pulls = 0;
+  std::uint64_t delta_pulls = 0;  // pulls answered with a model delta
+  std::uint64_t delta_mismatches =
+      0;  // deltas that did not reproduce the server's model (re-pulled dense)
+  std::uint64_t bytes_sent = 0;      // encoded update payloads
+  std::uint64_t bytes_received = 0;  // encoded model payloads
+  std::uint64_t server_version = 0;  // as last reported by the server
+  std::uint64_t retries =
+      0;  // failed requests and server trouble survived (each waited the backoff)
+  std::uint64_t non_finite_steps = 0;  // skipped: the gradient was NaN or infinite
+  float last_loss = 0;
+  DropoutStatus dropout;  // filter dropout in force (worker/worker_dropout.h)
+  // With shards: per shard, the highest version it acknowledged (ShardedServerChannel);
+  // server_version is then their sum. Filled by run_worker(), not by the loop.
+  std::vector<std::uint64_t> shard_versions;
+};
+
+using WorkerLog = std::function<void(const std::string& line)>;
+
+using WorkerProgress = std::function<void(const WorkerStats&)>;
+
+// One worker: its model, trainer, shard, compressor and copy of the server's model, and
+// the server behind `channel`. Used from one thread. Sequence numbers start from the wall
+// clock in µs, so they keep growing across restarts (the server drops replays).
+class Worker {
+ public:
+  // Checks `config` (std::invalid_argument; ModelError when the model does not fit the
+  // data) and builds everything a step needs. `train`, `channel` and `stop` are not owned
+  // and must outlive the worker; `stop` cuts backoff and slowdown sleeps short.
+  Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
+         const std::atomic<bool>& stop, WorkerLog log = {});
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Whether the next step must pull first: no model yet, the pull interval is reached, or
+  // the last push was refused with 4.09, failed twice, or the last step was not finite.
+  bool needs_pull() const;
+  // GET the model (the whole model, or the delta since the version held). Returns true
+  // when the worker now holds the server's model. False, to be tried again, after a
+  // transport failure or an answer other than 2.05 (stats().retries; waits the backoff
+  // first), after a model of another layout (waits the backoff too) and after a delta that
+  // did not reproduce the server's model (stats().delta_mismatches; the next pull asks for
+  // the whole model, without waiting). Throws WorkerFailure when it gives up (see
+  // WorkerConfig::max_refusals), std::runtime_error after three delta mismatches in a row
+  // (a server that keeps sending unusable deltas is broken).
+  bool pull();
+  // Trains one minibatch on the model held and compresses its gradient into the next
+  // update. Returns false when the gradient was not finite (NaN or infinite: a diverged
+  // model, or a corrupt pull): nothing to push, and the next step pulls first
+  // (stats().non_finite_steps); throws std::runtime_error after 10 such steps in a row.
+  bool step();
+  // POST /update with the last step's update; after a transport failure once more, with the
+  // same bytes and sequence number (the server applies it once). 2.04: accepted, and the
+  // server's version noted; 4.09: refused, the next step pulls first; 4.01/4.03: the
+  // identity is not (or no longer) authorized, a refusal like an unknown identity; any
+  // other code (5.00 from a server whose disk is full, 4.00, ...): rejected, logged, and
+  // the backoff waited, which keeps growing until an update is accepted. Throws
+  // WorkerFailure when it gives up.
+  void push();
+  // pull() when needed, step(), push(), until `stop`, max_steps or max_seconds; `progress`
+  // after every push.
+  WorkerStats run(const WorkerProgress& progress = {});
+
+  const WorkerStats& stats() const;
+
+  // The last failure seen (kStopped: none): what the worker would exit with if the run
+  // ended now without any update accepted (kServerUnreachable, kHandshakeRefused, ...),
+  // and its message.
+  WorkerExit last_trouble() const;
+  const std::string& last_trouble_message() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// How a run ended: its stats, and the program's exit status with the reason.
+struct WorkerRun {
+  WorkerStats stats;
+  WorkerExit exit = WorkerExit::kStopped;
+  std::string reason;  // empty for kStopped
+};
+
+// The CoAP/DTLS client of a worker's settings (server, PSK identity and key or certificates,
+// plain CoAP, timing, request timeout); its waits look at `stop`. Every mode's run uses it.
+transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& config,
+                                                       const std::atomic<bool>& stop);
+
+// How a run that applied nothing ends: with the last trouble's exit status (kNothingApplied
+// when there was none) and a reason that names `nothing` and that trouble.
+void end_without_anything_applied(WorkerExit last_trouble, const std::string& last_trouble_message,
+                                  const std::string& nothing, WorkerExit& exit,
+                                  std::string& reason);
+
+// A Worker over CoAP/DTLS to config.server_host (CoapServerChannel), which looks at `stop`
+// at least every 100 ms while it waits for the server. Runs until `stop` becomes true,
+// max_steps or max_seconds is reached, or it gives up (WorkerFailure: exit and reason).
+// A run that ends without any update accepted ends with the last trouble's exit status
+// (kServerUnreachable when the server never answered, ...) or kNothingApplied. Throws for
+// bad configuration or data (std::invalid_argument, ModelError) and for a broken server
+// (std::runtime_error).
+WorkerRun run_worker(const WorkerConfig& config, const Dataset& train,
+                     const std::atomic<bool>& stop, const WorkerLog& log = {},
+                     const WorkerProgress& progress = {});
+
+}  // namespace edgetrain::runtime

@@ -1,7 +1,7 @@
 // The gossip side of edgetrain-emulation-report (edgetrain-emulate --mode gossip): how a
 // fleet of peers is wired behind the link impairer, the timeline rows of its evaluations,
 // and the summary of a finished run. No server: every peer serves its model and pulls its
-// neighbours' (runtime/README.md, "Gossip"); emulation/README.md, "Gossip runs", says what
+// neighbours' (worker/README.md, "Gossip"); emulation/README.md, "Gossip runs", says what
 // each file means.
 #pragma once
 

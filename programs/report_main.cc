@@ -647,7 +647,7 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
   t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
   t.add("label-skew", s.label_skew,
         "label-skewed shards (the worker's --label-skew) instead of i.i.d.");
-  t.group("Federated rounds (server/README.md, runtime/README.md)");
+  t.group("Federated rounds (server/README.md, worker/README.md)");
   t.add(
        "mode", s.mode,
        "async: asynchronous SGD; rounds: federated rounds (server and workers); gossip: no server, "
@@ -672,7 +672,7 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
         "rounds: the server moves the model by this times the aggregated delta")
       .range(1e-6, 100);
   t.group(
-      "Gossip (--mode gossip: runtime/README.md \"Gossip\", emulation/README.md \"Gossip runs\")");
+      "Gossip (--mode gossip: worker/README.md \"Gossip\", emulation/README.md \"Gossip runs\")");
   t.add("topology", s.topology, "gossip: the peers' graph")
       .choices({"ring", "random-regular", "full"});
   t.add("degree", s.degree, "gossip, random-regular: neighbours per peer").range(1, 4000);
@@ -714,7 +714,7 @@ void declare_experiment(edgetrain::settings::Table& t, EmulatorSettings& s) {
         "gossip and --shards: test images per evaluation of the fleet (or the "
         "assembled model) during the run (the final one uses all)")
       .range(1, 1000000);
-  t.group("Filter dropout (DISTREAL: runtime/README.md)");
+  t.group("Filter dropout (DISTREAL: worker/README.md)");
   t.add("drop-rates", s.drop_rates,
         "every worker trains this sub-network: one rate per conv layer, e.g. 0.25,0.5");
   t.add("class-drop-rates", s.class_drop_rates,

@@ -171,7 +171,7 @@ void declare_settings(settings::Table& t, SimSettings& s) {
   t.add("degree", s.gossip.degree, "neighbours per peer with --topology random-regular")
       .range(1, 10000);
   t.add("topology-file", s.topology_file,
-        "the graph from a topology file (runtime/README.md \"Gossip\"; its peer "
+        "the graph from a topology file (worker/README.md \"Gossip\"; its peer "
         "count must equal --workers); overrides --topology");
   t.add("consensus-step", s.consensus_step,
         "gamma: x_i += gamma * sum_j w_ij (published_j - published_i) (0: 1 for "

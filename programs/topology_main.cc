@@ -1,5 +1,5 @@
 // edgetrain-topology: writes the topology file of a gossip fleet (worker/gossip.h,
-// runtime/README.md "Gossip"): N peers, their names and addresses, and the edges.
+// worker/README.md "Gossip"): N peers, their names and addresses, and the edges.
 #include <cstdio>
 #include <iostream>
 #include <stdexcept>

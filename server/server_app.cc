@@ -25,14 +25,13 @@
 #include "model/dataset.h"
 #include "model/model_shards.h"
 #include "server/evaluator.h"
-#include "server/gan_coordinator.h"
 #include "server/handshake_failure_log.h"
 #include "server/keystore.h"
 #include "server/metrics_endpoint.h"
 #include "server/resources.h"
 #include "server/run_end.h"
 #include "server/startup_checks.h"
-#include "server/round_coordinator.h"
+#include "server/server_mode.h"
 #include "server/server_state.h"
 #include "transport/untrusted_text.h"
 
@@ -145,9 +144,7 @@ class ServerApp {
     start_evaluator();
     start_metrics();
   }
-  ~ServerApp() {
-    if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
-  }
+  ~ServerApp() = default;
   void serve();
   void shutdown();
 
@@ -156,10 +153,6 @@ class ServerApp {
   void open_state();
   void note_warm_start();
   void open_endpoint();
-  void open_rounds(ResourceOptions& resource_options);
-  void open_gan(ResourceOptions& resource_options);
-  void poll_gan();
-  void open_gan_evaluation();
   void start_evaluator();
   void report_evaluation(const EvaluationResult& r);
   void write_stats(bool running);
@@ -186,17 +179,8 @@ class ServerApp {
   RecoveryReport recovery_;
   std::uint64_t version_after_recovery_ = 0;
   std::unique_ptr<ServerResources> resources_;
-  std::unique_ptr<RoundCoordinator> rounds_;  // --mode rounds only
-  std::unique_ptr<GanCoordinator> gan_;       // --mode gan only
-  // The generator's evaluations run on gan_eval_thread_, on a copy of G in gan_sampler_.
-  std::unique_ptr<runtime::GanPart> gan_sampler_;
-  std::unique_ptr<runtime::GanJudge> gan_judge_;
-  std::thread gan_eval_thread_;
-  std::atomic<bool> gan_eval_running_{false};
-  std::uint64_t gan_evaluated_at_ = 0;
-  plot::PlotSeries gan_scores_{"MNIST score", {}, {}};
-  void start_gan_evaluation();
-  void evaluate_gan(std::uint64_t iteration);
+  // The mode's server side (server/server_mode.h); none for async.
+  std::unique_ptr<ServerMode> mode_;
   // Before servers_: the servers' failure callback writes to it until they are gone.
   HandshakeFailureLog handshake_failures_{log_line};
   std::mutex handshake_failures_mutex_;  // the loops record, the main thread flushes
@@ -295,158 +279,6 @@ void ServerApp::note_warm_start() {
   log_line("warm start: the new state begins with the parameters of " + s_.init_from);
 }
 
-// --mode rounds: the round coordinator, and POST /update refused (a round's model changes
-// only at its close).
-void ServerApp::open_rounds(ResourceOptions& resource_options) {
-  RoundOptions o;
-  o.policy = parse_round_policy(s_.round_policy);
-  o.aggregation = parse_aggregation(s_.aggregation);
-  o.deadline_seconds = s_.round_deadline;
-  o.client_fraction = s_.client_fraction;
-  o.min_clients = s_.min_clients;
-  o.local_steps = s_.local_steps;
-  o.local_epochs = s_.local_epochs;
-  o.server_lr = static_cast<float>(s_.server_lr);
-  o.store_learning_rate = static_cast<float>(s_.lr);
-  o.seed = s_.seed;
-  o.log = log_line;
-  if (s_.publish_every > 0)
-    log_line("WARNING: --publish-every is ignored with --mode rounds: a round's model is exact");
-  rounds_ = std::make_unique<RoundCoordinator>(*state_, o);
-  resource_options.updates_refused_because = "--mode rounds: post model deltas to /round/update";
-  resource_options.extra_status = [this] { return rounds_->status_json(); };
-  log_line("federated rounds: round " + std::to_string(rounds_->round()) + ", policy " +
-           s_.round_policy + ", " + s_.aggregation + " aggregation, deadline " +
-           number(s_.round_deadline) + " s, client fraction " + number(s_.client_fraction) + ", " +
-           (s_.local_epochs > 0 ? std::to_string(s_.local_epochs) + " local epochs"
-                                : std::to_string(s_.local_steps) + " local steps") +
-           ", server lr " + number(s_.server_lr));
-}
-
-// --mode gan: the MD-GAN coordinator in <state-dir>/gan, and POST /update refused.
-void ServerApp::open_gan(ResourceOptions& resource_options) {
-  GanServerOptions o;
-  o.gan.batch = static_cast<int>(s_.gan_batch);
-  o.gan.seed = s_.seed;
-  o.gan.adam.lr = static_cast<float>(s_.gan_lr);
-  o.gan.architecture = runtime::parse_gan_architecture(s_.gan_arch);
-  o.workers = s_.gan_workers;
-  o.k = s_.gan_k;
-  o.deadline_seconds = s_.gan_deadline;
-  o.swap_every = s_.gan_swap_every;
-  o.encoding = s_.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
-  o.checkpoint_every = s_.gan_checkpoint_every;
-  o.directory = std::filesystem::path(s_.state_dir) / "gan";
-  o.log = log_line;
-  try {
-    gan_ = std::make_unique<GanCoordinator>(o);
-  } catch (const std::invalid_argument& e) {
-    throw StartupError(e.what());
-  } catch (const GanStateError& e) {
-    throw StartupError(std::string("GAN state: ") + e.what());
-  }
-  open_gan_evaluation();
-  resource_options.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
-  resource_options.extra_status = [this] { return gan_->status_json(); };
-  const auto& r = gan_->recovery();
-  log_line("MD-GAN: " + s_.gan_arch + " generator, " + std::to_string(s_.gan_workers) +
-           " workers, k " + std::to_string(s_.gan_k) + ", batch " + std::to_string(s_.gan_batch) +
-           ", deadline " + number(s_.gan_deadline) + " s, " +
-           (s_.gan_swap_every
-                ? "discriminator swaps every " + std::to_string(s_.gan_swap_every) + " iterations"
-                : std::string("no discriminator swaps")) +
-           ", batches in " + (s_.gan_fp16 ? "fp16" : "fp32") + "; " +
-           (r.fresh ? std::string("a new generator")
-                    : "recovered iteration " + std::to_string(gan_->iteration()) + " (checkpoint " +
-                          std::to_string(r.checkpoint_iteration) + " + " +
-                          std::to_string(r.replayed) + " logged steps)"));
-}
-
-// The generator's evaluations: a copy of G to sample from, and the judge (classifier and the
-// test images' features) when --gan-classifier is given.
-void ServerApp::open_gan_evaluation() {
-  gan_evaluated_at_ = gan_->iteration();
-  if (s_.gan_eval_every == 0) return;
-  runtime::GanSettings settings;
-  settings.batch = 100;
-  settings.architecture = runtime::parse_gan_architecture(s_.gan_arch);
-  gan_sampler_ = runtime::make_generator(settings, s_.seed);
-  if (s_.gan_classifier.empty()) return;
-  if (s_.eval_data == "none")
-    throw StartupError("--gan-classifier scores against test images: give --eval-data");
-  try {
-    runtime::Model classifier(runtime::model_spec_from_argument(s_.gan_classifier_model));
-    classifier.load_safetensors(s_.gan_classifier);
-    const auto files = runtime::dataset_files(s_.eval_data, runtime::DataSplit::kTest);
-    const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
-    gan_judge_ = std::make_unique<runtime::GanJudge>(
-        classifier, test.pixels.data(),
-        std::min<int>(static_cast<int>(s_.gan_eval_samples), static_cast<int>(test.size())));
-  } catch (const std::exception& e) {
-    throw StartupError(std::string("--gan-classifier: ") + e.what());
-  }
-  const auto csv = std::filesystem::path(s_.state_dir) / "gan" / "metrics.csv";
-  if (!std::filesystem::exists(csv))
-    std::ofstream(csv) << "unix_time,iteration,mnist_score,frechet_distance,conditional_accuracy\n";
-  log_line("MD-GAN: the generator is scored every " + std::to_string(s_.gan_eval_every) +
-           " iterations with " + s_.gan_classifier + " on " + std::to_string(s_.gan_eval_samples) +
-           " samples against " + s_.eval_data + "'s test images");
-  if (gan_->recovery().fresh)
-    start_gan_evaluation();  // the untrained generator's scores, the curve's first point
-}
-
-// After the coordinator's deadline check: an evaluation every --gan-eval-every iterations,
-// unless the last one is still running.
-void ServerApp::poll_gan() {
-  gan_->poll();
-  if (!gan_sampler_ || gan_->iteration() < gan_evaluated_at_ + s_.gan_eval_every ||
-      gan_eval_running_)
-    return;
-  start_gan_evaluation();
-}
-
-void ServerApp::start_gan_evaluation() {
-  if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
-  gan_evaluated_at_ = gan_->iteration();
-  gan_sampler_->params = gan_->generator().params;
-  gan_eval_running_ = true;
-  gan_eval_thread_ = std::thread([this, iteration = gan_evaluated_at_] {
-    try {
-      evaluate_gan(iteration);
-    } catch (const std::exception& e) {
-      log_line(std::string("GAN evaluation failed: ") + e.what());
-    }
-    gan_eval_running_ = false;
-  });
-}
-
-// On the evaluation thread: samples of classes 0-9 by column (the same noise every time), the
-// grid, and the scores.
-void ServerApp::evaluate_gan(std::uint64_t iteration) {
-  const int count = static_cast<int>(s_.gan_eval_samples);
-  std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count) * runtime::kGanImageSize);
-  std::vector<std::int32_t> labels(count);
-  runtime::sample_generator(*gan_sampler_, count, s_.seed + 7777, pixels.data(), labels.data());
-  const auto dir = std::filesystem::path(s_.state_dir) / "gan";
-  image::write_png_grid((dir / "samples.png").string(),
-                        image::tile_images(pixels, std::min(count, 100), 28, 10));
-  if (!gan_judge_) return;
-  const runtime::GanScores scores = gan_judge_->score(pixels.data(), labels.data(), count);
-  std::ofstream(dir / "metrics.csv", std::ios::app)
-      << std::time(nullptr) << ',' << iteration << ',' << scores.mnist_score << ','
-      << scores.frechet_distance << ',' << scores.conditional_accuracy << '\n';
-  gan_scores_.x.push_back(static_cast<double>(iteration));
-  gan_scores_.y.push_back(scores.mnist_score);
-  plot::PlotOptions plot;
-  plot.title = "MD-GAN: the generator's MNIST score (" + s_.gan_classifier_model + " classifier)";
-  plot.x_label = "generator iterations";
-  plot.y_label = "MNIST score";
-  std::ofstream(dir / "scores.svg") << plot::render_svg_line_chart({gan_scores_}, plot);
-  log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " +
-           number(scores.mnist_score) + ", Frechet distance " + number(scores.frechet_distance) +
-           ", conditional accuracy " + number(scores.conditional_accuracy));
-}
-
 void ServerApp::open_endpoint() {
   ResourceOptions resource_options;
   resource_options.is_authorized = [this](std::string_view identity) {
@@ -469,8 +301,7 @@ void ServerApp::open_endpoint() {
        : s_.insecure_port
            ? " and INSECURE plain CoAP on port " + std::to_string(s_.insecure_port)
            : std::string(" and INSECURE plain CoAP on a free port (logged at start-up)"));
-  if (s_.mode == "rounds") open_rounds(resource_options);
-  if (s_.mode == "gan") open_gan(resource_options);
+  mode_ = make_server_mode(s_, *state_, resource_options);
   resources_ = std::make_unique<ServerResources>(*state_, resource_options);
 
   transport::CoapDtlsServer::Options o;
@@ -519,12 +350,9 @@ void ServerApp::open_endpoint() {
   }
   loop_handshakes_.resize(loops);
   transport::CoapDtlsServer& server = *servers_[0];
-  if (rounds_)
-    rounds_->attach(server,
-                    [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
-  if (gan_)
-    gan_->attach(server,
-                 [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
+  if (mode_)
+    mode_->attach(server,
+                  [this](const transport::CoapRequest& r) { resources_->note_request(r, true); });
   if (!s_.port_file.empty())
     common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) +
@@ -573,9 +401,8 @@ void ServerApp::start_evaluator() {
   }
   if (!start_.eval_note.empty()) log_line(start_.eval_note);
   if (!start_.eval_data) return;
-  if (gan_)
-    return;  // --mode gan trains no classifier: --eval-data is the generator's judge's
-             // (open_gan_evaluation)
+  if (mode_ && !mode_->evaluates_classifier())
+    return;  // e.g. --mode gan trains no classifier: --eval-data is the generator's judge's
   runtime::Dataset test = std::move(*start_.eval_data);  // loaded by check_startup
   best_ =
       std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
@@ -703,8 +530,7 @@ void ServerApp::write_stats(bool running) {
   }
   add_run_end_stats(j);
   j["mode"] = s_.mode;
-  if (rounds_) j["rounds"] = nlohmann::json::parse(rounds_->status_json());
-  if (gan_) j["gan"] = nlohmann::json::parse(gan_->status_json());
+  if (mode_) j[std::string(mode_->name())] = nlohmann::json::parse(mode_->status_json());
   hold.unlock();
   common::write_file_atomically(s_.stats_file, j.dump(2) + "\n");
 }
@@ -777,9 +603,8 @@ void ServerApp::serve() {
   if (stop_.any()) log_line("stop conditions: " + stop_.describe());
   while (!g_stop_requested && !loops_stop && !stop_condition_met()) {
     resources_->serve_once(*servers_[0],
-                           200);   // returns within 200 ms, so the stats file is at most ~1.2 s old
-    if (rounds_) rounds_->poll();  // a round's deadline passes without a request
-    if (gan_) poll_gan();          // likewise an iteration's
+                           200);  // returns within 200 ms, so the stats file is at most ~1.2 s old
+    if (mode_) mode_->poll();     // a round's or an iteration's deadline passes without a request
     if (std::chrono::steady_clock::now() < next_stats) continue;
     {
       std::lock_guard lock(handshake_failures_mutex_);
@@ -805,12 +630,12 @@ void ServerApp::serve() {
 bool ServerApp::stop_condition_met() {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-  // In GAN mode the run's progress is the generator's iterations (--stop-after-updates counts
-  // them).
+  // The run's progress is the model version, or what the mode counts instead (MD-GAN: the
+  // generator's iterations, which --stop-after-updates then counts).
   std::uint64_t progress = 0;
   {
     const auto hold = resources_->hold();  // the other loops apply updates
-    progress = gan_ ? gan_->iteration() : state_->version();
+    progress = (mode_ ? mode_->progress() : std::nullopt).value_or(state_->version());
   }
   stopped_because_ = stop_.check(progress, seconds);
   if (stopped_because_) log_line("stop condition met: " + stopped_because_->detail);
@@ -836,11 +661,7 @@ void ServerApp::shutdown() {
     log_line("plot written to " + svg_path.string());
   }
   state_->checkpoint();
-  if (gan_eval_thread_.joinable()) gan_eval_thread_.join();
-  if (gan_) {
-    gan_->checkpoint();
-    log_line("MD-GAN: checkpoint at iteration " + std::to_string(gan_->iteration()));
-  }
+  if (mode_) mode_->shutdown();
   write_stats(false);
   log_line("checkpoint written to " + state_->checkpoint_path().string() + "; bye");
 }

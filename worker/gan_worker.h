@@ -1,4 +1,4 @@
-// MD-GAN on a worker (edgetrain-worker --mode gan; runtime/README.md "MD-GAN"; the server
+// MD-GAN on a worker (edgetrain-worker --mode gan; worker/README.md "MD-GAN"; the server
 // side is server/gan_coordinator.h). The worker keeps a discriminator D_n and its shard of
 // the real data. Each iteration:
 //   1. GET /gan/batches: the iteration's X_g,n and X_d,n with their class labels (5.03: it

@@ -1,4 +1,4 @@
-// What gossip training (EdgeGossip; runtime/README.md "Gossip") shares between the peer
+// What gossip training (EdgeGossip; worker/README.md "Gossip") shares between the peer
 // mode of edgetrain-worker (worker/gossip_peer.h) and the simulator (edgetrain-sim --mode
 // gossip): the topology and its file, the mixing weights, the workload balancer and the
 // accuracy-aware stop. No network and no model here: plain rules, unit-tested on their own.
@@ -59,7 +59,7 @@ GossipTopology topology_from_edges(
     std::vector<GossipPeerAddress> peers,
     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& edges);
 
-// The topology file (JSON, runtime/README.md "Gossip"):
+// The topology file (JSON, worker/README.md "Gossip"):
 //   {"kind": "ring", "peers": [{"name": "peer-0", "address": "10.0.0.1:5684"}, ...],
 //    "edges": [[0, 1], [1, 2], ...]}
 // Edges are what counts; "kind" says how they were made. Parsing checks everything
@@ -78,7 +78,7 @@ std::vector<double> metropolis_weights(const GossipTopology& topology, std::uint
 // ---- Workload balancing (EdgeGossip's "low performance variation") -------------------------
 
 // Each peer sizes its batch so that one iteration takes about `target_seconds` at the speed
-// it measures now (ours; runtime/README.md "Balancing"): the wanted batch is examples per
+// it measures now (ours; worker/README.md "Balancing"): the wanted batch is examples per
 // second × target, clamped to [min_batch, max_batch]; when it differs from the batch held
 // by more than a tenth, the batch becomes the nearest size on the ladder base_batch ·
 // 2^(k/4) (each batch size has kernels of its own, so a peer keeps to few), clamped the

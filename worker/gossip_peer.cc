@@ -47,14 +47,24 @@ bool all_finite(std::span<const float> values) {
   return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
 }
 
-// "since=V" (the only query GET /gossip/model takes); nullopt for none, a string for a bad one.
+// "since=V" (the only query GET /gossip/model takes, beside the id=NAME a plain CoAP peer
+// declares itself with, which the transport reads); nullopt for none, a string for a bad one.
 std::variant<std::optional<std::uint64_t>, std::string> parse_since(const std::string& query) {
-  if (query.empty()) return std::optional<std::uint64_t>{};
-  if (query.rfind("since=", 0) != 0) return std::string("unknown query (only since=V)");
-  const std::string digits = query.substr(6);
-  if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
-    return std::string("since must be a version number");
-  return std::optional<std::uint64_t>{std::stoull(digits)};
+  std::optional<std::uint64_t> since;
+  for (std::size_t start = 0; start < query.size();) {
+    std::size_t end = query.find('&', start);
+    if (end == std::string::npos) end = query.size();
+    const std::string part = query.substr(start, end - start);
+    start = end + 1;
+    if (part.rfind("id=", 0) == 0) continue;
+    if (part.rfind("since=", 0) != 0 || since) return std::string("unknown query (only since=V)");
+    const std::string digits = part.substr(6);
+    if (digits.empty() || digits.size() > 19 ||
+        !std::all_of(digits.begin(), digits.end(), ::isdigit))
+      return std::string("since must be a version number");
+    since = std::stoull(digits);
+  }
+  return since;
 }
 
 }  // namespace

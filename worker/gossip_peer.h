@@ -1,4 +1,4 @@
-// The peer mode of edgetrain-worker (--mode gossip; runtime/README.md "Gossip"): training
+// The peer mode of edgetrain-worker (--mode gossip; worker/README.md "Gossip"): training
 // without a server. Every peer is a CoAP/DTLS server and a client at once. It serves its
 // published model (model/published_model.h) at GET /gossip/model[?since=V] — the model
 // delta since the version a neighbour holds, with its digest, as the parameter server serves

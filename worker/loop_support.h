@@ -76,10 +76,15 @@ class Trouble {
     say_(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
     sleep_unless_stopped(delay, stop_);
   }
+  // Tried max_refusals times in a row (with backoff between: a server being set up may
+  // change its mind), then given up.
   void refused(WorkerExit exit, const std::string& what) {
+    last_ = exit;
+    last_message_ = what;
     if (++refusals_in_a_row_ >= config_.max_refusals)
-      throw WorkerFailure(
-          exit, what + " (" + std::to_string(refusals_in_a_row_) + " times in a row; giving up)");
+      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row_) + " time" +
+                                    (refusals_in_a_row_ > 1 ? "s" : "") +
+                                    " in a row; giving up)");
     trouble(exit, what);
   }
   void request_failed(const std::string& what, const transport::TransportError& e) {
@@ -96,13 +101,20 @@ class Trouble {
       default:
         break;
     }
+    // The server is away (no answer, nothing listening, a session lost): retried with
+    // backoff until it has not answered for give_up_after_seconds.
     const WorkerExit exit =
         ever_answered_ ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    last_ = exit;
+    last_message_ = text;
     const double silent = std::chrono::duration<double>(Clock::now() - last_answer_).count();
     if (config_.give_up_after_seconds > 0 && silent >= config_.give_up_after_seconds)
-      throw WorkerFailure(exit, text + " (no answer for " +
-                                    std::to_string(static_cast<long long>(silent)) +
-                                    " s; giving up: --give-up-after)");
+      throw WorkerFailure(
+          exit,
+          text + " (" +
+              (ever_answered_ ? "no answer from the server for " : "no answer since the start, ") +
+              std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
+              std::to_string(static_cast<long long>(config_.give_up_after_seconds)) + ")");
     trouble(exit, text);
   }
   // The server answered (whatever it said).

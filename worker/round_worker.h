@@ -1,4 +1,4 @@
-// The worker loop of federated rounds (edgetrain-worker --mode rounds; runtime/README.md,
+// The worker loop of federated rounds (edgetrain-worker --mode rounds; worker/README.md,
 // "Federated rounds"): poll GET /round; when selected, pull the round's model (GET /model),
 // train the round's local steps on this worker's shard with plain SGD at `lr`, and post the
 // model delta (new − start, compressed with the worker's compressor) to

@@ -122,7 +122,11 @@ struct Worker::State {
         gradient(model.parameter_count()),
         pixels(static_cast<std::size_t>(config.batch) * train.image_bytes()),
         labels(config.batch),
-        backoff(config.backoff_initial, config.backoff_max, config.seed + config.worker_id),
+        // Failure bookkeeping and backoff, as every loop keeps them (worker/loop_support.h).
+        trouble(
+            this->config, stop,
+            [this](const std::string& line, logging::Level level) { say(line, level); },
+            [this] { stats.retries++; }),
         // Sequence numbers must keep growing across restarts of this worker, or the server
         // would take a new update for a replay: start from the wall clock in microseconds.
         sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
@@ -168,73 +172,6 @@ struct Worker::State {
   void say(const std::string& line, logging::Level level = logging::Level::kInfo) const {
     if (log && logging::enabled(level)) log(line);
   }
-  // A request that failed or was not answered as it should: count it and back off.
-  void transport_trouble(const std::string& what) {
-    stats.retries++;
-    const auto delay = backoff.next_delay();
-    say(what + "; retrying in " + std::to_string(delay.count()) + " ms", logging::Level::kWarn);
-    sleep_unless_stopped(delay, stop);
-  }
-
-  // What the worker would exit with if the run ended now with nothing accepted.
-  void note_trouble(WorkerExit exit, const std::string& what) {
-    last_trouble = exit;
-    last_trouble_message = what;
-  }
-  void server_answered() {
-    last_answer = Clock::now();
-    ever_answered = true;
-  }
-  // The server took part normally (2.04 or 4.09): the trouble is over.
-  void exchange_succeeded() {
-    backoff.reset();
-    refusals_in_a_row = 0;
-  }
-  // A request that got no answer: a refusal no retry fixes, or a server away.
-  void request_failed(const std::string& what, const transport::TransportError& e) {
-    const std::string text = what + ": " + e.what();
-    switch (e.failure()) {
-      case transport::TransportFailure::kInterrupted:
-        return;  // stopping: no retry, no backoff
-      case transport::TransportFailure::kHandshakeRefused:
-        refused(WorkerExit::kHandshakeRefused, text);
-        return;
-      case transport::TransportFailure::kUnknownIdentity:
-        refused(WorkerExit::kUnknownIdentity, text);
-        return;
-      default:
-        unanswered(text);
-        return;
-    }
-  }
-  // Tried max_refusals times in a row (with backoff between: a server being set up may
-  // change its mind), then given up.
-  void refused(WorkerExit exit, const std::string& what) {
-    note_trouble(exit, what);
-    if (++refusals_in_a_row >= config.max_refusals) {
-      throw WorkerFailure(exit, what + " (" + std::to_string(refusals_in_a_row) + " time" +
-                                    (refusals_in_a_row > 1 ? "s" : "") + " in a row; giving up)");
-    }
-    transport_trouble(what);
-  }
-  // The server is away (no answer, nothing listening, a session lost): retried with
-  // backoff until it has not answered for give_up_after_seconds.
-  void unanswered(const std::string& what) {
-    const WorkerExit exit =
-        ever_answered ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
-    note_trouble(exit, what);
-    const double silent = std::chrono::duration<double>(Clock::now() - last_answer).count();
-    if (config.give_up_after_seconds > 0 && silent >= config.give_up_after_seconds) {
-      throw WorkerFailure(
-          exit,
-          what + " (" +
-              (ever_answered ? "no answer from the server for " : "no answer since the start, ") +
-              std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
-              std::to_string(static_cast<long long>(config.give_up_after_seconds)) + ")");
-    }
-    transport_trouble(what);
-  }
-
   const WorkerConfig config;
   ServerChannel& channel;
   const std::atomic<bool>& stop;
@@ -248,7 +185,7 @@ struct Worker::State {
   std::vector<float> gradient;
   std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;
-  Backoff backoff;
+  loop::Trouble trouble;
   std::uint64_t sequence;
   ModelReplica replica;
 
@@ -258,13 +195,6 @@ struct Worker::State {
   std::uint64_t steps_since_pull = 0;
   int consecutive_mismatches = 0;
   int consecutive_non_finite = 0;
-  // Failure bookkeeping (worker_exit_codes.h).
-  Clock::time_point last_answer =
-      Clock::now();  // the server's last answer of any kind (start: construction)
-  bool ever_answered = false;
-  int refusals_in_a_row = 0;
-  WorkerExit last_trouble = WorkerExit::kStopped;  // kStopped: none yet
-  std::string last_trouble_message;
   std::vector<std::uint8_t> body;  // the encoded update of the last step
 };
 
@@ -278,9 +208,11 @@ Worker::~Worker() = default;
 
 const WorkerStats& Worker::stats() const { return state_->stats; }
 
-WorkerExit Worker::last_trouble() const { return state_->last_trouble; }
+WorkerExit Worker::last_trouble() const { return state_->trouble.last(); }
 
-const std::string& Worker::last_trouble_message() const { return state_->last_trouble_message; }
+const std::string& Worker::last_trouble_message() const {
+  return state_->trouble.last_message();
+}
 
 bool Worker::needs_pull() const {
   return !state_->have_model ||
@@ -293,16 +225,15 @@ bool Worker::pull() {
   try {
     response = s.channel.get_model(s.replica.pull_path());
   } catch (const transport::TransportError& e) {
-    s.request_failed("pull failed", e);
+    s.trouble.request_failed("pull failed", e);
     return false;
   }
-  s.server_answered();
+  s.trouble.answered();
   if (response.code != transport::CoapCode::kContent) {
     // The server is up but will not serve us: say why and back off (it may be starting).
     const std::string what = "GET /model answered " + transport::coap_code_string(response.code) +
                              " " + payload_text(response.payload);
-    s.note_trouble(WorkerExit::kNothingApplied, what);
-    s.transport_trouble(what);
+    s.trouble.trouble(WorkerExit::kNothingApplied, what);
     return false;
   }
   ModelReplica::PullOutcome outcome;
@@ -311,7 +242,7 @@ bool Worker::pull() {
   } catch (const std::runtime_error& e) {
     // Another model (layout id or tensor sizes), as a whole model or a delta: the server was
     // started with another --model, or restarted with one under this worker.
-    s.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" +
+    s.trouble.refused(WorkerExit::kModelMismatch, "the server's model does not match model '" +
                                               s.config.model +
                                               "' (give "
                                               "--model as the server's --model): " +
@@ -411,10 +342,10 @@ void Worker::push() {
       response = s.channel.post_update(s.body);
     } catch (const transport::TransportError& e) {
       s.have_model = attempt == 0 && s.have_model;  // after a second failure, pull again
-      s.request_failed("push failed", e);
+      s.trouble.request_failed("push failed", e);
       continue;
     }
-    s.server_answered();
+    s.trouble.answered();
     s.stats.bytes_sent += s.body.size();
     const std::string refusal = "update refused with " +
                                 transport::coap_code_string(response.code) + ": " +
@@ -423,23 +354,22 @@ void Worker::push() {
       s.stats.updates_accepted++;
       if (const auto version = transport::decode_update_reply(response.payload))
         s.stats.server_version = *version;
-      s.exchange_succeeded();
+      s.trouble.succeeded();
     } else if (response.code == transport::CoapCode::kConflict) {
       s.stats.updates_refused++;  // too stale or another model: pull before the next step
       s.have_model = false;
-      s.exchange_succeeded();
+      s.trouble.succeeded();
     } else if ((response.code == transport::CoapCode::kUnauthorized ||
                 response.code == transport::CoapCode::kForbidden) &&
                !is_quarantine(response)) {
       s.stats.updates_rejected++;  // not (or no longer) in the server's keystore
-      s.refused(WorkerExit::kUnknownIdentity, refusal);
+      s.trouble.refused(WorkerExit::kUnknownIdentity, refusal);
     } else {
       // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13, 4.22,
       // a quarantine's 4.03: the update is dropped, and the next one waits the backoff, which keeps
       // growing until one is accepted, so a fleet does not hammer a server in trouble.
       s.stats.updates_rejected++;
-      s.note_trouble(WorkerExit::kNothingApplied, refusal);
-      s.transport_trouble(refusal);
+      s.trouble.trouble(WorkerExit::kNothingApplied, refusal);
     }
     break;
   }

@@ -1,6 +1,6 @@
 // How edgetrain-worker ends: its exit status, defined here and nowhere else. `--help` prints
 // the list (worker_exit_codes_help()), the man page (boards/packaging/edgetrain-worker.1)
-// and runtime/README.md repeat it (tests/integration/worker_failures.sh checks both against
+// and worker/README.md repeat it (tests/integration/worker_failures.sh checks both against
 // --help), and the systemd unit does not restart after the permanent ones
 // (RestartPreventExitStatus= in boards/packaging/edgetrain-worker.service.in).
 //

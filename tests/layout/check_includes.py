@@ -31,7 +31,6 @@ PROGRAM_LINES = 300
 LONG_PROGRAMS = {
     "programs/report_main.cc": 1181,
     "programs/sim_main.cc": 872,
-    "programs/worker_main.cc": 1005,
     "programs/server_main.cc": 368,
 }
 

@@ -2,7 +2,7 @@
 // conv3x3 1->32 + ReLU + maxpool2 -> conv3x3 32->64 + ReLU + maxpool2 -> FC 3136->128 +
 // ReLU -> FC 128->10, softmax cross-entropy; 28x28x1 NHWC inputs; 421,642 parameters in
 // one arena. Either every op is a reference loop (Path::reference) or the XNNPACK-backed
-// ops of kernels/training_xnn.h (Path::fast). The real model lives in runtime/; this
+// ops of kernels/training_xnn.h (Path::fast). The real model lives in model/; this
 // copy exists so the kernels can be tested and measured as a whole without depending on it.
 #pragma once
 

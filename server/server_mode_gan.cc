@@ -1,0 +1,194 @@
+// --mode gan on the server: the MD-GAN coordinator (server/gan_coordinator.h) in
+// <state-dir>/gan behind the ServerMode seam, with the generator's evaluations (a grid of
+// samples, and with --gan-classifier its MNIST score, Fréchet distance and conditional
+// accuracy) on a thread of their own.
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/png_image.h"
+#include "common/svg_plot.h"
+#include "model/classifier_readout.h"
+#include "model/dataset.h"
+#include "model/gan_training.h"
+#include "server/gan_coordinator.h"
+#include "server/server_mode.h"
+#include "server/startup_checks.h"
+
+namespace edgetrain::server {
+namespace {
+
+std::string number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
+
+class GanMode : public ServerMode {
+ public:
+  GanMode(const ServerSettings& s, GanServerOptions options) : s_(s) {
+    try {
+      gan_ = std::make_unique<GanCoordinator>(std::move(options));
+    } catch (const std::invalid_argument& e) {
+      throw StartupError(e.what());
+    } catch (const GanStateError& e) {
+      throw StartupError(std::string("GAN state: ") + e.what());
+    }
+    open_evaluation();
+  }
+  ~GanMode() override {
+    if (eval_thread_.joinable()) eval_thread_.join();
+  }
+
+  std::string_view name() const override { return "gan"; }
+  void attach(transport::CoapDtlsServer& server,
+              std::function<void(const transport::CoapRequest&)> note) override {
+    gan_->attach(server, std::move(note));
+  }
+  // After the coordinator's deadline check: an evaluation every --gan-eval-every iterations,
+  // unless the last one is still running.
+  void poll() override {
+    gan_->poll();
+    if (!sampler_ || gan_->iteration() < evaluated_at_ + s_.gan_eval_every || eval_running_) return;
+    start_evaluation();
+  }
+  std::string status_json() const override { return gan_->status_json(); }
+  // The run's progress is the generator's iterations (--stop-after-updates counts them).
+  std::optional<std::uint64_t> progress() const override { return gan_->iteration(); }
+  bool evaluates_classifier() const override { return false; }
+  void shutdown() override {
+    if (eval_thread_.joinable()) eval_thread_.join();
+    gan_->checkpoint();
+    log_line("MD-GAN: checkpoint at iteration " + std::to_string(gan_->iteration()));
+  }
+  const GanCoordinator& coordinator() const { return *gan_; }
+
+ private:
+  // A copy of G to sample from, and the judge (classifier and the test images' features)
+  // when --gan-classifier is given.
+  void open_evaluation() {
+    evaluated_at_ = gan_->iteration();
+    if (s_.gan_eval_every == 0) return;
+    runtime::GanSettings settings;
+    settings.batch = 100;
+    settings.architecture = runtime::parse_gan_architecture(s_.gan_arch);
+    sampler_ = runtime::make_generator(settings, s_.seed);
+    if (s_.gan_classifier.empty()) return;
+    if (s_.eval_data == "none")
+      throw StartupError("--gan-classifier scores against test images: give --eval-data");
+    try {
+      runtime::Model classifier(runtime::model_spec_from_argument(s_.gan_classifier_model));
+      classifier.load_safetensors(s_.gan_classifier);
+      const auto files = runtime::dataset_files(s_.eval_data, runtime::DataSplit::kTest);
+      const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
+      judge_ = std::make_unique<runtime::GanJudge>(
+          classifier, test.pixels.data(),
+          std::min<int>(static_cast<int>(s_.gan_eval_samples), static_cast<int>(test.size())));
+    } catch (const std::exception& e) {
+      throw StartupError(std::string("--gan-classifier: ") + e.what());
+    }
+    const auto csv = std::filesystem::path(s_.state_dir) / "gan" / "metrics.csv";
+    if (!std::filesystem::exists(csv))
+      std::ofstream(csv)
+          << "unix_time,iteration,mnist_score,frechet_distance,conditional_accuracy\n";
+    log_line("MD-GAN: the generator is scored every " + std::to_string(s_.gan_eval_every) +
+             " iterations with " + s_.gan_classifier + " on " +
+             std::to_string(s_.gan_eval_samples) + " samples against " + s_.eval_data +
+             "'s test images");
+    if (gan_->recovery().fresh)
+      start_evaluation();  // the untrained generator's scores, the curve's first point
+  }
+
+  void start_evaluation() {
+    if (eval_thread_.joinable()) eval_thread_.join();
+    evaluated_at_ = gan_->iteration();
+    sampler_->params = gan_->generator().params;
+    eval_running_ = true;
+    eval_thread_ = std::thread([this, iteration = evaluated_at_] {
+      try {
+        evaluate(iteration);
+      } catch (const std::exception& e) {
+        log_line(std::string("GAN evaluation failed: ") + e.what());
+      }
+      eval_running_ = false;
+    });
+  }
+
+  // On the evaluation thread: samples of classes 0-9 by column (the same noise every time),
+  // the grid, and the scores.
+  void evaluate(std::uint64_t iteration) {
+    const int count = static_cast<int>(s_.gan_eval_samples);
+    std::vector<std::uint8_t> pixels(static_cast<std::size_t>(count) * runtime::kGanImageSize);
+    std::vector<std::int32_t> labels(count);
+    runtime::sample_generator(*sampler_, count, s_.seed + 7777, pixels.data(), labels.data());
+    const auto dir = std::filesystem::path(s_.state_dir) / "gan";
+    image::write_png_grid((dir / "samples.png").string(),
+                          image::tile_images(pixels, std::min(count, 100), 28, 10));
+    if (!judge_) return;
+    const runtime::GanScores scores = judge_->score(pixels.data(), labels.data(), count);
+    std::ofstream(dir / "metrics.csv", std::ios::app)
+        << std::time(nullptr) << ',' << iteration << ',' << scores.mnist_score << ','
+        << scores.frechet_distance << ',' << scores.conditional_accuracy << '\n';
+    scores_.x.push_back(static_cast<double>(iteration));
+    scores_.y.push_back(scores.mnist_score);
+    plot::PlotOptions plot;
+    plot.title = "MD-GAN: the generator's MNIST score (" + s_.gan_classifier_model + " classifier)";
+    plot.x_label = "generator iterations";
+    plot.y_label = "MNIST score";
+    std::ofstream(dir / "scores.svg") << plot::render_svg_line_chart({scores_}, plot);
+    log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " +
+             number(scores.mnist_score) + ", Frechet distance " + number(scores.frechet_distance) +
+             ", conditional accuracy " + number(scores.conditional_accuracy));
+  }
+
+  const ServerSettings& s_;
+  std::unique_ptr<GanCoordinator> gan_;
+  // The generator's evaluations run on eval_thread_, on a copy of G in sampler_.
+  std::unique_ptr<runtime::GanPart> sampler_;
+  std::unique_ptr<runtime::GanJudge> judge_;
+  std::thread eval_thread_;
+  std::atomic<bool> eval_running_{false};
+  std::uint64_t evaluated_at_ = 0;
+  plot::PlotSeries scores_{"MNIST score", {}, {}};
+};
+
+}  // namespace
+
+std::unique_ptr<ServerMode> make_gan_mode(const ServerSettings& s, ServerState&,
+                                          ResourceOptions& resources) {
+  GanServerOptions o;
+  o.gan.batch = static_cast<int>(s.gan_batch);
+  o.gan.seed = s.seed;
+  o.gan.adam.lr = static_cast<float>(s.gan_lr);
+  o.gan.architecture = runtime::parse_gan_architecture(s.gan_arch);
+  o.workers = s.gan_workers;
+  o.k = s.gan_k;
+  o.deadline_seconds = s.gan_deadline;
+  o.swap_every = s.gan_swap_every;
+  o.encoding = s.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+  o.checkpoint_every = s.gan_checkpoint_every;
+  o.directory = std::filesystem::path(s.state_dir) / "gan";
+  o.log = log_line;
+  auto mode = std::make_unique<GanMode>(s, std::move(o));
+  resources.updates_refused_because = "--mode gan: workers post feedback to /gan/feedback";
+  resources.extra_status = [m = mode.get()] { return m->status_json(); };
+  const GanCoordinator& gan = mode->coordinator();
+  const auto& r = gan.recovery();
+  log_line("MD-GAN: " + s.gan_arch + " generator, " + std::to_string(s.gan_workers) +
+           " workers, k " + std::to_string(s.gan_k) + ", batch " + std::to_string(s.gan_batch) +
+           ", deadline " + number(s.gan_deadline) + " s, " +
+           (s.gan_swap_every
+                ? "discriminator swaps every " + std::to_string(s.gan_swap_every) + " iterations"
+                : std::string("no discriminator swaps")) +
+           ", batches in " + (s.gan_fp16 ? "fp16" : "fp32") + "; " +
+           (r.fresh ? std::string("a new generator")
+                    : "recovered iteration " + std::to_string(gan.iteration()) + " (checkpoint " +
+                          std::to_string(r.checkpoint_iteration) + " + " +
+                          std::to_string(r.replayed) + " logged steps)"));
+  return mode;
+}
+
+}  // namespace edgetrain::server

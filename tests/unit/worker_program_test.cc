@@ -1,0 +1,107 @@
+// The worker program as a library (worker/worker_program.h): the registry of modes behind
+// --mode, and each mode's stats file schema, which the emulator, the report program and the
+// process-level tests read by key.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+
+#include "common/settings.h"
+#include "worker/worker_program.h"
+
+namespace {
+
+using namespace edgetrain;
+using nlohmann::json;
+
+TEST(WorkerModes, EveryModeOfTheTableIsRegisteredOnceAndOnlyThose) {
+  runtime::WorkerSettings settings;
+  settings::Table table("edgetrain-worker", "test");
+  runtime::declare_worker_settings(table, settings);
+  const settings::Setting* mode = nullptr;
+  for (const auto& setting : table.settings())
+    if (setting->flag() == "mode") mode = setting.get();
+  ASSERT_NE(mode, nullptr);
+  std::set<std::string> registered;
+  for (const runtime::WorkerMode& m : runtime::worker_modes()) {
+    EXPECT_TRUE(registered.insert(std::string(m.name)).second) << m.name << " twice";
+    EXPECT_NE(m.prepare, nullptr) << m.name;
+    EXPECT_EQ(runtime::find_worker_mode(m.name), &m);
+  }
+  const std::set<std::string> choices(mode->allowed().begin(), mode->allowed().end());
+  EXPECT_EQ(registered, choices);
+  EXPECT_EQ(runtime::find_worker_mode("federated"), nullptr);
+}
+
+TEST(WorkerModes, AModeThatNeedsATopologySaysSoBeforeAnyDataIsLoaded) {
+  runtime::WorkerSettings settings;
+  settings.mode = "gossip";
+  EXPECT_THROW(runtime::find_worker_mode("gossip")->prepare(settings), std::invalid_argument);
+  settings.mode = "gan";
+  settings.topology_file = "/nonexistent/topology.json";
+  settings.peer_name = "gan-0";
+  settings.insecure = true;
+  settings.server = "coap://127.0.0.1:5683";
+  settings.identity = "gan-0";
+  EXPECT_THROW(runtime::find_worker_mode("gan")->prepare(settings), std::invalid_argument);
+}
+
+void expect_common_keys(const json& j, const std::string& state) {
+  EXPECT_EQ(j.at("state"), state);
+  EXPECT_TRUE(j.contains("bytes_sent"));
+  EXPECT_TRUE(j.contains("bytes_received"));
+}
+
+TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder) {
+  runtime::WorkerStats stats;
+  stats.steps = 12;
+  stats.updates_accepted = 3;
+  stats.bytes_sent = 4096;
+  stats.dropout.drop_rates = "0.25";
+  const json j = json::parse(runtime::async_stats_json(stats, {7, 9, 11}, true));
+  expect_common_keys(j, "running");
+  EXPECT_EQ(j.at("steps"), 12);
+  EXPECT_EQ(j.at("updates_accepted"), 3);
+  EXPECT_EQ(j.at("bytes_sent"), 4096);
+  EXPECT_EQ(j.at("acknowledged_versions"), json({7, 9, 11}));
+  EXPECT_EQ(j.at("dropout").at("drop_rates"), "0.25");
+  EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them
+  stats.shard_versions = {4, 5};
+  EXPECT_EQ(json::parse(runtime::async_stats_json(stats, {}, false)).at("shard_versions"),
+            json({4, 5}));
+}
+
+TEST(WorkerStatsFiles, RoundsNamesItsModeAndItsAcknowledgedRoundsAsVersions) {
+  runtime::RoundWorkerStats stats;
+  stats.rounds_trained = 2;
+  stats.acknowledged_rounds = {0, 3};
+  const json j = json::parse(runtime::rounds_stats_json(stats, false));
+  expect_common_keys(j, "stopped");
+  EXPECT_EQ(j.at("mode"), "rounds");
+  EXPECT_EQ(j.at("rounds_trained"), 2);
+  EXPECT_EQ(j.at("acknowledged_versions"), json({0, 3}));
+}
+
+TEST(WorkerStatsFiles, GossipAndGanNameTheirModeAndTheirProgress) {
+  runtime::GossipPeerStats gossip;
+  gossip.iteration = 40;
+  gossip.exchanges = 80;
+  const json g = json::parse(runtime::gossip_stats_json(gossip, "peer-1", true));
+  expect_common_keys(g, "running");
+  EXPECT_EQ(g.at("mode"), "gossip");
+  EXPECT_EQ(g.at("peer"), "peer-1");
+  EXPECT_EQ(g.at("iteration"), 40);
+  EXPECT_EQ(g.at("exchanges"), 80);
+  EXPECT_TRUE(g.contains("resumed_iteration"));
+  runtime::GanWorkerStats gan;
+  gan.iterations = 5;
+  const json a = json::parse(runtime::gan_stats_json(gan, false));
+  expect_common_keys(a, "stopped");
+  EXPECT_EQ(a.at("mode"), "gan");
+  EXPECT_EQ(a.at("iterations"), 5);
+  EXPECT_TRUE(a.contains("peer_bytes_sent"));
+}
+
+}  // namespace

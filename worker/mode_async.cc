@@ -1,0 +1,109 @@
+// --mode async (the default): the AdaComp worker of the paper, one compressed gradient per
+// step to POST /update (worker/worker.h).
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+
+#include "worker/program_support.h"
+#include "worker/worker_exit_codes.h"
+#include "worker/worker_program.h"
+
+namespace edgetrain::runtime {
+
+// Every WorkerStats field under its own name, for the --stats-file object.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused,
+                                   updates_rejected, pulls, delta_pulls, delta_mismatches,
+                                   bytes_sent, bytes_received, server_version, retries,
+                                   non_finite_steps, last_loss, dropout)
+
+std::string async_stats_json(const WorkerStats& s, const std::vector<std::uint64_t>& acknowledged,
+                             bool running) {
+  nlohmann::json j = s;
+  j["state"] = running ? "running" : "stopped";
+  j["acknowledged_versions"] = acknowledged;
+  if (!s.shard_versions.empty())
+    j["shard_versions"] = s.shard_versions;  // sharded: per shard, the highest acknowledged
+  return j.dump(2) + "\n";
+}
+
+namespace {
+
+using program::log_error;
+using program::log_line;
+
+class AsyncRun : public WorkerModeRun {
+ public:
+  AsyncRun(const WorkerSettings& s, WorkerConfig config) : s_(s), config_(std::move(config)) {}
+
+  int run(const Dataset& train) override {
+    program::log_server_worker_start(s_, config_, train);
+    WorkerStats stats;
+    std::vector<std::uint64_t> acknowledged;
+    program::StatsFileWriter stats_file(s_.stats_file, [&](bool running) {
+      return async_stats_json(stats, acknowledged, running);
+    });
+    // One push per step, so at most one new acknowledgement per call.
+    auto take = [&](const WorkerStats& current) {
+      if (current.updates_accepted > stats.updates_accepted)
+        acknowledged.push_back(current.server_version);
+      stats = current;
+    };
+    WorkerRun result;
+    {
+      program::ProgressLine progress(s_.quiet);
+      std::uint64_t acks_logged = 0;
+      result = run_worker(
+          config_, train, program::stop_requested, program::write_line,
+          [&](const WorkerStats& current) {
+            stats_file.update([&] { take(current); });
+            // The line lets anyone check afterwards that the server never
+            // went back behind a version it acknowledged.
+            if (s_.log_acks && current.updates_accepted > acks_logged) {
+              acks_logged = current.updates_accepted;
+              log_line("acknowledged: server version " + std::to_string(current.server_version));
+            }
+            if (progress.due()) progress.show(progress_text(current));
+          });
+    }
+    stats_file.finish([&] { take(result.stats); });
+    const WorkerStats& st = result.stats;
+    log_line("stopped after " + std::to_string(st.steps) +
+             " steps: " + std::to_string(st.updates_accepted) + " updates accepted, " +
+             std::to_string(st.updates_refused) + " refused as stale, " +
+             std::to_string(st.bytes_sent) + " bytes sent, " + std::to_string(st.retries) +
+             " retries; " + std::to_string(st.pulls) + " pulls (" + std::to_string(st.delta_pulls) +
+             " as deltas), " + std::to_string(st.bytes_received) + " bytes pulled");
+    if (result.exit != WorkerExit::kStopped)
+      log_error("exit status " + std::to_string(exit_status(result.exit)) + ": " + result.reason);
+    return exit_status(result.exit);
+  }
+
+ private:
+  static std::string progress_text(const WorkerStats& s) {
+    char line[300];
+    int used = std::snprintf(line, sizeof line,
+                             "step %llu  loss %.3f  server version %llu  accepted %llu  refused "
+                             "%llu  sent %.2f MB  pulled %.1f MB",
+                             static_cast<unsigned long long>(s.steps), s.last_loss,
+                             static_cast<unsigned long long>(s.server_version),
+                             static_cast<unsigned long long>(s.updates_accepted),
+                             static_cast<unsigned long long>(s.updates_refused), s.bytes_sent / 1e6,
+                             s.bytes_received / 1e6);
+    if (!s.dropout.drop_rates.empty() && used > 0 && static_cast<std::size_t>(used) < sizeof line)
+      std::snprintf(line + used, sizeof line - used, "  drop %s", s.dropout.drop_rates.c_str());
+    return line;
+  }
+
+  const WorkerSettings& s_;
+  WorkerConfig config_;
+};
+
+std::unique_ptr<WorkerModeRun> prepare_async(WorkerSettings& s) {
+  return std::make_unique<AsyncRun>(s, worker_config(s));
+}
+
+}  // namespace
+
+extern const WorkerMode kAsyncMode{"async", nullptr, prepare_async};
+
+}  // namespace edgetrain::runtime

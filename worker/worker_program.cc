@@ -1,0 +1,272 @@
+#include "worker/worker_program.h"
+
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include "common/logging.h"
+#include "model/model.h"
+#include "transport/coap_dtls.h"
+#include "worker/program_support.h"
+#include "worker/worker_dropout.h"
+#include "worker/worker_exit_codes.h"
+
+namespace edgetrain::runtime {
+
+// The modes (worker/mode_*.cc): one line each.
+extern const WorkerMode kAsyncMode, kRoundsMode, kGossipMode, kGanMode;
+
+const std::vector<WorkerMode>& worker_modes() {
+  static const std::vector<WorkerMode> modes = {kAsyncMode, kRoundsMode, kGossipMode, kGanMode};
+  return modes;
+}
+
+const WorkerMode* find_worker_mode(std::string_view name) {
+  for (const WorkerMode& mode : worker_modes())
+    if (mode.name == name) return &mode;
+  return nullptr;
+}
+
+namespace {
+
+using program::log_warning;
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::invalid_argument("cannot read " + path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The transport part of the configuration: PSK, X.509 or (declared) plain CoAP.
+void set_security(WorkerSettings& s, WorkerConfig& config) {
+  bool plaintext = false;
+  parse_server_uri(s.server, config.server_host, config.server_port, plaintext);
+  if (plaintext && !s.insecure)
+    throw std::invalid_argument(
+        "refusing plain CoAP to " + s.server +
+        ": no encryption, no authentication. Use a coaps:// URI, or give --insecure "
+        "(insecure = true in --config) if you really mean it");
+  if (s.insecure && !plaintext)
+    throw std::invalid_argument("--insecure is only for coap:// server URIs; " + s.server +
+                                " is DTLS");
+  const bool certificates = !s.cert.empty() || !s.cert_key.empty() || !s.ca.empty();
+  if (certificates && (s.cert.empty() || s.cert_key.empty() || s.ca.empty()))
+    throw std::invalid_argument(
+        "X.509 needs all three of --cert, --cert-key and --ca (cert, cert_key, ca in --config)");
+  if (plaintext && certificates)
+    throw std::invalid_argument("--cert/--cert-key/--ca are for coaps://, not coap://");
+  if (certificates) {
+    config.certificates = transport::CertificateFiles{s.cert, s.cert_key, s.ca};
+    if (s.identity.empty()) s.identity = "(certificate)";
+  } else if (plaintext) {
+    if (s.identity.empty())
+      throw std::invalid_argument("plain CoAP needs a name to declare: give --identity");
+    config.insecure_plaintext = true;
+    log_warning("WARNING: --insecure: plain CoAP to " + s.server +
+                ", NO encryption and NO authentication; the server keys this worker's updates on "
+                "the declared "
+                "name 'unauthenticated:" +
+                s.identity + "'");
+  } else {
+    if (s.identity.empty())
+      throw std::invalid_argument("no PSK identity: give --identity or identity in --config");
+    if (!s.key_file.empty()) s.key_hex = read_text_file(s.key_file);
+    if (s.key_hex.empty())
+      throw std::invalid_argument(
+          "no PSK: give --key-file or --key-hex (key_file, key_hex in --config)");
+    config.key = parse_hex_key(s.key_hex);
+  }
+  config.identity = s.identity;
+}
+
+// --shards: every URI, all DTLS or all plain CoAP (set_security() checks the first's scheme
+// against --insecure like a --server URI's).
+void set_shards(WorkerSettings& s, WorkerConfig& config) {
+  if (s.shards.empty()) return;
+  if (s.server_given) throw std::invalid_argument("give either --server or --shards, not both");
+  if (s.mode != "async")
+    throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
+  std::vector<std::string> uris;
+  for (std::size_t start = 0;;) {
+    const std::size_t comma = s.shards.find(',', start);
+    uris.push_back(
+        s.shards.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  bool first_plaintext = false;
+  for (std::size_t i = 0; i < uris.size(); i++) {
+    if (uris[i].empty())
+      throw std::invalid_argument("--shards " + s.shards + ": an empty URI (shard " +
+                                  std::to_string(i) + ")");
+    std::string host;
+    std::uint16_t port = 0;
+    bool plaintext = false;
+    parse_server_uri(uris[i], host, port, plaintext);
+    if (i == 0) first_plaintext = plaintext;
+    if (plaintext != first_plaintext)
+      throw std::invalid_argument(
+          "--shards: mixes coaps:// and coap:// URIs; every shard is reached the same way");
+    config.shards.emplace_back(host, port);
+  }
+  s.server = uris.front();  // for set_security() and the log
+}
+
+}  // namespace
+
+// The worker's configuration from its settings; throws std::invalid_argument.
+WorkerConfig worker_config(WorkerSettings& s) {
+  WorkerConfig config = s.config;
+  config.compressor = compressor_options(config.compressor, s.compression);
+  set_shards(s, config);
+  set_security(s, config);
+  transport::check_timing(config.timing);
+  config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  if (!s.drop_rates.empty()) config.dropout.drop_rates = parse_drop_rates(s.drop_rates);
+  config.dropout.rescale = parse_dropout_rescale(s.dropout_rescale);
+  config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
+  // The drop rates or table against the model, before any data is loaded.
+  check_worker_dropout(config.dropout, Model(model_spec_from_argument(config.model)),
+                       s.mode == "rounds" ? DropoutPacing::kPerRound : DropoutPacing::kPerStep);
+  return config;
+}
+
+void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
+  WorkerConfig& c = s.config;
+  t.group("Server and identity");
+  t.add("server", s.server, "coaps://HOST[:PORT] (coap://HOST[:PORT] only with --insecure)");
+  t.add("shards", s.shards,
+        "a sharded server instead of --server: URI,URI,... of shard 0, 1, ... (each an "
+        "edgetrain-server --shard I/N with the same keystore; async mode only)");
+  t.add("identity", s.identity,
+        "this device's PSK identity (with --cert: only for logs; with --insecure: declared, "
+        "unproven)");
+  t.add("key-file", s.key_file, "file holding this device's PSK as hex");
+  t.add("key-hex", s.key_hex,
+        "this device's PSK as hex (what edgetrain-server add-device prints); --key-file wins");
+  t.add("cert", s.cert,
+        "X.509 instead of PSK: this device's certificate (PEM); with --cert-key and --ca");
+  t.add("cert-key", s.cert_key, "X.509: the certificate's private key (PEM)");
+  t.add("ca", s.ca, "X.509: CA (PEM) that must have signed the server's certificate");
+  t.add("insecure", s.insecure,
+        "allow a coap:// server URI: plain CoAP, NO encryption, NO authentication (the server must "
+        "run --insecure)");
+  t.group("Data and model");
+  t.add("data", s.data,
+        "mnist (full, 60k), mnist-small (its 8k subset), fashion-mnist, or a directory with "
+        "train-images-idx3-ubyte[.gz] and labels");
+  t.add("worker-id", c.worker_id, "this worker's shard number");
+  t.add("workers", c.worker_count, "number of shards").range(1, 1e6);
+  t.add("label-skew", c.label_skewed, "label-skewed shard instead of i.i.d.");
+  t.add("seed", c.seed, "shuffling seed (same on every worker of a run)");
+  t.add("model", c.model, "paper-cnn, mlp or a spec; must match the server's");
+  t.group("Training and compression");
+  t.add("batch", c.batch, "minibatch size").range(1, 4096);
+  t.add("threads", c.threads, "compute threads").range(1, 64);
+  declare_compression_settings(t, c.compressor, s.compression, {"adacomp", "none"});
+  t.add("pull-every", c.pull_every, "steps per model pull (1: the paper's)")
+      .range(1, 1e6)
+      .unit("steps");
+  t.add("dense-pull", c.dense_pull,
+        "always download the whole model (default: only the parameters changed since "
+        "the version held, GET /model?since=V; same parameters bit for bit)");
+  t.add("steps", c.max_steps, "stop after this many steps (0: run until stopped)").unit("steps");
+  t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("slowdown", c.slowdown,
+        "emulate a slower device: sleep F times each step's compute time (0: full speed)")
+      .range(0, 1000);
+  t.group("Filter dropout (DISTREAL: worker/README.md)");
+  t.add("drop-rates", s.drop_rates,
+        "train a thinner sub-network at every step: one drop rate per conv layer, e.g. "
+        "0.25,0.5 (each in [0, 1); empty: the full model)");
+  t.add("dropout-rescale", s.dropout_rescale,
+        "with --drop-rates: inverted (ours: kept filters' outputs times "
+        "1/keep) or none")
+      .choices({"inverted", "none"});
+  t.add("dropout-table", c.dropout.table_path,
+        "choose the drop rates at run time from this dropout table "
+        "(edgetrain-dse's JSON): the most accurate point whose step fits the budget at the speed "
+        "measured now");
+  t.add("step-time-budget", s.step_time_budget_ms,
+        "async with --dropout-table: the time a step may take (in "
+        "rounds the round's deadline sets it)")
+      .range(0, 1e9)
+      .unit("ms");
+  t.add("deadline-share", s.deadline_share,
+        "rounds with --dropout-table: share of the time left before the "
+        "round's deadline (after the pull, less the send's expected time) the local steps may take")
+      .range(0.01, 1);
+  t.group("Training mode (federated rounds: worker/README.md)");
+  t.add("mode", s.mode,
+        "async: send a gradient per step (POST /update); rounds: federated rounds (GET /round, "
+        "local SGD, POST /round/update); must match the server's; gossip: no server, average "
+        "models with the "
+        "topology's neighbours (peer mode, below); gan: MD-GAN, train a discriminator and send the "
+        "server's generator "
+        "its error feedback (below)")
+      .choices({"async", "rounds", "gossip", "gan"});
+  t.add("lr", s.lr,
+        "rounds and gossip: the local SGD learning rate (gossip with --balance-target: at --batch)")
+      .range(1e-9, 100);
+  for (const WorkerMode& mode : worker_modes())
+    if (mode.declare) mode.declare(t, s);
+  t.group("Network");
+  t.add("request-timeout", s.request_timeout,
+        "time one request (handshake and every block included) may take before "
+        "the worker retries; behind a WAN that drops the server's ICMP errors, how long a "
+        "restarted server goes "
+        "unnoticed")
+      .range(0.5, 3600)
+      .unit("seconds");
+  t.add("coap-ack-timeout", c.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT")
+      .range(1, 60)
+      .unit("seconds");
+  t.add("coap-ack-random-factor", c.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR").range(1, 4);
+  t.add("coap-max-retransmit", c.timing.max_retransmit, "CoAP MAX_RETRANSMIT").range(1, 10);
+  t.add("coap-nstart", c.timing.nstart, "CoAP NSTART").range(1, 16);
+  t.add("give-up-after", c.give_up_after_seconds,
+        "exit (status 10, or 14 once the server had answered) when the "
+        "server has not answered for this long, checked after each failed request (0: retry "
+        "forever)")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("max-refusals", c.max_refusals,
+        "exit after this many refusals in a row that retrying cannot fix: DTLS "
+        "handshake refused (status 11), identity unknown (12), another model (13)")
+      .range(1, 1000);
+  t.group("Output");
+  t.add("quiet", s.quiet, "no progress line");
+  t.add("log-level", s.log_level,
+        "least severe log lines written (warn: retries and refusals; error: only why "
+        "the worker stopped)")
+      .choices({"error", "warn", "info", "debug"});
+  t.add("log-acks", s.log_acks, "log the server version of every acknowledged (2.04) update");
+  t.add("stats-file", s.stats_file,
+        "JSON file of this worker's counters and every acknowledged server version, "
+        "rewritten atomically at most every 0.2 s while they change, and at exit");
+}
+
+int run_worker_program(WorkerSettings& s) {
+  logging::set_level(logging::parse_level(s.log_level).value_or(logging::Level::kInfo));
+  const WorkerMode* mode = find_worker_mode(s.mode);
+  std::unique_ptr<WorkerModeRun> run;
+  try {
+    if (!mode) throw std::invalid_argument("unknown --mode " + s.mode);
+    if (!s.shards.empty() && s.mode != "async")
+      throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
+    run = mode->prepare(s);
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
+    return exit_status(WorkerExit::kBadSettings);
+  }
+  const DatasetFiles files = dataset_files(s.data, DataSplit::kTrain);
+  const Dataset train = load_dataset(files.images, files.labels);
+  program::install_stop_signals();
+  return run->run(train);
+}
+
+}  // namespace edgetrain::runtime

@@ -1,0 +1,101 @@
+// edgetrain-worker as a library (programs/worker_main.cc only calls it): one settings table
+// for every mode, the registry of modes, and the stats file each mode writes.
+//
+// A mode is a WorkerMode in worker_modes(): its settings rows, the checks that turn the
+// settings into its loop's configuration before any data is loaded (std::invalid_argument:
+// exit status 2, the message on stderr), its run over the loaded data set, and its stats
+// file's JSON (below; the emulator, the report program and the tests read these keys).
+// A new mode is a file of its own (worker/mode_*.cc) plus one line in worker_modes().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/settings.h"
+#include "model/dataset.h"
+#include "worker/compression_settings.h"
+#include "worker/gan_worker.h"
+#include "worker/gossip_peer.h"
+#include "worker/round_worker.h"
+#include "worker/worker.h"
+
+namespace edgetrain::runtime {
+
+// What the settings table fills: WorkerConfig's own fields where they fit, and the settings
+// that the modes' checks turn into the rest.
+struct WorkerSettings {
+  WorkerConfig config;
+  std::string server = "coaps://127.0.0.1:5684", identity, key_file, key_hex, data = "mnist";
+  // A sharded server: every shard's URI, comma-separated, in shard order; server_given says
+  // whether --server was set too (which is refused with it).
+  std::string shards;
+  bool server_given = false;
+  CompressionSettings compression;
+  bool insecure = false, quiet = false, log_acks = false;
+  std::string log_level = "info";
+  std::string cert, cert_key, ca, stats_file;
+  // Filter dropout (DISTREAL): static rates, or a table and a budget in ms.
+  std::string drop_rates, dropout_rescale = "inverted";
+  double step_time_budget_ms = 0;
+  double request_timeout = 60;
+  std::string mode = "async";
+  double lr = 0.05;
+  // Federated rounds (worker/round_worker.h).
+  double deadline_share = 0.8;
+  std::uint64_t max_rounds = 0;
+  // Gossip (peer mode, worker/gossip_peer.h).
+  GossipPeerConfig gossip;
+  std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;
+  double balance_target = 0, consensus_step = 0;
+  // MD-GAN (worker/gan_worker.h).
+  int gan_discriminator_steps = 1;
+  std::string gan_arch = "mlp";
+  bool gan_fp16 = false;
+  double gan_swap_wait = 10;
+};
+
+// One mode's run, made by its checks once the settings hold.
+class WorkerModeRun {
+ public:
+  virtual ~WorkerModeRun() = default;
+  // Runs the mode's loop on `train` until it ends; writes its stats file; the exit status.
+  virtual int run(const Dataset& train) = 0;
+};
+
+struct WorkerMode {
+  std::string_view name;
+  // The mode's own settings rows, declared in its group of the table (may be null).
+  void (*declare)(settings::Table& table, WorkerSettings& settings);
+  // Checks the settings and makes the run; throws std::invalid_argument naming the problem.
+  std::unique_ptr<WorkerModeRun> (*prepare)(WorkerSettings& settings);
+};
+
+// Every mode, in the order --help lists them: async, rounds, gossip, gan.
+const std::vector<WorkerMode>& worker_modes();
+const WorkerMode* find_worker_mode(std::string_view name);
+
+// The whole table: the shared rows and each mode's.
+void declare_worker_settings(settings::Table& table, WorkerSettings& settings);
+// What the program does once the table is read: checks, data, signals, the mode's run.
+int run_worker_program(WorkerSettings& settings);
+
+// The shared checks of the modes that talk to a server (async, rounds, gan): the server or
+// shards, the identity (PSK, X.509 or declared), timing, compression and filter dropout.
+WorkerConfig worker_config(WorkerSettings& settings);
+
+// The stats files (--stats-file), one schema per mode, each a JSON object with "state"
+// ("running" or "stopped"); rounds', gossip's and gan's also carry "mode".
+// async: every WorkerStats field by its name, "acknowledged_versions" (the server versions
+// answered 2.04 in this run, in order) and, sharded, "shard_versions".
+std::string async_stats_json(const WorkerStats& stats,
+                             const std::vector<std::uint64_t>& acknowledged, bool running);
+// rounds: its counters and "acknowledged_versions", the rounds whose delta got a 2.04 (round
+// r is model version r, so the emulator's checks of acknowledged versions hold for them).
+std::string rounds_stats_json(const RoundWorkerStats& stats, bool running);
+std::string gossip_stats_json(const GossipPeerStats& stats, const std::string& peer, bool running);
+std::string gan_stats_json(const GanWorkerStats& stats, bool running);
+
+}  // namespace edgetrain::runtime

@@ -1,6 +1,6 @@
 // The files of an emulated run as edgetrain-emulation-report reads them: CSV tables (the
-// plan, timelines, the impairer's links.csv), JSON stats files and text. Shared by the
-// report of server runs (report_main.cc) and of gossip runs (gossip_report.cc).
+// plan, timelines, the impairer's links.csv), JSON stats files and text. Shared by every
+// part of the report library (edgetrain::emulation_report).
 #pragma once
 
 #include <nlohmann/json.hpp>

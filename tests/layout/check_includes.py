@@ -29,7 +29,6 @@ PROGRAM_LINES = 300
 # Programs longer than PROGRAM_LINES when the rule came (issue 34), with that length: a
 # ratchet, not a licence. Each entry goes when its program is thinned below the limit.
 LONG_PROGRAMS = {
-    "programs/report_main.cc": 1181,
     "programs/sim_main.cc": 872,
     "programs/server_main.cc": 368,
 }

@@ -1,0 +1,316 @@
+#include "emulation/emulator_settings.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <regex>
+#include <stdexcept>
+#include <type_traits>
+#include <variant>
+
+#include "emulation/cpu_plan.h"
+#include "emulation/plan_draws.h"
+#include "emulation/report_files.h"
+
+namespace edgetrain::emulation {
+
+namespace {
+
+// What heads `edgetrain-emulate --help`.
+const char* const kEmulatorDescription =
+    "edgetrain-emulate [options]: one emulated experiment with the real programs: "
+    "edgetrain-server on 127.0.0.1\n"
+    "and N edgetrain-worker processes behind a user-space link impairer (emulation/README.md). "
+    "Settings come\n"
+    "from flags, or from a TOML file (--config) whose keys are the flags' names with '_'.";
+
+void declare_experiment(settings::Table& t, EmulatorSettings& s) {
+  t.group("Experiment");
+  t.add("workers", s.workers, "number of worker processes").range(1, 4000);
+  t.add("model", s.model, "the model").choices({"paper-cnn", "mlp"});
+  t.add("data", s.data, "training and test data")
+      .choices({"mnist", "mnist-small", "fashion-mnist"});
+  t.add("compressor", s.compressor, "adacomp, or none (dense ASGD)").choices({"adacomp", "none"});
+  t.add("rate", s.rate, "AdaComp compression rate (the worker checks it)");
+  t.add("error-feedback", s.error_feedback,
+        "workers keep what they did not send (beyond the paper)");
+  t.add("fp16", s.fp16, "workers send values as fp16 (excludes --sign-scale)");
+  t.add("sign-scale", s.sign_scale,
+        "workers send one fp32 scale and a sign bit per value (excludes --fp16)");
+  t.add("pull-every", s.pull_every, "steps per model pull (1: the paper's)").range(1, 1000000);
+  t.add("batch", s.batch, "minibatch (the worker checks it)");
+  t.add("lr", s.lr, "the server's learning rate (the server checks it)");
+  t.add("max-staleness", s.max_staleness,
+        "the server's largest accepted delay (0: the server's default)");
+  t.add("max-parameter-magnitude", s.max_parameter_magnitude,
+        "the server's bound on parameters; updates beyond it get 4.22 (0: the server's default)")
+      .range(0, 3.4e38);
+  t.add("publish-every", s.publish_every,
+        "the server's --publish-every: workers pull a published model that "
+        "follows the true one by small steps (0: the exact model)")
+      .range(0, 1000000)
+      .unit("updates");
+  t.add("publish-fraction", s.publish_fraction, "the server's --publish-fraction").range(1e-6, 1);
+  t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
+  t.add("target-accuracy", s.target_accuracy,
+        "stop once the evaluator reports this and every --fail event happened (0: off)")
+      .range(0, 1);
+  t.add("shards", s.shards,
+        "async: a sharded server of this many edgetrain-server --shard I/N processes, every worker "
+        "posting its update's slices to each (0: one unsharded server)")
+      .range(0, 64);
+  t.add("shard-checkpoint-every", s.shard_checkpoint_every,
+        "with --shards: updates between a shard's checkpoints, "
+        "from which the assembled model is evaluated")
+      .range(1, 1000000);
+  t.add("eval-interval", s.eval_interval, "between the server's evaluations")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("request-timeout", s.request_timeout,
+        "a worker's bound on one request (the impairer passes no ICMP)")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("seed", s.seed, "draws of link profiles, slowdowns and loss");
+  t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
+  t.add("label-skew", s.label_skew,
+        "label-skewed shards (the worker's --label-skew) instead of i.i.d.");
+  t.group("Federated rounds (server/README.md, worker/README.md)");
+  t.add(
+       "mode", s.mode,
+       "async: asynchronous SGD; rounds: federated rounds (server and workers); gossip: no server, "
+       "the workers are peers that average models with their neighbours")
+      .choices({"async", "rounds", "gossip"});
+  t.add("round-policy", s.round_policy, "rounds: drop-stragglers or wait-all")
+      .choices({"drop-stragglers", "wait-all"});
+  t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
+      .range(0.1, 1e6)
+      .unit("seconds");
+  t.add("aggregation", s.aggregation, "rounds: masked or fedavg").choices({"masked", "fedavg"});
+  t.add("client-fraction", s.client_fraction, "rounds: share of the devices selected per round")
+      .range(1e-6, 1);
+  t.add("local-steps", s.local_steps, "rounds: minibatches a selected device trains per round")
+      .range(1, 1000000);
+  t.add("local-epochs", s.local_epochs,
+        "rounds: passes over its shard instead of --local-steps (0: steps)")
+      .range(0, 1000);
+  t.add("local-lr", s.local_lr, "rounds and gossip: the workers' local SGD learning rate")
+      .range(1e-9, 100);
+  t.add("server-lr", s.server_lr,
+        "rounds: the server moves the model by this times the aggregated delta")
+      .range(1e-6, 100);
+  t.group(
+      "Gossip (--mode gossip: worker/README.md \"Gossip\", emulation/README.md \"Gossip runs\")");
+  t.add("topology", s.topology, "gossip: the peers' graph")
+      .choices({"ring", "random-regular", "full"});
+  t.add("degree", s.degree, "gossip, random-regular: neighbours per peer").range(1, 4000);
+  t.add("gossip", s.gossip, "gossip: d-psgd (a barrier per iteration) or ad-psgd (pairwise, none)")
+      .choices({"d-psgd", "ad-psgd"});
+  t.add("gossip-publish-fraction", s.gossip_publish_fraction,
+        "gossip, d-psgd: share of each tensor a neighbour's "
+        "copy moves by per iteration (1: dense; 0.01: compressed gossip)")
+      .range(1e-6, 1);
+  t.add("consensus-step", s.consensus_step,
+        "gossip, d-psgd: the peers' --consensus-step (0: their default)")
+      .range(0, 1);
+  t.add("neighbour-wait", s.neighbour_wait,
+        "gossip, d-psgd: how long a peer waits for a neighbour behind it")
+      .range(0, 3600)
+      .unit("seconds");
+  t.add("balance-target", s.balance_target,
+        "gossip: workload balancing, a step's target time (0: off)")
+      .range(0, 3600)
+      .unit("seconds");
+  t.add("wait-steps", s.wait_steps,
+        "gossip, d-psgd: the peers' --wait-steps (local steps a peer may take while a "
+        "neighbour is behind; 0: off)")
+      .range(0, 1000);
+  t.add("max-lr-factor", s.max_lr_factor,
+        "gossip, with --balance-target: the peers' --max-lr-factor (the lr follows "
+        "the batch linearly up to this many times --local-lr)")
+      .range(1, 64);
+  t.add("plateau-patience", s.plateau_patience,
+        "gossip: accuracy-aware training, the peers' --plateau-patience (0: off)")
+      .range(0, 1000);
+  t.add("validate-every", s.validate_every, "gossip: iterations between a peer's validations")
+      .range(1, 1000000);
+  t.add("checkpoint-every", s.checkpoint_every,
+        "gossip: iterations between a peer's checkpoints (the fleet's "
+        "evaluations read them)")
+      .range(1, 1000000000);
+  t.add("eval-examples", s.eval_examples,
+        "gossip and --shards: test images per evaluation of the fleet (or the "
+        "assembled model) during the run (the final one uses all)")
+      .range(1, 1000000);
+  t.group("Filter dropout (DISTREAL: worker/README.md)");
+  t.add("drop-rates", s.drop_rates,
+        "every worker trains this sub-network: one rate per conv layer, e.g. 0.25,0.5");
+  t.add("class-drop-rates", s.class_drop_rates,
+        "a static width per CPU class (HeteroFL-style): CLASS=R1:R2,... "
+        "e.g. pi5=0:0,zero2w=0.5:0.5 (classes of --cpu-classes; a class not named trains the full "
+        "model)");
+  t.add("dropout-table", s.dropout_table,
+        "workers choose their drop rates at run time from this table "
+        "(edgetrain-dse's JSON)");
+  t.add("step-time-budget", s.step_time_budget, "async with --dropout-table: a step's time budget")
+      .range(0, 1e9)
+      .unit("ms");
+  t.add("deadline-share", s.deadline_share,
+        "rounds with --dropout-table: share of the time left before the "
+        "deadline the local steps may take")
+      .range(0.01, 1);
+}
+
+void declare_devices(settings::Table& t, EmulatorSettings& s) {
+  t.group("Devices and network");
+  t.add("network", s.network, "namespaces if 'ip netns add' works (auto), or forced")
+      .choices({"auto", "netns", "loopback"});
+  t.add("link", s.link,
+        "impaired link, e.g. delay=20:80,jitter=5,loss=0.01,bandwidth=1000:5000 (ms, probability, "
+        "kbit/s; A:B drawn per worker)");
+  t.add("impaired", s.impaired, "how many workers (the first K) get --link, or all");
+  t.add("slowdown", s.slowdown,
+        "A[:B]: a worker sleeps F x its step's compute time, F drawn per worker");
+  t.add("qemu-workers", s.qemu_workers,
+        "the last K workers are the aarch64 build under qemu-aarch64");
+  t.add("cpu-classes", s.cpu_classes,
+        "speed classes as CPU quotas, each worker in its own cgroup: NAME=SHARE,... "
+        "(SHARE of one core, e.g. pi4=0.6,zero2w=0.2; worker i in class i mod K; needs root; "
+        "empty: no quotas)");
+  t.add("cpu-schedule", s.cpu_schedule,
+        "quota changes during the run: START-END:FACTOR[@CLASS],... (seconds; "
+        "e.g. 60-120:0.5 halves every worker's share for a minute)");
+  t.add("cpu-period", s.cpu_period, "the cgroup's CPU period").range(1000, 1000000).unit("µs");
+  t.group("Failures");
+  t.add("fail", s.fail,
+        "kill-worker:I@T[+D] (SIGKILL worker I at T s, restart D s later; default 5, +0 never), "
+        "kill-server@T[+D] (restart D s later, default 3), kill-shard:J@T[+D] (with --shards), "
+        "comma-separated");
+  t.group("Paths");
+  t.add("out", s.out, "output directory; emptied first if it holds an earlier run");
+  t.add("build-dir", s.build_dir, "host build tree (empty: <repo>/build/host)");
+  t.add("aarch64-build-dir", s.aarch64_build_dir,
+        "aarch64 build tree (empty: <repo>/build/aarch64)");
+  t.add("quiet", s.quiet, "no progress line");
+}
+
+std::string shell_quoted(const std::string& text) {
+  std::string quoted = "'";
+  for (const char c : text) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// 0.01, not 0.010000000000000000208: 15 digits hold every value a person types.
+std::string shortest_number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.15g", value);
+  return text;
+}
+
+std::string field_text(const settings::Field& field) {
+  return std::visit(
+      [](auto* value) {
+        using T = std::decay_t<decltype(*value)>;
+        if constexpr (std::is_same_v<T, std::string>)
+          return *value;
+        else if constexpr (std::is_same_v<T, bool>)
+          return std::string(*value ? "1" : "0");
+        else if constexpr (std::is_floating_point_v<T>)
+          return shortest_number_text(*value);
+        else
+          return std::to_string(*value);
+      },
+      field);
+}
+
+}  // namespace
+
+void declare_emulator_settings(settings::Table& table, EmulatorSettings& s) {
+  declare_experiment(table, s);
+  declare_devices(table, s);
+}
+
+// Checks that relate settings, or read one's text (the table checks each alone).
+void check_emulator_settings(const EmulatorSettings& s) {
+  if (s.fp16 && s.sign_scale)
+    throw std::invalid_argument(
+        "--fp16 and --sign-scale exclude each other (choose one value encoding)");
+  if (s.qemu_workers > s.workers)
+    throw std::invalid_argument("--qemu-workers must be 0..--workers");
+  const int dropout_choices =
+      !s.drop_rates.empty() + !s.class_drop_rates.empty() + !s.dropout_table.empty();
+  if (dropout_choices > 1)
+    throw std::invalid_argument("give one of --drop-rates, --class-drop-rates and --dropout-table");
+  if (!s.class_drop_rates.empty() && s.cpu_classes.empty())
+    throw std::invalid_argument("--class-drop-rates needs --cpu-classes");
+  if (!s.class_drop_rates.empty()) {
+    const auto classes = parse_cpu_classes(s.cpu_classes);
+    for (const std::string& item : split_fields(s.class_drop_rates)) {
+      const auto equals = item.find('=');
+      const std::string name = item.substr(0, equals);
+      if (equals == std::string::npos ||
+          std::none_of(classes.begin(), classes.end(),
+                       [&](const auto& c) { return c.name == name; }))
+        throw std::invalid_argument("--class-drop-rates: '" + item +
+                                    "' is not CLASS=R1:R2 with a class of --cpu-classes");
+      if (!std::regex_match(item.substr(equals + 1), std::regex("[0-9.]+(:[0-9.]+)*")))
+        throw std::invalid_argument("--class-drop-rates: '" + item +
+                                    "': rates are numbers separated by ':'");
+    }
+  }
+  if (s.mode == "async" && !s.dropout_table.empty() && !(s.step_time_budget > 0))
+    throw std::invalid_argument("--dropout-table in async mode needs --step-time-budget");
+  if (s.mode == "gossip") {
+    if (s.workers < 2)
+      throw std::invalid_argument("--mode gossip needs at least 2 workers (peers)");
+    if (s.fail.find("kill-server") != std::string::npos)
+      throw std::invalid_argument(
+          "--mode gossip has no server to kill (kill-worker:I@T kills a peer)");
+    if (!s.drop_rates.empty() || !s.class_drop_rates.empty() || !s.dropout_table.empty())
+      throw std::invalid_argument(
+          "--mode gossip trains the whole model: no --drop-rates, --class-drop-rates or "
+          "--dropout-table");
+  }
+  if (s.shards > 0) {
+    if (s.mode != "async")
+      throw std::invalid_argument(
+          "--shards is for --mode async (a shard serves /model and /update only)");
+    if (s.publish_every > 0)
+      throw std::invalid_argument("--shards and --publish-every exclude each other");
+    if (s.fail.find("kill-server") != std::string::npos)
+      throw std::invalid_argument("with --shards, kill one shard: kill-shard:J@T[+D]");
+  } else if (s.fail.find("kill-shard") != std::string::npos) {
+    throw std::invalid_argument("kill-shard:J@T needs --shards");
+  }
+  if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
+    throw std::invalid_argument("--impaired must be a number or 'all'");
+  parse_link_profile(s.link);
+  parse_range(s.slowdown, "--slowdown");
+  if (s.cpu_classes.empty()) {
+    if (!s.cpu_schedule.empty()) throw std::invalid_argument("--cpu-schedule needs --cpu-classes");
+  } else {
+    parse_cpu_schedule(s.cpu_schedule, parse_cpu_classes(s.cpu_classes));
+  }
+}
+
+std::string shell_assignments(const settings::Table& table) {
+  std::string text;
+  for (const auto& setting : table.settings())
+    text += setting->key() + "=" + shell_quoted(field_text(setting->field())) + "\n";
+  return text;
+}
+
+int print_emulator_settings(int argc, const char* const* argv) {
+  EmulatorSettings s;
+  settings::Table table("edgetrain-emulate", kEmulatorDescription);
+  declare_emulator_settings(table, s);
+  if (const auto status = table.parse(argc, argv)) return *status;
+  try {
+    check_emulator_settings(s);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "edgetrain-emulate: %s\n", e.what());
+    return 2;
+  }
+  std::fputs(shell_assignments(table).c_str(), stdout);
+  return 0;
+}
+
+}  // namespace edgetrain::emulation

@@ -1,0 +1,66 @@
+// edgetrain-emulate's settings: one table for its flags and its --config TOML file (a key is
+// its flag's name with '_': `pull_every = 10`), their defaults, ranges and help, and the
+// checks that relate them. The launcher (bash) evaluates what
+// `edgetrain-emulation-report settings` prints: one shell assignment per setting, the
+// variable named like the TOML key.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/settings.h"
+
+namespace edgetrain::emulation {
+
+struct EmulatorSettings {
+  std::uint32_t workers = 10, pull_every = 1, batch = 10, max_staleness = 0, qemu_workers = 0;
+  std::string model = "paper-cnn", data = "mnist", compressor = "adacomp", network = "auto";
+  std::string label, link, impaired = "all", slowdown = "0", fail, out = "emulation-results/run";
+  std::string build_dir, aarch64_build_dir;
+  std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
+  std::uint32_t cpu_period = 100000;      // µs
+  std::uint32_t shards = 0, shard_checkpoint_every = 50;  // 0: one unsharded server
+  double max_parameter_magnitude = 0;                     // 0: the server's default
+  std::uint32_t publish_every = 0;                        // 0: workers pull the exact model
+  double publish_fraction = 0.01;
+  double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2,
+         request_timeout = 30;
+  std::uint64_t seed = 1;
+  bool error_feedback = false, fp16 = false, sign_scale = false, quiet = false, label_skew = false;
+  // Federated rounds (the server's and the worker's --mode rounds).
+  std::string mode = "async", round_policy = "drop-stragglers", aggregation = "masked";
+  double round_deadline = 30, client_fraction = 1, local_lr = 0.05, server_lr = 1;
+  std::uint32_t local_steps = 10, local_epochs = 0;
+  // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
+  std::string drop_rates, class_drop_rates, dropout_table;
+  double step_time_budget = 0, deadline_share = 0.8;
+  // Gossip (no server; the worker's --mode gossip): emulation/README.md "Gossip runs".
+  std::string topology = "ring", gossip = "d-psgd";
+  std::uint32_t degree = 4, plateau_patience = 0, validate_every = 50, checkpoint_every = 10,
+                eval_examples = 1000;
+  std::uint32_t wait_steps = 0;
+  double gossip_publish_fraction = 1, consensus_step = 0, neighbour_wait = 5, balance_target = 0,
+         max_lr_factor = 8;
+};
+
+// Every setting of S in TABLE, by group (the order of --help and of the assignments).
+void declare_emulator_settings(settings::Table& table, EmulatorSettings& s);
+
+// Checks that relate settings, or read one's text (the table checks each alone): value
+// encodings, dropout choices, gossip's and shards' limits, --impaired, --link, --slowdown,
+// --cpu-classes and --cpu-schedule. Throws std::invalid_argument saying what is wrong.
+void check_emulator_settings(const EmulatorSettings& s);
+
+// One line NAME='VALUE' per setting of TABLE, NAME its TOML key: strings as they are
+// (quoted for the shell), booleans 1 or 0, numbers with at most 15 significant digits
+// (0.01, not 0.010000000000000000208).
+std::string shell_assignments(const settings::Table& table);
+
+// `edgetrain-emulation-report settings ARGS` (ARGV[0] is "settings"): parses and checks the
+// emulator's settings as edgetrain-emulate's command line and prints their assignments.
+// Returns the exit status: 0 (also after --help and --version), 2 for a setting that fails a
+// check (the message on stderr, prefixed with "edgetrain-emulate: "), Table::parse's status
+// for a command line it cannot read.
+int print_emulator_settings(int argc, const char* const* argv);
+
+}  // namespace edgetrain::emulation

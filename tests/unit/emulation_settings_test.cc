@@ -1,0 +1,142 @@
+// edgetrain-emulate's settings (emulation/emulator_settings.h): the table's defaults and the
+// shell assignments the launcher evaluates, a TOML file under a flag, and the checks that
+// relate settings.
+#include "emulation/emulator_settings.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tests/support/temp_dir.h"
+
+namespace {
+
+using namespace edgetrain::emulation;
+namespace settings = edgetrain::settings;
+
+std::string assignments(EmulatorSettings& s, std::vector<const char*> argv) {
+  settings::Table table("edgetrain-emulate", "test");
+  declare_emulator_settings(table, s);
+  if (table.parse(static_cast<int>(argv.size()), argv.data()) != std::nullopt) return "refused";
+  return shell_assignments(table);
+}
+
+std::size_t lines(const std::string& text) {
+  std::size_t n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+TEST(EmulatorSettings, OneShellAssignmentPerSettingNamedLikeItsKey) {
+  EmulatorSettings s;
+  const std::string text = assignments(s, {"edgetrain-emulate"});
+  settings::Table table("edgetrain-emulate", "test");
+  EmulatorSettings other;
+  declare_emulator_settings(table, other);
+  EXPECT_EQ(lines(text), table.settings().size());
+  for (const char* line :
+       {"workers='10'\n", "pull_every='1'\n", "rate='0.01'\n", "error_feedback='0'\n",
+        "impaired='all'\n", "label=''\n", "out='emulation-results/run'\n", "cpu_period='100000'\n",
+        "max_parameter_magnitude='0'\n", "publish_fraction='0.01'\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
+}
+
+TEST(EmulatorSettings, FlagsQuotedForTheShell) {
+  EmulatorSettings s;
+  const std::string text = assignments(s, {"edgetrain-emulate", "--label", "it's $HOME", "--fp16",
+                                           "--rate", "0.004", "--lr", "1e-3", "--workers", "3"});
+  EXPECT_NE(text.find("label='it'\\''s $HOME'\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("fp16='1'\n"), std::string::npos);
+  EXPECT_NE(text.find("rate='0.004'\n"), std::string::npos);  // not 0.0040000000000000001
+  EXPECT_NE(text.find("lr='0.001'\n"), std::string::npos);
+  EXPECT_NE(text.find("workers='3'\n"), std::string::npos);
+  EmulatorSettings fresh, other;
+  EXPECT_EQ(assignments(fresh, {"edgetrain-emulate", "--workers", "0"}), "refused");
+  EXPECT_EQ(assignments(other, {"edgetrain-emulate", "--mode", "federated"}), "refused");
+}
+
+TEST(EmulatorSettings, AConfigFileUnderTheFlags) {
+  edgetrain::testing::TempDir dir("edgetrain-emulator-settings");
+  std::filesystem::create_directories(dir.path());
+  const std::string file = (dir.path() / "run.toml").string();
+  std::ofstream(file) << "pull_every = 10\nworkers = 4\nmode = \"gossip\"\n";
+  EmulatorSettings s;
+  const std::string text =
+      assignments(s, {"edgetrain-emulate", "--config", file.c_str(), "--workers", "6"});
+  EXPECT_NE(text.find("pull_every='10'\n"), std::string::npos);
+  EXPECT_NE(text.find("mode='gossip'\n"), std::string::npos);
+  EXPECT_NE(text.find("workers='6'\n"), std::string::npos);  // the flag beats the file
+}
+
+void expect_refused(const std::function<void(EmulatorSettings&)>& change, const char* says) {
+  EmulatorSettings s;
+  change(s);
+  try {
+    check_emulator_settings(s);
+    ADD_FAILURE() << "accepted; expected '" << says << "'";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+  }
+}
+
+TEST(EmulatorSettings, ChecksThatRelateSettings) {
+  using S = EmulatorSettings;
+  expect_refused([](S& s) { s.fp16 = s.sign_scale = true; }, "exclude each other");
+  expect_refused([](S& s) { s.qemu_workers = 11; }, "--qemu-workers");
+  expect_refused([](S& s) { s.drop_rates = "0.5", s.dropout_table = "t.json"; }, "give one of");
+  expect_refused([](S& s) { s.class_drop_rates = "pi5=0.5"; }, "needs --cpu-classes");
+  expect_refused([](S& s) { s.cpu_classes = "pi5=1", s.class_drop_rates = "pi3=0.5"; },
+                 "with a class of --cpu-classes");
+  expect_refused([](S& s) { s.cpu_classes = "pi5=1", s.class_drop_rates = "pi5=half"; },
+                 "rates are numbers");
+  expect_refused([](S& s) { s.dropout_table = "t.json"; }, "--step-time-budget");
+  expect_refused([](S& s) { s.mode = "gossip", s.workers = 1; }, "at least 2 workers");
+  expect_refused([](S& s) { s.mode = "gossip", s.fail = "kill-server@10"; }, "no server to kill");
+  expect_refused([](S& s) { s.mode = "gossip", s.drop_rates = "0.5"; }, "whole model");
+  expect_refused([](S& s) { s.shards = 2, s.mode = "rounds"; }, "--shards is for --mode async");
+  expect_refused([](S& s) { s.shards = 2, s.publish_every = 5; }, "exclude each other");
+  expect_refused([](S& s) { s.shards = 2, s.fail = "kill-server@10"; }, "kill one shard");
+  expect_refused([](S& s) { s.fail = "kill-shard:0@10"; }, "needs --shards");
+  expect_refused([](S& s) { s.impaired = "half"; }, "--impaired must be a number or 'all'");
+  expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
+  expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");
+  expect_refused([](S& s) { s.cpu_schedule = "10-20:0.5"; }, "needs --cpu-classes");
+  EmulatorSettings bad_window;
+  bad_window.cpu_classes = "pi5=1";
+  bad_window.cpu_schedule = "20-10:0.5";
+  EXPECT_THROW(check_emulator_settings(bad_window), std::invalid_argument);
+}
+
+TEST(EmulatorSettings, SettingsThatGoTogetherPass) {
+  std::vector<EmulatorSettings> good(6);
+  good[1].mode = "gossip", good[1].workers = 2, good[1].fail = "kill-worker:1@10";
+  good[2].cpu_classes = "pi5=1,pi3=0.35", good[2].class_drop_rates = "pi3=0:0.5";
+  good[3].shards = 3, good[3].fail = "kill-shard:1@20+5";
+  good[4].dropout_table = "t.json", good[4].step_time_budget = 40;
+  good[5].impaired = "3", good[5].link = "delay=20:80,loss=0.01", good[5].slowdown = "0:3";
+  good[5].cpu_classes = "a=1,b=0.5", good[5].cpu_schedule = "60-120:0.5@b";
+  for (std::size_t i = 0; i < good.size(); i++)
+    EXPECT_NO_THROW(check_emulator_settings(good[i])) << i;
+}
+
+TEST(EmulatorSettings, TheSettingsSubcommand) {
+  const char* fine[] = {"settings", "--workers", "3"};
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(print_emulator_settings(3, fine), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("workers='3'\n"), std::string::npos);
+  const char* clash[] = {"settings", "--fp16", "--sign-scale"};
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(print_emulator_settings(3, clash), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");  // nothing for the launcher to run
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("edgetrain-emulate: --fp16 and"),
+            std::string::npos);
+}
+
+}  // namespace

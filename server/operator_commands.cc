@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "server/evaluator.h"
 #include "server/keystore.h"
 #include "server/run_end.h"
+#include "server/wal_repair.h"
 
 namespace edgetrain::server {
 
@@ -50,6 +52,37 @@ void declare_name(settings::Table& t, std::string& name) {
 }  // namespace
 
 OperatorCommands::OperatorCommands(settings::Table& table) {
+  add_table_ = &table.subcommand(
+      "add-device",
+      "add a device with a random key to the keystore and print its worker configuration");
+  add_table_->positional("name", add_.name,
+                         "device name = PSK identity ([A-Za-z0-9._-], up to 64)");
+  add_table_->add("keystore", add_.keystore, "keystore file (created mode 0600 if missing)")
+      .required();
+  add_table_->add("server-uri", add_.server_uri,
+                  "URI the worker should use (default coaps://<this host>:5684)");
+
+  repair_table_ = &table.subcommand(
+      "repair-wal",
+      "list damage in the middle of the WAL (which stops recovery) and repair it as you choose");
+  repair_table_
+      ->add("state-dir", repair_.state_dir,
+            "the server's state directory (the server must not be running)")
+      .required();
+  repair_table_->add(
+      "skip-damaged", repair_.skip_damaged,
+      "keep every intact record; empty placeholder updates stand in for the damaged ones");
+  repair_table_->add(
+      "cut-at-damage", repair_.cut_at_damage,
+      "end the log before the first damaged record (drops the intact records after it)");
+  repair_table_->footer(
+      "Without a choice: lists wal.log, wal.prev.log and rounds.wal (federated rounds) and what "
+      "each choice would do, changes nothing.\n"
+      "A damaged file is kept as FILE.damaged before the repaired one replaces it.\n"
+      "Exit status: 0 no damage (a torn tail alone is the server's to cut) or repaired; 3 damage "
+      "found, nothing changed (choose --skip-damaged or --cut-at-damage); 1 error (unreadable "
+      "file or header, a choice that cannot be carried out); 2 bad usage.");
+
   list_table_ = &table.subcommand(
       "list-devices", "list the keystore's devices (names; keys only with --show-keys)");
   list_table_->add("keystore", list_.keystore, "keystore file").required();
@@ -91,11 +124,50 @@ OperatorCommands::OperatorCommands(settings::Table& table) {
 }
 
 std::optional<int> OperatorCommands::run() const {
+  if (add_table_->parsed()) return add_device();
+  if (repair_table_->parsed()) return repair_wal();
   if (list_table_->parsed()) return list_devices();
   if (remove_table_->parsed()) return remove_device();
   if (rotate_table_->parsed()) return rotate_key();
   if (evaluate_table_->parsed()) return evaluate();
   return std::nullopt;
+}
+
+int OperatorCommands::add_device() const {
+  const std::string uri = add_.server_uri.empty() ? default_server_uri() : add_.server_uri;
+  const auto key = server::add_device(add_.keystore, add_.name);
+  std::cout << worker_config_toml(uri, add_.name, key);
+  log_line("added '" + add_.name + "' to " + add_.keystore);
+  return 0;
+}
+
+// repair-wal without a choice found damage; nothing changed.
+constexpr int kDamageFound = 3;
+
+int OperatorCommands::repair_wal() const {
+  const RepairWal& r = repair_;
+  if (r.skip_damaged && r.cut_at_damage) {
+    std::cerr << "edgetrain-server repair-wal: choose one of --skip-damaged and --cut-at-damage\n";
+    return 2;
+  }
+  const auto choice = r.skip_damaged    ? WalRepairChoice::kSkipDamaged
+                      : r.cut_at_damage ? WalRepairChoice::kCutAtDamage
+                                        : WalRepairChoice::kListOnly;
+  if (!std::filesystem::exists(std::filesystem::path(r.state_dir) / "wal.log"))
+    throw std::runtime_error("no wal.log in " + r.state_dir +
+                             ": not a state directory of edgetrain-server");
+  bool damage_left = false;
+  for (const char* name : {"wal.log", "wal.prev.log", "rounds.wal"}) {
+    const std::filesystem::path path = std::filesystem::path(r.state_dir) / name;
+    if (!std::filesystem::exists(path)) continue;
+    const WalRepairResult result = server::repair_wal(path, choice);
+    for (const std::string& line : result.report) std::cout << line << '\n';
+    // What was changed also goes to the log (stderr), with the time, like the server's own lines.
+    if (result.changed)
+      for (const std::string& line : result.report) log_line("repair-wal: " + line);
+    damage_left = damage_left || (result.damaged && !result.changed);
+  }
+  return damage_left ? kDamageFound : 0;
 }
 
 int OperatorCommands::list_devices() const {

@@ -1,8 +1,9 @@
 // edgetrain-server's operator commands beside the server itself (server/README.md,
-// "Operating a fleet"): list-devices, remove-device and rotate-key work on the keystore of a
-// running server (server/keystore.h: locked, atomic); evaluate measures a checkpoint on a
-// test set. Also the settings rows for start-up and the end of a run. Part of the
-// executable, not of the server library.
+// "Operating a fleet"): add-device, list-devices, remove-device and rotate-key work on the
+// keystore of a running server (server/keystore.h: locked, atomic); repair-wal lists and
+// repairs damage in the middle of a state directory's logs (server/wal_repair.h); evaluate
+// measures a checkpoint on a test set. Also the settings rows for start-up and the end of a
+// run.
 #pragma once
 
 #include <optional>
@@ -33,13 +34,22 @@ class OperatorCommands {
     std::string checkpoint, data, model;
     bool json = false;
   };
+  struct RepairWal {
+    std::string state_dir;
+    bool skip_damaged = false, cut_at_damage = false;
+  };
+  int add_device() const;
+  int repair_wal() const;
   int list_devices() const;
   int remove_device() const;
   int rotate_key() const;
   int evaluate() const;
 
-  Device list_, remove_, rotate_;
+  Device add_, list_, remove_, rotate_;
+  RepairWal repair_;
   Evaluate evaluate_;
+  settings::Table* add_table_ = nullptr;
+  settings::Table* repair_table_ = nullptr;
   settings::Table* list_table_ = nullptr;
   settings::Table* remove_table_ = nullptr;
   settings::Table* rotate_table_ = nullptr;

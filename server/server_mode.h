@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/settings.h"
 #include "server/resources.h"
 #include "server/server_app.h"
 #include "server/server_state.h"
@@ -56,6 +57,8 @@ using MakeServerMode = std::unique_ptr<ServerMode> (*)(const ServerSettings& set
 
 struct ServerModeEntry {
   std::string_view name;
+  // The mode's own rows of the settings table (null: none).
+  void (*declare)(settings::Table& table, ServerSettings& settings);
   MakeServerMode make;  // null: the asynchronous core alone
 };
 

@@ -157,6 +157,55 @@ class GanMode : public ServerMode {
 
 }  // namespace
 
+void declare_gan_settings(settings::Table& t, ServerSettings& s) {
+  t.group("MD-GAN (--mode gan: server/README.md \"MD-GAN\")");
+  t.add("gan-workers", s.gan_workers,
+        "N: the feedbacks an iteration waits for, and the worker slots (required "
+        "with --mode gan)")
+      .range(0, 100000);
+  t.add("gan-arch", s.gan_arch,
+        "the generator's architecture (model/gan_network.h); each worker's "
+        "discriminator has its own (worker --gan-arch)")
+      .choices({"mlp", "cnn"});
+  t.add("gan-k", s.gan_k,
+        "generated batches per iteration (the paper: 1 or ceil(log2 N)); worker n gets X_(n mod k) "
+        "for its feedback and X_((n+1) mod k) for its discriminator")
+      .range(1, 100000);
+  t.add("gan-batch", s.gan_batch, "b: generated samples per batch").range(1, 4096);
+  t.add("gan-deadline", s.gan_deadline,
+        "an iteration closes this long after it opened with the feedbacks that "
+        "came (late workers are dropped from it and counted)")
+      .range(0.01, 86400)
+      .unit("seconds");
+  t.add("gan-swap-every", s.gan_swap_every,
+        "iterations between discriminator swaps (peer to peer, along a random "
+        "cycle; the paper: every epoch of a worker's shard, i.e. shard size / b); 0: none")
+      .range(0, 1e9);
+  t.add("gan-fp16", s.gan_fp16, "send the generated batches as fp16 (half the bytes)");
+  t.add("gan-lr", s.gan_lr, "the generator's Adam learning rate (betas 0.5, 0.999)").range(1e-7, 1);
+  t.add("gan-checkpoint-every", s.gan_checkpoint_every,
+        "iterations between checkpoints of G and Adam (each "
+        "iteration is logged before its step in any case)")
+      .range(1, 1e9);
+  t.add("gan-eval-every", s.gan_eval_every,
+        "iterations between evaluations of the generator: a grid of its digits "
+        "in <state-dir>/gan/samples.png and, with --gan-classifier, its scores in gan/metrics.csv "
+        "and gan/scores.svg "
+        "(on a thread of their own); 0: none")
+      .range(0, 1e9);
+  t.add("gan-eval-samples", s.gan_eval_samples,
+        "generated samples scored per evaluation (and test images of "
+        "--eval-data they are compared with)")
+      .range(10, 10000);
+  t.add("gan-classifier", s.gan_classifier,
+        "a trained classifier checkpoint (sim/train-classifier.sh writes the paper "
+        "CNN's) that scores the generator: MNIST score, Frechet distance of its features, "
+        "conditional accuracy; "
+        "needs --eval-data");
+  t.add("gan-classifier-model", s.gan_classifier_model,
+        "the classifier's model (built-in name or spec)");
+}
+
 std::unique_ptr<ServerMode> make_gan_mode(const ServerSettings& s, ServerState&,
                                           ResourceOptions& resources) {
   GanServerOptions o;

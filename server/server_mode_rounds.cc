@@ -32,6 +32,36 @@ class RoundsMode : public ServerMode {
 
 }  // namespace
 
+void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
+  t.add("round-policy", s.round_policy,
+        "rounds: drop-stragglers closes at --round-deadline with what arrived; "
+        "wait-all waits for every selected device, up to 4x the deadline")
+      .choices({"drop-stragglers", "wait-all"});
+  t.add("aggregation", s.aggregation,
+        "rounds: masked averages each parameter over the devices that sent it; "
+        "fedavg counts a missing entry as zero")
+      .choices({"masked", "fedavg"});
+  t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
+      .range(0.1, 1e6)
+      .unit("seconds");
+  t.add("client-fraction", s.client_fraction,
+        "rounds: fraction of the devices seen selected each round (seeded by "
+        "--seed)")
+      .range(0.001, 1);
+  t.add("min-clients", s.min_clients,
+        "rounds: deltas a round needs before it may close before its deadline")
+      .range(1, 1000000);
+  t.add("local-steps", s.local_steps, "rounds: minibatches each selected device trains per round")
+      .range(1, 1000000);
+  t.add("local-epochs", s.local_epochs,
+        "rounds: passes over its own shard each selected device trains per round "
+        "instead of --local-steps (0: use --local-steps)")
+      .range(0, 1000);
+  t.add("server-lr", s.server_lr,
+        "rounds: the round's model moves by this times the aggregated delta")
+      .range(1e-6, 100);
+}
+
 std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerState& state,
                                              ResourceOptions& resources) {
   RoundOptions o;

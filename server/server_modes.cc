@@ -5,12 +5,17 @@
 
 namespace edgetrain::server {
 
+// The modes (server/server_mode_*.cc).
+void declare_rounds_settings(settings::Table&, ServerSettings&);
 std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings&, ServerState&, ResourceOptions&);
+void declare_gan_settings(settings::Table&, ServerSettings&);
 std::unique_ptr<ServerMode> make_gan_mode(const ServerSettings&, ServerState&, ResourceOptions&);
 
 const std::vector<ServerModeEntry>& server_modes() {
   static const std::vector<ServerModeEntry> modes = {
-      {"async", nullptr}, {"rounds", make_rounds_mode}, {"gan", make_gan_mode}};
+      {"async", nullptr, nullptr},
+      {"rounds", declare_rounds_settings, make_rounds_mode},
+      {"gan", declare_gan_settings, make_gan_mode}};
   return modes;
 }
 

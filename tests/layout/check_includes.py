@@ -30,7 +30,6 @@ PROGRAM_LINES = 300
 # ratchet, not a licence. Each entry goes when its program is thinned below the limit.
 LONG_PROGRAMS = {
     "programs/sim_main.cc": 872,
-    "programs/server_main.cc": 368,
 }
 
 

@@ -499,30 +499,12 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (stalls()) break;
       continue;
     }
-    // server::RoundCoordinator's close: one update through the store, delay 0 (divisor 1),
-    // values −server_lr·Δ/lr, so the model moves by server_lr·Δ as on the server.
-    const std::vector<float> mean =
-        server::aggregate_deltas(deltas, sim.tensor_sizes, rounds.aggregation);
-    transport::SparseUpdate close_update;
-    close_update.model_id = sim.model.layout_id();
-    close_update.sequence = store.version() + 1;
-    close_update.fetched_version = store.version();
-    const float scale = -rounds.server_lr / config.learning_rate;
-    std::size_t offset = 0;
-    for (std::uint32_t t = 0; t < sim.tensor_sizes.size(); ++t) {
-      transport::SparseTensor tensor;
-      tensor.tensor = t;
-      tensor.size = sim.tensor_sizes[t];
-      tensor.indices.resize(tensor.size);
-      tensor.values.resize(tensor.size);
-      for (std::uint32_t i = 0; i < tensor.size; ++i) {
-        tensor.indices[i] = i;
-        tensor.values[i] = scale * mean[offset + i];
-      }
-      offset += tensor.size;
-      close_update.tensors.push_back(std::move(tensor));
-    }
-    const server::ApplyResult applied = store.apply(close_update);
+    // The server's close (server::round_close_update, as server::RoundCoordinator closes a
+    // round): one update through the store, delay 0 (divisor 1), values −server_lr·Δ/lr, so
+    // the model moves by server_lr·Δ as on the server.
+    const server::ApplyResult applied = store.apply(
+        server::round_close_update(deltas, sim.tensor_sizes, rounds.aggregation, rounds.server_lr,
+                                   config.learning_rate, sim.model.layout_id(), store.version()));
     if (applied.status == server::ApplyStatus::kOutOfBounds) {
       result.updates_refused++;  // a diverged round: the model stays; the next round tries again
       if (stalls()) break;

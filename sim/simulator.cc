@@ -396,14 +396,14 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       Worker& worker = sim.workers[w];
       result.pull_bytes += sim.model_bytes;
       pulls++;
-      // Local training: plain SGD from the round's model, one step time per minibatch; a
-      // crash draw per step, as in async mode.
-      parameters = start;
+      // Local training: the real worker's (runtime::train_round_locally: plain SGD from the
+      // round's model, the delta new − start into sim.gradient), one step time per minibatch;
+      // a crash draw per step, as in async mode.
       const double started = std::max(now, ready_at[w]);
       double elapsed = 0;
-      std::uint64_t examples = 0;
       bool crashed = false;
-      for (std::uint64_t step = 0; step < steps_of[w]; ++step) {
+      runtime::LocalTrainingHooks hooks;
+      hooks.before_step = [&] {
         const double step_time = worker.speed * sim.random.log_normal(config.step_jitter);
         if (config.failure_probability > 0 && may_fail[w] &&
             sim.random.uniform() < config.failure_probability) {
@@ -415,28 +415,24 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
           } else {
             ready_at[w] = crashed_at + sim.random.exponential(config.downtime_steps);
           }
-          break;
+          return false;
         }
         elapsed += step_time;
-        worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-        const runtime::BatchResult batch =
-            sim.trainer.compute_gradient(parameters, sim.batch_pixels.data(),
-                                         sim.batch_labels.data(), config.batch, sim.gradient);
-        if (!std::isfinite(batch.loss)) continue;  // skipped, as runtime::RoundWorker does
-        for (std::size_t i = 0; i < parameter_count; ++i)
-          parameters[i] -= rounds.local_lr * sim.gradient[i];
-        examples += static_cast<std::uint64_t>(config.batch);
-      }
+        return true;
+      };
+      const runtime::LocalTraining trained =
+          runtime::train_round_locally({sim.trainer, worker.sampler, config.batch, rounds.local_lr,
+                                        sim.batch_pixels, sim.batch_labels, sim.gradient},
+                                       steps_of[w], start, parameters, sim.gradient, hooks);
       if (crashed) {
         result.updates_lost++;
         continue;
       }
       // The delta goes through the compressor in place of a gradient (runtime::RoundWorker).
+      const std::uint64_t examples = trained.examples;
       bool finite = examples > 0;
-      for (std::size_t i = 0; i < parameter_count && finite; ++i) {
-        sim.gradient[i] = parameters[i] - start[i];
+      for (std::size_t i = 0; i < parameter_count && finite; ++i)
         finite = std::isfinite(sim.gradient[i]);
-      }
       if (!finite) {
         result.updates_lost++;  // a diverged worker has nothing the server would take
         continue;

@@ -236,13 +236,27 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
       worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-      sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
-                                   sim.batch_labels.data(), config.batch, sim.gradient);
+      const runtime::BatchResult batch =
+          sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
+                                       sim.batch_labels.data(), config.batch, sim.gradient);
       transport::SparseUpdate update;
       update.model_id = sim.model.layout_id();
       update.sequence = ++worker.sequence;
       update.fetched_version = fetched[event.worker];
-      worker.compressor.compress(sim.gradient, update);
+      if (!runtime::compress_step(batch, sim.gradient, worker.compressor, update)) {
+        // runtime::Worker's skip: a gradient that is not finite is not sent; the worker pulls
+        // again and steps once this step's time is over. A run where that keeps happening
+        // (a diverged model) stalls as one whose updates are all refused.
+        result.non_finite_steps++;
+        if (++refused_in_a_row >= stall_after) {
+          result.stalled = true;
+          if (result.curve.back().updates != store.version()) evaluate(result, event.time);
+          break;
+        }
+        events.push({event.time + worker.speed * sim.random.log_normal(config.step_jitter),
+                     event.worker, EventKind::kStartStep});
+        continue;
+      }
       auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
       if (!encoded)
         throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);

@@ -174,6 +174,8 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       config.balance_target > 0 ? std::max(config.balance_max_batch, config.batch) : config.batch;
   pixels_.resize(static_cast<std::size_t>(max_batch) * train.image_bytes());
   labels_.resize(static_cast<std::size_t>(max_batch));
+  // The settings the real peer has too: the balancer's and the plateau rule's options.
+  const runtime::GossipSettings shared = config.settings();
   runtime::PublishOptions publish;
   publish.every = 1;
   publish.fraction = config.publish_fraction;
@@ -195,10 +197,6 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       validation.assign(shard.end() - static_cast<std::ptrdiff_t>(held), shard.end());
       shard.resize(shard.size() - held);
     }
-    runtime::PlateauOptions plateau;
-    plateau.patience = config.plateau_patience;
-    plateau.max_decays = config.plateau_max_decays;
-    plateau.min_delta = config.plateau_min_delta;
     std::vector<float> start(model_.parameters().begin(), model_.parameters().end());
     if (config.distinct_initialisation && i > 0) {
       runtime::Model other(model_.spec());
@@ -211,17 +209,8 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
                               config.seed + 1000003ULL * static_cast<std::uint64_t>(i + 1)),
         std::move(validation),
         Random(config.seed * 0x9E3779B97F4A7C15ULL + 7919ULL * static_cast<std::uint64_t>(i + 1)),
-        runtime::PlateauDetector(plateau));
-    if (config.balance_target > 0) {
-      runtime::BalanceOptions balance;
-      balance.target_seconds = config.balance_target;
-      balance.base_batch = config.batch;
-      balance.base_lr = config.learning_rate;
-      balance.min_batch = std::min(config.balance_min_batch, config.batch);
-      balance.max_batch = std::max(config.balance_max_batch, config.batch);
-      balance.max_lr_factor = config.balance_max_lr_factor;
-      peer.balancer.emplace(balance);
-    }
+        runtime::PlateauDetector(shared.plateau));
+    if (config.balance_target > 0) peer.balancer.emplace(shared.balance);
     if (compressed_) peer.published.emplace(tensor_sizes_, peer.model, 0, publish);
     peer.speed_class = config.speed_classes.empty()
                            ? 0
@@ -599,29 +588,38 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text) {
 }
 
 double GossipConfig::effective_consensus_step() const {
-  if (consensus_step) return *consensus_step;
-  return publish_fraction < 1 ? kDefaultCompressedConsensusStep : 1.0;
+  return consensus_step ? *consensus_step : runtime::default_consensus_step(publish_fraction);
+}
+
+runtime::GossipSettings GossipConfig::settings() const {
+  runtime::GossipSettings s;
+  s.algorithm = algorithm;
+  s.publish_fraction = publish_fraction;
+  s.consensus_step = effective_consensus_step();
+  s.wait_steps = wait_steps;
+  s.validation_fraction = validation_fraction;
+  s.validate_every = validate_every;
+  s.balance.target_seconds = balance_target;
+  s.balance.base_batch = batch;
+  s.balance.base_lr = learning_rate;
+  s.balance.min_batch = balance_min_batch;
+  s.balance.max_batch = balance_max_batch;
+  s.balance.max_lr_factor = balance_max_lr_factor;
+  s.plateau.patience = plateau_patience;
+  s.plateau.max_decays = plateau_max_decays;
+  s.plateau.min_delta = plateau_min_delta;
+  return s;
 }
 
 void check_gossip_config(const GossipConfig& c) {
   auto refuse = [](const std::string& what) { throw std::invalid_argument("gossip: " + what); };
   if (c.peers < 2) refuse("--workers (the peer count) must be at least 2");
   if (c.batch < 1) refuse("--batch must be at least 1");
-  if (!(c.learning_rate >= 0) || !std::isfinite(c.learning_rate)) refuse("--lr must be >= 0");
-  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
-    refuse("--publish-fraction must be in (0, 1]");
-  if (c.consensus_step && !(*c.consensus_step > 0 && *c.consensus_step <= 1))
-    refuse("--consensus-step must be in (0, 1]");
-  if (c.algorithm == GossipAlgorithm::kAdpsgd) {
-    if (c.publish_fraction < 1)
-      refuse(
-          "--publish-fraction below 1 is for --gossip d-psgd: AD-PSGD's pairwise midpoint needs "
-          "both models exactly");
-    if (c.consensus_step && *c.consensus_step != 1)
-      refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
-    if (c.wait_steps > 0)
-      refuse("--wait-steps is for --gossip d-psgd (AD-PSGD has no barrier to wait at)");
-  }
+  runtime::check_gossip_settings(c.settings());
+  // The peer resolves an unset γ to its default before anyone can tell; here a γ given with
+  // AD-PSGD is refused rather than ignored (the peer ignores it).
+  if (c.algorithm == GossipAlgorithm::kAdpsgd && c.consensus_step && *c.consensus_step != 1)
+    refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
   if (c.topology && c.topology->size() != static_cast<std::size_t>(c.peers))
     refuse("--topology-file lists " + std::to_string(c.topology->size()) +
            " peers, --workers says " + std::to_string(c.peers));
@@ -645,17 +643,6 @@ void check_gossip_config(const GossipConfig& c) {
       refuse("--speed-schedule needs times >= 0 and factors > 0");
   }
   if (!(c.step_jitter >= 0)) refuse("--step-jitter must be >= 0");
-  if (!(c.balance_target >= 0) || !std::isfinite(c.balance_target))
-    refuse("--balance-target must be >= 0");
-  if (c.balance_min_batch < 1 || c.balance_min_batch > c.batch || c.balance_max_batch < c.batch)
-    refuse("--min-batch <= --batch <= --max-batch must hold");
-  if (c.balance_target > 0 && !(c.learning_rate > 0))
-    refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
-  if (c.plateau_patience < 0) refuse("--plateau-patience must be >= 0");
-  if (c.validate_every < 1) refuse("--validate-every must be at least 1");
-  if (!(c.validation_fraction > 0 && c.validation_fraction < 1))
-    refuse("--validation-fraction must be in (0, 1)");
-  if (c.plateau_max_decays < 0) refuse("--plateau-decays must be >= 0");
   if (c.max_iterations < 1) refuse("--iterations must be at least 1");
   if (c.eval_every < 1) refuse("--eval-every must be at least 1");
   if (!(c.time_budget >= 0) || !std::isfinite(c.time_budget)) refuse("--time-budget must be >= 0");

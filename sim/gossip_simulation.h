@@ -51,6 +51,7 @@ namespace edgetrain::sim {
 // The real peer's (worker/gossip.h).
 using runtime::gossip_algorithm_name;
 using runtime::GossipAlgorithm;
+using runtime::kDefaultCompressedConsensusStep;
 using runtime::parse_gossip_algorithm;
 
 // From `at` on (virtual time), speed class `speed_class` runs at `factor` × its budget
@@ -86,7 +87,8 @@ struct GossipConfig {
   // and at least this many entries per tensor (the server's default).
   double publish_fraction = 1;
   std::uint32_t publish_min_entries = 32;
-  // γ; unset: 1 for dense, kDefaultCompressedConsensusStep with a publish fraction below 1.
+  // γ; unset: runtime::default_consensus_step() (1 for dense, kDefaultCompressedConsensusStep
+  // with a publish fraction below 1), the real peer's default.
   std::optional<double> consensus_step;
   bool label_skewed = false;
   runtime::LabelSkew skew;
@@ -132,12 +134,9 @@ struct GossipConfig {
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
 
   double effective_consensus_step() const;
+  // The settings the real peer has too, as the simulation uses them (worker/gossip.h).
+  runtime::GossipSettings settings() const;
 };
-
-// Ours: γ for compressed gossip when not given (sim/README.md "Gossip": at publish fraction
-// 0.01 on the MLP, γ from 0.05 to 0.3 ended within a point of each other, 0.5 twenty
-// points lower, 1 at 23%: the published copies lag, and a large step overshoots).
-inline constexpr double kDefaultCompressedConsensusStep = 0.1;
 
 struct GossipEvalPoint {
   double time = 0;             // virtual
@@ -192,7 +191,8 @@ struct GossipProgress {
 using GossipProgressCallback = std::function<void(const GossipProgress&)>;
 
 // Throws std::invalid_argument, naming the setting, for a configuration the simulation
-// refuses (the checks that need no data).
+// refuses (the checks that need no data): what the real peer has too by the peer's own check
+// (runtime::check_gossip_settings), then what only the simulation has.
 void check_gossip_config(const GossipConfig& config);
 
 GossipResult run_gossip_simulation(const GossipConfig& config, const runtime::Dataset& train,

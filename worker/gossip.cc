@@ -278,7 +278,9 @@ WorkloadBalancer::WorkloadBalancer(BalanceOptions options)
     throw std::invalid_argument("balance: needs 1 <= min batch <= base batch <= max batch");
   if (!(options_.smoothing > 0 && options_.smoothing <= 1))
     throw std::invalid_argument("balance: smoothing must be in (0, 1]");
-  if (!(options_.base_lr > 0) || !(options_.max_lr_factor >= 1))
+  // A learning rate of 0 only without balancing: a run of mixing alone (simulator tests).
+  if (!(options_.base_lr > 0 || (options_.base_lr == 0 && options_.target_seconds == 0)) ||
+      !(options_.max_lr_factor >= 1))
     throw std::invalid_argument("balance: base lr must be > 0 and the lr cap >= 1");
 }
 
@@ -332,6 +334,42 @@ PlateauDetector::Verdict PlateauDetector::report(double accuracy) {
   }
   stopped_ = true;
   return Verdict::kStop;
+}
+
+double default_consensus_step(double publish_fraction) {
+  return publish_fraction < 1 ? kDefaultCompressedConsensusStep : 1.0;
+}
+
+void check_gossip_settings(const GossipSettings& s) {
+  auto refuse = [](const std::string& what) { throw std::invalid_argument("gossip: " + what); };
+  if (!(s.publish_fraction > 0 && s.publish_fraction <= 1))
+    refuse("--publish-fraction must be in (0, 1]");
+  if (!(s.consensus_step > 0 && s.consensus_step <= 1))
+    refuse("--consensus-step must be in (0, 1]");
+  if (s.algorithm == GossipAlgorithm::kAdpsgd && s.publish_fraction < 1)
+    refuse(
+        "--publish-fraction below 1 is for d-psgd: ad-psgd's pairwise midpoint exchanges dense "
+        "models");
+  if (s.algorithm == GossipAlgorithm::kAdpsgd && s.wait_steps > 0)
+    refuse("--wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
+  const BalanceOptions& b = s.balance;
+  if (!(b.target_seconds >= 0) || !std::isfinite(b.target_seconds))
+    refuse("--balance-target must be >= 0");
+  if (b.min_batch < 1 || b.min_batch > b.base_batch || b.base_batch > b.max_batch)
+    refuse("1 <= --min-batch <= --batch <= --max-batch must hold");
+  if (!(b.base_lr >= 0) || !std::isfinite(b.base_lr)) refuse("--lr must be >= 0");
+  if (b.target_seconds > 0 && !(b.base_lr > 0))
+    refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
+  if (!(b.max_lr_factor >= 1)) refuse("--max-lr-factor must be >= 1");
+  if (!(b.smoothing > 0 && b.smoothing <= 1)) refuse("the balancer's smoothing must be in (0, 1]");
+  if (s.plateau.patience < 0) refuse("--plateau-patience must be >= 0");
+  if (s.plateau.max_decays < 0) refuse("--plateau-decays must be >= 0");
+  if (!(s.plateau.min_delta >= 0)) refuse("the plateau's least gain must be >= 0");
+  if (!(s.validation_fraction >= 0 && s.validation_fraction < 0.5))
+    refuse("--validation-fraction must be in [0, 0.5)");
+  if (s.plateau.patience > 0 && s.validation_fraction <= 0)
+    refuse("accuracy-aware training (--plateau-patience) needs a validation split");
+  if (s.validate_every == 0) refuse("--validate-every must be at least 1");
 }
 
 }  // namespace edgetrain::runtime

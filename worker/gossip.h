@@ -1,7 +1,8 @@
 // What gossip training (EdgeGossip; runtime/README.md "Gossip") shares between the peer
 // mode of edgetrain-worker (worker/gossip_peer.h) and the simulator (edgetrain-sim --mode
-// gossip): the topology and its file, the mixing weights, the workload balancer and the
-// accuracy-aware stop. No network and no model here: plain rules, unit-tested on their own.
+// gossip): the topology and its file, the mixing weights, the workload balancer, the
+// accuracy-aware stop, and the check of the settings both have with γ's default. No
+// network and no model here: plain rules, unit-tested on their own.
 #pragma once
 
 #include <cstdint>
@@ -100,7 +101,7 @@ struct BalanceOptions {
 class WorkloadBalancer {
  public:
   // Throws std::invalid_argument for a bad option (batches out of order, smoothing outside
-  // (0, 1], negative target).
+  // (0, 1], negative target, a learning rate that is negative, or 0 with a target).
   explicit WorkloadBalancer(BalanceOptions options);
   // One iteration trained `examples` in `seconds` of compute.
   void observe(int examples, double seconds);
@@ -147,5 +148,37 @@ class PlateauDetector {
   double lr_factor_ = 1;
   bool stopped_ = false;
 };
+
+// ---- The settings both sides have, their one check, and γ's default ------------------------
+
+// γ, the consensus step, when none is given: 1 with dense gossip (D-PSGD's x_i ← Σ_j w_ij x_j)
+// and kDefaultCompressedConsensusStep with a publish fraction below 1 (ours, measured in the
+// simulator: at publish fraction 0.01 on 8 MLP peers, γ from 0.05 to 0.3 ended within a point
+// of each other, 0.5 twenty points lower, 1 at 23%: the published copies lag, and a large step
+// applies the same stale difference again every iteration; sim/README.md "Gossip").
+inline constexpr double kDefaultCompressedConsensusStep = 0.1;
+double default_consensus_step(double publish_fraction);
+
+// The settings of gossip training that the peer (GossipPeerConfig) and the simulator
+// (sim::GossipConfig) both have, as each uses them. Each side builds this from its own
+// configuration and checks it with check_gossip_settings(), then checks what only it has
+// (the peer: its topology and checkpoints; the simulator: peers, speed classes, budgets).
+struct GossipSettings {
+  GossipAlgorithm algorithm = GossipAlgorithm::kDpsgd;
+  double publish_fraction = 1;
+  double consensus_step = 1;  // γ as used (default_consensus_step() when none was given)
+  std::uint32_t wait_steps = 0;
+  // Without balancing (target_seconds 0) every step uses base_batch at base_lr.
+  BalanceOptions balance;
+  PlateauOptions plateau;
+  double validation_fraction = 0.05;
+  std::uint32_t validate_every = 50;
+};
+
+// Throws std::invalid_argument "gossip: ..." naming the flag (edgetrain-worker --mode gossip
+// and edgetrain-sim --mode gossip name them alike) for a setting outside its range or one
+// that does not go with the algorithm: a publish fraction below 1 or wait steps with
+// AD-PSGD. A learning rate of 0 is allowed without balancing (a run of mixing alone).
+void check_gossip_settings(const GossipSettings& settings);
 
 }  // namespace edgetrain::runtime

@@ -67,29 +67,19 @@ void check_gossip_peer_config(const GossipPeerConfig& c) {
   if (c.topology.neighbours[c.self].empty())
     throw std::invalid_argument("gossip: peer " + c.topology.peers[c.self].name +
                                 " has no neighbours in the topology");
-  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
-    throw std::invalid_argument("gossip: --publish-fraction must be in (0, 1]");
-  if (c.algorithm == GossipAlgorithm::kAdpsgd && c.publish_fraction < 1)
-    throw std::invalid_argument(
-        "gossip: ad-psgd exchanges dense models; --publish-fraction below 1 is for d-psgd");
-  if (!(c.consensus_step > 0 && c.consensus_step <= 1))
-    throw std::invalid_argument("gossip: --consensus-step must be in (0, 1]");
-  if (!(c.validation_fraction >= 0 && c.validation_fraction < 0.5))
-    throw std::invalid_argument("gossip: --validation-fraction must be in [0, 0.5)");
-  if (c.plateau.patience > 0 && c.validation_fraction <= 0)
-    throw std::invalid_argument(
-        "gossip: accuracy-aware training (--plateau-patience) needs a validation split");
-  if (c.validate_every == 0)
-    throw std::invalid_argument("gossip: --validate-every must be at least 1");
+  // What the simulator has too, checked by the one check both use (worker/gossip.h).
+  check_gossip_settings({.algorithm = c.algorithm,
+                         .publish_fraction = c.publish_fraction,
+                         .consensus_step = c.consensus_step,
+                         .wait_steps = c.wait_steps,
+                         .balance = c.balance,
+                         .plateau = c.plateau,
+                         .validation_fraction = c.validation_fraction,
+                         .validate_every = c.validate_every});
   if (c.checkpoint_every == 0)
     throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
   if (!(c.neighbour_wait_seconds >= 0))
     throw std::invalid_argument("gossip: --neighbour-wait must be >= 0");
-  if (c.wait_steps > 0 && c.algorithm != GossipAlgorithm::kDpsgd)
-    throw std::invalid_argument(
-        "gossip: --wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
-  WorkloadBalancer check(c.balance);
-  PlateauDetector check_plateau(c.plateau);
 }
 
 // ---- CoapPeerChannel -------------------------------------------------------------------------

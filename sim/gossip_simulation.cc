@@ -241,25 +241,24 @@ double GossipSimulation::compute_step(Peer& peer, double start) {
   peer.pending_batch = batch;
   peer.pending_lr = lr_of(peer);
   peer.sampler.next_batch(batch, pixels_, labels_);
-  const runtime::BatchResult r = trainers_.for_batch(batch).compute_gradient(
-      peer.model, pixels_.data(), labels_.data(), batch, peer.gradient);
-  // A step whose loss is not finite is skipped, as runtime::RoundWorker skips it.
-  if (!std::isfinite(r.loss)) peer.pending_lr = 0;
+  trainers_.for_batch(batch).compute_gradient(peer.model, pixels_.data(), labels_.data(), batch,
+                                              peer.gradient);
   const double seconds =
       compute_time(peer, batch, start) * peer.random.log_normal(config_.step_jitter);
-  if (peer.balancer) peer.balancer->observe(batch, seconds);
   peer.pending_seconds = seconds;
   return seconds;
 }
 
 void GossipSimulation::apply_step(Peer& peer) {
-  // Counted when the step is done: an AD-PSGD step still computing at the end is not.
+  // Counted when the step is done: an AD-PSGD step still computing at the end is not. Its
+  // compute time is spent whether or not its gradient is applied.
   peer.compute_time += peer.pending_seconds;
   peer.steps++;
   peer.examples += static_cast<std::uint64_t>(peer.pending_batch);
-  if (peer.pending_lr == 0) return;
-  for (std::size_t k = 0; k < peer.model.size(); ++k)
-    peer.model[k] -= peer.pending_lr * peer.gradient[k];
+  // The real peer's step: a gradient that is not finite is skipped, and the balancer then
+  // observes nothing (it would otherwise learn from a step that did not happen).
+  if (runtime::gossip_local_step(peer.model, peer.gradient, peer.pending_lr) && peer.balancer)
+    peer.balancer->observe(peer.pending_batch, peer.pending_seconds);
 }
 
 double GossipSimulation::maybe_validate(Peer& peer, double start, GossipResult& result) {
@@ -321,7 +320,6 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
   // Dense mixing reads every peer's model of this iteration: the new models go here first.
   std::vector<std::vector<float>> mixed(compressed_ ? 0 : n, std::vector<float>(size));
   std::vector<double> finished(n, 0.0);
-  std::vector<double> accumulator(size);
   evaluate(result, 0, 0);
   for (std::uint64_t t = 1;; ++t) {
     // Local barrier: start when this peer and all its neighbours finished iteration t − 1.
@@ -375,26 +373,23 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
       const auto delta = transport::encode_changes_since(record, held);
       peer.bytes_sent += readers * (delta ? delta->size() : dense_bytes_);
     }
-    // Mix: x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), in double, then rounded once.
+    // Mix: x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), the real peer's rule and floats
+    // (runtime::dpsgd_mix). Dense, x̂ = x: every peer reads the others' models of this
+    // iteration, so the mixed models go to `mixed` first.
+    std::vector<runtime::MixTerm> terms;
     for (std::size_t i = 0; i < n; ++i) {
       Peer& peer = peers_[i];
       auto published = [&](std::size_t p) -> std::span<const float> {
         return compressed_ ? peers_[p].published->parameters()
                            : std::span<const float>(peers_[p].model);
       };
-      const std::span<const float> own = published(i);
-      std::fill(accumulator.begin(), accumulator.end(), 0.0);
       const auto& neighbours = topology_.neighbours[i];
-      for (std::size_t k = 0; k < neighbours.size(); ++k) {
-        const std::span<const float> other = published(neighbours[k]);
-        const double w = weights_[i][k];
-        for (std::size_t e = 0; e < size; ++e)
-          accumulator[e] += w * (static_cast<double>(other[e]) - static_cast<double>(own[e]));
-      }
-      float* target = compressed_ ? peer.model.data() : mixed[i].data();
-      for (std::size_t e = 0; e < size; ++e)
-        target[e] =
-            static_cast<float>(static_cast<double>(peer.model[e]) + gamma_ * accumulator[e]);
+      terms.clear();
+      for (std::size_t k = 0; k < neighbours.size(); ++k)
+        terms.push_back({weights_[i][k], published(neighbours[k])});
+      if (!compressed_) std::copy(peer.model.begin(), peer.model.end(), mixed[i].begin());
+      runtime::dpsgd_mix(compressed_ ? std::span<float>(peer.model) : std::span<float>(mixed[i]),
+                         published(i), terms, gamma_);
     }
     if (!compressed_)
       for (std::size_t i = 0; i < n; ++i) peers_[i].model.swap(mixed[i]);
@@ -434,7 +429,7 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
       return kind > o.kind;
     }
   };
-  const std::size_t n = peers_.size(), size = model_.parameter_count();
+  const std::size_t n = peers_.size();
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   for (std::uint32_t i = 0; i < n; ++i) events.push({0.0, i, Kind::kStart});
   const std::uint64_t step_budget = config_.max_iterations * n;
@@ -469,16 +464,12 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
     apply_step(peer);
     peer.iterations++;
     total_steps++;
-    // Average with a uniformly drawn neighbour: both hold the midpoint from now on, and each
-    // sent the other its dense model.
+    // Average with a uniformly drawn neighbour: both hold the midpoint from now on, each by
+    // its side's rule of the real peers' average, and each sent the other its dense model.
     const auto& neighbours = topology_.neighbours[event.peer];
     Peer& other = peers_[neighbours[static_cast<std::size_t>(
         peer.random.uniform() * static_cast<double>(neighbours.size()))]];
-    for (std::size_t e = 0; e < size; ++e) {
-      const float mid = 0.5f * (peer.model[e] + other.model[e]);
-      peer.model[e] = mid;
-      other.model[e] = mid;
-    }
+    runtime::adpsgd_exchange(peer.model, other.model);
     peer.bytes_sent += dense_bytes_;
     other.bytes_sent += dense_bytes_;
     result.exchanges++;

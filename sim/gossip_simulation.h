@@ -2,8 +2,10 @@
 // process, on a virtual clock: N peers with no server, each with its own copy of the model
 // (all initialised from the same seed), its own shard and the real trainer (plain SGD),
 // exchanging models with their neighbours in a topology (worker/gossip.h). The rules the
-// real peer mode of edgetrain-worker uses come from runtime/: the topology, the Metropolis
-// weights, the workload balancer, the plateau rule and the published model.
+// real peer mode of edgetrain-worker uses come from worker/gossip.h: the topology, the
+// Metropolis weights, the workload balancer, the plateau rule, the check of the settings both
+// have and γ's default, and the step rules (the local SGD step, D-PSGD's mix in the peer's
+// float, AD-PSGD's midpoint as both sides of an average take it); and the published model.
 //
 // D-PSGD (Lian et al. 2017), with CHOCO-SGD's compressed variant (Koloskova et al. 2019):
 // each iteration t a peer trains one minibatch, x_i ← x_i − lr·g_i, publishes, and mixes
@@ -22,8 +24,9 @@
 // AD-PSGD (Lian et al. 2018), dense only: no barrier. Each peer loops: compute the gradient
 // of a minibatch on its model as it is at the start, apply it at the end of the compute
 // time (its model may have been averaged meanwhile), pick a uniformly random neighbour, and
-// both take the midpoint (x_i + x_j)/2 at that moment. Events run in virtual-time order,
-// ties by peer id, so a run is deterministic for its seed.
+// both take the midpoint at that moment, each by its side's rule of the real peers' average
+// (runtime::adpsgd_exchange: the neighbour (x_j + x_i)/2, the peer x_i + (x_j − x_i)/2).
+// Events run in virtual-time order, ties by peer id, so a run is deterministic for its seed.
 //
 // Time is in mean step times of the fastest speed class at the base batch. A peer's step
 // of b examples takes b / base batch × (fastest class / its class) × a log-normal jitter,

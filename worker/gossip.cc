@@ -372,4 +372,43 @@ void check_gossip_settings(const GossipSettings& s) {
   if (s.validate_every == 0) refuse("--validate-every must be at least 1");
 }
 
+bool gossip_local_step(std::span<float> x, std::span<const float> gradient, float lr) {
+  if (!std::all_of(gradient.begin(), gradient.end(), [](float v) { return std::isfinite(v); }))
+    return false;
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] -= lr * gradient[i];
+  return true;
+}
+
+void dpsgd_mix(std::span<float> x, std::span<const float> own, std::span<const MixTerm> neighbours,
+               double consensus_step) {
+  const auto gamma = static_cast<float>(consensus_step);
+  for (const MixTerm& n : neighbours) {
+    const float w = static_cast<float>(n.weight) * gamma;
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += w * (n.published[i] - own[i]);
+  }
+}
+
+namespace {
+// The two sides' rules for one parameter (adpsgd_answer_average, adpsgd_take_average).
+float answered_midpoint(float mine, float theirs) { return 0.5f * (mine + theirs); }
+float taken_midpoint(float mine, float sent, float theirs) { return mine + 0.5f * (theirs - sent); }
+}  // namespace
+
+void adpsgd_answer_average(std::span<float> x, std::span<const float> theirs) {
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = answered_midpoint(x[i], theirs[i]);
+}
+
+void adpsgd_take_average(std::span<float> x, std::span<const float> sent,
+                         std::span<const float> theirs) {
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = taken_midpoint(x[i], sent[i], theirs[i]);
+}
+
+void adpsgd_exchange(std::span<float> initiator, std::span<float> responder) {
+  for (std::size_t i = 0; i < initiator.size(); ++i) {
+    const float mine = initiator[i], theirs = responder[i];
+    responder[i] = answered_midpoint(theirs, mine);
+    initiator[i] = taken_midpoint(mine, mine, theirs);
+  }
+}
+
 }  // namespace edgetrain::runtime

@@ -316,18 +316,16 @@ void GossipPeer::State::local_step() {
         stop);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   last_step_seconds = seconds;
-  if (!all_finite(gradient)) {
-    std::lock_guard lock(mutex);  // the handlers read and write the counts on the server's thread
-    count_refusal("non-finite own gradient");
-    return;
-  }
   const auto lr = static_cast<float>(balancer.learning_rate() * plateau.lr_factor());
   {
     // AD-PSGD applies the gradient to the model as it is now, which an average may have
-    // moved since the snapshot (Lian et al. 2018: a gradient computed on a stale model).
+    // moved since the snapshot (Lian et al. 2018: a gradient computed on a stale model). The
+    // handlers read and write the model and the counts on the server's thread.
     std::lock_guard lock(mutex);
-    auto x = model.parameters();
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= lr * gradient[i];
+    if (!gossip_local_step(model.parameters(), gradient, lr)) {
+      count_refusal("non-finite own gradient");
+      return;
+    }
     stats.steps++;
     stats.examples += static_cast<std::uint64_t>(batch);
     stats.last_loss = result.loss;
@@ -553,17 +551,12 @@ void GossipPeer::State::mix_dpsgd() {
   std::vector<Neighbour*> fresh;
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);
-  std::lock_guard lock(mutex);
-  auto x = model.parameters();
-  const auto own = published->parameters();
-  const auto gamma = static_cast<float>(config.consensus_step);
   // x_i += γ Σ_j w_ij (x̂_j − x̂_i); a skipped neighbour's weight stays with the peer itself.
-  for (const Neighbour* n : fresh) {
-    const auto other = n->replica.parameters();
-    const auto w = static_cast<float>(n->weight) * gamma;
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += w * (other[i] - own[i]);
-    stats.exchanges++;
-  }
+  std::vector<MixTerm> terms;
+  for (const Neighbour* n : fresh) terms.push_back({n->weight, n->replica.parameters()});
+  std::lock_guard lock(mutex);
+  dpsgd_mix(model.parameters(), published->parameters(), terms, config.consensus_step);
+  stats.exchanges += terms.size();
 }
 
 void GossipPeer::State::average_adpsgd() {
@@ -616,9 +609,7 @@ void GossipPeer::State::average_adpsgd() {
   // x_i moves by half the difference to what the neighbour had; the neighbour moved by half
   // the difference to what we sent: both at the midpoint, the sum kept, and anything that
   // reached x_i meanwhile (another neighbour's average) kept as well.
-  auto x = model.parameters();
-  const auto& other = theirs.value().values;
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] += 0.5f * (other[i] - sent[i]);
+  adpsgd_take_average(model.parameters(), sent, theirs.value().values);
   stats.exchanges++;
 }
 
@@ -719,8 +710,7 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
   if (!mine)
     return text_response(CoapCode::kInternalServerError,
                          "cannot encode the model: " + mine.error().message);
-  const auto& other = theirs.value().values;
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (x[i] + other[i]);
+  adpsgd_answer_average(x, theirs.value().values);
   s.stats.exchanges++;
   s.stats.bytes_received += request.payload.size();
   s.stats.bytes_sent += mine.value().size();

@@ -61,4 +61,34 @@ std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
   return aggregated;
 }
 
+transport::SparseUpdate round_close_update(std::span<const RoundDelta> deltas,
+                                           std::span<const std::uint32_t> tensor_sizes,
+                                           Aggregation aggregation, float server_lr,
+                                           float store_learning_rate, std::uint64_t model_id,
+                                           std::uint64_t round) {
+  const std::vector<float> mean = aggregate_deltas(deltas, tensor_sizes, aggregation);
+  transport::SparseUpdate update;
+  update.model_id = model_id;
+  update.sequence = round + 1;
+  update.fetched_version = round;
+  // The store applies W − lr·g with divisor 1 (delay 0): g = −server_lr·Δ/lr moves W by
+  // server_lr·Δ (up to one rounding), and the server's WAL holds g, so replay is bit-exact.
+  const float scale = -server_lr / store_learning_rate;
+  std::size_t offset = 0;
+  for (std::uint32_t t = 0; t < tensor_sizes.size(); ++t) {
+    transport::SparseTensor tensor;
+    tensor.tensor = t;
+    tensor.size = tensor_sizes[t];
+    tensor.indices.resize(tensor_sizes[t]);
+    tensor.values.resize(tensor_sizes[t]);
+    for (std::uint32_t i = 0; i < tensor_sizes[t]; ++i) {
+      tensor.indices[i] = i;
+      tensor.values[i] = scale * mean[offset + i];
+    }
+    offset += tensor_sizes[t];
+    update.tensors.push_back(std::move(tensor));
+  }
+  return update;
+}
+
 }  // namespace edgetrain::server

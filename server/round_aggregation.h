@@ -1,6 +1,6 @@
 // Federated rounds (FedAvg): how the deltas of one round become one change of the model.
-// A pure function, shared by the server (server/round_coordinator.h) and the simulator, so
-// both aggregate bit for bit alike.
+// Pure functions, shared by the server (server/round_coordinator.h) and the simulator, so
+// both aggregate and close a round bit for bit alike.
 //
 //   masked (default, ours): each parameter is averaged over the devices whose delta has
 //     that entry, weighted by their example counts: Δ_i = Σ_d n_d·v_{d,i} / Σ_{d∋i} n_d;
@@ -46,5 +46,18 @@ struct RoundDelta {
 std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
                                     std::span<const std::uint32_t> tensor_sizes,
                                     Aggregation aggregation);
+
+// A round's close: the one update the parameter store applies for it (the server submits it
+// to ServerState, which logs and applies it; the simulator applies it to its store). The
+// deltas are aggregated (aggregate_deltas), and every parameter gets the value
+// −server_lr·Δ/store_learning_rate, so that the store's W − store_learning_rate·g with
+// divisor 1 (delay 0: the update's fetched version is the round, the store's version) moves
+// W by server_lr·Δ, up to one rounding. Sequence round + 1, `model_id` the model's layout id.
+// Throws as aggregate_deltas does.
+transport::SparseUpdate round_close_update(std::span<const RoundDelta> deltas,
+                                           std::span<const std::uint32_t> tensor_sizes,
+                                           Aggregation aggregation, float server_lr,
+                                           float store_learning_rate, std::uint64_t model_id,
+                                           std::uint64_t round);
 
 }  // namespace edgetrain::server

@@ -26,7 +26,6 @@ using transport::CoapRequest;
 using transport::CoapResponse;
 using transport::escape_untrusted;
 
-
 CoapResponse text_response(int code, const std::string& text) {
   return {code, {text.begin(), text.end()}, {}};
 }
@@ -116,8 +115,8 @@ void RoundCoordinator::open_log() {
     throw StateError(e.what());
   }
   if (contents.header.kind != WalKind::kRoundDeltas)
-    throw StateError(log_path_.string() + " is a log of " +
-                     wal_kind_name(contents.header.kind) + ", not of round deltas");
+    throw StateError(log_path_.string() + " is a log of " + wal_kind_name(contents.header.kind) +
+                     ", not of round deltas");
   if (contents.header.model_id != state_.model_id())
     throw StateError(log_path_.string() + " belongs to another model");
   if (!contents.damage.empty())
@@ -137,8 +136,7 @@ void RoundCoordinator::open_log() {
     seen_.insert(record.identity);
   }
   if (contents.dropped_bytes > 0)
-    log("round log: cut a torn last record (" + std::to_string(contents.dropped_bytes) +
-        " bytes)");
+    log("round log: cut a torn last record (" + std::to_string(contents.dropped_bytes) + " bytes)");
   try {
     log_.emplace(WalWriter::append_to(log_path_, contents.valid_bytes));
   } catch (const WalError& e) {
@@ -180,10 +178,10 @@ void RoundCoordinator::migrate_legacy_log(const std::filesystem::path& legacy) {
       at += 8 + length;
       const std::uint64_t round = get<std::uint64_t>(body.data());
       if (round != state_.version()) continue;
-      records.push_back(
-          {round, std::string(reinterpret_cast<const char*>(body.data() + 18), id_length),
-           get<std::uint64_t>(body.data() + 8),
-           std::vector<std::uint8_t>(body.begin() + 18 + id_length, body.end())});
+      records.push_back({round,
+                         std::string(reinterpret_cast<const char*>(body.data() + 18), id_length),
+                         get<std::uint64_t>(body.data() + 8),
+                         std::vector<std::uint8_t>(body.begin() + 18 + id_length, body.end())});
     }
   }
   try {
@@ -194,8 +192,8 @@ void RoundCoordinator::migrate_legacy_log(const std::filesystem::path& legacy) {
   }
   std::filesystem::remove(legacy);
   log("round log: moved " + std::to_string(records.size()) + " deltas of round " +
-      std::to_string(state_.version()) + " from " + legacy.string() + " (an earlier release's) to " +
-      log_path_.string());
+      std::to_string(state_.version()) + " from " + legacy.string() +
+      " (an earlier release's) to " + log_path_.string());
 }
 
 void RoundCoordinator::append_to_log(std::uint64_t examples, const std::string& identity,
@@ -312,29 +310,10 @@ void RoundCoordinator::close_round() {
   std::uint64_t missing = 0;
   for (const std::string& identity : seen_)
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
-  const std::vector<std::uint32_t> sizes = state_.model().tensor_sizes();
-  const std::vector<float> mean = aggregate_deltas(deltas_, sizes, options_.aggregation);
-  transport::SparseUpdate update;
-  update.model_id = state_.model_id();
-  update.sequence = closing + 1;
-  update.fetched_version = closing;
-  // The store applies W − lr·g with divisor 1 (delay 0): g = −server_lr·Δ/lr moves W by
-  // server_lr·Δ (up to one rounding), and the WAL holds g, so replay is bit-exact.
-  const float scale = -options_.server_lr / options_.store_learning_rate;
-  std::size_t offset = 0;
-  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
-    transport::SparseTensor tensor;
-    tensor.tensor = t;
-    tensor.size = sizes[t];
-    tensor.indices.resize(sizes[t]);
-    tensor.values.resize(sizes[t]);
-    for (std::uint32_t i = 0; i < sizes[t]; ++i) {
-      tensor.indices[i] = i;
-      tensor.values[i] = scale * mean[offset + i];
-    }
-    offset += sizes[t];
-    update.tensors.push_back(std::move(tensor));
-  }
+  // The close is one update through ServerState (round_aggregation.h, as the simulator's).
+  const transport::SparseUpdate update = round_close_update(
+      deltas_, state_.model().tensor_sizes(), options_.aggregation, options_.server_lr,
+      options_.store_learning_rate, state_.model_id(), closing);
   auto encoded = transport::encode_sparse_update(update);
   if (!encoded) throw std::logic_error("cannot encode a round's close: " + encoded.error().message);
   const SubmitResult result = state_.submit(kRoundCloseIdentity, encoded.value());

@@ -174,6 +174,8 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       config.balance_target > 0 ? std::max(config.balance_max_batch, config.batch) : config.batch;
   pixels_.resize(static_cast<std::size_t>(max_batch) * train.image_bytes());
   labels_.resize(static_cast<std::size_t>(max_batch));
+  // The settings the real peer has too: the balancer's and the plateau rule's options.
+  const runtime::GossipSettings shared = config.settings();
   runtime::PublishOptions publish;
   publish.every = 1;
   publish.fraction = config.publish_fraction;
@@ -195,10 +197,6 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       validation.assign(shard.end() - static_cast<std::ptrdiff_t>(held), shard.end());
       shard.resize(shard.size() - held);
     }
-    runtime::PlateauOptions plateau;
-    plateau.patience = config.plateau_patience;
-    plateau.max_decays = config.plateau_max_decays;
-    plateau.min_delta = config.plateau_min_delta;
     std::vector<float> start(model_.parameters().begin(), model_.parameters().end());
     if (config.distinct_initialisation && i > 0) {
       runtime::Model other(model_.spec());
@@ -211,17 +209,8 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
                               config.seed + 1000003ULL * static_cast<std::uint64_t>(i + 1)),
         std::move(validation),
         Random(config.seed * 0x9E3779B97F4A7C15ULL + 7919ULL * static_cast<std::uint64_t>(i + 1)),
-        runtime::PlateauDetector(plateau));
-    if (config.balance_target > 0) {
-      runtime::BalanceOptions balance;
-      balance.target_seconds = config.balance_target;
-      balance.base_batch = config.batch;
-      balance.base_lr = config.learning_rate;
-      balance.min_batch = std::min(config.balance_min_batch, config.batch);
-      balance.max_batch = std::max(config.balance_max_batch, config.batch);
-      balance.max_lr_factor = config.balance_max_lr_factor;
-      peer.balancer.emplace(balance);
-    }
+        runtime::PlateauDetector(shared.plateau));
+    if (config.balance_target > 0) peer.balancer.emplace(shared.balance);
     if (compressed_) peer.published.emplace(tensor_sizes_, peer.model, 0, publish);
     peer.speed_class = config.speed_classes.empty()
                            ? 0
@@ -252,25 +241,24 @@ double GossipSimulation::compute_step(Peer& peer, double start) {
   peer.pending_batch = batch;
   peer.pending_lr = lr_of(peer);
   peer.sampler.next_batch(batch, pixels_, labels_);
-  const runtime::BatchResult r = trainers_.for_batch(batch).compute_gradient(
-      peer.model, pixels_.data(), labels_.data(), batch, peer.gradient);
-  // A step whose loss is not finite is skipped, as runtime::RoundWorker skips it.
-  if (!std::isfinite(r.loss)) peer.pending_lr = 0;
+  trainers_.for_batch(batch).compute_gradient(peer.model, pixels_.data(), labels_.data(), batch,
+                                              peer.gradient);
   const double seconds =
       compute_time(peer, batch, start) * peer.random.log_normal(config_.step_jitter);
-  if (peer.balancer) peer.balancer->observe(batch, seconds);
   peer.pending_seconds = seconds;
   return seconds;
 }
 
 void GossipSimulation::apply_step(Peer& peer) {
-  // Counted when the step is done: an AD-PSGD step still computing at the end is not.
+  // Counted when the step is done: an AD-PSGD step still computing at the end is not. Its
+  // compute time is spent whether or not its gradient is applied.
   peer.compute_time += peer.pending_seconds;
   peer.steps++;
   peer.examples += static_cast<std::uint64_t>(peer.pending_batch);
-  if (peer.pending_lr == 0) return;
-  for (std::size_t k = 0; k < peer.model.size(); ++k)
-    peer.model[k] -= peer.pending_lr * peer.gradient[k];
+  // The real peer's step: a gradient that is not finite is skipped, and the balancer then
+  // observes nothing (it would otherwise learn from a step that did not happen).
+  if (runtime::gossip_local_step(peer.model, peer.gradient, peer.pending_lr) && peer.balancer)
+    peer.balancer->observe(peer.pending_batch, peer.pending_seconds);
 }
 
 double GossipSimulation::maybe_validate(Peer& peer, double start, GossipResult& result) {
@@ -332,7 +320,6 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
   // Dense mixing reads every peer's model of this iteration: the new models go here first.
   std::vector<std::vector<float>> mixed(compressed_ ? 0 : n, std::vector<float>(size));
   std::vector<double> finished(n, 0.0);
-  std::vector<double> accumulator(size);
   evaluate(result, 0, 0);
   for (std::uint64_t t = 1;; ++t) {
     // Local barrier: start when this peer and all its neighbours finished iteration t − 1.
@@ -386,26 +373,23 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
       const auto delta = transport::encode_changes_since(record, held);
       peer.bytes_sent += readers * (delta ? delta->size() : dense_bytes_);
     }
-    // Mix: x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), in double, then rounded once.
+    // Mix: x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), the real peer's rule and floats
+    // (runtime::dpsgd_mix). Dense, x̂ = x: every peer reads the others' models of this
+    // iteration, so the mixed models go to `mixed` first.
+    std::vector<runtime::MixTerm> terms;
     for (std::size_t i = 0; i < n; ++i) {
       Peer& peer = peers_[i];
       auto published = [&](std::size_t p) -> std::span<const float> {
         return compressed_ ? peers_[p].published->parameters()
                            : std::span<const float>(peers_[p].model);
       };
-      const std::span<const float> own = published(i);
-      std::fill(accumulator.begin(), accumulator.end(), 0.0);
       const auto& neighbours = topology_.neighbours[i];
-      for (std::size_t k = 0; k < neighbours.size(); ++k) {
-        const std::span<const float> other = published(neighbours[k]);
-        const double w = weights_[i][k];
-        for (std::size_t e = 0; e < size; ++e)
-          accumulator[e] += w * (static_cast<double>(other[e]) - static_cast<double>(own[e]));
-      }
-      float* target = compressed_ ? peer.model.data() : mixed[i].data();
-      for (std::size_t e = 0; e < size; ++e)
-        target[e] =
-            static_cast<float>(static_cast<double>(peer.model[e]) + gamma_ * accumulator[e]);
+      terms.clear();
+      for (std::size_t k = 0; k < neighbours.size(); ++k)
+        terms.push_back({weights_[i][k], published(neighbours[k])});
+      if (!compressed_) std::copy(peer.model.begin(), peer.model.end(), mixed[i].begin());
+      runtime::dpsgd_mix(compressed_ ? std::span<float>(peer.model) : std::span<float>(mixed[i]),
+                         published(i), terms, gamma_);
     }
     if (!compressed_)
       for (std::size_t i = 0; i < n; ++i) peers_[i].model.swap(mixed[i]);
@@ -445,7 +429,7 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
       return kind > o.kind;
     }
   };
-  const std::size_t n = peers_.size(), size = model_.parameter_count();
+  const std::size_t n = peers_.size();
   std::priority_queue<Event, std::vector<Event>, std::greater<>> events;
   for (std::uint32_t i = 0; i < n; ++i) events.push({0.0, i, Kind::kStart});
   const std::uint64_t step_budget = config_.max_iterations * n;
@@ -480,16 +464,12 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
     apply_step(peer);
     peer.iterations++;
     total_steps++;
-    // Average with a uniformly drawn neighbour: both hold the midpoint from now on, and each
-    // sent the other its dense model.
+    // Average with a uniformly drawn neighbour: both hold the midpoint from now on, each by
+    // its side's rule of the real peers' average, and each sent the other its dense model.
     const auto& neighbours = topology_.neighbours[event.peer];
     Peer& other = peers_[neighbours[static_cast<std::size_t>(
         peer.random.uniform() * static_cast<double>(neighbours.size()))]];
-    for (std::size_t e = 0; e < size; ++e) {
-      const float mid = 0.5f * (peer.model[e] + other.model[e]);
-      peer.model[e] = mid;
-      other.model[e] = mid;
-    }
+    runtime::adpsgd_exchange(peer.model, other.model);
     peer.bytes_sent += dense_bytes_;
     other.bytes_sent += dense_bytes_;
     result.exchanges++;
@@ -599,29 +579,38 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text) {
 }
 
 double GossipConfig::effective_consensus_step() const {
-  if (consensus_step) return *consensus_step;
-  return publish_fraction < 1 ? kDefaultCompressedConsensusStep : 1.0;
+  return consensus_step ? *consensus_step : runtime::default_consensus_step(publish_fraction);
+}
+
+runtime::GossipSettings GossipConfig::settings() const {
+  runtime::GossipSettings s;
+  s.algorithm = algorithm;
+  s.publish_fraction = publish_fraction;
+  s.consensus_step = effective_consensus_step();
+  s.wait_steps = wait_steps;
+  s.validation_fraction = validation_fraction;
+  s.validate_every = validate_every;
+  s.balance.target_seconds = balance_target;
+  s.balance.base_batch = batch;
+  s.balance.base_lr = learning_rate;
+  s.balance.min_batch = balance_min_batch;
+  s.balance.max_batch = balance_max_batch;
+  s.balance.max_lr_factor = balance_max_lr_factor;
+  s.plateau.patience = plateau_patience;
+  s.plateau.max_decays = plateau_max_decays;
+  s.plateau.min_delta = plateau_min_delta;
+  return s;
 }
 
 void check_gossip_config(const GossipConfig& c) {
   auto refuse = [](const std::string& what) { throw std::invalid_argument("gossip: " + what); };
   if (c.peers < 2) refuse("--workers (the peer count) must be at least 2");
   if (c.batch < 1) refuse("--batch must be at least 1");
-  if (!(c.learning_rate >= 0) || !std::isfinite(c.learning_rate)) refuse("--lr must be >= 0");
-  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
-    refuse("--publish-fraction must be in (0, 1]");
-  if (c.consensus_step && !(*c.consensus_step > 0 && *c.consensus_step <= 1))
-    refuse("--consensus-step must be in (0, 1]");
-  if (c.algorithm == GossipAlgorithm::kAdpsgd) {
-    if (c.publish_fraction < 1)
-      refuse(
-          "--publish-fraction below 1 is for --gossip d-psgd: AD-PSGD's pairwise midpoint needs "
-          "both models exactly");
-    if (c.consensus_step && *c.consensus_step != 1)
-      refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
-    if (c.wait_steps > 0)
-      refuse("--wait-steps is for --gossip d-psgd (AD-PSGD has no barrier to wait at)");
-  }
+  runtime::check_gossip_settings(c.settings());
+  // The peer resolves an unset γ to its default before anyone can tell; here a γ given with
+  // AD-PSGD is refused rather than ignored (the peer ignores it).
+  if (c.algorithm == GossipAlgorithm::kAdpsgd && c.consensus_step && *c.consensus_step != 1)
+    refuse("--consensus-step is for --gossip d-psgd (AD-PSGD takes the midpoint)");
   if (c.topology && c.topology->size() != static_cast<std::size_t>(c.peers))
     refuse("--topology-file lists " + std::to_string(c.topology->size()) +
            " peers, --workers says " + std::to_string(c.peers));
@@ -645,17 +634,6 @@ void check_gossip_config(const GossipConfig& c) {
       refuse("--speed-schedule needs times >= 0 and factors > 0");
   }
   if (!(c.step_jitter >= 0)) refuse("--step-jitter must be >= 0");
-  if (!(c.balance_target >= 0) || !std::isfinite(c.balance_target))
-    refuse("--balance-target must be >= 0");
-  if (c.balance_min_batch < 1 || c.balance_min_batch > c.batch || c.balance_max_batch < c.batch)
-    refuse("--min-batch <= --batch <= --max-batch must hold");
-  if (c.balance_target > 0 && !(c.learning_rate > 0))
-    refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
-  if (c.plateau_patience < 0) refuse("--plateau-patience must be >= 0");
-  if (c.validate_every < 1) refuse("--validate-every must be at least 1");
-  if (!(c.validation_fraction > 0 && c.validation_fraction < 1))
-    refuse("--validation-fraction must be in (0, 1)");
-  if (c.plateau_max_decays < 0) refuse("--plateau-decays must be >= 0");
   if (c.max_iterations < 1) refuse("--iterations must be at least 1");
   if (c.eval_every < 1) refuse("--eval-every must be at least 1");
   if (!(c.time_budget >= 0) || !std::isfinite(c.time_budget)) refuse("--time-budget must be >= 0");

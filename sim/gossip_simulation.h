@@ -2,8 +2,10 @@
 // process, on a virtual clock: N peers with no server, each with its own copy of the model
 // (all initialised from the same seed), its own shard and the real trainer (plain SGD),
 // exchanging models with their neighbours in a topology (worker/gossip.h). The rules the
-// real peer mode of edgetrain-worker uses come from runtime/: the topology, the Metropolis
-// weights, the workload balancer, the plateau rule and the published model.
+// real peer mode of edgetrain-worker uses come from worker/gossip.h: the topology, the
+// Metropolis weights, the workload balancer, the plateau rule, the check of the settings both
+// have and γ's default, and the step rules (the local SGD step, D-PSGD's mix in the peer's
+// float, AD-PSGD's midpoint as both sides of an average take it); and the published model.
 //
 // D-PSGD (Lian et al. 2017), with CHOCO-SGD's compressed variant (Koloskova et al. 2019):
 // each iteration t a peer trains one minibatch, x_i ← x_i − lr·g_i, publishes, and mixes
@@ -22,8 +24,9 @@
 // AD-PSGD (Lian et al. 2018), dense only: no barrier. Each peer loops: compute the gradient
 // of a minibatch on its model as it is at the start, apply it at the end of the compute
 // time (its model may have been averaged meanwhile), pick a uniformly random neighbour, and
-// both take the midpoint (x_i + x_j)/2 at that moment. Events run in virtual-time order,
-// ties by peer id, so a run is deterministic for its seed.
+// both take the midpoint at that moment, each by its side's rule of the real peers' average
+// (runtime::adpsgd_exchange: the neighbour (x_j + x_i)/2, the peer x_i + (x_j − x_i)/2).
+// Events run in virtual-time order, ties by peer id, so a run is deterministic for its seed.
 //
 // Time is in mean step times of the fastest speed class at the base batch. A peer's step
 // of b examples takes b / base batch × (fastest class / its class) × a log-normal jitter,
@@ -51,6 +54,7 @@ namespace edgetrain::sim {
 // The real peer's (worker/gossip.h).
 using runtime::gossip_algorithm_name;
 using runtime::GossipAlgorithm;
+using runtime::kDefaultCompressedConsensusStep;
 using runtime::parse_gossip_algorithm;
 
 // From `at` on (virtual time), speed class `speed_class` runs at `factor` × its budget
@@ -86,7 +90,8 @@ struct GossipConfig {
   // and at least this many entries per tensor (the server's default).
   double publish_fraction = 1;
   std::uint32_t publish_min_entries = 32;
-  // γ; unset: 1 for dense, kDefaultCompressedConsensusStep with a publish fraction below 1.
+  // γ; unset: runtime::default_consensus_step() (1 for dense, kDefaultCompressedConsensusStep
+  // with a publish fraction below 1), the real peer's default.
   std::optional<double> consensus_step;
   bool label_skewed = false;
   runtime::LabelSkew skew;
@@ -132,12 +137,9 @@ struct GossipConfig {
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
 
   double effective_consensus_step() const;
+  // The settings the real peer has too, as the simulation uses them (worker/gossip.h).
+  runtime::GossipSettings settings() const;
 };
-
-// Ours: γ for compressed gossip when not given (sim/README.md "Gossip": at publish fraction
-// 0.01 on the MLP, γ from 0.05 to 0.3 ended within a point of each other, 0.5 twenty
-// points lower, 1 at 23%: the published copies lag, and a large step overshoots).
-inline constexpr double kDefaultCompressedConsensusStep = 0.1;
 
 struct GossipEvalPoint {
   double time = 0;             // virtual
@@ -192,7 +194,8 @@ struct GossipProgress {
 using GossipProgressCallback = std::function<void(const GossipProgress&)>;
 
 // Throws std::invalid_argument, naming the setting, for a configuration the simulation
-// refuses (the checks that need no data).
+// refuses (the checks that need no data): what the real peer has too by the peer's own check
+// (runtime::check_gossip_settings), then what only the simulation has.
 void check_gossip_config(const GossipConfig& config);
 
 GossipResult run_gossip_simulation(const GossipConfig& config, const runtime::Dataset& train,

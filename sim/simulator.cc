@@ -236,13 +236,27 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
       worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-      sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
-                                   sim.batch_labels.data(), config.batch, sim.gradient);
+      const runtime::BatchResult batch =
+          sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
+                                       sim.batch_labels.data(), config.batch, sim.gradient);
       transport::SparseUpdate update;
       update.model_id = sim.model.layout_id();
       update.sequence = ++worker.sequence;
       update.fetched_version = fetched[event.worker];
-      worker.compressor.compress(sim.gradient, update);
+      if (!runtime::compress_step(batch, sim.gradient, worker.compressor, update)) {
+        // runtime::Worker's skip: a gradient that is not finite is not sent; the worker pulls
+        // again and steps once this step's time is over. A run where that keeps happening
+        // (a diverged model) stalls as one whose updates are all refused.
+        result.non_finite_steps++;
+        if (++refused_in_a_row >= stall_after) {
+          result.stalled = true;
+          if (result.curve.back().updates != store.version()) evaluate(result, event.time);
+          break;
+        }
+        events.push({event.time + worker.speed * sim.random.log_normal(config.step_jitter),
+                     event.worker, EventKind::kStartStep});
+        continue;
+      }
       auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
       if (!encoded)
         throw std::logic_error("sim: encoder refused an update: " + encoded.error().message);
@@ -396,14 +410,14 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       Worker& worker = sim.workers[w];
       result.pull_bytes += sim.model_bytes;
       pulls++;
-      // Local training: plain SGD from the round's model, one step time per minibatch; a
-      // crash draw per step, as in async mode.
-      parameters = start;
+      // Local training: the real worker's (runtime::train_round_locally: plain SGD from the
+      // round's model, the delta new − start into sim.gradient), one step time per minibatch;
+      // a crash draw per step, as in async mode.
       const double started = std::max(now, ready_at[w]);
       double elapsed = 0;
-      std::uint64_t examples = 0;
       bool crashed = false;
-      for (std::uint64_t step = 0; step < steps_of[w]; ++step) {
+      runtime::LocalTrainingHooks hooks;
+      hooks.before_step = [&] {
         const double step_time = worker.speed * sim.random.log_normal(config.step_jitter);
         if (config.failure_probability > 0 && may_fail[w] &&
             sim.random.uniform() < config.failure_probability) {
@@ -415,28 +429,24 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
           } else {
             ready_at[w] = crashed_at + sim.random.exponential(config.downtime_steps);
           }
-          break;
+          return false;
         }
         elapsed += step_time;
-        worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
-        const runtime::BatchResult batch =
-            sim.trainer.compute_gradient(parameters, sim.batch_pixels.data(),
-                                         sim.batch_labels.data(), config.batch, sim.gradient);
-        if (!std::isfinite(batch.loss)) continue;  // skipped, as runtime::RoundWorker does
-        for (std::size_t i = 0; i < parameter_count; ++i)
-          parameters[i] -= rounds.local_lr * sim.gradient[i];
-        examples += static_cast<std::uint64_t>(config.batch);
-      }
+        return true;
+      };
+      const runtime::LocalTraining trained =
+          runtime::train_round_locally({sim.trainer, worker.sampler, config.batch, rounds.local_lr,
+                                        sim.batch_pixels, sim.batch_labels, sim.gradient},
+                                       steps_of[w], start, parameters, sim.gradient, hooks);
       if (crashed) {
         result.updates_lost++;
         continue;
       }
       // The delta goes through the compressor in place of a gradient (runtime::RoundWorker).
+      const std::uint64_t examples = trained.examples;
       bool finite = examples > 0;
-      for (std::size_t i = 0; i < parameter_count && finite; ++i) {
-        sim.gradient[i] = parameters[i] - start[i];
+      for (std::size_t i = 0; i < parameter_count && finite; ++i)
         finite = std::isfinite(sim.gradient[i]);
-      }
       if (!finite) {
         result.updates_lost++;  // a diverged worker has nothing the server would take
         continue;
@@ -499,30 +509,12 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (stalls()) break;
       continue;
     }
-    // server::RoundCoordinator's close: one update through the store, delay 0 (divisor 1),
-    // values −server_lr·Δ/lr, so the model moves by server_lr·Δ as on the server.
-    const std::vector<float> mean =
-        server::aggregate_deltas(deltas, sim.tensor_sizes, rounds.aggregation);
-    transport::SparseUpdate close_update;
-    close_update.model_id = sim.model.layout_id();
-    close_update.sequence = store.version() + 1;
-    close_update.fetched_version = store.version();
-    const float scale = -rounds.server_lr / config.learning_rate;
-    std::size_t offset = 0;
-    for (std::uint32_t t = 0; t < sim.tensor_sizes.size(); ++t) {
-      transport::SparseTensor tensor;
-      tensor.tensor = t;
-      tensor.size = sim.tensor_sizes[t];
-      tensor.indices.resize(tensor.size);
-      tensor.values.resize(tensor.size);
-      for (std::uint32_t i = 0; i < tensor.size; ++i) {
-        tensor.indices[i] = i;
-        tensor.values[i] = scale * mean[offset + i];
-      }
-      offset += tensor.size;
-      close_update.tensors.push_back(std::move(tensor));
-    }
-    const server::ApplyResult applied = store.apply(close_update);
+    // The server's close (server::round_close_update, as server::RoundCoordinator closes a
+    // round): one update through the store, delay 0 (divisor 1), values −server_lr·Δ/lr, so
+    // the model moves by server_lr·Δ as on the server.
+    const server::ApplyResult applied = store.apply(
+        server::round_close_update(deltas, sim.tensor_sizes, rounds.aggregation, rounds.server_lr,
+                                   config.learning_rate, sim.model.layout_id(), store.version()));
     if (applied.status == server::ApplyStatus::kOutOfBounds) {
       result.updates_refused++;  // a diverged round: the model stays; the next round tries again
       if (stalls()) break;

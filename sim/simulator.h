@@ -143,6 +143,8 @@ struct SimResult {
   std::uint64_t updates_refused =
       0;  // too stale, or beyond the parameter bound (server::ParameterStoreOptions)
   std::uint64_t updates_lost = 0;  // worker crashed mid-step
+  // Async: steps whose gradient was not finite, skipped and not sent (runtime::compress_step).
+  std::uint64_t non_finite_steps = 0;
   std::uint64_t workers_left = 0;  // failed for good (SimConfig::failures_permanent)
   // The run stopped before its budget because the server refused every update for a long
   // while (kStallArrivals): a diverged model whose updates all hit the parameter bound, or

@@ -278,7 +278,9 @@ WorkloadBalancer::WorkloadBalancer(BalanceOptions options)
     throw std::invalid_argument("balance: needs 1 <= min batch <= base batch <= max batch");
   if (!(options_.smoothing > 0 && options_.smoothing <= 1))
     throw std::invalid_argument("balance: smoothing must be in (0, 1]");
-  if (!(options_.base_lr > 0) || !(options_.max_lr_factor >= 1))
+  // A learning rate of 0 only without balancing: a run of mixing alone (simulator tests).
+  if (!(options_.base_lr > 0 || (options_.base_lr == 0 && options_.target_seconds == 0)) ||
+      !(options_.max_lr_factor >= 1))
     throw std::invalid_argument("balance: base lr must be > 0 and the lr cap >= 1");
 }
 
@@ -332,6 +334,81 @@ PlateauDetector::Verdict PlateauDetector::report(double accuracy) {
   }
   stopped_ = true;
   return Verdict::kStop;
+}
+
+double default_consensus_step(double publish_fraction) {
+  return publish_fraction < 1 ? kDefaultCompressedConsensusStep : 1.0;
+}
+
+void check_gossip_settings(const GossipSettings& s) {
+  auto refuse = [](const std::string& what) { throw std::invalid_argument("gossip: " + what); };
+  if (!(s.publish_fraction > 0 && s.publish_fraction <= 1))
+    refuse("--publish-fraction must be in (0, 1]");
+  if (!(s.consensus_step > 0 && s.consensus_step <= 1))
+    refuse("--consensus-step must be in (0, 1]");
+  if (s.algorithm == GossipAlgorithm::kAdpsgd && s.publish_fraction < 1)
+    refuse(
+        "--publish-fraction below 1 is for d-psgd: ad-psgd's pairwise midpoint exchanges dense "
+        "models");
+  if (s.algorithm == GossipAlgorithm::kAdpsgd && s.wait_steps > 0)
+    refuse("--wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
+  const BalanceOptions& b = s.balance;
+  if (!(b.target_seconds >= 0) || !std::isfinite(b.target_seconds))
+    refuse("--balance-target must be >= 0");
+  if (b.min_batch < 1 || b.min_batch > b.base_batch || b.base_batch > b.max_batch)
+    refuse("1 <= --min-batch <= --batch <= --max-batch must hold");
+  if (!(b.base_lr >= 0) || !std::isfinite(b.base_lr)) refuse("--lr must be >= 0");
+  if (b.target_seconds > 0 && !(b.base_lr > 0))
+    refuse("--balance-target needs --lr > 0 (the lr scales with the batch)");
+  if (!(b.max_lr_factor >= 1)) refuse("--max-lr-factor must be >= 1");
+  if (!(b.smoothing > 0 && b.smoothing <= 1)) refuse("the balancer's smoothing must be in (0, 1]");
+  if (s.plateau.patience < 0) refuse("--plateau-patience must be >= 0");
+  if (s.plateau.max_decays < 0) refuse("--plateau-decays must be >= 0");
+  if (!(s.plateau.min_delta >= 0)) refuse("the plateau's least gain must be >= 0");
+  if (!(s.validation_fraction >= 0 && s.validation_fraction < 0.5))
+    refuse("--validation-fraction must be in [0, 0.5)");
+  if (s.plateau.patience > 0 && s.validation_fraction <= 0)
+    refuse("accuracy-aware training (--plateau-patience) needs a validation split");
+  if (s.validate_every == 0) refuse("--validate-every must be at least 1");
+}
+
+bool gossip_local_step(std::span<float> x, std::span<const float> gradient, float lr) {
+  if (!std::all_of(gradient.begin(), gradient.end(), [](float v) { return std::isfinite(v); }))
+    return false;
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] -= lr * gradient[i];
+  return true;
+}
+
+void dpsgd_mix(std::span<float> x, std::span<const float> own, std::span<const MixTerm> neighbours,
+               double consensus_step) {
+  const auto gamma = static_cast<float>(consensus_step);
+  for (const MixTerm& n : neighbours) {
+    const float w = static_cast<float>(n.weight) * gamma;
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += w * (n.published[i] - own[i]);
+  }
+}
+
+namespace {
+// The two sides' rules for one parameter (adpsgd_answer_average, adpsgd_take_average).
+float answered_midpoint(float mine, float theirs) { return 0.5f * (mine + theirs); }
+float taken_midpoint(float mine, float sent, float theirs) { return mine + 0.5f * (theirs - sent); }
+}  // namespace
+
+void adpsgd_answer_average(std::span<float> x, std::span<const float> theirs) {
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = answered_midpoint(x[i], theirs[i]);
+}
+
+void adpsgd_take_average(std::span<float> x, std::span<const float> sent,
+                         std::span<const float> theirs) {
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = taken_midpoint(x[i], sent[i], theirs[i]);
+}
+
+void adpsgd_exchange(std::span<float> initiator, std::span<float> responder) {
+  for (std::size_t i = 0; i < initiator.size(); ++i) {
+    const float mine = initiator[i], theirs = responder[i];
+    responder[i] = answered_midpoint(theirs, mine);
+    initiator[i] = taken_midpoint(mine, mine, theirs);
+  }
 }
 
 }  // namespace edgetrain::runtime

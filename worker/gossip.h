@@ -1,11 +1,14 @@
 // What gossip training (EdgeGossip; worker/README.md "Gossip") shares between the peer
 // mode of edgetrain-worker (worker/gossip_peer.h) and the simulator (edgetrain-sim --mode
-// gossip): the topology and its file, the mixing weights, the workload balancer and the
-// accuracy-aware stop. No network and no model here: plain rules, unit-tested on their own.
+// gossip): the topology and its file, the mixing weights, the workload balancer, the
+// accuracy-aware stop, the settings' check and γ's default, and the step rules (the local
+// SGD step, D-PSGD's mix, AD-PSGD's midpoint), so that both compute the same floats. No
+// network and no model here: plain rules, unit-tested on their own.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -100,7 +103,7 @@ struct BalanceOptions {
 class WorkloadBalancer {
  public:
   // Throws std::invalid_argument for a bad option (batches out of order, smoothing outside
-  // (0, 1], negative target).
+  // (0, 1], negative target, a learning rate that is negative, or 0 with a target).
   explicit WorkloadBalancer(BalanceOptions options);
   // One iteration trained `examples` in `seconds` of compute.
   void observe(int examples, double seconds);
@@ -147,5 +150,76 @@ class PlateauDetector {
   double lr_factor_ = 1;
   bool stopped_ = false;
 };
+
+// ---- The settings both sides have, their one check, and γ's default ------------------------
+
+// γ, the consensus step, when none is given: 1 with dense gossip (D-PSGD's x_i ← Σ_j w_ij x_j)
+// and kDefaultCompressedConsensusStep with a publish fraction below 1 (ours, measured in the
+// simulator: at publish fraction 0.01 on 8 MLP peers, γ from 0.05 to 0.3 ended within a point
+// of each other, 0.5 twenty points lower, 1 at 23%: the published copies lag, and a large step
+// applies the same stale difference again every iteration; sim/README.md "Gossip").
+inline constexpr double kDefaultCompressedConsensusStep = 0.1;
+double default_consensus_step(double publish_fraction);
+
+// The settings of gossip training that the peer (GossipPeerConfig) and the simulator
+// (sim::GossipConfig) both have, as each uses them. Each side builds this from its own
+// configuration and checks it with check_gossip_settings(), then checks what only it has
+// (the peer: its topology and checkpoints; the simulator: peers, speed classes, budgets).
+struct GossipSettings {
+  GossipAlgorithm algorithm = GossipAlgorithm::kDpsgd;
+  double publish_fraction = 1;
+  double consensus_step = 1;  // γ as used (default_consensus_step() when none was given)
+  std::uint32_t wait_steps = 0;
+  // Without balancing (target_seconds 0) every step uses base_batch at base_lr.
+  BalanceOptions balance;
+  PlateauOptions plateau;
+  double validation_fraction = 0.05;
+  std::uint32_t validate_every = 50;
+};
+
+// Throws std::invalid_argument "gossip: ..." naming the flag (edgetrain-worker --mode gossip
+// and edgetrain-sim --mode gossip name them alike) for a setting outside its range or one
+// that does not go with the algorithm: a publish fraction below 1 or wait steps with
+// AD-PSGD. A learning rate of 0 is allowed without balancing (a run of mixing alone).
+void check_gossip_settings(const GossipSettings& settings);
+
+// ---- The step rules: the peer's arithmetic, which the simulator calls as well --------------
+
+// A local SGD step, x ← x − lr·g. A gradient with a value that is not finite (NaN or
+// infinite: a diverged model) is not applied: x stays as it is and the step returns false.
+bool gossip_local_step(std::span<float> x, std::span<const float> gradient, float lr);
+
+// D-PSGD's mix, x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), over the neighbours whose published copy
+// x̂_j of this iteration is at hand (a neighbour skipped leaves its weight with the peer);
+// `own` is the peer's own published copy x̂_i (with dense gossip, x_i itself; it must not
+// alias x).
+//
+// Precision: float, one neighbour at a time in the order given (x_i += float(w_ij)·float(γ)
+// · (x̂_j − x̂_i)), as the peer has always mixed. The simulator used to sum the neighbours'
+// terms in a double accumulator and round once; we keep the peer's float: it is the peer's
+// documented behaviour and what runs on the boards, so every real run stays bit for bit what
+// it was, and the double buys nothing measurable: the two differ by about one float rounding
+// of x per neighbour and iteration (2^-24 relative), orders below what one SGD step moves x,
+// and the mix keeps the peers' mean within 1e-6 over 30 iterations either way
+// (sim_gossip_test). What changes is the simulator's last bits, once (sim/README.md).
+struct MixTerm {
+  double weight;                     // w_ij (metropolis_weights)
+  std::span<const float> published;  // x̂_j
+};
+void dpsgd_mix(std::span<float> x, std::span<const float> own, std::span<const MixTerm> neighbours,
+               double consensus_step);
+
+// AD-PSGD's pairwise average (Lian et al. 2018), as the two sides of POST /gossip/average
+// compute it. The neighbour that is asked (the responder) answers its x_j and takes
+// x_j ← (x_j + x_i)/2 with the x_i it was sent; the peer that asked (the initiator) takes
+// x_i ← x_i + (x_j − x_i^sent)/2, which keeps whatever reached x_i since it sent x_i^sent
+// (another neighbour's average). Both are at the midpoint up to a rounding.
+void adpsgd_answer_average(std::span<float> x, std::span<const float> theirs);
+void adpsgd_take_average(std::span<float> x, std::span<const float> sent,
+                         std::span<const float> theirs);
+// Both sides at once, for an exchange with nothing in between (the simulator's): the
+// responder's rule on `responder` with `initiator` as sent, and the initiator's rule on
+// `initiator` with the responder's model as it was before.
+void adpsgd_exchange(std::span<float> initiator, std::span<float> responder);
 
 }  // namespace edgetrain::runtime

@@ -77,29 +77,19 @@ void check_gossip_peer_config(const GossipPeerConfig& c) {
   if (c.topology.neighbours[c.self].empty())
     throw std::invalid_argument("gossip: peer " + c.topology.peers[c.self].name +
                                 " has no neighbours in the topology");
-  if (!(c.publish_fraction > 0 && c.publish_fraction <= 1))
-    throw std::invalid_argument("gossip: --publish-fraction must be in (0, 1]");
-  if (c.algorithm == GossipAlgorithm::kAdpsgd && c.publish_fraction < 1)
-    throw std::invalid_argument(
-        "gossip: ad-psgd exchanges dense models; --publish-fraction below 1 is for d-psgd");
-  if (!(c.consensus_step > 0 && c.consensus_step <= 1))
-    throw std::invalid_argument("gossip: --consensus-step must be in (0, 1]");
-  if (!(c.validation_fraction >= 0 && c.validation_fraction < 0.5))
-    throw std::invalid_argument("gossip: --validation-fraction must be in [0, 0.5)");
-  if (c.plateau.patience > 0 && c.validation_fraction <= 0)
-    throw std::invalid_argument(
-        "gossip: accuracy-aware training (--plateau-patience) needs a validation split");
-  if (c.validate_every == 0)
-    throw std::invalid_argument("gossip: --validate-every must be at least 1");
+  // What the simulator has too, checked by the one check both use (worker/gossip.h).
+  check_gossip_settings({.algorithm = c.algorithm,
+                         .publish_fraction = c.publish_fraction,
+                         .consensus_step = c.consensus_step,
+                         .wait_steps = c.wait_steps,
+                         .balance = c.balance,
+                         .plateau = c.plateau,
+                         .validation_fraction = c.validation_fraction,
+                         .validate_every = c.validate_every});
   if (c.checkpoint_every == 0)
     throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
   if (!(c.neighbour_wait_seconds >= 0))
     throw std::invalid_argument("gossip: --neighbour-wait must be >= 0");
-  if (c.wait_steps > 0 && c.algorithm != GossipAlgorithm::kDpsgd)
-    throw std::invalid_argument(
-        "gossip: --wait-steps is for d-psgd (ad-psgd has no barrier to wait at)");
-  WorkloadBalancer check(c.balance);
-  PlateauDetector check_plateau(c.plateau);
 }
 
 // ---- CoapPeerChannel -------------------------------------------------------------------------
@@ -336,18 +326,16 @@ void GossipPeer::State::local_step() {
         stop);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   last_step_seconds = seconds;
-  if (!all_finite(gradient)) {
-    std::lock_guard lock(mutex);  // the handlers read and write the counts on the server's thread
-    count_refusal("non-finite own gradient");
-    return;
-  }
   const auto lr = static_cast<float>(balancer.learning_rate() * plateau.lr_factor());
   {
     // AD-PSGD applies the gradient to the model as it is now, which an average may have
-    // moved since the snapshot (Lian et al. 2018: a gradient computed on a stale model).
+    // moved since the snapshot (Lian et al. 2018: a gradient computed on a stale model). The
+    // handlers read and write the model and the counts on the server's thread.
     std::lock_guard lock(mutex);
-    auto x = model.parameters();
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= lr * gradient[i];
+    if (!gossip_local_step(model.parameters(), gradient, lr)) {
+      count_refusal("non-finite own gradient");
+      return;
+    }
     stats.steps++;
     stats.examples += static_cast<std::uint64_t>(batch);
     stats.last_loss = result.loss;
@@ -573,17 +561,12 @@ void GossipPeer::State::mix_dpsgd() {
   std::vector<Neighbour*> fresh;
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);
-  std::lock_guard lock(mutex);
-  auto x = model.parameters();
-  const auto own = published->parameters();
-  const auto gamma = static_cast<float>(config.consensus_step);
   // x_i += γ Σ_j w_ij (x̂_j − x̂_i); a skipped neighbour's weight stays with the peer itself.
-  for (const Neighbour* n : fresh) {
-    const auto other = n->replica.parameters();
-    const auto w = static_cast<float>(n->weight) * gamma;
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += w * (other[i] - own[i]);
-    stats.exchanges++;
-  }
+  std::vector<MixTerm> terms;
+  for (const Neighbour* n : fresh) terms.push_back({n->weight, n->replica.parameters()});
+  std::lock_guard lock(mutex);
+  dpsgd_mix(model.parameters(), published->parameters(), terms, config.consensus_step);
+  stats.exchanges += terms.size();
 }
 
 void GossipPeer::State::average_adpsgd() {
@@ -636,9 +619,7 @@ void GossipPeer::State::average_adpsgd() {
   // x_i moves by half the difference to what the neighbour had; the neighbour moved by half
   // the difference to what we sent: both at the midpoint, the sum kept, and anything that
   // reached x_i meanwhile (another neighbour's average) kept as well.
-  auto x = model.parameters();
-  const auto& other = theirs.value().values;
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] += 0.5f * (other[i] - sent[i]);
+  adpsgd_take_average(model.parameters(), sent, theirs.value().values);
   stats.exchanges++;
 }
 
@@ -739,8 +720,7 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
   if (!mine)
     return text_response(CoapCode::kInternalServerError,
                          "cannot encode the model: " + mine.error().message);
-  const auto& other = theirs.value().values;
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.5f * (x[i] + other[i]);
+  adpsgd_answer_average(x, theirs.value().values);
   s.stats.exchanges++;
   s.stats.bytes_received += request.payload.size();
   s.stats.bytes_sent += mine.value().size();

@@ -149,9 +149,8 @@ GossipPeerConfig gossip_config(WorkerSettings& s) {
   g.balance.base_batch = c.batch;
   g.balance.base_lr = s.lr;
   g.balance.target_seconds = s.balance_target;
-  // Ours, measured in the simulator: with 1% of the entries per step, γ from 0.05 to 0.3
-  // reach the same accuracy within a point, 0.5 twenty points lower (sim/README.md, "Gossip").
-  g.consensus_step = s.consensus_step > 0 ? s.consensus_step : g.publish_fraction < 1 ? 0.1 : 1.0;
+  g.consensus_step =
+      s.consensus_step > 0 ? s.consensus_step : default_consensus_step(g.publish_fraction);
   if (g.balance.target_seconds == 0) g.balance.min_batch = g.balance.max_batch = c.batch;
   if (!s.state_dir.empty()) {
     std::filesystem::create_directories(s.state_dir);

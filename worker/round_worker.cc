@@ -78,6 +78,28 @@ std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int ba
   return std::clamp<std::uint64_t>(per_epoch * round.local_epochs, 1, 1000000);
 }
 
+LocalTraining train_round_locally(const LocalTrainer& with, std::uint64_t steps,
+                                  std::span<const float> start, std::span<float> parameters,
+                                  std::span<float> delta, const LocalTrainingHooks& hooks) {
+  std::copy(start.begin(), start.end(), parameters.begin());
+  LocalTraining trained;
+  for (std::uint64_t step = 0; step < steps; ++step) {
+    if (hooks.before_step && !hooks.before_step()) break;
+    with.sampler.next_batch(with.batch, with.pixels, with.labels);
+    const auto started = Clock::now();
+    const BatchResult result = with.trainer.compute_gradient(
+        parameters, with.pixels.data(), with.labels.data(), with.batch, with.gradient);
+    if (hooks.after_gradient) hooks.after_gradient(result, started);
+    trained.steps++;
+    if (!std::isfinite(result.loss)) continue;  // skipped, as Worker skips a non-finite step
+    trained.last_loss = result.loss;
+    for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i] -= with.lr * with.gradient[i];
+    trained.examples += static_cast<std::uint64_t>(with.batch);
+  }
+  for (std::size_t i = 0; i < parameters.size(); ++i) delta[i] = parameters[i] - start[i];
+  return trained;
+}
+
 struct RoundWorker::State {
   State(const RoundWorkerConfig& config, const Dataset& train, ServerChannel& channel,
         const std::atomic<bool>& stop, WorkerLog log)
@@ -212,9 +234,8 @@ bool RoundWorker::State::pull(const RoundInfo& round) {
 }
 
 void RoundWorker::State::train(const RoundInfo& round) {
-  parameters = start;
+  parameters.resize(start.size());
   const int batch = config.worker.batch;
-  examples = 0;
   const std::uint64_t steps = round_steps(round, sampler.shard_size(), batch);
   if (dropout.adaptive()) {
     // DISTREAL in rounds: the steps and the send must fit the time left before the deadline
@@ -233,26 +254,25 @@ void RoundWorker::State::train(const RoundInfo& round) {
     if (dropout.set_budget(budget))
       say("round " + std::to_string(round.round) + ": " + dropout.describe());
   }
-  for (std::uint64_t step = 0; step < steps && !stop; ++step) {
-    sampler.next_batch(batch, pixels, labels);
-    const auto started = Clock::now();
-    const BatchResult result =
-        trainer.compute_gradient(parameters, pixels.data(), labels.data(), batch, gradient);
-    if (config.worker.slowdown > 0)
-      sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>((Clock::now() - started) *
-                                                                       config.worker.slowdown),
-                           stop);
-    if (dropout.after_step(std::chrono::duration<double>(Clock::now() - started).count()))
-      say("round " + std::to_string(round.round) + ": " + dropout.describe());
-    stats.dropout = dropout.status();
-    stats.steps++;
-    if (!std::isfinite(result.loss)) continue;  // a non-finite gradient is skipped, as Worker does
-    stats.last_loss = result.loss;
-    for (std::size_t i = 0; i < parameters.size(); ++i) parameters[i] -= config.lr * gradient[i];
-    examples += static_cast<std::uint64_t>(batch);
-  }
-  // The delta, in place of the gradient the compressor usually takes.
-  for (std::size_t i = 0; i < parameters.size(); ++i) gradient[i] = parameters[i] - start[i];
+  // The steps (the rule the simulator shares), and the delta in place of the gradient the
+  // compressor usually takes.
+  const LocalTraining trained = train_round_locally(
+      {trainer, sampler, batch, config.lr, pixels, labels, gradient}, steps, start, parameters,
+      gradient,
+      {.before_step = [this] { return !stop; },
+       .after_gradient =
+           [&](const BatchResult&, Clock::time_point started) {
+             if (config.worker.slowdown > 0)
+               sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(
+                                        (Clock::now() - started) * config.worker.slowdown),
+                                    stop);
+             if (dropout.after_step(std::chrono::duration<double>(Clock::now() - started).count()))
+               say("round " + std::to_string(round.round) + ": " + dropout.describe());
+             stats.dropout = dropout.status();
+             stats.steps++;
+           }});
+  if (trained.last_loss) stats.last_loss = *trained.last_loss;
+  examples = trained.examples;
   transport::SparseUpdate update;
   update.model_id = model.layout_id();
   update.sequence = ++sequence;

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "model/shard_sampler.h"
+#include "model/trainer.h"
 #include "worker/worker.h"
 
 namespace edgetrain::runtime {
@@ -44,6 +46,44 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
 // The minibatches of one round: local_steps, or with local_epochs enough to pass over a
 // shard of `shard_size` examples that many times (at least one, at most 10^6).
 std::uint64_t round_steps(const RoundInfo& round, std::size_t shard_size, int batch);
+
+// ---- A round's local training: the rule RoundWorker and the simulator share ---------------
+
+// What a round's local training works with: the trainer, the worker's shard, its batch and
+// local learning rate, and the scratch of a step (a batch's pixels and labels, the gradient).
+struct LocalTrainer {
+  Trainer& trainer;
+  ShardSampler& sampler;
+  int batch;
+  float lr;
+  std::span<std::uint8_t> pixels;  // batch × image bytes
+  std::span<std::int32_t> labels;  // batch
+  std::span<float> gradient;       // the model's parameter count
+};
+// What each loop does around a step besides the arithmetic.
+struct LocalTrainingHooks {
+  // Before each step (before its batch is drawn): false ends the training there (the
+  // worker's stop flag; a simulated crash). None: every step runs.
+  std::function<bool()> before_step;
+  // After each step's gradient, before it is applied; `started` is when its compute began
+  // (the worker's slowdown and its filter dropout's pacing).
+  std::function<void(const BatchResult& result, std::chrono::steady_clock::time_point started)>
+      after_gradient;
+};
+struct LocalTraining {
+  std::uint64_t steps = 0;         // minibatches computed
+  std::uint64_t examples = 0;      // of the steps applied: the delta's weight (examples=N)
+  std::optional<float> last_loss;  // of the last step applied
+};
+// FedAvg's client update (McMahan et al. 2017) as the worker trains it: `steps` minibatches
+// from the shard, each a plain SGD step x ← x − lr·g on `parameters`, which start as the
+// round's model `start`; a step whose loss is not finite is skipped (nothing applied, its
+// examples not counted). Then `delta` ← parameters − start: what the worker compresses and
+// sends in place of a gradient (it may be the trainer's `gradient`, written after the last
+// step).
+LocalTraining train_round_locally(const LocalTrainer& with, std::uint64_t steps,
+                                  std::span<const float> start, std::span<float> parameters,
+                                  std::span<float> delta, const LocalTrainingHooks& hooks = {});
 
 struct RoundWorkerStats {
   std::uint64_t rounds_trained = 0;   // deltas sent and accepted (2.04)

@@ -269,6 +269,17 @@ bool Worker::pull() {
   return true;
 }
 
+bool compress_step(const BatchResult& result, std::span<const float> gradient,
+                   Compressor& compressor, transport::SparseUpdate& update) {
+  if (!std::isfinite(result.loss)) return false;
+  try {
+    compressor.compress(gradient, update);
+  } catch (const std::invalid_argument&) {
+    return false;  // a non-finite gradient
+  }
+  return true;
+}
+
 bool Worker::step() {
   State& s = *state_;
   const WorkerConfig& config = s.config;
@@ -293,15 +304,7 @@ bool Worker::step() {
   update.fetched_version = s.model_version;
   // A non-finite gradient (a diverged model, or a corrupt pull) must not reach the server:
   // skip the step and pull again; give up only if it keeps happening.
-  bool finite = std::isfinite(batch.loss);
-  if (finite) {
-    try {
-      s.compressor.compress(s.gradient, update);
-    } catch (const std::invalid_argument&) {
-      finite = false;
-    }
-  }
-  if (!finite) {
+  if (!compress_step(batch, s.gradient, s.compressor, update)) {
     s.stats.non_finite_steps++;
     if (++s.consecutive_non_finite >= 10) {
       throw std::runtime_error(

@@ -109,6 +109,15 @@ struct WorkerStats {
 
 using WorkerLog = std::function<void(const std::string& line)>;
 
+struct BatchResult;
+// The asynchronous step's rule after the gradient, which Worker::step() and the simulator
+// share: a step whose loss is not finite, or whose gradient has a value that is not finite
+// (NaN or infinite: a diverged model, or a corrupt pull; the compressor refuses it), is
+// skipped: false, and nothing may be sent. Otherwise the gradient is compressed into
+// `update`'s tensors (the compressor's residuals move on) and true.
+bool compress_step(const BatchResult& result, std::span<const float> gradient,
+                   Compressor& compressor, transport::SparseUpdate& update);
+
 using WorkerProgress = std::function<void(const WorkerStats&)>;
 
 // One worker: its model, trainer, shard, compressor and copy of the server's model, and

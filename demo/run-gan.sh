@@ -5,7 +5,7 @@
 # discriminators peer to peer. Every identity is a certificate from one fleet CA
 # (boards/fleet-certificates.sh). Runs for a bounded time with a progress line; the grid of
 # generated digits (one column per class) is OUT/state/gan/samples.png, and with the paper
-# CNN classifier of sim/train-classifier.sh present its scores are OUT/state/gan/metrics.csv
+# CNN classifier of experiments/train-classifier.sh present its scores are OUT/state/gan/metrics.csv
 # and OUT/state/gan/scores.svg.
 #
 #   demo/run-gan.sh [--workers N] [--duration S] [--batch B] [--k K] [--swap-every I] [--fp16]

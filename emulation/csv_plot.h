@@ -1,5 +1,5 @@
 // A line chart from a CSV of (series, x, y) rows (`edgetrain-emulation-report plot`):
-// scripts (docs/regenerate.sh, docs/aggregate_results.py) draw their aggregated curves with
+// scripts (experiments/regenerate.sh, experiments/aggregate_results.py) draw their aggregated curves with
 // the programs' own plotting code.
 #pragma once
 

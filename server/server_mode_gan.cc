@@ -198,7 +198,7 @@ void declare_gan_settings(settings::Table& t, ServerSettings& s) {
         "--eval-data they are compared with)")
       .range(10, 10000);
   t.add("gan-classifier", s.gan_classifier,
-        "a trained classifier checkpoint (sim/train-classifier.sh writes the paper "
+        "a trained classifier checkpoint (experiments/train-classifier.sh writes the paper "
         "CNN's) that scores the generator: MNIST score, Frechet distance of its features, "
         "conditional accuracy; "
         "needs --eval-data");

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docs/regenerate.sh, CI-sized (issue 13): the quick matrix runs, aggregates into tables and
+# experiments/regenerate.sh, CI-sized (issue 13): the quick matrix runs, aggregates into tables and
 # plots, resumes without re-running anything, and refuses to mix two commits in one
 # results directory.
 # Usage: regenerate_quick.sh BUILD_DIR
@@ -7,7 +7,7 @@ set -euo pipefail
 build="$1"
 source "$(dirname "$0")/process_test_lib.sh"
 require_mnist
-regenerate="$(cd "$(dirname "$0")/../.." && pwd)/docs/regenerate.sh"
+regenerate="$(cd "$(dirname "$0")/../.." && pwd)/experiments/regenerate.sh"
 out="$work/results"
 
 # Five groups keep it short; every method of the methods group, both pull settings, the
@@ -105,14 +105,14 @@ if [ "$(git -C "$repo" rev-parse HEAD)" = "$(jq -r .commit "$out/machine.json")"
   commit_in_clone() { git -C "$work/clone" -c user.name=test -c user.email=test@localhost commit -qam "$1"; }
   echo "a note" >>"$work/clone/docs/README.md"
   commit_in_clone "docs only"
-  "$work/clone/docs/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/fifth.log" ||
+  "$work/clone/experiments/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/fifth.log" ||
     fail "a docs-only commit did not resume: $(tail -n 5 "$work/fifth.log")"
   [ "$(jq -r .ran "$out/progress.json")" = 0 ] || fail "resuming after a docs-only commit re-ran jobs"
   grep -q "resuming the runs of commit" "$work/fifth.log" || fail "the resume does not say so: $(cat "$work/fifth.log")"
   echo "# a change" >>"$work/clone/sim/README.md"
   commit_in_clone "not docs"
   set +e
-  "$work/clone/docs/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/sixth.log"
+  "$work/clone/experiments/regenerate.sh" --quick --build "$build" --out "$out" methods 2>"$work/sixth.log"
   status=$?
   set -e
   [ "$status" = 2 ] || fail "a commit that changed sim/ gave status $status, not 2"

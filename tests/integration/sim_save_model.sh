@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # edgetrain-sim --save-model writes the server's checkpoint format (sim/README.md): the file
 # is sealed, `edgetrain-server evaluate` takes it and gives the test accuracy the simulator
-# recorded in its metadata, and a flipped byte is refused as damage. (sim/train-classifier.sh,
+# recorded in its metadata, and a flipped byte is refused as damage. (experiments/train-classifier.sh,
 # MD-GAN's classifier, relies on this; its 5-minute run itself is not a test.)
 # usage: sim_save_model.sh EDGETRAIN_SIM EDGETRAIN_SERVER
 sim="$1"; server="$2"

@@ -9,7 +9,7 @@
 # line of figures; with SIM_BYTES_PER_UPDATE (from docs/history.md's simulator table) also
 # the socket bytes that simulator bytes plus 63.9 B per push datagram and 49.8 B per pull
 # request (constants fitted on the paper runs of docs/history.md) predict.
-# usage: emulation/ingress-accounting.sh RUN_DIR [SIM_BYTES_PER_UPDATE MODEL_BYTES PULL_EVERY]
+# usage: experiments/ingress-accounting.sh RUN_DIR [SIM_BYTES_PER_UPDATE MODEL_BYTES PULL_EVERY]
 set -euo pipefail
 source "$(dirname "$0")/../common/processes.sh"
 run=$1 sim=${2:-} model=${3:-} pull_every=${4:-1}

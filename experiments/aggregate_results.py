@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Tables and plots of a docs/regenerate.sh matrix, over its seeds.
+"""Tables and plots of a experiments/regenerate.sh matrix, over its seeds.
 
 Reads OUT/jobs.tsv (name, group, data set, seed, program and arguments), each job's
 OUT/jobs/NAME/sim.csv (edgetrain-sim) or metrics.csv (edgetrain-gan) and OUT/machine.json; writes OUT/results.md (the section that
-docs/regenerate.sh --update-docs puts into docs/results.md), OUT/tables/*.csv (one row per
+experiments/regenerate.sh --update-docs puts into docs/results.md), OUT/tables/*.csv (one row per
 setting, method and seed) and OUT/figures/*.svg (drawn by edgetrain-emulation-report plot).
 
 Each figure is a mean over seeds with its sample standard deviation ("97.10 ± 0.12"). The
@@ -41,7 +41,7 @@ GROUP_TITLES = {
 # A row from another group that a group's table shows first, to compare with: (its group,
 # setting, method, what it is here). The failures are judged against the same run without them.
 REFERENCE_ROWS = {"reliability": ("methods", "methods-paper", "AdaComp c=0.01", "no failures")}
-# What each emulator group of emulation/run-experiments.sh compares (its --help says the same).
+# What each emulator group of experiments/run-emulation-experiments.sh compares (its --help says the same).
 EMULATION_CAPTIONS = {
     "paper": "Paper CNN, MNIST, 10 workers, a pull before every step, to 97% on the whole test set: ASGD, the "
              "paper's method and the two best option sets of the simulator.",
@@ -113,9 +113,9 @@ def reached_text(values, count):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="the directory docs/regenerate.sh wrote")
+    parser.add_argument("--out", required=True, help="the directory experiments/regenerate.sh wrote")
     parser.add_argument("--report", required=True, help="the edgetrain-emulation-report program (for the plots)")
-    parser.add_argument("--emulation", help="an emulation/run-experiments.sh output directory whose runs were all "
+    parser.add_argument("--emulation", help="an experiments/run-emulation-experiments.sh output directory whose runs were all "
                         "made at the matrix's commit: its groups' tables (bytes at the server's socket beside the "
                         "payload) join the page")
     args = parser.parse_args()
@@ -177,10 +177,10 @@ def main():
         return own if own < targets[data] else targets[data]
 
     lines = []
-    if all(j["group"] == "gan" for j in jobs):  # `docs/regenerate.sh gan` alone
+    if all(j["group"] == "gan" for j in jobs):  # `experiments/regenerate.sh gan` alone
         lines.append("## MD-GAN, regenerated (issue 16)\n")
         lines.append(
-            f"Made by `docs/regenerate.sh{' --quick' if machine['quick'] else ''} gan` at commit "
+            f"Made by `experiments/regenerate.sh{' --quick' if machine['quick'] else ''} gan` at commit "
             f"`{machine['commit'][:12]}`{' (with uncommitted changes)' if machine['dirty'] else ''} on "
             f"{machine['date'][:10]}, on a {machine['cores']}-core {machine['cpu']} ({machine['isa']}). The script's "
             "other groups (the AdaComp experiments of issue 13) were not run at this commit.\n")
@@ -190,7 +190,7 @@ def main():
         return
     lines.append("## The simulator's experiments, regenerated (issue 13)\n")
     lines.append(
-        f"Made by `docs/regenerate.sh{' --quick' if machine['quick'] else ''}` at commit `{machine['commit'][:12]}`"
+        f"Made by `experiments/regenerate.sh{' --quick' if machine['quick'] else ''}` at commit `{machine['commit'][:12]}`"
         f"{' (with uncommitted changes)' if machine['dirty'] else ''}, started on {machine['date'][:10]}, on a {machine['cores']}-core "
         f"{machine['cpu']} ({machine['isa']}); {machine['seeds']} seed(s) per setting, {machine['updates']} applied "
         "updates per run, batch 10, lr 0.1, D = 256. Figures are means over the seeds ± their standard deviation. "
@@ -313,7 +313,7 @@ def main():
 
 
 def emulation_text(args, machine):
-    """The emulator's groups in ARGS.emulation (emulation/run-experiments.sh OUT): each group's
+    """The emulator's groups in ARGS.emulation (experiments/run-emulation-experiments.sh OUT): each group's
     table (edgetrain-emulation-report's summary.md), its commands and its two plots. Refused
     unless every run there was made at the matrix's commit (RUN.commit beside each run), so
     that the page still holds one commit's numbers."""
@@ -331,7 +331,7 @@ def emulation_text(args, machine):
     lines = ["### On the wire: the emulator at the same commit\n",
              "The real server and workers (`emulation/edgetrain-emulate`: DTLS, CoAP block-wise transfers, a pull "
              "before every step, each worker in its own network namespace, CPU quotas), one run per row, made by "
-             "`EDGETRAIN_BUILD_DIR=<a build of the commit above> emulation/run-experiments.sh GROUP` (the commands "
+             "`EDGETRAIN_BUILD_DIR=<a build of the commit above> experiments/run-emulation-experiments.sh GROUP` (the commands "
              f"below; the runs' tables and curves are in `{root}`). \"socket "
              "ingress\" is everything that reached the server's UDP socket, \"payload ingress\" the update payloads "
              "the paper counts; the ratios divide the first run's bytes to the target by each run's.\n"]
@@ -582,7 +582,7 @@ def gan_section(args, jobs):
         "N = %d workers in one process (`sim/gan_simulation.h`); each run's last evaluation against its best. " %
         rows[0]["workers"] +
         ("MNIST score and Fréchet distance (FID's formula) with the paper CNN classifier of "
-         "`sim/train-classifier.sh` (at least 99%% on the MNIST test set, checked when it is made), on %s generated samples against as many test images. "
+         "`experiments/train-classifier.sh` (at least 99%% on the MNIST test set, checked when it is made), on %s generated samples against as many test images. "
          % "500" if scored else "No classifier was given: conditional accuracy only. ") +
         "\"worker s / it\" is the mean compute time of one worker per generator iteration; traffic is per worker "
         "and iteration, measured (bytes) and, for MD-GAN, the paper's formula (2·b·d down, b·d up, d = 784, 4 bytes "

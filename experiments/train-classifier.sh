@@ -9,7 +9,7 @@
 # An existing file that still evaluates at --min-accuracy or more is kept (nothing is run),
 # so set-up scripts and tests may call this freely.
 #
-# usage: sim/train-classifier.sh [--out FILE] [--build DIR] [--min-accuracy A] [--force]
+# usage: experiments/train-classifier.sh [--out FILE] [--build DIR] [--min-accuracy A] [--force]
 #   --out FILE          default: $EDGETRAIN_DEPS/classifiers/paper-cnn-mnist.safetensors
 #                       (EDGETRAIN_DEPS defaults to /var/cache/edgetrain)
 #   --build DIR         host build tree with edgetrain-sim and edgetrain-server (default build/host)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Regenerates the simulator experiments of docs/results.md at one commit: runs the matrix of
 # edgetrain-sim and edgetrain-gan jobs (skipping those already finished, so an interrupted run resumes), then
-# aggregates them over the seeds (docs/aggregate_results.py: mean and spread, traffic ratios
+# aggregates them over the seeds (experiments/aggregate_results.py: mean and spread, traffic ratios
 # to a target, plots) into OUT/results.md and OUT/figures/. With --update-docs it puts that
 # section into docs/results.md (docs/gan-results.md for the gan group alone; between the
 # "regenerate:begin" and "regenerate:end" markers) and the figures into docs/figures/.
 #
-# usage: docs/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
+# usage: experiments/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
 #                           [--update-docs] [--aggregate-only] [--emulation DIR] [--list] [--allow-dirty]
 #                           [GROUP...]
 #   groups: methods rates workers reliability speeds pull gan (default: all but gan, in that order:
@@ -15,14 +15,14 @@
 #           gan: MD-GAN (k = 1 and ceil(log2 N)) against FL-GAN and the standalone GAN
 #           (edgetrain-gan, MLP, MNIST, N = 10, b = 10 and 100, seed 1 only; then the CNN at b = 10,
 #           MD-GAN k = 1 against FL-GAN), scored with the
-#           paper CNN classifier of sim/train-classifier.sh (trained first if missing)
+#           paper CNN classifier of experiments/train-classifier.sh (trained first if missing)
 #   --build DIR    the host build tree with edgetrain-sim, edgetrain-gan, edgetrain-server (default build/host)
 #   --quick        the CI-sized matrix: mlp on mnist-small, 300 updates, one seed (under a minute)
 #   --jobs N       simulations run side by side (default: the number of cores)
 #   --seeds N      seeds per setting (default 3; --quick: 1)
 #   --updates N    applied updates per run (default 6000; --quick: 300)
 #   --list         print the jobs and their state, run nothing
-#   --emulation DIR  also put on the page the groups of an emulation/run-experiments.sh output
+#   --emulation DIR  also put on the page the groups of an experiments/run-emulation-experiments.sh output
 #                  directory (bytes at the server's socket beside the payload: `paper`, `pull100`),
 #                  refused unless its runs were made at the matrix's commit (a build tree of
 #                  that commit with its COMMIT file: EDGETRAIN_BUILD_DIR, emulation/README.md)
@@ -109,14 +109,15 @@ if [ -f "$out/machine.json" ]; then
   recorded=$(jq -r .commit "$out/machine.json")
   if [ "$recorded" != "$commit" ]; then
     # A later commit may resume the runs when it changed nothing they depend on: only files
-    # under docs/ other than this script (for example the finished runs themselves, committed
-    # so that a matrix longer than one session survives it).
+    # under docs/ (for example the finished runs themselves, committed so that a matrix
+    # longer than one session survives it) and the aggregation, not this script, which
+    # defines the runs.
     changed=$(git -C "$repo" diff --name-only "$recorded" "$commit" -- 2>/dev/null || echo "?")
-    if [ "$changed" = "?" ] || { [ -n "$changed" ] && grep -qvE '^docs/' <<<"$changed"; } ||
-       grep -qx 'docs/regenerate.sh' <<<"$changed"; then
+    if [ "$changed" = "?" ] ||
+       { [ -n "$changed" ] && grep -qvE '^(docs/|experiments/aggregate_results\.py$)' <<<"$changed"; }; then
       die "$out holds runs of commit $recorded, this is $commit: use another --out (or remove $out)"
     fi
-    echo "regenerate: resuming the runs of commit ${recorded:0:12} at ${commit:0:12} (only docs/ changed since)" >&2
+    echo "regenerate: resuming the runs of commit ${recorded:0:12} at ${commit:0:12} (only docs/ or the aggregation changed since)" >&2
     commit=$recorded
   fi
   # Runs resumed on another CPU model are listed (XNNPACK's kernels, and so the last digits of
@@ -167,7 +168,7 @@ add_gan_jobs() {
   done
 }
 if [ "$quick" = 0 ] && [ "$list" = 0 ] && [ "$aggregate_only" = 0 ] && [[ " ${groups[*]} " == *" gan "* ]] && [ ! -f "$classifier" ]; then
-  "$repo/sim/train-classifier.sh" --build "$build" --out "$classifier" >&2 || die "no classifier for the gan group"
+  "$repo/experiments/train-classifier.sh" --build "$build" --out "$classifier" >&2 || die "no classifier for the gan group"
 fi
 for group in "${groups[@]}"; do
   if [ "$group" = gan ]; then add_gan_jobs; continue; fi
@@ -302,7 +303,7 @@ write_progress
 
 # ------------------------------------------------------------------ tables and plots
 printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"
-python3 "$repo/docs/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"}
+python3 "$repo/experiments/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"}
 if [ "$update_docs" = 1 ]; then
   # The gan group alone has its own page; every other matrix goes to results.md.
   doc="$repo/docs/results.md"

@@ -6,7 +6,7 @@
 # --update-docs replaces the emulation section of docs/emulation-results.md (between the
 # "emulation:begin" and "emulation:end" markers) with the tables and their commands.
 #
-# usage: emulation/run-experiments.sh [--out DIR] [--update-docs] [GROUP...]
+# usage: experiments/run-emulation-experiments.sh [--out DIR] [--update-docs] [GROUP...]
 #   groups: paper rates failures scale50 scale100 speeds pull100 distreal distreal-fashion
 #           distreal-skew (default: all, in that order); also paper-pull10 and the gossip groups
 #     paper    paper CNN, 10 workers, to 97 %: ASGD, AdaComp c = 0.01, c = 0.004 + EF + fp16,
@@ -53,7 +53,7 @@ while [ $# -gt 0 ]; do
     --update-docs) update_docs=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     paper|paper-pull10|rates|failures|scale50|scale100|speeds|pull100|distreal|distreal-fashion|distreal-skew|gossip|gossip-impaired|gossip32|gossip-fashion|gossip-aware|gossip-wait|shards) groups+=("$1") ;;
-    *) echo "run-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
+    *) echo "run-emulation-experiments.sh: unknown argument '$1'" >&2; exit 1 ;;
   esac
   shift
 done
@@ -358,10 +358,10 @@ done
 # Tables of every group whose runs exist.
 section="$out/results-section.md"
 {
-  echo "<!-- emulation:begin (written by emulation/run-experiments.sh --update-docs) -->"
+  echo "<!-- emulation:begin (written by experiments/run-emulation-experiments.sh --update-docs) -->"
   echo "## The emulator (real programs, bytes at the server's socket)"
   echo
-  echo "Assembled by \`emulation/run-experiments.sh --update-docs\` at commit \`$(git -C "$repo" rev-parse --short=12 HEAD)\`" \
+  echo "Assembled by \`experiments/run-emulation-experiments.sh --update-docs\` at commit \`$(git -C "$repo" rev-parse --short=12 HEAD)\`" \
        "on $(date -u +%Y-%m-%d), $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'))." \
        "One run per row; each group names the commit its runs were made at. Groups not listed here have not" \
        "been run since the full-MNIST change (earlier ones: history.md)."

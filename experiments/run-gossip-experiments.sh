@@ -10,7 +10,7 @@
 # all runs goes to OUT/gossip-results.md (time and bytes per peer to the target accuracy of
 # the mean peer, final mean / spread / consensus accuracy).
 #
-# usage: sim/run-gossip-experiments.sh [--build DIR] [--out DIR] [--jobs N] [--budget T] [--target A]
+# usage: experiments/run-gossip-experiments.sh [--build DIR] [--out DIR] [--jobs N] [--budget T] [--target A]
 #                                      [--data NAME] [--peers N] [--quick] [--list]
 #   --build DIR   host build tree with programs/edgetrain-sim (default build/host)
 #   --out DIR     where the runs go (default gossip-results)

@@ -42,12 +42,6 @@ namespace {
 std::atomic<bool> g_stop_requested = false;
 void request_stop(int) { g_stop_requested = true; }
 
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-
 void check_settings(const ServerSettings& s) {
   if (s.state_dir.empty())
     throw std::invalid_argument("--state-dir (or state_dir in the config) is required");
@@ -357,28 +351,29 @@ void ServerApp::open_endpoint() {
     common::write_file_atomically(s_.port_file, std::to_string(server.port()) + "\n");
   log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) +
            " (CoAP over DTLS, " + dtls_modes() + "), " + std::to_string(loops) +
-           " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + number(s_.lr) +
+           " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + short_number(s_.lr) +
            ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
            std::to_string(s_.checkpoint_every) + " updates, parameters within ±" +
-           number(s_.max_parameter_magnitude) +
-           (s_.clip_update_norm > 0 ? ", update norms clipped at " + number(s_.clip_update_norm)
-                                    : std::string()) +
+           short_number(s_.max_parameter_magnitude) +
+           (s_.clip_update_norm > 0
+                ? ", update norms clipped at " + short_number(s_.clip_update_norm)
+                : std::string()) +
            (s_.quarantine_after > 0
                 ? ", quarantine after " + std::to_string(s_.quarantine_after) + " bad updates"
                 : std::string()) +
            (state_->published()
                 ? ", workers pull the published model (every " + std::to_string(s_.publish_every) +
-                      " updates, " + number(s_.publish_fraction) + " of each tensor)"
+                      " updates, " + short_number(s_.publish_fraction) + " of each tensor)"
                 : std::string()));
-  log_line("CoAP timing: ACK_TIMEOUT " + number(s_.timing.ack_timeout_seconds) +
-           " s, ACK_RANDOM_FACTOR " + number(s_.timing.ack_random_factor) + ", MAX_RETRANSMIT " +
-           std::to_string(s_.timing.max_retransmit) + ", NSTART " +
+  log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +
+           " s, ACK_RANDOM_FACTOR " + short_number(s_.timing.ack_random_factor) +
+           ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) + ", NSTART " +
            std::to_string(s_.timing.nstart));
   log_line("DTLS handshakes: stateless cookie first; at most " +
            std::to_string(s_.handshake.max_pending) + " pending (" +
            std::to_string(s_.handshake.max_pending_per_address) + " per source address), " +
-           number(s_.handshake.rate_per_address) + " new per second per source address, " +
-           number(s_.handshake.timeout_seconds) + " s to finish");
+           short_number(s_.handshake.rate_per_address) + " new per second per source address, " +
+           short_number(s_.handshake.timeout_seconds) + " s to finish");
   if (s_.insecure) {
     log_line("WARNING: --insecure: plain CoAP on " + s_.listen + ":" +
              std::to_string(server.plaintext_port()) +
@@ -407,7 +402,7 @@ void ServerApp::start_evaluator() {
   best_ =
       std::make_unique<BestCheckpoint>(s_.state_dir, *evaluation_model_, s_.eval_data, log_line);
   log_line("evaluating on " + s_.eval_data + " (" + std::to_string(test.size()) +
-           " test images) every " + number(s_.eval_interval) + " s when the version changed");
+           " test images) every " + short_number(s_.eval_interval) + " s when the version changed");
   evaluator_ = std::make_unique<BackgroundEvaluator>(
       *evaluation_model_, std::move(test), [this] { return state_->snapshot(); },
       [this](const EvaluationResult& r) { report_evaluation(r); },
@@ -669,6 +664,12 @@ void ServerApp::shutdown() {
 }  // namespace
 
 void log_line(const std::string& message) { logging::write(logging::Level::kInfo, message); }
+
+std::string short_number(double value) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", value);
+  return text;
+}
 
 int run_server(const ServerSettings& settings) {
   logging::set_level(logging::parse_level(settings.log_level).value_or(logging::Level::kInfo));

@@ -113,5 +113,7 @@ int run_server(const ServerSettings& settings);
 // "2024-05-01T12:34:56.789Z message" on stderr at level info (common/logging.h); callable
 // from any thread.
 void log_line(const std::string& message);
+// A setting's value as the log lines show it: printf's %g ("0.1", "30", "1e-06").
+std::string short_number(double value);
 
 }  // namespace edgetrain::server

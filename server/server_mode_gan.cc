@@ -21,12 +21,6 @@
 namespace edgetrain::server {
 namespace {
 
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-
 class GanMode : public ServerMode {
  public:
   GanMode(const ServerSettings& s, GanServerOptions options) : s_(s) {
@@ -140,8 +134,9 @@ class GanMode : public ServerMode {
     plot.y_label = "MNIST score";
     std::ofstream(dir / "scores.svg") << plot::render_svg_line_chart({scores_}, plot);
     log_line("MD-GAN iteration " + std::to_string(iteration) + ": MNIST score " +
-             number(scores.mnist_score) + ", Frechet distance " + number(scores.frechet_distance) +
-             ", conditional accuracy " + number(scores.conditional_accuracy));
+             short_number(scores.mnist_score) + ", Frechet distance " +
+             short_number(scores.frechet_distance) + ", conditional accuracy " +
+             short_number(scores.conditional_accuracy));
   }
 
   const ServerSettings& s_;
@@ -228,7 +223,7 @@ std::unique_ptr<ServerMode> make_gan_mode(const ServerSettings& s, ServerState&,
   const auto& r = gan.recovery();
   log_line("MD-GAN: " + s.gan_arch + " generator, " + std::to_string(s.gan_workers) +
            " workers, k " + std::to_string(s.gan_k) + ", batch " + std::to_string(s.gan_batch) +
-           ", deadline " + number(s.gan_deadline) + " s, " +
+           ", deadline " + short_number(s.gan_deadline) + " s, " +
            (s.gan_swap_every
                 ? "discriminator swaps every " + std::to_string(s.gan_swap_every) + " iterations"
                 : std::string("no discriminator swaps")) +

@@ -8,12 +8,6 @@
 namespace edgetrain::server {
 namespace {
 
-std::string number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-
 class RoundsMode : public ServerMode {
  public:
   RoundsMode(ServerState& state, RoundOptions options) : rounds_(state, std::move(options)) {}
@@ -83,10 +77,11 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   resources.extra_status = [m = mode.get()] { return m->status_json(); };
   log_line("federated rounds: round " + std::to_string(mode->rounds().round()) + ", policy " +
            s.round_policy + ", " + s.aggregation + " aggregation, deadline " +
-           number(s.round_deadline) + " s, client fraction " + number(s.client_fraction) + ", " +
+           short_number(s.round_deadline) + " s, client fraction " +
+           short_number(s.client_fraction) + ", " +
            (s.local_epochs > 0 ? std::to_string(s.local_epochs) + " local epochs"
                                : std::to_string(s.local_steps) + " local steps") +
-           ", server lr " + number(s.server_lr));
+           ", server lr " + short_number(s.server_lr));
   return mode;
 }
 

@@ -75,6 +75,26 @@ std::string parse_examples(std::string_view query, std::uint64_t& examples) {
   return {};
 }
 
+// Why a delta cannot be taken, or empty: a value that is not finite, or whose step alone
+// (server_lr · v) passes the parameters' bound.
+std::string delta_value_problem(const transport::SparseUpdate& delta, float server_lr,
+                                float bound) {
+  for (const transport::SparseTensor& tensor : delta.tensors)
+    for (std::size_t i = 0; i < tensor.values.size(); ++i) {
+      const float v = tensor.values[i];
+      if (!std::isfinite(v))
+        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
+               std::to_string(tensor.indices[i]) + ": the value is not finite";
+      if (std::fabs(static_cast<double>(server_lr) * v) > bound)
+        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
+               std::to_string(tensor.indices[i]) + ": a step of " +
+               std::to_string(static_cast<double>(server_lr) * v) +
+               " would pass the parameter bound " + std::to_string(bound) +
+               " (--max-parameter-magnitude)";
+    }
+  return {};
+}
+
 }  // namespace
 
 RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
@@ -254,6 +274,19 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     ++malformed_;
     return text_response(CoapCode::kBadRequest, "malformed: " + decoded.error().message);
   }
+  if (state_.device_quarantined(identity)) {
+    ++quarantined_;
+    return text_response(CoapCode::kForbidden,
+                         "quarantined: this device sent too many bad deltas or updates in a row");
+  }
+  if (const std::string problem = delta_value_problem(decoded.value(), options_.server_lr,
+                                                      options_.max_parameter_magnitude);
+      !problem.empty()) {
+    ++refused_values_;
+    const std::string note = state_.note_device_outcome(identity, SubmitOutcome::kOutOfBounds);
+    log("refused a delta from '" + escape_untrusted(identity) + "': " + problem + note);
+    return text_response(CoapCode::kUnprocessableEntity, "delta refused: " + problem + note);
+  }
   const std::uint64_t delta_round = decoded.value().fetched_version;
   if (delta_round < round()) {
     ++late_refused_;
@@ -287,6 +320,7 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   }
   deltas_.push_back({examples, std::move(decoded).value()});
   answered_.insert(identity);
+  state_.note_device_outcome(identity, SubmitOutcome::kApplied);
   poll();
   return {CoapCode::kChanged, {}, {}};
 }
@@ -315,14 +349,26 @@ void RoundCoordinator::close_round() {
       deltas_, state_.model().tensor_sizes(), options_.aggregation, options_.server_lr,
       options_.store_learning_rate, state_.model_id(), closing);
   auto encoded = transport::encode_sparse_update(update);
-  if (!encoded) throw std::logic_error("cannot encode a round's close: " + encoded.error().message);
+  if (!encoded) {
+    // A value the codec refuses (not finite): the aggregate cannot be applied.
+    restart_round("its aggregate cannot be encoded: " + encoded.error().message);
+    return;
+  }
   const SubmitResult result = state_.submit(kRoundCloseIdentity, encoded.value());
-  if (!result.acknowledged()) {
-    // The round stays open with its deltas (they are in the log); the next poll tries again.
+  if (result.outcome == SubmitOutcome::kNotDurable) {
+    // The WAL could not take it (a disk error): the round stays open with its deltas (they
+    // are in the round log) and the next poll tries again.
     ++close_failures_;
     opened_ = options_.now();
     log("ERROR: round " + std::to_string(closing) + " could not close (" +
         submit_outcome_name(result.outcome) + "): " + result.diagnostic);
+    return;
+  }
+  if (!result.acknowledged()) {
+    // The store refused the aggregate itself (e.g. out of bounds): retrying the same deltas
+    // would refuse it again, so the round goes on without them.
+    restart_round(std::string("the store refused its aggregate (") +
+                  submit_outcome_name(result.outcome) + "): " + result.diagnostic);
     return;
   }
   log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) +
@@ -335,6 +381,21 @@ void RoundCoordinator::close_round() {
   opened_ = options_.now();
   // The close is durable in the WAL: the closed round's records are no longer needed (a
   // crash before this replacement leaves records of a closed round, which reloading skips).
+  empty_log();
+}
+
+void RoundCoordinator::restart_round(const std::string& why) {
+  ++close_failures_;
+  log("ERROR: round " + std::to_string(round()) + " cannot close with its " +
+      std::to_string(deltas_.size()) + " deltas: " + why + "; the round starts again without them");
+  deltas_.clear();
+  answered_.clear();
+  opened_ = options_.now();
+  // Their records go too, or a restart would reload them beside the deltas sent again.
+  empty_log();
+}
+
+void RoundCoordinator::empty_log() {
   try {
     WalWriter emptied = WalWriter::replace(
         log_path_, {.model_id = state_.model_id(), .kind = WalKind::kRoundDeltas}, {});
@@ -357,6 +418,8 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_malformed_deltas", malformed_},
                                  {"round_duplicate_deltas", duplicates_},
                                  {"round_close_failures", close_failures_},
+                                 {"round_deltas_refused_values", refused_values_},
+                                 {"round_deltas_quarantined", quarantined_},
                                  {"round_policy", round_policy_name(options_.policy)},
                                  {"round_aggregation", aggregation_name(options_.aggregation)}};
   return status.dump();

@@ -12,7 +12,11 @@
 //                        once the delta is in the synced round log; the same identity
 //                        again in the same round: 2.04, not counted twice. 4.09 with a
 //                        reason for a closed or wrong round, another model, or a device not
-//                        selected this round; 4.00 malformed; 4.01 no identity.
+//                        selected this round; 4.00 malformed; 4.01 no identity; 4.22 a
+//                        value that is not finite or that alone would move a parameter
+//                        past --max-parameter-magnitude (counted per device, as refused
+//                        updates are: /status "devices_refused", and quarantined after
+//                        --quarantine-after in a row: 4.03 until it ends).
 //
 // Durability (ours): deltas go to `rounds.wal` in the state directory, a log of the WAL's
 // format and kind WalKind::kRoundDeltas (server/write_ahead_log.h: CRC'd records, fdatasync
@@ -59,6 +63,10 @@ struct RoundOptions {
   float server_lr = 1.0f;
   float store_learning_rate =
       0.1f;  // ServerStateOptions::store.learning_rate (the close divides by it)
+  // A delta is refused (4.22) when a value is not finite or moves a parameter by more than
+  // this (|server_lr · v|): the server's --max-parameter-magnitude, which no parameter may
+  // pass, so a delta that alone would is never an honest one.
+  float max_parameter_magnitude = 1e6f;
   std::uint64_t seed = 1;
   std::function<std::chrono::steady_clock::time_point()> now = [] {
     return std::chrono::steady_clock::now();
@@ -99,6 +107,10 @@ class RoundCoordinator {
   void append_to_log(std::uint64_t examples, const std::string& identity,
                      std::span<const std::uint8_t> body);
   void close_round();
+  // The round's deltas are dropped (a close the store refused): the same round again, with
+  // an empty log and every device free to send.
+  void restart_round(const std::string& why);
+  void empty_log();
   double seconds_left() const;
   void log(const std::string& line) const;
 
@@ -112,7 +124,7 @@ class RoundCoordinator {
   std::set<std::string> seen_;      // identities that asked for a round
   std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0,
                 malformed_ = 0;
-  std::uint64_t duplicates_ = 0, close_failures_ = 0;
+  std::uint64_t duplicates_ = 0, close_failures_ = 0, refused_values_ = 0, quarantined_ = 0;
 };
 
 }  // namespace edgetrain::server

@@ -68,6 +68,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.local_epochs = s.local_epochs;
   o.server_lr = static_cast<float>(s.server_lr);
   o.store_learning_rate = static_cast<float>(s.lr);
+  o.max_parameter_magnitude = static_cast<float>(s.max_parameter_magnitude);
   o.seed = s.seed;
   o.log = log_line;
   if (s.publish_every > 0)

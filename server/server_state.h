@@ -283,6 +283,14 @@ class ServerState {
     return devices_;
   }
   std::uint64_t updates_clipped() const { return updates_clipped_; }
+  // For the modes' own messages (round deltas): counts a refusal of `identity` with this
+  // outcome, or with kApplied an acceptance, as submit() does for updates, and may
+  // quarantine it (quarantine_after); returns the text to add to the refusal's diagnostic.
+  std::string note_device_outcome(std::string_view identity, SubmitOutcome outcome) {
+    return note_device(identity, outcome);
+  }
+  // Whether `identity` is quarantined now (its time may have run out).
+  bool device_quarantined(std::string_view identity) { return quarantined(identity); }
   // Drops the refusal counts of `identity` (per-device health pushed it out of its bounded
   // table), unless it is quarantined: that must outlive the bookkeeping. True if dropped.
   bool forget_device(std::string_view identity);

@@ -9,6 +9,7 @@
 
 #include <zlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -41,10 +42,11 @@ struct Clock {
 };
 
 struct Server {
-  Server(const TempDir& dir, Clock& clock, RoundOptions round_options = {}) {
-    ServerStateOptions options;
+  Server(const TempDir& dir, Clock& clock, RoundOptions round_options = {},
+         ServerStateOptions options = {}) {
     options.state_dir = dir.path();
     options.store.learning_rate = 0.05f;
+    options.now = [&clock] { return clock.now; };
     state = std::make_unique<ServerState>(small_model(), options);
     round_options.store_learning_rate = 0.05f;
     round_options.now = [&clock] { return clock.now; };
@@ -332,7 +334,8 @@ TEST_F(RoundLogDamage, RefusesTheStartNamingTheOffsetAndChangesNothing) {
 }
 
 TEST_F(RoundLogDamage, RepairSkippingTheDamageKeepsTheThreeIntactDeltas) {
-  const server::WalRepairResult listed = server::repair_wal(path, server::WalRepairChoice::kListOnly);
+  const server::WalRepairResult listed =
+      server::repair_wal(path, server::WalRepairChoice::kListOnly);
   EXPECT_TRUE(listed.damaged);
   EXPECT_FALSE(listed.changed);
   const server::WalRepairResult repaired =
@@ -400,4 +403,106 @@ TEST(RoundCoordinator, AnEarlierReleasesRoundLogIsMovedOntoTheWalFormat) {
   EXPECT_EQ(server.rounds->deltas_received(), 2u);
   EXPECT_FALSE(std::filesystem::exists(dir.path() / "rounds.log"));
   EXPECT_EQ(server::read_wal(dir.path() / "rounds.wal").records.size(), 2u);
+}
+
+// A delta whose every entry is `value`, for round `round`.
+std::vector<std::uint8_t> uniform_delta(const runtime::Model& model, float value,
+                                        std::uint64_t round) {
+  transport::SparseUpdate update;
+  update.model_id = model.layout_id();
+  update.sequence = 1;
+  update.fetched_version = round;
+  const std::vector<std::uint32_t> sizes = model.tensor_sizes();
+  for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+    transport::SparseTensor tensor{t, sizes[t], {}, {}};
+    for (std::uint32_t i = 0; i < sizes[t]; ++i) {
+      tensor.indices.push_back(i);
+      tensor.values.push_back(value);
+    }
+    update.tensors.push_back(std::move(tensor));
+  }
+  return transport::encode_sparse_update(update).value();
+}
+
+bool all_finite(const std::vector<float>& values) {
+  for (float v : values)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+// Issue 37: a delta of ±1e30 used to be acknowledged and then stall every close (refused
+// by the bound, retried forever); one of ±3.4e38 overflowed when scaled and ended the server.
+TEST(RoundHardening, HugeDeltasAreRefusedWith422AndTheRoundClosesWithTheHonestOnes) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  Server server(dir, clock, two_devices());
+  round_info(*server.rounds, "a");
+  round_info(*server.rounds, "b");
+  for (const float huge : {1e30f, -3.4e38f}) {
+    const auto poisoned = uniform_delta(model, huge, 0);
+    const auto answer = server.rounds->post_round_update(request("a", poisoned));
+    EXPECT_EQ(answer.code, CoapCode::kUnprocessableEntity) << text(answer);
+    EXPECT_NE(text(answer).find("parameter bound"), std::string::npos) << text(answer);
+  }
+  EXPECT_EQ(server.rounds->deltas_received(), 0u);
+  EXPECT_EQ(server::read_wal(dir.path() / "rounds.wal").records.size(), 0u)
+      << "a refused delta reached the log that replays";
+  const auto honest = uniform_delta(model, 0.01f, 0);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", honest)).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", honest)).code, CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 1u) << "the round did not close";
+  EXPECT_TRUE(all_finite(server.state->snapshot().parameters));
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status.at("round_deltas_refused_values"), 2);
+  EXPECT_EQ(server.state->device_refusals().at("a").refused.at("out of bounds"), 2u);
+}
+
+TEST(RoundHardening, ADeviceThatKeepsSendingBadDeltasIsQuarantined) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  ServerStateOptions options;
+  options.quarantine_after = 2;
+  options.quarantine_seconds = 60;
+  Server server(dir, clock, two_devices(), options);
+  round_info(*server.rounds, "a");
+  const auto poisoned = uniform_delta(model, 1e30f, 0);
+  EXPECT_EQ(server.rounds->post_round_update(request("a", poisoned)).code,
+            CoapCode::kUnprocessableEntity);
+  EXPECT_EQ(server.rounds->post_round_update(request("a", poisoned)).code,
+            CoapCode::kUnprocessableEntity);
+  const auto honest = uniform_delta(model, 0.01f, 0);
+  EXPECT_EQ(server.rounds->post_round_update(request("a", honest)).code, CoapCode::kForbidden);
+  clock.now += std::chrono::seconds(61);
+  EXPECT_EQ(server.rounds->post_round_update(request("a", honest)).code, CoapCode::kChanged)
+      << "the quarantine ended";
+}
+
+// Deltas each within the bound whose aggregate the store still refuses (it would take a
+// parameter past the bound): the round goes on without them instead of retrying forever.
+TEST(RoundHardening, AnAggregateTheStoreRefusesStartsTheRoundAgainWithoutItsDeltas) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  ServerStateOptions options;
+  options.store.max_parameter_magnitude = 1.0f;
+  RoundOptions rounds = two_devices();
+  rounds.max_parameter_magnitude = 1.0f;
+  Server server(dir, clock, rounds, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  round_info(*server.rounds, "a");
+  round_info(*server.rounds, "b");
+  const auto near_bound = uniform_delta(model, 0.99f, 0);  // W + 0.99 passes 1 where W > 0.01
+  ASSERT_EQ(server.rounds->post_round_update(request("a", near_bound)).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", near_bound)).code, CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 0u);
+  EXPECT_EQ(server.rounds->deltas_received(), 0u);
+  EXPECT_EQ(server.state->snapshot().parameters, before);
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json()).at("round_close_failures"), 1);
+  EXPECT_EQ(server::read_wal(dir.path() / "rounds.wal").records.size(), 0u);
+  const auto honest = uniform_delta(model, 0.001f, 0);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", honest)).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", honest)).code, CoapCode::kChanged);
+  EXPECT_EQ(server.rounds->round(), 1u) << "the round closed with the deltas sent again";
 }

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "common/svg_plot.h"
+#include "common/target_accuracy.h"
 #include "emulation/report_files.h"
 
 namespace edgetrain::emulation {
@@ -55,10 +56,11 @@ double best_accuracy(const ComparedRun& run) {
   return best;
 }
 
+// common/target_accuracy.h's rule over the compared runs.
 double default_target(const std::vector<ComparedRun>& runs) {
   double lowest_best = 1;
   for (const ComparedRun& r : runs) lowest_best = std::min(lowest_best, best_accuracy(r));
-  return std::floor((lowest_best - 0.005) * 1000) / 1000;
+  return default_target_accuracy(lowest_best);
 }
 
 void write_comparison_plots(const std::vector<ComparedRun>& runs, double target,

@@ -16,6 +16,9 @@ own ASGD's mean best less 0.3 points when that ASGD never comes within 0.3 point
 set's target (more workers make ASGD staler: without it those rows would only say "never").
 The pull group's rows compare with ASGD at as many workers (the workers group's run), by the
 same rule.
+This is not the programs' default target (edgetrain-sim, edgetrain-emulation-report compare:
+half a point below the lowest best of one command's runs); common/target_accuracy.h and
+docs/README.md state both rules and why they differ.
 Standard library only.
 """
 import argparse

@@ -27,10 +27,9 @@ TOKEN = re.compile(r"`([^`]+)`")
 
 PROGRAM_LINES = 300
 # Programs longer than PROGRAM_LINES when the rule came (issue 34), with that length: a
-# ratchet, not a licence. Each entry goes when its program is thinned below the limit.
-LONG_PROGRAMS = {
-    "programs/sim_main.cc": 872,
-}
+# ratchet, not a licence. Each entry goes when its program is thinned below the limit; the
+# last one (sim_main.cc) went in issue 34 part 2, and the list stays for the mechanism.
+LONG_PROGRAMS = {}
 
 
 class Pattern:

@@ -577,7 +577,7 @@ TEST(DenseCodec, RoundTripsAndChecksLayout) {
 // Issue 37: no encoder that sends floats lets a NaN or an infinity out, in any value
 // encoding (fp16 would otherwise round them to a half NaN or clamp nothing; sign + scale
 // would send an infinite scale). Each refusal is kInvalidInput with a reason.
-TEST(Encoders, RefuseNonFiniteValuesInEveryValueEncoding) {
+TEST(CodecEncoders, RefuseNonFiniteValuesInEveryValueEncoding) {
   const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
                        std::numeric_limits<float>::infinity(),
                        -std::numeric_limits<float>::infinity()};

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -59,6 +60,11 @@ std::uint64_t run_id_of(const GanServerOptions& o, const runtime::Model& generat
 }
 
 std::string number_text(std::uint64_t v) { return std::to_string(v); }
+std::string value_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%g", v);
+  return text;
+}
 
 std::optional<std::uint64_t> checkpoint_iteration_of(const std::filesystem::path& dir) {
   const std::string name = dir.filename().string();
@@ -67,6 +73,10 @@ std::optional<std::uint64_t> checkpoint_iteration_of(const std::filesystem::path
   if (digits.empty() || digits.size() > 19 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
     return std::nullopt;
   return std::stoull(digits);
+}
+
+bool all_finite(std::span<const float> values) {
+  return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
 }
 
 std::vector<std::uint8_t> read_bytes(const std::filesystem::path& path) {
@@ -95,6 +105,10 @@ void check_gan_server_options(const GanServerOptions& o) {
       o.encoding != transport::ValueEncoding::kFp16)
     throw std::invalid_argument("GAN batches travel as fp32 or fp16");
   if (o.directory.empty()) throw std::invalid_argument("the GAN mode needs a state directory");
+  if (!(o.max_feedback_magnitude > 0) || !std::isfinite(o.max_feedback_magnitude))
+    throw std::invalid_argument("--gan-max-feedback must be a finite value above 0");
+  if (!(o.quarantine_seconds >= 0))
+    throw std::invalid_argument("--quarantine-seconds must be >= 0");
 }
 
 GanCoordinator::GanCoordinator(GanServerOptions options) : options_(std::move(options)) {
@@ -146,6 +160,8 @@ void GanCoordinator::recover() {
         if (field("edgetrain.gan.iteration") != iteration)
           throw GanStateError((dir / part).string() + ": iteration differs");
         adam_steps = field("edgetrain.gan.adam_steps");
+        if (!all_finite(model.parameters()))  // written before issue 37's checks
+          throw GanStateError((dir / part).string() + " holds a non-finite value");
         parts.emplace_back(model.parameters().begin(), model.parameters().end());
       }
       g_->params = std::move(parts[0]);
@@ -180,17 +196,29 @@ void GanCoordinator::recover() {
   if (!wal.damage.empty()) throw GanStateError(describe_wal_damage(wal_path_, wal));
   for (const auto& record : wal.records) {
     if (record.version <= iteration_) continue;  // in the checkpoint already
-    if (record.version != iteration_ + 1 || record.identity != kGanStepIdentity)
+    if (record.version != iteration_ + 1 ||
+        (record.identity != kGanStepIdentity && record.identity != kGanRefusedStepIdentity))
       throw GanStateError(wal_path_.string() + ": record of iteration " +
                           number_text(record.version) + " after iteration " +
                           number_text(iteration_));
+    if (record.identity == kGanRefusedStepIdentity) {  // closed without a step, as it was
+      ++iteration_;
+      ++recovery_.replayed;
+      ++recovery_.replayed_refused;
+      recovery_.fresh = false;
+      continue;
+    }
     const std::size_t floats = std::size_t{options_.k} * options_.gan.batch * kGanImageSize;
     if (record.update.size() != floats * 4)
       throw GanStateError(wal_path_.string() + ": a step record of the wrong size");
     std::vector<float> averaged(floats);
     std::memcpy(averaged.data(), record.update.data(), record.update.size());
     draw_inputs();  // the inputs of iteration_ (a function of the seed and the iteration)
-    apply_step(averaged);
+    if (!apply_step(averaged)) {  // only a log written before issue 37's checks holds one
+      ++recovery_.replayed_refused;
+      log("GAN log: the logged step of iteration " + number_text(record.version) +
+          " would make the generator non-finite; replayed as an iteration without a step");
+    }
     ++recovery_.replayed;
     recovery_.fresh = false;
   }
@@ -235,19 +263,99 @@ void GanCoordinator::open_iteration() {
   }
 }
 
-void GanCoordinator::apply_step(std::span<const float> averaged_feedback) {
+bool GanCoordinator::apply_step(std::span<const float> averaged_feedback) {
   const auto started = std::chrono::steady_clock::now();
+  ++iteration_;
+  if (!all_finite(averaged_feedback)) return false;
+  // The step is computed in place and undone when its result is not finite: G and both
+  // moments are copied first (into buffers kept between steps, so their storage, which the
+  // network may have seen, stays where it is).
+  saved_params_.assign(g_->params.begin(), g_->params.end());
+  saved_m_.assign(g_->adam.m.begin(), g_->adam.m.end());
+  saved_v_.assign(g_->adam.v.begin(), g_->adam.v.end());
+  saved_steps_ = g_->adam.steps;
   runtime::generator_step(*g_, inputs_.data(), averaged_feedback.data(),
                           static_cast<int>(options_.k) * options_.gan.batch);
-  ++iteration_;
+  if (!all_finite(g_->params) || !all_finite(g_->adam.m) || !all_finite(g_->adam.v)) {
+    undo_step();
+    return false;
+  }
   last_step_seconds_ =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  return true;
+}
+
+void GanCoordinator::undo_step() {
+  std::copy(saved_params_.begin(), saved_params_.end(), g_->params.begin());
+  std::copy(saved_m_.begin(), saved_m_.end(), g_->adam.m.begin());
+  std::copy(saved_v_.begin(), saved_v_.end(), g_->adam.v.begin());
+  g_->adam.steps = saved_steps_;
+}
+
+std::optional<std::string> GanCoordinator::quarantine_reason(const std::string& identity) {
+  const auto it = devices_.find(identity);
+  if (it == devices_.end() || !it->second.quarantined) return std::nullopt;
+  DeviceRefusals& device = it->second;
+  if (device.quarantined_until && options_.now() >= *device.quarantined_until) {
+    device.quarantined = false;  // its time is up; the next bad feedback quarantines it again
+    device.quarantined_until.reset();
+    device.consecutive_bad = 0;
+    return std::nullopt;
+  }
+  std::string why = "this device sent " + std::to_string(device.consecutive_bad) +
+                    " bad GAN feedbacks in a row and is quarantined ";
+  if (device.quarantined_until) {
+    const double left =
+        std::chrono::duration<double>(*device.quarantined_until - options_.now()).count();
+    why += "for " + std::to_string(static_cast<long long>(std::ceil(left))) + " more seconds";
+  } else {
+    why += "until the server restarts";
+  }
+  return why;
+}
+
+std::size_t GanCoordinator::quarantined_slotted() const {
+  std::size_t n = 0;
+  const auto now = options_.now();
+  for (const auto& [identity, device] : devices_)
+    if (device.quarantined && (!device.quarantined_until || now < *device.quarantined_until) &&
+        slots_.count(identity) && !answered_.count(identity))
+      ++n;
+  return n;
+}
+
+std::string GanCoordinator::note_bad(const std::string& identity, bool out_of_bounds) {
+  DeviceRefusals& device = devices_[identity];
+  ++(out_of_bounds ? device.out_of_bounds : device.malformed);
+  ++device.consecutive_bad;
+  std::string note;
+  if (device.consecutive_bad >= kReportAfterConsecutiveRefusals)
+    note =
+        " (" + std::to_string(device.consecutive_bad) + " bad feedbacks in a row from this device)";
+  if (options_.quarantine_after > 0 && device.consecutive_bad >= options_.quarantine_after) {
+    device.quarantined = true;
+    ++device.quarantines;
+    if (options_.quarantine_seconds > 0) {
+      device.quarantined_until =
+          options_.now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(options_.quarantine_seconds));
+      note += "; QUARANTINED for " + value_text(options_.quarantine_seconds) + " s";
+    } else {
+      note += "; QUARANTINED until the server restarts";
+    }
+  }
+  return note;
 }
 
 CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
   const std::string identity = identity_key(request);
   if (identity.empty())
     return text_response(CoapCode::kUnauthorized, "no identity (plain CoAP needs ?id=NAME)");
+  if (auto why = quarantine_reason(identity)) {
+    ++quarantine_refused_;
+    ++devices_[identity].quarantined_refused;
+    return text_response(CoapCode::kForbidden, "quarantined: " + *why);
+  }
   auto slot = slots_.find(identity);
   if (slot == slots_.end()) {
     if (slots_.size() >= options_.workers) {
@@ -292,7 +400,14 @@ CoapResponse GanCoordinator::get_batches(const CoapRequest& request) {
                     samples_.begin() + static_cast<std::ptrdiff_t>((batch + 1) * floats));
   }
   auto encoded = transport::encode_gan_batches(out, options_.encoding);
-  if (!encoded) return text_response(CoapCode::kInternalServerError, encoded.error().message);
+  if (!encoded) {  // the generator's samples are not finite: never sent (issue 37)
+    if (batches_not_encodable_++ == 0)
+      log("ERROR: GAN batches of iteration " + number_text(iteration_) +
+          " cannot be encoded: " + encoded.error().message + "; GET /gan/batches answers 5.00");
+    return text_response(CoapCode::kInternalServerError,
+                         "GAN batches of iteration " + number_text(iteration_) +
+                             " not sent: " + encoded.error().message);
+  }
   ++batches_sent_;
   return {CoapCode::kContent, std::move(encoded).value(), {}};
 }
@@ -304,15 +419,39 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
   const auto slot = slots_.find(identity);
   if (slot == slots_.end())
     return text_response(CoapCode::kForbidden, "ask for batches (GET /gan/batches) first");
+  if (auto why = quarantine_reason(identity)) {
+    ++quarantine_refused_;
+    ++devices_[identity].quarantined_refused;
+    return text_response(CoapCode::kForbidden, "quarantined: " + *why);
+  }
+  // Bad feedback (issue 37): refused before anything is counted, summed or logged.
+  auto refuse_bad = [&](int code, bool out_of_bounds, const std::string& reason) {
+    ++(out_of_bounds ? out_of_bounds_ : malformed_);
+    const std::string line = "feedback refused: " + reason + note_bad(identity, out_of_bounds);
+    const auto& device = devices_[identity];
+    if (device.consecutive_bad <= kReportAfterConsecutiveRefusals ||
+        (device.quarantined && device.consecutive_bad == options_.quarantine_after))
+      log("GAN " + transport::escape_untrusted(identity) + ": " + line);
+    return text_response(code, line);
+  };
   auto decoded = transport::decode_gan_feedback(
       request.payload, {.run_id = run_id_,
                         .batch = static_cast<std::uint32_t>(options_.gan.batch),
                         .width = kGanImageSize});
   if (!decoded) {
-    ++malformed_;
-    return text_response(CoapCode::kBadRequest, "feedback refused: " + decoded.error().message);
+    if (decoded.error().code == transport::CodecErrorCode::kNonFiniteValue)
+      return refuse_bad(CoapCode::kUnprocessableEntity, true, decoded.error().message);
+    return refuse_bad(CoapCode::kBadRequest, false, decoded.error().message);
   }
   const auto& feedback = decoded.value();
+  const float bound = options_.max_feedback_magnitude;
+  for (std::size_t i = 0; i < feedback.values.size(); i++)
+    if (!(std::fabs(feedback.values[i]) <= bound))
+      return refuse_bad(CoapCode::kUnprocessableEntity, true,
+                        "value " + std::to_string(i) + " is " +
+                            value_text(static_cast<double>(feedback.values[i])) +
+                            ", beyond the bound of ±" + value_text(static_cast<double>(bound)) +
+                            " (--gan-max-feedback)");
   if (feedback.iteration != iteration_) {
     ++late_;
     return text_response(CoapCode::kConflict,
@@ -323,6 +462,8 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
     ++duplicates_;
     return {CoapCode::kChanged, {}, {}};
   }
+  if (auto it = devices_.find(identity); it != devices_.end())
+    it->second.consecutive_bad = 0;  // an accepted feedback ends a run of bad ones
   const std::size_t floats = feedback.values.size();
   float* sum = feedback_sum_.data() + (slot->second % options_.k) * floats;
   for (std::size_t i = 0; i < floats; i++) sum[i] += feedback.values[i];
@@ -332,7 +473,9 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
 }
 
 bool GanCoordinator::poll() {
-  const bool everyone = answered_.size() >= options_.workers;
+  // Quarantined workers are not waited for (they would only hold the iteration up).
+  const bool everyone =
+      !answered_.empty() && answered_.size() + quarantined_slotted() >= options_.workers;
   const bool late =
       options_.now() - opened_ >= std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                       std::chrono::duration<double>(options_.deadline_seconds));
@@ -360,11 +503,27 @@ void GanCoordinator::close_iteration() {
   std::vector<float> averaged(feedback_sum_.size());
   for (std::size_t i = 0; i < averaged.size(); i++)
     averaged[i] = feedback_sum_[i] / static_cast<float>(m);
-  wal_->append(WalRecord{.version = iteration_ + 1,
-                         .identity = kGanStepIdentity,
-                         .sequence = m,
-                         .update = encode_step(averaged)});
-  apply_step(averaged);
+  // The step is computed first and logged only if it was taken (issue 37); a WAL write that
+  // fails puts it back, so G never holds a step the log does not.
+  const std::uint64_t closing = iteration_;
+  const bool stepped = apply_step(averaged);
+  try {
+    wal_->append(
+        WalRecord{.version = closing + 1,
+                  .identity = stepped ? kGanStepIdentity : kGanRefusedStepIdentity,
+                  .sequence = m,
+                  .update = stepped ? encode_step(averaged) : std::vector<std::uint8_t>{}});
+  } catch (...) {
+    iteration_ = closing;
+    if (stepped) undo_step();
+    throw;
+  }
+  if (!stepped) {
+    ++steps_refused_;
+    log("GAN iteration " + number_text(closing) + ": the step of " + std::to_string(m) +
+        " feedbacks would make the generator or its Adam moments non-finite; refused, the "
+        "iteration closes without a step");
+  }
   if (iteration_ % options_.checkpoint_every == 0) checkpoint();
   open_iteration();
 }
@@ -411,6 +570,18 @@ void GanCoordinator::attach(transport::CoapDtlsServer& server,
 }
 
 std::string GanCoordinator::status_json() const {
+  // Per device: its bad feedbacks by kind, the run of them, quarantine (identities escaped).
+  nlohmann::json devices = nlohmann::json::object();
+  const auto now = options_.now();
+  for (const auto& [identity, d] : devices_)
+    devices[transport::escape_untrusted(identity)] = {
+        {"out_of_bounds", d.out_of_bounds},
+        {"malformed", d.malformed},
+        {"quarantined_refused", d.quarantined_refused},
+        {"consecutive_bad", d.consecutive_bad},
+        {"reported", d.consecutive_bad >= kReportAfterConsecutiveRefusals},
+        {"quarantines", d.quarantines},
+        {"quarantined", d.quarantined && (!d.quarantined_until || now < *d.quarantined_until)}};
   return nlohmann::json{{"iteration", iteration_},
                         {"workers", options_.workers},
                         {"slotted", slot_names_.size()},
@@ -424,11 +595,18 @@ std::string GanCoordinator::status_json() const {
                         {"duplicates", duplicates_},
                         {"refused_no_slot", refused_no_slot_},
                         {"empty_deadlines", empty_iterations_},
+                        {"out_of_bounds_refused", out_of_bounds_},
+                        {"quarantine_refused", quarantine_refused_},
+                        {"steps_refused", steps_refused_},
+                        {"batches_not_encodable", batches_not_encodable_},
+                        {"max_feedback_magnitude", options_.max_feedback_magnitude},
+                        {"devices_refused", devices},
                         {"swap_rounds", swap_rounds_},
                         {"batches_sent", batches_sent_},
                         {"last_step_seconds", last_step_seconds_},
                         {"recovered_checkpoint_iteration", recovery_.checkpoint_iteration},
-                        {"replayed_iterations", recovery_.replayed}}
+                        {"replayed_iterations", recovery_.replayed},
+                        {"replayed_refused_steps", recovery_.replayed_refused}}
       .dump();
 }
 

@@ -10,7 +10,17 @@
 //                        the deadline: ask again shortly). 4.03 when all N slots are taken.
 //   POST /gan/feedback   the worker's error feedback F_n for iteration i. 2.04 once counted
 //                        (the same identity again: 2.04, not counted twice); 4.09 for a
-//                        closed or future iteration; 4.00 malformed (wrong run, sizes, NaN).
+//                        closed or future iteration; 4.00 malformed (wrong run, sizes);
+//                        4.22 a value that is not finite or beyond ±max_feedback_magnitude
+//                        (issue 37); 4.03 from a quarantined device.
+//
+// Bad feedback (issue 37, ours): feedback is checked before it is acknowledged; refusals are
+// counted per device and, with quarantine_after, a device with that many bad feedbacks in
+// a row (4.22 or 4.00) is quarantined (its requests get 4.03; an iteration stops waiting for
+// it). Before a step is logged the server computes it; a step that would leave G or Adam's
+// moments non-finite (or whose averaged feedback is) is refused as a whole: G stays as it
+// was, the iteration closes without a step, and the log says so with a "#gan-refused-step"
+// record that replay skips the same way.
 //
 // An iteration closes when all N workers answered or at the deadline (a worker that missed
 // it is dropped from that iteration and counted; ours). The server then averages the
@@ -25,8 +35,10 @@
 // Durability (ours): the iteration's inputs are a function of (seed, iteration), so an
 // iteration is fully described by its averaged feedback. Each close appends that to
 // gan.wal (server/write_ahead_log.h's format: version = the iteration it completes,
-// identity "#gan-step", sequence = feedbacks averaged) and fdatasyncs it before the step;
-// every checkpoint_every iterations G and Adam's moments are checkpointed (sealed
+// identity "#gan-step", sequence = feedbacks averaged; "#gan-refused-step" and no values for
+// an iteration that closed without a step) and fdatasyncs it before the next iteration opens
+// (the step is computed first, to be checked, and put back if the write fails); every
+// checkpoint_every iterations G and Adam's moments are checkpointed (sealed
 // safetensors in checkpoint-<iteration>/, written aside and renamed) and the log emptied.
 // Recovery loads the newest intact checkpoint and replays the log after it: G is bit for bit
 // what it was after the last completed iteration.
@@ -50,6 +62,14 @@
 
 namespace edgetrain::server {
 
+// The default bound on one feedback value. Honest feedback is the gradient of the mean
+// loss over b samples with respect to each pixel, so it shrinks with b: its largest value
+// was 0.023 in e2e_gan_fleet (b = 8), 0.052 over 1,500 in-process MD-GAN iterations at
+// b = 10 and 0.38 over 3,000 at b = 1 (server/README.md, "MD-GAN"). 1000 leaves a margin of
+// more than 2,500 at b = 1, and feedback within it keeps the generator's gradients (and
+// Adam's squares of them) many orders of magnitude from float overflow.
+inline constexpr float kDefaultMaxGanFeedbackMagnitude = 1000.0f;
+
 struct GanServerOptions {
   runtime::GanSettings gan;      // b (batch), architecture, Adam, seed, kernels; L is the workers'
   std::uint32_t workers = 1;     // N: the feedbacks an iteration waits for, and the slots
@@ -58,6 +78,12 @@ struct GanServerOptions {
   std::uint32_t swap_every = 0;  // iterations between discriminator swaps; 0: none
   transport::ValueEncoding encoding = transport::ValueEncoding::kFp32;  // of the batches sent
   std::uint32_t checkpoint_every = 100;                                 // iterations
+  // A feedback holding a value beyond ±this is refused (4.22); non-finite ones always are.
+  float max_feedback_magnitude = kDefaultMaxGanFeedbackMagnitude;
+  // As the server's --quarantine-after / --quarantine-seconds (server/README.md, "Bad
+  // updates"): after this many bad feedbacks in a row; 0: never. 0 s: until a restart.
+  std::uint32_t quarantine_after = 0;
+  double quarantine_seconds = 0;
   std::filesystem::path directory;  // gan.wal and checkpoint-<i>/ (created if missing)
   std::function<std::chrono::steady_clock::time_point()> now = [] {
     return std::chrono::steady_clock::now();
@@ -74,10 +100,14 @@ class GanStateError : public std::runtime_error {
 };
 
 inline constexpr const char* kGanStepIdentity = "#gan-step";
+// An iteration that closed without a step (its step would have been non-finite): an empty
+// record, so that replay closes the iteration the same way.
+inline constexpr const char* kGanRefusedStepIdentity = "#gan-refused-step";
 
 struct GanRecovery {
   std::uint64_t checkpoint_iteration = 0;  // 0: no checkpoint (a fresh G, or the log alone)
   std::uint64_t replayed = 0;              // logged iterations applied after it
+  std::uint64_t replayed_refused = 0;      // of those, iterations closed without a step
   bool fresh = true;                       // nothing was there
 };
 
@@ -112,7 +142,23 @@ class GanCoordinator {
   void draw_inputs();  // the open iteration's noise and labels into inputs_ and labels_
   void open_iteration();
   void close_iteration();
-  void apply_step(std::span<const float> averaged_feedback);
+  // Takes the step of the open iteration and returns true, or, when the averaged feedback
+  // or the step's result is not finite, leaves G and Adam as they were and returns false.
+  // The iteration advances either way.
+  bool apply_step(std::span<const float> averaged_feedback);
+  void undo_step();  // puts back G and Adam as apply_step() found them
+  // Per device: bad feedbacks (4.22, 4.00) and quarantine, as the server does for updates.
+  struct DeviceRefusals {
+    std::uint64_t out_of_bounds = 0, malformed = 0, quarantined_refused = 0, quarantines = 0;
+    std::uint32_t consecutive_bad = 0;
+    bool quarantined = false;
+    std::optional<std::chrono::steady_clock::time_point> quarantined_until;  // none: restart
+  };
+  // Counts a bad feedback of `identity`; returns what to add to the refusal's reason.
+  std::string note_bad(const std::string& identity, bool out_of_bounds);
+  // The reason `identity` is quarantined, or nullopt (a timed quarantine that ran out ends).
+  std::optional<std::string> quarantine_reason(const std::string& identity);
+  std::size_t quarantined_slotted() const;
   std::vector<std::uint8_t> encode_step(std::span<const float> averaged_feedback) const;
   void log(const std::string& line) const;
 
@@ -134,6 +180,12 @@ class GanCoordinator {
   std::uint64_t feedbacks_ = 0, dropped_ = 0, late_ = 0, malformed_ = 0, duplicates_ = 0,
                 empty_iterations_ = 0;
   std::uint64_t refused_no_slot_ = 0, swap_rounds_ = 0, batches_sent_ = 0;
+  std::uint64_t out_of_bounds_ = 0, quarantine_refused_ = 0, steps_refused_ = 0,
+                batches_not_encodable_ = 0;
+  std::map<std::string, DeviceRefusals> devices_;  // by identity; only slotted ones post
+  // Scratch for apply_step(): G and Adam before the step, put back when it is refused.
+  std::vector<float> saved_params_, saved_m_, saved_v_;
+  std::uint64_t saved_steps_ = 0;
   double last_step_seconds_ = 0;
 };
 

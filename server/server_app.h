@@ -77,6 +77,7 @@ struct ServerSettings {
   std::uint32_t gan_swap_every = 0;  // iterations; 0: no swaps
   bool gan_fp16 = false;
   double gan_lr = 2e-4;
+  double gan_max_feedback = 1000;  // per value, beyond it 4.22 (kDefaultMaxGanFeedbackMagnitude)
   std::uint32_t gan_checkpoint_every = 100;
   // Every gan_eval_every iterations (0: never): a grid of samples in <state-dir>/gan/samples.png
   // and, with a classifier checkpoint, the MNIST score, Fréchet distance and conditional

@@ -83,7 +83,7 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
       .range(0, 3.4e38);
   t.add("quarantine-after", s.quarantine_after,
         "after this many bad updates in a row (4.22 or 4.00) a device's "
-        "updates get 4.03; 0: never")
+        "updates get 4.03 (in --mode gan: bad feedbacks, and its GAN requests); 0: never")
       .range(0, 1000000)
       .unit("updates");
   t.add("quarantine-seconds", s.quarantine_seconds,

@@ -148,6 +148,13 @@ CodecResult<std::vector<std::uint8_t>> encode_gan_batches(const GanBatches& b,
     for (const auto label : *labels)
       if (label >= 10)
         return fail(CodecErrorCode::kInvalidInput, "class label " + str(label) + " (0 to 9)");
+  // The decoder refuses non-finite samples; a sender that had them must not send them.
+  for (const auto& [samples, what] :
+       {std::pair{&b.g_samples, "X_g"}, std::pair{&b.d_samples, "X_d"}})
+    for (std::size_t i = 0; i < samples->size(); i++)
+      if (!std::isfinite((*samples)[i]))
+        return fail(CodecErrorCode::kInvalidInput,
+                    std::string("GAN batches: ") + what + " value " + str(i) + " is not finite");
   Writer w;
   w.reserve(48 + b.swap_to.size() + 2 * b.batch + 2 * n * value_bytes(encoding));
   write_header(w, kBatchesMagic, {encoding, b.run_id, b.iteration, b.batch, b.width});
@@ -168,9 +175,10 @@ CodecResult<std::vector<std::uint8_t>> encode_gan_feedback(const GanFeedback& f,
     return CodecError{CodecErrorCode::kInvalidInput, e->message};
   if (f.values.size() != std::size_t{f.batch} * f.width)
     return fail(CodecErrorCode::kInvalidInput, "GAN feedback: values disagree with b and d");
-  for (const float v : f.values)
-    if (!std::isfinite(v))
-      return fail(CodecErrorCode::kInvalidInput, "GAN feedback holds a non-finite value");
+  for (std::size_t i = 0; i < f.values.size(); i++)
+    if (!std::isfinite(f.values[i]))
+      return fail(CodecErrorCode::kInvalidInput,
+                  "GAN feedback: value " + str(i) + " is not finite");
   Writer w;
   w.reserve(32 + f.values.size() * value_bytes(encoding));
   write_header(w, kFeedbackMagic, {encoding, f.run_id, f.iteration, f.batch, f.width});

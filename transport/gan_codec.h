@@ -51,7 +51,8 @@ struct GanFeedback {
 };
 
 // kFp32 or kFp16 (rounded to nearest even; magnitudes above 65504 clamp). Fails with
-// kInvalidInput for sizes that disagree, another encoding, or a name that is too long.
+// kInvalidInput for sizes that disagree, another encoding, a name that is too long, or a
+// non-finite value (NaN or ±Inf: what the decoder refuses is never sent).
 CodecResult<std::vector<std::uint8_t>> encode_gan_batches(const GanBatches& batches,
                                                           ValueEncoding encoding);
 CodecResult<std::vector<std::uint8_t>> encode_gan_feedback(const GanFeedback& feedback,

@@ -146,8 +146,15 @@ void GanWorker::State::swap(const transport::GanBatches& batches) {
     say("swap round " + std::to_string(round) + ": no endpoint for peer '" +
             transport::escape_untrusted(batches.swap_to, 60) + "' (not in the topology)",
         logging::Level::kWarn);
+  } else if (auto body =
+                 transport::encode_dense_model(d->model().layout_id(), round, sizes, d->params);
+             !body) {  // a non-finite discriminator is not sent (issue 37)
+    say("swap round " + std::to_string(round) +
+            ": this discriminator is not sent: " + body.error().message,
+        logging::Level::kWarn);
+    std::lock_guard lock(mutex);
+    stats.swaps_not_sent++;
   } else {
-    auto body = transport::encode_dense_model(d->model().layout_id(), round, sizes, d->params);
     try {
       const auto response =
           peers->request(*target, transport::Method::kPost, "gan/discriminator", body.value());
@@ -212,7 +219,15 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
                            .width = batches.width,
                            .values = feedback};
   auto body = transport::encode_gan_feedback(f, config.feedback_encoding);
-  if (!body) throw std::runtime_error("gan: feedback not encodable: " + body.error().message);
+  if (!body) {  // a non-finite feedback is not sent (issue 37): the next iteration may do better
+    done_iteration = batches.iteration;
+    std::lock_guard lock(mutex);
+    stats.feedbacks_not_sent++;
+    say("feedback for iteration " + std::to_string(batches.iteration) +
+            " not sent: " + body.error().message,
+        logging::Level::kWarn);
+    return false;
+  }
   CoapResponse response;
   try {
     response = server.request(transport::Method::kPost, "gan/feedback", body.value());
@@ -246,6 +261,16 @@ bool GanWorker::State::send_feedback(const transport::GanBatches& batches) {
     problems.expected_refusal();
     std::lock_guard lock(mutex);
     stats.feedbacks_refused++;
+    say("feedback for iteration " + std::to_string(batches.iteration) +
+            " refused: " + payload_text(response.payload),
+        logging::Level::kWarn);
+    return false;
+  }
+  if (response.code == CoapCode::kUnprocessableEntity) {  // out of bounds: not for this iteration
+    done_iteration = batches.iteration;
+    problems.expected_refusal();
+    std::lock_guard lock(mutex);
+    stats.feedbacks_out_of_bounds++;
     say("feedback for iteration " + std::to_string(batches.iteration) +
             " refused: " + payload_text(response.payload),
         logging::Level::kWarn);

@@ -44,7 +44,12 @@ struct GanWorkerConfig {
 struct GanWorkerStats {
   std::uint64_t iterations = 0;         // feedbacks accepted (2.04)
   std::uint64_t feedbacks_refused = 0;  // 4.09: the iteration closed before this worker answered
-  std::uint64_t waits = 0;              // 5.03 answers: the others had not answered yet
+  // 4.22: the server found a value non-finite or beyond its --gan-max-feedback (issue 37)
+  std::uint64_t feedbacks_out_of_bounds = 0;
+  // Not sent: this worker's feedback (or, in a swap, its discriminator) held a non-finite
+  // value, which the encoder refuses; the worker goes on with the next iteration.
+  std::uint64_t feedbacks_not_sent = 0, swaps_not_sent = 0;
+  std::uint64_t waits = 0;  // 5.03 answers: the others had not answered yet
   std::uint64_t retries = 0;
   std::uint64_t swaps_sent = 0, swaps_received = 0, swaps_missed = 0;
   std::uint64_t peer_requests_refused =

@@ -574,6 +574,31 @@ TEST(DenseCodec, RoundTripsAndChecksLayout) {
   EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, values).ok());
 }
 
+// Issue 37: no encoder that sends floats lets a NaN or an infinity out, in any value
+// encoding (fp16 would otherwise round them to a half NaN or clamp nothing; sign + scale
+// would send an infinite scale). Each refusal is kInvalidInput with a reason.
+TEST(CodecEncoders, RefuseNonFiniteValuesInEveryValueEncoding) {
+  const float bad[] = {std::numeric_limits<float>::quiet_NaN(),
+                       std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  auto refused = [](const auto& result) {
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.error().code, CodecErrorCode::kInvalidInput);
+    EXPECT_NE(result.error().message.find("non-finite"), std::string::npos)
+        << result.error().message;
+  };
+  const std::vector<std::uint32_t> sizes = {4, 3};
+  for (const float v : bad) {
+    for (const auto encoding :
+         {ValueEncoding::kFp32, ValueEncoding::kFp16, ValueEncoding::kSignScale})
+      refused(encode_sparse_update({kModel, 1, 0, {{0, 4, {1, 2}, {v, v}}}}, {encoding}));
+    std::vector<float> dense(7, 0.5f);
+    dense[6] = v;
+    refused(encode_dense_model(kModel, 3, sizes, dense));
+    refused(encode_model_delta({kModel, 1, 2, 0, {{1, 3, {0, 2}, {1.0f, v}}}}));
+  }
+}
+
 // ---- Model delta (GET /model?since=V) ----
 
 std::size_t total_of(const std::vector<std::uint32_t>& sizes) {

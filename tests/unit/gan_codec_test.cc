@@ -124,5 +124,41 @@ TEST(GanCodec, EncoderRefusesWhatItMustNotSend) {
             CodecErrorCode::kInvalidInput);
 }
 
+// Issue 37: a server whose generator went non-finite answered GET /gan/batches with NaN
+// samples that every honest worker then refused. The encoder refuses them (the server
+// answers 5.00 with the reason), in X_g and X_d, fp32 and fp16 alike; so does the feedback
+// encoder (the worker refuses to send).
+TEST(GanCodec, EncodersRefuseNonFiniteValues) {
+  for (const float v :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    for (const auto encoding : {ValueEncoding::kFp32, ValueEncoding::kFp16}) {
+      auto g = sample_batches();
+      g.g_samples[5] = v;
+      auto r = encode_gan_batches(g, encoding);
+      ASSERT_FALSE(r);
+      EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
+      EXPECT_NE(r.error().message.find("X_g value 5 is not finite"), std::string::npos)
+          << r.error().message;
+      auto d = sample_batches();
+      d.d_samples.back() = v;
+      r = encode_gan_batches(d, encoding);
+      ASSERT_FALSE(r);
+      EXPECT_NE(r.error().message.find("X_d value 11 is not finite"), std::string::npos)
+          << r.error().message;
+      GanFeedback f{.run_id = 1, .iteration = 0, .batch = 1, .width = 3, .values = {0, 0, v}};
+      auto fr = encode_gan_feedback(f, encoding);
+      ASSERT_FALSE(fr);
+      EXPECT_EQ(fr.error().code, CodecErrorCode::kInvalidInput);
+      EXPECT_NE(fr.error().message.find("value 2 is not finite"), std::string::npos);
+    }
+  }
+  // The largest finite values still travel (fp16 clamps them, as documented).
+  auto big = sample_batches();
+  big.g_samples[0] = std::numeric_limits<float>::max();
+  EXPECT_TRUE(encode_gan_batches(big, ValueEncoding::kFp32));
+  EXPECT_TRUE(encode_gan_batches(big, ValueEncoding::kFp16));
+}
+
 }  // namespace
 }  // namespace edgetrain::transport

@@ -5,7 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <set>
 
@@ -228,6 +231,281 @@ TEST(GanCoordinator, RecoveryReplaysTheLoggedStepsBitForBit) {
   other.gan.seed = 10;
   EXPECT_THROW(GanCoordinator{other}, server::GanStateError);
   EXPECT_EQ(GanCoordinator(options_for(dir, clock, 2)).iteration(), 8u);
+}
+
+// ---- Bad feedback (issue 37) ----
+
+// A feedback of ±v (alternating signs), fp32: what the attacker of issue 37 posted.
+std::vector<std::uint8_t> poisoned(const GanCoordinator& gan, std::uint64_t iteration, float v) {
+  transport::GanFeedback f{
+      .run_id = gan.run_id(), .iteration = iteration, .batch = kBatch, .width = 784, .values = {}};
+  for (int i = 0; i < kBatch * 784; i++) f.values.push_back(i % 2 ? -v : v);
+  return transport::encode_gan_feedback(f, transport::ValueEncoding::kFp32).value();
+}
+
+bool finite(const std::vector<float>& values) {
+  for (const float v : values)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+void expect_finite_state(const GanCoordinator& gan) {
+  EXPECT_TRUE(finite(gan.generator().params));
+  EXPECT_TRUE(finite(gan.generator().adam.m));
+  EXPECT_TRUE(finite(gan.generator().adam.v));
+}
+
+// Three iterations: a and b answer honestly, c (the attacker, a valid identity with a slot)
+// posts `attack` for each; refused (`expected` 4.22), the iteration closes at its deadline
+// without c; accepted (2.04), when b answers.
+void attacked_iterations(GanCoordinator& gan, Clock& clock, float attack, int expected) {
+  for (int n = 0; n < 3; n++) {
+    const std::uint64_t i = gan.iteration();
+    for (const char* w : {"a", "b", "c"}) batches_for(gan, w);
+    const auto answer = gan.post_feedback(request("c", poisoned(gan, i, attack)));
+    EXPECT_EQ(answer.code, expected) << std::string(answer.payload.begin(), answer.payload.end());
+    gan.post_feedback(request("a", feedback(gan, i, 0)));
+    gan.post_feedback(request("b", feedback(gan, i, 1)));
+    if (expected != CoapCode::kChanged) {  // else all three answered
+      clock.now += std::chrono::seconds(6);
+      EXPECT_TRUE(gan.poll());
+    }
+    EXPECT_EQ(gan.iteration(), i + 1);
+  }
+}
+
+// The same iterations with c silent: what an attacked run must equal, bit for bit.
+void honest_iterations(GanCoordinator& gan, Clock& clock) {
+  for (int n = 0; n < 3; n++) {
+    const std::uint64_t i = gan.iteration();
+    for (const char* w : {"a", "b", "c"}) batches_for(gan, w);
+    gan.post_feedback(request("a", feedback(gan, i, 0)));
+    gan.post_feedback(request("b", feedback(gan, i, 1)));
+    clock.now += std::chrono::seconds(6);
+    EXPECT_TRUE(gan.poll());
+  }
+}
+
+// Issue 37: ±3.4e38 from one worker was acknowledged three times and made G and Adam NaN
+// (and GET /gan/batches served NaN); ±1e30 made 721,168 of Adam's 721,680 second moments
+// infinite. Both are now refused with 4.22 before they are counted: the generator goes on
+// exactly as if the attacker had been silent, and its state stays finite.
+TEST(GanBadFeedback, HugeValuesAreRefusedAndTheRunGoesOnAsWithoutThem) {
+  for (const float attack : {3.4e38f, 1e30f}) {
+    TempDir dir("edgetrain-gan"), reference_dir("edgetrain-gan");
+    Clock clock, reference_clock;
+    GanCoordinator gan(options_for(dir, clock, 3));
+    GanCoordinator reference(options_for(reference_dir, reference_clock, 3));
+    attacked_iterations(gan, clock, attack, CoapCode::kUnprocessableEntity);
+    honest_iterations(reference, reference_clock);
+    expect_finite_state(gan);
+    EXPECT_EQ(gan.generator().params, reference.generator().params) << attack;
+    EXPECT_EQ(gan.generator().adam.m, reference.generator().adam.m);
+    EXPECT_EQ(gan.generator().adam.v, reference.generator().adam.v);
+    const auto batches = batches_for(gan, "a");  // finite samples (the decoder insists)
+    EXPECT_EQ(batches.g_samples.size(), std::size_t{kBatch} * 784);
+    const auto s = status(gan);
+    EXPECT_EQ(s["out_of_bounds_refused"], 3);
+    EXPECT_EQ(s["feedbacks"], 6);
+    EXPECT_EQ(s["steps_refused"], 0);
+    EXPECT_EQ(s["devices_refused"]["c"]["out_of_bounds"], 3);
+    EXPECT_EQ(s["devices_refused"]["c"]["consecutive_bad"], 3);
+    EXPECT_EQ(s["devices_refused"]["c"]["reported"], true);
+    EXPECT_FALSE(s["devices_refused"].contains("a"));
+  }
+}
+
+TEST(GanBadFeedback, TheRefusalSaysWhyAndNonFiniteValuesGet422Too) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  GanCoordinator gan(options_for(dir, clock, 2));
+  batches_for(gan, "a");
+  const auto before = gan.generator().params;
+  auto answer = gan.post_feedback(request("a", poisoned(gan, 0, 1e30f)));
+  EXPECT_EQ(answer.code, CoapCode::kUnprocessableEntity);
+  const std::string why(answer.payload.begin(), answer.payload.end());
+  EXPECT_NE(why.find("value 0 is 1e+30, beyond the bound of ±1000 (--gan-max-feedback)"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(why.find('\n'), std::string::npos);
+  // A NaN (fp32 bits patched in: the encoder would not write one): 4.22, not 4.00.
+  auto nan = feedback(gan, 0, 0);
+  const std::uint32_t bits = 0x7fc00000u;
+  std::memcpy(nan.data() + nan.size() - 4, &bits, 4);
+  answer = gan.post_feedback(request("a", nan));
+  EXPECT_EQ(answer.code, CoapCode::kUnprocessableEntity);
+  // fp16 clamps at 65504: still beyond a bound below it.
+  auto o = options_for(dir, clock, 2);
+  transport::GanFeedback half{.run_id = gan.run_id(),
+                              .iteration = 0,
+                              .batch = kBatch,
+                              .width = 784,
+                              .values = std::vector<float>(kBatch * 784, 3.4e38f)};
+  answer = gan.post_feedback(
+      request("a", transport::encode_gan_feedback(half, transport::ValueEncoding::kFp16).value()));
+  EXPECT_EQ(answer.code, CoapCode::kUnprocessableEntity);
+  // The largest honest-looking value passes; the refusals changed nothing and were not counted.
+  EXPECT_EQ(gan.post_feedback(request("a", poisoned(gan, 0, 999.0f))).code, CoapCode::kChanged);
+  EXPECT_EQ(gan.generator().params, before);
+  const auto s = status(gan);
+  EXPECT_EQ(s["out_of_bounds_refused"], 3);
+  EXPECT_EQ(s["feedbacks"], 1);
+  EXPECT_EQ(s["answered_this_iteration"], 1);
+  EXPECT_EQ(s["devices_refused"]["a"]["consecutive_bad"], 0);  // the accepted one ended the run
+  EXPECT_EQ(s["devices_refused"]["a"]["out_of_bounds"], 3);
+}
+
+// Nothing a refused feedback carried reaches gan.wal: a restart after the attacks of issue
+// 37 replays to the same finite generator, bit for bit.
+TEST(GanBadFeedback, ARestartAfterTheAttacksReplaysTheSameFiniteGenerator) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  std::vector<float> params, m, v;
+  {
+    auto o = options_for(dir, clock, 3);
+    o.checkpoint_every = 100;  // everything in the log
+    GanCoordinator gan(o);
+    attacked_iterations(gan, clock, 3.4e38f, CoapCode::kUnprocessableEntity);
+    attacked_iterations(gan, clock, 1e30f, CoapCode::kUnprocessableEntity);
+    params = gan.generator().params;
+    m = gan.generator().adam.m;
+    v = gan.generator().adam.v;
+  }  // no checkpoint at exit: as after kill -9
+  auto o = options_for(dir, clock, 3);
+  o.checkpoint_every = 100;
+  GanCoordinator gan(o);
+  EXPECT_EQ(gan.iteration(), 6u);
+  EXPECT_EQ(gan.recovery().replayed, 6u);
+  EXPECT_EQ(gan.recovery().replayed_refused, 0u);
+  EXPECT_EQ(gan.generator().params, params);
+  EXPECT_EQ(gan.generator().adam.m, m);
+  EXPECT_EQ(gan.generator().adam.v, v);
+  expect_finite_state(gan);
+}
+
+// The step check behind the value check: with the bound raised out of the way, the same
+// feedbacks reach the step, which would leave G or Adam non-finite; the step is refused as a
+// whole (G and Adam unchanged), the iteration closes without it, the log says so and replay
+// does the same. The honest workers are not stalled: the next iteration opens.
+TEST(GanBadFeedback, AStepThatWouldBeNonFiniteIsRefusedAndReplayedAsRefused) {
+  for (const float attack : {3.4e38f, 1e30f}) {
+    TempDir dir("edgetrain-gan");
+    Clock clock;
+    auto o = options_for(dir, clock, 3);
+    o.max_feedback_magnitude = std::numeric_limits<float>::max();
+    o.checkpoint_every = 100;
+    std::vector<float> params, m, v;
+    {
+      GanCoordinator gan(o);
+      run_iteration(gan, {"a", "b", "c"});
+      const auto before = gan.generator().params;
+      const auto steps = gan.generator().adam.steps;
+      attacked_iterations(gan, clock, attack, CoapCode::kChanged);  // accepted, then refused
+      EXPECT_EQ(gan.iteration(), 4u);
+      EXPECT_EQ(gan.generator().params, before) << attack;
+      EXPECT_EQ(gan.generator().adam.steps, steps);
+      expect_finite_state(gan);
+      EXPECT_EQ(status(gan)["steps_refused"], 3);
+      run_iteration(gan, {"a", "b", "c"});  // honest again: a step
+      EXPECT_EQ(gan.iteration(), 5u);
+      EXPECT_NE(gan.generator().params, before);
+      params = gan.generator().params;
+      m = gan.generator().adam.m;
+      v = gan.generator().adam.v;
+    }
+    GanCoordinator gan(o);
+    EXPECT_EQ(gan.iteration(), 5u);
+    EXPECT_EQ(gan.recovery().replayed, 5u);
+    EXPECT_EQ(gan.recovery().replayed_refused, 3u);
+    EXPECT_EQ(gan.generator().params, params);
+    EXPECT_EQ(gan.generator().adam.m, m);
+    EXPECT_EQ(gan.generator().adam.v, v);
+  }
+}
+
+// A log written before these checks (main's: the poisoned step logged as #gan-step) no
+// longer replays into NaN: that step is replayed as an iteration without a step.
+TEST(GanBadFeedback, APoisonedStepInAnOlderLogIsReplayedWithoutItsStep) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  std::vector<float> fresh;
+  std::uint64_t run = 0;
+  {
+    GanCoordinator gan(options_for(dir, clock, 1));
+    fresh = gan.generator().params;
+    run = gan.run_id();
+  }
+  std::vector<float> averaged(kBatch * 784);
+  for (std::size_t i = 0; i < averaged.size(); i++) averaged[i] = i % 2 ? -3.4e38f : 3.4e38f;
+  std::vector<std::uint8_t> body(averaged.size() * 4);
+  std::memcpy(body.data(), averaged.data(), body.size());
+  server::WalWriter::replace(
+      dir.path() / "gan" / "gan.wal", server::WalHeader{.model_id = run},
+      std::vector<server::WalRecord>{
+          {.version = 1, .identity = server::kGanStepIdentity, .sequence = 1, .update = body}});
+  GanCoordinator gan(options_for(dir, clock, 1));
+  EXPECT_EQ(gan.iteration(), 1u);
+  EXPECT_EQ(gan.recovery().replayed_refused, 1u);
+  EXPECT_EQ(gan.generator().params, fresh);
+  expect_finite_state(gan);
+  batches_for(gan, "a");  // finite batches
+}
+
+// Quarantine (the server's --quarantine-after / --quarantine-seconds): after 2 bad feedbacks
+// in a row the device gets 4.03 on both resources, and the iteration no longer waits for it.
+TEST(GanBadFeedback, ADeviceIsQuarantinedAndNotWaitedFor) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  auto o = options_for(dir, clock, 3);
+  o.quarantine_after = 2;
+  o.quarantine_seconds = 30;
+  GanCoordinator gan(o);
+  for (const char* w : {"a", "b", "c"}) batches_for(gan, w);
+  EXPECT_EQ(gan.post_feedback(request("c", poisoned(gan, 0, 1e30f))).code,
+            CoapCode::kUnprocessableEntity);
+  const auto second = gan.post_feedback(request("c", poisoned(gan, 0, 1e30f)));
+  EXPECT_EQ(second.code, CoapCode::kUnprocessableEntity);
+  EXPECT_NE(std::string(second.payload.begin(), second.payload.end()).find("QUARANTINED for 30 s"),
+            std::string::npos);
+  const auto third = gan.post_feedback(request("c", feedback(gan, 0, 2)));
+  EXPECT_EQ(third.code, CoapCode::kForbidden);
+  EXPECT_NE(std::string(third.payload.begin(), third.payload.end()).find("quarantined"),
+            std::string::npos);
+  EXPECT_EQ(gan.get_batches(request("c")).code, CoapCode::kForbidden);
+  gan.post_feedback(request("a", feedback(gan, 0, 0)));
+  EXPECT_EQ(gan.post_feedback(request("b", feedback(gan, 0, 1))).code, CoapCode::kChanged);
+  EXPECT_EQ(gan.iteration(), 1u);  // closed at once, not at the deadline
+  auto s = status(gan);
+  EXPECT_EQ(s["quarantine_refused"], 2);
+  EXPECT_EQ(s["devices_refused"]["c"]["quarantined"], true);
+  EXPECT_EQ(s["devices_refused"]["c"]["quarantines"], 1);
+  EXPECT_EQ(s["dropped"], 1);
+  clock.now += std::chrono::seconds(31);  // the quarantine ends
+  batches_for(gan, "c");
+  EXPECT_EQ(gan.post_feedback(request("c", feedback(gan, 1, 2))).code, CoapCode::kChanged);
+  s = status(gan);
+  EXPECT_EQ(s["devices_refused"]["c"]["quarantined"], false);
+  EXPECT_EQ(s["devices_refused"]["c"]["consecutive_bad"], 0);
+}
+
+// A generator that is non-finite anyway (a bug; a state from before the checks) is never
+// served: GET /gan/batches answers 5.00 with the reason, and the step that follows is refused.
+TEST(GanBadFeedback, NonFiniteSamplesAreNotSent) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  GanCoordinator gan(options_for(dir, clock, 1));
+  batches_for(gan, "a");
+  std::fill(gan.generator().params.begin(), gan.generator().params.end(),
+            std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(gan.post_feedback(request("a", feedback(gan, 0, 0))).code, CoapCode::kChanged);
+  EXPECT_EQ(gan.iteration(), 1u);
+  const auto answer = gan.get_batches(request("a"));
+  EXPECT_EQ(answer.code, CoapCode::kInternalServerError);
+  const std::string why(answer.payload.begin(), answer.payload.end());
+  EXPECT_NE(why.find("not finite"), std::string::npos) << why;
+  const auto s = status(gan);
+  EXPECT_EQ(s["steps_refused"], 1);
+  EXPECT_EQ(s["batches_not_encodable"], 1);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <mutex>
 #include <thread>
 
@@ -84,8 +86,10 @@ class PeerRouter : public runtime::PeerChannel {
 };
 
 struct Fleet {
-  explicit Fleet(const edgetrain::testing::TempDir& dir, std::uint32_t swap_every) {
+  explicit Fleet(const edgetrain::testing::TempDir& dir, std::uint32_t swap_every,
+                 float max_feedback = server::kDefaultMaxGanFeedbackMagnitude) {
     server::GanServerOptions o;
+    o.max_feedback_magnitude = max_feedback;
     o.gan.batch = kBatch;
     o.gan.backend = runtime::KernelBackend::kReference;
     o.workers = 3;
@@ -184,6 +188,24 @@ TEST(GanWorker, ADiscriminatorNotFromAPeerOrOfAnotherArchitectureIsRefusedAndCha
   EXPECT_EQ(post("gan-1", good),
             CoapCode::kChanged);  // a peer's, of this architecture: kept for round 1
   EXPECT_EQ(w.stats().peer_bytes_received, good.size());
+}
+
+// Issue 37: a feedback the server refuses as out of bounds (4.22) is not retried for that
+// iteration and does not end the worker; it is counted and the worker waits for the next.
+TEST(GanWorker, AFeedbackRefusedAsOutOfBoundsIsCountedAndTheWorkerWaitsForTheNextIteration) {
+  edgetrain::testing::TempDir dir("edgetrain-gan-worker");
+  Fleet fleet(dir, 0, 1e-12f);  // a bound no real feedback stays within
+  runtime::GanWorker& w = *fleet.workers[0];
+  EXPECT_FALSE(w.run_once());
+  auto s = w.stats();
+  EXPECT_EQ(s.feedbacks_out_of_bounds, 1u);
+  EXPECT_EQ(s.iterations, 0u);
+  EXPECT_EQ(s.retries, 0u);
+  EXPECT_FALSE(w.run_once());  // the same iteration again: not trained on or sent twice
+  s = w.stats();
+  EXPECT_EQ(s.feedbacks_out_of_bounds, 1u);
+  EXPECT_EQ(s.bytes_sent, 32u + kBatch * 784 * 4);
+  EXPECT_EQ(nlohmann::json::parse(fleet.gan->status_json())["out_of_bounds_refused"], 1);
 }
 
 }  // namespace

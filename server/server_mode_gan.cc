@@ -64,7 +64,10 @@ class GanMode : public ServerMode {
   // A copy of G to sample from, and the judge (classifier and the test images' features)
   // when --gan-classifier is given.
   void open_evaluation() {
-    evaluated_at_ = gan_->iteration();
+    // Evaluations fall on multiples of --gan-eval-every, after a restart too (a restart at
+    // iteration 25 with every 20 evaluates at 40, not at 45).
+    evaluated_at_ = s_.gan_eval_every ? gan_->iteration() - gan_->iteration() % s_.gan_eval_every
+                                      : gan_->iteration();
     if (s_.gan_eval_every == 0) return;
     runtime::GanSettings settings;
     settings.batch = 100;

@@ -506,6 +506,25 @@ TEST(GossipPeerNeighbours, AModelWithA1e30BiasIsRefusedCountedLoggedOnceAndTrain
   EXPECT_NEAR(std::sqrt(moved), 1.0 / 3, 1e-4);
   EXPECT_EQ(clipped.stats().neighbours.at("peer-3").clipped, 1u);
   EXPECT_EQ(clipped.stats().neighbours.at("peer-1").clipped, 0u);
+
+  // AD-PSGD: an average request carrying the poisoned model is refused (4.00) and counted
+  // under its sender; the peer's model does not move.
+  GossipPeer responder(config_for(0, runtime::GossipAlgorithm::kAdpsgd), data, channel2, stop);
+  const std::vector<float> mine = responder.parameters();
+  const std::vector<std::uint8_t> poisoned_body =
+      transport::encode_dense_model(model.layout_id(), 1, sizes_of(model), channel.models[3])
+          .value();
+  CoapRequest average;
+  average.identity = "peer-3";
+  average.payload = poisoned_body;
+  const CoapResponse refused = responder.post_average(average);
+  EXPECT_EQ(refused.code, CoapCode::kBadRequest)
+      << std::string(refused.payload.begin(), refused.payload.end());
+  EXPECT_EQ(responder.parameters(), mine);
+  EXPECT_EQ(responder.stats().requests_refused, 1u);
+  EXPECT_EQ(responder.stats().neighbours.at("peer-3").refused, 1u);
+  EXPECT_EQ(responder.stats().neighbours.at("peer-3").last_refusal,
+            "model above the magnitude bound");
 }
 
 }  // namespace

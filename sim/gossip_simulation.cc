@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -85,6 +86,8 @@ struct Peer {
   double compute_time = 0, wait_time = 0;
   double last_wait = 0;  // D-PSGD: how long its last iteration waited for its neighbours
   bool stopped = false;
+  bool malicious = false;       // GossipConfig::malicious_peers
+  std::vector<float> poisoned;  // a malicious peer's published model (attack applied)
   std::uint64_t bytes_sent = 0;
   // The step in progress: its gradient, computed on the model at the step's start, and what
   // apply_step() needs (AD-PSGD applies it at the step's end, to the model as it is then).
@@ -143,8 +146,33 @@ class GossipSimulation {
   std::vector<std::int32_t> labels_;
   std::vector<Peer> peers_;
   std::size_t eval_count_;
-  std::vector<float> average_;  // scratch: the consensus model
+  std::vector<float> average_;                   // scratch: the consensus model
+  std::size_t honest_ = 0;                       // peers not malicious
+  std::size_t bias_offset_ = 0, bias_size_ = 0;  // the output layer's bias (the bias attack)
+  // A malicious peer's poisoned copy of `from` (the model it publishes or sends).
+  std::span<const float> poison(Peer& peer, std::span<const float> from);
+  // Whether an honest peer takes `theirs` (runtime::check_neighbour_model), counted if not.
+  bool takes(std::span<const float> theirs, GossipResult& result) const;
 };
+
+std::span<const float> GossipSimulation::poison(Peer& peer, std::span<const float> from) {
+  peer.poisoned.assign(from.begin(), from.end());
+  const auto value = static_cast<float>(config_.attack.value);
+  if (config_.attack.kind == GossipAttack::Kind::kBias)
+    std::fill_n(peer.poisoned.begin() + static_cast<std::ptrdiff_t>(bias_offset_), bias_size_,
+                value);
+  else
+    for (float& v : peer.poisoned) v *= value;
+  return peer.poisoned;
+}
+
+bool GossipSimulation::takes(std::span<const float> theirs, GossipResult& result) const {
+  if (runtime::check_neighbour_model(theirs, config_.max_neighbour_magnitude) ==
+      runtime::NeighbourVerdict::kAccepted)
+    return true;
+  result.neighbour_models_refused++;
+  return false;
+}
 
 runtime::GossipTopology topology_for(const GossipConfig& c) {
   if (c.topology) return *c.topology;
@@ -212,6 +240,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
         runtime::PlateauDetector(shared.plateau));
     if (config.balance_target > 0) peer.balancer.emplace(shared.balance);
     if (compressed_) peer.published.emplace(tensor_sizes_, peer.model, 0, publish);
+    peer.malicious = i < config.malicious_peers;
     peer.speed_class = config.speed_classes.empty()
                            ? 0
                            : static_cast<std::uint32_t>(i) % config.speed_classes.size();
@@ -219,6 +248,15 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
   }
   eval_count_ = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
   average_.resize(model_.parameter_count());
+  honest_ = peers_.size() - static_cast<std::size_t>(config.malicious_peers);
+  for (auto layer = model_.layers().rbegin(); layer != model_.layers().rend(); ++layer)
+    if (layer->bias_tensor >= 0) {
+      const runtime::TensorInfo& bias =
+          model_.tensors()[static_cast<std::size_t>(layer->bias_tensor)];
+      bias_offset_ = bias.offset;
+      bias_size_ = bias.size;
+      break;
+    }
 }
 
 double GossipSimulation::class_speed(std::uint32_t speed_class, double time) const {
@@ -297,17 +335,18 @@ void GossipSimulation::evaluate(GossipResult& result, double time, double mean_i
   point.bytes_per_peer = static_cast<double>(total_bytes()) / static_cast<double>(peers_.size());
   point.min_accuracy = 1;
   std::vector<double> sum(average_.size(), 0.0);
+  const auto honest = static_cast<double>(honest_);
   for (const Peer& p : peers_) {
+    if (p.malicious) continue;  // the honest peers' accuracy and consensus
     const TestScore score = evaluate_parameters(evaluator_, p.model, test_, eval_count_);
-    point.mean_accuracy += score.accuracy / static_cast<double>(peers_.size());
-    point.mean_loss += score.loss / static_cast<double>(peers_.size());
+    point.mean_accuracy += score.accuracy / honest;
+    point.mean_loss += score.loss / honest;
     point.min_accuracy = std::min(point.min_accuracy, score.accuracy);
     point.max_accuracy = std::max(point.max_accuracy, score.accuracy);
     point.local_steps += p.steps;
     for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += p.model[k];
   }
-  for (std::size_t k = 0; k < sum.size(); ++k)
-    average_[k] = static_cast<float>(sum[k] / static_cast<double>(peers_.size()));
+  for (std::size_t k = 0; k < sum.size(); ++k) average_[k] = static_cast<float>(sum[k] / honest);
   const TestScore consensus = evaluate_parameters(evaluator_, average_, test_, eval_count_);
   point.consensus_accuracy = consensus.accuracy;
   point.consensus_loss = consensus.loss;
@@ -373,6 +412,11 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
       const auto delta = transport::encode_changes_since(record, held);
       peer.bytes_sent += readers * (delta ? delta->size() : dense_bytes_);
     }
+    // A malicious peer publishes its model (or published copy) poisoned.
+    for (Peer& peer : peers_)
+      if (peer.malicious)
+        poison(peer,
+               compressed_ ? peer.published->parameters() : std::span<const float>(peer.model));
     // Mix: x_i ← x_i + γ Σ_j w_ij (x̂_j − x̂_i), the real peer's rule and floats
     // (runtime::dpsgd_mix). Dense, x̂ = x: every peer reads the others' models of this
     // iteration, so the mixed models go to `mixed` first.
@@ -380,14 +424,24 @@ void GossipSimulation::run_dpsgd(GossipResult& result, const GossipProgressCallb
     for (std::size_t i = 0; i < n; ++i) {
       Peer& peer = peers_[i];
       auto published = [&](std::size_t p) -> std::span<const float> {
+        if (peers_[p].malicious) return peers_[p].poisoned;
         return compressed_ ? peers_[p].published->parameters()
                            : std::span<const float>(peers_[p].model);
       };
       const auto& neighbours = topology_.neighbours[i];
-      terms.clear();
-      for (std::size_t k = 0; k < neighbours.size(); ++k)
-        terms.push_back({weights_[i][k], published(neighbours[k])});
       if (!compressed_) std::copy(peer.model.begin(), peer.model.end(), mixed[i].begin());
+      if (peer.malicious) continue;  // it keeps its own model
+      // The real peer's rule for each neighbour's copy: refused (its weight stays with the
+      // peer, as for a neighbour skipped), else its difference clipped to τ (when set).
+      terms.clear();
+      for (std::size_t k = 0; k < neighbours.size(); ++k) {
+        const auto theirs = published(neighbours[k]);
+        if (!takes(theirs, result)) continue;
+        const double scale =
+            runtime::neighbour_clip_scale(theirs, published(i), config_.neighbour_clip);
+        if (scale < 1) result.neighbour_terms_clipped++;
+        terms.push_back({weights_[i][k], theirs, scale});
+      }
       runtime::dpsgd_mix(compressed_ ? std::span<float>(peer.model) : std::span<float>(mixed[i]),
                          published(i), terms, gamma_);
     }
@@ -469,7 +523,17 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
     const auto& neighbours = topology_.neighbours[event.peer];
     Peer& other = peers_[neighbours[static_cast<std::size_t>(
         peer.random.uniform() * static_cast<double>(neighbours.size()))]];
-    runtime::adpsgd_exchange(peer.model, other.model);
+    if (!peer.malicious && !other.malicious) {
+      runtime::adpsgd_exchange(peer.model, other.model);
+    } else if (!peer.malicious) {
+      // An honest peer asked a malicious one: it refuses the answer (or takes it).
+      const auto answer = poison(other, other.model);
+      if (takes(answer, result)) runtime::adpsgd_take_average(peer.model, peer.model, answer);
+    } else if (!other.malicious) {
+      // A malicious peer asked an honest one: it refuses the request (or answers it).
+      const auto request = poison(peer, peer.model);
+      if (takes(request, result)) runtime::adpsgd_answer_average(other.model, request);
+    }
     peer.bytes_sent += dense_bytes_;
     other.bytes_sent += dense_bytes_;
     result.exchanges++;
@@ -491,10 +555,17 @@ void GossipSimulation::run_adpsgd(GossipResult& result, const GossipProgressCall
 }
 
 void GossipSimulation::finish(GossipResult& result) {
-  const std::size_t n = peers_.size();
+  const std::size_t n = honest_;  // the consensus of the honest peers
   std::vector<double> sum(average_.size(), 0.0);
-  for (const Peer& p : peers_)
-    for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += p.model[k];
+  result.malicious_peers = config_.malicious_peers;
+  for (const Peer& p : peers_) {
+    if (p.malicious) continue;
+    for (std::size_t k = 0; k < sum.size(); ++k) {
+      sum[k] += p.model[k];
+      result.honest_max_abs_parameter =
+          std::max(result.honest_max_abs_parameter, std::fabs(static_cast<double>(p.model[k])));
+    }
+  }
   double norm = 0;
   for (std::size_t k = 0; k < sum.size(); ++k) {
     average_[k] = static_cast<float>(sum[k] / static_cast<double>(n));
@@ -502,6 +573,7 @@ void GossipSimulation::finish(GossipResult& result) {
   }
   double distance = 0;
   for (const Peer& p : peers_) {
+    if (p.malicious) continue;
     double d = 0;
     for (std::size_t k = 0; k < sum.size(); ++k)
       d += std::pow(static_cast<double>(p.model[k]) - average_[k], 2);
@@ -509,7 +581,7 @@ void GossipSimulation::finish(GossipResult& result) {
   }
   result.consensus_distance = norm > 0 ? distance / static_cast<double>(n) / std::sqrt(norm) : 0;
   result.consensus_parameters = average_;
-  result.bytes_per_peer = static_cast<double>(total_bytes()) / static_cast<double>(n);
+  result.bytes_per_peer = static_cast<double>(total_bytes()) / static_cast<double>(peers_.size());
   const std::size_t classes = std::max<std::size_t>(1, config_.speed_classes.size());
   result.classes.assign(classes, {});
   std::vector<std::uint64_t> steps(classes, 0), iterations(classes, 0), examples(classes, 0);
@@ -578,6 +650,18 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text) {
   return schedule;
 }
 
+GossipAttack parse_gossip_attack(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  const auto value =
+      colon == std::string::npos ? std::nullopt : parse_number(text.substr(colon + 1));
+  const double v = value.value_or(std::numeric_limits<double>::infinity());
+  if ((kind != "bias" && kind != "scale") || !std::isfinite(v) || std::fabs(v) > 3.4e38)
+    throw std::invalid_argument("--attack: '" + text +
+                                "' is not bias:V or scale:F (a finite float, e.g. bias:1e30)");
+  return {kind == "bias" ? GossipAttack::Kind::kBias : GossipAttack::Kind::kScale, v};
+}
+
 double GossipConfig::effective_consensus_step() const {
   return consensus_step ? *consensus_step : runtime::default_consensus_step(publish_fraction);
 }
@@ -599,6 +683,8 @@ runtime::GossipSettings GossipConfig::settings() const {
   s.plateau.patience = plateau_patience;
   s.plateau.max_decays = plateau_max_decays;
   s.plateau.min_delta = plateau_min_delta;
+  s.max_neighbour_magnitude = max_neighbour_magnitude;
+  s.neighbour_clip = neighbour_clip;
   return s;
 }
 
@@ -634,6 +720,9 @@ void check_gossip_config(const GossipConfig& c) {
       refuse("--speed-schedule needs times >= 0 and factors > 0");
   }
   if (!(c.step_jitter >= 0)) refuse("--step-jitter must be >= 0");
+  if (c.malicious_peers < 0 || c.malicious_peers >= c.peers)
+    refuse("--malicious-peers must be in [0, --workers) (an honest peer must remain)");
+  if (!std::isfinite(c.attack.value)) refuse("--attack: the value must be finite");
   if (c.max_iterations < 1) refuse("--iterations must be at least 1");
   if (c.eval_every < 1) refuse("--eval-every must be at least 1");
   if (!(c.time_budget >= 0) || !std::isfinite(c.time_budget)) refuse("--time-budget must be >= 0");

@@ -74,6 +74,16 @@ std::vector<double> parse_speed_classes(const std::string& text);
 // and a backward pass that costs about twice the forward), so a validation costs time.
 inline constexpr double kForwardShareOfStep = 1.0 / 3.0;
 
+// What a malicious peer does to the model it publishes (--attack): kBias sets every entry of
+// the output layer's bias to `value` ("bias:1e30"); kScale multiplies the whole model by
+// `value` ("scale:-4").
+struct GossipAttack {
+  enum class Kind { kBias, kScale } kind = Kind::kBias;
+  double value = 1e30;
+};
+// "bias:V" or "scale:F"; std::invalid_argument naming --attack otherwise.
+GossipAttack parse_gossip_attack(const std::string& text);
+
 struct GossipConfig {
   std::string model = "mlp";  // built-in name or spec text
   int peers = 8;
@@ -132,6 +142,17 @@ struct GossipConfig {
   // (ours: for tests of the mixing, and to watch consensus form).
   bool distinct_initialisation = false;
   bool keep_final_models = false;  // GossipResult::final_models (N copies: tests)
+  // What an honest peer takes from a neighbour, the real peer's rule (runtime::
+  // check_neighbour_model, runtime::neighbour_clip_scale; --max-neighbour-magnitude,
+  // --neighbour-clip).
+  double max_neighbour_magnitude = runtime::kDefaultMaxNeighbourMagnitude;
+  double neighbour_clip = 0;
+  // An experiment knob (ours; sim/README.md "Malicious neighbours"): peers 0..N-1 are
+  // malicious. They train as the others but publish (D-PSGD) or send and answer (AD-PSGD)
+  // a poisoned copy of their model, and do not mix; the mean, min and max accuracy and the
+  // consensus are over the honest peers only.
+  int malicious_peers = 0;
+  GossipAttack attack;
   std::uint64_t seed = 1;
   int threads = 1;
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;
@@ -169,6 +190,11 @@ struct GossipResult {
   std::uint64_t local_steps = 0;    // minibatches trained, all peers
   std::uint64_t skipped_steps = 0;  // D-PSGD: iterations a stopped peer mixed without training
   std::uint64_t exchanges = 0;      // AD-PSGD: pairwise averagings; D-PSGD: neighbour reads
+  // Honest peers' neighbour models (or average requests and answers) refused, and
+  // neighbour differences clipped (GossipConfig::max_neighbour_magnitude, neighbour_clip).
+  std::uint64_t neighbour_models_refused = 0, neighbour_terms_clipped = 0;
+  int malicious_peers = 0;
+  double honest_max_abs_parameter = 0;  // the largest |value| of an honest peer's model at the end
   std::uint64_t validations = 0;
   int peers_stopped = 0, lr_decays = 0;
   double bytes_per_peer = 0;  // mean

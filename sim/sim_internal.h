@@ -42,7 +42,6 @@ class Random {
 runtime::Model checked_model(const std::string& model_name, int workers, std::uint64_t seed,
                              const runtime::Dataset& train, const runtime::Dataset& test);
 
-
 // Worker `worker`'s shard of `train` among `workers` (model/dataset.h's samplers): i.i.d.,
 // or label-skewed. Throws std::invalid_argument for an empty shard.
 std::vector<std::uint32_t> worker_shard(const runtime::Dataset& train, int worker, int workers,

@@ -73,6 +73,22 @@ void declare_gossip(settings::Table& t, SimSettings& s) {
       .range(1e-6, 0.5);
   t.add("plateau-decays", s.gossip.plateau_max_decays, "lr halvings before a plateau stops a peer")
       .range(0, 100);
+  t.add("max-neighbour-magnitude", s.gossip.max_neighbour_magnitude,
+        "an honest peer refuses a neighbour's model with a value of larger magnitude (and "
+        "always a non-finite one): the worker's rule and default (0: no bound)")
+      .range(0, 1e30);
+  t.add("neighbour-clip", s.gossip.neighbour_clip,
+        "d-psgd: an honest peer clips each neighbour's difference to this L2 norm before the "
+        "mix (the worker's --neighbour-clip; 0: off)")
+      .range(0, 1e30);
+  t.add("malicious-peers", s.gossip.malicious_peers,
+        "experiment knob (ours): peers 0..N-1 publish a poisoned model (--attack) and do not "
+        "mix; accuracy is reported over the honest peers (sim/README.md \"Malicious "
+        "neighbours\")")
+      .range(0, 100000);
+  t.add("attack", s.attack,
+        "what a malicious peer publishes: bias:V (its output bias set to V) or scale:F (its "
+        "model times F)");
   t.add("iterations", s.gossip.max_iterations, "stop when the peers' mean iterations reach this")
       .range(1, 1e12);
   t.add("time-budget", s.gossip.time_budget, "stop at this virtual time (0: no limit)")
@@ -132,6 +148,7 @@ GossipConfig make_gossip_config(const SimSettings& s, const settings::Table& tab
   g.seed = c.seed;
   g.threads = c.threads;
   g.kernels = kernel_backend(s);
+  g.attack = parse_gossip_attack(s.attack);
   check_gossip_config(g);
   return g;
 }
@@ -154,6 +171,11 @@ std::string gossip_label(const SimSettings& s, const GossipConfig& g) {
   if (g.balance_target > 0) label << ", balance " << g.balance_target;
   if (g.plateau_patience > 0) label << ", accuracy-aware " << g.plateau_patience;
   if (g.label_skewed) label << ", label skew";
+  if (g.malicious_peers > 0)
+    label << ", " << g.malicious_peers << " malicious (" << s.attack << ')';
+  if (g.max_neighbour_magnitude != runtime::kDefaultMaxNeighbourMagnitude)
+    label << ", bound " << g.max_neighbour_magnitude;
+  if (g.neighbour_clip > 0) label << ", clip " << g.neighbour_clip;
   return label.str();
 }
 

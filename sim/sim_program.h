@@ -40,7 +40,7 @@ struct SimSettings {
   // --mode gossip (sim/gossip_simulation.h): what the table fills besides GossipConfig's fields.
   GossipConfig gossip;
   std::string topology = "ring", topology_file, gossip_algorithm = "d-psgd", speed_classes,
-              speed_schedule;
+              speed_schedule, attack = "bias:1e30";
   double consensus_step = 0;  // 0: the default for dense or compressed gossip
 };
 

@@ -178,6 +178,14 @@ std::string gossip_summary_table(const GossipResult& r, double target_accuracy) 
       << "class (virtual); bytes: sent per peer, mean over the peers\n";
   out << "consensus distance at the end (mean |x_i - mean| / |mean|): " << r.consensus_distance
       << "\n";
+  out << "largest |value| of an honest peer's model at the end: " << r.honest_max_abs_parameter
+      << "\n";
+  if (r.malicious_peers > 0 || r.neighbour_models_refused > 0 || r.neighbour_terms_clipped > 0)
+    out << "malicious peers: " << r.malicious_peers
+        << " (accuracy and consensus over the honest peers); neighbour models refused by honest "
+           "peers: "
+        << r.neighbour_models_refused
+        << "; neighbour differences clipped: " << r.neighbour_terms_clipped << "\n";
   if (r.validations > 0)
     out << "accuracy-aware: " << r.validations << " validations, " << r.lr_decays
         << " lr halvings, " << r.peers_stopped << " peers stopped, " << r.skipped_steps

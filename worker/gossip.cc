@@ -370,6 +370,12 @@ void check_gossip_settings(const GossipSettings& s) {
   if (s.plateau.patience > 0 && s.validation_fraction <= 0)
     refuse("accuracy-aware training (--plateau-patience) needs a validation split");
   if (s.validate_every == 0) refuse("--validate-every must be at least 1");
+  if (!(s.max_neighbour_magnitude >= 0) || !std::isfinite(s.max_neighbour_magnitude))
+    refuse("--max-neighbour-magnitude must be >= 0 (0: no bound)");
+  if (!(s.neighbour_clip >= 0) || !std::isfinite(s.neighbour_clip))
+    refuse("--neighbour-clip must be >= 0 (0: off)");
+  if (s.algorithm == GossipAlgorithm::kAdpsgd && s.neighbour_clip > 0)
+    refuse("--neighbour-clip is for d-psgd (ad-psgd's midpoint is not clipped)");
 }
 
 bool gossip_local_step(std::span<float> x, std::span<const float> gradient, float lr) {
@@ -383,9 +389,43 @@ void dpsgd_mix(std::span<float> x, std::span<const float> own, std::span<const M
                double consensus_step) {
   const auto gamma = static_cast<float>(consensus_step);
   for (const MixTerm& n : neighbours) {
-    const float w = static_cast<float>(n.weight) * gamma;
+    float w = static_cast<float>(n.weight) * gamma;
+    if (n.clip_scale != 1) w *= static_cast<float>(n.clip_scale);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += w * (n.published[i] - own[i]);
   }
+}
+
+NeighbourVerdict check_neighbour_model(std::span<const float> values, double max_magnitude) {
+  bool too_large = false;
+  for (const float v : values) {
+    if (!std::isfinite(v)) return NeighbourVerdict::kNonFinite;
+    if (max_magnitude > 0 && std::fabs(static_cast<double>(v)) > max_magnitude) too_large = true;
+  }
+  return too_large ? NeighbourVerdict::kTooLarge : NeighbourVerdict::kAccepted;
+}
+
+const char* neighbour_verdict_reason(NeighbourVerdict verdict) {
+  switch (verdict) {
+    case NeighbourVerdict::kNonFinite:
+      return "non-finite model from a neighbour";
+    case NeighbourVerdict::kTooLarge:
+      return "model above the magnitude bound from a neighbour";
+    case NeighbourVerdict::kAccepted:
+      break;
+  }
+  return "accepted";
+}
+
+double neighbour_clip_scale(std::span<const float> theirs, std::span<const float> own,
+                            double clip) {
+  if (!(clip > 0)) return 1;
+  double sum = 0;
+  for (std::size_t i = 0; i < theirs.size(); ++i) {
+    const double d = static_cast<double>(theirs[i]) - static_cast<double>(own[i]);
+    sum += d * d;
+  }
+  const double norm = std::sqrt(sum);
+  return norm > clip ? clip / norm : 1;
 }
 
 namespace {

@@ -85,7 +85,9 @@ void check_gossip_peer_config(const GossipPeerConfig& c) {
                          .balance = c.balance,
                          .plateau = c.plateau,
                          .validation_fraction = c.validation_fraction,
-                         .validate_every = c.validate_every});
+                         .validate_every = c.validate_every,
+                         .max_neighbour_magnitude = c.max_neighbour_magnitude,
+                         .neighbour_clip = c.neighbour_clip});
   if (c.checkpoint_every == 0)
     throw std::invalid_argument("gossip: --checkpoint-every must be at least 1");
   if (!(c.neighbour_wait_seconds >= 0))
@@ -203,6 +205,7 @@ struct GossipPeer::State {
                     Backoff(std::chrono::milliseconds(500), std::chrono::milliseconds(30000),
                             config.seed + config.self * 1000 + k)});
       neighbours.back().replica.assume(0, initial);
+      stats.neighbours[config.topology.peers[mine[k]].name];  // listed from the start, at 0
     }
     gradient.resize(model.parameter_count());
     snapshot.resize(model.parameter_count());
@@ -214,6 +217,17 @@ struct GossipPeer::State {
     if (log) log(line);
   }
   void count_refusal(const std::string& reason) { ++stats.refused[reason]; }
+  // Counts a model or request of neighbour `name` refused for `reason` (under `mutex`);
+  // returns whether it is the neighbour's first refusal (the one that is logged).
+  bool count_neighbour_refusal(const std::string& name, const std::string& reason) {
+    count_refusal(reason);
+    NeighbourStats& n = stats.neighbours[name];
+    n.last_refusal = reason;
+    return ++n.refused == 1;
+  }
+  const std::string& name_of(std::uint32_t index) const {
+    return config.topology.peers[index].name;
+  }
 
   // The trainer for a batch: XNNPACK's ops are built for one batch size, and a balanced
   // peer's batch moves; kept per size (a peer settles on a few sizes).
@@ -302,7 +316,11 @@ struct GossipPeer::State {
   std::vector<char> pull_all(const std::vector<Neighbour*>& due, std::uint64_t iteration);
   std::vector<char> pull_all_training_meanwhile(const std::vector<Neighbour*>& due,
                                                 std::uint64_t iteration);
-  void neighbour_failed(Neighbour& n, const std::string& why);
+  // Backs the neighbour off; says why unless `quiet` (a refusal after its first).
+  void neighbour_failed(Neighbour& n, const std::string& why, bool quiet = false);
+  // A model of `n` refused: counted, the copy dropped, the neighbour backed off; logged the
+  // first time only (the stats file's "neighbours" counts the rest).
+  void neighbour_refused(Neighbour& n, const std::string& reason, const std::string& detail);
 };
 
 void GossipPeer::State::local_step() {
@@ -348,13 +366,30 @@ void GossipPeer::State::local_step() {
   stats.examples_per_second = balancer.examples_per_second();
 }
 
-void GossipPeer::State::neighbour_failed(Neighbour& n, const std::string& why) {
+void GossipPeer::State::neighbour_failed(Neighbour& n, const std::string& why, bool quiet) {
   const auto delay = n.backoff.next_delay();
   n.retry_after = Clock::now() + delay;
   std::lock_guard lock(mutex);
   stats.neighbours_skipped++;
+  if (quiet) return;
   say("neighbour " + config.topology.peers[n.index].name + ": " + why + "; skipped for " +
       std::to_string(delay.count()) + " ms");
+}
+
+void GossipPeer::State::neighbour_refused(Neighbour& n, const std::string& reason,
+                                          const std::string& detail) {
+  n.replica = ModelReplica(layout_id, sizes);
+  bool first;
+  {
+    std::lock_guard lock(mutex);
+    stats.models_refused++;
+    first = count_neighbour_refusal(name_of(n.index), reason);
+  }
+  neighbour_failed(n,
+                   detail + (first ? " (refused; later refusals of this neighbour are counted in "
+                                     "the stats file's \"neighbours\", not logged)"
+                                   : ""),
+                   !first);
 }
 
 // Pulls `n`'s published model until it is at `wanted_version` or later, or the wait is over.
@@ -409,23 +444,20 @@ bool GossipPeer::State::pull(Neighbour& n, std::uint64_t wanted_version, PullWai
                                  ")");
       }
     } catch (const std::exception& e) {
-      n.replica = ModelReplica(layout_id, sizes);
-      {
-        std::lock_guard lock(mutex);
-        stats.models_refused++;
-        count_refusal("bad model from a neighbour");
-      }
-      neighbour_failed(n, std::string("sent a model that was refused: ") + e.what());
+      neighbour_refused(n, "bad model from a neighbour",
+                        std::string("sent a model that was refused: ") + e.what());
       return false;
     }
-    if (!all_finite(n.replica.parameters())) {
-      n.replica = ModelReplica(layout_id, sizes);
-      {
-        std::lock_guard lock(mutex);
-        stats.models_refused++;
-        count_refusal("non-finite model from a neighbour");
-      }
-      neighbour_failed(n, "sent a model with non-finite values");
+    // Its published copy as it stands with this answer (a model delta applied): refused
+    // whole, never mixed in, for a value that is not finite or above the bound.
+    const NeighbourVerdict verdict =
+        check_neighbour_model(n.replica.parameters(), config.max_neighbour_magnitude);
+    if (verdict != NeighbourVerdict::kAccepted) {
+      neighbour_refused(n, neighbour_verdict_reason(verdict),
+                        verdict == NeighbourVerdict::kNonFinite
+                            ? std::string("sent a model with non-finite values")
+                            : "sent a model with a value above --max-neighbour-magnitude " +
+                                  std::to_string(config.max_neighbour_magnitude));
       return false;
     }
     n.backoff.reset();
@@ -562,9 +594,18 @@ void GossipPeer::State::mix_dpsgd() {
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);
   // x_i += γ Σ_j w_ij (x̂_j − x̂_i); a skipped neighbour's weight stays with the peer itself.
+  // With --neighbour-clip, each difference is clipped to τ first (neighbour_clip_scale).
   std::vector<MixTerm> terms;
-  for (const Neighbour* n : fresh) terms.push_back({n->weight, n->replica.parameters()});
   std::lock_guard lock(mutex);
+  for (const Neighbour* n : fresh) {
+    const auto theirs = n->replica.parameters();
+    const double scale =
+        neighbour_clip_scale(theirs, published->parameters(), config.neighbour_clip);
+    terms.push_back({n->weight, theirs, scale});
+    NeighbourStats& counts = stats.neighbours[name_of(n->index)];
+    counts.mixed++;
+    if (scale < 1) counts.clipped++;
+  }
   dpsgd_mix(model.parameters(), published->parameters(), terms, config.consensus_step);
   stats.exchanges += terms.size();
 }
@@ -605,17 +646,19 @@ void GossipPeer::State::average_adpsgd() {
     return;
   }
   const auto theirs = transport::decode_dense_model(answer.payload, {layout_id, sizes});
-  if (!theirs || !all_finite(theirs.value().values)) {
-    {
-      std::lock_guard lock(mutex);
-      stats.models_refused++;
-      count_refusal(theirs ? "non-finite model from a neighbour" : "bad model from a neighbour");
-    }
-    neighbour_failed(n, "answered a model that was refused");
+  const NeighbourVerdict verdict =
+      theirs ? check_neighbour_model(theirs.value().values, config.max_neighbour_magnitude)
+             : NeighbourVerdict::kAccepted;
+  if (!theirs || verdict != NeighbourVerdict::kAccepted) {
+    neighbour_refused(
+        n, theirs ? neighbour_verdict_reason(verdict) : "bad model from a neighbour",
+        std::string("answered a model that was refused: ") +
+            (theirs ? neighbour_verdict_reason(verdict) : theirs.error().message.c_str()));
     return;
   }
   n.backoff.reset();
   std::lock_guard lock(mutex);
+  stats.neighbours[name_of(n.index)].mixed++;
   // x_i moves by half the difference to what the neighbour had; the neighbour moved by half
   // the difference to what we sent: both at the midpoint, the sum kept, and anything that
   // reached x_i meanwhile (another neighbour's average) kept as well.
@@ -704,7 +747,10 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
   auto refuse = [&](const std::string& reason, const std::string& detail) {
     std::lock_guard lock(s.mutex);
     ++s.stats.requests_refused;
-    s.count_refusal(reason);
+    if (s.count_neighbour_refusal(request.identity, reason))
+      s.say("neighbour " + request.identity + ": an average request refused (" + reason +
+            "; later refusals of this neighbour are counted in the stats file's "
+            "\"neighbours\", not logged)");
     return text_response(CoapCode::kBadRequest, reason + ": " + detail);
   };
   if (s.config.algorithm != GossipAlgorithm::kAdpsgd)
@@ -712,9 +758,16 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
                          "this peer runs d-psgd: it averages by pulling, not by POST");
   const auto theirs = transport::decode_dense_model(request.payload, {s.layout_id, s.sizes});
   if (!theirs) return refuse("bad model", theirs.error().message);
-  if (!all_finite(theirs.value().values))
+  const NeighbourVerdict verdict =
+      check_neighbour_model(theirs.value().values, s.config.max_neighbour_magnitude);
+  if (verdict == NeighbourVerdict::kNonFinite)
     return refuse("non-finite model", "a value is NaN or infinite");
+  if (verdict == NeighbourVerdict::kTooLarge)
+    return refuse(
+        "model above the magnitude bound",
+        "a value's magnitude is above " + std::to_string(s.config.max_neighbour_magnitude));
   std::lock_guard lock(s.mutex);
+  s.stats.neighbours[request.identity].mixed++;
   auto x = s.model.parameters();
   auto mine = transport::encode_dense_model(s.layout_id, s.stats.iteration, s.sizes, x);
   if (!mine)

@@ -68,6 +68,12 @@ struct GossipPeerConfig {
   // peer pulls is behind, each only if it ends within the last iteration's wait (ours: a
   // fast peer trains instead of idling at the barrier; 0: off).
   std::uint32_t wait_steps = 0;
+  // What this peer takes from a neighbour (worker/gossip.h check_neighbour_model and
+  // neighbour_clip_scale): a model with a value above this magnitude is refused (0: no bound;
+  // non-finite values are always refused), and with neighbour_clip > 0 (D-PSGD) each
+  // neighbour's difference is clipped to that L2 norm before the mix.
+  double max_neighbour_magnitude = kDefaultMaxNeighbourMagnitude;
+  double neighbour_clip = 0;
   std::uint64_t max_iterations = 0;     // 0: until stopped
   double max_seconds = 0;               // 0: until stopped
   double slowdown = 0;                  // sleep this many times each step's compute time
@@ -77,6 +83,14 @@ struct GossipPeerConfig {
 
 // Throws std::invalid_argument naming what is wrong.
 void check_gossip_peer_config(const GossipPeerConfig& config);
+
+// What this peer took and refused of one neighbour (the stats file's "neighbours").
+struct NeighbourStats {
+  std::uint64_t mixed = 0;    // models mixed in (D-PSGD) or averages done with it (AD-PSGD)
+  std::uint64_t refused = 0;  // its models or average requests refused (bound, non-finite, bad)
+  std::uint64_t clipped = 0;  // D-PSGD: its difference clipped to --neighbour-clip
+  std::string last_refusal;   // why it was last refused (empty: never)
+};
 
 struct GossipPeerStats {
   std::uint64_t iteration = 0;  // local iterations done (resumed from a checkpoint)
@@ -98,7 +112,8 @@ struct GossipPeerStats {
   double validation_accuracy = -1;    // last validation, -1 before any
   bool training_stopped = false;      // accuracy-aware stop
   float last_loss = 0;
-  std::map<std::string, std::uint64_t> refused;  // by reason, both directions
+  std::map<std::string, std::uint64_t> refused;      // by reason, both directions
+  std::map<std::string, NeighbourStats> neighbours;  // by neighbour name, every neighbour
 };
 
 // What a peer needs of its neighbours; the CoAP/DTLS one is CoapPeerChannel, tests use fakes.

@@ -433,4 +433,98 @@ TEST_F(GossipPeerTest, ACheckpointIsResumedAtItsIterationAndADamagedOneIsRefused
   fs::remove_all(dir);
 }
 
+// Issue 37: a neighbour that serves a model whose output bias is 1e30 (finite, so the codec
+// and the old finiteness check took it) is refused by the magnitude bound, counted under its
+// name and logged once; the peer's model stays finite and bounded, it keeps mixing with its
+// other neighbour and iterating.
+TEST(GossipPeerNeighbours, AModelWithA1e30BiasIsRefusedCountedLoggedOnceAndTrainingGoesOn) {
+  const runtime::Dataset data = tiny_data();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  FakeNeighbours channel;
+  with_ring_neighbours(channel, model);
+  model.initialize(1);  // the fleet's initial model (config_for's seed)
+  // Honest models for both, then peer-3's output bias (the last tensor, fc 3) poisoned.
+  channel.models[1] = std::vector<float>(model.parameters().begin(), model.parameters().end());
+  channel.models[3] = channel.models[1];
+  const auto& bias = model.tensors().back();
+  ASSERT_EQ(bias.size, 3u);
+  for (std::size_t k = 0; k < bias.size; ++k) channel.models[3][bias.offset + k] = 1e30f;
+  std::atomic<bool> stop{false};
+  std::vector<std::string> lines;
+  GossipPeer peer(config_for(0, runtime::GossipAlgorithm::kDpsgd), data, channel, stop,
+                  [&](const std::string& line) { lines.push_back(line); });
+  // Until peer-3 has been refused twice (it is backed off after each refusal: at most
+  // 0.5 s, then 1 s), at least 20 iterations.
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::uint64_t iterations = 0;
+  while ((iterations < 20 || peer.stats().neighbours.at("peer-3").refused < 2) &&
+         std::chrono::steady_clock::now() < give_up) {
+    peer.iterate();
+    ++iterations;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const auto stats = peer.stats();
+  EXPECT_EQ(stats.iteration, iterations);
+  EXPECT_EQ(stats.steps, iterations);
+  const auto& bad = stats.neighbours.at("peer-3");
+  const auto& good = stats.neighbours.at("peer-1");
+  EXPECT_GE(bad.refused, 2u);
+  EXPECT_EQ(bad.mixed, 0u);
+  EXPECT_EQ(bad.last_refusal, "model above the magnitude bound from a neighbour");
+  EXPECT_EQ(good.refused, 0u);
+  EXPECT_EQ(good.mixed, iterations);
+  EXPECT_EQ(stats.models_refused, bad.refused);
+  EXPECT_EQ(stats.refused.at("model above the magnitude bound from a neighbour"), bad.refused);
+  for (float v : peer.parameters()) {
+    ASSERT_TRUE(std::isfinite(v));
+    ASSERT_LT(std::fabs(v), 10.0f);
+  }
+  // Logged once, when first refused.
+  int said = 0;
+  for (const std::string& line : lines)
+    if (line.find("peer-3") != std::string::npos && line.find("refused") != std::string::npos)
+      ++said;
+  EXPECT_EQ(said, 1);
+
+  // With no bound the same model is mixed in (the behaviour of issue 37), and with a clip it
+  // moves the peer by at most γ·w·τ per iteration.
+  auto unbounded = config_for(0, runtime::GossipAlgorithm::kDpsgd);
+  unbounded.max_neighbour_magnitude = 0;
+  unbounded.neighbour_clip = 1;
+  unbounded.balance.base_lr = 0;  // mixing alone
+  FakeNeighbours channel2;
+  with_ring_neighbours(channel2, model);
+  channel2.models[1] = channel.models[1];
+  channel2.models[3] = channel.models[3];
+  GossipPeer clipped(unbounded, data, channel2, stop);
+  const std::vector<float> before = clipped.parameters();
+  clipped.iterate();
+  const auto after = clipped.parameters();
+  double moved = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) moved += std::pow(after[i] - before[i], 2);
+  // w = 1/3 on the ring of 4, γ = 1, τ = 1; peer-1 holds the peer's own model: no move.
+  EXPECT_NEAR(std::sqrt(moved), 1.0 / 3, 1e-4);
+  EXPECT_EQ(clipped.stats().neighbours.at("peer-3").clipped, 1u);
+  EXPECT_EQ(clipped.stats().neighbours.at("peer-1").clipped, 0u);
+
+  // AD-PSGD: an average request carrying the poisoned model is refused (4.00) and counted
+  // under its sender; the peer's model does not move.
+  GossipPeer responder(config_for(0, runtime::GossipAlgorithm::kAdpsgd), data, channel2, stop);
+  const std::vector<float> mine = responder.parameters();
+  const std::vector<std::uint8_t> poisoned_body =
+      transport::encode_dense_model(model.layout_id(), 1, sizes_of(model), channel.models[3])
+          .value();
+  CoapRequest average;
+  average.identity = "peer-3";
+  average.payload = poisoned_body;
+  const CoapResponse refused = responder.post_average(average);
+  EXPECT_EQ(refused.code, CoapCode::kBadRequest)
+      << std::string(refused.payload.begin(), refused.payload.end());
+  EXPECT_EQ(responder.parameters(), mine);
+  EXPECT_EQ(responder.stats().requests_refused, 1u);
+  EXPECT_EQ(responder.stats().neighbours.at("peer-3").refused, 1u);
+  EXPECT_EQ(responder.stats().neighbours.at("peer-3").last_refusal,
+            "model above the magnitude bound");
+}
+
 }  // namespace

@@ -2,7 +2,8 @@
 // must learn with D-PSGD and AD-PSGD; Metropolis mixing must keep the peers' mean model
 // where it was; compressed gossip must send far fewer bytes than dense; balancing must
 // bring slow and fast peers' compute times together and shorten the run; accuracy-aware
-// training must stop peers and save steps; and a run must be reproducible from its seed.
+// training must stop peers and save steps; a run must be reproducible from its seed; and a
+// malicious peer's 1e30 bias must be refused by its honest neighbours (issue 37).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -80,6 +81,34 @@ TEST(SimGossip, AdpsgdRingLearnsAndCountsDenseModelsBothWays) {
   EXPECT_NEAR(r.classes[0].compute_per_step * 2, r.classes[1].compute_per_step, 0.2);
   // 600 steps at 3 peers x 1 + 3 peers x 1/2 steps per step time: about 133 step times.
   EXPECT_NEAR(r.virtual_time, 600 / 4.5, 15);
+}
+
+// Issue 37: peer 0 publishes its model with a 1e30 output bias. With the default bound its
+// neighbours refuse every copy (2 per iteration on the ring) and the honest peers learn as
+// without it; with no bound it spreads into their models. AD-PSGD: refused both ways.
+TEST(SimGossip, AMaliciousPeersHugeBiasIsRefusedByItsHonestNeighbours) {
+  const auto& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::GossipConfig c = ring_config();
+  c.malicious_peers = 1;
+  c.attack = sim::parse_gossip_attack("bias:1e30");
+  const auto defended = sim::run_gossip_simulation(c, data.train, data.test, "bound");
+  EXPECT_EQ(defended.neighbour_models_refused, 2u * 100u);
+  EXPECT_LT(defended.honest_max_abs_parameter, 10);
+  EXPECT_GT(defended.curve.back().mean_accuracy, 0.8);
+  EXPECT_GT(defended.curve.back().min_accuracy, 0.75);
+  c.max_neighbour_magnitude = 0;
+  const auto open = sim::run_gossip_simulation(c, data.train, data.test, "no bound");
+  EXPECT_EQ(open.neighbour_models_refused, 0u);
+  EXPECT_GT(open.honest_max_abs_parameter, 1e20);
+  c.max_neighbour_magnitude = runtime::kDefaultMaxNeighbourMagnitude;
+  c.algorithm = sim::GossipAlgorithm::kAdpsgd;
+  const auto asynchronous = sim::run_gossip_simulation(c, data.train, data.test, "ad-psgd");
+  EXPECT_GT(asynchronous.neighbour_models_refused, 0u);
+  EXPECT_LT(asynchronous.honest_max_abs_parameter, 10);
+  EXPECT_THROW(sim::parse_gossip_attack("bias"), std::invalid_argument);
+  EXPECT_THROW(sim::parse_gossip_attack("flip:1"), std::invalid_argument);
+  EXPECT_THROW(sim::parse_gossip_attack("bias:1e40"), std::invalid_argument);
 }
 
 // Metropolis weights are doubly stochastic: mixing moves the peers toward each other and

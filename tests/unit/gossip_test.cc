@@ -1,7 +1,10 @@
 // The shared rules of gossip training (worker/gossip.h): topologies and their file,
-// Metropolis weights, the workload balancer and the accuracy-aware plateau rule.
+// Metropolis weights, the workload balancer, the accuracy-aware plateau rule, and what a
+// peer takes from a neighbour (the magnitude bound and the clipped difference).
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -141,6 +144,80 @@ TEST(PlateauDetector, DecaysThenStopsOnPlateausAndNeverWithPatienceZero) {
 
   PlateauDetector never({.patience = 0});
   for (int i = 0; i < 100; ++i) EXPECT_EQ(never.report(0.5), PlateauDetector::Verdict::kContinue);
+}
+
+TEST(NeighbourModel, NonFiniteAndHugeValuesAreRefusedHonestOnesTaken) {
+  const std::vector<float> honest = {0.5f, -2.75f, 3.0f, 0.0f};
+  EXPECT_EQ(check_neighbour_model(honest, kDefaultMaxNeighbourMagnitude),
+            NeighbourVerdict::kAccepted);
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> x = honest;
+    x[2] = bad;
+    EXPECT_EQ(check_neighbour_model(x, kDefaultMaxNeighbourMagnitude),
+              NeighbourVerdict::kNonFinite);
+    EXPECT_EQ(check_neighbour_model(x, 0), NeighbourVerdict::kNonFinite);  // always refused
+  }
+  std::vector<float> huge = honest;
+  huge[1] = 1e30f;
+  EXPECT_EQ(check_neighbour_model(huge, kDefaultMaxNeighbourMagnitude),
+            NeighbourVerdict::kTooLarge);
+  huge[1] = -1.0001e4f;
+  EXPECT_EQ(check_neighbour_model(huge, 1e4), NeighbourVerdict::kTooLarge);
+  huge[1] = 1e4f;  // the bound itself is allowed
+  EXPECT_EQ(check_neighbour_model(huge, 1e4), NeighbourVerdict::kAccepted);
+  huge[1] = 1e30f;
+  EXPECT_EQ(check_neighbour_model(huge, 0), NeighbourVerdict::kAccepted);  // 0: no bound
+  // A NaN after a huge value is still called non-finite.
+  huge[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(check_neighbour_model(huge, 1e4), NeighbourVerdict::kNonFinite);
+  EXPECT_STREQ(neighbour_verdict_reason(NeighbourVerdict::kTooLarge),
+               "model above the magnitude bound from a neighbour");
+}
+
+TEST(NeighbourModel, TheClipScalesTheDifferenceToTauAndLeavesAShorterOneAlone) {
+  const std::vector<float> own = {1, 1, 1, 1};
+  const std::vector<float> theirs = {4, 5, 1, 1};         // difference (3, 4, 0, 0): norm 5
+  EXPECT_EQ(neighbour_clip_scale(theirs, own, 0), 1.0);   // off
+  EXPECT_EQ(neighbour_clip_scale(theirs, own, 5), 1.0);   // at τ: unchanged
+  EXPECT_EQ(neighbour_clip_scale(theirs, own, 10), 1.0);  // under τ: unchanged
+  const double s = neighbour_clip_scale(theirs, own, 2);
+  EXPECT_DOUBLE_EQ(s, 0.4);
+  // Mixed in with weight 1 and γ 1, the peer moves by exactly τ (up to float rounding).
+  std::vector<float> x = own;
+  const MixTerm term{1.0, theirs, s};
+  dpsgd_mix(x, own, std::span<const MixTerm>(&term, 1), 1.0);
+  double moved = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) moved += std::pow(x[i] - own[i], 2);
+  EXPECT_NEAR(std::sqrt(moved), 2.0, 1e-6);
+  EXPECT_FLOAT_EQ(x[0], 1 + 1.2f);
+  EXPECT_FLOAT_EQ(x[1], 1 + 1.6f);
+  // A scale of 1 is the plain mix, bit for bit.
+  std::vector<float> plain = own, clipped_off = own;
+  const MixTerm unscaled{0.25, theirs};
+  const MixTerm at_one{0.25, theirs, neighbour_clip_scale(theirs, own, 100)};
+  dpsgd_mix(plain, own, std::span<const MixTerm>(&unscaled, 1), 0.7);
+  dpsgd_mix(clipped_off, own, std::span<const MixTerm>(&at_one, 1), 0.7);
+  EXPECT_EQ(plain, clipped_off);
+  // A poisoned neighbour clipped: the step is τ however far it is.
+  std::vector<float> far = own;
+  far[0] = 1e30f;
+  EXPECT_NEAR(neighbour_clip_scale(far, own, 2) * (static_cast<double>(far[0]) - 1), 2.0, 1e-9);
+}
+
+TEST(NeighbourModel, TheSettingsAreCheckedByName) {
+  GossipSettings s;
+  s.max_neighbour_magnitude = -1;
+  EXPECT_THROW(check_gossip_settings(s), std::invalid_argument);
+  s.max_neighbour_magnitude = 0;
+  EXPECT_NO_THROW(check_gossip_settings(s));
+  s.neighbour_clip = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THROW(check_gossip_settings(s), std::invalid_argument);
+  s.neighbour_clip = 3;
+  EXPECT_NO_THROW(check_gossip_settings(s));
+  s.algorithm = GossipAlgorithm::kAdpsgd;
+  EXPECT_THROW(check_gossip_settings(s), std::invalid_argument);  // d-psgd only
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "common/number_text.h"
 #include "common/splitmix64.h"
 #include "server/checkpoint_file.h"
 #include "server/durable_file.h"
@@ -60,11 +61,6 @@ std::uint64_t run_id_of(const GanServerOptions& o, const runtime::Model& generat
 }
 
 std::string number_text(std::uint64_t v) { return std::to_string(v); }
-std::string value_text(double v) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", v);
-  return text;
-}
 
 std::optional<std::uint64_t> checkpoint_iteration_of(const std::filesystem::path& dir) {
   const std::string name = dir.filename().string();
@@ -339,7 +335,7 @@ std::string GanCoordinator::note_bad(const std::string& identity, bool out_of_bo
       device.quarantined_until =
           options_.now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                                std::chrono::duration<double>(options_.quarantine_seconds));
-      note += "; QUARANTINED for " + value_text(options_.quarantine_seconds) + " s";
+      note += "; QUARANTINED for " + common::short_number(options_.quarantine_seconds) + " s";
     } else {
       note += "; QUARANTINED until the server restarts";
     }
@@ -449,8 +445,9 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
     if (!(std::fabs(feedback.values[i]) <= bound))
       return refuse_bad(CoapCode::kUnprocessableEntity, true,
                         "value " + std::to_string(i) + " is " +
-                            value_text(static_cast<double>(feedback.values[i])) +
-                            ", beyond the bound of ±" + value_text(static_cast<double>(bound)) +
+                            common::short_number(static_cast<double>(feedback.values[i])) +
+                            ", beyond the bound of ±" +
+                            common::short_number(static_cast<double>(bound)) +
                             " (--gan-max-feedback)");
   if (feedback.iteration != iteration_) {
     ++late_;

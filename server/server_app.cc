@@ -665,12 +665,6 @@ void ServerApp::shutdown() {
 
 void log_line(const std::string& message) { logging::write(logging::Level::kInfo, message); }
 
-std::string short_number(double value) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%g", value);
-  return text;
-}
-
 int run_server(const ServerSettings& settings) {
   logging::set_level(logging::parse_level(settings.log_level).value_or(logging::Level::kInfo));
   ServerApp app(settings);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "common/number_text.h"
 #include "server/parameter_store.h"
 #include "transport/coap_dtls.h"
 
@@ -114,7 +115,6 @@ int run_server(const ServerSettings& settings);
 // "2024-05-01T12:34:56.789Z message" on stderr at level info (common/logging.h); callable
 // from any thread.
 void log_line(const std::string& message);
-// A setting's value as the log lines show it: printf's %g ("0.1", "30", "1e-06").
-std::string short_number(double value);
+using common::short_number;  // common/number_text.h
 
 }  // namespace edgetrain::server

@@ -228,6 +228,13 @@ struct GossipPeer::State {
   const std::string& name_of(std::uint32_t index) const {
     return config.topology.peers[index].name;
   }
+  // What a neighbour sees of `x` (under `mutex`): x itself, or config.outgoing's copy of it.
+  std::span<const float> outgoing_view(std::span<const float> x) {
+    if (!config.outgoing) return x;
+    outgoing_copy.assign(x.begin(), x.end());
+    config.outgoing(outgoing_copy);
+    return outgoing_copy;
+  }
 
   // The trainer for a batch: XNNPACK's ops are built for one batch size, and a balanced
   // peer's batch moves; kept per size (a peer settles on a few sizes).
@@ -277,6 +284,7 @@ struct GossipPeer::State {
   };
   std::vector<Neighbour> neighbours;
   std::vector<float> gradient, snapshot;
+  std::vector<float> outgoing_copy;  // config.outgoing's copy of the model (under `mutex`)
   std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;
 
@@ -590,6 +598,7 @@ void GossipPeer::State::mix_dpsgd() {
   const std::vector<char> usable = config.wait_steps > 0
                                        ? pull_all_training_meanwhile(due, iteration)
                                        : pull_all(due, iteration);
+  if (!config.mix_neighbours) return;  // pulled for the pace only (GossipPeerConfig::outgoing)
   std::vector<Neighbour*> fresh;
   for (std::size_t k = 0; k < due.size(); ++k)
     if (usable[k]) fresh.push_back(due[k]);
@@ -627,7 +636,10 @@ void GossipPeer::State::average_adpsgd() {
     sent.assign(model.parameters().begin(), model.parameters().end());
     iteration = stats.iteration;
   }
-  auto body = transport::encode_dense_model(layout_id, iteration, sizes, sent);
+  auto body = [&] {
+    std::lock_guard lock(mutex);
+    return transport::encode_dense_model(layout_id, iteration, sizes, outgoing_view(sent));
+  }();
   if (!body) throw std::logic_error("cannot encode the peer's model: " + body.error().message);
   CoapResponse answer;
   try {
@@ -657,6 +669,7 @@ void GossipPeer::State::average_adpsgd() {
     return;
   }
   n.backoff.reset();
+  if (!config.mix_neighbours) return;
   std::lock_guard lock(mutex);
   stats.neighbours[name_of(n.index)].mixed++;
   // x_i moves by half the difference to what the neighbour had; the neighbour moved by half
@@ -767,14 +780,17 @@ CoapResponse GossipPeer::post_average(const CoapRequest& request) {
         "model above the magnitude bound",
         "a value's magnitude is above " + std::to_string(s.config.max_neighbour_magnitude));
   std::lock_guard lock(s.mutex);
-  s.stats.neighbours[request.identity].mixed++;
   auto x = s.model.parameters();
-  auto mine = transport::encode_dense_model(s.layout_id, s.stats.iteration, s.sizes, x);
+  auto mine =
+      transport::encode_dense_model(s.layout_id, s.stats.iteration, s.sizes, s.outgoing_view(x));
   if (!mine)
     return text_response(CoapCode::kInternalServerError,
                          "cannot encode the model: " + mine.error().message);
-  adpsgd_answer_average(x, theirs.value().values);
-  s.stats.exchanges++;
+  if (s.config.mix_neighbours) {
+    s.stats.neighbours[request.identity].mixed++;
+    adpsgd_answer_average(x, theirs.value().values);
+    s.stats.exchanges++;
+  }
   s.stats.bytes_received += request.payload.size();
   s.stats.bytes_sent += mine.value().size();
   return {CoapCode::kChanged, std::move(mine).value()};
@@ -795,7 +811,7 @@ void GossipPeer::iterate() {
     s.stats.iteration++;
     // D-PSGD's neighbours read x̂ at this iteration; AD-PSGD serves it too (for evaluation
     // tools and a neighbour's first look), dense.
-    s.published->advance(s.model.parameters(), s.stats.iteration);
+    s.published->advance(s.outgoing_view(s.model.parameters()), s.stats.iteration);
   }
   if (s.config.algorithm == GossipAlgorithm::kDpsgd)
     s.mix_dpsgd();

@@ -35,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,13 @@ struct GossipPeerConfig {
   // neighbour's difference is clipped to that L2 norm before the mix.
   double max_neighbour_magnitude = kDefaultMaxNeighbourMagnitude;
   double neighbour_clip = 0;
+  // For experiments only: edgetrain-gossip-attacker (a host program) sets these, edgetrain-worker
+  // never does. `outgoing` rewrites a copy of every model this peer lets a neighbour see
+  // (its published copy, D-PSGD; the models it posts and answers, AD-PSGD); with
+  // mix_neighbours false the peer still pulls from (or averages with) its neighbours, so it keeps
+  // the fleet's pace, but never moves its own model toward theirs.
+  std::function<void(std::span<float>)> outgoing;
+  bool mix_neighbours = true;
   std::uint64_t max_iterations = 0;     // 0: until stopped
   double max_seconds = 0;               // 0: until stopped
   double slowdown = 0;                  // sleep this many times each step's compute time

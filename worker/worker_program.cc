@@ -250,7 +250,7 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "rewritten atomically at most every 0.2 s while they change, and at exit");
 }
 
-int run_worker_program(WorkerSettings& s) {
+int run_worker_program(WorkerSettings& s, const char* program) {
   logging::set_level(logging::parse_level(s.log_level).value_or(logging::Level::kInfo));
   const WorkerMode* mode = find_worker_mode(s.mode);
   std::unique_ptr<WorkerModeRun> run;
@@ -260,7 +260,7 @@ int run_worker_program(WorkerSettings& s) {
       throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
     run = mode->prepare(s);
   } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "edgetrain-worker: %s\n", e.what());
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
     return exit_status(WorkerExit::kBadSettings);
   }
   const DatasetFiles files = dataset_files(s.data, DataSplit::kTrain);

@@ -80,7 +80,8 @@ const WorkerMode* find_worker_mode(std::string_view name);
 // The whole table: the shared rows and each mode's.
 void declare_worker_settings(settings::Table& table, WorkerSettings& settings);
 // What the program does once the table is read: checks, data, signals, the mode's run.
-int run_worker_program(WorkerSettings& settings);
+// `program` names it in the message of a bad setting.
+int run_worker_program(WorkerSettings& settings, const char* program = "edgetrain-worker");
 
 // The shared checks of the modes that talk to a server (async, rounds, gan): the server or
 // shards, the identity (PSK, X.509 or declared), timing, compression and filter dropout.

@@ -240,7 +240,7 @@ TEST_F(GossipPeerTest, BadInputOverDtlsIsRefusedCountedAndNeverAveragedIn) {
   const CoapResponse answer =
       neighbour.request(Method::kPost, "gossip/average",
                         transport::encode_dense_model(model.layout_id(), 3, sizes, theirs).value());
-  ASSERT_EQ(answer.code, CoapCode::kChanged);
+  ASSERT_EQ(answer.code, CoapCode::kChanged) << std::string(answer.payload.begin(), answer.payload.end());
   const auto returned = transport::decode_dense_model(answer.payload, {model.layout_id(), sizes});
   ASSERT_TRUE(returned);
   EXPECT_EQ(returned.value().values, before);  // what peer-0 had
@@ -525,6 +525,56 @@ TEST(GossipPeerNeighbours, AModelWithA1e30BiasIsRefusedCountedLoggedOnceAndTrain
   EXPECT_EQ(responder.stats().neighbours.at("peer-3").refused, 1u);
   EXPECT_EQ(responder.stats().neighbours.at("peer-3").last_refusal,
             "model above the magnitude bound");
+}
+
+// GossipPeerConfig::outgoing and mix_neighbours (edgetrain-gossip-attacker's): the neighbours
+// see the rewritten model (published, and an AD-PSGD answer), the peer's own model is never
+// moved toward theirs, and nothing is counted as mixed.
+TEST(GossipPeerNeighbours, AnOutgoingRewriteIsWhatNeighboursSeeAndNothingIsMixedIn) {
+  const runtime::Dataset data = tiny_data();
+  runtime::Model model(runtime::model_spec_from_argument(kModel));
+  FakeNeighbours channel;
+  const std::size_t n = with_ring_neighbours(channel, model);
+  std::atomic<bool> stop{false};
+  auto config = config_for(0, runtime::GossipAlgorithm::kDpsgd);
+  config.balance.base_lr = 0;  // no local step moves the model either
+  config.outgoing = [](std::span<float> x) {
+    for (float& v : x) v *= -4;
+  };
+  config.mix_neighbours = false;
+  GossipPeer peer(config, data, channel, stop);
+  const std::vector<float> before = peer.parameters();
+  peer.iterate();
+  EXPECT_EQ(peer.parameters(), before);
+  EXPECT_EQ(channel.paths.size(), 2u);  // it still pulls both neighbours (the barrier's pace)
+  EXPECT_EQ(peer.stats().exchanges, 0u);
+  EXPECT_EQ(peer.stats().neighbours.at("peer-1").mixed, 0u);
+  CoapRequest ask;
+  ask.identity = "peer-1";
+  const CoapResponse published = peer.get_model(ask);
+  const auto seen =
+      transport::decode_dense_model(published.payload, {model.layout_id(), channel.sizes});
+  ASSERT_TRUE(seen);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(seen.value().values[i], -4 * before[i]) << i;
+
+  config.algorithm = runtime::GossipAlgorithm::kAdpsgd;
+  GossipPeer responder(config, data, channel, stop);
+  const std::vector<float> mine = responder.parameters();
+  const std::vector<std::uint8_t> body =
+      transport::encode_dense_model(model.layout_id(), 1, sizes_of(model), channel.models[3])
+          .value();
+  CoapRequest average;
+  average.identity = "peer-3";
+  average.payload = body;  // a view
+  const CoapResponse answer = responder.post_average(average);
+  ASSERT_EQ(answer.code, CoapCode::kChanged)
+      << std::string(answer.payload.begin(), answer.payload.end());
+  const auto answered =
+      transport::decode_dense_model(answer.payload, {model.layout_id(), channel.sizes});
+  ASSERT_TRUE(answered);
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(answered.value().values[i], -4 * mine[i]) << i;
+  EXPECT_EQ(responder.parameters(), mine);
+  EXPECT_EQ(responder.stats().neighbours.at("peer-3").mixed, 0u);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "model/dataset.h"
+#include "sim/gossip_attack.h"
 #include "worker/gossip.h"
 #include "model/trainer.h"
 
@@ -74,15 +75,6 @@ std::vector<double> parse_speed_classes(const std::string& text);
 // and a backward pass that costs about twice the forward), so a validation costs time.
 inline constexpr double kForwardShareOfStep = 1.0 / 3.0;
 
-// What a malicious peer does to the model it publishes (--attack): kBias sets every entry of
-// the output layer's bias to `value` ("bias:1e30"); kScale multiplies the whole model by
-// `value` ("scale:-4").
-struct GossipAttack {
-  enum class Kind { kBias, kScale } kind = Kind::kBias;
-  double value = 1e30;
-};
-// "bias:V" or "scale:F"; std::invalid_argument naming --attack otherwise.
-GossipAttack parse_gossip_attack(const std::string& text);
 
 struct GossipConfig {
   std::string model = "mlp";  // built-in name or spec text

@@ -1,6 +1,7 @@
 #include "emulation/emulator_settings.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <regex>
 #include <stdexcept>
@@ -136,6 +137,22 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
         "gossip: iterations between a peer's checkpoints (the fleet's "
         "evaluations read them)")
       .range(1, 1000000000);
+  t.add("max-neighbour-magnitude", s.max_neighbour_magnitude,
+        "gossip: the peers' --max-neighbour-magnitude, a neighbour's model with a larger value "
+        "is refused (0: no bound)")
+      .range(0, 1e30);
+  t.add("neighbour-clip", s.neighbour_clip,
+        "gossip, d-psgd: the peers' --neighbour-clip, each neighbour's difference clipped to "
+        "this L2 norm before the mix (0: off)")
+      .range(0, 1e30);
+  t.add("malicious-peers", s.malicious_peers,
+        "gossip: peers 0..N-1 are attackers (edgetrain-gossip-attacker: they train on their "
+        "shard, and their neighbours see their model poisoned by --attack); accuracies are then "
+        "the honest peers' (an experiment's knob, as edgetrain-sim's)")
+      .range(0, 4000);
+  t.add("attack", s.attack,
+        "gossip, with --malicious-peers: bias:V (the output layer's bias set to V) or scale:F "
+        "(the model times F), as edgetrain-sim --attack (empty: bias:1e30)");
   t.add("eval-examples", s.eval_examples,
         "gossip and --shards: test images per evaluation of the fleet (or the "
         "assembled model) during the run (the final one uses all)")
@@ -269,6 +286,27 @@ void check_emulator_settings(const EmulatorSettings& s) {
           "--mode gossip trains the whole model: no --drop-rates, --class-drop-rates or "
           "--dropout-table");
   }
+  if (s.mode != "gossip" && (s.malicious_peers > 0 || !s.attack.empty()))
+    throw std::invalid_argument(
+        "--malicious-peers and --attack are for --mode gossip (an attacker is a gossip peer)");
+  if (s.mode != "gossip" && (s.neighbour_clip > 0 || s.max_neighbour_magnitude != 1e4))
+    throw std::invalid_argument(
+        "--neighbour-clip and --max-neighbour-magnitude are the gossip peers' (--mode gossip)");
+  if (s.mode == "gossip") {
+    if (s.malicious_peers >= s.workers)
+      throw std::invalid_argument("--malicious-peers " + std::to_string(s.malicious_peers) +
+                                  " must be below --workers " + std::to_string(s.workers) +
+                                  " (an honest peer must remain)");
+    if (!s.attack.empty() && s.malicious_peers == 0)
+      throw std::invalid_argument("--attack needs --malicious-peers N (the peers that attack)");
+    if (!s.attack.empty()) check_gossip_attack(s.attack);
+    if (s.malicious_peers + s.qemu_workers > s.workers)
+      throw std::invalid_argument(
+          "the attackers (peers 0..N-1) are a host program and the --qemu-workers the last "
+          "peers: --malicious-peers + --qemu-workers must not exceed --workers");
+    if (s.neighbour_clip > 0 && s.gossip == "ad-psgd")
+      throw std::invalid_argument("--neighbour-clip is d-psgd's (an AD-PSGD midpoint is not clipped)");
+  }
   if (s.shards > 0) {
     if (s.mode != "async")
       throw std::invalid_argument(
@@ -289,6 +327,23 @@ void check_emulator_settings(const EmulatorSettings& s) {
   } else {
     parse_cpu_schedule(s.cpu_schedule, parse_cpu_classes(s.cpu_classes));
   }
+}
+
+void check_gossip_attack(const std::string& text) {
+  const auto colon = text.find(':');
+  const std::string kind = text.substr(0, colon);
+  bool number = false;
+  if (colon != std::string::npos && colon + 1 < text.size()) {
+    try {
+      std::size_t used = 0;
+      const double value = std::stod(text.substr(colon + 1), &used);
+      number = used == text.size() - colon - 1 && std::isfinite(value) && std::fabs(value) <= 3.4e38;
+    } catch (const std::exception&) {
+    }
+  }
+  if ((kind != "bias" && kind != "scale") || !number)
+    throw std::invalid_argument("--attack: '" + text +
+                                "' is not bias:V or scale:F (a finite float, e.g. bias:1e30)");
 }
 
 std::string shell_assignments(const settings::Table& table) {

@@ -41,6 +41,12 @@ struct EmulatorSettings {
   std::uint32_t wait_steps = 0;
   double gossip_publish_fraction = 1, consensus_step = 0, neighbour_wait = 5, balance_target = 0,
          max_lr_factor = 8;
+  // What an honest peer takes from a neighbour (the worker's --max-neighbour-magnitude and
+  // --neighbour-clip), and the attackers: peers 0..malicious_peers-1 run
+  // edgetrain-gossip-attacker with `attack` (empty: bias:1e30).
+  double max_neighbour_magnitude = 1e4, neighbour_clip = 0;
+  std::uint32_t malicious_peers = 0;
+  std::string attack;
 };
 
 // Every setting of S in TABLE, by group (the order of --help and of the assignments).
@@ -50,6 +56,10 @@ void declare_emulator_settings(settings::Table& table, EmulatorSettings& s);
 // encodings, dropout choices, gossip's and shards' limits, --impaired, --link, --slowdown,
 // --cpu-classes and --cpu-schedule. Throws std::invalid_argument saying what is wrong.
 void check_emulator_settings(const EmulatorSettings& s);
+
+// An attacker's --attack: bias:V or scale:F, V and F finite floats (the simulator's and
+// edgetrain-gossip-attacker's syntax, sim/gossip_attack.h). Throws std::invalid_argument.
+void check_gossip_attack(const std::string& text);
 
 // One line NAME='VALUE' per setting of TABLE, NAME its TOML key: strings as they are
 // (quoted for the shell), booleans 1 or 0, numbers with at most 15 significant digits

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/svg_plot.h"
+#include "emulation/emulator_settings.h"
 #include "emulation/report_files.h"
 
 namespace edgetrain::emulation {
@@ -64,9 +65,20 @@ struct PeerTotals {
                 requests_refused = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0, batch = 0, incarnations = 0;
   std::vector<std::uint64_t> last_iterations, resumed_iterations;  // per incarnation
+  // From its stats files' "neighbours": what it refused, clipped and mixed in of the
+  // attackers' models, and what it refused and clipped of its honest neighbours'.
+  std::uint64_t attacker_refused = 0, attacker_clipped = 0, attacker_mixed = 0,
+                honest_refused = 0, honest_clipped = 0;
 };
 
-PeerTotals peer_totals(const fs::path& run, unsigned peer) {
+using Attackers = std::map<std::string, std::string>;  // name -> attack
+
+Attackers attackers_of(const fs::path& run) {
+  const auto list = gossip_attackers(run);
+  return {list.begin(), list.end()};
+}
+
+PeerTotals peer_totals(const fs::path& run, unsigned peer, const Attackers& attackers = {}) {
   PeerTotals t;
   for (const fs::path& file : worker_stats_files(run, peer)) {
     json stats;
@@ -87,6 +99,17 @@ PeerTotals peer_totals(const fs::path& run, unsigned peer) {
     t.batch = stats.value("batch", std::uint64_t{0});
     t.last_iterations.push_back(t.iteration);
     t.resumed_iterations.push_back(stats.value("resumed_iteration", std::uint64_t{0}));
+    if (!stats.contains("neighbours") || !stats["neighbours"].is_object()) continue;
+    for (const auto& [name, n] : stats["neighbours"].items()) {
+      const auto refused = n.value("refused", std::uint64_t{0}),
+                 clipped = n.value("clipped", std::uint64_t{0});
+      if (attackers.count(name)) {
+        t.attacker_refused += refused, t.attacker_clipped += clipped;
+        t.attacker_mixed += n.value("mixed", std::uint64_t{0});
+      } else {
+        t.honest_refused += refused, t.honest_clipped += clipped;
+      }
+    }
   }
   return t;
 }
@@ -103,13 +126,32 @@ std::string percent(double accuracy) { return fixed(100 * accuracy, 2) + "%"; }
 
 }  // namespace
 
-void write_gossip_wiring(const fs::path& run, const std::string& network, int subnet) {
+void declare_gossip_wiring_settings(settings::Table& t, GossipWiringOptions& o) {
+  t.add("network", o.network, "the run's network (required)")
+      .choices({"loopback", "netns"})
+      .required();
+  t.add("subnet", o.subnet, "S of the run's addresses (required)").range(0, 255).required();
+  t.add("malicious-peers", o.malicious_peers,
+        "peers 0..N-1 are attackers (edgetrain-gossip-attacker), marked with --attack in "
+        "peers.csv's attack column")
+      .range(0, 4000);
+  t.add("attack", o.attack, "the attackers' bias:V or scale:F (needed with --malicious-peers)");
+}
+
+void write_gossip_wiring(const fs::path& run, const std::string& network, int subnet,
+                         std::uint32_t malicious, const std::string& attack) {
   const CsvTable plan = read_csv(run / "plan.csv");
   Fleet f = read_fleet(run);
   if (plan.rows.size() != f.names.size())
     throw std::invalid_argument("plan.csv has " + std::to_string(plan.rows.size()) +
                                 " workers, topology.json " + std::to_string(f.names.size()) +
                                 " peers");
+  if (malicious >= f.names.size())
+    throw std::invalid_argument("--malicious-peers " + std::to_string(malicious) +
+                                " leaves no honest peer of " + std::to_string(f.names.size()));
+  if (malicious > 0) check_gossip_attack(attack);
+  if (malicious == 0 && !attack.empty())
+    throw std::invalid_argument("--attack needs --malicious-peers N");
   std::vector<std::string> listen(f.names.size()), link_host(f.names.size());
   for (std::size_t i = 0; i < f.names.size(); i++) {
     const std::string address = plan.rows[i].at(plan.column("address"));
@@ -126,11 +168,12 @@ void write_gossip_wiring(const fs::path& run, const std::string& network, int su
   }
   write_file(run / "topology.json", f.topology.dump(1) + "\n");
   std::ostringstream peers, links;
-  peers << "peer,name,listen,neighbours\n";
+  peers << "peer,name,listen,neighbours,attack\n";
   for (std::size_t i = 0; i < f.names.size(); i++) {
     std::string list;
     for (std::size_t j : f.neighbours[i]) list += (list.empty() ? "" : ";") + std::to_string(j);
-    peers << i << ',' << f.names[i] << ',' << listen[i] << ',' << list << '\n';
+    peers << i << ',' << f.names[i] << ',' << listen[i] << ',' << list << ','
+          << (i < malicious ? attack : "") << '\n';
     const auto& p = plan.rows[i];
     const auto seed = static_cast<std::uint64_t>(std::stoull(p.at(plan.column("link_seed"))));
     for (std::size_t j : f.neighbours[i]) {
@@ -143,6 +186,18 @@ void write_gossip_wiring(const fs::path& run, const std::string& network, int su
   }
   write_file(run / "peers.csv", peers.str());
   write_file(run / "links.toml", links.str());
+}
+
+std::vector<std::pair<std::string, std::string>> gossip_attackers(const fs::path& run) {
+  const CsvTable peers = read_csv(run / "peers.csv");
+  std::vector<std::pair<std::string, std::string>> found;
+  const auto attack = std::find(peers.header.begin(), peers.header.end(), "attack");
+  if (attack == peers.header.end()) return found;
+  const auto a = static_cast<std::size_t>(attack - peers.header.begin());
+  const std::size_t name = peers.column("name");
+  for (const auto& row : peers.rows)  // an honest peer's empty attack ends its row: not read
+    if (a < row.size() && !row[a].empty()) found.emplace_back(row.at(name), row[a]);
+  return found;
 }
 
 void write_peer_topologies(const fs::path& run) {
@@ -163,16 +218,27 @@ void write_peer_topologies(const fs::path& run) {
 std::string append_gossip_row(const fs::path& run, double elapsed, const fs::path& eval_path) {
   const json eval = read_json(eval_path);
   const Fleet f = read_fleet(run);
+  const Attackers attackers = attackers_of(run);
   double iterations = 0, min_iteration = std::numeric_limits<double>::infinity(), max_iteration = 0;
   for (const json& p : eval.at("peers")) {
+    if (p.contains("peer") && p["peer"].is_string() && attackers.count(p["peer"].get<std::string>()))
+      throw std::invalid_argument(eval_path.string() + " holds attacker " +
+                                  p["peer"].get<std::string>() +
+                                  "'s checkpoint: evaluate the honest peers only (the consensus "
+                                  "model would hold it too)");
     const double i = number_or(p, "iteration", 0);
     iterations += i, min_iteration = std::min(min_iteration, i),
                      max_iteration = std::max(max_iteration, i);
   }
   const double peers = static_cast<double>(std::max<std::size_t>(1, eval.at("peers").size()));
-  double sent = 0;
-  for (unsigned i = 0; i < f.names.size(); i++)
-    sent += static_cast<double>(peer_totals(run, i).bytes_sent);
+  double sent = 0, refused = 0, clipped = 0;
+  for (unsigned i = 0; i < f.names.size(); i++) {
+    const PeerTotals t = peer_totals(run, i, attackers);
+    sent += static_cast<double>(t.bytes_sent);
+    if (attackers.count(f.names[i])) continue;
+    refused += static_cast<double>(t.attacker_refused);
+    clipped += static_cast<double>(t.attacker_clipped);
+  }
   const double link_bytes = links_bytes_in(run);
   const double n = static_cast<double>(f.names.size());
   const double mean_accuracy = eval.at("mean_accuracy").get<double>();
@@ -180,7 +246,8 @@ std::string append_gossip_row(const fs::path& run, double elapsed, const fs::pat
   if (!fs::exists(gossip_timeline))
     write_file(gossip_timeline,
                "elapsed_s,mean_iteration,min_iteration,max_iteration,mean_accuracy,min_accuracy,"
-               "max_accuracy,consensus_accuracy,bytes_sent_per_peer,link_bytes_per_peer\n");
+               "max_accuracy,consensus_accuracy,bytes_sent_per_peer,link_bytes_per_peer,"
+               "honest_peers,attacker_models_refused,attacker_terms_clipped\n");
   if (!fs::exists(timeline))
     write_file(timeline,
                "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n");
@@ -190,7 +257,8 @@ std::string append_gossip_row(const fs::path& run, double elapsed, const fs::pat
       << fixed(eval.at("min_accuracy").get<double>(), 4) << ','
       << fixed(eval.at("max_accuracy").get<double>(), 4) << ','
       << fixed(eval.at("consensus_accuracy").get<double>(), 4) << ',' << fixed(sent / n, 0) << ','
-      << fixed(link_bytes / n, 0) << '\n';
+      << fixed(link_bytes / n, 0) << ',' << f.names.size() - attackers.size() << ','
+      << fixed(refused, 0) << ',' << fixed(clipped, 0) << '\n';
   const std::string row = fixed(elapsed, 0) + "," + fixed(std::round(iterations / peers), 0) + "," +
                           fixed(mean_accuracy, 4) + "," + fixed(sent, 0) + "," +
                           fixed(link_bytes, 0);
@@ -214,12 +282,21 @@ int summarize_gossip(const GossipSummaryOptions& o) {
              "iterations,steps,exchanges,"
              "neighbours_skipped,models_refused,requests_refused,bytes_sent,bytes_received,last_"
              "batch,restarts,"
-             "resumed_iterations\n";
+             "resumed_iterations,attack,attacker_models_refused,attacker_terms_clipped,"
+             "attacker_models_mixed,terms_clipped\n";
   json restarts = json::array();
   bool resumed_ok = true;
   double sent = 0, iterations = 0;
+  const Attackers attackers = attackers_of(run);
+  PeerTotals honest;  // the honest peers' counts of their neighbours, summed
   for (unsigned i = 0; i < f.names.size(); i++) {
-    const PeerTotals t = peer_totals(run, i);
+    const PeerTotals t = peer_totals(run, i, attackers);
+    const auto attacker = attackers.find(f.names[i]);
+    if (attacker == attackers.end()) {
+      honest.attacker_refused += t.attacker_refused, honest.attacker_clipped += t.attacker_clipped;
+      honest.attacker_mixed += t.attacker_mixed, honest.honest_refused += t.honest_refused;
+      honest.honest_clipped += t.honest_clipped;
+    }
     sent += static_cast<double>(t.bytes_sent);
     iterations += static_cast<double>(t.iteration);
     std::string resumed;
@@ -244,7 +321,10 @@ int summarize_gossip(const GossipSummaryOptions& o) {
             << ',' << t.iteration << ',' << t.steps << ',' << t.exchanges << ',' << t.skipped << ','
             << t.models_refused << ',' << t.requests_refused << ',' << t.bytes_sent << ','
             << t.bytes_received << ',' << t.batch << ','
-            << (t.incarnations ? t.incarnations - 1 : 0) << ',' << resumed << '\n';
+            << (t.incarnations ? t.incarnations - 1 : 0) << ',' << resumed << ','
+            << (attacker == attackers.end() ? "" : attacker->second) << ',' << t.attacker_refused
+            << ',' << t.attacker_clipped << ',' << t.attacker_mixed << ','
+            << t.attacker_clipped + t.honest_clipped << '\n';
   }
   workers.close();
 
@@ -272,7 +352,26 @@ int summarize_gossip(const GossipSummaryOptions& o) {
                         {"min_accuracy", final_eval.at("min_accuracy")},
                         {"max_accuracy", final_eval.at("max_accuracy")},
                         {"consensus_accuracy", final_eval.at("consensus_accuracy")},
-                        {"test_examples", final_eval.at("test_examples")}};
+                        {"test_examples", final_eval.at("test_examples")},
+                        {"peers_evaluated", final_eval.value("peers", json::array()).size()}};
+  }
+  // Who attacked how, and what the honest peers (whose accuracies these are) took of them.
+  outcome["attack"] = nullptr;
+  std::string attacker_names;
+  if (!attackers.empty()) {
+    json names = json::array();
+    for (const auto& [name, attack] : attackers) {
+      names.push_back(name);
+      attacker_names += (attacker_names.empty() ? "" : ", ") + name;
+    }
+    outcome["attack"] = {{"attackers", names},
+                         {"attack", attackers.begin()->second},
+                         {"honest_peers", f.names.size() - attackers.size()},
+                         {"attacker_models_refused", honest.attacker_refused},
+                         {"attacker_terms_clipped", honest.attacker_clipped},
+                         {"attacker_models_mixed", honest.attacker_mixed},
+                         {"honest_neighbours_refused", honest.honest_refused},
+                         {"honest_terms_clipped", honest.honest_clipped}};
   }
   // The first evaluation at or above the target, of the mean peer and of the consensus model.
   const auto first_at = [&](const char* column) -> json {
@@ -329,8 +428,9 @@ int summarize_gossip(const GossipSummaryOptions& o) {
      << read_text(run / "settings.md") << "- stopped: " << o.stopped << "\n";
   if (!outcome["final"].is_null()) {
     const json& fin = outcome["final"];
-    md << "- at the end, on " << fin["test_examples"].get<std::uint64_t>()
-       << " test images: mean peer " << percent(fin["mean_accuracy"].get<double>()) << " ("
+    md << "- at the end, on " << fin["test_examples"].get<std::uint64_t>() << " test images: mean "
+       << (attackers.empty() ? "" : "honest ") << "peer "
+       << percent(fin["mean_accuracy"].get<double>()) << " ("
        << percent(fin["min_accuracy"].get<double>()) << "-"
        << percent(fin["max_accuracy"].get<double>()) << "), consensus model "
        << percent(fin["consensus_accuracy"].get<double>()) << "\n";
@@ -341,6 +441,18 @@ int summarize_gossip(const GossipSummaryOptions& o) {
      << "\n- peer restarts: " << restarts.size()
      << (resumed_ok ? ", each resumed from its last checkpoint\n"
                     : ", A PEER DID NOT RESUME FROM ITS LAST CHECKPOINT\n");
+  if (!attackers.empty()) {
+    const json& a = outcome["attack"];
+    md << "- attackers: " << attacker_names << " (edgetrain-gossip-attacker --attack "
+       << a["attack"].get<std::string>() << "); the accuracies are the "
+       << a["honest_peers"].get<std::size_t>()
+       << " honest peers', which refused the attackers' models "
+       << a["attacker_models_refused"].get<std::uint64_t>() << " times, clipped their differences "
+       << a["attacker_terms_clipped"].get<std::uint64_t>() << " times and mixed them in "
+       << a["attacker_models_mixed"].get<std::uint64_t>() << " times (honest neighbours: "
+       << a["honest_neighbours_refused"].get<std::uint64_t>() << " refused, "
+       << a["honest_terms_clipped"].get<std::uint64_t>() << " clipped)\n";
+  }
   if (o.target >= 0) {
     for (auto [what, key] : {std::pair{"mean peer", "mean_peer_at_target"},
                              std::pair{"consensus model", "consensus_at_target"}}) {
@@ -408,9 +520,16 @@ DeviceRun read_device_run(const fs::path& run) {
     r.iterations = r.steps = outcome.value("mean_iteration", 0.0);
     if (fs::exists(run / "workers.csv")) {
       const CsvTable workers = read_csv(run / "workers.csv");
-      double steps = 0;
-      for (std::size_t i = 0; i < workers.rows.size(); i++) steps += workers.number(i, "steps");
-      if (!workers.rows.empty()) r.steps = steps / static_cast<double>(workers.rows.size());
+      const auto attack = std::find(workers.header.begin(), workers.header.end(), "attack");
+      const auto a = static_cast<std::size_t>(attack - workers.header.begin());
+      double steps = 0, honest = 0;  // the honest peers' (an attacker's row names its attack)
+      for (std::size_t i = 0; i < workers.rows.size(); i++) {
+        if (attack != workers.header.end() && a < workers.rows[i].size() &&
+            !workers.rows[i][a].empty())
+          continue;
+        steps += workers.number(i, "steps"), honest++;
+      }
+      if (honest > 0) r.steps = steps / honest;
     }
   } else {
     const CsvTable t = read_csv(run / "timeline.csv"), workers = read_csv(run / "workers.csv");

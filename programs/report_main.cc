@@ -41,10 +41,10 @@ struct Options {
   SummarizeOptions summary;
   std::uint32_t cpu_workers = 1;
   std::uint64_t cpu_period = 100000;
-  std::string cpu_classes, cpu_schedule, run, eval, wiring_network, out, csv, svg;
+  std::string cpu_classes, cpu_schedule, run, eval, out, csv, svg;
   std::uint32_t shard = 0;  // acknowledged --shard, when given
   double elapsed = 0, target = -1, gossip_target = 0.97;
-  int wiring_subnet = 0;
+  GossipWiringOptions wiring;
   std::vector<std::string> runs;  // compare (and the default), gossip-compare
   plot::PlotOptions chart;
 };
@@ -158,20 +158,17 @@ void declare_run_commands(Commands& commands, Options& o) {
 
 void declare_gossip_commands(Commands& commands, Options& o) {
   const auto wire = [&o](auto&) {
-    write_gossip_wiring(o.run, o.wiring_network, o.wiring_subnet);
+    const GossipWiringOptions& w = o.wiring;
+    write_gossip_wiring(w.run, w.network, w.subnet, w.malicious_peers, w.attack);
     return 0;
   };
-  settings::Table& wiring = commands.add_run(
-      "gossip-wiring",
-      "gossip: from RUN_DIR/plan.csv and topology.json, write every peer's address into "
-      "topology.json, peers.csv and the impairer's links.toml (a link per directed edge)",
-      o.run, wire);
-  wiring.add("network", o.wiring_network, "the run's network (required)")
-      .choices({"loopback", "netns"})
-      .required();
-  wiring.add("subnet", o.wiring_subnet, "S of the run's addresses (required)")
-      .range(0, 255)
-      .required();
+  declare_gossip_wiring_settings(
+      commands.add_run("gossip-wiring",
+                       "gossip: from RUN_DIR/plan.csv and topology.json, write every peer's "
+                       "address into topology.json, peers.csv (with the attackers' attack) and "
+                       "the impairer's links.toml (a link per directed edge)",
+                       o.wiring.run, wire),
+      o.wiring);
   const auto topologies = [&o](auto&) {
     write_peer_topologies(o.run);
     return 0;

@@ -16,10 +16,10 @@ mkdir -p "$run/logs"
 "$report" plan --seed 3 --workers 3 --network netns --subnet 150 --link delay=5,loss=0.01 --impaired 1 >"$run/plan.csv"
 "$topology" --kind ring --peers 3 --name-prefix w --out "$run/topology.json" 2>/dev/null
 "$report" gossip-wiring "$run" --network netns --subnet 150
-[ "$(cat "$run/peers.csv")" = "peer,name,listen,neighbours
-0,w0,10.150.0.2:5684,1;2
-1,w1,10.150.0.6:5684,0;2
-2,w2,10.150.0.10:5684,0;1" ] || fail "peers.csv: $(cat "$run/peers.csv")"
+[ "$(cat "$run/peers.csv")" = "peer,name,listen,neighbours,attack
+0,w0,10.150.0.2:5684,1;2,
+1,w1,10.150.0.6:5684,0;2,
+2,w2,10.150.0.10:5684,0;1," ] || fail "peers.csv: $(cat "$run/peers.csv")"
 [ "$(grep -c '^\[\[link\]\]' "$run/links.toml")" -eq 6 ] || fail "not a link per directed edge"
 # w1 dials w2 through a link on w1's side (10.150.0.5) that forwards to w2's address, with
 # w1's profile (not impaired); w0's links carry w0's profile.
@@ -29,6 +29,13 @@ grep -A5 'name = "w0-w2"' "$run/links.toml" | grep -q 'delay_ms = 5' || fail "w0
 grep -A5 'name = "w1-w0"' "$run/links.toml" | grep -q 'delay_ms = 0' || fail "w1's links took another peer's profile"
 "$report" gossip-wiring "$run" --network loopback --subnet 150
 grep -q '^2,w2,127.150.0.12:5684,' "$run/peers.csv" || fail "loopback peers do not get addresses of their own"
+# Attackers (edgetrain-emulate --malicious-peers): marked in peers.csv; none but attackers refused.
+"$report" gossip-wiring "$run" --network loopback --subnet 150 --malicious-peers 1 --attack bias:1e30
+grep -q '^0,w0,127.150.0.10:5684,1;2,bias:1e30$' "$run/peers.csv" || fail "the attacker is not marked: $(cat "$run/peers.csv")"
+if "$report" gossip-wiring "$run" --network loopback --subnet 150 --malicious-peers 3 --attack bias:1 2>/dev/null; then
+  fail "gossip-wiring took a fleet of attackers only"
+fi
+"$report" gossip-wiring "$run" --network loopback --subnet 150
 
 echo '{"links": {"w0-w1": "127.0.0.1:4001", "w0-w2": "127.0.0.1:4002", "w1-w0": "127.0.0.1:4003",
   "w1-w2": "127.0.0.1:4004", "w2-w0": "127.0.0.1:4005", "w2-w1": "127.0.0.1:4006"}}' >"$run/logs/impairer.ports.json"
@@ -52,7 +59,7 @@ echo '{"peers": [{"iteration": 60}, {"iteration": 50}, {"iteration": 55}], "mean
 printf 'link,listen,to_server_bytes_in,to_worker_bytes_in\nw0-w1,x,100,200\nw1-w0,x,300,600\n' >"$run/links.csv"
 [ "$("$report" gossip-row "$run" --elapsed 12.5 --eval "$run/eval.json")" = "12,55,0.9000,2600,1200" ] ||
   fail "gossip-row: $(tail -n1 "$run/timeline.csv")"
-[ "$(tail -n1 "$run/gossip-timeline.csv")" = "12.5,55.0,50,60,0.9000,0.8500,0.9300,0.9500,867,400" ] ||
+[ "$(tail -n1 "$run/gossip-timeline.csv")" = "12.5,55.0,50,60,0.9000,0.8500,0.9300,0.9500,867,400,3,0,0" ] ||
   fail "gossip-timeline.csv: $(tail -n1 "$run/gossip-timeline.csv")"
 
 echo "a gossip run" >"$run/run.label"
@@ -61,7 +68,7 @@ echo "a gossip run" >"$run/run.label"
   --target-accuracy 0.9 >"$run/report.txt" || fail "a resume from the last checkpoint (40 of 47) failed the check"
 [ "$(jq -r '.peer_restarts[0].required' "$run/outcome.json")" = 40 ] || fail "the required iteration is not 40"
 [ "$(jq -r '.mean_peer_at_target.elapsed_s' "$run/outcome.json")" = 12.5 ] || fail "time to the target is wrong"
-grep -q '^1,w1,.*,58,10,18,0,0,0,700,14,10,1,40$' "$run/workers.csv" || fail "workers.csv: $(sed -n 3p "$run/workers.csv")"
+grep -q '^1,w1,.*,58,10,18,0,0,0,700,14,10,1,40,,0,0,0,0$' "$run/workers.csv" || fail "workers.csv: $(sed -n 3p "$run/workers.csv")"
 stats "$run/logs/worker-1.1.stats.json" 58 30 300
 status=0
 "$report" summarize "$run" --mode gossip --checkpoint-every 10 --stop-kind time --stopped "time" --network netns \

@@ -66,8 +66,9 @@ TEST(GossipReport, WiringGivesEveryDirectedEdgeALinkOnTheDiallersSide) {
   write_gossip_wiring(run, "netns", 150);
   // In namespaces a peer listens on its own address (worker i: 10.150.0.(4i+2)).
   EXPECT_EQ(read_text(run / "peers.csv"),
-            "peer,name,listen,neighbours\n0,w0,10.150.0.2:5684,1;3\n1,w1,10.150.0.6:5684,0;2\n"
-            "2,w2,10.150.0.10:5684,1;3\n3,w3,10.150.0.14:5684,0;2\n");
+            "peer,name,listen,neighbours,attack\n0,w0,10.150.0.2:5684,1;3,\n"
+            "1,w1,10.150.0.6:5684,0;2,\n2,w2,10.150.0.10:5684,1;3,\n3,w3,10.150.0.14:5684,0;2,\n");
+  EXPECT_TRUE(gossip_attackers(run).empty());
   EXPECT_EQ(read_json(run / "topology.json")["peers"][3]["address"], "10.150.0.14:5684");
   const std::string links = read_text(run / "links.toml");
   std::size_t blocks = 0;
@@ -190,8 +191,121 @@ TEST(GossipReport, AFleetEvaluationBecomesTimelineRows) {
   const CsvTable gossip = read_csv(run / "gossip-timeline.csv");
   ASSERT_EQ(gossip.rows.size(), 2u);
   // Per peer: 1800 / 2 sent, 1000 / 2 carried; min and max iteration of the evaluation.
-  EXPECT_EQ(gossip.rows[0], (std::vector<std::string>{"7.4", "15.0", "10", "20", "0.8000", "0.7000",
-                                                      "0.9000", "0.8500", "900", "500"}));
+  // No attackers: both peers honest, nothing refused or clipped.
+  EXPECT_EQ(gossip.rows[0],
+            (std::vector<std::string>{"7.4", "15.0", "10", "20", "0.8000", "0.7000", "0.9000",
+                                      "0.8500", "900", "500", "2", "0", "0"}));
+}
+
+// Peers 0..N-1 marked as attackers in peers.csv, with their attack; the wiring refuses a
+// fleet of attackers only and an attack that is not one.
+TEST(GossipReport, WiringMarksTheAttackers) {
+  TempDir dir("edgetrain-gossip-report");
+  const fs::path run = dir.path();
+  write_ring(run, 4);
+  write_plan(run, 4, "netns");
+  write_gossip_wiring(run, "netns", 150, 2, "scale:-4");
+  const CsvTable peers = read_csv(run / "peers.csv");
+  EXPECT_EQ(peers.rows[1].at(peers.column("attack")), "scale:-4");
+  EXPECT_EQ(peers.rows[2].size(), 4u);  // an honest peer's empty attack ends its row
+  EXPECT_EQ(gossip_attackers(run), (std::vector<std::pair<std::string, std::string>>{
+                                       {"w0", "scale:-4"}, {"w1", "scale:-4"}}));
+  EXPECT_THROW(write_gossip_wiring(run, "netns", 150, 4, "bias:1e30"), std::invalid_argument);
+  EXPECT_THROW(write_gossip_wiring(run, "netns", 150, 1, "bias"), std::invalid_argument);
+  EXPECT_THROW(write_gossip_wiring(run, "netns", 150, 0, "bias:1e30"), std::invalid_argument);
+  // A run wired before the column existed has no attackers.
+  write(run / "peers.csv", "peer,name,listen,neighbours\n0,w0,x,1;3\n");
+  EXPECT_TRUE(gossip_attackers(run).empty());
+}
+
+// A gossip peer's stats file with what it took of each neighbour.
+std::string stats_with_neighbours(int iteration, int resumed, const json& neighbours) {
+  json stats = json::parse(peer_stats(iteration, resumed, 100));
+  stats["neighbours"] = neighbours;
+  return stats.dump();
+}
+
+// A ring of 3 whose w0 attacks: the evaluations are of w1 and w2 only (one that holds w0 is
+// refused), and the rows, outcome.json, workers.csv and summary.md count what w1 and w2
+// refused, clipped and mixed of w0, over w1's two incarnations.
+TEST(GossipReport, TheHonestPeersAccuracyAndWhatTheyRefusedOfTheAttackers) {
+  TempDir dir("edgetrain-gossip-report");
+  const fs::path run = dir.path();
+  write_ring(run, 3);
+  write_plan(run, 3, "loopback");
+  write_gossip_wiring(run, "loopback", 150, 1, "bias:1e30");
+  const json none = {{"mixed", 0}, {"refused", 0}, {"clipped", 0}};
+  write(run / "logs" / "worker-0.0.stats.json",
+        stats_with_neighbours(30, 0, {{"w1", none}, {"w2", none}}));
+  write(run / "logs" / "worker-1.0.stats.json",
+        stats_with_neighbours(20, 0, {{"w0", {{"mixed", 1}, {"refused", 4}, {"clipped", 1}}},
+                                   {"w2", {{"mixed", 20}, {"refused", 0}, {"clipped", 2}}}}));
+  write(run / "logs" / "worker-1.1.stats.json",
+        stats_with_neighbours(28, 20, {{"w0", {{"mixed", 0}, {"refused", 3}, {"clipped", 0}}},
+                                   {"w2", {{"mixed", 8}, {"refused", 0}, {"clipped", 0}}}}));
+  write(run / "logs" / "worker-2.0.stats.json",
+        stats_with_neighbours(29, 0, {{"w0", {{"mixed", 0}, {"refused", 5}, {"clipped", 0}}},
+                                   {"w1", {{"mixed", 29}, {"refused", 1}, {"clipped", 0}}}}));
+  write(run / "links.csv", "link,listen,to_server_bytes_in,to_worker_bytes_in\n");
+  write(run / "all.json",
+        R"({"peers": [{"peer": "w0", "iteration": 30}, {"peer": "w1", "iteration": 28},
+                      {"peer": "w2", "iteration": 29}], "mean_accuracy": 0.6,
+            "min_accuracy": 0.2, "max_accuracy": 0.9, "consensus_accuracy": 0.5,
+            "test_examples": 1000})");
+  EXPECT_THROW(append_gossip_row(run, 5, run / "all.json"), std::invalid_argument);
+  write(run / "honest.json",
+        R"({"peers": [{"peer": "w1", "iteration": 28}, {"peer": "w2", "iteration": 29}],
+            "mean_accuracy": 0.85, "min_accuracy": 0.8, "max_accuracy": 0.9,
+            "consensus_accuracy": 0.88, "test_examples": 1000})");
+  EXPECT_EQ(append_gossip_row(run, 5, run / "honest.json"), "5,29,0.8500,400,0");
+  const CsvTable gossip = read_csv(run / "gossip-timeline.csv");
+  // Refused: w1 4 + 3, w2 5; clipped: w1's 1 (its honest neighbour's 2 are not the attacker's).
+  EXPECT_EQ(gossip.rows.at(0).at(gossip.column("honest_peers")), "2");
+  EXPECT_EQ(gossip.rows[0].at(gossip.column("attacker_models_refused")), "12");
+  EXPECT_EQ(gossip.rows[0].at(gossip.column("attacker_terms_clipped")), "1");
+  EXPECT_EQ(gossip.rows[0].at(gossip.column("min_accuracy")), "0.8000");
+
+  fs::copy_file(run / "honest.json", run / "logs" / "final-eval.json");
+  write(run / "run.label", "gossip ring, 1 attacker\n");
+  write(run / "settings.md", "");
+  GossipSummaryOptions o{run, "time", "time limit", "loopback", "", -1, 10};
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(summarize_gossip(o), 0);
+  testing::internal::GetCapturedStdout();
+  const json outcome = read_json(run / "outcome.json");
+  EXPECT_EQ(outcome["final"]["peers_evaluated"], 2);
+  EXPECT_EQ(outcome["final"]["mean_accuracy"], 0.85);
+  const json& attack = outcome["attack"];
+  EXPECT_EQ(attack["attackers"], json::array({"w0"}));
+  EXPECT_EQ(attack["attack"], "bias:1e30");
+  EXPECT_EQ(attack["honest_peers"], 2);
+  EXPECT_EQ(attack["attacker_models_refused"], 12);
+  EXPECT_EQ(attack["attacker_terms_clipped"], 1);
+  EXPECT_EQ(attack["attacker_models_mixed"], 1);
+  EXPECT_EQ(attack["honest_neighbours_refused"], 1);
+  EXPECT_EQ(attack["honest_terms_clipped"], 2);
+  const CsvTable workers = read_csv(run / "workers.csv");
+  EXPECT_EQ(workers.rows[0].at(workers.column("attack")), "bias:1e30");
+  EXPECT_EQ(workers.rows[1].at(workers.column("attack")), "");
+  EXPECT_EQ(workers.rows[1].at(workers.column("attacker_models_refused")), "7");
+  EXPECT_EQ(workers.rows[1].at(workers.column("attacker_terms_clipped")), "1");
+  EXPECT_EQ(workers.rows[1].at(workers.column("attacker_models_mixed")), "1");
+  EXPECT_EQ(workers.rows[1].at(workers.column("terms_clipped")), "3");
+  const std::string summary = read_text(run / "summary.md");
+  EXPECT_NE(summary.find("mean honest peer 85.00% (80.00%-90.00%)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("attackers: w0 (edgetrain-gossip-attacker --attack bias:1e30); the "
+                         "accuracies are the 2 honest peers', which refused the attackers' "
+                         "models 12 times"),
+            std::string::npos)
+      << summary;
+
+  // Without attackers outcome.json says so.
+  write_gossip_wiring(run, "loopback", 150);
+  write(run / "logs" / "final-eval.json", read_text(run / "all.json"));
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(summarize_gossip(o), 0);
+  testing::internal::GetCapturedStdout();
+  EXPECT_TRUE(read_json(run / "outcome.json")["attack"].is_null());
 }
 
 // A restarted peer must resume from its last checkpoint: with checkpoints every 10 and 47

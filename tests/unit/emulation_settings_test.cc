@@ -45,6 +45,9 @@ TEST(EmulatorSettings, OneShellAssignmentPerSettingNamedLikeItsKey) {
         "impaired='all'\n", "label=''\n", "out='emulation-results/run'\n", "cpu_period='100000'\n",
         "max_parameter_magnitude='0'\n", "publish_fraction='0.01'\n"})
     EXPECT_NE(text.find(line), std::string::npos) << line;
+  for (const char* line : {"malicious_peers='0'\n", "attack=''\n",
+                           "max_neighbour_magnitude='10000'\n", "neighbour_clip='0'\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line;
 }
 
 TEST(EmulatorSettings, FlagsQuotedForTheShell) {
@@ -111,6 +114,36 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   bad_window.cpu_classes = "pi5=1";
   bad_window.cpu_schedule = "20-10:0.5";
   EXPECT_THROW(check_emulator_settings(bad_window), std::invalid_argument);
+}
+
+// Attackers (--malicious-peers, --attack) and the honest peers' defence (issue 37).
+TEST(EmulatorSettings, AttackersAndTheDefence) {
+  using S = EmulatorSettings;
+  expect_refused([](S& s) { s.malicious_peers = 1; }, "are for --mode gossip");
+  expect_refused([](S& s) { s.mode = "rounds", s.attack = "bias:1e30"; }, "are for --mode gossip");
+  expect_refused([](S& s) { s.neighbour_clip = 3; }, "the gossip peers'");
+  expect_refused([](S& s) { s.max_neighbour_magnitude = 0; }, "the gossip peers'");
+  expect_refused([](S& s) { s.mode = "gossip", s.workers = 8, s.malicious_peers = 8; },
+                 "--malicious-peers 8 must be below --workers 8");
+  expect_refused([](S& s) { s.mode = "gossip", s.attack = "bias:1e30"; },
+                 "--attack needs --malicious-peers");
+  for (const char* bad : {"bias", "bias:", "bias:x", "bias:1e30x", "scale:inf", "shift:2",
+                          "bias:1e39", ":3"})
+    expect_refused([bad](S& s) { s.mode = "gossip", s.malicious_peers = 1, s.attack = bad; },
+                   "is not bias:V or scale:F");
+  expect_refused([](S& s) { s.mode = "gossip", s.workers = 4, s.malicious_peers = 2,
+                            s.qemu_workers = 3; },
+                 "must not exceed --workers");
+  expect_refused([](S& s) { s.mode = "gossip", s.gossip = "ad-psgd", s.neighbour_clip = 1; },
+                 "d-psgd's");
+  for (const char* good : {"", "bias:1e30", "bias:-1000", "scale:-4", "scale:0.5"}) {
+    EmulatorSettings s;
+    s.mode = "gossip", s.workers = 8, s.malicious_peers = 1, s.attack = good;
+    s.neighbour_clip = 0.3, s.max_neighbour_magnitude = 0;
+    EXPECT_NO_THROW(check_emulator_settings(s)) << good;
+  }
+  EXPECT_NO_THROW(check_gossip_attack("scale:-4"));
+  EXPECT_THROW(check_gossip_attack("scale"), std::invalid_argument);
 }
 
 TEST(EmulatorSettings, SettingsThatGoTogetherPass) {

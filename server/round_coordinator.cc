@@ -14,6 +14,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "common/number_text.h"
 #include "server/resources.h"
 #include "transport/identity.h"
 #include "transport/untrusted_text.h"
@@ -75,26 +76,6 @@ std::string parse_examples(std::string_view query, std::uint64_t& examples) {
   return {};
 }
 
-// Why a delta cannot be taken, or empty: a value that is not finite, or whose step alone
-// (server_lr · v) passes the parameters' bound.
-std::string delta_value_problem(const transport::SparseUpdate& delta, float server_lr,
-                                float bound) {
-  for (const transport::SparseTensor& tensor : delta.tensors)
-    for (std::size_t i = 0; i < tensor.values.size(); ++i) {
-      const float v = tensor.values[i];
-      if (!std::isfinite(v))
-        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
-               std::to_string(tensor.indices[i]) + ": the value is not finite";
-      if (std::fabs(static_cast<double>(server_lr) * v) > bound)
-        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
-               std::to_string(tensor.indices[i]) + ": a step of " +
-               std::to_string(static_cast<double>(server_lr) * v) +
-               " would pass the parameter bound " + std::to_string(bound) +
-               " (--max-parameter-magnitude)";
-    }
-  return {};
-}
-
 }  // namespace
 
 RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
@@ -102,6 +83,10 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
   if (!(options_.client_fraction > 0 && options_.client_fraction <= 1))
     throw std::invalid_argument("client fraction must be in (0, 1]");
   if (!(options_.deadline_seconds > 0)) throw std::invalid_argument("round deadline must be > 0");
+  if (!(options_.rule.trim_fraction >= 0 && options_.rule.trim_fraction < 0.5))
+    throw std::invalid_argument("--trim-fraction must be in [0, 0.5)");
+  if (!(options_.clip_norm >= 0 && std::isfinite(options_.clip_norm)))
+    throw std::invalid_argument("--round-clip-norm must be a finite value >= 0");
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
@@ -279,7 +264,7 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     return text_response(CoapCode::kForbidden,
                          "quarantined: this device sent too many bad deltas or updates in a row");
   }
-  if (const std::string problem = delta_value_problem(decoded.value(), options_.server_lr,
+  if (const std::string problem = round_delta_problem(decoded.value(), options_.server_lr,
                                                       options_.max_parameter_magnitude);
       !problem.empty()) {
     ++refused_values_;
@@ -312,11 +297,30 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
         CoapCode::kConflict,
         "not selected: this device is not selected in round " + std::to_string(round()));
   }
+  // Per-device norm clipping: the log keeps the clipped delta (fp32), so a restart reloads
+  // what the close aggregates, whatever --round-clip-norm it is given then.
+  std::vector<std::uint8_t> clipped_body;
+  const double norm = clip_round_delta(decoded.value(), options_.clip_norm);
+  const bool clipped = options_.clip_norm > 0 && norm > options_.clip_norm;
+  if (clipped) {
+    auto encoded = transport::encode_sparse_update(decoded.value());
+    if (!encoded) {  // cannot happen for finite values scaled down; refused rather than lost
+      log("ERROR: cannot encode a clipped delta: " + encoded.error().message);
+      return text_response(CoapCode::kInternalServerError, "cannot encode the clipped delta");
+    }
+    clipped_body = std::move(encoded).value();
+  }
   try {
-    append_to_log(examples, identity, request.payload);
+    append_to_log(examples, identity, clipped ? std::span<const std::uint8_t>(clipped_body)
+                                              : std::span<const std::uint8_t>(request.payload));
   } catch (const std::exception& e) {
     log(std::string("ERROR: ") + e.what());
     return text_response(CoapCode::kInternalServerError, e.what());
+  }
+  if (clipped) {
+    ++clipped_;
+    clipped_this_round_.push_back(escape_untrusted(identity) + " " +
+                                  common::short_number(norm));
   }
   deltas_.push_back({examples, std::move(decoded).value()});
   answered_.insert(identity);
@@ -346,7 +350,7 @@ void RoundCoordinator::close_round() {
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
   // The close is one update through ServerState (round_aggregation.h, as the simulator's).
   const transport::SparseUpdate update = round_close_update(
-      deltas_, state_.model().tensor_sizes(), options_.aggregation, options_.server_lr,
+      deltas_, state_.model().tensor_sizes(), options_.rule, options_.server_lr,
       options_.store_learning_rate, state_.model_id(), closing);
   auto encoded = transport::encode_sparse_update(update);
   if (!encoded) {
@@ -371,13 +375,23 @@ void RoundCoordinator::close_round() {
                   submit_outcome_name(result.outcome) + "): " + result.diagnostic);
     return;
   }
+  std::string clipped;
+  if (!clipped_this_round_.empty()) {
+    // Which devices' deltas were clipped, with their norms (the first few).
+    clipped = " (" + std::to_string(clipped_this_round_.size()) + " clipped at norm " +
+              common::short_number(options_.clip_norm) + ":";
+    for (std::size_t i = 0; i < clipped_this_round_.size() && i < kClippedNamesLogged; ++i)
+      clipped += " " + clipped_this_round_[i];
+    clipped += clipped_this_round_.size() > kClippedNamesLogged ? " ...)" : ")";
+  }
   log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) +
-      " deltas, " + std::to_string(missing) + " stragglers; version " +
+      " deltas" + clipped + ", " + std::to_string(missing) + " stragglers; version " +
       std::to_string(result.version));
   ++rounds_closed_;
   stragglers_ += missing;
   deltas_.clear();
   answered_.clear();
+  clipped_this_round_.clear();
   opened_ = options_.now();
   // The close is durable in the WAL: the closed round's records are no longer needed (a
   // crash before this replacement leaves records of a closed round, which reloading skips).
@@ -390,6 +404,7 @@ void RoundCoordinator::restart_round(const std::string& why) {
       std::to_string(deltas_.size()) + " deltas: " + why + "; the round starts again without them");
   deltas_.clear();
   answered_.clear();
+  clipped_this_round_.clear();
   opened_ = options_.now();
   // Their records go too, or a restart would reload them beside the deltas sent again.
   empty_log();
@@ -421,7 +436,9 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_refused_values", refused_values_},
                                  {"round_deltas_quarantined", quarantined_},
                                  {"round_policy", round_policy_name(options_.policy)},
-                                 {"round_aggregation", aggregation_name(options_.aggregation)}};
+                                 {"round_deltas_clipped", clipped_},
+                                 {"round_clip_norm", options_.clip_norm},
+                                 {"round_aggregation", aggregation_name(options_.rule.kind)}};
   return status.dump();
 }
 

@@ -78,6 +78,16 @@ void check_settings(const ServerSettings& s) {
     if (s.publish_every > 0)
       throw std::invalid_argument("--shard: --publish-every is not supported");
   }
+  // --clip-update-norm would clip the round's close (one update through the store) per
+  // tensor, which is not what a user of rounds means by clipping.
+  if (s.mode == "rounds" && s.clip_update_norm > 0)
+    throw std::invalid_argument(
+        "--clip-update-norm clips asynchronous updates; with --mode rounds use "
+        "--round-clip-norm (each device's delta)");
+  if (s.mode != "rounds" && (s.round_clip_norm > 0 || s.aggregation != "masked"))
+    throw std::invalid_argument("--aggregation and --round-clip-norm are settings of --mode rounds");
+  if (s.mode != "gan" && s.gan_clip_feedback > 0)
+    throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.
   if (s.mode != "async" && s.loop_threads > 1)
     throw std::invalid_argument("--loop-threads above 1 needs --mode async");

@@ -33,8 +33,17 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
       .choices({"drop-stragglers", "wait-all"});
   t.add("aggregation", s.aggregation,
         "rounds: masked averages each parameter over the devices that sent it; "
-        "fedavg counts a missing entry as zero")
-      .choices({"masked", "fedavg"});
+        "fedavg counts a missing entry as zero; trimmed-mean and median are robust to a few "
+        "bad devices (coordinate-wise over the devices that sent it, unweighted)")
+      .choices({"masked", "fedavg", "trimmed-mean", "median"});
+  t.add("trim-fraction", s.trim_fraction,
+        "rounds, trimmed-mean: the share of each parameter's values dropped at each end "
+        "(0.2 of 8 devices drops the lowest and the highest)")
+      .range(0, 0.499);
+  t.add("round-clip-norm", s.round_clip_norm,
+        "rounds: scale each device's delta down to this L2 norm when it is above it (the "
+        "round log keeps the clipped delta); 0: no clipping")
+      .range(0, 3.4e38);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -60,7 +69,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                                              ResourceOptions& resources) {
   RoundOptions o;
   o.policy = parse_round_policy(s.round_policy);
-  o.aggregation = parse_aggregation(s.aggregation);
+  o.rule = {parse_aggregation(s.aggregation), s.trim_fraction};
+  o.clip_norm = s.round_clip_norm;
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -77,7 +87,14 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   resources.updates_refused_because = "--mode rounds: post model deltas to /round/update";
   resources.extra_status = [m = mode.get()] { return m->status_json(); };
   log_line("federated rounds: round " + std::to_string(mode->rounds().round()) + ", policy " +
-           s.round_policy + ", " + s.aggregation + " aggregation, deadline " +
+           s.round_policy + ", " + s.aggregation +
+           (o.rule.kind == Aggregation::kTrimmedMean
+                ? " (trim " + short_number(s.trim_fraction) + ")"
+                : std::string()) +
+           " aggregation" +
+           (s.round_clip_norm > 0 ? ", deltas clipped at norm " + short_number(s.round_clip_norm)
+                                  : std::string()) +
+           ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +
            (s.local_epochs > 0 ? std::to_string(s.local_epochs) + " local epochs"

@@ -157,12 +157,7 @@ class GossipSimulation {
 
 std::span<const float> GossipSimulation::poison(Peer& peer, std::span<const float> from) {
   peer.poisoned.assign(from.begin(), from.end());
-  const auto value = static_cast<float>(config_.attack.value);
-  if (config_.attack.kind == GossipAttack::Kind::kBias)
-    std::fill_n(peer.poisoned.begin() + static_cast<std::ptrdiff_t>(bias_offset_), bias_size_,
-                value);
-  else
-    for (float& v : peer.poisoned) v *= value;
+  apply_model_attack(config_.attack, peer.poisoned, {bias_offset_, bias_size_});
   return peer.poisoned;
 }
 
@@ -249,14 +244,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
   eval_count_ = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
   average_.resize(model_.parameter_count());
   honest_ = peers_.size() - static_cast<std::size_t>(config.malicious_peers);
-  for (auto layer = model_.layers().rbegin(); layer != model_.layers().rend(); ++layer)
-    if (layer->bias_tensor >= 0) {
-      const runtime::TensorInfo& bias =
-          model_.tensors()[static_cast<std::size_t>(layer->bias_tensor)];
-      bias_offset_ = bias.offset;
-      bias_size_ = bias.size;
-      break;
-    }
+  std::tie(bias_offset_, bias_size_) = output_bias_range(model_);
 }
 
 double GossipSimulation::class_speed(std::uint32_t speed_class, double time) const {
@@ -648,18 +636,6 @@ std::vector<SpeedChange> parse_speed_schedule(const std::string& text) {
     schedule.push_back({*at, static_cast<std::uint32_t>(*speed_class), *factor});
   }
   return schedule;
-}
-
-GossipAttack parse_gossip_attack(const std::string& text) {
-  const auto colon = text.find(':');
-  const std::string kind = text.substr(0, colon);
-  const auto value =
-      colon == std::string::npos ? std::nullopt : parse_number(text.substr(colon + 1));
-  const double v = value.value_or(std::numeric_limits<double>::infinity());
-  if ((kind != "bias" && kind != "scale") || !std::isfinite(v) || std::fabs(v) > 3.4e38)
-    throw std::invalid_argument("--attack: '" + text +
-                                "' is not bias:V or scale:F (a finite float, e.g. bias:1e30)");
-  return {kind == "bias" ? GossipAttack::Kind::kBias : GossipAttack::Kind::kScale, v};
 }
 
 double GossipConfig::effective_consensus_step() const {

@@ -46,8 +46,9 @@
 #include <vector>
 
 #include "model/dataset.h"
-#include "worker/gossip.h"
 #include "model/trainer.h"
+#include "sim/model_attack.h"
+#include "worker/gossip.h"
 
 namespace edgetrain::sim {
 
@@ -74,15 +75,6 @@ std::vector<double> parse_speed_classes(const std::string& text);
 // and a backward pass that costs about twice the forward), so a validation costs time.
 inline constexpr double kForwardShareOfStep = 1.0 / 3.0;
 
-// What a malicious peer does to the model it publishes (--attack): kBias sets every entry of
-// the output layer's bias to `value` ("bias:1e30"); kScale multiplies the whole model by
-// `value` ("scale:-4").
-struct GossipAttack {
-  enum class Kind { kBias, kScale } kind = Kind::kBias;
-  double value = 1e30;
-};
-// "bias:V" or "scale:F"; std::invalid_argument naming --attack otherwise.
-GossipAttack parse_gossip_attack(const std::string& text);
 
 struct GossipConfig {
   std::string model = "mlp";  // built-in name or spec text
@@ -152,7 +144,7 @@ struct GossipConfig {
   // a poisoned copy of their model, and do not mix; the mean, min and max accuracy and the
   // consensus are over the honest peers only.
   int malicious_peers = 0;
-  GossipAttack attack;
+  ModelAttack attack;  // what peers 0..malicious_peers-1 do (sim/model_attack.h)
   std::uint64_t seed = 1;
   int threads = 1;
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;

@@ -72,6 +72,11 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
                  "refused the close: a "
                  "diverged model beyond the parameter bound)\n";
   }
+  for (const auto& r : results)
+    if (r.round_deltas_refused > 0 || r.round_deltas_clipped > 0)
+      summary << "\n" << r.label << ": the server refused " << r.round_deltas_refused
+              << " deltas (a value past the parameter bound) and clipped "
+              << r.round_deltas_clipped << "\n";
   summary << "\nrounds: `updates` in sim.csv; time in mean step times (virtual); ingress counts "
              "stragglers' deltas "
              "too, which the server receives but leaves out of the aggregate\n";

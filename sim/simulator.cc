@@ -62,6 +62,12 @@ void check_config_values(const SimConfig& c) {
   if (!(c.learning_rate > 0)) throw std::invalid_argument("sim: learning rate must be positive");
   if (c.max_updates < 1) throw std::invalid_argument("sim: max updates must be at least 1");
   if (c.eval_every < 1) throw std::invalid_argument("sim: eval interval must be at least 1");
+  if (c.rounds.malicious_workers < 0 || c.rounds.malicious_workers >= c.workers)
+    throw std::invalid_argument("--malicious-peers must leave at least one honest worker");
+  if (!(c.rounds.aggregation.trim_fraction >= 0 && c.rounds.aggregation.trim_fraction < 0.5))
+    throw std::invalid_argument("--trim-fraction must be in [0, 0.5)");
+  if (!(c.rounds.clip_norm >= 0) || !std::isfinite(c.rounds.clip_norm))
+    throw std::invalid_argument("--round-clip-norm must be a finite value >= 0");
   if (c.speed_spread < 0 || c.step_jitter < 0)
     throw std::invalid_argument("sim: speed spreads must be >= 0");
   if (c.failure_probability < 0 || c.failure_probability >= 1) {
@@ -396,6 +402,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     });
   };
   std::vector<float> start(parameter_count), parameters(parameter_count);
+  const auto output_bias = output_bias_range(sim.model);
+  const float delta_bound = store_options(config).max_parameter_magnitude;
   std::uint64_t pulls = 0, deltas_received = 0, delta_bytes_sum = 0, deltas_aggregated = 0;
   std::uint64_t unchanged_in_a_row = 0;  // rounds that left the model as it was
   double now = 0;
@@ -442,6 +450,10 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         result.updates_lost++;
         continue;
       }
+      // A malicious worker (ours, issue 37) sends its delta with the attack applied.
+      if (w < rounds.malicious_workers)
+        apply_model_attack(rounds.attack,
+                           std::span<float>(sim.gradient.data(), parameter_count), output_bias);
       // The delta goes through the compressor in place of a gradient (runtime::RoundWorker).
       const std::uint64_t examples = trained.examples;
       bool finite = examples > 0;
@@ -491,6 +503,14 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (!decoded)
         throw std::logic_error("sim: server refused a well-formed round delta: " +
                                decoded.error().message);
+      // What server::RoundCoordinator takes of it: refused past the bound, clipped.
+      if (!server::round_delta_problem(decoded.value(), rounds.server_lr, delta_bound).empty()) {
+        result.round_deltas_refused++;
+        continue;
+      }
+      if (server::clip_round_delta(decoded.value(), rounds.clip_norm) > rounds.clip_norm &&
+          rounds.clip_norm > 0)
+        result.round_deltas_clipped++;
       deltas.push_back({arrival.examples, std::move(decoded).value()});
     }
     now = close;

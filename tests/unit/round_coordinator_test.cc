@@ -506,3 +506,73 @@ TEST(RoundHardening, AnAggregateTheStoreRefusesStartsTheRoundAgainWithoutItsDelt
   ASSERT_EQ(server.rounds->post_round_update(request("b", honest)).code, CoapCode::kChanged);
   EXPECT_EQ(server.rounds->round(), 1u) << "the round closed with the deltas sent again";
 }
+
+// Per-device norm clipping (issue 37): the round log keeps the clipped delta, so a restart
+// with another --round-clip-norm (here none) closes the round exactly as without the crash.
+TEST(RoundHardening, AClippedDeltaIsLoggedClippedAndTheCloseReplaysBitExact) {
+  TempDir crashed("edgetrain-rounds"), uninterrupted("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  RoundOptions clipping = two_devices();
+  clipping.clip_norm = 1.0;
+  const auto large = uniform_delta(model, 0.5f, 0);  // norm 0.5·√(parameters) > 1
+  const auto small = uniform_delta(model, 0.001f, 0);
+  std::vector<float> expected;
+  {
+    Server server(uninterrupted, clock, clipping);
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    ASSERT_EQ(server.rounds->post_round_update(request("a", large)).code, CoapCode::kChanged);
+    const auto status = nlohmann::json::parse(server.rounds->status_json());
+    EXPECT_EQ(status.at("round_deltas_clipped"), 1);
+    const auto logged = server::read_wal(uninterrupted.path() / "rounds.wal");
+    ASSERT_EQ(logged.records.size(), 1u);
+    const std::vector<std::uint32_t> sizes = model.tensor_sizes();
+    auto decoded = transport::decode_sparse_update(logged.records[0].update,
+                                                   {server.state->model_id(), sizes});
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_NEAR(server::clip_round_delta(decoded.value(), 0), 1.0, 1e-5)
+        << "the log holds the delta as clipped";
+    ASSERT_EQ(server.rounds->post_round_update(request("b", small)).code, CoapCode::kChanged);
+    ASSERT_EQ(server.rounds->round(), 1u);
+    EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json()).at("round_deltas_clipped"), 1)
+        << "b's small delta is not clipped";
+    expected = server.state->snapshot().parameters;
+  }
+  {
+    Server server(crashed, clock, clipping);
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    ASSERT_EQ(server.rounds->post_round_update(request("a", large)).code, CoapCode::kChanged);
+  }
+  Server server(crashed, clock, two_devices());  // restarted without clipping
+  ASSERT_EQ(server.rounds->deltas_received(), 1u);
+  round_info(*server.rounds, "b");
+  ASSERT_EQ(server.rounds->post_round_update(request("b", small)).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->round(), 1u);
+  EXPECT_EQ(server.state->snapshot().parameters, expected);
+}
+
+// A robust rule on the server: the median of three deltas leaves out the one far away.
+TEST(RoundHardening, TheMedianLeavesOutAnOutlyingDevice) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  RoundOptions options = two_devices();
+  options.min_clients = 3;
+  options.rule = server::Aggregation::kMedian;
+  Server server(dir, clock, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  for (const char* who : {"a", "b", "c"}) round_info(*server.rounds, who);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", uniform_delta(model, 0.01f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", uniform_delta(model, 0.02f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("c", uniform_delta(model, 100.0f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->round(), 1u);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  for (std::size_t i = 0; i < after.size(); ++i)
+    ASSERT_NEAR(after[i] - before[i], 0.02f, 1e-5f) << i;  // server_lr 1 · median 0.02
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json()).at("round_aggregation"), "median");
+}

@@ -109,14 +109,22 @@ void robust_aggregate(std::span<const RoundDelta> deltas,
         const std::size_t n = counts[i];
         if (n == 0) continue;  // nobody sent it: unchanged, as masked
         float* first = values.data() + static_cast<std::size_t>(i) * m;
-        std::sort(first, first + n);
+        // Selection, not a sort: O(n) per coordinate (a sort made the rule 30 times the
+        // mean's cost at 100 devices). The order of the sum below is then that of the
+        // partition, the same for the same values on the same standard library.
         double result;
         if (rule.kind == Aggregation::kMedian) {
-          result = n % 2 ? first[n / 2]
-                         : (static_cast<double>(first[n / 2 - 1]) + first[n / 2]) / 2;
+          std::nth_element(first, first + n / 2, first + n);
+          result = first[n / 2];
+          if (n % 2 == 0)  // the lower middle value: the largest of those before it
+            result = (static_cast<double>(*std::max_element(first, first + n / 2)) + result) / 2;
         } else {
           const std::size_t kept = trimmed_count(n, rule.trim_fraction);
           const std::size_t skip = (n - kept) / 2;
+          if (skip > 0) {
+            std::nth_element(first, first + skip, first + n);  // the skip smallest before it
+            std::nth_element(first + skip, first + skip + kept, first + n);  // the largest after
+          }
           double sum = 0;
           for (std::size_t j = skip; j < skip + kept; ++j) sum += first[j];
           result = sum / static_cast<double>(kept);

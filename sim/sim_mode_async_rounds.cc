@@ -196,11 +196,12 @@ int ServerSimRun::run(const SimData& data) {
   const std::string summary = rounds ? rounds_summary_table(results, target_accuracy)
                                      : async_summary_table(results, target_accuracy);
   std::ofstream(s.out_dir + "/summary.md") << summary;
+  std::ofstream(s.out_dir + "/summary.json") << runs_summary_json(results, target_accuracy);
   if (!s.save_model.empty()) {
     const SimResult& last = results.back();
     save_model(s, last.final_parameters, last.updates_applied, last.label, last.final_accuracy());
   }
-  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md";
+  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md,summary.json";
   for (const std::string& file : sim_plot_files(rounds)) std::cout << ',' << file;
   std::cout << "}\n";
   return 0;

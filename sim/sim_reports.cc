@@ -1,5 +1,7 @@
 #include "sim/sim_reports.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -35,6 +37,24 @@ std::string time_text(std::optional<double> time) {
   char text[32];
   std::snprintf(text, sizeof text, "%.0f", *time);
   return text;
+}
+
+std::string runs_summary_json(const std::vector<SimResult>& results, double target_accuracy) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const SimResult& r : results)
+    runs.push_back({{"label", r.label},
+                    {"final_accuracy", r.final_accuracy()},
+                    {"best_accuracy", r.best_accuracy()},
+                    {"updates_applied", r.updates_applied},
+                    {"updates_refused", r.updates_refused},
+                    {"updates_lost", r.updates_lost},
+                    {"ingress_bytes", r.ingress_bytes},
+                    {"virtual_time", r.virtual_time},
+                    {"round_stragglers", r.round_stragglers},
+                    {"round_deltas_refused", r.round_deltas_refused},
+                    {"round_deltas_clipped", r.round_deltas_clipped},
+                    {"stalled", r.stalled}});
+  return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 
 std::string rounds_summary_table(const std::vector<SimResult>& results, double target_accuracy) {

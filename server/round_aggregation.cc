@@ -22,16 +22,17 @@ const char* aggregation_name(Aggregation aggregation) {
     case Aggregation::kFedAvg: return "fedavg";
     case Aggregation::kTrimmedMean: return "trimmed-mean";
     case Aggregation::kMedian: return "median";
+    case Aggregation::kDpFedAvg: return "dp-fedavg";
   }
   return "?";
 }
 
 Aggregation parse_aggregation(const std::string& name) {
   for (Aggregation a : {Aggregation::kMasked, Aggregation::kFedAvg, Aggregation::kTrimmedMean,
-                        Aggregation::kMedian})
+                        Aggregation::kMedian, Aggregation::kDpFedAvg})
     if (name == aggregation_name(a)) return a;
   throw std::invalid_argument("unknown aggregation '" + name +
-                              "' (masked, fedavg, trimmed-mean or median)");
+                              "' (masked, fedavg, trimmed-mean, median or dp-fedavg)");
 }
 
 std::size_t trimmed_count(std::size_t m, double trim_fraction) {
@@ -143,6 +144,9 @@ std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
                                     AggregationRule rule) {
   if (!(rule.trim_fraction >= 0 && rule.trim_fraction < 0.5))
     throw std::invalid_argument("the trim fraction must be in [0, 0.5)");
+  const bool dp = rule.kind == Aggregation::kDpFedAvg;
+  if (dp && !(rule.expected_devices > 0))
+    throw std::invalid_argument("dp-fedavg needs the expected number of devices per round");
   std::vector<std::size_t> offsets;
   std::size_t total = 0;
   for (std::uint32_t size : tensor_sizes) {
@@ -154,7 +158,7 @@ std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
   double all_weights = 0;
   for (const RoundDelta& round_delta : deltas) {
     if (round_delta.examples == 0) throw std::invalid_argument("a round delta with zero examples");
-    const double weight = static_cast<double>(round_delta.examples);
+    const double weight = dp ? 1.0 : static_cast<double>(round_delta.examples);
     all_weights += weight;
     for (const transport::SparseTensor& tensor : round_delta.delta.tensors) {
       if (tensor.tensor >= tensor_sizes.size() || tensor.size != tensor_sizes[tensor.tensor] ||
@@ -178,7 +182,9 @@ std::vector<float> aggregate_deltas(std::span<const RoundDelta> deltas,
     return aggregated;
   }
   for (std::size_t i = 0; i < total; ++i) {
-    const double divisor = rule.kind == Aggregation::kMasked ? weights[i] : all_weights;
+    const double divisor = rule.kind == Aggregation::kMasked ? weights[i]
+                           : dp                               ? rule.expected_devices
+                                                              : all_weights;
     if (divisor > 0) aggregated[i] = static_cast<float>(sums[i] / divisor);
   }
   return aggregated;
@@ -190,6 +196,13 @@ transport::SparseUpdate round_close_update(std::span<const RoundDelta> deltas,
                                            float store_learning_rate, std::uint64_t model_id,
                                            std::uint64_t round) {
   const std::vector<float> mean = aggregate_deltas(deltas, tensor_sizes, rule);
+  return close_update_of(mean, tensor_sizes, server_lr, store_learning_rate, model_id, round);
+}
+
+transport::SparseUpdate close_update_of(std::span<const float> mean,
+                                        std::span<const std::uint32_t> tensor_sizes,
+                                        float server_lr, float store_learning_rate,
+                                        std::uint64_t model_id, std::uint64_t round) {
   transport::SparseUpdate update;
   update.model_id = model_id;
   update.sequence = round + 1;

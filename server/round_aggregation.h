@@ -15,6 +15,11 @@
 //     the median (the mean of the two middle values for an even m_i). Unweighted, as in the
 //     paper: a device's example count does not weigh here, so a device cannot claim a large
 //     one to outvote the others. Over the devices that sent the entry, as masked is (ours).
+//   dp-fedavg: DP-FedAvg's estimator with a fixed denominator (McMahan et al. 2018): the
+//     unweighted sum of the (clipped) deltas over the expected number of devices per round,
+//     Δ_i = Σ_d v_{d,i} / m (a missing entry counts as zero), so that one device changes Δ
+//     by at most its clip norm S over m whatever the others sent; the caller adds the
+//     Gaussian noise (server/dp_accountant.h, server/secure_noise.h) before the close.
 //
 // Sums are taken in double in the order the deltas are given (the round log's order), so
 // the same deltas in the same order give the same floats on every machine.
@@ -38,9 +43,10 @@ const char* round_policy_name(RoundPolicy policy);
 RoundPolicy parse_round_policy(const std::string& name);  // "wait-all" | "drop-stragglers"
 inline constexpr double kWaitAllSafetyFactor = 4;
 
-enum class Aggregation { kMasked, kFedAvg, kTrimmedMean, kMedian };
+enum class Aggregation { kMasked, kFedAvg, kTrimmedMean, kMedian, kDpFedAvg };
 const char* aggregation_name(Aggregation aggregation);
-// "masked", "fedavg", "trimmed-mean" or "median"; throws std::invalid_argument otherwise.
+// "masked", "fedavg", "trimmed-mean", "median" or "dp-fedavg"; throws std::invalid_argument
+// otherwise.
 Aggregation parse_aggregation(const std::string& name);
 
 // β of trimmed-mean (ours: with 5 to 9 devices it drops one value at each end, and with 10
@@ -52,7 +58,8 @@ struct AggregationRule {
                   double trim_fraction = kDefaultTrimFraction)
       : kind(kind), trim_fraction(trim_fraction) {}
   Aggregation kind;
-  double trim_fraction;  // in [0, 0.5): the share dropped at each end (trimmed-mean only)
+  double trim_fraction;         // in [0, 0.5): the share dropped at each end (trimmed-mean only)
+  double expected_devices = 0;  // dp-fedavg's fixed denominator m (> 0)
 };
 // Values kept of the m sorted ones: [k, m − k).
 std::size_t trimmed_count(std::size_t m, double trim_fraction);
@@ -88,6 +95,13 @@ double clip_round_delta(transport::SparseUpdate& delta, double max_norm);
 // divisor 1 (delay 0: the update's fetched version is the round, the store's version) moves
 // W by server_lr·Δ, up to one rounding. Sequence round + 1, `model_id` the model's layout id.
 // Throws as aggregate_deltas does.
+// The close's update for an aggregated delta `mean` (all tensors back to back): what
+// round_close_update() makes of aggregate_deltas(), for a caller that changes the aggregate
+// first (dp-fedavg's noise).
+transport::SparseUpdate close_update_of(std::span<const float> mean,
+                                        std::span<const std::uint32_t> tensor_sizes,
+                                        float server_lr, float store_learning_rate,
+                                        std::uint64_t model_id, std::uint64_t round);
 transport::SparseUpdate round_close_update(std::span<const RoundDelta> deltas,
                                            std::span<const std::uint32_t> tensor_sizes,
                                            AggregationRule rule, float server_lr,

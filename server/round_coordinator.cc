@@ -16,6 +16,7 @@
 
 #include "common/number_text.h"
 #include "server/resources.h"
+#include "server/secure_noise.h"
 #include "transport/identity.h"
 #include "transport/untrusted_text.h"
 
@@ -87,6 +88,19 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     throw std::invalid_argument("--trim-fraction must be in [0, 0.5)");
   if (!(options_.clip_norm >= 0 && std::isfinite(options_.clip_norm)))
     throw std::invalid_argument("--round-clip-norm must be a finite value >= 0");
+  if (options_.rule.kind == Aggregation::kDpFedAvg) {
+    // Each device's sensitivity is its clip norm: without one there is no privacy to count.
+    if (!(options_.clip_norm > 0))
+      throw std::invalid_argument("--aggregation dp-fedavg needs --round-clip-norm S > 0");
+    if (!(options_.privacy.noise_multiplier > 0))
+      throw std::invalid_argument("--aggregation dp-fedavg needs --dp-noise-multiplier z > 0");
+    if (!(options_.rule.expected_devices > 0))
+      throw std::invalid_argument(
+          "--aggregation dp-fedavg needs --dp-expected-devices (devices per round on average)");
+    if (!(options_.privacy.delta > 0 && options_.privacy.delta < 1))
+      throw std::invalid_argument("--dp-delta must be in (0, 1)");
+    accountant_.emplace(options_.client_fraction, options_.privacy.noise_multiplier);
+  }
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
@@ -225,8 +239,8 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
-  const bool is_selected =
-      !identity.empty() && selected(identity, round()) && answered_.count(identity) == 0;
+  const bool is_selected = !identity.empty() && selected(identity, round()) &&
+                           answered_.count(identity) == 0 && !privacy_exhausted_;
   const nlohmann::json answer = {{"round", round()},
                                  {"model_version", state_.version()},
                                  {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
@@ -349,9 +363,33 @@ void RoundCoordinator::close_round() {
   for (const std::string& identity : seen_)
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
   // The close is one update through ServerState (round_aggregation.h, as the simulator's).
-  const transport::SparseUpdate update = round_close_update(
-      deltas_, state_.model().tensor_sizes(), options_.rule, options_.server_lr,
-      options_.store_learning_rate, state_.model_id(), closing);
+  transport::SparseUpdate update;
+  if (accountant_) {
+    // Every version of the state directory counts as one released round (ours: a state
+    // directory that began without dp-fedavg is counted as if it had it).
+    DpAccountant next = *accountant_;
+    next.add_rounds(closing + 1);
+    const double epsilon_after = next.epsilon(options_.privacy.delta).epsilon;
+    if (options_.privacy.target_epsilon > 0 && epsilon_after > options_.privacy.target_epsilon) {
+      if (!privacy_exhausted_) {
+        privacy_exhausted_ = "closing round " + std::to_string(closing) + " would take epsilon to " +
+                             common::short_number(epsilon_after) + ", past --dp-target-epsilon " +
+                             common::short_number(options_.privacy.target_epsilon);
+        log("privacy budget: " + *privacy_exhausted_ + "; no further round closes");
+      }
+      return;
+    }
+    std::vector<float> mean =
+        aggregate_deltas(deltas_, state_.model().tensor_sizes(), options_.rule);
+    add_secure_gaussian_noise(mean, options_.privacy.noise_multiplier * options_.clip_norm /
+                                        options_.rule.expected_devices);
+    update = close_update_of(mean, state_.model().tensor_sizes(), options_.server_lr,
+                             options_.store_learning_rate, state_.model_id(), closing);
+  } else {
+    update = round_close_update(deltas_, state_.model().tensor_sizes(), options_.rule,
+                                options_.server_lr, options_.store_learning_rate,
+                                state_.model_id(), closing);
+  }
   auto encoded = transport::encode_sparse_update(update);
   if (!encoded) {
     // A value the codec refuses (not finite): the aggregate cannot be applied.
@@ -439,7 +477,22 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_clipped", clipped_},
                                  {"round_clip_norm", options_.clip_norm},
                                  {"round_aggregation", aggregation_name(options_.rule.kind)}};
-  return status.dump();
+  if (!accountant_) return status.dump();
+  nlohmann::json with_privacy = status;
+  with_privacy["dp_epsilon"] = epsilon();
+  with_privacy["dp_delta"] = options_.privacy.delta;
+  with_privacy["dp_noise_multiplier"] = options_.privacy.noise_multiplier;
+  with_privacy["dp_expected_devices"] = options_.rule.expected_devices;
+  with_privacy["dp_target_epsilon"] = options_.privacy.target_epsilon;
+  with_privacy["dp_budget_exhausted"] = privacy_exhausted_.has_value();
+  return with_privacy.dump();
+}
+
+double RoundCoordinator::epsilon() const {
+  if (!accountant_) return 0;
+  DpAccountant counted = *accountant_;
+  counted.add_rounds(state_.version());
+  return counted.epsilon(options_.privacy.delta).epsilon;
 }
 
 void RoundCoordinator::attach(transport::CoapDtlsServer& server,

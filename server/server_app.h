@@ -64,6 +64,8 @@ struct ServerSettings {
   std::string aggregation = "masked";
   double trim_fraction = 0.2;    // trimmed-mean's β (server::kDefaultTrimFraction)
   double round_clip_norm = 0;    // per-device L2 norm of a round delta; 0: no clipping
+  double dp_noise_multiplier = 0, dp_expected_devices = 0, dp_delta = 1e-5,
+         dp_target_epsilon = 0;  // --aggregation dp-fedavg
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

@@ -18,6 +18,10 @@ class RoundsMode : public ServerMode {
   }
   void poll() override { rounds_.poll(); }  // a round's deadline passes without a request
   std::string status_json() const override { return rounds_.status_json(); }
+  std::optional<StopReason> stop_reason() const override {
+    if (auto why = rounds_.privacy_exhausted()) return StopReason{"privacy", *why};
+    return std::nullopt;
+  }
   const RoundCoordinator& rounds() const { return rounds_; }
 
  private:
@@ -35,7 +39,7 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds: masked averages each parameter over the devices that sent it; "
         "fedavg counts a missing entry as zero; trimmed-mean and median are robust to a few "
         "bad devices (coordinate-wise over the devices that sent it, unweighted)")
-      .choices({"masked", "fedavg", "trimmed-mean", "median"});
+      .choices({"masked", "fedavg", "trimmed-mean", "median", "dp-fedavg"});
   t.add("trim-fraction", s.trim_fraction,
         "rounds, trimmed-mean: the share of each parameter's values dropped at each end "
         "(0.2 of 8 devices drops the lowest and the highest)")
@@ -44,6 +48,20 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds: scale each device's delta down to this L2 norm when it is above it (the "
         "round log keeps the clipped delta); 0: no clipping")
       .range(0, 3.4e38);
+  t.add("dp-noise-multiplier", s.dp_noise_multiplier,
+        "rounds, dp-fedavg: the Gaussian noise added to each round's aggregate, as a multiple "
+        "of the clip norm over the expected devices (server/README.md \"Differential privacy\")")
+      .range(0, 1e6);
+  t.add("dp-expected-devices", s.dp_expected_devices,
+        "rounds, dp-fedavg: the devices a round takes on average (client fraction x fleet), "
+        "DP-FedAvg's fixed denominator")
+      .range(0, 1e9);
+  t.add("dp-delta", s.dp_delta, "rounds, dp-fedavg: the delta at which epsilon is reported")
+      .range(1e-30, 0.999);
+  t.add("dp-target-epsilon", s.dp_target_epsilon,
+        "rounds, dp-fedavg: end the run before a round would take epsilon past this; 0: no "
+        "limit")
+      .range(0, 1e9);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -70,6 +88,10 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   RoundOptions o;
   o.policy = parse_round_policy(s.round_policy);
   o.rule = {parse_aggregation(s.aggregation), s.trim_fraction};
+  o.rule.expected_devices = s.dp_expected_devices;
+  o.privacy.noise_multiplier = s.dp_noise_multiplier;
+  o.privacy.delta = s.dp_delta;
+  o.privacy.target_epsilon = s.dp_target_epsilon;
   o.clip_norm = s.round_clip_norm;
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;

@@ -43,7 +43,13 @@ void declare_rounds(settings::Table& t, SimSettings& s) {
         "masked (each entry averaged over the deltas that have it), fedavg (the "
         "plain weighted mean, a missing entry counts as zero), or the robust trimmed-mean and "
         "median (coordinate-wise over the deltas that have it, unweighted)")
-      .choices({"masked", "fedavg", "trimmed-mean", "median"});
+      .choices({"masked", "fedavg", "trimmed-mean", "median", "dp-fedavg"});
+  t.add("dp-noise-multiplier", c.rounds.dp_noise_multiplier,
+        "dp-fedavg: the Gaussian noise per round, a multiple of --round-clip-norm over the "
+        "workers a round selects")
+      .range(0, 1e6);
+  t.add("dp-delta", c.rounds.dp_delta, "dp-fedavg: the delta at which epsilon is reported")
+      .range(1e-30, 0.999);
   t.add("trim-fraction", c.rounds.aggregation.trim_fraction,
         "trimmed-mean: the share of each entry's values dropped at each end")
       .range(0, 0.499);
@@ -111,6 +117,8 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.rounds.aggregation.kind != server::Aggregation::kMasked)
       suffix << ", " << s.aggregation;
     if (config.rounds.clip_norm > 0) suffix << ", clip " << config.rounds.clip_norm;
+    if (config.rounds.dp_noise_multiplier > 0)
+      suffix << ", noise " << config.rounds.dp_noise_multiplier;
     if (config.rounds.malicious_workers > 0)
       suffix << ", " << config.rounds.malicious_workers << " malicious (" << s.attack << ')';
     if (config.rounds.policy != RoundPolicy::kDropStragglers) suffix << ", " << s.round_policy;

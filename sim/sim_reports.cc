@@ -53,7 +53,8 @@ std::string runs_summary_json(const std::vector<SimResult>& results, double targ
                     {"round_stragglers", r.round_stragglers},
                     {"round_deltas_refused", r.round_deltas_refused},
                     {"round_deltas_clipped", r.round_deltas_clipped},
-                    {"stalled", r.stalled}});
+                    {"stalled", r.stalled},
+                    {"dp_epsilon_by_round", r.dp_epsilon_by_round}});
   return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 
@@ -97,6 +98,11 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
       summary << "\n" << r.label << ": the server refused " << r.round_deltas_refused
               << " deltas (a value past the parameter bound) and clipped "
               << r.round_deltas_clipped << "\n";
+  for (const auto& r : results)
+    if (!r.dp_epsilon_by_round.empty())
+      summary << "\n" << r.label << ": client-level differential privacy, epsilon "
+              << r.dp_epsilon_by_round.back() << " after " << r.dp_epsilon_by_round.size()
+              << " rounds\n";
   summary << "\nrounds: `updates` in sim.csv; time in mean step times (virtual); ingress counts "
              "stragglers' deltas "
              "too, which the server receives but leaves out of the aggregate\n";

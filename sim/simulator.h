@@ -85,6 +85,13 @@ struct RoundsConfig {
   // send their delta with `attack` applied (sim/model_attack.h).
   int malicious_workers = 0;
   ModelAttack attack;
+  // aggregation dp-fedavg (issue 39): the close adds N(0, (z·clip_norm/m)²) per parameter, m
+  // the workers selected per round (the fixed denominator), from a generator seeded by the
+  // run's seed (a simulation's noise need not be secret); the accountant (server/
+  // dp_accountant.h, q = client_fraction: ours, the sampling here is without replacement,
+  // not Poisson) gives ε at dp_delta after every round (SimResult::dp_epsilon_by_round).
+  double dp_noise_multiplier = 0;
+  double dp_delta = 1e-5;
   RoundPolicy policy = RoundPolicy::kDropStragglers;  // the server's default
   double deadline_steps = 0;                          // 0: kDefaultDeadlineFactor × local steps
   std::uint64_t max_rounds = 50;  // rounds closed (model versions) before the run ends
@@ -168,6 +175,7 @@ struct SimResult {
   double mean_round_deltas = 0;  // deltas aggregated per closed round
   std::uint64_t round_deltas_refused = 0;  // a value past the bound (the server's 4.22)
   std::uint64_t round_deltas_clipped = 0;  // scaled to RoundsConfig::clip_norm
+  std::vector<double> dp_epsilon_by_round;  // dp-fedavg: ε after each closed round
   double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;

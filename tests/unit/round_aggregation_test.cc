@@ -225,4 +225,20 @@ TEST(RoundAggregation, DeltaProblemsNameTheEntry) {
   EXPECT_NE(server::round_delta_problem(delta, 1.0f, 10.0f).find("not finite"), std::string::npos);
 }
 
+TEST(RoundAggregation, DpFedAvgSumsUnweightedOverTheExpectedDevices) {
+  const std::vector<std::uint32_t> sizes = {3};
+  std::vector<RoundDelta> deltas(2);
+  deltas[0].examples = 1;
+  deltas[0].delta.tensors = {tensor(0, 3, {0, 1}, {1.0f, 2.0f})};
+  deltas[1].examples = 1000;  // weights play no part: each device's sensitivity is its clip
+  deltas[1].delta.tensors = {tensor(0, 3, {1}, {4.0f})};
+  server::AggregationRule rule(Aggregation::kDpFedAvg);
+  rule.expected_devices = 4;
+  EXPECT_EQ(server::aggregate_deltas(deltas, sizes, rule),
+            (std::vector<float>{0.25f, 1.5f, 0.0f}));
+  rule.expected_devices = 0;
+  EXPECT_THROW(server::aggregate_deltas(deltas, sizes, rule), std::invalid_argument);
+  EXPECT_EQ(server::parse_aggregation("dp-fedavg"), Aggregation::kDpFedAvg);
+}
+
 }  // namespace

@@ -58,7 +58,7 @@ void declare_emulator_settings(settings::Table& table, EmulatorSettings& s);
 void check_emulator_settings(const EmulatorSettings& s);
 
 // An attacker's --attack: bias:V or scale:F, V and F finite floats (the simulator's and
-// edgetrain-gossip-attacker's syntax, sim/gossip_attack.h). Throws std::invalid_argument.
+// edgetrain-gossip-attacker's syntax, sim/model_attack.h). Throws std::invalid_argument.
 void check_gossip_attack(const std::string& text);
 
 // One line NAME='VALUE' per setting of TABLE, NAME its TOML key: strings as they are

@@ -3,19 +3,20 @@
 // `edgetrain-worker --mode gossip`, with the same settings table, training, protocol,
 // certificates, checkpoints and stats file, except that every model it lets a neighbour see
 // (its published copy; with ad-psgd the models it posts and answers) is rewritten by
-// --attack (sim/gossip_attack.h: the simulator's malicious peers do the same), and it never
+// --attack (sim/model_attack.h: the simulator's malicious peers do the same), and it never
 // mixes its neighbours' models into its own: it trains on its shard alone, and still pulls
 // its neighbours (D-PSGD's barrier), so it keeps the fleet's pace. edgetrain-emulate
 // --malicious-peers N runs it as peers 0..N-1 (emulation/README.md "Gossip runs").
+#include <cstddef>
 #include <cstdio>
 #include <exception>
-#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "common/settings.h"
 #include "model/model.h"
-#include "sim/gossip_attack.h"
+#include "sim/model_attack.h"
 #include "worker/worker_exit_codes.h"
 #include "worker/worker_program.h"
 
@@ -52,16 +53,17 @@ int main(int argc, char** argv) {
     if (settings.mode != "gossip")
       return refuse("only a gossip peer can be an attacker: --mode " + settings.mode +
                     " refused (use --mode gossip)");
-    std::shared_ptr<const sim::GossipPoison> poison;
+    sim::ModelAttack parsed;
+    std::pair<std::size_t, std::size_t> bias;  // the output layer's bias, for bias:V
     try {
-      poison = std::make_shared<const sim::GossipPoison>(
-          sim::parse_gossip_attack(attack),
+      parsed = sim::parse_model_attack(attack);
+      bias = sim::output_bias_range(
           runtime::Model(runtime::model_spec_from_argument(settings.config.model)));
     } catch (const std::exception& e) {
       return refuse(e.what());
     }
-    settings.gossip.outgoing = [poison](std::span<float> parameters) {
-      poison->apply(parameters);
+    settings.gossip.outgoing = [parsed, bias](std::span<float> parameters) {
+      sim::apply_model_attack(parsed, parameters, bias);
     };
     settings.gossip.mix_neighbours = false;
     std::fprintf(stderr,

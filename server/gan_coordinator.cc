@@ -103,6 +103,8 @@ void check_gan_server_options(const GanServerOptions& o) {
   if (o.directory.empty()) throw std::invalid_argument("the GAN mode needs a state directory");
   if (!(o.max_feedback_magnitude > 0) || !std::isfinite(o.max_feedback_magnitude))
     throw std::invalid_argument("--gan-max-feedback must be a finite value above 0");
+  if (!(o.clip_feedback_norm >= 0) || !std::isfinite(o.clip_feedback_norm))
+    throw std::invalid_argument("--gan-clip-feedback must be a finite value >= 0");
   if (!(o.quarantine_seconds >= 0))
     throw std::invalid_argument("--quarantine-seconds must be >= 0");
 }
@@ -439,7 +441,7 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
       return refuse_bad(CoapCode::kUnprocessableEntity, true, decoded.error().message);
     return refuse_bad(CoapCode::kBadRequest, false, decoded.error().message);
   }
-  const auto& feedback = decoded.value();
+  auto& feedback = decoded.value();
   const float bound = options_.max_feedback_magnitude;
   for (std::size_t i = 0; i < feedback.values.size(); i++)
     if (!(std::fabs(feedback.values[i]) <= bound))
@@ -461,6 +463,21 @@ CoapResponse GanCoordinator::post_feedback(const CoapRequest& request) {
   }
   if (auto it = devices_.find(identity); it != devices_.end())
     it->second.consecutive_bad = 0;  // an accepted feedback ends a run of bad ones
+  if (options_.clip_feedback_norm > 0) {
+    double squares = 0;  // double: the squares of values near the bound overflow no float sum
+    for (float v : feedback.values) squares += static_cast<double>(v) * static_cast<double>(v);
+    const double norm = std::sqrt(squares);
+    if (norm > options_.clip_feedback_norm) {
+      const double scale = options_.clip_feedback_norm / norm;
+      for (float& v : feedback.values) v = static_cast<float>(static_cast<double>(v) * scale);
+      ++feedbacks_clipped_;
+      if (devices_[identity].clipped++ == 0)  // once per device; /status counts the rest
+        log("GAN " + transport::escape_untrusted(identity) + ": feedback of norm " +
+            common::short_number(norm) + " clipped to " +
+            common::short_number(options_.clip_feedback_norm) +
+            " (--gan-clip-feedback; further clips are counted in /status)");
+    }
+  }
   const std::size_t floats = feedback.values.size();
   float* sum = feedback_sum_.data() + (slot->second % options_.k) * floats;
   for (std::size_t i = 0; i < floats; i++) sum[i] += feedback.values[i];
@@ -575,6 +592,7 @@ std::string GanCoordinator::status_json() const {
         {"out_of_bounds", d.out_of_bounds},
         {"malformed", d.malformed},
         {"quarantined_refused", d.quarantined_refused},
+        {"clipped", d.clipped},
         {"consecutive_bad", d.consecutive_bad},
         {"reported", d.consecutive_bad >= kReportAfterConsecutiveRefusals},
         {"quarantines", d.quarantines},
@@ -597,6 +615,8 @@ std::string GanCoordinator::status_json() const {
                         {"steps_refused", steps_refused_},
                         {"batches_not_encodable", batches_not_encodable_},
                         {"max_feedback_magnitude", options_.max_feedback_magnitude},
+                        {"feedbacks_clipped", feedbacks_clipped_},
+                        {"clip_feedback_norm", options_.clip_feedback_norm},
                         {"devices_refused", devices},
                         {"swap_rounds", swap_rounds_},
                         {"batches_sent", batches_sent_},

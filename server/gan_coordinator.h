@@ -80,6 +80,10 @@ struct GanServerOptions {
   std::uint32_t checkpoint_every = 100;                                 // iterations
   // A feedback holding a value beyond ±this is refused (4.22); non-finite ones always are.
   float max_feedback_magnitude = kDefaultMaxGanFeedbackMagnitude;
+  // Per-device norm clipping (--gan-clip-feedback, ours; issue 37): an accepted feedback
+  // whose L2 norm is above this is scaled down to it before it is summed, so the logged
+  // averaged feedback (and replay) holds the clipped one; 0: off.
+  double clip_feedback_norm = 0;
   // As the server's --quarantine-after / --quarantine-seconds (server/README.md, "Bad
   // updates"): after this many bad feedbacks in a row; 0: never. 0 s: until a restart.
   std::uint32_t quarantine_after = 0;
@@ -150,6 +154,7 @@ class GanCoordinator {
   // Per device: bad feedbacks (4.22, 4.00) and quarantine, as the server does for updates.
   struct DeviceRefusals {
     std::uint64_t out_of_bounds = 0, malformed = 0, quarantined_refused = 0, quarantines = 0;
+    std::uint64_t clipped = 0;  // accepted feedbacks scaled down (--gan-clip-feedback)
     std::uint32_t consecutive_bad = 0;
     bool quarantined = false;
     std::optional<std::chrono::steady_clock::time_point> quarantined_until;  // none: restart
@@ -177,6 +182,7 @@ class GanCoordinator {
   std::vector<std::string> slot_names_;         // n → the name peers know (swap instructions)
   std::set<std::string> answered_;
   std::map<std::string, std::string> swap_to_;  // this iteration's swap instructions, by peer name
+  std::uint64_t feedbacks_clipped_ = 0;
   std::uint64_t feedbacks_ = 0, dropped_ = 0, late_ = 0, malformed_ = 0, duplicates_ = 0,
                 empty_iterations_ = 0;
   std::uint64_t refused_no_slot_ = 0, swap_rounds_ = 0, batches_sent_ = 0;

@@ -14,7 +14,9 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "common/number_text.h"
 #include "server/resources.h"
+#include "server/secure_noise.h"
 #include "transport/identity.h"
 #include "transport/untrusted_text.h"
 
@@ -75,26 +77,6 @@ std::string parse_examples(std::string_view query, std::uint64_t& examples) {
   return {};
 }
 
-// Why a delta cannot be taken, or empty: a value that is not finite, or whose step alone
-// (server_lr · v) passes the parameters' bound.
-std::string delta_value_problem(const transport::SparseUpdate& delta, float server_lr,
-                                float bound) {
-  for (const transport::SparseTensor& tensor : delta.tensors)
-    for (std::size_t i = 0; i < tensor.values.size(); ++i) {
-      const float v = tensor.values[i];
-      if (!std::isfinite(v))
-        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
-               std::to_string(tensor.indices[i]) + ": the value is not finite";
-      if (std::fabs(static_cast<double>(server_lr) * v) > bound)
-        return "tensor " + std::to_string(tensor.tensor) + ", entry " +
-               std::to_string(tensor.indices[i]) + ": a step of " +
-               std::to_string(static_cast<double>(server_lr) * v) +
-               " would pass the parameter bound " + std::to_string(bound) +
-               " (--max-parameter-magnitude)";
-    }
-  return {};
-}
-
 }  // namespace
 
 RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
@@ -102,6 +84,23 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
   if (!(options_.client_fraction > 0 && options_.client_fraction <= 1))
     throw std::invalid_argument("client fraction must be in (0, 1]");
   if (!(options_.deadline_seconds > 0)) throw std::invalid_argument("round deadline must be > 0");
+  if (!(options_.rule.trim_fraction >= 0 && options_.rule.trim_fraction < 0.5))
+    throw std::invalid_argument("--trim-fraction must be in [0, 0.5)");
+  if (!(options_.clip_norm >= 0 && std::isfinite(options_.clip_norm)))
+    throw std::invalid_argument("--round-clip-norm must be a finite value >= 0");
+  if (options_.rule.kind == Aggregation::kDpFedAvg) {
+    // Each device's sensitivity is its clip norm: without one there is no privacy to count.
+    if (!(options_.clip_norm > 0))
+      throw std::invalid_argument("--aggregation dp-fedavg needs --round-clip-norm S > 0");
+    if (!(options_.privacy.noise_multiplier > 0))
+      throw std::invalid_argument("--aggregation dp-fedavg needs --dp-noise-multiplier z > 0");
+    if (!(options_.rule.expected_devices > 0))
+      throw std::invalid_argument(
+          "--aggregation dp-fedavg needs --dp-expected-devices (devices per round on average)");
+    if (!(options_.privacy.delta > 0 && options_.privacy.delta < 1))
+      throw std::invalid_argument("--dp-delta must be in (0, 1)");
+    accountant_.emplace(options_.client_fraction, options_.privacy.noise_multiplier);
+  }
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
@@ -240,8 +239,8 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
-  const bool is_selected =
-      !identity.empty() && selected(identity, round()) && answered_.count(identity) == 0;
+  const bool is_selected = !identity.empty() && selected(identity, round()) &&
+                           answered_.count(identity) == 0 && !privacy_exhausted_;
   const nlohmann::json answer = {{"round", round()},
                                  {"model_version", state_.version()},
                                  {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
@@ -279,7 +278,7 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     return text_response(CoapCode::kForbidden,
                          "quarantined: this device sent too many bad deltas or updates in a row");
   }
-  if (const std::string problem = delta_value_problem(decoded.value(), options_.server_lr,
+  if (const std::string problem = round_delta_problem(decoded.value(), options_.server_lr,
                                                       options_.max_parameter_magnitude);
       !problem.empty()) {
     ++refused_values_;
@@ -312,11 +311,30 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
         CoapCode::kConflict,
         "not selected: this device is not selected in round " + std::to_string(round()));
   }
+  // Per-device norm clipping: the log keeps the clipped delta (fp32), so a restart reloads
+  // what the close aggregates, whatever --round-clip-norm it is given then.
+  std::vector<std::uint8_t> clipped_body;
+  const double norm = clip_round_delta(decoded.value(), options_.clip_norm);
+  const bool clipped = options_.clip_norm > 0 && norm > options_.clip_norm;
+  if (clipped) {
+    auto encoded = transport::encode_sparse_update(decoded.value());
+    if (!encoded) {  // cannot happen for finite values scaled down; refused rather than lost
+      log("ERROR: cannot encode a clipped delta: " + encoded.error().message);
+      return text_response(CoapCode::kInternalServerError, "cannot encode the clipped delta");
+    }
+    clipped_body = std::move(encoded).value();
+  }
   try {
-    append_to_log(examples, identity, request.payload);
+    append_to_log(examples, identity, clipped ? std::span<const std::uint8_t>(clipped_body)
+                                              : std::span<const std::uint8_t>(request.payload));
   } catch (const std::exception& e) {
     log(std::string("ERROR: ") + e.what());
     return text_response(CoapCode::kInternalServerError, e.what());
+  }
+  if (clipped) {
+    ++clipped_;
+    clipped_this_round_.push_back(escape_untrusted(identity) + " " +
+                                  common::short_number(norm));
   }
   deltas_.push_back({examples, std::move(decoded).value()});
   answered_.insert(identity);
@@ -345,9 +363,33 @@ void RoundCoordinator::close_round() {
   for (const std::string& identity : seen_)
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
   // The close is one update through ServerState (round_aggregation.h, as the simulator's).
-  const transport::SparseUpdate update = round_close_update(
-      deltas_, state_.model().tensor_sizes(), options_.aggregation, options_.server_lr,
-      options_.store_learning_rate, state_.model_id(), closing);
+  transport::SparseUpdate update;
+  if (accountant_) {
+    // Every version of the state directory counts as one released round (ours: a state
+    // directory that began without dp-fedavg is counted as if it had it).
+    DpAccountant next = *accountant_;
+    next.add_rounds(closing + 1);
+    const double epsilon_after = next.epsilon(options_.privacy.delta).epsilon;
+    if (options_.privacy.target_epsilon > 0 && epsilon_after > options_.privacy.target_epsilon) {
+      if (!privacy_exhausted_) {
+        privacy_exhausted_ = "closing round " + std::to_string(closing) + " would take epsilon to " +
+                             common::short_number(epsilon_after) + ", past --dp-target-epsilon " +
+                             common::short_number(options_.privacy.target_epsilon);
+        log("privacy budget: " + *privacy_exhausted_ + "; no further round closes");
+      }
+      return;
+    }
+    std::vector<float> mean =
+        aggregate_deltas(deltas_, state_.model().tensor_sizes(), options_.rule);
+    add_secure_gaussian_noise(mean, options_.privacy.noise_multiplier * options_.clip_norm /
+                                        options_.rule.expected_devices);
+    update = close_update_of(mean, state_.model().tensor_sizes(), options_.server_lr,
+                             options_.store_learning_rate, state_.model_id(), closing);
+  } else {
+    update = round_close_update(deltas_, state_.model().tensor_sizes(), options_.rule,
+                                options_.server_lr, options_.store_learning_rate,
+                                state_.model_id(), closing);
+  }
   auto encoded = transport::encode_sparse_update(update);
   if (!encoded) {
     // A value the codec refuses (not finite): the aggregate cannot be applied.
@@ -371,13 +413,23 @@ void RoundCoordinator::close_round() {
                   submit_outcome_name(result.outcome) + "): " + result.diagnostic);
     return;
   }
+  std::string clipped;
+  if (!clipped_this_round_.empty()) {
+    // Which devices' deltas were clipped, with their norms (the first few).
+    clipped = " (" + std::to_string(clipped_this_round_.size()) + " clipped at norm " +
+              common::short_number(options_.clip_norm) + ":";
+    for (std::size_t i = 0; i < clipped_this_round_.size() && i < kClippedNamesLogged; ++i)
+      clipped += " " + clipped_this_round_[i];
+    clipped += clipped_this_round_.size() > kClippedNamesLogged ? " ...)" : ")";
+  }
   log("round " + std::to_string(closing) + " closed with " + std::to_string(deltas_.size()) +
-      " deltas, " + std::to_string(missing) + " stragglers; version " +
+      " deltas" + clipped + ", " + std::to_string(missing) + " stragglers; version " +
       std::to_string(result.version));
   ++rounds_closed_;
   stragglers_ += missing;
   deltas_.clear();
   answered_.clear();
+  clipped_this_round_.clear();
   opened_ = options_.now();
   // The close is durable in the WAL: the closed round's records are no longer needed (a
   // crash before this replacement leaves records of a closed round, which reloading skips).
@@ -390,6 +442,7 @@ void RoundCoordinator::restart_round(const std::string& why) {
       std::to_string(deltas_.size()) + " deltas: " + why + "; the round starts again without them");
   deltas_.clear();
   answered_.clear();
+  clipped_this_round_.clear();
   opened_ = options_.now();
   // Their records go too, or a restart would reload them beside the deltas sent again.
   empty_log();
@@ -421,8 +474,25 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_refused_values", refused_values_},
                                  {"round_deltas_quarantined", quarantined_},
                                  {"round_policy", round_policy_name(options_.policy)},
-                                 {"round_aggregation", aggregation_name(options_.aggregation)}};
-  return status.dump();
+                                 {"round_deltas_clipped", clipped_},
+                                 {"round_clip_norm", options_.clip_norm},
+                                 {"round_aggregation", aggregation_name(options_.rule.kind)}};
+  if (!accountant_) return status.dump();
+  nlohmann::json with_privacy = status;
+  with_privacy["dp_epsilon"] = epsilon();
+  with_privacy["dp_delta"] = options_.privacy.delta;
+  with_privacy["dp_noise_multiplier"] = options_.privacy.noise_multiplier;
+  with_privacy["dp_expected_devices"] = options_.rule.expected_devices;
+  with_privacy["dp_target_epsilon"] = options_.privacy.target_epsilon;
+  with_privacy["dp_budget_exhausted"] = privacy_exhausted_.has_value();
+  return with_privacy.dump();
+}
+
+double RoundCoordinator::epsilon() const {
+  if (!accountant_) return 0;
+  DpAccountant counted = *accountant_;
+  counted.add_rounds(state_.version());
+  return counted.epsilon(options_.privacy.delta).epsilon;
 }
 
 void RoundCoordinator::attach(transport::CoapDtlsServer& server,

@@ -16,7 +16,10 @@
 //                        value that is not finite or that alone would move a parameter
 //                        past --max-parameter-magnitude (counted per device, as refused
 //                        updates are: /status "devices_refused", and quarantined after
-//                        --quarantine-after in a row: 4.03 until it ends).
+//                        --quarantine-after in a row: 4.03 until it ends). With
+//                        --round-clip-norm τ a delta whose L2 norm is above τ is scaled
+//                        to τ before it is logged (/status "round_deltas_clipped"; the
+//                        close's log line names the devices and their norms).
 //
 // Durability (ours): deltas go to `rounds.wal` in the state directory, a log of the WAL's
 // format and kind WalKind::kRoundDeltas (server/write_ahead_log.h: CRC'd records, fdatasync
@@ -42,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "server/dp_accountant.h"
 #include "server/round_aggregation.h"
 #include "server/server_state.h"
 #include "server/write_ahead_log.h"
@@ -50,7 +54,22 @@
 namespace edgetrain::server {
 
 struct RoundOptions {
-  Aggregation aggregation = Aggregation::kMasked;
+  // The rule (and trimmed-mean's β): server/round_aggregation.h.
+  AggregationRule rule;
+  // Per-device norm clipping (clip_round_delta): a delta whose L2 norm is above this is
+  // scaled down to it before it is logged; 0: off.
+  double clip_norm = 0;
+  // Client-level differential privacy (rule.kind kDpFedAvg, issue 39): the close adds
+  // Gaussian noise of standard deviation noise_multiplier · clip_norm / expected_devices
+  // (server/secure_noise.h) to the aggregate, and the accountant (server/dp_accountant.h,
+  // sampling rate client_fraction) reports ε at `delta` after every round. With
+  // target_epsilon > 0 a close that would take ε past it is not made: the run ends
+  // (privacy_exhausted()).
+  struct Privacy {
+    double noise_multiplier = 0;
+    double delta = 1e-5;
+    double target_epsilon = 0;
+  } privacy;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that
   // arrived. wait-all: a safety limit of kWaitAllSafetyFactor times this for a device that
@@ -100,6 +119,10 @@ class RoundCoordinator {
   bool selected(const std::string& identity, std::uint64_t round) const;
   // The round keys of /status and the stats file.
   std::string status_json() const;
+  // dp-fedavg: ε after the rounds closed so far (0 otherwise).
+  double epsilon() const;
+  // dp-fedavg with a target ε: why no further round may close, once that is so.
+  std::optional<std::string> privacy_exhausted() const { return privacy_exhausted_; }
 
  private:
   void open_log();
@@ -124,7 +147,12 @@ class RoundCoordinator {
   std::set<std::string> seen_;      // identities that asked for a round
   std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0,
                 malformed_ = 0;
-  std::uint64_t duplicates_ = 0, close_failures_ = 0, refused_values_ = 0, quarantined_ = 0;
+  std::uint64_t duplicates_ = 0, close_failures_ = 0, refused_values_ = 0, quarantined_ = 0,
+                clipped_ = 0;
+  static constexpr std::size_t kClippedNamesLogged = 5;
+  std::vector<std::string> clipped_this_round_;  // "identity norm", for the close's log line
+  std::optional<DpAccountant> accountant_;        // dp-fedavg
+  std::optional<std::string> privacy_exhausted_;
 };
 
 }  // namespace edgetrain::server

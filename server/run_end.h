@@ -28,7 +28,9 @@ struct StopSettings {
 };
 
 struct StopReason {
-  std::string condition;  // "accuracy", "updates" or "seconds" (the stats file's stop.condition)
+  // "accuracy", "updates", "seconds" or, from the mode, "privacy" (the stats file's
+  // stop.condition)
+  std::string condition;
   std::string detail;     // for a person
 };
 

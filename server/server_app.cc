@@ -78,6 +78,24 @@ void check_settings(const ServerSettings& s) {
     if (s.publish_every > 0)
       throw std::invalid_argument("--shard: --publish-every is not supported");
   }
+  // --clip-update-norm would clip the round's close (one update through the store) per
+  // tensor, which is not what a user of rounds means by clipping.
+  if (s.mode == "rounds" && s.clip_update_norm > 0)
+    throw std::invalid_argument(
+        "--clip-update-norm clips asynchronous updates; with --mode rounds use "
+        "--round-clip-norm (each device's delta)");
+  if (s.mode != "rounds" && (s.round_clip_norm > 0 || s.aggregation != "masked"))
+    throw std::invalid_argument("--aggregation and --round-clip-norm are settings of --mode rounds");
+  if (s.aggregation == "dp-fedavg" &&
+      !(s.round_clip_norm > 0 && s.dp_noise_multiplier > 0 && s.dp_expected_devices > 0))
+    throw std::invalid_argument(
+        "--aggregation dp-fedavg needs --round-clip-norm S, --dp-noise-multiplier z and "
+        "--dp-expected-devices m, each above 0");
+  if (s.aggregation != "dp-fedavg" &&
+      (s.dp_noise_multiplier > 0 || s.dp_expected_devices > 0 || s.dp_target_epsilon > 0))
+    throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
+  if (s.mode != "gan" && s.gan_clip_feedback > 0)
+    throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.
   if (s.mode != "async" && s.loop_threads > 1)
     throw std::invalid_argument("--loop-threads above 1 needs --mode async");
@@ -633,6 +651,7 @@ bool ServerApp::stop_condition_met() {
     progress = (mode_ ? mode_->progress() : std::nullopt).value_or(state_->version());
   }
   stopped_because_ = stop_.check(progress, seconds);
+  if (!stopped_because_ && mode_) stopped_because_ = mode_->stop_reason();
   if (stopped_because_) log_line("stop condition met: " + stopped_because_->detail);
   return stopped_because_.has_value();
 }

@@ -62,6 +62,10 @@ struct ServerSettings {
   std::string shard;
   std::string round_policy = "drop-stragglers";
   std::string aggregation = "masked";
+  double trim_fraction = 0.2;    // trimmed-mean's β (server::kDefaultTrimFraction)
+  double round_clip_norm = 0;    // per-device L2 norm of a round delta; 0: no clipping
+  double dp_noise_multiplier = 0, dp_expected_devices = 0, dp_delta = 1e-5,
+         dp_target_epsilon = 0;  // --aggregation dp-fedavg
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;
@@ -79,6 +83,7 @@ struct ServerSettings {
   bool gan_fp16 = false;
   double gan_lr = 2e-4;
   double gan_max_feedback = 1000;  // per value, beyond it 4.22 (kDefaultMaxGanFeedbackMagnitude)
+  double gan_clip_feedback = 0;    // per-device L2 norm of a feedback; 0: no clipping
   std::uint32_t gan_checkpoint_every = 100;
   // Every gan_eval_every iterations (0: never): a grid of samples in <state-dir>/gan/samples.png
   // and, with a classifier checkpoint, the MNIST score, Fréchet distance and conditional

@@ -20,6 +20,7 @@
 
 #include "common/settings.h"
 #include "server/resources.h"
+#include "server/run_end.h"
 #include "server/server_app.h"
 #include "server/server_state.h"
 #include "transport/coap_dtls.h"
@@ -44,6 +45,9 @@ class ServerMode {
   // Whether the server's evaluator scores the classifier on --eval-data (MD-GAN uses the
   // test images for its generator's judge instead).
   virtual bool evaluates_classifier() const { return true; }
+  // Why the run must end now, if it must (rounds: the privacy budget is spent): the
+  // serving loop checks it beside the --stop-* conditions.
+  virtual std::optional<StopReason> stop_reason() const { return std::nullopt; }
   // At shutdown, after the parameters' checkpoint: the mode's own durable state.
   virtual void shutdown() {}
 };

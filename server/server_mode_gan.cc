@@ -186,6 +186,10 @@ void declare_gan_settings(settings::Table& t, ServerSettings& s) {
         "counted (honest values stayed below 0.4 in the runs measured; bad feedbacks count towards "
         "--quarantine-after)")
       .range(1e-6, 1e30);
+  t.add("gan-clip-feedback", s.gan_clip_feedback,
+        "scale each accepted feedback down to this L2 norm when it is above it (ours; the "
+        "logged step holds the clipped feedback, so replay is exact); 0: no clipping")
+      .range(0, 1e30);
   t.add("gan-checkpoint-every", s.gan_checkpoint_every,
         "iterations between checkpoints of G and Adam (each "
         "iteration is logged before the next one opens in any case)")
@@ -223,6 +227,7 @@ std::unique_ptr<ServerMode> make_gan_mode(const ServerSettings& s, ServerState&,
   o.encoding = s.gan_fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
   o.checkpoint_every = s.gan_checkpoint_every;
   o.max_feedback_magnitude = static_cast<float>(s.gan_max_feedback);
+  o.clip_feedback_norm = s.gan_clip_feedback;
   o.quarantine_after = s.quarantine_after;
   o.quarantine_seconds = s.quarantine_seconds;
   o.directory = std::filesystem::path(s.state_dir) / "gan";

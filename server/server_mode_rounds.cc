@@ -18,6 +18,10 @@ class RoundsMode : public ServerMode {
   }
   void poll() override { rounds_.poll(); }  // a round's deadline passes without a request
   std::string status_json() const override { return rounds_.status_json(); }
+  std::optional<StopReason> stop_reason() const override {
+    if (auto why = rounds_.privacy_exhausted()) return StopReason{"privacy", *why};
+    return std::nullopt;
+  }
   const RoundCoordinator& rounds() const { return rounds_; }
 
  private:
@@ -33,8 +37,31 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
       .choices({"drop-stragglers", "wait-all"});
   t.add("aggregation", s.aggregation,
         "rounds: masked averages each parameter over the devices that sent it; "
-        "fedavg counts a missing entry as zero")
-      .choices({"masked", "fedavg"});
+        "fedavg counts a missing entry as zero; trimmed-mean and median are robust to a few "
+        "bad devices (coordinate-wise over the devices that sent it, unweighted)")
+      .choices({"masked", "fedavg", "trimmed-mean", "median", "dp-fedavg"});
+  t.add("trim-fraction", s.trim_fraction,
+        "rounds, trimmed-mean: the share of each parameter's values dropped at each end "
+        "(0.2 of 8 devices drops the lowest and the highest)")
+      .range(0, 0.499);
+  t.add("round-clip-norm", s.round_clip_norm,
+        "rounds: scale each device's delta down to this L2 norm when it is above it (the "
+        "round log keeps the clipped delta); 0: no clipping")
+      .range(0, 3.4e38);
+  t.add("dp-noise-multiplier", s.dp_noise_multiplier,
+        "rounds, dp-fedavg: the Gaussian noise added to each round's aggregate, as a multiple "
+        "of the clip norm over the expected devices (server/README.md \"Differential privacy\")")
+      .range(0, 1e6);
+  t.add("dp-expected-devices", s.dp_expected_devices,
+        "rounds, dp-fedavg: the devices a round takes on average (client fraction x fleet), "
+        "DP-FedAvg's fixed denominator")
+      .range(0, 1e9);
+  t.add("dp-delta", s.dp_delta, "rounds, dp-fedavg: the delta at which epsilon is reported")
+      .range(1e-30, 0.999);
+  t.add("dp-target-epsilon", s.dp_target_epsilon,
+        "rounds, dp-fedavg: end the run before a round would take epsilon past this; 0: no "
+        "limit")
+      .range(0, 1e9);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -60,7 +87,12 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                                              ResourceOptions& resources) {
   RoundOptions o;
   o.policy = parse_round_policy(s.round_policy);
-  o.aggregation = parse_aggregation(s.aggregation);
+  o.rule = {parse_aggregation(s.aggregation), s.trim_fraction};
+  o.rule.expected_devices = s.dp_expected_devices;
+  o.privacy.noise_multiplier = s.dp_noise_multiplier;
+  o.privacy.delta = s.dp_delta;
+  o.privacy.target_epsilon = s.dp_target_epsilon;
+  o.clip_norm = s.round_clip_norm;
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -77,7 +109,14 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   resources.updates_refused_because = "--mode rounds: post model deltas to /round/update";
   resources.extra_status = [m = mode.get()] { return m->status_json(); };
   log_line("federated rounds: round " + std::to_string(mode->rounds().round()) + ", policy " +
-           s.round_policy + ", " + s.aggregation + " aggregation, deadline " +
+           s.round_policy + ", " + s.aggregation +
+           (o.rule.kind == Aggregation::kTrimmedMean
+                ? " (trim " + short_number(s.trim_fraction) + ")"
+                : std::string()) +
+           " aggregation" +
+           (s.round_clip_norm > 0 ? ", deltas clipped at norm " + short_number(s.round_clip_norm)
+                                  : std::string()) +
+           ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +
            (s.local_epochs > 0 ? std::to_string(s.local_epochs) + " local epochs"

@@ -148,7 +148,7 @@ class GossipSimulation {
   std::size_t eval_count_;
   std::vector<float> average_;                   // scratch: the consensus model
   std::size_t honest_ = 0;                       // peers not malicious
-  GossipPoison poison_;                          // what a malicious peer does (--attack)
+  std::size_t bias_offset_ = 0, bias_size_ = 0;  // the output layer's bias (the bias attack)
   // A malicious peer's poisoned copy of `from` (the model it publishes or sends).
   std::span<const float> poison(Peer& peer, std::span<const float> from);
   // Whether an honest peer takes `theirs` (runtime::check_neighbour_model), counted if not.
@@ -157,7 +157,7 @@ class GossipSimulation {
 
 std::span<const float> GossipSimulation::poison(Peer& peer, std::span<const float> from) {
   peer.poisoned.assign(from.begin(), from.end());
-  poison_.apply(peer.poisoned);
+  apply_model_attack(config_.attack, peer.poisoned, {bias_offset_, bias_size_});
   return peer.poisoned;
 }
 
@@ -188,8 +188,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       dense_bytes_(transport::dense_model_bytes(tensor_sizes_)),
       pool_(config.threads),
       trainers_(model_, config.kernels, pool_.get()),
-      evaluator_(model_, 100, config.kernels, pool_.get()),
-      poison_(config.attack, model_) {
+      evaluator_(model_, 100, config.kernels, pool_.get()) {
   for (std::uint32_t i = 0; i < topology_.size(); ++i)
     weights_.push_back(runtime::metropolis_weights(topology_, i));
   if (!config.speed_classes.empty())
@@ -245,6 +244,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
   eval_count_ = config.eval_examples ? std::min(config.eval_examples, test.size()) : test.size();
   average_.resize(model_.parameter_count());
   honest_ = peers_.size() - static_cast<std::size_t>(config.malicious_peers);
+  std::tie(bias_offset_, bias_size_) = output_bias_range(model_);
 }
 
 double GossipSimulation::class_speed(std::uint32_t speed_class, double time) const {

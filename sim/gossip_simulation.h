@@ -46,9 +46,9 @@
 #include <vector>
 
 #include "model/dataset.h"
-#include "sim/gossip_attack.h"
-#include "worker/gossip.h"
 #include "model/trainer.h"
+#include "sim/model_attack.h"
+#include "worker/gossip.h"
 
 namespace edgetrain::sim {
 
@@ -144,7 +144,7 @@ struct GossipConfig {
   // a poisoned copy of their model, and do not mix; the mean, min and max accuracy and the
   // consensus are over the honest peers only.
   int malicious_peers = 0;
-  GossipAttack attack;
+  ModelAttack attack;  // what peers 0..malicious_peers-1 do (sim/model_attack.h)
   std::uint64_t seed = 1;
   int threads = 1;
   runtime::KernelBackend kernels = runtime::KernelBackend::kXnnpack;

@@ -40,9 +40,23 @@ void declare_rounds(settings::Table& t, SimSettings& s) {
         "least one)")
       .range(1e-9, 1);
   t.add("aggregation", s.aggregation,
-        "masked (each entry averaged over the deltas that have it) or fedavg (the "
-        "plain weighted mean, a missing entry counts as zero)")
-      .choices({"masked", "fedavg"});
+        "masked (each entry averaged over the deltas that have it), fedavg (the "
+        "plain weighted mean, a missing entry counts as zero), or the robust trimmed-mean and "
+        "median (coordinate-wise over the deltas that have it, unweighted)")
+      .choices({"masked", "fedavg", "trimmed-mean", "median", "dp-fedavg"});
+  t.add("dp-noise-multiplier", c.rounds.dp_noise_multiplier,
+        "dp-fedavg: the Gaussian noise per round, a multiple of --round-clip-norm over the "
+        "workers a round selects")
+      .range(0, 1e6);
+  t.add("dp-delta", c.rounds.dp_delta, "dp-fedavg: the delta at which epsilon is reported")
+      .range(1e-30, 0.999);
+  t.add("trim-fraction", c.rounds.aggregation.trim_fraction,
+        "trimmed-mean: the share of each entry's values dropped at each end")
+      .range(0, 0.499);
+  t.add("round-clip-norm", c.rounds.clip_norm,
+        "scale each delta down to this L2 norm when it is above it (the server's "
+        "--round-clip-norm); 0: no clipping")
+      .range(0, 3.4e38);
   t.add("round-policy", s.round_policy,
         "drop-stragglers (a round closes at its deadline; later deltas are "
         "dropped) or wait-all (it waits for every selected worker)")
@@ -62,7 +76,13 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   const bool rounds = config.mode == SimMode::kRounds;
   config.eval_every = s.eval_every ? s.eval_every : rounds ? 1 : 100;
   if (s.stop_at_accuracy > 0) config.stop_at_accuracy = s.stop_at_accuracy;
-  config.rounds.aggregation = server::parse_aggregation(s.aggregation);
+  config.rounds.aggregation.kind = server::parse_aggregation(s.aggregation);
+  if (!rounds && s.malicious_peers > 0)
+    throw std::invalid_argument("--malicious-peers is for --mode rounds and gossip");
+  if (rounds) {
+    config.rounds.malicious_workers = s.malicious_peers;
+    config.rounds.attack = parse_model_attack(s.attack);
+  }
   config.rounds.policy = parse_round_policy(s.round_policy);
   if (rounds && (config.delta_pulls || config.publish.enabled()))
     throw std::invalid_argument(
@@ -94,7 +114,13 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (rounds) {
     // What sets the runs of this command apart from the defaults' (the summary's rows).
     std::ostringstream suffix;
-    if (config.rounds.aggregation != server::Aggregation::kMasked) suffix << ", " << s.aggregation;
+    if (config.rounds.aggregation.kind != server::Aggregation::kMasked)
+      suffix << ", " << s.aggregation;
+    if (config.rounds.clip_norm > 0) suffix << ", clip " << config.rounds.clip_norm;
+    if (config.rounds.dp_noise_multiplier > 0)
+      suffix << ", noise " << config.rounds.dp_noise_multiplier;
+    if (config.rounds.malicious_workers > 0)
+      suffix << ", " << config.rounds.malicious_workers << " malicious (" << s.attack << ')';
     if (config.rounds.policy != RoundPolicy::kDropStragglers) suffix << ", " << s.round_policy;
     for (auto& run : runs) run.first += suffix.str();
   }
@@ -178,11 +204,12 @@ int ServerSimRun::run(const SimData& data) {
   const std::string summary = rounds ? rounds_summary_table(results, target_accuracy)
                                      : async_summary_table(results, target_accuracy);
   std::ofstream(s.out_dir + "/summary.md") << summary;
+  std::ofstream(s.out_dir + "/summary.json") << runs_summary_json(results, target_accuracy);
   if (!s.save_model.empty()) {
     const SimResult& last = results.back();
     save_model(s, last.final_parameters, last.updates_applied, last.label, last.final_accuracy());
   }
-  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md";
+  std::cout << summary << "written: " << s.out_dir << "/{sim.csv,summary.md,summary.json";
   for (const std::string& file : sim_plot_files(rounds)) std::cout << ',' << file;
   std::cout << "}\n";
   return 0;

@@ -81,14 +81,6 @@ void declare_gossip(settings::Table& t, SimSettings& s) {
         "d-psgd: an honest peer clips each neighbour's difference to this L2 norm before the "
         "mix (the worker's --neighbour-clip; 0: off)")
       .range(0, 1e30);
-  t.add("malicious-peers", s.gossip.malicious_peers,
-        "experiment knob (ours): peers 0..N-1 publish a poisoned model (--attack) and do not "
-        "mix; accuracy is reported over the honest peers (sim/README.md \"Malicious "
-        "neighbours\")")
-      .range(0, 100000);
-  t.add("attack", s.attack,
-        "what a malicious peer publishes: bias:V (its output bias set to V) or scale:F (its "
-        "model times F)");
   t.add("iterations", s.gossip.max_iterations, "stop when the peers' mean iterations reach this")
       .range(1, 1e12);
   t.add("time-budget", s.gossip.time_budget, "stop at this virtual time (0: no limit)")
@@ -148,7 +140,8 @@ GossipConfig make_gossip_config(const SimSettings& s, const settings::Table& tab
   g.seed = c.seed;
   g.threads = c.threads;
   g.kernels = kernel_backend(s);
-  g.attack = parse_gossip_attack(s.attack);
+  g.malicious_peers = s.malicious_peers;
+  g.attack = parse_model_attack(s.attack);
   check_gossip_config(g);
   return g;
 }

@@ -119,6 +119,16 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
     t.group(std::string(mode.group));
     mode.declare(t, s);
   }
+  t.group("Attackers (--mode rounds and gossip; an experiment knob of ours)");
+  t.add("malicious-peers", s.malicious_peers,
+        "workers (rounds) or peers (gossip) 0..N-1 are malicious: they train as the others but "
+        "send their delta (rounds) or publish their model (gossip, and do not mix) with --attack "
+        "applied; gossip accuracy is reported over the honest peers (sim/README.md \"Malicious "
+        "neighbours\", \"Robust rounds\")")
+      .range(0, 100000);
+  t.add("attack", s.attack,
+        "what a malicious worker or peer does: bias:V (the output bias of its delta or model "
+        "set to V) or scale:F (its delta or model times F)");
   t.group("Filter dropout (DISTREAL)");
   t.add("drop-rates", s.drop_rates,
         "one drop rate per conv layer, e.g. 0.5,0.25 (each in [0, 1); empty: none); "

@@ -42,6 +42,7 @@ struct SimSettings {
   std::string topology = "ring", topology_file, gossip_algorithm = "d-psgd", speed_classes,
               speed_schedule, attack = "bias:1e30";
   double consensus_step = 0;  // 0: the default for dense or compressed gossip
+  int malicious_peers = 0;    // rounds and gossip: attackers (sim/model_attack.h)
 };
 
 // The training and test sets: --data, or the four IDX files (std::invalid_argument when

@@ -1,5 +1,7 @@
 #include "sim/sim_reports.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -37,6 +39,25 @@ std::string time_text(std::optional<double> time) {
   return text;
 }
 
+std::string runs_summary_json(const std::vector<SimResult>& results, double target_accuracy) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const SimResult& r : results)
+    runs.push_back({{"label", r.label},
+                    {"final_accuracy", r.final_accuracy()},
+                    {"best_accuracy", r.best_accuracy()},
+                    {"updates_applied", r.updates_applied},
+                    {"updates_refused", r.updates_refused},
+                    {"updates_lost", r.updates_lost},
+                    {"ingress_bytes", r.ingress_bytes},
+                    {"virtual_time", r.virtual_time},
+                    {"round_stragglers", r.round_stragglers},
+                    {"round_deltas_refused", r.round_deltas_refused},
+                    {"round_deltas_clipped", r.round_deltas_clipped},
+                    {"stalled", r.stalled},
+                    {"dp_epsilon_by_round", r.dp_epsilon_by_round}});
+  return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
+}
+
 std::string rounds_summary_table(const std::vector<SimResult>& results, double target_accuracy) {
   std::ostringstream summary;
   summary << "| method | final acc | best acc | rounds | virtual time | ingress | bytes/delta | "
@@ -72,6 +93,16 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
                  "refused the close: a "
                  "diverged model beyond the parameter bound)\n";
   }
+  for (const auto& r : results)
+    if (r.round_deltas_refused > 0 || r.round_deltas_clipped > 0)
+      summary << "\n" << r.label << ": the server refused " << r.round_deltas_refused
+              << " deltas (a value past the parameter bound) and clipped "
+              << r.round_deltas_clipped << "\n";
+  for (const auto& r : results)
+    if (!r.dp_epsilon_by_round.empty())
+      summary << "\n" << r.label << ": client-level differential privacy, epsilon "
+              << r.dp_epsilon_by_round.back() << " after " << r.dp_epsilon_by_round.size()
+              << " rounds\n";
   summary << "\nrounds: `updates` in sim.csv; time in mean step times (virtual); ingress counts "
              "stragglers' deltas "
              "too, which the server receives but leaves out of the aggregate\n";

@@ -28,6 +28,12 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
 // and, with accuracy-aware training, its counts.
 std::string gossip_summary_table(const GossipResult& result, double target_accuracy);
 
+// summary.json of --mode async and rounds, for scripts: {"target_accuracy", "runs": [{"label",
+// "final_accuracy", "best_accuracy", "updates_applied", "updates_refused", "updates_lost",
+// "ingress_bytes", "virtual_time", "round_stragglers", "round_deltas_refused",
+// "round_deltas_clipped", "stalled"}]}.
+std::string runs_summary_json(const std::vector<SimResult>& results, double target_accuracy);
+
 // What a plot's title names besides the runs: --data, --model, --workers.
 struct PlotContext {
   std::string data, model;

@@ -9,6 +9,7 @@
 
 #include "worker/round_worker.h"
 #include "model/shard_sampler.h"
+#include "server/dp_accountant.h"
 #include "common/splitmix64.h"
 #include "model/thread_pool.h"
 #include "model/trainer.h"
@@ -62,6 +63,18 @@ void check_config_values(const SimConfig& c) {
   if (!(c.learning_rate > 0)) throw std::invalid_argument("sim: learning rate must be positive");
   if (c.max_updates < 1) throw std::invalid_argument("sim: max updates must be at least 1");
   if (c.eval_every < 1) throw std::invalid_argument("sim: eval interval must be at least 1");
+  if (c.rounds.malicious_workers < 0 || c.rounds.malicious_workers >= c.workers)
+    throw std::invalid_argument("--malicious-peers must leave at least one honest worker");
+  if (!(c.rounds.aggregation.trim_fraction >= 0 && c.rounds.aggregation.trim_fraction < 0.5))
+    throw std::invalid_argument("--trim-fraction must be in [0, 0.5)");
+  if (!(c.rounds.clip_norm >= 0) || !std::isfinite(c.rounds.clip_norm))
+    throw std::invalid_argument("--round-clip-norm must be a finite value >= 0");
+  if (c.rounds.aggregation.kind == server::Aggregation::kDpFedAvg &&
+      !(c.rounds.clip_norm > 0 && c.rounds.dp_noise_multiplier > 0))
+    throw std::invalid_argument(
+        "--aggregation dp-fedavg needs --round-clip-norm S and --dp-noise-multiplier z above 0");
+  if (!(c.rounds.dp_delta > 0 && c.rounds.dp_delta < 1))
+    throw std::invalid_argument("--dp-delta must be in (0, 1)");
   if (c.speed_spread < 0 || c.step_jitter < 0)
     throw std::invalid_argument("sim: speed spreads must be >= 0");
   if (c.failure_probability < 0 || c.failure_probability >= 1) {
@@ -396,6 +409,16 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     });
   };
   std::vector<float> start(parameter_count), parameters(parameter_count);
+  const auto output_bias = output_bias_range(sim.model);
+  // dp-fedavg: the accountant, the fixed denominator (the workers a round selects) and the
+  // noise's own generator, so that the run's other draws stay those of a run without it.
+  std::optional<server::DpAccountant> accountant;
+  if (rounds.aggregation.kind == server::Aggregation::kDpFedAvg)
+    accountant.emplace(rounds.client_fraction, rounds.dp_noise_multiplier);
+  const double dp_denominator = static_cast<double>(
+      std::max<long>(1, std::lround(rounds.client_fraction * static_cast<double>(config.workers))));
+  Random noise(config.seed ^ 0xd1b54a32d192ed03ull);
+  const float delta_bound = store_options(config).max_parameter_magnitude;
   std::uint64_t pulls = 0, deltas_received = 0, delta_bytes_sum = 0, deltas_aggregated = 0;
   std::uint64_t unchanged_in_a_row = 0;  // rounds that left the model as it was
   double now = 0;
@@ -442,6 +465,10 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         result.updates_lost++;
         continue;
       }
+      // A malicious worker (ours, issue 37) sends its delta with the attack applied.
+      if (w < rounds.malicious_workers)
+        apply_model_attack(rounds.attack,
+                           std::span<float>(sim.gradient.data(), parameter_count), output_bias);
       // The delta goes through the compressor in place of a gradient (runtime::RoundWorker).
       const std::uint64_t examples = trained.examples;
       bool finite = examples > 0;
@@ -491,6 +518,14 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (!decoded)
         throw std::logic_error("sim: server refused a well-formed round delta: " +
                                decoded.error().message);
+      // What server::RoundCoordinator takes of it: refused past the bound, clipped.
+      if (!server::round_delta_problem(decoded.value(), rounds.server_lr, delta_bound).empty()) {
+        result.round_deltas_refused++;
+        continue;
+      }
+      if (server::clip_round_delta(decoded.value(), rounds.clip_norm) > rounds.clip_norm &&
+          rounds.clip_norm > 0)
+        result.round_deltas_clipped++;
       deltas.push_back({arrival.examples, std::move(decoded).value()});
     }
     now = close;
@@ -512,9 +547,22 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     // The server's close (server::round_close_update, as server::RoundCoordinator closes a
     // round): one update through the store, delay 0 (divisor 1), values −server_lr·Δ/lr, so
     // the model moves by server_lr·Δ as on the server.
-    const server::ApplyResult applied = store.apply(
-        server::round_close_update(deltas, sim.tensor_sizes, rounds.aggregation, rounds.server_lr,
-                                   config.learning_rate, sim.model.layout_id(), store.version()));
+    transport::SparseUpdate close_update;
+    if (accountant) {
+      server::AggregationRule rule = rounds.aggregation;
+      rule.expected_devices = dp_denominator;
+      std::vector<float> mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
+      const double stddev = rounds.dp_noise_multiplier * rounds.clip_norm / dp_denominator;
+      for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+      close_update = server::close_update_of(mean, sim.tensor_sizes, rounds.server_lr,
+                                             config.learning_rate, sim.model.layout_id(),
+                                             store.version());
+    } else {
+      close_update = server::round_close_update(deltas, sim.tensor_sizes, rounds.aggregation,
+                                                rounds.server_lr, config.learning_rate,
+                                                sim.model.layout_id(), store.version());
+    }
+    const server::ApplyResult applied = store.apply(close_update);
     if (applied.status == server::ApplyStatus::kOutOfBounds) {
       result.updates_refused++;  // a diverged round: the model stays; the next round tries again
       if (stalls()) break;
@@ -525,6 +573,10 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     unchanged_in_a_row = 0;
     result.updates_applied++;
     deltas_aggregated += deltas.size();
+    if (accountant) {
+      accountant->add_rounds(1);
+      result.dp_epsilon_by_round.push_back(accountant->epsilon(rounds.dp_delta).epsilon);
+    }
     bool stop = store.version() >= rounds.max_rounds;
     if (store.version() % config.eval_every == 0 || stop) {
       sim.evaluate(result, store.version(), now);

@@ -43,6 +43,7 @@
 #include "server/parameter_store.h"
 #include "model/published_model.h"
 #include "server/round_aggregation.h"
+#include "sim/model_attack.h"
 #include "transport/codec.h"
 
 namespace edgetrain::sim {
@@ -75,7 +76,22 @@ struct RoundsConfig {
   // without replacement among the workers that have not left (ours: the server draws each
   // device with probability client_fraction instead; the count here is FedAvg's C·K).
   double client_fraction = 1.0;
-  server::Aggregation aggregation = server::Aggregation::kMasked;
+  server::AggregationRule aggregation;  // the rule and trimmed-mean's β
+  // What the server takes of a delta (server::RoundCoordinator's rules): a delta with a value
+  // whose step passes the store's parameter bound is refused (server::round_delta_problem),
+  // and with clip_norm > 0 one above that L2 norm is scaled to it (server::clip_round_delta).
+  double clip_norm = 0;
+  // Experiment knob (ours, issue 37): workers 0..malicious_workers-1 train as the others but
+  // send their delta with `attack` applied (sim/model_attack.h).
+  int malicious_workers = 0;
+  ModelAttack attack;
+  // aggregation dp-fedavg (issue 39): the close adds N(0, (z·clip_norm/m)²) per parameter, m
+  // the workers selected per round (the fixed denominator), from a generator seeded by the
+  // run's seed (a simulation's noise need not be secret); the accountant (server/
+  // dp_accountant.h, q = client_fraction: ours, the sampling here is without replacement,
+  // not Poisson) gives ε at dp_delta after every round (SimResult::dp_epsilon_by_round).
+  double dp_noise_multiplier = 0;
+  double dp_delta = 1e-5;
   RoundPolicy policy = RoundPolicy::kDropStragglers;  // the server's default
   double deadline_steps = 0;                          // 0: kDefaultDeadlineFactor × local steps
   std::uint64_t max_rounds = 50;  // rounds closed (model versions) before the run ends
@@ -157,6 +173,9 @@ struct SimResult {
   std::uint64_t empty_rounds =
       0;                         // rounds that ended with no delta (every selected worker crashed)
   double mean_round_deltas = 0;  // deltas aggregated per closed round
+  std::uint64_t round_deltas_refused = 0;  // a value past the bound (the server's 4.22)
+  std::uint64_t round_deltas_clipped = 0;  // scaled to RoundsConfig::clip_norm
+  std::vector<double> dp_epsilon_by_round;  // dp-fedavg: ε after each closed round
   double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;

@@ -91,7 +91,7 @@ TEST(SimGossip, AMaliciousPeersHugeBiasIsRefusedByItsHonestNeighbours) {
   ASSERT_GT(data.train.size(), 0u);
   sim::GossipConfig c = ring_config();
   c.malicious_peers = 1;
-  c.attack = sim::parse_gossip_attack("bias:1e30");
+  c.attack = sim::parse_model_attack("bias:1e30");
   const auto defended = sim::run_gossip_simulation(c, data.train, data.test, "bound");
   EXPECT_EQ(defended.neighbour_models_refused, 2u * 100u);
   EXPECT_LT(defended.honest_max_abs_parameter, 10);
@@ -106,9 +106,9 @@ TEST(SimGossip, AMaliciousPeersHugeBiasIsRefusedByItsHonestNeighbours) {
   const auto asynchronous = sim::run_gossip_simulation(c, data.train, data.test, "ad-psgd");
   EXPECT_GT(asynchronous.neighbour_models_refused, 0u);
   EXPECT_LT(asynchronous.honest_max_abs_parameter, 10);
-  EXPECT_THROW(sim::parse_gossip_attack("bias"), std::invalid_argument);
-  EXPECT_THROW(sim::parse_gossip_attack("flip:1"), std::invalid_argument);
-  EXPECT_THROW(sim::parse_gossip_attack("bias:1e40"), std::invalid_argument);
+  EXPECT_THROW(sim::parse_model_attack("bias"), std::invalid_argument);
+  EXPECT_THROW(sim::parse_model_attack("flip:1"), std::invalid_argument);
+  EXPECT_THROW(sim::parse_model_attack("bias:1e40"), std::invalid_argument);
 }
 
 // Metropolis weights are doubly stochastic: mixing moves the peers toward each other and

@@ -203,4 +203,35 @@ TEST(SimulatorRounds, RefusesBadRoundSettings) {
   EXPECT_EQ(sim::parse_round_policy("wait-all"), sim::RoundPolicy::kWaitAll);
 }
 
+// Issue 37 in the simulator: one worker of 10 sends its delta times −4 (a sign flip within
+// every bound). FedAvg follows it part of the way; the median does not, and learns as the
+// honest fleet does. A bias of 1e30 is refused as the server refuses it (4.22).
+TEST(SimulatorRounds, TheMedianHoldsOffAScaledDeltaAndHugeOnesAreRefused) {
+  const Mnist& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::SimConfig c = rounds_config();
+  c.rounds.max_rounds = 4;
+  c.eval_every = 4;
+  c.rounds.malicious_workers = 1;
+  c.rounds.attack = sim::parse_model_attack("scale:-4");
+  c.rounds.aggregation = server::Aggregation::kMedian;
+  const auto median = sim::run_simulation(c, data.train, data.test, "median");
+  c.rounds.aggregation = server::Aggregation::kMasked;
+  const auto mean = sim::run_simulation(c, data.train, data.test, "mean");
+  EXPECT_GT(median.final_accuracy(), 0.8);
+  EXPECT_GT(median.final_accuracy(), mean.final_accuracy() + 0.02)
+      << "median " << median.final_accuracy() << " mean " << mean.final_accuracy();
+  EXPECT_EQ(mean.round_deltas_refused, 0u);
+
+  c.rounds.attack = sim::parse_model_attack("bias:1e30");
+  const auto refused = sim::run_simulation(c, data.train, data.test, "refused");
+  EXPECT_EQ(refused.round_deltas_refused, 4u) << "the attacker's delta, every round";
+  EXPECT_GT(refused.final_accuracy(), 0.8);
+
+  c.rounds.attack = sim::parse_model_attack("scale:-4");
+  c.rounds.clip_norm = 0.5;
+  const auto clipped = sim::run_simulation(c, data.train, data.test, "clipped");
+  EXPECT_GT(clipped.round_deltas_clipped, 0u);
+}
+
 }  // namespace

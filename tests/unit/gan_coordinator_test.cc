@@ -509,3 +509,49 @@ TEST(GanBadFeedback, NonFiniteSamplesAreNotSent) {
 }
 
 }  // namespace
+
+namespace {
+
+// Per-device norm clipping (--gan-clip-feedback, issue 37): a feedback within the value bound
+// but of a large norm is scaled to the norm before it is summed; the generator then goes on
+// exactly as if the device had sent the clipped feedback, and a restart replays it bit for
+// bit without the option (the log holds the averaged, clipped feedback).
+TEST(GanBadFeedback, ClippedFeedbackActsAsTheClippedValuesAndReplaysWithoutTheOption) {
+  TempDir dir("edgetrain-gan"), reference_dir("edgetrain-gan");
+  Clock clock, reference_clock;
+  auto o = options_for(dir, clock, 3);
+  o.clip_feedback_norm = 1.0;
+  o.checkpoint_every = 100;  // everything in the log
+  // What clipping makes of ±999: the same arithmetic as the server's (double, then float).
+  double squares = 0;
+  for (int i = 0; i < kBatch * 784; i++) squares += 999.0 * 999.0;
+  const auto clipped = static_cast<float>(999.0 * (1.0 / std::sqrt(squares)));
+  std::vector<float> params;
+  {
+    GanCoordinator gan(o);
+    GanCoordinator reference(options_for(reference_dir, reference_clock, 3));
+    attacked_iterations(gan, clock, 999.0f, CoapCode::kChanged);
+    attacked_iterations(reference, reference_clock, clipped, CoapCode::kChanged);
+    EXPECT_EQ(gan.generator().params, reference.generator().params);
+    EXPECT_EQ(gan.generator().adam.v, reference.generator().adam.v);
+    const auto s = status(gan);
+    EXPECT_EQ(s["feedbacks_clipped"], 3) << "the honest feedbacks are below the norm";
+    EXPECT_EQ(s["devices_refused"]["c"]["clipped"], 3);
+    EXPECT_EQ(s["devices_refused"]["c"]["out_of_bounds"], 0);
+    params = gan.generator().params;
+  }
+  auto restarted = options_for(dir, clock, 3);
+  restarted.checkpoint_every = 100;  // no clipping now
+  GanCoordinator gan(restarted);
+  EXPECT_EQ(gan.recovery().replayed, 3u);
+  EXPECT_EQ(gan.generator().params, params);
+  EXPECT_THROW(
+      [&] {
+        auto bad = options_for(dir, clock, 3);
+        bad.clip_feedback_norm = -1;
+        server::check_gan_server_options(bad);
+      }(),
+      std::invalid_argument);
+}
+
+}  // namespace

@@ -506,3 +506,174 @@ TEST(RoundHardening, AnAggregateTheStoreRefusesStartsTheRoundAgainWithoutItsDelt
   ASSERT_EQ(server.rounds->post_round_update(request("b", honest)).code, CoapCode::kChanged);
   EXPECT_EQ(server.rounds->round(), 1u) << "the round closed with the deltas sent again";
 }
+
+// Per-device norm clipping (issue 37): the round log keeps the clipped delta, so a restart
+// with another --round-clip-norm (here none) closes the round exactly as without the crash.
+TEST(RoundHardening, AClippedDeltaIsLoggedClippedAndTheCloseReplaysBitExact) {
+  TempDir crashed("edgetrain-rounds"), uninterrupted("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  RoundOptions clipping = two_devices();
+  clipping.clip_norm = 1.0;
+  const auto large = uniform_delta(model, 0.5f, 0);  // norm 0.5·√(parameters) > 1
+  const auto small = uniform_delta(model, 0.001f, 0);
+  std::vector<float> expected;
+  {
+    Server server(uninterrupted, clock, clipping);
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    ASSERT_EQ(server.rounds->post_round_update(request("a", large)).code, CoapCode::kChanged);
+    const auto status = nlohmann::json::parse(server.rounds->status_json());
+    EXPECT_EQ(status.at("round_deltas_clipped"), 1);
+    const auto logged = server::read_wal(uninterrupted.path() / "rounds.wal");
+    ASSERT_EQ(logged.records.size(), 1u);
+    const std::vector<std::uint32_t> sizes = model.tensor_sizes();
+    auto decoded = transport::decode_sparse_update(logged.records[0].update,
+                                                   {server.state->model_id(), sizes});
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_NEAR(server::clip_round_delta(decoded.value(), 0), 1.0, 1e-5)
+        << "the log holds the delta as clipped";
+    ASSERT_EQ(server.rounds->post_round_update(request("b", small)).code, CoapCode::kChanged);
+    ASSERT_EQ(server.rounds->round(), 1u);
+    EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json()).at("round_deltas_clipped"), 1)
+        << "b's small delta is not clipped";
+    expected = server.state->snapshot().parameters;
+  }
+  {
+    Server server(crashed, clock, clipping);
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    ASSERT_EQ(server.rounds->post_round_update(request("a", large)).code, CoapCode::kChanged);
+  }
+  Server server(crashed, clock, two_devices());  // restarted without clipping
+  ASSERT_EQ(server.rounds->deltas_received(), 1u);
+  round_info(*server.rounds, "b");
+  ASSERT_EQ(server.rounds->post_round_update(request("b", small)).code, CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->round(), 1u);
+  EXPECT_EQ(server.state->snapshot().parameters, expected);
+}
+
+// A robust rule on the server: the median of three deltas leaves out the one far away.
+TEST(RoundHardening, TheMedianLeavesOutAnOutlyingDevice) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  RoundOptions options = two_devices();
+  options.min_clients = 3;
+  options.rule = server::Aggregation::kMedian;
+  Server server(dir, clock, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  for (const char* who : {"a", "b", "c"}) round_info(*server.rounds, who);
+  ASSERT_EQ(server.rounds->post_round_update(request("a", uniform_delta(model, 0.01f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("b", uniform_delta(model, 0.02f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->post_round_update(request("c", uniform_delta(model, 100.0f, 0))).code,
+            CoapCode::kChanged);
+  ASSERT_EQ(server.rounds->round(), 1u);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  for (std::size_t i = 0; i < after.size(); ++i)
+    ASSERT_NEAR(after[i] - before[i], 0.02f, 1e-5f) << i;  // server_lr 1 · median 0.02
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json()).at("round_aggregation"), "median");
+}
+
+// ---- Client-level differential privacy (dp-fedavg, issue 39) ----
+
+RoundOptions dp_options(double noise_multiplier, double target_epsilon = 0) {
+  RoundOptions options = two_devices();
+  options.rule = server::Aggregation::kDpFedAvg;
+  options.rule.expected_devices = 2;
+  options.clip_norm = 1.0;
+  options.privacy.noise_multiplier = noise_multiplier;
+  options.privacy.target_epsilon = target_epsilon;
+  return options;
+}
+
+// The close is Σ clipped deltas / m plus N(0, (z·S/m)²) from the secure generator; the WAL
+// holds it, noise included, so a restart has the same parameters; ε is the accountant's.
+TEST(RoundPrivacy, TheCloseAddsNoiseOfTheStatedSizeAndTheWalKeepsIt) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  const double z = 0.5;
+  std::vector<float> after;
+  std::vector<float> before;
+  {
+    Server server(dir, clock, dp_options(z));
+    before = server.state->snapshot().parameters;
+    round_info(*server.rounds, "a");
+    round_info(*server.rounds, "b");
+    const auto large = uniform_delta(model, 0.5f, 0);  // clipped to norm 1
+    ASSERT_EQ(server.rounds->post_round_update(request("a", large, "examples=1")).code,
+              CoapCode::kChanged);
+    ASSERT_EQ(server.rounds->post_round_update(request("b", large, "examples=1000")).code,
+              CoapCode::kChanged);
+    ASSERT_EQ(server.rounds->round(), 1u);
+    after = server.state->snapshot().parameters;
+    const auto status = nlohmann::json::parse(server.rounds->status_json());
+    server::DpAccountant expected(1.0, z);
+    expected.add_rounds(1);
+    EXPECT_NEAR(status.at("dp_epsilon").get<double>(), expected.epsilon(1e-5).epsilon, 1e-9);
+    EXPECT_EQ(status.at("dp_budget_exhausted"), false);
+  }
+  // Each clipped entry is ±0.5·(1/‖0.5·1‖) = 1/√P: the sum of two over m = 2 is 1/√P; the
+  // noise's standard deviation is z·S/m = 0.25. Weights by examples play no part.
+  const double n = static_cast<double>(after.size());
+  const double signal = 1.0 / std::sqrt(n);
+  double sum = 0, squares = 0;
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    const double noise = (after[i] - before[i]) - signal;
+    sum += noise;
+    squares += noise * noise;
+  }
+  const double mean = sum / n, stddev = std::sqrt(squares / n - mean * mean);
+  // 163 parameters: the sample's standard deviation is within 6 of its own standard errors
+  // (0.25/√(2·163) ≈ 0.014) of 0.25, and far from 0.5 or 0.125 (a noise of z·S, or S/m).
+  EXPECT_NEAR(stddev, 0.25, 0.085) << "over " << n << " parameters";
+  EXPECT_NEAR(mean, 0.0, 6 * 0.25 / std::sqrt(n));
+  Server restarted(dir, clock, dp_options(z));
+  EXPECT_EQ(restarted.state->snapshot().parameters, after) << "the WAL holds the noised close";
+}
+
+TEST(RoundPrivacy, ARoundThatWouldPassTheTargetEpsilonIsNotClosedAndTheRunEnds) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  server::DpAccountant one(1.0, 2.0), two(1.0, 2.0);
+  one.add_rounds(1);
+  two.add_rounds(2);
+  const double target = (one.epsilon(1e-5).epsilon + two.epsilon(1e-5).epsilon) / 2;
+  Server server(dir, clock, dp_options(2.0, target));
+  const auto small = uniform_delta(model, 0.001f, 0);
+  for (const char* who : {"a", "b"}) {
+    round_info(*server.rounds, who);
+    ASSERT_EQ(server.rounds->post_round_update(request(who, small)).code, CoapCode::kChanged);
+  }
+  ASSERT_EQ(server.rounds->round(), 1u) << "the first round fits the budget";
+  EXPECT_FALSE(server.rounds->privacy_exhausted());
+  const auto next = uniform_delta(model, 0.001f, 1);
+  for (const char* who : {"a", "b"}) {
+    round_info(*server.rounds, who);
+    ASSERT_EQ(server.rounds->post_round_update(request(who, next)).code, CoapCode::kChanged);
+  }
+  EXPECT_EQ(server.rounds->round(), 1u) << "the second would pass it";
+  ASSERT_TRUE(server.rounds->privacy_exhausted());
+  EXPECT_NE(server.rounds->privacy_exhausted()->find("--dp-target-epsilon"), std::string::npos);
+  EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status.at("dp_budget_exhausted"), true);
+  EXPECT_LE(status.at("dp_epsilon").get<double>(), target);
+}
+
+TEST(RoundPrivacy, DpFedAvgRefusesToStartWithoutClipNoiseOrDenominator) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions no_clip = dp_options(1.0);
+  no_clip.clip_norm = 0;
+  EXPECT_THROW(Server(dir, clock, no_clip), std::invalid_argument);
+  RoundOptions no_noise = dp_options(0.0);
+  EXPECT_THROW(Server(dir, clock, no_noise), std::invalid_argument);
+  RoundOptions no_denominator = dp_options(1.0);
+  no_denominator.rule.expected_devices = 0;
+  EXPECT_THROW(Server(dir, clock, no_denominator), std::invalid_argument);
+}

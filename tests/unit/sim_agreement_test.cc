@@ -280,7 +280,7 @@ TEST(SimAgreement, RoundWorkersAndTheRoundCoordinatorEndWithTheSimulatorsModel) 
   options.store.learning_rate = c.learning_rate;
   server::ServerState state(initial_model(), options);
   server::RoundOptions round_options;
-  round_options.aggregation = c.rounds.aggregation;
+  round_options.rule = c.rounds.aggregation;
   round_options.policy = c.rounds.policy;
   round_options.client_fraction = 1;
   round_options.min_clients = kWorkers;  // no round closes before every worker answered

@@ -116,6 +116,12 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
            " aggregation" +
            (s.round_clip_norm > 0 ? ", deltas clipped at norm " + short_number(s.round_clip_norm)
                                   : std::string()) +
+           (o.rule.kind == Aggregation::kDpFedAvg
+                ? ", DP noise multiplier " + short_number(s.dp_noise_multiplier) + " over " +
+                      short_number(s.dp_expected_devices) + " expected devices (epsilon now " +
+                      short_number(mode->rounds().epsilon()) + " at delta " +
+                      short_number(s.dp_delta) + ")"
+                : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +

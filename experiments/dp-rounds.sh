@@ -41,12 +41,15 @@ for fleet in $fleets; do
       die "a run failed: $sim ${args[*]} (see $dir.log)"
     read -r final best epsilon < <(jq -r '.runs[0] | "\(.final_accuracy) \(.best_accuracy) \(.dp_epsilon_by_round[-1] // "∞")"' "$dir/summary.json")
     m=$(awk -v k="$k" -v q="$q" 'BEGIN { printf "%d", k * q + 0.5 }')
+    noise_text=$z epsilon_text=$epsilon
+    [ "$z" != 0 ] || noise_text="– (clipped only)"
+    [ "$epsilon" = "∞" ] || epsilon_text=$(awk -v e="$epsilon" 'BEGIN { printf "%.3g", e }')
     rows+="
-| $k | $q ($m) | ${z/#0/– (clipped only)} | $(printf '%.3g' "$epsilon" 2>/dev/null || echo "$epsilon") | $(awk -v a="$final" 'BEGIN { printf "%.2f%%", 100 * a }') | $(awk -v a="$best" 'BEGIN { printf "%.2f%%", 100 * a }') |"
+| $k | $q ($m) | $noise_text | $epsilon_text | $(awk -v a="$final" 'BEGIN { printf "%.2f%%", 100 * a }') | $(awk -v a="$best" 'BEGIN { printf "%.2f%%", 100 * a }') |"
   done
 done
 {
-  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]} --workers K --client-fraction q [--aggregation dp-fedavg --dp-noise-multiplier z]"
+  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown) (the runs: see each directory's summary.json): $sim ${base[*]} --workers K --client-fraction q [--aggregation dp-fedavg --dp-noise-multiplier z]"
   echo
   echo "$rows"
 } >"$out/dp-rounds.md"

@@ -7,8 +7,8 @@
 # How: kernel_bench from an aarch64 tree (tests/bench/kernel_bench.cc, `--path trainer
 # --threads 1`) runs twice per configuration, with LO and HI steps (no warm-up steps);
 # per-step figure = (count(HI) - count(LO)) / (HI - LO), so start-up, model set-up, operator
-# creation and exit cancel out. The counts are deterministic (same binary, same -cpu, same
-# inputs); the script checks that the two per-step estimates it can make agree.
+# creation and exit cancel out. Repeated runs agree to within a few dozen instructions per
+# step; a third run of 2*HI-LO steps checks that the two per-step estimates agree.
 #
 # Per layer: boards/qemu-plugins/phase_insns.c (edgetrain's own plugin) splits the count at
 # each entry of a layer function (conv/pool/fc forward and backward, softmax, SGD) and

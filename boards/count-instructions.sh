@@ -237,7 +237,8 @@ done
 echo
 echo "per layer (mean instructions per step over steps 2..$hi; the forward layer order is"
 echo "conv1 pool1 conv2 pool2 fc1 fc2, backward the reverse):"
-# shellcheck disable=SC2086
+phase_files=()
+for b in $batches; do phase_files+=("$work/phase-$b.txt"); done
 awk -v batches="$batches" '
   FNR == 1 { f++ }
   $1 == "phase" { pos = $2; lab[pos] = $3; v[f, pos] = $4; if (pos > maxp) maxp = pos }
@@ -262,5 +263,5 @@ awk -v batches="$batches" '
       printf "\n"
     }
     printf "%-36s", "sum"; for (i = 1; i <= nb; i++) printf " %14d %6s", tot[i], ""; printf "\n"
-  }' $(for b in $batches; do echo "$work/phase-$b.txt"; done)
+  }' "${phase_files[@]}"
 say "done (figures are per training step, start-up differenced out)"

@@ -35,6 +35,10 @@ class AsyncRun : public WorkerModeRun {
  public:
   AsyncRun(const WorkerSettings& s, WorkerConfig config) : s_(s), config_(std::move(config)) {}
 
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return worker_shard(config_, train);
+  }
+
   int run(const Dataset& train) override {
     program::log_server_worker_start(s_, config_, train);
     WorkerStats stats;

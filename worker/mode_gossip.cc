@@ -198,6 +198,10 @@ class GossipRun : public WorkerModeRun {
  public:
   GossipRun(const WorkerSettings& s, GossipPeerConfig config) : s_(s), config_(std::move(config)) {}
 
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return gossip_shard(config_, train);
+  }
+
   int run(const Dataset& train) override {
     const std::string& name = config_.topology.peers[config_.self].name;
     // AD-PSGD posts whole models: the body limit must hold one, whatever the model.

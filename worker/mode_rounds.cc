@@ -47,6 +47,10 @@ class RoundsRun : public WorkerModeRun {
     config_.deadline_share = s.deadline_share;
   }
 
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return worker_shard(config_.worker, train);
+  }
+
   int run(const Dataset& train) override {
     program::log_server_worker_start(s_, config_.worker, train);
     RoundWorkerStats stats;

@@ -38,6 +38,10 @@ void log_warning(const std::string& line) {
 }
 void log_error(const std::string& line) { write_line(line); }
 
+std::string held_images(const Dataset& train) {
+  return train.held ? " (images of its " + std::to_string(train.held->size()) + " loaded)" : "";
+}
+
 void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config,
                              const Dataset& train) {
   log_line(
@@ -45,7 +49,7 @@ void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config
       " (" + config.identity + ") -> " +
       (s.shards.empty() ? s.server : std::to_string(config.shards.size()) + " shards " + s.shards) +
       ", model " + config.model + ", " + s.compression.compressor + ", " +
-      std::to_string(train.size()) + " examples in the data set");
+      std::to_string(train.size()) + " examples in the data set" + held_images(train));
 }
 
 // ---- StatsFileWriter ---------------------------------------------------------------------

@@ -43,6 +43,9 @@ void log_error(const std::string& line);
 // The first line of a worker that talks to a server (async and rounds).
 void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config,
                              const Dataset& train);
+// " (images of its N loaded)" for a partial load (the shard's), else nothing: for the
+// start line.
+std::string held_images(const Dataset& train);
 
 // Keeps a --stats-file current: the loop changes what render() reads through update(), and
 // a thread rewrites the file (atomically) at most every 0.2 s when it changed, so a worker

@@ -39,12 +39,6 @@ Model checked_model(const WorkerConfig& config, const Dataset& train) {
   return model;
 }
 
-std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
-  const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
-  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
-                             : shard_iid(train.size(), spec);
-}
-
 }  // namespace
 
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload) {
@@ -108,7 +102,7 @@ struct RoundWorker::State {
         stop(stop),
         log(std::move(log)),
         model(checked_model(config.worker, train)),
-        sampler(train, shard_of(config.worker, train),
+        sampler(train, worker_shard(config.worker, train),
                 config.worker.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker.worker_id + 1))),
         pool(config.worker.threads),
         trainer(model, config.worker.batch, KernelBackend::kXnnpack, pool.get()),

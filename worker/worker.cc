@@ -103,6 +103,10 @@ std::vector<std::uint8_t> parse_hex_key(const std::string& text) {
   return key;
 }
 
+std::vector<std::uint32_t> worker_shard(const WorkerConfig& config, const Dataset& train) {
+  return shard_of(train, {config.worker_id, config.worker_count, config.seed}, config.label_skewed);
+}
+
 struct Worker::State {
   State(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
         const std::atomic<bool>& stop, WorkerLog log)
@@ -111,7 +115,7 @@ struct Worker::State {
         stop(stop),
         log(std::move(log)),
         model(model_for(config, train)),
-        sampler(train, shard_of(config, train),
+        sampler(train, worker_shard(config, train),
                 config.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker_id + 1))),
         pool(config.threads),
         trainer(model, config.batch, KernelBackend::kXnnpack, pool.get()),
@@ -160,11 +164,6 @@ struct Worker::State {
       throw ModelError("worker: model input does not match the data's image shape");
     }
     return model;
-  }
-  static std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
-    const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
-    return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
-                               : shard_iid(train.size(), spec);
   }
 
   // Lines below the process's --log-level are dropped here, so every program that runs a

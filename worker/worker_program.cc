@@ -264,7 +264,8 @@ int run_worker_program(WorkerSettings& s) {
     return exit_status(WorkerExit::kBadSettings);
   }
   const DatasetFiles files = dataset_files(s.data, DataSplit::kTrain);
-  const Dataset train = load_dataset(files.images, files.labels);
+  const Dataset train = load_dataset_part(
+      files.images, files.labels, [&](const Dataset& labels) { return run->shard(labels); });
   program::install_stop_signals();
   return run->run(train);
 }

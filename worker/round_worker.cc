@@ -30,7 +30,8 @@ Model checked_model(const WorkerConfig& config, const Dataset& train) {
     throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
                                 " is not below the worker count " +
                                 std::to_string(config.worker_count));
-  Model model(model_spec_from_argument(config.model));
+  // Layout only: a round trains on the round's model, pulled into the state's own vectors.
+  Model model(model_spec_from_argument(config.model), Model::Arena::kNone);
   const ExampleShape in = model.input_shape();
   if (static_cast<std::uint32_t>(in.H) != train.height ||
       static_cast<std::uint32_t>(in.W) != train.width ||

@@ -156,7 +156,8 @@ struct Worker::State {
     return config;
   }
   static Model model_for(const WorkerConfig& config, const Dataset& train) {
-    Model model(model_spec_from_argument(config.model));
+    // Layout only: the worker trains on its copy of the server's model (ModelReplica).
+    Model model(model_spec_from_argument(config.model), Model::Arena::kNone);
     const ExampleShape in = model.input_shape();
     if (static_cast<std::uint32_t>(in.H) != train.height ||
         static_cast<std::uint32_t>(in.W) != train.width ||

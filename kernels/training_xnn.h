@@ -9,7 +9,8 @@
 //   conv forward         convolution operator (ReLU optionally fused as an output clamp)
 //   conv input gradient  deconvolution with the weights' O and I swapped
 //   conv weight gradient one input channel: our direct loop; else im2col (ours) +
-//                        fully-connected, packing the smaller operand
+//                        fully-connected, packing the smaller operand (dout: image by
+//                        image, the products added up)
 //   max pooling          argmax pooling / unpooling
 // plus small loops of our own (transposes, im2col, bias gradients).
 //
@@ -18,7 +19,9 @@
 // recycling allocator (kernels/xnnpack_setup.h) makes that allocation-free after the first
 // step. Operators without weights (pooling) are created once. Each class is built for one
 // shape and batch; all scratch memory is allocated in the constructor, so forward/backward
-// never allocate. `pool` may be null (run on the calling thread) and is not owned.
+// never allocate (one exception: a single-channel conv masks row by row and makes its whole
+// ReLU mask on the first backward that asks for an input gradient, which a first layer
+// never does). `pool` may be null (run on the calling thread) and is not owned.
 // Errors from XNNPACK throw std::runtime_error.
 #pragma once
 
@@ -96,10 +99,11 @@ class Conv2dXnn {
   bool pack_patches_;    // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
   XnnOperator forward_op_, dinp_op_, dweight_op_;
   std::vector<float> weight_swapped_;      // [C][KH][KW][OC] deconvolution kernel
-  std::vector<float> dout_masked_;         // [M][OC]
-  std::vector<float> patches_;             // im2col, [M][K] or transposed [K][M]
+  std::vector<float> dout_masked_;         // [M][OC] (single channel: [OW][OC] until needed)
+  std::vector<float> patches_;             // im2col: [M][K], or one image's transposed [K][M/B]
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
+  std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

@@ -85,14 +85,17 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   }
   input_.resize(B * model.input_shape().size());
   activations_.resize(layers.size());
-  gradients_.resize(layers.size());
   argmax_.resize(layers.size());
-  for (const Stage& stage : stages_) {
+  std::size_t gradient_sizes[2] = {0, 0};
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    const Stage& stage = stages_[s];
     const std::size_t size = B * layers[stage.output].out.size();
     activations_[stage.output].resize(size);
-    gradients_[stage.output].resize(size);
+    gradient_sizes[s % 2] = std::max(gradient_sizes[s % 2], size);
     if (layers[stage.layer].kind == LayerKind::kMaxPool) argmax_[stage.layer].resize(size);
   }
+  for (int parity = 0; parity < 2; parity++)
+    stage_gradients_[parity].resize(gradient_sizes[parity]);
   probs_.resize(B * static_cast<std::size_t>(model.num_classes()));
 }
 
@@ -191,21 +194,20 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   const auto& tensors = model_.tensors();
   const int rows = rows_for(count);
   const std::size_t classes = static_cast<std::size_t>(model_.num_classes());
-  std::vector<float>& dlogits = gradients_.back();
-  k::softmax_cross_entropy_backward(dlogits.data(), probs_.data(), labels, count,
-                                    model_.num_classes());
+  float* dlogits = stage_gradients_[(stages_.size() - 1) % 2].data();
+  k::softmax_cross_entropy_backward(dlogits, probs_.data(), labels, count, model_.num_classes());
   // Padding rows get a zero loss gradient: every parameter gradient is a sum over rows of
   // (gradient row) x (activation row), so they contribute exactly nothing.
-  std::fill(dlogits.begin() + static_cast<std::ptrdiff_t>(count * classes),
-            dlogits.begin() + static_cast<std::ptrdiff_t>(rows * classes), 0.0f);
+  std::fill(dlogits + static_cast<std::ptrdiff_t>(count * classes),
+            dlogits + static_cast<std::ptrdiff_t>(rows * classes), 0.0f);
 
   for (std::size_t s = stages_.size(); s-- > 0;) {
     Stage& stage = stages_[s];
     const ResolvedLayer& layer = layers[stage.layer];
-    const float* dout = gradients_[stage.output].data();
+    const float* dout = stage_gradients_[s % 2].data();
     const float* out = activations_[stage.output].data();
     // The first stage's input is the image, which needs no gradient.
-    float* dinp = s > 0 ? gradients_[stages_[s - 1].output].data() : nullptr;
+    float* dinp = s > 0 ? stage_gradients_[(s - 1) % 2].data() : nullptr;
     const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
     const float* weight =
         layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;

@@ -85,7 +85,11 @@ class Trainer {
   std::vector<float> input_;  // standardized batch
   std::vector<std::vector<float>>
       activations_;                            // output of each layer (empty if no stage writes it)
-  std::vector<std::vector<float>> gradients_;  // d(loss)/d(output of each layer), same
+  // d(loss)/d(output) of the stages in two buffers taken in turn, stage s's in
+  // stage_gradients_[s % 2]: a stage reads its own and writes its input's (the stage
+  // before's), and no older one is read again, so two buffers of the largest sizes serve
+  // (1.25 MB instead of 1.9 MB for the paper CNN at batch 10).
+  std::vector<float> stage_gradients_[2];
   std::vector<std::vector<std::uint32_t>>
       argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;

@@ -34,7 +34,8 @@ std::string gan_stats_json(const GanWorkerStats& st, bool running) {
                         {"d_loss_real", st.d_loss_real},
                         {"d_loss_fake", st.d_loss_fake},
                         {"g_loss", st.g_loss},
-                        {"compute_seconds", st.compute_seconds}}
+                        {"compute_seconds", st.compute_seconds},
+                        {"peak_rss_bytes", program::peak_rss_bytes()}}
              .dump(2) +
          "\n";
 }

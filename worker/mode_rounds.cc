@@ -23,7 +23,8 @@ std::string rounds_stats_json(const RoundWorkerStats& st, bool running) {
                             {"last_round", st.last_round},
                             {"last_loss", st.last_loss},
                             {"dropout", st.dropout},
-                            {"acknowledged_versions", st.acknowledged_rounds}};
+                            {"acknowledged_versions", st.acknowledged_rounds},
+                            {"peak_rss_bytes", program::peak_rss_bytes()}};
   return j.dump(2) + "\n";
 }
 

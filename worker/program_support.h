@@ -29,6 +29,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DropoutStatus, drop_rates, selections, full_s
 
 namespace edgetrain::runtime::program {
 
+// The process's peak resident memory so far, in bytes: VmHWM of /proc/self/status (Linux;
+// getrusage's ru_maxrss where that cannot be read). Every mode's stats file carries it as
+// "peak_rss_bytes". Under qemu-aarch64 it is the whole qemu process's (QEMU does not
+// emulate that file): the translator and its code cache included.
+std::uint64_t peak_rss_bytes();
+
 // Set by SIGTERM and SIGINT (install_stop_signals()); every loop checks it.
 extern std::atomic<bool> stop_requested;
 void install_stop_signals();

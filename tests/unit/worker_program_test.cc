@@ -97,6 +97,7 @@ void expect_common_keys(const json& j, const std::string& state) {
   EXPECT_EQ(j.at("state"), state);
   EXPECT_TRUE(j.contains("bytes_sent"));
   EXPECT_TRUE(j.contains("bytes_received"));
+  EXPECT_GT(j.at("peak_rss_bytes").get<std::uint64_t>(), 0u);  // this test process's VmHWM
 }
 
 TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder) {

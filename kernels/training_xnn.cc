@@ -284,9 +284,9 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
       pack_patches_(K_ <= static_cast<std::size_t>(shape.OC)),
       weight_swapped_(K_ * shape.OC),
       // A single-channel layer without an input gradient (the usual first layer) masks one
-      // output row at a time; the whole mask is made on the first call that needs it.
-      dout_masked_(activation == Activation::relu
-                       ? (single_channel_ ? static_cast<std::size_t>(shape.OW()) : M_) * shape.OC
+      // output row at a time; a whole copy is made on the first call that needs it.
+      dout_masked_(activation == Activation::relu && single_channel_
+                       ? static_cast<std::size_t>(shape.OW()) * shape.OC
                        : 0),
       // Packing dout, the weight gradient goes image by image: one image's patches.
       patches_(single_channel_ ? 0 : (pack_patches_ ? M_ : M_ / shape.B) * K_),
@@ -310,6 +310,21 @@ void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const
 
 void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* out, const float* inp, const float* weight) {
+  const bool masks_a_copy = activation_ == Activation::relu && !(single_channel_ && !dinp);
+  if (masks_a_copy && dout_masked_.size() < M_ * static_cast<std::size_t>(s_.OC))
+    dout_masked_.resize(M_ * static_cast<std::size_t>(s_.OC));  // the first call that needs it
+  backward_into(dinp, dweight, dbias, dout, dout_masked_.data(), out, inp, weight);
+}
+
+void Conv2dXnn::backward_overwriting_dout(float* dinp, float* dweight, float* dbias, float* dout,
+                                          const float* out, const float* inp,
+                                          const float* weight) {
+  backward_into(dinp, dweight, dbias, dout, dout, out, inp, weight);
+}
+
+void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const float* dout,
+                              float* masked, const float* out, const float* inp,
+                              const float* weight) {
   const std::size_t OC = s_.OC;
   if (single_channel_ &&
       !dinp) {  // the usual first layer: mask folded into the one pass, one row of scratch
@@ -318,9 +333,8 @@ void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float*
                                           activation_ == Activation::relu ? out : nullptr, inp, s_);
     return;
   }
-  if (activation_ == Activation::relu && dout_masked_.size() < M_ * OC)
-    dout_masked_.resize(M_ * OC);  // a single-channel layer's first input gradient
-  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, M_ * OC);
+  // In place (masked == dout) each entry is read before it is written.
+  const float* d = apply_relu_mask(activation_, masked, dout, out, M_ * OC);
   if (!single_channel_) bias_backward(dbias, d, M_, OC);
 
   if (dinp) {

@@ -222,8 +222,9 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
                                        conv_shape(layer, rows));
         } else {
-          stage.conv->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
-                               weight);
+          // The stage's gradient buffer is not read again: masked in place.
+          stage.conv->backward_overwriting_dout(dinp, dweight, dbias, stage_gradients_[s % 2].data(),
+                                                stage.fused_relu ? out : nullptr, in, weight);
         }
         break;
       case LayerKind::kMaxPool:

@@ -47,10 +47,11 @@ void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::siz
   check(xnn_run_operator(op.get(), pool), "xnn_run_operator (fully connected)");
 }
 
-// Returns dout, or dout times the ReLU mask (out > 0) written to `masked`.
+// Returns dout, or dout times the ReLU mask (out > 0) written to `masked`; dout as it is
+// when `out` is null (already masked by the caller).
 const float* apply_relu_mask(Activation activation, float* masked, const float* dout,
                              const float* out, std::size_t n) {
-  if (activation == Activation::none) return dout;
+  if (activation == Activation::none || !out) return dout;
   relu_backward(masked, dout, out, n);
   return masked;
 }
@@ -310,7 +311,7 @@ void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const
 
 void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* out, const float* inp, const float* weight) {
-  const bool masks_a_copy = activation_ == Activation::relu && !(single_channel_ && !dinp);
+  const bool masks_a_copy = activation_ == Activation::relu && out && !(single_channel_ && !dinp);
   if (masks_a_copy && dout_masked_.size() < M_ * static_cast<std::size_t>(s_.OC))
     dout_masked_.resize(M_ * static_cast<std::size_t>(s_.OC));  // the first call that needs it
   backward_into(dinp, dweight, dbias, dout, dout_masked_.data(), out, inp, weight);

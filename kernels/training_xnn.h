@@ -84,7 +84,7 @@ class Conv2dXnn {
   Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
   void forward(float* out, const float* inp, const float* weight, const float* bias);
   // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in
-  // FullyConnectedTrainXnn.
+  // FullyConnectedTrainXnn, and out = nullptr with Activation::relu: dout is masked already.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
                 const float* inp, const float* weight);
   // The same, with `dout` the caller's scratch, which it overwrites: the ReLU mask is applied

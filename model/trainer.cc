@@ -91,7 +91,8 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
     const Stage& stage = stages_[s];
     const std::size_t size = B * layers[stage.output].out.size();
     activations_[stage.output].resize(size);
-    gradient_sizes[s % 2] = std::max(gradient_sizes[s % 2], size);
+    if (!unpools_into_activation(s + 1))
+      gradient_sizes[s % 2] = std::max(gradient_sizes[s % 2], size);
     if (layers[stage.layer].kind == LayerKind::kMaxPool) argmax_[stage.layer].resize(size);
   }
   for (int parity = 0; parity < 2; parity++)
@@ -100,6 +101,10 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
 }
 
 Trainer::~Trainer() = default;
+
+bool Trainer::unpools_into_activation(std::size_t s) const {
+  return s > 0 && s < stages_.size() && stages_[s].pool && stages_[s - 1].fused_relu;
+}
 
 BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
                              const std::int32_t* labels, int count) {
@@ -204,10 +209,15 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   for (std::size_t s = stages_.size(); s-- > 0;) {
     Stage& stage = stages_[s];
     const ResolvedLayer& layer = layers[stage.layer];
-    const float* dout = stage_gradients_[s % 2].data();
+    // A stage's output gradient: in the stage buffer of its parity, or, for a fused ReLU
+    // before a max pool, where its output was (unpools_into_activation), masked already.
+    const bool pooled = unpools_into_activation(s + 1);
+    float* dout = pooled ? activations_[stage.output].data() : stage_gradients_[s % 2].data();
     const float* out = activations_[stage.output].data();
     // The first stage's input is the image, which needs no gradient.
-    float* dinp = s > 0 ? stage_gradients_[(s - 1) % 2].data() : nullptr;
+    float* dinp = s == 0                          ? nullptr
+                  : unpools_into_activation(s) ? activations_[stages_[s - 1].output].data()
+                                               : stage_gradients_[(s - 1) % 2].data();
     const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
     const float* weight =
         layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
@@ -222,9 +232,11 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
                                        conv_shape(layer, rows));
         } else {
-          // The stage's gradient buffer is not read again: masked in place.
-          stage.conv->backward_overwriting_dout(dinp, dweight, dbias, stage_gradients_[s % 2].data(),
-                                                stage.fused_relu ? out : nullptr, in, weight);
+          // The stage's gradient buffer is not read again: masked in place (or before the
+          // max pool's backward, when it was pooled into the output's buffer).
+          stage.conv->backward_overwriting_dout(dinp, dweight, dbias, dout,
+                                                stage.fused_relu && !pooled ? out : nullptr, in,
+                                                weight);
         }
         break;
       case LayerKind::kMaxPool:
@@ -233,6 +245,14 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::maxpool2x2_backward_reference(dinp, dout, argmax_[stage.layer].data(), rows,
                                            layer.in.H, layer.in.W, layer.in.C);
         } else {
+          if (unpools_into_activation(s)) {
+            // The stage before is a conv (or fc) with its ReLU fused, whose output only that
+            // ReLU's mask still needs. Where a pooled gradient lands, the input is the window's
+            // maximum, equal to this stage's output: masking the pooled gradient by this
+            // output > 0 and unpooling gives exactly the masked gradient, written over the
+            // conv's output (its gradient buffer needs no room: 1.5 MB for the paper CNN).
+            k::relu_backward(dout, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
+          }
           stage.pool->backward(dinp, dout, argmax_[stage.layer].data());
         }
         break;

@@ -263,9 +263,6 @@ struct CoapDtlsClient::Impl {
     return static_cast<Impl*>(coap_session_get_app_data(session));
   }
 
-  // The most a body's announced size (Size2) reserves at once; a larger body still grows.
-  static constexpr std::size_t kMaxReserve = std::size_t{64} << 20;
-
   static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*,
                                      const coap_pdu_t* received, const coap_mid_t) {
     Impl* self = of(session);
@@ -280,25 +277,12 @@ struct CoapDtlsClient::Impl {
     if (coap_opt_t* etag = coap_check_option(received, COAP_OPTION_ETAG, &options)) {
       self->response.etag = coap_decode_var_bytes8(coap_opt_value(etag), coap_opt_length(etag));
     }
-    // A block-wise body (Block2) comes here block by block, in order (libcoap asks for the
-    // next one after each; COAP_BLOCK_SINGLE_BODY is not set, so libcoap keeps no assembled
-    // copy of its own beside this one: 1.7 MB less at a worker's dense pull of the paper CNN).
     size_t length = 0, offset = 0, total = 0;
     const uint8_t* data = nullptr;
-    std::vector<std::uint8_t>& payload = self->response.payload;
-    if (!coap_get_data_large(received, &length, &data, &offset, &total) || !data) length = 0;
-    if (offset > payload.size()) {  // a block is missing: libcoap should never let this happen
-      self->fail(TransportFailure::kOther, "a response block at byte " + std::to_string(offset) +
-                                               " after " + std::to_string(payload.size()) +
-                                               " bytes of the body");
-      return COAP_RESPONSE_OK;
+    self->response.payload.clear();
+    if (coap_get_data_large(received, &length, &data, &offset, &total) && data) {
+      self->response.payload.assign(data, data + length);
     }
-    payload.resize(offset);  // a body started over (its ETag changed) begins again at 0
-    if (offset == 0 && total > length) payload.reserve(std::min<std::size_t>(total, kMaxReserve));
-    payload.insert(payload.end(), data, data + length);
-    coap_block_b_t block;
-    if (coap_get_block_b(session, received, COAP_OPTION_BLOCK2, &block) && block.m)
-      return COAP_RESPONSE_OK;  // more blocks follow
     self->done = true;
     return COAP_RESPONSE_OK;
   }
@@ -410,8 +394,7 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
       address_text(impl_->options.host, impl_->options.port, impl_->server_address);
   impl_->context = coap_new_context(nullptr);
   if (!impl_->context) throw TransportError("coap_new_context failed");
-  // Not COAP_BLOCK_SINGLE_BODY: on_response() assembles block-wise bodies itself.
-  coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP);
+  coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
   coap_register_response_handler(impl_->context, &Impl::on_response);
   coap_register_nack_handler(impl_->context, &Impl::on_nack);
   coap_register_event_handler(impl_->context, &Impl::on_event);

@@ -9,7 +9,7 @@ namespace edgetrain::runtime {
 
 // Sized, not only reserved, so that a copy of the selector (a copied Compressor) keeps room.
 MagnitudeSelector::MagnitudeSelector(std::size_t largest)
-    : candidates_(std::max(kMinCandidates, largest / 64)),
+    : candidates_(std::max(kMinCandidates, largest / 16)),
       histogram_(std::size_t{1} << kBucketBits) {}
 
 namespace {

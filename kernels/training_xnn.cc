@@ -47,10 +47,11 @@ void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::siz
   check(xnn_run_operator(op.get(), pool), "xnn_run_operator (fully connected)");
 }
 
-// Returns dout, or dout times the ReLU mask (out > 0) written to `masked`.
+// Returns dout, or dout times the ReLU mask (out > 0) written to `masked`; dout as it is
+// when `out` is null (already masked by the caller).
 const float* apply_relu_mask(Activation activation, float* masked, const float* dout,
                              const float* out, std::size_t n) {
-  if (activation == Activation::none) return dout;
+  if (activation == Activation::none || !out) return dout;
   relu_backward(masked, dout, out, n);
   return masked;
 }
@@ -283,10 +284,16 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
       single_channel_(shape.C == 1),
       pack_patches_(K_ <= static_cast<std::size_t>(shape.OC)),
       weight_swapped_(K_ * shape.OC),
-      dout_masked_(activation == Activation::relu ? M_ * shape.OC : 0),
-      patches_(single_channel_ ? 0 : M_ * K_),
+      // A single-channel layer without an input gradient (the usual first layer) masks one
+      // output row at a time; a whole copy is made on the first call that needs it.
+      dout_masked_(activation == Activation::relu && single_channel_
+                       ? static_cast<std::size_t>(shape.OW()) * shape.OC
+                       : 0),
+      // Packing dout, the weight gradient goes image by image: one image's patches.
+      patches_(single_channel_ ? 0 : (pack_patches_ ? M_ : M_ / shape.B) * K_),
       dout_transposed_(!single_channel_ && pack_patches_ ? M_ * shape.OC : 0),
-      dweight_transposed_(single_channel_ || !pack_patches_ ? K_ * shape.OC : 0) {
+      dweight_transposed_(single_channel_ || !pack_patches_ ? K_ * shape.OC : 0),
+      dweight_image_(!single_channel_ && !pack_patches_ && shape.B > 1 ? K_ * shape.OC : 0) {
   ensure_xnnpack_initialized();
   if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("Conv2dXnn: empty output");
 }
@@ -304,6 +311,21 @@ void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const
 
 void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* out, const float* inp, const float* weight) {
+  const bool masks_a_copy = activation_ == Activation::relu && out && !(single_channel_ && !dinp);
+  if (masks_a_copy && dout_masked_.size() < M_ * static_cast<std::size_t>(s_.OC))
+    dout_masked_.resize(M_ * static_cast<std::size_t>(s_.OC));  // the first call that needs it
+  backward_into(dinp, dweight, dbias, dout, dout_masked_.data(), out, inp, weight);
+}
+
+void Conv2dXnn::backward_overwriting_dout(float* dinp, float* dweight, float* dbias, float* dout,
+                                          const float* out, const float* inp,
+                                          const float* weight) {
+  backward_into(dinp, dweight, dbias, dout, dout, out, inp, weight);
+}
+
+void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const float* dout,
+                              float* masked, const float* out, const float* inp,
+                              const float* weight) {
   const std::size_t OC = s_.OC;
   if (single_channel_ &&
       !dinp) {  // the usual first layer: mask folded into the one pass, one row of scratch
@@ -312,7 +334,8 @@ void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float*
                                           activation_ == Activation::relu ? out : nullptr, inp, s_);
     return;
   }
-  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, M_ * OC);
+  // In place (masked == dout) each entry is read before it is written.
+  const float* d = apply_relu_mask(activation_, masked, dout, out, M_ * OC);
   if (!single_channel_) bias_backward(dbias, d, M_, OC);
 
   if (dinp) {
@@ -351,9 +374,23 @@ void Conv2dXnn::backward(float* dinp, float* dweight, float* dbias, const float*
     run_fully_connected(dweight_op_, dweight, dout_transposed_.data(), OC, M_, K_, patches_.data(),
                         true, nullptr, -kInfinity, pool_);
   } else {
-    im2col_transposed(patches_.data(), inp, s_);
-    run_fully_connected(dweight_op_, dweight_transposed_.data(), patches_.data(), K_, M_, OC, d,
-                        true, nullptr, -kInfinity, pool_);
+    // Image by image, the products added up: the patches of one image, [K][OH*OW], rather
+    // than the batch's (2.3 MB for the paper CNN's second conv at batch 10), and one image's
+    // dout packed at a time. The sum runs in another order than one product over the batch
+    // would; the reference loops are the definition either way.
+    Conv2dShape image = s_;
+    image.B = 1;
+    const std::size_t pixels = M_ / static_cast<std::size_t>(s_.B);
+    const std::size_t image_size = static_cast<std::size_t>(s_.H) * s_.W * s_.C;
+    for (int b = 0; b < s_.B; b++) {
+      im2col_transposed(patches_.data(), inp + static_cast<std::size_t>(b) * image_size, image);
+      float* product = b == 0 ? dweight_transposed_.data() : dweight_image_.data();
+      run_fully_connected(dweight_op_, product, patches_.data(), K_, pixels, OC,
+                          d + static_cast<std::size_t>(b) * pixels * OC, true, nullptr, -kInfinity,
+                          pool_);
+      if (b > 0)
+        for (std::size_t i = 0; i < K_ * OC; i++) dweight_transposed_[i] += product[i];
+    }
     transpose(dweight, dweight_transposed_.data(), K_, OC);
   }
 }

@@ -9,7 +9,8 @@
 //   conv forward         convolution operator (ReLU optionally fused as an output clamp)
 //   conv input gradient  deconvolution with the weights' O and I swapped
 //   conv weight gradient one input channel: our direct loop; else im2col (ours) +
-//                        fully-connected, packing the smaller operand
+//                        fully-connected, packing the smaller operand (dout: image by
+//                        image, the products added up)
 //   max pooling          argmax pooling / unpooling
 // plus small loops of our own (transposes, im2col, bias gradients).
 //
@@ -17,8 +18,10 @@
 // training, so operators with a changing packed operand are recreated on every call; the
 // recycling allocator (kernels/xnnpack_setup.h) makes that allocation-free after the first
 // step. Operators without weights (pooling) are created once. Each class is built for one
-// shape and batch; all scratch memory is allocated in the constructor, so forward/backward
-// never allocate. `pool` may be null (run on the calling thread) and is not owned.
+// shape and batch; its scratch memory is allocated in the constructor or on the first call
+// that needs it (a conv's ReLU mask copy: only backward(), not backward_overwriting_dout(),
+// and a single-channel conv without an input gradient, the first layer, masks row by row),
+// so forward/backward never allocate after their first call. `pool` may be null (run on the calling thread) and is not owned.
 // Errors from XNNPACK throw std::runtime_error.
 #pragma once
 
@@ -81,12 +84,22 @@ class Conv2dXnn {
   Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
   void forward(float* out, const float* inp, const float* weight, const float* bias);
   // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in
-  // FullyConnectedTrainXnn.
+  // FullyConnectedTrainXnn, and out = nullptr with Activation::relu: dout is masked already.
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
                 const float* inp, const float* weight);
+  // The same, with `dout` the caller's scratch, which it overwrites: the ReLU mask is applied
+  // in place instead of into a copy (the trainer passes its own gradient buffer). A layer
+  // called only this way never holds the [M][OC] copy (0.5 MB for the paper CNN's conv2 at
+  // batch 10).
+  void backward_overwriting_dout(float* dinp, float* dweight, float* dbias, float* dout,
+                                 const float* out, const float* inp, const float* weight);
   const Conv2dShape& shape() const { return s_; }
 
  private:
+  // `masked`: where the ReLU-masked dout goes (dout itself, or the copy).
+  void backward_into(float* dinp, float* dweight, float* dbias, const float* dout, float* masked,
+                     const float* out, const float* inp, const float* weight);
+
   Conv2dShape s_;
   Activation activation_;
   pthreadpool_t pool_;
@@ -96,10 +109,12 @@ class Conv2dXnn {
   bool pack_patches_;    // otherwise the weight gradient packs im2col (K <= OC) or dout (K > OC)
   XnnOperator forward_op_, dinp_op_, dweight_op_;
   std::vector<float> weight_swapped_;      // [C][KH][KW][OC] deconvolution kernel
-  std::vector<float> dout_masked_;         // [M][OC]
-  std::vector<float> patches_;             // im2col, [M][K] or transposed [K][M]
+  std::vector<float> dout_masked_;  // [M][OC], made by the first backward() that masks a copy
+                                   // (single channel: [OW][OC] until then)
+  std::vector<float> patches_;             // im2col: [M][K], or one image's transposed [K][M/B]
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
+  std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

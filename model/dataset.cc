@@ -43,27 +43,31 @@ void check_spec(const ShardSpec& spec) {
 
 }  // namespace
 
-Dataset load_dataset(const std::filesystem::path& images_path,
-                     const std::filesystem::path& labels_path, std::uint32_t num_classes,
-                     const IdxLimits& limits) {
-  IdxArray images = read_idx_file(images_path, limits);
-  IdxArray labels = read_idx_file(labels_path, limits);
-  if (images.dims.size() != 3 && images.dims.size() != 4)
-    throw DataError(images_path.string(), "image file has " + std::to_string(images.dims.size()) +
+namespace {
+
+// load_dataset and load_dataset_part: the image file's header, every label, then the
+// images (all, or those `pick` chooses).
+Dataset load(const std::filesystem::path& images_path, const std::filesystem::path& labels_path,
+             std::uint32_t num_classes, const IdxLimits& limits, const ExamplePicker* pick,
+             bool images_in_place) {
+  IdxReader images(images_path, limits);
+  const std::vector<std::uint32_t>& dims = images.dims();
+  if (dims.size() != 3 && dims.size() != 4)
+    throw DataError(images_path.string(), "image file has " + std::to_string(dims.size()) +
                                               " dimensions; expected 3 (N×H×W) or 4 (N×H×W×C)");
+  IdxArray labels = read_idx_file(labels_path, limits);
   if (labels.dims.size() != 1)
     throw DataError(labels_path.string(), "label file has " + std::to_string(labels.dims.size()) +
                                               " dimensions; expected 1");
-  if (images.dims[0] != labels.dims[0])
+  if (dims[0] != labels.dims[0])
     throw DataError(labels_path.string(), std::to_string(labels.dims[0]) + " labels for " +
-                                              std::to_string(images.dims[0]) + " images in " +
+                                              std::to_string(dims[0]) + " images in " +
                                               images_path.string());
   Dataset data;
-  data.height = images.dims[1];
-  data.width = images.dims[2];
-  data.channels = images.dims.size() == 4 ? images.dims[3] : 1;
+  data.height = dims[1];
+  data.width = dims[2];
+  data.channels = dims.size() == 4 ? dims[3] : 1;
   data.num_classes = num_classes;
-  data.pixels = std::move(images.data);
   data.labels.reserve(labels.data.size());
   for (std::size_t i = 0; i < labels.data.size(); ++i) {
     if (labels.data[i] >= num_classes)
@@ -72,7 +76,64 @@ Dataset load_dataset(const std::filesystem::path& images_path,
                                                 std::to_string(num_classes) + " classes");
     data.labels.push_back(labels.data[i]);
   }
+  if (!pick) {
+    data.pixels = images.read_all();
+    return data;
+  }
+  std::vector<std::uint32_t> held = (*pick)(data);
+  std::sort(held.begin(), held.end());
+  held.erase(std::unique(held.begin(), held.end()), held.end());
+  if (!held.empty() && held.back() >= data.size())
+    throw std::out_of_range("load_dataset_part: example " + std::to_string(held.back()) +
+                            " beyond " + std::to_string(data.size()) + " examples");
+  if (images_in_place) data.image_file = images.items_in_place();
+  if (!data.image_file) data.pixels = images.read_items(held);
+  data.held = std::move(held);
   return data;
+}
+
+}  // namespace
+
+Dataset load_dataset(const std::filesystem::path& images_path,
+                     const std::filesystem::path& labels_path, std::uint32_t num_classes,
+                     const IdxLimits& limits) {
+  return load(images_path, labels_path, num_classes, limits, nullptr, false);
+}
+
+Dataset load_dataset_part(const std::filesystem::path& images_path,
+                          const std::filesystem::path& labels_path, const ExamplePicker& pick,
+                          bool images_in_place, std::uint32_t num_classes,
+                          const IdxLimits& limits) {
+  return load(images_path, labels_path, num_classes, limits, &pick, images_in_place);
+}
+
+bool Dataset::has_image(std::size_t i) const {
+  if (!held) return i < size();
+  return std::binary_search(held->begin(), held->end(), i);
+}
+
+void Dataset::copy_image(std::size_t i, std::uint8_t* out) const {
+  if (!image_file) {
+    const auto from = image(i);
+    std::copy(from.begin(), from.end(), out);
+    return;
+  }
+  if (held) held_row(i);  // refuses an example the load did not pick
+  image_file->read(static_cast<std::uint32_t>(i), out);
+}
+
+void Dataset::images_not_in_memory() {
+  throw std::logic_error(
+      "data set: its images are read from their file at each use (Dataset::copy_image)");
+}
+
+std::size_t Dataset::held_row(std::size_t i) const {
+  const auto it = std::lower_bound(held->begin(), held->end(), i);
+  if (it == held->end() || *it != i)
+    throw std::out_of_range("data set: the image of example " + std::to_string(i) +
+                            " is not held (a partial load of " + std::to_string(held->size()) +
+                            " of " + std::to_string(size()) + " examples)");
+  return static_cast<std::size_t>(it - held->begin());
 }
 
 Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices) {
@@ -87,8 +148,8 @@ Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices) {
     if (i >= data.size())
       throw std::out_of_range("subset: index " + std::to_string(i) + " beyond " +
                               std::to_string(data.size()) + " items");
-    auto image = data.image(i);
-    out.pixels.insert(out.pixels.end(), image.begin(), image.end());
+    out.pixels.resize(out.pixels.size() + data.image_bytes());
+    data.copy_image(i, out.pixels.data() + out.pixels.size() - data.image_bytes());
     out.labels.push_back(data.labels[i]);
   }
   return out;
@@ -104,6 +165,12 @@ std::vector<std::uint32_t> shard_iid(std::size_t dataset_size, const ShardSpec& 
   const std::size_t length = base + (spec.worker_id < extra ? 1 : 0);
   return {order.begin() + static_cast<std::ptrdiff_t>(begin),
           order.begin() + static_cast<std::ptrdiff_t>(begin + length)};
+}
+
+std::vector<std::uint32_t> shard_of(const Dataset& data, const ShardSpec& spec,
+                                    bool label_skewed) {
+  return label_skewed ? shard_label_skewed(data.labels, data.num_classes, spec)
+                      : shard_iid(data.size(), spec);
 }
 
 std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes,

@@ -1,7 +1,7 @@
 // An image classification data set in memory, and deterministic shards of it for workers.
 //
 // Images are uint8 in NHWC order (what the IDX files hold; standardisation happens in the
-// trainer). Sharding is a pure function of (data set size and labels, worker id, worker
+// trainer). A worker holds the images of its shard only (load_dataset_part). Sharding is a pure function of (data set size and labels, worker id, worker
 // count, seed), so every worker computes its own shard without talking to anyone, and the
 // shards of all workers partition the data set: disjoint, and together all of it.
 #pragma once
@@ -9,6 +9,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -22,14 +25,32 @@ struct Dataset {
   std::uint32_t width = 0;
   std::uint32_t channels = 0;
   std::uint32_t num_classes = 0;
-  std::vector<std::uint8_t> pixels;  // size() * image_bytes(), NHWC
-  std::vector<std::int32_t> labels;  // each in [0, num_classes)
+  std::vector<std::uint8_t> pixels;  // NHWC: every example's image, or those of `held` only
+  std::vector<std::int32_t> labels;  // every example's label, each in [0, num_classes)
+  // A partial load (load_dataset_part: a worker holds the images of its shard only): the
+  // examples whose images it holds, ascending; row r of `pixels` is example held[r].
+  // Without it, `pixels` holds every example's image, row i example i.
+  std::optional<std::vector<std::uint32_t>> held;
+  // A partial load from a raw image file may leave the images of `held` in the file:
+  // `pixels` is then empty and copy_image() reads each where it lies.
+  std::shared_ptr<const IdxItemFile> image_file;
 
   std::size_t size() const { return labels.size(); }
   std::size_t image_bytes() const { return std::size_t{height} * width * channels; }
+  // Whether example i's image is at hand (in memory or in image_file).
+  bool has_image(std::size_t i) const;
+  // Example i's image, in memory: std::out_of_range for an example a partial load does not
+  // hold, std::logic_error when the images are read from image_file (use copy_image).
   std::span<const std::uint8_t> image(std::size_t i) const {
-    return {pixels.data() + i * image_bytes(), image_bytes()};
+    if (image_file) images_not_in_memory();
+    return {pixels.data() + (held ? held_row(i) : i) * image_bytes(), image_bytes()};
   }
+  // Copies example i's image to `out` (image_bytes() bytes), from memory or image_file.
+  void copy_image(std::size_t i, std::uint8_t* out) const;
+
+ private:
+  std::size_t held_row(std::size_t i) const;
+  [[noreturn]] static void images_not_in_memory();
 };
 
 // Loads an image file (IDX, N×H×W or N×H×W×C) and its label file (IDX, N). Checks that
@@ -37,6 +58,20 @@ struct Dataset {
 // file at fault.
 Dataset load_dataset(const std::filesystem::path& images, const std::filesystem::path& labels,
                      std::uint32_t num_classes = 10, const IdxLimits& limits = {});
+
+// A partial load, what a worker holds: every label, but only the images of the examples
+// `pick` chooses (`held`). `pick` gets the data set before its images are read (shape,
+// num_classes, every label; size() the whole count) and returns the examples to hold, in
+// any order (duplicates count once). Where their images are:
+// - a raw image file with `images_in_place` (the worker's way): left in the file
+//   (image_file), read at each copy_image(); no image is held in memory;
+// - a raw image file otherwise: read at those examples only, into `pixels`;
+// - a gzip image file: inflated once, keeping those examples' images in `pixels`.
+// The checks are load_dataset's, the image file's whole length and gzip integrity included.
+using ExamplePicker = std::function<std::vector<std::uint32_t>(const Dataset&)>;
+Dataset load_dataset_part(const std::filesystem::path& images, const std::filesystem::path& labels,
+                          const ExamplePicker& pick, bool images_in_place = true,
+                          std::uint32_t num_classes = 10, const IdxLimits& limits = {});
 
 // Where a named data set's IDX files are. `name` is "mnist" (full MNIST, 60,000 train /
 // 10,000 test, fetched at set-up into $EDGETRAIN_DEPS/mnist-full, default
@@ -77,6 +112,11 @@ struct LabelSkew {
 std::vector<std::uint32_t> shard_label_skewed(std::span<const std::int32_t> labels,
                                               std::uint32_t num_classes, const ShardSpec& spec,
                                               const LabelSkew& skew = {});
+
+// A worker's shard of `data`: shard_label_skewed of its labels (default skew) when
+// `label_skewed`, else shard_iid of its size, in that function's order. The one definition
+// every worker loop trains on and the worker program loads (load_dataset_part).
+std::vector<std::uint32_t> shard_of(const Dataset& data, const ShardSpec& spec, bool label_skewed);
 
 // The classes worker `worker_id` prefers under `skew` (what shard_label_skewed uses).
 std::vector<std::uint32_t> preferred_classes(std::uint32_t worker_id, std::uint32_t num_classes,

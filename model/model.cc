@@ -216,7 +216,7 @@ ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
   return parse_model_spec(name_or_spec);
 }
 
-Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
+Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
   ExampleShape shape = spec_.input;
   if (shape.size() == 0) throw ModelError("model: empty input shape");
   std::size_t total = 0;
@@ -313,7 +313,8 @@ Model::Model(ModelSpec spec) : spec_(std::move(spec)) {
   }
   if (num_classes() < 2)
     throw ModelError("model: the last layer must have at least 2 outputs (classes)");
-  parameters_.assign(total, 0.0f);
+  parameter_count_ = total;
+  if (arena == Arena::kZeros) parameters_.assign(total, 0.0f);
   layout_id_ = tensor_fingerprint(0xcbf29ce484222325ULL, tensors_);
 }
 
@@ -328,6 +329,7 @@ Model::Model(std::string name, std::vector<TensorInfo> tensors, std::string_view
   }
   if (total > static_cast<std::size_t>(kMaxParameters))
     throw ModelError("model: more than " + std::to_string(kMaxParameters) + " parameters");
+  parameter_count_ = total;
   parameters_.assign(total, 0.0f);
   layout_id_ = tensor_fingerprint(fnv1a(0xcbf29ce484222325ULL, layout_salt), tensors_);
 }
@@ -346,7 +348,13 @@ int Model::tensor_index(std::string_view name) const {
   return -1;
 }
 
+void Model::require_arena() const {
+  if (parameters_.size() != parameter_count_)
+    throw ModelError("model " + spec_.name + " was made without a parameter arena (layout only)");
+}
+
 void Model::initialize(std::uint64_t seed) {
+  require_arena();
   SplitMix64 rng{seed};
   for (const ResolvedLayer& layer : layers_) {
     if (layer.weight_tensor < 0) continue;
@@ -371,6 +379,7 @@ void Model::initialize(std::uint64_t seed) {
 std::vector<std::uint8_t> Model::safetensors_bytes(
     const std::map<std::string, std::string>& metadata) const {
   static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+  require_arena();
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   for (const auto& t : tensors_) {
@@ -417,6 +426,7 @@ std::map<std::string, std::string> Model::load_safetensors(const std::string& pa
 
 std::map<std::string, std::string> Model::load_safetensors_bytes(
     std::span<const std::uint8_t> bytes, const std::string& name) {
+  require_arena();
   const std::uint64_t file_size = bytes.size();
   std::uint64_t length = 0;
   if (file_size < 8) throw ModelError(name + ": too short for safetensors");

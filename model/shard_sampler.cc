@@ -11,9 +11,10 @@ ShardSampler::ShardSampler(const Dataset& data, std::vector<std::uint32_t> shard
     : data_(data), shard_(std::move(shard)), random_{seed} {
   if (shard_.empty()) throw std::invalid_argument("ShardSampler: empty shard");
   for (std::uint32_t i : shard_) {
-    if (i >= data.size())
+    if (!data.has_image(i))
       throw std::invalid_argument("ShardSampler: example " + std::to_string(i) +
-                                  " not in the data set");
+                                  (i < data.size() ? " is not held (a partial load)"
+                                                   : " not in the data set"));
   }
 }
 
@@ -32,8 +33,7 @@ void ShardSampler::next_batch(int count, std::span<std::uint8_t> pixels,
         std::swap(shard_[j], shard_[random_.next() % (j + 1)]);
     }
     const std::uint32_t example = shard_[cursor_++];
-    std::copy_n(data_.pixels.data() + example * image, image,
-                pixels.data() + static_cast<std::size_t>(i) * image);
+    data_.copy_image(example, pixels.data() + static_cast<std::size_t>(i) * image);
     labels[i] = data_.labels[example];
   }
 }

@@ -14,7 +14,9 @@ namespace edgetrain::runtime {
 
 class ShardSampler {
  public:
-  // Throws std::invalid_argument for an empty shard or an index outside `data`.
+  // Throws std::invalid_argument for an empty shard or an example whose image `data` does
+  // not have (outside it, or not held by a partial load). `data` must outlive the sampler;
+  // a partial load's images in a raw file are read there at each batch (Dataset::copy_image).
   ShardSampler(const Dataset& data, std::vector<std::uint32_t> shard, std::uint64_t seed);
 
   // Copies the next `count` examples into `pixels` (count × image bytes) and `labels`.

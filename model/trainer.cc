@@ -85,18 +85,26 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   }
   input_.resize(B * model.input_shape().size());
   activations_.resize(layers.size());
-  gradients_.resize(layers.size());
   argmax_.resize(layers.size());
-  for (const Stage& stage : stages_) {
+  std::size_t gradient_sizes[2] = {0, 0};
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    const Stage& stage = stages_[s];
     const std::size_t size = B * layers[stage.output].out.size();
     activations_[stage.output].resize(size);
-    gradients_[stage.output].resize(size);
+    if (!unpools_into_activation(s + 1))
+      gradient_sizes[s % 2] = std::max(gradient_sizes[s % 2], size);
     if (layers[stage.layer].kind == LayerKind::kMaxPool) argmax_[stage.layer].resize(size);
   }
+  for (int parity = 0; parity < 2; parity++)
+    stage_gradients_[parity].resize(gradient_sizes[parity]);
   probs_.resize(B * static_cast<std::size_t>(model.num_classes()));
 }
 
 Trainer::~Trainer() = default;
+
+bool Trainer::unpools_into_activation(std::size_t s) const {
+  return s > 0 && s < stages_.size() && stages_[s].pool && stages_[s - 1].fused_relu;
+}
 
 BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
                              const std::int32_t* labels, int count) {
@@ -191,21 +199,25 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   const auto& tensors = model_.tensors();
   const int rows = rows_for(count);
   const std::size_t classes = static_cast<std::size_t>(model_.num_classes());
-  std::vector<float>& dlogits = gradients_.back();
-  k::softmax_cross_entropy_backward(dlogits.data(), probs_.data(), labels, count,
-                                    model_.num_classes());
+  float* dlogits = stage_gradients_[(stages_.size() - 1) % 2].data();
+  k::softmax_cross_entropy_backward(dlogits, probs_.data(), labels, count, model_.num_classes());
   // Padding rows get a zero loss gradient: every parameter gradient is a sum over rows of
   // (gradient row) x (activation row), so they contribute exactly nothing.
-  std::fill(dlogits.begin() + static_cast<std::ptrdiff_t>(count * classes),
-            dlogits.begin() + static_cast<std::ptrdiff_t>(rows * classes), 0.0f);
+  std::fill(dlogits + static_cast<std::ptrdiff_t>(count * classes),
+            dlogits + static_cast<std::ptrdiff_t>(rows * classes), 0.0f);
 
   for (std::size_t s = stages_.size(); s-- > 0;) {
     Stage& stage = stages_[s];
     const ResolvedLayer& layer = layers[stage.layer];
-    const float* dout = gradients_[stage.output].data();
+    // A stage's output gradient: in the stage buffer of its parity, or, for a fused ReLU
+    // before a max pool, where its output was (unpools_into_activation), masked already.
+    const bool pooled = unpools_into_activation(s + 1);
+    float* dout = pooled ? activations_[stage.output].data() : stage_gradients_[s % 2].data();
     const float* out = activations_[stage.output].data();
     // The first stage's input is the image, which needs no gradient.
-    float* dinp = s > 0 ? gradients_[stages_[s - 1].output].data() : nullptr;
+    float* dinp = s == 0                          ? nullptr
+                  : unpools_into_activation(s) ? activations_[stages_[s - 1].output].data()
+                                               : stage_gradients_[(s - 1) % 2].data();
     const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
     const float* weight =
         layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
@@ -220,8 +232,11 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
                                        conv_shape(layer, rows));
         } else {
-          stage.conv->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
-                               weight);
+          // The stage's gradient buffer is not read again: masked in place (or before the
+          // max pool's backward, when it was pooled into the output's buffer).
+          stage.conv->backward_overwriting_dout(dinp, dweight, dbias, dout,
+                                                stage.fused_relu && !pooled ? out : nullptr, in,
+                                                weight);
         }
         break;
       case LayerKind::kMaxPool:
@@ -230,6 +245,14 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::maxpool2x2_backward_reference(dinp, dout, argmax_[stage.layer].data(), rows,
                                            layer.in.H, layer.in.W, layer.in.C);
         } else {
+          if (unpools_into_activation(s)) {
+            // The stage before is a conv (or fc) with its ReLU fused, whose output only that
+            // ReLU's mask still needs. Where a pooled gradient lands, the input is the window's
+            // maximum, equal to this stage's output: masking the pooled gradient by this
+            // output > 0 and unpooling gives exactly the masked gradient, written over the
+            // conv's output (its gradient buffer needs no room: 1.5 MB for the paper CNN).
+            k::relu_backward(dout, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
+          }
           stage.pool->backward(dinp, dout, argmax_[stage.layer].data());
         }
         break;

@@ -73,6 +73,9 @@ class Trainer {
 
   BatchResult forward(std::span<const float> params, const std::uint8_t* pixels,
                       const std::int32_t* labels, int count);
+  // Whether stage s is a max pool (XNNPACK) right after a stage with a fused ReLU: its
+  // backward then masks its gradient and unpools it into that stage's output buffer.
+  bool unpools_into_activation(std::size_t s) const;
   // Rows every kernel runs on: max_batch for XNNPACK (ops built for it), else `count`.
   int rows_for(int count) const { return backend_ == KernelBackend::kXnnpack ? max_batch_ : count; }
 
@@ -85,7 +88,12 @@ class Trainer {
   std::vector<float> input_;  // standardized batch
   std::vector<std::vector<float>>
       activations_;                            // output of each layer (empty if no stage writes it)
-  std::vector<std::vector<float>> gradients_;  // d(loss)/d(output of each layer), same
+  // d(loss)/d(output) of the stages in two buffers taken in turn, stage s's in
+  // stage_gradients_[s % 2]: a stage reads its own and writes its input's (the stage
+  // before's), and no older one is read again, so two buffers of the largest sizes serve.
+  // A stage whose output feeds a max pool gets its gradient in its output's buffer instead
+  // (unpools_into_activation): for the paper CNN at batch 10, 0.25 MB instead of 1.9 MB.
+  std::vector<float> stage_gradients_[2];
   std::vector<std::vector<std::uint32_t>>
       argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;

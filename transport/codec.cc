@@ -508,7 +508,7 @@ CodecResult<std::vector<std::uint8_t>> encode_dense_model(
 
 CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
                                            const ModelLayout& expected,
-                                           const DecodeLimits& limits) {
+                                           const DecodeLimits& limits, std::vector<float>* reuse) {
   using E = CodecErrorCode;
   Reader r(bytes);
   DenseModel model;
@@ -542,13 +542,21 @@ CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
     return fail(E::kTruncated, "message too short for " + str(total) + " parameters");
   if (r.remaining() > total * 4)
     return fail(E::kTrailingBytes, str(r.remaining() - total * 4) + " bytes after the parameters");
+  // Every value is checked before any is stored, so that `reuse` is taken only for a good
+  // message.
+  Reader check = r;
+  for (std::size_t i = 0; i < total; ++i) {
+    std::uint32_t word = 0;
+    check.u32(word);
+    if (!finite(std::bit_cast<float>(word)))
+      return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
+  }
+  if (reuse) model.values = std::move(*reuse);
   model.values.resize(total);
   for (std::size_t i = 0; i < total; ++i) {
     std::uint32_t word = 0;
     r.u32(word);
     model.values[i] = std::bit_cast<float>(word);
-    if (!finite(model.values[i]))
-      return fail(E::kNonFiniteValue, "parameter at flat index " + str(i) + " is not finite");
   }
   return model;
 }

@@ -144,9 +144,13 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
 CodecResult<std::vector<std::uint8_t>> encode_dense_model(
     std::uint64_t model_id, std::uint64_t version, std::span<const std::uint32_t> tensor_sizes,
     std::span<const float> values);
+// `reuse` (may be null): a vector whose allocation the values take over, e.g. the old copy
+// a worker replaces, so that a dense pull does not hold two models at once. It is taken only
+// once the whole message is known good, and left as it was otherwise.
 CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
                                            const ModelLayout& expected,
-                                           const DecodeLimits& limits = {});
+                                           const DecodeLimits& limits = {},
+                                           std::vector<float>* reuse = nullptr);
 
 // Model delta (CODEC.md). The encoder picks each tensor's index encoding like
 // encode_sparse_update() and always sends fp32 values; the decoder refuses fp16 values and a

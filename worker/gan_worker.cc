@@ -27,12 +27,6 @@ CoapResponse text_response(int code, const std::string& text) {
   return {code, {text.begin(), text.end()}, {}};
 }
 
-std::vector<std::uint32_t> gan_shard(const WorkerConfig& config, const Dataset& train) {
-  const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
-  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
-                             : shard_iid(train.size(), spec);
-}
-
 }  // namespace
 
 struct GanWorker::State {
@@ -45,7 +39,7 @@ struct GanWorker::State {
         stop(stop),
         log(std::move(log)),
         d(make_discriminator(c.gan, c.gan.seed + 3000 * (c.worker.worker_id + 1))),
-        sampler(train, gan_shard(c.worker, train),
+        sampler(train, worker_shard(c.worker, train),
                 c.worker.seed ^ (0x9e3779b97f4a7c15ULL * (c.worker.worker_id + 1))),
         sizes(d->model().tensor_sizes()),
         problems(

@@ -137,6 +137,12 @@ transport::CoapDtlsClient& CoapPeerChannel::client_for(std::uint32_t neighbour) 
 
 // ---- GossipPeer ------------------------------------------------------------------------------
 
+std::vector<std::uint32_t> gossip_shard(const GossipPeerConfig& config, const Dataset& train) {
+  return shard_of(train,
+                  {config.self, static_cast<std::uint32_t>(config.topology.size()), config.seed},
+                  config.label_skewed);
+}
+
 struct GossipPeer::State {
   State(GossipPeerConfig c, const Dataset& train, PeerChannel& channel,
         const std::atomic<bool>& stop, std::function<void(const std::string&)> log)
@@ -158,11 +164,7 @@ struct GossipPeer::State {
       throw ModelError("gossip: the model's input does not match the data's image shape");
     // The shard, with a validation split held out of it (ours: its first indices; the shard
     // is already a seeded shuffle).
-    const ShardSpec spec{config.self, static_cast<std::uint32_t>(config.topology.size()),
-                         config.seed};
-    std::vector<std::uint32_t> shard =
-        config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
-                            : shard_iid(train.size(), spec);
+    std::vector<std::uint32_t> shard = gossip_shard(config, train);
     const auto held_out =
         static_cast<std::size_t>(config.validation_fraction * static_cast<double>(shard.size()));
     if (config.plateau.patience > 0 && held_out > 0) {

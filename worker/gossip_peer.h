@@ -92,6 +92,11 @@ struct GossipPeerConfig {
 // Throws std::invalid_argument naming what is wrong.
 void check_gossip_peer_config(const GossipPeerConfig& config);
 
+// The examples the peer `config.self` trains on, its validation split included: its shard
+// (shard_of(), model/dataset.h) as the topology's peer `self` of all of them. edgetrain-worker
+// loads only their images (load_dataset_part).
+std::vector<std::uint32_t> gossip_shard(const GossipPeerConfig& config, const Dataset& train);
+
 // What this peer took and refused of one neighbour (the stats file's "neighbours").
 struct NeighbourStats {
   std::uint64_t mixed = 0;    // models mixed in (D-PSGD) or averages done with it (AD-PSGD)

@@ -21,6 +21,7 @@ std::string async_stats_json(const WorkerStats& s, const std::vector<std::uint64
   nlohmann::json j = s;
   j["state"] = running ? "running" : "stopped";
   j["acknowledged_versions"] = acknowledged;
+  j["peak_rss_bytes"] = program::peak_rss_bytes();
   if (!s.shard_versions.empty())
     j["shard_versions"] = s.shard_versions;  // sharded: per shard, the highest acknowledged
   return j.dump(2) + "\n";
@@ -34,6 +35,10 @@ using program::log_line;
 class AsyncRun : public WorkerModeRun {
  public:
   AsyncRun(const WorkerSettings& s, WorkerConfig config) : s_(s), config_(std::move(config)) {}
+
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return worker_shard(config_, train);
+  }
 
   int run(const Dataset& train) override {
     program::log_server_worker_start(s_, config_, train);

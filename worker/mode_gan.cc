@@ -34,7 +34,8 @@ std::string gan_stats_json(const GanWorkerStats& st, bool running) {
                         {"d_loss_real", st.d_loss_real},
                         {"d_loss_fake", st.d_loss_fake},
                         {"g_loss", st.g_loss},
-                        {"compute_seconds", st.compute_seconds}}
+                        {"compute_seconds", st.compute_seconds},
+                        {"peak_rss_bytes", program::peak_rss_bytes()}}
              .dump(2) +
          "\n";
 }
@@ -107,13 +108,17 @@ class GanRun : public WorkerModeRun {
           "--cert, --cert-key and --ca (or --insecure)");
   }
 
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return worker_shard(config_.worker, train);
+  }
+
   int run(const Dataset& train) override {
     const WorkerConfig& config = config_.worker;
     log_line("MD-GAN worker " + std::to_string(config.worker_id) + "/" +
              std::to_string(config.worker_count) + " (" + config.identity + ") -> " + s_.server +
              ", batch " + std::to_string(config.batch) + ", L " +
              std::to_string(s_.gan_discriminator_steps) + ", " + std::to_string(train.size()) +
-             " examples in the data set");
+             " examples in the data set" + program::held_images(train));
     std::optional<program::PeerEndpoint> endpoint;
     if (topology_)  // a discriminator fits (MLP: 2.7 MB)
       endpoint.emplace(s_, *topology_, self_, 16u << 20);

@@ -34,7 +34,8 @@ std::string gossip_stats_json(const GossipPeerStats& st, const std::string& name
                             {"validation_accuracy", st.validation_accuracy},
                             {"training_stopped", st.training_stopped},
                             {"last_loss", st.last_loss},
-                            {"refused", st.refused}};
+                            {"refused", st.refused},
+                            {"peak_rss_bytes", program::peak_rss_bytes()}};
   // Per neighbour: what this peer mixed in, refused and clipped of it (worker/README.md
   // "Neighbours"): where an operator finds a neighbour that sends poisoned models.
   nlohmann::json neighbours = nlohmann::json::object();
@@ -197,6 +198,10 @@ std::string progress_text(const GossipPeerStats& st) {
 class GossipRun : public WorkerModeRun {
  public:
   GossipRun(const WorkerSettings& s, GossipPeerConfig config) : s_(s), config_(std::move(config)) {}
+
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return gossip_shard(config_, train);
+  }
 
   int run(const Dataset& train) override {
     const std::string& name = config_.topology.peers[config_.self].name;

@@ -23,7 +23,8 @@ std::string rounds_stats_json(const RoundWorkerStats& st, bool running) {
                             {"last_round", st.last_round},
                             {"last_loss", st.last_loss},
                             {"dropout", st.dropout},
-                            {"acknowledged_versions", st.acknowledged_rounds}};
+                            {"acknowledged_versions", st.acknowledged_rounds},
+                            {"peak_rss_bytes", program::peak_rss_bytes()}};
   return j.dump(2) + "\n";
 }
 
@@ -45,6 +46,10 @@ class RoundsRun : public WorkerModeRun {
     config_.lr = static_cast<float>(s.lr);
     config_.max_rounds = s.max_rounds;
     config_.deadline_share = s.deadline_share;
+  }
+
+  std::vector<std::uint32_t> shard(const Dataset& train) const override {
+    return worker_shard(config_.worker, train);
   }
 
   int run(const Dataset& train) override {

@@ -49,7 +49,8 @@ ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> paylo
     version_ = delta.value().version;
     return PullOutcome::kDelta;
   }
-  auto dense = transport::decode_dense_model(payload, expected);
+  // The new values take over the old copy's allocation (a good message only).
+  auto dense = transport::decode_dense_model(payload, expected, {}, &parameters_);
   if (!dense) throw std::runtime_error("bad model: " + dense.error().message);
   parameters_ = std::move(dense.value().values);
   version_ = dense.value().version;

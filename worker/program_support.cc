@@ -1,5 +1,6 @@
 #include "worker/program_support.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,21 @@ std::atomic<bool> stop_requested{false};
 namespace {
 extern "C" void on_stop_signal(int) { stop_requested = true; }
 }  // namespace
+
+std::uint64_t peak_rss_bytes() {
+  if (std::FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, status))
+      found = std::sscanf(line, "VmHWM: %llu kB", &kib) == 1;
+    std::fclose(status);
+    if (found) return static_cast<std::uint64_t>(kib) * 1024;
+  }
+  struct rusage usage {};
+  if (::getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux counts KiB
+}
 
 void install_stop_signals() {
   std::signal(SIGTERM, on_stop_signal);
@@ -38,6 +54,10 @@ void log_warning(const std::string& line) {
 }
 void log_error(const std::string& line) { write_line(line); }
 
+std::string held_images(const Dataset& train) {
+  return train.held ? " (images of its " + std::to_string(train.held->size()) + " loaded)" : "";
+}
+
 void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config,
                              const Dataset& train) {
   log_line(
@@ -45,7 +65,7 @@ void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config
       " (" + config.identity + ") -> " +
       (s.shards.empty() ? s.server : std::to_string(config.shards.size()) + " shards " + s.shards) +
       ", model " + config.model + ", " + s.compression.compressor + ", " +
-      std::to_string(train.size()) + " examples in the data set");
+      std::to_string(train.size()) + " examples in the data set" + held_images(train));
 }
 
 // ---- StatsFileWriter ---------------------------------------------------------------------

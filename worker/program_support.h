@@ -29,6 +29,12 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(DropoutStatus, drop_rates, selections, full_s
 
 namespace edgetrain::runtime::program {
 
+// The process's peak resident memory so far, in bytes: VmHWM of /proc/self/status (Linux;
+// getrusage's ru_maxrss where that cannot be read). Every mode's stats file carries it as
+// "peak_rss_bytes". Under qemu-aarch64 it is the whole qemu process's (QEMU does not
+// emulate that file): the translator and its code cache included.
+std::uint64_t peak_rss_bytes();
+
 // Set by SIGTERM and SIGINT (install_stop_signals()); every loop checks it.
 extern std::atomic<bool> stop_requested;
 void install_stop_signals();
@@ -43,6 +49,9 @@ void log_error(const std::string& line);
 // The first line of a worker that talks to a server (async and rounds).
 void log_server_worker_start(const WorkerSettings& s, const WorkerConfig& config,
                              const Dataset& train);
+// " (images of its N loaded)" for a partial load (the shard's), else nothing: for the
+// start line.
+std::string held_images(const Dataset& train);
 
 // Keeps a --stats-file current: the loop changes what render() reads through update(), and
 // a thread rewrites the file (atomically) at most every 0.2 s when it changed, so a worker

@@ -30,19 +30,14 @@ Model checked_model(const WorkerConfig& config, const Dataset& train) {
     throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
                                 " is not below the worker count " +
                                 std::to_string(config.worker_count));
-  Model model(model_spec_from_argument(config.model));
+  // Layout only: a round trains on the round's model, pulled into the state's own vectors.
+  Model model(model_spec_from_argument(config.model), Model::Arena::kNone);
   const ExampleShape in = model.input_shape();
   if (static_cast<std::uint32_t>(in.H) != train.height ||
       static_cast<std::uint32_t>(in.W) != train.width ||
       static_cast<std::uint32_t>(in.C) != train.channels)
     throw ModelError("worker: model input does not match the data's image shape");
   return model;
-}
-
-std::vector<std::uint32_t> shard_of(const WorkerConfig& config, const Dataset& train) {
-  const ShardSpec spec{config.worker_id, config.worker_count, config.seed};
-  return config.label_skewed ? shard_label_skewed(train.labels, train.num_classes, spec)
-                             : shard_iid(train.size(), spec);
 }
 
 }  // namespace
@@ -108,7 +103,7 @@ struct RoundWorker::State {
         stop(stop),
         log(std::move(log)),
         model(checked_model(config.worker, train)),
-        sampler(train, shard_of(config.worker, train),
+        sampler(train, worker_shard(config.worker, train),
                 config.worker.seed ^ (0x9e3779b97f4a7c15ULL * (config.worker.worker_id + 1))),
         pool(config.worker.threads),
         trainer(model, config.worker.batch, KernelBackend::kXnnpack, pool.get()),

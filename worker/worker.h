@@ -85,6 +85,11 @@ void parse_server_uri(const std::string& uri, std::string& host, std::uint16_t& 
 // Hex text (whitespace ignored) into bytes; throws std::invalid_argument.
 std::vector<std::uint8_t> parse_hex_key(const std::string& text);
 
+// The examples a worker of `config` trains on (worker_id of worker_count, seed, label skew):
+// shard_of() (model/dataset.h). The async, rounds and MD-GAN loops sample it, and
+// edgetrain-worker loads only its images (load_dataset_part).
+std::vector<std::uint32_t> worker_shard(const WorkerConfig& config, const Dataset& train);
+
 struct WorkerStats {
   std::uint64_t steps = 0;  // minibatches trained
   std::uint64_t updates_accepted = 0;

@@ -61,7 +61,12 @@ struct WorkerSettings {
 class WorkerModeRun {
  public:
   virtual ~WorkerModeRun() = default;
-  // Runs the mode's loop on `train` until it ends; writes its stats file; the exit status.
+  // The examples the run's loop will sample from `train` (its shard: the loop's own
+  // function, worker_shard() or gossip_shard()). The program loads only their images
+  // (load_dataset_part): `train` here has every label and no image yet.
+  virtual std::vector<std::uint32_t> shard(const Dataset& train) const = 0;
+  // Runs the mode's loop on `train` (a partial load holding the images of shard(train))
+  // until it ends; writes its stats file; the exit status.
   virtual int run(const Dataset& train) = 0;
 };
 
@@ -79,8 +84,9 @@ const WorkerMode* find_worker_mode(std::string_view name);
 
 // The whole table: the shared rows and each mode's.
 void declare_worker_settings(settings::Table& table, WorkerSettings& settings);
-// What the program does once the table is read: checks, data, signals, the mode's run.
-// `program` names it in the message of a bad setting.
+// What the program does once the table is read: checks, the data (every label, and the
+// images of the mode's shard only), signals, the mode's run. `program` names it in the
+// message of a bad setting.
 int run_worker_program(WorkerSettings& settings, const char* program = "edgetrain-worker");
 
 // The shared checks of the modes that talk to a server (async, rounds, gan): the server or

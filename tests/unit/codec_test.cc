@@ -569,6 +569,17 @@ TEST(DenseCodec, RoundTripsAndChecksLayout) {
   magic[3] = 'U';
   EXPECT_EQ(error_of(magic), CodecErrorCode::kBadMagic);
 
+  // `reuse`: the values take over its allocation, and only for a good message.
+  std::vector<float> old(328, 7.0f);
+  const float* allocation = old.data();
+  auto refused = decode_dense_model(nan, {kModel, sizes}, {}, &old);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(old, std::vector<float>(328, 7.0f));  // left as it was
+  auto reused = decode_dense_model(good, {kModel, sizes}, {}, &old);
+  ASSERT_TRUE(reused.ok());
+  EXPECT_EQ(reused.value().values, values);
+  EXPECT_EQ(reused.value().values.data(), allocation);
+
   EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, std::span(values).first(10)).ok());
   values[5] = std::numeric_limits<float>::infinity();
   EXPECT_FALSE(encode_dense_model(kModel, 0, sizes, values).ok());

@@ -214,3 +214,101 @@ TEST(RealData, FashionMnistGzip) {
 }
 
 }  // namespace
+
+// IdxReader: parts of a file read without the rest, with the checks of a whole read.
+namespace {
+
+using edgetrain::runtime::IdxReader;
+
+// The rows `items` of `payload` (rows of `row` bytes), back to back.
+std::vector<std::uint8_t> rows_of(const std::vector<std::uint8_t>& payload, std::size_t row,
+                                  const std::vector<std::uint32_t>& items) {
+  std::vector<std::uint8_t> out;
+  for (std::uint32_t i : items)
+    out.insert(out.end(), payload.begin() + static_cast<std::ptrdiff_t>(i * row),
+               payload.begin() + static_cast<std::ptrdiff_t>((i + 1) * row));
+  return out;
+}
+
+TEST_F(IdxFiles, ReadItemsTakesTheRowsAskedForFromRawAndGzipFiles) {
+  // 3,000 rows of 100 bytes: more than the gzip reader's 64 KiB buffers hold.
+  const auto payload = random_bytes(3000 * 100, 8);
+  const auto raw = idx_bytes({3000, 10, 10}, payload);
+  std::mt19937 rng(5);
+  std::vector<std::uint32_t> some;  // runs of neighbours and gaps, first and last rows
+  for (std::uint32_t i = 0; i < 3000; ++i)
+    if (i == 0 || i == 2999 || rng() % 7 == 0) some.push_back(i);
+  std::vector<std::uint32_t> all(3000);
+  for (std::uint32_t i = 0; i < 3000; ++i) all[i] = i;
+  for (const auto& p : {write("a-idx3-ubyte", raw), write("a-idx3-ubyte.gz", gzip(raw))}) {
+    for (const auto& items : {some, all, std::vector<std::uint32_t>{}, std::vector<std::uint32_t>{1234}}) {
+      IdxReader reader(p);
+      EXPECT_EQ(reader.dims(), (std::vector<std::uint32_t>{3000, 10, 10})) << p;
+      EXPECT_EQ(reader.item_bytes(), 100u);
+      EXPECT_EQ(reader.read_items(items), rows_of(payload, 100, items)) << p << " " << items.size();
+    }
+    IdxReader whole(p);
+    EXPECT_EQ(whole.read_all(), payload) << p;
+    EXPECT_THROW(whole.read_all(), std::logic_error) << "a reader reads once";
+  }
+}
+
+TEST_F(IdxFiles, ReadItemsRefusesItemsOutOfOrderOrBeyondTheFile) {
+  const auto p = write("a", idx_bytes({4, 2}, random_bytes(8, 9)));
+  IdxReader reader(p);
+  const std::vector<std::uint32_t> descending = {2, 1}, repeated = {1, 1}, beyond = {4};
+  EXPECT_THROW(reader.read_items(descending), std::invalid_argument);
+  EXPECT_THROW(reader.read_items(repeated), std::invalid_argument);
+  EXPECT_THROW(reader.read_items(beyond), std::invalid_argument);
+  const std::vector<std::uint32_t> fine = {0, 3};
+  EXPECT_EQ(reader.read_items(fine).size(), 4u);  // the refusals read nothing
+}
+
+// A part of a damaged file is refused as the whole file is: the rest is checked too.
+TEST_F(IdxFiles, APartialReadChecksTheWholeFile) {
+  const auto full = idx_bytes({40, 3}, random_bytes(120, 10));
+  const std::vector<std::uint32_t> first = {0};
+  auto expect_part_refused = [&](const fs::path& p, const std::string& needle) {
+    try {
+      IdxReader(p).read_items(first);
+      ADD_FAILURE() << p << " was accepted; expected '" << needle << "'";
+    } catch (const DataError& e) {
+      EXPECT_NE(e.reason().find(needle), std::string::npos) << p << ": " << e.reason();
+    }
+  };
+  expect_part_refused(write("short", {full.begin(), full.end() - 1}), "truncated");
+  auto longer = full;
+  longer.push_back(1);
+  expect_part_refused(write("long", longer), "1 bytes after the 120 data bytes");
+  expect_part_refused(write("long.gz", gzip(longer)), "1 bytes after the 120 data bytes");
+  auto gz = gzip(full);
+  gz.push_back(0);
+  expect_part_refused(write("trailing.gz", gz), "after the end of the gzip stream");
+  auto damaged = gzip(full);
+  damaged[damaged.size() - 6] ^= 0xff;  // the CRC: found only at the end of the stream
+  expect_part_refused(write("crc.gz", damaged), "gzip");
+}
+
+TEST_F(IdxFiles, ItemsInPlaceReadRawRowsWhereTheyLie) {
+  const auto payload = random_bytes(50 * 6, 12);
+  const auto raw = idx_bytes({50, 2, 3}, payload);
+  const auto items = IdxReader(write("a", raw)).items_in_place();
+  ASSERT_NE(items, nullptr);
+  EXPECT_EQ(items->count(), 50u);
+  EXPECT_EQ(items->item_bytes(), 6u);
+  for (std::uint32_t i : {0u, 17u, 49u}) {
+    std::vector<std::uint8_t> row(6);
+    items->read(i, row.data());
+    EXPECT_EQ(row, rows_of(payload, 6, {i}));
+  }
+  std::vector<std::uint8_t> row(6);
+  EXPECT_THROW(items->read(50, row.data()), std::out_of_range);
+  // A gzip file's items can only be read in order: none in place.
+  EXPECT_EQ(IdxReader(write("a.gz", gzip(raw))).items_in_place(), nullptr);
+  // The raw file's length is checked before its items are handed out.
+  auto longer = raw;
+  longer.push_back(0);
+  EXPECT_THROW(IdxReader(write("b", longer)).items_in_place(), DataError);
+}
+
+}  // namespace

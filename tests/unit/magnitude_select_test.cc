@@ -75,6 +75,29 @@ TEST(MagnitudeSelect, TiesZerosSignsAndTinyValues) {
   for (std::size_t k : {1u, 50u, 2500u, 4999u, 5000u}) expect_same(selector, spread, k);
 }
 
+// Buckets larger than the candidate buffer (4,096 entries here) are narrowed by the next
+// bits: values that share their top bits, and equal values, which only the last level
+// tells apart from nothing.
+TEST(MagnitudeSelect, NarrowsBucketsTooLargeToGather) {
+  MagnitudeSelector selector;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> close(1.0f, 1.0001f);  // one top-11-bit bucket
+  std::vector<float> values(100'000);
+  for (float& v : values) v = (rng() & 1 ? -1.0f : 1.0f) * close(rng);
+  for (std::size_t k : {1u, 100u, 5'000u, 50'000u, 99'999u, 100'000u})
+    expect_same(selector, values, k);
+  std::uniform_real_distribution<float> wide(1.0f, 2.0f);  // one second-level bucket at most
+  for (float& v : values) v = wide(rng);
+  for (std::size_t k : {1u, 1'000u, 50'000u}) expect_same(selector, values, k);
+  std::vector<float> equal(100'000, 0.125f);
+  equal[7] = 0.5f;
+  expect_same(selector, equal, 1);
+  expect_same(selector, equal, 2);
+  EXPECT_EQ(selector.select(equal, 50'000).above, 1u);
+  std::vector<float> zeros(20'000, 0.0f);
+  expect_same(selector, zeros, 200);
+}
+
 TEST(MagnitudeSelect, RefusesARankOutsideTheTensor) {
   MagnitudeSelector selector;
   std::vector<float> values = {1.0f, 2.0f};

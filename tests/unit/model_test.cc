@@ -151,6 +151,21 @@ TEST(Model, LayoutIdSeparatesIncompatibleModels) {
             Model(parse_model_spec("input 28x28x1; fc 11")).layout_id());
 }
 
+// A model for its layout only (the worker's): everything but the arena, which it refuses.
+TEST(Model, ALayoutOnlyModelHasNoArena) {
+  const Model full(builtin_model_spec("paper-cnn"));
+  Model layout(builtin_model_spec("paper-cnn"), Model::Arena::kNone);
+  EXPECT_EQ(layout.parameter_count(), full.parameter_count());
+  EXPECT_EQ(layout.layout_id(), full.layout_id());
+  EXPECT_EQ(layout.tensor_sizes(), full.tensor_sizes());
+  EXPECT_EQ(layout.layers().size(), full.layers().size());
+  EXPECT_TRUE(layout.parameters().empty());
+  EXPECT_THROW(layout.initialize(1), ModelError);
+  EXPECT_THROW(layout.tensor(0), ModelError);
+  EXPECT_THROW(layout.safetensors_bytes(), ModelError);
+  EXPECT_THROW(layout.load_safetensors_bytes(full.safetensors_bytes(), "model"), ModelError);
+}
+
 TEST(Safetensors, RoundTripKeepsEveryBitAndTheMetadata) {
   Model a(builtin_model_spec("paper-cnn"));
   a.initialize(3);

@@ -141,6 +141,17 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
     const std::size_t M = static_cast<std::size_t>(s.B) * s.OH() * s.OW();
     expect_near_all(dweight, dweight_ref, M, "dweight");
     expect_near_all(dbias, dbias_ref, M, "dbias");
+    // Masking the caller's dout in place (the trainer's way) gives the same bits.
+    ek::Conv2dXnn in_place(s, activation, nullptr);
+    std::vector<float> scratch = dout, dinp2(n_in, NAN), dweight2(s.OC * K, NAN), dbias2(s.OC, NAN);
+    in_place.backward_overwriting_dout(want_dinp ? dinp2.data() : nullptr, dweight2.data(),
+                                       dbias2.data(), scratch.data(),
+                                       relu ? out_fast.data() : nullptr, inp.data(), weight.data());
+    if (want_dinp) {
+      EXPECT_EQ(dinp2, dinp);
+    }
+    EXPECT_EQ(dweight2, dweight);
+    EXPECT_EQ(dbias2, dbias);
   }
 }
 

@@ -2,9 +2,13 @@
 // --mode, and each mode's stats file schema, which the emulator, the report program and the
 // process-level tests read by key.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <fstream>
+#include <random>
 #include <set>
 #include <string>
 
@@ -35,6 +39,47 @@ TEST(WorkerModes, EveryModeOfTheTableIsRegisteredOnceAndOnlyThose) {
   EXPECT_EQ(runtime::find_worker_mode("federated"), nullptr);
 }
 
+// The program loads the images of the shard a mode reports (WorkerModeRun::shard); that
+// must be the shard the mode's loop samples: worker_shard() for the modes with a server,
+// the peer's index in the topology for gossip.
+TEST(WorkerModes, EachModeReportsTheShardItsLoopSamples) {
+  runtime::Dataset labels_only;
+  labels_only.height = labels_only.width = 28;
+  labels_only.channels = 1;
+  labels_only.num_classes = 10;
+  std::mt19937 rng(4);
+  for (int i = 0; i < 1000; ++i) labels_only.labels.push_back(static_cast<std::int32_t>(rng() % 10));
+  const std::filesystem::path topology =
+      std::filesystem::temp_directory_path() /
+      ("edgetrain-worker-program-test-" + std::to_string(::getpid()) + ".json");
+  std::ofstream(topology) << R"({"kind": "ring", "peers": [{"name": "p0", "address": "127.0.0.1:6000"},
+    {"name": "p1", "address": "127.0.0.1:6001"}, {"name": "p2", "address": "127.0.0.1:6002"}],
+    "edges": [[0, 1], [1, 2], [2, 0]]})";
+  for (bool skewed : {false, true}) {
+    for (const char* name : {"async", "rounds", "gan", "gossip"}) {
+      runtime::WorkerSettings s;
+      s.mode = name;
+      s.server = "coap://127.0.0.1:5683";
+      s.insecure = true;
+      s.identity = "p1";
+      s.config.worker_id = 2;
+      s.config.worker_count = 5;
+      s.config.seed = 17;
+      s.config.label_skewed = skewed;
+      if (s.mode == "gossip") s.topology_file = topology.string();
+      const auto run = runtime::find_worker_mode(name)->prepare(s);
+      const runtime::ShardSpec spec =
+          s.mode == "gossip" ? runtime::ShardSpec{1, 3, 17} : runtime::ShardSpec{2, 5, 17};
+      EXPECT_EQ(run->shard(labels_only), runtime::shard_of(labels_only, spec, skewed))
+          << name << (skewed ? " label-skewed" : " i.i.d.");
+      if (s.mode != "gossip") {
+        EXPECT_EQ(run->shard(labels_only), runtime::worker_shard(s.config, labels_only)) << name;
+      }
+    }
+  }
+  std::filesystem::remove(topology);
+}
+
 TEST(WorkerModes, AModeThatNeedsATopologySaysSoBeforeAnyDataIsLoaded) {
   runtime::WorkerSettings settings;
   settings.mode = "gossip";
@@ -52,6 +97,7 @@ void expect_common_keys(const json& j, const std::string& state) {
   EXPECT_EQ(j.at("state"), state);
   EXPECT_TRUE(j.contains("bytes_sent"));
   EXPECT_TRUE(j.contains("bytes_received"));
+  EXPECT_GT(j.at("peak_rss_bytes").get<std::uint64_t>(), 0u);  // this test process's VmHWM
 }
 
 TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder) {

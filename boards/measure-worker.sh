@@ -49,35 +49,7 @@ start_worker "$work/worker.log" "$stats" env $unit_env qemu-aarch64 -R "$guest_s
   -L "$deps/sysroot-aarch64" "$worker" --config "$work/root/etc/edgetrain/worker.toml" --identity measure \
   --key-file "$work/worker.psk" --server "coaps://127.0.0.1:$port" --data "$deps/mnist-full" --steps "$steps" --quiet
 worker_pid=$last_pid
-read -r guest_kib total_kib < <(/usr/bin/python3 - "$worker_pid" "$guest_base" "$guest_size" <<'PY'
-import sys, time
-pid, lo, size = int(sys.argv[1]), int(sys.argv[2], 16), int(sys.argv[3], 16)
-hi = lo + size
-peak_guest = peak_total = 0
-while True:
-    try:
-        with open(f"/proc/{pid}/smaps") as f:
-            guest = total = 0
-            inside = False
-            for line in f:
-                if line[0] in "0123456789abcdef" and "-" in line.split()[0]:
-                    start = int(line.split("-", 1)[0], 16)
-                    inside = lo <= start < hi
-                elif line.startswith("Rss:"):
-                    kib = int(line.split()[1])
-                    total += kib
-                    if inside:
-                        guest += kib
-    except (FileNotFoundError, ProcessLookupError):
-        break
-    peak_guest, peak_total = max(peak_guest, guest), max(peak_total, total)
-    with open(f"/proc/{pid}/stat") as f:
-        if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-            break
-    time.sleep(0.05)
-print(peak_guest, peak_total)
-PY
-)
+read -r guest_kib total_kib < <(/usr/bin/python3 boards/guest_rss_sampler.py "$worker_pid" "$guest_base" "$guest_size")
 status=0; wait "$worker_pid" || status=$?
 if [ "$status" != 0 ] || [ "$(json_get "$stats" steps)" != "$steps" ]; then
   echo "measure-worker: the worker did not finish its $steps steps (exit $status):" >&2; tail -n 20 "$work/worker.log" >&2; exit 1

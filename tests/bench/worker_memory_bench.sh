@@ -70,7 +70,7 @@ run() {
     --model paper-cnn --data "$mnist" --batch 10 --workers "$shards" --worker-id 0 --steps "$steps" --quiet
   local pid=$last_pid
   if [ -n "${GUEST:-}" ]; then
-    read -r guest_kib total_kib < <(/usr/bin/python3 "$here/guest_rss_sampler.py" "$pid" "$guest_base" "$guest_size")
+    read -r guest_kib total_kib < <(/usr/bin/python3 "$here/../../boards/guest_rss_sampler.py" "$pid" "$guest_base" "$guest_size")
   fi
   wait_for_exit "$pid" 900 || fail "the $label worker (1 of $shards) exited with status $?"
   [ "$(json_get "$stats" steps)" = "$steps" ] || fail "the $label worker did not train its $steps steps"

@@ -8,7 +8,7 @@ lies in [GUEST_BASE, GUEST_BASE + GUEST_SIZE) of the qemu process, and QEMU's tr
 code cache and libraries outside. Every 0.02 s until the process exits, sums Rss of
 /proc/PID/smaps inside the window (the guest's pages) and over all of it (the qemu
 process); prints the two peaks in KiB: "GUEST_KIB TOTAL_KIB". A sample can miss a peak
-shorter than its interval. The same sampler as boards/measure-worker.sh's (0.05 s there).
+shorter than its interval. boards/measure-worker.sh and tests/bench/worker_memory_bench.sh both use it.
 """
 import sys
 import time

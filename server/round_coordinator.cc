@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "common/number_text.h"
+#include "server/durable_file.h"
 #include "server/resources.h"
 #include "server/secure_noise.h"
 #include "transport/identity.h"
@@ -100,7 +101,20 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     if (!(options_.privacy.delta > 0 && options_.privacy.delta < 1))
       throw std::invalid_argument("--dp-delta must be in (0, 1)");
     accountant_.emplace(options_.client_fraction, options_.privacy.noise_multiplier);
+    delta_noise_multiplier_ = options_.privacy.noise_multiplier;
   }
+  const AdaptiveClipping& adaptive = options_.privacy.adaptive;
+  check_adaptive_clipping(adaptive);
+  if (adaptive.enabled()) {
+    if (!accountant_)
+      throw std::invalid_argument("--dp-adaptive-clip-quantile needs --aggregation dp-fedavg");
+    delta_noise_multiplier_ = delta_noise_multiplier(
+        options_.privacy.noise_multiplier,
+        count_noise_stddev(adaptive, options_.rule.expected_devices));
+  }
+  clip_norm_ = options_.clip_norm;
+  clip_state_path_ = state_.checkpoint_path().parent_path() / "round_clip.json";
+  if (adaptive.enabled()) load_clip_state();
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
@@ -150,6 +164,13 @@ void RoundCoordinator::open_log() {
     if (!decoded)
       throw StateError(log_path_.string() +
                        ": a logged delta does not decode: " + decoded.error().message);
+    if (options_.privacy.adaptive.enabled()) {
+      // The log holds the clipped delta: its norm tells a clipped one (S up to rounding)
+      // from one that was below S (adaptive_clipping.h, counts_as_unclipped).
+      const double norm = clip_round_delta(decoded.value(), /*max_norm=*/0);  // 0: measures only
+      if (counts_as_unclipped(norm, clip_norm_, /*reloaded=*/true))
+        ++unclipped_this_round_;
+    }
     deltas_.push_back({record.sequence, std::move(decoded).value()});
     answered_.insert(record.identity);
     seen_.insert(record.identity);
@@ -314,8 +335,8 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   // Per-device norm clipping: the log keeps the clipped delta (fp32), so a restart reloads
   // what the close aggregates, whatever --round-clip-norm it is given then.
   std::vector<std::uint8_t> clipped_body;
-  const double norm = clip_round_delta(decoded.value(), options_.clip_norm);
-  const bool clipped = options_.clip_norm > 0 && norm > options_.clip_norm;
+  const double norm = clip_round_delta(decoded.value(), clip_norm_);
+  const bool clipped = clip_norm_ > 0 && norm > clip_norm_;
   if (clipped) {
     auto encoded = transport::encode_sparse_update(decoded.value());
     if (!encoded) {  // cannot happen for finite values scaled down; refused rather than lost
@@ -331,6 +352,7 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     log(std::string("ERROR: ") + e.what());
     return text_response(CoapCode::kInternalServerError, e.what());
   }
+  if (counts_as_unclipped(norm, clip_norm_, /*reloaded=*/false)) ++unclipped_this_round_;
   if (clipped) {
     ++clipped_;
     clipped_this_round_.push_back(escape_untrusted(identity) + " " +
@@ -359,6 +381,7 @@ bool RoundCoordinator::poll() {
 
 void RoundCoordinator::close_round() {
   const std::uint64_t closing = round();
+  pending_clip_norm_.reset();  // a close that failed before left its S_r+1 unused
   std::uint64_t missing = 0;
   for (const std::string& identity : seen_)
     if (selected(identity, closing) && answered_.count(identity) == 0) ++missing;
@@ -381,8 +404,30 @@ void RoundCoordinator::close_round() {
     }
     std::vector<float> mean =
         aggregate_deltas(deltas_, state_.model().tensor_sizes(), options_.rule);
-    add_secure_gaussian_noise(mean, options_.privacy.noise_multiplier * options_.clip_norm /
-                                        options_.rule.expected_devices);
+    add_secure_gaussian_noise(
+        mean, delta_noise_multiplier_ * clip_norm_ / options_.rule.expected_devices);
+    const AdaptiveClipping& adaptive = options_.privacy.adaptive;
+    if (adaptive.enabled()) {
+      // The next round's clip norm, durable before the close that releases it: a crash after
+      // this write but before the close lands finds round_clip.json one round ahead and
+      // clips this round's deltas with previous_clip_norm again (load_clip_state).
+      float count_noise = 0;
+      add_secure_gaussian_noise(
+          std::span<float>(&count_noise, 1),
+          count_noise_stddev(adaptive, options_.rule.expected_devices));
+      const double next = next_clip_norm(clip_norm_, unclipped_this_round_, count_noise,
+                                         options_.rule.expected_devices, adaptive);
+      try {
+        save_clip_state(closing + 1, next, clip_norm_);
+      } catch (const std::exception& e) {
+        ++close_failures_;
+        opened_ = options_.now();
+        log(std::string("ERROR: round ") + std::to_string(closing) +
+            " could not close: cannot save the next clip norm: " + e.what());
+        return;
+      }
+      pending_clip_norm_ = next;
+    }
     update = close_update_of(mean, state_.model().tensor_sizes(), options_.server_lr,
                              options_.store_learning_rate, state_.model_id(), closing);
   } else {
@@ -417,7 +462,7 @@ void RoundCoordinator::close_round() {
   if (!clipped_this_round_.empty()) {
     // Which devices' deltas were clipped, with their norms (the first few).
     clipped = " (" + std::to_string(clipped_this_round_.size()) + " clipped at norm " +
-              common::short_number(options_.clip_norm) + ":";
+              common::short_number(clip_norm_) + ":";
     for (std::size_t i = 0; i < clipped_this_round_.size() && i < kClippedNamesLogged; ++i)
       clipped += " " + clipped_this_round_[i];
     clipped += clipped_this_round_.size() > kClippedNamesLogged ? " ...)" : ")";
@@ -430,6 +475,14 @@ void RoundCoordinator::close_round() {
   deltas_.clear();
   answered_.clear();
   clipped_this_round_.clear();
+  unclipped_this_round_ = 0;
+  if (pending_clip_norm_) {
+    log("adaptive clipping: round " + std::to_string(result.version) + " clips at " +
+        common::short_number(*pending_clip_norm_) + " (was " + common::short_number(clip_norm_) +
+        ")");
+    clip_norm_ = *pending_clip_norm_;
+    pending_clip_norm_.reset();
+  }
   opened_ = options_.now();
   // The close is durable in the WAL: the closed round's records are no longer needed (a
   // crash before this replacement leaves records of a closed round, which reloading skips).
@@ -443,6 +496,7 @@ void RoundCoordinator::restart_round(const std::string& why) {
   deltas_.clear();
   answered_.clear();
   clipped_this_round_.clear();
+  unclipped_this_round_ = 0;
   opened_ = options_.now();
   // Their records go too, or a restart would reload them beside the deltas sent again.
   empty_log();
@@ -475,7 +529,7 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_quarantined", quarantined_},
                                  {"round_policy", round_policy_name(options_.policy)},
                                  {"round_deltas_clipped", clipped_},
-                                 {"round_clip_norm", options_.clip_norm},
+                                 {"round_clip_norm", clip_norm_},
                                  {"round_aggregation", aggregation_name(options_.rule.kind)}};
   if (!accountant_) return status.dump();
   nlohmann::json with_privacy = status;
@@ -485,6 +539,10 @@ std::string RoundCoordinator::status_json() const {
   with_privacy["dp_expected_devices"] = options_.rule.expected_devices;
   with_privacy["dp_target_epsilon"] = options_.privacy.target_epsilon;
   with_privacy["dp_budget_exhausted"] = privacy_exhausted_.has_value();
+  if (options_.privacy.adaptive.enabled()) {
+    with_privacy["dp_clip_quantile"] = options_.privacy.adaptive.target_quantile;
+    with_privacy["dp_delta_noise_multiplier"] = delta_noise_multiplier_;
+  }
   return with_privacy.dump();
 }
 
@@ -493,6 +551,41 @@ double RoundCoordinator::epsilon() const {
   DpAccountant counted = *accountant_;
   counted.add_rounds(state_.version());
   return counted.epsilon(options_.privacy.delta).epsilon;
+}
+
+void RoundCoordinator::load_clip_state() {
+  if (!std::filesystem::exists(clip_state_path_)) return;  // S_0: --round-clip-norm
+  nlohmann::json saved;
+  try {
+    std::ifstream in(clip_state_path_);
+    saved = nlohmann::json::parse(in);
+    const auto saved_round = saved.at("round").get<std::uint64_t>();
+    const double saved_clip = saved.at("clip_norm").get<double>();
+    const double previous = saved.at("previous_clip_norm").get<double>();
+    if (!(saved_clip > 0 && std::isfinite(saved_clip) && previous > 0 && std::isfinite(previous)))
+      throw std::invalid_argument("a clip norm is not a positive number");
+    // One round ahead: the close that was to release saved_clip did not land.
+    clip_norm_ = saved_round == round() + 1 ? previous : saved_clip;
+    if (saved_round != round() && saved_round != round() + 1)
+      log("adaptive clipping: " + clip_state_path_.string() + " is of round " +
+          std::to_string(saved_round) + ", the state of round " + std::to_string(round()) +
+          "; going on with its clip norm");
+  } catch (const std::exception& e) {
+    throw StateError(clip_state_path_.string() + " is damaged (" + e.what() +
+                     "); remove it to start again from --round-clip-norm");
+  }
+  log("adaptive clipping: round " + std::to_string(round()) + " clips at " +
+      common::short_number(clip_norm_) + " (" + clip_state_path_.string() + ")");
+}
+
+void RoundCoordinator::save_clip_state(std::uint64_t round, double clip_norm,
+                                       double previous) const {
+  const std::string text =
+      nlohmann::json{{"round", round}, {"clip_norm", clip_norm}, {"previous_clip_norm", previous}}
+          .dump() +
+      "\n";
+  write_file_atomically(clip_state_path_,
+                        std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
 }
 
 void RoundCoordinator::attach(transport::CoapDtlsServer& server,

@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "server/adaptive_clipping.h"
 #include "server/dp_accountant.h"
 #include "server/round_aggregation.h"
 #include "server/server_state.h"
@@ -69,6 +70,11 @@ struct RoundOptions {
     double noise_multiplier = 0;
     double delta = 1e-5;
     double target_epsilon = 0;
+    // Adaptive clipping (server/adaptive_clipping.h): clip_norm is then the first round's
+    // clip norm S_0, and each close moves it towards this quantile of the devices' delta
+    // norms. The current S is kept in `round_clip.json` in the state directory (written
+    // durably before the close it belongs to is submitted), so a restart goes on with it.
+    AdaptiveClipping adaptive;
   } privacy;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that
@@ -121,6 +127,8 @@ class RoundCoordinator {
   std::string status_json() const;
   // dp-fedavg: ε after the rounds closed so far (0 otherwise).
   double epsilon() const;
+  // The clip norm deltas of the current round are clipped to (adaptive clipping moves it).
+  double clip_norm() const { return clip_norm_; }
   // dp-fedavg with a target ε: why no further round may close, once that is so.
   std::optional<std::string> privacy_exhausted() const { return privacy_exhausted_; }
 
@@ -134,6 +142,10 @@ class RoundCoordinator {
   // an empty log and every device free to send.
   void restart_round(const std::string& why);
   void empty_log();
+  // Adaptive clipping's durable state: round_clip.json, {"round": r, "clip_norm": S_r,
+  // "previous_clip_norm": S_r−1}, written before round r − 1's close is submitted.
+  void load_clip_state();
+  void save_clip_state(std::uint64_t round, double clip_norm, double previous) const;
   double seconds_left() const;
   void log(const std::string& line) const;
 
@@ -152,6 +164,11 @@ class RoundCoordinator {
   static constexpr std::size_t kClippedNamesLogged = 5;
   std::vector<std::string> clipped_this_round_;  // "identity norm", for the close's log line
   std::optional<DpAccountant> accountant_;        // dp-fedavg
+  double clip_norm_ = 0;                  // the current round's (options_.clip_norm when fixed)
+  double delta_noise_multiplier_ = 0;     // z, or z_Δ with adaptive clipping
+  std::size_t unclipped_this_round_ = 0;  // adaptive clipping's count b
+  std::optional<double> pending_clip_norm_;  // S_r+1 while round r's close is submitted
+  std::filesystem::path clip_state_path_;
   std::optional<std::string> privacy_exhausted_;
 };
 

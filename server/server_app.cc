@@ -92,7 +92,8 @@ void check_settings(const ServerSettings& s) {
         "--aggregation dp-fedavg needs --round-clip-norm S, --dp-noise-multiplier z and "
         "--dp-expected-devices m, each above 0");
   if (s.aggregation != "dp-fedavg" &&
-      (s.dp_noise_multiplier > 0 || s.dp_expected_devices > 0 || s.dp_target_epsilon > 0))
+      (s.dp_noise_multiplier > 0 || s.dp_expected_devices > 0 || s.dp_target_epsilon > 0 ||
+       s.dp_adaptive_clip_quantile > 0 || s.dp_clip_count_stddev > 0))
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
   if (s.mode != "gan" && s.gan_clip_feedback > 0)
     throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");

@@ -66,6 +66,8 @@ struct ServerSettings {
   double round_clip_norm = 0;    // per-device L2 norm of a round delta; 0: no clipping
   double dp_noise_multiplier = 0, dp_expected_devices = 0, dp_delta = 1e-5,
          dp_target_epsilon = 0;  // --aggregation dp-fedavg
+  // dp-fedavg's adaptive clipping (server/adaptive_clipping.h): γ (0: fixed), η, σ_b (0: m/20)
+  double dp_adaptive_clip_quantile = 0, dp_clip_learning_rate = 0.2, dp_clip_count_stddev = 0;
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

@@ -62,6 +62,18 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds, dp-fedavg: end the run before a round would take epsilon past this; 0: no "
         "limit")
       .range(0, 1e9);
+  t.add("dp-adaptive-clip-quantile", s.dp_adaptive_clip_quantile,
+        "rounds, dp-fedavg: move the clip norm each round towards this quantile of the "
+        "devices' delta norms, privately (Andrew et al. 2021; --round-clip-norm is the first "
+        "round's); 0: a fixed clip norm")
+      .range(0, 0.999);
+  t.add("dp-clip-learning-rate", s.dp_clip_learning_rate,
+        "rounds, adaptive clipping: the clip norm's geometric step per round")
+      .range(1e-6, 10);
+  t.add("dp-clip-count-stddev", s.dp_clip_count_stddev,
+        "rounds, adaptive clipping: the noise on the count of unclipped deltas (part of the "
+        "budget --dp-noise-multiplier sets); 0: expected devices / 20")
+      .range(0, 1e9);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -93,6 +105,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.privacy.delta = s.dp_delta;
   o.privacy.target_epsilon = s.dp_target_epsilon;
   o.clip_norm = s.round_clip_norm;
+  o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
+                        s.dp_clip_count_stddev};
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -120,7 +134,13 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                 ? ", DP noise multiplier " + short_number(s.dp_noise_multiplier) + " over " +
                       short_number(s.dp_expected_devices) + " expected devices (epsilon now " +
                       short_number(mode->rounds().epsilon()) + " at delta " +
-                      short_number(s.dp_delta) + ")"
+                      short_number(s.dp_delta) + ")" +
+                      (o.privacy.adaptive.enabled()
+                           ? ", adaptive clipping to the " +
+                                 short_number(s.dp_adaptive_clip_quantile) +
+                                 " quantile (clip norm now " +
+                                 short_number(mode->rounds().clip_norm()) + ")"
+                           : std::string())
                 : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +

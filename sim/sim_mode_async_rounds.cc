@@ -50,6 +50,19 @@ void declare_rounds(settings::Table& t, SimSettings& s) {
       .range(0, 1e6);
   t.add("dp-delta", c.rounds.dp_delta, "dp-fedavg: the delta at which epsilon is reported")
       .range(1e-30, 0.999);
+  t.add("dp-target-epsilon", c.rounds.dp_target_epsilon,
+        "dp-fedavg: end the run before a round would take epsilon past this; 0: no limit")
+      .range(0, 1e9);
+  t.add("dp-adaptive-clip-quantile", c.rounds.adaptive_clipping.target_quantile,
+        "dp-fedavg: move the clip norm each round towards this quantile of the deltas' norms "
+        "(Andrew et al. 2021; --round-clip-norm is the first round's); 0: fixed")
+      .range(0, 0.999);
+  t.add("dp-clip-learning-rate", c.rounds.adaptive_clipping.learning_rate,
+        "adaptive clipping: the clip norm's geometric step per round")
+      .range(1e-6, 10);
+  t.add("dp-clip-count-stddev", c.rounds.adaptive_clipping.count_noise_stddev,
+        "adaptive clipping: the noise on the count of unclipped deltas; 0: selected workers / 20")
+      .range(0, 1e9);
   t.add("trim-fraction", c.rounds.aggregation.trim_fraction,
         "trimmed-mean: the share of each entry's values dropped at each end")
       .range(0, 0.499);

@@ -54,7 +54,9 @@ std::string runs_summary_json(const std::vector<SimResult>& results, double targ
                     {"round_deltas_refused", r.round_deltas_refused},
                     {"round_deltas_clipped", r.round_deltas_clipped},
                     {"stalled", r.stalled},
-                    {"dp_epsilon_by_round", r.dp_epsilon_by_round}});
+                    {"dp_epsilon_by_round", r.dp_epsilon_by_round},
+                    {"clip_norm_by_round", r.clip_norm_by_round},
+                    {"privacy_exhausted", r.privacy_exhausted}});
   return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 
@@ -102,7 +104,14 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
     if (!r.dp_epsilon_by_round.empty())
       summary << "\n" << r.label << ": client-level differential privacy, epsilon "
               << r.dp_epsilon_by_round.back() << " after " << r.dp_epsilon_by_round.size()
-              << " rounds\n";
+              << " rounds"
+              << (r.privacy_exhausted ? " (stopped: the next round would pass --dp-target-epsilon)"
+                                      : "")
+              << (r.clip_norm_by_round.empty()
+                      ? ""
+                      : ", adaptive clip norm " + std::to_string(r.clip_norm_by_round.front()) +
+                            " -> " + std::to_string(r.clip_norm_by_round.back()))
+              << "\n";
   summary << "\nrounds: `updates` in sim.csv; time in mean step times (virtual); ingress counts "
              "stragglers' deltas "
              "too, which the server receives but leaves out of the aggregate\n";

@@ -75,6 +75,18 @@ void check_config_values(const SimConfig& c) {
         "--aggregation dp-fedavg needs --round-clip-norm S and --dp-noise-multiplier z above 0");
   if (!(c.rounds.dp_delta > 0 && c.rounds.dp_delta < 1))
     throw std::invalid_argument("--dp-delta must be in (0, 1)");
+  server::check_adaptive_clipping(c.rounds.adaptive_clipping);
+  if (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg &&
+      (c.rounds.adaptive_clipping.enabled() || c.rounds.dp_target_epsilon > 0))
+    throw std::invalid_argument(
+        "--dp-adaptive-clip-quantile and --dp-target-epsilon go with --aggregation dp-fedavg");
+  if (c.rounds.adaptive_clipping.enabled())  // throws when the count takes the whole budget
+    server::delta_noise_multiplier(
+        c.rounds.dp_noise_multiplier,
+        server::count_noise_stddev(
+            c.rounds.adaptive_clipping,
+            static_cast<double>(std::max<long>(
+                1, std::lround(c.rounds.client_fraction * static_cast<double>(c.workers))))));
   if (c.speed_spread < 0 || c.step_jitter < 0)
     throw std::invalid_argument("sim: speed spreads must be >= 0");
   if (c.failure_probability < 0 || c.failure_probability >= 1) {
@@ -418,6 +430,13 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
   const double dp_denominator = static_cast<double>(
       std::max<long>(1, std::lround(rounds.client_fraction * static_cast<double>(config.workers))));
   Random noise(config.seed ^ 0xd1b54a32d192ed03ull);
+  // Adaptive clipping: the current clip norm, and the deltas' share of the noise budget.
+  double clip_norm = rounds.clip_norm;
+  double delta_noise_multiplier = rounds.dp_noise_multiplier;
+  const server::AdaptiveClipping& adaptive = rounds.adaptive_clipping;
+  if (accountant && adaptive.enabled())
+    delta_noise_multiplier = server::delta_noise_multiplier(
+        rounds.dp_noise_multiplier, server::count_noise_stddev(adaptive, dp_denominator));
   const float delta_bound = store_options(config).max_parameter_magnitude;
   std::uint64_t pulls = 0, deltas_received = 0, delta_bytes_sum = 0, deltas_aggregated = 0;
   std::uint64_t unchanged_in_a_row = 0;  // rounds that left the model as it was
@@ -505,6 +524,7 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     }
     count_late_bytes_until(close);
     std::vector<server::RoundDelta> deltas;
+    std::size_t unclipped = 0;
     for (RoundArrival& arrival : arrivals) {
       deltas_received++;
       delta_bytes_sum += arrival.encoded.size();
@@ -523,9 +543,9 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         result.round_deltas_refused++;
         continue;
       }
-      if (server::clip_round_delta(decoded.value(), rounds.clip_norm) > rounds.clip_norm &&
-          rounds.clip_norm > 0)
-        result.round_deltas_clipped++;
+      const double norm = server::clip_round_delta(decoded.value(), clip_norm);
+      if (norm > clip_norm && clip_norm > 0) result.round_deltas_clipped++;
+      if (server::counts_as_unclipped(norm, clip_norm, /*reloaded=*/false)) unclipped++;
       deltas.push_back({arrival.examples, std::move(decoded).value()});
     }
     now = close;
@@ -548,12 +568,29 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     // round): one update through the store, delay 0 (divisor 1), values −server_lr·Δ/lr, so
     // the model moves by server_lr·Δ as on the server.
     transport::SparseUpdate close_update;
+    double next_clip = clip_norm;
     if (accountant) {
+      if (rounds.dp_target_epsilon > 0) {
+        server::DpAccountant next = *accountant;
+        next.add_rounds(1);
+        if (next.epsilon(rounds.dp_delta).epsilon > rounds.dp_target_epsilon) {
+          result.privacy_exhausted = true;  // as the server: this round is not closed
+          if (result.curve.back().updates != store.version())
+            sim.evaluate(result, store.version(), now);
+          break;
+        }
+      }
       server::AggregationRule rule = rounds.aggregation;
       rule.expected_devices = dp_denominator;
       std::vector<float> mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
-      const double stddev = rounds.dp_noise_multiplier * rounds.clip_norm / dp_denominator;
+      const double stddev = delta_noise_multiplier * clip_norm / dp_denominator;
       for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+      if (adaptive.enabled()) {
+        const double count_noise =
+            server::count_noise_stddev(adaptive, dp_denominator) * noise.normal();
+        next_clip =
+            server::next_clip_norm(clip_norm, unclipped, count_noise, dp_denominator, adaptive);
+      }
       close_update = server::close_update_of(mean, sim.tensor_sizes, rounds.server_lr,
                                              config.learning_rate, sim.model.layout_id(),
                                              store.version());
@@ -576,6 +613,8 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
     if (accountant) {
       accountant->add_rounds(1);
       result.dp_epsilon_by_round.push_back(accountant->epsilon(rounds.dp_delta).epsilon);
+      if (adaptive.enabled()) result.clip_norm_by_round.push_back(clip_norm);
+      clip_norm = next_clip;
     }
     bool stop = store.version() >= rounds.max_rounds;
     if (store.version() % config.eval_every == 0 || stop) {

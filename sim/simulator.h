@@ -42,6 +42,7 @@
 #include "model/trainer.h"
 #include "server/parameter_store.h"
 #include "model/published_model.h"
+#include "server/adaptive_clipping.h"
 #include "server/round_aggregation.h"
 #include "sim/model_attack.h"
 #include "transport/codec.h"
@@ -92,6 +93,12 @@ struct RoundsConfig {
   // not Poisson) gives ε at dp_delta after every round (SimResult::dp_epsilon_by_round).
   double dp_noise_multiplier = 0;
   double dp_delta = 1e-5;
+  // The server's --dp-target-epsilon: the run ends before a round would take ε past it
+  // (SimResult::privacy_exhausted); 0: no limit.
+  double dp_target_epsilon = 0;
+  // The server's adaptive clipping (server/adaptive_clipping.h): clip_norm is the first
+  // round's; the count's noise from the run's noise generator.
+  server::AdaptiveClipping adaptive_clipping;
   RoundPolicy policy = RoundPolicy::kDropStragglers;  // the server's default
   double deadline_steps = 0;                          // 0: kDefaultDeadlineFactor × local steps
   std::uint64_t max_rounds = 50;  // rounds closed (model versions) before the run ends
@@ -176,6 +183,8 @@ struct SimResult {
   std::uint64_t round_deltas_refused = 0;  // a value past the bound (the server's 4.22)
   std::uint64_t round_deltas_clipped = 0;  // scaled to RoundsConfig::clip_norm
   std::vector<double> dp_epsilon_by_round;  // dp-fedavg: ε after each closed round
+  std::vector<double> clip_norm_by_round;   // adaptive clipping: the norm each round clipped at
+  bool privacy_exhausted = false;           // the run ended at --dp-target-epsilon
   double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
   std::uint64_t pull_bytes = 0;

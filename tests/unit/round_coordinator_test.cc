@@ -677,3 +677,88 @@ TEST(RoundPrivacy, DpFedAvgRefusesToStartWithoutClipNoiseOrDenominator) {
   no_denominator.rule.expected_devices = 0;
   EXPECT_THROW(Server(dir, clock, no_denominator), std::invalid_argument);
 }
+
+// ---- Adaptive clipping (issue 39; server/adaptive_clipping.h) ----
+
+RoundOptions adaptive_options() {
+  RoundOptions options = dp_options(0.1);  // σ_b = m/20 = 0.1 needs z < 2σ_b = 0.2
+  options.privacy.adaptive = {0.5, 0.2, 0};
+  return options;
+}
+
+// Both devices under S: b̃ = (2 + N(0, 0.1²))/2, so S moves by e^(−0.2·(b̃ − 0.5)), within
+// [e^(−0.2·0.8), e^(−0.2·0.2)] unless the draw is past 6σ; the next round clips at it, and
+// a restart goes on with it (round_clip.json).
+TEST(RoundAdaptiveClipping, TheClipNormFollowsTheQuantileAndSurvivesARestart) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const runtime::Model model = small_model();
+  double after_one = 0;
+  {
+    Server server(dir, clock, adaptive_options());
+    EXPECT_EQ(server.rounds->clip_norm(), 1.0);
+    const auto small = uniform_delta(model, 0.001f, 0);  // norm ≈ 0.013, under S = 1
+    for (const char* who : {"a", "b"}) {
+      round_info(*server.rounds, who);
+      ASSERT_EQ(server.rounds->post_round_update(request(who, small)).code, CoapCode::kChanged);
+    }
+    ASSERT_EQ(server.rounds->round(), 1u);
+    after_one = server.rounds->clip_norm();
+    EXPECT_GT(after_one, std::exp(-0.2 * 0.8));
+    EXPECT_LT(after_one, std::exp(-0.2 * 0.2));
+    const auto status = nlohmann::json::parse(server.rounds->status_json());
+    EXPECT_EQ(status.at("round_clip_norm").get<double>(), after_one);
+    EXPECT_NEAR(status.at("dp_delta_noise_multiplier").get<double>(),
+                server::delta_noise_multiplier(0.1, 0.1), 1e-12);
+  }
+  Server restarted(dir, clock, adaptive_options());
+  EXPECT_EQ(restarted.rounds->clip_norm(), after_one);
+  // A delta above the new S is clipped to it.
+  const auto large = uniform_delta(model, 0.5f, 1);
+  round_info(*restarted.rounds, "a");
+  ASSERT_EQ(restarted.rounds->post_round_update(request("a", large)).code, CoapCode::kChanged);
+  const auto status = nlohmann::json::parse(restarted.rounds->status_json());
+  EXPECT_EQ(status.at("round_deltas_clipped"), 1);
+}
+
+// round_clip.json is written before the close is submitted: one round ahead of the state
+// means the close never landed, so the round's deltas are clipped at the previous norm.
+TEST(RoundAdaptiveClipping, AClipStateOneRoundAheadMeansTheCloseDidNotLand) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  { Server fresh(dir, clock, adaptive_options()); }
+  {
+    std::ofstream out(dir.path() / "round_clip.json");
+    out << R"({"round": 1, "clip_norm": 0.7, "previous_clip_norm": 0.9})";
+  }
+  {
+    Server server(dir, clock, adaptive_options());
+    EXPECT_EQ(server.rounds->round(), 0u);
+    EXPECT_EQ(server.rounds->clip_norm(), 0.9);
+  }
+  {
+    std::ofstream out(dir.path() / "round_clip.json");
+    out << R"({"round": 0, "clip_norm": 0.7, "previous_clip_norm": 0.9})";
+  }
+  {
+    Server server(dir, clock, adaptive_options());
+    EXPECT_EQ(server.rounds->clip_norm(), 0.7);
+  }
+  {
+    std::ofstream out(dir.path() / "round_clip.json");
+    out << R"({"round": 0, "clip_norm": -1})";
+  }
+  EXPECT_THROW(Server(dir, clock, adaptive_options()), server::StateError);
+}
+
+TEST(RoundAdaptiveClipping, RefusedWithoutDpFedAvgOrWithTooLittleCountNoise) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions plain = two_devices();
+  plain.clip_norm = 1;
+  plain.privacy.adaptive = {0.5, 0.2, 0};
+  EXPECT_THROW(Server(dir, clock, plain), std::invalid_argument);
+  RoundOptions too_little = dp_options(1.0);  // σ_b = 0.1 ≤ z/2 = 0.5
+  too_little.privacy.adaptive = {0.5, 0.2, 0};
+  EXPECT_THROW(Server(dir, clock, too_little), std::invalid_argument);
+}

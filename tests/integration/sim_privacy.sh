@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The simulator's client-level differential privacy (issue 39; sim/README.md): with
+# --dp-target-epsilon the run stops before the round that would pass it, as the server does
+# (z = 1, q = 0.1: epsilon 4.97 after 32 rounds, above 5 after 33, server/dp_accountant.h); with
+# --dp-adaptive-clip-quantile the clip norm moves from --round-clip-norm towards the quantile
+# (every delta of 3 local steps is far above 0.01, so it grows each round), both recorded in
+# summary.json.
+# usage: sim_privacy.sh EDGETRAIN_SIM
+sim="$1"
+source "$(dirname "$0")/process_test_lib.sh"
+require_mnist
+data="$(basename "$mnist_dir")"
+run="$sim --mode rounds --data $data --model mlp --workers 100 --client-fraction 0.1 --compressor none
+  --round-policy wait-all --local-steps 3 --eval-every 10 --aggregation dp-fedavg --quiet"
+
+$run --rounds 100 --round-clip-norm 1 --dp-noise-multiplier 1 --dp-target-epsilon 5 \
+  --out "$work/target" >"$work/target.log" 2>&1 || fail "edgetrain-sim: $(tail -3 "$work/target.log")"
+summary="$work/target/summary.json"
+[ "$(jq '.runs[0].privacy_exhausted' "$summary")" = true ] || fail "the run did not stop at the target"
+[ "$(jq '.runs[0].dp_epsilon_by_round | length' "$summary")" = 32 ] ||
+  fail "$(jq '.runs[0].dp_epsilon_by_round | length' "$summary") rounds closed, 32 expected"
+python3 -c 'import sys; e = float(sys.argv[1]); sys.exit(not 4.9 < e <= 5)' \
+  "$(jq '.runs[0].dp_epsilon_by_round[-1]' "$summary")" || fail "epsilon $(jq '.runs[0].dp_epsilon_by_round[-1]' "$summary")"
+echo "ok: stopped after 32 rounds at epsilon $(jq '.runs[0].dp_epsilon_by_round[-1]' "$summary") (target 5)"
+
+$run --rounds 20 --round-clip-norm 0.01 --dp-noise-multiplier 0.5 --dp-adaptive-clip-quantile 0.5 \
+  --out "$work/adaptive" >"$work/adaptive.log" 2>&1 || fail "edgetrain-sim: $(tail -3 "$work/adaptive.log")"
+summary="$work/adaptive/summary.json"
+first=$(jq '.runs[0].clip_norm_by_round[0]' "$summary")
+last=$(jq '.runs[0].clip_norm_by_round[-1]' "$summary")
+[ "$(jq '.runs[0].clip_norm_by_round | length' "$summary")" = 20 ] || fail "no clip norm per round"
+python3 -c 'import sys; sys.exit(not (float(sys.argv[1]) == 0.01 and float(sys.argv[2]) > 0.05))' "$first" "$last" ||
+  fail "the clip norm went from $first to $last"
+echo "ok: the adaptive clip norm went from $first to $last in 20 rounds"
+
+status=0
+$run --rounds 5 --round-clip-norm 1 --dp-noise-multiplier 2 --dp-adaptive-clip-quantile 0.5 \
+  --out "$work/refused" >"$work/refused.log" 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "z/2" "$work/refused.log" ||
+  fail "too little count noise was not refused (status $status): $(tail -2 "$work/refused.log")"
+echo "PASS"

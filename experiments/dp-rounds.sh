@@ -4,11 +4,14 @@
 # local epoch of batch 10 (at most 60 steps) from the round's model, deltas clipped to norm 1,
 # with no noise and with noise multipliers z; the final test accuracy and ε at δ = 1e-5 after
 # the rounds. Prints a markdown table and writes it with the commands to OUT/dp-rounds.md.
+# --clips lists the clipping of each run: a number is a fixed clip norm, aN adaptive clipping
+# from N towards the median norm (--dp-adaptive-clip-quantile 0.5, the other settings their
+# defaults; runs with noise only, as the server allows it with dp-fedavg only).
 #
-# usage: experiments/dp-rounds.sh [--build DIR] [--out DIR] [--rounds N] [--noise "0.5 1"] [--fleets "100:0.1 1000:0.1 10000:0.03"]
+# usage: experiments/dp-rounds.sh [--build DIR] [--out DIR] [--rounds N] [--noise "0.5 1"] [--fleets "100:0.1 1000:0.1 10000:0.03"] [--clips "1"]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build="$repo/build/host" out=dp-rounds rounds=100 noise="0.5 1" fleets="100:0.1 1000:0.1 10000:0.03"
+build="$repo/build/host" out=dp-rounds rounds=100 noise="0.5 1" fleets="100:0.1 1000:0.1 10000:0.03" clips=1
 die() { echo "dp-rounds.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -17,6 +20,7 @@ while [ $# -gt 0 ]; do
     --rounds) rounds=${2:?}; shift ;;
     --noise) noise=${2:?}; shift ;;
     --fleets) fleets=${2:?}; shift ;;
+    --clips) clips=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -27,29 +31,40 @@ sim="$build/programs/edgetrain-sim"
 command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 mkdir -p "$out"
 base=(--mode rounds --data mnist --model mlp --rounds "$rounds" --compressor none --round-policy wait-all
-      --local-epochs 1 --round-clip-norm 1 --quiet)
-rows="| devices K | per round q (m = qK) | noise z | ε at δ = 1e-5 | final accuracy | best accuracy |
-|---|---|---|---|---|---|"
+      --local-epochs 1 --quiet)
+rows="| devices K | per round q (m = qK) | noise z | clip norm (first → last) | ε at δ = 1e-5 | final accuracy | best accuracy |
+|---|---|---|---|---|---|---|"
 for fleet in $fleets; do
   k=${fleet%%:*} q=${fleet#*:}
   for z in 0 $noise; do
+   for clip in $clips; do
     args=("${base[@]}" --workers "$k" --client-fraction "$q")
+    if [ "${clip#a}" != "$clip" ]; then
+      [ "$z" != 0 ] || continue
+      args+=(--round-clip-norm "${clip#a}" --dp-adaptive-clip-quantile 0.5)
+    else
+      args+=(--round-clip-norm "$clip")
+    fi
     [ "$z" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$z")
     dir="$out/k$k-q$q-z$z"
-    echo "dp-rounds: K=$k q=$q z=$z" >&2
+    [ "$clip" = 1 ] || dir="$dir-c$clip"
+    echo "dp-rounds: K=$k q=$q z=$z clip $clip" >&2
     [ -f "$dir/summary.json" ] || "$sim" "${args[@]}" --out "$dir" >/dev/null 2>"$dir.log" ||
       die "a run failed: $sim ${args[*]} (see $dir.log)"
-    read -r final best epsilon < <(jq -r '.runs[0] | "\(.final_accuracy) \(.best_accuracy) \(.dp_epsilon_by_round[-1] // "∞")"' "$dir/summary.json")
+    read -r final best epsilon last_clip < <(jq -r '.runs[0] | "\(.final_accuracy) \(.best_accuracy) \(.dp_epsilon_by_round[-1] // "∞") \(.clip_norm_by_round[-1] // "-")"' "$dir/summary.json")
+    clip_text=$clip
+    [ "$last_clip" = - ] || clip_text="adaptive: ${clip#a} → $(awk -v c="$last_clip" 'BEGIN { printf "%.3g", c }')"
     m=$(awk -v k="$k" -v q="$q" 'BEGIN { printf "%d", k * q + 0.5 }')
     noise_text=$z epsilon_text=$epsilon
     [ "$z" != 0 ] || noise_text="– (clipped only)"
     [ "$epsilon" = "∞" ] || epsilon_text=$(awk -v e="$epsilon" 'BEGIN { printf "%.3g", e }')
     rows+="
-| $k | $q ($m) | $noise_text | $epsilon_text | $(awk -v a="$final" 'BEGIN { printf "%.2f%%", 100 * a }') | $(awk -v a="$best" 'BEGIN { printf "%.2f%%", 100 * a }') |"
+| $k | $q ($m) | $noise_text | $clip_text | $epsilon_text | $(awk -v a="$final" 'BEGIN { printf "%.2f%%", 100 * a }') | $(awk -v a="$best" 'BEGIN { printf "%.2f%%", 100 * a }') |"
+   done
   done
 done
 {
-  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown) (the runs: see each directory's summary.json): $sim ${base[*]} --workers K --client-fraction q [--aggregation dp-fedavg --dp-noise-multiplier z]"
+  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown) (the runs: see each directory's summary.json): $sim ${base[*]} --workers K --client-fraction q --round-clip-norm S [--dp-adaptive-clip-quantile 0.5] [--aggregation dp-fedavg --dp-noise-multiplier z]"
   echo
   echo "$rows"
 } >"$out/dp-rounds.md"

@@ -85,7 +85,23 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
-  t.add("aggregation", s.aggregation, "rounds: masked or fedavg").choices({"masked", "fedavg"});
+  t.add("aggregation", s.aggregation,
+        "rounds: the server's --aggregation (dp-fedavg: client-level differential privacy, "
+        "with --round-clip-norm and --dp-noise-multiplier)")
+      .choices({"masked", "fedavg", "trimmed-mean", "median", "dp-fedavg"});
+  t.add("round-clip-norm", s.round_clip_norm,
+        "rounds: the server's --round-clip-norm (0: no clipping)")
+      .range(0, 3.4e38);
+  t.add("dp-noise-multiplier", s.dp_noise_multiplier,
+        "rounds, dp-fedavg: the server's --dp-noise-multiplier (its --dp-expected-devices is "
+        "--client-fraction x --workers)")
+      .range(0, 1e6);
+  t.add("dp-target-epsilon", s.dp_target_epsilon,
+        "rounds, dp-fedavg: the server's --dp-target-epsilon (0: no limit)")
+      .range(0, 1e9);
+  t.add("dp-adaptive-clip-quantile", s.dp_adaptive_clip_quantile,
+        "rounds, dp-fedavg: the server's --dp-adaptive-clip-quantile (0: a fixed clip norm)")
+      .range(0, 0.999);
   t.add("client-fraction", s.client_fraction, "rounds: share of the devices selected per round")
       .range(1e-6, 1);
   t.add("local-steps", s.local_steps, "rounds: minibatches a selected device trains per round")
@@ -252,6 +268,15 @@ void check_emulator_settings(const EmulatorSettings& s) {
         "--fp16 and --sign-scale exclude each other (choose one value encoding)");
   if (s.qemu_workers > s.workers)
     throw std::invalid_argument("--qemu-workers must be 0..--workers");
+  // The server would refuse these at start-up; said here, before any process starts.
+  if (s.aggregation == "dp-fedavg" && !(s.round_clip_norm > 0 && s.dp_noise_multiplier > 0))
+    throw std::invalid_argument(
+        "--aggregation dp-fedavg needs --round-clip-norm and --dp-noise-multiplier above 0");
+  if (s.aggregation != "dp-fedavg" &&
+      (s.dp_noise_multiplier > 0 || s.dp_target_epsilon > 0 || s.dp_adaptive_clip_quantile > 0))
+    throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
+  if (s.mode != "rounds" && (s.aggregation != "masked" || s.round_clip_norm > 0))
+    throw std::invalid_argument("--aggregation and --round-clip-norm are settings of --mode rounds");
   const int dropout_choices =
       !s.drop_rates.empty() + !s.class_drop_rates.empty() + !s.dropout_table.empty();
   if (dropout_choices > 1)

@@ -31,6 +31,10 @@ struct EmulatorSettings {
   std::string mode = "async", round_policy = "drop-stragglers", aggregation = "masked";
   double round_deadline = 30, client_fraction = 1, local_lr = 0.05, server_lr = 1;
   std::uint32_t local_steps = 10, local_epochs = 0;
+  // Client-level differential privacy (--aggregation dp-fedavg; the server's settings, its
+  // expected devices per round = client fraction × workers).
+  double round_clip_norm = 0, dp_noise_multiplier = 0, dp_target_epsilon = 0,
+         dp_adaptive_clip_quantile = 0;
   // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
   std::string drop_rates, class_drop_rates, dropout_table;
   double step_time_budget = 0, deadline_share = 0.8;

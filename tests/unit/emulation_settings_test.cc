@@ -106,6 +106,11 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   expect_refused([](S& s) { s.shards = 2, s.publish_every = 5; }, "exclude each other");
   expect_refused([](S& s) { s.shards = 2, s.fail = "kill-server@10"; }, "kill one shard");
   expect_refused([](S& s) { s.fail = "kill-shard:0@10"; }, "needs --shards");
+  expect_refused([](S& s) { s.mode = "rounds", s.aggregation = "dp-fedavg"; },
+                 "needs --round-clip-norm and --dp-noise-multiplier");
+  expect_refused([](S& s) { s.mode = "rounds", s.dp_noise_multiplier = 1; },
+                 "go with --aggregation dp-fedavg");
+  expect_refused([](S& s) { s.aggregation = "median"; }, "settings of --mode rounds");
   expect_refused([](S& s) { s.impaired = "half"; }, "--impaired must be a number or 'all'");
   expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
   expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");

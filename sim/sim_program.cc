@@ -89,6 +89,14 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.add("leave-for-good", c.failures_permanent,
         "a failed worker never comes back (default: it rejoins after --downtime)");
   t.add("threads", c.threads, "compute threads").range(1, 64);
+  t.add("local-dp-clip", c.local_dp_clip,
+        "async: clip each step's gradient to this L2 norm before it is compressed (local "
+        "differential privacy, a measurement: docs/privacy.md); 0: off")
+      .range(0, 3.4e38);
+  t.add("local-dp-noise-multiplier", c.local_dp_noise_multiplier,
+        "async, with --local-dp-clip: Gaussian noise per parameter and step, a multiple of the "
+        "clip norm; epsilon per device in summary.json")
+      .range(0, 1e6);
   t.add("delta-pulls", c.delta_pulls,
         "count each pull as the model delta since the worker's copy (GET "
         "/model?since=V, the worker's default) instead of the dense model (--dense-pull, the "

@@ -56,7 +56,8 @@ std::string runs_summary_json(const std::vector<SimResult>& results, double targ
                     {"stalled", r.stalled},
                     {"dp_epsilon_by_round", r.dp_epsilon_by_round},
                     {"clip_norm_by_round", r.clip_norm_by_round},
-                    {"privacy_exhausted", r.privacy_exhausted}});
+                    {"privacy_exhausted", r.privacy_exhausted},
+                    {"local_dp_epsilon", r.local_dp_epsilon}});
   return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 

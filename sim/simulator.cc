@@ -96,6 +96,11 @@ void check_config_values(const SimConfig& c) {
     throw std::invalid_argument("sim: failing fraction must be in [0, 1]");
   if (!(c.downtime_steps >= 0)) throw std::invalid_argument("sim: downtime must be >= 0");
   if (c.mode == SimMode::kRounds) check_rounds_config(c);
+  if (!(c.local_dp_clip >= 0 && std::isfinite(c.local_dp_clip)) ||
+      !(c.local_dp_noise_multiplier >= 0) || (c.local_dp_noise_multiplier > 0 && !(c.local_dp_clip > 0)))
+    throw std::invalid_argument("--local-dp-noise-multiplier needs --local-dp-clip above 0");
+  if (c.mode != SimMode::kAsync && c.local_dp_clip > 0)
+    throw std::invalid_argument("--local-dp-clip is for --mode async");
 }
 
 // The workers that may fail: round(failing_fraction · workers) of them, drawn from their own
@@ -211,6 +216,16 @@ void Simulation::evaluate(SimResult& result, std::uint64_t updates, double time)
       {updates, time, result.ingress_bytes, result.pull_bytes, score.accuracy, score.loss});
 }
 
+// Local DP's step (SimConfig::local_dp_clip): the whole gradient clipped to L2 norm `clip`,
+// then N(0, stddev²) added to every value.
+void clip_and_noise(std::span<float> gradient, double clip, double stddev, Random& random) {
+  double squares = 0;
+  for (const float g : gradient) squares += static_cast<double>(g) * g;
+  const double norm = std::sqrt(squares);
+  const double scale = norm > clip ? clip / norm : 1.0;
+  for (float& g : gradient) g = static_cast<float>(g * scale + stddev * random.normal());
+}
+
 // Asynchronous SGD: an event loop over workers' step starts and update arrivals.
 void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progress) {
   const SimConfig& config = sim.config;
@@ -246,6 +261,10 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   std::uint64_t refused_in_a_row = 0;
   const std::uint64_t stall_after = std::max<std::uint64_t>(kStallArrivals, 10ULL * config.workers);
   bool stop = false;
+  // Local DP (SimConfig::local_dp_clip): its own generator, so that the run's other draws
+  // stay those of a run without it; steps per worker for the accountant.
+  Random local_noise(config.seed ^ 0x8bb84b93962eacc9ull);
+  std::vector<std::uint64_t> local_dp_steps(config.workers, 0);
 
   while (!stop && !events.empty()) {
     const Event event = events.top();
@@ -264,6 +283,11 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       const runtime::BatchResult batch =
           sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
                                        sim.batch_labels.data(), config.batch, sim.gradient);
+      if (config.local_dp_clip > 0) {
+        clip_and_noise(sim.gradient, config.local_dp_clip,
+                       config.local_dp_noise_multiplier * config.local_dp_clip, local_noise);
+        local_dp_steps[event.worker]++;
+      }
       transport::SparseUpdate update;
       update.model_id = sim.model.layout_id();
       update.sequence = ++worker.sequence;
@@ -342,6 +366,18 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       throw std::logic_error(std::string("sim: update refused: ") + applied.reason);
     }
     events.push({event.time, event.worker, EventKind::kStartStep});
+  }
+  if (config.local_dp_clip > 0) {
+    // The device with the most steps, at its own sampling rate.
+    for (int w = 0; w < config.workers; ++w) {
+      if (local_dp_steps[w] == 0) continue;
+      const double q = std::min(1.0, static_cast<double>(config.batch) /
+                                         static_cast<double>(sim.workers[w].sampler.shard_size()));
+      server::DpAccountant accountant(q, config.local_dp_noise_multiplier / 2);
+      accountant.add_rounds(local_dp_steps[w]);
+      result.local_dp_epsilon = std::max(result.local_dp_epsilon,
+                                         accountant.epsilon(config.local_dp_delta).epsilon);
+    }
   }
   result.mean_delay = result.updates_applied ? delay_sum / result.updates_applied : 0;
   result.mean_update_bytes =

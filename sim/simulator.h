@@ -148,6 +148,17 @@ struct SimConfig {
   // model delta since the version the worker held (GET /model?since=V), as the server sends.
   runtime::PublishOptions publish;
   bool delta_pulls = false;
+  // Local differential privacy on asynchronous updates (issue 39 part 3, a measurement of
+  // ours, not in the worker; docs/privacy.md "Asynchronous AdaComp"): with local_dp_clip > 0
+  // each step's gradient is clipped to that L2 norm and gets N(0, (z·clip)²) per parameter
+  // (z = local_dp_noise_multiplier, seeded noise) before it is compressed, as a worker
+  // would do before anything leaves the device. SimResult::local_dp_epsilon is the
+  // example-level ε of the device with the most steps (add/remove adjacency; the clipped
+  // batch mean has sensitivity 2·clip, so the accountant runs at z/2; sampling rate
+  // batch / shard size, treated as Poisson: ours).
+  double local_dp_clip = 0;
+  double local_dp_noise_multiplier = 0;
+  double local_dp_delta = 1e-5;
 };
 
 struct EvalPoint {
@@ -184,6 +195,7 @@ struct SimResult {
   std::uint64_t round_deltas_clipped = 0;  // scaled to RoundsConfig::clip_norm
   std::vector<double> dp_epsilon_by_round;  // dp-fedavg: ε after each closed round
   std::vector<double> clip_norm_by_round;   // adaptive clipping: the norm each round clipped at
+  double local_dp_epsilon = 0;              // async with local DP: see SimConfig::local_dp_clip
   bool privacy_exhausted = false;           // the run ended at --dp-target-epsilon
   double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;

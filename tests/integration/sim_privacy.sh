@@ -38,4 +38,16 @@ $run --rounds 5 --round-clip-norm 1 --dp-noise-multiplier 2 --dp-adaptive-clip-q
   --out "$work/refused" >"$work/refused.log" 2>&1 || status=$?
 [ "$status" = 2 ] && grep -q "z/2" "$work/refused.log" ||
   fail "too little count noise was not refused (status $status): $(tail -2 "$work/refused.log")"
-echo "PASS"
+echo "ok: too little count noise refused"
+
+# Local DP on asynchronous updates (issue 39 part 3, a measurement): the device's epsilon is
+# reported, and the accountant's (q = 10/4000, z/2 = 0.5, about 100 steps: a few units).
+"$sim" --data "$data" --model mlp --workers 2 --updates 200 --eval-every 100 --quiet --compressor none \
+  --local-dp-clip 1 --local-dp-noise-multiplier 1 --out "$work/local" >"$work/local.log" 2>&1 ||
+  fail "edgetrain-sim: $(tail -3 "$work/local.log")"
+epsilon=$(jq '.runs[0].local_dp_epsilon' "$work/local/summary.json")
+python3 -c 'import sys; e = float(sys.argv[1]); sys.exit(not 0 < e < 100)' "$epsilon" || fail "local epsilon $epsilon"
+status=0
+$run --rounds 2 --round-clip-norm 1 --dp-noise-multiplier 1 --local-dp-clip 1 --out "$work/r" >"$work/r.log" 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "for --mode async" "$work/r.log" || fail "--local-dp-clip was taken in rounds mode"
+echo "PASS: local epsilon $epsilon"

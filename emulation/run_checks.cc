@@ -17,8 +17,11 @@ std::uint64_t highest_acknowledged(const fs::path& run, unsigned workers,
     for (const fs::path& file : worker_stats_files(run, i)) {
       const json stats = read_json(file);
       if (!shard) {
-        for (const auto& version : stats.at("acknowledged_versions"))
-          highest = std::max(highest, version.get<std::uint64_t>());
+        if (const auto it = stats.find("acknowledged_highest"); it != stats.end())
+          highest = std::max(highest, it->get<std::uint64_t>());
+        else  // a worker of an earlier release: the whole list
+          for (const auto& version : stats.at("acknowledged_versions"))
+            highest = std::max(highest, version.get<std::uint64_t>());
       } else if (const auto it = stats.find("shard_versions");
                  it != stats.end() && it->is_array() && *shard < it->size()) {
         highest = std::max(highest, it->at(*shard).get<std::uint64_t>());
@@ -51,10 +54,21 @@ WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
       t.accepted += stats.at("updates_accepted").get<std::uint64_t>();
       t.refused += stats.at("updates_refused").get<std::uint64_t>();
     }
-    for (const auto& v : stats.at("acknowledged_versions")) {
-      const auto version = v.get<std::uint64_t>();
-      if (previous && version <= *previous) t.versions_increase = false;
-      previous = version;
+    if (const auto it = stats.find("acknowledged_increasing"); it != stats.end()) {
+      // The worker's bounded summary (worker_program.h AcknowledgedVersions): increasing
+      // within this incarnation, and its first above the previous incarnation's last.
+      if (stats.at("acknowledged_count").get<std::uint64_t>() > 0) {
+        if (!it->get<bool>()) t.versions_increase = false;
+        const auto first = stats.at("acknowledged_first").get<std::uint64_t>();
+        if (previous && first <= *previous) t.versions_increase = false;
+        previous = stats.at("acknowledged_highest").get<std::uint64_t>();
+      }
+    } else {
+      for (const auto& v : stats.at("acknowledged_versions")) {  // an earlier release's list
+        const auto version = v.get<std::uint64_t>();
+        if (previous && version <= *previous) t.versions_increase = false;
+        previous = version;
+      }
     }
   }
   return t;

@@ -2,6 +2,7 @@
 // step to POST /update (worker/worker.h).
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "worker/program_support.h"
@@ -16,11 +17,24 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates
                                    bytes_sent, bytes_received, server_version, retries,
                                    non_finite_steps, last_loss, dropout)
 
-std::string async_stats_json(const WorkerStats& s, const std::vector<std::uint64_t>& acknowledged,
+void AcknowledgedVersions::add(std::uint64_t version) {
+  if (count == 0) first = version;
+  if (count > 0 && version <= recent.back()) increasing = false;
+  highest = std::max(highest, version);
+  ++count;
+  recent.push_back(version);
+  if (recent.size() > kRecent) recent.pop_front();
+}
+
+std::string async_stats_json(const WorkerStats& s, const AcknowledgedVersions& acknowledged,
                              bool running) {
   nlohmann::json j = s;
   j["state"] = running ? "running" : "stopped";
-  j["acknowledged_versions"] = acknowledged;
+  j["acknowledged_versions"] = acknowledged.recent;
+  j["acknowledged_count"] = acknowledged.count;
+  j["acknowledged_first"] = acknowledged.first;
+  j["acknowledged_highest"] = acknowledged.highest;
+  j["acknowledged_increasing"] = acknowledged.increasing;
   j["peak_rss_bytes"] = program::peak_rss_bytes();
   if (!s.shard_versions.empty())
     j["shard_versions"] = s.shard_versions;  // sharded: per shard, the highest acknowledged
@@ -43,14 +57,14 @@ class AsyncRun : public WorkerModeRun {
   int run(const Dataset& train) override {
     program::log_server_worker_start(s_, config_, train);
     WorkerStats stats;
-    std::vector<std::uint64_t> acknowledged;
+    AcknowledgedVersions acknowledged;
     program::StatsFileWriter stats_file(s_.stats_file, [&](bool running) {
       return async_stats_json(stats, acknowledged, running);
     });
     // One push per step, so at most one new acknowledgement per call.
     auto take = [&](const WorkerStats& current) {
       if (current.updates_accepted > stats.updates_accepted)
-        acknowledged.push_back(current.server_version);
+        acknowledged.add(current.server_version);
       stats = current;
     };
     WorkerRun result;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -95,10 +96,24 @@ WorkerConfig worker_config(WorkerSettings& settings);
 
 // The stats files (--stats-file), one schema per mode, each a JSON object with "state"
 // ("running" or "stopped"); rounds', gossip's and gan's also carry "mode".
-// async: every WorkerStats field by its name, "acknowledged_versions" (the server versions
-// answered 2.04 in this run, in order) and, sharded, "shard_versions".
-std::string async_stats_json(const WorkerStats& stats,
-                             const std::vector<std::uint64_t>& acknowledged, bool running);
+// The server versions at which this run's updates were acknowledged (2.04), in bounded
+// memory: a board runs for weeks at a few updates a second, and the whole list (8 bytes an
+// update, the stats file rewritten whole after each step) would grow without end. Kept: how
+// many, the first, the highest, whether each was above the one before, and the last kRecent.
+struct AcknowledgedVersions {
+  static constexpr std::size_t kRecent = 1024;
+  std::uint64_t count = 0, first = 0, highest = 0;
+  bool increasing = true;
+  std::deque<std::uint64_t> recent;
+  void add(std::uint64_t version);
+};
+
+// async: every WorkerStats field by its name, "acknowledged_versions" (the last
+// AcknowledgedVersions::kRecent server versions answered 2.04 in this run, in order; all of
+// them in a run of fewer), "acknowledged_count", "acknowledged_first", "acknowledged_highest",
+// "acknowledged_increasing" and, sharded, "shard_versions".
+std::string async_stats_json(const WorkerStats& stats, const AcknowledgedVersions& acknowledged,
+                             bool running);
 // rounds: its counters and "acknowledged_versions", the rounds whose delta got a 2.04 (round
 // r is model version r, so the emulator's checks of acknowledged versions hold for them).
 std::string rounds_stats_json(const RoundWorkerStats& stats, bool running);

@@ -101,6 +101,34 @@ TEST(RunChecks, AVersionThatRepeatsOrGoesBackIsCaught) {
   EXPECT_FALSE(worker_totals(dir.path(), 1).versions_increase);
 }
 
+// A worker of this release keeps only the last versions (AcknowledgedVersions): the checks
+// read its summary, not its shortened list.
+TEST(RunChecks, TheBoundedSummaryIsReadBeforeTheList) {
+  TempDir dir("edgetrain-run-checks");
+  auto summary = [](int count, int first, int highest, bool increasing) {
+    return ", \"acknowledged_count\": " + std::to_string(count) +
+           ", \"acknowledged_first\": " + std::to_string(first) +
+           ", \"acknowledged_highest\": " + std::to_string(highest) +
+           ", \"acknowledged_increasing\": " + (increasing ? "true" : "false");
+  };
+  write(dir.path() / "plan.csv", "worker\n0\n");
+  // The list holds the last two of 2,000; the highest is the summary's.
+  write(dir.path() / "logs" / "worker-0.0.stats.json",
+        stats(2000, 1, 0, 2000, 0, "1999, 2000", summary(2000, 1, 2000, true)));
+  write(dir.path() / "logs" / "worker-0.1.stats.json",
+        stats(10, 1, 0, 10, 0, "2009, 2010", summary(10, 2001, 2010, true)));
+  EXPECT_TRUE(worker_totals(dir.path(), 0).versions_increase);
+  EXPECT_EQ(highest_acknowledged_in_run(dir.path(), std::nullopt), 2010u);
+  // The second incarnation began at or below the first's highest: something went back.
+  write(dir.path() / "logs" / "worker-0.1.stats.json",
+        stats(10, 1, 0, 10, 0, "2009, 2010", summary(10, 2000, 2010, true)));
+  EXPECT_FALSE(worker_totals(dir.path(), 0).versions_increase);
+  // One incarnation saw a version not above the one before, outside its list.
+  write(dir.path() / "logs" / "worker-0.1.stats.json",
+        stats(10, 1, 0, 10, 0, "2009, 2010", summary(10, 2001, 2010, false)));
+  EXPECT_FALSE(worker_totals(dir.path(), 0).versions_increase);
+}
+
 TEST(RunChecks, ARoundWorkerCountsItsRounds) {
   TempDir dir("edgetrain-run-checks");
   write(dir.path() / "logs" / "worker-0.0.stats.json",

@@ -106,17 +106,42 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
   stats.updates_accepted = 3;
   stats.bytes_sent = 4096;
   stats.dropout.drop_rates = "0.25";
-  const json j = json::parse(runtime::async_stats_json(stats, {7, 9, 11}, true));
+  runtime::AcknowledgedVersions acknowledged;
+  for (const std::uint64_t v : {7, 9, 11}) acknowledged.add(v);
+  const json j = json::parse(runtime::async_stats_json(stats, acknowledged, true));
   expect_common_keys(j, "running");
   EXPECT_EQ(j.at("steps"), 12);
   EXPECT_EQ(j.at("updates_accepted"), 3);
   EXPECT_EQ(j.at("bytes_sent"), 4096);
   EXPECT_EQ(j.at("acknowledged_versions"), json({7, 9, 11}));
+  EXPECT_EQ(j.at("acknowledged_count"), 3);
+  EXPECT_EQ(j.at("acknowledged_first"), 7);
+  EXPECT_EQ(j.at("acknowledged_highest"), 11);
+  EXPECT_EQ(j.at("acknowledged_increasing"), true);
   EXPECT_EQ(j.at("dropout").at("drop_rates"), "0.25");
   EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them
   stats.shard_versions = {4, 5};
   EXPECT_EQ(json::parse(runtime::async_stats_json(stats, {}, false)).at("shard_versions"),
             json({4, 5}));
+}
+
+// A board's worker runs for weeks: the stats file keeps the last kRecent versions and a
+// summary, so neither its memory nor the file grows with the run.
+TEST(WorkerStatsFiles, AsyncAcknowledgementsStayBoundedWithTheirSummary) {
+  runtime::AcknowledgedVersions acknowledged;
+  const std::uint64_t n = 3 * runtime::AcknowledgedVersions::kRecent;
+  for (std::uint64_t v = 1; v <= n; ++v) acknowledged.add(v);
+  const json j = json::parse(runtime::async_stats_json({}, acknowledged, true));
+  ASSERT_EQ(j.at("acknowledged_versions").size(), runtime::AcknowledgedVersions::kRecent);
+  EXPECT_EQ(j.at("acknowledged_versions").back(), n);
+  EXPECT_EQ(j.at("acknowledged_versions").front(), n - runtime::AcknowledgedVersions::kRecent + 1);
+  EXPECT_EQ(j.at("acknowledged_count"), n);
+  EXPECT_EQ(j.at("acknowledged_first"), 1);
+  EXPECT_EQ(j.at("acknowledged_highest"), n);
+  EXPECT_EQ(j.at("acknowledged_increasing"), true);
+  acknowledged.add(5);  // the server went back
+  EXPECT_FALSE(acknowledged.increasing);
+  EXPECT_EQ(acknowledged.highest, n);
 }
 
 TEST(WorkerStatsFiles, RoundsNamesItsModeAndItsAcknowledgedRoundsAsVersions) {

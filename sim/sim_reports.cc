@@ -61,23 +61,42 @@ std::string runs_summary_json(const std::vector<SimResult>& results, double targ
   return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 
+namespace {
+// The devices' traffic in both directions to the target (upload + download), first run over
+// second: what a device owner on a metered link pays (issue 38).
+std::string both_directions_line(const std::vector<SimResult>& results, double target_accuracy) {
+  const auto a = results[0].traffic_bytes_to(target_accuracy),
+             b = results[1].traffic_bytes_to(target_accuracy);
+  if (!a || !b || *b == 0) return {};
+  char line[200];
+  std::snprintf(line, sizeof line,
+                "both directions (upload + download) to %.1f%%: %.1fx (%s vs %s)\n",
+                target_accuracy * 100, static_cast<double>(*a) / static_cast<double>(*b),
+                human_bytes(static_cast<double>(*a)).c_str(),
+                human_bytes(static_cast<double>(*b)).c_str());
+  return line;
+}
+}  // namespace
+
 std::string rounds_summary_table(const std::vector<SimResult>& results, double target_accuracy) {
   std::ostringstream summary;
-  summary << "| method | final acc | best acc | rounds | virtual time | ingress | bytes/delta | "
-             "deltas/round | "
+  summary << "| method | final acc | best acc | rounds | virtual time | ingress | download | "
+             "bytes/delta | deltas/round | "
              "stragglers | lost | left | empty rounds | rounds to target | time to target | "
-             "ingress to target | "
-             "bytes/pull |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+             "ingress to target | up + down to target | "
+             "bytes/pull |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     auto to_bytes = r.ingress_bytes_to(target_accuracy);
+    auto to_traffic = r.traffic_bytes_to(target_accuracy);
     auto to_rounds = r.updates_to(target_accuracy);
-    char row[500];
+    char row[600];
     std::snprintf(row, sizeof row,
-                  "| %s | %.2f%% | %.2f%% | %llu | %.0f | %s | %s | %.1f | %llu | %llu | %llu | "
-                  "%llu | %s | %s | %s | %s |\n",
+                  "| %s | %.2f%% | %.2f%% | %llu | %.0f | %s | %s | %s | %.1f | %llu | %llu | %llu | "
+                  "%llu | %s | %s | %s | %s | %s |\n",
                   r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
                   static_cast<unsigned long long>(r.updates_applied), r.virtual_time,
-                  human_bytes(r.ingress_bytes).c_str(), human_bytes(r.mean_update_bytes).c_str(),
+                  human_bytes(r.ingress_bytes).c_str(), human_bytes(r.pull_bytes).c_str(),
+                  human_bytes(r.mean_update_bytes).c_str(),
                   r.mean_round_deltas, static_cast<unsigned long long>(r.round_stragglers),
                   static_cast<unsigned long long>(r.updates_lost),
                   static_cast<unsigned long long>(r.workers_left),
@@ -85,6 +104,7 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
                   to_rounds ? std::to_string(*to_rounds).c_str() : "never",
                   time_text(r.time_to(target_accuracy)).c_str(),
                   to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never",
+                  to_traffic ? human_bytes(static_cast<double>(*to_traffic)).c_str() : "never",
                   human_bytes(r.mean_pull_bytes).c_str());
     summary << row;
   }
@@ -132,30 +152,33 @@ std::string rounds_summary_table(const std::vector<SimResult>& results, double t
                 human_bytes(static_cast<double>(*b)).c_str(),
                 results[0].mean_update_bytes / results[1].mean_update_bytes,
                 (results[1].best_accuracy() - results[0].best_accuracy()) * 100);
-  return summary.str() + line;
+  return summary.str() + line + both_directions_line(results, target_accuracy);
 }
 
 std::string async_summary_table(const std::vector<SimResult>& results, double target_accuracy) {
   std::ostringstream summary;
-  summary << "| method | final acc | best acc | updates | ingress | bytes/update | mean delay | "
-             "refused | lost | left | "
-             "updates to target | ingress to target | bytes/pull "
-             "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  summary << "| method | final acc | best acc | updates | ingress | download | bytes/update | "
+             "mean delay | refused | lost | left | "
+             "updates to target | ingress to target | up + down to target | bytes/pull "
+             "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const auto& r : results) {
     auto to_bytes = r.ingress_bytes_to(target_accuracy);
+    auto to_traffic = r.traffic_bytes_to(target_accuracy);
     auto to_updates = r.updates_to(target_accuracy);
-    char row[400];
+    char row[500];
     std::snprintf(
         row, sizeof row,
-        "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %.1f | %llu | %llu | %llu | %s | %s | %s |\n",
+        "| %s | %.2f%% | %.2f%% | %llu | %s | %s | %s | %.1f | %llu | %llu | %llu | %s | %s | %s | "
+        "%s |\n",
         r.label.c_str(), r.final_accuracy() * 100, r.best_accuracy() * 100,
         static_cast<unsigned long long>(r.updates_applied), human_bytes(r.ingress_bytes).c_str(),
-        human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
+        human_bytes(r.pull_bytes).c_str(), human_bytes(r.mean_update_bytes).c_str(), r.mean_delay,
         static_cast<unsigned long long>(r.updates_refused),
         static_cast<unsigned long long>(r.updates_lost),
         static_cast<unsigned long long>(r.workers_left),
         to_updates ? std::to_string(*to_updates).c_str() : "never",
         to_bytes ? human_bytes(static_cast<double>(*to_bytes)).c_str() : "never",
+        to_traffic ? human_bytes(static_cast<double>(*to_traffic)).c_str() : "never",
         human_bytes(r.mean_pull_bytes).c_str());
     summary << row;
   }
@@ -182,7 +205,7 @@ std::string async_summary_table(const std::vector<SimResult>& results, double ta
       human_bytes(static_cast<double>(*a)).c_str(), human_bytes(static_cast<double>(*b)).c_str(),
       results[0].mean_update_bytes / results[1].mean_update_bytes,
       (results[1].best_accuracy() - results[0].best_accuracy()) * 100);
-  return summary.str() + line;
+  return summary.str() + line + both_directions_line(results, target_accuracy);
 }
 
 std::string gossip_summary_table(const GossipResult& r, double target_accuracy) {

@@ -699,6 +699,13 @@ std::optional<std::uint64_t> SimResult::ingress_bytes_to(double target) const {
   return std::nullopt;
 }
 
+std::optional<std::uint64_t> SimResult::traffic_bytes_to(double target) const {
+  for (const auto& p : curve) {
+    if (p.accuracy >= target) return p.ingress_bytes + p.pull_bytes;
+  }
+  return std::nullopt;
+}
+
 std::optional<std::uint64_t> SimResult::updates_to(double target) const {
   for (const auto& p : curve) {
     if (p.accuracy >= target) return p.updates;

@@ -211,6 +211,9 @@ struct SimResult {
   double best_accuracy() const;
   // Ingress bytes at the first evaluation whose accuracy reaches `target`, if any.
   std::optional<std::uint64_t> ingress_bytes_to(double target) const;
+  // Both directions, what the devices pay for (issue 38): upload (ingress) plus download
+  // (pulls) at the first evaluation whose accuracy reaches `target`, if any.
+  std::optional<std::uint64_t> traffic_bytes_to(double target) const;
   std::optional<std::uint64_t> updates_to(double target) const;
   std::optional<double> time_to(double target) const;
 };

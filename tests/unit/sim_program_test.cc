@@ -117,7 +117,7 @@ TEST(SimModes, SettingsWrongTogetherAreRefusedBeforeAnyData) {
 }
 
 // Two made-up runs: ASGD reaches 90% after 200 updates and 80 MB, AdaComp after 300 updates
-// and 2 MB.
+// and 2 MB; their pulls (1,000 and 1,500 bytes so far) make the downloads.
 std::vector<sim::SimResult> two_runs() {
   sim::SimResult asgd, adacomp;
   asgd.label = "ASGD";
@@ -126,6 +126,7 @@ std::vector<sim::SimResult> two_runs() {
                 {300, 60, 120'000'000, 1500, 0.92, 0.3}};
   asgd.updates_applied = 300;
   asgd.ingress_bytes = 120'000'000;
+  asgd.pull_bytes = 1'500;
   asgd.mean_update_bytes = 400'000;
   asgd.mean_pull_bytes = 400'000;
   asgd.mean_delay = 3;
@@ -152,22 +153,25 @@ TEST(SimReports, TheAsyncTableHasARowPerRunTheTargetAndTheTrafficRatio) {
   const std::string table = sim::async_summary_table(two_runs(), 0.9);
   EXPECT_TRUE(Contains(table, "| method | final acc | best acc | updates | ingress |"));
   EXPECT_TRUE(Contains(table,
-                       "| ASGD | 92.00% | 92.00% | 300 | 120.00 MB | 400.00 kB | 3.0 | 0 "
-                       "| 0 | 0 | 200 | 80.00 MB | 400.00 kB |\n"));
+                       "| ASGD | 92.00% | 92.00% | 300 | 120.00 MB | 1.50 kB | 400.00 kB | 3.0 | 0 "
+                       "| 0 | 0 | 200 | 80.00 MB | 80.00 MB | 400.00 kB |\n"));
   EXPECT_TRUE(Contains(table,
-                       "| AdaComp c=0.01 | 91.00% | 91.00% | 300 | 2.00 MB | 5.00 kB | "
-                       "3.0 | 7 | 0 | 0 | 300 | 2.00 MB | 400.00 kB |\n"));
+                       "| AdaComp c=0.01 | 91.00% | 91.00% | 300 | 2.00 MB | 1.50 kB | 5.00 kB | "
+                       "3.0 | 7 | 0 | 0 | 300 | 2.00 MB | 2.00 MB | 400.00 kB |\n"));
   EXPECT_TRUE(Contains(table, "\ntarget accuracy: 90%\n"));
   EXPECT_TRUE(Contains(table,
                        "traffic ratio ASGD / AdaComp to 90.0%: 40.0x (80.00 MB vs 2.00 "
                        "MB); per update: 80.0x; accuracy gap (best): -1.00 points\n"));
+  // Upload + download: 80,001,000 bytes against 2,001,500.
+  EXPECT_TRUE(Contains(table,
+                       "both directions (upload + download) to 90.0%: 40.0x (80.00 MB vs 2.00 MB)\n"));
 }
 
 TEST(SimReports, ARunThatNeverReachesTheTargetSaysNeverAndStalledRunsSaySo) {
   std::vector<sim::SimResult> runs = two_runs();
   runs[1].stalled = true;
   const std::string table = sim::async_summary_table(runs, 0.915);
-  EXPECT_TRUE(Contains(table, "| 7 | 0 | 0 | never | never | 400.00 kB |\n"));
+  EXPECT_TRUE(Contains(table, "| 7 | 0 | 0 | never | never | never | 400.00 kB |\n"));
   EXPECT_TRUE(Contains(table, "AdaComp c=0.01: stopped after 300 applied updates"));
   EXPECT_TRUE(Contains(table, "traffic ratio: not available (a run never reached the target)\n"));
   // One run: no ratio at all.
@@ -187,7 +191,8 @@ TEST(SimReports, TheRoundsTableCountsRoundsStragglersAndTheDenseToAdaCompRatio) 
   EXPECT_TRUE(Contains(table, "| method | final acc | best acc | rounds | virtual time |"));
   EXPECT_TRUE(Contains(table,
                        "| FedAvg AdaComp c=0.01 | 91.00% | 91.00% | 300 | 61 | 2.00 MB | "
-                       "5.00 kB | 9.5 | 4 | 0 | 0 | 1 | 300 | 60 | 2.00 MB | 400.00 kB |\n"));
+                       "1.50 kB | 5.00 kB | 9.5 | 4 | 0 | 0 | 1 | 300 | 60 | 2.00 MB | 2.00 MB | "
+                       "400.00 kB |\n"));
   EXPECT_TRUE(Contains(table, "target accuracy: 90%\n"));
   EXPECT_TRUE(Contains(table, "traffic ratio dense / AdaComp deltas to 90.0%: 40.0x"));
 }

@@ -214,6 +214,32 @@ LinkImpairer::Clock::time_point LinkImpairer::flush(Link& link, Clock::time_poin
   return next;
 }
 
+void LinkImpairer::rebind_upstreams() {
+  rebind_requested_ = true;
+  const std::uint64_t one = 1;
+  [[maybe_unused]] const auto written = ::write(wake_, &one, sizeof one);
+}
+
+// On the relay thread. A socket that cannot be made leaves the link on its old one (the
+// rebinding is an experiment's event, not something to fail the relay over).
+void LinkImpairer::rebind(std::size_t index) {
+  Link& link = *links_[index];
+  const int fresh = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fresh < 0) return;
+  const sockaddr_in upstream = parse_ipv4_endpoint(link.spec.upstream_host, link.spec.upstream_port);
+  epoll_event event{};
+  event.events = EPOLLIN;
+  event.data.u64 = cookie(index, false);
+  if (::connect(fresh, reinterpret_cast<const sockaddr*>(&upstream), sizeof upstream) != 0 ||
+      ::epoll_ctl(epoll_, EPOLL_CTL_ADD, fresh, &event) != 0) {
+    ::close(fresh);
+    return;
+  }
+  ::epoll_ctl(epoll_, EPOLL_CTL_DEL, link.upstream_side, nullptr);
+  ::close(link.upstream_side);
+  link.upstream_side = fresh;
+}
+
 void LinkImpairer::relay() {
   std::vector<epoll_event> events(256);
   Clock::time_point next_release = Clock::time_point::max();
@@ -227,7 +253,15 @@ void LinkImpairer::relay() {
     const int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), timeout_ms);
     for (int i = 0; i < n; i++) {
       const std::uint64_t c = events[i].data.u64;
-      if (c == ~std::uint64_t{0}) continue;  // the stop event
+      if (c == ~std::uint64_t{0}) {  // the wake event: stop, or a rebinding
+        std::uint64_t count = 0;
+        [[maybe_unused]] const auto read = ::read(wake_, &count, sizeof count);
+        if (rebind_requested_.exchange(false)) {
+          for (std::size_t l = 0; l < links_.size(); l++) rebind(l);
+          rebinds_++;
+        }
+        continue;
+      }
       receive(*links_[c >> 1], (c & 1) != 0);
     }
     const auto now = Clock::now();

@@ -73,6 +73,12 @@ class LinkImpairer {
   std::uint16_t listen_port(std::size_t link) const { return links_[link]->bound_port; }
   // A consistent copy of one link's counters (taken from the relay thread's atomics).
   LinkCounters counters(std::size_t link) const;
+  // A NAT rebinding (issue 38 part 4): every link's upstream socket is replaced by a new one
+  // with a new source port, so the server sees each worker's datagrams come from a new
+  // address; datagrams still queued go out through the new socket. Done by the relay
+  // thread soon after the call; rebinds() counts the ones done.
+  void rebind_upstreams();
+  std::uint64_t rebinds() const { return rebinds_.load(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -103,6 +109,7 @@ class LinkImpairer {
   };
 
   void relay();
+  void rebind(std::size_t link);
   void receive(Link& link, bool from_worker);
   void enqueue(const LinkProfile& profile, Direction& direction, std::vector<std::uint8_t> bytes);
   // Sends every datagram whose time has come; returns the earliest pending release.
@@ -112,6 +119,8 @@ class LinkImpairer {
   int epoll_ = -1;
   int wake_ = -1;  // eventfd that stops the thread
   std::atomic<bool> stop_{false};
+  std::atomic<bool> rebind_requested_{false};
+  std::atomic<std::uint64_t> rebinds_{0};
   std::thread thread_;
 };
 

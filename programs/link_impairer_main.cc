@@ -1,6 +1,7 @@
 // edgetrain-link-impairer: serves the links of a TOML file (one [[link]] table per worker)
 // from one thread until SIGTERM/SIGINT, and writes every link's counters to a CSV file
-// every few seconds and at exit. edgetrain-emulate starts one; see emulation/README.md.
+// every few seconds and at exit. SIGUSR1 emulates a NAT rebinding: every link's upstream
+// socket is replaced, so the server sees its worker at a new source port. edgetrain-emulate starts one; see emulation/README.md.
 #include <nlohmann/json.hpp>
 #include <toml++/toml.h>
 
@@ -22,6 +23,8 @@ using namespace edgetrain::emulation;
 
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop = true; }
+std::atomic<bool> g_rebind{false};
+extern "C" void on_rebind_signal(int) { g_rebind = true; }
 
 // "host:port" → (host, port); throws std::invalid_argument.
 std::pair<std::string, std::uint16_t> split_endpoint(const std::string& text,
@@ -142,6 +145,7 @@ int run(const ImpairerSettings& s) {
     const std::vector<LinkSpec> links = read_links(s.links);
     std::signal(SIGTERM, on_signal);
     std::signal(SIGINT, on_signal);
+    std::signal(SIGUSR1, on_rebind_signal);
     LinkImpairer impairer(links);
     for (std::size_t i = 0; i < impairer.size(); i++) {
       std::printf("link %s listening on %s:%u\n", links[i].name.c_str(),
@@ -153,6 +157,12 @@ int run(const ImpairerSettings& s) {
     std::fflush(stdout);
     auto next_write = std::chrono::steady_clock::now();
     while (!g_stop) {
+      if (g_rebind) {
+        g_rebind = false;
+        impairer.rebind_upstreams();
+        std::printf("rebinding every link's upstream socket (SIGUSR1): the server sees new source ports\n");
+        std::fflush(stdout);
+      }
       if (!s.stats.empty() && std::chrono::steady_clock::now() >= next_write) {
         write_stats(impairer, s.stats);
         next_write += std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -183,7 +193,9 @@ constexpr const char* kDescription =
     "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
     "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
     "  seed = 1                         # loss and jitter draws\n"
-    "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.";
+    "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.\n"
+    "SIGUSR1 emulates a NAT rebinding: every link's upstream socket is replaced by one with a "
+    "new source port.";
 
 }  // namespace
 

@@ -174,6 +174,7 @@ struct GossipPeer::State {
     sampler = std::make_unique<ShardSampler>(
         train, std::move(shard), config.seed ^ (0x9e3779b97f4a7c15ULL * (config.self + 1)));
     image_bytes = train.image_bytes();
+    input_format = train.format;
 
     model.initialize(config.seed);
     // Every peer of a fleet initialises from the same seed: a neighbour that has not moved
@@ -247,8 +248,10 @@ struct GossipPeer::State {
     if (trainers.size() >= 3)
       trainers.erase(trainer_order.front()), trainer_order.erase(trainer_order.begin());
     trainer_order.push_back(batch);
-    return *(trainers[batch] =
-                 std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get()));
+    auto& trainer = trainers[batch] =
+        std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get());
+    trainer->set_input_format(input_format);
+    return *trainer;
   }
 
   GossipPeerConfig config;
@@ -271,6 +274,7 @@ struct GossipPeer::State {
   std::vector<int> trainer_order;  // batch sizes of `trainers`, oldest first
   std::unique_ptr<ShardSampler> sampler;
   std::size_t image_bytes = 0;
+  InputFormat input_format;  // the training data's: every trainer_for() takes it
   Dataset validation;
   WorkloadBalancer balancer;
   PlateauDetector plateau;

@@ -126,6 +126,7 @@ struct RoundWorker::State {
       throw std::invalid_argument("worker: the local learning rate must be > 0");
     if (!(config.deadline_share > 0 && config.deadline_share <= 1))
       throw std::invalid_argument("worker: the deadline share must be in (0, 1]");
+    trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
     stats.dropout = dropout.status();
   }
 

@@ -138,7 +138,9 @@ struct Worker::State {
         sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count())),
-        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {}
+        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {
+    trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
+  }
 
   static const WorkerConfig& checked(const WorkerConfig& config) {
     if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model/dataset.h"
+#include "model/filter_dropout.h"
 #include "model/model.h"
 #include "model/numpy_file.h"
 #include "model/shard_sampler.h"
@@ -507,6 +508,33 @@ TEST(UserDataTrainer, ScaleScalingEqualsPrescaledValues) {
   // And not by accident: unscaled, the same bytes give another loss.
   const BatchResult raw = trainer.evaluate(model.parameters(), bytes_of(x).data(), y.data(), 4);
   EXPECT_NE(raw.loss, plain.loss);
+}
+
+// Filter dropout trains a sub-network with a Trainer of its own: it reads the batch by the
+// same input format, whether the format was set before or after set_dropout(). With nothing
+// dropped (rate 0) its gradient is the full model's.
+TEST(UserDataTrainer, FilterDropoutTakesTheInputFormat) {
+  Model model(parse_model_spec("input 4x4x1; conv 2 3x3 same relu; fc 3", "conv"));
+  model.initialize(9);
+  std::vector<float> x(3 * 16);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i)) * 40.0f;
+  const std::vector<std::int32_t> y = {2, 0, 1};
+  const InputFormat floats{ExampleType::kFloat32, Scaling::kAffine, 0.05f, 0.5f};
+  std::vector<float> expected(model.parameter_count()), got(model.parameter_count());
+  Trainer plain(model, 3, KernelBackend::kReference);
+  plain.set_input_format(floats);
+  plain.compute_gradient(model.parameters(), bytes_of(x).data(), y.data(), 3, expected);
+  for (bool format_first : {true, false}) {
+    SCOPED_TRACE(format_first ? "format, then dropout" : "dropout, then format");
+    Trainer trainer(model, 3, KernelBackend::kReference);
+    DropoutConfig config;
+    config.conv_drop_rates = {0.0f};
+    if (format_first) trainer.set_input_format(floats);
+    trainer.set_dropout(config);
+    if (!format_first) trainer.set_input_format(floats);
+    trainer.compute_gradient(model.parameters(), bytes_of(x).data(), y.data(), 3, got);
+    EXPECT_EQ(got, expected);
+  }
 }
 
 // A float32 data set written as .npy, loaded, sampled and trained by the Trainer (XNNPACK, as a

@@ -177,6 +177,12 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
         "x" + std::to_string(plan.eval_data->width) + "x" +
         std::to_string(plan.eval_data->channels) + ", but model " + model.spec().name + " takes " +
         std::to_string(input.H) + "x" + std::to_string(input.W) + "x" + std::to_string(input.C));
+  // A label past the model's outputs would index past its logits.
+  if (model.num_classes() < static_cast<int>(plan.eval_data->num_classes))
+    throw StartupError("--eval-data " + s.eval_data + ": " +
+                       std::to_string(plan.eval_data->num_classes) + " classes, but model " +
+                       model.spec().name + " has " + std::to_string(model.num_classes()) +
+                       " outputs");
 }
 
 void load_init_from(const ServerSettings& s, StartPlan& plan) {

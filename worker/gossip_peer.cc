@@ -162,6 +162,11 @@ struct GossipPeer::State {
         static_cast<std::uint32_t>(in.W) != train.width ||
         static_cast<std::uint32_t>(in.C) != train.channels)
       throw ModelError("gossip: the model's input does not match the data's image shape");
+    // A label at or past the model's outputs would index past its logits; user data names
+    // its own class count (model/user_data.h).
+    if (model.num_classes() < static_cast<int>(train.num_classes))
+      throw ModelError("gossip: the model has " + std::to_string(model.num_classes()) +
+                       " outputs for the data's " + std::to_string(train.num_classes) + " classes");
     // The shard, with a validation split held out of it (ours: its first indices; the shard
     // is already a seeded shuffle).
     std::vector<std::uint32_t> shard = gossip_shard(config, train);

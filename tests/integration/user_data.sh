@@ -7,7 +7,8 @@
 # - edgetrain-server (evaluating on the .npz's test split) and two edgetrain-workers (each
 #   loading its shard of the .npz) train the MLP over DTLS to a test accuracy above FLOOR;
 # - a data set with a label out of range ends the worker with status 1 and a message naming
-#   the file and the label, before it talks to any server.
+#   the file and the label, before it talks to any server; so does a model with fewer outputs
+#   than the data's classes.
 # usage: user_data.sh SIM SERVER WORKER [FLOOR]
 sim="$1"; server="$2"; worker="$3"; floor="${4:-0.75}"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -69,3 +70,11 @@ status=0
 [ "$status" -eq 1 ] && grep -q "bad/train.csv: line 5: label 7 is not in \[0, 3)" "$work/bad.log" ||
   fail "a label out of range: status $status, $(cat "$work/bad.log")"
 echo "ok: a label out of range is refused: $(tail -1 "$work/bad.log")"
+
+# ---- a model with fewer outputs than the data's classes: refused, not trained past its logits
+status=0
+"$worker" --server coaps://127.0.0.1:9 --model "input 8x8x1; fc 32 relu; fc 2" --data "$work/npz" --identity w0 \
+  --key-hex 00112233 --quiet >"$work/classes.log" 2>&1 || status=$?
+[ "$status" -ne 0 ] && grep -q "model has 2 outputs for the data's 3 classes" "$work/classes.log" ||
+  fail "a model of 2 outputs on 3 classes: status $status, $(cat "$work/classes.log")"
+echo "ok: a model of 2 outputs on 3 classes is refused: $(tail -1 "$work/classes.log")"

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The user's own data end to end (model/README.md, "Your own data"): NumPy writes a data set of
-# three Gaussian blobs of 8x8x1 (tests/support/make_user_data.py) as a deflated .npz, as uint8
-# .npy files and as CSV, each with its edgetrain-data.toml, and
+# three Gaussian blobs of 8x8x1 (tests/support/make_user_data.py) as a deflated and a stored
+# .npz, as uint8 .npy files and as CSV, each with its edgetrain-data.toml, and
 # - edgetrain-sim trains an MLP on each, i.i.d. and label-skewed, to a test accuracy well above
 #   chance (1/3);
 # - edgetrain-server (evaluating on the .npz's test split) and two edgetrain-workers (each
-#   loading its shard of the .npz) train the MLP over DTLS to a test accuracy above FLOOR;
+#   loading its shard of the deflated or the stored .npz) train the MLP over DTLS to a test
+#   accuracy above FLOOR;
 # - a data set with a label out of range ends the worker with status 1 and a message naming
 #   the file and the label, before it talks to any server; so does a model with fewer outputs
 #   than the data's classes.
@@ -19,13 +20,13 @@ if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
   exit 77
 fi
 model="input 8x8x1; fc 32 relu; fc 3"
-for format in npz npy-uint8 csv; do
+for format in npz npz-stored npy-uint8 csv; do
   /usr/bin/python3 "$repo/tests/support/make_user_data.py" "$work/$format" --format "$format" ||
     fail "make_user_data.py --format $format failed"
 done
 
 # ---- the simulator, on every format --------------------------------------------------------
-for format in npz npy-uint8 csv; do
+for format in npz npz-stored npy-uint8 csv; do
   for skew in "" --label-skew; do
     out="$work/sim-$format$skew"
     "$sim" --data "$work/$format" --model "$model" --workers 4 --updates 400 --eval-every 400 --seed 3 \
@@ -39,14 +40,17 @@ for format in npz npy-uint8 csv; do
   done
 done
 
-# ---- a server and two workers, on the .npz -------------------------------------------------
+# ---- a server and two workers, on the .npz ---------------------------------------------
 for i in 0 1; do add_device "$server" "$work/keys.toml" "w$i" "$work/w$i.toml"; done
 start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
   --model "$model" --eval-data "$work/npz" --eval-interval 1
+# The same arrays (one seed), deflated for worker 0 (its rows inflated into memory) and stored
+# for worker 1 (its rows read in place, a pread each).
+worker_data=(npz npz-stored)
 worker_pids=()
 for i in 0 1; do
   start_worker "$work/w$i.log" "$work/w$i.stats.json" "$worker" --config "$work/w$i.toml" \
-    --server "coaps://127.0.0.1:$server_port" --model "$model" --data "$work/npz" --worker-id "$i" --workers 2 \
+    --server "coaps://127.0.0.1:$server_port" --model "$model" --data "$work/${worker_data[$i]}" --worker-id "$i" --workers 2 \
     --duration 25
   worker_pids+=("$last_pid")
 done

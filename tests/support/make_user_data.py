@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Writes a small data set of one's own for the tests, as a user would: Gaussian blobs,
-one class per blob, examples of 8x8x1, in NumPy (.npz, deflated by savez_compressed), .npy
+one class per blob, examples of 8x8x1, in NumPy (.npz, deflated by savez_compressed or stored
+by savez), .npy
 (float32 or uint8) or CSV files, with the edgetrain-data.toml that describes them
 (model/README.md, "Your own data"). Set-up ships no such data set, so tests make one.
 
-usage: make_user_data.py DIR [--format npz|npy|npy-uint8|csv] [--classes 3] [--train 1500]
+usage: make_user_data.py DIR [--format npz|npz-stored|npy|npy-uint8|csv] [--classes 3] [--train 1500]
                          [--test 300] [--seed 1]
 
 Each class's mean is a fixed random 8x8 pattern; an example is its class's pattern plus unit
@@ -20,7 +21,7 @@ import numpy as np
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("dir")
-    parser.add_argument("--format", default="npz", choices=["npz", "npy", "npy-uint8", "csv"])
+    parser.add_argument("--format", default="npz", choices=["npz", "npz-stored", "npy", "npy-uint8", "csv"])
     parser.add_argument("--classes", type=int, default=3)
     parser.add_argument("--train", type=int, default=1500)
     parser.add_argument("--test", type=int, default=300)
@@ -41,9 +42,10 @@ def main():
     path = lambda name: os.path.join(args.dir, name)
     description = [f"num_classes = {args.classes}", "example_shape = [8, 8, 1]"]
 
-    if args.format == "npz":
-        np.savez_compressed(path("blobs.npz"), x_train=x_train, y_train=y_train, x_test=x_test,
-                            y_test=y_test)
+    if args.format in ("npz", "npz-stored"):
+        # savez_compressed deflates each member; savez stores them (read in place by a worker).
+        save = np.savez_compressed if args.format == "npz" else np.savez
+        save(path("blobs.npz"), x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
         for split in ("train", "test"):
             description += [f"[{split}]", 'features = "blobs.npz"', f'features_array = "x_{split}"',
                             'labels = "blobs.npz"', f'labels_array = "y_{split}"']

@@ -3,6 +3,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -403,6 +404,9 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
   while (std::getline(in, line)) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
+    // Spreadsheets often save CSV as UTF-8 with a byte order mark, which would otherwise
+    // stick to the first column's name.
+    if (line_number == 1 && line.starts_with("\xEF\xBB\xBF")) line.erase(0, 3);
     if (trimmed(line).empty()) continue;
     if (!split_csv_line(line, fields)) throw bad("a stray double quote");
     if (first) {
@@ -439,7 +443,9 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
         std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
     if (error != std::errc() || end != label_text.data() + label_text.size())
       throw bad("label '" + std::string(label_text) + "' (column " + std::to_string(label_index) +
-                ") is not an integer");
+                ") is not an integer" +
+                (example == 0 && !f.header ? "; if this line names the columns, set header = true"
+                                           : ""));
     if (label < 0 || label >= d.num_classes)
       throw bad("label " + std::to_string(label) + " is not in [0, " +
                 std::to_string(d.num_classes) + ") (num_classes = " +

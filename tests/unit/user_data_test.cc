@@ -254,6 +254,21 @@ label_column = "label"
   EXPECT_EQ(floats_of(d), (std::vector<float>{0.5f, 1, -3, 0.4f, 5, 6, 1, 1, 1, 1, 1, 1.25f}));
 }
 
+// A header line where none was declared: the message says how to declare it.
+TEST_F(UserDataTest, AnUndeclaredCsvHeaderIsNamed) {
+  write(at("t.csv"), "label,a,b\n0,1,2\n");
+  describe("num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
+           "label_column = 0\n");
+  const std::string message = load_error();
+  EXPECT_NE(message.find("t.csv: line 1: label 'label' (column 0) is not an integer; if this line "
+                         "names the columns, set header = true"),
+            std::string::npos)
+      << message;
+  describe("num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
+           "label_column = 0\nheader = true\n");
+  EXPECT_EQ(load_named_dataset(data(), DataSplit::kTrain).labels, (std::vector<std::int32_t>{0}));
+}
+
 TEST_F(UserDataTest, CsvWithoutHeaderLabelByIndexAndASequenceShape) {
   write(at("t.csv"), "1,2,3,4,5,6,1\n6,5,4,3,2,1,0\n");
   describe(R"(num_classes = 2
@@ -403,6 +418,8 @@ label_column = "y"
       {"y,a,b,c\n0,1,2,3\n", "t.csv: line 1: 4 columns: the label and 3 features, but examples "
                              "of 1x2x1 have 2 values"},
       {"y,a,b\n", "t.csv: holds no examples"},
+      // A byte order mark (spreadsheets write one) is not part of the first column's name.
+      {"\xEF\xBB\xBFy,a,b\n0,1,2\n1,2,3\n7,1,1\n", "t.csv: line 4: label 7 is not in [0, 3)"},
   };
   for (const auto& [text, expected] : cases) {
     SCOPED_TRACE(text);

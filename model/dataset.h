@@ -100,8 +100,8 @@ DatasetFiles dataset_files(const std::string& name, DataSplit split);
 // load_dataset_part with 10 classes). Throws DataError naming the file at fault.
 bool is_described_dataset(const std::string& data);
 Dataset load_named_dataset(const std::string& data, DataSplit split);
-Dataset load_named_dataset_part(const std::string& data, DataSplit split,
-                                const ExamplePicker& pick, bool images_in_place = true);
+Dataset load_named_dataset_part(const std::string& data, DataSplit split, const ExamplePicker& pick,
+                                bool images_in_place = true);
 
 // The images and labels at `indices`, in that order.
 Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices);

@@ -78,8 +78,9 @@ Member find_zip_member(int fd, std::uint64_t size, const std::string& member_nam
       break;
     }
   if (eocd == std::string::npos)
-    throw DataError(file, "not a complete .npz (zip) file: no end of central directory; "
-                          "truncated?");
+    throw DataError(file,
+                    "not a complete .npz (zip) file: no end of central directory; "
+                    "truncated?");
   std::uint64_t entries = le16(&tail[eocd + 10]);
   std::uint64_t directory_bytes = le32(&tail[eocd + 12]);
   std::uint64_t directory_offset = le32(&tail[eocd + 16]);
@@ -109,8 +110,8 @@ Member find_zip_member(int fd, std::uint64_t size, const std::string& member_nam
   std::size_t at = 0;
   for (std::uint64_t e = 0; e < entries; ++e) {
     if (directory.size() - at < 46 || le32(&directory[at]) != 0x02014b50)
-      throw DataError(file, "damaged .npz (zip) file: bad central directory entry " +
-                                std::to_string(e));
+      throw DataError(file,
+                      "damaged .npz (zip) file: bad central directory entry " + std::to_string(e));
     const std::uint8_t* entry = &directory[at];
     const std::size_t name_length = le16(entry + 28), extra_length = le16(entry + 30),
                       comment_length = le16(entry + 32);
@@ -163,10 +164,10 @@ Member find_zip_member(int fd, std::uint64_t size, const std::string& member_nam
         throw DataError(file, "damaged .npz (zip) file: bad local header of " + name);
       m.offset = local + 30 + le16(header + 26) + le16(header + 28);
       if (m.offset > size || m.stored_bytes > size - m.offset)
-        throw DataError(file, "member " + name + " is truncated: " +
-                                  std::to_string(m.stored_bytes) + " bytes announced, " +
-                                  std::to_string(m.offset > size ? 0 : size - m.offset) +
-                                  " in the file");
+        throw DataError(
+            file, "member " + name + " is truncated: " + std::to_string(m.stored_bytes) +
+                      " bytes announced, " + std::to_string(m.offset > size ? 0 : size - m.offset) +
+                      " in the file");
       return m;
     }
     at += 46 + name_length + extra_length + comment_length;
@@ -265,8 +266,8 @@ class MemberSource {
     } else if (status == Z_BUF_ERROR) {
       throw DataError(name_, "deflated member is truncated");
     } else if (status != Z_OK) {
-      throw DataError(name_, std::string("bad deflate data: ") +
-                                 (stream_.msg ? stream_.msg : zError(status)));
+      throw DataError(
+          name_, std::string("bad deflate data: ") + (stream_.msg ? stream_.msg : zError(status)));
     }
     return produced;
   }
@@ -300,15 +301,17 @@ class HeaderParser {
       expect(':');
       if (key == "descr") {
         if (peek('['))
-          fail("a structured dtype (a record of named fields) is not supported; save one "
-               "plain numeric array per file or per .npz name");
+          fail(
+              "a structured dtype (a record of named fields) is not supported; save one "
+              "plain numeric array per file or per .npz name");
         header.descr = string();
         have_descr = true;
       } else if (key == "fortran_order") {
         const std::string word = identifier();
         if (word == "True")
-          throw DataError(name_, "array is in Fortran (column-major) order; save it in C order "
-                                 "(np.ascontiguousarray(x))");
+          throw DataError(name_,
+                          "array is in Fortran (column-major) order; save it in C order "
+                          "(np.ascontiguousarray(x))");
         if (word != "False") fail("fortran_order is " + word);
         have_order = true;
       } else if (key == "shape") {
@@ -316,8 +319,8 @@ class HeaderParser {
         while (!peek(')')) {
           header.shape.push_back(integer());
           if (header.shape.size() > kMaxDimensions)
-            throw DataError(name_, "array has more than " + std::to_string(kMaxDimensions) +
-                                       " dimensions");
+            throw DataError(
+                name_, "array has more than " + std::to_string(kMaxDimensions) + " dimensions");
           if (!peek(')')) expect(',');
         }
         expect(')');
@@ -328,8 +331,7 @@ class HeaderParser {
       if (!peek('}')) expect(',');
     }
     expect('}');
-    if (!have_descr || !have_order || !have_shape)
-      fail("descr, fortran_order or shape missing");
+    if (!have_descr || !have_order || !have_shape) fail("descr, fortran_order or shape missing");
     return header;
   }
 
@@ -398,14 +400,17 @@ void check_descr(NpyHeader& header, const std::string& name) {
     bytes = bytes * 10 + static_cast<std::size_t>(d[i] - '0');
   }
   if (header.kind == 'O')
-    throw DataError(name, "an object array (pickled Python objects) is not supported; save a "
-                          "numeric array");
+    throw DataError(name,
+                    "an object array (pickled Python objects) is not supported; save a "
+                    "numeric array");
   if (std::string("fiub").find(header.kind) == std::string::npos || bytes == 0 || bytes > 8)
-    throw DataError(name, "dtype '" + d + "' is not supported (features: float32 or uint8; "
-                          "labels: integers)");
+    throw DataError(name, "dtype '" + d +
+                              "' is not supported (features: float32 or uint8; "
+                              "labels: integers)");
   if (d[0] == '>' && bytes > 1)
-    throw DataError(name, "dtype '" + d + "' is big-endian; save it little-endian "
-                          "(x.astype(x.dtype.newbyteorder('<')))");
+    throw DataError(name, "dtype '" + d +
+                              "' is big-endian; save it little-endian "
+                              "(x.astype(x.dtype.newbyteorder('<')))");
   header.item_bytes = bytes;
 }
 
@@ -413,8 +418,7 @@ void check_descr(NpyHeader& header, const std::string& name) {
 
 std::string shape_text(std::span<const std::uint64_t> shape) {
   std::string text = "(";
-  for (std::size_t i = 0; i < shape.size(); ++i)
-    text += (i ? ", " : "") + std::to_string(shape[i]);
+  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + (shape.size() == 1 ? ",)" : ")");
 }
 
@@ -459,13 +463,14 @@ NpyReader::NpyReader(const std::filesystem::path& path, const std::string& array
   Member member;
   if (zip) {
     if (array.empty())
-      throw DataError(file, "is an .npz archive: name the array in it (features_array, "
-                            "labels_array)");
+      throw DataError(file,
+                      "is an .npz archive: name the array in it (features_array, "
+                      "labels_array)");
     member = find_zip_member(fd->fd, size, array + ".npy", file);
   } else {
     if (!array.empty())
-      throw DataError(file, "is not an .npz archive, but an array in it was asked for (" + array +
-                                ")");
+      throw DataError(file,
+                      "is not an .npz archive, but an array in it was asked for (" + array + ")");
     member.bytes = member.stored_bytes = size;
   }
   s.source = std::make_unique<MemberSource>(std::move(fd), member, s.name);
@@ -496,7 +501,8 @@ NpyReader::NpyReader(const std::filesystem::path& path, const std::string& array
   s.header = HeaderParser(text, s.name).parse();
   check_descr(s.header, s.name);
   if (s.header.shape.empty())
-    throw DataError(s.name, "array has no dimensions (a single value); expected one row per example");
+    throw DataError(s.name,
+                    "array has no dimensions (a single value); expected one row per example");
   std::uint64_t row = s.header.item_bytes;
   for (std::size_t d = 1; d < s.header.shape.size(); ++d)
     if (__builtin_mul_overflow(row, s.header.shape[d], &row))

@@ -37,24 +37,24 @@ class DescriptionReader {
   }
 
   DataDescription read() {
-    static const std::set<std::string> kTop = {"num_classes", "example_shape", "sequence",
-                                               "scaling",     "scale",         "offset",
-                                               "train",       "test"};
+    static const std::set<std::string> kTop = {
+        "num_classes", "example_shape", "sequence", "scaling", "scale", "offset", "train", "test"};
     check_keys(table_, kTop, "");
     DataDescription d;
     d.file = file_;
     const std::int64_t classes = integer(table_, "num_classes", true);
-    if (classes < 1 || classes > 1 << 20) fail(table_["num_classes"].node(), "num_classes must be 1 to 2^20");
+    if (classes < 1 || classes > 1 << 20)
+      fail(table_["num_classes"].node(), "num_classes must be 1 to 2^20");
     d.num_classes = static_cast<std::uint32_t>(classes);
 
     const toml::node* image = table_.get("example_shape");
     const toml::node* sequence = table_.get("sequence");
     if (!!image == !!sequence)
-      throw DataError(name_, "give the example shape once: example_shape = [height, width, "
-                             "channels] or sequence = [length, channels]");
-    const std::vector<std::uint32_t> dims = dimensions(*(image ? image : sequence),
-                                                       image ? "example_shape" : "sequence",
-                                                       image ? 3 : 2);
+      throw DataError(name_,
+                      "give the example shape once: example_shape = [height, width, "
+                      "channels] or sequence = [length, channels]");
+    const std::vector<std::uint32_t> dims = dimensions(
+        *(image ? image : sequence), image ? "example_shape" : "sequence", image ? 3 : 2);
     if (image) {
       d.height = dims[0], d.width = dims[1], d.channels = dims[2];
     } else {
@@ -62,8 +62,8 @@ class DescriptionReader {
     }
     std::uint64_t values = std::uint64_t{d.height} * d.width * d.channels;
     if (values > (std::uint64_t{1} << 26))
-      fail(image ? image : sequence, "examples of " + std::to_string(values) +
-                                            " values are too large");
+      fail(image ? image : sequence,
+           "examples of " + std::to_string(values) + " values are too large");
 
     const std::string scaling = text(table_, "scaling", false, "per-example-standardize");
     if (scaling == "per-example-standardize") {
@@ -75,8 +75,8 @@ class DescriptionReader {
     } else if (scaling == "none") {
       d.format.scaling = Scaling::kNone;
     } else {
-      fail(table_["scaling"].node(), "scaling is '" + scaling +
-                                         "'; expected per-example-standardize, scale or none");
+      fail(table_["scaling"].node(),
+           "scaling is '" + scaling + "'; expected per-example-standardize, scale or none");
     }
     if (d.format.scaling != Scaling::kAffine && (table_.get("scale") || table_.get("offset")))
       fail(table_.get("scale") ? table_.get("scale") : table_.get("offset"),
@@ -101,7 +101,8 @@ class DescriptionReader {
       for (const std::string& k : allowed) list += (list.empty() ? "" : ", ") + k;
       throw DataError(at_line(name_, key.source()),
                       "unknown key '" + std::string(key.str()) + "'" +
-                          (section.empty() ? "" : " in [" + section + "]") + " (keys: " + list + ")");
+                          (section.empty() ? "" : " in [" + section + "]") + " (keys: " + list +
+                          ")");
     }
   }
 
@@ -140,8 +141,8 @@ class DescriptionReader {
                                         std::size_t count) const {
     const toml::array* list = node.as_array();
     if (!list || list->size() != count)
-      fail(&node, std::string(key) + " must be a list of " + std::to_string(count) +
-                      " positive integers");
+      fail(&node,
+           std::string(key) + " must be a list of " + std::to_string(count) + " positive integers");
     std::vector<std::uint32_t> dims;
     for (const toml::node& element : *list) {
       if (!element.is_integer() || element.as_integer()->get() < 1 ||
@@ -174,8 +175,9 @@ class DescriptionReader {
     if (f.csv) {
       for (const char* key : {"labels", "labels_array", "features_array"})
         if (t->get(key))
-          fail(t->get(key), std::string("'") + key + "' does not go with a CSV file, which holds "
-                                                     "its labels (label_column)");
+          fail(t->get(key), std::string("'") + key +
+                                "' does not go with a CSV file, which holds "
+                                "its labels (label_column)");
       const toml::node* column = t->get("label_column");
       if (!column)
         throw DataError(at_line(name_, t->source()),
@@ -254,7 +256,8 @@ std::vector<std::int32_t> read_labels(const std::filesystem::path& path, const s
 }
 
 std::string example_shape_text(const DataDescription& d) {
-  return std::to_string(d.height) + "x" + std::to_string(d.width) + "x" + std::to_string(d.channels);
+  return std::to_string(d.height) + "x" + std::to_string(d.width) + "x" +
+         std::to_string(d.channels);
 }
 
 // An array's per-example shape fits the description when it equals height, width, channels,
@@ -303,10 +306,10 @@ Dataset load_numpy(const DataDescription& d, const DataSplitFiles& f, const Exam
   }
   const std::span<const std::uint64_t> example(h.shape.data() + 1, h.shape.size() - 1);
   if (!shape_fits(example, d))
-    throw DataError(features.name(),
-                    "features of shape " + shape_text(h.shape) + ": examples of " +
-                        shape_text(example) + " do not match the description's " +
-                        example_shape_text(d) + " (" + d.file.filename().string() + ")");
+    throw DataError(features.name(), "features of shape " + shape_text(h.shape) + ": examples of " +
+                                         shape_text(example) + " do not match the description's " +
+                                         example_shape_text(d) + " (" + d.file.filename().string() +
+                                         ")");
   data.labels = read_labels(f.labels, f.labels_array, d.num_classes);
   const std::string labels_name =
       f.labels.string() + (f.labels_array.empty() ? "" : ":" + f.labels_array);
@@ -400,7 +403,9 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
   std::size_t line_number = 0, columns = 0, label_index = 0, next_kept = 0;
   bool first = true;
   if (const auto* index = std::get_if<std::uint32_t>(&f.label_column)) label_index = *index;
-  auto bad = [&](const std::string& why) { return DataError(name, "line " + std::to_string(line_number) + ": " + why); };
+  auto bad = [&](const std::string& why) {
+    return DataError(name, "line " + std::to_string(line_number) + ": " + why);
+  };
   while (std::getline(in, line)) {
     ++line_number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -417,7 +422,8 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
                                      [&](const std::string& c) { return trimmed(c) == *wanted; });
         if (it == fields.end()) {
           std::string list;
-          for (const std::string& c : fields) list += (list.empty() ? "" : ", ") + std::string(trimmed(c));
+          for (const std::string& c : fields)
+            list += (list.empty() ? "" : ", ") + std::string(trimmed(c));
           throw bad("no column named '" + *wanted + "' in the header (" + list + ")");
         }
         label_index = static_cast<std::size_t>(it - fields.begin());
@@ -442,14 +448,14 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
     const auto [end, error] =
         std::from_chars(label_text.data(), label_text.data() + label_text.size(), label);
     if (error != std::errc() || end != label_text.data() + label_text.size())
-      throw bad("label '" + std::string(label_text) + "' (column " + std::to_string(label_index) +
-                ") is not an integer" +
-                (example == 0 && !f.header ? "; if this line names the columns, set header = true"
-                                           : ""));
+      throw bad(
+          "label '" + std::string(label_text) + "' (column " + std::to_string(label_index) +
+          ") is not an integer" +
+          (example == 0 && !f.header ? "; if this line names the columns, set header = true" : ""));
     if (label < 0 || label >= d.num_classes)
       throw bad("label " + std::to_string(label) + " is not in [0, " +
-                std::to_string(d.num_classes) + ") (num_classes = " +
-                std::to_string(d.num_classes) + ")");
+                std::to_string(d.num_classes) +
+                ") (num_classes = " + std::to_string(d.num_classes) + ")");
     pass.labels.push_back(static_cast<std::int32_t>(label));
     const bool kept = !keep || (next_kept < keep->size() && (*keep)[next_kept] == example);
     if (kept && keep) ++next_kept;
@@ -459,8 +465,7 @@ CsvPass read_csv(const DataDescription& d, const DataSplitFiles& f,
       float value = 0;
       const auto [at, failed] = std::from_chars(text.data(), text.data() + text.size(), value);
       if (failed != std::errc() || at != text.data() + text.size() || text.empty())
-        throw bad("column " + std::to_string(c) + " ('" + std::string(text) +
-                  "') is not a number");
+        throw bad("column " + std::to_string(c) + " ('" + std::string(text) + "') is not a number");
       if (!std::isfinite(value))
         throw bad("column " + std::to_string(c) + " ('" + std::string(text) + "') is not finite");
       if (kept) {
@@ -521,9 +526,9 @@ Dataset load_described_dataset(const DataDescription& description, DataSplit spl
                                const ExamplePicker* pick, bool in_place) {
   const auto& files = split == DataSplit::kTrain ? description.train : description.test;
   if (!files)
-    throw DataError(description.file.string(),
-                    std::string("has no [") + (split == DataSplit::kTrain ? "train" : "test") +
-                        "] section");
+    throw DataError(
+        description.file.string(),
+        std::string("has no [") + (split == DataSplit::kTrain ? "train" : "test") + "] section");
   return files->csv ? load_csv(description, *files, pick)
                     : load_numpy(description, *files, pick, in_place);
 }
@@ -535,14 +540,13 @@ bool is_described_dataset(const std::string& data) {
 }
 
 Dataset load_named_dataset(const std::string& data, DataSplit split) {
-  if (is_described_dataset(data))
-    return load_described_dataset(read_data_description(data), split);
+  if (is_described_dataset(data)) return load_described_dataset(read_data_description(data), split);
   const DatasetFiles files = dataset_files(data, split);
   return load_dataset(files.images, files.labels);
 }
 
-Dataset load_named_dataset_part(const std::string& data, DataSplit split,
-                                const ExamplePicker& pick, bool images_in_place) {
+Dataset load_named_dataset_part(const std::string& data, DataSplit split, const ExamplePicker& pick,
+                                bool images_in_place) {
   if (is_described_dataset(data))
     return load_described_dataset(read_data_description(data), split, &pick, images_in_place);
   const DatasetFiles files = dataset_files(data, split);

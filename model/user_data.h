@@ -41,7 +41,8 @@ struct DataSplitFiles {
   std::string features_array, labels_array;
   bool csv = false;
   std::variant<std::string, std::uint32_t> label_column;  // a header name, or a 0-based index
-  bool header = false;  // the CSV's first line names its columns
+  // The CSV's first line names its columns.
+  bool header = false;
 };
 
 struct DataDescription {

@@ -44,7 +44,9 @@ void declare_settings(settings::Table& t, DseSettings& s) {
       .range(1, 100000);
   t.add("threads", c.threads, "compute threads, for timing and simulation").range(1, 64);
   t.group("Convergence (simulator)");
-  t.add("data", s.data, "mnist, mnist-small, fashion-mnist or a directory (as edgetrain-sim: IDX files or edgetrain-data.toml)");
+  t.add("data", s.data,
+        "mnist, mnist-small, fashion-mnist or a directory (as edgetrain-sim: IDX files or "
+        "edgetrain-data.toml)");
   t.add("updates", c.max_updates,
         "budget: applied updates per vector; accuracy is measured after it")
       .unit("updates");

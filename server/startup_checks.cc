@@ -149,8 +149,8 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
   // A described data set (edgetrain-data.toml) is there when its description is; what it
   // names is checked as it loads.
   const bool present =
-      runtime::is_described_dataset(s.eval_data) ||
-      (std::filesystem::exists(files.images, error) && std::filesystem::exists(files.labels, error));
+      runtime::is_described_dataset(s.eval_data) || (std::filesystem::exists(files.images, error) &&
+                                                     std::filesystem::exists(files.labels, error));
   if (!present) {
     const std::string missing = "the test set of --eval-data " + s.eval_data +
                                 " is not there (looked for " + files.images.string() + " and " +

@@ -45,7 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       case 1: {
         std::vector<std::uint32_t> some;
-        for (std::uint64_t r = 0; r < rows && r < 64; r += 1 + (mode >> 4)) some.push_back(static_cast<std::uint32_t>(r));
+        for (std::uint64_t r = 0; r < rows && r < 64; r += 1 + (mode >> 4))
+          some.push_back(static_cast<std::uint32_t>(r));
         const std::vector<std::uint8_t> got = reader.read_rows(some);
         require(got.size() == some.size() * row_bytes);
         break;

@@ -46,11 +46,19 @@ Bytes bytes_of(const std::vector<T>& values) {
 // multiple of 64 bytes and ended by a newline, then the payload.
 Bytes npy(const std::string& descr, const std::string& shape, const Bytes& payload,
           bool fortran = false) {
-  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " +
-                     (fortran ? "True" : "False") + ", 'shape': " + shape + ", }";
+  std::string dict = "{'descr': '" + descr + "', 'fortran_order': " + (fortran ? "True" : "False") +
+                     ", 'shape': " + shape + ", }";
   while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
   dict += '\n';
-  Bytes out = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, static_cast<std::uint8_t>(dict.size() & 255),
+  Bytes out = {0x93,
+               'N',
+               'U',
+               'M',
+               'P',
+               'Y',
+               1,
+               0,
+               static_cast<std::uint8_t>(dict.size() & 255),
                static_cast<std::uint8_t>(dict.size() >> 8)};
   out.insert(out.end(), dict.begin(), dict.end());
   out.insert(out.end(), payload.begin(), payload.end());
@@ -85,7 +93,8 @@ Bytes zip(const std::vector<ZipMember>& members, bool deflated) {
   Bytes out, directory;
   for (const ZipMember& m : members) {
     const Bytes body = deflated ? raw_deflate(m.data) : m.data;
-    const auto crc = static_cast<std::uint32_t>(crc32(0, m.data.data(), static_cast<uInt>(m.data.size())));
+    const auto crc =
+        static_cast<std::uint32_t>(crc32(0, m.data.data(), static_cast<uInt>(m.data.size())));
     const auto offset = static_cast<std::uint32_t>(out.size());
     auto common = [&](Bytes& b) {
       put16(b, 20), put16(b, 0), put16(b, deflated ? 8 : 0), put16(b, 0), put16(b, 0x21);
@@ -115,7 +124,8 @@ Bytes zip(const std::vector<ZipMember>& members, bool deflated) {
 
 void write(const fs::path& path, const Bytes& bytes) {
   std::ofstream(path, std::ios::binary)
-      .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
 }
 void write(const fs::path& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
@@ -201,7 +211,8 @@ TEST_F(UserDataTest, Uint8NpyWithoutChannelAxisAndUint8LabelsAndScale) {
   for (auto l : labels()) y.push_back(static_cast<std::uint8_t>(l));
   write(at("y.npy"), npy("|u1", "(12,)", y));
   std::string description = kNumpyDescription;
-  description.insert(description.find("[train]"), "scaling = \"scale\"\nscale = 0.5\noffset = -1\n");
+  description.insert(description.find("[train]"),
+                     "scaling = \"scale\"\nscale = 0.5\noffset = -1\n");
   describe(description);
   const Dataset d = load_named_dataset(data(), DataSplit::kTest);
   EXPECT_EQ(d.format.type, ExampleType::kUint8);
@@ -235,10 +246,11 @@ labels_array = "y"
 }
 
 TEST_F(UserDataTest, CsvWithHeaderAndNamedLabelColumn) {
-  write(at("t.csv"), "f0,f1,\"label\",f2,f3,f4,f5\r\n"
-                     "0.5,1,2,-3,4e-1,5,6\r\n"
-                     "\n"
-                     "1,1,0,1,1,1, 1.25\r\n");
+  write(at("t.csv"),
+        "f0,f1,\"label\",f2,f3,f4,f5\r\n"
+        "0.5,1,2,-3,4e-1,5,6\r\n"
+        "\n"
+        "1,1,0,1,1,1, 1.25\r\n");
   describe(R"(num_classes = 3
 example_shape = [2, 3, 1]
 scaling = "none"
@@ -257,15 +269,17 @@ label_column = "label"
 // A header line where none was declared: the message says how to declare it.
 TEST_F(UserDataTest, AnUndeclaredCsvHeaderIsNamed) {
   write(at("t.csv"), "label,a,b\n0,1,2\n");
-  describe("num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
-           "label_column = 0\n");
+  describe(
+      "num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
+      "label_column = 0\n");
   const std::string message = load_error();
   EXPECT_NE(message.find("t.csv: line 1: label 'label' (column 0) is not an integer; if this line "
                          "names the columns, set header = true"),
             std::string::npos)
       << message;
-  describe("num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
-           "label_column = 0\nheader = true\n");
+  describe(
+      "num_classes = 3\nexample_shape = [1, 2, 1]\n[train]\nfeatures = \"t.csv\"\n"
+      "label_column = 0\nheader = true\n");
   EXPECT_EQ(load_named_dataset(data(), DataSplit::kTrain).labels, (std::vector<std::int32_t>{0}));
 }
 
@@ -325,36 +339,48 @@ TEST_F(UserDataTest, EachProblemIsADataErrorNamingTheFileAndTheProblem) {
   std::string replaced = desc;
   replaced.replace(replaced.find("[2, 3, 1]"), 9, "[3, 2, 1]");
   std::vector<Case> cases = {
-      {"float64 features", with(npy("<f8", "(12, 2, 3, 1)", bytes_of(f64)), y, desc),
+      {"float64 features",
+       with(npy("<f8", "(12, 2, 3, 1)", bytes_of(f64)), y, desc),
        {"x.npy", "dtype '<f8'", "float32 or uint8"}},
-      {"float labels", with(x, npy("<f4", "(12,)", bytes_of(features(2))), desc),
+      {"float labels",
+       with(x, npy("<f4", "(12,)", bytes_of(features(2))), desc),
        {"y.npy", "labels of dtype '<f4'", "integers"}},
-      {"labels of two dimensions", with(x, npy("<i8", "(6, 2)", bytes_of(labels())), desc),
+      {"labels of two dimensions",
+       with(x, npy("<i8", "(6, 2)", bytes_of(labels())), desc),
        {"y.npy", "shape (6, 2)"}},
-      {"fewer labels than examples", with(x, npy("<i8", "(11,)", bytes_of(labels(11))), desc),
+      {"fewer labels than examples",
+       with(x, npy("<i8", "(11,)", bytes_of(labels(11))), desc),
        {"y.npy", "11 labels for 12 examples"}},
-      {"example shape not the description's", with(x, y, replaced),
+      {"example shape not the description's",
+       with(x, y, replaced),
        {"x.npy", "(12, 2, 3, 1)", "3x2x1", "edgetrain-data.toml"}},
-      {"label out of range", with(x, npy("<i8", "(12,)", bytes_of(bad_label)), desc),
+      {"label out of range",
+       with(x, npy("<i8", "(12,)", bytes_of(bad_label)), desc),
        {"y.npy", "label 3 of example 7", "[0, 3)"}},
-      {"negative label", with(x, npy("<i8", "(12,)", bytes_of(negative)), desc),
+      {"negative label",
+       with(x, npy("<i8", "(12,)", bytes_of(negative)), desc),
        {"y.npy", "label -1 of example 2"}},
-      {"Fortran order", with(npy("<f4", "(12, 2, 3, 1)", bytes_of(features()), true), y, desc),
+      {"Fortran order",
+       with(npy("<f4", "(12, 2, 3, 1)", bytes_of(features()), true), y, desc),
        {"x.npy", "Fortran"}},
       {"truncated file", with(truncated, y, desc), {"x.npy", "truncated"}},
       {"trailing bytes", with(trailing, y, desc), {"x.npy", "1 bytes after"}},
       {"big-endian", with(big_endian, y, desc), {"x.npy", "big-endian"}},
-      {"not a .npy", with(Bytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}, y, desc),
+      {"not a .npy",
+       with(Bytes{'h', 'e', 'l', 'l', 'o', ' ', 'w', 'o', 'r', 'l', 'd'}, y, desc),
        {"x.npy", "not a .npy"}},
-      {"a NaN", with(npy("<f4", "(12, 2, 3, 1)", bytes_of(nan)), y, desc),
+      {"a NaN",
+       with(npy("<f4", "(12, 2, 3, 1)", bytes_of(nan)), y, desc),
        {"x.npy", "value 2 of example 4 is not finite"}},
-      {"missing file", with(x, y, desc + "\n"),
-       {}},  // replaced below: y.npy removed
-      {"unknown key", with(x, y, desc + "shuffle = true\n"),
+      {"missing file", with(x, y, desc + "\n"), {}},  // replaced below: y.npy removed
+      {"unknown key",
+       with(x, y, desc + "shuffle = true\n"),
        {"edgetrain-data.toml:9", "unknown key 'shuffle'"}},
-      {"no num_classes", with(x, y, desc.substr(desc.find('\n') + 1)),
+      {"no num_classes",
+       with(x, y, desc.substr(desc.find('\n') + 1)),
        {"edgetrain-data.toml", "'num_classes' is missing"}},
-      {"bad scaling", with(x, y, "scaling = \"minmax\"\n" + desc),
+      {"bad scaling",
+       with(x, y, "scaling = \"minmax\"\n" + desc),
        {"edgetrain-data.toml:1", "scaling is 'minmax'"}},
       {"not TOML", with(x, y, "num_classes = = 3\n"), {"edgetrain-data.toml:1", "not valid TOML"}},
   };
@@ -368,7 +394,8 @@ TEST_F(UserDataTest, EachProblemIsADataErrorNamingTheFileAndTheProblem) {
     SCOPED_TRACE(c.what);
     c.make(*this);
     const std::string message = load_error();
-    for (const std::string& part : c.expected) EXPECT_NE(message.find(part), std::string::npos) << message;
+    for (const std::string& part : c.expected)
+      EXPECT_NE(message.find(part), std::string::npos) << message;
   }
 }
 
@@ -385,7 +412,8 @@ labels_array = "y"
 )");
   write(at("d.npz"), zip({{"x.npy", x}, {"labels.npy", y}}, false));
   std::string message = load_error();
-  EXPECT_NE(message.find("d.npz: has no array y (arrays: x, labels)"), std::string::npos) << message;
+  EXPECT_NE(message.find("d.npz: has no array y (arrays: x, labels)"), std::string::npos)
+      << message;
 
   Bytes damaged = zip({{"x.npy", x}, {"y.npy", y}}, true);
   damaged[60] ^= 0x10;  // inside x's deflated bytes
@@ -415,8 +443,9 @@ label_column = "y"
       {"y,a,b\n0.5,1,2\n", "t.csv: line 2: label '0.5' (column 0) is not an integer"},
       {"y,a,b\n0,1,nan\n", "t.csv: line 2: column 2 ('nan') is not finite"},
       {"label,a,b\n0,1,2\n", "t.csv: line 1: no column named 'y' in the header (label, a, b)"},
-      {"y,a,b,c\n0,1,2,3\n", "t.csv: line 1: 4 columns: the label and 3 features, but examples "
-                             "of 1x2x1 have 2 values"},
+      {"y,a,b,c\n0,1,2,3\n",
+       "t.csv: line 1: 4 columns: the label and 3 features, but examples "
+       "of 1x2x1 have 2 values"},
       {"y,a,b\n", "t.csv: holds no examples"},
       // A byte order mark (spreadsheets write one) is not part of the first column's name.
       {"\xEF\xBB\xBFy,a,b\n0,1,2\n1,2,3\n7,1,1\n", "t.csv: line 4: label 7 is not in [0, 3)"},
@@ -459,8 +488,10 @@ TEST_F(UserDataTest, PartialLoadsHoldTheShardAndDrawWhatTheFullLoadDraws) {
   const std::string head = "num_classes = 5\nexample_shape = [2, 3, 1]\n[train]\n";
   const std::vector<std::pair<std::string, std::string>> formats = {
       {"npy", "features = \"x.npy\"\nlabels = \"y.npy\"\n"},
-      {"stored npz", "features = \"s.npz\"\nfeatures_array = \"x\"\nlabels = \"s.npz\"\nlabels_array = \"y\"\n"},
-      {"deflated npz", "features = \"d.npz\"\nfeatures_array = \"x\"\nlabels = \"d.npz\"\nlabels_array = \"y\"\n"},
+      {"stored npz",
+       "features = \"s.npz\"\nfeatures_array = \"x\"\nlabels = \"s.npz\"\nlabels_array = \"y\"\n"},
+      {"deflated npz",
+       "features = \"d.npz\"\nfeatures_array = \"x\"\nlabels = \"d.npz\"\nlabels_array = \"y\"\n"},
       {"csv", "features = \"t.csv\"\nlabel_column = \"label\"\n"},
   };
   for (const auto& [format, split] : formats) {
@@ -571,8 +602,9 @@ TEST_F(UserDataTest, TrainerLearnsAFloatDataSet) {
   }
   write(at("x.npy"), npy("<f4", "(600, 4, 4, 1)", bytes_of(x)));
   write(at("y.npy"), npy("<i8", "(600,)", bytes_of(y)));
-  describe("num_classes = 3\nexample_shape = [4, 4, 1]\nscaling = \"none\"\n"
-           "[train]\nfeatures = \"x.npy\"\nlabels = \"y.npy\"\n");
+  describe(
+      "num_classes = 3\nexample_shape = [4, 4, 1]\nscaling = \"none\"\n"
+      "[train]\nfeatures = \"x.npy\"\nlabels = \"y.npy\"\n");
   const Dataset train = load_named_dataset(data(), DataSplit::kTrain);
   ASSERT_EQ(train.format.type, ExampleType::kFloat32);
 
@@ -583,8 +615,8 @@ TEST_F(UserDataTest, TrainerLearnsAFloatDataSet) {
   trainer.set_input_format(train.format);
   Trainer evaluator(model, n);
   evaluator.set_input_format(train.format);
-  const BatchResult before = evaluator.evaluate(model.parameters(), train.pixels.data(),
-                                                train.labels.data(), n);
+  const BatchResult before =
+      evaluator.evaluate(model.parameters(), train.pixels.data(), train.labels.data(), n);
   std::vector<std::uint32_t> all(n);
   for (int i = 0; i < n; ++i) all[i] = static_cast<std::uint32_t>(i);
   ShardSampler sampler(train, all, 1);
@@ -597,8 +629,8 @@ TEST_F(UserDataTest, TrainerLearnsAFloatDataSet) {
     std::span<float> params = model.parameters();
     for (std::size_t i = 0; i < params.size(); ++i) params[i] -= 0.05f * grad[i];
   }
-  const BatchResult after = evaluator.evaluate(model.parameters(), train.pixels.data(),
-                                               train.labels.data(), n);
+  const BatchResult after =
+      evaluator.evaluate(model.parameters(), train.pixels.data(), train.labels.data(), n);
   EXPECT_LT(after.loss, 0.6f * before.loss) << before.loss << " -> " << after.loss;
   EXPECT_GT(after.correct, n * 3 / 4) << "of " << n;
 }

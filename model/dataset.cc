@@ -142,6 +142,7 @@ Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices) {
   out.width = data.width;
   out.channels = data.channels;
   out.num_classes = data.num_classes;
+  out.format = data.format;
   out.pixels.reserve(indices.size() * data.image_bytes());
   out.labels.reserve(indices.size());
   for (std::uint32_t i : indices) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/idx.h"
+#include "model/input_format.h"
 
 namespace edgetrain::runtime {
 
@@ -25,7 +26,12 @@ struct Dataset {
   std::uint32_t width = 0;
   std::uint32_t channels = 0;
   std::uint32_t num_classes = 0;
-  std::vector<std::uint8_t> pixels;  // NHWC: every example's image, or those of `held` only
+  // How the examples' bytes read (uint8 or float32 values) and how the trainer scales them;
+  // the trainer that trains on or evaluates this data set takes it (Trainer::set_input_format).
+  InputFormat format;
+  // NHWC, image_bytes() per example: every example's image, or those of `held` only. The
+  // values as the file holds them (format.type: uint8, or float32 in the host's byte order).
+  std::vector<std::uint8_t> pixels;
   std::vector<std::int32_t> labels;  // every example's label, each in [0, num_classes)
   // A partial load (load_dataset_part: a worker holds the images of its shard only): the
   // examples whose images it holds, ascending; row r of `pixels` is example held[r].
@@ -36,7 +42,9 @@ struct Dataset {
   std::shared_ptr<const IdxItemFile> image_file;
 
   std::size_t size() const { return labels.size(); }
-  std::size_t image_bytes() const { return std::size_t{height} * width * channels; }
+  // Values per example, and their bytes (an "image" is any example: a sequence is H = 1).
+  std::size_t example_values() const { return std::size_t{height} * width * channels; }
+  std::size_t image_bytes() const { return example_values() * format.value_bytes(); }
   // Whether example i's image is at hand (in memory or in image_file).
   bool has_image(std::size_t i) const;
   // Example i's image, in memory: std::out_of_range for an example a partial load does not
@@ -85,6 +93,15 @@ struct DatasetFiles {
   std::filesystem::path images, labels;
 };
 DatasetFiles dataset_files(const std::string& name, DataSplit split);
+
+// Any data set by its --data argument, the one way programs load one: a directory holding a
+// data description, edgetrain-data.toml (the user's NumPy or CSV files, model/user_data.h),
+// else a named IDX data set or directory (dataset_files, then load_dataset or
+// load_dataset_part with 10 classes). Throws DataError naming the file at fault.
+bool is_described_dataset(const std::string& data);
+Dataset load_named_dataset(const std::string& data, DataSplit split);
+Dataset load_named_dataset_part(const std::string& data, DataSplit split, const ExamplePicker& pick,
+                                bool images_in_place = true);
 
 // The images and labels at `indices`, in that order.
 Dataset subset(const Dataset& data, std::span<const std::uint32_t> indices);

@@ -79,6 +79,8 @@ class FilterDropout {
   // Kept filter indices of conv layer `conv_index` (0-based among conv layers), ascending.
   std::span<const std::uint32_t> kept_filters(int conv_index) const;
   const Model& sub_network() const { return *sub_model_; }
+  // The sub-network's trainer (the full model's Trainer passes its input format on).
+  Trainer& sub_trainer() { return *sub_trainer_; }
 
  private:
   template <class F>

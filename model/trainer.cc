@@ -116,8 +116,7 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
     throw std::invalid_argument("Trainer: parameter count mismatch");
   const std::size_t N = model_.input_shape().size();
   const std::size_t given = static_cast<std::size_t>(count) * N;
-  for (std::size_t i = 0; i < given; i++) input_[i] = static_cast<float>(pixels[i]);
-  k::standardize_per_image(input_.data(), input_.data(), count, static_cast<int>(N));
+  examples_to_input(input_format_, pixels, count, N, input_.data());
   const int rows = rows_for(count);
   // Padding rows are zero rather than left over from an earlier batch, so the step does not
   // depend on history (and stale values can never be non-finite).
@@ -176,6 +175,12 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
 
 void Trainer::set_dropout(const DropoutConfig& config) {
   dropout_ = std::make_unique<FilterDropout>(model_, config, max_batch_, backend_, pool_);
+  dropout_->sub_trainer().set_input_format(input_format_);
+}
+
+void Trainer::set_input_format(const InputFormat& format) {
+  input_format_ = format;
+  if (dropout_) dropout_->sub_trainer().set_input_format(format);
 }
 
 void Trainer::clear_dropout() { dropout_.reset(); }

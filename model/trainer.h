@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "model/input_format.h"
 #include "model/model.h"
 
 namespace edgetrain::runtime {
@@ -53,7 +54,8 @@ class Trainer {
 
   // Gradient of the mean loss over `count` examples (count <= max_batch) at `params`,
   // written to `grad` (same layout as the model's arena; fully overwritten).
-  // `pixels` holds count × input size raw grey values (0..255), standardized per image here.
+  // `pixels` holds count examples' bytes as input_format() says (by default input size
+  // grey values 0..255 each, standardized per example here).
   BatchResult compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
                                const std::int32_t* labels, int count, std::span<float> grad);
 
@@ -67,6 +69,12 @@ class Trainer {
   void set_dropout(const DropoutConfig& config);
   void clear_dropout();
   FilterDropout* dropout() { return dropout_.get(); }
+
+  // How the following calls read and scale the examples' bytes (model/input_format.h; a data
+  // set's Dataset::format), filter dropout's sub-network included. Default: uint8 values,
+  // standardized per example.
+  void set_input_format(const InputFormat& format);
+  const InputFormat& input_format() const { return input_format_; }
 
  private:
   struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
@@ -84,6 +92,7 @@ class Trainer {
   KernelBackend backend_;
   pthreadpool_t pool_;
   std::unique_ptr<FilterDropout> dropout_;  // null: no dropout
+  InputFormat input_format_;
   std::vector<Stage> stages_;
   std::vector<float> input_;  // standardized batch
   std::vector<std::vector<float>>

@@ -74,8 +74,7 @@ int run(const FleetEvalSettings& s) {
                  "edgetrain-fleet-eval: give the peers' checkpoints (peer.safetensors files)\n");
     return 2;
   }
-  const runtime::DatasetFiles files = runtime::dataset_files(s.data, runtime::DataSplit::kTest);
-  runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
+  runtime::Dataset test = runtime::load_named_dataset(s.data, runtime::DataSplit::kTest);
   if (s.examples > 0 && s.examples < test.size()) {
     std::vector<std::uint32_t> first(s.examples);
     for (std::uint32_t i = 0; i < first.size(); ++i) first[i] = i;

@@ -11,6 +11,7 @@ EvaluationResult evaluate_parameters(const runtime::Model& model, std::span<cons
   constexpr int kBatch = 100;
   const auto started = std::chrono::steady_clock::now();
   runtime::Trainer trainer(model, kBatch);
+  trainer.set_input_format(test.format);
   std::size_t correct = 0;
   double loss_sum = 0;
   for (std::size_t start = 0; start < test.size(); start += kBatch) {

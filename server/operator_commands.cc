@@ -218,9 +218,8 @@ int OperatorCommands::rotate_key() const {
 
 int OperatorCommands::evaluate() const {
   const CheckpointFile checkpoint = read_checkpoint_file(evaluate_.checkpoint, evaluate_.model);
-  const runtime::DatasetFiles files =
-      runtime::dataset_files(evaluate_.data, runtime::DataSplit::kTest);
-  const runtime::Dataset test = runtime::load_dataset(files.images, files.labels);
+  const runtime::Dataset test =
+      runtime::load_named_dataset(evaluate_.data, runtime::DataSplit::kTest);
   const EvaluationResult result =
       evaluate_parameters(checkpoint.model, checkpoint.model.parameters(), test);
   if (evaluate_.json) {

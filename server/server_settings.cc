@@ -97,7 +97,7 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
   t.group("Evaluation");
   t.add("eval-data", s.eval_data,
         "test set for the background evaluator: mnist (10k), mnist-small (2k), fashion-mnist, a "
-        "directory, or none");
+        "directory (IDX files, or edgetrain-data.toml: model/README.md), or none");
   t.add("eval-interval", s.eval_interval,
         "time between evaluations (skipped while the version is unchanged)")
       .range(0.01, 1e6)

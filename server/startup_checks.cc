@@ -146,8 +146,11 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
   const runtime::DatasetFiles files =
       runtime::dataset_files(s.eval_data, runtime::DataSplit::kTest);
   std::error_code error;
+  // A described data set (edgetrain-data.toml) is there when its description is; what it
+  // names is checked as it loads.
   const bool present =
-      std::filesystem::exists(files.images, error) && std::filesystem::exists(files.labels, error);
+      runtime::is_described_dataset(s.eval_data) || (std::filesystem::exists(files.images, error) &&
+                                                     std::filesystem::exists(files.labels, error));
   if (!present) {
     const std::string missing = "the test set of --eval-data " + s.eval_data +
                                 " is not there (looked for " + files.images.string() + " and " +
@@ -161,7 +164,7 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
     return;
   }
   try {
-    plan.eval_data = runtime::load_dataset(files.images, files.labels);
+    plan.eval_data = runtime::load_named_dataset(s.eval_data, runtime::DataSplit::kTest);
   } catch (const std::exception& e) {
     throw StartupError("--eval-data " + s.eval_data + ": " + e.what());
   }
@@ -174,6 +177,12 @@ void load_eval_data(const ServerSettings& s, const runtime::Model& model, StartP
         "x" + std::to_string(plan.eval_data->width) + "x" +
         std::to_string(plan.eval_data->channels) + ", but model " + model.spec().name + " takes " +
         std::to_string(input.H) + "x" + std::to_string(input.W) + "x" + std::to_string(input.C));
+  // A label past the model's outputs would index past its logits.
+  if (model.num_classes() < static_cast<int>(plan.eval_data->num_classes))
+    throw StartupError("--eval-data " + s.eval_data + ": " +
+                       std::to_string(plan.eval_data->num_classes) + " classes, but model " +
+                       model.spec().name + " has " + std::to_string(model.num_classes()) +
+                       " outputs");
 }
 
 void load_init_from(const ServerSettings& s, StartPlan& plan) {

@@ -47,12 +47,16 @@ std::optional<double> parse_number(const std::string& text) {
 // holds its activations; the real peer keeps at most three of its own).
 class TrainerCache {
  public:
-  TrainerCache(const runtime::Model& model, runtime::KernelBackend kernels, pthreadpool_t pool)
-      : model_(model), kernels_(kernels), pool_(pool) {}
+  TrainerCache(const runtime::Model& model, runtime::KernelBackend kernels, pthreadpool_t pool,
+               const runtime::InputFormat& format)
+      : model_(model), kernels_(kernels), pool_(pool), format_(format) {}
 
   runtime::Trainer& for_batch(int batch) {
     auto& trainer = trainers_[batch];
-    if (!trainer) trainer = std::make_unique<runtime::Trainer>(model_, batch, kernels_, pool_);
+    if (!trainer) {
+      trainer = std::make_unique<runtime::Trainer>(model_, batch, kernels_, pool_);
+      trainer->set_input_format(format_);
+    }
     return *trainer;
   }
 
@@ -60,6 +64,7 @@ class TrainerCache {
   const runtime::Model& model_;
   runtime::KernelBackend kernels_;
   pthreadpool_t pool_;
+  runtime::InputFormat format_;  // the training data's
   std::map<int, std::unique_ptr<runtime::Trainer>> trainers_;
 };
 
@@ -187,7 +192,7 @@ GossipSimulation::GossipSimulation(const GossipConfig& config, const runtime::Da
       compressed_(config.publish_fraction < 1),
       dense_bytes_(transport::dense_model_bytes(tensor_sizes_)),
       pool_(config.threads),
-      trainers_(model_, config.kernels, pool_.get()),
+      trainers_(model_, config.kernels, pool_.get(), train.format),
       evaluator_(model_, 100, config.kernels, pool_.get()) {
   for (std::uint32_t i = 0; i < topology_.size(); ++i)
     weights_.push_back(runtime::metropolis_weights(topology_, i));

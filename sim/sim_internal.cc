@@ -45,6 +45,7 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
                               const runtime::Dataset& data, std::size_t count) {
   count = std::min(count, data.size());
   if (count == 0) return {};
+  evaluator.set_input_format(data.format);
   const int batch = evaluator.max_batch();
   std::size_t correct = 0;
   double loss_sum = 0;
@@ -64,6 +65,7 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
                               const runtime::Dataset& data,
                               std::span<const std::uint32_t> indices) {
   if (indices.empty()) return {};
+  evaluator.set_input_format(data.format);
   const int batch = evaluator.max_batch();
   const std::size_t image = data.image_bytes();
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * image);

@@ -46,7 +46,8 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.group("Data and model");
   t.add("data", s.data,
         "mnist (full MNIST, 60k + 10k), mnist-small (its 8k + 2k subset), fashion-mnist (Debian's "
-        "60k + 10k) or a directory");
+        "60k + 10k), a directory of IDX files, or one with edgetrain-data.toml (your NumPy or CSV "
+        "files: model/README.md)");
   t.add("train-images", s.train_images, "IDX file (raw or .gz); overrides --data");
   t.add("train-labels", s.train_labels, "IDX file");
   t.add("test-images", s.test_images, "IDX file");
@@ -176,16 +177,14 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
 }
 
 SimData load_sim_data(const SimSettings& s) {
-  runtime::DatasetFiles train{s.train_images, s.train_labels}, test{s.test_images, s.test_labels};
-  if (s.train_images.empty()) {
-    train = runtime::dataset_files(s.data, runtime::DataSplit::kTrain);
-    test = runtime::dataset_files(s.data, runtime::DataSplit::kTest);
-  } else if (s.train_labels.empty() || s.test_images.empty() || s.test_labels.empty()) {
+  if (s.train_images.empty())
+    return {runtime::load_named_dataset(s.data, runtime::DataSplit::kTrain),
+            runtime::load_named_dataset(s.data, runtime::DataSplit::kTest)};
+  if (s.train_labels.empty() || s.test_images.empty() || s.test_labels.empty())
     throw std::invalid_argument(
         "--train-images needs --train-labels, --test-images and --test-labels too");
-  }
-  return {runtime::load_dataset(train.images, train.labels),
-          runtime::load_dataset(test.images, test.labels)};
+  return {runtime::load_dataset(s.train_images, s.train_labels),
+          runtime::load_dataset(s.test_images, s.test_labels)};
 }
 
 int run_sim_program(const SimSettings& s, const settings::Table& table) {

@@ -188,6 +188,7 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train,
   if (!model_message)
     throw std::logic_error("sim: cannot encode the model: " + model_message.error().message);
   model_bytes = model_message.value().size();
+  trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
   if (!config.conv_drop_rates.empty()) {
     runtime::DropoutConfig dropout;
     dropout.conv_drop_rates = config.conv_drop_rates;

@@ -162,6 +162,11 @@ struct GossipPeer::State {
         static_cast<std::uint32_t>(in.W) != train.width ||
         static_cast<std::uint32_t>(in.C) != train.channels)
       throw ModelError("gossip: the model's input does not match the data's image shape");
+    // A label at or past the model's outputs would index past its logits; user data names
+    // its own class count (model/user_data.h).
+    if (model.num_classes() < static_cast<int>(train.num_classes))
+      throw ModelError("gossip: the model has " + std::to_string(model.num_classes()) +
+                       " outputs for the data's " + std::to_string(train.num_classes) + " classes");
     // The shard, with a validation split held out of it (ours: its first indices; the shard
     // is already a seeded shuffle).
     std::vector<std::uint32_t> shard = gossip_shard(config, train);
@@ -174,6 +179,7 @@ struct GossipPeer::State {
     sampler = std::make_unique<ShardSampler>(
         train, std::move(shard), config.seed ^ (0x9e3779b97f4a7c15ULL * (config.self + 1)));
     image_bytes = train.image_bytes();
+    input_format = train.format;
 
     model.initialize(config.seed);
     // Every peer of a fleet initialises from the same seed: a neighbour that has not moved
@@ -247,8 +253,10 @@ struct GossipPeer::State {
     if (trainers.size() >= 3)
       trainers.erase(trainer_order.front()), trainer_order.erase(trainer_order.begin());
     trainer_order.push_back(batch);
-    return *(trainers[batch] =
-                 std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get()));
+    auto& trainer = trainers[batch] =
+        std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get());
+    trainer->set_input_format(input_format);
+    return *trainer;
   }
 
   GossipPeerConfig config;
@@ -271,6 +279,7 @@ struct GossipPeer::State {
   std::vector<int> trainer_order;  // batch sizes of `trainers`, oldest first
   std::unique_ptr<ShardSampler> sampler;
   std::size_t image_bytes = 0;
+  InputFormat input_format;  // the training data's: every trainer_for() takes it
   Dataset validation;
   WorkloadBalancer balancer;
   PlateauDetector plateau;

@@ -37,6 +37,11 @@ Model checked_model(const WorkerConfig& config, const Dataset& train) {
       static_cast<std::uint32_t>(in.W) != train.width ||
       static_cast<std::uint32_t>(in.C) != train.channels)
     throw ModelError("worker: model input does not match the data's image shape");
+  // A label at or past the model's outputs would index past its logits; user data names
+  // its own class count (model/user_data.h).
+  if (model.num_classes() < static_cast<int>(train.num_classes))
+    throw ModelError("worker: model has " + std::to_string(model.num_classes()) +
+                     " outputs for the data's " + std::to_string(train.num_classes) + " classes");
   return model;
 }
 
@@ -126,6 +131,7 @@ struct RoundWorker::State {
       throw std::invalid_argument("worker: the local learning rate must be > 0");
     if (!(config.deadline_share > 0 && config.deadline_share <= 1))
       throw std::invalid_argument("worker: the deadline share must be in (0, 1]");
+    trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
     stats.dropout = dropout.status();
   }
 

@@ -138,7 +138,9 @@ struct Worker::State {
         sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count())),
-        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {}
+        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {
+    trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
+  }
 
   static const WorkerConfig& checked(const WorkerConfig& config) {
     if (config.batch < 1) throw std::invalid_argument("worker: batch must be at least 1");
@@ -166,6 +168,11 @@ struct Worker::State {
         static_cast<std::uint32_t>(in.C) != train.channels) {
       throw ModelError("worker: model input does not match the data's image shape");
     }
+    // A label at or past the model's outputs would index past its logits; user data names
+    // its own class count (model/user_data.h).
+    if (model.num_classes() < static_cast<int>(train.num_classes))
+      throw ModelError("worker: model has " + std::to_string(model.num_classes()) +
+                       " outputs for the data's " + std::to_string(train.num_classes) + " classes");
     return model;
   }
 

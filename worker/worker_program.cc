@@ -160,8 +160,9 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "run --insecure)");
   t.group("Data and model");
   t.add("data", s.data,
-        "mnist (full, 60k), mnist-small (its 8k subset), fashion-mnist, or a directory with "
-        "train-images-idx3-ubyte[.gz] and labels");
+        "mnist (full, 60k), mnist-small (its 8k subset), fashion-mnist, a directory with "
+        "train-images-idx3-ubyte[.gz] and labels, or one with edgetrain-data.toml (your NumPy "
+        "or CSV files: model/README.md)");
   t.add("worker-id", c.worker_id, "this worker's shard number");
   t.add("workers", c.worker_count, "number of shards").range(1, 1e6);
   t.add("label-skew", c.label_skewed, "label-skewed shard instead of i.i.d.");
@@ -286,9 +287,8 @@ int run_worker_program(WorkerSettings& s, const char* program) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());
     return exit_status(WorkerExit::kBadSettings);
   }
-  const DatasetFiles files = dataset_files(s.data, DataSplit::kTrain);
-  const Dataset train = load_dataset_part(
-      files.images, files.labels, [&](const Dataset& labels) { return run->shard(labels); });
+  const Dataset train = load_named_dataset_part(
+      s.data, DataSplit::kTrain, [&](const Dataset& labels) { return run->shard(labels); });
   program::install_stop_signals();
   return run->run(train);
 }

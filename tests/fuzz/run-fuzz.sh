@@ -5,6 +5,9 @@
 # Every input in tests/fuzz/regressions (crashes found before, kept) is replayed first. Under
 # CI the fuzzer's seed is fixed (EDGETRAIN_FUZZ_SEED, default 1 there, random elsewhere) so a
 # CI run explores the same inputs each time; run it locally for long, random searches.
+# Then the NumPy reader's target (npy_fuzz: .npy and .npz files of a user's data directory,
+# model/numpy_file.cc) for EDGETRAIN_FUZZ_NPY_SECONDS (default 20), from the seeds in
+# tests/fuzz/npy-seeds (a mode byte, then a file NumPy wrote).
 #   tests/fuzz/run-fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -37,5 +40,20 @@ else
   tail -n 40 "$log" >&2
   echo "fuzz: codec_fuzz FAILED; reproducer(s) in $artifacts, log: $log" >&2
   echo "fuzz: once fixed, keep the reproducer: cp $artifacts/crash-* $regressions/" >&2
+  exit 1
+fi
+
+npy_seconds="${EDGETRAIN_FUZZ_NPY_SECONDS:-20}"
+npy_corpus="$build/npy-corpus"
+mkdir -p "$npy_corpus"
+cp tests/fuzz/npy-seeds/* "$npy_corpus/"
+log="$build/npy_fuzz.log"
+if "$build/npy_fuzz" "${seed_flag[@]}" -max_total_time="$npy_seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+     -artifact_prefix="$artifacts/" -print_final_stats=1 "$npy_corpus" >"$log" 2>&1; then
+  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+  echo "fuzz: npy_fuzz ran ${runs:-?} inputs in ${npy_seconds} s without a failure (log: $log)"
+else
+  tail -n 40 "$log" >&2
+  echo "fuzz: npy_fuzz FAILED; reproducer(s) in $artifacts, log: $log" >&2
   exit 1
 fi

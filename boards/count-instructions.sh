@@ -18,7 +18,7 @@
 # contrib/plugins/cache.c (set-associative L1d, L1i and a unified L2, LRU), built here with
 # gcc against glib and the plugin API header include/qemu/qemu-plugin.h of Debian bookworm's
 # qemu source package (fetched with `apt-get source`, deb-src derived from the machine's own
-# apt sources as toolchains/setup-deps.sh does for libcoap). Cached in
+# apt sources by toolchains/apt-private.sh, which toolchains/setup-deps.sh uses for libcoap). Cached in
 # $EDGETRAIN_DEPS/qemu-plugins (default /var/cache/edgetrain/qemu-plugins).
 #
 # Not in ctest: it runs QEMU with a callback per memory access (a minute or more).
@@ -74,6 +74,9 @@ sysroot="$deps/sysroot-aarch64"
 plugdir="$deps/qemu-plugins"
 bench="$build/tests/kernel_bench"
 say() { echo "count-instructions: $*" >&2; }
+# private_apt_opts and derive_deb_src_sources (deb-src entries from the machine's own sources).
+# shellcheck source=toolchains/apt-private.sh
+. toolchains/apt-private.sh
 fail() { say "$*"; exit 1; }
 
 [ -e "$sysroot/lib/ld-linux-aarch64.so.1" ] || fail "no aarch64 sysroot at $sysroot: run toolchains/setup-deps.sh"
@@ -100,30 +103,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_key" ] \
    || [ ! -f "$plugdir/libinsn.so" ] || [ ! -f "$plugdir/libcache.so" ]; then
   mkdir -p "$plugdir"
   aptdir="$plugdir/apt"
-  rm -rf "$aptdir" "$plugdir/src" "$plugdir/dl"; mkdir -p "$aptdir/sources.list.d" "$aptdir/lists/partial" \
-    "$aptdir/archives/partial" "$plugdir/dl"
+  rm -rf "$aptdir" "$plugdir/src" "$plugdir/dl"; mkdir -p "$plugdir/dl"
   say "deriving deb-src entries from this machine's apt sources"
-  [ -f /etc/apt/sources.list ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' /etc/apt/sources.list \
-    > "$aptdir/sources.list.d/derived.list"
-  for f in /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' "$f" >> "$aptdir/sources.list.d/derived.list"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk 'BEGIN { RS = ""; ORS = "\n\n" }
-         /(^|\n)Types:[^\n]*deb([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
-           n = split($0, L, "\n"); out = ""
-           for (i = 1; i <= n; i++) {
-             if (L[i] ~ /^#/) continue
-             if (L[i] ~ /^Types:/) L[i] = "Types: deb-src"
-             out = out L[i] "\n"
-           }
-           print out
-         }' "$f" >> "$aptdir/sources.list.d/derived-$(basename "$f")"
-  done
-  opts=(-o "Dir::State::Lists=$aptdir/lists" -o "Dir::Cache=$aptdir" -o "Dir::Cache::archives=$aptdir/archives"
-        -o "Dir::State::status=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root"
-        -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$aptdir/sources.list.d")
+  derive_deb_src_sources "$aptdir"
+  mapfile -t opts < <(private_apt_opts "$aptdir" src)
   say "apt-get update (deb-src, private state in $aptdir)"
   apt-get "${opts[@]}" update -q >&2 || fail "apt-get update for deb-src failed"
   # The source of the installed qemu-user's version: the plugin ABI must match.

@@ -159,20 +159,11 @@ step_host_packages() {
     || fail "apt-get install of ${missing[*]} failed"
 }
 
-# A private apt configuration that sees the host's sources as arm64 (or as deb-src)
-# without touching the host's dpkg database or architecture list.
-private_apt_opts() { # $1 = dir, $2 = arm64|src
-  local d="$1"
-  mkdir -p "$d/lists/partial" "$d/archives/partial"
-  local opts=(-o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d" -o "Dir::Cache::archives=$d/archives"
-              -o "Dir::State::status=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
-  if [ "$2" = arm64 ]; then
-    opts+=(-o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
-  else
-    opts+=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$d/sources.list.d")
-  fi
-  printf '%s\n' "${opts[@]}"
-}
+# private_apt_opts (a private apt configuration that sees the host's sources as arm64 or
+# as deb-src, without touching the host's dpkg database or architecture list) and
+# derive_deb_src_sources, shared with boards/count-instructions.sh.
+# shellcheck source=toolchains/apt-private.sh
+. "$SCRIPT_DIR/apt-private.sh"
 
 # apt_install_missing STEP PACKAGE...: installs those of the packages that are missing.
 apt_install_missing() {
@@ -219,28 +210,8 @@ step_libcoap_source() {
   stamp_ok libcoap-source "$key" && [ -d "$DEPS/libcoap-src" ] && return 0
   begin libcoap-source "apt-get source $LIBCOAP_SOURCE_PACKAGE"
   local aptdir="$DEPS/apt-src" opts
-  rm -rf "$aptdir"; mkdir -p "$aptdir/sources.list.d"
-  # deb-src entries are derived from the machine's own deb entries (same mirror, suites
-  # and components), so no mirror name lives in this repository.
-  if [ -f /etc/apt/sources.list ]; then
-    sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' /etc/apt/sources.list > "$aptdir/sources.list.d/derived.list"
-  fi
-  for f in /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' "$f" >> "$aptdir/sources.list.d/derived.list"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk 'BEGIN { RS = ""; ORS = "\n\n" }
-         /(^|\n)Types:[^\n]*deb([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
-           n = split($0, L, "\n"); out = ""
-           for (i = 1; i <= n; i++) {
-             if (L[i] ~ /^#/) continue
-             if (L[i] ~ /^Types:/) L[i] = "Types: deb-src"
-             out = out L[i] "\n"
-           }
-           print out
-         }' "$f" >> "$aptdir/sources.list.d/derived-$(basename "$f")"
-  done
+  rm -rf "$aptdir"
+  derive_deb_src_sources "$aptdir"
   mapfile -t opts < <(private_apt_opts "$aptdir" src)
   run apt-get "${opts[@]}" update || fail "apt-get update for deb-src failed"
   local work="$aptdir/work"; mkdir -p "$work"

@@ -202,7 +202,11 @@ entry_of() {
   printf '%x' $((load_base + 0x$off))
 }
 phase_args="step=$(entry_of 'edgetrain::runtime::Trainer::compute_gradient(')"
-for f in "Conv2dXnn::forward(|conv_fwd" "Conv2dXnn::backward(|conv_bwd" "MaxPool2x2Xnn::forward(|pool_fwd" \
+# The Trainer calls Conv2dXnn::backward_overwriting_dout (it masks the trainer's own gradient
+# buffer in place); Conv2dXnn::backward is the other entry to the same code. Neither calls the
+# other, so both can start a conv_bwd phase.
+for f in "Conv2dXnn::forward(|conv_fwd" "Conv2dXnn::backward(|conv_bwd" \
+         "Conv2dXnn::backward_overwriting_dout(|conv_bwd" "MaxPool2x2Xnn::forward(|pool_fwd" \
          "MaxPool2x2Xnn::backward(|pool_bwd" "FullyConnectedTrainXnn::forward(|fc_fwd" \
          "FullyConnectedTrainXnn::backward(|fc_bwd" "softmax_cross_entropy_forward(|softmax_fwd" \
          "softmax_cross_entropy_backward(|softmax_bwd" "sgd_update(|sgd"; do

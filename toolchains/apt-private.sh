@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced, not run: apt-get with private state, shared by toolchains/setup-deps.sh (the
 # aarch64 sysroot, libcoap's source, the PyTorch arm64 root) and boards/count-instructions.sh
 # (QEMU's source for its plugins), so the way deb-src entries are derived lives in one place.

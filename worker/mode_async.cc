@@ -36,26 +36,6 @@ namespace {
 using program::log_error;
 using program::log_line;
 
-void declare_async(settings::Table& t, WorkerSettings& s) {
-  WorkerConfig& c = s.config;
-  t.group("Offline training (async: worker/README.md, \"An intermittent link\")");
-  t.add("offline-steps", c.offline_steps,
-        "while the server does not answer, keep training on the shard from the last model "
-        "held, at most this many local steps, sent as one update when it answers (0: no bound "
-        "on steps; with --offline-seconds 0 too: off, the worker idles as the paper's)")
-      .unit("steps");
-  t.add("offline-seconds", c.offline_seconds,
-        "offline training for at most this long per outage (0: no bound on time); whichever "
-        "bound comes first, the worker then idles until the server answers. --give-up-after "
-        "still ends the run (its buffered steps unsent, in the stats) once the server has "
-        "not answered for that long, offline or not")
-      .range(0, 1e9)
-      .unit("seconds");
-  t.add("offline-lr", c.offline_lr,
-        "the local steps' learning rate: the server's --lr, so the update carries the local "
-        "trajectory (ours)")
-      .range(1e-9, 100);
-}
 
 class AsyncRun : public WorkerModeRun {
  public:
@@ -150,6 +130,6 @@ std::unique_ptr<WorkerModeRun> prepare_async(WorkerSettings& s) {
 
 }  // namespace
 
-extern const WorkerMode kAsyncMode{"async", declare_async, prepare_async};
+extern const WorkerMode kAsyncMode{"async", nullptr, prepare_async};
 
 }  // namespace edgetrain::runtime

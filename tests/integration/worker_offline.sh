@@ -12,11 +12,24 @@
 #     applied it at that staleness: its WAL holds the update from that identity, computed
 #     from that version, at the version the worker was acknowledged;
 #   - the idle worker took no step offline and trained on once the link was back;
-#   - every worker stops cleanly with status 0.
+#   - every worker stops cleanly with status 0;
+#   - --offline-steps is refused (status 2) where it is not built: other modes, --shards.
 # No time is asserted: every wait is for a state the programs write, with a bound.
 # usage: worker_offline.sh SERVER WORKER LINK_IMPAIRER
 server="$1"; worker="$2"; impairer="$3"
 source "$(dirname "$0")/process_test_lib.sh"
+
+# Where it is not built, the setting is refused at start (status 2), never ignored.
+for refused in "--mode rounds" "--shards coaps://127.0.0.1:1,coaps://127.0.0.1:2"; do
+  status=0
+  # shellcheck disable=SC2086 # the flags split on purpose
+  "$worker" $refused --identity w --key-hex 00112233445566778899aabbccddeeff --offline-steps 5 \
+    >"$work/refused.log" 2>&1 || status=$?
+  [ "$status" -eq 2 ] && grep -q -- "--offline-steps" "$work/refused.log" ||
+    fail "--offline-steps with $refused: status $status: $(cat "$work/refused.log")"
+done
+echo "ok: --offline-steps refused with --mode rounds and with --shards"
+
 require_mnist
 data=$(basename "$mnist_dir")
 

@@ -12,7 +12,8 @@
 #
 # usage: experiments/offline-outages.sh BUILD_DIR OUT_DIR [SECONDS [WINDOW [WORKERS]]]
 #   extra settings through the environment: MODEL (mlp), DATA (mnist-small), SLOWDOWN (4),
-#   OFFLINE_STEPS (2000), MAX_STALENESS (20000), TARGET (0.90), REQUEST_TIMEOUT (3)
+#   OFFLINE_STEPS (2000), MAX_STALENESS (20000), TARGET (0.90) or TARGETS (several, with
+#   spaces), REQUEST_TIMEOUT (3); SUMMARIZE_ONLY=1 prints the table of OUT_DIR again
 set -euo pipefail
 build="$1"; out="$2"; seconds="${3:-150}"; window="${4:-30}"; workers="${5:-4}"
 model="${MODEL:-mlp}"; data="${DATA:-mnist-small}"; slowdown="${SLOWDOWN:-4}"
@@ -68,28 +69,40 @@ run() {  # run NAME WORKER_FLAGS...
   stop_started_programs 5
 }
 
-run idle
-run offline --offline-steps "$offline_steps"
+# SUMMARIZE_ONLY=1: the table again from OUT_DIR's files, without running.
+if [ -z "${SUMMARIZE_ONLY:-}" ]; then
+  run idle
+  run offline --offline-steps "$offline_steps"
+fi
 
-python3 - "$out" "$target" "$workers" <<'EOF'
+# The table: per run, the server's best and final test accuracy and updates applied, the
+# time (from the first evaluation) and socket ingress to each of TARGETS, what the devices
+# sent and pulled (payloads, from their stats files), and their offline counters.
+python3 - "$out" "$workers" ${TARGETS:-$target} <<'EOF'
 import csv, json, sys
-out, target, workers = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
-print(f"| workers | best test acc | time to {target:.0%} | socket ingress to {target:.0%} | updates | device upload (all) | device download (all) | offline steps | offline updates accepted / refused (steps lost) |")
-print("|---|---|---|---|---|---|---|---|---|")
+out, workers = sys.argv[1], int(sys.argv[2]); targets = [float(t) for t in sys.argv[3:]]
+head = ("| workers | best test acc | final | updates | "
+        + " | ".join(f"time to {t:.1%} (socket ingress)" for t in targets)
+        + " | device upload + download (all devices) | offline steps | offline updates accepted / refused (steps) | steps buffered at the end |")
+print(head)
+print("|" + "---|" * (head.count("|") - 1))
 for name in ("idle", "offline"):
     rows = list(csv.DictReader(open(f"{out}/{name}/state/metrics.csv")))
     t0 = float(rows[0]["unix_time"])
     best = max(float(r["test_accuracy"]) for r in rows)
-    hit = next((r for r in rows if float(r["test_accuracy"]) >= target), None)
+    cells = []
+    for t in targets:
+        hit = next((r for r in rows if float(r["test_accuracy"]) >= t), None)
+        cells.append(f"{float(hit['unix_time']) - t0:.0f} s ({int(hit['ingress_socket_bytes']) / 1e6:.1f} MB)"
+                     if hit else "not reached")
     stats = [json.load(open(f"{out}/{name}/w{i}.json")) for i in range(workers)]
-    up = sum(s["bytes_sent"] for s in stats); down = sum(s["bytes_received"] for s in stats)
-    off = sum(s["offline_steps"] for s in stats)
-    acc = sum(s["offline_updates_accepted"] for s in stats); ref = sum(s["offline_updates_refused"] for s in stats)
-    lost = sum(s["offline_steps_refused"] for s in stats)
-    tt = f"{float(hit['unix_time']) - t0:.0f} s" if hit else "not reached"
-    tb = f"{int(hit['ingress_socket_bytes']) / 1e6:.2f} MB" if hit else "—"
+    total = lambda key: sum(s[key] for s in stats)
     with open(f"{out}/{name}/curve.csv", "w") as f:
         for r in rows:
             f.write(f"{name},{float(r['unix_time']) - t0:.1f},{r['test_accuracy']},{r['ingress_socket_bytes']}\n")
-    print(f"| {name} | {best:.2%} | {tt} | {tb} | {rows[-1]['version']} | {up / 1e6:.2f} MB | {down / 1e6:.2f} MB | {off} | {acc} / {ref} ({lost}) |")
+    print(f"| {name} | {best:.2%} | {float(rows[-1]['test_accuracy']):.2%} | {rows[-1]['version']} | "
+          + " | ".join(cells)
+          + f" | {total('bytes_sent') / 1e6:.1f} + {total('bytes_received') / 1e6:.1f} MB | {total('offline_steps')}"
+          + f" | {total('offline_updates_accepted')} / {total('offline_updates_refused')} ({total('offline_steps_refused')})"
+          + f" | {total('buffered_steps')} |")
 EOF

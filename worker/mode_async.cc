@@ -36,7 +36,6 @@ namespace {
 using program::log_error;
 using program::log_line;
 
-
 class AsyncRun : public WorkerModeRun {
  public:
   AsyncRun(const WorkerSettings& s, WorkerConfig config) : s_(s), config_(std::move(config)) {}
@@ -124,7 +123,8 @@ std::unique_ptr<WorkerModeRun> prepare_async(WorkerSettings& s) {
   // A sharded server's update is split by shard with each shard's own fetched version;
   // how an accumulated offline update should meet several shards' staleness is not built.
   if (config.offline_training() && !config.shards.empty())
-    throw std::invalid_argument("--offline-steps / --offline-seconds do not work with --shards yet");
+    throw std::invalid_argument(
+        "--offline-steps / --offline-seconds do not work with --shards yet");
   return std::make_unique<AsyncRun>(s, std::move(config));
 }
 

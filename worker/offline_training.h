@@ -43,7 +43,7 @@ class OfflineAccumulator {
   // length.
   bool add_step(std::span<const float> gradient);
 
-  std::uint64_t steps() const { return steps_; }          // buffered since begin()
+  std::uint64_t steps() const { return steps_; }           // buffered since begin()
   std::uint64_t from_version() const { return version_; }  // V, what the steps started from
   std::span<const float> sum() const { return sum_; }      // S (zero after begin())
   float learning_rate() const { return learning_rate_; }

@@ -262,7 +262,8 @@ struct Worker::State {
       is_offline = true;
       offline_since = now;
       std::string bounds;
-      if (config.offline_steps > 0) bounds = "at most " + std::to_string(config.offline_steps) + " steps";
+      if (config.offline_steps > 0)
+        bounds = "at most " + std::to_string(config.offline_steps) + " steps";
       if (config.offline_seconds > 0)
         bounds += (bounds.empty() ? "for at most " : ", for at most ") +
                   std::to_string(config.offline_seconds) + " s";

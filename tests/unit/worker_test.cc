@@ -507,7 +507,8 @@ struct Outage {
   // Set `*stop` after this many failed pulls (a worker idling calls no progress callback).
   int stop_after_failed_gets = 0;
   std::atomic<bool>* stop = nullptr;
-  void install(FakeServer& server, std::function<CoapResponse(std::span<const std::uint8_t>)> answer = {}) {
+  void install(FakeServer& server,
+               std::function<CoapResponse(std::span<const std::uint8_t>)> answer = {}) {
     server.on_get = [this, &server](const std::string& path) -> CoapResponse {
       if (away) {
         ++failed_gets;

@@ -3,9 +3,10 @@
 // jitter, then a fresh DTLS handshake), re-pulls when the server answers 4.09 (wrong model
 // or too stale), gives up with an exit status of worker_exit_codes.h on what retrying cannot
 // fix (a wrong key, an unknown identity, another model) and on a server silent for too
-// long, and stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
-// step(), push() can be driven one by one, against a fake server in tests);
-// `run_worker()` runs it over CoAP/DTLS.
+// long, and stops cleanly when asked. With offline training (WorkerConfig::offline_steps)
+// it trains on its own while the server does not answer (worker/offline_training.h).
+// `Worker` is the loop over a ServerChannel (its steps pull(), step(), push() can be driven
+// one by one, against a fake server in tests); `run_worker()` runs it over CoAP/DTLS.
 #pragma once
 
 #include <atomic>
@@ -181,7 +182,9 @@ class Worker {
   // did not reproduce the server's model (stats().delta_mismatches; the next pull asks for
   // the whole model, without waiting). Throws WorkerFailure when it gives up (see
   // WorkerConfig::max_refusals), std::runtime_error after three delta mismatches in a row
-  // (a server that keeps sending unusable deltas is broken).
+  // (a server that keeps sending unusable deltas is broken). With offline training on and a
+  // model held, a server that does not answer sends the worker offline instead of into the
+  // backoff's wait (run() trains through it).
   bool pull();
   // Trains one minibatch on the model held and compresses its gradient into the next
   // update. Returns false when the gradient was not finite (NaN or infinite: a diverged

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <functional>
+#include <optional>
 
 #include "common/logging.h"
 #include "worker/backoff.h"
@@ -103,19 +104,32 @@ class Trouble {
     }
     // The server is away (no answer, nothing listening, a session lost): retried with
     // backoff until it has not answered for give_up_after_seconds.
-    const WorkerExit exit =
-        ever_answered_ ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
-    last_ = exit;
-    last_message_ = text;
-    const double silent = std::chrono::duration<double>(Clock::now() - last_answer_).count();
-    if (config_.give_up_after_seconds > 0 && silent >= config_.give_up_after_seconds)
-      throw WorkerFailure(
-          exit,
-          text + " (" +
-              (ever_answered_ ? "no answer from the server for " : "no answer since the start, ") +
-              std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
-              std::to_string(static_cast<long long>(config_.give_up_after_seconds)) + ")");
-    trouble(exit, text);
+    give_up_if_silent(text);
+    trouble(last_, text);
+  }
+  // A failed request while the worker can train offline (WorkerConfig::offline_steps):
+  // when the server is away (no answer, nothing listening, a session lost), counted and
+  // logged as request_failed() does, and given up after give_up_after_seconds alike, but
+  // the backoff delay is returned instead of slept, so that the worker trains through it.
+  // Any other failure (refused, interrupted) is request_failed()'s, and nullopt.
+  std::optional<Clock::duration> server_away(const std::string& what,
+                                             const transport::TransportError& e) {
+    switch (e.failure()) {
+      case transport::TransportFailure::kInterrupted:
+      case transport::TransportFailure::kHandshakeRefused:
+      case transport::TransportFailure::kUnknownIdentity:
+        request_failed(what, e);
+        return std::nullopt;
+      default:
+        break;
+    }
+    const std::string text = what + ": " + e.what();
+    give_up_if_silent(text);
+    on_retry_();
+    const auto delay = backoff_.next_delay();
+    say_(text + "; training offline, next try in " + std::to_string(delay.count()) + " ms",
+         logging::Level::kWarn);
+    return delay;
   }
   // The server answered (whatever it said).
   void answered() {
@@ -129,6 +143,22 @@ class Trouble {
   }
   // A refusal that is part of the protocol (a round or iteration closed): not one in a row.
   void expected_refusal() { refusals_in_a_row_ = 0; }
+  // Notes `text` as the last trouble (the server away), and throws WorkerFailure once the
+  // server has not answered for give_up_after_seconds.
+  void give_up_if_silent(const std::string& text) {
+    const WorkerExit exit =
+        ever_answered_ ? WorkerExit::kServerGone : WorkerExit::kServerUnreachable;
+    last_ = exit;
+    last_message_ = text;
+    const double silent = std::chrono::duration<double>(Clock::now() - last_answer_).count();
+    if (config_.give_up_after_seconds > 0 && silent >= config_.give_up_after_seconds)
+      throw WorkerFailure(
+          exit,
+          text + " (" +
+              (ever_answered_ ? "no answer from the server for " : "no answer since the start, ") +
+              std::to_string(static_cast<long long>(silent)) + " s; giving up: --give-up-after " +
+              std::to_string(static_cast<long long>(config_.give_up_after_seconds)) + ")");
+  }
   WorkerExit last() const { return last_; }
   const std::string& last_message() const { return last_message_; }
 

@@ -15,7 +15,11 @@ namespace edgetrain::runtime {
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused,
                                    updates_rejected, pulls, delta_pulls, delta_mismatches,
                                    bytes_sent, bytes_received, server_version, retries,
-                                   non_finite_steps, last_loss, dropout)
+                                   non_finite_steps, last_loss, dropout, offline, offline_seconds,
+                                   offline_steps, buffered_steps, offline_updates_accepted,
+                                   offline_updates_refused, offline_steps_refused,
+                                   last_offline_from_version, last_offline_acknowledged_version,
+                                   last_offline_steps)
 
 void AcknowledgedVersions::add(std::uint64_t version) {
   if (count == 0) first = version;
@@ -92,6 +96,13 @@ class AsyncRun : public WorkerModeRun {
              std::to_string(st.bytes_sent) + " bytes sent, " + std::to_string(st.retries) +
              " retries; " + std::to_string(st.pulls) + " pulls (" + std::to_string(st.delta_pulls) +
              " as deltas), " + std::to_string(st.bytes_received) + " bytes pulled");
+    if (config_.offline_training())
+      log_line("offline: " + std::to_string(st.offline_seconds) + " s, " +
+               std::to_string(st.offline_steps) + " local steps; " +
+               std::to_string(st.offline_updates_accepted) + " offline updates accepted, " +
+               std::to_string(st.offline_updates_refused) + " not applied (" +
+               std::to_string(st.offline_steps_refused) + " steps); " +
+               std::to_string(st.buffered_steps) + " buffered steps not sent");
     if (result.exit != WorkerExit::kStopped)
       log_error("exit status " + std::to_string(exit_status(result.exit)) + ": " + result.reason);
     return exit_status(result.exit);
@@ -108,6 +119,10 @@ class AsyncRun : public WorkerModeRun {
                              static_cast<unsigned long long>(s.updates_accepted),
                              static_cast<unsigned long long>(s.updates_refused), s.bytes_sent / 1e6,
                              s.bytes_received / 1e6);
+    if (s.offline_seconds > 0 && used > 0 && static_cast<std::size_t>(used) < sizeof line)
+      used += std::snprintf(line + used, sizeof line - used, "  %s %.0f s  buffered %llu",
+                            s.offline ? "OFFLINE" : "offline", s.offline_seconds,
+                            static_cast<unsigned long long>(s.buffered_steps));
     if (!s.dropout.drop_rates.empty() && used > 0 && static_cast<std::size_t>(used) < sizeof line)
       std::snprintf(line + used, sizeof line - used, "  drop %s", s.dropout.drop_rates.c_str());
     return line;
@@ -118,7 +133,13 @@ class AsyncRun : public WorkerModeRun {
 };
 
 std::unique_ptr<WorkerModeRun> prepare_async(WorkerSettings& s) {
-  return std::make_unique<AsyncRun>(s, worker_config(s));
+  WorkerConfig config = worker_config(s);
+  // A sharded server's update is split by shard with each shard's own fetched version;
+  // how an accumulated offline update should meet several shards' staleness is not built.
+  if (config.offline_training() && !config.shards.empty())
+    throw std::invalid_argument(
+        "--offline-steps / --offline-seconds do not work with --shards yet");
+  return std::make_unique<AsyncRun>(s, std::move(config));
 }
 
 }  // namespace

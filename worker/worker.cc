@@ -13,6 +13,7 @@
 #include "worker/loop_support.h"
 #include "model/model.h"
 #include "worker/model_replica.h"
+#include "worker/offline_training.h"
 #include "worker/server_channel.h"
 #include "worker/sharded_server_channel.h"
 #include "model/shard_sampler.h"
@@ -138,7 +139,8 @@ struct Worker::State {
         sequence(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count())),
-        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull) {
+        replica(model.layout_id(), model.tensor_sizes(), config.dense_pull),
+        offline(static_cast<float>(config.offline_lr)) {
     trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
   }
 
@@ -152,6 +154,10 @@ struct Worker::State {
       throw std::invalid_argument("worker: max_refusals must be at least 1");
     if (!(config.give_up_after_seconds >= 0))
       throw std::invalid_argument("worker: give_up_after_seconds must be >= 0");
+    if (!(config.offline_seconds >= 0 && std::isfinite(config.offline_seconds)))
+      throw std::invalid_argument("worker: offline_seconds must be finite and >= 0");
+    if (!(config.offline_lr > 0 && std::isfinite(config.offline_lr)))
+      throw std::invalid_argument("worker: offline_lr must be finite and > 0");
     if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
       throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
                                   " is not below the worker count " +
@@ -205,7 +211,206 @@ struct Worker::State {
   int consecutive_mismatches = 0;
   int consecutive_non_finite = 0;
   std::vector<std::uint8_t> body;  // the encoded update of the last step
+  bool ever_pulled = false;
+
+  // Offline training (WorkerConfig::offline_steps, worker/offline_training.h).
+  OfflineAccumulator offline;  // the local steps taken since the server went away
+  bool is_offline = false;
+  Clock::time_point offline_since, next_attempt;
+  double earlier_offline_seconds = 0;
+  // An update the server has not answered, sent again with the same bytes (and sequence)
+  // before anything else once it answers: the step whose push found the server away (it may
+  // have arrived; then the server takes the copy for a duplicate, and nothing is applied
+  // twice), or an accumulated update whose push failed. At most one: the accumulated
+  // steps are compressed only once nothing is pending, so updates go in sequence order.
+  std::vector<std::uint8_t> pending;
+  std::uint64_t pending_steps = 0;
+  bool pending_offline = false;  // an accumulated offline update (else one online step)
+  std::uint64_t pending_from_version = 0;
+
+  // The step's common part: one minibatch's gradient on `parameters`, the slowdown, the
+  // dropout's choice, the counters.
+  BatchResult train_batch(std::span<const float> parameters) {
+    if (gradient.empty()) gradient.resize(model.parameter_count());
+    sampler.next_batch(config.batch, pixels, labels);
+    const auto step_started = Clock::now();
+    const BatchResult batch =
+        trainer.compute_gradient(parameters, pixels.data(), labels.data(), config.batch, gradient);
+    if (config.slowdown > 0) {
+      const auto compute_time = Clock::now() - step_started;
+      sleep_unless_stopped(
+          std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), stop);
+    }
+    if (dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
+      say(dropout.describe());
+    stats.dropout = dropout.status();
+    stats.steps++;
+    stats.last_loss = batch.loss;
+    return batch;
+  }
+
+  void count_non_finite_step() {
+    stats.non_finite_steps++;
+    if (++consecutive_non_finite >= 10) {
+      throw std::runtime_error(
+          "10 steps in a row gave a non-finite gradient: the server's model has diverged");
+    }
+  }
+
+  // Offline training applies: on, and a model held that is the server's at model_version.
+  bool can_train_offline() const {
+    return config.offline_training() && ever_pulled && replica.exact();
+  }
+  // The server is away: (go on) training offline until next try in `delay`.
+  void go_offline(Clock::duration delay) {
+    const auto now = Clock::now();
+    next_attempt = now + delay;
+    if (!is_offline) {
+      is_offline = true;
+      offline_since = now;
+      std::string bounds;
+      if (config.offline_steps > 0)
+        bounds = "at most " + std::to_string(config.offline_steps) + " steps";
+      if (config.offline_seconds > 0)
+        bounds += (bounds.empty() ? "for at most " : ", for at most ") +
+                  std::to_string(config.offline_seconds) + " s";
+      say("the server is away: training offline from model version " +
+          std::to_string(model_version) + " (" + bounds + ")");
+    }
+    if (!offline.started()) offline.begin(replica.parameters(), model_version);
+    update_offline_stats();
+  }
+  void leave_offline() {
+    const double seconds = std::chrono::duration<double>(Clock::now() - offline_since).count();
+    earlier_offline_seconds += seconds;
+    is_offline = false;
+    update_offline_stats();
+    say("the server answers again: back online after " + std::to_string(seconds) + " s offline");
+  }
+  bool within_offline_bounds() const {
+    if (config.offline_steps > 0 && offline.steps() >= config.offline_steps) return false;
+    return !(config.offline_seconds > 0 &&
+             std::chrono::duration<double>(Clock::now() - offline_since).count() >=
+                 config.offline_seconds);
+  }
+  void update_offline_stats() {
+    stats.offline = is_offline;
+    stats.buffered_steps = offline.steps() + pending_steps;
+    stats.offline_seconds =
+        earlier_offline_seconds +
+        (is_offline ? std::chrono::duration<double>(Clock::now() - offline_since).count() : 0.0);
+  }
+  // One local step on the local copy, added to the accumulation; a non-finite one is skipped.
+  void offline_step() {
+    const BatchResult batch = train_batch(offline.local_parameters());
+    stats.offline_steps++;
+    if (!std::isfinite(batch.loss) || !offline.add_step(gradient)) {
+      count_non_finite_step();
+      say("non-finite gradient in an offline step from model version " +
+              std::to_string(offline.from_version()) + "; skipped",
+          logging::Level::kWarn);
+      return;
+    }
+    consecutive_non_finite = 0;
+  }
+  // The accumulated steps through the compressor (its residual moves on, as for any update)
+  // into the pending update, fetched version = the version they started from.
+  void compress_offline_steps() {
+    transport::SparseUpdate update;
+    update.model_id = model.layout_id();
+    update.sequence = ++sequence;
+    update.fetched_version = offline.from_version();
+    const std::uint64_t steps = offline.steps();
+    try {
+      compressor.compress(offline.sum(), update);
+    } catch (const std::invalid_argument& e) {
+      // add_step() keeps the sum finite, so this is not expected; still never sent.
+      stats.offline_steps_refused += steps;
+      offline.clear();
+      say(std::string("the offline steps could not be compressed (") + e.what() + "); " +
+              std::to_string(steps) + " steps dropped",
+          logging::Level::kWarn);
+      return;
+    }
+    auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
+    if (!encoded)
+      throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
+    pending = std::move(encoded).value();
+    pending_steps = steps;
+    pending_offline = true;
+    pending_from_version = offline.from_version();
+    offline.clear();
+  }
+
+  // What the server answered to an update of `bytes` bytes (ours in `pending` when
+  // `offline_steps_in_it` > 0: an accumulated update from `from_version`).
+  void take_answer(const transport::CoapResponse& response, std::size_t bytes,
+                   std::uint64_t offline_steps_in_it, std::uint64_t from_version);
 };
+
+namespace {
+// 4.03 "quarantined: ..." (server/README.md, "Bad updates"): the server refuses this device's
+// updates for a while after too many bad ones. Unlike a key the server no longer knows, it
+// may pass, so it is waited out with the backoff like 5.00, not given up on.
+bool is_quarantine(const transport::CoapResponse& response) {
+  static constexpr std::string_view kPrefix = "quarantined";
+  return response.code == transport::CoapCode::kForbidden &&
+         response.payload.size() >= kPrefix.size() &&
+         std::equal(kPrefix.begin(), kPrefix.end(), response.payload.begin());
+}
+}  // namespace
+
+void Worker::State::take_answer(const transport::CoapResponse& response, std::size_t bytes,
+                                std::uint64_t offline_steps_in_it, std::uint64_t from_version) {
+  trouble.answered();
+  stats.bytes_sent += bytes;
+  const std::string refusal = "update refused with " +
+                              transport::coap_code_string(response.code) + ": " +
+                              payload_text(response.payload);
+  if (offline_steps_in_it > 0) {
+    if (response.code == transport::CoapCode::kChanged) {
+      stats.offline_updates_accepted++;
+      stats.last_offline_from_version = from_version;
+      stats.last_offline_steps = offline_steps_in_it;
+      if (const auto version = transport::decode_update_reply(response.payload)) {
+        stats.last_offline_acknowledged_version = *version;
+        say("offline update of " + std::to_string(offline_steps_in_it) +
+            " steps from model version " + std::to_string(from_version) +
+            " accepted: server version " + std::to_string(*version));
+      }
+    } else {
+      // Never silently lost: counted, and said with the server's reason (4.09: too stale,
+      // the worker pulls again before its next step).
+      stats.offline_updates_refused++;
+      stats.offline_steps_refused += offline_steps_in_it;
+      say("offline update of " + std::to_string(offline_steps_in_it) +
+              " steps from model version " + std::to_string(from_version) +
+              " not applied, its steps are lost: " + refusal,
+          logging::Level::kWarn);
+    }
+  }
+  if (response.code == transport::CoapCode::kChanged) {
+    stats.updates_accepted++;
+    if (const auto version = transport::decode_update_reply(response.payload))
+      stats.server_version = *version;
+    trouble.succeeded();
+  } else if (response.code == transport::CoapCode::kConflict) {
+    stats.updates_refused++;  // too stale or another model: pull before the next step
+    have_model = false;
+    trouble.succeeded();
+  } else if ((response.code == transport::CoapCode::kUnauthorized ||
+              response.code == transport::CoapCode::kForbidden) &&
+             !is_quarantine(response)) {
+    stats.updates_rejected++;  // not (or no longer) in the server's keystore
+    trouble.refused(WorkerExit::kUnknownIdentity, refusal);
+  } else {
+    // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13, 4.22,
+    // a quarantine's 4.03: the update is dropped, and the next one waits the backoff, which keeps
+    // growing until one is accepted, so a fleet does not hammer a server in trouble.
+    stats.updates_rejected++;
+    trouble.trouble(WorkerExit::kNothingApplied, refusal);
+  }
+}
 
 Worker::Worker(const WorkerConfig& config, const Dataset& train, ServerChannel& channel,
                const std::atomic<bool>& stop, WorkerLog log)
@@ -234,6 +439,10 @@ bool Worker::pull() {
   try {
     response = s.channel.get_model(s.replica.pull_path());
   } catch (const transport::TransportError& e) {
+    if (s.is_offline || s.can_train_offline()) {
+      if (const auto delay = s.trouble.server_away("pull failed", e)) s.go_offline(*delay);
+      return false;
+    }
     s.trouble.request_failed("pull failed", e);
     return false;
   }
@@ -274,6 +483,7 @@ bool Worker::pull() {
   s.model_version = s.replica.version();
   s.stats.pulls++;
   s.have_model = true;
+  s.ever_pulled = true;
   s.steps_since_pull = 0;
   return true;
 }
@@ -291,23 +501,8 @@ bool compress_step(const BatchResult& result, std::span<const float> gradient,
 
 bool Worker::step() {
   State& s = *state_;
-  const WorkerConfig& config = s.config;
-  if (s.gradient.empty()) s.gradient.resize(s.model.parameter_count());
-  s.sampler.next_batch(config.batch, s.pixels, s.labels);
-  const auto step_started = Clock::now();
-  const BatchResult batch = s.trainer.compute_gradient(s.replica.parameters(), s.pixels.data(),
-                                                       s.labels.data(), config.batch, s.gradient);
-  if (config.slowdown > 0) {
-    const auto compute_time = Clock::now() - step_started;
-    sleep_unless_stopped(
-        std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), s.stop);
-  }
-  if (s.dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
-    s.say(s.dropout.describe());
-  s.stats.dropout = s.dropout.status();
-  s.stats.steps++;
+  const BatchResult batch = s.train_batch(s.replica.parameters());
   s.steps_since_pull++;
-  s.stats.last_loss = batch.loss;
   transport::SparseUpdate update;
   update.model_id = s.model.layout_id();
   update.sequence = ++s.sequence;
@@ -315,11 +510,7 @@ bool Worker::step() {
   // A non-finite gradient (a diverged model, or a corrupt pull) must not reach the server:
   // skip the step and pull again; give up only if it keeps happening.
   if (!compress_step(batch, s.gradient, s.compressor, update)) {
-    s.stats.non_finite_steps++;
-    if (++s.consecutive_non_finite >= 10) {
-      throw std::runtime_error(
-          "10 steps in a row gave a non-finite gradient: the server's model has diverged");
-    }
+    s.count_non_finite_step();
     s.say("non-finite gradient at model version " + std::to_string(s.model_version) +
               "; skipping the step and pulling again",
           logging::Level::kWarn);
@@ -334,17 +525,6 @@ bool Worker::step() {
   return true;
 }
 
-namespace {
-// 4.03 "quarantined: ..." (server/README.md, "Bad updates"): the server refuses this device's
-// updates for a while after too many bad ones. Unlike a key the server no longer knows, it
-// may pass, so it is waited out with the backoff like 5.00, not given up on.
-bool is_quarantine(const transport::CoapResponse& response) {
-  static constexpr std::string_view kPrefix = "quarantined";
-  return response.code == transport::CoapCode::kForbidden &&
-         response.payload.size() >= kPrefix.size() &&
-         std::equal(kPrefix.begin(), kPrefix.end(), response.payload.begin());
-}
-}  // namespace
 
 void Worker::push() {
   State& s = *state_;
@@ -354,38 +534,74 @@ void Worker::push() {
     try {
       response = s.channel.post_update(s.body);
     } catch (const transport::TransportError& e) {
+      if (s.can_train_offline()) {
+        if (const auto delay = s.trouble.server_away("push failed", e)) {
+          s.pending = std::move(s.body);
+          s.pending_steps = 1;
+          s.pending_offline = false;
+          s.go_offline(*delay);
+          return;
+        }
+        s.have_model = attempt == 0 && s.have_model;
+        continue;
+      }
       s.have_model = attempt == 0 && s.have_model;  // after a second failure, pull again
       s.trouble.request_failed("push failed", e);
       continue;
     }
-    s.trouble.answered();
-    s.stats.bytes_sent += s.body.size();
-    const std::string refusal = "update refused with " +
-                                transport::coap_code_string(response.code) + ": " +
-                                payload_text(response.payload);
-    if (response.code == transport::CoapCode::kChanged) {
-      s.stats.updates_accepted++;
-      if (const auto version = transport::decode_update_reply(response.payload))
-        s.stats.server_version = *version;
-      s.trouble.succeeded();
-    } else if (response.code == transport::CoapCode::kConflict) {
-      s.stats.updates_refused++;  // too stale or another model: pull before the next step
-      s.have_model = false;
-      s.trouble.succeeded();
-    } else if ((response.code == transport::CoapCode::kUnauthorized ||
-                response.code == transport::CoapCode::kForbidden) &&
-               !is_quarantine(response)) {
-      s.stats.updates_rejected++;  // not (or no longer) in the server's keystore
-      s.trouble.refused(WorkerExit::kUnknownIdentity, refusal);
-    } else {
-      // 5.00 (the server could not make the update durable: a full disk), 4.00, 4.13, 4.22,
-      // a quarantine's 4.03: the update is dropped, and the next one waits the backoff, which keeps
-      // growing until one is accepted, so a fleet does not hammer a server in trouble.
-      s.stats.updates_rejected++;
-      s.trouble.trouble(WorkerExit::kNothingApplied, refusal);
-    }
+    s.take_answer(response, s.body.size(), 0, 0);
     break;
   }
+}
+
+bool Worker::post_pending(const WorkerProgress& progress) {
+  State& s = *state_;
+  transport::CoapResponse response;
+  try {
+    response = s.channel.post_update(s.pending);
+  } catch (const transport::TransportError& e) {
+    if (const auto delay = s.trouble.server_away("push failed", e)) s.go_offline(*delay);
+    return false;
+  }
+  const std::uint64_t steps = s.pending_offline ? s.pending_steps : 0;
+  const std::vector<std::uint8_t> sent = std::move(s.pending);
+  s.pending.clear();
+  s.pending_steps = 0;
+  s.pending_offline = false;
+  s.update_offline_stats();
+  s.take_answer(response, sent.size(), steps, s.pending_from_version);
+  if (progress) progress(s.stats);
+  return true;
+}
+
+void Worker::run_offline(const WorkerProgress& progress) {
+  State& s = *state_;
+  const auto now = Clock::now();
+  if (now >= s.next_attempt) {
+    // The try is the pull the worker needs anyway: GET /model?since=V, small while the
+    // server is away, the model to go on from once it answers.
+    if (pull()) {
+      if (!s.pending.empty() && !post_pending(progress)) return;
+      if (s.offline.steps() > 0) {
+        s.compress_offline_steps();
+        if (!s.pending.empty() && !post_pending(progress)) return;
+      }
+      s.offline.clear();
+      s.leave_offline();
+    }
+    s.update_offline_stats();
+    if (progress) progress(s.stats);
+    return;
+  }
+  if (s.within_offline_bounds()) {
+    s.offline_step();
+  } else {
+    // At the bound: idle until the next try, as a worker without offline training does.
+    sleep_unless_stopped(std::min<Clock::duration>(s.next_attempt - now, std::chrono::milliseconds(200)),
+                         s.stop);
+  }
+  s.update_offline_stats();
+  if (progress) progress(s.stats);
 }
 
 WorkerStats Worker::run(const WorkerProgress& progress) {
@@ -397,11 +613,20 @@ WorkerStats Worker::run(const WorkerProgress& progress) {
   };
   while (!s.stop && (s.config.max_steps == 0 || s.stats.steps < s.config.max_steps) &&
          !out_of_time()) {
+    if (s.is_offline) {
+      run_offline(progress);
+      continue;
+    }
     if (needs_pull() && !pull()) continue;
     if (!step()) continue;
     push();
     if (progress) progress(s.stats);
   }
+  s.update_offline_stats();
+  if (s.stats.buffered_steps > 0)
+    s.say("the run ended offline: " + std::to_string(s.stats.buffered_steps) +
+              " buffered steps were not sent",
+          logging::Level::kWarn);
   return s.stats;
 }
 

@@ -3,9 +3,10 @@
 // jitter, then a fresh DTLS handshake), re-pulls when the server answers 4.09 (wrong model
 // or too stale), gives up with an exit status of worker_exit_codes.h on what retrying cannot
 // fix (a wrong key, an unknown identity, another model) and on a server silent for too
-// long, and stops cleanly when asked. `Worker` is the loop over a ServerChannel (its steps pull(),
-// step(), push() can be driven one by one, against a fake server in tests);
-// `run_worker()` runs it over CoAP/DTLS.
+// long, and stops cleanly when asked. With offline training (WorkerConfig::offline_steps)
+// it trains on its own while the server does not answer (worker/offline_training.h).
+// `Worker` is the loop over a ServerChannel (its steps pull(), step(), push() can be driven
+// one by one, against a fake server in tests); `run_worker()` runs it over CoAP/DTLS.
 #pragma once
 
 #include <atomic>
@@ -74,6 +75,18 @@ struct WorkerConfig {
   // (0: never), checked after each failed request.
   int max_refusals = 3;
   double give_up_after_seconds = 600;
+  // Offline training (worker/offline_training.h; ours, not the paper's): while the server
+  // does not answer, keep taking local SGD steps from the last model held, at most
+  // offline_steps of them (0: no bound on steps) and for at most offline_seconds
+  // (0: no bound on time), then idle until it answers; then send them as one compressed
+  // update computed from that model's version. Both 0 (the default): off, the worker idles
+  // as soon as the server is away. give_up_after_seconds still ends the run, buffered
+  // steps unsent (counted in the stats). offline_lr is the local step's learning rate: the
+  // server's --lr (0.1 by default) makes the update the local trajectory's delta.
+  std::uint64_t offline_steps = 0;
+  double offline_seconds = 0;
+  double offline_lr = 0.1;
+  bool offline_training() const { return offline_steps > 0 || offline_seconds > 0; }
 };
 
 // "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
@@ -107,6 +120,26 @@ struct WorkerStats {
   std::uint64_t non_finite_steps = 0;  // skipped: the gradient was NaN or infinite
   float last_loss = 0;
   DropoutStatus dropout;  // filter dropout in force (worker/worker_dropout.h)
+  // Offline training (WorkerConfig::offline_steps): whether the worker is offline now (the
+  // server not answering, the worker training on its own), the time it spent so, the local
+  // steps it took so, and the steps it holds that the server has not acknowledged yet (the
+  // accumulated ones and an update that did not go when the server went away).
+  bool offline = false;
+  double offline_seconds = 0;
+  std::uint64_t offline_steps = 0;
+  std::uint64_t buffered_steps = 0;
+  // Accumulated offline updates (one per time offline) the server accepted (2.04), and
+  // those it answered otherwise (4.09: too stale; 4.22, 5.00, ...), with their steps: the
+  // offline work that was lost, logged when it happens.
+  std::uint64_t offline_updates_accepted = 0;
+  std::uint64_t offline_updates_refused = 0;
+  std::uint64_t offline_steps_refused = 0;
+  // The last accumulated offline update the server accepted: the version its steps started
+  // from and the version it produced (their difference less one is its staleness), and its
+  // steps. 0 before any.
+  std::uint64_t last_offline_from_version = 0;
+  std::uint64_t last_offline_acknowledged_version = 0;
+  std::uint64_t last_offline_steps = 0;
   // With shards: per shard, the highest version it acknowledged (ShardedServerChannel);
   // server_version is then their sum. Filled by run_worker(), not by the loop.
   std::vector<std::uint64_t> shard_versions;
@@ -149,7 +182,9 @@ class Worker {
   // did not reproduce the server's model (stats().delta_mismatches; the next pull asks for
   // the whole model, without waiting). Throws WorkerFailure when it gives up (see
   // WorkerConfig::max_refusals), std::runtime_error after three delta mismatches in a row
-  // (a server that keeps sending unusable deltas is broken).
+  // (a server that keeps sending unusable deltas is broken). With offline training on and a
+  // model held, a server that does not answer sends the worker offline instead of into the
+  // backoff's wait (run() trains through it).
   bool pull();
   // Trains one minibatch on the model held and compresses its gradient into the next
   // update. Returns false when the gradient was not finite (NaN or infinite: a diverged
@@ -157,7 +192,10 @@ class Worker {
   // (stats().non_finite_steps); throws std::runtime_error after 10 such steps in a row.
   bool step();
   // POST /update with the last step's update; after a transport failure once more, with the
-  // same bytes and sequence number (the server applies it once). 2.04: accepted, and the
+  // same bytes and sequence number (the server applies it once). With offline training on
+  // (WorkerConfig::offline_steps) and a server that does not answer, no second try: the
+  // update is kept, to be sent first when the server answers again, and the worker goes
+  // offline (run() then trains locally; a failed pull does the same). 2.04: accepted, and the
   // server's version noted; 4.09: refused, the next step pulls first; 4.01/4.03: the
   // identity is not (or no longer) authorized, a refusal like an unknown identity; any
   // other code (5.00 from a server whose disk is full, 4.00, ...): rejected, logged, and
@@ -165,7 +203,9 @@ class Worker {
   // WorkerFailure when it gives up.
   void push();
   // pull() when needed, step(), push(), until `stop`, max_steps or max_seconds; `progress`
-  // after every push.
+  // after every push. Offline (WorkerConfig::offline_steps), local steps between tries of
+  // the server instead, and `progress` after each of them too; steps offline count in
+  // max_steps. Buffered steps when the run ends are not sent (stats().buffered_steps).
   WorkerStats run(const WorkerProgress& progress = {});
 
   const WorkerStats& stats() const;
@@ -177,6 +217,14 @@ class Worker {
   const std::string& last_trouble_message() const;
 
  private:
+  // Offline training (WorkerConfig::offline_steps): one turn of the loop while the server
+  // is away: a try (the pull the worker needs anyway; once it answers, the update that did
+  // not go, then the accumulated steps as one update), or one local step, or, at the
+  // bound, a wait for the next try.
+  void run_offline(const WorkerProgress& progress);
+  // POSTs the pending update (same bytes as before). False when the server is away again.
+  bool post_pending(const WorkerProgress& progress);
+
   struct State;
   std::unique_ptr<State> state_;
 };

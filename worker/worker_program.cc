@@ -244,6 +244,23 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "exit after this many refusals in a row that retrying cannot fix: DTLS "
         "handshake refused (status 11), identity unknown (12), another model (13)")
       .range(1, 1000);
+  t.group("Offline training (async: worker/README.md, \"An intermittent link\")");
+  t.add("offline-steps", c.offline_steps,
+        "while the server does not answer, keep training on the shard from the last model "
+        "held, at most this many local steps, sent as one update when it answers (0: no bound "
+        "on steps; with --offline-seconds 0 too: off, the worker idles as the paper's)")
+      .unit("steps");
+  t.add("offline-seconds", c.offline_seconds,
+        "offline training for at most this long per outage (0: no bound on time); whichever "
+        "bound comes first, the worker then idles until the server answers. --give-up-after "
+        "still ends the run (its buffered steps unsent, in the stats) once the server has "
+        "not answered for that long, offline or not")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("offline-lr", c.offline_lr,
+        "the local steps' learning rate: the server's --lr, so the update carries the local "
+        "trajectory (ours)")
+      .range(1e-9, 100);
   t.group("Output");
   t.add("quiet", s.quiet, "no progress line");
   t.add("log-level", s.log_level,
@@ -282,6 +299,9 @@ int run_worker_program(WorkerSettings& s, const char* program) {
     if (!mode) throw std::invalid_argument("unknown --mode " + s.mode);
     if (!s.shards.empty() && s.mode != "async")
       throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
+    if (s.config.offline_training() && s.mode != "async")
+      throw std::invalid_argument(
+          "--offline-steps / --offline-seconds work with --mode async only, not " + s.mode);
     run = mode->prepare(s);
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "%s: %s\n", program, e.what());

@@ -119,6 +119,12 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
   EXPECT_EQ(j.at("acknowledged_highest"), 11);
   EXPECT_EQ(j.at("acknowledged_increasing"), true);
   EXPECT_EQ(j.at("dropout").at("drop_rates"), "0.25");
+  // Offline training's counters (issue 38), read by e2e_worker_offline and the emulator.
+  for (const char* key :
+       {"offline", "offline_seconds", "offline_steps", "buffered_steps", "offline_updates_accepted",
+        "offline_updates_refused", "offline_steps_refused", "last_offline_from_version",
+        "last_offline_acknowledged_version", "last_offline_steps"})
+    EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them
   stats.shard_versions = {4, 5};
   EXPECT_EQ(json::parse(runtime::async_stats_json(stats, {}, false)).at("shard_versions"),

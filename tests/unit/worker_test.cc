@@ -495,6 +495,206 @@ TEST_F(WorkerTest, AnInterruptedRequestIsNeitherRetriedNorBackedOff) {
   EXPECT_EQ(worker.last_trouble(), WorkerExit::kStopped) << "being stopped is no trouble";
 }
 
+// ---- offline training (WorkerConfig::offline_steps; issue 38 part 1) ----------------------
+
+// A server that goes away once it has served `away_after_gets` pulls (the second by
+// default: the worker then trains its second step and finds the server away when it
+// pushes) and comes back when the test says so. Every request while away gets no answer
+// (kNoAnswer), as from a link that is down. Accepted updates move the server's version on.
+struct Outage {
+  bool away = false;
+  int away_after_gets = 2, served_gets = 0, failed_gets = 0, failed_posts = 0;
+  // Set `*stop` after this many failed pulls (a worker idling calls no progress callback).
+  int stop_after_failed_gets = 0;
+  std::atomic<bool>* stop = nullptr;
+  void install(FakeServer& server,
+               std::function<CoapResponse(std::span<const std::uint8_t>)> answer = {}) {
+    server.on_get = [this, &server](const std::string& path) -> CoapResponse {
+      if (away) {
+        ++failed_gets;
+        if (stop && failed_gets >= stop_after_failed_gets) *stop = true;
+        throw TransportError("no answer from 127.0.0.1:5684", TransportFailure::kNoAnswer);
+      }
+      if (++served_gets == away_after_gets) away = true;
+      if (path == "model") return server.dense();
+      return server.delta(std::stoull(path.substr(std::string("model?since=").size())));
+    };
+    server.on_post = [this, &server, answer](std::span<const std::uint8_t> body) -> CoapResponse {
+      if (away) {
+        ++failed_posts;
+        throw TransportError("no answer from 127.0.0.1:5684", TransportFailure::kNoAnswer);
+      }
+      CoapResponse reply = answer ? answer(body) : server.accepted();
+      if (reply.code == CoapCode::kChanged) server.version++;
+      return reply;
+    };
+  }
+};
+
+std::uint64_t sequence_of(const std::vector<std::uint8_t>& body) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = v << 8 | body[16 + i];  // CODEC.md: u64 at offset 16
+  return v;
+}
+
+TEST_F(WorkerTest, OfflineTheWorkerStepsLocallyAndSendsOneUpdateFromTheVersionItHeld) {
+  Outage outage;
+  outage.install(server);
+  auto config = test_config();
+  config.offline_steps = 5;
+  auto worker = make_worker(config);
+  worker.run([&](const runtime::WorkerStats& st) {
+    // Back once the bound is reached and the worker has tried a few more times: had it not
+    // kept to the bound, it would have taken more steps meanwhile.
+    if (outage.away && st.offline_steps >= 5 && outage.failed_gets >= 5) {
+      outage.away = false;
+      server.version = 20;  // others' updates meanwhile: the offline update is 17 behind
+    }
+    if (st.offline_updates_accepted == 1) stop = true;
+  });
+  const runtime::WorkerStats& st = worker.stats();
+  EXPECT_EQ(st.offline_steps, 5u) << "the bound: --offline-steps 5";
+  EXPECT_EQ(st.steps, 1u + 1u + 5u) << "one online, the one whose push failed, five offline";
+  EXPECT_EQ(st.offline_updates_accepted, 1u);
+  EXPECT_EQ(st.last_offline_steps, 5u);
+  EXPECT_EQ(st.last_offline_from_version, 4u) << "the version held when the server went away";
+  EXPECT_EQ(st.last_offline_acknowledged_version, 22u);
+  EXPECT_EQ(st.buffered_steps, 0u);
+  EXPECT_FALSE(st.offline);
+  EXPECT_GT(st.offline_seconds, 0.0);
+  EXPECT_EQ(st.updates_accepted, 3u) << "the first, the one kept while away, the offline one";
+  EXPECT_EQ(outage.failed_posts, 1) << "no second try while away: the worker went offline";
+  // Posts: the first update, the second (failed), the same bytes again, then one update
+  // for the five offline steps, computed from version 4 and sequenced after the others.
+  ASSERT_EQ(server.posts.size(), 4u);
+  EXPECT_EQ(server.posts[1], server.posts[2]) << "the update that did not go, same bytes";
+  const auto offline_update = transport::decode_sparse_update(server.posts[3], server.layout());
+  ASSERT_TRUE(offline_update) << offline_update.error().message;
+  EXPECT_EQ(offline_update.value().fetched_version, 4u);
+  EXPECT_GT(sequence_of(server.posts[3]), sequence_of(server.posts[2]));
+  // The tries while away were pulls of the delta since the version held; then the worker
+  // went on from the server's model.
+  EXPECT_EQ(server.gets.back(), "model?since=4");
+}
+
+TEST_F(WorkerTest, OfflineTheUpdateIsTheCompressedSumOfTheLocalSgdSteps) {
+  // Dense compression, so the update carries the whole sum: lr·S must be the local
+  // trajectory's delta, and with one local step S is the gradient at the model held, which
+  // an online worker (same seed, same shard order) computes for its second step.
+  Outage outage;
+  outage.install(server);
+  auto config = test_config();
+  config.offline_steps = 1;
+  config.compressor.method = runtime::CompressionMethod::kNone;
+  auto offline = make_worker(config);
+  offline.run([&](const runtime::WorkerStats& st) {
+    if (st.offline_steps >= 1 && outage.failed_gets >= 1) outage.away = false;
+    if (st.offline_updates_accepted == 1) stop = true;
+  });
+  ASSERT_EQ(server.posts.size(), 4u);
+  const auto layout = server.layout();
+  const auto sum = transport::decode_sparse_update(server.posts[3], layout).value();
+
+  // The reference: an online worker's third step on the same model (version 4 is version 3
+  // here: the fake serves the same parameters) is the same minibatch as the offline step.
+  FakeServer reference_server;
+  std::atomic<bool> no_stop = false;
+  auto reference_config = test_config();
+  reference_config.compressor.method = runtime::CompressionMethod::kNone;
+  runtime::Worker reference(reference_config, data, reference_server, no_stop);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(reference.pull());
+    ASSERT_TRUE(reference.step());
+    reference.push();
+  }
+  const auto third = transport::decode_sparse_update(reference_server.posts[2], layout).value();
+  ASSERT_EQ(sum.tensors.size(), third.tensors.size());
+  for (std::size_t t = 0; t < sum.tensors.size(); ++t)
+    EXPECT_EQ(sum.tensors[t].values, third.tensors[t].values)
+        << "tensor " << t << ": one local step from the model held is that step's gradient";
+}
+
+TEST_F(WorkerTest, OfflineAnUpdateRefusedAsTooStaleIsCountedLoggedAndTheWorkerPullsAgain) {
+  Outage outage;
+  int posts_answered = 0;
+  outage.install(server, [&](std::span<const std::uint8_t>) -> CoapResponse {
+    // The first update and the kept one are taken, the offline one is too stale.
+    if (++posts_answered != 3) return server.accepted();
+    return {CoapCode::kConflict, {'t', 'o', 'o', ' ', 's', 't', 'a', 'l', 'e'}};
+  });
+  auto config = test_config();
+  config.offline_steps = 4;
+  auto worker = make_worker(config);
+  std::size_t gets_after_refusal = 0;
+  worker.run([&](const runtime::WorkerStats& st) {
+    if (st.offline_steps >= 4 && outage.away) outage.away = false;
+    if (st.offline_updates_refused == 1 && gets_after_refusal == 0)
+      gets_after_refusal = server.gets.size();
+    if (gets_after_refusal > 0 && server.gets.size() > gets_after_refusal) stop = true;
+  });
+  const runtime::WorkerStats& st = worker.stats();
+  EXPECT_EQ(st.offline_updates_refused, 1u);
+  EXPECT_EQ(st.offline_steps_refused, 4u) << "the lost steps are counted";
+  EXPECT_EQ(st.offline_updates_accepted, 0u);
+  EXPECT_EQ(st.buffered_steps, 0u);
+  EXPECT_EQ(st.updates_refused, 1u);
+  EXPECT_GT(server.gets.size(), gets_after_refusal) << "pulled again after the refusal";
+  bool logged = false;
+  for (const auto& line : log)
+    logged |= line.find("offline update of 4 steps from model version 4 not applied") !=
+                  std::string::npos &&
+              line.find("4.09") != std::string::npos;
+  EXPECT_TRUE(logged) << "the refusal is logged with its steps and the server's answer";
+}
+
+TEST_F(WorkerTest, WithoutOfflineTrainingAWorkerIdlesWhileTheServerIsAway) {
+  Outage outage;
+  outage.install(server);
+  outage.stop = &stop;
+  outage.stop_after_failed_gets = 5;
+  auto worker = make_worker();  // offline_steps = offline_seconds = 0: today's behaviour
+  worker.run();
+  const runtime::WorkerStats& st = worker.stats();
+  EXPECT_EQ(st.steps, 2u) << "the one whose push failed, and nothing while away";
+  EXPECT_EQ(outage.failed_posts, 2) << "pushed twice, as before";
+  EXPECT_EQ(st.offline_steps, 0u);
+  EXPECT_EQ(st.buffered_steps, 0u);
+  EXPECT_EQ(st.offline_seconds, 0.0);
+}
+
+TEST_F(WorkerTest, OfflineSecondsBoundsTheLocalSteps) {
+  Outage outage;
+  outage.install(server);
+  auto config = test_config();
+  config.offline_seconds = 1e-9;  // spent before the first local step
+  outage.stop = &stop;
+  outage.stop_after_failed_gets = 5;
+  auto worker = make_worker(config);
+  worker.run();
+  EXPECT_TRUE(worker.stats().offline);
+  EXPECT_EQ(worker.stats().offline_steps, 0u);
+  EXPECT_EQ(worker.stats().buffered_steps, 1u) << "the update whose push found the server away";
+}
+
+TEST_F(WorkerTest, OfflineGiveUpAfterStillEndsTheRunWithTheBufferedStepsCounted) {
+  Outage outage;
+  outage.install(server);
+  auto config = test_config();
+  config.offline_steps = 1000000;
+  config.give_up_after_seconds = 0.2;
+  config.backoff_max = std::chrono::milliseconds(20);
+  auto worker = make_worker(config);
+  try {
+    worker.run();
+    ADD_FAILURE() << "never given up";
+  } catch (const runtime::WorkerFailure& e) {
+    EXPECT_EQ(e.exit(), WorkerExit::kServerGone) << e.what();
+  }
+  EXPECT_GT(worker.stats().offline_steps, 0u);
+  EXPECT_EQ(worker.stats().buffered_steps, worker.stats().offline_steps + 1)
+      << "every step the server never acknowledged is in the stats";
+}
+
 TEST(WorkerConfigCheck, KeysLongerThanMbedTlsTakesAreRefusedNamingTheLimit) {
   EXPECT_EQ(runtime::parse_hex_key(std::string(64, 'a')).size(), 32u);
   try {

@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""What the server's staleness rule made of the stale updates in a state directory's WAL.
+
+For every update applied at a staleness above --above (version produced - 1 - its fetched
+version), the AdaComp paper's sigma per sent entry (how many of the `delay` updates applied
+before it touched that entry; server/parameter_store.h), and so the share of the update's
+L1 mass the server applied: sum |g_i| / max(1, sigma_i) over sum |g_i|. Reads the WAL
+(server/write_ahead_log.h) and the sparse updates in it (transport/CODEC.md), fp32 or
+fp16 values (sign + scale values all weigh the same). Standard library only.
+
+usage: experiments/wal_staleness.py STATE_DIR [--above N]
+"""
+import argparse, glob, os, struct
+
+
+def leb128(data, pos):
+    value = shift = 0
+    while True:
+        byte = data[pos]; pos += 1
+        value |= (byte & 0x7F) << shift; shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def decode_update(data):
+    """(fetched version, [(tensor, [indices], [values])]) of a sparse update's bytes."""
+    fetched, count = struct.unpack_from("<QI", data, 24)
+    pos, tensors = 36, []
+    for _ in range(count):
+        tensor, n, k, value_encoding, index_encoding = struct.unpack_from("<IIIBB", data, pos)
+        pos += 14
+        if index_encoding == 0:
+            indices, previous = [], -1
+            for j in range(k):
+                gap, pos = leb128(data, pos)
+                previous = gap if j == 0 else previous + gap + 1
+                indices.append(previous)
+        elif index_encoding == 1:
+            bitmap = data[pos:pos + (n + 7) // 8]; pos += (n + 7) // 8
+            indices = [i for i in range(n) if bitmap[i // 8] >> (i % 8) & 1]
+        else:
+            indices = list(range(n))
+        if value_encoding == 0:
+            values = list(struct.unpack_from("<%df" % k, data, pos)); pos += 4 * k
+        elif value_encoding == 1:
+            values = list(struct.unpack_from("<%de" % k, data, pos)); pos += 2 * k
+        else:
+            values = [1.0] * k; pos += (4 + (k + 7) // 8) if k else 0
+        tensors.append((tensor, indices, values))
+    return fetched, tensors
+
+
+def records(state_dir):
+    """(version, identity, update bytes) of every record, oldest first, each version once."""
+    seen = set()
+    for path in [os.path.join(state_dir, "wal.prev.log"), os.path.join(state_dir, "wal.log")]:
+        if not os.path.exists(path):
+            continue
+        data, pos = open(path, "rb").read(), 32
+        while pos + 8 <= len(data):
+            length, _crc = struct.unpack_from("<II", data, pos)
+            body = data[pos + 8:pos + 8 + length]; pos += 8 + length
+            version, _sequence, id_length = struct.unpack_from("<QQH", body, 0)
+            if version not in seen:
+                seen.add(version)
+                yield version, body[18:18 + id_length].decode(), body[18 + id_length:]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("state_dir")
+    parser.add_argument("--above", type=int, default=50)
+    args = parser.parse_args()
+    touched = {}  # version -> set of (tensor, index)
+    print("| device | version | staleness | entries | mean sigma | share of its L1 mass applied |")
+    print("|---|---|---|---|---|---|")
+    for version, who, update in sorted(records(args.state_dir)):
+        fetched, tensors = decode_update(update)
+        entries = {(t, i): abs(v) for t, indices, values in tensors for i, v in zip(indices, values)}
+        delay = version - 1 - fetched
+        if delay > args.above:
+            window = [touched[v] for v in range(fetched + 1, version) if v in touched]
+            if len(window) < delay:
+                print(f"| {who} | {version} | {delay} | the WAL lacks {delay - len(window)} of the updates before it |||")
+            else:
+                sigma = {key: sum(key in s for s in window) for key in entries}
+                mass = sum(entries.values())
+                applied = sum(m / max(1, sigma[key]) for key, m in entries.items())
+                print(f"| {who} | {version} | {delay} | {len(entries)} | "
+                      f"{sum(sigma.values()) / len(sigma):.1f} | {applied / mass:.3f} |")
+        touched[version] = set(entries)
+
+
+if __name__ == "__main__":
+    main()

@@ -27,6 +27,16 @@ constexpr std::size_t kSharePlaintextBytes = 1 + 2 * kKeyBytes;
 void wipe(Key32& key) { mbedtls_platform_zeroize(key.data(), key.size()); }
 void wipe(std::vector<std::uint8_t>& bytes) { mbedtls_platform_zeroize(bytes.data(), bytes.size()); }
 
+// X25519 with a peer's key, a refusal naming the peer when the key is no curve point or a
+// low-order one (the directory came through the server: a device's bad key is not ours).
+Key32 agree_with(const Key32& private_key, const Key32& peer_public_key, std::string_view peer, SecureRandom& random) {
+  try {
+    return x25519_shared_secret(private_key, peer_public_key, random);
+  } catch (const std::invalid_argument& error) {
+    throw SecAggError("the public key of " + quoted(peer) + " is refused: " + error.what());
+  }
+}
+
 Key32 to_key(const std::vector<std::uint8_t>& bytes) {
   if (bytes.size() != kKeyBytes) throw SecAggError("a reconstructed secret is not 32 bytes");
   Key32 key{};
@@ -129,7 +139,7 @@ EncryptedShares SecAggDevice::share_keys(const KeyDirectory& directory) {
       held_[identity_] = {key_shares[i], seed_shares[i]};
       continue;
     }
-    Key32 secret = x25519_shared_secret(cipher_keys_.private_key, peer.cipher_public_key, random_);
+    Key32 secret = agree_with(cipher_keys_.private_key, peer.cipher_public_key, peer.identity, random_);
     Key32 key = derive_pair_seed(secret, SeedPurpose::kShareEncryption, round_, identity_, peer.identity);
     std::vector<std::uint8_t> plaintext;
     plaintext.reserve(kSharePlaintextBytes);
@@ -169,7 +179,7 @@ MaskedInput SecAggDevice::masked_input(const EncryptedShares& received, std::spa
       throw SecAggError(identity_ + ": a share from " + quoted(share.sender) + ", not another device of the round");
     }
     if (held.count(share.sender)) throw SecAggError(identity_ + ": two shares from " + quoted(share.sender));
-    Key32 secret = x25519_shared_secret(cipher_keys_.private_key, sender->second->cipher_public_key, random_);
+    Key32 secret = agree_with(cipher_keys_.private_key, sender->second->cipher_public_key, share.sender, random_);
     Key32 key = derive_pair_seed(secret, SeedPurpose::kShareEncryption, round_, identity_, share.sender);
     std::vector<std::uint8_t> plaintext;
     try {
@@ -197,7 +207,7 @@ MaskedInput SecAggDevice::masked_input(const EncryptedShares& received, std::spa
   add_mask(out.masked, self_mask_seed_);
   for (const auto& [peer, unused] : held_) {
     if (peer == identity_) continue;
-    Key32 secret = x25519_shared_secret(mask_keys_.private_key, u1[peer]->mask_public_key, random_);
+    Key32 secret = agree_with(mask_keys_.private_key, u1[peer]->mask_public_key, peer, random_);
     Key32 seed = derive_pair_seed(secret, SeedPurpose::kPairwiseMask, round_, identity_, peer);
     // The pair's two devices add and subtract the same stream, so it cancels in the sum.
     if (identity_ < peer) {
@@ -436,7 +446,7 @@ std::vector<std::uint32_t> SecAggServer::unmask() {
                         " does not match its advertised public key: a share was wrong");
     }
     for (const std::string& survivor : u3_) {
-      Key32 secret = x25519_shared_secret(private_key, keys_.find(survivor)->second.mask_public_key, random_);
+      Key32 secret = agree_with(private_key, keys_.find(survivor)->second.mask_public_key, survivor, random_);
       Key32 seed = derive_pair_seed(secret, SeedPurpose::kPairwiseMask, config_.round, survivor, owner);
       if (survivor < owner) {
         subtract_mask(sum, seed);

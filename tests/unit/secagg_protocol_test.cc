@@ -287,6 +287,15 @@ TEST(SecureAggregation, DevicesRefuseBadKeyDirectoriesAndShares) {
   minority.config.threshold = 1;  // not more than half of 3
   EXPECT_THROW(a.share_keys(minority), SecAggError);
 
+  KeyDirectory low_order = directory;
+  low_order.devices[1].cipher_public_key = Key32{};  // b's key replaced by u = 0
+  try {
+    a.share_keys(low_order);
+    FAIL() << "shared keys with a low-order public key";
+  } catch (const SecAggError& error) {
+    EXPECT_NE(std::string(error.what()).find("public key of 'b'"), std::string::npos) << error.what();
+  }
+
   const EncryptedShares from_a = a.share_keys(directory);
   const EncryptedShares from_b = b.share_keys(directory);
   c.share_keys(directory);

@@ -233,8 +233,18 @@ TEST(SecureAggregation, TheServerRefusesAShareOfTheForbiddenSecret) {
     if (revealed.owner == name(4)) revealed.kind = SecretKind::kMaskPrivateKey;  // 4 sent its input
   }
   EXPECT_THROW(round.server->receive_unmasking_shares(name(0), shares), SecAggError);
-  // Nothing of the refused message was kept: the honest answers still unmask.
-  for (int i = 1; i < round.devices; ++i) {
+  // Shares at another device's point (device 0 holds point 1), or twice for one owner.
+  UnmaskingShares honest = round.device[1]->unmasking_shares(round.survivors);
+  UnmaskingShares wrong_point = honest;
+  wrong_point.shares[5].share.x = 7;
+  EXPECT_THROW(round.server->receive_unmasking_shares(name(1), wrong_point), SecAggError);
+  UnmaskingShares twice = honest;
+  twice.shares.push_back(twice.shares[0]);
+  EXPECT_THROW(round.server->receive_unmasking_shares(name(1), twice), SecAggError);
+  EXPECT_THROW(round.server->receive_unmasking_shares(name(2), honest), SecAggError);  // 1's shares from 2
+  round.server->receive_unmasking_shares(name(1), honest);
+  // Nothing of the refused messages was kept: the honest answers still unmask.
+  for (int i = 2; i < round.devices; ++i) {
     if (i == 3) continue;
     round.server->receive_unmasking_shares(name(i), round.device[i]->unmasking_shares(round.survivors));
   }

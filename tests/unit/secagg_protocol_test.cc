@@ -371,6 +371,48 @@ TEST(SecureAggregation, TheServerRefusesMessagesOutOfTurnOrIdentity) {
   EXPECT_THROW(server.unmask(), SecAggError);
 }
 
+// The parsers take bytes from the network: flipped and cut bytes of every message kind give
+// a message or a SecAggError, never anything else (ASan's tree checks the reads).
+TEST(SecureAggregationMessages, DamagedBytesParseOrAreRefused) {
+  Round round;
+  round.devices = 4;
+  round.threshold = 3;
+  round.length = 6;
+  round.run_until_survivors();
+  const std::vector<std::vector<std::uint8_t>> messages = {
+      serialize(round.device[0]->advertise_keys()),
+      serialize(KeyDirectory{{kRound, 3, 6}, {round.device[0]->advertise_keys(), round.device[1]->advertise_keys()}}),
+      serialize(round.server->shares_for(name(1))),
+      serialize(MaskedInput{kRound, name(2), round.masked[2]}),
+      serialize(round.survivors),
+      serialize(round.device[3]->unmasking_shares(round.survivors)),
+  };
+  std::mt19937 draw(11);
+  int parsed = 0, refused = 0;
+  for (int trial = 0; trial < 6000; ++trial) {
+    std::vector<std::uint8_t> bytes = messages[trial % messages.size()];
+    const int flips = 1 + static_cast<int>(draw() % 3);
+    for (int f = 0; f < flips; ++f) bytes[draw() % bytes.size()] ^= static_cast<std::uint8_t>(1 + draw() % 255);
+    if (draw() % 4 == 0) bytes.resize(draw() % bytes.size());
+    try {
+      switch (trial % messages.size()) {
+        case 0: parse_advertise_keys(bytes); break;
+        case 1: parse_key_directory(bytes); break;
+        case 2: parse_encrypted_shares(bytes); break;
+        case 3: parse_masked_input(bytes); break;
+        case 4: parse_survivor_list(bytes); break;
+        default: parse_unmasking_shares(bytes); break;
+      }
+      ++parsed;
+    } catch (const SecAggError&) {
+      ++refused;
+    }
+  }
+  EXPECT_EQ(parsed + refused, 6000);
+  EXPECT_GT(parsed, 100);   // flips inside keys and values still parse...
+  EXPECT_GT(refused, 100);  // ...flips in lengths, types and counts do not
+}
+
 TEST(SecureAggregation, ThresholdsAreMajorities) {
   EXPECT_THROW(check_threshold(10, 20), SecAggError);
   EXPECT_NO_THROW(check_threshold(11, 20));

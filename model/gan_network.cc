@@ -251,6 +251,9 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
           layer->fast_deconv = std::make_unique<kernels::Deconv2dXnn>(layer->deconv, pool);
         break;
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
       case LayerKind::kRelu:
         throw std::invalid_argument(
             "ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
@@ -312,6 +315,9 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
         break;
       }
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }
@@ -378,6 +384,9 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout,
         break;
       }
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }

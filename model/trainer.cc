@@ -36,6 +36,9 @@ struct Trainer::Stage {
   std::unique_ptr<k::Conv2dXnn> conv;
   std::unique_ptr<k::FullyConnectedTrainXnn> fc;
   std::unique_ptr<k::MaxPool2x2Xnn> pool;
+  std::unique_ptr<k::DepthwiseConv2dXnn> dwconv;
+  std::unique_ptr<k::AvgPoolXnn> avgpool;
+  std::unique_ptr<k::GlobalAvgPoolXnn> global_avgpool;
 };
 
 Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthreadpool_t pool)
@@ -54,8 +57,9 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
     Stage stage;
     stage.layer = stage.output = i;
     const ResolvedLayer& layer = layers[i];
-    const bool can_fuse =
-        layer.kind == LayerKind::kConv || layer.kind == LayerKind::kFullyConnected;
+    const bool can_fuse = layer.kind == LayerKind::kConv ||
+                          layer.kind == LayerKind::kDepthwiseConv ||
+                          layer.kind == LayerKind::kFullyConnected;
     if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu) {
       stage.fused_relu = true;
       stage.output = i + 1;
@@ -74,6 +78,18 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
         case LayerKind::kMaxPool:
           stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W,
                                                           layer.in.C, pool);
+          break;
+        case LayerKind::kDepthwiseConv:
+          stage.dwconv =
+              std::make_unique<k::DepthwiseConv2dXnn>(conv_shape(layer, max_batch), activation, pool);
+          break;
+        case LayerKind::kAvgPool:
+          stage.avgpool = std::make_unique<k::AvgPoolXnn>(max_batch, layer.in.H, layer.in.W,
+                                                          layer.in.C, layer.kernel, pool);
+          break;
+        case LayerKind::kGlobalAvgPool:
+          stage.global_avgpool = std::make_unique<k::GlobalAvgPoolXnn>(
+              max_batch, layer.in.H * layer.in.W, layer.in.C, pool);
           break;
         case LayerKind::kRelu:
         case LayerKind::kDeconv:  // refused above
@@ -157,6 +173,28 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
                                                layer.out.size());
         } else {
           stage.fc->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kDepthwiseConv:
+        if (reference) {
+          k::depthwise_conv2d_forward_reference(out, in, weight, bias, conv_shape(layer, rows));
+        } else {
+          stage.dwconv->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kAvgPool:
+        if (reference) {
+          k::avgpool_forward_reference(out, in, rows, layer.in.H, layer.in.W, layer.in.C,
+                                       layer.kernel);
+        } else {
+          stage.avgpool->forward(out, in);
+        }
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (reference) {
+          k::global_avgpool_forward_reference(out, in, rows, layer.in.H * layer.in.W, layer.in.C);
+        } else {
+          stage.global_avgpool->forward(out, in);
         }
         break;
       case LayerKind::kRelu:
@@ -263,6 +301,34 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         } else {
           stage.fc->backward(dinp, dweight, dbias, dout, stage.fused_relu ? out : nullptr, in,
                              weight);
+        }
+        break;
+      case LayerKind::kDepthwiseConv:
+        if (reference) {
+          k::depthwise_conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
+                                                 conv_shape(layer, rows));
+        } else {
+          stage.dwconv->backward_overwriting_dout(dinp, dweight, dbias, dout,
+                                                  stage.fused_relu && !pooled ? out : nullptr, in,
+                                                  weight);
+        }
+        break;
+      case LayerKind::kAvgPool:
+        if (!dinp) break;
+        if (reference) {
+          k::avgpool_backward_reference(dinp, dout, rows, layer.in.H, layer.in.W, layer.in.C,
+                                        layer.kernel);
+        } else {
+          stage.avgpool->backward(dinp, dout);
+        }
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (!dinp) break;
+        if (reference) {
+          k::global_avgpool_backward_reference(dinp, dout, rows, layer.in.H * layer.in.W,
+                                               layer.in.C);
+        } else {
+          stage.global_avgpool->backward(dinp, dout);
         }
         break;
       case LayerKind::kRelu:

@@ -214,6 +214,35 @@ void global_avgpool_backward_reference(float* dinp, const float* dout, int B, in
             dout[static_cast<std::size_t>(b) * C + c] / static_cast<float>(HW);
 }
 
+namespace {
+// splitmix64's output function on seed + (i + 1) * golden gamma: element i's draw, as the
+// (i + 1)-th output of a splitmix64 stream started at `seed` (common/splitmix64.h's
+// SplitMix64{seed}), computed without walking the stream.
+inline float dropout_draw(std::uint64_t seed, std::size_t i) {
+  std::uint64_t z = seed + (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+}  // namespace
+
+bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate) {
+  return dropout_draw(seed, i) >= rate;
+}
+
+void dropout_forward(float* out, const float* inp, std::size_t n, float rate, std::uint64_t seed) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (std::size_t i = 0; i < n; i++) out[i] = dropout_draw(seed, i) >= rate ? inp[i] * scale : 0.0f;
+}
+
+void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
+                      std::uint64_t seed) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (std::size_t i = 0; i < n; i++)
+    dinp[i] = dropout_draw(seed, i) >= rate ? dout[i] * scale : 0.0f;
+}
+
 void relu_forward(float* out, const float* inp, std::size_t n) {
   for (std::size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }

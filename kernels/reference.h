@@ -65,6 +65,18 @@ void global_avgpool_forward_reference(float* out, const float* inp, int B, int H
 // dinp [B][HW][C] = dout [B][C] / HW at every position.
 void global_avgpool_backward_reference(float* dinp, const float* dout, int B, int HW, int C);
 
+// Inverted dropout: out[i] = inp[i] / (1 - rate) where element i is kept, 0 where dropped;
+// element i is dropped iff its uniform draw u(seed, i) in [0, 1) (24 bits of a splitmix64
+// hash of seed and i) is below `rate`. The draw is a function of (seed, i) alone, not of a
+// sequence, so the backward pass recomputes the mask instead of storing it and a step
+// repeats exactly for its seed on every platform. rate in [0, 1).
+void dropout_forward(float* out, const float* inp, std::size_t n, float rate, std::uint64_t seed);
+// dinp[i] = dout[i] / (1 - rate) where kept, 0 where dropped (the same mask); may alias.
+void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
+                      std::uint64_t seed);
+// Whether dropout keeps element i for `seed` (the mask both passes use).
+bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate);
+
 void relu_forward(float* out, const float* inp, std::size_t n);
 // Uses the forward output as the mask (out > 0); dinp may alias dout.
 void relu_backward(float* dinp, const float* dout, const float* out, std::size_t n);

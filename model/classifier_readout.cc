@@ -81,6 +81,9 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
         case LayerKind::kGlobalAvgPool:
           k::global_avgpool_forward_reference(out, in, rows, layer.in.H * layer.in.W, layer.in.C);
           break;
+        case LayerKind::kDropout:  // the identity when evaluating
+          std::copy(in, in + static_cast<std::size_t>(rows) * layer.out.size(), out);
+          break;
         case LayerKind::kRelu:
           k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
           break;

@@ -254,6 +254,7 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
       case LayerKind::kAvgPool:
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         throw std::invalid_argument(
             "ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
@@ -318,6 +319,7 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
       case LayerKind::kAvgPool:
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }
@@ -387,6 +389,7 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout,
       case LayerKind::kAvgPool:
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }

@@ -218,6 +218,22 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       layer.kind = LayerKind::kGlobalAvgPool;
       if (words.size() != 1)
         throw ModelError("model spec: 'globalavgpool' takes no arguments: '" + statement + "'");
+    } else if (verb == "dropout") {
+      layer.kind = LayerKind::kDropout;
+      float rate = -1;
+      if (words.size() == 2) {
+        std::size_t used = 0;
+        try {
+          rate = std::stof(words[1], &used);
+        } catch (...) {
+          used = 0;
+        }
+        if (used != words[1].size()) rate = -1;
+      }
+      if (!(rate > 0.0f && rate < 1.0f))  // also refuses NaN
+        throw ModelError("model spec: expected 'dropout P' with P in (0, 1), got '" + statement +
+                         "'");
+      layer.rate = rate;
     } else if (verb == "maxpool") {
       layer.kind = LayerKind::kMaxPool;
       if (words.size() != 2 || words[1] != "2")
@@ -247,7 +263,7 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     } else {
       throw ModelError("model spec: unknown layer '" + verb +
                        "' (known: input, init, conv, dwconv, deconv, maxpool, avgpool, globalavgpool, fc, "
-                       "relu)");
+                       "relu, dropout)");
     }
     spec.layers.push_back(layer);
   }
@@ -363,6 +379,9 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
         break;
       case LayerKind::kGlobalAvgPool:
         layer.out = {1, 1, shape.C};
+        break;
+      case LayerKind::kDropout:
+        layer.rate = spec.rate;
         break;
       case LayerKind::kMaxPool:
         if (shape.H < 2 || shape.W < 2)

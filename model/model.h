@@ -18,6 +18,9 @@
 //                                 transposed convolution, output H·stride x W·stride
 //                                 (padding (K−1)/2, odd K; kernels/gan_ops.h Deconv2dShape)
 //   relu
+//   dropout 0.2                   inverted dropout at that rate, in (0, 1), while training
+//                                 (Trainer::compute_gradient, masks from its step seed); the
+//                                 identity in evaluate()
 //   init glorot|he                how initialize() draws the weights (default glorot; once,
 //                                 anywhere after input): he is He-uniform, bound sqrt(6/fan_in),
 //                                 which keeps a deep ReLU network without normalization
@@ -54,7 +57,8 @@ enum class LayerKind {
   kDeconv,
   kDepthwiseConv,
   kAvgPool,
-  kGlobalAvgPool
+  kGlobalAvgPool,
+  kDropout
 };
 
 struct LayerSpec {
@@ -66,6 +70,7 @@ struct LayerSpec {
   int stride = 1;                     // conv, deconv, dwconv
   bool same_padding = true;           // conv, dwconv: pad (kernel-1)/2 on each side
   bool relu = false;  // conv/dwconv/fc: ReLU fused after the layer (shorthand for a relu layer)
+  float rate = 0;     // dropout: the fraction of activations dropped while training
 };
 
 struct ExampleShape {
@@ -105,6 +110,7 @@ struct ResolvedLayer {
   ExampleShape in, out;
   int kernel = 0, stride = 1, pad = 0;
   int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
+  float rate = 0;  // dropout
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/splitmix64.h"
 #include "kernels/reference.h"
 #include "kernels/training_xnn.h"
 #include "model/filter_dropout.h"
@@ -92,7 +93,8 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
               max_batch, layer.in.H * layer.in.W, layer.in.C, pool);
           break;
         case LayerKind::kRelu:
-        case LayerKind::kDeconv:  // refused above
+        case LayerKind::kDropout:  // our loop, no operator
+        case LayerKind::kDeconv:   // refused above
           break;
       }
     }
@@ -122,8 +124,15 @@ bool Trainer::unpools_into_activation(std::size_t s) const {
   return s > 0 && s < stages_.size() && stages_[s].pool && stages_[s - 1].fused_relu;
 }
 
+std::uint64_t Trainer::dropout_seed(std::size_t layer) const {
+  // One stream per layer: the step seed mixed with the layer's index, so two dropout layers
+  // of one step (and one layer in two steps) draw unrelated masks.
+  SplitMix64 mix{step_seed_ ^ (0x632be59bd9b4e019ULL * (layer + 1))};
+  return mix.next();
+}
+
 BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
-                             const std::int32_t* labels, int count) {
+                             const std::int32_t* labels, int count, bool training) {
   if (count < 1 || count > max_batch_) {
     throw std::invalid_argument("Trainer: batch of " + std::to_string(count) +
                                 " examples, built for 1.." + std::to_string(max_batch_));
@@ -197,6 +206,16 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
           stage.global_avgpool->forward(out, in);
         }
         break;
+      case LayerKind::kDropout: {
+        // Our loop on either backend (XNNPACK has no dropout); in evaluate() the identity.
+        const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        if (training) {
+          k::dropout_forward(out, in, n, layer.rate, dropout_seed(stage.layer));
+        } else {
+          std::memcpy(out, in, sizeof(float) * n);
+        }
+        break;
+      }
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
         break;
@@ -220,7 +239,7 @@ void Trainer::clear_dropout() { dropout_.reset(); }
 
 BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels,
                               const std::int32_t* labels, int count) {
-  return forward(params, pixels, labels, count);
+  return forward(params, pixels, labels, count, /*training=*/false);
 }
 
 BatchResult Trainer::compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
@@ -232,7 +251,7 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
     dropout_->draw();
     return dropout_->compute_gradient_for_current_draw(params, pixels, labels, count, grad);
   }
-  BatchResult result = forward(params, pixels, labels, count);
+  BatchResult result = forward(params, pixels, labels, count, /*training=*/true);
   const auto& layers = model_.layers();
   const auto& tensors = model_.tensors();
   const int rows = rows_for(count);
@@ -331,6 +350,11 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           stage.global_avgpool->backward(dinp, dout);
         }
         break;
+      case LayerKind::kDropout:
+        if (dinp)
+          k::dropout_backward(dinp, dout, static_cast<std::size_t>(rows) * layer.out.size(),
+                              layer.rate, dropout_seed(stage.layer));
+        break;
       case LayerKind::kRelu:
         if (dinp)
           k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
@@ -339,6 +363,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         break;
     }
   }
+  SplitMix64 next{step_seed_};
+  step_seed_ = next.next();  // the next step's masks
   return result;
 }
 

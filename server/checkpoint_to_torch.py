@@ -104,6 +104,8 @@ def build_module(spec_text, tensors):
     for verb, words in statements[1:]:
         if verb == "init":  # how edgetrain drew the initial weights; nothing to rebuild
             continue
+        if verb == "dropout":  # the identity outside training, as edgetrain evaluates
+            continue
         if verb == "conv":
             convs += 1
             oc, k = int(words[0]), int(words[1].split("x")[0])

@@ -2,8 +2,8 @@
 """server/checkpoint_to_torch.py and issue 35's layers: a model with dwconv, avgpool or
 globalavgpool is refused by name (the loader cannot rebuild it yet, so it cannot export
 it to ONNX either), as a library call and as a program (exit 2, the layer named, no
-traceback); an 'init he' statement (how edgetrain drew the first weights) rebuilds like
-the same spec without it. Needs Debian's python3-torch and python3-numpy (exit 77 without)."""
+traceback); an 'init he' statement (how edgetrain drew the first weights) and a dropout
+layer (the identity when evaluating) rebuild like the same spec without them. Needs Debian's python3-torch and python3-numpy (exit 77 without)."""
 import json
 import os
 import struct
@@ -69,13 +69,15 @@ except ValueError as e:
 except KeyError as e:
     check(False, f"mobilenet-mini asked for tensor {e} before refusing its dwconv")
 
-# 'init he' changes nothing the loader rebuilds.
+# 'init he' and 'dropout P' (the identity when evaluating) change nothing the loader rebuilds.
 tensors = dict(conv1, **{"fc1.weight": np.arange(2 * 256, dtype="f4").reshape(2, 256) / 256,
                          "fc1.bias": np.zeros(2, "f4")})
 with_init = loader.build_module("input 8x8x1; init he; conv 4 3x3 same relu; fc 2", dict(tensors))
 without = loader.build_module("input 8x8x1; conv 4 3x3 same relu; fc 2", dict(tensors))
 x = torch.arange(64, dtype=torch.float32).reshape(1, 1, 8, 8)
 check(torch.equal(with_init(x), without(x)), "'init he' changed the rebuilt network")
+with_dropout = loader.build_module("input 8x8x1; conv 4 3x3 same relu; dropout 0.5; fc 2", dict(tensors))
+check(torch.equal(with_dropout(x), without(x)), "'dropout 0.5' changed the evaluated network")
 
 for f in failures:
     print("FAIL:", f)

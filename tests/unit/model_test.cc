@@ -163,6 +163,12 @@ TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
       {"input 8x8x2; avgpool; fc 2", "avgpool"},
       {"input 8x8x2; avgpool 2 2; fc 2", "avgpool 2 2"},
       {"input 8x8x2; globalavgpool 2; fc 2", "globalavgpool 2"},
+      {"input 8x8x2; dropout; fc 2", "dropout"},
+      {"input 8x8x2; dropout 0; fc 2", "dropout 0"},
+      {"input 8x8x2; dropout 1; fc 2", "dropout 1"},
+      {"input 8x8x2; dropout 0.5x; fc 2", "dropout 0.5x"},
+      {"input 8x8x2; dropout nan; fc 2", "dropout nan"},
+      {"input 8x8x2; init xavier; fc 2", "init xavier"},
   };
   for (const auto& [spec, statement] : cases) {
     try {
@@ -172,9 +178,15 @@ TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
       EXPECT_NE(std::string(e.what()).find(statement), std::string::npos) << e.what();
     }
   }
+  Model dropped(parse_model_spec("input 8x8x2; fc 6 relu; dropout 0.25; fc 2"));
+  ASSERT_EQ(dropped.layers().size(), 4u);
+  EXPECT_EQ(dropped.layers()[2].kind, LayerKind::kDropout);
+  EXPECT_FLOAT_EQ(dropped.layers()[2].rate, 0.25f);
+  EXPECT_EQ(dropped.layers()[2].out, (ExampleShape{1, 1, 6}));
   // Shapes that do not fit are refused when the model is built.
   for (const char* spec : {"input 4x4x2; dwconv 5x5 valid; fc 2", "input 3x3x2; avgpool 4; fc 2",
                            "input 8x8x2; conv 4 3x3; globalavgpool",  // pooling gives no logits
+                           "input 8x8x2; fc 4; dropout 0.5",
                            "input 8x8x2; fc 4; avgpool 2; fc 2"}) {   // 1x1 after fc
     EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;
   }

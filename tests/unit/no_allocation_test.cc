@@ -140,7 +140,7 @@ TEST(NoAllocation, TrainerReference) {
 // average pooling), and average pooling, serial and on two threads, on both backends.
 constexpr const char* kAvgPoolSpec =
     "input 28x28x1; conv 8 3x3 stride 2 same relu; dwconv 3x3 same relu; conv 16 1x1 relu; "
-    "avgpool 2; dwconv 3x3 stride 2 same; globalavgpool; fc 10";
+    "avgpool 2; dwconv 3x3 stride 2 same; globalavgpool; dropout 0.2; fc 10";
 
 TEST(NoAllocation, TrainerOnDepthwiseAndAveragePoolingLayers) {
   pthreadpool_t pool = pthreadpool_create(2);

@@ -239,6 +239,44 @@ TEST(GlobalAvgPoolReference, KnownValuesAndBackwardMatchesFiniteDifferences) {
   expect_matches_finite_differences(x, dinp, loss, 1e-2f, 1000, 1e-3, "global avgpool dinp");
 }
 
+TEST(DropoutReference, InvertedSeededAndItsOwnGradient) {
+  const std::size_t n = 20000;
+  const float rate = 0.2f;
+  std::mt19937 rng(4);
+  auto x = random_vector(n, rng, 0.5f, 1.5f);  // never zero: a zero output means dropped
+  std::vector<float> out(n), again(n), other(n);
+  ek::dropout_forward(out.data(), x.data(), n, rate, 77);
+  ek::dropout_forward(again.data(), x.data(), n, rate, 77);
+  ek::dropout_forward(other.data(), x.data(), n, rate, 78);
+  EXPECT_EQ(out, again);  // the same seed, the same mask
+  EXPECT_NE(out, other);
+  std::size_t dropped = 0;
+  for (std::size_t i = 0; i < n; i++) {
+    if (out[i] == 0.0f) {
+      dropped++;
+      EXPECT_FALSE(ek::dropout_keeps(77, i, rate));
+    } else {
+      EXPECT_FLOAT_EQ(out[i], x[i] / (1.0f - rate)) << i;  // inverted: kept ones scaled up
+      EXPECT_TRUE(ek::dropout_keeps(77, i, rate));
+    }
+  }
+  // Binomial(20000, 0.2): mean 4000, standard deviation 57.
+  EXPECT_NEAR(static_cast<double>(dropped), 4000.0, 300.0);
+  // The backward pass applies the same mask; the loss is linear in x, so finite differences
+  // match up to rounding.
+  std::vector<float> small_x(x.begin(), x.begin() + 300), y(300), dinp(300, 1e9f);
+  auto probe = random_vector(300, rng);
+  auto loss = [&] {
+    ek::dropout_forward(y.data(), small_x.data(), small_x.size(), rate, 5);
+    return dot(y, probe);
+  };
+  ek::dropout_backward(dinp.data(), probe.data(), probe.size(), rate, 5);
+  expect_matches_finite_differences(small_x, dinp, loss, 1e-2f, 300, 1e-3, "dropout dinp");
+  // Rate 0 keeps everything unchanged.
+  ek::dropout_forward(y.data(), small_x.data(), small_x.size(), 0.0f, 5);
+  EXPECT_TRUE(std::equal(y.begin(), y.end(), small_x.begin()));
+}
+
 TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences) {
   const int B = 3, NC = 5;
   std::mt19937 rng(5);

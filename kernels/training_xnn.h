@@ -138,9 +138,9 @@ class MaxPool2x2Xnn {
 // Depthwise convolution (channel multiplier 1; shape.OC == shape.C), weights [C][KH][KW][1]
 // as depthwise_conv2d_forward_reference: out = act(dwconv(inp, weight) + bias).
 // Forward: XNNPACK's convolution with groups = C (one channel per group, which it runs on its
-// depthwise microkernels). Input gradient: XNNPACK's deconvolution with groups = C (with one
-// channel per group the kernel needs no O/I swap). Weight and bias gradients: our loop, a
-// sum over output pixels per tap and channel (XNNPACK has no operator for it).
+// depthwise microkernels). Input, weight and bias gradients: our loops over contiguous
+// channels (XNNPACK's deconvolution with groups = C gives the input gradient too, but
+// 3-6x slower: kernels/README.md).
 class DepthwiseConv2dXnn {
  public:
   DepthwiseConv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
@@ -155,8 +155,9 @@ class DepthwiseConv2dXnn {
   Conv2dShape s_;
   Activation activation_;
   pthreadpool_t pool_;
-  XnnOperator forward_op_, dinp_op_;
+  XnnOperator forward_op_;
   std::vector<float> dweight_by_tap_;  // [KH*KW][C]: accumulated along contiguous channels
+  std::vector<float> weight_by_tap_;   // [KH*KW][C]: the weights, for the input gradient
 };
 
 // K x K / stride K average pooling, floor(H/K) x floor(W/K) output, as

@@ -171,8 +171,8 @@ void avgpool_forward_reference(float* out, const float* inp, int B, int H, int W
           float sum = 0.0f;
           for (int dy = 0; dy < K; dy++)
             for (int dx = 0; dx < K; dx++)
-              sum += inp[((static_cast<std::size_t>(b) * H + oh * K + dy) * W + ow * K + dx) * C +
-                         c];
+              sum +=
+                  inp[((static_cast<std::size_t>(b) * H + oh * K + dy) * W + ow * K + dx) * C + c];
           out[((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * C + c] = sum * scale;
         }
       }
@@ -180,8 +180,7 @@ void avgpool_forward_reference(float* out, const float* inp, int B, int H, int W
   }
 }
 
-void avgpool_backward_reference(float* dinp, const float* dout, int B, int H, int W, int C,
-                                int K) {
+void avgpool_backward_reference(float* dinp, const float* dout, int B, int H, int W, int C, int K) {
   std::memset(dinp, 0, sizeof(float) * B * H * W * C);
   const int OH = H / K, OW = W / K;
   const float scale = 1.0f / static_cast<float>(K * K);
@@ -233,7 +232,8 @@ bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate) {
 
 void dropout_forward(float* out, const float* inp, std::size_t n, float rate, std::uint64_t seed) {
   const float scale = 1.0f / (1.0f - rate);
-  for (std::size_t i = 0; i < n; i++) out[i] = dropout_draw(seed, i) >= rate ? inp[i] * scale : 0.0f;
+  for (std::size_t i = 0; i < n; i++)
+    out[i] = dropout_draw(seed, i) >= rate ? inp[i] * scale : 0.0f;
 }
 
 void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,

@@ -452,7 +452,6 @@ std::uint32_t MaxPool2x2Xnn::window_index_to_flat(std::size_t i, std::uint32_t w
   return static_cast<std::uint32_t>(((b * H_ + 2 * oh + dy) * W_ + 2 * ow + dx) * C_ + c);
 }
 
-
 // ---------------------------------------------------------------------------------------
 DepthwiseConv2dXnn::DepthwiseConv2dXnn(const Conv2dShape& shape, Activation activation,
                                        pthreadpool_t pool)
@@ -463,8 +462,7 @@ DepthwiseConv2dXnn::DepthwiseConv2dXnn(const Conv2dShape& shape, Activation acti
       weight_by_tap_(dweight_by_tap_.size()) {
   ensure_xnnpack_initialized();
   if (s_.OC != s_.C) throw std::invalid_argument("DepthwiseConv2dXnn: OC must equal C");
-  if (s_.OH() <= 0 || s_.OW() <= 0)
-    throw std::invalid_argument("DepthwiseConv2dXnn: empty output");
+  if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("DepthwiseConv2dXnn: empty output");
 }
 
 void DepthwiseConv2dXnn::forward(float* out, const float* inp, const float* weight,
@@ -483,8 +481,8 @@ void DepthwiseConv2dXnn::forward(float* out, const float* inp, const float* weig
 }
 
 void DepthwiseConv2dXnn::backward_overwriting_dout(float* dinp, float* dweight, float* dbias,
-                                                   float* dout, const float* out,
-                                                   const float* inp, const float* weight) {
+                                                   float* dout, const float* out, const float* inp,
+                                                   const float* weight) {
   const int OH = s_.OH(), OW = s_.OW();
   const std::size_t C = s_.C, M = static_cast<std::size_t>(s_.B) * OH * OW;
   const float* d = apply_relu_mask(activation_, dout, dout, out, M * C);
@@ -576,9 +574,9 @@ void AvgPoolXnn::backward(float* dinp, const float* dout) {
 GlobalAvgPoolXnn::GlobalAvgPoolXnn(int B, int HW, int C, pthreadpool_t pool)
     : B_(B), HW_(HW), C_(C), pool_(pool) {
   ensure_xnnpack_initialized();
-  check(xnn_create_global_average_pooling_nwc_f32(C, C, C, -kInfinity, kInfinity, 0,
-                                                  op_.out_param()),
-        "xnn_create_global_average_pooling_nwc_f32");
+  check(
+      xnn_create_global_average_pooling_nwc_f32(C, C, C, -kInfinity, kInfinity, 0, op_.out_param()),
+      "xnn_create_global_average_pooling_nwc_f32");
 }
 
 void GlobalAvgPoolXnn::forward(float* out, const float* inp) {

@@ -261,9 +261,10 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       if (words.size() != 1)
         throw ModelError("model spec: 'relu' takes no arguments: '" + statement + "'");
     } else {
-      throw ModelError("model spec: unknown layer '" + verb +
-                       "' (known: input, init, conv, dwconv, deconv, maxpool, avgpool, globalavgpool, fc, "
-                       "relu, dropout)");
+      throw ModelError(
+          "model spec: unknown layer '" + verb +
+          "' (known: input, init, conv, dwconv, deconv, maxpool, avgpool, globalavgpool, fc, "
+          "relu, dropout)");
     }
     spec.layers.push_back(layer);
   }
@@ -411,9 +412,9 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
       layers_.push_back(ResolvedLayer{LayerKind::kRelu, shape, shape});
     }
   }
-  if (const LayerKind last = layers_.back().kind;
-      last != LayerKind::kFullyConnected && last != LayerKind::kConv &&
-      last != LayerKind::kDeconv) {
+  if (const LayerKind last = layers_.back().kind; last != LayerKind::kFullyConnected &&
+                                                  last != LayerKind::kConv &&
+                                                  last != LayerKind::kDeconv) {
     throw ModelError(
         "model: the last layer must be fc, conv or deconv (its outputs are the class logits)");
   }

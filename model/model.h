@@ -110,7 +110,7 @@ struct ResolvedLayer {
   ExampleShape in, out;
   int kernel = 0, stride = 1, pad = 0;
   int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
-  float rate = 0;  // dropout
+  float rate = 0;                            // dropout
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 

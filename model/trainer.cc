@@ -81,8 +81,8 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
                                                           layer.in.C, pool);
           break;
         case LayerKind::kDepthwiseConv:
-          stage.dwconv =
-              std::make_unique<k::DepthwiseConv2dXnn>(conv_shape(layer, max_batch), activation, pool);
+          stage.dwconv = std::make_unique<k::DepthwiseConv2dXnn>(conv_shape(layer, max_batch),
+                                                                 activation, pool);
           break;
         case LayerKind::kAvgPool:
           stage.avgpool = std::make_unique<k::AvgPoolXnn>(max_batch, layer.in.H, layer.in.W,
@@ -327,9 +327,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::depthwise_conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
                                                  conv_shape(layer, rows));
         } else {
-          stage.dwconv->backward_overwriting_dout(dinp, dweight, dbias, dout,
-                                                  stage.fused_relu && !pooled ? out : nullptr, in,
-                                                  weight);
+          stage.dwconv->backward_overwriting_dout(
+              dinp, dweight, dbias, dout, stage.fused_relu && !pooled ? out : nullptr, in, weight);
         }
         break;
       case LayerKind::kAvgPool:

@@ -267,8 +267,7 @@ TEST(FilterDropout, AveragePoolingModels) {
     trainer.set_dropout(config({0.5f, 0.25f}));
     FilterDropout& dropout = *trainer.dropout();
     dropout.draw();
-    std::vector<float> grad(f.model.parameter_count(), 1e9f),
-        scratch(f.model.parameter_count());
+    std::vector<float> grad(f.model.parameter_count(), 1e9f), scratch(f.model.parameter_count());
     std::vector<float> probe(f.model.parameters().begin(), f.model.parameters().end());
     dropout.compute_gradient_for_current_draw(probe, f.pixels.data(), f.labels.data(), 3, grad);
     const std::vector<bool> kept = kept_entries(f.model, dropout);

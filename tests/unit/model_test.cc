@@ -128,7 +128,8 @@ TEST(ModelSpec, DepthwisePointwiseStridedAndAveragePooling) {
   m.initialize(3);
   const float bound = std::sqrt(6.0f / 18.0f);
   float largest = 0;
-  for (float v : m.tensor(m.tensor_index("dwconv1.weight"))) largest = std::max(largest, std::fabs(v));
+  for (float v : m.tensor(m.tensor_index("dwconv1.weight")))
+    largest = std::max(largest, std::fabs(v));
   EXPECT_LE(largest, bound);
   EXPECT_GT(largest, 0.5f * bound);
   // Another pooling or kernel is another layout.
@@ -184,10 +185,10 @@ TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
   EXPECT_FLOAT_EQ(dropped.layers()[2].rate, 0.25f);
   EXPECT_EQ(dropped.layers()[2].out, (ExampleShape{1, 1, 6}));
   // Shapes that do not fit are refused when the model is built.
-  for (const char* spec : {"input 4x4x2; dwconv 5x5 valid; fc 2", "input 3x3x2; avgpool 4; fc 2",
-                           "input 8x8x2; conv 4 3x3; globalavgpool",  // pooling gives no logits
-                           "input 8x8x2; fc 4; dropout 0.5",
-                           "input 8x8x2; fc 4; avgpool 2; fc 2"}) {   // 1x1 after fc
+  for (const char* spec :
+       {"input 4x4x2; dwconv 5x5 valid; fc 2", "input 3x3x2; avgpool 4; fc 2",
+        "input 8x8x2; conv 4 3x3; globalavgpool",  // pooling gives no logits
+        "input 8x8x2; fc 4; dropout 0.5", "input 8x8x2; fc 4; avgpool 2; fc 2"}) {  // 1x1 after fc
     EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;
   }
 }

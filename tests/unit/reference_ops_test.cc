@@ -205,7 +205,8 @@ TEST(AvgPoolReference, KnownValuesAndBackwardMatchesFiniteDifferences) {
   ek::avgpool_forward_reference(out, inp, 1, 5, 5, 1, 2);
   EXPECT_FLOAT_EQ(out[0], (0 + 1 + 5 + 6) / 4.0f);
   EXPECT_FLOAT_EQ(out[3], (12 + 13 + 17 + 18) / 4.0f);
-  for (auto [B, H, W, C, K] : {std::array<int, 5>{1, 2, 2, 1, 2}, {2, 5, 6, 3, 2}, {1, 7, 8, 2, 3}}) {
+  for (auto [B, H, W, C, K] :
+       {std::array<int, 5>{1, 2, 2, 1, 2}, {2, 5, 6, 3, 2}, {1, 7, 8, 2, 3}}) {
     std::mt19937 rng(static_cast<unsigned>(B + H * 10 + W * 100 + C + K));
     auto x = random_vector(static_cast<std::size_t>(B) * H * W * C, rng);
     const std::size_t n_out = static_cast<std::size_t>(B) * (H / K) * (W / K) * C;

@@ -125,7 +125,7 @@ TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferencesOnNewLayers) {
   // Every tensor, not a stride through the arena: the depthwise tensors are small.
   for (const TensorInfo& t : model.tensors()) {
     int nonzero = 0;
-    for (std::size_t i = t.offset; i < t.offset + t.size; i += t.size > 40 ? 5 : 1) {
+    for (std::size_t i = t.offset; i<t.offset + t.size; i += t.size> 40 ? 5 : 1) {
       // A smaller step than the other test's: a bias moves every position of its channel
       // at once, and 1e-2 made some cross a ReLU kink.
       const float h = 2e-3f;
@@ -291,13 +291,16 @@ TEST_P(TrainerOnBackend, DropoutIsSeededByTheStepAndTheIdentityInEvaluate) {
 
   std::vector<float> g1(with.parameter_count()), g2(g1.size()), g3(g1.size()), g_plain(g1.size());
   t_with.set_step_seed(41);
-  const float l1 = t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g1).loss;
+  const float l1 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g1).loss;
   EXPECT_NE(t_with.step_seed(), 41u);  // moved on
   t_with.set_step_seed(41);
-  const float l2 = t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g2).loss;
+  const float l2 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g2).loss;
   EXPECT_EQ(l1, l2);
   EXPECT_EQ(g1, g2);  // the same step seed, the same step
-  const float l3 = t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g3).loss;
+  const float l3 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g3).loss;
   EXPECT_NE(g3, g1);  // the next step drops others
   EXPECT_NE(l3, l1);
   const float l_plain =
@@ -360,8 +363,7 @@ TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
       data.copy_image(i, pixels.data() + b * data.image_bytes());
       labels[b] = data.labels[i];
     }
-    const float loss =
-        trainer.compute_gradient(params, pixels.data(), labels.data(), B, grad).loss;
+    const float loss = trainer.compute_gradient(params, pixels.data(), labels.data(), B, grad).loss;
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
     for (std::size_t i = 0; i < params.size(); i++) params[i] -= lr * grad[i];
     if (step < 10) first += loss / 10;

@@ -169,8 +169,8 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
         ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu},  // 2x3 kernel, no padding
         // one input channel: the direct weight-gradient loop
-        ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},   // stride 2, odd size
-        ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},   // 2x3 kernel, no padding
+        ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},  // stride 2, odd size
+        ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},  // 2x3 kernel, no padding
         ConvCase{{2, 5, 9, 1, 5, 5, 5, 1, 2}, ek::Activation::relu},  // 5x5, wide padding
         // pointwise (1x1): MobileNet's channel mixing, K = C; and 1x1 with stride 2
         ConvCase{{2, 7, 7, 8, 16, 1, 1, 1, 0}, ek::Activation::relu},
@@ -234,8 +234,7 @@ TEST_P(DepthwiseConv2dXnnTest, MatchesReference) {
   const bool relu = activation == ek::Activation::relu;
 
   std::vector<float> out_ref(n_out), out_fast(n_out, NAN);
-  ek::depthwise_conv2d_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(),
-                                         s);
+  ek::depthwise_conv2d_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), s);
   if (relu) ek::relu_forward(out_ref.data(), out_ref.data(), n_out);
   std::vector<float> d = dout;
   if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), n_out);
@@ -251,9 +250,9 @@ TEST_P(DepthwiseConv2dXnnTest, MatchesReference) {
     expect_near_all(out_fast, out_ref, taps, "out");
     const bool want_dinp = round == 0;
     std::vector<float> scratch = dout, dinp(n_in, NAN), dweight(s.C * taps, NAN), dbias(s.C, NAN);
-    conv.backward_overwriting_dout(want_dinp ? dinp.data() : nullptr, dweight.data(),
-                                   dbias.data(), scratch.data(), relu ? out_fast.data() : nullptr,
-                                   inp.data(), weight.data());
+    conv.backward_overwriting_dout(want_dinp ? dinp.data() : nullptr, dweight.data(), dbias.data(),
+                                   scratch.data(), relu ? out_fast.data() : nullptr, inp.data(),
+                                   weight.data());
     if (want_dinp) expect_near_all(dinp, dinp_ref, taps, "dinp");
     expect_near_all(dweight, dweight_ref, M, "dweight");
     expect_near_all(dbias, dbias_ref, M, "dbias");
@@ -269,8 +268,8 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{{2, 14, 14, 32, 32}, ek::Activation::relu},  // MobileNet-sized
                       ConvCase{{2, 7, 7, 5, 5, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd
                       ConvCase{{2, 8, 8, 17, 17, 3, 3, 2, 1}, ek::Activation::relu},  // adjustment
-                      ConvCase{{1, 9, 8, 4, 4, 5, 5, 1, 2}, ek::Activation::relu},  // 5x5 same
-                      ConvCase{{3, 6, 7, 6, 6, 3, 3, 1, 0}, ek::Activation::none}),  // valid
+                      ConvCase{{1, 9, 8, 4, 4, 5, 5, 1, 2}, ek::Activation::relu},    // 5x5 same
+                      ConvCase{{3, 6, 7, 6, 6, 3, 3, 1, 0}, ek::Activation::none}),   // valid
     [](const ::testing::TestParamInfo<ConvCase>& info) {
       const auto& s = info.param.s;
       return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +

@@ -336,10 +336,11 @@ TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMobilenetMini) {
   expect_backends_agree(builtin_model_spec("mobilenet-mini"), 4, 8);
 }
 
-// mobilenet-mini learns MNIST digits: over 200 SGD steps of 16 (lr 0.15) the mean loss of
-// the last ten steps is well below the first ten's (about ln 10 = 2.30), on XNNPACK.
-// Without normalization a global-average-pooled network sits near ln 10 for its first
-// ~100 steps (measured on the host: 2.37 -> 1.9), hence more steps than the paper CNN needs.
+// mobilenet-mini learns MNIST digits: 300 SGD steps of 8 (lr 0.1) take its mean loss on
+// 256 fixed training examples well below where it started (about ln 10 = 2.30), on
+// XNNPACK. Without normalization a global-average-pooled network sits near ln 10 for its
+// first ~150 steps (host: 2.45 -> 1.57 here; after 160 steps only 2.11), hence more
+// steps than the paper CNN needs, at a small batch to keep the run short under QEMU.
 TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
   const auto dir = edgetrain::testing::mnist_small_dir();
   EDGETRAIN_REQUIRE_DATA(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
@@ -347,16 +348,33 @@ TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
       load_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
   Model model(builtin_model_spec("mobilenet-mini"));
   model.initialize(1);
-  const int B = 16, steps = 200;
-  const float lr = 0.15f;
+  const int B = 8, steps = 300;
+  const float lr = 0.1f;
   Trainer trainer(model, B);
   std::vector<float> grad(model.parameter_count());
   std::vector<std::uint8_t> pixels(B * data.image_bytes());
   std::vector<std::int32_t> labels(B);
   std::mt19937 rng(1);
   std::uniform_int_distribution<std::size_t> pick(0, data.size() - 1);
-  double first = 0, last = 0;
   auto params = model.parameters();
+  // The mean loss over 256 fixed training examples, B at a time (evaluate(): forward only).
+  std::vector<std::uint8_t> fixed_pixels(256 * data.image_bytes());
+  std::vector<std::int32_t> fixed_labels(256);
+  for (int i = 0; i < 256; i++) {
+    const std::size_t example = pick(rng);
+    data.copy_image(example, fixed_pixels.data() + i * data.image_bytes());
+    fixed_labels[i] = data.labels[example];
+  }
+  auto fixed_loss = [&] {
+    double sum = 0;
+    for (int i = 0; i < 256; i += B)
+      sum += trainer
+                 .evaluate(params, fixed_pixels.data() + i * data.image_bytes(),
+                           fixed_labels.data() + i, B)
+                 .loss;
+    return sum * B / 256;
+  };
+  const double before = fixed_loss();
   for (int step = 0; step < steps; step++) {
     for (int b = 0; b < B; b++) {
       const std::size_t i = pick(rng);
@@ -366,12 +384,11 @@ TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
     const float loss = trainer.compute_gradient(params, pixels.data(), labels.data(), B, grad).loss;
     ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
     for (std::size_t i = 0; i < params.size(); i++) params[i] -= lr * grad[i];
-    if (step < 10) first += loss / 10;
-    if (step >= steps - 10) last += loss / 10;
   }
-  std::printf("mobilenet-mini: mean loss of the first ten steps %.3f, of the last ten %.3f\n",
-              first, last);
-  EXPECT_LT(last, 0.85 * first) << "first ten steps " << first << ", last ten " << last;
+  const double after = fixed_loss();
+  std::printf("mobilenet-mini: mean loss on 256 fixed examples %.3f before, %.3f after\n", before,
+              after);
+  EXPECT_LT(after, 0.85 * before) << "before " << before << ", after " << after;
 }
 
 }  // namespace

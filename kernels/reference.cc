@@ -103,6 +103,146 @@ void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::ui
   for (std::size_t i = 0; i < n_out; i++) dinp[argmax[i]] += dout[i];
 }
 
+void depthwise_conv2d_forward_reference(float* out, const float* inp, const float* weight,
+                                        const float* bias, const Conv2dShape& s) {
+  const int OH = s.OH(), OW = s.OW();
+  for (int b = 0; b < s.B; b++) {
+    for (int oh = 0; oh < OH; oh++) {
+      for (int ow = 0; ow < OW; ow++) {
+        float* o = out + ((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * s.C;
+        for (int c = 0; c < s.C; c++) {
+          float sum = bias ? bias[c] : 0.0f;
+          for (int kh = 0; kh < s.KH; kh++) {
+            const int ih = oh * s.stride - s.pad + kh;
+            if (ih < 0 || ih >= s.H) continue;
+            for (int kw = 0; kw < s.KW; kw++) {
+              const int iw = ow * s.stride - s.pad + kw;
+              if (iw < 0 || iw >= s.W) continue;
+              sum += inp[((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C + c] *
+                     weight[(static_cast<std::size_t>(c) * s.KH + kh) * s.KW + kw];
+            }
+          }
+          o[c] = sum;
+        }
+      }
+    }
+  }
+}
+
+void depthwise_conv2d_backward_reference(float* dinp, float* dweight, float* dbias,
+                                         const float* dout, const float* inp, const float* weight,
+                                         const Conv2dShape& s) {
+  const int OH = s.OH(), OW = s.OW();
+  if (dinp) std::memset(dinp, 0, sizeof(float) * s.B * s.H * s.W * s.C);
+  std::memset(dweight, 0, sizeof(float) * s.C * s.KH * s.KW);
+  if (dbias) std::memset(dbias, 0, sizeof(float) * s.C);
+  for (int b = 0; b < s.B; b++) {
+    for (int oh = 0; oh < OH; oh++) {
+      for (int ow = 0; ow < OW; ow++) {
+        const float* d = dout + ((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * s.C;
+        for (int c = 0; c < s.C; c++) {
+          if (dbias) dbias[c] += d[c];
+          for (int kh = 0; kh < s.KH; kh++) {
+            const int ih = oh * s.stride - s.pad + kh;
+            if (ih < 0 || ih >= s.H) continue;
+            for (int kw = 0; kw < s.KW; kw++) {
+              const int iw = ow * s.stride - s.pad + kw;
+              if (iw < 0 || iw >= s.W) continue;
+              const std::size_t x_at =
+                  ((static_cast<std::size_t>(b) * s.H + ih) * s.W + iw) * s.C + c;
+              const std::size_t w_at = (static_cast<std::size_t>(c) * s.KH + kh) * s.KW + kw;
+              dweight[w_at] += d[c] * inp[x_at];
+              if (dinp) dinp[x_at] += d[c] * weight[w_at];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void avgpool_forward_reference(float* out, const float* inp, int B, int H, int W, int C, int K) {
+  const int OH = H / K, OW = W / K;
+  const float scale = 1.0f / static_cast<float>(K * K);
+  for (int b = 0; b < B; b++) {
+    for (int oh = 0; oh < OH; oh++) {
+      for (int ow = 0; ow < OW; ow++) {
+        for (int c = 0; c < C; c++) {
+          float sum = 0.0f;
+          for (int dy = 0; dy < K; dy++)
+            for (int dx = 0; dx < K; dx++)
+              sum +=
+                  inp[((static_cast<std::size_t>(b) * H + oh * K + dy) * W + ow * K + dx) * C + c];
+          out[((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * C + c] = sum * scale;
+        }
+      }
+    }
+  }
+}
+
+void avgpool_backward_reference(float* dinp, const float* dout, int B, int H, int W, int C, int K) {
+  std::memset(dinp, 0, sizeof(float) * B * H * W * C);
+  const int OH = H / K, OW = W / K;
+  const float scale = 1.0f / static_cast<float>(K * K);
+  for (int b = 0; b < B; b++)
+    for (int oh = 0; oh < OH; oh++)
+      for (int ow = 0; ow < OW; ow++)
+        for (int c = 0; c < C; c++) {
+          const float d = dout[((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * C + c] * scale;
+          for (int dy = 0; dy < K; dy++)
+            for (int dx = 0; dx < K; dx++)
+              dinp[((static_cast<std::size_t>(b) * H + oh * K + dy) * W + ow * K + dx) * C + c] = d;
+        }
+}
+
+void global_avgpool_forward_reference(float* out, const float* inp, int B, int HW, int C) {
+  for (int b = 0; b < B; b++) {
+    for (int c = 0; c < C; c++) {
+      float sum = 0.0f;
+      for (int p = 0; p < HW; p++) sum += inp[(static_cast<std::size_t>(b) * HW + p) * C + c];
+      out[static_cast<std::size_t>(b) * C + c] = sum / static_cast<float>(HW);
+    }
+  }
+}
+
+void global_avgpool_backward_reference(float* dinp, const float* dout, int B, int HW, int C) {
+  for (int b = 0; b < B; b++)
+    for (int p = 0; p < HW; p++)
+      for (int c = 0; c < C; c++)
+        dinp[(static_cast<std::size_t>(b) * HW + p) * C + c] =
+            dout[static_cast<std::size_t>(b) * C + c] / static_cast<float>(HW);
+}
+
+namespace {
+// splitmix64's output function on seed + (i + 1) * golden gamma: element i's draw, as the
+// (i + 1)-th output of a splitmix64 stream started at `seed` (common/splitmix64.h's
+// SplitMix64{seed}), computed without walking the stream.
+inline float dropout_draw(std::uint64_t seed, std::size_t i) {
+  std::uint64_t z = seed + (static_cast<std::uint64_t>(i) + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+}  // namespace
+
+bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate) {
+  return dropout_draw(seed, i) >= rate;
+}
+
+void dropout_forward(float* out, const float* inp, std::size_t n, float rate, std::uint64_t seed) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (std::size_t i = 0; i < n; i++)
+    out[i] = dropout_draw(seed, i) >= rate ? inp[i] * scale : 0.0f;
+}
+
+void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
+                      std::uint64_t seed) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (std::size_t i = 0; i < n; i++)
+    dinp[i] = dropout_draw(seed, i) >= rate ? dout[i] * scale : 0.0f;
+}
+
 void relu_forward(float* out, const float* inp, std::size_t n) {
   for (std::size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }

@@ -42,6 +42,41 @@ void maxpool2x2_forward_reference(float* out, std::uint32_t* argmax, const float
 void maxpool2x2_backward_reference(float* dinp, const float* dout, const std::uint32_t* argmax,
                                    int B, int H, int W, int C);
 
+// Depthwise 2-D convolution, channel multiplier 1: every channel has its own KH x KW filter
+// (a grouped convolution with groups = C). s.OC must equal s.C. weight [C][KH][KW][1] (the
+// grouped layout [groups][OC per group][KH][KW][C per group] with one channel per group, so
+// PyTorch's Conv2d(groups=C).weight [C][1][KH][KW] is a transpose away as for conv);
+// bias [C] (may be null).
+void depthwise_conv2d_forward_reference(float* out, const float* inp, const float* weight,
+                                        const float* bias, const Conv2dShape& s);
+// dinp and dbias may be null; dweight/dbias are overwritten.
+void depthwise_conv2d_backward_reference(float* dinp, float* dweight, float* dbias,
+                                         const float* dout, const float* inp, const float* weight,
+                                         const Conv2dShape& s);
+
+// K x K window, stride K, floor(H/K) x floor(W/K) output (leftover rows/columns ignored, as
+// for max pooling): out = the window's mean.
+void avgpool_forward_reference(float* out, const float* inp, int B, int H, int W, int C, int K);
+// dinp [B][H][W][C] is fully overwritten: dout / (K*K) over each window, zero elsewhere.
+void avgpool_backward_reference(float* dinp, const float* dout, int B, int H, int W, int C, int K);
+
+// out [B][C] = the mean of inp [B][HW][C] over its HW positions.
+void global_avgpool_forward_reference(float* out, const float* inp, int B, int HW, int C);
+// dinp [B][HW][C] = dout [B][C] / HW at every position.
+void global_avgpool_backward_reference(float* dinp, const float* dout, int B, int HW, int C);
+
+// Inverted dropout: out[i] = inp[i] / (1 - rate) where element i is kept, 0 where dropped;
+// element i is dropped iff its uniform draw u(seed, i) in [0, 1) (24 bits of a splitmix64
+// hash of seed and i) is below `rate`. The draw is a function of (seed, i) alone, not of a
+// sequence, so the backward pass recomputes the mask instead of storing it and a step
+// repeats exactly for its seed on every platform. rate in [0, 1).
+void dropout_forward(float* out, const float* inp, std::size_t n, float rate, std::uint64_t seed);
+// dinp[i] = dout[i] / (1 - rate) where kept, 0 where dropped (the same mask); may alias.
+void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
+                      std::uint64_t seed);
+// Whether dropout keeps element i for `seed` (the mask both passes use).
+bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate);
+
 void relu_forward(float* out, const float* inp, std::size_t n);
 // Uses the forward output as the mask (out > 0); dinp may alias dout.
 void relu_backward(float* dinp, const float* dout, const float* out, std::size_t n);

@@ -452,4 +452,149 @@ std::uint32_t MaxPool2x2Xnn::window_index_to_flat(std::size_t i, std::uint32_t w
   return static_cast<std::uint32_t>(((b * H_ + 2 * oh + dy) * W_ + 2 * ow + dx) * C_ + c);
 }
 
+// ---------------------------------------------------------------------------------------
+DepthwiseConv2dXnn::DepthwiseConv2dXnn(const Conv2dShape& shape, Activation activation,
+                                       pthreadpool_t pool)
+    : s_(shape),
+      activation_(activation),
+      pool_(pool),
+      dweight_by_tap_(static_cast<std::size_t>(shape.KH) * shape.KW * shape.C),
+      weight_by_tap_(dweight_by_tap_.size()) {
+  ensure_xnnpack_initialized();
+  if (s_.OC != s_.C) throw std::invalid_argument("DepthwiseConv2dXnn: OC must equal C");
+  if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("DepthwiseConv2dXnn: empty output");
+}
+
+void DepthwiseConv2dXnn::forward(float* out, const float* inp, const float* weight,
+                                 const float* bias) {
+  const auto p = static_cast<std::uint32_t>(s_.pad);
+  // groups = C, one input and one output channel per group: the kernel layout is
+  // [C][KH][KW][1], ours. (XNN_FLAG_DEPTHWISE_CONVOLUTION would want [1][KH][KW][C].)
+  check(xnn_create_convolution2d_nhwc_f32(p, p, p, p, s_.KH, s_.KW, s_.stride, s_.stride, 1, 1,
+                                          /*groups=*/s_.C, 1, 1, s_.C, s_.C, weight, bias,
+                                          output_min(activation_), kInfinity, 0,
+                                          forward_op_.out_param()),
+        "xnn_create_convolution2d_nhwc_f32 (depthwise)");
+  check(xnn_setup_convolution2d_nhwc_f32(forward_op_.get(), s_.B, s_.H, s_.W, inp, out, pool_),
+        "xnn_setup_convolution2d_nhwc_f32 (depthwise)");
+  check(xnn_run_operator(forward_op_.get(), pool_), "xnn_run_operator (depthwise convolution)");
+}
+
+void DepthwiseConv2dXnn::backward_overwriting_dout(float* dinp, float* dweight, float* dbias,
+                                                   float* dout, const float* out, const float* inp,
+                                                   const float* weight) {
+  const int OH = s_.OH(), OW = s_.OW();
+  const std::size_t C = s_.C, M = static_cast<std::size_t>(s_.B) * OH * OW;
+  const float* d = apply_relu_mask(activation_, dout, dout, out, M * C);
+  bias_backward(dbias, d, M, C);
+  // One pass over the output pixels and taps, the innermost loops over contiguous channels:
+  // dweight[c][tap] = sum of d * the input under that tap, accumulated tap-major and
+  // transposed at the end; and, when asked, dinp = the transposed depthwise convolution of
+  // d, each output pixel's gradient spread over its taps. XNNPACK's deconvolution with
+  // groups = C gave the input gradient 3-6x slower for the whole op (one-channel groups
+  // waste its GEMM tiles): 14x14x32 at batch 10, forward + backward 0.80 -> 0.26 ms,
+  // stride 2 0.40 -> 0.07 ms (kernel_bench --op, x86-64, 1 thread, interleaved runs).
+  const std::size_t taps = static_cast<std::size_t>(s_.KH) * s_.KW;
+  float* __restrict acc_all = dweight_by_tap_.data();
+  std::memset(acc_all, 0, sizeof(float) * taps * C);
+  if (dinp) {
+    transpose(weight_by_tap_.data(), weight, C, taps);
+    std::memset(dinp, 0, sizeof(float) * s_.B * s_.H * s_.W * C);
+  }
+  for (int b = 0; b < s_.B; b++) {
+    for (int oh = 0; oh < OH; oh++) {
+      for (int ow = 0; ow < OW; ow++) {
+        const float* __restrict dm = d + ((static_cast<std::size_t>(b) * OH + oh) * OW + ow) * C;
+        for (int kh = 0; kh < s_.KH; kh++) {
+          const int ih = oh * s_.stride - s_.pad + kh;
+          if (ih < 0 || ih >= s_.H) continue;
+          for (int kw = 0; kw < s_.KW; kw++) {
+            const int iw = ow * s_.stride - s_.pad + kw;
+            if (iw < 0 || iw >= s_.W) continue;
+            const std::size_t at = ((static_cast<std::size_t>(b) * s_.H + ih) * s_.W + iw) * C;
+            const std::size_t tap = static_cast<std::size_t>(kh * s_.KW + kw) * C;
+            const float* __restrict x = inp + at;
+            float* __restrict acc = acc_all + tap;
+            for (std::size_t c = 0; c < C; c++) acc[c] += dm[c] * x[c];
+            if (dinp) {
+              float* __restrict dx = dinp + at;
+              const float* __restrict w = weight_by_tap_.data() + tap;
+              for (std::size_t c = 0; c < C; c++) dx[c] += dm[c] * w[c];
+            }
+          }
+        }
+      }
+    }
+  }
+  transpose(dweight, acc_all, taps, C);
+}
+
+// ---------------------------------------------------------------------------------------
+AvgPoolXnn::AvgPoolXnn(int B, int H, int W, int C, int K, pthreadpool_t pool)
+    : B_(B), H_(H), W_(W), C_(C), K_(K), pool_(pool) {
+  ensure_xnnpack_initialized();
+  if (K < 2 || H < K || W < K)
+    throw std::invalid_argument("AvgPoolXnn: window below 2 or larger than the input");
+  const auto k = static_cast<std::uint32_t>(K);
+  check(xnn_create_average_pooling2d_nhwc_f32(0, 0, 0, 0, k, k, k, k, C, C, C, -kInfinity,
+                                              kInfinity, 0, op_.out_param()),
+        "xnn_create_average_pooling2d_nhwc_f32");
+}
+
+void AvgPoolXnn::forward(float* out, const float* inp) {
+  check(xnn_setup_average_pooling2d_nhwc_f32(op_.get(), B_, H_, W_, inp, out, pool_),
+        "xnn_setup_average_pooling2d_nhwc_f32");
+  check(xnn_run_operator(op_.get(), pool_), "xnn_run_operator (average pooling)");
+}
+
+void AvgPoolXnn::backward(float* dinp, const float* dout) {
+  const int OH = H_ / K_, OW = W_ / K_;
+  const std::size_t C = C_;
+  const float scale = 1.0f / static_cast<float>(K_ * K_);
+  for (int b = 0; b < B_; b++) {
+    for (int h = 0; h < H_; h++) {
+      float* __restrict row = dinp + (static_cast<std::size_t>(b) * H_ + h) * W_ * C;
+      if (h >= OH * K_) {  // a leftover row is in no window
+        std::memset(row, 0, sizeof(float) * W_ * C);
+        continue;
+      }
+      const float* d_row = dout + (static_cast<std::size_t>(b) * OH + h / K_) * OW * C;
+      for (int w = 0; w < OW * K_; w++) {
+        const float* __restrict d = d_row + static_cast<std::size_t>(w / K_) * C;
+        float* __restrict x = row + static_cast<std::size_t>(w) * C;
+        for (std::size_t c = 0; c < C; c++) x[c] = d[c] * scale;
+      }
+      std::memset(row + static_cast<std::size_t>(OW) * K_ * C, 0,
+                  sizeof(float) * (W_ - OW * K_) * C);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+GlobalAvgPoolXnn::GlobalAvgPoolXnn(int B, int HW, int C, pthreadpool_t pool)
+    : B_(B), HW_(HW), C_(C), pool_(pool) {
+  ensure_xnnpack_initialized();
+  check(
+      xnn_create_global_average_pooling_nwc_f32(C, C, C, -kInfinity, kInfinity, 0, op_.out_param()),
+      "xnn_create_global_average_pooling_nwc_f32");
+}
+
+void GlobalAvgPoolXnn::forward(float* out, const float* inp) {
+  check(xnn_setup_global_average_pooling_nwc_f32(op_.get(), B_, HW_, inp, out, pool_),
+        "xnn_setup_global_average_pooling_nwc_f32");
+  check(xnn_run_operator(op_.get(), pool_), "xnn_run_operator (global average pooling)");
+}
+
+void GlobalAvgPoolXnn::backward(float* dinp, const float* dout) {
+  const std::size_t C = C_;
+  const float scale = 1.0f / static_cast<float>(HW_);
+  for (int b = 0; b < B_; b++) {
+    const float* __restrict d = dout + static_cast<std::size_t>(b) * C;
+    for (int p = 0; p < HW_; p++) {
+      float* __restrict x = dinp + (static_cast<std::size_t>(b) * HW_ + p) * C;
+      for (std::size_t c = 0; c < C; c++) x[c] = d[c] * scale;
+    }
+  }
+}
+
 }  // namespace edgetrain::kernels

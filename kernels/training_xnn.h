@@ -135,6 +135,60 @@ class MaxPool2x2Xnn {
   std::vector<float> unpooled_;  // [B][2*OH][2*OW][C] when H or W is odd
 };
 
+// Depthwise convolution (channel multiplier 1; shape.OC == shape.C), weights [C][KH][KW][1]
+// as depthwise_conv2d_forward_reference: out = act(dwconv(inp, weight) + bias).
+// Forward: XNNPACK's convolution with groups = C (one channel per group, which it runs on its
+// depthwise microkernels). Input, weight and bias gradients: our loops over contiguous
+// channels (XNNPACK's deconvolution with groups = C gives the input gradient too, but
+// 3-6x slower: kernels/README.md).
+class DepthwiseConv2dXnn {
+ public:
+  DepthwiseConv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpool_t pool);
+  void forward(float* out, const float* inp, const float* weight, const float* bias);
+  // As Conv2dXnn::backward_overwriting_dout: `dout` is the caller's scratch, masked in place
+  // by out > 0 with Activation::relu (out = nullptr: masked already). dinp, dbias nullable.
+  void backward_overwriting_dout(float* dinp, float* dweight, float* dbias, float* dout,
+                                 const float* out, const float* inp, const float* weight);
+  const Conv2dShape& shape() const { return s_; }
+
+ private:
+  Conv2dShape s_;
+  Activation activation_;
+  pthreadpool_t pool_;
+  XnnOperator forward_op_;
+  std::vector<float> dweight_by_tap_;  // [KH*KW][C]: accumulated along contiguous channels
+  std::vector<float> weight_by_tap_;   // [KH*KW][C]: the weights, for the input gradient
+};
+
+// K x K / stride K average pooling, floor(H/K) x floor(W/K) output, as
+// avgpool_forward_reference. Forward: XNNPACK's average pooling (created once); backward:
+// our loop (XNNPACK has no average unpooling).
+class AvgPoolXnn {
+ public:
+  AvgPoolXnn(int B, int H, int W, int C, int K, pthreadpool_t pool);
+  void forward(float* out, const float* inp);
+  void backward(float* dinp, const float* dout);  // dinp fully overwritten
+
+ private:
+  int B_, H_, W_, C_, K_;
+  pthreadpool_t pool_;
+  XnnOperator op_;
+};
+
+// Global average pooling, [B][HW][C] -> [B][C]. Forward: XNNPACK's global average pooling
+// (created once); backward: our loop (the gradient spread evenly over the HW positions).
+class GlobalAvgPoolXnn {
+ public:
+  GlobalAvgPoolXnn(int B, int HW, int C, pthreadpool_t pool);
+  void forward(float* out, const float* inp);
+  void backward(float* dinp, const float* dout);
+
+ private:
+  int B_, HW_, C_;
+  pthreadpool_t pool_;
+  XnnOperator op_;
+};
+
 // Column sums: dbias[OC] = sum over rows of dout [rows][OC].
 void bias_backward(float* dbias, const float* dout, std::size_t rows, std::size_t OC);
 // out [cols][rows] = inp [rows][cols]^T, cache-blocked.

@@ -68,6 +68,22 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
           k::fully_connected_forward_reference(out, in, weight, bias, rows, layer.in.size(),
                                                layer.out.size());
           break;
+        case LayerKind::kDepthwiseConv:
+          k::depthwise_conv2d_forward_reference(
+              out, in, weight, bias,
+              k::Conv2dShape{rows, layer.in.H, layer.in.W, layer.in.C, layer.out.C, layer.kernel,
+                             layer.kernel, layer.stride, layer.pad});
+          break;
+        case LayerKind::kAvgPool:
+          k::avgpool_forward_reference(out, in, rows, layer.in.H, layer.in.W, layer.in.C,
+                                       layer.kernel);
+          break;
+        case LayerKind::kGlobalAvgPool:
+          k::global_avgpool_forward_reference(out, in, rows, layer.in.H * layer.in.W, layer.in.C);
+          break;
+        case LayerKind::kDropout:  // the identity when evaluating
+          std::copy(in, in + static_cast<std::size_t>(rows) * layer.out.size(), out);
+          break;
         case LayerKind::kRelu:
           k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
           break;

@@ -59,6 +59,15 @@ int kept_filter_count(int out_channels, float rate) {
 }
 
 void validate_drop_rates(const Model& model, std::span<const float> rates) {
+  // A depthwise layer's filters follow its input channels one to one, so a dropped conv
+  // filter would have to drop a depthwise filter too, and the gather and scatter below do
+  // not do that yet. Average pools need nothing: they keep channels as a max pool does.
+  for (const ResolvedLayer& layer : model.layers()) {
+    if (layer.kind == LayerKind::kDepthwiseConv)
+      throw std::invalid_argument("dropout: model '" + model.spec().name +
+                                  "' has a dwconv layer; filter dropout does not support "
+                                  "depthwise convolutions yet");
+  }
   const int convs = conv_layer_count(model);
   if (static_cast<int>(rates.size()) != convs) {
     throw std::invalid_argument("dropout: " + std::to_string(rates.size()) +
@@ -93,6 +102,8 @@ double forward_macs(const Model& model) {
       macs += static_cast<double>(l.out.size()) * l.kernel * l.kernel * l.in.C;
     } else if (l.kind == LayerKind::kFullyConnected) {
       macs += static_cast<double>(l.in.size()) * l.out.size();
+    } else if (l.kind == LayerKind::kDepthwiseConv) {
+      macs += static_cast<double>(l.out.size()) * l.kernel * l.kernel;
     } else if (l.kind == LayerKind::kDeconv) {
       macs += static_cast<double>(l.in.size()) * l.kernel * l.kernel * l.out.C;
     }

@@ -251,6 +251,10 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
           layer->fast_deconv = std::make_unique<kernels::Deconv2dXnn>(layer->deconv, pool);
         break;
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         throw std::invalid_argument(
             "ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
@@ -312,6 +316,10 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
         break;
       }
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }
@@ -378,6 +386,10 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout,
         break;
       }
       case LayerKind::kMaxPool:
+      case LayerKind::kAvgPool:
+      case LayerKind::kGlobalAvgPool:
+      case LayerKind::kDepthwiseConv:
+      case LayerKind::kDropout:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }

@@ -6,18 +6,31 @@
 // Spec language (statements separated by ';' or newlines, '#' starts a comment):
 //   input 28x28x1                 H x W x C of one example (first statement, required)
 //   conv 32 3x3 [stride 1] [same|valid] [relu]
+//   dwconv 3x3 [stride 1] [same|valid] [relu]
+//                                 depthwise: one KxK filter per input channel (channel
+//                                 multiplier 1, so OC = C); a pointwise conv is 'conv OC 1x1'
 //   maxpool 2                     2x2 window, stride 2
+//   avgpool K                     KxK window, stride K (K >= 2), floor(H/K) x floor(W/K)
+//   globalavgpool                 the mean over all H x W positions: output 1x1xC
 //   fc 128 [relu]                 fully connected (flattens NHWC input)
 //   fc 7x7x128 [relu]             the same, its output read as an HxWxC image (a generator's)
 //   deconv 64 5x5 [stride 2] [relu]
 //                                 transposed convolution, output H·stride x W·stride
 //                                 (padding (K−1)/2, odd K; kernels/gan_ops.h Deconv2dShape)
 //   relu
+//   dropout 0.2                   inverted dropout at that rate, in (0, 1), while training
+//                                 (Trainer::compute_gradient, masks from its step seed); the
+//                                 identity in evaluate()
+//   init glorot|he                how initialize() draws the weights (default glorot; once,
+//                                 anywhere after input): he is He-uniform, bound sqrt(6/fan_in),
+//                                 which keeps a deep ReLU network without normalization
+//                                 (mobilenet-mini) from starting with vanishing activations
 // The last layer's outputs are the class logits; the loss is softmax cross-entropy. The
 // classifier's Trainer refuses deconv layers: they are for the GAN networks
 // (model/gan_network.h), which hold their own activations and losses.
 //
-// Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters) and "mlp".
+// Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters), "mlp" and
+// "mobilenet-mini" (depthwise-separable, 30,794 parameters).
 #pragma once
 
 #include <cstddef>
@@ -36,17 +49,28 @@ class ModelError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class LayerKind { kConv, kMaxPool, kFullyConnected, kRelu, kDeconv };
+enum class LayerKind {
+  kConv,
+  kMaxPool,
+  kFullyConnected,
+  kRelu,
+  kDeconv,
+  kDepthwiseConv,
+  kAvgPool,
+  kGlobalAvgPool,
+  kDropout
+};
 
 struct LayerSpec {
   LayerKind kind = LayerKind::kRelu;
   int out_channels =
       0;  // conv, deconv: OC; fc: output features (or channels of out_height x out_width)
   int out_height = 1, out_width = 1;  // fc: an HxWxC output
-  int kernel = 3;                     // conv, deconv: square kernel size
-  int stride = 1;                     // conv, deconv
-  bool same_padding = true;           // conv: pad (kernel-1)/2 on each side
-  bool relu = false;  // conv/fc: ReLU fused after the layer (shorthand for a relu layer)
+  int kernel = 3;                     // conv, deconv, dwconv: square kernel size; avgpool: window
+  int stride = 1;                     // conv, deconv, dwconv
+  bool same_padding = true;           // conv, dwconv: pad (kernel-1)/2 on each side
+  bool relu = false;  // conv/dwconv/fc: ReLU fused after the layer (shorthand for a relu layer)
+  float rate = 0;     // dropout: the fraction of activations dropped while training
 };
 
 struct ExampleShape {
@@ -55,10 +79,13 @@ struct ExampleShape {
   bool operator==(const ExampleShape&) const = default;
 };
 
+enum class WeightInit { kGlorot, kHe };
+
 struct ModelSpec {
   std::string name;
   ExampleShape input;
   std::vector<LayerSpec> layers;
+  WeightInit init = WeightInit::kGlorot;
 };
 
 // Parses the spec language above; throws ModelError naming the statement at fault.
@@ -71,7 +98,8 @@ std::vector<std::string> builtin_model_names();
 
 struct TensorInfo {
   std::string name;        // e.g. "conv1.weight"
-  std::vector<int> shape;  // conv and deconv weight [OC, KH, KW, C]; fc weight [OC, C]; bias [OC]
+  std::vector<int> shape;  // conv and deconv weight [OC, KH, KW, C]; dwconv weight [C, KH, KW, 1];
+                           // fc weight [OC, C]; bias [OC]
   std::size_t offset = 0;  // in floats, into the parameter arena
   std::size_t size = 0;    // number of floats
 };
@@ -82,6 +110,7 @@ struct ResolvedLayer {
   ExampleShape in, out;
   int kernel = 0, stride = 1, pad = 0;
   int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
+  float rate = 0;                            // dropout
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 
@@ -124,7 +153,8 @@ class Model {
   // layout_id() can exchange parameters and updates.
   std::uint64_t layout_id() const { return layout_id_; }
 
-  // Glorot-uniform weights, zero biases; the same on every platform for a seed.
+  // Glorot-uniform (or, with 'init he', He-uniform) weights, zero biases; the same on every
+  // platform for a seed.
   void initialize(std::uint64_t seed);
 
   // safetensors (https://huggingface.co/docs/safetensors): 8-byte little-endian header

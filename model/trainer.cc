@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/splitmix64.h"
 #include "kernels/reference.h"
 #include "kernels/training_xnn.h"
 #include "model/filter_dropout.h"
@@ -36,6 +37,9 @@ struct Trainer::Stage {
   std::unique_ptr<k::Conv2dXnn> conv;
   std::unique_ptr<k::FullyConnectedTrainXnn> fc;
   std::unique_ptr<k::MaxPool2x2Xnn> pool;
+  std::unique_ptr<k::DepthwiseConv2dXnn> dwconv;
+  std::unique_ptr<k::AvgPoolXnn> avgpool;
+  std::unique_ptr<k::GlobalAvgPoolXnn> global_avgpool;
 };
 
 Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthreadpool_t pool)
@@ -54,8 +58,9 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
     Stage stage;
     stage.layer = stage.output = i;
     const ResolvedLayer& layer = layers[i];
-    const bool can_fuse =
-        layer.kind == LayerKind::kConv || layer.kind == LayerKind::kFullyConnected;
+    const bool can_fuse = layer.kind == LayerKind::kConv ||
+                          layer.kind == LayerKind::kDepthwiseConv ||
+                          layer.kind == LayerKind::kFullyConnected;
     if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu) {
       stage.fused_relu = true;
       stage.output = i + 1;
@@ -75,8 +80,21 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
           stage.pool = std::make_unique<k::MaxPool2x2Xnn>(max_batch, layer.in.H, layer.in.W,
                                                           layer.in.C, pool);
           break;
+        case LayerKind::kDepthwiseConv:
+          stage.dwconv = std::make_unique<k::DepthwiseConv2dXnn>(conv_shape(layer, max_batch),
+                                                                 activation, pool);
+          break;
+        case LayerKind::kAvgPool:
+          stage.avgpool = std::make_unique<k::AvgPoolXnn>(max_batch, layer.in.H, layer.in.W,
+                                                          layer.in.C, layer.kernel, pool);
+          break;
+        case LayerKind::kGlobalAvgPool:
+          stage.global_avgpool = std::make_unique<k::GlobalAvgPoolXnn>(
+              max_batch, layer.in.H * layer.in.W, layer.in.C, pool);
+          break;
         case LayerKind::kRelu:
-        case LayerKind::kDeconv:  // refused above
+        case LayerKind::kDropout:  // our loop, no operator
+        case LayerKind::kDeconv:   // refused above
           break;
       }
     }
@@ -106,8 +124,15 @@ bool Trainer::unpools_into_activation(std::size_t s) const {
   return s > 0 && s < stages_.size() && stages_[s].pool && stages_[s - 1].fused_relu;
 }
 
+std::uint64_t Trainer::dropout_seed(std::size_t layer) const {
+  // One stream per layer: the step seed mixed with the layer's index, so two dropout layers
+  // of one step (and one layer in two steps) draw unrelated masks.
+  SplitMix64 mix{step_seed_ ^ (0x632be59bd9b4e019ULL * (layer + 1))};
+  return mix.next();
+}
+
 BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* pixels,
-                             const std::int32_t* labels, int count) {
+                             const std::int32_t* labels, int count, bool training) {
   if (count < 1 || count > max_batch_) {
     throw std::invalid_argument("Trainer: batch of " + std::to_string(count) +
                                 " examples, built for 1.." + std::to_string(max_batch_));
@@ -158,6 +183,38 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
           stage.fc->forward(out, in, weight, bias);
         }
         break;
+      case LayerKind::kDepthwiseConv:
+        if (reference) {
+          k::depthwise_conv2d_forward_reference(out, in, weight, bias, conv_shape(layer, rows));
+        } else {
+          stage.dwconv->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kAvgPool:
+        if (reference) {
+          k::avgpool_forward_reference(out, in, rows, layer.in.H, layer.in.W, layer.in.C,
+                                       layer.kernel);
+        } else {
+          stage.avgpool->forward(out, in);
+        }
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (reference) {
+          k::global_avgpool_forward_reference(out, in, rows, layer.in.H * layer.in.W, layer.in.C);
+        } else {
+          stage.global_avgpool->forward(out, in);
+        }
+        break;
+      case LayerKind::kDropout: {
+        // Our loop on either backend (XNNPACK has no dropout); in evaluate() the identity.
+        const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        if (training) {
+          k::dropout_forward(out, in, n, layer.rate, dropout_seed(stage.layer));
+        } else {
+          std::memcpy(out, in, sizeof(float) * n);
+        }
+        break;
+      }
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
         break;
@@ -187,7 +244,7 @@ void Trainer::clear_dropout() { dropout_.reset(); }
 
 BatchResult Trainer::evaluate(std::span<const float> params, const std::uint8_t* pixels,
                               const std::int32_t* labels, int count) {
-  return forward(params, pixels, labels, count);
+  return forward(params, pixels, labels, count, /*training=*/false);
 }
 
 BatchResult Trainer::compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
@@ -199,7 +256,7 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
     dropout_->draw();
     return dropout_->compute_gradient_for_current_draw(params, pixels, labels, count, grad);
   }
-  BatchResult result = forward(params, pixels, labels, count);
+  BatchResult result = forward(params, pixels, labels, count, /*training=*/true);
   const auto& layers = model_.layers();
   const auto& tensors = model_.tensors();
   const int rows = rows_for(count);
@@ -270,6 +327,38 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
                              weight);
         }
         break;
+      case LayerKind::kDepthwiseConv:
+        if (reference) {
+          k::depthwise_conv2d_backward_reference(dinp, dweight, dbias, dout, in, weight,
+                                                 conv_shape(layer, rows));
+        } else {
+          stage.dwconv->backward_overwriting_dout(
+              dinp, dweight, dbias, dout, stage.fused_relu && !pooled ? out : nullptr, in, weight);
+        }
+        break;
+      case LayerKind::kAvgPool:
+        if (!dinp) break;
+        if (reference) {
+          k::avgpool_backward_reference(dinp, dout, rows, layer.in.H, layer.in.W, layer.in.C,
+                                        layer.kernel);
+        } else {
+          stage.avgpool->backward(dinp, dout);
+        }
+        break;
+      case LayerKind::kGlobalAvgPool:
+        if (!dinp) break;
+        if (reference) {
+          k::global_avgpool_backward_reference(dinp, dout, rows, layer.in.H * layer.in.W,
+                                               layer.in.C);
+        } else {
+          stage.global_avgpool->backward(dinp, dout);
+        }
+        break;
+      case LayerKind::kDropout:
+        if (dinp)
+          k::dropout_backward(dinp, dout, static_cast<std::size_t>(rows) * layer.out.size(),
+                              layer.rate, dropout_seed(stage.layer));
+        break;
       case LayerKind::kRelu:
         if (dinp)
           k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
@@ -278,6 +367,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         break;
     }
   }
+  SplitMix64 next{step_seed_};
+  step_seed_ = next.next();  // the next step's masks
   return result;
 }
 

@@ -59,7 +59,7 @@ class Trainer {
   BatchResult compute_gradient(std::span<const float> params, const std::uint8_t* pixels,
                                const std::int32_t* labels, int count, std::span<float> grad);
 
-  // Forward only: loss and number correct.
+  // Forward only: loss and number correct. Dropout layers are the identity here.
   BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels,
                        const std::int32_t* labels, int count);
 
@@ -75,12 +75,21 @@ class Trainer {
   // standardized per example.
   void set_input_format(const InputFormat& format);
   const InputFormat& input_format() const { return input_format_; }
+  // Dropout layers (spec 'dropout P'): the next compute_gradient() draws their masks from
+  // this seed (each layer its own stream, model/trainer.cc), so a step repeats exactly for
+  // its seed and inputs, on either backend; every compute_gradient() then moves the seed on
+  // (splitmix64), so consecutive steps drop differently without the caller's help.
+  void set_step_seed(std::uint64_t seed) { step_seed_ = seed; }
+  std::uint64_t step_seed() const { return step_seed_; }
 
  private:
   struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
 
+  // `training`: dropout layers drop (compute_gradient) or pass their input on (evaluate).
   BatchResult forward(std::span<const float> params, const std::uint8_t* pixels,
-                      const std::int32_t* labels, int count);
+                      const std::int32_t* labels, int count, bool training);
+  // The mask seed of the dropout layer at `layer` for the current step.
+  std::uint64_t dropout_seed(std::size_t layer) const;
   // Whether stage s is a max pool (XNNPACK) right after a stage with a fused ReLU: its
   // backward then masks its gradient and unpools it into that stage's output buffer.
   bool unpools_into_activation(std::size_t s) const;
@@ -106,6 +115,7 @@ class Trainer {
   std::vector<std::vector<std::uint32_t>>
       argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;
+  std::uint64_t step_seed_ = 0x5eed;
 };
 
 }  // namespace edgetrain::runtime

@@ -52,7 +52,8 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.add("train-labels", s.train_labels, "IDX file");
   t.add("test-images", s.test_images, "IDX file");
   t.add("test-labels", s.test_labels, "IDX file");
-  t.add("model", c.model, "paper-cnn, mlp, or a spec such as 'input 28x28x1; fc 64 relu; fc 10'");
+  t.add("model", c.model,
+        "paper-cnn, mlp, mobilenet-mini, or a spec such as 'input 28x28x1; fc 64 relu; fc 10'");
   t.group("Mode");
   t.add("mode", s.mode,
         "async (asynchronous SGD with the staleness rule), rounds (federated rounds, FedAvg: "

@@ -13,12 +13,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
+#include <memory>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/reference.h"
+#include "kernels/training_xnn.h"
 #include "kernels/xnnpack_setup.h"
 #include "model/model.h"
 #include "model/filter_dropout.h"
@@ -124,13 +127,103 @@ double repack_ms_per_step(int B) {
   return times[times.size() / 2] * 1e3;
 }
 
+// One fast op's forward + backward (input, weight and bias gradients where it has them) on
+// a B x H x W x C input, as the Trainer calls it: "conv1x1" (pointwise conv to 2C
+// channels), "conv3x3s2" (3x3 stride 2 same to 2C), "dwconv3x3" (same), "dwconv3x3s2",
+// "avgpool2", "globalavgpool". Median ms of 21 calls after one warm-up.
+double op_ms(const std::string& op, int B, int H, int W, int C, pthreadpool_t pool) {
+  namespace k = edgetrain::kernels;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  auto random = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng);
+    return v;
+  };
+  const std::size_t n_in = static_cast<std::size_t>(B) * H * W * C;
+  auto inp = random(n_in);
+  std::vector<float> dinp(n_in);
+  std::function<void()> step;
+  std::vector<float> out, dout, weight, bias, dweight, dbias, scratch;
+  std::unique_ptr<k::Conv2dXnn> conv;
+  std::unique_ptr<k::DepthwiseConv2dXnn> dwconv;
+  std::unique_ptr<k::AvgPoolXnn> avgpool;
+  std::unique_ptr<k::GlobalAvgPoolXnn> gap;
+  auto buffers = [&](std::size_t n_out, std::size_t n_weight, std::size_t n_bias) {
+    out.resize(n_out);
+    dout = random(n_out);
+    scratch.resize(n_out);
+    weight = random(n_weight);
+    dweight.resize(n_weight);
+    bias = random(n_bias);
+    dbias.resize(n_bias);
+  };
+  if (op == "conv1x1" || op == "conv3x3s2") {
+    const bool pointwise = op == "conv1x1";
+    const k::Conv2dShape s{B,
+                           H,
+                           W,
+                           C,
+                           2 * C,
+                           pointwise ? 1 : 3,
+                           pointwise ? 1 : 3,
+                           pointwise ? 1 : 2,
+                           pointwise ? 0 : 1};
+    buffers(static_cast<std::size_t>(B) * s.OH() * s.OW() * s.OC,
+            static_cast<std::size_t>(s.OC) * s.KH * s.KW * C, s.OC);
+    conv = std::make_unique<k::Conv2dXnn>(s, k::Activation::relu, pool);
+    step = [&] {
+      conv->forward(out.data(), inp.data(), weight.data(), bias.data());
+      std::copy(dout.begin(), dout.end(), scratch.begin());
+      conv->backward_overwriting_dout(dinp.data(), dweight.data(), dbias.data(), scratch.data(),
+                                      out.data(), inp.data(), weight.data());
+    };
+  } else if (op == "dwconv3x3" || op == "dwconv3x3s2") {
+    const int stride = op == "dwconv3x3" ? 1 : 2;
+    const k::Conv2dShape s{B, H, W, C, C, 3, 3, stride, 1};
+    buffers(static_cast<std::size_t>(B) * s.OH() * s.OW() * C, static_cast<std::size_t>(C) * 9, C);
+    dwconv = std::make_unique<k::DepthwiseConv2dXnn>(s, k::Activation::relu, pool);
+    step = [&] {
+      dwconv->forward(out.data(), inp.data(), weight.data(), bias.data());
+      std::copy(dout.begin(), dout.end(), scratch.begin());
+      dwconv->backward_overwriting_dout(dinp.data(), dweight.data(), dbias.data(), scratch.data(),
+                                        out.data(), inp.data(), weight.data());
+    };
+  } else if (op == "avgpool2") {
+    buffers(static_cast<std::size_t>(B) * (H / 2) * (W / 2) * C, 0, 0);
+    avgpool = std::make_unique<k::AvgPoolXnn>(B, H, W, C, 2, pool);
+    step = [&] {
+      avgpool->forward(out.data(), inp.data());
+      avgpool->backward(dinp.data(), dout.data());
+    };
+  } else if (op == "globalavgpool") {
+    buffers(static_cast<std::size_t>(B) * C, 0, 0);
+    gap = std::make_unique<k::GlobalAvgPoolXnn>(B, H * W, C, pool);
+    step = [&] {
+      gap->forward(out.data(), inp.data());
+      gap->backward(dinp.data(), dout.data());
+    };
+  } else {
+    return -1;
+  }
+  step();
+  std::vector<double> times;
+  for (int i = 0; i < 21; i++) {
+    const auto start = Clock::now();
+    step();
+    times.push_back(seconds_since(start));
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2] * 1e3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   edgetrain::settings::Table table("kernel_bench",
                                    "edgetrain kernel benchmark: paper CNN train step");
   int batch = 10, threads = 1, steps = 20, warmup = 3;
-  std::string path = "fast", drop_rates;
+  std::string path = "fast", drop_rates, model_name = "paper-cnn", op, op_shape = "14x14x32";
   bool peak = false, repack = false;
   table.add("batch", batch, "batch size").range(1, 100000);
   table.add("threads", threads, "threads (1 = calling thread, no pool)").range(1, 1024);
@@ -140,6 +233,12 @@ int main(int argc, char** argv) {
       .choices({"fast", "reference", "trainer"});
   table.add("drop-rates", drop_rates,
             "trainer path: filter dropout, one rate per conv layer (e.g. 0.5,0.5)");
+  table.add("model", model_name,
+            "trainer path: a built-in model or a spec (GFLOP/s counted for paper-cnn only)");
+  table.add("op", op,
+            "print one fast op's forward + backward instead: conv1x1, conv3x3s2, dwconv3x3, "
+            "dwconv3x3s2, avgpool2, globalavgpool");
+  table.add("op-shape", op_shape, "--op: the input HxWxC");
   table.add("gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   table.add("repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
   if (const auto status = table.parse(argc, argv)) return *status;
@@ -149,6 +248,22 @@ int main(int argc, char** argv) {
   }
 
   pthreadpool_t pool = threads > 1 ? pthreadpool_create(threads) : nullptr;
+  if (!op.empty()) {
+    int H = 0, W = 0, C = 0;
+    if (std::sscanf(op_shape.c_str(), "%dx%dx%d", &H, &W, &C) != 3 || H < 1 || W < 1 || C < 1) {
+      std::fprintf(stderr, "kernel_bench: --op-shape '%s' is not HxWxC\n", op_shape.c_str());
+      return 2;
+    }
+    const double ms = op_ms(op, batch, H, W, C, pool);
+    if (ms < 0) {
+      std::fprintf(stderr, "kernel_bench: unknown --op '%s'\n", op.c_str());
+      return 2;
+    }
+    std::printf("op=%s shape=%s batch=%d threads=%d ms_fwd_bwd=%.3f\n", op.c_str(),
+                op_shape.c_str(), batch, threads, ms);
+    if (pool) pthreadpool_destroy(pool);
+    return 0;
+  }
   if (peak) {
     std::printf("gemm_peak threads=%d gflops=%.1f\n", threads, gemm_peak_gflops(pool));
     if (pool) pthreadpool_destroy(pool);
@@ -168,8 +283,9 @@ int main(int argc, char** argv) {
   };
   if (path == "trainer") {
     namespace rt = edgetrain::runtime;
-    rt::Model model(rt::builtin_model_spec("paper-cnn"));
+    rt::Model model(rt::model_spec_from_argument(model_name));
     model.initialize(1);
+    if (model_name != "paper-cnn") path += "-" + model.spec().name;
     rt::Trainer trainer(model, batch, rt::KernelBackend::kXnnpack, pool);
     if (!drop_rates.empty()) {
       rt::DropoutConfig dropout;
@@ -177,11 +293,11 @@ int main(int argc, char** argv) {
       trainer.set_dropout(dropout);
       path += "-dropout-" + drop_rates;
     }
-    std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * 784);
+    std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * model.input_shape().size());
     std::vector<std::int32_t> labels(batch);
     std::mt19937 rng(1);
     for (auto& p : pixels) p = static_cast<std::uint8_t>(rng() % 256);
-    for (auto& l : labels) l = static_cast<std::int32_t>(rng() % 10);
+    for (auto& l : labels) l = static_cast<std::int32_t>(rng() % model.num_classes());
     std::vector<float> grad(model.parameter_count());
     auto params = model.parameters();
     time_steps([&] {
@@ -209,7 +325,7 @@ int main(int argc, char** argv) {
       "edgetrain-%s batch=%d threads=%d ms_per_step=%.3f min_ms=%.3f gflops=%.2f peak_rss_mib=%.1f "
       "loss=%.4f\n",
       path.c_str(), batch, threads, median * 1e3, times.front() * 1e3,
-      step_flops(batch) / median / 1e9, peak_rss_mib(), loss);
+      (model_name == "paper-cnn" ? step_flops(batch) : 0.0) / median / 1e9, peak_rss_mib(), loss);
   if (pool) pthreadpool_destroy(pool);
   return 0;
 }

@@ -251,6 +251,72 @@ TEST(FilterDropout, SubNetworkGradientMatchesFiniteDifferences) {
   }
 }
 
+// Average pools keep channels as a max pool does, so a dropped filter leaves its pooled
+// channel (and the FC columns it feeds after global pooling) out too: the dropped entries
+// are exactly zero, and the scattered gradient is the sub-network's on both backends.
+TEST(FilterDropout, AveragePoolingModels) {
+  Fixture f(3,
+            "input 9x9x2; conv 6 3x3 same relu; avgpool 2; conv 8 3x3 same relu; globalavgpool; "
+            "fc 4");
+  // Biases away from zero, so no ReLU sits exactly at its kink over an all-zero window.
+  for (const TensorInfo& t : f.model.tensors())
+    if (t.shape.size() == 1)
+      for (float& b : f.model.tensor(f.model.tensor_index(t.name))) b = 0.05f;
+  for (KernelBackend backend : {KernelBackend::kXnnpack, KernelBackend::kReference}) {
+    Trainer trainer(f.model, 3, backend);
+    trainer.set_dropout(config({0.5f, 0.25f}));
+    FilterDropout& dropout = *trainer.dropout();
+    dropout.draw();
+    std::vector<float> grad(f.model.parameter_count(), 1e9f), scratch(f.model.parameter_count());
+    std::vector<float> probe(f.model.parameters().begin(), f.model.parameters().end());
+    dropout.compute_gradient_for_current_draw(probe, f.pixels.data(), f.labels.data(), 3, grad);
+    const std::vector<bool> kept = kept_entries(f.model, dropout);
+    std::size_t nonzero_kept = 0, n_kept = 0;
+    for (std::size_t i = 0; i < grad.size(); i++) {
+      if (!kept[i]) {
+        ASSERT_EQ(grad[i], 0.0f) << "dropped entry " << i;
+      } else {
+        n_kept++;
+        nonzero_kept += grad[i] != 0.0f;
+      }
+    }
+    EXPECT_GT(nonzero_kept, n_kept / 2);
+    for (std::size_t i = 0; i < probe.size(); i += 3) {
+      if (!kept[i]) continue;
+      const float h = 1e-3f, saved = probe[i];
+      probe[i] = saved + h;
+      const double up = dropout
+                            .compute_gradient_for_current_draw(probe, f.pixels.data(),
+                                                               f.labels.data(), 3, scratch)
+                            .loss;
+      probe[i] = saved - h;
+      const double down = dropout
+                              .compute_gradient_for_current_draw(probe, f.pixels.data(),
+                                                                 f.labels.data(), 3, scratch)
+                              .loss;
+      probe[i] = saved;
+      const double numeric = (up - down) / (2.0 * h);
+      EXPECT_NEAR(grad[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << "parameter " << i;
+    }
+  }
+}
+
+// A depthwise layer's filters follow its input channels one to one; filter dropout does
+// not thin them yet, and says so naming the layer rather than training a wrong network.
+TEST(FilterDropout, RefusesDepthwiseModelsByName) {
+  Model model(builtin_model_spec("mobilenet-mini"));
+  Trainer trainer(model, 2);
+  try {
+    trainer.set_dropout(config({0.5f, 0.5f, 0.5f, 0.5f}));
+    ADD_FAILURE() << "filter dropout accepted a dwconv model";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("dwconv"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("mobilenet-mini"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(trainer.dropout(), nullptr);
+  EXPECT_THROW(sub_network_spec(model, std::vector<float>(4, 0.0f)), std::invalid_argument);
+}
+
 TEST(FilterDropout, SubNetworkSpecAndMacs) {
   Model model(builtin_model_spec("paper-cnn"));
   const std::vector<float> rates{0.5f, 0.5f};

@@ -90,6 +90,109 @@ TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {
   EXPECT_THROW(Trainer(same, 2), ModelError);
 }
 
+// Issue 35's layers: strided and pointwise conv, depthwise conv, average pooling and global
+// average pooling, with their shapes, tensor names and parameter counts.
+TEST(ModelSpec, DepthwisePointwiseStridedAndAveragePooling) {
+  Model m(parse_model_spec(
+      "input 28x28x1; conv 8 3x3 stride 2 same relu; dwconv 3x3 same relu; conv 16 1x1; "
+      "dwconv 5x5 stride 2 valid; avgpool 2; dwconv 3x3; globalavgpool; fc 10"));
+  const auto& l = m.layers();
+  ASSERT_EQ(l.size(), 10u);  // conv, relu, dwconv, relu, conv, dwconv, avgpool, dwconv, gap, fc
+  EXPECT_EQ(l[0].out, (ExampleShape{14, 14, 8}));
+  EXPECT_EQ(l[0].stride, 2);
+  EXPECT_EQ(l[2].kind, LayerKind::kDepthwiseConv);
+  EXPECT_EQ(l[2].out, (ExampleShape{14, 14, 8}));
+  EXPECT_EQ(l[2].pad, 1);
+  EXPECT_EQ(l[3].kind, LayerKind::kRelu);
+  EXPECT_EQ(l[4].out, (ExampleShape{14, 14, 16}));  // pointwise
+  EXPECT_EQ(l[4].pad, 0);
+  EXPECT_EQ(l[5].out, (ExampleShape{5, 5, 16}));  // (14 - 5) / 2 + 1
+  EXPECT_EQ(l[6].kind, LayerKind::kAvgPool);
+  EXPECT_EQ(l[6].out, (ExampleShape{2, 2, 16}));
+  EXPECT_EQ(l[7].out, (ExampleShape{2, 2, 16}));
+  EXPECT_EQ(l[8].kind, LayerKind::kGlobalAvgPool);
+  EXPECT_EQ(l[8].out, (ExampleShape{1, 1, 16}));
+  const std::vector<std::pair<std::string, std::vector<int>>> expected = {
+      {"conv1.weight", {8, 3, 3, 1}},    {"conv1.bias", {8}},
+      {"dwconv1.weight", {8, 3, 3, 1}},  {"dwconv1.bias", {8}},
+      {"conv2.weight", {16, 1, 1, 8}},   {"conv2.bias", {16}},
+      {"dwconv2.weight", {16, 5, 5, 1}}, {"dwconv2.bias", {16}},
+      {"dwconv3.weight", {16, 3, 3, 1}}, {"dwconv3.bias", {16}},
+      {"fc1.weight", {10, 16}},          {"fc1.bias", {10}}};
+  ASSERT_EQ(m.tensors().size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); i++) {
+    EXPECT_EQ(m.tensors()[i].name, expected[i].first);
+    EXPECT_EQ(m.tensors()[i].shape, expected[i].second);
+  }
+  // A depthwise filter's Glorot bound counts its own taps both ways: sqrt(6 / (9 + 9)).
+  m.initialize(3);
+  const float bound = std::sqrt(6.0f / 18.0f);
+  float largest = 0;
+  for (float v : m.tensor(m.tensor_index("dwconv1.weight")))
+    largest = std::max(largest, std::fabs(v));
+  EXPECT_LE(largest, bound);
+  EXPECT_GT(largest, 0.5f * bound);
+  // Another pooling or kernel is another layout.
+  EXPECT_NE(m.layout_id(), Model(parse_model_spec("input 28x28x1; conv 8 3x3 stride 2 same relu; "
+                                                  "dwconv 3x3 same relu; conv 16 1x1; dwconv "
+                                                  "3x3 stride 2 valid; avgpool 2; dwconv 3x3; "
+                                                  "globalavgpool; fc 10"))
+                               .layout_id());
+}
+
+TEST(ModelSpec, MobilenetMiniIsBuiltIn) {
+  Model m(builtin_model_spec("mobilenet-mini"));
+  EXPECT_EQ(m.spec().name, "mobilenet-mini");
+  EXPECT_EQ(m.parameter_count(), 30794u);
+  EXPECT_EQ(m.num_classes(), 10);
+  EXPECT_EQ(m.layers()[0].out, (ExampleShape{14, 14, 32}));
+  EXPECT_EQ(m.layers().back().in, (ExampleShape{1, 1, 128}));
+  EXPECT_EQ(model_spec_from_argument("mobilenet-mini").name, "mobilenet-mini");
+  const auto names = builtin_model_names();
+  EXPECT_NE(std::find(names.begin(), names.end(), "mobilenet-mini"), names.end());
+}
+
+// Errors name the statement at fault, so a user of a long spec knows which line to fix.
+TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"input 8x8x2; dwconv 3x2 same; fc 2", "dwconv 3x2 same"},
+      {"input 8x8x2; dwconv 4x4 same; fc 2", "dwconv 4x4 same"},
+      {"input 8x8x2; dwconv 16 3x3; fc 2", "dwconv 16 3x3"},  // no channel count
+      {"input 8x8x2; dwconv 3x3 stride 0; fc 2", "dwconv 3x3 stride 0"},
+      {"input 8x8x2; dwconv; fc 2", "dwconv"},
+      {"input 8x8x2; avgpool 1; fc 2", "avgpool 1"},
+      {"input 8x8x2; avgpool; fc 2", "avgpool"},
+      {"input 8x8x2; avgpool 2 2; fc 2", "avgpool 2 2"},
+      {"input 8x8x2; globalavgpool 2; fc 2", "globalavgpool 2"},
+      {"input 8x8x2; dropout; fc 2", "dropout"},
+      {"input 8x8x2; dropout 0; fc 2", "dropout 0"},
+      {"input 8x8x2; dropout 1; fc 2", "dropout 1"},
+      {"input 8x8x2; dropout 0.5x; fc 2", "dropout 0.5x"},
+      {"input 8x8x2; dropout nan; fc 2", "dropout nan"},
+      {"input 8x8x2; init xavier; fc 2", "init xavier"},
+  };
+  for (const auto& [spec, statement] : cases) {
+    try {
+      parse_model_spec(spec);
+      ADD_FAILURE() << "accepted: " << spec;
+    } catch (const ModelError& e) {
+      EXPECT_NE(std::string(e.what()).find(statement), std::string::npos) << e.what();
+    }
+  }
+  Model dropped(parse_model_spec("input 8x8x2; fc 6 relu; dropout 0.25; fc 2"));
+  ASSERT_EQ(dropped.layers().size(), 4u);
+  EXPECT_EQ(dropped.layers()[2].kind, LayerKind::kDropout);
+  EXPECT_FLOAT_EQ(dropped.layers()[2].rate, 0.25f);
+  EXPECT_EQ(dropped.layers()[2].out, (ExampleShape{1, 1, 6}));
+  // Shapes that do not fit are refused when the model is built.
+  for (const char* spec :
+       {"input 4x4x2; dwconv 5x5 valid; fc 2", "input 3x3x2; avgpool 4; fc 2",
+        "input 8x8x2; conv 4 3x3; globalavgpool",  // pooling gives no logits
+        "input 8x8x2; fc 4; dropout 0.5", "input 8x8x2; fc 4; avgpool 2; fc 2"}) {  // 1x1 after fc
+    EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;
+  }
+}
+
 TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
   const char* bad[] = {
       "",                                   // nothing

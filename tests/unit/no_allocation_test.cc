@@ -87,9 +87,10 @@ using edgetrain::runtime::KernelBackend;
 // and a partial (zero-padded) one; with filter dropout when `drop_rates` is not empty
 // (every step draws new filters, the shapes stay fixed).
 void expect_trainer_steps_do_not_allocate(KernelBackend backend, pthreadpool_t pool,
-                                          const std::vector<float>& drop_rates = {}) {
+                                          const std::vector<float>& drop_rates = {},
+                                          const char* model_name = "paper-cnn") {
   const int max_batch = 4;
-  edgetrain::runtime::Model model(edgetrain::runtime::builtin_model_spec("paper-cnn"));
+  edgetrain::runtime::Model model(edgetrain::runtime::model_spec_from_argument(model_name));
   model.initialize(1);
   edgetrain::runtime::Trainer trainer(model, max_batch, backend, pool);
   if (!drop_rates.empty()) {
@@ -133,6 +134,24 @@ TEST(NoAllocation, TrainerXnnpackOnTwoThreads) {
 
 TEST(NoAllocation, TrainerReference) {
   expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr);
+}
+
+// Issue 35's layers: mobilenet-mini (strided conv, depthwise and pointwise convs, global
+// average pooling), and average pooling, serial and on two threads, on both backends.
+constexpr const char* kAvgPoolSpec =
+    "input 28x28x1; conv 8 3x3 stride 2 same relu; dwconv 3x3 same relu; conv 16 1x1 relu; "
+    "avgpool 2; dwconv 3x3 stride 2 same; globalavgpool; dropout 0.2; fc 10";
+
+TEST(NoAllocation, TrainerOnDepthwiseAndAveragePoolingLayers) {
+  pthreadpool_t pool = pthreadpool_create(2);
+  ASSERT_NE(pool, nullptr);
+  for (const char* model : {"mobilenet-mini", kAvgPoolSpec}) {
+    SCOPED_TRACE(model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {}, model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, pool, {}, model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr, {}, model);
+  }
+  pthreadpool_destroy(pool);
 }
 
 TEST(NoAllocation, TrainerWithFilterDropout) {

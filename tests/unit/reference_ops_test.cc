@@ -59,7 +59,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Conv2dReferenceTest,
                          ::testing::Values(ek::Conv2dShape{1, 5, 5, 1, 2},
                                            ek::Conv2dShape{2, 4, 7, 3, 5},
                                            ek::Conv2dShape{2, 6, 5, 2, 3, 3, 3, 2, 1},
-                                           ek::Conv2dShape{1, 5, 4, 2, 2, 2, 3, 1, 0}));
+                                           ek::Conv2dShape{1, 5, 4, 2, 2, 2, 3, 1, 0},
+                                           // pointwise (1x1), and 1x1 with stride 2
+                                           ek::Conv2dShape{2, 4, 5, 6, 3, 1, 1, 1, 0},
+                                           ek::Conv2dShape{1, 5, 5, 3, 4, 1, 1, 2, 0}));
 
 TEST(Conv2dReference, ComputesKnownValues) {
   // 3x3 image 1..9, all-ones 3x3 kernel, SAME padding: each output is the sum of its neighbourhood.
@@ -144,6 +147,135 @@ TEST(MaxPoolReference, FirstMaxWinsOnTies) {
   std::uint32_t argmax = 99;
   ek::maxpool2x2_forward_reference(&out, &argmax, inp, 1, 2, 2, 1);
   EXPECT_EQ(argmax, 0u);
+}
+
+class DepthwiseConv2dReferenceTest : public ::testing::TestWithParam<ek::Conv2dShape> {};
+
+TEST_P(DepthwiseConv2dReferenceTest, BackwardMatchesFiniteDifferences) {
+  const ek::Conv2dShape s = GetParam();
+  ASSERT_EQ(s.C, s.OC);
+  std::mt19937 rng(7 + s.C * 5 + s.stride);
+  const std::size_t n_out = static_cast<std::size_t>(s.B) * s.OH() * s.OW() * s.C;
+  auto inp = random_vector(static_cast<std::size_t>(s.B) * s.H * s.W * s.C, rng);
+  auto weight = random_vector(static_cast<std::size_t>(s.C) * s.KH * s.KW, rng);
+  auto bias = random_vector(s.C, rng);
+  auto probe = random_vector(n_out, rng);
+  std::vector<float> out(n_out), dinp(inp.size(), 1e9f), dweight(weight.size(), 1e9f),
+      dbias(bias.size(), 1e9f);
+  auto loss = [&] {
+    ek::depthwise_conv2d_forward_reference(out.data(), inp.data(), weight.data(), bias.data(), s);
+    return dot(out, probe);
+  };
+  ek::depthwise_conv2d_backward_reference(dinp.data(), dweight.data(), dbias.data(), probe.data(),
+                                          inp.data(), weight.data(), s);
+  expect_matches_finite_differences(inp, dinp, loss, 1e-2f, 60, 2e-3, "dinp");
+  expect_matches_finite_differences(weight, dweight, loss, 1e-2f, 60, 2e-3, "dweight");
+  expect_matches_finite_differences(bias, dbias, loss, 1e-2f, 60, 2e-3, "dbias");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, DepthwiseConv2dReferenceTest,
+                         ::testing::Values(ek::Conv2dShape{1, 5, 5, 1, 1},
+                                           ek::Conv2dShape{2, 6, 7, 3, 3},
+                                           ek::Conv2dShape{2, 7, 6, 4, 4, 3, 3, 2, 1},
+                                           ek::Conv2dShape{1, 6, 5, 2, 2, 5, 5, 1, 0}));
+
+TEST(DepthwiseConv2dReference, EachChannelSeesOnlyItsOwnFilter) {
+  // Two channels, 3x3 image: channel 0 is 1..9 under an all-ones filter (the neighbourhood
+  // sums, as conv's known values), channel 1 is all ones under a centre-only filter of 2.
+  float inp[18], weight[18] = {}, out[18];
+  for (int p = 0; p < 9; p++) {
+    inp[2 * p] = static_cast<float>(p + 1);
+    inp[2 * p + 1] = 1.0f;
+    weight[p] = 1.0f;
+  }
+  weight[9 + 4] = 2.0f;
+  const float bias[] = {0.5f, -1.0f};
+  ek::depthwise_conv2d_forward_reference(out, inp, weight, bias, ek::Conv2dShape{1, 3, 3, 2, 2});
+  const float expected[] = {12, 21, 16, 27, 45, 33, 24, 39, 28};
+  for (int p = 0; p < 9; p++) {
+    EXPECT_FLOAT_EQ(out[2 * p], expected[p] + 0.5f) << p;
+    EXPECT_FLOAT_EQ(out[2 * p + 1], 1.0f) << p;
+  }
+}
+
+TEST(AvgPoolReference, KnownValuesAndBackwardMatchesFiniteDifferences) {
+  // 5x5 one-channel image 0..24, window 2: the last row and column fall in no window.
+  float inp[25], out[4];
+  for (int i = 0; i < 25; i++) inp[i] = static_cast<float>(i);
+  ek::avgpool_forward_reference(out, inp, 1, 5, 5, 1, 2);
+  EXPECT_FLOAT_EQ(out[0], (0 + 1 + 5 + 6) / 4.0f);
+  EXPECT_FLOAT_EQ(out[3], (12 + 13 + 17 + 18) / 4.0f);
+  for (auto [B, H, W, C, K] :
+       {std::array<int, 5>{1, 2, 2, 1, 2}, {2, 5, 6, 3, 2}, {1, 7, 8, 2, 3}}) {
+    std::mt19937 rng(static_cast<unsigned>(B + H * 10 + W * 100 + C + K));
+    auto x = random_vector(static_cast<std::size_t>(B) * H * W * C, rng);
+    const std::size_t n_out = static_cast<std::size_t>(B) * (H / K) * (W / K) * C;
+    auto probe = random_vector(n_out, rng);
+    std::vector<float> y(n_out), dinp(x.size(), 1e9f);
+    auto loss = [&] {
+      ek::avgpool_forward_reference(y.data(), x.data(), B, H, W, C, K);
+      return dot(y, probe);
+    };
+    ek::avgpool_backward_reference(dinp.data(), probe.data(), B, H, W, C, K);
+    expect_matches_finite_differences(x, dinp, loss, 1e-2f, 1000, 1e-3, "avgpool dinp");
+  }
+}
+
+TEST(GlobalAvgPoolReference, KnownValuesAndBackwardMatchesFiniteDifferences) {
+  const float inp[] = {1, 10, 2, 20, 3, 30, 6, 60};  // 4 positions x 2 channels
+  float out[2];
+  ek::global_avgpool_forward_reference(out, inp, 1, 4, 2);
+  EXPECT_FLOAT_EQ(out[0], 3.0f);
+  EXPECT_FLOAT_EQ(out[1], 30.0f);
+  std::mt19937 rng(12);
+  const int B = 3, HW = 10, C = 4;
+  auto x = random_vector(static_cast<std::size_t>(B) * HW * C, rng);
+  auto probe = random_vector(static_cast<std::size_t>(B) * C, rng);
+  std::vector<float> y(probe.size()), dinp(x.size(), 1e9f);
+  auto loss = [&] {
+    ek::global_avgpool_forward_reference(y.data(), x.data(), B, HW, C);
+    return dot(y, probe);
+  };
+  ek::global_avgpool_backward_reference(dinp.data(), probe.data(), B, HW, C);
+  expect_matches_finite_differences(x, dinp, loss, 1e-2f, 1000, 1e-3, "global avgpool dinp");
+}
+
+TEST(DropoutReference, InvertedSeededAndItsOwnGradient) {
+  const std::size_t n = 20000;
+  const float rate = 0.2f;
+  std::mt19937 rng(4);
+  auto x = random_vector(n, rng, 0.5f, 1.5f);  // never zero: a zero output means dropped
+  std::vector<float> out(n), again(n), other(n);
+  ek::dropout_forward(out.data(), x.data(), n, rate, 77);
+  ek::dropout_forward(again.data(), x.data(), n, rate, 77);
+  ek::dropout_forward(other.data(), x.data(), n, rate, 78);
+  EXPECT_EQ(out, again);  // the same seed, the same mask
+  EXPECT_NE(out, other);
+  std::size_t dropped = 0;
+  for (std::size_t i = 0; i < n; i++) {
+    if (out[i] == 0.0f) {
+      dropped++;
+      EXPECT_FALSE(ek::dropout_keeps(77, i, rate));
+    } else {
+      EXPECT_FLOAT_EQ(out[i], x[i] / (1.0f - rate)) << i;  // inverted: kept ones scaled up
+      EXPECT_TRUE(ek::dropout_keeps(77, i, rate));
+    }
+  }
+  // Binomial(20000, 0.2): mean 4000, standard deviation 57.
+  EXPECT_NEAR(static_cast<double>(dropped), 4000.0, 300.0);
+  // The backward pass applies the same mask; the loss is linear in x, so finite differences
+  // match up to rounding.
+  std::vector<float> small_x(x.begin(), x.begin() + 300), y(300), dinp(300, 1e9f);
+  auto probe = random_vector(300, rng);
+  auto loss = [&] {
+    ek::dropout_forward(y.data(), small_x.data(), small_x.size(), rate, 5);
+    return dot(y, probe);
+  };
+  ek::dropout_backward(dinp.data(), probe.data(), probe.size(), rate, 5);
+  expect_matches_finite_differences(small_x, dinp, loss, 1e-2f, 300, 1e-3, "dropout dinp");
+  // Rate 0 keeps everything unchanged.
+  ek::dropout_forward(y.data(), small_x.data(), small_x.size(), 0.0f, 5);
+  EXPECT_TRUE(std::equal(y.begin(), y.end(), small_x.begin()));
 }
 
 TEST(SoftmaxCrossEntropy, ForwardKnownValuesAndBackwardMatchesFiniteDifferences) {

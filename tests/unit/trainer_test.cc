@@ -5,11 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 
+#include "model/dataset.h"
 #include "model/model.h"
 #include "model/trainer.h"
+#include "tests/support/test_data.h"
 
 namespace edgetrain::runtime {
 // Names the backend in test listings instead of a byte dump.
@@ -87,6 +90,54 @@ TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferences) {
   EXPECT_GT(checked, 40);
 }
 
+// The same check on issue 35's layers: a strided stem, depthwise convs with and without
+// padding and stride (ReLU fused, separate, and none), pointwise convs, average pooling
+// with a leftover row and column, global average pooling into fc.
+TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferencesOnNewLayers) {
+  Model model(parse_model_spec(
+      "input 19x19x2; conv 4 3x3 stride 2 same relu; dwconv 3x3 same relu; conv 5 1x1; "
+      "dwconv 3x3 stride 2 valid; relu; conv 6 1x1 relu; avgpool 2; dwconv 3x3; "
+      "globalavgpool; fc 4"));
+  ASSERT_EQ(model.layers()[6].out, (ExampleShape{4, 4, 5}));
+  ASSERT_EQ(model.layers()[9].out, (ExampleShape{2, 2, 6}));  // avgpool with a leftover row
+  model.initialize(12);
+  std::mt19937 rng(6);
+  // Biases away from zero: a zero bias over an all-zero window (after a ReLU) puts the
+  // next ReLU exactly at its kink, where a bias probe's two sides see different slopes.
+  std::uniform_real_distribution<float> small(0.02f, 0.1f);
+  for (const TensorInfo& t : model.tensors())
+    if (t.shape.size() == 1)
+      for (float& b : model.tensor(model.tensor_index(t.name))) b = small(rng);
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  synthetic_batch(rng, model.input_shape(), 3, pixels, labels);
+  Trainer trainer(model, 3, GetParam());
+  std::vector<float> grad(model.parameter_count());
+  trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), 3, grad);
+  std::vector<float> probe(model.parameters().begin(), model.parameters().end());
+  auto loss_at = [&](std::size_t i, float value) {
+    const float saved = probe[i];
+    probe[i] = value;
+    const float loss = trainer.evaluate(probe, pixels.data(), labels.data(), 3).loss;
+    probe[i] = saved;
+    return loss;
+  };
+  // Every tensor, not a stride through the arena: the depthwise tensors are small.
+  for (const TensorInfo& t : model.tensors()) {
+    int nonzero = 0;
+    for (std::size_t i = t.offset; i<t.offset + t.size; i += t.size> 40 ? 5 : 1) {
+      // A smaller step than the other test's: a bias moves every position of its channel
+      // at once, and 1e-2 made some cross a ReLU kink.
+      const float h = 2e-3f;
+      const double numeric =
+          (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
+      EXPECT_NEAR(grad[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << t.name << " at " << i;
+      nonzero += grad[i] != 0.0f;
+    }
+    EXPECT_GT(nonzero, 0) << t.name << ": an all-zero gradient proves nothing";
+  }
+}
+
 TEST_P(TrainerOnBackend, SgdOnSyntheticDataDrivesTheLossDown) {
   Model model(parse_model_spec("input 12x12x1; conv 4 3x3 same relu; maxpool 2; fc 16 relu; fc 4"));
   model.initialize(2);
@@ -142,6 +193,9 @@ void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) 
   SCOPED_TRACE(spec.name);
   Model model(spec);
   model.initialize(seed);
+  const bool has_dropout =
+      std::any_of(model.layers().begin(), model.layers().end(),
+                  [](const ResolvedLayer& l) { return l.kind == LayerKind::kDropout; });
   Trainer fast(model, max_batch, KernelBackend::kXnnpack);
   Trainer reference(model, max_batch, KernelBackend::kReference);
   std::mt19937 rng(seed);
@@ -161,7 +215,13 @@ void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) 
     EXPECT_NEAR(r_fast.loss, r_ref.loss, 1e-5f * std::max(1.0f, r_ref.loss));
     const BatchResult e_fast =
         fast.evaluate(model.parameters(), pixels.data(), labels.data(), count);
-    EXPECT_FLOAT_EQ(e_fast.loss, r_fast.loss);
+    const BatchResult e_ref =
+        reference.evaluate(model.parameters(), pixels.data(), labels.data(), count);
+    EXPECT_NEAR(e_fast.loss, e_ref.loss, 1e-5f * std::max(1.0f, e_ref.loss));
+    // A training step drops activations; evaluate() does not.
+    if (!has_dropout) {
+      EXPECT_FLOAT_EQ(e_fast.loss, r_fast.loss);
+    }
     for (const TensorInfo& t : model.tensors()) {
       float scale = 0;
       for (std::size_t i = 0; i < t.size; i++)
@@ -186,6 +246,149 @@ TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMlp) {
 
 TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnOddSizedModel) {
   expect_backends_agree(parse_model_spec(kOddSpec, "odd"), 5, 6);
+}
+
+// Issue 35's layers in one model, odd sizes: a dwconv first (no input gradient), fused and
+// separate ReLUs, a strided valid dwconv, pointwise convs, an avgpool of 3 with leftovers,
+// global average pooling.
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnDepthwiseAndAveragePooling) {
+  expect_backends_agree(
+      parse_model_spec("input 13x11x3; dwconv 3x3 same relu; conv 8 1x1 relu; dwconv 5x5 stride "
+                       "2 valid; relu; conv 6 3x3 stride 2 same; avgpool 2; conv 16 1x1 relu; "
+                       "globalavgpool; fc 4",
+                       "depthwise"),
+      5, 7);
+}
+
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsWithDropout) {
+  // Both trainers start from the same step seed and move it on alike, so they draw the
+  // same masks (element i's draw depends on the seed and i only, not on the padded rows).
+  expect_backends_agree(parse_model_spec("input 9x9x2; conv 4 3x3 same relu; dropout 0.3; "
+                                         "conv 6 3x3 stride 2 same relu; globalavgpool; "
+                                         "dropout 0.5; fc 4",
+                                         "dropout"),
+                        5, 9);
+}
+
+// Dropout while training: inverted, its masks from the step seed (the same seed repeats a
+// step bit for bit, the next step draws anew), its gradient the training loss's; in
+// evaluate() the identity.
+TEST_P(TrainerOnBackend, DropoutIsSeededByTheStepAndTheIdentityInEvaluate) {
+  const char* body = "input 8x8x1; conv 6 3x3 same relu; %s conv 4 3x3 same relu; %s fc 4";
+  char with_text[256], without_text[256];
+  std::snprintf(with_text, sizeof(with_text), body, "dropout 0.4;", "dropout 0.25;");
+  std::snprintf(without_text, sizeof(without_text), body, "", "");
+  Model with(parse_model_spec(with_text)), without(parse_model_spec(without_text));
+  ASSERT_EQ(with.layout_id(), without.layout_id());  // dropout has no parameters
+  with.initialize(3);
+  std::mt19937 rng(2);
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  synthetic_batch(rng, with.input_shape(), 4, pixels, labels);
+  Trainer t_with(with, 4, GetParam()), t_without(without, 4, GetParam());
+  EXPECT_EQ(t_with.evaluate(with.parameters(), pixels.data(), labels.data(), 4).loss,
+            t_without.evaluate(with.parameters(), pixels.data(), labels.data(), 4).loss);
+
+  std::vector<float> g1(with.parameter_count()), g2(g1.size()), g3(g1.size()), g_plain(g1.size());
+  t_with.set_step_seed(41);
+  const float l1 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g1).loss;
+  EXPECT_NE(t_with.step_seed(), 41u);  // moved on
+  t_with.set_step_seed(41);
+  const float l2 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g2).loss;
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(g1, g2);  // the same step seed, the same step
+  const float l3 =
+      t_with.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g3).loss;
+  EXPECT_NE(g3, g1);  // the next step drops others
+  EXPECT_NE(l3, l1);
+  const float l_plain =
+      t_without.compute_gradient(with.parameters(), pixels.data(), labels.data(), 4, g_plain).loss;
+  EXPECT_NE(l1, l_plain);  // training drops something
+
+  // The gradient is the derivative of the training loss for that step seed.
+  std::vector<float> probe(with.parameters().begin(), with.parameters().end()), scratch(g1.size());
+  auto loss_at = [&](std::size_t i, float value) {
+    const float saved = probe[i];
+    probe[i] = value;
+    t_with.set_step_seed(41);
+    const float loss =
+        t_with.compute_gradient(probe, pixels.data(), labels.data(), 4, scratch).loss;
+    probe[i] = saved;
+    return loss;
+  };
+  int checked = 0;
+  for (std::size_t i = 0; i < probe.size(); i += 7) {
+    // Small: here conv1's weights move many pre-activations near a ReLU kink at once
+    // (measured: 1e-2 and 2e-3 disagree by up to 10 % at two entries, converging as h
+    // shrinks; 5e-4 none). float rounding of the loss stays below 3e-4 at this step.
+    const float h = 5e-4f;
+    const double numeric =
+        (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
+    EXPECT_NEAR(g1[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << "parameter " << i;
+    checked++;
+  }
+  EXPECT_GT(checked, 40);
+}
+
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnMobilenetMini) {
+  expect_backends_agree(builtin_model_spec("mobilenet-mini"), 4, 8);
+}
+
+// mobilenet-mini learns MNIST digits: 300 SGD steps of 8 (lr 0.1) take its mean loss on
+// 256 fixed training examples well below where it started (about ln 10 = 2.30), on
+// XNNPACK. Without normalization a global-average-pooled network sits near ln 10 for its
+// first ~150 steps (host: 2.45 -> 1.57 here; after 160 steps only 2.11), hence more
+// steps than the paper CNN needs, at a small batch to keep the run short under QEMU.
+TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
+  const auto dir = edgetrain::testing::mnist_small_dir();
+  EDGETRAIN_REQUIRE_DATA(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
+  const Dataset data =
+      load_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
+  Model model(builtin_model_spec("mobilenet-mini"));
+  model.initialize(1);
+  const int B = 8, steps = 300;
+  const float lr = 0.1f;
+  Trainer trainer(model, B);
+  std::vector<float> grad(model.parameter_count());
+  std::vector<std::uint8_t> pixels(B * data.image_bytes());
+  std::vector<std::int32_t> labels(B);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<std::size_t> pick(0, data.size() - 1);
+  auto params = model.parameters();
+  // The mean loss over 256 fixed training examples, B at a time (evaluate(): forward only).
+  std::vector<std::uint8_t> fixed_pixels(256 * data.image_bytes());
+  std::vector<std::int32_t> fixed_labels(256);
+  for (int i = 0; i < 256; i++) {
+    const std::size_t example = pick(rng);
+    data.copy_image(example, fixed_pixels.data() + i * data.image_bytes());
+    fixed_labels[i] = data.labels[example];
+  }
+  auto fixed_loss = [&] {
+    double sum = 0;
+    for (int i = 0; i < 256; i += B)
+      sum += trainer
+                 .evaluate(params, fixed_pixels.data() + i * data.image_bytes(),
+                           fixed_labels.data() + i, B)
+                 .loss;
+    return sum * B / 256;
+  };
+  const double before = fixed_loss();
+  for (int step = 0; step < steps; step++) {
+    for (int b = 0; b < B; b++) {
+      const std::size_t i = pick(rng);
+      data.copy_image(i, pixels.data() + b * data.image_bytes());
+      labels[b] = data.labels[i];
+    }
+    const float loss = trainer.compute_gradient(params, pixels.data(), labels.data(), B, grad).loss;
+    ASSERT_TRUE(std::isfinite(loss)) << "step " << step;
+    for (std::size_t i = 0; i < params.size(); i++) params[i] -= lr * grad[i];
+  }
+  const double after = fixed_loss();
+  std::printf("mobilenet-mini: mean loss on 256 fixed examples %.3f before, %.3f after\n", before,
+              after);
+  EXPECT_LT(after, 0.85 * before) << "before " << before << ", after " << after;
 }
 
 }  // namespace

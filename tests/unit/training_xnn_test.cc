@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -167,9 +169,16 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
         ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu},  // 2x3 kernel, no padding
         // one input channel: the direct weight-gradient loop
-        ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},   // stride 2, odd size
-        ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},   // 2x3 kernel, no padding
-        ConvCase{{2, 5, 9, 1, 5, 5, 5, 1, 2}, ek::Activation::relu}),  // 5x5, wide padding
+        ConvCase{{2, 7, 7, 1, 4, 3, 3, 2, 1}, ek::Activation::relu},  // stride 2, odd size
+        ConvCase{{1, 6, 5, 1, 3, 2, 3, 1, 0}, ek::Activation::none},  // 2x3 kernel, no padding
+        ConvCase{{2, 5, 9, 1, 5, 5, 5, 1, 2}, ek::Activation::relu},  // 5x5, wide padding
+        // pointwise (1x1): MobileNet's channel mixing, K = C; and 1x1 with stride 2
+        ConvCase{{2, 7, 7, 8, 16, 1, 1, 1, 0}, ek::Activation::relu},
+        ConvCase{{3, 5, 6, 24, 6, 1, 1, 1, 0}, ek::Activation::none},  // K = 24 > OC
+        ConvCase{{2, 7, 7, 4, 8, 1, 1, 2, 0}, ek::Activation::none},
+        // stride 2 with 'same' padding on an even size, as `conv 32 3x3 stride 2 same`
+        ConvCase{{2, 28, 28, 1, 8, 3, 3, 2, 1}, ek::Activation::relu},
+        ConvCase{{2, 14, 14, 8, 16, 3, 3, 2, 1}, ek::Activation::relu}),
     [](const ::testing::TestParamInfo<ConvCase>& info) {
       const auto& s = info.param.s;
       return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +
@@ -210,6 +219,107 @@ INSTANTIATE_TEST_SUITE_P(Shapes, MaxPool2x2XnnTest,
                                            std::array<int, 4>{1, 7, 7, 5},
                                            std::array<int, 4>{3, 28, 28, 32},
                                            std::array<int, 4>{2, 14, 14, 64}));
+
+class DepthwiseConv2dXnnTest : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(DepthwiseConv2dXnnTest, MatchesReference) {
+  const auto [s, activation] = GetParam();
+  ASSERT_EQ(s.C, s.OC);
+  std::mt19937 rng(static_cast<unsigned>(s.B * 7 + s.H * 13 + s.C * 17 + s.KH * 19 + s.stride));
+  const std::size_t n_in = static_cast<std::size_t>(s.B) * s.H * s.W * s.C;
+  const std::size_t n_out = static_cast<std::size_t>(s.B) * s.OH() * s.OW() * s.C;
+  const std::size_t taps = static_cast<std::size_t>(s.KH) * s.KW;
+  auto inp = random_vector(n_in, rng), weight = random_vector(s.C * taps, rng),
+       bias = random_vector(s.C, rng), dout = random_vector(n_out, rng);
+  const bool relu = activation == ek::Activation::relu;
+
+  std::vector<float> out_ref(n_out), out_fast(n_out, NAN);
+  ek::depthwise_conv2d_forward_reference(out_ref.data(), inp.data(), weight.data(), bias.data(), s);
+  if (relu) ek::relu_forward(out_ref.data(), out_ref.data(), n_out);
+  std::vector<float> d = dout;
+  if (relu) ek::relu_backward(d.data(), d.data(), out_ref.data(), n_out);
+  std::vector<float> dinp_ref(n_in), dweight_ref(s.C * taps), dbias_ref(s.C);
+  ek::depthwise_conv2d_backward_reference(dinp_ref.data(), dweight_ref.data(), dbias_ref.data(),
+                                          d.data(), inp.data(), weight.data(), s);
+
+  ek::DepthwiseConv2dXnn conv(s, activation, nullptr);
+  const std::size_t M = static_cast<std::size_t>(s.B) * s.OH() * s.OW();
+  for (int round = 0; round < 2; round++) {  // the second without input gradient (first layer)
+    std::fill(out_fast.begin(), out_fast.end(), NAN);
+    conv.forward(out_fast.data(), inp.data(), weight.data(), bias.data());
+    expect_near_all(out_fast, out_ref, taps, "out");
+    const bool want_dinp = round == 0;
+    std::vector<float> scratch = dout, dinp(n_in, NAN), dweight(s.C * taps, NAN), dbias(s.C, NAN);
+    conv.backward_overwriting_dout(want_dinp ? dinp.data() : nullptr, dweight.data(), dbias.data(),
+                                   scratch.data(), relu ? out_fast.data() : nullptr, inp.data(),
+                                   weight.data());
+    if (want_dinp) expect_near_all(dinp, dinp_ref, taps, "dinp");
+    expect_near_all(dweight, dweight_ref, M, "dweight");
+    expect_near_all(dbias, dbias_ref, M, "dbias");
+  }
+  EXPECT_THROW(ek::DepthwiseConv2dXnn(ek::Conv2dShape{1, 5, 5, 2, 3}, activation, nullptr),
+               std::invalid_argument);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DepthwiseConv2dXnnTest,
+    ::testing::Values(ConvCase{{1, 5, 5, 1, 1}, ek::Activation::none},
+                      ConvCase{{2, 7, 6, 3, 3}, ek::Activation::relu},
+                      ConvCase{{2, 14, 14, 32, 32}, ek::Activation::relu},  // MobileNet-sized
+                      ConvCase{{2, 7, 7, 5, 5, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd
+                      ConvCase{{2, 8, 8, 17, 17, 3, 3, 2, 1}, ek::Activation::relu},  // adjustment
+                      ConvCase{{1, 9, 8, 4, 4, 5, 5, 1, 2}, ek::Activation::relu},    // 5x5 same
+                      ConvCase{{3, 6, 7, 6, 6, 3, 3, 1, 0}, ek::Activation::none}),   // valid
+    [](const ::testing::TestParamInfo<ConvCase>& info) {
+      const auto& s = info.param.s;
+      return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +
+             "_C" + std::to_string(s.C) + "_K" + std::to_string(s.KH) + "_S" +
+             std::to_string(s.stride) + "_P" + std::to_string(s.pad) +
+             (info.param.activation == ek::Activation::relu ? "_relu" : "");
+    });
+
+class AvgPoolXnnTest : public ::testing::TestWithParam<std::array<int, 5>> {};
+
+TEST_P(AvgPoolXnnTest, MatchesReference) {
+  const auto [B, H, W, C, K] = GetParam();
+  std::mt19937 rng(static_cast<unsigned>(B + H * 10 + W * 100 + C * 1000 + K));
+  auto inp = random_vector(static_cast<std::size_t>(B) * H * W * C, rng);
+  const std::size_t n_out = static_cast<std::size_t>(B) * (H / K) * (W / K) * C;
+  std::vector<float> out_ref(n_out), out_fast(n_out, NAN);
+  ek::avgpool_forward_reference(out_ref.data(), inp.data(), B, H, W, C, K);
+  ek::AvgPoolXnn pool(B, H, W, C, K, nullptr);
+  pool.forward(out_fast.data(), inp.data());
+  expect_near_all(out_fast, out_ref, static_cast<std::size_t>(K) * K, "out");
+  auto dout = random_vector(n_out, rng);
+  std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size(), NAN);
+  ek::avgpool_backward_reference(dinp_ref.data(), dout.data(), B, H, W, C, K);
+  pool.backward(dinp_fast.data(), dout.data());
+  expect_near_all(dinp_fast, dinp_ref, 1, "dinp");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AvgPoolXnnTest,
+                         ::testing::Values(std::array<int, 5>{1, 2, 2, 1, 2},
+                                           std::array<int, 5>{2, 5, 6, 3, 2},
+                                           std::array<int, 5>{2, 7, 8, 5, 3},
+                                           std::array<int, 5>{3, 14, 14, 32, 2},
+                                           std::array<int, 5>{2, 7, 7, 64, 7}));
+
+TEST(GlobalAvgPoolXnn, MatchesReference) {
+  for (auto [B, HW, C] : {std::array<int, 3>{1, 1, 3}, {2, 49, 64}, {3, 10, 17}}) {
+    std::mt19937 rng(static_cast<unsigned>(B + HW * 10 + C * 100));
+    auto inp = random_vector(static_cast<std::size_t>(B) * HW * C, rng);
+    std::vector<float> out_ref(static_cast<std::size_t>(B) * C), out_fast(out_ref.size(), NAN);
+    ek::global_avgpool_forward_reference(out_ref.data(), inp.data(), B, HW, C);
+    ek::GlobalAvgPoolXnn pool(B, HW, C, nullptr);
+    pool.forward(out_fast.data(), inp.data());
+    expect_near_all(out_fast, out_ref, static_cast<std::size_t>(HW), "out");
+    auto dout = random_vector(out_ref.size(), rng);
+    std::vector<float> dinp_ref(inp.size()), dinp_fast(inp.size(), NAN);
+    ek::global_avgpool_backward_reference(dinp_ref.data(), dout.data(), B, HW, C);
+    pool.backward(dinp_fast.data(), dout.data());
+    expect_near_all(dinp_fast, dinp_ref, 1, "dinp");
+  }
+}
 
 TEST(OwnKernels, TransposeAndBiasBackward) {
   std::mt19937 rng(1);

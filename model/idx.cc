@@ -10,6 +10,8 @@
 #include <limits>
 #include <system_error>
 
+#include "model/file_reading.h"
+
 namespace edgetrain::runtime {
 
 DataError::DataError(std::string file, std::string reason)
@@ -18,6 +20,10 @@ DataError::DataError(std::string file, std::string reason)
       reason_(std::move(reason)) {}
 
 namespace {
+
+using detail::errno_text;
+using detail::FileDescriptor;
+using detail::pread_fully;
 
 std::uint32_t read_be32(const std::uint8_t* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
@@ -100,7 +106,6 @@ DataError trailing_payload(const std::string& name, std::size_t extra, std::size
                              " data bytes the header announces");
 }
 
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
 
 // A file's bytes (decompressed), front to back.
 class ByteSource {
@@ -113,26 +118,7 @@ class ByteSource {
   virtual bool compressed() const = 0;
 };
 
-struct FileDescriptor {
-  int fd = -1;
-  ~FileDescriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
-// Reads exactly `n` bytes at `offset`; false when the file ends first.
-bool pread_fully(int fd, std::uint8_t* out, std::size_t n, std::uint64_t offset,
-                 const std::string& name) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw DataError(name, "cannot read: " + errno_text());
-    if (got == 0) return false;
-    done += static_cast<std::size_t>(got);
-  }
-  return true;
-}
 
 // A raw file: pread at an offset, so skipping costs nothing and reads nothing.
 class RawSource : public ByteSource {

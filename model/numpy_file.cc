@@ -11,9 +11,15 @@
 #include <limits>
 #include <system_error>
 
+#include "model/file_reading.h"
+
 namespace edgetrain::runtime {
 
 namespace {
+
+using detail::errno_text;
+using detail::FileDescriptor;
+using detail::pread_fully;
 
 // A header larger than this is not a data set's (NumPy pads headers to 64 bytes; version 1
 // holds at most 65,535), and a central directory larger than this is not an .npz of a few
@@ -23,28 +29,8 @@ constexpr std::uint64_t kMaxCentralDirectoryBytes = std::uint64_t{1} << 24;
 constexpr std::size_t kMaxDimensions = 8;
 constexpr std::size_t kChunk = std::size_t{1} << 16;
 
-std::string errno_text() { return std::error_code(errno, std::generic_category()).message(); }
 
-struct FileDescriptor {
-  int fd = -1;
-  ~FileDescriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
 
-// Reads exactly n bytes at offset; false when the file ends first.
-bool pread_fully(int fd, std::uint8_t* out, std::size_t n, std::uint64_t offset,
-                 const std::string& name) {
-  std::size_t done = 0;
-  while (done < n) {
-    const ssize_t got = ::pread(fd, out + done, n - done, static_cast<off_t>(offset + done));
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) throw DataError(name, "cannot read: " + errno_text());
-    if (got == 0) return false;
-    done += static_cast<std::size_t>(got);
-  }
-  return true;
-}
 
 std::uint16_t le16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
 std::uint32_t le32(const std::uint8_t* p) {

@@ -381,20 +381,11 @@ std::vector<std::uint8_t> IdxReader::read_items(std::span<const std::uint32_t> i
       throw std::invalid_argument("IdxReader: the items to read must be strictly ascending");
   }
   s.start_reading();
-  const std::size_t size = s.item_bytes;
-  std::vector<std::uint8_t> data(items.size() * size);
-  std::size_t at = 0;  // where the source stands in the payload
-  for (std::size_t i = 0; i < items.size();) {
-    // A run of consecutive items is one read.
-    std::size_t j = i + 1;
-    while (j < items.size() && items[j] == items[j - 1] + 1) ++j;
-    const std::size_t begin = std::size_t{items[i]} * size, end = (std::size_t{items[j - 1]} + 1) * size;
-    s.take(nullptr, at, begin);
-    s.take(data.data() + i * size, begin, end);
-    at = end;
-    i = j;
-  }
-  s.take(nullptr, at, s.header.payload_bytes);
+  std::vector<std::uint8_t> data = detail::read_ascending_records(
+      items, s.item_bytes, s.header.payload_bytes,
+      [&s](std::uint8_t* out, std::uint64_t from, std::uint64_t to) {
+        s.take(out, static_cast<std::size_t>(from), static_cast<std::size_t>(to));
+      });
   s.check_end();
   return data;
 }

@@ -537,21 +537,9 @@ std::vector<std::uint8_t> NpyReader::read_rows(std::span<const std::uint32_t> ro
       throw std::invalid_argument("NpyReader: the rows to read must be strictly ascending");
   }
   s.start_reading();
-  const std::size_t size = s.row_bytes;
-  std::vector<std::uint8_t> data(rows.size() * size);
-  std::uint64_t at = 0;  // where the source stands in the payload
-  for (std::size_t i = 0; i < rows.size();) {
-    // A run of consecutive rows is one read.
-    std::size_t j = i + 1;
-    while (j < rows.size() && rows[j] == rows[j - 1] + 1) ++j;
-    const std::uint64_t begin = std::uint64_t{rows[i]} * size,
-                        end = (std::uint64_t{rows[j - 1]} + 1) * size;
-    s.take(nullptr, at, begin);
-    s.take(data.data() + i * size, begin, end);
-    at = end;
-    i = j;
-  }
-  s.take(nullptr, at, s.payload_bytes);
+  std::vector<std::uint8_t> data = detail::read_ascending_records(
+      rows, s.row_bytes, s.payload_bytes,
+      [&s](std::uint8_t* out, std::uint64_t from, std::uint64_t to) { s.take(out, from, to); });
   s.source->check_end();
   return data;
 }

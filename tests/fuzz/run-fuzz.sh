@@ -7,7 +7,9 @@
 # CI run explores the same inputs each time; run it locally for long, random searches.
 # Then the NumPy reader's target (npy_fuzz: .npy and .npz files of a user's data directory,
 # model/numpy_file.cc) for EDGETRAIN_FUZZ_NPY_SECONDS (default 20), from the seeds in
-# tests/fuzz/npy-seeds (a mode byte, then a file NumPy wrote).
+# tests/fuzz/npy-seeds (a mode byte, then a file NumPy wrote); and the CSV and description
+# reader's (user_data_fuzz: CSV files and edgetrain-data.toml, model/user_data.cc) for
+# EDGETRAIN_FUZZ_USER_DATA_SECONDS (default 15), from tests/fuzz/user-data-seeds.
 #   tests/fuzz/run-fuzz.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -43,17 +45,21 @@ else
   exit 1
 fi
 
-npy_seconds="${EDGETRAIN_FUZZ_NPY_SECONDS:-20}"
-npy_corpus="$build/npy-corpus"
-mkdir -p "$npy_corpus"
-cp tests/fuzz/npy-seeds/* "$npy_corpus/"
-log="$build/npy_fuzz.log"
-if "$build/npy_fuzz" "${seed_flag[@]}" -max_total_time="$npy_seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
-     -artifact_prefix="$artifacts/" -print_final_stats=1 "$npy_corpus" >"$log" 2>&1; then
-  runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
-  echo "fuzz: npy_fuzz ran ${runs:-?} inputs in ${npy_seconds} s without a failure (log: $log)"
-else
-  tail -n 40 "$log" >&2
-  echo "fuzz: npy_fuzz FAILED; reproducer(s) in $artifacts, log: $log" >&2
-  exit 1
-fi
+# A data-file reader's target for a bounded time, from its seed directory.
+run_reader_target() {
+  local target=$1 seconds=$2 seeds=$3
+  local corpus="$build/$target-corpus" log="$build/$target.log"
+  mkdir -p "$corpus"
+  cp "$seeds"/* "$corpus/"
+  if "$build/$target" "${seed_flag[@]}" -max_total_time="$seconds" -max_len=8192 -timeout=10 -rss_limit_mb=2048 \
+       -artifact_prefix="$artifacts/" -print_final_stats=1 "$corpus" >"$log" 2>&1; then
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n1)
+    echo "fuzz: $target ran ${runs:-?} inputs in ${seconds} s without a failure (log: $log)"
+  else
+    tail -n 40 "$log" >&2
+    echo "fuzz: $target FAILED; reproducer(s) in $artifacts, log: $log" >&2
+    exit 1
+  fi
+}
+run_reader_target npy_fuzz "${EDGETRAIN_FUZZ_NPY_SECONDS:-20}" tests/fuzz/npy-seeds
+run_reader_target user_data_fuzz "${EDGETRAIN_FUZZ_USER_DATA_SECONDS:-15}" tests/fuzz/user-data-seeds

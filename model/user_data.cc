@@ -535,7 +535,16 @@ Dataset load_described_dataset(const DataDescription& description, DataSplit spl
 
 // model/dataset.h: the one entry point programs load --data through.
 bool is_described_dataset(const std::string& data) {
-  if (data == "mnist" || data == "mnist-small" || data == "fashion-mnist") return false;
+  if (data == "mnist" || data == "mnist-small" || data == "fashion-mnist") {
+    // A built-in name wins, but not silently over a directory of the user's own data that
+    // happens to bear it in the working directory.
+    if (has_data_description(data))
+      throw DataError((std::filesystem::path(data) / kDataDescriptionFile).string(),
+                      "'" + data + "' names a built-in data set, and the directory '" + data +
+                          "' here holds a data description: give ./" + data +
+                          " to train on the directory's data, or rename it");
+    return false;
+  }
   return has_data_description(data);
 }
 

@@ -305,6 +305,23 @@ TEST_F(UserDataTest, IdxNamesStillLoadTheirFiles) {
   EXPECT_THROW(load_named_dataset(data(), DataSplit::kTrain), DataError);  // no IDX files there
 }
 
+TEST_F(UserDataTest, ABuiltInNameShadowingADescribedDirectoryIsRefused) {
+  fs::create_directories(at("mnist-small"));
+  write(at("mnist-small") / kDataDescriptionFile, std::string("num_classes = 2\n"));
+  const fs::path here = fs::current_path();
+  fs::current_path(dir_.path());
+  std::string reason;
+  try {
+    is_described_dataset("mnist-small");
+  } catch (const DataError& e) {
+    reason = e.reason();
+  }
+  const bool dotted = is_described_dataset("./mnist-small");
+  fs::current_path(here);
+  EXPECT_NE(reason.find("give ./mnist-small"), std::string::npos) << reason;
+  EXPECT_TRUE(dotted);
+}
+
 // --- every problem names its file ---------------------------------------------------------
 
 struct Case {

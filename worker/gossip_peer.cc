@@ -256,6 +256,7 @@ struct GossipPeer::State {
     auto& trainer = trainers[batch] =
         std::make_unique<Trainer>(model, batch, KernelBackend::kXnnpack, pool.get());
     trainer->set_input_format(input_format);
+    trainer->set_step_seed(loop::dropout_step_seed(config.seed ^ std::uint64_t(batch), config.self));
     return *trainer;
   }
 

@@ -44,6 +44,13 @@ inline std::string payload_text(const std::vector<std::uint8_t>& payload) {
       std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()), 200);
 }
 
+// The first step seed of a worker's dropout layers (Trainer::set_step_seed): each worker its
+// own mask sequence, reproducible from the run's seed; with the trainer's default every worker
+// of a fleet would drop the same units at the same step.
+inline std::uint64_t dropout_step_seed(std::uint64_t seed, std::uint32_t worker) {
+  return seed ^ (0xd1b54a32d192ed03ULL * (std::uint64_t{worker} + 1));
+}
+
 inline std::vector<TensorSlice> layout_of(const Model& model) {
   std::vector<TensorSlice> layout;
   for (const auto& t : model.tensors())

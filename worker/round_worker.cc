@@ -132,6 +132,7 @@ struct RoundWorker::State {
     if (!(config.deadline_share > 0 && config.deadline_share <= 1))
       throw std::invalid_argument("worker: the deadline share must be in (0, 1]");
     trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
+    trainer.set_step_seed(loop::dropout_step_seed(config.worker.seed, config.worker.worker_id));
     stats.dropout = dropout.status();
   }
 

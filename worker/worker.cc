@@ -142,6 +142,7 @@ struct Worker::State {
         replica(model.layout_id(), model.tensor_sizes(), config.dense_pull),
         offline(static_cast<float>(config.offline_lr)) {
     trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
+    trainer.set_step_seed(loop::dropout_step_seed(config.seed, config.worker_id));
   }
 
   static const WorkerConfig& checked(const WorkerConfig& config) {

@@ -185,37 +185,39 @@ void GroupNormOp::forward(float* out, const float* inp, const float* gamma, cons
   const float M = static_cast<float>(HW_) * Cg;
   float* sum = sum_a_.data();
   float* squares = sum_b_.data();
-  float* channel_mean = coef_c_.data();
+  float* reference = coef_c_.data();
   for (int b = 0; b < B_; b++) {
     const std::size_t base = static_cast<std::size_t>(b) * HW_ * C_;
     const float* x = inp + base;
-    // Two passes over the example (a few tens of KB, in cache): the mean, then the squared
-    // deviations from it, which unlike E[x²] − E[x]² loses nothing to cancellation.
-    for (int c = 0; c < C_; c++) sum[c] = 0;
-    for (int p = 0; p < HW_; p++)
-      for (int c = 0; c < C_; c++) sum[c] += x[p * C_ + c];
-    for (int g = 0; g < G_; g++) {
-      float s = 0;
-      for (int c = g * Cg; c < (g + 1) * Cg; c++) s += sum[c];
-      mean_[b * G_ + g] = s / M;
-      for (int c = g * Cg; c < (g + 1) * Cg; c++) channel_mean[c] = s / M;
-    }
-    for (int c = 0; c < C_; c++) squares[c] = 0;
+    // One pass of shifted sums: Σ(x − K) and Σ(x − K)² per channel, K a value of the group
+    // (its first), so the variance Σ(x − K)²/M − (Σ(x − K)/M)² does not cancel as
+    // E[x²] − E[x]² would when the mean is large against the spread.
+    for (int g = 0; g < G_; g++)
+      for (int c = g * Cg; c < (g + 1) * Cg; c++) reference[c] = x[g * Cg];
+    for (int c = 0; c < C_; c++) sum[c] = squares[c] = 0;
     for (int p = 0; p < HW_; p++)
       for (int c = 0; c < C_; c++) {
-        const float d = x[p * C_ + c] - channel_mean[c];
+        const float d = x[p * C_ + c] - reference[c];
+        sum[c] += d;
         squares[c] += d * d;
       }
     float* scale = coef_a_.data();
     float* shift = coef_b_.data();
     for (int g = 0; g < G_; g++) {
-      float s = 0;
-      for (int c = g * Cg; c < (g + 1) * Cg; c++) s += squares[c];
-      const float rstd = 1.0f / std::sqrt(s / M + eps_);
+      float s1 = 0, s2 = 0;
+      for (int c = g * Cg; c < (g + 1) * Cg; c++) {
+        s1 += sum[c];
+        s2 += squares[c];
+      }
+      const float shifted_mean = s1 / M;
+      const float var = std::max(0.0f, s2 / M - shifted_mean * shifted_mean);
+      const float mu = reference[g * Cg] + shifted_mean;
+      const float rstd = 1.0f / std::sqrt(var + eps_);
+      mean_[b * G_ + g] = mu;
       invstd_[b * G_ + g] = rstd;
       for (int c = g * Cg; c < (g + 1) * Cg; c++) {
         scale[c] = gamma[c] * rstd;
-        shift[c] = beta[c] - channel_mean[c] * scale[c];
+        shift[c] = beta[c] - mu * scale[c];
       }
     }
     scale_shift(out + base, x, scale, shift, static_cast<std::size_t>(HW_), C_);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "kernels/normalization.h"
 #include "kernels/reference.h"
 
 namespace edgetrain::runtime {
@@ -19,14 +20,23 @@ ClassifierReadout::ClassifierReadout(const Model& model, int max_batch)
   for (const auto& layer : layers)
     if (layer.kind == LayerKind::kDeconv)
       throw std::invalid_argument("classifier readout: a classifier has no deconv layers");
+  for (const auto& layer : layers)
+    if (layer.kind == LayerKind::kBatchNorm)
+      throw std::invalid_argument(
+          "classifier readout: batchnorm needs running statistics, which a readout of "
+          "parameters alone does not have (model/README.md, \"Normalization state\")");
   feature_size_ = static_cast<int>(layers.back().in.size());
-  std::size_t pool_outputs = 0;
+  std::size_t pool_outputs = 0, group_statistics = 0;
   for (const auto& layer : layers) {
     buffers_.emplace_back(static_cast<std::size_t>(max_batch) * layer.out.size());
     if (layer.kind == LayerKind::kMaxPool) pool_outputs = std::max(pool_outputs, layer.out.size());
+    if (layer.kind == LayerKind::kGroupNorm)
+      group_statistics = std::max(group_statistics, static_cast<std::size_t>(layer.groups));
   }
   input_.resize(static_cast<std::size_t>(max_batch) * model.input_shape().size());
   argmax_.resize(static_cast<std::size_t>(max_batch) * pool_outputs);
+  group_mean_.resize(static_cast<std::size_t>(max_batch) * group_statistics);
+  group_invstd_.resize(group_mean_.size());
 }
 
 void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* pixels, int count,
@@ -83,6 +93,13 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
           break;
         case LayerKind::kDropout:  // the identity when evaluating
           std::copy(in, in + static_cast<std::size_t>(rows) * layer.out.size(), out);
+          break;
+        case LayerKind::kGroupNorm:
+          k::group_norm_forward_reference(out, group_mean_.data(), group_invstd_.data(), in, weight,
+                                          bias, rows, layer.in.H * layer.in.W, layer.in.C,
+                                          layer.groups);
+          break;
+        case LayerKind::kBatchNorm:  // refused by the constructor
           break;
         case LayerKind::kRelu:
           k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());

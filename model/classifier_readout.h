@@ -35,6 +35,7 @@ class ClassifierReadout {
   std::vector<std::vector<float>> buffers_;  // one per layer output, [max_batch][size]
   std::vector<float> input_;
   std::vector<std::uint32_t> argmax_;
+  std::vector<float> group_mean_, group_invstd_;  // groupnorm's statistics, [max_batch][G]
 };
 
 // A generator's samples judged by a trained classifier, as the MD-GAN paper scores them: the

@@ -67,6 +67,14 @@ void validate_drop_rates(const Model& model, std::span<const float> rates) {
       throw std::invalid_argument("dropout: model '" + model.spec().name +
                                   "' has a dwconv layer; filter dropout does not support "
                                   "depthwise convolutions yet");
+    // A normalization layer's groups and gamma/beta follow the channels: a dropped filter
+    // would change what its statistics are taken over.
+    if (layer.kind == LayerKind::kGroupNorm || layer.kind == LayerKind::kBatchNorm)
+      throw std::invalid_argument(
+          "dropout: model '" + model.spec().name + "' has a " +
+          (layer.kind == LayerKind::kGroupNorm ? "groupnorm" : "batchnorm") +
+          " layer; filter dropout does not support normalization "
+          "layers yet");
   }
   const int convs = conv_layer_count(model);
   if (static_cast<int>(rates.size()) != convs) {

@@ -255,6 +255,8 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
       case LayerKind::kDropout:
+      case LayerKind::kGroupNorm:
+      case LayerKind::kBatchNorm:
       case LayerKind::kRelu:
         throw std::invalid_argument(
             "ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
@@ -320,6 +322,8 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
       case LayerKind::kDropout:
+      case LayerKind::kGroupNorm:
+      case LayerKind::kBatchNorm:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }
@@ -390,6 +394,8 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout,
       case LayerKind::kGlobalAvgPool:
       case LayerKind::kDepthwiseConv:
       case LayerKind::kDropout:
+      case LayerKind::kGroupNorm:
+      case LayerKind::kBatchNorm:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }

@@ -234,6 +234,23 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
         throw ModelError("model spec: expected 'dropout P' with P in (0, 1), got '" + statement +
                          "'");
       layer.rate = rate;
+    } else if (verb == "groupnorm" || verb == "batchnorm") {
+      const bool group = verb == "groupnorm";
+      layer.kind = group ? LayerKind::kGroupNorm : LayerKind::kBatchNorm;
+      i = 1;
+      if (group) {
+        if (words.size() < 2)
+          throw ModelError("model spec: expected 'groupnorm G [relu]', got '" + statement + "'");
+        layer.groups = parse_positive(words[1], statement);
+        i = 2;
+      }
+      for (; i < words.size(); i++) {
+        if (words[i] == "relu")
+          layer.relu = true;
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "' (" +
+                           (group ? "groupnorm G [relu]" : "batchnorm [relu]") + ")");
+      }
     } else if (verb == "maxpool") {
       layer.kind = LayerKind::kMaxPool;
       if (words.size() != 2 || words[1] != "2")
@@ -264,7 +281,7 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       throw ModelError(
           "model spec: unknown layer '" + verb +
           "' (known: input, init, conv, dwconv, deconv, maxpool, avgpool, globalavgpool, fc, "
-          "relu, dropout)");
+          "relu, dropout, groupnorm, batchnorm)");
     }
     spec.layers.push_back(layer);
   }
@@ -296,7 +313,7 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
   ExampleShape shape = spec_.input;
   if (shape.size() == 0) throw ModelError("model: empty input shape");
   std::size_t total = 0;
-  int conv_count = 0, fc_count = 0, deconv_count = 0, dwconv_count = 0;
+  int conv_count = 0, fc_count = 0, deconv_count = 0, dwconv_count = 0, gn_count = 0, bn_count = 0;
   auto add_tensor = [&](std::string name, std::vector<int> dims) {
     std::size_t size = 1;
     for (int d : dims) size *= static_cast<std::size_t>(d);
@@ -384,6 +401,20 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
       case LayerKind::kDropout:
         layer.rate = spec.rate;
         break;
+      case LayerKind::kGroupNorm:
+      case LayerKind::kBatchNorm: {
+        const bool group = spec.kind == LayerKind::kGroupNorm;
+        if (group && (spec.groups > shape.C || shape.C % spec.groups != 0))
+          throw ModelError("model: 'groupnorm " + std::to_string(spec.groups) +
+                           "' after a layer of " + std::to_string(shape.C) +
+                           " channels: the channel count must be a multiple of the group count");
+        layer.groups = group ? spec.groups : shape.C;
+        const std::string name =
+            group ? "gn" + std::to_string(++gn_count) : "bn" + std::to_string(++bn_count);
+        layer.weight_tensor = add_tensor(name + ".weight", {shape.C});
+        layer.bias_tensor = add_tensor(name + ".bias", {shape.C});
+        break;
+      }
       case LayerKind::kMaxPool:
         if (shape.H < 2 || shape.W < 2)
           throw ModelError("model: maxpool 2 on a " + std::to_string(shape.H) + "x" +
@@ -466,6 +497,14 @@ void Model::initialize(std::uint64_t seed) {
   for (const ResolvedLayer& layer : layers_) {
     if (layer.weight_tensor < 0) continue;
     const TensorInfo& w = tensors_[layer.weight_tensor];
+    if (layer.kind == LayerKind::kGroupNorm || layer.kind == LayerKind::kBatchNorm) {
+      // The identity map to start, as PyTorch's GroupNorm and BatchNorm2d; draws nothing, so
+      // a model's other weights are the same with or without normalization layers.
+      std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(w.offset), w.size, 1.0f);
+      const TensorInfo& b = tensors_[layer.bias_tensor];
+      std::fill_n(parameters_.begin() + static_cast<std::ptrdiff_t>(b.offset), b.size, 0.0f);
+      continue;
+    }
     // Glorot (Xavier) uniform, TensorFlow's default and so what the paper's reference code
     // trained with. He init made the paper CNN's first logits large (initial loss ~3.7
     // instead of ln 10) and early asynchronous steps at lr 0.1 could diverge.

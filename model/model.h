@@ -21,6 +21,15 @@
 //   dropout 0.2                   inverted dropout at that rate, in (0, 1), while training
 //                                 (Trainer::compute_gradient, masks from its step seed); the
 //                                 identity in evaluate()
+//   groupnorm G [relu]            group normalization (Wu & He 2018): per example, over each of
+//                                 G groups of C/G channels and all positions; C % G == 0;
+//                                 then a per-channel gamma·x̂ + beta (tensors gnN.weight,
+//                                 gnN.bias [C], initialized 1 and 0); eps 1e-5
+//   batchnorm [relu]              batch normalization: per channel over the batch and all
+//                                 positions while training, running mean/var (momentum 0.1)
+//                                 when evaluating; gamma, beta as bnN.weight, bnN.bias [C]. The
+//                                 running statistics are not parameters: model/README.md,
+//                                 "Normalization state", says where they live in each mode
 //   init glorot|he                how initialize() draws the weights (default glorot; once,
 //                                 anywhere after input): he is He-uniform, bound sqrt(6/fan_in),
 //                                 which keeps a deep ReLU network without normalization
@@ -58,7 +67,9 @@ enum class LayerKind {
   kDepthwiseConv,
   kAvgPool,
   kGlobalAvgPool,
-  kDropout
+  kDropout,
+  kGroupNorm,
+  kBatchNorm
 };
 
 struct LayerSpec {
@@ -71,6 +82,7 @@ struct LayerSpec {
   bool same_padding = true;           // conv, dwconv: pad (kernel-1)/2 on each side
   bool relu = false;  // conv/dwconv/fc: ReLU fused after the layer (shorthand for a relu layer)
   float rate = 0;     // dropout: the fraction of activations dropped while training
+  int groups = 0;     // groupnorm: G
 };
 
 struct ExampleShape {
@@ -111,6 +123,7 @@ struct ResolvedLayer {
   int kernel = 0, stride = 1, pad = 0;
   int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
   float rate = 0;                            // dropout
+  int groups = 0;                            // groupnorm: G; batchnorm: C (one per channel)
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 

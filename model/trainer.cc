@@ -6,6 +6,7 @@
 #include <string>
 
 #include "common/splitmix64.h"
+#include "kernels/normalization.h"
 #include "kernels/reference.h"
 #include "kernels/training_xnn.h"
 #include "model/filter_dropout.h"
@@ -40,6 +41,8 @@ struct Trainer::Stage {
   std::unique_ptr<k::DepthwiseConv2dXnn> dwconv;
   std::unique_ptr<k::AvgPoolXnn> avgpool;
   std::unique_ptr<k::GlobalAvgPoolXnn> global_avgpool;
+  std::unique_ptr<k::GroupNormOp> group_norm;  // our loops, not XNNPACK (it has none)
+  std::unique_ptr<k::BatchNormOp> batch_norm;
 };
 
 Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthreadpool_t pool)
@@ -92,6 +95,14 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
           stage.global_avgpool = std::make_unique<k::GlobalAvgPoolXnn>(
               max_batch, layer.in.H * layer.in.W, layer.in.C, pool);
           break;
+        case LayerKind::kGroupNorm:
+          stage.group_norm = std::make_unique<k::GroupNormOp>(max_batch, layer.in.H * layer.in.W,
+                                                              layer.in.C, layer.groups);
+          break;
+        case LayerKind::kBatchNorm:
+          stage.batch_norm =
+              std::make_unique<k::BatchNormOp>(max_batch, layer.in.H * layer.in.W, layer.in.C);
+          break;
         case LayerKind::kRelu:
         case LayerKind::kDropout:  // our loop, no operator
         case LayerKind::kDeconv:   // refused above
@@ -116,6 +127,26 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   for (int parity = 0; parity < 2; parity++)
     stage_gradients_[parity].resize(gradient_sizes[parity]);
   probs_.resize(B * static_cast<std::size_t>(model.num_classes()));
+  norm_mean_.resize(layers.size());
+  norm_invstd_.resize(layers.size());
+  running_offset_.assign(layers.size(), 0);
+  for (std::size_t i = 0; i < layers.size(); i++) {
+    const ResolvedLayer& layer = layers[i];
+    if (layer.kind != LayerKind::kGroupNorm && layer.kind != LayerKind::kBatchNorm) continue;
+    const std::size_t statistics = layer.kind == LayerKind::kGroupNorm
+                                       ? B * static_cast<std::size_t>(layer.groups)
+                                       : static_cast<std::size_t>(layer.in.C);
+    if (!xnnpack) {
+      norm_mean_[i].resize(statistics);
+      norm_invstd_[i].resize(statistics);
+    }
+    if (layer.kind == LayerKind::kBatchNorm) {
+      running_offset_[i] = running_statistics_.size();
+      running_statistics_.insert(running_statistics_.end(), layer.in.C, 0.0f);  // mean
+      running_statistics_.insert(running_statistics_.end(), layer.in.C, 1.0f);  // variance
+    }
+  }
+  calibration_sums_.resize(running_statistics_.size());
 }
 
 Trainer::~Trainer() = default;
@@ -215,6 +246,18 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
         }
         break;
       }
+      case LayerKind::kGroupNorm:
+        if (reference) {
+          k::group_norm_forward_reference(out, norm_mean_[stage.layer].data(),
+                                          norm_invstd_[stage.layer].data(), in, weight, bias, rows,
+                                          layer.in.H * layer.in.W, layer.in.C, layer.groups);
+        } else {
+          stage.group_norm->forward(out, in, weight, bias);
+        }
+        break;
+      case LayerKind::kBatchNorm:
+        batch_norm_forward(stage, out, in, weight, bias, rows, count, training);
+        break;
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
         break;
@@ -228,6 +271,90 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
   result.loss = k::softmax_cross_entropy_forward(probs_.data(), in, labels, count,
                                                  model_.num_classes(), &result.correct);
   return result;
+}
+
+void Trainer::batch_norm_forward(Stage& stage, float* out, const float* in, const float* gamma,
+                                 const float* beta, int rows, int count, bool training) {
+  const ResolvedLayer& layer = model_.layers()[stage.layer];
+  const int HW = layer.in.H * layer.in.W, C = layer.in.C;
+  float* running_mean = running_statistics_.data() + running_offset_[stage.layer];
+  float* running_var = running_mean + C;
+  if (!training && !calibrating_) {
+    k::batch_norm_inference(out, in, gamma, beta, running_mean, running_var, rows, HW, C);
+    return;
+  }
+  const float* mean;
+  const float* invstd;
+  if (backend_ == KernelBackend::kReference) {
+    k::batch_norm_forward_reference(out, norm_mean_[stage.layer].data(),
+                                    norm_invstd_[stage.layer].data(), in, gamma, beta, rows, HW, C);
+    mean = norm_mean_[stage.layer].data();
+    invstd = norm_invstd_[stage.layer].data();
+  } else {
+    stage.batch_norm->forward_training(out, in, gamma, beta, count);
+    mean = stage.batch_norm->mean();
+    invstd = stage.batch_norm->invstd();
+  }
+  const std::size_t positions = static_cast<std::size_t>(count) * HW;
+  if (training) {
+    k::batch_norm_update_running(running_mean, running_var, mean, invstd, C, positions);
+    return;
+  }
+  // Calibrating: Σ x and Σ x² per channel, from the batch's mean and biased variance.
+  double* sums = calibration_sums_.data() + running_offset_[stage.layer];
+  for (int c = 0; c < C; c++) {
+    const double m = mean[c];
+    const double var =
+        std::max(0.0, 1.0 / (static_cast<double>(invstd[c]) * invstd[c]) - k::kNormalizationEps);
+    sums[c] += m * static_cast<double>(positions);
+    sums[C + c] += (var + m * m) * static_cast<double>(positions);
+  }
+}
+
+void Trainer::set_normalization_state(std::span<const float> state) {
+  if (state.size() != running_statistics_.size())
+    throw std::invalid_argument("Trainer: normalization state of " + std::to_string(state.size()) +
+                                " values, model '" + model_.spec().name + "' has " +
+                                std::to_string(running_statistics_.size()));
+  std::copy(state.begin(), state.end(), running_statistics_.begin());
+}
+
+void Trainer::begin_normalization_calibration() {
+  std::fill(calibration_sums_.begin(), calibration_sums_.end(), 0.0);
+  calibrated_positions_ = 0;
+}
+
+void Trainer::calibrate_normalization(std::span<const float> params, const std::uint8_t* pixels,
+                                      const std::int32_t* labels, int count) {
+  if (!has_batch_norm()) return;
+  calibrating_ = true;
+  try {
+    forward(params, pixels, labels, count, /*training=*/false);
+  } catch (...) {
+    calibrating_ = false;
+    throw;
+  }
+  calibrating_ = false;
+  calibrated_positions_ += static_cast<std::size_t>(count);
+}
+
+void Trainer::finish_normalization_calibration() {
+  if (!has_batch_norm() || calibrated_positions_ == 0) return;
+  const auto& layers = model_.layers();
+  for (std::size_t i = 0; i < layers.size(); i++) {
+    if (layers[i].kind != LayerKind::kBatchNorm) continue;
+    const int C = layers[i].in.C;
+    // calibrated_positions_ counts examples; each contributes H·W positions per channel.
+    const double n = static_cast<double>(calibrated_positions_) * layers[i].in.H * layers[i].in.W;
+    const double unbias = n > 1 ? n / (n - 1) : 1.0;
+    const double* sums = calibration_sums_.data() + running_offset_[i];
+    float* running = running_statistics_.data() + running_offset_[i];
+    for (int c = 0; c < C; c++) {
+      const double mean = sums[c] / n;
+      running[c] = static_cast<float>(mean);
+      running[C + c] = static_cast<float>(std::max(0.0, sums[C + c] / n - mean * mean) * unbias);
+    }
+  }
 }
 
 void Trainer::set_dropout(const DropoutConfig& config) {
@@ -358,6 +485,26 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         if (dinp)
           k::dropout_backward(dinp, dout, static_cast<std::size_t>(rows) * layer.out.size(),
                               layer.rate, dropout_seed(stage.layer));
+        break;
+      case LayerKind::kGroupNorm:
+        if (reference) {
+          k::group_norm_backward_reference(dinp, dweight, dbias, dout, in,
+                                           norm_mean_[stage.layer].data(),
+                                           norm_invstd_[stage.layer].data(), weight, rows,
+                                           layer.in.H * layer.in.W, layer.in.C, layer.groups);
+        } else {
+          stage.group_norm->backward(dinp, dweight, dbias, dout, in, weight);
+        }
+        break;
+      case LayerKind::kBatchNorm:
+        if (reference) {
+          // rows == count on this backend: the statistics are over exactly the batch.
+          k::batch_norm_backward_reference(
+              dinp, dweight, dbias, dout, in, norm_mean_[stage.layer].data(),
+              norm_invstd_[stage.layer].data(), weight, rows, layer.in.H * layer.in.W, layer.in.C);
+        } else {
+          stage.batch_norm->backward(dinp, dweight, dbias, dout, in, weight, count);
+        }
         break;
       case LayerKind::kRelu:
         if (dinp)

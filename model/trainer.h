@@ -82,12 +82,36 @@ class Trainer {
   void set_step_seed(std::uint64_t seed) { step_seed_ = seed; }
   std::uint64_t step_seed() const { return step_seed_; }
 
+  // Batch normalization's running statistics (spec 'batchnorm'): the normalization state,
+  // every batchnorm layer's running mean [C] then running variance [C], in layer order;
+  // empty without batchnorm layers. Not parameters: they live here, outside the arena, and
+  // never travel with updates (model/README.md, "Normalization state"). compute_gradient()
+  // moves them towards each batch's statistics (momentum 0.1), evaluate() normalizes with
+  // them. Starts at mean 0, variance 1.
+  std::span<const float> normalization_state() const { return running_statistics_; }
+  void set_normalization_state(std::span<const float> state);  // std::invalid_argument on size
+  // An evaluator that never trains (the async server's, the simulators') recomputes the
+  // state from the parameters it evaluates: begin, calibrate() on batches of examples
+  // (batch statistics, as in training; nothing else changes), then finish, which sets the
+  // running statistics to the mean and unbiased variance over all calibrated positions.
+  // Does nothing for a model without batchnorm (has_batch_norm()).
+  bool has_batch_norm() const { return !running_statistics_.empty(); }
+  void begin_normalization_calibration();
+  void calibrate_normalization(std::span<const float> params, const std::uint8_t* pixels,
+                               const std::int32_t* labels, int count);
+  void finish_normalization_calibration();
+
  private:
   struct Stage;  // one kernel call: a layer, or a conv/fc layer with the ReLU layer after it
 
   // `training`: dropout layers drop (compute_gradient) or pass their input on (evaluate).
   BatchResult forward(std::span<const float> params, const std::uint8_t* pixels,
                       const std::int32_t* labels, int count, bool training);
+  // A batchnorm stage's forward: batch statistics of the first `count` rows while training
+  // (and then the momentum update) or calibrating (and then the calibration sums), else the
+  // running statistics.
+  void batch_norm_forward(Stage& stage, float* out, const float* in, const float* gamma,
+                          const float* beta, int rows, int count, bool training);
   // The mask seed of the dropout layer at `layer` for the current step.
   std::uint64_t dropout_seed(std::size_t layer) const;
   // Whether stage s is a max pool (XNNPACK) right after a stage with a fused ReLU: its
@@ -115,6 +139,16 @@ class Trainer {
   std::vector<std::vector<std::uint32_t>>
       argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;
+  // Normalization layers: the reference backend's saved statistics per layer (mean and
+  // invstd, [rows][G] or [C]; the fast ops keep their own), batchnorm's running statistics
+  // and each batchnorm layer's offset into them, and the calibration's sums (Σ x, Σ x² per
+  // channel, over calibrated_positions_ per layer).
+  std::vector<std::vector<float>> norm_mean_, norm_invstd_;
+  std::vector<float> running_statistics_;
+  std::vector<std::size_t> running_offset_;  // per layer; for batchnorm layers only
+  bool calibrating_ = false;
+  std::vector<double> calibration_sums_;
+  std::size_t calibrated_positions_ = 0;
   std::uint64_t step_seed_ = 0x5eed;
 };
 

@@ -38,7 +38,7 @@ BUILTIN_SPECS = {
 # Layers of model/model.h's language that this loader does not rebuild yet (issue 35): it
 # refuses a model holding one, by name, rather than building a network that differs from
 # the one the checkpoint was trained as.
-NOT_YET_SUPPORTED = ("dwconv", "avgpool", "globalavgpool")
+NOT_YET_SUPPORTED = ("dwconv", "avgpool", "globalavgpool", "groupnorm", "batchnorm")
 
 
 def read_safetensors(path):

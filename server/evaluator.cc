@@ -12,6 +12,17 @@ EvaluationResult evaluate_parameters(const runtime::Model& model, std::span<cons
   const auto started = std::chrono::steady_clock::now();
   runtime::Trainer trainer(model, kBatch);
   trainer.set_input_format(test.format);
+  // batchnorm's running statistics never reach the server (model/README.md, "Normalization
+  // state"): they are recomputed for these parameters from the examples evaluated.
+  if (trainer.has_batch_norm()) {
+    trainer.begin_normalization_calibration();
+    for (std::size_t start = 0; start < test.size(); start += kBatch) {
+      const int count = static_cast<int>(std::min<std::size_t>(kBatch, test.size() - start));
+      trainer.calibrate_normalization(parameters, test.pixels.data() + start * test.image_bytes(),
+                                      test.labels.data() + start, count);
+    }
+    trainer.finish_normalization_calibration();
+  }
   std::size_t correct = 0;
   double loss_sum = 0;
   for (std::size_t start = 0; start < test.size(); start += kBatch) {

@@ -47,6 +47,18 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
   if (count == 0) return {};
   evaluator.set_input_format(data.format);
   const int batch = evaluator.max_batch();
+  // batchnorm: running statistics recomputed for these parameters, as the server's
+  // evaluator does (server/evaluator.cc; model/README.md, "Normalization state").
+  if (evaluator.has_batch_norm()) {
+    evaluator.begin_normalization_calibration();
+    for (std::size_t start = 0; start < count; start += static_cast<std::size_t>(batch)) {
+      const int n =
+          static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(batch), count - start));
+      evaluator.calibrate_normalization(parameters, data.pixels.data() + start * data.image_bytes(),
+                                        data.labels.data() + start, n);
+    }
+    evaluator.finish_normalization_calibration();
+  }
   std::size_t correct = 0;
   double loss_sum = 0;
   for (std::size_t start = 0; start < count; start += static_cast<std::size_t>(batch)) {
@@ -70,9 +82,8 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
   const std::size_t image = data.image_bytes();
   std::vector<std::uint8_t> pixels(static_cast<std::size_t>(batch) * image);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
-  std::size_t correct = 0;
-  double loss_sum = 0;
-  for (std::size_t start = 0; start < indices.size(); start += static_cast<std::size_t>(batch)) {
+  // Gathers the batch from `start` into pixels/labels; returns its size.
+  auto gather = [&](std::size_t start) {
     const int n = static_cast<int>(
         std::min<std::size_t>(static_cast<std::size_t>(batch), indices.size() - start));
     for (int k = 0; k < n; ++k) {
@@ -81,6 +92,20 @@ TestScore evaluate_parameters(runtime::Trainer& evaluator, std::span<const float
                   pixels.data() + static_cast<std::size_t>(k) * image);
       labels[static_cast<std::size_t>(k)] = data.labels[example];
     }
+    return n;
+  };
+  if (evaluator.has_batch_norm()) {  // as in the overload above
+    evaluator.begin_normalization_calibration();
+    for (std::size_t start = 0; start < indices.size(); start += static_cast<std::size_t>(batch)) {
+      const int n = gather(start);
+      evaluator.calibrate_normalization(parameters, pixels.data(), labels.data(), n);
+    }
+    evaluator.finish_normalization_calibration();
+  }
+  std::size_t correct = 0;
+  double loss_sum = 0;
+  for (std::size_t start = 0; start < indices.size(); start += static_cast<std::size_t>(batch)) {
+    const int n = gather(start);
     const auto r = evaluator.evaluate(parameters, pixels.data(), labels.data(), n);
     correct += static_cast<std::size_t>(r.correct);
     loss_sum += static_cast<double>(r.loss) * n;

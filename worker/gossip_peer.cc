@@ -699,6 +699,21 @@ void GossipPeer::State::validate() {
   }
   const int batch = balancer.options().base_batch;
   Trainer& trainer = trainer_for(batch);
+  // batchnorm: the running statistics this peer's steps kept were taken under parameters
+  // since mixed with its neighbours'; recomputed for the snapshot, as the simulator's
+  // evaluate_parameters does (model/README.md, "Normalization state").
+  if (trainer.has_batch_norm()) {
+    trainer.begin_normalization_calibration();
+    for (std::size_t start = 0; start < validation.size();
+         start += static_cast<std::size_t>(batch)) {
+      const int count = static_cast<int>(
+          std::min<std::size_t>(static_cast<std::size_t>(batch), validation.size() - start));
+      trainer.calibrate_normalization(snapshot,
+                                      validation.pixels.data() + start * validation.image_bytes(),
+                                      validation.labels.data() + start, count);
+    }
+    trainer.finish_normalization_calibration();
+  }
   std::size_t correct = 0;
   for (std::size_t start = 0; start < validation.size(); start += static_cast<std::size_t>(batch)) {
     const int count = static_cast<int>(

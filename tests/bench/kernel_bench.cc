@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/normalization.h"
 #include "kernels/reference.h"
 #include "kernels/training_xnn.h"
 #include "kernels/xnnpack_setup.h"
@@ -130,7 +131,8 @@ double repack_ms_per_step(int B) {
 // One fast op's forward + backward (input, weight and bias gradients where it has them) on
 // a B x H x W x C input, as the Trainer calls it: "conv1x1" (pointwise conv to 2C
 // channels), "conv3x3s2" (3x3 stride 2 same to 2C), "dwconv3x3" (same), "dwconv3x3s2",
-// "avgpool2", "globalavgpool". Median ms of 21 calls after one warm-up.
+// "avgpool2", "globalavgpool", "groupnorm" (8 groups; C % 8 == 0), "batchnorm" (training
+// statistics). Median ms of 21 calls after one warm-up.
 double op_ms(const std::string& op, int B, int H, int W, int C, pthreadpool_t pool) {
   namespace k = edgetrain::kernels;
   std::mt19937 rng(1);
@@ -203,6 +205,25 @@ double op_ms(const std::string& op, int B, int H, int W, int C, pthreadpool_t po
       gap->forward(out.data(), inp.data());
       gap->backward(dinp.data(), dout.data());
     };
+  } else if (op == "groupnorm" || op == "batchnorm") {
+    // Our loops (kernels/normalization.h); groupnorm in 8 groups, as torch_op.py's.
+    if (op == "groupnorm" && C % 8 != 0) return -1;
+    buffers(n_in, C, C);
+    if (op == "groupnorm") {
+      auto gn = std::make_shared<k::GroupNormOp>(B, H * W, C, 8);
+      step = [&, gn] {
+        gn->forward(out.data(), inp.data(), weight.data(), bias.data());
+        gn->backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                     weight.data());
+      };
+    } else {
+      auto bn = std::make_shared<k::BatchNormOp>(B, H * W, C);
+      step = [&, bn] {
+        bn->forward_training(out.data(), inp.data(), weight.data(), bias.data(), B);
+        bn->backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                     weight.data(), B);
+      };
+    }
   } else {
     return -1;
   }
@@ -237,7 +258,7 @@ int main(int argc, char** argv) {
             "trainer path: a built-in model or a spec (GFLOP/s counted for paper-cnn only)");
   table.add("op", op,
             "print one fast op's forward + backward instead: conv1x1, conv3x3s2, dwconv3x3, "
-            "dwconv3x3s2, avgpool2, globalavgpool");
+            "dwconv3x3s2, avgpool2, globalavgpool, groupnorm (8 groups), batchnorm");
   table.add("op-shape", op_shape, "--op: the input HxWxC");
   table.add("gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   table.add("repack-cost", repack, "print the cost of recreating (repacking) the step's operators");

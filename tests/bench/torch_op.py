@@ -12,7 +12,8 @@ import torch.nn as nn
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--op", required=True,
-                    choices=["conv1x1", "conv3x3s2", "dwconv3x3", "dwconv3x3s2", "avgpool2", "globalavgpool"])
+                    choices=["conv1x1", "conv3x3s2", "dwconv3x3", "dwconv3x3s2", "avgpool2", "globalavgpool",
+                             "groupnorm", "batchnorm"])
 parser.add_argument("--op-shape", default="14x14x32")
 parser.add_argument("--batch", type=int, default=10)
 parser.add_argument("--threads", type=int, default=1)
@@ -26,6 +27,8 @@ layers = {
     "dwconv3x3s2": lambda: nn.Sequential(nn.Conv2d(C, C, 3, stride=2, padding=1, groups=C), nn.ReLU()),
     "avgpool2": lambda: nn.AvgPool2d(2),
     "globalavgpool": lambda: nn.AdaptiveAvgPool2d(1),
+    "groupnorm": lambda: nn.GroupNorm(8, C),  # 8 groups, as kernel_bench's
+    "batchnorm": lambda: nn.BatchNorm2d(C),   # training mode: batch statistics
 }
 layer = layers[args.op]()
 x = torch.randn(args.batch, C, H, W, requires_grad=True)

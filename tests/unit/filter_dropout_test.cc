@@ -317,6 +317,25 @@ TEST(FilterDropout, RefusesDepthwiseModelsByName) {
   EXPECT_THROW(sub_network_spec(model, std::vector<float>(4, 0.0f)), std::invalid_argument);
 }
 
+// Normalization layers take their statistics over the channels a dropped filter would
+// remove: refused by name too.
+TEST(FilterDropout, RefusesNormalizationLayersByName) {
+  for (const char* norm : {"groupnorm 4", "batchnorm"}) {
+    Model model(parse_model_spec(std::string("input 12x12x1; conv 8 3x3 same; ") + norm +
+                                     " relu; maxpool 2; conv 8 3x3 same relu; fc 4",
+                                 "normalized"));
+    Trainer trainer(model, 2);
+    try {
+      trainer.set_dropout(config({0.5f, 0.5f}));
+      ADD_FAILURE() << "filter dropout accepted " << norm;
+    } catch (const std::invalid_argument& e) {
+      const std::string verb = std::string(norm).substr(0, std::string(norm).find(' '));
+      EXPECT_NE(std::string(e.what()).find(verb), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(trainer.dropout(), nullptr);
+  }
+}
+
 TEST(FilterDropout, SubNetworkSpecAndMacs) {
   Model model(builtin_model_spec("paper-cnn"));
   const std::vector<float> rates{0.5f, 0.5f};

@@ -170,6 +170,10 @@ TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
       {"input 8x8x2; dropout 0.5x; fc 2", "dropout 0.5x"},
       {"input 8x8x2; dropout nan; fc 2", "dropout nan"},
       {"input 8x8x2; init xavier; fc 2", "init xavier"},
+      {"input 8x8x2; groupnorm; fc 2", "groupnorm"},
+      {"input 8x8x2; groupnorm 0; fc 2", "groupnorm 0"},
+      {"input 8x8x2; groupnorm 2 same; fc 2", "groupnorm 2 same"},
+      {"input 8x8x2; batchnorm 2; fc 2", "batchnorm 2"},
   };
   for (const auto& [spec, statement] : cases) {
     try {
@@ -191,6 +195,41 @@ TEST(ModelSpec, NewLayerErrorsNameTheStatement) {
         "input 8x8x2; fc 4; dropout 0.5", "input 8x8x2; fc 4; avgpool 2; fc 2"}) {  // 1x1 after fc
     EXPECT_THROW(Model{parse_model_spec(spec)}, ModelError) << spec;
   }
+}
+
+// groupnorm G / batchnorm: gamma and beta per channel in the arena, named gnN / bnN,
+// starting as the identity map (gamma 1, beta 0); G must divide the channel count, and the
+// error names the statement.
+TEST(ModelSpec, NormalizationLayersHoldGammaAndBetaPerChannel) {
+  Model m(parse_model_spec(
+      "input 8x8x2; conv 6 3x3 same; groupnorm 3 relu; conv 4 3x3; batchnorm relu; fc 2"));
+  ASSERT_EQ(m.layers().size(), 7u);
+  EXPECT_EQ(m.layers()[1].kind, LayerKind::kGroupNorm);
+  EXPECT_EQ(m.layers()[1].groups, 3);
+  EXPECT_EQ(m.layers()[2].kind, LayerKind::kRelu);
+  EXPECT_EQ(m.layers()[4].kind, LayerKind::kBatchNorm);
+  EXPECT_EQ(m.layers()[4].out, (ExampleShape{8, 8, 4}));
+  for (const char* name : {"gn1.weight", "gn1.bias"})
+    EXPECT_EQ(m.tensors()[m.tensor_index(name)].shape, std::vector<int>{6}) << name;
+  for (const char* name : {"bn1.weight", "bn1.bias"})
+    EXPECT_EQ(m.tensors()[m.tensor_index(name)].shape, std::vector<int>{4}) << name;
+  m.initialize(5);
+  for (float g : m.tensor(m.tensor_index("gn1.weight"))) EXPECT_EQ(g, 1.0f);
+  for (float b : m.tensor(m.tensor_index("bn1.bias"))) EXPECT_EQ(b, 0.0f);
+  // The other weights are drawn as without the normalization layers.
+  Model plain(parse_model_spec("input 8x8x2; conv 6 3x3 same relu; conv 4 3x3 relu; fc 2"));
+  plain.initialize(5);
+  const auto w = m.tensor(m.tensor_index("conv2.weight"));
+  const auto w_plain = plain.tensor(plain.tensor_index("conv2.weight"));
+  EXPECT_TRUE(std::equal(w.begin(), w.end(), w_plain.begin()));
+  try {
+    Model bad(parse_model_spec("input 8x8x2; conv 6 3x3 same; groupnorm 4; fc 2"));
+    ADD_FAILURE() << "groupnorm 4 of 6 channels accepted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("groupnorm 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("6 channels"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Model{parse_model_spec("input 8x8x2; groupnorm 3; fc 2")}, ModelError);
 }
 
 TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {

@@ -154,6 +154,16 @@ TEST(NoAllocation, TrainerOnDepthwiseAndAveragePoolingLayers) {
   pthreadpool_destroy(pool);
 }
 
+// Group and batch normalization (issue 35), on both backends: their statistics and scratch
+// are made with the Trainer.
+TEST(NoAllocation, TrainerOnNormalizationLayers) {
+  const char* spec =
+      "input 28x28x1; conv 8 3x3 stride 2 same; groupnorm 4 relu; conv 16 3x3 same; "
+      "batchnorm relu; globalavgpool; fc 10";
+  expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {}, spec);
+  expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr, {}, spec);
+}
+
 TEST(NoAllocation, TrainerWithFilterDropout) {
   expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {0.5f, 0.25f});
   pthreadpool_t pool = pthreadpool_create(2);

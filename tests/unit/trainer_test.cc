@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "kernels/reference.h"
 #include "model/dataset.h"
 #include "model/model.h"
 #include "model/trainer.h"
@@ -196,6 +197,10 @@ void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) 
   const bool has_dropout =
       std::any_of(model.layers().begin(), model.layers().end(),
                   [](const ResolvedLayer& l) { return l.kind == LayerKind::kDropout; });
+  // batchnorm evaluates with running statistics, trains with the batch's.
+  const bool has_batch_norm =
+      std::any_of(model.layers().begin(), model.layers().end(),
+                  [](const ResolvedLayer& l) { return l.kind == LayerKind::kBatchNorm; });
   Trainer fast(model, max_batch, KernelBackend::kXnnpack);
   Trainer reference(model, max_batch, KernelBackend::kReference);
   std::mt19937 rng(seed);
@@ -219,17 +224,23 @@ void expect_backends_agree(const ModelSpec& spec, int max_batch, unsigned seed) 
         reference.evaluate(model.parameters(), pixels.data(), labels.data(), count);
     EXPECT_NEAR(e_fast.loss, e_ref.loss, 1e-5f * std::max(1.0f, e_ref.loss));
     // A training step drops activations; evaluate() does not.
-    if (!has_dropout) {
+    if (!has_dropout && !has_batch_norm) {
       EXPECT_FLOAT_EQ(e_fast.loss, r_fast.loss);
     }
+    float model_scale = 0;
+    for (float g : grad_reference) model_scale = std::max(model_scale, std::fabs(g));
     for (const TensorInfo& t : model.tensors()) {
       float scale = 0;
       for (std::size_t i = 0; i < t.size; i++)
         scale = std::max(scale, std::fabs(grad_reference[t.offset + i]));
       ASSERT_GT(scale, 0.0f) << t.name << " has an all-zero reference gradient";
-      // Relative to the tensor's largest entry: only the summation order differs.
+      // Relative to the tensor's largest entry: only the summation order differs. (A bias
+      // right before a batchnorm has a zero gradient but for rounding, as the normalization
+      // removes any per-channel shift, and a normalization layer's gamma can have a tiny
+      // one: hence the floor relative to the model's largest entry.)
       for (std::size_t i = 0; i < t.size; i++) {
-        ASSERT_NEAR(grad_fast[t.offset + i], grad_reference[t.offset + i], 1e-4f * scale)
+        ASSERT_NEAR(grad_fast[t.offset + i], grad_reference[t.offset + i],
+                    std::max(1e-4f * scale, 1e-5f * model_scale))
             << t.name << "[" << i << "]";
       }
     }
@@ -392,3 +403,209 @@ TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- normalization layers
+
+// Group norm (two groups and one per channel) and batch norm, each with and without a ReLU
+// after it, at odd sizes; the first layer's input gradient is not needed.
+constexpr const char* kNormalizationSpec =
+    "input 9x7x2; conv 8 3x3 same; groupnorm 2 relu; conv 6 3x3 stride 2 same; batchnorm relu; "
+    "dwconv 3x3 same; groupnorm 6 relu; conv 4 1x1; batchnorm relu; globalavgpool; fc 4";
+// (Without the last two ReLUs the spec would be degenerate: a per-channel normalization's
+// spatial mean is beta, so a 1x1 conv, batchnorm and global pooling after it would give
+// every example the same logits, and so would batchnorm then pooling on a batch of one.)
+
+// The gradient of the training loss (batch statistics) against finite differences of the
+// same loss, compute_gradient's own: evaluate() would normalize batchnorm with the running
+// statistics instead. Without ReLUs: a normalized activation has many values near 0, and a
+// probe's step moves them across the kink, where finite differences lie; the backends
+// test above has the ReLUs.
+TEST_P(TrainerOnBackend, GradientMatchesFiniteDifferencesOnNormalizationLayers) {
+  Model model(parse_model_spec(
+      "input 9x7x2; conv 8 3x3 same; groupnorm 2; conv 6 3x3 stride 2 same; batchnorm; "
+      "dwconv 3x3 same; groupnorm 3; conv 4 1x1; batchnorm; globalavgpool; fc 4"));
+  model.initialize(21);
+  std::mt19937 rng(8);
+  // gamma and beta away from their 1 and 0 starts, so a swapped or ignored one shows.
+  std::uniform_real_distribution<float> around_one(0.6f, 1.4f), small(0.02f, 0.2f);
+  for (const TensorInfo& t : model.tensors()) {
+    const bool gamma = t.name.rfind("gn", 0) == 0 || t.name.rfind("bn", 0) == 0;
+    if (gamma && t.name.find(".weight") != std::string::npos)
+      for (float& g : model.tensor(model.tensor_index(t.name))) g = around_one(rng);
+    else if (t.shape.size() == 1)
+      for (float& b : model.tensor(model.tensor_index(t.name))) b = small(rng);
+  }
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  synthetic_batch(rng, model.input_shape(), 3, pixels, labels);
+  Trainer trainer(model, 3, GetParam());
+  std::vector<float> grad(model.parameter_count()), scratch(model.parameter_count());
+  trainer.compute_gradient(model.parameters(), pixels.data(), labels.data(), 3, grad);
+  std::vector<float> probe(model.parameters().begin(), model.parameters().end());
+  auto loss_at = [&](std::size_t i, float value) {
+    const float saved = probe[i];
+    probe[i] = value;
+    const float loss =
+        trainer.compute_gradient(probe, pixels.data(), labels.data(), 3, scratch).loss;
+    probe[i] = saved;
+    return loss;
+  };
+  for (const TensorInfo& t : model.tensors()) {
+    int nonzero = 0;
+    for (std::size_t i = t.offset; i<t.offset + t.size; i += t.size> 40 ? 7 : 1) {
+      const float h = 2e-3f;
+      const double numeric =
+          (static_cast<double>(loss_at(i, probe[i] + h)) - loss_at(i, probe[i] - h)) / (2.0 * h);
+      EXPECT_NEAR(grad[i], numeric, 2e-3 + 0.05 * std::fabs(numeric)) << t.name << " at " << i;
+      nonzero += grad[i] != 0.0f;
+    }
+    EXPECT_GT(nonzero, 0) << t.name << ": an all-zero gradient proves nothing";
+  }
+}
+
+// Both backends, also on partial (zero-padded) batches: batchnorm's statistics come from
+// the batch's rows only, and the running statistics move the same way on both.
+TEST(Trainer, XnnpackGradientsEqualReferenceGradientsOnNormalizationLayers) {
+  expect_backends_agree(parse_model_spec(kNormalizationSpec, "normalization"), 5, 9);
+}
+
+// Group norm has no state but its parameters: it trains a small conv net, and an example's
+// logits do not depend on the batch it is in (evaluated alone or among 16), so every mode
+// (async, rounds, gossip, evaluators that only see parameters) handles it unchanged.
+TEST_P(TrainerOnBackend, GroupNormTrainsASmallConvNet) {
+  Model model(parse_model_spec(
+      "input 12x12x1; conv 8 3x3 same; groupnorm 2 relu; maxpool 2; conv 8 3x3 same; "
+      "groupnorm 4 relu; maxpool 2; fc 4"));
+  model.initialize(2);
+  Trainer trainer(model, 16, GetParam());
+  std::mt19937 rng(9);
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  std::vector<float> grad(model.parameter_count());
+  auto params = model.parameters();
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; step++) {
+    synthetic_batch(rng, model.input_shape(), 16, pixels, labels);
+    BatchResult r = trainer.compute_gradient(params, pixels.data(), labels.data(), 16, grad);
+    for (std::size_t i = 0; i < params.size(); i++) params[i] -= 0.1f * grad[i];
+    if (step == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, 0.3f * first) << "first " << first << " last " << last;
+  synthetic_batch(rng, model.input_shape(), 16, pixels, labels);
+  const BatchResult whole = trainer.evaluate(params, pixels.data(), labels.data(), 16);
+  EXPECT_GE(whole.correct, 14);
+  // A fresh evaluator (as a server's) with the parameters alone scores the same, one by one.
+  Trainer evaluator(model, 1, GetParam());
+  double loss_sum = 0;
+  int correct = 0;
+  for (int n = 0; n < 16; n++) {
+    const BatchResult one = evaluator.evaluate(
+        params, pixels.data() + n * model.input_shape().size(), labels.data() + n, 1);
+    loss_sum += one.loss;
+    correct += one.correct;
+  }
+  EXPECT_EQ(correct, whole.correct);
+  EXPECT_NEAR(loss_sum / 16, whole.loss, 1e-5);
+}
+
+// Batch norm trains the same net; its running statistics follow the batches (momentum 0.1)
+// and make evaluation independent of the batch; an evaluator that never trained recomputes
+// them from the parameters by calibration and then scores like the trainer.
+TEST_P(TrainerOnBackend, BatchNormTrainsAndCalibratesItsRunningStatistics) {
+  Model model(parse_model_spec(
+      "input 12x12x1; conv 8 3x3 same; batchnorm relu; maxpool 2; conv 8 3x3 same; "
+      "batchnorm relu; maxpool 2; fc 4"));
+  model.initialize(2);
+  Trainer trainer(model, 16, GetParam());
+  ASSERT_TRUE(trainer.has_batch_norm());
+  ASSERT_EQ(trainer.normalization_state().size(), 2u * (8 + 8));
+  EXPECT_EQ(trainer.normalization_state()[0], 0.0f);  // mean 0
+  EXPECT_EQ(trainer.normalization_state()[8], 1.0f);  // variance 1
+  std::mt19937 rng(9);
+  std::vector<std::uint8_t> pixels;
+  std::vector<std::int32_t> labels;
+  std::vector<float> grad(model.parameter_count());
+  auto params = model.parameters();
+  float first = 0, last = 0;
+  for (int step = 0; step < 60; step++) {
+    synthetic_batch(rng, model.input_shape(), 16, pixels, labels);
+    BatchResult r = trainer.compute_gradient(params, pixels.data(), labels.data(), 16, grad);
+    for (std::size_t i = 0; i < params.size(); i++) params[i] -= 0.1f * grad[i];
+    if (step == 0) first = r.loss;
+    last = r.loss;
+  }
+  EXPECT_LT(last, 0.3f * first) << "first " << first << " last " << last;
+  EXPECT_NE(trainer.normalization_state()[0], 0.0f) << "running mean never moved";
+
+  synthetic_batch(rng, model.input_shape(), 16, pixels, labels);
+  const BatchResult whole = trainer.evaluate(params, pixels.data(), labels.data(), 16);
+  EXPECT_GE(whole.correct, 14);
+  // With running statistics an example's logits do not depend on its batch.
+  double loss_sum = 0;
+  for (int n = 0; n < 16; n++)
+    loss_sum +=
+        trainer
+            .evaluate(params, pixels.data() + n * model.input_shape().size(), labels.data() + n, 1)
+            .loss;
+  EXPECT_NEAR(loss_sum / 16, whole.loss, 1e-5);
+
+  // An evaluator with the parameters alone: running statistics at their start (mean 0,
+  // variance 1) are wrong for these parameters; calibrated on 160 training examples in
+  // batches of 16, 16 and 8 (any split), it scores as the trainer does.
+  Trainer evaluator(model, 16, GetParam());
+  evaluator.begin_normalization_calibration();
+  for (int batch = 0; batch < 12; batch++) {
+    std::vector<std::uint8_t> calibration_pixels;
+    std::vector<std::int32_t> calibration_labels;
+    const int count = batch % 3 == 2 ? 8 : 16;
+    synthetic_batch(rng, model.input_shape(), count, calibration_pixels, calibration_labels);
+    evaluator.calibrate_normalization(params, calibration_pixels.data(), calibration_labels.data(),
+                                      count);
+  }
+  evaluator.finish_normalization_calibration();
+  const BatchResult calibrated = evaluator.evaluate(params, pixels.data(), labels.data(), 16);
+  EXPECT_GE(calibrated.correct, 14);
+  EXPECT_NEAR(calibrated.loss, whole.loss, 0.1f + 0.2f * whole.loss);
+  // The calibrated statistics are the trainer's running ones up to the momentum's lag.
+  const auto running = trainer.normalization_state();
+  const auto recomputed = evaluator.normalization_state();
+  for (std::size_t i = 0; i < running.size(); i++)
+    EXPECT_NEAR(recomputed[i], running[i], 0.2f * (1 + std::fabs(running[i]))) << i;
+
+  // The state can be carried from one Trainer to another; the size is checked.
+  Trainer copy(model, 16, GetParam());
+  copy.set_normalization_state(trainer.normalization_state());
+  EXPECT_FLOAT_EQ(copy.evaluate(params, pixels.data(), labels.data(), 16).loss, whole.loss);
+  EXPECT_THROW(copy.set_normalization_state(std::vector<float>(3)), std::invalid_argument);
+}
+
+// Calibration's figures against their definition: with batchnorm right after the input,
+// its running statistics after calibration are the mean and unbiased variance of the
+// standardized pixels of each channel over every calibrated example and position.
+TEST_P(TrainerOnBackend, BatchNormCalibrationGivesThePopulationStatistics) {
+  Model model(parse_model_spec("input 5x4x3; batchnorm; fc 4"));
+  model.initialize(3);
+  Trainer trainer(model, 6, GetParam());
+  std::mt19937 rng(31);
+  std::vector<std::uint8_t> all_pixels;
+  std::vector<std::int32_t> labels;
+  synthetic_batch(rng, model.input_shape(), 11, all_pixels, labels);
+  trainer.begin_normalization_calibration();
+  trainer.calibrate_normalization(model.parameters(), all_pixels.data(), labels.data(), 6);
+  trainer.calibrate_normalization(model.parameters(), all_pixels.data() + 6 * 60, labels.data() + 6,
+                                  5);
+  trainer.finish_normalization_calibration();
+  std::vector<float> standardized(all_pixels.begin(), all_pixels.end());
+  edgetrain::kernels::standardize_per_image(standardized.data(), standardized.data(), 11, 60);
+  const auto state = trainer.normalization_state();
+  for (int c = 0; c < 3; c++) {
+    double sum = 0, squares = 0;
+    const int n = 11 * 20;
+    for (int p = 0; p < n; p++) sum += standardized[p * 3 + c];
+    const double mean = sum / n;
+    for (int p = 0; p < n; p++) squares += std::pow(standardized[p * 3 + c] - mean, 2);
+    EXPECT_NEAR(state[c], mean, 1e-5) << "channel " << c;
+    EXPECT_NEAR(state[3 + c], squares / (n - 1), 1e-4) << "channel " << c;
+  }
+}

@@ -1,0 +1,113 @@
+// Secure aggregation in --mode rounds (issue 39, part 2; docs/privacy.md, "Secure
+// aggregation"): the protocol core of privacy/ (privacy/secagg.h, Bonawitz et al. 2017) carried
+// as CoAP resources, with a deadline per step so that a round closes when devices drop out.
+// The server learns the sum of the survivors' quantized clipped deltas, never one of them.
+//
+//   POST /round/secagg/keys            AdvertiseKeys           2.04 | 4.09 wrong step/session
+//   GET  /round/secagg/keys?session=S  KeyDirectory (U1)       2.05 | 5.03 not yet | 4.09
+//   POST /round/secagg/shares          EncryptedShares         2.04 | 4.09
+//   GET  /round/secagg/shares?session=S the shares for me      2.05 | 5.03 | 4.09
+//   POST /round/secagg/input           MaskedInput             2.04 | 4.09
+//   GET  /round/secagg/survivors?session=S SurvivorList (U3)   2.05 | 5.03 | 4.09
+//   POST /round/secagg/unmask          UnmaskingShares         2.04 | 4.09
+// Every body is parsed with privacy/secagg_messages.h's parsers (4.00 when it does not parse,
+// 4.13 above the step's size cap); a message the core refuses (another identity than the DTLS
+// one, a failed check) is 4.22 with the core's reason; the same identity posting again in the
+// same step is 2.04 and not counted twice (a retransmission after a lost answer).
+//
+// Sessions (ours): the core's round field carries a session number, (round << 16) | attempt.
+// An attempt that cannot go on (fewer than t devices at a step's deadline, or an unmasking
+// that fails) is abandoned and the next attempt of the same round begins with fresh keys.
+// Durability (ours, the simplest sound choice): nothing of a session is kept across a
+// restart; `secagg_attempt.json` in the state directory records the attempt begun, durably
+// before it takes any message, so a server killed mid-round starts the next attempt and every
+// device, finding its session gone (4.09), redoes the round. No masked input, share or sum is
+// ever written to disk; only the unmasked aggregate, through the main WAL like a plain close.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "privacy/secagg.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::server {
+
+// CoAP 5.03: the step asked for has not closed yet; ask again (ours: no Max-Age).
+inline constexpr int kCoapNotYet = 503;
+
+struct SecureRoundOptions {
+  double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉), n = |U1|
+  double step_seconds = 30;         // each step's deadline
+  double clip_norm = 0;             // S: the devices' deltas are clipped to it (quantize.h)
+  std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
+  std::function<std::chrono::steady_clock::time_point()> now;
+  std::function<void(const std::string&)> log;
+};
+
+// The secure-aggregation side of one round at a time. Used from the server's one thread.
+class SecureRound {
+ public:
+  enum class Step { kKeys, kShares, kMaskedInput, kUnmasking };
+  // `attempt_file`: secagg_attempt.json. Throws StateError when it is damaged.
+  SecureRound(SecureRoundOptions options, std::filesystem::path attempt_file);
+
+  // Begins round `round` (its first attempt, or the next one after a restart) for vectors of
+  // `vector_length` values. Throws when the attempt cannot be made durable.
+  void begin(std::uint64_t round, std::uint32_t vector_length);
+
+  // What a close needs: Σ over U3 of the quantized deltas, read back as values.
+  struct Sum {
+    std::vector<double> values;
+    std::size_t survivors = 0;       // |U3|
+    std::size_t key_holders = 0;     // |U1|
+    std::size_t unmasking_senders = 0;
+  };
+  // Moves on when a step's devices have all answered or its deadline passed; returns the sum
+  // once the unmasking succeeds (the caller applies it and begins the next round).
+  // `expected_keys`: the selected devices the round waits for in the keys step.
+  std::optional<Sum> poll(std::size_t expected_keys);
+
+  transport::CoapResponse handle(transport::Method method, const std::string& resource,
+                                 const std::string& identity, const transport::CoapRequest& request,
+                                 bool selected);
+
+  std::uint64_t session() const { return session_; }
+  Step step() const { return step_; }
+  static const char* step_name(Step step);
+  // In U1 of the current attempt (or the keys step is still open).
+  bool may_take_part(const std::string& identity) const;
+  std::string status_json() const;  // the secagg_* keys of /status
+  std::uint32_t threshold() const { return threshold_; }
+
+ private:
+  void next_attempt(const std::string& why);
+  void open_step(Step step);
+  double seconds_left() const;
+  void log(const std::string& line) const;
+
+  SecureRoundOptions options_;
+  std::filesystem::path attempt_file_;
+  std::uint64_t round_ = 0;
+  std::uint32_t attempt_ = 0;
+  std::uint32_t vector_length_ = 0;
+  std::uint64_t session_ = 0;
+  std::optional<privacy::SecAggServer> server_;
+  Step step_ = Step::kKeys;
+  std::chrono::steady_clock::time_point step_opened_;
+  std::uint32_t threshold_ = 0;
+  std::map<std::string, privacy::AdvertiseKeys, std::less<>> keys_;  // the keys step's, until it closes
+  std::set<std::string, std::less<>> posted_;  // who posted in the current step
+  std::vector<std::uint8_t> directory_bytes_, survivors_bytes_;
+  std::uint64_t attempts_abandoned_ = 0, refused_ = 0, malformed_ = 0;
+  Sum last_close_;  // the set sizes of the last sum (its values are not kept)
+};
+
+}  // namespace edgetrain::server

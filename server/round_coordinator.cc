@@ -130,6 +130,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .step_seconds = options_.deadline_seconds,
                            .clip_norm = options_.clip_norm,
                            .min_devices = std::max<std::uint32_t>(options_.min_clients, 2),
+                           .model_id = state_.model_id(),
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
@@ -144,7 +145,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
       throw StateError(log_path_.string() + " holds " + std::to_string(deltas_.size()) +
                        " plain deltas of round " + std::to_string(round()) +
                        ": finish that round without --secure-aggregation first");
-    secure_->begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
+    secure_->resume_or_begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
   }
 }
 

@@ -62,7 +62,9 @@ const char* SecureRound::step_name(Step step) {
 }
 
 SecureRound::SecureRound(SecureRoundOptions options, std::filesystem::path attempt_file)
-    : options_(std::move(options)), attempt_file_(std::move(attempt_file)) {
+    : options_(std::move(options)),
+      attempt_file_(std::move(attempt_file)),
+      log_path_(attempt_file_.parent_path() / "secagg.wal") {
   if (!(options_.threshold_fraction > 0.5 && options_.threshold_fraction <= 1))
     throw std::invalid_argument("--secagg-threshold must be in (0.5, 1]: a majority of the round's devices");
   if (!(options_.clip_norm > 0))
@@ -97,6 +99,7 @@ void SecureRound::begin(std::uint64_t round, std::uint32_t vector_length) {
       nlohmann::json{{"round", round_}, {"attempt", attempt_}}.dump() + "\n";
   write_file_atomically(attempt_file_,
                         std::span(reinterpret_cast<const std::uint8_t*>(text.data()), text.size()));
+  log_.emplace(WalWriter::replace(log_path_, {.model_id = options_.model_id, .kind = WalKind::kRoundDeltas}, {}));
   server_.reset();
   directory_bytes_.clear();
   survivors_bytes_.clear();
@@ -105,6 +108,100 @@ void SecureRound::begin(std::uint64_t round, std::uint32_t vector_length) {
   open_step(Step::kKeys);
   if (again) log("secure aggregation: round " + std::to_string(round) + " attempt " + std::to_string(attempt_) +
                  " (session " + std::to_string(session_) + ") begins");
+}
+
+// Record kinds of secagg.wal (the record's sequence field): a message, by its type byte
+// (privacy/secagg_messages.h), or a step's close, 100 + the step (identity "#close").
+namespace {
+constexpr std::uint64_t kCloseRecord = 100;
+const std::string kCloseIdentity = "#close";
+}  // namespace
+
+void SecureRound::record(const std::string& identity, std::uint64_t kind, std::vector<std::uint8_t> body) {
+  if (!log_) throw WalError(log_path_.string() + " is not open");
+  log_->append(WalRecord{session_, identity, kind, std::move(body)});
+}
+
+void SecureRound::resume_or_begin(std::uint64_t round, std::uint32_t vector_length) {
+  if (!std::filesystem::exists(attempt_file_) || round_ != round || !std::filesystem::exists(log_path_))
+    return begin(round, vector_length);
+  round_ = round;
+  vector_length_ = vector_length;
+  session_ = (round << 16) | (attempt_ & 0xffffu);
+  std::string why;
+  try {
+    const WalContents contents = read_wal(log_path_);
+    if (contents.header.model_id != options_.model_id || contents.header.kind != WalKind::kRoundDeltas)
+      why = "it belongs to another model";
+    else if (!contents.damage.empty())
+      why = describe_wal_damage(log_path_, contents);
+    std::size_t replayed = 0;
+    if (why.empty()) {
+      open_step(Step::kKeys);
+      for (const WalRecord& r : contents.records) {
+        if (r.version != session_) continue;
+        replay(r);
+        ++replayed;
+      }
+      if (replayed == 0) why = "it holds nothing of session " + std::to_string(session_);
+    }
+    if (why.empty()) {
+      log_.emplace(WalWriter::append_to(log_path_, contents.valid_bytes));
+      step_opened_ = options_.now();  // the step's deadline starts again; posted_ as replayed
+      log("secure aggregation: round " + std::to_string(round) + " attempt " + std::to_string(attempt_) +
+          " resumed from " + log_path_.string() + " (" + std::to_string(replayed) + " records, step " +
+          step_name(step_) + ")");
+      return;
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
+  }
+  log("secure aggregation: " + log_path_.string() + " does not resume round " + std::to_string(round) + " (" +
+      why + "): the next attempt begins");
+  begin(round, vector_length);
+}
+
+void SecureRound::replay(const WalRecord& r) {
+  const std::span<const std::uint8_t> body = r.update;
+  switch (r.sequence) {
+    case static_cast<std::uint64_t>(privacy::MessageType::kAdvertiseKeys):
+      keys_.emplace(r.identity, privacy::parse_advertise_keys(body));
+      break;
+    case kCloseRecord + static_cast<std::uint64_t>(Step::kKeys):
+      if (body.size() != 4) throw privacy::SecAggError("a keys close record of " + std::to_string(body.size()) + " bytes");
+      close_keys(static_cast<std::uint32_t>(body[0]) | static_cast<std::uint32_t>(body[1]) << 8 |
+                 static_cast<std::uint32_t>(body[2]) << 16 | static_cast<std::uint32_t>(body[3]) << 24);
+      return;  // close_keys opened the next step
+    case static_cast<std::uint64_t>(privacy::MessageType::kEncryptedShares):
+      server_->receive_shares(r.identity, privacy::parse_encrypted_shares(body));
+      break;
+    case kCloseRecord + static_cast<std::uint64_t>(Step::kShares):
+      server_->close_share_keys();
+      open_step(Step::kMaskedInput);
+      return;
+    case static_cast<std::uint64_t>(privacy::MessageType::kMaskedInput):
+      server_->receive_masked_input(r.identity, privacy::parse_masked_input(body));
+      break;
+    case kCloseRecord + static_cast<std::uint64_t>(Step::kMaskedInput):
+      survivors_bytes_ = privacy::serialize(server_->close_masked_input());
+      open_step(Step::kUnmasking);
+      return;
+    case static_cast<std::uint64_t>(privacy::MessageType::kUnmaskingShares):
+      server_->receive_unmasking_shares(r.identity, privacy::parse_unmasking_shares(body));
+      break;
+    default:
+      throw privacy::SecAggError("a record of unknown kind " + std::to_string(r.sequence));
+  }
+  posted_.insert(r.identity);
+}
+
+void SecureRound::close_keys(std::uint32_t threshold) {
+  threshold_ = threshold;
+  server_.emplace(privacy::RoundConfig{session_, threshold_, vector_length_});
+  for (const auto& [identity, keys] : keys_) server_->receive_keys(identity, keys);
+  keys_.clear();
+  directory_bytes_ = privacy::serialize(server_->close_key_advertisement());
+  open_step(Step::kShares);
 }
 
 void SecureRound::open_step(Step step) {
@@ -145,27 +242,37 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
           if (late) step_opened_ = options_.now();  // one key: a new deadline, the same attempt
           return std::nullopt;
         }
-        threshold_ = static_cast<std::uint32_t>(
+        const auto threshold = static_cast<std::uint32_t>(
             std::max<double>(n / 2 + 1, std::ceil(options_.threshold_fraction * static_cast<double>(n) - 1e-9)));
-        server_.emplace(privacy::RoundConfig{session_, threshold_, vector_length_});
-        for (const auto& [identity, keys] : keys_) server_->receive_keys(identity, keys);
-        keys_.clear();
-        directory_bytes_ = privacy::serialize(server_->close_key_advertisement());
+        privacy::check_threshold(threshold, n);  // before the record: a close that replays
+        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kKeys),
+               {static_cast<std::uint8_t>(threshold), static_cast<std::uint8_t>(threshold >> 8),
+                static_cast<std::uint8_t>(threshold >> 16), static_cast<std::uint8_t>(threshold >> 24)});
+        close_keys(threshold);
         log("secure aggregation: round " + std::to_string(round_) + ": " + std::to_string(n) +
             " devices advertised keys (U1), threshold " + std::to_string(threshold_));
-        open_step(Step::kShares);
         return std::nullopt;
       }
       case Step::kShares:
         if (posted_.size() < server_->key_holders().size() && !late) return std::nullopt;
+        if (posted_.size() < threshold_)
+          throw privacy::SecAggError(std::to_string(posted_.size()) + " devices shared their keys, fewer than t = " +
+                                     std::to_string(threshold_));
+        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kShares), {});
         server_->close_share_keys();
         open_step(Step::kMaskedInput);
         return std::nullopt;
-      case Step::kMaskedInput:
+      case Step::kMaskedInput: {
         if (posted_.size() < server_->share_senders().size() && !late) return std::nullopt;
+        if (posted_.size() < threshold_)
+          throw privacy::SecAggError(std::to_string(posted_.size()) + " masked inputs, fewer than t = " +
+                                     std::to_string(threshold_));
+        // Durable before any device can ask for the list: U3 is fixed once, restart or not.
+        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kMaskedInput), {});
         survivors_bytes_ = privacy::serialize(server_->close_masked_input());
         open_step(Step::kUnmasking);
         return std::nullopt;
+      }
       case Step::kUnmasking: {
         // t answers give t shares of every secret to reveal: waiting for more changes nothing.
         if (posted_.size() < threshold_ && posted_.size() < server_->survivors().size() && !late)
@@ -183,6 +290,8 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
     }
   } catch (const privacy::SecAggError& e) {
     next_attempt(std::string("step ") + step_name(step_) + " could not close: " + e.what());
+  } catch (const WalError& e) {
+    next_attempt(std::string("step ") + step_name(step_) + " could not be logged: " + e.what());
   }
   return std::nullopt;
 }
@@ -250,6 +359,8 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
                                        escape_untrusted(identity) + "'");
           if (keys_.size() == privacy::kMaxSecAggDevices)
             throw privacy::SecAggError("more than 255 devices in one secure round");
+          record(identity, static_cast<std::uint64_t>(privacy::MessageType::kAdvertiseKeys),
+                 {request.payload.begin(), request.payload.end()});
           keys_.emplace(identity, std::move(keys));
         }
         break;
@@ -258,27 +369,40 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
         const privacy::EncryptedShares shares = privacy::parse_encrypted_shares(request.payload);
         parsed = true;
         message_session = shares.round;
-        if (message_session == session_ && step_ == wanted && !posted_.count(identity))
+        if (message_session == session_ && step_ == wanted && !posted_.count(identity)) {
           server_->receive_shares(identity, shares);
+          record(identity, static_cast<std::uint64_t>(privacy::MessageType::kEncryptedShares),
+                 {request.payload.begin(), request.payload.end()});
+        }
         break;
       }
       case Step::kMaskedInput: {
         const privacy::MaskedInput input = privacy::parse_masked_input(request.payload);
         parsed = true;
         message_session = input.round;
-        if (message_session == session_ && step_ == wanted && !posted_.count(identity))
-          server_->receive_masked_input(identity, input);  // added to the running sum, not kept
+        if (message_session == session_ && step_ == wanted && !posted_.count(identity)) {
+          server_->receive_masked_input(identity, input);  // added to the running sum
+          record(identity, static_cast<std::uint64_t>(privacy::MessageType::kMaskedInput),
+                 {request.payload.begin(), request.payload.end()});
+        }
         break;
       }
       case Step::kUnmasking: {
         const privacy::UnmaskingShares shares = privacy::parse_unmasking_shares(request.payload);
         parsed = true;
         message_session = shares.round;
-        if (message_session == session_ && step_ == wanted && !posted_.count(identity))
+        if (message_session == session_ && step_ == wanted && !posted_.count(identity)) {
           server_->receive_unmasking_shares(identity, shares);
+          record(identity, static_cast<std::uint64_t>(privacy::MessageType::kUnmaskingShares),
+                 {request.payload.begin(), request.payload.end()});
+        }
         break;
       }
     }
+  } catch (const WalError& e) {
+    // The core took a message the log could not: the session cannot be resumed as it is.
+    next_attempt(std::string("a ") + resource + " message could not be logged: " + e.what());
+    return text_response(CoapCode::kInternalServerError, std::string("not durable: ") + e.what());
   } catch (const privacy::SecAggError& e) {
     if (!parsed) {
       ++malformed_;

@@ -18,11 +18,18 @@
 // Sessions (ours): the core's round field carries a session number, (round << 16) | attempt.
 // An attempt that cannot go on (fewer than t devices at a step's deadline, or an unmasking
 // that fails) is abandoned and the next attempt of the same round begins with fresh keys.
-// Durability (ours, the simplest sound choice): nothing of a session is kept across a
-// restart; `secagg_attempt.json` in the state directory records the attempt begun, durably
-// before it takes any message, so a server killed mid-round starts the next attempt and every
-// device, finding its session gone (4.09), redoes the round. No masked input, share or sum is
-// ever written to disk; only the unmasked aggregate, through the main WAL like a plain close.
+// Durability (ours): `secagg.wal` in the state directory (the WAL's format and kind of round
+// records, server/write_ahead_log.h; version = session) holds every message the session
+// accepted, each synced before its 2.04, and a record of each step's close (with t) synced
+// before any answer depends on it; a restart replays them into a new SecAggServer, so the
+// session goes on where it was (the running sum rebuilt from the masked inputs, U1, U2, U3
+// and the unmasking shares as they were fixed: a device can never be told two survivor
+// lists). What the log holds is what the server received anyway: keys, sealed shares, masked
+// inputs (each y_u is uniformly random without the masks), the shares revealed; never an
+// unmasked x_u. `secagg_attempt.json` records the attempt begun (durably before it takes any
+// message); a log that does not replay (damaged, another model or session) makes the restart
+// begin the next attempt instead, and the devices, finding their session gone (4.09), redo
+// the round. The unmasked aggregate goes through the main WAL like a plain close.
 #pragma once
 
 #include <chrono>
@@ -36,6 +43,7 @@
 #include <vector>
 
 #include "privacy/secagg.h"
+#include "server/write_ahead_log.h"
 #include "transport/coap_dtls.h"
 
 namespace edgetrain::server {
@@ -48,6 +56,7 @@ struct SecureRoundOptions {
   double step_seconds = 30;         // each step's deadline
   double clip_norm = 0;             // S: the devices' deltas are clipped to it (quantize.h)
   std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
+  std::uint64_t model_id = 0;       // secagg.wal's header
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };
@@ -62,6 +71,9 @@ class SecureRound {
   // Begins round `round` (its first attempt, or the next one after a restart) for vectors of
   // `vector_length` values. Throws when the attempt cannot be made durable.
   void begin(std::uint64_t round, std::uint32_t vector_length);
+  // At start-up: goes on with the session secagg.wal holds when it is of this round's current
+  // attempt and replays; begin() otherwise.
+  void resume_or_begin(std::uint64_t round, std::uint32_t vector_length);
 
   // What a close needs: Σ over U3 of the quantized deltas, read back as values.
   struct Sum {
@@ -89,12 +101,20 @@ class SecureRound {
 
  private:
   void next_attempt(const std::string& why);
+  // Appends one record to secagg.wal and syncs it; throws WalError.
+  void record(const std::string& identity, std::uint64_t kind, std::vector<std::uint8_t> body);
+  // One record of secagg.wal into the session's state, as when its message came.
+  void replay(const WalRecord& record);
+  // Closes the current step (after its record is durable, or replaying it).
+  void close_keys(std::uint32_t threshold);
   void open_step(Step step);
   double seconds_left() const;
   void log(const std::string& line) const;
 
   SecureRoundOptions options_;
   std::filesystem::path attempt_file_;
+  std::filesystem::path log_path_;  // secagg.wal
+  std::optional<WalWriter> log_;
   std::uint64_t round_ = 0;
   std::uint32_t attempt_ = 0;
   std::uint32_t vector_length_ = 0;

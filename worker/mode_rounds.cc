@@ -41,9 +41,10 @@ void declare_rounds(settings::Table& t, WorkerSettings& s) {
   t.add("test-secagg-dump", s.test_secagg_dump_dir,
         "TESTS ONLY, reveals this device's delta: secure rounds write the start model, the clipped "
         "delta and its quantized values to files in this folder");
-  t.add("test-secagg-drop-after-input", s.test_secagg_drop_after_input,
-        "TESTS ONLY: leave the run right after a secure round's masked input was accepted, as a "
-        "device that drops out then");
+  t.add("test-secagg-drop-after", s.test_secagg_drop_after,
+        "TESTS ONLY: leave the run right after a secure round's shares or masked input were "
+        "accepted, as a device that drops out then")
+      .choices({"none", "shares", "input"});
 }
 
 class RoundsRun : public WorkerModeRun {
@@ -54,7 +55,7 @@ class RoundsRun : public WorkerModeRun {
     config_.max_rounds = s.max_rounds;
     config_.deadline_share = s.deadline_share;
     config_.test_secagg_dump_dir = s.test_secagg_dump_dir;
-    config_.test_secagg_drop_after_input = s.test_secagg_drop_after_input;
+    config_.test_secagg_drop_after = s.test_secagg_drop_after;
   }
 
   std::vector<std::uint32_t> shard(const Dataset& train) const override {

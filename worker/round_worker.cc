@@ -467,6 +467,11 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
     if (!post_step(round, "round/secagg/shares", privacy::serialize(device.share_keys(directory))))
       return false;
+    if (config.test_secagg_drop_after == "shares") {
+      say("round " + std::to_string(round.round) + ": leaving after the shares (--test-secagg-drop-after)");
+      dropped = true;
+      return false;
+    }
     const auto shares_bytes = wait_for(round, "round/secagg/shares");
     if (!shares_bytes) return false;
     // N, the most summands, is U1's size: the server reads the sum back with the same.
@@ -477,9 +482,8 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const privacy::MaskedInput masked =
         device.masked_input(privacy::parse_encrypted_shares(*shares_bytes), quantized);
     if (!post_step(round, "round/secagg/input", privacy::serialize(masked))) return false;
-    if (config.test_secagg_drop_after_input) {
-      say("round " + std::to_string(round.round) +
-          ": leaving after the masked input (--test-secagg-drop-after-input)");
+    if (config.test_secagg_drop_after == "input") {
+      say("round " + std::to_string(round.round) + ": leaving after the masked input (--test-secagg-drop-after)");
       dropped = true;
       return false;
     }

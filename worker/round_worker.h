@@ -31,10 +31,10 @@ struct RoundWorkerConfig {
   double deadline_share = 0.8;
   // Secure rounds, for tests only (tests/integration/rounds_secure_aggregation.sh): write the
   // round's start model, clipped delta and quantized delta to files in this folder (which
-  // reveals them: never on a real device), and leave the run right after the masked input
-  // was accepted, as a device that drops out then.
+  // reveals them: never on a real device), and leave the run right after the step named
+  // ("shares" or "input") was accepted, as a device that drops out then.
   std::string test_secagg_dump_dir;
-  bool test_secagg_drop_after_input = false;
+  std::string test_secagg_drop_after;
 };
 
 // What GET /round said (the JSON of server/round_coordinator.h), decoded defensively.

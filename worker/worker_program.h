@@ -48,7 +48,7 @@ struct WorkerSettings {
   double deadline_share = 0.8;
   std::uint64_t max_rounds = 0;
   std::string test_secagg_dump_dir;          // tests only: worker/round_worker.h
-  bool test_secagg_drop_after_input = false;  // tests only
+  std::string test_secagg_drop_after = "none";  // tests only: "shares" or "input"
   // Gossip (peer mode, worker/gossip_peer.h).
   GossipPeerConfig gossip;
   std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;

@@ -4,7 +4,8 @@
 // device leaves after its input; every wrong message gets its code (4.00 malformed, 4.09 wrong
 // session or step, 4.13 too large, 4.22 refused by the protocol, 5.03 not yet) and changes
 // nothing; a step short of devices at its deadline abandons the attempt, and the attempt
-// number survives a restart (secagg_attempt.json).
+// number survives a restart (secagg_attempt.json); a restart mid-step goes on with the session
+// secagg.wal holds, and one whose log does not replay begins the next attempt.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -169,6 +170,72 @@ TEST(SecureRound, AStepShortOfDevicesAtItsDeadlineBeginsTheNextAttemptAndARestar
   // A new round starts from attempt 0.
   round->begin(4, kLength);
   EXPECT_EQ(round->session(), std::uint64_t{4} << 16);
+}
+
+TEST(SecureRound, ARestartMidInputGoesOnWithTheSessionSecaggWalHolds) {
+  Fixture f;
+  auto round = f.make();
+  round->begin(2, kLength);
+  const std::uint64_t session = round->session();
+  privacy::SecureRandom random;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  for (const auto& name : names) {
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+    ASSERT_EQ(call(*round, Method::kPost, "keys", name, privacy::serialize(devices.back()->advertise_keys())).code,
+              CoapCode::kChanged);
+  }
+  EXPECT_FALSE(round->poll(3));
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto got = call(*round, Method::kGet, "keys", names[i], {}, session_query(*round));
+    const auto shares = devices[i]->share_keys(privacy::parse_key_directory(got.payload));
+    ASSERT_EQ(call(*round, Method::kPost, "shares", names[i], privacy::serialize(shares)).code, CoapCode::kChanged);
+  }
+  EXPECT_FALSE(round->poll(3));
+  std::vector<std::uint32_t> plain_sum(kLength, 0);
+  std::vector<privacy::MaskedInput> inputs;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto got = call(*round, Method::kGet, "shares", names[i], {}, session_query(*round));
+    const auto quantized = privacy::quantize(delta_of(static_cast<int>(i)), kClip, 3, privacy::Rounding::kNearest);
+    for (std::uint32_t k = 0; k < kLength; ++k) plain_sum[k] += quantized[k];
+    inputs.push_back(devices[i]->masked_input(privacy::parse_encrypted_shares(got.payload), quantized));
+  }
+  ASSERT_EQ(call(*round, Method::kPost, "input", "a", privacy::serialize(inputs[0])).code, CoapCode::kChanged);
+  ASSERT_EQ(call(*round, Method::kPost, "input", "b", privacy::serialize(inputs[1])).code, CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+
+  round = f.make();  // a SIGKILL: only the files remain
+  round->resume_or_begin(2, kLength);
+  EXPECT_EQ(round->session(), session);
+  ASSERT_EQ(round->step(), SecureRound::Step::kMaskedInput);
+  // b's input again (its 2.04 lost in the crash): taken once.
+  EXPECT_EQ(call(*round, Method::kPost, "input", "b", privacy::serialize(inputs[1])).code, CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+  EXPECT_EQ(call(*round, Method::kPost, "input", "c", privacy::serialize(inputs[2])).code, CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+  ASSERT_EQ(round->step(), SecureRound::Step::kUnmasking);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto got = call(*round, Method::kGet, "survivors", names[i], {}, session_query(*round));
+    ASSERT_EQ(got.code, CoapCode::kContent);
+    const auto shares = devices[i]->unmasking_shares(privacy::parse_survivor_list(got.payload));
+    EXPECT_EQ(call(*round, Method::kPost, "unmask", names[i], privacy::serialize(shares)).code, CoapCode::kChanged);
+  }
+  const auto sum = round->poll(3);
+  ASSERT_TRUE(sum);
+  EXPECT_EQ(sum->survivors, 3u);
+  EXPECT_EQ(sum->values, privacy::dequantize(plain_sum, kClip, 3));
+
+  // A log that does not replay (here: cut inside its first record) begins the next attempt.
+  round = f.make();
+  round->begin(5, kLength);
+  privacy::SecAggDevice late("a", round->session(), random);
+  ASSERT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(late.advertise_keys())).code, CoapCode::kChanged);
+  const std::uint64_t before = round->session();
+  std::filesystem::resize_file(f.dir / "secagg.wal", 40);
+  round = f.make();
+  round->resume_or_begin(5, kLength);
+  EXPECT_EQ(round->session(), before + 1);
+  EXPECT_EQ(round->step(), SecureRound::Step::kKeys);
 }
 
 TEST(SecureRound, RefusesAMinorityThresholdAndNoClipNorm) {

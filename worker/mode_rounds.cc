@@ -21,6 +21,7 @@ std::string rounds_stats_json(const RoundWorkerStats& st, bool running) {
                             {"bytes_sent", st.bytes_sent},
                             {"bytes_received", st.bytes_received},
                             {"secagg_requests", st.secagg_requests},
+                            {"secagg_not_yet", st.secagg_not_yet},
                             {"last_round", st.last_round},
                             {"last_loss", st.last_loss},
                             {"dropout", st.dropout},

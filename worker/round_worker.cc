@@ -362,8 +362,8 @@ bool RoundWorker::State::post_step(const RoundInfo& round, const std::string& pa
   for (int attempt = 0; attempt < 2 && !stop; ++attempt) {
     transport::CoapResponse response;
     try {
-      stats.secagg_requests++;
       response = channel.request(transport::Method::kPost, path, body);
+      stats.secagg_requests++;  // answered ones
     } catch (const transport::TransportError& e) {
       problems.request_failed("POST /" + path + " failed", e);
       continue;  // the same bytes again: the server counts one message per device and step
@@ -394,8 +394,8 @@ std::optional<std::vector<std::uint8_t>> RoundWorker::State::wait_for(const Roun
   while (!stop) {
     transport::CoapResponse response;
     try {
-      stats.secagg_requests++;
       response = channel.request(transport::Method::kGet, with_session);
+      stats.secagg_requests++;
     } catch (const transport::TransportError& e) {
       problems.request_failed("GET /" + path + " failed", e);
       continue;
@@ -406,6 +406,7 @@ std::optional<std::vector<std::uint8_t>> RoundWorker::State::wait_for(const Roun
       return std::move(response.payload);
     }
     if (response.code == 503) {  // the step is still open (server::kCoapNotYet)
+      stats.secagg_not_yet++;
       sleep_unless_stopped(std::chrono::milliseconds(100), stop);
       continue;
     }

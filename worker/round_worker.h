@@ -104,7 +104,8 @@ struct RoundWorkerStats {
   std::uint64_t deltas_rejected = 0;  // 4.00, 5.00, ...: backed off
   std::uint64_t polls = 0, pulls = 0, steps = 0, retries = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
-  std::uint64_t secagg_requests = 0;  // secure rounds: the requests of their steps, polls included
+  std::uint64_t secagg_requests = 0;  // secure rounds: the answered requests of their steps, polls included
+  std::uint64_t secagg_not_yet = 0;   // of those, answered 5.03 (the step was still open)
   std::uint64_t last_round = 0;
   // Every round whose delta the server acknowledged (2.04), in order. Round r is model
   // version r, so a server that kept what it acknowledged is at version r or later after

@@ -700,16 +700,22 @@ void RoundCoordinator::attach(transport::CoapDtlsServer& server,
     server.add_resource("round/secagg/" + std::string(name), method,
                         [this, note, name = std::string(name), method](const CoapRequest& r) {
                           if (note) note(r);
-                          poll();
-                          const std::string identity = identity_key(r);
-                          if (!identity.empty()) seen_.insert(identity);
-                          CoapResponse answer = secure_->handle(
-                              method, name, identity, r,
-                              !identity.empty() && selected(identity, round()));
-                          poll();
-                          return answer;
+                          return secagg_request(method, name, r);
                         });
   }
+}
+
+CoapResponse RoundCoordinator::secagg_request(transport::Method method, const std::string& step,
+                                              const CoapRequest& request) {
+  if (!secure_)
+    return text_response(CoapCode::kNotFound, "this server runs rounds without --secure-aggregation");
+  poll();
+  const std::string identity = identity_key(request);
+  if (!identity.empty()) seen_.insert(identity);
+  CoapResponse answer = secure_->handle(method, step, identity, request,
+                                        !identity.empty() && selected(identity, round()));
+  poll();  // the step may close with this message (and the round with the unmasking)
+  return answer;
 }
 
 }  // namespace edgetrain::server

@@ -122,6 +122,10 @@ class RoundCoordinator {
 
   transport::CoapResponse get_round(const transport::CoapRequest& request);
   transport::CoapResponse post_round_update(const transport::CoapRequest& request);
+  // With secure aggregation: the /round/secagg/<step> resources (server/secure_round.h);
+  // `step` is keys, shares, input, survivors or unmask.
+  transport::CoapResponse secagg_request(transport::Method method, const std::string& step,
+                                         const transport::CoapRequest& request);
   // Closes the round when it is due (all selected devices answered, or the deadline).
   // Called after each request and from the serving loop. Returns true when it closed one.
   bool poll();

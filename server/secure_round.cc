@@ -418,6 +418,14 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
                                                   " is not the current secure session " +
                                                   std::to_string(session_) + " (round " +
                                                   std::to_string(round_) + ")");
+  if (static_cast<int>(step_) > static_cast<int>(wanted)) {
+    // A retransmission of a message the step took before it closed (its 2.04 was lost).
+    const bool taken = wanted == Step::kKeys     ? may_take_part(identity)
+                       : wanted == Step::kShares ? server_->share_senders().count(identity) > 0
+                       : wanted == Step::kMaskedInput ? server_->survivors().count(identity) > 0
+                                                      : false;
+    if (taken) return {CoapCode::kChanged, {}, {}};
+  }
   if (step_ != wanted)
     return text_response(CoapCode::kConflict, std::string("wrong step: the secure round is in step ") +
                                                   step_name(step_) + ", not " + step_name(wanted));

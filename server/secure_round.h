@@ -13,7 +13,8 @@
 // Every body is parsed with privacy/secagg_messages.h's parsers (4.00 when it does not parse,
 // 4.13 above the step's size cap); a message the core refuses (another identity than the DTLS
 // one, a failed check) is 4.22 with the core's reason; the same identity posting again in the
-// same step is 2.04 and not counted twice (a retransmission after a lost answer).
+// same step, or after it closed with that identity's message in, is 2.04 and not counted twice
+// (a retransmission after a lost answer).
 //
 // Sessions (ours): the core's round field carries a session number, (round << 16) | attempt.
 // An attempt that cannot go on (fewer than t devices at a step's deadline, or an unmasking

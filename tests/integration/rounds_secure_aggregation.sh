@@ -22,7 +22,7 @@ declare -A drop_after=([w5]=input [w6]=shares)
 for name in "${devices[@]}"; do add_device "$server" "$work/keys.toml" "$name" "$work/$name.toml"; done
 mkdir -p "$work/dump"
 server_args=(--state-dir "$work/state" --keystore "$work/keys.toml" --model mlp --lr 0.05 --mode rounds
-             --secure-aggregation --secagg-threshold 0.6 --round-clip-norm 0.5 --round-deadline 6
+             --secure-aggregation --secagg-threshold 0.6 --round-clip-norm 0.5 --round-deadline 8
              --min-clients 6 --local-steps 2 --server-lr 1)
 start_server "$server" "$work/server-1.log" --port 0 "${server_args[@]}"
 port=$server_port

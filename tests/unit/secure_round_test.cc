@@ -98,7 +98,10 @@ TEST(SecureRound, ClosesWithTheSumOfEveryInputWhenADeviceLeavesAfterItsInput) {
   EXPECT_EQ(round->threshold(), 2u);  // max(⌊3/2⌋ + 1, ⌈0.6 · 3⌉)
   EXPECT_EQ(call(*round, Method::kGet, "keys", "a", {}, "session=999").code, CoapCode::kConflict);
   EXPECT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(devices[0]->advertise_keys())).code,
-            CoapCode::kConflict);  // the keys step closed: wrong step
+            CoapCode::kChanged);  // a's keys again after the step closed: taken then, 2.04
+  privacy::SecAggDevice latecomer("d", round->session(), random);
+  EXPECT_EQ(call(*round, Method::kPost, "keys", "d", privacy::serialize(latecomer.advertise_keys())).code,
+            CoapCode::kConflict);  // the keys step closed without d: wrong step
 
   // Shares.
   for (std::size_t i = 0; i < names.size(); ++i) {

@@ -205,6 +205,31 @@ TEST(RoundWorker, MalformedRoundAnswersAreRetriedAndParsedDefensively) {
   }
 }
 
+TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
+  const std::string base =
+      "{\"round\":3,\"model_version\":3,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1";
+  const std::string good = base + ",\"secure\":true,\"secagg_session\":196608,\"secagg_identity\":\"w1\","
+                                  "\"clip_norm\":0.5}";
+  const auto info = runtime::parse_round_info(std::vector<std::uint8_t>(good.begin(), good.end()));
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->secure);
+  EXPECT_EQ(info->secagg_session, 196608u);
+  EXPECT_EQ(info->secagg_identity, "w1");
+  EXPECT_EQ(info->clip_norm, 0.5);
+  const std::string plain = base + "}";
+  EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(plain.begin(), plain.end()))->secure);
+  for (const std::string bad :
+       {base + ",\"secure\":true}",
+        base + ",\"secure\":true,\"secagg_session\":-1,\"secagg_identity\":\"w1\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"" + std::string(256, 'x') +
+            "\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":0}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":7,\"clip_norm\":1}"}) {
+    EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(bad.begin(), bad.end()))) << bad;
+  }
+}
+
 TEST(RoundWorker, ARefusedIdentityEndsTheRun) {
   runtime::RoundWorkerConfig config = test_config();
   config.worker.max_refusals = 2;

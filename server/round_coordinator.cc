@@ -302,6 +302,9 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   if (secure_) {
     // The device takes the steps of /round/secagg/ with this session, under the identity the
     // server knows it by, and clips its delta to clip_norm before quantizing it.
+    // Each step has the whole deadline, and the keys step's counts from its first key: a
+    // device has that long to train (DISTREAL's budget, worker/round_worker.h).
+    answer["deadline_seconds"] = options_.deadline_seconds;
     answer["secure"] = true;
     answer["secagg_session"] = secure_->session();
     answer["secagg_step"] = SecureRound::step_name(secure_->step());

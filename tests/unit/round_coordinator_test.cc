@@ -784,6 +784,8 @@ TEST(RoundSecureAggregation, TheCloseAppliesTheMeanOfTheMaskedDeltas) {
   for (const auto& name : names) infos.push_back(round_info(*server.rounds, name));
   ASSERT_EQ(infos[0]["secure"], true);
   EXPECT_EQ(infos[1]["secagg_identity"], "b");
+  clock.now += std::chrono::hours(1);  // no key yet: the keys step's deadline has not started
+  EXPECT_EQ(round_info(*server.rounds, "a")["deadline_seconds"], options.deadline_seconds);
   const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
   std::mt19937 rng(7);
   const auto plain = random_sparse_update(rng, server.state->model(), 1, 0);

@@ -566,7 +566,7 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
         (encoded ? std::string(submit_outcome_name(result.outcome)) + "): " + result.diagnostic
                  : "its aggregate cannot be encoded): " + encoded.error().message) +
         "; the round starts again");
-    secure_->begin(round(), parameters);
+    secure_->begin_next_round(round(), parameters);
     return;
   }
   log("round " + std::to_string(closing) + " closed securely with the sum of " +
@@ -576,7 +576,7 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   ++rounds_closed_;
   stragglers_ += sum.key_holders - sum.survivors;
   opened_ = options_.now();
-  secure_->begin(round(), parameters);
+  secure_->begin_next_round(round(), parameters);
 }
 
 void RoundCoordinator::restart_round(const std::string& why) {

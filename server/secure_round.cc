@@ -219,7 +219,20 @@ void SecureRound::next_attempt(const std::string& why) {
   ++attempts_abandoned_;
   log("secure aggregation: round " + std::to_string(round_) + " attempt " + std::to_string(attempt_) +
       " abandoned: " + why + "; the devices start again with fresh keys");
-  begin(round_, vector_length_);
+  begin_or_note(round_, vector_length_);
+}
+
+void SecureRound::begin_or_note(std::uint64_t round, std::uint32_t vector_length) {
+  try {
+    begin(round, vector_length);
+    cannot_begin_ = false;
+  } catch (const std::exception& e) {
+    if (!cannot_begin_) log(std::string("ERROR: secure aggregation cannot begin round ") + std::to_string(round) + ": " + e.what());
+    cannot_begin_ = true;
+    round_ = round;
+    vector_length_ = vector_length;
+    log_.reset();
+  }
 }
 
 bool SecureRound::may_take_part(const std::string& identity) const {
@@ -229,6 +242,10 @@ bool SecureRound::may_take_part(const std::string& identity) const {
 }
 
 std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
+  if (cannot_begin_) {
+    begin_or_note(round_, vector_length_);
+    if (cannot_begin_) return std::nullopt;
+  }
   // The keys step's deadline counts from its first key (ours, as a plain round's from its
   // first delta): devices train before they advertise.
   if (step_ == Step::kKeys && keys_.empty()) step_opened_ = options_.now();
@@ -301,6 +318,9 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
                                  bool selected) {
   if (identity.empty())
     return text_response(CoapCode::kUnauthorized, "secure aggregation needs an identity (DTLS)");
+  if (cannot_begin_)
+    return text_response(CoapCode::kInternalServerError,
+                         "not durable: the server cannot begin the secure round (its log says why)");
   const Step wanted = resource == "keys"     ? Step::kKeys
                       : resource == "shares" ? Step::kShares
                       : resource == "input" || resource == "survivors" ? Step::kMaskedInput

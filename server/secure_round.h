@@ -72,6 +72,9 @@ class SecureRound {
   // Begins round `round` (its first attempt, or the next one after a restart) for vectors of
   // `vector_length` values. Throws when the attempt cannot be made durable.
   void begin(std::uint64_t round, std::uint32_t vector_length);
+  // As begin() for a running server: a failure is logged, every message answered 5.00 and
+  // begin retried by poll() until it works.
+  void begin_next_round(std::uint64_t round, std::uint32_t vector_length) { begin_or_note(round, vector_length); }
   // At start-up: goes on with the session secagg.wal holds when it is of this round's current
   // attempt and replays; begin() otherwise.
   void resume_or_begin(std::uint64_t round, std::uint32_t vector_length);
@@ -102,6 +105,8 @@ class SecureRound {
 
  private:
   void next_attempt(const std::string& why);
+  // begin() that logs a failure instead of throwing (cannot_begin_).
+  void begin_or_note(std::uint64_t round, std::uint32_t vector_length);
   // Appends one record to secagg.wal and syncs it; throws WalError.
   void record(const std::string& identity, std::uint64_t kind, std::vector<std::uint8_t> body);
   // One record of secagg.wal into the session's state, as when its message came.
@@ -127,6 +132,9 @@ class SecureRound {
   std::map<std::string, privacy::AdvertiseKeys, std::less<>> keys_;  // the keys step's, until it closes
   std::set<std::string, std::less<>> posted_;  // who posted in the current step
   std::vector<std::uint8_t> directory_bytes_, survivors_bytes_;
+  // begin() failed after start-up (the state directory would not take secagg_attempt.json or
+  // secagg.wal): every message is refused (5.00) and poll() tries again.
+  bool cannot_begin_ = false;
   std::uint64_t attempts_abandoned_ = 0, refused_ = 0, malformed_ = 0;
   Sum last_close_;  // the set sizes of the last sum (its values are not kept)
 };

@@ -241,6 +241,26 @@ TEST(SecureRound, ARestartMidInputGoesOnWithTheSessionSecaggWalHolds) {
   EXPECT_EQ(round->step(), SecureRound::Step::kKeys);
 }
 
+TEST(SecureRound, ARoundThatCannotBeginDurablyRefusesEverythingUntilItCan) {
+  Fixture f;
+  auto round = f.make();
+  round->begin(1, kLength);
+  std::filesystem::remove(f.dir / "secagg.wal");
+  std::filesystem::create_directories(f.dir / "secagg.wal" / "in-the-way");  // not replaceable
+  round->begin_next_round(2, kLength);
+  privacy::SecureRandom random;
+  privacy::SecAggDevice device("a", std::uint64_t{2} << 16, random);
+  EXPECT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(device.advertise_keys())).code,
+            CoapCode::kInternalServerError);
+  EXPECT_FALSE(round->poll(3));
+  std::filesystem::remove_all(f.dir / "secagg.wal");
+  EXPECT_FALSE(round->poll(3));  // begins now (each failed try took an attempt number: ours)
+  EXPECT_EQ(round->session() >> 16, 2u);
+  privacy::SecAggDevice again("a", round->session(), random);
+  EXPECT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(again.advertise_keys())).code,
+            CoapCode::kChanged);
+}
+
 TEST(SecureRound, RefusesAMinorityThresholdAndNoClipNorm) {
   Fixture f;
   server::SecureRoundOptions o;

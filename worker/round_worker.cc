@@ -391,7 +391,21 @@ bool RoundWorker::State::post_step(const RoundInfo& round, const std::string& pa
 std::optional<std::vector<std::uint8_t>> RoundWorker::State::wait_for(const RoundInfo& round,
                                                                        const std::string& path) {
   const std::string with_session = path + "?session=" + std::to_string(round.secagg_session);
+  // Each step closes by its deadline; a server that keeps answering "not yet" far past it is
+  // left (ours: ten deadlines, at least 1 s), so that --duration and the stop flag still end
+  // the run.
+  const auto give_up_at =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(1.0, 10 * round.deadline_seconds)));
   while (!stop) {
+    if (Clock::now() > give_up_at) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": GET /" + path +
+              " still not answered ten step deadlines on: leaving this session",
+          logging::Level::kWarn);
+      return std::nullopt;
+    }
     transport::CoapResponse response;
     try {
       response = channel.request(transport::Method::kGet, with_session);

@@ -289,6 +289,7 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
+  heard_from(identity);
   const bool is_selected = !identity.empty() && selected(identity, round()) &&
                            answered_.count(identity) == 0 && !privacy_exhausted_ &&
                            (!secure_ || secure_->may_take_part(identity));
@@ -412,9 +413,17 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
 }
 
 std::size_t RoundCoordinator::selected_seen() const {
+  const auto recent = options_.now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                          std::chrono::duration<double>(2 * options_.deadline_seconds));
   std::size_t count = 0;
-  for (const std::string& identity : seen_) count += selected(identity, round()) ? 1 : 0;
+  for (const auto& [identity, heard] : last_heard_)
+    count += heard >= recent && selected(identity, round()) ? 1 : 0;
   return count;
+}
+
+void RoundCoordinator::heard_from(const std::string& identity) {
+  if (!secure_ || identity.empty()) return;
+  last_heard_[identity] = options_.now();
 }
 
 bool RoundCoordinator::poll() {
@@ -715,6 +724,7 @@ CoapResponse RoundCoordinator::secagg_request(transport::Method method, const st
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
+  heard_from(identity);
   CoapResponse answer = secure_->handle(method, step, identity, request,
                                         !identity.empty() && selected(identity, round()));
   poll();  // the step may close with this message (and the round with the unmasking)

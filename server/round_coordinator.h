@@ -154,7 +154,8 @@ class RoundCoordinator {
   void close_round();
   // Applies a secure round's unmasked sum like a plain close, then begins the next round.
   void close_secure_round(const SecureRound::Sum& sum);
-  std::size_t selected_seen() const;
+  std::size_t selected_seen() const;  // secure rounds: of last_heard_, recently
+  void heard_from(const std::string& identity);
   // The round's deltas are dropped (a close the store refused): the same round again, with
   // an empty log and every device free to send.
   void restart_round(const std::string& why);
@@ -174,6 +175,10 @@ class RoundCoordinator {
   std::vector<RoundDelta> deltas_;
   std::set<std::string> answered_;  // identities with a delta in this round
   std::set<std::string> seen_;      // identities that asked for a round
+  // Secure rounds: when each identity last made a request. The keys step expects the selected
+  // devices heard from within two deadlines (ours), not every device ever seen, so that a
+  // round does not wait out its deadline for devices that left long ago.
+  std::map<std::string, std::chrono::steady_clock::time_point> last_heard_;
   std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0,
                 malformed_ = 0;
   std::uint64_t duplicates_ = 0, close_failures_ = 0, refused_values_ = 0, quarantined_ = 0,

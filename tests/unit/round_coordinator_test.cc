@@ -849,6 +849,36 @@ TEST(RoundSecureAggregation, TheCloseAppliesTheMeanOfTheMaskedDeltas) {
   EXPECT_EQ(status["secagg_round"], 1);  // the next round began
 }
 
+TEST(RoundSecureAggregation, TheKeysStepWaitsForDevicesHeardFromLatelyOnly) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.secure.enabled = true;
+  options.clip_norm = 1;
+  options.min_clients = 2;
+  options.deadline_seconds = 10;
+  Server server(dir, clock, options);
+  const auto session = round_info(*server.rounds, "gone")["secagg_session"].get<std::uint64_t>();
+  clock.now += std::chrono::seconds(21);  // "gone" last heard two deadlines ago
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  for (const std::string name : {"a", "b", "late"}) round_info(*server.rounds, name);
+  for (const std::string name : {"a", "b"}) {  // "late": heard from, keys not sent yet
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+    const auto keys = privacy::serialize(devices.back()->advertise_keys());  // the request's span points here
+    ASSERT_EQ(server.rounds->secagg_request(transport::Method::kPost, "keys", request(name, keys, "")).code,
+              CoapCode::kChanged);
+  }
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_step"], "keys");  // waits for "late"
+  devices.push_back(std::make_unique<privacy::SecAggDevice>("late", session, random));
+  const auto keys = privacy::serialize(devices.back()->advertise_keys());
+  ASSERT_EQ(server.rounds->secagg_request(transport::Method::kPost, "keys", request("late", keys, "")).code,
+            CoapCode::kChanged);
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["secagg_step"], "shares");  // not waiting for "gone"
+  EXPECT_EQ(status["secagg_keys"], 3);
+}
+
 TEST(RoundSecureAggregation, RefusedWithRobustRulesDpFedAvgAndWithoutAClipNorm) {
   TempDir dir("edgetrain-rounds");
   Clock clock;

@@ -92,6 +92,12 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
   t.add("round-clip-norm", s.round_clip_norm,
         "rounds: the server's --round-clip-norm (0: no clipping)")
       .range(0, 3.4e38);
+  t.add("secure-aggregation", s.secure_aggregation,
+        "rounds: the server's --secure-aggregation (needs --round-clip-norm)");
+  t.add("secagg-drop-fraction", s.secagg_drop_fraction,
+        "rounds, secure aggregation: the share of the workers (the last ones) that leave right "
+        "after their masked input in the first round (a test flag of the worker)")
+      .range(0, 0.49);
   t.add("dp-noise-multiplier", s.dp_noise_multiplier,
         "rounds, dp-fedavg: the server's --dp-noise-multiplier (its --dp-expected-devices is "
         "--client-fraction x --workers)")
@@ -275,6 +281,10 @@ void check_emulator_settings(const EmulatorSettings& s) {
   if (s.aggregation != "dp-fedavg" &&
       (s.dp_noise_multiplier > 0 || s.dp_target_epsilon > 0 || s.dp_adaptive_clip_quantile > 0))
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
+  if (s.secure_aggregation && !(s.mode == "rounds" && s.round_clip_norm > 0))
+    throw std::invalid_argument("--secure-aggregation needs --mode rounds and --round-clip-norm above 0");
+  if (s.secagg_drop_fraction > 0 && !s.secure_aggregation)
+    throw std::invalid_argument("--secagg-drop-fraction is a setting of --secure-aggregation");
   if (s.mode != "rounds" && (s.aggregation != "masked" || s.round_clip_norm > 0))
     throw std::invalid_argument("--aggregation and --round-clip-norm are settings of --mode rounds");
   const int dropout_choices =

@@ -35,6 +35,11 @@ struct EmulatorSettings {
   // expected devices per round = client fraction × workers).
   double round_clip_norm = 0, dp_noise_multiplier = 0, dp_target_epsilon = 0,
          dp_adaptive_clip_quantile = 0;
+  // Secure aggregation (the server's --secure-aggregation); a share of the workers leaves
+  // right after its masked input in the first secure round (the worker's
+  // --test-secagg-drop-after input).
+  bool secure_aggregation = false;
+  double secagg_drop_fraction = 0;
   // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
   std::string drop_rates, class_drop_rates, dropout_table;
   double step_time_budget = 0, deadline_share = 0.8;

@@ -113,11 +113,40 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
         count_noise_stddev(adaptive, options_.rule.expected_devices));
   }
   clip_norm_ = options_.clip_norm;
+  if (options_.secure.enabled) {
+    // The server sees only the survivors' sum: a rule that needs each device's values, or
+    // noise the server adds to the sum it unmasked, does not go with it.
+    if (options_.rule.kind == Aggregation::kTrimmedMean || options_.rule.kind == Aggregation::kMedian)
+      throw std::invalid_argument(
+          std::string("--secure-aggregation cannot go with --aggregation ") + aggregation_name(options_.rule.kind) +
+          ": a robust rule needs every device's values, and the server sees only their sum");
+    if (options_.rule.kind == Aggregation::kDpFedAvg)
+      throw std::invalid_argument(
+          "--secure-aggregation cannot go with --aggregation dp-fedavg: its noise is added by the "
+          "server to a sum it would see unmasked first; composing them needs noise the devices "
+          "add (distributed DP), not built");
+    secure_ = std::make_unique<SecureRound>(
+        SecureRoundOptions{.threshold_fraction = options_.secure.threshold_fraction,
+                           .step_seconds = options_.deadline_seconds,
+                           .clip_norm = options_.clip_norm,
+                           .min_devices = std::max<std::uint32_t>(options_.min_clients, 2),
+                           .model_id = state_.model_id(),
+                           .now = options_.now,
+                           .log = options_.log},
+        state_.checkpoint_path().parent_path() / "secagg_attempt.json");
+  }
   clip_state_path_ = state_.checkpoint_path().parent_path() / "round_clip.json";
   if (adaptive.enabled()) load_clip_state();
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
+  if (secure_) {
+    if (!deltas_.empty())
+      throw StateError(log_path_.string() + " holds " + std::to_string(deltas_.size()) +
+                       " plain deltas of round " + std::to_string(round()) +
+                       ": finish that round without --secure-aggregation first");
+    secure_->resume_or_begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
+  }
 }
 
 RoundCoordinator::~RoundCoordinator() = default;
@@ -260,15 +289,29 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
   poll();
   const std::string identity = identity_key(request);
   if (!identity.empty()) seen_.insert(identity);
+  heard_from(identity);
   const bool is_selected = !identity.empty() && selected(identity, round()) &&
-                           answered_.count(identity) == 0 && !privacy_exhausted_;
-  const nlohmann::json answer = {{"round", round()},
+                           answered_.count(identity) == 0 && !privacy_exhausted_ &&
+                           (!secure_ || secure_->may_take_part(identity));
+  nlohmann::json answer = {{"round", round()},
                                  {"model_version", state_.version()},
                                  {"deadline_seconds", std::round(seconds_left() * 1000) / 1000},
                                  {"selected", is_selected},
                                  {"local_steps", options_.local_steps},
                                  {"local_epochs", options_.local_epochs},
                                  {"policy", round_policy_name(options_.policy)}};
+  if (secure_) {
+    // The device takes the steps of /round/secagg/ with this session, under the identity the
+    // server knows it by, and clips its delta to clip_norm before quantizing it.
+    // Each step has the whole deadline, and the keys step's counts from its first key: a
+    // device has that long to train (DISTREAL's budget, worker/round_worker.h).
+    answer["deadline_seconds"] = options_.deadline_seconds;
+    answer["secure"] = true;
+    answer["secagg_session"] = secure_->session();
+    answer["secagg_step"] = SecureRound::step_name(secure_->step());
+    answer["secagg_identity"] = identity;
+    answer["clip_norm"] = clip_norm_;
+  }
   return text_response(CoapCode::kContent, answer.dump());
 }
 
@@ -279,6 +322,10 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
     return text_response(CoapCode::kUnauthorized,
                          "round deltas need an identity (DTLS, or ?id=NAME on plain CoAP)");
   seen_.insert(identity);
+  if (secure_)
+    return text_response(CoapCode::kConflict,
+                         "secure aggregation: this server takes masked inputs at /round/secagg/input, "
+                         "not plain deltas");
   std::uint64_t examples = 0;
   if (std::string problem = parse_examples(request.query, examples); !problem.empty()) {
     ++malformed_;
@@ -365,7 +412,27 @@ CoapResponse RoundCoordinator::post_round_update(const CoapRequest& request) {
   return {CoapCode::kChanged, {}, {}};
 }
 
+std::size_t RoundCoordinator::selected_seen() const {
+  const auto recent = options_.now() - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                          std::chrono::duration<double>(2 * options_.deadline_seconds));
+  std::size_t count = 0;
+  for (const auto& [identity, heard] : last_heard_)
+    count += heard >= recent && selected(identity, round()) ? 1 : 0;
+  return count;
+}
+
+void RoundCoordinator::heard_from(const std::string& identity) {
+  if (!secure_ || identity.empty()) return;
+  last_heard_[identity] = options_.now();
+}
+
 bool RoundCoordinator::poll() {
+  if (secure_) {
+    const std::optional<SecureRound::Sum> sum = secure_->poll(selected_seen());
+    if (!sum) return false;
+    close_secure_round(*sum);
+    return true;
+  }
   if (deltas_.empty()) {
     if (seconds_left() <= 0)
       opened_ = options_.now();  // nothing arrived: a new deadline, same round
@@ -489,6 +556,38 @@ void RoundCoordinator::close_round() {
   empty_log();
 }
 
+void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
+  const std::uint64_t closing = round();
+  const auto parameters = static_cast<std::uint32_t>(state_.model().parameter_count());
+  std::vector<float> mean(sum.values.size());
+  for (std::size_t i = 0; i < mean.size(); ++i)
+    mean[i] = static_cast<float>(sum.values[i] / static_cast<double>(sum.survivors));
+  const transport::SparseUpdate update =
+      close_update_of(mean, state_.model().tensor_sizes(), options_.server_lr,
+                      options_.store_learning_rate, state_.model_id(), closing);
+  auto encoded = transport::encode_sparse_update(update);
+  SubmitResult result;
+  if (encoded) result = state_.submit(kRoundCloseIdentity, encoded.value());
+  if (!encoded || !result.acknowledged()) {
+    // The sum is gone with its session (nothing of it is kept): the round begins again.
+    ++close_failures_;
+    log("ERROR: secure round " + std::to_string(closing) + " could not close (" +
+        (encoded ? std::string(submit_outcome_name(result.outcome)) + "): " + result.diagnostic
+                 : "its aggregate cannot be encoded): " + encoded.error().message) +
+        "; the round starts again");
+    secure_->begin_next_round(round(), parameters);
+    return;
+  }
+  log("round " + std::to_string(closing) + " closed securely with the sum of " +
+      std::to_string(sum.survivors) + " masked inputs of " + std::to_string(sum.key_holders) +
+      " devices (" + std::to_string(sum.unmasking_senders) + " answered the unmasking); version " +
+      std::to_string(result.version));
+  ++rounds_closed_;
+  stragglers_ += sum.key_holders - sum.survivors;
+  opened_ = options_.now();
+  secure_->begin_next_round(round(), parameters);
+}
+
 void RoundCoordinator::restart_round(const std::string& why) {
   ++close_failures_;
   log("ERROR: round " + std::to_string(round()) + " cannot close with its " +
@@ -531,6 +630,11 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_clipped", clipped_},
                                  {"round_clip_norm", clip_norm_},
                                  {"round_aggregation", aggregation_name(options_.rule.kind)}};
+  if (secure_) {
+    nlohmann::json with_secure = status;
+    with_secure.update(nlohmann::json::parse(secure_->status_json()));
+    return with_secure.dump();
+  }
   if (!accountant_) return status.dump();
   nlohmann::json with_privacy = status;
   with_privacy["dp_epsilon"] = epsilon();
@@ -598,6 +702,33 @@ void RoundCoordinator::attach(transport::CoapDtlsServer& server,
     if (note) note(r);
     return post_round_update(r);
   });
+  if (!secure_) return;
+  const std::pair<const char*, transport::Method> secagg[] = {
+      {"keys", transport::Method::kPost},      {"keys", transport::Method::kGet},
+      {"shares", transport::Method::kPost},    {"shares", transport::Method::kGet},
+      {"input", transport::Method::kPost},     {"survivors", transport::Method::kGet},
+      {"unmask", transport::Method::kPost}};
+  for (const auto& [name, method] : secagg) {
+    server.add_resource("round/secagg/" + std::string(name), method,
+                        [this, note, name = std::string(name), method](const CoapRequest& r) {
+                          if (note) note(r);
+                          return secagg_request(method, name, r);
+                        });
+  }
+}
+
+CoapResponse RoundCoordinator::secagg_request(transport::Method method, const std::string& step,
+                                              const CoapRequest& request) {
+  if (!secure_)
+    return text_response(CoapCode::kNotFound, "this server runs rounds without --secure-aggregation");
+  poll();
+  const std::string identity = identity_key(request);
+  if (!identity.empty()) seen_.insert(identity);
+  heard_from(identity);
+  CoapResponse answer = secure_->handle(method, step, identity, request,
+                                        !identity.empty() && selected(identity, round()));
+  poll();  // the step may close with this message (and the round with the unmasking)
+  return answer;
 }
 
 }  // namespace edgetrain::server

@@ -40,6 +40,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -48,6 +49,7 @@
 #include "server/adaptive_clipping.h"
 #include "server/dp_accountant.h"
 #include "server/round_aggregation.h"
+#include "server/secure_round.h"
 #include "server/server_state.h"
 #include "server/write_ahead_log.h"
 #include "transport/coap_dtls.h"
@@ -76,6 +78,14 @@ struct RoundOptions {
     // durably before the close it belongs to is submitted), so a restart goes on with it.
     AdaptiveClipping adaptive;
   } privacy;
+  // Secure aggregation (issue 39 part 2, server/secure_round.h): devices send their clipped
+  // deltas quantized and masked; the close applies the unweighted mean of the survivors'
+  // (ours: a weight per device would need its example count in the clear). Needs clip_norm;
+  // refused with dp-fedavg, trimmed-mean and median. Each step's deadline: deadline_seconds.
+  struct SecureAggregation {
+    bool enabled = false;
+    double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
+  } secure;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that
   // arrived. wait-all: a safety limit of kWaitAllSafetyFactor times this for a device that
@@ -112,6 +122,10 @@ class RoundCoordinator {
 
   transport::CoapResponse get_round(const transport::CoapRequest& request);
   transport::CoapResponse post_round_update(const transport::CoapRequest& request);
+  // With secure aggregation: the /round/secagg/<step> resources (server/secure_round.h);
+  // `step` is keys, shares, input, survivors or unmask.
+  transport::CoapResponse secagg_request(transport::Method method, const std::string& step,
+                                         const transport::CoapRequest& request);
   // Closes the round when it is due (all selected devices answered, or the deadline).
   // Called after each request and from the serving loop. Returns true when it closed one.
   bool poll();
@@ -138,6 +152,10 @@ class RoundCoordinator {
   void append_to_log(std::uint64_t examples, const std::string& identity,
                      std::span<const std::uint8_t> body);
   void close_round();
+  // Applies a secure round's unmasked sum like a plain close, then begins the next round.
+  void close_secure_round(const SecureRound::Sum& sum);
+  std::size_t selected_seen() const;  // secure rounds: of last_heard_, recently
+  void heard_from(const std::string& identity);
   // The round's deltas are dropped (a close the store refused): the same round again, with
   // an empty log and every device free to send.
   void restart_round(const std::string& why);
@@ -157,6 +175,10 @@ class RoundCoordinator {
   std::vector<RoundDelta> deltas_;
   std::set<std::string> answered_;  // identities with a delta in this round
   std::set<std::string> seen_;      // identities that asked for a round
+  // Secure rounds: when each identity last made a request. The keys step expects the selected
+  // devices heard from within two deadlines (ours), not every device ever seen, so that a
+  // round does not wait out its deadline for devices that left long ago.
+  std::map<std::string, std::chrono::steady_clock::time_point> last_heard_;
   std::uint64_t rounds_closed_ = 0, stragglers_ = 0, late_refused_ = 0, wrong_refused_ = 0,
                 malformed_ = 0;
   std::uint64_t duplicates_ = 0, close_failures_ = 0, refused_values_ = 0, quarantined_ = 0,
@@ -170,6 +192,7 @@ class RoundCoordinator {
   std::optional<double> pending_clip_norm_;  // S_r+1 while round r's close is submitted
   std::filesystem::path clip_state_path_;
   std::optional<std::string> privacy_exhausted_;
+  std::unique_ptr<SecureRound> secure_;  // --secure-aggregation
 };
 
 }  // namespace edgetrain::server

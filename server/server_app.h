@@ -68,6 +68,9 @@ struct ServerSettings {
          dp_target_epsilon = 0;  // --aggregation dp-fedavg
   // dp-fedavg's adaptive clipping (server/adaptive_clipping.h): γ (0: fixed), η, σ_b (0: m/20)
   double dp_adaptive_clip_quantile = 0, dp_clip_learning_rate = 0.2, dp_clip_count_stddev = 0;
+  // Secure aggregation in rounds (server/secure_round.h): on, and t as a fraction of U1.
+  bool secure_aggregation = false;
+  double secagg_threshold = 0.6;
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

@@ -74,6 +74,14 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds, adaptive clipping: the noise on the count of unclipped deltas (part of the "
         "budget --dp-noise-multiplier sets); 0: expected devices / 20")
       .range(0, 1e9);
+  t.add("secure-aggregation", s.secure_aggregation,
+        "rounds: devices send their clipped deltas quantized and masked (Bonawitz et al. 2017), "
+        "the server learns only the survivors' sum; needs --round-clip-norm; not with "
+        "dp-fedavg, trimmed-mean or median (docs/privacy.md)");
+  t.add("secagg-threshold", s.secagg_threshold,
+        "rounds, secure aggregation: the share of the round's key holders whose unmasking "
+        "shares are needed (a majority: above 0.5); each step has --round-deadline")
+      .range(0.5001, 1);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -107,6 +115,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.clip_norm = s.round_clip_norm;
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};
+  o.secure = {s.secure_aggregation, s.secagg_threshold};
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -142,6 +151,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                                  short_number(mode->rounds().clip_norm()) + ")"
                            : std::string())
                 : std::string()) +
+           (s.secure_aggregation ? ", secure aggregation (threshold " + short_number(s.secagg_threshold) + " of the key holders)" : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +

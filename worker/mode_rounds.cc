@@ -20,6 +20,8 @@ std::string rounds_stats_json(const RoundWorkerStats& st, bool running) {
                             {"retries", st.retries},
                             {"bytes_sent", st.bytes_sent},
                             {"bytes_received", st.bytes_received},
+                            {"secagg_requests", st.secagg_requests},
+                            {"secagg_not_yet", st.secagg_not_yet},
                             {"last_round", st.last_round},
                             {"last_loss", st.last_loss},
                             {"dropout", st.dropout},
@@ -37,6 +39,13 @@ void declare_rounds(settings::Table& t, WorkerSettings& s) {
   t.add("rounds", s.max_rounds,
         "rounds: stop after this many accepted deltas (0: run until stopped)")
       .unit("rounds");
+  t.add("test-secagg-dump", s.test_secagg_dump_dir,
+        "TESTS ONLY, reveals this device's delta: secure rounds write the start model, the clipped "
+        "delta and its quantized values to files in this folder");
+  t.add("test-secagg-drop-after", s.test_secagg_drop_after,
+        "TESTS ONLY: leave the run right after a secure round's shares or masked input were "
+        "accepted, as a device that drops out then")
+      .choices({"none", "shares", "input"});
 }
 
 class RoundsRun : public WorkerModeRun {
@@ -46,6 +55,8 @@ class RoundsRun : public WorkerModeRun {
     config_.lr = static_cast<float>(s.lr);
     config_.max_rounds = s.max_rounds;
     config_.deadline_share = s.deadline_share;
+    config_.test_secagg_dump_dir = s.test_secagg_dump_dir;
+    config_.test_secagg_drop_after = s.test_secagg_drop_after;
   }
 
   std::vector<std::uint32_t> shard(const Dataset& train) const override {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <stdexcept>
 #include <thread>
 
@@ -14,6 +15,8 @@
 #include "model/shard_sampler.h"
 #include "model/thread_pool.h"
 #include "model/trainer.h"
+#include "privacy/quantize.h"
+#include "privacy/secagg_messages.h"
 #include "transport/untrusted_text.h"
 
 namespace edgetrain::runtime {
@@ -67,6 +70,19 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
     if (!j["local_epochs"].is_number_unsigned() || j["local_epochs"].get<std::uint64_t>() > 1000)
       return std::nullopt;
     info.local_epochs = static_cast<std::uint32_t>(j["local_epochs"].get<std::uint64_t>());
+  }
+  if (j.contains("secure") && j["secure"].is_boolean() && j["secure"].get<bool>()) {
+    if (!j.contains("secagg_session") || !j["secagg_session"].is_number_unsigned() ||
+        !j.contains("secagg_identity") || !j["secagg_identity"].is_string() ||
+        !j.contains("clip_norm") || !j["clip_norm"].is_number())
+      return std::nullopt;
+    info.secure = true;
+    info.secagg_session = j["secagg_session"].get<std::uint64_t>();
+    info.secagg_identity = j["secagg_identity"].get<std::string>();
+    info.clip_norm = j["clip_norm"].get<double>();
+    if (info.secagg_identity.empty() || info.secagg_identity.size() > privacy::kMaxIdentityBytes ||
+        !(info.clip_norm > 0 && std::isfinite(info.clip_norm)))
+      return std::nullopt;
   }
   return info;
 }
@@ -144,6 +160,15 @@ struct RoundWorker::State {
   bool pull(const RoundInfo& round);
   void train(const RoundInfo& round);
   bool send(const RoundInfo& round);
+  // A secure round's steps after training (server/secure_round.h). True when the unmasking
+  // shares were accepted.
+  bool secure_send(const RoundInfo& round);
+  bool post_step(const RoundInfo& round, const std::string& path,
+                 const std::vector<std::uint8_t>& body);
+  std::optional<std::vector<std::uint8_t>> wait_for(const RoundInfo& round,
+                                                    const std::string& path);
+  void dump_for_test(const RoundInfo& round, std::size_t devices,
+                     std::span<const std::uint32_t> quantized) const;
 
   const RoundWorkerConfig config;
   ServerChannel& channel;
@@ -171,6 +196,9 @@ struct RoundWorker::State {
   std::size_t last_pull_bytes = 0;
   std::optional<std::uint64_t>
       done_round;  // the last round this worker sent a delta for (or was refused in)
+  std::optional<std::uint64_t> done_session;  // likewise for secure sessions (a round may have several)
+  std::unique_ptr<privacy::SecureRandom> random;  // made at the first secure round
+  bool dropped = false;                           // test_secagg_drop_after_input happened
   RoundWorkerStats stats;
 };
 
@@ -275,6 +303,7 @@ void RoundWorker::State::train(const RoundInfo& round) {
            }});
   if (trained.last_loss) stats.last_loss = *trained.last_loss;
   examples = trained.examples;
+  if (round.secure) return;  // `gradient` holds the delta: secure_send clips and quantizes it
   transport::SparseUpdate update;
   update.model_id = model.layout_id();
   update.sequence = ++sequence;
@@ -329,6 +358,175 @@ bool RoundWorker::State::send(const RoundInfo& round) {
   return false;
 }
 
+bool RoundWorker::State::post_step(const RoundInfo& round, const std::string& path,
+                                   const std::vector<std::uint8_t>& body) {
+  for (int attempt = 0; attempt < 2 && !stop; ++attempt) {
+    transport::CoapResponse response;
+    try {
+      response = channel.request(transport::Method::kPost, path, body);
+      stats.secagg_requests++;  // answered ones
+    } catch (const transport::TransportError& e) {
+      problems.request_failed("POST /" + path + " failed", e);
+      continue;  // the same bytes again: the server counts one message per device and step
+    }
+    problems.answered();
+    stats.bytes_sent += body.size();
+    if (response.code == transport::CoapCode::kChanged) return true;
+    const std::string answer =
+        transport::coap_code_string(response.code) + " " + payload_text(response.payload);
+    done_session = round.secagg_session;
+    if (response.code == transport::CoapCode::kConflict) {
+      stats.deltas_refused++;  // the session moved on without this device: the next one
+      problems.expected_refusal();
+      say("round " + std::to_string(round.round) + ": POST /" + path + " refused with " + answer,
+          logging::Level::kWarn);
+      return false;
+    }
+    stats.deltas_rejected++;
+    problems.trouble(WorkerExit::kNothingApplied, "POST /" + path + " rejected with " + answer);
+    return false;
+  }
+  return false;
+}
+
+std::optional<std::vector<std::uint8_t>> RoundWorker::State::wait_for(const RoundInfo& round,
+                                                                       const std::string& path) {
+  const std::string with_session = path + "?session=" + std::to_string(round.secagg_session);
+  // Each step closes by its deadline; a server that keeps answering "not yet" far past it is
+  // left (ours: ten deadlines, at least 1 s), so that --duration and the stop flag still end
+  // the run.
+  const auto give_up_at =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                         std::chrono::duration<double>(std::max(1.0, 10 * round.deadline_seconds)));
+  while (!stop) {
+    if (Clock::now() > give_up_at) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": GET /" + path +
+              " still not answered ten step deadlines on: leaving this session",
+          logging::Level::kWarn);
+      return std::nullopt;
+    }
+    transport::CoapResponse response;
+    try {
+      response = channel.request(transport::Method::kGet, with_session);
+      stats.secagg_requests++;
+    } catch (const transport::TransportError& e) {
+      problems.request_failed("GET /" + path + " failed", e);
+      continue;
+    }
+    problems.answered();
+    if (response.code == transport::CoapCode::kContent) {
+      stats.bytes_received += response.payload.size();
+      return std::move(response.payload);
+    }
+    if (response.code == 503) {  // the step is still open (server::kCoapNotYet)
+      stats.secagg_not_yet++;
+      sleep_unless_stopped(std::chrono::milliseconds(100), stop);
+      continue;
+    }
+    done_session = round.secagg_session;
+    const std::string answer =
+        transport::coap_code_string(response.code) + " " + payload_text(response.payload);
+    if (response.code == transport::CoapCode::kConflict) {
+      stats.deltas_refused++;
+      problems.expected_refusal();
+      say("round " + std::to_string(round.round) + ": GET /" + path + " refused with " + answer,
+          logging::Level::kWarn);
+      return std::nullopt;
+    }
+    stats.deltas_rejected++;
+    problems.trouble(WorkerExit::kNothingApplied, "GET /" + path + " answered " + answer);
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+void RoundWorker::State::dump_for_test(const RoundInfo& round, std::size_t devices,
+                                       std::span<const std::uint32_t> quantized) const {
+  std::string name = round.secagg_identity;
+  for (char& c : name)
+    if (c == '/' || c == '\\') c = '_';
+  const std::string stem = config.test_secagg_dump_dir + "/" + name + ".r" + std::to_string(round.round);
+  auto write = [&](const std::string& path, const void* data, std::size_t bytes) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+    if (!out) throw std::runtime_error("worker: cannot write " + path);
+  };
+  write(stem + ".start.f32", start.data(), start.size() * sizeof(float));
+  write(stem + ".delta.f32", gradient.data(), gradient.size() * sizeof(float));
+  write(stem + ".quantized.u32", quantized.data(), quantized.size() * sizeof(std::uint32_t));
+  const std::string meta = nlohmann::json{{"round", round.round},
+                                          {"devices", devices},
+                                          {"clip_norm", round.clip_norm}}
+                               .dump() + "\n";
+  write(stem + ".json", meta.data(), meta.size());
+}
+
+bool RoundWorker::State::secure_send(const RoundInfo& round) {
+  if (!random) random = std::make_unique<privacy::SecureRandom>();
+  // The delta clipped to the round's norm (quantize() refuses one above it; the float scaling
+  // lands within its 1e-6 tolerance).
+  double squares = 0;
+  for (const float v : gradient) squares += static_cast<double>(v) * v;
+  const double norm = std::sqrt(squares);
+  if (norm > round.clip_norm) {
+    const auto scale = static_cast<float>(round.clip_norm / norm);
+    for (float& v : gradient) v *= scale;
+  }
+  try {
+    privacy::SecAggDevice device(round.secagg_identity, round.secagg_session, *random);
+    if (!post_step(round, "round/secagg/keys", privacy::serialize(device.advertise_keys())))
+      return false;
+    const auto directory_bytes = wait_for(round, "round/secagg/keys");
+    if (!directory_bytes) return false;
+    const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
+    if (!post_step(round, "round/secagg/shares", privacy::serialize(device.share_keys(directory))))
+      return false;
+    if (config.test_secagg_drop_after == "shares") {
+      say("round " + std::to_string(round.round) + ": leaving after the shares (--test-secagg-drop-after)");
+      dropped = true;
+      return false;
+    }
+    const auto shares_bytes = wait_for(round, "round/secagg/shares");
+    if (!shares_bytes) return false;
+    // N, the most summands, is U1's size: the server reads the sum back with the same.
+    const auto devices = static_cast<std::uint32_t>(directory.devices.size());
+    const std::vector<std::uint32_t> quantized =
+        privacy::quantize(gradient, round.clip_norm, devices, privacy::Rounding::kNearest);
+    if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
+    const privacy::MaskedInput masked =
+        device.masked_input(privacy::parse_encrypted_shares(*shares_bytes), quantized);
+    if (!post_step(round, "round/secagg/input", privacy::serialize(masked))) return false;
+    if (config.test_secagg_drop_after == "input") {
+      say("round " + std::to_string(round.round) + ": leaving after the masked input (--test-secagg-drop-after)");
+      dropped = true;
+      return false;
+    }
+    const auto survivors_bytes = wait_for(round, "round/secagg/survivors");
+    if (!survivors_bytes) return false;
+    const privacy::UnmaskingShares unmasking =
+        device.unmasking_shares(privacy::parse_survivor_list(*survivors_bytes));
+    if (!post_step(round, "round/secagg/unmask", privacy::serialize(unmasking))) return false;
+  } catch (const privacy::SecAggError& e) {
+    // The server relayed something the protocol refuses: this session goes on without us.
+    done_session = round.secagg_session;
+    stats.deltas_refused++;
+    say("round " + std::to_string(round.round) + ": secure aggregation refused: " + e.what(),
+        logging::Level::kWarn);
+    return false;
+  }
+  // Accepted: the round closes with the sum it is part of (unless too few devices answer the
+  // unmasking, when the server begins another session of the round).
+  // Not in acknowledged_rounds: the round's close may still be lost in a server crash (the
+  // server then begins another session of it: server/secure_round.h).
+  done_session = round.secagg_session;
+  stats.rounds_trained++;
+  stats.last_round = round.round;
+  problems.succeeded();
+  return true;
+}
+
 RoundWorker::RoundWorker(const RoundWorkerConfig& config, const Dataset& train,
                          ServerChannel& channel, const std::atomic<bool>& stop, WorkerLog log)
     : state_(std::make_unique<State>(config, train, channel, stop, std::move(log))) {}
@@ -345,7 +543,9 @@ bool RoundWorker::run_once() {
   State& s = *state_;
   const std::optional<RoundInfo> round = s.poll();
   if (!round) return false;
-  if (!round->selected || s.done_round == round->round) {
+  const bool done = round->secure ? s.done_session == round->secagg_session
+                                  : s.done_round == round->round;
+  if (!round->selected || done) {
     sleep_unless_stopped(std::chrono::duration_cast<Clock::duration>(
                              std::chrono::duration<double>(s.config.poll_seconds)),
                          s.stop);
@@ -354,7 +554,7 @@ bool RoundWorker::run_once() {
   if (!s.pull(*round)) return false;
   s.train(*round);
   if (s.stop) return false;
-  return s.send(*round);
+  return round->secure ? s.secure_send(*round) : s.send(*round);
 }
 
 RoundWorkerStats RoundWorker::run(const std::function<void(const RoundWorkerStats&)>& progress) {
@@ -365,7 +565,7 @@ RoundWorkerStats RoundWorker::run(const std::function<void(const RoundWorkerStat
            std::chrono::duration<double>(Clock::now() - started).count() >=
                s.config.worker.max_seconds;
   };
-  while (!s.stop && (s.config.max_rounds == 0 || s.stats.rounds_trained < s.config.max_rounds) &&
+  while (!s.stop && !s.dropped && (s.config.max_rounds == 0 || s.stats.rounds_trained < s.config.max_rounds) &&
          !out_of_time()) {
     const std::uint64_t sent =
         s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected;
@@ -374,8 +574,10 @@ RoundWorkerStats RoundWorker::run(const std::function<void(const RoundWorkerStat
         s.stats.rounds_trained + s.stats.deltas_refused + s.stats.deltas_rejected != sent)
       progress(s.stats);
     if (accepted)
-      s.say("round " + std::to_string(s.stats.last_round) + ": delta of " +
-            std::to_string(s.body.size()) + " bytes accepted (loss " +
+      s.say("round " + std::to_string(s.stats.last_round) +
+            (s.done_session ? std::string(": secure aggregation's steps done")
+                            : ": delta of " + std::to_string(s.body.size()) + " bytes accepted") +
+            " (loss " +
             std::to_string(s.stats.last_loss) + ")" +
             (s.stats.dropout.drop_rates.empty() ? "" : ", drop " + s.stats.dropout.drop_rates));
   }

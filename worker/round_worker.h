@@ -29,6 +29,12 @@ struct RoundWorkerConfig {
   // round's deadline, after the pull and less the send's expected time (the pull's, scaled
   // by the last delta's size), that the local steps may take (ours: a margin for jitter).
   double deadline_share = 0.8;
+  // Secure rounds, for tests only (tests/integration/rounds_secure_aggregation.sh): write the
+  // round's start model, clipped delta and quantized delta to files in this folder (which
+  // reveals them: never on a real device), and leave the run right after the step named
+  // ("shares" or "input") was accepted, as a device that drops out then.
+  std::string test_secagg_dump_dir;
+  std::string test_secagg_drop_after;
 };
 
 // What GET /round said (the JSON of server/round_coordinator.h), decoded defensively.
@@ -39,9 +45,16 @@ struct RoundInfo {
   bool selected = false;
   std::uint32_t local_steps = 0;
   std::uint32_t local_epochs = 0;  // > 0: passes over the device's shard instead of local_steps
+  // A secure round (server/secure_round.h): the steps of /round/secagg/ under this session
+  // and identity, with the delta clipped to clip_norm and quantized.
+  bool secure = false;
+  std::uint64_t secagg_session = 0;
+  std::string secagg_identity;
+  double clip_norm = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
-// above 10^6, epochs above 1000; local_epochs may be absent: 0).
+// above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a
+// session, an identity of 1..255 bytes or a positive clip norm).
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
 // The minibatches of one round: local_steps, or with local_epochs enough to pass over a
 // shard of `shard_size` examples that many times (at least one, at most 10^6).
@@ -91,6 +104,8 @@ struct RoundWorkerStats {
   std::uint64_t deltas_rejected = 0;  // 4.00, 5.00, ...: backed off
   std::uint64_t polls = 0, pulls = 0, steps = 0, retries = 0;
   std::uint64_t bytes_sent = 0, bytes_received = 0;
+  std::uint64_t secagg_requests = 0;  // secure rounds: the answered requests of their steps, polls included
+  std::uint64_t secagg_not_yet = 0;   // of those, answered 5.03 (the step was still open)
   std::uint64_t last_round = 0;
   // Every round whose delta the server acknowledged (2.04), in order. Round r is model
   // version r, so a server that kept what it acknowledged is at version r or later after

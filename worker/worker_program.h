@@ -47,6 +47,8 @@ struct WorkerSettings {
   // Federated rounds (worker/round_worker.h).
   double deadline_share = 0.8;
   std::uint64_t max_rounds = 0;
+  std::string test_secagg_dump_dir;          // tests only: worker/round_worker.h
+  std::string test_secagg_drop_after = "none";  // tests only: "shares" or "input"
   // Gossip (peer mode, worker/gossip_peer.h).
   GossipPeerConfig gossip;
   std::string topology_file, peer_name, listen, gossip_algorithm = "d-psgd", state_dir, port_file;

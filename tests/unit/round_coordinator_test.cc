@@ -16,6 +16,8 @@
 #include <memory>
 #include <random>
 
+#include "privacy/quantize.h"
+#include "privacy/secagg_messages.h"
 #include "server/round_coordinator.h"
 #include "server/wal_repair.h"
 #include "server/write_ahead_log.h"
@@ -269,7 +271,7 @@ TEST(RoundCoordinator, ClientSamplingIsSeededAndSelectsAboutTheFraction) {
   EXPECT_GT(differs, 10);  // a new draw each round
 }
 
-}  // namespace
+
 
 // rounds.wal (the WAL's format, kind kRoundDeltas) with one flipped byte in the second of
 // four acknowledged deltas of the open round: the start is refused with the offset and the
@@ -762,3 +764,135 @@ TEST(RoundAdaptiveClipping, RefusedWithoutDpFedAvgOrWithTooLittleCountNoise) {
   too_little.privacy.adaptive = {0.5, 0.2, 0};
   EXPECT_THROW(Server(dir, clock, too_little), std::invalid_argument);
 }
+
+// --secure-aggregation through the coordinator (server/secure_round.h): three devices take
+// the steps with the protocol core's SecAggDevice; the close moves the model by server_lr
+// times the mean of their quantized clipped deltas read back (nothing else), as one update of
+// the main WAL; a plain delta is refused meanwhile. The settings it cannot go with are refused.
+TEST(RoundSecureAggregation, TheCloseAppliesTheMeanOfTheMaskedDeltas) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.secure.enabled = true;
+  options.clip_norm = 1;
+  options.min_clients = 3;
+  options.server_lr = 0.5f;
+  Server server(dir, clock, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<nlohmann::json> infos;
+  for (const auto& name : names) infos.push_back(round_info(*server.rounds, name));
+  ASSERT_EQ(infos[0]["secure"], true);
+  EXPECT_EQ(infos[1]["secagg_identity"], "b");
+  clock.now += std::chrono::hours(1);  // no key yet: the keys step's deadline has not started
+  EXPECT_EQ(round_info(*server.rounds, "a")["deadline_seconds"], options.deadline_seconds);
+  const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
+  std::mt19937 rng(7);
+  const auto plain = random_sparse_update(rng, server.state->model(), 1, 0);
+  EXPECT_EQ(server.rounds->post_round_update(request("a", plain, "examples=10")).code, CoapCode::kConflict);
+
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
+                  const std::vector<std::uint8_t>& body = {}) {
+    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
+    r.method = method;
+    return server.rounds->secagg_request(method, step, r);
+  };
+  for (const auto& name : names) {
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+    ASSERT_EQ(call(transport::Method::kPost, "keys", name, privacy::serialize(devices.back()->advertise_keys())).code,
+              CoapCode::kChanged);
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto directory = call(transport::Method::kGet, "keys", names[i]);
+    ASSERT_EQ(directory.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
+                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  const std::size_t count = before.size();
+  std::vector<std::uint32_t> ring_sum(count, 0);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::vector<float> delta(count);
+    std::normal_distribution<float> normal(0, 1);
+    for (float& v : delta) v = normal(rng);
+    double squares = 0;
+    for (const float v : delta) squares += static_cast<double>(v) * v;
+    for (float& v : delta) v = static_cast<float>(v * 0.9 / std::sqrt(squares));  // norm 0.9 < S
+    const auto quantized = privacy::quantize(delta, 1.0, 3, privacy::Rounding::kNearest);
+    for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
+    const auto shares = call(transport::Method::kGet, "shares", names[i]);
+    ASSERT_EQ(shares.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
+                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
+                  .code,
+              CoapCode::kChanged);
+  }
+  for (std::size_t i = 0; i < 2; ++i) {  // c never answers: t = 2 answers unmask
+    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
+    ASSERT_EQ(survivors.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
+                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  ASSERT_EQ(server.rounds->round(), 1u);
+  const std::vector<double> sum = privacy::dequantize(ring_sum, 1.0, 3);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  for (std::size_t k = 0; k < count; ++k)
+    EXPECT_NEAR(after[k], before[k] + 0.5 * sum[k] / 3, 1e-6 * (1 + std::fabs(before[k]))) << k;
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["secagg_last_survivors"], 3);
+  EXPECT_EQ(status["secagg_last_unmasking_senders"], 2);
+  EXPECT_EQ(status["secagg_round"], 1);  // the next round began
+}
+
+TEST(RoundSecureAggregation, TheKeysStepWaitsForDevicesHeardFromLatelyOnly) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.secure.enabled = true;
+  options.clip_norm = 1;
+  options.min_clients = 2;
+  options.deadline_seconds = 10;
+  Server server(dir, clock, options);
+  const auto session = round_info(*server.rounds, "gone")["secagg_session"].get<std::uint64_t>();
+  clock.now += std::chrono::seconds(21);  // "gone" last heard two deadlines ago
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  for (const std::string name : {"a", "b", "late"}) round_info(*server.rounds, name);
+  for (const std::string name : {"a", "b"}) {  // "late": heard from, keys not sent yet
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+    const auto keys = privacy::serialize(devices.back()->advertise_keys());  // the request's span points here
+    ASSERT_EQ(server.rounds->secagg_request(transport::Method::kPost, "keys", request(name, keys, "")).code,
+              CoapCode::kChanged);
+  }
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_step"], "keys");  // waits for "late"
+  devices.push_back(std::make_unique<privacy::SecAggDevice>("late", session, random));
+  const auto keys = privacy::serialize(devices.back()->advertise_keys());
+  ASSERT_EQ(server.rounds->secagg_request(transport::Method::kPost, "keys", request("late", keys, "")).code,
+            CoapCode::kChanged);
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["secagg_step"], "shares");  // not waiting for "gone"
+  EXPECT_EQ(status["secagg_keys"], 3);
+}
+
+TEST(RoundSecureAggregation, RefusedWithRobustRulesDpFedAvgAndWithoutAClipNorm) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.secure.enabled = true;
+  EXPECT_THROW(Server(dir, clock, options), std::invalid_argument);  // no clip norm
+  options.clip_norm = 1;
+  for (const auto rule : {server::Aggregation::kTrimmedMean, server::Aggregation::kMedian}) {
+    options.rule = {rule};
+    EXPECT_THROW(Server(dir, clock, options), std::invalid_argument);
+  }
+  RoundOptions private_options = dp_options(1.0);
+  private_options.secure.enabled = true;
+  EXPECT_THROW(Server(dir, clock, private_options), std::invalid_argument);
+}
+
+}  // namespace

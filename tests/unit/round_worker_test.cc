@@ -95,8 +95,16 @@ class FakeRoundServer : public runtime::ServerChannel {
 
   std::uint64_t round = 5, model_version = 5;
   bool selected = true;
+  CoapResponse request(transport::Method method, const std::string& path,
+                       std::span<const std::uint8_t>) override {
+    requests.push_back((method == transport::Method::kGet ? "GET " : "POST ") + path);
+    return on_request ? on_request(method, path) : text(CoapCode::kNotFound, "");
+  }
+
   std::optional<CoapResponse> round_answer;
   std::function<CoapResponse()> on_post;
+  std::function<CoapResponse(transport::Method, const std::string&)> on_request;  // /round/secagg/
+  std::vector<std::string> requests;
   std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> sent;
   int polls = 0, pulls = 0;
 
@@ -203,6 +211,69 @@ TEST(RoundWorker, MalformedRoundAnswersAreRetriedAndParsedDefensively) {
     const std::vector<std::uint8_t> bytes(bad.begin(), bad.end());
     EXPECT_FALSE(runtime::parse_round_info(bytes)) << bad;
   }
+}
+
+TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
+  const std::string base =
+      "{\"round\":3,\"model_version\":3,\"deadline_seconds\":1,\"selected\":true,\"local_steps\":1";
+  const std::string good = base + ",\"secure\":true,\"secagg_session\":196608,\"secagg_identity\":\"w1\","
+                                  "\"clip_norm\":0.5}";
+  const auto info = runtime::parse_round_info(std::vector<std::uint8_t>(good.begin(), good.end()));
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->secure);
+  EXPECT_EQ(info->secagg_session, 196608u);
+  EXPECT_EQ(info->secagg_identity, "w1");
+  EXPECT_EQ(info->clip_norm, 0.5);
+  const std::string plain = base + "}";
+  EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(plain.begin(), plain.end()))->secure);
+  for (const std::string bad :
+       {base + ",\"secure\":true}",
+        base + ",\"secure\":true,\"secagg_session\":-1,\"secagg_identity\":\"w1\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"" + std::string(256, 'x') +
+            "\",\"clip_norm\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":0}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":7,\"clip_norm\":1}"}) {
+    EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(bad.begin(), bad.end()))) << bad;
+  }
+}
+
+// A secure round (worker/README.md, "Secure rounds") against a server that refuses or stalls:
+// a 4.09 ends the device's part in that session and only that one; a step that stays "not
+// yet" far past its deadline is left; no plain delta is ever sent.
+TEST(RoundWorker, ASecureSessionRefusedOrStalledIsLeftAndTheNextOneJoined) {
+  Fixture f;
+  std::uint64_t session = 7;
+  auto secure_round = [&] {
+    return text(CoapCode::kContent,
+                "{\"round\":5,\"model_version\":5,\"deadline_seconds\":0.1,\"selected\":true,"
+                "\"local_steps\":1,\"secure\":true,\"secagg_session\":" + std::to_string(session) +
+                    ",\"secagg_identity\":\"w1\",\"clip_norm\":1}");
+  };
+  f.server.round_answer = secure_round();
+  f.server.on_request = [](transport::Method, const std::string&) {
+    return text(CoapCode::kConflict, "wrong step: the secure round is in step shares");
+  };
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.server.requests, (std::vector<std::string>{"POST round/secagg/keys"}));
+  EXPECT_FALSE(f.worker->run_once());  // the same session: polls only
+  EXPECT_EQ(f.server.requests.size(), 1u);
+  EXPECT_TRUE(f.server.sent.empty());
+
+  session = 8;  // another attempt: joined, and its key directory never comes
+  f.server.round_answer = secure_round();
+  f.server.on_request = [](transport::Method method, const std::string&) {
+    return method == transport::Method::kPost ? text(CoapCode::kChanged, "") : text(503, "not yet");
+  };
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_GE(std::chrono::steady_clock::now() - started, std::chrono::milliseconds(900));
+  EXPECT_EQ(f.server.requests.at(1), "POST round/secagg/keys");
+  EXPECT_EQ(f.server.requests.at(2), "GET round/secagg/keys?session=8");
+  EXPECT_GT(f.worker->stats().secagg_not_yet, 3u);
+  EXPECT_EQ(f.worker->stats().deltas_refused, 2u);
+  EXPECT_EQ(f.worker->stats().rounds_trained, 0u);
+  EXPECT_TRUE(f.server.sent.empty());
 }
 
 TEST(RoundWorker, ARefusedIdentityEndsTheRun) {

@@ -1,0 +1,142 @@
+// Secure aggregation in --mode rounds (issue 39, part 2; docs/privacy.md, "Secure
+// aggregation"): the protocol core of privacy/ (privacy/secagg.h, Bonawitz et al. 2017) carried
+// as CoAP resources, with a deadline per step so that a round closes when devices drop out.
+// The server learns the sum of the survivors' quantized clipped deltas, never one of them.
+//
+//   POST /round/secagg/keys            AdvertiseKeys           2.04 | 4.09 wrong step/session
+//   GET  /round/secagg/keys?session=S  KeyDirectory (U1)       2.05 | 5.03 not yet | 4.09
+//   POST /round/secagg/shares          EncryptedShares         2.04 | 4.09
+//   GET  /round/secagg/shares?session=S the shares for me      2.05 | 5.03 | 4.09
+//   POST /round/secagg/input           MaskedInput             2.04 | 4.09
+//   GET  /round/secagg/survivors?session=S SurvivorList (U3)   2.05 | 5.03 | 4.09
+//   POST /round/secagg/unmask          UnmaskingShares         2.04 | 4.09
+// Every body is parsed with privacy/secagg_messages.h's parsers (4.00 when it does not parse,
+// 4.13 above the step's size cap); a message the core refuses (another identity than the DTLS
+// one, a failed check) is 4.22 with the core's reason; the same identity posting again in the
+// same step, or after it closed with that identity's message in, is 2.04 and not counted twice
+// (a retransmission after a lost answer).
+//
+// Sessions (ours): the core's round field carries a session number, (round << 16) | attempt.
+// An attempt that cannot go on (fewer than t devices at a step's deadline, or an unmasking
+// that fails) is abandoned and the next attempt of the same round begins with fresh keys.
+// Durability (ours): `secagg.wal` in the state directory (the WAL's format and kind of round
+// records, server/write_ahead_log.h; version = session) holds every message the session
+// accepted, each synced before its 2.04, and a record of each step's close (with t) synced
+// before any answer depends on it; a restart replays them into a new SecAggServer, so the
+// session goes on where it was (the running sum rebuilt from the masked inputs, U1, U2, U3
+// and the unmasking shares as they were fixed: a device can never be told two survivor
+// lists). What the log holds is what the server received anyway: keys, sealed shares, masked
+// inputs (each y_u is uniformly random without the masks), the shares revealed; never an
+// unmasked x_u. `secagg_attempt.json` records the attempt begun (durably before it takes any
+// message); a log that does not replay (damaged, another model or session) makes the restart
+// begin the next attempt instead, and the devices, finding their session gone (4.09), redo
+// the round. The unmasked aggregate goes through the main WAL like a plain close.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "privacy/secagg.h"
+#include "server/write_ahead_log.h"
+#include "transport/coap_dtls.h"
+
+namespace edgetrain::server {
+
+// CoAP 5.03: the step asked for has not closed yet; ask again (ours: no Max-Age).
+inline constexpr int kCoapNotYet = 503;
+
+struct SecureRoundOptions {
+  double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉), n = |U1|
+  double step_seconds = 30;         // each step's deadline
+  double clip_norm = 0;             // S: the devices' deltas are clipped to it (quantize.h)
+  std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
+  std::uint64_t model_id = 0;       // secagg.wal's header
+  std::function<std::chrono::steady_clock::time_point()> now;
+  std::function<void(const std::string&)> log;
+};
+
+// The secure-aggregation side of one round at a time. Used from the server's one thread.
+class SecureRound {
+ public:
+  enum class Step { kKeys, kShares, kMaskedInput, kUnmasking };
+  // `attempt_file`: secagg_attempt.json. Throws StateError when it is damaged.
+  SecureRound(SecureRoundOptions options, std::filesystem::path attempt_file);
+
+  // Begins round `round` (its first attempt, or the next one after a restart) for vectors of
+  // `vector_length` values. Throws when the attempt cannot be made durable.
+  void begin(std::uint64_t round, std::uint32_t vector_length);
+  // As begin() for a running server: a failure is logged, every message answered 5.00 and
+  // begin retried by poll() until it works.
+  void begin_next_round(std::uint64_t round, std::uint32_t vector_length) { begin_or_note(round, vector_length); }
+  // At start-up: goes on with the session secagg.wal holds when it is of this round's current
+  // attempt and replays; begin() otherwise.
+  void resume_or_begin(std::uint64_t round, std::uint32_t vector_length);
+
+  // What a close needs: Σ over U3 of the quantized deltas, read back as values.
+  struct Sum {
+    std::vector<double> values;
+    std::size_t survivors = 0;       // |U3|
+    std::size_t key_holders = 0;     // |U1|
+    std::size_t unmasking_senders = 0;
+  };
+  // Moves on when a step's devices have all answered or its deadline passed; returns the sum
+  // once the unmasking succeeds (the caller applies it and begins the next round).
+  // `expected_keys`: the selected devices the round waits for in the keys step.
+  std::optional<Sum> poll(std::size_t expected_keys);
+
+  transport::CoapResponse handle(transport::Method method, const std::string& resource,
+                                 const std::string& identity, const transport::CoapRequest& request,
+                                 bool selected);
+
+  std::uint64_t session() const { return session_; }
+  Step step() const { return step_; }
+  static const char* step_name(Step step);
+  // In U1 of the current attempt (or the keys step is still open).
+  bool may_take_part(const std::string& identity) const;
+  std::string status_json() const;  // the secagg_* keys of /status
+  std::uint32_t threshold() const { return threshold_; }
+
+ private:
+  void next_attempt(const std::string& why);
+  // begin() that logs a failure instead of throwing (cannot_begin_).
+  void begin_or_note(std::uint64_t round, std::uint32_t vector_length);
+  // Appends one record to secagg.wal and syncs it; throws WalError.
+  void record(const std::string& identity, std::uint64_t kind, std::vector<std::uint8_t> body);
+  // One record of secagg.wal into the session's state, as when its message came.
+  void replay(const WalRecord& record);
+  // Closes the current step (after its record is durable, or replaying it).
+  void close_keys(std::uint32_t threshold);
+  void open_step(Step step);
+  double seconds_left() const;
+  void log(const std::string& line) const;
+
+  SecureRoundOptions options_;
+  std::filesystem::path attempt_file_;
+  std::filesystem::path log_path_;  // secagg.wal
+  std::optional<WalWriter> log_;
+  std::uint64_t round_ = 0;
+  std::uint32_t attempt_ = 0;
+  std::uint32_t vector_length_ = 0;
+  std::uint64_t session_ = 0;
+  std::optional<privacy::SecAggServer> server_;
+  Step step_ = Step::kKeys;
+  std::chrono::steady_clock::time_point step_opened_;
+  std::uint32_t threshold_ = 0;
+  std::map<std::string, privacy::AdvertiseKeys, std::less<>> keys_;  // the keys step's, until it closes
+  std::set<std::string, std::less<>> posted_;  // who posted in the current step
+  std::vector<std::uint8_t> directory_bytes_, survivors_bytes_;
+  // begin() failed after start-up (the state directory would not take secagg_attempt.json or
+  // secagg.wal): every message is refused (5.00) and poll() tries again.
+  bool cannot_begin_ = false;
+  std::uint64_t attempts_abandoned_ = 0, refused_ = 0, malformed_ = 0;
+  Sum last_close_;  // the set sizes of the last sum (its values are not kept)
+};
+
+}  // namespace edgetrain::server

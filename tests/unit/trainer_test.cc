@@ -492,16 +492,23 @@ TEST(MobilenetMiniLongRun, LossFallsOnMnistSmall) {
 }  // namespace
 
 namespace {
-// resnet-8 (no normalization, He init) learns MNIST digits: 150 SGD steps of 8 (lr 0.05)
-// take its mean loss on 256 fixed training examples well below where it started.
+// resnet-8 (no normalization, He init) learns MNIST digits: 300 SGD steps of 8 (lr 0.05)
+// take its mean loss on 256 fixed training examples below 0.7 ln 10. Its He-initialized
+// residual sums start overconfident (3.70); the loss then sits near ln 10 until step ~150
+// and falls (host: 2.28 at step 50, 2.05 at 150, 1.76 at 200, 1.35 at 300). Host tree
+// only: under QEMU these steps would cost minutes, and the residual forward and backward
+// run there in the short tests (finite differences, XNNPACK against reference).
 TEST(Resnet8LongRun, LossFallsOnMnistSmall) {
+#ifdef EDGETRAIN_EXPECT_QEMU
+  GTEST_SKIP() << "host tree only (minutes under QEMU); the short tests cover the code";
+#endif
   const auto dir = edgetrain::testing::mnist_small_dir();
   EDGETRAIN_REQUIRE_DATA(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
   const Dataset data =
       load_dataset(dir / "train-images-idx3-ubyte", dir / "train-labels-idx1-ubyte");
   Model model(builtin_model_spec("resnet-8"));
   model.initialize(1);
-  const int B = 8, steps = 150;
+  const int B = 8, steps = 300;
   const float lr = 0.05f;
   Trainer trainer(model, B);
   std::vector<float> grad(model.parameter_count());
@@ -539,6 +546,6 @@ TEST(Resnet8LongRun, LossFallsOnMnistSmall) {
   }
   const double after = fixed_loss();
   std::printf("resnet-8: mean loss on 256 fixed examples %.3f before, %.3f after\n", before, after);
-  EXPECT_LT(after, 0.6 * before) << "before " << before << ", after " << after;
+  EXPECT_LT(after, 0.7 * std::log(10.0)) << "before " << before << ", after " << after;
 }
 }  // namespace

@@ -67,7 +67,7 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
     const ResolvedLayer& layer = layers[i];
     const bool can_fuse = layer.kind == LayerKind::kConv ||
                           layer.kind == LayerKind::kDepthwiseConv ||
-                          layer.kind == LayerKind::kFullyConnected;
+                          layer.kind == LayerKind::kFullyConnected || layer.kind == LayerKind::kAdd;
     // Fused only where the ReLU is the layer's one reader: a residual graph may read the
     // output before the ReLU too.
     if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu &&
@@ -273,10 +273,13 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
         break;
-      case LayerKind::kAdd:
-        k::add_forward(out, in, activation(layer.added),
-                       static_cast<std::size_t>(rows) * layer.out.size());
+      case LayerKind::kAdd: {
+        const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        k::add_forward(out, in, activation(layer.added), n);
+        // A fused ReLU (XNNPACK backend) saves the pre-ReLU sum's buffer and a pass.
+        if (stage.fused_relu) k::relu_forward(out, out, n);
         break;
+      }
       case LayerKind::kDeconv:  // refused by the constructor
         break;
     }
@@ -425,8 +428,10 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
           k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
         break;
       case LayerKind::kAdd: {
-        // d(a + b)/da = d(a + b)/db = 1: dout goes to both summands (twice to one read twice).
+        // d(a + b)/da = d(a + b)/db = 1: dout goes to both summands (twice to one read twice),
+        // masked first by a fused ReLU's output (in place: the buffer is not read again).
         const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        if (stage.fused_relu && !pooled) k::relu_backward(dout, dout, out, n);
         for (int summand : {layer.input, layer.added}) {
           if (summand < 0) continue;
           if (gradient_written_[summand]) {

@@ -3,9 +3,9 @@
 // the Trainer is built for a batch size, so a step allocates nothing.
 //
 // Two backends compute the same thing:
-//   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv or fc
-//              layer is fused into that op (XNNPACK's output clamp, and the forward output
-//              as the backward mask). The ops are built for max_batch: a smaller batch is
+//   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv, fc or
+//              add layer, and its one reader, is fused into that op (XNNPACK's output
+//              clamp, or our loop for an add; the forward output as the backward mask). The ops are built for max_batch: a smaller batch is
 //              zero-padded to max_batch and the padded rows of the loss gradient are zero,
 //              so they add nothing to any parameter gradient.
 //   kReference the plain loops of kernels/reference.h, one layer at a time, exactly the

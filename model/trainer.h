@@ -5,9 +5,10 @@
 // Two backends compute the same thing:
 //   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv, fc or
 //              add layer, and its one reader, is fused into that op (XNNPACK's output
-//              clamp, or our loop for an add; the forward output as the backward mask). The ops are built for max_batch: a smaller batch is
-//              zero-padded to max_batch and the padded rows of the loss gradient are zero,
-//              so they add nothing to any parameter gradient.
+//              clamp, or our loop for an add; the forward output as the backward mask).
+//              The ops are built for max_batch: a smaller batch is zero-padded to
+//              max_batch and the padded rows of the loss gradient are zero, so they add
+//              nothing to any parameter gradient.
 //   kReference the plain loops of kernels/reference.h, one layer at a time, exactly the
 //              definition; slow, for tests and as a yardstick.
 //

@@ -22,8 +22,11 @@
 #   --shards "N.."  shard counts, worker 0 of each (default "10 100")
 #   --bound MB      the bound printed (default 16, MB = 10^6 bytes)
 #   --check MB      exit 1 when a figure (host, and the guest pages under QEMU) is above MB
-#   --model NAME    the model server and worker train (default paper-cnn; one for 28x28x1
-#                   images: mlp, mobilenet-mini, resnet-8 or a spec)
+#   --model NAME    the model server and worker train (default paper-cnn; with full MNIST
+#                   one for 28x28x1 images: mlp, mobilenet-mini, resnet-8 or a spec)
+#   --data DIR      the worker's data instead of full MNIST: a data directory of one's own
+#                   (model/README.md; tests/support/make_user_data.py --shape/--sequence
+#                   writes one for ds-cnn's 49x10x1 or cnn1d's 128x9)
 # EMULATOR is the command that runs an aarch64 program (qemu-aarch64 -L SYSROOT, as the
 # aarch64 tree's CMAKE_CROSSCOMPILING_EMULATOR); -R and -B are added here. Exit 77 when full
 # MNIST ($EDGETRAIN_DEPS/mnist-full) is missing.
@@ -32,7 +35,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 fail_prefix="worker_memory_bench: "
 source "$here/../../common/processes.sh"
 
-steps=30 shard_counts="10 100" bound_mb=16 check_mb="" model=paper-cnn
+steps=30 shard_counts="10 100" bound_mb=16 check_mb="" model=paper-cnn data=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
@@ -40,7 +43,8 @@ while [ $# -gt 0 ]; do
     --bound) bound_mb="$2"; shift 2 ;;
     --check) check_mb="$2"; shift 2 ;;
     --model) model="$2"; shift 2 ;;
-    -h|--help) sed -n '2,31s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --data) data="$2"; shift 2 ;;
+    -h|--help) sed -n '2,35s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -50,8 +54,8 @@ cross_worker="${1:-}"; [ $# -gt 0 ] && shift
 emulator=("$@")
 [ -z "$cross_worker" ] || [ ${#emulator[@]} -gt 0 ] || fail "an aarch64 worker needs its EMULATOR command"
 
-mnist="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full"
-if ! ls "$mnist"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+mnist="${data:-${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full}"
+if [ -z "$data" ] && ! ls "$mnist"/train-images-idx3-ubyte* >/dev/null 2>&1; then
   echo "SKIP: no full MNIST in $mnist (toolchains/setup-deps.sh fetches it)"
   exit 77
 fi
@@ -97,7 +101,7 @@ run() {
   fi
 }
 
-echo "edgetrain-worker peak RSS: $model, batch 10, full MNIST ($mnist), worker 0, $steps steps, default threads"
+echo "edgetrain-worker peak RSS: $model, batch 10, ${data:+the data in }${data:-full MNIST ($mnist)}, worker 0, $steps steps, default threads"
 for shards in $shard_counts; do run host "$shards" "$host_worker"; done
 if [ -n "$cross_worker" ]; then
   [ -x /usr/bin/python3 ] || fail "needs /usr/bin/python3 for the guest page sampler"

@@ -243,6 +243,14 @@ void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
     dinp[i] = dropout_draw(seed, i) >= rate ? dout[i] * scale : 0.0f;
 }
 
+void add_forward(float* out, const float* a, const float* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void accumulate(float* sum, const float* addend, std::size_t n) {
+  for (std::size_t i = 0; i < n; i++) sum[i] += addend[i];
+}
+
 void relu_forward(float* out, const float* inp, std::size_t n) {
   for (std::size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }

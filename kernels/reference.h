@@ -77,6 +77,13 @@ void dropout_backward(float* dinp, const float* dout, std::size_t n, float rate,
 // Whether dropout keeps element i for `seed` (the mask both passes use).
 bool dropout_keeps(std::uint64_t seed, std::size_t i, float rate);
 
+// A residual connection: out = a + b element by element (out may alias either). Its
+// backward passes dout to both summands; a tensor read by several layers sums their
+// gradients with accumulate().
+void add_forward(float* out, const float* a, const float* b, std::size_t n);
+// sum[i] += addend[i].
+void accumulate(float* sum, const float* addend, std::size_t n);
+
 void relu_forward(float* out, const float* inp, std::size_t n);
 // Uses the forward output as the mask (out > 0); dinp may alias dout.
 void relu_backward(float* dinp, const float* dout, const float* out, std::size_t n);

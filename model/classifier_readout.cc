@@ -17,6 +17,9 @@ ClassifierReadout::ClassifierReadout(const Model& model, int max_batch)
     throw std::invalid_argument(
         "classifier readout: the model's last layer must be fully connected");
   if (max_batch < 1) throw std::invalid_argument("classifier readout: batch must be at least 1");
+  if (model.is_graph())
+    throw std::invalid_argument("classifier readout: model '" + model.spec().name +
+                                "' has residual connections (add/from), which it does not run");
   for (const auto& layer : layers)
     if (layer.kind == LayerKind::kDeconv)
       throw std::invalid_argument("classifier readout: a classifier has no deconv layers");
@@ -67,7 +70,7 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
         case LayerKind::kConv:
           k::conv2d_forward_reference(
               out, in, weight, bias,
-              k::Conv2dShape{rows, layer.in.H, layer.in.W, layer.in.C, layer.out.C, layer.kernel,
+              k::Conv2dShape{rows, layer.in.H, layer.in.W, layer.in.C, layer.out.C, layer.kernel_h,
                              layer.kernel, layer.stride, layer.pad});
           break;
         case LayerKind::kMaxPool:
@@ -81,7 +84,7 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
         case LayerKind::kDepthwiseConv:
           k::depthwise_conv2d_forward_reference(
               out, in, weight, bias,
-              k::Conv2dShape{rows, layer.in.H, layer.in.W, layer.in.C, layer.out.C, layer.kernel,
+              k::Conv2dShape{rows, layer.in.H, layer.in.W, layer.in.C, layer.out.C, layer.kernel_h,
                              layer.kernel, layer.stride, layer.pad});
           break;
         case LayerKind::kAvgPool:
@@ -105,6 +108,7 @@ void ClassifierReadout::read(std::span<const float> params, const std::uint8_t* 
           k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
           break;
         case LayerKind::kDeconv:  // refused by the constructor
+        case LayerKind::kAdd:
           break;
       }
       in = out;

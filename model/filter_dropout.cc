@@ -62,7 +62,16 @@ void validate_drop_rates(const Model& model, std::span<const float> rates) {
   // A depthwise layer's filters follow its input channels one to one, so a dropped conv
   // filter would have to drop a depthwise filter too, and the gather and scatter below do
   // not do that yet. Average pools need nothing: they keep channels as a max pool does.
+  // A residual add needs both summands to keep the same filters, and a conv1d's sub-network
+  // would need its 1-D kernel carried over: neither is done yet.
+  if (model.is_graph())
+    throw std::invalid_argument("dropout: model '" + model.spec().name +
+                                "' has residual connections (add/from); filter dropout does not "
+                                "support them yet");
   for (const ResolvedLayer& layer : model.layers()) {
+    if (layer.kind == LayerKind::kConv && layer.kernel_h != layer.kernel)
+      throw std::invalid_argument("dropout: model '" + model.spec().name +
+                                  "' has a conv1d layer; filter dropout does not support it yet");
     if (layer.kind == LayerKind::kDepthwiseConv)
       throw std::invalid_argument("dropout: model '" + model.spec().name +
                                   "' has a dwconv layer; filter dropout does not support "

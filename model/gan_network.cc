@@ -201,6 +201,11 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
     throw std::invalid_argument("ConvGanNetwork: " + std::to_string(activations.size()) +
                                 " activations for " + std::to_string(layers.size()) +
                                 " layers of '" + std::string(spec) + "'");
+  if (model_.is_graph() || model_.spec().sequence)
+    throw std::invalid_argument(
+        "ConvGanNetwork: a chain of image layers only (no add/from, no "
+        "sequence input): '" +
+        std::string(spec) + "'");
   inputs_ = static_cast<int>(model_.input_shape().size());
   outputs_ = static_cast<int>(layers.back().out.size());
   input_buffer_.assign(static_cast<std::size_t>(max_batch) * inputs_, 0.0f);
@@ -257,6 +262,7 @@ ConvGanNetwork::ConvGanNetwork(std::string name, std::string_view spec,
       case LayerKind::kDropout:
       case LayerKind::kGroupNorm:
       case LayerKind::kBatchNorm:
+      case LayerKind::kAdd:
       case LayerKind::kRelu:
         throw std::invalid_argument(
             "ConvGanNetwork: only fc, conv and deconv layers (activations are given apart): '" +
@@ -324,6 +330,7 @@ const float* ConvGanNetwork::forward(std::span<const float> params, const float*
       case LayerKind::kDropout:
       case LayerKind::kGroupNorm:
       case LayerKind::kBatchNorm:
+      case LayerKind::kAdd:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }
@@ -396,6 +403,7 @@ void ConvGanNetwork::backward(std::span<const float> params, const float* dout,
       case LayerKind::kDropout:
       case LayerKind::kGroupNorm:
       case LayerKind::kBatchNorm:
+      case LayerKind::kAdd:
       case LayerKind::kRelu:
         break;  // refused by the constructor
     }

@@ -2,12 +2,16 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include "common/splitmix64.h"
 
@@ -33,6 +37,42 @@ constexpr std::string_view kMobilenetMiniSpec =
     "dwconv 3x3 stride 2 same relu; conv 128 1x1 relu; "
     "dwconv 3x3 same relu; conv 128 1x1 relu; "
     "globalavgpool; fc 10";
+
+// ResNet-8 as MLPerf Tiny's image-classification reference has it (Banbury et al., 2021):
+// a 16-channel stem, three stages of one residual block (16, 32, 64 channels; the last two
+// halve the image and project their skip with a strided 1x1 conv), global average pooling
+// and the classifier. Ours: no batch normalization (the reference has it after every conv;
+// its place is marked below for a 'groupnorm'/'batchnorm' statement) and He init, which
+// keeps the unnormalized blocks' activations from vanishing.
+#define EDGETRAIN_RESNET8_BODY                                                                     \
+  "init he; conv 16 3x3 same relu; name s0; " /* stage 1: identity skip (a norm layer would follow \
+                                                 each conv) */                                     \
+  "conv 16 3x3 same relu; conv 16 3x3 same; add s0 relu; name s1; " /* stage 2: strided, 1x1       \
+                                                                       projection on the skip */   \
+  "conv 32 3x3 stride 2 same relu; conv 32 3x3 same; name b2; "                                    \
+  "from s1; conv 32 1x1 stride 2 valid; add b2 relu; name s2; " /* stage 3 */                      \
+  "conv 64 3x3 stride 2 same relu; conv 64 3x3 same; name b3; "                                    \
+  "from s2; conv 64 1x1 stride 2 valid; add b3 relu; "                                             \
+  "globalavgpool; fc 10"
+constexpr std::string_view kResnet8Spec = "input 28x28x1; " EDGETRAIN_RESNET8_BODY;
+constexpr std::string_view kResnet8RgbSpec = "input 32x32x3; " EDGETRAIN_RESNET8_BODY;
+#undef EDGETRAIN_RESNET8_BODY
+// DS-CNN (Zhang et al., "Hello Edge", 2017, the small model) for keyword spotting on 49
+// frames of 10 MFCCs: a strided stem, four depthwise-separable blocks of 64 channels,
+// global average pooling, 12 classes (Speech Commands' 10 words, silence, unknown). Ours: a
+// 3x3 stem instead of the paper's 10x4 (square kernels only) and no batch normalization.
+constexpr std::string_view kDsCnnSpec =
+    "input 49x10x1; init he; conv 64 3x3 stride 2 same relu; "
+    "dwconv 3x3 same relu; conv 64 1x1 relu; dwconv 3x3 same relu; conv 64 1x1 relu; "
+    "dwconv 3x3 same relu; conv 64 1x1 relu; dwconv 3x3 same relu; conv 64 1x1 relu; "
+    "globalavgpool; fc 12";
+// A 1-D CNN for windows of 128 samples of 9 sensor channels (UCI HAR's body acceleration,
+// gyroscope and total acceleration, 6 activities). Ours (no one reference network): four
+// valid conv1d layers of kernel 5, the second and fourth strided 2 in place of pooling,
+// global average pooling.
+constexpr std::string_view kCnn1dSpec =
+    "input 128x9 sequence; init he; conv1d 32 5 relu; conv1d 32 5 stride 2 relu; "
+    "conv1d 64 5 relu; conv1d 64 5 stride 2 relu; globalavgpool; fc 6";
 
 std::vector<std::string> split(std::string_view text, auto is_separator) {
   std::vector<std::string> parts;
@@ -77,6 +117,11 @@ std::vector<int> parse_dims(const std::string& token, std::size_t count,
   return dims;
 }
 
+bool is_tensor_name(const std::string& word) {
+  return std::all_of(word.begin(), word.end(),
+                     [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
+}
+
 // FNV-1a, for the layout fingerprint.
 std::uint64_t fnv1a(std::uint64_t hash, std::string_view bytes) {
   for (unsigned char c : bytes) {
@@ -109,8 +154,13 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     if (!in_comment) without_comments += c;
   }
   bool have_input = false, have_init = false;
-  for (const std::string& statement :
+  std::set<std::string> names;  // tensors named so far
+  std::string pending_from;     // a 'from A' waiting for the layer that reads A
+  for (std::string statement :
        split(without_comments, [](char c) { return c == ';' || c == '\n'; })) {
+    // Trimmed, so errors quote the statement as written.
+    statement.erase(0, statement.find_first_not_of(" \t\r"));
+    statement.erase(statement.find_last_not_of(" \t\r") + 1);
     auto words =
         split(statement, [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == ','; });
     if (words.empty()) continue;
@@ -118,10 +168,17 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     if (verb == "input") {
       if (have_input) throw ModelError("model spec: more than one 'input' statement");
       if (!spec.layers.empty()) throw ModelError("model spec: 'input' must come first");
-      if (words.size() != 2)
-        throw ModelError("model spec: expected 'input HxWxC', got '" + statement + "'");
-      auto d = parse_dims(words[1], 3, statement);
-      spec.input = {d[0], d[1], d[2]};
+      if (words.size() == 3 && words[2] == "sequence") {
+        auto d = parse_dims(words[1], 2, statement);
+        spec.input = {1, d[0], d[1]};
+        spec.sequence = true;
+      } else if (words.size() == 2) {
+        auto d = parse_dims(words[1], 3, statement);
+        spec.input = {d[0], d[1], d[2]};
+      } else {
+        throw ModelError("model spec: expected 'input HxWxC' or 'input LxC sequence', got '" +
+                         statement + "'");
+      }
       have_input = true;
       continue;
     }
@@ -135,9 +192,72 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       have_init = true;
       continue;
     }
+    if (verb == "name") {
+      if (words.size() != 2 || !is_tensor_name(words[1]))
+        throw ModelError("model spec: expected 'name A' (A of letters, digits, '_' or '-'), got '" +
+                         statement + "'");
+      if (!names.insert(words[1]).second)
+        throw ModelError("model spec: '" + statement + "': the name '" + words[1] +
+                         "' is taken already");
+      if (!pending_from.empty())
+        throw ModelError("model spec: '" + statement + "' right after 'from " + pending_from +
+                         "' would give tensor " + pending_from + " a second name");
+      std::string& current = spec.layers.empty() ? spec.input_name : spec.layers.back().name;
+      if (!current.empty())
+        throw ModelError("model spec: '" + statement + "': this tensor is named '" + current +
+                         "' already");
+      current = words[1];
+      continue;
+    }
+    if (verb == "from") {
+      if (words.size() != 2)
+        throw ModelError("model spec: expected 'from A', got '" + statement + "'");
+      if (!names.contains(words[1]))
+        throw ModelError("model spec: '" + statement + "': no tensor is named '" + words[1] +
+                         "' before it");
+      if (!pending_from.empty())
+        throw ModelError("model spec: '" + statement + "' right after 'from " + pending_from +
+                         "' (a 'from' is followed by the layer that reads it)");
+      pending_from = words[1];
+      continue;
+    }
     LayerSpec layer;
+    layer.statement = statement;
+    layer.from = std::exchange(pending_from, std::string());
     std::size_t i = 1;
-    if (verb == "conv") {
+    if (verb == "add") {
+      layer.kind = LayerKind::kAdd;
+      if (words.size() < 2 || words.size() > 3 || (words.size() == 3 && words[2] != "relu"))
+        throw ModelError("model spec: expected 'add A [relu]', got '" + statement + "'");
+      if (!names.contains(words[1]))
+        throw ModelError("model spec: '" + statement + "': no tensor is named '" + words[1] +
+                         "' before it");
+      layer.added = words[1];
+      layer.relu = words.size() == 3;
+    } else if (verb == "conv1d") {
+      layer.kind = LayerKind::kConv;
+      layer.one_d = true;
+      layer.same_padding = false;
+      if (words.size() < 3)
+        throw ModelError("model spec: expected 'conv1d OC K ...', got '" + statement + "'");
+      layer.out_channels = parse_positive(words[1], statement);
+      layer.kernel = parse_positive(words[2], statement);
+      for (i = 3; i < words.size(); i++) {
+        if (words[i] == "relu")
+          layer.relu = true;
+        else if (words[i] == "valid")
+          layer.same_padding = false;
+        else if (words[i] == "same")
+          throw ModelError("model spec: '" + statement +
+                           "': 'same' padding for conv1d is not supported yet (the 2-D ops pad "
+                           "rows and columns alike); use 'valid'");
+        else if (words[i] == "stride" && i + 1 < words.size())
+          layer.stride = parse_positive(words[++i], statement);
+        else
+          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement +
+                           "' (conv1d OC K [stride S] [valid] [relu])");
+      }
+    } else if (verb == "conv") {
       layer.kind = LayerKind::kConv;
       if (words.size() < 3)
         throw ModelError("model spec: expected 'conv OC KxK ...', got '" + statement + "'");
@@ -280,25 +400,45 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
     } else {
       throw ModelError(
           "model spec: unknown layer '" + verb +
-          "' (known: input, init, conv, dwconv, deconv, maxpool, avgpool, globalavgpool, fc, "
-          "relu, dropout, groupnorm, batchnorm)");
+          "' (known: input, init, conv, conv1d, dwconv, deconv, maxpool, avgpool, globalavgpool, "
+          "fc, relu, dropout, groupnorm, batchnorm, name, from, add)");
     }
     spec.layers.push_back(layer);
   }
   if (!have_input) throw ModelError("model spec: missing 'input HxWxC'");
   if (spec.layers.empty()) throw ModelError("model spec: no layers");
+  if (!pending_from.empty())
+    throw ModelError("model spec: 'from " + pending_from + "' is not followed by a layer");
   return spec;
 }
 
-std::vector<std::string> builtin_model_names() { return {"paper-cnn", "mlp", "mobilenet-mini"}; }
+namespace {
+struct BuiltinModel {
+  std::string_view name, spec;
+};
+constexpr BuiltinModel kBuiltinModels[] = {{"paper-cnn", kPaperCnnSpec},
+                                           {"mlp", kMlpSpec},
+                                           {"mobilenet-mini", kMobilenetMiniSpec},
+                                           {"resnet-8", kResnet8Spec},
+                                           {"resnet-8-32x32x3", kResnet8RgbSpec},
+                                           {"ds-cnn", kDsCnnSpec},
+                                           {"cnn1d", kCnn1dSpec}};
+}  // namespace
+
+std::vector<std::string> builtin_model_names() {
+  std::vector<std::string> names;
+  for (const BuiltinModel& m : kBuiltinModels) names.emplace_back(m.name);
+  return names;
+}
 
 ModelSpec builtin_model_spec(std::string_view name) {
-  if (name == "paper-cnn") return parse_model_spec(kPaperCnnSpec, "paper-cnn");
-  if (name == "mlp") return parse_model_spec(kMlpSpec, "mlp");
-  if (name == "mobilenet-mini") return parse_model_spec(kMobilenetMiniSpec, "mobilenet-mini");
-  throw ModelError("unknown model '" + std::string(name) +
-                   "' (built in: paper-cnn, mlp, mobilenet-mini; or give a spec such as '" +
-                   std::string(kMlpSpec) + "')");
+  for (const BuiltinModel& m : kBuiltinModels)
+    if (m.name == name) return parse_model_spec(m.spec, std::string(name));
+  std::string known;
+  for (const BuiltinModel& m : kBuiltinModels)
+    known += std::string(known.empty() ? "" : ", ") + std::string(m.name);
+  throw ModelError("unknown model '" + std::string(name) + "' (built in: " + known +
+                   "; or give a spec such as '" + std::string(kMlpSpec) + "')");
 }
 
 ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
@@ -324,7 +464,25 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
     total += size;
     return static_cast<int>(tensors_.size() - 1);
   };
+  // The graph: which layer's output each name stands for (-1: the input), the layer whose
+  // output is the current tensor, and each layer's statement (for errors found later).
+  std::map<std::string, int, std::less<>> named;
+  if (!spec_.input_name.empty()) named[spec_.input_name] = -1;
+  int current = -1;
+  std::vector<const std::string*> statement_of;
+  auto shape_of = [&](int layer) { return layer < 0 ? spec_.input : layers_[layer].out; };
+  auto describe = [](const ExampleShape& s) {
+    return std::to_string(s.H) + "x" + std::to_string(s.W) + "x" + std::to_string(s.C);
+  };
   for (const LayerSpec& spec : spec_.layers) {
+    auto lookup = [&](const std::string& name) {
+      auto it = named.find(name);
+      if (it == named.end())
+        throw ModelError("model: '" + spec.statement + "': no tensor is named '" + name + "'");
+      return it->second;
+    };
+    const int input = spec.from.empty() ? current : lookup(spec.from);
+    shape = shape_of(input);
     // Activations are held per example for a whole batch: bound them like parameters.
     if (shape.size() > static_cast<std::size_t>(kMaxParameters)) {
       throw ModelError("model: a layer input of " + std::to_string(shape.H) + "x" +
@@ -332,14 +490,19 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
                        " values is too large");
     }
     ResolvedLayer layer{spec.kind, shape, shape};
+    layer.input = input;
     switch (spec.kind) {
       case LayerKind::kConv: {
+        if (spec.one_d && shape.H != 1)
+          throw ModelError("model: '" + spec.statement + "' reads a " + describe(shape) +
+                           " tensor; conv1d needs a sequence (input LxC sequence: height 1)");
         layer.kernel = spec.kernel;
+        layer.kernel_h = spec.one_d ? 1 : spec.kernel;
         layer.stride = spec.stride;
         layer.pad = spec.same_padding ? (spec.kernel - 1) / 2 : 0;
-        const int oh = (shape.H + 2 * layer.pad - spec.kernel) / spec.stride + 1;
+        const int oh = (shape.H + 2 * layer.pad - layer.kernel_h) / spec.stride + 1;
         const int ow = (shape.W + 2 * layer.pad - spec.kernel) / spec.stride + 1;
-        if (shape.H + 2 * layer.pad < spec.kernel || shape.W + 2 * layer.pad < spec.kernel ||
+        if (shape.H + 2 * layer.pad < layer.kernel_h || shape.W + 2 * layer.pad < spec.kernel ||
             oh < 1 || ow < 1) {
           throw ModelError("model: conv kernel " + std::to_string(spec.kernel) +
                            " does not fit a " + std::to_string(shape.H) + "x" +
@@ -350,8 +513,17 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
           throw ModelError("model: conv output too large");
         const std::string name = "conv" + std::to_string(++conv_count);
         layer.weight_tensor =
-            add_tensor(name + ".weight", {spec.out_channels, spec.kernel, spec.kernel, shape.C});
+            add_tensor(name + ".weight", {spec.out_channels, layer.kernel_h, spec.kernel, shape.C});
         layer.bias_tensor = add_tensor(name + ".bias", {spec.out_channels});
+        break;
+      }
+      case LayerKind::kAdd: {
+        layer.added = lookup(spec.added);
+        if (shape_of(layer.added) != shape)
+          throw ModelError("model: '" + spec.statement + "' adds tensor " + spec.added + " (" +
+                           describe(shape_of(layer.added)) + ") to a " + describe(shape) +
+                           " tensor; the shapes must be equal (a 1x1 conv on a 'from " +
+                           spec.added + "' branch can project one to the other)");
         break;
       }
       case LayerKind::kDeconv: {
@@ -373,7 +545,7 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
         break;
       }
       case LayerKind::kDepthwiseConv: {
-        layer.kernel = spec.kernel;
+        layer.kernel = layer.kernel_h = spec.kernel;
         layer.stride = spec.stride;
         layer.pad = spec.same_padding ? (spec.kernel - 1) / 2 : 0;
         if (shape.H + 2 * layer.pad < spec.kernel || shape.W + 2 * layer.pad < spec.kernel) {
@@ -438,10 +610,30 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
         break;
     }
     layers_.push_back(layer);
+    statement_of.push_back(&spec.statement);
     shape = layer.out;
     if (spec.relu && spec.kind != LayerKind::kRelu) {
-      layers_.push_back(ResolvedLayer{LayerKind::kRelu, shape, shape});
+      ResolvedLayer relu{LayerKind::kRelu, shape, shape};
+      relu.input = static_cast<int>(layers_.size()) - 1;
+      layers_.push_back(relu);
+      statement_of.push_back(&spec.statement);
     }
+    current = static_cast<int>(layers_.size()) - 1;
+    if (!spec.name.empty()) named[spec.name] = current;
+  }
+  // A layer whose output nothing reads is a mistake in the spec (a branch left dangling by a
+  // 'from'), not something to train: its gradient would be zero.
+  std::vector<int> readers(layers_.size(), 0);
+  for (std::size_t i = 0; i < layers_.size(); i++) {
+    const ResolvedLayer& layer = layers_[i];
+    if (layer.input >= 0) readers[layer.input]++;
+    if (layer.kind == LayerKind::kAdd && layer.added >= 0) readers[layer.added]++;
+    if (layer.input != static_cast<int>(i) - 1 || layer.kind == LayerKind::kAdd) is_graph_ = true;
+  }
+  for (std::size_t i = 0; i + 1 < layers_.size(); i++) {
+    if (readers[i] == 0)
+      throw ModelError("model: the output of '" + *statement_of[i] +
+                       "' is read by no later layer (a 'from' left it behind)");
   }
   if (const LayerKind last = layers_.back().kind; last != LayerKind::kFullyConnected &&
                                                   last != LayerKind::kConv &&
@@ -454,6 +646,14 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
   parameter_count_ = total;
   if (arena == Arena::kZeros) parameters_.assign(total, 0.0f);
   layout_id_ = tensor_fingerprint(0xcbf29ce484222325ULL, tensors_);
+  if (is_graph_) {
+    // The same tensors wired another way are another model. Chains keep the fingerprint of
+    // their tensors alone, as before graphs existed (checkpoints and WALs name it).
+    std::string wiring = "graph:";
+    for (const ResolvedLayer& layer : layers_)
+      wiring += std::to_string(layer.input) + "+" + std::to_string(layer.added) + ";";
+    layout_id_ = fnv1a(layout_id_, wiring);
+  }
 }
 
 Model::Model(std::string name, std::vector<TensorInfo> tensors, std::string_view layout_salt)

@@ -34,12 +34,33 @@
 //                                 anywhere after input): he is He-uniform, bound sqrt(6/fan_in),
 //                                 which keeps a deep ReLU network without normalization
 //                                 (mobilenet-mini) from starting with vanishing activations
+// Sequences (time series): 'input LxC sequence' is L steps of C channels, held as a 1xLxC
+// image, and
+//   conv1d OC K [stride S] [valid] [relu]
+//                                 a 1-D convolution along the sequence: a conv with a 1xK
+//                                 kernel (weight [OC, 1, K, C]); 'valid' only for now (a 'same'
+//                                 1-D conv pads columns but not rows, which the 2-D ops'
+//                                 symmetric padding cannot say yet)
+// Graphs (residual connections): each layer reads the tensor before it, unless told otherwise:
+//   name A                        names the current tensor (the last layer's output, after its
+//                                 relu; or the input): letters, digits, '_', '-'; once per name
+//   from A                        the next layer reads tensor A instead of the current one
+//                                 (a branch, e.g. a skip's 1x1 projection)
+//   add A [relu]                  the current tensor plus tensor A, element by element; the
+//                                 shapes must be equal (a model error naming the statement)
+// A residual block with a strided projection on its skip:
+//   name x; conv 32 3x3 stride 2 same relu; conv 32 3x3 same; name y
+//   from x; conv 32 1x1 stride 2 valid; add y relu
+// Every layer's output must be read by a later layer, except the last one's (the logits).
+// In backward, a tensor read by several layers gets the sum of their gradients.
 // The last layer's outputs are the class logits; the loss is softmax cross-entropy. The
 // classifier's Trainer refuses deconv layers: they are for the GAN networks
 // (model/gan_network.h), which hold their own activations and losses.
 //
-// Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters), "mlp" and
-// "mobilenet-mini" (depthwise-separable, 30,794 parameters).
+// Built in: "paper-cnn" (AdaComp paper's CNN, 421,642 parameters), "mlp",
+// "mobilenet-mini" (depthwise-separable, 30,794 parameters), "resnet-8" and "resnet-8-rgb"
+// (residual, for 28x28x1 and 32x32x3), "ds-cnn" (keyword spotting, 49x10x1) and "cnn1d"
+// (sensor windows, 128x9 sequence); model/README.md gives their sizes.
 #pragma once
 
 #include <cstddef>
@@ -69,7 +90,8 @@ enum class LayerKind {
   kGlobalAvgPool,
   kDropout,
   kGroupNorm,
-  kBatchNorm
+  kBatchNorm,
+  kAdd  // the current tensor plus a named one (a residual connection)
 };
 
 struct LayerSpec {
@@ -83,6 +105,11 @@ struct LayerSpec {
   bool relu = false;  // conv/dwconv/fc: ReLU fused after the layer (shorthand for a relu layer)
   float rate = 0;     // dropout: the fraction of activations dropped while training
   int groups = 0;     // groupnorm: G
+  bool one_d = false;     // conv: a conv1d, kernel 1 x `kernel`
+  std::string from;       // read the tensor so named ('from A' before it); empty: the current one
+  std::string added;      // add: the tensor named so
+  std::string name;       // 'name A' after it: this layer's output (after its relu) is called A
+  std::string statement;  // the statement's text, for errors found when resolving shapes
 };
 
 struct ExampleShape {
@@ -96,6 +123,8 @@ enum class WeightInit { kGlorot, kHe };
 struct ModelSpec {
   std::string name;
   ExampleShape input;
+  bool sequence = false;   // 'input LxC sequence': input is {1, L, C}
+  std::string input_name;  // 'name A' right after 'input'
   std::vector<LayerSpec> layers;
   WeightInit init = WeightInit::kGlorot;
 };
@@ -124,6 +153,10 @@ struct ResolvedLayer {
   int adj = 0;  // deconv: output rows/columns added at the end (PyTorch's output_padding)
   float rate = 0;                            // dropout
   int groups = 0;                            // groupnorm: G; batchnorm: C (one per channel)
+  int kernel_h = 0;  // conv: the kernel's height (`kernel` for 2-D, 1 for conv1d)
+  // The layer whose output this one reads (-1: the model's input), and for kAdd the layer
+  // whose output it adds (-1: the input). Layers come in an order where both are earlier.
+  int input = -1, added = -1;
   int weight_tensor = -1, bias_tensor = -1;  // indexes into Model::tensors(), -1 if none
 };
 
@@ -162,9 +195,14 @@ class Model {
     return {parameters_.data() + tensors_.at(index).offset, tensors_.at(index).size};
   }
 
-  // A 64-bit fingerprint of the tensor names and shapes: two models with equal
-  // layout_id() can exchange parameters and updates.
+  // A 64-bit fingerprint of the tensor names and shapes (and, for a model whose layers do
+  // not simply follow one another, of which layer reads and adds which): two models with
+  // equal layout_id() can exchange parameters and updates.
   std::uint64_t layout_id() const { return layout_id_; }
+  // Whether some layer reads other than the layer before it, or adds (a residual graph).
+  // Code that walks the layers as a chain (filter dropout, the classifier readout) refuses
+  // such a model.
+  bool is_graph() const { return is_graph_; }
 
   // Glorot-uniform (or, with 'init he', He-uniform) weights, zero biases; the same on every
   // platform for a seed.
@@ -195,6 +233,7 @@ class Model {
   std::vector<float> parameters_;
   std::size_t parameter_count_ = 0;
   std::uint64_t layout_id_ = 0;
+  bool is_graph_ = false;
 };
 
 }  // namespace edgetrain::runtime

@@ -22,7 +22,8 @@ k::Conv2dShape conv_shape(const ResolvedLayer& layer, int batch) {
   s.W = layer.in.W;
   s.C = layer.in.C;
   s.OC = layer.out.C;
-  s.KH = s.KW = layer.kernel;
+  s.KH = layer.kernel_h;
+  s.KW = layer.kernel;
   s.stride = layer.stride;
   s.pad = layer.pad;
   return s;
@@ -34,6 +35,7 @@ struct Trainer::Stage {
   std::size_t output =
       0;  // the layer whose output it writes: `layer`, or layer + 1 with a fused ReLU
   bool fused_relu = false;
+  bool gradient_in_activation = false;  // its output gradient is unpooled into its output
   // XNNPACK backend only, built for max_batch; at most one is set.
   std::unique_ptr<k::Conv2dXnn> conv;
   std::unique_ptr<k::FullyConnectedTrainXnn> fc;
@@ -57,14 +59,22 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
           "Trainer: model '" + model.spec().name +
           "' has a deconv layer; those are trained by the GAN networks (model/gan_network.h)");
   }
+  readers_.assign(layers.size(), 0);
+  for (const ResolvedLayer& layer : layers) {
+    if (layer.input >= 0) readers_[layer.input]++;
+    if (layer.kind == LayerKind::kAdd && layer.added >= 0) readers_[layer.added]++;
+  }
   for (std::size_t i = 0; i < layers.size(); i++) {
     Stage stage;
     stage.layer = stage.output = i;
     const ResolvedLayer& layer = layers[i];
     const bool can_fuse = layer.kind == LayerKind::kConv ||
                           layer.kind == LayerKind::kDepthwiseConv ||
-                          layer.kind == LayerKind::kFullyConnected;
-    if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu) {
+                          layer.kind == LayerKind::kFullyConnected || layer.kind == LayerKind::kAdd;
+    // Fused only where the ReLU is the layer's one reader: a residual graph may read the
+    // output before the ReLU too.
+    if (xnnpack && can_fuse && i + 1 < layers.size() && layers[i + 1].kind == LayerKind::kRelu &&
+        layers[i + 1].input == static_cast<int>(i) && readers_[i] == 1) {
       stage.fused_relu = true;
       stage.output = i + 1;
     }
@@ -105,6 +115,7 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
           break;
         case LayerKind::kRelu:
         case LayerKind::kDropout:  // our loop, no operator
+        case LayerKind::kAdd:      // our loop (one pass the compiler vectorizes)
         case LayerKind::kDeconv:   // refused above
           break;
       }
@@ -115,17 +126,59 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
   input_.resize(B * model.input_shape().size());
   activations_.resize(layers.size());
   argmax_.resize(layers.size());
-  std::size_t gradient_sizes[2] = {0, 0};
+  producer_stage_.assign(layers.size(), -1);
   for (std::size_t s = 0; s < stages_.size(); s++) {
     const Stage& stage = stages_[s];
+    producer_stage_[stage.output] = static_cast<int>(s);
     const std::size_t size = B * layers[stage.output].out.size();
     activations_[stage.output].resize(size);
-    if (!unpools_into_activation(s + 1))
-      gradient_sizes[s % 2] = std::max(gradient_sizes[s % 2], size);
     if (layers[stage.layer].kind == LayerKind::kMaxPool) argmax_[stage.layer].resize(size);
   }
-  for (int parity = 0; parity < 2; parity++)
-    stage_gradients_[parity].resize(gradient_sizes[parity]);
+  // Each stage output's gradient is live from the backward of its last reader down to its
+  // own stage's: tensors taken in stage order get the first buffer free by then (optimal for
+  // intervals), each buffer as large as the largest tensor it holds.
+  std::vector<std::size_t> last_reader(stages_.size());
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    last_reader[s] = s;  // the last stage: read by the loss alone
+    if (unpools_into_activation(s)) {
+      const int producer = producer_stage_[layers[stages_[s].layer].input];
+      stages_[producer].gradient_in_activation = true;
+    }
+  }
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    const ResolvedLayer& layer = layers[stages_[s].layer];
+    for (int read : {layer.input, layer.kind == LayerKind::kAdd ? layer.added : -1})
+      if (read >= 0) last_reader[producer_stage_[read]] = s;
+  }
+  std::vector<int> buffer_of(stages_.size(), -1);
+  std::vector<std::size_t> buffer_free_after, buffer_size;
+  std::size_t scratch = 0;
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    const std::size_t output = stages_[s].output;
+    const std::size_t size = B * layers[output].out.size();
+    if (readers_[output] > 1) scratch = std::max(scratch, size);
+    if (stages_[s].gradient_in_activation) continue;
+    std::size_t b = 0;
+    while (b < buffer_size.size() && buffer_free_after[b] >= s) b++;
+    if (b == buffer_size.size()) {
+      buffer_size.push_back(0);
+      buffer_free_after.push_back(0);
+    }
+    buffer_size[b] = std::max(buffer_size[b], size);
+    buffer_free_after[b] = last_reader[s];
+    buffer_of[s] = static_cast<int>(b);
+  }
+  gradient_buffers_.resize(buffer_size.size());
+  for (std::size_t b = 0; b < buffer_size.size(); b++) gradient_buffers_[b].resize(buffer_size[b]);
+  gradient_of_.assign(layers.size(), nullptr);
+  for (std::size_t s = 0; s < stages_.size(); s++) {
+    const std::size_t output = stages_[s].output;
+    gradient_of_[output] = stages_[s].gradient_in_activation
+                               ? activations_[output].data()
+                               : gradient_buffers_[buffer_of[s]].data();
+  }
+  gradient_written_.assign(layers.size(), 0);
+  gradient_scratch_.resize(scratch);
   probs_.resize(B * static_cast<std::size_t>(model.num_classes()));
   norm_mean_.resize(layers.size());
   norm_invstd_.resize(layers.size());
@@ -152,7 +205,9 @@ Trainer::Trainer(const Model& model, int max_batch, KernelBackend backend, pthre
 Trainer::~Trainer() = default;
 
 bool Trainer::unpools_into_activation(std::size_t s) const {
-  return s > 0 && s < stages_.size() && stages_[s].pool && stages_[s - 1].fused_relu;
+  if (s >= stages_.size() || !stages_[s].pool) return false;
+  const int input = model_.layers()[stages_[s].layer].input;
+  return input >= 0 && stages_[producer_stage_[input]].fused_relu && readers_[input] == 1;
 }
 
 std::uint64_t Trainer::dropout_seed(std::size_t layer) const {
@@ -181,10 +236,10 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
 
   const auto& layers = model_.layers();
   const auto& tensors = model_.tensors();
-  const float* in = input_.data();
   for (Stage& stage : stages_) {
     const ResolvedLayer& layer = layers[stage.layer];
     float* out = activations_[stage.output].data();
+    const float* in = activation(layer.input);
     const float* weight =
         layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
     const float* bias =
@@ -261,15 +316,22 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
       case LayerKind::kRelu:
         k::relu_forward(out, in, static_cast<std::size_t>(rows) * layer.out.size());
         break;
+      case LayerKind::kAdd: {
+        const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        k::add_forward(out, in, activation(layer.added), n);
+        // A fused ReLU (XNNPACK backend) saves the pre-ReLU sum's buffer and a pass.
+        if (stage.fused_relu) k::relu_forward(out, out, n);
+        break;
+      }
       case LayerKind::kDeconv:  // refused by the constructor
         break;
     }
-    in = out;
   }
   BatchResult result;
   result.count = count;
-  result.loss = k::softmax_cross_entropy_forward(probs_.data(), in, labels, count,
-                                                 model_.num_classes(), &result.correct);
+  result.loss =
+      k::softmax_cross_entropy_forward(probs_.data(), activations_[stages_.back().output].data(),
+                                       labels, count, model_.num_classes(), &result.correct);
   return result;
 }
 
@@ -388,7 +450,8 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   const auto& tensors = model_.tensors();
   const int rows = rows_for(count);
   const std::size_t classes = static_cast<std::size_t>(model_.num_classes());
-  float* dlogits = stage_gradients_[(stages_.size() - 1) % 2].data();
+  std::fill(gradient_written_.begin(), gradient_written_.end(), 0);
+  float* dlogits = gradient_of_[stages_.back().output];
   k::softmax_cross_entropy_backward(dlogits, probs_.data(), labels, count, model_.num_classes());
   // Padding rows get a zero loss gradient: every parameter gradient is a sum over rows of
   // (gradient row) x (activation row), so they contribute exactly nothing.
@@ -398,16 +461,17 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
   for (std::size_t s = stages_.size(); s-- > 0;) {
     Stage& stage = stages_[s];
     const ResolvedLayer& layer = layers[stage.layer];
-    // A stage's output gradient: in the stage buffer of its parity, or, for a fused ReLU
-    // before a max pool, where its output was (unpools_into_activation), masked already.
-    const bool pooled = unpools_into_activation(s + 1);
-    float* dout = pooled ? activations_[stage.output].data() : stage_gradients_[s % 2].data();
+    // A stage's output gradient: summed by its readers' backwards (all later stages), or,
+    // for a fused ReLU before a max pool, unpooled where its output was, masked already.
+    const bool pooled = stage.gradient_in_activation;
+    float* dout = gradient_of_[stage.output];
     const float* out = activations_[stage.output].data();
-    // The first stage's input is the image, which needs no gradient.
-    float* dinp = s == 0                          ? nullptr
-                  : unpools_into_activation(s) ? activations_[stages_[s - 1].output].data()
-                                               : stage_gradients_[(s - 1) % 2].data();
-    const float* in = s > 0 ? activations_[stages_[s - 1].output].data() : input_.data();
+    // The model's input needs no gradient. A tensor another reader has given its gradient
+    // already gets this one in the scratch, added below.
+    const int input = layer.input;
+    const bool accumulate = input >= 0 && gradient_written_[input];
+    float* dinp = input < 0 ? nullptr : accumulate ? gradient_scratch_.data() : gradient_of_[input];
+    const float* in = activation(input);
     const float* weight =
         layer.weight_tensor >= 0 ? params.data() + tensors[layer.weight_tensor].offset : nullptr;
     float* dweight =
@@ -510,8 +574,30 @@ BatchResult Trainer::compute_gradient(std::span<const float> params, const std::
         if (dinp)
           k::relu_backward(dinp, dout, out, static_cast<std::size_t>(rows) * layer.out.size());
         break;
+      case LayerKind::kAdd: {
+        // d(a + b)/da = d(a + b)/db = 1: dout goes to both summands (twice to one read twice),
+        // masked first by a fused ReLU's output (in place: the buffer is not read again).
+        const std::size_t n = static_cast<std::size_t>(rows) * layer.out.size();
+        if (stage.fused_relu && !pooled) k::relu_backward(dout, dout, out, n);
+        for (int summand : {layer.input, layer.added}) {
+          if (summand < 0) continue;
+          if (gradient_written_[summand]) {
+            k::accumulate(gradient_of_[summand], dout, n);
+          } else {
+            std::memcpy(gradient_of_[summand], dout, sizeof(float) * n);
+            gradient_written_[summand] = 1;
+          }
+        }
+        continue;
+      }
       case LayerKind::kDeconv:  // refused by the constructor
         break;
+    }
+    if (input >= 0) {
+      if (accumulate)
+        k::accumulate(gradient_of_[input], gradient_scratch_.data(),
+                      static_cast<std::size_t>(rows) * layer.in.size());
+      gradient_written_[input] = 1;
     }
   }
   SplitMix64 next{step_seed_};

@@ -3,11 +3,12 @@
 // the Trainer is built for a batch size, so a step allocates nothing.
 //
 // Two backends compute the same thing:
-//   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv or fc
-//              layer is fused into that op (XNNPACK's output clamp, and the forward output
-//              as the backward mask). The ops are built for max_batch: a smaller batch is
-//              zero-padded to max_batch and the padded rows of the loss gradient are zero,
-//              so they add nothing to any parameter gradient.
+//   kXnnpack   (default) kernels/training_xnn.h; a ReLU layer right after a conv, fc or
+//              add layer, and its one reader, is fused into that op (XNNPACK's output
+//              clamp, or our loop for an add; the forward output as the backward mask).
+//              The ops are built for max_batch: a smaller batch is zero-padded to
+//              max_batch and the padded rows of the loss gradient are zero, so they add
+//              nothing to any parameter gradient.
 //   kReference the plain loops of kernels/reference.h, one layer at a time, exactly the
 //              definition; slow, for tests and as a yardstick.
 //
@@ -114,9 +115,14 @@ class Trainer {
                           const float* beta, int rows, int count, bool training);
   // The mask seed of the dropout layer at `layer` for the current step.
   std::uint64_t dropout_seed(std::size_t layer) const;
-  // Whether stage s is a max pool (XNNPACK) right after a stage with a fused ReLU: its
-  // backward then masks its gradient and unpools it into that stage's output buffer.
+  // Whether stage s is a max pool (XNNPACK) reading a stage with a fused ReLU whose output
+  // nothing else reads: its backward then masks its gradient and unpools it into that
+  // stage's output buffer.
   bool unpools_into_activation(std::size_t s) const;
+  // The output of `layer` (-1: the standardized input batch).
+  const float* activation(int layer) const {
+    return layer < 0 ? input_.data() : activations_[layer].data();
+  }
   // Rows every kernel runs on: max_batch for XNNPACK (ops built for it), else `count`.
   int rows_for(int count) const { return backend_ == KernelBackend::kXnnpack ? max_batch_ : count; }
 
@@ -130,12 +136,20 @@ class Trainer {
   std::vector<float> input_;  // standardized batch
   std::vector<std::vector<float>>
       activations_;                            // output of each layer (empty if no stage writes it)
-  // d(loss)/d(output) of the stages in two buffers taken in turn, stage s's in
-  // stage_gradients_[s % 2]: a stage reads its own and writes its input's (the stage
-  // before's), and no older one is read again, so two buffers of the largest sizes serve.
-  // A stage whose output feeds a max pool gets its gradient in its output's buffer instead
-  // (unpools_into_activation): for the paper CNN at batch 10, 0.25 MB instead of 1.9 MB.
-  std::vector<float> stage_gradients_[2];
+  // d(loss)/d(output) of each stage's output, gradient_of_[layer], in buffers shared by
+  // tensors whose gradients are never live at once (live from the backward of the tensor's
+  // last reader to that of its producer): for a chain, two buffers taken in turn, as a stage
+  // reads its own and writes its input's. A stage whose output feeds only a max pool gets its
+  // gradient in its output's buffer instead (unpools_into_activation): for the paper CNN at
+  // batch 10, 0.25 MB instead of 1.9 MB.
+  std::vector<std::vector<float>> gradient_buffers_;
+  std::vector<float*> gradient_of_;  // per layer; null for a layer no stage writes
+  // A tensor read by several layers (a residual graph's skip) gets the sum of their input
+  // gradients: the first written in place, later ones in the scratch and then added.
+  std::vector<char> gradient_written_;  // per layer, during one backward
+  std::vector<float> gradient_scratch_;
+  std::vector<int> readers_;         // per layer: how many layers read its output
+  std::vector<int> producer_stage_;  // per layer: the stage writing its output, -1 if none
   std::vector<std::vector<std::uint32_t>>
       argmax_;  // per max-pool layer (XNNPACK: index within the window)
   std::vector<float> probs_;

@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
       "of the consensus\nmodel (the peers' average), as JSON.");
   t.add("data", s.data,
         "mnist, mnist-small, fashion-mnist or a directory (its test split is used)");
-  t.add("model", s.model, "the peers' model: paper-cnn, mlp, mobilenet-mini or a spec");
+  t.add("model", s.model,
+        "the peers' model: paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, "
+        "cnn1d or a spec");
   t.add("examples", s.examples, "evaluate on the first N test examples only (0: all)");
   t.add("out", s.out, "write the JSON here (default: standard output)");
   t.add("shards", s.shards,

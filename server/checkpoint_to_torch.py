@@ -34,11 +34,24 @@ BUILTIN_SPECS = {
                       "conv 64 1x1 relu; dwconv 3x3 stride 2 same relu; conv 128 1x1 relu; "
                       "dwconv 3x3 same relu; conv 128 1x1 relu; globalavgpool; fc 10",
 }
+_RESNET8_BODY = ("init he; conv 16 3x3 same relu; name s0; conv 16 3x3 same relu; conv 16 3x3 same; "
+                 "add s0 relu; name s1; conv 32 3x3 stride 2 same relu; conv 32 3x3 same; name b2; "
+                 "from s1; conv 32 1x1 stride 2 valid; add b2 relu; name s2; "
+                 "conv 64 3x3 stride 2 same relu; conv 64 3x3 same; name b3; "
+                 "from s2; conv 64 1x1 stride 2 valid; add b3 relu; globalavgpool; fc 10")
+BUILTIN_SPECS.update({
+    "resnet-8": "input 28x28x1; " + _RESNET8_BODY,
+    "resnet-8-32x32x3": "input 32x32x3; " + _RESNET8_BODY,
+    "ds-cnn": "input 49x10x1; init he; conv 64 3x3 stride 2 same relu; "
+              + "dwconv 3x3 same relu; conv 64 1x1 relu; " * 4 + "globalavgpool; fc 12",
+    "cnn1d": "input 128x9 sequence; init he; conv1d 32 5 relu; conv1d 32 5 stride 2 relu; "
+             "conv1d 64 5 relu; conv1d 64 5 stride 2 relu; globalavgpool; fc 6",
+})
 
 # Layers of model/model.h's language that this loader does not rebuild yet (issue 35): it
 # refuses a model holding one, by name, rather than building a network that differs from
 # the one the checkpoint was trained as.
-NOT_YET_SUPPORTED = ("dwconv", "avgpool", "globalavgpool", "groupnorm", "batchnorm")
+NOT_YET_SUPPORTED = ("dwconv", "avgpool", "globalavgpool", "groupnorm", "batchnorm", "conv1d", "name", "from", "add")
 
 
 def read_safetensors(path):
@@ -91,6 +104,9 @@ def build_module(spec_text, tensors):
     verb, words = statements[0]
     if verb != "input":
         raise ValueError("a model spec starts with 'input HxWxC'")
+    if "sequence" in words:
+        raise ValueError("a sequence input ('input LxC sequence') is not supported by "
+                         "checkpoint_to_torch.py yet")
     H, W, C = (int(v) for v in words[0].split("x"))
     layers = [("standardize", Standardize(H * W * C))]
     convs = fcs = 0

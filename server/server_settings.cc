@@ -39,7 +39,9 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
       .range(0.1, 100000)
       .unit("per second");
   t.group("Model and training");
-  t.add("model", s.model, "built-in model name (paper-cnn, mlp, mobilenet-mini) or model spec");
+  t.add("model", s.model,
+        "built-in model name (paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, "
+        "cnn1d) or model spec");
   t.add("state-dir", s.state_dir, "directory for the WAL, checkpoints and metrics (required)");
   t.add("lr", s.lr, "learning rate");
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09")

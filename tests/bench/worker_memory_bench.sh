@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Peak resident memory of edgetrain-worker training the paper CNN (batch 10) on full MNIST
+# Peak resident memory of edgetrain-worker training the paper CNN (or --model's; batch 10) on full MNIST
 # against a real edgetrain-server on loopback DTLS, as worker 0 of each shard count, printed
 # beside the bound it must stay under (issue 40: 16 MB at 1 of 10 shards, on the host and
 # under qemu-aarch64). A program that prints figures; the ctest bench_smoke_worker_memory
@@ -22,6 +22,11 @@
 #   --shards "N.."  shard counts, worker 0 of each (default "10 100")
 #   --bound MB      the bound printed (default 16, MB = 10^6 bytes)
 #   --check MB      exit 1 when a figure (host, and the guest pages under QEMU) is above MB
+#   --model NAME    the model server and worker train (default paper-cnn; with full MNIST
+#                   one for 28x28x1 images: mlp, mobilenet-mini, resnet-8 or a spec)
+#   --data DIR      the worker's data instead of full MNIST: a data directory of one's own
+#                   (model/README.md; tests/support/make_user_data.py --shape/--sequence
+#                   writes one for ds-cnn's 49x10x1 or cnn1d's 128x9)
 # EMULATOR is the command that runs an aarch64 program (qemu-aarch64 -L SYSROOT, as the
 # aarch64 tree's CMAKE_CROSSCOMPILING_EMULATOR); -R and -B are added here. Exit 77 when full
 # MNIST ($EDGETRAIN_DEPS/mnist-full) is missing.
@@ -30,14 +35,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 fail_prefix="worker_memory_bench: "
 source "$here/../../common/processes.sh"
 
-steps=30 shard_counts="10 100" bound_mb=16 check_mb=""
+steps=30 shard_counts="10 100" bound_mb=16 check_mb="" model=paper-cnn data=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) steps="$2"; shift 2 ;;
     --shards) shard_counts="$2"; shift 2 ;;
     --bound) bound_mb="$2"; shift 2 ;;
     --check) check_mb="$2"; shift 2 ;;
-    -h|--help) sed -n '2,29s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --model) model="$2"; shift 2 ;;
+    --data) data="$2"; shift 2 ;;
+    -h|--help) sed -n '2,35s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -47,8 +54,8 @@ cross_worker="${1:-}"; [ $# -gt 0 ] && shift
 emulator=("$@")
 [ -z "$cross_worker" ] || [ ${#emulator[@]} -gt 0 ] || fail "an aarch64 worker needs its EMULATOR command"
 
-mnist="${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full"
-if ! ls "$mnist"/train-images-idx3-ubyte* >/dev/null 2>&1; then
+mnist="${data:-${EDGETRAIN_DEPS:-/var/cache/edgetrain}/mnist-full}"
+if [ -z "$data" ] && ! ls "$mnist"/train-images-idx3-ubyte* >/dev/null 2>&1; then
   echo "SKIP: no full MNIST in $mnist (toolchains/setup-deps.sh fetches it)"
   exit 77
 fi
@@ -57,7 +64,7 @@ work=$(mktemp -d)
 trap 'stop_started_programs; rm -rf "$work"' EXIT
 add_device "$server" "$work/keys.toml" bench "$work/bench.toml"
 start_server "$server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
-  --model paper-cnn --eval-data none
+  --model "$model" --eval-data none
 
 guest_base=0x200000000000 guest_size=0x100000000
 over=0
@@ -67,7 +74,7 @@ run() {
   local label="$1" shards="$2"; shift 2
   local stats="$work/worker-$label-$shards.json" log="$work/worker-$label-$shards.log" guest_kib="" total_kib=""
   start_worker "$log" "$stats" "$@" --config "$work/bench.toml" --server "coaps://127.0.0.1:$server_port" \
-    --model paper-cnn --data "$mnist" --batch 10 --workers "$shards" --worker-id 0 --steps "$steps" --quiet
+    --model "$model" --data "$mnist" --batch 10 --workers "$shards" --worker-id 0 --steps "$steps" --quiet
   local pid=$last_pid
   if [ -n "${GUEST:-}" ]; then
     read -r guest_kib total_kib < <(/usr/bin/python3 "$here/../../boards/guest_rss_sampler.py" "$pid" "$guest_base" "$guest_size")
@@ -94,7 +101,7 @@ run() {
   fi
 }
 
-echo "edgetrain-worker peak RSS: paper CNN, batch 10, full MNIST ($mnist), worker 0, $steps steps, default threads"
+echo "edgetrain-worker peak RSS: $model, batch 10, ${data:+the data in }${data:-full MNIST ($mnist)}, worker 0, $steps steps, default threads"
 for shards in $shard_counts; do run host "$shards" "$host_worker"; done
 if [ -n "$cross_worker" ]; then
   [ -x /usr/bin/python3 ] || fail "needs /usr/bin/python3 for the guest page sampler"

@@ -69,6 +69,14 @@ except ValueError as e:
 except KeyError as e:
     check(False, f"mobilenet-mini asked for tensor {e} before refusing its dwconv")
 
+# The residual and sequence built-ins are known by name and refused for what they hold.
+for name, what in (("resnet-8", "'name'"), ("ds-cnn", "'dwconv'"), ("cnn1d", "sequence")):
+    try:
+        loader.build_module(loader.BUILTIN_SPECS[name], {})
+        check(False, f"{name} was rebuilt")
+    except ValueError as e:
+        check(what in str(e), f"{name}'s error: {e}")
+
 # 'init he' and 'dropout P' (the identity when evaluating) change nothing the loader rebuilds.
 tensors = dict(conv1, **{"fc1.weight": np.arange(2 * 256, dtype="f4").reshape(2, 256) / 256,
                          "fc1.bias": np.zeros(2, "f4")})

@@ -6,7 +6,10 @@ by savez), .npy
 (model/README.md, "Your own data"). Set-up ships no such data set, so tests make one.
 
 usage: make_user_data.py DIR [--format npz|npz-stored|npy|npy-uint8|csv] [--classes 3] [--train 1500]
-                         [--test 300] [--seed 1]
+                         [--test 300] [--seed 1] [--shape 8x8x1 | --sequence LxC]
+
+--shape HxWxC or --sequence LxC give the examples another shape (e.g. 49x10x1 for ds-cnn,
+--sequence 128x9 for cnn1d: a sequence is described as `sequence = [L, C]`).
 
 Each class's mean is a fixed random 8x8 pattern; an example is its class's pattern plus unit
 Gaussian noise, so the classes overlap a little and a small network reaches well above chance
@@ -26,21 +29,30 @@ def main():
     parser.add_argument("--train", type=int, default=1500)
     parser.add_argument("--test", type=int, default=300)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--shape", default="8x8x1", help="HxWxC of an example")
+    parser.add_argument("--sequence", help="LxC: examples are sequences of L steps of C channels")
     args = parser.parse_args()
+    if args.sequence:
+        length, channels = (int(v) for v in args.sequence.split("x"))
+        shape, described = (1, length, channels), f"sequence = [{length}, {channels}]"
+    else:
+        shape = tuple(int(v) for v in args.shape.split("x"))
+        described = f"example_shape = [{shape[0]}, {shape[1]}, {shape[2]}]"
+    values = shape[0] * shape[1] * shape[2]
 
     rng = np.random.default_rng(args.seed)
-    means = rng.normal(0.0, 0.3, size=(args.classes, 8, 8, 1))
+    means = rng.normal(0.0, 0.3, size=(args.classes, *shape))
 
     def blobs(n):
         y = rng.integers(0, args.classes, size=n)
-        x = means[y] + rng.normal(0.0, 1.0, size=(n, 8, 8, 1))
+        x = means[y] + rng.normal(0.0, 1.0, size=(n, *shape))
         return x.astype(np.float32), y.astype(np.int64)
 
     x_train, y_train = blobs(args.train)
     x_test, y_test = blobs(args.test)
     os.makedirs(args.dir, exist_ok=True)
     path = lambda name: os.path.join(args.dir, name)
-    description = [f"num_classes = {args.classes}", "example_shape = [8, 8, 1]"]
+    description = [f"num_classes = {args.classes}", described]
 
     if args.format in ("npz", "npz-stored"):
         # savez_compressed deflates each member; savez stores them (read in place by a worker).
@@ -63,7 +75,7 @@ def main():
         description.insert(2, 'scaling = "none"')
         for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
             with open(path(f"{split}.csv"), "w") as out:
-                out.write(",".join(["label"] + [f"p{i}" for i in range(64)]) + "\n")
+                out.write(",".join(["label"] + [f"p{i}" for i in range(values)]) + "\n")
                 for features, label in zip(x.reshape(len(x), -1), y):
                     out.write(f"{label}," + ",".join(f"{v:.4f}" for v in features) + "\n")
             description += [f"[{split}]", f'features = "{split}.csv"', 'label_column = "label"']

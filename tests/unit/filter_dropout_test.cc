@@ -336,6 +336,25 @@ TEST(FilterDropout, RefusesNormalizationLayersByName) {
   }
 }
 
+// Residual graphs (an add needs both summands to keep the same filters) and conv1d are
+// refused the same way, naming what the model holds.
+TEST(FilterDropout, RefusesResidualAndConv1dModelsByName) {
+  const std::pair<const char*, const char*> cases[] = {{"resnet-8", "residual"},
+                                                       {"cnn1d", "conv1d"}};
+  for (const auto& [name, what] : cases) {
+    Model model(builtin_model_spec(name));
+    Trainer trainer(model, 2);
+    try {
+      trainer.set_dropout(config({0.5f, 0.5f, 0.5f, 0.5f}));
+      ADD_FAILURE() << "filter dropout accepted " << name;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(trainer.dropout(), nullptr);
+  }
+}
+
 TEST(FilterDropout, SubNetworkSpecAndMacs) {
   Model model(builtin_model_spec("paper-cnn"));
   const std::vector<float> rates{0.5f, 0.5f};

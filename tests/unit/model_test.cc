@@ -232,6 +232,122 @@ TEST(ModelSpec, NormalizationLayersHoldGammaAndBetaPerChannel) {
   EXPECT_THROW(Model{parse_model_spec("input 8x8x2; groupnorm 3; fc 2")}, ModelError);
 }
 
+// The spec as a graph: 'name', 'from' and 'add' wire each layer to the tensor it reads.
+TEST(ModelSpec, ResidualConnectionsWireTheLayers) {
+  Model m(parse_model_spec(
+      "input 8x8x2; name x; conv 4 3x3 same relu; name a; conv 4 3x3 stride 2 same; name b; "
+      "from a; conv 4 1x1 stride 2 valid; add b relu; name s; from x; conv 4 3x3 stride 2 same; "
+      "add s; fc 3"));
+  // conv1 relu conv2 conv3(projection) add relu conv4 add fc: conv4 restarts at the input.
+  const auto& l = m.layers();
+  ASSERT_EQ(l.size(), 9u);
+  EXPECT_TRUE(m.is_graph());
+  EXPECT_EQ(l[0].input, -1);
+  EXPECT_EQ(l[2].input, 1);  // conv2 reads a = conv1's ReLU
+  EXPECT_EQ(l[3].input, 1);  // from a
+  EXPECT_EQ(l[3].out, (ExampleShape{4, 4, 4}));
+  EXPECT_EQ(l[4].kind, LayerKind::kAdd);
+  EXPECT_EQ(l[4].input, 3);
+  EXPECT_EQ(l[4].added, 2);
+  EXPECT_EQ(l[5].kind, LayerKind::kRelu);
+  EXPECT_EQ(l[6].input, -1);  // from x, the input
+  EXPECT_EQ(l[6].in, (ExampleShape{8, 8, 2}));
+  EXPECT_EQ(l[7].kind, LayerKind::kAdd);
+  EXPECT_EQ(l[7].input, 6);
+  EXPECT_EQ(l[7].added, 5);  // s: the ReLU after the first add
+  EXPECT_EQ(l[8].in, (ExampleShape{4, 4, 4}));
+  EXPECT_FALSE(Model(builtin_model_spec("paper-cnn")).is_graph());
+}
+
+TEST(ModelSpec, GraphErrorsNameTheStatement) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"input 8x8x2; conv 2 3x3; add y; fc 2", "add y"},            // no such name
+      {"input 8x8x2; from y; fc 2", "from y"},                      // no such name
+      {"input 8x8x2; name a; conv 2 3x3; name a; fc 2", "name a"},  // taken
+      {"input 8x8x2; name a b; fc 2", "name a b"},
+      {"input 8x8x2; name a.b; fc 2", "name a.b"},
+      {"input 8x8x2; name a; from a; from a; fc 2", "from a"},
+      {"input 8x8x2; name a; from a; name b; fc 2", "name b"},
+      {"input 8x8x2; conv 2 3x3; name a; name b; fc 2", "name b"},  // named twice
+      {"input 8x8x2; name a; conv 2 3x3; add a sum; fc 2", "add a sum"},
+      {"input 8x8x2; conv 2 3x3; conv1d 2 3; fc 2", "conv1d 2 3"},  // not a sequence
+      {"input 9x2 sequence; conv1d 2 3 same; fc 2", "conv1d 2 3 same"},
+      {"input 9x2 sequence; conv1d 2 3x3; fc 2", "conv1d 2 3x3"},
+      {"input 9x2 sequence; conv1d 2 3 dilation 2; fc 2", "conv1d 2 3 dilation 2"},
+      {"input 9x2x1 sequence; fc 2", "input 9x2x1 sequence"},
+  };
+  for (const auto& [spec, statement] : cases) {
+    try {
+      Model{parse_model_spec(spec)};
+      ADD_FAILURE() << "accepted: " << spec;
+    } catch (const ModelError& e) {
+      EXPECT_NE(std::string(e.what()).find(statement), std::string::npos) << e.what();
+    }
+  }
+  // Shapes are checked when the model is built, and the error still names the statement.
+  try {
+    Model{parse_model_spec("input 8x8x2; name x; conv 4 3x3 stride 2 same; add x relu; fc 2")};
+    ADD_FAILURE() << "a 4x4x4 plus an 8x8x2 tensor was accepted";
+  } catch (const ModelError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("add x relu"), std::string::npos) << what;
+    EXPECT_NE(what.find("8x8x2"), std::string::npos) << what;
+    EXPECT_NE(what.find("4x4x4"), std::string::npos) << what;
+  }
+  // A branch nothing reads: 'from x' leaves the first conv's output behind.
+  try {
+    Model{parse_model_spec("input 8x8x2; name x; conv 4 3x3 same; from x; fc 2")};
+    ADD_FAILURE() << "a dangling branch was accepted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("conv 4 3x3 same"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(parse_model_spec("input 8x8x2; name x; fc 2; from x"), ModelError);
+}
+
+TEST(ModelSpec, Conv1dReadsASequence) {
+  Model m(parse_model_spec("input 128x9 sequence; conv1d 16 5 stride 2 relu; conv1d 8 3; fc 2"));
+  EXPECT_TRUE(m.spec().sequence);
+  EXPECT_EQ(m.input_shape(), (ExampleShape{1, 128, 9}));
+  EXPECT_EQ(m.layers()[0].out, (ExampleShape{1, 62, 16}));  // (128 - 5) / 2 + 1
+  EXPECT_EQ(m.layers()[0].kernel_h, 1);
+  EXPECT_EQ(m.layers()[2].out, (ExampleShape{1, 60, 8}));
+  EXPECT_EQ(m.tensors()[0].shape, (std::vector<int>{16, 1, 5, 9}));
+  EXPECT_FALSE(m.is_graph());
+}
+
+// The same tensors wired otherwise are another layout; a chain keeps its tensors' id.
+TEST(Model, LayoutIdCoversTheWiring) {
+  const char* identity = "input 8x8x2; conv 2 3x3 same relu; name a; conv 2 3x3 same; add a; fc 3";
+  const char* from_input =
+      "input 8x8x2; name x; conv 2 3x3 same relu; conv 2 3x3 same; add x; fc 3";
+  const char* chain = "input 8x8x2; conv 2 3x3 same relu; conv 2 3x3 same; fc 3";
+  Model a(parse_model_spec(identity)), b(parse_model_spec(from_input)), c(parse_model_spec(chain));
+  ASSERT_EQ(a.tensors().size(), c.tensors().size());
+  EXPECT_NE(a.layout_id(), b.layout_id());
+  EXPECT_NE(a.layout_id(), c.layout_id());
+  EXPECT_EQ(a.layout_id(), Model(parse_model_spec(identity)).layout_id());
+  // A chain's id is its tensors' fingerprint alone, as before graphs (saved WALs name it):
+  // FNV-1a over the paper CNN's tensor names and shapes, worked out apart in Python.
+  EXPECT_EQ(Model(builtin_model_spec("paper-cnn")).layout_id(), 0xe7acc875809c7aa1ULL);
+}
+
+// Parameter counts of the built-in edge models, worked out by hand in model/README.md.
+TEST(ModelSpec, EdgeModelsAreBuiltIn) {
+  const std::pair<const char*, std::size_t> counts[] = {
+      {"resnet-8", 77418}, {"resnet-8-32x32x3", 77706}, {"ds-cnn", 20620}, {"cnn1d", 37862}};
+  for (const auto& [name, parameters] : counts) {
+    Model m(builtin_model_spec(name));
+    EXPECT_EQ(m.parameter_count(), parameters) << name;
+    EXPECT_EQ(model_spec_from_argument(name).name, name);
+  }
+  Model resnet(builtin_model_spec("resnet-8"));
+  EXPECT_TRUE(resnet.is_graph());
+  EXPECT_EQ(resnet.layers().back().in, (ExampleShape{1, 1, 64}));
+  EXPECT_EQ(Model(builtin_model_spec("resnet-8-32x32x3")).input_shape(), (ExampleShape{32, 32, 3}));
+  EXPECT_EQ(Model(builtin_model_spec("ds-cnn")).num_classes(), 12);
+  EXPECT_EQ(Model(builtin_model_spec("cnn1d")).input_shape(), (ExampleShape{1, 128, 9}));
+}
+
 TEST(ModelSpec, BadSpecsAreRefusedWithAReason) {
   const char* bad[] = {
       "",                                   // nothing

@@ -164,6 +164,20 @@ TEST(NoAllocation, TrainerOnNormalizationLayers) {
   expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr, {}, spec);
 }
 
+// Residual graphs (a skip's gradient summed through the trainer's scratch) and conv1d:
+// resnet-8 and cnn1d, serial and on two threads, on both backends.
+TEST(NoAllocation, TrainerOnResidualAndConv1dModels) {
+  pthreadpool_t pool = pthreadpool_create(2);
+  ASSERT_NE(pool, nullptr);
+  for (const char* model : {"resnet-8", "cnn1d"}) {
+    SCOPED_TRACE(model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {}, model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, pool, {}, model);
+    expect_trainer_steps_do_not_allocate(KernelBackend::kReference, nullptr, {}, model);
+  }
+  pthreadpool_destroy(pool);
+}
+
 TEST(NoAllocation, TrainerWithFilterDropout) {
   expect_trainer_steps_do_not_allocate(KernelBackend::kXnnpack, nullptr, {0.5f, 0.25f});
   pthreadpool_t pool = pthreadpool_create(2);

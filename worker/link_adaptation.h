@@ -97,7 +97,9 @@ class ByteWindow {
 };
 
 struct LinkAdaptationSettings {
-  double send_share = 0;  // F in (0, 1): sending at most F of a step's time; 0: off
+  // F in (0, 1): the send at most F of (the step's compute + the send), i.e. at most
+  // F/(1 − F) times the compute; the pull is not counted (another direction; ours). 0: off.
+  double send_share = 0;
   ByteBudget budget;
   bool budget_counts_pulls = true;  // both directions (default) or the updates only
   double min_rate = 0.001, max_rate = 0.1;
@@ -106,7 +108,8 @@ struct LinkAdaptationSettings {
 
 // What the choice was made from, for the stats file and tests.
 struct RateInputs {
-  double rest_of_step_seconds = 0;    // compute, slowdown and pull: a step without its send
+  double step_seconds = 0;            // a step's compute (and slowdown): --send-share's base
+  double rest_of_step_seconds = 0;    // compute, slowdown and pull: a turn without its send
   double pull_wire_bytes = 0;         // a pull's expected wire bytes (counted or not)
   double payload_bytes_per_entry = 8;  // from the last update
 };

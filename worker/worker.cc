@@ -260,8 +260,8 @@ struct Worker::State {
   ByteWindow budget_window;
   const Clock::time_point created;
   std::uint64_t sessions_counted = 0;
-  double largest_recent_pull_wire = 0;  // decays, so an old dense pull stops counting
-  bool have_pull_size = false;
+  double largest_recent_delta_wire = 0;  // decays, so an old large delta stops counting
+  bool have_delta_size = false, have_pull_size = false;
   Clock::time_point budget_wait_since;
   double logged_rate = 0;
   Clock::time_point rate_logged_at;
@@ -281,17 +281,23 @@ struct Worker::State {
     budget_window.add(seconds_since_start(), bytes);
     stats.budget_counted_bytes += bytes;
   }
-  // What the next pull may cost: the dense model before the first, then twice the largest
-  // recent pull (ours: a delta after a long wait can be larger; see worker/README.md).
+  // What the next pull may cost: the dense model when the next pull is dense or no delta
+  // was seen yet, else twice the largest recent delta (ours: a delta after a long wait can
+  // be larger; see worker/README.md).
   double pull_reserve() const {
     if (!config.link.budget_counts_pulls) return 0;
     const double dense = static_cast<double>(
         estimated_wire_bytes(model.parameter_count() * sizeof(float) + 64));
-    return have_pull_size ? std::min(dense, 2 * largest_recent_pull_wire) : dense;
+    const bool next_is_dense = config.dense_pull || !ever_pulled || !replica.exact();
+    return next_is_dense || !have_delta_size ? dense
+                                             : std::min(dense, 2 * largest_recent_delta_wire);
   }
-  void note_pull(std::size_t payload_bytes) {
+  void note_pull(std::size_t payload_bytes, bool delta) {
     const double wire = static_cast<double>(estimated_wire_bytes(payload_bytes));
-    largest_recent_pull_wire = std::max(wire, 0.9 * largest_recent_pull_wire);
+    if (delta) {
+      largest_recent_delta_wire = std::max(wire, 0.9 * largest_recent_delta_wire);
+      have_delta_size = true;
+    }
     rate_inputs.pull_wire_bytes = have_pull_size ? 0.8 * rate_inputs.pull_wire_bytes + 0.2 * wire : wire;
     have_pull_size = true;
   }
@@ -336,7 +342,8 @@ struct Worker::State {
   void update_link_stats() {
     stats.uplink_bytes_per_second = uplink.bytes_per_second();
     stats.uplink_fixed_seconds = uplink.fixed_seconds();
-    stats.step_seconds_without_send = rate_inputs.rest_of_step_seconds;
+    stats.step_seconds = rate_inputs.step_seconds;
+    stats.turn_seconds_without_send = rate_inputs.rest_of_step_seconds;
     if (budget_on()) stats.budget_spent_bytes = budget_window.spent(seconds_since_start());
   }
   // c for the next update: from the measured uplink, with the budget's room left, varied a
@@ -373,9 +380,9 @@ struct Worker::State {
       char line[240];
       std::snprintf(line, sizeof line,
                     "compression rate c = %.4g (uplink %.1f kB/s + %.3f s per exchange; step "
-                    "%.3f s without its send%s)",
+                    "%.3f s, with the pull %.3f s%s)",
                     rate, uplink.bytes_per_second() / 1e3, uplink.fixed_seconds(),
-                    rate_inputs.rest_of_step_seconds,
+                    rate_inputs.step_seconds, rate_inputs.rest_of_step_seconds,
                     budget_on() ? ("; budget " + std::to_string(stats.budget_spent_bytes) + " of " +
                                    std::to_string(config.link.budget.bytes) + " bytes spent")
                                       .c_str()
@@ -404,6 +411,10 @@ struct Worker::State {
       sleep_unless_stopped(
           std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), stop);
     }
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - step_started).count();
+    rate_inputs.step_seconds = rate_inputs.step_seconds > 0
+                                   ? 0.8 * rate_inputs.step_seconds + 0.2 * step_seconds
+                                   : step_seconds;
     if (dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
       say(dropout.describe());
     stats.dropout = dropout.status();
@@ -620,7 +631,6 @@ bool Worker::pull() {
   }
   s.trouble.answered();
   s.count_transfer(response.payload.size(), false);
-  s.note_pull(response.payload.size());
   if (response.code != transport::CoapCode::kContent) {
     // The server is up but will not serve us: say why and back off (it may be starting).
     const std::string what = "GET /model answered " + transport::coap_code_string(response.code) +
@@ -654,6 +664,7 @@ bool Worker::pull() {
   }
   s.consecutive_mismatches = 0;
   if (outcome == ModelReplica::PullOutcome::kDelta) s.stats.delta_pulls++;
+  s.note_pull(response.payload.size(), outcome == ModelReplica::PullOutcome::kDelta);
   s.model_version = s.replica.version();
   s.stats.pulls++;
   s.have_model = true;

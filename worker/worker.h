@@ -147,14 +147,15 @@ struct WorkerStats {
   std::uint64_t last_offline_acknowledged_version = 0;
   std::uint64_t last_offline_steps = 0;
   // Compression that follows the link (WorkerConfig::link): the c of the last update, the
-  // uplink estimate (bytes/s through the bottleneck and the fixed time of an exchange), the
-  // step's time without its send, and the byte budget: its estimated wire bytes in the
+  // uplink estimate (bytes/s through the bottleneck and the fixed time of an exchange), a
+  // step's compute time and a loop turn's without its send (pull included), and the byte budget: its estimated wire bytes in the
   // current period and in all (what is counted: worker/README.md), whether the worker is
   // waiting for it now, how often and how long it waited.
   double compression_rate = 0;
   double uplink_bytes_per_second = 0;
   double uplink_fixed_seconds = 0;
-  double step_seconds_without_send = 0;
+  double step_seconds = 0;
+  double turn_seconds_without_send = 0;
   std::uint64_t budget_spent_bytes = 0;
   std::uint64_t budget_counted_bytes = 0;
   bool budget_waiting = false;

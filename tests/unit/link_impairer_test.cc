@@ -193,6 +193,30 @@ TEST(LinkImpairer, AFullQueueDropsTheTail) {
   EXPECT_EQ(number_of(server.receive(std::chrono::seconds(5))), 0u);
 }
 
+TEST(LinkImpairer, AnAsymmetricLinkCapsEachDirectionOnItsOwn) {
+  UdpSocket worker, server;
+  // Up 8 kbit/s with a 2500-byte queue (five 1000-byte datagrams: three dropped, as above);
+  // down unlimited (downlink_kbps 0): five answers of 1000 bytes all arrive.
+  LinkImpairer impairer({link_to(
+      server.port(), {.bandwidth_kbps = 8, .downlink_kbps = 0, .queue_limit_bytes = 2500})});
+  worker.send_to(impairer.listen_port(0), numbered(0, 10));
+  std::uint16_t impairer_port = 0;
+  ASSERT_FALSE(server.receive(std::chrono::seconds(5), &impairer_port).empty());
+  for (std::uint32_t i = 0; i < 5; i++) server.send_to(impairer_port, numbered(i, 1000));
+  for (std::uint32_t i = 0; i < 5; i++) {
+    const auto got = worker.receive(std::chrono::seconds(5));
+    ASSERT_FALSE(got.empty()) << "answer " << i << " was dropped";
+    EXPECT_EQ(number_of(got), i);
+  }
+  for (std::uint32_t i = 1; i <= 5; i++) worker.send_to(impairer.listen_port(0), numbered(i, 1000));
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (impairer.counters(0).to_server.datagrams_in < 6 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const LinkCounters c = impairer.counters(0);
+  EXPECT_EQ(c.to_worker.dropped_queue_full, 0u);
+  EXPECT_EQ(c.to_server.dropped_queue_full, 3u);
+}
+
 TEST(LinkImpairer, JitterNeverReorders) {
   UdpSocket worker, server;
   LinkImpairer impairer({link_to(server.port(), {.delay_ms = 5, .jitter_ms = 30})});

@@ -128,7 +128,7 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
   // Compression that follows the link (issue 38 part 2), read by e2e_worker_link_adaptation.
   for (const char* key :
        {"compression_rate", "uplink_bytes_per_second", "uplink_fixed_seconds",
-        "step_seconds_without_send", "budget_spent_bytes", "budget_counted_bytes",
+        "step_seconds", "turn_seconds_without_send", "budget_spent_bytes", "budget_counted_bytes",
         "budget_waiting", "budget_waits", "budget_wait_seconds"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them

@@ -18,7 +18,7 @@ source "$(dirname "$0")/process_test_lib.sh"
 
 key=(--identity w --key-hex 00112233445566778899aabbccddeeff)
 for refused in "--byte-budget 50MB" "--byte-budget 50MB/fortnight" "--byte-budget 5MB/hour --mode rounds" \
-  "--send-share 0.2 --compressor none" "--send-share 0.2 --min-compression-rate 0.2 --max-compression-rate 0.1"; do
+  "--byte-budget 500kB/day --model mlp" "--send-share 0.2 --compressor none" "--send-share 0.2 --min-compression-rate 0.2 --max-compression-rate 0.1"; do
   status=0
   # shellcheck disable=SC2086 # the flags split on purpose
   "$worker" $refused "${key[@]}" >"$work/refused.log" 2>&1 || status=$?
@@ -26,7 +26,7 @@ for refused in "--byte-budget 50MB" "--byte-budget 50MB/fortnight" "--byte-budge
 done
 status=0; "$worker" --byte-budget 50MB "${key[@]}" >"$work/refused.log" 2>&1 || status=$?
 grep -q "byte budget '50MB'" "$work/refused.log" || fail "the refusal does not name the budget: $(cat "$work/refused.log")"
-echo "ok: bad budgets, --compressor none, rates out of order and --mode rounds refused (status 2)"
+echo "ok: bad budgets, one too small for the model's dense pulls, --compressor none, rates out of order and --mode rounds refused (status 2)"
 
 require_mnist
 data=$(basename "$mnist_dir")

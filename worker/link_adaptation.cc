@@ -211,8 +211,9 @@ double RateChooser::payload_limit(const UplinkEstimate& uplink, const RateInputs
   if (!uplink.ready()) return limit;
   const double per_byte = uplink.seconds_per_byte(), fixed = uplink.fixed_seconds();
   if (settings_.send_share > 0 && per_byte > 0) {
-    // send ≤ F·(step + send)  ⇔  send ≤ F/(1 − F)·step.
-    const double allowed = settings_.send_share / (1 - settings_.send_share) * in.step_seconds;
+    // send ≤ F·(rest + send)  ⇔  send ≤ F/(1 − F)·rest.
+    const double allowed =
+        settings_.send_share / (1 - settings_.send_share) * in.rest_of_step_seconds;
     limit = std::min(limit, std::max(0.0, (allowed - fixed) / per_byte));
   }
   if (settings_.budget.enabled()) {

@@ -97,8 +97,8 @@ class ByteWindow {
 };
 
 struct LinkAdaptationSettings {
-  // F in (0, 1): the send at most F of (the step's compute + the send), i.e. at most
-  // F/(1 − F) times the compute; the pull is not counted (another direction; ours). 0: off.
+  // F in (0, 1): the send at most F of the loop's turn (pull, compute and send), i.e. at
+  // most F/(1 − F) times the pull and compute. 0: off.
   double send_share = 0;
   ByteBudget budget;
   bool budget_counts_pulls = true;  // both directions (default) or the updates only
@@ -108,7 +108,7 @@ struct LinkAdaptationSettings {
 
 // What the choice was made from, for the stats file and tests.
 struct RateInputs {
-  double step_seconds = 0;            // a step's compute (and slowdown): --send-share's base
+  double step_seconds = 0;            // a step's compute (and slowdown)
   double rest_of_step_seconds = 0;    // compute, slowdown and pull: a turn without its send
   double pull_wire_bytes = 0;         // a pull's expected wire bytes (counted or not)
   double payload_bytes_per_entry = 8;  // from the last update
@@ -132,6 +132,11 @@ class RateChooser {
   LinkAdaptationSettings settings_;
   std::vector<std::uint32_t> tensor_sizes_;
 };
+
+// c may grow by at most this factor from one update's choice to the next (ours): at a small
+// c the transfers are short and their sizes alike, the fitted rate is mostly noise, and a
+// jump to the largest c on it would cost a long send before the fit corrects it.
+inline constexpr double kMaxRateGrowth = 1.5;
 
 // The factor the worker applies to its chosen c on update n: 1, 0.8, 1.25 in turn, so the
 // uplink estimate sees transfers of different sizes (ours).

@@ -155,6 +155,7 @@ struct Worker::State {
       first_rate = std::clamp(config.compressor.compression_rate, config.link.min_rate,
                               config.link.max_rate);
       compressor.set_compression_rate(first_rate);
+      chosen_rate = first_rate;
     }
     stats.compression_rate = compressor.options().compression_rate;
   }
@@ -254,6 +255,7 @@ struct Worker::State {
   // Compression that follows the link (WorkerConfig::link, worker/link_adaptation.h).
   std::optional<RateChooser> chooser;
   double first_rate = 0;
+  double chosen_rate = 0;  // the last choice before rate_dither()
   UplinkEstimate uplink;
   RateInputs rate_inputs;
   std::uint64_t updates_compressed = 0;
@@ -353,7 +355,7 @@ struct Worker::State {
     if (!chooser) return;
     double rate = first_rate;
     if (uplink.ready()) {
-      rate = chooser->choose(uplink, rate_inputs);
+      rate = std::min(chooser->choose(uplink, rate_inputs), kMaxRateGrowth * chosen_rate);
       if (budget_on()) {
         // Never plan past the room left in the period.
         const double room =
@@ -367,6 +369,7 @@ struct Worker::State {
           rate = std::max(config.link.min_rate, rate * 0.8);
       }
     }
+    chosen_rate = rate;
     rate = std::clamp(rate * rate_dither(updates_compressed++), config.link.min_rate,
                       config.link.max_rate);
     compressor.set_compression_rate(rate);

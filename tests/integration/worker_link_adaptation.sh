@@ -3,8 +3,8 @@
 # link"), as processes on loopback: edgetrain-server and three edgetrain-workers, each
 # through a link of edgetrain-link-impairer, whose byte counters are the measure (not the
 # workers' own reports). Checks that
-#   - with --send-share, the worker behind a slow link (10 kB/s) lowers c well below its
-#     --rate, the one behind an unlimited link raises it, and the server accepts every
+#   - with --send-share, the worker behind a slow uplink (10 kB/s) lowers c to a third of its
+#     --rate or less, the one behind an unlimited link raises it, and the server accepts every
 #     update whatever its c (k is per tensor in the body);
 #   - with --byte-budget (both directions counted), what crossed the worker's link in every
 #     window of the budget's period (sampled every 0.25 s from the impairer's counters)
@@ -58,10 +58,11 @@ for _ in $(seq 100); do [ -s "$work/impairer.json" ] && break; sleep 0.1; done
 link() { json_get "$work/impairer.json" "links.$1" || fail "the impairer wrote no port file"; }
 
 # mlp: 101,770 parameters, an update of ~6 kB at c = 0.01. --batch 100 --slowdown 100: steps
-# of ~1.5 ms become ~150 ms, a slow board's: a send share of 0.2 allows ~40 ms, which a busy
-# machine's loopback exchange (a few ms) leaves room in.
+# of ~1.5 ms become ~150 ms, a slow board's: a send share of 0.2 allows a quarter of that
+# and the pull, ~40 ms on the unlimited link, which a busy machine's loopback exchange (a
+# few ms) leaves room in.
 common=(--model mlp --data "$data" --workers 3 --duration 60 --request-timeout 5 --batch 100 --slowdown 100)
-adaptive=(--send-share 0.2 --rate 0.01 --min-compression-rate 0.0005 --max-compression-rate 0.1)
+adaptive=(--send-share 0.2 --rate 0.03 --min-compression-rate 0.0005 --max-compression-rate 0.1)
 start_worker "$work/fast.log" "$work/fast.json" "$worker" --config "$work/fast.toml" \
   --server "coaps://$(link fast)" --worker-id 0 "${common[@]}" "${adaptive[@]}"
 fast_pid=$last_pid
@@ -93,7 +94,7 @@ done
 wait_for_json "$work/slow.json" updates_accepted -ge 8 5 "$slow_pid" || fail "the slow worker sent too few updates"
 slow_c=$(json_get "$work/slow.json" compression_rate)
 fast_c=$(json_get "$work/fast.json" compression_rate)
-json_compare "$slow_c" -le 0.003 || fail "behind 10 kB/s the worker kept c = $slow_c (--rate 0.01)"
+json_compare "$slow_c" -le 0.01 || fail "behind 10 kB/s the worker kept c = $slow_c (--rate 0.03)"
 # The fast worker's c depends on how busy the machine is; it must stay well above the slow one's.
 json_compare "$fast_c" -ge "$(awk -v s="$slow_c" 'BEGIN { print 4 * s }')" ||
   fail "behind an unlimited link the worker chose c = $fast_c, behind 10 kB/s c = $slow_c"

@@ -137,8 +137,8 @@ TEST(RateChooser, KeepsTheSendWithinItsShareOfTheStep) {
   settings.max_rate = 0.2;
   const RateChooser chooser(settings, kPaperCnnSizes);
   RateInputs inputs;
-  inputs.step_seconds = 0.5;
-  inputs.rest_of_step_seconds = 5;  // a slow pull does not widen the send's share
+  inputs.step_seconds = 0.3;
+  inputs.rest_of_step_seconds = 0.5;  // compute 0.3 s and pull 0.2 s
   inputs.payload_bytes_per_entry = 6;
   double previous = 1;
   for (double bandwidth : {1e6, 300e3, 100e3, 30e3, 10e3}) {

@@ -180,8 +180,8 @@ void LinkImpairer::receive(Link& link, bool from_worker) {
       link.worker_known = true;
     }
     const LinkProfile& profile = link.spec.profile;
-    const double kbps = from_worker || profile.downlink_kbps < 0 ? profile.bandwidth_kbps
-                                                                 : profile.downlink_kbps;
+    const double kbps =
+        from_worker || profile.downlink_kbps < 0 ? profile.bandwidth_kbps : profile.downlink_kbps;
     enqueue(profile, kbps, from_worker ? link.to_server : link.to_worker,
             std::vector<std::uint8_t>(buffer, buffer + n));
   }

@@ -65,7 +65,7 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     const std::string where = path + ": link " + spec.name;
     for (const auto& [key, value] : *t) {
       static const std::vector<std::string> known = {
-          "name", "listen",         "upstream",          "delay_ms", "jitter_ms",
+          "name", "listen",         "upstream",      "delay_ms",          "jitter_ms",
           "loss", "bandwidth_kbps", "downlink_kbps", "queue_limit_bytes", "seed"};
       const std::string name(key.str());
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
@@ -192,7 +192,7 @@ constexpr const char* kDescription =
     "  jitter_ms = 10                   # plus a uniform draw in [0, jitter_ms]; order is kept\n"
     "  loss = 0.01                      # drop probability per datagram, each direction\n"
     "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
-    "  downlink_kbps = 10000            # toward the worker only (asymmetric; default: bandwidth_kbps)\n"
+    "  downlink_kbps = 10000            # toward the worker only (default: bandwidth_kbps)\n"
     "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
     "  seed = 1                         # loss and jitter draws\n"
     "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.\n"

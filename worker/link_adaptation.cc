@@ -35,8 +35,8 @@ ByteBudget parse_byte_budget(const std::string& text) {
   const auto split = [&](const std::string& part, double& number, std::string& unit,
                          bool number_optional) {
     std::size_t end = 0;
-    while (end < part.size() && (std::isdigit(static_cast<unsigned char>(part[end])) ||
-                                 part[end] == '.'))
+    while (end < part.size() &&
+           (std::isdigit(static_cast<unsigned char>(part[end])) || part[end] == '.'))
       end++;
     if (end == 0) {
       if (!number_optional) throw fail("'" + part + "' does not start with a number");
@@ -90,8 +90,7 @@ ByteBudget parse_byte_budget(const std::string& text) {
   const double bytes = amount * unit_bytes;
   const double seconds = periods * unit_seconds;
   if (!(bytes >= 1 && bytes < 1e18)) throw fail("the size must be at least 1 byte");
-  if (!(seconds >= 1 && seconds <= 366 * 86400.0))
-    throw fail("the period must be 1 s to a year");
+  if (!(seconds >= 1 && seconds <= 366 * 86400.0)) throw fail("the period must be 1 s to a year");
   return {static_cast<std::uint64_t>(bytes), seconds};
 }
 
@@ -226,8 +225,8 @@ double RateChooser::payload_limit(const UplinkEstimate& uplink, const RateInputs
                      (settings_.budget_counts_pulls ? in.pull_wire_bytes : 0.0);
     const double slope = a - rate * per_byte;
     if (slope > 0)
-      limit = std::min(limit,
-                       std::max(0.0, (rate * (in.rest_of_step_seconds + fixed) - b) / slope));
+      limit =
+          std::min(limit, std::max(0.0, (rate * (in.rest_of_step_seconds + fixed) - b) / slope));
   }
   return limit;
 }

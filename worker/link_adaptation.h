@@ -58,9 +58,7 @@ class UplinkEstimate {
   double fixed_seconds() const { return fixed_seconds_; }
   double seconds_per_byte() const { return seconds_per_byte_; }
   // bytes/s through the bottleneck (0 before ready()).
-  double bytes_per_second() const {
-    return seconds_per_byte_ > 0 ? 1.0 / seconds_per_byte_ : 0.0;
-  }
+  double bytes_per_second() const { return seconds_per_byte_ > 0 ? 1.0 / seconds_per_byte_ : 0.0; }
   double predicted_seconds(std::size_t bytes) const {
     return fixed_seconds_ + seconds_per_byte_ * static_cast<double>(bytes);
   }
@@ -108,9 +106,9 @@ struct LinkAdaptationSettings {
 
 // What the choice was made from, for the stats file and tests.
 struct RateInputs {
-  double step_seconds = 0;            // a step's compute (and slowdown)
-  double rest_of_step_seconds = 0;    // compute, slowdown and pull: a turn without its send
-  double pull_wire_bytes = 0;         // a pull's expected wire bytes (counted or not)
+  double step_seconds = 0;             // a step's compute (and slowdown)
+  double rest_of_step_seconds = 0;     // compute, slowdown and pull: a turn without its send
+  double pull_wire_bytes = 0;          // a pull's expected wire bytes (counted or not)
   double payload_bytes_per_entry = 8;  // from the last update
 };
 

@@ -276,7 +276,8 @@ struct Worker::State {
   // counted), with a handshake for each new session the channel started.
   void count_transfer(std::size_t payload_bytes, bool upload) {
     const std::uint64_t sessions = channel.sessions_started();
-    std::uint64_t bytes = (sessions - std::min(sessions, sessions_counted)) * kWireBytesPerHandshake;
+    std::uint64_t bytes =
+        (sessions - std::min(sessions, sessions_counted)) * kWireBytesPerHandshake;
     sessions_counted = std::max(sessions, sessions_counted);
     if (upload || config.link.budget_counts_pulls) bytes += estimated_wire_bytes(payload_bytes);
     if (!budget_on()) return;
@@ -288,8 +289,8 @@ struct Worker::State {
   // be larger; see worker/README.md).
   double pull_reserve() const {
     if (!config.link.budget_counts_pulls) return 0;
-    const double dense = static_cast<double>(
-        estimated_wire_bytes(model.parameter_count() * sizeof(float) + 64));
+    const double dense =
+        static_cast<double>(estimated_wire_bytes(model.parameter_count() * sizeof(float) + 64));
     const bool next_is_dense = config.dense_pull || !ever_pulled || !replica.exact();
     return next_is_dense || !have_delta_size ? dense
                                              : std::min(dense, 2 * largest_recent_delta_wire);
@@ -300,7 +301,8 @@ struct Worker::State {
       largest_recent_delta_wire = std::max(wire, 0.9 * largest_recent_delta_wire);
       have_delta_size = true;
     }
-    rate_inputs.pull_wire_bytes = have_pull_size ? 0.8 * rate_inputs.pull_wire_bytes + 0.2 * wire : wire;
+    rate_inputs.pull_wire_bytes =
+        have_pull_size ? 0.8 * rate_inputs.pull_wire_bytes + 0.2 * wire : wire;
     have_pull_size = true;
   }
   void note_rest_of_step(Clock::duration rest) {
@@ -319,9 +321,9 @@ struct Worker::State {
   }
   double next_update_wire_bytes() const {
     const double rate = compressor.options().compression_rate;
-    const double payload = chooser ? chooser->predicted_payload_bytes(
-                                         rate, rate_inputs.payload_bytes_per_entry)
-                                   : static_cast<double>(body.size());
+    const double payload =
+        chooser ? chooser->predicted_payload_bytes(rate, rate_inputs.payload_bytes_per_entry)
+                : static_cast<double>(body.size());
     return static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(payload)));
   }
   void begin_budget_wait(double seconds, bool offline_now) {
@@ -331,9 +333,9 @@ struct Worker::State {
     budget_wait_since = Clock::now();
     say("byte budget: " + std::to_string(budget_window.spent(seconds_since_start())) + " of " +
         std::to_string(config.link.budget.bytes) + " bytes spent in the last " +
-        std::to_string(static_cast<long long>(config.link.budget.period_seconds)) +
-        " s; waiting " + std::to_string(static_cast<long long>(std::ceil(seconds))) +
-        " s for room" + (offline_now ? ", training offline" : ""));
+        std::to_string(static_cast<long long>(config.link.budget.period_seconds)) + " s; waiting " +
+        std::to_string(static_cast<long long>(std::ceil(seconds))) + " s for room" +
+        (offline_now ? ", training offline" : ""));
   }
   void end_budget_wait() {
     if (!stats.budget_waiting) return;
@@ -358,10 +360,9 @@ struct Worker::State {
       rate = std::min(chooser->choose(uplink, rate_inputs), kMaxRateGrowth * chosen_rate);
       if (budget_on()) {
         // Never plan past the room left in the period.
-        const double room =
-            static_cast<double>(config.link.budget.bytes) -
-            static_cast<double>(budget_window.spent(seconds_since_start())) -
-            static_cast<double>(kWireBytesPerHandshake) - pull_reserve();
+        const double room = static_cast<double>(config.link.budget.bytes) -
+                            static_cast<double>(budget_window.spent(seconds_since_start())) -
+                            static_cast<double>(kWireBytesPerHandshake) - pull_reserve();
         while (rate > config.link.min_rate &&
                static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(
                    chooser->predicted_payload_bytes(rate, rate_inputs.payload_bytes_per_entry)))) >
@@ -453,8 +454,8 @@ struct Worker::State {
         bounds += (bounds.empty() ? "for at most " : ", for at most ") +
                   std::to_string(config.offline_seconds) + " s";
       say(std::string(for_budget ? "the byte budget is spent" : "the server is away") +
-          ": training offline from model version " +
-          std::to_string(model_version) + " (" + bounds + ")");
+          ": training offline from model version " + std::to_string(model_version) + " (" + bounds +
+          ")");
     }
     if (!offline.started()) offline.begin(replica.parameters(), model_version);
     update_offline_stats();
@@ -791,11 +792,12 @@ void Worker::run_offline(const WorkerProgress& progress) {
   if (now >= s.next_attempt && s.budget_on()) {
     // The try, the kept update and the accumulated one must fit the budget; else the next
     // try comes when they do.
-    const double needed = s.pull_reserve() + static_cast<double>(estimated_wire_bytes(s.pending.size())) +
+    const double needed = s.pull_reserve() +
+                          static_cast<double>(estimated_wire_bytes(s.pending.size())) +
                           (s.offline.steps() > 0 ? s.next_update_wire_bytes() : 0.0);
     if (const double wait = s.budget_wait(needed); wait > 0) {
-      s.next_attempt = now + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(wait));
+      s.next_attempt =
+          now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
       s.begin_budget_wait(wait, true);
     }
   }
@@ -847,14 +849,15 @@ WorkerStats Worker::run(const WorkerProgress& progress) {
         const bool offline_now = s.can_train_offline();
         s.begin_budget_wait(wait, offline_now);
         if (offline_now) {
-          s.go_offline(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)),
-                       true);
+          s.go_offline(
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)),
+              true);
         } else {
-          sleep_unless_stopped(std::min<Clock::duration>(
-                                   std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(wait)),
-                                   std::chrono::milliseconds(200)),
-                               s.stop);
+          sleep_unless_stopped(
+              std::min<Clock::duration>(
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)),
+                  std::chrono::milliseconds(200)),
+              s.stop);
         }
         s.update_link_stats();
         if (progress) progress(s.stats);

@@ -148,9 +148,9 @@ struct WorkerStats {
   std::uint64_t last_offline_steps = 0;
   // Compression that follows the link (WorkerConfig::link): the c of the last update, the
   // uplink estimate (bytes/s through the bottleneck and the fixed time of an exchange), a
-  // step's compute time and a loop turn's without its send (pull included), and the byte budget: its estimated wire bytes in the
-  // current period and in all (what is counted: worker/README.md), whether the worker is
-  // waiting for it now, how often and how long it waited.
+  // step's compute time and a loop turn's without its send (pull included), and the byte budget:
+  // its estimated wire bytes in the current period and in all (what is counted: worker/README.md),
+  // whether the worker is waiting for it now, how often and how long it waited.
   double compression_rate = 0;
   double uplink_bytes_per_second = 0;
   double uplink_fixed_seconds = 0;

@@ -141,15 +141,16 @@ WorkerConfig worker_config(WorkerSettings& s) {
   if (config.link.enabled() && !s.shards.empty())
     throw std::invalid_argument("--send-share / --byte-budget do not work with --shards yet");
   if (config.link.enabled() && s.compression.compressor != "adacomp")
-    throw std::invalid_argument("--send-share / --byte-budget choose AdaComp's c: not with --compressor " +
-                                s.compression.compressor);
+    throw std::invalid_argument(
+        "--send-share / --byte-budget choose AdaComp's c: not with --compressor " +
+        s.compression.compressor);
   const Model model(model_spec_from_argument(config.model));
   // The drop rates or table against the model, before any data is loaded.
   check_worker_dropout(config.dropout, model,
                        s.mode == "rounds" ? DropoutPacing::kPerRound : DropoutPacing::kPerStep);
   // A budget that cannot carry the first (dense) pull would leave the worker waiting forever.
-  const std::uint64_t first_pull = estimated_wire_bytes(model.parameter_count() * sizeof(float)) +
-                                   kWireBytesPerHandshake;
+  const std::uint64_t first_pull =
+      estimated_wire_bytes(model.parameter_count() * sizeof(float)) + kWireBytesPerHandshake;
   if (config.link.budget.enabled() && config.link.budget_counts_pulls &&
       config.link.budget.bytes < 2 * first_pull)
     throw std::invalid_argument("--byte-budget " + s.byte_budget + ": " +

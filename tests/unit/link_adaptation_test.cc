@@ -37,11 +37,13 @@ TEST(ByteBudget, ParsesSizesAndPeriods) {
 }
 
 TEST(ByteBudget, RefusesWithTheTextAndTheProblem) {
-  const std::pair<const char*, const char*> bad[] = {
-      {"50MB", "no '/'"},         {"MB/day", "does not start with a number"},
-      {"50XB/day", "size unit"},  {"50MB/fortnight", "unknown period"},
-      {"0MB/day", "at least 1"},  {"5MB/0h", "1 s to a year"},
-      {"1.2.3MB/day", "not a number"}};
+  const std::pair<const char*, const char*> bad[] = {{"50MB", "no '/'"},
+                                                     {"MB/day", "does not start with a number"},
+                                                     {"50XB/day", "size unit"},
+                                                     {"50MB/fortnight", "unknown period"},
+                                                     {"0MB/day", "at least 1"},
+                                                     {"5MB/0h", "1 s to a year"},
+                                                     {"1.2.3MB/day", "not a number"}};
   for (const auto& [text, why] : bad) {
     try {
       parse_byte_budget(text);
@@ -144,8 +146,8 @@ TEST(RateChooser, KeepsTheSendWithinItsShareOfTheStep) {
   for (double bandwidth : {1e6, 300e3, 100e3, 30e3, 10e3}) {
     const UplinkEstimate uplink = measured(bandwidth, 0.01);
     const double c = chooser.choose(uplink, inputs);
-    const double send = uplink.predicted_seconds(
-        static_cast<std::size_t>(chooser.predicted_payload_bytes(c, 6)));
+    const double send =
+        uplink.predicted_seconds(static_cast<std::size_t>(chooser.predicted_payload_bytes(c, 6)));
     EXPECT_LE(send, 0.2 / 0.8 * 0.5 + 1e-9) << bandwidth;
     if (c < settings.max_rate) {  // the largest that fits: 2% more does not
       const double more = uplink.predicted_seconds(
@@ -177,10 +179,11 @@ TEST(RateChooser, PacesTheByteBudget) {
     const UplinkEstimate uplink = measured(1e6, 0.005);
     const double c = chooser.choose(uplink, inputs);
     const double payload = chooser.predicted_payload_bytes(c, 6);
-    const double wire = static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(payload))) +
-                        (pulls ? inputs.pull_wire_bytes : 0);
-    const double seconds = inputs.rest_of_step_seconds +
-                           uplink.predicted_seconds(static_cast<std::size_t>(payload));
+    const double wire =
+        static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(payload))) +
+        (pulls ? inputs.pull_wire_bytes : 0);
+    const double seconds =
+        inputs.rest_of_step_seconds + uplink.predicted_seconds(static_cast<std::size_t>(payload));
     EXPECT_LE(wire / seconds, 0.9 * 10e3 * 1.001) << "pulls counted: " << pulls;
     EXPECT_GT(wire / seconds, 0.9 * 10e3 * 0.9) << "the budget is left unused; pulls: " << pulls;
   }

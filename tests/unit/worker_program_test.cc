@@ -127,9 +127,9 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
     EXPECT_TRUE(j.contains(key)) << key;
   // Compression that follows the link (issue 38 part 2), read by e2e_worker_link_adaptation.
   for (const char* key :
-       {"compression_rate", "uplink_bytes_per_second", "uplink_fixed_seconds",
-        "step_seconds", "turn_seconds_without_send", "budget_spent_bytes", "budget_counted_bytes",
-        "budget_waiting", "budget_waits", "budget_wait_seconds"})
+       {"compression_rate", "uplink_bytes_per_second", "uplink_fixed_seconds", "step_seconds",
+        "turn_seconds_without_send", "budget_spent_bytes", "budget_counted_bytes", "budget_waiting",
+        "budget_waits", "budget_wait_seconds"})
     EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them
   stats.shard_versions = {4, 5};

@@ -130,7 +130,7 @@ LinkCounters LinkImpairer::counters(std::size_t link) const {
   return {copy(links_[link]->to_server.counters), copy(links_[link]->to_worker.counters)};
 }
 
-void LinkImpairer::enqueue(const LinkProfile& profile, Direction& direction,
+void LinkImpairer::enqueue(const LinkProfile& profile, double bandwidth_kbps, Direction& direction,
                            std::vector<std::uint8_t> bytes) {
   auto& c = direction.counters;
   c.datagrams_in++;
@@ -149,10 +149,9 @@ void LinkImpairer::enqueue(const LinkProfile& profile, Direction& direction,
   }
   const auto now = Clock::now();
   Clock::time_point sent = now;
-  if (profile.bandwidth_kbps > 0) {
+  if (bandwidth_kbps > 0) {
     // The datagram occupies the line for its serialization time, after those before it.
-    const double seconds =
-        static_cast<double>(bytes.size()) * 8.0 / (profile.bandwidth_kbps * 1000.0);
+    const double seconds = static_cast<double>(bytes.size()) * 8.0 / (bandwidth_kbps * 1000.0);
     sent = std::max(now, direction.line_free) +
            std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
     direction.line_free = sent;
@@ -180,7 +179,10 @@ void LinkImpairer::receive(Link& link, bool from_worker) {
       link.worker_address = source;
       link.worker_known = true;
     }
-    enqueue(link.spec.profile, from_worker ? link.to_server : link.to_worker,
+    const LinkProfile& profile = link.spec.profile;
+    const double kbps =
+        from_worker || profile.downlink_kbps < 0 ? profile.bandwidth_kbps : profile.downlink_kbps;
+    enqueue(profile, kbps, from_worker ? link.to_server : link.to_worker,
             std::vector<std::uint8_t>(buffer, buffer + n));
   }
 }

@@ -33,6 +33,9 @@ struct LinkProfile {
   double jitter_ms = 0;       // uniform extra delay in [0, jitter_ms]
   double loss = 0;            // probability a datagram is dropped, each direction
   double bandwidth_kbps = 0;  // serialization rate of each direction; 0: unlimited
+  // Toward the worker only, for asymmetric links (broadband and LTE download faster than
+  // they upload); < 0 (the default): bandwidth_kbps, 0: unlimited.
+  double downlink_kbps = -1;
   std::size_t queue_limit_bytes = 256 * 1024;
 };
 
@@ -111,7 +114,8 @@ class LinkImpairer {
   void relay();
   void rebind(std::size_t link);
   void receive(Link& link, bool from_worker);
-  void enqueue(const LinkProfile& profile, Direction& direction, std::vector<std::uint8_t> bytes);
+  void enqueue(const LinkProfile& profile, double bandwidth_kbps, Direction& direction,
+               std::vector<std::uint8_t> bytes);
   // Sends every datagram whose time has come; returns the earliest pending release.
   Clock::time_point flush(Link& link, Clock::time_point now);
 

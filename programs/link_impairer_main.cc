@@ -65,8 +65,8 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     const std::string where = path + ": link " + spec.name;
     for (const auto& [key, value] : *t) {
       static const std::vector<std::string> known = {
-          "name", "listen",         "upstream",          "delay_ms", "jitter_ms",
-          "loss", "bandwidth_kbps", "queue_limit_bytes", "seed"};
+          "name", "listen",         "upstream",      "delay_ms",          "jitter_ms",
+          "loss", "bandwidth_kbps", "downlink_kbps", "queue_limit_bytes", "seed"};
       const std::string name(key.str());
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
       const std::string near = edgetrain::settings::closest_match(name, known);
@@ -87,6 +87,7 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     spec.profile.jitter_ms = (*t)["jitter_ms"].value_or(0.0);
     spec.profile.loss = (*t)["loss"].value_or(0.0);
     spec.profile.bandwidth_kbps = (*t)["bandwidth_kbps"].value_or(0.0);
+    spec.profile.downlink_kbps = (*t)["downlink_kbps"].value_or(-1.0);
     const std::int64_t queue = (*t)["queue_limit_bytes"].value_or(std::int64_t{256 * 1024});
     if (queue < 1500)
       throw std::invalid_argument(where + ": queue_limit_bytes must be at least 1500");
@@ -191,6 +192,7 @@ constexpr const char* kDescription =
     "  jitter_ms = 10                   # plus a uniform draw in [0, jitter_ms]; order is kept\n"
     "  loss = 0.01                      # drop probability per datagram, each direction\n"
     "  bandwidth_kbps = 1000            # serialization rate per direction (0: unlimited)\n"
+    "  downlink_kbps = 10000            # toward the worker only (default: bandwidth_kbps)\n"
     "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
     "  seed = 1                         # loss and jitter draws\n"
     "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.\n"

@@ -9,6 +9,12 @@
 
 namespace edgetrain::runtime {
 
+void Compressor::set_compression_rate(double rate) {
+  if (!(rate > 0.0 && rate <= 1.0))
+    throw std::invalid_argument("compressor: compression rate must lie in (0, 1]");
+  options_.compression_rate = rate;
+}
+
 std::uint32_t Compressor::top_k_count(std::uint32_t n, double rate) {
   const double product = std::floor(static_cast<double>(n) * rate);
   if (product < 1.0) return std::min<std::uint32_t>(1, n);

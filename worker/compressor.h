@@ -86,6 +86,9 @@ class Compressor {
   // kBinLocal); arena layout.
   std::span<const float> residual() const { return residual_; }
   const CompressorOptions& options() const { return options_; }
+  // c for the next compress() calls (the link-adaptive worker changes it per update:
+  // worker/link_adaptation.h). Throws std::invalid_argument outside (0, 1].
+  void set_compression_rate(double rate);
 
   // k = max(1, floor(n·rate)), at most n: the paper's rule.
   static std::uint32_t top_k_count(std::uint32_t n, double rate);

@@ -19,7 +19,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates
                                    offline_steps, buffered_steps, offline_updates_accepted,
                                    offline_updates_refused, offline_steps_refused,
                                    last_offline_from_version, last_offline_acknowledged_version,
-                                   last_offline_steps)
+                                   last_offline_steps, compression_rate, uplink_bytes_per_second,
+                                   uplink_fixed_seconds, step_seconds, turn_seconds_without_send,
+                                   budget_spent_bytes, budget_counted_bytes, budget_waiting,
+                                   budget_waits, budget_wait_seconds)
 
 void AcknowledgedVersions::add(std::uint64_t version) {
   if (count == 0) first = version;
@@ -103,6 +106,16 @@ class AsyncRun : public WorkerModeRun {
                std::to_string(st.offline_updates_refused) + " not applied (" +
                std::to_string(st.offline_steps_refused) + " steps); " +
                std::to_string(st.buffered_steps) + " buffered steps not sent");
+    if (config_.link.enabled())
+      log_line("link: last c " + std::to_string(st.compression_rate) + ", uplink " +
+               std::to_string(st.uplink_bytes_per_second) + " bytes/s + " +
+               std::to_string(st.uplink_fixed_seconds) + " s per exchange" +
+               (config_.link.budget.enabled()
+                    ? "; budget " + byte_budget_text(config_.link.budget) + ": " +
+                          std::to_string(st.budget_counted_bytes) + " bytes counted, " +
+                          std::to_string(st.budget_waits) + " waits (" +
+                          std::to_string(st.budget_wait_seconds) + " s)"
+                    : std::string()));
     if (result.exit != WorkerExit::kStopped)
       log_error("exit status " + std::to_string(exit_status(result.exit)) + ": " + result.reason);
     return exit_status(result.exit);
@@ -123,6 +136,10 @@ class AsyncRun : public WorkerModeRun {
       used += std::snprintf(line + used, sizeof line - used, "  %s %.0f s  buffered %llu",
                             s.offline ? "OFFLINE" : "offline", s.offline_seconds,
                             static_cast<unsigned long long>(s.buffered_steps));
+    if (s.uplink_bytes_per_second > 0 && used > 0 && static_cast<std::size_t>(used) < sizeof line)
+      used += std::snprintf(line + used, sizeof line - used, "  c %.3g  uplink %.0f kB/s%s",
+                            s.compression_rate, s.uplink_bytes_per_second / 1e3,
+                            s.budget_waiting ? "  BUDGET SPENT" : "");
     if (!s.dropout.drop_rates.empty() && used > 0 && static_cast<std::size_t>(used) < sizeof line)
       std::snprintf(line + used, sizeof line - used, "  drop %s", s.dropout.drop_rates.c_str());
     return line;

@@ -35,6 +35,9 @@ class ServerChannel {
                                           std::span<const std::uint8_t> /*body*/ = {}) {
     return {transport::CoapCode::kNotFound, {}, {}};
   }
+  // DTLS sessions (full handshakes) started so far: the byte budget charges each one
+  // (worker/link_adaptation.h). A channel that cannot tell says 0.
+  virtual std::uint64_t sessions_started() const { return 0; }
 };
 
 // The channel over CoAP/DTLS (or plain CoAP): one CoapDtlsClient, one session kept across
@@ -51,6 +54,7 @@ class CoapServerChannel : public ServerChannel {
                                             std::span<const std::uint8_t> body) override;
   transport::CoapResponse request(transport::Method method, const std::string& path,
                                   std::span<const std::uint8_t> body = {}) override;
+  std::uint64_t sessions_started() const override { return client_.sessions_started(); }
 
  private:
   transport::CoapDtlsClient client_;

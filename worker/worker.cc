@@ -4,12 +4,15 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include "common/logging.h"
 #include "worker/backoff.h"
+#include "worker/link_adaptation.h"
 #include "worker/loop_support.h"
 #include "model/model.h"
 #include "worker/model_replica.h"
@@ -140,9 +143,22 @@ struct Worker::State {
                                                 std::chrono::system_clock::now().time_since_epoch())
                                                 .count())),
         replica(model.layout_id(), model.tensor_sizes(), config.dense_pull),
-        offline(static_cast<float>(config.offline_lr)) {
+        offline(static_cast<float>(config.offline_lr)),
+        budget_window(config.link.budget.enabled() ? config.link.budget.period_seconds : 3600),
+        created(Clock::now()) {
     trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
     trainer.set_step_seed(loop::dropout_step_seed(config.seed, config.worker_id));
+    if (config.link.enabled()) {
+      std::vector<std::uint32_t> sizes;
+      for (const TensorSlice& slice : layout_of(model)) sizes.push_back(slice.size);
+      chooser.emplace(config.link, std::move(sizes));
+      // The first updates, before the uplink is measured, go at --rate within the bounds.
+      first_rate = std::clamp(config.compressor.compression_rate, config.link.min_rate,
+                              config.link.max_rate);
+      compressor.set_compression_rate(first_rate);
+      chosen_rate = first_rate;
+    }
+    stats.compression_rate = compressor.options().compression_rate;
   }
 
   static const WorkerConfig& checked(const WorkerConfig& config) {
@@ -159,6 +175,12 @@ struct Worker::State {
       throw std::invalid_argument("worker: offline_seconds must be finite and >= 0");
     if (!(config.offline_lr > 0 && std::isfinite(config.offline_lr)))
       throw std::invalid_argument("worker: offline_lr must be finite and > 0");
+    if (config.link.enabled() && !config.shards.empty())
+      throw std::invalid_argument(
+          "worker: --send-share / --byte-budget do not work with --shards yet");
+    if (config.link.enabled() && config.compressor.method != CompressionMethod::kTopK)
+      throw std::invalid_argument(
+          "worker: --send-share / --byte-budget choose AdaComp's c: --compressor adacomp only");
     if (config.worker_count < 1 || config.worker_id >= config.worker_count) {
       throw std::invalid_argument("worker: id " + std::to_string(config.worker_id) +
                                   " is not below the worker count " +
@@ -228,6 +250,158 @@ struct Worker::State {
   std::uint64_t pending_steps = 0;
   bool pending_offline = false;  // an accumulated offline update (else one online step)
   std::uint64_t pending_from_version = 0;
+  // Why the worker is offline: the server away, or the byte budget spent.
+  bool offline_for_budget = false;
+
+  // Compression that follows the link (WorkerConfig::link, worker/link_adaptation.h).
+  std::optional<RateChooser> chooser;
+  double first_rate = 0;
+  double chosen_rate = 0;  // the last choice before rate_dither()
+  UplinkEstimate uplink;
+  RateInputs rate_inputs;
+  std::uint64_t updates_compressed = 0;
+  ByteWindow budget_window;
+  const Clock::time_point created;
+  std::uint64_t sessions_counted = 0;
+  double largest_recent_delta_wire = 0;  // decays, so an old large delta stops counting
+  bool have_delta_size = false, have_pull_size = false;
+  Clock::time_point budget_wait_since;
+  double logged_rate = 0;
+  Clock::time_point rate_logged_at;
+
+  double seconds_since_start() const {
+    return std::chrono::duration<double>(Clock::now() - created).count();
+  }
+  bool budget_on() const { return config.link.budget.enabled(); }
+  // A transfer's estimated wire bytes into the budget (the pulls only when they are
+  // counted), with a handshake for each new session the channel started.
+  void count_transfer(std::size_t payload_bytes, bool upload) {
+    const std::uint64_t sessions = channel.sessions_started();
+    std::uint64_t bytes =
+        (sessions - std::min(sessions, sessions_counted)) * kWireBytesPerHandshake;
+    sessions_counted = std::max(sessions, sessions_counted);
+    if (upload || config.link.budget_counts_pulls) bytes += estimated_wire_bytes(payload_bytes);
+    if (!budget_on()) return;
+    budget_window.add(seconds_since_start(), bytes);
+    stats.budget_counted_bytes += bytes;
+  }
+  // What the next pull may cost: the dense model when the next pull is dense or no delta
+  // was seen yet, else twice the largest recent delta (ours: a delta after a long wait can
+  // be larger; see worker/README.md).
+  double pull_reserve() const {
+    if (!config.link.budget_counts_pulls) return 0;
+    const double dense =
+        static_cast<double>(estimated_wire_bytes(model.parameter_count() * sizeof(float) + 64));
+    const bool next_is_dense = config.dense_pull || !ever_pulled || !replica.exact();
+    return next_is_dense || !have_delta_size ? dense
+                                             : std::min(dense, 2 * largest_recent_delta_wire);
+  }
+  void note_pull(std::size_t payload_bytes, bool delta) {
+    const double wire = static_cast<double>(estimated_wire_bytes(payload_bytes));
+    if (delta) {
+      largest_recent_delta_wire = std::max(wire, 0.9 * largest_recent_delta_wire);
+      have_delta_size = true;
+    }
+    rate_inputs.pull_wire_bytes =
+        have_pull_size ? 0.8 * rate_inputs.pull_wire_bytes + 0.2 * wire : wire;
+    have_pull_size = true;
+  }
+  void note_rest_of_step(Clock::duration rest) {
+    const double seconds = std::chrono::duration<double>(rest).count();
+    rate_inputs.rest_of_step_seconds = rate_inputs.rest_of_step_seconds > 0
+                                           ? 0.8 * rate_inputs.rest_of_step_seconds + 0.2 * seconds
+                                           : seconds;
+  }
+  // Seconds until the budget has room for `bytes` more (and a handshake, should the
+  // session have to be renewed); 0 without a budget.
+  double budget_wait(double bytes) {
+    if (!budget_on()) return 0;
+    return budget_window.seconds_until_room(
+        seconds_since_start(), static_cast<std::uint64_t>(bytes) + kWireBytesPerHandshake,
+        config.link.budget.bytes);
+  }
+  double next_update_wire_bytes() const {
+    const double rate = compressor.options().compression_rate;
+    const double payload =
+        chooser ? chooser->predicted_payload_bytes(rate, rate_inputs.payload_bytes_per_entry)
+                : static_cast<double>(body.size());
+    return static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(payload)));
+  }
+  void begin_budget_wait(double seconds, bool offline_now) {
+    if (stats.budget_waiting) return;
+    stats.budget_waiting = true;
+    stats.budget_waits++;
+    budget_wait_since = Clock::now();
+    say("byte budget: " + std::to_string(budget_window.spent(seconds_since_start())) + " of " +
+        std::to_string(config.link.budget.bytes) + " bytes spent in the last " +
+        std::to_string(static_cast<long long>(config.link.budget.period_seconds)) + " s; waiting " +
+        std::to_string(static_cast<long long>(std::ceil(seconds))) + " s for room" +
+        (offline_now ? ", training offline" : ""));
+  }
+  void end_budget_wait() {
+    if (!stats.budget_waiting) return;
+    stats.budget_waiting = false;
+    stats.budget_wait_seconds +=
+        std::chrono::duration<double>(Clock::now() - budget_wait_since).count();
+  }
+  void update_link_stats() {
+    stats.uplink_bytes_per_second = uplink.bytes_per_second();
+    stats.uplink_fixed_seconds = uplink.fixed_seconds();
+    stats.step_seconds = rate_inputs.step_seconds;
+    stats.turn_seconds_without_send = rate_inputs.rest_of_step_seconds;
+    if (budget_on()) stats.budget_spent_bytes = budget_window.spent(seconds_since_start());
+  }
+  // c for the next update: from the measured uplink, with the budget's room left, varied a
+  // little (rate_dither) so the uplink estimate sees different sizes; logged when it moved
+  // by a quarter, at most every 10 s.
+  void choose_rate() {
+    if (!chooser) return;
+    double rate = first_rate;
+    if (uplink.ready()) {
+      rate = std::min(chooser->choose(uplink, rate_inputs), kMaxRateGrowth * chosen_rate);
+      if (budget_on()) {
+        // Never plan past the room left in the period.
+        const double room = static_cast<double>(config.link.budget.bytes) -
+                            static_cast<double>(budget_window.spent(seconds_since_start())) -
+                            static_cast<double>(kWireBytesPerHandshake) - pull_reserve();
+        while (rate > config.link.min_rate &&
+               static_cast<double>(estimated_wire_bytes(static_cast<std::size_t>(
+                   chooser->predicted_payload_bytes(rate, rate_inputs.payload_bytes_per_entry)))) >
+                   room)
+          rate = std::max(config.link.min_rate, rate * 0.8);
+      }
+    }
+    chosen_rate = rate;
+    rate = std::clamp(rate * rate_dither(updates_compressed++), config.link.min_rate,
+                      config.link.max_rate);
+    compressor.set_compression_rate(rate);
+    stats.compression_rate = rate;
+    update_link_stats();
+    const auto now = Clock::now();
+    if ((logged_rate == 0 || std::fabs(rate / logged_rate - 1) > 0.25) &&
+        now - rate_logged_at >= std::chrono::seconds(10)) {
+      logged_rate = rate;
+      rate_logged_at = now;
+      char line[240];
+      std::snprintf(line, sizeof line,
+                    "compression rate c = %.4g (uplink %.1f kB/s + %.3f s per exchange; step "
+                    "%.3f s, with the pull %.3f s%s)",
+                    rate, uplink.bytes_per_second() / 1e3, uplink.fixed_seconds(),
+                    rate_inputs.step_seconds, rate_inputs.rest_of_step_seconds,
+                    budget_on() ? ("; budget " + std::to_string(stats.budget_spent_bytes) + " of " +
+                                   std::to_string(config.link.budget.bytes) + " bytes spent")
+                                      .c_str()
+                                : "");
+      say(line);
+    }
+  }
+  // After an update of `payload` bytes was compressed at the rate in force.
+  void note_update_size(std::size_t payload) {
+    if (!chooser) return;
+    const double entries =
+        static_cast<double>(chooser->entries(compressor.options().compression_rate));
+    if (entries > 0) rate_inputs.payload_bytes_per_entry = static_cast<double>(payload) / entries;
+  }
 
   // The step's common part: one minibatch's gradient on `parameters`, the slowdown, the
   // dropout's choice, the counters.
@@ -242,6 +416,10 @@ struct Worker::State {
       sleep_unless_stopped(
           std::chrono::duration_cast<Clock::duration>(compute_time * config.slowdown), stop);
     }
+    const double step_seconds = std::chrono::duration<double>(Clock::now() - step_started).count();
+    rate_inputs.step_seconds = rate_inputs.step_seconds > 0
+                                   ? 0.8 * rate_inputs.step_seconds + 0.2 * step_seconds
+                                   : step_seconds;
     if (dropout.after_step(std::chrono::duration<double>(Clock::now() - step_started).count()))
       say(dropout.describe());
     stats.dropout = dropout.status();
@@ -263,11 +441,12 @@ struct Worker::State {
     return config.offline_training() && ever_pulled && replica.exact();
   }
   // The server is away: (go on) training offline until next try in `delay`.
-  void go_offline(Clock::duration delay) {
+  void go_offline(Clock::duration delay, bool for_budget = false) {
     const auto now = Clock::now();
     next_attempt = now + delay;
     if (!is_offline) {
       is_offline = true;
+      offline_for_budget = for_budget;
       offline_since = now;
       std::string bounds;
       if (config.offline_steps > 0)
@@ -275,8 +454,9 @@ struct Worker::State {
       if (config.offline_seconds > 0)
         bounds += (bounds.empty() ? "for at most " : ", for at most ") +
                   std::to_string(config.offline_seconds) + " s";
-      say("the server is away: training offline from model version " +
-          std::to_string(model_version) + " (" + bounds + ")");
+      say(std::string(for_budget ? "the byte budget is spent" : "the server is away") +
+          ": training offline from model version " + std::to_string(model_version) + " (" + bounds +
+          ")");
     }
     if (!offline.started()) offline.begin(replica.parameters(), model_version);
     update_offline_stats();
@@ -286,7 +466,11 @@ struct Worker::State {
     earlier_offline_seconds += seconds;
     is_offline = false;
     update_offline_stats();
-    say("the server answers again: back online after " + std::to_string(seconds) + " s offline");
+    say(std::string(offline_for_budget ? "room in the byte budget again"
+                                       : "the server answers again") +
+        ": back online after " + std::to_string(seconds) + " s offline");
+    offline_for_budget = false;
+    end_budget_wait();
   }
   bool within_offline_bounds() const {
     if (config.offline_steps > 0 && offline.steps() >= config.offline_steps) return false;
@@ -322,6 +506,7 @@ struct Worker::State {
     update.sequence = ++sequence;
     update.fetched_version = offline.from_version();
     const std::uint64_t steps = offline.steps();
+    choose_rate();
     try {
       compressor.compress(offline.sum(), update);
     } catch (const std::invalid_argument& e) {
@@ -337,6 +522,7 @@ struct Worker::State {
     if (!encoded)
       throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
     pending = std::move(encoded).value();
+    note_update_size(pending.size());
     pending_steps = steps;
     pending_offline = true;
     pending_from_version = offline.from_version();
@@ -440,6 +626,7 @@ bool Worker::pull() {
   try {
     response = s.channel.get_model(s.replica.pull_path());
   } catch (const transport::TransportError& e) {
+    s.count_transfer(0, false);  // the request left; no answer came
     if (s.is_offline || s.can_train_offline()) {
       if (const auto delay = s.trouble.server_away("pull failed", e)) s.go_offline(*delay);
       return false;
@@ -448,6 +635,7 @@ bool Worker::pull() {
     return false;
   }
   s.trouble.answered();
+  s.count_transfer(response.payload.size(), false);
   if (response.code != transport::CoapCode::kContent) {
     // The server is up but will not serve us: say why and back off (it may be starting).
     const std::string what = "GET /model answered " + transport::coap_code_string(response.code) +
@@ -481,6 +669,7 @@ bool Worker::pull() {
   }
   s.consecutive_mismatches = 0;
   if (outcome == ModelReplica::PullOutcome::kDelta) s.stats.delta_pulls++;
+  s.note_pull(response.payload.size(), outcome == ModelReplica::PullOutcome::kDelta);
   s.model_version = s.replica.version();
   s.stats.pulls++;
   s.have_model = true;
@@ -508,6 +697,7 @@ bool Worker::step() {
   update.model_id = s.model.layout_id();
   update.sequence = ++s.sequence;
   update.fetched_version = s.model_version;
+  s.choose_rate();
   // A non-finite gradient (a diverged model, or a corrupt pull) must not reach the server:
   // skip the step and pull again; give up only if it keeps happening.
   if (!compress_step(batch, s.gradient, s.compressor, update)) {
@@ -523,18 +713,33 @@ bool Worker::step() {
   if (!encoded)
     throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
   s.body = std::move(encoded).value();
+  s.note_update_size(s.body.size());
   return true;
 }
 
 
 void Worker::push() {
   State& s = *state_;
+  // The turn's check planned for an update of the predicted size; one larger than that
+  // waits here for room rather than pass the budget.
+  for (double wait = s.budget_wait(static_cast<double>(estimated_wire_bytes(s.body.size())));
+       wait > 0 && !s.stop;
+       wait = s.budget_wait(static_cast<double>(estimated_wire_bytes(s.body.size())))) {
+    s.begin_budget_wait(wait, false);
+    sleep_unless_stopped(std::min<Clock::duration>(std::chrono::duration_cast<Clock::duration>(
+                                                       std::chrono::duration<double>(wait)),
+                                                   std::chrono::milliseconds(200)),
+                         s.stop);
+  }
+  s.end_budget_wait();
   // A retry sends the same bytes (same sequence): the server applies it once.
   for (int attempt = 0; attempt < 2 && !s.stop; attempt++) {
     transport::CoapResponse response;
+    const auto sent_at = Clock::now();
     try {
       response = s.channel.post_update(s.body);
     } catch (const transport::TransportError& e) {
+      s.count_transfer(s.body.size(), true);
       if (s.can_train_offline()) {
         if (const auto delay = s.trouble.server_away("push failed", e)) {
           s.pending = std::move(s.body);
@@ -550,7 +755,10 @@ void Worker::push() {
       s.trouble.request_failed("push failed", e);
       continue;
     }
+    s.uplink.add(s.body.size(), std::chrono::duration<double>(Clock::now() - sent_at).count());
+    s.count_transfer(s.body.size(), true);
     s.take_answer(response, s.body.size(), 0, 0);
+    s.update_link_stats();
     break;
   }
 }
@@ -558,12 +766,16 @@ void Worker::push() {
 bool Worker::post_pending(const WorkerProgress& progress) {
   State& s = *state_;
   transport::CoapResponse response;
+  const auto sent_at = Clock::now();
   try {
     response = s.channel.post_update(s.pending);
   } catch (const transport::TransportError& e) {
+    s.count_transfer(s.pending.size(), true);
     if (const auto delay = s.trouble.server_away("push failed", e)) s.go_offline(*delay);
     return false;
   }
+  s.uplink.add(s.pending.size(), std::chrono::duration<double>(Clock::now() - sent_at).count());
+  s.count_transfer(s.pending.size(), true);
   const std::uint64_t steps = s.pending_offline ? s.pending_steps : 0;
   const std::vector<std::uint8_t> sent = std::move(s.pending);
   s.pending.clear();
@@ -578,6 +790,18 @@ bool Worker::post_pending(const WorkerProgress& progress) {
 void Worker::run_offline(const WorkerProgress& progress) {
   State& s = *state_;
   const auto now = Clock::now();
+  if (now >= s.next_attempt && s.budget_on()) {
+    // The try, the kept update and the accumulated one must fit the budget; else the next
+    // try comes when they do.
+    const double needed = s.pull_reserve() +
+                          static_cast<double>(estimated_wire_bytes(s.pending.size())) +
+                          (s.offline.steps() > 0 ? s.next_update_wire_bytes() : 0.0);
+    if (const double wait = s.budget_wait(needed); wait > 0) {
+      s.next_attempt =
+          now + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait));
+      s.begin_budget_wait(wait, true);
+    }
+  }
   if (now >= s.next_attempt) {
     // The try is the pull the worker needs anyway: GET /model?since=V, small while the
     // server is away, the model to go on from once it answers.
@@ -618,11 +842,38 @@ WorkerStats Worker::run(const WorkerProgress& progress) {
       run_offline(progress);
       continue;
     }
+    const auto turn_started = Clock::now();
+    if (s.budget_on()) {
+      const double needed = (needs_pull() ? s.pull_reserve() : 0.0) + s.next_update_wire_bytes();
+      if (const double wait = s.budget_wait(needed); wait > 0) {
+        // Spent: wait for room, training offline meanwhile when that is on.
+        const bool offline_now = s.can_train_offline();
+        s.begin_budget_wait(wait, offline_now);
+        if (offline_now) {
+          s.go_offline(
+              std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)),
+              true);
+        } else {
+          sleep_unless_stopped(
+              std::min<Clock::duration>(
+                  std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait)),
+                  std::chrono::milliseconds(200)),
+              s.stop);
+        }
+        s.update_link_stats();
+        if (progress) progress(s.stats);
+        continue;
+      }
+      s.end_budget_wait();
+    }
     if (needs_pull() && !pull()) continue;
     if (!step()) continue;
+    s.note_rest_of_step(Clock::now() - turn_started);
     push();
     if (progress) progress(s.stats);
   }
+  s.end_budget_wait();
+  s.update_link_stats();
   s.update_offline_stats();
   if (s.stats.buffered_steps > 0)
     s.say("the run ended offline: " + std::to_string(s.stats.buffered_steps) +

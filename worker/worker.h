@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "worker/compressor.h"
+#include "worker/link_adaptation.h"
 #include "model/dataset.h"
 #include "worker/server_channel.h"
 #include "worker/worker_dropout.h"
@@ -87,6 +88,11 @@ struct WorkerConfig {
   double offline_seconds = 0;
   double offline_lr = 0.1;
   bool offline_training() const { return offline_steps > 0 || offline_seconds > 0; }
+  // Compression that follows the link (worker/link_adaptation.h; ours): c chosen per update
+  // from the measured uplink, for a share of the step time and/or a byte budget, within
+  // [min_rate, max_rate]; compressor.compression_rate is then the first updates' c. While
+  // the budget is spent the worker waits, or trains offline when offline training is on.
+  LinkAdaptationSettings link;
 };
 
 // "coaps://host:port" (port defaults to 5684) into host and port; throws std::invalid_argument.
@@ -140,6 +146,21 @@ struct WorkerStats {
   std::uint64_t last_offline_from_version = 0;
   std::uint64_t last_offline_acknowledged_version = 0;
   std::uint64_t last_offline_steps = 0;
+  // Compression that follows the link (WorkerConfig::link): the c of the last update, the
+  // uplink estimate (bytes/s through the bottleneck and the fixed time of an exchange), a
+  // step's compute time and a loop turn's without its send (pull included), and the byte budget:
+  // its estimated wire bytes in the current period and in all (what is counted: worker/README.md),
+  // whether the worker is waiting for it now, how often and how long it waited.
+  double compression_rate = 0;
+  double uplink_bytes_per_second = 0;
+  double uplink_fixed_seconds = 0;
+  double step_seconds = 0;
+  double turn_seconds_without_send = 0;
+  std::uint64_t budget_spent_bytes = 0;
+  std::uint64_t budget_counted_bytes = 0;
+  bool budget_waiting = false;
+  std::uint64_t budget_waits = 0;
+  double budget_wait_seconds = 0;
   // With shards: per shard, the highest version it acknowledged (ShardedServerChannel);
   // server_version is then their sum. Filled by run_worker(), not by the loop.
   std::vector<std::uint64_t> shard_versions;

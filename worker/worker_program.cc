@@ -132,9 +132,34 @@ WorkerConfig worker_config(WorkerSettings& s) {
   if (!s.drop_rates.empty()) config.dropout.drop_rates = parse_drop_rates(s.drop_rates);
   config.dropout.rescale = parse_dropout_rescale(s.dropout_rescale);
   config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
+  config.link.budget = parse_byte_budget(s.byte_budget);
+  config.link.budget_counts_pulls = s.budget_counts == "both";
+  if (config.link.min_rate > config.link.max_rate)
+    throw std::invalid_argument("--min-compression-rate " + std::to_string(config.link.min_rate) +
+                                " is above --max-compression-rate " +
+                                std::to_string(config.link.max_rate));
+  if (config.link.enabled() && !s.shards.empty())
+    throw std::invalid_argument("--send-share / --byte-budget do not work with --shards yet");
+  if (config.link.enabled() && s.compression.compressor != "adacomp")
+    throw std::invalid_argument(
+        "--send-share / --byte-budget choose AdaComp's c: not with --compressor " +
+        s.compression.compressor);
+  const Model model(model_spec_from_argument(config.model));
   // The drop rates or table against the model, before any data is loaded.
-  check_worker_dropout(config.dropout, Model(model_spec_from_argument(config.model)),
+  check_worker_dropout(config.dropout, model,
                        s.mode == "rounds" ? DropoutPacing::kPerRound : DropoutPacing::kPerStep);
+  // A budget that cannot carry the first (dense) pull would leave the worker waiting forever.
+  const std::uint64_t first_pull =
+      estimated_wire_bytes(model.parameter_count() * sizeof(float)) + kWireBytesPerHandshake;
+  if (config.link.budget.enabled() && config.link.budget_counts_pulls &&
+      config.link.budget.bytes < 2 * first_pull)
+    throw std::invalid_argument("--byte-budget " + s.byte_budget + ": " +
+                                std::to_string(config.link.budget.bytes) +
+                                " bytes cannot carry two dense pulls of model '" + config.model +
+                                "' (" + std::to_string(first_pull) +
+                                " bytes each on the wire: the first pull, and the room kept for "
+                                "the next until a delta is seen); raise it, or --budget-counts "
+                                "upload");
   return config;
 }
 
@@ -263,6 +288,24 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "the local steps' learning rate: the server's --lr, so the update carries the local "
         "trajectory (ours)")
       .range(1e-9, 100);
+  t.group("A slow or metered link (async: worker/README.md, \"A metered or slow link\")");
+  t.add("send-share", c.link.send_share,
+        "choose c per update so that sending takes at most this share of a step's time, from "
+        "the uplink measured on the worker's own updates (0: off, --rate for every update)")
+      .range(0, 0.95);
+  t.add("byte-budget", s.byte_budget,
+        "at most BYTES/PERIOD on the wire (e.g. 50MB/day, 5MB/hour, 200kB/10min; estimated from "
+        "payloads, blocks and handshakes): c chosen to pace it, and the worker waits (or trains "
+        "offline with --offline-steps) rather than pass it; empty: no budget");
+  t.add("budget-counts", s.budget_counts,
+        "what the budget counts: both (updates and model pulls) or upload (updates only)")
+      .choices({"both", "upload"});
+  t.add("min-compression-rate", c.link.min_rate,
+        "with --send-share or --byte-budget: the smallest c chosen")
+      .range(1e-6, 1);
+  t.add("max-compression-rate", c.link.max_rate,
+        "with --send-share or --byte-budget: the largest c chosen (--rate is the first updates' c)")
+      .range(1e-6, 1);
   t.group("Output");
   t.add("quiet", s.quiet, "no progress line");
   t.add("log-level", s.log_level,
@@ -301,6 +344,9 @@ int run_worker_program(WorkerSettings& s, const char* program) {
     if (!mode) throw std::invalid_argument("unknown --mode " + s.mode);
     if (!s.shards.empty() && s.mode != "async")
       throw std::invalid_argument("--shards works with --mode async only, not " + s.mode);
+    if ((s.config.link.send_share > 0 || !s.byte_budget.empty()) && s.mode != "async")
+      throw std::invalid_argument("--send-share / --byte-budget work with --mode async only, not " +
+                                  s.mode);
     if (s.config.offline_training() && s.mode != "async")
       throw std::invalid_argument(
           "--offline-steps / --offline-seconds work with --mode async only, not " + s.mode);

@@ -41,6 +41,9 @@ struct WorkerSettings {
   // Filter dropout (DISTREAL): static rates, or a table and a budget in ms.
   std::string drop_rates, dropout_rescale = "inverted";
   double step_time_budget_ms = 0;
+  // Compression that follows the link (worker/link_adaptation.h): --byte-budget's text and
+  // --budget-counts (both, upload).
+  std::string byte_budget, budget_counts = "both";
   double request_timeout = 60;
   std::string mode = "async";
   double lr = 0.05;

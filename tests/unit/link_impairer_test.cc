@@ -193,6 +193,30 @@ TEST(LinkImpairer, AFullQueueDropsTheTail) {
   EXPECT_EQ(number_of(server.receive(std::chrono::seconds(5))), 0u);
 }
 
+TEST(LinkImpairer, AnAsymmetricLinkCapsEachDirectionOnItsOwn) {
+  UdpSocket worker, server;
+  // Up 8 kbit/s: the first datagram, 1000 bytes, holds the line for a second. Down
+  // unlimited (downlink_kbps 0): five answers of 2000 bytes, which at 8 kbit/s would take
+  // ten seconds, arrive within five.
+  LinkImpairer impairer({link_to(
+      server.port(), {.bandwidth_kbps = 8, .downlink_kbps = 0, .queue_limit_bytes = 20000})});
+  const auto sent = Clock::now();
+  worker.send_to(impairer.listen_port(0), numbered(0, 1000));
+  std::uint16_t impairer_port = 0;
+  ASSERT_FALSE(server.receive(std::chrono::seconds(5), &impairer_port).empty());
+  EXPECT_GE(Clock::now() - sent, std::chrono::milliseconds(800)) << "the uplink was not capped";
+  const auto answers_sent = Clock::now();
+  for (std::uint32_t i = 0; i < 5; i++) server.send_to(impairer_port, numbered(i, 2000));
+  for (std::uint32_t i = 0; i < 5; i++) {
+    const auto got = worker.receive(std::chrono::seconds(5));
+    ASSERT_FALSE(got.empty()) << "answer " << i << " was dropped";
+    EXPECT_EQ(number_of(got), i);
+  }
+  EXPECT_LT(Clock::now() - answers_sent, std::chrono::seconds(5))
+      << "the answers were held to the uplink's rate";
+  EXPECT_EQ(impairer.counters(0).to_worker.dropped_queue_full, 0u);
+}
+
 TEST(LinkImpairer, JitterNeverReorders) {
   UdpSocket worker, server;
   LinkImpairer impairer({link_to(server.port(), {.delay_ms = 5, .jitter_ms = 30})});

@@ -125,6 +125,12 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
         "offline_updates_refused", "offline_steps_refused", "last_offline_from_version",
         "last_offline_acknowledged_version", "last_offline_steps"})
     EXPECT_TRUE(j.contains(key)) << key;
+  // Compression that follows the link (issue 38 part 2), read by e2e_worker_link_adaptation.
+  for (const char* key :
+       {"compression_rate", "uplink_bytes_per_second", "uplink_fixed_seconds", "step_seconds",
+        "turn_seconds_without_send", "budget_spent_bytes", "budget_counted_bytes", "budget_waiting",
+        "budget_waits", "budget_wait_seconds"})
+    EXPECT_TRUE(j.contains(key)) << key;
   EXPECT_FALSE(j.contains("shard_versions"));  // only a sharded worker has them
   stats.shard_versions = {4, 5};
   EXPECT_EQ(json::parse(runtime::async_stats_json(stats, {}, false)).at("shard_versions"),

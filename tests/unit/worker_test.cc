@@ -7,6 +7,7 @@
 // the server answers 5.00.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -720,6 +721,47 @@ TEST(WorkerConfigCheck, RefusesWhatNoRetryCouldFix) {
   config = test_config();
   config.model = "input 28x28x1; fc 10";
   EXPECT_THROW(runtime::Worker(config, data, server, stop), runtime::ModelError);
+}
+
+// A byte budget (issue 38 part 2) against what the server received: the payloads of every
+// pull and update in any window of the period stay within it (the worker counts more: its
+// estimate of the wire adds block headers and handshakes), the worker waits when it is
+// spent, and trains on once there is room again. Runs 2.5 s of the worker's own clock; the
+// assertion holds however fast the machine is.
+TEST_F(WorkerTest, AByteBudgetHoldsInEveryWindowOfItsPeriod) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::pair<Clock::time_point, std::size_t>> transfers;
+  server.on_get = [&](const std::string&) {
+    CoapResponse answer = server.dense();  // every pull dense: 2.6 kB for this model
+    transfers.emplace_back(Clock::now(), answer.payload.size());
+    return answer;
+  };
+  server.on_post = [&](std::span<const std::uint8_t> body) {
+    transfers.emplace_back(Clock::now(), body.size());
+    return server.accepted();
+  };
+  auto config = test_config();
+  config.link.budget = {20000, 1.0};  // 20 kB per second: a few turns, then a wait
+  config.link.min_rate = 0.01;
+  config.link.max_rate = 0.5;
+  config.max_seconds = 2.5;
+  auto worker = make_worker(config);
+  const runtime::WorkerStats stats = worker.run();
+  EXPECT_GE(stats.updates_accepted, 3u);
+  EXPECT_GE(stats.budget_waits, 1u) << "the budget was never spent";
+  EXPECT_GT(stats.budget_counted_bytes, 0u);
+  std::size_t worst = 0;
+  for (std::size_t i = 0; i < transfers.size(); i++) {
+    std::size_t sum = 0;
+    for (std::size_t j = i; j < transfers.size() &&
+                            transfers[j].first - transfers[i].first <= std::chrono::seconds(1);
+         j++)
+      sum += transfers[j].second;
+    worst = std::max(worst, sum);
+  }
+  EXPECT_LE(worst, 20000u);
+  EXPECT_GT(worst, 5000u) << "the budget was left mostly unused";
+  EXPECT_GT(stats.compression_rate, 0);
 }
 
 }  // namespace

@@ -179,6 +179,24 @@ struct CoapDtlsClient::Impl {
     std::vector<std::vector<std::uint8_t>> tokens;
   };
   QBlock2Receive q_block2;
+  // Q-Block1 (RFC 9177) sending of the request body in flight: bursts of MAX_PAYLOADS
+  // non-confirmable blocks with one token, the body's last block confirmable (ours: so that
+  // the server can answer it later, once the update is durable, and libcoap retransmits it).
+  struct QBlock1Send {
+    bool active = false;
+    std::vector<std::uint8_t> token;
+    std::span<const std::uint8_t> body;  // the caller's, alive during request()
+    std::uint32_t blocks = 0;
+    std::uint32_t next_unsent = 0;
+    std::uint32_t burst_end = 0;  // the last block sent in the latest burst
+    bool continued = false;       // a 2.31 came: send the next burst
+    bool progressed = false;      // a 2.31 or a 4.08 came at all
+    std::vector<std::uint32_t> resend;  // listed by a 4.08
+    std::chrono::steady_clock::time_point last_heard;
+  };
+  QBlock1Send q_block1;
+  bool q_block1_refused = false;       // the server answered a Q-Block1 block with 4.02
+  bool server_lacks_q_block1 = false;  // ... so this client uses Block1 with it from now on
   bool q_block2_refused = false;      // the server answered the Q-Block2 GET with 4.02
   bool server_lacks_q_block = false;  // ... so this client uses Block2 with it from now on
   Method current_method = Method::kGet;
@@ -301,7 +319,13 @@ struct CoapDtlsClient::Impl {
       return token.length == ours.size() &&
              (token.length == 0 || std::memcmp(token.s, ours.data(), token.length) == 0);
     };
-    const bool ours = self->q_block2.asked
+    if (self->q_block1.active) {
+      if (self->done || !same(self->q_block1.token)) return COAP_RESPONSE_OK;
+      if (self->take_q_block1_answer(received)) return COAP_RESPONSE_OK;
+      // Anything else is the answer to the whole body (the handler's, or a refusal).
+    }
+    const bool ours = self->q_block1.active ? true
+                      : self->q_block2.asked
                           ? std::any_of(self->q_block2.tokens.begin(),
                                         self->q_block2.tokens.end(), same)
                           : same(self->token);
@@ -333,6 +357,123 @@ struct CoapDtlsClient::Impl {
     }
     self->done = true;
     return COAP_RESPONSE_OK;
+  }
+
+  // 2.31 (send the next burst), 4.08 with the missing blocks (send them again) or 4.02 before
+  // any progress (the server does not know Q-Block1: Block1 from now on). Returns false for
+  // any other answer, which is the answer to the body.
+  bool take_q_block1_answer(const coap_pdu_t* received) {
+    QBlock1Send& q = q_block1;
+    const coap_pdu_code_t code = coap_pdu_get_code(received);
+    if (code == COAP_RESPONSE_CODE(402) && !q.progressed) {
+      q_block1_refused = true;
+      done = true;
+      return true;
+    }
+    if (code == COAP_RESPONSE_CODE(231)) {
+      q.progressed = q.continued = true;
+      q.last_heard = std::chrono::steady_clock::now();
+      return true;
+    }
+    if (code != COAP_RESPONSE_CODE(408)) return false;
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(received, &length, &data);
+    std::vector<std::uint32_t> missing;
+    if (!decode_cbor_unsigned_sequence({data, length}, missing) ||
+        std::any_of(missing.begin(), missing.end(), [&](std::uint32_t n) { return n >= q.blocks; })) {
+      return false;  // not a list of ours: the answer to the body, 4.08 as it is
+    }
+    q.progressed = true;
+    q.last_heard = std::chrono::steady_clock::now();
+    for (std::uint32_t n : missing)
+      if (std::find(q.resend.begin(), q.resend.end(), n) == q.resend.end()) q.resend.push_back(n);
+    return true;
+  }
+
+  // RFC 9177 5's missing-blocks list: a CBOR sequence of unsigned integers (at most 1,024).
+  static bool decode_cbor_unsigned_sequence(std::span<const std::uint8_t> bytes,
+                                            std::vector<std::uint32_t>& values) {
+    std::size_t i = 0;
+    while (i < bytes.size()) {
+      const std::uint8_t head = bytes[i++];
+      if (head >> 5 != 0 || values.size() >= 1024) return false;  // major type 0 only
+      const std::uint8_t info = head & 31;
+      std::size_t extra = info < 24 ? 0 : info == 24 ? 1 : info == 25 ? 2 : info == 26 ? 4 : 9;
+      if (extra == 9 || bytes.size() - i < extra) return false;
+      std::uint32_t value = info < 24 ? info : 0;
+      for (std::size_t k = 0; k < extra; ++k) value = (value << 8) | bytes[i++];
+      values.push_back(value);
+    }
+    return !values.empty();
+  }
+
+  // Block `num` of the Q-Block1 body; the body's last block confirmable, and `confirmable`
+  // ones (probes) too.
+  void send_q_block1_block(std::uint32_t num, bool confirmable) {
+    QBlock1Send& q = q_block1;
+    constexpr std::size_t kBlock = 1024;
+    const std::size_t offset = std::size_t{num} * kBlock;
+    const std::size_t length = std::min(kBlock, q.body.size() - offset);
+    const bool last = num + 1 == q.blocks;
+    coap_pdu_t* pdu = new_request_pdu(last || confirmable ? COAP_MESSAGE_CON : COAP_MESSAGE_NON,
+                                      current_method, current_path, q.token);
+    std::uint8_t buffer[8];
+    // Size1 in every block (ours): the server sizes the body from whichever block comes first.
+    coap_add_option(pdu, COAP_OPTION_SIZE1,
+                    coap_encode_var_safe8(buffer, sizeof buffer, q.body.size()), buffer);
+    std::uint8_t block[4];
+    coap_add_option(pdu, kOptionQBlock1, encode_q_block(block, {num, !last, 6}), block);
+    coap_add_data(pdu, length, q.body.data() + offset);
+    if (coap_send(session, pdu) == COAP_INVALID_MID)
+      fail(TransportFailure::kOther, "cannot send block " + std::to_string(num) + " of a body");
+  }
+
+  void send_q_block1_burst() {
+    QBlock1Send& q = q_block1;
+    const std::uint32_t end = std::min<std::uint32_t>(
+        q.blocks, q.next_unsent + static_cast<std::uint32_t>(options.timing.max_payloads));
+    for (std::uint32_t n = q.next_unsent; n < end; ++n) send_q_block1_block(n, false);
+    q.burst_end = end - 1;
+    q.next_unsent = end;
+    q.last_heard = std::chrono::steady_clock::now();
+  }
+
+  void start_q_block1(std::span<const std::uint8_t> payload) {
+    q_block1 = {};
+    q_block1.active = true;
+    q_block1.body = payload;
+    q_block1.blocks = static_cast<std::uint32_t>((payload.size() + 1023) / 1024);
+    uint8_t token_bytes[8];
+    size_t token_length = 0;
+    coap_session_new_token(session, &token_length, token_bytes);
+    q_block1.token.assign(token_bytes, token_bytes + token_length);
+    token = q_block1.token;
+    send_q_block1_burst();
+  }
+
+  // Called by the wait loop: the blocks a 4.08 listed, the next burst after a 2.31, and
+  // after NON_RECEIVE_TIMEOUT without an answer the burst's last block again, confirmable
+  // (a probe: the server answers it 2.31 or 4.08; a server without Q-Block answers 4.02).
+  void step_q_block1() {
+    QBlock1Send& q = q_block1;
+    if (!q.active || done || !failure.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!q.resend.empty()) {
+      std::sort(q.resend.begin(), q.resend.end());
+      for (std::uint32_t n : q.resend) send_q_block1_block(n, false);
+      q.resend.clear();
+      q.last_heard = now;
+    }
+    if (q.continued) {
+      q.continued = false;
+      if (q.next_unsent < q.blocks) send_q_block1_burst();
+      return;
+    }
+    if (now - q.last_heard > std::chrono::duration<double>(2 * options.timing.ack_timeout_seconds)) {
+      send_q_block1_block(q.burst_end, true);
+      q.last_heard = now;
+    }
   }
 
   // One block of a Q-Block2 answer. Every block carries the ETag and Size2 (RFC 9177 4.4);
@@ -408,12 +549,37 @@ struct CoapDtlsClient::Impl {
   std::vector<std::uint8_t> send_request(Method method, const std::string& path,
                                          std::span<const std::uint8_t> payload,
                                          const std::vector<QBlockValue>& q_block2) {
-    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), session);
-    if (!pdu) throw TransportError("cannot allocate a CoAP request");
     uint8_t token_bytes[8];
     size_t token_length = 0;
     coap_session_new_token(session, &token_length, token_bytes);
-    coap_add_token(pdu, token_length, token_bytes);
+    coap_pdu_t* pdu = new_request_pdu(COAP_MESSAGE_CON, method, path,
+                                      {token_bytes, token_bytes + token_length});
+    for (const QBlockValue& block : q_block2) {
+      std::uint8_t buffer[4];
+      coap_add_option(pdu, kOptionQBlock2, encode_q_block(buffer, block), buffer);
+    }
+    if (!payload.empty()) {
+      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
+      if (!coap_add_data_large_request(session, pdu, body->size(), body->data(), release_payload,
+                                       body)) {
+        coap_delete_pdu(pdu);
+        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
+      }
+    }
+    if (coap_send(session, pdu) == COAP_INVALID_MID) {
+      drop_session();
+      throw TransportError("coap_send failed");
+    }
+    return {token_bytes, token_bytes + token_length};
+  }
+
+  // A request PDU with the token, the Uri-Path and Uri-Query options of `path` and, for plain
+  // CoAP, the declared identity. Throws TransportError when it cannot be allocated.
+  coap_pdu_t* new_request_pdu(coap_pdu_type_t type, Method method, const std::string& path,
+                              const std::vector<std::uint8_t>& token_bytes) {
+    coap_pdu_t* pdu = coap_new_pdu(type, to_request_code(method), session);
+    if (!pdu) throw TransportError("cannot allocate a CoAP request");
+    coap_add_token(pdu, token_bytes.size(), token_bytes.data());
     const std::size_t question_mark = path.find('?');
     for (const std::string& segment : split_path(path.substr(0, question_mark))) {
       coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(),
@@ -435,23 +601,7 @@ struct CoapDtlsClient::Impl {
       coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(),
                       reinterpret_cast<const uint8_t*>(declared.data()));
     }
-    for (const QBlockValue& block : q_block2) {
-      std::uint8_t buffer[4];
-      coap_add_option(pdu, kOptionQBlock2, encode_q_block(buffer, block), buffer);
-    }
-    if (!payload.empty()) {
-      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
-      if (!coap_add_data_large_request(session, pdu, body->size(), body->data(), release_payload,
-                                       body)) {
-        coap_delete_pdu(pdu);
-        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
-      }
-    }
-    if (coap_send(session, pdu) == COAP_INVALID_MID) {
-      drop_session();
-      throw TransportError("coap_send failed");
-    }
-    return {token_bytes, token_bytes + token_length};
+    return pdu;
   }
 
   // A GET for the whole body with Q-Block2 (NUM 0, M set: RFC 9177 4.4).
@@ -616,6 +766,7 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
   coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
   // Known, so that libcoap hands answers carrying it to on_response (it drops a piggybacked
   // answer with an unknown critical option, and resets a non-confirmable one).
+  coap_register_option(impl_->context, kOptionQBlock1);
   coap_register_option(impl_->context, kOptionQBlock2);
   coap_register_response_handler(impl_->context, &Impl::on_response);
   coap_register_nack_handler(impl_->context, &Impl::on_nack);
@@ -640,11 +791,16 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     s.response = {};
     s.q_block2 = {};
     s.q_block2_refused = false;
+    s.q_block1 = {};
+    s.q_block1_refused = false;
     s.current_method = method;
     s.current_path = path;
     if (method == Method::kGet && payload.empty() && s.options.timing.q_block &&
         !s.server_lacks_q_block) {
       s.ask_for_whole_body();
+    } else if ((method == Method::kPost || method == Method::kPut) && payload.size() > 1024 &&
+               s.options.timing.q_block && !s.server_lacks_q_block1) {
+      s.start_q_block1(payload);
     } else {
       s.token = s.send_request(method, path, payload, {});
     }
@@ -665,6 +821,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
       coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
       if (s.dtls_closed && !s.done) s.fail_dtls();  // no-op when a nack has explained it
       s.step_q_block2();
+      s.step_q_block1();
     }
     return true;
   };
@@ -698,9 +855,10 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
   const bool reused_session = s.session && s.session_answered;
   send();
   bool time_left = wait();
-  if (s.q_block2_refused) {
-    // 4.02 Bad Option: a server without Q-Block (RFC 9177 4.4). RFC 7959 Block2 from now on.
-    s.server_lacks_q_block = true;
+  if (s.q_block2_refused || s.q_block1_refused) {
+    // 4.02 Bad Option: a server without Q-Block (RFC 9177 4.4). RFC 7959 from now on.
+    if (s.q_block2_refused) s.server_lacks_q_block = true;
+    if (s.q_block1_refused) s.server_lacks_q_block1 = true;
     send();
     time_left = wait();
   }
@@ -723,6 +881,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     }
   }
   coap_context_set_keepalive(s.context, 0);
+  s.q_block1.active = false;  // the body is the caller's: nothing may send from it later
   if (!s.done) {
     const std::string why = s.failure;
     const TransportFailure kind = s.failure_kind;

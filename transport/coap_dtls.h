@@ -4,7 +4,9 @@
 // does not expose libcoap, so nothing outside transport/ includes it.
 //
 // Bodies of any size travel with block-wise transfer (RFC 7959), handled by libcoap, except
-// that the server assembles request bodies (Block1) itself, to refuse oversize ones early.
+// that the server assembles request bodies (Block1) itself, to refuse oversize ones early,
+// and that bodies between these two classes use Q-Block (RFC 9177: bodies in bursts, one
+// request or one answer per burst; CoapTiming::q_block), implemented here over libcoap 4.3.1.
 // Neither class is thread-safe: each instance is driven by one thread.
 #pragma once
 
@@ -138,11 +140,13 @@ struct CoapTiming {
   double ack_random_factor = 1.5;
   int max_retransmit = 4;  // retransmissions before giving up on a message
   int nstart = 1;          // outstanding confirmable messages per peer
-  // RFC 9177 Q-Block2 for GET answers of more than one block (transport/README.md,
-  // "Q-Block"): the client asks for the whole body with one request and the server sends
-  // its blocks in bursts of max_payloads, each burst asked for by one request. A server
-  // with it off answers a Q-Block2 request 4.02 Bad Option (libcoap does not know the
-  // option), and the client then falls back to RFC 7959 Block2 with that server.
+  // RFC 9177 Q-Block (transport/README.md, "Q-Block"). Q-Block2, for GET answers of more
+  // than one block: the client asks for the whole body with one request and the server
+  // sends its blocks in bursts of max_payloads, each burst asked for by one request.
+  // Q-Block1, for POST/PUT bodies of more than one block: the client sends them in bursts
+  // of max_payloads, the server answers each burst once (2.31, or 4.08 with the missing
+  // blocks). A server with it off answers a Q-Block request 4.02 Bad Option (libcoap does
+  // not know the options), and the client then falls back to RFC 7959 with that server.
   bool q_block = true;
   int max_payloads = 10;  // RFC 9177 MAX_PAYLOADS: blocks sent per burst (1..64)
   // RFC 7252's defaults: 2 s, 1.5, 4, 1.

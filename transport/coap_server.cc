@@ -247,6 +247,30 @@ struct CoapDtlsServer::Impl {
   std::atomic<std::size_t> q_block2_bodies_held{0};
   static constexpr std::chrono::seconds kHeldBodyTimeout{10};
 
+  // Q-Block1 (RFC 9177) request bodies being assembled, one per session, its blocks in any
+  // order; counted with `assemblies` against max_bodies_in_progress and the idle timeout.
+  // All blocks of one body carry one token (ours), which tells a new body from the
+  // stragglers of the last one.
+  struct QBlock1Assembly {
+    std::vector<std::uint8_t> token;
+    std::vector<std::uint8_t> body;
+    std::vector<bool> have;
+    std::uint32_t szx = 6;
+    std::uint32_t blocks = 0;
+    std::uint32_t received = 0;
+    std::uint32_t seen_until = 0;  // past the last burst's end seen
+    std::chrono::steady_clock::time_point last_block;
+  };
+  std::map<const coap_session_t*, QBlock1Assembly> q_block1_assemblies;
+  // The answer given to the session's last whole Q-Block1 body, for late blocks and probes
+  // of it (code 0: answered later, by a deferred response).
+  struct QBlock1Done {
+    std::vector<std::uint8_t> token;
+    CoapResponse reply;
+  };
+  std::map<const coap_session_t*, QBlock1Done> q_block1_done;
+  static constexpr int kMissingBlocksFormat = 272;  // application/missing-blocks+cbor-seq
+
   // What the request's payload amounts to: the whole body (the request's own payload, or
   // the assembled blocks), a block to acknowledge with 2.31 Continue, or a refusal.
   struct BodyStep {
@@ -264,12 +288,13 @@ struct CoapDtlsServer::Impl {
 
   // Makes room for a new body if an idle one can go; false when the bound holds.
   bool room_for_a_body() {
-    if (assemblies.size() < options.max_bodies_in_progress) return true;
+    if (assemblies.size() + q_block1_assemblies.size() < options.max_bodies_in_progress)
+      return true;
     const auto now = std::chrono::steady_clock::now();
-    std::erase_if(assemblies, [&](const auto& entry) {
-      return now - entry.second.last_block > kIdleBodyTimeout;
-    });
-    return assemblies.size() < options.max_bodies_in_progress;
+    auto idle = [&](const auto& entry) { return now - entry.second.last_block > kIdleBodyTimeout; };
+    std::erase_if(assemblies, idle);
+    std::erase_if(q_block1_assemblies, idle);
+    return assemblies.size() + q_block1_assemblies.size() < options.max_bodies_in_progress;
   }
 
   BodyStep take_block(const coap_session_t* session, const coap_pdu_t* request) {
@@ -358,6 +383,8 @@ struct CoapDtlsServer::Impl {
       self->last_answers.erase(session);
       self->assemblies.erase(session);
       self->held_bodies.erase(session);
+      self->q_block1_assemblies.erase(session);
+      self->q_block1_done.erase(session);
       self->q_block2_bodies_held = self->held_bodies.size();
     }
     self->track_handshake(session, event);
@@ -508,8 +535,10 @@ struct CoapDtlsServer::Impl {
   // Step 2, dispatch: the answer to a request, from the retransmission cache, a refusal
   // that no handler sees, or the resource's handler. Never throws. `deferred`: the handler
   // (or the request it retransmits) answers later; the returned reply is then ignored.
+  // `whole_body`: a body assembled elsewhere (Q-Block1), handed to the handler as it is.
   static CoapResponse dispatch(Resource& entry, coap_session_t* session, const coap_pdu_t* request,
-                               const coap_string_t* query, bool& deferred) {
+                               const coap_string_t* query, bool& deferred,
+                               const std::vector<std::uint8_t>* whole_body = nullptr) {
     Impl& server = *entry.server;
     const coap_mid_t mid = coap_pdu_get_mid(request);
     const bool idempotent = coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET;
@@ -521,7 +550,8 @@ struct CoapDtlsServer::Impl {
     CoapResponse reply;
     bool assembled = false;
     try {
-      const BodyStep step = server.take_block(session, request);
+      const BodyStep step = whole_body ? BodyStep{BodyStep::kWhole, *whole_body, {}}
+                                       : server.take_block(session, request);
       assembled = step.assembled;
       if (step.kind != BodyStep::kWhole) {
         reply = step.kind == BodyStep::kContinue ? CoapResponse(kContinue) : step.refusal;
@@ -619,6 +649,9 @@ struct CoapDtlsServer::Impl {
         coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET &&
         serve_q_block2(*entry, resource, session, request, query, response))
       return;
+    if (entry->server->options.timing.q_block &&
+        take_q_block1(*entry, resource, session, request, query, response))
+      return;
     bool deferred = false;
     CoapResponse reply = dispatch(*entry, session, request, query, deferred);
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
@@ -643,6 +676,141 @@ struct CoapDtlsServer::Impl {
       wanted.emplace_back(block->num, block->more);
     }
     return !wanted.empty();
+  }
+
+  // A request block carrying Q-Block1 (RFC 9177 4.3): kept; at the end of a burst (every
+  // MAX_PAYLOADS-th block, and the body's last) answered 2.31 Continue when every block so
+  // far has come, else 4.08 with the missing blocks' numbers; a block that fills the last
+  // gap is answered as a burst end. The whole body goes to the handler once. Other blocks
+  // get no answer (a non-confirmable one: nothing; a confirmable one: an empty ACK). The
+  // body cap, max_bodies_in_progress and the idle timeout hold as for Block1. Returns false
+  // for a request without Q-Block1.
+  static bool take_q_block1(Resource& entry, coap_resource_t* resource, coap_session_t* session,
+                            const coap_pdu_t* request, const coap_string_t* query,
+                            coap_pdu_t* response) {
+    coap_opt_iterator_t iterator;
+    const coap_opt_t* option = coap_check_option(request, kOptionQBlock1, &iterator);
+    if (!option) return false;
+    Impl& server = *entry.server;
+    auto answer = [&](CoapResponse reply) {
+      respond(resource, session, request, query, response, std::move(reply));
+      return true;
+    };
+    auto refuse = [&](int code, const std::string& why) {
+      server.q_block1_assemblies.erase(session);
+      ++server.bodies_refused;
+      return answer(text_reply(code, why));
+    };
+    const auto block = decode_q_block(option);
+    const coap_opt_t* size1 = coap_check_option(request, COAP_OPTION_SIZE1, &iterator);
+    if (!block || !size1)
+      return answer(text_reply(CoapCode::kBadRequest,
+                               "a Q-Block1 block needs a valid Q-Block1 and a Size1 option"));
+    const coap_bin_const_t token = coap_pdu_get_token(request);
+    const std::vector<std::uint8_t> token_bytes(token.s, token.s + token.length);
+    // A block of a body already handed to the handler: its answer again (or nothing, when
+    // the handler answers later; libcoap then sends an empty ACK to a confirmable block).
+    if (const auto done = server.q_block1_done.find(session);
+        done != server.q_block1_done.end() && done->second.token == token_bytes) {
+      if (done->second.reply.code == 0) return true;
+      return answer(done->second.reply);
+    }
+    const std::size_t size =
+        coap_decode_var_bytes8(coap_opt_value(size1), coap_opt_length(size1));
+    const std::string limit = ", the limit is " + std::to_string(server.options.max_body_bytes);
+    if (size > server.options.max_body_bytes)
+      return refuse(CoapCode::kRequestEntityTooLarge,
+                    "body of " + std::to_string(size) + " bytes announced (Size1)" + limit);
+    const std::size_t block_size = std::size_t{1} << (block->szx + 4);
+    const std::size_t offset = std::size_t{block->num} * block_size;
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(request, &length, &data);
+    if (offset >= std::max<std::size_t>(size, 1) ||
+        length != std::min(block_size, size - std::min(size, offset)) ||
+        block->more != (offset + length < size))
+      return refuse(CoapCode::kBadRequest, "Q-Block1 block " + std::to_string(block->num) +
+                                               " of " + std::to_string(length) +
+                                               " bytes does not fit a " + std::to_string(size) +
+                                               "-byte body");
+    auto it = server.q_block1_assemblies.find(session);
+    if (it != server.q_block1_assemblies.end() &&
+        (it->second.token != token_bytes || it->second.body.size() != size ||
+         it->second.szx != block->szx)) {
+      server.q_block1_assemblies.erase(it);  // a new body: the old one is given up
+      it = server.q_block1_assemblies.end();
+    }
+    if (it == server.q_block1_assemblies.end()) {
+      if (!server.room_for_a_body())
+        return refuse(kServiceUnavailable, std::to_string(server.options.max_bodies_in_progress) +
+                                               " block-wise bodies in progress: retry later");
+      QBlock1Assembly fresh;
+      fresh.token = token_bytes;
+      fresh.szx = block->szx;
+      fresh.blocks = static_cast<std::uint32_t>((size + block_size - 1) / block_size);
+      fresh.body.assign(size, 0);  // at most max_body_bytes, checked above
+      fresh.have.assign(fresh.blocks, false);
+      it = server.q_block1_assemblies.emplace(session, std::move(fresh)).first;
+    }
+    QBlock1Assembly& body = it->second;
+    body.last_block = std::chrono::steady_clock::now();
+    const bool fills_a_gap = !body.have[block->num] && block->num < body.seen_until;
+    if (!body.have[block->num]) {
+      body.have[block->num] = true;
+      ++body.received;
+      if (length > 0) std::memcpy(body.body.data() + offset, data, length);
+    }
+    const auto max_payloads = static_cast<std::uint32_t>(server.options.timing.max_payloads);
+    const bool burst_end = !block->more || block->num % max_payloads == max_payloads - 1;
+    if (burst_end) body.seen_until = std::max(body.seen_until, block->num + 1);
+    std::vector<std::uint32_t> missing;
+    for (std::uint32_t n = 0; n < body.seen_until && missing.size() < 64; ++n)
+      if (!body.have[n]) missing.push_back(n);
+    if (!burst_end && !(fills_a_gap && missing.empty())) return true;  // no answer yet
+    if (!missing.empty()) {
+      if (!burst_end) return true;  // gaps left: the client asks again after its timeout
+      CoapResponse incomplete(kRequestEntityIncomplete, cbor_unsigned_sequence(missing));
+      coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(kRequestEntityIncomplete)));
+      std::uint8_t buffer[4];
+      coap_add_option(response, COAP_OPTION_CONTENT_FORMAT,
+                      coap_encode_var_safe(buffer, sizeof buffer, kMissingBlocksFormat), buffer);
+      coap_add_data(response, incomplete.payload.size(), incomplete.payload.data());
+      return true;
+    }
+    if (body.received < body.blocks) {
+      // Every block of the bursts so far: 2.31 Continue, echoing Q-Block1 (RFC 9177 4.3).
+      coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(kContinue)));
+      std::uint8_t buffer[4];
+      coap_add_option(response, kOptionQBlock1,
+                      encode_q_block(buffer, {body.seen_until - 1, true, body.szx}), buffer);
+      return true;
+    }
+    // The whole body: to the handler, once.
+    std::vector<std::uint8_t> whole = std::move(body.body);
+    server.q_block1_assemblies.erase(it);
+    bool deferred = false;
+    CoapResponse reply = dispatch(entry, session, request, query, deferred, &whole);
+    server.q_block1_done[session] = {token_bytes, deferred ? CoapResponse{} : reply};
+    if (deferred) return true;
+    return answer(std::move(reply));
+  }
+
+  // A CBOR sequence of unsigned integers (RFC 8742; RFC 9177 5's missing-blocks list).
+  static std::vector<std::uint8_t> cbor_unsigned_sequence(const std::vector<std::uint32_t>& values) {
+    std::vector<std::uint8_t> out;
+    for (std::uint32_t v : values) {
+      if (v < 24) {
+        out.push_back(static_cast<std::uint8_t>(v));
+      } else if (v < 256) {
+        out.insert(out.end(), {24, static_cast<std::uint8_t>(v)});
+      } else if (v < 65536) {
+        out.insert(out.end(), {25, static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v)});
+      } else {
+        out.insert(out.end(), {26, static_cast<std::uint8_t>(v >> 24), static_cast<std::uint8_t>(v >> 16),
+                               static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v)});
+      }
+    }
+    return out;
   }
 
   // A GET carrying Q-Block2: answers with up to MAX_PAYLOADS of the wanted blocks, the first
@@ -739,7 +907,7 @@ struct CoapDtlsServer::Impl {
     const std::size_t block_size = std::size_t{1} << (szx + 4);
     const std::size_t offset = std::size_t{num} * block_size;
     const std::size_t length = std::min(block_size, body.body->size() - offset);
-    std::uint8_t etag[8];
+    std::uint8_t etag[8] = {};
     std::size_t etag_length = coap_encode_var_safe8(etag, sizeof etag, body.etag);
     if (etag_length == 0) etag_length = 1;  // ETag 0: one zero byte, never an empty option
     coap_add_option(pdu, COAP_OPTION_ETAG, etag_length, etag);
@@ -821,7 +989,10 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
     coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP);
     // Known, so that a GET carrying it reaches handle() rather than getting 4.02 Bad Option,
     // which is what a server with Q-Block off answers (the client then falls back).
-    if (s.options.timing.q_block) coap_register_option(s.context, kOptionQBlock2);
+    if (s.options.timing.q_block) {
+      coap_register_option(s.context, kOptionQBlock1);
+      coap_register_option(s.context, kOptionQBlock2);
+    }
     s.guard = std::make_unique<detail::HandshakeGuard>(s.options.handshake);
     coap_context_set_max_handshake_sessions(s.context, s.options.handshake.max_pending);
 
@@ -933,7 +1104,9 @@ std::uint64_t CoapDtlsServer::bytes_received() const {
   return impl_->ingress.bytes.load(std::memory_order_relaxed);
 }
 
-std::size_t CoapDtlsServer::bodies_in_progress() const { return impl_->assemblies.size(); }
+std::size_t CoapDtlsServer::bodies_in_progress() const {
+  return impl_->assemblies.size() + impl_->q_block1_assemblies.size();
+}
 
 std::uint64_t CoapDtlsServer::bodies_refused() const { return impl_->bodies_refused; }
 

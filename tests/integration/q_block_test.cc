@@ -4,6 +4,7 @@
 // 10% loss; the bodies the server keeps for their next bursts stay within their bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -49,6 +50,11 @@ std::unique_ptr<CoapDtlsServer> body_server(bool q_block, std::atomic<int>& call
                               ? static_cast<unsigned>(std::stoul(request.query.substr(2)))
                               : 0;
     return CoapResponse{CoapCode::kContent, body_for(seed)};
+  });
+  // A dense paper-CNN model's size: 1,648 blocks.
+  server->add_resource("model", Method::kGet, [&calls](const CoapRequest&) {
+    ++calls;
+    return CoapResponse{CoapCode::kContent, body_for(9, 1686628), 0};  // ETag 0 as version 0
   });
   return server;
 }
@@ -100,6 +106,12 @@ TEST(QBlock2, ABodyComesInBurstsEachAskedForByOneRequest) {
   EXPECT_EQ(calls, 4);
   // The ETag every Q-Block2 block carries reaches the caller (the handler gave none: ours).
   EXPECT_TRUE(fast.etag.has_value());
+  // A dense model: 165 bursts, the handler run once.
+  const int calls_before = calls;
+  const CoapResponse model = q_block.request(Method::kGet, "model");
+  EXPECT_EQ(model.payload, body_for(9, 1686628));
+  EXPECT_EQ(model.etag, std::optional<std::uint64_t>(0));
+  EXPECT_EQ(calls, calls_before + 1);
   // Bodies of one block, errors: answered as they are.
   EXPECT_EQ(q_block.request(Method::kGet, "nothing").code, CoapCode::kNotFound);
 }
@@ -182,6 +194,131 @@ TEST(QBlock2Limits, KeptBodiesStayWithinTheBound) {
   EXPECT_EQ(whole, 12);
   EXPECT_LE(most_held, 2u);
   EXPECT_LE(server->q_block2_bodies_held(), 2u);
+}
+
+// POST /sink: the handler checks the body against body_for(SEED of ?n=SEED, SIZE of
+// &size=SIZE) and answers 2.04 with "whole" or 4.00 "damaged"; `calls` counts its runs.
+std::unique_ptr<CoapDtlsServer> sink_server(bool q_block, std::atomic<int>& calls,
+                                            std::atomic<int>& damaged) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kKey)); };
+  options.timing.q_block = q_block;
+  auto server = std::make_unique<CoapDtlsServer>(options);
+  server->add_resource("sink", Method::kPost, [&calls, &damaged](const CoapRequest& request) {
+    ++calls;
+    const auto amp = request.query.find("&size=");
+    const unsigned seed = static_cast<unsigned>(std::stoul(request.query.substr(2, amp - 2)));
+    const std::size_t size = std::stoul(request.query.substr(amp + 6));
+    const std::vector<std::uint8_t> expected = body_for(seed, size);
+    if (!std::equal(request.payload.begin(), request.payload.end(), expected.begin(),
+                    expected.end())) {
+      ++damaged;
+      return CoapResponse{CoapCode::kBadRequest, bytes_of("damaged")};
+    }
+    return CoapResponse{CoapCode::kChanged, bytes_of("whole")};
+  });
+  return server;
+}
+
+std::string sink_path(unsigned seed, std::size_t size) {
+  return "sink?n=" + std::to_string(seed) + "&size=" + std::to_string(size);
+}
+
+TEST(QBlock1, ABodyGoesInBurstsEachAnsweredOnce) {
+  std::atomic<int> calls = 0, damaged = 0;
+  auto server = sink_server(true, calls, damaged);
+  ServerThread running(*server);
+  CoapDtlsClient q_block(client_options(server->port(), true));
+  CoapDtlsClient block1(client_options(server->port(), false));
+  constexpr std::size_t kSize = 22 * 1024 + 385;  // 23 blocks, as a paper-CNN AdaComp update
+  ASSERT_EQ(q_block.request(Method::kPost, sink_path(1, kSize), body_for(1, kSize)).code,
+            CoapCode::kChanged);  // the handshakes
+  ASSERT_EQ(block1.request(Method::kPost, sink_path(1, kSize), body_for(1, kSize)).code,
+            CoapCode::kChanged);
+  auto settle = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+  settle();
+  std::uint64_t in = server->datagrams_received(), out = server->datagrams_sent();
+  const CoapResponse fast = q_block.request(Method::kPost, sink_path(2, kSize), body_for(2, kSize));
+  settle();
+  const std::uint64_t q_in = server->datagrams_received() - in, q_out = server->datagrams_sent() - out;
+  in = server->datagrams_received();
+  out = server->datagrams_sent();
+  const CoapResponse slow = block1.request(Method::kPost, sink_path(2, kSize), body_for(2, kSize));
+  settle();
+  const std::uint64_t b_in = server->datagrams_received() - in, b_out = server->datagrams_sent() - out;
+  std::printf("23-block POST: Q-Block1 %llu in / %llu out, Block1 %llu in / %llu out\n",
+              static_cast<unsigned long long>(q_in), static_cast<unsigned long long>(q_out),
+              static_cast<unsigned long long>(b_in), static_cast<unsigned long long>(b_out));
+  EXPECT_EQ(fast.code, CoapCode::kChanged);
+  EXPECT_EQ(slow.code, CoapCode::kChanged);
+  // 23 blocks in bursts of 10: a 2.31 after blocks 9 and 19, the answer after block 22.
+  EXPECT_EQ(q_in, 23u);
+  EXPECT_EQ(q_out, 3u);
+  EXPECT_EQ(b_in, 23u);
+  EXPECT_EQ(b_out, 23u);
+  EXPECT_EQ(calls, 4);
+  EXPECT_EQ(damaged, 0);
+}
+
+TEST(QBlock1, AServerWithoutQBlockGetsBlock1) {
+  std::atomic<int> calls = 0, damaged = 0;
+  auto server = sink_server(false, calls, damaged);
+  ServerThread running(*server);
+  CoapDtlsClient client(client_options(server->port(), true));
+  for (unsigned n : {5u, 6u})  // 8 blocks: the first burst's last block is confirmable
+    EXPECT_EQ(client.request(Method::kPost, sink_path(n, 8000), body_for(n, 8000)).code,
+              CoapCode::kChanged);
+  // 30 blocks: the second body goes straight to Block1 (the 4.02 came with the first).
+  EXPECT_EQ(client.request(Method::kPost, sink_path(7, 30000), body_for(7, 30000)).code,
+            CoapCode::kChanged);
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(damaged, 0);
+}
+
+TEST(QBlock1, ALargeBodyFallsBackToBlock1AfterAProbe) {
+  std::atomic<int> calls = 0, damaged = 0;
+  auto server = sink_server(false, calls, damaged);
+  ServerThread running(*server);
+  CoapDtlsClient client(client_options(server->port(), true));
+  // 30 blocks: the first burst's non-confirmable blocks get resets from a server without
+  // Q-Block; the confirmable probe after NON_RECEIVE_TIMEOUT gets 4.02.
+  EXPECT_EQ(client.request(Method::kPost, sink_path(8, 30000), body_for(8, 30000)).code,
+            CoapCode::kChanged);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(damaged, 0);
+}
+
+void every_post_arrives_once_and_whole(double loss, std::uint64_t seed) {
+  std::atomic<int> calls = 0, damaged = 0;
+  auto server = sink_server(true, calls, damaged);
+  ServerThread running(*server);
+  edgetrain::testing::UdpDelayProxy lossy(server->port(), std::chrono::milliseconds(0), 0, seed);
+  CoapDtlsClient client(client_options(lossy.port(), true));
+  ASSERT_EQ(client.request(Method::kPost, sink_path(0, 2000), body_for(0, 2000)).code,
+            CoapCode::kChanged);  // lossless handshake
+  lossy.set_loss_rate(loss);
+  const auto start = std::chrono::steady_clock::now();
+  constexpr unsigned kBodies = 5;
+  for (unsigned n = 1; n <= kBodies; ++n) {
+    const std::size_t size = 20000 + 1500 * n;
+    const CoapResponse response = client.request(Method::kPost, sink_path(n, size), body_for(n, size));
+    ASSERT_EQ(response.code, CoapCode::kChanged) << "body " << n;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%.0f%% loss: %u POSTs of 21-28 blocks in %.1f s, %llu datagrams dropped\n",
+              loss * 100, kBodies, seconds,
+              static_cast<unsigned long long>(lossy.datagrams_dropped()));
+  EXPECT_EQ(calls, static_cast<int>(kBodies) + 1);  // once per body
+  EXPECT_EQ(damaged, 0);
+  EXPECT_GT(lossy.datagrams_dropped(), 3u);
+}
+
+TEST(QBlock1OverLoss, EveryBodyArrivesOnceAndWholeAtFivePercentLoss) {
+  every_post_arrives_once_and_whole(0.05, 11);
+}
+TEST(QBlock1OverLoss, EveryBodyArrivesOnceAndWholeAtTenPercentLoss) {
+  every_post_arrives_once_and_whole(0.10, 13);
 }
 
 }  // namespace

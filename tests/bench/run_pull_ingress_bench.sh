@@ -19,7 +19,8 @@
 #
 # Settings (environment): EDGETRAIN_BUILD (build/host), BENCH_SECONDS (60 per run),
 # BENCH_WORKERS (3), BENCH_MODEL (paper-cnn), BENCH_RUNS ("dense sparse"), BENCH_PUBLISH,
-# BENCH_WORKER_FLAGS (extra worker flags, e.g. --sign-scale), BENCH_WARMUP (seconds before the
+# BENCH_WORKER_FLAGS (extra worker flags, e.g. --sign-scale), BENCH_SERVER_FLAGS (extra
+# server flags, e.g. --coap-max-payloads 20 with the same in BENCH_WORKER_FLAGS), BENCH_WARMUP (seconds before the
 # steady-state snapshot; default a third of the run). The server's D is 4 x workers
 # (at least 64). Every program is stopped by the script.
 set -euo pipefail
@@ -33,6 +34,7 @@ model=${BENCH_MODEL:-paper-cnn}
 runs=${BENCH_RUNS:-dense sparse}
 publish=${BENCH_PUBLISH:-10:0.004}
 read -r -a extra_worker_flags <<<"${BENCH_WORKER_FLAGS:-}"
+extra_server_flags=${BENCH_SERVER_FLAGS:-}
 max_staleness=$((workers * 4 > 64 ? workers * 4 : 64))
 warmup=${BENCH_WARMUP:-$((seconds / 3))}
 server=$build/programs/edgetrain-server
@@ -55,7 +57,7 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
   mkdir -p "$dir"
   # shellcheck disable=SC2086 # server_flags: words on purpose
   start_server "$server" "$dir/server.log" --port 0 --state-dir "$dir/state" --keystore "$work/keys.toml" \
-    --model "$model" --eval-data none --max-staleness "$max_staleness" $server_flags
+    --model "$model" --eval-data none --max-staleness "$max_staleness" $server_flags $extra_server_flags
   local worker_pids=()
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$dir/w$i.log" "$dir/w$i.stats.json" "$worker" --config "$work/w$i.toml" \

@@ -198,7 +198,7 @@ struct CoapDtlsClient::Impl {
   bool q_block1_refused = false;       // the server answered a Q-Block1 block with 4.02
   bool server_lacks_q_block1 = false;  // ... so this client uses Block1 with it from now on
   bool q_block2_refused = false;      // the server answered the Q-Block2 GET with 4.02
-  bool server_lacks_q_block = false;  // ... so this client uses Block2 with it from now on
+  bool server_lacks_q_block2 = false;  // ... so this client uses Block2 with it from now on
   Method current_method = Method::kGet;
   std::string current_path;
   // The largest body a Q-Block2 answer may announce (ours): its Size2 is allocated at once.
@@ -796,7 +796,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     s.current_method = method;
     s.current_path = path;
     if (method == Method::kGet && payload.empty() && s.options.timing.q_block &&
-        !s.server_lacks_q_block) {
+        !s.server_lacks_q_block2) {
       s.ask_for_whole_body();
     } else if ((method == Method::kPost || method == Method::kPut) && payload.size() > 1024 &&
                s.options.timing.q_block && !s.server_lacks_q_block1) {
@@ -857,7 +857,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
   bool time_left = wait();
   if (s.q_block2_refused || s.q_block1_refused) {
     // 4.02 Bad Option: a server without Q-Block (RFC 9177 4.4). RFC 7959 from now on.
-    if (s.q_block2_refused) s.server_lacks_q_block = true;
+    if (s.q_block2_refused) s.server_lacks_q_block2 = true;
     if (s.q_block1_refused) s.server_lacks_q_block1 = true;
     send();
     time_left = wait();

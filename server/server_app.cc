@@ -387,7 +387,9 @@ void ServerApp::open_endpoint() {
   log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +
            " s, ACK_RANDOM_FACTOR " + short_number(s_.timing.ack_random_factor) +
            ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) + ", NSTART " +
-           std::to_string(s_.timing.nstart));
+           std::to_string(s_.timing.nstart) + "; Q-Block " +
+           (s_.timing.q_block ? "on, MAX_PAYLOADS " + std::to_string(s_.timing.max_payloads)
+                              : std::string("off")));
   log_line("DTLS handshakes: stateless cookie first; at most " +
            std::to_string(s_.handshake.max_pending) + " pending (" +
            std::to_string(s_.handshake.max_pending_per_address) + " per source address), " +

@@ -111,6 +111,14 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
   t.add("coap-ack-random-factor", s.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR").range(1, 4);
   t.add("coap-max-retransmit", s.timing.max_retransmit, "CoAP MAX_RETRANSMIT").range(1, 10);
   t.add("coap-nstart", s.timing.nstart, "CoAP NSTART").range(1, 16);
+  t.add("q-block", s.timing.q_block,
+        "Q-Block (RFC 9177) with clients that ask for it: a GET's answer in bursts, each "
+        "asked for by one request (Q-Block2), and request bodies taken in bursts answered "
+        "once (Q-Block1) (false: such requests get 4.02 and the clients fall back to RFC 7959 "
+        "Block1/Block2)");
+  t.add("coap-max-payloads", s.timing.max_payloads,
+        "Q-Block MAX_PAYLOADS (RFC 9177): blocks per burst")
+      .range(1, 64);
   t.add("datagrams-per-pass", s.datagrams_per_pass,
         "most datagrams read per pass of the event loop, which walks "
         "every session once per pass (1 = libcoap's own loop)")

@@ -157,6 +157,53 @@ struct CoapDtlsClient::Impl {
   detail::HandshakeProgress handshake;  // of the current session (handshake_watch.h)
   bool dtls_closed = false;             // libcoap freed the current session's DTLS state
 
+  // Q-Block2 (RFC 9177) reception of the GET in flight (transport/README.md, "Q-Block"):
+  // the blocks so far, which were asked for, and the tokens of the transfer's requests
+  // (each burst is asked for by a request of its own).
+  struct QBlock2Receive {
+    bool asked = false;    // the request carries Q-Block2
+    bool active = false;   // a block has come: ETag, size and block size are known
+    bool restart = false;  // a block of another ETag came: the body changed, ask again
+    std::uint64_t etag = 0;
+    int code = 0;
+    std::uint32_t szx = 6;
+    std::size_t body_size = 0;
+    std::uint32_t blocks = 0;
+    std::uint32_t received = 0;
+    std::vector<std::uint8_t> body;
+    std::vector<bool> have;
+    std::uint32_t asked_until = 0;  // every block below it was asked for
+    std::uint32_t last_asked = 0;   // the last block the latest request asked for
+    bool burst_ended = false;       // that block came: time to ask for the next burst
+    std::chrono::steady_clock::time_point last_progress;
+    std::vector<std::vector<std::uint8_t>> tokens;
+  };
+  QBlock2Receive q_block2;
+  // Q-Block1 (RFC 9177) sending of the request body in flight: bursts of MAX_PAYLOADS
+  // non-confirmable blocks with one token, the body's last block confirmable (ours: so that
+  // the server can answer it later, once the update is durable, and libcoap retransmits it).
+  struct QBlock1Send {
+    bool active = false;
+    std::vector<std::uint8_t> token;
+    std::span<const std::uint8_t> body;  // the caller's, alive during request()
+    std::uint32_t blocks = 0;
+    std::uint32_t next_unsent = 0;
+    std::uint32_t burst_end = 0;  // the last block sent in the latest burst
+    bool continued = false;       // a 2.31 came: send the next burst
+    bool progressed = false;      // a 2.31 or a 4.08 came at all
+    std::vector<std::uint32_t> resend;  // listed by a 4.08
+    std::chrono::steady_clock::time_point last_heard;
+  };
+  QBlock1Send q_block1;
+  bool q_block1_refused = false;       // the server answered a Q-Block1 block with 4.02
+  bool server_lacks_q_block1 = false;  // ... so this client uses Block1 with it from now on
+  bool q_block2_refused = false;      // the server answered the Q-Block2 GET with 4.02
+  bool server_lacks_q_block2 = false;  // ... so this client uses Block2 with it from now on
+  Method current_method = Method::kGet;
+  std::string current_path;
+  // The largest body a Q-Block2 answer may announce (ours): its Size2 is allocated at once.
+  static constexpr std::size_t kMaxQBlock2BodyBytes = std::size_t{64} << 20;
+
   // State of the one request in flight.
   std::vector<std::uint8_t> token;
   bool done = false;
@@ -268,12 +315,37 @@ struct CoapDtlsClient::Impl {
     Impl* self = of(session);
     if (!self) return COAP_RESPONSE_OK;
     coap_bin_const_t token = coap_pdu_get_token(received);
-    if (self->done || token.length != self->token.size() ||
-        (token.length && std::memcmp(token.s, self->token.data(), token.length) != 0)) {
-      return COAP_RESPONSE_OK;  // a late answer to an earlier request: ignore it
+    auto same = [&](const std::vector<std::uint8_t>& ours) {
+      return token.length == ours.size() &&
+             (token.length == 0 || std::memcmp(token.s, ours.data(), token.length) == 0);
+    };
+    if (self->q_block1.active) {
+      if (self->done || !same(self->q_block1.token)) return COAP_RESPONSE_OK;
+      if (self->take_q_block1_answer(received)) return COAP_RESPONSE_OK;
+      // Anything else is the answer to the whole body (the handler's, or a refusal).
+    }
+    const bool ours = self->q_block1.active ? true
+                      : self->q_block2.asked
+                          ? std::any_of(self->q_block2.tokens.begin(),
+                                        self->q_block2.tokens.end(), same)
+                          : same(self->token);
+    if (self->done || !ours) return COAP_RESPONSE_OK;  // a late answer to an earlier request
+    coap_opt_iterator_t options;
+    if (self->q_block2.asked) {
+      // libcoap's 4.02 echoes the option it did not know, so the code comes first.
+      if (coap_pdu_get_code(received) == COAP_RESPONSE_CODE(402) && !self->q_block2.active) {
+        self->q_block2_refused = true;  // request() asks again without Q-Block2
+        self->done = true;
+        return COAP_RESPONSE_OK;
+      }
+      const coap_opt_t* block = coap_check_option(received, kOptionQBlock2, &options);
+      if (block && COAP_RESPONSE_CLASS(coap_pdu_get_code(received)) == 2) {
+        self->take_q_block2(received, block);
+        return COAP_RESPONSE_OK;
+      }
+      // Anything else (an error, a body of one block) is the whole answer.
     }
     self->response.code = code_from_pdu(coap_pdu_get_code(received));
-    coap_opt_iterator_t options;
     if (coap_opt_t* etag = coap_check_option(received, COAP_OPTION_ETAG, &options)) {
       self->response.etag = coap_decode_var_bytes8(coap_opt_value(etag), coap_opt_length(etag));
     }
@@ -285,6 +357,303 @@ struct CoapDtlsClient::Impl {
     }
     self->done = true;
     return COAP_RESPONSE_OK;
+  }
+
+  // 2.31 (send the next burst), 4.08 with the missing blocks (send them again) or 4.02 before
+  // any progress (the server does not know Q-Block1: Block1 from now on). Returns false for
+  // any other answer, which is the answer to the body.
+  bool take_q_block1_answer(const coap_pdu_t* received) {
+    QBlock1Send& q = q_block1;
+    const coap_pdu_code_t code = coap_pdu_get_code(received);
+    if (code == COAP_RESPONSE_CODE(402) && !q.progressed) {
+      q_block1_refused = true;
+      done = true;
+      return true;
+    }
+    if (code == COAP_RESPONSE_CODE(231)) {
+      q.progressed = q.continued = true;
+      q.last_heard = std::chrono::steady_clock::now();
+      return true;
+    }
+    if (code != COAP_RESPONSE_CODE(408)) return false;
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(received, &length, &data);
+    std::vector<std::uint32_t> missing;
+    if (!decode_cbor_unsigned_sequence({data, length}, missing) ||
+        std::any_of(missing.begin(), missing.end(), [&](std::uint32_t n) { return n >= q.blocks; })) {
+      return false;  // not a list of ours: the answer to the body, 4.08 as it is
+    }
+    q.progressed = true;
+    q.last_heard = std::chrono::steady_clock::now();
+    for (std::uint32_t n : missing)
+      if (std::find(q.resend.begin(), q.resend.end(), n) == q.resend.end()) q.resend.push_back(n);
+    return true;
+  }
+
+  // RFC 9177 5's missing-blocks list: a CBOR sequence of unsigned integers (at most 1,024).
+  static bool decode_cbor_unsigned_sequence(std::span<const std::uint8_t> bytes,
+                                            std::vector<std::uint32_t>& values) {
+    std::size_t i = 0;
+    while (i < bytes.size()) {
+      const std::uint8_t head = bytes[i++];
+      if (head >> 5 != 0 || values.size() >= 1024) return false;  // major type 0 only
+      const std::uint8_t info = head & 31;
+      std::size_t extra = info < 24 ? 0 : info == 24 ? 1 : info == 25 ? 2 : info == 26 ? 4 : 9;
+      if (extra == 9 || bytes.size() - i < extra) return false;
+      std::uint32_t value = info < 24 ? info : 0;
+      for (std::size_t k = 0; k < extra; ++k) value = (value << 8) | bytes[i++];
+      values.push_back(value);
+    }
+    return !values.empty();
+  }
+
+  // Block `num` of the Q-Block1 body; the body's last block confirmable, and `confirmable`
+  // ones (probes) too.
+  void send_q_block1_block(std::uint32_t num, bool confirmable) {
+    QBlock1Send& q = q_block1;
+    constexpr std::size_t kBlock = 1024;
+    const std::size_t offset = std::size_t{num} * kBlock;
+    const std::size_t length = std::min(kBlock, q.body.size() - offset);
+    const bool last = num + 1 == q.blocks;
+    coap_pdu_t* pdu = new_request_pdu(last || confirmable ? COAP_MESSAGE_CON : COAP_MESSAGE_NON,
+                                      current_method, current_path, q.token);
+    std::uint8_t buffer[8];
+    // Size1 in every block (ours): the server sizes the body from whichever block comes first.
+    coap_add_option(pdu, COAP_OPTION_SIZE1,
+                    coap_encode_var_safe8(buffer, sizeof buffer, q.body.size()), buffer);
+    std::uint8_t block[4];
+    coap_add_option(pdu, kOptionQBlock1, encode_q_block(block, {num, !last, 6}), block);
+    coap_add_data(pdu, length, q.body.data() + offset);
+    if (coap_send(session, pdu) == COAP_INVALID_MID)
+      fail(TransportFailure::kOther, "cannot send block " + std::to_string(num) + " of a body");
+  }
+
+  void send_q_block1_burst() {
+    QBlock1Send& q = q_block1;
+    const std::uint32_t end = std::min<std::uint32_t>(
+        q.blocks, q.next_unsent + static_cast<std::uint32_t>(options.timing.max_payloads));
+    for (std::uint32_t n = q.next_unsent; n < end; ++n) send_q_block1_block(n, false);
+    q.burst_end = end - 1;
+    q.next_unsent = end;
+    q.last_heard = std::chrono::steady_clock::now();
+  }
+
+  void start_q_block1(std::span<const std::uint8_t> payload) {
+    q_block1 = {};
+    q_block1.active = true;
+    q_block1.body = payload;
+    q_block1.blocks = static_cast<std::uint32_t>((payload.size() + 1023) / 1024);
+    uint8_t token_bytes[8];
+    size_t token_length = 0;
+    coap_session_new_token(session, &token_length, token_bytes);
+    q_block1.token.assign(token_bytes, token_bytes + token_length);
+    token = q_block1.token;
+    send_q_block1_burst();
+  }
+
+  // Called by the wait loop: the blocks a 4.08 listed, the next burst after a 2.31, and
+  // after NON_RECEIVE_TIMEOUT without an answer the burst's last block again, confirmable
+  // (a probe: the server answers it 2.31 or 4.08; a server without Q-Block answers 4.02).
+  void step_q_block1() {
+    QBlock1Send& q = q_block1;
+    if (!q.active || done || !failure.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!q.resend.empty()) {
+      std::sort(q.resend.begin(), q.resend.end());
+      for (std::uint32_t n : q.resend) send_q_block1_block(n, false);
+      q.resend.clear();
+      q.last_heard = now;
+    }
+    if (q.continued) {
+      q.continued = false;
+      if (q.next_unsent < q.blocks) send_q_block1_burst();
+      return;
+    }
+    if (now - q.last_heard > std::chrono::duration<double>(2 * options.timing.ack_timeout_seconds)) {
+      send_q_block1_block(q.burst_end, true);
+      q.last_heard = now;
+    }
+  }
+
+  // One block of a Q-Block2 answer. Every block carries the ETag and Size2 (RFC 9177 4.4);
+  // a block of another ETag means the body changed, and the transfer starts over.
+  void take_q_block2(const coap_pdu_t* received, const coap_opt_t* option) {
+    QBlock2Receive& q = q_block2;
+    if (q.restart) return;  // stragglers of the body given up
+    coap_opt_iterator_t iterator;
+    const coap_opt_t* etag_option = coap_check_option(received, COAP_OPTION_ETAG, &iterator);
+    const coap_opt_t* size_option = coap_check_option(received, COAP_OPTION_SIZE2, &iterator);
+    const auto block = decode_q_block(option);
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(received, &length, &data);
+    if (!block || !etag_option || !size_option) {
+      fail(TransportFailure::kOther, "the server at " + server_text +
+                                         " sent a Q-Block2 block without a valid Q-Block2, ETag "
+                                         "or Size2 option");
+      return;
+    }
+    const std::uint64_t etag =
+        coap_decode_var_bytes8(coap_opt_value(etag_option), coap_opt_length(etag_option));
+    const std::size_t size =
+        coap_decode_var_bytes8(coap_opt_value(size_option), coap_opt_length(size_option));
+    if (q.active && (etag != q.etag || size != q.body_size || block->szx != q.szx)) {
+      q.restart = true;  // the wait loop asks for the whole new body
+      return;
+    }
+    const std::size_t block_size = std::size_t{1} << (block->szx + 4);
+    if (!q.active) {
+      if (size > kMaxQBlock2BodyBytes) {
+        fail(TransportFailure::kOther,
+             "the server at " + server_text + " announced a " + std::to_string(size) +
+                 "-byte body (Size2); this client takes at most " +
+                 std::to_string(kMaxQBlock2BodyBytes));
+        return;
+      }
+      q.active = true;
+      q.etag = etag;
+      q.code = code_from_pdu(coap_pdu_get_code(received));
+      q.szx = block->szx;
+      q.body_size = size;
+      q.blocks = static_cast<std::uint32_t>((size + block_size - 1) / block_size);
+      q.body.assign(size, 0);
+      q.have.assign(q.blocks, false);
+      // A request for the whole body gets the first MAX_PAYLOADS blocks.
+      q.asked_until = std::min<std::uint32_t>(
+          q.blocks, static_cast<std::uint32_t>(options.timing.max_payloads));
+      q.last_asked = q.asked_until == 0 ? 0 : q.asked_until - 1;
+    }
+    const std::size_t offset = std::size_t{block->num} * block_size;
+    if (block->num >= q.blocks || length != std::min(block_size, size - offset)) {
+      fail(TransportFailure::kOther, "the server at " + server_text + " sent Q-Block2 block " +
+                                         std::to_string(block->num) + " of " +
+                                         std::to_string(length) + " bytes, which does not fit a " +
+                                         std::to_string(size) + "-byte body");
+      return;
+    }
+    q.last_progress = std::chrono::steady_clock::now();
+    if (block->num == q.last_asked) q.burst_ended = true;
+    if (q.have[block->num]) return;  // a duplicate
+    q.have[block->num] = true;
+    if (length > 0) std::memcpy(q.body.data() + offset, data, length);
+    if (++q.received < q.blocks) return;
+    response.code = q.code;
+    response.etag = q.etag;
+    response.payload = std::move(q.body);
+    done = true;
+  }
+
+  // Sends a request on the current session and returns its token; Q-Block2 options from
+  // `q_block2` (ascending). Throws TransportError when it cannot be sent.
+  std::vector<std::uint8_t> send_request(Method method, const std::string& path,
+                                         std::span<const std::uint8_t> payload,
+                                         const std::vector<QBlockValue>& q_block2) {
+    uint8_t token_bytes[8];
+    size_t token_length = 0;
+    coap_session_new_token(session, &token_length, token_bytes);
+    coap_pdu_t* pdu = new_request_pdu(COAP_MESSAGE_CON, method, path,
+                                      {token_bytes, token_bytes + token_length});
+    for (const QBlockValue& block : q_block2) {
+      std::uint8_t buffer[4];
+      coap_add_option(pdu, kOptionQBlock2, encode_q_block(buffer, block), buffer);
+    }
+    if (!payload.empty()) {
+      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
+      if (!coap_add_data_large_request(session, pdu, body->size(), body->data(), release_payload,
+                                       body)) {
+        coap_delete_pdu(pdu);
+        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
+      }
+    }
+    if (coap_send(session, pdu) == COAP_INVALID_MID) {
+      drop_session();
+      throw TransportError("coap_send failed");
+    }
+    return {token_bytes, token_bytes + token_length};
+  }
+
+  // A request PDU with the token, the Uri-Path and Uri-Query options of `path` and, for plain
+  // CoAP, the declared identity. Throws TransportError when it cannot be allocated.
+  coap_pdu_t* new_request_pdu(coap_pdu_type_t type, Method method, const std::string& path,
+                              const std::vector<std::uint8_t>& token_bytes) {
+    coap_pdu_t* pdu = coap_new_pdu(type, to_request_code(method), session);
+    if (!pdu) throw TransportError("cannot allocate a CoAP request");
+    coap_add_token(pdu, token_bytes.size(), token_bytes.data());
+    const std::size_t question_mark = path.find('?');
+    for (const std::string& segment : split_path(path.substr(0, question_mark))) {
+      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(),
+                      reinterpret_cast<const uint8_t*>(segment.data()));
+    }
+    if (question_mark != std::string::npos) {
+      const std::string query = path.substr(question_mark + 1);
+      for (std::size_t start = 0; start <= query.size();) {
+        std::size_t end = query.find('&', start);
+        if (end == std::string::npos) end = query.size();
+        if (end > start)
+          coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start,
+                          reinterpret_cast<const uint8_t*>(query.data() + start));
+        start = end + 1;
+      }
+    }
+    if (options.plaintext && !options.psk.identity.empty()) {
+      const std::string declared = "id=" + options.psk.identity;
+      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(),
+                      reinterpret_cast<const uint8_t*>(declared.data()));
+    }
+    return pdu;
+  }
+
+  // A GET for the whole body with Q-Block2 (NUM 0, M set: RFC 9177 4.4).
+  void ask_for_whole_body() {
+    q_block2 = {};
+    q_block2.asked = true;
+    q_block2.last_progress = std::chrono::steady_clock::now();
+    token = send_request(current_method, current_path, {}, {{0, true, 6}});
+    q_block2.tokens.push_back(token);
+  }
+
+  // Called by the wait loop: after the last block of a burst came, or nothing came for
+  // NON_RECEIVE_TIMEOUT (RFC 9177 7.2: 2 x NON_TIMEOUT, and NON_TIMEOUT = ACK_TIMEOUT), one
+  // request for the missing blocks (M unset, each) and the next burst (M set), at most
+  // MAX_PAYLOADS blocks in all: the server sends no burst it was not asked for.
+  void step_q_block2() {
+    QBlock2Receive& q = q_block2;
+    if (!q.asked || done || !failure.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (q.restart) {
+      ask_for_whole_body();
+      return;
+    }
+    const auto receive_timeout = std::chrono::duration<double>(2 * options.timing.ack_timeout_seconds);
+    const bool quiet = now - q.last_progress > receive_timeout;
+    if (!q.active) {
+      // The request itself is retransmitted by libcoap; its answer (block 0) and the burst
+      // may all have been lost after libcoap saw one of them: ask once more.
+      if (quiet) ask_for_whole_body();
+      return;
+    }
+    if (!q.burst_ended && !quiet) return;
+    const auto limit = static_cast<std::size_t>(options.timing.max_payloads);
+    std::vector<QBlockValue> wanted;
+    for (std::uint32_t n = 0; n < q.asked_until && wanted.size() < limit; ++n)
+      if (!q.have[n]) wanted.push_back({n, false, q.szx});
+    std::uint32_t last = wanted.empty() ? 0 : wanted.back().num;
+    if (wanted.size() < limit && q.asked_until < q.blocks) {
+      wanted.push_back({q.asked_until, true, q.szx});
+      q.asked_until = std::min<std::uint32_t>(
+          q.blocks, q.asked_until + static_cast<std::uint32_t>(limit - (wanted.size() - 1)));
+      last = q.asked_until - 1;
+    }
+    q.burst_ended = false;
+    q.last_progress = now;
+    if (wanted.empty()) return;
+    q.last_asked = last;
+    try {
+      q.tokens.push_back(send_request(current_method, current_path, {}, wanted));
+    } catch (const TransportError& e) {
+      fail(TransportFailure::kOther, e.what());
+    }
   }
 
   static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason,
@@ -395,6 +764,10 @@ CoapDtlsClient::CoapDtlsClient(Options options) : impl_(std::make_unique<Impl>()
   impl_->context = coap_new_context(nullptr);
   if (!impl_->context) throw TransportError("coap_new_context failed");
   coap_context_set_block_mode(impl_->context, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
+  // Known, so that libcoap hands answers carrying it to on_response (it drops a piggybacked
+  // answer with an unknown critical option, and resets a non-confirmable one).
+  coap_register_option(impl_->context, kOptionQBlock1);
+  coap_register_option(impl_->context, kOptionQBlock2);
   coap_register_response_handler(impl_->context, &Impl::on_response);
   coap_register_nack_handler(impl_->context, &Impl::on_nack);
   coap_register_event_handler(impl_->context, &Impl::on_event);
@@ -412,49 +785,24 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
       std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
   auto send = [&] {
     if (!s.session) s.connect();
-    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, to_request_code(method), s.session);
-    if (!pdu) throw TransportError("cannot allocate a CoAP request");
-    uint8_t token[8];
-    size_t token_length = 0;
-    coap_session_new_token(s.session, &token_length, token);
-    coap_add_token(pdu, token_length, token);
-    s.token.assign(token, token + token_length);
-    const std::size_t question_mark = path.find('?');
-    for (const std::string& segment : split_path(path.substr(0, question_mark))) {
-      coap_add_option(pdu, COAP_OPTION_URI_PATH, segment.size(),
-                      reinterpret_cast<const uint8_t*>(segment.data()));
-    }
-    if (question_mark != std::string::npos) {
-      const std::string query = path.substr(question_mark + 1);
-      for (std::size_t start = 0; start <= query.size();) {
-        std::size_t end = query.find('&', start);
-        if (end == std::string::npos) end = query.size();
-        if (end > start)
-          coap_add_option(pdu, COAP_OPTION_URI_QUERY, end - start,
-                          reinterpret_cast<const uint8_t*>(query.data() + start));
-        start = end + 1;
-      }
-    }
-    if (s.options.plaintext && !s.options.psk.identity.empty()) {
-      const std::string declared = "id=" + s.options.psk.identity;
-      coap_add_option(pdu, COAP_OPTION_URI_QUERY, declared.size(),
-                      reinterpret_cast<const uint8_t*>(declared.data()));
-    }
-    if (!payload.empty()) {
-      auto* body = new std::vector<std::uint8_t>(payload.begin(), payload.end());
-      if (!coap_add_data_large_request(s.session, pdu, body->size(), body->data(), release_payload,
-                                       body)) {
-        coap_delete_pdu(pdu);
-        throw TransportError("cannot attach a " + std::to_string(payload.size()) + "-byte body");
-      }
-    }
     s.done = false;
     s.failure.clear();
     s.failure_kind = TransportFailure::kOther;
     s.response = {};
-    if (coap_send(s.session, pdu) == COAP_INVALID_MID) {
-      s.drop_session();
-      throw TransportError("coap_send failed");
+    s.q_block2 = {};
+    s.q_block2_refused = false;
+    s.q_block1 = {};
+    s.q_block1_refused = false;
+    s.current_method = method;
+    s.current_path = path;
+    if (method == Method::kGet && payload.empty() && s.options.timing.q_block &&
+        !s.server_lacks_q_block2) {
+      s.ask_for_whole_body();
+    } else if ((method == Method::kPost || method == Method::kPut) && payload.size() > 1024 &&
+               s.options.timing.q_block && !s.server_lacks_q_block1) {
+      s.start_q_block1(payload);
+    } else {
+      s.token = s.send_request(method, path, payload, {});
     }
   };
   // Every wait below looks at the stop flag at least every 100 ms.
@@ -472,6 +820,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
       }
       coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
       if (s.dtls_closed && !s.done) s.fail_dtls();  // no-op when a nack has explained it
+      s.step_q_block2();
+      s.step_q_block1();
     }
     return true;
   };
@@ -504,7 +854,14 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
   coap_context_set_keepalive(s.context, kKeepaliveSeconds);
   const bool reused_session = s.session && s.session_answered;
   send();
-  const bool time_left = wait();
+  bool time_left = wait();
+  if (s.q_block2_refused || s.q_block1_refused) {
+    // 4.02 Bad Option: a server without Q-Block (RFC 9177 4.4). RFC 7959 from now on.
+    if (s.q_block2_refused) s.server_lacks_q_block2 = true;
+    if (s.q_block1_refused) s.server_lacks_q_block1 = true;
+    send();
+    time_left = wait();
+  }
   if (!s.done && reused_session && time_left) {
     const std::string first_failure = s.failure;
     s.drop_session();
@@ -524,6 +881,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     }
   }
   coap_context_set_keepalive(s.context, 0);
+  s.q_block1.active = false;  // the body is the caller's: nothing may send from it later
   if (!s.done) {
     const std::string why = s.failure;
     const TransportFailure kind = s.failure_kind;

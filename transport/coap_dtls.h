@@ -4,7 +4,9 @@
 // does not expose libcoap, so nothing outside transport/ includes it.
 //
 // Bodies of any size travel with block-wise transfer (RFC 7959), handled by libcoap, except
-// that the server assembles request bodies (Block1) itself, to refuse oversize ones early.
+// that the server assembles request bodies (Block1) itself, to refuse oversize ones early,
+// and that bodies between these two classes use Q-Block (RFC 9177: bodies in bursts, one
+// request or one answer per burst; CoapTiming::q_block), implemented here over libcoap 4.3.1.
 // Neither class is thread-safe: each instance is driven by one thread.
 #pragma once
 
@@ -138,6 +140,15 @@ struct CoapTiming {
   double ack_random_factor = 1.5;
   int max_retransmit = 4;  // retransmissions before giving up on a message
   int nstart = 1;          // outstanding confirmable messages per peer
+  // RFC 9177 Q-Block (transport/README.md, "Q-Block"). Q-Block2, for GET answers of more
+  // than one block: the client asks for the whole body with one request and the server
+  // sends its blocks in bursts of max_payloads, each burst asked for by one request.
+  // Q-Block1, for POST/PUT bodies of more than one block: the client sends them in bursts
+  // of max_payloads, the server answers each burst once (2.31, or 4.08 with the missing
+  // blocks). A server with it off answers a Q-Block request 4.02 Bad Option (libcoap does
+  // not know the options), and the client then falls back to RFC 7959 with that server.
+  bool q_block = true;
+  int max_payloads = 10;  // RFC 9177 MAX_PAYLOADS: blocks sent per burst (1..64)
   // RFC 7252's defaults: 2 s, 1.5, 4, 1.
   static CoapTiming rfc7252() { return {2.0, 1.5, 4, 1}; }
   // edgetrain's default for a WAN of cheap boards (transport/README.md, "Timing"): the
@@ -146,7 +157,8 @@ struct CoapTiming {
   static CoapTiming wan() { return {}; }
 };
 // Throws std::invalid_argument naming the parameter when a value is outside what libcoap
-// accepts (ACK_TIMEOUT 1..60 s, ACK_RANDOM_FACTOR 1..4, MAX_RETRANSMIT 1..10, NSTART 1..16).
+// accepts (ACK_TIMEOUT 1..60 s, ACK_RANDOM_FACTOR 1..4, MAX_RETRANSMIT 1..10, NSTART 1..16)
+// or MAX_PAYLOADS is outside 1..64.
 void check_timing(const CoapTiming& timing);
 
 // How the server bounds DTLS handshakes (transport/README.md, "Handshake floods"). No
@@ -306,6 +318,12 @@ class CoapDtlsServer {
   // passing max_body_bytes (4.13) or max_bodies_in_progress (5.03).
   std::size_t bodies_in_progress() const;
   std::uint64_t bodies_refused() const;
+  // GET bodies sent with Q-Block2 since construction (each counted once however many
+  // requests its bursts took), and the ones kept now for their next bursts (at most
+  // max_bodies_in_progress, each for at most 10 s after its last request). Safe to call
+  // from any thread.
+  std::uint64_t q_block2_bodies_served() const;
+  std::size_t q_block2_bodies_held() const;
   // How many of libcoap's records of finished block-wise bodies were freed at once rather
   // than 93 s later (transport/libcoap_block_bodies.h). Call on the thread that drives the server.
   std::uint64_t block_records_freed() const;

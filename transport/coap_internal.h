@@ -7,6 +7,7 @@
 #include <coap3/coap.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,22 @@ void check_certificate_files(const CertificateFiles& files);
 // Both sides verify the peer's certificate against the CA file; libcoap copies this
 // struct but not the strings it points to, which `files` must keep alive.
 coap_dtls_pki_t pki_setup(const CertificateFiles& files);
+
+// RFC 9177's block options (transport/README.md, "Q-Block"). libcoap 4.3.1 does not know
+// them: a context that does not register them (coap_register_option) answers a confirmable
+// request carrying one 4.02 Bad Option and drops a response carrying one.
+inline constexpr coap_option_num_t kOptionQBlock1 = 19;
+inline constexpr coap_option_num_t kOptionQBlock2 = 31;
+// An option's value, laid out as Block1/Block2's (RFC 7959 2.2): NUM, M and SZX (block size
+// 2^(SZX + 4)).
+struct QBlockValue {
+  std::uint32_t num = 0;
+  bool more = false;
+  std::uint32_t szx = 6;
+};
+// nullopt for a value longer than 3 bytes or SZX 7 (BERT: not on UDP).
+std::optional<QBlockValue> decode_q_block(const coap_opt_t* option);
+std::size_t encode_q_block(std::uint8_t (&buffer)[4], const QBlockValue& block);
 
 // The release callback of libcoap's *_large_* calls for a payload handed over as a
 // heap-allocated std::vector<std::uint8_t> (app_ptr): libcoap owns it until it calls this.

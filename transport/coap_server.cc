@@ -13,10 +13,12 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -215,6 +217,60 @@ struct CoapDtlsServer::Impl {
   // itself forgets an idle session only after 300 s).
   static constexpr std::chrono::seconds kIdleBodyTimeout{60};
 
+  // Q-Block2 (RFC 9177; transport/README.md, "Q-Block"): per session, the body of the last
+  // GET asked for with Q-Block2, kept so that the requests for its next bursts and for
+  // missing blocks are served without running the handler again. At most
+  // max_bodies_in_progress are kept (the one asked for longest ago goes first) and none
+  // beyond kHeldBodyTimeout; a request for a body no longer kept runs the handler again,
+  // and if the body changed meanwhile, its new ETag tells the client to start over.
+  struct HeldBody {
+    std::string resource_key;  // Uri-Path + "?" + Uri-Query: which GET it answers
+    std::shared_ptr<const std::vector<std::uint8_t>> body;
+    std::uint64_t etag = 0;
+    int code = CoapCode::kContent;
+    std::chrono::steady_clock::time_point last_request;
+  };
+  std::map<const coap_session_t*, HeldBody> held_bodies;
+  // Blocks of a burst after its first (which rides in the answer to the request): sent as
+  // non-confirmable responses with the request's token once libcoap has sent that answer,
+  // at the end of the pass (send_queued_blocks()).
+  struct QueuedBlocks {
+    coap_session_t* session = nullptr;  // referenced until sent
+    std::vector<std::uint8_t> token;
+    HeldBody held;
+    std::uint32_t szx = 6;
+    std::vector<std::uint32_t> nums;
+  };
+  std::vector<QueuedBlocks> queued_blocks;
+  // Read by other threads (q_block2_bodies_served(), q_block2_bodies_held()).
+  std::atomic<std::uint64_t> q_block2_bodies_served{0};
+  std::atomic<std::size_t> q_block2_bodies_held{0};
+  static constexpr std::chrono::seconds kHeldBodyTimeout{10};
+
+  // Q-Block1 (RFC 9177) request bodies being assembled, one per session, its blocks in any
+  // order; counted with `assemblies` against max_bodies_in_progress and the idle timeout.
+  // All blocks of one body carry one token (ours), which tells a new body from the
+  // stragglers of the last one.
+  struct QBlock1Assembly {
+    std::vector<std::uint8_t> token;
+    std::vector<std::uint8_t> body;
+    std::vector<bool> have;
+    std::uint32_t szx = 6;
+    std::uint32_t blocks = 0;
+    std::uint32_t received = 0;
+    std::uint32_t seen_until = 0;  // past the last burst's end seen
+    std::chrono::steady_clock::time_point last_block;
+  };
+  std::map<const coap_session_t*, QBlock1Assembly> q_block1_assemblies;
+  // The answer given to the session's last whole Q-Block1 body, for late blocks and probes
+  // of it (code 0: answered later, by a deferred response).
+  struct QBlock1Done {
+    std::vector<std::uint8_t> token;
+    CoapResponse reply;
+  };
+  std::map<const coap_session_t*, QBlock1Done> q_block1_done;
+  static constexpr int kMissingBlocksFormat = 272;  // application/missing-blocks+cbor-seq
+
   // What the request's payload amounts to: the whole body (the request's own payload, or
   // the assembled blocks), a block to acknowledge with 2.31 Continue, or a refusal.
   struct BodyStep {
@@ -232,12 +288,13 @@ struct CoapDtlsServer::Impl {
 
   // Makes room for a new body if an idle one can go; false when the bound holds.
   bool room_for_a_body() {
-    if (assemblies.size() < options.max_bodies_in_progress) return true;
+    if (assemblies.size() + q_block1_assemblies.size() < options.max_bodies_in_progress)
+      return true;
     const auto now = std::chrono::steady_clock::now();
-    std::erase_if(assemblies, [&](const auto& entry) {
-      return now - entry.second.last_block > kIdleBodyTimeout;
-    });
-    return assemblies.size() < options.max_bodies_in_progress;
+    auto idle = [&](const auto& entry) { return now - entry.second.last_block > kIdleBodyTimeout; };
+    std::erase_if(assemblies, idle);
+    std::erase_if(q_block1_assemblies, idle);
+    return assemblies.size() + q_block1_assemblies.size() < options.max_bodies_in_progress;
   }
 
   BodyStep take_block(const coap_session_t* session, const coap_pdu_t* request) {
@@ -325,6 +382,10 @@ struct CoapDtlsServer::Impl {
     if (event == COAP_EVENT_SERVER_SESSION_DEL) {
       self->last_answers.erase(session);
       self->assemblies.erase(session);
+      self->held_bodies.erase(session);
+      self->q_block1_assemblies.erase(session);
+      self->q_block1_done.erase(session);
+      self->q_block2_bodies_held = self->held_bodies.size();
     }
     self->track_handshake(session, event);
     return 0;
@@ -474,8 +535,10 @@ struct CoapDtlsServer::Impl {
   // Step 2, dispatch: the answer to a request, from the retransmission cache, a refusal
   // that no handler sees, or the resource's handler. Never throws. `deferred`: the handler
   // (or the request it retransmits) answers later; the returned reply is then ignored.
+  // `whole_body`: a body assembled elsewhere (Q-Block1), handed to the handler as it is.
   static CoapResponse dispatch(Resource& entry, coap_session_t* session, const coap_pdu_t* request,
-                               const coap_string_t* query, bool& deferred) {
+                               const coap_string_t* query, bool& deferred,
+                               const std::vector<std::uint8_t>* whole_body = nullptr) {
     Impl& server = *entry.server;
     const coap_mid_t mid = coap_pdu_get_mid(request);
     const bool idempotent = coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET;
@@ -487,7 +550,8 @@ struct CoapDtlsServer::Impl {
     CoapResponse reply;
     bool assembled = false;
     try {
-      const BodyStep step = server.take_block(session, request);
+      const BodyStep step = whole_body ? BodyStep{BodyStep::kWhole, *whole_body, {}}
+                                       : server.take_block(session, request);
       assembled = step.assembled;
       if (step.kind != BodyStep::kWhole) {
         reply = step.kind == BodyStep::kContinue ? CoapResponse(kContinue) : step.refusal;
@@ -581,11 +645,326 @@ struct CoapDtlsServer::Impl {
     if (coap_get_block_b(session, request, COAP_OPTION_BLOCK1, &block))
       entry->server->request_bodies_forgotten +=
           edgetrain_forget_request_bodies(session, block.m ? 1 : 0);
+    if (entry->server->options.timing.q_block &&
+        coap_pdu_get_code(request) == COAP_REQUEST_CODE_GET &&
+        serve_q_block2(*entry, resource, session, request, query, response))
+      return;
+    if (entry->server->options.timing.q_block &&
+        take_q_block1(*entry, resource, session, request, query, response))
+      return;
     bool deferred = false;
     CoapResponse reply = dispatch(*entry, session, request, query, deferred);
     // Answered later: leaving the response code 0 makes libcoap send an empty ACK.
     if (deferred) return;
     respond(resource, session, request, query, response, std::move(reply));
+  }
+
+  // The blocks a GET's Q-Block2 options ask for, in ascending order, each once (RFC 9177
+  // 4.4: M unset asks for that block alone, M set for that block and all after it).
+  // Returns false when the request has no Q-Block2 option or a malformed one.
+  static bool wanted_blocks(const coap_pdu_t* request, std::uint32_t& szx,
+                            std::vector<std::pair<std::uint32_t, bool>>& wanted) {
+    coap_opt_filter_t filter;
+    coap_option_filter_clear(&filter);
+    coap_option_filter_set(&filter, kOptionQBlock2);
+    coap_opt_iterator_t iterator;
+    coap_option_iterator_init(request, &iterator, &filter);
+    while (const coap_opt_t* option = coap_option_next(&iterator)) {
+      const auto block = decode_q_block(option);
+      if (!block || wanted.size() >= 1024) return false;
+      szx = std::min(szx, block->szx);
+      wanted.emplace_back(block->num, block->more);
+    }
+    return !wanted.empty();
+  }
+
+  // A request block carrying Q-Block1 (RFC 9177 4.3): kept; at the end of a burst (every
+  // MAX_PAYLOADS-th block, and the body's last) answered 2.31 Continue when every block so
+  // far has come, else 4.08 with the missing blocks' numbers; a block that fills the last
+  // gap is answered as a burst end. The whole body goes to the handler once. Other blocks
+  // get no answer (a non-confirmable one: nothing; a confirmable one: an empty ACK). The
+  // body cap, max_bodies_in_progress and the idle timeout hold as for Block1. Returns false
+  // for a request without Q-Block1.
+  static bool take_q_block1(Resource& entry, coap_resource_t* resource, coap_session_t* session,
+                            const coap_pdu_t* request, const coap_string_t* query,
+                            coap_pdu_t* response) {
+    coap_opt_iterator_t iterator;
+    const coap_opt_t* option = coap_check_option(request, kOptionQBlock1, &iterator);
+    if (!option) return false;
+    Impl& server = *entry.server;
+    auto answer = [&](CoapResponse reply) {
+      respond(resource, session, request, query, response, std::move(reply));
+      return true;
+    };
+    auto refuse = [&](int code, const std::string& why) {
+      server.q_block1_assemblies.erase(session);
+      ++server.bodies_refused;
+      return answer(text_reply(code, why));
+    };
+    const auto block = decode_q_block(option);
+    const coap_opt_t* size1 = coap_check_option(request, COAP_OPTION_SIZE1, &iterator);
+    if (!block || !size1)
+      return answer(text_reply(CoapCode::kBadRequest,
+                               "a Q-Block1 block needs a valid Q-Block1 and a Size1 option"));
+    const coap_bin_const_t token = coap_pdu_get_token(request);
+    const std::vector<std::uint8_t> token_bytes(token.s, token.s + token.length);
+    // A block of a body already handed to the handler: its answer again (or nothing, when
+    // the handler answers later; libcoap then sends an empty ACK to a confirmable block).
+    if (const auto done = server.q_block1_done.find(session);
+        done != server.q_block1_done.end() && done->second.token == token_bytes) {
+      if (done->second.reply.code == 0) return true;
+      return answer(done->second.reply);
+    }
+    const std::size_t size =
+        coap_decode_var_bytes8(coap_opt_value(size1), coap_opt_length(size1));
+    const std::string limit = ", the limit is " + std::to_string(server.options.max_body_bytes);
+    if (size > server.options.max_body_bytes)
+      return refuse(CoapCode::kRequestEntityTooLarge,
+                    "body of " + std::to_string(size) + " bytes announced (Size1)" + limit);
+    const std::size_t block_size = std::size_t{1} << (block->szx + 4);
+    const std::size_t offset = std::size_t{block->num} * block_size;
+    size_t length = 0;
+    const uint8_t* data = nullptr;
+    coap_get_data(request, &length, &data);
+    if (offset >= std::max<std::size_t>(size, 1) ||
+        length != std::min(block_size, size - std::min(size, offset)) ||
+        block->more != (offset + length < size))
+      return refuse(CoapCode::kBadRequest, "Q-Block1 block " + std::to_string(block->num) +
+                                               " of " + std::to_string(length) +
+                                               " bytes does not fit a " + std::to_string(size) +
+                                               "-byte body");
+    auto it = server.q_block1_assemblies.find(session);
+    if (it != server.q_block1_assemblies.end() &&
+        (it->second.token != token_bytes || it->second.body.size() != size ||
+         it->second.szx != block->szx)) {
+      server.q_block1_assemblies.erase(it);  // a new body: the old one is given up
+      it = server.q_block1_assemblies.end();
+    }
+    if (it == server.q_block1_assemblies.end()) {
+      if (!server.room_for_a_body())
+        return refuse(kServiceUnavailable, std::to_string(server.options.max_bodies_in_progress) +
+                                               " block-wise bodies in progress: retry later");
+      QBlock1Assembly fresh;
+      fresh.token = token_bytes;
+      fresh.szx = block->szx;
+      fresh.blocks = static_cast<std::uint32_t>((size + block_size - 1) / block_size);
+      fresh.body.assign(size, 0);  // at most max_body_bytes, checked above
+      fresh.have.assign(fresh.blocks, false);
+      it = server.q_block1_assemblies.emplace(session, std::move(fresh)).first;
+    }
+    QBlock1Assembly& body = it->second;
+    body.last_block = std::chrono::steady_clock::now();
+    const bool fills_a_gap = !body.have[block->num] && block->num < body.seen_until;
+    if (!body.have[block->num]) {
+      body.have[block->num] = true;
+      ++body.received;
+      if (length > 0) std::memcpy(body.body.data() + offset, data, length);
+    }
+    const auto max_payloads = static_cast<std::uint32_t>(server.options.timing.max_payloads);
+    const bool burst_end = !block->more || block->num % max_payloads == max_payloads - 1;
+    if (burst_end) body.seen_until = std::max(body.seen_until, block->num + 1);
+    std::vector<std::uint32_t> missing;
+    for (std::uint32_t n = 0; n < body.seen_until && missing.size() < 64; ++n)
+      if (!body.have[n]) missing.push_back(n);
+    if (!burst_end && !(fills_a_gap && missing.empty())) return true;  // no answer yet
+    if (!missing.empty()) {
+      if (!burst_end) return true;  // gaps left: the client asks again after its timeout
+      CoapResponse incomplete(kRequestEntityIncomplete, cbor_unsigned_sequence(missing));
+      coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(kRequestEntityIncomplete)));
+      std::uint8_t buffer[4];
+      coap_add_option(response, COAP_OPTION_CONTENT_FORMAT,
+                      coap_encode_var_safe(buffer, sizeof buffer, kMissingBlocksFormat), buffer);
+      coap_add_data(response, incomplete.payload.size(), incomplete.payload.data());
+      return true;
+    }
+    if (body.received < body.blocks) {
+      // Every block of the bursts so far: 2.31 Continue, echoing Q-Block1 (RFC 9177 4.3).
+      coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(kContinue)));
+      std::uint8_t buffer[4];
+      coap_add_option(response, kOptionQBlock1,
+                      encode_q_block(buffer, {body.seen_until - 1, true, body.szx}), buffer);
+      return true;
+    }
+    // The whole body: to the handler, once.
+    std::vector<std::uint8_t> whole = std::move(body.body);
+    server.q_block1_assemblies.erase(it);
+    bool deferred = false;
+    CoapResponse reply = dispatch(entry, session, request, query, deferred, &whole);
+    server.q_block1_done[session] = {token_bytes, deferred ? CoapResponse{} : reply};
+    if (deferred) return true;
+    return answer(std::move(reply));
+  }
+
+  // A CBOR sequence of unsigned integers (RFC 8742; RFC 9177 5's missing-blocks list).
+  static std::vector<std::uint8_t> cbor_unsigned_sequence(const std::vector<std::uint32_t>& values) {
+    std::vector<std::uint8_t> out;
+    for (std::uint32_t v : values) {
+      if (v < 24) {
+        out.push_back(static_cast<std::uint8_t>(v));
+      } else if (v < 256) {
+        out.insert(out.end(), {24, static_cast<std::uint8_t>(v)});
+      } else if (v < 65536) {
+        out.insert(out.end(), {25, static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v)});
+      } else {
+        out.insert(out.end(), {26, static_cast<std::uint8_t>(v >> 24), static_cast<std::uint8_t>(v >> 16),
+                               static_cast<std::uint8_t>(v >> 8), static_cast<std::uint8_t>(v)});
+      }
+    }
+    return out;
+  }
+
+  // A GET carrying Q-Block2: answers with up to MAX_PAYLOADS of the wanted blocks, the first
+  // in `response`, the others queued. Returns false to leave the request to the ordinary
+  // path (no Q-Block2 option).
+  static bool serve_q_block2(Resource& entry, coap_resource_t* resource, coap_session_t* session,
+                             const coap_pdu_t* request, const coap_string_t* query,
+                             coap_pdu_t* response) {
+    Impl& server = *entry.server;
+    std::uint32_t szx = 6;
+    std::vector<std::pair<std::uint32_t, bool>> wanted;
+    coap_opt_iterator_t probe;
+    if (!coap_check_option(request, kOptionQBlock2, &probe)) return false;
+    if (!wanted_blocks(request, szx, wanted)) {
+      respond(resource, session, request, query, response,
+              text_reply(CoapCode::kBadRequest, "malformed Q-Block2 option"));
+      return true;
+    }
+    // Leave room in the datagram for the header and the options (token, ETag,
+    // Content-Format, Size2, Q-Block2: at most 31 bytes).
+    while (szx > 0 && (std::size_t{1} << (szx + 4)) + 64 > coap_session_max_pdu_size(session)) --szx;
+    const std::size_t block_size = std::size_t{1} << (szx + 4);
+    const coap_str_const_t* uri = coap_resource_get_uri_path(resource);
+    std::string key(reinterpret_cast<const char*>(uri->s), uri->length);
+    if (query && query->s) key.append("?").append(reinterpret_cast<const char*>(query->s), query->length);
+    const bool whole_body = wanted.size() == 1 && wanted[0].first == 0 && wanted[0].second;
+    const auto now = std::chrono::steady_clock::now();
+    auto held = server.held_bodies.find(session);
+    if (held != server.held_bodies.end() &&
+        (whole_body || held->second.resource_key != key || now - held->second.last_request > kHeldBodyTimeout)) {
+      server.held_bodies.erase(held);  // a new transfer, or one for another body
+      held = server.held_bodies.end();
+    }
+    if (held == server.held_bodies.end()) {
+      bool deferred = false;
+      CoapResponse reply = dispatch(entry, session, request, query, deferred);
+      if (deferred) return true;  // answered later, without Q-Block2
+      if (reply.code / 100 != 2 || reply.payload.size() <= block_size) {
+        // Errors and bodies of one block go as they are; an answer without Q-Block2 is a
+        // whole body to the client.
+        respond(resource, session, request, query, response, std::move(reply));
+        return true;
+      }
+      server.make_room_for_held_body(now);
+      HeldBody body;
+      body.resource_key = key;
+      body.etag = reply.etag ? *reply.etag : fnv1a64(reply.payload);
+      body.code = reply.code;
+      body.body = std::make_shared<const std::vector<std::uint8_t>>(std::move(reply.payload));
+      held = server.held_bodies.emplace(session, std::move(body)).first;
+      ++server.q_block2_bodies_served;
+    }
+    server.q_block2_bodies_held = server.held_bodies.size();
+    held->second.last_request = now;
+    const HeldBody& body = held->second;
+    const std::uint32_t blocks =
+        static_cast<std::uint32_t>((body.body->size() + block_size - 1) / block_size);
+    // Missing blocks first (they come first in the client's list), then the continuation;
+    // no block twice, at most MAX_PAYLOADS (RFC 9177 7.2).
+    std::vector<std::uint32_t> nums;
+    const auto limit = static_cast<std::size_t>(server.options.timing.max_payloads);
+    std::sort(wanted.begin(), wanted.end());
+    for (const auto& [num, more] : wanted) {
+      for (std::uint32_t n = num; n < blocks && nums.size() < limit; ++n) {
+        if (std::find(nums.begin(), nums.end(), n) == nums.end()) nums.push_back(n);
+        if (!more) break;
+      }
+    }
+    if (nums.empty()) {
+      respond(resource, session, request, query, response,
+              text_reply(CoapCode::kBadRequest, "Q-Block2 asks for blocks beyond the body's " +
+                                                    std::to_string(blocks)));
+      return true;
+    }
+    coap_pdu_set_code(response, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(body.code)));
+    add_q_block2_options_and_data(response, body, szx, nums[0]);
+    if (nums.size() > 1) {
+      QueuedBlocks queued;
+      queued.session = coap_session_reference(session);
+      const coap_bin_const_t token = coap_pdu_get_token(request);
+      queued.token.assign(token.s, token.s + token.length);
+      queued.held = body;
+      queued.szx = szx;
+      queued.nums.assign(nums.begin() + 1, nums.end());
+      server.queued_blocks.push_back(std::move(queued));
+    }
+    return true;
+  }
+
+  // ETag (4), Content-Format (12), Size2 (28), Q-Block2 (31) and block `num`'s bytes: every
+  // Q-Block2 response carries the ETag and the body's size (RFC 9177 4.4).
+  static void add_q_block2_options_and_data(coap_pdu_t* pdu, const HeldBody& body,
+                                            std::uint32_t szx, std::uint32_t num) {
+    const std::size_t block_size = std::size_t{1} << (szx + 4);
+    const std::size_t offset = std::size_t{num} * block_size;
+    const std::size_t length = std::min(block_size, body.body->size() - offset);
+    std::uint8_t etag[8] = {};
+    std::size_t etag_length = coap_encode_var_safe8(etag, sizeof etag, body.etag);
+    if (etag_length == 0) etag_length = 1;  // ETag 0: one zero byte, never an empty option
+    coap_add_option(pdu, COAP_OPTION_ETAG, etag_length, etag);
+    std::uint8_t buffer[8];
+    coap_add_option(
+        pdu, COAP_OPTION_CONTENT_FORMAT,
+        coap_encode_var_safe(buffer, sizeof buffer, COAP_MEDIATYPE_APPLICATION_OCTET_STREAM),
+        buffer);
+    coap_add_option(pdu, COAP_OPTION_SIZE2,
+                    coap_encode_var_safe8(buffer, sizeof buffer, body.body->size()), buffer);
+    std::uint8_t block[4];
+    coap_add_option(pdu, kOptionQBlock2,
+                    encode_q_block(block, {num, offset + length < body.body->size(), szx}), block);
+    coap_add_data(pdu, length, body.body->data() + offset);
+  }
+
+  // FNV-1a over a body: its ETag when the handler gave none (ours; any value that changes
+  // with the body will do, RFC 7252 5.10.6).
+  static std::uint64_t fnv1a64(const std::vector<std::uint8_t>& bytes) {
+    std::uint64_t hash = 14695981039346656037ull;
+    for (std::uint8_t byte : bytes) hash = (hash ^ byte) * 1099511628211ull;
+    return hash;
+  }
+
+  void make_room_for_held_body(std::chrono::steady_clock::time_point now) {
+    std::erase_if(held_bodies, [&](const auto& entry) {
+      return now - entry.second.last_request > kHeldBodyTimeout;
+    });
+    while (!held_bodies.empty() && held_bodies.size() >= options.max_bodies_in_progress) {
+      auto oldest = std::min_element(held_bodies.begin(), held_bodies.end(),
+                                     [](const auto& a, const auto& b) {
+                                       return a.second.last_request < b.second.last_request;
+                                     });
+      held_bodies.erase(oldest);
+    }
+  }
+
+  // The queued blocks of this pass's Q-Block2 bursts, as non-confirmable responses (RFC 9177
+  // 4.4: the client asks again for what it misses; nothing is retransmitted by itself).
+  void send_queued_blocks() {
+    std::vector<QueuedBlocks> sending;
+    sending.swap(queued_blocks);
+    for (QueuedBlocks& queued : sending) {
+      coap_session_t* session = queued.session;
+      if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) {
+        for (std::uint32_t num : queued.nums) {
+          coap_pdu_t* pdu = coap_pdu_init(
+              COAP_MESSAGE_NON, static_cast<coap_pdu_code_t>(COAP_RESPONSE_CODE(queued.held.code)),
+              coap_new_message_id(session), coap_session_max_pdu_size(session));
+          if (!pdu) break;
+          coap_add_token(pdu, queued.token.size(), queued.token.data());
+          add_q_block2_options_and_data(pdu, queued.held, queued.szx, num);
+          coap_send(session, pdu);  // libcoap owns the pdu now
+        }
+      }
+      coap_session_release(session);
+    }
   }
 };
 
@@ -608,6 +987,12 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
     coap_register_event_handler(s.context, &Impl::on_event);
     // Not COAP_BLOCK_SINGLE_BODY: request bodies are assembled in take_block(), bounded.
     coap_context_set_block_mode(s.context, COAP_BLOCK_USE_LIBCOAP);
+    // Known, so that a GET carrying it reaches handle() rather than getting 4.02 Bad Option,
+    // which is what a server with Q-Block off answers (the client then falls back).
+    if (s.options.timing.q_block) {
+      coap_register_option(s.context, kOptionQBlock1);
+      coap_register_option(s.context, kOptionQBlock2);
+    }
     s.guard = std::make_unique<detail::HandshakeGuard>(s.options.handshake);
     coap_context_set_max_handshake_sessions(s.context, s.options.handshake.max_pending);
 
@@ -671,6 +1056,7 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
 
 CoapDtlsServer::~CoapDtlsServer() {
   while (!impl_->deferred.empty()) (*impl_->deferred.begin())->detach();
+  for (auto& queued : impl_->queued_blocks) coap_session_release(queued.session);
   for (int fd : impl_->endpoint_fds) detail::stop_counting_ingress(fd);
   for (coap_session_t* session : impl_->revoked_sessions) coap_session_release(session);
   if (impl_->context) coap_free_context(impl_->context);
@@ -718,9 +1104,19 @@ std::uint64_t CoapDtlsServer::bytes_received() const {
   return impl_->ingress.bytes.load(std::memory_order_relaxed);
 }
 
-std::size_t CoapDtlsServer::bodies_in_progress() const { return impl_->assemblies.size(); }
+std::size_t CoapDtlsServer::bodies_in_progress() const {
+  return impl_->assemblies.size() + impl_->q_block1_assemblies.size();
+}
 
 std::uint64_t CoapDtlsServer::bodies_refused() const { return impl_->bodies_refused; }
+
+std::uint64_t CoapDtlsServer::q_block2_bodies_served() const {
+  return impl_->q_block2_bodies_served.load(std::memory_order_relaxed);
+}
+
+std::size_t CoapDtlsServer::q_block2_bodies_held() const {
+  return impl_->q_block2_bodies_held.load(std::memory_order_relaxed);
+}
 
 std::uint64_t CoapDtlsServer::block_records_freed() const {
   return impl_->request_bodies_forgotten;
@@ -759,6 +1155,7 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   const auto wait_ms = static_cast<std::uint32_t>(timeout_ms < 0 ? 0 : timeout_ms);
   if (s.options.datagrams_per_pass <= 1 || s.coap_fd < 0) {
     coap_io_process(s.context, wait_ms);
+    s.send_queued_blocks();
     return;
   }
   // coap_io_prepare_epoll() walks every session (idle, DTLS and block-wise timeouts) and arms
@@ -803,6 +1200,7 @@ void CoapDtlsServer::run_once(int timeout_ms) {
   if (woken && s.batch.empty()) return;
   const std::uint64_t datagrams_before = s.ingress.datagrams.load(std::memory_order_relaxed);
   coap_io_do_epoll(s.context, s.batch.data(), s.batch.size());
+  s.send_queued_blocks();
   if (ready_endpoints == 0) return;
   const std::uint64_t read = s.ingress.datagrams.load(std::memory_order_relaxed) - datagrams_before;
   const std::uint64_t tried = std::uint64_t{s.reads_per_ready_endpoint} * ready_endpoints;

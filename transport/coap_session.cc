@@ -137,6 +137,22 @@ void check_timing(const CoapTiming& timing) {
     throw std::invalid_argument("CoAP MAX_RETRANSMIT must be 1..10");
   if (timing.nstart < 1 || timing.nstart > 16)
     throw std::invalid_argument("CoAP NSTART must be 1..16");
+  if (timing.max_payloads < 1 || timing.max_payloads > 64)
+    throw std::invalid_argument("Q-Block MAX_PAYLOADS must be 1..64");
+}
+
+std::optional<QBlockValue> decode_q_block(const coap_opt_t* option) {
+  const std::size_t length = coap_opt_length(option);
+  if (length > 3) return std::nullopt;  // RFC 9177 2.2: 0 to 3 bytes, as Block1/Block2
+  const std::uint32_t value = coap_decode_var_bytes(coap_opt_value(option), length);
+  QBlockValue block{value >> 4, ((value >> 3) & 1) != 0, value & 7};
+  if (block.szx == 7) return std::nullopt;  // BERT is for reliable transports only
+  return block;
+}
+
+std::size_t encode_q_block(std::uint8_t (&buffer)[4], const QBlockValue& block) {
+  return coap_encode_var_safe(buffer, sizeof buffer,
+                              (block.num << 4) | (block.more ? 8u : 0u) | block.szx);
 }
 
 coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {

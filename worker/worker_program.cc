@@ -261,6 +261,13 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
   t.add("coap-ack-random-factor", c.timing.ack_random_factor, "CoAP ACK_RANDOM_FACTOR").range(1, 4);
   t.add("coap-max-retransmit", c.timing.max_retransmit, "CoAP MAX_RETRANSMIT").range(1, 10);
   t.add("coap-nstart", c.timing.nstart, "CoAP NSTART").range(1, 16);
+  t.add("q-block", c.timing.q_block,
+        "Q-Block (RFC 9177): pulls asked for once and sent in bursts (Q-Block2), updates "
+        "sent in bursts answered once (Q-Block1) (false: RFC 7959 Block1/Block2, one "
+        "exchange per block; a server without Q-Block is spoken to with those anyway)");
+  t.add("coap-max-payloads", c.timing.max_payloads,
+        "Q-Block MAX_PAYLOADS (RFC 9177): blocks per burst")
+      .range(1, 64);
   t.add("give-up-after", c.give_up_after_seconds,
         "exit (status 10, or 14 once the server had answered) when the "
         "server has not answered for this long, checked after each failed request (0: retry "

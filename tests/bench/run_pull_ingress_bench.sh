@@ -4,7 +4,11 @@
 # edgetrain-worker processes (paper CNN, AdaComp c = 0.01, MNIST, pulling before every
 # step), one run per entry of BENCH_RUNS:
 #   dense      --dense-pull: the whole model before every step (the paper's worker)
-#   sparse     GET /model?since=V of the exact model (the worker's default)
+#   sparse     GET /model?since=V of the exact model (the worker's default; with Q-Block,
+#              RFC 9177: the delta's blocks in bursts, one request per burst, and the
+#              update's blocks in bursts, one 2.31 per burst)
+#   no-q-block sparse with Q-Block off on both programs (--q-block=false): one exchange per
+#              block both ways (RFC 7959 Block1 and Block2), as before Q-Block
 #   published  the server's published model (--publish-every/--publish-fraction from
 #              BENCH_PUBLISH="EVERY:FRACTION", default 10:0.004; server/README.md)
 # Prints, from the server's final --stats-file (version, ingress and egress counters), the
@@ -15,7 +19,8 @@
 #
 # Settings (environment): EDGETRAIN_BUILD (build/host), BENCH_SECONDS (60 per run),
 # BENCH_WORKERS (3), BENCH_MODEL (paper-cnn), BENCH_RUNS ("dense sparse"), BENCH_PUBLISH,
-# BENCH_WORKER_FLAGS (extra worker flags, e.g. --sign-scale), BENCH_WARMUP (seconds before the
+# BENCH_WORKER_FLAGS (extra worker flags, e.g. --sign-scale), BENCH_SERVER_FLAGS (extra
+# server flags, e.g. --coap-max-payloads 20 with the same in BENCH_WORKER_FLAGS), BENCH_WARMUP (seconds before the
 # steady-state snapshot; default a third of the run). The server's D is 4 x workers
 # (at least 64). Every program is stopped by the script.
 set -euo pipefail
@@ -29,6 +34,7 @@ model=${BENCH_MODEL:-paper-cnn}
 runs=${BENCH_RUNS:-dense sparse}
 publish=${BENCH_PUBLISH:-10:0.004}
 read -r -a extra_worker_flags <<<"${BENCH_WORKER_FLAGS:-}"
+extra_server_flags=${BENCH_SERVER_FLAGS:-}
 max_staleness=$((workers * 4 > 64 ? workers * 4 : 64))
 warmup=${BENCH_WARMUP:-$((seconds / 3))}
 server=$build/programs/edgetrain-server
@@ -51,7 +57,7 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
   mkdir -p "$dir"
   # shellcheck disable=SC2086 # server_flags: words on purpose
   start_server "$server" "$dir/server.log" --port 0 --state-dir "$dir/state" --keystore "$work/keys.toml" \
-    --model "$model" --eval-data none --max-staleness "$max_staleness" $server_flags
+    --model "$model" --eval-data none --max-staleness "$max_staleness" $server_flags $extra_server_flags
   local worker_pids=()
   for i in $(seq 0 $((workers - 1))); do
     start_worker "$dir/w$i.log" "$dir/w$i.stats.json" "$worker" --config "$work/w$i.toml" \
@@ -62,9 +68,10 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
   # Steady state: the counters from a snapshot after the warm-up (every worker's first,
   # dense, pull and its handshake are behind it) to the end.
   sleep "$warmup"
-  local v0 p0 s0 e0
+  local v0 p0 s0 e0 d0
   v0=$(json_get "$server_stats" version) p0=$(json_get "$server_stats" ingress_payload_bytes)
   s0=$(json_get "$server_stats" ingress_socket_bytes) e0=$(json_get "$server_stats" egress_socket_bytes)
+  d0=$(( $(json_get "$server_stats" ingress_socket_datagrams) + $(json_get "$server_stats" egress_socket_datagrams) ))
   for pid in "${worker_pids[@]}"; do wait "$pid" || true; done
   kill -TERM "$server_pid"
   wait "$server_pid" || true
@@ -79,8 +86,10 @@ run() {  # run NAME SERVER-FLAGS [WORKER FLAGS...]
     pulled=$((pulled + $(json_get "$dir/w$i.stats.json" bytes_received)))
   done
   egress=$(json_get "$server_stats" egress_socket_bytes)
-  awk -v n="$name" -v u="$((version - v0))" -v p="$((payload - p0))" -v s="$((socket - s0))" -v e="$((egress - e0))" \
-    'BEGIN { printf "steady %s updates=%d socket_bytes_per_update=%.0f payload_bytes_per_update=%.0f socket_over_payload=%.2f egress_bytes_per_update=%.0f\n", n, u, s / u, p / u, s / p, e / u }'
+  local both_ways
+  both_ways=$(( $(json_get "$server_stats" ingress_socket_datagrams) + $(json_get "$server_stats" egress_socket_datagrams) ))
+  awk -v n="$name" -v u="$((version - v0))" -v p="$((payload - p0))" -v s="$((socket - s0))" -v e="$((egress - e0))" -v d="$((both_ways - d0))" \
+    'BEGIN { printf "steady %s updates=%d socket_bytes_per_update=%.0f payload_bytes_per_update=%.0f socket_over_payload=%.2f egress_bytes_per_update=%.0f in_out_datagrams_per_update=%.1f\n", n, u, s / u, p / u, s / p, e / u, d / u }'
   echo "$name: $version updates in ${seconds} s; server ingress $payload payload B, $socket socket B in $datagrams datagrams;" \
        "$pull_count pulls, $pulled B pulled"
   awk -v n="$name" -v u="$version" -v p="$payload" -v s="$socket" -v d="$datagrams" -v pc="$pull_count" -v pb="$pulled" \
@@ -92,14 +101,15 @@ for name in $runs; do
   case $name in
     dense) run dense "" --dense-pull ;;
     sparse) run sparse "" ;;
+    no-q-block) run no-q-block "--q-block=false" --q-block=false ;;
     published) run published "--publish-every ${publish%%:*} --publish-fraction ${publish#*:}" ;;
-    *) echo "unknown run '$name' in BENCH_RUNS (dense, sparse, published)" >&2; exit 1 ;;
+    *) echo "unknown run '$name' in BENCH_RUNS (dense, sparse, no-q-block, published)" >&2; exit 1 ;;
   esac | tee "$work/$name.txt"
 done
 
 echo
-echo "| pulls | updates | socket bytes / update | datagrams / update | payload bytes / update | bytes / pull | socket / payload | steady state: updates | socket / update | socket / payload | egress / update |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| pulls | updates | socket bytes / update | datagrams / update | payload bytes / update | bytes / pull | socket / payload | steady state: updates | socket / update | socket / payload | egress / update | datagrams in + out / update |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for name in $runs; do
   line=$(grep '^summary' "$work/$name.txt")
   field() { grep -o "$1=[0-9.na/]*" <<<"$line" | cut -d= -f2; }
@@ -108,6 +118,6 @@ for name in $runs; do
   row=$(printf '| %s | %s | %s | %s | %s | %s | %s |' "$label" "$(field updates)" "$(field socket_bytes_per_update)" \
     "$(field datagrams_per_update)" "$(field payload_bytes_per_update)" "$(field bytes_per_pull)" "$(field socket_over_payload)")
   line=$(grep '^steady' "$work/$name.txt")
-  printf '%s %s | %s | %s | %s |\n' "$row" "$(field updates)" "$(field socket_bytes_per_update)" "$(field socket_over_payload)" \
-    "$(field egress_bytes_per_update)"
+  printf '%s %s | %s | %s | %s | %s |\n' "$row" "$(field updates)" "$(field socket_bytes_per_update)" "$(field socket_over_payload)" \
+    "$(field egress_bytes_per_update)" "$(field in_out_datagrams_per_update)"
 done

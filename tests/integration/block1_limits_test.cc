@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <optional>
 #include <thread>
 
@@ -48,9 +49,10 @@ class RawCoapClient {
   RawCoapClient(const RawCoapClient&) = delete;
   RawCoapClient& operator=(const RawCoapClient&) = delete;
 
-  // POST /update, block `num` of a body in 1024-byte blocks (`more`: not the last one).
+  // POST /update, block `num` of a body in 1024-byte blocks (`more`: not the last one), with
+  // a Block1 option or (block_option 19) a Q-Block1 option (RFC 9177).
   Reply post_block(std::uint32_t num, bool more, std::size_t length,
-                   std::optional<std::uint64_t> size1 = {}) {
+                   std::optional<std::uint64_t> size1 = {}, int block_option = 27) {
     const std::uint16_t mid = ++mid_;
     std::vector<std::uint8_t> message = {0x41, 0x02, static_cast<std::uint8_t>(mid >> 8),
                                          static_cast<std::uint8_t>(mid),
@@ -72,7 +74,7 @@ class RawCoapClient {
       message.insert(message.end(), value.begin(), value.end());
     };
     option(11, {'u', 'p', 'd', 'a', 't', 'e'});
-    option(27, uint_bytes(std::uint64_t{num} << 4 | (more ? 8u : 0u) | 6u));
+    option(block_option, uint_bytes(std::uint64_t{num} << 4 | (more ? 8u : 0u) | 6u));
     if (size1) option(60, uint_bytes(*size1));
     message.push_back(0xff);
     for (std::size_t i = 0; i < length; ++i)
@@ -202,29 +204,37 @@ TEST_F(Block1Limits, AnnouncedSizeAboveTheLimitIsRefusedAtTheFirstBlock) {
 }
 
 TEST_F(Block1Limits, BodyWithinTheLimitArrivesWholeOverDtls) {
-  CoapDtlsClient client(
-      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
-  std::vector<std::uint8_t> body(kLimit);
-  for (std::size_t i = 0; i < body.size(); ++i) body[i] = static_cast<std::uint8_t>(i * 13 + 5);
-  const CoapResponse ok = client.request(Method::kPost, "update", body);
-  ASSERT_EQ(ok.code, CoapCode::kChanged);
-  EXPECT_EQ(last_body_, body);
-  // One byte more: our client (libcoap) announces the size in Size1, so the first block is
-  // already refused: a handful of datagrams, not 65 blocks.
-  body.push_back(1);
-  const std::uint64_t datagrams_before = server_->datagrams_received();
-  const CoapResponse refused = client.request(Method::kPost, "update", body);
-  EXPECT_EQ(refused.code, CoapCode::kRequestEntityTooLarge);
-  EXPECT_LE(server_->datagrams_received() - datagrams_before, 3u);
-  EXPECT_EQ(bodies_handled_, 1);
+  // With Block1 (RFC 7959) and with Q-Block1 (RFC 9177, bursts of 10 blocks).
+  for (const bool q_block : {false, true}) {
+    CoapDtlsClient::Options options(
+        "127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000);
+    options.timing.q_block = q_block;
+    CoapDtlsClient client(options);
+    std::vector<std::uint8_t> body(kLimit);
+    for (std::size_t i = 0; i < body.size(); ++i) body[i] = static_cast<std::uint8_t>(i * 13 + 5);
+    const CoapResponse ok = client.request(Method::kPost, "update", body);
+    ASSERT_EQ(ok.code, CoapCode::kChanged) << "q_block " << q_block;
+    EXPECT_EQ(last_body_, body) << "q_block " << q_block;
+    // One byte more: our client announces the size in Size1, so the first block is already
+    // refused: a handful of datagrams (Q-Block1: the first burst at most), not 65 blocks.
+    body.push_back(1);
+    const std::uint64_t datagrams_before = server_->datagrams_received();
+    const CoapResponse refused = client.request(Method::kPost, "update", body);
+    EXPECT_EQ(refused.code, CoapCode::kRequestEntityTooLarge) << "q_block " << q_block;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the burst's stragglers
+    EXPECT_LE(server_->datagrams_received() - datagrams_before, q_block ? 10u : 3u);
+  }
+  EXPECT_EQ(bodies_handled_, 2);
 }
 
 // libcoap 4.3.1 keeps a record of every block-wise body for 93 s after its last block, and a
 // libcoap client tags each body anew (Request-Tag), so each post used to leave one behind,
 // all walked on every pass of the event loop; now a body's record goes with its last block.
 TEST_F(Block1Limits, FinishedBodiesLeaveNoRecordsBehind) {
-  CoapDtlsClient client(
-      {"127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000});
+  CoapDtlsClient::Options options(
+      "127.0.0.1", server_->port(), {"device-1", bytes_of("key-one-0123456789")}, 10000);
+  options.timing.q_block = false;  // libcoap's records are of Block1 bodies (Q-Block1 leaves none)
+  CoapDtlsClient client(options);
   std::vector<std::uint8_t> body(8 * kBlock + 17);
   constexpr int kBodies = 12;
   for (int n = 0; n < kBodies; ++n) {
@@ -255,6 +265,43 @@ TEST_F(Block1Limits, BodiesInProgressAreBounded) {
   // A single-block body needs no place.
   EXPECT_EQ(a.post_block(0, false, 10).code, CoapCode::kChanged);
   stop_loop();
+  EXPECT_EQ(server_->bodies_in_progress(), 2u);
+}
+
+// Q-Block1 bodies (RFC 9177; the server takes them by default) are held to the same limits:
+// Size1 above the limit is refused at the first block, and they count with Block1 bodies
+// against max_bodies_in_progress. A block that starts a burst gets no answer of its own
+// (here, confirmable: an empty ACK, code 0).
+constexpr int kQBlock1 = 19;
+
+TEST_F(Block1Limits, QBlock1BodyAnnouncedAboveTheLimitIsRefusedAtTheFirstBlock) {
+  RawCoapClient client(server_->plaintext_port());
+  const RawCoapClient::Reply reply =
+      client.post_block(0, true, kBlock, std::uint64_t{256} << 20, kQBlock1);
+  EXPECT_EQ(reply.code, CoapCode::kRequestEntityTooLarge);
+  EXPECT_EQ(reply.size1, kLimit);
+  EXPECT_EQ(client.post_block(0, true, kBlock, kLimit, kQBlock1).code, 0);
+  // Without Size1 the server cannot size the body: refused.
+  EXPECT_EQ(client.post_block(0, true, kBlock, std::nullopt, kQBlock1).code, CoapCode::kBadRequest);
+  stop_loop();
+  EXPECT_EQ(bodies_handled_, 0);
+}
+
+TEST_F(Block1Limits, QBlock1BodiesCountWithBlock1BodiesInProgress) {
+  RawCoapClient a(server_->plaintext_port()), b(server_->plaintext_port()),
+      c(server_->plaintext_port());
+  EXPECT_EQ(a.post_block(0, true, kBlock).code, 231);
+  EXPECT_EQ(b.post_block(0, true, kBlock, 3 * kBlock, kQBlock1).code, 0);
+  EXPECT_EQ(c.post_block(0, true, kBlock, 3 * kBlock, kQBlock1).code, 503)
+      << "a third body while two are assembled";
+  // b finishes its body (blocks 1 and 2; the last is the burst's end): handled once, whole.
+  EXPECT_EQ(b.post_block(1, true, kBlock, 3 * kBlock, kQBlock1).code, 0);
+  const RawCoapClient::Reply done = b.post_block(2, false, kBlock, 3 * kBlock, kQBlock1);
+  EXPECT_EQ(done.code, CoapCode::kChanged);
+  EXPECT_EQ(done.payload, std::to_string(3 * kBlock));
+  EXPECT_EQ(c.post_block(0, true, kBlock, 3 * kBlock, kQBlock1).code, 0) << "b's place is free";
+  stop_loop();
+  EXPECT_EQ(bodies_handled_, 1);
   EXPECT_EQ(server_->bodies_in_progress(), 2u);
 }
 

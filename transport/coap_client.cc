@@ -156,6 +156,13 @@ struct CoapDtlsClient::Impl {
   bool session_answered = false;        // the current session carried a complete exchange
   detail::HandshakeProgress handshake;  // of the current session (handshake_watch.h)
   bool dtls_closed = false;             // libcoap freed the current session's DTLS state
+  // The liveness probe of a reused session during a request (request(): a server that
+  // restarted answers nothing on the old session). The last time the server was heard in
+  // this request (its sending counts as heard), and the CoAP ping in flight, if any.
+  std::chrono::steady_clock::time_point last_heard_in_request;
+  coap_mid_t probe_mid = COAP_INVALID_MID;
+  std::chrono::steady_clock::time_point probe_sent;
+  std::uint64_t silent_sessions = 0;  // sessions given up because a probe went unanswered
 
   // Q-Block2 (RFC 9177) reception of the GET in flight (transport/README.md, "Q-Block"):
   // the blocks so far, which were asked for, and the tokens of the transfer's requests
@@ -314,6 +321,7 @@ struct CoapDtlsClient::Impl {
                                      const coap_pdu_t* received, const coap_mid_t) {
     Impl* self = of(session);
     if (!self) return COAP_RESPONSE_OK;
+    self->last_heard_in_request = std::chrono::steady_clock::now();  // even a late answer
     coap_bin_const_t token = coap_pdu_get_token(received);
     auto same = [&](const std::vector<std::uint8_t>& ours) {
       return token.length == ours.size() &&
@@ -657,11 +665,18 @@ struct CoapDtlsClient::Impl {
   }
 
   static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t reason,
-                      const coap_mid_t) {
+                      const coap_mid_t mid) {
     const int error =
         errno;  // after an ICMP error: the failed read's (libcoap frees, logs nothing between)
     Impl* self = of(session);
-    if (!self || self->done) return;
+    if (!self) return;
+    if (mid != COAP_INVALID_MID && mid == self->probe_mid && reason != COAP_NACK_ICMP_ISSUE) {
+      // libcoap reports the RST answering our own ping (a pong) as a nack; that the ping got
+      // no answer at all is for step_liveness_probe() to decide.
+      if (reason == COAP_NACK_RST) self->probe_answered();
+      return;
+    }
+    if (self->done) return;
     switch (reason) {
       case COAP_NACK_TOO_MANY_RETRIES:
         self->fail_silent("after every retransmission");
@@ -696,7 +711,52 @@ struct CoapDtlsClient::Impl {
     return 0;
   }
 
+  // The request in flight on a session that answered before has heard nothing from the
+  // server for `quiet`: send it a CoAP ping; a ping unanswered for `quiet` more means the
+  // session is gone on the server's side (a server killed and restarted drops the old
+  // session's records silently: no ICMP, no alert), and request() starts a fresh one.
+  // Without this, libcoap retransmits into the void until MAX_RETRANSMIT (45 s at the
+  // defaults) or its keepalive notices (~18 s): the workers of e2e_rounds_secure_aggregation
+  // missed a secure round's step that way. `quiet` is the time by which the request's first
+  // two retransmissions went unanswered, so a lossy link rarely pays more than a needless
+  // ping; when it does, the cost is one handshake, since every request here is idempotent.
+  void step_liveness_probe(std::chrono::steady_clock::time_point now) {
+    const auto quiet = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(3 * options.timing.ack_timeout_seconds *
+                                      options.timing.ack_random_factor));
+    if (probe_mid == COAP_INVALID_MID) {
+      if (now - last_heard_in_request < quiet) return;
+      // NSTART 1 would hold a confirmable ping back behind the request (libcoap's delay
+      // queue): let one more confirmable message through while the probe is out.
+      coap_session_set_nstart(session, static_cast<uint16_t>(options.timing.nstart + 1));
+      probe_mid = coap_session_send_ping(session);
+      probe_sent = now;
+      if (probe_mid == COAP_INVALID_MID) {
+        coap_session_set_nstart(session, static_cast<uint16_t>(options.timing.nstart));
+        last_heard_in_request = now;  // not established (yet): look again later
+      } else {
+        expect_probe_reset(probe_mid);
+      }
+      return;
+    }
+    if (now - probe_sent < quiet) return;
+    ++silent_sessions;
+    fail(TransportFailure::kSessionLost,
+         "the session with " + server_text + " went silent: neither the request nor a CoAP ping " +
+             "got an answer for " +
+             std::to_string(static_cast<int>(
+                 std::chrono::duration<double>(now - last_heard_in_request).count())) +
+             " s (a server that restarted has forgotten its sessions)");
+  }
+
+  void probe_answered() {
+    probe_mid = COAP_INVALID_MID;
+    last_heard_in_request = std::chrono::steady_clock::now();
+    if (session) coap_session_set_nstart(session, static_cast<uint16_t>(options.timing.nstart));
+  }
+
   void drop_session() {
+    probe_mid = COAP_INVALID_MID;
     if (session) {
       detail::stop_watching_handshake(session);
       coap_session_set_app_data(session, nullptr);
@@ -795,6 +855,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     s.q_block1_refused = false;
     s.current_method = method;
     s.current_path = path;
+    if (s.probe_mid != COAP_INVALID_MID) s.probe_answered();  // forget an earlier probe
+    s.last_heard_in_request = std::chrono::steady_clock::now();
     if (method == Method::kGet && payload.empty() && s.options.timing.q_block &&
         !s.server_lacks_q_block2) {
       s.ask_for_whole_body();
@@ -805,6 +867,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
       s.token = s.send_request(method, path, payload, {});
     }
   };
+  bool probe_if_silent = false;  // step_liveness_probe() while waiting
   // Every wait below looks at the stop flag at least every 100 ms.
   auto wait = [&] {
     while (!s.done && s.failure.empty()) {
@@ -820,6 +883,8 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
       }
       coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
       if (s.dtls_closed && !s.done) s.fail_dtls();  // no-op when a nack has explained it
+      if (probe_if_silent && s.session && !s.done && s.failure.empty())
+        s.step_liveness_probe(std::chrono::steady_clock::now());
       s.step_q_block2();
       s.step_q_block1();
     }
@@ -853,6 +918,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
   constexpr unsigned kKeepaliveSeconds = 5;
   coap_context_set_keepalive(s.context, kKeepaliveSeconds);
   const bool reused_session = s.session && s.session_answered;
+  probe_if_silent = reused_session;  // a new session's silence is the handshake's to explain
   send();
   bool time_left = wait();
   if (s.q_block2_refused || s.q_block1_refused) {
@@ -871,6 +937,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     if (std::chrono::steady_clock::now() + pause < deadline) {
       if (pause_unless_stopped(pause)) {
         ++s.reconnections;
+        probe_if_silent = false;
         send();
         wait();
         if (!s.done) s.failure = first_failure + "; then, on a new session: " + s.failure;
@@ -881,6 +948,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     }
   }
   coap_context_set_keepalive(s.context, 0);
+  if (s.probe_mid != COAP_INVALID_MID) s.probe_answered();  // the request is over
   s.q_block1.active = false;  // the body is the caller's: nothing may send from it later
   if (!s.done) {
     const std::string why = s.failure;
@@ -895,5 +963,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
 std::uint64_t CoapDtlsClient::sessions_started() const { return impl_->sessions_started; }
 
 std::uint64_t CoapDtlsClient::reconnections() const { return impl_->reconnections; }
+
+std::uint64_t CoapDtlsClient::silent_sessions() const { return impl_->silent_sessions; }
 
 }  // namespace edgetrain::transport

@@ -394,6 +394,9 @@ class CoapDtlsClient {
   std::uint64_t sessions_started() const;
   // Of those, the ones started inside a request because the kept session had failed.
   std::uint64_t reconnections() const;
+  // Of those failures, the ones found by the liveness probe: a kept session on which neither
+  // the request nor a CoAP ping got an answer (a server that restarted forgets its sessions).
+  std::uint64_t silent_sessions() const;
 
  private:
   struct Impl;

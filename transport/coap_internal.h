@@ -19,6 +19,11 @@ namespace edgetrain::transport {
 // level; EDGETRAIN_COAP_LOG=7 turns on its debug output (syslog levels).
 void coap_library_startup();
 
+// libcoap 4.3.1 logs the RST that answers a ping it did not send for its keepalive as an
+// alert ("got RST for mid=..."); the client's liveness probe (coap_client.cc) announces its
+// ping's message ID here so that the log handler drops that one line.
+void expect_probe_reset(int mid);
+
 // getaddrinfo() for UDP; throws TransportError naming the host when it cannot be resolved.
 coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port);
 

@@ -9,6 +9,7 @@
 
 #include <netdb.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -31,12 +32,19 @@ coap_fixed_point_t to_fixed_point(double value) {
 // libcoap's log lines carry what peers sent (a PSK identity at debug level, URIs and
 // payloads in PDU dumps), so they are escaped like every other network text. Destination
 // and prefix stay libcoap's own: stdout, or stderr from LOG_CRIT up; timestamp, level.
+std::atomic<int> probe_reset_mid{-1};  // expect_probe_reset()
+
 void log_escaped(coap_log_t level, const char* message) {
   static const char* const kLevelNames[] = {"EMRG", "ALRT", "CRIT", "ERR ",
                                             "WARN", "NOTE", "INFO", "DEBG"};
   std::string_view text(message);
   if (!text.empty() && text.back() == '\n')
     text.remove_suffix(1);  // libcoap ends each message with one
+  constexpr std::string_view kResetLine = "got RST for mid=0x";
+  if (level == LOG_ALERT && text.starts_with(kResetLine)) {
+    const std::string digits(text.substr(kResetLine.size()));
+    if (std::strtol(digits.c_str(), nullptr, 16) == probe_reset_mid.load()) return;
+  }
   const std::time_t now = std::time(nullptr);
   std::tm local{};
   localtime_r(&now, &local);
@@ -50,6 +58,8 @@ void log_escaped(coap_log_t level, const char* message) {
 }
 
 }  // namespace
+
+void expect_probe_reset(int mid) { probe_reset_mid.store(mid); }
 
 void coap_library_startup() {
   static std::once_flag once;

@@ -390,6 +390,92 @@ TEST(TransportReconnection, ClientHandshakesAgainAfterASilentSessionLoss) {
   std::printf("silent session loss: the request got through after %.2f s\n", seconds);
 }
 
+// The same at libcoap's default MAX_RETRANSMIT (4: it would retransmit for 45 s): the
+// client's liveness probe finds the silent session (no answer to the request's first two
+// retransmissions, then none to a CoAP ping) and handshakes again within the request. The
+// probe counter says which way the loss was found: libcoap's keepalive or its last
+// retransmission would leave it at 0.
+TEST(TransportReconnection, ClientProbesASilentSessionInsteadOfRetransmittingIntoTheVoid) {
+  auto server = ping_server();
+  const std::uint16_t port = server->port();
+  edgetrain::testing::UdpDelayProxy relay(server->port(), std::chrono::milliseconds(0));
+  CoapDtlsClient::Options client_options;
+  client_options.port = relay.port();
+  client_options.psk = {"device-1", bytes_of(kDeviceKey)};
+  client_options.timeout_ms = 60000;
+  client_options.timing.ack_random_factor = 1;  // the probe after 3 s of silence, 3 s more
+  CoapDtlsClient client(client_options);
+  {
+    ServerThread running(*server);
+    ASSERT_EQ(client.request(Method::kGet, "ping").code, CoapCode::kContent);
+    relay.set_loss_rate(1.0);
+  }
+  server.reset();
+  // The old server's close_notify must be dropped before the loss ends: relayed late (a
+  // slow relay thread under ASan), it would close the session at once and leave nothing
+  // for the probe to find.
+  for (int i = 0; i < 200 && relay.datagrams_dropped() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_GE(relay.datagrams_dropped(), 1u) << "the old server sent no close_notify";
+  server = ping_server(port);
+  ServerThread running(*server);
+  relay.set_loss_rate(0);
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(client.request(Method::kGet, "ping").code, CoapCode::kContent);
+  EXPECT_EQ(client.silent_sessions(), 1u);
+  EXPECT_EQ(client.reconnections(), 1u);
+  EXPECT_EQ(client.sessions_started(), 2u);
+  std::printf("silent session found by the probe: the request got through after %.2f s\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+}
+
+// A live session answers the probe's ping: an answer that comes 7 s after the empty ACK
+// (a separate response, as the update server's once an update is durable) is waited for
+// through two probes, on the same session.
+TEST(TransportReconnection, ProbeKeepsALiveSessionWhoseAnswerIsLate) {
+  CoapDtlsServer::Options options;
+  options.psk_lookup = [](std::string_view) { return std::optional(bytes_of(kDeviceKey)); };
+  auto server = std::make_unique<CoapDtlsServer>(options);
+  std::vector<edgetrain::transport::DeferredResponse> waiting;  // loop thread only
+  std::atomic<int> deferred = 0;
+  std::atomic<bool> answer_now = false, stop = false;
+  server->add_resource("ping", Method::kGet, [](const CoapRequest&) {
+    return CoapResponse{CoapCode::kContent, bytes_of("pong")};
+  });
+  server->add_resource("slow", Method::kGet, [&](const CoapRequest& request) {
+    waiting.push_back(request.defer());
+    ++deferred;
+    return CoapResponse{CoapCode::kBadRequest};  // ignored once deferred
+  });
+  std::thread loop([&] {
+    while (!stop) {
+      server->run_once(10);
+      if (answer_now.exchange(false))
+        for (auto& answer : waiting) answer.send({CoapCode::kContent, bytes_of("late")});
+    }
+  });
+  CoapDtlsClient::Options client_options;
+  client_options.port = server->port();
+  client_options.psk = {"device-1", bytes_of(kDeviceKey)};
+  client_options.timeout_ms = 30000;
+  client_options.timing.ack_random_factor = 1;  // a probe every 3 s of silence
+  CoapDtlsClient client(client_options);
+  ASSERT_EQ(client.request(Method::kGet, "ping").code, CoapCode::kContent);
+  std::thread answer_later([&] {
+    while (deferred < 1) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::this_thread::sleep_for(std::chrono::seconds(7));
+    answer_now = true;
+  });
+  const CoapResponse late = client.request(Method::kGet, "slow");
+  answer_later.join();
+  stop = true;
+  loop.join();
+  EXPECT_EQ(late.code, CoapCode::kContent);
+  EXPECT_EQ(late.payload, bytes_of("late"));
+  EXPECT_EQ(client.silent_sessions(), 0u);
+  EXPECT_EQ(client.sessions_started(), 1u);
+}
+
 // The server's event loop reads several datagrams per pass (Options::datagrams_per_pass)
 // instead of libcoap's one: a burst of 60 plain CoAP GETs queued on the socket before the
 // loop runs is answered in a few passes, and in 60 with datagrams_per_pass = 1.

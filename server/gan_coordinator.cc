@@ -29,16 +29,13 @@ using runtime::kGanNoiseSize;
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 
 constexpr int kServiceUnavailable = 503;
 constexpr std::size_t kInputWidth = kGanNoiseSize + kGanClasses;
 constexpr const char* kCheckpointPrefix = "checkpoint-";
 constexpr const char* kCheckpointParts[3] = {"generator.safetensors", "adam-m.safetensors",
                                              "adam-v.safetensors"};
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}, {}};
-}
 
 std::uint64_t mix(std::uint64_t x) {  // splitmix64's finalizer
   x += 0x9e3779b97f4a7c15ull;

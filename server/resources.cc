@@ -19,12 +19,9 @@ namespace {
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 using transport::escape_untrusted;  // for every identity, query or other peer text shown in a log,
                                     // an answer or /status
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}, {}};
-}
 
 int coap_code_for(SubmitOutcome outcome) {
   switch (outcome) {

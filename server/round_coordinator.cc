@@ -27,11 +27,8 @@ namespace {
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 using transport::escape_untrusted;
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}, {}};
-}
 
 std::uint32_t crc_of(std::span<const std::uint8_t> bytes) {
   return static_cast<std::uint32_t>(

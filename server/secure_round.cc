@@ -19,11 +19,8 @@ namespace {
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 using transport::escape_untrusted;
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}, {}};
-}
 
 // Size caps per message (ours), checked before parsing: 255 devices of 255-byte identities.
 constexpr std::size_t kMaxKeysBytes = 10 + 256 + 64;

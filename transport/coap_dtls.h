@@ -233,6 +233,12 @@ struct CoapResponse {
   std::optional<std::uint64_t> etag;
 };
 
+// A response whose payload is a UTF-8 message: the reason a request was refused, or a short
+// status for the peer.
+inline CoapResponse text_response(int code, std::string_view text) {
+  return {code, {text.begin(), text.end()}};
+}
+
 using RequestHandler = std::function<CoapResponse(const CoapRequest&)>;
 // Returns the key for a PSK identity, or nullopt to refuse the handshake.
 using PskLookup =

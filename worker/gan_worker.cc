@@ -20,12 +20,9 @@ using loop::sleep_unless_stopped;
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 
 constexpr int kServiceUnavailable = 503;
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}, {}};
-}
 
 }  // namespace
 

@@ -32,16 +32,13 @@ using loop::sleep_unless_stopped;
 using transport::CoapCode;
 using transport::CoapRequest;
 using transport::CoapResponse;
+using transport::text_response;
 
 constexpr const char* kModelPath = "gossip/model";
 constexpr const char* kAveragePath = "gossip/average";
 // Metadata keys of a peer's checkpoint (safetensors __metadata__).
 constexpr const char* kIterationKey = "edgetrain.gossip.iteration";
 constexpr const char* kPeerKey = "edgetrain.gossip.peer";
-
-CoapResponse text_response(int code, const std::string& text) {
-  return {code, {text.begin(), text.end()}};
-}
 
 bool all_finite(std::span<const float> values) {
   return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });

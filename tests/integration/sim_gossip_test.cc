@@ -335,9 +335,11 @@ TEST(SimGossipLongRun, SameSeedSameRun) {
 
 }  // namespace
 
-// Issue 35 part 5: the built-in residual model in both gossip algorithms. 20 iterations of
-// 4 peers take the peers' mean test loss down from the He-initialized model's (above
-// ln 10) and leave every peer's model finite.
+// Issue 35 part 5: the built-in residual model in both gossip algorithms: the peers train
+// and mix resnet-8's graph. 12 iterations of 3 peers (few: ~10 s per algorithm under the
+// sanitizers) take the peers' mean test loss down from the He-initialized model's, far above
+// ln 10 (overconfident residual sums), and leave every peer's model finite; learning above
+// chance is e2e_residual_model_rounds_gossip's.
 TEST(SimGossip, DpsgdAndAdpsgdTrainTheBuiltInResidualModel) {
   const auto& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
@@ -345,18 +347,19 @@ TEST(SimGossip, DpsgdAndAdpsgdTrainTheBuiltInResidualModel) {
     sim::GossipConfig c = ring_config();
     c.model = "resnet-8";
     c.algorithm = algorithm;
-    c.peers = 4;
+    c.peers = 3;
     c.learning_rate = 0.1f;
-    c.max_iterations = 20;
-    c.eval_every = 20;
-    c.eval_examples = 300;
+    c.max_iterations = 12;
+    c.eval_every = 12;
+    c.eval_examples = 200;
     c.keep_final_models = true;
     const auto r = sim::run_gossip_simulation(c, data.train, data.test, "resnet-8");
-    ASSERT_EQ(r.curve.size(), 2u) << "at the start and after 20 iterations";
+    ASSERT_EQ(r.curve.size(), 2u) << "at the start and after 12 iterations";
     EXPECT_LT(r.curve.back().mean_loss, r.curve.front().mean_loss - 0.25)
         << "from " << r.curve.front().mean_loss;
+    EXPECT_LT(r.curve.back().mean_loss, 2.5) << "not far from ln 10 after 12 iterations";
     EXPECT_GT(r.exchanges, 0u);
-    ASSERT_EQ(r.final_models.size(), 4u);
+    ASSERT_EQ(r.final_models.size(), 3u);
     const std::size_t arena = runtime::Model(runtime::builtin_model_spec("resnet-8")).parameter_count();
     for (const auto& peer : r.final_models) {
       ASSERT_EQ(peer.size(), arena);

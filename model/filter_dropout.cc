@@ -89,6 +89,9 @@ void validate_drop_rates(const Model& model, std::span<const float> rates) {
         "connections, dwconv, conv1d or normalization layers yet): train this model without "
         "drop rates or a dropout table");
   }
+  if (model.is_graph())  // every graph has an add or a from above; kept as the last guard
+    throw std::invalid_argument("dropout: model '" + model.spec().name +
+                                "' has residual connections; filter dropout does not support them");
   const int convs = conv_layer_count(model);
   if (static_cast<int>(rates.size()) != convs) {
     throw std::invalid_argument("dropout: " + std::to_string(rates.size()) +

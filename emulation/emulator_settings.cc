@@ -27,7 +27,13 @@ const char* const kEmulatorDescription =
 void declare_experiment(settings::Table& t, EmulatorSettings& s) {
   t.group("Experiment");
   t.add("workers", s.workers, "number of worker processes").range(1, 4000);
-  t.add("model", s.model, "the model").choices({"paper-cnn", "mlp"});
+  // Any model the programs take (the server, the workers or peers and edgetrain-fleet-eval
+  // get it as it is, and each refuses a bad one naming the statement): this library may not
+  // depend on model/ (emulation/CMakeLists.txt), so it does not parse it itself.
+  t.add("model", s.model,
+        "the model, as the programs' --model: paper-cnn, mlp, mobilenet-mini, resnet-8, "
+        "resnet-8-32x32x3, ds-cnn, cnn1d, a spec or a spec file (an absolute path); every "
+        "mode takes any of them");
   t.add("data", s.data, "training and test data")
       .choices({"mnist", "mnist-small", "fashion-mnist"});
   t.add("compressor", s.compressor, "adacomp, or none (dense ASGD)").choices({"adacomp", "none"});

@@ -64,6 +64,25 @@ TEST(EmulatorSettings, FlagsQuotedForTheShell) {
   EXPECT_EQ(assignments(other, {"edgetrain-emulate", "--mode", "federated"}), "refused");
 }
 
+// Every mode takes any model (issue 35 part 5): a built-in residual model or a spec reaches
+// the programs as written, quoted for the shell.
+TEST(EmulatorSettings, AnyModelTheProgramsTake) {
+  for (const char* mode : {"async", "rounds", "gossip"}) {
+    EmulatorSettings builtin, spec;
+    EXPECT_NE(assignments(builtin, {"edgetrain-emulate", "--mode", mode, "--model", "resnet-8"})
+                  .find("model='resnet-8'\n"),
+              std::string::npos)
+        << mode;
+    EXPECT_NE(assignments(spec, {"edgetrain-emulate", "--mode", mode, "--model",
+                                 "input 28x28x1; conv 8 3x3 same relu; name a; conv 8 3x3 same; "
+                                 "add a relu; globalavgpool; fc 10"})
+                  .find("model='input 28x28x1; conv 8 3x3 same relu; name a; conv 8 3x3 same; "
+                        "add a relu; globalavgpool; fc 10'\n"),
+              std::string::npos)
+        << mode;
+  }
+}
+
 TEST(EmulatorSettings, AConfigFileUnderTheFlags) {
   edgetrain::testing::TempDir dir("edgetrain-emulator-settings");
   std::filesystem::create_directories(dir.path());

@@ -337,19 +337,34 @@ TEST(FilterDropout, RefusesNormalizationLayersByName) {
 }
 
 // Residual graphs (an add needs both summands to keep the same filters) and conv1d are
-// refused the same way, naming what the model holds.
-TEST(FilterDropout, RefusesResidualAndConv1dModelsByName) {
-  const std::pair<const char*, const char*> cases[] = {{"resnet-8", "residual"},
-                                                       {"cnn1d", "conv1d"}};
-  for (const auto& [name, what] : cases) {
-    Model model(builtin_model_spec(name));
+// refused the same way, naming the model and the first statement at fault (our choice:
+// model/README.md, "Filter dropout and residual models"); a branch that reads a named
+// tensor (`from`) is named when it comes before its add.
+TEST(FilterDropout, RefusesResidualAndConv1dModelsByStatement) {
+  struct Case {
+    ModelSpec spec;
+    const char* what;
+    const char* statement;
+  };
+  const Case cases[] = {
+      {builtin_model_spec("resnet-8"), "residual connection", "'add s0 relu'"},
+      {builtin_model_spec("resnet-8-32x32x3"), "residual connection", "'add s0 relu'"},
+      {builtin_model_spec("cnn1d"), "conv1d", "'conv1d 32 5"},
+      {parse_model_spec("input 12x12x1; conv 8 3x3 same relu; name a; conv 8 3x3 same; name b; "
+                        "from a; conv 8 1x1; add b relu; fc 4",
+                        "projected"),
+       "branch of a residual block", "'conv 8 1x1'"}};
+  for (const Case& c : cases) {
+    Model model(c.spec);
     Trainer trainer(model, 2);
     try {
-      trainer.set_dropout(config({0.5f, 0.5f, 0.5f, 0.5f}));
-      ADD_FAILURE() << "filter dropout accepted " << name;
+      trainer.set_dropout(config(std::vector<float>(conv_layer_count(model), 0.5f)));
+      ADD_FAILURE() << "filter dropout accepted " << c.spec.name;
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      const std::string message = e.what();
+      EXPECT_NE(message.find(c.what), std::string::npos) << message;
+      EXPECT_NE(message.find(c.statement), std::string::npos) << message;
+      EXPECT_NE(message.find("'" + c.spec.name + "'"), std::string::npos) << message;
     }
     EXPECT_EQ(trainer.dropout(), nullptr);
   }

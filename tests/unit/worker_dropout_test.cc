@@ -105,6 +105,22 @@ TEST_F(WorkerDropoutTest, RefusesBadSettings) {
       << "a table made for another model";
 }
 
+// A worker of any mode refuses DISTREAL's drop rates for a residual model before it loads its
+// data (the program's exit status 2), quoting the statement at fault: async and rounds alike.
+TEST(WorkerDropoutResidual, RefusedForAResidualModelNamingTheStatement) {
+  const Model resnet(builtin_model_spec("resnet-8"));
+  WorkerDropoutSettings rates;
+  rates.drop_rates.assign(9, 0.25f);
+  for (const auto pacing : {DropoutPacing::kPerStep, DropoutPacing::kPerRound}) {
+    try {
+      check_worker_dropout(rates, resnet, pacing);
+      ADD_FAILURE() << "resnet-8 took drop rates";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("'add s0 relu'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST_F(WorkerDropoutTest, AdaptiveChoiceFollowsTheMeasuredStepTimeBothWays) {
   write_table(model);
   WorkerDropout dropout(adaptive(0.010), model, trainer, 3, WorkerDropout::Pacing::kPerStep);

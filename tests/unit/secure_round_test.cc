@@ -8,7 +8,7 @@
 // secagg.wal holds, and one whose log does not replay begins the next attempt. With a subset
 // (--secagg-subset, privacy/subset.h) the devices mask the announced entries only and the sum
 // is theirs, scattered to the whole vector, also after a restart; a masked input of the
-// vector's length is then malformed (4.00). The subset generator itself is pinned. Three real
+// vector's length is then malformed (4.00) (the generator itself: secagg_protocol_test). Three real
 // RoundWorkers (worker/round_worker.h, in threads) take two subset rounds against a
 // SecureRound: each sum is the sum of the entries they quantized, and each keeps the rest.
 #include <gtest/gtest.h>
@@ -281,35 +281,6 @@ TEST(SecureRound, ARoundThatCannotBeginDurablyRefusesEverythingUntilItCan) {
             CoapCode::kChanged);
 }
 
-// The subset every device and the server compute: exactly `length` distinct ascending
-// indices, the same for the same seed, another for another session; values pinned so that an
-// aarch64 worker (this test under QEMU) agrees with an x86-64 server.
-TEST(SecureRoundSubset, TheGeneratorIsDeterministicExactAndSpreadOut) {
-  EXPECT_EQ(privacy::subset_length(0.1, 1000), 100u);
-  EXPECT_EQ(privacy::subset_length(1e-9, 1000), 1u);
-  EXPECT_EQ(privacy::subset_length(1, 1000), 1000u);
-  EXPECT_THROW(privacy::subset_length(0, 1000), std::invalid_argument);
-  EXPECT_THROW(privacy::subset_length(1.5, 1000), std::invalid_argument);
-  EXPECT_THROW(privacy::subset_indices(1, 10, 11), std::invalid_argument);
-  EXPECT_THROW(privacy::subset_indices(1, 10, 0), std::invalid_argument);
-  const std::uint64_t seed = privacy::subset_seed(0x5eed, std::uint64_t{3} << 16);
-  EXPECT_NE(seed, privacy::subset_seed(0x5eed, (std::uint64_t{3} << 16) | 1));
-  EXPECT_NE(seed, privacy::subset_seed(0x5eee, std::uint64_t{3} << 16));
-  const auto indices = privacy::subset_indices(seed, 100000, 10000);
-  ASSERT_EQ(indices.size(), 10000u);
-  for (std::size_t k = 1; k < indices.size(); ++k) ASSERT_LT(indices[k - 1], indices[k]);
-  EXPECT_LT(indices.back(), 100000u);
-  EXPECT_EQ(indices, privacy::subset_indices(seed, 100000, 10000));
-  EXPECT_NE(indices, privacy::subset_indices(seed + 1, 100000, 10000));
-  // Spread: each tenth of the vector holds about a tenth of the subset (binomial σ ≈ 30).
-  std::vector<int> per_tenth(10, 0);
-  for (const auto i : indices) per_tenth[i / 10000]++;
-  for (const int count : per_tenth) EXPECT_NEAR(count, 1000, 150);
-  EXPECT_EQ(privacy::subset_indices(1, 5, 5), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
-  // As an independent Python SplitMix64 + Algorithm S computes them.
-  EXPECT_EQ(privacy::subset_indices(42, 1000, 5), (std::vector<std::uint32_t>{171, 215, 564, 718, 808}));
-}
-
 TEST(SecureRoundSubset, TheSumIsThePlainSumOfTheAnnouncedEntriesAlsoAfterARestart) {
   Fixture f;
   auto round = f.make(0.2);
@@ -566,6 +537,8 @@ TEST(SecureRoundSubset, RealWorkersSendTheAnnouncedEntriesAndKeepTheRest) {
     }
     EXPECT_GT(std::abs(expected[0]) + std::abs(expected[1]), 0.0) << "the workers trained";
   }
+  // (rounds_trained is not checked: the unmasking closes at t = 2 answers, and the third
+  // device's comes after the close, 4.09.)
   // After the second round each worker holds back its delta (with the first round's
   // remainder) outside the second subset: the worker's own count of it agrees.
   const auto second = privacy::subset_indices(server.closed[1].subset.seed, length, server.closed[1].subset.length);
@@ -585,7 +558,6 @@ TEST(SecureRoundSubset, RealWorkersSendTheAnnouncedEntriesAndKeepTheRest) {
     }
     EXPECT_GT(held, 0.0);
     EXPECT_NEAR(workers[w]->stats().secagg_unsent_norm, std::sqrt(held), 1e-5 * std::sqrt(held)) << names[w];
-    EXPECT_GE(workers[w]->stats().rounds_trained, 1u);
   }
 }
 

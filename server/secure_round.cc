@@ -328,7 +328,11 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
         out.survivors = server_->survivors().size();
         out.key_holders = server_->key_holders().size();
         out.unmasking_senders = posted_.size();
-        last_close_ = {{}, out.survivors, out.key_holders, out.unmasking_senders};
+        last_close_ = Sum{.values = {},
+                          .entries_summed = out.entries_summed,
+                          .survivors = out.survivors,
+                          .key_holders = out.key_holders,
+                          .unmasking_senders = out.unmasking_senders};
         return out;
       }
     }

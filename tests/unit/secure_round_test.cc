@@ -363,6 +363,12 @@ TEST(SecureRoundSubset, TheSumIsThePlainSumOfTheAnnouncedEntriesAlsoAfterARestar
   EXPECT_EQ(sum->survivors, 3u);
   EXPECT_EQ(sum->entries_summed, subset.length);
   ASSERT_EQ(sum->values.size(), kLength);
+  // /status's record of the close (each set in its own key).
+  const auto status = nlohmann::json::parse(round->status_json());
+  EXPECT_EQ(status["secagg_last_key_holders"], 3);
+  EXPECT_EQ(status["secagg_last_survivors"], 3);
+  EXPECT_EQ(status["secagg_last_unmasking_senders"], 2);
+  EXPECT_EQ(status["secagg_sent_length"], subset.length);
   const std::vector<double> expected = privacy::dequantize(plain_sum, kClip, 3);
   std::size_t k = 0;
   for (std::uint32_t i = 0; i < kLength; ++i) {

@@ -13,12 +13,25 @@
 # training and the give-up wait included); and the server's CPU per round; writes it with the
 # command to OUT/secagg-cost.md. Rounds after round 0 wait --deadline seconds in their keys
 # step for the devices that left (seen, selected, gone), which the wall time shows.
+# Compression (issue 39 part 2): the runs named by --modes, of
+#   plain           dense plain deltas (--compressor none)
+#   plain-adacomp   plain rounds with the compression they have: AdaComp's per-tensor top-k at
+#                   --rate F with error feedback (each device its own entries)
+#   secure          dense secure aggregation
+#   secure-subset   secure aggregation of a shared seeded random subset, --secagg-subset F,
+#                   the rest kept on the device (error feedback)
+# with F = --subset (0.1); each row also gives the test accuracy of the model after the
+# rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
+# secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
+# covers the dense secure run (the subset's sum: tests/unit/secure_round_test.cc).
 #
 # usage: experiments/secagg-cost.sh [--build DIR] [--out DIR] [--devices N] [--drop-fraction F]
 #                                   [--rounds R] [--model M] [--local-steps K] [--deadline S]
+#                                   [--modes "plain secure ..."] [--subset F] [--eval-data D]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=secagg-cost devices=20 drop_fraction=0.3 rounds=3 model=mlp local_steps=2 deadline=5
+modes="plain plain-adacomp secure secure-subset" subset=0.1 eval_data=mnist-small
 die() { echo "secagg-cost.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,6 +43,9 @@ while [ $# -gt 0 ]; do
     --model) model=${2:?}; shift ;;
     --local-steps) local_steps=${2:?}; shift ;;
     --deadline) deadline=${2:?}; shift ;;
+    --modes) modes=${2:?}; shift ;;
+    --subset) subset=${2:?}; shift ;;
+    --eval-data) eval_data=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -41,6 +57,11 @@ server="$build/programs/edgetrain-server" worker="$build/programs/edgetrain-work
 command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 [[ "$devices" =~ ^[0-9]+$ ]] && [ "$devices" -ge 3 ] && [ "$devices" -le 255 ] || die "--devices: 3..255, not '$devices'"
 dropped=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$drop_fraction" "$devices")
+for mode in $modes; do
+  case "$mode" in plain|plain-adacomp|secure|secure-subset) ;; *) die "--modes: plain, plain-adacomp, secure or secure-subset, not '$mode'" ;; esac
+done
+python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
+  die "--subset: a fraction in (0, 1], not '$subset'"
 [ $((devices - dropped)) -gt $((devices / 2)) ] || die "--drop-fraction $drop_fraction leaves no majority of $devices devices"
 source "$repo/common/processes.sh"
 mkdir -p "$out"
@@ -55,7 +76,7 @@ EOF
 chmod +x "$work/timed"
 
 rows=()
-for mode in plain secure; do
+for mode in $modes; do
   run="$work/$mode"
   mkdir -p "$run/dump"
   printf '#!/bin/sh\nexec "%s" "%s" "%s" "$@"\n' "$work/timed" "$run/server.cpu" "$server" >"$run/server"
@@ -68,17 +89,22 @@ for mode in plain secure; do
   args=(--state-dir "$run/state" --keystore "$run/keys.toml" --model "$model" --lr 0.05 --mode rounds
         --round-deadline "$deadline" --min-clients "$devices" --local-steps "$local_steps" --round-clip-norm 1
         --stop-after-updates "$rounds")
-  [ "$mode" = plain ] || args+=(--secure-aggregation)
+  case "$mode" in
+    secure) args+=(--secure-aggregation) ;;
+    secure-subset) args+=(--secure-aggregation --secagg-subset "$subset") ;;
+  esac
   started=$SECONDS
   start_server "$run/server" "$run/server.log" --port 0 "${args[@]}"
   stayed=() worker_pids=()
   for i in "${!names[@]}"; do
-    name=${names[$i]} extra=(--compressor none)
-    if [ "$mode" = secure ]; then
+    name=${names[$i]} extra=(--compressor none) secure=false
+    [ "$mode" = plain-adacomp ] && extra=(--compressor adacomp --rate "$subset" --error-feedback)
+    if [[ "$mode" = secure* ]]; then
+      secure=true
       extra=(--test-secagg-dump "$run/dump")
       [ "$i" -lt $((devices - dropped)) ] || extra+=(--test-secagg-drop-after input)
     fi
-    [ "$mode" = secure ] && [ "$i" -ge $((devices - dropped)) ] || stayed+=("$name")
+    [ "$secure" = true ] && [ "$i" -ge $((devices - dropped)) ] || stayed+=("$name")
     start_worker "$run/$name.log" "$run/$name.stats.json" "$work/timed" "$run/$name.cpu" "$worker" \
       --config "$run/$name.toml" --mode rounds --server "coaps://127.0.0.1:$server_port" --model "$model" \
       --data mnist-small --worker-id "$i" --workers "$devices" --lr 0.05 --quiet \
@@ -103,8 +129,11 @@ for mode in plain secure; do
       END {d = n * r; printf "%.0f %.0f %.1f %.1f %.3f\n", s / d, g / d, m / d, y / d, c / d}')
   mkdir -p "$out/$mode" && cp "$run"/*.stats.json "$run"/*.cpu "$run"/*.log "$out/$mode/"  # the raw figures
   server_cpu=$(tail -1 "$run/server.cpu" | awk -v r="$closed" '{printf "%.3f", ($1 + $2) / r}')
-  rows+=("| $mode | $devices ($([ "$mode" = secure ] && echo "$dropped left after their input in round 0" || echo "none left")) | $closed | $sent | $received | $messages (+ $not_yet not yet) | $cpu | $server_cpu | $wall |")
-  if [ "$mode" = secure ]; then
+  accuracy=$("$server" evaluate "$run/state/checkpoint.safetensors" --data "$eval_data" --json | jq -r '.accuracy * 10000 | round / 100')
+  label=$mode
+  case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;; esac
+  rows+=("| $label | $devices ($([[ "$mode" = secure* ]] && echo "$dropped left after their input in round 0" || echo "none left")) | $closed | $sent | $received | $messages (+ $not_yet not yet) | $cpu | $server_cpu | $wall | $accuracy% |")
+  if [ "$mode" = secure ] && [ "$dropped" -gt 0 ]; then  # the check needs devices that left
     gone=("${names[@]:$((devices - dropped))}")
     python3 "$repo/tests/integration/secagg_round_check.py" model "$run/dump" 0 1 "${names[@]}" -- "${gone[@]}" |
       tee "$run/check.txt" || die "round 0's model is not the mean of the devices' deltas"
@@ -113,11 +142,11 @@ done
 
 table="$out/secagg-cost.md"
 {
-  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline (commit $(git -C "$repo" rev-parse --short HEAD))"
+  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline --modes \"$modes\" --subset $subset --eval-data $eval_data (commit $(git -C "$repo" rev-parse --short HEAD))"
   echo
-  echo "| rounds | devices | rounds closed | bytes sent per device and round | bytes received | messages | device CPU s | server CPU s per round | wall s |"
-  echo "|---|---|---|---|---|---|---|---|---|"
+  echo "| rounds | devices | rounds closed | bytes sent per device and round | bytes received | messages | device CPU s | server CPU s per round | wall s | test accuracy |"
+  echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
-  cat "$work/secure/check.txt"
+  [ ! -f "$work/secure/check.txt" ] || cat "$work/secure/check.txt"
 } | tee "$table"

@@ -110,6 +110,10 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
         count_noise_stddev(adaptive, options_.rule.expected_devices));
   }
   clip_norm_ = options_.clip_norm;
+  if (options_.secure.subset_fraction > 0 && !options_.secure.enabled)
+    throw std::invalid_argument(
+        "--secagg-subset needs --secure-aggregation: plain rounds compress each device's delta "
+        "with its own compressor (the worker's compression settings)");
   if (options_.secure.enabled) {
     // The server sees only the survivors' sum: a rule that needs each device's values, or
     // noise the server adds to the sum it unmasked, does not go with it.
@@ -128,6 +132,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .clip_norm = options_.clip_norm,
                            .min_devices = std::max<std::uint32_t>(options_.min_clients, 2),
                            .model_id = state_.model_id(),
+                           .subset_fraction = options_.secure.subset_fraction,
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
@@ -308,6 +313,11 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
     answer["secagg_step"] = SecureRound::step_name(secure_->step());
     answer["secagg_identity"] = identity;
     answer["clip_norm"] = clip_norm_;
+    if (const auto subset = secure_->subset()) {
+      // Every device masks the same entries: those privacy::subset_indices picks from these.
+      answer["secagg_subset_seed"] = subset->seed;
+      answer["secagg_subset_length"] = subset->length;
+    }
   }
   return text_response(CoapCode::kContent, answer.dump());
 }

@@ -85,6 +85,7 @@ struct RoundOptions {
   struct SecureAggregation {
     bool enabled = false;
     double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
+    double subset_fraction = 0;       // > 0: a seeded random subset of entries (privacy/subset.h)
   } secure;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that

@@ -9,6 +9,7 @@
 
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/subset.h"
 #include "server/durable_file.h"
 #include "server/server_state.h"
 #include "transport/untrusted_text.h"
@@ -67,6 +68,9 @@ SecureRound::SecureRound(SecureRoundOptions options, std::filesystem::path attem
   if (!(options_.clip_norm > 0))
     throw std::invalid_argument(
         "--secure-aggregation needs --round-clip-norm S > 0: devices quantize deltas clipped to S");
+  if (!(options_.subset_fraction >= 0 && options_.subset_fraction <= 1))
+    throw std::invalid_argument("--secagg-subset must be in (0, 1] (or 0: every entry), not " +
+                                std::to_string(options_.subset_fraction));
   if (std::filesystem::exists(attempt_file_)) {
     try {
       std::ifstream in(attempt_file_);
@@ -89,9 +93,7 @@ void SecureRound::begin(std::uint64_t round, std::uint32_t vector_length) {
   // or abandoned): never reuse its session number.
   const bool again = std::filesystem::exists(attempt_file_) && round_ == round;
   attempt_ = again ? attempt_ + 1 : 0;
-  round_ = round;
-  vector_length_ = vector_length;
-  session_ = (round << 16) | (attempt_ & 0xffffu);
+  set_session(round, vector_length);
   const std::string text =
       nlohmann::json{{"round", round_}, {"attempt", attempt_}}.dump() + "\n";
   write_file_atomically(attempt_file_,
@@ -122,9 +124,7 @@ void SecureRound::record(const std::string& identity, std::uint64_t kind, std::v
 void SecureRound::resume_or_begin(std::uint64_t round, std::uint32_t vector_length) {
   if (!std::filesystem::exists(attempt_file_) || round_ != round || !std::filesystem::exists(log_path_))
     return begin(round, vector_length);
-  round_ = round;
-  vector_length_ = vector_length;
-  session_ = (round << 16) | (attempt_ & 0xffffu);
+  set_session(round, vector_length);
   std::string why;
   try {
     const WalContents contents = read_wal(log_path_);
@@ -192,9 +192,30 @@ void SecureRound::replay(const WalRecord& r) {
   posted_.insert(r.identity);
 }
 
+void SecureRound::set_session(std::uint64_t round, std::uint32_t vector_length) {
+  round_ = round;
+  vector_length_ = vector_length;
+  session_ = (round << 16) | (attempt_ & 0xffffu);
+  subset_indices_.clear();
+  if (options_.subset_fraction > 0 && vector_length > 0) {
+    subset_seed_ = privacy::subset_seed(options_.model_id, session_);
+    subset_indices_ = privacy::subset_indices(
+        subset_seed_, vector_length, privacy::subset_length(options_.subset_fraction, vector_length));
+  }
+}
+
+std::optional<SecureRound::Subset> SecureRound::subset() const {
+  if (subset_indices_.empty()) return std::nullopt;
+  return Subset{subset_seed_, static_cast<std::uint32_t>(subset_indices_.size())};
+}
+
+std::uint32_t SecureRound::sent_length() const {
+  return subset_indices_.empty() ? vector_length_ : static_cast<std::uint32_t>(subset_indices_.size());
+}
+
 void SecureRound::close_keys(std::uint32_t threshold) {
   threshold_ = threshold;
-  server_.emplace(privacy::RoundConfig{session_, threshold_, vector_length_});
+  server_.emplace(privacy::RoundConfig{session_, threshold_, sent_length()});
   for (const auto& [identity, keys] : keys_) server_->receive_keys(identity, keys);
   keys_.clear();
   directory_bytes_ = privacy::serialize(server_->close_key_advertisement());
@@ -295,10 +316,20 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
         Sum out;
         out.values = privacy::dequantize(sum, options_.clip_norm,
                                          static_cast<std::uint32_t>(server_->key_holders().size()));
+        out.entries_summed = out.values.size();
+        if (!subset_indices_.empty()) {
+          std::vector<double> whole(vector_length_, 0.0);
+          for (std::size_t k = 0; k < subset_indices_.size(); ++k) whole[subset_indices_[k]] = out.values[k];
+          out.values = std::move(whole);
+        }
         out.survivors = server_->survivors().size();
         out.key_holders = server_->key_holders().size();
         out.unmasking_senders = posted_.size();
-        last_close_ = {{}, out.survivors, out.key_holders, out.unmasking_senders};
+        last_close_ = Sum{.values = {},
+                          .entries_summed = out.entries_summed,
+                          .survivors = out.survivors,
+                          .key_holders = out.key_holders,
+                          .unmasking_senders = out.unmasking_senders};
         return out;
       }
     }
@@ -352,7 +383,7 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
   // POST: the step's message, which must be of the current session and step.
   const std::size_t cap = wanted == Step::kKeys          ? kMaxKeysBytes
                           : wanted == Step::kShares      ? kMaxSharesBytes
-                          : wanted == Step::kMaskedInput ? 14 + 256 + std::size_t{4} * vector_length_
+                          : wanted == Step::kMaskedInput ? 14 + 256 + std::size_t{4} * sent_length()
                                                          : kMaxUnmaskingBytes;
   if (request.payload.size() > cap)
     return text_response(CoapCode::kRequestEntityTooLarge, "too large: a " + resource + " message of " +
@@ -395,6 +426,12 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
       }
       case Step::kMaskedInput: {
         const privacy::MaskedInput input = privacy::parse_masked_input(request.payload);
+        if (input.round == session_ && input.masked.size() != sent_length())
+          throw privacy::SecAggError(
+              std::to_string(input.masked.size()) + " values, but session " + std::to_string(session_) +
+              " sends " + std::to_string(sent_length()) +
+              (subset_indices_.empty() ? std::string(" (the model's parameters)")
+                                       : std::string(" (GET /round's secagg_subset_length)")));
         parsed = true;
         message_session = input.round;
         if (message_session == session_ && step_ == wanted && !posted_.count(identity)) {
@@ -462,7 +499,8 @@ std::string SecureRound::status_json() const {
                       {"secagg_messages_malformed", malformed_},
                       {"secagg_last_key_holders", last_close_.key_holders},
                       {"secagg_last_survivors", last_close_.survivors},
-                      {"secagg_last_unmasking_senders", last_close_.unmasking_senders}};
+                      {"secagg_last_unmasking_senders", last_close_.unmasking_senders},
+                      {"secagg_sent_length", sent_length()}};
   if (step_ == Step::kKeys) {
     j["secagg_keys"] = keys_.size();
   } else {

@@ -31,6 +31,13 @@
 // message); a log that does not replay (damaged, another model or session) makes the restart
 // begin the next attempt instead, and the devices, finding their session gone (4.09), redo
 // the round. The unmasked aggregate goes through the main WAL like a plain close.
+//
+// A subset (ours, --secagg-subset, privacy/subset.h): with subset_fraction > 0 every device of
+// a session masks and sends only the same seeded random subset of the vector's entries (GET
+// /round announces its public seed and length); the protocol core runs on vectors of the
+// subset's length, and the sum comes back scattered to the whole vector with zeros elsewhere
+// (the close leaves those entries unchanged this round). The seed is derived from the model
+// and the session, so replaying secagg.wal rebuilds the same subset.
 #pragma once
 
 #include <chrono>
@@ -57,7 +64,8 @@ struct SecureRoundOptions {
   double step_seconds = 30;         // each step's deadline
   double clip_norm = 0;             // S: the devices' deltas are clipped to it (quantize.h)
   std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
-  std::uint64_t model_id = 0;       // secagg.wal's header
+  std::uint64_t model_id = 0;       // secagg.wal's header; with the session, the subset's seed
+  double subset_fraction = 0;       // 0: every entry (dense); in (0, 1]: privacy/subset.h
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };
@@ -81,7 +89,8 @@ class SecureRound {
 
   // What a close needs: Σ over U3 of the quantized deltas, read back as values.
   struct Sum {
-    std::vector<double> values;
+    std::vector<double> values;      // the whole vector: 0 outside a subset
+    std::size_t entries_summed = 0;  // the subset's length (the vector's without one)
     std::size_t survivors = 0;       // |U3|
     std::size_t key_holders = 0;     // |U1|
     std::size_t unmasking_senders = 0;
@@ -102,9 +111,20 @@ class SecureRound {
   bool may_take_part(const std::string& identity) const;
   std::string status_json() const;  // the secagg_* keys of /status
   std::uint32_t threshold() const { return threshold_; }
+  // The session's subset (privacy/subset.h), for GET /round: nullopt when dense.
+  struct Subset {
+    std::uint64_t seed = 0;
+    std::uint32_t length = 0;
+  };
+  std::optional<Subset> subset() const;
+  // How many ring values a masked input of this session holds: the subset's length, or the
+  // vector's.
+  std::uint32_t sent_length() const;
 
  private:
   void next_attempt(const std::string& why);
+  // The session number of (round, attempt_) and its subset.
+  void set_session(std::uint64_t round, std::uint32_t vector_length);
   // begin() that logs a failure instead of throwing (cannot_begin_).
   void begin_or_note(std::uint64_t round, std::uint32_t vector_length);
   // Appends one record to secagg.wal and syncs it; throws WalError.
@@ -125,6 +145,8 @@ class SecureRound {
   std::uint32_t attempt_ = 0;
   std::uint32_t vector_length_ = 0;
   std::uint64_t session_ = 0;
+  std::uint64_t subset_seed_ = 0;
+  std::vector<std::uint32_t> subset_indices_;  // empty: dense
   std::optional<privacy::SecAggServer> server_;
   Step step_ = Step::kKeys;
   std::chrono::steady_clock::time_point step_opened_;

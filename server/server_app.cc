@@ -95,6 +95,10 @@ void check_settings(const ServerSettings& s) {
       (s.dp_noise_multiplier > 0 || s.dp_expected_devices > 0 || s.dp_target_epsilon > 0 ||
        s.dp_adaptive_clip_quantile > 0 || s.dp_clip_count_stddev > 0))
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
+  if (s.secagg_subset > 0 && !(s.mode == "rounds" && s.secure_aggregation))
+    throw std::invalid_argument(
+        "--secagg-subset needs --mode rounds --secure-aggregation: plain rounds compress each "
+        "device's delta with its own compressor (the worker's --compressor and --rate)");
   if (s.mode != "gan" && s.gan_clip_feedback > 0)
     throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.

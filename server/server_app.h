@@ -71,6 +71,7 @@ struct ServerSettings {
   // Secure aggregation in rounds (server/secure_round.h): on, and t as a fraction of U1.
   bool secure_aggregation = false;
   double secagg_threshold = 0.6;
+  double secagg_subset = 0;  // the share of entries a secure round sends (privacy/subset.h); 0: all
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

@@ -82,6 +82,11 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds, secure aggregation: the share of the round's key holders whose unmasking "
         "shares are needed (a majority: above 0.5); each step has --round-deadline")
       .range(0.5001, 1);
+  t.add("secagg-subset", s.secagg_subset,
+        "rounds, secure aggregation: every device sends the same seeded random share of its "
+        "delta's entries (announced with each session), keeping the rest for later rounds "
+        "(error feedback); the round moves only those entries. 0: every entry (docs/privacy.md)")
+      .range(0, 1);
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -115,7 +120,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.clip_norm = s.round_clip_norm;
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};
-  o.secure = {s.secure_aggregation, s.secagg_threshold};
+  o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset};
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -151,7 +156,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                                  short_number(mode->rounds().clip_norm()) + ")"
                            : std::string())
                 : std::string()) +
-           (s.secure_aggregation ? ", secure aggregation (threshold " + short_number(s.secagg_threshold) + " of the key holders)" : std::string()) +
+           (s.secure_aggregation ? ", secure aggregation (threshold " + short_number(s.secagg_threshold) + " of the key holders" +
+                                         (s.secagg_subset > 0 ? ", a subset of " + short_number(s.secagg_subset) + " of the entries" : std::string()) + ")" : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +

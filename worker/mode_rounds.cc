@@ -22,6 +22,7 @@ std::string rounds_stats_json(const RoundWorkerStats& st, bool running) {
                             {"bytes_received", st.bytes_received},
                             {"secagg_requests", st.secagg_requests},
                             {"secagg_not_yet", st.secagg_not_yet},
+                            {"secagg_unsent_norm", st.secagg_unsent_norm},
                             {"last_round", st.last_round},
                             {"last_loss", st.last_loss},
                             {"dropout", st.dropout},

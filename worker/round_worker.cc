@@ -17,6 +17,7 @@
 #include "model/trainer.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/subset.h"
 #include "transport/untrusted_text.h"
 
 namespace edgetrain::runtime {
@@ -83,6 +84,15 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
     if (info.secagg_identity.empty() || info.secagg_identity.size() > privacy::kMaxIdentityBytes ||
         !(info.clip_norm > 0 && std::isfinite(info.clip_norm)))
       return std::nullopt;
+    if (j.contains("secagg_subset_length") || j.contains("secagg_subset_seed")) {
+      if (!j.contains("secagg_subset_length") || !j["secagg_subset_length"].is_number_unsigned() ||
+          !j.contains("secagg_subset_seed") || !j["secagg_subset_seed"].is_number_unsigned())
+        return std::nullopt;
+      const std::uint64_t length = j["secagg_subset_length"].get<std::uint64_t>();
+      if (length == 0 || length > privacy::kMaxVectorLength) return std::nullopt;
+      info.secagg_subset_length = static_cast<std::uint32_t>(length);
+      info.secagg_subset_seed = j["secagg_subset_seed"].get<std::uint64_t>();
+    }
   }
   return info;
 }
@@ -199,6 +209,10 @@ struct RoundWorker::State {
   std::optional<std::uint64_t> done_session;  // likewise for secure sessions (a round may have several)
   std::unique_ptr<privacy::SecureRandom> random;  // made at the first secure round
   bool dropped = false;                           // test_secagg_drop_after_input happened
+  // Secure rounds that send a subset: what earlier sessions' subsets left unsent, added to the
+  // next delta (error feedback like AdaComp's residual; ours). In memory only: a restart
+  // loses it, as it loses a delta being trained.
+  std::vector<float> unsent;
   RoundWorkerStats stats;
 };
 
@@ -444,6 +458,8 @@ std::optional<std::vector<std::uint8_t>> RoundWorker::State::wait_for(const Roun
 
 void RoundWorker::State::dump_for_test(const RoundInfo& round, std::size_t devices,
                                        std::span<const std::uint32_t> quantized) const {
+  // With a subset, delta.f32 is the whole vector with the unsent remainder added (not
+  // clipped) and quantized.u32 the subset's entries: the json names the subset.
   std::string name = round.secagg_identity;
   for (char& c : name)
     if (c == '/' || c == '\\') c = '_';
@@ -458,21 +474,45 @@ void RoundWorker::State::dump_for_test(const RoundInfo& round, std::size_t devic
   write(stem + ".quantized.u32", quantized.data(), quantized.size() * sizeof(std::uint32_t));
   const std::string meta = nlohmann::json{{"round", round.round},
                                           {"devices", devices},
-                                          {"clip_norm", round.clip_norm}}
+                                          {"clip_norm", round.clip_norm},
+                                          {"subset_seed", round.secagg_subset_seed},
+                                          {"subset_length", round.secagg_subset_length}}
                                .dump() + "\n";
   write(stem + ".json", meta.data(), meta.size());
 }
 
 bool RoundWorker::State::secure_send(const RoundInfo& round) {
   if (!random) random = std::make_unique<privacy::SecureRandom>();
-  // The delta clipped to the round's norm (quantize() refuses one above it; the float scaling
-  // lands within its 1e-6 tolerance).
+  // A session that sends a subset: the delta plus what earlier subsets left unsent, of which
+  // the session's entries (the same on every device) are sent.
+  std::vector<std::uint32_t> subset;
+  std::vector<float> picked;
+  if (round.secagg_subset_length > 0) {
+    if (round.secagg_subset_length > gradient.size()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": the server's secure session sends a subset of " +
+              std::to_string(round.secagg_subset_length) + " entries of a model of " +
+              std::to_string(gradient.size()) + ": not taking part",
+          logging::Level::kWarn);
+      return false;
+    }
+    if (unsent.size() != gradient.size()) unsent.assign(gradient.size(), 0.0f);
+    for (std::size_t i = 0; i < gradient.size(); ++i) gradient[i] += unsent[i];
+    subset = privacy::subset_indices(round.secagg_subset_seed, static_cast<std::uint32_t>(gradient.size()),
+                                     round.secagg_subset_length);
+    picked.resize(subset.size());
+    for (std::size_t k = 0; k < subset.size(); ++k) picked[k] = gradient[subset[k]];
+  }
+  const std::span<float> sent = subset.empty() ? std::span<float>(gradient) : std::span<float>(picked);
+  // What is sent, clipped to the round's norm (quantize() refuses one above it; the float
+  // scaling lands within its 1e-6 tolerance).
   double squares = 0;
-  for (const float v : gradient) squares += static_cast<double>(v) * v;
+  for (const float v : sent) squares += static_cast<double>(v) * v;
   const double norm = std::sqrt(squares);
   if (norm > round.clip_norm) {
     const auto scale = static_cast<float>(round.clip_norm / norm);
-    for (float& v : gradient) v *= scale;
+    for (float& v : sent) v *= scale;
   }
   try {
     privacy::SecAggDevice device(round.secagg_identity, round.secagg_session, *random);
@@ -493,11 +533,19 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     // N, the most summands, is U1's size: the server reads the sum back with the same.
     const auto devices = static_cast<std::uint32_t>(directory.devices.size());
     const std::vector<std::uint32_t> quantized =
-        privacy::quantize(gradient, round.clip_norm, devices, privacy::Rounding::kNearest);
+        privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
     if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
     const privacy::MaskedInput masked =
         device.masked_input(privacy::parse_encrypted_shares(*shares_bytes), quantized);
     if (!post_step(round, "round/secagg/input", privacy::serialize(masked))) return false;
+    if (!subset.empty()) {
+      // Taken: what was sent leaves the remainder, the rest (and what clipping cut) stays.
+      unsent.assign(gradient.begin(), gradient.end());
+      for (std::size_t k = 0; k < subset.size(); ++k) unsent[subset[k]] -= picked[k];
+      double held = 0;
+      for (const float v : unsent) held += static_cast<double>(v) * v;
+      stats.secagg_unsent_norm = std::sqrt(held);
+    }
     if (config.test_secagg_drop_after == "input") {
       say("round " + std::to_string(round.round) + ": leaving after the masked input (--test-secagg-drop-after)");
       dropped = true;

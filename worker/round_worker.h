@@ -51,10 +51,15 @@ struct RoundInfo {
   std::uint64_t secagg_session = 0;
   std::string secagg_identity;
   double clip_norm = 0;
+  // A session that sends a subset (server --secagg-subset, privacy/subset.h): the public seed
+  // and length of the entries every device masks; length 0: every entry.
+  std::uint64_t secagg_subset_seed = 0;
+  std::uint32_t secagg_subset_length = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a
-// session, an identity of 1..255 bytes or a positive clip norm).
+// session, an identity of 1..255 bytes or a positive clip norm; a subset without both its
+// seed and a length of 1..2^28).
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
 // The minibatches of one round: local_steps, or with local_epochs enough to pass over a
 // shard of `shard_size` examples that many times (at least one, at most 10^6).
@@ -106,6 +111,9 @@ struct RoundWorkerStats {
   std::uint64_t bytes_sent = 0, bytes_received = 0;
   std::uint64_t secagg_requests = 0;  // secure rounds: the answered requests of their steps, polls included
   std::uint64_t secagg_not_yet = 0;   // of those, answered 5.03 (the step was still open)
+  // Secure rounds that send a subset: the L2 norm of what this device holds back for later
+  // rounds (error feedback), after its last masked input was taken.
+  double secagg_unsent_norm = 0;
   std::uint64_t last_round = 0;
   // Every round whose delta the server acknowledged (2.04), in order. Round r is model
   // version r, so a server that kept what it acknowledged is at version r or later after

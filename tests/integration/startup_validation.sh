@@ -42,6 +42,8 @@ refused init-from-missing "init-from: no checkpoint file" --keystore "$keys" --i
 refused shard-malformed "--shard 3/3: give I/N" --keystore "$keys" --model mlp --shard 3/3
 refused shard-too-many "--shard 0/2000000: .*at most one shard per parameter" --keystore "$keys" --model mlp --shard 0/2000000
 refused shard-rounds "--shard works with --mode async only" --keystore "$keys" --model mlp --shard 0/2 --mode rounds
+refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggregation" --keystore "$keys" --model mlp --mode rounds \
+  --secagg-subset 0.1
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
 # A state directory that cannot be created (a file stands where its parent should be).

@@ -224,6 +224,14 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
   EXPECT_EQ(info->secagg_session, 196608u);
   EXPECT_EQ(info->secagg_identity, "w1");
   EXPECT_EQ(info->clip_norm, 0.5);
+  EXPECT_EQ(info->secagg_subset_length, 0u);  // no subset: every entry
+  const std::string subset = base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\","
+                                    "\"clip_norm\":1,\"secagg_subset_seed\":18446744073709551615,"
+                                    "\"secagg_subset_length\":65}";
+  const auto with_subset = runtime::parse_round_info(std::vector<std::uint8_t>(subset.begin(), subset.end()));
+  ASSERT_TRUE(with_subset);
+  EXPECT_EQ(with_subset->secagg_subset_seed, 18446744073709551615u);
+  EXPECT_EQ(with_subset->secagg_subset_length, 65u);
   const std::string plain = base + "}";
   EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(plain.begin(), plain.end()))->secure);
   for (const std::string bad :
@@ -233,7 +241,20 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"" + std::string(256, 'x') +
             "\",\"clip_norm\":1}",
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":0}",
-        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":7,\"clip_norm\":1}"}) {
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":7,\"clip_norm\":1}",
+        // A subset needs both its seed and a length of 1..2^28.
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_length\":65}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_seed\":1}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_seed\":1,\"secagg_subset_length\":0}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_seed\":1,\"secagg_subset_length\":268435457}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_seed\":-1,\"secagg_subset_length\":65}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_subset_seed\":\"1\",\"secagg_subset_length\":65}"}) {
     EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(bad.begin(), bad.end()))) << bad;
   }
 }

@@ -1,7 +1,7 @@
 // Secure aggregation's protocol (privacy/secagg.h) between SecAggDevice and SecAggServer
 // objects, every message through its bytes (privacy/secagg_messages.h) as the rounds mode
 // will carry them: the unmasked sum against the plain ring sum with devices dropping at each
-// step, and the refusals.
+// step, and the refusals; the seeded subset of entries a subset round sends (subset.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "privacy/quantize.h"
 #include "privacy/secagg.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/subset.h"
 
 namespace edgetrain::privacy {
 namespace {
@@ -462,6 +463,35 @@ TEST(SecureAggregationMessages, RoundTripAndRefuseDamagedBytes) {
   EXPECT_EQ(serialize(round.server->shares_for(name(0))).size(), 2 + 8 + 4 + 3 * (1 + 9 + 1 + 9 + 4 + 81u));
   EXPECT_EQ(bytes.size(), 2 + 8 + 1 + 9 + 4 + 4 * (1 + 9 + 1 + 1 + 32u));
   EXPECT_EQ(serialize(MaskedInput{kRound, name(0), std::vector<std::uint32_t>(10)}).size(), 2 + 8 + 1 + 9 + 4 + 40u);
+}
+
+// The subset every device and the server compute: exactly `length` distinct ascending
+// indices, the same for the same seed, another for another session; values pinned so that an
+// aarch64 worker (this test under QEMU in the aarch64 tree) agrees with an x86-64 server.
+TEST(SecureAggregationSubset, TheGeneratorIsDeterministicExactAndSpreadOut) {
+  EXPECT_EQ(subset_length(0.1, 1000), 100u);
+  EXPECT_EQ(subset_length(1e-9, 1000), 1u);
+  EXPECT_EQ(subset_length(1, 1000), 1000u);
+  EXPECT_THROW(subset_length(0, 1000), std::invalid_argument);
+  EXPECT_THROW(subset_length(1.5, 1000), std::invalid_argument);
+  EXPECT_THROW(subset_indices(1, 10, 11), std::invalid_argument);
+  EXPECT_THROW(subset_indices(1, 10, 0), std::invalid_argument);
+  const std::uint64_t seed = subset_seed(0x5eed, std::uint64_t{3} << 16);
+  EXPECT_NE(seed, subset_seed(0x5eed, (std::uint64_t{3} << 16) | 1));
+  EXPECT_NE(seed, subset_seed(0x5eee, std::uint64_t{3} << 16));
+  const auto indices = subset_indices(seed, 100000, 10000);
+  ASSERT_EQ(indices.size(), 10000u);
+  for (std::size_t k = 1; k < indices.size(); ++k) ASSERT_LT(indices[k - 1], indices[k]);
+  EXPECT_LT(indices.back(), 100000u);
+  EXPECT_EQ(indices, subset_indices(seed, 100000, 10000));
+  EXPECT_NE(indices, subset_indices(seed + 1, 100000, 10000));
+  // Spread: each tenth of the vector holds about a tenth of the subset (binomial σ ≈ 30).
+  std::vector<int> per_tenth(10, 0);
+  for (const auto i : indices) per_tenth[i / 10000]++;
+  for (const int count : per_tenth) EXPECT_NEAR(count, 1000, 150);
+  EXPECT_EQ(subset_indices(1, 5, 5), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
+  // As an independent Python SplitMix64 + Algorithm S computes them.
+  EXPECT_EQ(subset_indices(42, 1000, 5), (std::vector<std::uint32_t>{171, 215, 564, 718, 808}));
 }
 
 }  // namespace

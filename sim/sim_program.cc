@@ -172,6 +172,10 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "lower best)")
       .range(0, 1);
   t.add("out", s.out_dir, "directory for sim.csv, plots and summary.md");
+  t.add("init-from", c.init_from,
+        "start from these parameters instead of --seed's: a safetensors file of exactly the "
+        "model's tensors (a checkpoint, --save-model's file, or tools/onnx_to_edgetrain.py's "
+        "weights); async and rounds modes");
   t.add("save-model", s.save_model,
         "write the last run's final model here (safetensors, with its accuracy in the "
         "metadata): e.g. a classifier for edgetrain-gan --classifier");

@@ -11,8 +11,8 @@ initial weights, so that a model defined in PyTorch trains on edgetrain's worker
 Operators (each maps to one spec statement, or to none):
     Conv (2-D; group 1 -> conv, group = channels -> dwconv), Gemm, MatMul (+ Add of a
     constant bias) -> fc, Relu -> relu (fused into the layer before it), MaxPool 2x2/2 ->
-    maxpool 2, AveragePool KxK/K -> avgpool K (and the Pad of zeros torch puts before it), GlobalAveragePool -> globalavgpool, Flatten and
-    Reshape to (N, -1) -> nothing (fc flattens), BatchNormalization -> batchnorm, Add of two
+    maxpool 2, AveragePool KxK/K -> avgpool K (and the Pad of zeros torch puts before it),
+    GlobalAveragePool -> globalavgpool, Flatten and Reshape to (N, -1) -> nothing (fc flattens), BatchNormalization -> batchnorm, Add of two
     tensors -> add (residual), Dropout -> dropout P, Identity -> nothing.
 Every other operator is refused by name with its node's name, and so is an attribute the spec
 cannot say (dilations, asymmetric or non-'same' padding, auto_pad, ceil_mode, strides that
@@ -457,6 +457,8 @@ def safetensors_bytes(tensors, metadata):
 def convert_file(onnx_path):
     """(spec statements, {tensor name: array}) of an ONNX file; ConversionError for what the
     spec cannot say."""
+    if not os.path.isfile(onnx_path):
+        raise ConversionError("no such file")
     try:
         model = onnx.load(onnx_path)
     except Exception as e:  # onnx raises DecodeError and others for a file that is not ONNX
@@ -466,11 +468,9 @@ def convert_file(onnx_path):
 
 def main():
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog="Example: torch.onnx.export(model.eval(), torch.zeros(1, 1, 28, 28), 'model.onnx'); then "
-               "tools/onnx_to_edgetrain.py model.onnx --out my-model; then "
-               "edgetrain-sim --model my-model.spec --init-from my-model.safetensors --data DIR. "
-               "See tools/README.md for the operators, the layouts and what is ours.",
+        description=__doc__,
+        epilog="Exit status: 0 written; 2 refused (the operator or attribute named) or unreadable; 3 without\n"
+               "python3-onnx or python3-numpy. tools/README.md has the weight layouts and the choices of ours.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("onnx", help="the .onnx file (torch.onnx.export, eval mode, fixed input shape)")
     parser.add_argument("--out", required=True, metavar="PREFIX",
@@ -490,10 +490,14 @@ def main():
         header += ("# batchnorm: PyTorch's running statistics are not carried over; edgetrain recomputes\n"
                    "# them for every evaluation (model/README.md, \"Normalization state\")\n")
     metadata = {"edgetrain.model": header + spec_text, "edgetrain.converted_from": os.path.basename(args.onnx)}
-    with open(args.out + ".spec", "w") as f:
-        f.write(header + spec_text)
-    with open(args.out + ".safetensors", "wb") as f:
-        f.write(safetensors_bytes(tensors, metadata))
+    try:
+        with open(args.out + ".spec", "w") as f:
+            f.write(header + spec_text)
+        with open(args.out + ".safetensors", "wb") as f:
+            f.write(safetensors_bytes(tensors, metadata))
+    except OSError as e:
+        print(f"onnx_to_edgetrain.py: cannot write {args.out}.spec / .safetensors: {e}", file=sys.stderr)
+        return 2
     count = sum(int(np.prod(a.shape)) for a in tensors.values())
     print(f"wrote {args.out}.spec ({len(statements)} statements) and {args.out}.safetensors "
           f"({len(tensors)} tensors, {count} parameters)")

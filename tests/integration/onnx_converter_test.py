@@ -10,6 +10,8 @@ unsupported operator (Sigmoid), a padding mode (reflect, exported as a Pad node)
 and grouped convolutions are refused by name, with the node's name, and nothing is written.
 
 usage: onnx_converter_test.py EDGETRAIN_MODEL_LOGITS EDGETRAIN_SIM
+       onnx_converter_test.py --prepare DIR   (DIR/data, DIR/cnn.spec, DIR/cnn.safetensors, for
+                                               integration/onnx_fleet.sh's server and workers)
 Exit 77 without Debian's python3-torch or python3-onnx, except under CI=true."""
 import os
 import subprocess
@@ -31,7 +33,6 @@ converter = os.path.join(repo, "tools", "onnx_to_edgetrain.py")
 sys.path.insert(0, os.path.join(repo, "server"))
 import checkpoint_to_torch  # noqa: E402
 
-logits_program, sim_program = sys.argv[1], sys.argv[2]
 failures = []
 torch.set_num_threads(1)
 H, W, C, CLASSES = 12, 12, 2, 4
@@ -109,6 +110,16 @@ def convert(module, tmp, stem):
                           capture_output=True, text=True)
 
 
+if sys.argv[1] == "--prepare":
+    prepared = sys.argv[2]
+    os.makedirs(os.path.join(prepared, "data"), exist_ok=True)
+    write_data(os.path.join(prepared, "data"))
+    torch.manual_seed(1)
+    run = convert(SmallResidualCnn().eval(), prepared, "cnn")
+    print(run.stdout + run.stderr, end="")
+    sys.exit(run.returncode)
+
+logits_program, sim_program = sys.argv[1], sys.argv[2]
 with tempfile.TemporaryDirectory() as tmp:
     data = os.path.join(tmp, "data")
     os.mkdir(data)

@@ -106,8 +106,9 @@ class SpecNetwork(nn.Module):
     """The spec's layers in order, each reading the tensor it names (a residual graph:
     'name', 'from', 'add'); `steps` are (layer key or None, input slot, added slot, relu)."""
 
-    def __init__(self, layers, steps, standardize):
+    def __init__(self, layers, steps, standardize, input_hwc):
         super().__init__()
+        self.input_hwc = input_hwc  # the spec's 'input HxWxC', for an export's dummy input
         self.standardize = standardize
         self.layers = nn.ModuleDict(layers)
         self.steps = steps
@@ -217,7 +218,7 @@ def build_module(spec_text, tensors, scaling="per-example-standardize"):
             current = push("add", source, named[words[0]], relu, (h, w, c), flat[source])
         else:
             raise ValueError(f"unknown layer '{verb}'")
-    return SpecNetwork(layers, steps, standardize).eval()
+    return SpecNetwork(layers, steps, standardize, (H, W, C)).eval()
 
 
 def load_checkpoint(path, model=None, scaling="per-example-standardize"):
@@ -295,7 +296,7 @@ def main():
     result = {"checkpoint": args.checkpoint, "model": args.model or metadata.get("edgetrain.model"),
               "version": int(metadata.get("edgetrain.version", 0))}
     if args.onnx:
-        H, W, C = (int(v) for v in parse_spec(BUILTIN_SPECS.get(result["model"], result["model"]))[0][1][0].split("x"))
+        H, W, C = module.input_hwc
         torch.onnx.export(module, torch.zeros(1, C, H, W), args.onnx, input_names=["images"], output_names=["logits"],
                           dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
         result["onnx"] = args.onnx

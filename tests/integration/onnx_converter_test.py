@@ -172,6 +172,24 @@ with tempfile.TemporaryDirectory() as tmp:
     difference = float(np.abs(torch_trained - edgetrain_trained).max())
     check(difference <= 1e-4, f"the trained model's logits agree (max |difference| {difference:.2e})")
 
+    # And around again: the trained checkpoint exported to ONNX by checkpoint_to_torch.py
+    # converts back to the same spec statements and the same tensors, bit for bit.
+    exported = os.path.join(tmp, "trained.onnx")
+    run = subprocess.run([sys.executable, os.path.join(repo, "server", "checkpoint_to_torch.py"), checkpoint,
+                          "--scaling", "none", "--onnx", exported], capture_output=True, text=True)
+    check(run.returncode == 0, f"checkpoint_to_torch.py --onnx exports the trained model (exit {run.returncode})")
+    run = subprocess.run([sys.executable, converter, exported, "--out", os.path.join(tmp, "again")],
+                         capture_output=True, text=True)
+    check(run.returncode == 0, f"its export converts (exit {run.returncode}; {run.stderr.strip()})")
+    if run.returncode == 0:
+        again, _ = checkpoint_to_torch.read_safetensors(os.path.join(tmp, "again.safetensors"))
+        original, _ = checkpoint_to_torch.read_safetensors(checkpoint)
+        same = sorted(again) == sorted(original) and all(np.array_equal(again[k], original[k]) for k in original)
+        check(same, "the re-converted tensors equal the trained checkpoint's")
+        statements = [l for l in open(os.path.join(tmp, "again.spec")).read().splitlines() if not l.startswith("#")]
+        check(statements == [l for l in spec_text.splitlines() if not l.startswith("#")],
+              "the re-converted spec equals the first conversion's")
+
     # Refusals, each by name, nothing written.
     class WithSigmoid(nn.Module):
         def __init__(self):

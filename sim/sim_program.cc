@@ -54,7 +54,7 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.add("test-labels", s.test_labels, "IDX file");
   t.add("model", c.model,
         "paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, cnn1d, or a spec such "
-        "as 'input 28x28x1; fc 64 relu; fc 10'");
+        "as 'input 28x28x1; fc 64 relu; fc 10', or a spec file (tools/onnx_to_edgetrain.py writes one)");
   t.group("Mode");
   t.add("mode", s.mode,
         "async (asynchronous SGD with the staleness rule), rounds (federated rounds, FedAvg: "

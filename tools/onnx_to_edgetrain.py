@@ -9,7 +9,8 @@ initial weights, so that a model defined in PyTorch trains on edgetrain's worker
     edgetrain-server --model my-model.spec --init-from my-model.safetensors ...
 
 Operators (each maps to one spec statement, or to none):
-    Conv (2-D; group 1 -> conv, group = channels -> dwconv), Gemm, MatMul (+ Add of a
+    Conv (2-D; group 1 -> conv, group = channels -> dwconv; 1-D without padding -> conv1d
+    on an input N x C x L, 'input LxC sequence'), Gemm, MatMul (+ Add of a
     constant bias) -> fc, Relu -> relu (fused into the layer before it), MaxPool 2x2/2 ->
     maxpool 2, AveragePool KxK/K -> avgpool K (and the Pad of zeros torch puts before it),
     GlobalAveragePool -> globalavgpool, Flatten and Reshape to (N, -1) -> nothing (fc flattens), BatchNormalization -> batchnorm, Add of two
@@ -148,11 +149,15 @@ class Converter:
         dims = self.shape(inputs[0].name)
         if len(dims) == 4:
             _, C, H, W = dims
+            self.statements.append(f"input {H}x{W}x{C}")
+        elif len(dims) == 3:  # N x C x L: a sequence, edgetrain's 1 x L x C image
+            _, C, L = dims
+            self.statements.append(f"input {L}x{C} sequence")
         elif len(dims) == 2:
-            C, H, W = dims[1], 1, 1
+            self.statements.append(f"input 1x1x{dims[1]}")
         else:
-            raise ConversionError(f"input '{inputs[0].name}' has shape {dims}; N x C x H x W or N x F is supported")
-        self.statements.append(f"input {H}x{W}x{C}")
+            raise ConversionError(f"input '{inputs[0].name}' has shape {dims}; N x C x H x W, N x C x L "
+                                  f"or N x F is supported")
         self.produced_at[inputs[0].name] = 0
         self.current = inputs[0].name
         if len(dims) == 2:
@@ -183,7 +188,7 @@ class Converter:
         if len(graph.output) != 1 or self.resolve(graph.output[0].name) != self.current:
             raise ConversionError("the model must have one output, the last layer's logits")
         last = self.statements[-1].split()[0]
-        if last not in ("fc", "conv"):
+        if last not in ("fc", "conv", "conv1d"):
             raise ConversionError(f"the model's output comes from '{last}'; edgetrain's last layer is fc or conv "
                                   f"(a final Softmax or LogSoftmax belongs in the loss, not the model)")
         return self.statements, self.tensors
@@ -191,9 +196,11 @@ class Converter:
     def conv(self, node):
         a = attributes(node)
         weight = self.constant(node, node.input[1], "weight")
+        if weight.ndim == 3:
+            return self.conv1d(node, a, weight)
         if weight.ndim != 4:
             raise ConversionError(f"ONNX operator 'Conv' ({describe(node)}) with a {weight.ndim - 2}-D kernel: "
-                                  f"only 2-D convolutions are converted")
+                                  f"only 1-D and 2-D convolutions are converted")
         if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
             refuse_attribute(node, "auto_pad", a["auto_pad"], "give explicit pads (padding=K//2 or 0 in PyTorch)")
         dilations = list(a.get("dilations", [1, 1]))
@@ -235,6 +242,28 @@ class Converter:
                              f"outputs (depthwise, channel multiplier 1) are supported")
         self.emit(text, node.output[0])
 
+    def conv1d(self, node, a, weight):
+        """Conv1d over N x C x L -> 'conv1d OC K [stride S] valid' (edgetrain's conv1d pads
+        nothing: a padded one is refused by name, as the spec refuses 'same')."""
+        if a.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+            refuse_attribute(node, "auto_pad", a["auto_pad"], "give explicit pads")
+        if any(d != 1 for d in a.get("dilations", [1])):
+            refuse_attribute(node, "dilations", list(a["dilations"]), "edgetrain's convolutions are not dilated")
+        if any(a.get("pads", [0, 0])):
+            refuse_attribute(node, "pads", list(a["pads"]), "edgetrain's conv1d is 'valid' only (padding=0)")
+        if a.get("group", 1) != 1:
+            refuse_attribute(node, "group", a["group"], "1-D convolutions are not grouped in edgetrain")
+        self.read(node.input[0])
+        out_channels, _, k = weight.shape
+        stride = list(a.get("strides", [1]))[0]
+        bias = (self.constant(node, node.input[2], "bias") if len(node.input) > 2 and node.input[2]
+                else np.zeros(out_channels, np.float32))
+        n = self.next_index("conv")
+        self.tensors[f"conv{n}.weight"] = weight.transpose(0, 2, 1)[:, None, :, :]  # [OC][C][K] -> [OC][1][K][C]
+        self.tensors[f"conv{n}.bias"] = bias
+        self.emit(f"conv1d {out_channels} {k}" + (f" stride {stride}" if stride != 1 else "") + " valid",
+                  node.output[0])
+
     def linear(self, node, weight_in_out, bias):
         """An fc layer from a weight [IN][OUT] (as MatMul takes it)."""
         source = self.read(node.input[0])
@@ -244,9 +273,9 @@ class Converter:
         if image is not None:  # PyTorch flattened C x H x W; edgetrain flattens H x W x C
             C, H, W = image
             weight = weight.reshape(out, C, H, W).transpose(0, 2, 3, 1).reshape(out, H * W * C)
-        elif len(self.shape(source)) == 4:
-            raise ConversionError(f"ONNX operator '{node.op_type}' ({describe(node)}) reads a 4-D tensor; "
-                                  f"flatten it first")
+        elif len(self.shape(source)) > 2:
+            raise ConversionError(f"ONNX operator '{node.op_type}' ({describe(node)}) reads a "
+                                  f"{len(self.shape(source))}-D tensor; flatten it first")
         n = self.next_index("fc")
         self.tensors[f"fc{n}.weight"] = weight
         self.tensors[f"fc{n}.bias"] = bias
@@ -287,7 +316,7 @@ class Converter:
     def relu(self, node):
         source = self.resolve(node.input[0])
         last = self.statements[-1].split()
-        fusable = (source == self.current and last[0] in ("conv", "dwconv", "fc", "add", "batchnorm")
+        fusable = (source == self.current and last[0] in ("conv", "conv1d", "dwconv", "fc", "add", "batchnorm")
                    and "relu" not in last and len(self.consumers.get(source, [])) == 1
                    and source not in self.names)
         if fusable:
@@ -348,6 +377,8 @@ class Converter:
         self.alias[node.output[0]] = source
         if len(dims) == 4:
             self.flattened[source] = (dims[1], dims[2], dims[3])
+        elif len(dims) == 3:  # a sequence C x L, held by edgetrain as 1 x L x C
+            self.flattened[source] = (dims[1], 1, dims[2])
         if source != self.current:
             raise ConversionError(f"ONNX operator '{node.op_type}' ({describe(node)}) flattens a tensor other "
                                   f"than the last layer's output")

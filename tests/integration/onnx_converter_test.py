@@ -190,6 +190,40 @@ with tempfile.TemporaryDirectory() as tmp:
         check(statements == [l for l in spec_text.splitlines() if not l.startswith("#")],
               "the re-converted spec equals the first conversion's")
 
+    # A 1-D CNN for sensor windows (N x C x L: 'input LxC sequence', conv1d): the same logits.
+    class SensorCnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv1d(3, 8, 5)
+            self.b = nn.Conv1d(8, 8, 3, stride=2)
+            self.fc = nn.Linear(8 * 13, CLASSES)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(F.relu(self.b(F.relu(self.a(x)))), 1))
+
+    sequences = os.path.join(tmp, "sequences")
+    os.mkdir(sequences)
+    rng = np.random.default_rng(4)
+    windows = rng.normal(0, 1, (32, 32, 3)).astype(np.float32)  # N x L x C, channels last
+    np.savez(os.path.join(sequences, "w.npz"), x=windows, y=np.arange(32) % CLASSES)
+    with open(os.path.join(sequences, "edgetrain-data.toml"), "w") as f:
+        f.write(f'num_classes = {CLASSES}\nsequence = [32, 3]\nscaling = "none"\n')
+        for split in ("train", "test"):
+            f.write(f'[{split}]\nfeatures = "w.npz"\nfeatures_array = "x"\nlabels = "w.npz"\nlabels_array = "y"\n')
+    sensor = SensorCnn().eval()
+    path = os.path.join(tmp, "sensor.onnx")
+    torch.onnx.export(sensor, torch.zeros(1, 3, 32), path, opset_version=13)
+    run = subprocess.run([sys.executable, converter, path, "--out", os.path.join(tmp, "sensor"), "--print"],
+                         capture_output=True, text=True)
+    check(run.returncode == 0 and "input 32x3 sequence; conv1d 8 5 valid relu; conv1d 8 3 stride 2 valid relu; fc 4"
+          in run.stdout, f"the 1-D CNN converts to conv1d layers ({run.stdout.strip()} {run.stderr.strip()})")
+    if run.returncode == 0:
+        with torch.no_grad():
+            expected = sensor(torch.from_numpy(windows).permute(0, 2, 1).contiguous()).double().numpy()
+        got = edgetrain_logits(os.path.join(tmp, "sensor.spec"), os.path.join(tmp, "sensor.safetensors"), sequences, 32)
+        difference = float(np.abs(got["xnnpack"] - expected).max())
+        check(difference <= 1e-5, f"the 1-D CNN's logits equal PyTorch's (max |difference| {difference:.2e})")
+
     # Refusals, each by name, nothing written.
     class WithSigmoid(nn.Module):
         def __init__(self):

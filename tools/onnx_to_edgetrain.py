@@ -19,7 +19,7 @@ Every other operator is refused by name with its node's name, and so is an attri
 cannot say (dilations, asymmetric or non-'same' padding, auto_pad, ceil_mode, strides that
 differ by axis, transposed Gemm inputs); nothing is written then (exit 2).
 
-The model must take one input N x C x H x W (or N x F) float tensor and end in a Conv, Gemm or
+The model must take one input N x C x H x W (or N x C x L, or N x F) float tensor and end in a Conv, Gemm or
 MatMul producing the class logits. edgetrain feeds the network the examples as the data
 description scales them (model/README.md, "Your own data"): to see the same numbers PyTorch
 sees, store the features as PyTorch's input (channels last, H x W x C) with scaling = "none".

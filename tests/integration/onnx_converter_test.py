@@ -5,7 +5,9 @@ torch.onnx.export and converted by tools/onnx_to_edgetrain.py, gives PyTorch's l
 edgetrain (reference and XNNPACK kernels, within 1e-5) before training; edgetrain-sim trains it
 from the converted weights (--init-from, AdaComp, 4 workers) on a data set made here, and the
 final checkpoint, loaded back into PyTorch by server/checkpoint_to_torch.py, scores the same
-test accuracy (within 0.1 point) and the same logits as edgetrain. Then the refusals: an
+test accuracy (within 0.1 point) and the same logits as edgetrain, and its ONNX export
+(checkpoint_to_torch.py --onnx) converts back to the same spec and tensors bit for bit. A 1-D
+CNN on sensor windows (conv1d) gives PyTorch's logits too. Then the refusals: an
 unsupported operator (Sigmoid), a padding mode (reflect, exported as a Pad node) and dilated
 and grouped convolutions are refused by name, with the node's name, and nothing is written.
 

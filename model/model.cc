@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -444,6 +445,20 @@ ModelSpec builtin_model_spec(std::string_view name) {
 ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
   for (const auto& name : builtin_model_names()) {
     if (name_or_spec == name) return builtin_model_spec(name);
+  }
+  // A spec file (tools/onnx_to_edgetrain.py writes one): an argument of one line without ';'
+  // that names a regular file. Its text is also its name, so a checkpoint's edgetrain.model
+  // holds the whole spec and can be read back without the file.
+  if (name_or_spec.find_first_of(";\n") == std::string_view::npos &&
+      std::filesystem::is_regular_file(std::filesystem::path(name_or_spec))) {
+    std::ifstream in{std::filesystem::path(name_or_spec)};
+    std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    if (!in && !in.eof()) throw ModelError("model: cannot read the spec file " + std::string(name_or_spec));
+    try {
+      return parse_model_spec(text, text);
+    } catch (const ModelError& e) {
+      throw ModelError("model: the spec file " + std::string(name_or_spec) + ": " + e.what());
+    }
   }
   if (name_or_spec.find("input") == std::string_view::npos) return builtin_model_spec(name_or_spec);
   return parse_model_spec(name_or_spec);

@@ -335,6 +335,13 @@ BatchResult Trainer::forward(std::span<const float> params, const std::uint8_t* 
   return result;
 }
 
+std::span<const float> Trainer::logits(int count) const {
+  const std::vector<float>& out = activations_[stages_.back().output];
+  const std::size_t n = static_cast<std::size_t>(count) * static_cast<std::size_t>(model_.num_classes());
+  if (count < 0 || n > out.size()) throw std::invalid_argument("Trainer::logits: count above the batch");
+  return {out.data(), n};
+}
+
 void Trainer::batch_norm_forward(Stage& stage, float* out, const float* in, const float* gamma,
                                  const float* beta, int rows, int count, bool training) {
   const ResolvedLayer& layer = model_.layers()[stage.layer];

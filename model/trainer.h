@@ -64,6 +64,11 @@ class Trainer {
   BatchResult evaluate(std::span<const float> params, const std::uint8_t* pixels,
                        const std::int32_t* labels, int count);
 
+  // The class logits of the last evaluate() or compute_gradient(): `count` rows (at most that
+  // call's count) of num_classes() floats each, valid until the next call. What a converted
+  // model is checked against PyTorch with (tools/README.md).
+  std::span<const float> logits(int count) const;
+
   // Filter dropout for the following compute_gradient() calls (each draws new kept
   // filters); validates `config` against the model (std::invalid_argument) and builds the
   // sub-network's kernels now. clear_dropout() returns to the full model.

@@ -11,7 +11,11 @@ standardised on its own; see server/README.md, "The checkpoint's tensor layout")
     python3 server/checkpoint_to_torch.py CKPT --onnx model.onnx   # also export ONNX
 
 As a library: `model, metadata = load_checkpoint(path)` gives an nn.Module in eval mode
-that takes float images N x C x H x W with values 0..255 (it standardises them itself).
+that takes float images N x C x H x W with values 0..255 (it standardises them itself;
+`load_checkpoint(path, scaling="none")`: the values as they are, for data described with
+scaling = "none", e.g. a model converted by tools/onnx_to_edgetrain.py). Residual graphs
+(name/from/add), dwconv, avgpool and globalavgpool are rebuilt; groupnorm, batchnorm and
+conv1d are refused by name.
 Needs Debian's python3-torch and python3-numpy (toolchains/setup-deps.sh installs both)."""
 import argparse
 import gzip
@@ -50,9 +54,9 @@ BUILTIN_SPECS.update({
 
 # Layers of model/model.h's language that this loader does not rebuild yet (issue 35): it
 # refuses a model holding one, by name, rather than building a network that differs from
-# the one the checkpoint was trained as.
-NOT_YET_SUPPORTED = ("dwconv", "avgpool", "globalavgpool", "groupnorm", "batchnorm", "conv1d", "name", "from", "add")
-
+# the one the checkpoint was trained as. (Normalization: edgetrain's running statistics
+# live outside the checkpoint, model/README.md "Normalization state".)
+NOT_YET_SUPPORTED = ("groupnorm", "batchnorm", "conv1d")
 
 def read_safetensors(path):
     """{name: numpy array} and the __metadata__ dict of a safetensors file."""
@@ -98,8 +102,33 @@ def parse_spec(text):
     return statements
 
 
-def build_module(spec_text, tensors):
-    """nn.Sequential for the spec, its parameters set from edgetrain's tensors."""
+class SpecNetwork(nn.Module):
+    """The spec's layers in order, each reading the tensor it names (a residual graph:
+    'name', 'from', 'add'); `steps` are (layer key or None, input slot, added slot, relu)."""
+
+    def __init__(self, layers, steps, standardize, input_hwc):
+        super().__init__()
+        self.input_hwc = input_hwc  # the spec's 'input HxWxC', for an export's dummy input
+        self.standardize = standardize
+        self.layers = nn.ModuleDict(layers)
+        self.steps = steps
+
+    def forward(self, x):
+        values = [self.standardize(x) if self.standardize is not None else x]
+        for key, source, added, relu in self.steps:
+            y = values[source]
+            if key == "add":
+                y = y + values[added]
+            elif key is not None:
+                y = self.layers[key](y)
+            values.append(F.relu(y) if relu else y)
+        return values[-1]
+
+
+def build_module(spec_text, tensors, scaling="per-example-standardize"):
+    """nn.Module for the spec, its parameters set from edgetrain's tensors. `scaling` is how
+    edgetrain scaled the examples before the first layer (the data description's scaling:
+    'per-example-standardize', IDX data's, or 'none')."""
     statements = parse_spec(spec_text)
     verb, words = statements[0]
     if verb != "input":
@@ -107,71 +136,105 @@ def build_module(spec_text, tensors):
     if "sequence" in words:
         raise ValueError("a sequence input ('input LxC sequence') is not supported by "
                          "checkpoint_to_torch.py yet")
+    if scaling not in ("per-example-standardize", "none"):
+        raise ValueError(f"scaling '{scaling}' is not supported (per-example-standardize or none)")
     H, W, C = (int(v) for v in words[0].split("x"))
-    layers = [("standardize", Standardize(H * W * C))]
-    convs = fcs = 0
-    flat_from = None  # (H, W, C) of the activation an fc flattens, when it is an image
+    standardize = Standardize(H * W * C) if scaling == "per-example-standardize" else None
     # Refused before anything is built, so the error names the layer, not a missing tensor.
     for verb, _ in statements[1:]:
         if verb in NOT_YET_SUPPORTED:
             raise ValueError(f"layer '{verb}' is not supported by checkpoint_to_torch.py yet, so this "
                              f"model can be neither rebuilt in PyTorch nor exported to ONNX "
-                             f"(supported: conv, maxpool, fc, relu)")
+                             f"(supported: conv, dwconv, maxpool, avgpool, globalavgpool, fc, relu, "
+                             f"dropout, name/from/add)")
+    layers, steps, counts = {}, [], {}
+    shapes = [(H, W, C)]          # per slot: (H, W, C) of the tensor, slot 0 the input
+    named = {}                    # spec name -> slot
+    current, pending_from = 0, None
+    flat = [False]                # per slot: an fc's output (already flat)
+
+    def number(kind):
+        counts[kind] = counts.get(kind, 0) + 1
+        return counts[kind]
+
+    def push(key, source, added, relu, shape, is_flat=False):
+        steps.append((key, source, added, relu))
+        shapes.append(shape)
+        flat.append(is_flat)
+        return len(shapes) - 1
+
     for verb, words in statements[1:]:
-        if verb == "init":  # how edgetrain drew the initial weights; nothing to rebuild
+        if verb in ("init",):  # how edgetrain drew the initial weights; nothing to rebuild
             continue
+        if verb == "name":
+            named[words[0]] = current
+            continue
+        if verb == "from":
+            pending_from = named[words[0]]
+            continue
+        source = current if pending_from is None else pending_from
+        pending_from = None
+        h, w, c = shapes[source]
+        relu = "relu" in words
         if verb == "dropout":  # the identity outside training, as edgetrain evaluates
-            continue
-        if verb == "conv":
-            convs += 1
-            oc, k = int(words[0]), int(words[1].split("x")[0])
+            current = push(None, source, None, False, (h, w, c), flat[source])
+        elif verb in ("conv", "dwconv"):
+            depthwise = verb == "dwconv"
+            n = number(verb)
+            oc = c if depthwise else int(words[0])
+            k = int(words[1 if not depthwise else 0].split("x")[0])
             stride = int(words[words.index("stride") + 1]) if "stride" in words else 1
             pad = (k - 1) // 2 if "valid" not in words else 0
-            conv = nn.Conv2d(C, oc, k, stride=stride, padding=pad)
-            w = tensors[f"conv{convs}.weight"]  # [OC][KH][KW][C] -> [OC][C][KH][KW]
-            conv.weight.data = torch.from_numpy(np.ascontiguousarray(w.transpose(0, 3, 1, 2)))
-            conv.bias.data = torch.from_numpy(tensors[f"conv{convs}.bias"])
-            layers.append((f"conv{convs}", conv))
-            H, W, C = (H + 2 * pad - k) // stride + 1, (W + 2 * pad - k) // stride + 1, oc
-            if "relu" in words:
-                layers.append((f"conv{convs}_relu", nn.ReLU()))
-        elif verb == "maxpool":
-            layers.append((f"pool{len(layers)}", nn.MaxPool2d(2)))
-            H, W = H // 2, W // 2
+            conv = nn.Conv2d(c, oc, k, stride=stride, padding=pad, groups=c if depthwise else 1)
+            wt = tensors[f"{verb}{n}.weight"]  # [OC][KH][KW][C] -> [OC][C][KH][KW]
+            conv.weight.data = torch.from_numpy(np.ascontiguousarray(wt.transpose(0, 3, 1, 2)))
+            conv.bias.data = torch.from_numpy(tensors[f"{verb}{n}.bias"])
+            layers[f"{verb}{n}"] = conv
+            current = push(f"{verb}{n}", source, None, relu,
+                           ((h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1, oc))
+        elif verb in ("maxpool", "avgpool"):
+            k = 2 if verb == "maxpool" else int(words[0])
+            key = f"pool{len(steps)}"
+            layers[key] = nn.MaxPool2d(2) if verb == "maxpool" else nn.AvgPool2d(k)
+            current = push(key, source, None, False, (h // k, w // k, c))
+        elif verb == "globalavgpool":
+            layers[f"pool{len(steps)}"] = nn.AdaptiveAvgPool2d(1)
+            current = push(f"pool{len(steps)}", source, None, False, (1, 1, c))
         elif verb == "fc":
-            fcs += 1
+            n = number("fc")
             out = int(words[0])
-            w = tensors[f"fc{fcs}.weight"]  # [OUT][IN], IN in NHWC flatten order
-            if flat_from is None:
-                layers.append(("flatten", nn.Flatten()))
+            wt = tensors[f"fc{n}.weight"]  # [OUT][IN], IN in NHWC flatten order
+            if not flat[source]:
                 # PyTorch flattens N x C x H x W as (C, H, W); edgetrain as (H, W, C).
-                w = w.reshape(out, H, W, C).transpose(0, 3, 1, 2).reshape(out, C * H * W)
-                flat_from = (H, W, C)
-            fc = nn.Linear(w.shape[1], out)
-            fc.weight.data = torch.from_numpy(np.ascontiguousarray(w))
-            fc.bias.data = torch.from_numpy(tensors[f"fc{fcs}.bias"])
-            layers.append((f"fc{fcs}", fc))
-            H, W, C = 1, 1, out
-            if "relu" in words:
-                layers.append((f"fc{fcs}_relu", nn.ReLU()))
+                wt = wt.reshape(out, h, w, c).transpose(0, 3, 1, 2).reshape(out, c * h * w)
+            fc = nn.Linear(wt.shape[1], out)
+            fc.weight.data = torch.from_numpy(np.ascontiguousarray(wt))
+            fc.bias.data = torch.from_numpy(tensors[f"fc{n}.bias"])
+            layers[f"fc{n}"] = nn.Sequential(nn.Flatten(), fc)
+            current = push(f"fc{n}", source, None, relu, (1, 1, out), True)
         elif verb == "relu":
-            layers.append((f"relu{len(layers)}", nn.ReLU()))
+            current = push(None, source, None, True, (h, w, c), flat[source])
+        elif verb == "add":
+            current = push("add", source, named[words[0]], relu, (h, w, c), flat[source])
         else:
             raise ValueError(f"unknown layer '{verb}'")
-    from collections import OrderedDict
-    return nn.Sequential(OrderedDict(layers)).eval()
+    return SpecNetwork(layers, steps, standardize, (H, W, C)).eval()
 
 
-def load_checkpoint(path, model=None):
-    """(nn.Module, metadata) for a checkpoint; `model` is a built-in name or a spec."""
+def load_checkpoint(path, model=None, scaling="per-example-standardize"):
+    """(nn.Module, metadata) for a checkpoint; `model` is a built-in name, a spec or a spec
+    file; `scaling` as build_module's."""
     tensors, metadata = read_safetensors(path)
     name = model or metadata.get("edgetrain.model")
     if not name:
         raise ValueError(f"{path} does not name its model: give --model")
     spec = BUILTIN_SPECS.get(name, name)
+    if ";" not in spec and "\n" not in spec and os.path.isfile(spec):  # a spec file, as --model takes
+        with open(spec) as f:
+            spec = f.read()
     if "input" not in spec:
         raise ValueError(f"unknown model '{name}' (built in: {', '.join(BUILTIN_SPECS)}; or a spec)")
-    return build_module(spec, tensors), metadata
+    return build_module(spec, tensors, scaling), metadata
 
 
 def read_idx(path):
@@ -218,18 +281,22 @@ def main():
     parser.add_argument("--data", help="test set to evaluate on: mnist, mnist-small, fashion-mnist or a directory "
                         "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
+    parser.add_argument("--scaling", default="per-example-standardize", choices=["per-example-standardize", "none"],
+                        help="how edgetrain scaled the examples (the data description's scaling; IDX data: "
+                             "per-example-standardize, the default): none for a model converted by "
+                             "tools/onnx_to_edgetrain.py and trained on data described with scaling = \"none\"")
     parser.add_argument("--onnx", metavar="FILE", help="also write the model as ONNX (torch.onnx.export) to FILE")
     args = parser.parse_args()
     torch.set_num_threads(1)
     try:
-        module, metadata = load_checkpoint(args.checkpoint, args.model)
+        module, metadata = load_checkpoint(args.checkpoint, args.model, args.scaling)
     except ValueError as e:  # a model this loader cannot rebuild: say which and why, no traceback
         print(f"checkpoint_to_torch.py: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
     result = {"checkpoint": args.checkpoint, "model": args.model or metadata.get("edgetrain.model"),
               "version": int(metadata.get("edgetrain.version", 0))}
     if args.onnx:
-        H, W, C = (int(v) for v in parse_spec(BUILTIN_SPECS.get(result["model"], result["model"]))[0][1][0].split("x"))
+        H, W, C = module.input_hwc
         torch.onnx.export(module, torch.zeros(1, C, H, W), args.onnx, input_names=["images"], output_names=["logits"],
                           dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
         result["onnx"] = args.onnx

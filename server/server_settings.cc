@@ -41,7 +41,7 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
   t.group("Model and training");
   t.add("model", s.model,
         "built-in model name (paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, "
-        "cnn1d) or model spec");
+        "cnn1d), model spec, or spec file (e.g. tools/onnx_to_edgetrain.py's)");
   t.add("state-dir", s.state_dir, "directory for the WAL, checkpoints and metrics (required)");
   t.add("lr", s.lr, "learning rate");
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09")

@@ -6,7 +6,8 @@
 namespace edgetrain::sim {
 
 runtime::Model checked_model(const std::string& model_name, int workers, std::uint64_t seed,
-                             const runtime::Dataset& train, const runtime::Dataset& test) {
+                             const runtime::Dataset& train, const runtime::Dataset& test,
+                             const std::string& init_from) {
   runtime::Model model(runtime::model_spec_from_argument(model_name));
   const runtime::ExampleShape in = model.input_shape();
   if (static_cast<std::uint32_t>(in.H) != train.height ||
@@ -25,6 +26,13 @@ runtime::Model checked_model(const std::string& model_name, int workers, std::ui
   if (train.size() < static_cast<std::size_t>(workers))
     throw std::invalid_argument("sim: fewer examples than workers");
   model.initialize(seed);
+  if (!init_from.empty()) {
+    try {
+      model.load_safetensors(init_from);
+    } catch (const runtime::ModelError& e) {
+      throw runtime::ModelError(std::string("--init-from: ") + e.what());
+    }
+  }
   return model;
 }
 

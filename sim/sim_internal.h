@@ -37,10 +37,13 @@ class Random {
 };
 
 // The model named by `model_name` (built-in name or spec), checked against the data's image
-// shape and classes, initialised from `seed`. Throws runtime::ModelError when it does not
-// fit, std::invalid_argument when there are fewer training examples than `workers`.
+// shape and classes, initialised from `seed`, or loaded from `init_from` when it names a
+// safetensors file. Throws runtime::ModelError when it does not fit (or the file does not hold
+// exactly the model's tensors), std::invalid_argument when there are fewer training examples
+// than `workers`.
 runtime::Model checked_model(const std::string& model_name, int workers, std::uint64_t seed,
-                             const runtime::Dataset& train, const runtime::Dataset& test);
+                             const runtime::Dataset& train, const runtime::Dataset& test,
+                             const std::string& init_from = {});
 
 // Worker `worker`'s shard of `train` among `workers` (model/dataset.h's samplers): i.i.d.,
 // or label-skewed. Throws std::invalid_argument for an empty shard.

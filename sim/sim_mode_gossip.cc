@@ -227,6 +227,8 @@ int GossipSimRun::run(const SimData& data) {
 
 std::unique_ptr<SimModeRun> prepare_gossip(const SimSettings& s, const settings::Table& table) {
   refuse_server_settings(table);
+  if (table.was_set("init-from"))  // every peer starts from its own seed's model there
+    throw std::invalid_argument("--init-from is not supported with --mode gossip yet (async and rounds)");
   return std::make_unique<GossipSimRun>(s, make_gossip_config(s, table));
 }
 

@@ -54,7 +54,7 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.add("test-labels", s.test_labels, "IDX file");
   t.add("model", c.model,
         "paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, cnn1d, or a spec such "
-        "as 'input 28x28x1; fc 64 relu; fc 10'");
+        "as 'input 28x28x1; fc 64 relu; fc 10', or a spec file (tools/onnx_to_edgetrain.py writes one)");
   t.group("Mode");
   t.add("mode", s.mode,
         "async (asynchronous SGD with the staleness rule), rounds (federated rounds, FedAvg: "
@@ -172,6 +172,10 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "lower best)")
       .range(0, 1);
   t.add("out", s.out_dir, "directory for sim.csv, plots and summary.md");
+  t.add("init-from", c.init_from,
+        "start from these parameters instead of --seed's: a safetensors file of exactly the "
+        "model's tensors (a checkpoint, --save-model's file, or tools/onnx_to_edgetrain.py's "
+        "weights); async and rounds modes");
   t.add("save-model", s.save_model,
         "write the last run's final model here (safetensors, with its accuracy in the "
         "metadata): e.g. a classifier for edgetrain-gan --classifier");

@@ -168,7 +168,7 @@ Simulation::Simulation(const SimConfig& config, const runtime::Dataset& train,
                        const runtime::Dataset& test)
     : config(config),
       test(test),
-      model(checked_model(config.model, config.workers, config.seed, train, test)),
+      model(checked_model(config.model, config.workers, config.seed, train, test, config.init_from)),
       tensor_sizes(model.tensor_sizes()),
       layout(layout_of(model)),
       store(model.layout_id(), tensor_sizes,

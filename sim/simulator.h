@@ -107,7 +107,10 @@ struct RoundsConfig {
 struct SimConfig {
   SimMode mode = SimMode::kAsync;
   RoundsConfig rounds;  // with mode kRounds; max_updates and the staleness settings are then unused
-  std::string model = "paper-cnn";  // built-in name or spec text
+  std::string model = "paper-cnn";  // built-in name, spec text or spec file
+  // --init-from: a safetensors file of the model's tensors (a checkpoint, or what
+  // tools/onnx_to_edgetrain.py writes) to start from instead of initialize(seed).
+  std::string init_from;
   int workers = 10;
   int batch = 10;
   float learning_rate = 0.1f;

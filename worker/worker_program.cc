@@ -193,7 +193,7 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
   t.add("label-skew", c.label_skewed, "label-skewed shard instead of i.i.d.");
   t.add("seed", c.seed, "shuffling seed (same on every worker of a run)");
   t.add("model", c.model,
-        "paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, cnn1d or a spec; must "
+        "paper-cnn, mlp, mobilenet-mini, resnet-8, resnet-8-32x32x3, ds-cnn, cnn1d, a spec or a spec file; must "
         "match the server's");
   t.group("Training and compression");
   t.add("batch", c.batch, "minibatch size").range(1, 4096);

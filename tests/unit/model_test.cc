@@ -56,6 +56,55 @@ TEST(ModelSpec, MlpAndCustomSpecs) {
   EXPECT_EQ(model_spec_from_argument("input 4x4x1; fc 2").layers.size(), 1u);
 }
 
+// --model FILE (tools/onnx_to_edgetrain.py writes one): the file's text is the spec and its
+// name; a bad spec in a file is refused naming the file and the statement.
+TEST(ModelSpec, ASpecFileIsReadAndNamedByItsText) {
+  const std::string path = temp_path("spec-file") + ".spec";
+  const std::string text = "# converted\ninput 6x6x2\nconv 3 3x3 same relu\nname t1\nconv 3 3x3 same\nadd t1\nfc 4\n";
+  std::ofstream(path) << text;
+  const ModelSpec spec = model_spec_from_argument(path);
+  EXPECT_EQ(spec.name, text);
+  EXPECT_EQ(Model(spec).layout_id(), Model(parse_model_spec(text)).layout_id());
+  EXPECT_EQ(model_spec_from_argument(spec.name).layers.size(), spec.layers.size());
+  std::ofstream(path) << "input 6x6x2\nconv 3 3x3 sideways\nfc 4\n";
+  try {
+    model_spec_from_argument(path);
+    ADD_FAILURE() << "a bad spec file was accepted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sideways"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+  // A missing file is not a spec: the argument is then an unknown built-in name.
+  EXPECT_THROW(model_spec_from_argument(path), ModelError);
+}
+
+// Trainer::logits() gives the last forward pass's logits: their softmax cross-entropy is the
+// loss evaluate() returned, on both backends.
+TEST(Model, TrainerLogitsAreTheLastForwardPass) {
+  Model model(parse_model_spec("input 4x4x1; conv 2 3x3 same relu; fc 3"));
+  model.initialize(7);
+  std::vector<std::uint8_t> pixels(2 * 16);
+  for (std::size_t i = 0; i < pixels.size(); ++i) pixels[i] = static_cast<std::uint8_t>(i * 37 % 251);
+  const std::vector<std::int32_t> labels = {2, 0};
+  for (KernelBackend backend : {KernelBackend::kReference, KernelBackend::kXnnpack}) {
+    Trainer trainer(model, 2, backend);
+    const BatchResult result = trainer.evaluate(model.parameters(), pixels.data(), labels.data(), 2);
+    const auto logits = trainer.logits(2);
+    ASSERT_EQ(logits.size(), 6u);
+    double loss = 0;
+    for (int i = 0; i < 2; ++i) {
+      const float* z = logits.data() + 3 * i;
+      const double top = *std::max_element(z, z + 3);
+      double sum = 0;
+      for (int c = 0; c < 3; ++c) sum += std::exp(z[c] - top);
+      loss += top + std::log(sum) - z[labels[i]];
+    }
+    EXPECT_NEAR(loss / 2, result.loss, 1e-5);
+    EXPECT_THROW(trainer.logits(3), std::invalid_argument);
+  }
+}
+
 // MD-GAN's CNN generator (model/gan_network.h) is written in the spec language: an fc
 // layer whose output is an image, then transposed convolutions that double it.
 TEST(ModelSpec, ShapedFcAndDeconvDescribeAGenerator) {

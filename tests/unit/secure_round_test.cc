@@ -152,7 +152,9 @@ TEST(SecureRound, ClosesWithTheSumOfEveryInputWhenADeviceLeavesAfterItsInput) {
     ASSERT_EQ(got.code, CoapCode::kContent);
     const auto shares = devices[i]->unmasking_shares(privacy::parse_survivor_list(got.payload));
     EXPECT_EQ(call(*round, Method::kPost, "unmask", names[i], privacy::serialize(shares)).code, CoapCode::kChanged);
-    if (i == 0) EXPECT_FALSE(round->poll(3));
+    if (i == 0) {
+      EXPECT_FALSE(round->poll(3));
+    }
   }
   const auto sum = round->poll(3);
   ASSERT_TRUE(sum);

@@ -234,7 +234,7 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
   EXPECT_EQ(with_subset->secagg_subset_length, 65u);
   const std::string plain = base + "}";
   EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(plain.begin(), plain.end()))->secure);
-  for (const std::string bad :
+  for (const std::string& bad :
        {base + ",\"secure\":true}",
         base + ",\"secure\":true,\"secagg_session\":-1,\"secagg_identity\":\"w1\",\"clip_norm\":1}",
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"\",\"clip_norm\":1}",

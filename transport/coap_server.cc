@@ -8,6 +8,7 @@
 
 #include <mbedtls/ssl.h>
 #include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <arpa/inet.h>
@@ -1045,6 +1046,12 @@ CoapDtlsServer::CoapDtlsServer(Options options) : impl_(std::make_unique<Impl>()
       // The DTLS endpoint's datagrams pass the handshake guard first; plain CoAP's do not.
       detail::count_ingress(fd, &s.ingress, port == s.bound_port ? s.guard.get() : nullptr);
       s.endpoint_fds.push_back(fd);
+      // Q-Block1 clients send bursts of MAX_PAYLOADS blocks unanswered: 32 devices' bursts
+      // (~2.3 kB of buffer each datagram, as the kernel counts) overflow Linux's default
+      // 208 kB, and a lost block stalls its body for NON_RECEIVE_TIMEOUT. 4 MiB (ours; the
+      // kernel caps it at net.core.rmem_max) holds ~1,800 datagrams.
+      const int receive_buffer = 4 << 20;
+      setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
     }
     s.coap_fd = coap_context_get_coap_fd(s.context);
   } catch (...) {

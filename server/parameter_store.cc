@@ -401,9 +401,11 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
     spare_.pop_back();
   }
   r.version = top + 1;
-  r.touched.assign(touched_.begin(), touched_.end());
-  r.divisors.assign(divisors_.begin(), divisors_.end());
-  r.values.assign(new_values_.begin(), new_values_.end());
+  // Swapped, not copied (~2,600 entries × 3 arrays per update): divisors_ and new_values_ are
+  // scratch, refilled whole for the next update, and so is touched_ (swapped below, once
+  // remember_touched() has read it); the scratch keeps the recycled reservation's buffers.
+  r.divisors.swap(divisors_);
+  r.values.swap(new_values_);
   r.previous_reserved_version.resize(touched_.size());
   r.previous_reserved_position.resize(touched_.size());
   for (std::size_t j = 0; j < touched_.size(); ++j) {
@@ -418,6 +420,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
   if (!ring_.empty()) std::swap(r.displaced, ring_[static_cast<std::size_t>(top % ring_.size())]);
   if (!ring_.empty()) retire(r.displaced);
   remember_touched();
+  r.touched.swap(touched_);
   reserved_.push_back(std::move(r));
   return {ApplyStatus::kApplied, top + 1, {}};
 }
@@ -435,7 +438,7 @@ ApplyResult ParameterStore::apply_reserved() {
     parameters_[r.touched[j]] = r.values[j];
     last_changed_[r.touched[j]] = r.version;
   }
-  last_divisors_.assign(r.divisors.begin(), r.divisors.end());
+  last_divisors_.swap(r.divisors);  // r goes to spare_: its buffers are reused, not read
   version_ = r.version;
   spare_.push_back(std::move(r));
   reserved_.pop_front();

@@ -121,7 +121,8 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
       .range(1, 64);
   t.add("datagrams-per-pass", s.datagrams_per_pass,
         "most datagrams read per pass of the event loop, which walks "
-        "every session once per pass (1 = libcoap's own loop)")
+        "every session at most every 10 ms (1 = libcoap's own loop, which walks them on every "
+        "pass)")
       .range(1, 1024);
   t.add("max-bodies-in-progress", s.max_bodies_in_progress,
         "block-wise request bodies assembled at once (one per "

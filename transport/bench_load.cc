@@ -107,6 +107,8 @@ struct DeviceSession {
   std::uint64_t next_sequence = 1;
   std::vector<std::uint8_t> token;  // of the post in progress
   std::size_t body_bytes = 0;
+  std::vector<std::uint8_t> body;  // a Q-Block1 post's, alive until its answer
+  QBlock1Sender q_block1;
 };
 
 class LoadRunner {
@@ -121,6 +123,9 @@ class LoadRunner {
     coap_register_response_handler(context_, &LoadRunner::on_response);
     coap_register_nack_handler(context_, &LoadRunner::on_nack);
     coap_register_event_handler(context_, &LoadRunner::on_event);
+    // Without these libcoap drops the 2.31 and 4.08 answers, which carry Q-Block1.
+    coap_register_option(context_, kOptionQBlock1);
+    coap_register_option(context_, kOptionQBlock2);
     for (std::size_t i = 0; i < options.devices.size(); ++i) {
       auto device = std::make_unique<DeviceSession>();
       device->runner = this;
@@ -233,6 +238,7 @@ class LoadRunner {
       const std::uint64_t answered_before = answers_;
       process_io(context_, 5);
       if (answers_ != answered_before) last_answer = Clock::now();
+      if (options_.q_block) step_q_block1_posts();
     }
     report_.posts_unanswered += posts_in_flight_;
     report_.post_seconds = seconds_between(started, last_answer);
@@ -240,8 +246,50 @@ class LoadRunner {
     if (options_.on_posts_finished) options_.on_posts_finished();
   }
 
+  // The bursts after a 2.31, the blocks a 4.08 listed, and probes, for every Q-Block1 post
+  // in progress (a walk of the devices: ~1 µs at 1000, against a pass of libcoap's I/O).
+  void step_q_block1_posts() {
+    const auto now = Clock::now();
+    for (auto& device : devices_) {
+      if (device->state != DeviceSession::State::kPosting || !device->q_block1.active()) continue;
+      if (!device->q_block1.step(now)) fail(*device);
+    }
+  }
+
+  coap_pdu_t* new_post_pdu(const DeviceSession& device, coap_pdu_type_t type) const {
+    coap_pdu_t* pdu = coap_new_pdu(type, COAP_REQUEST_CODE_POST, device.session);
+    if (!pdu) return nullptr;
+    coap_add_token(pdu, device.token.size(), device.token.data());
+    coap_add_option(pdu, COAP_OPTION_URI_PATH, options_.path.size(),
+                    reinterpret_cast<const uint8_t*>(options_.path.data()));
+    return pdu;
+  }
+
+  bool start_q_block1_post(DeviceSession& device, std::vector<std::uint8_t> body) {
+    std::uint8_t token[8];
+    std::size_t token_length = 0;
+    coap_session_new_token(device.session, &token_length, token);
+    device.token.assign(token, token + token_length);
+    device.body = std::move(body);
+    device.body_bytes = device.body.size();
+    if (!device.q_block1.start(device.session, device.body, device.token, options_.max_payloads,
+                               options_.ack_timeout_seconds, [this, &device](coap_pdu_type_t type) {
+                                 return new_post_pdu(device, type);
+                               })) {
+      fail(device);
+      return false;
+    }
+    device.state = DeviceSession::State::kPosting;
+    ++device.next_sequence;
+    ++posts_in_flight_;
+    report_.posted_body_bytes += device.body_bytes;
+    return true;
+  }
+
   bool start_post(DeviceSession& device) {
     std::vector<std::uint8_t> body = options_.make_body(device.device, device.next_sequence);
+    device.q_block1.reset();
+    if (options_.q_block && body.size() > 1024) return start_q_block1_post(device, std::move(body));
     coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, COAP_REQUEST_CODE_POST, device.session);
     if (!pdu) {
       fail(device);
@@ -282,6 +330,7 @@ class LoadRunner {
 
   void finish_post(DeviceSession& device) {
     device.state = DeviceSession::State::kIdle;
+    device.q_block1.reset();
     --posts_in_flight_;
     ++answers_;
     idle_.push_back(&device);
@@ -304,6 +353,7 @@ class LoadRunner {
         break;
     }
     device.state = DeviceSession::State::kFailed;
+    device.q_block1.reset();
   }
 
   static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*,
@@ -315,6 +365,18 @@ class LoadRunner {
         (token.length && std::memcmp(token.s, device->token.data(), token.length) != 0))
       return COAP_RESPONSE_OK;  // not the post in progress
     LoadRunner& self = *device->runner;
+    if (device->q_block1.active()) {
+      switch (device->q_block1.take_answer(received)) {
+        case QBlock1Sender::Answer::kContinue:
+        case QBlock1Sender::Answer::kMissing:
+          return COAP_RESPONSE_OK;  // step_q_block1_posts() sends what is due
+        case QBlock1Sender::Answer::kRefused:
+          ++self.report_.q_block1_refused;  // counted with the 4.02s below
+          break;
+        case QBlock1Sender::Answer::kFinal:
+          break;
+      }
+    }
     const coap_pdu_code_t code = coap_pdu_get_code(received);
     const int code_number = (code >> 5) * 100 + (code & 0x1f);
     if (code_number / 100 == 2) {
@@ -342,6 +404,7 @@ class LoadRunner {
     LoadRunner& self = *device->runner;
     ++self.report_.posts_unanswered;
     --self.posts_in_flight_;
+    device->q_block1.reset();
     ++self.answers_;
     // The session may still be usable (a lost exchange); a broken one reports an event too.
     if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) {

@@ -46,6 +46,12 @@ struct UpdateLoadOptions {
   // holds a few hundred 1 kB blocks; far more in flight only turns into drops and 2-3 s
   // CoAP retransmission timeouts.
   std::size_t max_posts_in_flight = 32;
+  // RFC 9177 Q-Block1 for bodies of more than one block, as the worker sends them
+  // (QBlock1Sender, shared with CoapDtlsClient): bursts of `max_payloads` blocks answered
+  // once. False: RFC 7959 Block1, one block per exchange (libcoap's own), as before Q-Block.
+  bool q_block = true;
+  std::size_t max_payloads = 10;       // MAX_PAYLOADS, as the worker's default
+  double ack_timeout_seconds = 1;      // the worker's default: NON_RECEIVE_TIMEOUT is twice it
   std::uint64_t max_posts = 10000;
   double max_post_seconds = 30;
   // Body of post number `sequence` (1, 2, ...) of device `device`.
@@ -65,6 +71,7 @@ struct UpdateLoadReport {
   std::uint64_t posts_acknowledged = 0;                // answered 2.xx
   std::map<int, std::uint64_t> posts_refused_by_code;  // answered 4.xx / 5.xx
   std::uint64_t posts_unanswered = 0;                  // retransmissions exhausted, session lost
+  std::uint64_t q_block1_refused = 0;  // answered 4.02 to Q-Block1: the server has --q-block=false
   std::uint64_t acknowledged_body_bytes = 0;
   std::uint64_t posted_body_bytes = 0;  // every body handed to libcoap, answered or not
   double post_seconds = 0;              // first post sent until the last answer arrived

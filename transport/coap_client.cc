@@ -186,22 +186,8 @@ struct CoapDtlsClient::Impl {
     std::vector<std::vector<std::uint8_t>> tokens;
   };
   QBlock2Receive q_block2;
-  // Q-Block1 (RFC 9177) sending of the request body in flight: bursts of MAX_PAYLOADS
-  // non-confirmable blocks with one token, the body's last block confirmable (ours: so that
-  // the server can answer it later, once the update is durable, and libcoap retransmits it).
-  struct QBlock1Send {
-    bool active = false;
-    std::vector<std::uint8_t> token;
-    std::span<const std::uint8_t> body;  // the caller's, alive during request()
-    std::uint32_t blocks = 0;
-    std::uint32_t next_unsent = 0;
-    std::uint32_t burst_end = 0;  // the last block sent in the latest burst
-    bool continued = false;       // a 2.31 came: send the next burst
-    bool progressed = false;      // a 2.31 or a 4.08 came at all
-    std::vector<std::uint32_t> resend;  // listed by a 4.08
-    std::chrono::steady_clock::time_point last_heard;
-  };
-  QBlock1Send q_block1;
+  // Q-Block1 (RFC 9177) sending of the request body in flight (coap_internal.h).
+  QBlock1Sender q_block1;
   bool q_block1_refused = false;       // the server answered a Q-Block1 block with 4.02
   bool server_lacks_q_block1 = false;  // ... so this client uses Block1 with it from now on
   bool q_block2_refused = false;      // the server answered the Q-Block2 GET with 4.02
@@ -327,12 +313,21 @@ struct CoapDtlsClient::Impl {
       return token.length == ours.size() &&
              (token.length == 0 || std::memcmp(token.s, ours.data(), token.length) == 0);
     };
-    if (self->q_block1.active) {
-      if (self->done || !same(self->q_block1.token)) return COAP_RESPONSE_OK;
-      if (self->take_q_block1_answer(received)) return COAP_RESPONSE_OK;
-      // Anything else is the answer to the whole body (the handler's, or a refusal).
+    if (self->q_block1.active()) {
+      if (self->done || !same(self->q_block1.token())) return COAP_RESPONSE_OK;
+      switch (self->q_block1.take_answer(received)) {
+        case QBlock1Sender::Answer::kContinue:
+        case QBlock1Sender::Answer::kMissing:
+          return COAP_RESPONSE_OK;  // step_q_block1() sends what is due
+        case QBlock1Sender::Answer::kRefused:
+          self->q_block1_refused = true;  // request() sends it again with Block1
+          self->done = true;
+          return COAP_RESPONSE_OK;
+        case QBlock1Sender::Answer::kFinal:
+          break;  // the answer to the whole body (the handler's, or a refusal)
+      }
     }
-    const bool ours = self->q_block1.active ? true
+    const bool ours = self->q_block1.active() ? true
                       : self->q_block2.asked
                           ? std::any_of(self->q_block2.tokens.begin(),
                                         self->q_block2.tokens.end(), same)
@@ -367,121 +362,29 @@ struct CoapDtlsClient::Impl {
     return COAP_RESPONSE_OK;
   }
 
-  // 2.31 (send the next burst), 4.08 with the missing blocks (send them again) or 4.02 before
-  // any progress (the server does not know Q-Block1: Block1 from now on). Returns false for
-  // any other answer, which is the answer to the body.
-  bool take_q_block1_answer(const coap_pdu_t* received) {
-    QBlock1Send& q = q_block1;
-    const coap_pdu_code_t code = coap_pdu_get_code(received);
-    if (code == COAP_RESPONSE_CODE(402) && !q.progressed) {
-      q_block1_refused = true;
-      done = true;
-      return true;
-    }
-    if (code == COAP_RESPONSE_CODE(231)) {
-      q.progressed = q.continued = true;
-      q.last_heard = std::chrono::steady_clock::now();
-      return true;
-    }
-    if (code != COAP_RESPONSE_CODE(408)) return false;
-    size_t length = 0;
-    const uint8_t* data = nullptr;
-    coap_get_data(received, &length, &data);
-    std::vector<std::uint32_t> missing;
-    if (!decode_cbor_unsigned_sequence({data, length}, missing) ||
-        std::any_of(missing.begin(), missing.end(), [&](std::uint32_t n) { return n >= q.blocks; })) {
-      return false;  // not a list of ours: the answer to the body, 4.08 as it is
-    }
-    q.progressed = true;
-    q.last_heard = std::chrono::steady_clock::now();
-    for (std::uint32_t n : missing)
-      if (std::find(q.resend.begin(), q.resend.end(), n) == q.resend.end()) q.resend.push_back(n);
-    return true;
-  }
-
-  // RFC 9177 5's missing-blocks list: a CBOR sequence of unsigned integers (at most 1,024).
-  static bool decode_cbor_unsigned_sequence(std::span<const std::uint8_t> bytes,
-                                            std::vector<std::uint32_t>& values) {
-    std::size_t i = 0;
-    while (i < bytes.size()) {
-      const std::uint8_t head = bytes[i++];
-      if (head >> 5 != 0 || values.size() >= 1024) return false;  // major type 0 only
-      const std::uint8_t info = head & 31;
-      std::size_t extra = info < 24 ? 0 : info == 24 ? 1 : info == 25 ? 2 : info == 26 ? 4 : 9;
-      if (extra == 9 || bytes.size() - i < extra) return false;
-      std::uint32_t value = info < 24 ? info : 0;
-      for (std::size_t k = 0; k < extra; ++k) value = (value << 8) | bytes[i++];
-      values.push_back(value);
-    }
-    return !values.empty();
-  }
-
-  // Block `num` of the Q-Block1 body; the body's last block confirmable, and `confirmable`
-  // ones (probes) too.
-  void send_q_block1_block(std::uint32_t num, bool confirmable) {
-    QBlock1Send& q = q_block1;
-    constexpr std::size_t kBlock = 1024;
-    const std::size_t offset = std::size_t{num} * kBlock;
-    const std::size_t length = std::min(kBlock, q.body.size() - offset);
-    const bool last = num + 1 == q.blocks;
-    coap_pdu_t* pdu = new_request_pdu(last || confirmable ? COAP_MESSAGE_CON : COAP_MESSAGE_NON,
-                                      current_method, current_path, q.token);
-    std::uint8_t buffer[8];
-    // Size1 in every block (ours): the server sizes the body from whichever block comes first.
-    coap_add_option(pdu, COAP_OPTION_SIZE1,
-                    coap_encode_var_safe8(buffer, sizeof buffer, q.body.size()), buffer);
-    std::uint8_t block[4];
-    coap_add_option(pdu, kOptionQBlock1, encode_q_block(block, {num, !last, 6}), block);
-    coap_add_data(pdu, length, q.body.data() + offset);
-    if (coap_send(session, pdu) == COAP_INVALID_MID)
-      fail(TransportFailure::kOther, "cannot send block " + std::to_string(num) + " of a body");
-  }
-
-  void send_q_block1_burst() {
-    QBlock1Send& q = q_block1;
-    const std::uint32_t end = std::min<std::uint32_t>(
-        q.blocks, q.next_unsent + static_cast<std::uint32_t>(options.timing.max_payloads));
-    for (std::uint32_t n = q.next_unsent; n < end; ++n) send_q_block1_block(n, false);
-    q.burst_end = end - 1;
-    q.next_unsent = end;
-    q.last_heard = std::chrono::steady_clock::now();
-  }
-
   void start_q_block1(std::span<const std::uint8_t> payload) {
-    q_block1 = {};
-    q_block1.active = true;
-    q_block1.body = payload;
-    q_block1.blocks = static_cast<std::uint32_t>((payload.size() + 1023) / 1024);
     uint8_t token_bytes[8];
     size_t token_length = 0;
     coap_session_new_token(session, &token_length, token_bytes);
-    q_block1.token.assign(token_bytes, token_bytes + token_length);
-    token = q_block1.token;
-    send_q_block1_burst();
+    token.assign(token_bytes, token_bytes + token_length);
+    const std::vector<std::uint8_t> body_token = token;
+    const bool sent = q_block1.start(
+        session, payload, token, options.timing.max_payloads, options.timing.ack_timeout_seconds,
+        [this, body_token](coap_pdu_type_t type) {
+          return new_request_pdu(type, current_method, current_path, body_token);
+        });
+    if (!sent) fail_q_block1_send();
   }
 
-  // Called by the wait loop: the blocks a 4.08 listed, the next burst after a 2.31, and
-  // after NON_RECEIVE_TIMEOUT without an answer the burst's last block again, confirmable
-  // (a probe: the server answers it 2.31 or 4.08; a server without Q-Block answers 4.02).
+  // Called by the wait loop (QBlock1Sender::step: resends, the next burst, the probe).
   void step_q_block1() {
-    QBlock1Send& q = q_block1;
-    if (!q.active || done || !failure.empty()) return;
-    const auto now = std::chrono::steady_clock::now();
-    if (!q.resend.empty()) {
-      std::sort(q.resend.begin(), q.resend.end());
-      for (std::uint32_t n : q.resend) send_q_block1_block(n, false);
-      q.resend.clear();
-      q.last_heard = now;
-    }
-    if (q.continued) {
-      q.continued = false;
-      if (q.next_unsent < q.blocks) send_q_block1_burst();
-      return;
-    }
-    if (now - q.last_heard > std::chrono::duration<double>(2 * options.timing.ack_timeout_seconds)) {
-      send_q_block1_block(q.burst_end, true);
-      q.last_heard = now;
-    }
+    if (!q_block1.active() || done || !failure.empty()) return;
+    if (!q_block1.step(std::chrono::steady_clock::now())) fail_q_block1_send();
+  }
+
+  void fail_q_block1_send() {
+    fail(TransportFailure::kOther,
+         "cannot send block " + std::to_string(q_block1.failed_block()) + " of a body");
   }
 
   // One block of a Q-Block2 answer. Every block carries the ETag and Size2 (RFC 9177 4.4);
@@ -851,7 +754,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     s.response = {};
     s.q_block2 = {};
     s.q_block2_refused = false;
-    s.q_block1 = {};
+    s.q_block1.reset();
     s.q_block1_refused = false;
     s.current_method = method;
     s.current_path = path;
@@ -949,7 +852,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
   }
   coap_context_set_keepalive(s.context, 0);
   if (s.probe_mid != COAP_INVALID_MID) s.probe_answered();  // the request is over
-  s.q_block1.active = false;  // the body is the caller's: nothing may send from it later
+  s.q_block1.reset();  // the body is the caller's: nothing may send from it later
   if (!s.done) {
     const std::string why = s.failure;
     const TransportFailure kind = s.failure_kind;

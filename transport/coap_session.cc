@@ -9,6 +9,7 @@
 
 #include <netdb.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -163,6 +164,118 @@ std::optional<QBlockValue> decode_q_block(const coap_opt_t* option) {
 std::size_t encode_q_block(std::uint8_t (&buffer)[4], const QBlockValue& block) {
   return coap_encode_var_safe(buffer, sizeof buffer,
                               (block.num << 4) | (block.more ? 8u : 0u) | block.szx);
+}
+
+namespace {
+// RFC 9177 5's missing-blocks list: a CBOR sequence of unsigned integers (at most 1,024).
+bool decode_cbor_unsigned_sequence(std::span<const std::uint8_t> bytes,
+                                   std::vector<std::uint32_t>& values) {
+  std::size_t i = 0;
+  while (i < bytes.size()) {
+    const std::uint8_t head = bytes[i++];
+    if (head >> 5 != 0 || values.size() >= 1024) return false;  // major type 0 only
+    const std::uint8_t info = head & 31;
+    std::size_t extra = info < 24 ? 0 : info == 24 ? 1 : info == 25 ? 2 : info == 26 ? 4 : 9;
+    if (extra == 9 || bytes.size() - i < extra) return false;
+    std::uint32_t value = info < 24 ? info : 0;
+    for (std::size_t k = 0; k < extra; ++k) value = (value << 8) | bytes[i++];
+    values.push_back(value);
+  }
+  return !values.empty();
+}
+}  // namespace
+
+bool QBlock1Sender::start(coap_session_t* session, std::span<const std::uint8_t> body,
+                          std::vector<std::uint8_t> token, std::size_t max_payloads,
+                          double ack_timeout_seconds, NewRequest new_request) {
+  reset();
+  active_ = true;
+  session_ = session;
+  body_ = body;
+  token_ = std::move(token);
+  max_payloads_ = std::max<std::size_t>(1, max_payloads);
+  non_receive_timeout_ = std::chrono::duration<double>(2 * ack_timeout_seconds);
+  new_request_ = std::move(new_request);
+  blocks_ = static_cast<std::uint32_t>((body.size() + 1023) / 1024);
+  return send_burst();
+}
+
+QBlock1Sender::Answer QBlock1Sender::take_answer(const coap_pdu_t* received) {
+  const coap_pdu_code_t code = coap_pdu_get_code(received);
+  if (code == COAP_RESPONSE_CODE(402) && !progressed_) return Answer::kRefused;
+  if (code == COAP_RESPONSE_CODE(231)) {
+    progressed_ = continued_ = true;
+    last_heard_ = std::chrono::steady_clock::now();
+    return Answer::kContinue;
+  }
+  if (code != COAP_RESPONSE_CODE(408)) return Answer::kFinal;
+  size_t length = 0;
+  const uint8_t* data = nullptr;
+  coap_get_data(received, &length, &data);
+  std::vector<std::uint32_t> missing;
+  if (!decode_cbor_unsigned_sequence({data, length}, missing) ||
+      std::any_of(missing.begin(), missing.end(), [&](std::uint32_t n) { return n >= blocks_; }))
+    return Answer::kFinal;  // not a list of ours: the answer to the body, 4.08 as it is
+  progressed_ = true;
+  last_heard_ = std::chrono::steady_clock::now();
+  for (std::uint32_t n : missing)
+    if (std::find(resend_.begin(), resend_.end(), n) == resend_.end()) resend_.push_back(n);
+  return Answer::kMissing;
+}
+
+bool QBlock1Sender::send_block(std::uint32_t num, bool confirmable) {
+  constexpr std::size_t kBlock = 1024;
+  const std::size_t offset = std::size_t{num} * kBlock;
+  const std::size_t length = std::min(kBlock, body_.size() - offset);
+  const bool last = num + 1 == blocks_;
+  coap_pdu_t* pdu = new_request_(last || confirmable ? COAP_MESSAGE_CON : COAP_MESSAGE_NON);
+  if (!pdu) {
+    failed_block_ = num;
+    return false;
+  }
+  std::uint8_t buffer[8];
+  coap_add_option(pdu, COAP_OPTION_SIZE1,
+                  coap_encode_var_safe8(buffer, sizeof buffer, body_.size()), buffer);
+  std::uint8_t block[4];
+  coap_add_option(pdu, kOptionQBlock1, encode_q_block(block, {num, !last, 6}), block);
+  coap_add_data(pdu, length, body_.data() + offset);
+  if (coap_send(session_, pdu) == COAP_INVALID_MID) {
+    failed_block_ = num;
+    return false;
+  }
+  return true;
+}
+
+bool QBlock1Sender::send_burst() {
+  const std::uint32_t end = static_cast<std::uint32_t>(
+      std::min<std::size_t>(blocks_, next_unsent_ + max_payloads_));
+  bool sent = true;
+  for (std::uint32_t n = next_unsent_; n < end && sent; ++n) sent = send_block(n, false);
+  burst_end_ = end - 1;
+  next_unsent_ = end;
+  last_heard_ = std::chrono::steady_clock::now();
+  return sent;
+}
+
+bool QBlock1Sender::step(std::chrono::steady_clock::time_point now) {
+  if (!active_) return true;
+  bool sent = true;
+  if (!resend_.empty()) {
+    std::sort(resend_.begin(), resend_.end());
+    for (std::uint32_t n : resend_) sent = sent && send_block(n, false);
+    resend_.clear();
+    last_heard_ = now;
+  }
+  if (continued_) {
+    continued_ = false;
+    if (next_unsent_ < blocks_) sent = sent && send_burst();
+    return sent;
+  }
+  if (now - last_heard_ > non_receive_timeout_) {
+    sent = sent && send_block(burst_end_, true);
+    last_heard_ = now;
+  }
+  return sent;
 }
 
 coap_address_t resolve_udp_address(const std::string& host, std::uint16_t port) {

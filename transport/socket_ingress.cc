@@ -166,6 +166,32 @@ extern "C" int __wrap_bind(int fd, const sockaddr* address, socklen_t length) {
   return __real_bind(fd, address, length);
 }
 
+namespace edgetrain::transport::detail {
+namespace {
+thread_local bool t_skip_session_walks = false;
+thread_local bool t_session_walk_skipped = false;
+}  // namespace
+SkipSessionWalks::SkipSessionWalks() {
+  t_skip_session_walks = true;
+  t_session_walk_skipped = false;
+}
+SkipSessionWalks::~SkipSessionWalks() { t_skip_session_walks = false; }
+bool SkipSessionWalks::skipped() const { return t_session_walk_skipped; }
+}  // namespace edgetrain::transport::detail
+
+// The link maps libcoap's call of coap_io_prepare_epoll() at the end of coap_io_do_epoll()
+// (net.c), and ours, here (--wrap=coap_io_prepare_epoll): see SkipSessionWalks. The
+// arguments are libcoap's coap_context_t* and coap_tick_t (uint64_t on POSIX); this file
+// does not include libcoap.
+extern "C" unsigned int __real_coap_io_prepare_epoll(void* context, std::uint64_t now);
+extern "C" unsigned int __wrap_coap_io_prepare_epoll(void* context, std::uint64_t now) {
+  if (edgetrain::transport::detail::t_skip_session_walks) {
+    edgetrain::transport::detail::t_session_walk_skipped = true;
+    return 0;  // coap_io_do_epoll() ignores what it returns
+  }
+  return __real_coap_io_prepare_epoll(context, now);
+}
+
 // The link maps libcoap's calls of recvmsg() here (--wrap=recvmsg); __real_recvmsg is the
 // C library's. Only objects in the link are redirected, never the C library itself. A
 // datagram that a registered filter refuses is counted and dropped, and the next one read

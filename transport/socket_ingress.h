@@ -69,4 +69,17 @@ class ReusePortWhileBinding {
   ReusePortWhileBinding& operator=(const ReusePortWhileBinding&) = delete;
 };
 
+// While an instance lives, this thread's calls of libcoap's coap_io_prepare_epoll() (the walk
+// of every session that coap_io_do_epoll() ends with; -Wl,--wrap=coap_io_prepare_epoll) are
+// skipped, and skipped() says whether one was: CoapDtlsServer::run_once() defers the walk
+// (coap_server.cc, kWalkDeferral). Every other call walks.
+class SkipSessionWalks {
+ public:
+  SkipSessionWalks();
+  ~SkipSessionWalks();
+  bool skipped() const;
+  SkipSessionWalks(const SkipSessionWalks&) = delete;
+  SkipSessionWalks& operator=(const SkipSessionWalks&) = delete;
+};
+
 }  // namespace edgetrain::transport::detail

@@ -405,6 +405,8 @@ struct LoadSettings {
   double compression_rate = 0.01;
   std::string replay;  // a WAL file: post its updates instead of synthetic ones
   bool sign_scale = false;
+  bool q_block = true;             // Q-Block1 bodies as the worker sends them; false: RFC 7959
+  std::size_t max_payloads = 10;   // blocks per Q-Block1 burst
 };
 
 // What one load run measured, for the report.
@@ -481,6 +483,8 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   for (std::size_t i = 0; i < s.devices; ++i)
     options.devices.push_back(credentials(keystore, load_device_name(i)));
   options.max_posts_in_flight = s.posts_in_flight;
+  options.q_block = s.q_block;
+  options.max_payloads = s.max_payloads;
   options.max_posts = s.max_posts;
   options.max_post_seconds = s.seconds;
   // A worker computes its gradient on the newest model it knows; with W posts in flight
@@ -544,6 +548,14 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
     std::printf("update (codec bytes)            %zu B, %zu entries, %zu Block1 blocks of 1024 B\n",
                 m.update_bytes, m.update_entries, (m.update_bytes + 1023) / 1024);
   }
+  if (s.q_block)
+    std::printf("request bodies                  Q-Block1 (RFC 9177), bursts of %zu blocks answered once%s\n",
+                s.max_payloads,
+                report.q_block1_refused > 0
+                    ? ": REFUSED with 4.02 by this server (--q-block=false?): run with --q-block=false"
+                    : "");
+  else
+    std::printf("request bodies                  Block1 (RFC 7959), one exchange per block\n");
   std::printf(
       "sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu "
       "datagrams, %.1f kB\n",
@@ -614,7 +626,8 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
              " applied=" + std::to_string(report.posts_acknowledged) +
              " refused=" + std::to_string(refused) +
              " unanswered=" + std::to_string(report.posts_unanswered) +
-             " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds));
+             " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds)) +
+             " blocks=" + (s.q_block ? "q-block1" : "block1");
   if (s.server_pid && applied > 0)
     summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
   if (applied > 0)
@@ -1286,6 +1299,12 @@ void declare_load(settings::Table& t, LoadSettings& s) {
         "values as sign + scale (value encoding 2 of transport/CODEC.md), synthetic or with "
         "--replay the recorded "
         "ones made ±(mean magnitude) per tensor");
+  t.add("q-block", s.q_block,
+        "post bodies of more than one block with Q-Block1 (RFC 9177) as the worker does: bursts "
+        "answered once (false: RFC 7959 Block1, one exchange per block, as before Q-Block and as "
+        "against a server with --q-block=false)");
+  t.add("coap-max-payloads", s.max_payloads, "Q-Block1 MAX_PAYLOADS: blocks per burst")
+      .range(1, 64);
 }
 
 // Settings of `load` that exclude each other; the message says what to drop.

@@ -26,7 +26,9 @@
 # values as sign + scale, --sign-scale: ~6 Block1 blocks per update instead of 22; with
 # BENCH_REPLAY the recorded updates re-encoded so), BENCH_LOOP_THREADS (e.g. "1 2": the
 # load run is made BENCH_ROUNDS times with each --loop-threads count, alternating, and a
-# table puts them side by side), BENCH_SERVER_CPUS (e.g. "1.0": the server runs in a cgroup
+# table puts them side by side), BENCH_Q_BLOCK=0 (the load generator posts with RFC 7959
+# Block1, one exchange per block, as before Q-Block; the default 1 posts Q-Block1 bursts
+# as the worker does), BENCH_SERVER_CPUS (e.g. "1.0": the server runs in a cgroup
 # v1 cpu group with that many cores of CFS quota, its threads together; needs root).
 # Every run is bounded by `timeout`, none longer than 2 minutes.
 set -euo pipefail
@@ -54,6 +56,11 @@ case ${BENCH_SIGN_SCALE:-0} in
   0) ;;
   1) update_flags+=(--sign-scale) ;;
   *) echo "BENCH_SIGN_SCALE is 0 or 1, not '$BENCH_SIGN_SCALE'" >&2; exit 1 ;;
+esac
+case ${BENCH_Q_BLOCK:-1} in
+  1) ;;
+  0) update_flags+=(--q-block=false) ;;
+  *) echo "BENCH_Q_BLOCK is 0 or 1, not '$BENCH_Q_BLOCK'" >&2; exit 1 ;;
 esac
 
 server=$build/programs/edgetrain-server

@@ -178,7 +178,12 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{{2, 7, 7, 4, 8, 1, 1, 2, 0}, ek::Activation::none},
         // stride 2 with 'same' padding on an even size, as `conv 32 3x3 stride 2 same`
         ConvCase{{2, 28, 28, 1, 8, 3, 3, 2, 1}, ek::Activation::relu},
-        ConvCase{{2, 14, 14, 8, 16, 3, 3, 2, 1}, ek::Activation::relu}),
+        ConvCase{{2, 14, 14, 8, 16, 3, 3, 2, 1}, ek::Activation::relu},
+        // resnet-8's 16-channel block (K = 144 > OC: the transposed im2col from channel
+        // planes, memcpy rows), and a 5x5 kernel whose padding of 2 zeroes two border columns
+        ConvCase{{2, 28, 28, 16, 16}, ek::Activation::relu},
+        ConvCase{{2, 6, 9, 3, 4, 5, 5, 1, 2}, ek::Activation::none},
+        ConvCase{{2, 9, 6, 3, 4, 5, 5, 2, 2}, ek::Activation::relu}),
     [](const ::testing::TestParamInfo<ConvCase>& info) {
       const auto& s = info.param.s;
       return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +

@@ -115,6 +115,7 @@ class Conv2dXnn {
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
   std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
+  std::vector<float> input_planes_;  // [C][H*W]: one image's channel planes, when packing dout
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

@@ -10,6 +10,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/reference.h"
@@ -178,7 +179,12 @@ INSTANTIATE_TEST_SUITE_P(
         ConvCase{{2, 7, 7, 4, 8, 1, 1, 2, 0}, ek::Activation::none},
         // stride 2 with 'same' padding on an even size, as `conv 32 3x3 stride 2 same`
         ConvCase{{2, 28, 28, 1, 8, 3, 3, 2, 1}, ek::Activation::relu},
-        ConvCase{{2, 14, 14, 8, 16, 3, 3, 2, 1}, ek::Activation::relu}),
+        ConvCase{{2, 14, 14, 8, 16, 3, 3, 2, 1}, ek::Activation::relu},
+        // resnet-8's 16-channel block (K = 144 > OC: the transposed im2col from channel
+        // planes, memcpy rows), and a 5x5 kernel whose padding of 2 zeroes two border columns
+        ConvCase{{2, 28, 28, 16, 16}, ek::Activation::relu},
+        ConvCase{{2, 6, 9, 3, 4, 5, 5, 1, 2}, ek::Activation::none},
+        ConvCase{{2, 9, 6, 3, 4, 5, 5, 2, 2}, ek::Activation::relu}),
     [](const ::testing::TestParamInfo<ConvCase>& info) {
       const auto& s = info.param.s;
       return "B" + std::to_string(s.B) + "_H" + std::to_string(s.H) + "_W" + std::to_string(s.W) +
@@ -323,12 +329,19 @@ TEST(GlobalAvgPoolXnn, MatchesReference) {
 
 TEST(OwnKernels, TransposeAndBiasBackward) {
   std::mt19937 rng(1);
+  // 4x4 vector blocks inside 32x32 tiles, with leftover rows and columns of each; an image's
+  // 784 pixels x 16 channels (resnet-8's planes); smaller than one block.
+  for (const auto& [n_rows, n_cols] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{784, 16}, {3, 5}, {4, 4}, {37, 70}}) {
+    auto m = random_vector(n_rows * n_cols, rng);
+    std::vector<float> mt(n_rows * n_cols, NAN);
+    ek::transpose(mt.data(), m.data(), n_rows, n_cols);
+    for (std::size_t r = 0; r < n_rows; r++)
+      for (std::size_t c = 0; c < n_cols; c++)
+        ASSERT_EQ(mt[c * n_rows + r], m[r * n_cols + c]) << n_rows << "x" << n_cols;
+  }
   const std::size_t rows = 37, cols = 70;
   auto a = random_vector(rows * cols, rng);
-  std::vector<float> t(rows * cols);
-  ek::transpose(t.data(), a.data(), rows, cols);
-  for (std::size_t r = 0; r < rows; r++)
-    for (std::size_t c = 0; c < cols; c++) ASSERT_EQ(t[c * rows + r], a[r * cols + c]);
   std::vector<float> dbias(cols, NAN);
   ek::bias_backward(dbias.data(), a.data(), rows, cols);
   for (std::size_t c = 0; c < cols; c++) {

@@ -5,17 +5,18 @@
 # pull table); per seed one run with exact model deltas (--delta-pulls), one with the
 # published model (--publish-every 10 --publish-fraction 0.004) and one per cheap-pull
 # fraction (--pull-fraction f: each pull sends, per tensor, the share f of the entries
-# where the model differs most from the worker's copy; server/replica_pull.h). Prints a
+# where the model differs most from the worker's copy, at least m of them, default 32, or
+# the whole tensor when smaller: "f:m" sets --pull-min-entries m; server/replica_pull.h). Prints a
 # markdown table: best and final test accuracy, pulled bytes per applied update (the dense
 # first pulls included) and their share of the exact pulls' bytes, per seed, then the means.
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing and
 # prints the tables of the runs there are (a missing one is marked). About 3 minutes of one
 # core per run at 6,000 updates (more on a loaded machine).
 # usage: experiments/cheap-pull.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
-#                                  [--fractions "0.015"] [--no-published] [--jobs J] [--report-only]
+#                                  [--fractions "0.015 0.012:2048"] [--no-published] [--jobs J] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.015"
+build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.025 0.015 0.012:2048 0.006:2560"
 published=1 jobs=1 report_only=0
 die() { echo "cheap-pull.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
@@ -42,7 +43,13 @@ base=(--data mnist --model paper-cnn --workers 100 --batch 10 --lr 0.1 --max-sta
       --compressor adacomp --rate 0.01 --updates "$updates" --eval-every 250 --quiet)
 settings=("exact|--delta-pulls")
 [ "$published" = 1 ] && settings+=("published-10-0.004|--publish-every 10 --publish-fraction 0.004")
-for f in $fractions; do settings+=("cheap-$f|--pull-fraction $f"); done
+for f in $fractions; do
+  if [[ "$f" == *:* ]]; then  # FRACTION:MIN_ENTRIES
+    settings+=("cheap-${f%%:*}-m${f#*:}|--pull-fraction ${f%%:*} --pull-min-entries ${f#*:}")
+  else
+    settings+=("cheap-$f|--pull-fraction $f")
+  fi
+done
 
 echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]} --seed S, and per setting:" >&2
 for s in "${settings[@]}"; do echo "  ${s%%|*}: ${s#*|}" >&2; done
@@ -66,7 +73,8 @@ wait
 # paper CNN's, transport/CODEC.md), shown apart in the last column.
 first_pulls=$((100 * 1686628))
 figures() {  # DIR -> "best final pulled_per_update pulled_per_update_after_the_first_pulls"
-  awk -F, -v d="$first_pulls" 'NR > 1 { if ($6 > best) best = $6; final = $6; u = $2; p = $5 }
+  # Counted from the end of the row: the method's label may hold commas (in quotes).
+  awk -F, -v d="$first_pulls" 'NR > 1 { a = $(NF - 1); if (a > best) best = a; final = a; u = $(NF - 5); p = $(NF - 2) }
            END { if (u < 1) u = 1; printf "%.4f %.4f %.0f %.0f\n", best, final, p / u, (p - d) / u }' "$1/sim.csv"
 }
 echo "| setting | seed | best acc % | final acc % | pulled bytes / update | of exact's | without the first (dense) pulls |"

@@ -72,36 +72,39 @@ wait
 # Every worker's first pull is the dense model in every setting: 100 × 1,686,628 bytes (the
 # paper CNN's, transport/CODEC.md), shown apart in the last column.
 first_pulls=$((100 * 1686628))
-figures() {  # DIR -> "best final pulled_per_update pulled_per_update_after_the_first_pulls"
+# The best accuracy is the highest of ~24 noisy evaluations; the mean of the last five
+# (the last 1,000 updates at --eval-every 250) is steadier.
+figures() {  # DIR -> "best final pulled_per_update pulled_per_update_after_the_first_pulls last5"
   # Counted from the end of the row: the method's label may hold commas (in quotes).
-  awk -F, -v d="$first_pulls" 'NR > 1 { a = $(NF - 1); if (a > best) best = a; final = a; u = $(NF - 5); p = $(NF - 2) }
-           END { if (u < 1) u = 1; printf "%.4f %.4f %.0f %.0f\n", best, final, p / u, (p - d) / u }' "$1/sim.csv"
+  awk -F, -v d="$first_pulls" 'NR > 1 { a = $(NF - 1); if (a > best) best = a; final = a; u = $(NF - 5); p = $(NF - 2); last[NR % 5] = a; n++ }
+           END { if (u < 1) u = 1; m = n < 5 ? n : 5; for (i in last) s += last[i]
+                 printf "%.4f %.4f %.0f %.0f %.4f\n", best, final, p / u, (p - d) / u, s / m }' "$1/sim.csv"
 }
-echo "| setting | seed | best acc % | final acc % | pulled bytes / update | of exact's | without the first (dense) pulls |"
-echo "|---|---|---|---|---|---|---|"
+echo "| setting | seed | best acc % | final acc % | mean of the last 5 evaluations % | pulled bytes / update | of exact's | without the first (dense) pulls |"
+echo "|---|---|---|---|---|---|---|---|"
 for s in "${settings[@]}"; do
   name=${s%%|*}
   for seed in $seeds; do
     dir="$out/$name-s$seed"
     [ -f "$dir/sim.csv" ] && [ -f "$out/exact-s$seed/sim.csv" ] ||
-      { echo "| $name | $seed | (no run: $dir) | | | | |"; continue; }
-    read -r best final pulled later < <(figures "$dir")
-    read -r _ _ exact exact_later < <(figures "$out/exact-s$seed")
+      { echo "| $name | $seed | (no run: $dir) | | | | | |"; continue; }
+    read -r best final pulled later last5 < <(figures "$dir")
+    read -r _ _ exact exact_later _ < <(figures "$out/exact-s$seed")
     awk -v n="$name" -v s="$seed" -v b="$best" -v f="$final" -v p="$pulled" -v e="$exact" \
-        -v l="$later" -v el="$exact_later" 'BEGIN {
-      printf "| %s | %s | %.2f | %.2f | %.1f kB | %.3f | %.1f kB (%.3f) |\n", n, s, 100 * b, 100 * f, p / 1000, p / e, l / 1000, l / el }'
+        -v l="$later" -v el="$exact_later" -v m="$last5" 'BEGIN {
+      printf "| %s | %s | %.2f | %.2f | %.2f | %.1f kB | %.3f | %.1f kB (%.3f) |\n", n, s, 100 * b, 100 * f, 100 * m, p / 1000, p / e, l / 1000, l / el }'
   done
 done
 echo
-echo "| setting | mean best acc % | mean final acc % | mean pulled bytes / update | of exact's |"
-echo "|---|---|---|---|---|"
+echo "| setting | mean best acc % | mean final acc % | mean of the last 5 evaluations % | mean pulled bytes / update | of exact's |"
+echo "|---|---|---|---|---|---|"
 for s in "${settings[@]}"; do
   name=${s%%|*}
   for seed in $seeds; do
     [ -f "$out/$name-s$seed/sim.csv" ] && [ -f "$out/exact-s$seed/sim.csv" ] || continue
-    read -r best final pulled _ < <(figures "$out/$name-s$seed")
-    read -r _ _ exact _ < <(figures "$out/exact-s$seed")
-    echo "$best $final $pulled $exact"
-  done | awk -v n="$name" '{ b += $1; f += $2; p += $3; e += $4; k++ }
-    END { if (k) printf "| %s (%d seeds) | %.2f | %.2f | %.1f kB | %.3f |\n", n, k, 100 * b / k, 100 * f / k, p / k / 1000, p / e }'
+    read -r best final pulled _ last5 < <(figures "$out/$name-s$seed")
+    read -r _ _ exact _ _ < <(figures "$out/exact-s$seed")
+    echo "$best $final $pulled $exact $last5 $seed"
+  done | awk -v n="$name" '{ b += $1; f += $2; p += $3; e += $4; m += $5; k++; seeds = seeds (k > 1 ? "," : "") $6 }
+    END { if (k) printf "| %s (seeds %s) | %.2f | %.2f | %.2f | %.1f kB | %.3f |\n", n, seeds, 100 * b / k, 100 * f / k, 100 * m / k, p / k / 1000, p / e }'
 done

@@ -16,7 +16,7 @@
 #                                  [--fractions "0.015 0.012:2048"] [--no-published] [--jobs J] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.025 0.015 0.012:2048 0.006:2560"
+build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.004:4096 0.012:2048"
 published=1 jobs=1 report_only=0
 die() { echo "cheap-pull.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do

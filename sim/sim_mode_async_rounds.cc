@@ -141,6 +141,8 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (config.replica_pull.enabled()) {
     std::ostringstream suffix;
     suffix << ", cheap pull " << config.replica_pull.fraction;
+    if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
+      suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     for (auto& run : runs) run.first += suffix.str();
   }
   if (config.publish.enabled()) {

@@ -97,9 +97,10 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     config.rounds.attack = parse_model_attack(s.attack);
   }
   config.rounds.policy = parse_round_policy(s.round_policy);
-  if (rounds && (config.delta_pulls || config.publish.enabled()))
+  if (rounds && (config.delta_pulls || config.publish.enabled() || config.replica_pull.enabled()))
     throw std::invalid_argument(
-        "--delta-pulls and --publish-every are for --mode async (a round pulls the dense model)");
+        "--delta-pulls, --publish-every and --pull-fraction are for --mode async (a round pulls "
+        "the dense model)");
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
@@ -135,6 +136,13 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.rounds.malicious_workers > 0)
       suffix << ", " << config.rounds.malicious_workers << " malicious (" << s.attack << ')';
     if (config.rounds.policy != RoundPolicy::kDropStragglers) suffix << ", " << s.round_policy;
+    for (auto& run : runs) run.first += suffix.str();
+  }
+  if (config.replica_pull.enabled()) {
+    std::ostringstream suffix;
+    suffix << ", cheap pull " << config.replica_pull.fraction;
+    if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
+      suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     for (auto& run : runs) run.first += suffix.str();
   }
   if (config.publish.enabled()) {

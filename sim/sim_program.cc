@@ -120,6 +120,15 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "with --publish-every: entries a step copies at least per "
         "tensor")
       .range(1, 1u << 30);
+  t.add("pull-fraction", c.replica_pull.fraction,
+        "the cheap pull (server/replica_pull.h, ours): each pull sends, per tensor, this share "
+        "of the entries where the model differs most from the worker's copy; the server keeps "
+        "the rest per worker for later pulls (nothing lost, only delayed); 0: exact pulls; "
+        "excludes --publish-every")
+      .range(0, 1);
+  t.add("pull-min-entries", c.replica_pull.min_entries,
+        "with --pull-fraction: entries a pull sends at least per tensor")
+      .range(1, 1u << 30);
   t.add("kernels", s.kernels,
         "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)")

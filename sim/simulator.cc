@@ -51,10 +51,10 @@ void check_rounds_config(const SimConfig& c) {
   if (!(r.deadline_steps >= 0) || !std::isfinite(r.deadline_steps))
     throw std::invalid_argument("sim: round deadline must be >= 0");
   if (r.max_rounds < 1) throw std::invalid_argument("sim: max rounds must be at least 1");
-  if (c.delta_pulls || c.publish.enabled())
+  if (c.delta_pulls || c.publish.enabled() || c.replica_pull.enabled())
     throw std::invalid_argument(
-        "sim: delta pulls and a published model are for async mode (a round pulls the dense "
-        "model)");
+        "sim: delta pulls, a published model and the cheap pull are for async mode (a round "
+        "pulls the dense model)");
 }
 
 void check_config_values(const SimConfig& c) {
@@ -76,6 +76,10 @@ void check_config_values(const SimConfig& c) {
   if (!(c.rounds.dp_delta > 0 && c.rounds.dp_delta < 1))
     throw std::invalid_argument("--dp-delta must be in (0, 1)");
   server::check_adaptive_clipping(c.rounds.adaptive_clipping);
+  server::check_replica_pull_options(c.replica_pull);
+  if (c.replica_pull.enabled() && c.publish.enabled())
+    throw std::invalid_argument(
+        "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
   if (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg &&
       (c.rounds.adaptive_clipping.enabled() || c.rounds.dp_target_epsilon > 0))
     throw std::invalid_argument(
@@ -236,6 +240,11 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   if (config.publish.enabled())
     published.emplace(tensor_sizes, store.parameters(), store.version(), config.publish);
   const bool delta_pulls = config.delta_pulls || published.has_value();
+  // The cheap pull: the server's record of each worker's copy (empty until its first pull,
+  // which is dense) and the version that copy was given.
+  const bool replica_pulls = config.replica_pull.enabled();
+  std::vector<std::vector<float>> replicas(replica_pulls ? config.workers : 0);
+  std::vector<std::uint64_t> replica_versions(replicas.size(), 0);
   // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
   // would send them. The digest field's value does not change the size: left 0.
   auto pull_size = [&](const server::ChangeRecord& served,
@@ -276,13 +285,37 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       // Pull, then compute on the model as pulled (the published one, if the server has one).
       const server::ChangeRecord served = server::served_changes(
           sim.model.layout_id(), tensor_sizes, store, published ? &*published : nullptr);
-      result.pull_bytes += pull_size(served, held[event.worker]);
+      std::span<const float> pulled = served.parameters;
+      if (replica_pulls) {
+        std::vector<float>& replica = replicas[event.worker];
+        if (replica.empty()) {
+          replica.assign(store.parameters().begin(), store.parameters().end());
+          result.pull_bytes += sim.model_bytes;
+        } else {
+          const transport::ModelDelta delta = server::replica_pull(
+              sim.model.layout_id(), tensor_sizes, store.parameters(), store.version(), replica,
+              replica_versions[event.worker], config.replica_pull);
+          auto encoded = transport::encode_model_delta(delta);
+          if (!encoded)
+            throw std::logic_error("sim: cannot encode a pull: " + encoded.error().message);
+          if (encoded.value().size() < sim.model_bytes) {
+            result.pull_bytes += encoded.value().size();
+          } else {  // the server sends the dense model instead, as for an exact pull
+            replica.assign(store.parameters().begin(), store.parameters().end());
+            result.pull_bytes += sim.model_bytes;
+          }
+        }
+        replica_versions[event.worker] = store.version();
+        pulled = replica;
+      } else {
+        result.pull_bytes += pull_size(served, held[event.worker]);
+      }
       pulls++;
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
       worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
       const runtime::BatchResult batch =
-          sim.trainer.compute_gradient(served.parameters, sim.batch_pixels.data(),
+          sim.trainer.compute_gradient(pulled, sim.batch_pixels.data(),
                                        sim.batch_labels.data(), config.batch, sim.gradient);
       if (config.local_dp_clip > 0) {
         clip_and_noise(sim.gradient, config.local_dp_clip,

@@ -41,6 +41,7 @@
 #include "model/model.h"
 #include "model/trainer.h"
 #include "server/parameter_store.h"
+#include "server/replica_pull.h"
 #include "model/published_model.h"
 #include "server/adaptive_clipping.h"
 #include "server/round_aggregation.h"
@@ -151,6 +152,10 @@ struct SimConfig {
   // model delta since the version the worker held (GET /model?since=V), as the server sends.
   runtime::PublishOptions publish;
   bool delta_pulls = false;
+  // The cheap pull (server/replica_pull.h, ours): each worker's pull sends the largest
+  // changes since the copy it holds, the server keeps the rest per worker; counted as the
+  // model delta it sends. Excludes publish.
+  server::ReplicaPullOptions replica_pull;
   // Local differential privacy on asynchronous updates (issue 39 part 3, a measurement of
   // ours, not in the worker; docs/privacy.md "Asynchronous AdaComp"): with local_dp_clip > 0
   // each step's gradient is clipped to that L2 norm and gets N(0, (z·clip)²) per parameter

@@ -111,7 +111,14 @@ TEST(SimModes, ASettingThatNeedsAServerIsRefusedByNameInGossip) {
 
 TEST(SimModes, SettingsWrongTogetherAreRefusedBeforeAnyData) {
   ParsedSettings rounds({"--mode", "rounds", "--delta-pulls"});
-  EXPECT_TRUE(Contains(refusal(rounds), "--delta-pulls and --publish-every are for --mode async"));
+  EXPECT_TRUE(Contains(refusal(rounds),
+                       "--delta-pulls, --publish-every and --pull-fraction are for --mode async"));
+  ParsedSettings rounds_cheap({"--mode", "rounds", "--pull-fraction", "0.02"});
+  EXPECT_TRUE(Contains(refusal(rounds_cheap), "are for --mode async"));
+  ParsedSettings both_cuts({"--pull-fraction", "0.02", "--publish-every", "10"});
+  EXPECT_TRUE(Contains(refusal(both_cuts), "--pull-fraction and --publish-every are two ways"));
+  ParsedSettings gossip_cheap({"--mode", "gossip", "--pull-fraction", "0.02"});
+  EXPECT_EQ(refusal(gossip_cheap), "--pull-fraction is not a setting of --mode gossip (no server there)");
   ParsedSettings gossip({"--mode", "gossip", "--gossip", "ad-psgd", "--publish-fraction", "0.1"});
   EXPECT_TRUE(Contains(refusal(gossip), "--publish-fraction below 1 is for d-psgd"));
 }

@@ -1,0 +1,76 @@
+#include "server/replica_pull.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace edgetrain::server {
+
+void check_replica_pull_options(const ReplicaPullOptions& options) {
+  if (!(options.fraction >= 0 && options.fraction <= 1))
+    throw std::invalid_argument("pull fraction must be in [0, 1] (0: exact pulls), got " +
+                                std::to_string(options.fraction));
+  if (options.enabled() && options.min_entries == 0)
+    throw std::invalid_argument("pull min entries must be at least 1");
+}
+
+transport::ModelDelta replica_pull(std::uint64_t model_id,
+                                   std::span<const std::uint32_t> tensor_sizes,
+                                   std::span<const float> parameters, std::uint64_t version,
+                                   std::span<float> held, std::uint64_t held_version,
+                                   const ReplicaPullOptions& options) {
+  std::size_t total = 0;
+  for (const std::uint32_t size : tensor_sizes) total += size;
+  if (parameters.size() != total || held.size() != total)
+    throw std::invalid_argument("replica pull: " + std::to_string(parameters.size()) +
+                                " parameters and a held copy of " + std::to_string(held.size()) +
+                                " for a layout of " + std::to_string(total));
+  transport::ModelDelta delta;
+  delta.model_id = model_id;
+  delta.base_version = held_version;
+  delta.version = version;
+  std::vector<std::uint32_t> differing;
+  std::size_t offset = 0;
+  for (std::uint32_t t = 0; t < tensor_sizes.size(); ++t) {
+    const std::uint32_t size = tensor_sizes[t];
+    const float* w = parameters.data() + offset;
+    float* r = held.data() + offset;
+    differing.clear();
+    // Bit patterns, not ==: a copy is exact or it is not (and 0.0 against -0.0 is a change
+    // the digest sees).
+    for (std::uint32_t i = 0; i < size; ++i)
+      if (std::bit_cast<std::uint32_t>(w[i]) != std::bit_cast<std::uint32_t>(r[i]))
+        differing.push_back(i);
+    const std::size_t budget = std::max<std::size_t>(
+        options.min_entries, static_cast<std::size_t>(std::ceil(options.fraction * size)));
+    if (differing.size() > budget) {
+      // The `budget` largest |W − R|; a strict order (magnitude, then the lower index) so the
+      // choice is the same on every machine.
+      auto larger = [&](std::uint32_t a, std::uint32_t b) {
+        const float da = std::fabs(w[a] - r[a]), db = std::fabs(w[b] - r[b]);
+        return da != db ? da > db : a < b;
+      };
+      std::nth_element(differing.begin(), differing.begin() + static_cast<std::ptrdiff_t>(budget),
+                       differing.end(), larger);
+      differing.resize(budget);
+      std::sort(differing.begin(), differing.end());
+    }
+    if (!differing.empty()) {
+      transport::SparseTensor sent{t, size, {}, {}};
+      sent.indices = differing;
+      sent.values.reserve(differing.size());
+      for (const std::uint32_t i : differing) {
+        sent.values.push_back(w[i]);
+        r[i] = w[i];
+      }
+      delta.tensors.push_back(std::move(sent));
+    }
+    offset += size;
+  }
+  delta.digest = transport::parameter_digest(held);
+  return delta;
+}
+
+}  // namespace edgetrain::server

@@ -1,0 +1,61 @@
+// The cheap pull (issue 38 part 3, a design of ours): a pull that sends each worker only the
+// largest changes since the copy it holds, and keeps the rest for later pulls, so that
+// nothing is lost, only delayed.
+//
+// An exact pull at 100 workers that pull before every step carries every entry any of the
+// ~100 updates since the worker's last pull touched (259 kB per update against a 21.5 kB
+// update, docs/results.md). The published model (model/published_model.h) cuts that by
+// making every worker compute on one shared copy P that lags the true model W, and costs
+// accuracy. Here instead the server knows, per worker, the copy R that worker holds (it
+// built it: every value in R is one it sent) and a pull sends, per tensor, the
+// `fraction` of entries (at least `min_entries`) where |W − R| is largest, R_i ← W_i
+// exactly. What is left out stays in W − R of that worker and is sent once it has grown
+// past the entries that were chosen: error correction kept by the server per worker, as
+// the published model's is kept once for everybody.
+//
+// The message is the ordinary model delta (transport/CODEC.md) with the digest of R after
+// the pull, so a worker applies and checks it as it applies an exact delta: nothing changes
+// on the worker (worker/model_replica.h). Its base version is the version the server gave
+// the worker's copy at its previous pull, its version the server's version now; the
+// worker's update then carries that version as t_fetch, and the staleness rule counts the
+// updates since the pull (the entries left out are older than that; see docs/results.md for
+// what that costs).
+//
+// Cost on the server: one float per parameter and worker (the copy), and a pass over the
+// model per pull. Pure functions over spans; the caller owns the copies.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "transport/codec.h"
+
+namespace edgetrain::server {
+
+struct ReplicaPullOptions {
+  double fraction = 0;  // share of each tensor's entries a pull sends; 0: exact pulls
+  // ... but at least this many (or the whole tensor if smaller): a bias moves with every
+  // update, as in runtime::PublishOptions.
+  std::uint32_t min_entries = 32;
+  bool enabled() const { return fraction > 0; }
+};
+
+// Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1] or
+// min_entries 0 with a fraction set.
+void check_replica_pull_options(const ReplicaPullOptions& options);
+
+// The pull of a worker whose copy is `held` (the server's record of it) from the model
+// `parameters` at `version`: per tensor of `tensor_sizes`, the entries whose values differ,
+// and of those at most max(min_entries, ⌈fraction·n⌉) with the largest |parameters − held|
+// (ties: the lower index). Overwrites those entries of `held` with the model's values, so
+// that `held` is the worker's copy after it applies the delta, and returns the delta, with
+// base_version `held_version`, version `version` and the digest of the new `held`.
+// Throws std::invalid_argument when the spans' lengths do not match `tensor_sizes`.
+transport::ModelDelta replica_pull(std::uint64_t model_id,
+                                   std::span<const std::uint32_t> tensor_sizes,
+                                   std::span<const float> parameters, std::uint64_t version,
+                                   std::span<float> held, std::uint64_t held_version,
+                                   const ReplicaPullOptions& options);
+
+}  // namespace edgetrain::server

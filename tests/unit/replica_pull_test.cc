@@ -1,0 +1,116 @@
+// The cheap pull (server/replica_pull.h): per worker, the server sends the largest changes
+// since the copy that worker holds and keeps the rest; the worker's ModelReplica applies
+// the delta and checks its digest as for an exact pull; what is left out arrives later.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <stdexcept>
+
+#include "server/replica_pull.h"
+#include "transport/codec.h"
+#include "worker/model_replica.h"
+
+namespace {
+
+using namespace edgetrain;
+using server::replica_pull;
+using server::ReplicaPullOptions;
+
+const std::vector<std::uint32_t> kSizes = {4, 2};
+
+std::vector<std::pair<std::uint32_t, float>> entries(const transport::SparseTensor& t) {
+  std::vector<std::pair<std::uint32_t, float>> out;
+  for (std::size_t j = 0; j < t.indices.size(); ++j) out.emplace_back(t.indices[j], t.values[j]);
+  return out;
+}
+
+TEST(ReplicaPull, SendsTheLargestChangesAndKeepsTheRestInTheServersCopy) {
+  const std::vector<float> w = {0.5f, -2, 0.25f, 0, 1, 3};
+  std::vector<float> held = {0, 0, 0, 0, 1, 1};
+  // k = max(1, ceil(0.25 · 4)) = 1 of the first tensor; the second has one change.
+  const transport::ModelDelta delta =
+      replica_pull(7, kSizes, w, 12, held, 10, ReplicaPullOptions{0.25, 1});
+  EXPECT_EQ(delta.model_id, 7u);
+  EXPECT_EQ(delta.base_version, 10u);
+  EXPECT_EQ(delta.version, 12u);
+  ASSERT_EQ(delta.tensors.size(), 2u);
+  EXPECT_EQ(delta.tensors[0].tensor, 0u);
+  EXPECT_EQ(entries(delta.tensors[0]), (std::vector<std::pair<std::uint32_t, float>>{{1, -2}}));
+  EXPECT_EQ(entries(delta.tensors[1]), (std::vector<std::pair<std::uint32_t, float>>{{1, 3}}));
+  // What is kept: the server's record of the worker's copy after it applies the delta.
+  EXPECT_EQ(held, (std::vector<float>{0, -2, 0, 0, 1, 3}));
+  EXPECT_EQ(delta.digest, transport::parameter_digest(held));
+  // Nothing new in W: the next pulls send what the first left out, largest first.
+  auto next = replica_pull(7, kSizes, w, 12, held, 12, ReplicaPullOptions{0.25, 1});
+  ASSERT_EQ(next.tensors.size(), 1u);
+  EXPECT_EQ(entries(next.tensors[0]), (std::vector<std::pair<std::uint32_t, float>>{{0, 0.5f}}));
+  next = replica_pull(7, kSizes, w, 12, held, 12, ReplicaPullOptions{0.25, 1});
+  EXPECT_EQ(entries(next.tensors[0]), (std::vector<std::pair<std::uint32_t, float>>{{2, 0.25f}}));
+  EXPECT_EQ(held, w);
+  next = replica_pull(7, kSizes, w, 12, held, 12, ReplicaPullOptions{0.25, 1});
+  EXPECT_TRUE(next.tensors.empty());  // the copy is exact: nothing to send
+}
+
+TEST(ReplicaPull, EqualChangesGoByIndexAndSmallTensorsGetTheMinimum) {
+  std::vector<float> held(6, 0);
+  const std::vector<float> w = {1, -1, 1, -1, 2, -2};
+  // min_entries 3: 3 of the first tensor (the lowest indices of four equal changes), the
+  // whole of the second (smaller than the minimum).
+  const auto delta = replica_pull(7, kSizes, w, 1, held, 0, ReplicaPullOptions{0.01, 3});
+  EXPECT_EQ(held, (std::vector<float>{1, -1, 1, 0, 2, -2}));
+  ASSERT_EQ(delta.tensors.size(), 2u);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0, 1, 2}));
+}
+
+TEST(ReplicaPull, RefusesSpansThatDoNotFitTheLayoutAndBadOptions) {
+  std::vector<float> held(5, 0);
+  EXPECT_THROW(replica_pull(7, kSizes, std::vector<float>(6), 1, held, 0, {0.5, 1}),
+               std::invalid_argument);
+  EXPECT_THROW(server::check_replica_pull_options({1.5, 1}), std::invalid_argument);
+  EXPECT_THROW(server::check_replica_pull_options({-0.1, 1}), std::invalid_argument);
+  EXPECT_THROW(server::check_replica_pull_options({0.1, 0}), std::invalid_argument);
+  EXPECT_NO_THROW(server::check_replica_pull_options({0, 0}));  // exact pulls
+}
+
+// The worker side: a ModelReplica that applies the encoded pulls holds the server's record
+// of its copy bit for bit (the digest checks out), and once W stops moving, later pulls
+// bring it to W exactly: what a pull leaves out is delayed, never lost.
+TEST(ReplicaPull, TheWorkersReplicaIsTheServersRecordAndCatchesUpWithTheModel) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  const std::vector<std::uint32_t> sizes = {300, 20};
+  std::vector<float> w(320);
+  for (float& v : w) v = normal(rng);
+  std::vector<float> held = w;  // the first pull is dense
+  runtime::ModelReplica replica(7, sizes);
+  ASSERT_EQ(replica.take(transport::encode_dense_model(7, 0, sizes, w).value()),
+            runtime::ModelReplica::PullOutcome::kDense);
+  const ReplicaPullOptions options{0.02, 2};  // 6 of 300, 2 of 20 per pull
+  std::uint64_t held_version = 0;
+  for (std::uint64_t version = 1; version <= 40; ++version) {
+    for (int n = 0; n < 30; ++n) w[rng() % w.size()] += normal(rng);  // an update
+    const auto delta = replica_pull(7, sizes, w, version, held, held_version, options);
+    // The large tensor always has more than 6 changes waiting; the small one at most 2 sent.
+    ASSERT_FALSE(delta.tensors.empty());
+    EXPECT_EQ(delta.tensors[0].tensor, 0u);
+    EXPECT_EQ(delta.tensors[0].indices.size(), 6u);
+    if (delta.tensors.size() > 1) EXPECT_LE(delta.tensors[1].indices.size(), 2u);
+    held_version = version;
+    ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
+              runtime::ModelReplica::PullOutcome::kDelta)
+        << replica.mismatch();
+    ASSERT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0);
+    EXPECT_EQ(replica.version(), version);
+  }
+  EXPECT_NE(held, w);  // 30 changes per version against at most 8 sent: the copy lags
+  for (int pull = 0; pull < 100 && held != w; ++pull) {
+    const auto delta = replica_pull(7, sizes, w, 40, held, 40, options);
+    ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
+              runtime::ModelReplica::PullOutcome::kDelta);
+  }
+  EXPECT_EQ(held, w);
+  EXPECT_EQ(std::memcmp(replica.parameters().data(), w.data(), w.size() * sizeof(float)), 0);
+}
+
+}  // namespace

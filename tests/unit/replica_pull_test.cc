@@ -95,7 +95,9 @@ TEST(ReplicaPull, TheWorkersReplicaIsTheServersRecordAndCatchesUpWithTheModel) {
     ASSERT_FALSE(delta.tensors.empty());
     EXPECT_EQ(delta.tensors[0].tensor, 0u);
     EXPECT_EQ(delta.tensors[0].indices.size(), 6u);
-    if (delta.tensors.size() > 1) EXPECT_LE(delta.tensors[1].indices.size(), 2u);
+    if (delta.tensors.size() > 1) {
+      EXPECT_LE(delta.tensors[1].indices.size(), 2u);
+    }
     held_version = version;
     ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
               runtime::ModelReplica::PullOutcome::kDelta)

@@ -461,7 +461,9 @@ ModelSpec model_spec_from_argument(std::string_view name_or_spec) {
     }
   }
   if (name_or_spec.find("input") == std::string_view::npos) return builtin_model_spec(name_or_spec);
-  return parse_model_spec(name_or_spec);
+  // Spec text is named by itself too (not "custom"), so a checkpoint of it can be read back
+  // without --model (server/README.md, checkpoint_to_torch.py).
+  return parse_model_spec(name_or_spec, std::string(name_or_spec));
 }
 
 Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {

@@ -134,7 +134,8 @@ ModelSpec parse_model_spec(std::string_view text, std::string name = "custom");
 // "paper-cnn" or "mlp"; throws ModelError for other names.
 ModelSpec builtin_model_spec(std::string_view name);
 // A built-in name, a spec file (one line without ';' naming a regular file; the spec is
-// named by its text), or else spec text.
+// named by its text), or else spec text (named by itself: a checkpoint's edgetrain.model
+// then holds the spec, which this function reads back).
 ModelSpec model_spec_from_argument(std::string_view name_or_spec);
 std::vector<std::string> builtin_model_names();
 

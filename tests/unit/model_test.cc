@@ -79,6 +79,17 @@ TEST(ModelSpec, ASpecFileIsReadAndNamedByItsText) {
   EXPECT_THROW(model_spec_from_argument(path), ModelError);
 }
 
+// --model 'spec text' (issue 35): named by its text as a spec file is, not "custom", so a
+// checkpoint's edgetrain.model holds the spec and reads back without --model.
+TEST(ModelSpec, InlineSpecTextIsNamedByItself) {
+  const std::string text = "input 6x6x2; conv 3 3x3 same relu; name t1; conv 3 3x3 same; add t1; fc 4";
+  const ModelSpec spec = model_spec_from_argument(text);
+  EXPECT_EQ(spec.name, text);
+  const ModelSpec again = model_spec_from_argument(spec.name);
+  EXPECT_EQ(Model(again).layout_id(), Model(spec).layout_id());
+  EXPECT_EQ(again.name, text);
+}
+
 // Trainer::logits() gives the last forward pass's logits: their softmax cross-entropy is the
 // loss evaluate() returned, on both backends.
 TEST(Model, TrainerLogitsAreTheLastForwardPass) {

@@ -112,4 +112,21 @@ TEST(ReadCheckpointFile, RefusesDamageAndAnotherModel) {
   }
 }
 
+// A model given as spec text (--model 'input ...; fc 10'): its checkpoint names the spec, so
+// it reads back without --model (issue 35), into the same layout and parameters.
+TEST(ReadCheckpointFile, ASpecTextModelReadsBackWithoutModel) {
+  edgetrain::testing::TempDir dir("edgetrain-read-spec-checkpoint");
+  std::filesystem::create_directories(dir.path());
+  const std::string text = "input 28x28x1; conv 4 3x3 same relu; maxpool 2; fc 10";
+  runtime::Model model(runtime::model_spec_from_argument(text));
+  model.initialize(3);
+  BestCheckpoint best(dir.path(), model, "mnist-small", {});
+  best.offer(evaluation(4, 0.6, model, 0.25f));
+  const auto read = server::read_checkpoint_file(dir.path() / "best.safetensors", "");
+  EXPECT_EQ(read.model.spec().name, text);
+  EXPECT_EQ(read.model.layout_id(), model.layout_id());
+  EXPECT_EQ(read.version, 4u);
+  EXPECT_EQ(read.model.parameters()[0], 0.25f);
+}
+
 }  // namespace

@@ -13,9 +13,14 @@ standardised on its own; see server/README.md, "The checkpoint's tensor layout")
 As a library: `model, metadata = load_checkpoint(path)` gives an nn.Module in eval mode
 that takes float images N x C x H x W with values 0..255 (it standardises them itself;
 `load_checkpoint(path, scaling="none")`: the values as they are, for data described with
-scaling = "none", e.g. a model converted by tools/onnx_to_edgetrain.py). Residual graphs
-(name/from/add), dwconv, avgpool and globalavgpool are rebuilt; groupnorm, batchnorm and
-conv1d are refused by name.
+scaling = "none", e.g. a model converted by tools/onnx_to_edgetrain.py). A sequence model
+('input LxC sequence') takes N x C x L, as nn.Conv1d does. Every layer of a classifier's
+spec is rebuilt: residual graphs (name/from/add), conv, conv1d, dwconv, the pools, fc,
+dropout, groupnorm and batchnorm. batchnorm's running statistics are not in a checkpoint
+(edgetrain recomputes them by calibration, model/README.md "Normalization state"); ours:
+the PyTorch model gets them recalibrated the same way on the data given with --data (in
+batches of 100, as edgetrain-server evaluate does), and the program refuses a batchnorm
+model without --data; as a library, `model.calibrate_normalization(batches)`.
 Needs Debian's python3-torch and python3-numpy (toolchains/setup-deps.sh installs both)."""
 import argparse
 import gzip
@@ -52,11 +57,9 @@ BUILTIN_SPECS.update({
              "conv1d 64 5 relu; conv1d 64 5 stride 2 relu; globalavgpool; fc 6",
 })
 
-# Layers of model/model.h's language that this loader does not rebuild yet (issue 35): it
-# refuses a model holding one, by name, rather than building a network that differs from
-# the one the checkpoint was trained as. (Normalization: edgetrain's running statistics
-# live outside the checkpoint, model/README.md "Normalization state".)
-NOT_YET_SUPPORTED = ("groupnorm", "batchnorm", "conv1d")
+# edgetrain's normalization epsilon (kernels/normalization.h, kNormalizationEps).
+NORMALIZATION_EPS = 1e-5
+CALIBRATION_BATCH = 100  # server/evaluator.cc's batch, so the statistics come out the same
 
 def read_safetensors(path):
     """{name: numpy array} and the __metadata__ dict of a safetensors file."""
@@ -102,13 +105,59 @@ def parse_spec(text):
     return statements
 
 
+class CalibratedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """nn.BatchNorm for N x C (x L) (x H x W) whose running statistics come from a calibration
+    pass, as edgetrain's Trainer::calibrate_normalization: while `calibrating`, it normalizes
+    with the batch's statistics (as in training) and sums each batch's mean and biased
+    variance over its positions; finish() sets the mean and unbiased variance over all
+    calibrated positions. Outside calibration it is PyTorch's batch norm in eval mode (an
+    ONNX BatchNormalization). Before any calibration: mean 0, variance 1 (a fresh Trainer's)."""
+
+    def __init__(self, channels):
+        super().__init__(channels, eps=NORMALIZATION_EPS)
+        self.calibrating = False
+        self.sums = None
+
+    def _check_input_dim(self, x):
+        if x.dim() not in (2, 3, 4):
+            raise ValueError(f"batchnorm: expected a 2-, 3- or 4-D input, got {x.dim()}-D")
+
+    def forward(self, x):
+        if not self.calibrating:
+            return super().forward(x)
+        dims = [0] + list(range(2, x.dim()))
+        positions = x.numel() // x.shape[1]
+        mean = x.double().mean(dim=dims)
+        var = x.double().var(dim=dims, unbiased=False)
+        self.sums[0] += mean * positions
+        self.sums[1] += (var + mean * mean) * positions
+        self.sums[2] += positions
+        return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
+
+    def begin(self):
+        self.calibrating = True
+        self.sums = [torch.zeros(self.num_features, dtype=torch.float64),
+                     torch.zeros(self.num_features, dtype=torch.float64), 0]
+
+    def finish(self):
+        self.calibrating = False
+        n = self.sums[2]
+        if n == 0:
+            return
+        mean = self.sums[0] / n
+        var = torch.clamp(self.sums[1] / n - mean * mean, min=0.0) * (n / (n - 1) if n > 1 else 1.0)
+        self.running_mean.copy_(mean.float())
+        self.running_var.copy_(var.float())
+
+
 class SpecNetwork(nn.Module):
     """The spec's layers in order, each reading the tensor it names (a residual graph:
     'name', 'from', 'add'); `steps` are (layer key or None, input slot, added slot, relu)."""
 
-    def __init__(self, layers, steps, standardize, input_hwc):
+    def __init__(self, layers, steps, standardize, input_hwc, sequence=False):
         super().__init__()
-        self.input_hwc = input_hwc  # the spec's 'input HxWxC', for an export's dummy input
+        self.input_hwc = input_hwc  # the spec's 'input HxWxC' (1 x L x C), for an export's dummy input
+        self.sequence = sequence    # 'input LxC sequence': takes N x C x L
         self.standardize = standardize
         self.layers = nn.ModuleDict(layers)
         self.steps = steps
@@ -124,6 +173,30 @@ class SpecNetwork(nn.Module):
             values.append(F.relu(y) if relu else y)
         return values[-1]
 
+    def batch_norms(self):
+        return [m for m in self.modules() if isinstance(m, CalibratedBatchNorm)]
+
+    def example_input(self, count=1):
+        """Zeros of the shape forward() takes, for `count` examples (an export's dummy input)."""
+        H, W, C = self.input_hwc
+        return torch.zeros(count, C, W) if self.sequence else torch.zeros(count, C, H, W)
+
+    def calibrate_normalization(self, batches):
+        """Sets every batchnorm layer's running statistics from `batches` (tensors as forward()
+        takes), as edgetrain's evaluator does before scoring; a no-op without batchnorm."""
+        norms = self.batch_norms()
+        if not norms:
+            return
+        for m in norms:
+            m.begin()
+        try:
+            with torch.no_grad():
+                for x in batches:
+                    self(x)
+        finally:
+            for m in norms:
+                m.finish()
+
 
 def build_module(spec_text, tensors, scaling="per-example-standardize"):
     """nn.Module for the spec, its parameters set from edgetrain's tensors. `scaling` is how
@@ -133,20 +206,15 @@ def build_module(spec_text, tensors, scaling="per-example-standardize"):
     verb, words = statements[0]
     if verb != "input":
         raise ValueError("a model spec starts with 'input HxWxC'")
-    if "sequence" in words:
-        raise ValueError("a sequence input ('input LxC sequence') is not supported by "
-                         "checkpoint_to_torch.py yet")
+    sequence = "sequence" in words
     if scaling not in ("per-example-standardize", "none"):
         raise ValueError(f"scaling '{scaling}' is not supported (per-example-standardize or none)")
-    H, W, C = (int(v) for v in words[0].split("x"))
+    if sequence:  # held as a 1 x L x C image by edgetrain; N x C x L here
+        L, C = (int(v) for v in words[0].split("x"))
+        H, W = 1, L
+    else:
+        H, W, C = (int(v) for v in words[0].split("x"))
     standardize = Standardize(H * W * C) if scaling == "per-example-standardize" else None
-    # Refused before anything is built, so the error names the layer, not a missing tensor.
-    for verb, _ in statements[1:]:
-        if verb in NOT_YET_SUPPORTED:
-            raise ValueError(f"layer '{verb}' is not supported by checkpoint_to_torch.py yet, so this "
-                             f"model can be neither rebuilt in PyTorch nor exported to ONNX "
-                             f"(supported: conv, dwconv, maxpool, avgpool, globalavgpool, fc, relu, "
-                             f"dropout, name/from/add)")
     layers, steps, counts = {}, [], {}
     shapes = [(H, W, C)]          # per slot: (H, W, C) of the tensor, slot 0 the input
     named = {}                    # spec name -> slot
@@ -178,34 +246,53 @@ def build_module(spec_text, tensors, scaling="per-example-standardize"):
         relu = "relu" in words
         if verb == "dropout":  # the identity outside training, as edgetrain evaluates
             current = push(None, source, None, False, (h, w, c), flat[source])
-        elif verb in ("conv", "dwconv"):
+        elif verb in ("conv", "conv1d", "dwconv"):
             depthwise = verb == "dwconv"
-            n = number(verb)
+            kind = "conv" if verb == "conv1d" else verb  # conv1d's tensors are conv's (model.cc)
+            n = number(kind)
             oc = c if depthwise else int(words[0])
             k = int(words[1 if not depthwise else 0].split("x")[0])
+            kh = 1 if verb == "conv1d" else k
             stride = int(words[words.index("stride") + 1]) if "stride" in words else 1
-            pad = (k - 1) // 2 if "valid" not in words else 0
-            conv = nn.Conv2d(c, oc, k, stride=stride, padding=pad, groups=c if depthwise else 1)
-            wt = tensors[f"{verb}{n}.weight"]  # [OC][KH][KW][C] -> [OC][C][KH][KW]
-            conv.weight.data = torch.from_numpy(np.ascontiguousarray(wt.transpose(0, 3, 1, 2)))
-            conv.bias.data = torch.from_numpy(tensors[f"{verb}{n}.bias"])
-            layers[f"{verb}{n}"] = conv
-            current = push(f"{verb}{n}", source, None, relu,
-                           ((h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1, oc))
+            pad = 0 if verb == "conv1d" or "valid" in words else (k - 1) // 2
+            groups = c if depthwise else 1
+            wt = tensors[f"{kind}{n}.weight"]  # [OC][KH][KW][C]
+            if sequence:
+                # Height 1: of a KxK kernel padded (K-1)/2 only the middle row meets the
+                # sequence (edgetrain refuses a valid KxK with K > 1 here), so it is a Conv1d.
+                conv = nn.Conv1d(c, oc, k, stride=stride, padding=pad, groups=groups)
+                weight = wt[:, (kh - 1) // 2].transpose(0, 2, 1)  # [OC][KW][C] -> [OC][C][KW]
+            else:
+                conv = nn.Conv2d(c, oc, (kh, k), stride=stride, padding=pad, groups=groups)
+                weight = wt.transpose(0, 3, 1, 2)  # -> [OC][C][KH][KW]
+            conv.weight.data = torch.from_numpy(np.ascontiguousarray(weight))
+            conv.bias.data = torch.from_numpy(tensors[f"{kind}{n}.bias"])
+            layers[f"{kind}{n}"] = conv
+            current = push(f"{kind}{n}", source, None, relu,
+                           ((h + 2 * pad - kh) // stride + 1, (w + 2 * pad - k) // stride + 1, oc))
+        elif verb in ("groupnorm", "batchnorm"):
+            group = verb == "groupnorm"
+            key = f"gn{number('gn')}" if group else f"bn{number('bn')}"
+            norm = nn.GroupNorm(int(words[0]), c, eps=NORMALIZATION_EPS) if group else CalibratedBatchNorm(c)
+            norm.weight.data = torch.from_numpy(tensors[f"{key}.weight"])
+            norm.bias.data = torch.from_numpy(tensors[f"{key}.bias"])
+            layers[key] = norm
+            current = push(key, source, None, relu, (h, w, c), flat[source])
         elif verb in ("maxpool", "avgpool"):
             k = 2 if verb == "maxpool" else int(words[0])
             key = f"pool{len(steps)}"
             layers[key] = nn.MaxPool2d(2) if verb == "maxpool" else nn.AvgPool2d(k)
             current = push(key, source, None, False, (h // k, w // k, c))
         elif verb == "globalavgpool":
-            layers[f"pool{len(steps)}"] = nn.AdaptiveAvgPool2d(1)
+            layers[f"pool{len(steps)}"] = nn.AdaptiveAvgPool1d(1) if sequence else nn.AdaptiveAvgPool2d(1)
             current = push(f"pool{len(steps)}", source, None, False, (1, 1, c))
         elif verb == "fc":
             n = number("fc")
             out = int(words[0])
             wt = tensors[f"fc{n}.weight"]  # [OUT][IN], IN in NHWC flatten order
             if not flat[source]:
-                # PyTorch flattens N x C x H x W as (C, H, W); edgetrain as (H, W, C).
+                # PyTorch flattens N x C x H x W as (C, H, W) (a sequence's N x C x L as
+                # (C, L): H = 1); edgetrain as (H, W, C).
                 wt = wt.reshape(out, h, w, c).transpose(0, 3, 1, 2).reshape(out, c * h * w)
             fc = nn.Linear(wt.shape[1], out)
             fc.weight.data = torch.from_numpy(np.ascontiguousarray(wt))
@@ -218,7 +305,7 @@ def build_module(spec_text, tensors, scaling="per-example-standardize"):
             current = push("add", source, named[words[0]], relu, (h, w, c), flat[source])
         else:
             raise ValueError(f"unknown layer '{verb}'")
-    return SpecNetwork(layers, steps, standardize, (H, W, C)).eval()
+    return SpecNetwork(layers, steps, standardize, (H, W, C), sequence).eval()
 
 
 def load_checkpoint(path, model=None, scaling="per-example-standardize"):
@@ -259,14 +346,31 @@ def test_files(name):
     return (os.path.join(directory, "t10k-images-idx3-ubyte"), os.path.join(directory, "t10k-labels-idx1-ubyte"))
 
 
+def module_input(module, examples):
+    """The tensor `module` takes for numpy examples stored as edgetrain holds them: N x H x W
+    (x C) images, or N x L x C sequences (a sequence model's)."""
+    x = torch.from_numpy(np.ascontiguousarray(examples, dtype=np.float32))
+    if module.sequence:
+        return x.reshape(x.shape[0], module.input_hwc[1], module.input_hwc[2]).permute(0, 2, 1)
+    if x.dim() == 3:
+        x = x[..., None]
+    return x.permute(0, 3, 1, 2)
+
+
+def calibrate(module, images, batch=CALIBRATION_BATCH):
+    """batchnorm's running statistics from `images` (numpy, as module_input takes), in
+    batches of 100 as edgetrain's evaluator (server/evaluator.cc)."""
+    module.calibrate_normalization(module_input(module, images[start:start + batch])
+                                   for start in range(0, len(images), batch))
+
+
 def evaluate(module, images, labels, batch=100):
-    """(accuracy, mean cross-entropy loss) of `module` on uint8 NHWC (or NHW) images."""
-    if images.ndim == 3:
-        images = images[..., None]
+    """(accuracy, mean cross-entropy loss) of `module` on uint8 NHWC (or NHW) images, or
+    N x L x C sequences for a sequence model."""
     correct, loss_sum = 0, 0.0
     with torch.no_grad():
         for start in range(0, len(labels), batch):
-            x = torch.from_numpy(images[start:start + batch].astype(np.float32)).permute(0, 3, 1, 2)
+            x = module_input(module, images[start:start + batch])
             y = torch.from_numpy(labels[start:start + batch].astype(np.int64))
             logits = module(x)
             correct += int((logits.argmax(dim=1) == y).sum())
@@ -279,7 +383,9 @@ def main():
     parser.add_argument("checkpoint", help="checkpoint.safetensors or best.safetensors of edgetrain-server")
     parser.add_argument("--model", help="built-in model name or spec (default: the one the checkpoint names)")
     parser.add_argument("--data", help="test set to evaluate on: mnist, mnist-small, fashion-mnist or a directory "
-                        "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz)")
+                        "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz); a model "
+                        "with batchnorm needs it: its running statistics are recalibrated on these "
+                        "images first (as edgetrain-server evaluate does) and so are also in --onnx's file")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
     parser.add_argument("--scaling", default="per-example-standardize", choices=["per-example-standardize", "none"],
                         help="how edgetrain scaled the examples (the data description's scaling; IDX data: "
@@ -295,14 +401,20 @@ def main():
         return 2
     result = {"checkpoint": args.checkpoint, "model": args.model or metadata.get("edgetrain.model"),
               "version": int(metadata.get("edgetrain.version", 0))}
-    if args.onnx:
-        H, W, C = module.input_hwc
-        torch.onnx.export(module, torch.zeros(1, C, H, W), args.onnx, input_names=["images"], output_names=["logits"],
-                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
-        result["onnx"] = args.onnx
+    if module.batch_norms() and not args.data:
+        print(f"checkpoint_to_torch.py: {args.checkpoint}: the model has 'batchnorm' layers, whose running "
+              f"statistics a checkpoint does not hold (model/README.md, \"Normalization state\"): give --data "
+              f"to recalibrate them on its test images", file=sys.stderr)
+        return 2
     if args.data:
         images_path, labels_path = test_files(args.data)
         images, labels = read_idx(images_path), read_idx(labels_path)
+        calibrate(module, images)
+    if args.onnx:
+        torch.onnx.export(module, module.example_input(), args.onnx, input_names=["images"], output_names=["logits"],
+                          dynamic_axes={"images": {0: "batch"}, "logits": {0: "batch"}})
+        result["onnx"] = args.onnx
+    if args.data:
         accuracy, loss = evaluate(module, images, labels)
         result.update({"data": args.data, "images": int(len(labels)), "accuracy": accuracy, "loss": loss})
     if args.json:

@@ -8,7 +8,9 @@
 // MODEL is a built-in name, a spec or a spec file (as --model); WEIGHTS a safetensors file
 // of exactly that model's tensors (a checkpoint, or what tools/onnx_to_edgetrain.py writes);
 // DATA a data set name or directory (as --data). Runs the reference kernels, the definition,
-// and the XNNPACK kernels, and prints both blocks ("reference", then "xnnpack").
+// and the XNNPACK kernels, and prints both blocks ("reference", then "xnnpack"). A model with
+// batchnorm layers first recalibrates their running statistics on those examples.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -26,6 +28,19 @@ void print_logits(edgetrain::runtime::Trainer& trainer, const edgetrain::runtime
   for (int i = 0; i < count; ++i)
     data.copy_image(static_cast<std::size_t>(i), examples.data() + i * data.image_bytes());
   trainer.set_input_format(data.format);
+  // batchnorm's running statistics are not in a checkpoint (model/README.md, "Normalization
+  // state"): recalibrated on the examples scored, in batches of 100, as the server's
+  // evaluator does (server/evaluator.cc) and checkpoint_to_torch.py does with --data.
+  if (trainer.has_batch_norm()) {
+    constexpr int kCalibrationBatch = 100;
+    trainer.begin_normalization_calibration();
+    for (int start = 0; start < count; start += kCalibrationBatch) {
+      const std::uint8_t* batch = examples.data() + static_cast<std::size_t>(start) * data.image_bytes();
+      trainer.calibrate_normalization(model.parameters(), batch, data.labels.data() + start,
+                                      std::min(kCalibrationBatch, count - start));
+    }
+    trainer.finish_normalization_calibration();
+  }
   trainer.evaluate(model.parameters(), examples.data(), data.labels.data(), count);
   const auto logits = trainer.logits(count);
   const int classes = model.num_classes();

@@ -315,6 +315,9 @@ def load_checkpoint(path, model=None, scaling="per-example-standardize"):
     name = model or metadata.get("edgetrain.model")
     if not name:
         raise ValueError(f"{path} does not name its model: give --model")
+    if name == "custom":  # written before inline spec text was named by itself
+        raise ValueError(f"{path} names its model 'custom' (a spec given inline, which older versions "
+                         f"did not record): give that spec with --model")
     spec = BUILTIN_SPECS.get(name, name)
     if ";" not in spec and "\n" not in spec and os.path.isfile(spec):  # a spec file, as --model takes
         with open(spec) as f:

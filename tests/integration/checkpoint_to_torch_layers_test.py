@@ -176,6 +176,20 @@ with tempfile.TemporaryDirectory() as tmp:
         expected = float((edgetrain_logits(image_spec, checkpoint, idx, 150)["xnnpack"].argmax(1) == labels).mean())
         check(accuracy == expected, f"checkpoint_to_torch.py --data scores {accuracy} as edgetrain's logits {expected}")
 
+# A checkpoint of an inline spec from before it was named by itself says 'custom': refused,
+# asking for --model, and read with it.
+with tempfile.TemporaryDirectory() as tmp:
+    checkpoint = os.path.join(tmp, "old.safetensors")
+    old_tensors = {"fc1.weight": np.ones((2, 4), "f4"), "fc1.bias": np.zeros(2, "f4")}
+    write_safetensors(checkpoint, old_tensors, {"edgetrain.model": "custom"})
+    try:
+        loader.load_checkpoint(checkpoint)
+        check(False, "a checkpoint naming 'custom' was read without --model")
+    except ValueError as e:
+        check("'custom'" in str(e) and "--model" in str(e), f"the 'custom' checkpoint's error: {e}")
+    module, _ = loader.load_checkpoint(checkpoint, "input 2x2x1; fc 2")
+    check(isinstance(module, loader.SpecNetwork), "the 'custom' checkpoint reads with --model")
+
 # The residual and depthwise built-ins are rebuilt (asked for their tensors: no refusal).
 for name in ("mobilenet-mini", "resnet-8", "ds-cnn", "cnn1d"):
     try:

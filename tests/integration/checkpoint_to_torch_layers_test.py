@@ -9,7 +9,11 @@ scores the accuracy edgetrain's logits give and writes --onnx's file; the built-
 get past the refusal checks; an 'init he' statement (how edgetrain drew the first weights)
 and a dropout layer (the identity when evaluating) rebuild like the same spec without them.
 
-usage: checkpoint_to_torch_layers_test.py EDGETRAIN_MODEL_LOGITS
+With EDGETRAIN_SIM, a model given as inline spec text (batchnorm included) is trained by
+edgetrain-sim, and its checkpoint, naming the spec, is read back without --model and scores
+the sim's final accuracy in PyTorch.
+
+usage: checkpoint_to_torch_layers_test.py EDGETRAIN_MODEL_LOGITS [EDGETRAIN_SIM]
 Needs Debian's python3-torch and python3-numpy (exit 77 without, except under CI=true)."""
 import json
 import os
@@ -31,6 +35,7 @@ import checkpoint_to_torch as loader  # noqa: E402
 
 failures = []
 logits_program = sys.argv[1]
+sim_program = sys.argv[2] if len(sys.argv) > 2 else None
 
 
 def check(condition, what):
@@ -175,6 +180,38 @@ with tempfile.TemporaryDirectory() as tmp:
         accuracy = json.loads(run.stdout)["accuracy"]
         expected = float((edgetrain_logits(image_spec, checkpoint, idx, 150)["xnnpack"].argmax(1) == labels).mean())
         check(accuracy == expected, f"checkpoint_to_torch.py --data scores {accuracy} as edgetrain's logits {expected}")
+
+# With EDGETRAIN_SIM: a model given as inline spec text, with batchnorm, trained by
+# edgetrain-sim on IDX files made here; its checkpoint names the spec, so the program reads it
+# without --model and scores the sim's final test accuracy (calibrated alike, batches of 100).
+if sim_program:
+    with tempfile.TemporaryDirectory() as tmp:
+        patterns = rng.integers(0, 256, (3, 8, 8))
+        for split, n in (("train", 600), ("t10k", 250)):
+            labels = rng.integers(0, 3, n)
+            noisy = np.clip(patterns[labels] * 0.2 + rng.integers(0, 220, (n, 8, 8)), 0, 255)  # hard: not 100%
+            write_idx(os.path.join(tmp, f"{split}-images-idx3-ubyte"), noisy)
+            write_idx(os.path.join(tmp, f"{split}-labels-idx1-ubyte"), labels)
+        spec = "input 8x8x1; conv 4 3x3 same; batchnorm relu; maxpool 2; fc 10"  # IDX: 10 classes
+        checkpoint = os.path.join(tmp, "trained.safetensors")
+        run = subprocess.run([sim_program, "--data", tmp, "--model", spec, "--workers", "2", "--batch", "10",
+                              "--lr", "0.05", "--updates", "100", "--eval-every", "50", "--save-model", checkpoint,
+                              "--out", os.path.join(tmp, "sim"), "--quiet", "--seed", "3"],
+                             capture_output=True, text=True)
+        check(run.returncode == 0, f"edgetrain-sim trains an inline spec (exit {run.returncode}; {run.stderr[-400:]})")
+        if run.returncode == 0:
+            _, metadata = loader.read_safetensors(checkpoint)
+            check(metadata.get("edgetrain.model") == spec, f"the sim's checkpoint names the spec: {metadata}")
+            run = subprocess.run([sys.executable, os.path.join(repo, "server", "checkpoint_to_torch.py"), checkpoint,
+                                  "--data", tmp, "--json"], capture_output=True, text=True)
+            check(run.returncode == 0, f"read back without --model (exit {run.returncode}; {run.stderr[-400:]})")
+            if run.returncode == 0:
+                accuracy = json.loads(run.stdout)["accuracy"]
+                sim_accuracy = float(metadata.get("edgetrain.sim.final_test_accuracy", -1))
+                check(abs(accuracy - sim_accuracy) < 1e-6,
+                      f"PyTorch's accuracy {accuracy} is edgetrain-sim's final {sim_accuracy}")
+else:
+    print("(no EDGETRAIN_SIM given: the sim's inline-spec round trip is not run)")
 
 # A checkpoint of an inline spec from before it was named by itself says 'custom': refused,
 # asking for --model, and read with it.

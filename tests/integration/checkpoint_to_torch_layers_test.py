@@ -31,6 +31,8 @@ except ImportError as e:
 
 repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(repo, "server"))
+sys.path.insert(0, os.path.join(repo, "tests", "support"))
+from model_logits import edgetrain_logits  # noqa: E402
 import checkpoint_to_torch as loader  # noqa: E402
 
 failures = []
@@ -54,20 +56,6 @@ def write_safetensors(path, tensors, metadata):
     text = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + body)
-
-
-def edgetrain_logits(model, weights, data, count):
-    """{'reference': array, 'xnnpack': array} of edgetrain-model-logits."""
-    run = subprocess.run([logits_program, model, weights, data, str(count)], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"edgetrain-model-logits: exit {run.returncode}: {run.stderr}")
-    blocks, name = {}, None
-    for line in run.stdout.splitlines():
-        if line in ("reference", "xnnpack"):
-            name, blocks[line] = line, []
-        else:
-            blocks[name].append([float(v) for v in line.split()])
-    return {k: np.array(v, dtype=np.float64) for k, v in blocks.items()}
 
 
 def random_tensors(shapes, seed):
@@ -108,7 +96,7 @@ def compare(label, spec, tensors, data, x, count, scaling="none"):
         loader.calibrate(module, x[:count])
         with torch.no_grad():
             expected = module(loader.module_input(module, x[:count])).double().numpy()
-        got = edgetrain_logits(spec, checkpoint, data, count)
+        got = edgetrain_logits(logits_program, spec, checkpoint, data, count)
     for backend in ("reference", "xnnpack"):
         difference = float(np.abs(got[backend] - expected).max()) if got[backend].shape == expected.shape else 1e9
         check(difference <= 1e-5, f"{label}: {backend} logits equal PyTorch's on {count} examples "
@@ -178,7 +166,7 @@ with tempfile.TemporaryDirectory() as tmp:
     check(os.path.exists(onnx_file), "batchnorm with --data: the ONNX file (calibrated statistics) is written")
     if run.returncode == 0:
         accuracy = json.loads(run.stdout)["accuracy"]
-        expected = float((edgetrain_logits(image_spec, checkpoint, idx, 150)["xnnpack"].argmax(1) == labels).mean())
+        expected = float((edgetrain_logits(logits_program, image_spec, checkpoint, idx, 150)["xnnpack"].argmax(1) == labels).mean())
         check(accuracy == expected, f"checkpoint_to_torch.py --data scores {accuracy} as edgetrain's logits {expected}")
 
 # With EDGETRAIN_SIM: a model given as inline spec text, with batchnorm, trained by

@@ -33,6 +33,8 @@ except ImportError as e:
 repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 converter = os.path.join(repo, "tools", "onnx_to_edgetrain.py")
 sys.path.insert(0, os.path.join(repo, "server"))
+sys.path.insert(0, os.path.join(repo, "tests", "support"))
+from model_logits import edgetrain_logits  # noqa: E402
 import checkpoint_to_torch  # noqa: E402
 
 failures = []
@@ -85,20 +87,6 @@ def write_data(directory, seed=3):
     return x_test, y_test
 
 
-def edgetrain_logits(model, weights, data, count):
-    """{'reference': array, 'xnnpack': array} of edgetrain-model-logits."""
-    run = subprocess.run([logits_program, model, weights, data, str(count)], capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(f"edgetrain-model-logits: exit {run.returncode}: {run.stderr}")
-    blocks, name = {}, None
-    for line in run.stdout.splitlines():
-        if line in ("reference", "xnnpack"):
-            name, blocks[line] = line, []
-        else:
-            blocks[name].append([float(v) for v in line.split()])
-    return {k: np.array(v, dtype=np.float64) for k, v in blocks.items()}
-
-
 def torch_logits(module, x_nhwc):
     with torch.no_grad():
         return module(torch.from_numpy(x_nhwc).permute(0, 3, 1, 2).contiguous()).double().numpy()
@@ -140,7 +128,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # Before training: the same logits.
     count = 64
     expected = torch_logits(net, x_test[:count])
-    got = edgetrain_logits(spec, weights, data, count)
+    got = edgetrain_logits(logits_program, spec, weights, data, count)
     for backend in ("reference", "xnnpack"):
         difference = float(np.abs(got[backend] - expected).max())
         check(got[backend].shape == expected.shape and difference <= 1e-5,
@@ -160,7 +148,7 @@ with tempfile.TemporaryDirectory() as tmp:
     before = float((expected.argmax(1) == y_test[:count]).mean())
     torch_trained = torch_logits(trained, x_test)
     torch_accuracy = float((torch_trained.argmax(1) == y_test).mean())
-    edgetrain_trained = edgetrain_logits(spec, checkpoint, data, len(y_test))["xnnpack"]
+    edgetrain_trained = edgetrain_logits(logits_program, spec, checkpoint, data, len(y_test))["xnnpack"]
     edgetrain_accuracy = float((edgetrain_trained.argmax(1) == y_test).mean())
     sim_accuracy = float(metadata.get("edgetrain.sim.final_test_accuracy", -1))
     print(f"accuracy before training {before:.4f} (first {count}); after 1000 updates: edgetrain-sim "
@@ -222,7 +210,7 @@ with tempfile.TemporaryDirectory() as tmp:
     if run.returncode == 0:
         with torch.no_grad():
             expected = sensor(torch.from_numpy(windows).permute(0, 2, 1).contiguous()).double().numpy()
-        got = edgetrain_logits(os.path.join(tmp, "sensor.spec"), os.path.join(tmp, "sensor.safetensors"), sequences, 32)
+        got = edgetrain_logits(logits_program, os.path.join(tmp, "sensor.spec"), os.path.join(tmp, "sensor.safetensors"), sequences, 32)
         difference = float(np.abs(got["xnnpack"] - expected).max())
         check(difference <= 1e-5, f"the 1-D CNN's logits equal PyTorch's (max |difference| {difference:.2e})")
 

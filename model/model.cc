@@ -585,6 +585,15 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
         layer.out = {shape.H / spec.kernel, shape.W / spec.kernel, shape.C};
         break;
       case LayerKind::kGlobalAvgPool:
+        // Group norm with a group per channel (instance norm) leaves each channel with mean
+        // beta over the image, so its global average is beta for every example: the logits
+        // would not depend on the input. A ReLU between them (groupnorm C relu) breaks that.
+        if (input >= 0 && layers_[input].kind == LayerKind::kGroupNorm &&
+            layers_[input].groups == shape.C && shape.H * shape.W > 1)
+          throw ModelError("model: '" + spec.statement + "' right after '" + *statement_of[input] +
+                           "' (a group per channel): every channel's average is its beta, so "
+                           "every example would get the same outputs; put a relu between them "
+                           "or use fewer groups");
         layer.out = {1, 1, shape.C};
         break;
       case LayerKind::kDropout:
@@ -598,6 +607,12 @@ Model::Model(ModelSpec spec, Arena arena) : spec_(std::move(spec)) {
                            "' after a layer of " + std::to_string(shape.C) +
                            " channels: the channel count must be a multiple of the group count");
         layer.groups = group ? spec.groups : shape.C;
+        // A group of one value normalizes to 0: the layer would output its beta whatever the
+        // input (batch norm's statistics run over the batch, so it has no such case).
+        if (group && static_cast<long long>(shape.H) * shape.W * (shape.C / spec.groups) == 1)
+          throw ModelError("model: '" + spec.statement + "' on a " + describe(shape) +
+                           " tensor: each group holds one value, which normalizes to 0, so the "
+                           "output would not depend on the input; use fewer groups");
         const std::string name =
             group ? "gn" + std::to_string(++gn_count) : "bn" + std::to_string(++bn_count);
         layer.weight_tensor = add_tensor(name + ".weight", {shape.C});

@@ -290,6 +290,26 @@ TEST(ModelSpec, NormalizationLayersHoldGammaAndBetaPerChannel) {
     EXPECT_NE(std::string(e.what()).find("6 channels"), std::string::npos) << e.what();
   }
   EXPECT_THROW(Model{parse_model_spec("input 8x8x2; groupnorm 3; fc 2")}, ModelError);
+  // Normalization that would make the outputs constant is refused, naming the statements:
+  // a group per channel right before a global average pool, and groups of one value.
+  auto refusal = [](const char* spec) {
+    try {
+      Model bad(parse_model_spec(spec));
+    } catch (const ModelError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string pooled = refusal("input 8x8x2; conv 6 3x3 same; groupnorm 6; globalavgpool; fc 2");
+  EXPECT_NE(pooled.find("'groupnorm 6'"), std::string::npos) << pooled;
+  EXPECT_NE(pooled.find("same outputs"), std::string::npos) << pooled;
+  const std::string single = refusal("input 8x8x2; fc 4; groupnorm 4; fc 2");
+  EXPECT_NE(single.find("'groupnorm 4' on a 1x1x4 tensor"), std::string::npos) << single;
+  for (const char* fine : {"input 8x8x2; conv 6 3x3 same; groupnorm 6 relu; globalavgpool; fc 2",
+                           "input 8x8x2; conv 6 3x3 same; groupnorm 3; globalavgpool; fc 2",
+                           "input 8x8x2; conv 6 3x3 same; batchnorm; globalavgpool; fc 2",
+                           "input 8x8x2; fc 4; groupnorm 2; fc 2", "input 8x8x2; fc 4; batchnorm; fc 2"})
+    EXPECT_EQ(refusal(fine), "accepted") << fine;
 }
 
 // The spec as a graph: 'name', 'from' and 'add' wire each layer to the tensor it reads.

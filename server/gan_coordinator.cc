@@ -21,6 +21,13 @@
 #include "transport/untrusted_text.h"
 
 namespace edgetrain::server {
+
+WalPlaceholder gan_wal_placeholder() {
+  return {.make = [](const WalHeader&, std::uint64_t iteration) {
+            return WalRecord{.version = iteration, .identity = kGanRefusedStepIdentity, .sequence = 0, .update = {}};
+          },
+          .plural = "iterations closed without a step"};
+}
 namespace {
 
 using runtime::kGanClasses;

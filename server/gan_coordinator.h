@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "model/gan_training.h"
+#include "server/wal_repair.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
 #include "transport/coap_dtls.h"
@@ -107,6 +108,10 @@ inline constexpr const char* kGanStepIdentity = "#gan-step";
 // An iteration that closed without a step (its step would have been non-finite): an empty
 // record, so that replay closes the iteration the same way.
 inline constexpr const char* kGanRefusedStepIdentity = "#gan-refused-step";
+
+// What `repair-wal --skip-damaged` puts in gan.wal where damage hid an iteration: one closed
+// without a step, which replay closes the same way (the lost step's change is lost).
+WalPlaceholder gan_wal_placeholder();
 
 struct GanRecovery {
   std::uint64_t checkpoint_iteration = 0;  // 0: no checkpoint (a fresh G, or the log alone)

@@ -9,6 +9,7 @@
 
 #include "model/dataset.h"
 #include "server/evaluator.h"
+#include "server/gan_coordinator.h"
 #include "server/keystore.h"
 #include "server/run_end.h"
 #include "server/wal_repair.h"
@@ -157,10 +158,12 @@ int OperatorCommands::repair_wal() const {
     throw std::runtime_error("no wal.log in " + r.state_dir +
                              ": not a state directory of edgetrain-server");
   bool damage_left = false;
-  for (const char* name : {"wal.log", "wal.prev.log", "rounds.wal"}) {
+  // secagg.wal needs no repair: one that does not replay begins the round's next attempt.
+  for (const char* name : {"wal.log", "wal.prev.log", "rounds.wal", "gan/gan.wal"}) {
     const std::filesystem::path path = std::filesystem::path(r.state_dir) / name;
     if (!std::filesystem::exists(path)) continue;
-    const WalRepairResult result = server::repair_wal(path, choice);
+    const WalRepairResult result =
+        server::repair_wal(path, choice, name == std::string_view("gan/gan.wal") ? gan_wal_placeholder() : WalPlaceholder{});
     for (const std::string& line : result.report) std::cout << line << '\n';
     // What was changed also goes to the log (stderr), with the time, like the server's own lines.
     if (result.changed)

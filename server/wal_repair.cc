@@ -56,7 +56,7 @@ std::vector<std::string> listing(const std::filesystem::path& path, const WalCon
   return lines;
 }
 
-std::vector<WalRecord> skipping_damage(const WalContents& wal) {
+std::vector<WalRecord> skipping_damage(const WalContents& wal, const WalPlaceholder& stand_in) {
   // A round's deltas are no sequence of versions: what damage held is simply lost.
   if (wal.header.kind == WalKind::kRoundDeltas) return wal.records;
   std::vector<WalRecord> records;
@@ -69,7 +69,7 @@ std::vector<WalRecord> skipping_damage(const WalContents& wal) {
             "the damage comes before every intact record, so how many versions it held is unknown: "
             "--skip-damaged cannot rebuild the versions; use --cut-at-damage or restore the file");
       for (std::uint64_t v = wal.records[i - 1].version + 1; v < wal.records[i].version; ++v)
-        records.push_back(placeholder(wal.header, v));
+        records.push_back(stand_in.make ? stand_in.make(wal.header, v) : placeholder(wal.header, v));
     }
     records.push_back(wal.records[i]);
   }
@@ -88,7 +88,8 @@ std::filesystem::path free_name(const std::filesystem::path& path) {
 
 }  // namespace
 
-WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice choice) {
+WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice choice,
+                           const WalPlaceholder& stand_in) {
   const WalContents wal = read_wal(path);
   WalRepairResult result;
   result.report = listing(path, wal);
@@ -105,7 +106,7 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
             ? "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
                   " intact records (the damaged deltas are lost: their round closes without them)"
             : "  --skip-damaged would keep all " + std::to_string(wal.records.size()) +
-                  " intact records and put empty placeholder updates where damaged ones were "
+                  " intact records and put " + stand_in.plural + " where damaged ones were "
                   "(their changes to the parameters are lost)");
     result.report.push_back("  --cut-at-damage would end the log at byte " +
                             std::to_string(first.offset) + ", dropping " +
@@ -115,7 +116,7 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
 
   std::vector<WalRecord> kept;
   if (choice == WalRepairChoice::kSkipDamaged) {
-    kept = skipping_damage(wal);
+    kept = skipping_damage(wal, stand_in);
   } else {
     kept.assign(wal.records.begin(),
                 wal.records.begin() + static_cast<std::ptrdiff_t>(first.records_before));
@@ -139,7 +140,7 @@ WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice ch
     result.report.push_back(
         "  skipped the damage: kept " + std::to_string(wal.records.size()) +
         " intact records, added " + std::to_string(kept.size() - wal.records.size()) +
-        " empty placeholder updates" + (wal.dropped_bytes ? ", dropped the torn tail" : ""));
+        " " + stand_in.plural + (wal.dropped_bytes ? ", dropped the torn tail" : ""));
     // (a round-delta log gets no placeholders: kept.size() == wal.records.size())
   } else {
     result.report.push_back("  cut at byte " + std::to_string(first.offset) + ": kept " +

@@ -15,8 +15,11 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "server/write_ahead_log.h"
 
 namespace edgetrain::server {
 
@@ -29,11 +32,20 @@ struct WalRepairResult {
   std::vector<std::string> report;      // what was found and, if anything, done: one line each
 };
 
+// What stands in for a version lost to damage when it is skipped, and what the report calls
+// it. The default (an empty `make`) is an empty sparse update, for wal.log; the GAN's log
+// gets an iteration closed without a step (server/gan_coordinator.h).
+struct WalPlaceholder {
+  std::function<WalRecord(const WalHeader& header, std::uint64_t version)> make;
+  std::string plural = "empty placeholder updates";
+};
+
 // Reads the log at `path` and, unless `choice` is kListOnly or the log has no damage
 // (a torn tail alone is left for the server, which cuts it at start), repairs it.
 // Throws WalError when the file cannot be read or written, its header is damaged, or the
 // choice cannot be carried out (skipping damage that comes before any intact record: how
 // many versions it covered is unknown).
-WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice choice);
+WalRepairResult repair_wal(const std::filesystem::path& path, WalRepairChoice choice,
+                           const WalPlaceholder& placeholder = {});
 
 }  // namespace edgetrain::server

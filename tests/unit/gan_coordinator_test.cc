@@ -233,6 +233,48 @@ TEST(GanCoordinator, RecoveryReplaysTheLoggedStepsBitForBit) {
   EXPECT_EQ(GanCoordinator(options_for(dir, clock, 2)).iteration(), 8u);
 }
 
+// A record damaged in the middle of gan.wal: recovery refuses the log and changes nothing;
+// `repair-wal --skip-damaged` (repair_wal with gan_wal_placeholder()) puts an iteration
+// closed without a step in its place, and the server replays to the same iteration count.
+TEST(GanCoordinator, ADamagedIterationIsSkippedByRepairAsOneWithoutAStep) {
+  TempDir dir("edgetrain-gan");
+  Clock clock;
+  auto options = options_for(dir, clock, 2);
+  options.checkpoint_every = 100;  // every iteration stays in the log
+  {
+    GanCoordinator gan(options);
+    for (int i = 0; i < 8; i++) run_iteration(gan, {"a", "b"});
+  }
+  const auto wal = dir.path() / "gan" / "gan.wal";
+  const auto size = std::filesystem::file_size(wal);
+  const std::uintmax_t record = (size - 32) / 8;  // eight step records of one size
+  ASSERT_EQ(32 + 8 * record, size);
+  {
+    std::fstream f(wal, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(32 + 3 * record + record / 2));  // iteration 4's values
+    f.put('\x5a');
+  }
+  EXPECT_THROW(GanCoordinator{options}, server::GanStateError);
+  const auto listed = server::repair_wal(wal, server::WalRepairChoice::kListOnly, server::gan_wal_placeholder());
+  EXPECT_TRUE(listed.damaged);
+  EXPECT_FALSE(listed.changed);
+  const auto repaired =
+      server::repair_wal(wal, server::WalRepairChoice::kSkipDamaged, server::gan_wal_placeholder());
+  ASSERT_TRUE(repaired.changed);
+  EXPECT_NE(repaired.report.back().find("gan.wal.damaged"), std::string::npos) << repaired.report.back();
+  bool said = false;
+  for (const std::string& line : repaired.report)
+    said = said || line.find("added 1 iterations closed without a step") != std::string::npos;
+  EXPECT_TRUE(said);
+  GanCoordinator gan(options);
+  EXPECT_EQ(gan.iteration(), 8u);
+  EXPECT_EQ(gan.recovery().replayed, 8u);
+  EXPECT_EQ(gan.recovery().replayed_refused, 1u);
+  EXPECT_EQ(gan.generator().adam.steps, 7u);
+  run_iteration(gan, {"a", "b"});  // and it goes on
+  EXPECT_EQ(gan.iteration(), 9u);
+}
+
 // ---- Bad feedback (issue 37) ----
 
 // A feedback of ±v (alternating signs), fp32: what the attacker of issue 37 posted.

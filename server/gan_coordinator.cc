@@ -195,7 +195,13 @@ void GanCoordinator::recover() {
   if (wal.header.model_id != run_id_)
     throw GanStateError(wal_path_.string() +
                         " belongs to another GAN run (other --gan-* settings or seed)");
-  if (!wal.damage.empty()) throw GanStateError(describe_wal_damage(wal_path_, wal));
+  if (!wal.damage.empty())
+    throw GanStateError(describe_wal_damage(wal_path_, wal) +
+                        ". That is damage, not a torn tail: refusing to start, every file is left as it "
+                        "is. `edgetrain-server repair-wal --state-dir " +
+                        options_.directory.parent_path().string() +
+                        "` lists the damage and the choices (--skip-damaged closes each damaged "
+                        "iteration without a step, --cut-at-damage drops everything from it on)");
   for (const auto& record : wal.records) {
     if (record.version <= iteration_) continue;  // in the checkpoint already
     if (record.version != iteration_ + 1 ||

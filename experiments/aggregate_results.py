@@ -367,6 +367,7 @@ def emulation_text(args, machine):
         before = ratios_before(args, title)
         if before:
             lines.append(before + "\n")
+        lines += datagram_table(root, title, runs)
         lines.append("```sh")
         for run in runs:
             command = os.path.join(root, run + ".command")
@@ -393,11 +394,44 @@ def runs_made_at(root, runs):
     # RUN.load: the machine's 5- and 15-minute load averages when the run ended (its own
     # processes included), so a reader can tell a time-to-target measured on a busy machine.
     loads = [read(run, "load").split() for run in runs if read(run, "load")]
-    fifteen = [float(load[1]) for load in loads]
+    five, fifteen = [float(load[0]) for load in loads], [float(load[1]) for load in loads]
     cores = sorted({load[2] for load in loads if len(load) > 2})
     return (", ".join(f"`{c}`" for c in commits) + (f" on {', '.join(dates)}" if dates else "")
-            + (f", load average (15 min, at each run's end{', ' + '/'.join(cores) + ' cores' if cores else ''}) "
-               f"{min(fifteen):.1f}–{max(fifteen):.1f}" if loads else ""))
+            + (f", load average at each run's end{' (' + '/'.join(cores) + ' cores)' if cores else ''} "
+               f"{min(five):.1f}–{max(five):.1f} over 5 minutes, {min(fifteen):.1f}–{max(fifteen):.1f} over 15"
+               if loads else ""))
+
+
+def datagram_table(root, title, runs):
+    """Per run, from the server's final stats file (the run's logs/server-1.stats.json, or its copy
+    RUN/server.stats.json where only a run's summary files are kept; runs without a server restart
+    only), the datagrams through the server's socket per applied update and the socket ingress
+    over the update payload, whole run (handshakes and every worker's first, dense, pull
+    included): issue 36's measures."""
+    rows = []
+    summary = os.path.join(root, f"group-{title}", "summary.md")
+    order = [label for label, _ in summary_column(summary, "run")] if os.path.exists(summary) else []
+    for run in runs:
+        path = os.path.join(root, run, "server.stats.json")
+        if not os.path.exists(path) and not os.path.exists(os.path.join(root, run, "logs", "server-2.stats.json")):
+            path = os.path.join(root, run, "logs", "server-1.stats.json")
+        if not os.path.exists(path):
+            continue
+        stats = json.load(open(path))
+        updates = stats.get("updates_applied", 0)
+        if updates <= 0 or "ingress_socket_datagrams" not in stats:
+            continue
+        label = open(os.path.join(root, run, "run.label")).read().strip() if os.path.exists(
+            os.path.join(root, run, "run.label")) else run
+        datagrams_in, datagrams_out = stats["ingress_socket_datagrams"], stats["egress_socket_datagrams"]
+        rows.append((order.index(label) if label in order else len(order), f"| {label} | {updates:,} | {(datagrams_in + datagrams_out) / updates:,.1f} | "
+                    f"{datagrams_in / updates:,.1f} | {stats['ingress_socket_bytes'] / stats['ingress_payload_bytes']:.2f} |"))
+    if not rows:
+        return []
+    return ["Datagrams through the server's socket, from its stats file at the end of each run (whole run: the "
+            "handshakes and each worker's first, dense, pull included):\n",
+            "| run | updates applied | datagrams in + out / update | datagrams in / update | socket ingress / update payload |",
+            "|---|---|---|---|---|"] + [row for _, row in sorted(rows)] + [""]
 
 
 def socket_ratios(summary):
@@ -420,13 +454,31 @@ def ratios_before(args, title):
     runs = sorted(name[:-len(".commit")] for name in os.listdir(args.emulation_before)
                   if name.endswith(".commit") and name.startswith(title + "-"))
     rows = socket_ratios(summary)[1:]  # the first run is the reference: 1.0x
+    overheads = summary_column(summary, "transport overhead")
     same_runs = all(os.path.exists(os.path.join(args.emulation, f"{run}.commit")) and
                     open(os.path.join(args.emulation, f"{run}.commit")).read() ==
                     open(os.path.join(args.emulation_before, f"{run}.commit")).read() for run in runs)
     if not rows or same_runs:  # nothing older to compare with
         return None
     return (f"For comparison, the same group at commit {runs_made_at(args.emulation_before, runs)} "
-            f"(`{args.emulation_before}`): " + ", ".join(f"{label} {ratio:.1f}x" for ratio, label in rows) + ".")
+            f"(`{args.emulation_before}`): socket bytes to the target, the first run's over each run's, "
+            + ", ".join(f"{ratio:.1f}x ({label})" for ratio, label in rows)
+            + ("; socket ingress beyond the payload (transport overhead) " + ", ".join(
+                f"{overhead} ({label})" for label, overhead in overheads) if overheads else "") + ".")
+
+
+def summary_column(summary, name):
+    """(run label, cell) of one column of an emulator group's summary.md table, by its header."""
+    header, cells = None, []
+    for line in open(summary):
+        if not line.startswith("| "):
+            continue
+        fields = [field.strip() for field in line.strip().strip("|").split("|")]
+        if header is None:
+            header = fields
+        elif name in header and len(fields) == len(header):
+            cells.append((fields[0], fields[header.index(name)]))
+    return cells
 
 
 def goals_text(table_rows, targets):

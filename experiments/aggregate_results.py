@@ -121,6 +121,12 @@ def main():
     parser.add_argument("--emulation", help="an experiments/run-emulation-experiments.sh output directory whose runs were all "
                         "made at the matrix's commit: its groups' tables (bytes at the server's socket beside the "
                         "payload) join the page")
+    parser.add_argument("--emulation-any-commit", action="store_true",
+                        help="take --emulation runs made at other commits than the matrix's (for example the wire "
+                        "regenerated after a transport change): each group then names the commit and date of its runs")
+    parser.add_argument("--emulation-before", metavar="DIR",
+                        help="an older --emulation directory: each group also present there gets one sentence with "
+                        "its older socket-bytes ratios and commit, for comparison")
     args = parser.parse_args()
     machine = json.load(open(os.path.join(args.out, "machine.json")))
     jobs = read_jobs(args.out)
@@ -199,7 +205,8 @@ def main():
         "updates per run, batch 10, lr 0.1, D = 256. Figures are means over the seeds ± their standard deviation. "
         "Bytes are the paper's count: the encoded update payloads the workers send (the wire codec, "
         "`transport/CODEC.md`); what reaches the server's socket (DTLS, CoAP, pulls) is the emulator's count "
-        + ("(\"On the wire\" below, at the same commit, where the socket's bytes stand beside the payload). " if args.emulation
+        + ("(\"On the wire\" below, " + ("each group at the commit it names" if args.emulation_any_commit else "at the same commit")
+           + ", where the socket's bytes stand beside the payload). " if args.emulation
            else "([emulation-results.md](emulation-results.md), where the socket's bytes stand beside the payload). ")
         + "The target of a data set is ASGD's mean best accuracy in the paper's setting minus 0.3 points; "
         "\"ASGD / this\" divides the ingress the same seed's ASGD run needed to reach it by this run's. XNNPACK "
@@ -328,16 +335,23 @@ def emulation_text(args, machine):
     if not commits:
         sys.exit(f"aggregate_results.py: {root} holds no emulator runs (no RUN.commit files)")
     others = {run: c for run, c in commits.items() if not machine["commit"].startswith(c)}
-    if others:
-        sys.exit(f"aggregate_results.py: emulator runs of another commit than {machine['commit'][:12]} in {root}: "
+    if others and not args.emulation_any_commit:
+        sys.exit(f"aggregate_results.py: emulator runs of another commit than {machine['commit'][:12]} in {root} "
+                 "(--emulation-any-commit takes them): "
                  + ", ".join(f"{run} ({c})" for run, c in sorted(others.items())))
-    lines = ["### On the wire: the emulator at the same commit\n",
+    same_commit = not others
+    lines = ["### On the wire: the emulator " + ("at the same commit\n" if same_commit else "(each group at its own commit)\n"),
              "The real server and workers (`emulation/edgetrain-emulate`: DTLS, CoAP block-wise transfers, a pull "
              "before every step, each worker in its own network namespace, CPU quotas), one run per row, made by "
-             "`EDGETRAIN_BUILD_DIR=<a build of the commit above> experiments/run-emulation-experiments.sh GROUP` (the commands "
+             "`EDGETRAIN_BUILD_DIR=<a build of "
+             + ("the commit above" if same_commit else "the group's commit") + "> "
+             "experiments/run-emulation-experiments.sh GROUP` (the commands "
              f"below; the runs' tables and curves are in `{root}`). \"socket "
              "ingress\" is everything that reached the server's UDP socket, \"payload ingress\" the update payloads "
              "the paper counts; the ratios divide the first run's bytes to the target by each run's.\n"]
+    if not same_commit:
+        lines[-1] = lines[-1][:-1] + (" The groups were run after the simulator's matrix, each at the commit it names "
+                                      "(a group compares runs of one commit among themselves).\n")
     for group_dir in sorted(d for d in os.listdir(root) if d.startswith("group-")):
         title = group_dir[len("group-"):]
         summary = os.path.join(root, group_dir, "summary.md")
@@ -347,7 +361,13 @@ def emulation_text(args, machine):
         lines.append(f"#### The `{title}` group\n")
         if title in EMULATION_CAPTIONS:
             lines.append(EMULATION_CAPTIONS[title] + "\n")
+        if not same_commit:
+            lines.append(f"Runs made at commit {runs_made_at(root, runs)}.\n")
         lines.append(open(summary).read().strip() + "\n")
+        before = ratios_before(args, title)
+        if before:
+            lines.append(before + "\n")
+        lines += datagram_table(root, title, runs)
         lines.append("```sh")
         for run in runs:
             command = os.path.join(root, run + ".command")
@@ -362,6 +382,103 @@ def emulation_text(args, machine):
                 lines.append(f"![{title}: accuracy against {what}](figures/{target})")
         lines.append("")
     return lines
+
+
+def runs_made_at(root, runs):
+    """The commits (RUN.commit) and dates (RUN.date, written when the run started) of a group's runs."""
+    def read(run, kind):
+        path = os.path.join(root, f"{run}.{kind}")
+        return open(path).read().strip() if os.path.exists(path) else None
+    commits = sorted({read(run, "commit") or "unknown" for run in runs})
+    dates = sorted({read(run, "date") for run in runs} - {None})
+    # RUN.load: the machine's 5- and 15-minute load averages when the run ended (its own
+    # processes included), so a reader can tell a time-to-target measured on a busy machine.
+    loads = [read(run, "load").split() for run in runs if read(run, "load")]
+    five, fifteen = [float(load[0]) for load in loads], [float(load[1]) for load in loads]
+    cores = sorted({load[2] for load in loads if len(load) > 2})
+    return (", ".join(f"`{c}`" for c in commits) + (f" on {', '.join(dates)}" if dates else "")
+            + (f", load average at each run's end{' (' + '/'.join(cores) + ' cores)' if cores else ''} "
+               f"{min(five):.1f}–{max(five):.1f} over 5 minutes, {min(fifteen):.1f}–{max(fifteen):.1f} over 15"
+               if loads else ""))
+
+
+def datagram_table(root, title, runs):
+    """Per run, from the server's final stats file (the run's logs/server-1.stats.json, or its copy
+    RUN/server.stats.json where only a run's summary files are kept; runs without a server restart
+    only), the datagrams through the server's socket per applied update and the socket ingress
+    over the update payload, whole run (handshakes and every worker's first, dense, pull
+    included): issue 36's measures."""
+    rows = []
+    summary = os.path.join(root, f"group-{title}", "summary.md")
+    order = [label for label, _ in summary_column(summary, "run")] if os.path.exists(summary) else []
+    for run in runs:
+        path = os.path.join(root, run, "server.stats.json")
+        if not os.path.exists(path) and not os.path.exists(os.path.join(root, run, "logs", "server-2.stats.json")):
+            path = os.path.join(root, run, "logs", "server-1.stats.json")
+        if not os.path.exists(path):
+            continue
+        stats = json.load(open(path))
+        updates = stats.get("updates_applied", 0)
+        if updates <= 0 or "ingress_socket_datagrams" not in stats:
+            continue
+        label = open(os.path.join(root, run, "run.label")).read().strip() if os.path.exists(
+            os.path.join(root, run, "run.label")) else run
+        datagrams_in, datagrams_out = stats["ingress_socket_datagrams"], stats["egress_socket_datagrams"]
+        rows.append((order.index(label) if label in order else len(order), f"| {label} | {updates:,} | {(datagrams_in + datagrams_out) / updates:,.1f} | "
+                    f"{datagrams_in / updates:,.1f} | {stats['ingress_socket_bytes'] / stats['ingress_payload_bytes']:.2f} |"))
+    if not rows:
+        return []
+    return ["Datagrams through the server's socket, from its stats file at the end of each run (whole run: the "
+            "handshakes and each worker's first, dense, pull included):\n",
+            "| run | updates applied | datagrams in + out / update | datagrams in / update | socket ingress / update payload |",
+            "|---|---|---|---|---|"] + [row for _, row in sorted(rows)] + [""]
+
+
+def socket_ratios(summary):
+    """The rows of an emulator group's summary.md as (socket-bytes ratio of the first run to this one, label)."""
+    rows = []
+    for line in open(summary):
+        match = re.search(r"\*\*([0-9.]+)x\*\*", line)
+        if line.startswith("| ") and match:
+            rows.append((float(match.group(1)), line.split("|")[1].strip()))
+    return rows
+
+
+def ratios_before(args, title):
+    """One sentence: the socket-bytes ratios the same group had in --emulation-before, and its commit."""
+    if not args.emulation_before:
+        return None
+    summary = os.path.join(args.emulation_before, f"group-{title}", "summary.md")
+    if not os.path.exists(summary):
+        return None
+    runs = sorted(name[:-len(".commit")] for name in os.listdir(args.emulation_before)
+                  if name.endswith(".commit") and name.startswith(title + "-"))
+    rows = socket_ratios(summary)[1:]  # the first run is the reference: 1.0x
+    overheads = summary_column(summary, "transport overhead")
+    same_runs = all(os.path.exists(os.path.join(args.emulation, f"{run}.commit")) and
+                    open(os.path.join(args.emulation, f"{run}.commit")).read() ==
+                    open(os.path.join(args.emulation_before, f"{run}.commit")).read() for run in runs)
+    if not rows or same_runs:  # nothing older to compare with
+        return None
+    return (f"For comparison, the same group at commit {runs_made_at(args.emulation_before, runs)} "
+            f"(`{args.emulation_before}`): socket bytes to the target, the first run's over each run's, "
+            + ", ".join(f"{ratio:.1f}x ({label})" for ratio, label in rows)
+            + ("; socket ingress beyond the payload (transport overhead) " + ", ".join(
+                f"{overhead} ({label})" for label, overhead in overheads) if overheads else "") + ".")
+
+
+def summary_column(summary, name):
+    """(run label, cell) of one column of an emulator group's summary.md table, by its header."""
+    header, cells = None, []
+    for line in open(summary):
+        if not line.startswith("| "):
+            continue
+        fields = [field.strip() for field in line.strip().strip("|").split("|")]
+        if header is None:
+            header = fields
+        elif name in header and len(fields) == len(header):
+            cells.append((fields[0], fields[header.index(name)]))
+    return cells
 
 
 def goals_text(table_rows, targets):
@@ -456,21 +573,26 @@ def wire_goal_text(args):
     summary = os.path.join(args.emulation, "group-paper", "summary.md") if args.emulation else None
     if not summary or not os.path.exists(summary):
         return []
-    rows = []
-    for line in open(summary):
-        match = re.search(r"\*\*([0-9.]+)x\*\*", line)
-        if line.startswith("| ") and match:
-            rows.append((float(match.group(1)), line.split("|")[1].strip()))
-    others = rows[1:]  # the first run is ASGD, the reference
+    others = socket_ratios(summary)[1:]  # the first run is ASGD, the reference
     if not others:
         return []
     ratio, label = max(others)
     paper = [r for r in others if r[1].startswith("AdaComp c=0.01 (")]  # its label: no option named
+    before = ""
+    old_summary = os.path.join(args.emulation_before, "group-paper", "summary.md") if args.emulation_before else None
+    if old_summary and os.path.exists(old_summary):
+        old_others = socket_ratios(old_summary)[1:]
+        old_paper = [r for r in old_others if r[1].startswith("AdaComp c=0.01 (")]
+        if old_others:
+            before = ("; before, " + (f"{old_paper[0][0]:.1f}x and " if old_paper else "")
+                      + f"{max(old_others)[0]:.1f}x (the group's older runs, below)")
+    # Issue 36's goals on the wire: the paper's method >= 100x, the best with options >= 300x.
     return [f"- On the wire (the emulator's `paper` group below: everything that reached the server's UDP socket, "
             f"one run each, MNIST, to its target): "
-            + (f"the paper's method {paper[0][0]:.1f}x, " if paper else "") + "the best with options "
+            + (f"the paper's method {paper[0][0]:.1f}x (goal 100x: " + ("**met**" if paper[0][0] >= 100 else "not met")
+               + "), " if paper else "") + "the best with options "
             f"{label}, **{ratio:.1f}x**; the goal of 300x on the wire: "
-            + ("**met**." if ratio >= 300 else "not met."), ""]
+            + ("**met**" if ratio >= 300 else "not met") + before + ".", ""]
 
 
 def findings_text(table_rows):

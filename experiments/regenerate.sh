@@ -7,7 +7,8 @@
 # "regenerate:begin" and "regenerate:end" markers) and the figures into docs/figures/.
 #
 # usage: experiments/regenerate.sh [--out DIR] [--build DIR] [--quick] [--jobs N] [--seeds N] [--updates N]
-#                           [--update-docs] [--aggregate-only] [--emulation DIR] [--list] [--allow-dirty]
+#                           [--update-docs] [--aggregate-only] [--emulation DIR [--emulation-any-commit]
+#                           [--emulation-before DIR]] [--list] [--allow-dirty]
 #                           [GROUP...]
 #   groups: methods rates workers reliability speeds pull gan (default: all but gan, in that order:
 #           the page docs/results.md; `gan` alone makes docs/gan-results.md)
@@ -26,6 +27,12 @@
 #                  directory (bytes at the server's socket beside the payload: `paper`, `pull100`),
 #                  refused unless its runs were made at the matrix's commit (a build tree of
 #                  that commit with its COMMIT file: EDGETRAIN_BUILD_DIR, emulation/README.md)
+#   --emulation-any-commit  take --emulation runs of other commits (the wire measured again after
+#                  a transport change, on the simulator's runs): each group names its runs' commit
+#                  and date. With --aggregate-only --update-docs this remakes the page from the same
+#                  simulator runs, so only the "On the wire" section changes
+#   --emulation-before DIR  an older --emulation directory: one sentence per group with its older
+#                  socket-bytes ratios and commit, and the older ratios in the wire's goal line
 #   --aggregate-only  run no job: make the tables and plots (and with --update-docs the page)
 #                  from the finished runs in OUT, at whatever commit this is; they name the
 #                  commit the runs were made at (OUT/machine.json). For runs finished at an
@@ -43,7 +50,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host"
-out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 aggregate_only=0 emulation= allow_dirty=0 groups=()
+out=results quick=0 jobs=$(nproc) seeds= updates= update_docs=0 list=0 aggregate_only=0 emulation= allow_dirty=0 groups=() emulation_flags=()
 die() { echo "regenerate.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -57,6 +64,8 @@ while [ $# -gt 0 ]; do
     --list) list=1 ;;
     --aggregate-only) aggregate_only=1 ;;
     --emulation) emulation=${2:?--emulation needs a directory}; shift ;;
+    --emulation-any-commit) emulation_flags+=(--emulation-any-commit) ;;
+    --emulation-before) emulation_flags+=(--emulation-before "${2:?--emulation-before needs a directory}"); shift ;;
     --allow-dirty) allow_dirty=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     methods|rates|workers|reliability|speeds|pull|gan) groups+=("$1") ;;
@@ -97,6 +106,7 @@ cpu_model=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 dirty=false
 [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ] && dirty=true
 [ -z "$emulation" ] || [ -d "$emulation" ] || die "--emulation: $emulation is not a directory"
+[ ${#emulation_flags[@]} -eq 0 ] || [ -n "$emulation" ] || die "--emulation-any-commit and --emulation-before need --emulation DIR"
 if [ "$aggregate_only" = 1 ]; then
   [ -f "$out/machine.json" ] || die "--aggregate-only: $out holds no runs (no machine.json)"
   commit=$(jq -r .commit "$out/machine.json")
@@ -303,7 +313,8 @@ write_progress
 
 # ------------------------------------------------------------------ tables and plots
 printf '%s\n' "${job_lines[@]}" >"$out/jobs.tsv"
-python3 "$repo/experiments/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"}
+python3 "$repo/experiments/aggregate_results.py" --out "$out" --report "$report" ${emulation:+--emulation "$emulation"} \
+  ${emulation_flags[@]+"${emulation_flags[@]}"}
 if [ "$update_docs" = 1 ]; then
   # The gan group alone has its own page; every other matrix goes to results.md.
   doc="$repo/docs/results.md"

@@ -39,7 +39,8 @@
 #     shards   paper CNN, 10 workers, a pull before every step: one server against a sharded
 #              server of 4 shard processes (issue 17), each killed once mid-run (the server,
 #              or shard 2) and recovered
-# Each group's section names the commit its runs were made at (RUN.commit beside each run).
+# Each group's section names the commit its runs were made at (RUN.commit beside each run, and
+# RUN.date, the day it started, and RUN.load, the load averages when it ended and the cores).
 # Takes about an hour on an idle 2-core machine (each run stops at its target accuracy or
 # its time limit).
 set -euo pipefail
@@ -89,7 +90,11 @@ run() {
   else
     git -C "$repo" rev-parse --short=12 HEAD >"$out/$name.commit"
   fi
+  date -u +%Y-%m-%d >"$out/$name.date"  # the day the run started, named beside its commit on the page
   "$emulate" --out "$out/$name" --quiet ${build_flags[@]+"${build_flags[@]}"} "$@" || echo "== $name: edgetrain-emulate exited with status $?"
+  # The 5- and 15-minute load averages at the end (the run's own processes included): times to
+  # target on a machine shared with other work are slower, and the page says how busy it was.
+  echo "$(cut -d' ' -f2,3 /proc/loadavg) $(nproc)" >"$out/$name.load"
 }
 # group_section TITLE TARGET|auto RUN...: the group's table (ratio against the first run) and plots.
 group_section() {

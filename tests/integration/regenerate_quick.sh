@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # experiments/regenerate.sh, CI-sized (issue 13): the quick matrix runs, aggregates into tables and
 # plots, resumes without re-running anything, and refuses to mix two commits in one
-# results directory.
+# results directory (or emulator runs of another commit, unless --emulation-any-commit).
 # Usage: regenerate_quick.sh BUILD_DIR
 set -euo pipefail
 build="$1"
@@ -84,18 +84,42 @@ printf '| run | socket ingress | payload ingress | ratio |\n|---|---|---|---|\n%
   '| AdaComp c=0.01, sign + scale (t) | 0.5 MB | 0.1 MB | **18.0x** |' >"$emu/group-paper/summary.md"
 jq -r .commit "$out/machine.json" | cut -c1-12 >"$emu/paper-adacomp.commit"
 echo "emulation/edgetrain-emulate --out runs/paper-adacomp --rate 0.01" >"$emu/paper-adacomp.command"
+# The server's stats file kept beside a run: datagrams per applied update and ingress / payload.
+mkdir -p "$emu/paper-adacomp"
+echo "AdaComp c=0.01 (t)" >"$emu/paper-adacomp/run.label"
+echo '{"updates_applied": 200, "ingress_socket_datagrams": 3000, "egress_socket_datagrams": 9000,
+       "ingress_socket_bytes": 1100000, "ingress_payload_bytes": 1000000}' >"$emu/paper-adacomp/server.stats.json"
 "$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers reliability pull gan 2>"$work/emu.log" ||
   fail "--emulation failed: $(tail -n 5 "$work/emu.log")"
 grep -qF '#### The `paper` group' "$out/results.md" || fail "the emulator's group is not on the page"
 grep -qF '| AdaComp c=0.01 (t) | 2.0 MB | 1.5 MB | **4.5x** |' "$out/results.md" || fail "the emulator's table is not on the page"
-grep -qF "the paper's method 4.5x, the best with options AdaComp c=0.01, sign + scale (t), **18.0x**; the goal of 300x on the wire: not met." \
+grep -qF "the paper's method 4.5x (goal 100x: not met), the best with options AdaComp c=0.01, sign + scale (t), **18.0x**; the goal of 300x on the wire: not met." \
   "$out/results.md" || fail "the goals do not give the wire's ratios from the emulator's paper group"
 grep -qF -- '--out runs/paper-adacomp --rate 0.01' "$out/results.md" || fail "the emulator's command is not on the page"
+grep -qF '| AdaComp c=0.01 (t) | 200 | 60.0 | 15.0 | 1.10 |' "$out/results.md" ||
+  fail "no datagrams per update from the run's server stats file"
 echo 000000000000 >"$emu/paper-asgd.commit"
 if "$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" methods workers reliability pull gan 2>"$work/emu2.log"; then
   fail "an emulator run of another commit was accepted"
 fi
 grep -q "another commit" "$work/emu2.log" || fail "the refusal does not say why: $(cat "$work/emu2.log")"
+# --emulation-any-commit takes them (the wire measured again later), naming each group's commit,
+# date and load; --emulation-before adds an older directory's ratios as a sentence and to the goals.
+echo 2026-01-02 >"$emu/paper-asgd.date"
+echo "1.5 9.5 2" >"$emu/paper-asgd.load"
+before="$work/emulation-before"
+mkdir -p "$before/group-paper"
+printf '| run | ratio |\n|---|---|\n%s\n%s\n' '| ASGD (t) | **1.0x** |' '| AdaComp c=0.01 (t) | **2.5x** |' >"$before/group-paper/summary.md"
+echo 111111111111 >"$before/paper-adacomp.commit"
+"$regenerate" --quick --aggregate-only --build "$build" --out "$out" --emulation "$emu" --emulation-any-commit \
+  --emulation-before "$before" methods workers reliability pull gan 2>"$work/emu3.log" ||
+  fail "--emulation-any-commit failed: $(tail -n 5 "$work/emu3.log")"
+grep -qF '### On the wire: the emulator (each group at its own commit)' "$out/results.md" || fail "the wire's heading does not say its groups have their own commits"
+grep -qF 'Runs made at commit `000000000000`, `'"$(jq -r .commit "$out/machine.json" | cut -c1-12)"'` on 2026-01-02, load average at each run'"'"'s end (2 cores) 1.5–1.5 over 5 minutes, 9.5–9.5 over 15.' \
+  "$out/results.md" || fail "the emulator's group does not name its runs' commits, date and load"
+grep -qF 'For comparison, the same group at commit `111111111111`' "$out/results.md" || fail "no sentence with the older runs' ratios"
+grep -qF "**18.0x**; the goal of 300x on the wire: not met; before, 2.5x and 2.5x (the group's older runs, below)." "$out/results.md" ||
+  fail "the goals do not give the older ratios"
 
 # A later commit that changed only docs/ resumes the runs (they can be committed between
 # sessions); one that changed anything else is refused. In a clone at the runs' commit.

@@ -1,1 +1,1 @@
-emulation/edgetrain-emulate --out /work/emu/pull100-exact --workers 100 --model paper-cnn --pull-every 1 --max-staleness 400 --rate 0.01 --duration 240 --request-timeout 60 --eval-interval 5 --label AdaComp\ c=0.01\,\ exact\ deltas\ \(paper\ CNN\,\ 100\ workers\)
+emulation/edgetrain-emulate --out /tmp/wire-emu/pull100-exact --workers 100 --model paper-cnn --pull-every 1 --max-staleness 400 --rate 0.01 --duration 240 --request-timeout 60 --eval-interval 5 --label AdaComp\ c=0.01\,\ exact\ deltas\ \(paper\ CNN\,\ 100\ workers\)

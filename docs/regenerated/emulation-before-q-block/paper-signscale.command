@@ -1,0 +1,1 @@
+emulation/edgetrain-emulate --out /work/emu/paper-signscale --workers 10 --model paper-cnn --pull-every 1 --target-accuracy 0.97 --duration 1200 --request-timeout 60 --eval-interval 5 --eval-examples 10000 --compressor adacomp --rate 0.01 --sign-scale --label AdaComp\ c=0.01\,\ sign\ +\ scale\ \(paper\ CNN\,\ 10\ workers\)

@@ -1,0 +1,1 @@
+emulation/edgetrain-emulate --out /work/emu/pull100-published --workers 100 --model paper-cnn --pull-every 1 --max-staleness 400 --rate 0.01 --duration 240 --request-timeout 60 --eval-interval 5 --publish-every 10 --publish-fraction 0.001 --label AdaComp\ c=0.01\,\ published\ every\ 10\ at\ 0.001\ \(paper\ CNN\,\ 100\ workers\)

@@ -941,7 +941,10 @@ TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) 
     std::vector<float> delta(count);
     std::normal_distribution<float> normal(0, 1);
     double squares = 0;
-    for (float& v : delta) squares += static_cast<double>(v = normal(rng)) * v;
+    for (float& v : delta) {
+      v = normal(rng);
+      squares += static_cast<double>(v) * v;
+    }
     for (float& v : delta) v = static_cast<float>(v * 0.9 / std::sqrt(squares));
     const auto quantized = privacy::quantize_bounded(delta, bound, 3, privacy::Rounding::kNearest);
     for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];

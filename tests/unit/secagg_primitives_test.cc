@@ -295,7 +295,10 @@ TEST(DistributedNoise, TheSumOfTheSurvivorsSharesHasTheCalibratedVariance) {
       std::vector<float> delta(kValues);
       std::normal_distribution<float> normal(0, 1);
       double squares = 0;
-      for (float& v : delta) squares += double{v = normal(rng)} * v;
+      for (float& v : delta) {
+        v = normal(rng);
+        squares += double{v} * v;
+      }
       for (std::size_t i = 0; i < kValues; ++i) {
         delta[i] = static_cast<float>(delta[i] * kClip / std::sqrt(squares));
         clean[i] += delta[i];

@@ -283,6 +283,10 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
         const std::size_t fewest = std::max<std::size_t>(2, options_.min_survivors);
         const bool everyone = n >= std::max<std::size_t>(options_.min_devices, 2) && n >= expected_keys;
         if (!(everyone && n >= fewest) && !(late && n >= fewest)) {
+          if (late && n >= 2)  // say why the round does not move (once a deadline)
+            log("secure aggregation: round " + std::to_string(round_) + ": " + std::to_string(n) +
+                " keys at the deadline, fewer than the " + std::to_string(fewest) +
+                " survivors the distributed noise is calibrated to (--min-clients); waiting another deadline");
           if (late) step_opened_ = options_.now();
           return std::nullopt;
         }

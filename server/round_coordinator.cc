@@ -164,6 +164,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                        " plain deltas of round " + std::to_string(round()) +
                        ": finish that round without --secure-aggregation first");
     secure_->resume_or_begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
+    if (accountant_) secure_round_passes_budget(round());  // a state directory at its budget
   }
 }
 
@@ -594,17 +595,8 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   // shares are in the sum); otherwise the survivors' unweighted mean.
   double denominator = static_cast<double>(sum.survivors);
   if (accountant_) {
-    DpAccountant next = *accountant_;
-    next.add_rounds(closing + 1);
-    const double epsilon_after = next.epsilon(options_.privacy.delta).epsilon;
-    if (options_.privacy.target_epsilon > 0 && epsilon_after > options_.privacy.target_epsilon) {
-      // The sum is dropped unapplied (nothing of it is kept) and no further round closes.
-      privacy_exhausted_ = "closing round " + std::to_string(closing) + " would take epsilon to " +
-                           common::short_number(epsilon_after) + ", past --dp-target-epsilon " +
-                           common::short_number(options_.privacy.target_epsilon);
-      log("privacy budget: " + *privacy_exhausted_ + "; no further round closes");
-      return;
-    }
+    // (Checked when the round began too: this one is for a budget that changed meanwhile.)
+    if (secure_round_passes_budget(closing)) return;  // the sum is dropped, nothing kept
     denominator = options_.rule.expected_devices;
   }
   std::vector<float> mean(sum.values.size());
@@ -633,7 +625,22 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   ++rounds_closed_;
   stragglers_ += sum.key_holders - sum.survivors;
   opened_ = options_.now();
+  // Devices need not take the steps of a round whose close the budget would refuse.
+  if (accountant_ && secure_round_passes_budget(round())) return;
   secure_->begin_next_round(round(), parameters);
+}
+
+bool RoundCoordinator::secure_round_passes_budget(std::uint64_t round) {
+  if (options_.privacy.target_epsilon <= 0 || privacy_exhausted_) return privacy_exhausted_.has_value();
+  DpAccountant next = *accountant_;
+  next.add_rounds(round + 1);
+  const double epsilon_after = next.epsilon(options_.privacy.delta).epsilon;
+  if (epsilon_after <= options_.privacy.target_epsilon) return false;
+  privacy_exhausted_ = "closing round " + std::to_string(round) + " would take epsilon to " +
+                       common::short_number(epsilon_after) + ", past --dp-target-epsilon " +
+                       common::short_number(options_.privacy.target_epsilon);
+  log("privacy budget: " + *privacy_exhausted_ + "; no further round closes");
+  return true;
 }
 
 void RoundCoordinator::restart_round(const std::string& why) {

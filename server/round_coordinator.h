@@ -160,6 +160,9 @@ class RoundCoordinator {
   void close_round();
   // Applies a secure round's unmasked sum like a plain close, then begins the next round.
   void close_secure_round(const SecureRound::Sum& sum);
+  // dp-fedavg with a target ε: whether closing `round` would pass it (then privacy_exhausted_
+  // says so, and no further round closes).
+  bool secure_round_passes_budget(std::uint64_t round);
   std::size_t selected_seen() const;  // secure rounds: of last_heard_, recently
   void heard_from(const std::string& identity);
   // The round's deltas are dropped (a close the store refused): the same round again, with

@@ -885,12 +885,17 @@ TEST(RoundSecureAggregation, TheKeysStepWaitsForDevicesHeardFromLatelyOnly) {
 // B = S + 10·σ_d; the keys step does not close with fewer than c keys even past its deadline.
 // The devices here add no noise, so the model after the close must be exactly the start plus
 // Σ/m of their quantized deltas: any noise of the server's (z·S/m = 0.33 per value) would
-// show. ε is counted as in central dp-fedavg.
+// show. ε is counted as in central dp-fedavg, and a round whose close would pass
+// --dp-target-epsilon is not begun: nobody is selected.
 TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) {
   TempDir dir("edgetrain-rounds");
   Clock clock;
   const double z = 1.0;
-  RoundOptions options = dp_options(z);
+  server::DpAccountant one(1.0, z), two(1.0, z);
+  one.add_rounds(1);
+  two.add_rounds(2);
+  // A budget for one round: the second is not begun (devices would work for nothing).
+  RoundOptions options = dp_options(z, (one.epsilon(1e-5).epsilon + two.epsilon(1e-5).epsilon) / 2);
   options.secure.enabled = true;
   options.min_clients = 3;
   options.rule.expected_devices = 4;  // m: the close divides the sum of 3 by 4
@@ -974,6 +979,9 @@ TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) 
   EXPECT_NEAR(status.at("dp_epsilon").get<double>(), expected.epsilon(1e-5).epsilon, 1e-9);
   EXPECT_DOUBLE_EQ(status.at("dp_device_noise_stddev").get<double>(), stddev);
   EXPECT_EQ(status["secagg_last_survivors"], 3);
+  ASSERT_TRUE(server.rounds->privacy_exhausted()) << "round 1 would pass --dp-target-epsilon";
+  EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);
+  EXPECT_EQ(status.at("dp_budget_exhausted"), true);
 }
 
 TEST(RoundSecureAggregation, RefusedWithRobustRulesAdaptiveClippingAndWithoutAClipNorm) {

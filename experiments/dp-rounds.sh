@@ -7,11 +7,14 @@
 # --clips lists the clipping of each run: a number is a fixed clip norm, aN adaptive clipping
 # from N towards the median norm (--dp-adaptive-clip-quantile 0.5, the other settings their
 # defaults; runs with noise only, as the server allows it with dp-fedavg only).
+# --survivors lists who adds the noise of each noised run: 0 the server (central), c > 0 the
+# devices, each its share z·S/√c, quantized to the ring as under --secure-aggregation with
+# --min-clients c (the simulator's --dp-noise-survivors; fixed clip norms only).
 #
-# usage: experiments/dp-rounds.sh [--build DIR] [--out DIR] [--rounds N] [--noise "0.5 1"] [--fleets "100:0.1 1000:0.1 10000:0.03"] [--clips "1"]
+# usage: experiments/dp-rounds.sh [--build DIR] [--out DIR] [--rounds N] [--noise "0.5 1"] [--fleets "100:0.1 1000:0.1 10000:0.03"] [--clips "1"] [--survivors "0"]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-build="$repo/build/host" out=dp-rounds rounds=100 noise="0.5 1" fleets="100:0.1 1000:0.1 10000:0.03" clips=1
+build="$repo/build/host" out=dp-rounds rounds=100 noise="0.5 1" fleets="100:0.1 1000:0.1 10000:0.03" clips=1 survivors=0
 die() { echo "dp-rounds.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -21,6 +24,7 @@ while [ $# -gt 0 ]; do
     --noise) noise=${2:?}; shift ;;
     --fleets) fleets=${2:?}; shift ;;
     --clips) clips=${2:?}; shift ;;
+    --survivors) survivors=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -38,6 +42,8 @@ for fleet in $fleets; do
   k=${fleet%%:*} q=${fleet#*:}
   for z in 0 $noise; do
    for clip in $clips; do
+   for c in $survivors; do
+    [ "$c" = 0 ] || { [ "$z" != 0 ] && [ "${clip#a}" = "$clip" ]; } || continue
     args=("${base[@]}" --workers "$k" --client-fraction "$q")
     if [ "${clip#a}" != "$clip" ]; then
       [ "$z" != 0 ] || continue
@@ -46,8 +52,10 @@ for fleet in $fleets; do
       args+=(--round-clip-norm "$clip")
     fi
     [ "$z" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$z")
+    [ "$c" = 0 ] || args+=(--dp-noise-survivors "$c")
     dir="$out/k$k-q$q-z$z"
     [ "$clip" = 1 ] || dir="$dir-c$clip"
+    [ "$c" = 0 ] || dir="$dir-d$c"
     echo "dp-rounds: K=$k q=$q z=$z clip $clip" >&2
     [ -f "$dir/summary.json" ] || "$sim" "${args[@]}" --out "$dir" >/dev/null 2>"$dir.log" ||
       die "a run failed: $sim ${args[*]} (see $dir.log)"
@@ -57,14 +65,16 @@ for fleet in $fleets; do
     m=$(awk -v k="$k" -v q="$q" 'BEGIN { printf "%d", k * q + 0.5 }')
     noise_text=$z epsilon_text=$epsilon
     [ "$z" != 0 ] || noise_text="– (clipped only)"
+    [ "$c" = 0 ] || noise_text="$z (distributed, c = $c)"
     [ "$epsilon" = "∞" ] || epsilon_text=$(awk -v e="$epsilon" 'BEGIN { printf "%.3g", e }')
     rows+="
 | $k | $q ($m) | $noise_text | $clip_text | $epsilon_text | $(awk -v a="$final" 'BEGIN { printf "%.2f%%", 100 * a }') | $(awk -v a="$best" 'BEGIN { printf "%.2f%%", 100 * a }') |"
    done
+   done
   done
 done
 {
-  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown) (the runs: see each directory's summary.json): $sim ${base[*]} --workers K --client-fraction q --round-clip-norm S [--dp-adaptive-clip-quantile 0.5] [--aggregation dp-fedavg --dp-noise-multiplier z]"
+  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown) (the runs: see each directory's summary.json): $sim ${base[*]} --workers K --client-fraction q --round-clip-norm S [--dp-adaptive-clip-quantile 0.5] [--aggregation dp-fedavg --dp-noise-multiplier z [--dp-noise-survivors c]]"
   echo
   echo "$rows"
 } >"$out/dp-rounds.md"

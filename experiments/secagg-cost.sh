@@ -24,14 +24,17 @@
 # rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
 # secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
 # covers the dense secure run (the subset's sum: tests/unit/secure_round_test.cc).
+# With --noise Z > 0 every run is DP-FedAvg (--aggregation dp-fedavg, z = Z, m = N): plain runs
+# with the server's central noise, secure runs with the devices' distributed noise (each its
+# share z·S/√N: --min-clients N is the count it is calibrated to); no device may leave then.
 #
 # usage: experiments/secagg-cost.sh [--build DIR] [--out DIR] [--devices N] [--drop-fraction F]
 #                                   [--rounds R] [--model M] [--local-steps K] [--deadline S]
-#                                   [--modes "plain secure ..."] [--subset F] [--eval-data D]
+#                                   [--modes "plain secure ..."] [--subset F] [--eval-data D] [--noise Z]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=secagg-cost devices=20 drop_fraction=0.3 rounds=3 model=mlp local_steps=2 deadline=5
-modes="plain plain-adacomp secure secure-subset" subset=0.1 eval_data=mnist-small
+modes="plain plain-adacomp secure secure-subset" subset=0.1 eval_data=mnist-small noise=0
 die() { echo "secagg-cost.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,6 +49,7 @@ while [ $# -gt 0 ]; do
     --modes) modes=${2:?}; shift ;;
     --subset) subset=${2:?}; shift ;;
     --eval-data) eval_data=${2:?}; shift ;;
+    --noise) noise=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -62,6 +66,8 @@ for mode in $modes; do
 done
 python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
   die "--subset: a fraction in (0, 1], not '$subset'"
+python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0 else 1)" "$noise" 2>/dev/null || die "--noise: a noise multiplier >= 0, not '$noise'"
+[ "$noise" = 0 ] || [ "$dropped" = 0 ] || die "--noise needs --drop-fraction 0: rounds calibrated to $devices devices cannot close with fewer"
 [ $((devices - dropped)) -gt $((devices / 2)) ] || die "--drop-fraction $drop_fraction leaves no majority of $devices devices"
 source "$repo/common/processes.sh"
 mkdir -p "$out"
@@ -93,6 +99,7 @@ for mode in $modes; do
     secure) args+=(--secure-aggregation) ;;
     secure-subset) args+=(--secure-aggregation --secagg-subset "$subset") ;;
   esac
+  [ "$noise" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$noise" --dp-expected-devices "$devices")
   started=$SECONDS
   start_server "$run/server" "$run/server.log" --port 0 "${args[@]}"
   stayed=() worker_pids=()
@@ -132,6 +139,10 @@ for mode in $modes; do
   accuracy=$("$server" evaluate "$run/state/checkpoint.safetensors" --data "$eval_data" --json | jq -r '.accuracy * 10000 | round / 100')
   label=$mode
   case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;; esac
+  if [ "$noise" != 0 ]; then
+    case "$mode" in plain*) label="$label, dp-fedavg z = $noise (central)" ;; *) label="$label, dp-fedavg z = $noise (distributed, c = $devices)" ;; esac
+    label="$label, ε $(json_get "$run/server.stats.json" rounds.dp_epsilon | awk '{printf "%.3g", $1}')"
+  fi
   rows+=("| $label | $devices ($([[ "$mode" = secure* ]] && echo "$dropped left after their input in round 0" || echo "none left")) | $closed | $sent | $received | $messages (+ $not_yet not yet) | $cpu | $server_cpu | $wall | $accuracy% |")
   if [ "$mode" = secure ] && [ "$dropped" -gt 0 ]; then  # the check needs devices that left
     gone=("${names[@]:$((devices - dropped))}")
@@ -142,7 +153,7 @@ done
 
 table="$out/secagg-cost.md"
 {
-  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline --modes \"$modes\" --subset $subset --eval-data $eval_data (commit $(git -C "$repo" rev-parse --short HEAD))"
+  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline --modes \"$modes\" --subset $subset --eval-data $eval_data --noise $noise (commit $(git -C "$repo" rev-parse --short HEAD))"
   echo
   echo "| rounds | devices | rounds closed | bytes sent per device and round | bytes received | messages | device CPU s | server CPU s per round | wall s | test accuracy |"
   echo "|---|---|---|---|---|---|---|---|---|---|"

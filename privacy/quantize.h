@@ -37,8 +37,17 @@ double quantization_scale(double clip_norm, std::uint32_t max_summands);
 std::vector<std::uint32_t> quantize(std::span<const float> delta, double clip_norm, std::uint32_t max_summands,
                                     Rounding rounding, SecureRandom* random = nullptr);
 
+// As quantize() for values bounded one by one instead of by their norm (a clipped delta with
+// distributed noise added, privacy/distributed_noise.h): scale = K/B for the per-value bound
+// B. Throws std::invalid_argument for a value that is not finite or whose magnitude passes B
+// by more than 1e-6 relative (the sum of N could wrap), naming the value's index.
+std::vector<std::uint32_t> quantize_bounded(std::span<const float> values, double value_bound,
+                                            std::uint32_t max_summands, Rounding rounding,
+                                            SecureRandom* random = nullptr);
+
 // The sum of at most N quantized vectors back to values (double: a float would add its own
-// rounding, 6e-8 relative, far above 1/scale).
+// rounding, 6e-8 relative, far above 1/scale). `clip_norm` is the bound the values were
+// quantized with: S for quantize(), B for quantize_bounded().
 std::vector<double> dequantize(std::span<const std::uint32_t> sum, double clip_norm, std::uint32_t max_summands);
 
 }  // namespace edgetrain::privacy

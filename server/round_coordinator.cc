@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "common/number_text.h"
+#include "privacy/distributed_noise.h"
 #include "server/durable_file.h"
 #include "server/resources.h"
 #include "server/secure_noise.h"
@@ -121,11 +122,24 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
       throw std::invalid_argument(
           std::string("--secure-aggregation cannot go with --aggregation ") + aggregation_name(options_.rule.kind) +
           ": a robust rule needs every device's values, and the server sees only their sum");
-    if (options_.rule.kind == Aggregation::kDpFedAvg)
-      throw std::invalid_argument(
-          "--secure-aggregation cannot go with --aggregation dp-fedavg: its noise is added by the "
-          "server to a sum it would see unmasked first; composing them needs noise the devices "
-          "add (distributed DP), not built");
+    if (options_.rule.kind == Aggregation::kDpFedAvg) {
+      // Distributed noise (privacy/distributed_noise.h): the devices add it, the server none.
+      if (adaptive.enabled())
+        throw std::invalid_argument(
+            "--dp-adaptive-clip-quantile cannot go with --secure-aggregation: adaptive clipping "
+            "counts which devices' deltas were clipped, and the server sees only their sum");
+      noise_survivors_ = std::max<std::uint32_t>(options_.min_clients, 2);
+      if (noise_survivors_ > privacy::kMaxSecAggDevices)
+        throw std::invalid_argument("--min-clients " + std::to_string(options_.min_clients) +
+                                    ": a secure round holds at most 255 devices");
+      device_noise_stddev_ = privacy::device_noise_stddev(options_.privacy.noise_multiplier,
+                                                          options_.clip_norm, noise_survivors_);
+      secure_value_bound_ = privacy::noised_value_bound(options_.clip_norm, device_noise_stddev_);
+      if (const std::string problem =
+              privacy::device_noise_problem(options_.clip_norm, device_noise_stddev_, secure_value_bound_);
+          !problem.empty())
+        throw std::invalid_argument("--dp-noise-multiplier with --secure-aggregation: " + problem);
+    }
     secure_ = std::make_unique<SecureRound>(
         SecureRoundOptions{.threshold_fraction = options_.secure.threshold_fraction,
                            .step_seconds = options_.deadline_seconds,
@@ -133,6 +147,8 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .min_devices = std::max<std::uint32_t>(options_.min_clients, 2),
                            .model_id = state_.model_id(),
                            .subset_fraction = options_.secure.subset_fraction,
+                           .value_bound = secure_value_bound_,
+                           .min_survivors = noise_survivors_,
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
@@ -148,6 +164,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                        " plain deltas of round " + std::to_string(round()) +
                        ": finish that round without --secure-aggregation first");
     secure_->resume_or_begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
+    if (accountant_) secure_round_passes_budget(round());  // a state directory at its budget
   }
 }
 
@@ -313,6 +330,13 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
     answer["secagg_step"] = SecureRound::step_name(secure_->step());
     answer["secagg_identity"] = identity;
     answer["clip_norm"] = clip_norm_;
+    if (device_noise_stddev_ > 0) {
+      // dp-fedavg: each device adds N(0, σ_d²) per value before it quantizes in [−B, B]
+      // (privacy/distributed_noise.h); a device refuses values it cannot honour.
+      answer["dp_device_noise_stddev"] = device_noise_stddev_;
+      answer["dp_noise_survivors"] = noise_survivors_;
+      answer["secagg_value_bound"] = secure_value_bound_;
+    }
     if (const auto subset = secure_->subset()) {
       // Every device masks the same entries: those privacy::subset_indices picks from these.
       answer["secagg_subset_seed"] = subset->seed;
@@ -435,6 +459,7 @@ void RoundCoordinator::heard_from(const std::string& identity) {
 
 bool RoundCoordinator::poll() {
   if (secure_) {
+    if (privacy_exhausted_) return false;  // no further round closes
     const std::optional<SecureRound::Sum> sum = secure_->poll(selected_seen());
     if (!sum) return false;
     close_secure_round(*sum);
@@ -566,9 +591,17 @@ void RoundCoordinator::close_round() {
 void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   const std::uint64_t closing = round();
   const auto parameters = static_cast<std::uint32_t>(state_.model().parameter_count());
+  // dp-fedavg: DP-FedAvg's fixed denominator m, and no noise of the server's (the devices'
+  // shares are in the sum); otherwise the survivors' unweighted mean.
+  double denominator = static_cast<double>(sum.survivors);
+  if (accountant_) {
+    // (Checked when the round began too: this one is for a budget that changed meanwhile.)
+    if (secure_round_passes_budget(closing)) return;  // the sum is dropped, nothing kept
+    denominator = options_.rule.expected_devices;
+  }
   std::vector<float> mean(sum.values.size());
   for (std::size_t i = 0; i < mean.size(); ++i)
-    mean[i] = static_cast<float>(sum.values[i] / static_cast<double>(sum.survivors));
+    mean[i] = static_cast<float>(sum.values[i] / denominator);
   const transport::SparseUpdate update =
       close_update_of(mean, state_.model().tensor_sizes(), options_.server_lr,
                       options_.store_learning_rate, state_.model_id(), closing);
@@ -592,7 +625,22 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   ++rounds_closed_;
   stragglers_ += sum.key_holders - sum.survivors;
   opened_ = options_.now();
+  // Devices need not take the steps of a round whose close the budget would refuse.
+  if (accountant_ && secure_round_passes_budget(round())) return;
   secure_->begin_next_round(round(), parameters);
+}
+
+bool RoundCoordinator::secure_round_passes_budget(std::uint64_t round) {
+  if (options_.privacy.target_epsilon <= 0 || privacy_exhausted_) return privacy_exhausted_.has_value();
+  DpAccountant next = *accountant_;
+  next.add_rounds(round + 1);
+  const double epsilon_after = next.epsilon(options_.privacy.delta).epsilon;
+  if (epsilon_after <= options_.privacy.target_epsilon) return false;
+  privacy_exhausted_ = "closing round " + std::to_string(round) + " would take epsilon to " +
+                       common::short_number(epsilon_after) + ", past --dp-target-epsilon " +
+                       common::short_number(options_.privacy.target_epsilon);
+  log("privacy budget: " + *privacy_exhausted_ + "; no further round closes");
+  return true;
 }
 
 void RoundCoordinator::restart_round(const std::string& why) {
@@ -637,13 +685,10 @@ std::string RoundCoordinator::status_json() const {
                                  {"round_deltas_clipped", clipped_},
                                  {"round_clip_norm", clip_norm_},
                                  {"round_aggregation", aggregation_name(options_.rule.kind)}};
-  if (secure_) {
-    nlohmann::json with_secure = status;
-    with_secure.update(nlohmann::json::parse(secure_->status_json()));
-    return with_secure.dump();
-  }
-  if (!accountant_) return status.dump();
-  nlohmann::json with_privacy = status;
+  nlohmann::json with_secure = status;
+  if (secure_) with_secure.update(nlohmann::json::parse(secure_->status_json()));
+  if (!accountant_) return with_secure.dump();
+  nlohmann::json with_privacy = with_secure;
   with_privacy["dp_epsilon"] = epsilon();
   with_privacy["dp_delta"] = options_.privacy.delta;
   with_privacy["dp_noise_multiplier"] = options_.privacy.noise_multiplier;
@@ -653,6 +698,10 @@ std::string RoundCoordinator::status_json() const {
   if (options_.privacy.adaptive.enabled()) {
     with_privacy["dp_clip_quantile"] = options_.privacy.adaptive.target_quantile;
     with_privacy["dp_delta_noise_multiplier"] = delta_noise_multiplier_;
+  }
+  if (device_noise_stddev_ > 0) {
+    with_privacy["dp_device_noise_stddev"] = device_noise_stddev_;
+    with_privacy["dp_noise_survivors"] = noise_survivors_;
   }
   return with_privacy.dump();
 }

@@ -81,7 +81,12 @@ struct RoundOptions {
   // Secure aggregation (issue 39 part 2, server/secure_round.h): devices send their clipped
   // deltas quantized and masked; the close applies the unweighted mean of the survivors'
   // (ours: a weight per device would need its example count in the clear). Needs clip_norm;
-  // refused with dp-fedavg, trimmed-mean and median. Each step's deadline: deadline_seconds.
+  // refused with trimmed-mean and median. Each step's deadline: deadline_seconds. With
+  // dp-fedavg the noise is distributed (privacy/distributed_noise.h): GET /round announces
+  // each device's share σ_d = z·S/√c, c = max(min_clients, 2) the fewest survivors a round
+  // closes with, and the range the devices quantize in; the close is the sum over the
+  // expected devices, with no noise of the server's. Refused with adaptive clipping (it needs
+  // each device's clipped-or-not bit in the clear).
   struct SecureAggregation {
     bool enabled = false;
     double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
@@ -155,6 +160,9 @@ class RoundCoordinator {
   void close_round();
   // Applies a secure round's unmasked sum like a plain close, then begins the next round.
   void close_secure_round(const SecureRound::Sum& sum);
+  // dp-fedavg with a target ε: whether closing `round` would pass it (then privacy_exhausted_
+  // says so, and no further round closes).
+  bool secure_round_passes_budget(std::uint64_t round);
   std::size_t selected_seen() const;  // secure rounds: of last_heard_, recently
   void heard_from(const std::string& identity);
   // The round's deltas are dropped (a close the store refused): the same round again, with
@@ -189,6 +197,11 @@ class RoundCoordinator {
   std::optional<DpAccountant> accountant_;        // dp-fedavg
   double clip_norm_ = 0;                  // the current round's (options_.clip_norm when fixed)
   double delta_noise_multiplier_ = 0;     // z, or z_Δ with adaptive clipping
+  // dp-fedavg with secure aggregation: each device's share of the noise, σ_d, and the ring's
+  // per-value range B (privacy/distributed_noise.h); 0 otherwise.
+  double device_noise_stddev_ = 0;
+  double secure_value_bound_ = 0;
+  std::uint32_t noise_survivors_ = 0;  // c
   std::size_t unclipped_this_round_ = 0;  // adaptive clipping's count b
   std::optional<double> pending_clip_norm_;  // S_r+1 while round r's close is submitted
   std::filesystem::path clip_state_path_;

@@ -68,6 +68,12 @@ SecureRound::SecureRound(SecureRoundOptions options, std::filesystem::path attem
   if (!(options_.clip_norm > 0))
     throw std::invalid_argument(
         "--secure-aggregation needs --round-clip-norm S > 0: devices quantize deltas clipped to S");
+  if (!(options_.value_bound >= 0) || !std::isfinite(options_.value_bound) ||
+      (options_.value_bound > 0 && options_.value_bound < options_.clip_norm))
+    throw std::invalid_argument("secure aggregation: the ring's value bound must be finite and at least the clip norm");
+  if (options_.min_survivors > privacy::kMaxSecAggDevices)
+    throw std::invalid_argument("--min-clients " + std::to_string(options_.min_survivors) +
+                                ": a secure round holds at most 255 devices");
   if (!(options_.subset_fraction >= 0 && options_.subset_fraction <= 1))
     throw std::invalid_argument("--secagg-subset must be in (0, 1] (or 0: every entry), not " +
                                 std::to_string(options_.subset_fraction));
@@ -272,13 +278,21 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
     switch (step_) {
       case Step::kKeys: {
         const std::size_t n = keys_.size();
+        // Fewer keys than this never close the step (one key; fewer than the distributed
+        // noise's c): a new deadline, the same attempt.
+        const std::size_t fewest = std::max<std::size_t>(2, options_.min_survivors);
         const bool everyone = n >= std::max<std::size_t>(options_.min_devices, 2) && n >= expected_keys;
-        if (!everyone && !(late && n >= 2)) {
-          if (late) step_opened_ = options_.now();  // one key: a new deadline, the same attempt
+        if (!(everyone && n >= fewest) && !(late && n >= fewest)) {
+          if (late && n >= 2)  // say why the round does not move (once a deadline)
+            log("secure aggregation: round " + std::to_string(round_) + ": " + std::to_string(n) +
+                " keys at the deadline, fewer than the " + std::to_string(fewest) +
+                " survivors the distributed noise is calibrated to (--min-clients); waiting another deadline");
+          if (late) step_opened_ = options_.now();
           return std::nullopt;
         }
-        const auto threshold = static_cast<std::uint32_t>(
-            std::max<double>(n / 2 + 1, std::ceil(options_.threshold_fraction * static_cast<double>(n) - 1e-9)));
+        const auto threshold = static_cast<std::uint32_t>(std::max<double>(
+            {static_cast<double>(n / 2 + 1), std::ceil(options_.threshold_fraction * static_cast<double>(n) - 1e-9),
+             static_cast<double>(options_.min_survivors)}));
         privacy::check_threshold(threshold, n);  // before the record: a close that replays
         record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kKeys),
                {static_cast<std::uint8_t>(threshold), static_cast<std::uint8_t>(threshold >> 8),
@@ -314,7 +328,7 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
           return std::nullopt;
         const std::vector<std::uint32_t> sum = server_->unmask();
         Sum out;
-        out.values = privacy::dequantize(sum, options_.clip_norm,
+        out.values = privacy::dequantize(sum, options_.value_bound > 0 ? options_.value_bound : options_.clip_norm,
                                          static_cast<std::uint32_t>(server_->key_holders().size()));
         out.entries_summed = out.values.size();
         if (!subset_indices_.empty()) {

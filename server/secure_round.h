@@ -32,6 +32,11 @@
 // begin the next attempt instead, and the devices, finding their session gone (4.09), redo
 // the round. The unmasked aggregate goes through the main WAL like a plain close.
 //
+// Distributed noise (ours, dp-fedavg with secure aggregation): with min_survivors c > 0 the
+// keys step does not close with fewer than c keys, even at its deadline (it waits another
+// deadline, as with one key), and t = max(the formula's t, c); the devices quantize noised
+// values in [−value_bound, value_bound] and the sum is read back with that bound.
+//
 // A subset (ours, --secagg-subset, privacy/subset.h): with subset_fraction > 0 every device of
 // a session masks and sends only the same seeded random subset of the vector's entries (GET
 // /round announces its public seed and length); the protocol core runs on vectors of the
@@ -66,6 +71,13 @@ struct SecureRoundOptions {
   std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
   std::uint64_t model_id = 0;       // secagg.wal's header; with the session, the subset's seed
   double subset_fraction = 0;       // 0: every entry (dense); in (0, 1]: privacy/subset.h
+  // Distributed noise (dp-fedavg, privacy/distributed_noise.h): the per-value range B the
+  // devices quantize their noised deltas in (0: clip_norm, no noise), and the fewest
+  // survivors a round may close with, c: the keys step waits for c keys and the threshold t
+  // is at least c, so |U3| ≥ c and the sum holds at least c devices' shares of the noise
+  // (0: no floor beyond the protocol's).
+  double value_bound = 0;
+  std::uint32_t min_survivors = 0;
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };

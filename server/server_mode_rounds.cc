@@ -50,7 +50,8 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
       .range(0, 3.4e38);
   t.add("dp-noise-multiplier", s.dp_noise_multiplier,
         "rounds, dp-fedavg: the Gaussian noise added to each round's aggregate, as a multiple "
-        "of the clip norm over the expected devices (server/README.md \"Differential privacy\")")
+        "of the clip norm over the expected devices (server/README.md \"Differential privacy\"); "
+        "with --secure-aggregation the devices add it, each its share for --min-clients survivors")
       .range(0, 1e6);
   t.add("dp-expected-devices", s.dp_expected_devices,
         "rounds, dp-fedavg: the devices a round takes on average (client fraction x fleet), "
@@ -77,7 +78,8 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
   t.add("secure-aggregation", s.secure_aggregation,
         "rounds: devices send their clipped deltas quantized and masked (Bonawitz et al. 2017), "
         "the server learns only the survivors' sum; needs --round-clip-norm; not with "
-        "dp-fedavg, trimmed-mean or median (docs/privacy.md)");
+        "trimmed-mean, median or adaptive clipping; with dp-fedavg the noise is the devices' "
+        "(docs/privacy.md)");
   t.add("secagg-threshold", s.secagg_threshold,
         "rounds, secure aggregation: the share of the round's key holders whose unmasking "
         "shares are needed (a majority: above 0.5); each step has --round-deadline")
@@ -95,7 +97,9 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "--seed)")
       .range(0.001, 1);
   t.add("min-clients", s.min_clients,
-        "rounds: deltas a round needs before it may close before its deadline")
+        "rounds: deltas a round needs before it may close before its deadline; with "
+        "dp-fedavg and --secure-aggregation also the fewest survivors a round closes with, "
+        "whose noise shares must add up to the whole noise (at least 2)")
       .range(1, 1000000);
   t.add("local-steps", s.local_steps, "rounds: minibatches each selected device trains per round")
       .range(1, 1000000);

@@ -48,6 +48,11 @@ void declare_rounds(settings::Table& t, SimSettings& s) {
         "dp-fedavg: the Gaussian noise per round, a multiple of --round-clip-norm over the "
         "workers a round selects")
       .range(0, 1e6);
+  t.add("dp-noise-survivors", c.rounds.dp_noise_survivors,
+        "dp-fedavg: distributed noise as under the server's --secure-aggregation: each worker adds "
+        "its share, z x clip / sqrt(C), before quantizing, calibrated to C survivors (the server's "
+        "--min-clients); 0: the server adds the noise (central)")
+      .range(0, 255);
   t.add("dp-delta", c.rounds.dp_delta, "dp-fedavg: the delta at which epsilon is reported")
       .range(1e-30, 0.999);
   t.add("dp-target-epsilon", c.rounds.dp_target_epsilon,
@@ -133,6 +138,8 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.rounds.clip_norm > 0) suffix << ", clip " << config.rounds.clip_norm;
     if (config.rounds.dp_noise_multiplier > 0)
       suffix << ", noise " << config.rounds.dp_noise_multiplier;
+    if (config.rounds.dp_noise_survivors > 0)
+      suffix << " distributed over " << config.rounds.dp_noise_survivors;
     if (config.rounds.malicious_workers > 0)
       suffix << ", " << config.rounds.malicious_workers << " malicious (" << s.attack << ')';
     if (config.rounds.policy != RoundPolicy::kDropStragglers) suffix << ", " << s.round_policy;

@@ -10,6 +10,8 @@
 #include "worker/round_worker.h"
 #include "model/shard_sampler.h"
 #include "server/dp_accountant.h"
+#include "privacy/distributed_noise.h"
+#include "privacy/quantize.h"
 #include "common/splitmix64.h"
 #include "model/thread_pool.h"
 #include "model/trainer.h"
@@ -73,6 +75,11 @@ void check_config_values(const SimConfig& c) {
       !(c.rounds.clip_norm > 0 && c.rounds.dp_noise_multiplier > 0))
     throw std::invalid_argument(
         "--aggregation dp-fedavg needs --round-clip-norm S and --dp-noise-multiplier z above 0");
+  if (c.rounds.dp_noise_survivors > 0 &&
+      (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg || c.rounds.adaptive_clipping.enabled()))
+    throw std::invalid_argument(
+        "--dp-noise-survivors (distributed noise) goes with --aggregation dp-fedavg and a fixed clip "
+        "norm, as the server's --secure-aggregation");
   if (!(c.rounds.dp_delta > 0 && c.rounds.dp_delta < 1))
     throw std::invalid_argument("--dp-delta must be in (0, 1)");
   server::check_adaptive_clipping(c.rounds.adaptive_clipping);
@@ -223,6 +230,34 @@ void Simulation::evaluate(SimResult& result, std::uint64_t updates, double time)
 
 // Local DP's step (SimConfig::local_dp_clip): the whole gradient clipped to L2 norm `clip`,
 // then N(0, stddev²) added to every value.
+// dp-fedavg's close under secure aggregation's noise rule (RoundsConfig::dp_noise_survivors):
+// each device's dense delta plus its share of the noise, quantized as a worker quantizes it
+// (runtime::RoundWorker's secure_send), summed in the ring and read back over m.
+std::vector<float> distributed_noise_close(std::span<const server::RoundDelta> deltas,
+                                           std::span<const std::uint32_t> tensor_sizes,
+                                           double noise_multiplier, double clip_norm,
+                                           std::uint32_t survivors, double denominator,
+                                           Random& noise) {
+  const double stddev = privacy::device_noise_stddev(noise_multiplier, clip_norm, survivors);
+  const double bound = privacy::noised_value_bound(clip_norm, stddev);
+  const auto devices = static_cast<std::uint32_t>(deltas.size());
+  server::AggregationRule one_device(server::Aggregation::kDpFedAvg);
+  one_device.expected_devices = 1;  // Σ of one delta: the delta, dense
+  std::vector<std::uint32_t> ring;
+  for (const server::RoundDelta& delta : deltas) {
+    std::vector<float> values = server::aggregate_deltas(std::span(&delta, 1), tensor_sizes, one_device);
+    for (float& v : values) v = static_cast<float>(v + stddev * noise.normal());
+    const std::vector<std::uint32_t> quantized =
+        privacy::quantize_bounded(values, bound, devices, privacy::Rounding::kNearest);
+    if (ring.empty()) ring.assign(quantized.size(), 0);
+    for (std::size_t i = 0; i < ring.size(); ++i) ring[i] += quantized[i];
+  }
+  const std::vector<double> sum = privacy::dequantize(ring, bound, devices);
+  std::vector<float> mean(sum.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / denominator);
+  return mean;
+}
+
 void clip_and_noise(std::span<float> gradient, double clip, double stddev, Random& random) {
   double squares = 0;
   for (const float g : gradient) squares += static_cast<double>(g) * g;
@@ -652,9 +687,15 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       }
       server::AggregationRule rule = rounds.aggregation;
       rule.expected_devices = dp_denominator;
-      std::vector<float> mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
-      const double stddev = delta_noise_multiplier * clip_norm / dp_denominator;
-      for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+      std::vector<float> mean;
+      if (rounds.dp_noise_survivors > 0) {
+        mean = distributed_noise_close(deltas, sim.tensor_sizes, rounds.dp_noise_multiplier,
+                                       clip_norm, rounds.dp_noise_survivors, dp_denominator, noise);
+      } else {
+        mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
+        const double stddev = delta_noise_multiplier * clip_norm / dp_denominator;
+        for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
+      }
       if (adaptive.enabled()) {
         const double count_noise =
             server::count_noise_stddev(adaptive, dp_denominator) * noise.normal();

@@ -97,6 +97,14 @@ struct RoundsConfig {
   // The server's --dp-target-epsilon: the run ends before a round would take ε past it
   // (SimResult::privacy_exhausted); 0: no limit.
   double dp_target_epsilon = 0;
+  // Distributed noise, secure aggregation's noise rule (privacy/distributed_noise.h; the
+  // server's dp-fedavg with --secure-aggregation --min-clients c): with dp_noise_survivors
+  // c > 0 each delta that reaches the close is made dense, gets N(0, (z·clip_norm/√c)²) per
+  // value from the noise generator, is quantized in the ring's range B = S + 10σ_d for N =
+  // the round's deltas (privacy::quantize_bounded, to nearest), and the ring sum read back
+  // over m is the close, with no noise of the server's. (No masks: they cancel in the sum.)
+  // 0: the server's central noise.
+  std::uint32_t dp_noise_survivors = 0;
   // The server's adaptive clipping (server/adaptive_clipping.h): clip_norm is the first
   // round's; the count's noise from the run's noise generator.
   server::AdaptiveClipping adaptive_clipping;

@@ -15,6 +15,7 @@
 #include "model/shard_sampler.h"
 #include "model/thread_pool.h"
 #include "model/trainer.h"
+#include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
@@ -92,6 +93,13 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
       if (length == 0 || length > privacy::kMaxVectorLength) return std::nullopt;
       info.secagg_subset_length = static_cast<std::uint32_t>(length);
       info.secagg_subset_seed = j["secagg_subset_seed"].get<std::uint64_t>();
+    }
+    if (j.contains("dp_device_noise_stddev") || j.contains("secagg_value_bound")) {
+      if (!j.contains("dp_device_noise_stddev") || !j["dp_device_noise_stddev"].is_number() ||
+          !j.contains("secagg_value_bound") || !j["secagg_value_bound"].is_number())
+        return std::nullopt;
+      info.dp_device_noise_stddev = j["dp_device_noise_stddev"].get<double>();
+      info.secagg_value_bound = j["secagg_value_bound"].get<double>();
     }
   }
   return info;
@@ -475,6 +483,9 @@ void RoundWorker::State::dump_for_test(const RoundInfo& round, std::size_t devic
   const std::string meta = nlohmann::json{{"round", round.round},
                                           {"devices", devices},
                                           {"clip_norm", round.clip_norm},
+                                          {"value_bound", round.secagg_value_bound > 0 ? round.secagg_value_bound
+                                                                                       : round.clip_norm},
+                                          {"device_noise_stddev", round.dp_device_noise_stddev},
                                           {"subset_seed", round.secagg_subset_seed},
                                           {"subset_length", round.secagg_subset_length}}
                                .dump() + "\n";
@@ -514,6 +525,21 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const auto scale = static_cast<float>(round.clip_norm / norm);
     for (float& v : sent) v *= scale;
   }
+  // dp-fedavg's distributed noise: refused before any step when the announced range would let
+  // the noised values wrap the ring (or the noise is not a number).
+  const bool noised = round.dp_device_noise_stddev > 0 || round.secagg_value_bound > 0;
+  if (noised) {
+    if (const std::string problem = privacy::device_noise_problem(
+            round.clip_norm, round.dp_device_noise_stddev, round.secagg_value_bound);
+        !problem.empty()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": not taking part in a secure round whose noise " +
+              "this device cannot honour: " + problem,
+          logging::Level::kWarn);
+      return false;
+    }
+  }
   try {
     privacy::SecAggDevice device(round.secagg_identity, round.secagg_session, *random);
     if (!post_step(round, "round/secagg/keys", privacy::serialize(device.advertise_keys())))
@@ -532,8 +558,21 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     if (!shares_bytes) return false;
     // N, the most summands, is U1's size: the server reads the sum back with the same.
     const auto devices = static_cast<std::uint32_t>(directory.devices.size());
-    const std::vector<std::uint32_t> quantized =
-        privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
+    std::vector<std::uint32_t> quantized;
+    if (noised) {
+      // The noise after clipping (what was sent stays clean for the subset's remainder).
+      std::vector<float> with_noise(sent.begin(), sent.end());
+      privacy::add_device_noise(with_noise, round.dp_device_noise_stddev, *random);
+      try {
+        quantized = privacy::quantize_bounded(with_noise, round.secagg_value_bound, devices,
+                                              privacy::Rounding::kNearest);
+      } catch (const std::invalid_argument& e) {
+        // A draw past 10 standard deviations (1.5e-23 a value): sending it could wrap the sum.
+        throw privacy::SecAggError(std::string("the noised delta does not fit the ring: ") + e.what());
+      }
+    } else {
+      quantized = privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
+    }
     if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
     const privacy::MaskedInput masked =
         device.masked_input(privacy::parse_encrypted_shares(*shares_bytes), quantized);

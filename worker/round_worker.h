@@ -55,11 +55,18 @@ struct RoundInfo {
   // and length of the entries every device masks; length 0: every entry.
   std::uint64_t secagg_subset_seed = 0;
   std::uint32_t secagg_subset_length = 0;
+  // dp-fedavg with secure aggregation (privacy/distributed_noise.h): this device's share of
+  // the noise, N(0, σ²) per value added after clipping, and the per-value range B it
+  // quantizes the noised values in; 0 and 0: no noise, the range is clip_norm. The worker
+  // refuses a session whose B does not cover the clip and the noise's tails.
+  double dp_device_noise_stddev = 0;
+  double secagg_value_bound = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a
 // session, an identity of 1..255 bytes or a positive clip norm; a subset without both its
-// seed and a length of 1..2^28).
+// seed and a length of 1..2^28; a device noise without a value bound or either not a
+// number). Whether the device can honour the noise is secure_send's check, not the parse's.
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
 // The minibatches of one round: local_steps, or with local_epochs enough to pass over a
 // shard of `shard_size` examples that many times (at least one, at most 10^6).

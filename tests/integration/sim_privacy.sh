@@ -4,7 +4,7 @@
 # (z = 1, q = 0.1: epsilon 4.97 after 32 rounds, above 5 after 33, server/dp_accountant.h); with
 # --dp-adaptive-clip-quantile the clip norm moves from --round-clip-norm towards the quantile
 # (every delta of 3 local steps is far above 0.01, so it grows each round), both recorded in
-# summary.json.
+# summary.json. --dp-noise-survivors (distributed noise) counts epsilon as central noise does.
 # usage: sim_privacy.sh EDGETRAIN_SIM
 sim="$1"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -39,6 +39,26 @@ $run --rounds 5 --round-clip-norm 1 --dp-noise-multiplier 2 --dp-adaptive-clip-q
 [ "$status" = 2 ] && grep -q "z/2" "$work/refused.log" ||
   fail "too little count noise was not refused (status $status): $(tail -2 "$work/refused.log")"
 echo "ok: too little count noise refused"
+
+# Distributed noise (secure aggregation's rule, --dp-noise-survivors): the same rounds and the
+# same epsilon as central noise (the accountant counts z either way), a model that differs
+# (the devices' shares are other draws), and refused without dp-fedavg.
+for noise in central distributed; do
+  extra=()
+  [ "$noise" = central ] || extra=(--dp-noise-survivors 10)
+  $run --rounds 5 --round-clip-norm 1 --dp-noise-multiplier 1 "${extra[@]}" --save-model "$work/$noise.ckpt" \
+    --out "$work/$noise" >"$work/$noise.log" 2>&1 || fail "edgetrain-sim ($noise): $(tail -3 "$work/$noise.log")"
+done
+[ "$(jq -c '.runs[0].dp_epsilon_by_round' "$work/central/summary.json")" = \
+  "$(jq -c '.runs[0].dp_epsilon_by_round' "$work/distributed/summary.json")" ] ||
+  fail "epsilon differs: $(jq -c '.runs[0].dp_epsilon_by_round' "$work/distributed/summary.json")"
+jq -e '.runs[0].label | test("distributed over 10")' "$work/distributed/summary.json" >/dev/null ||
+  fail "the distributed run's label does not say so"
+! cmp -s "$work/central.ckpt" "$work/distributed.ckpt" || fail "distributed noise left the model of central noise"
+status=0
+"$sim" --mode rounds --data "$data" --model mlp --workers 10 --rounds 2 --round-clip-norm 1 --dp-noise-survivors 10 --quiet --out "$work/d" >"$work/d.log" 2>&1 || status=$?
+[ "$status" = 2 ] && grep -q "dp-noise-survivors" "$work/d.log" || fail "--dp-noise-survivors without dp-fedavg was taken"
+echo "ok: distributed noise: epsilon $(jq '.runs[0].dp_epsilon_by_round[-1]' "$work/distributed/summary.json") as central"
 
 # Local DP on asynchronous updates (issue 39 part 3, a measurement): the device's epsilon is
 # reported, and the accountant's (q = 10/4000, z/2 = 0.5, about 100 steps: a few units).

@@ -16,6 +16,7 @@
 #include <memory>
 #include <random>
 
+#include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
 #include "server/round_coordinator.h"
@@ -879,7 +880,111 @@ TEST(RoundSecureAggregation, TheKeysStepWaitsForDevicesHeardFromLatelyOnly) {
   EXPECT_EQ(status["secagg_keys"], 3);
 }
 
-TEST(RoundSecureAggregation, RefusedWithRobustRulesDpFedAvgAndWithoutAClipNorm) {
+// dp-fedavg with --secure-aggregation (privacy/distributed_noise.h): GET /round announces
+// each device's share of the noise, σ_d = z·S/√c with c = --min-clients, and the ring's range
+// B = S + 10·σ_d; the keys step does not close with fewer than c keys even past its deadline.
+// The devices here add no noise, so the model after the close must be exactly the start plus
+// Σ/m of their quantized deltas: any noise of the server's (z·S/m = 0.33 per value) would
+// show. ε is counted as in central dp-fedavg, and a round whose close would pass
+// --dp-target-epsilon is not begun: nobody is selected.
+TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const double z = 1.0;
+  server::DpAccountant one(1.0, z), two(1.0, z);
+  one.add_rounds(1);
+  two.add_rounds(2);
+  // A budget for one round: the second is not begun (devices would work for nothing).
+  RoundOptions options = dp_options(z, (one.epsilon(1e-5).epsilon + two.epsilon(1e-5).epsilon) / 2);
+  options.secure.enabled = true;
+  options.min_clients = 3;
+  options.rule.expected_devices = 4;  // m: the close divides the sum of 3 by 4
+  Server server(dir, clock, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<nlohmann::json> infos;
+  for (const auto& name : names) infos.push_back(round_info(*server.rounds, name));
+  const double stddev = z * 1.0 / std::sqrt(3.0);
+  const double bound = 1.0 + privacy::kNoiseTailStddevs * stddev;
+  EXPECT_DOUBLE_EQ(infos[0]["dp_device_noise_stddev"].get<double>(), stddev);
+  EXPECT_EQ(infos[0]["dp_noise_survivors"], 3);
+  EXPECT_DOUBLE_EQ(infos[0]["secagg_value_bound"].get<double>(), bound);
+  const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
+
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
+                  const std::vector<std::uint8_t>& body = {}) {
+    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
+    r.method = method;
+    return server.rounds->secagg_request(method, step, r);
+  };
+  for (const auto& name : names)
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+  for (std::size_t i = 0; i < 2; ++i)
+    ASSERT_EQ(call(transport::Method::kPost, "keys", names[i], privacy::serialize(devices[i]->advertise_keys())).code,
+              CoapCode::kChanged);
+  clock.now += std::chrono::seconds(static_cast<int>(options.deadline_seconds) + 1);
+  round_info(*server.rounds, "a");
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_step"], "keys")
+      << "two keys past the deadline: fewer than c = 3 survivors could not carry the noise";
+  ASSERT_EQ(call(transport::Method::kPost, "keys", "c", privacy::serialize(devices[2]->advertise_keys())).code,
+            CoapCode::kChanged);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto directory = call(transport::Method::kGet, "keys", names[i]);
+    ASSERT_EQ(directory.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
+                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_threshold"], 3) << "t ≥ c";
+  const std::size_t count = before.size();
+  std::vector<std::uint32_t> ring_sum(count, 0);
+  std::mt19937 rng(11);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::vector<float> delta(count);
+    std::normal_distribution<float> normal(0, 1);
+    double squares = 0;
+    for (float& v : delta) {
+      v = normal(rng);
+      squares += static_cast<double>(v) * v;
+    }
+    for (float& v : delta) v = static_cast<float>(v * 0.9 / std::sqrt(squares));
+    const auto quantized = privacy::quantize_bounded(delta, bound, 3, privacy::Rounding::kNearest);
+    for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
+    const auto shares = call(transport::Method::kGet, "shares", names[i]);
+    ASSERT_EQ(shares.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
+                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
+                  .code,
+              CoapCode::kChanged);
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
+    ASSERT_EQ(survivors.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
+                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  ASSERT_EQ(server.rounds->round(), 1u);
+  const std::vector<double> sum = privacy::dequantize(ring_sum, bound, 3);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  for (std::size_t k = 0; k < count; ++k)
+    ASSERT_NEAR(after[k], before[k] + sum[k] / 4, 1e-6 * (1 + std::fabs(before[k]))) << k << ": the server added noise";
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  server::DpAccountant expected(1.0, z);
+  expected.add_rounds(1);
+  EXPECT_NEAR(status.at("dp_epsilon").get<double>(), expected.epsilon(1e-5).epsilon, 1e-9);
+  EXPECT_DOUBLE_EQ(status.at("dp_device_noise_stddev").get<double>(), stddev);
+  EXPECT_EQ(status["secagg_last_survivors"], 3);
+  ASSERT_TRUE(server.rounds->privacy_exhausted()) << "round 1 would pass --dp-target-epsilon";
+  EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);
+  EXPECT_EQ(status.at("dp_budget_exhausted"), true);
+}
+
+TEST(RoundSecureAggregation, RefusedWithRobustRulesAdaptiveClippingAndWithoutAClipNorm) {
   TempDir dir("edgetrain-rounds");
   Clock clock;
   RoundOptions options;
@@ -892,6 +997,8 @@ TEST(RoundSecureAggregation, RefusedWithRobustRulesDpFedAvgAndWithoutAClipNorm) 
   }
   RoundOptions private_options = dp_options(1.0);
   private_options.secure.enabled = true;
+  EXPECT_NO_THROW(Server(dir, clock, private_options));  // distributed noise
+  private_options.privacy.adaptive = {0.5, 0.2, 1};  // needs each device's clipped-or-not bit
   EXPECT_THROW(Server(dir, clock, private_options), std::invalid_argument);
 }
 

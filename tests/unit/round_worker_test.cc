@@ -234,8 +234,21 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
   EXPECT_EQ(with_subset->secagg_subset_length, 65u);
   const std::string plain = base + "}";
   EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(plain.begin(), plain.end()))->secure);
+  // dp-fedavg's distributed noise (privacy/distributed_noise.h): σ_d and the ring's range.
+  const std::string noised = base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\","
+                                    "\"clip_norm\":1,\"dp_device_noise_stddev\":0.5,\"secagg_value_bound\":6}";
+  const auto with_noise = runtime::parse_round_info(std::vector<std::uint8_t>(noised.begin(), noised.end()));
+  ASSERT_TRUE(with_noise);
+  EXPECT_EQ(with_noise->dp_device_noise_stddev, 0.5);
+  EXPECT_EQ(with_noise->secagg_value_bound, 6.0);
+  EXPECT_EQ(info->dp_device_noise_stddev, 0.0);  // none announced: none added
   for (const std::string& bad :
        {base + ",\"secure\":true}",
+        // The noise needs its range, and both are numbers.
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"dp_device_noise_stddev\":0.5}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"dp_device_noise_stddev\":\"0.5\",\"secagg_value_bound\":6}",
         base + ",\"secure\":true,\"secagg_session\":-1,\"secagg_identity\":\"w1\",\"clip_norm\":1}",
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"\",\"clip_norm\":1}",
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"" + std::string(256, 'x') +
@@ -295,6 +308,39 @@ TEST(RoundWorker, ASecureSessionRefusedOrStalledIsLeftAndTheNextOneJoined) {
   EXPECT_EQ(f.worker->stats().deltas_refused, 2u);
   EXPECT_EQ(f.worker->stats().rounds_trained, 0u);
   EXPECT_TRUE(f.server.sent.empty());
+}
+
+// dp-fedavg with secure aggregation: a round whose ring range B does not cover the clip plus
+// ten standard deviations of the announced noise could wrap the sum: the worker takes no step
+// of that session (not even its keys), counts it refused, and joins the next session that
+// announces a range it can honour.
+TEST(RoundWorker, ASecureRoundWhoseRangeTheNoiseWouldOverflowIsRefused) {
+  Fixture f;
+  std::uint64_t session = 7;
+  double bound = 5.9;  // S + 10·σ_d = 1 + 10·0.5 = 6
+  auto secure_round = [&] {
+    return text(CoapCode::kContent,
+                "{\"round\":5,\"model_version\":5,\"deadline_seconds\":0.1,\"selected\":true,"
+                "\"local_steps\":1,\"secure\":true,\"secagg_session\":" + std::to_string(session) +
+                    ",\"secagg_identity\":\"w1\",\"clip_norm\":1,\"dp_device_noise_stddev\":0.5,"
+                    "\"secagg_value_bound\":" + std::to_string(bound) + "}");
+  };
+  f.server.round_answer = secure_round();
+  f.server.on_request = [](transport::Method, const std::string&) {
+    return text(CoapCode::kConflict, "wrong step");
+  };
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_TRUE(f.server.requests.empty()) << "no step of a session whose noise would overflow the ring";
+  EXPECT_EQ(f.worker->stats().deltas_refused, 1u);
+  EXPECT_FALSE(f.worker->run_once());  // the same session: polls only
+  EXPECT_TRUE(f.server.requests.empty());
+
+  session = 8;
+  bound = 6.0;  // enough: the device takes part
+  f.server.round_answer = secure_round();
+  EXPECT_FALSE(f.worker->run_once());
+  EXPECT_EQ(f.server.requests, (std::vector<std::string>{"POST round/secagg/keys"}));
+  EXPECT_EQ(f.worker->stats().deltas_refused, 2u);  // the fake's 4.09
 }
 
 TEST(RoundWorker, ARefusedIdentityEndsTheRun) {

@@ -11,6 +11,10 @@
 // vector's length is then malformed (4.00) (the generator itself: secagg_protocol_test). Three real
 // RoundWorkers (worker/round_worker.h, in threads) take two subset rounds against a
 // SecureRound: each sum is the sum of the entries they quantized, and each keeps the rest.
+// With dp-fedavg's distributed noise announced (privacy/distributed_noise.h), three real
+// RoundWorkers each add their share before quantizing in the announced range: each device's
+// quantized values differ from its clipped delta by noise of the announced variance, and the
+// sum by the sum of the three shares.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -25,6 +29,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
@@ -407,6 +412,9 @@ class SubsetRoundServer {
   };
   std::vector<Closed> closed;  // read after the workers stopped
   std::atomic<bool> stop{false};
+  // What GET /round announces besides the session (set before the workers start).
+  double clip_norm = 100;
+  nlohmann::json announced = nlohmann::json::object();
 
   class Channel : public runtime::ServerChannel {
    public:
@@ -426,7 +434,8 @@ class SubsetRoundServer {
                                {"deadline_seconds", 5}, {"selected", server_.closed.size() < 2},
                                {"local_steps", 2}, {"policy", "drop-stragglers"},
                                {"secure", true}, {"secagg_session", server_.round_->session()},
-                               {"secagg_identity", identity_}, {"clip_norm", 100.0}};
+                               {"secagg_identity", identity_}, {"clip_norm", server_.clip_norm}};
+      answer.update(server_.announced);
       if (const auto subset = server_.round_->subset()) {
         answer["secagg_subset_seed"] = subset->seed;
         answer["secagg_subset_length"] = subset->length;
@@ -446,7 +455,8 @@ class SubsetRoundServer {
       const std::string resource = path.substr(kPrefix.size(), question - kPrefix.size());
       CoapResponse answer = server_.round_->handle(method, resource, identity_, r, /*selected=*/true);
       if (auto sum = server_.round_->poll(3)) {
-        server_.closed.push_back({server_.round_number_, *server_.round_->subset(), std::move(*sum)});
+        server_.closed.push_back({server_.round_number_, server_.round_->subset().value_or(SecureRound::Subset{}),
+                                  std::move(*sum)});
         if (server_.closed.size() == 2) server_.stop = true;
         server_.round_->begin_next_round(++server_.round_number_, server_.length());
       }
@@ -567,6 +577,147 @@ TEST(SecureRoundSubset, RealWorkersSendTheAnnouncedEntriesAndKeepTheRest) {
     EXPECT_GT(held, 0.0);
     EXPECT_NEAR(workers[w]->stats().secagg_unsent_norm, std::sqrt(held), 1e-5 * std::sqrt(held)) << names[w];
   }
+}
+
+// The workers' delta.f32 (clipped) and quantized.u32 of one round, read back as values.
+struct DumpedRound {
+  std::vector<float> clipped;
+  std::vector<double> quantized;
+};
+DumpedRound read_dump(const std::filesystem::path& dir, const std::string& name, std::uint64_t round,
+                      double bound, std::uint32_t devices) {
+  const auto stem = dir / (name + ".r" + std::to_string(round));
+  const auto delta = read_bytes(stem.string() + ".delta.f32");
+  const auto ring = read_bytes(stem.string() + ".quantized.u32");
+  DumpedRound out;
+  out.clipped.resize(delta.size() / 4);
+  std::memcpy(out.clipped.data(), delta.data(), delta.size());
+  std::vector<std::uint32_t> values(ring.size() / 4);
+  std::memcpy(values.data(), ring.data(), ring.size());
+  out.quantized = privacy::dequantize(values, bound, devices);
+  return out;
+}
+
+TEST(SecureRound, RealWorkersAddTheAnnouncedNoiseBeforeTheyQuantize) {
+  Fixture f;
+  constexpr double kZ = 1.0, kClip = 1.0;
+  constexpr std::uint32_t kSurvivors = 3;
+  const double stddev = privacy::device_noise_stddev(kZ, kClip, kSurvivors);
+  const double bound = privacy::noised_value_bound(kClip, stddev);
+  server::SecureRoundOptions o;
+  o.threshold_fraction = 0.6;
+  o.step_seconds = 5;
+  o.clip_norm = kClip;
+  o.value_bound = bound;
+  o.min_survivors = kSurvivors;
+  o.min_devices = 3;
+  o.model_id = 0x5eed;
+  o.now = [] { return std::chrono::steady_clock::now(); };
+  SubsetRoundServer server(std::make_unique<SecureRound>(o, f.dir / "secagg_attempt.json"));
+  server.clip_norm = kClip;
+  server.announced = {{"dp_device_noise_stddev", stddev}, {"secagg_value_bound", bound}};
+  runtime::Dataset data;
+  data.height = data.width = 8;
+  data.channels = 1;
+  data.num_classes = 10;
+  for (int i = 0; i < 40; ++i) {
+    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
+    data.labels.push_back(i % 10);
+  }
+  const std::vector<std::string> names = {"w0", "w1", "w2"};
+  std::vector<std::unique_ptr<SubsetRoundServer::Channel>> channels;
+  std::vector<std::unique_ptr<runtime::RoundWorker>> workers;
+  for (std::uint32_t w = 0; w < names.size(); ++w) {
+    runtime::RoundWorkerConfig config;
+    config.worker.model = SubsetRoundServer::kModelSpec;
+    config.worker.batch = 4;
+    config.worker.worker_id = w;
+    config.worker.worker_count = 3;
+    config.worker.compressor.method = runtime::CompressionMethod::kNone;
+    config.worker.backoff_initial = std::chrono::milliseconds(1);
+    config.worker.backoff_max = std::chrono::milliseconds(2);
+    config.lr = 0.1f;
+    config.poll_seconds = 0.01;
+    config.test_secagg_dump_dir = f.dir.string();
+    channels.push_back(std::make_unique<SubsetRoundServer::Channel>(server, names[w]));
+    workers.push_back(std::make_unique<runtime::RoundWorker>(config, data, *channels.back(), server.stop));
+  }
+  std::vector<std::thread> threads;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (auto& worker : workers)
+    threads.emplace_back([&server, &worker, give_up] {
+      while (!server.stop && std::chrono::steady_clock::now() < give_up) worker->run_once();
+    });
+  for (auto& thread : threads) thread.join();
+  ASSERT_EQ(server.closed.size(), 2u);
+
+  // Over both rounds: each device's own noise (its quantized values less its clipped delta),
+  // and the sum's (the unmasked sum less the three clipped deltas).
+  double own_squares = 0, sum_squares = 0, signal = 0;
+  std::size_t own_count = 0, sum_count = 0;
+  for (const auto& closed : server.closed) {
+    ASSERT_EQ(closed.sum.survivors, kSurvivors);
+    std::vector<double> clean(server.length(), 0.0), ring_sum(server.length(), 0.0);
+    for (const auto& name : names) {
+      const DumpedRound dumped = read_dump(f.dir, name, closed.round, bound, kSurvivors);
+      ASSERT_EQ(dumped.clipped.size(), server.length());
+      ASSERT_EQ(dumped.quantized.size(), server.length());
+      double norm = 0;
+      for (std::uint32_t i = 0; i < server.length(); ++i) {
+        clean[i] += dumped.clipped[i];
+        ring_sum[i] += dumped.quantized[i];
+        const double noise = dumped.quantized[i] - dumped.clipped[i];
+        own_squares += noise * noise;
+        norm += double{dumped.clipped[i]} * dumped.clipped[i];
+        ++own_count;
+      }
+      EXPECT_LE(std::sqrt(norm), kClip * (1 + 1e-6)) << name << ": clipped before the noise";
+      signal += norm;
+    }
+    for (std::uint32_t i = 0; i < server.length(); ++i) {
+      EXPECT_NEAR(closed.sum.values[i], ring_sum[i], 1e-9) << i << ": the sum is the noised inputs'";
+      const double noise = closed.sum.values[i] - clean[i];
+      sum_squares += noise * noise;
+      ++sum_count;
+    }
+  }
+  EXPECT_GT(signal, 0.0) << "the workers trained";
+  // 3,900 and 1,300 values: within 6 standard errors (√(2/n) relative) of σ_d² and 3·σ_d² = z²S².
+  const double own = own_squares / static_cast<double>(own_count);
+  const double total = sum_squares / static_cast<double>(sum_count);
+  EXPECT_NEAR(own, stddev * stddev, 6 * stddev * stddev * std::sqrt(2.0 / own_count));
+  EXPECT_NEAR(total, kZ * kZ * kClip * kClip, 6 * kZ * kZ * kClip * kClip * std::sqrt(2.0 / sum_count));
+}
+
+TEST(SecureRound, WithDistributedNoiseTheKeysStepWaitsForCAndTheThresholdIsAtLeastC) {
+  Fixture f;
+  server::SecureRoundOptions o;
+  o.threshold_fraction = 0.6;
+  o.step_seconds = 5;
+  o.clip_norm = kClip;
+  o.value_bound = 2 * kClip;
+  o.min_survivors = 4;
+  o.min_devices = 2;
+  o.now = [&f] { return f.now; };
+  SecureRound round(o, f.dir / "secagg_attempt.json");
+  round.begin(3, kLength);
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  for (const std::string name : {"a", "b", "c", "d"}) {
+    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, round.session(), random));
+    ASSERT_EQ(call(round, Method::kPost, "keys", name, privacy::serialize(devices.back()->advertise_keys())).code,
+              CoapCode::kChanged);
+    if (name == "c") {
+      f.now += std::chrono::seconds(6);  // past the deadline with 3 keys: fewer than c = 4
+      EXPECT_FALSE(round.poll(4));
+      EXPECT_EQ(round.step(), SecureRound::Step::kKeys);
+    }
+  }
+  EXPECT_FALSE(round.poll(4));
+  EXPECT_EQ(round.step(), SecureRound::Step::kShares);
+  EXPECT_EQ(round.threshold(), 4u) << "max(⌊4/2⌋ + 1, ⌈0.6 · 4⌉, c) = c: every survivor set has c devices";
+  o.value_bound = 0.5 * kClip;  // a range short of the clip
+  EXPECT_THROW(SecureRound(o, f.dir / "b.json"), std::invalid_argument);
 }
 
 TEST(SecureRound, RefusesAMinorityThresholdAndNoClipNorm) {

@@ -237,7 +237,12 @@ j = json.load(open(sys.argv[1])); loops = j.get("loops", [])
 held = sum(l.get("lock_held_seconds", 0) for l in loops); n = max(1, j.get("updates_applied", 0))
 print("loop_requests=" + ("/".join(str(l["requests"]) for l in loops) or "-") + " lock_held_us=%.0f" % (held * 1e6 / n))' \
     "$stats_file" 2>/dev/null || echo "loop_requests=- lock_held_us=-")
-  sed "s|^summary load|summary load label=${label// /_} $spread$check|" "$work/load.out" | grep '^summary load' >> "$work/load.txt" || true
+  # The machine's 1-minute load average at the end of the run: on a shared machine only runs
+  # made under similar load compare.
+  local loadavg
+  loadavg=$(cut -d' ' -f1 /proc/loadavg)
+  echo "load average (1 min) at the end of the run: $loadavg"
+  sed "s|^summary load|summary load label=${label// /_} $spread$check loadavg=$loadavg|" "$work/load.out" | grep '^summary load' >> "$work/load.txt" || true
 }
 if [[ " $runs " == *" load "* ]]; then
   if [[ -n ${BENCH_LOOP_THREADS:-} ]]; then
@@ -296,8 +301,8 @@ updates_label="synthetic top-k, c = 0.01"
 printf '| durable updates applied per second (paper CNN, %s, %s values, %s B, %s in flight) | %.0f | ≥ 5,000 |\n' \
   "$updates_label" "$(field values "$load")" "$(field update_bytes "$load")" "$(field in_flight "$load")" \
   "$(field updates_per_s "$load")"
-printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(field server_cpu_us "$load")" \
-  "$(field loadgen_cpu_us "$load")"
+printf '| CPU per update: server / load generator (load average at the end) | %.0f / %.0f µs (%s) | |\n' "$(field server_cpu_us "$load")" \
+  "$(field loadgen_cpu_us "$load")" "$(field loadavg "$load")"
 if (( load_shards > 1 )); then
   printf '| %s shards: CPU per durable update per shard | %s µs (total above) | |\n' "$load_shards" "$(field shard_cpu_us "$load" | sed 's|/| / |g')"
   printf '| %s shards: versions made per shard, updates sent | %s; %s sent: %s | every update a version on every shard |\n' \

@@ -218,8 +218,10 @@ class LoadRunner {
     }
     handshakes_in_flight_ = 0;
     // A device posts only when it holds a session with every shard.
-    for (auto& device : devices_)
+    for (auto& device : devices_) {
       device->state = all_established(*device) ? Device::State::kIdle : Device::State::kFailed;
+      if (device->state == Device::State::kIdle) ++report_.devices_posting;
+    }
     report_.handshake_seconds = seconds_between(started, Clock::now());
     report_.handshake_traffic = datagram_counts() - before;
   }

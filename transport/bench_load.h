@@ -83,6 +83,7 @@ struct ShardPostCounts {
 struct UpdateLoadReport {
   std::size_t sessions_established = 0;  // devices × shards when every one got in
   std::size_t sessions_failed = 0;
+  std::size_t devices_posting = 0;  // devices that held a session with every shard
   double handshake_seconds = 0;  // until every session was established or had failed
   DatagramCounts handshake_traffic;
   // Per update (every shard's part): acknowledged when every part was answered 2.xx;

@@ -436,6 +436,8 @@ struct LoadSettings {
   // A sharded server: the shards' ports (shard 0 first) instead of --port, and their
   // processes for CPU time instead of --server-pid.
   std::vector<int> shard_ports, shard_pids;
+  // Time for every session's handshake (0: 60 s per server, a shard's sessions on top).
+  double handshake_seconds = 0;
 
   std::size_t shard_count() const { return shard_ports.empty() ? 1 : shard_ports.size(); }
   std::vector<std::uint16_t> ports() const {
@@ -584,6 +586,8 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   for (std::size_t i = 0; i < s.devices; ++i)
     options.devices.push_back(credentials(keystore, load_device_name(i)));
   options.max_posts_in_flight = s.posts_in_flight;
+  options.handshake_budget_seconds =
+      s.handshake_seconds > 0 ? s.handshake_seconds : 60.0 * static_cast<double>(shards);
   options.q_block = s.q_block;
   options.max_payloads = s.max_payloads;
   options.max_posts = s.max_posts;
@@ -685,8 +689,9 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
   const bool cpu_measured = !m.cpu_after.empty();
   if (s.shard_count() > 1)
     std::printf("sharded server                  %zu shards: each update cut into %zu parts "
-                "(ShardedUpdateSplitter), a session per device and shard\n",
-                s.shard_count(), s.shard_count());
+                "(ShardedUpdateSplitter), a session per device and shard; %zu devices hold "
+                "every shard's session and post\n",
+                s.shard_count(), s.shard_count(), report.devices_posting);
   if (cpu_measured)
     std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n",
                 m.handshake_cpu_seconds(),
@@ -773,6 +778,7 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
   summary += " values=" + m.values + " update_bytes=" + std::to_string(m.update_bytes) +
              " devices=" + std::to_string(s.devices) +
              " established=" + std::to_string(report.sessions_established) +
+             " devices_posting=" + std::to_string(report.devices_posting) +
              " in_flight=" + std::to_string(s.posts_in_flight) +
              " applied=" + std::to_string(report.posts_acknowledged) +
              " refused=" + std::to_string(refused) +
@@ -1454,6 +1460,11 @@ void declare_load(settings::Table& t, LoadSettings& s) {
         "updates in progress at once (with shards: each is a post to every shard)")
       .range(1, 1e6);
   t.add("max-posts", s.max_posts, "stop after this many updates");
+  t.add("handshake-seconds", s.handshake_seconds,
+        "time for every session's handshake before posting starts (0: 60 s per server, so "
+        "that a sharded server's N sessions per device get N times as long)")
+      .range(0, 1e6)
+      .unit("seconds");
   t.add("seconds", s.seconds, "stop posting after this long").range(0, 1e6).unit("seconds");
   t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
   t.add("model", s.model, "model the server runs");

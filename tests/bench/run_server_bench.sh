@@ -36,7 +36,7 @@
 # when the list has N CPUs, else all share it; each load run prints and checks that every
 # shard made one version per update sent; the transfer runs need one server and are skipped).
 # With BENCH_BASELINE, the baseline's shards are its edgetrain-server with the same --shard.
-# Every run is bounded by `timeout`, none longer than 2 minutes.
+# Every run is bounded by `timeout`, none longer than 2 minutes (one more per extra shard).
 set -euo pipefail
 
 # BENCH_REPLAY as given, relative to the caller's directory, before the cd below.
@@ -201,7 +201,8 @@ load_run() {  # label, server flags...
     target=(--shard-ports "${shard_ports[@]}" --shard-pids "${shard_pids[@]}")
     stats_file=$work/server-0.stats.json
   fi
-  timeout 120 "${pin_loadgen[@]}" "$loadgen" load "${target[@]}" --keystore "$work/keys.toml" --devices "$devices" \
+  # The load generator's handshakes may take 60 s per server (its default budget).
+  timeout $((120 + 60 * (shards - 1))) "${pin_loadgen[@]}" "$loadgen" load "${target[@]}" --keystore "$work/keys.toml" --devices "$devices" \
     --posts-in-flight "$in_flight" --seconds "$post_seconds" ${update_flags[@]+"${update_flags[@]}"} \
     | tee "$work/load.out" > /dev/null
   cat "$work/load.out"
@@ -296,6 +297,7 @@ label=$(field label "$load" | tr _ ' ')
 [[ $label == defaults ]] || printf '| **server %s** | | |\n' "$label"
 load_shards=$(field shards "$load"); load_shards=${load_shards:-1}
 printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(( $(field devices "$load") * load_shards ))"
+(( load_shards == 1 )) || printf '| devices posting (a session with every shard) | %s of %s | |\n' "$(field devices_posting "$load")" "$(field devices "$load")"
 updates_label="synthetic top-k, c = 0.01"
 [[ $(field source "$load") != replay ]] || updates_label="replayed: $(field records "$load") recorded updates"
 printf '| durable updates applied per second (paper CNN, %s, %s values, %s B, %s in flight) | %.0f | ≥ 5,000 |\n' \

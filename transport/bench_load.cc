@@ -97,26 +97,48 @@ void process_io(coap_context_t* context, int timeout_ms) {
 }
 
 class LoadRunner;
+struct Device;
 
-struct DeviceSession {
-  enum class State { kNotStarted, kHandshake, kIdle, kPosting, kFailed };
+// One DTLS session of a device with one server (a shard, or the only server).
+struct ShardSession {
+  enum class State { kNotStarted, kHandshake, kEstablished, kFailed };
   LoadRunner* runner = nullptr;
-  std::size_t device = 0;
+  Device* device = nullptr;
+  std::size_t shard = 0;
   coap_session_t* session = nullptr;
   State state = State::kNotStarted;
-  std::uint64_t next_sequence = 1;
-  std::vector<std::uint8_t> token;  // of the post in progress
+  bool posting = false;             // its part of the device's update is in progress
+  std::vector<std::uint8_t> token;  // of the part in progress
   std::size_t body_bytes = 0;
-  std::vector<std::uint8_t> body;  // a Q-Block1 post's, alive until its answer
+  std::vector<std::uint8_t> body;  // a Q-Block1 part's, alive until its answer
   QBlock1Sender q_block1;
 };
+
+// A load device: one session per shard, one update at a time (a part on each session).
+struct Device {
+  enum class State { kConnecting, kIdle, kPosting, kFailed };
+  std::size_t index = 0;
+  State state = State::kConnecting;
+  std::vector<std::unique_ptr<ShardSession>> sessions;  // shard order
+  std::uint64_t next_sequence = 1;
+  std::size_t parts_pending = 0;  // of the update in progress
+  // Per shard, how its part of the update in progress ended: 0 pending, 2xx/4xx/5xx the
+  // answer's code, kUnanswered.
+  std::vector<int> part_outcome;
+};
+
+constexpr int kUnanswered = -1;
 
 class LoadRunner {
  public:
   explicit LoadRunner(const UpdateLoadOptions& options) : options_(options) {
     // Handshake failures are counted in the report; libcoap's own log stays at errors.
     coap_library_startup();
-    server_address_ = resolve_udp_address(options.host, options.port);
+    std::vector<std::uint16_t> ports = options.shard_ports;
+    if (ports.empty()) ports.push_back(options.port);
+    for (const std::uint16_t port : ports)
+      server_addresses_.push_back(resolve_udp_address(options.host, port));
+    report_.shards.resize(ports.size());
     context_ = coap_new_context(nullptr);
     if (!context_) throw TransportError("coap_new_context failed");
     coap_context_set_block_mode(context_, COAP_BLOCK_USE_LIBCOAP | COAP_BLOCK_SINGLE_BODY);
@@ -127,17 +149,25 @@ class LoadRunner {
     coap_register_option(context_, kOptionQBlock1);
     coap_register_option(context_, kOptionQBlock2);
     for (std::size_t i = 0; i < options.devices.size(); ++i) {
-      auto device = std::make_unique<DeviceSession>();
-      device->runner = this;
-      device->device = i;
+      auto device = std::make_unique<Device>();
+      device->index = i;
+      device->part_outcome.assign(ports.size(), 0);
+      for (std::size_t shard = 0; shard < ports.size(); ++shard) {
+        auto session = std::make_unique<ShardSession>();
+        session->runner = this;
+        session->device = device.get();
+        session->shard = shard;
+        sessions_.push_back(session.get());
+        device->sessions.push_back(std::move(session));
+      }
       devices_.push_back(std::move(device));
     }
   }
   ~LoadRunner() {
-    for (auto& device : devices_) {
-      if (device->session) {
-        coap_session_set_app_data(device->session, nullptr);
-        coap_session_release(device->session);
+    for (ShardSession* s : sessions_) {
+      if (s->session) {
+        coap_session_set_app_data(s->session, nullptr);
+        coap_session_release(s->session);
       }
     }
     if (context_) coap_free_context(context_);
@@ -150,8 +180,8 @@ class LoadRunner {
   }
 
  private:
-  static DeviceSession* of(coap_session_t* session) {
-    return static_cast<DeviceSession*>(coap_session_get_app_data(session));
+  static ShardSession* of(coap_session_t* session) {
+    return static_cast<ShardSession*>(coap_session_get_app_data(session));
   }
 
   void establish_sessions() {
@@ -160,39 +190,50 @@ class LoadRunner {
     const auto deadline =
         started + std::chrono::duration<double>(options_.handshake_budget_seconds);
     std::size_t next = 0;
-    while (report_.sessions_established + report_.sessions_failed < devices_.size()) {
-      while (next < devices_.size() && handshakes_in_flight_ < options_.max_handshakes_in_flight) {
-        start_handshake(*devices_[next++]);
+    while (report_.sessions_established + report_.sessions_failed < sessions_.size()) {
+      while (next < sessions_.size() && handshakes_in_flight_ < options_.max_handshakes_in_flight) {
+        start_handshake(*sessions_[next++]);
       }
       if (Clock::now() >= deadline) break;
       process_io(context_, 10);
       // libcoap 4.3.1 raises COAP_EVENT_DTLS_CONNECTED on a client only when a datagram
       // arrives after the handshake, so the end of a handshake is seen in the session state.
       for (std::size_t i = first_handshaking_; i < next; ++i) {
-        DeviceSession& device = *devices_[i];
-        if (device.state == DeviceSession::State::kHandshake &&
-            coap_session_get_state(device.session) == COAP_SESSION_STATE_ESTABLISHED)
-          mark_established(device);
+        ShardSession& s = *sessions_[i];
+        if (s.state == ShardSession::State::kHandshake &&
+            coap_session_get_state(s.session) == COAP_SESSION_STATE_ESTABLISHED)
+          mark_established(s);
       }
       while (first_handshaking_ < next &&
-             devices_[first_handshaking_]->state != DeviceSession::State::kHandshake)
+             sessions_[first_handshaking_]->state != ShardSession::State::kHandshake)
         ++first_handshaking_;
     }
     // Whatever is still half-open after the budget counts as failed.
-    for (auto& device : devices_) {
-      if (device->state == DeviceSession::State::kHandshake ||
-          device->state == DeviceSession::State::kNotStarted) {
-        device->state = DeviceSession::State::kFailed;
+    for (ShardSession* s : sessions_) {
+      if (s->state == ShardSession::State::kHandshake ||
+          s->state == ShardSession::State::kNotStarted) {
+        s->state = ShardSession::State::kFailed;
         ++report_.sessions_failed;
       }
     }
     handshakes_in_flight_ = 0;
+    // A device posts only when it holds a session with every shard.
+    for (auto& device : devices_) {
+      device->state = all_established(*device) ? Device::State::kIdle : Device::State::kFailed;
+      if (device->state == Device::State::kIdle) ++report_.devices_posting;
+    }
     report_.handshake_seconds = seconds_between(started, Clock::now());
     report_.handshake_traffic = datagram_counts() - before;
   }
 
-  void start_handshake(DeviceSession& device) {
-    const PskCredentials& psk_credentials = options_.devices[device.device];
+  static bool all_established(const Device& device) {
+    for (const auto& s : device.sessions)
+      if (s->state != ShardSession::State::kEstablished) return false;
+    return true;
+  }
+
+  void start_handshake(ShardSession& s) {
+    const PskCredentials& psk_credentials = options_.devices[s.device->index];
     coap_dtls_cpsk_t psk{};
     psk.version = COAP_DTLS_CPSK_SETUP_VERSION;
     psk.psk_info.identity.s = reinterpret_cast<const uint8_t*>(psk_credentials.identity.data());
@@ -200,20 +241,20 @@ class LoadRunner {
     psk.psk_info.key.s = psk_credentials.key.data();
     psk.psk_info.key.length = psk_credentials.key.size();
     // The ClientHello goes out here; COAP_EVENT_DTLS_CONNECTED reports the end.
-    device.state = DeviceSession::State::kHandshake;
+    s.state = ShardSession::State::kHandshake;
     ++handshakes_in_flight_;
-    device.session =
-        coap_new_client_session_psk2(context_, nullptr, &server_address_, COAP_PROTO_DTLS, &psk);
-    if (!device.session) {
-      fail(device);
+    s.session = coap_new_client_session_psk2(context_, nullptr, &server_addresses_[s.shard],
+                                             COAP_PROTO_DTLS, &psk);
+    if (!s.session) {
+      fail(s);
       return;
     }
-    coap_session_set_app_data(device.session, &device);
+    coap_session_set_app_data(s.session, &s);
   }
 
   void post_updates() {
     for (auto& device : devices_)
-      if (device->state == DeviceSession::State::kIdle) idle_.push_back(device.get());
+      if (device->state == Device::State::kIdle) idle_.push_back(device.get());
     if (options_.on_posts_starting) options_.on_posts_starting();
     const DatagramCounts before = datagram_counts();
     const auto started = Clock::now();
@@ -228,10 +269,11 @@ class LoadRunner {
       const bool may_post = now < stop_posting && posts_started < options_.max_posts;
       while (may_post && posts_in_flight_ < options_.max_posts_in_flight && !idle_.empty() &&
              posts_started < options_.max_posts) {
-        DeviceSession* device = idle_.front();
+        Device* device = idle_.front();
         idle_.pop_front();
-        if (device->state != DeviceSession::State::kIdle) continue;  // failed while idle
-        if (start_post(*device)) ++posts_started;
+        if (device->state != Device::State::kIdle) continue;  // failed while idle
+        start_update(*device);
+        ++posts_started;
       }
       if (posts_in_flight_ == 0 && (!may_post || idle_.empty())) break;
       if (now >= give_up) break;
@@ -240,133 +282,147 @@ class LoadRunner {
       if (answers_ != answered_before) last_answer = Clock::now();
       if (options_.q_block) step_q_block1_posts();
     }
-    report_.posts_unanswered += posts_in_flight_;
+    // Updates still in progress at the give-up: unanswered, each part that was.
+    for (ShardSession* s : sessions_)
+      if (s->posting) finish_part(*s, kUnanswered);
     report_.post_seconds = seconds_between(started, last_answer);
     report_.post_traffic = datagram_counts() - before;
     if (options_.on_posts_finished) options_.on_posts_finished();
   }
 
-  // The bursts after a 2.31, the blocks a 4.08 listed, and probes, for every Q-Block1 post
-  // in progress (a walk of the devices: ~1 µs at 1000, against a pass of libcoap's I/O).
+  // The bursts after a 2.31, the blocks a 4.08 listed, and probes, for every Q-Block1 part
+  // in progress (a walk of the sessions: ~1 µs per 1000, against a pass of libcoap's I/O).
   void step_q_block1_posts() {
     const auto now = Clock::now();
-    for (auto& device : devices_) {
-      if (device->state != DeviceSession::State::kPosting || !device->q_block1.active()) continue;
-      if (!device->q_block1.step(now)) fail(*device);
+    for (ShardSession* s : sessions_) {
+      if (!s->posting || !s->q_block1.active()) continue;
+      if (!s->q_block1.step(now)) fail(*s);
     }
   }
 
-  coap_pdu_t* new_post_pdu(const DeviceSession& device, coap_pdu_type_t type) const {
-    coap_pdu_t* pdu = coap_new_pdu(type, COAP_REQUEST_CODE_POST, device.session);
+  coap_pdu_t* new_post_pdu(const ShardSession& s, coap_pdu_type_t type) const {
+    coap_pdu_t* pdu = coap_new_pdu(type, COAP_REQUEST_CODE_POST, s.session);
     if (!pdu) return nullptr;
-    coap_add_token(pdu, device.token.size(), device.token.data());
+    coap_add_token(pdu, s.token.size(), s.token.data());
     coap_add_option(pdu, COAP_OPTION_URI_PATH, options_.path.size(),
                     reinterpret_cast<const uint8_t*>(options_.path.data()));
     return pdu;
   }
 
-  bool start_q_block1_post(DeviceSession& device, std::vector<std::uint8_t> body) {
-    std::uint8_t token[8];
-    std::size_t token_length = 0;
-    coap_session_new_token(device.session, &token_length, token);
-    device.token.assign(token, token + token_length);
-    device.body = std::move(body);
-    device.body_bytes = device.body.size();
-    if (!device.q_block1.start(device.session, device.body, device.token, options_.max_payloads,
-                               options_.ack_timeout_seconds, [this, &device](coap_pdu_type_t type) {
-                                 return new_post_pdu(device, type);
-                               })) {
-      fail(device);
-      return false;
-    }
-    device.state = DeviceSession::State::kPosting;
-    ++device.next_sequence;
+  // Every shard's part, one after the other; a part that cannot be sent counts as unanswered.
+  void start_update(Device& device) {
+    device.state = Device::State::kPosting;
+    device.parts_pending = device.sessions.size();
+    std::fill(device.part_outcome.begin(), device.part_outcome.end(), 0);
     ++posts_in_flight_;
-    report_.posted_body_bytes += device.body_bytes;
-    return true;
+    const std::uint64_t sequence = device.next_sequence++;
+    for (auto& s : device.sessions) {
+      std::vector<std::uint8_t> body = options_.make_body(device.index, s->shard, sequence);
+      report_.posted_body_bytes += body.size();
+      s->posting = true;
+      if (!start_part(*s, std::move(body))) fail(*s);
+    }
   }
 
-  bool start_post(DeviceSession& device) {
-    std::vector<std::uint8_t> body = options_.make_body(device.device, device.next_sequence);
-    device.q_block1.reset();
-    if (options_.q_block && body.size() > 1024) return start_q_block1_post(device, std::move(body));
-    coap_pdu_t* pdu = coap_new_pdu(COAP_MESSAGE_CON, COAP_REQUEST_CODE_POST, device.session);
-    if (!pdu) {
-      fail(device);
-      return false;
-    }
+  bool start_part(ShardSession& s, std::vector<std::uint8_t> body) {
+    s.q_block1.reset();
+    s.body_bytes = body.size();
     std::uint8_t token[8];
     std::size_t token_length = 0;
-    coap_session_new_token(device.session, &token_length, token);
-    coap_add_token(pdu, token_length, token);
-    device.token.assign(token, token + token_length);
-    coap_add_option(pdu, COAP_OPTION_URI_PATH, options_.path.size(),
-                    reinterpret_cast<const uint8_t*>(options_.path.data()));
+    coap_session_new_token(s.session, &token_length, token);
+    s.token.assign(token, token + token_length);
+    if (options_.q_block && body.size() > 1024) {
+      s.body = std::move(body);
+      return s.q_block1.start(s.session, s.body, s.token, options_.max_payloads,
+                              options_.ack_timeout_seconds,
+                              [this, &s](coap_pdu_type_t type) { return new_post_pdu(s, type); });
+    }
+    coap_pdu_t* pdu = new_post_pdu(s, COAP_MESSAGE_CON);
+    if (!pdu) return false;
     auto* owned = new std::vector<std::uint8_t>(std::move(body));
-    device.body_bytes = owned->size();
     // libcoap owns `owned` from here on (release_payload), whether or not the call succeeds.
-    if (!coap_add_data_large_request(device.session, pdu, owned->size(), owned->data(),
+    if (!coap_add_data_large_request(s.session, pdu, owned->size(), owned->data(),
                                      release_payload, owned)) {
       coap_delete_pdu(pdu);
-      fail(device);
       return false;
     }
-    if (coap_send(device.session, pdu) == COAP_INVALID_MID) {
-      fail(device);
-      return false;
-    }
-    device.state = DeviceSession::State::kPosting;
-    ++device.next_sequence;
-    ++posts_in_flight_;
-    report_.posted_body_bytes += device.body_bytes;
-    return true;
+    return coap_send(s.session, pdu) != COAP_INVALID_MID;
   }
 
-  void mark_established(DeviceSession& device) {
-    device.state = DeviceSession::State::kIdle;
+  void mark_established(ShardSession& s) {
+    s.state = ShardSession::State::kEstablished;
     --handshakes_in_flight_;
     ++report_.sessions_established;
   }
 
-  void finish_post(DeviceSession& device) {
-    device.state = DeviceSession::State::kIdle;
-    device.q_block1.reset();
-    --posts_in_flight_;
-    ++answers_;
-    idle_.push_back(&device);
+  // A part ended with `outcome` (a CoAP code number, or kUnanswered); the update ends with
+  // its last part.
+  void finish_part(ShardSession& s, int outcome) {
+    if (!s.posting) return;
+    s.posting = false;
+    s.q_block1.reset();
+    Device& device = *s.device;
+    device.part_outcome[s.shard] = outcome;
+    ShardPostCounts& counts = report_.shards[s.shard];
+    if (outcome == kUnanswered)
+      ++counts.unanswered;
+    else if (outcome / 100 == 2)
+      ++counts.acknowledged;
+    else
+      ++counts.refused_by_code[outcome];
+    if (--device.parts_pending == 0) finish_update(device);
   }
 
-  void fail(DeviceSession& device) {
-    switch (device.state) {
-      case DeviceSession::State::kNotStarted:
-      case DeviceSession::State::kHandshake:
+  void finish_update(Device& device) {
+    int refusal = 0;
+    bool unanswered = false;
+    for (const int outcome : device.part_outcome) {
+      if (outcome == kUnanswered) unanswered = true;
+      else if (outcome / 100 != 2 && refusal == 0) refusal = outcome;
+    }
+    if (refusal != 0)
+      ++report_.posts_refused_by_code[refusal];
+    else if (unanswered)
+      ++report_.posts_unanswered;
+    else
+      ++report_.posts_acknowledged;
+    --posts_in_flight_;
+    ++answers_;
+    if (all_established(device)) {
+      device.state = Device::State::kIdle;
+      idle_.push_back(&device);
+    } else {
+      device.state = Device::State::kFailed;
+    }
+  }
+
+  void fail(ShardSession& s) {
+    switch (s.state) {
+      case ShardSession::State::kNotStarted:
+      case ShardSession::State::kHandshake:
         --handshakes_in_flight_;
         ++report_.sessions_failed;
         break;
-      case DeviceSession::State::kPosting:
-        --posts_in_flight_;
-        ++answers_;
-        ++report_.posts_unanswered;
-        break;
-      case DeviceSession::State::kIdle:
-      case DeviceSession::State::kFailed:
+      case ShardSession::State::kEstablished:
+      case ShardSession::State::kFailed:
         break;
     }
-    device.state = DeviceSession::State::kFailed;
-    device.q_block1.reset();
+    s.state = ShardSession::State::kFailed;
+    finish_part(s, kUnanswered);
+    if (s.device->state == Device::State::kIdle) s.device->state = Device::State::kFailed;
   }
 
   static coap_response_t on_response(coap_session_t* session, const coap_pdu_t*,
                                      const coap_pdu_t* received, const coap_mid_t) {
-    DeviceSession* device = of(session);
-    if (!device || device->state != DeviceSession::State::kPosting) return COAP_RESPONSE_OK;
+    ShardSession* s = of(session);
+    if (!s || !s->posting) return COAP_RESPONSE_OK;
     const coap_bin_const_t token = coap_pdu_get_token(received);
-    if (token.length != device->token.size() ||
-        (token.length && std::memcmp(token.s, device->token.data(), token.length) != 0))
-      return COAP_RESPONSE_OK;  // not the post in progress
-    LoadRunner& self = *device->runner;
-    if (device->q_block1.active()) {
-      switch (device->q_block1.take_answer(received)) {
+    if (token.length != s->token.size() ||
+        (token.length && std::memcmp(token.s, s->token.data(), token.length) != 0))
+      return COAP_RESPONSE_OK;  // not the part in progress
+    LoadRunner& self = *s->runner;
+    if (s->q_block1.active()) {
+      switch (s->q_block1.take_answer(received)) {
         case QBlock1Sender::Answer::kContinue:
         case QBlock1Sender::Answer::kMissing:
           return COAP_RESPONSE_OK;  // step_q_block1_posts() sends what is due
@@ -380,63 +436,53 @@ class LoadRunner {
     const coap_pdu_code_t code = coap_pdu_get_code(received);
     const int code_number = (code >> 5) * 100 + (code & 0x1f);
     if (code_number / 100 == 2) {
-      ++self.report_.posts_acknowledged;
-      self.report_.acknowledged_body_bytes += device->body_bytes;
+      self.report_.acknowledged_body_bytes += s->body_bytes;
       if (self.options_.on_success) {
         size_t length = 0, offset = 0, total = 0;
         const uint8_t* data = nullptr;
         if (coap_get_data_large(received, &length, &data, &offset, &total) && data)
-          self.options_.on_success(std::span<const std::uint8_t>(data, length));
+          self.options_.on_success(s->shard, std::span<const std::uint8_t>(data, length));
         else
-          self.options_.on_success({});
+          self.options_.on_success(s->shard, {});
       }
-    } else {
-      ++self.report_.posts_refused_by_code[code_number];
     }
-    self.finish_post(*device);
+    self.finish_part(*s, code_number);
     return COAP_RESPONSE_OK;
   }
 
   static void on_nack(coap_session_t* session, const coap_pdu_t*, const coap_nack_reason_t,
                       const coap_mid_t) {
-    DeviceSession* device = of(session);
-    if (!device || device->state != DeviceSession::State::kPosting) return;
-    LoadRunner& self = *device->runner;
-    ++self.report_.posts_unanswered;
-    --self.posts_in_flight_;
-    device->q_block1.reset();
-    ++self.answers_;
+    ShardSession* s = of(session);
+    if (!s || !s->posting) return;
     // The session may still be usable (a lost exchange); a broken one reports an event too.
-    if (coap_session_get_state(session) == COAP_SESSION_STATE_ESTABLISHED) {
-      device->state = DeviceSession::State::kIdle;
-      self.idle_.push_back(device);
-    } else {
-      device->state = DeviceSession::State::kFailed;
-    }
+    if (coap_session_get_state(session) != COAP_SESSION_STATE_ESTABLISHED)
+      s->state = ShardSession::State::kFailed;
+    s->runner->finish_part(*s, kUnanswered);
   }
 
   static int on_event(coap_session_t* session, const coap_event_t event) {
-    DeviceSession* device = of(session);
-    if (!device) return 0;
-    LoadRunner& self = *device->runner;
-    if (event == COAP_EVENT_DTLS_CONNECTED && device->state == DeviceSession::State::kHandshake) {
-      self.mark_established(*device);
+    ShardSession* s = of(session);
+    if (!s) return 0;
+    LoadRunner& self = *s->runner;
+    if (event == COAP_EVENT_DTLS_CONNECTED && s->state == ShardSession::State::kHandshake) {
+      self.mark_established(*s);
     } else if (event == COAP_EVENT_DTLS_ERROR || event == COAP_EVENT_DTLS_CLOSED ||
                event == COAP_EVENT_SESSION_FAILED) {
-      self.fail(*device);
+      self.fail(*s);
     }
     return 0;
   }
 
   const UpdateLoadOptions& options_;
-  coap_address_t server_address_{};
+  std::vector<coap_address_t> server_addresses_;  // per shard
   coap_context_t* context_ = nullptr;
-  std::vector<std::unique_ptr<DeviceSession>> devices_;
-  std::deque<DeviceSession*> idle_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::vector<ShardSession*> sessions_;  // every device's, device by device
+  std::deque<Device*> idle_;
   std::size_t handshakes_in_flight_ = 0;
-  std::size_t first_handshaking_ = 0;  // devices before it are past their handshake
-  std::size_t posts_in_flight_ = 0;
-  std::uint64_t answers_ = 0;  // posts finished one way or another
+  std::size_t first_handshaking_ = 0;  // sessions before it are past their handshake
+  std::size_t posts_in_flight_ = 0;    // updates
+  std::uint64_t answers_ = 0;          // updates finished one way or another
   UpdateLoadReport report_;
 };
 
@@ -445,6 +491,8 @@ class LoadRunner {
 UpdateLoadReport run_update_load(const UpdateLoadOptions& options) {
   if (!options.make_body) throw TransportError("run_update_load needs make_body");
   if (options.devices.empty()) throw TransportError("run_update_load needs at least one device");
+  for (const std::uint16_t port : options.shard_ports)
+    if (port == 0) throw TransportError("run_update_load: a shard port of 0");
   LoadRunner runner(options);
   return runner.run();
 }

@@ -1168,8 +1168,12 @@ namespace {
 // session timeouts), and libcoap arms its timerfd itself for what is queued between walks
 // (retransmissions). So run_once() lets a pass skip the walk when the last one was less
 // than kWalkDeferral ago and libcoap's timer did not fire, and makes the walk it owes
-// itself within kWalkDeferral (ours: 10 ms, a delay nothing in CoAP's timing notices).
-constexpr std::chrono::milliseconds kWalkDeferral{10};
+// itself within kWalkDeferral (ours: 50 ms, a delay nothing in CoAP's timing notices; an
+// Observe notification of /status, every few seconds, may leave up to 50 ms later. It was
+// 10 ms: at a few hundred updates/s that still meant a walk per 2-5 updates, ~10 % of the
+// server's CPU in perf; at 50 ms 4.4 %, the rest being walks the timer's firings force;
+// server/README.md, "A sharded server under the load").
+constexpr std::chrono::milliseconds kWalkDeferral{50};
 // socket_ingress.cc's wrapper declares coap_io_prepare_epoll() without libcoap's headers.
 static_assert(sizeof(coap_tick_t) == sizeof(std::uint64_t));
 }  // namespace

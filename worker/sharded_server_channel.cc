@@ -51,30 +51,83 @@ int refusal_code(transport::CodecErrorCode code) {
 
 }  // namespace
 
+ShardedUpdateSplitter::ShardedUpdateSplitter(const Model& model, std::uint32_t shard_count) {
+  if (shard_count == 0) throw std::invalid_argument("a sharded server needs at least one shard");
+  std::vector<std::uint32_t> tensor_sizes;
+  for (const TensorInfo& t : model.tensors())
+    tensor_sizes.push_back(static_cast<std::uint32_t>(t.size));
+  pieces_of_tensor_.resize(tensor_sizes.size());
+  for (std::uint32_t s = 0; s < shard_count; s++) {
+    const ShardId id{s, shard_count};
+    layout_ids_.push_back(shard_model(model, id).layout_id());
+    const std::vector<ShardPiece> pieces = shard_pieces(tensor_sizes, id);
+    for (std::uint32_t j = 0; j < pieces.size(); j++)
+      pieces_of_tensor_[pieces[j].tensor].push_back({s, j, pieces[j].offset, pieces[j].size});
+  }
+}
+
+void ShardedUpdateSplitter::split(const transport::SparseUpdate& update,
+                                  std::span<const std::uint64_t> fetched_versions,
+                                  std::vector<transport::SparseUpdate>& parts) const {
+  if (fetched_versions.size() != shard_count())
+    throw std::invalid_argument("ShardedUpdateSplitter::split: " +
+                                std::to_string(fetched_versions.size()) +
+                                " fetched versions for " + std::to_string(shard_count()) +
+                                " shards");
+  parts.assign(shard_count(), {});
+  for (std::size_t s = 0; s < shard_count(); s++) {
+    parts[s].model_id = layout_ids_[s];
+    parts[s].sequence = update.sequence;
+    parts[s].fetched_version = fetched_versions[s];
+  }
+  for (const transport::SparseTensor& record : update.tensors) {
+    if (record.tensor >= pieces_of_tensor_.size())
+      throw std::invalid_argument("ShardedUpdateSplitter::split: tensor " +
+                                  std::to_string(record.tensor) + " is not one of the model's " +
+                                  std::to_string(pieces_of_tensor_.size()));
+    const std::vector<PieceRef>& refs = pieces_of_tensor_[record.tensor];
+    std::size_t r = 0;
+    transport::SparseTensor* target = nullptr;
+    for (std::size_t j = 0; j < record.indices.size(); j++) {
+      const std::uint32_t index = record.indices[j];
+      bool moved = false;
+      while (index >= refs[r].offset + refs[r].size) {
+        if (++r == refs.size())
+          throw std::invalid_argument("ShardedUpdateSplitter::split: index " +
+                                      std::to_string(index) + " is past tensor " +
+                                      std::to_string(record.tensor));
+        moved = true;
+      }
+      if (target == nullptr || moved) {
+        transport::SparseUpdate& part = parts[refs[r].shard];
+        part.tensors.push_back({refs[r].local_tensor, refs[r].size, {}, {}});
+        target = &part.tensors.back();
+      }
+      target->indices.push_back(index - refs[r].offset);
+      target->values.push_back(record.values[j]);
+    }
+  }
+}
+
 ShardedServerChannel::ShardedServerChannel(const Model& model,
                                            std::vector<std::unique_ptr<ServerChannel>> shards)
     : model_id_(model.layout_id()),
+      splitter_(model, static_cast<std::uint32_t>(shards.size())),
       parameters_(model.parameter_count(), 0.0f),
       acknowledged_(shards.size(), 0) {
-  if (shards.empty()) throw std::invalid_argument("a sharded server needs at least one shard");
   for (const TensorInfo& t : model.tensors())
     tensor_sizes_.push_back(static_cast<std::uint32_t>(t.size));
-  pieces_of_tensor_.resize(tensor_sizes_.size());
   const auto count = static_cast<std::uint32_t>(shards.size());
   for (std::uint32_t s = 0; s < count; s++) {
     const ShardId id{s, count};
     Shard shard;
     shard.channel = std::move(shards[s]);
-    shard.layout_id = shard_model(model, id).layout_id();
+    shard.layout_id = splitter_.shard_layout_id(s);
     shard.pieces = shard_pieces(tensor_sizes_, id);
     const auto [first, last] = shard_range(parameters_.size(), id);
     shard.first = static_cast<std::size_t>(first);
     shard.size = static_cast<std::size_t>(last - first);
-    for (std::uint32_t j = 0; j < shard.pieces.size(); j++) {
-      const ShardPiece& p = shard.pieces[j];
-      shard.tensor_sizes.push_back(p.size);
-      pieces_of_tensor_[p.tensor].push_back({s, j, p.offset, p.size});
-    }
+    for (const ShardPiece& p : shard.pieces) shard.tensor_sizes.push_back(p.size);
     shards_.push_back(std::move(shard));
   }
 }
@@ -232,32 +285,8 @@ CoapResponse ShardedServerChannel::post_update(std::span<const std::uint8_t> bod
     return text_answer(CoapCode::kConflict,
                        "version " + std::to_string(update.fetched_version) +
                            " is not one of this channel's recent models: pull again");
-  std::vector<transport::SparseUpdate> parts(shards_.size());
-  for (std::size_t s = 0; s < shards_.size(); s++) {
-    parts[s].model_id = shards_[s].layout_id;
-    parts[s].sequence = update.sequence;
-    parts[s].fetched_version = (*fetched)[s];
-  }
-  for (const transport::SparseTensor& record : update.tensors) {
-    const std::vector<PieceRef>& refs = pieces_of_tensor_[record.tensor];
-    std::size_t r = 0;
-    transport::SparseTensor* target = nullptr;
-    for (std::size_t j = 0; j < record.indices.size(); j++) {
-      const std::uint32_t index = record.indices[j];
-      bool moved = false;
-      while (index >= refs[r].offset + refs[r].size) {
-        ++r;
-        moved = true;
-      }
-      if (target == nullptr || moved) {
-        transport::SparseUpdate& part = parts[refs[r].shard];
-        part.tensors.push_back({refs[r].local_tensor, refs[r].size, {}, {}});
-        target = &part.tensors.back();
-      }
-      target->indices.push_back(index - refs[r].offset);
-      target->values.push_back(record.values[j]);
-    }
-  }
+  std::vector<transport::SparseUpdate> parts;
+  splitter_.split(update, *fetched, parts);
   // A piece of a sign + scale record keeps its values ±s, so it encodes the same way.
   const transport::EncodeOptions options{value_encoding_of(body, update)};
   std::optional<CoapResponse> refusal;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,6 +33,40 @@
 #include "transport/codec.h"
 
 namespace edgetrain::runtime {
+
+// How an update of the whole model is cut into the shards' updates: the channel's push
+// below and edgetrain-loadgen's sharded load (tests/bench/loadgen.cc) both call it, so the
+// load a benchmark puts on shard servers is the one workers send. Immutable after
+// construction; its calls may run on any thread.
+class ShardedUpdateSplitter {
+ public:
+  // Shards 0..shard_count-1 of `model` (model/model_shards.h). Throws std::invalid_argument
+  // when shard_count is 0 or larger than the parameter count.
+  ShardedUpdateSplitter(const Model& model, std::uint32_t shard_count);
+
+  std::size_t shard_count() const { return layout_ids_.size(); }
+  // Shard s's layout id (the codec's model id of its updates and models).
+  std::uint64_t shard_layout_id(std::size_t s) const { return layout_ids_[s]; }
+
+  // Fills parts[s] (resized to shard_count()) with shard s's piece of `update`: the entries
+  // in its range, indexed within its own tensors, with the update's sequence and
+  // fetched_versions[s] as t_fetch; a shard the update does not touch gets an update without
+  // tensors (it still makes a version there). `update` must have decoded against the whole
+  // model's layout (indices increasing within each record, as the codec guarantees), and
+  // fetched_versions must hold shard_count() versions; otherwise std::invalid_argument.
+  void split(const transport::SparseUpdate& update,
+             std::span<const std::uint64_t> fetched_versions,
+             std::vector<transport::SparseUpdate>& parts) const;
+
+ private:
+  // A piece as seen from a tensor of the whole model: entries [offset, offset + size) of it
+  // are tensor `local_tensor` of shard `shard`.
+  struct PieceRef {
+    std::uint32_t shard = 0, local_tensor = 0, offset = 0, size = 0;
+  };
+  std::vector<std::uint64_t> layout_ids_;
+  std::vector<std::vector<PieceRef>> pieces_of_tensor_;  // per tensor of the whole model, in offset order
+};
 
 class ShardedServerChannel : public ServerChannel {
  public:
@@ -69,11 +104,6 @@ class ShardedServerChannel : public ServerChannel {
     bool exact = false;  // parameters_ holds this shard's slice at `version`
     std::uint64_t version = 0;
   };
-  // A piece as seen from a tensor of the whole model: entries [offset, offset + size) of it
-  // are tensor `local_tensor` of shard `shard`.
-  struct PieceRef {
-    std::uint32_t shard = 0, local_tensor = 0, offset = 0, size = 0;
-  };
 
   // Brings shard `s` up to date; on a 2.05 fills `changed` with the shard's records of the
   // entries that changed (meaningful when the slice was exact before). Returns the shard's
@@ -87,8 +117,7 @@ class ShardedServerChannel : public ServerChannel {
   std::uint64_t model_id_;
   std::vector<std::uint32_t> tensor_sizes_;
   std::vector<Shard> shards_;
-  std::vector<std::vector<PieceRef>>
-      pieces_of_tensor_;  // per tensor of the whole model, in offset order
+  ShardedUpdateSplitter splitter_;
   std::vector<float> parameters_;
   std::vector<std::uint64_t> acknowledged_;
   // The last assemblies: synthetic version → per-shard versions (newest last).

@@ -19,6 +19,12 @@
 //             (then each tensor's recorded values become ±(their mean magnitude), as the
 //             worker's --sign-scale makes them). The summary line names the source:
 //             source=synthetic or source=replay records=N.
+//             --shard-ports P0 P1 ... drives a sharded server (edgetrain-server --shard I/N)
+//             as workers do: a session per device and shard, every update cut into the
+//             shards' parts by the worker's own ShardedUpdateSplitter, each part with the
+//             newest version its shard acknowledged as t_fetch, all parts posted together,
+//             the update acknowledged when every shard acknowledged its part; per shard the
+//             versions made (one per acknowledged part) and, with --shard-pids, the CPU.
 //   transfer  through a user-space UDP relay that delays every datagram by D ms one way:
 //             time of one update post and of one dense model pull (lock-step Block2),
 //             then of sparse pulls (GET /model?since=V) after N updates by others
@@ -65,6 +71,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
@@ -75,7 +82,9 @@
 #include "common/settings.h"
 #include "worker/compressor.h"
 #include "model/model.h"
+#include "model/model_shards.h"
 #include "worker/model_replica.h"
+#include "worker/sharded_server_channel.h"
 #include "server/keystore.h"
 #include "server/resources.h"
 #include "server/write_ahead_log.h"
@@ -217,11 +226,18 @@ struct UpdateFactory {
     }
   }
 
-  std::vector<std::uint8_t> encode(std::size_t pattern, std::uint64_t sequence,
-                                   std::uint64_t fetched_version) {
+  // Pattern `pattern` (cycling) with this header, for posting or splitting into shards' parts.
+  const transport::SparseUpdate& stamped(std::size_t pattern, std::uint64_t sequence,
+                                         std::uint64_t fetched_version) {
     transport::SparseUpdate& update = patterns[pattern % patterns.size()];
     update.sequence = sequence;
     update.fetched_version = fetched_version;
+    return update;
+  }
+
+  std::vector<std::uint8_t> encode(std::size_t pattern, std::uint64_t sequence,
+                                   std::uint64_t fetched_version) {
+    const transport::SparseUpdate& update = stamped(pattern, sequence, fetched_version);
     auto encoded = transport::encode_sparse_update(update, {values});
     if (!encoded) throw std::runtime_error("cannot encode an update: " + encoded.error().message);
     return std::move(encoded).value();
@@ -347,15 +363,25 @@ struct ReplayedUpdates {
     return value_encoding_name(encodings.front());
   }
 
-  // The next record in log order, re-stamped for the server being loaded.
-  std::vector<std::uint8_t> encode(std::uint64_t sequence, std::uint64_t fetched_version) {
+  // The next record in log order, re-stamped for the server being loaded; `encoding` is set
+  // to the one it is posted in.
+  const transport::SparseUpdate& next_stamped(std::uint64_t sequence,
+                                              std::uint64_t fetched_version,
+                                              transport::ValueEncoding& encoding) {
     const std::size_t r = next;
     next = (next + 1) % updates.size();
     ++posts;
     transport::SparseUpdate& update = updates[r];
     update.sequence = sequence;
     update.fetched_version = fetched_version;
-    auto encoded = transport::encode_sparse_update(update, {encodings[r]});
+    encoding = encodings[r];
+    return update;
+  }
+
+  std::vector<std::uint8_t> encode(std::uint64_t sequence, std::uint64_t fetched_version) {
+    transport::ValueEncoding encoding{};
+    const transport::SparseUpdate& update = next_stamped(sequence, fetched_version, encoding);
+    auto encoded = transport::encode_sparse_update(update, {encoding});
     if (!encoded)
       throw std::runtime_error("cannot encode a replayed update: " + encoded.error().message);
     return std::move(encoded).value();
@@ -407,6 +433,25 @@ struct LoadSettings {
   bool sign_scale = false;
   bool q_block = true;             // Q-Block1 bodies as the worker sends them; false: RFC 7959
   std::size_t max_payloads = 10;   // blocks per Q-Block1 burst
+  // A sharded server: the shards' ports (shard 0 first) instead of --port, and their
+  // processes for CPU time instead of --server-pid.
+  std::vector<int> shard_ports, shard_pids;
+  // Time for every session's handshake (0: 60 s per server, a shard's sessions on top).
+  double handshake_seconds = 0;
+
+  std::size_t shard_count() const { return shard_ports.empty() ? 1 : shard_ports.size(); }
+  std::vector<std::uint16_t> ports() const {
+    if (shard_ports.empty()) return {port};
+    std::vector<std::uint16_t> all;
+    for (int p : shard_ports) all.push_back(static_cast<std::uint16_t>(p));
+    return all;
+  }
+  // The server processes whose CPU is measured, per shard (none: not measured).
+  std::vector<int> pids() const {
+    if (!shard_ports.empty()) return shard_pids;
+    if (server_pid) return {server_pid};
+    return {};
+  }
 };
 
 // What one load run measured, for the report.
@@ -419,11 +464,39 @@ struct LoadMeasurement {
   double replay_cycles = 0;  // posts made / records: above 1 when the run went round the log again
   std::string
       replay_note;  // what a person should know about the log (left-out records, a torn tail)
-  nlohmann::json status_before, status_after;  // /status around the posts
-  double cpu_at_start = 0, cpu_before = 0,
-         cpu_after = 0;  // the server's, around handshakes and posts
+  // Per server (shard), /status and CPU seconds around handshakes and posts.
+  std::vector<nlohmann::json> status_before, status_after;
+  std::vector<double> cpu_at_start, cpu_before, cpu_after;
   double own_cpu_before = 0, own_cpu_after = 0;
+
+  // Every server's CPU seconds during the posts, summed (the whole sharded server).
+  double server_cpu_seconds() const {
+    double total = 0;
+    for (std::size_t i = 0; i < cpu_after.size(); ++i) total += cpu_after[i] - cpu_before[i];
+    return total;
+  }
+  double handshake_cpu_seconds() const {
+    double total = 0;
+    for (std::size_t i = 0; i < cpu_before.size(); ++i) total += cpu_before[i] - cpu_at_start[i];
+    return total;
+  }
+  std::uint64_t versions_advanced(std::size_t server) const {
+    return status_after[server]["version"].get<std::uint64_t>() -
+           status_before[server]["version"].get<std::uint64_t>();
+  }
+  // Updates started: acknowledged, refused or unanswered.
+  std::uint64_t updates_sent() const {
+    std::uint64_t sent = report.posts_acknowledged + report.posts_unanswered;
+    for (const auto& [code, count] : report.posts_refused_by_code) sent += count;
+    return sent;
+  }
 };
+
+std::vector<double> cpu_seconds_of(const std::vector<int>& pids) {
+  std::vector<double> seconds;
+  for (int pid : pids) seconds.push_back(process_cpu_seconds(pid));
+  return seconds;
+}
 
 LoadMeasurement measure_load(const LoadSettings& s) {
   const auto values =
@@ -460,29 +533,61 @@ LoadMeasurement measure_load(const LoadSettings& s) {
     m.values = value_encoding_name(values);
   }
   const auto keystore = server::Keystore::load(s.keystore);
+  const std::size_t shards = s.shard_count();
+  const runtime::Model whole(runtime::model_spec_from_argument(s.model));
+  // With shards, every update is cut as the worker's ShardedServerChannel cuts it.
+  std::optional<runtime::ShardedUpdateSplitter> splitter;
+  if (shards > 1) splitter.emplace(whole, static_cast<std::uint32_t>(shards));
 
-  transport::CoapDtlsClient probe(
-      {"127.0.0.1", s.port, credentials(keystore, kProbeDevice), 20000});
-  const nlohmann::json status_before_handshakes = server_status(probe);
-  // Updates of another model would each be refused with 4.00: say so once, before the
-  // handshakes of every device.
+  // A probe session per server, for /status.
+  std::vector<std::unique_ptr<transport::CoapDtlsClient>> probes;
+  for (const std::uint16_t port : s.ports())
+    probes.push_back(std::make_unique<transport::CoapDtlsClient>(transport::CoapDtlsClient::Options(
+        "127.0.0.1", port, credentials(keystore, kProbeDevice), 20000)));
+  auto statuses = [&] {
+    std::vector<nlohmann::json> all;
+    for (auto& probe : probes) all.push_back(server_status(*probe));
+    return all;
+  };
+  const std::vector<nlohmann::json> status_before_handshakes = statuses();
+  // Updates of another model (or of another shard: given in the wrong order) would each be
+  // refused with 4.00 or 4.09: say so once, before the handshakes of every device.
   const auto builtin = runtime::builtin_model_names();
-  const std::string& model_name =
-      s.model;  // compared only when it names a built-in model, as /status does
-  if (std::find(builtin.begin(), builtin.end(), model_name) != builtin.end() &&
-      status_before_handshakes.contains("model") && status_before_handshakes["model"].is_string() &&
-      status_before_handshakes["model"].get<std::string>() != model_name)
-    throw UsageError("the server runs the model '" +
-                     status_before_handshakes["model"].get<std::string>() + "', not '" +
-                     model_name + "' (--model)");
-  std::atomic<std::uint64_t> latest_version{
-      status_before_handshakes["version"].get<std::uint64_t>()};
+  if (std::find(builtin.begin(), builtin.end(), s.model) != builtin.end()) {
+    for (std::size_t i = 0; i < shards; ++i) {
+      const std::string expected =
+          shards > 1 ? runtime::shard_model(whole, {static_cast<std::uint32_t>(i),
+                                                    static_cast<std::uint32_t>(shards)})
+                           .spec()
+                           .name
+                     : s.model;
+      const nlohmann::json& status = status_before_handshakes[i];
+      if (status.contains("model") && status["model"].is_string() &&
+          status["model"].get<std::string>() != expected)
+        throw UsageError(
+            (shards > 1 ? "the server at --shard-ports entry " + std::to_string(i) + " (port " +
+                              std::to_string(s.ports()[i]) + ")"
+                        : std::string("the server")) +
+            " runs the model '" + status["model"].get<std::string>() + "', not '" + expected +
+            "' (--model" + (shards > 1 ? ", shard " + std::to_string(i) + " of " +
+                                             std::to_string(shards) + ")"
+                                       : ")"));
+    }
+  }
+  // Per shard, the newest version it acknowledged: each part's t_fetch, as a worker's
+  // channel sends that shard's version of its last pull. (Callbacks run on this thread.)
+  std::vector<std::uint64_t> latest_version;
+  for (const auto& status : status_before_handshakes)
+    latest_version.push_back(status["version"].get<std::uint64_t>());
 
   transport::bench::UpdateLoadOptions options;
   options.port = s.port;
+  if (shards > 1) options.shard_ports = s.ports();
   for (std::size_t i = 0; i < s.devices; ++i)
     options.devices.push_back(credentials(keystore, load_device_name(i)));
   options.max_posts_in_flight = s.posts_in_flight;
+  options.handshake_budget_seconds =
+      s.handshake_seconds > 0 ? s.handshake_seconds : 60.0 * static_cast<double>(shards);
   options.q_block = s.q_block;
   options.max_payloads = s.max_payloads;
   options.max_posts = s.max_posts;
@@ -491,25 +596,43 @@ LoadMeasurement measure_load(const LoadSettings& s) {
   // the server sees delays of about W (below the default max staleness of 64).
   // `sequence` counts each device's posts from 1 (transport/bench_load.h): increasing per
   // device, as the server's replay detection wants, for recorded updates as for synthetic.
-  options.make_body = [&](std::size_t device, std::uint64_t sequence) {
-    if (replay) return replay->encode(sequence, latest_version.load());
-    return factory->encode(device + sequence, sequence, latest_version.load());
+  std::vector<transport::SparseUpdate> parts;  // of the update being started, per shard
+  transport::ValueEncoding parts_encoding = values;
+  options.make_body = [&](std::size_t device, std::size_t shard, std::uint64_t sequence) {
+    if (!splitter) {
+      if (replay) return replay->encode(sequence, latest_version[0]);
+      return factory->encode(device + sequence, sequence, latest_version[0]);
+    }
+    // Shard 0 is asked first: the whole update is cut then, each part with its shard's t_fetch.
+    if (shard == 0) {
+      const transport::SparseUpdate& update =
+          replay ? replay->next_stamped(sequence, 0, parts_encoding)
+                 : factory->stamped(device + sequence, sequence, 0);
+      splitter->split(update, latest_version, parts);
+    }
+    auto encoded = transport::encode_sparse_update(parts[shard], {parts_encoding});
+    if (!encoded)
+      throw std::runtime_error("cannot encode shard " + std::to_string(shard) +
+                               "'s part of an update: " + encoded.error().message);
+    return std::move(encoded).value();
   };
-  options.on_success = [&](std::span<const std::uint8_t> payload) {
-    if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
-      latest_version = *version;
+  options.on_success = [&](std::size_t shard, std::span<const std::uint8_t> payload) {
+    if (auto version = server::decode_update_reply(payload);
+        version && *version > latest_version[shard])
+      latest_version[shard] = *version;
   };
+  const std::vector<int> pids = s.pids();
   options.on_posts_starting = [&] {
-    m.status_before = server_status(probe);
-    if (s.server_pid) m.cpu_before = process_cpu_seconds(s.server_pid);
+    m.status_before = statuses();
+    m.cpu_before = cpu_seconds_of(pids);
     m.own_cpu_before = own_cpu_seconds();
   };
   options.on_posts_finished = [&] {
     m.own_cpu_after = own_cpu_seconds();
-    if (s.server_pid) m.cpu_after = process_cpu_seconds(s.server_pid);
-    m.status_after = server_status(probe);
+    m.cpu_after = cpu_seconds_of(pids);
+    m.status_after = statuses();
   };
-  m.cpu_at_start = s.server_pid ? process_cpu_seconds(s.server_pid) : 0;
+  m.cpu_at_start = cpu_seconds_of(pids);
   m.report = transport::bench::run_update_load(options);
   if (replay)
     m.replay_cycles =
@@ -559,13 +682,20 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
   std::printf(
       "sessions established            %zu of %zu in %.2f s (%zu failed); handshakes sent %llu "
       "datagrams, %.1f kB\n",
-      report.sessions_established, s.devices, report.handshake_seconds, report.sessions_failed,
+      report.sessions_established, s.devices * s.shard_count(), report.handshake_seconds,
+      report.sessions_failed,
       static_cast<unsigned long long>(report.handshake_traffic.sent_datagrams),
       report.handshake_traffic.sent_bytes / 1e3);
-  if (s.server_pid)
+  const bool cpu_measured = !m.cpu_after.empty();
+  if (s.shard_count() > 1)
+    std::printf("sharded server                  %zu shards: each update cut into %zu parts "
+                "(ShardedUpdateSplitter), a session per device and shard; %zu devices hold "
+                "every shard's session and post\n",
+                s.shard_count(), s.shard_count(), report.devices_posting);
+  if (cpu_measured)
     std::printf("server CPU for the handshakes   %.2f s (%.2f ms per session)\n",
-                m.cpu_before - m.cpu_at_start,
-                1e3 * (m.cpu_before - m.cpu_at_start) /
+                m.handshake_cpu_seconds(),
+                1e3 * m.handshake_cpu_seconds() /
                     std::max<std::size_t>(1, report.sessions_established));
   std::string refused;
   for (const auto& [code, count] : report.posts_refused_by_code)
@@ -576,16 +706,42 @@ void print_load(const LoadSettings& s, const LoadMeasurement& m) {
       static_cast<unsigned long long>(report.posts_acknowledged), report.post_seconds,
       applied / std::max(1e-9, report.post_seconds), refused.empty() ? " none" : refused.c_str(),
       static_cast<unsigned long long>(report.posts_unanswered));
-  const std::uint64_t versions = m.status_after["version"].get<std::uint64_t>() -
-                                 m.status_before["version"].get<std::uint64_t>();
-  std::printf("server versions advanced        %llu\n", static_cast<unsigned long long>(versions));
-  if (s.server_pid && applied > 0) {
-    const double cpu = m.cpu_after - m.cpu_before;
+  if (s.shard_count() == 1) {
+    std::printf("server versions advanced        %llu\n",
+                static_cast<unsigned long long>(m.versions_advanced(0)));
+  } else {
+    // Every update makes a version on every shard (an empty part too): each shard's count
+    // is the updates it acknowledged its part of, the updates sent when none was refused.
+    for (std::size_t i = 0; i < s.shard_count(); ++i) {
+      const auto& counts = report.shards[i];
+      std::uint64_t refused_parts = 0;
+      for (const auto& [code, count] : counts.refused_by_code) refused_parts += count;
+      const bool exact = m.versions_advanced(i) == counts.acknowledged;
+      std::printf(
+          "shard %zu versions advanced      %llu for %llu updates sent (%llu parts acknowledged, "
+          "%llu refused, %llu unanswered): %s\n",
+          i, static_cast<unsigned long long>(m.versions_advanced(i)),
+          static_cast<unsigned long long>(m.updates_sent()),
+          static_cast<unsigned long long>(counts.acknowledged),
+          static_cast<unsigned long long>(refused_parts),
+          static_cast<unsigned long long>(counts.unanswered),
+          exact ? "one version per acknowledged part" : "MISMATCH");
+    }
+  }
+  if (cpu_measured && applied > 0) {
+    const double cpu = m.server_cpu_seconds();
     std::printf(
         "server CPU (utime+stime)        %.2f s over %.2f s = %.0f%% of a core; %.0f us per update "
-        "(bound with a whole core: %.0f updates/s)\n",
+        "(bound with a whole core: %.0f updates/s)%s\n",
         cpu, report.post_seconds, 100 * cpu / std::max(1e-9, report.post_seconds),
-        1e6 * cpu / applied, applied / std::max(1e-9, cpu));
+        1e6 * cpu / applied, applied / std::max(1e-9, cpu),
+        s.shard_count() > 1 ? ", all shards" : "");
+    for (std::size_t i = 0; s.shard_count() > 1 && i < m.cpu_after.size(); ++i) {
+      const double shard_cpu = m.cpu_after[i] - m.cpu_before[i];
+      std::printf("shard %zu CPU                     %.2f s = %.0f%% of a core; %.0f us per update\n",
+                  i, shard_cpu, 100 * shard_cpu / std::max(1e-9, report.post_seconds),
+                  1e6 * shard_cpu / applied);
+    }
   }
   std::uint64_t posts_sent = report.posts_acknowledged + report.posts_unanswered;
   for (const auto& [code, count] : report.posts_refused_by_code) posts_sent += count;
@@ -622,14 +778,31 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
   summary += " values=" + m.values + " update_bytes=" + std::to_string(m.update_bytes) +
              " devices=" + std::to_string(s.devices) +
              " established=" + std::to_string(report.sessions_established) +
+             " devices_posting=" + std::to_string(report.devices_posting) +
              " in_flight=" + std::to_string(s.posts_in_flight) +
              " applied=" + std::to_string(report.posts_acknowledged) +
              " refused=" + std::to_string(refused) +
              " unanswered=" + std::to_string(report.posts_unanswered) +
              " updates_per_s=" + std::to_string(applied / std::max(1e-9, report.post_seconds)) +
              " blocks=" + (s.q_block ? "q-block1" : "block1");
-  if (s.server_pid && applied > 0)
-    summary += " server_cpu_us=" + std::to_string(1e6 * (m.cpu_after - m.cpu_before) / applied);
+  if (!m.cpu_after.empty() && applied > 0)
+    summary += " server_cpu_us=" + std::to_string(1e6 * m.server_cpu_seconds() / applied);
+  // Sharded: per shard, '/'-separated in shard order; `sent` is every update started.
+  summary += " shards=" + std::to_string(s.shard_count()) +
+             " sent=" + std::to_string(m.updates_sent());
+  if (s.shard_count() > 1) {
+    std::string versions, acknowledged, cpu;
+    for (std::size_t i = 0; i < s.shard_count(); ++i) {
+      const char* sep = i ? "/" : "";
+      versions += sep + std::to_string(m.versions_advanced(i));
+      acknowledged += sep + std::to_string(report.shards[i].acknowledged);
+      if (i < m.cpu_after.size() && applied > 0)
+        cpu += sep + std::to_string(static_cast<long long>(
+                         std::lround(1e6 * (m.cpu_after[i] - m.cpu_before[i]) / applied)));
+    }
+    summary += " shard_versions=" + versions + " shard_acknowledged=" + acknowledged;
+    if (!cpu.empty()) summary += " shard_cpu_us=" + cpu;
+  }
   if (applied > 0)
     summary +=
         " loadgen_cpu_us=" + std::to_string(1e6 * (m.own_cpu_after - m.own_cpu_before) / applied);
@@ -638,8 +811,9 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
                std::to_string(100.0 * (static_cast<double>(traffic.sent_bytes) /
                                            static_cast<double>(report.posted_body_bytes) -
                                        1));
-  const auto& t0 = m.status_before["submit_seconds"];
-  const auto& t1 = m.status_after["submit_seconds"];
+  // The server's own breakdown: shard 0's with shards (each shard's is about the same).
+  const auto& t0 = m.status_before[0]["submit_seconds"];
+  const auto& t1 = m.status_after[0]["submit_seconds"];
   const double timed = t1["applied_updates"].get<double>() - t0["applied_updates"].get<double>();
   if (timed > 0) {
     auto per_update_us = [&](const char* key) {
@@ -651,7 +825,7 @@ void print_load_summary(const LoadSettings& s, const LoadMeasurement& m) {
         "checkpoints %.0f us (amortized)\n",
         per_update_us("decode"), per_update_us("wal_append_fdatasync"), per_update_us("apply"),
         per_update_us("checkpoints"));
-    if (s.server_pid && applied > 0) {
+    if (s.shard_count() == 1 && !m.cpu_after.empty() && applied > 0) {
       const double submit_us = per_update_us("decode") + per_update_us("wal_append_fdatasync") +
                                per_update_us("apply") + per_update_us("checkpoints");
       const double wall_per_update_us = 1e6 * report.post_seconds / applied;
@@ -1130,10 +1304,10 @@ FloodPhase measure_flood_phase(const FloodBenchSettings& s, double spoof_per_sec
   options.max_posts = 1000000;
   options.max_post_seconds = s.seconds;
   const std::uint64_t first_sequence = next_sequence;
-  options.make_body = [&](std::size_t device, std::uint64_t sequence) {
+  options.make_body = [&](std::size_t device, std::size_t, std::uint64_t sequence) {
     return factory.encode(device + sequence, first_sequence + sequence, latest_version.load());
   };
-  options.on_success = [&](std::span<const std::uint8_t> payload) {
+  options.on_success = [&](std::size_t, std::span<const std::uint8_t> payload) {
     if (auto version = server::decode_update_reply(payload); version && *version > latest_version)
       latest_version = *version;
   };
@@ -1278,11 +1452,19 @@ void declare_flood(settings::Table& t, FloodBenchSettings& s) {
 }
 
 void declare_load(settings::Table& t, LoadSettings& s) {
-  t.add("port", s.port, "server UDP port on 127.0.0.1").required();
+  t.add("port", s.port, "server UDP port on 127.0.0.1 (or --shard-ports)");
   t.add("keystore", s.keystore, "the keystore the server uses").required();
-  t.add("devices", s.devices, "concurrent DTLS sessions, one per device").range(1, 1e6);
-  t.add("posts-in-flight", s.posts_in_flight, "posts in progress at once").range(1, 1e6);
-  t.add("max-posts", s.max_posts, "stop after this many posts");
+  t.add("devices", s.devices, "concurrent devices, a DTLS session each (per shard)")
+      .range(1, 1e6);
+  t.add("posts-in-flight", s.posts_in_flight,
+        "updates in progress at once (with shards: each is a post to every shard)")
+      .range(1, 1e6);
+  t.add("max-posts", s.max_posts, "stop after this many updates");
+  t.add("handshake-seconds", s.handshake_seconds,
+        "time for every session's handshake before posting starts (0: 60 s per server, so "
+        "that a sharded server's N sessions per device get N times as long)")
+      .range(0, 1e6)
+      .unit("seconds");
   t.add("seconds", s.seconds, "stop posting after this long").range(0, 1e6).unit("seconds");
   t.add("server-pid", s.server_pid, "server process for CPU time (/proc/PID/stat)");
   t.add("model", s.model, "model the server runs");
@@ -1305,10 +1487,34 @@ void declare_load(settings::Table& t, LoadSettings& s) {
         "against a server with --q-block=false)");
   t.add("coap-max-payloads", s.max_payloads, "Q-Block1 MAX_PAYLOADS: blocks per burst")
       .range(1, 64);
+  t.int_list_flag("shard-ports", s.shard_ports,
+                  "a sharded server (edgetrain-server --shard I/N): the UDP ports of its N "
+                  "shards on 127.0.0.1, shard 0 first, instead of --port; each update is cut "
+                  "into the shards' parts as the worker cuts it, each with that shard's t_fetch, "
+                  "over a session per device and shard");
+  t.int_list_flag("shard-pids", s.shard_pids,
+                  "with --shard-ports: the shard server processes, in the same order, for CPU "
+                  "time per shard and in total (instead of --server-pid)");
 }
 
 // Settings of `load` that exclude each other; the message says what to drop.
 std::optional<std::string> load_conflict(const settings::Table& t, const LoadSettings& s) {
+  if (s.shard_ports.empty() && !t.was_set("port"))
+    return "which server? --port P (one server) or --shard-ports P0 P1 ... (a sharded server)";
+  if (!s.shard_ports.empty() && t.was_set("port"))
+    return "--port names one server, --shard-ports the shards of a sharded server: drop one of "
+           "the two";
+  if (!s.shard_ports.empty() && t.was_set("server-pid"))
+    return "--server-pid is one server's process; with --shard-ports give --shard-pids, one per "
+           "shard";
+  if (!s.shard_pids.empty() && s.shard_pids.size() != s.shard_ports.size())
+    return "--shard-pids has " + std::to_string(s.shard_pids.size()) + " processes for " +
+           std::to_string(s.shard_ports.size()) + " --shard-ports: one per shard, in the same order";
+  for (int port : s.shard_ports)
+    if (port < 1 || port > 65535)
+      return "--shard-ports: " + std::to_string(port) + " is not a UDP port (1-65535)";
+  for (int pid : s.shard_pids)
+    if (pid < 1) return "--shard-pids: " + std::to_string(pid) + " is not a process id";
   if (!s.replay.empty() && t.was_set("rate"))
     return "--rate sets the share of entries of the synthetic updates; --replay posts recorded "
            "updates, whose entries "

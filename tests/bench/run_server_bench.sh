@@ -29,8 +29,14 @@
 # table puts them side by side), BENCH_Q_BLOCK=0 (the load generator posts with RFC 7959
 # Block1, one exchange per block, as before Q-Block; the default 1 posts Q-Block1 bursts
 # as the worker does), BENCH_SERVER_CPUS (e.g. "1.0": the server runs in a cgroup
-# v1 cpu group with that many cores of CFS quota, its threads together; needs root).
-# Every run is bounded by `timeout`, none longer than 2 minutes.
+# v1 cpu group with that many cores of CFS quota, its threads together; needs root),
+# BENCH_SHARDS (N > 1: the server is N shard processes, `--shard I/N` on ports of their
+# own, and the load generator drives them as workers do, `load --shard-ports`: every update
+# cut into the shards' parts; each shard is pinned to its own CPU of BENCH_PIN's server list
+# when the list has N CPUs, else all share it; each load run prints and checks that every
+# shard made one version per update sent; the transfer runs need one server and are skipped).
+# With BENCH_BASELINE, the baseline's shards are its edgetrain-server with the same --shard.
+# Every run is bounded by `timeout`, none longer than 2 minutes (one more per extra shard).
 set -euo pipefail
 
 # BENCH_REPLAY as given, relative to the caller's directory, before the cd below.
@@ -63,6 +69,9 @@ case ${BENCH_Q_BLOCK:-1} in
   *) echo "BENCH_Q_BLOCK is 0 or 1, not '$BENCH_Q_BLOCK'" >&2; exit 1 ;;
 esac
 
+shards=${BENCH_SHARDS:-1}
+[[ $shards =~ ^[1-9][0-9]*$ ]] || { echo "BENCH_SHARDS is a number of shard servers >= 1, not '$shards'" >&2; exit 1; }
+
 server=$build/programs/edgetrain-server
 loadgen=$build/tests/edgetrain-loadgen
 for program in "$server" "$loadgen"; do
@@ -75,12 +84,16 @@ if (( $(ulimit -n) < devices + 256 )); then ulimit -n "$(ulimit -Hn)"; fi
 # By default on the build tree's disk, not tmpfs: the WAL's fdatasync must reach a device.
 work=$(mktemp -d "${BENCH_STATE_PARENT:-$PWD/$build}/server-bench.XXXXXX")
 server_pid=""
+shard_pids=() shard_ports=()
 quota_group=""
 cleanup() {
-  if [[ -n $server_pid ]] && kill -0 "$server_pid" 2>/dev/null; then
-    kill -TERM "$server_pid"
-    wait "$server_pid" 2>/dev/null || true
-  fi
+  local pid
+  for pid in $server_pid ${shard_pids[@]+"${shard_pids[@]}"}; do
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -TERM "$pid"
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
   rm -rf "$work"
   [[ -z $quota_group ]] || rmdir "$quota_group" 2>/dev/null || true
 }
@@ -116,23 +129,63 @@ if [[ -n ${BENCH_SERVER_CPUS:-} ]]; then
   awk -v c="$BENCH_SERVER_CPUS" 'BEGIN { printf "%d\n", c * 100000 }' > "$quota_group/cpu.cfs_quota_us"
 fi
 
-start_bench_server() {
-  rm -rf "$work/state" "$work/server.log"
-  start_server "$bench_server" "$work/server.log" --port 0 --state-dir "$work/state" --keystore "$work/keys.toml" \
+# BENCH_SHARDS: the CPUs of BENCH_PIN's server list one by one ("0-1,3" → 0 1 3).
+pin_cpus=()
+if [[ -n $pin_server ]]; then
+  IFS=, read -r -a pin_parts <<<"$pin_server"
+  for part in "${pin_parts[@]}"; do
+    if [[ $part == *-* ]]; then pin_cpus+=($(seq "${part%-*}" "${part#*-}")); else pin_cpus+=("$part"); fi
+  done
+fi
+
+start_one_server() {  # label, server flags... (sets server_pid, server_port, server_stats)
+  local label=$1; shift
+  rm -rf "$work/state$label" "$work/server$label.log"
+  start_server "$bench_server" "$work/server$label.log" --port 0 --state-dir "$work/state$label" --keystore "$work/keys.toml" \
     --eval-data none --max-pending-handshakes-per-address 100 --handshake-rate-per-address 100000 "$@"
-  port=$server_port
-  # Every thread of the server, those it has started included (the ones it starts later inherit it).
-  if [[ -n $pin_server ]]; then taskset -a -cp "$pin_server" "$server_pid" >/dev/null; fi
   if [[ -n $quota_group ]]; then echo "$server_pid" > "$quota_group/cgroup.procs"; fi
 }
 
-stop_server() {
-  kill -TERM "$server_pid"
-  wait "$server_pid" || true
+# One server, or BENCH_SHARDS shard servers (shard_ports, shard_pids; their stats files
+# server-I.stats.json).
+start_bench_server() {
+  if (( shards == 1 )); then
+    start_one_server "" "$@"
+    port=$server_port
+    # Every thread of the server, those it has started included (the ones it starts later inherit it).
+    if [[ -n $pin_server ]]; then taskset -a -cp "$pin_server" "$server_pid" >/dev/null; fi
+    return
+  fi
+  shard_pids=() shard_ports=()
+  local i
+  for ((i = 0; i < shards; i++)); do
+    start_one_server "-$i" --model paper-cnn --shard "$i/$shards" "$@"
+    shard_pids+=("$server_pid") shard_ports+=("$server_port")
+    if (( ${#pin_cpus[@]} >= shards )); then
+      taskset -a -cp "${pin_cpus[$i]}" "$server_pid" >/dev/null
+    elif [[ -n $pin_server ]]; then
+      taskset -a -cp "$pin_server" "$server_pid" >/dev/null
+    fi
+  done
   server_pid=""
 }
 
+stop_server() {
+  local pid
+  for pid in $server_pid ${shard_pids[@]+"${shard_pids[@]}"}; do
+    kill -TERM "$pid"
+    wait "$pid" || true
+  done
+  server_pid="" shard_pids=()
+}
+
 [[ -z $baseline_server ]] || echo "baseline: $baseline_server"
+if (( shards > 1 )); then
+  if (( ${#pin_cpus[@]} >= shards )); then where="shard I on CPU ${pin_cpus[*]} (in order)"
+  elif [[ -n $pin_server ]]; then where="all on CPUs $pin_server (fewer CPUs than shards)"
+  else where="unpinned"; fi
+  echo "sharded server: $shards shard processes, $where"
+fi
 echo "server state on $(stat -f -c %T "$work"), $(nproc) cores, $(uname -r)"
 : > "$work/load.txt"
 compare=${BENCH_COMPARE:-}
@@ -141,11 +194,42 @@ load_run() {  # label, server flags...
   local label=$1; shift
   echo "== load run: $label"
   start_bench_server "$@"
-  timeout 120 "${pin_loadgen[@]}" "$loadgen" load --port "$port" --keystore "$work/keys.toml" --devices "$devices" \
-    --posts-in-flight "$in_flight" --seconds "$post_seconds" --server-pid "$server_pid" ${update_flags[@]+"${update_flags[@]}"} \
+  local target stats_file=$work/server.stats.json
+  if (( shards == 1 )); then
+    target=(--port "$port" --server-pid "$server_pid")
+  else
+    target=(--shard-ports "${shard_ports[@]}" --shard-pids "${shard_pids[@]}")
+    stats_file=$work/server-0.stats.json
+  fi
+  # The load generator's handshakes may take 60 s per server (its default budget).
+  timeout $((120 + 60 * (shards - 1))) "${pin_loadgen[@]}" "$loadgen" load "${target[@]}" --keystore "$work/keys.toml" --devices "$devices" \
+    --posts-in-flight "$in_flight" --seconds "$post_seconds" ${update_flags[@]+"${update_flags[@]}"} \
     | tee "$work/load.out" > /dev/null
   cat "$work/load.out"
   stop_server
+  # Sharded: every update makes a version on every shard (an empty part too), so each
+  # shard's final version (its stats file, a fresh state directory) must equal the updates
+  # sent when no part was refused or unanswered, and the parts it acknowledged in any case.
+  local check=""
+  if (( shards > 1 )); then
+    local summary_line sent acknowledged i version ok=1 expected
+    summary_line=$(grep '^summary load' "$work/load.out" || true)
+    sent=$(grep -o ' sent=[0-9]*' <<<"$summary_line" | cut -d= -f2)
+    IFS=/ read -r -a acknowledged <<<"$(grep -o ' shard_acknowledged=[0-9/]*' <<<"$summary_line" | cut -d= -f2)"
+    for ((i = 0; i < shards; i++)); do
+      version=$(json_get "$work/server-$i.stats.json" version 2>/dev/null || echo missing)
+      expected=${acknowledged[$i]:-?}
+      if [[ $version == "$sent" && $version == "$expected" ]]; then
+        echo "check: shard $i/$shards made $version versions = $sent updates sent: ok"
+      elif [[ $version == "$expected" ]]; then
+        echo "check: shard $i/$shards made $version versions = the $expected parts it acknowledged, of $sent updates sent (the others refused or unanswered): ok"
+      else
+        echo "check: shard $i/$shards made $version versions, but acknowledged $expected parts of $sent updates sent: MISMATCH"
+        ok=0
+      fi
+    done
+    check=" shard_check=$( ((ok)) && echo ok || echo MISMATCH)"
+  fi
   # From the stopped server's stats file: requests per event loop (how the sessions spread)
   # and the time the loops held the handlers' mutex per applied update (the serial part).
   local spread
@@ -153,8 +237,13 @@ load_run() {  # label, server flags...
 j = json.load(open(sys.argv[1])); loops = j.get("loops", [])
 held = sum(l.get("lock_held_seconds", 0) for l in loops); n = max(1, j.get("updates_applied", 0))
 print("loop_requests=" + ("/".join(str(l["requests"]) for l in loops) or "-") + " lock_held_us=%.0f" % (held * 1e6 / n))' \
-    "$work/server.stats.json" 2>/dev/null || echo "loop_requests=- lock_held_us=-")
-  sed "s|^summary load|summary load label=${label// /_} $spread|" "$work/load.out" | grep '^summary load' >> "$work/load.txt" || true
+    "$stats_file" 2>/dev/null || echo "loop_requests=- lock_held_us=-")
+  # The machine's 1-minute load average at the end of the run: on a shared machine only runs
+  # made under similar load compare.
+  local loadavg
+  loadavg=$(cut -d' ' -f1 /proc/loadavg)
+  echo "load average (1 min) at the end of the run: $loadavg"
+  sed "s|^summary load|summary load label=${label// /_} $spread$check loadavg=$loadavg|" "$work/load.out" | grep '^summary load' >> "$work/load.txt" || true
 }
 if [[ " $runs " == *" load "* ]]; then
   if [[ -n ${BENCH_LOOP_THREADS:-} ]]; then
@@ -186,8 +275,11 @@ fi
 : > "$work/transfer.txt"
 delta_args=()
 for n in $delta_after; do delta_args+=(--delta-after "$n"); done
+if (( shards > 1 )) && [[ " $runs " == *" transfer "* ]]; then
+  echo "transfer runs skipped: they time one server's post and pull, not a sharded server's (BENCH_SHARDS=$shards)"
+fi
 for delay in $delays; do
-  [[ " $runs " == *" transfer "* ]] || break
+  [[ " $runs " == *" transfer "* ]] && (( shards == 1 )) || break
   start_bench_server  # a fresh server each time: version 0, same model bytes
   timeout 115 "$loadgen" transfer --port "$port" --keystore "$work/keys.toml" --delay-ms "$delay" \
     --pull-budget "$pull_budget" "${delta_args[@]}" | tee -a "$work/transfer.txt" || { echo "transfer at $delay ms failed; server log:"; cat "$work/server.log"; }
@@ -203,14 +295,21 @@ while read -r load; do
 [[ -n $load ]] || continue
 label=$(field label "$load" | tr _ ' ')
 [[ $label == defaults ]] || printf '| **server %s** | | |\n' "$label"
-printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(field devices "$load")"
+load_shards=$(field shards "$load"); load_shards=${load_shards:-1}
+printf '| concurrent DTLS-PSK sessions established | %s of %s | ≥ 1,000 |\n' "$(field established "$load")" "$(( $(field devices "$load") * load_shards ))"
+(( load_shards == 1 )) || printf '| devices posting (a session with every shard) | %s of %s | |\n' "$(field devices_posting "$load")" "$(field devices "$load")"
 updates_label="synthetic top-k, c = 0.01"
 [[ $(field source "$load") != replay ]] || updates_label="replayed: $(field records "$load") recorded updates"
 printf '| durable updates applied per second (paper CNN, %s, %s values, %s B, %s in flight) | %.0f | ≥ 5,000 |\n' \
   "$updates_label" "$(field values "$load")" "$(field update_bytes "$load")" "$(field in_flight "$load")" \
   "$(field updates_per_s "$load")"
-printf '| CPU per update: server / load generator | %.0f / %.0f µs | |\n' "$(field server_cpu_us "$load")" \
-  "$(field loadgen_cpu_us "$load")"
+printf '| CPU per update: server / load generator (load average at the end) | %.0f / %.0f µs (%s) | |\n' "$(field server_cpu_us "$load")" \
+  "$(field loadgen_cpu_us "$load")" "$(field loadavg "$load")"
+if (( load_shards > 1 )); then
+  printf '| %s shards: CPU per durable update per shard | %s µs (total above) | |\n' "$load_shards" "$(field shard_cpu_us "$load" | sed 's|/| / |g')"
+  printf '| %s shards: versions made per shard, updates sent | %s; %s sent: %s | every update a version on every shard |\n' \
+    "$load_shards" "$(field shard_versions "$load" | sed 's|/| / |g')" "$(field sent "$load")" "$(field shard_check "$load")"
+fi
 printf '| client→server datagram bytes over codec bytes | +%.1f %% | ≤ 10 %% |\n' "$(field overhead_pct "$load")"
 printf '| server submit(): decode / WAL write+fdatasync / apply | %.0f / %.0f / %.0f µs | |\n' \
   "$(field decode_us "$load")" "$(field wal_append_fdatasync_us "$load")" "$(field apply_us "$load")"

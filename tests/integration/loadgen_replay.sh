@@ -4,9 +4,13 @@
 # mnist-small); the load generator posts those updates to a fresh server, once as recorded
 # and once re-encoded as sign + scale, then synthetic sign + scale updates, and every post
 # must be applied (its summary line: none refused or unanswered; the server's stats file:
-# the version reached equals the posts acknowledged). Before that, the inputs it must refuse with exit status 2 and a message:
-# a missing file, an empty one, a log without updates, a log damaged in the middle, a log of
-# another model, and --rate with --replay.
+# the version reached equals the posts acknowledged). Then the recorded updates through a
+# sharded server (two `--shard I/2` processes, `load --shard-ports`): every update cut into
+# the shards' parts as the worker cuts it, none refused, and each shard's version equals the
+# updates sent (every update makes a version on every shard). Before that, the inputs it
+# must refuse with exit status 2 and a message: a missing file, an empty one, a log without
+# updates, a log damaged in the middle, a log of another model, --rate with --replay, and
+# for a sharded server --port with --shard-ports or a --shard-pids list of another length.
 # usage: loadgen_replay.sh BUILD_DIR (a tree with the server, the worker and the load generator)
 build="$1"
 source "$(dirname "$0")/process_test_lib.sh"
@@ -28,6 +32,11 @@ expect_refused "a missing log" "no such file" --replay "$work/missing.wal"
 : >"$work/empty.wal"
 expect_refused "an empty file" "empty" --replay "$work/empty.wal"
 expect_refused "--rate with --replay" "drop one" --replay "$work/missing.wal" --rate 0.02
+expect_refused "--port with --shard-ports" "drop one" --shard-ports 9 10
+status=0
+out=$("$loadgen" load --shard-ports 9 10 --shard-pids 1 --keystore "$work/no-keys.toml" 2>&1) || status=$?
+[ "$status" -eq 2 ] && grep -q "one per shard" <<<"$out" || fail "--shard-pids of another length: exit status $status: $out"
+echo "ok: --shard-pids of another length refused (2): $out"
 
 EDGETRAIN_BUILD="$build" bash "$record" --seconds 6 --workers 2 --data mnist-small "$work/recorded.wal" \
   >"$work/record.log" 2>&1 || { cat "$work/record.log"; fail "record_updates.sh failed"; }
@@ -78,3 +87,30 @@ echo "ok: replayed updates applied, as recorded ($recorded_bytes B) and as sign 
 load_run synthetic-sign-scale synthetic --sign-scale
 [ "$(field values)" = sign-scale ] || fail "synthetic --sign-scale posted $(field values) values"
 echo "ok: synthetic sign + scale updates ($(field update_bytes) B) applied"
+
+# The recorded updates through a sharded server: two shard processes of paper-cnn, a session
+# per device and shard, each update cut by the worker's ShardedUpdateSplitter.
+shard_pids=() shard_ports=() shard_stats=()
+for i in 0 1; do
+  rm -rf "$work/shard-state-$i"
+  start_server "$server" "$work/shard-$i.log" --port 0 --state-dir "$work/shard-state-$i" --keystore "$work/keys.toml" \
+    --model paper-cnn --eval-data none --shard "$i/2"
+  shard_pids+=("$server_pid") shard_ports+=("$server_port") shard_stats+=("$server_stats")
+done
+timeout 60 "$loadgen" load --shard-ports "${shard_ports[@]}" --shard-pids "${shard_pids[@]}" --keystore "$work/keys.toml" \
+  --devices 4 --posts-in-flight 4 --max-posts 24 --seconds 15 --replay "$work/recorded.wal" >"$work/load-sharded.out" 2>&1 ||
+  { cat "$work/load-sharded.out"; fail "sharded: the load generator failed"; }
+summary=$(grep '^summary load' "$work/load-sharded.out") || { cat "$work/load-sharded.out"; fail "sharded: no summary line"; }
+echo "sharded: $summary"
+[ "$(field shards)" -eq 2 ] && [ "$(field established)" -eq 8 ] || fail "sharded: not 2 shards with 4 devices' 8 sessions"
+[ "$(field applied)" -gt 0 ] && [ "$(field refused)" -eq 0 ] && [ "$(field unanswered)" -eq 0 ] ||
+  fail "sharded: nothing applied, or updates refused or unanswered"
+[ "$(field sent)" -eq "$(field applied)" ] || fail "sharded: $(field sent) updates sent, $(field applied) acknowledged"
+[ "$(field shard_acknowledged)" = "$(field sent)/$(field sent)" ] || fail "sharded: parts acknowledged $(field shard_acknowledged)"
+for i in 0 1; do
+  wait_for_json "${shard_stats[$i]}" version = "$(field sent)" 10 "${shard_pids[$i]}" ||
+    fail "sharded: shard $i's version is $(json_get "${shard_stats[$i]}" version), not the $(field sent) updates sent"
+  kill -TERM "${shard_pids[$i]}"
+  wait_for_exit "${shard_pids[$i]}" 30 || fail "sharded: shard $i exited with status $?"
+done
+echo "ok: a sharded server of 2 shards made one version per update sent on each shard ($(field sent))"

@@ -148,6 +148,77 @@ TEST(ShardedServerChannel, PullsTheWholeModelBitForBit) {
   }
 }
 
+// The cut the channel posts and edgetrain-loadgen's sharded load sends: every entry lands
+// once, on the shard whose range holds it, at its index within that shard's piece; each part
+// carries the update's sequence and its own shard's t_fetch; an untouched shard gets a part
+// without tensors (it still makes a version).
+TEST(ShardedUpdateSplitter, CutsEveryEntryOntoItsShardWithThatShardsFetchedVersion) {
+  const runtime::Model whole = whole_model();
+  const auto sizes = edgetrain::testing::tensor_sizes(whole);
+  std::mt19937 rng(11);
+  for (std::uint32_t count : {1u, 3u, 5u}) {
+    const runtime::ShardedUpdateSplitter splitter(whole, count);
+    ASSERT_EQ(splitter.shard_count(), count);
+    auto update = random_update(rng, whole, transport::ValueEncoding::kFp32);
+    update.sequence = 42;
+    std::vector<std::uint64_t> fetched;
+    for (std::uint32_t s = 0; s < count; s++) fetched.push_back(100 + 7 * s);
+    std::vector<transport::SparseUpdate> parts;
+    splitter.split(update, fetched, parts);
+    ASSERT_EQ(parts.size(), count);
+    // Put back together through shard_pieces(): the whole update, entry for entry.
+    std::vector<std::vector<std::pair<std::uint32_t, float>>> rebuilt(sizes.size());
+    for (std::uint32_t s = 0; s < count; s++) {
+      EXPECT_EQ(parts[s].model_id, runtime::shard_model(whole, {s, count}).layout_id());
+      EXPECT_EQ(parts[s].model_id, splitter.shard_layout_id(s));
+      EXPECT_EQ(parts[s].sequence, 42u);
+      EXPECT_EQ(parts[s].fetched_version, fetched[s]);
+      const auto pieces = runtime::shard_pieces(sizes, {s, count});
+      for (const auto& t : parts[s].tensors) {
+        ASSERT_LT(t.tensor, pieces.size());
+        EXPECT_EQ(t.size, pieces[t.tensor].size);
+        for (std::size_t j = 0; j < t.indices.size(); j++) {
+          ASSERT_LT(t.indices[j], pieces[t.tensor].size);
+          rebuilt[pieces[t.tensor].tensor].push_back(
+              {pieces[t.tensor].offset + t.indices[j], t.values[j]});
+        }
+      }
+      // What the shard server decodes against its own layout.
+      auto encoded = transport::encode_sparse_update(parts[s], {transport::ValueEncoding::kFp32});
+      ASSERT_TRUE(encoded) << encoded.error().message;
+      std::vector<std::uint32_t> own_sizes;
+      for (const auto& p : pieces) own_sizes.push_back(p.size);
+      const transport::ModelLayout layout{parts[s].model_id, own_sizes};
+      const auto decoded = transport::decode_sparse_update(encoded.value(), layout);
+      EXPECT_TRUE(decoded) << "shard " << s << " of " << count << ": " << decoded.error().message;
+    }
+    std::size_t entries = 0;
+    for (const auto& t : update.tensors) {
+      ASSERT_EQ(rebuilt[t.tensor].size(), t.indices.size()) << "tensor " << t.tensor;
+      for (std::size_t j = 0; j < t.indices.size(); j++) {
+        EXPECT_EQ(rebuilt[t.tensor][j].first, t.indices[j]);
+        EXPECT_EQ(rebuilt[t.tensor][j].second, t.values[j]);
+      }
+      entries += t.indices.size();
+    }
+    EXPECT_GT(entries, 0u);
+  }
+  // An update touching only the first tensor's first entry: the other shards' parts are empty.
+  const runtime::ShardedUpdateSplitter splitter(whole, 3);
+  transport::SparseUpdate one;
+  one.model_id = whole.layout_id();
+  one.tensors.push_back({0, sizes[0], {0}, {0.5f}});
+  std::vector<transport::SparseUpdate> parts;
+  splitter.split(one, std::vector<std::uint64_t>{1, 2, 3}, parts);
+  EXPECT_EQ(parts[0].tensors.size(), 1u);
+  EXPECT_TRUE(parts[1].tensors.empty());
+  EXPECT_TRUE(parts[2].tensors.empty());
+  EXPECT_EQ(parts[2].fetched_version, 3u);
+  // A t_fetch per shard, no fewer.
+  EXPECT_THROW(splitter.split(one, std::vector<std::uint64_t>{1, 2}, parts), std::invalid_argument);
+  EXPECT_THROW(runtime::ShardedUpdateSplitter(whole, 0), std::invalid_argument);
+}
+
 class SameStream
     : public ::testing::TestWithParam<std::tuple<std::uint32_t, transport::ValueEncoding>> {};
 

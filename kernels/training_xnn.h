@@ -30,6 +30,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <vector>
 
 #include "kernels/reference.h"
@@ -85,6 +87,8 @@ class Conv2dXnn {
   void forward(float* out, const float* inp, const float* weight, const float* bias);
   // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in
   // FullyConnectedTrainXnn, and out = nullptr with Activation::relu: dout is masked already.
+  // dweight may be null when dinp is not: the input gradient alone (the bias gradient is
+  // still written when dbias is given).
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
                 const float* inp, const float* weight);
   // The same, with `dout` the caller's scratch, which it overwrites: the ReLU mask is applied
@@ -99,6 +103,9 @@ class Conv2dXnn {
   // `masked`: where the ReLU-masked dout goes (dout itself, or the copy).
   void backward_into(float* dinp, float* dweight, float* dbias, const float* dout, float* masked,
                      const float* out, const float* inp, const float* weight);
+  // Packing dout on a pool of several threads: every image's product on some thread, then
+  // added in image order into dweight_transposed_ (the same sums as one thread's loop).
+  void weight_gradient_on_slots(const float* d, const float* inp);
 
   Conv2dShape s_;
   Activation activation_;
@@ -115,7 +122,15 @@ class Conv2dXnn {
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
   std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
+                                           // ([B][K][OC] on slots: every image's)
   std::vector<float> input_planes_;  // [C][H*W]: one image's channel planes, when packing dout
+                                     // (patches_ and input_planes_ one per slot on slots)
+  std::vector<float> image_sums_;    // single channel: [B][KH*KW + 1][OC] per-image sums
+  // Packing dout with a pool of more than one thread: slots (min(threads, B)) of images,
+  // each with its own operator; errors caught on the pool's threads, rethrown after.
+  std::size_t slots_ = 1;
+  std::unique_ptr<XnnOperator[]> slot_ops_;
+  std::unique_ptr<std::exception_ptr[]> slot_errors_;
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "kernels/xnnpack_setup.h"
@@ -449,8 +450,8 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
   ensure_xnnpack_initialized();
   if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("Conv2dXnn: empty output");
   // Packing dout on a pool: the images' weight-gradient products go to the threads (each
-  // slot a run of images with its own scratch and operator), every image's product kept
-  // and then added in image order, as on one thread (kernels/README.md).
+  // slot with its own scratch, operator and product), added in image order as on one
+  // thread (kernels/README.md).
   const std::size_t threads = pool ? pthreadpool_get_threads_count(pool) : 1;
   if (!single_channel_ && !pack_patches_ && threads > 1 && s_.B > 1) {
     slots_ = std::min<std::size_t>(threads, static_cast<std::size_t>(s_.B));
@@ -458,7 +459,7 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
     slot_errors_ = std::make_unique<std::exception_ptr[]>(slots_);
     patches_.resize(slots_ * patches_.size());
     input_planes_.resize(slots_ * input_planes_.size());
-    dweight_image_.assign(static_cast<std::size_t>(s_.B) * K_ * s_.OC, 0.0f);
+    dweight_image_.assign(slots_ * K_ * s_.OC, 0.0f);
   }
 }
 
@@ -577,37 +578,45 @@ void Conv2dXnn::weight_gradient_on_slots(const float* d, const float* inp) {
   const std::size_t patches_size = patches_.size() / slots_, planes_size = input_planes_.size() / slots_;
   Conv2dShape image = s_;
   image.B = 1;
-  // Slot `slot` takes images [slot * B / slots, (slot + 1) * B / slots) with its own operator
-  // (packing on that thread, no pool inside: the GEMM's tiles and their sums are the same).
+  next_image_.store(0, std::memory_order_relaxed);
+  slot_failed_.store(false, std::memory_order_relaxed);
+  // One task per slot; with as many tasks as threads (slots_ <= threads), pthreadpool gives
+  // each thread one, so every slot runs at once and waiting for another cannot deadlock.
+  // Slot `slot` takes images slot, slot + slots, ... : each image's im2col and GEMM on its own
+  // (its own operator, no pool inside: the GEMM's tiles and sums are the same), then, once
+  // the image before it has been added, adds its product into dweight_transposed_ (image 0
+  // writes it): the sum runs in image order, as on one thread, and each slot needs one
+  // product buffer. The adds take ~1/10 of a GEMM, so the slots rarely wait.
   parallel_for_blocks(pool_, slots_, 1, [&](std::size_t slot_begin, std::size_t slot_end) {
     for (std::size_t slot = slot_begin; slot < slot_end; slot++) {
+      float* patches = patches_.data() + slot * patches_size;
+      float* planes = input_planes_.data() + slot * planes_size;
+      float* product = dweight_image_.data() + slot * product_size;
       try {
-        for (std::size_t b = slot * B / slots_; b < (slot + 1) * B / slots_; b++) {
-          float* patches = patches_.data() + slot * patches_size;
-          im2col_transposed(patches, input_planes_.data() + slot * planes_size,
-                            inp + b * image_size, image);
-          run_fully_connected(slot_ops_[slot], dweight_image_.data() + b * product_size, patches,
-                              K_, pixels, OC, d + b * pixels * OC, true, nullptr, -kInfinity,
-                              nullptr);
+        for (std::size_t b = slot; b < B; b += slots_) {
+          im2col_transposed(patches, planes, inp + b * image_size, image);
+          float* target = b == 0 ? dweight_transposed_.data() : product;
+          run_fully_connected(slot_ops_[slot], target, patches, K_, pixels, OC,
+                              d + b * pixels * OC, true, nullptr, -kInfinity, nullptr);
+          while (next_image_.load(std::memory_order_acquire) != b) {
+            if (slot_failed_.load(std::memory_order_relaxed)) return;
+            std::this_thread::yield();
+          }
+          if (b > 0) {
+            float* __restrict sum = dweight_transposed_.data();
+            const float* __restrict add = product;
+            for (std::size_t i = 0; i < product_size; i++) sum[i] += add[i];
+          }
+          next_image_.store(b + 1, std::memory_order_release);
         }
       } catch (...) {
         slot_errors_[slot] = std::current_exception();
+        slot_failed_.store(true, std::memory_order_relaxed);
       }
     }
   });
   for (std::size_t slot = 0; slot < slots_; slot++)
     if (slot_errors_[slot]) std::rethrow_exception(std::exchange(slot_errors_[slot], nullptr));
-  // The products added in image order, as the one-thread loop does, in blocks on the pool.
-  parallel_for_blocks(pool_, product_size, kElementsPerTask / 4,
-                      [&](std::size_t begin, std::size_t end) {
-                        float* __restrict sum = dweight_transposed_.data();
-                        const float* first = dweight_image_.data();
-                        for (std::size_t i = begin; i < end; i++) sum[i] = first[i];
-                        for (std::size_t b = 1; b < B; b++) {
-                          const float* __restrict product = first + b * product_size;
-                          for (std::size_t i = begin; i < end; i++) sum[i] += product[i];
-                        }
-                      });
 }
 
 // ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 #include <pthreadpool.h>
 #include <xnnpack.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -103,8 +104,8 @@ class Conv2dXnn {
   // `masked`: where the ReLU-masked dout goes (dout itself, or the copy).
   void backward_into(float* dinp, float* dweight, float* dbias, const float* dout, float* masked,
                      const float* out, const float* inp, const float* weight);
-  // Packing dout on a pool of several threads: every image's product on some thread, then
-  // added in image order into dweight_transposed_ (the same sums as one thread's loop).
+  // Packing dout on a pool of several threads: the images' products on the slots, added in
+  // image order into dweight_transposed_ (the same sums as one thread's loop).
   void weight_gradient_on_slots(const float* d, const float* inp);
 
   Conv2dShape s_;
@@ -122,7 +123,7 @@ class Conv2dXnn {
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
   std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
-                                           // ([B][K][OC] on slots: every image's)
+                                           // (one per slot on slots)
   std::vector<float> input_planes_;  // [C][H*W]: one image's channel planes, when packing dout
                                      // (patches_ and input_planes_ one per slot on slots)
   std::vector<float> image_sums_;    // single channel: [B][KH*KW + 1][OC] per-image sums
@@ -131,6 +132,8 @@ class Conv2dXnn {
   std::size_t slots_ = 1;
   std::unique_ptr<XnnOperator[]> slot_ops_;
   std::unique_ptr<std::exception_ptr[]> slot_errors_;
+  std::atomic<std::size_t> next_image_{0};  // the next image whose product may be added
+  std::atomic<bool> slot_failed_{false};    // a slot threw: the others stop waiting
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

@@ -246,6 +246,46 @@ void fully_connected_input_gradient(float* dinp, const float* d, const float* we
   });
 }
 
+// acc[oc] += x[ow * stride] * d[ow][oc] for ow in [ow_begin, ow_end), oc < OC: one tap of
+// the one-channel weight gradient over an output row. 16 channels at a time in four vector
+// registers held across the row (GCC kept storing the accumulators on every pixel: 1.0 ms
+// of a 11.5 ms batch-32 step); each sum still runs over ow in order, as the plain loop's.
+inline void accumulate_tap(float* __restrict acc, const float* __restrict d,
+                           const float* __restrict x, int ow_begin, int ow_end, int stride,
+                           std::size_t OC) {
+  using Vec4 = float __attribute__((vector_size(16)));
+  std::size_t oc = 0;
+  for (; oc + 16 <= OC; oc += 16) {
+    Vec4 a0, a1, a2, a3;
+    std::memcpy(&a0, acc + oc, sizeof a0);
+    std::memcpy(&a1, acc + oc + 4, sizeof a1);
+    std::memcpy(&a2, acc + oc + 8, sizeof a2);
+    std::memcpy(&a3, acc + oc + 12, sizeof a3);
+    for (int ow = ow_begin; ow < ow_end; ow++) {
+      const float v = x[ow * stride];
+      const float* dm = d + static_cast<std::size_t>(ow) * OC + oc;
+      Vec4 d0, d1, d2, d3;
+      std::memcpy(&d0, dm, sizeof d0);
+      std::memcpy(&d1, dm + 4, sizeof d1);
+      std::memcpy(&d2, dm + 8, sizeof d2);
+      std::memcpy(&d3, dm + 12, sizeof d3);
+      a0 += v * d0;
+      a1 += v * d1;
+      a2 += v * d2;
+      a3 += v * d3;
+    }
+    std::memcpy(acc + oc, &a0, sizeof a0);
+    std::memcpy(acc + oc + 4, &a1, sizeof a1);
+    std::memcpy(acc + oc + 8, &a2, sizeof a2);
+    std::memcpy(acc + oc + 12, &a3, sizeof a3);
+  }
+  for (; oc < OC; oc++) {
+    float a = acc[oc];
+    for (int ow = ow_begin; ow < ow_end; ow++) a += x[ow * stride] * d[static_cast<std::size_t>(ow) * OC + oc];
+    acc[oc] = a;
+  }
+}
+
 // Weight and bias gradients of a convolution with ONE input channel (grey images: the
 // first layer), in one pass over dout with the ReLU mask (out, nullable) folded in.
 // XNNPACK's GEMM is a poor fit here: one operand (M x KH*KW patches or M x OC dout) must
@@ -290,11 +330,7 @@ void conv2d_weight_gradient_single_channel(float* dweight, float* dbias, float* 
             int ow_begin = 0, ow_end = OW;
             while (ow_begin < OW && ow_begin * s.stride - s.pad + kw < 0) ow_begin++;
             while (ow_end > ow_begin && (ow_end - 1) * s.stride - s.pad + kw >= s.W) ow_end--;
-            for (int ow = ow_begin; ow < ow_end; ow++) {
-              const float x = image_row[ow * s.stride - s.pad + kw];
-              const float* __restrict dm = d + static_cast<std::size_t>(ow) * OC;
-              for (std::size_t oc = 0; oc < OC; oc++) acc[oc] += x * dm[oc];
-            }
+            accumulate_tap(acc, d, image_row + kw - s.pad, ow_begin, ow_end, s.stride, OC);
           }
         }
       }

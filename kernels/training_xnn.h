@@ -21,7 +21,11 @@
 // shape and batch; its scratch memory is allocated in the constructor or on the first call
 // that needs it (a conv's ReLU mask copy: only backward(), not backward_overwriting_dout(),
 // and a single-channel conv without an input gradient, the first layer, masks row by row),
-// so forward/backward never allocate after their first call. `pool` may be null (run on the calling thread) and is not owned.
+// so forward/backward never allocate after their first call. `pool` may be null (run on the
+// calling thread) and is not owned; with a pool our own loops run on it as well as XNNPACK's
+// operators, and every result is the same bits as without one (kernels/README.md, "Our loops
+// on the thread pool"). A Conv2dXnn packing dout keeps one im2col buffer, plane buffer and
+// product per thread of the pool it was built with.
 // Errors from XNNPACK throw std::runtime_error.
 #pragma once
 

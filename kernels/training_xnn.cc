@@ -226,7 +226,21 @@ void fully_connected_input_gradient(float* dinp, const float* d, const float* we
       const float* __restrict w1 = w0 + C;
       const float* __restrict w2 = w1 + C;
       const float* __restrict w3 = w2 + C;
-      for (std::size_t b = 0; b < B; b++) {
+      // Two rows of dinp per pass share the weight loads (each value's sum as before).
+      std::size_t b = 0;
+      for (; b + 2 <= B; b += 2) {
+        const float* s = d + b * OC + o;
+        const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+        const float t0 = s[OC], t1 = s[OC + 1], t2 = s[OC + 2], t3 = s[OC + 3];
+        float* __restrict out = dinp + b * C + c0;
+        float* __restrict out_next = out + C;
+        for (std::size_t j = 0; j < n; j++) {
+          const float x0 = w0[j], x1 = w1[j], x2 = w2[j], x3 = w3[j];
+          out[j] += s0 * x0 + s1 * x1 + s2 * x2 + s3 * x3;
+          out_next[j] += t0 * x0 + t1 * x1 + t2 * x2 + t3 * x3;
+        }
+      }
+      for (; b < B; b++) {
         const float* s = d + b * OC + o;
         const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
         float* __restrict out = dinp + b * C + c0;

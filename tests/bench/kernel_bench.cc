@@ -282,8 +282,8 @@ double print_per_layer(const edgetrain::runtime::Model& model, int B, pthreadpoo
       std::printf("%-8s %-12s %8.3f %8.3f %8.4f %8.1f %6.1f\n", name.c_str(), pass, t.median_ms,
                   t.min_ms, flop / 1e9, gflops, 100.0 * gflops / peak_gflops);
     } else {
-      std::printf("%-8s %-12s %8.3f %8.3f %8s %8s %6s\n", name.c_str(), pass, t.median_ms,
-                  t.min_ms, "-", "-", "-");
+      std::printf("%-8s %-12s %8.3f %8.3f %8s %8s %6s\n", name.c_str(), pass, t.median_ms, t.min_ms,
+                  "-", "-", "-");
     }
   };
   std::printf(
@@ -306,8 +306,9 @@ double print_per_layer(const edgetrain::runtime::Model& model, int B, pthreadpoo
     std::vector<float> out(n_out), dinp(n_in), scratch(dout);
     if (layer.kind == rt::LayerKind::kConv) {
       const std::string name = "conv" + std::to_string(++convs);
-      k::Conv2dShape s{B,           layer.in.H,   layer.in.W,   layer.in.C, layer.out.C,
-                       layer.kernel_h, layer.kernel, layer.stride, layer.pad};
+      k::Conv2dShape s{B,           layer.in.H,     layer.in.W,   layer.in.C,
+                       layer.out.C, layer.kernel_h, layer.kernel, layer.stride,
+                       layer.pad};
       const std::size_t n_weight = static_cast<std::size_t>(s.OC) * s.KH * s.KW * s.C;
       auto weight = random(n_weight), bias = random(s.OC);
       std::vector<float> dweight(n_weight), dbias(s.OC);
@@ -354,15 +355,15 @@ double print_per_layer(const edgetrain::runtime::Model& model, int B, pthreadpoo
       const std::string name = "maxpool" + std::to_string(++pools);
       k::MaxPool2x2Xnn maxpool(B, layer.in.H, layer.in.W, layer.in.C, pool);
       std::vector<std::uint32_t> window(n_out);
-      row(name, "forward", median_ms([&] { maxpool.forward(out.data(), window.data(), inp.data()); }),
-          0);
+      row(name, "forward",
+          median_ms([&] { maxpool.forward(out.data(), window.data(), inp.data()); }), 0);
       row(name, "input_grad",
           median_ms([&] { maxpool.backward(dinp.data(), dout.data(), window.data()); }), 0);
     }
   }
   const double gflops = total_flop / total_min_ms / 1e6;
-  std::printf("%-8s %-12s %8.3f %8.3f %8.4f %8.1f %6.1f\n", "layers", "all", total_ms,
-              total_min_ms, total_flop / 1e9, gflops, 100.0 * gflops / peak_gflops);
+  std::printf("%-8s %-12s %8.3f %8.3f %8.4f %8.1f %6.1f\n", "layers", "all", total_ms, total_min_ms,
+              total_flop / 1e9, gflops, 100.0 * gflops / peak_gflops);
   return total_ms;
 }
 
@@ -443,8 +444,7 @@ int main(int argc, char** argv) {
     rt::Model model(rt::model_spec_from_argument(model_name));
     model.initialize(1);
     if (model_name != "paper-cnn") path += "-" + model.spec().name;
-    if (per_layer)
-      print_per_layer(model, batch, pool, gemm_peak_gflops(pool), std::max(steps, 11));
+    if (per_layer) print_per_layer(model, batch, pool, gemm_peak_gflops(pool), std::max(steps, 11));
     rt::Trainer trainer(model, batch, rt::KernelBackend::kXnnpack, pool);
     if (!drop_rates.empty()) {
       rt::DropoutConfig dropout;

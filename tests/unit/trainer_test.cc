@@ -802,10 +802,10 @@ TEST(TrainerOnThreads, GradientEqualsTheCallingThreadsBitForBit) {
         {
           Trainer pooled(model, batch, KernelBackend::kXnnpack, pool);
           std::vector<float> grad(model.parameter_count());
-          EXPECT_EQ(pooled.compute_gradient(model.parameters(), pixels.data(), labels.data(),
-                                            count, grad)
-                        .loss,
-                    loss)
+          EXPECT_EQ(
+              pooled.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad)
+                  .loss,
+              loss)
               << spec << ", " << threads << " threads, count " << count;
           EXPECT_EQ(grad, expected) << spec << ", " << threads << " threads, count " << count;
         }

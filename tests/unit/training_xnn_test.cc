@@ -206,7 +206,7 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
       ThreadPool pool(threads);
       ek::Conv2dXnn pooled(s, activation, pool.get());
       std::vector<float> out_p(n_out, NAN), scratch_p = dout, dinp_p(n_in, NAN),
-                         dweight_p(s.OC * K, NAN), dbias_p(s.OC, NAN);
+                                            dweight_p(s.OC * K, NAN), dbias_p(s.OC, NAN);
       pooled.forward(out_p.data(), inp.data(), weight.data(), bias.data());
       EXPECT_EQ(out_p, out_fast) << threads << " threads";
       pooled.backward_overwriting_dout(want_dinp ? dinp_p.data() : nullptr, dweight_p.data(),
@@ -226,10 +226,10 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ConvCase{{1, 5, 5, 1, 2}, ek::Activation::none},
         ConvCase{{2, 7, 6, 3, 5}, ek::Activation::relu},
-        ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},             // K = 36 > OC: packs dout
-        ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},           // paper conv1, batch 1
-        ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},          // paper conv2
-        ConvCase{{5, 28, 28, 1, 32}, ek::Activation::relu},           // conv1, images on threads
+        ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},     // K = 36 > OC: packs dout
+        ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},   // paper conv1, batch 1
+        ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},  // paper conv2
+        ConvCase{{5, 28, 28, 1, 32}, ek::Activation::relu},   // conv1, images on threads
         ConvCase{{5, 14, 14, 32, 64}, ek::Activation::relu},  // conv2: 3 threads split 5 unevenly
         ConvCase{{2, 7, 7, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd size
         ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
@@ -330,7 +330,7 @@ TEST_P(DepthwiseConv2dXnnTest, MatchesReference) {
     ThreadPool pool(2);  // the mask and bias gradient in blocks: the same bits
     ek::DepthwiseConv2dXnn pooled(s, activation, pool.get());
     std::vector<float> out_p(n_out, NAN), scratch_p = dout, dinp_p(n_in, NAN),
-                       dweight_p(s.C * taps, NAN), dbias_p(s.C, NAN);
+                                          dweight_p(s.C * taps, NAN), dbias_p(s.C, NAN);
     pooled.forward(out_p.data(), inp.data(), weight.data(), bias.data());
     EXPECT_EQ(out_p, out_fast);
     pooled.backward_overwriting_dout(want_dinp ? dinp_p.data() : nullptr, dweight_p.data(),

@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
 
 #include "kernels/xnnpack_setup.h"
 
@@ -34,6 +37,35 @@ float output_min(Activation activation) {
   return activation == Activation::relu ? 0.0f : -kInfinity;
 }
 
+// Calls body(begin, end) on consecutive blocks of [0, n), `block` items each (the last may
+// be shorter), spread over the pool's threads; one call over all of [0, n) without a pool.
+// Bodies compute each item on its own, so the result does not depend on the thread count.
+// No allocation: the context lives on this stack frame.
+template <class Body>
+void parallel_for_blocks(pthreadpool_t pool, std::size_t n, std::size_t block, const Body& body) {
+  if (n == 0) return;
+  if (!pool || n <= block) {
+    body(std::size_t{0}, n);
+    return;
+  }
+  struct Context {
+    const Body* body;
+    std::size_t n, block;
+  } context{&body, n, block};
+  pthreadpool_parallelize_1d(
+      pool,
+      [](void* raw, std::size_t i) {
+        const auto* c = static_cast<const Context*>(raw);
+        const std::size_t begin = i * c->block;
+        (*c->body)(begin, std::min(c->n, begin + c->block));
+      },
+      &context, (n + block - 1) / block, 0);
+}
+
+// Elements per task of our element-wise loops: below ~16k floats (64 kB) a task costs more
+// to hand to another thread than it saves (kernel_bench --per-layer, 2 threads).
+constexpr std::size_t kElementsPerTask = 16384;
+
 // out[rows][N] = inp[rows][K] · W + bias, where W is `kernel` as [N][K] (kernel_is_k_by_n
 // false) or [K][N] (true). The operator packs `kernel`, so it is rebuilt on every call.
 void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::size_t rows,
@@ -51,10 +83,32 @@ void run_fully_connected(XnnOperator& op, float* out, const float* inp, std::siz
 // Returns dout, or dout times the ReLU mask (out > 0) written to `masked`; dout as it is
 // when `out` is null (already masked by the caller).
 const float* apply_relu_mask(Activation activation, float* masked, const float* dout,
-                             const float* out, std::size_t n) {
+                             const float* out, std::size_t n, pthreadpool_t pool) {
   if (activation == Activation::none || !out) return dout;
-  relu_backward(masked, dout, out, n);
+  parallel_for_blocks(pool, n, kElementsPerTask, [&](std::size_t begin, std::size_t end) {
+    relu_backward(masked + begin, dout + begin, out + begin, end - begin);
+  });
   return masked;
+}
+
+// bias_backward over blocks of 16 columns on the pool: each column summed over the rows in
+// the same order as on one thread.
+void bias_backward_parallel(float* dbias, const float* dout, std::size_t rows, std::size_t OC,
+                            pthreadpool_t pool) {
+  if (!dbias) return;
+  constexpr std::size_t kColumns = 16;
+  if (!pool || OC <= kColumns || rows * OC < kElementsPerTask) {
+    bias_backward(dbias, dout, rows, OC);
+    return;
+  }
+  parallel_for_blocks(pool, OC, kColumns, [&](std::size_t begin, std::size_t end) {
+    float* __restrict sum = dbias + begin;
+    for (std::size_t o = 0; o < end - begin; o++) sum[o] = 0.0f;
+    for (std::size_t r = 0; r < rows; r++) {
+      const float* __restrict d = dout + r * OC + begin;
+      for (std::size_t o = 0; o < end - begin; o++) sum[o] += d[o];
+    }
+  });
 }
 
 // patches [M][K]: row m holds the KH x KW x C input patch under output pixel m (zeros in the
@@ -156,35 +210,94 @@ void im2col_transposed(float* __restrict patches_transposed, float* __restrict p
 // for the paper's FC1 (128 x 3136) at batch 10 the packing cost four times the product.
 // Streaming the weights once instead, four rows at a time, against a 128-column tile of
 // dinp that stays in L1, needs no packing.
+// Tiles go to the pool's threads in pairs (each tile's output is its own, so the result does
+// not depend on the thread count).
 void fully_connected_input_gradient(float* dinp, const float* d, const float* weight, std::size_t B,
-                                    std::size_t C, std::size_t OC) {
+                                    std::size_t C, std::size_t OC, pthreadpool_t pool) {
   constexpr std::size_t kTile = 128;  // measured: 128 to 512 are within 10%; 128 is best on x86-64
-  for (std::size_t c0 = 0; c0 < C; c0 += kTile) {
-    const std::size_t n = std::min(kTile, C - c0);
-    for (std::size_t b = 0; b < B; b++) std::memset(dinp + b * C + c0, 0, sizeof(float) * n);
-    std::size_t o = 0;
-    for (; o + 4 <= OC;
-         o += 4) {  // four weight rows per pass over the tile: a quarter of the dinp traffic
-      const float* __restrict w0 = weight + o * C + c0;
-      const float* __restrict w1 = w0 + C;
-      const float* __restrict w2 = w1 + C;
-      const float* __restrict w3 = w2 + C;
-      for (std::size_t b = 0; b < B; b++) {
-        const float* s = d + b * OC + o;
-        const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
-        float* __restrict out = dinp + b * C + c0;
-        for (std::size_t j = 0; j < n; j++)
-          out[j] += s0 * w0[j] + s1 * w1[j] + s2 * w2[j] + s3 * w3[j];
+  parallel_for_blocks(pool, C, 2 * kTile, [&](std::size_t c_begin, std::size_t c_end) {
+    for (std::size_t c0 = c_begin; c0 < c_end; c0 += kTile) {
+      const std::size_t n = std::min(kTile, c_end - c0);
+      for (std::size_t b = 0; b < B; b++) std::memset(dinp + b * C + c0, 0, sizeof(float) * n);
+      std::size_t o = 0;
+      for (; o + 4 <= OC;
+           o += 4) {  // four weight rows per pass over the tile: a quarter of the dinp traffic
+        const float* __restrict w0 = weight + o * C + c0;
+        const float* __restrict w1 = w0 + C;
+        const float* __restrict w2 = w1 + C;
+        const float* __restrict w3 = w2 + C;
+        // Two rows of dinp per pass share the weight loads (each value's sum as before).
+        std::size_t b = 0;
+        for (; b + 2 <= B; b += 2) {
+          const float* s = d + b * OC + o;
+          const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+          const float t0 = s[OC], t1 = s[OC + 1], t2 = s[OC + 2], t3 = s[OC + 3];
+          float* __restrict out = dinp + b * C + c0;
+          float* __restrict out_next = out + C;
+          for (std::size_t j = 0; j < n; j++) {
+            const float x0 = w0[j], x1 = w1[j], x2 = w2[j], x3 = w3[j];
+            out[j] += s0 * x0 + s1 * x1 + s2 * x2 + s3 * x3;
+            out_next[j] += t0 * x0 + t1 * x1 + t2 * x2 + t3 * x3;
+          }
+        }
+        for (; b < B; b++) {
+          const float* s = d + b * OC + o;
+          const float s0 = s[0], s1 = s[1], s2 = s[2], s3 = s[3];
+          float* __restrict out = dinp + b * C + c0;
+          for (std::size_t j = 0; j < n; j++)
+            out[j] += s0 * w0[j] + s1 * w1[j] + s2 * w2[j] + s3 * w3[j];
+        }
+      }
+      for (; o < OC; o++) {
+        const float* __restrict w0 = weight + o * C + c0;
+        for (std::size_t b = 0; b < B; b++) {
+          const float s0 = d[b * OC + o];
+          float* __restrict out = dinp + b * C + c0;
+          for (std::size_t j = 0; j < n; j++) out[j] += s0 * w0[j];
+        }
       }
     }
-    for (; o < OC; o++) {
-      const float* __restrict w0 = weight + o * C + c0;
-      for (std::size_t b = 0; b < B; b++) {
-        const float s0 = d[b * OC + o];
-        float* __restrict out = dinp + b * C + c0;
-        for (std::size_t j = 0; j < n; j++) out[j] += s0 * w0[j];
-      }
+  });
+}
+
+// acc[oc] += x[ow * stride] * d[ow][oc] for ow in [ow_begin, ow_end), oc < OC: one tap of
+// the one-channel weight gradient over an output row. 16 channels at a time in four vector
+// registers held across the row (GCC kept storing the accumulators on every pixel: 1.0 ms
+// of a 11.5 ms batch-32 step); each sum still runs over ow in order, as the plain loop's.
+inline void accumulate_tap(float* __restrict acc, const float* __restrict d,
+                           const float* __restrict x, int ow_begin, int ow_end, int stride,
+                           std::size_t OC) {
+  using Vec4 = float __attribute__((vector_size(16)));
+  std::size_t oc = 0;
+  for (; oc + 16 <= OC; oc += 16) {
+    Vec4 a0, a1, a2, a3;
+    std::memcpy(&a0, acc + oc, sizeof a0);
+    std::memcpy(&a1, acc + oc + 4, sizeof a1);
+    std::memcpy(&a2, acc + oc + 8, sizeof a2);
+    std::memcpy(&a3, acc + oc + 12, sizeof a3);
+    for (int ow = ow_begin; ow < ow_end; ow++) {
+      const float v = x[ow * stride];
+      const float* dm = d + static_cast<std::size_t>(ow) * OC + oc;
+      Vec4 d0, d1, d2, d3;
+      std::memcpy(&d0, dm, sizeof d0);
+      std::memcpy(&d1, dm + 4, sizeof d1);
+      std::memcpy(&d2, dm + 8, sizeof d2);
+      std::memcpy(&d3, dm + 12, sizeof d3);
+      a0 += v * d0;
+      a1 += v * d1;
+      a2 += v * d2;
+      a3 += v * d3;
     }
+    std::memcpy(acc + oc, &a0, sizeof a0);
+    std::memcpy(acc + oc + 4, &a1, sizeof a1);
+    std::memcpy(acc + oc + 8, &a2, sizeof a2);
+    std::memcpy(acc + oc + 12, &a3, sizeof a3);
+  }
+  for (; oc < OC; oc++) {
+    float a = acc[oc];
+    for (int ow = ow_begin; ow < ow_end; ow++)
+      a += x[ow * stride] * d[static_cast<std::size_t>(ow) * OC + oc];
+    acc[oc] = a;
   }
 }
 
@@ -192,49 +305,60 @@ void fully_connected_input_gradient(float* dinp, const float* d, const float* we
 // first layer), in one pass over dout with the ReLU mask (out, nullable) folded in.
 // XNNPACK's GEMM is a poor fit here: one operand (M x KH*KW patches or M x OC dout) must
 // be packed for an output of only OC x KH*KW values, with N = 9 wasting most of a
-// microkernel tile. Per output row: mask it into `masked_row` [OW][OC] (stays in L1), add
-// it to the bias gradient, then for each tap accumulate x * d over the row into the
-// tap-major `dweight_by_tap` [KH*KW][OC], so the innermost loops run over contiguous OC.
-void conv2d_weight_gradient_single_channel(float* dweight, float* dbias,
-                                           float* __restrict dweight_by_tap,
-                                           float* __restrict masked_row, const float* dout,
-                                           const float* out, const float* inp,
-                                           const Conv2dShape& s) {
+// microkernel tile. Image by image (the images spread over the pool's threads): per output
+// row, mask it into the image's `masked_rows` row [OW][OC] (stays in L1), add it to the
+// image's bias sum, then for each tap accumulate x * d over the row into the image's
+// tap-major sums, so the innermost loops run over contiguous OC. `image_sums` holds
+// [B][KH*KW + 1][OC] (the taps, then the bias); the images' sums are then added in image
+// order, so the result is the same for every thread count.
+void conv2d_weight_gradient_single_channel(float* dweight, float* dbias, float* image_sums,
+                                           float* masked_rows, const float* dout, const float* out,
+                                           const float* inp, const Conv2dShape& s,
+                                           pthreadpool_t pool) {
   const std::size_t OC = s.OC, taps = static_cast<std::size_t>(s.KH) * s.KW;
+  const std::size_t sums_size = (taps + 1) * OC;
   const int OH = s.OH(), OW = s.OW();
   const std::size_t row_size = static_cast<std::size_t>(OW) * OC;
-  std::memset(dweight_by_tap, 0, sizeof(float) * taps * OC);
-  if (dbias) std::memset(dbias, 0, sizeof(float) * OC);
-  for (int b = 0; b < s.B; b++) {
-    const float* image = inp + static_cast<std::size_t>(b) * s.H * s.W;
-    for (int oh = 0; oh < OH; oh++) {
-      const std::size_t row_offset = (static_cast<std::size_t>(b) * OH + oh) * row_size;
-      const float* d = dout + row_offset;
-      if (out) {
-        relu_backward(masked_row, d, out + row_offset, row_size);
-        d = masked_row;
-      }
-      if (dbias) bias_backward_accumulate(dbias, d, OW, OC);
-      for (int kh = 0; kh < s.KH; kh++) {
-        const int ih = oh * s.stride - s.pad + kh;
-        if (ih < 0 || ih >= s.H) continue;
-        const float* image_row = image + static_cast<std::size_t>(ih) * s.W;
-        for (int kw = 0; kw < s.KW; kw++) {
-          float* __restrict acc = dweight_by_tap + static_cast<std::size_t>(kh * s.KW + kw) * OC;
-          // Output columns whose tap falls inside the image (iw = ow*stride - pad + kw).
-          int ow_begin = 0, ow_end = OW;
-          while (ow_begin < OW && ow_begin * s.stride - s.pad + kw < 0) ow_begin++;
-          while (ow_end > ow_begin && (ow_end - 1) * s.stride - s.pad + kw >= s.W) ow_end--;
-          for (int ow = ow_begin; ow < ow_end; ow++) {
-            const float x = image_row[ow * s.stride - s.pad + kw];
-            const float* __restrict dm = d + static_cast<std::size_t>(ow) * OC;
-            for (std::size_t oc = 0; oc < OC; oc++) acc[oc] += x * dm[oc];
+  parallel_for_blocks(
+      pool, static_cast<std::size_t>(s.B), 1, [&](std::size_t b_begin, std::size_t b_end) {
+        for (std::size_t b = b_begin; b < b_end; b++) {
+          float* __restrict sums = image_sums + b * sums_size;
+          float* __restrict bias_sum = sums + taps * OC;
+          float* masked_row = masked_rows ? masked_rows + b * row_size : nullptr;
+          std::memset(sums, 0, sizeof(float) * sums_size);
+          const float* image = inp + b * s.H * s.W;
+          for (int oh = 0; oh < OH; oh++) {
+            const std::size_t row_offset = (b * OH + oh) * row_size;
+            const float* d = dout + row_offset;
+            if (out) {
+              relu_backward(masked_row, d, out + row_offset, row_size);
+              d = masked_row;
+            }
+            bias_backward_accumulate(bias_sum, d, OW, OC);
+            for (int kh = 0; kh < s.KH; kh++) {
+              const int ih = oh * s.stride - s.pad + kh;
+              if (ih < 0 || ih >= s.H) continue;
+              const float* image_row = image + static_cast<std::size_t>(ih) * s.W;
+              for (int kw = 0; kw < s.KW; kw++) {
+                float* __restrict acc = sums + static_cast<std::size_t>(kh * s.KW + kw) * OC;
+                // Output columns whose tap falls inside the image (iw = ow*stride - pad + kw).
+                int ow_begin = 0, ow_end = OW;
+                while (ow_begin < OW && ow_begin * s.stride - s.pad + kw < 0) ow_begin++;
+                while (ow_end > ow_begin && (ow_end - 1) * s.stride - s.pad + kw >= s.W) ow_end--;
+                accumulate_tap(acc, d, image_row + kw - s.pad, ow_begin, ow_end, s.stride, OC);
+              }
+            }
           }
         }
-      }
-    }
+      });
+  // The images' sums, added in image order into the first image's.
+  float* __restrict total = image_sums;
+  for (int b = 1; b < s.B; b++) {
+    const float* __restrict sums = image_sums + static_cast<std::size_t>(b) * sums_size;
+    for (std::size_t i = 0; i < sums_size; i++) total[i] += sums[i];
   }
-  transpose(dweight, dweight_by_tap, taps, OC);
+  transpose(dweight, total, taps, OC);
+  if (dbias) std::memcpy(dbias, total + taps * OC, sizeof(float) * OC);
 }
 
 // out[j][i] = inp[i][j] for a 4x4 block (row strides in floats): four vector loads, eight
@@ -332,12 +456,12 @@ void FullyConnectedTrainXnn::forward(float* out, const float* inp, const float* 
 
 void FullyConnectedTrainXnn::backward(float* dinp, float* dweight, float* dbias, const float* dout,
                                       const float* out, const float* inp, const float* weight) {
-  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, B_ * OC_);
+  const float* d = apply_relu_mask(activation_, dout_masked_.data(), dout, out, B_ * OC_, pool_);
   bias_backward(dbias, d, B_, OC_);
   // dinp [B][C] = d [B][OC] · weight [OC][C]: weight is already the K x N operand, but
   // packing it only pays off for a batch of at least OC rows.
   if (dinp && B_ < OC_) {
-    fully_connected_input_gradient(dinp, d, weight, B_, C_, OC_);
+    fully_connected_input_gradient(dinp, d, weight, B_, C_, OC_, pool_);
   } else if (dinp) {
     run_fully_connected(dinp_op_, dinp, d, B_, OC_, C_, weight, true, nullptr, -kInfinity, pool_);
   }
@@ -360,20 +484,34 @@ Conv2dXnn::Conv2dXnn(const Conv2dShape& shape, Activation activation, pthreadpoo
       pack_patches_(K_ <= static_cast<std::size_t>(shape.OC)),
       weight_swapped_(K_ * shape.OC),
       // A single-channel layer without an input gradient (the usual first layer) masks one
-      // output row at a time; a whole copy is made on the first call that needs it.
+      // output row of each image at a time; a whole copy is made on the first call that
+      // needs it.
       dout_masked_(activation == Activation::relu && single_channel_
-                       ? static_cast<std::size_t>(shape.OW()) * shape.OC
+                       ? static_cast<std::size_t>(shape.B) * shape.OW() * shape.OC
                        : 0),
       // Packing dout, the weight gradient goes image by image: one image's patches.
       patches_(single_channel_ ? 0 : (pack_patches_ ? M_ : M_ / shape.B) * K_),
       dout_transposed_(!single_channel_ && pack_patches_ ? M_ * shape.OC : 0),
-      dweight_transposed_(single_channel_ || !pack_patches_ ? K_ * shape.OC : 0),
+      dweight_transposed_(!single_channel_ && !pack_patches_ ? K_ * shape.OC : 0),
       dweight_image_(!single_channel_ && !pack_patches_ && shape.B > 1 ? K_ * shape.OC : 0),
       input_planes_(!single_channel_ && !pack_patches_
                         ? static_cast<std::size_t>(shape.H) * shape.W * shape.C
-                        : 0) {
+                        : 0),
+      image_sums_(single_channel_ ? static_cast<std::size_t>(shape.B) * (K_ + 1) * shape.OC : 0) {
   ensure_xnnpack_initialized();
   if (s_.OH() <= 0 || s_.OW() <= 0) throw std::invalid_argument("Conv2dXnn: empty output");
+  // Packing dout on a pool: the images' weight-gradient products go to the threads (each
+  // slot with its own scratch, operator and product), added in image order as on one
+  // thread (kernels/README.md).
+  const std::size_t threads = pool ? pthreadpool_get_threads_count(pool) : 1;
+  if (!single_channel_ && !pack_patches_ && threads > 1 && s_.B > 1) {
+    slots_ = std::min<std::size_t>(threads, static_cast<std::size_t>(s_.B));
+    slot_ops_ = std::make_unique<XnnOperator[]>(slots_);
+    slot_errors_ = std::make_unique<std::exception_ptr[]>(slots_);
+    patches_.resize(slots_ * patches_.size());
+    input_planes_.resize(slots_ * input_planes_.size());
+    dweight_image_.assign(slots_ * K_ * s_.OC, 0.0f);
+  }
 }
 
 void Conv2dXnn::forward(float* out, const float* inp, const float* weight, const float* bias) {
@@ -407,14 +545,14 @@ void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const f
   const std::size_t OC = s_.OC;
   if (single_channel_ &&
       !dinp) {  // the usual first layer: mask folded into the one pass, one row of scratch
-    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(),
-                                          dout_masked_.data(), dout,
-                                          activation_ == Activation::relu ? out : nullptr, inp, s_);
+    conv2d_weight_gradient_single_channel(dweight, dbias, image_sums_.data(), dout_masked_.data(),
+                                          dout, activation_ == Activation::relu ? out : nullptr,
+                                          inp, s_, pool_);
     return;
   }
   // In place (masked == dout) each entry is read before it is written.
-  const float* d = apply_relu_mask(activation_, masked, dout, out, M_ * OC);
-  if (!single_channel_) bias_backward(dbias, d, M_, OC);
+  const float* d = apply_relu_mask(activation_, masked, dout, out, M_ * OC, pool_);
+  if (!single_channel_) bias_backward_parallel(dbias, d, M_, OC, pool_);
 
   if (dinp) {
     // The input gradient is the transposed convolution of d with the same taps; XNNPACK's
@@ -439,9 +577,13 @@ void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const f
     check(xnn_run_operator(dinp_op_.get(), pool_), "xnn_run_operator (deconvolution)");
   }
 
+  if (!dweight) {  // an input gradient alone (kernel_bench --per-layer times it so)
+    if (single_channel_) bias_backward_parallel(dbias, d, M_, OC, pool_);
+    return;
+  }
   if (single_channel_) {
-    conv2d_weight_gradient_single_channel(dweight, dbias, dweight_transposed_.data(), nullptr, d,
-                                          nullptr, inp, s_);
+    conv2d_weight_gradient_single_channel(dweight, dbias, image_sums_.data(), nullptr, d, nullptr,
+                                          inp, s_, pool_);
     return;
   }
   // dweight [OC][K] = d^T [OC][M] · patches [M][K], packing whichever of patches (M*K)
@@ -460,6 +602,11 @@ void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const f
     image.B = 1;
     const std::size_t pixels = M_ / static_cast<std::size_t>(s_.B);
     const std::size_t image_size = static_cast<std::size_t>(s_.H) * s_.W * s_.C;
+    if (slots_ > 1) {
+      weight_gradient_on_slots(d, inp);
+      transpose(dweight, dweight_transposed_.data(), K_, OC);
+      return;
+    }
     for (int b = 0; b < s_.B; b++) {
       im2col_transposed(patches_.data(), input_planes_.data(),
                         inp + static_cast<std::size_t>(b) * image_size, image);
@@ -472,6 +619,55 @@ void Conv2dXnn::backward_into(float* dinp, float* dweight, float* dbias, const f
     }
     transpose(dweight, dweight_transposed_.data(), K_, OC);
   }
+}
+
+void Conv2dXnn::weight_gradient_on_slots(const float* d, const float* inp) {
+  const std::size_t OC = s_.OC, B = s_.B;
+  const std::size_t pixels = M_ / B, product_size = K_ * OC;
+  const std::size_t image_size = static_cast<std::size_t>(s_.H) * s_.W * s_.C;
+  const std::size_t patches_size = patches_.size() / slots_,
+                    planes_size = input_planes_.size() / slots_;
+  Conv2dShape image = s_;
+  image.B = 1;
+  next_image_.store(0, std::memory_order_relaxed);
+  slot_failed_.store(false, std::memory_order_relaxed);
+  // One task per slot; with as many tasks as threads (slots_ <= threads), pthreadpool gives
+  // each thread one, so every slot runs at once and waiting for another cannot deadlock.
+  // Slot `slot` takes images slot, slot + slots, ... : each image's im2col and GEMM on its own
+  // (its own operator, no pool inside: the GEMM's tiles and sums are the same), then, once
+  // the image before it has been added, adds its product into dweight_transposed_ (image 0
+  // writes it): the sum runs in image order, as on one thread, and each slot needs one
+  // product buffer. The adds take ~1/10 of a GEMM, so the slots rarely wait.
+  parallel_for_blocks(pool_, slots_, 1, [&](std::size_t slot_begin, std::size_t slot_end) {
+    for (std::size_t slot = slot_begin; slot < slot_end; slot++) {
+      float* patches = patches_.data() + slot * patches_size;
+      float* planes = input_planes_.data() + slot * planes_size;
+      float* product = dweight_image_.data() + slot * product_size;
+      try {
+        for (std::size_t b = slot; b < B; b += slots_) {
+          im2col_transposed(patches, planes, inp + b * image_size, image);
+          float* target = b == 0 ? dweight_transposed_.data() : product;
+          run_fully_connected(slot_ops_[slot], target, patches, K_, pixels, OC, d + b * pixels * OC,
+                              true, nullptr, -kInfinity, nullptr);
+          while (next_image_.load(std::memory_order_acquire) != b) {
+            if (slot_failed_.load(std::memory_order_relaxed)) return;
+            std::this_thread::yield();
+          }
+          if (b > 0) {
+            float* __restrict sum = dweight_transposed_.data();
+            const float* __restrict add = product;
+            for (std::size_t i = 0; i < product_size; i++) sum[i] += add[i];
+          }
+          next_image_.store(b + 1, std::memory_order_release);
+        }
+      } catch (...) {
+        slot_errors_[slot] = std::current_exception();
+        slot_failed_.store(true, std::memory_order_relaxed);
+      }
+    }
+  });
+  for (std::size_t slot = 0; slot < slots_; slot++)
+    if (slot_errors_[slot]) std::rethrow_exception(std::exchange(slot_errors_[slot], nullptr));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -564,8 +760,8 @@ void DepthwiseConv2dXnn::backward_overwriting_dout(float* dinp, float* dweight, 
                                                    const float* weight) {
   const int OH = s_.OH(), OW = s_.OW();
   const std::size_t C = s_.C, M = static_cast<std::size_t>(s_.B) * OH * OW;
-  const float* d = apply_relu_mask(activation_, dout, dout, out, M * C);
-  bias_backward(dbias, d, M, C);
+  const float* d = apply_relu_mask(activation_, dout, dout, out, M * C, pool_);
+  bias_backward_parallel(dbias, d, M, C, pool_);
   // One pass over the output pixels and taps, the innermost loops over contiguous channels:
   // dweight[c][tap] = sum of d * the input under that tap, accumulated tap-major and
   // transposed at the end; and, when asked, dinp = the transposed depthwise convolution of

@@ -21,15 +21,22 @@
 // shape and batch; its scratch memory is allocated in the constructor or on the first call
 // that needs it (a conv's ReLU mask copy: only backward(), not backward_overwriting_dout(),
 // and a single-channel conv without an input gradient, the first layer, masks row by row),
-// so forward/backward never allocate after their first call. `pool` may be null (run on the calling thread) and is not owned.
+// so forward/backward never allocate after their first call. `pool` may be null (run on the
+// calling thread) and is not owned; with a pool our own loops run on it as well as XNNPACK's
+// operators, and every result is the same bits as without one (kernels/README.md, "Our loops
+// on the thread pool"). A Conv2dXnn packing dout keeps one im2col buffer, plane buffer and
+// product per thread of the pool it was built with.
 // Errors from XNNPACK throw std::runtime_error.
 #pragma once
 
 #include <pthreadpool.h>
 #include <xnnpack.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <vector>
 
 #include "kernels/reference.h"
@@ -85,6 +92,8 @@ class Conv2dXnn {
   void forward(float* out, const float* inp, const float* weight, const float* bias);
   // Same contract as conv2d_backward_reference (dinp, dbias nullable); ReLU as in
   // FullyConnectedTrainXnn, and out = nullptr with Activation::relu: dout is masked already.
+  // dweight may be null when dinp is not: the input gradient alone (the bias gradient is
+  // still written when dbias is given).
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* out,
                 const float* inp, const float* weight);
   // The same, with `dout` the caller's scratch, which it overwrites: the ReLU mask is applied
@@ -99,6 +108,9 @@ class Conv2dXnn {
   // `masked`: where the ReLU-masked dout goes (dout itself, or the copy).
   void backward_into(float* dinp, float* dweight, float* dbias, const float* dout, float* masked,
                      const float* out, const float* inp, const float* weight);
+  // Packing dout on a pool of several threads: the images' products on the slots, added in
+  // image order into dweight_transposed_ (the same sums as one thread's loop).
+  void weight_gradient_on_slots(const float* d, const float* inp);
 
   Conv2dShape s_;
   Activation activation_;
@@ -115,7 +127,17 @@ class Conv2dXnn {
   std::vector<float> dout_transposed_;     // [OC][M] when packing patches
   std::vector<float> dweight_transposed_;  // [K][OC] when packing dout
   std::vector<float> dweight_image_;       // [K][OC]: one image's product, when packing dout
+                                           // (one per slot on slots)
   std::vector<float> input_planes_;  // [C][H*W]: one image's channel planes, when packing dout
+                                     // (patches_ and input_planes_ one per slot on slots)
+  std::vector<float> image_sums_;    // single channel: [B][KH*KW + 1][OC] per-image sums
+  // Packing dout with a pool of more than one thread: slots (min(threads, B)) of images,
+  // each with its own operator; errors caught on the pool's threads, rethrown after.
+  std::size_t slots_ = 1;
+  std::unique_ptr<XnnOperator[]> slot_ops_;
+  std::unique_ptr<std::exception_ptr[]> slot_errors_;
+  std::atomic<std::size_t> next_image_{0};  // the next image whose product may be added
+  std::atomic<bool> slot_failed_{false};    // a slot threw: the others stop waiting
 };
 
 // 2x2 / stride 2 max pooling, floor(H/2) x floor(W/2) output.

@@ -53,7 +53,8 @@ double step_flops(int B) {
   return 2 * conv1 + 3 * (conv2 + fc1 + fc2);
 }
 
-// Best GFLOP/s of a 512 x 1024 x 1024 XNNPACK fully-connected run (weights packed once).
+// Best GFLOP/s of 20 512 x 1024 x 1024 XNNPACK fully-connected runs (weights packed once;
+// the best of many, so that other processes on a shared machine rarely lower it).
 double gemm_peak_gflops(pthreadpool_t pool) {
   edgetrain::kernels::ensure_xnnpack_initialized();
   const std::size_t M = 512, K = 1024, N = 1024;
@@ -67,7 +68,7 @@ double gemm_peak_gflops(pthreadpool_t pool) {
     return 0;
   }
   double best = 1e9;
-  for (int rep = 0; rep < 8; rep++) {
+  for (int rep = 0; rep < 20; rep++) {
     const auto start = Clock::now();
     xnn_run_operator(op, pool);
     best = std::min(best, seconds_since(start));
@@ -238,6 +239,134 @@ double op_ms(const std::string& op, int B, int H, int W, int C, pthreadpool_t po
   return times[times.size() / 2] * 1e3;
 }
 
+// --per-layer: each conv, fc and max-pool layer of `model` timed alone as the Trainer calls
+// its op (ReLU fused where a relu layer follows; conv weight gradient through
+// backward_overwriting_dout), in three passes: forward, input gradient (none for the first
+// layer) and weight gradient (with the bias gradient). The ReLU mask pass runs in both
+// gradient passes, as each is timed alone. Median and fastest of `reps` calls after one
+// warm-up; FLOPs are 2 x multiply-adds of the pass's product, their rate over the fastest
+// call compared with `peak_gflops`, this process's GEMM peak at the same thread count.
+// Returns the sum of the rows' median milliseconds.
+double print_per_layer(const edgetrain::runtime::Model& model, int B, pthreadpool_t pool,
+                       double peak_gflops, int reps) {
+  namespace k = edgetrain::kernels;
+  namespace rt = edgetrain::runtime;
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  auto random = [&](std::size_t n) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = dist(rng) * 0.1f;
+    return v;
+  };
+  struct Times {
+    double median_ms, min_ms;
+  };
+  auto median_ms = [&](const std::function<void()>& call) {
+    call();
+    std::vector<double> times;
+    for (int i = 0; i < reps; i++) {
+      const auto start = Clock::now();
+      call();
+      times.push_back(seconds_since(start));
+    }
+    std::sort(times.begin(), times.end());
+    return Times{times[times.size() / 2] * 1e3, times.front() * 1e3};
+  };
+  double total_ms = 0, total_min_ms = 0, total_flop = 0;
+  auto row = [&](const std::string& name, const char* pass, Times t, double flop) {
+    total_ms += t.median_ms;
+    total_min_ms += t.min_ms;
+    total_flop += flop;
+    if (flop > 0) {
+      const double gflops = flop / t.min_ms / 1e6;
+      std::printf("%-8s %-12s %8.3f %8.3f %8.4f %8.1f %6.1f\n", name.c_str(), pass, t.median_ms,
+                  t.min_ms, flop / 1e9, gflops, 100.0 * gflops / peak_gflops);
+    } else {
+      std::printf("%-8s %-12s %8.3f %8.3f %8s %8s %6s\n", name.c_str(), pass, t.median_ms, t.min_ms,
+                  "-", "-", "-");
+    }
+  };
+  std::printf(
+      "per_layer model=%s batch=%d gemm_peak_gflops=%.1f (ms: median and fastest of %d calls; "
+      "GFLOP/s and %%peak from the fastest, as the peak is the fastest of its runs)\n",
+      model.spec().name.c_str(), B, peak_gflops, reps);
+  std::printf("%-8s %-12s %8s %8s %8s %8s %6s\n", "layer", "pass", "ms", "min_ms", "GFLOP",
+              "GFLOP/s", "%peak");
+  const auto& layers = model.layers();
+  int convs = 0, fcs = 0, pools = 0;
+  for (std::size_t i = 0; i < layers.size(); i++) {
+    const rt::ResolvedLayer& layer = layers[i];
+    const bool relu = i + 1 < layers.size() && layers[i + 1].kind == rt::LayerKind::kRelu &&
+                      layers[i + 1].input == static_cast<int>(i);
+    const k::Activation act = relu ? k::Activation::relu : k::Activation::none;
+    const bool first = layer.input < 0;
+    const std::size_t n_in = static_cast<std::size_t>(B) * layer.in.size(),
+                      n_out = static_cast<std::size_t>(B) * layer.out.size();
+    auto inp = random(n_in), dout = random(n_out);
+    std::vector<float> out(n_out), dinp(n_in), scratch(dout);
+    if (layer.kind == rt::LayerKind::kConv) {
+      const std::string name = "conv" + std::to_string(++convs);
+      k::Conv2dShape s{B,           layer.in.H,     layer.in.W,   layer.in.C,
+                       layer.out.C, layer.kernel_h, layer.kernel, layer.stride,
+                       layer.pad};
+      const std::size_t n_weight = static_cast<std::size_t>(s.OC) * s.KH * s.KW * s.C;
+      auto weight = random(n_weight), bias = random(s.OC);
+      std::vector<float> dweight(n_weight), dbias(s.OC);
+      k::Conv2dXnn conv(s, act, pool);
+      const double flop = 2.0 * B * s.OH() * s.OW() * s.OC * s.KH * s.KW * s.C;
+      row(name, "forward",
+          median_ms([&] { conv.forward(out.data(), inp.data(), weight.data(), bias.data()); }),
+          flop);
+      // The mask is idempotent, so masking `scratch` in place again on every call costs what
+      // the Trainer's one call does.
+      if (!first)
+        row(name, "input_grad", median_ms([&] {
+              conv.backward_overwriting_dout(dinp.data(), nullptr, nullptr, scratch.data(),
+                                             out.data(), inp.data(), weight.data());
+            }),
+            flop);
+      row(name, "weight_grad", median_ms([&] {
+            conv.backward_overwriting_dout(nullptr, dweight.data(), dbias.data(), scratch.data(),
+                                           out.data(), inp.data(), weight.data());
+          }),
+          flop);
+    } else if (layer.kind == rt::LayerKind::kFullyConnected) {
+      const std::string name = "fc" + std::to_string(++fcs);
+      const std::size_t C = layer.in.size(), OC = layer.out.size();
+      auto weight = random(C * OC), bias = random(OC);
+      std::vector<float> dweight(C * OC), dbias(OC);
+      k::FullyConnectedTrainXnn fc(B, C, OC, act, pool);
+      const double flop = 2.0 * B * C * OC;
+      const float* mask = relu ? out.data() : nullptr;
+      row(name, "forward",
+          median_ms([&] { fc.forward(out.data(), inp.data(), weight.data(), bias.data()); }), flop);
+      if (!first)
+        row(name, "input_grad", median_ms([&] {
+              fc.backward(dinp.data(), nullptr, nullptr, dout.data(), mask, inp.data(),
+                          weight.data());
+            }),
+            flop);
+      row(name, "weight_grad", median_ms([&] {
+            fc.backward(nullptr, dweight.data(), dbias.data(), dout.data(), mask, inp.data(),
+                        weight.data());
+          }),
+          flop);
+    } else if (layer.kind == rt::LayerKind::kMaxPool) {
+      const std::string name = "maxpool" + std::to_string(++pools);
+      k::MaxPool2x2Xnn maxpool(B, layer.in.H, layer.in.W, layer.in.C, pool);
+      std::vector<std::uint32_t> window(n_out);
+      row(name, "forward",
+          median_ms([&] { maxpool.forward(out.data(), window.data(), inp.data()); }), 0);
+      row(name, "input_grad",
+          median_ms([&] { maxpool.backward(dinp.data(), dout.data(), window.data()); }), 0);
+    }
+  }
+  const double gflops = total_flop / total_min_ms / 1e6;
+  std::printf("%-8s %-12s %8.3f %8.3f %8.4f %8.1f %6.1f\n", "layers", "all", total_ms, total_min_ms,
+              total_flop / 1e9, gflops, 100.0 * gflops / peak_gflops);
+  return total_ms;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -245,7 +374,7 @@ int main(int argc, char** argv) {
                                    "edgetrain kernel benchmark: paper CNN train step");
   int batch = 10, threads = 1, steps = 20, warmup = 3;
   std::string path = "fast", drop_rates, model_name = "paper-cnn", op, op_shape = "14x14x32";
-  bool peak = false, repack = false;
+  bool peak = false, repack = false, per_layer = false;
   table.add("batch", batch, "batch size").range(1, 100000);
   table.add("threads", threads, "threads (1 = calling thread, no pool)").range(1, 1024);
   table.add("steps", steps, "timed steps").range(1, 1000000);
@@ -262,7 +391,15 @@ int main(int argc, char** argv) {
   table.add("op-shape", op_shape, "--op: the input HxWxC");
   table.add("gemm-peak", peak, "print the XNNPACK GEMM peak instead");
   table.add("repack-cost", repack, "print the cost of recreating (repacking) the step's operators");
+  table.add("per-layer", per_layer,
+            "trainer path: first print, per conv, fc and max-pool layer, the forward, input- and "
+            "weight-gradient time, FLOPs, GFLOP/s and share of the GEMM peak measured in this "
+            "process (conv, fc and maxpool layers only; others are left out)");
   if (const auto status = table.parse(argc, argv)) return *status;
+  if (per_layer && path != "trainer") {
+    std::fprintf(stderr, "kernel_bench: --per-layer needs --path trainer (it reads the model)\n");
+    return 2;
+  }
   if (repack) {
     std::printf("repack batch=%d ms_per_step=%.3f\n", batch, repack_ms_per_step(batch));
     return 0;
@@ -307,6 +444,7 @@ int main(int argc, char** argv) {
     rt::Model model(rt::model_spec_from_argument(model_name));
     model.initialize(1);
     if (model_name != "paper-cnn") path += "-" + model.spec().name;
+    if (per_layer) print_per_layer(model, batch, pool, gemm_peak_gflops(pool), std::max(steps, 11));
     rt::Trainer trainer(model, batch, rt::KernelBackend::kXnnpack, pool);
     if (!drop_rates.empty()) {
       rt::DropoutConfig dropout;

@@ -2,6 +2,7 @@
 // its own loss, learning on synthetic data, and the XNNPACK backend's gradients against the
 // reference backend's on several models, for full and partial (zero-padded) batches.
 #include <gtest/gtest.h>
+#include <pthreadpool.h>
 
 #include <algorithm>
 #include <cmath>
@@ -771,3 +772,45 @@ TEST(Resnet8LongRun, LossFallsOnMnistSmall) {
   EXPECT_LT(after, 0.7 * std::log(10.0)) << "before " << before << ", after " << after;
 }
 }  // namespace
+
+// A pool of 2 or 3 threads gives the calling thread's gradient bit for bit (kernels/README.md:
+// our loops on the pool sum every value in the same order whatever the thread count), on
+// the paper CNN (conv1's image-by-image weight gradient, conv2's on slots, FC1's input
+// gradient by column tiles) and on depthwise, pointwise, pooling and residual layers; at
+// an odd batch, so 2 and 3 slots split it unevenly, and at a partial batch.
+TEST(TrainerOnThreads, GradientEqualsTheCallingThreadsBitForBit) {
+  for (const char* spec : {"paper-cnn",
+                           "input 12x12x3; conv 8 3x3 relu; name a; dwconv 3x3 relu; "
+                           "conv 8 1x1; add a relu; avgpool 2; conv 16 3x3 stride 2 relu; "
+                           "globalavgpool; fc 4"}) {
+    Model model(model_spec_from_argument(spec));
+    model.initialize(3);
+    const int batch = 5;
+    std::mt19937 rng(11);
+    std::vector<std::uint8_t> pixels;
+    std::vector<std::int32_t> labels;
+    synthetic_batch(rng, model.input_shape(), batch, pixels, labels);
+    for (auto& label : labels) label %= model.num_classes();
+    Trainer serial(model, batch, KernelBackend::kXnnpack, nullptr);
+    for (int count : {batch, 3}) {
+      std::vector<float> expected(model.parameter_count());
+      const float loss =
+          serial.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, expected)
+              .loss;
+      for (std::size_t threads : {2, 3}) {
+        pthreadpool_t pool = pthreadpool_create(threads);
+        {
+          Trainer pooled(model, batch, KernelBackend::kXnnpack, pool);
+          std::vector<float> grad(model.parameter_count());
+          EXPECT_EQ(
+              pooled.compute_gradient(model.parameters(), pixels.data(), labels.data(), count, grad)
+                  .loss,
+              loss)
+              << spec << ", " << threads << " threads, count " << count;
+          EXPECT_EQ(grad, expected) << spec << ", " << threads << " threads, count " << count;
+        }
+        pthreadpool_destroy(pool);
+      }
+    }
+  }
+}

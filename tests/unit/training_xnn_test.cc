@@ -3,6 +3,7 @@
 // choices (activations vs weights, patches vs output gradient), stride 2, no padding.
 // Runs on x86 and under QEMU on aarch64, where XNNPACK takes its NEON paths.
 #include <gtest/gtest.h>
+#include <pthreadpool.h>
 
 #include <algorithm>
 #include <array>
@@ -41,6 +42,21 @@ void expect_near_all(const std::vector<float>& fast, const std::vector<float>& r
     }
   }
 }
+
+// A pthreadpool for the tests that run an op on several threads: the result must equal the
+// calling thread's bit for bit (kernels/README.md: our loops split work so that every value
+// is summed in the same order whatever the thread count). 3 threads split a batch unevenly.
+class ThreadPool {
+ public:
+  explicit ThreadPool(std::size_t threads) : pool_(pthreadpool_create(threads)) {}
+  ~ThreadPool() { pthreadpool_destroy(pool_); }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  pthreadpool_t get() const { return pool_; }
+
+ private:
+  pthreadpool_t pool_;
+};
 
 struct FcCase {
   std::size_t B, C, OC;
@@ -83,6 +99,20 @@ TEST_P(FullyConnectedTrainXnnTest, MatchesReference) {
     fc.backward(nullptr, dweight2.data(), nullptr, dout.data(), relu ? out_fast.data() : nullptr,
                 inp.data(), weight.data());
     EXPECT_EQ(dweight, dweight2);
+    // On 2 and 3 threads: the same bits.
+    for (std::size_t threads : {2, 3}) {
+      ThreadPool pool(threads);
+      ek::FullyConnectedTrainXnn pooled(B, C, OC, activation, pool.get());
+      std::vector<float> out_p(B * OC, NAN), dinp_p(B * C, NAN), dweight_p(OC * C, NAN),
+          dbias_p(OC, NAN);
+      pooled.forward(out_p.data(), inp.data(), weight.data(), bias.data());
+      EXPECT_EQ(out_p, out_fast) << threads << " threads";
+      pooled.backward(dinp_p.data(), dweight_p.data(), dbias_p.data(), dout.data(),
+                      relu ? out_p.data() : nullptr, inp.data(), weight.data());
+      EXPECT_EQ(dinp_p, dinp) << threads << " threads";
+      EXPECT_EQ(dweight_p, dweight) << threads << " threads";
+      EXPECT_EQ(dbias_p, dbias) << threads << " threads";
+    }
   }
 }
 
@@ -155,6 +185,39 @@ TEST_P(Conv2dXnnTest, MatchesReference) {
     }
     EXPECT_EQ(dweight2, dweight);
     EXPECT_EQ(dbias2, dbias);
+    // The input gradient alone (dweight null) is the same; dbias is still written.
+    if (want_dinp) {
+      std::vector<float> scratch3 = dout, dinp3(n_in, NAN), dbias3(s.OC, NAN);
+      in_place.backward_overwriting_dout(dinp3.data(), nullptr, dbias3.data(), scratch3.data(),
+                                         relu ? out_fast.data() : nullptr, inp.data(),
+                                         weight.data());
+      EXPECT_EQ(dinp3, dinp);
+      // One input channel sums the bias gradient image by image with the weight gradient;
+      // alone, in one pass over the rows: the same up to rounding.
+      if (s.C > 1) {
+        EXPECT_EQ(dbias3, dbias);
+      } else {
+        expect_near_all(dbias3, dbias, M, "dbias (input gradient alone)");
+      }
+    }
+    // On 2 and 3 threads (images split over slots, per-image sums, blocks of our loops): the
+    // same bits as on the calling thread.
+    for (std::size_t threads : {2, 3}) {
+      ThreadPool pool(threads);
+      ek::Conv2dXnn pooled(s, activation, pool.get());
+      std::vector<float> out_p(n_out, NAN), scratch_p = dout, dinp_p(n_in, NAN),
+                                            dweight_p(s.OC * K, NAN), dbias_p(s.OC, NAN);
+      pooled.forward(out_p.data(), inp.data(), weight.data(), bias.data());
+      EXPECT_EQ(out_p, out_fast) << threads << " threads";
+      pooled.backward_overwriting_dout(want_dinp ? dinp_p.data() : nullptr, dweight_p.data(),
+                                       dbias_p.data(), scratch_p.data(),
+                                       relu ? out_p.data() : nullptr, inp.data(), weight.data());
+      if (want_dinp) {
+        EXPECT_EQ(dinp_p, dinp) << threads << " threads";
+      }
+      EXPECT_EQ(dweight_p, dweight) << threads << " threads";
+      EXPECT_EQ(dbias_p, dbias) << threads << " threads";
+    }
   }
 }
 
@@ -163,9 +226,11 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ConvCase{{1, 5, 5, 1, 2}, ek::Activation::none},
         ConvCase{{2, 7, 6, 3, 5}, ek::Activation::relu},
-        ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},             // K = 36 > OC: packs dout
-        ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},           // paper conv1, batch 1
-        ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},          // paper conv2
+        ConvCase{{3, 9, 9, 4, 17}, ek::Activation::none},     // K = 36 > OC: packs dout
+        ConvCase{{1, 28, 28, 1, 32}, ek::Activation::relu},   // paper conv1, batch 1
+        ConvCase{{2, 14, 14, 32, 64}, ek::Activation::relu},  // paper conv2
+        ConvCase{{5, 28, 28, 1, 32}, ek::Activation::relu},   // conv1, images on threads
+        ConvCase{{5, 14, 14, 32, 64}, ek::Activation::relu},  // conv2: 3 threads split 5 unevenly
         ConvCase{{2, 7, 7, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, odd size
         ConvCase{{2, 8, 8, 3, 4, 3, 3, 2, 1}, ek::Activation::none},  // stride 2, adjustment
         ConvCase{{1, 6, 5, 2, 3, 2, 3, 1, 0}, ek::Activation::relu},  // 2x3 kernel, no padding
@@ -262,6 +327,20 @@ TEST_P(DepthwiseConv2dXnnTest, MatchesReference) {
     if (want_dinp) expect_near_all(dinp, dinp_ref, taps, "dinp");
     expect_near_all(dweight, dweight_ref, M, "dweight");
     expect_near_all(dbias, dbias_ref, M, "dbias");
+    ThreadPool pool(2);  // the mask and bias gradient in blocks: the same bits
+    ek::DepthwiseConv2dXnn pooled(s, activation, pool.get());
+    std::vector<float> out_p(n_out, NAN), scratch_p = dout, dinp_p(n_in, NAN),
+                                          dweight_p(s.C * taps, NAN), dbias_p(s.C, NAN);
+    pooled.forward(out_p.data(), inp.data(), weight.data(), bias.data());
+    EXPECT_EQ(out_p, out_fast);
+    pooled.backward_overwriting_dout(want_dinp ? dinp_p.data() : nullptr, dweight_p.data(),
+                                     dbias_p.data(), scratch_p.data(),
+                                     relu ? out_p.data() : nullptr, inp.data(), weight.data());
+    if (want_dinp) {
+      EXPECT_EQ(dinp_p, dinp);
+    }
+    EXPECT_EQ(dweight_p, dweight);
+    EXPECT_EQ(dbias_p, dbias);
   }
   EXPECT_THROW(ek::DepthwiseConv2dXnn(ek::Conv2dShape{1, 5, 5, 2, 3}, activation, nullptr),
                std::invalid_argument);

@@ -38,6 +38,24 @@ struct GanProgramSettings {
   bool quiet = false;
 };
 
+// The built-in models --classifier-model can be: those of 28x28x1 images that the classifier
+// readout runs (no residual graph, no batchnorm, an fc last), asked of the readout itself so
+// that --help follows model.cc's list.
+std::string classifier_model_choices() {
+  std::string names;
+  for (const std::string& name : runtime::builtin_model_names()) {
+    try {
+      const runtime::Model model(runtime::builtin_model_spec(name));
+      if (model.spec().sequence || !(model.spec().input == runtime::ExampleShape{28, 28, 1})) continue;
+      runtime::ClassifierReadout readout(model, 1);
+      names += (names.empty() ? "" : ", ") + name;
+    } catch (const std::exception&) {
+      // not a classifier the readout runs: left out of the list
+    }
+  }
+  return names;
+}
+
 void declare_settings(settings::Table& t, GanProgramSettings& s) {
   t.group("Data and model");
   t.add("data", s.data,
@@ -85,7 +103,9 @@ void declare_settings(settings::Table& t, GanProgramSettings& s) {
       "a trained classifier (safetensors, e.g. from edgetrain-sim --save-model): adds the "
       "MNIST score of the samples and the Frechet distance of its features to as many test images");
   t.add("classifier-model", s.classifier_model,
-        "the model of --classifier (paper-cnn, mlp or a spec)");
+        "the model of --classifier: " + classifier_model_choices() +
+            " (the built-ins it can score with), or a spec or spec file of 28x28x1 images "
+            "without residual connections or batchnorm");
   t.add("out", s.out_dir,
         "directory for metrics.csv, samples-ITERATION.png, samples.png and the plot");
   t.add("quiet", s.quiet, "no progress lines");

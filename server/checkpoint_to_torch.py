@@ -5,9 +5,12 @@ Reads the safetensors file with json + numpy alone (no `safetensors` package), r
 model the checkpoint names (paper-cnn, mlp, or a spec given with --model) as a torch.nn
 module with the weights permuted from edgetrain's layout to PyTorch's, and evaluates it on
 a data set's IDX test files, exactly as `edgetrain-server evaluate` does (each image
-standardised on its own; see server/README.md, "The checkpoint's tensor layout").
+standardised on its own; see server/README.md, "The checkpoint's tensor layout"), or on the
+[test] split of a directory with edgetrain-data.toml (NumPy or CSV, scaled as it says;
+model/README.md, "Your own data").
 
     python3 server/checkpoint_to_torch.py STATE/best.safetensors --data mnist [--json]
+    python3 server/checkpoint_to_torch.py STATE/best.safetensors --data my-data   # edgetrain-data.toml
     python3 server/checkpoint_to_torch.py CKPT --onnx model.onnx   # also export ONNX
 
 As a library: `model, metadata = load_checkpoint(path)` gives an nn.Module in eval mode
@@ -349,6 +352,109 @@ def test_files(name):
     return (os.path.join(directory, "t10k-images-idx3-ubyte"), os.path.join(directory, "t10k-labels-idx1-ubyte"))
 
 
+class DataError(ValueError):
+    """A data directory edgetrain-data.toml describes that this loader cannot read: the message
+    names the file and the problem (as model/user_data.cc's errors do)."""
+
+
+def read_user_test_split(directory):
+    """(features, labels, scaling) of the [test] split an edgetrain-data.toml in `directory`
+    describes (model/README.md, "Your own data"): features as float32 N x H x W x C (a
+    sequence's N x L x C), labels int64, scaling (name, scale, offset). The same files and
+    checks as edgetrain's reader, in NumPy: .npy, .npz (features_array / labels_array) or CSV
+    (label_column by name or index, header)."""
+    import csv
+    import tomllib
+    description = os.path.join(directory, "edgetrain-data.toml")
+    try:
+        with open(description, "rb") as f:
+            toml = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise DataError(f"{description}: {e}") from None
+    try:
+        classes = int(toml["num_classes"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{description}: needs num_classes (an integer)") from None
+    if "sequence" in toml:
+        length, channels = (int(v) for v in toml["sequence"])
+        shape = (length, channels)
+    elif "example_shape" in toml:
+        shape = tuple(int(v) for v in toml["example_shape"])
+    else:
+        raise DataError(f"{description}: needs example_shape = [H, W, C] or sequence = [L, C]")
+    name = toml.get("scaling", "per-example-standardize")
+    if name not in ("per-example-standardize", "scale", "none"):
+        raise DataError(f"{description}: scaling is '{name}'; expected per-example-standardize, scale or none")
+    scaling = (name, float(toml.get("scale", 1.0)), float(toml.get("offset", 0.0)))
+    test = toml.get("test")
+    if not isinstance(test, dict) or "features" not in test:
+        raise DataError(f"{description}: no [test] section with 'features' to evaluate on")
+    features_path = os.path.join(directory, test["features"])
+
+    def array(path, member):
+        try:
+            if path.endswith(".npz"):
+                with np.load(path) as archive:
+                    if not member:
+                        raise DataError(f"{path}: is an .npz archive: name the array in it "
+                                        f"(its arrays: {', '.join(archive.files)})")
+                    if member not in archive.files:
+                        raise DataError(f"{path}: has no array '{member}' (its arrays: {', '.join(archive.files)})")
+                    return archive[member]
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            if isinstance(e, DataError):
+                raise
+            raise DataError(f"{path}: {e}") from None
+
+    if features_path.lower().endswith(".csv"):
+        column = test.get("label_column")
+        if column is None:
+            raise DataError(f"{description}: [test] holds a CSV file: give label_column (its name or 0-based index)")
+        header = test.get("header", isinstance(column, str))
+        try:
+            with open(features_path, newline="") as f:
+                rows = [row for row in csv.reader(f) if row]
+        except OSError as e:
+            raise DataError(f"{features_path}: {e}") from None
+        if header:
+            names, rows = rows[0], rows[1:]
+            if isinstance(column, str):
+                if column not in names:
+                    raise DataError(f"{features_path}: no column named '{column}' in the header ({', '.join(names)})")
+                column = names.index(column)
+        try:
+            table = np.array(rows, dtype=np.float64)
+        except ValueError:
+            raise DataError(f"{features_path}: a value is not a number (or the rows differ in length)") from None
+        if table.ndim != 2 or not 0 <= column < table.shape[1]:
+            raise DataError(f"{features_path}: label_column {column} but rows have "
+                            f"{table.shape[1] if table.ndim == 2 else 0} fields")
+        labels = table[:, column]
+        if np.any(labels != np.round(labels)):
+            raise DataError(f"{features_path}: a label is not an integer")
+        labels, features = labels.astype(np.int64), np.delete(table, column, axis=1).astype(np.float32)
+    else:
+        if "labels" not in test:
+            raise DataError(f"{description}: [test] needs 'labels' (a .npy or .npz file)")
+        features = array(features_path, test.get("features_array"))
+        labels_path = os.path.join(directory, test["labels"])
+        labels = array(labels_path, test.get("labels_array"))
+        if features.dtype not in (np.float32, np.uint8):
+            raise DataError(f"{features_path}: features of dtype {features.dtype}; float32 or uint8 are read "
+                            f"(x.astype(np.float32))")
+        if labels.dtype.kind not in "iu" or labels.ndim != 1:
+            raise DataError(f"{labels_path}: labels must be integers of shape (N,), got {labels.dtype} {labels.shape}")
+        labels = labels.astype(np.int64)
+    count, size = len(labels), int(np.prod(shape))
+    if len(features) != count or features.size != count * size:
+        raise DataError(f"{features_path}: features of shape {features.shape} for {count} labels of the example "
+                        f"shape {list(shape)}")
+    if count and (labels.min() < 0 or labels.max() >= classes):
+        raise DataError(f"{features_path}: a label outside [0, {classes}) (num_classes = {classes})")
+    return features.astype(np.float32).reshape((count,) + shape), labels, scaling
+
+
 def module_input(module, examples):
     """The tensor `module` takes for numpy examples stored as edgetrain holds them: N x H x W
     (x C) images, or N x L x C sequences (a sequence model's)."""
@@ -385,20 +491,39 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint.safetensors or best.safetensors of edgetrain-server")
     parser.add_argument("--model", help="built-in model name or spec (default: the one the checkpoint names)")
-    parser.add_argument("--data", help="test set to evaluate on: mnist, mnist-small, fashion-mnist or a directory "
-                        "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz); a model "
-                        "with batchnorm needs it: its running statistics are recalibrated on these "
-                        "images first (as edgetrain-server evaluate does) and so are also in --onnx's file")
+    parser.add_argument("--data", help="test set to evaluate on: mnist, mnist-small, fashion-mnist, a directory "
+                        "of IDX files (t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, raw or .gz), or a "
+                        "directory with edgetrain-data.toml (your NumPy or CSV files, model/README.md \"Your own "
+                        "data\": its [test] split, scaled as it says); a model with batchnorm needs it: its "
+                        "running statistics are recalibrated on these examples first (as edgetrain-server "
+                        "evaluate does) and so are also in --onnx's file")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a line")
-    parser.add_argument("--scaling", default="per-example-standardize", choices=["per-example-standardize", "none"],
-                        help="how edgetrain scaled the examples (the data description's scaling; IDX data: "
-                             "per-example-standardize, the default): none for a model converted by "
-                             "tools/onnx_to_edgetrain.py and trained on data described with scaling = \"none\"")
+    parser.add_argument("--scaling", choices=["per-example-standardize", "none"],
+                        help="how edgetrain scaled the examples (default: the data description's scaling with a "
+                             "--data directory holding edgetrain-data.toml, else per-example-standardize, IDX "
+                             "data's): none for a model converted by tools/onnx_to_edgetrain.py and trained on "
+                             "data described with scaling = \"none\". A description's scaling = \"scale\" is "
+                             "applied to the examples before the model (--onnx's model then takes scaled values)")
     parser.add_argument("--onnx", metavar="FILE", help="also write the model as ONNX (torch.onnx.export) to FILE")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    user_data = None
+    if args.data and os.path.isfile(os.path.join(args.data, "edgetrain-data.toml")) and \
+            args.data not in ("mnist", "mnist-small", "fashion-mnist"):
+        try:
+            user_data = read_user_test_split(args.data)
+        except DataError as e:
+            print(f"checkpoint_to_torch.py: --data {args.data}: {e}", file=sys.stderr)
+            return 2
+        described = user_data[2][0]
+        if args.scaling and args.scaling != (described if described != "scale" else "none"):
+            print(f"checkpoint_to_torch.py: --scaling {args.scaling}, but {args.data}/edgetrain-data.toml says "
+                  f"scaling = \"{described}\" (the scaling edgetrain trained with): leave --scaling out",
+                  file=sys.stderr)
+            return 2
+        args.scaling = "none" if described == "scale" else described
     try:
-        module, metadata = load_checkpoint(args.checkpoint, args.model, args.scaling)
+        module, metadata = load_checkpoint(args.checkpoint, args.model, args.scaling or "per-example-standardize")
     except ValueError as e:  # a model this loader cannot rebuild: say which and why, no traceback
         print(f"checkpoint_to_torch.py: {args.checkpoint}: {e}", file=sys.stderr)
         return 2
@@ -409,7 +534,12 @@ def main():
               f"statistics a checkpoint does not hold (model/README.md, \"Normalization state\"): give --data "
               f"to recalibrate them on its test images", file=sys.stderr)
         return 2
-    if args.data:
+    if user_data is not None:
+        images, labels, (scaling, scale, offset) = user_data
+        if scaling == "scale":  # x * scale + offset in float32, as the trainer does
+            images = images * np.float32(scale) + np.float32(offset)
+        calibrate(module, images)
+    elif args.data:
         images_path, labels_path = test_files(args.data)
         images, labels = read_idx(images_path), read_idx(labels_path)
         calibrate(module, images)

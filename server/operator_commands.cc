@@ -23,7 +23,9 @@ void declare_run_settings(settings::Table& t, ServerSettings& s) {
         "(said in the log) instead of refusing to start (the packaged server.toml sets it)");
   t.add("init-from", s.init_from,
         "warm start: a NEW state directory begins with this checkpoint's parameters (same "
-        "model; version 0); refused when the state directory holds another run");
+        "model; version 0); refused when the state directory holds another run. A plain "
+        "safetensors file of the model's tensors without edgetrain.crc32 is taken with a "
+        "warning (its bytes unchecked); tools/onnx_to_edgetrain.py writes sealed ones");
   t.add("stop-at-accuracy", s.stop_at_accuracy,
         "checkpoint and exit 0 once an evaluation reaches this test accuracy "
         "(needs evaluation data); 0: off")

@@ -120,16 +120,11 @@ CheckpointFile read_checkpoint_bytes(const std::filesystem::path& path,
   }
 }
 
-}  // namespace
-
-CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
-                                    const std::string& model_argument) {
-  if (!std::filesystem::is_regular_file(path))
-    throw std::runtime_error("no checkpoint file at " + path.string());
-  const std::vector<std::uint8_t> bytes = read_bytes(path);
-  const CheckpointCheck check = check_checkpoint_seal(bytes);
-  if (check.seal == CheckpointSeal::kDamaged)
-    throw std::runtime_error("the checkpoint " + path.string() + " is damaged: " + check.problem);
+// A checkpoint's bytes, their seal already checked, into the model its metadata (or
+// `model_argument`) names.
+CheckpointFile checkpoint_of_bytes(const std::filesystem::path& path,
+                                   const std::vector<std::uint8_t>& bytes,
+                                   const std::string& model_argument) {
   const std::map<std::string, std::string> header = header_metadata(bytes, path.string());
   std::string model_name = model_argument;
   if (model_name.empty()) {
@@ -141,6 +136,34 @@ CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
   return read_checkpoint_bytes(path, bytes, header,
                                runtime::Model(runtime::model_spec_from_argument(model_name)),
                                model_name);
+}
+
+// `unsealed` null: a file without edgetrain's seal is damaged; else one with no checksum key
+// at all is read and *unsealed set.
+CheckpointFile read_named_checkpoint(const std::filesystem::path& path,
+                                     const std::string& model_argument, bool* unsealed) {
+  if (!std::filesystem::is_regular_file(path))
+    throw std::runtime_error("no checkpoint file at " + path.string());
+  const std::vector<std::uint8_t> bytes = read_bytes(path);
+  const CheckpointCheck check = check_checkpoint_seal(bytes);
+  const bool without_checksum = check.seal == CheckpointSeal::kDamaged && unsealed &&
+                                !header_metadata(bytes, path.string()).count(kCheckpointChecksumKey);
+  if (unsealed) *unsealed = without_checksum;
+  if (check.seal == CheckpointSeal::kDamaged && !without_checksum)
+    throw std::runtime_error("the checkpoint " + path.string() + " is damaged: " + check.problem);
+  return checkpoint_of_bytes(path, bytes, model_argument);
+}
+
+}  // namespace
+
+CheckpointFile read_start_file(const std::filesystem::path& path, const std::string& model_argument,
+                               bool& unsealed) {
+  return read_named_checkpoint(path, model_argument, &unsealed);
+}
+
+CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
+                                    const std::string& model_argument) {
+  return read_named_checkpoint(path, model_argument, nullptr);
 }
 
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, runtime::Model model) {

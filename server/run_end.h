@@ -66,6 +66,13 @@ struct CheckpointFile {
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path,
                                     const std::string& model_argument);
 
+// --init-from's reading: the same, except that a plain safetensors file with no
+// edgetrain.crc32 at all (not written by edgetrain-server nor sealed by
+// tools/onnx_to_edgetrain.py) is read too, with `unsealed` set so the caller can warn that its
+// bytes were not checked; a checksum that is there and does not match is refused as above.
+CheckpointFile read_start_file(const std::filesystem::path& path, const std::string& model_argument,
+                               bool& unsealed);
+
 // The same with the model given: a checkpoint of exactly `model` (its layout id), e.g. one
 // shard's (runtime::shard_model()).
 CheckpointFile read_checkpoint_file(const std::filesystem::path& path, runtime::Model model);

@@ -293,6 +293,10 @@ void ServerApp::note_warm_start() {
   common::write_file_atomically(
       std::filesystem::path(s_.state_dir) / kInitFromRecordName,
       nlohmann::json{{"source", start_.init_from_identity}}.dump() + "\n");
+  if (start_.init_from_unsealed)
+    log_line("warning: --init-from " + s_.init_from + " has no edgetrain.crc32 in its metadata (a plain "
+             "safetensors file, not written by edgetrain-server nor tools/onnx_to_edgetrain.py): its "
+             "tensors' names and shapes were checked, its bytes were not checked against damage");
   log_line("warm start: the new state begins with the parameters of " + s_.init_from);
 }
 

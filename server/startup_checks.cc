@@ -189,7 +189,7 @@ void load_init_from(const ServerSettings& s, StartPlan& plan) {
   if (s.init_from.empty()) return;
   const CheckpointFile start = [&] {
     try {
-      return read_checkpoint_file(s.init_from, s.model);
+      return read_start_file(s.init_from, s.model, plan.init_from_unsealed);
     } catch (const std::exception& e) {
       throw StartupError(std::string("--init-from: ") + e.what());
     }

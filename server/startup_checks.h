@@ -32,6 +32,7 @@ struct StartPlan {
   std::optional<std::vector<float>> initial_parameters;
   std::string init_from_identity;
   bool init_from_already_applied = false;  // the state directory began from this very file: resume
+  bool init_from_unsealed = false;  // --init-from has no edgetrain.crc32: its bytes were not checked
 };
 
 // Throws StartupError naming the setting (and file) at fault.

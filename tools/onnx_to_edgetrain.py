@@ -14,7 +14,11 @@ Operators (each maps to one spec statement, or to none):
     constant bias) -> fc, Relu -> relu (fused into the layer before it), MaxPool 2x2/2 ->
     maxpool 2, AveragePool KxK/K -> avgpool K (and the Pad of zeros torch puts before it),
     GlobalAveragePool -> globalavgpool, Flatten and Reshape to (N, -1) -> nothing (fc flattens), BatchNormalization -> batchnorm, Add of two
-    tensors -> add (residual), Dropout -> dropout P, Identity -> nothing.
+    tensors -> add (residual), Dropout -> dropout P, Identity -> nothing; group norm -> groupnorm G,
+    both as opset 18's GroupNormalization (scale and bias per group, or per channel as opset 21
+    has them) and as torch 1.13 exports nn.GroupNorm (which has no opset 18): Reshape to
+    (N, G, -1), InstanceNormalization with unit scale and zero bias, Reshape back to the input's
+    Shape, then Mul and Add of the per-channel weight and bias (or neither, affine=False).
 Every other operator is refused by name with its node's name, and so is an attribute the spec
 cannot say (dilations, asymmetric or non-'same' padding, auto_pad, ceil_mode, strides that
 differ by axis, transposed Gemm inputs); nothing is written then (exit 2).
@@ -58,6 +62,33 @@ def refuse_attribute(node, name, value, why):
                           f"({describe(node)}): {why}")
 
 
+def infer_shapes(model):
+    """onnx's shape inference, plus two outputs whose shape is their input's that it leaves
+    unknown: GroupNormalization's (an operator of opset 18, newer than Debian's onnx 1.12) and
+    a Reshape to the Shape of a tensor (torch's export of nn.GroupNorm), inferred again until
+    nothing is added, so the layers after a group norm get their shapes too."""
+    while True:
+        model = shape_inference.infer_shapes(model)
+        graph = model.graph
+        known = {i.name: i for i in list(graph.value_info) + list(graph.input) + list(graph.output)
+                 if i.type.tensor_type.shape.dim}
+        shape_of = {n.output[0]: n.input[0] for n in graph.node if n.op_type == "Shape" and not attributes(n)}
+        added = False
+        for node in graph.node:
+            same_as = (node.input[0] if node.op_type == "GroupNormalization" else
+                       shape_of.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None)
+            if same_as in known and node.output[0] not in known:
+                for stale in [i for i in graph.value_info if i.name == node.output[0]]:
+                    graph.value_info.remove(stale)
+                info = onnx.ValueInfoProto()
+                info.CopyFrom(known[same_as])
+                info.name = node.output[0]
+                graph.value_info.append(info)
+                added = True
+        if not added:
+            return model
+
+
 class Converter:
     """Walks the ONNX graph in its (topological) order and writes one spec statement per layer.
 
@@ -66,7 +97,7 @@ class Converter:
     the statement that made it (inserted when the reference is met)."""
 
     def __init__(self, model):
-        self.model = shape_inference.infer_shapes(model)
+        self.model = infer_shapes(model)
         graph = self.model.graph
         self.constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
         for node in graph.node:
@@ -166,7 +197,8 @@ class Converter:
                     "MaxPool": self.maxpool, "AveragePool": self.avgpool,
                     "GlobalAveragePool": self.global_avgpool, "Flatten": self.flatten,
                     "Reshape": self.reshape, "BatchNormalization": self.batchnorm, "Add": self.add,
-                    "Dropout": self.dropout, "Identity": self.identity, "Pad": self.pad}
+                    "Dropout": self.dropout, "Identity": self.identity, "Pad": self.pad,
+                    "GroupNormalization": self.group_normalization}
         self.skip = set()
         # PyTorch's padding modes other than zeros export as a Pad node computed from the
         # input's shape (Shape, ConstantOfShape, ...): name the padding mode, the cause, rather
@@ -316,7 +348,7 @@ class Converter:
     def relu(self, node):
         source = self.resolve(node.input[0])
         last = self.statements[-1].split()
-        fusable = (source == self.current and last[0] in ("conv", "conv1d", "dwconv", "fc", "add", "batchnorm")
+        fusable = (source == self.current and last[0] in ("conv", "conv1d", "dwconv", "fc", "add", "batchnorm", "groupnorm")
                    and "relu" not in last and len(self.consumers.get(source, [])) == 1
                    and source not in self.names)
         if fusable:
@@ -374,6 +406,9 @@ class Converter:
     def flatten_to_rows(self, node):
         source = self.resolve(node.input[0])
         dims = self.shape(source)
+        if len(dims) < 2:  # shape inference left it unknown: the fc's weight order depends on it
+            raise ConversionError(f"the shape of tensor '{source}', flattened by ONNX operator '{node.op_type}' "
+                                  f"({describe(node)}), is unknown (export with a fixed input shape)")
         self.alias[node.output[0]] = source
         if len(dims) == 4:
             self.flattened[source] = (dims[1], dims[2], dims[3])
@@ -389,6 +424,9 @@ class Converter:
         self.flatten_to_rows(node)
 
     def reshape(self, node):
+        users = self.consumers.get(node.output[0], [])
+        if len(users) == 1 and users[0].op_type == "InstanceNormalization":
+            return self.exported_group_norm(node, users[0])
         target = self.constants.get(node.input[1])
         source = self.shape(self.resolve(node.input[0]))
         per_example = int(np.prod(source[1:]))
@@ -416,6 +454,89 @@ class Converter:
         self.tensors[f"bn{n}.bias"] = self.constant(node, node.input[2], "bias")
         self.batchnorm_layers = getattr(self, "batchnorm_layers", 0) + 1
         self.emit("batchnorm", node.output[0])
+
+    def emit_group_norm(self, node, source, groups, epsilon, weight, bias, output):
+        """'groupnorm G' after checking what edgetrain's group norm computes: G divides the
+        channels, epsilon 1e-5 (kernels/normalization.h), an image (N x C x H x W) input."""
+        dims = self.shape(source)
+        if len(dims) != 4:
+            raise ConversionError(f"group norm ({describe(node)}) of a {len(dims)}-D tensor: only images "
+                                  f"(N x C x H x W) are supported")
+        channels = dims[1]
+        if groups < 1 or channels % groups:
+            raise ConversionError(f"group norm ({describe(node)}) with {groups} groups of {channels} channels: "
+                                  f"the groups must divide the channels")
+        if abs(epsilon - 1e-5) > 1e-9:
+            refuse_attribute(node, "epsilon", epsilon, "edgetrain's groupnorm uses 1e-5")
+        self.read(source)
+        n = self.next_index("gn")
+        self.tensors[f"gn{n}.weight"] = np.asarray(weight, np.float32).reshape(channels)
+        self.tensors[f"gn{n}.bias"] = np.asarray(bias, np.float32).reshape(channels)
+        self.emit(f"groupnorm {groups}", output)
+
+    def group_normalization(self, node):
+        """Opset 18's GroupNormalization: scale and bias per group (opset 18) or per channel
+        (opset 21); a per-group value is the same for each channel of its group."""
+        a = attributes(node)
+        if "num_groups" not in a:
+            raise ConversionError(f"ONNX operator 'GroupNormalization' ({describe(node)}) without num_groups")
+        groups, source = int(a["num_groups"]), self.resolve(node.input[0])
+        channels = self.shape(source)[1]
+        scale = self.constant(node, node.input[1], "scale").reshape(-1)
+        bias = self.constant(node, node.input[2], "bias").reshape(-1)
+        if scale.size == groups and bias.size == groups and groups != channels and channels % groups == 0:
+            scale, bias = np.repeat(scale, channels // groups), np.repeat(bias, channels // groups)
+        if scale.size != channels or bias.size != channels:
+            raise ConversionError(f"ONNX operator 'GroupNormalization' ({describe(node)}): scale and bias of "
+                                  f"{scale.size} and {bias.size} values, neither the {groups} groups nor the "
+                                  f"{channels} channels")
+        self.emit_group_norm(node, source, groups, float(a.get("epsilon", 1e-5)), scale, bias, node.output[0])
+
+    def exported_group_norm(self, reshape, instance_norm):
+        """torch 1.13's nn.GroupNorm: Reshape(x, [0|N, G, -1]) -> InstanceNormalization(unit
+        scale, zero bias) -> Reshape(_, Shape(x)) [-> Mul(weight [C,1,1]) -> Add(bias [C,1,1])].
+        Anything else around an InstanceNormalization is refused by name: edgetrain has no
+        instance norm of its own (it is 'groupnorm C', which this does not guess)."""
+        def refuse(why):
+            raise ConversionError(f"ONNX operator 'InstanceNormalization' ({describe(instance_norm)}) is "
+                                  f"converted only as torch's export of nn.GroupNorm: {why}")
+        source = self.resolve(reshape.input[0])
+        dims = self.shape(source)
+        target = self.constants.get(reshape.input[1])
+        if len(dims) != 4 or target is None or len(target) != 3 or target[2] != -1 or target[0] not in (0, dims[0]):
+            refuse(f"the Reshape before it ({describe(reshape)}) is not one to (N, G, -1) of an image")
+        groups = int(target[1])
+        scale = self.constant(instance_norm, instance_norm.input[1], "scale")
+        bias = self.constant(instance_norm, instance_norm.input[2], "bias")
+        if not (np.all(scale == 1) and np.all(bias == 0)):
+            refuse("its scale is not 1 or its bias not 0")
+        after = self.consumers.get(instance_norm.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Reshape":
+            refuse("it is not followed by one Reshape back to the input's shape")
+        back = after[0]
+        shape_of = next((n for n in self.model.graph.node if back.input[1] in n.output), None)
+        if not (shape_of is not None and shape_of.op_type == "Shape" and self.resolve(shape_of.input[0]) == source):
+            refuse(f"the Reshape after it ({describe(back)}) is not to the Shape of its input")
+        self.skip.update({id(instance_norm), id(back), id(shape_of)})
+        channels, output = dims[1], back.output[0]
+        weight, offset = np.ones(channels, np.float32), np.zeros(channels, np.float32)
+        for op_type in ("Mul", "Add"):  # the affine part, each a constant of C values
+            users = self.consumers.get(output, [])
+            if len(users) != 1 or users[0].op_type != op_type:
+                break
+            user = users[0]
+            other = user.input[1] if user.input[0] == output else user.input[0]
+            value = self.constants.get(other)
+            if value is None or value.size != channels or (value.ndim > 1 and value.shape[0] != channels):
+                break
+            if op_type == "Mul":
+                weight = value.astype(np.float32).reshape(channels)
+            else:
+                offset = value.astype(np.float32).reshape(channels)
+            self.skip.add(id(user))
+            output = user.output[0]
+        epsilon = float(attributes(instance_norm).get("epsilon", 1e-5))
+        self.emit_group_norm(instance_norm, source, groups, epsilon, weight, offset, output)
 
     def add(self, node):
         left, right = (self.resolve(i) for i in node.input)

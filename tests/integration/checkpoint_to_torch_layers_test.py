@@ -5,7 +5,9 @@ rebuild in PyTorch with the logits edgetrain computes (edgetrain-model-logits, r
 XNNPACK kernels, within 1e-5), batchnorm's running statistics recalibrated on the examples
 scored in both; the built-in cnn1d too. As a program, a batchnorm model is refused without
 --data (exit 2, 'batchnorm' named, no traceback, no ONNX file) and with an IDX --data it
-scores the accuracy edgetrain's logits give and writes --onnx's file; the built-ins with dwconv, pools and residual connections
+scores the accuracy edgetrain's logits give and writes --onnx's file, and so with --data of a
+directory with edgetrain-data.toml (uint8 .npy; CSV with scaling = "scale"), a missing file and
+a --scaling against the description's refused by name; the built-ins with dwconv, pools and residual connections
 get past the refusal checks; an 'init he' statement (how edgetrain drew the first weights)
 and a dropout layer (the identity when evaluating) rebuild like the same spec without them.
 
@@ -168,6 +170,38 @@ with tempfile.TemporaryDirectory() as tmp:
         accuracy = json.loads(run.stdout)["accuracy"]
         expected = float((edgetrain_logits(logits_program, image_spec, checkpoint, idx, 150)["xnnpack"].argmax(1) == labels).mean())
         check(accuracy == expected, f"checkpoint_to_torch.py --data scores {accuracy} as edgetrain's logits {expected}")
+
+    # --data of a directory with edgetrain-data.toml: the same images as uint8 .npy files (the
+    # default scaling, per-example-standardize), as a CSV with the label in its second column
+    # and with scaling = "scale", each scored as edgetrain's logits score that directory.
+    formats = {"npy": ('features = "x.npy"\nlabels = "y.npy"\n', ""),
+               "csv": ('features = "t.csv"\nlabel_column = "label"\n', 'scaling = "scale"\nscale = 0.0125\noffset = -1.5\n')}
+    for name, (split_lines, scaling_lines) in formats.items():
+        directory = os.path.join(tmp, "user-" + name)
+        os.makedirs(directory)
+        np.save(os.path.join(directory, "x.npy"), images.astype(np.uint8))
+        np.save(os.path.join(directory, "y.npy"), labels.astype(np.int32))
+        with open(os.path.join(directory, "t.csv"), "w") as f:
+            f.write("p0,label," + ",".join(f"p{i}" for i in range(1, 64)) + "\n")
+            for image, label in zip(images.reshape(150, 64), labels):
+                f.write(",".join([str(image[0]), str(label)] + [str(v) for v in image[1:]]) + "\n")
+        with open(os.path.join(directory, "edgetrain-data.toml"), "w") as f:
+            f.write(f"num_classes = 3\nexample_shape = [8, 8, 1]\n{scaling_lines}[train]\n{split_lines}[test]\n{split_lines}")
+        run = subprocess.run(program + ["--data", directory, "--json"], capture_output=True, text=True)
+        check(run.returncode == 0, f"--data with edgetrain-data.toml ({name}): exit {run.returncode}, {run.stderr[-400:]!r}")
+        if run.returncode == 0:
+            accuracy = json.loads(run.stdout)["accuracy"]
+            expected = float((edgetrain_logits(logits_program, image_spec, checkpoint, directory, 150)["xnnpack"]
+                              .argmax(1) == labels).mean())
+            check(accuracy == expected, f"--data {name} directory scores {accuracy} as edgetrain's logits {expected}")
+    os.remove(os.path.join(tmp, "user-npy", "y.npy"))
+    run = subprocess.run(program + ["--data", os.path.join(tmp, "user-npy"), "--json"], capture_output=True, text=True)
+    check(run.returncode == 2 and "y.npy" in run.stderr and "Traceback" not in run.stderr,
+          f"--data naming a missing labels file: exit 2 naming it ({run.returncode}, {run.stderr.strip()!r})")
+    run = subprocess.run(program + ["--data", os.path.join(tmp, "user-csv"), "--scaling", "per-example-standardize", "--json"],
+                         capture_output=True, text=True)
+    check(run.returncode == 2 and "scaling" in run.stderr and "Traceback" not in run.stderr,
+          f"--scaling against the description's: exit 2 ({run.returncode}, {run.stderr.strip()!r})")
 
 # With EDGETRAIN_SIM: a model given as inline spec text, with batchnorm, trained by
 # edgetrain-sim on IDX files made here; its checkpoint names the spec, so the program reads it

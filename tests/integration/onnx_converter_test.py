@@ -7,7 +7,9 @@ from the converted weights (--init-from, AdaComp, 4 workers) on a data set made 
 final checkpoint, loaded back into PyTorch by server/checkpoint_to_torch.py, scores the same
 test accuracy (within 0.1 point) and the same logits as edgetrain, and its ONNX export
 (checkpoint_to_torch.py --onnx) converts back to the same spec and tensors bit for bit. A 1-D
-CNN on sensor windows (conv1d) gives PyTorch's logits too. Then the refusals: an
+CNN on sensor windows (conv1d) gives PyTorch's logits too, and so does a CNN with nn.GroupNorm
+(torch's export pattern and opset 18's GroupNormalization both convert to 'groupnorm G', and
+back through checkpoint_to_torch.py). Then the refusals: an
 unsupported operator (Sigmoid), a padding mode (reflect, exported as a Pad node) and dilated
 and grouped convolutions are refused by name, with the node's name, and nothing is written.
 
@@ -22,7 +24,7 @@ import tempfile
 
 try:
     import numpy as np
-    import onnx  # noqa: F401  (the converter imports it)
+    import onnx
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -214,6 +216,84 @@ with tempfile.TemporaryDirectory() as tmp:
         difference = float(np.abs(got["xnnpack"] - expected).max())
         check(difference <= 1e-5, f"the 1-D CNN's logits equal PyTorch's (max |difference| {difference:.2e})")
 
+    # Group norm: nn.GroupNorm, which torch 1.13 exports as Reshape + InstanceNormalization +
+    # Reshape + Mul + Add (it has no opset 18), converts to 'groupnorm G' with PyTorch's logits;
+    # opset 18's GroupNormalization node of the same weights (scale per channel as opset 21
+    # has it, or per group as opset 18 does) converts to the same spec and tensors; and the way
+    # back (checkpoint_to_torch.py --onnx of the converted weights) converts again bit for bit.
+    class GroupNormCnn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(C, 8, 3, padding=1)
+            self.norm = nn.GroupNorm(2, 8)
+            self.fc = nn.Linear(8 * (H // 2) * (W // 2), CLASSES)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(F.max_pool2d(F.relu(self.norm(self.conv(x))), 2), 1))
+
+    grouped = GroupNormCnn().eval()
+    with torch.no_grad():  # away from PyTorch's initial 1 and 0, so a lost or swapped affine part shows
+        grouped.norm.weight.uniform_(0.5, 1.5)
+        grouped.norm.bias.uniform_(-0.5, 0.5)
+    run = convert(grouped, tmp, "groupnorm")
+    gn_spec = open(os.path.join(tmp, "groupnorm.spec")).read() if run.returncode == 0 else ""
+    check(run.returncode == 0 and "groupnorm 2 relu" in gn_spec,
+          f"nn.GroupNorm converts to 'groupnorm 2 relu' (exit {run.returncode}; {run.stderr.strip()})")
+    if run.returncode == 0:
+        expected = torch_logits(grouped, x_test[:count])
+        got = edgetrain_logits(logits_program, os.path.join(tmp, "groupnorm.spec"),
+                               os.path.join(tmp, "groupnorm.safetensors"), data, count)
+        for backend in ("reference", "xnnpack"):
+            difference = float(np.abs(got[backend] - expected).max())
+            check(difference <= 1e-5, f"group norm: {backend} logits equal PyTorch's (max |difference| {difference:.2e})")
+        converted, _ = checkpoint_to_torch.read_safetensors(os.path.join(tmp, "groupnorm.safetensors"))
+
+        def statements_of(path):
+            return [l for l in open(path).read().splitlines() if not l.startswith("#")]
+
+        def same_conversion(stem, tensors=None):
+            again, _ = checkpoint_to_torch.read_safetensors(os.path.join(tmp, stem + ".safetensors"))
+            tensors = tensors or converted
+            return (statements_of(os.path.join(tmp, stem + ".spec")) == statements_of(os.path.join(tmp, "groupnorm.spec"))
+                    and sorted(again) == sorted(tensors) and all(np.array_equal(again[k], tensors[k]) for k in tensors))
+
+        from onnx import TensorProto, helper, numpy_helper
+        weights = {k: v.detach().numpy() for k, v in grouped.state_dict().items()}
+        per_group = {"norm.weight": np.array([0.75, 1.25], np.float32), "norm.bias": np.array([-0.2, 0.3], np.float32)}
+        for stem, opset, scale, bias in (("gn-opset21", 21, weights["norm.weight"], weights["norm.bias"]),
+                                         ("gn-opset18", 18, per_group["norm.weight"], per_group["norm.bias"])):
+            initializers = [numpy_helper.from_array(v, k) for k, v in dict(
+                weights, **{"norm.weight": scale, "norm.bias": bias}).items()]
+            nodes = [helper.make_node("Conv", ["images", "conv.weight", "conv.bias"], ["c"], name="/conv/Conv",
+                                      kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                     helper.make_node("GroupNormalization", ["c", "norm.weight", "norm.bias"], ["n"],
+                                      name="/norm/GroupNormalization", num_groups=2, epsilon=1e-5),
+                     helper.make_node("Relu", ["n"], ["r"]),
+                     helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+                     helper.make_node("Flatten", ["p"], ["f"], axis=1),
+                     helper.make_node("Gemm", ["f", "fc.weight", "fc.bias"], ["logits"], transB=1)]
+            graph = helper.make_graph(nodes, stem, [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, C, H, W])],
+                                      [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, CLASSES])],
+                                      initializers)
+            onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]),
+                      os.path.join(tmp, stem + ".onnx"))
+            run = subprocess.run([sys.executable, converter, os.path.join(tmp, stem + ".onnx"), "--out",
+                                  os.path.join(tmp, stem)], capture_output=True, text=True)
+            wanted = converted if opset == 21 else dict(converted, **{"gn1.weight": np.repeat(scale, 4),
+                                                                      "gn1.bias": np.repeat(bias, 4)})
+            check(run.returncode == 0 and same_conversion(stem, wanted),
+                  f"opset {opset}'s GroupNormalization (scale per {'channel' if opset == 21 else 'group'}) converts "
+                  f"to the same spec and tensors (exit {run.returncode}; {run.stderr.strip()})")
+        back = os.path.join(tmp, "gn-back.onnx")
+        run = subprocess.run([sys.executable, os.path.join(repo, "server", "checkpoint_to_torch.py"),
+                              os.path.join(tmp, "groupnorm.safetensors"), "--scaling", "none", "--onnx", back],
+                             capture_output=True, text=True)
+        run2 = subprocess.run([sys.executable, converter, back, "--out", os.path.join(tmp, "gn-back")],
+                              capture_output=True, text=True) if run.returncode == 0 else run
+        check(run.returncode == 0 and run2.returncode == 0 and same_conversion("gn-back"),
+              f"group norm's way back (checkpoint_to_torch.py --onnx, then the converter) gives the same spec and "
+              f"tensors (exit {run.returncode}, {run2.returncode}; {run2.stderr.strip()[-300:]})")
+
     # Refusals, each by name, nothing written.
     class WithSigmoid(nn.Module):
         def __init__(self):
@@ -233,7 +313,13 @@ with tempfile.TemporaryDirectory() as tmp:
         def forward(self, x):
             return self.fc(torch.flatten(self.conv(x), 1))
 
+    class WithInstanceNorm(WithSigmoid):  # edgetrain has no instance norm apart from group norm's pattern
+        def __init__(self):
+            super().__init__()
+            self.act = nn.InstanceNorm2d(C)
+
     cases = [("sigmoid", WithSigmoid(), ["unsupported ONNX operator 'Sigmoid'", "/act/Sigmoid"]),
+             ("instancenorm", WithInstanceNorm(), ["unsupported ONNX operator 'InstanceNormalization'"]),
              ("reflect", OneConv(padding=1, padding_mode="reflect"), ["mode=reflect", "'Pad'", "/conv/Pad"]),
              ("dilated", OneConv(dilation=2), ["dilations", "'Conv'", "/conv/Conv"]),
              ("grouped", OneConv(groups=2), ["group", "'Conv'"])]

@@ -7,6 +7,8 @@
 #   - warm start (--init-from best.safetensors, --stop-after-seconds): the new state
 #     directory's first evaluation is that accuracy; a restart with the same --init-from
 #     resumes; --init-from into a state directory holding a run, or with another model: exit 2;
+#     a plain safetensors file (no edgetrain.crc32) warm starts with a warning, a wrong
+#     checksum is refused;
 #   - server/checkpoint_to_torch.py (Debian's PyTorch) gives evaluate's accuracy within 0.1
 #     points, and its loss, on both models' checkpoints (the paper CNN's conv and FC layouts
 #     permuted right).
@@ -100,6 +102,36 @@ for case in "mlp-run mlp holds a run" "fresh paper-cnn another model"; do
 done
 [ ! -e "$work/fresh" ] || fail "a refused --init-from created its state directory"
 echo "ok: --init-from: the new run starts at accuracy $first_accuracy (= best), a restart resumes, a run or another model: exit 2"
+# A plain safetensors file (best's tensors and metadata without edgetrain.crc32, as another
+# tool would write it) warm starts too, with a warning naming what is missing; the same file
+# with a wrong checksum is refused as damaged.
+/usr/bin/python3 - "$best" "$work/plain.safetensors" "$work/tampered.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+length = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + length])
+del header["__metadata__"]["edgetrain.crc32"]
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + length:])
+header["__metadata__"]["edgetrain.crc32"] = "0badc0de"
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+open(sys.argv[3], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + length:])
+PY
+start_server "$server" "$work/plain.log" --port 0 --state-dir "$work/plain" --keystore "$keys" --model mlp \
+  --eval-data "$data" --eval-interval 0.5 --init-from "$work/plain.safetensors" --stop-after-seconds 1
+wait_for_exit "$server_pid" 30 || fail "the server warm-started from a plain safetensors file exited with status $?"
+grep -q "warning: --init-from .*plain.safetensors has no edgetrain.crc32" "$work/plain.log" ||
+  fail "no warning naming the missing edgetrain.crc32: $(cat "$work/plain.log")"
+plain_accuracy=$(sed -n 2p "$work/plain/metrics.csv" | cut -d, -f7)
+close "$plain_accuracy" "$best_accuracy" 0.000001 || fail "the plain file's warm start evaluated $plain_accuracy, not $best_accuracy"
+status=0
+"$server" --listen 127.0.0.1 --port 0 --state-dir "$work/tampered" --keystore "$keys" --model mlp \
+  --init-from "$work/tampered.safetensors" >"$work/tampered.log" 2>&1 || status=$?
+[ "$status" -eq 2 ] && grep -q "damaged: checksum mismatch" "$work/tampered.log" ||
+  fail "--init-from with a wrong checksum: status $status: $(cat "$work/tampered.log")"
+echo "ok: --init-from a plain safetensors file: warned (no edgetrain.crc32), starts at $plain_accuracy; a wrong checksum: exit 2"
 
 # ---- the PyTorch loader against evaluate ----------------------------------------------------------
 if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then

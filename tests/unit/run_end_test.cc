@@ -129,4 +129,38 @@ TEST(ReadCheckpointFile, ASpecTextModelReadsBackWithoutModel) {
   EXPECT_EQ(read.model.parameters()[0], 0.25f);
 }
 
+// --init-from's reading (read_start_file): a plain safetensors file with no edgetrain.crc32
+// (what another tool writes) is read and said to be unsealed, where a checkpoint is refused
+// as damaged; a sealed one is read as sealed; a checksum that is there and wrong is refused
+// by both.
+TEST(ReadStartFile, TakesAPlainSafetensorsFileAndSaysSo) {
+  edgetrain::testing::TempDir dir("edgetrain-read-start");
+  std::filesystem::create_directories(dir.path());
+  runtime::Model model = mlp();
+  model.initialize(5);
+  const auto write = [&](const std::string& name, const std::vector<std::uint8_t>& bytes) {
+    std::ofstream(dir.path() / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    return dir.path() / name;
+  };
+  const auto plain = write("plain.safetensors", model.safetensors_bytes({{"edgetrain.model", "mlp"}}));
+  EXPECT_THROW(server::read_checkpoint_file(plain, ""), std::runtime_error);
+  bool unsealed = false;
+  const server::CheckpointFile start = server::read_start_file(plain, "", unsealed);
+  EXPECT_TRUE(unsealed);
+  EXPECT_EQ(start.model.parameters()[7], model.parameters()[7]);
+
+  BestCheckpoint best(dir.path(), model, "mnist-small", {});
+  best.offer(evaluation(2, 0.5, model, 0.125f));
+  EXPECT_EQ(server::read_start_file(dir.path() / "best.safetensors", "", unsealed).version, 2u);
+  EXPECT_FALSE(unsealed);
+
+  const std::vector<std::uint8_t> wrong =
+      model.safetensors_bytes({{"edgetrain.model", "mlp"}, {"edgetrain.crc32", "0badc0de"}});
+  const auto tampered = write("tampered.safetensors", wrong);
+  EXPECT_THROW(server::read_start_file(tampered, "", unsealed), std::runtime_error);
+  EXPECT_THROW(server::read_start_file(dir.path() / "missing.safetensors", "", unsealed),
+               std::runtime_error);
+}
+
 }  // namespace

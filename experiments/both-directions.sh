@@ -3,10 +3,11 @@
 # "Both directions"): MNIST, paper CNN, 10 workers, batch 10, lr 0.1, D = 256, a pull before
 # every step (the setting of docs/results.md's methods table). Per seed, three runs:
 #   asgd      dense updates and dense pulls (the baseline: --compressor none, the default pull)
-#   exact     AdaComp c = 0.01 with sign + scale values (the best option of the methods table)
-#             and exact pulls, the model delta since the worker's copy (--delta-pulls)
-#   cheap     the same AdaComp with the cheap pull (--cheap "F:M[+entry]": --pull-fraction F
-#             --pull-min-entries M, and --entry-staleness with "+entry"; server/replica_pull.h)
+#   cheap     AdaComp c = 0.01 with sign + scale values (the best option of the methods table)
+#             and the cheap pull (--cheap "F:M[+entry]": --pull-fraction F --pull-min-entries M,
+#             and --entry-staleness with "+entry"; server/replica_pull.h)
+#   exact     the same AdaComp with exact pulls, the model delta since the worker's copy
+#             (--delta-pulls)
 # Each run stops at the target (--target, default 0.979: ASGD's mean best in this setting less
 # 0.3 points, docs/results.md) or after --updates. Prints a markdown table per seed and run:
 # upload (the encoded updates) and download (the pulls, every worker's first dense one
@@ -51,8 +52,8 @@ base=(--data mnist --model paper-cnn --workers 10 --batch 10 --lr 0.1 --max-stal
       --updates "$updates" --eval-every 250 --stop-at-accuracy "$target" --quiet)
 adacomp="--compressor adacomp --rate 0.01 --sign-scale"
 settings=("asgd|--compressor none"
-          "exact|$adacomp --delta-pulls"
-          "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag")
+          "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag"
+          "exact|$adacomp --delta-pulls")
 
 echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]} --seed S, and per run:" >&2
 for s in "${settings[@]}"; do echo "  ${s%%|*}: ${s#*|}" >&2; done

@@ -13,14 +13,15 @@
 # upload (the encoded updates) and download (the pulls, every worker's first dense one
 # included) to the first evaluation at the target, their total, and ASGD's total over it;
 # then the means over the seeds (of each seed's ratio).
-# Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing.
+# Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing;
+# --runs "asgd cheap" runs only those (the report still shows every run there is).
 # usage: experiments/both-directions.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
 #                                       [--target 0.979] [--cheap "0.004:4096+entry"] [--jobs J]
-#                                       [--report-only]
+#                                       [--runs "asgd cheap exact"] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=both-directions seeds="1 2 3" updates=6000 target=0.979
-cheap="0.004:4096+entry" jobs=1 report_only=0
+cheap="0.004:4096+entry" jobs=1 report_only=0 runs="asgd cheap exact"
 die() { echo "both-directions.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -31,6 +32,7 @@ while [ $# -gt 0 ]; do
     --target) target=${2:?}; shift ;;
     --cheap) cheap=${2:?}; shift ;;
     --jobs) jobs=${2:?}; shift ;;
+    --runs) runs=${2:?}; shift ;;
     --report-only) report_only=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
@@ -40,6 +42,7 @@ done
 [[ "$updates" =~ ^[1-9][0-9]*$ ]] || die "--updates must be a positive whole number, got '$updates'"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive whole number, got '$jobs'"
 [[ "$target" =~ ^0?\.[0-9]+$ ]] || die "--target must be an accuracy in (0, 1), got '$target'"
+for r in $runs; do [[ "$r" =~ ^(asgd|cheap|exact)$ ]] || die "--runs takes asgd, cheap and exact, got '$r'"; done
 entry_flag=""
 spec=$cheap
 if [[ "$spec" == *+entry ]]; then spec=${spec%+entry} entry_flag=" --entry-staleness"; fi
@@ -62,6 +65,7 @@ for seed in $seeds; do
   for s in "${settings[@]}"; do
     name=${s%%|*} dir="$out/${s%%|*}-s$seed"
     [ -f "$dir/sim.csv" ] || [ "$report_only" = 1 ] && continue
+    [[ " $runs " == *" $name "* ]] || continue
     read -r -a extra <<<"${s#*|}"
     echo "both-directions: $name, seed $seed" >&2
     ( "$sim" "${base[@]}" "${extra[@]}" --seed "$seed" --out "$dir" >"$dir.log" 2>&1 ||

@@ -111,8 +111,11 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
 // sanitizer's runtime is up, and its instrumented code crashes there.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-__attribute__((target_clones("popcnt", "default")))
+#define EDGETRAIN_POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
+#else
+#define EDGETRAIN_POPCNT_CLONES
 #endif
+EDGETRAIN_POPCNT_CLONES
 void ParameterStore::compute_sigma(std::uint64_t delay) {
   const std::uint64_t window_start = history_top() - delay;  // versions above this one count
   const std::size_t d = ring_.size();
@@ -144,6 +147,62 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
     std::uint64_t version = last_touch_version_[touched_[j]];
     std::uint32_t position = last_touch_position_[touched_[j]];
     // A version inside the window is at most D old, so its slot still holds its set.
+    while (version > window_start) {
+      ++sigma;
+      const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
+      version = set.previous_version[position];
+      position = set.previous_position[position];
+    }
+    sigma_[j] = sigma;
+  }
+}
+
+void ParameterStore::compute_entry_delays(std::uint64_t fetched_version,
+                                          std::span<const std::uint64_t> entry_versions) {
+  const std::uint64_t top = history_top();
+  const std::uint64_t limit = options_.max_staleness;
+  entry_delays_.resize(touched_.size());
+  for (std::size_t j = 0; j < touched_.size(); ++j) {
+    // A record newer than the update's pull (the worker pulled again before this update
+    // arrived) cannot describe the copy it was computed on: the pull's version bounds it.
+    const std::uint64_t held = std::min(entry_versions[touched_[j]], fetched_version);
+    entry_delays_[j] = std::min(top - held, limit);
+  }
+}
+
+// As compute_sigma(), with each entry's own window: the updates of the last entry_delays_[j]
+// versions (at most D, so inside the ring).
+EDGETRAIN_POPCNT_CLONES
+void ParameterStore::compute_entry_sigma() {
+  const std::size_t d = ring_.size();
+  const std::size_t known = std::min<std::size_t>(d, ring_length_);
+  // dense_newer_[a]: dense sets among the a newest, for a = 0 … known.
+  dense_newer_.assign(known + 1, 0);
+  for (std::size_t age = 0; age < known; ++age)
+    dense_newer_[age + 1] = dense_newer_[age] + (set_at_age(age).dense ? 1 : 0);
+  sigma_.resize(touched_.size());
+  const std::uint64_t top = history_top();
+  const std::size_t n = touched_.size();
+  if (masks()) {
+    const unsigned end = static_cast<unsigned>(top % kMaskBits);  // bit of version top
+    for (std::size_t j = 0; j < n; ++j) {
+      if (j + kAhead < n) prefetch_write(&touch_masks_[touched_[j + kAhead]]);
+      const std::uint64_t delay = entry_delays_[j];
+      std::uint64_t window =
+          delay >= kMaskBits ? ~std::uint64_t{0} : (std::uint64_t{1} << delay) - 1;
+      if (delay < kMaskBits)
+        window = std::rotl(window, static_cast<int>((end + kMaskBits + 1 - delay) % kMaskBits));
+      sigma_[j] = dense_newer_[std::min<std::size_t>(static_cast<std::size_t>(delay), known)] +
+                  static_cast<std::uint32_t>(std::popcount(touch_masks_[touched_[j]] & window));
+    }
+    return;
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    const std::uint64_t delay = entry_delays_[j];
+    std::uint32_t sigma = dense_newer_[std::min<std::size_t>(static_cast<std::size_t>(delay), known)];
+    const std::uint64_t window_start = top - delay;
+    std::uint64_t version = last_touch_version_[touched_[j]];
+    std::uint32_t position = last_touch_position_[touched_[j]];
     while (version > window_start) {
       ++sigma;
       const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
@@ -305,8 +364,28 @@ float ParameterStore::bound_for(ValueCheck values) const {
   return values == ValueCheck::kBound ? options_.max_parameter_magnitude : FLT_MAX;
 }
 
-void ParameterStore::compute_divisors(std::uint64_t delay) {
+void ParameterStore::check_entry_versions(std::span<const std::uint64_t> entry_versions) const {
+  if (!entry_versions.empty() && entry_versions.size() != parameters_.size())
+    throw std::invalid_argument("parameter store: " + std::to_string(entry_versions.size()) +
+                                " entry versions for " + std::to_string(parameters_.size()) +
+                                " parameters");
+}
+
+void ParameterStore::compute_divisors(std::uint64_t delay, std::uint64_t fetched_version,
+                                      std::span<const std::uint64_t> entry_versions) {
   divisors_.resize(touched_.size());
+  if (!entry_versions.empty() && options_.rule != StalenessRule::kNone) {
+    compute_entry_delays(fetched_version, entry_versions);
+    if (options_.rule == StalenessRule::kPerParameterSigma) {
+      compute_entry_sigma();
+      for (std::size_t j = 0; j < touched_.size(); ++j)
+        divisors_[j] = std::max<std::uint32_t>(1, sigma_[j]);
+    } else {
+      for (std::size_t j = 0; j < touched_.size(); ++j)
+        divisors_[j] = static_cast<std::uint32_t>(std::max<std::uint64_t>(1, entry_delays_[j]));
+    }
+    return;
+  }
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     compute_sigma(delay);
     for (std::size_t j = 0; j < touched_.size(); ++j)
@@ -319,13 +398,15 @@ void ParameterStore::compute_divisors(std::uint64_t delay) {
   }
 }
 
-ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values) {
+ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values,
+                                  std::span<const std::uint64_t> entry_versions) {
   if (!reserved_.empty())
     throw std::logic_error("parameter store: apply() while updates are reserved");
+  check_entry_versions(entry_versions);
   if (ApplyResult verdict = admissible(update); !verdict.applied()) return verdict;
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
-  compute_divisors(delay);
+  compute_divisors(delay, update.fetched_version, entry_versions);
   // One pass writes the new values and checks them; a refusal puts the old ones back.
   const float bound = bound_for(values);
   new_values_.resize(touched_.size());  // here: each entry's old value
@@ -381,7 +462,9 @@ std::string ParameterStore::reserved_values(const transport::SparseUpdate& updat
   return {};
 }
 
-ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, ValueCheck values) {
+ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, ValueCheck values,
+                                    std::span<const std::uint64_t> entry_versions) {
+  check_entry_versions(entry_versions);
   const std::uint64_t top = history_top();
   if (ApplyResult verdict = admissible_after(update, reserved_.size()); !verdict.applied())
     return verdict;
@@ -391,7 +474,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
     reserved_touch_version_.assign(parameters_.size(), 0);
     reserved_touch_position_.assign(parameters_.size(), 0);
   }
-  compute_divisors(delay);
+  compute_divisors(delay, update.fetched_version, entry_versions);
   if (std::string problem = reserved_values(update, values); !problem.empty())
     return {ApplyStatus::kOutOfBounds, top, std::move(problem)};
 

@@ -26,6 +26,14 @@
 // Option: Zhang et al. 2016 ("Staleness-aware async-SGD"), one divisor per update:
 // W_i ← W_i − lr · g_i / max(1, delay). No history is kept for it.
 //
+// Per-entry staleness (the cheap pull, server/replica_pull.h; ours, docs/design.md §3): a
+// worker whose pulls leave entries out computes on a copy whose entries come from different
+// versions. Given h_i, the version at which entry i of that copy was last the model's value
+// (the server's record of the copy), entry i's delay is d_i = t − min(h_i, t_fetch), at most
+// D (the history holds no more): σ_i counts the updates of the last d_i versions that
+// touched i, and the delay rule divides by max(1, d_i). With every h_i = t_fetch (an exact
+// pull) this is the rule above, bit for bit.
+//
 // No networking, no durability here: the server wraps this with its WAL and CoAP handlers.
 // Not thread-safe; the server applies updates one at a time.
 #pragma once
@@ -93,7 +101,12 @@ class ParameterStore {
 
   // Checks the whole update first (layout, staleness, the values it leaves), so a refused
   // update changes nothing. Throws std::logic_error while updates are reserved.
-  ApplyResult apply(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound);
+  // `entry_versions`: empty, or per flat parameter index the version h_i at which the
+  // sending worker's copy of that entry was last the model's (per-entry staleness, above;
+  // the caller's record, read during the call only). The update's own delay still decides
+  // kTooStale. Throws std::invalid_argument when it is neither empty nor one per parameter.
+  ApplyResult apply(const transport::SparseUpdate& update, ValueCheck values = ValueCheck::kBound,
+                    std::span<const std::uint64_t> entry_versions = {});
   // The checks apply() makes before computing values (model, staleness, layout), without
   // applying; kOutOfBounds is only found by apply() and reserve().
   ApplyResult admissible(const transport::SparseUpdate& update) const {
@@ -109,8 +122,10 @@ class ParameterStore {
   // cancel_last_reserved() forgets the newest reservation (its WAL write failed),
   // cancel_reserved() all of them (the sync failed): the history is as it was before.
   // Nothing here allocates once the reservations' buffers have been used (they are recycled).
+  // `entry_versions` as for apply().
   ApplyResult reserve(const transport::SparseUpdate& update,
-                      ValueCheck values = ValueCheck::kBound);
+                      ValueCheck values = ValueCheck::kBound,
+                      std::span<const std::uint64_t> entry_versions = {});
   ApplyResult apply_reserved();
   void cancel_last_reserved();
   void cancel_reserved();
@@ -173,9 +188,16 @@ class ParameterStore {
   ApplyResult admissible_after(const transport::SparseUpdate& update, std::uint64_t pending) const;
   std::string check(const transport::SparseUpdate& update) const;
   float bound_for(ValueCheck values) const;
-  void compute_divisors(std::uint64_t delay);  // divisors_ for touched_ (σ or the delay rule)
+  // divisors_ for touched_ (σ or the delay rule); per entry when entry_versions is not empty.
+  void compute_divisors(std::uint64_t delay, std::uint64_t fetched_version,
+                        std::span<const std::uint64_t> entry_versions);
+  void check_entry_versions(std::span<const std::uint64_t> entry_versions) const;
   std::string reserved_values(const transport::SparseUpdate& update, ValueCheck values);
   void compute_sigma(std::uint64_t delay);
+  // entry_delays_ for touched_: top − min(h_i, fetched_version), at most D.
+  void compute_entry_delays(std::uint64_t fetched_version,
+                            std::span<const std::uint64_t> entry_versions);
+  void compute_entry_sigma();  // sigma_ for touched_ from entry_delays_
   void remember_touched();
   void collect_touched(const transport::SparseUpdate& update);
   std::uint64_t history_top() const {
@@ -204,6 +226,8 @@ class ParameterStore {
   std::vector<std::uint64_t> last_touch_version_;
   std::vector<std::uint32_t> last_touch_position_;
   std::vector<std::uint32_t> sigma_;    // scratch: σ of each entry of the current update
+  std::vector<std::uint64_t> entry_delays_;  // scratch: per-entry staleness, each entry's delay
+  std::vector<std::uint32_t> dense_newer_;   // scratch: dense sets among the `a` newest, per a
   std::vector<std::uint32_t> touched_;  // the current update's flat indices
   std::vector<std::uint32_t> last_divisors_;
   std::vector<std::uint32_t> divisors_;  // scratch: the current update's divisors

@@ -14,19 +14,28 @@ void check_replica_pull_options(const ReplicaPullOptions& options) {
                                 std::to_string(options.fraction));
   if (options.enabled() && options.min_entries == 0)
     throw std::invalid_argument("pull min entries must be at least 1");
+  if (options.entry_staleness && !options.enabled())
+    throw std::invalid_argument(
+        "entry staleness is for the cheap pull: it needs a pull fraction above 0 (with exact "
+        "pulls every entry of a copy is as old as the pull)");
 }
 
 transport::ModelDelta replica_pull(std::uint64_t model_id,
                                    std::span<const std::uint32_t> tensor_sizes,
                                    std::span<const float> parameters, std::uint64_t version,
                                    std::span<float> held, std::uint64_t held_version,
-                                   const ReplicaPullOptions& options) {
+                                   const ReplicaPullOptions& options,
+                                   std::span<std::uint64_t> held_since) {
   std::size_t total = 0;
   for (const std::uint32_t size : tensor_sizes) total += size;
   if (parameters.size() != total || held.size() != total)
     throw std::invalid_argument("replica pull: " + std::to_string(parameters.size()) +
                                 " parameters and a held copy of " + std::to_string(held.size()) +
                                 " for a layout of " + std::to_string(total));
+  if (!held_since.empty() && held_since.size() != total)
+    throw std::invalid_argument("replica pull: " + std::to_string(held_since.size()) +
+                                " entry versions for a layout of " + std::to_string(total));
+  const bool keep_since = !held_since.empty();
   transport::ModelDelta delta;
   delta.model_id = model_id;
   delta.base_version = held_version;
@@ -37,12 +46,16 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     const std::uint32_t size = tensor_sizes[t];
     const float* w = parameters.data() + offset;
     float* r = held.data() + offset;
+    std::uint64_t* since = keep_since ? held_since.data() + offset : nullptr;
     differing.clear();
     // Bit patterns, not ==: a copy is exact or it is not (and 0.0 against -0.0 is a change
     // the digest sees).
-    for (std::uint32_t i = 0; i < size; ++i)
+    for (std::uint32_t i = 0; i < size; ++i) {
       if (std::bit_cast<std::uint32_t>(w[i]) != std::bit_cast<std::uint32_t>(r[i]))
         differing.push_back(i);
+      else if (since)
+        since[i] = version;  // the worker's value is the model's now
+    }
     const std::size_t budget = std::max<std::size_t>(
         options.min_entries, static_cast<std::size_t>(std::ceil(options.fraction * size)));
     if (differing.size() > budget) {
@@ -64,6 +77,7 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
       for (const std::uint32_t i : differing) {
         sent.values.push_back(w[i]);
         r[i] = w[i];
+        if (since) since[i] = version;
       }
       delta.tensors.push_back(std::move(sent));
     }

@@ -18,11 +18,13 @@
 // on the worker (worker/model_replica.h). Its base version is the version the server gave
 // the worker's copy at its previous pull, its version the server's version now; the
 // worker's update then carries that version as t_fetch, and the staleness rule counts the
-// updates since the pull (the entries left out are older than that; see docs/results.md for
-// what that costs).
+// updates since the pull, though the entries left out are older than that (docs/results.md
+// says what that costs). So the record also keeps, per entry, the version at which the
+// worker's value of it was last the model's (`held_since`): the store can count each
+// entry's σ from there (ParameterStore::apply's entry_versions; ours, docs/design.md §3).
 //
-// Cost on the server: one float per parameter and worker (the copy), and a pass over the
-// model per pull. Pure functions over spans; the caller owns the copies.
+// Cost on the server: one float per parameter and worker (the copy), 8 more bytes with
+// `held_since`, and a pass over the model per pull. Pure functions over spans; the caller owns the copies.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +40,14 @@ struct ReplicaPullOptions {
   // ... but at least this many (or the whole tensor if smaller): a bias moves with every
   // update, as in runtime::PublishOptions.
   std::uint32_t min_entries = 32;
+  // Count each entry's σ from the version its value in the worker's copy comes from
+  // (`held_since` below, ParameterStore::apply's entry_versions; ours), not from the pull's.
+  bool entry_staleness = false;
   bool enabled() const { return fraction > 0; }
 };
 
-// Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1] or
-// min_entries 0 with a fraction set.
+// Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1],
+// min_entries 0 with a fraction set, or entry_staleness without one.
 void check_replica_pull_options(const ReplicaPullOptions& options);
 
 // The pull of a worker whose copy is `held` (the server's record of it) from the model
@@ -51,11 +56,15 @@ void check_replica_pull_options(const ReplicaPullOptions& options);
 // (ties: the lower index). Overwrites those entries of `held` with the model's values, so
 // that `held` is the worker's copy after it applies the delta, and returns the delta, with
 // base_version `held_version`, version `version` and the digest of the new `held`.
+// `held_since` (empty: not kept) holds per entry the version at which `held`'s value was
+// last the model's; every entry of `held` equal to the model's after the pull (sent, or
+// not changed) gets `version`, the entries left out keep theirs.
 // Throws std::invalid_argument when the spans' lengths do not match `tensor_sizes`.
 transport::ModelDelta replica_pull(std::uint64_t model_id,
                                    std::span<const std::uint32_t> tensor_sizes,
                                    std::span<const float> parameters, std::uint64_t version,
                                    std::span<float> held, std::uint64_t held_version,
-                                   const ReplicaPullOptions& options);
+                                   const ReplicaPullOptions& options,
+                                   std::span<std::uint64_t> held_since = {});
 
 }  // namespace edgetrain::server

@@ -150,6 +150,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     suffix << ", cheap pull " << config.replica_pull.fraction;
     if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
       suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
+    if (config.replica_pull.entry_staleness) suffix << ", sigma per entry";
     for (auto& run : runs) run.first += suffix.str();
   }
   if (config.publish.enabled()) {

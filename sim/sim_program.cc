@@ -129,6 +129,10 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
   t.add("pull-min-entries", c.replica_pull.min_entries,
         "with --pull-fraction: entries a pull sends at least per tensor")
       .range(1, 1u << 30);
+  t.add("entry-staleness", c.replica_pull.entry_staleness,
+        "with --pull-fraction: the server counts each entry's sigma from the version at which "
+        "the worker's copy of that entry was last the model's (ours), not from the pull's "
+        "version");
   t.add("kernels", s.kernels,
         "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)")

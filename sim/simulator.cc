@@ -280,6 +280,10 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   const bool replica_pulls = config.replica_pull.enabled();
   std::vector<std::vector<float>> replicas(replica_pulls ? config.workers : 0);
   std::vector<std::uint64_t> replica_versions(replicas.size(), 0);
+  // With entry staleness, per worker and entry the version its copy's value comes from (the
+  // store counts σ from it).
+  const bool entry_staleness = replica_pulls && config.replica_pull.entry_staleness;
+  std::vector<std::vector<std::uint64_t>> replica_since(entry_staleness ? config.workers : 0);
   // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
   // would send them. The digest field's value does not change the size: left 0.
   auto pull_size = [&](const server::ChangeRecord& served,
@@ -323,13 +327,16 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       std::span<const float> pulled = served.parameters;
       if (replica_pulls) {
         std::vector<float>& replica = replicas[event.worker];
+        std::span<std::uint64_t> since;
+        if (entry_staleness) since = replica_since[event.worker];
         if (replica.empty()) {
           replica.assign(store.parameters().begin(), store.parameters().end());
+          if (entry_staleness) replica_since[event.worker].assign(replica.size(), store.version());
           result.pull_bytes += sim.model_bytes;
         } else {
           const transport::ModelDelta delta = server::replica_pull(
               sim.model.layout_id(), tensor_sizes, store.parameters(), store.version(), replica,
-              replica_versions[event.worker], config.replica_pull);
+              replica_versions[event.worker], config.replica_pull, since);
           auto encoded = transport::encode_model_delta(delta);
           if (!encoded)
             throw std::logic_error("sim: cannot encode a pull: " + encoded.error().message);
@@ -337,6 +344,7 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
             result.pull_bytes += encoded.value().size();
           } else {  // the server sends the dense model instead, as for an exact pull
             replica.assign(store.parameters().begin(), store.parameters().end());
+            std::fill(since.begin(), since.end(), store.version());
             result.pull_bytes += sim.model_bytes;
           }
         }
@@ -404,7 +412,10 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       throw std::logic_error("sim: server refused a well-formed update: " +
                              decoded.error().message);
     const std::uint64_t delay = store.version() - decoded.value().fetched_version;
-    server::ApplyResult applied = store.apply(decoded.value());
+    std::span<const std::uint64_t> entry_versions;
+    if (entry_staleness) entry_versions = replica_since[event.worker];
+    server::ApplyResult applied =
+        store.apply(decoded.value(), server::ValueCheck::kBound, entry_versions);
     if (applied.applied()) {
       refused_in_a_row = 0;
       if (published) published->advance(store.parameters(), store.version());

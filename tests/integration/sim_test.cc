@@ -127,7 +127,8 @@ TEST(Simulator, ARunWhoseEveryUpdateIsRefusedStopsAsStalled) {
 }
 
 // The cheap pull (server/replica_pull.h): with a fraction of 1 every differing entry goes
-// out, so the workers hold the exact model and the run is the exact-delta run bit for bit;
+// out, so the workers hold the exact model and the run is the exact-delta run bit for bit
+// (with σ per entry too: every entry is then as old as the pull);
 // with a small fraction a pull sends a bounded number of entries per tensor, and the workers
 // still learn.
 TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
@@ -146,6 +147,12 @@ TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
   ASSERT_EQ(all.curve.size(), exact.curve.size());
   for (std::size_t i = 0; i < all.curve.size(); ++i)
     EXPECT_EQ(all.curve[i].accuracy, exact.curve[i].accuracy);
+  // σ per entry: at fraction 1 every entry of a copy is as old as its pull, so the run is the
+  // exact one, bit for bit.
+  c.replica_pull.entry_staleness = true;
+  const auto all_per_entry = sim::run_simulation(c, data.train, data.test, "cheap 1, per entry");
+  EXPECT_EQ(all_per_entry.final_parameters, exact.final_parameters);
+  c.replica_pull.entry_staleness = false;
   c.replica_pull.fraction = 0.005;  // the MLP: ~500 of 100,352 weights, 32 of 128 biases
   const auto cheap = sim::run_simulation(c, data.train, data.test, "cheap 0.005");
   EXPECT_EQ(cheap.updates_applied, 300u);
@@ -156,6 +163,12 @@ TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
                                                             std::vector<std::uint32_t>{100352, 128, 1280, 10});
   EXPECT_LT(static_cast<double>(cheap.pull_bytes) - dense,
             0.25 * (static_cast<double>(exact.pull_bytes) - dense));
+  // Below 1 σ per entry counts the older entries' updates too: the run differs, and learns.
+  c.replica_pull.entry_staleness = true;
+  const auto per_entry = sim::run_simulation(c, data.train, data.test, "cheap 0.005, per entry");
+  EXPECT_EQ(per_entry.updates_applied, 300u);
+  EXPECT_NE(per_entry.final_parameters, cheap.final_parameters);
+  EXPECT_GT(per_entry.best_accuracy(), 0.60);
   c.publish.every = 10;
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
 }

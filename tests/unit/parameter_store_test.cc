@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -35,14 +36,20 @@ class ReferenceStore {
       offset += n;
     }
   }
-  // Returns the divisor per sent entry, in the update's order.
-  std::vector<std::uint32_t> apply(const SparseUpdate& u) {
-    const std::uint64_t delay = history_.size() - u.fetched_version;
+  // Returns the divisor per sent entry, in the update's order. `entry_versions` (per flat
+  // index; empty: none): each entry's delay is t − min(h_i, t_fetch), at most D.
+  std::vector<std::uint32_t> apply(const SparseUpdate& u,
+                                   const std::vector<std::uint64_t>& entry_versions = {}) {
     std::vector<std::uint32_t> divisors;
     std::vector<bool> touched(params_.size(), false);
     for (const auto& t : u.tensors)
       for (std::size_t e = 0; e < t.indices.size(); ++e) {
         const std::size_t i = offsets_[t.tensor] + t.indices[e];
+        std::uint64_t delay = history_.size() - u.fetched_version;
+        if (!entry_versions.empty())
+          delay = std::min<std::uint64_t>(
+              history_.size() - std::min(entry_versions[i], u.fetched_version),
+              options_.max_staleness);
         std::uint32_t sigma = 0;
         for (std::uint64_t back = 1; back <= delay; ++back)
           sigma += history_[history_.size() - back][i];
@@ -128,6 +135,81 @@ TEST_P(EveryStalenessRule, MatchesTheBruteForceReferenceOverRandomHistories) {
     options.rule = GetParam().setting;
     options.max_staleness = d;
     run_against_reference(options, 10 + d, 400);
+  }
+}
+
+// Per-entry staleness (the cheap pull): each entry's version h_i drawn per update, most at
+// the pull's version, some older (beyond D too: counted within D), some newer than the pull
+// (a record that moved on: the pull's version bounds it); the store through apply() and
+// through reserve() against the reference's literal count.
+TEST_P(EveryStalenessRule, PerEntryVersionsMatchTheBruteForceReference) {
+  for (std::uint32_t d : {1u, 5u, 16u, 64u, 65u, 100u}) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ParameterStoreOptions options;
+    options.rule = GetParam().setting;
+    options.max_staleness = d;
+    std::mt19937 rng(40 + d);
+    const std::vector<std::uint32_t> sizes = {7, 30, 3};
+    std::vector<float> initial(40);
+    for (auto& w : initial) w = static_cast<float>(static_cast<int>(rng() % 100)) / 16.0f;
+    ParameterStore applied(kModel, sizes, initial, options), reserved(kModel, sizes, initial, options);
+    ReferenceStore reference(sizes, initial, options);
+    int older = 0;  // divisors above the update's own: the case is not vacuous
+    for (int n = 0; n < 300; ++n) {
+      SparseUpdate u = random_update(rng, sizes, applied.version(), d);
+      std::vector<std::uint64_t> versions(40);
+      for (auto& h : versions) {
+        const std::uint32_t pick = rng() % 8;
+        h = pick < 4   ? u.fetched_version
+            : pick < 7 ? u.fetched_version - rng() % (std::min<std::uint64_t>(u.fetched_version, 2 * d) + 1)
+                       : applied.version();
+      }
+      auto result = applied.apply(u, ValueCheck::kBound, versions);
+      ASSERT_TRUE(result.applied()) << result.reason;
+      ASSERT_TRUE(reserved.reserve(u, ValueCheck::kBound, versions).applied());
+      ASSERT_TRUE(reserved.apply_reserved().applied());
+      const auto own = ReferenceStore(reference).apply(u);  // by the update's delay
+      const auto expected = reference.apply(u, versions);
+      const std::vector<std::uint32_t> got(applied.last_divisors().begin(),
+                                           applied.last_divisors().end());
+      ASSERT_EQ(got, expected) << "update " << n;
+      ASSERT_EQ(std::vector<std::uint32_t>(reserved.last_divisors().begin(),
+                                           reserved.last_divisors().end()),
+                expected)
+          << "update " << n;
+      ASSERT_EQ(std::vector<float>(applied.parameters().begin(), applied.parameters().end()),
+                reference.params());
+      ASSERT_EQ(std::vector<float>(reserved.parameters().begin(), reserved.parameters().end()),
+                reference.params());
+      for (std::size_t j = 0; j < got.size(); ++j) older += got[j] > own[j];
+    }
+    if (options.rule != StalenessRule::kNone && d > 1) {  // D = 1: every divisor is 1
+      EXPECT_GT(older, 100);
+    }
+  }
+}
+
+// With every entry's version at the update's t_fetch (what an exact pull records), the
+// divisors and the parameters are those of the update's own delay, bit for bit.
+TEST_P(EveryStalenessRule, EntryVersionsAtThePullAreTheUpdatesOwnRule) {
+  for (std::uint32_t d : {5u, 64u, 100u}) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ParameterStoreOptions options;
+    options.rule = GetParam().setting;
+    options.max_staleness = d;
+    std::mt19937 rng(70 + d);
+    const std::vector<std::uint32_t> sizes = {7, 30, 3};
+    ParameterStore plain(kModel, sizes, std::vector<float>(40, 1.0f), options);
+    ParameterStore per_entry(kModel, sizes, std::vector<float>(40, 1.0f), options);
+    for (int n = 0; n < 200; ++n) {
+      const SparseUpdate u = random_update(rng, sizes, plain.version(), d);
+      const std::vector<std::uint64_t> versions(40, u.fetched_version);
+      ASSERT_TRUE(plain.apply(u).applied());
+      ASSERT_TRUE(per_entry.apply(u, ValueCheck::kBound, versions).applied());
+      ASSERT_TRUE(std::equal(plain.last_divisors().begin(), plain.last_divisors().end(),
+                             per_entry.last_divisors().begin(), per_entry.last_divisors().end()));
+    }
+    ASSERT_EQ(std::memcmp(plain.parameters().data(), per_entry.parameters().data(), 40 * sizeof(float)), 0);
   }
 }
 
@@ -255,6 +337,71 @@ TEST(ParameterStore, DenseUpdatesOnly) {
   }
   EXPECT_EQ(std::vector<float>(store.parameters().begin(), store.parameters().end()),
             reference.params());
+}
+
+// Per-entry staleness on a case worked by hand. Versions 1–4 touch {0, 1, 3}, {0}, {0, 2},
+// {1, 3}. A worker pulled at 4, but its copy's entries 0, 1, 2, 3 are the model's of
+// versions 1, 2, 4, 0 (the cheap pull left them out since then), and it sends all four:
+//   σ_0 = updates 2, 3 = 2   σ_1 = update 4 = 1   σ_2 = none = 0   σ_3 = updates 1, 4 = 2,
+// divisors max(1, σ) = 2, 1, 1, 2, where the update's own delay (0) divides by 1 everywhere.
+TEST(ParameterStore, PerEntrySigmaOnAHandMadeCase) {
+  for (std::uint32_t d : {8u, 100u}) {  // bit masks and chains
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ParameterStoreOptions options;
+    options.max_staleness = d;
+    ParameterStore store(kModel, {4}, {0, 0, 0, 0}, options);
+    for (const std::vector<std::uint32_t>& touched :
+         std::vector<std::vector<std::uint32_t>>{{0, 1, 3}, {0}, {0, 2}, {1, 3}})
+      ASSERT_TRUE(store
+                      .apply({kModel, 0, store.version(),
+                              {{0, 4, touched, std::vector<float>(touched.size(), 1.0f)}}})
+                      .applied());
+    const SparseUpdate all{kModel, 0, 4, {{0, 4, {0, 1, 2, 3}, {1, 1, 1, 1}}}};
+    const std::vector<std::uint64_t> held = {1, 2, 4, 0};
+    ParameterStore exact = store;
+    ASSERT_TRUE(exact.apply(all).applied());
+    EXPECT_EQ(std::vector<std::uint32_t>(exact.last_divisors().begin(), exact.last_divisors().end()),
+              (std::vector<std::uint32_t>{1, 1, 1, 1}));
+    ParameterStore per_entry = store;
+    ASSERT_TRUE(per_entry.apply(all, ValueCheck::kBound, held).applied());
+    EXPECT_EQ(std::vector<std::uint32_t>(per_entry.last_divisors().begin(),
+                                         per_entry.last_divisors().end()),
+              (std::vector<std::uint32_t>{2, 1, 1, 2}));
+    // W was {-0.3, -0.2, -0.1, -0.2}: entries 0 and 3 move by half a step (lr 0.1 / 2).
+    EXPECT_FLOAT_EQ(per_entry.parameters()[0], -0.3f - 0.05f);
+    EXPECT_FLOAT_EQ(per_entry.parameters()[3], -0.2f - 0.05f);
+    EXPECT_FLOAT_EQ(per_entry.parameters()[2], -0.1f - 0.1f);
+    // A record newer than the pull counts from the pull: pulled at 3, entry 1 held since 4
+    // counts update 4 (σ 1), not nothing.
+    ParameterStore newer = store;
+    ASSERT_TRUE(newer.apply({kModel, 0, 3, {{0, 4, {1}, {1}}}}, ValueCheck::kBound,
+                            std::vector<std::uint64_t>{3, 4, 3, 3})
+                    .applied());
+    EXPECT_EQ(newer.last_divisors()[0], 1u);
+    ASSERT_TRUE(newer.apply({kModel, 0, 3, {{0, 4, {1}, {1}}}}, ValueCheck::kBound,
+                            std::vector<std::uint64_t>{3, 4, 3, 3})
+                    .applied());
+    EXPECT_EQ(newer.last_divisors()[0], 2u);  // updates 4 and 5 touched entry 1
+    EXPECT_THROW(store.apply(all, ValueCheck::kBound, std::vector<std::uint64_t>(3, 0)),
+                 std::invalid_argument);
+  }
+  // D = 2: the history holds the last two versions only, so an older entry counts those:
+  // entry 0 (held since 1) σ = update 3 = 1, entry 3 (since 0) σ = update 4 = 1.
+  ParameterStoreOptions options;
+  options.max_staleness = 2;
+  ParameterStore store(kModel, {4}, {0, 0, 0, 0}, options);
+  for (const std::vector<std::uint32_t>& touched :
+       std::vector<std::vector<std::uint32_t>>{{0, 1, 3}, {0}, {0, 2}, {1, 3}})
+    ASSERT_TRUE(store
+                    .apply({kModel, 0, store.version(),
+                            {{0, 4, touched, std::vector<float>(touched.size(), 1.0f)}}})
+                    .applied());
+  ASSERT_TRUE(store
+                  .apply({kModel, 0, 4, {{0, 4, {0, 3}, {1, 1}}}}, ValueCheck::kBound,
+                         std::vector<std::uint64_t>{1, 2, 4, 0})
+                  .applied());
+  EXPECT_EQ(std::vector<std::uint32_t>(store.last_divisors().begin(), store.last_divisors().end()),
+            (std::vector<std::uint32_t>{1, 1}));
 }
 
 TEST(ParameterStore, DelayZeroAppliesTheFullStep) {

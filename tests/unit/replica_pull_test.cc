@@ -52,6 +52,27 @@ TEST(ReplicaPull, SendsTheLargestChangesAndKeepsTheRestInTheServersCopy) {
   EXPECT_TRUE(next.tensors.empty());  // the copy is exact: nothing to send
 }
 
+// held_since: per entry, the version at which the worker's value was last the model's. An
+// entry sent, or equal to the model's, is the pull's; one left out keeps its version.
+TEST(ReplicaPull, KeepsTheVersionEachEntryOfTheCopyComesFrom) {
+  std::vector<float> held = {0, 0, 0, 0, 1, 1};
+  std::vector<std::uint64_t> since(6, 10);
+  std::vector<float> w = {0.5f, -2, 0.25f, 0, 1, 3};
+  replica_pull(7, kSizes, w, 12, held, 10, ReplicaPullOptions{0.25, 1}, since);
+  // Sent: entries 1 and 5; unchanged: 3 and 4; left out: 0 and 2.
+  EXPECT_EQ(since, (std::vector<std::uint64_t>{10, 12, 10, 12, 12, 12}));
+  w[3] = 7;  // version 15 changes entry 3 by most: it goes out, 0 and 2 wait again
+  replica_pull(7, kSizes, w, 15, held, 12, ReplicaPullOptions{0.25, 1}, since);
+  EXPECT_EQ(since, (std::vector<std::uint64_t>{10, 15, 10, 15, 15, 15}));
+  replica_pull(7, kSizes, w, 16, held, 15, ReplicaPullOptions{0.25, 1}, since);
+  EXPECT_EQ(since, (std::vector<std::uint64_t>{16, 16, 10, 16, 16, 16}));
+  std::vector<std::uint64_t> short_record(5);
+  EXPECT_THROW(replica_pull(7, kSizes, w, 17, held, 16, ReplicaPullOptions{0.25, 1}, short_record),
+               std::invalid_argument);
+  EXPECT_THROW(server::check_replica_pull_options({0, 32, true}), std::invalid_argument);
+  EXPECT_NO_THROW(server::check_replica_pull_options({0.5, 32, true}));
+}
+
 TEST(ReplicaPull, EqualChangesGoByIndexAndSmallTensorsGetTheMinimum) {
   std::vector<float> held(6, 0);
   const std::vector<float> w = {1, -1, 1, -1, 2, -2};

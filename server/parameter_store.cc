@@ -118,7 +118,6 @@ const ParameterStore::TouchedSet& ParameterStore::set_at_age(std::size_t age) co
 EDGETRAIN_POPCNT_CLONES
 void ParameterStore::compute_sigma(std::uint64_t delay) {
   const std::uint64_t window_start = history_top() - delay;  // versions above this one count
-  const std::size_t d = ring_.size();
   std::uint32_t dense_in_window = 0;
   for (std::size_t age = 0;
        age < std::min<std::size_t>(static_cast<std::size_t>(delay), ring_length_); ++age)
@@ -142,19 +141,24 @@ void ParameterStore::compute_sigma(std::uint64_t delay) {
     }
     return;
   }
-  for (std::size_t j = 0; j < touched_.size(); ++j) {
-    std::uint32_t sigma = dense_in_window;
-    std::uint64_t version = last_touch_version_[touched_[j]];
-    std::uint32_t position = last_touch_position_[touched_[j]];
-    // A version inside the window is at most D old, so its slot still holds its set.
-    while (version > window_start) {
-      ++sigma;
-      const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
-      version = set.previous_version[position];
-      position = set.previous_position[position];
-    }
-    sigma_[j] = sigma;
+  for (std::size_t j = 0; j < touched_.size(); ++j)
+    sigma_[j] = dense_in_window + sparse_touches_after(touched_[j], window_start);
+}
+
+std::uint32_t ParameterStore::sparse_touches_after(std::size_t entry,
+                                                   std::uint64_t window_start) const {
+  const std::size_t d = ring_.size();
+  std::uint32_t touches = 0;
+  std::uint64_t version = last_touch_version_[entry];
+  std::uint32_t position = last_touch_position_[entry];
+  // A version inside the window is at most D old, so its slot still holds its set.
+  while (version > window_start) {
+    ++touches;
+    const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
+    version = set.previous_version[position];
+    position = set.previous_position[position];
   }
+  return touches;
 }
 
 void ParameterStore::compute_entry_delays(std::uint64_t fetched_version,
@@ -199,17 +203,8 @@ void ParameterStore::compute_entry_sigma() {
   }
   for (std::size_t j = 0; j < n; ++j) {
     const std::uint64_t delay = entry_delays_[j];
-    std::uint32_t sigma = dense_newer_[std::min<std::size_t>(static_cast<std::size_t>(delay), known)];
-    const std::uint64_t window_start = top - delay;
-    std::uint64_t version = last_touch_version_[touched_[j]];
-    std::uint32_t position = last_touch_position_[touched_[j]];
-    while (version > window_start) {
-      ++sigma;
-      const TouchedSet& set = ring_[static_cast<std::size_t>((version - 1) % d)];
-      version = set.previous_version[position];
-      position = set.previous_position[position];
-    }
-    sigma_[j] = sigma;
+    sigma_[j] = dense_newer_[std::min<std::size_t>(static_cast<std::size_t>(delay), known)] +
+                sparse_touches_after(touched_[j], top - delay);
   }
 }
 

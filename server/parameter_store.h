@@ -198,6 +198,9 @@ class ParameterStore {
   void compute_entry_delays(std::uint64_t fetched_version,
                             std::span<const std::uint64_t> entry_versions);
   void compute_entry_sigma();  // sigma_ for touched_ from entry_delays_
+  // How many sparse updates that produced a version above window_start touched `entry`: its
+  // chain of touches walked from the newest back (window_start at most D behind the top).
+  std::uint32_t sparse_touches_after(std::size_t entry, std::uint64_t window_start) const;
   void remember_touched();
   void collect_touched(const transport::SparseUpdate& update);
   std::uint64_t history_top() const {

@@ -480,6 +480,51 @@ std::vector<char> read_bytes(const std::filesystem::path& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// Three real RoundWorkers (w0, w1, w2) on a small data set, each on its own thread, polling
+// `server` until it says stop (or 30 s pass). The workers point into `run`'s data and
+// channels, so `run` stays where it is.
+struct ThreeRoundWorkers {
+  const std::vector<std::string> names = {"w0", "w1", "w2"};
+  runtime::Dataset data;
+  std::vector<std::unique_ptr<SubsetRoundServer::Channel>> channels;
+  std::vector<std::unique_ptr<runtime::RoundWorker>> workers;
+};
+
+void run_three_round_workers(SubsetRoundServer& server, const std::filesystem::path& dir,
+                             ThreeRoundWorkers& run) {
+  runtime::Dataset& data = run.data;
+  data.height = data.width = 8;
+  data.channels = 1;
+  data.num_classes = 10;
+  for (int i = 0; i < 40; ++i) {
+    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
+    data.labels.push_back(i % 10);
+  }
+  for (std::uint32_t w = 0; w < run.names.size(); ++w) {
+    runtime::RoundWorkerConfig config;
+    config.worker.model = SubsetRoundServer::kModelSpec;
+    config.worker.batch = 4;
+    config.worker.worker_id = w;
+    config.worker.worker_count = 3;
+    config.worker.compressor.method = runtime::CompressionMethod::kNone;
+    config.worker.backoff_initial = std::chrono::milliseconds(1);
+    config.worker.backoff_max = std::chrono::milliseconds(2);
+    config.lr = 0.1f;
+    config.poll_seconds = 0.01;
+    config.test_secagg_dump_dir = dir.string();
+    run.channels.push_back(std::make_unique<SubsetRoundServer::Channel>(server, run.names[w]));
+    run.workers.push_back(
+        std::make_unique<runtime::RoundWorker>(config, data, *run.channels.back(), server.stop));
+  }
+  std::vector<std::thread> threads;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (auto& worker : run.workers)
+    threads.emplace_back([&server, &worker, give_up] {
+      while (!server.stop && std::chrono::steady_clock::now() < give_up) worker->run_once();
+    });
+  for (auto& thread : threads) thread.join();
+}
+
 TEST(SecureRoundSubset, RealWorkersSendTheAnnouncedEntriesAndKeepTheRest) {
   Fixture f;
   server::SecureRoundOptions o;  // the workers' rounds run on the real clock
@@ -491,39 +536,10 @@ TEST(SecureRoundSubset, RealWorkersSendTheAnnouncedEntriesAndKeepTheRest) {
   o.subset_fraction = 0.1;
   o.now = [] { return std::chrono::steady_clock::now(); };
   SubsetRoundServer server(std::make_unique<SecureRound>(o, f.dir / "secagg_attempt.json"));
-  runtime::Dataset data;
-  data.height = data.width = 8;
-  data.channels = 1;
-  data.num_classes = 10;
-  for (int i = 0; i < 40; ++i) {
-    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
-    data.labels.push_back(i % 10);
-  }
-  const std::vector<std::string> names = {"w0", "w1", "w2"};
-  std::vector<std::unique_ptr<SubsetRoundServer::Channel>> channels;
-  std::vector<std::unique_ptr<runtime::RoundWorker>> workers;
-  for (std::uint32_t w = 0; w < names.size(); ++w) {
-    runtime::RoundWorkerConfig config;
-    config.worker.model = SubsetRoundServer::kModelSpec;
-    config.worker.batch = 4;
-    config.worker.worker_id = w;
-    config.worker.worker_count = 3;
-    config.worker.compressor.method = runtime::CompressionMethod::kNone;
-    config.worker.backoff_initial = std::chrono::milliseconds(1);
-    config.worker.backoff_max = std::chrono::milliseconds(2);
-    config.lr = 0.1f;
-    config.poll_seconds = 0.01;
-    config.test_secagg_dump_dir = f.dir.string();
-    channels.push_back(std::make_unique<SubsetRoundServer::Channel>(server, names[w]));
-    workers.push_back(std::make_unique<runtime::RoundWorker>(config, data, *channels.back(), server.stop));
-  }
-  std::vector<std::thread> threads;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (auto& worker : workers)
-    threads.emplace_back([&server, &worker, give_up] {
-      while (!server.stop && std::chrono::steady_clock::now() < give_up) worker->run_once();
-    });
-  for (auto& thread : threads) thread.join();
+  ThreeRoundWorkers run;
+  run_three_round_workers(server, f.dir, run);
+  const std::vector<std::string>& names = run.names;
+  const auto& workers = run.workers;
   ASSERT_EQ(server.closed.size(), 2u);
 
   const std::uint32_t length = server.length();
@@ -616,39 +632,9 @@ TEST(SecureRound, RealWorkersAddTheAnnouncedNoiseBeforeTheyQuantize) {
   SubsetRoundServer server(std::make_unique<SecureRound>(o, f.dir / "secagg_attempt.json"));
   server.clip_norm = kClip;
   server.announced = {{"dp_device_noise_stddev", stddev}, {"secagg_value_bound", bound}};
-  runtime::Dataset data;
-  data.height = data.width = 8;
-  data.channels = 1;
-  data.num_classes = 10;
-  for (int i = 0; i < 40; ++i) {
-    for (int p = 0; p < 64; ++p) data.pixels.push_back(p == i % 64 ? 0 : 255);
-    data.labels.push_back(i % 10);
-  }
-  const std::vector<std::string> names = {"w0", "w1", "w2"};
-  std::vector<std::unique_ptr<SubsetRoundServer::Channel>> channels;
-  std::vector<std::unique_ptr<runtime::RoundWorker>> workers;
-  for (std::uint32_t w = 0; w < names.size(); ++w) {
-    runtime::RoundWorkerConfig config;
-    config.worker.model = SubsetRoundServer::kModelSpec;
-    config.worker.batch = 4;
-    config.worker.worker_id = w;
-    config.worker.worker_count = 3;
-    config.worker.compressor.method = runtime::CompressionMethod::kNone;
-    config.worker.backoff_initial = std::chrono::milliseconds(1);
-    config.worker.backoff_max = std::chrono::milliseconds(2);
-    config.lr = 0.1f;
-    config.poll_seconds = 0.01;
-    config.test_secagg_dump_dir = f.dir.string();
-    channels.push_back(std::make_unique<SubsetRoundServer::Channel>(server, names[w]));
-    workers.push_back(std::make_unique<runtime::RoundWorker>(config, data, *channels.back(), server.stop));
-  }
-  std::vector<std::thread> threads;
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  for (auto& worker : workers)
-    threads.emplace_back([&server, &worker, give_up] {
-      while (!server.stop && std::chrono::steady_clock::now() < give_up) worker->run_once();
-    });
-  for (auto& thread : threads) thread.join();
+  ThreeRoundWorkers run;
+  run_three_round_workers(server, f.dir, run);
+  const std::vector<std::string>& names = run.names;
   ASSERT_EQ(server.closed.size(), 2u);
 
   // Over both rounds: each device's own noise (its quantized values less its clipped delta),

@@ -77,7 +77,13 @@ worker_summary() {
   echo "$(json_get "$stats" steps) steps, $(json_get "$stats" updates_accepted) updates accepted," \
     "$(json_get "$stats" updates_refused) refused as stale, $(json_get "$stats" bytes_sent) bytes sent," \
     "$(json_get "$stats" retries) retries; $(json_get "$stats" pulls) pulls ($(json_get "$stats" delta_pulls) as deltas)," \
-    "$(json_get "$stats" bytes_received) bytes pulled"
+    "$(json_get "$stats" bytes_received) bytes pulled;" \
+    "$(traffic_line "$(json_get "$stats" bytes_sent)" "$(json_get "$stats" bytes_received)")"
+}
+# A device owner pays for both directions (issue 38): upload, download and their total.
+traffic_line() {  # SENT_BYTES RECEIVED_BYTES
+  awk -v up="$1" -v down="$2" 'BEGIN {
+    printf "upload %.1f MB + download %.1f MB = %.1f MB", up / 1e6, down / 1e6, (up + down) / 1e6 }'
 }
 
 started=$SECONDS
@@ -109,8 +115,14 @@ echo
 echo "== summary =="
 final=$(summarize || true)
 echo "final: ${final:-no evaluation was logged}"
+fleet_sent=0 fleet_received=0
 for i in $(seq 1 $workers); do
   echo "worker $i: $(worker_summary "$out/worker-$i.stats.json")"
+  if [ "$(json_get "$out/worker-$i.stats.json" state)" = stopped ]; then
+    fleet_sent=$((fleet_sent + $(json_get "$out/worker-$i.stats.json" bytes_sent)))
+    fleet_received=$((fleet_received + $(json_get "$out/worker-$i.stats.json" bytes_received)))
+  fi
 done
+echo "all workers: $(traffic_line $fleet_sent $fleet_received)"
 echo "server log: $out/server.log; metrics: $out/state/metrics.csv; plot: $out/state/accuracy-vs-ingress.svg"
 [ $failed -eq 0 ] || { echo "run-demo.sh: $failed process(es) failed" >&2; exit 1; }

@@ -79,8 +79,8 @@ void check_settings(const ServerSettings& s) {
       throw std::invalid_argument("--shard: --publish-every is not supported");
   }
   // The cheap pull (server/replica_records.h) keeps a record of each device's copy of the
-  // asynchronous model; rounds, MD-GAN and the published model serve other models, and a
-  // shard's records have not been tried with the workers' --shards channel.
+  // asynchronous model (a shard: of its slice); rounds and MD-GAN serve other models, the
+  // published model is another way to cut the same pulls.
   if (s.pull_fraction > 0) {
     if (s.mode != "async")
       throw std::invalid_argument("--pull-fraction (the cheap pull) works with --mode async only, not " +
@@ -88,8 +88,6 @@ void check_settings(const ServerSettings& s) {
     if (s.publish_every > 0)
       throw std::invalid_argument(
           "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
-    if (!s.shard.empty())
-      throw std::invalid_argument("--pull-fraction is not supported with --shard yet");
   }
   check_replica_record_options({{s.pull_fraction, s.pull_min_entries, false}, s.pull_max_devices});
   // --clip-update-norm would clip the round's close (one update through the store) per

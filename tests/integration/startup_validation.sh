@@ -47,13 +47,11 @@ refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggr
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
 # The cheap pull (--pull-fraction) in what it cannot serve: other modes, with the published
-# model, on a shard.
+# model.
 refused cheap-pull-rounds "--pull-fraction \\(the cheap pull\\) works with --mode async only" --keystore "$keys" \
   --model mlp --mode rounds --pull-fraction 0.01
 refused cheap-pull-published "--pull-fraction and --publish-every are two ways" --keystore "$keys" --model mlp \
   --pull-fraction 0.01 --publish-every 10
-refused cheap-pull-shard "--pull-fraction is not supported with --shard" --keystore "$keys" --model mlp \
-  --shard 0/2 --pull-fraction 0.01
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0

@@ -78,7 +78,7 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "async: the cheap pull (ours): the server keeps a record of each device's copy and each "
         "GET /model?since=V sends, per tensor, this share of the entries (at least "
         "--pull-min-entries) where the model differs most from it; the rest later. 0: exact "
-        "pulls. Async mode only (a shard: per slice), not with --publish-every")
+        "pulls. A shard records its slice; not with --publish-every")
       .range(0, 1);
   t.add("pull-min-entries", s.pull_min_entries,
         "with --pull-fraction: entries a pull sends at least per tensor (a whole tensor if "

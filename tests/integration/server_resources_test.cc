@@ -487,6 +487,10 @@ TEST(ServerCheapPullOverDtls, EachDeviceGetsDeltasFromItsOwnRecordAndChecksThem)
   EXPECT_EQ(status["cheap_pull"]["dense_pulls"], 3);  // the two first pulls and since=1
   EXPECT_EQ(status["cheap_pull"]["repeated_pulls"], 3);
   EXPECT_GT(status["model_pull_cpu_seconds"].get<double>(), 0);
+  const std::string metrics = served.resources().metrics_text();
+  EXPECT_NE(metrics.find("edgetrain_cheap_pull_records 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("edgetrain_model_pulls_total{kind=\"dense\"} 3\n"), std::string::npos)
+      << metrics;
 }
 
 }  // namespace

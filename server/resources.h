@@ -176,6 +176,11 @@ class ServerResources {
   std::uint64_t egress_socket_datagrams() const {
     return sum_over_servers(&transport::CoapDtlsServer::datagrams_sent);
   }
+  // GET /model requests answered, those answered with a model delta, and the handlers'
+  // thread CPU time spent answering them (need hold() while loops run).
+  std::uint64_t model_pulls() const { return model_pulls_; }
+  std::uint64_t model_delta_pulls() const { return model_delta_pulls_; }
+  double model_pull_cpu_seconds() const { return model_pull_cpu_seconds_; }
   std::string status_json() const;
   // The Prometheus / OpenMetrics text exposition of the counters and per-device health
   // (server/README.md, "Watching a fleet"). The CoAP thread renders it; the metrics
@@ -287,6 +292,7 @@ class ServerResources {
   std::atomic<std::uint64_t> ingress_payload_bytes_ = 0, applied_ = 0;
   std::uint64_t requests_ = 0, model_pulls_ = 0, duplicates_ = 0;
   std::uint64_t model_delta_pulls_ = 0, bad_model_queries_ = 0;
+  double model_pull_cpu_seconds_ = 0;  // the handlers' thread CPU time answering GET /model
   std::map<std::string, std::uint64_t> refused_;  // by reason
   DeviceHealth health_;
   logging::RepeatLimiter repeats_;

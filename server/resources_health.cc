@@ -206,6 +206,23 @@ std::string ServerResources::metrics_text() const {
            "Datagrams the server's sockets sent.");
   m.sample("edgetrain_egress_socket_datagrams_total",
            static_cast<double>(egress_socket_datagrams()));
+  m.family("edgetrain_model_pulls_total", "counter",
+           "GET /model requests answered, by kind (dense model or model delta).");
+  m.sample("edgetrain_model_pulls_total", static_cast<double>(model_pulls_ - model_delta_pulls_),
+           "kind=\"dense\"");
+  m.sample("edgetrain_model_pulls_total", static_cast<double>(model_delta_pulls_),
+           "kind=\"delta\"");
+  m.family("edgetrain_model_pull_cpu_seconds_total", "counter",
+           "Thread CPU time spent answering GET /model.");
+  m.sample("edgetrain_model_pull_cpu_seconds_total", model_pull_cpu_seconds_);
+  if (const ReplicaRecords* records = state_.replica_records()) {
+    m.family("edgetrain_cheap_pull_records", "gauge",
+             "Devices whose copies the cheap pull records (--pull-fraction).");
+    m.sample("edgetrain_cheap_pull_records", static_cast<double>(records->records()));
+    m.family("edgetrain_cheap_pull_record_bytes", "gauge",
+             "Memory the cheap pull's records hold (copies and last deltas).");
+    m.sample("edgetrain_cheap_pull_record_bytes", static_cast<double>(records->bytes()));
+  }
   {
     std::lock_guard lock(accuracy_mutex_);
     if (last_accuracy_) {

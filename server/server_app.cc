@@ -78,6 +78,18 @@ void check_settings(const ServerSettings& s) {
     if (s.publish_every > 0)
       throw std::invalid_argument("--shard: --publish-every is not supported");
   }
+  // The cheap pull (server/replica_records.h) keeps a record of each device's copy of the
+  // asynchronous model (a shard: of its slice); rounds and MD-GAN serve other models, the
+  // published model is another way to cut the same pulls.
+  if (s.pull_fraction > 0) {
+    if (s.mode != "async")
+      throw std::invalid_argument("--pull-fraction (the cheap pull) works with --mode async only, not " +
+                                  s.mode);
+    if (s.publish_every > 0)
+      throw std::invalid_argument(
+          "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
+  }
+  check_replica_record_options({{s.pull_fraction, s.pull_min_entries, false}, s.pull_max_devices});
   // --clip-update-norm would clip the round's close (one update through the store) per
   // tensor, which is not what a user of rounds means by clipping.
   if (s.mode == "rounds" && s.clip_update_norm > 0)
@@ -254,6 +266,9 @@ void ServerApp::open_state() {
   options.rollback_non_finite = s_.rollback_non_finite;
   if (s_.mode == "async")
     options.publish = {s_.publish_every, s_.publish_fraction, s_.publish_min_entries};
+  options.replica_pull.pull.fraction = s_.pull_fraction;
+  options.replica_pull.pull.min_entries = s_.pull_min_entries;
+  options.replica_pull.max_devices = s_.pull_max_devices;
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();
@@ -392,6 +407,15 @@ void ServerApp::open_endpoint() {
                 ? ", workers pull the published model (every " + std::to_string(s_.publish_every) +
                       " updates, " + short_number(s_.publish_fraction) + " of each tensor)"
                 : std::string()));
+  if (state_->replica_records()) {
+    const double record_mb = static_cast<double>(state_->model().parameter_count()) * 4 / 1e6;
+    log_line("cheap pull: each pull sends " + short_number(s_.pull_fraction) +
+             " of each tensor (at least " + std::to_string(s_.pull_min_entries) +
+             " entries); records of at most " + std::to_string(s_.pull_max_devices) +
+             " devices' copies, " + short_number(record_mb) + " MB each (at most " +
+             short_number(record_mb * s_.pull_max_devices) +
+             " MB), not durable: after a restart every device's first pull is dense");
+  }
   log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +
            " s, ACK_RANDOM_FACTOR " + short_number(s_.timing.ack_random_factor) +
            ", MAX_RETRANSMIT " + std::to_string(s_.timing.max_retransmit) + ", NSTART " +
@@ -520,6 +544,13 @@ void ServerApp::write_stats(bool running) {
   } else {
     j["published_model"] = nullptr;
   }
+  // The cheap pull (--pull-fraction): its records and counters (server/README.md, "Cheap pull").
+  j["cheap_pull"] = state_->replica_records()
+                        ? nlohmann::json::parse(state_->replica_records()->stats_json())
+                        : nlohmann::json(nullptr);
+  j["model_pulls"] = resources_->model_pulls();
+  j["model_delta_pulls"] = resources_->model_delta_pulls();
+  j["model_pull_cpu_seconds"] = resources_->model_pull_cpu_seconds();
   j["updates_clipped"] = state_->updates_clipped();
   j["devices_refused"] = nlohmann::json::parse(device_refusals_json(*state_));
   j["devices"] = nlohmann::json::parse(resources_->devices_json());

@@ -31,6 +31,10 @@ struct ServerSettings {
   std::uint32_t publish_every = 0;
   double publish_fraction = 0.01;
   std::uint32_t publish_min_entries = 32;
+  // The cheap pull (server/replica_records.h): 0 = exact pulls.
+  double pull_fraction = 0;
+  std::uint32_t pull_min_entries = 32;
+  std::uint32_t pull_max_devices = 256;
   // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
   // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
   // state directory that reached a non-finite parameter.

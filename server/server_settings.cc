@@ -74,6 +74,21 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "with --publish-every: entries a publish step copies at least "
         "per tensor (a whole tensor if smaller: biases)")
       .range(1, 1u << 30);
+  t.add("pull-fraction", s.pull_fraction,
+        "async: the cheap pull (ours): the server keeps a record of each device's copy and each "
+        "GET /model?since=V sends, per tensor, this share of the entries (at least "
+        "--pull-min-entries) where the model differs most from it; the rest later. 0: exact "
+        "pulls. A shard records its slice; not with --publish-every")
+      .range(0, 1);
+  t.add("pull-min-entries", s.pull_min_entries,
+        "with --pull-fraction: entries a pull sends at least per tensor (a whole tensor if "
+        "smaller: biases)")
+      .range(1, 1u << 30);
+  t.add("pull-max-devices", s.pull_max_devices,
+        "with --pull-fraction: devices whose copies are recorded (each parameters × 4 bytes); "
+        "beyond it the one that pulled longest ago loses its record (its next pull is dense)")
+      .range(1, 1u << 24)
+      .unit("devices");
   t.group("Bad updates");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude,
         "an update that would leave a parameter it touches "

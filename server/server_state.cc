@@ -111,9 +111,16 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
       tensor_sizes_(model_.tensor_sizes()),
       store_(model_.layout_id(), tensor_sizes_, parameters_of(model_), options_.store),
       commit_(options_.wal_sync, options_.on_staged) {
+  if (options_.replica_pull.enabled() && options_.publish.enabled())
+    throw std::invalid_argument(
+        "the cheap pull (--pull-fraction) and the published model (--publish-every) are two ways "
+        "to cut pulls: choose one");
   recover();
   if (options_.publish.enabled())
     published_.emplace(tensor_sizes_, store_.parameters(), store_.version(), options_.publish);
+  // Not durable: the records start empty, so every device's first pull after a start is dense.
+  if (options_.replica_pull.enabled())
+    replicas_.emplace(model_.layout_id(), tensor_sizes_, options_.replica_pull);
 }
 
 WalHeader ServerState::wal_header() const {
@@ -850,6 +857,18 @@ ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
   if (!encoded) return {encoded_model(), false};
   encoded_delta_ = std::move(*encoded);
   return {encoded_delta_, true};
+}
+
+ServerState::DeviceModelReply ServerState::pull_for_device(std::string_view identity,
+                                                           std::optional<std::uint64_t> since) {
+  if (!replicas_) throw std::logic_error("pull_for_device() without the cheap pull");
+  const ReplicaRecords::Pull pull =
+      replicas_->pull(identity, since, store_.parameters(), store_.version());
+  if (pull.kind == ReplicaRecords::Kind::kDense) return {encoded_model(), false, store_.version()};
+  // The record keeps the body until this device's next pull; the copy here keeps it for the
+  // caller even if that pushes the record out first.
+  encoded_delta_.assign(pull.body->begin(), pull.body->end());
+  return {encoded_delta_, true, pull.etag};
 }
 
 }  // namespace edgetrain::server

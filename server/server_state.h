@@ -50,6 +50,7 @@
 #include "server/group_commit.h"
 #include "server/parameter_store.h"
 #include "model/published_model.h"
+#include "server/replica_records.h"
 #include "server/write_ahead_log.h"
 #include "transport/codec.h"
 
@@ -67,6 +68,10 @@ struct ServerStateOptions {
   // Off (default): GET /model hands out the exact parameters. On: workers get the published
   // model, which follows the true one by bounded steps (model/published_model.h).
   runtime::PublishOptions publish;
+  // The cheap pull (server/replica_records.h; off by default): per device, GET /model
+  // answers from the server's record of that device's copy (pull_for_device()). Not with
+  // `publish`.
+  ReplicaRecordOptions replica_pull;
   std::uint64_t checkpoint_every =
       1000;  // updates between checkpoints; 0: only checkpoint() makes one
   std::size_t max_update_bytes = std::size_t{4} << 20;  // larger bodies are refused as too large
@@ -266,6 +271,19 @@ class ServerState {
     bool delta = false;
   };
   ModelReply encoded_model_since(std::uint64_t since);
+  // The cheap pull (options.replica_pull): `identity`'s GET /model (since: its ?since=, none
+  // for a plain GET /model) answered from the record of its copy: the dense model (etag =
+  // version, the record reset), a new delta from the record, or the last delta again
+  // (server/replica_records.h). `bytes` stays valid until the next call of this method or of
+  // encoded_model*(). Throws std::logic_error when the cheap pull is off.
+  struct DeviceModelReply {
+    std::span<const std::uint8_t> bytes;
+    bool delta = false;
+    std::uint64_t etag = 0;
+  };
+  DeviceModelReply pull_for_device(std::string_view identity, std::optional<std::uint64_t> since);
+  // The records, when the cheap pull is on.
+  const ReplicaRecords* replica_records() const { return replicas_ ? &*replicas_ : nullptr; }
   // The published model, when options.publish is on (what encoded_model*() then serve).
   const runtime::PublishedModel* published() const { return published_ ? &*published_ : nullptr; }
   // The version of what GET /model serves: the published model's, else version().
@@ -371,6 +389,7 @@ class ServerState {
   std::optional<std::uint64_t> encoded_version_;
   std::vector<std::uint8_t> encoded_delta_;
   std::optional<runtime::PublishedModel> published_;  // with options_.publish
+  std::optional<ReplicaRecords> replicas_;            // with options_.replica_pull
   std::uint64_t digest_ = 0;  // parameter_digest() of what GET /model serves, at digest_version_
   std::optional<std::uint64_t> digest_version_;
 

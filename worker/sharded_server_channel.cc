@@ -241,11 +241,25 @@ CoapResponse ShardedServerChannel::get_model(const std::string& path) {
     for (std::size_t s = 0; s < shards_.size() && worker_current; s++)
       worker_current = shards_[s].exact && shards_[s].version == (*behind)[s];
   }
+  worker_current = worker_current && !slices_changed_unseen_;
   std::vector<std::vector<transport::SparseTensor>> changed(shards_.size());
+  auto note_broken_off = [&] {
+    for (const auto& records : changed) slices_changed_unseen_ |= !records.empty();
+  };
   for (std::size_t s = 0; s < shards_.size(); s++) {
-    CoapResponse answer = pull_shard(s, changed[s]);
-    if (answer.code != CoapCode::kContent) return answer;
+    CoapResponse answer;
+    try {
+      answer = pull_shard(s, changed[s]);
+    } catch (...) {
+      note_broken_off();
+      throw;
+    }
+    if (answer.code != CoapCode::kContent) {
+      note_broken_off();
+      return answer;
+    }
   }
+  slices_changed_unseen_ = false;  // this answer brings the worker to the assembly
   remember_versions();
   if (!worker_current) return dense_answer();
 

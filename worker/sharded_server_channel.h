@@ -122,6 +122,10 @@ class ShardedServerChannel : public ServerChannel {
   std::vector<std::uint64_t> acknowledged_;
   // The last assemblies: synthetic version → per-shard versions (newest last).
   std::deque<std::pair<std::uint64_t, std::vector<std::uint64_t>>> recent_;
+  // A pull broken off after some shards changed their slices, unseen by the worker: with the
+  // cheap pull a slice can change without its version (entries sent later at a standing
+  // version), so the versions alone do not show that the worker is behind.
+  bool slices_changed_unseen_ = false;
 };
 
 }  // namespace edgetrain::runtime

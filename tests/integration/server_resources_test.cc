@@ -399,6 +399,100 @@ TEST(ServerQuarantineOverDtls, ADeviceThatKeepsFailingGets403) {
   EXPECT_EQ(status["updates_refused_by_reason"]["quarantined"], 1);
 }
 
+// The cheap pull over DTLS (server/README.md, "Cheap pull"): two devices each keep a
+// ModelReplica with GET /model?since=V while one of them posts; each gets its own deltas from
+// the server's record of its copy, smaller than the dense model, and each checks its digest;
+// a handler run again for the same request (what the transport does when it no longer holds
+// a block-wise body) gives the same bytes and ETag while the model moves on.
+TEST(ServerCheapPullOverDtls, EachDeviceGetsDeltasFromItsOwnRecordAndChecksThem) {
+  server::ServerStateOptions options;
+  options.store.max_staleness = 64;
+  options.replica_pull = {{0.05, 4}, 4};
+  edgetrain::testing::ServedResources served(
+      "cheap-pull", test_model(), options,
+      edgetrain::testing::psk_server_options(
+          {{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+  server::ServerState& state = served.state();
+  const auto sizes = edgetrain::testing::tensor_sizes(state.model());
+  CoapDtlsClient one(
+      {"127.0.0.1", served.server().port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
+  CoapDtlsClient two(
+      {"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
+  runtime::ModelReplica copy_one(state.model_id(), sizes), copy_two(state.model_id(), sizes);
+  std::size_t largest_delta = 0;
+  auto pull = [&](CoapDtlsClient& c, runtime::ModelReplica& copy) {
+    const CoapResponse r = c.request(Method::kGet, copy.pull_path());
+    ASSERT_EQ(r.code, CoapCode::kContent) << text_of(r);
+    const auto outcome = copy.take(r.payload);
+    ASSERT_NE(outcome, runtime::ModelReplica::PullOutcome::kMismatch) << copy.mismatch();
+    if (outcome == runtime::ModelReplica::PullOutcome::kDelta)
+      largest_delta = std::max(largest_delta, r.payload.size());
+  };
+  std::mt19937 rng(5);
+  std::uint64_t sequence = 0;
+  auto post = [&] {  // a quarter of the first tensor's entries, from device-2's copy's version
+    transport::SparseTensor weights{0, sizes[0], {}, {}};
+    for (std::uint32_t i = 0; i < sizes[0]; ++i)
+      if (rng() % 4 == 0) {
+        weights.indices.push_back(i);
+        weights.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+      }
+    const transport::SparseUpdate u{state.model_id(), ++sequence, copy_two.version(), {weights}};
+    ASSERT_EQ(two.request(Method::kPost, "update", transport::encode_sparse_update(u).value()).code,
+              CoapCode::kChanged);
+  };
+  pull(one, copy_one);
+  pull(two, copy_two);
+  for (int i = 0; i < 12 && !::testing::Test::HasFatalFailure(); ++i) {
+    post();
+    pull(two, copy_two);
+    if (i % 3 == 2) pull(one, copy_one);  // device-1 pulls less often: its deltas differ
+  }
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(copy_two.version(), state.version());
+  EXPECT_EQ(copy_one.version(), state.version());
+  EXPECT_GT(largest_delta, 0u);
+  EXPECT_LT(largest_delta, transport::dense_model_bytes(sizes));
+  // Cheap: 5% of each tensor per pull, so the copies lag the model, each in its own way.
+  const auto model = state.snapshot().parameters;
+  EXPECT_NE(std::vector<float>(copy_one.parameters().begin(), copy_one.parameters().end()), model);
+  EXPECT_NE(std::vector<float>(copy_one.parameters().begin(), copy_one.parameters().end()),
+            std::vector<float>(copy_two.parameters().begin(), copy_two.parameters().end()));
+
+  // The same request again (a block-wise answer asked for after the transport let it go),
+  // with updates landing in between: the same body and ETag each time.
+  transport::CoapRequest request;
+  request.identity = "device-1";
+  request.authentication = transport::PeerAuthentication::kPsk;
+  request.query = "since=" + std::to_string(copy_one.version());
+  post();
+  const CoapResponse first = served.resources().get_model(request);
+  ASSERT_EQ(first.code, CoapCode::kContent);
+  ASSERT_EQ(transport::model_message_kind(first.payload), transport::ModelMessageKind::kDelta);
+  for (int i = 0; i < 2; ++i) {
+    post();
+    const CoapResponse again = served.resources().get_model(request);
+    EXPECT_EQ(again.payload, first.payload);
+    EXPECT_EQ(again.etag, first.etag);
+  }
+  // ... and over the network too, where the worker applies it and checks the digest.
+  pull(one, copy_one);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  // A base this device was not given gets the dense model.
+  const CoapResponse other_base = one.request(Method::kGet, "model?since=1");
+  EXPECT_EQ(transport::model_message_kind(other_base.payload), transport::ModelMessageKind::kDense);
+  EXPECT_EQ(other_base.etag, state.version());
+  const auto status = nlohmann::json::parse(text_of(one.request(Method::kGet, "status")));
+  EXPECT_EQ(status["cheap_pull"]["records"], 2);
+  EXPECT_EQ(status["cheap_pull"]["dense_pulls"], 3);  // the two first pulls and since=1
+  EXPECT_EQ(status["cheap_pull"]["repeated_pulls"], 3);
+  EXPECT_GT(status["model_pull_cpu_seconds"].get<double>(), 0);
+  const std::string metrics = served.resources().metrics_text();
+  EXPECT_NE(metrics.find("edgetrain_cheap_pull_records 2\n"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("edgetrain_model_pulls_total{kind=\"dense\"} 3\n"), std::string::npos)
+      << metrics;
+}
+
 }  // namespace
 
 namespace {

@@ -46,6 +46,12 @@ refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggr
   --secagg-subset 0.1
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
+# The cheap pull (--pull-fraction) in what it cannot serve: other modes, with the published
+# model.
+refused cheap-pull-rounds "--pull-fraction \\(the cheap pull\\) works with --mode async only" --keystore "$keys" \
+  --model mlp --mode rounds --pull-fraction 0.01
+refused cheap-pull-published "--pull-fraction and --publish-every are two ways" --keystore "$keys" --model mlp \
+  --pull-fraction 0.01 --publish-every 10
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0

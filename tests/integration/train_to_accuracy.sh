@@ -5,7 +5,10 @@
 # ingress (DTLS, headers, handshakes) exceeds the payload ingress, that its socket egress
 # exceeds the model bytes the workers received, and that everything stops
 # cleanly. Extra server flags after FLOOR, e.g. --publish-every 5: then the workers train on
-# the published model (server/README.md), whose deltas must check out against its digest too.
+# the published model (server/README.md), whose deltas must check out against its digest too;
+# --pull-fraction F: the cheap pull (server/README.md, "Cheap pull"): each worker's first pull
+# is dense and every later one a delta smaller than the dense model, from the server's record
+# of that worker's copy (the server's stats file counts them), each checked by its digest.
 # usage: train_to_accuracy.sh SERVER WORKER [FLOOR [SERVER FLAGS...]]
 server="$1"; worker="$2"; floor="${3:-0.70}"
 server_flags=("${@:4}")
@@ -58,6 +61,26 @@ if [[ " ${server_flags[*]} " == *" --publish-every "* ]]; then
   echo "published model: $steps steps, relative lag $(json_get "$server_stats" published_model.relative_lag)"
 else
   [ "$(json_get "$server_stats" published_model)" = null ] || fail "a published model without --publish-every"
+fi
+if [[ " ${server_flags[*]} " == *" --pull-fraction "* ]]; then
+  # One dense pull per worker (its first), every other pull a delta from the worker's record
+  # smaller than the dense model; counted by the server and by each worker.
+  dense=$(json_get "$server_stats" cheap_pull.dense_pulls)
+  deltas=$(json_get "$server_stats" cheap_pull.delta_pulls)
+  largest=$(json_get "$server_stats" cheap_pull.largest_delta_bytes)
+  model_bytes=$(json_get "$server_stats" cheap_pull.dense_model_bytes)
+  [ "$dense" -eq 3 ] || fail "cheap pull: $dense dense pulls, expected one per worker (3)"
+  [ "$deltas" -gt 30 ] || fail "cheap pull: only $deltas deltas"
+  [ "$largest" -lt "$model_bytes" ] || fail "cheap pull: a delta of $largest B, the dense model is $model_bytes B"
+  [ "$(json_get "$server_stats" cheap_pull.records)" -eq 3 ] || fail "cheap pull: not one record per worker"
+  for i in 0 1 2; do
+    stats="$work/w$i.stats.json"
+    [ $(( $(json_get "$stats" pulls) - $(json_get "$stats" delta_pulls) )) -eq 1 ] ||
+      fail "worker $i: $(json_get "$stats" pulls) pulls of which $(json_get "$stats" delta_pulls) deltas: more than its first was dense"
+  done
+  echo "cheap pull: $dense dense pulls, $deltas deltas ($(json_get "$server_stats" cheap_pull.repeated_pulls) repeated), mean $(( $(json_get "$server_stats" cheap_pull.delta_bytes) / deltas )) B, largest $largest B against $model_bytes B dense"
+else
+  [ "$(json_get "$server_stats" cheap_pull)" = null ] || fail "cheap pull records without --pull-fraction"
 fi
 # "stopped" is written after the final checkpoint.
 [ "$(json_get "$server_stats" state)" = stopped ] || fail "the server did not write its final checkpoint and stats"

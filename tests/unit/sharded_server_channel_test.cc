@@ -58,6 +58,12 @@ class StateChannel : public runtime::ServerChannel {
       fail_next_get = false;
       throw transport::TransportError("no answer");
     }
+    if (state_.replica_records()) {  // the cheap pull, as the resources serve it
+      std::optional<std::uint64_t> since;
+      if (path != "model") since = std::stoull(path.substr(path.find('=') + 1));
+      const auto reply = state_.pull_for_device(kIdentity, since);
+      return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, reply.etag};
+    }
     if (path == "model") {
       const auto bytes = state_.encoded_model();
       return {CoapCode::kContent, {bytes.begin(), bytes.end()}};
@@ -83,13 +89,17 @@ class StateChannel : public runtime::ServerChannel {
 };
 
 // N shard states of the whole model in their own directories, and the channel over them.
+// `replica_pull`: each shard serves the cheap pull with these options.
 struct Shards {
-  Shards(const runtime::Model& whole, std::uint32_t count) {
+  Shards(const runtime::Model& whole, std::uint32_t count,
+         server::ReplicaRecordOptions replica_pull = {}) {
     std::vector<std::unique_ptr<runtime::ServerChannel>> channels;
     for (std::uint32_t i = 0; i < count; i++) {
       dirs.push_back(std::make_unique<edgetrain::testing::TempDir>("sharded-channel"));
+      server::ServerStateOptions options = state_options(dirs.back()->path());
+      options.replica_pull = replica_pull;
       states.push_back(std::make_unique<server::ServerState>(
-          runtime::shard_model(whole, {i, count}), state_options(dirs.back()->path())));
+          runtime::shard_model(whole, {i, count}), options));
       auto channel = std::make_unique<StateChannel>(*states.back());
       raw.push_back(channel.get());
       channels.push_back(std::move(channel));
@@ -334,6 +344,54 @@ TEST(ShardedServerChannel, APullBrokenOffByASilentShardLeavesTheWorkerExact) {
   for (std::size_t i = 0; i < whole.parameter_count(); i++)
     ASSERT_EQ(replica.parameters()[i], shards.channel->parameters()[i]) << "entry " << i;
   EXPECT_EQ(replica.version(), 6u);
+}
+
+// The cheap pull per shard (server/README.md, "Cheap pull"): each shard keeps the record of
+// its slice of the worker's copy and sends its largest differences; the channel checks each
+// slice's digest and the worker the assembled one, through updates and a pull broken off by
+// a silent shard (the shards that answered moved their records on with the channel's slices).
+TEST(ShardedServerChannel, TheCheapPullPerShardKeepsEverySliceAndTheWorkerExact) {
+  const runtime::Model whole = whole_model();
+  Shards shards(whole, 3, {{0.1, 2}, 4});
+  runtime::ModelReplica replica(whole.layout_id(), edgetrain::testing::tensor_sizes(whole));
+  std::mt19937 rng(9);
+  std::uint64_t sequence = 0;
+  auto pull = [&] {
+    const CoapResponse pulled = shards.channel->get_model(replica.pull_path());
+    ASSERT_EQ(pulled.code, CoapCode::kContent) << std::string(pulled.payload.begin(), pulled.payload.end());
+    ASSERT_NE(replica.take(pulled.payload), runtime::ModelReplica::PullOutcome::kMismatch)
+        << replica.mismatch();
+  };
+  auto push = [&] {
+    const auto body = encode(random_update(rng, whole, transport::ValueEncoding::kFp32), ++sequence,
+                             replica.version(), transport::ValueEncoding::kFp32);
+    ASSERT_EQ(shards.channel->post_update(body).code, CoapCode::kChanged);
+  };
+  pull();
+  for (int i = 0; i < 10 && !HasFatalFailure(); i++) {
+    push();
+    pull();
+  }
+  shards.raw[2]->fail_next_get = true;
+  EXPECT_THROW(shards.channel->get_model(replica.pull_path()), transport::TransportError);
+  push();
+  pull();
+  ASSERT_FALSE(HasFatalFailure());
+  for (std::size_t i = 0; i < whole.parameter_count(); i++)
+    ASSERT_EQ(replica.parameters()[i], shards.channel->parameters()[i]) << "entry " << i;
+  // Each shard's pulls were deltas from its record after the first, and its slice of the
+  // worker's copy lags its model: a cheap pull, not an exact one.
+  bool lags = false;
+  for (std::size_t s = 0; s < shards.states.size(); s++) {
+    const server::ReplicaRecords& records = *shards.states[s]->replica_records();
+    EXPECT_EQ(records.counters().dense_pulls, 1u) << "shard " << s;
+    EXPECT_GE(records.counters().delta_pulls, 11u) << "shard " << s;
+    const auto slice = shards.states[s]->snapshot().parameters;
+    const auto first = runtime::shard_range(whole.parameter_count(), {static_cast<std::uint32_t>(s), 3}).first;
+    for (std::size_t i = 0; i < slice.size(); i++)
+      lags = lags || slice[i] != replica.parameters()[first + i];
+  }
+  EXPECT_TRUE(lags);
 }
 
 TEST(ShardedServerChannel, RefusesWhatItCannotMapOrUse) {

@@ -1,0 +1,128 @@
+#include "server/replica_records.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "transport/codec.h"
+
+namespace edgetrain::server {
+namespace {
+
+// FNV-1a over the body: two bodies differ in their bytes, one body is always the same ETag.
+std::uint64_t body_etag(std::span<const std::uint8_t> body) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (const std::uint8_t byte : body) {
+    hash ^= byte;
+    hash *= 0x100000001b3ull;
+  }
+  return hash == 0 ? 1 : hash;  // libcoap 4.3.1 replaces an ETag of 0 with its own
+}
+
+}  // namespace
+
+void check_replica_record_options(const ReplicaRecordOptions& options) {
+  check_replica_pull_options(options.pull);
+  if (options.pull.entry_staleness)
+    throw std::invalid_argument(
+        "σ per entry (entry staleness) is not served by edgetrain-server yet: the simulator's "
+        "--entry-staleness only");
+  if (options.enabled() && options.max_devices == 0)
+    throw std::invalid_argument("--pull-max-devices must be at least 1");
+}
+
+ReplicaRecords::ReplicaRecords(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
+                               ReplicaRecordOptions options)
+    : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), options_(options) {
+  check_replica_record_options(options_);
+  for (const std::uint32_t size : tensor_sizes_) parameter_count_ += size;
+}
+
+ReplicaRecords::Record& ReplicaRecords::record_for(std::string_view identity) {
+  auto found = records_.find(identity);
+  if (found != records_.end()) return found->second;
+  if (records_.size() >= options_.max_devices) {
+    auto oldest = std::min_element(records_.begin(), records_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_used < b.second.last_used;
+    });
+    records_.erase(oldest);
+    ++counters_.records_evicted;
+  }
+  return records_.emplace(std::string(identity), Record{}).first->second;
+}
+
+ReplicaRecords::Pull ReplicaRecords::dense(Record& record, std::span<const float> parameters,
+                                           std::uint64_t version) {
+  record.held.assign(parameters.begin(), parameters.end());
+  record.held_version = version;
+  record.last_body.reset();
+  ++counters_.dense_pulls;
+  return {Kind::kDense, nullptr, 0};
+}
+
+ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
+                                          std::optional<std::uint64_t> since,
+                                          std::span<const float> parameters,
+                                          std::uint64_t version) {
+  if (parameters.size() != parameter_count_)
+    throw std::invalid_argument("replica records: " + std::to_string(parameters.size()) +
+                                " parameters for a layout of " + std::to_string(parameter_count_));
+  const bool known = records_.find(identity) != records_.end();
+  Record& record = record_for(identity);
+  record.last_used = ++pulls_;
+  if (!known || !since) return dense(record, parameters, version);
+  const bool moved_on = version != record.held_version;
+  const bool repeat = record.last_body && *since == record.last_base;
+  if (*since == record.held_version && (moved_on || !repeat)) {
+    const transport::ModelDelta delta =
+        replica_pull(model_id_, tensor_sizes_, parameters, version, record.held,
+                     record.held_version, options_.pull);
+    auto encoded = transport::encode_model_delta(delta);
+    if (!encoded) throw std::logic_error("cannot encode a model delta: " + encoded.error().message);
+    // A delta as large as the model (a large fraction, a small model) goes dense: exact.
+    if (encoded.value().size() >= transport::dense_model_bytes(tensor_sizes_))
+      return dense(record, parameters, version);
+    auto body = std::make_shared<const std::vector<std::uint8_t>>(std::move(encoded).value());
+    record.last_base = *since;
+    record.held_version = version;
+    record.last_etag = body_etag(*body);
+    record.last_body = body;
+    ++counters_.delta_pulls;
+    counters_.delta_bytes += body->size();
+    counters_.largest_delta_bytes = std::max<std::uint64_t>(counters_.largest_delta_bytes, body->size());
+    return {Kind::kDelta, std::move(body), record.last_etag};
+  }
+  if (repeat) {
+    ++counters_.repeated_pulls;
+    return {Kind::kRepeat, record.last_body, record.last_etag};
+  }
+  // A version this device was not given by this record (a restart on either side, an old
+  // answer): what it holds is unknown.
+  return dense(record, parameters, version);
+}
+
+std::size_t ReplicaRecords::bytes() const {
+  std::size_t total = 0;
+  for (const auto& [identity, record] : records_)
+    total += record.held.size() * sizeof(float) + (record.last_body ? record.last_body->size() : 0);
+  return total;
+}
+
+std::string ReplicaRecords::stats_json() const {
+  const nlohmann::json j = {{"fraction", options_.pull.fraction},
+                            {"min_entries", options_.pull.min_entries},
+                            {"max_devices", options_.max_devices},
+                            {"records", records_.size()},
+                            {"record_bytes", bytes()},
+                            {"dense_pulls", counters_.dense_pulls},
+                            {"delta_pulls", counters_.delta_pulls},
+                            {"repeated_pulls", counters_.repeated_pulls},
+                            {"records_evicted", counters_.records_evicted},
+                            {"delta_bytes", counters_.delta_bytes},
+                            {"largest_delta_bytes", counters_.largest_delta_bytes},
+                            {"dense_model_bytes", transport::dense_model_bytes(tensor_sizes_)}};
+  return j.dump();
+}
+
+}  // namespace edgetrain::server

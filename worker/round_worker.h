@@ -61,6 +61,10 @@ struct RoundInfo {
   // refuses a session whose B does not cover the clip and the noise's tails.
   double dp_device_noise_stddev = 0;
   double secagg_value_bound = 0;
+  // Keys signed by the devices' certificates and the consistency step (server
+  // --secagg-signed-keys, privacy/secagg_signed.h). A worker with a certificate requires it
+  // whatever the server says; one with a PSK identity cannot sign and does not take part.
+  bool secagg_signed_keys = false;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a

@@ -6,10 +6,6 @@
 // Mbed TLS's certificate writer, so the test needs no openssl and no files.
 #include <gtest/gtest.h>
 
-#include <mbedtls/ecp.h>
-#include <mbedtls/pk.h>
-#include <mbedtls/x509_crt.h>
-
 #include <map>
 #include <memory>
 #include <set>
@@ -20,80 +16,19 @@
 #include "privacy/secagg.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/secagg_signed.h"
+#include "tests/support/in_memory_pki.h"
 
 namespace edgetrain::privacy {
 namespace {
 
+using test_pki::Pk;
+using test_pki::Pki;
+using test_pki::certificate_pem;
+using test_pki::fleet;
+using test_pki::generate_p256;
+using test_pki::key_pem;
+
 constexpr std::uint64_t kSession = (7ull << 16) | 1;
-
-// ---- a throwaway PKI, in memory
-
-struct Pk {
-  mbedtls_pk_context key;
-  Pk() { mbedtls_pk_init(&key); }
-  ~Pk() { mbedtls_pk_free(&key); }
-};
-
-void generate_p256(Pk& pk, SecureRandom& random) {
-  ASSERT_EQ(mbedtls_pk_setup(&pk.key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY)), 0);
-  ASSERT_EQ(mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(pk.key), &SecureRandom::mbedtls_callback,
-                                &random),
-            0);
-}
-
-std::string key_pem(Pk& pk) {
-  std::vector<unsigned char> out(4096);
-  EXPECT_EQ(mbedtls_pk_write_key_pem(&pk.key, out.data(), out.size()), 0);
-  return reinterpret_cast<const char*>(out.data());
-}
-
-// A certificate for `subject_key` named CN=`cn`, signed by `issuer_key` named CN=`issuer_cn`
-// (the same key and name: self-signed, a CA).
-std::string certificate_pem(Pk& subject_key, const std::string& cn, Pk& issuer_key, const std::string& issuer_cn,
-                            bool is_ca, SecureRandom& random, int serial) {
-  mbedtls_x509write_cert writer;
-  mbedtls_x509write_crt_init(&writer);
-  mbedtls_mpi number;
-  mbedtls_mpi_init(&number);
-  mbedtls_mpi_lset(&number, serial);
-  mbedtls_x509write_crt_set_version(&writer, MBEDTLS_X509_CRT_VERSION_3);
-  mbedtls_x509write_crt_set_md_alg(&writer, MBEDTLS_MD_SHA256);
-  mbedtls_x509write_crt_set_serial(&writer, &number);
-  mbedtls_x509write_crt_set_validity(&writer, "20200101000000", "20991231235959");
-  mbedtls_x509write_crt_set_subject_name(&writer, ("CN=" + cn).c_str());
-  mbedtls_x509write_crt_set_issuer_name(&writer, ("CN=" + issuer_cn).c_str());
-  mbedtls_x509write_crt_set_subject_key(&writer, &subject_key.key);
-  mbedtls_x509write_crt_set_issuer_key(&writer, &issuer_key.key);
-  mbedtls_x509write_crt_set_basic_constraints(&writer, is_ca ? 1 : 0, -1);
-  std::vector<unsigned char> out(4096);
-  EXPECT_EQ(mbedtls_x509write_crt_pem(&writer, out.data(), out.size(), &SecureRandom::mbedtls_callback, &random), 0);
-  mbedtls_mpi_free(&number);
-  mbedtls_x509write_crt_free(&writer);
-  return reinterpret_cast<const char*>(out.data());
-}
-
-struct Pki {
-  SecureRandom random;
-  Pk ca_key;
-  std::string ca_cn;
-  std::shared_ptr<const CertificateAuthority> ca;
-  int serial = 1;
-  explicit Pki(std::string name) : ca_cn(std::move(name)) {
-    generate_p256(ca_key, random);
-    ca = CertificateAuthority::from_pem(certificate_pem(ca_key, ca_cn, ca_key, ca_cn, true, random, serial++));
-  }
-  std::shared_ptr<DeviceCredentials> issue(const std::string& cn) {
-    Pk key;
-    generate_p256(key, random);
-    return DeviceCredentials::from_pem(certificate_pem(key, cn, ca_key, ca_cn, false, random, ++serial),
-                                       key_pem(key));
-  }
-};
-
-Pki& fleet() {
-  static Pki pki("edgetrain-test-ca");
-  return pki;
-}
 
 std::string name(int i) { return "device-" + std::to_string(i); }
 

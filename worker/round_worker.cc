@@ -671,6 +671,11 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       const privacy::SurvivorList survivors = privacy::parse_survivor_list(*survivors_bytes);
       if (!post_step(round, "round/secagg/consistency", privacy::serialize(signed_device->sign_survivors(survivors))))
         return false;
+      if (config.test_secagg_drop_after == "consistency") {
+        say("round " + std::to_string(round.round) + ": leaving after the consistency signature (--test-secagg-drop-after)");
+        dropped = true;
+        return false;
+      }
       const auto signatures_bytes = wait_for(round, "round/secagg/consistency");
       if (!signatures_bytes) return false;
       unmasking = signed_device->unmasking_shares(privacy::parse_consistency_signatures(*signatures_bytes));

@@ -32,7 +32,8 @@ struct RoundWorkerConfig {
   // Secure rounds, for tests only (tests/integration/rounds_secure_aggregation.sh): write the
   // round's start model, clipped delta and quantized delta to files in this folder (which
   // reveals them: never on a real device), and leave the run right after the step named
-  // ("shares" or "input") was accepted, as a device that drops out then.
+  // ("shares", "input" or, signed sessions, "consistency") was accepted, as a device that
+  // drops out then.
   std::string test_secagg_dump_dir;
   std::string test_secagg_drop_after;
 };

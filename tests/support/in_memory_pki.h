@@ -5,19 +5,22 @@
 // edgetrain_deps::mbedx509.
 #pragma once
 
-#include <gtest/gtest.h>
-
 #include <mbedtls/ecp.h>
 #include <mbedtls/pk.h>
 #include <mbedtls/x509_crt.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "privacy/key_signing.h"
 
 namespace edgetrain::privacy::test_pki {
+
+inline void require(int status, const char* what) {  // no gtest: the secagg bench uses it too
+  if (status != 0) throw std::runtime_error(std::string(what) + " failed: Mbed TLS error " + std::to_string(status));
+}
 
 struct Pk {
   mbedtls_pk_context key;
@@ -26,15 +29,14 @@ struct Pk {
 };
 
 inline void generate_p256(Pk& pk, SecureRandom& random) {
-  ASSERT_EQ(mbedtls_pk_setup(&pk.key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY)), 0);
-  ASSERT_EQ(mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(pk.key), &SecureRandom::mbedtls_callback,
-                                &random),
-            0);
+  require(mbedtls_pk_setup(&pk.key, mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY)), "mbedtls_pk_setup");
+  require(mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(pk.key), &SecureRandom::mbedtls_callback, &random),
+          "mbedtls_ecp_gen_key");
 }
 
 inline std::string key_pem(Pk& pk) {
   std::vector<unsigned char> out(4096);
-  EXPECT_EQ(mbedtls_pk_write_key_pem(&pk.key, out.data(), out.size()), 0);
+  require(mbedtls_pk_write_key_pem(&pk.key, out.data(), out.size()), "mbedtls_pk_write_key_pem");
   return reinterpret_cast<const char*>(out.data());
 }
 
@@ -57,9 +59,10 @@ inline std::string certificate_pem(Pk& subject_key, const std::string& cn, Pk& i
   mbedtls_x509write_crt_set_issuer_key(&writer, &issuer_key.key);
   mbedtls_x509write_crt_set_basic_constraints(&writer, is_ca ? 1 : 0, -1);
   std::vector<unsigned char> out(4096);
-  EXPECT_EQ(mbedtls_x509write_crt_pem(&writer, out.data(), out.size(), &SecureRandom::mbedtls_callback, &random), 0);
+  const int written = mbedtls_x509write_crt_pem(&writer, out.data(), out.size(), &SecureRandom::mbedtls_callback, &random);
   mbedtls_mpi_free(&number);
   mbedtls_x509write_crt_free(&writer);
+  require(written, "mbedtls_x509write_crt_pem");
   return reinterpret_cast<const char*>(out.data());
 }
 

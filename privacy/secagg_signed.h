@@ -121,8 +121,8 @@ class SignedSecAggDevice {
   bool answered_ = false;
 };
 
-// The server's step 3: gathers the survivors' signatures over U3. `certificates` are U1's,
-// from their SignedKeys (already checked).
+// The server's step 3: gathers the survivors' signatures over U3, each checked with the
+// sender's certificate from its SignedKeys (checked when they came).
 class ConsistencyRound {
  public:
   ConsistencyRound(SurvivorList survivors, std::uint32_t threshold);

@@ -129,8 +129,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.clip_norm = s.round_clip_norm;
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};
-  o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset};
-  if (s.secagg_signed_keys) o.secure.signing_ca_file = s.ca;
+  o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset,
+              s.secagg_signed_keys ? s.ca : std::string()};
   if (s.secure_aggregation && !s.secagg_signed_keys)
     log_line("WARNING: secure aggregation without --secagg-signed-keys: the devices' keys are "
              "authenticated by the transport only, so the devices trust this server to relay them "

@@ -20,6 +20,10 @@
 #   secure          dense secure aggregation
 #   secure-subset   secure aggregation of a shared seeded random subset, --secagg-subset F,
 #                   the rest kept on the device (error feedback)
+#   secure-signed   dense secure aggregation against an active server: certificate identities
+#                   (the fleet's tool, boards/fleet-certificates.sh, via tests/integration/
+#                   make_test_certificates.sh; needs openssl) and --secagg-signed-keys, so each
+#                   device signs its keys and the survivor list and checks everyone's
 # with F = --subset (0.1); each row also gives the test accuracy of the model after the
 # rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
 # secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
@@ -62,7 +66,7 @@ command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 [[ "$devices" =~ ^[0-9]+$ ]] && [ "$devices" -ge 3 ] && [ "$devices" -le 255 ] || die "--devices: 3..255, not '$devices'"
 dropped=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$drop_fraction" "$devices")
 for mode in $modes; do
-  case "$mode" in plain|plain-adacomp|secure|secure-subset) ;; *) die "--modes: plain, plain-adacomp, secure or secure-subset, not '$mode'" ;; esac
+  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-signed) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset or secure-signed, not '$mode'" ;; esac
 done
 python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
   die "--subset: a fraction in (0, 1], not '$subset'"
@@ -98,6 +102,11 @@ for mode in $modes; do
   case "$mode" in
     secure) args+=(--secure-aggregation) ;;
     secure-subset) args+=(--secure-aggregation --secagg-subset "$subset") ;;
+    secure-signed)
+      bash "$repo/tests/integration/make_test_certificates.sh" "$run/certs" "${names[@]}" >/dev/null ||
+        die "could not make the test certificates (openssl)"
+      args+=(--secure-aggregation --secagg-signed-keys --cert "$run/certs/server.crt" --cert-key "$run/certs/server.key"
+             --ca "$run/certs/ca.crt") ;;
   esac
   [ "$noise" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$noise" --dp-expected-devices "$devices")
   started=$SECONDS
@@ -112,8 +121,11 @@ for mode in $modes; do
       [ "$i" -lt $((devices - dropped)) ] || extra+=(--test-secagg-drop-after input)
     fi
     [ "$secure" = true ] && [ "$i" -ge $((devices - dropped)) ] || stayed+=("$name")
+    identity=(--config "$run/$name.toml")
+    [ "$mode" = secure-signed ] &&
+      identity=(--cert "$run/certs/$name.crt" --cert-key "$run/certs/$name.key" --ca "$run/certs/ca.crt")
     start_worker "$run/$name.log" "$run/$name.stats.json" "$work/timed" "$run/$name.cpu" "$worker" \
-      --config "$run/$name.toml" --mode rounds --server "coaps://127.0.0.1:$server_port" --model "$model" \
+      "${identity[@]}" --mode rounds --server "coaps://127.0.0.1:$server_port" --model "$model" \
       --data mnist-small --worker-id "$i" --workers "$devices" --lr 0.05 --quiet \
       --give-up-after 3 "${extra[@]}"
     worker_pids+=("$last_pid")
@@ -138,7 +150,8 @@ for mode in $modes; do
   server_cpu=$(tail -1 "$run/server.cpu" | awk -v r="$closed" '{printf "%.3f", ($1 + $2) / r}')
   accuracy=$("$server" evaluate "$run/state/checkpoint.safetensors" --data "$eval_data" --json | jq -r '.accuracy * 10000 | round / 100')
   label=$mode
-  case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;; esac
+  case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;;
+    secure-signed) label="secure, signed keys and consistency round (X.509)" ;; esac
   if [ "$noise" != 0 ]; then
     case "$mode" in plain*) label="$label, dp-fedavg z = $noise (central)" ;; *) label="$label, dp-fedavg z = $noise (distributed, c = $devices)" ;; esac
     label="$label, ε $(json_get "$run/server.stats.json" rounds.dp_epsilon | awk '{printf "%.3g", $1}')"

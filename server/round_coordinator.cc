@@ -149,6 +149,9 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .subset_fraction = options_.secure.subset_fraction,
                            .value_bound = secure_value_bound_,
                            .min_survivors = noise_survivors_,
+                           .signing_ca = options_.secure.signing_ca_file.empty()
+                                             ? nullptr
+                                             : privacy::CertificateAuthority::from_file(options_.secure.signing_ca_file),
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
@@ -330,6 +333,9 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
     answer["secagg_step"] = SecureRound::step_name(secure_->step());
     answer["secagg_identity"] = identity;
     answer["clip_norm"] = clip_norm_;
+    // The device signs its keys and the survivor list (privacy/secagg_signed.h); a device with
+    // a certificate requires it whatever this says, one with a PSK identity cannot take part.
+    if (secure_->signed_keys()) answer["secagg_signed_keys"] = true;
     if (device_noise_stddev_ > 0) {
       // dp-fedavg: each device adds N(0, σ_d²) per value before it quantizes in [−B, B]
       // (privacy/distributed_noise.h); a device refuses values it cannot honour.
@@ -763,6 +769,7 @@ void RoundCoordinator::attach(transport::CoapDtlsServer& server,
       {"keys", transport::Method::kPost},      {"keys", transport::Method::kGet},
       {"shares", transport::Method::kPost},    {"shares", transport::Method::kGet},
       {"input", transport::Method::kPost},     {"survivors", transport::Method::kGet},
+      {"consistency", transport::Method::kPost}, {"consistency", transport::Method::kGet},
       {"unmask", transport::Method::kPost}};
   for (const auto& [name, method] : secagg) {
     server.add_resource("round/secagg/" + std::string(name), method,

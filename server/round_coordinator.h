@@ -91,6 +91,9 @@ struct RoundOptions {
     bool enabled = false;
     double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
     double subset_fraction = 0;       // > 0: a seeded random subset of entries (privacy/subset.h)
+    // Non-empty: the CA file the devices' certificates chain to; keys are signed and the
+    // consistency round runs (privacy/secagg_signed.h, --secagg-signed-keys).
+    std::string signing_ca_file;
   } secure;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that

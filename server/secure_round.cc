@@ -27,6 +27,9 @@ using transport::escape_untrusted;
 constexpr std::size_t kMaxKeysBytes = 10 + 256 + 64;
 constexpr std::size_t kMaxSharesBytes = 14 + 255 * (2 * 256 + 85);
 constexpr std::size_t kMaxUnmaskingBytes = 14 + 256 + 255 * (256 + 34);
+constexpr std::size_t kMaxSignedKeysBytes =
+    kMaxKeysBytes + 2 + privacy::kMaxCertificateBytes + 2 + privacy::kMaxSignatureBytes;
+constexpr std::size_t kMaxConsistencyBytes = 10 + 256 + 2 + privacy::kMaxSignatureBytes;
 
 // ?session=N (and id=NAME of plain CoAP). nullopt when absent or not a number.
 std::optional<std::uint64_t> session_of(std::string_view query) {
@@ -54,6 +57,7 @@ const char* SecureRound::step_name(Step step) {
     case Step::kKeys: return "keys";
     case Step::kShares: return "shares";
     case Step::kMaskedInput: return "input";
+    case Step::kConsistency: return "consistency";
     case Step::kUnmasking: return "unmask";
   }
   return "?";
@@ -110,6 +114,10 @@ void SecureRound::begin(std::uint64_t round, std::uint32_t vector_length) {
   survivors_bytes_.clear();
   threshold_ = 0;
   keys_.clear();
+  credentials_.clear();
+  certificates_.clear();
+  consistency_.reset();
+  consistency_bytes_.clear();
   open_step(Step::kKeys);
   if (again) log("secure aggregation: round " + std::to_string(round) + " attempt " + std::to_string(attempt_) +
                  " (session " + std::to_string(session_) + ") begins");
@@ -168,7 +176,12 @@ void SecureRound::replay(const WalRecord& r) {
   const std::span<const std::uint8_t> body = r.update;
   switch (r.sequence) {
     case static_cast<std::uint64_t>(privacy::MessageType::kAdvertiseKeys):
+      if (signed_keys()) throw privacy::SecAggError("unsigned keys in a log of a signed session");
       keys_.emplace(r.identity, privacy::parse_advertise_keys(body));
+      break;
+    case privacy::kSignedKeysType:  // checked again: the CA file may have changed since
+      if (!signed_keys()) throw privacy::SecAggError("signed keys in a log of an unsigned session");
+      take_signed_keys(r.identity, privacy::parse_signed_keys(body));
       break;
     case kCloseRecord + static_cast<std::uint64_t>(Step::kKeys):
       if (body.size() != 4) throw privacy::SecAggError("a keys close record of " + std::to_string(body.size()) + " bytes");
@@ -186,8 +199,15 @@ void SecureRound::replay(const WalRecord& r) {
       server_->receive_masked_input(r.identity, privacy::parse_masked_input(body));
       break;
     case kCloseRecord + static_cast<std::uint64_t>(Step::kMaskedInput):
-      survivors_bytes_ = privacy::serialize(server_->close_masked_input());
-      open_step(Step::kUnmasking);
+      close_masked_input();
+      return;
+    case privacy::kConsistencySignatureType: {
+      if (!consistency_) throw privacy::SecAggError("a consistency signature out of its step");
+      consistency_->receive(r.identity, privacy::parse_consistency_signature(body), certificates_.at(r.identity));
+      break;
+    }
+    case kCloseRecord + static_cast<std::uint64_t>(Step::kConsistency):
+      close_consistency();
       return;
     case static_cast<std::uint64_t>(privacy::MessageType::kUnmaskingShares):
       server_->receive_unmasking_shares(r.identity, privacy::parse_unmasking_shares(body));
@@ -224,8 +244,42 @@ void SecureRound::close_keys(std::uint32_t threshold) {
   server_.emplace(privacy::RoundConfig{session_, threshold_, sent_length()});
   for (const auto& [identity, keys] : keys_) server_->receive_keys(identity, keys);
   keys_.clear();
-  directory_bytes_ = privacy::serialize(server_->close_key_advertisement());
+  privacy::KeyDirectory directory = server_->close_key_advertisement();
+  if (signed_keys()) {
+    privacy::SignedKeyDirectory signed_directory{directory, {}};
+    for (const privacy::AdvertiseKeys& entry : directory.devices)
+      signed_directory.credentials.push_back(credentials_.at(entry.identity));
+    directory_bytes_ = privacy::serialize(signed_directory);
+  } else {
+    directory_bytes_ = privacy::serialize(directory);
+  }
   open_step(Step::kShares);
+}
+
+void SecureRound::take_signed_keys(const std::string& identity, privacy::SignedKeys keys) {
+  if (keys.keys.identity != identity)
+    throw privacy::SecAggError("keys for '" + escape_untrusted(keys.keys.identity) + "' from '" +
+                               escape_untrusted(identity) + "'");
+  privacy::PeerCertificate certificate = privacy::check_signed_keys(*options_.signing_ca, keys.keys, keys.credential);
+  certificates_.insert_or_assign(identity, std::move(certificate));
+  credentials_.insert_or_assign(identity, std::move(keys.credential));
+  keys_.emplace(identity, std::move(keys.keys));
+}
+
+void SecureRound::close_masked_input() {
+  privacy::SurvivorList survivors = server_->close_masked_input();
+  survivors_bytes_ = privacy::serialize(survivors);
+  if (signed_keys()) {
+    consistency_.emplace(std::move(survivors), threshold_);
+    open_step(Step::kConsistency);
+  } else {
+    open_step(Step::kUnmasking);
+  }
+}
+
+void SecureRound::close_consistency() {
+  consistency_bytes_ = privacy::serialize(consistency_->close());
+  open_step(Step::kUnmasking);
 }
 
 void SecureRound::open_step(Step step) {
@@ -318,10 +372,19 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
                                      std::to_string(threshold_));
         // Durable before any device can ask for the list: U3 is fixed once, restart or not.
         record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kMaskedInput), {});
-        survivors_bytes_ = privacy::serialize(server_->close_masked_input());
-        open_step(Step::kUnmasking);
+        close_masked_input();
         return std::nullopt;
       }
+      case Step::kConsistency:
+        if (posted_.size() < server_->survivors().size() && !late) return std::nullopt;
+        if (consistency_->received() < threshold_)
+          throw privacy::SecAggError(std::to_string(consistency_->received()) +
+                                     " survivors signed the survivor list, fewer than t = " +
+                                     std::to_string(threshold_));
+        // Durable before any device can fetch the signatures: the set a device sees is fixed.
+        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kConsistency), {});
+        close_consistency();
+        return std::nullopt;
       case Step::kUnmasking: {
         // t answers give t shares of every secret to reveal: waiting for more changes nothing.
         if (posted_.size() < threshold_ && posted_.size() < server_->survivors().size() && !late)
@@ -366,7 +429,11 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
   const Step wanted = resource == "keys"     ? Step::kKeys
                       : resource == "shares" ? Step::kShares
                       : resource == "input" || resource == "survivors" ? Step::kMaskedInput
+                      : resource == "consistency"                      ? Step::kConsistency
                                                                        : Step::kUnmasking;
+  if (wanted == Step::kConsistency && !signed_keys())
+    return text_response(CoapCode::kNotFound,
+                         "this server's secure rounds have no consistency step (no --secagg-signed-keys)");
   if (method == transport::Method::kGet) {
     // The answer of step `wanted` exists once that step has closed (survivors: the input step).
     const std::optional<std::uint64_t> asked = session_of(request.query);
@@ -389,15 +456,17 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
       if (wanted == Step::kShares) return {CoapCode::kContent, privacy::serialize(server_->shares_for(identity)), {}};
       if (!server_->survivors().count(identity))
         return text_response(CoapCode::kConflict, "not a survivor: no masked input of this device arrived in time");
+      if (wanted == Step::kConsistency) return {CoapCode::kContent, consistency_bytes_, {}};
       return {CoapCode::kContent, survivors_bytes_, {}};
     } catch (const privacy::SecAggError& e) {
       return text_response(CoapCode::kConflict, std::string("not in this step: ") + e.what());
     }
   }
   // POST: the step's message, which must be of the current session and step.
-  const std::size_t cap = wanted == Step::kKeys          ? kMaxKeysBytes
+  const std::size_t cap = wanted == Step::kKeys          ? (signed_keys() ? kMaxSignedKeysBytes : kMaxKeysBytes)
                           : wanted == Step::kShares      ? kMaxSharesBytes
                           : wanted == Step::kMaskedInput ? 14 + 256 + std::size_t{4} * sent_length()
+                          : wanted == Step::kConsistency ? kMaxConsistencyBytes
                                                          : kMaxUnmaskingBytes;
   if (request.payload.size() > cap)
     return text_response(CoapCode::kRequestEntityTooLarge, "too large: a " + resource + " message of " +
@@ -411,6 +480,30 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
   try {
     switch (wanted) {
       case Step::kKeys: {
+        if (signed_keys()) {
+          if (!request.payload.empty() && request.payload[0] == static_cast<std::uint8_t>(privacy::MessageType::kAdvertiseKeys)) {
+            parsed = true;
+            throw privacy::SecAggError(
+                "unsigned keys: this server's secure rounds need keys signed by the device's certificate "
+                "(--secagg-signed-keys); a device with a PSK identity cannot take part");
+          }
+          privacy::SignedKeys signed_keys = privacy::parse_signed_keys(request.payload);
+          parsed = true;
+          message_session = signed_keys.keys.round;
+          if (message_session == session_ && step_ == wanted) {
+            if (posted_.count(identity)) return {CoapCode::kChanged, {}, {}};
+            if (keys_.size() == privacy::kMaxSecAggDevices)
+              throw privacy::SecAggError("more than 255 devices in one secure round");
+            take_signed_keys(identity, std::move(signed_keys));  // checked before it is logged
+            try {
+              record(identity, privacy::kSignedKeysType, {request.payload.begin(), request.payload.end()});
+            } catch (...) {
+              keys_.erase(identity);
+              throw;
+            }
+          }
+          break;
+        }
         privacy::AdvertiseKeys keys = privacy::parse_advertise_keys(request.payload);
         parsed = true;
         message_session = keys.round;
@@ -455,6 +548,20 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
         }
         break;
       }
+      case Step::kConsistency: {
+        const privacy::ConsistencySignature signature = privacy::parse_consistency_signature(request.payload);
+        parsed = true;
+        message_session = signature.round;
+        if (message_session == session_ && step_ == wanted && !posted_.count(identity)) {
+          const auto certificate = certificates_.find(identity);
+          if (certificate == certificates_.end())
+            throw privacy::SecAggError("a consistency signature from '" + escape_untrusted(identity) +
+                                       "', which advertised no keys");
+          consistency_->receive(identity, signature, certificate->second);
+          record(identity, privacy::kConsistencySignatureType, {request.payload.begin(), request.payload.end()});
+        }
+        break;
+      }
       case Step::kUnmasking: {
         const privacy::UnmaskingShares shares = privacy::parse_unmasking_shares(request.payload);
         parsed = true;
@@ -491,6 +598,7 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
     const bool taken = wanted == Step::kKeys     ? may_take_part(identity)
                        : wanted == Step::kShares ? server_->share_senders().count(identity) > 0
                        : wanted == Step::kMaskedInput ? server_->survivors().count(identity) > 0
+                       : wanted == Step::kConsistency ? consistency_ && consistency_->signed_by(identity)
                                                       : false;
     if (taken) return {CoapCode::kChanged, {}, {}};
   }
@@ -514,13 +622,15 @@ std::string SecureRound::status_json() const {
                       {"secagg_last_key_holders", last_close_.key_holders},
                       {"secagg_last_survivors", last_close_.survivors},
                       {"secagg_last_unmasking_senders", last_close_.unmasking_senders},
-                      {"secagg_sent_length", sent_length()}};
+                      {"secagg_sent_length", sent_length()},
+                      {"secagg_signed_keys", signed_keys()}};
   if (step_ == Step::kKeys) {
     j["secagg_keys"] = keys_.size();
   } else {
     j["secagg_keys"] = server_->key_holders().size();
     j["secagg_share_senders"] = server_->share_senders().size();
     j["secagg_survivors"] = server_->survivors().size();
+    if (consistency_) j["secagg_consistency_signers"] = consistency_->received();
   }
   return j.dump();
 }

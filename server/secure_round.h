@@ -9,6 +9,8 @@
 //   GET  /round/secagg/shares?session=S the shares for me      2.05 | 5.03 | 4.09
 //   POST /round/secagg/input           MaskedInput             2.04 | 4.09
 //   GET  /round/secagg/survivors?session=S SurvivorList (U3)   2.05 | 5.03 | 4.09
+//   POST /round/secagg/consistency     ConsistencySignature    2.04 | 4.09 (signed sessions)
+//   GET  /round/secagg/consistency?session=S ConsistencySignatures 2.05 | 5.03 | 4.09
 //   POST /round/secagg/unmask          UnmaskingShares         2.04 | 4.09
 // Every body is parsed with privacy/secagg_messages.h's parsers (4.00 when it does not parse,
 // 4.13 above the step's size cap); a message the core refuses (another identity than the DTLS
@@ -43,6 +45,16 @@
 // subset's length, and the sum comes back scattered to the whole vector with zeros elsewhere
 // (the close leaves those entries unchanged this round). The seed is derived from the model
 // and the session, so replaying secagg.wal rebuilds the same subset.
+//
+// Signed keys (--secagg-signed-keys, privacy/secagg_signed.h: Bonawitz et al.'s malicious-server
+// additions): with signing_ca set, POST keys takes SignedKeys only (the certificate checked
+// against the CA, its CN the DTLS identity, the signature over the keys and session: 4.22
+// otherwise), GET keys answers the SignedKeyDirectory, and a consistency step comes between
+// the input step and the unmasking: each survivor posts its signature over U3, and GET
+// consistency answers the signatures gathered once at least t arrived (by the step's
+// deadline; fewer: the attempt is abandoned). The server checks every signature too, so one
+// device's bad one cannot make the others refuse; the devices check them all themselves. The
+// signed messages and the consistency close go through secagg.wal like the others.
 #pragma once
 
 #include <chrono>
@@ -50,12 +62,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "privacy/secagg.h"
+#include "privacy/secagg_signed.h"
 #include "server/write_ahead_log.h"
 #include "transport/coap_dtls.h"
 
@@ -78,6 +92,9 @@ struct SecureRoundOptions {
   // (0: no floor beyond the protocol's).
   double value_bound = 0;
   std::uint32_t min_survivors = 0;
+  // Signed keys and the consistency step: the CA the devices' certificates chain to; null:
+  // keys authenticated by the transport only (the semi-honest model).
+  std::shared_ptr<const privacy::CertificateAuthority> signing_ca;
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };
@@ -85,7 +102,7 @@ struct SecureRoundOptions {
 // The secure-aggregation side of one round at a time. Used from the server's one thread.
 class SecureRound {
  public:
-  enum class Step { kKeys, kShares, kMaskedInput, kUnmasking };
+  enum class Step { kKeys, kShares, kMaskedInput, kConsistency, kUnmasking };  // kConsistency: signed only
   // `attempt_file`: secagg_attempt.json. Throws StateError when it is damaged.
   SecureRound(SecureRoundOptions options, std::filesystem::path attempt_file);
 
@@ -123,6 +140,7 @@ class SecureRound {
   bool may_take_part(const std::string& identity) const;
   std::string status_json() const;  // the secagg_* keys of /status
   std::uint32_t threshold() const { return threshold_; }
+  bool signed_keys() const { return options_.signing_ca != nullptr; }
   // The session's subset (privacy/subset.h), for GET /round: nullopt when dense.
   struct Subset {
     std::uint64_t seed = 0;
@@ -145,6 +163,10 @@ class SecureRound {
   void replay(const WalRecord& record);
   // Closes the current step (after its record is durable, or replaying it).
   void close_keys(std::uint32_t threshold);
+  // Signed sessions: checks SignedKeys (against the CA, from `identity`) and keeps them.
+  void take_signed_keys(const std::string& identity, privacy::SignedKeys keys);
+  void close_masked_input();
+  void close_consistency();
   void open_step(Step step);
   double seconds_left() const;
   void log(const std::string& line) const;
@@ -166,6 +188,11 @@ class SecureRound {
   std::map<std::string, privacy::AdvertiseKeys, std::less<>> keys_;  // the keys step's, until it closes
   std::set<std::string, std::less<>> posted_;  // who posted in the current step
   std::vector<std::uint8_t> directory_bytes_, survivors_bytes_;
+  // Signed sessions: U1's credentials and checked certificates, step 3 and its answer.
+  std::map<std::string, privacy::KeyCredential, std::less<>> credentials_;
+  std::map<std::string, privacy::PeerCertificate, std::less<>> certificates_;
+  std::optional<privacy::ConsistencyRound> consistency_;
+  std::vector<std::uint8_t> consistency_bytes_;
   // begin() failed after start-up (the state directory would not take secagg_attempt.json or
   // secagg.wal): every message is refused (5.00) and poll() tries again.
   bool cannot_begin_ = false;

@@ -111,6 +111,10 @@ void check_settings(const ServerSettings& s) {
     throw std::invalid_argument(
         "--secagg-subset needs --mode rounds --secure-aggregation: plain rounds compress each "
         "device's delta with its own compressor (the worker's --compressor and --rate)");
+  if (s.secagg_signed_keys && !(s.mode == "rounds" && s.secure_aggregation && !s.ca.empty()))
+    throw std::invalid_argument(
+        "--secagg-signed-keys needs --mode rounds --secure-aggregation and --ca (with --cert and "
+        "--cert-key): the devices sign their keys with certificates from that CA");
   if (s.mode != "gan" && s.gan_clip_feedback > 0)
     throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.

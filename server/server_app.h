@@ -76,6 +76,9 @@ struct ServerSettings {
   bool secure_aggregation = false;
   double secagg_threshold = 0.6;
   double secagg_subset = 0;  // the share of entries a secure round sends (privacy/subset.h); 0: all
+  // Keys signed by the devices' certificates and the consistency round (privacy/secagg_signed.h):
+  // against an active server; needs --ca, the CA the devices' certificates chain to.
+  bool secagg_signed_keys = false;
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

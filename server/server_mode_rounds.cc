@@ -89,6 +89,11 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "delta's entries (announced with each session), keeping the rest for later rounds "
         "(error feedback); the round moves only those entries. 0: every entry (docs/privacy.md)")
       .range(0, 1);
+  t.add("secagg-signed-keys", s.secagg_signed_keys,
+        "rounds, secure aggregation: devices sign their keys and the survivor list with their "
+        "certificates (from --ca), so that a server that substitutes keys or tells devices "
+        "different survivor lists learns nothing; devices with PSK identities cannot take part. "
+        "Without it keys are authenticated by the transport only (docs/privacy.md)");
   t.add("round-deadline", s.round_deadline, "rounds: how long a round stays open")
       .range(0.1, 1e6)
       .unit("seconds");
@@ -124,7 +129,13 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.clip_norm = s.round_clip_norm;
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};
-  o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset};
+  o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset,
+              s.secagg_signed_keys ? s.ca : std::string()};
+  if (s.secure_aggregation && !s.secagg_signed_keys)
+    log_line("WARNING: secure aggregation without --secagg-signed-keys: the devices' keys are "
+             "authenticated by the transport only, so the devices trust this server to relay them "
+             "unchanged (the semi-honest model; with PSK identities there is no key the server does "
+             "not know; docs/privacy.md)");
   o.deadline_seconds = s.round_deadline;
   o.client_fraction = s.client_fraction;
   o.min_clients = s.min_clients;
@@ -161,7 +172,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                            : std::string())
                 : std::string()) +
            (s.secure_aggregation ? ", secure aggregation (threshold " + short_number(s.secagg_threshold) + " of the key holders" +
-                                         (s.secagg_subset > 0 ? ", a subset of " + short_number(s.secagg_subset) + " of the entries" : std::string()) + ")" : std::string()) +
+                                         (s.secagg_subset > 0 ? ", a subset of " + short_number(s.secagg_subset) + " of the entries" : std::string()) +
+                                         (s.secagg_signed_keys ? ", keys signed by the devices' certificates" : std::string()) + ")" : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +

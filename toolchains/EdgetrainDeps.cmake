@@ -2,7 +2,7 @@
 # sysroot) and wraps them as imported targets. Everything here was installed or built
 # by toolchains/setup-deps.sh; a missing piece stops configuration with a pointer to it.
 #
-# Targets: edgetrain_deps::xnnpack  edgetrain_deps::mbedtls  edgetrain_deps::mbedcrypto  edgetrain_deps::coap
+# Targets: edgetrain_deps::xnnpack  edgetrain_deps::mbedtls  edgetrain_deps::mbedcrypto  edgetrain_deps::mbedx509  edgetrain_deps::coap
 #          GTest::gtest(_main) GTest::gmock  CLI11::CLI11  tomlplusplus::tomlplusplus
 #          nlohmann_json::nlohmann_json  ZLIB::ZLIB
 
@@ -55,6 +55,11 @@ target_link_libraries(edgetrain_deps::mbedtls INTERFACE
 add_library(edgetrain_deps::mbedcrypto INTERFACE IMPORTED)
 target_include_directories(edgetrain_deps::mbedcrypto SYSTEM INTERFACE "${EDGETRAIN_MBEDTLS_INCLUDE}")
 target_link_libraries(edgetrain_deps::mbedcrypto INTERFACE "${EDGETRAIN_MBEDCRYPTO_LIB}")
+# Mbed TLS's X.509 certificates (parse, verify against a CA) over its cryptography, without
+# the TLS layer: what privacy/key_signing.cc links for keys signed by device certificates.
+add_library(edgetrain_deps::mbedx509 INTERFACE IMPORTED)
+target_include_directories(edgetrain_deps::mbedx509 SYSTEM INTERFACE "${EDGETRAIN_MBEDTLS_INCLUDE}")
+target_link_libraries(edgetrain_deps::mbedx509 INTERFACE "${EDGETRAIN_MBEDX509_LIB}" "${EDGETRAIN_MBEDCRYPTO_LIB}")
 
 # libcoap 4.3.1 built from Debian's source package against Mbed TLS, static, per target.
 # It lives outside the sysroot, so it is addressed by path rather than found.

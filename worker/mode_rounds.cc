@@ -44,9 +44,9 @@ void declare_rounds(settings::Table& t, WorkerSettings& s) {
         "TESTS ONLY, reveals this device's delta: secure rounds write the start model, the clipped "
         "delta and its quantized values to files in this folder");
   t.add("test-secagg-drop-after", s.test_secagg_drop_after,
-        "TESTS ONLY: leave the run right after a secure round's shares or masked input were "
-        "accepted, as a device that drops out then")
-      .choices({"none", "shares", "input"});
+        "TESTS ONLY: leave the run right after a secure round's shares, masked input or "
+        "consistency signature (signed keys) were accepted, as a device that drops out then")
+      .choices({"none", "shares", "input", "consistency"});
 }
 
 class RoundsRun : public WorkerModeRun {

@@ -18,6 +18,7 @@
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/secagg_signed.h"
 #include "privacy/subset.h"
 #include "transport/untrusted_text.h"
 
@@ -100,6 +101,10 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
         return std::nullopt;
       info.dp_device_noise_stddev = j["dp_device_noise_stddev"].get<double>();
       info.secagg_value_bound = j["secagg_value_bound"].get<double>();
+    }
+    if (j.contains("secagg_signed_keys")) {
+      if (!j["secagg_signed_keys"].is_boolean()) return std::nullopt;
+      info.secagg_signed_keys = j["secagg_signed_keys"].get<bool>();
     }
   }
   return info;
@@ -216,6 +221,14 @@ struct RoundWorker::State {
       done_round;  // the last round this worker sent a delta for (or was refused in)
   std::optional<std::uint64_t> done_session;  // likewise for secure sessions (a round may have several)
   std::unique_ptr<privacy::SecureRandom> random;  // made at the first secure round
+  // A worker with a certificate: its key and the fleet's CA (the DTLS files), read at the
+  // first secure round, for signed keys (privacy/secagg_signed.h).
+  std::shared_ptr<privacy::DeviceCredentials> signing_credentials;
+  std::shared_ptr<const privacy::CertificateAuthority> signing_ca;
+  bool warned_unsigned = false;  // a PSK worker in a semi-honest secure round: said once
+  // Whether this device takes part in `round` as to signing, and reads its credentials when
+  // it signs; false (said why, the session left) when it cannot or must not.
+  bool secure_signing_ready(const RoundInfo& round);
   bool dropped = false;                           // test_secagg_drop_after_input happened
   // Secure rounds that send a subset: what earlier sessions' subsets left unsent, added to the
   // next delta (error feedback like AdaComp's residual; ours). In memory only: a restart
@@ -492,8 +505,48 @@ void RoundWorker::State::dump_for_test(const RoundInfo& round, std::size_t devic
   write(stem + ".json", meta.data(), meta.size());
 }
 
+bool RoundWorker::State::secure_signing_ready(const RoundInfo& round) {
+  const auto leave = [&](const std::string& why) {
+    done_session = round.secagg_session;
+    stats.deltas_refused++;
+    say("round " + std::to_string(round.round) + ": not taking part in this secure round: " + why,
+        logging::Level::kWarn);
+    return false;
+  };
+  const auto& certificates = config.worker.certificates;
+  if (!certificates) {
+    if (round.secagg_signed_keys)
+      return leave("the server asks for keys signed by the device's certificate, and this device has a PSK "
+                   "identity (no key the server does not know)");
+    if (!warned_unsigned) {
+      warned_unsigned = true;
+      say("secure aggregation with a PSK identity: the devices' keys are authenticated by the transport only, "
+          "so this device trusts the server to relay them unchanged (the semi-honest model; docs/privacy.md)",
+          logging::Level::kWarn);
+    }
+    return true;
+  }
+  // Ours: a device that can sign never takes part unsigned, or a server that substitutes keys
+  // could unmask its delta.
+  if (!round.secagg_signed_keys)
+    return leave("this device has a certificate and takes part only in rounds with signed keys; the server "
+                 "runs secure aggregation without --secagg-signed-keys, so it could substitute keys unseen");
+  if (!signing_credentials) {
+    try {
+      signing_credentials = privacy::DeviceCredentials::from_files(certificates->certificate_file,
+                                                                   certificates->private_key_file);
+      signing_ca = privacy::CertificateAuthority::from_file(certificates->ca_file);
+    } catch (const std::invalid_argument& e) {
+      signing_credentials.reset();
+      return leave(std::string("cannot sign keys: ") + e.what());
+    }
+  }
+  return true;
+}
+
 bool RoundWorker::State::secure_send(const RoundInfo& round) {
   if (!random) random = std::make_unique<privacy::SecureRandom>();
+  if (!secure_signing_ready(round)) return false;
   // A session that sends a subset: the delta plus what earlier subsets left unsent, of which
   // the session's entries (the same on every device) are sent.
   std::vector<std::uint32_t> subset;
@@ -541,14 +594,33 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     }
   }
   try {
-    privacy::SecAggDevice device(round.secagg_identity, round.secagg_session, *random);
-    if (!post_step(round, "round/secagg/keys", privacy::serialize(device.advertise_keys())))
+    // Signed sessions go through SignedSecAggDevice (checks every key's signature; reveals
+    // only after the consistency step), the others through SecAggDevice.
+    std::optional<privacy::SecAggDevice> plain_device;
+    std::optional<privacy::SignedSecAggDevice> signed_device;
+    if (round.secagg_signed_keys) {
+      signed_device.emplace(round.secagg_identity, round.secagg_session, *random, signing_credentials, signing_ca);
+    } else {
+      plain_device.emplace(round.secagg_identity, round.secagg_session, *random);
+    }
+    if (!post_step(round, "round/secagg/keys",
+                   signed_device ? privacy::serialize(signed_device->advertise_keys())
+                                 : privacy::serialize(plain_device->advertise_keys())))
       return false;
     const auto directory_bytes = wait_for(round, "round/secagg/keys");
     if (!directory_bytes) return false;
-    const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
-    if (!post_step(round, "round/secagg/shares", privacy::serialize(device.share_keys(directory))))
-      return false;
+    std::size_t key_holders = 0;
+    std::vector<std::uint8_t> shares_message;
+    if (signed_device) {
+      const privacy::SignedKeyDirectory directory = privacy::parse_signed_key_directory(*directory_bytes);
+      key_holders = directory.directory.devices.size();
+      shares_message = privacy::serialize(signed_device->share_keys(directory));
+    } else {
+      const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
+      key_holders = directory.devices.size();
+      shares_message = privacy::serialize(plain_device->share_keys(directory));
+    }
+    if (!post_step(round, "round/secagg/shares", shares_message)) return false;
     if (config.test_secagg_drop_after == "shares") {
       say("round " + std::to_string(round.round) + ": leaving after the shares (--test-secagg-drop-after)");
       dropped = true;
@@ -557,7 +629,7 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const auto shares_bytes = wait_for(round, "round/secagg/shares");
     if (!shares_bytes) return false;
     // N, the most summands, is U1's size: the server reads the sum back with the same.
-    const auto devices = static_cast<std::uint32_t>(directory.devices.size());
+    const auto devices = static_cast<std::uint32_t>(key_holders);
     std::vector<std::uint32_t> quantized;
     if (noised) {
       // The noise after clipping (what was sent stays clean for the subset's remainder).
@@ -574,8 +646,9 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       quantized = privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
     }
     if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
-    const privacy::MaskedInput masked =
-        device.masked_input(privacy::parse_encrypted_shares(*shares_bytes), quantized);
+    const privacy::EncryptedShares received = privacy::parse_encrypted_shares(*shares_bytes);
+    const privacy::MaskedInput masked = signed_device ? signed_device->masked_input(received, quantized)
+                                                      : plain_device->masked_input(received, quantized);
     if (!post_step(round, "round/secagg/input", privacy::serialize(masked))) return false;
     if (!subset.empty()) {
       // Taken: what was sent leaves the remainder, the rest (and what clipping cut) stays.
@@ -592,8 +665,23 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     }
     const auto survivors_bytes = wait_for(round, "round/secagg/survivors");
     if (!survivors_bytes) return false;
-    const privacy::UnmaskingShares unmasking =
-        device.unmasking_shares(privacy::parse_survivor_list(*survivors_bytes));
+    privacy::UnmaskingShares unmasking;
+    if (signed_device) {
+      // The consistency step: sign the list, then reveal only with t signatures over it.
+      const privacy::SurvivorList survivors = privacy::parse_survivor_list(*survivors_bytes);
+      if (!post_step(round, "round/secagg/consistency", privacy::serialize(signed_device->sign_survivors(survivors))))
+        return false;
+      if (config.test_secagg_drop_after == "consistency") {
+        say("round " + std::to_string(round.round) + ": leaving after the consistency signature (--test-secagg-drop-after)");
+        dropped = true;
+        return false;
+      }
+      const auto signatures_bytes = wait_for(round, "round/secagg/consistency");
+      if (!signatures_bytes) return false;
+      unmasking = signed_device->unmasking_shares(privacy::parse_consistency_signatures(*signatures_bytes));
+    } else {
+      unmasking = plain_device->unmasking_shares(privacy::parse_survivor_list(*survivors_bytes));
+    }
     if (!post_step(round, "round/secagg/unmask", privacy::serialize(unmasking))) return false;
   } catch (const privacy::SecAggError& e) {
     // The server relayed something the protocol refuses: this session goes on without us.

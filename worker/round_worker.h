@@ -32,7 +32,8 @@ struct RoundWorkerConfig {
   // Secure rounds, for tests only (tests/integration/rounds_secure_aggregation.sh): write the
   // round's start model, clipped delta and quantized delta to files in this folder (which
   // reveals them: never on a real device), and leave the run right after the step named
-  // ("shares" or "input") was accepted, as a device that drops out then.
+  // ("shares", "input" or, signed sessions, "consistency") was accepted, as a device that
+  // drops out then.
   std::string test_secagg_dump_dir;
   std::string test_secagg_drop_after;
 };
@@ -61,6 +62,10 @@ struct RoundInfo {
   // refuses a session whose B does not cover the clip and the noise's tails.
   double dp_device_noise_stddev = 0;
   double secagg_value_bound = 0;
+  // Keys signed by the devices' certificates and the consistency step (server
+  // --secagg-signed-keys, privacy/secagg_signed.h). A worker with a certificate requires it
+  // whatever the server says; one with a PSK identity cannot sign and does not take part.
+  bool secagg_signed_keys = false;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a

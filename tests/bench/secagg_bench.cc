@@ -6,11 +6,16 @@
 // their masked input (their self-mask seeds are reconstructed: N PRG expansions) and with 30%
 // dropping before it (their mask keys are reconstructed and each pairwise mask with every
 // survivor expanded again: 0.3·N·0.7·N more).
+// Then what keys signed by the devices' certificates and the consistency round add
+// (privacy/secagg_signed.h, --secagg-signed-keys), side by side with the same round unsigned:
+// a device's CPU per step, its bytes and requests, and the server's checks (EC P-256
+// certificates as boards/fleet-certificates.sh makes them, written in memory).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -20,6 +25,8 @@
 #include "privacy/quantize.h"
 #include "privacy/secagg.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/secagg_signed.h"
+#include "tests/support/in_memory_pki.h"
 
 namespace {
 
@@ -110,6 +117,116 @@ Figures run_round(int devices, std::uint32_t threshold, std::uint32_t length, co
   }
   if (sum != expected) {
     std::fprintf(stderr, "secagg-bench: the unmasked sum is wrong\n");
+    std::exit(1);
+  }
+  return f;
+}
+
+// One whole round without dropouts, signed or not; device 0's time per step and bytes, the
+// server's checks of the signatures (signed only).
+struct StepFigures {
+  double keys = 0, share_keys = 0, masked_input = 0, consistency = 0, unmasking = 0;  // device 0, ms
+  double server_checks = 0;                                                         // ms, all devices
+  std::size_t sent = 0, received = 0, requests = 0;                                 // device 0
+};
+
+StepFigures run_step_round(int devices, std::uint32_t threshold, std::uint32_t length, bool with_signatures,
+                           SecureRandom& random) {
+  static std::vector<std::shared_ptr<DeviceCredentials>> credentials;  // made once
+  test_pki::Pki& pki = test_pki::fleet();
+  while (static_cast<int>(credentials.size()) < devices) credentials.push_back(pki.issue(name(credentials.size())));
+  StepFigures f;
+  std::vector<std::unique_ptr<SecAggDevice>> plain;
+  std::vector<std::unique_ptr<SignedSecAggDevice>> signer;
+  std::vector<std::vector<std::uint32_t>> input(devices, std::vector<std::uint32_t>(length, 3));
+  for (int i = 0; i < devices; ++i) {
+    if (with_signatures) {
+      signer.push_back(std::make_unique<SignedSecAggDevice>(name(i), 1, random, credentials[i], pki.ca));
+    } else {
+      plain.push_back(std::make_unique<SecAggDevice>(name(i), 1, random));
+    }
+  }
+  SecAggServer server({1, threshold, length});
+  std::map<std::string, KeyCredential> posted;
+  std::map<std::string, PeerCertificate> certificates;
+  for (int i = 0; i < devices; ++i) {
+    auto start = Clock::now();
+    std::vector<std::uint8_t> bytes;
+    if (with_signatures) {
+      bytes = serialize(signer[i]->advertise_keys());
+    } else {
+      bytes = serialize(plain[i]->advertise_keys());
+    }
+    if (i == 0) f.keys = ms_since(start), f.sent += bytes.size(), f.requests += 2;  // POST keys, GET directory
+    if (with_signatures) {
+      SignedKeys keys = parse_signed_keys(bytes);
+      start = Clock::now();
+      certificates.emplace(name(i), check_signed_keys(*pki.ca, keys.keys, keys.credential));
+      f.server_checks += ms_since(start);
+      server.receive_keys(name(i), keys.keys);
+      posted.emplace(name(i), keys.credential);
+    } else {
+      server.receive_keys(name(i), parse_advertise_keys(bytes));
+    }
+  }
+  const KeyDirectory directory = server.close_key_advertisement();
+  SignedKeyDirectory signed_directory{directory, {}};
+  for (const AdvertiseKeys& entry : directory.devices) signed_directory.credentials.push_back(posted[entry.identity]);
+  const std::vector<std::uint8_t> directory_bytes =
+      with_signatures ? serialize(signed_directory) : serialize(directory);
+  f.received += directory_bytes.size();
+  for (int i = 0; i < devices; ++i) {
+    const auto start = Clock::now();
+    const EncryptedShares shares = with_signatures ? signer[i]->share_keys(parse_signed_key_directory(directory_bytes))
+                                                   : plain[i]->share_keys(parse_key_directory(directory_bytes));
+    if (i == 0) f.share_keys = ms_since(start);
+    const std::vector<std::uint8_t> bytes = serialize(shares);
+    if (i == 0) f.sent += bytes.size(), f.requests += 2;  // POST shares, GET shares
+    server.receive_shares(name(i), parse_encrypted_shares(bytes));
+  }
+  server.close_share_keys();
+  for (int i = 0; i < devices; ++i) {
+    const std::vector<std::uint8_t> mine = serialize(server.shares_for(name(i)));
+    if (i == 0) f.received += mine.size();
+    const auto start = Clock::now();
+    const MaskedInput masked = with_signatures ? signer[i]->masked_input(parse_encrypted_shares(mine), input[i])
+                                               : plain[i]->masked_input(parse_encrypted_shares(mine), input[i]);
+    if (i == 0) f.masked_input = ms_since(start);
+    const std::vector<std::uint8_t> bytes = serialize(masked);
+    if (i == 0) f.sent += bytes.size(), f.requests += 2;  // POST input, GET survivors
+    server.receive_masked_input(name(i), parse_masked_input(bytes));
+  }
+  const SurvivorList u3 = server.close_masked_input();
+  const std::vector<std::uint8_t> survivors = serialize(u3);
+  f.received += survivors.size();
+  std::vector<std::uint8_t> signatures_bytes;
+  if (with_signatures) {
+    ConsistencyRound consistency(u3, threshold);
+    for (int i = 0; i < devices; ++i) {
+      const auto start = Clock::now();
+      const std::vector<std::uint8_t> bytes = serialize(signer[i]->sign_survivors(parse_survivor_list(survivors)));
+      if (i == 0) f.consistency = ms_since(start), f.sent += bytes.size(), f.requests += 2;  // POST, GET consistency
+      const auto checked = Clock::now();
+      consistency.receive(name(i), parse_consistency_signature(bytes), certificates.at(name(i)));
+      f.server_checks += ms_since(checked);
+    }
+    signatures_bytes = serialize(consistency.close());
+    f.received += signatures_bytes.size();
+  }
+  for (int i = 0; i < devices; ++i) {
+    const auto start = Clock::now();
+    const UnmaskingShares shares = with_signatures
+                                       ? signer[i]->unmasking_shares(parse_consistency_signatures(signatures_bytes))
+                                       : plain[i]->unmasking_shares(parse_survivor_list(survivors));
+    if (i == 0) f.unmasking = ms_since(start);
+    const std::vector<std::uint8_t> bytes = serialize(shares);
+    if (i == 0) f.sent += bytes.size(), f.requests += 1;  // POST unmask
+    server.receive_unmasking_shares(name(i), parse_unmasking_shares(bytes));
+  }
+  const std::vector<std::uint32_t> sum = server.unmask();
+  if (sum != std::vector<std::uint32_t>(length, 3u * static_cast<std::uint32_t>(devices))) {
+    std::fprintf(stderr, "secagg-bench: the unmasked sum of the %s round is wrong\n",
+                 with_signatures ? "signed" : "unsigned");
     std::exit(1);
   }
   return f;
@@ -210,5 +327,39 @@ int main(int argc, char** argv) {
                 "%zu dropped before input: %.2f ms\n",
                 devices, after.receive_inputs, dropped.size(), after.unmask, dropped.size(), before.unmask);
   }
+
+  // Signed keys and the consistency round against the same round unsigned, on the first size
+  // (what they add does not depend on P), best of `repeat` by the device's whole time.
+  const std::uint32_t length = sizes.front();
+  StepFigures plain{}, with{};
+  double plain_total = 1e300, with_total = 1e300;
+  for (int r = 0; r < repeat; ++r) {
+    const StepFigures p = run_step_round(devices, threshold, length, false, random);
+    const StepFigures s = run_step_round(devices, threshold, length, true, random);
+    const auto total = [](const StepFigures& f) {
+      return f.keys + f.share_keys + f.masked_input + f.consistency + f.unmasking;
+    };
+    if (total(p) < plain_total) plain = p, plain_total = total(p);
+    if (total(s) < with_total) with = s, with_total = total(s);
+  }
+  std::printf("\nsigned keys and the consistency round (EC P-256 certificates), P = %u, no dropouts\n", length);
+  std::printf("  %-48s %12s %12s %12s\n", "device 0", "unsigned", "signed", "added");
+  const auto row = [](const char* what, double a, double b) {
+    std::printf("  %-48s %9.2f ms %9.2f ms %9.2f ms\n", what, a, b, b - a);
+  };
+  row("keys (signed: + one signature)", plain.keys, with.keys);
+  row("share keys (signed: + checks of n certificates)", plain.share_keys, with.share_keys);
+  row("masked input", plain.masked_input, with.masked_input);
+  row("consistency (sign U3)", plain.consistency, with.consistency);
+  row("unmasking (signed: + checks of the signatures)", plain.unmasking, with.unmasking);
+  row("all steps", plain_total, with_total);
+  std::printf("  %-48s %12zu %12zu %12zd\n", "bytes sent", plain.sent, with.sent,
+              static_cast<std::ptrdiff_t>(with.sent) - static_cast<std::ptrdiff_t>(plain.sent));
+  std::printf("  %-48s %12zu %12zu %12zd\n", "bytes received", plain.received, with.received,
+              static_cast<std::ptrdiff_t>(with.received) - static_cast<std::ptrdiff_t>(plain.received));
+  std::printf("  %-48s %12zu %12zu %12zd\n", "requests (without 5.03 polls)", plain.requests, with.requests,
+              static_cast<std::ptrdiff_t>(with.requests) - static_cast<std::ptrdiff_t>(plain.requests));
+  std::printf("  server: checking %d signed keys and %d consistency signatures: %.2f ms\n", devices, devices,
+              with.server_checks);
   return 0;
 }

@@ -44,6 +44,8 @@ refused shard-too-many "--shard 0/2000000: .*at most one shard per parameter" --
 refused shard-rounds "--shard works with --mode async only" --keystore "$keys" --model mlp --shard 0/2 --mode rounds
 refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggregation" --keystore "$keys" --model mlp --mode rounds \
   --secagg-subset 0.1
+refused signed-keys-without-ca "--secagg-signed-keys needs --mode rounds --secure-aggregation and --ca" --keystore "$keys" \
+  --model mlp --mode rounds --secure-aggregation --round-clip-norm 1 --secagg-signed-keys
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
 # The cheap pull (--pull-fraction) in what it cannot serve: other modes, with the published

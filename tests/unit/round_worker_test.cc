@@ -3,7 +3,8 @@
 // field, its example count, new − start), an unselected one only polls; a delta refused as
 // late (4.09) is not sent again in that round; a model of another version is not trained on;
 // malformed /round answers are retried; a refused identity ends the run; a transport failure
-// is retried with the same bytes.
+// is retried with the same bytes. A worker signs secure rounds' keys when it has a
+// certificate and only then, whatever the server announces.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -11,7 +12,14 @@
 #include <string>
 #include <vector>
 
+#include <filesystem>
+#include <fstream>
+#include <random>
+
 #include "model/model.h"
+#include "privacy/secagg_messages.h"
+#include "privacy/secagg_signed.h"
+#include "tests/support/in_memory_pki.h"
 #include "worker/round_worker.h"
 #include "worker/server_channel.h"
 #include "transport/codec.h"
@@ -96,8 +104,9 @@ class FakeRoundServer : public runtime::ServerChannel {
   std::uint64_t round = 5, model_version = 5;
   bool selected = true;
   CoapResponse request(transport::Method method, const std::string& path,
-                       std::span<const std::uint8_t>) override {
+                       std::span<const std::uint8_t> body) override {
     requests.push_back((method == transport::Method::kGet ? "GET " : "POST ") + path);
+    bodies.emplace_back(body.begin(), body.end());
     return on_request ? on_request(method, path) : text(CoapCode::kNotFound, "");
   }
 
@@ -105,6 +114,7 @@ class FakeRoundServer : public runtime::ServerChannel {
   std::function<CoapResponse()> on_post;
   std::function<CoapResponse(transport::Method, const std::string&)> on_request;  // /round/secagg/
   std::vector<std::string> requests;
+  std::vector<std::vector<std::uint8_t>> bodies;  // of each request, in order
   std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> sent;
   int polls = 0, pulls = 0;
 
@@ -341,6 +351,63 @@ TEST(RoundWorker, ASecureRoundWhoseRangeTheNoiseWouldOverflowIsRefused) {
   EXPECT_FALSE(f.worker->run_once());
   EXPECT_EQ(f.server.requests, (std::vector<std::string>{"POST round/secagg/keys"}));
   EXPECT_EQ(f.worker->stats().deltas_refused, 2u);  // the fake's 4.09
+}
+
+// Signed keys (server --secagg-signed-keys, privacy/secagg_signed.h): a worker with a PSK
+// identity cannot sign and takes no step of a signed session; one with a certificate takes no
+// step of an unsigned session (the server could substitute keys unseen) and posts SignedKeys
+// in a signed one. The server's word never turns signing off.
+TEST(RoundWorker, SignsKeysWhenItHasACertificateAndOnlyThen) {
+  std::uint64_t session = 1;
+  bool signed_session = true;
+  auto secure_round = [&] {
+    return text(CoapCode::kContent,
+                "{\"round\":5,\"model_version\":5,\"deadline_seconds\":0.1,\"selected\":true,"
+                "\"local_steps\":1,\"secure\":true,\"secagg_session\":" + std::to_string(session) +
+                    ",\"secagg_identity\":\"w1\",\"clip_norm\":1" +
+                    (signed_session ? ",\"secagg_signed_keys\":true}" : "}"));
+  };
+  auto refuse_steps = [](transport::Method, const std::string&) { return text(CoapCode::kConflict, "wrong step"); };
+
+  Fixture psk;
+  psk.server.on_request = refuse_steps;
+  psk.server.round_answer = secure_round();
+  EXPECT_FALSE(psk.worker->run_once());
+  EXPECT_TRUE(psk.server.requests.empty()) << "a PSK device cannot sign: no step";
+  EXPECT_EQ(psk.worker->stats().deltas_refused, 1u);
+  session = 2, signed_session = false;
+  psk.server.round_answer = secure_round();
+  EXPECT_FALSE(psk.worker->run_once());
+  ASSERT_EQ(psk.server.requests, (std::vector<std::string>{"POST round/secagg/keys"}));
+  EXPECT_EQ(psk.server.bodies[0].at(0), static_cast<std::uint8_t>(privacy::MessageType::kAdvertiseKeys));
+
+  // The certificate w1 of a fleet CA, in files as a device has them.
+  const auto dir = std::filesystem::temp_directory_path() / ("round_worker_test_" + std::to_string(std::random_device{}()));
+  std::filesystem::create_directories(dir);
+  privacy::test_pki::Pki& pki = privacy::test_pki::fleet();
+  const auto issued = pki.issue_pem("w1");
+  for (const auto& [file, text] : {std::pair{"w1.crt", issued.certificate}, std::pair{"w1.key", issued.key},
+                                   std::pair{"ca.crt", pki.ca_pem}})
+    std::ofstream(dir / file) << text;
+  runtime::RoundWorkerConfig config = test_config();
+  config.worker.certificates = transport::CertificateFiles{(dir / "w1.crt").string(), (dir / "w1.key").string(),
+                                                           (dir / "ca.crt").string()};
+  Fixture with_certificate(config);
+  with_certificate.server.on_request = refuse_steps;
+  session = 3, signed_session = false;
+  with_certificate.server.round_answer = secure_round();
+  EXPECT_FALSE(with_certificate.worker->run_once());
+  EXPECT_TRUE(with_certificate.server.requests.empty()) << "a device with a certificate takes no unsigned step";
+  EXPECT_EQ(with_certificate.worker->stats().deltas_refused, 1u);
+  session = 4, signed_session = true;
+  with_certificate.server.round_answer = secure_round();
+  EXPECT_FALSE(with_certificate.worker->run_once());
+  ASSERT_EQ(with_certificate.server.requests, (std::vector<std::string>{"POST round/secagg/keys"}));
+  const privacy::SignedKeys posted = privacy::parse_signed_keys(with_certificate.server.bodies[0]);
+  EXPECT_EQ(posted.keys.identity, "w1");
+  EXPECT_EQ(posted.keys.round, 4u);
+  EXPECT_NO_THROW(privacy::check_signed_keys(*pki.ca, posted.keys, posted.credential));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(RoundWorker, ARefusedIdentityEndsTheRun) {

@@ -14,7 +14,11 @@
 // With dp-fedavg's distributed noise announced (privacy/distributed_noise.h), three real
 // RoundWorkers each add their share before quantizing in the announced range: each device's
 // quantized values differ from its clipped delta by noise of the announced variance, and the
-// sum by the sum of the three shares.
+// sum by the sum of the three shares. With signed keys (--secagg-signed-keys,
+// privacy/secagg_signed.h), three SignedSecAggDevices take a round through the consistency
+// step: unsigned keys, keys signed by another device's certificate and a signature over
+// another list are refused (4.22), and a SIGKILL in the consistency step resumes it from
+// secagg.wal with the signatures taken; the sum is the plain one.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -32,8 +36,10 @@
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/secagg_signed.h"
 #include "privacy/subset.h"
 #include "server/secure_round.h"
+#include "tests/support/in_memory_pki.h"
 #include "model/model.h"
 #include "transport/codec.h"
 #include "worker/round_worker.h"
@@ -58,8 +64,10 @@ struct Fixture {
     std::filesystem::create_directories(dir);
   }
   ~Fixture() { std::filesystem::remove_all(dir); }
-  std::unique_ptr<SecureRound> make(double subset_fraction = 0) {
+  std::unique_ptr<SecureRound> make(double subset_fraction = 0,
+                                    std::shared_ptr<const privacy::CertificateAuthority> signing_ca = nullptr) {
     server::SecureRoundOptions o;
+    o.signing_ca = std::move(signing_ca);
     o.subset_fraction = subset_fraction;
     o.model_id = 0x5eed;
     o.threshold_fraction = 0.6;
@@ -266,6 +274,94 @@ TEST(SecureRound, ARestartMidInputGoesOnWithTheSessionSecaggWalHolds) {
   round->resume_or_begin(5, kLength);
   EXPECT_EQ(round->session(), before + 1);
   EXPECT_EQ(round->step(), SecureRound::Step::kKeys);
+}
+
+TEST(SecureRoundSigned, SignedKeysAndTheConsistencyStepSurviveARestart) {
+  Fixture f;
+  privacy::test_pki::Pki& pki = privacy::test_pki::fleet();
+  auto round = f.make(0, pki.ca);
+  round->begin(3, kLength);
+  const std::uint64_t session = round->session();
+  privacy::SecureRandom random;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<std::unique_ptr<privacy::SignedSecAggDevice>> devices;
+  for (const auto& name : names)
+    devices.push_back(std::make_unique<privacy::SignedSecAggDevice>(name, session, random, pki.issue(name), pki.ca));
+
+  // Unsigned keys, and keys signed by b's certificate posted by a: 4.22, nothing taken.
+  privacy::SecAggDevice unsigned_device("a", session, random);
+  EXPECT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(unsigned_device.advertise_keys())).code,
+            CoapCode::kUnprocessableEntity);
+  privacy::SignedKeys as_b = devices[1]->advertise_keys();
+  as_b.keys.identity = "a";
+  EXPECT_EQ(call(*round, Method::kPost, "keys", "a", privacy::serialize(as_b)).code, CoapCode::kUnprocessableEntity);
+  for (std::size_t i = 0; i < names.size(); ++i)
+    ASSERT_EQ(call(*round, Method::kPost, "keys", names[i], privacy::serialize(devices[i]->advertise_keys())).code,
+              CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+  ASSERT_EQ(round->step(), SecureRound::Step::kShares);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto got = call(*round, Method::kGet, "keys", names[i], {}, session_query(*round));
+    ASSERT_EQ(got.code, CoapCode::kContent);
+    const auto shares = devices[i]->share_keys(privacy::parse_signed_key_directory(got.payload));
+    ASSERT_EQ(call(*round, Method::kPost, "shares", names[i], privacy::serialize(shares)).code, CoapCode::kChanged);
+  }
+  EXPECT_FALSE(round->poll(3));
+  std::vector<std::uint32_t> plain_sum(kLength, 0);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto got = call(*round, Method::kGet, "shares", names[i], {}, session_query(*round));
+    const auto quantized = privacy::quantize(delta_of(static_cast<int>(i)), kClip, 3, privacy::Rounding::kNearest);
+    for (std::uint32_t k = 0; k < kLength; ++k) plain_sum[k] += quantized[k];
+    const auto masked = devices[i]->masked_input(privacy::parse_encrypted_shares(got.payload), quantized);
+    ASSERT_EQ(call(*round, Method::kPost, "input", names[i], privacy::serialize(masked)).code, CoapCode::kChanged);
+  }
+  EXPECT_FALSE(round->poll(3));
+  ASSERT_EQ(round->step(), SecureRound::Step::kConsistency);
+  EXPECT_EQ(call(*round, Method::kGet, "consistency", "a", {}, session_query(*round)).code, server::kCoapNotYet);
+  EXPECT_EQ(call(*round, Method::kPost, "unmask", "a", privacy::serialize(privacy::UnmaskingShares{session, "a", {}})).code,
+            CoapCode::kConflict);  // no unmasking before step 3 closed
+
+  std::vector<privacy::ConsistencySignature> signatures;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto got = call(*round, Method::kGet, "survivors", names[i], {}, session_query(*round));
+    ASSERT_EQ(got.code, CoapCode::kContent);
+    signatures.push_back(devices[i]->sign_survivors(privacy::parse_survivor_list(got.payload)));
+  }
+  // c's signature posted by a, and a signature over another list: refused.
+  privacy::ConsistencySignature forged = signatures[2];
+  forged.identity = "a";
+  EXPECT_EQ(call(*round, Method::kPost, "consistency", "a", privacy::serialize(forged)).code,
+            CoapCode::kUnprocessableEntity);
+  ASSERT_EQ(call(*round, Method::kPost, "consistency", "a", privacy::serialize(signatures[0])).code, CoapCode::kChanged);
+  ASSERT_EQ(call(*round, Method::kPost, "consistency", "b", privacy::serialize(signatures[1])).code, CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+
+  round = f.make(0, pki.ca);  // a SIGKILL in the consistency step: only the files remain
+  round->resume_or_begin(3, kLength);
+  EXPECT_EQ(round->session(), session);
+  ASSERT_EQ(round->step(), SecureRound::Step::kConsistency);
+  EXPECT_EQ(nlohmann::json::parse(round->status_json())["secagg_consistency_signers"], 2);
+  EXPECT_EQ(call(*round, Method::kPost, "consistency", "b", privacy::serialize(signatures[1])).code,
+            CoapCode::kChanged);  // a retransmission: taken once
+  ASSERT_EQ(call(*round, Method::kPost, "consistency", "c", privacy::serialize(signatures[2])).code, CoapCode::kChanged);
+  EXPECT_FALSE(round->poll(3));
+  ASSERT_EQ(round->step(), SecureRound::Step::kUnmasking);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto got = call(*round, Method::kGet, "consistency", names[i], {}, session_query(*round));
+    ASSERT_EQ(got.code, CoapCode::kContent);
+    const auto shares = devices[i]->unmasking_shares(privacy::parse_consistency_signatures(got.payload));
+    EXPECT_EQ(call(*round, Method::kPost, "unmask", names[i], privacy::serialize(shares)).code, CoapCode::kChanged);
+  }
+  const auto sum = round->poll(3);
+  ASSERT_TRUE(sum);
+  EXPECT_EQ(sum->survivors, 3u);
+  EXPECT_EQ(sum->values, privacy::dequantize(plain_sum, kClip, 3));
+
+  // An unsigned server has no consistency step.
+  auto plain = f.make();
+  plain->begin(9, kLength);
+  EXPECT_EQ(call(*plain, Method::kPost, "consistency", "a", privacy::serialize(signatures[0])).code,
+            CoapCode::kNotFound);
 }
 
 TEST(SecureRound, ARoundThatCannotBeginDurablyRefusesEverythingUntilItCan) {

@@ -506,6 +506,8 @@ struct Worker::State {
     update.sequence = ++sequence;
     update.fetched_version = offline.from_version();
     const std::uint64_t steps = offline.steps();
+    // The claim the server's --offline-step-credit may honour (server/parameter_store.h).
+    update.local_steps = static_cast<std::uint16_t>(std::min<std::uint64_t>(steps, 65535));
     choose_rate();
     try {
       compressor.compress(offline.sum(), update);

@@ -224,6 +224,11 @@ void declare_devices(settings::Table& t, EmulatorSettings& s) {
         "quota changes during the run: START-END:FACTOR[@CLASS],... (seconds; "
         "e.g. 60-120:0.5 halves every worker's share for a minute)");
   t.add("cpu-period", s.cpu_period, "the cgroup's CPU period").range(1000, 1000000).unit("µs");
+  t.add("cpu-priority", s.cpu_priority,
+        "with --cpu-classes: the run's cgroup gets the largest CPU weight (v1 cpu.shares 262144, "
+        "v2 cpu.weight 10000), so that on a machine busy with other work each worker still gets "
+        "its quota (which bounds what the run takes); without it the run's workers share one "
+        "default weight, and a worker that computes takes CPU from the others of its run");
   t.add("reachable", s.reachable,
         "share of the time each worker's link is up: below 1, the impairer drops everything "
         "on it for (1 - this) x --outage-period of every period from --outage-start on, worker "
@@ -396,6 +401,7 @@ void check_emulator_settings(const EmulatorSettings& s) {
   parse_range(s.slowdown, "--slowdown");
   if (s.cpu_classes.empty()) {
     if (!s.cpu_schedule.empty()) throw std::invalid_argument("--cpu-schedule needs --cpu-classes");
+    if (s.cpu_priority) throw std::invalid_argument("--cpu-priority needs --cpu-classes");
   } else {
     parse_cpu_schedule(s.cpu_schedule, parse_cpu_classes(s.cpu_classes));
   }

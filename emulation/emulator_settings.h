@@ -19,6 +19,7 @@ struct EmulatorSettings {
   std::string build_dir, aarch64_build_dir;
   std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
   std::uint32_t cpu_period = 100000;      // µs
+  bool cpu_priority = false;  // the run's cgroup gets the largest CPU weight
   // Intermittent links (issue 38 part 1): each worker's link up a share `reachable` of the
   // time, down in one window of every `outage_period` s from `outage_start` on, phases spread
   // over the fleet (emulation/down_schedule.h); the workers' offline training and the

@@ -250,6 +250,10 @@ void declare_devices(settings::Table& t, EmulatorSettings& s) {
       .unit("seconds");
   t.add("offline-lr", s.offline_lr, "the worker's --offline-lr (a local step's learning rate)")
       .range(1e-9, 1e3);
+  t.add("offline-max-rate", s.offline_max_rate,
+        "the worker's --offline-max-rate (the offline update of s steps at c x s, at most this; "
+        "0: at c)")
+      .range(0, 1);
   t.add("offline-step-credit", s.offline_step_credit,
         "the server's --offline-step-credit (0: an update's local steps are ignored)")
       .range(0, 65535)

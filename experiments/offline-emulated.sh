@@ -15,9 +15,11 @@
 #   settings through the environment: WORKERS (10), MODEL (paper-cnn), DATA (mnist),
 #   CPU (0.04: each worker's quota, a share of one core), REACHABLE (0.5), PERIOD (120 s),
 #   START (20 s: every link up before), TARGET (0.95), DURATION (900 s), CREDIT (1000),
-#   MAX_STALENESS (20000), OFFLINE_STEPS (100000: the windows bound them), EVAL_INTERVAL (5),
-#   REQUEST_TIMEOUT (3), VARIANTS ("idle offline"; also "offline-paper-sigma": offline
-#   training without the credit), PARALLEL (1), BUILD_DIR (build/host);
+#   MAX_STALENESS (20000), OFFLINE_STEPS (100000: the windows bound them), OFFLINE_MAX_RATE
+#   (0.25: the offline update at c x s up to this), EVAL_INTERVAL (5), REQUEST_TIMEOUT (3),
+#   VARIANTS ("idle offline"; also "offline-credit-only": the credit without the wider c,
+#   "offline-paper-sigma": offline training as it was, neither), PARALLEL (1),
+#   BUILD_DIR (build/host);
 #   SUMMARIZE_ONLY=1 prints the table of OUT_DIR again.
 set -euo pipefail
 out="$1"; shift
@@ -27,6 +29,7 @@ workers="${WORKERS:-10}"; model="${MODEL:-paper-cnn}"; data="${DATA:-mnist}"; cp
 reachable="${REACHABLE:-0.5}"; period="${PERIOD:-120}"; start="${START:-20}"
 target="${TARGET:-0.95}"; duration="${DURATION:-900}"; credit="${CREDIT:-1000}"
 max_staleness="${MAX_STALENESS:-20000}"; offline_steps="${OFFLINE_STEPS:-100000}"
+offline_max_rate="${OFFLINE_MAX_RATE:-0.25}"
 eval_interval="${EVAL_INTERVAL:-5}"; request_timeout="${REQUEST_TIMEOUT:-3}"
 variants=(${VARIANTS:-idle offline}); parallel="${PARALLEL:-1}"
 build_dir="${BUILD_DIR:-$repo/build/host}"
@@ -42,9 +45,10 @@ run() {  # run SEED VARIANT
               --out "$out/seed$seed/$variant" --label "$variant")
   case "$variant" in
     idle) ;;
-    offline) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit") ;;
+    offline) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate") ;;
+    offline-credit-only) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit") ;;
     offline-paper-sigma) args+=(--offline-steps "$offline_steps") ;;
-    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-paper-sigma)" >&2; exit 2 ;;
+    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
   esac
   echo "emulation/edgetrain-emulate ${args[*]}" >>"$out/commands.txt"
   "$repo/emulation/edgetrain-emulate" "${args[@]}" >"$out/seed$seed/$variant.log" 2>&1 ||

@@ -224,6 +224,40 @@ void declare_devices(settings::Table& t, EmulatorSettings& s) {
         "quota changes during the run: START-END:FACTOR[@CLASS],... (seconds; "
         "e.g. 60-120:0.5 halves every worker's share for a minute)");
   t.add("cpu-period", s.cpu_period, "the cgroup's CPU period").range(1000, 1000000).unit("µs");
+  t.add("cpu-priority", s.cpu_priority,
+        "with --cpu-classes: the run's cgroup gets the largest CPU weight (v1 cpu.shares 262144, "
+        "v2 cpu.weight 10000), so that on a machine busy with other work each worker still gets "
+        "its quota (which bounds what the run takes); without it the run's workers share one "
+        "default weight, and a worker that computes takes CPU from the others of its run");
+  t.add("reachable", s.reachable,
+        "share of the time each worker's link is up: below 1, the impairer drops everything "
+        "on it for (1 - this) x --outage-period of every period from --outage-start on, worker "
+        "i of N starting its windows i/N of a period later (so 1 - this of the fleet is down at "
+        "any time)")
+      .range(0.01, 1);
+  t.add("outage-period", s.outage_period, "with --reachable below 1: one down window per period")
+      .range(1, 1e7)
+      .unit("seconds");
+  t.add("outage-start", s.outage_start,
+        "with --reachable below 1: every link up before this (the workers fetch a model)")
+      .range(0, 1e7)
+      .unit("seconds");
+  t.add("offline-steps", s.offline_steps,
+        "workers train offline while their server is unreachable, at most this many steps per "
+        "outage (the worker's --offline-steps; 0 with --offline-seconds 0: they idle)");
+  t.add("offline-seconds", s.offline_seconds, "the worker's --offline-seconds")
+      .range(0, 1e9)
+      .unit("seconds");
+  t.add("offline-lr", s.offline_lr, "the worker's --offline-lr (a local step's learning rate)")
+      .range(1e-9, 1e3);
+  t.add("offline-max-rate", s.offline_max_rate,
+        "the worker's --offline-max-rate (the offline update of s steps at c x s, at most this; "
+        "0: at c)")
+      .range(0, 1);
+  t.add("offline-step-credit", s.offline_step_credit,
+        "the server's --offline-step-credit (0: an update's local steps are ignored)")
+      .range(0, 65535)
+      .unit("steps");
   t.group("Failures");
   t.add("fail", s.fail,
         "kill-worker:I@T[+D] (SIGKILL worker I at T s, restart D s later; default 5, +0 never), "
@@ -359,12 +393,19 @@ void check_emulator_settings(const EmulatorSettings& s) {
   } else if (s.fail.find("kill-shard") != std::string::npos) {
     throw std::invalid_argument("kill-shard:J@T needs --shards");
   }
+  if (s.reachable < 1 && (s.mode == "gossip" || s.shards > 0))
+    throw std::invalid_argument(
+        "--reachable below 1 is not built for --mode gossip or --shards yet (one link per "
+        "worker and server only)");
+  if ((s.offline_steps > 0 || s.offline_seconds > 0) && s.mode != "async")
+    throw std::invalid_argument("--offline-steps / --offline-seconds work with --mode async only");
   if (s.impaired != "all" && !std::regex_match(s.impaired, std::regex("[0-9]+")))
     throw std::invalid_argument("--impaired must be a number or 'all'");
   parse_link_profile(s.link);
   parse_range(s.slowdown, "--slowdown");
   if (s.cpu_classes.empty()) {
     if (!s.cpu_schedule.empty()) throw std::invalid_argument("--cpu-schedule needs --cpu-classes");
+    if (s.cpu_priority) throw std::invalid_argument("--cpu-priority needs --cpu-classes");
   } else {
     parse_cpu_schedule(s.cpu_schedule, parse_cpu_classes(s.cpu_classes));
   }

@@ -19,6 +19,14 @@ struct EmulatorSettings {
   std::string build_dir, aarch64_build_dir;
   std::string cpu_classes, cpu_schedule;  // emulation/cpu_plan.h; empty classes: no CPU quotas
   std::uint32_t cpu_period = 100000;      // µs
+  bool cpu_priority = false;  // the run's cgroup gets the largest CPU weight
+  // Intermittent links (issue 38 part 1): each worker's link up a share `reachable` of the
+  // time, down in one window of every `outage_period` s from `outage_start` on, phases spread
+  // over the fleet (emulation/down_schedule.h); the workers' offline training and the
+  // server's credit for it pass through.
+  double reachable = 1, outage_period = 120, outage_start = 30;
+  std::uint32_t offline_steps = 0, offline_step_credit = 0;
+  double offline_seconds = 0, offline_lr = 0.1, offline_max_rate = 0;
   std::uint32_t shards = 0, shard_checkpoint_every = 50;  // 0: one unsharded server
   double max_parameter_magnitude = 0;                     // 0: the server's default
   std::uint32_t publish_every = 0;                        // 0: workers pull the exact model

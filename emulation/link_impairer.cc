@@ -68,6 +68,7 @@ LinkImpairer::LinkImpairer(const std::vector<LinkSpec>& links) {
         throw std::invalid_argument("link " + link->spec.name +
                                     ": delay, jitter and bandwidth must be >= 0, loss in [0, 1]");
       }
+      p.down.check("link " + link->spec.name);
       const sockaddr_in listen_address =
           parse_ipv4_endpoint(link->spec.listen_host, link->spec.listen_port);
       const sockaddr_in upstream =
@@ -125,13 +126,22 @@ LinkCounters LinkImpairer::counters(std::size_t link) const {
   auto copy = [](const AtomicCounters& c) {
     return DirectionCounters{c.datagrams_in.load(),  c.bytes_in.load(),
                              c.datagrams_out.load(), c.bytes_out.load(),
-                             c.dropped_loss.load(),  c.dropped_queue_full.load()};
+                             c.dropped_loss.load(),  c.dropped_queue_full.load(),
+                             c.dropped_down.load()};
   };
   return {copy(links_[link]->to_server.counters), copy(links_[link]->to_worker.counters)};
 }
 
+double LinkImpairer::down_seconds(std::size_t link) const {
+  return links_[link]->spec.profile.down.down_seconds_until(seconds_since_start(Clock::now()));
+}
+
+bool LinkImpairer::down_now(std::size_t link) const {
+  return links_[link]->spec.profile.down.down_at(seconds_since_start(Clock::now()));
+}
+
 void LinkImpairer::enqueue(const LinkProfile& profile, double bandwidth_kbps, Direction& direction,
-                           std::vector<std::uint8_t> bytes) {
+                           std::vector<std::uint8_t> bytes, Clock::time_point now) {
   auto& c = direction.counters;
   c.datagrams_in++;
   c.bytes_in += bytes.size();
@@ -139,6 +149,10 @@ void LinkImpairer::enqueue(const LinkProfile& profile, double bandwidth_kbps, Di
   // on the seed and the datagram count.
   const double draw = direction.random.uniform_double();
   const double jitter_draw = direction.random.uniform_double();
+  if (profile.down.down_at(seconds_since_start(now))) {
+    c.dropped_down++;
+    return;
+  }
   if (draw < profile.loss) {
     c.dropped_loss++;
     return;
@@ -147,7 +161,6 @@ void LinkImpairer::enqueue(const LinkProfile& profile, double bandwidth_kbps, Di
     c.dropped_queue_full++;
     return;
   }
-  const auto now = Clock::now();
   Clock::time_point sent = now;
   if (bandwidth_kbps > 0) {
     // The datagram occupies the line for its serialization time, after those before it.
@@ -183,7 +196,7 @@ void LinkImpairer::receive(Link& link, bool from_worker) {
     const double kbps =
         from_worker || profile.downlink_kbps < 0 ? profile.bandwidth_kbps : profile.downlink_kbps;
     enqueue(profile, kbps, from_worker ? link.to_server : link.to_worker,
-            std::vector<std::uint8_t>(buffer, buffer + n));
+            std::vector<std::uint8_t>(buffer, buffer + n), Clock::now());
   }
 }
 
@@ -193,8 +206,11 @@ LinkImpairer::Clock::time_point LinkImpairer::flush(Link& link, Clock::time_poin
     Direction& d = to_server ? link.to_server : link.to_worker;
     while (!d.queue.empty() && d.queue.front().release <= now) {
       Datagram& datagram = d.queue.front();
-      ssize_t sent;
-      if (to_server) {
+      ssize_t sent = -1;
+      if (!link.spec.profile.down.empty() &&
+          link.spec.profile.down.down_at(seconds_since_start(datagram.release))) {
+        d.counters.dropped_down++;  // the link went down while it was on the line
+      } else if (to_server) {
         sent = ::send(link.upstream_side, datagram.bytes.data(), datagram.bytes.size(), 0);
       } else {
         sent = link.worker_known
@@ -203,7 +219,7 @@ LinkImpairer::Clock::time_point LinkImpairer::flush(Link& link, Clock::time_poin
                               sizeof link.worker_address)
                    : -1;
       }
-      if (sent == static_cast<ssize_t>(datagram.bytes.size())) {
+      if (sent >= 0 && sent == static_cast<ssize_t>(datagram.bytes.size())) {
         d.counters.datagrams_out++;
         d.counters.bytes_out += datagram.bytes.size();
       }

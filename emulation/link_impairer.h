@@ -10,7 +10,9 @@
 // reorders: a datagram leaves no earlier than the one before it). Loss draws come from a
 // seeded generator per link and direction, so a seed gives the same drop pattern for the
 // same sequence of datagrams. A full queue (queue_limit_bytes) drops the datagram (tail
-// drop), as a router's buffer would.
+// drop), as a router's buffer would. While a link's down schedule (down_schedule.h; issue 38
+// part 1) says it is down, every datagram on it is dropped, both ways: those that arrive,
+// and those queued whose release falls in the window (they were on the line when it went).
 #pragma once
 
 #include <netinet/in.h>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "common/splitmix64.h"
+#include "emulation/down_schedule.h"
 
 namespace edgetrain::emulation {
 
@@ -37,6 +40,8 @@ struct LinkProfile {
   // they upload); < 0 (the default): bandwidth_kbps, 0: unlimited.
   double downlink_kbps = -1;
   std::size_t queue_limit_bytes = 256 * 1024;
+  // Times (from the impairer's start) the link is down; empty: always up.
+  DownSchedule down;
 };
 
 struct LinkSpec {
@@ -53,6 +58,7 @@ struct DirectionCounters {
   std::uint64_t datagrams_in = 0, bytes_in = 0;            // arrived at the impairer
   std::uint64_t datagrams_out = 0, bytes_out = 0;          // delivered onwards
   std::uint64_t dropped_loss = 0, dropped_queue_full = 0;  // datagrams
+  std::uint64_t dropped_down = 0;  // datagrams dropped while the link was down
 };
 
 struct LinkCounters {
@@ -76,6 +82,9 @@ class LinkImpairer {
   std::uint16_t listen_port(std::size_t link) const { return links_[link]->bound_port; }
   // A consistent copy of one link's counters (taken from the relay thread's atomics).
   LinkCounters counters(std::size_t link) const;
+  // Seconds the link has been down since the impairer started (its down schedule).
+  double down_seconds(std::size_t link) const;
+  bool down_now(std::size_t link) const;
   // A NAT rebinding (issue 38 part 4): every link's upstream socket is replaced by a new one
   // with a new source port, so the server sees each worker's datagrams come from a new
   // address; datagrams still queued go out through the new socket. Done by the relay
@@ -91,7 +100,7 @@ class LinkImpairer {
   };
   struct AtomicCounters {
     std::atomic<std::uint64_t> datagrams_in{0}, bytes_in{0}, datagrams_out{0}, bytes_out{0},
-        dropped_loss{0}, dropped_queue_full{0};
+        dropped_loss{0}, dropped_queue_full{0}, dropped_down{0};
   };
   struct Direction {
     std::deque<Datagram> queue;
@@ -115,7 +124,7 @@ class LinkImpairer {
   void rebind(std::size_t link);
   void receive(Link& link, bool from_worker);
   void enqueue(const LinkProfile& profile, double bandwidth_kbps, Direction& direction,
-               std::vector<std::uint8_t> bytes);
+               std::vector<std::uint8_t> bytes, Clock::time_point now);
   // Sends every datagram whose time has come; returns the earliest pending release.
   Clock::time_point flush(Link& link, Clock::time_point now);
 
@@ -125,6 +134,10 @@ class LinkImpairer {
   std::atomic<bool> stop_{false};
   std::atomic<bool> rebind_requested_{false};
   std::atomic<std::uint64_t> rebinds_{0};
+  Clock::time_point start_ = Clock::now();  // time 0 of the down schedules
+  double seconds_since_start(Clock::time_point t) const {
+    return std::chrono::duration<double>(t - start_).count();
+  }
   std::thread thread_;
 };
 

@@ -73,6 +73,10 @@ void declare_plan_settings(settings::Table& t, PlanOptions& o) {
   t.add("network", o.network, "addresses on loopback, or a /30 per worker in namespaces")
       .choices({"loopback", "netns"});
   t.add("subnet", o.subnet, "S of 10.S.0.0/16 (netns)").range(0, 255);
+  t.add("reachable", o.reachable, "share of the time each link is up (down windows below 1)")
+      .range(0.01, 1);
+  t.add("outage-period", o.outage_period, "one down window per period").range(1, 1e7).unit("seconds");
+  t.add("outage-start", o.outage_start, "links up before this").range(0, 1e7).unit("seconds");
 }
 
 std::pair<std::string, std::string> worker_addresses(const PlanOptions& o, unsigned worker) {
@@ -88,7 +92,8 @@ std::string plan_csv(const PlanOptions& o) {
   const LinkProfile link = parse_link_profile(o.link);
   const Range slowdown = parse_range(o.slowdown, "--slowdown");
   std::ostringstream csv;
-  csv << "worker,address,listen,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,link_seed\n";
+  csv << "worker,address,listen,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,link_seed,"
+         "outage_period_s,outage_s,outage_phase_s,outage_from_s\n";
   for (unsigned i = 0; i < o.workers; i++) {
     const auto [address, listen] = worker_addresses(o, i);
     std::string delay = "0", jitter = "0", loss = "0", bandwidth = "0";
@@ -100,7 +105,15 @@ std::string plan_csv(const PlanOptions& o) {
     }
     csv << i << ',' << address << ',' << listen << ',' << delay << ',' << jitter << ',' << loss
         << ',' << bandwidth << ',' << number_text(draw(slowdown, o.seed, i, "slowdown")) << ','
-        << o.seed * 100003 + i << '\n';
+        << o.seed * 100003 + i;
+    if (o.reachable < 1) {
+      const double phase = o.outage_start + o.outage_period * i / o.workers;
+      csv << ',' << number_text(o.outage_period) << ','
+          << number_text((1 - o.reachable) * o.outage_period) << ',' << number_text(phase) << ','
+          << number_text(o.outage_start) << '\n';
+    } else {
+      csv << ",0,0,0,0\n";
+    }
   }
   return csv.str();
 }

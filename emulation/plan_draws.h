@@ -45,6 +45,10 @@ struct PlanOptions {
   // The first K workers get the link profile (the default: all).
   unsigned impaired = std::numeric_limits<unsigned>::max();
   int subnet = 100;  // S of 10.S.0.0/16 (netns)
+  // Down windows (emulation/down_schedule.h): below 1, worker i of N is down for
+  // (1 − reachable)·outage_period of every period from outage_start on, its phase
+  // outage_start + i·outage_period/N.
+  double reachable = 1, outage_period = 120, outage_start = 30;
 };
 
 // `edgetrain-emulation-report plan`'s flags: --seed, --workers (required, 1..4000), --link,
@@ -57,9 +61,10 @@ void declare_plan_settings(settings::Table& table, PlanOptions& options);
 std::pair<std::string, std::string> worker_addresses(const PlanOptions& options, unsigned worker);
 
 // The plan as CSV: worker,address,listen,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,
-// link_seed (numbers with 6 significant digits; a worker without impairment has 0 for the
-// link's four; link_seed = seed·100003 + worker). Throws std::invalid_argument for a bad
-// --link or --slowdown.
+// link_seed,outage_period_s,outage_s,outage_phase_s,outage_from_s (numbers with 6
+// significant digits; a worker without impairment has 0 for the link's four; link_seed =
+// seed·100003 + worker; the outage columns 0 when always reachable). Throws
+// std::invalid_argument for a bad --link or --slowdown.
 std::string plan_csv(const PlanOptions& options);
 
 }  // namespace edgetrain::emulation

@@ -45,6 +45,12 @@ WorkerTotals worker_totals(const fs::path& run, unsigned worker) {
     t.steps += stats.at("steps").get<std::uint64_t>();
     t.bytes_sent += stats.at("bytes_sent").get<std::uint64_t>();
     t.retries += stats.at("retries").get<std::uint64_t>();
+    t.offline_seconds += stats.value("offline_seconds", 0.0);
+    t.offline_steps += stats.value("offline_steps", std::uint64_t{0});
+    t.offline_updates_accepted += stats.value("offline_updates_accepted", std::uint64_t{0});
+    t.offline_updates_refused += stats.value("offline_updates_refused", std::uint64_t{0});
+    t.offline_steps_refused += stats.value("offline_steps_refused", std::uint64_t{0});
+    t.buffered_steps = stats.value("buffered_steps", std::uint64_t{0});  // the last incarnation's
     if (stats.value("mode", "async") == "rounds") {
       // A round worker's deltas accepted (2.04) and refused (4.09: its round had closed);
       // its acknowledged versions are the rounds acknowledged (round r is version r).

@@ -28,6 +28,12 @@ std::uint64_t highest_acknowledged_in_run(const std::filesystem::path& run,
 // accepted (rounds_trained) and refused (deltas_refused) as updates accepted and refused.
 struct WorkerTotals {
   std::uint64_t steps = 0, accepted = 0, refused = 0, bytes_sent = 0, retries = 0, incarnations = 0;
+  // Offline training (issue 38 part 1; 0 from workers without it): time and local steps
+  // offline, accumulated updates accepted and refused (with the refused ones' steps), and
+  // the steps still buffered in the last incarnation when the run ended.
+  double offline_seconds = 0;
+  std::uint64_t offline_steps = 0, offline_updates_accepted = 0, offline_updates_refused = 0,
+                offline_steps_refused = 0, buffered_steps = 0;
   bool versions_increase = true;
 };
 

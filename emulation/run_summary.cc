@@ -1,5 +1,6 @@
 #include "emulation/run_summary.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -23,6 +24,15 @@ std::string integer_text(double value) {
 }
 
 // The sum of COLUMNS over every row of TABLE (0 for a missing file).
+// The columns a table has of `columns`, summed (links.csv of runs before a column came).
+double column_sum_if_present(const CsvTable& table, std::initializer_list<const char*> columns) {
+  double sum = 0;
+  for (const char* c : columns)
+    if (std::find(table.header.begin(), table.header.end(), c) != table.header.end())
+      for (std::size_t r = 0; r < table.rows.size(); r++) sum += table.number(r, c);
+  return sum;
+}
+
 double column_sum(const CsvTable& table, std::initializer_list<const char*> columns) {
   double sum = 0;
   for (std::size_t r = 0; r < table.rows.size(); r++)
@@ -52,7 +62,8 @@ std::vector<WorkerTotals> write_workers_csv(const fs::path& run, const CsvTable&
   std::ofstream out(run / "workers.csv");
   out << "worker,address,delay_ms,jitter_ms,loss,bandwidth_kbps,slowdown,steps,updates_accepted,"
          "refused_stale,"
-         "payload_bytes_sent,retries,restarts\n";
+         "payload_bytes_sent,retries,restarts,offline_s,offline_steps,offline_updates_accepted,"
+         "offline_updates_refused,offline_steps_refused,buffered_steps\n";
   for (std::size_t i = 0; i < plan.rows.size(); i++) {
     const auto& p = plan.rows[i];
     const WorkerTotals t = worker_totals(run, static_cast<unsigned>(i));
@@ -62,7 +73,10 @@ std::vector<WorkerTotals> write_workers_csv(const fs::path& run, const CsvTable&
       out << ',' << p.at(plan.column(column));
     }
     out << ',' << t.steps << ',' << t.accepted << ',' << t.refused << ',' << t.bytes_sent << ','
-        << t.retries << ',' << (t.incarnations ? t.incarnations - 1 : 0) << '\n';
+        << t.retries << ',' << (t.incarnations ? t.incarnations - 1 : 0) << ','
+        << integer_text(t.offline_seconds) << ',' << t.offline_steps << ','
+        << t.offline_updates_accepted << ',' << t.offline_updates_refused << ','
+        << t.offline_steps_refused << ',' << t.buffered_steps << '\n';
     totals.push_back(t);
   }
   return totals;
@@ -123,8 +137,31 @@ std::string outcome_lines(const SummarizeOptions& o, const json& outcome,
        << "; datagrams dropped by the impairer "
        << integer_text(
               column_sum(links, {"to_server_dropped_loss", "to_server_dropped_queue_full",
-                                 "to_worker_dropped_loss", "to_worker_dropped_queue_full"}))
+                                 "to_worker_dropped_loss", "to_worker_dropped_queue_full"}) +
+              column_sum_if_present(links, {"to_server_dropped_down", "to_worker_dropped_down"}))
        << "\n";
+  // Intermittent links (issue 38 part 1): the impairer's down time and what the workers did
+  // with it.
+  const double down_seconds = column_sum_if_present(links, {"down_s"});
+  WorkerTotals offline;
+  for (const WorkerTotals& t : totals) {
+    offline.offline_seconds += t.offline_seconds;
+    offline.offline_steps += t.offline_steps;
+    offline.offline_updates_accepted += t.offline_updates_accepted;
+    offline.offline_updates_refused += t.offline_updates_refused;
+    offline.offline_steps_refused += t.offline_steps_refused;
+    offline.buffered_steps += t.buffered_steps;
+  }
+  if (down_seconds > 0 || offline.offline_seconds > 0)
+    text << "- offline: links down " << integer_text(down_seconds)
+         << " s in all (links.csv down_s; datagrams dropped while down "
+         << integer_text(
+                column_sum_if_present(links, {"to_server_dropped_down", "to_worker_dropped_down"}))
+         << "), workers offline " << integer_text(offline.offline_seconds) << " s, "
+         << offline.offline_steps << " offline steps, offline updates accepted "
+         << offline.offline_updates_accepted << " / refused " << offline.offline_updates_refused
+         << " (" << offline.offline_steps_refused << " steps), " << offline.buffered_steps
+         << " steps buffered at the end\n";
   return text.str();
 }
 

@@ -7,8 +7,8 @@
 # any time. Run once with
 # workers that idle while away (the paper's) and once with --offline-steps; prints the
 # server's accuracy against time and bytes for both (its metrics.csv) and a table.
-# Not the emulator (no namespaces, no CPU quotas): the link impairer has no down windows
-# yet, and the emulator's failure script does not stop links.
+# Not the emulator (no namespaces, no CPU quotas): written before the link impairer had down
+# windows; experiments/offline-emulated.sh measures the same goal in the emulator.
 #
 # usage: experiments/offline-outages.sh BUILD_DIR OUT_DIR [SECONDS [WINDOW [WORKERS]]]
 #   extra settings through the environment: MODEL (mlp), DATA (mnist-small), SLOWDOWN (4),

@@ -6,7 +6,10 @@ version), the AdaComp paper's sigma per sent entry (how many of the `delay` upda
 before it touched that entry; server/parameter_store.h), and so the share of the update's
 L1 mass the server applied: sum |g_i| / max(1, sigma_i) over sum |g_i|. Reads the WAL
 (server/write_ahead_log.h) and the sparse updates in it (transport/CODEC.md), fp32 or
-fp16 values (sign + scale values all weigh the same). Standard library only.
+fp16 values (sign + scale values all weigh the same). With the local steps an update
+claims (its header, CODEC.md) and the server's --offline-step-credit C (the WAL header's
+high 16 bits), also the share applied under the credit: sigma_i cut to
+ceil(sigma_i / min(s, C, sigma_i)) (server/README.md, "Offline updates"). Standard library only.
 
 usage: experiments/wal_staleness.py STATE_DIR [--above N]
 """
@@ -23,8 +26,9 @@ def leb128(data, pos):
 
 
 def decode_update(data):
-    """(fetched version, [(tensor, [indices], [values])]) of a sparse update's bytes."""
+    """(fetched version, local steps, [(tensor, [indices], [values])]) of a sparse update."""
     fetched, count = struct.unpack_from("<QI", data, 24)
+    local_steps = struct.unpack_from("<H", data, 6)[0]
     pos, tensors = 36, []
     for _ in range(count):
         tensor, n, k, value_encoding, index_encoding = struct.unpack_from("<IIIBB", data, pos)
@@ -47,7 +51,7 @@ def decode_update(data):
         else:
             values = [1.0] * k; pos += (4 + (k + 7) // 8) if k else 0
         tensors.append((tensor, indices, values))
-    return fetched, tensors
+    return fetched, local_steps, tensors
 
 
 def records(state_dir):
@@ -72,22 +76,32 @@ def main():
     parser.add_argument("--above", type=int, default=50)
     args = parser.parse_args()
     touched = {}  # version -> set of (tensor, index)
-    print("| device | version | staleness | entries | mean sigma | share of its L1 mass applied |")
-    print("|---|---|---|---|---|---|")
+    credit = 0
+    wal = os.path.join(args.state_dir, "wal.log")
+    if os.path.exists(wal):
+        credit = struct.unpack_from("<I", open(wal, "rb").read(32), 24)[0] >> 16
+    print(f"offline step credit C = {credit}")
+    print("| device | version | staleness | local steps | entries | mean sigma | share of its L1 mass applied "
+          "(paper's sigma) | share applied with the credit |")
+    print("|---|---|---|---|---|---|---|---|")
     for version, who, update in sorted(records(args.state_dir)):
-        fetched, tensors = decode_update(update)
+        fetched, local_steps, tensors = decode_update(update)
         entries = {(t, i): abs(v) for t, indices, values in tensors for i, v in zip(indices, values)}
         delay = version - 1 - fetched
         if delay > args.above:
             window = [touched[v] for v in range(fetched + 1, version) if v in touched]
             if len(window) < delay:
-                print(f"| {who} | {version} | {delay} | the WAL lacks {delay - len(window)} of the updates before it |||")
+                print(f"| {who} | {version} | {delay} | {local_steps} | the WAL lacks {delay - len(window)} of the updates before it ||||")
             else:
                 sigma = {key: sum(key in s for s in window) for key in entries}
                 mass = sum(entries.values())
                 applied = sum(m / max(1, sigma[key]) for key, m in entries.items())
-                print(f"| {who} | {version} | {delay} | {len(entries)} | "
-                      f"{sum(sigma.values()) / len(sigma):.1f} | {applied / mass:.3f} |")
+                s = min(local_steps, credit)
+                credited = lambda d: d if s <= 1 else -(-d // min(s, d))
+                applied_credit = sum(m / credited(max(1, sigma[key])) for key, m in entries.items())
+                print(f"| {who} | {version} | {delay} | {local_steps} | {len(entries)} | "
+                      f"{sum(sigma.values()) / len(sigma):.1f} | {applied / mass:.3f} | "
+                      f"{applied_credit / mass:.3f} |")
         touched[version] = set(entries)
 
 

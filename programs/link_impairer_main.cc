@@ -66,7 +66,8 @@ std::vector<LinkSpec> read_links(const std::string& path) {
     for (const auto& [key, value] : *t) {
       static const std::vector<std::string> known = {
           "name", "listen",         "upstream",      "delay_ms",          "jitter_ms",
-          "loss", "bandwidth_kbps", "downlink_kbps", "queue_limit_bytes", "seed"};
+          "loss", "bandwidth_kbps", "downlink_kbps", "queue_limit_bytes", "seed",
+          "down", "outage_period_s", "outage_s",     "outage_phase_s",    "outage_from_s"};
       const std::string name(key.str());
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
       const std::string near = edgetrain::settings::closest_match(name, known);
@@ -93,6 +94,13 @@ std::vector<LinkSpec> read_links(const std::string& path) {
       throw std::invalid_argument(where + ": queue_limit_bytes must be at least 1500");
     spec.profile.queue_limit_bytes = static_cast<std::size_t>(queue);
     spec.seed = static_cast<std::uint64_t>((*t)["seed"].value_or(std::int64_t{1}));
+    DownSchedule& down = spec.profile.down;
+    down.windows = parse_down_windows((*t)["down"].value_or(std::string()), where + ": down");
+    down.period_s = (*t)["outage_period_s"].value_or(0.0);
+    down.down_s = (*t)["outage_s"].value_or(0.0);
+    down.phase_s = (*t)["outage_phase_s"].value_or(0.0);
+    down.from_s = (*t)["outage_from_s"].value_or(0.0);
+    down.check(where);
     links.push_back(spec);
   }
   return links;
@@ -105,11 +113,11 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
     out << "link,listen,delay_ms,jitter_ms,loss,bandwidth_kbps";
     for (const char* d : {"to_server", "to_worker"}) {
       for (const char* c : {"datagrams_in", "bytes_in", "datagrams_out", "bytes_out",
-                            "dropped_loss", "dropped_queue_full"}) {
+                            "dropped_loss", "dropped_queue_full", "dropped_down"}) {
         out << ',' << d << '_' << c;
       }
     }
-    out << '\n';
+    out << ",down_s\n";
     for (std::size_t i = 0; i < impairer.size(); i++) {
       const LinkSpec& s = impairer.spec(i);
       const LinkCounters c = impairer.counters(i);
@@ -118,9 +126,10 @@ void write_stats(const LinkImpairer& impairer, const std::string& path) {
           << s.profile.bandwidth_kbps;
       for (const DirectionCounters& d : {c.to_server, c.to_worker}) {
         out << ',' << d.datagrams_in << ',' << d.bytes_in << ',' << d.datagrams_out << ','
-            << d.bytes_out << ',' << d.dropped_loss << ',' << d.dropped_queue_full;
+            << d.bytes_out << ',' << d.dropped_loss << ',' << d.dropped_queue_full << ','
+            << d.dropped_down;
       }
-      out << '\n';
+      out << ',' << impairer.down_seconds(i) << '\n';
     }
   }
   std::filesystem::rename(temporary, path);
@@ -157,7 +166,17 @@ int run(const ImpairerSettings& s) {
     std::printf("relaying %zu links\n", impairer.size());
     std::fflush(stdout);
     auto next_write = std::chrono::steady_clock::now();
+    const auto started = next_write;
+    std::vector<bool> was_down(impairer.size(), false);
     while (!g_stop) {
+      for (std::size_t i = 0; i < impairer.size(); i++) {
+        if (impairer.down_now(i) == was_down[i]) continue;
+        was_down[i] = !was_down[i];
+        std::printf("link %s %s at %.1f s\n", links[i].name.c_str(), was_down[i] ? "down" : "up",
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                        .count());
+        std::fflush(stdout);
+      }
       if (g_rebind) {
         g_rebind = false;
         impairer.rebind_upstreams();
@@ -195,7 +214,14 @@ constexpr const char* kDescription =
     "  downlink_kbps = 10000            # toward the worker only (default: bandwidth_kbps)\n"
     "  queue_limit_bytes = 262144       # tail drop beyond this backlog\n"
     "  seed = 1                         # loss and jitter draws\n"
-    "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links'.\n"
+    "  down = \"30+60,200+60\"            # down windows START+LEN (s from the start): every\n"
+    "                                   # datagram dropped, both ways\n"
+    "  outage_period_s = 120            # and/or periodic: down outage_s of every period,\n"
+    "  outage_s = 60                    # starting at outage_phase_s (mod the period),\n"
+    "  outage_phase_s = 30              # from outage_from_s on (86400: a diurnal pattern)\n"
+    "  outage_from_s = 30\n"
+    "Prints 'link NAME listening on HOST:PORT' for every link, then 'relaying N links', then\n"
+    "'link NAME down at T s' / 'link NAME up at T s' as its down schedule turns.\n"
     "SIGUSR1 emulates a NAT rebinding: every link's upstream socket is replaced by one with a "
     "new source port.";
 

@@ -44,6 +44,10 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
                                 ", " + std::to_string(parameters_.size()) +
                                 " initial values given");
   if (total > UINT32_MAX) throw std::invalid_argument("parameter store: more than 2^32 parameters");
+  if (options_.offline_step_credit > 65535)
+    throw std::invalid_argument("parameter store: offline_step_credit " +
+                                std::to_string(options_.offline_step_credit) +
+                                " is beyond 65535, the most steps an update can claim");
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
@@ -393,6 +397,12 @@ void ParameterStore::compute_divisors(std::uint64_t delay, std::uint64_t fetched
   }
 }
 
+void ParameterStore::credit_local_steps(const transport::SparseUpdate& update) {
+  const std::uint32_t steps = std::min<std::uint32_t>(update.local_steps, options_.offline_step_credit);
+  if (steps <= 1) return;
+  for (std::uint32_t& d : divisors_) d = d <= steps ? 1 : (d + steps - 1) / steps;
+}
+
 ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values,
                                   std::span<const std::uint64_t> entry_versions) {
   if (!reserved_.empty())
@@ -402,6 +412,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
   compute_divisors(delay, update.fetched_version, entry_versions);
+  credit_local_steps(update);
   // One pass writes the new values and checks them; a refusal puts the old ones back.
   const float bound = bound_for(values);
   new_values_.resize(touched_.size());  // here: each entry's old value
@@ -470,6 +481,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
     reserved_touch_position_.assign(parameters_.size(), 0);
   }
   compute_divisors(delay, update.fetched_version, entry_versions);
+  credit_local_steps(update);
   if (std::string problem = reserved_values(update, values); !problem.empty())
     return {ApplyStatus::kOutOfBounds, top, std::move(problem)};
 

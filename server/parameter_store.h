@@ -34,6 +34,15 @@
 // touched i, and the delay rule divides by max(1, d_i). With every h_i = t_fetch (an exact
 // pull) this is the rule above, bit for bit.
 //
+// Offline updates (issue 38 part 1; ours, docs/design.md §3): an update may say that it carries
+// s local steps (SparseUpdate::local_steps, a worker's accumulated offline training). With
+// offline_step_credit C > 0 the rule's divisor d_i (σ_i, or the delay) becomes
+// ⌈d_i / min(s', d_i)⌉ with s' = min(s, C): an update that carries at least as many steps
+// as updates touched the entry meanwhile is applied at the full learning rate, as a fresh
+// one. The credit only ever lowers a divisor to 1, never below, so an update that lies about
+// its steps weighs at most what a fresh update may (the value bound still applies); C caps
+// how much staleness a claim can waive. C = 0 (the default): the claim is ignored.
+//
 // No networking, no durability here: the server wraps this with its WAL and CoAP handlers.
 // Not thread-safe; the server applies updates one at a time.
 #pragma once
@@ -69,6 +78,9 @@ struct ParameterStoreOptions {
   // An update that would leave a parameter it touches non-finite or beyond ±this is refused
   // (kOutOfBounds). Non-finite results are refused whatever the bound.
   float max_parameter_magnitude = kDefaultMaxParameterMagnitude;
+  // C of "Offline updates" above: the most local steps an update's claim is credited with;
+  // 0: claims ignored (the paper's rule for every update). At most 65535 (the claim's range).
+  std::uint32_t offline_step_credit = 0;
 };
 
 // Which value check apply() makes: the configured bound, or only finiteness (replaying a log
@@ -189,6 +201,8 @@ class ParameterStore {
   std::string check(const transport::SparseUpdate& update) const;
   float bound_for(ValueCheck values) const;
   // divisors_ for touched_ (σ or the delay rule); per entry when entry_versions is not empty.
+  // divisors_ lowered for the local steps `update` claims (offline_step_credit).
+  void credit_local_steps(const transport::SparseUpdate& update);
   void compute_divisors(std::uint64_t delay, std::uint64_t fetched_version,
                         std::span<const std::uint64_t> entry_versions);
   void check_entry_versions(std::span<const std::uint64_t> entry_versions) const;

@@ -22,6 +22,9 @@ struct ServerSettings {
   std::string keystore;
   double lr = 0.1;
   std::uint32_t max_staleness = kDefaultMaxStaleness;
+  // Offline updates (server/parameter_store.h): the most local steps an update's claim is
+  // credited with; 0: claims ignored.
+  std::uint32_t offline_step_credit = 0;
   std::uint64_t checkpoint_every = 1000;
   std::string eval_data = "none";
   double eval_interval = 10;  // seconds

@@ -46,6 +46,13 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
   t.add("lr", s.lr, "learning rate");
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09")
       .unit("updates");
+  t.add("offline-step-credit", s.offline_step_credit,
+        "an update that says it carries s local steps (a worker's offline training) has each "
+        "divisor d of the staleness rule cut to ceil(d / min(s, this, d)): at most this many "
+        "steps are believed, and no update weighs more than a fresh one (ours; 0: the claim is "
+        "ignored, the paper's rule)")
+      .range(0, 65535)
+      .unit("steps");
   t.add("checkpoint-every", s.checkpoint_every, "updates between checkpoints (0: only at exit)")
       .unit("updates");
   t.add("max-update-bytes", s.max_update_bytes,

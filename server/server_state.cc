@@ -125,7 +125,7 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
 
 WalHeader ServerState::wal_header() const {
   return {model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
-          static_cast<std::uint32_t>(options_.store.rule)};
+          wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit)};
 }
 
 std::size_t ServerState::history_length() const {
@@ -387,7 +387,9 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
                        " was written with another model or other settings (learning rate " +
                        std::to_string(contents.header.learning_rate) + ", max staleness " +
                        std::to_string(contents.header.max_staleness) + ", rule " +
-                       std::to_string(contents.header.staleness_rule) +
+                       std::to_string(contents.header.staleness_rule & 0xffff) +
+                       ", offline step credit " +
+                       std::to_string(wal_offline_step_credit(contents.header.staleness_rule)) +
                        "): start with the same settings or a new state directory");
     for (WalRecord& record : contents.records)
       if (wal.records.empty() || record.version > wal.records.back().version)

@@ -123,6 +123,10 @@ void check_state_dir_settings(const std::filesystem::path& state_dir, const Serv
       differences += std::string(differences.empty() ? "" : ", ") + "--max-staleness " +
                      std::to_string(header.max_staleness) + " (not " +
                      std::to_string(s.max_staleness) + ")";
+    if (wal_offline_step_credit(header.staleness_rule) != s.offline_step_credit)
+      differences += std::string(differences.empty() ? "" : ", ") + "--offline-step-credit " +
+                     std::to_string(wal_offline_step_credit(header.staleness_rule)) + " (not " +
+                     std::to_string(s.offline_step_credit) + ")";
     if (differences.empty()) return;
     throw StartupError(
         "the state directory " + state_dir.string() + " was trained with " + differences +

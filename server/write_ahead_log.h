@@ -53,7 +53,10 @@ struct WalHeader {
   std::uint64_t model_id = 0;
   float learning_rate = 0;
   std::uint32_t max_staleness = 0;
-  std::uint32_t staleness_rule = 0;  // StalenessRule as a number
+  // StalenessRule as a number in the low 16 bits; the high 16 bits hold the offline step
+  // credit (server/parameter_store.h, "Offline updates"; 0 in logs written before it), which
+  // replay needs as much as the rule. Packed so the header keeps its 32 bytes.
+  std::uint32_t staleness_rule = 0;
   WalKind kind = WalKind::kUpdates;   // last, so that older initializers keep their meaning
   bool operator==(const WalHeader&) const = default;
 };
@@ -64,6 +67,15 @@ struct WalRecord {
   std::uint64_t sequence = 0;        // the worker's sequence number
   std::vector<std::uint8_t> update;  // the update's codec bytes
 };
+
+// WalHeader::staleness_rule for a rule (a StalenessRule's number) and an offline step credit
+// (at most 65535).
+inline std::uint32_t wal_staleness_rule(auto rule, std::uint32_t offline_step_credit) {
+  return static_cast<std::uint32_t>(rule) | (offline_step_credit << 16);
+}
+inline std::uint32_t wal_offline_step_credit(std::uint32_t staleness_rule) {
+  return staleness_rule >> 16;
+}
 
 inline constexpr std::size_t kWalHeaderBytes = 32;
 // A record body above this is treated as damage, never allocated.

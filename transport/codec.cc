@@ -36,7 +36,8 @@ using byte_io::Reader;
 using byte_io::Writer;
 
 // The three message formats share their first 8 bytes (CODEC.md): magic, format version,
-// a reserved u16 that must be 0. What differs is named here.
+// a u16 that is reserved (must be 0) in models and deltas and carries a sparse update's
+// local steps. What differs is named here.
 struct MessageFormat {
   const char* name;           // "update", "model", "model delta": the size messages
   const char* kind;           // "a sparse update": the bad-magic message
@@ -61,10 +62,10 @@ constexpr MessageFormat kDeltaFormat{"model delta",
                                      kDeltaHeaderBytes,
                                      {"model delta for model ", ", expected model "}};
 
-void write_message_header(Writer& w, const MessageFormat& format) {
+void write_message_header(Writer& w, const MessageFormat& format, std::uint16_t field6 = 0) {
   w.bytes(format.magic, 4);
   w.u16(kCodecFormatVersion);
-  w.u16(0);
+  w.u16(field6);
 }
 
 // The size cap, the fixed header's length, magic, format version, reserved field and the
@@ -74,7 +75,8 @@ std::optional<CodecError> read_message_header(Reader& r, std::span<const std::ui
                                               const MessageFormat& format,
                                               const DecodeLimits& limits,
                                               std::uint64_t expected_model_id,
-                                              std::uint64_t& model_id) {
+                                              std::uint64_t& model_id,
+                                              std::uint16_t* local_steps = nullptr) {
   using E = CodecErrorCode;
   if (bytes.size() > limits.max_message_bytes)
     return fail(E::kTooLarge, std::string(format.name) + " of " + str(bytes.size()) +
@@ -96,7 +98,9 @@ std::optional<CodecError> read_message_header(Reader& r, std::span<const std::ui
     return fail(E::kUnsupportedVersion, "format version " + str(version) +
                                             "; this build reads version " +
                                             str(kCodecFormatVersion));
-  if (reserved != 0)
+  if (local_steps != nullptr)
+    *local_steps = reserved;  // a sparse update's: any value is well formed
+  else if (reserved != 0)
     return fail(E::kBadEncoding, "reserved header field is " + str(reserved) + ", must be 0");
   r.u64(model_id);
   if (model_id != expected_model_id)
@@ -455,7 +459,7 @@ CodecResult<std::vector<std::uint8_t>> encode_sparse_update(const SparseUpdate& 
     return fail(CodecErrorCode::kInvalidInput, "unknown value encoding");
   if (auto error = check_tensor_records(update.tensors, options.values)) return *error;
   Writer w;
-  write_message_header(w, kSparseFormat);
+  write_message_header(w, kSparseFormat, update.local_steps);
   w.u64(update.model_id);
   w.u64(update.sequence);
   w.u64(update.fetched_version);
@@ -470,7 +474,8 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
   Reader r(bytes);
   SparseUpdate update;
   if (auto error =
-          read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id))
+          read_message_header(r, bytes, kSparseFormat, limits, expected.model_id, update.model_id,
+                              &update.local_steps))
     return *error;
   std::uint32_t tensor_count = 0;
   r.u64(update.sequence);

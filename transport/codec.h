@@ -35,6 +35,11 @@ struct SparseUpdate {
   std::uint64_t sequence = 0;         // per worker, for replay detection
   std::uint64_t fetched_version = 0;  // t_fetch: the model version the gradient was computed on
   std::vector<SparseTensor> tensors;  // each tensor at most once
+  // How many local steps the update carries: 0 or 1 for one step (an online update); more
+  // for a worker's accumulated offline steps (worker/offline_training.h), saturating at
+  // 65535. A claim only: the server decides what credit it gives (server/parameter_store.h).
+  // Last, so that brace initializers of the fields above keep their meaning.
+  std::uint16_t local_steps = 0;
 };
 
 struct DenseModel {

@@ -175,6 +175,8 @@ struct Worker::State {
       throw std::invalid_argument("worker: offline_seconds must be finite and >= 0");
     if (!(config.offline_lr > 0 && std::isfinite(config.offline_lr)))
       throw std::invalid_argument("worker: offline_lr must be finite and > 0");
+    if (!(config.offline_max_rate >= 0 && config.offline_max_rate <= 1))
+      throw std::invalid_argument("worker: offline_max_rate must lie in [0, 1]");
     if (config.link.enabled() && !config.shards.empty())
       throw std::invalid_argument(
           "worker: --send-share / --byte-budget do not work with --shards yet");
@@ -506,10 +508,22 @@ struct Worker::State {
     update.sequence = ++sequence;
     update.fetched_version = offline.from_version();
     const std::uint64_t steps = offline.steps();
+    // The claim the server's --offline-step-credit may honour (server/parameter_store.h).
+    update.local_steps = static_cast<std::uint16_t>(std::min<std::uint64_t>(steps, 65535));
     choose_rate();
+    // --offline-max-rate: up to c·s for the s steps, so that the sum keeps what the steps
+    // would have sent one by one; the online c is back for the next update.
+    const double online_rate = compressor.options().compression_rate;
+    const double offline_rate =
+        config.offline_max_rate > 0
+            ? std::clamp(online_rate * static_cast<double>(steps), online_rate,
+                         std::max(online_rate, config.offline_max_rate))
+            : online_rate;
+    compressor.set_compression_rate(offline_rate);
     try {
       compressor.compress(offline.sum(), update);
     } catch (const std::invalid_argument& e) {
+      compressor.set_compression_rate(online_rate);
       // add_step() keeps the sum finite, so this is not expected; still never sent.
       stats.offline_steps_refused += steps;
       offline.clear();
@@ -522,7 +536,8 @@ struct Worker::State {
     if (!encoded)
       throw std::logic_error("worker: cannot encode an update: " + encoded.error().message);
     pending = std::move(encoded).value();
-    note_update_size(pending.size());
+    note_update_size(pending.size());  // at the rate it was compressed at
+    compressor.set_compression_rate(online_rate);
     pending_steps = steps;
     pending_offline = true;
     pending_from_version = offline.from_version();

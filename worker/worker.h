@@ -87,6 +87,11 @@ struct WorkerConfig {
   std::uint64_t offline_steps = 0;
   double offline_seconds = 0;
   double offline_lr = 0.1;
+  // The compression rate of the accumulated offline update (ours): c·s for s steps, at most
+  // this (0: the online c). Top-k without error feedback drops what it does not send, so
+  // s steps sent at the online c keep what one step would; at c·s they may send up to what
+  // the s steps would have sent online, in one update.
+  double offline_max_rate = 0;
   bool offline_training() const { return offline_steps > 0 || offline_seconds > 0; }
   // Compression that follows the link (worker/link_adaptation.h; ours): c chosen per update
   // from the measured uplink, for a share of the step time and/or a byte budget, within

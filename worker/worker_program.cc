@@ -295,6 +295,11 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "the local steps' learning rate: the server's --lr, so the update carries the local "
         "trajectory (ours)")
       .range(1e-9, 100);
+  t.add("offline-max-rate", c.offline_max_rate,
+        "compress the accumulated offline update of s steps at c x s, at most this (ours; 0: "
+        "at c, as an online update: top-k drops what it does not send, so s steps would keep "
+        "what one step keeps)")
+      .range(0, 1);
   t.group("A slow or metered link (async: worker/README.md, \"A metered or slow link\")");
   t.add("send-share", c.link.send_share,
         "choose c per update so that sending takes at most this share of a step's time, from "

@@ -33,10 +33,11 @@ recovered=$(expect_emulated_restarts_lost_nothing "$outcome" "the server")
 reached_version=$(json_get "$outcome" target_reached.version)
 [ "$reached_version" -gt "$recovered" ] || fail "the floor was met at version $reached_version, not after the restart ($recovered)"
 
-# links.csv: link, listen, delay, jitter, loss, bandwidth, then 6 counters per direction.
-awk -F, 'NR == 2 { lost = $11 + $17; relayed = $10 } END { exit !(lost > 0 && relayed > 0) }' "$work/run/links.csv" ||
+# links.csv: link, listen, delay, jitter, loss, bandwidth, then 7 counters per direction
+# (in, bytes in, out, bytes out, dropped by loss, by a full queue, while down), then down_s.
+awk -F, 'NR == 2 { lost = $11 + $18; relayed = $10 } END { exit !(lost > 0 && relayed > 0) }' "$work/run/links.csv" ||
   fail "the impaired link w0 dropped nothing or relayed nothing: $(sed -n 2p "$work/run/links.csv")"
-awk -F, 'NR > 2 && $11 + $12 + $17 + $18 > 0 { bad = 1 } END { exit bad }' "$work/run/links.csv" ||
+awk -F, 'NR > 2 && $11 + $12 + $13 + $18 + $19 + $20 > 0 { bad = 1 } END { exit bad }' "$work/run/links.csv" ||
   fail "a clean link dropped datagrams: $(cat "$work/run/links.csv")"
 awk -F, 'NR > 1 && $9 == 0 { bad = 1 } END { exit bad }' "$work/run/workers.csv" ||
   fail "a worker got no update acknowledged: $(cat "$work/run/workers.csv")"

@@ -102,9 +102,12 @@ wait_for_json "$work/idle.json" updates_accepted -gt "$idle_accepted_before" 40 
 
 # The server's WAL (server/write_ahead_log.h): the record of version `acknowledged` comes
 # from identity "offline", and the update in it was computed from version `from`.
-python3 - "$work/state/wal.log" offline "$from" "$acknowledged" <<'EOF' || fail "the server's WAL does not hold the offline update as the worker was told"
+# Its header says how many local steps it carries (CODEC.md: local steps at 6; the claim a
+# server with --offline-step-credit honours).
+python3 - "$work/state/wal.log" offline "$from" "$acknowledged" "$steps" <<'EOF' || fail "the server's WAL does not hold the offline update as the worker was told"
 import struct, sys
 path, identity, fetched, version = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3]), int(sys.argv[4])
+steps = int(sys.argv[5])
 data = open(path, "rb").read()
 pos = 32  # header
 while pos + 8 <= len(data):
@@ -116,8 +119,9 @@ while pos + 8 <= len(data):
     update = body[18 + id_length :]
     if produced == version:
         got = struct.unpack_from("<Q", update, 24)[0]  # CODEC.md: fetched version at 24
-        print(f"WAL: version {produced} from {who.decode()} computed from version {got}: staleness {produced - 1 - got}")
-        sys.exit(0 if who == identity and got == fetched else 1)
+        claimed = struct.unpack_from("<H", update, 6)[0]
+        print(f"WAL: version {produced} from {who.decode()} computed from version {got}: staleness {produced - 1 - got}, {claimed} local steps")
+        sys.exit(0 if who == identity and got == fetched and claimed == steps else 1)
 print(f"WAL: no record of version {version}")
 sys.exit(1)
 EOF

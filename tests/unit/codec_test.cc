@@ -52,6 +52,7 @@ Fixture random_update(std::mt19937& rng) {
     f.update.tensors.push_back(random_tensor(rng, i, n, k));
   }
   std::shuffle(f.update.tensors.begin(), f.update.tensors.end(), rng);
+  f.update.local_steps = rng() % 2 ? static_cast<std::uint16_t>(rng()) : 0;  // offline updates
   return f;
 }
 
@@ -59,6 +60,7 @@ void expect_same(const SparseUpdate& a, const SparseUpdate& b, bool fp16) {
   EXPECT_EQ(a.model_id, b.model_id);
   EXPECT_EQ(a.sequence, b.sequence);
   EXPECT_EQ(a.fetched_version, b.fetched_version);
+  EXPECT_EQ(a.local_steps, b.local_steps);
   ASSERT_EQ(a.tensors.size(), b.tensors.size());
   for (std::size_t i = 0; i < a.tensors.size(); ++i) {
     EXPECT_EQ(a.tensors[i].tensor, b.tensors[i].tensor);
@@ -249,7 +251,13 @@ TEST(SparseCodec, RefusesBadHeaders) {
   };
   expect_decode_error(with(0, 'X'), s.layout(), CodecErrorCode::kBadMagic);
   expect_decode_error(with(4, 2), s.layout(), CodecErrorCode::kUnsupportedVersion);
-  expect_decode_error(with(6, 1), s.layout(), CodecErrorCode::kBadEncoding);
+  // Offset 6 is the update's local steps (little-endian u16, any value), no longer reserved.
+  auto steps = with(6, 0x34);
+  steps[7] = 0x12;
+  auto claimed = decode_sparse_update(steps, s.layout());
+  ASSERT_TRUE(claimed.ok()) << claimed.error().message;
+  EXPECT_EQ(claimed.value().local_steps, 0x1234);
+  EXPECT_EQ(decode_sparse_update(s.bytes, s.layout()).value().local_steps, 0);
   expect_decode_error(with(8, 0), s.layout(), CodecErrorCode::kWrongModel);
   expect_decode_error(with(32, 3), s.layout(),
                       CodecErrorCode::kLayoutMismatch);  // 3 tensors, model has 2

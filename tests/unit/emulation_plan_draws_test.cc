@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/settings.h"
+#include "emulation/down_schedule.h"
 #include "emulation/report_files.h"
 
 namespace {
@@ -116,14 +117,49 @@ TEST(PlanDraws, ThePlanImpairsTheFirstKWorkersAndSeedsEveryLink) {
   ASSERT_EQ(rows.size(), 4u);
   EXPECT_EQ(rows[0],
             (std::vector<std::string>{"worker", "address", "listen", "delay_ms", "jitter_ms",
-                                      "loss", "bandwidth_kbps", "slowdown", "link_seed"}));
+                                      "loss", "bandwidth_kbps", "slowdown", "link_seed",
+                                      "outage_period_s", "outage_s", "outage_phase_s",
+                                      "outage_from_s"}));
   EXPECT_EQ(rows[1], (std::vector<std::string>{"0", "127.0.0.1", "127.0.0.1:0", "5", "1", "0.01",
-                                               "0", "2", "200006"}));  // seed·100003 + worker
+                                               "0", "2", "200006", "0", "0", "0",
+                                               "0"}));  // seed·100003 + worker; always up
   EXPECT_EQ(rows[2], (std::vector<std::string>{"1", "127.0.0.1", "127.0.0.1:0", "0", "0", "0", "0",
-                                               "2", "200007"}));
+                                               "2", "200007", "0", "0", "0", "0"}));
   EXPECT_EQ(rows[3][8], "200008");
   o.impaired = std::numeric_limits<unsigned>::max();  // the default: every worker
   for (const auto& row : csv_rows(plan_csv(o))) EXPECT_NE(row[3], "0") << row[0];
+}
+
+// Reachable 60% of the time in windows of 100 s from 30 s on: each worker down 40 s of
+// every 100, worker i's phase 30 + 100·i/N, so a share 0.4 of the fleet is down at any time.
+TEST(PlanDraws, OutagePhasesAreSpreadOverTheFleet) {
+  PlanOptions o;
+  o.workers = 5;
+  o.reachable = 0.6;
+  o.outage_period = 100;
+  o.outage_start = 30;
+  const auto rows = csv_rows(plan_csv(o));
+  ASSERT_EQ(rows.size(), 6u);
+  for (unsigned i = 0; i < 5; i++) {
+    SCOPED_TRACE("worker " + std::to_string(i));
+    EXPECT_EQ(rows[i + 1][9], "100");
+    EXPECT_EQ(rows[i + 1][10], "40");
+    EXPECT_EQ(rows[i + 1][11], std::to_string(30 + 20 * i));
+    EXPECT_EQ(rows[i + 1][12], "30");
+  }
+  // Through the impairer's schedule: 2 of the 5 down at any time after the start.
+  for (double t = 30.35; t < 400; t += 0.7) {  // never on a window's edge
+    int down = 0;
+    for (unsigned i = 0; i < 5; i++) {
+      DownSchedule s;
+      s.period_s = std::stod(rows[i + 1][9]);
+      s.down_s = std::stod(rows[i + 1][10]);
+      s.phase_s = std::stod(rows[i + 1][11]);
+      s.from_s = std::stod(rows[i + 1][12]);
+      down += s.down_at(t) ? 1 : 0;
+    }
+    EXPECT_EQ(down, 2) << "t = " << t;
+  }
 }
 
 // In namespaces a /30 per worker in 10.S.0.0/16: worker i has 10.S.(4i/256).(4i%256 + 2),

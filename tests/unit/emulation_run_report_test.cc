@@ -48,14 +48,18 @@ void make_run(const fs::path& run) {
         stats(20, 1000, 1, 18, 2, "1, 5, 9", R"(, "shard_versions": [4, 7])"));
   write(run / "logs" / "worker-0.1.stats.json", stats(10, 500, 0, 9, 1, "12, 15"));
   write(run / "logs" / "worker-1.0.stats.json",
-        stats(7, 300, 2, 6, 1, "3, 8, 30", R"(, "shard_versions": [11, 2])"));
+        stats(7, 300, 2, 6, 1, "3, 8, 30",
+              R"(, "shard_versions": [11, 2], "offline_seconds": 61.75, "offline_steps": 400, )"
+              R"("offline_updates_accepted": 2, "offline_updates_refused": 1, )"
+              R"("offline_steps_refused": 90, "buffered_steps": 12)"));
   write(run / "timeline.csv",
         "elapsed_s,version,test_accuracy,ingress_payload_bytes,ingress_socket_bytes\n"
         "2,10,0.5,1000,1500\n4,20,0.8,2000,3100\n6,30,0.91,3000,4600\n8,40,0.93,4000,6000\n");
   write(run / "links.csv",
         "link,to_server_bytes_in,to_server_bytes_out,to_worker_bytes_in,to_server_dropped_loss,"
-        "to_server_dropped_queue_full,to_worker_dropped_loss,to_worker_dropped_queue_full\n"
-        "w0,100,90,5000,1,0,2,0\nw1,200,190,7000,0,3,0,0\n");
+        "to_server_dropped_queue_full,to_worker_dropped_loss,to_worker_dropped_queue_full,"
+        "to_server_dropped_down,to_worker_dropped_down,down_s\n"
+        "w0,100,90,5000,1,0,2,0,3,1,60.25\nw1,200,190,7000,0,3,0,0,0,0,0\n");
   write(run / "restarts.csv", "elapsed_s,highest_acknowledged,recovered_version\n30,15,17\n");
   write(run / "run.label", "ASGD (MLP, 10)\n");
   write(run / "settings.md", "- settings of the launcher\n");
@@ -169,9 +173,13 @@ TEST(RunSummary, AFinishedRunsFilesAndItsVerdict) {
   const CsvTable workers = read_csv(run / "workers.csv");
   ASSERT_EQ(workers.rows.size(), 2u);
   // The plan's columns, then worker 0's sums over its two incarnations and one restart.
+  // Then offline time, steps, updates accepted and refused, refused steps, steps buffered.
   EXPECT_EQ(workers.rows[0], (std::vector<std::string>{"0", "10.100.0.2", "5", "1", "0.01", "1000",
-                                                       "1.5", "30", "27", "3", "1500", "1", "1"}));
-  EXPECT_EQ(workers.rows[1].back(), "0");
+                                                       "1.5", "30", "27", "3", "1500", "1", "1",
+                                                       "0", "0", "0", "0", "0", "0"}));
+  EXPECT_EQ(workers.rows[1][workers.column("restarts")], "0");
+  EXPECT_EQ(std::vector<std::string>(workers.rows[1].end() - 6, workers.rows[1].end()),
+            (std::vector<std::string>{"62", "400", "2", "1", "90", "12"}));
   const json outcome = read_json(run / "outcome.json");
   EXPECT_EQ(outcome["stop"], "target");
   EXPECT_EQ(outcome["target_reached"]["version"].get<int>(), 30);
@@ -191,7 +199,13 @@ TEST(RunSummary, AFinishedRunsFilesAndItsVerdict) {
   EXPECT_NE(summary.find("impairer received it) 12000,"), std::string::npos);
   EXPECT_NE(summary.find("accepted by the server 4000, update payload sent by the workers 1800;"),
             std::string::npos);
-  EXPECT_NE(summary.find("datagrams dropped by the impairer 6\n"), std::string::npos);
+  EXPECT_NE(summary.find("datagrams dropped by the impairer 10\n"), std::string::npos);  // 4 down
+  EXPECT_NE(summary.find("- offline: links down 60 s in all (links.csv down_s; datagrams dropped "
+                         "while down 4), workers offline 62 s, 400 offline steps, offline "
+                         "updates accepted 2 / refused 1 (90 steps), 12 steps buffered at the "
+                         "end\n"),
+            std::string::npos)
+      << summary;
   EXPECT_NE(summary.find("| ASGD (MLP, 10) | 93.00% |"), std::string::npos);  // the table
   EXPECT_TRUE(fs::exists(run / "accuracy-vs-ingress.svg"));
 }

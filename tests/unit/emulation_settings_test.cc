@@ -134,6 +134,12 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
   expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");
   expect_refused([](S& s) { s.cpu_schedule = "10-20:0.5"; }, "needs --cpu-classes");
+  expect_refused([](S& s) { s.cpu_priority = true; }, "--cpu-priority needs --cpu-classes");
+  // Intermittent links (issue 38 part 1): one link per worker and server only, offline
+  // training in async mode only.
+  expect_refused([](S& s) { s.reachable = 0.5, s.mode = "gossip"; }, "not built for --mode gossip");
+  expect_refused([](S& s) { s.reachable = 0.5, s.shards = 2; }, "or --shards yet");
+  expect_refused([](S& s) { s.offline_steps = 100, s.mode = "rounds"; }, "--mode async only");
   EmulatorSettings bad_window;
   bad_window.cpu_classes = "pi5=1";
   bad_window.cpu_schedule = "20-10:0.5";
@@ -171,7 +177,9 @@ TEST(EmulatorSettings, AttackersAndTheDefence) {
 }
 
 TEST(EmulatorSettings, SettingsThatGoTogetherPass) {
-  std::vector<EmulatorSettings> good(6);
+  std::vector<EmulatorSettings> good(7);
+  good[6].reachable = 0.5, good[6].offline_steps = 1000, good[6].offline_step_credit = 1000;
+  good[6].cpu_classes = "equal=0.03", good[6].cpu_priority = true;
   good[1].mode = "gossip", good[1].workers = 2, good[1].fail = "kill-worker:1@10";
   good[2].cpu_classes = "pi5=1,pi3=0.35", good[2].class_drop_rates = "pi3=0:0.5";
   good[3].shards = 3, good[3].fail = "kill-shard:1@20+5";

@@ -2,7 +2,9 @@
 // one link. Checks that datagrams are relayed both ways with at least the configured delay,
 // that loss draws repeat for a seed (and differ for another), that the bandwidth cap spaces
 // datagrams by their serialization time, that a full queue drops, that jitter keeps order,
-// and that bad profiles are refused. Time bounds are lower bounds (a loaded machine only
+// that a down window drops every datagram both ways and the link comes back after it
+// (down_schedule.h, whose times and parsing are checked on their own here too), and that bad
+// profiles are refused. Time bounds are lower bounds (a loaded machine only
 // makes things later) plus generous upper bounds.
 #include "emulation/link_impairer.h"
 
@@ -80,6 +82,7 @@ std::vector<std::uint8_t> numbered(std::uint32_t number, std::size_t size = 64) 
 }
 
 std::uint32_t number_of(const std::vector<std::uint8_t>& bytes) {
+  if (bytes.size() < 4) return UINT32_MAX;  // nothing arrived
   std::uint32_t number = 0;
   std::memcpy(&number, bytes.data(), sizeof number);
   return number;
@@ -226,6 +229,104 @@ TEST(LinkImpairer, JitterNeverReorders) {
     ASSERT_FALSE(got.empty());
     EXPECT_EQ(number_of(got), i);
   }
+}
+
+// Down windows (issue 38 part 1): times against a brute-force reading of the schedule.
+TEST(DownSchedule, DownTimesMatchASampledReading) {
+  DownSchedule s;
+  s.windows = parse_down_windows("5+10,12+4,40+1.5", "test");
+  ASSERT_EQ(s.windows.size(), 3u);
+  EXPECT_DOUBLE_EQ(s.windows[2].length_s, 1.5);
+  EXPECT_FALSE(s.down_at(4.99));
+  EXPECT_TRUE(s.down_at(5));
+  EXPECT_TRUE(s.down_at(15.5));  // the second window, overlapping the first
+  EXPECT_FALSE(s.down_at(16));
+  EXPECT_NEAR(s.down_seconds_until(100), 11 + 1.5, 1e-9);  // [5, 16) once, and 1.5
+  DownSchedule periodic;  // up for 30 s, then down 45 of every 120 from phase 50
+  periodic.period_s = 120;
+  periodic.down_s = 45;
+  periodic.phase_s = 50;
+  periodic.from_s = 30;
+  EXPECT_FALSE(periodic.down_at(29));
+  EXPECT_FALSE(periodic.down_at(49.9));
+  EXPECT_TRUE(periodic.down_at(50));
+  EXPECT_TRUE(periodic.down_at(94.9));
+  EXPECT_FALSE(periodic.down_at(95));
+  EXPECT_TRUE(periodic.down_at(170));
+  DownSchedule early = periodic;  // a down part under way at from_s: down from it on
+  early.phase_s = 0;
+  EXPECT_FALSE(early.down_at(29));
+  EXPECT_TRUE(early.down_at(30));
+  EXPECT_TRUE(early.down_at(44.9));
+  EXPECT_FALSE(early.down_at(45));
+  for (const DownSchedule* schedule : {&s, &periodic, &early}) {
+    for (double t : {0.0, 31.0, 60.0, 333.3, 1000.0}) {
+      double sampled = 0;
+      const double dt = 0.001;
+      for (double x = dt / 2; x < t; x += dt) sampled += schedule->down_at(x) ? dt : 0;
+      EXPECT_NEAR(schedule->down_seconds_until(t), sampled, 0.01) << "t = " << t;
+    }
+  }
+  EXPECT_NEAR(periodic.down_seconds_until(30 + 1200), 10 * 45, 1e-6);  // 45 of every 120
+}
+
+TEST(DownSchedule, RefusesBadTextAndPatterns) {
+  for (const char* bad : {"5", "5+0", "-1+3", "a+3", "5+3,", "5+3,,7+1", "5+inf", "5+3x"}) {
+    try {
+      parse_down_windows(bad, "link w0: down");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("link w0: down"), std::string::npos) << e.what();
+    }
+  }
+  DownSchedule s;
+  s.down_s = 10;  // no period
+  EXPECT_THROW(s.check("w0"), std::invalid_argument);
+  s.period_s = 10;  // never up
+  EXPECT_THROW(s.check("w0"), std::invalid_argument);
+  s.period_s = 20;
+  EXPECT_NO_THROW(s.check("w0"));
+  EXPECT_THROW(LinkImpairer({link_to(5684, {.down = s}), link_to(5684, {.down = {{}, 5, 5}})}),
+               std::invalid_argument);
+}
+
+// A window from 1 s to 2 s after the impairer starts: a request and its answer go through
+// before it, nothing goes either way inside it (counted as dropped while down), and the
+// link carries both ways again after it.
+TEST(LinkImpairer, ADownWindowDropsEveryDatagramBothWays) {
+  UdpSocket worker, server;
+  LinkProfile profile;
+  profile.down.windows = {{1.0, 1.0}};
+  const auto start = Clock::now();
+  LinkImpairer impairer({link_to(server.port(), profile)});
+  auto at = [&](double seconds) {
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(seconds)));
+  };
+  worker.send_to(impairer.listen_port(0), numbered(1));
+  std::uint16_t impairer_port = 0;
+  ASSERT_EQ(number_of(server.receive(std::chrono::milliseconds(800), &impairer_port)), 1u);
+  server.send_to(impairer_port, numbered(2));
+  ASSERT_EQ(number_of(worker.receive(std::chrono::milliseconds(800))), 2u);
+  ASSERT_LT(Clock::now() - start, std::chrono::milliseconds(1000))
+      << "too slow to test before the window";
+  at(1.2);
+  EXPECT_TRUE(impairer.down_now(0));
+  worker.send_to(impairer.listen_port(0), numbered(3));
+  server.send_to(impairer_port, numbered(4));
+  EXPECT_TRUE(server.receive(std::chrono::milliseconds(300)).empty());
+  EXPECT_TRUE(worker.receive(std::chrono::milliseconds(100)).empty());
+  at(2.1);
+  EXPECT_FALSE(impairer.down_now(0));
+  worker.send_to(impairer.listen_port(0), numbered(5));
+  ASSERT_EQ(number_of(server.receive(std::chrono::seconds(5))), 5u);
+  server.send_to(impairer_port, numbered(6));
+  ASSERT_EQ(number_of(worker.receive(std::chrono::seconds(5))), 6u);
+  const LinkCounters c = impairer.counters(0);
+  EXPECT_EQ(c.to_server.dropped_down, 1u);
+  EXPECT_EQ(c.to_worker.dropped_down, 1u);
+  EXPECT_EQ(c.to_server.datagrams_in, 3u);
+  EXPECT_NEAR(impairer.down_seconds(0), 1.0, 1e-9);
 }
 
 TEST(LinkImpairer, RefusesBadProfilesAndAddresses) {

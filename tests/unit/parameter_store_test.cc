@@ -53,11 +53,16 @@ class ReferenceStore {
         std::uint32_t sigma = 0;
         for (std::uint64_t back = 1; back <= delay; ++back)
           sigma += history_[history_.size() - back][i];
-        const std::uint32_t divisor =
+        std::uint32_t divisor =
             options_.rule == StalenessRule::kPerParameterSigma ? std::max<std::uint32_t>(1, sigma)
             : options_.rule == StalenessRule::kNone
                 ? 1u
                 : static_cast<std::uint32_t>(std::max<std::uint64_t>(1, delay));
+        // Offline updates, literally: d / min(s', d) rounded up, s' = min(s, C), at least 1.
+        const std::uint32_t credited = std::max<std::uint32_t>(
+            1, std::min<std::uint32_t>(u.local_steps, options_.offline_step_credit));
+        const std::uint32_t by = std::min(credited, divisor);
+        divisor = static_cast<std::uint32_t>(std::ceil(static_cast<double>(divisor) / by));
         divisors.push_back(divisor);
         params_[i] -= options_.learning_rate * t.values[e] / static_cast<float>(divisor);
         touched[i] = true;
@@ -98,7 +103,14 @@ SparseUpdate random_update(std::mt19937& rng, const std::vector<std::uint32_t>& 
   return u;
 }
 
-void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, int updates) {
+// An update's claimed local steps (offline updates): mostly none, else 0..11, so that a
+// credit of 5 meets claims below, at and beyond it.
+void draw_local_steps(std::mt19937& rng, SparseUpdate& u) {
+  u.local_steps = rng() % 3 == 0 ? static_cast<std::uint16_t>(rng() % 12) : 0;
+}
+
+void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, int updates,
+                           bool claim_steps = false) {
   std::mt19937 rng(seed);
   const std::vector<std::uint32_t> sizes = {7, 30, 3};
   const std::size_t total = 40;
@@ -108,6 +120,7 @@ void run_against_reference(ParameterStoreOptions options, std::uint32_t seed, in
   ReferenceStore reference(sizes, initial, options);
   for (int n = 0; n < updates; ++n) {
     SparseUpdate u = random_update(rng, sizes, store.version(), options.max_staleness);
+    if (claim_steps) draw_local_steps(rng, u);
     auto result = store.apply(u);
     ASSERT_TRUE(result.applied()) << result.reason;
     auto expected = reference.apply(u);
@@ -512,7 +525,7 @@ TEST(ParameterStore, AdmissibleAgreesWithApplyAndChangesNothing) {
 // or cancelled (the newest, or all: a failed WAL write or sync), and the parameters and
 // divisors are those of applying only the surviving updates one by one, bit for bit.
 void run_reservations_against_reference(ParameterStoreOptions options, std::uint32_t seed,
-                                        int rounds) {
+                                        int rounds, bool claim_steps = false) {
   std::mt19937 rng(seed);
   const std::vector<std::uint32_t> sizes = {7, 30, 3};
   std::vector<float> initial(40);
@@ -525,6 +538,7 @@ void run_reservations_against_reference(ParameterStoreOptions options, std::uint
     for (int n = 0; n < size; ++n) {
       SparseUpdate u =
           random_update(rng, sizes, store.version() + store.reserved(), options.max_staleness);
+      if (claim_steps) draw_local_steps(rng, u);
       auto result = store.reserve(u);
       ASSERT_TRUE(result.applied()) << result.reason;
       ASSERT_EQ(result.version, store.version() + store.reserved());
@@ -563,6 +577,56 @@ TEST_P(EveryStalenessRule, ReservationsApplyLikeTheReferenceInVersionOrderAndCan
     SCOPED_TRACE("D = " + std::to_string(d));
     run_reservations_against_reference(options, 100 + d, 150);
   }
+}
+
+// Offline updates (server/parameter_store.h): updates claiming 0..11 local steps, with the
+// credit off (claims ignored: the rule as before) and at 5 (claims beyond it cut to 5),
+// through apply() and reserve(), against the reference's literal ⌈d / min(s', d)⌉.
+TEST_P(EveryStalenessRule, ClaimedLocalStepsMatchTheReference) {
+  for (std::uint32_t credit : {0u, 5u})
+    for (std::uint32_t d : {2u, 16u, 64u, 100u}) {
+      SCOPED_TRACE("credit " + std::to_string(credit) + ", D = " + std::to_string(d));
+      ParameterStoreOptions options;
+      options.rule = GetParam().setting;
+      options.max_staleness = d;
+      options.offline_step_credit = credit;
+      run_against_reference(options, 200 + d, 300, true);
+      run_reservations_against_reference(options, 300 + d, 80, true);
+    }
+}
+
+// A forged claim: the most steps an update can say (65535) against a credit of 1000 lowers
+// σ to 1, never below, so the stale update moves the model exactly as a fresh one would;
+// the same update without the claim moves it by a σth of that.
+TEST(ParameterStore, AClaimOfManyStepsWeighsAtMostAFreshUpdate) {
+  for (std::uint32_t d : {8u, 100u}) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ParameterStoreOptions options;
+    options.max_staleness = d;
+    options.offline_step_credit = 1000;
+    ParameterStore store(kModel, {2}, {0, 0}, options);
+    for (int n = 0; n < 6; ++n)  // six updates touch entry 0 after version 0
+      ASSERT_TRUE(store.apply({kModel, 0, store.version(), {{0, 2, {0}, {1.0f}}}}).applied());
+    ParameterStore unclaimed = store;
+    SparseUpdate offline{kModel, 0, 0, {{0, 2, {0, 1}, {2.0f, 2.0f}}}};
+    ASSERT_TRUE(unclaimed.apply(offline).applied());
+    EXPECT_EQ(unclaimed.last_divisors()[0], 6u);
+    offline.local_steps = 65535;
+    const float before = store.parameters()[0];
+    ASSERT_TRUE(store.apply(offline).applied());
+    EXPECT_EQ(store.last_divisors()[0], 1u);
+    EXPECT_FLOAT_EQ(store.parameters()[0], before - 0.1f * 2.0f);
+    // Three claimed steps against σ = 6 leave a divisor of 2.
+    ParameterStore three = unclaimed;
+    for (int n = 0; n < 6; ++n)
+      ASSERT_TRUE(three.apply({kModel, 0, three.version(), {{0, 2, {1}, {1.0f}}}}).applied());
+    SparseUpdate claim3{kModel, 0, 7, {{0, 2, {1}, {1.0f}}}, 3};
+    ASSERT_TRUE(three.apply(claim3).applied());
+    EXPECT_EQ(three.last_divisors()[0], 2u);
+  }
+  ParameterStoreOptions beyond;
+  beyond.offline_step_credit = 65536;
+  EXPECT_THROW(ParameterStore(kModel, {2}, {0, 0}, beyond), std::invalid_argument);
 }
 
 // A value that would leave a parameter beyond the bound is refused exactly at the bound

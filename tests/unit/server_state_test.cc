@@ -52,7 +52,10 @@ struct Sent {
 // store (no WAL, no checkpoints) reaches after each prefix.
 class History {
  public:
-  History(const ServerStateOptions& options, int count, std::uint32_t seed)
+  // `claim_steps`: some updates say they carry 2..9 local steps (offline updates; the
+  // header's u16 at 6), which a store with an offline step credit honours.
+  History(const ServerStateOptions& options, int count, std::uint32_t seed,
+          bool claim_steps = false)
       : model_(small_model()) {
     std::mt19937 rng(seed);
     server::ParameterStore reference(model_.layout_id(), tensor_sizes(model_),
@@ -64,6 +67,7 @@ class History {
       Sent sent{"device-" + std::to_string(w),
                 random_update(rng, model_, ++sequences[w], reference.version(),
                               options.store.max_staleness)};
+      if (claim_steps && rng() % 2 == 0) sent.bytes[6] = static_cast<std::uint8_t>(2 + rng() % 8);
       auto decoded =
           transport::decode_sparse_update(sent.bytes, {model_.layout_id(), tensor_sizes(model_)});
       EXPECT_TRUE(reference.apply(decoded.value()).applied());
@@ -122,6 +126,30 @@ TEST(ServerState, CrashWithoutCheckpointResumesBitExact) {
   // checkpoint) land exactly where the uninterrupted run puts them.
   submit_all(restarted, history, 30, 45);
   EXPECT_EQ(parameters_of(restarted), history.parameters_after(45));
+}
+
+// Offline updates: with an offline step credit in force, updates that claim local steps
+// replay after a crash to the parameters of the uninterrupted run (the credit is in the WAL
+// header, the claims in the logged bytes).
+TEST(ServerState, CreditedClaimsReplayBitExact) {
+  TempDir dir("edgetrain-state");
+  auto options = options_for(dir, 7);
+  options.store.offline_step_credit = 4;
+  History history(options, 40, 3, true);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 25);
+  }
+  ServerState restarted(small_model(), options);
+  ASSERT_EQ(restarted.version(), 25u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(25));
+  submit_all(restarted, history, 25, 40);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(40));
+  // The claims made a difference: the paper's rule ends elsewhere.
+  auto paper = options;
+  paper.store.offline_step_credit = 0;
+  History unclaimed(paper, 40, 3, true);
+  EXPECT_NE(unclaimed.parameters_after(40), history.parameters_after(40));
 }
 
 // GET /model?since=V for every V from `oldest` to beyond the current version: a delta,
@@ -322,6 +350,9 @@ TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
   auto options = options_for(dir, 0);
   { ServerState state(small_model(), options); }
   options.store.learning_rate = 0.1f;
+  EXPECT_THROW(ServerState(small_model(), options), server::StateError);
+  options = options_for(dir, 0);
+  options.store.offline_step_credit = 5;  // replay would credit claims the log's run did not
   EXPECT_THROW(ServerState(small_model(), options), server::StateError);
   options = options_for(dir, 0);
   runtime::Model other(runtime::parse_model_spec("input 4x4x1; fc 5", "other"));

@@ -572,10 +572,45 @@ TEST_F(WorkerTest, OfflineTheWorkerStepsLocallyAndSendsOneUpdateFromTheVersionIt
   const auto offline_update = transport::decode_sparse_update(server.posts[3], server.layout());
   ASSERT_TRUE(offline_update) << offline_update.error().message;
   EXPECT_EQ(offline_update.value().fetched_version, 4u);
+  EXPECT_EQ(offline_update.value().local_steps, 5u) << "the claim the server may credit";
+  EXPECT_EQ(transport::decode_sparse_update(server.posts[0], server.layout()).value().local_steps,
+            0u);
   EXPECT_GT(sequence_of(server.posts[3]), sequence_of(server.posts[2]));
   // The tries while away were pulls of the delta since the version held; then the worker
   // went on from the server's model.
   EXPECT_EQ(server.gets.back(), "model?since=4");
+}
+
+// --offline-max-rate: the offline update of s steps is compressed at min(c·s, max) per
+// tensor, the online ones before and after it at c.
+TEST_F(WorkerTest, OfflineTheSumOfSStepsIsSentAtCTimesSUpToTheMaximum) {
+  for (const double max_rate : {0.0, 0.03, 0.5}) {
+    SCOPED_TRACE("max rate " + std::to_string(max_rate));
+    server.posts.clear();
+    server.version = 0;
+    stop = false;
+    Outage outage;
+    outage.install(server);
+    auto config = test_config();
+    config.offline_steps = 5;
+    config.compressor.compression_rate = 0.01;
+    config.offline_max_rate = max_rate;
+    auto worker = make_worker(config);
+    worker.run([&](const runtime::WorkerStats& st) {
+      if (outage.away && st.offline_steps >= 5 && outage.failed_gets >= 2) outage.away = false;
+      if (st.offline_updates_accepted == 1 && st.updates_accepted >= 4) stop = true;
+    });
+    ASSERT_GE(server.posts.size(), 5u);
+    const auto layout = server.layout();
+    const double offline_rate = max_rate == 0 ? 0.01 : std::min(max_rate, 0.01 * 5);
+    for (std::size_t p : {std::size_t{0}, std::size_t{3}, std::size_t{4}}) {
+      const auto update = transport::decode_sparse_update(server.posts[p], layout).value();
+      const double rate = p == 3 ? offline_rate : 0.01;
+      for (const auto& t : update.tensors)
+        EXPECT_EQ(t.indices.size(), runtime::Compressor::top_k_count(t.size, rate))
+            << "post " << p << ", tensor " << t.tensor;
+    }
+  }
 }
 
 TEST_F(WorkerTest, OfflineTheUpdateIsTheCompressedSumOfTheLocalSgdSteps) {

@@ -513,6 +513,15 @@ Key32 SecAggServer::reconstruct_secret(std::string_view owner, SecretKind kind) 
   return to_key(shamir_reconstruct(it->second, config_.threshold));
 }
 
+bool SecAggServer::has_enough_shares() const {
+  if (phase_ != Phase::kUnmasking) return false;
+  for (const std::string& owner : u2_) {
+    const auto it = revealed_.find(owner);
+    if (it == revealed_.end() || it->second.size() < config_.threshold) return false;
+  }
+  return true;
+}
+
 std::vector<std::uint32_t> SecAggServer::unmask() {
   expect(Phase::kUnmasking, "unmasking");
   std::string short_of;

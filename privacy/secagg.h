@@ -224,6 +224,9 @@ class SecAggServer {
   // Σ_{u∈U3} x_u mod 2^32. Refuses, naming them, when some devices of U2 have fewer than t
   // shares, or when a reconstructed mask private key does not match its advertised public key.
   std::vector<std::uint32_t> unmask();
+  // Whether every device of U2 has t shares in (unmask() would not be short of any): with
+  // neighbours, t answers do not give every secret t shares, as they do without.
+  bool has_enough_shares() const;
 
   const std::vector<std::string>& key_holders() const { return u1_; }   // U1
   const std::set<std::string, std::less<>>& share_senders() const { return u2_; }  // U2

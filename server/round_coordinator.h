@@ -91,6 +91,7 @@ struct RoundOptions {
     bool enabled = false;
     double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
     double subset_fraction = 0;       // > 0: a seeded random subset of entries (privacy/subset.h)
+    std::uint32_t neighbours = 0;     // SecAgg+'s k (privacy/secagg_graph.h); 0: every device
   } secure;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that

@@ -99,6 +99,11 @@ void check_settings(const ServerSettings& s) {
     throw std::invalid_argument(
         "--secagg-subset needs --mode rounds --secure-aggregation: plain rounds compress each "
         "device's delta with its own compressor (the worker's --compressor and --rate)");
+  if (s.secagg_neighbours > 0 && !(s.mode == "rounds" && s.secure_aggregation))
+    throw std::invalid_argument("--secagg-neighbours needs --mode rounds --secure-aggregation");
+  if (s.secagg_neighbours % 2 != 0)
+    throw std::invalid_argument("--secagg-neighbours " + std::to_string(s.secagg_neighbours) +
+                                ": an even number (the neighbour graph is a Harary graph H(n, k)), or 0 for every device");
   if (s.mode != "gan" && s.gan_clip_feedback > 0)
     throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.

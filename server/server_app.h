@@ -72,6 +72,7 @@ struct ServerSettings {
   bool secure_aggregation = false;
   double secagg_threshold = 0.6;
   double secagg_subset = 0;  // the share of entries a secure round sends (privacy/subset.h); 0: all
+  std::uint32_t secagg_neighbours = 0;  // SecAgg+'s k (privacy/secagg_graph.h); 0: every device
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

@@ -101,6 +101,11 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
       info.dp_device_noise_stddev = j["dp_device_noise_stddev"].get<double>();
       info.secagg_value_bound = j["secagg_value_bound"].get<double>();
     }
+    if (j.contains("secagg_neighbours")) {
+      if (!j["secagg_neighbours"].is_number_unsigned() || j["secagg_neighbours"].get<std::uint64_t>() > 254)
+        return std::nullopt;
+      info.secagg_neighbours = static_cast<std::uint32_t>(j["secagg_neighbours"].get<std::uint64_t>());
+    }
   }
   return info;
 }
@@ -547,6 +552,10 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const auto directory_bytes = wait_for(round, "round/secagg/keys");
     if (!directory_bytes) return false;
     const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
+    if (directory.config.neighbours != round.secagg_neighbours)  // SecAgg+'s k, as GET /round said
+      throw privacy::SecAggError("the key directory has " + std::to_string(directory.config.neighbours) +
+                                 " neighbours per device, GET /round announced " +
+                                 std::to_string(round.secagg_neighbours));
     if (!post_step(round, "round/secagg/shares", privacy::serialize(device.share_keys(directory))))
       return false;
     if (config.test_secagg_drop_after == "shares") {
@@ -557,7 +566,7 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     const auto shares_bytes = wait_for(round, "round/secagg/shares");
     if (!shares_bytes) return false;
     // N, the most summands, is U1's size: the server reads the sum back with the same.
-    const auto devices = static_cast<std::uint32_t>(directory.devices.size());
+    const auto devices = static_cast<std::uint32_t>(directory.key_holder_count());
     std::vector<std::uint32_t> quantized;
     if (noised) {
       // The noise after clipping (what was sent stays clean for the subset's remainder).

@@ -61,6 +61,9 @@ struct RoundInfo {
   // refuses a session whose B does not cover the clip and the noise's tails.
   double dp_device_noise_stddev = 0;
   double secagg_value_bound = 0;
+  // SecAgg+ (server --secagg-neighbours, privacy/secagg_graph.h): k neighbours per device,
+  // 0: every device. The key directory must say the same (the device refuses it otherwise).
+  std::uint32_t secagg_neighbours = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a

@@ -44,6 +44,10 @@ refused shard-too-many "--shard 0/2000000: .*at most one shard per parameter" --
 refused shard-rounds "--shard works with --mode async only" --keystore "$keys" --model mlp --shard 0/2 --mode rounds
 refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggregation" --keystore "$keys" --model mlp --mode rounds \
   --secagg-subset 0.1
+refused neighbours-without-secure "--secagg-neighbours needs --mode rounds --secure-aggregation" --keystore "$keys" \
+  --model mlp --mode rounds --secagg-neighbours 4
+refused neighbours-odd "--secagg-neighbours 5: an even number" --keystore "$keys" --model mlp --mode rounds \
+  --secure-aggregation --round-clip-norm 1 --secagg-neighbours 5
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
 # A state directory that cannot be created (a file stands where its parent should be).

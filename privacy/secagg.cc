@@ -459,6 +459,17 @@ SurvivorList SecAggServer::close_masked_input() {
   if (u3_.size() < config_.threshold) {
     throw SecAggError(std::to_string(u3_.size()) + " masked inputs, fewer than t = " + std::to_string(config_.threshold));
   }
+  if (!graph_->complete()) {
+    // Ours: masks cancel within each component of the survivors' graph, so unmasking a
+    // split one would let the server read each component's sum. Refused before any secret
+    // is revealed: the attempt starts again with fresh keys.
+    std::vector<bool> present(u1_.size(), false);
+    for (const std::string& survivor : u3_) present[index_of(survivor)] = true;
+    if (const std::size_t groups = graph_->components(present); groups > 1) {
+      throw SecAggError("the " + std::to_string(u3_.size()) + " masked inputs fall into " + std::to_string(groups) +
+                        " groups with no neighbours between them: unmasking would reveal each group's sum");
+    }
+  }
   phase_ = Phase::kUnmasking;
   return {config_.round, {u3_.begin(), u3_.end()}};
 }

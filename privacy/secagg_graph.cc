@@ -103,6 +103,31 @@ std::uint8_t NeighbourGraph::share_point(std::uint32_t owner, std::uint32_t hold
   return static_cast<std::uint8_t>(std::lower_bound(around.begin(), around.end(), holder) - around.begin() + 1);
 }
 
+std::size_t NeighbourGraph::components(const std::vector<bool>& present) const {
+  const std::uint32_t n = devices();
+  if (present.size() != n) throw std::invalid_argument("components: one flag per device");
+  std::vector<bool> seen(n, false);
+  std::vector<std::uint32_t> stack;
+  std::size_t count = 0;
+  for (std::uint32_t start = 0; start < n; ++start) {
+    if (!present[start] || seen[start]) continue;
+    ++count;
+    seen[start] = true;
+    stack.push_back(start);
+    while (!stack.empty()) {
+      const std::uint32_t u = stack.back();
+      stack.pop_back();
+      for (std::uint32_t v : neighbours(u)) {
+        if (present[v] && !seen[v]) {
+          seen[v] = true;
+          stack.push_back(v);
+        }
+      }
+    }
+  }
+  return count;
+}
+
 std::uint32_t neighbourhood_majority(std::uint32_t neighbours) { return (neighbours + 1) / 2 + 1; }
 
 NeighbourParameters choose_neighbour_parameters(std::uint32_t devices, double dropout_rate, double failure_probability) {

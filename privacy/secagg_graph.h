@@ -48,6 +48,10 @@ class NeighbourGraph {
   // The Shamir point of `holder`'s shares of `owner`'s secrets: 1 + rank in holders(owner);
   // 0 when holder holds none of them.
   std::uint8_t share_point(std::uint32_t owner, std::uint32_t holder) const;
+  // The connected components of the subgraph on the devices marked present (one flag per
+  // device). Masks cancel within a component, so a server that unmasked the survivors of a
+  // graph in several components could read each component's sum: secagg.h refuses that.
+  std::size_t components(const std::vector<bool>& present) const;
 
  private:
   std::uint32_t degree_ = 0;

@@ -80,6 +80,18 @@ TEST(NeighbourGraph, StaysConnectedWithFewerThanKRemoved) {
   EXPECT_EQ(reachable(graph, removed), 60u - 6 - 1);
 }
 
+TEST(NeighbourGraph, CountsTheComponentsOfThePresentDevices) {
+  const NeighbourGraph cycle(12, 2, 4);
+  std::vector<bool> present(12, true);
+  EXPECT_EQ(cycle.components(present), 1u);
+  const std::vector<std::uint32_t> around = cycle.neighbours(5);
+  present[around[0]] = present[around[1]] = false;  // 5 alone, the other 9 in one arc
+  EXPECT_EQ(cycle.components(present), 2u);
+  EXPECT_EQ(cycle.components(std::vector<bool>(12, false)), 0u);
+  EXPECT_EQ(reachable(cycle), 12u);
+  EXPECT_THROW(cycle.components(std::vector<bool>(11, true)), std::invalid_argument);
+}
+
 TEST(NeighbourGraph, IsTheSameForTheSameSeedAndAnotherForAnother) {
   const NeighbourGraph a(200, 12, 777), b(200, 12, 777), c(200, 12, 778);
   std::size_t differ = 0;

@@ -396,10 +396,14 @@ TEST(SecureAggregationMessages, DamagedBytesParseOrAreRefused) {
       serialize(MaskedInput{kRound, name(2), round.masked[2]}),
       serialize(round.survivors),
       serialize(round.device[3]->unmasking_shares(round.survivors)),
+      serialize(KeyDirectory{{kRound, 3, 6, 2, 77},  // SecAgg+'s directory (type 7)
+                             {round.device[0]->advertise_keys(), round.device[1]->advertise_keys()},
+                             4,
+                             {0, 3}}),
   };
   std::mt19937 draw(11);
   int parsed = 0, refused = 0;
-  for (int trial = 0; trial < 6000; ++trial) {
+  for (int trial = 0; trial < 7000; ++trial) {
     std::vector<std::uint8_t> bytes = messages[trial % messages.size()];
     const int flips = 1 + static_cast<int>(draw() % 3);
     for (int f = 0; f < flips; ++f) bytes[draw() % bytes.size()] ^= static_cast<std::uint8_t>(1 + draw() % 255);
@@ -411,14 +415,15 @@ TEST(SecureAggregationMessages, DamagedBytesParseOrAreRefused) {
         case 2: parse_encrypted_shares(bytes); break;
         case 3: parse_masked_input(bytes); break;
         case 4: parse_survivor_list(bytes); break;
-        default: parse_unmasking_shares(bytes); break;
+        case 5: parse_unmasking_shares(bytes); break;
+        default: parse_key_directory(bytes); break;
       }
       ++parsed;
     } catch (const SecAggError&) {
       ++refused;
     }
   }
-  EXPECT_EQ(parsed + refused, 6000);
+  EXPECT_EQ(parsed + refused, 7000);
   EXPECT_GT(parsed, 100);   // flips inside keys and values still parse...
   EXPECT_GT(refused, 100);  // ...flips in lengths, types and counts do not
 }
@@ -589,6 +594,28 @@ TEST(SecAggPlus, HundredDevicesWithThirtyPercentDroppingAtEveryStep) {
 // device answers only a list of its own neighbours (with itself), once; the server refuses a
 // share of a secret of a device that is not the sender's neighbour; t must be a majority of
 // the k + 1 holders, so two disjoint groups of them cannot both reach it.
+// On a cycle (k = 2) two survivors missing at non-adjacent places split the others in two
+// groups; unmasking would give the server each group's sum, so the input step refuses to
+// close (before any secret is revealed).
+TEST(SecAggPlus, SurvivorsInSeveralGroupsAreNotUnmasked) {
+  Round round;
+  round.devices = 10;
+  round.neighbours = 2;
+  round.threshold = 2;
+  round.prepare();
+  const NeighbourGraph cycle(10, 2, round.graph_seed);  // the graph the server will draw
+  const std::vector<std::uint32_t> beside = cycle.neighbours(0);
+  // Device 0's two neighbours leave before their input: 0 is cut off from the rest.
+  round.drop_before_input = {static_cast<int>(beside[0]), static_cast<int>(beside[1])};
+  try {
+    round.run_until_survivors();
+    FAIL() << "a split graph's survivors were unmasked";
+  } catch (const SecAggError& error) {
+    EXPECT_NE(std::string(error.what()).find("fall into 2 groups"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(cycle.components(std::vector<bool>(10, true)), 1u);
+}
+
 TEST(SecAggPlus, NeverBothSecretsPerNeighbourhood) {
   Round round;
   use_neighbours(round);

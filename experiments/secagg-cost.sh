@@ -24,10 +24,14 @@
 #                   (the fleet's tool, boards/fleet-certificates.sh, via tests/integration/
 #                   make_test_certificates.sh; needs openssl) and --secagg-signed-keys, so each
 #                   device signs its keys and the survivor list and checks everyone's
+#   secure-neighbours  SecAgg+: dense secure aggregation with --secagg-neighbours K (--neighbours,
+#                   12) and --secagg-threshold 0.51, the smallest majority of a neighbourhood's
+#                   K + 1 holders (with 20 devices, K = 12 and 6 leaving, every neighbourhood
+#                   keeps t = 7 of them, whichever graph is drawn)
 # with F = --subset (0.1); each row also gives the test accuracy of the model after the
 # rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
 # secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
-# covers the dense secure run (the subset's sum: tests/unit/secure_round_test.cc).
+# covers the dense secure runs (the subset's sum: tests/unit/secure_round_test.cc).
 # With --noise Z > 0 every run is DP-FedAvg (--aggregation dp-fedavg, z = Z, m = N): plain runs
 # with the server's central noise, secure runs with the devices' distributed noise (each its
 # share z·S/√N: --min-clients N is the count it is calibrated to); no device may leave then.
@@ -35,10 +39,11 @@
 # usage: experiments/secagg-cost.sh [--build DIR] [--out DIR] [--devices N] [--drop-fraction F]
 #                                   [--rounds R] [--model M] [--local-steps K] [--deadline S]
 #                                   [--modes "plain secure ..."] [--subset F] [--eval-data D] [--noise Z]
+#                                   [--neighbours K]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=secagg-cost devices=20 drop_fraction=0.3 rounds=3 model=mlp local_steps=2 deadline=5
-modes="plain plain-adacomp secure secure-subset" subset=0.1 eval_data=mnist-small noise=0
+modes="plain plain-adacomp secure secure-subset" subset=0.1 eval_data=mnist-small noise=0 neighbours=12
 die() { echo "secagg-cost.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -54,6 +59,7 @@ while [ $# -gt 0 ]; do
     --subset) subset=${2:?}; shift ;;
     --eval-data) eval_data=${2:?}; shift ;;
     --noise) noise=${2:?}; shift ;;
+    --neighbours) neighbours=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -66,11 +72,13 @@ command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 [[ "$devices" =~ ^[0-9]+$ ]] && [ "$devices" -ge 3 ] && [ "$devices" -le 255 ] || die "--devices: 3..255, not '$devices'"
 dropped=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$drop_fraction" "$devices")
 for mode in $modes; do
-  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-signed) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset or secure-signed, not '$mode'" ;; esac
+  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-signed|secure-neighbours) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset, secure-signed or secure-neighbours, not '$mode'" ;; esac
 done
 python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
   die "--subset: a fraction in (0, 1], not '$subset'"
 python3 -c "import sys; sys.exit(0 if float(sys.argv[1]) >= 0 else 1)" "$noise" 2>/dev/null || die "--noise: a noise multiplier >= 0, not '$noise'"
+[[ "$neighbours" =~ ^[0-9]+$ ]] && [ $((neighbours % 2)) = 0 ] && [ "$neighbours" -ge 2 ] ||
+  die "--neighbours: an even number of at least 2, not '$neighbours'"
 [ "$noise" = 0 ] || [ "$dropped" = 0 ] || die "--noise needs --drop-fraction 0: rounds calibrated to $devices devices cannot close with fewer"
 [ $((devices - dropped)) -gt $((devices / 2)) ] || die "--drop-fraction $drop_fraction leaves no majority of $devices devices"
 source "$repo/common/processes.sh"
@@ -107,6 +115,7 @@ for mode in $modes; do
         die "could not make the test certificates (openssl)"
       args+=(--secure-aggregation --secagg-signed-keys --cert "$run/certs/server.crt" --cert-key "$run/certs/server.key"
              --ca "$run/certs/ca.crt") ;;
+    secure-neighbours) args+=(--secure-aggregation --secagg-neighbours "$neighbours" --secagg-threshold 0.51) ;;
   esac
   [ "$noise" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$noise" --dp-expected-devices "$devices")
   started=$SECONDS
@@ -150,14 +159,18 @@ for mode in $modes; do
   server_cpu=$(tail -1 "$run/server.cpu" | awk -v r="$closed" '{printf "%.3f", ($1 + $2) / r}')
   accuracy=$("$server" evaluate "$run/state/checkpoint.safetensors" --data "$eval_data" --json | jq -r '.accuracy * 10000 | round / 100')
   label=$mode
-  case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;;
-    secure-signed) label="secure, signed keys and consistency round (X.509)" ;; esac
+  case "$mode" in
+    plain-adacomp) label="plain, AdaComp rate $subset" ;;
+    secure-subset) label="secure, subset $subset" ;;
+    secure-signed) label="secure, signed keys and consistency round (X.509)" ;;
+    secure-neighbours) label="secure, $neighbours neighbours (SecAgg+)" ;;
+  esac
   if [ "$noise" != 0 ]; then
     case "$mode" in plain*) label="$label, dp-fedavg z = $noise (central)" ;; *) label="$label, dp-fedavg z = $noise (distributed, c = $devices)" ;; esac
     label="$label, ε $(json_get "$run/server.stats.json" rounds.dp_epsilon | awk '{printf "%.3g", $1}')"
   fi
   rows+=("| $label | $devices ($([[ "$mode" = secure* ]] && echo "$dropped left after their input in round 0" || echo "none left")) | $closed | $sent | $received | $messages (+ $not_yet not yet) | $cpu | $server_cpu | $wall | $accuracy% |")
-  if [ "$mode" = secure ] && [ "$dropped" -gt 0 ]; then  # the check needs devices that left
+  if { [ "$mode" = secure ] || [ "$mode" = secure-neighbours ]; } && [ "$dropped" -gt 0 ]; then  # the check needs devices that left
     gone=("${names[@]:$((devices - dropped))}")
     python3 "$repo/tests/integration/secagg_round_check.py" model "$run/dump" 0 1 "${names[@]}" -- "${gone[@]}" |
       tee "$run/check.txt" || die "round 0's model is not the mean of the devices' deltas"
@@ -166,11 +179,12 @@ done
 
 table="$out/secagg-cost.md"
 {
-  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline --modes \"$modes\" --subset $subset --eval-data $eval_data --noise $noise (commit $(git -C "$repo" rev-parse --short HEAD))"
+  echo "Command: experiments/secagg-cost.sh --devices $devices --drop-fraction $drop_fraction --rounds $rounds --model $model --local-steps $local_steps --deadline $deadline --modes \"$modes\" --subset $subset --eval-data $eval_data --noise $noise --neighbours $neighbours (commit $(git -C "$repo" rev-parse --short HEAD))"
   echo
   echo "| rounds | devices | rounds closed | bytes sent per device and round | bytes received | messages | device CPU s | server CPU s per round | wall s | test accuracy |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   [ ! -f "$work/secure/check.txt" ] || cat "$work/secure/check.txt"
+  [ ! -f "$work/secure-neighbours/check.txt" ] || { printf 'secure-neighbours: '; cat "$work/secure-neighbours/check.txt"; }
 } | tee "$table"

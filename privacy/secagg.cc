@@ -57,6 +57,27 @@ void check_threshold(std::uint32_t threshold, std::size_t devices) {
   }
 }
 
+void check_round_threshold(const RoundConfig& config, std::size_t devices) {
+  if (config.neighbours == 0 || std::size_t{config.neighbours} + 1 >= devices) {
+    check_threshold(config.threshold, devices);
+    return;
+  }
+  if (devices > kMaxNeighbourGraphDevices) {
+    throw SecAggError(std::to_string(devices) + " devices: a round with neighbours holds at most " +
+                      std::to_string(kMaxNeighbourGraphDevices));
+  }
+  if (config.neighbours % 2 != 0) {
+    throw SecAggError(std::to_string(config.neighbours) + " neighbours for " + std::to_string(devices) +
+                      " devices: below n − 1 the number must be even (a Harary graph)");
+  }
+  try {
+    check_threshold(config.threshold, std::size_t{config.neighbours} + 1);
+  } catch (const SecAggError& error) {
+    throw SecAggError(std::string(error.what()) + " (the " + std::to_string(config.neighbours + 1) +
+                      " holders of a neighbourhood)");
+  }
+}
+
 const char* secret_kind_name(SecretKind kind) {
   return kind == SecretKind::kSelfMaskSeed ? "self-mask seed" : "mask private key";
 }
@@ -107,7 +128,21 @@ EncryptedShares SecAggDevice::share_keys(const KeyDirectory& directory) {
                       " in round " + std::to_string(round_));
   }
   if (directory.config.vector_length == 0) throw SecAggError(identity_ + ": a round of zero-length vectors");
-  check_threshold(directory.config.threshold, directory.devices.size());
+  const std::size_t n = directory.key_holder_count();
+  check_round_threshold(directory.config, n);
+  // Each listed device's index in U1: given with neighbours, implied by a whole directory.
+  std::vector<std::uint32_t> positions = directory.positions;
+  if (positions.empty()) {
+    if (directory.devices.size() != n) {
+      throw SecAggError(identity_ + ": a key directory of " + std::to_string(directory.devices.size()) + " of " +
+                        std::to_string(n) + " devices without their positions");
+    }
+    for (std::uint32_t i = 0; i < n; ++i) positions.push_back(i);
+  }
+  if (positions.size() != directory.devices.size()) {
+    throw SecAggError(identity_ + ": a key directory with " + std::to_string(positions.size()) + " positions for " +
+                      std::to_string(directory.devices.size()) + " devices");
+  }
   const AdvertiseKeys* self = nullptr;
   for (std::size_t i = 0; i < directory.devices.size(); ++i) {
     const AdvertiseKeys& entry = directory.devices[i];
@@ -116,25 +151,48 @@ EncryptedShares SecAggDevice::share_keys(const KeyDirectory& directory) {
     if (i > 0 && !(directory.devices[i - 1].identity < entry.identity)) {
       throw SecAggError(identity_ + ": the key directory is not ordered by identity or repeats " + quoted(entry.identity));
     }
+    // U1 is ordered by identity, so its indices ascend with the identities.
+    if (positions[i] >= n || (i > 0 && positions[i - 1] >= positions[i])) {
+      throw SecAggError(identity_ + ": the key directory gives " + quoted(entry.identity) + " the position " +
+                        std::to_string(positions[i]) + " of " + std::to_string(n) + ", out of order or out of range");
+    }
     if (entry.identity == identity_) {
       self = &entry;
-      point_ = static_cast<std::uint8_t>(i + 1);
+      own_index_ = positions[i];
     }
   }
   if (self == nullptr) throw SecAggError(identity_ + ": the key directory leaves this device out");
   if (!(*self == advertise_keys())) throw SecAggError(identity_ + ": the key directory holds other keys for this device");
+  try {
+    graph_.emplace(static_cast<std::uint32_t>(n), directory.config.neighbours, directory.config.graph_seed);
+  } catch (const std::invalid_argument& error) {
+    throw SecAggError(identity_ + ": " + error.what());
+  }
+  // The holders of this device's shares: itself and its neighbours (everyone without
+  // neighbours). The directory must list all of them; it may list more (a whole U1).
+  const std::vector<std::uint32_t> holders = graph_->holders(own_index_);
+  std::vector<const AdvertiseKeys*> holder_keys;
+  for (std::size_t i = 0, h = 0; h < holders.size(); ++h) {
+    while (i < positions.size() && positions[i] < holders[h]) ++i;
+    if (i == positions.size() || positions[i] != holders[h]) {
+      throw SecAggError(identity_ + ": the key directory leaves out the device at position " +
+                        std::to_string(holders[h]) + ", a neighbour of this device");
+    }
+    holder_keys.push_back(&directory.devices[i]);
+    index_[directory.devices[i].identity] = holders[h];
+  }
   directory_ = directory;
 
-  std::vector<std::uint8_t> points;
-  for (std::size_t i = 0; i < directory.devices.size(); ++i) points.push_back(static_cast<std::uint8_t>(i + 1));
+  std::vector<std::uint8_t> points;  // 1 + rank among the holders (secagg_graph.h)
+  for (std::size_t i = 0; i < holders.size(); ++i) points.push_back(static_cast<std::uint8_t>(i + 1));
   std::vector<ShamirShare> key_shares =
       shamir_split(mask_keys_.private_key, directory.config.threshold, points, random_);
   std::vector<ShamirShare> seed_shares = shamir_split(self_mask_seed_, directory.config.threshold, points, random_);
 
   EncryptedShares out;
   out.round = round_;
-  for (std::size_t i = 0; i < directory.devices.size(); ++i) {
-    const AdvertiseKeys& peer = directory.devices[i];
+  for (std::size_t i = 0; i < holder_keys.size(); ++i) {
+    const AdvertiseKeys& peer = *holder_keys[i];
     if (peer.identity == identity_) {  // this device keeps its own shares: they count towards t
       held_[identity_] = {key_shares[i], seed_shares[i]};
       continue;
@@ -166,8 +224,10 @@ MaskedInput SecAggDevice::masked_input(const EncryptedShares& received, std::spa
     throw SecAggError(identity_ + ": an input of " + std::to_string(input.size()) + " values in a round of " +
                       std::to_string(directory_.config.vector_length));
   }
-  std::map<std::string, const AdvertiseKeys*, std::less<>> u1;
-  for (const AdvertiseKeys& entry : directory_.devices) u1[entry.identity] = &entry;
+  std::map<std::string, const AdvertiseKeys*, std::less<>> u1;  // this device's holders only
+  for (const AdvertiseKeys& entry : directory_.devices) {
+    if (index_.count(entry.identity)) u1[entry.identity] = &entry;
+  }
   // Decrypt everything before keeping anything: a refused message leaves the device as it was.
   std::map<std::string, Held, std::less<>> held;
   for (const EncryptedShare& share : received.shares) {
@@ -176,7 +236,8 @@ MaskedInput SecAggDevice::masked_input(const EncryptedShares& received, std::spa
     }
     const auto sender = u1.find(share.sender);
     if (sender == u1.end() || share.sender == identity_) {
-      throw SecAggError(identity_ + ": a share from " + quoted(share.sender) + ", not another device of the round");
+      throw SecAggError(identity_ + ": a share from " + quoted(share.sender) +
+                        ", not another device of the round that is this device's neighbour");
     }
     if (held.count(share.sender)) throw SecAggError(identity_ + ": two shares from " + quoted(share.sender));
     Key32 secret = agree_with(cipher_keys_.private_key, sender->second->cipher_public_key, share.sender, random_);
@@ -189,12 +250,13 @@ MaskedInput SecAggDevice::masked_input(const EncryptedShares& received, std::spa
     }
     wipe(secret);
     wipe(key);
-    if (plaintext.size() != kSharePlaintextBytes || plaintext[0] != point_) {
+    const std::uint8_t point = graph_->share_point(index_.find(share.sender)->second, own_index_);
+    if (plaintext.size() != kSharePlaintextBytes || plaintext[0] != point) {
       throw SecAggError(identity_ + ": the share from " + quoted(share.sender) + " is not for this device's point");
     }
     Held& entry = held[share.sender];
-    entry.mask_private_key = {point_, {plaintext.begin() + 1, plaintext.begin() + 1 + kKeyBytes}};
-    entry.self_mask_seed = {point_, {plaintext.begin() + 1 + kKeyBytes, plaintext.end()}};
+    entry.mask_private_key = {point, {plaintext.begin() + 1, plaintext.begin() + 1 + kKeyBytes}};
+    entry.self_mask_seed = {point, {plaintext.begin() + 1 + kKeyBytes, plaintext.end()}};
     wipe(plaintext);
   }
   if (held.size() + 1 < directory_.config.threshold) {
@@ -272,9 +334,12 @@ void SecAggServer::expect_round(std::uint64_t round, const char* what) const {
   }
 }
 
-std::uint8_t SecAggServer::point_of(std::string_view device) const {
-  const auto it = std::lower_bound(u1_.begin(), u1_.end(), device);
-  return static_cast<std::uint8_t>(it - u1_.begin() + 1);
+std::uint32_t SecAggServer::index_of(std::string_view device) const {
+  return static_cast<std::uint32_t>(std::lower_bound(u1_.begin(), u1_.end(), device) - u1_.begin());
+}
+
+std::uint8_t SecAggServer::point_of(std::string_view holder, std::string_view owner) const {
+  return graph_->share_point(index_of(owner), index_of(holder));
 }
 
 void SecAggServer::receive_keys(std::string_view from, const AdvertiseKeys& keys) {
@@ -283,18 +348,20 @@ void SecAggServer::receive_keys(std::string_view from, const AdvertiseKeys& keys
   check_identity(keys.identity);
   if (keys.identity != from) throw SecAggError("keys for " + quoted(keys.identity) + " from " + quoted(from));
   if (keys_.count(keys.identity)) throw SecAggError(quoted(from) + " advertised its keys twice");
-  if (keys_.size() == kMaxSecAggDevices) throw SecAggError("more than " + std::to_string(kMaxSecAggDevices) + " devices");
+  const std::size_t most = config_.neighbours == 0 ? kMaxSecAggDevices : kMaxNeighbourGraphDevices;
+  if (keys_.size() == most) throw SecAggError("more than " + std::to_string(most) + " devices");
   keys_.emplace(keys.identity, keys);
 }
 
 KeyDirectory SecAggServer::close_key_advertisement() {
   expect(Phase::kKeys, "closing the key advertisement");
-  check_threshold(config_.threshold, keys_.size());
+  check_round_threshold(config_, keys_.size());
   KeyDirectory out{config_, {}};
   for (const auto& [identity, keys] : keys_) {  // a std::map: ordered by identity
     u1_.push_back(identity);
     out.devices.push_back(keys);
   }
+  graph_.emplace(static_cast<std::uint32_t>(u1_.size()), config_.neighbours, config_.graph_seed);
   phase_ = Phase::kShares;
   return out;
 }
@@ -304,18 +371,20 @@ void SecAggServer::receive_shares(std::string_view from, const EncryptedShares& 
   expect_round(shares.round, "shares");
   if (!keys_.count(from)) throw SecAggError("shares from " + quoted(from) + ", which advertised no keys");
   if (sent_shares_.count(from)) throw SecAggError(quoted(from) + " sent its shares twice");
-  // Every other device of U1 must get exactly one: the threshold counts on it.
+  // Every neighbour of it in U1 (every other device without neighbours) must get exactly
+  // one: the threshold counts on it.
   std::set<std::string_view> recipients;
   for (const EncryptedShare& share : shares.shares) {
     if (share.sender != from) throw SecAggError(quoted(from) + " sent a share as " + quoted(share.sender));
-    if (share.recipient == from || !keys_.count(share.recipient) || !recipients.insert(share.recipient).second) {
+    if (share.recipient == from || !keys_.count(share.recipient) ||
+        !graph_->adjacent(index_of(from), index_of(share.recipient)) || !recipients.insert(share.recipient).second) {
       throw SecAggError(quoted(from) + " sent a share to " + quoted(share.recipient) +
-                        ": not another device of the round, or twice");
+                        ": not a neighbour of it in the round, or twice");
     }
   }
-  if (recipients.size() + 1 != u1_.size()) {
-    throw SecAggError(quoted(from) + " sent shares to " + std::to_string(recipients.size()) + " of the " +
-                      std::to_string(u1_.size() - 1) + " other devices");
+  if (recipients.size() != graph_->degree()) {
+    throw SecAggError(quoted(from) + " sent shares to " + std::to_string(recipients.size()) + " of its " +
+                      std::to_string(graph_->degree()) + " neighbours");
   }
   sent_shares_.emplace(std::string(from), shares.shares);
 }
@@ -344,6 +413,33 @@ EncryptedShares SecAggServer::shares_for(std::string_view device) const {
   return out;
 }
 
+KeyDirectory SecAggServer::directory_for(std::string_view device) const {
+  if (phase_ == Phase::kKeys) throw SecAggError("directory_for before the key advertisement closed");
+  if (!keys_.count(device)) throw SecAggError(quoted(device) + " advertised no keys");
+  KeyDirectory out{config_, {}};
+  if (graph_->complete()) {
+    for (const std::string& identity : u1_) out.devices.push_back(keys_.find(identity)->second);
+    return out;
+  }
+  out.key_holders = static_cast<std::uint32_t>(u1_.size());
+  for (std::uint32_t index : graph_->holders(index_of(device))) {
+    out.devices.push_back(keys_.find(u1_[index])->second);
+    out.positions.push_back(index);
+  }
+  return out;
+}
+
+SurvivorList SecAggServer::survivors_for(std::string_view device) const {
+  if (phase_ != Phase::kUnmasking && phase_ != Phase::kDone) throw SecAggError("survivors_for before U3 is fixed");
+  if (!u3_.count(device)) throw SecAggError(quoted(device) + " sent no masked input");
+  SurvivorList out{config_.round, {}};
+  const std::uint32_t own = index_of(device);
+  for (const std::string& survivor : u3_) {
+    if (survivor == device || graph_->adjacent(own, index_of(survivor))) out.survivors.push_back(survivor);
+  }
+  return out;
+}
+
 void SecAggServer::receive_masked_input(std::string_view from, const MaskedInput& input) {
   expect(Phase::kMaskedInput, "a masked input");
   expect_round(input.round, "a masked input");
@@ -363,6 +459,17 @@ SurvivorList SecAggServer::close_masked_input() {
   if (u3_.size() < config_.threshold) {
     throw SecAggError(std::to_string(u3_.size()) + " masked inputs, fewer than t = " + std::to_string(config_.threshold));
   }
+  if (!graph_->complete()) {
+    // Ours: masks cancel within each component of the survivors' graph, so unmasking a
+    // split one would let the server read each component's sum. Refused before any secret
+    // is revealed: the attempt starts again with fresh keys.
+    std::vector<bool> present(u1_.size(), false);
+    for (const std::string& survivor : u3_) present[index_of(survivor)] = true;
+    if (const std::size_t groups = graph_->components(present); groups > 1) {
+      throw SecAggError("the " + std::to_string(u3_.size()) + " masked inputs fall into " + std::to_string(groups) +
+                        " groups with no neighbours between them: unmasking would reveal each group's sum");
+    }
+  }
   phase_ = Phase::kUnmasking;
   return {config_.round, {u3_.begin(), u3_.end()}};
 }
@@ -381,7 +488,6 @@ void SecAggServer::receive_unmasking_shares(std::string_view from, const Unmaski
   if (shares.identity != from) throw SecAggError("unmasking shares for " + quoted(shares.identity) + " from " + quoted(from));
   if (!u3_.count(from)) throw SecAggError("unmasking shares from " + quoted(from) + ", which sent no masked input");
   if (unmasking_senders_.count(from)) throw SecAggError(quoted(from) + " sent its unmasking shares twice");
-  const std::uint8_t point = point_of(from);
   std::set<std::string_view> owners;
   for (const RevealedShare& revealed : shares.shares) {  // check all before keeping any
     const SecretKind allowed = allowed_secret(revealed.owner);
@@ -393,7 +499,8 @@ void SecAggServer::receive_unmasking_shares(std::string_view from, const Unmaski
     if (!owners.insert(revealed.owner).second) {
       throw SecAggError(quoted(from) + " revealed two shares of " + quoted(revealed.owner));
     }
-    if (revealed.share.x != point || revealed.share.y.size() != kKeyBytes) {
+    if (revealed.share.x == 0 || revealed.share.x != point_of(from, revealed.owner) ||
+        revealed.share.y.size() != kKeyBytes) {
       throw SecAggError(quoted(from) + " revealed a share of " + quoted(revealed.owner) + " that is not its own point's");
     }
   }
@@ -415,6 +522,15 @@ Key32 SecAggServer::reconstruct_secret(std::string_view owner, SecretKind kind) 
                       ", fewer than t = " + std::to_string(config_.threshold));
   }
   return to_key(shamir_reconstruct(it->second, config_.threshold));
+}
+
+bool SecAggServer::has_enough_shares() const {
+  if (phase_ != Phase::kUnmasking) return false;
+  for (const std::string& owner : u2_) {
+    const auto it = revealed_.find(owner);
+    if (it == revealed_.end() || it->second.size() < config_.threshold) return false;
+  }
+  return true;
 }
 
 std::vector<std::uint32_t> SecAggServer::unmask() {
@@ -445,7 +561,9 @@ std::vector<std::uint32_t> SecAggServer::unmask() {
       throw SecAggError("the mask private key reconstructed for " + quoted(owner) +
                         " does not match its advertised public key: a share was wrong");
     }
+    const std::uint32_t owner_index = index_of(owner);
     for (const std::string& survivor : u3_) {
+      if (!graph_->adjacent(owner_index, index_of(survivor))) continue;  // it masked nothing with owner
       Key32 secret = agree_with(private_key, keys_.find(survivor)->second.mask_public_key, survivor, random_);
       Key32 seed = derive_pair_seed(secret, SeedPurpose::kPairwiseMask, config_.round, survivor, owner);
       if (survivor < owner) {

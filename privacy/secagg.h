@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -40,6 +41,7 @@
 #include <vector>
 
 #include "privacy/secagg_crypto.h"
+#include "privacy/secagg_graph.h"
 #include "privacy/shamir.h"
 
 namespace edgetrain::privacy {
@@ -58,15 +60,25 @@ inline constexpr std::size_t kMaxIdentityBytes = 255;
 
 // What the server announces for the round: its number, the threshold t and the length P of
 // the ring vectors. Checked by check_threshold against the number n of devices in U1.
+// SecAgg+ (Bell et al. 2020, secagg_graph.h): with neighbours = k > 0 (below n − 1) each device
+// masks and shares with its k neighbours on the graph drawn from graph_seed once U1 is fixed,
+// and t is checked against a neighbourhood's k + 1 holders instead of n; a round may then hold
+// up to kMaxNeighbourGraphDevices devices. k = 0 is every device (Bonawitz et al.).
 struct RoundConfig {
   std::uint64_t round = 0;
   std::uint32_t threshold = 0;
   std::uint32_t vector_length = 0;
+  std::uint32_t neighbours = 0;
+  std::uint64_t graph_seed = 0;
 };
 // Ours: 2 ≤ t ≤ n and t > n/2. A majority threshold means two disjoint groups of devices can
 // never both reach t, so the shares of one device's two secrets cannot both be collected from
 // honest devices that were told different survivor lists. Throws SecAggError.
 void check_threshold(std::uint32_t threshold, std::size_t devices);
+// check_threshold for a round of n devices in U1: against n without neighbours (or with k ≥
+// n − 1), against a neighbourhood's k + 1 holders with them (and k even, n ≤
+// kMaxNeighbourGraphDevices: secagg_graph.h). Throws SecAggError.
+void check_round_threshold(const RoundConfig& config, std::size_t devices);
 
 struct AdvertiseKeys {
   std::uint64_t round = 0;
@@ -79,6 +91,12 @@ struct AdvertiseKeys {
 struct KeyDirectory {
   RoundConfig config;
   std::vector<AdvertiseKeys> devices;  // U1, ordered by identity (byte order)
+  // With neighbours, the directory the server sends device u lists u and its neighbours only
+  // (SecAggServer::directory_for): key_holders is |U1| and positions each listed device's index
+  // in U1 (ascending, as the identities are). Both empty/0: `devices` is the whole of U1.
+  std::uint32_t key_holders = 0;
+  std::vector<std::uint32_t> positions = {};
+  std::size_t key_holder_count() const { return key_holders != 0 ? key_holders : devices.size(); }
 };
 
 // Device u's shares for device v, sealed: plaintext x_v (1 byte) ‖ share of s_u^SK (32) ‖
@@ -163,11 +181,13 @@ class SecAggDevice {
   std::uint64_t round_;
   SecureRandom& random_;
   Step step_ = Step::kAdvertised;
+  std::optional<NeighbourGraph> graph_;  // over U1's indices; complete without neighbours
+  std::map<std::string, std::uint32_t, std::less<>> index_;  // listed devices → index in U1
+  std::uint32_t own_index_ = 0;
   X25519KeyPair cipher_keys_;  // c_u
   X25519KeyPair mask_keys_;    // s_u
   Key32 self_mask_seed_{};     // b_u
   KeyDirectory directory_;
-  std::uint8_t point_ = 0;                   // x_u = 1 + index in U1
   std::map<std::string, Held> held_;         // U2 (this device included) → its shares
 };
 
@@ -186,6 +206,12 @@ class SecAggServer {
   void receive_shares(std::string_view from, const EncryptedShares& shares);
   void close_share_keys();                                       // fixes U2
   EncryptedShares shares_for(std::string_view device) const;     // for each v of U2
+  // With neighbours: the directory for one device of U1 (itself and its neighbours), and U3
+  // restricted to its holders' neighbourhood (itself and its neighbours in U3). Without, the
+  // whole directory and U3, as close_key_advertisement and close_masked_input return them.
+  KeyDirectory directory_for(std::string_view device) const;
+  SurvivorList survivors_for(std::string_view device) const;
+  const std::optional<NeighbourGraph>& graph() const { return graph_; }  // set when U1 is fixed
   void receive_masked_input(std::string_view from, const MaskedInput& input);
   SurvivorList close_masked_input();                             // fixes U3
   void receive_unmasking_shares(std::string_view from, const UnmaskingShares& shares);
@@ -198,6 +224,9 @@ class SecAggServer {
   // Σ_{u∈U3} x_u mod 2^32. Refuses, naming them, when some devices of U2 have fewer than t
   // shares, or when a reconstructed mask private key does not match its advertised public key.
   std::vector<std::uint32_t> unmask();
+  // Whether every device of U2 has t shares in (unmask() would not be short of any): with
+  // neighbours, t answers do not give every secret t shares, as they do without.
+  bool has_enough_shares() const;
 
   const std::vector<std::string>& key_holders() const { return u1_; }   // U1
   const std::set<std::string, std::less<>>& share_senders() const { return u2_; }  // U2
@@ -207,13 +236,15 @@ class SecAggServer {
   enum class Phase { kKeys, kShares, kMaskedInput, kUnmasking, kDone };
   void expect(Phase phase, const char* what) const;
   void expect_round(std::uint64_t round, const char* what) const;
-  std::uint8_t point_of(std::string_view device) const;
+  std::uint32_t index_of(std::string_view device) const;  // in U1
+  std::uint8_t point_of(std::string_view holder, std::string_view owner) const;
 
   RoundConfig config_;
   mutable SecureRandom random_;  // X25519's blinding when the server recomputes pair seeds
   Phase phase_ = Phase::kKeys;
   std::map<std::string, AdvertiseKeys, std::less<>> keys_;
   std::vector<std::string> u1_;
+  std::optional<NeighbourGraph> graph_;
   std::map<std::string, std::vector<EncryptedShare>, std::less<>> sent_shares_;  // by sender
   std::set<std::string, std::less<>> u2_;
   std::vector<std::uint32_t> sum_;  // Σ y_u over the masked inputs received

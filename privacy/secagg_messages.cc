@@ -113,6 +113,26 @@ AdvertiseKeys parse_advertise_keys(std::span<const std::uint8_t> bytes) {
 }
 
 std::vector<std::uint8_t> serialize(const KeyDirectory& message) {
+  if (message.config.neighbours != 0 || message.key_holders != 0 || !message.positions.empty()) {
+    // SecAgg+ (ours): k, the graph's seed, |U1|, and each listed device's index in U1.
+    Writer w(MessageType::kNeighbourKeyDirectory, message.config.round);
+    w.u32(message.config.threshold);
+    w.u32(message.config.vector_length);
+    w.u32(message.config.neighbours);
+    w.u64(message.config.graph_seed);
+    w.u32(static_cast<std::uint32_t>(message.key_holder_count()));
+    if (!message.positions.empty() && message.positions.size() != message.devices.size()) {
+      throw SecAggError("a key directory with positions for some of its devices only");
+    }
+    w.u32(static_cast<std::uint32_t>(message.devices.size()));
+    for (std::size_t i = 0; i < message.devices.size(); ++i) {
+      w.u32(message.positions.empty() ? static_cast<std::uint32_t>(i) : message.positions[i]);
+      w.identity(message.devices[i].identity);
+      w.raw(message.devices[i].cipher_public_key);
+      w.raw(message.devices[i].mask_public_key);
+    }
+    return w.take();
+  }
   Writer w(MessageType::kKeyDirectory, message.config.round);
   w.u32(message.config.threshold);
   w.u32(message.config.vector_length);
@@ -126,7 +146,39 @@ std::vector<std::uint8_t> serialize(const KeyDirectory& message) {
   return w.take();
 }
 
+namespace {
+
+KeyDirectory parse_neighbour_key_directory(std::span<const std::uint8_t> bytes) {
+  Reader r(bytes, MessageType::kNeighbourKeyDirectory, "KeyDirectory (neighbours)");
+  KeyDirectory out;
+  out.config.round = r.round();
+  out.config.threshold = r.u32();
+  out.config.vector_length = r.u32();
+  if (out.config.vector_length > kMaxVectorLength) r.fail("a vector longer than 2^28 values");
+  out.config.neighbours = r.u32();
+  out.config.graph_seed = r.u64();
+  out.key_holders = r.u32();
+  if (out.key_holders < 2 || out.key_holders > kMaxNeighbourGraphDevices) r.fail("a count of key holders out of range");
+  const std::uint32_t n = r.count(out.key_holders, 4 + 2 + 2 * kKeyBytes);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    out.positions.push_back(r.u32());
+    AdvertiseKeys device;
+    device.round = out.config.round;
+    device.identity = r.identity();
+    device.cipher_public_key = r.key();
+    device.mask_public_key = r.key();
+    out.devices.push_back(std::move(device));
+  }
+  r.finish();
+  return out;
+}
+
+}  // namespace
+
 KeyDirectory parse_key_directory(std::span<const std::uint8_t> bytes) {
+  if (!bytes.empty() && bytes[0] == static_cast<std::uint8_t>(MessageType::kNeighbourKeyDirectory)) {
+    return parse_neighbour_key_directory(bytes);
+  }
   Reader r(bytes, MessageType::kKeyDirectory, "KeyDirectory");
   KeyDirectory out;
   out.config.round = r.round();

@@ -23,6 +23,10 @@ enum class MessageType : std::uint8_t {
   kMaskedInput = 4,
   kSurvivorList = 5,
   kUnmaskingShares = 6,
+  // A KeyDirectory of a round with neighbours (SecAgg+, secagg_graph.h): after the round,
+  // threshold and length, k (4 bytes), the graph's seed (8), |U1| (4), the count, and each
+  // entry's index in U1 (4) before its identity and keys. parse_key_directory reads both.
+  kNeighbourKeyDirectory = 7,
 };
 inline constexpr std::uint8_t kMessageFormatVersion = 1;
 inline constexpr std::uint32_t kMaxVectorLength = 1u << 28;

@@ -147,6 +147,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .min_devices = std::max<std::uint32_t>(options_.min_clients, 2),
                            .model_id = state_.model_id(),
                            .subset_fraction = options_.secure.subset_fraction,
+                           .neighbours = options_.secure.neighbours,
                            .value_bound = secure_value_bound_,
                            .min_survivors = noise_survivors_,
                            .signing_ca = options_.secure.signing_ca_file.empty()
@@ -343,6 +344,7 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
       answer["dp_noise_survivors"] = noise_survivors_;
       answer["secagg_value_bound"] = secure_value_bound_;
     }
+    if (options_.secure.neighbours > 0) answer["secagg_neighbours"] = options_.secure.neighbours;  // SecAgg+'s k
     if (const auto subset = secure_->subset()) {
       // Every device masks the same entries: those privacy::subset_indices picks from these.
       answer["secagg_subset_seed"] = subset->seed;

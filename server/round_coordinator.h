@@ -94,6 +94,7 @@ struct RoundOptions {
     // Non-empty: the CA file the devices' certificates chain to; keys are signed and the
     // consistency round runs (privacy/secagg_signed.h, --secagg-signed-keys).
     std::string signing_ca_file;
+    std::uint32_t neighbours = 0;     // SecAgg+'s k (privacy/secagg_graph.h); 0: every device
   } secure;
   RoundPolicy policy = RoundPolicy::kDropStragglers;
   // drop-stragglers: the round closes this long after it opened with the deltas that

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cmath>
 #include <fstream>
@@ -50,6 +51,12 @@ std::optional<std::uint64_t> session_of(std::string_view query) {
   return std::nullopt;
 }
 
+// The graph seeds of SecAgg+ (one per keys close): from the kernel, like the devices' keys.
+privacy::SecureRandom& seed_random() {
+  static privacy::SecureRandom random;
+  return random;
+}
+
 }  // namespace
 
 const char* SecureRound::step_name(Step step) {
@@ -78,6 +85,9 @@ SecureRound::SecureRound(SecureRoundOptions options, std::filesystem::path attem
   if (options_.min_survivors > privacy::kMaxSecAggDevices)
     throw std::invalid_argument("--min-clients " + std::to_string(options_.min_survivors) +
                                 ": a secure round holds at most 255 devices");
+  if (options_.neighbours % 2 != 0)
+    throw std::invalid_argument("--secagg-neighbours " + std::to_string(options_.neighbours) +
+                                ": an even number (a Harary graph, privacy/secagg_graph.h), or 0 for every device");
   if (!(options_.subset_fraction >= 0 && options_.subset_fraction <= 1))
     throw std::invalid_argument("--secagg-subset must be in (0, 1] (or 0: every entry), not " +
                                 std::to_string(options_.subset_fraction));
@@ -183,11 +193,17 @@ void SecureRound::replay(const WalRecord& r) {
       if (!signed_keys()) throw privacy::SecAggError("signed keys in a log of an unsigned session");
       take_signed_keys(r.identity, privacy::parse_signed_keys(body));
       break;
-    case kCloseRecord + static_cast<std::uint64_t>(Step::kKeys):
-      if (body.size() != 4) throw privacy::SecAggError("a keys close record of " + std::to_string(body.size()) + " bytes");
+    case kCloseRecord + static_cast<std::uint64_t>(Step::kKeys): {
+      // t (4 bytes LE), and with neighbours the graph's seed (8 bytes LE).
+      if (body.size() != (options_.neighbours > 0 ? 12u : 4u))
+        throw privacy::SecAggError("a keys close record of " + std::to_string(body.size()) + " bytes");
+      std::uint64_t graph_seed = 0;
+      for (std::size_t i = 4; i < body.size(); ++i) graph_seed |= std::uint64_t{body[i]} << (8 * (i - 4));
       close_keys(static_cast<std::uint32_t>(body[0]) | static_cast<std::uint32_t>(body[1]) << 8 |
-                 static_cast<std::uint32_t>(body[2]) << 16 | static_cast<std::uint32_t>(body[3]) << 24);
+                     static_cast<std::uint32_t>(body[2]) << 16 | static_cast<std::uint32_t>(body[3]) << 24,
+                 graph_seed);
       return;  // close_keys opened the next step
+    }
     case static_cast<std::uint64_t>(privacy::MessageType::kEncryptedShares):
       server_->receive_shares(r.identity, privacy::parse_encrypted_shares(body));
       break;
@@ -239,9 +255,9 @@ std::uint32_t SecureRound::sent_length() const {
   return subset_indices_.empty() ? vector_length_ : static_cast<std::uint32_t>(subset_indices_.size());
 }
 
-void SecureRound::close_keys(std::uint32_t threshold) {
+void SecureRound::close_keys(std::uint32_t threshold, std::uint64_t graph_seed) {
   threshold_ = threshold;
-  server_.emplace(privacy::RoundConfig{session_, threshold_, sent_length()});
+  server_.emplace(privacy::RoundConfig{session_, threshold_, sent_length(), options_.neighbours, graph_seed});
   for (const auto& [identity, keys] : keys_) server_->receive_keys(identity, keys);
   keys_.clear();
   privacy::KeyDirectory directory = server_->close_key_advertisement();
@@ -344,14 +360,30 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
           if (late) step_opened_ = options_.now();
           return std::nullopt;
         }
+        // The holders of each device's shares: everyone, or with neighbours (SecAgg+) the k + 1
+        // of a neighbourhood, whose majority t must be (the distributed noise's floor c is
+        // then held by the input step, below, as t ≤ k + 1 cannot).
+        const bool graph = options_.neighbours > 0 && options_.neighbours + 1 < n;
+        const std::size_t holders = graph ? options_.neighbours + 1 : n;
         const auto threshold = static_cast<std::uint32_t>(std::max<double>(
-            {static_cast<double>(n / 2 + 1), std::ceil(options_.threshold_fraction * static_cast<double>(n) - 1e-9),
-             static_cast<double>(options_.min_survivors)}));
-        privacy::check_threshold(threshold, n);  // before the record: a close that replays
-        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kKeys),
-               {static_cast<std::uint8_t>(threshold), static_cast<std::uint8_t>(threshold >> 8),
-                static_cast<std::uint8_t>(threshold >> 16), static_cast<std::uint8_t>(threshold >> 24)});
-        close_keys(threshold);
+            {static_cast<double>(holders / 2 + 1),
+             std::ceil(options_.threshold_fraction * static_cast<double>(holders) - 1e-9),
+             graph ? 0.0 : static_cast<double>(options_.min_survivors)}));
+        // The graph's seed, drawn now that U1 is fixed (Bell et al.: no device can choose its
+        // neighbours), and logged with the close so that a restart draws the same graph.
+        std::uint64_t graph_seed = 0;
+        std::vector<std::uint8_t> close_body = {static_cast<std::uint8_t>(threshold), static_cast<std::uint8_t>(threshold >> 8),
+                                                static_cast<std::uint8_t>(threshold >> 16), static_cast<std::uint8_t>(threshold >> 24)};
+        if (options_.neighbours > 0) {
+          std::array<std::uint8_t, 8> bytes{};
+          seed_random().fill(bytes);
+          for (std::size_t i = 0; i < 8; ++i) graph_seed |= std::uint64_t{bytes[i]} << (8 * i);
+          close_body.insert(close_body.end(), bytes.begin(), bytes.end());
+        }
+        // Before the record: a close that replays.
+        privacy::check_round_threshold({session_, threshold, sent_length(), options_.neighbours, graph_seed}, n);
+        record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kKeys), std::move(close_body));
+        close_keys(threshold, graph_seed);
         log("secure aggregation: round " + std::to_string(round_) + ": " + std::to_string(n) +
             " devices advertised keys (U1), threshold " + std::to_string(threshold_));
         return std::nullopt;
@@ -370,6 +402,10 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
         if (posted_.size() < threshold_)
           throw privacy::SecAggError(std::to_string(posted_.size()) + " masked inputs, fewer than t = " +
                                      std::to_string(threshold_));
+        if (posted_.size() < options_.min_survivors)  // with neighbours t may be below c
+          throw privacy::SecAggError(std::to_string(posted_.size()) + " masked inputs, fewer than the " +
+                                     std::to_string(options_.min_survivors) +
+                                     " survivors the distributed noise is calibrated to (--min-clients)");
         // Durable before any device can ask for the list: U3 is fixed once, restart or not.
         record(kCloseIdentity, kCloseRecord + static_cast<std::uint64_t>(Step::kMaskedInput), {});
         close_masked_input();
@@ -386,8 +422,9 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
         close_consistency();
         return std::nullopt;
       case Step::kUnmasking: {
-        // t answers give t shares of every secret to reveal: waiting for more changes nothing.
-        if (posted_.size() < threshold_ && posted_.size() < server_->survivors().size() && !late)
+        // t shares of every secret to reveal (without neighbours: t answers): waiting for more
+        // changes nothing.
+        if (!server_->has_enough_shares() && posted_.size() < server_->survivors().size() && !late)
           return std::nullopt;
         const std::vector<std::uint32_t> sum = server_->unmask();
         Sum out;
@@ -451,12 +488,15 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
       if (wanted == Step::kKeys) {
         if (!may_take_part(identity))
           return text_response(CoapCode::kConflict, "not in this round: the keys step closed without this device");
+        // With neighbours each device gets its own neighbourhood's keys (SecAgg+).
+        if (options_.neighbours > 0) return {CoapCode::kContent, privacy::serialize(server_->directory_for(identity)), {}};
         return {CoapCode::kContent, directory_bytes_, {}};
       }
       if (wanted == Step::kShares) return {CoapCode::kContent, privacy::serialize(server_->shares_for(identity)), {}};
       if (!server_->survivors().count(identity))
         return text_response(CoapCode::kConflict, "not a survivor: no masked input of this device arrived in time");
       if (wanted == Step::kConsistency) return {CoapCode::kContent, consistency_bytes_, {}};
+      if (options_.neighbours > 0) return {CoapCode::kContent, privacy::serialize(server_->survivors_for(identity)), {}};
       return {CoapCode::kContent, survivors_bytes_, {}};
     } catch (const privacy::SecAggError& e) {
       return text_response(CoapCode::kConflict, std::string("not in this step: ") + e.what());
@@ -512,8 +552,9 @@ CoapResponse SecureRound::handle(transport::Method method, const std::string& re
           if (keys.identity != identity)
             throw privacy::SecAggError("keys for '" + escape_untrusted(keys.identity) + "' from '" +
                                        escape_untrusted(identity) + "'");
-          if (keys_.size() == privacy::kMaxSecAggDevices)
-            throw privacy::SecAggError("more than 255 devices in one secure round");
+          if (keys_.size() == (options_.neighbours > 0 ? privacy::kMaxNeighbourGraphDevices : privacy::kMaxSecAggDevices))
+            throw privacy::SecAggError("more than " + std::to_string(keys_.size()) + " devices in one secure round" +
+                                       (options_.neighbours > 0 ? "" : " (--secagg-neighbours allows more)"));
           record(identity, static_cast<std::uint64_t>(privacy::MessageType::kAdvertiseKeys),
                  {request.payload.begin(), request.payload.end()});
           keys_.emplace(identity, std::move(keys));
@@ -623,7 +664,8 @@ std::string SecureRound::status_json() const {
                       {"secagg_last_survivors", last_close_.survivors},
                       {"secagg_last_unmasking_senders", last_close_.unmasking_senders},
                       {"secagg_sent_length", sent_length()},
-                      {"secagg_signed_keys", signed_keys()}};
+                      {"secagg_signed_keys", signed_keys()},
+                      {"secagg_neighbours", options_.neighbours}};
   if (step_ == Step::kKeys) {
     j["secagg_keys"] = keys_.size();
   } else {

@@ -85,6 +85,10 @@ struct SecureRoundOptions {
   std::uint32_t min_devices = 2;    // keys needed before the keys step may close early
   std::uint64_t model_id = 0;       // secagg.wal's header; with the session, the subset's seed
   double subset_fraction = 0;       // 0: every entry (dense); in (0, 1]: privacy/subset.h
+  // SecAgg+ (privacy/secagg_graph.h): k neighbours per device, an even number; 0: every device.
+  // The graph's seed is drawn when the keys step closes and logged with its close; t counts a
+  // neighbourhood's k + 1 holders; with min_survivors, the input step also needs that many.
+  std::uint32_t neighbours = 0;
   // Distributed noise (dp-fedavg, privacy/distributed_noise.h): the per-value range B the
   // devices quantize their noised deltas in (0: clip_norm, no noise), and the fewest
   // survivors a round may close with, c: the keys step waits for c keys and the threshold t
@@ -162,7 +166,7 @@ class SecureRound {
   // One record of secagg.wal into the session's state, as when its message came.
   void replay(const WalRecord& record);
   // Closes the current step (after its record is durable, or replaying it).
-  void close_keys(std::uint32_t threshold);
+  void close_keys(std::uint32_t threshold, std::uint64_t graph_seed);
   // Signed sessions: checks SignedKeys (against the CA, from `identity`) and keeps them.
   void take_signed_keys(const std::string& identity, privacy::SignedKeys keys);
   void close_masked_input();

@@ -115,6 +115,15 @@ void check_settings(const ServerSettings& s) {
     throw std::invalid_argument(
         "--secagg-signed-keys needs --mode rounds --secure-aggregation and --ca (with --cert and "
         "--cert-key): the devices sign their keys with certificates from that CA");
+  if (s.secagg_neighbours > 0 && !(s.mode == "rounds" && s.secure_aggregation))
+    throw std::invalid_argument("--secagg-neighbours needs --mode rounds --secure-aggregation");
+  if (s.secagg_neighbours % 2 != 0)
+    throw std::invalid_argument("--secagg-neighbours " + std::to_string(s.secagg_neighbours) +
+                                ": an even number (the neighbour graph is a Harary graph H(n, k)), or 0 for every device");
+  if (s.secagg_signed_keys && s.secagg_neighbours > 0)
+    throw std::invalid_argument(
+        "--secagg-signed-keys with --secagg-neighbours is not built yet: signed key directories "
+        "carry every device's keys, SecAgg+'s carry each device's neighbours only");
   if (s.mode != "gan" && s.gan_clip_feedback > 0)
     throw std::invalid_argument("--gan-clip-feedback is a setting of --mode gan");
   // The round and GAN coordinators are driven by the serving loop and share its thread.

@@ -82,6 +82,7 @@ struct ServerSettings {
   // Keys signed by the devices' certificates and the consistency round (privacy/secagg_signed.h):
   // against an active server; needs --ca, the CA the devices' certificates chain to.
   bool secagg_signed_keys = false;
+  std::uint32_t secagg_neighbours = 0;  // SecAgg+'s k (privacy/secagg_graph.h); 0: every device
   double round_deadline = 30;  // seconds
   double client_fraction = 1.0;
   std::uint32_t min_clients = 1;

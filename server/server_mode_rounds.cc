@@ -84,6 +84,12 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds, secure aggregation: the share of the round's key holders whose unmasking "
         "shares are needed (a majority: above 0.5); each step has --round-deadline")
       .range(0.5001, 1);
+  t.add("secagg-neighbours", s.secagg_neighbours,
+        "rounds, secure aggregation: SecAgg+ (Bell et al. 2020): each device masks and shares "
+        "its secrets with k neighbours on a random graph drawn once the keys are in, instead "
+        "of with every device, and --secagg-threshold counts a neighbourhood's k + 1; an even "
+        "k, 0: every device (docs/privacy.md, \"SecAgg+\")")
+      .range(0, 254);
   t.add("secagg-subset", s.secagg_subset,
         "rounds, secure aggregation: every device sends the same seeded random share of its "
         "delta's entries (announced with each session), keeping the rest for later rounds "
@@ -130,7 +136,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};
   o.secure = {s.secure_aggregation, s.secagg_threshold, s.secagg_subset,
-              s.secagg_signed_keys ? s.ca : std::string()};
+              s.secagg_signed_keys ? s.ca : std::string(), s.secagg_neighbours};
   if (s.secure_aggregation && !s.secagg_signed_keys)
     log_line("WARNING: secure aggregation without --secagg-signed-keys: the devices' keys are "
              "authenticated by the transport only, so the devices trust this server to relay them "
@@ -173,7 +179,8 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
                 : std::string()) +
            (s.secure_aggregation ? ", secure aggregation (threshold " + short_number(s.secagg_threshold) + " of the key holders" +
                                          (s.secagg_subset > 0 ? ", a subset of " + short_number(s.secagg_subset) + " of the entries" : std::string()) +
-                                         (s.secagg_signed_keys ? ", keys signed by the devices' certificates" : std::string()) + ")" : std::string()) +
+                                         (s.secagg_signed_keys ? ", keys signed by the devices' certificates" : std::string()) +
+                                         (s.secagg_neighbours > 0 ? ", " + std::to_string(s.secagg_neighbours) + " neighbours each" : std::string()) + ")" : std::string()) +
            ", deadline " +
            short_number(s.round_deadline) + " s, client fraction " +
            short_number(s.client_fraction) + ", " +

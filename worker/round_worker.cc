@@ -106,6 +106,11 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
       if (!j["secagg_signed_keys"].is_boolean()) return std::nullopt;
       info.secagg_signed_keys = j["secagg_signed_keys"].get<bool>();
     }
+    if (j.contains("secagg_neighbours")) {
+      if (!j["secagg_neighbours"].is_number_unsigned() || j["secagg_neighbours"].get<std::uint64_t>() > 254)
+        return std::nullopt;
+      info.secagg_neighbours = static_cast<std::uint32_t>(j["secagg_neighbours"].get<std::uint64_t>());
+    }
   }
   return info;
 }
@@ -613,11 +618,17 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     std::vector<std::uint8_t> shares_message;
     if (signed_device) {
       const privacy::SignedKeyDirectory directory = privacy::parse_signed_key_directory(*directory_bytes);
-      key_holders = directory.directory.devices.size();
+      if (directory.directory.config.neighbours != 0)  // the server refuses signed keys with SecAgg+
+        throw privacy::SecAggError("a signed key directory with neighbours (SecAgg+) is not built");
+      key_holders = directory.directory.key_holder_count();
       shares_message = privacy::serialize(signed_device->share_keys(directory));
     } else {
       const privacy::KeyDirectory directory = privacy::parse_key_directory(*directory_bytes);
-      key_holders = directory.devices.size();
+      if (directory.config.neighbours != round.secagg_neighbours)  // SecAgg+'s k, as GET /round said
+        throw privacy::SecAggError("the key directory has " + std::to_string(directory.config.neighbours) +
+                                   " neighbours per device, GET /round announced " +
+                                   std::to_string(round.secagg_neighbours));
+      key_holders = directory.key_holder_count();
       shares_message = privacy::serialize(plain_device->share_keys(directory));
     }
     if (!post_step(round, "round/secagg/shares", shares_message)) return false;

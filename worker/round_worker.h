@@ -66,6 +66,9 @@ struct RoundInfo {
   // --secagg-signed-keys, privacy/secagg_signed.h). A worker with a certificate requires it
   // whatever the server says; one with a PSK identity cannot sign and does not take part.
   bool secagg_signed_keys = false;
+  // SecAgg+ (server --secagg-neighbours, privacy/secagg_graph.h): k neighbours per device,
+  // 0: every device. The key directory must say the same (the device refuses it otherwise).
+  std::uint32_t secagg_neighbours = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a

@@ -10,6 +10,15 @@
 // (privacy/secagg_signed.h, --secagg-signed-keys), side by side with the same round unsigned:
 // a device's CPU per step, its bytes and requests, and the server's checks (EC P-256
 // certificates as boards/fleet-certificates.sh makes them, written in memory).
+//
+// SecAgg+ against everyone (privacy/secagg_graph.h; docs/privacy.md, "SecAgg+"), side by side:
+//   edgetrain-secagg-bench --compare --devices 20,100,500 --neighbours auto,12 --dropout 0.1
+//       [--parameters P] [--repeat R]
+// For each N: a round with every device (N ≤ 255: Shamir over GF(2^8)) and a round per k of
+// --neighbours ("auto": choose_neighbour_parameters(N, dropout); k ≥ N − 1 is everyone and is
+// skipped), each timed with ⌈dropout·N⌉ devices (never device 0) leaving after their masked
+// input and again before it; device 0's CPU (the sum of its four steps), bytes and messages,
+// the server's unmasking.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -24,6 +33,7 @@
 
 #include "privacy/quantize.h"
 #include "privacy/secagg.h"
+#include "privacy/secagg_graph.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/secagg_signed.h"
 #include "tests/support/in_memory_pki.h"
@@ -39,7 +49,7 @@ double ms_since(Clock::time_point start) {
 
 std::string name(int i) {
   char text[16];
-  std::snprintf(text, sizeof text, "device-%02d", i);
+  std::snprintf(text, sizeof text, "device-%03d", i);  // byte order = index order up to 999
   return text;
 }
 
@@ -50,8 +60,9 @@ struct Figures {
 };
 
 // One round; `dropped` devices (never device 0) leave before or after their masked input.
+// With neighbours = k > 0 each device gets the server's directory and survivor list for it.
 Figures run_round(int devices, std::uint32_t threshold, std::uint32_t length, const std::set<int>& dropped,
-                  bool drop_before_input, SecureRandom& random) {
+                  bool drop_before_input, SecureRandom& random, std::uint32_t neighbours = 0) {
   Figures f;
   std::vector<std::unique_ptr<SecAggDevice>> device;
   std::vector<std::vector<std::uint32_t>> input(devices);
@@ -63,15 +74,18 @@ Figures run_round(int devices, std::uint32_t threshold, std::uint32_t length, co
     input[i].resize(length);
     for (std::uint32_t& v : input[i]) v = draw();
   }
-  SecAggServer server({1, threshold, length});
+  std::uint64_t graph_seed = 0;
+  random.fill(std::span(reinterpret_cast<std::uint8_t*>(&graph_seed), sizeof graph_seed));
+  SecAggServer server({1, threshold, length, neighbours, graph_seed});
   for (int i = 0; i < devices; ++i) {
     const std::vector<std::uint8_t> bytes = serialize(device[i]->advertise_keys());
     if (i == 0) f.sent += bytes.size();
     server.receive_keys(name(i), parse_advertise_keys(bytes));
   }
-  const std::vector<std::uint8_t> directory = serialize(server.close_key_advertisement());
-  f.received += directory.size();
+  const std::vector<std::uint8_t> whole = serialize(server.close_key_advertisement());
   for (int i = 0; i < devices; ++i) {
+    const std::vector<std::uint8_t> directory = neighbours == 0 ? whole : serialize(server.directory_for(name(i)));
+    if (i == 0) f.received += directory.size();
     const auto start = Clock::now();
     const EncryptedShares shares = device[i]->share_keys(parse_key_directory(directory));
     if (i == 0) f.share_keys = ms_since(start);
@@ -95,10 +109,12 @@ Figures run_round(int devices, std::uint32_t threshold, std::uint32_t length, co
     receiving += ms_since(received);
   }
   f.receive_inputs = receiving;
-  const std::vector<std::uint8_t> survivors = serialize(server.close_masked_input());
-  f.received += survivors.size();
+  const std::vector<std::uint8_t> all_survivors = serialize(server.close_masked_input());
   for (int i = 0; i < devices; ++i) {
     if (dropped.count(i)) continue;
+    const std::vector<std::uint8_t> survivors =
+        neighbours == 0 ? all_survivors : serialize(server.survivors_for(name(i)));
+    if (i == 0) f.received += survivors.size();
     const auto start = Clock::now();
     const UnmaskingShares shares = device[i]->unmasking_shares(parse_survivor_list(survivors));
     if (i == 0) f.unmasking = ms_since(start);
@@ -243,9 +259,128 @@ double best_ms(int repeat, F&& body) {
   return best;
 }
 
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t start = 0; start <= text.size();) {
+    std::size_t end = text.find(',', start);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+[[noreturn]] void usage_error(const char* program, const std::string& why) {
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s [--devices N] [--threshold T] [--parameters P,P,...] [--repeat R]\n"
+               "       %s --compare [--devices N,N,...] [--neighbours auto|K,...] [--dropout D] [--parameters P] "
+               "[--repeat R]\n",
+               program, why.c_str(), program, program);
+  std::exit(2);
+}
+
+// --compare: everyone against k neighbours, one table.
+int compare(int argc, char** argv) {
+  std::vector<int> fleet = {20, 100, 500};
+  std::vector<std::string> choices = {"auto"};
+  double dropout = 0.1;
+  std::uint32_t length = 101770;
+  int repeat = 1;
+  for (int i = 2; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) usage_error(argv[0], flag + " needs a value");
+    const std::string value = argv[i + 1];
+    if (flag == "--devices") {
+      fleet.clear();
+      for (const std::string& n : split_list(value)) fleet.push_back(std::atoi(n.c_str()));
+    } else if (flag == "--neighbours") {
+      choices = split_list(value);
+    } else if (flag == "--dropout") {
+      dropout = std::atof(value.c_str());
+    } else if (flag == "--parameters") {
+      length = static_cast<std::uint32_t>(std::strtoul(value.c_str(), nullptr, 10));
+    } else if (flag == "--repeat") {
+      repeat = std::max(1, std::atoi(value.c_str()));
+    } else {
+      usage_error(argv[0], "unknown flag " + flag);
+    }
+  }
+  for (int n : fleet) {
+    if (n < 3 || n > 999) usage_error(argv[0], "--devices: each between 3 and 999, not " + std::to_string(n));
+  }
+  if (!(dropout >= 0 && dropout < 0.5)) usage_error(argv[0], "--dropout must be in [0, 0.5)");
+  if (length == 0) usage_error(argv[0], "--parameters must be a positive count");
+  SecureRandom random;
+  std::printf("secure aggregation, everyone against k neighbours (SecAgg+), P = %u, %.0f%% dropping "
+              "(after their input / before it), device 0's figures, best of %d\n\n",
+              length, dropout * 100, repeat);
+  std::printf("| devices n | neighbours k | t | device CPU ms (keys, shares, input, unmask) | device bytes sent "
+              "(of which the masked input) | received | messages sent / received | server unmask ms, dropped "
+              "after / before input |\n|---|---|---|---|---|---|---|---|\n");
+  for (int n : fleet) {
+    std::set<int> dropped;
+    std::mt19937 draw(static_cast<std::uint32_t>(n));
+    const auto count = static_cast<std::size_t>(std::ceil(dropout * n - 1e-9));
+    while (dropped.size() < count) dropped.insert(1 + static_cast<int>(draw() % static_cast<std::uint32_t>(n - 1)));
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> rows;  // (k, t); k = 0: everyone
+    std::string notes;  // rows that are everyone again, printed after the measured ones
+    if (n <= static_cast<int>(kMaxSecAggDevices)) rows.push_back({0, static_cast<std::uint32_t>(n / 2 + 1)});
+    for (const std::string& choice : choices) {
+      NeighbourParameters p;
+      if (choice == "auto") {
+        p = choose_neighbour_parameters(static_cast<std::uint32_t>(n), dropout);
+      } else {
+        p.neighbours = static_cast<std::uint32_t>(std::atoi(choice.c_str()));
+        p.threshold = neighbourhood_majority(p.neighbours);
+      }
+      if (p.neighbours == 0 || p.neighbours + 1 >= static_cast<std::uint32_t>(n)) {
+        notes += "| " + std::to_string(n) + " | " + choice + " → " + std::to_string(p.neighbours) +
+                 " | | everyone (the row of everyone)" +
+                 (n > static_cast<int>(kMaxSecAggDevices) ? ": not possible above 255 devices" : "") + " | | | | |\n";
+        continue;
+      }
+      if (p.neighbours % 2 != 0) usage_error(argv[0], "--neighbours: an even k, not " + choice);
+      rows.push_back({p.neighbours, p.threshold});
+    }
+    if (n > static_cast<int>(kMaxSecAggDevices)) {
+      std::printf("| %d | everyone (%d) | | not possible: a round of everyone holds at most 255 devices (Shamir over "
+                  "GF(2^8)) | | | | |\n", n, n - 1);
+    }
+    struct PrintNotes {  // after the rows, whichever way the loop ends
+      const std::string& text;
+      ~PrintNotes() { std::fputs(text.c_str(), stdout); }
+    } print_notes{notes};
+    for (const auto& [k, t] : rows) {
+      Figures after{}, before{};
+      after.masked_input = before.unmask = 1e300;
+      try {
+        for (int r = 0; r < repeat; ++r) {
+          const Figures a = run_round(n, t, length, dropped, false, random, k);
+          const Figures b = run_round(n, t, length, dropped, true, random, k);
+          if (a.masked_input < after.masked_input) after = a;
+          if (b.unmask < before.unmask) before = b;
+        }
+      } catch (const SecAggError& error) {
+        // A neighbourhood kept fewer than t: the attempt would be redone (secagg_graph.h).
+        std::printf("| %d | %u | %u | the round failed: %s | | | | |\n", n, k, t, error.what());
+        continue;
+      }
+      const double cpu = after.keygen + after.share_keys + after.masked_input + after.unmasking;
+      std::printf("| %d | %s | %u | %.1f (%.1f, %.1f, %.1f, %.2f) | %zu (%zu) | %zu | 4 / 3 | %.0f / %.0f |\n", n,
+                  k == 0 ? (std::to_string(n - 1) + " (everyone)").c_str() : std::to_string(k).c_str(), t, cpu,
+                  after.keygen, after.share_keys, after.masked_input, after.unmasking, after.sent,
+                  std::size_t{14} + 1 + name(0).size() + std::size_t{4} * length, after.received, after.unmask,
+                  before.unmask);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--compare") return compare(argc, argv);
   int devices = 20;
   std::uint32_t threshold = 0;
   std::vector<std::uint32_t> sizes = {101770, 421642};

@@ -46,6 +46,13 @@ refused subset-without-secure "--secagg-subset needs --mode rounds --secure-aggr
   --secagg-subset 0.1
 refused signed-keys-without-ca "--secagg-signed-keys needs --mode rounds --secure-aggregation and --ca" --keystore "$keys" \
   --model mlp --mode rounds --secure-aggregation --round-clip-norm 1 --secagg-signed-keys
+refused neighbours-without-secure "--secagg-neighbours needs --mode rounds --secure-aggregation" --keystore "$keys" \
+  --model mlp --mode rounds --secagg-neighbours 4
+refused neighbours-odd "--secagg-neighbours 5: an even number" --keystore "$keys" --model mlp --mode rounds \
+  --secure-aggregation --round-clip-norm 1 --secagg-neighbours 5
+refused signed-neighbours "--secagg-signed-keys with --secagg-neighbours is not built yet" --keystore "$keys" \
+  --model mlp --mode rounds --secure-aggregation --round-clip-norm 1 --secagg-signed-keys --ca "$work/ca.crt" --cert "$work/server.crt" --cert-key "$work/server.key" \
+  --secagg-neighbours 4
 refused shard-eval "--shard: a shard holds part of the model and cannot evaluate it" --keystore "$keys" --model mlp \
   --shard 0/2 --eval-data mnist
 # The cheap pull (--pull-fraction) in what it cannot serve: other modes, with the published

@@ -766,6 +766,25 @@ TEST(RoundAdaptiveClipping, RefusedWithoutDpFedAvgOrWithTooLittleCountNoise) {
   EXPECT_THROW(Server(dir, clock, too_little), std::invalid_argument);
 }
 
+// SecAgg+ (--secagg-neighbours k): GET /round announces k to the selected devices, and the
+// status says it; without it neither does.
+TEST(RoundSecureAggregation, GetRoundAnnouncesTheNeighbours) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  RoundOptions options;
+  options.secure.enabled = true;
+  options.secure.neighbours = 4;
+  options.clip_norm = 1;
+  options.min_clients = 3;
+  Server server(dir, clock, options);
+  EXPECT_EQ(round_info(*server.rounds, "a")["secagg_neighbours"], 4);
+  EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_neighbours"], 4);
+  TempDir other_dir("edgetrain-rounds");
+  options.secure.neighbours = 0;
+  Server everyone(other_dir, clock, options);
+  EXPECT_FALSE(round_info(*everyone.rounds, "a").contains("secagg_neighbours"));
+}
+
 // --secure-aggregation through the coordinator (server/secure_round.h): three devices take
 // the steps with the protocol core's SecAggDevice; the close moves the model by server_lr
 // times the mean of their quantized clipped deltas read back (nothing else), as one update of

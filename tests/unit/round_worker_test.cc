@@ -252,6 +252,13 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
   EXPECT_EQ(with_noise->dp_device_noise_stddev, 0.5);
   EXPECT_EQ(with_noise->secagg_value_bound, 6.0);
   EXPECT_EQ(info->dp_device_noise_stddev, 0.0);  // none announced: none added
+  // SecAgg+'s k (--secagg-neighbours): absent is every device.
+  EXPECT_EQ(info->secagg_neighbours, 0u);
+  const std::string neighbours = base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\","
+                                        "\"clip_norm\":1,\"secagg_neighbours\":12}";
+  const auto with_neighbours = runtime::parse_round_info(std::vector<std::uint8_t>(neighbours.begin(), neighbours.end()));
+  ASSERT_TRUE(with_neighbours);
+  EXPECT_EQ(with_neighbours->secagg_neighbours, 12u);
   for (const std::string& bad :
        {base + ",\"secure\":true}",
         // The noise needs its range, and both are numbers.
@@ -277,7 +284,12 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
             "\"secagg_subset_seed\":-1,\"secagg_subset_length\":65}",
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
-            "\"secagg_subset_seed\":\"1\",\"secagg_subset_length\":65}"}) {
+            "\"secagg_subset_seed\":\"1\",\"secagg_subset_length\":65}",
+        // k: an unsigned number of at most 254.
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_neighbours\":-2}",
+        base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
+            "\"secagg_neighbours\":256}"}) {
     EXPECT_FALSE(runtime::parse_round_info(std::vector<std::uint8_t>(bad.begin(), bad.end()))) << bad;
   }
 }

@@ -15,6 +15,7 @@
 
 #include "privacy/quantize.h"
 #include "privacy/secagg.h"
+#include "privacy/secagg_graph.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
 
@@ -33,10 +34,14 @@ std::string name(int i) {
 // Runs one round of `devices` devices over their message bytes. Devices in drop_before_shares
 // advertise keys and vanish; in drop_before_input they share keys and vanish; in
 // drop_after_input they send their masked input and give no unmasking shares.
+// With neighbours = k > 0 (SecAgg+, secagg_graph.h) each device gets the server's directory
+// for it (itself and its neighbours) and the survivors among them, as the rounds mode sends.
 struct Round {
   int devices = 20;
   std::uint32_t threshold = 11;
   std::uint32_t length = 1000;
+  std::uint32_t neighbours = 0;
+  std::uint64_t graph_seed = 0x5eca99;
   std::set<int> drop_before_shares, drop_before_input, drop_after_input;
 
   SecureRandom random;
@@ -46,6 +51,7 @@ struct Round {
   std::map<int, std::vector<std::uint32_t>> masked;  // what the server received, by device
   std::unique_ptr<SecAggServer> server;
   SurvivorList survivors;
+  std::size_t directory_bytes = 0, shares_sent = 0;  // device 0's, for the cost checks
 
   void prepare() {
     std::mt19937 draw(7);
@@ -61,7 +67,7 @@ struct Round {
       quantized.push_back(quantize(d, kClip, devices, Rounding::kNearest));
       delta.push_back(std::move(d));
     }
-    server = std::make_unique<SecAggServer>(RoundConfig{kRound, threshold, length});
+    server = std::make_unique<SecAggServer>(RoundConfig{kRound, threshold, length, neighbours, graph_seed});
   }
 
   // Rounds 0 to 2: keys, shares, masked inputs.
@@ -72,7 +78,9 @@ struct Round {
     }
     const std::vector<std::uint8_t> directory = serialize(server->close_key_advertisement());
     for (int i = 0; i < devices; ++i) {
-      const EncryptedShares shares = device[i]->share_keys(parse_key_directory(directory));
+      const std::vector<std::uint8_t> mine = neighbours == 0 ? directory : serialize(server->directory_for(name(i)));
+      const EncryptedShares shares = device[i]->share_keys(parse_key_directory(mine));
+      if (i == 0) directory_bytes = mine.size(), shares_sent = shares.shares.size();
       if (drop_before_shares.count(i)) continue;
       server->receive_shares(name(i), parse_encrypted_shares(serialize(shares)));
     }
@@ -92,7 +100,8 @@ struct Round {
     run_until_survivors();
     for (int i = 0; i < devices; ++i) {
       if (drop_before_shares.count(i) || drop_before_input.count(i) || drop_after_input.count(i)) continue;
-      const UnmaskingShares shares = device[i]->unmasking_shares(survivors);
+      const UnmaskingShares shares = device[i]->unmasking_shares(
+          neighbours == 0 ? survivors : parse_survivor_list(serialize(server->survivors_for(name(i)))));
       server->receive_unmasking_shares(name(i), parse_unmasking_shares(serialize(shares)));
     }
     return server->unmask();
@@ -387,10 +396,14 @@ TEST(SecureAggregationMessages, DamagedBytesParseOrAreRefused) {
       serialize(MaskedInput{kRound, name(2), round.masked[2]}),
       serialize(round.survivors),
       serialize(round.device[3]->unmasking_shares(round.survivors)),
+      serialize(KeyDirectory{{kRound, 3, 6, 2, 77},  // SecAgg+'s directory (type 7)
+                             {round.device[0]->advertise_keys(), round.device[1]->advertise_keys()},
+                             4,
+                             {0, 3}}),
   };
   std::mt19937 draw(11);
   int parsed = 0, refused = 0;
-  for (int trial = 0; trial < 6000; ++trial) {
+  for (int trial = 0; trial < 7000; ++trial) {
     std::vector<std::uint8_t> bytes = messages[trial % messages.size()];
     const int flips = 1 + static_cast<int>(draw() % 3);
     for (int f = 0; f < flips; ++f) bytes[draw() % bytes.size()] ^= static_cast<std::uint8_t>(1 + draw() % 255);
@@ -402,14 +415,15 @@ TEST(SecureAggregationMessages, DamagedBytesParseOrAreRefused) {
         case 2: parse_encrypted_shares(bytes); break;
         case 3: parse_masked_input(bytes); break;
         case 4: parse_survivor_list(bytes); break;
-        default: parse_unmasking_shares(bytes); break;
+        case 5: parse_unmasking_shares(bytes); break;
+        default: parse_key_directory(bytes); break;
       }
       ++parsed;
     } catch (const SecAggError&) {
       ++refused;
     }
   }
-  EXPECT_EQ(parsed + refused, 6000);
+  EXPECT_EQ(parsed + refused, 7000);
   EXPECT_GT(parsed, 100);   // flips inside keys and values still parse...
   EXPECT_GT(refused, 100);  // ...flips in lengths, types and counts do not
 }
@@ -492,6 +506,219 @@ TEST(SecureAggregationSubset, TheGeneratorIsDeterministicExactAndSpreadOut) {
   EXPECT_EQ(subset_indices(1, 5, 5), (std::vector<std::uint32_t>{0, 1, 2, 3, 4}));
   // As an independent Python SplitMix64 + Algorithm S computes them.
   EXPECT_EQ(subset_indices(42, 1000, 5), (std::vector<std::uint32_t>{171, 215, 564, 718, 808}));
+}
+
+// ---------------------------------------------------------------- SecAgg+: k neighbours
+
+// The 20-device rounds above with k = 12 neighbours and t = 7 (a majority of a neighbourhood's
+// 13 holders): with 6 of 20 gone, every neighbourhood keeps at least 12 − 5 = 7 of a dropped
+// device's neighbours, and a surviving device at least 6 of its own and itself.
+void use_neighbours(Round& round) {
+  round.neighbours = 12;
+  round.threshold = 7;
+}
+
+TEST(SecAggPlus, ThirtyPercentDropAfterSendingTheirMaskedInputs) {
+  Round round;
+  use_neighbours(round);
+  round.drop_after_input = {1, 4, 7, 10, 13, 16};
+  const std::vector<std::uint32_t> sum = round.run();
+  EXPECT_EQ(round.server->survivors().size(), 20u);
+  EXPECT_EQ(sum, round.plain_sum());
+  // A device's work and bytes follow k, not n: its directory lists itself and 12 neighbours,
+  // and it sealed 12 shares.
+  EXPECT_EQ(round.shares_sent, 12u);
+  EXPECT_EQ(round.directory_bytes, 2 + 8 + 4 + 4 + 4 + 8 + 4 + 4 + 13 * (4 + 1 + 9 + 64u));
+}
+
+TEST(SecAggPlus, ThirtyPercentDropBeforeSendingTheirMaskedInputs) {
+  Round round;
+  use_neighbours(round);
+  round.drop_before_input = {0, 3, 6, 9, 12, 19};  // their masks come off through s^SK, per neighbour
+  const std::vector<std::uint32_t> sum = round.run();
+  EXPECT_EQ(round.masked.size(), 14u);
+  EXPECT_EQ(round.server->share_senders().size(), 20u);
+  EXPECT_EQ(sum, round.plain_sum());
+}
+
+TEST(SecAggPlus, DropsAtEveryStepTogether) {
+  Round round;
+  use_neighbours(round);
+  round.drop_before_shares = {2, 17};
+  round.drop_before_input = {5, 8};
+  round.drop_after_input = {0, 14};
+  const std::vector<std::uint32_t> sum = round.run();
+  EXPECT_EQ(round.server->share_senders().size(), 18u);
+  EXPECT_EQ(round.masked.size(), 16u);
+  EXPECT_EQ(sum, round.plain_sum());
+  std::vector<std::uint32_t> everyone(round.length, 0);
+  for (int i = 0; i < 20; ++i) {
+    for (std::uint32_t k = 0; k < round.length; ++k) everyone[k] += round.quantized[i][k];
+  }
+  EXPECT_NE(sum, everyone);
+}
+
+// Without a neighbour's self-mask or pairwise masks the sum is wrong: the masks really are
+// pairwise on the graph (a sum that came out right with no unmasking would prove nothing).
+TEST(SecAggPlus, TheMaskedSumIsNotTheSumBeforeUnmasking) {
+  Round round;
+  use_neighbours(round);
+  round.run_until_survivors();
+  std::vector<std::uint32_t> masked_sum(round.length, 0);
+  for (const auto& [i, y] : round.masked) {
+    for (std::uint32_t k = 0; k < round.length; ++k) masked_sum[k] += y[k];
+  }
+  EXPECT_NE(masked_sum, round.plain_sum());
+}
+
+// 100 devices, k = 40, t = 21 (the rule of secagg_graph.h would take everyone at 30%
+// dropouts: see NeighbourParameters), 30 of them gone at the three steps together.
+TEST(SecAggPlus, HundredDevicesWithThirtyPercentDroppingAtEveryStep) {
+  Round round;
+  round.devices = 100;
+  round.neighbours = 40;
+  round.threshold = 21;
+  round.length = 200;
+  for (int i = 0; i < 100; i += 10) round.drop_before_shares.insert(i + 3);  // 10
+  for (int i = 0; i < 100; i += 10) round.drop_before_input.insert(i + 6);   // 10
+  for (int i = 0; i < 100; i += 10) round.drop_after_input.insert(i + 9);    // 10
+  const std::vector<std::uint32_t> sum = round.run();
+  EXPECT_EQ(round.server->key_holders().size(), 100u);
+  EXPECT_EQ(round.server->share_senders().size(), 90u);
+  EXPECT_EQ(round.masked.size(), 80u);
+  EXPECT_EQ(sum, round.plain_sum());
+  EXPECT_EQ(round.shares_sent, 40u);
+}
+
+// The rule that the server never gets both secrets of a device holds per neighbourhood: a
+// device answers only a list of its own neighbours (with itself), once; the server refuses a
+// share of a secret of a device that is not the sender's neighbour; t must be a majority of
+// the k + 1 holders, so two disjoint groups of them cannot both reach it.
+// On a cycle (k = 2) two survivors missing at non-adjacent places split the others in two
+// groups; unmasking would give the server each group's sum, so the input step refuses to
+// close (before any secret is revealed).
+TEST(SecAggPlus, SurvivorsInSeveralGroupsAreNotUnmasked) {
+  Round round;
+  round.devices = 10;
+  round.neighbours = 2;
+  round.threshold = 2;
+  round.prepare();
+  const NeighbourGraph cycle(10, 2, round.graph_seed);  // the graph the server will draw
+  const std::vector<std::uint32_t> beside = cycle.neighbours(0);
+  // Device 0's two neighbours leave before their input: 0 is cut off from the rest.
+  round.drop_before_input = {static_cast<int>(beside[0]), static_cast<int>(beside[1])};
+  try {
+    round.run_until_survivors();
+    FAIL() << "a split graph's survivors were unmasked";
+  } catch (const SecAggError& error) {
+    EXPECT_NE(std::string(error.what()).find("fall into 2 groups"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(cycle.components(std::vector<bool>(10, true)), 1u);
+}
+
+TEST(SecAggPlus, NeverBothSecretsPerNeighbourhood) {
+  Round round;
+  use_neighbours(round);
+  round.drop_before_input = {3};
+  round.run_until_survivors();
+  const NeighbourGraph& graph = *round.server->graph();
+  const std::vector<std::uint32_t> around = graph.neighbours(0);
+  int stranger = 1;
+  while (std::binary_search(around.begin(), around.end(), static_cast<std::uint32_t>(stranger))) ++stranger;
+  // The whole U3 names devices that are not device 0's neighbours: refused.
+  EXPECT_THROW(round.device[0]->unmasking_shares(round.survivors), SecAggError);
+  const SurvivorList mine = round.server->survivors_for(name(0));
+  EXPECT_LE(mine.survivors.size(), 13u);
+  for (const std::string& survivor : mine.survivors) {
+    const auto index = static_cast<std::uint32_t>(std::stoi(survivor.substr(7)));
+    EXPECT_TRUE(index == 0 || graph.adjacent(0, index)) << survivor;
+  }
+  UnmaskingShares answer = round.device[0]->unmasking_shares(mine);
+  EXPECT_THROW(round.device[0]->unmasking_shares(mine), SecAggError);  // once
+  // Claiming a share of a non-neighbour's secret (at any point) is refused by the server.
+  UnmaskingShares forged = answer;
+  forged.shares[0].owner = name(stranger);
+  EXPECT_THROW(round.server->receive_unmasking_shares(name(0), forged), SecAggError);
+  round.server->receive_unmasking_shares(name(0), answer);
+  // Thresholds: a majority of k + 1 = 13 holders, whatever n.
+  EXPECT_THROW(check_round_threshold({kRound, 6, 10, 12, 1}, 20), SecAggError);
+  EXPECT_NO_THROW(check_round_threshold({kRound, 7, 10, 12, 1}, 20));
+  EXPECT_THROW(check_round_threshold({kRound, 7, 10, 11, 1}, 20), SecAggError);  // odd k
+  EXPECT_NO_THROW(check_round_threshold({kRound, 7, 10, 12, 1}, 1000));  // above 255 devices
+  EXPECT_THROW(check_round_threshold({kRound, 7, 10, 0, 1}, 1000), SecAggError);  // everyone: 255
+  EXPECT_NO_THROW(check_round_threshold({kRound, 11, 10, 30, 1}, 20));  // k ≥ n − 1: everyone, t > n/2
+}
+
+TEST(SecAggPlus, DevicesRefuseADirectoryThatIsNotTheirNeighbourhood) {
+  Round round;
+  use_neighbours(round);
+  round.prepare();
+  for (int i = 0; i < round.devices; ++i) round.server->receive_keys(name(i), round.device[i]->advertise_keys());
+  const KeyDirectory whole = round.server->close_key_advertisement();
+  const KeyDirectory mine = round.server->directory_for(name(0));
+  ASSERT_EQ(mine.devices.size(), 13u);
+  ASSERT_EQ(mine.key_holders, 20u);
+  KeyDirectory missing = mine;  // a neighbour left out
+  missing.devices.erase(missing.devices.begin() + (mine.positions[0] == 0 ? 1 : 0));
+  missing.positions.erase(missing.positions.begin() + (mine.positions[0] == 0 ? 1 : 0));
+  try {
+    round.device[0]->share_keys(missing);
+    FAIL() << "a directory without a neighbour was taken";
+  } catch (const SecAggError& error) {
+    EXPECT_NE(std::string(error.what()).find("a neighbour of this device"), std::string::npos) << error.what();
+  }
+  KeyDirectory shifted = mine;  // positions that are not U1's order
+  std::swap(shifted.positions[1], shifted.positions[2]);
+  EXPECT_THROW(round.device[0]->share_keys(shifted), SecAggError);
+  KeyDirectory unpositioned = mine;  // a part of U1 without positions
+  unpositioned.positions.clear();
+  EXPECT_THROW(round.device[0]->share_keys(unpositioned), SecAggError);
+  KeyDirectory low = mine;
+  low.config.threshold = 6;  // not a majority of 13
+  EXPECT_THROW(round.device[0]->share_keys(low), SecAggError);
+  // The whole of U1 (with k and the seed) is taken: the device picks its neighbours from it,
+  // and seals the same number of shares.
+  EXPECT_EQ(round.device[1]->share_keys(whole).shares.size(), 12u);
+  const EncryptedShares shares = round.device[0]->share_keys(mine);
+  EXPECT_EQ(shares.shares.size(), 12u);
+  // The server refuses shares addressed to a device that is not the sender's neighbour.
+  const NeighbourGraph& graph = *round.server->graph();
+  EncryptedShares misaddressed = shares;
+  std::uint32_t stranger = 1;
+  while (graph.adjacent(0, stranger)) ++stranger;
+  misaddressed.shares[0].recipient = name(static_cast<int>(stranger));
+  EXPECT_THROW(round.server->receive_shares(name(0), misaddressed), SecAggError);
+  EncryptedShares fewer = shares;
+  fewer.shares.pop_back();
+  EXPECT_THROW(round.server->receive_shares(name(0), fewer), SecAggError);
+  EXPECT_NO_THROW(round.server->receive_shares(name(0), shares));
+}
+
+TEST(SecAggPlusMessages, TheNeighbourDirectoryRoundTripsAndRefusesDamage) {
+  Round round;
+  use_neighbours(round);
+  round.prepare();
+  for (int i = 0; i < round.devices; ++i) round.server->receive_keys(name(i), round.device[i]->advertise_keys());
+  round.server->close_key_advertisement();
+  const KeyDirectory mine = round.server->directory_for(name(5));
+  const std::vector<std::uint8_t> bytes = serialize(mine);
+  EXPECT_EQ(bytes[0], static_cast<std::uint8_t>(MessageType::kNeighbourKeyDirectory));
+  const KeyDirectory back = parse_key_directory(bytes);
+  EXPECT_EQ(back.config.neighbours, 12u);
+  EXPECT_EQ(back.config.graph_seed, round.graph_seed);
+  EXPECT_EQ(back.config.threshold, 7u);
+  EXPECT_EQ(back.key_holders, 20u);
+  EXPECT_EQ(back.positions, mine.positions);
+  EXPECT_EQ(back.devices, mine.devices);
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_THROW(parse_key_directory(std::span(bytes).first(cut)), SecAggError) << cut;
+  }
+  std::vector<std::uint8_t> holders = bytes;  // |U1| of 1: no graph
+  holders[2 + 8 + 4 + 4 + 4 + 8] = 1;
+  EXPECT_THROW(parse_key_directory(holders), SecAggError);
+  // Without neighbours the directory's bytes are today's (type 2).
+  EXPECT_EQ(serialize(KeyDirectory{{kRound, 3, 6}, {round.device[0]->advertise_keys()}, 0, {}})[0],
+            static_cast<std::uint8_t>(MessageType::kKeyDirectory));
 }
 
 }  // namespace

@@ -130,6 +130,9 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   expect_refused([](S& s) { s.mode = "rounds", s.dp_noise_multiplier = 1; },
                  "go with --aggregation dp-fedavg");
   expect_refused([](S& s) { s.aggregation = "median"; }, "settings of --mode rounds");
+  expect_refused([](S& s) { s.min_clients = 3; }, "--min-clients is a setting of --mode rounds");
+  expect_refused([](S& s) { s.mode = "rounds", s.workers = 4, s.min_clients = 5; },
+                 "--min-clients 5 is above --workers 4");
   expect_refused([](S& s) { s.impaired = "half"; }, "--impaired must be a number or 'all'");
   expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
   expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");
@@ -187,6 +190,17 @@ TEST(EmulatorSettings, TheSettingsSubcommand) {
   testing::internal::CaptureStdout();
   EXPECT_EQ(print_emulator_settings(3, fine), 0);
   EXPECT_NE(testing::internal::GetCapturedStdout().find("workers='3'\n"), std::string::npos);
+  // The launcher passes min_clients to the server (--min-clients) when it is not 0.
+  const char* calibrated[] = {"settings", "--mode", "rounds", "--workers", "20", "--min-clients", "10"};
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(print_emulator_settings(7, calibrated), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("min_clients='10'\n"), std::string::npos);
+  const char* too_many[] = {"settings", "--mode", "rounds", "--workers", "3", "--min-clients", "4"};
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(print_emulator_settings(7, too_many), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("--min-clients 4 is above --workers 3"), std::string::npos);
   const char* clash[] = {"settings", "--fp16", "--sign-scale"};
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();

@@ -16,6 +16,7 @@
 
 #include "common/number_text.h"
 #include "privacy/distributed_noise.h"
+#include "privacy/subset.h"
 #include "server/durable_file.h"
 #include "server/resources.h"
 #include "server/secure_noise.h"
@@ -115,6 +116,10 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     throw std::invalid_argument(
         "--secagg-subset needs --secure-aggregation: plain rounds compress each device's delta "
         "with its own compressor (the worker's compression settings)");
+  if (options_.privacy.skellam && !(options_.secure.enabled && accountant_))
+    throw std::invalid_argument(
+        "--dp-noise skellam needs --aggregation dp-fedavg --secure-aggregation: it is the devices' "
+        "discrete noise, exact in secure aggregation's ring; the server's own noise is Gaussian");
   if (options_.secure.enabled) {
     // The server sees only the survivors' sum: a rule that needs each device's values, or
     // noise the server adds to the sum it unmasked, does not go with it.
@@ -132,6 +137,26 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
       if (noise_survivors_ > privacy::kMaxSecAggDevices)
         throw std::invalid_argument("--min-clients " + std::to_string(options_.min_clients) +
                                     ": a secure round holds at most 255 devices");
+      if (options_.privacy.skellam) {
+        // Discrete noise (privacy/skellam.h): the devices' values are integers of a scale
+        // fixed for the run; the accountant counts the Skellam bound at this plan.
+        const std::uint64_t length =
+            options_.secure.subset_fraction > 0
+                ? privacy::subset_length(options_.secure.subset_fraction,
+                                         static_cast<std::uint32_t>(state_.model().parameter_count()))
+                : state_.model().parameter_count();
+        skellam_ = privacy::skellam_plan(options_.privacy.noise_multiplier, options_.clip_norm, noise_survivors_,
+                                         length);
+        if (const std::string problem = privacy::skellam_ring_problem(
+                skellam_.scale, options_.clip_norm, skellam_.device_variance,
+                static_cast<std::uint32_t>(privacy::kMaxSecAggDevices));
+            !problem.empty())
+          throw std::invalid_argument("--dp-noise skellam: " + problem);
+        accountant_ = DpAccountant::skellam(options_.client_fraction, skellam_.l1_bound, skellam_.l2_bound,
+                                            skellam_.central_variance());
+      }
+    }
+    if (options_.rule.kind == Aggregation::kDpFedAvg && !options_.privacy.skellam) {
       device_noise_stddev_ = privacy::device_noise_stddev(options_.privacy.noise_multiplier,
                                                           options_.clip_norm, noise_survivors_);
       secure_value_bound_ = privacy::noised_value_bound(options_.clip_norm, device_noise_stddev_);
@@ -149,6 +174,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .subset_fraction = options_.secure.subset_fraction,
                            .value_bound = secure_value_bound_,
                            .min_survivors = noise_survivors_,
+                           .skellam_scale = skellam_.scale,
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
@@ -336,6 +362,15 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
       answer["dp_device_noise_stddev"] = device_noise_stddev_;
       answer["dp_noise_survivors"] = noise_survivors_;
       answer["secagg_value_bound"] = secure_value_bound_;
+    }
+    if (skellam_.scale > 0) {
+      // dp-fedavg, discrete: each device rounds γ·delta within Δ2 and adds Sk(v_d) per value
+      // (privacy/skellam.h); a device refuses a plan it cannot honour.
+      answer["dp_noise"] = "skellam";
+      answer["dp_noise_survivors"] = noise_survivors_;
+      answer["secagg_skellam_scale"] = skellam_.scale;
+      answer["secagg_skellam_variance"] = skellam_.device_variance;
+      answer["secagg_skellam_l2_bound"] = skellam_.l2_bound;
     }
     if (const auto subset = secure_->subset()) {
       // Every device masks the same entries: those privacy::subset_indices picks from these.
@@ -702,6 +737,13 @@ std::string RoundCoordinator::status_json() const {
   if (device_noise_stddev_ > 0) {
     with_privacy["dp_device_noise_stddev"] = device_noise_stddev_;
     with_privacy["dp_noise_survivors"] = noise_survivors_;
+  }
+  if (skellam_.scale > 0) {
+    with_privacy["dp_noise"] = "skellam";
+    with_privacy["dp_noise_survivors"] = noise_survivors_;
+    with_privacy["dp_skellam_scale"] = skellam_.scale;
+    with_privacy["dp_skellam_device_variance"] = skellam_.device_variance;
+    with_privacy["dp_skellam_l2_sensitivity"] = skellam_.l2_bound;
   }
   return with_privacy.dump();
 }

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "privacy/skellam.h"
 #include "server/adaptive_clipping.h"
 #include "server/dp_accountant.h"
 #include "server/round_aggregation.h"
@@ -77,6 +78,10 @@ struct RoundOptions {
     // norms. The current S is kept in `round_clip.json` in the state directory (written
     // durably before the close it belongs to is submitted), so a restart goes on with it.
     AdaptiveClipping adaptive;
+    // With secure aggregation: the devices add Skellam integer noise after they round their
+    // scaled deltas (privacy/skellam.h), exact in the ring, instead of Gaussian noise rounded
+    // to it; the accountant counts the Skellam mechanism's bound (server/dp_accountant.h).
+    bool skellam = false;
   } privacy;
   // Secure aggregation (issue 39 part 2, server/secure_round.h): devices send their clipped
   // deltas quantized and masked; the close applies the unweighted mean of the survivors'
@@ -202,6 +207,8 @@ class RoundCoordinator {
   double device_noise_stddev_ = 0;
   double secure_value_bound_ = 0;
   std::uint32_t noise_survivors_ = 0;  // c
+  // privacy.skellam: the plan every device follows (γ, v_d, Δ2, Δ1); scale 0 otherwise.
+  privacy::SkellamPlan skellam_;
   std::size_t unclipped_this_round_ = 0;  // adaptive clipping's count b
   std::optional<double> pending_clip_norm_;  // S_r+1 while round r's close is submitted
   std::filesystem::path clip_state_path_;

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "privacy/quantize.h"
+#include "privacy/skellam.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
 #include "server/durable_file.h"
@@ -328,8 +329,10 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
           return std::nullopt;
         const std::vector<std::uint32_t> sum = server_->unmask();
         Sum out;
-        out.values = privacy::dequantize(sum, options_.value_bound > 0 ? options_.value_bound : options_.clip_norm,
-                                         static_cast<std::uint32_t>(server_->key_holders().size()));
+        out.values = options_.skellam_scale > 0
+                         ? privacy::skellam_decode(sum, options_.skellam_scale)
+                         : privacy::dequantize(sum, options_.value_bound > 0 ? options_.value_bound : options_.clip_norm,
+                                               static_cast<std::uint32_t>(server_->key_holders().size()));
         out.entries_summed = out.values.size();
         if (!subset_indices_.empty()) {
           std::vector<double> whole(vector_length_, 0.0);

@@ -78,6 +78,9 @@ struct SecureRoundOptions {
   // (0: no floor beyond the protocol's).
   double value_bound = 0;
   std::uint32_t min_survivors = 0;
+  // Discrete noise (privacy/skellam.h): the devices send integers of scale γ, and the sum is
+  // read back as int32(sum)/γ whatever the session's devices; 0: quantize.h's scale.
+  double skellam_scale = 0;
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };

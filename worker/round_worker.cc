@@ -17,6 +17,7 @@
 #include "model/trainer.h"
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
+#include "privacy/skellam.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
 #include "transport/untrusted_text.h"
@@ -100,6 +101,15 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
         return std::nullopt;
       info.dp_device_noise_stddev = j["dp_device_noise_stddev"].get<double>();
       info.secagg_value_bound = j["secagg_value_bound"].get<double>();
+    }
+    if (j.contains("dp_noise")) {
+      // A noise this worker does not know must not be taken for none.
+      if (j["dp_noise"] != "skellam") return std::nullopt;
+      for (const char* key : {"secagg_skellam_scale", "secagg_skellam_variance", "secagg_skellam_l2_bound"})
+        if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
+      info.secagg_skellam_scale = j["secagg_skellam_scale"].get<double>();
+      info.secagg_skellam_variance = j["secagg_skellam_variance"].get<double>();
+      info.secagg_skellam_l2_bound = j["secagg_skellam_l2_bound"].get<double>();
     }
   }
   return info;
@@ -540,6 +550,19 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       return false;
     }
   }
+  const bool skellam = round.secagg_skellam_scale != 0 || round.secagg_skellam_variance != 0;
+  if (skellam) {
+    if (const std::string problem = privacy::skellam_announcement_problem(
+            round.secagg_skellam_scale, round.secagg_skellam_variance, round.secagg_skellam_l2_bound, round.clip_norm);
+        !problem.empty()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": not taking part in a secure round whose discrete noise " +
+              "this device cannot honour: " + problem,
+          logging::Level::kWarn);
+      return false;
+    }
+  }
   try {
     privacy::SecAggDevice device(round.secagg_identity, round.secagg_session, *random);
     if (!post_step(round, "round/secagg/keys", privacy::serialize(device.advertise_keys())))
@@ -559,7 +582,20 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     // N, the most summands, is U1's size: the server reads the sum back with the same.
     const auto devices = static_cast<std::uint32_t>(directory.devices.size());
     std::vector<std::uint32_t> quantized;
-    if (noised) {
+    if (skellam) {
+      // Integers of scale γ, rounded within Δ2, plus Sk(v_d) each (privacy/skellam.h). The
+      // ring must hold U1's sum: a plan that could wrap it is refused, a draw past K leaves.
+      if (const std::string problem = privacy::skellam_ring_problem(
+              round.secagg_skellam_scale, round.clip_norm, round.secagg_skellam_variance, devices);
+          !problem.empty())
+        throw privacy::SecAggError("the discrete noise does not fit the ring: " + problem);
+      try {
+        quantized = privacy::skellam_encode(sent, round.secagg_skellam_scale, round.secagg_skellam_variance,
+                                            round.secagg_skellam_l2_bound, devices, privacy::SecureBits(*random));
+      } catch (const std::invalid_argument& e) {
+        throw privacy::SecAggError(std::string("the discretely noised delta does not fit the ring: ") + e.what());
+      }
+    } else if (noised) {
       // The noise after clipping (what was sent stays clean for the subset's remainder).
       std::vector<float> with_noise(sent.begin(), sent.end());
       privacy::add_device_noise(with_noise, round.dp_device_noise_stddev, *random);

@@ -19,6 +19,7 @@
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/skellam.h"
 #include "server/round_coordinator.h"
 #include "server/wal_repair.h"
 #include "server/write_ahead_log.h"
@@ -982,6 +983,45 @@ TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) 
   ASSERT_TRUE(server.rounds->privacy_exhausted()) << "round 1 would pass --dp-target-epsilon";
   EXPECT_EQ(round_info(*server.rounds, "a")["selected"], false);
   EXPECT_EQ(status.at("dp_budget_exhausted"), true);
+}
+
+// --dp-noise skellam (privacy/skellam.h): GET /round announces the plan for c = --min-clients
+// over the model's parameters (γ, v_d, Δ2) and no Gaussian share; /status reports it, and ε
+// is the Skellam accountant's at that plan, not the Gaussian's. Without secure aggregation
+// the setting is refused: the server's own noise is Gaussian.
+TEST(RoundSecureAggregation, SkellamNoiseAnnouncesThePlanAndCountsItsBound) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const double z = 1.0;
+  RoundOptions options = dp_options(z, 0);
+  options.secure.enabled = true;
+  options.privacy.skellam = true;
+  options.min_clients = 3;
+  options.rule.expected_devices = 4;
+  Server server(dir, clock, options);
+  const std::size_t length = server.state->snapshot().parameters.size();
+  const privacy::SkellamPlan plan = privacy::skellam_plan(z, options.clip_norm, 3, length);
+  const nlohmann::json info = round_info(*server.rounds, "a");
+  EXPECT_EQ(info["dp_noise"], "skellam");
+  EXPECT_EQ(info["dp_noise_survivors"], 3);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_scale"].get<double>(), plan.scale);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_variance"].get<double>(), plan.device_variance);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_l2_bound"].get<double>(), plan.l2_bound);
+  EXPECT_FALSE(info.contains("dp_device_noise_stddev")) << "no Gaussian share besides";
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["dp_noise"], "skellam");
+  EXPECT_DOUBLE_EQ(status["dp_skellam_l2_sensitivity"].get<double>(), plan.l2_bound);
+  EXPECT_EQ(status["dp_epsilon"], 0.0) << "nothing released yet";
+
+  RoundOptions central = dp_options(z, 0);
+  central.privacy.skellam = true;
+  TempDir other("edgetrain-rounds");
+  try {
+    Server refused(other, clock, central);
+    ADD_FAILURE() << "skellam noise without secure aggregation was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--dp-noise skellam needs"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RoundSecureAggregation, RefusedWithRobustRulesAdaptiveClippingAndWithoutAClipNorm) {

@@ -76,11 +76,12 @@ void check_config_values(const SimConfig& c) {
       !(c.rounds.clip_norm > 0 && c.rounds.dp_noise_multiplier > 0))
     throw std::invalid_argument(
         "--aggregation dp-fedavg needs --round-clip-norm S and --dp-noise-multiplier z above 0");
-  if (c.rounds.dp_noise_survivors > 0 &&
-      (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg || c.rounds.adaptive_clipping.enabled()))
+  if (c.rounds.dp_noise_survivors > 0 && c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg)
     throw std::invalid_argument(
-        "--dp-noise-survivors (distributed noise) goes with --aggregation dp-fedavg and a fixed clip "
-        "norm, as the server's --secure-aggregation");
+        "--dp-noise-survivors (distributed noise) goes with --aggregation dp-fedavg, as the server's "
+        "--secure-aggregation");
+  if (c.rounds.dp_skellam && c.rounds.adaptive_clipping.enabled())
+    throw std::invalid_argument("--dp-noise skellam with --dp-adaptive-clip-quantile: not yet (as the server)");
   if (c.rounds.dp_skellam && c.rounds.dp_noise_survivors == 0)
     throw std::invalid_argument(
         "--dp-noise skellam is the workers' discrete noise: it needs --dp-noise-survivors C (the "
@@ -737,7 +738,7 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       if (skellam) {
         mean = skellam_noise_close(deltas, sim.tensor_sizes, *skellam, dp_denominator, noise);
       } else if (rounds.dp_noise_survivors > 0) {
-        mean = distributed_noise_close(deltas, sim.tensor_sizes, rounds.dp_noise_multiplier,
+        mean = distributed_noise_close(deltas, sim.tensor_sizes, delta_noise_multiplier,
                                        clip_norm, rounds.dp_noise_survivors, dp_denominator, noise);
       } else {
         mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
@@ -745,8 +746,16 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
       }
       if (adaptive.enabled()) {
-        const double count_noise =
-            server::count_noise_stddev(adaptive, dp_denominator) * noise.normal();
+        // Central: the server's draw; distributed: each device's share σ_b/√c (its value of
+        // the masked vector: privacy::quantized_count_value, whose ring rounding is below 1e-8).
+        double count_noise = 0;
+        const double count_stddev = server::count_noise_stddev(adaptive, dp_denominator);
+        if (rounds.dp_noise_survivors > 0) {
+          for (std::size_t d = 0; d < deltas.size(); ++d)
+            count_noise += count_stddev / std::sqrt(static_cast<double>(rounds.dp_noise_survivors)) * noise.normal();
+        } else {
+          count_noise = count_stddev * noise.normal();
+        }
         next_clip =
             server::next_clip_norm(clip_norm, unclipped, count_noise, dp_denominator, adaptive);
       }

@@ -102,6 +102,13 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
       info.dp_device_noise_stddev = j["dp_device_noise_stddev"].get<double>();
       info.secagg_value_bound = j["secagg_value_bound"].get<double>();
     }
+    if (j.contains("dp_clip_count_device_stddev") || j.contains("secagg_count_value_bound")) {
+      if (!j.contains("dp_clip_count_device_stddev") || !j["dp_clip_count_device_stddev"].is_number() ||
+          !j.contains("secagg_count_value_bound") || !j["secagg_count_value_bound"].is_number())
+        return std::nullopt;
+      info.dp_clip_count_device_stddev = j["dp_clip_count_device_stddev"].get<double>();
+      info.secagg_count_value_bound = j["secagg_count_value_bound"].get<double>();
+    }
     if (j.contains("dp_noise")) {
       // A noise this worker does not know must not be taken for none.
       if (j["dp_noise"] != "skellam") return std::nullopt;
@@ -531,6 +538,7 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
   double squares = 0;
   for (const float v : sent) squares += static_cast<double>(v) * v;
   const double norm = std::sqrt(squares);
+  const bool unclipped = norm <= round.clip_norm;  // adaptive clipping's bit
   if (norm > round.clip_norm) {
     const auto scale = static_cast<float>(round.clip_norm / norm);
     for (float& v : sent) v *= scale;
@@ -545,6 +553,19 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       done_session = round.secagg_session;
       stats.deltas_refused++;
       say("round " + std::to_string(round.round) + ": not taking part in a secure round whose noise " +
+              "this device cannot honour: " + problem,
+          logging::Level::kWarn);
+      return false;
+    }
+  }
+  const bool counted = round.secagg_count_value_bound != 0 || round.dp_clip_count_device_stddev != 0;
+  if (counted) {
+    if (const std::string problem = privacy::device_noise_problem(1, round.dp_clip_count_device_stddev,
+                                                                  round.secagg_count_value_bound);
+        !problem.empty()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": not taking part in a secure round whose clip count " +
               "this device cannot honour: " + problem,
           logging::Level::kWarn);
       return false;
@@ -608,6 +629,14 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       }
     } else {
       quantized = privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
+    }
+    if (counted) {
+      try {
+        quantized.push_back(privacy::quantized_count_value(unclipped, round.dp_clip_count_device_stddev,
+                                                           round.secagg_count_value_bound, devices, *random));
+      } catch (const std::invalid_argument& e) {
+        throw privacy::SecAggError(std::string("the noised clip count does not fit the ring: ") + e.what());
+      }
     }
     if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
     const privacy::MaskedInput masked =

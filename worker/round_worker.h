@@ -66,6 +66,11 @@ struct RoundInfo {
   double secagg_skellam_scale = 0;
   double secagg_skellam_variance = 0;
   double secagg_skellam_l2_bound = 0;
+  // Adaptive clipping under secure aggregation (privacy/distributed_noise.h, the count): the
+  // device appends b + N(0, σ²) (b = 1 when its delta was not clipped), quantized in
+  // [−bound, bound]; both 0: no such value.
+  double dp_clip_count_device_stddev = 0;
+  double secagg_count_value_bound = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a

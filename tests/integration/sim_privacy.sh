@@ -33,6 +33,17 @@ last=$(jq '.runs[0].clip_norm_by_round[-1]' "$summary")
 python3 -c 'import sys; sys.exit(not (float(sys.argv[1]) == 0.01 and float(sys.argv[2]) > 0.05))' "$first" "$last" ||
   fail "the clip norm went from $first to $last"
 echo "ok: the adaptive clip norm went from $first to $last in 20 rounds"
+# The same under distributed noise (each worker's count share in the masked vector, as under
+# the server's --secure-aggregation): the clip norm grows alike, epsilon is the central one's.
+$run --rounds 20 --round-clip-norm 0.01 --dp-noise-multiplier 0.5 --dp-adaptive-clip-quantile 0.5 \
+  --dp-noise-survivors 10 --out "$work/adaptive-distributed" >"$work/adaptive-distributed.log" 2>&1 ||
+  fail "edgetrain-sim: $(tail -3 "$work/adaptive-distributed.log")"
+last_distributed=$(jq '.runs[0].clip_norm_by_round[-1]' "$work/adaptive-distributed/summary.json")
+python3 -c 'import sys; sys.exit(not float(sys.argv[1]) > 0.05)' "$last_distributed" ||
+  fail "the distributed run's clip norm went to $last_distributed"
+[ "$(jq -c '.runs[0].dp_epsilon_by_round' "$summary")" = \
+  "$(jq -c '.runs[0].dp_epsilon_by_round' "$work/adaptive-distributed/summary.json")" ] || fail "epsilon differs"
+echo "ok: with distributed noise the adaptive clip norm went from $first to $last_distributed"
 
 status=0
 $run --rounds 5 --round-clip-norm 1 --dp-noise-multiplier 2 --dp-adaptive-clip-quantile 0.5 \

@@ -20,6 +20,10 @@
 #   secure          dense secure aggregation
 #   secure-subset   secure aggregation of a shared seeded random subset, --secagg-subset F,
 #                   the rest kept on the device (error feedback)
+#   secure-skellam  dense secure aggregation with the devices' discrete noise (--dp-noise
+#                   skellam; needs --noise)
+#   secure-adaptive dense secure aggregation with adaptive clipping (--dp-adaptive-clip-quantile
+#                   0.5, the count in the masked vector; needs --noise)
 # with F = --subset (0.1); each row also gives the test accuracy of the model after the
 # rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
 # secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
@@ -98,7 +102,10 @@ for mode in $modes; do
   case "$mode" in
     secure) args+=(--secure-aggregation) ;;
     secure-subset) args+=(--secure-aggregation --secagg-subset "$subset") ;;
+    secure-skellam) args+=(--secure-aggregation --dp-noise skellam) ;;
+    secure-adaptive) args+=(--secure-aggregation --dp-adaptive-clip-quantile 0.5) ;;
   esac
+  case "$mode" in secure-skellam|secure-adaptive) [ "$noise" != 0 ] || die "$mode needs --noise Z" ;; esac
   [ "$noise" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$noise" --dp-expected-devices "$devices")
   started=$SECONDS
   start_server "$run/server" "$run/server.log" --port 0 "${args[@]}"
@@ -138,7 +145,12 @@ for mode in $modes; do
   server_cpu=$(tail -1 "$run/server.cpu" | awk -v r="$closed" '{printf "%.3f", ($1 + $2) / r}')
   accuracy=$("$server" evaluate "$run/state/checkpoint.safetensors" --data "$eval_data" --json | jq -r '.accuracy * 10000 | round / 100')
   label=$mode
-  case "$mode" in plain-adacomp) label="plain, AdaComp rate $subset" ;; secure-subset) label="secure, subset $subset" ;; esac
+  case "$mode" in
+    plain-adacomp) label="plain, AdaComp rate $subset" ;;
+    secure-subset) label="secure, subset $subset" ;;
+    secure-skellam) label="secure, Skellam noise" ;;
+    secure-adaptive) label="secure, adaptive clipping (last clip $(json_get "$run/server.stats.json" rounds.round_clip_norm | awk '{printf "%.3g", $1}'))" ;;
+  esac
   if [ "$noise" != 0 ]; then
     case "$mode" in plain*) label="$label, dp-fedavg z = $noise (central)" ;; *) label="$label, dp-fedavg z = $noise (distributed, c = $devices)" ;; esac
     label="$label, ε $(json_get "$run/server.stats.json" rounds.dp_epsilon | awk '{printf "%.3g", $1}')"

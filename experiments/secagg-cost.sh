@@ -66,7 +66,7 @@ command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 [[ "$devices" =~ ^[0-9]+$ ]] && [ "$devices" -ge 3 ] && [ "$devices" -le 255 ] || die "--devices: 3..255, not '$devices'"
 dropped=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$drop_fraction" "$devices")
 for mode in $modes; do
-  case "$mode" in plain|plain-adacomp|secure|secure-subset) ;; *) die "--modes: plain, plain-adacomp, secure or secure-subset, not '$mode'" ;; esac
+  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-skellam|secure-adaptive) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset, secure-skellam or secure-adaptive, not '$mode'" ;; esac
 done
 python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
   die "--subset: a fraction in (0, 1], not '$subset'"

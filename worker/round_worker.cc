@@ -17,8 +17,8 @@
 #include "model/trainer.h"
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
-#include "privacy/skellam.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/skellam.h"
 #include "privacy/subset.h"
 #include "transport/untrusted_text.h"
 

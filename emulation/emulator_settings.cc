@@ -113,6 +113,10 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
         "rounds, dp-fedavg: the server's --dp-noise-multiplier (its --dp-expected-devices is "
         "--client-fraction x --workers)")
       .range(0, 1e6);
+  t.add("dp-noise", s.dp_noise,
+        "rounds, dp-fedavg with --secure-aggregation: the server's --dp-noise, the devices' noise "
+        "(skellam: discrete, exact in the ring; docs/privacy.md)")
+      .choices({"gaussian", "skellam"});
   t.add("dp-target-epsilon", s.dp_target_epsilon,
         "rounds, dp-fedavg: the server's --dp-target-epsilon (0: no limit)")
       .range(0, 1e9);
@@ -294,6 +298,8 @@ void check_emulator_settings(const EmulatorSettings& s) {
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
   if (s.secure_aggregation && !(s.mode == "rounds" && s.round_clip_norm > 0))
     throw std::invalid_argument("--secure-aggregation needs --mode rounds and --round-clip-norm above 0");
+  if (s.dp_noise != "gaussian" && !(s.aggregation == "dp-fedavg" && s.secure_aggregation))
+    throw std::invalid_argument("--dp-noise " + s.dp_noise + " is the devices' noise: it needs --aggregation dp-fedavg and --secure-aggregation");
   if (s.min_clients > 0 && s.mode != "rounds")
     throw std::invalid_argument("--min-clients is a setting of --mode rounds");
   if (s.min_clients > s.workers)

@@ -133,6 +133,8 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   expect_refused([](S& s) { s.min_clients = 3; }, "--min-clients is a setting of --mode rounds");
   expect_refused([](S& s) { s.mode = "rounds", s.workers = 4, s.min_clients = 5; },
                  "--min-clients 5 is above --workers 4");
+  expect_refused([](S& s) { s.mode = "rounds", s.round_clip_norm = 1, s.dp_noise = "skellam"; },
+                 "needs --aggregation dp-fedavg and --secure-aggregation");
   expect_refused([](S& s) { s.impaired = "half"; }, "--impaired must be a number or 'all'");
   expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
   expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");
@@ -174,11 +176,14 @@ TEST(EmulatorSettings, AttackersAndTheDefence) {
 }
 
 TEST(EmulatorSettings, SettingsThatGoTogetherPass) {
-  std::vector<EmulatorSettings> good(6);
+  std::vector<EmulatorSettings> good(7);
   good[1].mode = "gossip", good[1].workers = 2, good[1].fail = "kill-worker:1@10";
   good[2].cpu_classes = "pi5=1,pi3=0.35", good[2].class_drop_rates = "pi3=0:0.5";
   good[3].shards = 3, good[3].fail = "kill-shard:1@20+5";
   good[4].dropout_table = "t.json", good[4].step_time_budget = 40;
+  good[6].mode = "rounds", good[6].aggregation = "dp-fedavg", good[6].round_clip_norm = 1;
+  good[6].dp_noise_multiplier = 1, good[6].secure_aggregation = true, good[6].dp_noise = "skellam";
+  good[6].min_clients = 10;
   good[5].impaired = "3", good[5].link = "delay=20:80,loss=0.01", good[5].slowdown = "0:3";
   good[5].cpu_classes = "a=1,b=0.5", good[5].cpu_schedule = "60-120:0.5@b";
   for (std::size_t i = 0; i < good.size(); i++)

@@ -84,8 +84,8 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
   t.add("secure-aggregation", s.secure_aggregation,
         "rounds: devices send their clipped deltas quantized and masked (Bonawitz et al. 2017), "
         "the server learns only the survivors' sum; needs --round-clip-norm; not with "
-        "trimmed-mean, median or adaptive clipping; with dp-fedavg the noise is the devices' "
-        "(docs/privacy.md)");
+        "trimmed-mean or median; with dp-fedavg the noise is the devices' (and adaptive "
+        "clipping's count a masked value) (docs/privacy.md)");
   t.add("secagg-threshold", s.secagg_threshold,
         "rounds, secure aggregation: the share of the round's key holders whose unmasking "
         "shares are needed (a majority: above 0.5); each step has --round-deadline")

@@ -104,10 +104,19 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
         "rounds, secure aggregation: the share of the workers (the last ones) that leave right "
         "after their masked input in the first round (a test flag of the worker)")
       .range(0, 0.49);
+  t.add("min-clients", s.min_clients,
+        "rounds: the server's --min-clients (0: its default); with dp-fedavg and "
+        "--secure-aggregation the fewest survivors a round closes with, each device's noise "
+        "share calibrated to them (c; at most --workers)")
+      .range(0, 255);
   t.add("dp-noise-multiplier", s.dp_noise_multiplier,
         "rounds, dp-fedavg: the server's --dp-noise-multiplier (its --dp-expected-devices is "
         "--client-fraction x --workers)")
       .range(0, 1e6);
+  t.add("dp-noise", s.dp_noise,
+        "rounds, dp-fedavg with --secure-aggregation: the server's --dp-noise, the devices' noise "
+        "(skellam: discrete, exact in the ring; docs/privacy.md)")
+      .choices({"gaussian", "skellam"});
   t.add("dp-target-epsilon", s.dp_target_epsilon,
         "rounds, dp-fedavg: the server's --dp-target-epsilon (0: no limit)")
       .range(0, 1e9);
@@ -323,6 +332,13 @@ void check_emulator_settings(const EmulatorSettings& s) {
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
   if (s.secure_aggregation && !(s.mode == "rounds" && s.round_clip_norm > 0))
     throw std::invalid_argument("--secure-aggregation needs --mode rounds and --round-clip-norm above 0");
+  if (s.dp_noise != "gaussian" && !(s.aggregation == "dp-fedavg" && s.secure_aggregation))
+    throw std::invalid_argument("--dp-noise " + s.dp_noise + " is the devices' noise: it needs --aggregation dp-fedavg and --secure-aggregation");
+  if (s.min_clients > 0 && s.mode != "rounds")
+    throw std::invalid_argument("--min-clients is a setting of --mode rounds");
+  if (s.min_clients > s.workers)
+    throw std::invalid_argument("--min-clients " + std::to_string(s.min_clients) + " is above --workers " +
+                                std::to_string(s.workers) + ": no round could close");
   if (s.secagg_drop_fraction > 0 && !s.secure_aggregation)
     throw std::invalid_argument("--secagg-drop-fraction is a setting of --secure-aggregation");
   if (s.mode != "rounds" && (s.aggregation != "masked" || s.round_clip_norm > 0))

@@ -48,6 +48,11 @@ struct EmulatorSettings {
   // --test-secagg-drop-after input).
   bool secure_aggregation = false;
   double secagg_drop_fraction = 0;
+  // The server's --min-clients (0: its default, 1). With dp-fedavg and secure aggregation it
+  // is c, the survivors the devices' noise shares are calibrated to (docs/privacy.md).
+  std::uint32_t min_clients = 0;
+  // The server's --dp-noise: the devices' noise under secure aggregation (gaussian or skellam).
+  std::string dp_noise = "gaussian";
   // Filter dropout (DISTREAL): one vector for every worker, one per CPU class, or a table.
   std::string drop_rates, class_drop_rates, dropout_table;
   double step_time_budget = 0, deadline_share = 0.8;

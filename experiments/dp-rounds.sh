@@ -9,7 +9,8 @@
 # defaults; runs with noise only, as the server allows it with dp-fedavg only).
 # --survivors lists who adds the noise of each noised run: 0 the server (central), c > 0 the
 # devices, each its share z·S/√c, quantized to the ring as under --secure-aggregation with
-# --min-clients c (the simulator's --dp-noise-survivors; fixed clip norms only).
+# --min-clients c (the simulator's --dp-noise-survivors; with adaptive clipping the count is
+# the devices' too).
 #
 # usage: experiments/dp-rounds.sh [--build DIR] [--out DIR] [--rounds N] [--noise "0.5 1"] [--fleets "100:0.1 1000:0.1 10000:0.03"] [--clips "1"] [--survivors "0"]
 set -euo pipefail
@@ -43,7 +44,7 @@ for fleet in $fleets; do
   for z in 0 $noise; do
    for clip in $clips; do
    for c in $survivors; do
-    [ "$c" = 0 ] || { [ "$z" != 0 ] && [ "${clip#a}" = "$clip" ]; } || continue
+    [ "$c" = 0 ] || [ "$z" != 0 ] || continue
     args=("${base[@]}" --workers "$k" --client-fraction "$q")
     if [ "${clip#a}" != "$clip" ]; then
       [ "$z" != 0 ] || continue

@@ -28,6 +28,10 @@
 #                   12) and --secagg-threshold 0.51, the smallest majority of a neighbourhood's
 #                   K + 1 holders (with 20 devices, K = 12 and 6 leaving, every neighbourhood
 #                   keeps t = 7 of them, whichever graph is drawn)
+#   secure-skellam  dense secure aggregation with the devices' discrete noise (--dp-noise
+#                   skellam; needs --noise)
+#   secure-adaptive dense secure aggregation with adaptive clipping (--dp-adaptive-clip-quantile
+#                   0.5, the count in the masked vector; needs --noise)
 # with F = --subset (0.1); each row also gives the test accuracy of the model after the
 # rounds (edgetrain-server evaluate on --eval-data). Devices leave (--drop-fraction) in the
 # secure runs only: give --drop-fraction 0 to compare accuracies. Round 0's model check
@@ -72,7 +76,7 @@ command -v jq >/dev/null || die "jq is needed (apt-get install jq)"
 [[ "$devices" =~ ^[0-9]+$ ]] && [ "$devices" -ge 3 ] && [ "$devices" -le 255 ] || die "--devices: 3..255, not '$devices'"
 dropped=$(python3 -c "import sys; print(int(float(sys.argv[1]) * int(sys.argv[2])))" "$drop_fraction" "$devices")
 for mode in $modes; do
-  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-signed|secure-neighbours) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset, secure-signed or secure-neighbours, not '$mode'" ;; esac
+  case "$mode" in plain|plain-adacomp|secure|secure-subset|secure-signed|secure-neighbours|secure-skellam|secure-adaptive) ;; *) die "--modes: plain, plain-adacomp, secure, secure-subset, secure-signed, secure-neighbours, secure-skellam or secure-adaptive, not '$mode'" ;; esac
 done
 python3 -c "import sys; f = float(sys.argv[1]); sys.exit(0 if 0 < f <= 1 else 1)" "$subset" 2>/dev/null ||
   die "--subset: a fraction in (0, 1], not '$subset'"
@@ -116,7 +120,10 @@ for mode in $modes; do
       args+=(--secure-aggregation --secagg-signed-keys --cert "$run/certs/server.crt" --cert-key "$run/certs/server.key"
              --ca "$run/certs/ca.crt") ;;
     secure-neighbours) args+=(--secure-aggregation --secagg-neighbours "$neighbours" --secagg-threshold 0.51) ;;
+    secure-skellam) args+=(--secure-aggregation --dp-noise skellam) ;;
+    secure-adaptive) args+=(--secure-aggregation --dp-adaptive-clip-quantile 0.5) ;;
   esac
+  case "$mode" in secure-skellam|secure-adaptive) [ "$noise" != 0 ] || die "$mode needs --noise Z" ;; esac
   [ "$noise" = 0 ] || args+=(--aggregation dp-fedavg --dp-noise-multiplier "$noise" --dp-expected-devices "$devices")
   started=$SECONDS
   start_server "$run/server" "$run/server.log" --port 0 "${args[@]}"
@@ -164,6 +171,8 @@ for mode in $modes; do
     secure-subset) label="secure, subset $subset" ;;
     secure-signed) label="secure, signed keys and consistency round (X.509)" ;;
     secure-neighbours) label="secure, $neighbours neighbours (SecAgg+)" ;;
+    secure-skellam) label="secure, Skellam noise" ;;
+    secure-adaptive) label="secure, adaptive clipping (last clip $(json_get "$run/server.stats.json" rounds.round_clip_norm | awk '{printf "%.3g", $1}'))" ;;
   esac
   if [ "$noise" != 0 ]; then
     case "$mode" in plain*) label="$label, dp-fedavg z = $noise (central)" ;; *) label="$label, dp-fedavg z = $noise (distributed, c = $devices)" ;; esac

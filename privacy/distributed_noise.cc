@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "privacy/quantize.h"
 #include "privacy/secagg_crypto.h"
 
 namespace edgetrain::privacy {
@@ -33,6 +34,17 @@ std::string device_noise_problem(double clip_norm, double device_stddev, double 
            std::to_string(clip_norm) + " plus " + std::to_string(static_cast<int>(kNoiseTailStddevs)) +
            " noise standard deviations (" + std::to_string(needed) + "): noised values could wrap the sum";
   return {};
+}
+
+double count_value_bound(double count_device_stddev) {
+  return 1 + kNoiseTailStddevs * count_device_stddev;
+}
+
+std::uint32_t quantized_count_value(bool unclipped, double count_device_stddev, double count_bound,
+                                    std::uint32_t max_summands, SecureRandom& random) {
+  float value[2] = {unclipped ? 1.0f : 0.0f, 0.0f};  // a pair: Box–Muller draws two
+  add_device_noise(value, count_device_stddev, random);
+  return quantize_bounded(std::span<const float>(value, 1), count_bound, max_summands, Rounding::kNearest)[0];
 }
 
 void add_device_noise(std::span<float> values, double device_stddev, SecureRandom& random) {

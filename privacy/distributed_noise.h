@@ -39,6 +39,18 @@ double noised_value_bound(double clip_norm, double device_stddev);
 // S, or empty: σ_d negative or not finite, B not finite, or B short of S + 10·σ_d (a noised
 // value could pass it and wrap the ring's sum).
 std::string device_noise_problem(double clip_norm, double device_stddev, double value_bound);
+// Adaptive clipping under secure aggregation (Andrew et al. 2021; docs/privacy.md, "Adaptive
+// clipping under secure aggregation"): the count. Each device appends one value to its masked
+// vector, b + N(0, σ_b²/c) with b = 1 when its delta's norm was at most the round's clip (not
+// clipped), else 0, so the server unmasks only the noisy count Σb + N(0, |U3|·σ_b²/c) and moves
+// the clip norm with it as the central version does. The value has its own range (ours):
+// [−B_b, B_b], B_b = 1 + kNoiseTailStddevs·σ_b/√c, read back with it.
+double count_value_bound(double count_device_stddev);
+// The appended value, quantized in [−B_b, B_b] for N summands: b plus the device's share of
+// the count noise from `random`. Throws std::invalid_argument when the draw passes B_b.
+std::uint32_t quantized_count_value(bool unclipped, double count_device_stddev, double count_bound,
+                                    std::uint32_t max_summands, SecureRandom& random);
+
 // Adds N(0, σ_d²) to every value, Box–Muller on 53-bit uniforms from `random` (the device's
 // CTR_DRBG: noise a seed could recompute could be subtracted). Throws std::invalid_argument
 // for σ_d negative or not finite.

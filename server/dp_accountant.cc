@@ -31,6 +31,39 @@ double sampled_gaussian_rdp(double q, double noise_multiplier, int alpha) {
   return (largest + std::log(sum)) / (a - 1);
 }
 
+double skellam_rdp(double l1_sensitivity, double l2_sensitivity, double variance, int alpha) {
+  if (!(l1_sensitivity >= 0) || !(l2_sensitivity >= 0))
+    throw std::invalid_argument("Skellam RDP: the sensitivities must be >= 0");
+  if (!(variance > 0)) throw std::invalid_argument("Skellam RDP: the noise variance must be positive");
+  if (alpha < 2) throw std::invalid_argument("RDP orders start at 2");
+  const double a = alpha, l2_squared = l2_sensitivity * l2_sensitivity;
+  return a * l2_squared / (2 * variance) +
+         std::min(((2 * a - 1) * l2_squared + 6 * l1_sensitivity) / (4 * variance * variance),
+                  3 * l1_sensitivity / (2 * variance));
+}
+
+double subsampled_rdp_bound(double q, int alpha, const std::function<double(int)>& rdp) {
+  if (!(q >= 0 && q <= 1)) throw std::invalid_argument("the sampling rate must be in [0, 1]");
+  if (alpha < 2) throw std::invalid_argument("RDP orders start at 2");
+  if (q == 0) return 0;
+  const double whole = rdp(alpha);
+  if (q == 1 || !std::isfinite(whole)) return whole;
+  const double a = alpha, log_q = std::log(q), log_1mq = std::log1p(-q);
+  auto log_binomial = [a](double k) { return std::lgamma(a + 1) - std::lgamma(k + 1) - std::lgamma(a - k + 1); };
+  std::vector<double> terms;
+  terms.push_back((a - 1) * log_1mq + std::log(a * q - q + 1));
+  terms.push_back(log_binomial(2) + 2 * log_q + (a - 2) * log_1mq + rdp(2));
+  for (int l = 3; l <= alpha; ++l) {
+    const double ll = l;
+    terms.push_back(std::log(3.0) + log_binomial(ll) + (a - ll) * log_1mq + ll * log_q + (ll - 1) * rdp(l));
+  }
+  double largest = -std::numeric_limits<double>::infinity();
+  for (double t : terms) largest = std::max(largest, t);
+  double sum = 0;
+  for (double t : terms) sum += std::exp(t - largest);
+  return std::min(whole, (largest + std::log(sum)) / (a - 1));
+}
+
 EpsilonAtDelta epsilon_from_rdp(std::span<const int> orders, std::span<const double> rdp,
                                 double delta) {
   if (orders.size() != rdp.size() || orders.empty())
@@ -61,6 +94,15 @@ const std::vector<int>& default_rdp_orders() {
 DpAccountant::DpAccountant(double sampling_rate, double noise_multiplier) {
   for (int alpha : default_rdp_orders())
     rdp_per_round_.push_back(sampled_gaussian_rdp(sampling_rate, noise_multiplier, alpha));
+}
+
+DpAccountant DpAccountant::skellam(double sampling_rate, double l1_sensitivity, double l2_sensitivity,
+                                   double variance) {
+  DpAccountant accountant;
+  auto rdp = [&](int alpha) { return skellam_rdp(l1_sensitivity, l2_sensitivity, variance, alpha); };
+  for (int alpha : default_rdp_orders())
+    accountant.rdp_per_round_.push_back(subsampled_rdp_bound(sampling_rate, alpha, rdp));
+  return accountant;
 }
 
 EpsilonAtDelta DpAccountant::epsilon(double delta) const {

@@ -16,6 +16,7 @@
 
 #include "common/number_text.h"
 #include "privacy/distributed_noise.h"
+#include "privacy/subset.h"
 #include "server/durable_file.h"
 #include "server/resources.h"
 #include "server/secure_noise.h"
@@ -115,6 +116,10 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
     throw std::invalid_argument(
         "--secagg-subset needs --secure-aggregation: plain rounds compress each device's delta "
         "with its own compressor (the worker's compression settings)");
+  if (options_.privacy.skellam && !(options_.secure.enabled && accountant_))
+    throw std::invalid_argument(
+        "--dp-noise skellam needs --aggregation dp-fedavg --secure-aggregation: it is the devices' "
+        "discrete noise, exact in secure aggregation's ring; the server's own noise is Gaussian");
   if (options_.secure.enabled) {
     // The server sees only the survivors' sum: a rule that needs each device's values, or
     // noise the server adds to the sum it unmasked, does not go with it.
@@ -124,21 +129,48 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
           ": a robust rule needs every device's values, and the server sees only their sum");
     if (options_.rule.kind == Aggregation::kDpFedAvg) {
       // Distributed noise (privacy/distributed_noise.h): the devices add it, the server none.
-      if (adaptive.enabled())
+      // Adaptive clipping: each device appends its unclipped bit plus its share of the count's
+      // noise to the masked vector (privacy/distributed_noise.h, the count).
+      if (adaptive.enabled() && options_.privacy.skellam)
         throw std::invalid_argument(
-            "--dp-adaptive-clip-quantile cannot go with --secure-aggregation: adaptive clipping "
-            "counts which devices' deltas were clipped, and the server sees only their sum");
+            "--dp-adaptive-clip-quantile with --dp-noise skellam: not yet (the count's value is "
+            "Gaussian; use --dp-noise gaussian)");
+      if (adaptive.enabled() && options_.secure.subset_fraction > 0)
+        throw std::invalid_argument("--dp-adaptive-clip-quantile with --secagg-subset: not yet");
       noise_survivors_ = std::max<std::uint32_t>(options_.min_clients, 2);
       if (noise_survivors_ > privacy::kMaxSecAggDevices)
         throw std::invalid_argument("--min-clients " + std::to_string(options_.min_clients) +
                                     ": a secure round holds at most 255 devices");
-      device_noise_stddev_ = privacy::device_noise_stddev(options_.privacy.noise_multiplier,
-                                                          options_.clip_norm, noise_survivors_);
-      secure_value_bound_ = privacy::noised_value_bound(options_.clip_norm, device_noise_stddev_);
+      if (options_.privacy.skellam) {
+        // Discrete noise (privacy/skellam.h): the devices' values are integers of a scale
+        // fixed for the run; the accountant counts the Skellam bound at this plan.
+        const std::uint64_t length =
+            options_.secure.subset_fraction > 0
+                ? privacy::subset_length(options_.secure.subset_fraction,
+                                         static_cast<std::uint32_t>(state_.model().parameter_count()))
+                : state_.model().parameter_count();
+        skellam_ = privacy::skellam_plan(options_.privacy.noise_multiplier, options_.clip_norm, noise_survivors_,
+                                         length);
+        if (const std::string problem = privacy::skellam_ring_problem(
+                skellam_.scale, options_.clip_norm, skellam_.device_variance,
+                static_cast<std::uint32_t>(privacy::kMaxSecAggDevices));
+            !problem.empty())
+          throw std::invalid_argument("--dp-noise skellam: " + problem);
+        accountant_ = DpAccountant::skellam(options_.client_fraction, skellam_.l1_bound, skellam_.l2_bound,
+                                            skellam_.central_variance());
+      }
+    }
+    if (options_.rule.kind == Aggregation::kDpFedAvg && !options_.privacy.skellam) {
+      update_device_noise();  // of S_0; again once round_clip.json is read, and at each close
       if (const std::string problem =
-              privacy::device_noise_problem(options_.clip_norm, device_noise_stddev_, secure_value_bound_);
+              privacy::device_noise_problem(clip_norm_, device_noise_stddev_, secure_value_bound_);
           !problem.empty())
         throw std::invalid_argument("--dp-noise-multiplier with --secure-aggregation: " + problem);
+      if (adaptive.enabled()) {
+        count_device_stddev_ = count_noise_stddev(adaptive, options_.rule.expected_devices) /
+                               std::sqrt(static_cast<double>(noise_survivors_));
+        count_value_bound_ = privacy::count_value_bound(count_device_stddev_);
+      }
     }
     secure_ = std::make_unique<SecureRound>(
         SecureRoundOptions{.threshold_fraction = options_.secure.threshold_fraction,
@@ -153,12 +185,18 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
                            .signing_ca = options_.secure.signing_ca_file.empty()
                                              ? nullptr
                                              : privacy::CertificateAuthority::from_file(options_.secure.signing_ca_file),
+                           .skellam_scale = skellam_.scale,
+                           .count_value_bound = count_value_bound_,
                            .now = options_.now,
                            .log = options_.log},
         state_.checkpoint_path().parent_path() / "secagg_attempt.json");
   }
   clip_state_path_ = state_.checkpoint_path().parent_path() / "round_clip.json";
   if (adaptive.enabled()) load_clip_state();
+  if (secure_ && device_noise_stddev_ > 0) {
+    update_device_noise();  // the current round's clip norm (round_clip.json)
+    secure_->set_value_bound(clip_norm_, secure_value_bound_);
+  }
   log_path_ = state_.checkpoint_path().parent_path() / "rounds.wal";
   open_log();
   opened_ = options_.now();
@@ -167,7 +205,7 @@ RoundCoordinator::RoundCoordinator(ServerState& state, RoundOptions options)
       throw StateError(log_path_.string() + " holds " + std::to_string(deltas_.size()) +
                        " plain deltas of round " + std::to_string(round()) +
                        ": finish that round without --secure-aggregation first");
-    secure_->resume_or_begin(round(), static_cast<std::uint32_t>(state_.model().parameter_count()));
+    secure_->resume_or_begin(round(), secure_vector_length());
     if (accountant_) secure_round_passes_budget(round());  // a state directory at its budget
   }
 }
@@ -345,6 +383,20 @@ CoapResponse RoundCoordinator::get_round(const CoapRequest& request) {
       answer["secagg_value_bound"] = secure_value_bound_;
     }
     if (options_.secure.neighbours > 0) answer["secagg_neighbours"] = options_.secure.neighbours;  // SecAgg+'s k
+    if (count_value_bound_ > 0) {
+      // Adaptive clipping: the device appends b + N(0, σ_b²/c), quantized in [−B_b, B_b].
+      answer["dp_clip_count_device_stddev"] = count_device_stddev_;
+      answer["secagg_count_value_bound"] = count_value_bound_;
+    }
+    if (skellam_.scale > 0) {
+      // dp-fedavg, discrete: each device rounds γ·delta within Δ2 and adds Sk(v_d) per value
+      // (privacy/skellam.h); a device refuses a plan it cannot honour.
+      answer["dp_noise"] = "skellam";
+      answer["dp_noise_survivors"] = noise_survivors_;
+      answer["secagg_skellam_scale"] = skellam_.scale;
+      answer["secagg_skellam_variance"] = skellam_.device_variance;
+      answer["secagg_skellam_l2_bound"] = skellam_.l2_bound;
+    }
     if (const auto subset = secure_->subset()) {
       // Every device masks the same entries: those privacy::subset_indices picks from these.
       answer["secagg_subset_seed"] = subset->seed;
@@ -596,9 +648,37 @@ void RoundCoordinator::close_round() {
   empty_log();
 }
 
-void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
+void RoundCoordinator::update_device_noise() {
+  device_noise_stddev_ = privacy::device_noise_stddev(delta_noise_multiplier_, clip_norm_, noise_survivors_);
+  secure_value_bound_ = privacy::noised_value_bound(clip_norm_, device_noise_stddev_);
+}
+
+std::uint32_t RoundCoordinator::secure_vector_length() const {
+  // The parameters, and adaptive clipping's count after them.
+  return static_cast<std::uint32_t>(state_.model().parameter_count()) + (count_value_bound_ > 0 ? 1 : 0);
+}
+
+void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum_with_count) {
   const std::uint64_t closing = round();
-  const auto parameters = static_cast<std::uint32_t>(state_.model().parameter_count());
+  const std::uint32_t parameters = secure_vector_length();
+  SecureRound::Sum sum = sum_with_count;
+  std::optional<double> next_clip;
+  if (count_value_bound_ > 0 && !sum.values.empty()) {
+    // Adaptive clipping: the last value is Σb plus the survivors' shares of the count noise;
+    // the next clip norm is durable before the close that releases it, as in close_round.
+    const double noisy_count = sum.values.back();
+    sum.values.pop_back();
+    next_clip = next_clip_norm(clip_norm_, 0, noisy_count, options_.rule.expected_devices, options_.privacy.adaptive);
+    try {
+      save_clip_state(closing + 1, *next_clip, clip_norm_);
+    } catch (const std::exception& e) {
+      ++close_failures_;
+      log(std::string("ERROR: secure round ") + std::to_string(closing) +
+          " could not close: cannot save the next clip norm: " + e.what() + "; the round starts again");
+      secure_->begin_next_round(round(), parameters);
+      return;
+    }
+  }
   // dp-fedavg: DP-FedAvg's fixed denominator m, and no noise of the server's (the devices'
   // shares are in the sum); otherwise the survivors' unweighted mean.
   double denominator = static_cast<double>(sum.survivors);
@@ -633,6 +713,13 @@ void RoundCoordinator::close_secure_round(const SecureRound::Sum& sum) {
   ++rounds_closed_;
   stragglers_ += sum.key_holders - sum.survivors;
   opened_ = options_.now();
+  if (next_clip) {
+    log("adaptive clipping: round " + std::to_string(result.version) + " clips at " +
+        common::short_number(*next_clip) + " (was " + common::short_number(clip_norm_) + ")");
+    clip_norm_ = *next_clip;
+    update_device_noise();
+    secure_->set_value_bound(clip_norm_, secure_value_bound_);
+  }
   // Devices need not take the steps of a round whose close the budget would refuse.
   if (accountant_ && secure_round_passes_budget(round())) return;
   secure_->begin_next_round(round(), parameters);
@@ -710,6 +797,13 @@ std::string RoundCoordinator::status_json() const {
   if (device_noise_stddev_ > 0) {
     with_privacy["dp_device_noise_stddev"] = device_noise_stddev_;
     with_privacy["dp_noise_survivors"] = noise_survivors_;
+  }
+  if (skellam_.scale > 0) {
+    with_privacy["dp_noise"] = "skellam";
+    with_privacy["dp_noise_survivors"] = noise_survivors_;
+    with_privacy["dp_skellam_scale"] = skellam_.scale;
+    with_privacy["dp_skellam_device_variance"] = skellam_.device_variance;
+    with_privacy["dp_skellam_l2_sensitivity"] = skellam_.l2_bound;
   }
   return with_privacy.dump();
 }

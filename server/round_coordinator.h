@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "privacy/skellam.h"
 #include "server/adaptive_clipping.h"
 #include "server/dp_accountant.h"
 #include "server/round_aggregation.h"
@@ -77,6 +78,10 @@ struct RoundOptions {
     // norms. The current S is kept in `round_clip.json` in the state directory (written
     // durably before the close it belongs to is submitted), so a restart goes on with it.
     AdaptiveClipping adaptive;
+    // With secure aggregation: the devices add Skellam integer noise after they round their
+    // scaled deltas (privacy/skellam.h), exact in the ring, instead of Gaussian noise rounded
+    // to it; the accountant counts the Skellam mechanism's bound (server/dp_accountant.h).
+    bool skellam = false;
   } privacy;
   // Secure aggregation (issue 39 part 2, server/secure_round.h): devices send their clipped
   // deltas quantized and masked; the close applies the unweighted mean of the survivors'
@@ -85,8 +90,10 @@ struct RoundOptions {
   // dp-fedavg the noise is distributed (privacy/distributed_noise.h): GET /round announces
   // each device's share σ_d = z·S/√c, c = max(min_clients, 2) the fewest survivors a round
   // closes with, and the range the devices quantize in; the close is the sum over the
-  // expected devices, with no noise of the server's. Refused with adaptive clipping (it needs
-  // each device's clipped-or-not bit in the clear).
+  // expected devices, with no noise of the server's. With adaptive clipping each device also
+  // appends its unclipped bit plus its share σ_b/√c of the count's noise as one more value
+  // (the server unmasks only the noisy count; σ_d is then z_Δ·S_r/√c, announced each round);
+  // not yet with --dp-noise skellam or a subset.
   struct SecureAggregation {
     bool enabled = false;
     double threshold_fraction = 0.6;  // t = max(⌊n/2⌋ + 1, ⌈fraction · n⌉)
@@ -163,7 +170,11 @@ class RoundCoordinator {
                      std::span<const std::uint8_t> body);
   void close_round();
   // Applies a secure round's unmasked sum like a plain close, then begins the next round.
-  void close_secure_round(const SecureRound::Sum& sum);
+  void close_secure_round(const SecureRound::Sum& sum_with_count);
+  // σ_d and B of the current clip norm (the devices' Gaussian shares at z or z_Δ).
+  void update_device_noise();
+  // What each device of a secure session sends: the parameters, and the count's value.
+  std::uint32_t secure_vector_length() const;
   // dp-fedavg with a target ε: whether closing `round` would pass it (then privacy_exhausted_
   // says so, and no further round closes).
   bool secure_round_passes_budget(std::uint64_t round);
@@ -206,6 +217,12 @@ class RoundCoordinator {
   double device_noise_stddev_ = 0;
   double secure_value_bound_ = 0;
   std::uint32_t noise_survivors_ = 0;  // c
+  // privacy.skellam: the plan every device follows (γ, v_d, Δ2, Δ1); scale 0 otherwise.
+  privacy::SkellamPlan skellam_;
+  // Adaptive clipping with secure aggregation: each device's share of the count's noise,
+  // σ_b/√c, and the appended value's range B_b (privacy/distributed_noise.h); 0 otherwise.
+  double count_device_stddev_ = 0;
+  double count_value_bound_ = 0;
   std::size_t unclipped_this_round_ = 0;  // adaptive clipping's count b
   std::optional<double> pending_clip_norm_;  // S_r+1 while round r's close is submitted
   std::filesystem::path clip_state_path_;

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "privacy/quantize.h"
+#include "privacy/skellam.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/subset.h"
 #include "server/durable_file.h"
@@ -428,8 +429,13 @@ std::optional<SecureRound::Sum> SecureRound::poll(std::size_t expected_keys) {
           return std::nullopt;
         const std::vector<std::uint32_t> sum = server_->unmask();
         Sum out;
-        out.values = privacy::dequantize(sum, options_.value_bound > 0 ? options_.value_bound : options_.clip_norm,
-                                         static_cast<std::uint32_t>(server_->key_holders().size()));
+        const auto devices = static_cast<std::uint32_t>(server_->key_holders().size());
+        out.values = options_.skellam_scale > 0
+                         ? privacy::skellam_decode(sum, options_.skellam_scale)
+                         : privacy::dequantize(sum, options_.value_bound > 0 ? options_.value_bound : options_.clip_norm,
+                                               devices);
+        if (options_.count_value_bound > 0 && !sum.empty())  // the count's own range
+          out.values.back() = privacy::dequantize(std::span(&sum.back(), 1), options_.count_value_bound, devices)[0];
         out.entries_summed = out.values.size();
         if (!subset_indices_.empty()) {
           std::vector<double> whole(vector_length_, 0.0);

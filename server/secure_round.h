@@ -99,6 +99,14 @@ struct SecureRoundOptions {
   // Signed keys and the consistency step: the CA the devices' certificates chain to; null:
   // keys authenticated by the transport only (the semi-honest model).
   std::shared_ptr<const privacy::CertificateAuthority> signing_ca;
+  // Discrete noise (privacy/skellam.h): the devices send integers of scale γ, and the sum is
+  // read back as int32(sum)/γ whatever the session's devices; 0: quantize.h's scale.
+  double skellam_scale = 0;
+  // Adaptive clipping under secure aggregation (privacy/distributed_noise.h, "The count"): the
+  // vector's last value is each device's unclipped bit plus its share of the count's noise,
+  // quantized in [−count_value_bound, count_value_bound] and read back with that bound; 0: no
+  // such value.
+  double count_value_bound = 0;
   std::function<std::chrono::steady_clock::time_point()> now;
   std::function<void(const std::string&)> log;
 };
@@ -119,6 +127,13 @@ class SecureRound {
   // At start-up: goes on with the session secagg.wal holds when it is of this round's current
   // attempt and replays; begin() otherwise.
   void resume_or_begin(std::uint64_t round, std::uint32_t vector_length);
+  // Adaptive clipping: the clip norm and value bound of the sessions to come (and of the one
+  // in progress, whose sum is read back with them): the caller sets them before begin or
+  // resume, from the clip norm the session's devices were announced.
+  void set_value_bound(double clip_norm, double value_bound) {
+    options_.clip_norm = clip_norm;
+    options_.value_bound = value_bound;
+  }
 
   // What a close needs: Σ over U3 of the quantized deltas, read back as values.
   struct Sum {

@@ -105,7 +105,7 @@ void check_settings(const ServerSettings& s) {
         "--dp-expected-devices m, each above 0");
   if (s.aggregation != "dp-fedavg" &&
       (s.dp_noise_multiplier > 0 || s.dp_expected_devices > 0 || s.dp_target_epsilon > 0 ||
-       s.dp_adaptive_clip_quantile > 0 || s.dp_clip_count_stddev > 0))
+       s.dp_adaptive_clip_quantile > 0 || s.dp_clip_count_stddev > 0 || s.dp_noise != "gaussian"))
     throw std::invalid_argument("the --dp-* settings go with --aggregation dp-fedavg");
   if (s.secagg_subset > 0 && !(s.mode == "rounds" && s.secure_aggregation))
     throw std::invalid_argument(

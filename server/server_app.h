@@ -77,6 +77,7 @@ struct ServerSettings {
   double dp_adaptive_clip_quantile = 0, dp_clip_learning_rate = 0.2, dp_clip_count_stddev = 0;
   // Secure aggregation in rounds (server/secure_round.h): on, and t as a fraction of U1.
   bool secure_aggregation = false;
+  std::string dp_noise = "gaussian";  // with secure aggregation: gaussian or skellam (privacy/skellam.h)
   double secagg_threshold = 0.6;
   double secagg_subset = 0;  // the share of entries a secure round sends (privacy/subset.h); 0: all
   // Keys signed by the devices' certificates and the consistency round (privacy/secagg_signed.h):

@@ -63,6 +63,12 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
         "rounds, dp-fedavg: end the run before a round would take epsilon past this; 0: no "
         "limit")
       .range(0, 1e9);
+  t.add("dp-noise", s.dp_noise,
+        "rounds, dp-fedavg with --secure-aggregation: the devices' noise; gaussian: each adds its "
+        "Gaussian share and rounds it to the ring; skellam: each rounds its scaled delta and adds "
+        "integer Skellam noise, exact in the ring, with the Skellam mechanism's accountant "
+        "(Agarwal et al. 2021; docs/privacy.md \"Discrete noise\")")
+      .choices({"gaussian", "skellam"});
   t.add("dp-adaptive-clip-quantile", s.dp_adaptive_clip_quantile,
         "rounds, dp-fedavg: move the clip norm each round towards this quantile of the "
         "devices' delta norms, privately (Andrew et al. 2021; --round-clip-norm is the first "
@@ -78,8 +84,8 @@ void declare_rounds_settings(settings::Table& t, ServerSettings& s) {
   t.add("secure-aggregation", s.secure_aggregation,
         "rounds: devices send their clipped deltas quantized and masked (Bonawitz et al. 2017), "
         "the server learns only the survivors' sum; needs --round-clip-norm; not with "
-        "trimmed-mean, median or adaptive clipping; with dp-fedavg the noise is the devices' "
-        "(docs/privacy.md)");
+        "trimmed-mean or median; with dp-fedavg the noise is the devices' (and adaptive "
+        "clipping's count a masked value) (docs/privacy.md)");
   t.add("secagg-threshold", s.secagg_threshold,
         "rounds, secure aggregation: the share of the round's key holders whose unmasking "
         "shares are needed (a majority: above 0.5); each step has --round-deadline")
@@ -132,6 +138,7 @@ std::unique_ptr<ServerMode> make_rounds_mode(const ServerSettings& s, ServerStat
   o.privacy.noise_multiplier = s.dp_noise_multiplier;
   o.privacy.delta = s.dp_delta;
   o.privacy.target_epsilon = s.dp_target_epsilon;
+  o.privacy.skellam = s.dp_noise == "skellam";
   o.clip_norm = s.round_clip_norm;
   o.privacy.adaptive = {s.dp_adaptive_clip_quantile, s.dp_clip_learning_rate,
                         s.dp_clip_count_stddev};

@@ -53,6 +53,11 @@ void declare_rounds(settings::Table& t, SimSettings& s) {
         "its share, z x clip / sqrt(C), before quantizing, calibrated to C survivors (the server's "
         "--min-clients); 0: the server adds the noise (central)")
       .range(0, 255);
+  t.add("dp-noise", s.dp_noise,
+        "dp-fedavg with --dp-noise-survivors: the workers' noise; gaussian: each adds its Gaussian "
+        "share and rounds it to the ring; skellam: each rounds its scaled delta and adds integer "
+        "Skellam noise (the server's --dp-noise skellam, privacy/skellam.h), with its accountant")
+      .choices({"gaussian", "skellam"});
   t.add("dp-delta", c.rounds.dp_delta, "dp-fedavg: the delta at which epsilon is reported")
       .range(1e-30, 0.999);
   t.add("dp-target-epsilon", c.rounds.dp_target_epsilon,
@@ -95,6 +100,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   config.eval_every = s.eval_every ? s.eval_every : rounds ? 1 : 100;
   if (s.stop_at_accuracy > 0) config.stop_at_accuracy = s.stop_at_accuracy;
   config.rounds.aggregation.kind = server::parse_aggregation(s.aggregation);
+  config.rounds.dp_skellam = s.dp_noise == "skellam";
   if (!rounds && s.malicious_peers > 0)
     throw std::invalid_argument("--malicious-peers is for --mode rounds and gossip");
   if (rounds) {
@@ -139,7 +145,8 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.rounds.dp_noise_multiplier > 0)
       suffix << ", noise " << config.rounds.dp_noise_multiplier;
     if (config.rounds.dp_noise_survivors > 0)
-      suffix << " distributed over " << config.rounds.dp_noise_survivors;
+      suffix << " distributed over " << config.rounds.dp_noise_survivors
+             << (config.rounds.dp_skellam ? " (skellam)" : "");
     if (config.rounds.malicious_workers > 0)
       suffix << ", " << config.rounds.malicious_workers << " malicious (" << s.attack << ')';
     if (config.rounds.policy != RoundPolicy::kDropStragglers) suffix << ", " << s.round_policy;

@@ -12,6 +12,7 @@
 #include "server/dp_accountant.h"
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
+#include "privacy/skellam.h"
 #include "common/splitmix64.h"
 #include "model/thread_pool.h"
 #include "model/trainer.h"
@@ -75,11 +76,16 @@ void check_config_values(const SimConfig& c) {
       !(c.rounds.clip_norm > 0 && c.rounds.dp_noise_multiplier > 0))
     throw std::invalid_argument(
         "--aggregation dp-fedavg needs --round-clip-norm S and --dp-noise-multiplier z above 0");
-  if (c.rounds.dp_noise_survivors > 0 &&
-      (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg || c.rounds.adaptive_clipping.enabled()))
+  if (c.rounds.dp_noise_survivors > 0 && c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg)
     throw std::invalid_argument(
-        "--dp-noise-survivors (distributed noise) goes with --aggregation dp-fedavg and a fixed clip "
-        "norm, as the server's --secure-aggregation");
+        "--dp-noise-survivors (distributed noise) goes with --aggregation dp-fedavg, as the server's "
+        "--secure-aggregation");
+  if (c.rounds.dp_skellam && c.rounds.adaptive_clipping.enabled())
+    throw std::invalid_argument("--dp-noise skellam with --dp-adaptive-clip-quantile: not yet (as the server)");
+  if (c.rounds.dp_skellam && c.rounds.dp_noise_survivors == 0)
+    throw std::invalid_argument(
+        "--dp-noise skellam is the workers' discrete noise: it needs --dp-noise-survivors C (the "
+        "server's own noise is Gaussian)");
   if (!(c.rounds.dp_delta > 0 && c.rounds.dp_delta < 1))
     throw std::invalid_argument("--dp-delta must be in (0, 1)");
   server::check_adaptive_clipping(c.rounds.adaptive_clipping);
@@ -253,6 +259,29 @@ std::vector<float> distributed_noise_close(std::span<const server::RoundDelta> d
     for (std::size_t i = 0; i < ring.size(); ++i) ring[i] += quantized[i];
   }
   const std::vector<double> sum = privacy::dequantize(ring, bound, devices);
+  std::vector<float> mean(sum.size());
+  for (std::size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / denominator);
+  return mean;
+}
+
+// The same under the discrete noise (RoundsConfig::dp_skellam): each worker's dense delta
+// encoded as privacy::skellam_encode does on a device, with the noise generator's bits.
+std::vector<float> skellam_noise_close(std::span<const server::RoundDelta> deltas,
+                                       std::span<const std::uint32_t> tensor_sizes,
+                                       const privacy::SkellamPlan& plan, double denominator, Random& noise) {
+  const auto devices = static_cast<std::uint32_t>(deltas.size());
+  server::AggregationRule one_device(server::Aggregation::kDpFedAvg);
+  one_device.expected_devices = 1;
+  const privacy::RandomBits bits = [&noise] { return static_cast<std::uint64_t>(noise.uniform() * 0x1p53) << 11; };
+  std::vector<std::uint32_t> ring;
+  for (const server::RoundDelta& delta : deltas) {
+    const std::vector<float> values = server::aggregate_deltas(std::span(&delta, 1), tensor_sizes, one_device);
+    const std::vector<std::uint32_t> encoded =
+        privacy::skellam_encode(values, plan.scale, plan.device_variance, plan.l2_bound, devices, bits);
+    if (ring.empty()) ring.assign(encoded.size(), 0);
+    for (std::size_t i = 0; i < ring.size(); ++i) ring[i] += encoded[i];
+  }
+  const std::vector<double> sum = privacy::skellam_decode(ring, plan.scale);
   std::vector<float> mean(sum.size());
   for (std::size_t i = 0; i < sum.size(); ++i) mean[i] = static_cast<float>(sum[i] / denominator);
   return mean;
@@ -543,6 +572,13 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
   std::optional<server::DpAccountant> accountant;
   if (rounds.aggregation.kind == server::Aggregation::kDpFedAvg)
     accountant.emplace(rounds.client_fraction, rounds.dp_noise_multiplier);
+  std::optional<privacy::SkellamPlan> skellam;
+  if (accountant && rounds.dp_skellam) {
+    skellam = privacy::skellam_plan(rounds.dp_noise_multiplier, rounds.clip_norm, rounds.dp_noise_survivors,
+                                    parameter_count);
+    accountant = server::DpAccountant::skellam(rounds.client_fraction, skellam->l1_bound, skellam->l2_bound,
+                                               skellam->central_variance());
+  }
   const double dp_denominator = static_cast<double>(
       std::max<long>(1, std::lround(rounds.client_fraction * static_cast<double>(config.workers))));
   Random noise(config.seed ^ 0xd1b54a32d192ed03ull);
@@ -699,8 +735,10 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
       server::AggregationRule rule = rounds.aggregation;
       rule.expected_devices = dp_denominator;
       std::vector<float> mean;
-      if (rounds.dp_noise_survivors > 0) {
-        mean = distributed_noise_close(deltas, sim.tensor_sizes, rounds.dp_noise_multiplier,
+      if (skellam) {
+        mean = skellam_noise_close(deltas, sim.tensor_sizes, *skellam, dp_denominator, noise);
+      } else if (rounds.dp_noise_survivors > 0) {
+        mean = distributed_noise_close(deltas, sim.tensor_sizes, delta_noise_multiplier,
                                        clip_norm, rounds.dp_noise_survivors, dp_denominator, noise);
       } else {
         mean = server::aggregate_deltas(deltas, sim.tensor_sizes, rule);
@@ -708,8 +746,16 @@ void run_rounds(Simulation& sim, SimResult& result, const ProgressCallback& prog
         for (float& v : mean) v = static_cast<float>(v + stddev * noise.normal());
       }
       if (adaptive.enabled()) {
-        const double count_noise =
-            server::count_noise_stddev(adaptive, dp_denominator) * noise.normal();
+        // Central: the server's draw; distributed: each device's share σ_b/√c (its value of
+        // the masked vector: privacy::quantized_count_value, whose ring rounding is below 1e-8).
+        double count_noise = 0;
+        const double count_stddev = server::count_noise_stddev(adaptive, dp_denominator);
+        if (rounds.dp_noise_survivors > 0) {
+          for (std::size_t d = 0; d < deltas.size(); ++d)
+            count_noise += count_stddev / std::sqrt(static_cast<double>(rounds.dp_noise_survivors)) * noise.normal();
+        } else {
+          count_noise = count_stddev * noise.normal();
+        }
         next_clip =
             server::next_clip_norm(clip_norm, unclipped, count_noise, dp_denominator, adaptive);
       }

@@ -105,6 +105,11 @@ struct RoundsConfig {
   // over m is the close, with no noise of the server's. (No masks: they cancel in the sum.)
   // 0: the server's central noise.
   std::uint32_t dp_noise_survivors = 0;
+  // With dp_noise_survivors: the discrete noise (the server's --dp-noise skellam,
+  // privacy/skellam.h): each delta scaled by γ, rounded at random within Δ2, plus Sk(v_d) per
+  // value from the noise generator; the ring sum read back as sum/γ over m; the accountant
+  // counts the Skellam mechanism (server::DpAccountant::skellam).
+  bool dp_skellam = false;
   // The server's adaptive clipping (server/adaptive_clipping.h): clip_norm is the first
   // round's; the count's noise from the run's noise generator.
   server::AdaptiveClipping adaptive_clipping;

@@ -19,6 +19,7 @@
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/secagg_signed.h"
+#include "privacy/skellam.h"
 #include "privacy/subset.h"
 #include "transport/untrusted_text.h"
 
@@ -110,6 +111,22 @@ std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload)
       if (!j["secagg_neighbours"].is_number_unsigned() || j["secagg_neighbours"].get<std::uint64_t>() > 254)
         return std::nullopt;
       info.secagg_neighbours = static_cast<std::uint32_t>(j["secagg_neighbours"].get<std::uint64_t>());
+    }
+    if (j.contains("dp_clip_count_device_stddev") || j.contains("secagg_count_value_bound")) {
+      if (!j.contains("dp_clip_count_device_stddev") || !j["dp_clip_count_device_stddev"].is_number() ||
+          !j.contains("secagg_count_value_bound") || !j["secagg_count_value_bound"].is_number())
+        return std::nullopt;
+      info.dp_clip_count_device_stddev = j["dp_clip_count_device_stddev"].get<double>();
+      info.secagg_count_value_bound = j["secagg_count_value_bound"].get<double>();
+    }
+    if (j.contains("dp_noise")) {
+      // A noise this worker does not know must not be taken for none.
+      if (j["dp_noise"] != "skellam") return std::nullopt;
+      for (const char* key : {"secagg_skellam_scale", "secagg_skellam_variance", "secagg_skellam_l2_bound"})
+        if (!j.contains(key) || !j[key].is_number()) return std::nullopt;
+      info.secagg_skellam_scale = j["secagg_skellam_scale"].get<double>();
+      info.secagg_skellam_variance = j["secagg_skellam_variance"].get<double>();
+      info.secagg_skellam_l2_bound = j["secagg_skellam_l2_bound"].get<double>();
     }
   }
   return info;
@@ -579,6 +596,7 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
   double squares = 0;
   for (const float v : sent) squares += static_cast<double>(v) * v;
   const double norm = std::sqrt(squares);
+  const bool unclipped = norm <= round.clip_norm;  // adaptive clipping's bit
   if (norm > round.clip_norm) {
     const auto scale = static_cast<float>(round.clip_norm / norm);
     for (float& v : sent) v *= scale;
@@ -593,6 +611,32 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       done_session = round.secagg_session;
       stats.deltas_refused++;
       say("round " + std::to_string(round.round) + ": not taking part in a secure round whose noise " +
+              "this device cannot honour: " + problem,
+          logging::Level::kWarn);
+      return false;
+    }
+  }
+  const bool counted = round.secagg_count_value_bound != 0 || round.dp_clip_count_device_stddev != 0;
+  if (counted) {
+    if (const std::string problem = privacy::device_noise_problem(1, round.dp_clip_count_device_stddev,
+                                                                  round.secagg_count_value_bound);
+        !problem.empty()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": not taking part in a secure round whose clip count " +
+              "this device cannot honour: " + problem,
+          logging::Level::kWarn);
+      return false;
+    }
+  }
+  const bool skellam = round.secagg_skellam_scale != 0 || round.secagg_skellam_variance != 0;
+  if (skellam) {
+    if (const std::string problem = privacy::skellam_announcement_problem(
+            round.secagg_skellam_scale, round.secagg_skellam_variance, round.secagg_skellam_l2_bound, round.clip_norm);
+        !problem.empty()) {
+      done_session = round.secagg_session;
+      stats.deltas_refused++;
+      say("round " + std::to_string(round.round) + ": not taking part in a secure round whose discrete noise " +
               "this device cannot honour: " + problem,
           logging::Level::kWarn);
       return false;
@@ -642,7 +686,20 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
     // N, the most summands, is U1's size: the server reads the sum back with the same.
     const auto devices = static_cast<std::uint32_t>(key_holders);
     std::vector<std::uint32_t> quantized;
-    if (noised) {
+    if (skellam) {
+      // Integers of scale γ, rounded within Δ2, plus Sk(v_d) each (privacy/skellam.h). The
+      // ring must hold U1's sum: a plan that could wrap it is refused, a draw past K leaves.
+      if (const std::string problem = privacy::skellam_ring_problem(
+              round.secagg_skellam_scale, round.clip_norm, round.secagg_skellam_variance, devices);
+          !problem.empty())
+        throw privacy::SecAggError("the discrete noise does not fit the ring: " + problem);
+      try {
+        quantized = privacy::skellam_encode(sent, round.secagg_skellam_scale, round.secagg_skellam_variance,
+                                            round.secagg_skellam_l2_bound, devices, privacy::SecureBits(*random));
+      } catch (const std::invalid_argument& e) {
+        throw privacy::SecAggError(std::string("the discretely noised delta does not fit the ring: ") + e.what());
+      }
+    } else if (noised) {
       // The noise after clipping (what was sent stays clean for the subset's remainder).
       std::vector<float> with_noise(sent.begin(), sent.end());
       privacy::add_device_noise(with_noise, round.dp_device_noise_stddev, *random);
@@ -655,6 +712,14 @@ bool RoundWorker::State::secure_send(const RoundInfo& round) {
       }
     } else {
       quantized = privacy::quantize(sent, round.clip_norm, devices, privacy::Rounding::kNearest);
+    }
+    if (counted) {
+      try {
+        quantized.push_back(privacy::quantized_count_value(unclipped, round.dp_clip_count_device_stddev,
+                                                           round.secagg_count_value_bound, devices, *random));
+      } catch (const std::invalid_argument& e) {
+        throw privacy::SecAggError(std::string("the noised clip count does not fit the ring: ") + e.what());
+      }
     }
     if (!config.test_secagg_dump_dir.empty()) dump_for_test(round, devices, quantized);
     const privacy::EncryptedShares received = privacy::parse_encrypted_shares(*shares_bytes);

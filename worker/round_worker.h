@@ -69,12 +69,23 @@ struct RoundInfo {
   // SecAgg+ (server --secagg-neighbours, privacy/secagg_graph.h): k neighbours per device,
   // 0: every device. The key directory must say the same (the device refuses it otherwise).
   std::uint32_t secagg_neighbours = 0;
+  // dp-fedavg's discrete noise (`"dp_noise": "skellam"`, privacy/skellam.h): the scale γ, each
+  // device's Skellam variance v_d and the rounding's L2 bound Δ2; all 0 otherwise.
+  double secagg_skellam_scale = 0;
+  double secagg_skellam_variance = 0;
+  double secagg_skellam_l2_bound = 0;
+  // Adaptive clipping under secure aggregation (privacy/distributed_noise.h, the count): the
+  // device appends b + N(0, σ²) (b = 1 when its delta was not clipped), quantized in
+  // [−bound, bound]; both 0: no such value.
+  double dp_clip_count_device_stddev = 0;
+  double secagg_count_value_bound = 0;
 };
 // nullopt when the payload is not such an object (wrong types, missing keys, steps 0 or
 // above 10^6, epochs above 1000; local_epochs may be absent: 0; a secure round without a
 // session, an identity of 1..255 bytes or a positive clip norm; a subset without both its
 // seed and a length of 1..2^28; a device noise without a value bound or either not a
-// number). Whether the device can honour the noise is secure_send's check, not the parse's.
+// number; a "dp_noise" other than "skellam", or "skellam" without its three numbers).
+// Whether the device can honour the noise is secure_send's check, not the parse's.
 std::optional<RoundInfo> parse_round_info(std::span<const std::uint8_t> payload);
 // The minibatches of one round: local_steps, or with local_epochs enough to pass over a
 // shard of `shard_size` examples that many times (at least one, at most 10^6).

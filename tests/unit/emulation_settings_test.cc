@@ -130,6 +130,11 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   expect_refused([](S& s) { s.mode = "rounds", s.dp_noise_multiplier = 1; },
                  "go with --aggregation dp-fedavg");
   expect_refused([](S& s) { s.aggregation = "median"; }, "settings of --mode rounds");
+  expect_refused([](S& s) { s.min_clients = 3; }, "--min-clients is a setting of --mode rounds");
+  expect_refused([](S& s) { s.mode = "rounds", s.workers = 4, s.min_clients = 5; },
+                 "--min-clients 5 is above --workers 4");
+  expect_refused([](S& s) { s.mode = "rounds", s.round_clip_norm = 1, s.dp_noise = "skellam"; },
+                 "needs --aggregation dp-fedavg and --secure-aggregation");
   expect_refused([](S& s) { s.impaired = "half"; }, "--impaired must be a number or 'all'");
   expect_refused([](S& s) { s.link = "delay=fast"; }, "--link: delay");
   expect_refused([](S& s) { s.slowdown = "1:"; }, "--slowdown");
@@ -177,13 +182,16 @@ TEST(EmulatorSettings, AttackersAndTheDefence) {
 }
 
 TEST(EmulatorSettings, SettingsThatGoTogetherPass) {
-  std::vector<EmulatorSettings> good(7);
-  good[6].reachable = 0.5, good[6].offline_steps = 1000, good[6].offline_step_credit = 1000;
-  good[6].cpu_classes = "equal=0.03", good[6].cpu_priority = true;
+  std::vector<EmulatorSettings> good(8);
+  good[7].reachable = 0.5, good[7].offline_steps = 1000, good[7].offline_step_credit = 1000;
+  good[7].cpu_classes = "equal=0.03", good[7].cpu_priority = true;
   good[1].mode = "gossip", good[1].workers = 2, good[1].fail = "kill-worker:1@10";
   good[2].cpu_classes = "pi5=1,pi3=0.35", good[2].class_drop_rates = "pi3=0:0.5";
   good[3].shards = 3, good[3].fail = "kill-shard:1@20+5";
   good[4].dropout_table = "t.json", good[4].step_time_budget = 40;
+  good[6].mode = "rounds", good[6].aggregation = "dp-fedavg", good[6].round_clip_norm = 1;
+  good[6].dp_noise_multiplier = 1, good[6].secure_aggregation = true, good[6].dp_noise = "skellam";
+  good[6].min_clients = 10;
   good[5].impaired = "3", good[5].link = "delay=20:80,loss=0.01", good[5].slowdown = "0:3";
   good[5].cpu_classes = "a=1,b=0.5", good[5].cpu_schedule = "60-120:0.5@b";
   for (std::size_t i = 0; i < good.size(); i++)
@@ -195,6 +203,17 @@ TEST(EmulatorSettings, TheSettingsSubcommand) {
   testing::internal::CaptureStdout();
   EXPECT_EQ(print_emulator_settings(3, fine), 0);
   EXPECT_NE(testing::internal::GetCapturedStdout().find("workers='3'\n"), std::string::npos);
+  // The launcher passes min_clients to the server (--min-clients) when it is not 0.
+  const char* calibrated[] = {"settings", "--mode", "rounds", "--workers", "20", "--min-clients", "10"};
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(print_emulator_settings(7, calibrated), 0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("min_clients='10'\n"), std::string::npos);
+  const char* too_many[] = {"settings", "--mode", "rounds", "--workers", "3", "--min-clients", "4"};
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(print_emulator_settings(7, too_many), 2);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "");
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("--min-clients 4 is above --workers 3"), std::string::npos);
   const char* clash[] = {"settings", "--fp16", "--sign-scale"};
   testing::internal::CaptureStdout();
   testing::internal::CaptureStderr();

@@ -19,6 +19,7 @@
 #include "privacy/distributed_noise.h"
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
+#include "privacy/skellam.h"
 #include "server/round_coordinator.h"
 #include "server/wal_repair.h"
 #include "server/write_ahead_log.h"
@@ -1003,7 +1004,145 @@ TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) 
   EXPECT_EQ(status.at("dp_budget_exhausted"), true);
 }
 
-TEST(RoundSecureAggregation, RefusedWithRobustRulesAdaptiveClippingAndWithoutAClipNorm) {
+// --dp-noise skellam (privacy/skellam.h): GET /round announces the plan for c = --min-clients
+// over the model's parameters (γ, v_d, Δ2) and no Gaussian share; /status reports it, and ε
+// is the Skellam accountant's at that plan, not the Gaussian's. Without secure aggregation
+// the setting is refused: the server's own noise is Gaussian.
+TEST(RoundSecureAggregation, SkellamNoiseAnnouncesThePlanAndCountsItsBound) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const double z = 1.0;
+  RoundOptions options = dp_options(z, 0);
+  options.secure.enabled = true;
+  options.privacy.skellam = true;
+  options.min_clients = 3;
+  options.rule.expected_devices = 4;
+  Server server(dir, clock, options);
+  const std::size_t length = server.state->snapshot().parameters.size();
+  const privacy::SkellamPlan plan = privacy::skellam_plan(z, options.clip_norm, 3, length);
+  const nlohmann::json info = round_info(*server.rounds, "a");
+  EXPECT_EQ(info["dp_noise"], "skellam");
+  EXPECT_EQ(info["dp_noise_survivors"], 3);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_scale"].get<double>(), plan.scale);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_variance"].get<double>(), plan.device_variance);
+  EXPECT_DOUBLE_EQ(info["secagg_skellam_l2_bound"].get<double>(), plan.l2_bound);
+  EXPECT_FALSE(info.contains("dp_device_noise_stddev")) << "no Gaussian share besides";
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_EQ(status["dp_noise"], "skellam");
+  EXPECT_DOUBLE_EQ(status["dp_skellam_l2_sensitivity"].get<double>(), plan.l2_bound);
+  EXPECT_EQ(status["dp_epsilon"], 0.0) << "nothing released yet";
+
+  RoundOptions central = dp_options(z, 0);
+  central.privacy.skellam = true;
+  TempDir other("edgetrain-rounds");
+  try {
+    Server refused(other, clock, central);
+    ADD_FAILURE() << "skellam noise without secure aggregation was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("--dp-noise skellam needs"), std::string::npos) << e.what();
+  }
+}
+
+// Adaptive clipping under secure aggregation (privacy/distributed_noise.h, the count): GET
+// /round announces the devices' Gaussian share at z_Δ (not z) of the current clip norm, the
+// count's share σ_b/√c and its range; each device's masked vector has one more value. Here the
+// three devices send noiseless values and counts of 1 (not clipped): the close moves the
+// model by Σ/m of the deltas alone, and the clip norm to S·exp(−η(3/m − γ)), durable in
+// round_clip.json and announced for the next round with its new σ_d and B.
+TEST(RoundSecureAggregation, AdaptiveClippingCountsTheMaskedBitsAndMovesTheClipNorm) {
+  TempDir dir("edgetrain-rounds");
+  Clock clock;
+  const double z = 1.0;
+  RoundOptions options = dp_options(z);
+  options.secure.enabled = true;
+  options.min_clients = 3;
+  options.rule.expected_devices = 4;
+  options.privacy.adaptive = {0.5, 0.2, 2.0};  // γ, η, σ_b
+  Server server(dir, clock, options);
+  const std::vector<float> before = server.state->snapshot().parameters;
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::vector<nlohmann::json> infos;
+  for (const auto& name : names) infos.push_back(round_info(*server.rounds, name));
+  const double z_delta = server::delta_noise_multiplier(z, 2.0);
+  const double stddev = z_delta * 1.0 / std::sqrt(3.0);
+  const double bound = 1.0 + privacy::kNoiseTailStddevs * stddev;
+  const double count_stddev = 2.0 / std::sqrt(3.0);
+  const double count_bound = privacy::count_value_bound(count_stddev);
+  EXPECT_DOUBLE_EQ(infos[0]["dp_device_noise_stddev"].get<double>(), stddev);
+  EXPECT_DOUBLE_EQ(infos[0]["secagg_value_bound"].get<double>(), bound);
+  EXPECT_DOUBLE_EQ(infos[0]["dp_clip_count_device_stddev"].get<double>(), count_stddev);
+  EXPECT_DOUBLE_EQ(infos[0]["secagg_count_value_bound"].get<double>(), count_bound);
+  const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
+
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
+                  const std::vector<std::uint8_t>& body = {}) {
+    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
+    r.method = method;
+    return server.rounds->secagg_request(method, step, r);
+  };
+  for (const auto& name : names) devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+  for (std::size_t i = 0; i < names.size(); ++i)
+    ASSERT_EQ(call(transport::Method::kPost, "keys", names[i], privacy::serialize(devices[i]->advertise_keys())).code,
+              CoapCode::kChanged);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto directory = call(transport::Method::kGet, "keys", names[i]);
+    ASSERT_EQ(directory.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
+                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  const std::size_t count = before.size();
+  std::vector<std::uint32_t> ring_sum(count, 0);
+  std::mt19937 rng(13);
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    std::vector<float> delta(count);
+    std::normal_distribution<float> normal(0, 1);
+    double squares = 0;
+    for (float& v : delta) {
+      v = normal(rng);
+      squares += static_cast<double>(v) * v;
+    }
+    for (float& v : delta) v = static_cast<float>(v * 0.5 / std::sqrt(squares));
+    auto quantized = privacy::quantize_bounded(delta, bound, 3, privacy::Rounding::kNearest);
+    for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
+    const float one = 1.0f;  // not clipped, no noise: the server cannot tell
+    quantized.push_back(privacy::quantize_bounded(std::span(&one, 1), count_bound, 3, privacy::Rounding::kNearest)[0]);
+    const auto shares = call(transport::Method::kGet, "shares", names[i]);
+    ASSERT_EQ(shares.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
+                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
+                  .code,
+              CoapCode::kChanged);
+  }
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
+    ASSERT_EQ(survivors.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
+                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  ASSERT_EQ(server.rounds->round(), 1u);
+  const std::vector<double> sum = privacy::dequantize(ring_sum, bound, 3);
+  const std::vector<float> after = server.state->snapshot().parameters;
+  for (std::size_t k = 0; k < count; ++k)
+    ASSERT_NEAR(after[k], before[k] + sum[k] / 4, 1e-6 * (1 + std::fabs(before[k]))) << k;
+  const double next = 1.0 * std::exp(-0.2 * (3.0 / 4 - 0.5));
+  const auto status = nlohmann::json::parse(server.rounds->status_json());
+  EXPECT_NEAR(status.at("round_clip_norm").get<double>(), next, 1e-6);
+  std::ifstream saved(dir.path() / "round_clip.json");
+  EXPECT_NEAR(nlohmann::json::parse(saved).at("clip_norm").get<double>(), next, 1e-6);
+  const nlohmann::json next_info = round_info(*server.rounds, "a");
+  EXPECT_NEAR(next_info["clip_norm"].get<double>(), next, 1e-6);
+  // (The count is read back within its quantization step: next within 1e-6.)
+  EXPECT_NEAR(next_info["dp_device_noise_stddev"].get<double>(), stddev * next, 1e-6);
+  EXPECT_NEAR(next_info["secagg_value_bound"].get<double>(), next + privacy::kNoiseTailStddevs * stddev * next, 1e-5);
+}
+
+TEST(RoundSecureAggregation, RefusedWithRobustRulesAndWithoutAClipNorm) {
   TempDir dir("edgetrain-rounds");
   Clock clock;
   RoundOptions options;
@@ -1017,7 +1156,12 @@ TEST(RoundSecureAggregation, RefusedWithRobustRulesAdaptiveClippingAndWithoutACl
   RoundOptions private_options = dp_options(1.0);
   private_options.secure.enabled = true;
   EXPECT_NO_THROW(Server(dir, clock, private_options));  // distributed noise
-  private_options.privacy.adaptive = {0.5, 0.2, 1};  // needs each device's clipped-or-not bit
+  private_options.privacy.adaptive = {0.5, 0.2, 1};  // the count is a value of the masked vector
+  EXPECT_NO_THROW(Server(dir, clock, private_options));
+  private_options.privacy.skellam = true;  // not yet: the count's value is Gaussian
+  EXPECT_THROW(Server(dir, clock, private_options), std::invalid_argument);
+  private_options.privacy.skellam = false;
+  private_options.secure.subset_fraction = 0.1;  // not yet
   EXPECT_THROW(Server(dir, clock, private_options), std::invalid_argument);
 }
 

@@ -259,8 +259,30 @@ TEST(RoundWorker, SecureRoundFieldsAreParsedDefensively) {
   const auto with_neighbours = runtime::parse_round_info(std::vector<std::uint8_t>(neighbours.begin(), neighbours.end()));
   ASSERT_TRUE(with_neighbours);
   EXPECT_EQ(with_neighbours->secagg_neighbours, 12u);
+  // The discrete noise (privacy/skellam.h): γ, v_d and Δ2.
+  const std::string secure = base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,";
+  const std::string skellam = secure + "\"dp_noise\":\"skellam\",\"secagg_skellam_scale\":40000,"
+                                       "\"secagg_skellam_variance\":16777216,\"secagg_skellam_l2_bound\":40010}";
+  const auto with_skellam = runtime::parse_round_info(std::vector<std::uint8_t>(skellam.begin(), skellam.end()));
+  ASSERT_TRUE(with_skellam);
+  EXPECT_EQ(with_skellam->secagg_skellam_scale, 40000.0);
+  EXPECT_EQ(with_skellam->secagg_skellam_variance, 16777216.0);
+  EXPECT_EQ(with_skellam->secagg_skellam_l2_bound, 40010.0);
+  EXPECT_EQ(info->secagg_skellam_scale, 0.0);
+  // Adaptive clipping's count (privacy/distributed_noise.h): its noise share and range.
+  const std::string counted = secure + "\"dp_clip_count_device_stddev\":0.6,\"secagg_count_value_bound\":7}";
+  const auto with_count = runtime::parse_round_info(std::vector<std::uint8_t>(counted.begin(), counted.end()));
+  ASSERT_TRUE(with_count);
+  EXPECT_EQ(with_count->dp_clip_count_device_stddev, 0.6);
+  EXPECT_EQ(with_count->secagg_count_value_bound, 7.0);
   for (const std::string& bad :
        {base + ",\"secure\":true}",
+        // A noise the worker does not know is not taken for none; Skellam needs its numbers.
+        secure + "\"dp_noise\":\"laplace\"}",
+        secure + "\"dp_clip_count_device_stddev\":0.6}",
+        secure + "\"dp_noise\":\"skellam\",\"secagg_skellam_scale\":40000,\"secagg_skellam_variance\":1}",
+        secure + "\"dp_noise\":\"skellam\",\"secagg_skellam_scale\":\"40000\",\"secagg_skellam_variance\":1,"
+                 "\"secagg_skellam_l2_bound\":40010}",
         // The noise needs its range, and both are numbers.
         base + ",\"secure\":true,\"secagg_session\":1,\"secagg_identity\":\"w1\",\"clip_norm\":1,"
             "\"dp_device_noise_stddev\":0.5}",

@@ -37,6 +37,7 @@
 #include "privacy/quantize.h"
 #include "privacy/secagg_messages.h"
 #include "privacy/secagg_signed.h"
+#include "privacy/skellam.h"
 #include "privacy/subset.h"
 #include "server/secure_round.h"
 #include "tests/support/in_memory_pki.h"
@@ -578,10 +579,12 @@ TEST(SecureRoundSubset, TheSumIsThePlainSumOfTheAnnouncedEntriesAlsoAfterARestar
 class SubsetRoundServer {
  public:
   static constexpr const char* kModelSpec = "input 8x8x1; fc 10";
-  explicit SubsetRoundServer(std::unique_ptr<SecureRound> round)
-      : round_(std::move(round)), model_(runtime::model_spec_from_argument(kModelSpec)) {
+  // `extra_values`: the sessions' vectors are that much longer than the model (adaptive
+  // clipping's count).
+  explicit SubsetRoundServer(std::unique_ptr<SecureRound> round, std::uint32_t extra_values = 0)
+      : round_(std::move(round)), model_(runtime::model_spec_from_argument(kModelSpec)), extra_values_(extra_values) {
     model_.initialize(3);
-    round_->begin(round_number_, length());
+    round_->begin(round_number_, length() + extra_values_);
   }
   std::uint32_t length() const { return static_cast<std::uint32_t>(model_.parameter_count()); }
 
@@ -639,7 +642,7 @@ class SubsetRoundServer {
         server_.closed.push_back({server_.round_number_, server_.round_->subset().value_or(SecureRound::Subset{}),
                                   std::move(*sum)});
         if (server_.closed.size() == 2) server_.stop = true;
-        server_.round_->begin_next_round(++server_.round_number_, server_.length());
+        server_.round_->begin_next_round(++server_.round_number_, server_.length() + server_.extra_values_);
       }
       return answer;
     }
@@ -653,6 +656,7 @@ class SubsetRoundServer {
   std::mutex mutex_;
   std::unique_ptr<SecureRound> round_;
   runtime::Model model_;
+  std::uint32_t extra_values_ = 0;
   std::uint64_t round_number_ = 1;
 };
 
@@ -907,6 +911,109 @@ TEST(SecureRound, RealWorkersAddTheAnnouncedNoiseBeforeTheyQuantize) {
   const double total = sum_squares / static_cast<double>(sum_count);
   EXPECT_NEAR(own, stddev * stddev, 6 * stddev * stddev * std::sqrt(2.0 / own_count));
   EXPECT_NEAR(total, kZ * kZ * kClip * kClip, 6 * kZ * kZ * kClip * kClip * std::sqrt(2.0 / sum_count));
+}
+
+// The discrete noise (privacy/skellam.h) with three real RoundWorkers: each sends integers of
+// the announced scale γ, its own noise (its ring values less γ·its clipped delta) has the
+// variance v_d plus the rounding's (< 1/4), the unmasked sum is exactly the ring sum of the
+// three inputs over γ, and its noise is z²S² in the clip's units: c = 3 shares of v_d.
+TEST(SecureRound, RealWorkersAddTheAnnouncedSkellamNoiseToTheirRoundedDeltas) {
+  Fixture f;
+  constexpr double kZ = 1.0, kClip = 1.0;
+  constexpr std::uint32_t kSurvivors = 3;
+  server::SecureRoundOptions o;
+  o.threshold_fraction = 0.6;
+  o.step_seconds = 5;
+  o.clip_norm = kClip;
+  o.min_survivors = kSurvivors;
+  o.min_devices = 3;
+  o.model_id = 0x5eed;
+  o.now = [] { return std::chrono::steady_clock::now(); };
+  constexpr std::uint32_t kModelLength = 8 * 8 * 10 + 10;  // SubsetRoundServer's model
+  const privacy::SkellamPlan plan = privacy::skellam_plan(kZ, kClip, kSurvivors, kModelLength);
+  o.skellam_scale = plan.scale;
+  SubsetRoundServer server(std::make_unique<SecureRound>(o, f.dir / "secagg_attempt.json"));
+  ASSERT_EQ(server.length(), kModelLength);
+  server.clip_norm = kClip;
+  server.announced = {{"dp_noise", "skellam"},
+                      {"secagg_skellam_scale", plan.scale},
+                      {"secagg_skellam_variance", plan.device_variance},
+                      {"secagg_skellam_l2_bound", plan.l2_bound}};
+  ThreeRoundWorkers run;
+  run_three_round_workers(server, f.dir, run);
+  ASSERT_EQ(server.closed.size(), 2u);
+  double own_squares = 0, sum_squares = 0, signal = 0;
+  std::size_t own_count = 0, sum_count = 0;
+  for (const auto& closed : server.closed) {
+    ASSERT_EQ(closed.sum.survivors, kSurvivors);
+    std::vector<double> clean(server.length(), 0.0);
+    std::vector<std::int64_t> integers(server.length(), 0);
+    for (const auto& name : run.names) {
+      const auto stem = f.dir / (name + ".r" + std::to_string(closed.round));
+      const auto delta_bytes = read_bytes(stem.string() + ".delta.f32");
+      const auto ring_bytes = read_bytes(stem.string() + ".quantized.u32");
+      std::vector<float> clipped(delta_bytes.size() / 4);
+      std::memcpy(clipped.data(), delta_bytes.data(), delta_bytes.size());
+      std::vector<std::uint32_t> ring(ring_bytes.size() / 4);
+      std::memcpy(ring.data(), ring_bytes.data(), ring_bytes.size());
+      ASSERT_EQ(ring.size(), server.length());
+      double norm = 0;
+      for (std::uint32_t i = 0; i < server.length(); ++i) {
+        clean[i] += clipped[i];
+        integers[i] += static_cast<std::int32_t>(ring[i]);
+        const double noise = static_cast<std::int32_t>(ring[i]) - plan.scale * clipped[i];
+        own_squares += noise * noise;
+        norm += double{clipped[i]} * clipped[i];
+        ++own_count;
+      }
+      EXPECT_LE(std::sqrt(norm), kClip * (1 + 1e-6)) << name << ": clipped before the noise";
+      signal += norm;
+    }
+    for (std::uint32_t i = 0; i < server.length(); ++i) {
+      EXPECT_EQ(closed.sum.values[i], static_cast<double>(integers[i]) / plan.scale) << i << ": exact in the ring";
+      const double noise = closed.sum.values[i] - clean[i];
+      sum_squares += noise * noise;
+      ++sum_count;
+    }
+  }
+  EXPECT_GT(signal, 0.0) << "the workers trained";
+  const double own = own_squares / static_cast<double>(own_count);
+  const double total = sum_squares / static_cast<double>(sum_count);
+  EXPECT_NEAR(own, plan.device_variance, 6 * plan.device_variance * std::sqrt(2.0 / own_count) + 0.25);
+  EXPECT_NEAR(total, kZ * kZ * kClip * kClip, 6 * kZ * kZ * kClip * kClip * std::sqrt(2.0 / sum_count));
+}
+
+// Adaptive clipping's count over the ring with three real RoundWorkers: each appends its
+// unclipped bit (here without noise: σ_b = 0, range 1) after its delta, the sum's last value
+// is read back in the count's own range and is the number of devices whose delta was within
+// the announced clip: all three at a clip of 100, none at 1e-9. The values before it are the
+// deltas' (the vector is one longer than the model).
+TEST(SecureRound, RealWorkersAppendTheirUnclippedBitAndTheSumCountsThem) {
+  for (const double clip : {100.0, 1e-9}) {
+    Fixture f;
+    server::SecureRoundOptions o;
+    o.threshold_fraction = 0.6;
+    o.step_seconds = 5;
+    o.clip_norm = clip;
+    o.min_devices = 3;
+    o.model_id = 0x5eed;
+    o.count_value_bound = 1;
+    o.now = [] { return std::chrono::steady_clock::now(); };
+    SubsetRoundServer server(std::make_unique<SecureRound>(o, f.dir / "secagg_attempt.json"), 1);
+    server.clip_norm = clip;
+    server.announced = {{"dp_clip_count_device_stddev", 0.0}, {"secagg_count_value_bound", 1.0}};
+    ThreeRoundWorkers run;
+    run_three_round_workers(server, f.dir, run);
+    ASSERT_EQ(server.closed.size(), 2u) << clip;
+    for (const auto& closed : server.closed) {
+      ASSERT_EQ(closed.sum.values.size(), server.length() + 1u);
+      EXPECT_NEAR(closed.sum.values.back(), clip > 1 ? 3.0 : 0.0, 1e-6) << clip;
+      double squares = 0;
+      for (std::uint32_t i = 0; i < server.length(); ++i) squares += closed.sum.values[i] * closed.sum.values[i];
+      EXPECT_GT(squares, 0.0) << "the deltas' sum is there too";
+      EXPECT_LE(std::sqrt(squares), 3 * clip * (1 + 1e-3) + 1e-6);
+    }
+  }
 }
 
 TEST(SecureRound, WithDistributedNoiseTheKeysStepWaitsForCAndTheThresholdIsAtLeastC) {

@@ -809,6 +809,28 @@ TEST(DeltaCodec, EncoderAndApplyRefuseWhatDoesNotFit) {
   EXPECT_EQ(copy, unchanged);  // nothing written by a refused delta
 }
 
+// CODEC.md's model delta example, byte for byte: the exact (fp32) pull is what it was before
+// fp16 deltas existed, and the fp16 one differs only in its value encoding byte and values.
+TEST(DeltaCodec, TheDocumentedExampleByteForByteInFp32AndFp16) {
+  ModelDelta delta{1, 2, 9, 1234, {{0, 300, {3, 200}, {0.5f, -1.0f}}}};
+  const std::vector<std::uint8_t> header = {
+      0x45, 0x54, 0x4d, 0x44, 0x01, 0x00, 0x00, 0x00,  // ETMD, version 1, reserved
+      0x01, 0, 0, 0, 0, 0, 0, 0,                        // model id 1
+      0x02, 0, 0, 0, 0, 0, 0, 0,                        // base version 2
+      0x09, 0, 0, 0, 0, 0, 0, 0,                        // version 9
+      0xd2, 0x04, 0, 0, 0, 0, 0, 0,                     // digest 1234
+      0x01, 0, 0, 0,                                    // 1 tensor
+      0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0};  // tensor 0, n = 300, k = 2
+  std::vector<std::uint8_t> fp32 = header;
+  for (std::uint8_t b : {0x00, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x00, 0x00, 0x3f, 0x00, 0x00, 0x80, 0xbf})
+    fp32.push_back(b);
+  EXPECT_EQ(encode_model_delta(delta).value(), fp32);
+  delta.values = ValueEncoding::kFp16;
+  std::vector<std::uint8_t> fp16 = header;
+  for (std::uint8_t b : {0x01, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x38, 0x00, 0xbc}) fp16.push_back(b);
+  EXPECT_EQ(encode_model_delta(delta).value(), fp16);
+}
+
 // fp16 values in a model delta (the cheap pull's option, server/replica_pull.h): half the
 // value bytes, values that are already fp16 values travel bit for bit, and only a reader
 // that asked for them takes them.

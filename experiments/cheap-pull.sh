@@ -12,7 +12,8 @@
 # in "+fp16" (after "+entry" if both) adds --pull-values fp16: the pull's values in fp16, the
 # rounding error kept in the server's record of the worker's copy. Prints a
 # markdown table: best and final test accuracy, pulled bytes per applied update (the dense
-# first pulls included) and their share of the exact pulls' bytes, per seed, then the means.
+# first pulls included) and their share of the exact pulls' bytes, per seed, then the means
+# and whether each meets the goal (mean best within 0.3 points of exact's, <= 1/4 of its bytes).
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing and
 # prints the tables of the runs there are (a missing one is marked). About 3 minutes of one
 # core per run at 6,000 updates (more on a loaded machine).

@@ -4,8 +4,8 @@
 # every step (the setting of docs/results.md's methods table). Per seed, three runs:
 #   asgd      dense updates and dense pulls (the baseline: --compressor none, the default pull)
 #   cheap     AdaComp c = 0.01 with sign + scale values (the best option of the methods table)
-#             and the cheap pull (--cheap "F:M[+entry]": --pull-fraction F --pull-min-entries M,
-#             and --entry-staleness with "+entry"; server/replica_pull.h)
+#             and the cheap pull (--cheap "F:M[+entry][+fp16]": --pull-fraction F --pull-min-entries M,
+#             --entry-staleness with "+entry", --pull-values fp16 with "+fp16"; server/replica_pull.h)
 #   exact     the same AdaComp with exact pulls, the model delta since the worker's copy
 #             (--delta-pulls)
 # Each run stops at the target (--target, default 0.979: ASGD's mean best in this setting less
@@ -16,7 +16,7 @@
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing;
 # --runs "asgd cheap" runs only those (the report still shows every run there is).
 # usage: experiments/both-directions.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
-#                                       [--target 0.979] [--cheap "0.004:4096+entry"] [--jobs J]
+#                                       [--target 0.979] [--cheap "0.004:4096+entry+fp16"] [--jobs J]
 #                                       [--runs "asgd cheap exact"] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,10 +43,11 @@ done
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive whole number, got '$jobs'"
 [[ "$target" =~ ^0?\.[0-9]+$ ]] || die "--target must be an accuracy in (0, 1), got '$target'"
 for r in $runs; do [[ "$r" =~ ^(asgd|cheap|exact)$ ]] || die "--runs takes asgd, cheap and exact, got '$r'"; done
-entry_flag=""
+entry_flag="" fp16_flag=""
 spec=$cheap
+if [[ "$spec" == *+fp16 ]]; then spec=${spec%+fp16} fp16_flag=" --pull-values fp16"; fi
 if [[ "$spec" == *+entry ]]; then spec=${spec%+entry} entry_flag=" --entry-staleness"; fi
-[[ "$spec" =~ ^([0-9.]+):([1-9][0-9]*)$ ]] || die "--cheap must be F:M or F:M+entry, got '$cheap'"
+[[ "$spec" =~ ^([0-9.]+):([1-9][0-9]*)$ ]] || die "--cheap must be F:M, then +entry and +fp16 if wanted (in that order), got '$cheap'"
 fraction=${BASH_REMATCH[1]} min_entries=${BASH_REMATCH[2]}
 sim="$build/programs/edgetrain-sim"
 [ "$report_only" = 1 ] || [ -x "$sim" ] || die "no $sim: build the host tree first (./build.sh build host -- edgetrain-sim)"
@@ -55,7 +56,7 @@ base=(--data mnist --model paper-cnn --workers 10 --batch 10 --lr 0.1 --max-stal
       --updates "$updates" --eval-every 250 --stop-at-accuracy "$target" --quiet)
 adacomp="--compressor adacomp --rate 0.01 --sign-scale"
 settings=("asgd|--compressor none"
-          "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag"
+          "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag$fp16_flag"
           "exact|$adacomp --delta-pulls")
 
 echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]} --seed S, and per run:" >&2

@@ -9,6 +9,10 @@
 
 namespace edgetrain::server {
 
+namespace {
+constexpr float kLargestHalf = 65504.0f;
+}  // namespace
+
 void check_replica_pull_options(const ReplicaPullOptions& options) {
   if (!(options.fraction >= 0 && options.fraction <= 1))
     throw std::invalid_argument("pull fraction must be in [0, 1] (0: exact pulls), got " +
@@ -19,6 +23,14 @@ void check_replica_pull_options(const ReplicaPullOptions& options) {
     throw std::invalid_argument(
         "entry staleness is for the cheap pull: it needs a pull fraction above 0 (with exact "
         "pulls every entry of a copy is as old as the pull)");
+  if (options.values == transport::ValueEncoding::kFp16 && !options.enabled())
+    throw std::invalid_argument(
+        "fp16 pull values are for the cheap pull: they need a pull fraction above 0 (an exact "
+        "pull sends the model's values as they are)");
+  if (options.values != transport::ValueEncoding::kFp32 &&
+      options.values != transport::ValueEncoding::kFp16)
+    throw std::invalid_argument("pull values must be fp32 or fp16 (a pull sends new values, not "
+                                "sign + scale)");
 }
 
 transport::ModelDelta replica_pull(std::uint64_t model_id,
@@ -37,10 +49,22 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     throw std::invalid_argument("replica pull: " + std::to_string(held_since.size()) +
                                 " entry versions for a layout of " + std::to_string(total));
   const bool keep_since = !held_since.empty();
+  // fp16 values when asked for and the whole model fits fp16's range (else this pull goes in
+  // fp32 rather than clamp a value the worker would then hold wrong).
+  bool fp16 = options.values == transport::ValueEncoding::kFp16;
+  if (fp16)
+    for (const float v : parameters)
+      if (!(std::fabs(v) <= kLargestHalf)) {
+        fp16 = false;
+        break;
+      }
+  // The value the worker will hold for entry i if it is sent.
+  auto sendable = [fp16](float v) { return fp16 ? transport::round_to_fp16(v) : v; };
   transport::ModelDelta delta;
   delta.model_id = model_id;
   delta.base_version = held_version;
   delta.version = version;
+  delta.values = fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
   // Scratch kept per thread between pulls (up to the largest tensor: 4.8 MB for the paper
   // CNN's fc1), so that a pull does not fault in fresh pages for it every time.
   thread_local std::vector<std::uint32_t> differing;
@@ -55,7 +79,7 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     // Bit patterns, not ==: a copy is exact or it is not (and 0.0 against -0.0 is a change
     // the digest sees).
     for (std::uint32_t i = 0; i < size; ++i) {
-      if (std::bit_cast<std::uint32_t>(w[i]) != std::bit_cast<std::uint32_t>(r[i]))
+      if (std::bit_cast<std::uint32_t>(sendable(w[i])) != std::bit_cast<std::uint32_t>(r[i]))
         differing.push_back(i);
       else if (since)
         since[i] = version;  // the worker's value is the model's now
@@ -83,8 +107,8 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
       sent.indices = differing;
       sent.values.reserve(differing.size());
       for (const std::uint32_t i : differing) {
-        sent.values.push_back(w[i]);
-        r[i] = w[i];
+        r[i] = sendable(w[i]);
+        sent.values.push_back(r[i]);
         if (since) since[i] = version;
       }
       delta.tensors.push_back(std::move(sent));

@@ -43,22 +43,34 @@ struct ReplicaPullOptions {
   // Count each entry's σ from the version its value in the worker's copy comes from
   // (`held_since` below, ParameterStore::apply's entry_versions; ours), not from the pull's.
   bool entry_staleness = false;
+  // How a pull's values travel (ours): kFp32, exact (the default), or kFp16, half the value
+  // bytes. With kFp16 the server's record keeps the value the worker really holds, the model's
+  // rounded to fp16, so the rounding error stays in W − R and goes out with a later pull once
+  // the rounded value moves: error correction on the worker's copy at no cost to the worker.
+  // An entry is sent only when its rounded value differs from the worker's (the rest would
+  // change nothing), chosen by |W − R| as in fp32. Never kSignScale. A model that holds a
+  // magnitude beyond 65504 (fp16's largest) is pulled in fp32 until it no longer does.
+  transport::ValueEncoding values = transport::ValueEncoding::kFp32;
   bool enabled() const { return fraction > 0; }
 };
 
 // Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1],
-// min_entries 0 with a fraction set, or entry_staleness without one.
+// min_entries 0 with a fraction set, entry_staleness or fp16 values without one, or sign +
+// scale values.
 void check_replica_pull_options(const ReplicaPullOptions& options);
 
 // The pull of a worker whose copy is `held` (the server's record of it) from the model
 // `parameters` at `version`: per tensor of `tensor_sizes`, the entries whose values differ,
 // and of those at most max(min_entries, ⌈fraction·n⌉) with the largest |parameters − held|
-// (ties: the lower index). Overwrites those entries of `held` with the model's values, so
-// that `held` is the worker's copy after it applies the delta, and returns the delta, with
-// base_version `held_version`, version `version` and the digest of the new `held`.
+// (ties: the lower index). Overwrites those entries of `held` with the model's values
+// (rounded to fp16 with options.values kFp16: then "differ" means the rounded value differs
+// from `held`'s), so that `held` is the worker's copy after it applies the delta, and
+// returns the delta, with base_version `held_version`, version `version`, the digest of the
+// new `held` and options.values as its value encoding.
 // `held_since` (empty: not kept) holds per entry the version at which `held`'s value was
 // last the model's; every entry of `held` equal to the model's after the pull (sent, or
-// not changed) gets `version`, the entries left out keep theirs.
+// not changed; with fp16: the model's rounded value) gets `version`, the entries left out
+// keep theirs.
 // Throws std::invalid_argument when the spans' lengths do not match `tensor_sizes`.
 transport::ModelDelta replica_pull(std::uint64_t model_id,
                                    std::span<const std::uint32_t> tensor_sizes,

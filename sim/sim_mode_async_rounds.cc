@@ -112,6 +112,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     throw std::invalid_argument(
         "--delta-pulls, --publish-every and --pull-fraction are for --mode async (a round pulls "
         "the dense model)");
+  if (s.pull_values == "fp16") config.replica_pull.values = transport::ValueEncoding::kFp16;
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
@@ -158,6 +159,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
       suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     if (config.replica_pull.entry_staleness) suffix << ", sigma per entry";
+    if (config.replica_pull.values == transport::ValueEncoding::kFp16) suffix << ", fp16 values";
     for (auto& run : runs) run.first += suffix.str();
   }
   if (config.publish.enabled()) {

@@ -133,6 +133,11 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "with --pull-fraction: the server counts each entry's sigma from the version at which "
         "the worker's copy of that entry was last the model's (ours), not from the pull's "
         "version");
+  t.add("pull-values", s.pull_values,
+        "with --pull-fraction: fp32 (exact values) or fp16 (half the value bytes; the server's "
+        "record of the worker's copy keeps the rounded value, so the rounding error goes out "
+        "with a later pull; ours)")
+      .choices({"fp32", "fp16"});
   t.add("kernels", s.kernels,
         "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)")

@@ -222,14 +222,19 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
   }
 }
 
+// Which value encodings a message's tensor records may use: any (sparse updates), or, for
+// model deltas, which carry the server's values bit for bit, fp32 only or (a reader that
+// asked for them) fp32 or fp16, one of the two in every record.
+enum class RecordValues { kAny, kFp32, kFp32OrFp16 };
+
 // The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
 // layout and caps before anything sized by the message is allocated; nothing may follow
-// them. `exact_values_only` is true for model deltas, which must carry the server's values
-// bit for bit (f32 only).
+// them. For a model delta, `delta_values` (may be null) gets the records' value encoding.
 std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_count,
                                               const ModelLayout& expected,
-                                              const DecodeLimits& limits, bool exact_values_only,
-                                              std::vector<SparseTensor>& tensors) {
+                                              const DecodeLimits& limits, RecordValues allowed,
+                                              std::vector<SparseTensor>& tensors,
+                                              ValueEncoding* delta_values = nullptr) {
   using E = CodecErrorCode;
   if (tensor_count > limits.max_tensors)
     return fail(E::kTooLarge,
@@ -265,9 +270,19 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
       return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
     if (value_encoding > 2)
       return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
-    if (value_encoding != 0 && exact_values_only)
-      return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") +
-                                       " values where exact fp32 values are required");
+    if (allowed != RecordValues::kAny) {
+      if (value_encoding == 2 || (value_encoding == 1 && allowed == RecordValues::kFp32))
+        return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") +
+                                         " values where exact fp32 values are required");
+      const auto encoding = static_cast<ValueEncoding>(value_encoding);
+      if (&t == tensors.data()) {
+        if (delta_values) *delta_values = encoding;
+      } else if (delta_values && *delta_values != encoding) {
+        return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "fp32") +
+                                         " values after " + (value_encoding == 1 ? "fp32" : "fp16") +
+                                         " ones: a model delta uses one value encoding");
+      }
+    }
     const auto values_as = static_cast<ValueEncoding>(value_encoding);
     if (index_encoding > 2)
       return fail(E::kBadEncoding, where + "unknown index encoding " + str(index_encoding));
@@ -481,8 +496,8 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
   r.u64(update.sequence);
   r.u64(update.fetched_version);
   r.u32(tensor_count);
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits,
-                                       /*exact_values_only=*/false, update.tensors))
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, RecordValues::kAny,
+                                       update.tensors))
     return *error;
   return update;
 }
@@ -600,7 +615,19 @@ std::uint64_t parameter_digest(std::span<const float> parameters) {
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta) {
   if (delta.version < delta.base_version)
     return fail(CodecErrorCode::kInvalidInput, "version below the base version");
-  if (auto error = check_tensor_records(delta.tensors, ValueEncoding::kFp32)) return *error;
+  if (delta.values != ValueEncoding::kFp32 && delta.values != ValueEncoding::kFp16)
+    return fail(CodecErrorCode::kInvalidInput,
+                "a model delta's values are fp32 or fp16 (new values, not sign + scale)");
+  if (auto error = check_tensor_records(delta.tensors, delta.values)) return *error;
+  if (delta.values == ValueEncoding::kFp16)
+    for (const SparseTensor& t : delta.tensors)
+      for (std::size_t j = 0; j < t.values.size(); ++j)
+        if (std::bit_cast<std::uint32_t>(round_to_fp16(t.values[j])) !=
+            std::bit_cast<std::uint32_t>(t.values[j]))
+          return fail(CodecErrorCode::kInvalidInput,
+                      "tensor " + str(t.tensor) + ": value " + num(t.values[j]) + " at index " +
+                          str(t.indices[j]) +
+                          " is not an fp16 value (round it before it is recorded as sent)");
   std::size_t entries = 0;
   for (const SparseTensor& t : delta.tensors) entries += t.indices.size();
   Writer w;
@@ -611,7 +638,7 @@ CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delt
   w.u64(delta.version);
   w.u64(delta.digest);
   w.u32(static_cast<std::uint32_t>(delta.tensors.size()));
-  for (const SparseTensor& t : delta.tensors) write_tensor_record(w, t, ValueEncoding::kFp32);
+  for (const SparseTensor& t : delta.tensors) write_tensor_record(w, t, delta.values);
   return w.take();
 }
 
@@ -632,8 +659,10 @@ CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
   if (delta.version < delta.base_version)
     return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " +
                                      str(delta.base_version));
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits,
-                                       /*exact_values_only=*/true, delta.tensors))
+  const RecordValues allowed =
+      limits.accept_fp16_delta_values ? RecordValues::kFp32OrFp16 : RecordValues::kFp32;
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, allowed, delta.tensors,
+                                       &delta.values))
     return *error;
   return delta;
 }

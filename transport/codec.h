@@ -49,6 +49,10 @@ struct DenseModel {
   std::vector<float> values;  // all tensors back to back, in tensor order
 };
 
+// kSignScale (sparse updates only): one f32 scale s per tensor record and one sign bit per
+// entry; every value is +s or −s (sign + scale, "ternary" with the unsent entries as 0).
+enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2 };
+
 // The parameters that changed after `base_version`, with their values at `version`: a
 // worker holding the model at `base_version` that overwrites these entries holds the model
 // at `version`, bit for bit. `digest` is parameter_digest() of the whole model at `version`,
@@ -59,12 +63,15 @@ struct ModelDelta {
   std::uint64_t version = 0;  // ≥ base_version
   std::uint64_t digest = 0;
   std::vector<SparseTensor>
-      tensors;  // new values (not differences), fp32; each tensor at most once
+      tensors;  // new values (not differences); each tensor at most once
+  // How the values travel, every record alike: kFp32 (the default, exact), or kFp16 for a
+  // pull that sends 16-bit values (the cheap pull's option, server/replica_pull.h). With
+  // kFp16 every value must already be a binary16 value (round_to_fp16(v) == v, bit for bit),
+  // so that what the worker decodes is what the server recorded and the digest holds: the
+  // encoder refuses anything else rather than round it. Never kSignScale.
+  ValueEncoding values = ValueEncoding::kFp32;
 };
 
-// kSignScale (sparse updates only): one f32 scale s per tensor record and one sign bit per
-// entry; every value is +s or −s (sign + scale, "ternary" with the unsent entries as 0).
-enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2 };
 // kAll: k == n, every entry in index order, no index bytes (a dense update must not pay
 // for indices it does not need, or the ASGD baseline would look worse than it is).
 enum class IndexEncoding : std::uint8_t { kDeltaVarint = 0, kBitmap = 1, kAll = 2 };
@@ -121,6 +128,9 @@ struct DecodeLimits {
   std::size_t max_message_bytes = std::size_t{16} << 20;
   std::uint32_t max_tensors = 4096;
   std::uint64_t max_total_entries = std::uint64_t{1} << 26;  // sum of k (sparse) or n (dense)
+  // Model deltas with fp16 values (ModelDelta::values) are taken only by a reader that asked
+  // for them; any other reader refuses them as kBadEncoding, as before they existed.
+  bool accept_fp16_delta_values = false;
 };
 
 struct EncodeOptions {
@@ -158,8 +168,10 @@ CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
                                            std::vector<float>* reuse = nullptr);
 
 // Model delta (CODEC.md). The encoder picks each tensor's index encoding like
-// encode_sparse_update() and always sends fp32 values; the decoder refuses fp16 values and a
-// version below the base version.
+// encode_sparse_update() and sends the values in delta.values: fp32, or fp16 when every value
+// is a binary16 value (else kInvalidInput). The decoder refuses a version below the base
+// version, sign + scale values, fp16 values unless limits.accept_fp16_delta_values, and a
+// delta whose records mix fp32 and fp16; it sets ModelDelta::values.
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta);
 CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
                                            const ModelLayout& expected,

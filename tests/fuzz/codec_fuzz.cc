@@ -98,15 +98,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
-  auto delta = decode_model_delta(message, layout, limits);
+  // A reader that takes fp16 deltas takes whatever one that does not takes, and the same.
+  DecodeLimits fp16_limits = limits;
+  fp16_limits.accept_fp16_delta_values = true;
+  auto delta = decode_model_delta(message, layout, fp16_limits);
+  auto fp32_only = decode_model_delta(message, layout, limits);
+  require(fp32_only.ok() == (delta.ok() && delta.value().values == ValueEncoding::kFp32));
   if (delta.ok()) {
     const ModelDelta& d = delta.value();
     require(d.version >= d.base_version);
+    require(d.values == ValueEncoding::kFp32 || d.values == ValueEncoding::kFp16);
     require_documented_tensors(d.tensors, sizes);
-    // Deltas carry exact fp32 values: re-encoding gives back the same entries bit for bit.
+    // Deltas carry exact values (fp32, or values fp16 holds): re-encoding gives back the same
+    // entries bit for bit.
     auto again = encode_model_delta(d);
     require(again.ok());
-    auto back = decode_model_delta(again.value(), layout, limits);
+    auto back = decode_model_delta(again.value(), layout, fp16_limits);
     require(back.ok() && back.value().digest == d.digest &&
             back.value().tensors.size() == d.tensors.size());
     for (std::size_t i = 0; i < d.tensors.size(); ++i) {

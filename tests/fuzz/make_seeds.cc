@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
     std::vector<float> values(total, 0.25f);
     auto model = encode_dense_model(1, 5, sizes, values);
     if (!model.ok() || !write(selector, model.value())) return 1;
-    // Model deltas: a few entries (delta-varint), most (bitmap), every entry (all), none.
+    // Model deltas: a few entries (delta-varint, in fp32 and fp16), most (bitmap), every entry
+    // (all), none.
     for (int variant = 0; variant < 4; ++variant) {
       ModelDelta delta{1, 5, 9, parameter_digest(values), {}};
       for (std::uint32_t t = 0; t < sizes.size(); ++t) {
@@ -73,6 +74,13 @@ int main(int argc, char** argv) {
       }
       auto bytes = encode_model_delta(delta);
       if (!bytes.ok() || !write(selector, bytes.value())) return 1;
+      if (variant == 0) {  // the same entries in fp16 (the cheap pull's option)
+        for (SparseTensor& tensor : delta.tensors)
+          for (float& v : tensor.values) v = round_to_fp16(v);
+        delta.values = ValueEncoding::kFp16;
+        auto half = encode_model_delta(delta);
+        if (!half.ok() || !write(selector, half.value())) return 1;
+      }
     }
   }
   // MD-GAN's batches (with and without a swap instruction) and feedback, fp32 and fp16.

@@ -130,7 +130,7 @@ TEST(Simulator, ARunWhoseEveryUpdateIsRefusedStopsAsStalled) {
 // out, so the workers hold the exact model and the run is the exact-delta run bit for bit
 // (with σ per entry too: every entry is then as old as the pull);
 // with a small fraction a pull sends a bounded number of entries per tensor, and the workers
-// still learn.
+// still learn, with fp32 or fp16 values.
 TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
   const Mnist& data = mnist();
   ASSERT_GT(data.train.size(), 0u);
@@ -169,6 +169,18 @@ TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
   EXPECT_EQ(per_entry.updates_applied, 300u);
   EXPECT_NE(per_entry.final_parameters, cheap.final_parameters);
   EXPECT_GT(per_entry.best_accuracy(), 0.60);
+  // fp16 values: the same entries per pull at 2 bytes a value instead of 4 (the indices and
+  // headers stay): fewer bytes after the dense first pulls, a run that differs, and learns.
+  c.replica_pull.entry_staleness = false;
+  c.replica_pull.values = transport::ValueEncoding::kFp16;
+  const auto half = sim::run_simulation(c, data.train, data.test, "cheap 0.005, fp16");
+  EXPECT_EQ(half.updates_applied, 300u);
+  EXPECT_NE(half.final_parameters, cheap.final_parameters);
+  EXPECT_GT(half.best_accuracy(), 0.60);
+  EXPECT_LT(static_cast<double>(half.pull_bytes) - dense,
+            0.85 * (static_cast<double>(cheap.pull_bytes) - dense));
+  c.replica_pull.values = transport::ValueEncoding::kFp32;
+  c.replica_pull.entry_staleness = true;
   c.publish.every = 10;
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
 }

@@ -817,6 +817,100 @@ TEST(DeltaCodec, EncoderAndApplyRefuseWhatDoesNotFit) {
   EXPECT_EQ(copy, unchanged);  // nothing written by a refused delta
 }
 
+// CODEC.md's model delta example, byte for byte: the exact (fp32) pull is what it was before
+// fp16 deltas existed, and the fp16 one differs only in its value encoding byte and values.
+TEST(DeltaCodec, TheDocumentedExampleByteForByteInFp32AndFp16) {
+  ModelDelta delta{1, 2, 9, 1234, {{0, 300, {3, 200}, {0.5f, -1.0f}}}};
+  const std::vector<std::uint8_t> header = {
+      0x45, 0x54, 0x4d, 0x44, 0x01, 0x00, 0x00, 0x00,  // ETMD, version 1, reserved
+      0x01, 0, 0, 0, 0, 0, 0, 0,                        // model id 1
+      0x02, 0, 0, 0, 0, 0, 0, 0,                        // base version 2
+      0x09, 0, 0, 0, 0, 0, 0, 0,                        // version 9
+      0xd2, 0x04, 0, 0, 0, 0, 0, 0,                     // digest 1234
+      0x01, 0, 0, 0,                                    // 1 tensor
+      0x00, 0, 0, 0, 0x2c, 0x01, 0, 0, 0x02, 0, 0, 0};  // tensor 0, n = 300, k = 2
+  std::vector<std::uint8_t> fp32 = header;
+  for (std::uint8_t b : {0x00, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x00, 0x00, 0x3f, 0x00, 0x00, 0x80, 0xbf})
+    fp32.push_back(b);
+  EXPECT_EQ(encode_model_delta(delta).value(), fp32);
+  delta.values = ValueEncoding::kFp16;
+  std::vector<std::uint8_t> fp16 = header;
+  for (std::uint8_t b : {0x01, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x38, 0x00, 0xbc}) fp16.push_back(b);
+  EXPECT_EQ(encode_model_delta(delta).value(), fp16);
+}
+
+// fp16 values in a model delta (the cheap pull's option, server/replica_pull.h): half the
+// value bytes, values that are already fp16 values travel bit for bit, and only a reader
+// that asked for them takes them.
+TEST(Fp16DeltaCodec, OnlyAReaderThatAskedTakesItAndItsValuesComeBackBitForBit) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  const float values[] = {0.5f, -1.0f, 3.140625f, std::ldexp(1.0f, -14), std::ldexp(1.0f, -24),
+                          -0.0f, 65504.0f};
+  ModelDelta delta{kModel, 2, 9, 1234, {{0, 300, {3, 200, 201, 202, 203, 204, 299}, {values, values + 7}}}};
+  delta.values = ValueEncoding::kFp16;
+  const auto bytes = encode_model_delta(delta).value();
+  // Header, tensor header, 7 varint indices (3, 196 in two bytes, 0, 0, 0, 0, 94), 2 bytes a value.
+  EXPECT_EQ(bytes.size(), 44u + 14 + 8 + 2 * 7);
+  EXPECT_EQ(bytes[56], 1);  // value encoding fp16
+  auto refused = decode_model_delta(bytes, {kModel, sizes});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, CodecErrorCode::kBadEncoding);
+  DecodeLimits fp16_reader;
+  fp16_reader.accept_fp16_delta_values = true;
+  auto taken = decode_model_delta(bytes, {kModel, sizes}, fp16_reader);
+  ASSERT_TRUE(taken.ok()) << taken.error().message;
+  EXPECT_EQ(taken.value().values, ValueEncoding::kFp16);
+  ASSERT_EQ(taken.value().tensors.size(), 1u);
+  EXPECT_EQ(taken.value().tensors[0].indices, delta.tensors[0].indices);
+  for (int j = 0; j < 7; ++j)
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(taken.value().tensors[0].values[j]),
+              std::bit_cast<std::uint32_t>(values[j]))
+        << j;
+  // Re-encoded as decoded: the same bytes. An fp32 delta is read as before by either reader.
+  EXPECT_EQ(encode_model_delta(taken.value()).value(), bytes);
+  delta.values = ValueEncoding::kFp32;
+  const auto exact = encode_model_delta(delta).value();
+  EXPECT_EQ(exact.size(), 44u + 14 + 8 + 4 * 7);
+  auto exact_taken = decode_model_delta(exact, {kModel, sizes}, fp16_reader);
+  ASSERT_TRUE(exact_taken.ok());
+  EXPECT_EQ(exact_taken.value().values, ValueEncoding::kFp32);
+}
+
+TEST(Fp16DeltaCodec, TheEncoderRoundsNothingAndOneDeltaHasOneValueEncoding) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  auto encoded = [](float v, ValueEncoding encoding) {
+    ModelDelta d{kModel, 0, 1, 0, {{0, 300, {5}, {v}}}};
+    d.values = encoding;
+    return encode_model_delta(d);
+  };
+  // 0.1 and 65505 are not fp16 values: the server must record what the worker will hold,
+  // so the encoder refuses rather than round.
+  for (const float v : {0.1f, 65505.0f, 1e-9f}) {
+    auto r = encoded(v, ValueEncoding::kFp16);
+    ASSERT_FALSE(r.ok()) << v;
+    EXPECT_EQ(r.error().code, CodecErrorCode::kInvalidInput);
+    EXPECT_TRUE(encoded(v, ValueEncoding::kFp32).ok());
+  }
+  EXPECT_TRUE(encoded(round_to_fp16(0.1f), ValueEncoding::kFp16).ok());
+  EXPECT_FALSE(encoded(0.5f, ValueEncoding::kSignScale).ok());
+  // An fp32 record (no entries, so no value bytes) before an fp16 one: refused.
+  ModelDelta two{kModel, 0, 1, 0, {{0, 300, {}, {}}, {1, 20, {4}, {0.25f}}}};
+  two.values = ValueEncoding::kFp16;
+  auto bytes = encode_model_delta(two).value();
+  DecodeLimits fp16_reader;
+  fp16_reader.accept_fp16_delta_values = true;
+  ASSERT_TRUE(decode_model_delta(bytes, {kModel, sizes}, fp16_reader).ok());
+  ASSERT_EQ(bytes[56], 1);
+  bytes[56] = 0;
+  auto mixed = decode_model_delta(bytes, {kModel, sizes}, fp16_reader);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.error().code, CodecErrorCode::kBadEncoding);
+  bytes[56] = 2;  // sign + scale: never in a delta
+  mixed = decode_model_delta(bytes, {kModel, sizes}, fp16_reader);
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_EQ(mixed.error().code, CodecErrorCode::kBadEncoding);
+}
+
 TEST(DeltaCodec, RandomCorruptionNeverCrashes) {
   std::mt19937 rng(6);
   for (int trial = 0; trial < 2000; ++trial) {

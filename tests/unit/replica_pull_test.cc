@@ -3,6 +3,8 @@
 // the delta and checks its digest as for an exact pull; what is left out arrives later.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -134,6 +136,98 @@ TEST(ReplicaPull, TheWorkersReplicaIsTheServersRecordAndCatchesUpWithTheModel) {
   }
   EXPECT_EQ(held, w);
   EXPECT_EQ(std::memcmp(replica.parameters().data(), w.data(), w.size() * sizeof(float)), 0);
+}
+
+// fp16 values (ReplicaPullOptions::values): the server's record holds what the worker
+// really holds, the model's value rounded to fp16; the worker that decodes the pull (as a
+// reader that asked for fp16) holds that record bit for bit, the digest says so, and the
+// rounding error stays in W − R: once W moves past the rounding, the entry goes out again,
+// and a copy left to catch up ends at the model rounded to fp16, after which pulls are
+// empty.
+TEST(ReplicaPull, Fp16ValuesKeepTheRoundedCopyAndSendTheRoundingErrorLater) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  const std::vector<std::uint32_t> sizes = {300, 20};
+  std::vector<float> w(320);
+  for (float& v : w) v = 0.1f * normal(rng);
+  std::vector<float> held = w;  // the first pull is dense, fp32
+  std::vector<float> worker = w;
+  transport::DecodeLimits fp16_reader;
+  fp16_reader.accept_fp16_delta_values = true;
+  ReplicaPullOptions options{0.02, 2};
+  options.values = transport::ValueEncoding::kFp16;
+  ASSERT_NO_THROW(server::check_replica_pull_options(options));
+  std::uint64_t held_version = 0;
+  std::size_t fp16_bytes = 0, fp32_bytes = 0;
+  for (std::uint64_t version = 1; version <= 40; ++version) {
+    for (int n = 0; n < 30; ++n) w[rng() % w.size()] += 0.01f * normal(rng);
+    std::vector<float> held_fp32 = held;  // the same pull in fp32, for its size
+    const auto as_fp32 = replica_pull(7, sizes, w, version, held_fp32, held_version, {0.02, 2});
+    const auto delta = replica_pull(7, sizes, w, version, held, held_version, options);
+    EXPECT_EQ(delta.values, transport::ValueEncoding::kFp16);
+    for (const auto& t : delta.tensors)
+      for (const float v : t.values)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(v), std::bit_cast<std::uint32_t>(transport::round_to_fp16(v)));
+    held_version = version;
+    const auto bytes = transport::encode_model_delta(delta).value();
+    fp16_bytes += bytes.size();
+    // 2 bytes a value instead of 4; the indices and headers stay.
+    transport::ModelDelta same_in_fp32 = delta;
+    same_in_fp32.values = transport::ValueEncoding::kFp32;
+    std::size_t entries = 0;
+    for (const auto& t : delta.tensors) entries += t.indices.size();
+    EXPECT_EQ(bytes.size() + 2 * entries, transport::encode_model_delta(same_in_fp32).value().size());
+    fp32_bytes += transport::encode_model_delta(as_fp32).value().size();
+    EXPECT_FALSE(transport::decode_model_delta(bytes, {7, sizes}).ok());  // not asked for
+    const auto decoded = transport::decode_model_delta(bytes, {7, sizes}, fp16_reader);
+    ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+    ASSERT_TRUE(transport::apply_model_delta(decoded.value(), sizes, worker));
+    ASSERT_EQ(transport::parameter_digest(worker), decoded.value().digest);
+    ASSERT_EQ(std::memcmp(worker.data(), held.data(), held.size() * sizeof(float)), 0);
+  }
+  EXPECT_LT(fp16_bytes, fp32_bytes);  // than the same pulls in fp32
+  // Left to catch up, the copy ends at the rounded model: an entry whose rounded value is
+  // the worker's is not sent, though W differs from it.
+  for (int pull = 0; pull < 400; ++pull) {
+    const auto delta = replica_pull(7, sizes, w, 40, held, 40, options);
+    if (delta.tensors.empty()) break;
+    ASSERT_TRUE(transport::apply_model_delta(delta, sizes, worker));
+  }
+  EXPECT_TRUE(replica_pull(7, sizes, w, 40, held, 40, options).tensors.empty());
+  std::size_t rounded_away = 0;
+  for (std::size_t j = 0; j < w.size(); ++j) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(held[j]), std::bit_cast<std::uint32_t>(transport::round_to_fp16(w[j])));
+    rounded_away += held[j] != w[j];
+  }
+  EXPECT_GT(rounded_away, 0u);  // the copy is the rounded model, not the model
+  // The rounding error is sent once it shows: nudge an entry by one fp16 step.
+  const std::size_t i = 17;
+  const float step = std::ldexp(1.0f, std::ilogb(held[i]) - 10);
+  w[i] = held[i] + 1.01f * step;
+  const auto nudged = replica_pull(7, sizes, w, 41, held, 40, options);
+  ASSERT_EQ(nudged.tensors.size(), 1u);
+  EXPECT_EQ(nudged.tensors[0].indices, (std::vector<std::uint32_t>{static_cast<std::uint32_t>(i)}));
+  EXPECT_EQ(held[i], transport::round_to_fp16(w[i]));
+}
+
+// The exact default stays: fp32 pulls send the model's values as they are, and a model
+// beyond fp16's range is pulled in fp32 even when fp16 was asked for (never clamped).
+TEST(ReplicaPull, Fp32IsTheDefaultAndAModelBeyondFp16GoesInFp32) {
+  EXPECT_EQ(ReplicaPullOptions{}.values, transport::ValueEncoding::kFp32);
+  const std::vector<float> w = {0.1f, 70000.0f, 0.3f, 0, 1, 3};
+  std::vector<float> held(6, 0);
+  ReplicaPullOptions options{1, 1};
+  options.values = transport::ValueEncoding::kFp16;
+  const auto delta = replica_pull(7, kSizes, w, 3, held, 2, options);
+  EXPECT_EQ(delta.values, transport::ValueEncoding::kFp32);
+  EXPECT_EQ(held, w);
+  EXPECT_TRUE(transport::encode_model_delta(delta).ok());
+  ReplicaPullOptions bad = options;
+  bad.fraction = 0;
+  EXPECT_THROW(server::check_replica_pull_options(bad), std::invalid_argument);
+  bad = options;
+  bad.values = transport::ValueEncoding::kSignScale;
+  EXPECT_THROW(server::check_replica_pull_options(bad), std::invalid_argument);
 }
 
 }  // namespace

@@ -2,89 +2,20 @@
 
 #include <string>
 
+#include "privacy/message_bytes.h"
+
 namespace edgetrain::privacy {
 namespace {
 
-class Writer {
+// The shared layout (message_bytes.h), typed by this file's MessageType.
+class Writer : public MessageWriter {
  public:
-  Writer(MessageType type, std::uint64_t round) {
-    bytes_.push_back(static_cast<std::uint8_t>(type));
-    bytes_.push_back(kMessageFormatVersion);
-    u64(round);
-  }
-  void u8(std::uint8_t value) { bytes_.push_back(value); }
-  void u32(std::uint32_t value) {
-    for (int i = 0; i < 4; ++i) bytes_.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
-  }
-  void u64(std::uint64_t value) {
-    for (int i = 0; i < 8; ++i) bytes_.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
-  }
-  void identity(const std::string& text) {
-    if (text.empty() || text.size() > kMaxIdentityBytes) throw SecAggError("an identity must have 1 to 255 bytes");
-    u8(static_cast<std::uint8_t>(text.size()));
-    bytes_.insert(bytes_.end(), text.begin(), text.end());
-  }
-  void raw(std::span<const std::uint8_t> data) { bytes_.insert(bytes_.end(), data.begin(), data.end()); }
-  std::vector<std::uint8_t> take() { return std::move(bytes_); }
-
- private:
-  std::vector<std::uint8_t> bytes_;
+  Writer(MessageType type, std::uint64_t round) : MessageWriter(static_cast<std::uint8_t>(type), round) {}
 };
-
-class Reader {
+class Reader : public MessageReader {
  public:
-  Reader(std::span<const std::uint8_t> bytes, MessageType type, const char* name) : bytes_(bytes), name_(name) {
-    if (u8() != static_cast<std::uint8_t>(type)) fail("not this message type");
-    if (u8() != kMessageFormatVersion) fail("an unknown format version");
-    round_ = u64();
-  }
-  std::uint64_t round() const { return round_; }
-  [[noreturn]] void fail(const std::string& why) const { throw SecAggError(std::string(name_) + ": " + why); }
-  std::span<const std::uint8_t> take(std::size_t n) {
-    if (n > bytes_.size() - offset_) fail("truncated");
-    auto out = bytes_.subspan(offset_, n);
-    offset_ += n;
-    return out;
-  }
-  std::uint8_t u8() { return take(1)[0]; }
-  std::uint32_t u32() {
-    auto b = take(4);
-    return std::uint32_t{b[0]} | std::uint32_t{b[1]} << 8 | std::uint32_t{b[2]} << 16 | std::uint32_t{b[3]} << 24;
-  }
-  std::uint64_t u64() {
-    std::uint64_t value = 0;
-    auto b = take(8);
-    for (int i = 0; i < 8; ++i) value |= std::uint64_t{b[i]} << (8 * i);
-    return value;
-  }
-  std::string identity() {
-    const std::uint8_t length = u8();
-    if (length == 0) fail("an empty identity");
-    auto b = take(length);
-    return {b.begin(), b.end()};
-  }
-  Key32 key() {
-    Key32 out{};
-    auto b = take(kKeyBytes);
-    std::copy(b.begin(), b.end(), out.begin());
-    return out;
-  }
-  // A count of items each at least `min_item_bytes` long: bounded by `limit` and by the
-  // bytes left, so that a forged count cannot make the parser reserve memory.
-  std::uint32_t count(std::uint32_t limit, std::size_t min_item_bytes) {
-    const std::uint32_t n = u32();
-    if (n > limit || n * min_item_bytes > bytes_.size() - offset_) fail("a count larger than the message allows");
-    return n;
-  }
-  void finish() const {
-    if (offset_ != bytes_.size()) fail("trailing bytes");
-  }
-
- private:
-  std::span<const std::uint8_t> bytes_;
-  const char* name_;
-  std::size_t offset_ = 0;
-  std::uint64_t round_ = 0;
+  Reader(std::span<const std::uint8_t> bytes, MessageType type, const char* name)
+      : MessageReader(bytes, static_cast<std::uint8_t>(type), name) {}
 };
 
 // The most shares one message can hold: one per other device of a round.

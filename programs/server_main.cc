@@ -10,6 +10,8 @@
 // One table of settings (common/settings.h, server/server_settings.h): flags override the
 // TOML config file, which overrides the defaults. The program itself is
 // server/server_app.h; the subcommands are server/operator_commands.h.
+#include <string>
+
 #include "common/logging.h"
 #include "common/settings.h"
 #include "server/operator_commands.h"
@@ -29,6 +31,14 @@ int main(int argc, char** argv) {
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
     if (auto exit_status = operator_commands.run()) return *exit_status;
+    // The cheap pull's two bounds mean nothing without it; given alone they would be ignored,
+    // and the operator would believe pulls are cut.
+    if (settings.pull_fraction == 0)
+      for (const char* flag : {"pull-min-entries", "pull-max-devices"})
+        if (table.was_set(flag))
+          throw server::StartupError(std::string("--") + flag +
+                                     " is a setting of the cheap pull: give --pull-fraction "
+                                     "too (0, the default, means exact pulls)");
     return server::run_server(settings);
   } catch (const server::StartupError& e) {
     server::log_line(std::string("error: ") + e.what() + " (nothing was created; exit status 2)");

@@ -169,11 +169,6 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
 
   std::size_t at = kWalHeaderBytes;
   while (at < bytes.size()) {
-    // Updates have consecutive versions; a round's deltas share theirs.
-    const std::uint64_t step = contents.header.kind == WalKind::kUpdates ? 1 : 0;
-    const std::optional<std::uint64_t> least_version =
-        contents.records.empty() ? std::nullopt
-                                 : std::optional(contents.records.back().version + step);
     std::string why;
     if (std::optional<WalRecord> record = record_at(bytes, at, std::nullopt, why)) {
       contents.record_offsets.push_back(at);
@@ -181,6 +176,12 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
       contents.records.push_back(std::move(*record));
       continue;
     }
+    // Updates have consecutive versions; a round's deltas share theirs. (Built by assignment:
+    // GCC 12 warns that a ternary-built optional "may be used uninitialized".)
+    std::optional<std::uint64_t> least_version;
+    if (!contents.records.empty())
+      least_version = contents.records.back().version +
+                      (contents.header.kind == WalKind::kUpdates ? 1 : 0);
     const std::optional<std::size_t> next = next_intact_record(bytes, at, least_version);
     if (!next) break;  // nothing intact after it: a torn tail
     contents.damage.push_back({at, *next - at, why, contents.records.size()});

@@ -61,6 +61,8 @@ refused cheap-pull-rounds "--pull-fraction \\(the cheap pull\\) works with --mod
   --model mlp --mode rounds --pull-fraction 0.01
 refused cheap-pull-published "--pull-fraction and --publish-every are two ways" --keystore "$keys" --model mlp \
   --pull-fraction 0.01 --publish-every 10
+refused cheap-pull-bound-alone "--pull-max-devices is a setting of the cheap pull" --keystore "$keys" \
+  --pull-max-devices 5
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0

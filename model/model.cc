@@ -118,6 +118,34 @@ std::vector<int> parse_dims(const std::string& token, std::size_t count,
   return dims;
 }
 
+// The kernel of a 2-D conv-like statement: "KxK", square only.
+int parse_square_kernel(const std::string& token, const std::string& statement) {
+  const auto k = parse_dims(token, 2, statement);
+  if (k[0] != k[1])
+    throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
+  return k[0];
+}
+
+// The words of a 2-D conv-like statement after its sizes, from words[first]: relu, stride S
+// and, where `padding`, same|valid. `usage` ends the message for a word it does not know.
+void parse_conv_words(const std::vector<std::string>& words, std::size_t first, bool padding,
+                      const std::string& usage, LayerSpec& layer, const std::string& statement) {
+  for (std::size_t i = first; i < words.size(); i++) {
+    if (words[i] == "relu")
+      layer.relu = true;
+    else if (padding && words[i] == "same")
+      layer.same_padding = true;
+    else if (padding && words[i] == "valid")
+      layer.same_padding = false;
+    else if (words[i] == "stride" && i + 1 < words.size())
+      layer.stride = parse_positive(words[++i], statement);
+    else
+      throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'" + usage);
+  }
+  if (padding && layer.same_padding && layer.kernel % 2 == 0)
+    throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement + "'");
+}
+
 bool is_tensor_name(const std::string& word) {
   return std::all_of(word.begin(), word.end(),
                      [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '-'; });
@@ -263,71 +291,26 @@ ModelSpec parse_model_spec(std::string_view text, std::string name) {
       if (words.size() < 3)
         throw ModelError("model spec: expected 'conv OC KxK ...', got '" + statement + "'");
       layer.out_channels = parse_positive(words[1], statement);
-      auto k = parse_dims(words[2], 2, statement);
-      if (k[0] != k[1])
-        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
-      layer.kernel = k[0];
-      for (i = 3; i < words.size(); i++) {
-        if (words[i] == "relu")
-          layer.relu = true;
-        else if (words[i] == "same")
-          layer.same_padding = true;
-        else if (words[i] == "valid")
-          layer.same_padding = false;
-        else if (words[i] == "stride" && i + 1 < words.size())
-          layer.stride = parse_positive(words[++i], statement);
-        else
-          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
-      }
-      if (layer.same_padding && layer.kernel % 2 == 0) {
-        throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement +
-                         "'");
-      }
+      layer.kernel = parse_square_kernel(words[2], statement);
+      parse_conv_words(words, 3, true, "", layer, statement);
     } else if (verb == "deconv") {
       layer.kind = LayerKind::kDeconv;
       if (words.size() < 3)
         throw ModelError("model spec: expected 'deconv OC KxK ...', got '" + statement + "'");
       layer.out_channels = parse_positive(words[1], statement);
-      auto k = parse_dims(words[2], 2, statement);
-      if (k[0] != k[1])
-        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
-      if (k[0] % 2 == 0)
+      layer.kernel = parse_square_kernel(words[2], statement);
+      if (layer.kernel % 2 == 0)
         throw ModelError("model spec: deconv needs an odd kernel size: '" + statement + "'");
-      layer.kernel = k[0];
-      for (i = 3; i < words.size(); i++) {
-        if (words[i] == "relu")
-          layer.relu = true;
-        else if (words[i] == "stride" && i + 1 < words.size())
-          layer.stride = parse_positive(words[++i], statement);
-        else
-          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement + "'");
-      }
+      parse_conv_words(words, 3, false, "", layer, statement);
     } else if (verb == "dwconv") {
       layer.kind = LayerKind::kDepthwiseConv;
       if (words.size() < 2)
         throw ModelError("model spec: expected 'dwconv KxK ...', got '" + statement + "'");
-      auto k = parse_dims(words[1], 2, statement);
-      if (k[0] != k[1])
-        throw ModelError("model spec: only square kernels are supported: '" + statement + "'");
-      layer.kernel = k[0];
-      for (i = 2; i < words.size(); i++) {
-        if (words[i] == "relu")
-          layer.relu = true;
-        else if (words[i] == "same")
-          layer.same_padding = true;
-        else if (words[i] == "valid")
-          layer.same_padding = false;
-        else if (words[i] == "stride" && i + 1 < words.size())
-          layer.stride = parse_positive(words[++i], statement);
-        else
-          throw ModelError("model spec: unexpected '" + words[i] + "' in '" + statement +
-                           "' (dwconv KxK [stride S] [same|valid] [relu]; the channel count is "
-                           "the input's)");
-      }
-      if (layer.same_padding && layer.kernel % 2 == 0) {
-        throw ModelError("model spec: 'same' padding needs an odd kernel size: '" + statement +
-                         "'");
-      }
+      layer.kernel = parse_square_kernel(words[1], statement);
+      parse_conv_words(words, 2, true,
+                       " (dwconv KxK [stride S] [same|valid] [relu]; the channel count is the "
+                       "input's)",
+                       layer, statement);
     } else if (verb == "avgpool") {
       layer.kind = LayerKind::kAvgPool;
       if (words.size() != 2)

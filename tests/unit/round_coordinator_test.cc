@@ -81,6 +81,76 @@ std::string text(const transport::CoapResponse& response) {
   return {response.payload.begin(), response.payload.end()};
 }
 
+// A delta of `count` standard normal draws scaled to L2 norm `norm`.
+std::vector<float> delta_with_norm(std::mt19937& rng, std::size_t count, double norm) {
+  std::vector<float> delta(count);
+  std::normal_distribution<float> normal(0, 1);
+  double squares = 0;
+  for (float& v : delta) {
+    v = normal(rng);
+    squares += static_cast<double>(v) * v;
+  }
+  for (float& v : delta) v = static_cast<float>(v * norm / std::sqrt(squares));
+  return delta;
+}
+
+// Devices `names` of a secure round's session, each step sent to the server's secure-
+// aggregation handler as a RoundWorker would; every answer is asserted (wrap the steps in
+// ASSERT_NO_FATAL_FAILURE).
+struct SecureDevices {
+  SecureDevices(Server& server, std::uint64_t session, std::vector<std::string> names)
+      : server(server), session(session), names(std::move(names)) {
+    for (const auto& name : this->names)
+      devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
+  }
+  transport::CoapResponse call(transport::Method method, const std::string& step,
+                               const std::string& name, const std::vector<std::uint8_t>& body = {}) {
+    auto r = request(name, body,
+                     method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
+    r.method = method;
+    return server.rounds->secagg_request(method, step, r);
+  }
+  void post_keys(std::size_t i) {
+    ASSERT_EQ(call(transport::Method::kPost, "keys", names[i],
+                   privacy::serialize(devices[i]->advertise_keys()))
+                  .code,
+              CoapCode::kChanged);
+  }
+  void share(std::size_t i) {
+    const auto directory = call(transport::Method::kGet, "keys", names[i]);
+    ASSERT_EQ(directory.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
+                   privacy::serialize(
+                       devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+  void input(std::size_t i, const std::vector<std::uint32_t>& quantized) {
+    const auto shares = call(transport::Method::kGet, "shares", names[i]);
+    ASSERT_EQ(shares.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
+                   privacy::serialize(devices[i]->masked_input(
+                       privacy::parse_encrypted_shares(shares.payload), quantized)))
+                  .code,
+              CoapCode::kChanged);
+  }
+  void unmask(std::size_t i) {
+    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
+    ASSERT_EQ(survivors.code, CoapCode::kContent);
+    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
+                   privacy::serialize(devices[i]->unmasking_shares(
+                       privacy::parse_survivor_list(survivors.payload))))
+                  .code,
+              CoapCode::kChanged);
+  }
+
+  Server& server;
+  std::uint64_t session;
+  std::vector<std::string> names;
+  privacy::SecureRandom random;
+  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
+};
+
 RoundOptions two_devices() {
   RoundOptions options;
   options.min_clients = 2;
@@ -812,52 +882,19 @@ TEST(RoundSecureAggregation, TheCloseAppliesTheMeanOfTheMaskedDeltas) {
   const auto plain = random_sparse_update(rng, server.state->model(), 1, 0);
   EXPECT_EQ(server.rounds->post_round_update(request("a", plain, "examples=10")).code, CoapCode::kConflict);
 
-  privacy::SecureRandom random;
-  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
-  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
-                  const std::vector<std::uint8_t>& body = {}) {
-    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
-    r.method = method;
-    return server.rounds->secagg_request(method, step, r);
-  };
-  for (const auto& name : names) {
-    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
-    ASSERT_EQ(call(transport::Method::kPost, "keys", name, privacy::serialize(devices.back()->advertise_keys())).code,
-              CoapCode::kChanged);
-  }
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto directory = call(transport::Method::kGet, "keys", names[i]);
-    ASSERT_EQ(directory.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
-                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
-                  .code,
-              CoapCode::kChanged);
-  }
+  SecureDevices secure(server, session, names);
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_NO_FATAL_FAILURE(secure.post_keys(i));
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_NO_FATAL_FAILURE(secure.share(i));
   const std::size_t count = before.size();
   std::vector<std::uint32_t> ring_sum(count, 0);
   for (std::size_t i = 0; i < names.size(); ++i) {
-    std::vector<float> delta(count);
-    std::normal_distribution<float> normal(0, 1);
-    for (float& v : delta) v = normal(rng);
-    double squares = 0;
-    for (const float v : delta) squares += static_cast<double>(v) * v;
-    for (float& v : delta) v = static_cast<float>(v * 0.9 / std::sqrt(squares));  // norm 0.9 < S
+    const std::vector<float> delta = delta_with_norm(rng, count, 0.9);  // norm 0.9 < S
     const auto quantized = privacy::quantize(delta, 1.0, 3, privacy::Rounding::kNearest);
     for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
-    const auto shares = call(transport::Method::kGet, "shares", names[i]);
-    ASSERT_EQ(shares.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
-                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.input(i, quantized));
   }
   for (std::size_t i = 0; i < 2; ++i) {  // c never answers: t = 2 answers unmask
-    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
-    ASSERT_EQ(survivors.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
-                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.unmask(i));
   }
   ASSERT_EQ(server.rounds->round(), 1u);
   const std::vector<double> sum = privacy::dequantize(ring_sum, 1.0, 3);
@@ -931,62 +968,26 @@ TEST(RoundSecureAggregation, DpFedAvgAnnouncesTheDevicesNoiseAndAddsNoneItself) 
   EXPECT_DOUBLE_EQ(infos[0]["secagg_value_bound"].get<double>(), bound);
   const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
 
-  privacy::SecureRandom random;
-  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
-  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
-                  const std::vector<std::uint8_t>& body = {}) {
-    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
-    r.method = method;
-    return server.rounds->secagg_request(method, step, r);
-  };
-  for (const auto& name : names)
-    devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
-  for (std::size_t i = 0; i < 2; ++i)
-    ASSERT_EQ(call(transport::Method::kPost, "keys", names[i], privacy::serialize(devices[i]->advertise_keys())).code,
-              CoapCode::kChanged);
+  SecureDevices secure(server, session, names);
+  for (std::size_t i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(secure.post_keys(i));
   clock.now += std::chrono::seconds(static_cast<int>(options.deadline_seconds) + 1);
   round_info(*server.rounds, "a");
   EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_step"], "keys")
       << "two keys past the deadline: fewer than c = 3 survivors could not carry the noise";
-  ASSERT_EQ(call(transport::Method::kPost, "keys", "c", privacy::serialize(devices[2]->advertise_keys())).code,
-            CoapCode::kChanged);
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto directory = call(transport::Method::kGet, "keys", names[i]);
-    ASSERT_EQ(directory.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
-                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
-                  .code,
-              CoapCode::kChanged);
-  }
+  ASSERT_NO_FATAL_FAILURE(secure.post_keys(2));
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_NO_FATAL_FAILURE(secure.share(i));
   EXPECT_EQ(nlohmann::json::parse(server.rounds->status_json())["secagg_threshold"], 3) << "t ≥ c";
   const std::size_t count = before.size();
   std::vector<std::uint32_t> ring_sum(count, 0);
   std::mt19937 rng(11);
   for (std::size_t i = 0; i < names.size(); ++i) {
-    std::vector<float> delta(count);
-    std::normal_distribution<float> normal(0, 1);
-    double squares = 0;
-    for (float& v : delta) {
-      v = normal(rng);
-      squares += static_cast<double>(v) * v;
-    }
-    for (float& v : delta) v = static_cast<float>(v * 0.9 / std::sqrt(squares));
+    const std::vector<float> delta = delta_with_norm(rng, count, 0.9);
     const auto quantized = privacy::quantize_bounded(delta, bound, 3, privacy::Rounding::kNearest);
     for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
-    const auto shares = call(transport::Method::kGet, "shares", names[i]);
-    ASSERT_EQ(shares.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
-                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.input(i, quantized));
   }
   for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
-    ASSERT_EQ(survivors.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
-                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.unmask(i));
   }
   ASSERT_EQ(server.rounds->round(), 1u);
   const std::vector<double> sum = privacy::dequantize(ring_sum, bound, 3);
@@ -1074,56 +1075,22 @@ TEST(RoundSecureAggregation, AdaptiveClippingCountsTheMaskedBitsAndMovesTheClipN
   EXPECT_DOUBLE_EQ(infos[0]["secagg_count_value_bound"].get<double>(), count_bound);
   const auto session = infos[0]["secagg_session"].get<std::uint64_t>();
 
-  privacy::SecureRandom random;
-  std::vector<std::unique_ptr<privacy::SecAggDevice>> devices;
-  auto call = [&](transport::Method method, const std::string& step, const std::string& name,
-                  const std::vector<std::uint8_t>& body = {}) {
-    auto r = request(name, body, method == transport::Method::kGet ? "session=" + std::to_string(session) : "");
-    r.method = method;
-    return server.rounds->secagg_request(method, step, r);
-  };
-  for (const auto& name : names) devices.push_back(std::make_unique<privacy::SecAggDevice>(name, session, random));
-  for (std::size_t i = 0; i < names.size(); ++i)
-    ASSERT_EQ(call(transport::Method::kPost, "keys", names[i], privacy::serialize(devices[i]->advertise_keys())).code,
-              CoapCode::kChanged);
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto directory = call(transport::Method::kGet, "keys", names[i]);
-    ASSERT_EQ(directory.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "shares", names[i],
-                   privacy::serialize(devices[i]->share_keys(privacy::parse_key_directory(directory.payload))))
-                  .code,
-              CoapCode::kChanged);
-  }
+  SecureDevices secure(server, session, names);
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_NO_FATAL_FAILURE(secure.post_keys(i));
+  for (std::size_t i = 0; i < names.size(); ++i) ASSERT_NO_FATAL_FAILURE(secure.share(i));
   const std::size_t count = before.size();
   std::vector<std::uint32_t> ring_sum(count, 0);
   std::mt19937 rng(13);
   for (std::size_t i = 0; i < names.size(); ++i) {
-    std::vector<float> delta(count);
-    std::normal_distribution<float> normal(0, 1);
-    double squares = 0;
-    for (float& v : delta) {
-      v = normal(rng);
-      squares += static_cast<double>(v) * v;
-    }
-    for (float& v : delta) v = static_cast<float>(v * 0.5 / std::sqrt(squares));
+    const std::vector<float> delta = delta_with_norm(rng, count, 0.5);
     auto quantized = privacy::quantize_bounded(delta, bound, 3, privacy::Rounding::kNearest);
     for (std::size_t k = 0; k < count; ++k) ring_sum[k] += quantized[k];
     const float one = 1.0f;  // not clipped, no noise: the server cannot tell
     quantized.push_back(privacy::quantize_bounded(std::span(&one, 1), count_bound, 3, privacy::Rounding::kNearest)[0]);
-    const auto shares = call(transport::Method::kGet, "shares", names[i]);
-    ASSERT_EQ(shares.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "input", names[i],
-                   privacy::serialize(devices[i]->masked_input(privacy::parse_encrypted_shares(shares.payload), quantized)))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.input(i, quantized));
   }
   for (std::size_t i = 0; i < names.size(); ++i) {
-    const auto survivors = call(transport::Method::kGet, "survivors", names[i]);
-    ASSERT_EQ(survivors.code, CoapCode::kContent);
-    ASSERT_EQ(call(transport::Method::kPost, "unmask", names[i],
-                   privacy::serialize(devices[i]->unmasking_shares(privacy::parse_survivor_list(survivors.payload))))
-                  .code,
-              CoapCode::kChanged);
+    ASSERT_NO_FATAL_FAILURE(secure.unmask(i));
   }
   ASSERT_EQ(server.rounds->round(), 1u);
   const std::vector<double> sum = privacy::dequantize(ring_sum, bound, 3);

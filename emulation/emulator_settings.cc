@@ -57,6 +57,15 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
       .range(0, 1000000)
       .unit("updates");
   t.add("publish-fraction", s.publish_fraction, "the server's --publish-fraction").range(1e-6, 1);
+  t.add("pull-fraction", s.pull_fraction,
+        "the server's --pull-fraction: the cheap pull (0: exact pulls)")
+      .range(0, 1);
+  t.add("pull-min-entries", s.pull_min_entries, "the server's --pull-min-entries");
+  t.add("dense-pull", s.dense_pull,
+        "workers pull the dense model every time (--dense-pull: ASGD's pulls)");
+  t.add("seeded-first-pull", s.seeded_first_pull,
+        "workers start from the model built from --seed as version 0 (their "
+        "--seeded-first-pull; =false: the first pull is dense)");
   t.add("duration", s.duration, "stop after this long").range(0, 1e9).unit("seconds");
   t.add("target-accuracy", s.target_accuracy,
         "stop once the evaluator reports this and every --fail event happened (0: off)")

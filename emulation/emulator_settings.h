@@ -31,6 +31,11 @@ struct EmulatorSettings {
   double max_parameter_magnitude = 0;                     // 0: the server's default
   std::uint32_t publish_every = 0;                        // 0: workers pull the exact model
   double publish_fraction = 0.01;
+  // The server's cheap pull (--pull-fraction, --pull-min-entries; 0: exact pulls), the
+  // workers' --dense-pull and --seeded-first-pull (issue 38: both directions at the socket).
+  double pull_fraction = 0;
+  std::uint32_t pull_min_entries = 32;
+  bool dense_pull = false, seeded_first_pull = true;
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2,
          request_timeout = 30;
   std::uint64_t seed = 1;

@@ -33,10 +33,17 @@ void check_replica_record_options(const ReplicaRecordOptions& options) {
 }
 
 ReplicaRecords::ReplicaRecords(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
-                               ReplicaRecordOptions options)
-    : model_id_(model_id), tensor_sizes_(std::move(tensor_sizes)), options_(options) {
+                               ReplicaRecordOptions options, std::vector<float> version_zero)
+    : model_id_(model_id),
+      tensor_sizes_(std::move(tensor_sizes)),
+      options_(options),
+      version_zero_(std::move(version_zero)) {
   check_replica_record_options(options_);
   for (const std::uint32_t size : tensor_sizes_) parameter_count_ += size;
+  if (!version_zero_.empty() && version_zero_.size() != parameter_count_)
+    throw std::invalid_argument("replica records: version 0's model has " +
+                                std::to_string(version_zero_.size()) +
+                                " parameters for a layout of " + std::to_string(parameter_count_));
 }
 
 ReplicaRecords::Record& ReplicaRecords::record_for(std::string_view identity) {
@@ -68,9 +75,25 @@ ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
   if (parameters.size() != parameter_count_)
     throw std::invalid_argument("replica records: " + std::to_string(parameters.size()) +
                                 " parameters for a layout of " + std::to_string(parameter_count_));
-  const bool known = records_.find(identity) != records_.end();
+  bool known = records_.find(identity) != records_.end();
   Record& record = record_for(identity);
   record.last_used = ++pulls_;
+  // The seeded first pull: a worker that holds version 0's model (a new one, or one that
+  // restarted) while the record, if any, is not at version 0. R starts over as version 0's
+  // model, unless this is the request for the last delta from 0 again (a lost answer, or a
+  // block-wise body being fetched). A record at version 0 gave that version itself (a dense
+  // pull before the first update): a delta from it is right, and starting over from version
+  // 0's model could alternate with dense pulls while the model stands at a version 0 that
+  // is not that model (--init-from).
+  const bool repeat_from_zero = known && record.last_body && record.last_base == 0;
+  const bool record_at_zero = known && record.held_version == 0;
+  if (since && *since == 0 && !version_zero_.empty() && !repeat_from_zero && !record_at_zero) {
+    record.held = version_zero_;
+    record.held_version = 0;
+    record.last_body.reset();
+    ++counters_.seeded_records;
+    known = true;
+  }
   if (!known || !since) return dense(record, parameters, version);
   const bool moved_on = version != record.held_version;
   const bool repeat = record.last_body && *since == record.last_base;
@@ -116,6 +139,7 @@ std::string ReplicaRecords::stats_json() const {
                             {"records", records_.size()},
                             {"record_bytes", bytes()},
                             {"dense_pulls", counters_.dense_pulls},
+                            {"seeded_records", counters_.seeded_records},
                             {"delta_pulls", counters_.delta_pulls},
                             {"repeated_pulls", counters_.repeated_pulls},
                             {"records_evicted", counters_.records_evicted},

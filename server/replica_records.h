@@ -4,6 +4,14 @@
 // function the simulator uses).
 //
 // What a pull gets:
+//   - since=0 when the records were given version 0's model (the seeded first pull, ours: a
+//     worker starts from the model built from the run's seed, held as version 0) and the
+//     record, if any, is not at version 0 and did not send its last delta from 0: R starts
+//     again as that model at version 0, and the answer is a new delta from it as below. A
+//     worker whose seeded model is another (another seed, a build that initialises
+//     differently) fails the digest and pulls dense; nothing else depends on R being the
+//     server's own version 0 (a server resumed from a checkpoint or warm-started with
+//     --init-from serves the same deltas from R);
 //   - no since=, or a since= the record does not know (no record yet, the record was pushed
 //     out, the server restarted, the worker restarted with an old version, a delta it could
 //     not use): the dense model, and R becomes the model (the caller sends its ordinary dense
@@ -56,8 +64,11 @@ void check_replica_record_options(const ReplicaRecordOptions& options);
 
 class ReplicaRecords {
  public:
+  // `version_zero`: the model a worker holds as version 0 before its first pull (the one
+  // built from the run's seed), or empty: then since=0 is a base like any other (dense
+  // without a record). Throws std::invalid_argument when it has not the layout's length.
   ReplicaRecords(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
-                 ReplicaRecordOptions options);
+                 ReplicaRecordOptions options, std::vector<float> version_zero = {});
 
   enum class Kind {
     kDense,   // send the dense model at `version` (ETag = version); R is now that model
@@ -76,6 +87,7 @@ class ReplicaRecords {
 
   struct Counters {
     std::uint64_t dense_pulls = 0;     // answered dense (a record made or reset)
+    std::uint64_t seeded_records = 0;  // records (re)started from version 0's model (since=0)
     std::uint64_t delta_pulls = 0;     // new deltas
     std::uint64_t repeated_pulls = 0;  // the last delta again
     std::uint64_t records_evicted = 0;
@@ -87,14 +99,14 @@ class ReplicaRecords {
   // Bytes the records hold now (copies and last deltas).
   std::size_t bytes() const;
   // {"fraction", "min_entries", "max_devices", "records", "record_bytes", "dense_pulls",
-  // "delta_pulls", "repeated_pulls", "records_evicted", "delta_bytes",
+  // "seeded_records", "delta_pulls", "repeated_pulls", "records_evicted", "delta_bytes",
   // "largest_delta_bytes", "dense_model_bytes"} as one JSON object (/status, stats file).
   std::string stats_json() const;
   const ReplicaRecordOptions& options() const { return options_; }
 
  private:
   struct Record {
-    std::vector<float> held;        // R: the device's copy as the server built it
+    std::vector<float> held;         // R: the device's copy as the server built it
     std::uint64_t held_version = 0;  // the version R was sent as
     // The last delta: from `last_base` to held_version; empty after a dense pull.
     std::shared_ptr<const std::vector<std::uint8_t>> last_body;
@@ -109,6 +121,7 @@ class ReplicaRecords {
   std::vector<std::uint32_t> tensor_sizes_;
   std::size_t parameter_count_ = 0;
   ReplicaRecordOptions options_;
+  std::vector<float> version_zero_;  // empty: no seeded first pull
   std::map<std::string, Record, std::less<>> records_;
   std::uint64_t pulls_ = 0;
   Counters counters_;

@@ -428,7 +428,8 @@ void ServerApp::open_endpoint() {
              " entries); records of at most " + std::to_string(s_.pull_max_devices) +
              " devices' copies, " + short_number(record_mb) + " MB each (at most " +
              short_number(record_mb * s_.pull_max_devices) +
-             " MB), not durable: after a restart every device's first pull is dense");
+             " MB), not durable: after a restart a device's next pull is dense, unless it "
+             "holds the model built from --seed (version 0: a worker's seeded first pull)");
   }
   log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +
            " s, ACK_RANDOM_FACTOR " + short_number(s_.timing.ack_random_factor) +

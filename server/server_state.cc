@@ -115,12 +115,20 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
     throw std::invalid_argument(
         "the cheap pull (--pull-fraction) and the published model (--publish-every) are two ways "
         "to cut pulls: choose one");
+  // The seeded first pull (ours): a worker starts from the model built from the run's seed,
+  // which is `model` as given (before a checkpoint is loaded), and asks GET /model?since=0.
+  // Exact pulls need nothing here (the store's change record answers from version 0 while it
+  // reaches back that far); the cheap pull starts that worker's record from this model.
+  std::vector<float> version_zero;
+  if (options_.replica_pull.enabled()) version_zero = parameters_of(model_);
   recover();
   if (options_.publish.enabled())
     published_.emplace(tensor_sizes_, store_.parameters(), store_.version(), options_.publish);
-  // Not durable: the records start empty, so every device's first pull after a start is dense.
+  // Not durable: the records start empty, so after a start a device's first pull is dense
+  // unless it asks from version 0 (the seeded first pull).
   if (options_.replica_pull.enabled())
-    replicas_.emplace(model_.layout_id(), tensor_sizes_, options_.replica_pull);
+    replicas_.emplace(model_.layout_id(), tensor_sizes_, options_.replica_pull,
+                      std::move(version_zero));
 }
 
 WalHeader ServerState::wal_header() const {

@@ -13,7 +13,8 @@ namespace edgetrain::runtime {
 
 // Every WorkerStats field under its own name, for the --stats-file object.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates_refused,
-                                   updates_rejected, pulls, delta_pulls, delta_mismatches,
+                                   updates_rejected, pulls, delta_pulls, delta_mismatches, first_pull,
+                                   first_pull_bytes, seeded_first_pull_fallbacks,
                                    bytes_sent, bytes_received, server_version, retries,
                                    non_finite_steps, last_loss, dropout, offline, offline_seconds,
                                    offline_steps, buffered_steps, offline_updates_accepted,

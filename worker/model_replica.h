@@ -1,5 +1,7 @@
 // The worker's copy of the server's model and how it is kept current: the first pull (and
-// any pull after the copy was found wrong) downloads the dense model; later pulls ask only
+// any pull after the copy was found wrong) downloads the dense model, unless the copy was
+// assumed (the seeded first pull: the model built from the run's seed, as version 0); later
+// pulls ask only
 // for what changed since the version held (GET /model?since=V, transport/CODEC.md "Model
 // delta") and overwrite those entries. The copy then equals the server's model bit for bit,
 // which the delta's digest confirms; on a mismatch the copy is dropped and the next pull is
@@ -36,9 +38,10 @@ class ModelReplica {
   // as it was).
   PullOutcome take(std::span<const std::uint8_t> payload);
 
-  // Takes PARAMETERS as the model at VERSION without a pull: gossip peers start from the
-  // same seeded initial model, so a neighbour's first pull can be a delta from it. A wrong
-  // guess costs one delta: its digest does not match, and the next pull is dense.
+  // Takes PARAMETERS as the model at VERSION without a pull: gossip peers, and an async
+  // worker and its server, start from the same seeded initial model, so the first pull can
+  // be a delta from it. A wrong guess costs one delta: its digest does not match, and the
+  // next pull is dense.
   void assume(std::uint64_t version, std::span<const float> parameters);
 
   bool exact() const { return exact_; }  // the copy is the server's model at version()

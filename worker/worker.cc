@@ -147,6 +147,13 @@ struct Worker::State {
         budget_window(config.link.budget.enabled() ? config.link.budget.period_seconds : 3600),
         created(Clock::now()) {
     trainer.set_input_format(train.format);  // uint8 or float32 examples, and their scaling
+    if (this->config.seeded_first_pull && !this->config.dense_pull && this->config.shards.empty()) {
+      // A model with its own arena, gone at the end of this block: two copies for a moment,
+      // as a dense first pull's body and its decoded values would be.
+      Model seeded(model_spec_from_argument(this->config.model));
+      seeded.initialize(this->config.seed);
+      replica.assume(0, seeded.parameters());
+    }
     trainer.set_step_seed(loop::dropout_step_seed(config.seed, config.worker_id));
     if (config.link.enabled()) {
       std::vector<std::uint32_t> sizes;
@@ -674,6 +681,13 @@ bool Worker::pull() {
   s.stats.bytes_received += response.payload.size();
   if (outcome == ModelReplica::PullOutcome::kMismatch) {
     s.stats.delta_mismatches++;
+    if (!s.ever_pulled && s.stats.seeded_first_pull_fallbacks == 0 && s.config.seeded_first_pull &&
+        !s.config.dense_pull && s.config.shards.empty()) {
+      s.stats.seeded_first_pull_fallbacks++;
+      s.say("the seeded first pull: the server's model at version 0 is not the one built from "
+            "--seed " + std::to_string(s.config.seed) +
+            " here (another --seed, --init-from, or an initialisation that differs)");
+    }
     // The next pull asks for the dense model, which cannot mismatch: a server that keeps
     // answering with deltas anyway is broken.
     if (++s.consecutive_mismatches >= 3)
@@ -686,6 +700,10 @@ bool Worker::pull() {
   if (outcome == ModelReplica::PullOutcome::kDelta) s.stats.delta_pulls++;
   s.note_pull(response.payload.size(), outcome == ModelReplica::PullOutcome::kDelta);
   s.model_version = s.replica.version();
+  if (!s.ever_pulled) {
+    s.stats.first_pull = outcome == ModelReplica::PullOutcome::kDelta ? "delta" : "dense";
+    s.stats.first_pull_bytes = response.payload.size();
+  }
   s.stats.pulls++;
   s.have_model = true;
   s.ever_pulled = true;

@@ -49,6 +49,15 @@ struct WorkerConfig {
   // version held (GET /model?since=V) and overwrite those; the result is the server's model
   // bit for bit, checked by its digest. true: always download the dense model.
   bool dense_pull = false;
+  // The seeded first pull (ours; worker/README.md "The first pull"): start from the model
+  // built from `seed` (the server's --seed builds the same one), held as version 0, so the
+  // first pull is GET /model?since=0 and gets a delta, not the dense model. A server whose
+  // version 0 is another model (another seed, --init-from, an initialisation that differs)
+  // answers a delta whose digest fails, or one resumed past its change record the dense
+  // model: either way the worker then holds the dense model (stats:
+  // seeded_first_pull_fallbacks). Ignored with dense_pull and with shards (the sharded
+  // channel pulls every shard itself).
+  bool seeded_first_pull = true;
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;
@@ -123,6 +132,13 @@ struct WorkerStats {
   std::uint64_t delta_pulls = 0;  // pulls answered with a model delta
   std::uint64_t delta_mismatches =
       0;  // deltas that did not reproduce the server's model (re-pulled dense)
+  // The first pull that brought a model: "pending" before it, then "delta" (from the seeded
+  // version 0) or "dense", and its payload bytes. A seeded first pull whose delta did not
+  // reproduce the server's model counts in seeded_first_pull_fallbacks (and in
+  // delta_mismatches); the dense pull after it is then the first pull.
+  std::string first_pull = "pending";
+  std::uint64_t first_pull_bytes = 0;
+  std::uint64_t seeded_first_pull_fallbacks = 0;
   std::uint64_t bytes_sent = 0;      // encoded update payloads
   std::uint64_t bytes_received = 0;  // encoded model payloads
   std::uint64_t server_version = 0;  // as last reported by the server

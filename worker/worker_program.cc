@@ -205,6 +205,11 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
   t.add("dense-pull", c.dense_pull,
         "always download the whole model (default: only the parameters changed since "
         "the version held, GET /model?since=V; same parameters bit for bit)");
+  t.add("seeded-first-pull", c.seeded_first_pull,
+        "start from the model built from --seed as version 0, so the first pull is a delta "
+        "(GET /model?since=0); a server with another initial model answers one whose digest "
+        "fails, and the worker pulls the whole model (ours; needs the server's --seed; on by "
+        "default, --seeded-first-pull=false: a dense first pull)");
   t.add("steps", c.max_steps, "stop after this many steps (0: run until stopped)").unit("steps");
   t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)")
       .range(0, 1e9)

@@ -83,6 +83,78 @@ TEST(ReplicaRecords, FirstPullIsDenseLaterOnesSmallDeltasThatTheWorkerChecks) {
   EXPECT_GE(records.bytes(), 408 * sizeof(float));
 }
 
+// The seeded first pull: a worker holds version 0's model (built from the run's seed) and
+// asks from 0; the record starts from that model and the first answer is a delta as small as
+// any later one. A worker that holds another model fails the digest and pulls dense.
+TEST(ReplicaRecords, SinceZeroGetsADeltaFromVersionZerosModelWhenTheRecordsHaveIt) {
+  MovingModel m;
+  for (int i = 0; i < 408; ++i) m.w[i] = 0.01f * static_cast<float>(i % 37);  // "the seeded model"
+  const std::vector<float> version_zero = m.w;
+  ReplicaRecords records(kModelId, kSizes, options(0.05), version_zero);
+  for (int i = 0; i < 20; ++i) m.step();
+
+  runtime::ModelReplica replica(kModelId, kSizes);
+  replica.assume(0, version_zero);
+  const ReplicaRecords::Pull first = records.pull("pi-01", 0, m.w, m.version);
+  ASSERT_EQ(first.kind, Kind::kDelta);
+  auto delta = transport::decode_model_delta(*first.body, {kModelId, kSizes});
+  ASSERT_TRUE(delta.ok());
+  std::size_t entries = 0;
+  for (const auto& t : delta.value().tensors) entries += t.indices.size();
+  EXPECT_LE(entries, 22u) << "5% of 400 and at least 2 of 8, as every later delta";
+  EXPECT_LT(first.body->size() * 4, transport::dense_model_bytes(kSizes));
+  ASSERT_EQ(take(replica, first, m), runtime::ModelReplica::PullOutcome::kDelta)
+      << replica.mismatch();
+  EXPECT_EQ(replica.version(), m.version);
+  // Asked again from 0 (a lost answer, a block-wise body fetched again): the same bytes.
+  const ReplicaRecords::Pull again = records.pull("pi-01", 0, m.w, m.version);
+  EXPECT_EQ(again.kind, Kind::kRepeat);
+  EXPECT_EQ(*again.body, *first.body);
+  m.step();
+  ASSERT_EQ(take(replica, records.pull("pi-01", replica.version(), m.w, m.version), m),
+            runtime::ModelReplica::PullOutcome::kDelta)
+      << replica.mismatch();
+  // The worker restarts and holds version 0's model again: its record starts over from it.
+  runtime::ModelReplica restarted(kModelId, kSizes);
+  restarted.assume(0, version_zero);
+  EXPECT_EQ(take(restarted, records.pull("pi-01", 0, m.w, m.version), m),
+            runtime::ModelReplica::PullOutcome::kDelta)
+      << restarted.mismatch();
+
+  // Another seed's model: the digest fails, the copy is dropped, the next pull is dense.
+  std::vector<float> other_seed = version_zero;
+  other_seed[5] += 0.5f;
+  runtime::ModelReplica other(kModelId, kSizes);
+  other.assume(0, other_seed);
+  EXPECT_EQ(take(other, records.pull("pi-02", 0, m.w, m.version), m),
+            runtime::ModelReplica::PullOutcome::kMismatch);
+  EXPECT_EQ(other.pull_path(), "model");
+  EXPECT_EQ(records.pull("pi-02", std::nullopt, m.w, m.version).kind, Kind::kDense);
+  EXPECT_EQ(records.counters().seeded_records, 3u);
+  EXPECT_EQ(records.counters().dense_pulls, 1u);
+
+  // A record at version 0 (the dense model sent before any update) gave that version: a
+  // worker asking from 0 gets a delta from it, not a new start from version 0's model (which
+  // may not be the server's version 0, --init-from: a worker would then alternate between a
+  // failing delta and a dense pull while the model stands still).
+  MovingModel warm;
+  warm.w[9] = 5.0f;  // version 0 is not the seeded model
+  ReplicaRecords warm_records(kModelId, kSizes, options(0.05), version_zero);
+  ASSERT_EQ(warm_records.pull("pi-03", std::nullopt, warm.w, warm.version).kind, Kind::kDense);
+  runtime::ModelReplica warm_copy(kModelId, kSizes);
+  warm_copy.assume(0, warm.w);
+  EXPECT_EQ(take(warm_copy, warm_records.pull("pi-03", 0, warm.w, warm.version), warm),
+            runtime::ModelReplica::PullOutcome::kDelta)
+      << warm_copy.mismatch();
+  EXPECT_EQ(warm_records.counters().seeded_records, 0u);
+
+  // Without version 0's model, since=0 is a base like any other: dense without a record.
+  ReplicaRecords unseeded(kModelId, kSizes, options(0.05));
+  EXPECT_EQ(unseeded.pull("pi-01", 0, m.w, m.version).kind, Kind::kDense);
+  EXPECT_THROW(ReplicaRecords(kModelId, kSizes, options(0.05), std::vector<float>(7)),
+               std::invalid_argument);
+}
+
 TEST(ReplicaRecords, ABaseTheRecordDidNotGiveGetsTheDenseModelAndResetsTheRecord) {
   ReplicaRecords records(kModelId, kSizes, options(0.05));
   MovingModel m;

@@ -119,6 +119,9 @@ TEST(WorkerStatsFiles, AsyncCarriesEveryCounterAndTheAcknowledgedVersionsInOrder
   EXPECT_EQ(j.at("acknowledged_highest"), 11);
   EXPECT_EQ(j.at("acknowledged_increasing"), true);
   EXPECT_EQ(j.at("dropout").at("drop_rates"), "0.25");
+  // The seeded first pull's outcome (issue 38), read by e2e_train_cheap_pull and the emulator.
+  for (const char* key : {"first_pull", "first_pull_bytes", "seeded_first_pull_fallbacks"})
+    EXPECT_TRUE(j.contains(key)) << key;
   // Offline training's counters (issue 38), read by e2e_worker_offline and the emulator.
   for (const char* key :
        {"offline", "offline_seconds", "offline_steps", "buffered_steps", "offline_updates_accepted",

@@ -58,6 +58,9 @@ runtime::WorkerConfig test_config() {
   runtime::WorkerConfig config;
   config.model = kModelSpec;
   config.batch = 4;
+  // The tests below script the server's answers from a dense first pull; the seeded first
+  // pull has its own tests (WorkerTest.TheSeededFirstPull...).
+  config.seeded_first_pull = false;
   config.backoff_initial = std::chrono::milliseconds(1);
   config.backoff_max = std::chrono::milliseconds(2);
   return config;
@@ -269,6 +272,69 @@ TEST_F(WorkerTest, ADeltaThatDoesNotReproduceTheServersModelIsFollowedByADensePu
   ASSERT_TRUE(worker.pull());
   EXPECT_EQ(server.gets.back(), "model?since=4");
   EXPECT_EQ(worker.stats().delta_pulls, 1u);
+}
+
+// The seeded first pull (WorkerConfig::seeded_first_pull): the worker holds the model built
+// from its --seed as version 0 and asks for the changes since; the FakeServer's model is
+// built from seed 3.
+TEST_F(WorkerTest, TheSeededFirstPullIsADeltaFromVersionZeroWhenTheSeedsAgree) {
+  runtime::WorkerConfig config = test_config();
+  config.seeded_first_pull = true;
+  config.seed = 3;
+  server.model().parameters()[0] += 1.0f;  // the server's model moved on from version 0
+  server.on_get = [&](const std::string& path) {
+    return path == "model?since=0" ? server.delta(0) : server.dense();
+  };
+  auto worker = make_worker(config);
+  EXPECT_EQ(worker.stats().first_pull, "pending");
+  ASSERT_TRUE(worker.pull());
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model?since=0"}));
+  EXPECT_EQ(worker.stats().first_pull, "delta");
+  EXPECT_EQ(worker.stats().delta_pulls, 1u);
+  EXPECT_EQ(worker.stats().seeded_first_pull_fallbacks, 0u);
+  // One changed entry against the dense model's hundreds.
+  EXPECT_EQ(worker.stats().first_pull_bytes, server.delta(0).payload.size());
+  EXPECT_LT(worker.stats().first_pull_bytes * 10, server.dense().payload.size());
+  ASSERT_TRUE(worker.step());
+  worker.push();
+  EXPECT_EQ(
+      transport::decode_sparse_update(server.posts.at(0), server.layout()).value().fetched_version,
+      3u);
+}
+
+TEST_F(WorkerTest, TheSeededFirstPullFallsBackToDenseWhenTheSeedsDiffer) {
+  runtime::WorkerConfig config = test_config();
+  config.seeded_first_pull = true;
+  config.seed = 4;  // not the server's 3: the delta's digest cannot match
+  server.on_get = [&](const std::string& path) {
+    return path == "model?since=0" ? server.delta(0) : server.dense();
+  };
+  auto worker = make_worker(config);
+  EXPECT_FALSE(worker.pull());
+  EXPECT_EQ(worker.stats().seeded_first_pull_fallbacks, 1u);
+  EXPECT_EQ(worker.stats().delta_mismatches, 1u);
+  EXPECT_EQ(worker.stats().retries, 0u) << "no backoff: the next pull is dense at once";
+  ASSERT_TRUE(worker.pull());
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model?since=0", "model"}));
+  EXPECT_EQ(worker.stats().first_pull, "dense");
+  EXPECT_EQ(worker.stats().first_pull_bytes, server.dense().payload.size());
+  ASSERT_TRUE(worker.step());  // and it trains on the server's model
+  worker.push();
+  EXPECT_EQ(worker.stats().updates_accepted, 1u);
+  EXPECT_TRUE(std::any_of(log.begin(), log.end(), [](const std::string& line) {
+    return line.find("seeded first pull") != std::string::npos &&
+           line.find("--seed 4") != std::string::npos;
+  }));
+}
+
+TEST_F(WorkerTest, WithDensePullsTheSeededFirstPullIsOff) {
+  runtime::WorkerConfig config = test_config();
+  config.seeded_first_pull = true;
+  config.dense_pull = true;
+  auto worker = make_worker(config);
+  ASSERT_TRUE(worker.pull());
+  EXPECT_EQ(server.gets, (std::vector<std::string>{"model"}));
+  EXPECT_EQ(worker.stats().first_pull, "dense");
 }
 
 TEST_F(WorkerTest, AServerThatKeepsSendingUnusableDeltasIsAnError) {

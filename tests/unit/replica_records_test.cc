@@ -197,16 +197,18 @@ TEST(ReplicaRecords, TwoDevicesRecordsAreIndependent) {
   // b comes later and pulls rarely; a pulls after every step.
   for (int i = 0; i < 20; ++i) {
     m.step();
-    if (i == 3)
+    if (i == 3) {
       ASSERT_EQ(take(b, records.pull("b", std::nullopt, m.w, m.version), m),
                 runtime::ModelReplica::PullOutcome::kDense);
+    }
     ASSERT_EQ(take(a, records.pull("a", a.version(), m.w, m.version), m),
               runtime::ModelReplica::PullOutcome::kDelta)
         << a.mismatch();
-    if (i > 3 && i % 5 == 0)
+    if (i > 3 && i % 5 == 0) {
       ASSERT_EQ(take(b, records.pull("b", b.version(), m.w, m.version), m),
                 runtime::ModelReplica::PullOutcome::kDelta)
           << b.mismatch();
+    }
   }
   // Both copies are behind the model in their own ways (their records), and both checked.
   EXPECT_EQ(a.version(), m.version);

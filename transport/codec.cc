@@ -728,7 +728,8 @@ bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> t
   }
   if (delta.values == ValueEncoding::kFp16Increment) {
     // The sender's record took the same float additions (server/replica_pull.cc), so the
-    // sums are its values bit for bit. One that overflows is refused before anything changes.
+    // sums are its values bit for bit. A sum that is not finite (fp16 increments cannot
+    // overflow a float: only a copy that was already wrong) is refused before anything changes.
     for (const SparseTensor& t : delta.tensors) {
       const float* tensor = parameters.data() + offsets[t.tensor];
       for (std::size_t j = 0; j < t.indices.size(); ++j)

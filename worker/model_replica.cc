@@ -22,7 +22,7 @@ void ModelReplica::assume(std::uint64_t version, std::span<const float> paramete
 ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> payload) {
   const transport::ModelLayout expected{model_id_, tensor_sizes_};
   if (transport::model_message_kind(payload) == transport::ModelMessageKind::kDelta) {
-    auto delta = transport::decode_model_delta(payload, expected);
+    auto delta = transport::decode_model_delta(payload, expected, limits_);
     if (!delta) {
       if (delta.error().code == transport::CodecErrorCode::kWrongModel)
         throw std::runtime_error("bad model delta: " + delta.error().message);

@@ -837,6 +837,10 @@ TEST(DeltaCodec, TheDocumentedExampleByteForByteInFp32AndFp16) {
   std::vector<std::uint8_t> fp16 = header;
   for (std::uint8_t b : {0x01, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x38, 0x00, 0xbc}) fp16.push_back(b);
   EXPECT_EQ(encode_model_delta(delta).value(), fp16);
+  delta.values = ValueEncoding::kFp16Increment;  // the same bytes but the encoding byte
+  std::vector<std::uint8_t> increments = fp16;
+  increments[56] = 0x03;
+  EXPECT_EQ(encode_model_delta(delta).value(), increments);
 }
 
 // fp16 values in a model delta (the cheap pull's option, server/replica_pull.h): half the

@@ -42,8 +42,9 @@ class ModelReplica {
   void assume(std::uint64_t version, std::span<const float> parameters);
 
   // Take model deltas whose values are fp16 increments (transport::ValueEncoding::
-  // kFp16Increment: the cheap pull's option, server/replica_pull.h), added to the copy; off by
-  // default, when such a delta counts as undecodable (kMismatch).
+  // kFp16Increment: the cheap pull's option, server/replica_pull.h), added to the copy, and
+  // say so in pull_path() ("model?since=V&values=fp16-increment"); off by default, when such
+  // a delta counts as undecodable (kMismatch).
   void accept_fp16_increments(bool accept) { limits_.accept_fp16_increment_delta_values = accept; }
 
   bool exact() const { return exact_; }  // the copy is the server's model at version()

@@ -49,6 +49,9 @@ struct WorkerConfig {
   // version held (GET /model?since=V) and overwrite those; the result is the server's model
   // bit for bit, checked by its digest. true: always download the dense model.
   bool dense_pull = false;
+  // Ask for the cheap pull's values as fp16 increments (GET /model?since=V&values=fp16-increment,
+  // ModelReplica::accept_fp16_increments); a server without them answers fp32 as before.
+  bool fp16_increment_pulls = false;
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;

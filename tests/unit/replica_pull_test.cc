@@ -265,8 +265,9 @@ TEST(ReplicaPull, Fp16IncrementsKeepTheCopyBitExactAndCloseOnTheModel) {
     ASSERT_FALSE(delta.tensors.empty());
     EXPECT_EQ(delta.tensors[0].indices.size(), 6u);  // as many entries as an fp32 pull
     const auto bytes = transport::encode_model_delta(delta).value();
-    if (version == 1)
+    if (version == 1) {
       EXPECT_EQ(did_not_ask.take(bytes), runtime::ModelReplica::PullOutcome::kMismatch);
+    }
     ASSERT_EQ(replica.take(bytes), runtime::ModelReplica::PullOutcome::kDelta) << replica.mismatch();
     ASSERT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0)
         << "version " << version;
@@ -293,6 +294,14 @@ TEST(ReplicaPull, Fp16IncrementsKeepTheCopyBitExactAndCloseOnTheModel) {
   // fp16 values leave up to half an fp16 step (|W|·2^-11) in the copy for good.
   EXPECT_LT(increment_error * 100, value_error);
   EXPECT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0);
+  // A same-version delta taken twice (the server's repeat of a request, server/README.md
+  // "Cheap pull"): the increments are added once.
+  w[3] += 0.5f;
+  const auto same_version = transport::encode_model_delta(replica_pull(7, sizes, w, 200, held, 200, options)).value();
+  for (int twice = 0; twice < 2; ++twice) {
+    ASSERT_EQ(replica.take(same_version), runtime::ModelReplica::PullOutcome::kDelta) << replica.mismatch();
+    ASSERT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0);
+  }
 }
 
 // The fp32 path is unchanged by the other encodings: the same pulls from the same records

@@ -4,8 +4,9 @@
 # every step (the setting of docs/results.md's methods table). Per seed, three runs:
 #   asgd      dense updates and dense pulls (the baseline: --compressor none, the default pull)
 #   cheap     AdaComp c = 0.01 with sign + scale values (the best option of the methods table)
-#             and the cheap pull (--cheap "F:M[+entry][+fp16]": --pull-fraction F --pull-min-entries M,
-#             --entry-staleness with "+entry", --pull-values fp16 with "+fp16"; server/replica_pull.h)
+#             and the cheap pull (--cheap "F:M[+entry][+fp16|+fp16inc]": --pull-fraction F
+#             --pull-min-entries M, --entry-staleness with "+entry", --pull-values fp16 with
+#             "+fp16", --pull-values fp16-increment with "+fp16inc"; server/replica_pull.h)
 #   exact     the same AdaComp with exact pulls, the model delta since the worker's copy
 #             (--delta-pulls)
 # Each run stops at the target (--target, default 0.979: ASGD's mean best in this setting less
@@ -13,15 +14,18 @@
 # upload (the encoded updates) and download (the pulls, every worker's first dense one
 # included) to the first evaluation at the target, their total, and ASGD's total over it;
 # then the means over the seeds (of each seed's ratio).
+# --first-pull seeded gives the cheap and exact runs --first-pull seeded: every worker starts
+# holding the seeded model (version 0) and its first pull is a delta from it (ASGD, the
+# baseline, keeps its dense pulls).
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing;
 # --runs "asgd cheap" runs only those (the report still shows every run there is).
 # usage: experiments/both-directions.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
 #                                       [--target 0.979] [--cheap "0.004:4096+entry+fp16"] [--jobs J]
-#                                       [--runs "asgd cheap exact"] [--report-only]
+#                                       [--runs "asgd cheap exact"] [--first-pull dense|seeded] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=both-directions seeds="1 2 3" updates=6000 target=0.979
-cheap="0.004:4096+entry" jobs=1 report_only=0 runs="asgd cheap exact"
+cheap="0.004:4096+entry" jobs=1 report_only=0 runs="asgd cheap exact" first_pull=dense
 die() { echo "both-directions.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
     --cheap) cheap=${2:?}; shift ;;
     --jobs) jobs=${2:?}; shift ;;
     --runs) runs=${2:?}; shift ;;
+    --first-pull) first_pull=${2:?}; shift ;;
     --report-only) report_only=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
@@ -45,16 +50,18 @@ done
 for r in $runs; do [[ "$r" =~ ^(asgd|cheap|exact)$ ]] || die "--runs takes asgd, cheap and exact, got '$r'"; done
 entry_flag="" fp16_flag=""
 spec=$cheap
+[[ "$first_pull" =~ ^(dense|seeded)$ ]] || die "--first-pull takes dense or seeded, got '$first_pull'"
 if [[ "$spec" == *+fp16 ]]; then spec=${spec%+fp16} fp16_flag=" --pull-values fp16"; fi
+if [[ "$spec" == *+fp16inc ]]; then spec=${spec%+fp16inc} fp16_flag=" --pull-values fp16-increment"; fi
 if [[ "$spec" == *+entry ]]; then spec=${spec%+entry} entry_flag=" --entry-staleness"; fi
-[[ "$spec" =~ ^([0-9.]+):([1-9][0-9]*)$ ]] || die "--cheap must be F:M, then +entry and +fp16 if wanted (in that order), got '$cheap'"
+[[ "$spec" =~ ^([0-9.]+):([1-9][0-9]*)$ ]] || die "--cheap must be F:M, then +entry and +fp16 or +fp16inc if wanted (in that order), got '$cheap'"
 fraction=${BASH_REMATCH[1]} min_entries=${BASH_REMATCH[2]}
 sim="$build/programs/edgetrain-sim"
 [ "$report_only" = 1 ] || [ -x "$sim" ] || die "no $sim: build the host tree first (./build.sh build host -- edgetrain-sim)"
 mkdir -p "$out"
 base=(--data mnist --model paper-cnn --workers 10 --batch 10 --lr 0.1 --max-staleness 256
       --updates "$updates" --eval-every 250 --stop-at-accuracy "$target" --quiet)
-adacomp="--compressor adacomp --rate 0.01 --sign-scale"
+adacomp="--compressor adacomp --rate 0.01 --sign-scale --first-pull $first_pull"
 settings=("asgd|--compressor none"
           "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag$fp16_flag"
           "exact|$adacomp --delta-pulls")

@@ -10,7 +10,9 @@
 # fraction ending in "+entry" (e.g. "0.004:4096+entry") adds --entry-staleness: the server
 # counts each entry's sigma from the version the worker's value of it comes from; one ending
 # in "+fp16" (after "+entry" if both) adds --pull-values fp16: the pull's values in fp16, the
-# rounding error kept in the server's record of the worker's copy. Prints a
+# rounding error kept in the server's record of the worker's copy; one ending in "+fp16inc"
+# adds --pull-values fp16-increment instead: the increments W - R in fp16, added by the worker
+# to its copy (the rounding error stays in W - R). Prints a
 # markdown table: best and final test accuracy, pulled bytes per applied update (the dense
 # first pulls included) and their share of the exact pulls' bytes, per seed, then the means
 # and whether each meets the goal (mean best within 0.3 points of exact's, <= 1/4 of its bytes).
@@ -18,7 +20,7 @@
 # prints the tables of the runs there are (a missing one is marked). About 3 minutes of one
 # core per run at 6,000 updates (more on a loaded machine).
 # usage: experiments/cheap-pull.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
-#                                  [--fractions "0.015 0.012:2048 0.004:4096+entry 0.004:6144+fp16"] [--no-published] [--jobs J] [--report-only]
+#                                  [--fractions "0.015 0.012:2048 0.004:4096+entry 0.004:6144+fp16inc"] [--no-published] [--jobs J] [--report-only]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.004:4096 0.012:2048"
@@ -51,8 +53,9 @@ settings=("exact|--delta-pulls")
 for f in $fractions; do
   entry="" entry_flag=""
   if [[ "$f" == *+fp16 ]]; then f=${f%+fp16} entry="-fp16" entry_flag=" --pull-values fp16"; fi
+  if [[ "$f" == *+fp16inc ]]; then f=${f%+fp16inc} entry="-fp16inc" entry_flag=" --pull-values fp16-increment"; fi
   if [[ "$f" == *+entry ]]; then f=${f%+entry} entry="-entry$entry" entry_flag=" --entry-staleness$entry_flag"; fi
-  [[ "$f" =~ ^[0-9.]+(:[1-9][0-9]*)?$ ]] || die "a fraction is F or F:MIN_ENTRIES, then +entry and +fp16 if wanted, got '$f'"
+  [[ "$f" =~ ^[0-9.]+(:[1-9][0-9]*)?$ ]] || die "a fraction is F or F:MIN_ENTRIES, then +entry and +fp16 or +fp16inc if wanted, got '$f'"
   if [[ "$f" == *:* ]]; then  # FRACTION:MIN_ENTRIES
     settings+=("cheap-${f%%:*}-m${f#*:}$entry|--pull-fraction ${f%%:*} --pull-min-entries ${f#*:}$entry_flag")
   else

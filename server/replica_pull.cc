@@ -23,14 +23,17 @@ void check_replica_pull_options(const ReplicaPullOptions& options) {
     throw std::invalid_argument(
         "entry staleness is for the cheap pull: it needs a pull fraction above 0 (with exact "
         "pulls every entry of a copy is as old as the pull)");
-  if (options.values == transport::ValueEncoding::kFp16 && !options.enabled())
+  if ((options.values == transport::ValueEncoding::kFp16 ||
+       options.values == transport::ValueEncoding::kFp16Increment) &&
+      !options.enabled())
     throw std::invalid_argument(
-        "fp16 pull values are for the cheap pull: they need a pull fraction above 0 (an exact "
-        "pull sends the model's values as they are)");
+        "fp16 pull values and increments are for the cheap pull: they need a pull fraction "
+        "above 0 (an exact pull sends the model's values as they are)");
   if (options.values != transport::ValueEncoding::kFp32 &&
-      options.values != transport::ValueEncoding::kFp16)
-    throw std::invalid_argument("pull values must be fp32 or fp16 (a pull sends new values, not "
-                                "sign + scale)");
+      options.values != transport::ValueEncoding::kFp16 &&
+      options.values != transport::ValueEncoding::kFp16Increment)
+    throw std::invalid_argument("pull values must be fp32, fp16 or fp16 increments (not sign + "
+                                "scale)");
 }
 
 transport::ModelDelta replica_pull(std::uint64_t model_id,
@@ -58,13 +61,24 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
         fp16 = false;
         break;
       }
-  // The value the worker will hold for entry i if it is sent.
-  auto sendable = [fp16](float v) { return fp16 ? transport::round_to_fp16(v) : v; };
+  // fp16 increments: the worker adds float(half(W − R)) to R, and so does the record here,
+  // so the copy stays the record bit for bit and the rounding error stays in W − R, which a
+  // later pull sends (error feedback). No range fallback: an increment beyond 65504 is
+  // clamped and the rest waits in W − R.
+  const bool increments = options.values == transport::ValueEncoding::kFp16Increment;
+  // The value the worker will hold for entry i if it is sent (w: the model's, r: the copy's).
+  auto sendable = [fp16, increments](float w, float r) {
+    return increments ? r + transport::round_to_fp16(w - r)
+           : fp16     ? transport::round_to_fp16(w)
+                      : w;
+  };
   transport::ModelDelta delta;
   delta.model_id = model_id;
   delta.base_version = held_version;
   delta.version = version;
-  delta.values = fp16 ? transport::ValueEncoding::kFp16 : transport::ValueEncoding::kFp32;
+  delta.values = increments ? transport::ValueEncoding::kFp16Increment
+                 : fp16     ? transport::ValueEncoding::kFp16
+                            : transport::ValueEncoding::kFp32;
   // Scratch kept per thread between pulls (up to the largest tensor: 4.8 MB for the paper
   // CNN's fc1), so that a pull does not fault in fresh pages for it every time.
   thread_local std::vector<std::uint32_t> differing;
@@ -79,7 +93,7 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     // Bit patterns, not ==: a copy is exact or it is not (and 0.0 against -0.0 is a change
     // the digest sees).
     for (std::uint32_t i = 0; i < size; ++i) {
-      if (std::bit_cast<std::uint32_t>(sendable(w[i])) != std::bit_cast<std::uint32_t>(r[i]))
+      if (std::bit_cast<std::uint32_t>(sendable(w[i], r[i])) != std::bit_cast<std::uint32_t>(r[i]))
         differing.push_back(i);
       else if (since)
         since[i] = version;  // the worker's value is the model's now
@@ -107,8 +121,14 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
       sent.indices = differing;
       sent.values.reserve(differing.size());
       for (const std::uint32_t i : differing) {
-        r[i] = sendable(w[i]);
-        sent.values.push_back(r[i]);
+        if (increments) {
+          const float increment = transport::round_to_fp16(w[i] - r[i]);
+          r[i] += increment;
+          sent.values.push_back(increment);
+        } else {
+          r[i] = sendable(w[i], r[i]);
+          sent.values.push_back(r[i]);
+        }
         if (since) since[i] = version;
       }
       delta.tensors.push_back(std::move(sent));

@@ -50,13 +50,18 @@ struct ReplicaPullOptions {
   // An entry is sent only when its rounded value differs from the worker's (the rest would
   // change nothing), chosen by |W − R| as in fp32. Never kSignScale. A model that holds a
   // magnitude beyond 65504 (fp16's largest) is pulled in fp32 until it no longer does.
+  // kFp16Increment (ours): the pull sends the increment half(W − R) in fp16 and the worker
+  // adds it to its copy; the record here takes the same float addition, so the copy stays
+  // the record bit for bit, and what rounding leaves (at most |W − R|·2⁻¹¹, not |W|·2⁻¹¹ as
+  // with kFp16) stays in W − R for a later pull. An entry is sent only when its increment
+  // moves the copy; chosen by |W − R| as in fp32.
   transport::ValueEncoding values = transport::ValueEncoding::kFp32;
   bool enabled() const { return fraction > 0; }
 };
 
 // Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1],
-// min_entries 0 with a fraction set, entry_staleness or fp16 values without one, or sign +
-// scale values.
+// min_entries 0 with a fraction set, entry_staleness or fp16 values (or increments) without
+// one, or sign + scale values.
 void check_replica_pull_options(const ReplicaPullOptions& options);
 
 // The pull of a worker whose copy is `held` (the server's record of it) from the model
@@ -64,7 +69,8 @@ void check_replica_pull_options(const ReplicaPullOptions& options);
 // and of those at most max(min_entries, ⌈fraction·n⌉) with the largest |parameters − held|
 // (ties: the lower index). Overwrites those entries of `held` with the model's values
 // (rounded to fp16 with options.values kFp16: then "differ" means the rounded value differs
-// from `held`'s), so that `held` is the worker's copy after it applies the delta, and
+// from `held`'s; with kFp16Increment adds the rounded increments to them: "differ" means the
+// increment moves `held`'s value), so that `held` is the worker's copy after it applies the delta, and
 // returns the delta, with base_version `held_version`, version `version`, the digest of the
 // new `held` and options.values as its value encoding.
 // `held_since` (empty: not kept) holds per entry the version at which `held`'s value was

@@ -28,6 +28,10 @@ void check_replica_record_options(const ReplicaRecordOptions& options) {
     throw std::invalid_argument(
         "σ per entry (entry staleness) is not served by edgetrain-server yet: the simulator's "
         "--entry-staleness only");
+  if (options.pull.values == transport::ValueEncoding::kFp16)
+    throw std::invalid_argument(
+        "--pull-values fp16 is not served by edgetrain-server (the simulator's only): use "
+        "fp16-increment");
   if (options.enabled() && options.max_devices == 0)
     throw std::invalid_argument("--pull-max-devices must be at least 1");
 }
@@ -71,7 +75,7 @@ ReplicaRecords::Pull ReplicaRecords::dense(Record& record, std::span<const float
 ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
                                           std::optional<std::uint64_t> since,
                                           std::span<const float> parameters,
-                                          std::uint64_t version) {
+                                          std::uint64_t version, bool fp16_increments) {
   if (parameters.size() != parameter_count_)
     throw std::invalid_argument("replica records: " + std::to_string(parameters.size()) +
                                 " parameters for a layout of " + std::to_string(parameter_count_));
@@ -98,9 +102,13 @@ ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
   const bool moved_on = version != record.held_version;
   const bool repeat = record.last_body && *since == record.last_base;
   if (*since == record.held_version && (moved_on || !repeat)) {
+    // The record is the device's copy whatever the encoding, so a device may switch.
+    ReplicaPullOptions pull_options = options_.pull;
+    if (!(fp16_increments && pull_options.values == transport::ValueEncoding::kFp16Increment))
+      pull_options.values = transport::ValueEncoding::kFp32;
     const transport::ModelDelta delta =
         replica_pull(model_id_, tensor_sizes_, parameters, version, record.held,
-                     record.held_version, options_.pull);
+                     record.held_version, pull_options);
     auto encoded = transport::encode_model_delta(delta);
     if (!encoded) throw std::logic_error("cannot encode a model delta: " + encoded.error().message);
     // A delta as large as the model (a large fraction, a small model) goes dense: exact.

@@ -82,8 +82,11 @@ class ReplicaRecords {
   };
   // The answer to `identity`'s GET /model (since: its ?since=, none for a plain GET /model)
   // when the model is `parameters` at `version`. `parameters` must have the layout's length.
+  // fp16_increments: the device takes fp16 increments; its new deltas carry them when
+  // options.pull.values is kFp16Increment (else, and for a device that did not ask, fp32).
   Pull pull(std::string_view identity, std::optional<std::uint64_t> since,
-            std::span<const float> parameters, std::uint64_t version);
+            std::span<const float> parameters, std::uint64_t version,
+            bool fp16_increments = false);
 
   struct Counters {
     std::uint64_t dense_pulls = 0;     // answered dense (a record made or reset)

@@ -154,9 +154,10 @@ class ThreadCpuTimer {
 };
 }  // namespace
 
-std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query) {
-  if (query.empty()) return std::optional<std::uint64_t>{};
-  std::optional<std::uint64_t> since;
+std::variant<ModelQuery, std::string> parse_model_query(std::string_view query) {
+  ModelQuery parsed;
+  if (query.empty()) return parsed;
+  std::optional<std::uint64_t>& since = parsed.since;
   for (std::size_t start = 0; start <= query.size();) {
     std::size_t end = query.find('&', start);
     if (end == std::string_view::npos) end = query.size();
@@ -164,10 +165,16 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
     start = end + 1;
     // id=NAME is the declared identity of plain CoAP requests (transport/), not ours.
     if (part.substr(0, 3) == "id=") continue;
+    // The device takes fp16 increments (worker --pull-values fp16-increment); the server
+    // sends them when its own --pull-values says so.
+    if (part == "values=fp16-increment") {
+      parsed.fp16_increments = true;
+      continue;
+    }
     constexpr std::string_view kSince = "since=";
     if (part.substr(0, kSince.size()) != kSince)
       return "unknown query parameter '" + escape_untrusted(part.substr(0, 40)) +
-             "' (only since=VERSION is known, and id=NAME on plain CoAP)";
+             "' (known: since=VERSION, values=fp16-increment, and id=NAME on plain CoAP)";
     if (since) return std::string("since= given twice");
     const std::string_view digits = part.substr(kSince.size());
     std::uint64_t value = 0;
@@ -178,7 +185,7 @@ std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::s
              escape_untrusted(digits.substr(0, 40)) + "'";
     since = value;
   }
-  return since;
+  return parsed;
 }
 
 CoapResponse ServerResources::get_model(const CoapRequest& request) {
@@ -194,14 +201,15 @@ CoapResponse ServerResources::get_model_locked(const CoapRequest& request) {
     return text_response(CoapCode::kBadRequest, "bad query: " + *problem);
   }
   ++model_pulls_;
-  const std::optional<std::uint64_t> since = std::get<std::optional<std::uint64_t>>(parsed);
+  const ModelQuery& query = std::get<ModelQuery>(parsed);
+  const std::optional<std::uint64_t> since = query.since;
   const ThreadCpuTimer timer(model_pull_cpu_seconds_);
   try {
     // The cheap pull answers each device from the record of its copy; a request without an
     // identity (plain CoAP without ?id=) gets the exact model as before.
     const std::string identity = state_.replica_records() ? identity_key(request) : std::string();
     if (!identity.empty()) {
-      const ServerState::DeviceModelReply reply = state_.pull_for_device(identity, since);
+      const ServerState::DeviceModelReply reply = state_.pull_for_device(identity, since, query.fp16_increments);
       if (reply.delta) ++model_delta_pulls_;
       return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, reply.etag};
     }

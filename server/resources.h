@@ -95,8 +95,14 @@ struct ResourceOptions {
   logging::RepeatLimiter::Options repeats;
 };
 
-// The query of GET /model: no since (empty query), since = V, or why the query is refused.
-std::variant<std::optional<std::uint64_t>, std::string> parse_model_query(std::string_view query);
+// The query of GET /model: no since (empty query), since = V, and whether the device takes
+// the cheap pull's values as fp16 increments (values=fp16-increment), or why the query is
+// refused.
+struct ModelQuery {
+  std::optional<std::uint64_t> since;
+  bool fp16_increments = false;
+};
+std::variant<ModelQuery, std::string> parse_model_query(std::string_view query);
 
 // Per identity that had an update refused: {"refused": {reason: count}, "consecutive_bad",
 // "reported", "quarantined", "quarantines"}, identities escaped (/status and the stats file),

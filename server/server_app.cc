@@ -89,6 +89,9 @@ void check_settings(const ServerSettings& s) {
       throw std::invalid_argument(
           "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
   }
+  if (s.pull_values != "fp32" && !(s.pull_fraction > 0))
+    throw std::invalid_argument("--pull-values " + s.pull_values +
+                                " is for the cheap pull: it needs --pull-fraction above 0");
   check_replica_record_options({{s.pull_fraction, s.pull_min_entries, false}, s.pull_max_devices});
   // --clip-update-norm would clip the round's close (one update through the store) per
   // tensor, which is not what a user of rounds means by clipping.
@@ -283,6 +286,8 @@ void ServerApp::open_state() {
   options.replica_pull.pull.fraction = s_.pull_fraction;
   options.replica_pull.pull.min_entries = s_.pull_min_entries;
   options.replica_pull.max_devices = s_.pull_max_devices;
+  if (s_.pull_values == "fp16-increment")
+    options.replica_pull.pull.values = transport::ValueEncoding::kFp16Increment;
   evaluation_model_ = model;
   state_ = std::make_unique<ServerState>(std::move(model), options);
   recovery_ = state_->recovery();
@@ -429,7 +434,10 @@ void ServerApp::open_endpoint() {
              " devices' copies, " + short_number(record_mb) + " MB each (at most " +
              short_number(record_mb * s_.pull_max_devices) +
              " MB), not durable: after a restart a device's next pull is dense, unless it "
-             "holds the model built from --seed (version 0: a worker's seeded first pull)");
+             "holds the model built from --seed (version 0: a worker's seeded first pull)" +
+             (s_.pull_values == "fp16-increment"
+                  ? "; values as fp16 increments to devices that ask (values=fp16-increment)"
+                  : ""));
   }
   log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +
            " s, ACK_RANDOM_FACTOR " + short_number(s_.timing.ack_random_factor) +

@@ -38,6 +38,8 @@ struct ServerSettings {
   double pull_fraction = 0;
   std::uint32_t pull_min_entries = 32;
   std::uint32_t pull_max_devices = 256;
+  // fp32, or fp16-increment: devices that ask get the cheap pull's values as fp16 increments.
+  std::string pull_values = "fp32";
   // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
   // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
   // state directory that reached a non-finite parameter.

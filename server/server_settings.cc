@@ -96,6 +96,12 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "beyond it the one that pulled longest ago loses its record (its next pull is dense)")
       .range(1, 1u << 24)
       .unit("devices");
+  t.add("pull-values", s.pull_values,
+        "with --pull-fraction: fp32, or fp16-increment: a device that asks (worker "
+        "--pull-values fp16-increment) gets each entry as the increment W - R in fp16, 2 bytes "
+        "instead of 4, which it adds to its copy; the record takes the same addition, so the "
+        "rounding error goes out with a later pull (ours). Other devices get fp32")
+      .choices({"fp32", "fp16-increment"});
   t.group("Bad updates");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude,
         "an update that would leave a parameter it touches "

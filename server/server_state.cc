@@ -870,10 +870,11 @@ ServerState::ModelReply ServerState::encoded_model_since(std::uint64_t since) {
 }
 
 ServerState::DeviceModelReply ServerState::pull_for_device(std::string_view identity,
-                                                           std::optional<std::uint64_t> since) {
+                                                           std::optional<std::uint64_t> since,
+                                                           bool fp16_increments) {
   if (!replicas_) throw std::logic_error("pull_for_device() without the cheap pull");
   const ReplicaRecords::Pull pull =
-      replicas_->pull(identity, since, store_.parameters(), store_.version());
+      replicas_->pull(identity, since, store_.parameters(), store_.version(), fp16_increments);
   if (pull.kind == ReplicaRecords::Kind::kDense) return {encoded_model(), false, store_.version()};
   // The record keeps the body until this device's next pull; the copy here keeps it for the
   // caller even if that pushes the record out first.

@@ -281,7 +281,10 @@ class ServerState {
     bool delta = false;
     std::uint64_t etag = 0;
   };
-  DeviceModelReply pull_for_device(std::string_view identity, std::optional<std::uint64_t> since);
+  // fp16_increments: the device asked for the cheap pull's values as fp16 increments (sent
+  // when options.replica_pull.pull.values is kFp16Increment; fp32 otherwise).
+  DeviceModelReply pull_for_device(std::string_view identity, std::optional<std::uint64_t> since,
+                                   bool fp16_increments = false);
   // The records, when the cheap pull is on.
   const ReplicaRecords* replica_records() const { return replicas_ ? &*replicas_ : nullptr; }
   // The published model, when options.publish is on (what encoded_model*() then serve).

@@ -113,6 +113,9 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
         "--delta-pulls, --publish-every and --pull-fraction are for --mode async (a round pulls "
         "the dense model)");
   if (s.pull_values == "fp16") config.replica_pull.values = transport::ValueEncoding::kFp16;
+  if (s.pull_values == "fp16-increment")
+    config.replica_pull.values = transport::ValueEncoding::kFp16Increment;
+  config.seeded_first_pull = s.first_pull == "seeded";
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
@@ -160,8 +163,12 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
       suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     if (config.replica_pull.entry_staleness) suffix << ", sigma per entry";
     if (config.replica_pull.values == transport::ValueEncoding::kFp16) suffix << ", fp16 values";
+    if (config.replica_pull.values == transport::ValueEncoding::kFp16Increment)
+      suffix << ", fp16 increments";
     for (auto& run : runs) run.first += suffix.str();
   }
+  if (config.seeded_first_pull)
+    for (auto& run : runs) run.first += ", seeded first pull";
   if (config.publish.enabled()) {
     std::ostringstream suffix;
     suffix << ", published every " << config.publish.every << " at " << config.publish.fraction;

@@ -134,10 +134,17 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "the worker's copy of that entry was last the model's (ours), not from the pull's "
         "version");
   t.add("pull-values", s.pull_values,
-        "with --pull-fraction: fp32 (exact values) or fp16 (half the value bytes; the server's "
+        "with --pull-fraction: fp32 (exact values), fp16 (half the value bytes; the server's "
         "record of the worker's copy keeps the rounded value, so the rounding error goes out "
-        "with a later pull; ours)")
-      .choices({"fp32", "fp16"});
+        "with a later pull; ours) or fp16-increment (the increment W - R in fp16, which the "
+        "worker adds to its copy and the record by the same float addition: the rounding "
+        "error stays in W - R, at most |W - R|/2048; ours)")
+      .choices({"fp32", "fp16", "fp16-increment"});
+  t.add("first-pull", s.first_pull,
+        "dense (each worker's first pull is the whole model) or seeded (each worker starts "
+        "holding the run's seeded initial model, version 0, as the server does, and its first "
+        "pull is a delta from it; needs --delta-pulls, --publish-every or --pull-fraction)")
+      .choices({"dense", "seeded"});
   t.add("kernels", s.kernels,
         "xnnpack (fast; same seed, same bits on one machine) or reference (plain loops, "
         "slow; the same bits on every x86-64 machine)")

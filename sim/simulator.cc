@@ -93,6 +93,10 @@ void check_config_values(const SimConfig& c) {
   if (c.replica_pull.enabled() && c.publish.enabled())
     throw std::invalid_argument(
         "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
+  if (c.seeded_first_pull && !(c.delta_pulls || c.publish.enabled() || c.replica_pull.enabled()))
+    throw std::invalid_argument(
+        "--first-pull seeded makes the first pull a delta from the seeded model: it needs "
+        "--delta-pulls, --publish-every or --pull-fraction (every other pull is dense)");
   if (c.rounds.aggregation.kind != server::Aggregation::kDpFedAvg &&
       (c.rounds.adaptive_clipping.enabled() || c.rounds.dp_target_epsilon > 0))
     throw std::invalid_argument(
@@ -330,6 +334,14 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   std::vector<std::uint64_t> fetched(config.workers, 0);
   std::vector<std::optional<std::uint64_t>> held(
       config.workers);  // the version of each worker's copy
+  if (config.seeded_first_pull) {
+    // Every worker holds the seeded initial model (version 0), which is the store's now.
+    std::fill(held.begin(), held.end(), store.version());
+    for (std::vector<float>& replica : replicas)
+      replica.assign(store.parameters().begin(), store.parameters().end());
+    for (std::vector<std::uint64_t>& since : replica_since) since.assign(store.parameters().size(), store.version());
+    std::fill(replica_versions.begin(), replica_versions.end(), store.version());
+  }
   std::uint64_t pulls = 0;
   const std::vector<bool> may_fail = failing_workers(config);
   double delay_sum = 0;

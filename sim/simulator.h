@@ -169,6 +169,12 @@ struct SimConfig {
   // changes since the copy it holds, the server keeps the rest per worker; counted as the
   // model delta it sends. Excludes publish.
   server::ReplicaPullOptions replica_pull;
+  // Every worker starts holding the run's seeded initial model, version 0, as the server does
+  // (the real worker's and server's seeded start; gossip peers' ModelReplica::assume), so its
+  // first pull is a delta from version 0 (exact, or the cheap pull's) instead of the dense
+  // model. Needs delta pulls (delta_pulls, publish or replica_pull). false: the first pull is
+  // dense, as before.
+  bool seeded_first_pull = false;
   // Local differential privacy on asynchronous updates (issue 39 part 3, a measurement of
   // ours, not in the worker; docs/privacy.md "Asynchronous AdaComp"): with local_dp_clip > 0
   // each step's gradient is clipped to that L2 norm and gets N(0, (z·clip)²) per parameter

@@ -215,17 +215,31 @@ void write_tensor_record(Writer& w, const SparseTensor& t, ValueEncoding values)
     return;
   }
   for (float v : t.values) {
-    if (values == ValueEncoding::kFp16)
+    if (values == ValueEncoding::kFp16 || values == ValueEncoding::kFp16Increment)
       w.u16(float_to_half(v));
     else
       w.f32(v);
   }
 }
 
-// Which value encodings a message's tensor records may use: any (sparse updates), or, for
-// model deltas, which carry the server's values bit for bit, fp32 only or (a reader that
-// asked for them) fp32 or fp16, one of the two in every record.
-enum class RecordValues { kAny, kFp32, kFp32OrFp16 };
+// Which value encodings a message's tensor records may use, one bit per encoding byte:
+// sparse updates any of fp32, fp16 and sign + scale; model deltas, which carry the server's
+// values bit for bit, fp32 and what the reader asked for (fp16 values, fp16 increments), one
+// encoding in every record of a delta.
+using RecordValues = unsigned;
+constexpr RecordValues encoding_bit(ValueEncoding e) { return 1u << static_cast<unsigned>(e); }
+constexpr RecordValues kSparseUpdateValues = encoding_bit(ValueEncoding::kFp32) |
+                                             encoding_bit(ValueEncoding::kFp16) |
+                                             encoding_bit(ValueEncoding::kSignScale);
+const char* value_encoding_name(std::uint8_t encoding) {
+  switch (encoding) {
+    case 0: return "fp32";
+    case 1: return "fp16";
+    case 2: return "sign-scale";
+    case 3: return "fp16-increment";
+  }
+  return "unknown";
+}
 
 // The T tensor records of a sparse update or a model delta (CODEC.md), checked against the
 // layout and caps before anything sized by the message is allocated; nothing may follow
@@ -268,18 +282,23 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
     total_entries += count;
     if (total_entries > limits.max_total_entries)
       return fail(E::kTooLarge, "more than " + str(limits.max_total_entries) + " entries in total");
-    if (value_encoding > 2)
-      return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding));
-    if (allowed != RecordValues::kAny) {
-      if (value_encoding == 2 || (value_encoding == 1 && allowed == RecordValues::kFp32))
-        return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "sign-scale") +
-                                         " values where exact fp32 values are required");
+    if (value_encoding > 3 || (value_encoding == 3 && allowed == kSparseUpdateValues))
+      return fail(E::kBadEncoding, where + "unknown value encoding " + str(value_encoding) +
+                                       (value_encoding == 3 ? " (fp16 increments are for model deltas)" : ""));
+    if (!(allowed & (1u << value_encoding)))
+      return fail(E::kBadEncoding, where + value_encoding_name(value_encoding) +
+                                       " values in a model delta this reader did not ask for "
+                                       "(it takes exact fp32 values" +
+                                       (allowed & encoding_bit(ValueEncoding::kFp16) ? ", fp16 values" : "") +
+                                       (allowed & encoding_bit(ValueEncoding::kFp16Increment)
+                                            ? ", fp16 increments" : "") + ")");
+    if (delta_values) {
       const auto encoding = static_cast<ValueEncoding>(value_encoding);
       if (&t == tensors.data()) {
-        if (delta_values) *delta_values = encoding;
-      } else if (delta_values && *delta_values != encoding) {
-        return fail(E::kBadEncoding, where + (value_encoding == 1 ? "fp16" : "fp32") +
-                                         " values after " + (value_encoding == 1 ? "fp32" : "fp16") +
+        *delta_values = encoding;
+      } else if (*delta_values != encoding) {
+        return fail(E::kBadEncoding, where + value_encoding_name(value_encoding) + " values after " +
+                                         value_encoding_name(static_cast<std::uint8_t>(*delta_values)) +
                                          " ones: a model delta uses one value encoding");
       }
     }
@@ -356,7 +375,7 @@ std::optional<CodecError> read_tensor_records(Reader& r, std::uint32_t tensor_co
     }
     for (std::uint32_t j = 0; j < count; ++j) {
       float v;
-      if (value_encoding == 1) {
+      if (value_encoding == 1 || value_encoding == 3) {
         std::uint16_t half = 0;
         r.u16(half);
         v = half_to_float(half);
@@ -453,6 +472,7 @@ std::size_t value_section_bytes(ValueEncoding encoding, std::uint32_t count) {
     case ValueEncoding::kFp32:
       return 4 * std::size_t{count};
     case ValueEncoding::kFp16:
+    case ValueEncoding::kFp16Increment:
       return 2 * std::size_t{count};
     case ValueEncoding::kSignScale:
       return count == 0 ? 0 : 4 + (std::size_t{count} + 7) / 8;
@@ -496,7 +516,7 @@ CodecResult<SparseUpdate> decode_sparse_update(std::span<const std::uint8_t> byt
   r.u64(update.sequence);
   r.u64(update.fetched_version);
   r.u32(tensor_count);
-  if (auto error = read_tensor_records(r, tensor_count, expected, limits, RecordValues::kAny,
+  if (auto error = read_tensor_records(r, tensor_count, expected, limits, kSparseUpdateValues,
                                        update.tensors))
     return *error;
   return update;
@@ -615,11 +635,12 @@ std::uint64_t parameter_digest(std::span<const float> parameters) {
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta) {
   if (delta.version < delta.base_version)
     return fail(CodecErrorCode::kInvalidInput, "version below the base version");
-  if (delta.values != ValueEncoding::kFp32 && delta.values != ValueEncoding::kFp16)
+  if (delta.values != ValueEncoding::kFp32 && delta.values != ValueEncoding::kFp16 &&
+      delta.values != ValueEncoding::kFp16Increment)
     return fail(CodecErrorCode::kInvalidInput,
-                "a model delta's values are fp32 or fp16 (new values, not sign + scale)");
+                "a model delta's values are fp32, fp16 or fp16 increments (not sign + scale)");
   if (auto error = check_tensor_records(delta.tensors, delta.values)) return *error;
-  if (delta.values == ValueEncoding::kFp16)
+  if (delta.values == ValueEncoding::kFp16 || delta.values == ValueEncoding::kFp16Increment)
     for (const SparseTensor& t : delta.tensors)
       for (std::size_t j = 0; j < t.values.size(); ++j)
         if (std::bit_cast<std::uint32_t>(round_to_fp16(t.values[j])) !=
@@ -659,8 +680,10 @@ CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
   if (delta.version < delta.base_version)
     return fail(E::kBadEncoding, "version " + str(delta.version) + " is below the base version " +
                                      str(delta.base_version));
-  const RecordValues allowed =
-      limits.accept_fp16_delta_values ? RecordValues::kFp32OrFp16 : RecordValues::kFp32;
+  RecordValues allowed = encoding_bit(ValueEncoding::kFp32);
+  if (limits.accept_fp16_delta_values) allowed |= encoding_bit(ValueEncoding::kFp16);
+  if (limits.accept_fp16_increment_delta_values)
+    allowed |= encoding_bit(ValueEncoding::kFp16Increment);
   if (auto error = read_tensor_records(r, tensor_count, expected, limits, allowed, delta.tensors,
                                        &delta.values))
     return *error;
@@ -702,6 +725,21 @@ bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> t
       return false;
     for (std::uint32_t i : t.indices)
       if (i >= t.size) return false;
+  }
+  if (delta.values == ValueEncoding::kFp16Increment) {
+    // The sender's record took the same float additions (server/replica_pull.cc), so the
+    // sums are its values bit for bit. A sum that is not finite (fp16 increments cannot
+    // overflow a float: only a copy that was already wrong) is refused before anything changes.
+    for (const SparseTensor& t : delta.tensors) {
+      const float* tensor = parameters.data() + offsets[t.tensor];
+      for (std::size_t j = 0; j < t.indices.size(); ++j)
+        if (!finite(tensor[t.indices[j]] + t.values[j])) return false;
+    }
+    for (const SparseTensor& t : delta.tensors) {
+      float* tensor = parameters.data() + offsets[t.tensor];
+      for (std::size_t j = 0; j < t.indices.size(); ++j) tensor[t.indices[j]] += t.values[j];
+    }
+    return true;
   }
   for (const SparseTensor& t : delta.tensors) {
     float* tensor = parameters.data() + offsets[t.tensor];

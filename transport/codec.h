@@ -51,7 +51,9 @@ struct DenseModel {
 
 // kSignScale (sparse updates only): one f32 scale s per tensor record and one sign bit per
 // entry; every value is +s or −s (sign + scale, "ternary" with the unsent entries as 0).
-enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2 };
+// kFp16Increment (model deltas only): f16 values that the reader adds to the entries it
+// holds instead of overwriting them (the cheap pull's error-feedback option, ours).
+enum class ValueEncoding : std::uint8_t { kFp32 = 0, kFp16 = 1, kSignScale = 2, kFp16Increment = 3 };
 
 // The parameters that changed after `base_version`, with their values at `version`: a
 // worker holding the model at `base_version` that overwrites these entries holds the model
@@ -68,7 +70,10 @@ struct ModelDelta {
   // pull that sends 16-bit values (the cheap pull's option, server/replica_pull.h). With
   // kFp16 every value must already be a binary16 value (round_to_fp16(v) == v, bit for bit),
   // so that what the worker decodes is what the server recorded and the digest holds: the
-  // encoder refuses anything else rather than round it. Never kSignScale.
+  // encoder refuses anything else rather than round it. kFp16Increment: every value is an
+  // increment (again a binary16 value, bit for bit) that the worker adds to its entry, in
+  // float arithmetic; the sender updates its record of the worker's copy by the very same
+  // additions, so the digest still holds (server/replica_pull.h). Never kSignScale.
   ValueEncoding values = ValueEncoding::kFp32;
 };
 
@@ -131,6 +136,8 @@ struct DecodeLimits {
   // Model deltas with fp16 values (ModelDelta::values) are taken only by a reader that asked
   // for them; any other reader refuses them as kBadEncoding, as before they existed.
   bool accept_fp16_delta_values = false;
+  // The same for model deltas whose values are fp16 increments (ValueEncoding::kFp16Increment).
+  bool accept_fp16_increment_delta_values = false;
 };
 
 struct EncodeOptions {
@@ -168,17 +175,20 @@ CodecResult<DenseModel> decode_dense_model(std::span<const std::uint8_t> bytes,
                                            std::vector<float>* reuse = nullptr);
 
 // Model delta (CODEC.md). The encoder picks each tensor's index encoding like
-// encode_sparse_update() and sends the values in delta.values: fp32, or fp16 when every value
-// is a binary16 value (else kInvalidInput). The decoder refuses a version below the base
-// version, sign + scale values, fp16 values unless limits.accept_fp16_delta_values, and a
-// delta whose records mix fp32 and fp16; it sets ModelDelta::values.
+// encode_sparse_update() and sends the values in delta.values: fp32, or fp16 (values or
+// increments) when every value is a binary16 value (else kInvalidInput). The decoder refuses
+// a version below the base version, sign + scale values, fp16 values unless
+// limits.accept_fp16_delta_values, fp16 increments unless
+// limits.accept_fp16_increment_delta_values, and a delta whose records mix encodings; it sets
+// ModelDelta::values.
 CodecResult<std::vector<std::uint8_t>> encode_model_delta(const ModelDelta& delta);
 CodecResult<ModelDelta> decode_model_delta(std::span<const std::uint8_t> bytes,
                                            const ModelLayout& expected,
                                            const DecodeLimits& limits = {});
 // Overwrites the delta's entries in `parameters` (all tensors back to back, laid out as
-// `tensor_sizes`, which the delta was decoded against). Returns false, changing nothing,
-// when `parameters` has another length or a tensor does not fit.
+// `tensor_sizes`, which the delta was decoded against), or with kFp16Increment adds the
+// increments to them. Returns false, changing nothing, when `parameters` has another length,
+// a tensor does not fit, or an increment would make an entry non-finite.
 bool apply_model_delta(const ModelDelta& delta, std::span<const std::uint32_t> tensor_sizes,
                        std::span<float> parameters);
 // A 64-bit fingerprint of a parameter vector (CODEC.md): detects a worker copy that is not

@@ -10,7 +10,8 @@ ModelReplica::ModelReplica(std::uint64_t model_id, std::vector<std::uint32_t> te
 
 std::string ModelReplica::pull_path() const {
   if (dense_pull_ || !exact_) return "model";
-  return "model?since=" + std::to_string(version_);
+  return "model?since=" + std::to_string(version_) +
+         (limits_.accept_fp16_increment_delta_values ? "&values=fp16-increment" : "");
 }
 
 void ModelReplica::assume(std::uint64_t version, std::span<const float> parameters) {
@@ -22,7 +23,7 @@ void ModelReplica::assume(std::uint64_t version, std::span<const float> paramete
 ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> payload) {
   const transport::ModelLayout expected{model_id_, tensor_sizes_};
   if (transport::model_message_kind(payload) == transport::ModelMessageKind::kDelta) {
-    auto delta = transport::decode_model_delta(payload, expected);
+    auto delta = transport::decode_model_delta(payload, expected, limits_);
     if (!delta) {
       if (delta.error().code == transport::CodecErrorCode::kWrongModel)
         throw std::runtime_error("bad model delta: " + delta.error().message);
@@ -38,6 +39,13 @@ ModelReplica::PullOutcome ModelReplica::take(std::span<const std::uint8_t> paylo
                   ", the copy is at " + std::to_string(version_);
       return PullOutcome::kMismatch;
     }
+    // A server answers a repeated request with the same body (server/README.md, "Cheap
+    // pull"), and increments, unlike values, would add twice: a same-version delta whose
+    // digest the copy already has was applied already.
+    if (delta.value().values == transport::ValueEncoding::kFp16Increment &&
+        delta.value().base_version == delta.value().version &&
+        transport::parameter_digest(parameters_) == delta.value().digest)
+      return PullOutcome::kDelta;
     if (!transport::apply_model_delta(delta.value(), tensor_sizes_, parameters_) ||
         transport::parameter_digest(parameters_) != delta.value().digest) {
       exact_ = false;  // e.g. the server's state directory was replaced under the same versions

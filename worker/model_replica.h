@@ -44,6 +44,12 @@ class ModelReplica {
   // next pull is dense.
   void assume(std::uint64_t version, std::span<const float> parameters);
 
+  // Take model deltas whose values are fp16 increments (transport::ValueEncoding::
+  // kFp16Increment: the cheap pull's option, server/replica_pull.h), added to the copy, and
+  // say so in pull_path() ("model?since=V&values=fp16-increment"); off by default, when such
+  // a delta counts as undecodable (kMismatch).
+  void accept_fp16_increments(bool accept) { limits_.accept_fp16_increment_delta_values = accept; }
+
   bool exact() const { return exact_; }  // the copy is the server's model at version()
   std::uint64_t version() const { return version_; }
   std::span<const float> parameters() const { return parameters_; }
@@ -58,6 +64,7 @@ class ModelReplica {
   std::uint64_t version_ = 0;
   std::vector<float> parameters_;
   std::string mismatch_;
+  transport::DecodeLimits limits_;  // for model deltas: which value encodings are taken
 };
 
 }  // namespace edgetrain::runtime

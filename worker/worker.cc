@@ -155,6 +155,7 @@ struct Worker::State {
       replica.assume(0, seeded.parameters());
     }
     trainer.set_step_seed(loop::dropout_step_seed(config.seed, config.worker_id));
+    replica.accept_fp16_increments(config.fp16_increment_pulls);
     if (config.link.enabled()) {
       std::vector<std::uint32_t> sizes;
       for (const TensorSlice& slice : layout_of(model)) sizes.push_back(slice.size);
@@ -187,6 +188,10 @@ struct Worker::State {
     if (config.link.enabled() && !config.shards.empty())
       throw std::invalid_argument(
           "worker: --send-share / --byte-budget do not work with --shards yet");
+    if (config.fp16_increment_pulls && (config.dense_pull || !config.shards.empty()))
+      throw std::invalid_argument(
+          "worker: fp16 increment pulls are deltas of the cheap pull: not with dense pulls, nor "
+          "with --shards yet");
     if (config.link.enabled() && config.compressor.method != CompressionMethod::kTopK)
       throw std::invalid_argument(
           "worker: --send-share / --byte-budget choose AdaComp's c: --compressor adacomp only");

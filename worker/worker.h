@@ -58,6 +58,9 @@ struct WorkerConfig {
   // seeded_first_pull_fallbacks). Ignored with dense_pull and with shards (the sharded
   // channel pulls every shard itself).
   bool seeded_first_pull = true;
+  // Ask for the cheap pull's values as fp16 increments (GET /model?since=V&values=fp16-increment,
+  // ModelReplica::accept_fp16_increments); a server without them answers fp32 as before.
+  bool fp16_increment_pulls = false;
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;

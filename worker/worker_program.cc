@@ -134,6 +134,11 @@ WorkerConfig worker_config(WorkerSettings& s) {
   config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
   config.link.budget = parse_byte_budget(s.byte_budget);
   config.link.budget_counts_pulls = s.budget_counts == "both";
+  config.fp16_increment_pulls = s.pull_values == "fp16-increment";
+  if (config.fp16_increment_pulls && (config.dense_pull || !s.shards.empty()))
+    throw std::invalid_argument(
+        "--pull-values fp16-increment asks for deltas of the cheap pull: not with --dense-pull, "
+        "nor with --shards yet");
   if (config.link.min_rate > config.link.max_rate)
     throw std::invalid_argument("--min-compression-rate " + std::to_string(config.link.min_rate) +
                                 " is above --max-compression-rate " +
@@ -210,6 +215,12 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "(GET /model?since=0); a server with another initial model answers one whose digest "
         "fails, and the worker pulls the whole model (ours; needs the server's --seed; on by "
         "default, --seeded-first-pull=false: a dense first pull)");
+  t.add("pull-values", s.pull_values,
+        "fp32, or fp16-increment: ask a server with the cheap pull (--pull-fraction, "
+        "--pull-values fp16-increment) for its values as fp16 increments, 2 bytes instead of "
+        "4, added to the copy (the copy stays the server's record bit for bit; ours). Not with "
+        "--dense-pull or --shards")
+      .choices({"fp32", "fp16-increment"});
   t.add("steps", c.max_steps, "stop after this many steps (0: run until stopped)").unit("steps");
   t.add("duration", c.max_seconds, "stop after this long (0: run until stopped)")
       .range(0, 1e9)

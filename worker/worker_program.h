@@ -44,6 +44,8 @@ struct WorkerSettings {
   // Compression that follows the link (worker/link_adaptation.h): --byte-budget's text and
   // --budget-counts (both, upload).
   std::string byte_budget, budget_counts = "both";
+  // --pull-values: fp32, or fp16-increment (WorkerConfig::fp16_increment_pulls).
+  std::string pull_values = "fp32";
   double request_timeout = 60;
   std::string mode = "async";
   double lr = 0.05;

@@ -252,6 +252,8 @@ const char* value_encoding_name(transport::ValueEncoding encoding) {
       return "fp16";
     case transport::ValueEncoding::kSignScale:
       return "sign-scale";
+    case transport::ValueEncoding::kFp16Increment:
+      return "fp16-increment";
   }
   return "unknown";
 }

@@ -98,18 +98,21 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
 
-  // A reader that takes fp16 deltas takes whatever one that does not takes, and the same.
+  // A reader that takes fp16 deltas (values and increments) takes whatever one that does not
+  // takes, and the same.
   DecodeLimits fp16_limits = limits;
   fp16_limits.accept_fp16_delta_values = true;
+  fp16_limits.accept_fp16_increment_delta_values = true;
   auto delta = decode_model_delta(message, layout, fp16_limits);
   auto fp32_only = decode_model_delta(message, layout, limits);
   require(fp32_only.ok() == (delta.ok() && delta.value().values == ValueEncoding::kFp32));
   if (delta.ok()) {
     const ModelDelta& d = delta.value();
     require(d.version >= d.base_version);
-    require(d.values == ValueEncoding::kFp32 || d.values == ValueEncoding::kFp16);
+    require(d.values == ValueEncoding::kFp32 || d.values == ValueEncoding::kFp16 ||
+            d.values == ValueEncoding::kFp16Increment);
     require_documented_tensors(d.tensors, sizes);
-    // Deltas carry exact values (fp32, or values fp16 holds): re-encoding gives back the same
+    // Deltas carry exact values (fp32, or values or increments fp16 holds): re-encoding gives back the same
     // entries bit for bit.
     auto again = encode_model_delta(d);
     require(again.ok());

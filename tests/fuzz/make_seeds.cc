@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     std::vector<float> values(total, 0.25f);
     auto model = encode_dense_model(1, 5, sizes, values);
     if (!model.ok() || !write(selector, model.value())) return 1;
-    // Model deltas: a few entries (delta-varint, in fp32 and fp16), most (bitmap), every entry
+    // Model deltas: a few entries (delta-varint, in fp32, fp16 and fp16 increments), most (bitmap), every entry
     // (all), none.
     for (int variant = 0; variant < 4; ++variant) {
       ModelDelta delta{1, 5, 9, parameter_digest(values), {}};
@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
         delta.values = ValueEncoding::kFp16;
         auto half = encode_model_delta(delta);
         if (!half.ok() || !write(selector, half.value())) return 1;
+        delta.values = ValueEncoding::kFp16Increment;  // ... and as fp16 increments
+        auto increments = encode_model_delta(delta);
+        if (!increments.ok() || !write(selector, increments.value())) return 1;
       }
     }
   }

@@ -419,6 +419,9 @@ TEST(ServerCheapPullOverDtls, EachDeviceGetsDeltasFromItsOwnRecordAndChecksThem)
   CoapDtlsClient two(
       {"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
   runtime::ModelReplica copy_one(state.model_id(), sizes), copy_two(state.model_id(), sizes);
+  // device-2 asks for fp16 increments (values=fp16-increment) from a server that does not
+  // send them: it gets fp32 deltas as before.
+  copy_two.accept_fp16_increments(true);
   std::size_t largest_delta = 0;
   auto pull = [&](CoapDtlsClient& c, runtime::ModelReplica& copy) {
     const CoapResponse r = c.request(Method::kGet, copy.pull_path());
@@ -491,6 +494,72 @@ TEST(ServerCheapPullOverDtls, EachDeviceGetsDeltasFromItsOwnRecordAndChecksThem)
   EXPECT_NE(metrics.find("edgetrain_cheap_pull_records 2\n"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("edgetrain_model_pulls_total{kind=\"dense\"} 3\n"), std::string::npos)
       << metrics;
+}
+
+// --pull-values fp16-increment: the device that asks (worker --pull-values fp16-increment)
+// gets deltas of fp16 increments, which its ModelReplica adds and checks against the digest of
+// its record; the device that does not gets fp32 deltas, as before. Same pulls, fewer bytes.
+TEST(ServerCheapPullOverDtls, Fp16IncrementsGoToTheDeviceThatAsksAndKeepItsCopyExact) {
+  server::ServerStateOptions options;
+  options.store.max_staleness = 64;
+  options.replica_pull = {{0.05, 4}, 4};
+  options.replica_pull.pull.values = transport::ValueEncoding::kFp16Increment;
+  edgetrain::testing::ServedResources served(
+      "cheap-pull-fp16-increments", test_model(), options,
+      edgetrain::testing::psk_server_options(
+          {{"device-1", "key-one-0123456789"}, {"device-2", "key-two-9876543210"}}));
+  server::ServerState& state = served.state();
+  const auto sizes = edgetrain::testing::tensor_sizes(state.model());
+  CoapDtlsClient one(
+      {"127.0.0.1", served.server().port(), {"device-1", bytes_of("key-one-0123456789")}, 5000});
+  CoapDtlsClient two(
+      {"127.0.0.1", served.server().port(), {"device-2", bytes_of("key-two-9876543210")}, 5000});
+  runtime::ModelReplica asks(state.model_id(), sizes), does_not(state.model_id(), sizes);
+  asks.accept_fp16_increments(true);
+  transport::DecodeLimits any_reader;
+  any_reader.accept_fp16_increment_delta_values = true;
+  std::size_t delta_bytes[2] = {0, 0}, deltas[2] = {0, 0};
+  auto pull = [&](CoapDtlsClient& c, runtime::ModelReplica& copy, int who) {
+    const CoapResponse r = c.request(Method::kGet, copy.pull_path());
+    ASSERT_EQ(r.code, CoapCode::kContent) << text_of(r);
+    if (transport::model_message_kind(r.payload) == transport::ModelMessageKind::kDelta) {
+      const auto decoded = transport::decode_model_delta(r.payload, {state.model_id(), sizes}, any_reader);
+      ASSERT_TRUE(decoded.ok()) << decoded.error().message;
+      EXPECT_EQ(decoded.value().values, who == 0 ? transport::ValueEncoding::kFp16Increment
+                                                 : transport::ValueEncoding::kFp32);
+      delta_bytes[who] += r.payload.size();
+      ++deltas[who];
+    }
+    ASSERT_NE(copy.take(r.payload), runtime::ModelReplica::PullOutcome::kMismatch) << copy.mismatch();
+  };
+  std::mt19937 rng(7);
+  std::uint64_t sequence = 0;
+  auto post = [&] {
+    transport::SparseTensor weights{0, sizes[0], {}, {}};
+    for (std::uint32_t i = 0; i < sizes[0]; ++i)
+      if (rng() % 4 == 0) {
+        weights.indices.push_back(i);
+        weights.values.push_back(std::uniform_real_distribution<float>(-1, 1)(rng));
+      }
+    const transport::SparseUpdate u{state.model_id(), ++sequence, does_not.version(), {weights}};
+    ASSERT_EQ(two.request(Method::kPost, "update", transport::encode_sparse_update(u).value()).code,
+              CoapCode::kChanged);
+  };
+  pull(one, asks, 0);
+  pull(two, does_not, 1);
+  for (int i = 0; i < 10 && !::testing::Test::HasFatalFailure(); ++i) {
+    post();
+    pull(one, asks, 0);
+    pull(two, does_not, 1);
+  }
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  EXPECT_EQ(asks.version(), state.version());
+  EXPECT_EQ(does_not.version(), state.version());
+  ASSERT_EQ(deltas[0], 10u);
+  ASSERT_EQ(deltas[1], 10u);
+  EXPECT_LT(delta_bytes[0], delta_bytes[1]);  // 2 bytes a value instead of 4
+  const auto status = nlohmann::json::parse(text_of(one.request(Method::kGet, "status")));
+  EXPECT_EQ(status["cheap_pull"]["dense_pulls"], 2);  // the two first pulls only
 }
 
 }  // namespace

@@ -179,9 +179,53 @@ TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
   EXPECT_GT(half.best_accuracy(), 0.60);
   EXPECT_LT(static_cast<double>(half.pull_bytes) - dense,
             0.85 * (static_cast<double>(cheap.pull_bytes) - dense));
+  // fp16 increments (ours): the same bytes per entry as fp16 values, a run of its own, and
+  // one that learns.
+  c.replica_pull.values = transport::ValueEncoding::kFp16Increment;
+  const auto increments = sim::run_simulation(c, data.train, data.test, "cheap 0.005, fp16 increments");
+  EXPECT_EQ(increments.updates_applied, 300u);
+  EXPECT_NE(increments.final_parameters, half.final_parameters);
+  EXPECT_NE(increments.final_parameters, cheap.final_parameters);
+  EXPECT_GT(increments.best_accuracy(), 0.60);
+  EXPECT_LT(static_cast<double>(increments.pull_bytes) - dense,
+            0.85 * (static_cast<double>(cheap.pull_bytes) - dense));
   c.replica_pull.values = transport::ValueEncoding::kFp32;
   c.replica_pull.entry_staleness = true;
   c.publish.every = 10;
+  EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
+}
+
+// --first-pull seeded: every worker starts holding the seeded model (version 0), as the
+// server does, so its first pull is a delta from it. With exact deltas the workers compute on
+// the same models as with a dense first pull (the run is the same, bit for bit) and only the
+// bytes differ: each first pull costs the delta since version 0, not the dense model.
+TEST(Simulator, ASeededFirstPullIsADeltaFromVersionZero) {
+  const Mnist& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::SimConfig c = short_config();
+  c.max_updates = 300;
+  c.eval_every = 150;
+  c.eval_examples = 500;
+  c.delta_pulls = true;
+  const auto dense_first = sim::run_simulation(c, data.train, data.test, "exact");
+  c.seeded_first_pull = true;
+  const auto seeded = sim::run_simulation(c, data.train, data.test, "exact, seeded");
+  EXPECT_EQ(seeded.final_parameters, dense_first.final_parameters);
+  const double dense = static_cast<double>(c.workers) *
+                       transport::dense_model_bytes(std::vector<std::uint32_t>{100352, 128, 1280, 10});
+  // The first pulls come at versions 0 to a few: deltas of a few updates' entries.
+  EXPECT_LT(static_cast<double>(seeded.pull_bytes), static_cast<double>(dense_first.pull_bytes) - 0.9 * dense);
+  // The cheap pull from the seeded copy: every pull is a cheap delta, and the run learns.
+  c.delta_pulls = false;
+  c.replica_pull.fraction = 0.005;
+  c.replica_pull.values = transport::ValueEncoding::kFp16Increment;
+  const auto cheap = sim::run_simulation(c, data.train, data.test, "cheap 0.005, seeded");
+  EXPECT_EQ(cheap.updates_applied, 300u);
+  EXPECT_GT(cheap.best_accuracy(), 0.60);
+  EXPECT_LT(static_cast<double>(cheap.pull_bytes), 0.25 * (static_cast<double>(seeded.pull_bytes)));
+  // Dense pulls have no version to start from.
+  c.replica_pull.fraction = 0;
+  c.replica_pull.values = transport::ValueEncoding::kFp32;
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
 }
 

@@ -837,6 +837,10 @@ TEST(DeltaCodec, TheDocumentedExampleByteForByteInFp32AndFp16) {
   std::vector<std::uint8_t> fp16 = header;
   for (std::uint8_t b : {0x01, 0x00, 0x03, 0xc4, 0x01, 0x00, 0x38, 0x00, 0xbc}) fp16.push_back(b);
   EXPECT_EQ(encode_model_delta(delta).value(), fp16);
+  delta.values = ValueEncoding::kFp16Increment;  // the same bytes but the encoding byte
+  std::vector<std::uint8_t> increments = fp16;
+  increments[56] = 0x03;
+  EXPECT_EQ(encode_model_delta(delta).value(), increments);
 }
 
 // fp16 values in a model delta (the cheap pull's option, server/replica_pull.h): half the
@@ -925,6 +929,99 @@ TEST(DeltaCodec, RandomCorruptionNeverCrashes) {
     ASSERT_TRUE(apply_model_delta(r.value(), s.sizes, copy));
     for (float v : copy) ASSERT_TRUE(std::isfinite(v));
   }
+}
+
+// fp16 increments in a model delta (ValueEncoding::kFp16Increment, the cheap pull's
+// error-feedback option, server/replica_pull.h): value encoding 3, 2 bytes a value, taken only
+// by a reader that asked for them, and added to the copy rather than written over it.
+TEST(Fp16IncrementDeltaCodec, OnlyAReaderThatAskedTakesItAndApplyAddsTheIncrements) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  ModelDelta delta{kModel, 2, 9, 1234, {{0, 300, {3, 200}, {0.5f, -1.0f}}, {1, 20, {7}, {round_to_fp16(0.1f)}}}};
+  delta.values = ValueEncoding::kFp16Increment;
+  const auto bytes = encode_model_delta(delta).value();
+  EXPECT_EQ(bytes.size(), 44u + 14 + 3 + 2 * 2 + 14 + 1 + 2);
+  EXPECT_EQ(bytes[56], 3);  // value encoding fp16 increments
+  // Refused by a reader that did not ask for them, also by one that takes fp16 values.
+  DecodeLimits fp16_reader;
+  fp16_reader.accept_fp16_delta_values = true;
+  for (const DecodeLimits& reader : {DecodeLimits{}, fp16_reader}) {
+    auto refused = decode_model_delta(bytes, {kModel, sizes}, reader);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.error().code, CodecErrorCode::kBadEncoding);
+    EXPECT_NE(refused.error().message.find("fp16-increment"), std::string::npos) << refused.error().message;
+  }
+  DecodeLimits increment_reader;
+  increment_reader.accept_fp16_increment_delta_values = true;
+  auto taken = decode_model_delta(bytes, {kModel, sizes}, increment_reader);
+  ASSERT_TRUE(taken.ok()) << taken.error().message;
+  EXPECT_EQ(taken.value().values, ValueEncoding::kFp16Increment);
+  EXPECT_EQ(encode_model_delta(taken.value()).value(), bytes);  // the same bytes again
+  // An fp16-value delta is not taken by an increment reader (the worker would add values).
+  ModelDelta as_values = delta;
+  as_values.values = ValueEncoding::kFp16;
+  EXPECT_FALSE(decode_model_delta(encode_model_delta(as_values).value(), {kModel, sizes}, increment_reader).ok());
+
+  std::vector<float> copy(320, 0.25f);
+  ASSERT_TRUE(apply_model_delta(taken.value(), sizes, copy));
+  EXPECT_EQ(copy[3], 0.25f + 0.5f);
+  EXPECT_EQ(copy[200], 0.25f - 1.0f);
+  EXPECT_EQ(copy[300 + 7], 0.25f + round_to_fp16(0.1f));
+  EXPECT_EQ(copy[4], 0.25f);
+  // An entry that would not be finite after the addition (fp16 increments cannot overflow a
+  // float, so only a copy that was not the server's): refused, nothing changed.
+  std::vector<float> huge(320, 0.0f);
+  huge[200] = -std::numeric_limits<float>::infinity();
+  const std::vector<float> before = huge;
+  EXPECT_FALSE(apply_model_delta(taken.value(), sizes, huge));
+  EXPECT_EQ(huge, before);
+}
+
+TEST(Fp16IncrementDeltaCodec, RefusedInUpdatesCorruptValuesAndMixedRecords) {
+  std::vector<std::uint32_t> sizes = {300, 20};
+  DecodeLimits reader;
+  reader.accept_fp16_increment_delta_values = true;
+  ModelDelta delta{kModel, 0, 1, 0, {{0, 300, {5}, {0.5f}}, {1, 20, {4}, {0.25f}}}};
+  delta.values = ValueEncoding::kFp16Increment;
+  // The encoder rounds nothing: 0.1 is not an fp16 value.
+  ModelDelta unrounded = delta;
+  unrounded.tensors[0].values[0] = 0.1f;
+  EXPECT_EQ(encode_model_delta(unrounded).error().code, CodecErrorCode::kInvalidInput);
+  auto bytes = encode_model_delta(delta).value();
+  ASSERT_TRUE(decode_model_delta(bytes, {kModel, sizes}, reader).ok());
+  // The first record's value (offset 44 + 14 + 1 varint byte): an f16 infinity, then a NaN.
+  const std::size_t value_at = 44 + 14 + 1;
+  ASSERT_EQ(bytes[value_at] | bytes[value_at + 1] << 8, float_to_half(0.5f));
+  for (const std::uint16_t bad : {std::uint16_t{0x7c00}, std::uint16_t{0xfc00}, std::uint16_t{0x7e00}}) {
+    auto corrupt = bytes;
+    corrupt[value_at] = static_cast<std::uint8_t>(bad & 0xff);
+    corrupt[value_at + 1] = static_cast<std::uint8_t>(bad >> 8);
+    auto r = decode_model_delta(corrupt, {kModel, sizes}, reader);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, CodecErrorCode::kNonFiniteValue);
+  }
+  // The second record in fp32 or fp16 values after an fp16-increment one: refused (read before
+  // its values, so the byte alone decides).
+  const std::size_t second_encoding = value_at + 2 + 12;
+  ASSERT_EQ(bytes[second_encoding], 3);
+  for (const std::uint8_t other : {std::uint8_t{0}, std::uint8_t{1}}) {
+    auto mixed = bytes;
+    mixed[second_encoding] = other;
+    DecodeLimits both = reader;
+    both.accept_fp16_delta_values = true;
+    auto r = decode_model_delta(mixed, {kModel, sizes}, both);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, CodecErrorCode::kBadEncoding) << r.error().message;
+  }
+  // A sparse update with value encoding 3: unknown there (an update's values are increments
+  // already; 3 is for model deltas).
+  SparseUpdate update{kModel, 1, 0, {{0, 300, {5}, {0.5f}}}};
+  auto update_bytes = encode_sparse_update(update, {ValueEncoding::kFp16}).value();
+  ASSERT_EQ(update_bytes[36 + 12], 1);
+  update_bytes[36 + 12] = 3;
+  auto r = decode_sparse_update(update_bytes, {kModel, sizes});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, CodecErrorCode::kBadEncoding);
+  EXPECT_FALSE(encode_sparse_update(update, {ValueEncoding::kFp16Increment}).ok());
 }
 
 }  // namespace

@@ -230,4 +230,103 @@ TEST(ReplicaPull, Fp32IsTheDefaultAndAModelBeyondFp16GoesInFp32) {
   EXPECT_THROW(server::check_replica_pull_options(bad), std::invalid_argument);
 }
 
+// fp16 increments (ReplicaPullOptions::values kFp16Increment, ours): the pull sends
+// half(W − R) and the worker adds it; the server's record takes the same float addition, so
+// over many pulls the worker's ModelReplica (which asked for increments) is the record bit for
+// bit and its digest checks out. What rounding leaves stays in W − R and goes out later: a copy
+// left to catch up ends within a float step of the model, not within an fp16 step of it as with
+// fp16 values. A replica that did not ask refuses the pull.
+TEST(ReplicaPull, Fp16IncrementsKeepTheCopyBitExactAndCloseOnTheModel) {
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  const std::vector<std::uint32_t> sizes = {300, 20};
+  std::vector<float> w(320);
+  for (float& v : w) v = 0.1f * normal(rng);
+  std::vector<float> held = w;  // the first pull is dense (fp32)
+  std::vector<float> held_as_values = w;  // the same pulls with fp16 values, for comparison
+  runtime::ModelReplica replica(7, sizes);
+  replica.accept_fp16_increments(true);
+  runtime::ModelReplica did_not_ask(7, sizes);
+  for (runtime::ModelReplica* r : {&replica, &did_not_ask})
+    ASSERT_EQ(r->take(transport::encode_dense_model(7, 0, sizes, w).value()),
+              runtime::ModelReplica::PullOutcome::kDense);
+  ReplicaPullOptions options{0.02, 2};
+  options.values = transport::ValueEncoding::kFp16Increment;
+  ASSERT_NO_THROW(server::check_replica_pull_options(options));
+  ReplicaPullOptions as_values = options;
+  as_values.values = transport::ValueEncoding::kFp16;
+  std::uint64_t held_version = 0;
+  for (std::uint64_t version = 1; version <= 200; ++version) {
+    for (int n = 0; n < 30; ++n) w[rng() % w.size()] += 0.01f * normal(rng);
+    replica_pull(7, sizes, w, version, held_as_values, held_version, as_values);
+    const auto delta = replica_pull(7, sizes, w, version, held, held_version, options);
+    held_version = version;
+    EXPECT_EQ(delta.values, transport::ValueEncoding::kFp16Increment);
+    ASSERT_FALSE(delta.tensors.empty());
+    EXPECT_EQ(delta.tensors[0].indices.size(), 6u);  // as many entries as an fp32 pull
+    const auto bytes = transport::encode_model_delta(delta).value();
+    if (version == 1) {
+      EXPECT_EQ(did_not_ask.take(bytes), runtime::ModelReplica::PullOutcome::kMismatch);
+    }
+    ASSERT_EQ(replica.take(bytes), runtime::ModelReplica::PullOutcome::kDelta) << replica.mismatch();
+    ASSERT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0)
+        << "version " << version;
+  }
+  // Left to catch up: pulls until none moves the copy, which then is within a float step of
+  // W (or below fp16's smallest increment, 2^-24).
+  int pulls = 0;
+  for (; pulls < 2000; ++pulls) {
+    const auto delta = replica_pull(7, sizes, w, 200, held, 200, options);
+    if (delta.tensors.empty()) break;
+    ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
+              runtime::ModelReplica::PullOutcome::kDelta);
+  }
+  ASSERT_LT(pulls, 2000);
+  for (int pull = 0; pull < 2000; ++pull)
+    if (replica_pull(7, sizes, w, 200, held_as_values, 200, as_values).tensors.empty()) break;
+  float increment_error = 0, value_error = 0;
+  for (std::size_t j = 0; j < w.size(); ++j) {
+    const float step = std::nextafter(std::fabs(held[j]), INFINITY) - std::fabs(held[j]);
+    ASSERT_LE(std::fabs(w[j] - held[j]), std::max(step, std::ldexp(1.0f, -24))) << j;
+    increment_error = std::max(increment_error, std::fabs(w[j] - held[j]));
+    value_error = std::max(value_error, std::fabs(w[j] - held_as_values[j]));
+  }
+  // fp16 values leave up to half an fp16 step (|W|·2^-11) in the copy for good.
+  EXPECT_LT(increment_error * 100, value_error);
+  EXPECT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0);
+  // A same-version delta taken twice (the server's repeat of a request, server/README.md
+  // "Cheap pull"): the increments are added once.
+  w[3] += 0.5f;
+  const auto same_version = transport::encode_model_delta(replica_pull(7, sizes, w, 200, held, 200, options)).value();
+  for (int twice = 0; twice < 2; ++twice) {
+    ASSERT_EQ(replica.take(same_version), runtime::ModelReplica::PullOutcome::kDelta) << replica.mismatch();
+    ASSERT_EQ(std::memcmp(replica.parameters().data(), held.data(), held.size() * sizeof(float)), 0);
+  }
+}
+
+// The fp32 path is unchanged by the other encodings: the same pulls from the same records
+// give the model's values, bit for bit, and a record equal to the model (what the simulator's
+// exact-path test, Simulator.TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow, relies on).
+TEST(ReplicaPull, Fp32PullsSendTheModelsValuesBitForBit) {
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  const std::vector<std::uint32_t> sizes = {300, 20};
+  std::vector<float> w(320);
+  for (float& v : w) v = normal(rng);
+  std::vector<float> held = w;
+  for (std::uint64_t version = 1; version <= 20; ++version) {
+    for (int n = 0; n < 30; ++n) w[rng() % w.size()] += normal(rng);
+    const auto delta = replica_pull(7, sizes, w, version, held, version - 1, {0.02, 2});
+    EXPECT_EQ(delta.values, transport::ValueEncoding::kFp32);
+    std::size_t offset = 0;
+    for (const auto& t : delta.tensors) {
+      offset = t.tensor == 0 ? 0 : 300;
+      for (std::size_t j = 0; j < t.indices.size(); ++j) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(t.values[j]), std::bit_cast<std::uint32_t>(w[offset + t.indices[j]]));
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(held[offset + t.indices[j]]), std::bit_cast<std::uint32_t>(w[offset + t.indices[j]]));
+      }
+    }
+  }
+}
+
 }  // namespace

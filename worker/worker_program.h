@@ -45,6 +45,7 @@ struct WorkerSettings {
   // --budget-counts (both, upload).
   std::string byte_budget, budget_counts = "both";
   double request_timeout = 60;
+  double longest_request = 0;  // seconds; WorkerConfig::longest_request_ms
   std::string mode = "async";
   double lr = 0.05;
   // Federated rounds (worker/round_worker.h).

@@ -895,6 +895,8 @@ void Worker::try_with_probe(const WorkerProgress& progress) {
     return;
   }
   s.trouble.answered();
+  s.say("probe answered in " +
+        std::to_string(std::chrono::duration<double>(Clock::now() - tried_at).count()) + " s");
   // Reachable: the work the server has not got first (a wide update should meet the fewest
   // versions since), then the model, pulled by the online loop after leave_offline().
   // A failure of either sends the worker back to training offline, its update kept.

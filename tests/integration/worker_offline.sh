@@ -61,7 +61,7 @@ start_worker "$work/steady.log" "$work/steady.json" "$worker" --config "$work/st
   --server "coaps://127.0.0.1:$server_port" --worker-id 0 "${common[@]}" --slowdown 2
 steady_pid=$last_pid
 start_worker "$work/offline.log" "$work/offline.json" "$worker" --config "$work/offline.toml" \
-  --server "coaps://$offline_link" --worker-id 1 "${common[@]}" --offline-steps 400 --offline-seconds 60
+  --server "coaps://$offline_link" --worker-id 1 "${common[@]}" --offline-steps 400 --offline-seconds 60 ${OFFLINE_EXTRA:-}
 offline_pid=$last_pid
 start_worker "$work/idle.log" "$work/idle.json" "$worker" --config "$work/idle.toml" \
   --server "coaps://$idle_link" --worker-id 2 "${common[@]}"

@@ -18,9 +18,9 @@
 #   MAX_STALENESS (20000), OFFLINE_STEPS (100000: the windows bound them), OFFLINE_MAX_RATE
 #   (0.25: the offline update at c x s up to this), EVAL_INTERVAL (5), REQUEST_TIMEOUT (3),
 #   VARIANTS ("idle offline"; also "offline-credit-only": the credit without the wider c,
-#   "offline-paper-sigma": offline training as it was, neither; "offline-probe": "offline"
-#   whose tries are probes of OFFLINE_TRY_TIMEOUT (1 s) taking at most OFFLINE_TRY_SHARE
-#   (0.1) of the time offline, the buffered update sent before the pull), PARALLEL (1),
+#   "offline-paper-sigma": offline training as it was, neither), PARALLEL (1),
+#   OFFLINE_TRY_TIMEOUT (0; above 0 every offline variant's tries are probes bounded by it,
+#   taking at most OFFLINE_TRY_SHARE, 0.2, of the time offline: --offline-try-timeout),
 #   LONGEST_REQUEST (0: every variant's workers with --longest-request, 0 = off),
 #   BUILD_DIR (build/host);
 #   SUMMARIZE_ONLY=1 prints the table of OUT_DIR again.
@@ -34,7 +34,7 @@ target="${TARGET:-0.95}"; duration="${DURATION:-900}"; credit="${CREDIT:-1000}"
 max_staleness="${MAX_STALENESS:-20000}"; offline_steps="${OFFLINE_STEPS:-100000}"
 offline_max_rate="${OFFLINE_MAX_RATE:-0.25}"
 eval_interval="${EVAL_INTERVAL:-5}"; request_timeout="${REQUEST_TIMEOUT:-3}"
-offline_try_timeout="${OFFLINE_TRY_TIMEOUT:-1}"; offline_try_share="${OFFLINE_TRY_SHARE:-0.1}"
+offline_try_timeout="${OFFLINE_TRY_TIMEOUT:-0}"; offline_try_share="${OFFLINE_TRY_SHARE:-0.2}"
 longest_request="${LONGEST_REQUEST:-0}"
 variants=(${VARIANTS:-idle offline}); parallel="${PARALLEL:-1}"
 build_dir="${BUILD_DIR:-$repo/build/host}"
@@ -52,12 +52,13 @@ run() {  # run SEED VARIANT
   case "$variant" in
     idle) ;;
     offline) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate") ;;
-    offline-probe) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate"
-                          --offline-try-timeout "$offline_try_timeout" --offline-try-share "$offline_try_share") ;;
     offline-credit-only) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit") ;;
     offline-paper-sigma) args+=(--offline-steps "$offline_steps") ;;
-    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-probe, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
+    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
   esac
+  if [ "$variant" != idle ] && [ "$offline_try_timeout" != 0 ]; then
+    args+=(--offline-try-timeout "$offline_try_timeout" --offline-try-share "$offline_try_share")
+  fi
   echo "emulation/edgetrain-emulate ${args[*]}" >>"$out/commands.txt"
   "$repo/emulation/edgetrain-emulate" "${args[@]}" >"$out/seed$seed/$variant.log" 2>&1 ||
     echo "offline-emulated.sh: seed $seed $variant exited $? (see $out/seed$seed/$variant.log)" >&2

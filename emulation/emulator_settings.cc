@@ -267,6 +267,7 @@ void declare_devices(settings::Table& t, EmulatorSettings& s) {
         "the worker's --offline-max-rate (the offline update of s steps at c x s, at most this; "
         "0: at c)")
       .range(0, 1);
+  t.add("offline-average", s.offline_average, "the server's --offline-average");
   t.add("offline-try-timeout", s.offline_try_timeout,
         "the worker's --offline-try-timeout (0: an offline worker's try is its pull)")
       .range(0, 3600)

@@ -18,7 +18,8 @@
 #   MAX_STALENESS (20000), OFFLINE_STEPS (100000: the windows bound them), OFFLINE_MAX_RATE
 #   (0.25: the offline update at c x s up to this), EVAL_INTERVAL (5), REQUEST_TIMEOUT (3),
 #   VARIANTS ("idle offline"; also "offline-credit-only": the credit without the wider c,
-#   "offline-paper-sigma": offline training as it was, neither), PARALLEL (1),
+#   "offline-paper-sigma": offline training as it was, neither; "offline-average": "offline"
+#   with the server's --offline-average), PARALLEL (1),
 #   OFFLINE_TRY_TIMEOUT (0; above 0 every offline variant's tries are probes bounded by it,
 #   taking at most OFFLINE_TRY_SHARE, 0.2, of the time offline: --offline-try-timeout),
 #   LONGEST_REQUEST (0: every variant's workers with --longest-request, 0 = off),
@@ -52,9 +53,10 @@ run() {  # run SEED VARIANT
   case "$variant" in
     idle) ;;
     offline) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate") ;;
+    offline-average) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate" --offline-average) ;;
     offline-credit-only) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit") ;;
     offline-paper-sigma) args+=(--offline-steps "$offline_steps") ;;
-    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
+    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-average, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
   esac
   if [ "$variant" != idle ] && [ "$offline_try_timeout" != 0 ]; then
     args+=(--offline-try-timeout "$offline_try_timeout" --offline-try-share "$offline_try_share")

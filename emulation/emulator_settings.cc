@@ -85,6 +85,10 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
         "a worker's bound on one request (the impairer passes no ICMP)")
       .range(0, 1e9)
       .unit("seconds");
+  t.add("longest-request", s.longest_request,
+        "the worker's --longest-request (0: --request-timeout bounds every request whole)")
+      .range(0, 36000)
+      .unit("seconds");
   t.add("seed", s.seed, "draws of link profiles, slowdowns and loss");
   t.add("label", s.label, "name of the run in plots and tables (empty: from the options)");
   t.add("label-skew", s.label_skew,
@@ -272,6 +276,13 @@ void declare_devices(settings::Table& t, EmulatorSettings& s) {
         "the worker's --offline-max-rate (the offline update of s steps at c x s, at most this; "
         "0: at c)")
       .range(0, 1);
+  t.add("offline-average", s.offline_average, "the server's --offline-average");
+  t.add("offline-try-timeout", s.offline_try_timeout,
+        "the worker's --offline-try-timeout (0: an offline worker's try is its pull)")
+      .range(0, 3600)
+      .unit("seconds");
+  t.add("offline-try-share", s.offline_try_share, "the worker's --offline-try-share")
+      .range(0.001, 1);
   t.add("offline-step-credit", s.offline_step_credit,
         "the server's --offline-step-credit (0: an update's local steps are ignored)")
       .range(0, 65535)

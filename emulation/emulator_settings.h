@@ -26,7 +26,9 @@ struct EmulatorSettings {
   // server's credit for it pass through.
   double reachable = 1, outage_period = 120, outage_start = 30;
   std::uint32_t offline_steps = 0, offline_step_credit = 0;
+  bool offline_average = false;
   double offline_seconds = 0, offline_lr = 0.1, offline_max_rate = 0;
+  double offline_try_timeout = 0, offline_try_share = 0.1, longest_request = 0;
   std::uint32_t shards = 0, shard_checkpoint_every = 50;  // 0: one unsharded server
   double max_parameter_magnitude = 0;                     // 0: the server's default
   std::uint32_t publish_every = 0;                        // 0: workers pull the exact model

@@ -18,7 +18,11 @@
 #   MAX_STALENESS (20000), OFFLINE_STEPS (100000: the windows bound them), OFFLINE_MAX_RATE
 #   (0.25: the offline update at c x s up to this), EVAL_INTERVAL (5), REQUEST_TIMEOUT (3),
 #   VARIANTS ("idle offline"; also "offline-credit-only": the credit without the wider c,
-#   "offline-paper-sigma": offline training as it was, neither), PARALLEL (1),
+#   "offline-paper-sigma": offline training as it was, neither; "offline-average": "offline"
+#   with the server's --offline-average), PARALLEL (1),
+#   OFFLINE_TRY_TIMEOUT (0; above 0 every offline variant's tries are probes bounded by it,
+#   taking at most OFFLINE_TRY_SHARE, 0.2, of the time offline: --offline-try-timeout),
+#   LONGEST_REQUEST (0: every variant's workers with --longest-request, 0 = off),
 #   BUILD_DIR (build/host);
 #   SUMMARIZE_ONLY=1 prints the table of OUT_DIR again.
 set -euo pipefail
@@ -31,6 +35,8 @@ target="${TARGET:-0.95}"; duration="${DURATION:-900}"; credit="${CREDIT:-1000}"
 max_staleness="${MAX_STALENESS:-20000}"; offline_steps="${OFFLINE_STEPS:-100000}"
 offline_max_rate="${OFFLINE_MAX_RATE:-0.25}"
 eval_interval="${EVAL_INTERVAL:-5}"; request_timeout="${REQUEST_TIMEOUT:-3}"
+offline_try_timeout="${OFFLINE_TRY_TIMEOUT:-0}"; offline_try_share="${OFFLINE_TRY_SHARE:-0.2}"
+longest_request="${LONGEST_REQUEST:-0}"
 variants=(${VARIANTS:-idle offline}); parallel="${PARALLEL:-1}"
 build_dir="${BUILD_DIR:-$repo/build/host}"
 mkdir -p "$out"
@@ -43,13 +49,18 @@ run() {  # run SEED VARIANT
               --eval-interval "$eval_interval" --request-timeout "$request_timeout"
               --max-staleness "$max_staleness" --build-dir "$build_dir" --quiet
               --out "$out/seed$seed/$variant" --label "$variant")
+  [ "$longest_request" = 0 ] || args+=(--longest-request "$longest_request")
   case "$variant" in
     idle) ;;
     offline) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate") ;;
+    offline-average) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit" --offline-max-rate "$offline_max_rate" --offline-average) ;;
     offline-credit-only) args+=(--offline-steps "$offline_steps" --offline-step-credit "$credit") ;;
     offline-paper-sigma) args+=(--offline-steps "$offline_steps") ;;
-    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
+    *) echo "offline-emulated.sh: unknown variant '$variant' (idle, offline, offline-average, offline-credit-only, offline-paper-sigma)" >&2; exit 2 ;;
   esac
+  if [ "$variant" != idle ] && [ "$offline_try_timeout" != 0 ]; then
+    args+=(--offline-try-timeout "$offline_try_timeout" --offline-try-share "$offline_try_share")
+  fi
   echo "emulation/edgetrain-emulate ${args[*]}" >>"$out/commands.txt"
   "$repo/emulation/edgetrain-emulate" "${args[@]}" >"$out/seed$seed/$variant.log" 2>&1 ||
     echo "offline-emulated.sh: seed $seed $variant exited $? (see $out/seed$seed/$variant.log)" >&2
@@ -85,6 +96,18 @@ def run_row(directory):
     outcome_path = os.path.join(directory, "outcome.json")
     outcome = json.load(open(outcome_path)) if os.path.exists(outcome_path) else {}
     total = lambda table, column: sum(float(r.get(column) or 0) for r in table)
+    # The time offline workers spent in tries of the server (no local step meanwhile),
+    # from their stats files (each incarnation's last write).
+    tries = try_seconds = 0
+    logs = os.path.join(directory, "logs")
+    for name in (os.listdir(logs) if os.path.isdir(logs) else []):
+        if name.startswith("worker-") and name.endswith(".stats.json"):
+            try:
+                stats = json.load(open(os.path.join(logs, name)))
+            except (OSError, ValueError):
+                continue
+            tries += stats.get("offline_tries", 0)
+            try_seconds += stats.get("offline_try_seconds", 0)
     best = max((float(r["test_accuracy"] or 0) for r in timeline), default=0)
     return {
         "time": float(reached["elapsed_s"]) if reached else None,
@@ -98,14 +121,15 @@ def run_row(directory):
         "accepted": int(total(workers, "offline_updates_accepted")),
         "refused": int(total(workers, "offline_updates_refused")),
         "refused_steps": int(total(workers, "offline_steps_refused")),
+        "tries": tries, "try_seconds": try_seconds,
         "lost": outcome.get("lost_acknowledged_updates"),
         "stop": outcome.get("stop", "not finished"),
     }
 
 print(f"| seed | workers | time to {target:.1%} | idle / this | best test acc | updates applied | "
-      "bytes at the links, up + down | links down (s, all) | offline steps | offline updates "
-      "accepted / refused (steps) | acknowledged updates lost |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "bytes at the links, up + down | links down (s, all) | offline s (all) | offline steps | "
+      "tries offline (s in them) | offline updates accepted / refused (steps) | acknowledged updates lost |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for seed in seeds:
     base = os.path.join(out, f"seed{seed}")
     if not os.path.isdir(base):
@@ -120,5 +144,5 @@ for seed in seeds:
         lost = {True: "YES", False: "none", None: "?"}[r["lost"]]
         print(f"| {seed} | {v} | {time} | {ratio} | {r['best']:.2%} | {r['version']} | "
               f"{r['up'] / 1e6:.1f} + {r['down'] / 1e6:.1f} MB | {r['down_s']:.0f} | "
-              f"{r['offline_steps']} | {r['accepted']} / {r['refused']} ({r['refused_steps']}) | {lost} |")
+              f"{r['offline_s']:.0f} | {r['offline_steps']} | {r['tries']} ({r['try_seconds']:.0f} s) | {r['accepted']} / {r['refused']} ({r['refused_steps']}) | {lost} |")
 PY

@@ -48,6 +48,9 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
     throw std::invalid_argument("parameter store: offline_step_credit " +
                                 std::to_string(options_.offline_step_credit) +
                                 " is beyond 65535, the most steps an update can claim");
+  if (options_.offline_average && options_.offline_step_credit == 0)
+    throw std::invalid_argument(
+        "parameter store: offline_average needs an offline_step_credit above 0");
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
@@ -397,10 +400,14 @@ void ParameterStore::compute_divisors(std::uint64_t delay, std::uint64_t fetched
   }
 }
 
-void ParameterStore::credit_local_steps(const transport::SparseUpdate& update) {
+void ParameterStore::credit_local_steps(const transport::SparseUpdate& update,
+                                        std::uint64_t delay) {
   const std::uint32_t steps = std::min<std::uint32_t>(update.local_steps, options_.offline_step_credit);
   if (steps <= 1) return;
-  for (std::uint32_t& d : divisors_) d = d <= steps ? 1 : (d + steps - 1) / steps;
+  // ⌈(s' + d) / s'⌉, at most ⌈(65535 + D) / 2⌉: fits the divisors' 32 bits.
+  const std::uint32_t averaged =
+      options_.offline_average ? static_cast<std::uint32_t>((steps + delay + steps - 1) / steps) : 1;
+  for (std::uint32_t& d : divisors_) d = std::max(averaged, d <= steps ? 1 : (d + steps - 1) / steps);
 }
 
 ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCheck values,
@@ -412,7 +419,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
   const std::uint64_t delay = version_ - update.fetched_version;
   collect_touched(update);
   compute_divisors(delay, update.fetched_version, entry_versions);
-  credit_local_steps(update);
+  credit_local_steps(update, delay);
   // One pass writes the new values and checks them; a refusal puts the old ones back.
   const float bound = bound_for(values);
   new_values_.resize(touched_.size());  // here: each entry's old value
@@ -481,7 +488,7 @@ ApplyResult ParameterStore::reserve(const transport::SparseUpdate& update, Value
     reserved_touch_position_.assign(parameters_.size(), 0);
   }
   compute_divisors(delay, update.fetched_version, entry_versions);
-  credit_local_steps(update);
+  credit_local_steps(update, delay);
   if (std::string problem = reserved_values(update, values); !problem.empty())
     return {ApplyStatus::kOutOfBounds, top, std::move(problem)};
 

@@ -43,6 +43,14 @@
 // its steps weighs at most what a fresh update may (the value bound still applies); C caps
 // how much staleness a claim can waive. C = 0 (the default): the claim is ignored.
 //
+// With offline_average on as well (ours; a bound on what one credited update may change),
+// every divisor of an update whose claim is credited (s' = min(s, C) > 1) is at least
+// ⌈(s' + d) / s'⌉, d its delay in versions: its weight is at most s'/(s' + d), the share
+// of its s' steps in the s' + d steps that it and the fleet's d updates since its version
+// carry, as when two trajectories from one model are averaged by their work. Without it
+// the credit applies an update of s ≥ σ_i steps at full weight however far the fleet
+// moved meanwhile (measured: accuracy fell after wide offline updates, docs/emulation-results.md).
+//
 // No networking, no durability here: the server wraps this with its WAL and CoAP handlers.
 // Not thread-safe; the server applies updates one at a time.
 #pragma once
@@ -81,6 +89,8 @@ struct ParameterStoreOptions {
   // C of "Offline updates" above: the most local steps an update's claim is credited with;
   // 0: claims ignored (the paper's rule for every update). At most 65535 (the claim's range).
   std::uint32_t offline_step_credit = 0;
+  // "offline_average" above; needs offline_step_credit > 0.
+  bool offline_average = false;
 };
 
 // Which value check apply() makes: the configured bound, or only finiteness (replaying a log
@@ -202,7 +212,7 @@ class ParameterStore {
   float bound_for(ValueCheck values) const;
   // divisors_ for touched_ (σ or the delay rule); per entry when entry_versions is not empty.
   // divisors_ lowered for the local steps `update` claims (offline_step_credit).
-  void credit_local_steps(const transport::SparseUpdate& update);
+  void credit_local_steps(const transport::SparseUpdate& update, std::uint64_t delay);
   void compute_divisors(std::uint64_t delay, std::uint64_t fetched_version,
                         std::span<const std::uint64_t> entry_versions);
   void check_entry_versions(std::span<const std::uint64_t> entry_versions) const;

@@ -274,6 +274,7 @@ void ServerApp::open_state() {
   options.store.learning_rate = static_cast<float>(s_.lr);
   options.store.max_staleness = s_.max_staleness;
   options.store.offline_step_credit = s_.offline_step_credit;
+  options.store.offline_average = s_.offline_average;
   options.checkpoint_every = s_.checkpoint_every;
   options.max_update_bytes = s_.max_update_bytes;
   options.store.max_parameter_magnitude = static_cast<float>(s_.max_parameter_magnitude);

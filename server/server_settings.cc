@@ -53,6 +53,10 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "ignored, the paper's rule)")
       .range(0, 65535)
       .unit("steps");
+  t.add("offline-average", s.offline_average,
+        "with --offline-step-credit: a credited update of s steps at delay d weighs at most "
+        "s/(s + d), its share of the steps it and the fleet's updates since its version carry "
+        "(every divisor at least ceil((s + d) / s); ours)");
   t.add("checkpoint-every", s.checkpoint_every, "updates between checkpoints (0: only at exit)")
       .unit("updates");
   t.add("max-update-bytes", s.max_update_bytes,

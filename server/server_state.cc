@@ -133,7 +133,8 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
 
 WalHeader ServerState::wal_header() const {
   return {model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
-          wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit)};
+          wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit,
+                             options_.store.offline_average)};
 }
 
 std::size_t ServerState::history_length() const {
@@ -395,9 +396,10 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
                        " was written with another model or other settings (learning rate " +
                        std::to_string(contents.header.learning_rate) + ", max staleness " +
                        std::to_string(contents.header.max_staleness) + ", rule " +
-                       std::to_string(contents.header.staleness_rule & 0xffff) +
+                       std::to_string(contents.header.staleness_rule & 0xff) +
                        ", offline step credit " +
                        std::to_string(wal_offline_step_credit(contents.header.staleness_rule)) +
+                       (wal_offline_average(contents.header.staleness_rule) ? " averaged" : "") +
                        "): start with the same settings or a new state directory");
     for (WalRecord& record : contents.records)
       if (wal.records.empty() || record.version > wal.records.back().version)

@@ -127,6 +127,10 @@ void check_state_dir_settings(const std::filesystem::path& state_dir, const Serv
       differences += std::string(differences.empty() ? "" : ", ") + "--offline-step-credit " +
                      std::to_string(wal_offline_step_credit(header.staleness_rule)) + " (not " +
                      std::to_string(s.offline_step_credit) + ")";
+    if (wal_offline_average(header.staleness_rule) != s.offline_average)
+      differences += std::string(differences.empty() ? "" : ", ") + "--offline-average " +
+                     (wal_offline_average(header.staleness_rule) ? "on" : "off") + " (not " +
+                     (s.offline_average ? "on" : "off") + ")";
     if (differences.empty()) return;
     throw StartupError(
         "the state directory " + state_dir.string() + " was trained with " + differences +

@@ -68,10 +68,17 @@ struct WalRecord {
   std::vector<std::uint8_t> update;  // the update's codec bytes
 };
 
-// WalHeader::staleness_rule for a rule (a StalenessRule's number) and an offline step credit
-// (at most 65535).
-inline std::uint32_t wal_staleness_rule(auto rule, std::uint32_t offline_step_credit) {
-  return static_cast<std::uint32_t>(rule) | (offline_step_credit << 16);
+// WalHeader::staleness_rule for a rule (a StalenessRule's number, bits 0-7), the offline
+// average (bit 8: ParameterStoreOptions::offline_average) and an offline step credit (bits
+// 16-31, at most 65535).
+inline constexpr std::uint32_t kWalOfflineAverageBit = 0x100;
+inline std::uint32_t wal_staleness_rule(auto rule, std::uint32_t offline_step_credit,
+                                        bool offline_average = false) {
+  return static_cast<std::uint32_t>(rule) | (offline_average ? kWalOfflineAverageBit : 0) |
+         (offline_step_credit << 16);
+}
+inline bool wal_offline_average(std::uint32_t staleness_rule) {
+  return (staleness_rule & kWalOfflineAverageBit) != 0;
 }
 inline std::uint32_t wal_offline_step_credit(std::uint32_t staleness_rule) {
   return staleness_rule >> 16;

@@ -741,11 +741,25 @@ CoapDtlsClient::~CoapDtlsClient() {
   if (impl_->context) coap_free_context(impl_->context);
 }
 
+std::chrono::steady_clock::time_point request_deadline(
+    std::chrono::steady_clock::time_point started, std::chrono::steady_clock::time_point last_heard,
+    std::chrono::milliseconds timeout, std::chrono::milliseconds longest) {
+  const auto first = started + timeout;
+  if (longest <= timeout) return first;
+  return std::min(started + longest, std::max(first, last_heard + timeout));
+}
+
 CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
-                                     std::span<const std::uint8_t> payload) {
+                                     std::span<const std::uint8_t> payload, int timeout_ms) {
   Impl& s = *impl_;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(s.options.timeout_ms);
+  const auto started = std::chrono::steady_clock::now();
+  const auto timeout = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : s.options.timeout_ms);
+  const auto longest =
+      std::chrono::milliseconds(timeout_ms > 0 ? 0 : s.options.longest_request_ms);
+  // Moves with what the server answers when longest_request_ms allows (request_deadline()).
+  auto deadline_now = [&] {
+    return request_deadline(started, s.last_heard_in_request, timeout, longest);
+  };
   auto send = [&] {
     if (!s.session) s.connect();
     s.done = false;
@@ -779,9 +793,15 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
         return false;
       }
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+          deadline_now() - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
-        s.fail_silent("within " + std::to_string(s.options.timeout_ms) + " ms");
+        const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - started);
+        s.fail_silent(took <= timeout + std::chrono::milliseconds(100)
+                          ? "within " + std::to_string(timeout.count()) + " ms"
+                          : "within " + std::to_string(timeout.count()) +
+                                " ms of the last answer (" + std::to_string(took.count()) +
+                                " ms in all)");
         return false;  // no time left for anything else
       }
       coap_io_process(s.context, static_cast<uint32_t>(std::min<long long>(left.count(), 100)));
@@ -837,7 +857,7 @@ CoapResponse CoapDtlsClient::request(Method method, const std::string& path,
     std::minstd_rand jitter(
         static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count()));
     const auto pause = std::chrono::milliseconds(100 + jitter() % 200);
-    if (std::chrono::steady_clock::now() + pause < deadline) {
+    if (std::chrono::steady_clock::now() + pause < deadline_now()) {
       if (pause_unless_stopped(pause)) {
         ++s.reconnections;
         probe_if_silent = false;

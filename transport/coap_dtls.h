@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -349,6 +350,14 @@ class CoapDtlsServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// When a request that started at `started` and last heard from the server at `last_heard`
+// times out (CoapDtlsClient::Options::longest_request_ms): started + timeout without an
+// extension (longest <= timeout), else last_heard + timeout, at least started + timeout and
+// at most started + longest.
+std::chrono::steady_clock::time_point request_deadline(
+    std::chrono::steady_clock::time_point started, std::chrono::steady_clock::time_point last_heard,
+    std::chrono::milliseconds timeout, std::chrono::milliseconds longest);
+
 class CoapDtlsClient {
  public:
   struct Options {
@@ -361,6 +370,12 @@ class CoapDtlsClient {
     std::uint16_t port;
     PskCredentials psk;
     int timeout_ms;  // for one whole request, handshake and blocks included
+    // Ours (issue 38 part 1): 0 (the default) or at most timeout_ms, and timeout_ms bounds
+    // the whole request. Above it, a request the server keeps answering (a block, a block's
+    // acknowledgement, a pong) gets timeout_ms more after each answer, up to this in all
+    // (request_deadline()): a wide transfer that keeps moving on a slow device is not cut
+    // by a timeout meant to find a silent server; a silent one still fails at timeout_ms.
+    int longest_request_ms = 0;
     // DTLS with this certificate instead of PSK; the server's certificate must be signed
     // by `ca_file`.
     std::optional<CertificateFiles> certificates;
@@ -394,8 +409,10 @@ class CoapDtlsClient {
   // next request starts a new one. Every new
   // session is a full handshake: libcoap 4.3.1 with Mbed TLS cannot resume a DTLS session
   // (transport/README.md, "Reconnection").
+  // `timeout_ms` > 0 bounds this request alone, whole (a reachability probe), instead of
+  // the options' timeout_ms and longest_request_ms.
   CoapResponse request(Method method, const std::string& path,
-                       std::span<const std::uint8_t> payload = {});
+                       std::span<const std::uint8_t> payload = {}, int timeout_ms = 0);
   // Sessions (handshakes) started so far, the first one included.
   std::uint64_t sessions_started() const;
   // Of those, the ones started inside a request because the kept session had failed.

@@ -20,7 +20,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(WorkerStats, steps, updates_accepted, updates
                                    offline_steps, buffered_steps, offline_updates_accepted,
                                    offline_updates_refused, offline_steps_refused,
                                    last_offline_from_version, last_offline_acknowledged_version,
-                                   last_offline_steps, compression_rate, uplink_bytes_per_second,
+                                   last_offline_steps, offline_tries, offline_try_seconds, compression_rate, uplink_bytes_per_second,
                                    uplink_fixed_seconds, step_seconds, turn_seconds_without_send,
                                    budget_spent_bytes, budget_counted_bytes, budget_waiting,
                                    budget_waits, budget_wait_seconds)

@@ -10,6 +10,10 @@ transport::CoapResponse CoapServerChannel::post_update(std::span<const std::uint
   return client_.request(transport::Method::kPost, "update", body);
 }
 
+transport::CoapResponse CoapServerChannel::probe(int timeout_ms) {
+  return client_.request(transport::Method::kGet, probe_path_, {}, timeout_ms);
+}
+
 transport::CoapResponse CoapServerChannel::get_round() {
   return client_.request(transport::Method::kGet, "round");
 }

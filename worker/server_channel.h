@@ -35,6 +35,13 @@ class ServerChannel {
                                           std::span<const std::uint8_t> /*body*/ = {}) {
     return {transport::CoapCode::kNotFound, {}, {}};
   }
+  // Whether the server answers, with a small request bounded by `timeout_ms` whole
+  // (an offline worker's try: WorkerConfig::offline_try_timeout_seconds). Its answer,
+  // whatever the code; throws transport::TransportError when none arrived. By default
+  // GET /status through request().
+  virtual transport::CoapResponse probe(int /*timeout_ms*/) {
+    return request(transport::Method::kGet, "status");
+  }
   // DTLS sessions (full handshakes) started so far: the byte budget charges each one
   // (worker/link_adaptation.h). A channel that cannot tell says 0.
   virtual std::uint64_t sessions_started() const { return 0; }
@@ -46,7 +53,11 @@ class CoapServerChannel : public ServerChannel {
  public:
   // Throws what CoapDtlsClient's constructor throws (unusable credentials, unresolvable host).
   explicit CoapServerChannel(transport::CoapDtlsClient::Options options)
-      : client_(std::move(options)) {}
+      : probe_path_(options.psk.identity.empty() ? "status"
+                                                 : "status?device=" + options.psk.identity),
+        client_(std::move(options)) {}
+  // GET /status?device=IDENTITY (one device's entry, or a 4.04: small either way).
+  transport::CoapResponse probe(int timeout_ms) override;
   transport::CoapResponse get_model(const std::string& path) override;
   transport::CoapResponse post_update(std::span<const std::uint8_t> body) override;
   transport::CoapResponse get_round() override;
@@ -57,6 +68,7 @@ class CoapServerChannel : public ServerChannel {
   std::uint64_t sessions_started() const override { return client_.sessions_started(); }
 
  private:
+  std::string probe_path_;
   transport::CoapDtlsClient client_;
 };
 

@@ -185,6 +185,12 @@ struct Worker::State {
       throw std::invalid_argument("worker: offline_lr must be finite and > 0");
     if (!(config.offline_max_rate >= 0 && config.offline_max_rate <= 1))
       throw std::invalid_argument("worker: offline_max_rate must lie in [0, 1]");
+    if (!(config.offline_try_timeout_seconds >= 0 && config.offline_try_timeout_seconds <= 3600))
+      throw std::invalid_argument("worker: offline_try_timeout_seconds must lie in [0, 3600]");
+    if (!(config.offline_try_share > 0 && config.offline_try_share <= 1))
+      throw std::invalid_argument("worker: offline_try_share must lie in (0, 1]");
+    if (config.longest_request_ms < 0)
+      throw std::invalid_argument("worker: longest_request_ms must be >= 0");
     if (config.link.enabled() && !config.shards.empty())
       throw std::invalid_argument(
           "worker: --send-share / --byte-budget do not work with --shards yet");
@@ -840,10 +846,18 @@ void Worker::run_offline(const WorkerProgress& progress) {
       s.begin_budget_wait(wait, true);
     }
   }
+  if (now >= s.next_attempt && s.config.offline_try_timeout_seconds > 0 && !s.offline_for_budget) {
+    try_with_probe(progress);
+    return;
+  }
   if (now >= s.next_attempt) {
     // The try is the pull the worker needs anyway: GET /model?since=V, small while the
     // server is away, the model to go on from once it answers.
-    if (pull()) {
+    const auto tried_at = Clock::now();
+    const bool pulled = pull();
+    s.stats.offline_tries++;
+    s.stats.offline_try_seconds += std::chrono::duration<double>(Clock::now() - tried_at).count();
+    if (pulled) {
       if (!s.pending.empty() && !post_pending(progress)) return;
       if (s.offline.steps() > 0) {
         s.compress_offline_steps();
@@ -864,6 +878,61 @@ void Worker::run_offline(const WorkerProgress& progress) {
                          s.stop);
   }
   s.update_offline_stats();
+  if (progress) progress(s.stats);
+}
+
+std::chrono::steady_clock::duration next_try_delay(std::chrono::steady_clock::duration tried,
+                                                   double share,
+                                                   std::chrono::steady_clock::duration floor) {
+  if (!(share > 0 && share <= 1)) throw std::invalid_argument("next_try_delay: share not in (0, 1]");
+  const auto rest = std::chrono::round<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::chrono::duration<double>(tried).count() *
+                                    (1 - share) / share));
+  return std::max(rest, floor);
+}
+
+void Worker::try_with_probe(const WorkerProgress& progress) {
+  State& s = *state_;
+  const auto tried_at = Clock::now();
+  auto end_try = [&] {
+    const auto tried = Clock::now() - tried_at;
+    s.stats.offline_tries++;
+    s.stats.offline_try_seconds += std::chrono::duration<double>(tried).count();
+    s.next_attempt = Clock::now() + next_try_delay(tried, s.config.offline_try_share,
+                                                   s.config.backoff_initial);
+    s.update_offline_stats();
+    if (progress) progress(s.stats);
+  };
+  try {
+    s.channel.probe(static_cast<int>(s.config.offline_try_timeout_seconds * 1000));
+  } catch (const transport::TransportError& e) {
+    s.count_transfer(0, false);
+    if (e.failure() == transport::TransportFailure::kInterrupted) return;
+    // Counted and given up on as any failed try (--give-up-after); the next try follows
+    // the share rule, not the backoff. Logged at debug level: one line per try would be
+    // most of an intermittent worker's log.
+    s.trouble.give_up_if_silent(std::string("probe failed: ") + e.what());
+    s.stats.retries++;
+    s.say(std::string("probe failed: ") + e.what(), logging::Level::kDebug);
+    end_try();
+    return;
+  }
+  s.trouble.answered();
+  s.say("probe answered in " +
+        std::to_string(std::chrono::duration<double>(Clock::now() - tried_at).count()) + " s");
+  // Reachable: the work the server has not got first (a wide update should meet the fewest
+  // versions since), then the model, pulled by the online loop after leave_offline().
+  // A failure of either sends the worker back to training offline, its update kept.
+  if (!s.pending.empty() && !post_pending(progress)) return end_try();
+  if (s.offline.steps() > 0) {
+    s.compress_offline_steps();
+    if (!s.pending.empty() && !post_pending(progress)) return end_try();
+  }
+  s.offline.clear();
+  s.have_model = false;
+  s.leave_offline();
+  s.stats.offline_tries++;
+  s.stats.offline_try_seconds += std::chrono::duration<double>(Clock::now() - tried_at).count();
   if (progress) progress(s.stats);
 }
 
@@ -926,6 +995,7 @@ transport::CoapDtlsClient::Options coap_client_options(const WorkerConfig& confi
                                              config.server_port,
                                              {config.identity, config.key},
                                              config.request_timeout_ms};
+  options.longest_request_ms = config.longest_request_ms;
   options.certificates = config.certificates;
   options.plaintext = config.insecure_plaintext;
   options.timing = config.timing;

@@ -64,6 +64,10 @@ struct WorkerConfig {
   std::uint64_t max_steps = 0;  // 0: until stopped
   double max_seconds = 0;       // 0: until stopped
   int request_timeout_ms = 60000;
+  // Above request_timeout_ms: a request the server keeps answering (blocks of a wide pull
+  // or update) may go on this long in all (transport::request_deadline(); ours). 0: the
+  // request timeout bounds every request whole.
+  int longest_request_ms = 0;
   // Emulates a slower device: after each step, sleep this many times the step's own
   // compute time (0: full speed; 3: a device four times slower).
   double slowdown = 0;
@@ -104,6 +108,15 @@ struct WorkerConfig {
   // s steps sent at the online c keep what one step would; at c·s they may send up to what
   // the s steps would have sent online, in one update.
   double offline_max_rate = 0;
+  // How an offline worker tries its server (ours; worker/README.md, "An intermittent
+  // link"). 0 (the default): the try is the pull it needs anyway, bounded by
+  // request_timeout_ms, at the backoff's delays, and it blocks the local steps that long.
+  // > 0: the try is a small probe (ServerChannel::probe(), GET /status?device=ME) bounded
+  // by this, scheduled so that tries take at most offline_try_share of the time offline
+  // (next_try_delay()); once a probe is answered, the buffered update goes first and the
+  // model is pulled after it.
+  double offline_try_timeout_seconds = 0;
+  double offline_try_share = 0.1;
   bool offline_training() const { return offline_steps > 0 || offline_seconds > 0; }
   // Compression that follows the link (worker/link_adaptation.h; ours): c chosen per update
   // from the measured uplink, for a share of the step time and/or a byte budget, within
@@ -170,6 +183,10 @@ struct WorkerStats {
   std::uint64_t last_offline_from_version = 0;
   std::uint64_t last_offline_acknowledged_version = 0;
   std::uint64_t last_offline_steps = 0;
+  // While offline: the tries of the server (pulls, or probes with offline_try_timeout) and
+  // the time they took, during which no local step was taken.
+  std::uint64_t offline_tries = 0;
+  double offline_try_seconds = 0;
   // Compression that follows the link (WorkerConfig::link): the c of the last update, the
   // uplink estimate (bytes/s through the bottleneck and the fixed time of an exchange), a
   // step's compute time and a loop turn's without its send (pull included), and the byte budget:
@@ -267,12 +284,23 @@ class Worker {
   // not go, then the accumulated steps as one update), or one local step, or, at the
   // bound, a wait for the next try.
   void run_offline(const WorkerProgress& progress);
+  // The try with WorkerConfig::offline_try_timeout_seconds: a probe; once it is answered,
+  // the pending update, then the accumulated steps as one update, then back online (the
+  // next turn pulls). The next try is offline_try_share's (next_try_delay()).
+  void try_with_probe(const WorkerProgress& progress);
   // POSTs the pending update (same bytes as before). False when the server is away again.
   bool post_pending(const WorkerProgress& progress);
 
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// The wait before the next try of the server while offline, after a try that took
+// `tried` (WorkerConfig::offline_try_share): tries take at most `share` of the time, so
+// tried·(1 − share)/share, at least `floor`. Ours.
+std::chrono::steady_clock::duration next_try_delay(std::chrono::steady_clock::duration tried,
+                                                   double share,
+                                                   std::chrono::steady_clock::duration floor);
 
 // How a run ended: its stats, and the program's exit status with the reason.
 struct WorkerRun {

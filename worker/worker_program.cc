@@ -129,6 +129,11 @@ WorkerConfig worker_config(WorkerSettings& s) {
   set_security(s, config);
   transport::check_timing(config.timing);
   config.request_timeout_ms = static_cast<int>(s.request_timeout * 1000);
+  config.longest_request_ms = static_cast<int>(s.longest_request * 1000);
+  if (config.longest_request_ms > 0 && config.longest_request_ms < config.request_timeout_ms)
+    throw std::invalid_argument("--longest-request " + std::to_string(s.longest_request) +
+                                " s is below --request-timeout " +
+                                std::to_string(s.request_timeout) + " s");
   if (!s.drop_rates.empty()) config.dropout.drop_rates = parse_drop_rates(s.drop_rates);
   config.dropout.rescale = parse_dropout_rescale(s.dropout_rescale);
   config.dropout.step_budget_seconds = s.step_time_budget_ms / 1000;
@@ -271,6 +276,12 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "unnoticed")
       .range(0.5, 3600)
       .unit("seconds");
+  t.add("longest-request", s.longest_request,
+        "a request the server keeps answering (the blocks of a wide pull or update) gets "
+        "--request-timeout more after each answer, up to this long in all (ours; 0: "
+        "--request-timeout bounds every request whole)")
+      .range(0, 36000)
+      .unit("seconds");
   t.add("coap-ack-timeout", c.timing.ack_timeout_seconds, "CoAP ACK_TIMEOUT")
       .range(1, 60)
       .unit("seconds");
@@ -316,6 +327,16 @@ void declare_worker_settings(settings::Table& t, WorkerSettings& s) {
         "at c, as an online update: top-k drops what it does not send, so s steps would keep "
         "what one step keeps)")
       .range(0, 1);
+  t.add("offline-try-timeout", c.offline_try_timeout_seconds,
+        "while offline, try the server with a small probe (GET /status?device=ME) bounded by "
+        "this, and once it answers send the buffered update first and pull after (ours; 0: "
+        "the try is the pull, bounded by --request-timeout, at the backoff's delays)")
+      .range(0, 3600)
+      .unit("seconds");
+  t.add("offline-try-share", c.offline_try_share,
+        "with --offline-try-timeout: the tries take at most this share of the time offline "
+        "(the wait after a try of t seconds is t x (1 - share) / share)")
+      .range(0.001, 1);
   t.group("A slow or metered link (async: worker/README.md, \"A metered or slow link\")");
   t.add("send-share", c.link.send_share,
         "choose c per update so that sending takes at most this share of a step's time, from "

@@ -47,6 +47,7 @@ struct WorkerSettings {
   // --pull-values: fp32, or fp16-increment (WorkerConfig::fp16_increment_pulls).
   std::string pull_values = "fp32";
   double request_timeout = 60;
+  double longest_request = 0;  // seconds; WorkerConfig::longest_request_ms
   std::string mode = "async";
   double lr = 0.05;
   // Federated rounds (worker/round_worker.h).

@@ -105,6 +105,28 @@ TEST(ClientFailures, TheStopFlagEndsAWaitingHandshakeWithinAFractionOfASecond) {
       << "the flag is looked at at least every 100 ms";
 }
 
+// Options::longest_request_ms: a request the server keeps answering gets the timeout again
+// after each answer, never more than the longest in all; without it, the timeout bounds the
+// whole request, answers or not.
+TEST(ClientFailures, TheDeadlineMovesWithAnswersUpToTheLongestRequest) {
+  using std::chrono::milliseconds;
+  const Clock::time_point t0{};
+  const milliseconds timeout(3000), longest(30000);
+  EXPECT_EQ(request_deadline(t0, t0, timeout, longest), t0 + timeout) << "nothing heard yet";
+  EXPECT_EQ(request_deadline(t0, t0 + milliseconds(2500), timeout, longest),
+            t0 + milliseconds(5500))
+      << "a block at 2.5 s: 3 s more";
+  EXPECT_EQ(request_deadline(t0, t0 + milliseconds(28000), timeout, longest), t0 + longest)
+      << "never past the longest";
+  EXPECT_EQ(request_deadline(t0, t0 + milliseconds(2500), timeout, milliseconds(0)), t0 + timeout)
+      << "off: the timeout bounds the whole request";
+  EXPECT_EQ(request_deadline(t0, t0 + milliseconds(2500), timeout, milliseconds(2000)),
+            t0 + timeout)
+      << "a longest below the timeout is no extension";
+  EXPECT_EQ(request_deadline(t0, t0 - milliseconds(100), timeout, longest), t0 + timeout)
+      << "an answer from before the request does not shorten it";
+}
+
 TEST(ClientFailures, AKeyLongerThanMbedTlsTakesIsRefusedUpFront) {
   try {
     CoapDtlsClient client(

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Offline training (issue 38 part 1; worker/README.md, "An intermittent link"), as processes
 # on loopback: edgetrain-server, and three edgetrain-workers: "steady" talks to the server
-# directly, "offline" (--offline-steps) and "idle" (without it, as the paper's worker) each
+# directly, "offline" (--offline-steps, its tries of the server short probes kept to a share
+# of the time offline: --offline-try-timeout, --offline-try-share) and "idle" (without it,
+# as the paper's worker) each
 # through a link of edgetrain-link-impairer. The impairer is stopped (SIGSTOP) for the
 # outage: both links are down, the server stays up and the steady worker moves its version
 # on. Checks that
@@ -11,6 +13,8 @@
 #     fetched version is the version it held when the server went away, and the server
 #     applied it at that staleness: its WAL holds the update from that identity, computed
 #     from that version, at the version the worker was acknowledged;
+#   - the offline worker's tries while away were probes (offline_tries > 0) whose time
+#     (offline_try_seconds) stays within --offline-try-share of its time offline, plus one try;
 #   - the idle worker took no step offline and trained on once the link was back;
 #   - every worker stops cleanly with status 0;
 #   - --offline-steps is refused (status 2) where it is not built: other modes, --shards.
@@ -61,7 +65,8 @@ start_worker "$work/steady.log" "$work/steady.json" "$worker" --config "$work/st
   --server "coaps://127.0.0.1:$server_port" --worker-id 0 "${common[@]}" --slowdown 2
 steady_pid=$last_pid
 start_worker "$work/offline.log" "$work/offline.json" "$worker" --config "$work/offline.toml" \
-  --server "coaps://$offline_link" --worker-id 1 "${common[@]}" --offline-steps 400 --offline-seconds 60
+  --server "coaps://$offline_link" --worker-id 1 "${common[@]}" --offline-steps 400 --offline-seconds 60 \
+  --offline-try-timeout 0.5 --offline-try-share 0.25 --longest-request 30
 offline_pid=$last_pid
 start_worker "$work/idle.log" "$work/idle.json" "$worker" --config "$work/idle.toml" \
   --server "coaps://$idle_link" --worker-id 2 "${common[@]}"
@@ -98,6 +103,14 @@ steps=$(json_get "$work/offline.json" last_offline_steps)
 staleness=$((acknowledged - 1 - from))
 [ "$staleness" -ge 20 ] || fail "the offline update's staleness is $staleness: the steady worker's updates during the outage are missing"
 [ "$(json_get "$work/offline.json" offline_updates_refused)" -eq 0 ] || fail "an offline update was refused"
+tries=$(json_get "$work/offline.json" offline_tries)
+try_seconds=$(json_get "$work/offline.json" offline_try_seconds)
+offline_seconds=$(json_get "$work/offline.json" offline_seconds)
+[ "$tries" -ge 1 ] || fail "the offline worker never tried the server while away"
+python3 -c 'import sys; spent, offline, tries = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]); sys.exit(spent > 0.25 * offline + spent / tries)' \
+  "$try_seconds" "$offline_seconds" "$tries" ||
+  fail "the offline worker spent $try_seconds s of $offline_seconds s offline in $tries tries (--offline-try-share 0.25)"
+echo "ok: $tries tries while offline, $try_seconds s in them, $offline_seconds s offline"
 wait_for_json "$work/idle.json" updates_accepted -gt "$idle_accepted_before" 40 "$idle_pid" || fail "the idle worker did not train on once its link was back"
 
 # The server's WAL (server/write_ahead_log.h): the record of version `acknowledged` comes

@@ -629,6 +629,56 @@ TEST(ParameterStore, AClaimOfManyStepsWeighsAtMostAFreshUpdate) {
   EXPECT_THROW(ParameterStore(kModel, {2}, {0, 0}, beyond), std::invalid_argument);
 }
 
+// --offline-average: a credited update of s' steps at delay d has every divisor at least
+// ⌈(s' + d) / s'⌉, on the entries the fleet moved and on those it did not; the credit's own
+// divisor wins where it is larger, and a forged claim still weighs at most the average.
+TEST(ParameterStore, OfflineAverageWeighsACreditedUpdateByItsShareOfTheStepsSince) {
+  ParameterStoreOptions options;
+  options.max_staleness = 100;
+  options.offline_step_credit = 1000;
+  ParameterStore credited(kModel, {4}, {0, 0, 0, 0}, options);
+  for (int n = 0; n < 12; ++n)  // twelve updates touch entry 0 after version 0
+    ASSERT_TRUE(credited.apply({kModel, 0, credited.version(), {{0, 4, {0}, {1.0f}}}}).applied());
+  options.offline_average = true;
+  ParameterStore averaged(kModel, {4}, {0, 0, 0, 0}, options);
+  for (int n = 0; n < 12; ++n)
+    ASSERT_TRUE(averaged.apply({kModel, 0, averaged.version(), {{0, 4, {0}, {1.0f}}}}).applied());
+  const SparseUpdate four_steps{kModel, 0, 0, {{0, 4, {0, 3}, {2.0f, 2.0f}}}, 4};
+  ParameterStore credited4 = credited;
+  ASSERT_TRUE(credited4.apply(four_steps).applied());
+  EXPECT_EQ(credited4.last_divisors()[0], 3u) << "the credit alone: ceil(12 / 4)";
+  EXPECT_EQ(credited4.last_divisors()[1], 1u) << "an entry nobody moved: full weight";
+  ParameterStore averaged4 = averaged;
+  const float before = averaged4.parameters()[3];
+  ASSERT_TRUE(averaged4.apply(four_steps).applied());
+  EXPECT_EQ(averaged4.last_divisors()[0], 4u) << "ceil((4 + 12) / 4)";
+  EXPECT_EQ(averaged4.last_divisors()[1], 4u);
+  EXPECT_FLOAT_EQ(averaged4.parameters()[3], before - 0.1f * 2.0f / 4);
+  // Two claimed steps: the credit's ceil(12 / 2) = 6 is below ceil(14 / 2) = 7.
+  ParameterStore averaged2 = averaged;
+  SparseUpdate two_steps = four_steps;
+  two_steps.local_steps = 2;
+  ASSERT_TRUE(averaged2.apply(two_steps).applied());
+  EXPECT_EQ(averaged2.last_divisors()[0], 7u);
+  // A forged claim of 65535 steps is believed up to C = 1000: ceil(1012 / 1000) = 2.
+  ParameterStore forged = averaged;
+  SparseUpdate many = four_steps;
+  many.local_steps = 65535;
+  ASSERT_TRUE(forged.apply(many).applied());
+  EXPECT_EQ(forged.last_divisors()[0], 2u);
+  EXPECT_EQ(forged.last_divisors()[1], 2u);
+  // An update that claims no steps meets the paper's σ, averaged or not.
+  ParameterStore online = averaged;
+  SparseUpdate unclaimed = four_steps;
+  unclaimed.local_steps = 0;
+  ASSERT_TRUE(online.apply(unclaimed).applied());
+  EXPECT_EQ(online.last_divisors()[0], 12u);
+  EXPECT_EQ(online.last_divisors()[1], 1u);
+  ParameterStoreOptions without_credit;
+  without_credit.offline_average = true;
+  EXPECT_THROW(ParameterStore(kModel, {2}, {0, 0}, without_credit), std::invalid_argument);
+}
+
 // A value that would leave a parameter beyond the bound is refused exactly at the bound
 // (lr 0.5 and these values are exact in float), and the refusal changes nothing.
 TEST(ParameterStore, BoundIsCheckedOnTheExactNewValue) {

@@ -129,6 +129,19 @@ class DamagedWalRecord : public ::testing::TestWithParam<Where> {
   std::vector<std::pair<std::string, std::vector<std::uint8_t>>> updates_ = updates_for(options_);
 };
 
+// The header's staleness-rule field: the rule, --offline-average's bit and the credit apart,
+// so that a log written with one of them is told from one written without.
+TEST(WalHeaderRule, TheRuleTheOfflineAverageAndTheCreditAreReadBackApart) {
+  const std::uint32_t field = server::wal_staleness_rule(2, 1000, true);
+  EXPECT_EQ(field & 0xff, 2u);
+  EXPECT_TRUE(server::wal_offline_average(field));
+  EXPECT_EQ(server::wal_offline_step_credit(field), 1000u);
+  const std::uint32_t without = server::wal_staleness_rule(2, 1000);
+  EXPECT_FALSE(server::wal_offline_average(without));
+  EXPECT_EQ(server::wal_offline_step_credit(without), 1000u);
+  EXPECT_NE(field, without);
+}
+
 TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {
   const std::uint64_t offset = crash_and_damage();
   const auto before = directory_bytes(dir_.path());

@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/backoff.h"
@@ -73,11 +74,18 @@ class FakeServer : public runtime::ServerChannel {
 
   CoapResponse get_model(const std::string& path) override {
     gets.push_back(path);
+    calls.push_back("GET " + path);
     return on_get ? on_get(path) : dense();
   }
   CoapResponse post_update(std::span<const std::uint8_t> body) override {
     posts.emplace_back(body.begin(), body.end());
+    calls.push_back("POST");
     return on_post ? on_post(body) : accepted();
+  }
+  CoapResponse probe(int timeout_ms) override {
+    calls.push_back("PROBE");
+    probe_timeouts.push_back(timeout_ms);
+    return on_probe ? on_probe() : CoapResponse{CoapCode::kContent, {}};
   }
 
   CoapResponse dense() const {
@@ -108,6 +116,9 @@ class FakeServer : public runtime::ServerChannel {
   std::uint64_t version = 3;
   std::vector<std::string> gets;
   std::vector<std::vector<std::uint8_t>> posts;
+  std::vector<std::string> calls;  // "GET path", "POST", "PROBE", in order
+  std::vector<int> probe_timeouts;
+  std::function<CoapResponse()> on_probe;
   std::function<CoapResponse(const std::string&)> on_get;
   std::function<CoapResponse(std::span<const std::uint8_t>)> on_post;
 
@@ -570,7 +581,9 @@ TEST_F(WorkerTest, AnInterruptedRequestIsNeitherRetriedNorBackedOff) {
 // (kNoAnswer), as from a link that is down. Accepted updates move the server's version on.
 struct Outage {
   bool away = false;
-  int away_after_gets = 2, served_gets = 0, failed_gets = 0, failed_posts = 0;
+  int away_after_gets = 2, served_gets = 0, failed_gets = 0, failed_posts = 0, failed_probes = 0;
+  // How long a probe waits for no answer while away (the link is down: its whole timeout).
+  std::chrono::milliseconds probe_wait{0};
   // Set `*stop` after this many failed pulls (a worker idling calls no progress callback).
   int stop_after_failed_gets = 0;
   std::atomic<bool>* stop = nullptr;
@@ -585,6 +598,14 @@ struct Outage {
       if (++served_gets == away_after_gets) away = true;
       if (path == "model") return server.dense();
       return server.delta(std::stoull(path.substr(std::string("model?since=").size())));
+    };
+    server.on_probe = [this]() -> CoapResponse {
+      if (away) {
+        ++failed_probes;
+        std::this_thread::sleep_for(probe_wait);
+        throw TransportError("no answer from 127.0.0.1:5684", TransportFailure::kNoAnswer);
+      }
+      return {CoapCode::kContent, {}};
     };
     server.on_post = [this, &server, answer](std::span<const std::uint8_t> body) -> CoapResponse {
       if (away) {
@@ -762,6 +783,82 @@ TEST_F(WorkerTest, WithoutOfflineTrainingAWorkerIdlesWhileTheServerIsAway) {
   EXPECT_EQ(st.offline_steps, 0u);
   EXPECT_EQ(st.buffered_steps, 0u);
   EXPECT_EQ(st.offline_seconds, 0.0);
+}
+
+// --offline-try-timeout: while away, the tries are probes (no pull, no push); once one is
+// answered, the update that did not go and the offline update are sent before the pull.
+TEST_F(WorkerTest, OfflineWithProbesTheBufferedUpdatesGoFirstAndThePullAfter) {
+  Outage outage;
+  outage.install(server);
+  auto config = test_config();
+  config.offline_steps = 5;
+  config.offline_try_timeout_seconds = 0.25;
+  config.offline_try_share = 0.5;
+  auto worker = make_worker(config);
+  std::size_t calls_when_back = 0;
+  worker.run([&](const runtime::WorkerStats& st) {
+    if (outage.away && st.offline_steps >= 5 && outage.failed_probes >= 3) {
+      outage.away = false;
+      server.version = 20;
+      calls_when_back = server.calls.size();
+    }
+    if (st.offline_updates_accepted == 1 && st.updates_accepted >= 4) stop = true;
+  });
+  const runtime::WorkerStats& st = worker.stats();
+  EXPECT_EQ(outage.failed_gets, 0) << "no pull while away: the tries were probes";
+  EXPECT_EQ(outage.failed_posts, 1) << "the push that found the server away, and no other";
+  EXPECT_GE(st.offline_tries, 4u) << "three failed probes and the answered one";
+  EXPECT_GT(st.offline_try_seconds, 0.0);
+  ASSERT_GE(server.probe_timeouts.size(), 4u);
+  EXPECT_EQ(server.probe_timeouts[0], 250) << "--offline-try-timeout 0.25 s, in ms";
+  ASSERT_GE(server.calls.size(), calls_when_back + 5);
+  const std::vector<std::string> back(server.calls.begin() + static_cast<long>(calls_when_back),
+                                      server.calls.begin() + static_cast<long>(calls_when_back) + 5);
+  EXPECT_EQ(back, (std::vector<std::string>{"PROBE", "POST", "POST", "GET model?since=4", "POST"}))
+      << "answered probe, the update that did not go, the offline one, then the pull";
+  ASSERT_GE(server.posts.size(), 4u);
+  EXPECT_EQ(server.posts[1], server.posts[2]) << "the update that did not go, same bytes";
+  const auto offline_update = transport::decode_sparse_update(server.posts[3], server.layout());
+  ASSERT_TRUE(offline_update) << offline_update.error().message;
+  EXPECT_EQ(offline_update.value().fetched_version, 4u);
+  EXPECT_EQ(offline_update.value().local_steps, 5u);
+  EXPECT_EQ(st.last_offline_acknowledged_version, 22u);
+  EXPECT_FALSE(st.offline);
+}
+
+// The probes take at most --offline-try-share of the time offline, however long each
+// waits for no answer, and the worker keeps stepping between them.
+TEST_F(WorkerTest, OfflineProbesTakeAtMostTheirShareOfTheTimeOffline) {
+  Outage outage;
+  outage.install(server);
+  outage.probe_wait = std::chrono::milliseconds(40);
+  auto config = test_config();
+  config.offline_steps = 1000000;
+  config.offline_try_timeout_seconds = 0.04;
+  config.offline_try_share = 0.2;
+  auto worker = make_worker(config);
+  worker.run([&](const runtime::WorkerStats& st) {
+    if (st.offline_seconds >= 1.5) stop = true;
+  });
+  const runtime::WorkerStats& st = worker.stats();
+  EXPECT_GE(st.offline_tries, 3u) << "kept trying";
+  EXPECT_EQ(static_cast<int>(st.offline_tries), outage.failed_probes);
+  EXPECT_GE(st.offline_try_seconds, 0.04 * static_cast<double>(st.offline_tries));
+  // One try may have just begun its share's wait.
+  EXPECT_LE(st.offline_try_seconds,
+            0.2 * st.offline_seconds + st.offline_try_seconds / static_cast<double>(st.offline_tries))
+      << st.offline_tries << " tries in " << st.offline_seconds << " s offline";
+  EXPECT_GT(st.offline_steps, 0u);
+}
+
+TEST(OfflineTries, TheWaitAfterATryKeepsTriesToTheirShare) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(runtime::next_try_delay(milliseconds(1000), 0.1, milliseconds(250)), milliseconds(9000));
+  EXPECT_EQ(runtime::next_try_delay(milliseconds(300), 0.25, milliseconds(250)), milliseconds(900));
+  EXPECT_EQ(runtime::next_try_delay(milliseconds(1), 0.1, milliseconds(250)), milliseconds(250))
+      << "a try refused at once (ICMP) waits the floor";
+  EXPECT_EQ(runtime::next_try_delay(milliseconds(500), 1.0, milliseconds(0)), milliseconds(0));
+  EXPECT_THROW(runtime::next_try_delay(milliseconds(5), 0.0, milliseconds(1)), std::invalid_argument);
 }
 
 TEST_F(WorkerTest, OfflineSecondsBoundsTheLocalSteps) {

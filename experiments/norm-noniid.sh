@@ -64,7 +64,7 @@ done
 {
   echo "# Normalization on non-i.i.d. shards"
   echo
-  echo "Commit $(git -C "$repo" rev-parse --short HEAD); $rounds rounds of FedAvg (dense deltas, wait-all),"
+  echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown); $rounds rounds of FedAvg (dense deltas, wait-all),"
   echo "10 workers, 20 local steps of batch 10, test accuracy on 2,000 test examples."
   echo
   cat "$table.rows"

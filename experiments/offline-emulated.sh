@@ -67,7 +67,7 @@ run() {  # run SEED VARIANT
 }
 
 if [ "${SUMMARIZE_ONLY:-0}" != 1 ]; then
-  echo "# $(date -u +%FT%TZ) commit $(git -C "$repo" rev-parse --short HEAD)" >>"$out/commands.txt"
+  echo "# $(date -u +%FT%TZ) commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)" >>"$out/commands.txt"
   for seed in "${seeds[@]}"; do
     mkdir -p "$out/seed$seed"
     pids=()

@@ -134,7 +134,9 @@ class Trouble {
     give_up_if_silent(text);
     on_retry_();
     const auto delay = backoff_.next_delay();
-    say_(text + "; training offline, next try in " + std::to_string(delay.count()) + " ms",
+    // With probes (--offline-try-timeout) the share rule may set the next try instead:
+    // the worker then logs that delay at debug level.
+    say_(text + "; training offline, backoff " + std::to_string(delay.count()) + " ms",
          logging::Level::kWarn);
     return delay;
   }

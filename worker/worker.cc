@@ -898,8 +898,13 @@ void Worker::try_with_probe(const WorkerProgress& progress) {
     const auto tried = Clock::now() - tried_at;
     s.stats.offline_tries++;
     s.stats.offline_try_seconds += std::chrono::duration<double>(tried).count();
-    s.next_attempt = Clock::now() + next_try_delay(tried, s.config.offline_try_share,
-                                                   s.config.backoff_initial);
+    const auto delay = next_try_delay(tried, s.config.offline_try_share, s.config.backoff_initial);
+    s.next_attempt = Clock::now() + delay;
+    // A failed post after an answered probe has logged its backoff delay; this one rules.
+    s.say("next offline try in " +
+              std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(delay).count()) +
+              " ms (--offline-try-share)",
+          logging::Level::kDebug);
     s.update_offline_stats();
     if (progress) progress(s.stats);
   };

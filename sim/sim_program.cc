@@ -91,6 +91,34 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
       .unit("step times");
   t.add("leave-for-good", c.failures_permanent,
         "a failed worker never comes back (default: it rejoins after --downtime)");
+  t.add("reachable", c.reachable,
+        "async: share of the time each worker's link is up (edgetrain-emulate's --reachable): "
+        "from --outage-start on, down for (1 - R) of every --outage-period, the phases spread "
+        "evenly over the workers; an update that finds its link down is kept and sent when it "
+        "is back; 1: always up")
+      .range(0, 1);
+  t.add("outage-period", c.outage_period_steps, "with --reachable: the period of the outages")
+      .range(0, 1e12)
+      .unit("step times");
+  t.add("outage-start", c.outage_start_steps, "with --reachable: every link is up before this")
+      .range(0, 1e12)
+      .unit("step times");
+  t.add("offline-steps", c.offline_steps,
+        "with --reachable: a worker whose link is down trains up to this many local steps from "
+        "the model it last pulled and sends them as one update when its link is back (the "
+        "worker's --offline-steps); 0: it idles, as the paper's worker")
+      .range(0, 1e12);
+  t.add("offline-max-rate", c.offline_max_rate,
+        "with --offline-steps: the offline update is compressed at c x its steps, at most this "
+        "(the worker's --offline-max-rate); 0: at c")
+      .range(0, 1);
+  t.add("offline-step-credit", c.offline_step_credit,
+        "the server credits an update's claimed local steps up to this many (edgetrain-server "
+        "--offline-step-credit); 0: claims ignored")
+      .range(0, 65535);
+  t.add("offline-average", c.offline_average,
+        "with --offline-step-credit: a credited update of s steps at delay d weighs at most "
+        "s/(s + d) (edgetrain-server --offline-average)");
   t.add("threads", c.threads, "compute threads").range(1, 64);
   t.add("local-dp-clip", c.local_dp_clip,
         "async: clip each step's gradient to this L2 norm before it is compressed (local "

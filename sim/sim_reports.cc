@@ -57,7 +57,12 @@ std::string runs_summary_json(const std::vector<SimResult>& results, double targ
                     {"dp_epsilon_by_round", r.dp_epsilon_by_round},
                     {"clip_norm_by_round", r.clip_norm_by_round},
                     {"privacy_exhausted", r.privacy_exhausted},
-                    {"local_dp_epsilon", r.local_dp_epsilon}});
+                    {"local_dp_epsilon", r.local_dp_epsilon},
+                    {"offline_steps", r.offline_steps},
+                    {"offline_updates_applied", r.offline_updates_applied},
+                    {"offline_updates_refused", r.offline_updates_refused},
+                    {"kept_updates", r.kept_updates},
+                    {"time_to_target", r.time_to(target_accuracy) ? nlohmann::json(*r.time_to(target_accuracy)) : nlohmann::json()}});
   return nlohmann::json{{"target_accuracy", target_accuracy}, {"runs", runs}}.dump(2) + "\n";
 }
 

@@ -7,6 +7,7 @@
 #include <queue>
 #include <stdexcept>
 
+#include "worker/offline_training.h"
 #include "worker/round_worker.h"
 #include "model/shard_sampler.h"
 #include "server/dp_accountant.h"
@@ -122,6 +123,23 @@ void check_config_values(const SimConfig& c) {
     throw std::invalid_argument("--local-dp-noise-multiplier needs --local-dp-clip above 0");
   if (c.mode != SimMode::kAsync && c.local_dp_clip > 0)
     throw std::invalid_argument("--local-dp-clip is for --mode async");
+  if (!(c.reachable > 0 && c.reachable <= 1))
+    throw std::invalid_argument("--reachable must be in (0, 1]");
+  if (!(c.outage_period_steps > 0 && std::isfinite(c.outage_period_steps)))
+    throw std::invalid_argument("--outage-period must be a finite time above 0");
+  if (!(c.outage_start_steps >= 0 && std::isfinite(c.outage_start_steps)))
+    throw std::invalid_argument("--outage-start must be a finite time >= 0");
+  if (c.mode != SimMode::kAsync && c.reachable < 1)
+    throw std::invalid_argument("--reachable (devices reachable part of the time) is for --mode async");
+  if (c.offline_steps > 0 && !(c.reachable < 1))
+    throw std::invalid_argument(
+        "--offline-steps trains while the link is down: it needs --reachable below 1");
+  if (!(c.offline_max_rate >= 0 && c.offline_max_rate <= 1))
+    throw std::invalid_argument("--offline-max-rate must be in [0, 1]");
+  if (c.offline_max_rate > 0 && c.offline_steps == 0)
+    throw std::invalid_argument("--offline-max-rate is for --offline-steps above 0");
+  if (c.mode != SimMode::kAsync && (c.offline_step_credit > 0 || c.offline_average))
+    throw std::invalid_argument("--offline-step-credit and --offline-average are for --mode async");
 }
 
 // The workers that may fail: round(failing_fraction · workers) of them, drawn from their own
@@ -150,6 +168,8 @@ server::ParameterStoreOptions store_options(const SimConfig& config) {
   options.learning_rate = config.learning_rate;
   options.max_staleness = config.max_staleness;
   options.rule = config.staleness_rule;
+  options.offline_step_credit = config.offline_step_credit;
+  options.offline_average = config.offline_average;
   return options;
 }
 
@@ -299,6 +319,28 @@ void clip_and_noise(std::span<float> gradient, double clip, double stddev, Rando
   for (float& g : gradient) g = static_cast<float>(g * scale + stddev * random.normal());
 }
 
+// The end of the down part of worker `worker`'s period that holds `time`. Both functions
+// below compare with this one expression, so the time it returns is up for them (no
+// rounding can leave a worker waiting for ever at a boundary).
+double outage_end(const SimConfig& config, int worker, double time) {
+  const double period = config.outage_period_steps;
+  const double shift = config.outage_start_steps + period * worker / config.workers;
+  return shift + std::floor((time - shift) / period) * period + (1 - config.reachable) * period;
+}
+
+}  // namespace
+
+bool link_down_at(const SimConfig& config, int worker, double time) {
+  if (!(config.reachable < 1) || time < config.outage_start_steps) return false;
+  return time < outage_end(config, worker, time);
+}
+
+double link_up_again(const SimConfig& config, int worker, double time) {
+  return link_down_at(config, worker, time) ? outage_end(config, worker, time) : time;
+}
+
+namespace {
+
 // Asynchronous SGD: an event loop over workers' step starts and update arrivals.
 void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progress) {
   const SimConfig& config = sim.config;
@@ -355,12 +397,123 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   // stay those of a run without it; steps per worker for the accountant.
   Random local_noise(config.seed ^ 0x8bb84b93962eacc9ull);
   std::vector<std::uint64_t> local_dp_steps(config.workers, 0);
+  // Outages (SimConfig::reachable): per worker the update its link was down for, and with
+  // offline training the copy it last pulled and its accumulated offline steps.
+  const bool outages = config.reachable < 1;
+  const bool offline_training = outages && config.offline_steps > 0;
+  std::vector<std::vector<std::uint8_t>> kept(outages ? config.workers : 0);
+  std::vector<std::vector<float>> last_pulled(offline_training ? config.workers : 0);
+  std::vector<runtime::OfflineAccumulator> offline;
+  if (offline_training) offline.assign(config.workers, runtime::OfflineAccumulator(config.learning_rate));
+
+  int current_worker = 0;  // whose update deliver() applies (its record's entry versions)
+  // An update reaches the server: count its bytes, decode it as untrusted input, apply.
+  // Returns whether it was applied; sets `stop` at the end of the run and result.stalled
+  // when the server has refused everything for long (the caller then ends the loop).
+  auto deliver = [&](const std::vector<std::uint8_t>& bytes, double time) -> bool {
+    result.ingress_bytes += bytes.size();
+    update_bytes_sum += bytes.size();
+    updates_received++;
+    auto decoded = transport::decode_sparse_update(bytes, sim.expected);
+    if (!decoded)
+      throw std::logic_error("sim: server refused a well-formed update: " +
+                             decoded.error().message);
+    const std::uint64_t delay = store.version() - decoded.value().fetched_version;
+    std::span<const std::uint64_t> entry_versions;
+    if (entry_staleness) entry_versions = replica_since[current_worker];
+    server::ApplyResult applied =
+        store.apply(decoded.value(), server::ValueCheck::kBound, entry_versions);
+    if (applied.applied()) {
+      refused_in_a_row = 0;
+      if (published) published->advance(store.parameters(), store.version());
+      result.updates_applied++;
+      delay_sum += static_cast<double>(delay);
+      result.max_delay = std::max(result.max_delay, delay);
+      if (store.version() % config.eval_every == 0 || store.version() >= config.max_updates) {
+        evaluate(result, time);
+        if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy)
+          stop = true;
+      }
+      if (store.version() >= config.max_updates) stop = true;
+      if (progress && (store.version() % 25 == 0 || stop)) {
+        progress({store.version(), config.max_updates,
+                  result.curve.size() > 1 ? result.curve.back().accuracy : -1, result.ingress_bytes,
+                  delay_sum / result.updates_applied});
+      }
+      return true;
+    }
+    if (applied.status == server::ApplyStatus::kTooStale ||
+        applied.status == server::ApplyStatus::kOutOfBounds) {
+      result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of
+                                 // bounds
+      if (++refused_in_a_row >= stall_after) {
+        result.stalled = true;
+        stop = true;
+        if (result.curve.back().updates != store.version()) evaluate(result, time);
+      }
+      return false;
+    }
+    throw std::logic_error(std::string("sim: update refused: ") + applied.reason);
+  };
 
   while (!stop && !events.empty()) {
     const Event event = events.top();
     events.pop();
     Worker& worker = sim.workers[event.worker];
     result.virtual_time = event.time;
+    current_worker = event.worker;
+    if (event.kind == EventKind::kStartStep && outages) {
+      const int w = event.worker;
+      if (link_down_at(config, w, event.time)) {
+        // Offline: a local step from the copy last pulled, or idle until the link is back.
+        if (offline_training && !last_pulled[w].empty() && offline[w].steps() < config.offline_steps) {
+          if (!offline[w].started()) offline[w].begin(last_pulled[w], fetched[w]);
+          worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
+          const runtime::BatchResult batch = sim.trainer.compute_gradient(
+              offline[w].local_parameters(), sim.batch_pixels.data(), sim.batch_labels.data(),
+              config.batch, sim.gradient);
+          result.offline_steps++;
+          if (!std::isfinite(batch.loss) || !offline[w].add_step(sim.gradient))
+            result.non_finite_steps++;  // skipped, as the real worker's offline_step does
+          events.push({event.time + worker.speed * sim.random.log_normal(config.step_jitter), w,
+                       EventKind::kStartStep});
+        } else {
+          events.push({link_up_again(config, w, event.time), w, EventKind::kStartStep});
+        }
+        continue;
+      }
+      // The link is back: first the update it was down for, then the offline steps as one
+      // update claiming them (the real worker's order), then the usual pull and step.
+      if (!kept[w].empty()) {
+        deliver(kept[w], event.time);
+        kept[w].clear();
+        if (stop) break;
+      }
+      if (offline_training && offline[w].steps() > 0) {
+        transport::SparseUpdate update;
+        update.model_id = sim.model.layout_id();
+        update.sequence = ++worker.sequence;
+        update.fetched_version = offline[w].from_version();
+        update.local_steps =
+            static_cast<std::uint16_t>(std::min<std::uint64_t>(offline[w].steps(), 65535));
+        const double online_rate = worker.compressor.options().compression_rate;
+        worker.compressor.set_compression_rate(runtime::offline_compression_rate(
+            online_rate, offline[w].steps(), config.offline_max_rate));
+        worker.compressor.compress(offline[w].sum(), update);
+        worker.compressor.set_compression_rate(online_rate);
+        offline[w].clear();
+        auto encoded = transport::encode_sparse_update(update, {config.compressor.value_encoding});
+        if (!encoded)
+          throw std::logic_error("sim: encoder refused an offline update: " + encoded.error().message);
+        if (deliver(encoded.value(), event.time))
+          result.offline_updates_applied++;
+        else
+          result.offline_updates_refused++;
+        if (stop) break;
+      } else if (offline_training && offline[w].started()) {
+        offline[w].clear();
+      }
+    }
     if (event.kind == EventKind::kStartStep) {
       // Pull, then compute on the model as pulled (the published one, if the server has one).
       const server::ChangeRecord served = server::served_changes(
@@ -397,6 +550,7 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       pulls++;
       held[event.worker] = served.version;
       fetched[event.worker] = served.version;
+      if (offline_training) last_pulled[event.worker].assign(pulled.begin(), pulled.end());
       worker.sampler.next_batch(config.batch, sim.batch_pixels, sim.batch_labels);
       const runtime::BatchResult batch =
           sim.trainer.compute_gradient(pulled, sim.batch_pixels.data(),
@@ -444,48 +598,16 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       }
       continue;
     }
-    // The update reaches the server: count its bytes, decode it as untrusted input, apply.
-    result.ingress_bytes += worker.pending.size();
-    update_bytes_sum += worker.pending.size();
-    updates_received++;
-    auto decoded = transport::decode_sparse_update(worker.pending, sim.expected);
-    if (!decoded)
-      throw std::logic_error("sim: server refused a well-formed update: " +
-                             decoded.error().message);
-    const std::uint64_t delay = store.version() - decoded.value().fetched_version;
-    std::span<const std::uint64_t> entry_versions;
-    if (entry_staleness) entry_versions = replica_since[event.worker];
-    server::ApplyResult applied =
-        store.apply(decoded.value(), server::ValueCheck::kBound, entry_versions);
-    if (applied.applied()) {
-      refused_in_a_row = 0;
-      if (published) published->advance(store.parameters(), store.version());
-      result.updates_applied++;
-      delay_sum += static_cast<double>(delay);
-      result.max_delay = std::max(result.max_delay, delay);
-      if (store.version() % config.eval_every == 0 || store.version() >= config.max_updates) {
-        evaluate(result, event.time);
-        if (config.stop_at_accuracy && result.curve.back().accuracy >= *config.stop_at_accuracy)
-          stop = true;
-      }
-      if (store.version() >= config.max_updates) stop = true;
-      if (progress && (store.version() % 25 == 0 || stop)) {
-        progress({store.version(), config.max_updates,
-                  result.curve.size() > 1 ? result.curve.back().accuracy : -1, result.ingress_bytes,
-                  delay_sum / result.updates_applied});
-      }
-    } else if (applied.status == server::ApplyStatus::kTooStale ||
-               applied.status == server::ApplyStatus::kOutOfBounds) {
-      result.updates_refused++;  // too stale, or (a diverging run) it would push a parameter out of
-                                 // bounds
-      if (++refused_in_a_row >= stall_after) {
-        result.stalled = true;
-        if (result.curve.back().updates != store.version()) evaluate(result, event.time);
-        break;
-      }
-    } else {
-      throw std::logic_error(std::string("sim: update refused: ") + applied.reason);
+    if (outages && link_down_at(config, event.worker, event.time)) {
+      // The post fails: the update is kept for when the link is back.
+      kept[event.worker] = std::move(worker.pending);
+      worker.pending.clear();
+      result.kept_updates++;
+      events.push({event.time, event.worker, EventKind::kStartStep});
+      continue;
     }
+    deliver(worker.pending, event.time);
+    if (result.stalled) break;
     events.push({event.time, event.worker, EventKind::kStartStep});
   }
   if (config.local_dp_clip > 0) {

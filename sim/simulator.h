@@ -175,6 +175,27 @@ struct SimConfig {
   // model. Needs delta pulls (delta_pulls, publish or replica_pull). false: the first pull is
   // dense, as before.
   bool seeded_first_pull = false;
+  // Devices reachable part of the time (issue 38 part 1; the emulator's --reachable and
+  // --outage-period in step times; async mode). With reachable < 1, from outage_start_steps
+  // on, worker w's link is down for (1 − reachable)·outage_period_steps of every
+  // outage_period_steps, the down part starting at w·outage_period_steps/workers (phases
+  // spread evenly, as edgetrain-emulate spreads them). An update whose arrival finds the
+  // link down is kept and sent first when the link is back; a worker notices its link's
+  // return at once (ours: the real worker's probes, --offline-try-timeout, bound that delay
+  // instead). While down, a worker that has pulled once trains offline with offline_steps
+  // > 0 (runtime::OfflineAccumulator, the real worker's: local SGD at learning_rate from
+  // the copy it last pulled, at most offline_steps steps) and sends the sum as one update
+  // claiming its steps (compressed at runtime::offline_compression_rate with
+  // offline_max_rate) after the kept one; with 0 it idles, as the paper's worker does.
+  double reachable = 1;
+  double outage_period_steps = 120;
+  double outage_start_steps = 0;
+  std::uint64_t offline_steps = 0;
+  double offline_max_rate = 0;
+  // The server's --offline-step-credit and --offline-average (server/parameter_store.h,
+  // "Offline updates").
+  std::uint32_t offline_step_credit = 0;
+  bool offline_average = false;
   // Local differential privacy on asynchronous updates (issue 39 part 3, a measurement of
   // ours, not in the worker; docs/privacy.md "Asynchronous AdaComp"): with local_dp_clip > 0
   // each step's gradient is clipped to that L2 norm and gets N(0, (z·clip)²) per parameter
@@ -223,6 +244,13 @@ struct SimResult {
   std::vector<double> dp_epsilon_by_round;  // dp-fedavg: ε after each closed round
   std::vector<double> clip_norm_by_round;   // adaptive clipping: the norm each round clipped at
   double local_dp_epsilon = 0;              // async with local DP: see SimConfig::local_dp_clip
+  // Async with outages (SimConfig::reachable): local steps taken offline, the updates that
+  // carried them (applied, refused as too stale or beyond the bound), and the updates kept
+  // while the link was down and sent when it was back.
+  std::uint64_t offline_steps = 0;
+  std::uint64_t offline_updates_applied = 0;
+  std::uint64_t offline_updates_refused = 0;
+  std::uint64_t kept_updates = 0;
   bool privacy_exhausted = false;           // the run ended at --dp-target-epsilon
   double virtual_time = 0;       // at the end of the run, in mean step times
   std::uint64_t ingress_bytes = 0;
@@ -244,6 +272,11 @@ struct SimResult {
   std::optional<std::uint64_t> updates_to(double target) const;
   std::optional<double> time_to(double target) const;
 };
+
+// SimConfig::reachable's schedule: whether worker `worker`'s link is down at virtual time
+// `time`, and when a link down at `time` is up again (`time` itself when it is up).
+bool link_down_at(const SimConfig& config, int worker, double time);
+double link_up_again(const SimConfig& config, int worker, double time);
 
 struct Progress {
   std::uint64_t updates, max_updates;

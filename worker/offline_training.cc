@@ -1,5 +1,6 @@
 #include "worker/offline_training.h"
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -46,6 +47,12 @@ bool OfflineAccumulator::add_step(std::span<const float> gradient) {
 void OfflineAccumulator::clear() {
   steps_ = 0;
   started_ = false;
+}
+
+double offline_compression_rate(double online_rate, std::uint64_t steps, double max_rate) {
+  if (!(max_rate > 0)) return online_rate;
+  return std::clamp(online_rate * static_cast<double>(steps), online_rate,
+                    std::max(online_rate, max_rate));
 }
 
 }  // namespace edgetrain::runtime

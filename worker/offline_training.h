@@ -61,4 +61,10 @@ class OfflineAccumulator {
   std::vector<float> sum_;
 };
 
+// The compression rate of an update that carries `steps` offline steps (the worker's
+// --offline-max-rate; ours): c·s, at least the online c and at most max(c, max_rate), so
+// that the sum keeps what the steps would have sent one by one; max_rate 0: the online c.
+// The worker and the simulator both take it from here.
+double offline_compression_rate(double online_rate, std::uint64_t steps, double max_rate);
+
 }  // namespace edgetrain::runtime

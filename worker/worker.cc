@@ -532,11 +532,7 @@ struct Worker::State {
     // --offline-max-rate: up to c·s for the s steps, so that the sum keeps what the steps
     // would have sent one by one; the online c is back for the next update.
     const double online_rate = compressor.options().compression_rate;
-    const double offline_rate =
-        config.offline_max_rate > 0
-            ? std::clamp(online_rate * static_cast<double>(steps), online_rate,
-                         std::max(online_rate, config.offline_max_rate))
-            : online_rate;
+    const double offline_rate = offline_compression_rate(online_rate, steps, config.offline_max_rate);
     compressor.set_compression_rate(offline_rate);
     try {
       compressor.compress(offline.sum(), update);

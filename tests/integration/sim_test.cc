@@ -229,6 +229,73 @@ TEST(Simulator, ASeededFirstPullIsADeltaFromVersionZero) {
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
 }
 
+TEST(Simulator, OutagesFollowTheirPeriodWithPhasesSpreadOverTheWorkers) {
+  sim::SimConfig c;
+  c.workers = 4;
+  c.reachable = 0.25;  // down 75 of every 100 step times
+  c.outage_period_steps = 100;
+  c.outage_start_steps = 10;
+  EXPECT_FALSE(sim::link_down_at(c, 0, 9.9));  // every link is up before the start
+  EXPECT_TRUE(sim::link_down_at(c, 0, 10));
+  EXPECT_TRUE(sim::link_down_at(c, 0, 84.9));
+  EXPECT_FALSE(sim::link_down_at(c, 0, 85));
+  EXPECT_TRUE(sim::link_down_at(c, 0, 110));  // the next period
+  EXPECT_DOUBLE_EQ(sim::link_up_again(c, 0, 50), 85);
+  EXPECT_DOUBLE_EQ(sim::link_up_again(c, 0, 90), 90);  // up: now
+  // Worker 1's down part starts a quarter period later; at any time after the start, 3 of
+  // the 4 are down (the share 1 − reachable of the fleet), and each is up again where it says.
+  EXPECT_FALSE(sim::link_down_at(c, 1, 34.9));
+  EXPECT_TRUE(sim::link_down_at(c, 1, 35));
+  for (double t = 10; t < 1000; t += 0.7) {
+    int down = 0;
+    for (int w = 0; w < c.workers; ++w) {
+      down += sim::link_down_at(c, w, t);
+      const double up = sim::link_up_again(c, w, t);
+      EXPECT_FALSE(sim::link_down_at(c, w, up)) << "worker " << w << " at " << t;
+      EXPECT_LE(up - t, 75.0 + 1e-9);
+    }
+    EXPECT_EQ(down, 3) << "at " << t;
+  }
+  c.reachable = 1;
+  EXPECT_FALSE(sim::link_down_at(c, 0, 50));
+}
+
+TEST(Simulator, OfflineWorkersTrainThroughOutagesWhereIdleOnesWait) {
+  const Mnist& data = mnist();
+  ASSERT_GT(data.train.size(), 0u);
+  sim::SimConfig c = short_config();
+  c.max_updates = 300;
+  c.eval_every = 150;
+  c.eval_examples = 500;
+  c.speed_spread = 0;
+  const auto always_up = sim::run_simulation(c, data.train, data.test, "always up");
+  c.reachable = 0.5;
+  c.outage_period_steps = 20;
+  c.outage_start_steps = 5;
+  const auto idle = sim::run_simulation(c, data.train, data.test, "idle");
+  EXPECT_EQ(idle.updates_applied, 300u);
+  EXPECT_EQ(idle.offline_steps, 0u);
+  EXPECT_GT(idle.kept_updates, 0u);  // updates whose link went down on the way, sent later
+  // Half the fleet is away at any time: the same updates take about twice the time.
+  EXPECT_GT(idle.virtual_time, 1.6 * always_up.virtual_time);
+  c.offline_steps = 50;
+  c.offline_step_credit = 1000;
+  c.offline_average = true;
+  const auto offline = sim::run_simulation(c, data.train, data.test, "offline");
+  EXPECT_GT(offline.offline_steps, 0u);
+  EXPECT_GT(offline.offline_updates_applied, 0u);
+  // Each offline update carries its steps (at most 50 each, one update per outage and worker).
+  EXPECT_LE(offline.offline_steps, 50 * (offline.offline_updates_applied + offline.offline_updates_refused));
+  // Offline updates are updates: the 300 come sooner than with idle workers.
+  EXPECT_LT(offline.virtual_time, idle.virtual_time);
+  EXPECT_GT(offline.best_accuracy(), 0.6);
+  // Refused: offline steps with links that never go down, and a share of time outside (0, 1].
+  c.reachable = 1;
+  EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
+  c.reachable = 0;
+  EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);
+}
+
 TEST(Simulator, RefusesBadConfigurations) {
   const Mnist& data = mnist();
   ASSERT_GT(data.train.size(), 0u);

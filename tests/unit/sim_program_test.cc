@@ -95,10 +95,12 @@ TEST(SimModes, ASettingOfGossipIsRefusedByNameInTheOtherModes) {
 
 TEST(SimModes, ASettingThatNeedsAServerIsRefusedByNameInGossip) {
   for (const char* flag :
-       {"--rounds", "--staleness", "--updates", "--drop-rates", "--compressor"}) {
+       {"--rounds", "--staleness", "--updates", "--drop-rates", "--compressor", "--reachable",
+        "--offline-steps"}) {
     const char* value = std::string(flag) == "--staleness"    ? "delay"
                         : std::string(flag) == "--drop-rates" ? "0.5"
                         : std::string(flag) == "--compressor" ? "none"
+                        : std::string(flag) == "--reachable"  ? "0.5"
                                                               : "3";
     ParsedSettings gossip({"--mode", "gossip", flag, value});
     EXPECT_EQ(refusal(gossip),

@@ -61,6 +61,13 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
         "the server's --pull-fraction: the cheap pull (0: exact pulls)")
       .range(0, 1);
   t.add("pull-min-entries", s.pull_min_entries, "the server's --pull-min-entries");
+  t.add("entry-staleness", s.entry_staleness,
+        "the server's --entry-staleness: σ per entry from its records of the workers' copies "
+        "(needs --pull-fraction)");
+  t.add("pull-values", s.pull_values,
+        "fp32, or fp16-increment: the server's and every worker's --pull-values (the cheap "
+        "pull's values as fp16 increments; needs --pull-fraction)")
+      .choices({"fp32", "fp16-increment"});
   t.add("dense-pull", s.dense_pull,
         "workers pull the dense model every time (--dense-pull: ASGD's pulls)");
   t.add("seeded-first-pull", s.seeded_first_pull,
@@ -338,6 +345,10 @@ void declare_emulator_settings(settings::Table& table, EmulatorSettings& s) {
 
 // Checks that relate settings, or read one's text (the table checks each alone).
 void check_emulator_settings(const EmulatorSettings& s) {
+  if ((s.entry_staleness || s.pull_values != "fp32") && !(s.pull_fraction > 0))
+    throw std::invalid_argument(
+        "--entry-staleness and --pull-values fp16-increment are settings of the cheap pull: "
+        "give --pull-fraction too");
   if (s.fp16 && s.sign_scale)
     throw std::invalid_argument(
         "--fp16 and --sign-scale exclude each other (choose one value encoding)");

@@ -38,6 +38,10 @@ struct EmulatorSettings {
   double pull_fraction = 0;
   std::uint32_t pull_min_entries = 32;
   bool dense_pull = false, seeded_first_pull = true;
+  // The server's --entry-staleness (σ per entry) and --pull-values with the workers' (the
+  // cheap pull's values as fp16 increments both sides: fp16-increment).
+  bool entry_staleness = false;
+  std::string pull_values = "fp32";
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2,
          request_timeout = 30;
   std::uint64_t seed = 1;

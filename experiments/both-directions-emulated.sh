@@ -12,7 +12,11 @@
 #                 (--pull-fraction/--pull-min-entries of CHEAP, default 0.004:4096) and the
 #                 seeded first pull (a delta from the model built from --seed, version 0);
 #   cheap-dense-first   the same with a dense first pull (--seeded-first-pull=false);
-#   exact         AdaComp c = 0.01, sign + scale, exact model deltas, the seeded first pull.
+#   exact         AdaComp c = 0.01, sign + scale, exact model deltas, the seeded first pull;
+#   cheap-entry   cheap, and the server's σ per entry (--entry-staleness: each entry's σ
+#                 counted from the version the worker's copy holds it since);
+#   cheap-entry-fp16inc   cheap-entry, and the cheap pull's values as fp16 increments, the
+#                 server's and the workers' --pull-values fp16-increment.
 # The variants of a seed run side by side (PARALLEL=1), so they share the machine's load
 # alike. Bytes are the impairer's counts (links.csv: up = what the workers sent,
 # to_server_bytes_in; down = what reached them, to_worker_bytes_out): DTLS records, CoAP
@@ -38,8 +42,8 @@ parallel="${PARALLEL:-1}"; build_dir="${BUILD_DIR:-$repo/build/host}"
 die() { echo "both-directions-emulated.sh: $*" >&2; exit 2; }
 [[ "$cheap" =~ ^[0-9.]+:[1-9][0-9]*$ ]] || die "CHEAP is FRACTION:MIN_ENTRIES (e.g. 0.004:4096), got '$cheap'"
 for v in "${variants[@]}"; do
-  case "$v" in asgd|cheap|cheap-dense-first|exact) ;;
-    *) die "unknown variant '$v' (asgd, cheap, cheap-dense-first, exact)" ;; esac
+  case "$v" in asgd|cheap|cheap-dense-first|exact|cheap-entry|cheap-entry-fp16inc) ;;
+    *) die "unknown variant '$v' (asgd, cheap, cheap-dense-first, exact, cheap-entry, cheap-entry-fp16inc)" ;; esac
 done
 mkdir -p "$out"
 
@@ -56,6 +60,10 @@ run() {  # run SEED VARIANT
     cheap-dense-first) args+=(--rate 0.01 --sign-scale --pull-fraction "${cheap%%:*}"
                               --pull-min-entries "${cheap#*:}" --seeded-first-pull=false) ;;
     exact) args+=(--rate 0.01 --sign-scale) ;;
+    cheap-entry) args+=(--rate 0.01 --sign-scale --pull-fraction "${cheap%%:*}" --pull-min-entries "${cheap#*:}"
+                        --entry-staleness) ;;
+    cheap-entry-fp16inc) args+=(--rate 0.01 --sign-scale --pull-fraction "${cheap%%:*}"
+                                --pull-min-entries "${cheap#*:}" --entry-staleness --pull-values fp16-increment) ;;
   esac
   echo "nice -n 10 emulation/edgetrain-emulate ${args[*]}" >>"$out/commands.txt"
   nice -n 10 "$repo/emulation/edgetrain-emulate" "${args[@]}" >"$out/seed$seed/$variant.log" 2>&1 ||

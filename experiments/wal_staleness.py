@@ -9,7 +9,9 @@ L1 mass the server applied: sum |g_i| / max(1, sigma_i) over sum |g_i|. Reads th
 fp16 values (sign + scale values all weigh the same). With the local steps an update
 claims (its header, CODEC.md) and the server's --offline-step-credit C (the WAL header's
 high 16 bits), also the share applied under the credit: sigma_i cut to
-ceil(sigma_i / min(s, C, sigma_i)) (server/README.md, "Offline updates"). Standard library only.
+ceil(sigma_i / min(s, C, sigma_i)) (server/README.md, "Offline updates"). A log written with
+--entry-staleness reads too (its sigma here is still the paper's), and then ends with what
+its entry delays cost per record. Standard library only.
 
 usage: experiments/wal_staleness.py STATE_DIR [--above N]
 """
@@ -54,8 +56,13 @@ def decode_update(data):
     return fetched, local_steps, tensors
 
 
+ENTRY_DELAY_BYTES = {"records": 0, "with_delays": 0, "entries": 0, "delay_bytes": 0, "record_bytes": 0}
+
+
 def records(state_dir):
-    """(version, identity, update bytes) of every record, oldest first, each version once."""
+    """(version, identity, update bytes) of every record, oldest first, each version once.
+    Entry delays (--entry-staleness: bit 15 of the identity length) are skipped and counted
+    in ENTRY_DELAY_BYTES; the sigma below is the paper's either way."""
     seen = set()
     for path in [os.path.join(state_dir, "wal.prev.log"), os.path.join(state_dir, "wal.log")]:
         if not os.path.exists(path):
@@ -64,10 +71,22 @@ def records(state_dir):
         while pos + 8 <= len(data):
             length, _crc = struct.unpack_from("<II", data, pos)
             body = data[pos + 8:pos + 8 + length]; pos += 8 + length
-            version, _sequence, id_length = struct.unpack_from("<QQH", body, 0)
-            if version not in seen:
-                seen.add(version)
-                yield version, body[18:18 + id_length].decode(), body[18 + id_length:]
+            version, _sequence, id_field = struct.unpack_from("<QQH", body, 0)
+            id_length, start = id_field & 0x7FFF, 18 + (id_field & 0x7FFF)
+            if version in seen:
+                continue
+            seen.add(version)
+            ENTRY_DELAY_BYTES["records"] += 1
+            ENTRY_DELAY_BYTES["record_bytes"] += 8 + length
+            if id_field & 0x8000:
+                count, after = leb128(body, start)
+                for _ in range(2 * count):
+                    _, after = leb128(body, after)
+                ENTRY_DELAY_BYTES["with_delays"] += 1
+                ENTRY_DELAY_BYTES["entries"] += count
+                ENTRY_DELAY_BYTES["delay_bytes"] += after - start
+                start = after
+            yield version, body[18:18 + id_length].decode(), body[start:]
 
 
 def main():
@@ -103,6 +122,12 @@ def main():
                       f"{sum(sigma.values()) / len(sigma):.1f} | {applied / mass:.3f} | "
                       f"{applied_credit / mass:.3f} |")
         touched[version] = set(entries)
+    d = ENTRY_DELAY_BYTES
+    if d["with_delays"]:
+        print(f"\nentry delays (--entry-staleness): {d['with_delays']} of {d['records']} records, "
+              f"{d['entries'] / d['records']:.0f} entries and {d['delay_bytes'] / d['records']:.0f} bytes "
+              f"per record, {d['delay_bytes'] / d['record_bytes']:.1%} of the log's "
+              f"{d['record_bytes'] / d['records']:.0f} bytes per record")
 
 
 if __name__ == "__main__":

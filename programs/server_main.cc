@@ -31,10 +31,10 @@ int main(int argc, char** argv) {
   if (auto exit_status = table.parse(argc, argv)) return *exit_status;
   try {
     if (auto exit_status = operator_commands.run()) return *exit_status;
-    // The cheap pull's two bounds mean nothing without it; given alone they would be ignored,
-    // and the operator would believe pulls are cut.
+    // The cheap pull's bounds and σ per entry mean nothing without it; given alone they
+    // would be ignored, and the operator would believe pulls are cut.
     if (settings.pull_fraction == 0)
-      for (const char* flag : {"pull-min-entries", "pull-max-devices"})
+      for (const char* flag : {"pull-min-entries", "pull-max-devices", "entry-staleness"})
         if (table.was_set(flag))
           throw server::StartupError(std::string("--") + flag +
                                      " is a setting of the cheap pull: give --pull-fraction "

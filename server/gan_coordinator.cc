@@ -24,7 +24,7 @@ namespace edgetrain::server {
 
 WalPlaceholder gan_wal_placeholder() {
   return {.make = [](const WalHeader&, std::uint64_t iteration) {
-            return WalRecord{.version = iteration, .identity = kGanRefusedStepIdentity, .sequence = 0, .update = {}};
+            return WalRecord{.version = iteration, .identity = kGanRefusedStepIdentity, .sequence = 0, .update = {}, .entry_delays = {}};
           },
           .plural = "iterations closed without a step"};
 }
@@ -536,7 +536,8 @@ void GanCoordinator::close_iteration() {
         WalRecord{.version = closing + 1,
                   .identity = stepped ? kGanStepIdentity : kGanRefusedStepIdentity,
                   .sequence = m,
-                  .update = stepped ? encode_step(averaged) : std::vector<std::uint8_t>{}});
+                  .update = stepped ? encode_step(averaged) : std::vector<std::uint8_t>{},
+                  .entry_delays = {}});
   } catch (...) {
     iteration_ = closing;
     if (stepped) undo_step();

@@ -24,10 +24,6 @@ std::uint64_t body_etag(std::span<const std::uint8_t> body) {
 
 void check_replica_record_options(const ReplicaRecordOptions& options) {
   check_replica_pull_options(options.pull);
-  if (options.pull.entry_staleness)
-    throw std::invalid_argument(
-        "σ per entry (entry staleness) is not served by edgetrain-server yet: the simulator's "
-        "--entry-staleness only");
   if (options.pull.values == transport::ValueEncoding::kFp16)
     throw std::invalid_argument(
         "--pull-values fp16 is not served by edgetrain-server (the simulator's only): use "
@@ -67,6 +63,7 @@ ReplicaRecords::Pull ReplicaRecords::dense(Record& record, std::span<const float
                                            std::uint64_t version) {
   record.held.assign(parameters.begin(), parameters.end());
   record.held_version = version;
+  if (options_.pull.entry_staleness) record.held_since.assign(parameter_count_, version);
   record.last_body.reset();
   ++counters_.dense_pulls;
   return {Kind::kDense, nullptr, 0};
@@ -94,6 +91,7 @@ ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
   if (since && *since == 0 && !version_zero_.empty() && !repeat_from_zero && !record_at_zero) {
     record.held = version_zero_;
     record.held_version = 0;
+    if (options_.pull.entry_staleness) record.held_since.assign(parameter_count_, 0);
     record.last_body.reset();
     ++counters_.seeded_records;
     known = true;
@@ -108,7 +106,7 @@ ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
       pull_options.values = transport::ValueEncoding::kFp32;
     const transport::ModelDelta delta =
         replica_pull(model_id_, tensor_sizes_, parameters, version, record.held,
-                     record.held_version, pull_options);
+                     record.held_version, pull_options, record.held_since);
     auto encoded = transport::encode_model_delta(delta);
     if (!encoded) throw std::logic_error("cannot encode a model delta: " + encoded.error().message);
     // A delta as large as the model (a large fraction, a small model) goes dense: exact.
@@ -133,10 +131,27 @@ ReplicaRecords::Pull ReplicaRecords::pull(std::string_view identity,
   return dense(record, parameters, version);
 }
 
+std::span<const std::uint64_t> ReplicaRecords::entry_versions(std::string_view identity,
+                                                              std::uint64_t fetched_version) const {
+  if (!options_.pull.entry_staleness) return {};
+  const auto found = records_.find(identity);
+  if (found == records_.end() || found->second.held_version != fetched_version ||
+      found->second.held_since.size() != parameter_count_)
+    return {};
+  return found->second.held_since;
+}
+
+void ReplicaRecords::count_update(bool had_entry_versions) {
+  if (!options_.pull.entry_staleness) return;
+  ++(had_entry_versions ? counters_.entry_sigma_updates : counters_.entry_sigma_fallbacks);
+}
+
 std::size_t ReplicaRecords::bytes() const {
   std::size_t total = 0;
   for (const auto& [identity, record] : records_)
-    total += record.held.size() * sizeof(float) + (record.last_body ? record.last_body->size() : 0);
+    total += record.held.size() * sizeof(float) +
+             record.held_since.size() * sizeof(std::uint64_t) +
+             (record.last_body ? record.last_body->size() : 0);
   return total;
 }
 
@@ -153,7 +168,10 @@ std::string ReplicaRecords::stats_json() const {
                             {"records_evicted", counters_.records_evicted},
                             {"delta_bytes", counters_.delta_bytes},
                             {"largest_delta_bytes", counters_.largest_delta_bytes},
-                            {"dense_model_bytes", transport::dense_model_bytes(tensor_sizes_)}};
+                            {"dense_model_bytes", transport::dense_model_bytes(tensor_sizes_)},
+                            {"entry_staleness", options_.pull.entry_staleness},
+                            {"entry_sigma_updates", counters_.entry_sigma_updates},
+                            {"entry_sigma_fallbacks", counters_.entry_sigma_fallbacks}};
   return j.dump();
 }
 

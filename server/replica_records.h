@@ -29,8 +29,16 @@
 // up for an ETag of 0 on block-wise bodies), so the blocks of two bodies of one version
 // (entries left out sent later while the model stands still) are never mixed.
 //
-// Memory: one float per parameter and device (the copy) plus the last delta's bytes, for at
-// most `max_devices` devices; the one that pulled longest ago gives its record up first
+// σ per entry (options.pull.entry_staleness, ours; docs/design.md §3): each record also
+// keeps `held_since`, per entry the version at which the copy's value was last the model's
+// (replica_pull's), and entry_versions() hands it to the store for that device's update.
+// It is the device's copy only while the record's version is the update's t_fetch: with no
+// record (never pulled here, pushed out, the server restarted) or a record that moved on
+// (the device pulled again before this update arrived) or is behind, the update gets the
+// paper's σ (every entry as old as t_fetch), counted as a fallback.
+//
+// Memory: one float per parameter and device (the copy), 8 more bytes with σ per entry,
+// plus the last delta's bytes, for at most `max_devices` devices; the one that pulled longest ago gives its record up first
 // (its next pull is dense). Not durable: after a restart every device's next pull is dense,
 // and nothing acknowledged is lost, since pulls carry no updates.
 //
@@ -59,7 +67,7 @@ struct ReplicaRecordOptions {
 };
 
 // Throws std::invalid_argument naming the setting: the pull options (check_replica_pull_
-// options), entry staleness (not served by this server yet), max_devices 0.
+// options, which refuse entry staleness without a fraction), fp16 values, max_devices 0.
 void check_replica_record_options(const ReplicaRecordOptions& options);
 
 class ReplicaRecords {
@@ -88,6 +96,14 @@ class ReplicaRecords {
             std::span<const float> parameters, std::uint64_t version,
             bool fp16_increments = false);
 
+  // σ per entry: the versions h_i of `identity`'s copy for its update computed from
+  // `fetched_version` (its t_fetch), valid until the next pull(); empty (the paper's σ) when
+  // options.pull.entry_staleness is off or the record is not that copy (above).
+  std::span<const std::uint64_t> entry_versions(std::string_view identity,
+                                                std::uint64_t fetched_version) const;
+  // Counts an update the store accepted as given entry versions or not (σ per entry only).
+  void count_update(bool had_entry_versions);
+
   struct Counters {
     std::uint64_t dense_pulls = 0;     // answered dense (a record made or reset)
     std::uint64_t seeded_records = 0;  // records (re)started from version 0's model (since=0)
@@ -96,14 +112,19 @@ class ReplicaRecords {
     std::uint64_t records_evicted = 0;
     std::uint64_t delta_bytes = 0;          // of new deltas
     std::uint64_t largest_delta_bytes = 0;  // of one new delta
+    // σ per entry: updates given their device's entry versions, and those that fell back
+    // to the paper's σ (no record, or one at another version than their t_fetch).
+    std::uint64_t entry_sigma_updates = 0;
+    std::uint64_t entry_sigma_fallbacks = 0;
   };
   const Counters& counters() const { return counters_; }
   std::size_t records() const { return records_.size(); }
-  // Bytes the records hold now (copies and last deltas).
+  // Bytes the records hold now (copies, entry versions and last deltas).
   std::size_t bytes() const;
   // {"fraction", "min_entries", "max_devices", "records", "record_bytes", "dense_pulls",
   // "seeded_records", "delta_pulls", "repeated_pulls", "records_evicted", "delta_bytes",
-  // "largest_delta_bytes", "dense_model_bytes"} as one JSON object (/status, stats file).
+  // "largest_delta_bytes", "dense_model_bytes", "entry_staleness", "entry_sigma_updates",
+  // "entry_sigma_fallbacks"} as one JSON object (/status, stats file).
   std::string stats_json() const;
   const ReplicaRecordOptions& options() const { return options_; }
 
@@ -111,6 +132,8 @@ class ReplicaRecords {
   struct Record {
     std::vector<float> held;         // R: the device's copy as the server built it
     std::uint64_t held_version = 0;  // the version R was sent as
+    // σ per entry only: per entry, the version at which R's value was last the model's.
+    std::vector<std::uint64_t> held_since;
     // The last delta: from `last_base` to held_version; empty after a dense pull.
     std::shared_ptr<const std::vector<std::uint8_t>> last_body;
     std::uint64_t last_base = 0;

@@ -311,7 +311,8 @@ void RoundCoordinator::migrate_legacy_log(const std::filesystem::path& legacy) {
       records.push_back({round,
                          std::string(reinterpret_cast<const char*>(body.data() + 18), id_length),
                          get<std::uint64_t>(body.data() + 8),
-                         std::vector<std::uint8_t>(body.begin() + 18 + id_length, body.end())});
+                         std::vector<std::uint8_t>(body.begin() + 18 + id_length, body.end()),
+                         {}});
     }
   }
   try {
@@ -329,7 +330,7 @@ void RoundCoordinator::migrate_legacy_log(const std::filesystem::path& legacy) {
 void RoundCoordinator::append_to_log(std::uint64_t examples, const std::string& identity,
                                      std::span<const std::uint8_t> body) {
   if (!log_) log_.emplace(WalWriter::append_to(log_path_, read_wal(log_path_).valid_bytes));
-  log_->append(WalRecord{state_.version(), identity, examples, {body.begin(), body.end()}});
+  log_->append(WalRecord{state_.version(), identity, examples, {body.begin(), body.end()}, {}});
 }
 
 bool RoundCoordinator::selected(const std::string& identity, std::uint64_t round) const {

@@ -143,7 +143,7 @@ const std::string kCloseIdentity = "#close";
 
 void SecureRound::record(const std::string& identity, std::uint64_t kind, std::vector<std::uint8_t> body) {
   if (!log_) throw WalError(log_path_.string() + " is not open");
-  log_->append(WalRecord{session_, identity, kind, std::move(body)});
+  log_->append(WalRecord{session_, identity, kind, std::move(body), {}});
 }
 
 void SecureRound::resume_or_begin(std::uint64_t round, std::uint32_t vector_length) {

@@ -92,7 +92,8 @@ void check_settings(const ServerSettings& s) {
   if (s.pull_values != "fp32" && !(s.pull_fraction > 0))
     throw std::invalid_argument("--pull-values " + s.pull_values +
                                 " is for the cheap pull: it needs --pull-fraction above 0");
-  check_replica_record_options({{s.pull_fraction, s.pull_min_entries, false}, s.pull_max_devices});
+  check_replica_record_options(
+      {{s.pull_fraction, s.pull_min_entries, s.entry_staleness}, s.pull_max_devices});
   // --clip-update-norm would clip the round's close (one update through the store) per
   // tensor, which is not what a user of rounds means by clipping.
   if (s.mode == "rounds" && s.clip_update_norm > 0)
@@ -287,6 +288,7 @@ void ServerApp::open_state() {
   options.replica_pull.pull.fraction = s_.pull_fraction;
   options.replica_pull.pull.min_entries = s_.pull_min_entries;
   options.replica_pull.max_devices = s_.pull_max_devices;
+  options.replica_pull.pull.entry_staleness = s_.entry_staleness;
   if (s_.pull_values == "fp16-increment")
     options.replica_pull.pull.values = transport::ValueEncoding::kFp16Increment;
   evaluation_model_ = model;
@@ -428,7 +430,8 @@ void ServerApp::open_endpoint() {
                       " updates, " + short_number(s_.publish_fraction) + " of each tensor)"
                 : std::string()));
   if (state_->replica_records()) {
-    const double record_mb = static_cast<double>(state_->model().parameter_count()) * 4 / 1e6;
+    const double record_mb = static_cast<double>(state_->model().parameter_count()) *
+                             (s_.entry_staleness ? 12 : 4) / 1e6;
     log_line("cheap pull: each pull sends " + short_number(s_.pull_fraction) +
              " of each tensor (at least " + std::to_string(s_.pull_min_entries) +
              " entries); records of at most " + std::to_string(s_.pull_max_devices) +
@@ -438,6 +441,10 @@ void ServerApp::open_endpoint() {
              "holds the model built from --seed (version 0: a worker's seeded first pull)" +
              (s_.pull_values == "fp16-increment"
                   ? "; values as fp16 increments to devices that ask (values=fp16-increment)"
+                  : "") +
+             (s_.entry_staleness
+                  ? "; σ per entry (--entry-staleness): each record keeps its entries' versions, "
+                    "the WAL each update's older entries"
                   : ""));
   }
   log_line("CoAP timing: ACK_TIMEOUT " + short_number(s_.timing.ack_timeout_seconds) +

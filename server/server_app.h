@@ -41,6 +41,9 @@ struct ServerSettings {
   std::uint32_t pull_max_devices = 256;
   // fp32, or fp16-increment: devices that ask get the cheap pull's values as fp16 increments.
   std::string pull_values = "fp32";
+  // σ per entry (ours): with the cheap pull, each entry's σ counts from the version the
+  // device's copy holds it since (server/replica_records.h); recorded in the WAL.
+  bool entry_staleness = false;
   // Bad updates (server/README.md, "Bad updates"): the bound on parameters, optional
   // per-tensor norm clipping, quarantine of devices that keep failing, and recovery of a
   // state directory that reached a non-finite parameter.

@@ -96,8 +96,9 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "smaller: biases)")
       .range(1, 1u << 30);
   t.add("pull-max-devices", s.pull_max_devices,
-        "with --pull-fraction: devices whose copies are recorded (each parameters × 4 bytes); "
-        "beyond it the one that pulled longest ago loses its record (its next pull is dense)")
+        "with --pull-fraction: devices whose copies are recorded (each parameters × 4 bytes, "
+        "× 12 with --entry-staleness); beyond it the one that pulled longest ago loses its "
+        "record (its next pull is dense)")
       .range(1, 1u << 24)
       .unit("devices");
   t.add("pull-values", s.pull_values,
@@ -106,6 +107,13 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "instead of 4, which it adds to its copy; the record takes the same addition, so the "
         "rounding error goes out with a later pull (ours). Other devices get fp32")
       .choices({"fp32", "fp16-increment"});
+  t.add("entry-staleness", s.entry_staleness,
+        "with --pull-fraction: σ per entry (ours): an update's σ_i counts the updates since "
+        "the version its device's copy of entry i was last the model's (the record keeps it: "
+        "8 more bytes per parameter and device), not since its pull. An update whose device "
+        "has no record at its t_fetch (restart, pushed out, pulled again) gets the paper's σ. "
+        "The WAL keeps each update's older entries, so replay gives the same model; a state "
+        "directory's WAL says whether it was on, and a server started otherwise refuses it");
   t.group("Bad updates");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude,
         "an update that would leave a parameter it touches "

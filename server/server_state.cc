@@ -47,6 +47,33 @@ std::uint64_t parse_u64(const std::map<std::string, std::string>& metadata, cons
   }
 }
 
+// σ per entry: what the WAL record of `update` keeps of the sender's entry versions
+// (write_ahead_log.h, "Entry delays"): its touched entries held since before its t_fetch,
+// each delay capped at `max_staleness` (the store counts no further back).
+std::vector<WalEntryDelay> entry_delays_of(const transport::SparseUpdate& update,
+                                           std::span<const std::uint32_t> tensor_sizes,
+                                           std::span<const std::uint64_t> entry_versions,
+                                           std::uint32_t max_staleness) {
+  std::vector<WalEntryDelay> delays;
+  if (entry_versions.empty()) return delays;
+  std::vector<std::size_t> offsets(tensor_sizes.size(), 0);
+  for (std::size_t t = 1; t < tensor_sizes.size(); ++t)
+    offsets[t] = offsets[t - 1] + tensor_sizes[t - 1];
+  const std::uint64_t fetched = update.fetched_version;
+  for (const transport::SparseTensor& tensor : update.tensors)
+    for (const std::uint32_t i : tensor.indices) {
+      const std::size_t flat = offsets[tensor.tensor] + i;
+      if (entry_versions[flat] >= fetched) continue;
+      delays.push_back({static_cast<std::uint32_t>(flat),
+                        static_cast<std::uint32_t>(std::min<std::uint64_t>(
+                            fetched - entry_versions[flat], max_staleness))});
+    }
+  // Tensors may come in any order; within one, indices ascend.
+  std::sort(delays.begin(), delays.end(),
+            [](const WalEntryDelay& a, const WalEntryDelay& b) { return a.index < b.index; });
+  return delays;
+}
+
 std::vector<std::uint8_t> read_whole_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::system_error(errno, std::generic_category(), "cannot open " + path.string());
@@ -134,7 +161,8 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
 WalHeader ServerState::wal_header() const {
   return {model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
           wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit,
-                             options_.store.offline_average)};
+                             options_.store.offline_average,
+                             options_.replica_pull.pull.entry_staleness)};
 }
 
 std::size_t ServerState::history_length() const {
@@ -159,6 +187,31 @@ transport::SparseUpdate ServerState::decode_logged(const WalRecord& record) cons
     throw StateError("WAL record for version " + std::to_string(record.version) +
                      " does not decode: " + decoded.error().message);
   return std::move(decoded).value();
+}
+
+std::span<const std::uint64_t> ServerState::logged_entry_versions(
+    const WalRecord& record, const transport::SparseUpdate& update,
+    std::vector<std::uint64_t>& scratch) const {
+  if (record.entry_delays.empty()) return {};
+  const std::string where = "WAL record for version " + std::to_string(record.version);
+  if (!options_.replica_pull.pull.entry_staleness)
+    throw StateError(where +
+                     " carries entry delays (σ per entry) in a log whose header says none");
+  const std::size_t parameters = store_.parameters().size();
+  // UINT64_MAX: an entry not listed counts from t_fetch (the store takes min(h_i, t_fetch)).
+  if (scratch.size() != parameters) scratch.assign(parameters, UINT64_MAX);
+  for (const WalEntryDelay& entry : record.entry_delays) {
+    if (entry.index >= parameters || entry.delay > update.fetched_version) {
+      for (const WalEntryDelay& set : record.entry_delays)
+        if (set.index < parameters) scratch[set.index] = UINT64_MAX;
+      throw StateError(where + ": entry delay " + std::to_string(entry.delay) + " at index " +
+                       std::to_string(entry.index) + " does not fit a model of " +
+                       std::to_string(parameters) + " parameters and t_fetch " +
+                       std::to_string(update.fetched_version));
+    }
+    scratch[entry.index] = update.fetched_version - entry.delay;
+  }
+  return scratch;
 }
 
 void ServerState::recover() {
@@ -400,6 +453,9 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
                        ", offline step credit " +
                        std::to_string(wal_offline_step_credit(contents.header.staleness_rule)) +
                        (wal_offline_average(contents.header.staleness_rule) ? " averaged" : "") +
+                       (wal_entry_staleness(contents.header.staleness_rule)
+                            ? ", σ per entry (--entry-staleness)"
+                            : ", no σ per entry (no --entry-staleness)") +
                        "): start with the same settings or a new state directory");
     for (WalRecord& record : contents.records)
       if (wal.records.empty() || record.version > wal.records.back().version)
@@ -445,6 +501,7 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
   // one that would make a parameter non-finite (a log written before updates were checked).
   auto replayed_end = wal.records.end();
   Replay replay;
+  std::vector<std::uint64_t> entry_versions_scratch;  // logged_entry_versions()
   for (auto it = first_new; it != wal.records.end(); ++it) {
     if (stop_before && it->version >= *stop_before) {
       replay.stopped_before = it->version;
@@ -453,14 +510,20 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
       break;
     }
     const transport::SparseUpdate update = decode_logged(*it);
+    const std::span<const std::uint64_t> entry_versions =
+        logged_entry_versions(*it, update, entry_versions_scratch);
     // With rollback_non_finite, note where a rollback would stop; apply as logged either way.
     ApplyResult result;
-    if (options_.rollback_non_finite) result = store_.apply(update, ValueCheck::kBound);
+    if (options_.rollback_non_finite)
+      result = store_.apply(update, ValueCheck::kBound, entry_versions);
     if (!options_.rollback_non_finite || result.status == ApplyStatus::kOutOfBounds) {
       if (options_.rollback_non_finite && !replay.first_beyond_bound)
         replay.first_beyond_bound = it->version;
-      result = store_.apply(update, ValueCheck::kFiniteOnly);
+      result = store_.apply(update, ValueCheck::kFiniteOnly, entry_versions);
     }
+    if (!entry_versions.empty())
+      for (const WalEntryDelay& entry : it->entry_delays)
+        entry_versions_scratch[entry.index] = UINT64_MAX;
     if (result.status == ApplyStatus::kOutOfBounds) {
       const std::string what = "replaying the update logged as version " +
                                std::to_string(it->version) + " (from '" +
@@ -676,7 +739,12 @@ StagedSubmit ServerState::stage_update(std::string_view identity,
   // Checked against the parameters the staged updates will leave, in version order; from
   // here on the store holds the update's values and touched set until it is applied or
   // cancelled.
-  const ApplyResult verdict = store_.reserve(update);
+  // σ per entry: each entry's σ counts from the version the sender's copy holds it since
+  // (the record of its copy, when that is the copy this update was computed on).
+  const std::span<const std::uint64_t> entry_versions =
+      replicas_ ? replicas_->entry_versions(identity, update.fetched_version)
+                : std::span<const std::uint64_t>();
+  const ApplyResult verdict = store_.reserve(update, ValueCheck::kBound, entry_versions);
   switch (verdict.status) {
     case ApplyStatus::kApplied:
       break;
@@ -698,7 +766,11 @@ StagedSubmit ServerState::stage_update(std::string_view identity,
   if (!clipped_body.empty()) ++updates_clipped_;
   const std::span<const std::uint8_t> logged =
       clipped_body.empty() ? body : std::span<const std::uint8_t>(clipped_body);
-  WalRecord record{version, std::string(identity), update.sequence, {logged.begin(), logged.end()}};
+  WalRecord record{
+      version, std::string(identity), update.sequence, {logged.begin(), logged.end()}, {}};
+  // The records are not durable: the log keeps what replay needs of the entry versions.
+  record.entry_delays =
+      entry_delays_of(update, tensor_sizes_, entry_versions, options_.store.max_staleness);
   try {
     wal_->write(record);
   } catch (const WalError& e) {
@@ -706,6 +778,7 @@ StagedSubmit ServerState::stage_update(std::string_view identity,
     if (!clipped_body.empty()) --updates_clipped_;
     return settle(SubmitOutcome::kNotDurable, now, e.what());
   }
+  if (replicas_) replicas_->count_update(!entry_versions.empty());
   commit_.stage(
       {std::move(record), std::move(update), offset, decode_seconds, seconds_since(write_started)});
   return {std::nullopt, version};

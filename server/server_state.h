@@ -369,6 +369,13 @@ class ServerState {
   std::size_t history_length() const;  // updates the WAL must keep before a checkpoint
   void remember_recent(WalRecord record);
   transport::SparseUpdate decode_logged(const WalRecord& record) const;
+  // σ per entry: the entry versions replay gives the store for `record` (its entry delays
+  // over `update`'s t_fetch), in `scratch` (every other entry UINT64_MAX: as old as
+  // t_fetch; the caller puts the listed ones back to that after the apply); empty for a
+  // record without entry delays. Throws StateError for delays that do not fit.
+  std::span<const std::uint64_t> logged_entry_versions(const WalRecord& record,
+                                                       const transport::SparseUpdate& update,
+                                                       std::vector<std::uint64_t>& scratch) const;
   // Waits for (or polls) the running sync and settles the updates it covered into `out`.
   bool collect_sync(bool wait, std::vector<SettledSubmit>& out);
 

@@ -22,7 +22,7 @@ WalRecord placeholder(const WalHeader& header, std::uint64_t version) {
   empty.fetched_version = version - 1;  // delay 0: σ counts nothing for it
   auto bytes = transport::encode_sparse_update(empty);
   if (!bytes) throw WalError("cannot encode a placeholder update: " + bytes.error().message);
-  return WalRecord{version, std::string(), 0, std::move(bytes).value()};
+  return WalRecord{version, std::string(), 0, std::move(bytes).value(), {}};
 }
 
 std::vector<std::string> listing(const std::filesystem::path& path, const WalContents& wal) {

@@ -36,6 +36,33 @@ std::uint64_t get_le(const std::uint8_t* in, int bytes) {
   return value;
 }
 
+// Bit 15 of the identity length: entry delays follow the identity (write_ahead_log.h).
+constexpr std::uint16_t kEntryDelaysFlag = 0x8000;
+constexpr std::size_t kMaxIdentityBytes = 0x7fff;
+
+void put_varint(std::vector<std::uint8_t>& out, std::uint64_t value) {
+  while (value >= 0x80) {
+    out.push_back(static_cast<std::uint8_t>(value | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<std::uint8_t>(value));
+}
+
+// The varint at `at` (moved past it), or nullopt when it runs past `end` or beyond 32 bits.
+std::optional<std::uint32_t> get_varint32(const std::uint8_t* end, const std::uint8_t*& at) {
+  std::uint64_t value = 0;
+  for (int shift = 0; shift <= 28; shift += 7) {
+    if (at == end) return std::nullopt;
+    const std::uint8_t byte = *at++;
+    value |= std::uint64_t{byte & 0x7fu} << shift;
+    if (!(byte & 0x80)) {
+      if (value > UINT32_MAX) return std::nullopt;
+      return static_cast<std::uint32_t>(value);
+    }
+  }
+  return std::nullopt;
+}
+
 std::string errno_text() { return std::strerror(errno); }
 
 bool write_all(int fd, std::span<const std::uint8_t> bytes) {
@@ -76,8 +103,22 @@ std::vector<std::uint8_t> encode_wal_header(const WalHeader& header) {
 }
 
 std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
-  if (record.identity.size() > UINT16_MAX) throw WalError("WAL: identity longer than 65535 bytes");
-  const std::size_t body = kRecordFixedBody + record.identity.size() + record.update.size();
+  if (record.identity.size() > kMaxIdentityBytes)
+    throw WalError("WAL: identity longer than 32767 bytes");
+  std::vector<std::uint8_t> delays;
+  if (!record.entry_delays.empty()) {
+    put_varint(delays, record.entry_delays.size());
+    for (std::size_t j = 0; j < record.entry_delays.size(); ++j) {
+      const WalEntryDelay& entry = record.entry_delays[j];
+      if (j > 0 && entry.index <= record.entry_delays[j - 1].index)
+        throw WalError("WAL: entry delays not in strictly ascending index order");
+      if (entry.delay == 0) throw WalError("WAL: an entry delay of 0 (such entries are left out)");
+      put_varint(delays, j == 0 ? entry.index : entry.index - record.entry_delays[j - 1].index - 1);
+      put_varint(delays, entry.delay);
+    }
+  }
+  const std::size_t body =
+      kRecordFixedBody + record.identity.size() + delays.size() + record.update.size();
   if (body > kWalMaxRecordBody)
     throw WalError("WAL: record of " + std::to_string(body) + " bytes is above the cap");
   std::vector<std::uint8_t> out;
@@ -86,8 +127,9 @@ std::vector<std::uint8_t> encode_wal_record(const WalRecord& record) {
   put_le(out, 0, 4);  // CRC, filled in below
   put_le(out, record.version, 8);
   put_le(out, record.sequence, 8);
-  put_le(out, record.identity.size(), 2);
+  put_le(out, record.identity.size() | (delays.empty() ? 0 : kEntryDelaysFlag), 2);
   out.insert(out.end(), record.identity.begin(), record.identity.end());
+  out.insert(out.end(), delays.begin(), delays.end());
   out.insert(out.end(), record.update.begin(), record.update.end());
   const std::uint32_t crc = crc_of(std::span<const std::uint8_t>(out).subspan(8));
   for (int i = 0; i < 4; ++i) out[4 + i] = static_cast<std::uint8_t>(crc >> (8 * i));
@@ -115,7 +157,9 @@ std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::siz
     return std::nullopt;
   }
   const std::uint8_t* b = bytes.data() + at + 8;
-  const std::size_t identity_length = get_le(b + 16, 2);
+  const std::size_t identity_field = get_le(b + 16, 2);
+  const bool has_delays = (identity_field & kEntryDelaysFlag) != 0;
+  const std::size_t identity_length = identity_field & ~std::size_t{kEntryDelaysFlag};
   if (kRecordFixedBody + identity_length > body) {
     why = "identity length " + std::to_string(identity_length) + " exceeds the body";
     return std::nullopt;
@@ -133,7 +177,32 @@ std::optional<WalRecord> record_at(std::span<const std::uint8_t> bytes, std::siz
   record.version = version;
   record.sequence = get_le(b + 8, 8);
   record.identity.assign(reinterpret_cast<const char*>(b + kRecordFixedBody), identity_length);
-  record.update.assign(b + kRecordFixedBody + identity_length, b + body);
+  const std::uint8_t* rest = b + kRecordFixedBody + identity_length;
+  const std::uint8_t* const end = b + body;
+  if (has_delays) {
+    // Checked like the rest although the CRC matched: a writer's bug must not become a
+    // huge allocation or an index that wraps.
+    const std::optional<std::uint32_t> count = get_varint32(end, rest);
+    // Each pair takes at least 2 bytes.
+    if (!count || *count == 0 || *count > static_cast<std::size_t>(end - rest) / 2) {
+      why = "entry delays: bad count";
+      return std::nullopt;
+    }
+    record.entry_delays.reserve(*count);
+    std::uint64_t next_index = 0;
+    for (std::uint32_t j = 0; j < *count; ++j) {
+      const std::optional<std::uint32_t> gap = get_varint32(end, rest);
+      const std::optional<std::uint32_t> delay = gap ? get_varint32(end, rest) : std::nullopt;
+      if (!delay || *delay == 0 || next_index + *gap > UINT32_MAX) {
+        why = "entry delays: entry " + std::to_string(j) + " is cut short or out of range";
+        return std::nullopt;
+      }
+      const std::uint64_t index = next_index + *gap;
+      record.entry_delays.push_back({static_cast<std::uint32_t>(index), *delay});
+      next_index = index + 1;
+    }
+  }
+  record.update.assign(rest, end);
   return record;
 }
 
@@ -172,7 +241,7 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
     std::string why;
     if (std::optional<WalRecord> record = record_at(bytes, at, std::nullopt, why)) {
       contents.record_offsets.push_back(at);
-      at += 8 + kRecordFixedBody + record->identity.size() + record->update.size();
+      at += 8 + get_le(bytes.data() + at, 4);
       contents.records.push_back(std::move(*record));
       continue;
     }

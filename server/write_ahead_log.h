@@ -7,7 +7,17 @@
 //                      u32 crc32 of the previous 28 bytes
 //   record:            u32 body length, u32 crc32 of the body, body:
 //                      u64 version it produced, u64 sequence, u16 identity length,
-//                      identity bytes, the update exactly as received (codec bytes)
+//                      identity bytes, [entry delays], the update exactly as received
+//                      (codec bytes)
+//
+// Entry delays (σ per entry, --entry-staleness; ours): bit 15 of the identity length says
+// they are there (so identities are at most 32767 bytes; a record without them reads as
+// before). They are what replay needs of the server's record of the sender's copy, which is
+// not durable: varint n, then n pairs of varints (index gap, delay), flat parameter indices
+// ascending (the first pair's gap is its index, each later one's is index − previous − 1),
+// each delay t_fetch − h_i ≥ 1 for a touched entry whose value in the sender's copy was
+// last the model's at version h_i < t_fetch, capped at the header's max staleness D (the
+// store counts no further back). Entries not listed were the model's at t_fetch.
 //
 // Two kinds of log share the format. kUpdates (0; the field was a reserved 0 before the
 // kinds came, so older logs read as this kind): the main WAL, one record per applied update,
@@ -61,24 +71,40 @@ struct WalHeader {
   bool operator==(const WalHeader&) const = default;
 };
 
+// One entry of a σ-per-entry update whose value in the sender's copy was older than the
+// update's t_fetch (above, "Entry delays").
+struct WalEntryDelay {
+  std::uint32_t index = 0;  // flat parameter index
+  std::uint32_t delay = 0;  // t_fetch − h_i, at least 1
+  bool operator==(const WalEntryDelay&) const = default;
+};
+
 struct WalRecord {
   std::uint64_t version = 0;         // the model version this update produced
   std::string identity;              // DTLS identity that sent it
   std::uint64_t sequence = 0;        // the worker's sequence number
   std::vector<std::uint8_t> update;  // the update's codec bytes
+  // Empty: every entry as old as t_fetch (the paper's σ). Indices strictly ascending.
+  std::vector<WalEntryDelay> entry_delays;
 };
 
 // WalHeader::staleness_rule for a rule (a StalenessRule's number, bits 0-7), the offline
-// average (bit 8: ParameterStoreOptions::offline_average) and an offline step credit (bits
+// average (bit 8: ParameterStoreOptions::offline_average), σ per entry (bit 9: the server's
+// --entry-staleness, its records carry entry delays) and an offline step credit (bits
 // 16-31, at most 65535).
 inline constexpr std::uint32_t kWalOfflineAverageBit = 0x100;
+inline constexpr std::uint32_t kWalEntryStalenessBit = 0x200;
 inline std::uint32_t wal_staleness_rule(auto rule, std::uint32_t offline_step_credit,
-                                        bool offline_average = false) {
+                                        bool offline_average = false,
+                                        bool entry_staleness = false) {
   return static_cast<std::uint32_t>(rule) | (offline_average ? kWalOfflineAverageBit : 0) |
-         (offline_step_credit << 16);
+         (entry_staleness ? kWalEntryStalenessBit : 0) | (offline_step_credit << 16);
 }
 inline bool wal_offline_average(std::uint32_t staleness_rule) {
   return (staleness_rule & kWalOfflineAverageBit) != 0;
+}
+inline bool wal_entry_staleness(std::uint32_t staleness_rule) {
+  return (staleness_rule & kWalEntryStalenessBit) != 0;
 }
 inline std::uint32_t wal_offline_step_credit(std::uint32_t staleness_rule) {
   return staleness_rule >> 16;

@@ -10,7 +10,8 @@
 # checkpoint; in both checkpoints: refused.
 # usage: server_crash_recovery.sh SERVER WORKER [SERVER FLAGS...] (e.g. --loop-threads 2:
 # the same checks with two event loops; which loop each worker's session lands on is the
-# kernel's hash of its address and port)
+# kernel's hash of its address and port; with --entry-staleness also that σ per entry was
+# used and that its WAL is refused without the flag)
 server="$1"; worker="$2"; shift 2
 extra_server_flags=("$@")
 source "$(dirname "$0")/process_test_lib.sh"
@@ -106,6 +107,23 @@ done
 kill -TERM "$server_pid"
 wait_for_exit "$server_pid" 30 || fail "the server exited with status $?"
 echo "no acknowledged update lost across SIGKILL and SIGTERM restarts"
+
+# σ per entry (--pull-fraction F --entry-staleness among the flags): the updates used the
+# records of the workers' copies, and the WAL, whose header says so, is refused by a server
+# started without the flag (replay would give other parameters).
+if [[ " ${extra_server_flags[*]-} " == *" --entry-staleness "* ]]; then
+  [ "$(json_get "$server_stats" cheap_pull.entry_sigma_updates)" -gt 0 ] ||
+    fail "no update of the last server was given σ per entry: $(json_get "$server_stats" cheap_pull | tr '\n' ' ')"
+  without=()
+  for flag in "${server_args[@]}"; do [ "$flag" = --entry-staleness ] || without+=("$flag"); done
+  if timeout 30 "$server" --listen 127.0.0.1 --port 0 "${without[@]}" >"$work/server-without.log" 2>&1; then
+    fail "a server without --entry-staleness started on a WAL written with it"
+  fi
+  grep -qF -- "--entry-staleness" "$work/server-without.log" ||
+    fail "the refusal does not name --entry-staleness: $(tail -n 3 "$work/server-without.log")"
+  echo "σ per entry: $(json_get "$server_stats" cheap_pull.entry_sigma_updates) updates of the last server;" \
+    "without --entry-staleness the state is refused"
+fi
 
 # Damaged checkpoints (issue 18). flip_byte FILE BYTES_FROM_END: one bit of that byte.
 flip_byte() {

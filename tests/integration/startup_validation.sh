@@ -63,6 +63,8 @@ refused cheap-pull-published "--pull-fraction and --publish-every are two ways" 
   --pull-fraction 0.01 --publish-every 10
 refused cheap-pull-bound-alone "--pull-max-devices is a setting of the cheap pull" --keystore "$keys" \
   --pull-max-devices 5
+refused entry-staleness-alone "--entry-staleness is a setting of the cheap pull" --keystore "$keys" \
+  --entry-staleness
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0

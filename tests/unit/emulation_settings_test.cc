@@ -111,6 +111,8 @@ TEST(EmulatorSettings, ChecksThatRelateSettings) {
   using S = EmulatorSettings;
   expect_refused([](S& s) { s.fp16 = s.sign_scale = true; }, "exclude each other");
   expect_refused([](S& s) { s.qemu_workers = 11; }, "--qemu-workers");
+  expect_refused([](S& s) { s.entry_staleness = true; }, "give --pull-fraction too");
+  expect_refused([](S& s) { s.pull_values = "fp16-increment"; }, "give --pull-fraction too");
   expect_refused([](S& s) { s.drop_rates = "0.5", s.dropout_table = "t.json"; }, "give one of");
   expect_refused([](S& s) { s.class_drop_rates = "pi5=0.5"; }, "needs --cpu-classes");
   expect_refused([](S& s) { s.cpu_classes = "pi5=1", s.class_drop_rates = "pi3=0.5"; },
@@ -194,6 +196,8 @@ TEST(EmulatorSettings, SettingsThatGoTogetherPass) {
   good[6].min_clients = 10;
   good[5].impaired = "3", good[5].link = "delay=20:80,loss=0.01", good[5].slowdown = "0:3";
   good[5].cpu_classes = "a=1,b=0.5", good[5].cpu_schedule = "60-120:0.5@b";
+  good[0].pull_fraction = 0.004, good[0].entry_staleness = true;
+  good[0].pull_values = "fp16-increment";
   for (std::size_t i = 0; i < good.size(); i++)
     EXPECT_NO_THROW(check_emulator_settings(good[i])) << i;
 }

@@ -4,6 +4,7 @@
 // ModelReplica that takes every answer checks the digest each time.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -289,10 +290,63 @@ TEST(ReplicaRecords, ADeltaAsLargeAsTheModelGoesDenseAndSettingsAreChecked) {
   for (int i = 0; i < 60; ++i) m.step();  // nearly every entry changed: no delta beats dense
   EXPECT_EQ(records.pull("a", 0, m.w, m.version).kind, Kind::kDense);
   EXPECT_THROW(records.pull("a", 60, std::vector<float>(7), 61), std::invalid_argument);
-  EXPECT_THROW(server::check_replica_record_options({{0.01, 32, true}, 8}), std::invalid_argument);
+  // σ per entry needs the cheap pull; with it, it is served.
+  EXPECT_THROW(server::check_replica_record_options({{0, 32, true}, 8}), std::invalid_argument);
+  EXPECT_NO_THROW(server::check_replica_record_options({{0.01, 32, true}, 8}));
   EXPECT_THROW(server::check_replica_record_options({{0.01, 32}, 0}), std::invalid_argument);
   EXPECT_THROW(server::check_replica_record_options({{1.5, 32}, 8}), std::invalid_argument);
   EXPECT_NO_THROW(server::check_replica_record_options({{0, 32}, 0}));  // off: nothing to check
+}
+
+// σ per entry (options.pull.entry_staleness): the record keeps per entry the version its
+// value was last the model's, and hands it out only for an update computed on that copy
+// (t_fetch = the record's version); 8 more bytes per parameter in the bound.
+TEST(ReplicaRecords, EntryVersionsFollowTheCopyAndOnlyServeTheVersionItWasPulledAt) {
+  ReplicaRecordOptions with = options(0.05);
+  with.pull.entry_staleness = true;
+  ReplicaRecords records(kModelId, kSizes, with);
+  ReplicaRecords plain(kModelId, kSizes, options(0.05));
+  MovingModel m;
+  EXPECT_TRUE(records.entry_versions("a", 0).empty()) << "no record yet";
+  records.pull("a", std::nullopt, m.w, m.version);
+  plain.pull("a", std::nullopt, m.w, m.version);
+  EXPECT_EQ(records.bytes(), plain.bytes() + 408 * sizeof(std::uint64_t));
+  // After the dense pull every entry is the model's at version 0.
+  std::span<const std::uint64_t> since = records.entry_versions("a", 0);
+  ASSERT_EQ(since.size(), 408u);
+  EXPECT_TRUE(std::all_of(since.begin(), since.end(), [](std::uint64_t h) { return h == 0; }));
+  std::vector<float> copy = m.w;  // the device's copy, as the deltas leave it
+  std::uint64_t held = 0;
+  for (int i = 0; i < 6; ++i) {
+    m.step();
+    const ReplicaRecords::Pull pull = records.pull("a", held, m.w, m.version);
+    ASSERT_EQ(pull.kind, Kind::kDelta);
+    auto delta = transport::decode_model_delta(*pull.body, {kModelId, kSizes});
+    ASSERT_TRUE(delta.ok());
+    ASSERT_TRUE(transport::apply_model_delta(delta.value(), kSizes, copy));
+    held = m.version;
+  }
+  since = records.entry_versions("a", held);
+  ASSERT_EQ(since.size(), 408u);
+  // h_i is the version now exactly for the entries the copy has right, older for the rest
+  // (a 5% pull leaves most of the changes out), and never in the future.
+  std::size_t older = 0;
+  for (std::size_t i = 0; i < 408; ++i) {
+    EXPECT_LE(since[i], held);
+    EXPECT_EQ(since[i] == held, copy[i] == m.w[i]) << i;
+    older += since[i] < held;
+  }
+  EXPECT_GT(older, 20u);
+  // Another version than the record's: not this copy.
+  EXPECT_TRUE(records.entry_versions("a", held - 1).empty());
+  EXPECT_TRUE(records.entry_versions("b", held).empty());
+  EXPECT_TRUE(plain.entry_versions("a", held).empty()) << "off: never";
+  records.count_update(true);
+  records.count_update(false);
+  records.count_update(false);
+  EXPECT_EQ(records.counters().entry_sigma_updates, 1u);
+  EXPECT_EQ(records.counters().entry_sigma_fallbacks, 2u);
+  EXPECT_NE(records.stats_json().find("\"entry_sigma_fallbacks\":2"), std::string::npos);
 }
 
 }  // namespace

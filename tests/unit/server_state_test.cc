@@ -152,6 +152,80 @@ TEST(ServerState, CreditedClaimsReplayBitExact) {
   EXPECT_NE(unclaimed.parameters_after(40), history.parameters_after(40));
 }
 
+// σ per entry (--entry-staleness, the cheap pull's records of the devices' copies): the
+// records are not durable, yet a crash replays to the live run's parameters bit for bit,
+// since the WAL keeps each update's entries that were older than its t_fetch; those
+// parameters are not the paper's σ's. After the restart the devices have no records: their
+// updates fall back to the paper's σ, and replay reproduces that too. A server started
+// without --entry-staleness on that state is refused, naming it.
+TEST(ServerState, EntryStalenessReplaysBitExactWithoutTheRecords) {
+  TempDir dir("edgetrain-state");
+  auto options = options_for(dir, 7);
+  options.store.max_staleness = 8;
+  options.replica_pull = {{0.1, 1, true}, 8};
+  const runtime::Model model = small_model();
+  const auto sizes = tensor_sizes(model);
+  server::ParameterStore paper(model.layout_id(), sizes,
+                               {model.parameters().begin(), model.parameters().end()},
+                               options.store);
+  std::mt19937 rng(38);
+  std::uint64_t sequences[3] = {0, 0, 0};
+  std::uint64_t pulled_at[3] = {0, 0, 0};
+  // A random device sends an update computed on the copy it pulled, then pulls again.
+  auto send = [&](ServerState& state, int device) {
+    const std::string identity = "device-" + std::to_string(device);
+    const std::vector<std::uint8_t> bytes =
+        random_sparse_update(rng, model, ++sequences[device], pulled_at[device]);
+    const auto result = state.submit(identity, bytes);
+    ASSERT_EQ(result.outcome, SubmitOutcome::kApplied) << result.diagnostic;
+    ASSERT_TRUE(paper.apply(transport::decode_sparse_update(bytes, {model.layout_id(), sizes})
+                                .value())
+                    .applied());
+    state.pull_for_device(identity, pulled_at[device]);
+    pulled_at[device] = state.version();
+  };
+  std::vector<float> live;
+  {
+    ServerState state(small_model(), options);
+    for (int d = 0; d < 3; ++d) state.pull_for_device("device-" + std::to_string(d), std::nullopt);
+    for (int n = 0; n < 40; ++n) send(state, static_cast<int>(rng() % 3));
+    ASSERT_EQ(state.version(), 40u);
+    EXPECT_EQ(state.replica_records()->counters().entry_sigma_updates, 40u);
+    EXPECT_EQ(state.replica_records()->counters().entry_sigma_fallbacks, 0u);
+    live = parameters_of(state);
+  }  // "crash": no final checkpoint (the last is at 35)
+  std::size_t with_delays = 0;
+  for (const server::WalRecord& record : server::read_wal(dir.path() / "wal.log").records)
+    with_delays += !record.entry_delays.empty();
+  EXPECT_GT(with_delays, 5u) << "the log should carry older entries of most updates";
+  EXPECT_NE(live, std::vector<float>(paper.parameters().begin(), paper.parameters().end()))
+      << "σ per entry made no difference: the test shows nothing";
+  {
+    ServerState restarted(small_model(), options);
+    EXPECT_EQ(restarted.recovery().checkpoint_version, 35u);
+    ASSERT_EQ(restarted.version(), 40u);
+    EXPECT_EQ(parameters_of(restarted), live);
+    // No records now: a device's next update gets the paper's σ (counted as a fallback).
+    for (int n = 0; n < 6; ++n) send(restarted, n % 3);
+    EXPECT_EQ(restarted.replica_records()->counters().entry_sigma_fallbacks, 3u);
+    EXPECT_EQ(restarted.replica_records()->counters().entry_sigma_updates, 3u);
+    live = parameters_of(restarted);
+  }
+  {
+    ServerState again(small_model(), options);
+    ASSERT_EQ(again.version(), 46u);
+    EXPECT_EQ(parameters_of(again), live);
+  }
+  auto without = options;
+  without.replica_pull.pull.entry_staleness = false;
+  try {
+    ServerState refused(small_model(), without);
+    ADD_FAILURE() << "a log written with σ per entry replayed without it";
+  } catch (const server::StateError& e) {
+    EXPECT_NE(std::string(e.what()).find("--entry-staleness"), std::string::npos) << e.what();
+  }
+}
+
 // GET /model?since=V for every V from `oldest` to beyond the current version: a delta,
 // applied to the parameters at V, must give the current parameters bit for bit (and their
 // digest); otherwise the answer must be the dense model. Returns how many were deltas.

@@ -3,7 +3,9 @@
 // (worker/, with the real server core behind a fake channel: no network) run on the same
 // seed, model and data, and must end with the same parameters bit for bit:
 //   async   two runtime::Workers pushing to a server::ServerState, against edgetrain-sim
-//           --mode async (shared: runtime::compress_step, the store's apply);
+//           --mode async (shared: runtime::compress_step, the store's apply); also with the
+//           cheap pull and σ per entry (the server's records against the simulator's
+//           copies; shared: server::replica_pull, the store's entry_versions);
 //   rounds  three runtime::RoundWorkers and a server::RoundCoordinator, against --mode rounds
 //           (shared: runtime::train_round_locally, server::round_close_update);
 //   gossip  four runtime::GossipPeers on a ring (D-PSGD, dense and compressed) and three on
@@ -37,6 +39,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -124,13 +127,20 @@ std::vector<float> parameters_of(const server::ServerState& state) {
 
 // ---- async ------------------------------------------------------------------------------
 
-// A worker's channel to a ServerState, answering as the server's resources do.
+// A worker's channel to a ServerState, answering as the server's resources do (with the
+// cheap pull: from the device's record).
 class StateChannel : public runtime::ServerChannel {
  public:
   StateChannel(server::ServerState& state, std::string identity)
       : state_(state), identity_(std::move(identity)) {}
   CoapResponse get_model(const std::string& path) override {
     const std::string since = "model?since=";
+    if (state_.replica_records()) {
+      std::optional<std::uint64_t> base;
+      if (path.rfind(since, 0) == 0) base = std::stoull(path.substr(since.size()));
+      const auto reply = state_.pull_for_device(identity_, base);
+      return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, reply.etag};
+    }
     if (path.rfind(since, 0) == 0) {
       const auto reply = state_.encoded_model_since(std::stoull(path.substr(since.size())));
       return {CoapCode::kContent, {reply.bytes.begin(), reply.bytes.end()}, state_.version()};
@@ -150,11 +160,15 @@ class StateChannel : public runtime::ServerChannel {
   std::string identity_;
 };
 
-TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
+// `cheap`: the cheap pull with σ per entry on both sides (edgetrain-server --pull-fraction
+// --entry-staleness, the simulator's --pull-fraction --entry-staleness): the records'
+// entry versions against the simulator's held_since.
+std::vector<float> expect_async_workers_agree_with_the_simulator(
+    std::optional<server::ReplicaPullOptions> cheap) {
   const runtime::Dataset data = one_image_per_shard(2, 6, kSeed);
   runtime::CompressorOptions compression;
   compression.compression_rate = 0.25;  // top-k, a quarter of each tensor
-  constexpr std::uint64_t kUpdates = 6;
+  const std::uint64_t kUpdates = cheap ? 12 : 6;
 
   sim::SimConfig c;
   c.model = kModel;
@@ -168,8 +182,9 @@ TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
   c.eval_every = 1000;
   c.eval_examples = 4;
   c.seed = kSeed;
+  if (cheap) c.replica_pull = *cheap;
   const sim::SimResult simulated = sim::run_simulation(c, data, data, "agreement");
-  ASSERT_EQ(simulated.updates_applied, kUpdates);
+  EXPECT_EQ(simulated.updates_applied, kUpdates);
 
   // The same on the real loop, first worker `first`: pull and step each, then (push, pull,
   // step) in turn, as the simulator's clock runs them without spread or jitter.
@@ -180,6 +195,7 @@ TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
     options.store.learning_rate = c.learning_rate;
     options.store.max_staleness = c.max_staleness;
     options.store.rule = c.staleness_rule;
+    if (cheap) options.replica_pull = {*cheap, 8};
     server::ServerState state(initial_model(), options);
     std::atomic<bool> stop{false};
     std::vector<std::unique_ptr<StateChannel>> channels;
@@ -208,6 +224,11 @@ TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
       }
     EXPECT_EQ(workers[0]->stats().updates_accepted + workers[1]->stats().updates_accepted,
               kUpdates);
+    if (cheap) {
+      EXPECT_EQ(state.replica_records()->counters().entry_sigma_updates,
+                cheap->entry_staleness ? kUpdates : 0);
+      EXPECT_GT(state.replica_records()->counters().delta_pulls, kUpdates);
+    }
     return parameters_of(state);
   };
   const std::vector<float> first0 = real_run(0), first1 = real_run(1);
@@ -216,6 +237,25 @@ TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
             same_bits(first1, simulated.final_parameters))
       << "worker 0 first: " << first_difference(first0, simulated.final_parameters)
       << "; worker 1 first: " << first_difference(first1, simulated.final_parameters);
+  return simulated.final_parameters;
+}
+
+TEST(SimAgreement, AsyncWorkersAndTheServerEndWithTheSimulatorsModel) {
+  expect_async_workers_agree_with_the_simulator(std::nullopt);
+}
+
+// The cheap pull with σ per entry (edgetrain-server --entry-staleness): the server's records
+// and the simulator's copies agree bit for bit; without σ per entry the simulator ends
+// elsewhere, so the entry versions were in play.
+TEST(SimAgreement, TheCheapPullWithSigmaPerEntryEndsWithTheSimulatorsModel) {
+  server::ReplicaPullOptions cheap;
+  cheap.fraction = 0.1;
+  cheap.min_entries = 2;
+  cheap.entry_staleness = true;
+  const std::vector<float> with = expect_async_workers_agree_with_the_simulator(cheap);
+  cheap.entry_staleness = false;
+  const std::vector<float> without = expect_async_workers_agree_with_the_simulator(cheap);
+  EXPECT_FALSE(same_bits(with, without)) << "σ per entry changed nothing: the test proves less";
 }
 
 // ---- rounds ------------------------------------------------------------------------------

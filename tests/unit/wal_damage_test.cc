@@ -142,6 +142,123 @@ TEST(WalHeaderRule, TheRuleTheOfflineAverageAndTheCreditAreReadBackApart) {
   EXPECT_NE(field, without);
 }
 
+TEST(WalHeaderRule, EntryStalenessHasItsOwnBit) {
+  const std::uint32_t field = server::wal_staleness_rule(0, 7, true, true);
+  EXPECT_TRUE(server::wal_entry_staleness(field));
+  EXPECT_TRUE(server::wal_offline_average(field));
+  EXPECT_EQ(server::wal_offline_step_credit(field), 7u);
+  EXPECT_EQ(field & 0xff, 0u);
+  EXPECT_FALSE(server::wal_entry_staleness(server::wal_staleness_rule(0, 7, true)));
+}
+
+// ---- Entry delays (σ per entry, write_ahead_log.h): a record carries them behind bit 15 of
+// its identity length; records without them are the format as it was.
+
+// CRC-32 (zlib's polynomial) written out, so that a test can seal a body it built by hand.
+std::uint32_t reference_crc32(std::span<const std::uint8_t> bytes) {
+  std::uint32_t crc = 0xffffffffu;
+  for (const std::uint8_t byte : bytes) {
+    crc ^= byte;
+    for (int bit = 0; bit < 8; ++bit) crc = (crc >> 1) ^ (0xedb88320u & (0u - (crc & 1u)));
+  }
+  return ~crc;
+}
+
+std::vector<std::uint8_t> log_of(std::span<const server::WalRecord> records) {
+  std::vector<std::uint8_t> bytes = server::encode_wal_header({7, 0.1f, 64, 0x200});
+  for (const server::WalRecord& record : records) {
+    const std::vector<std::uint8_t> encoded = server::encode_wal_record(record);
+    bytes.insert(bytes.end(), encoded.begin(), encoded.end());
+  }
+  return bytes;
+}
+
+server::WalRecord record_with_delays() {
+  return {12, "pi-07", 3, {1, 2, 3, 4, 5}, {{0, 1}, {1, 64}, {200, 3}, {70000, 300}}};
+}
+
+TEST(WalEntryDelays, RoundTripAndRecordsWithoutThemAreTheOldFormat) {
+  const server::WalRecord plain{11, "pi-07", 2, {9, 8, 7}, {}};
+  const std::vector<server::WalRecord> records = {plain, record_with_delays()};
+  const std::vector<std::uint8_t> bytes = log_of(records);
+  const server::WalContents read = server::parse_wal(bytes, "test log");
+  ASSERT_EQ(read.records.size(), 2u);
+  EXPECT_TRUE(read.damage.empty());
+  EXPECT_EQ(read.dropped_bytes, 0u);
+  EXPECT_TRUE(server::wal_entry_staleness(read.header.staleness_rule));
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(read.records[i].version, records[i].version);
+    EXPECT_EQ(read.records[i].identity, records[i].identity);
+    EXPECT_EQ(read.records[i].sequence, records[i].sequence);
+    EXPECT_EQ(read.records[i].update, records[i].update);
+    EXPECT_EQ(read.records[i].entry_delays, records[i].entry_delays);
+  }
+  // The old format, byte by byte (server/README.md before entry delays): length, CRC,
+  // version, sequence, u16 identity length, identity, update.
+  std::vector<std::uint8_t> old_body = {11, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 5, 0,
+                                        'p', 'i', '-', '0', '7', 9, 8, 7};
+  const std::uint32_t crc = reference_crc32(old_body);
+  std::vector<std::uint8_t> old_record = {static_cast<std::uint8_t>(old_body.size()), 0, 0, 0};
+  for (int i = 0; i < 4; ++i) old_record.push_back(static_cast<std::uint8_t>(crc >> (8 * i)));
+  old_record.insert(old_record.end(), old_body.begin(), old_body.end());
+  EXPECT_EQ(server::encode_wal_record(plain), old_record);
+  // Delays: varint n = 4, (0, 1), (0, 64), (198, 3), (69799, 300): 13 bytes.
+  EXPECT_EQ(server::encode_wal_record(record_with_delays()).size(),
+            8 + 18 + 5 + 13 + 5u);
+  EXPECT_THROW(server::encode_wal_record({1, "a", 1, {}, {{5, 1}, {5, 2}}}), server::WalError);
+  EXPECT_THROW(server::encode_wal_record({1, "a", 1, {}, {{5, 0}}}), server::WalError);
+}
+
+TEST(WalEntryDelays, ATornRecordWithDelaysIsDroppedAndTheOnesBeforeItKept) {
+  const std::vector<server::WalRecord> records = {{11, "pi-07", 2, {9}, {{4, 2}}},
+                                                  record_with_delays()};
+  const std::vector<std::uint8_t> whole = log_of(records);
+  const std::size_t last = server::encode_wal_record(records.back()).size();
+  // Cut anywhere inside the last record's delays or update: the first record stays.
+  for (std::size_t cut = 1; cut < last; ++cut) {
+    const std::vector<std::uint8_t> torn(whole.begin(), whole.end() - static_cast<long>(cut));
+    const server::WalContents read = server::parse_wal(torn, "torn log");
+    ASSERT_EQ(read.records.size(), 1u) << cut;
+    EXPECT_EQ(read.records[0].entry_delays, records[0].entry_delays);
+    EXPECT_EQ(read.dropped_bytes, last - cut);
+  }
+  // A flipped byte anywhere in the last record: never read back as another record.
+  for (std::size_t at = whole.size() - last; at < whole.size(); ++at) {
+    std::vector<std::uint8_t> damaged = whole;
+    damaged[at] ^= 0x40;
+    const server::WalContents read = server::parse_wal(damaged, "damaged log");
+    ASSERT_EQ(read.records.size(), 1u) << at;
+  }
+}
+
+// Delays that do not parse are refused even under a matching CRC (a writer's bug must not
+// become an allocation or an index that wraps): the record reads as a torn tail.
+TEST(WalEntryDelays, MalformedDelaysUnderAGoodCrcAreRefused) {
+  const std::vector<std::uint8_t> good = server::encode_wal_record(record_with_delays());
+  const std::size_t delays_at = 8 + 18 + 5;
+  auto resealed = [&](std::vector<std::uint8_t> record) {
+    const std::uint32_t crc = reference_crc32(std::span(record).subspan(8));
+    for (int i = 0; i < 4; ++i) record[4 + i] = static_cast<std::uint8_t>(crc >> (8 * i));
+    std::vector<std::uint8_t> bytes = server::encode_wal_header({7, 0.1f, 64, 0x200});
+    bytes.insert(bytes.end(), record.begin(), record.end());
+    return bytes;
+  };
+  EXPECT_EQ(server::parse_wal(resealed(good), "resealed").records.size(), 1u);
+  std::vector<std::uint8_t> huge_count = good;
+  huge_count[delays_at] = 0x7f;  // 127 pairs in 18 bytes
+  std::vector<std::uint8_t> zero_count = good;
+  zero_count[delays_at] = 0;
+  std::vector<std::uint8_t> zero_delay = good;
+  zero_delay[delays_at + 2] = 0;  // the first pair's delay
+  std::vector<std::uint8_t> endless_varint = good;
+  for (std::size_t i = delays_at + 1; i < delays_at + 7; ++i) endless_varint[i] = 0xff;
+  for (const auto& bad : {huge_count, zero_count, zero_delay, endless_varint}) {
+    const server::WalContents read = server::parse_wal(resealed(bad), "malformed");
+    EXPECT_TRUE(read.records.empty());
+    EXPECT_EQ(read.dropped_bytes, bad.size());
+  }
+}
+
 TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {
   const std::uint64_t offset = crash_and_damage();
   const auto before = directory_bytes(dir_.path());

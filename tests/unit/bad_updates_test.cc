@@ -250,7 +250,7 @@ PoisonedState make_poisoned_state(const TempDir& dir, const ServerStateOptions& 
   server::WalWriter wal = server::WalWriter::append_to(dir.path() / "wal.log", wal_size);
   for (std::uint64_t n = 1; n <= 14; ++n) {
     const std::uint64_t version = poisoned.good + n;
-    wal.append({version, "pi-bad", n, poison(model, n, version - 1)});
+    wal.append({version, "pi-bad", n, poison(model, n, version - 1), {}});
   }
   return poisoned;
 }

@@ -489,7 +489,7 @@ TEST(GanBadFeedback, APoisonedStepInAnOlderLogIsReplayedWithoutItsStep) {
   server::WalWriter::replace(
       dir.path() / "gan" / "gan.wal", server::WalHeader{.model_id = run},
       std::vector<server::WalRecord>{
-          {.version = 1, .identity = server::kGanStepIdentity, .sequence = 1, .update = body}});
+          {.version = 1, .identity = server::kGanStepIdentity, .sequence = 1, .update = body, .entry_delays = {}}});
   GanCoordinator gan(options_for(dir, clock, 1));
   EXPECT_EQ(gan.iteration(), 1u);
   EXPECT_EQ(gan.recovery().replayed_refused, 1u);

@@ -19,7 +19,7 @@ using edgetrain::server::StagedUpdate;
 
 StagedUpdate staged(std::uint64_t version, const std::string& identity, std::uint64_t sequence) {
   StagedUpdate update;
-  update.record = {version, identity, sequence, {}};
+  update.record = {version, identity, sequence, {}, {}};
   update.wal_offset = version * 100;
   return update;
 }

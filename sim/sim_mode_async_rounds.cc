@@ -116,6 +116,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (s.pull_values == "fp16-increment")
     config.replica_pull.values = transport::ValueEncoding::kFp16Increment;
   config.seeded_first_pull = s.first_pull == "seeded";
+  config.lr_schedule.decay_at = server::parse_lr_decay_at(s.lr_decay_at);
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
@@ -264,6 +265,8 @@ int ServerSimRun::run(const SimData& data) {
 template <SimMode kMode>
 std::unique_ptr<SimModeRun> prepare(const SimSettings& s, const settings::Table& table) {
   refuse_settings_of_mode(table, "gossip");
+  if (table.was_set("lr-decay-factor") && !table.was_set("lr-decay-at"))
+    throw std::invalid_argument("--lr-decay-factor needs --lr-decay-at (the versions to decay at)");
   Runs runs = make_runs(s, kMode);
   for (const auto& run : runs) check_sim_config(run.second);
   return std::make_unique<ServerSimRun>(s, std::move(runs));

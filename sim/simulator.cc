@@ -120,6 +120,13 @@ void check_config_values(const SimConfig& c) {
   if (!(c.local_dp_clip >= 0 && std::isfinite(c.local_dp_clip)) ||
       !(c.local_dp_noise_multiplier >= 0) || (c.local_dp_noise_multiplier > 0 && !(c.local_dp_clip > 0)))
     throw std::invalid_argument("--local-dp-noise-multiplier needs --local-dp-clip above 0");
+  if (c.lr_schedule.enabled()) {
+    if (c.mode != SimMode::kAsync)
+      throw std::invalid_argument(
+          "--lr-decay-at is the staleness-aware server's schedule, for --mode async (rounds use "
+          "--server-lr and --local-lr)");
+    server::check_learning_rate_schedule(c.lr_schedule);
+  }
   if (c.mode != SimMode::kAsync && c.local_dp_clip > 0)
     throw std::invalid_argument("--local-dp-clip is for --mode async");
 }
@@ -150,6 +157,7 @@ server::ParameterStoreOptions store_options(const SimConfig& config) {
   options.learning_rate = config.learning_rate;
   options.max_staleness = config.max_staleness;
   options.rule = config.staleness_rule;
+  options.lr_schedule = config.lr_schedule;
   return options;
 }
 

@@ -236,6 +236,9 @@ int ServerSimRun::run(const SimData& data) {
         "edgetrain-sim: %s, %zu train / %zu test examples, model %s, %d workers, batch %d, lr %g\n",
         s.data.c_str(), data.train.size(), data.test.size(), s.config.model.c_str(),
         s.config.workers, s.config.batch, s.config.learning_rate);
+    if (!s.lr_decay_at.empty())
+      std::fprintf(stderr, "edgetrain-sim: the lr decays by x%g at versions %s\n",
+                   static_cast<double>(s.config.lr_schedule.factor), s.lr_decay_at.c_str());
   }
   const std::vector<SimResult> results = simulate(s, runs_, data);
   std::filesystem::create_directories(s.out_dir);

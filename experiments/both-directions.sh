@@ -19,13 +19,20 @@
 # baseline, keeps its dense pulls).
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing;
 # --runs "asgd cheap" runs only those (the report still shows every run there is).
+# --sim-args "..." adds these simulator flags to every run (e.g. a learning-rate schedule:
+# "--lr-decay-at 3000,4500 --lr-decay-factor 0.5"); --tag T names the runs' directories
+# NAME-T-sS instead of NAME-sS, so runs with other flags can share --out. --asgd-from DIR
+# takes ASGD's runs for the ratios from DIR/asgd-sS (e.g. the constant-lr baseline) instead
+# of this tag's own asgd runs (--report-only with and without it shows both comparisons).
 # usage: experiments/both-directions.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
 #                                       [--target 0.979] [--cheap "0.004:4096+entry+fp16"] [--jobs J]
 #                                       [--runs "asgd cheap exact"] [--first-pull dense|seeded] [--report-only]
+#                                       [--sim-args "FLAGS"] [--tag T] [--asgd-from DIR]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=both-directions seeds="1 2 3" updates=6000 target=0.979
 cheap="0.004:4096+entry" jobs=1 report_only=0 runs="asgd cheap exact" first_pull=dense
+sim_args="" tag="" asgd_from=""
 die() { echo "both-directions.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -39,6 +46,9 @@ while [ $# -gt 0 ]; do
     --runs) runs=${2:?}; shift ;;
     --first-pull) first_pull=${2:?}; shift ;;
     --report-only) report_only=1 ;;
+    --sim-args) sim_args=${2?}; shift ;;
+    --tag) tag=${2:?}; shift ;;
+    --asgd-from) asgd_from=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
   esac
@@ -47,6 +57,10 @@ done
 [[ "$updates" =~ ^[1-9][0-9]*$ ]] || die "--updates must be a positive whole number, got '$updates'"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs must be a positive whole number, got '$jobs'"
 [[ "$target" =~ ^0?\.[0-9]+$ ]] || die "--target must be an accuracy in (0, 1), got '$target'"
+[[ -z "$tag" || "$tag" =~ ^[A-Za-z0-9._]+$ ]] || die "--tag takes letters, digits, '.' and '_', got '$tag'"
+[ -z "$asgd_from" ] || [ -d "$asgd_from" ] || die "--asgd-from: no directory '$asgd_from'"
+read -r -a extra_args <<<"$sim_args"
+run_dir() { echo "$1/$2${tag:+-$tag}-s$3"; }  # OUT NAME SEED
 for r in $runs; do [[ "$r" =~ ^(asgd|cheap|exact)$ ]] || die "--runs takes asgd, cheap and exact, got '$r'"; done
 entry_flag="" fp16_flag=""
 spec=$cheap
@@ -66,18 +80,18 @@ settings=("asgd|--compressor none"
           "cheap|$adacomp --pull-fraction $fraction --pull-min-entries $min_entries$entry_flag$fp16_flag"
           "exact|$adacomp --delta-pulls")
 
-echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]} --seed S, and per run:" >&2
+echo "Commit $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown): $sim ${base[*]}${sim_args:+ $sim_args} --seed S, and per run:" >&2
 for s in "${settings[@]}"; do echo "  ${s%%|*}: ${s#*|}" >&2; done
 running=0
 for seed in $seeds; do
   for s in "${settings[@]}"; do
-    name=${s%%|*} dir="$out/${s%%|*}-s$seed"
+    name=${s%%|*} dir=$(run_dir "$out" "${s%%|*}" "$seed")
     [ -f "$dir/sim.csv" ] || [ "$report_only" = 1 ] && continue
     [[ " $runs " == *" $name "* ]] || continue
     read -r -a extra <<<"${s#*|}"
     echo "both-directions: $name, seed $seed" >&2
-    ( "$sim" "${base[@]}" "${extra[@]}" --seed "$seed" --out "$dir" >"$dir.log" 2>&1 ||
-        echo "both-directions.sh: a run failed: $sim ${base[*]} ${extra[*]} --seed $seed (see $dir.log)" >&2 ) &
+    ( "$sim" "${base[@]}" "${extra_args[@]}" "${extra[@]}" --seed "$seed" --out "$dir" >"$dir.log" 2>&1 ||
+        echo "both-directions.sh: a run failed: $sim ${base[*]} ${extra_args[*]} ${extra[*]} --seed $seed (see $dir.log)" >&2 ) &
     running=$((running + 1))
     if [ "$running" -ge "$jobs" ]; then wait -n || true; running=$((running - 1)); fi
   done
@@ -90,13 +104,14 @@ to_target() {  # DIR -> "best updates upload download" at the first evaluation a
              if (!hit && a >= t) { hit = 1; u = $(NF - 5); up = $(NF - 3); down = $(NF - 2) } }
            END { if (hit) printf "%.4f %d %.0f %.0f\n", best, u, up, down; else printf "%.4f never\n", best }' "$1/sim.csv"
 }
+echo "ASGD / this: against ${asgd_from:-$out}/asgd${asgd_from:+}${asgd_from:-${tag:+-$tag}}-sS" >&2
 echo "| run | seed | best acc % | updates to target | upload to target | download to target | both to target | ASGD / this (both) | ASGD / this (upload) |"
 echo "|---|---|---|---|---|---|---|---|---|"
 ratios=""
 for s in "${settings[@]}"; do
   name=${s%%|*}
   for seed in $seeds; do
-    dir="$out/$name-s$seed"
+    dir=$(run_dir "$out" "$name" "$seed")
     [ -f "$dir/sim.csv" ] || { echo "| $name | $seed | (no run: $dir) | | | | | | |"; continue; }
     read -r best u up down < <(to_target "$dir")
     if [ "$u" = never ]; then
@@ -104,8 +119,10 @@ for s in "${settings[@]}"; do
       continue
     fi
     ratio="" up_ratio=""
-    if [ -f "$out/asgd-s$seed/sim.csv" ]; then
-      read -r _ au aup adown < <(to_target "$out/asgd-s$seed")
+    baseline=$(run_dir "$out" asgd "$seed")
+    [ -z "$asgd_from" ] || baseline="$asgd_from/asgd-s$seed"
+    if [ -f "$baseline/sim.csv" ]; then
+      read -r _ au aup adown < <(to_target "$baseline")
       if [ "$au" != never ]; then
         ratio=$(awk -v a=$((aup + adown)) -v b=$((up + down)) 'BEGIN { printf "%.1f", a / b }')
         up_ratio=$(awk -v a="$aup" -v b="$up" 'BEGIN { printf "%.1f", a / b }')

@@ -19,12 +19,15 @@
 # Resumable: a run whose sim.csv exists is not run again; --report-only runs nothing and
 # prints the tables of the runs there are (a missing one is marked). About 3 minutes of one
 # core per run at 6,000 updates (more on a loaded machine).
+# --sim-args "..." adds these simulator flags to every run, exact pulls' too (e.g. a learning-rate
+# schedule: "--lr-decay-at 3000,4500 --lr-decay-factor 0.5"); give such runs their own --out.
 # usage: experiments/cheap-pull.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
 #                                  [--fractions "0.015 0.012:2048 0.004:4096+entry 0.004:6144+fp16inc"] [--no-published] [--jobs J] [--report-only]
+#                                  [--sim-args "FLAGS"]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build="$repo/build/host" out=cheap-pull seeds="1 2 3" updates=6000 fractions="0.004:4096 0.012:2048"
-published=1 jobs=1 report_only=0
+published=1 jobs=1 report_only=0 sim_args=""
 die() { echo "cheap-pull.sh: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -35,6 +38,7 @@ while [ $# -gt 0 ]; do
     --fractions) fractions=${2:?}; shift ;;
     --no-published) published=0 ;;
     --report-only) report_only=1 ;;
+    --sim-args) sim_args=${2?}; shift ;;
     --jobs) jobs=${2:?}; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (--help lists them)" ;;
@@ -48,6 +52,8 @@ sim="$build/programs/edgetrain-sim"
 mkdir -p "$out"
 base=(--data mnist --model paper-cnn --workers 100 --batch 10 --lr 0.1 --max-staleness 400
       --compressor adacomp --rate 0.01 --updates "$updates" --eval-every 250 --quiet)
+read -r -a extra_args <<<"$sim_args"
+base+=(${extra_args[@]+"${extra_args[@]}"})
 settings=("exact|--delta-pulls")
 [ "$published" = 1 ] && settings+=("published-10-0.004|--publish-every 10 --publish-fraction 0.004")
 for f in $fractions; do

@@ -27,6 +27,69 @@ const char* apply_status_name(ApplyStatus status) {
   return "unknown";
 }
 
+float learning_rate_at(float learning_rate, const LearningRateSchedule& schedule,
+                       std::uint64_t version) {
+  float lr = learning_rate;
+  for (std::uint64_t milestone : schedule.decay_at) {
+    if (milestone > version) break;
+    lr *= schedule.factor;
+  }
+  return lr;
+}
+
+void check_learning_rate_schedule(const LearningRateSchedule& schedule) {
+  if (!(schedule.factor > 0 && schedule.factor < 1))
+    throw std::invalid_argument("learning-rate schedule: decay factor " +
+                                std::to_string(schedule.factor) + " is not in (0, 1)");
+  if (schedule.decay_at.size() > kMaxLearningRateMilestones)
+    throw std::invalid_argument("learning-rate schedule: " +
+                                std::to_string(schedule.decay_at.size()) +
+                                " milestones, at most " +
+                                std::to_string(kMaxLearningRateMilestones));
+  for (std::size_t k = 0; k < schedule.decay_at.size(); ++k) {
+    if (schedule.decay_at[k] == 0)
+      throw std::invalid_argument("learning-rate schedule: milestone 0 (versions start at 1)");
+    if (k > 0 && schedule.decay_at[k] <= schedule.decay_at[k - 1])
+      throw std::invalid_argument("learning-rate schedule: milestones " +
+                                  std::to_string(schedule.decay_at[k - 1]) + " then " +
+                                  std::to_string(schedule.decay_at[k]) +
+                                  " are not strictly increasing");
+  }
+}
+
+std::vector<std::uint64_t> parse_lr_decay_at(std::string_view text) {
+  std::vector<std::uint64_t> milestones;
+  if (text.empty()) return milestones;
+  const std::string quoted = "--lr-decay-at '" + std::string(text) + "': ";
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    const std::string_view item =
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    if (item.empty() || item.size() > 19 ||
+        item.find_first_not_of("0123456789") != std::string_view::npos)
+      throw std::invalid_argument(quoted + "'" + std::string(item) +
+                                  "' is not a version (a whole number); expected V1,V2,... such "
+                                  "as 3000,4500");
+    milestones.push_back(std::stoull(std::string(item)));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  LearningRateSchedule schedule{milestones, 0.5f};
+  try {
+    check_learning_rate_schedule(schedule);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(quoted + e.what());
+  }
+  return milestones;
+}
+
+std::string format_lr_decay_at(std::span<const std::uint64_t> milestones) {
+  std::string text;
+  for (std::uint64_t m : milestones) text += (text.empty() ? "" : ",") + std::to_string(m);
+  return text;
+}
+
 ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t> tensor_sizes,
                                std::vector<float> initial, ParameterStoreOptions options)
     : model_id_(model_id),
@@ -51,6 +114,7 @@ ParameterStore::ParameterStore(std::uint64_t model_id, std::vector<std::uint32_t
   if (options_.offline_average && options_.offline_step_credit == 0)
     throw std::invalid_argument(
         "parameter store: offline_average needs an offline_step_credit above 0");
+  if (options_.lr_schedule.enabled()) check_learning_rate_schedule(options_.lr_schedule);
   last_changed_.assign(total, 0);
   if (options_.rule == StalenessRule::kPerParameterSigma) {
     ring_.resize(options_.max_staleness);
@@ -422,6 +486,8 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
   credit_local_steps(update, delay);
   // One pass writes the new values and checks them; a refusal puts the old ones back.
   const float bound = bound_for(values);
+  const float learning_rate =
+      learning_rate_at(options_.learning_rate, options_.lr_schedule, version_ + 1);
   new_values_.resize(touched_.size());  // here: each entry's old value
   std::size_t j = 0;
   for (const auto& t : update.tensors) {
@@ -429,7 +495,7 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
     for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
       float& w = tensor[t.indices[e]];
       const float old = w;
-      w = stepped(old, options_.learning_rate, t.values[e], divisors_[j]);
+      w = stepped(old, learning_rate, t.values[e], divisors_[j]);
       new_values_[j] = old;
       if (!within(w, bound)) {
         std::string problem = out_of_bounds(t, e, old, w, divisors_[j], bound);
@@ -451,6 +517,9 @@ ApplyResult ParameterStore::apply(const transport::SparseUpdate& update, ValueCh
 std::string ParameterStore::reserved_values(const transport::SparseUpdate& update,
                                             ValueCheck values) {
   const float bound = bound_for(values);
+  // The version this reservation produces: history_top() has not counted it yet.
+  const float learning_rate =
+      learning_rate_at(options_.learning_rate, options_.lr_schedule, history_top() + 1);
   new_values_.resize(touched_.size());
   std::size_t j = 0;
   const std::size_t n = touched_.size();
@@ -467,7 +536,7 @@ std::string ParameterStore::reserved_values(const transport::SparseUpdate& updat
       if (reserved_touch_version_[i] > version_)
         base = reserved_[static_cast<std::size_t>(reserved_touch_version_[i] - version_ - 1)]
                    .values[reserved_touch_position_[i]];
-      const float value = stepped(base, options_.learning_rate, t.values[e], divisors_[j]);
+      const float value = stepped(base, learning_rate, t.values[e], divisors_[j]);
       new_values_[j] = value;
       if (!within(value, bound)) return out_of_bounds(t, e, base, value, divisors_[j], bound);
     }

@@ -51,6 +51,13 @@
 // the credit applies an update of s ≥ σ_i steps at full weight however far the fleet
 // moved meanwhile (measured: accuracy fell after wide offline updates, docs/emulation-results.md).
 //
+// Learning-rate schedule (step decay, as PyTorch's MultiStepLR; ours as defaults, docs/design.md
+// §3): with milestones V1 < V2 < … and a factor F, the update that produces version t is
+// applied with lr(t) = lr · F^n, n the number of milestones ≤ t, in every rule above and in
+// reserve() as in apply(): W_i ← W_i − lr(t) · g_i / divisor_i. lr(t) is computed by n float
+// multiplications, so a replay gets the same bits. No milestones (the default): lr(t) = lr,
+// the arithmetic of a store without a schedule, bit for bit.
+//
 // No networking, no durability here: the server wraps this with its WAL and CoAP handlers.
 // Not thread-safe; the server applies updates one at a time.
 #pragma once
@@ -60,6 +67,7 @@
 #include <deque>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "transport/codec.h"
@@ -79,6 +87,27 @@ inline constexpr std::uint32_t kDefaultMaxStaleness = 64;
 // any weight of a healthy network, far below where float arithmetic overflows.
 inline constexpr float kDefaultMaxParameterMagnitude = 1e6f;
 
+// "Learning-rate schedule" above. Checked by check_learning_rate_schedule().
+struct LearningRateSchedule {
+  std::vector<std::uint64_t> decay_at;  // milestones V1 < V2 < …, each ≥ 1; empty: none
+  float factor = 0.1f;                  // F in (0, 1): PyTorch's MultiStepLR default γ
+  bool enabled() const { return !decay_at.empty(); }
+  bool operator==(const LearningRateSchedule&) const = default;
+};
+// lr(t) of "Learning-rate schedule" for the update that produces `version`.
+float learning_rate_at(float learning_rate, const LearningRateSchedule& schedule,
+                       std::uint64_t version);
+// Throws std::invalid_argument saying what is wrong: milestones not strictly increasing or
+// 0, more than kMaxLearningRateMilestones of them, or a factor outside (0, 1).
+void check_learning_rate_schedule(const LearningRateSchedule& schedule);
+// "V1,V2,…" (a program's --lr-decay-at) → the milestones; "" → none. Throws
+// std::invalid_argument naming the flag's text and the problem.
+std::vector<std::uint64_t> parse_lr_decay_at(std::string_view text);
+// "V1,V2,…" of the milestones (what parse_lr_decay_at() reads back); "" for none.
+std::string format_lr_decay_at(std::span<const std::uint64_t> milestones);
+// The most milestones a schedule may have: bounds the WAL header's extension (server/README.md).
+inline constexpr std::size_t kMaxLearningRateMilestones = 64;
+
 struct ParameterStoreOptions {
   float learning_rate = 0.1f;                          // the paper's
   std::uint32_t max_staleness = kDefaultMaxStaleness;  // D: largest delay accepted
@@ -91,6 +120,7 @@ struct ParameterStoreOptions {
   std::uint32_t offline_step_credit = 0;
   // "offline_average" above; needs offline_step_credit > 0.
   bool offline_average = false;
+  LearningRateSchedule lr_schedule;  // "Learning-rate schedule" above; default: none
 };
 
 // Which value check apply() makes: the configured bound, or only finiteness (replaying a log

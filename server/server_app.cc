@@ -89,6 +89,17 @@ void check_settings(const ServerSettings& s) {
       throw std::invalid_argument(
           "--pull-fraction and --publish-every are two ways to cut pulls: choose one");
   }
+  // The schedule is the staleness-aware store's (server/parameter_store.h): rounds close
+  // with --server-lr, MD-GAN steps with --gan-lr.
+  if (s.lr_decay_at.empty() && s.lr_decay_factor != ServerSettings{}.lr_decay_factor)
+    throw std::invalid_argument("--lr-decay-factor needs --lr-decay-at (the versions to decay at)");
+  if (!s.lr_decay_at.empty()) {
+    if (s.mode != "async")
+      throw std::invalid_argument("--lr-decay-at works with --mode async only, not " + s.mode +
+                                  (s.mode == "rounds" ? " (rounds use --server-lr)" : ""));
+    check_learning_rate_schedule(
+        {parse_lr_decay_at(s.lr_decay_at), static_cast<float>(s.lr_decay_factor)});
+  }
   if (s.pull_values != "fp32" && !(s.pull_fraction > 0))
     throw std::invalid_argument("--pull-values " + s.pull_values +
                                 " is for the cheap pull: it needs --pull-fraction above 0");
@@ -276,6 +287,8 @@ void ServerApp::open_state() {
   options.store.max_staleness = s_.max_staleness;
   options.store.offline_step_credit = s_.offline_step_credit;
   options.store.offline_average = s_.offline_average;
+  options.store.lr_schedule = {parse_lr_decay_at(s_.lr_decay_at),
+                               static_cast<float>(s_.lr_decay_factor)};
   options.checkpoint_every = s_.checkpoint_every;
   options.max_update_bytes = s_.max_update_bytes;
   options.store.max_parameter_magnitude = static_cast<float>(s_.max_parameter_magnitude);
@@ -416,6 +429,10 @@ void ServerApp::open_endpoint() {
   log_line("listening on " + s_.listen + ":" + std::to_string(server.port()) +
            " (CoAP over DTLS, " + dtls_modes() + "), " + std::to_string(loops) +
            " event-loop thread" + (loops == 1 ? "" : "s") + ", lr " + short_number(s_.lr) +
+           (s_.lr_decay_at.empty() ? std::string()
+                                   : " (x" + short_number(s_.lr_decay_factor) + " at versions " +
+                                         s_.lr_decay_at + ", now " +
+                                         short_number(state_->current_learning_rate()) + ")") +
            ", max staleness " + std::to_string(s_.max_staleness) + ", checkpoint every " +
            std::to_string(s_.checkpoint_every) + " updates, parameters within ±" +
            short_number(s_.max_parameter_magnitude) +
@@ -550,6 +567,7 @@ void ServerApp::write_stats(bool running) {
   nlohmann::json j;
   j["state"] = running ? "running" : "stopped";
   j["version"] = state_->version();
+  j["learning_rate"] = state_->current_learning_rate();  // --lr-decay-at's lr(t) for the next update
   j["port"] = servers_[0]->port();
   j["insecure_port"] =
       s_.insecure ? nlohmann::json(servers_[0]->plaintext_port()) : nlohmann::json(nullptr);

@@ -25,6 +25,9 @@ struct ServerSettings {
   // Offline updates (server/parameter_store.h): the most local steps an update's claim is
   // credited with; 0: claims ignored.
   std::uint32_t offline_step_credit = 0;
+  // --lr-decay-at and --lr-decay-factor: ParameterStoreOptions::lr_schedule (async mode).
+  std::string lr_decay_at;
+  double lr_decay_factor = 0.1;
   bool offline_average = false;  // ParameterStoreOptions::offline_average
   std::uint64_t checkpoint_every = 1000;
   std::string eval_data = "none";

@@ -44,6 +44,12 @@ void declare_server_settings(settings::Table& t, ServerSettings& s) {
         "cnn1d), model spec, or spec file (e.g. tools/onnx_to_edgetrain.py's)");
   t.add("state-dir", s.state_dir, "directory for the WAL, checkpoints and metrics (required)");
   t.add("lr", s.lr, "learning rate");
+  t.add("lr-decay-at", s.lr_decay_at,
+        "async: multiply the learning rate by --lr-decay-factor from each of these model "
+        "versions on, e.g. 3000,4500 (step decay; kept in the WAL, so a restart must give the "
+        "same); default: a constant --lr");
+  t.add("lr-decay-factor", s.lr_decay_factor, "with --lr-decay-at: the factor at each milestone")
+      .range(1e-6, 0.999999);
   t.add("max-staleness", s.max_staleness, "largest delay accepted (D); older updates get 4.09")
       .unit("updates");
   t.add("offline-step-credit", s.offline_step_credit,

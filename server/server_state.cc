@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <system_error>
 
 #include "server/checkpoint_file.h"
@@ -158,11 +159,34 @@ ServerState::ServerState(runtime::Model model, ServerStateOptions options)
                       std::move(version_zero));
 }
 
+namespace {
+// "none", or "at 3000,4500 by 0.5": a log's schedule for a refusal.
+std::string lr_schedule_text(const WalHeader& header) {
+  if (header.lr_decay_at.empty()) return "none";
+  std::ostringstream text;
+  text << "at " << format_lr_decay_at(header.lr_decay_at) << " by " << header.lr_decay_factor;
+  return text.str();
+}
+}  // namespace
+
+static_assert(kWalMaxLrMilestones == kMaxLearningRateMilestones,
+              "a WAL header must hold every schedule the store accepts");
+
 WalHeader ServerState::wal_header() const {
-  return {model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
-          wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit,
-                             options_.store.offline_average,
-                             options_.replica_pull.pull.entry_staleness)};
+  WalHeader header{model_.layout_id(), options_.store.learning_rate, options_.store.max_staleness,
+                   wal_staleness_rule(options_.store.rule, options_.store.offline_step_credit,
+                                      options_.store.offline_average,
+                                      options_.replica_pull.pull.entry_staleness)};
+  if (options_.store.lr_schedule.enabled()) {
+    header.lr_decay_at = options_.store.lr_schedule.decay_at;
+    header.lr_decay_factor = options_.store.lr_schedule.factor;
+  }
+  return header;
+}
+
+float ServerState::current_learning_rate() const {
+  return learning_rate_at(options_.store.learning_rate, options_.store.lr_schedule,
+                          version() + 1);
 }
 
 std::size_t ServerState::history_length() const {
@@ -456,6 +480,7 @@ ServerState::Replay ServerState::replay_wal(std::uint64_t checkpoint_version,
                        (wal_entry_staleness(contents.header.staleness_rule)
                             ? ", σ per entry (--entry-staleness)"
                             : ", no σ per entry (no --entry-staleness)") +
+                       ", lr decay " + lr_schedule_text(contents.header) +
                        "): start with the same settings or a new state directory");
     for (WalRecord& record : contents.records)
       if (wal.records.empty() || record.version > wal.records.back().version)

@@ -255,6 +255,8 @@ class ServerState {
   void checkpoint();
 
   std::uint64_t version() const { return store_.version(); }
+  // lr(t) of the store's schedule for the next update (the --lr when there is none).
+  float current_learning_rate() const;
   struct Snapshot {
     std::uint64_t version = 0;
     std::vector<float> parameters;

@@ -12,6 +12,7 @@
 #include "model/model.h"
 #include "model/model_shards.h"
 #include "server/keystore.h"
+#include "server/parameter_store.h"
 #include "server/run_end.h"
 #include "server/write_ahead_log.h"
 
@@ -131,6 +132,18 @@ void check_state_dir_settings(const std::filesystem::path& state_dir, const Serv
       differences += std::string(differences.empty() ? "" : ", ") + "--offline-average " +
                      (wal_offline_average(header.staleness_rule) ? "on" : "off") + " (not " +
                      (s.offline_average ? "on" : "off") + ")";
+    const bool scheduled = !s.lr_decay_at.empty();
+    const std::vector<std::uint64_t> decay_at = parse_lr_decay_at(s.lr_decay_at);
+    const float factor = scheduled ? static_cast<float>(s.lr_decay_factor) : 0.0f;
+    if (header.lr_decay_at != decay_at || header.lr_decay_factor != factor) {
+      const auto schedule = [](const std::vector<std::uint64_t>& at, float by) {
+        return at.empty() ? std::string("none")
+                          : format_lr_decay_at(at) + " --lr-decay-factor " + shortest(by);
+      };
+      differences += std::string(differences.empty() ? "" : ", ") + "--lr-decay-at " +
+                     schedule(header.lr_decay_at, header.lr_decay_factor) + " (not " +
+                     schedule(decay_at, factor) + ")";
+    }
     if (differences.empty()) return;
     throw StartupError(
         "the state directory " + state_dir.string() + " was trained with " + differences +

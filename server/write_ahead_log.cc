@@ -17,7 +17,8 @@ namespace edgetrain::server {
 namespace {
 
 constexpr char kMagic[4] = {'E', 'T', 'W', 'L'};
-constexpr std::uint16_t kFormat = 1;
+constexpr std::uint16_t kFormat = 1;              // the 32-byte header alone
+constexpr std::uint16_t kFormatWithExtension = 2;  // a learning-rate schedule follows it
 // version, sequence, identity length
 constexpr std::size_t kRecordFixedBody = 8 + 8 + 2;
 
@@ -91,14 +92,26 @@ const char* wal_kind_name(WalKind kind) {
 }
 
 std::vector<std::uint8_t> encode_wal_header(const WalHeader& header) {
+  if (header.lr_decay_at.size() > kWalMaxLrMilestones)
+    throw WalError("WAL: " + std::to_string(header.lr_decay_at.size()) +
+                   " learning-rate milestones, a header holds at most " +
+                   std::to_string(kWalMaxLrMilestones));
+  const bool extended = !header.lr_decay_at.empty();
   std::vector<std::uint8_t> out(kMagic, kMagic + 4);
-  put_le(out, kFormat, 2);
+  put_le(out, extended ? kFormatWithExtension : kFormat, 2);
   put_le(out, static_cast<std::uint16_t>(header.kind), 2);
   put_le(out, header.model_id, 8);
   put_le(out, std::bit_cast<std::uint32_t>(header.learning_rate), 4);
   put_le(out, header.max_staleness, 4);
   put_le(out, header.staleness_rule, 4);
   put_le(out, crc_of(out), 4);
+  if (!extended) return out;
+  const std::size_t extension = out.size();
+  put_le(out, 8 + 8 * header.lr_decay_at.size(), 4);
+  put_le(out, std::bit_cast<std::uint32_t>(header.lr_decay_factor), 4);
+  put_le(out, header.lr_decay_at.size(), 4);
+  for (std::uint64_t milestone : header.lr_decay_at) put_le(out, milestone, 8);
+  put_le(out, crc_of(std::span<const std::uint8_t>(out).subspan(extension)), 4);
   return out;
 }
 
@@ -219,24 +232,63 @@ std::optional<std::size_t> next_intact_record(std::span<const std::uint8_t> byte
 
 }  // namespace
 
-WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name) {
-  WalContents contents;
+namespace {
+
+// The header at the start of `bytes` (its extension too, for format 2); `header_bytes` is
+// set to its length. Throws WalError for anything that does not check out.
+WalHeader parse_wal_header(std::span<const std::uint8_t> bytes, const std::string& name,
+                           std::uint64_t& header_bytes) {
+  WalHeader header;
   if (bytes.size() < kWalHeaderBytes || std::memcmp(bytes.data(), kMagic, 4) != 0)
     throw WalError(name + " is not an edgetrain WAL");
   if (get_le(bytes.data() + 28, 4) != crc_of(bytes.subspan(0, 28)))
     throw WalError(name + ": the WAL header is damaged (CRC mismatch)");
-  if (get_le(bytes.data() + 4, 2) != kFormat) throw WalError(name + ": unknown WAL format version");
+  const std::uint64_t format = get_le(bytes.data() + 4, 2);
+  if (format != kFormat && format != kFormatWithExtension)
+    throw WalError(name + ": unknown WAL format version " + std::to_string(format) +
+                   " (this server reads 1 and 2)");
   const std::uint64_t kind = get_le(bytes.data() + 6, 2);
   if (kind > static_cast<std::uint16_t>(WalKind::kRoundDeltas))
     throw WalError(name + ": unknown WAL kind " + std::to_string(kind));
-  contents.header.kind = static_cast<WalKind>(kind);
-  contents.header.model_id = get_le(bytes.data() + 8, 8);
-  contents.header.learning_rate =
+  header.kind = static_cast<WalKind>(kind);
+  header.model_id = get_le(bytes.data() + 8, 8);
+  header.learning_rate =
       std::bit_cast<float>(static_cast<std::uint32_t>(get_le(bytes.data() + 16, 4)));
-  contents.header.max_staleness = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
-  contents.header.staleness_rule = static_cast<std::uint32_t>(get_le(bytes.data() + 24, 4));
+  header.max_staleness = static_cast<std::uint32_t>(get_le(bytes.data() + 20, 4));
+  header.staleness_rule = static_cast<std::uint32_t>(get_le(bytes.data() + 24, 4));
+  header_bytes = kWalHeaderBytes;
+  if (format == kFormat) return header;
 
-  std::size_t at = kWalHeaderBytes;
+  // The extension: its length is checked against what the file holds and against the one
+  // body this format knows before anything is allocated.
+  const std::span<const std::uint8_t> rest = bytes.subspan(kWalHeaderBytes);
+  if (rest.size() < 4) throw WalError(name + ": the WAL header's extension is cut short");
+  const std::uint64_t length = get_le(rest.data(), 4);
+  if (length < 8 + 8 || length > 8 + 8 * kWalMaxLrMilestones || (length - 8) % 8 != 0)
+    throw WalError(name + ": the WAL header's extension has a length of " +
+                   std::to_string(length) + " bytes, not 8 + 8 per milestone (1 to " +
+                   std::to_string(kWalMaxLrMilestones) + " milestones)");
+  if (rest.size() < 4 + length + 4) throw WalError(name + ": the WAL header's extension is cut short");
+  if (get_le(rest.data() + 4 + length, 4) != crc_of(rest.subspan(0, 4 + length)))
+    throw WalError(name + ": the WAL header's extension is damaged (CRC mismatch)");
+  const std::uint8_t* body = rest.data() + 4;
+  header.lr_decay_factor = std::bit_cast<float>(static_cast<std::uint32_t>(get_le(body, 4)));
+  const std::uint64_t count = get_le(body + 4, 4);
+  if (count != (length - 8) / 8)
+    throw WalError(name + ": the WAL header's extension counts " + std::to_string(count) +
+                   " milestones in a body of " + std::to_string(length) + " bytes");
+  for (std::uint64_t k = 0; k < count; ++k) header.lr_decay_at.push_back(get_le(body + 8 + 8 * k, 8));
+  header_bytes = kWalHeaderBytes + 4 + length + 4;
+  return header;
+}
+
+}  // namespace
+
+WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name) {
+  WalContents contents;
+  contents.header = parse_wal_header(bytes, name, contents.header_bytes);
+
+  std::size_t at = static_cast<std::size_t>(contents.header_bytes);
   while (at < bytes.size()) {
     std::string why;
     if (std::optional<WalRecord> record = record_at(bytes, at, std::nullopt, why)) {
@@ -273,10 +325,11 @@ WalContents read_wal(const std::filesystem::path& path) {
 WalHeader read_wal_header(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw WalError("cannot open the WAL " + path.string());
-  std::vector<std::uint8_t> bytes(kWalHeaderBytes);
+  std::vector<std::uint8_t> bytes(kWalMaxHeaderBytes);
   in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   bytes.resize(static_cast<std::size_t>(in.gcount()));
-  return parse_wal(bytes, path.string()).header;
+  std::uint64_t header_bytes = 0;
+  return parse_wal_header(bytes, path.string(), header_bytes);
 }
 
 std::string describe_wal_damage(const std::filesystem::path& path, const WalContents& contents) {

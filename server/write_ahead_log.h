@@ -2,9 +2,12 @@
 // acknowledges it, so that after a crash the server can replay to exactly the version it
 // acknowledged. Layout (all integers little-endian; see server/README.md):
 //
-//   header (32 bytes): "ETWL", u16 format 1, u16 kind (WalKind), u64 model id,
+//   header (32 bytes): "ETWL", u16 format (1 or 2), u16 kind (WalKind), u64 model id,
 //                      f32 learning rate, u32 max staleness, u32 staleness rule,
 //                      u32 crc32 of the previous 28 bytes
+//   format 2 only, the header's extension right after it: u32 length L of the body, body
+//                      (L bytes: f32 lr decay factor, u32 milestone count n ≥ 1, n × u64
+//                      milestones; L = 8 + 8n), u32 crc32 of the length and the body
 //   record:            u32 body length, u32 crc32 of the body, body:
 //                      u64 version it produced, u64 sequence, u16 identity length,
 //                      identity bytes, [entry delays], the update exactly as received
@@ -25,6 +28,11 @@
 // kind too, its model id the run's. kRoundDeltas (1): rounds.wal of federated rounds, one
 // record per acknowledged delta of the open round (version = the round, sequence = the
 // examples it was trained on, the delta's codec bytes), many records per version.
+//
+// Format 2 is written only for a log with a learning-rate schedule (server/parameter_store.h,
+// "Learning-rate schedule"), which the 32 bytes have no room for; every other log is written
+// as format 1, byte for byte as before the schedule came, and a format-1 log reads as one
+// without a schedule.
 //
 // The settings in the header are the ones replay needs to reproduce the same parameters:
 // a server started with other settings on the same state refuses to start rather than
@@ -67,7 +75,12 @@ struct WalHeader {
   // credit (server/parameter_store.h, "Offline updates"; 0 in logs written before it), which
   // replay needs as much as the rule. Packed so the header keeps its 32 bytes.
   std::uint32_t staleness_rule = 0;
-  WalKind kind = WalKind::kUpdates;   // last, so that older initializers keep their meaning
+  WalKind kind = WalKind::kUpdates;   // after the first four, so older initializers keep their meaning
+  // The learning-rate schedule (format 2; empty and 0 in a format-1 log, a log without one):
+  // ParameterStoreOptions::lr_schedule's milestones and factor. A writer with no milestones
+  // leaves the factor 0 too, so that headers compare equal whatever the unused factor.
+  std::vector<std::uint64_t> lr_decay_at = {};
+  float lr_decay_factor = 0;
   bool operator==(const WalHeader&) const = default;
 };
 
@@ -110,7 +123,11 @@ inline std::uint32_t wal_offline_step_credit(std::uint32_t staleness_rule) {
   return staleness_rule >> 16;
 }
 
-inline constexpr std::size_t kWalHeaderBytes = 32;
+inline constexpr std::size_t kWalHeaderBytes = 32;  // format 1; format 2 adds its extension
+// The most milestones a format-2 header holds (server::kMaxLearningRateMilestones).
+inline constexpr std::size_t kWalMaxLrMilestones = 64;
+// The longest header: format 2 with kWalMaxLrMilestones milestones.
+inline constexpr std::size_t kWalMaxHeaderBytes = kWalHeaderBytes + 4 + 8 + 8 * kWalMaxLrMilestones + 4;
 // A record body above this is treated as damage, never allocated.
 inline constexpr std::uint32_t kWalMaxRecordBody = 256u << 20;
 
@@ -124,6 +141,7 @@ struct WalDamage {
 
 struct WalContents {
   WalHeader header;
+  std::uint64_t header_bytes = kWalHeaderBytes;  // where the first record starts
   std::vector<WalRecord> records;             // every intact record, also those after damage
   std::vector<std::uint64_t> record_offsets;  // where each of them starts in the file
   std::vector<WalDamage> damage;              // empty unless the middle of the log is damaged
@@ -134,7 +152,8 @@ struct WalContents {
 // Throws WalError when the file cannot be read or its header is not a valid WAL header
 // (a log whose header is damaged cannot be trusted at all).
 WalContents read_wal(const std::filesystem::path& path);
-// Only the header of the log at `path` (its first 32 bytes): the settings replay needs.
+// Only the header of the log at `path` (its first 32 bytes, and format 2's extension): the
+// settings replay needs.
 // Throws WalError as read_wal() does.
 WalHeader read_wal_header(const std::filesystem::path& path);
 WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& name);
@@ -143,6 +162,8 @@ WalContents parse_wal(std::span<const std::uint8_t> bytes, const std::string& na
 // `path`): where, why, and the intact records after it.
 std::string describe_wal_damage(const std::filesystem::path& path, const WalContents& contents);
 
+// Format 1 without a schedule, format 2 with one. Throws WalError for more than
+// kWalMaxLrMilestones milestones.
 std::vector<std::uint8_t> encode_wal_header(const WalHeader& header);
 std::vector<std::uint8_t> encode_wal_record(const WalRecord& record);
 

@@ -116,6 +116,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (s.pull_values == "fp16-increment")
     config.replica_pull.values = transport::ValueEncoding::kFp16Increment;
   config.seeded_first_pull = s.first_pull == "seeded";
+  config.lr_schedule.decay_at = server::parse_lr_decay_at(s.lr_decay_at);
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
   if (!s.drop_rates.empty()) config.conv_drop_rates = runtime::parse_drop_rates(s.drop_rates);
@@ -235,6 +236,9 @@ int ServerSimRun::run(const SimData& data) {
         "edgetrain-sim: %s, %zu train / %zu test examples, model %s, %d workers, batch %d, lr %g\n",
         s.data.c_str(), data.train.size(), data.test.size(), s.config.model.c_str(),
         s.config.workers, s.config.batch, s.config.learning_rate);
+    if (!s.lr_decay_at.empty())
+      std::fprintf(stderr, "edgetrain-sim: the lr decays by x%g at versions %s\n",
+                   static_cast<double>(s.config.lr_schedule.factor), s.lr_decay_at.c_str());
   }
   const std::vector<SimResult> results = simulate(s, runs_, data);
   std::filesystem::create_directories(s.out_dir);
@@ -264,6 +268,8 @@ int ServerSimRun::run(const SimData& data) {
 template <SimMode kMode>
 std::unique_ptr<SimModeRun> prepare(const SimSettings& s, const settings::Table& table) {
   refuse_settings_of_mode(table, "gossip");
+  if (table.was_set("lr-decay-factor") && !table.was_set("lr-decay-at"))
+    throw std::invalid_argument("--lr-decay-factor needs --lr-decay-at (the versions to decay at)");
   Runs runs = make_runs(s, kMode);
   for (const auto& run : runs) check_sim_config(run.second);
   return std::make_unique<ServerSimRun>(s, std::move(runs));

@@ -68,6 +68,11 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
       .range(1, 4096);
   t.add("lr", c.learning_rate, "server learning rate (gossip: the peers' plain SGD learning rate)")
       .range(0, 1e9);
+  t.add("lr-decay-at", s.lr_decay_at,
+        "async: multiply the server's lr by --lr-decay-factor at each of these applied-update "
+        "versions, e.g. 3000,4500 (step decay, the server's --lr-decay-at); default: a constant lr");
+  t.add("lr-decay-factor", c.lr_schedule.factor, "with --lr-decay-at: the factor at each milestone")
+      .range(1e-6, 0.999999);
   t.add("staleness", s.staleness,
         "sigma (the paper: per parameter), delay (Zhang et al.: lr/delay) or none "
         "(plain lr whatever the delay: what the staleness rule buys)")

@@ -33,6 +33,7 @@ struct SimSettings {
   std::string data = "mnist", staleness = "sigma", out_dir = "sim-results", kernels = "xnnpack";
   std::string pull_values = "fp32";  // --pull-values: the cheap pull's value encoding
   std::string first_pull = "dense";  // --first-pull: dense, or seeded (a delta from version 0)
+  std::string lr_decay_at;           // --lr-decay-at V1,V2,...: the server's lr schedule
   std::string mode = "async", aggregation = "masked", round_policy = "drop-stragglers";
   std::string dp_noise = "gaussian";  // --dp-noise: with --dp-noise-survivors, gaussian or skellam
   std::uint64_t eval_every = 0;  // 0: 100 updates, or every round with --mode rounds

@@ -121,6 +121,13 @@ void check_config_values(const SimConfig& c) {
   if (!(c.local_dp_clip >= 0 && std::isfinite(c.local_dp_clip)) ||
       !(c.local_dp_noise_multiplier >= 0) || (c.local_dp_noise_multiplier > 0 && !(c.local_dp_clip > 0)))
     throw std::invalid_argument("--local-dp-noise-multiplier needs --local-dp-clip above 0");
+  if (c.lr_schedule.enabled()) {
+    if (c.mode != SimMode::kAsync)
+      throw std::invalid_argument(
+          "--lr-decay-at is the staleness-aware server's schedule, for --mode async (rounds use "
+          "--server-lr and --local-lr)");
+    server::check_learning_rate_schedule(c.lr_schedule);
+  }
   if (c.mode != SimMode::kAsync && c.local_dp_clip > 0)
     throw std::invalid_argument("--local-dp-clip is for --mode async");
   if (!(c.reachable > 0 && c.reachable <= 1))
@@ -170,6 +177,7 @@ server::ParameterStoreOptions store_options(const SimConfig& config) {
   options.rule = config.staleness_rule;
   options.offline_step_credit = config.offline_step_credit;
   options.offline_average = config.offline_average;
+  options.lr_schedule = config.lr_schedule;
   return options;
 }
 

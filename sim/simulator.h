@@ -128,6 +128,9 @@ struct SimConfig {
   int workers = 10;
   int batch = 10;
   float learning_rate = 0.1f;
+  // Async mode: the server's learning-rate schedule (server::LearningRateSchedule, step decay
+  // at applied-update versions; the server's --lr-decay-at). Default: none, a constant lr.
+  server::LearningRateSchedule lr_schedule;
   runtime::CompressorOptions
       compressor;  // default: the paper's top-k, c = 0.01; its value_encoding is the wire's
   server::StalenessRule staleness_rule = server::StalenessRule::kPerParameterSigma;

@@ -65,6 +65,12 @@ refused cheap-pull-bound-alone "--pull-max-devices is a setting of the cheap pul
   --pull-max-devices 5
 refused entry-staleness-alone "--entry-staleness is a setting of the cheap pull" --keystore "$keys" \
   --entry-staleness
+# The learning-rate schedule: only where the staleness-aware store applies updates, with
+# milestones that make sense, and its factor not alone.
+refused lr-decay-rounds "--lr-decay-at works with --mode async only" --keystore "$keys" --model mlp \
+  --mode rounds --lr-decay-at 100
+refused lr-decay-order "--lr-decay-at '100,50': .*not strictly increasing" --keystore "$keys" --lr-decay-at 100,50
+refused lr-decay-factor-alone "--lr-decay-factor needs --lr-decay-at" --keystore "$keys" --lr-decay-factor 0.5
 # A state directory that cannot be created (a file stands where its parent should be).
 touch "$work/file-in-the-way"
 status=0
@@ -86,9 +92,10 @@ status=0
 [ "$(cd "$work/mlp-state" && ls -l --time-style=full-iso | md5sum)" = "$before" ] || fail "the state directory changed"
 echo "ok: another model's state directory: exit 2, untouched: $(grep -m1 -oE 'error: .{0,110}' "$work/other-model.log")"
 
-# The same state directory with another learning rate or staleness bound: its log cannot be
-# replayed with them, so it is refused here too, before the keystore and data are read.
-for changed in "--lr 0.2" "--max-staleness 7"; do
+# The same state directory with another learning rate, staleness bound or learning-rate
+# schedule (kept in the WAL header): its log cannot be replayed with them, so it is refused
+# here too, before the keystore and data are read.
+for changed in "--lr 0.2" "--max-staleness 7" "--lr-decay-at 100"; do
   status=0
   # shellcheck disable=SC2086  # $changed is a flag and its value
   rm -f "$work/changed-setting.port"

@@ -42,6 +42,11 @@ class ReferenceStore {
                                    const std::vector<std::uint64_t>& entry_versions = {}) {
     std::vector<std::uint32_t> divisors;
     std::vector<bool> touched(params_.size(), false);
+    // The schedule, literally: one multiplication by the factor per milestone reached by the
+    // version this update produces.
+    float learning_rate = options_.learning_rate;
+    for (std::uint64_t milestone : options_.lr_schedule.decay_at)
+      if (milestone <= history_.size() + 1) learning_rate *= options_.lr_schedule.factor;
     for (const auto& t : u.tensors)
       for (std::size_t e = 0; e < t.indices.size(); ++e) {
         const std::size_t i = offsets_[t.tensor] + t.indices[e];
@@ -64,7 +69,7 @@ class ReferenceStore {
         const std::uint32_t by = std::min(credited, divisor);
         divisor = static_cast<std::uint32_t>(std::ceil(static_cast<double>(divisor) / by));
         divisors.push_back(divisor);
-        params_[i] -= options_.learning_rate * t.values[e] / static_cast<float>(divisor);
+        params_[i] -= learning_rate * t.values[e] / static_cast<float>(divisor);
         touched[i] = true;
       }
     history_.push_back(touched);
@@ -593,6 +598,95 @@ TEST_P(EveryStalenessRule, ClaimedLocalStepsMatchTheReference) {
       run_against_reference(options, 200 + d, 300, true);
       run_reservations_against_reference(options, 300 + d, 80, true);
     }
+}
+
+// The learning-rate schedule (step decay): milestones inside the run, through apply() and
+// reserve(), with claimed steps too, against the reference's literal lr(t).
+TEST_P(EveryStalenessRule, ScheduledLearningRateMatchesTheReference) {
+  for (std::uint32_t d : {2u, 64u, 100u}) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ParameterStoreOptions options;
+    options.rule = GetParam().setting;
+    options.max_staleness = d;
+    options.offline_step_credit = 5;
+    options.lr_schedule = {{1, 40, 41, 150}, 0.3f};
+    run_against_reference(options, 400 + d, 200, true);
+    run_reservations_against_reference(options, 500 + d, 60, true);
+  }
+}
+
+// No schedule is the store as it was: the same bits as a schedule whose first milestone is
+// never reached, and a schedule changes nothing before its first milestone and everything it
+// touches from there on: the update producing version m is the first with lr · F.
+TEST(ParameterStore, AScheduleChangesNothingBeforeItsFirstMilestone) {
+  std::mt19937 rng(77);
+  const std::vector<std::uint32_t> sizes = {7, 30, 3};
+  std::vector<float> initial(40);
+  for (auto& w : initial) w = static_cast<float>(static_cast<int>(rng() % 100)) / 16.0f;
+  ParameterStoreOptions constant;
+  constant.max_staleness = 8;
+  ParameterStoreOptions unreached = constant, scheduled = constant;
+  unreached.lr_schedule = {{1000}, 0.5f};
+  constexpr std::uint64_t kMilestone = 30;
+  scheduled.lr_schedule = {{kMilestone}, 0.5f};
+  ParameterStore a(kModel, sizes, initial, constant), b(kModel, sizes, initial, unreached),
+      c(kModel, sizes, initial, scheduled);
+  for (int n = 0; n < 60; ++n) {
+    const SparseUpdate u = random_update(rng, sizes, a.version(), constant.max_staleness);
+    const std::vector<float> before(c.parameters().begin(), c.parameters().end());
+    ASSERT_TRUE(a.apply(u).applied());
+    ASSERT_TRUE(b.apply(u).applied());
+    if (a.version() == kMilestone) {
+      // From here on c has left a: check the one step by hand, then follow c alone.
+      ASSERT_TRUE(c.apply(u).applied());
+      std::size_t j = 0;
+      for (const auto& t : u.tensors) {
+        const std::size_t offset = std::accumulate(sizes.begin(), sizes.begin() + t.tensor, 0u);
+        for (std::size_t e = 0; e < t.indices.size(); ++e, ++j) {
+          const std::size_t i = offset + t.indices[e];
+          const float half = constant.learning_rate * 0.5f;
+          EXPECT_EQ(c.parameters()[i],
+                    before[i] - half * t.values[e] / static_cast<float>(c.last_divisors()[j]))
+              << "entry " << i;
+        }
+      }
+      EXPECT_NE(std::vector<float>(a.parameters().begin(), a.parameters().end()),
+                std::vector<float>(c.parameters().begin(), c.parameters().end()));
+      continue;
+    }
+    if (a.version() > kMilestone) continue;
+    ASSERT_TRUE(c.apply(u).applied());
+    ASSERT_EQ(std::memcmp(a.parameters().data(), c.parameters().data(), 40 * sizeof(float)), 0)
+        << "version " << a.version();
+  }
+  EXPECT_EQ(std::memcmp(a.parameters().data(), b.parameters().data(), 40 * sizeof(float)), 0);
+  EXPECT_EQ(learning_rate_at(0.1f, {}, 5), 0.1f);
+  EXPECT_EQ(learning_rate_at(0.1f, {{3, 5}, 0.5f}, 4), 0.1f * 0.5f);
+  EXPECT_EQ(learning_rate_at(0.1f, {{3, 5}, 0.5f}, 5), 0.1f * 0.5f * 0.5f);
+}
+
+TEST(ParameterStore, LearningRateScheduleTextIsCheckedNamingTheProblem) {
+  EXPECT_EQ(parse_lr_decay_at("3000,4500"), (std::vector<std::uint64_t>{3000, 4500}));
+  EXPECT_TRUE(parse_lr_decay_at("").empty());
+  EXPECT_EQ(format_lr_decay_at(parse_lr_decay_at("1,20,300")), "1,20,300");
+  const auto message = [](const std::string& text) -> std::string {
+    try {
+      parse_lr_decay_at(text);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(message("4500,3000").find("not strictly increasing"), std::string::npos);
+  EXPECT_NE(message("0,10").find("milestone 0"), std::string::npos);
+  EXPECT_NE(message("10,,20").find("'' is not a version"), std::string::npos);
+  EXPECT_NE(message("1e3").find("'1e3' is not a version"), std::string::npos);
+  EXPECT_NE(message("99999999999999999999").find("not a version"), std::string::npos);
+  ParameterStoreOptions options;
+  options.lr_schedule = {{10}, 1.0f};  // a factor of 1 decays nothing: a mistake
+  EXPECT_THROW(ParameterStore(kModel, {4}, std::vector<float>(4), options), std::invalid_argument);
+  options.lr_schedule = {{10}, 0.0f};
+  EXPECT_THROW(ParameterStore(kModel, {4}, std::vector<float>(4), options), std::invalid_argument);
 }
 
 // A forged claim: the most steps an update can say (65535) against a credit of 1000 lowers

@@ -163,6 +163,9 @@ TEST(ServerState, EntryStalenessReplaysBitExactWithoutTheRecords) {
   auto options = options_for(dir, 7);
   options.store.max_staleness = 8;
   options.replica_pull = {{0.1, 1, true}, 8};
+  // With a learning-rate schedule too: its header extension (format 2) comes before the
+  // records that carry entry delays.
+  options.store.lr_schedule = {{20}, 0.5f};
   const runtime::Model model = small_model();
   const auto sizes = tensor_sizes(model);
   server::ParameterStore paper(model.layout_id(), sizes,
@@ -224,6 +227,36 @@ TEST(ServerState, EntryStalenessReplaysBitExactWithoutTheRecords) {
   } catch (const server::StateError& e) {
     EXPECT_NE(std::string(e.what()).find("--entry-staleness"), std::string::npos) << e.what();
   }
+}
+
+// The learning-rate schedule: a log written under one (kept in the WAL header, format 2)
+// replays after a crash to the parameters of the uninterrupted run, across a milestone that
+// falls among the replayed updates, and the run goes on as it would have.
+TEST(ServerState, ScheduledLearningRateReplaysBitExact) {
+  TempDir dir("edgetrain-state");
+  auto options = options_for(dir, 7);  // checkpoint at 21; 22..25 replay across milestone 23
+  options.store.lr_schedule = {{12, 23, 30}, 0.5f};
+  History history(options, 40, 4);
+  {
+    ServerState state(small_model(), options);
+    submit_all(state, history, 0, 25);
+    EXPECT_EQ(state.current_learning_rate(), 0.05f * 0.5f * 0.5f);
+  }
+  EXPECT_EQ(server::read_wal_header(dir.path() / "wal.log").lr_decay_at,
+            options.store.lr_schedule.decay_at);
+  ServerState restarted(small_model(), options);
+  EXPECT_EQ(restarted.recovery().replayed_updates, 4u);
+  ASSERT_EQ(restarted.version(), 25u);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(25));
+  submit_all(restarted, history, 25, 40);
+  EXPECT_EQ(parameters_of(restarted), history.parameters_after(40));
+  EXPECT_EQ(restarted.current_learning_rate(), 0.05f * 0.5f * 0.5f * 0.5f);
+  // The schedule made a difference: a constant lr ends elsewhere.
+  auto constant = options;
+  constant.store.lr_schedule = {};
+  History unscheduled(constant, 40, 4);
+  EXPECT_EQ(unscheduled.parameters_after(11), history.parameters_after(11));
+  EXPECT_NE(unscheduled.parameters_after(40), history.parameters_after(40));
 }
 
 // GET /model?since=V for every V from `oldest` to beyond the current version: a delta,
@@ -429,8 +462,34 @@ TEST(ServerState, OtherSettingsOnTheSameStateAreRefused) {
   options.store.offline_step_credit = 5;  // replay would credit claims the log's run did not
   EXPECT_THROW(ServerState(small_model(), options), server::StateError);
   options = options_for(dir, 0);
+  options.store.lr_schedule = {{10}, 0.5f};  // replay would decay an lr the log's run did not
+  EXPECT_THROW(ServerState(small_model(), options), server::StateError);
+  options = options_for(dir, 0);
   runtime::Model other(runtime::parse_model_spec("input 4x4x1; fc 5", "other"));
   EXPECT_THROW(ServerState(std::move(other), options), server::StateError);
+}
+
+// A log written under a schedule is refused without it, or with other milestones or another
+// factor, and opens with the same one.
+TEST(ServerState, AnotherLearningRateScheduleOnTheSameStateIsRefused) {
+  TempDir dir("edgetrain-state");
+  auto options = options_for(dir, 0);
+  options.store.lr_schedule = {{10, 20}, 0.5f};
+  { ServerState state(small_model(), options); }
+  for (const server::LearningRateSchedule& other :
+       {server::LearningRateSchedule{}, server::LearningRateSchedule{{10, 21}, 0.5f},
+        server::LearningRateSchedule{{10, 20}, 0.25f}, server::LearningRateSchedule{{10}, 0.5f}}) {
+    auto changed = options;
+    changed.store.lr_schedule = other;
+    try {
+      ServerState refused(small_model(), changed);
+      ADD_FAILURE() << "opened with schedule " << server::format_lr_decay_at(other.decay_at);
+    } catch (const server::StateError& e) {
+      EXPECT_NE(std::string(e.what()).find("lr decay at 10,20 by 0.5"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NO_THROW(ServerState(small_model(), options));
 }
 
 // ---- Damaged checkpoints (issue 18): recovered to the consistent state from the previous

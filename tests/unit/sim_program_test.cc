@@ -121,6 +121,17 @@ TEST(SimModes, SettingsWrongTogetherAreRefusedBeforeAnyData) {
   EXPECT_TRUE(Contains(refusal(both_cuts), "--pull-fraction and --publish-every are two ways"));
   ParsedSettings gossip_cheap({"--mode", "gossip", "--pull-fraction", "0.02"});
   EXPECT_EQ(refusal(gossip_cheap), "--pull-fraction is not a setting of --mode gossip (no server there)");
+  // The learning-rate schedule is the staleness-aware server's: async only, checked.
+  ParsedSettings rounds_decay({"--mode", "rounds", "--lr-decay-at", "100"});
+  EXPECT_TRUE(Contains(refusal(rounds_decay), "--lr-decay-at is the staleness-aware server's"));
+  ParsedSettings gossip_decay({"--mode", "gossip", "--lr-decay-at", "100"});
+  EXPECT_EQ(refusal(gossip_decay), "--lr-decay-at is not a setting of --mode gossip (no server there)");
+  ParsedSettings factor_alone({"--lr-decay-factor", "0.5"});
+  EXPECT_TRUE(Contains(refusal(factor_alone), "--lr-decay-factor needs --lr-decay-at"));
+  ParsedSettings unordered({"--lr-decay-at", "200,100"});
+  EXPECT_TRUE(Contains(refusal(unordered), "--lr-decay-at '200,100'"));
+  ParsedSettings decay({"--lr-decay-at", "100,200", "--lr-decay-factor", "0.5"});
+  EXPECT_EQ(refusal(decay), "");
   ParsedSettings gossip({"--mode", "gossip", "--gossip", "ad-psgd", "--publish-fraction", "0.1"});
   EXPECT_TRUE(Contains(refusal(gossip), "--publish-fraction below 1 is for d-psgd"));
 }

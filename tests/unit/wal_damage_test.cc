@@ -6,6 +6,9 @@
 // still cut off by recovery itself.
 #include <gtest/gtest.h>
 
+#include <zlib.h>
+
+#include <bit>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -257,6 +260,72 @@ TEST(WalEntryDelays, MalformedDelaysUnderAGoodCrcAreRefused) {
     EXPECT_TRUE(read.records.empty());
     EXPECT_EQ(read.dropped_bytes, bad.size());
   }
+}
+
+// The learning-rate schedule in the header (format 2, server/README.md): read back as written,
+// with a record after it; a log without a schedule is written as format 1, 32 bytes.
+TEST(WalHeaderSchedule, RoundTripsInFormat2AndALogWithoutOneStaysFormat1) {
+  server::WalHeader header{7, 0.1f, 64, server::wal_staleness_rule(0, 3)};
+  EXPECT_EQ(server::encode_wal_header(header).size(), server::kWalHeaderBytes);
+  EXPECT_EQ(server::encode_wal_header(header)[4], 1);
+  header.lr_decay_at = {3000, 4500, 1ull << 40};
+  header.lr_decay_factor = 0.3f;
+  std::vector<std::uint8_t> bytes = server::encode_wal_header(header);
+  EXPECT_EQ(bytes[4], 2);
+  EXPECT_EQ(bytes.size(), server::kWalHeaderBytes + 4 + 8 + 3 * 8 + 4);
+  const std::vector<std::uint8_t> record = server::encode_wal_record({1, "device-0", 5, {1, 2, 3}, {}});
+  bytes.insert(bytes.end(), record.begin(), record.end());
+  const server::WalContents contents = server::parse_wal(bytes, "scheduled.log");
+  EXPECT_EQ(contents.header, header);
+  EXPECT_EQ(contents.header_bytes, server::kWalHeaderBytes + 4 + 8 + 3 * 8 + 4);
+  ASSERT_EQ(contents.records.size(), 1u);
+  EXPECT_EQ(contents.records[0].identity, "device-0");
+  EXPECT_EQ(contents.dropped_bytes, 0u);
+  EXPECT_TRUE(contents.damage.empty());
+  header.lr_decay_at.assign(server::kWalMaxLrMilestones + 1, 1);
+  EXPECT_THROW(server::encode_wal_header(header), server::WalError);
+}
+
+// A format-1 header as logs were written before the schedule came (built here byte by byte,
+// not by the encoder): read as a log without a schedule.
+TEST(WalHeaderSchedule, AFormat1LogReadsAsOneWithoutASchedule) {
+  std::vector<std::uint8_t> old = {'E', 'T', 'W', 'L', 1, 0, 0, 0};
+  const auto put = [&old](std::uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) old.push_back(static_cast<std::uint8_t>(value >> (8 * i)));
+  };
+  put(42, 8);
+  put(std::bit_cast<std::uint32_t>(0.05f), 4);
+  put(16, 4);
+  put(0, 4);
+  put(crc32(crc32(0L, Z_NULL, 0), old.data(), static_cast<uInt>(old.size())), 4);
+  ASSERT_EQ(old.size(), server::kWalHeaderBytes);
+  const server::WalContents contents = server::parse_wal(old, "old.log");
+  EXPECT_EQ(contents.header, (server::WalHeader{42, 0.05f, 16, 0}));
+  EXPECT_TRUE(contents.header.lr_decay_at.empty());
+  EXPECT_EQ(contents.header.lr_decay_factor, 0.0f);
+  EXPECT_EQ(server::encode_wal_header(contents.header), old);  // and written as it was
+}
+
+// The extension is covered by its own CRC and its length is checked before anything is read.
+TEST(WalHeaderSchedule, ADamagedOrCutExtensionIsRefusedNamingIt) {
+  const std::vector<std::uint8_t> good = server::encode_wal_header(
+      {.model_id = 7, .learning_rate = 0.1f, .lr_decay_at = {10, 20}, .lr_decay_factor = 0.5f});
+  const auto refusal = [](std::vector<std::uint8_t> bytes) -> std::string {
+    try {
+      server::parse_wal(bytes, "x.log");
+    } catch (const server::WalError& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  std::vector<std::uint8_t> flipped = good;
+  flipped[server::kWalHeaderBytes + 4 + 9] ^= 0x01;  // a milestone's byte
+  EXPECT_NE(refusal(flipped).find("extension is damaged (CRC mismatch)"), std::string::npos);
+  EXPECT_NE(refusal({good.begin(), good.end() - 3}).find("extension is cut short"),
+            std::string::npos);
+  std::vector<std::uint8_t> long_length = good;
+  long_length[server::kWalHeaderBytes + 2] = 0x10;  // a length of about a megabyte
+  EXPECT_NE(refusal(long_length).find("extension has a length of"), std::string::npos);
 }
 
 TEST_P(DamagedWalRecord, StopsRecoveryNamingTheRecordAndTouchesNoFile) {

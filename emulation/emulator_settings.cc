@@ -46,6 +46,11 @@ void declare_experiment(settings::Table& t, EmulatorSettings& s) {
   t.add("pull-every", s.pull_every, "steps per model pull (1: the paper's)").range(1, 1000000);
   t.add("batch", s.batch, "minibatch (the worker checks it)");
   t.add("lr", s.lr, "the server's learning rate (the server checks it)");
+  t.add("lr-decay-at", s.lr_decay_at,
+        "the server's --lr-decay-at: the learning rate times --lr-decay-factor from each of "
+        "these model versions on, e.g. 3000,4500 (the server checks them); empty: a constant --lr");
+  t.add("lr-decay-factor", s.lr_decay_factor, "the server's --lr-decay-factor, with --lr-decay-at")
+      .range(1e-6, 0.999999);
   t.add("max-staleness", s.max_staleness,
         "the server's largest accepted delay (0: the server's default)");
   t.add("max-parameter-magnitude", s.max_parameter_magnitude,
@@ -349,6 +354,8 @@ void check_emulator_settings(const EmulatorSettings& s) {
     throw std::invalid_argument(
         "--entry-staleness and --pull-values fp16-increment are settings of the cheap pull: "
         "give --pull-fraction too");
+  if (s.lr_decay_at.empty() && s.lr_decay_factor != EmulatorSettings{}.lr_decay_factor)
+    throw std::invalid_argument("--lr-decay-factor needs --lr-decay-at (the versions it applies from)");
   if (s.fp16 && s.sign_scale)
     throw std::invalid_argument(
         "--fp16 and --sign-scale exclude each other (choose one value encoding)");

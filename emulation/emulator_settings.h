@@ -41,6 +41,9 @@ struct EmulatorSettings {
   // The server's --entry-staleness (σ per entry) and --pull-values with the workers' (the
   // cheap pull's values as fp16 increments both sides: fp16-increment).
   bool entry_staleness = false;
+  // The server's learning-rate schedule (--lr-decay-at V1,V2,… and its factor); empty: none.
+  std::string lr_decay_at;
+  double lr_decay_factor = 0.1;
   std::string pull_values = "fp32";
   double rate = 0.01, lr = 0.1, duration = 300, target_accuracy = 0, eval_interval = 2,
          request_timeout = 30;

@@ -28,7 +28,9 @@
 # usage: experiments/both-directions-emulated.sh OUT_DIR [SEED...]     (default seeds: 1)
 #   environment: VARIANTS ("asgd cheap"), WORKERS (10), TARGET (0.979), DURATION (1800 s),
 #   EVAL_INTERVAL (5 s), CHEAP (0.004:4096), MAX_STALENESS (256), REQUEST_TIMEOUT (30 s),
-#   PARALLEL (1), BUILD_DIR (build/host); SUMMARIZE_ONLY=1 prints OUT_DIR's table again.
+#   PARALLEL (1), BUILD_DIR (build/host), LR_DECAY_AT ("": a constant lr; e.g. 3000,4500:
+#   every variant's server multiplies its lr by LR_DECAY_FACTOR, 0.5, from those versions on,
+#   --lr-decay-at); SUMMARIZE_ONLY=1 prints OUT_DIR's table again.
 #   Needs root (namespaces), and ./build.sh build host -- edgetrain-server edgetrain-worker
 #   edgetrain-link-impairer edgetrain-emulation-report edgetrain-fleet-eval.
 set -euo pipefail
@@ -39,6 +41,7 @@ variants=(${VARIANTS:-asgd cheap}); workers="${WORKERS:-10}"; target="${TARGET:-
 duration="${DURATION:-1800}"; eval_interval="${EVAL_INTERVAL:-5}"; cheap="${CHEAP:-0.004:4096}"
 max_staleness="${MAX_STALENESS:-256}"; request_timeout="${REQUEST_TIMEOUT:-30}"
 parallel="${PARALLEL:-1}"; build_dir="${BUILD_DIR:-$repo/build/host}"
+lr_decay_at="${LR_DECAY_AT:-}"; lr_decay_factor="${LR_DECAY_FACTOR:-0.5}"
 die() { echo "both-directions-emulated.sh: $*" >&2; exit 2; }
 [[ "$cheap" =~ ^[0-9.]+:[1-9][0-9]*$ ]] || die "CHEAP is FRACTION:MIN_ENTRIES (e.g. 0.004:4096), got '$cheap'"
 for v in "${variants[@]}"; do
@@ -54,6 +57,7 @@ run() {  # run SEED VARIANT
               --duration "$duration" --eval-interval "$eval_interval"
               --request-timeout "$request_timeout" --build-dir "$build_dir" --quiet
               --out "$out/seed$seed/$variant" --label "$variant")
+  [ -z "$lr_decay_at" ] || args+=(--lr-decay-at "$lr_decay_at" --lr-decay-factor "$lr_decay_factor")
   case "$variant" in
     asgd) args+=(--compressor none --dense-pull --seeded-first-pull=false) ;;
     cheap) args+=(--rate 0.01 --sign-scale --pull-fraction "${cheap%%:*}" --pull-min-entries "${cheap#*:}") ;;

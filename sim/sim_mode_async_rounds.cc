@@ -115,6 +115,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (s.pull_values == "fp16") config.replica_pull.values = transport::ValueEncoding::kFp16;
   if (s.pull_values == "fp16-increment")
     config.replica_pull.values = transport::ValueEncoding::kFp16Increment;
+  config.replica_pull.selection = server::parse_pull_selection(s.pull_selection);
   config.seeded_first_pull = s.first_pull == "seeded";
   config.kernels = kernel_backend(s);
   config.compressor = runtime::compressor_options(config.compressor, s.compression, s.bin_local);
@@ -162,6 +163,10 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
       suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     if (config.replica_pull.entry_staleness) suffix << ", sigma per entry";
+    if (config.replica_pull.selection != server::ReplicaPullOptions::Selection::kLargestChange)
+      suffix << ", " << server::pull_selection_name(config.replica_pull.selection) << " selection";
+    if (config.replica_pull.selection == server::ReplicaPullOptions::Selection::kAgeWeighted)
+      suffix << " (age " << config.replica_pull.age_versions << ')';
     if (config.replica_pull.values == transport::ValueEncoding::kFp16) suffix << ", fp16 values";
     if (config.replica_pull.values == transport::ValueEncoding::kFp16Increment)
       suffix << ", fp16 increments";

@@ -95,7 +95,7 @@ bool server_only_setting(const settings::Setting& setting) {
       "staleness",        "max-staleness", "speed-spread",   "failure-probability",
       "failing-fraction", "downtime",      "leave-for-good", "delta-pulls",
       "publish-every",    "updates",       "bin-local",      "bin-size",
-      "local-dp-clip",    "local-dp-noise-multiplier", "pull-fraction", "pull-min-entries"};
+      "local-dp-clip",    "local-dp-noise-multiplier", "pull-fraction", "pull-min-entries", "pull-selection", "pull-age-versions"};
   const std::string& group = setting.group();
   return flags.contains(setting.flag()) || group.starts_with("Federated rounds") ||
          group.starts_with("Filter dropout") || group.starts_with("Compression");

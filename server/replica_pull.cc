@@ -20,6 +20,7 @@ const char* pull_selection_name(ReplicaPullOptions::Selection selection) {
     case ReplicaPullOptions::Selection::kAgeWeighted: return "age";
     case ReplicaPullOptions::Selection::kGlobalScaled: return "global";
     case ReplicaPullOptions::Selection::kRelativeChange: return "relative";
+    case ReplicaPullOptions::Selection::kGlobalLargest: return "global-raw";
   }
   return "?";
 }
@@ -27,9 +28,10 @@ const char* pull_selection_name(ReplicaPullOptions::Selection selection) {
 ReplicaPullOptions::Selection parse_pull_selection(const std::string& word) {
   for (const auto selection :
        {ReplicaPullOptions::Selection::kLargestChange, ReplicaPullOptions::Selection::kAgeWeighted,
-        ReplicaPullOptions::Selection::kGlobalScaled, ReplicaPullOptions::Selection::kRelativeChange})
+        ReplicaPullOptions::Selection::kGlobalScaled, ReplicaPullOptions::Selection::kRelativeChange,
+        ReplicaPullOptions::Selection::kGlobalLargest})
     if (word == pull_selection_name(selection)) return selection;
-  throw std::invalid_argument("pull selection must be largest, age, global or relative, got '" +
+  throw std::invalid_argument("pull selection must be largest, age, global, relative or global-raw, got '" +
                               word + "'");
 }
 
@@ -150,7 +152,8 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
   auto score = [&](std::uint32_t i, std::uint32_t tensor) -> float {
     const float change = std::fabs(parameters[i] - held[i]);
     switch (options.selection) {
-      case Selection::kLargestChange: break;
+      case Selection::kLargestChange:
+      case Selection::kGlobalLargest: break;
       case Selection::kAgeWeighted: {
         const double age = version > held_since[i] ? static_cast<double>(version - held_since[i]) : 0;
         return static_cast<float>(change * (1 + age / options.age_versions));
@@ -174,6 +177,8 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     for (std::size_t j = 0; j < count; ++j) chosen.push_back(~static_cast<std::uint32_t>(keys[j]));
     std::sort(chosen.begin() + static_cast<std::ptrdiff_t>(first), chosen.end());
   };
+  const bool pooled = options.selection == Selection::kGlobalScaled ||
+                      options.selection == Selection::kGlobalLargest;
   chosen.clear();
   std::size_t pooled_budget = 0;
   keys.clear();
@@ -181,7 +186,7 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     const std::size_t begin = t ? differing_end[t - 1] : 0, end = differing_end[t];
     const std::size_t budget = std::max<std::size_t>(
         options.min_entries, static_cast<std::size_t>(std::ceil(options.fraction * tensor_sizes[t])));
-    if (options.selection == Selection::kGlobalScaled) {
+    if (pooled) {
       if (budget >= tensor_sizes[t]) {  // covered whole: every change goes, as by default
         chosen.insert(chosen.end(), differing.begin() + static_cast<std::ptrdiff_t>(begin),
                       differing.begin() + static_cast<std::ptrdiff_t>(end));
@@ -200,7 +205,7 @@ transport::ModelDelta replica_pull(std::uint64_t model_id,
     for (std::size_t j = begin; j < end; ++j) keys.push_back(key(differing[j], t));
     take_highest(budget);
   }
-  if (options.selection == Selection::kGlobalScaled) {
+  if (pooled) {
     take_highest(std::min(pooled_budget, keys.size()));
     std::sort(chosen.begin(), chosen.end());  // the whole tensors' and the pool's in one order
   }

@@ -69,15 +69,17 @@ struct ReplicaPullOptions {
   //    to the largest |W − R| / RMS(W of the entry's tensor) across them, so a tensor gets a
   //    share in proportion to how far its copy is off relative to its own scale rather than
   //    a fixed fraction. The RMS is the model's at the pull (at least FLT_MIN).
+  //  kGlobalLargest: as kGlobalScaled, the pool going to the largest |W − R| across the
+  //    pooled tensors, unscaled: a tensor's share follows its share of the |W − R| mass.
   //  kRelativeChange: per tensor, the largest |W − R| / (|W| + ε), ε = RMS(W of the tensor)/10
   //    (at least FLT_MIN), so small weights that moved a lot relative to themselves go first.
-  enum class Selection { kLargestChange, kAgeWeighted, kGlobalScaled, kRelativeChange };
+  enum class Selection { kLargestChange, kAgeWeighted, kGlobalScaled, kRelativeChange, kGlobalLargest };
   Selection selection = Selection::kLargestChange;
   double age_versions = 400;  // kAgeWeighted's τ: the age that doubles an entry's score
   bool enabled() const { return fraction > 0; }
 };
 
-// "largest", "age", "global" or "relative", for flags and logs; parse_pull_selection
+// "largest", "age", "global", "relative" or "global-raw", for flags and logs; parse_pull_selection
 // throws std::invalid_argument, naming the word and the choices, for any other word.
 const char* pull_selection_name(ReplicaPullOptions::Selection selection);
 ReplicaPullOptions::Selection parse_pull_selection(const std::string& word);

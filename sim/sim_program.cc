@@ -145,9 +145,10 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "largest (per tensor, the largest |W - R|), age (per tensor, |W - R| weighted by "
         "1 + the versions since the worker's value was last the model's / --pull-age-versions), "
         "global (tensors the budget covers go whole; the others' budgets pooled and given to "
-        "the largest |W - R| / RMS of the entry's tensor across them) or relative (per tensor, "
+        "the largest |W - R| / RMS of the entry's tensor across them), global-raw (the same pool "
+        "given to the largest |W - R| across them, unscaled) or relative (per tensor, "
         "|W - R| / (|W| + RMS of the tensor / 10))")
-      .choices({"largest", "age", "global", "relative"});
+      .choices({"largest", "age", "global", "relative", "global-raw"});
   t.add("pull-age-versions", c.replica_pull.age_versions,
         "with --pull-selection age: the age in versions that doubles an entry's score")
       .range(1e-3, 1e12)

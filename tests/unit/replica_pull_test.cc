@@ -451,6 +451,19 @@ TEST(ReplicaPullSelection, GlobalPoolsTheBudgetsByChangeRelativeToEachTensorsSca
   EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1, 2}));
   EXPECT_EQ(delta.tensors[2].indices, (std::vector<std::uint32_t>{0, 1}));
   EXPECT_EQ(copy[1], held[1]);  // left out
+  // Unscaled (global-raw): the pool goes to the largest |W − R|, two of each tensor here.
+  copy = held;
+  global.selection = ReplicaPullOptions::Selection::kGlobalLargest;
+  delta = replica_pull(7, sizes, w, 3, copy, 2, global);
+  ASSERT_EQ(delta.tensors.size(), 3u);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1}));
+  held[1] = w[1] - 0.01f;  // now below tensor 1's three: the pool takes those and tensor 0's 1.0
+  copy = held;
+  delta = replica_pull(7, sizes, w, 3, copy, 2, global);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1, 2}));
+  global.selection = ReplicaPullOptions::Selection::kGlobalScaled;
   // Per tensor (the default), two of each.
   copy = held;
   delta = replica_pull(7, sizes, w, 3, copy, 2, {0.25, 2});
@@ -498,7 +511,8 @@ TEST(ReplicaPullSelection, RelativeSendsTheChangeLargestAgainstItsOwnWeight) {
 TEST(ReplicaPullSelection, EveryRuleDelaysButNeverLosesAChange) {
   using Selection = ReplicaPullOptions::Selection;
   for (const Selection selection : {Selection::kLargestChange, Selection::kAgeWeighted,
-                                    Selection::kGlobalScaled, Selection::kRelativeChange}) {
+                                    Selection::kGlobalScaled, Selection::kRelativeChange,
+                                    Selection::kGlobalLargest}) {
     SCOPED_TRACE(server::pull_selection_name(selection));
     std::mt19937 rng(31);
     std::normal_distribution<float> normal;
@@ -539,7 +553,8 @@ TEST(ReplicaPullSelection, EveryRuleDelaysButNeverLosesAChange) {
 TEST(ReplicaPullSelection, NamesAndOptionsAreChecked) {
   using Selection = ReplicaPullOptions::Selection;
   for (const Selection selection : {Selection::kLargestChange, Selection::kAgeWeighted,
-                                    Selection::kGlobalScaled, Selection::kRelativeChange})
+                                    Selection::kGlobalScaled, Selection::kRelativeChange,
+                                    Selection::kGlobalLargest})
     EXPECT_EQ(server::parse_pull_selection(server::pull_selection_name(selection)), selection);
   try {
     server::parse_pull_selection("oldest");

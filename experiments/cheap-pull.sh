@@ -12,7 +12,11 @@
 # in "+fp16" (after "+entry" if both) adds --pull-values fp16: the pull's values in fp16, the
 # rounding error kept in the server's record of the worker's copy; one ending in "+fp16inc"
 # adds --pull-values fp16-increment instead: the increments W - R in fp16, added by the worker
-# to its copy (the rounding error stays in W - R). Prints a
+# to its copy (the rounding error stays in W - R); one with "+age", "+age200", "+global",
+# "+global-raw" or "+relative" before those (e.g. "0.004:4096+global+fp16inc") sets
+# --pull-selection age (with --pull-age-versions 200), global, global-raw or relative: which
+# entries fill the pull's budget
+# (server/replica_pull.h; docs/results.md "Selection rules"). Prints a
 # markdown table: best and final test accuracy, pulled bytes per applied update (the dense
 # first pulls included) and their share of the exact pulls' bytes, per seed, then the means
 # and whether each meets the goal (mean best within 0.3 points of exact's, <= 1/4 of its bytes).
@@ -22,7 +26,7 @@
 # --sim-args "..." adds these simulator flags to every run, exact pulls' too (e.g. a learning-rate
 # schedule: "--lr-decay-at 3000,4500 --lr-decay-factor 0.5"); give such runs their own --out.
 # usage: experiments/cheap-pull.sh [--build DIR] [--out DIR] [--seeds "1 2 3"] [--updates N]
-#                                  [--fractions "0.015 0.012:2048 0.004:4096+entry 0.004:6144+fp16inc"] [--no-published] [--jobs J] [--report-only]
+#                                  [--fractions "0.015 0.012:2048 0.004:4096+entry 0.004:6144+global+fp16inc"] [--no-published] [--jobs J] [--report-only]
 #                                  [--sim-args "FLAGS"]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -60,8 +64,12 @@ for f in $fractions; do
   entry="" entry_flag=""
   if [[ "$f" == *+fp16 ]]; then f=${f%+fp16} entry="-fp16" entry_flag=" --pull-values fp16"; fi
   if [[ "$f" == *+fp16inc ]]; then f=${f%+fp16inc} entry="-fp16inc" entry_flag=" --pull-values fp16-increment"; fi
+  if [[ "$f" =~ ^(.*)\+(age([0-9]*)|global-raw|global|relative)$ ]]; then  # the selection rule, before the values
+    f=${BASH_REMATCH[1]} rule=${BASH_REMATCH[2]} tau=${BASH_REMATCH[3]}
+    entry="-$rule$entry" entry_flag=" --pull-selection ${rule%%[0-9]*}${tau:+ --pull-age-versions $tau}$entry_flag"
+  fi
   if [[ "$f" == *+entry ]]; then f=${f%+entry} entry="-entry$entry" entry_flag=" --entry-staleness$entry_flag"; fi
-  [[ "$f" =~ ^[0-9.]+(:[1-9][0-9]*)?$ ]] || die "a fraction is F or F:MIN_ENTRIES, then +entry and +fp16 or +fp16inc if wanted, got '$f'"
+  [[ "$f" =~ ^[0-9.]+(:[1-9][0-9]*)?$ ]] || die "a fraction is F or F:MIN_ENTRIES, then +entry, +age[TAU], +global, +global-raw or +relative, and +fp16 or +fp16inc if wanted, got '$f'"
   if [[ "$f" == *:* ]]; then  # FRACTION:MIN_ENTRIES
     settings+=("cheap-${f%%:*}-m${f#*:}$entry|--pull-fraction ${f%%:*} --pull-min-entries ${f#*:}$entry_flag")
   else

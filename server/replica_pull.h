@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "transport/codec.h"
@@ -56,12 +57,37 @@ struct ReplicaPullOptions {
   // with kFp16) stays in W − R for a later pull. An entry is sent only when its increment
   // moves the copy; chosen by |W − R| as in fp32.
   transport::ValueEncoding values = transport::ValueEncoding::kFp32;
+  // Which differing entries fill a pull's budget (ours; docs/results.md "Selection rules"):
+  // every rule scores an entry by a multiple of |W − R| and takes the highest scores, ties
+  // to the lower index, so every rule is deterministic and none loses anything: once W stops
+  // moving, each pull sends what is left of W − R until the copy is W.
+  //  kLargestChange (the default): per tensor, the largest |W − R|.
+  //  kAgeWeighted: per tensor, |W − R|·(1 + (version − held_since)/age_versions): an entry
+  //    left out long goes out even when its change is modest. Needs `held_since`.
+  //  kGlobalScaled: tensors whose budget max(min_entries, ⌈fraction·n⌉) covers them go
+  //    whole, as with the default; the other tensors' budgets are pooled, and the pool goes
+  //    to the largest |W − R| / RMS(W of the entry's tensor) across them, so a tensor gets a
+  //    share in proportion to how far its copy is off relative to its own scale rather than
+  //    a fixed fraction. The RMS is the model's at the pull (at least FLT_MIN).
+  //  kGlobalLargest: as kGlobalScaled, the pool going to the largest |W − R| across the
+  //    pooled tensors, unscaled: a tensor's share follows its share of the |W − R| mass.
+  //  kRelativeChange: per tensor, the largest |W − R| / (|W| + ε), ε = RMS(W of the tensor)/10
+  //    (at least FLT_MIN), so small weights that moved a lot relative to themselves go first.
+  enum class Selection { kLargestChange, kAgeWeighted, kGlobalScaled, kRelativeChange, kGlobalLargest };
+  Selection selection = Selection::kLargestChange;
+  double age_versions = 400;  // kAgeWeighted's τ: the age that doubles an entry's score
   bool enabled() const { return fraction > 0; }
 };
 
+// "largest", "age", "global", "relative" or "global-raw", for flags and logs; parse_pull_selection
+// throws std::invalid_argument, naming the word and the choices, for any other word.
+const char* pull_selection_name(ReplicaPullOptions::Selection selection);
+ReplicaPullOptions::Selection parse_pull_selection(const std::string& word);
+
 // Throws std::invalid_argument, naming the setting, for a fraction outside [0, 1],
-// min_entries 0 with a fraction set, entry_staleness or fp16 values (or increments) without
-// one, or sign + scale values.
+// min_entries 0 with a fraction set, entry_staleness, fp16 values (or increments) or a
+// selection other than the default without one, sign + scale values, or an age_versions
+// that is not a positive finite number.
 void check_replica_pull_options(const ReplicaPullOptions& options);
 
 // The pull of a worker whose copy is `held` (the server's record of it) from the model
@@ -73,6 +99,8 @@ void check_replica_pull_options(const ReplicaPullOptions& options);
 // increment moves `held`'s value), so that `held` is the worker's copy after it applies the delta, and
 // returns the delta, with base_version `held_version`, version `version`, the digest of the
 // new `held` and options.values as its value encoding.
+// The entries chosen are those of options.selection (the default: the largest |W − R| per
+// tensor); kAgeWeighted needs `held_since` (std::invalid_argument when it is empty).
 // `held_since` (empty: not kept) holds per entry the version at which `held`'s value was
 // last the model's; every entry of `held` equal to the model's after the pull (sent, or
 // not changed; with fp16: the model's rounded value) gets `version`, the entries left out

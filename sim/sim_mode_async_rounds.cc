@@ -115,6 +115,7 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
   if (s.pull_values == "fp16") config.replica_pull.values = transport::ValueEncoding::kFp16;
   if (s.pull_values == "fp16-increment")
     config.replica_pull.values = transport::ValueEncoding::kFp16Increment;
+  config.replica_pull.selection = server::parse_pull_selection(s.pull_selection);
   config.seeded_first_pull = s.first_pull == "seeded";
   config.lr_schedule.decay_at = server::parse_lr_decay_at(s.lr_decay_at);
   config.kernels = kernel_backend(s);
@@ -163,6 +164,10 @@ Runs make_runs(const SimSettings& s, SimMode mode) {
     if (config.replica_pull.min_entries != server::ReplicaPullOptions{}.min_entries)
       suffix << " (at least " << config.replica_pull.min_entries << " per tensor)";
     if (config.replica_pull.entry_staleness) suffix << ", sigma per entry";
+    if (config.replica_pull.selection != server::ReplicaPullOptions::Selection::kLargestChange)
+      suffix << ", " << server::pull_selection_name(config.replica_pull.selection) << " selection";
+    if (config.replica_pull.selection == server::ReplicaPullOptions::Selection::kAgeWeighted)
+      suffix << " (age " << config.replica_pull.age_versions << ')';
     if (config.replica_pull.values == transport::ValueEncoding::kFp16) suffix << ", fp16 values";
     if (config.replica_pull.values == transport::ValueEncoding::kFp16Increment)
       suffix << ", fp16 increments";
@@ -270,6 +275,8 @@ std::unique_ptr<SimModeRun> prepare(const SimSettings& s, const settings::Table&
   refuse_settings_of_mode(table, "gossip");
   if (table.was_set("lr-decay-factor") && !table.was_set("lr-decay-at"))
     throw std::invalid_argument("--lr-decay-factor needs --lr-decay-at (the versions to decay at)");
+  if (table.was_set("pull-age-versions") && s.pull_selection != "age")
+    throw std::invalid_argument("--pull-age-versions is the age rule's τ: it needs --pull-selection age");
   Runs runs = make_runs(s, kMode);
   for (const auto& run : runs) check_sim_config(run.second);
   return std::make_unique<ServerSimRun>(s, std::move(runs));

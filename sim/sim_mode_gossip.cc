@@ -98,7 +98,8 @@ bool server_only_setting(const settings::Setting& setting) {
       "local-dp-clip",    "local-dp-noise-multiplier", "pull-fraction", "pull-min-entries",
       "entry-staleness",  "pull-values",   "first-pull",     "reachable",
       "outage-period",    "outage-start",  "offline-steps",  "offline-max-rate",
-      "offline-step-credit", "offline-average", "lr-decay-at",      "lr-decay-factor"};
+      "offline-step-credit", "offline-average", "lr-decay-at",      "lr-decay-factor",
+      "pull-selection",   "pull-age-versions"};
   const std::string& group = setting.group();
   return flags.contains(setting.flag()) || group.starts_with("Federated rounds") ||
          group.starts_with("Filter dropout") || group.starts_with("Compression");

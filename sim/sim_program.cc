@@ -173,6 +173,19 @@ void declare_sim_settings(settings::Table& t, SimSettings& s) {
         "worker adds to its copy and the record by the same float addition: the rounding "
         "error stays in W - R, at most |W - R|/2048; ours)")
       .choices({"fp32", "fp16", "fp16-increment"});
+  t.add("pull-selection", s.pull_selection,
+        "with --pull-fraction, which differing entries a pull sends (ours; server/replica_pull.h): "
+        "largest (per tensor, the largest |W - R|), age (per tensor, |W - R| weighted by "
+        "1 + the versions since the worker's value was last the model's / --pull-age-versions), "
+        "global (tensors the budget covers go whole; the others' budgets pooled and given to "
+        "the largest |W - R| / RMS of the entry's tensor across them), global-raw (the same pool "
+        "given to the largest |W - R| across them, unscaled) or relative (per tensor, "
+        "|W - R| / (|W| + RMS of the tensor / 10))")
+      .choices({"largest", "age", "global", "relative", "global-raw"});
+  t.add("pull-age-versions", c.replica_pull.age_versions,
+        "with --pull-selection age: the age in versions that doubles an entry's score")
+      .range(1e-3, 1e12)
+      .unit("versions");
   t.add("first-pull", s.first_pull,
         "dense (each worker's first pull is the whole model) or seeded (each worker starts "
         "holding the run's seeded initial model, version 0, as the server does, and its first "

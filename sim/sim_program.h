@@ -32,6 +32,7 @@ struct SimSettings {
   std::string drop_rates, dropout_rescale = "inverted";
   std::string data = "mnist", staleness = "sigma", out_dir = "sim-results", kernels = "xnnpack";
   std::string pull_values = "fp32";  // --pull-values: the cheap pull's value encoding
+  std::string pull_selection = "largest";  // --pull-selection: the cheap pull's rule
   std::string first_pull = "dense";  // --first-pull: dense, or seeded (a delta from version 0)
   std::string lr_decay_at;           // --lr-decay-at V1,V2,...: the server's lr schedule
   std::string mode = "async", aggregation = "masked", round_policy = "drop-stragglers";

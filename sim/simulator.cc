@@ -365,8 +365,12 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
   std::vector<std::uint64_t> replica_versions(replicas.size(), 0);
   // With entry staleness, per worker and entry the version its copy's value comes from (the
   // store counts σ from it).
+  // The age-weighted selection reads the same versions (without counting σ from them).
   const bool entry_staleness = replica_pulls && config.replica_pull.entry_staleness;
-  std::vector<std::vector<std::uint64_t>> replica_since(entry_staleness ? config.workers : 0);
+  const bool keep_since =
+      entry_staleness || (replica_pulls && config.replica_pull.selection ==
+                                               server::ReplicaPullOptions::Selection::kAgeWeighted);
+  std::vector<std::vector<std::uint64_t>> replica_since(keep_since ? config.workers : 0);
   // The bytes of one pull by a worker that holds `held` (nothing: dense), as the server
   // would send them. The digest field's value does not change the size: left 0.
   auto pull_size = [&](const server::ChangeRecord& served,
@@ -530,10 +534,10 @@ void run_async(Simulation& sim, SimResult& result, const ProgressCallback& progr
       if (replica_pulls) {
         std::vector<float>& replica = replicas[event.worker];
         std::span<std::uint64_t> since;
-        if (entry_staleness) since = replica_since[event.worker];
+        if (keep_since) since = replica_since[event.worker];
         if (replica.empty()) {
           replica.assign(store.parameters().begin(), store.parameters().end());
-          if (entry_staleness) replica_since[event.worker].assign(replica.size(), store.version());
+          if (keep_since) replica_since[event.worker].assign(replica.size(), store.version());
           result.pull_bytes += sim.model_bytes;
         } else {
           const transport::ModelDelta delta = server::replica_pull(

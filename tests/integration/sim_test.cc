@@ -190,6 +190,14 @@ TEST(Simulator, TheCheapPullIsExactAtFractionOneAndSendsFarLessBelow) {
   EXPECT_LT(static_cast<double>(increments.pull_bytes) - dense,
             0.85 * (static_cast<double>(cheap.pull_bytes) - dense));
   c.replica_pull.values = transport::ValueEncoding::kFp32;
+  // The age-weighted selection (ours) reads each entry's version without σ per entry: the
+  // simulator keeps them for it; a run of its own, and one that learns.
+  c.replica_pull.selection = server::ReplicaPullOptions::Selection::kAgeWeighted;
+  const auto aged = sim::run_simulation(c, data.train, data.test, "cheap 0.005, age-weighted");
+  EXPECT_EQ(aged.updates_applied, 300u);
+  EXPECT_NE(aged.final_parameters, cheap.final_parameters);
+  EXPECT_GT(aged.best_accuracy(), 0.60);
+  c.replica_pull.selection = server::ReplicaPullOptions::Selection::kLargestChange;
   c.replica_pull.entry_staleness = true;
   c.publish.every = 10;
   EXPECT_THROW(sim::run_simulation(c, data.train, data.test, "x"), std::invalid_argument);

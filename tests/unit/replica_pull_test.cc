@@ -3,6 +3,7 @@
 // the delta and checks its digest as for an exact pull; what is left out arrives later.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -327,6 +328,247 @@ TEST(ReplicaPull, Fp32PullsSendTheModelsValuesBitForBit) {
       }
     }
   }
+}
+
+// Selection rules (ReplicaPullOptions::selection, ours). The default is the rule every run
+// so far used: checked here against a plain reference (sort every differing entry by |W − R|,
+// then index) over pulls of a moving model, deltas, records and versions bit for bit.
+TEST(ReplicaPullSelection, TheDefaultIsThePlainLargestChangeRuleBitForBit) {
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  const std::vector<std::uint32_t> sizes = {300, 20, 7};
+  std::vector<float> w(327);
+  for (float& v : w) v = normal(rng);
+  std::vector<float> held = w, reference = w;
+  std::vector<std::uint64_t> since(w.size(), 0), reference_since(w.size(), 0);
+  const ReplicaPullOptions options{0.03, 8};  // 9 of 300, 8 of 20, the 7 whole
+  for (std::uint64_t version = 1; version <= 30; ++version) {
+    for (int n = 0; n < 40; ++n) w[rng() % w.size()] += normal(rng);
+    if (version % 5 == 0) {  // two equal changes, for the order of ties
+      const std::size_t i = rng() % 300, j = rng() % 300;
+      held[i] = reference[i] = held[j] = reference[j] = 0;
+      w[i] = 1.25f;
+      w[j] = -1.25f;
+    }
+    const auto delta = replica_pull(7, sizes, w, version, held, version - 1, options, since);
+    // The reference: per tensor, every entry whose bits differ, ordered by (|W − R| desc,
+    // index asc), the first max(min_entries, ⌈f·n⌉) of them.
+    transport::ModelDelta expected;
+    std::size_t offset = 0;
+    for (std::uint32_t t = 0; t < sizes.size(); ++t) {
+      std::vector<std::uint32_t> differ;
+      for (std::uint32_t i = 0; i < sizes[t]; ++i) {
+        if (std::bit_cast<std::uint32_t>(w[offset + i]) != std::bit_cast<std::uint32_t>(reference[offset + i]))
+          differ.push_back(i);
+        else
+          reference_since[offset + i] = version;
+      }
+      std::stable_sort(differ.begin(), differ.end(), [&](std::uint32_t a, std::uint32_t b) {
+        return std::fabs(w[offset + a] - reference[offset + a]) > std::fabs(w[offset + b] - reference[offset + b]);
+      });
+      const std::size_t budget = std::max<std::size_t>(8, static_cast<std::size_t>(std::ceil(0.03 * sizes[t])));
+      if (differ.size() > budget) differ.resize(budget);
+      std::sort(differ.begin(), differ.end());
+      if (differ.empty()) {
+        offset += sizes[t];
+        continue;
+      }
+      transport::SparseTensor sent{t, sizes[t], differ, {}};
+      for (const std::uint32_t i : differ) {
+        reference[offset + i] = w[offset + i];
+        reference_since[offset + i] = version;
+        sent.values.push_back(w[offset + i]);
+      }
+      expected.tensors.push_back(sent);
+      offset += sizes[t];
+    }
+    ASSERT_EQ(delta.tensors.size(), expected.tensors.size()) << "version " << version;
+    for (std::size_t k = 0; k < delta.tensors.size(); ++k) {
+      EXPECT_EQ(delta.tensors[k].tensor, expected.tensors[k].tensor);
+      EXPECT_EQ(delta.tensors[k].indices, expected.tensors[k].indices) << "version " << version;
+      EXPECT_EQ(delta.tensors[k].values, expected.tensors[k].values);
+    }
+    ASSERT_EQ(std::memcmp(held.data(), reference.data(), held.size() * sizeof(float)), 0);
+    ASSERT_EQ(since, reference_since);
+    EXPECT_EQ(delta.digest, transport::parameter_digest(reference));
+  }
+}
+
+TEST(ReplicaPullSelection, AgeWeightedSendsAnEntryLeftOutLongBeforeALargerFreshOne) {
+  // One tensor of 4, one entry per pull. Entry 0 is 1.0 off since version 0, entry 1 is 1.5
+  // off since version 90; at version 100 with τ = 10: 1·(1 + 100/10) = 11 against
+  // 1.5·(1 + 10/10) = 3.
+  const std::vector<std::uint32_t> sizes = {4};
+  const std::vector<float> w = {1, 1.5f, 0, 0};
+  ReplicaPullOptions age{0.25, 1};
+  age.selection = ReplicaPullOptions::Selection::kAgeWeighted;
+  age.age_versions = 10;
+  std::vector<float> held = {0, 0, 0, 0};
+  std::vector<std::uint64_t> since = {0, 90, 50, 50};
+  auto delta = replica_pull(7, sizes, w, 100, held, 90, age, since);
+  EXPECT_EQ(entries(delta.tensors.at(0)), (std::vector<std::pair<std::uint32_t, float>>{{0, 1}}));
+  EXPECT_EQ(since, (std::vector<std::uint64_t>{100, 90, 100, 100}));
+  // The default sends the larger change first.
+  held = {0, 0, 0, 0};
+  since = {0, 90, 50, 50};
+  delta = replica_pull(7, sizes, w, 100, held, 90, {0.25, 1}, since);
+  EXPECT_EQ(entries(delta.tensors.at(0)), (std::vector<std::pair<std::uint32_t, float>>{{1, 1.5f}}));
+  // Equal ages: the larger change; equal scores: the lower index.
+  held = {0, 0, 0, 0};
+  since = {40, 40, 40, 40};
+  delta = replica_pull(7, sizes, std::vector<float>{1, 1.5f, 1.5f, 0}, 100, held, 90, age, since);
+  EXPECT_EQ(delta.tensors.at(0).indices, (std::vector<std::uint32_t>{1}));
+  // Without the entries' versions there is no age to weigh.
+  EXPECT_THROW(replica_pull(7, sizes, w, 100, held, 90, age), std::invalid_argument);
+}
+
+TEST(ReplicaPullSelection, GlobalPoolsTheBudgetsByChangeRelativeToEachTensorsScale) {
+  // Tensor 0 holds values of 10, tensor 1 values of 0.1, tensor 2 (2 entries) is covered by
+  // the minimum. Budgets: max(2, ⌈0.25·8⌉) = 2 for tensors 0 and 1, pooled to 4; tensor 2 whole.
+  const std::vector<std::uint32_t> sizes = {8, 8, 2};
+  std::vector<float> w(18);
+  std::fill(w.begin(), w.begin() + 8, 10.0f);
+  std::fill(w.begin() + 8, w.begin() + 16, 0.1f);
+  w[16] = 5;
+  w[17] = 6;
+  std::vector<float> held = w;
+  // Tensor 0: changes of 1.0 and 0.9 (0.1 and 0.09 of its RMS); tensor 1: 0.05, 0.04,
+  // 0.03 (0.5, 0.4, 0.3 of its RMS); tensor 2: both entries.
+  held[0] -= 1.0f;
+  held[1] -= 0.9f;
+  held[8] -= 0.05f;
+  held[9] -= 0.04f;
+  held[10] -= 0.03f;
+  held[16] = 0;
+  held[17] = 0;
+  ReplicaPullOptions global{0.25, 2};
+  global.selection = ReplicaPullOptions::Selection::kGlobalScaled;
+  std::vector<float> copy = held;
+  auto delta = replica_pull(7, sizes, w, 3, copy, 2, global);
+  // The pool of 4: tensor 1's three, then tensor 0's largest relative change.
+  ASSERT_EQ(delta.tensors.size(), 3u);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1, 2}));
+  EXPECT_EQ(delta.tensors[2].indices, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(copy[1], held[1]);  // left out
+  // Unscaled (global-raw): the pool goes to the largest |W − R|, two of each tensor here.
+  copy = held;
+  global.selection = ReplicaPullOptions::Selection::kGlobalLargest;
+  delta = replica_pull(7, sizes, w, 3, copy, 2, global);
+  ASSERT_EQ(delta.tensors.size(), 3u);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1}));
+  held[1] = w[1] - 0.01f;  // now below tensor 1's three: the pool takes those and tensor 0's 1.0
+  copy = held;
+  delta = replica_pull(7, sizes, w, 3, copy, 2, global);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1, 2}));
+  global.selection = ReplicaPullOptions::Selection::kGlobalScaled;
+  // Per tensor (the default), two of each.
+  copy = held;
+  delta = replica_pull(7, sizes, w, 3, copy, 2, {0.25, 2});
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{0, 1}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0, 1}));
+  // Equal relative changes across tensors (exact in binary: 1/8 and 0.0625/0.5): the lower
+  // index in the model goes first. Budgets of 1 (⌈0.125·8⌉), tensor 2's 1 of its 2 entries
+  // pooled too: 3 for 4 equal scores.
+  std::vector<float> even(18, 8.0f);
+  std::fill(even.begin() + 8, even.begin() + 16, 0.5f);
+  copy = even;
+  copy[1] -= 1;
+  copy[2] -= 1;
+  copy[8] -= 0.0625f;
+  copy[9] -= 0.0625f;
+  global.fraction = 0.125;
+  global.min_entries = 1;
+  delta = replica_pull(7, sizes, even, 3, copy, 2, global);
+  ASSERT_EQ(delta.tensors.size(), 2u);
+  EXPECT_EQ(delta.tensors[0].indices, (std::vector<std::uint32_t>{1, 2}));
+  EXPECT_EQ(delta.tensors[1].indices, (std::vector<std::uint32_t>{0}));
+}
+
+TEST(ReplicaPullSelection, RelativeSendsTheChangeLargestAgainstItsOwnWeight) {
+  // RMS of W = {10, 0.01, 1, 1} is about 5.05, ε about 0.505: entry 0 moved by 1 scores
+  // 1/10.5, entry 1 moved by 0.5 scores 0.5/0.515; the default sends entry 0.
+  const std::vector<std::uint32_t> sizes = {4};
+  const std::vector<float> w = {10, 0.01f, 1, 1};
+  ReplicaPullOptions relative{0.25, 1};
+  relative.selection = ReplicaPullOptions::Selection::kRelativeChange;
+  std::vector<float> held = {9, -0.49f, 1, 1};
+  auto delta = replica_pull(7, sizes, w, 1, held, 0, relative);
+  EXPECT_EQ(delta.tensors.at(0).indices, (std::vector<std::uint32_t>{1}));
+  held = {9, -0.49f, 1, 1};
+  delta = replica_pull(7, sizes, w, 1, held, 0, {0.25, 1});
+  EXPECT_EQ(delta.tensors.at(0).indices, (std::vector<std::uint32_t>{0}));
+  // An all-zero tensor has no scale: ε is FLT_MIN, and the changes still go by size.
+  std::vector<float> zeros = {1, 2, 0, 0};
+  delta = replica_pull(7, sizes, std::vector<float>(4, 0), 1, zeros, 0, relative);
+  EXPECT_EQ(delta.tensors.at(0).indices, (std::vector<std::uint32_t>{1}));
+}
+
+// Nothing lost, whatever the rule: the worker's ModelReplica holds the server's record bit
+// for bit, and once W stops moving later pulls bring it to W exactly.
+TEST(ReplicaPullSelection, EveryRuleDelaysButNeverLosesAChange) {
+  using Selection = ReplicaPullOptions::Selection;
+  for (const Selection selection : {Selection::kLargestChange, Selection::kAgeWeighted,
+                                    Selection::kGlobalScaled, Selection::kRelativeChange,
+                                    Selection::kGlobalLargest}) {
+    SCOPED_TRACE(server::pull_selection_name(selection));
+    std::mt19937 rng(31);
+    std::normal_distribution<float> normal;
+    const std::vector<std::uint32_t> sizes = {300, 64, 20};
+    std::vector<float> w(384);
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = normal(rng) * (i < 300 ? 0.05f : 1.0f);
+    std::vector<float> held = w;
+    std::vector<std::uint64_t> since(w.size(), 0);
+    runtime::ModelReplica replica(7, sizes);
+    ASSERT_EQ(replica.take(transport::encode_dense_model(7, 0, sizes, w).value()),
+              runtime::ModelReplica::PullOutcome::kDense);
+    ReplicaPullOptions options{0.02, 3};
+    options.selection = selection;
+    options.age_versions = 5;
+    std::uint64_t version = 0;
+    for (; version < 40; ++version) {
+      for (int n = 0; n < 30; ++n) w[rng() % w.size()] += normal(rng) * 0.01f;
+      const auto delta = replica_pull(7, sizes, w, version + 1, held, version, options, since);
+      std::size_t sent = 0;
+      for (const auto& t : delta.tensors) sent += t.indices.size();
+      EXPECT_LE(sent, 6u + 3 + 3);  // the budgets: 6 of 300, 3 of 64, 3 of 20
+      ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
+                runtime::ModelReplica::PullOutcome::kDelta)
+          << replica.mismatch();
+    }
+    EXPECT_NE(held, w);
+    for (int pull = 0; pull < 200 && held != w; ++pull, ++version) {
+      const auto delta = replica_pull(7, sizes, w, 40, held, 40, options, since);
+      ASSERT_EQ(replica.take(transport::encode_model_delta(delta).value()),
+                runtime::ModelReplica::PullOutcome::kDelta);
+    }
+    EXPECT_EQ(held, w);
+    EXPECT_EQ(std::memcmp(replica.parameters().data(), w.data(), w.size() * sizeof(float)), 0);
+    EXPECT_EQ(since, std::vector<std::uint64_t>(w.size(), 40));
+  }
+}
+
+TEST(ReplicaPullSelection, NamesAndOptionsAreChecked) {
+  using Selection = ReplicaPullOptions::Selection;
+  for (const Selection selection : {Selection::kLargestChange, Selection::kAgeWeighted,
+                                    Selection::kGlobalScaled, Selection::kRelativeChange,
+                                    Selection::kGlobalLargest})
+    EXPECT_EQ(server::parse_pull_selection(server::pull_selection_name(selection)), selection);
+  try {
+    server::parse_pull_selection("oldest");
+    ADD_FAILURE() << "an unknown rule was taken";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("'oldest'"), std::string::npos) << e.what();
+  }
+  ReplicaPullOptions options;  // exact pulls
+  options.selection = Selection::kGlobalScaled;
+  EXPECT_THROW(server::check_replica_pull_options(options), std::invalid_argument);
+  options.fraction = 0.01;
+  EXPECT_NO_THROW(server::check_replica_pull_options(options));
+  options.age_versions = 0;
+  EXPECT_THROW(server::check_replica_pull_options(options), std::invalid_argument);
 }
 
 }  // namespace

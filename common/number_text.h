@@ -2,6 +2,7 @@
 // "1e-06"). One definition for every program's lines.
 #pragma once
 
+#include <charconv>
 #include <cstdio>
 #include <string>
 
@@ -11,6 +12,16 @@ inline std::string short_number(double value) {
   char text[32];
   std::snprintf(text, sizeof(text), "%g", value);
   return text;
+}
+
+// A float as the double with its shortest decimal text, for JSON: 0.05f is 0.05, not the
+// 0.05000000074505806 a plain widening writes.
+inline double float_as_written(float value) {
+  char text[32];
+  const auto end = std::to_chars(text, text + sizeof(text), value).ptr;
+  double widened = value;
+  std::from_chars(text, end, widened);
+  return widened;
 }
 
 }  // namespace edgetrain::common

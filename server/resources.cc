@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <variant>
 
+#include "common/number_text.h"
 #include "transport/codec.h"
 #include "transport/identity.h"
 #include "transport/untrusted_text.h"
@@ -439,7 +440,7 @@ std::string ServerResources::status_json() const {
     if (record.worker) workers_seen.push_back(escape_untrusted(identity));
   json status = {
       {"version", state_.version()},
-      {"learning_rate", state_.current_learning_rate()},  // the schedule's lr(t) for the next update
+      {"learning_rate", common::float_as_written(state_.current_learning_rate())},  // the schedule's lr(t) for the next update
       {"model", state_.model().spec().name},
       {"parameters", state_.model().parameter_count()},
       {"updates_applied_since_start", applied_.load()},

@@ -19,6 +19,7 @@
 
 #include "common/atomic_file.h"
 #include "common/logging.h"
+#include "common/number_text.h"
 #include "common/png_image.h"
 #include "common/svg_plot.h"
 #include "model/classifier_readout.h"
@@ -567,7 +568,7 @@ void ServerApp::write_stats(bool running) {
   nlohmann::json j;
   j["state"] = running ? "running" : "stopped";
   j["version"] = state_->version();
-  j["learning_rate"] = state_->current_learning_rate();  // --lr-decay-at's lr(t) for the next update
+  j["learning_rate"] = common::float_as_written(state_->current_learning_rate());  // --lr-decay-at's lr(t) for the next update
   j["port"] = servers_[0]->port();
   j["insecure_port"] =
       s_.insecure ? nlohmann::json(servers_[0]->plaintext_port()) : nlohmann::json(nullptr);

@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/number_text.h"
 #include "common/settings.h"
 
 namespace {
@@ -233,6 +234,15 @@ TEST(ClosestMatch, SuggestsOnlyNearWords) {
   EXPECT_EQ(closest_match("cert_key_file", {"cert", "cert_key", "ca"}), "cert_key");
   EXPECT_EQ(closest_match("ca_file", {"cert", "cert_key", "ca"}), "ca");
   EXPECT_EQ(closest_match("key", {"key_hex", "key_file", "identity"}), "key_hex");
+}
+
+// What a stats file shows of a float setting: its shortest text, not the widened double's.
+TEST(NumberText, AFloatIsWrittenAsItsShortestDecimal) {
+  EXPECT_EQ(edgetrain::common::float_as_written(0.05f), 0.05);
+  EXPECT_EQ(edgetrain::common::float_as_written(0.05f * 0.5f), 0.025);
+  EXPECT_EQ(edgetrain::common::float_as_written(1e-6f), 1e-6);
+  EXPECT_NE(static_cast<double>(0.05f), 0.05);  // what a plain widening would write
+  EXPECT_EQ(static_cast<float>(edgetrain::common::float_as_written(0.1f / 3)), 0.1f / 3);
 }
 
 }  // namespace
